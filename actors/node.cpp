@@ -1,0 +1,200 @@
+#include "actors/node.hpp"
+
+#include <unistd.h>
+
+#include <mutex>
+
+#include "caf/all.hpp"
+#include "caf/io/middleman.hpp"
+
+#include "actors/executor.hpp"
+#include "actors/variable.hpp"
+#include "kernels/kernels.hpp"
+#include "messages/device_name.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+struct local_directory {
+  std::mutex mtx;
+  std::map<std::string, std::pair<caf::actor_system*, node_actor>> nodes;
+};
+
+local_directory& directory() {
+  static local_directory dir;
+  return dir;
+}
+
+} // namespace
+
+void register_local_node(const std::string& address, caf::actor_system* sys, node_actor node) {
+  std::lock_guard<std::mutex> guard{directory().mtx};
+  directory().nodes[address] = {sys, std::move(node)};
+}
+
+void unregister_local_node(const std::string& address) {
+  std::lock_guard<std::mutex> guard{directory().mtx};
+  directory().nodes.erase(address);
+}
+
+node_actor find_local_node(const std::string& address, caf::actor_system* sys) {
+  std::lock_guard<std::mutex> guard{directory().mtx};
+  auto it = directory().nodes.find(address);
+  if (it == directory().nodes.end() || it->second.first != sys)
+    return node_actor{};
+  return it->second.second;
+}
+
+caf::expected<const node_state::entry*>
+node_state::find_compatible(const variable_spec& spec) const {
+  auto it = variables.find(spec.name);
+  if (it == variables.end())
+    return static_cast<const entry*>(nullptr);
+  const auto& have = it->second.spec;
+  if (have.type != spec.type)
+    return make_error(af_error::dtype_mismatch,
+                      "variable '" + spec.name + "' exists on " + have.device + " with dtype "
+                        + dtype_name(have.type) + ", requested " + dtype_name(spec.type));
+  if (have.shape != spec.shape)
+    return make_error(af_error::shape_mismatch,
+                      "variable '" + spec.name + "' exists on " + have.device + " with shape "
+                        + shape_string(have.shape) + ", requested " + shape_string(spec.shape)
+                        + "; use another name or the same shape");
+  return &it->second;
+}
+
+node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
+                                    std::string job, int32_t task, node_options opts) {
+  auto& st = self->state;
+  st.info.job = job;
+  st.info.task = task;
+  st.info.pid = static_cast<int32_t>(::getpid());
+  st.device_prefix = "/job:" + job + "/replica:0/task:" + std::to_string(task);
+  // Executors: the configured CPU "devices" share one host backend; each GPU
+  // the CUDA runtime finds gets its own backend (stream).
+  std::shared_ptr<kernels::backend> cpu = kernels::make_cpu_backend();
+  for (int32_t i = 0; i < std::max<int32_t>(1, opts.cpu_devices); ++i) {
+    auto local = "CPU:" + std::to_string(i);
+    st.info.devices.push_back(local);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local, cpu);
+  }
+  int gpus = kernels::cuda_device_count();
+  for (int i = 0; i < gpus; ++i) {
+    std::string why;
+    std::shared_ptr<kernels::backend> gpu = kernels::make_cuda_backend(i, &why);
+    if (!gpu)
+      continue;
+    auto local = "GPU:" + std::to_string(i);
+    st.info.devices.push_back(local);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local, gpu);
+  }
+  return {
+    [self](caf::ping_atom) -> node_info { return self->state.info; },
+    [self](get_var_atom, variable_spec& spec) -> caf::result<variable_actor> {
+      auto& st = self->state;
+      if (spec.name.empty())
+        return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
+      if (num_elements(spec.shape) < 0)
+        return make_error(af_error::invalid_argument,
+                          "variable '" + spec.name + "': shape " + shape_string(spec.shape)
+                            + " has a negative dimension");
+      if (!valid_dtype(static_cast<uint8_t>(spec.type)))
+        return make_error(af_error::invalid_argument,
+                          "variable '" + spec.name + "': unknown dtype code "
+                            + std::to_string(static_cast<int>(spec.type)));
+      auto dev = device_name::parse(spec.device);
+      if (!dev || !st.executors.count(dev->local_device()))
+        return make_error(af_error::unknown_device,
+                          "variable '" + spec.name + "': node " + st.device_prefix
+                            + " has no device " + spec.device);
+      auto found = st.find_compatible(spec);
+      if (!found)
+        return std::move(found.error());
+      if (*found != nullptr)
+        return (*found)->actor;
+      auto actor = self->spawn<caf::linked>(variable_impl, spec);
+      st.variables.emplace(spec.name, node_state::entry{spec, actor});
+      return actor;
+    },
+    [self](lookup_atom, std::string& name) -> caf::result<variable_actor> {
+      auto it = self->state.variables.find(name);
+      if (it == self->state.variables.end())
+        return make_error(af_error::not_found,
+                          "no variable '" + name + "' on " + self->state.device_prefix);
+      return it->second.actor;
+    },
+    [self](list_atom) -> caf::result<std::vector<variable_info>> {
+      auto& vars = self->state.variables;
+      auto rp = self->make_response_promise<std::vector<variable_info>>();
+      if (vars.empty()) {
+        rp.deliver(std::vector<variable_info>{});
+        return rp;
+      }
+      struct gather {
+        std::vector<variable_info> infos;
+        size_t missing;
+      };
+      auto g = std::make_shared<gather>();
+      g->missing = vars.size();
+      for (auto& kvp : vars) {
+        auto spec = kvp.second.spec;
+        self->request(kvp.second.actor, std::chrono::seconds(10), info_atom::value)
+          .then(
+            [g, rp](variable_info& info) mutable {
+              g->infos.push_back(std::move(info));
+              if (--g->missing == 0)
+                rp.deliver(std::move(g->infos));
+            },
+            [g, rp, spec](caf::error&) mutable {
+              g->infos.push_back(variable_info{spec, false, 0});
+              if (--g->missing == 0)
+                rp.deliver(std::move(g->infos));
+            });
+      }
+      return rp;
+    },
+    [self](executor_atom, std::string& device) -> caf::result<executor_actor> {
+      auto it = self->state.executors.find(device);
+      if (it == self->state.executors.end())
+        return make_error(af_error::unknown_device,
+                          "node " + self->state.device_prefix + " has no device " + device);
+      return it->second;
+    },
+    [self](shutdown_atom) -> caf::result<caf::ok_atom> {
+      // Answer first, then stop: linked variables and executors stop with us.
+      auto rp = self->make_response_promise<caf::ok_atom>();
+      rp.deliver(caf::ok_atom::value);
+      self->quit(caf::exit_reason::user_shutdown);
+      return rp;
+    },
+  };
+}
+
+caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
+                                       int32_t task, const std::string& bind_host,
+                                       uint16_t port, const node_options& opts) {
+  auto node = sys.spawn(node_impl, job, task, opts);
+  auto published = sys.middleman().publish(node, port, bind_host.empty() ? nullptr : bind_host.c_str(),
+                                           true);
+  if (!published) {
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    return make_error(af_error::bind_failed,
+                      "/job:" + job + "/task:" + std::to_string(task) + " cannot listen on "
+                        + (bind_host.empty() ? std::string{"*"} : bind_host) + ":"
+                        + std::to_string(port) + " (" + caf::to_string(published.error())
+                        + "); is another process using the port? Pick a free port in the config");
+  }
+  running_node out;
+  out.actor = node;
+  out.port = *published;
+  out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
+  caf::scoped_actor self{sys, true};
+  self->request(node, std::chrono::seconds(10), caf::ping_atom::value)
+    .receive([&](node_info& info) { out.devices = info.devices; },
+             [&](caf::error&) { /* devices stay empty; the node still serves */ });
+  return out;
+}
+
+} // namespace af

@@ -1,0 +1,671 @@
+#include "actors/session.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "caf/all.hpp"
+#include "caf/io/middleman.hpp"
+
+#include "actors/node.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+std::string task_name(const std::string& job, int32_t task) {
+  return "/job:" + job + "/task:" + std::to_string(task);
+}
+
+struct op_node {
+  enum kind_t { variable, constant, binary, update } kind = constant;
+  std::string name;
+  std::string op; ///< binary: add/sub/mul; update: assign/assign_add/assign_sub
+  std::vector<int32_t> inputs;
+  device_name requested;
+  // variables
+  variable_spec spec;
+  variable_actor var;
+  initializer init;
+  std::string node_address;
+  std::string note;
+  // constants
+  tensor value;
+};
+
+struct node_conn {
+  node_actor actor;
+  node_info info;
+  std::string address;
+  std::map<std::string, executor_actor> executors;
+};
+
+struct placement {
+  node_conn* conn = nullptr;
+  std::string local;  ///< "CPU:0"
+  std::string full;   ///< /job:J/replica:0/task:T/device:CPU:0
+  std::string note;
+};
+
+} // namespace
+
+struct session::impl {
+  impl(caf::actor_system& sys, cluster_spec spec, session_options opts)
+    : sys(sys), spec(std::move(spec)), opts(opts), self(sys, true) {
+    // nop
+  }
+
+  caf::actor_system& sys;
+  cluster_spec spec;
+  session_options opts;
+  std::string job;
+  int32_t task = 0;
+  caf::scoped_actor self;
+  std::vector<device_name> scopes;
+  std::vector<op_node> ops;
+  std::map<std::string, int> name_counts;
+  std::map<std::string, node_conn> conns;
+
+  device_name current() const {
+    device_name d;
+    for (const auto& s : scopes)
+      d = s.merged_into(d);
+    return d;
+  }
+
+  std::string unique_name(const std::string& base) {
+    auto n = name_counts[base]++;
+    return n == 0 ? base : base + "_" + std::to_string(n);
+  }
+
+  /// Maps CAF's request errors to a sentence naming what we waited for.
+  caf::error explain(caf::error err, const std::string& what, const node_conn* conn) {
+    if (err == caf::sec::request_timeout)
+      return make_error(af_error::timeout,
+                        "timed out after " + std::to_string(opts.timeout.count()) + " ms waiting for "
+                          + what + (conn ? " from " + task_name(conn->info.job, conn->info.task)
+                                             + " at " + conn->address
+                                         : std::string{})
+                          + "; is the node alive and reachable?");
+    if (err.category() == caf::atom("system"))
+      return make_error(af_error::peer_down, what + " failed: " + describe(err));
+    return err;
+  }
+
+  caf::expected<node_conn*> connect(const std::string& j, int32_t t) {
+    auto key = task_name(j, t);
+    if (auto it = conns.find(key); it != conns.end())
+      return &it->second;
+    auto addr = spec.address(j, t);
+    if (!addr)
+      return std::move(addr.error());
+    node_conn conn;
+    conn.address = addr->to_string();
+    conn.actor = find_local_node(conn.address, &sys);
+    if (!conn.actor) {
+      // The middleman's own remote_actor waits without bound; ask it directly so
+      // that an unreachable host fails within connect_timeout.
+      caf::error err;
+      self->request(sys.middleman().actor_handle(), opts.connect_timeout, caf::connect_atom::value,
+                    addr->host, addr->port)
+        .receive(
+          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+            if (!ptr)
+              err = make_error(af_error::unreachable, "nothing is published at " + conn.address
+                                                        + " for " + key);
+            else if (!sys.assignable<node_actor>(ifs))
+              err = make_error(af_error::unreachable,
+                               conn.address + " (" + key
+                                 + ") answers but is not an actorflow node of this version");
+            else
+              conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
+          },
+          [&](caf::error& e) {
+            auto why = e == caf::sec::request_timeout
+                         ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
+                         : describe(e);
+            err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
+                                                      + ": " + why
+                                                      + "; is actorflow-node running there?");
+          });
+      if (err)
+        return err;
+    }
+    caf::error err;
+    self->request(conn.actor, opts.timeout, caf::ping_atom::value)
+      .receive([&](node_info& info) { conn.info = std::move(info); },
+               [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
+    if (err)
+      return err;
+    return &conns.emplace(key, std::move(conn)).first->second;
+  }
+
+  caf::expected<placement> place(const device_name& requested, bool for_variable) {
+    device_name base;
+    base.job = job;
+    base.replica = 0;
+    base.task = for_variable ? 0 : task;
+    base.type = "CPU";
+    base.id = 0;
+    device_name d = requested;
+    if (d.job && !d.task)
+      d.task = 0; // /job:ps means its task 0, as in TensorFlow
+    d = d.merged_into(base);
+    if (!d.id)
+      d.id = 0;
+    auto shown = requested.to_string().empty() ? std::string{"(no device)"} : requested.to_string();
+    if (*d.replica != 0)
+      return make_error(af_error::unknown_device,
+                        "device " + shown + ": replica " + std::to_string(*d.replica)
+                          + " does not exist (actorflow runs replica 0 of each task)");
+    if (auto err = spec.check_task(*d.job, *d.task))
+      return make_error(af_error::unknown_device, "device " + shown + ": " + describe(err));
+    auto conn = connect(*d.job, *d.task);
+    if (!conn)
+      return std::move(conn.error());
+    placement p;
+    p.conn = *conn;
+    p.local = d.local_device();
+    auto& devs = p.conn->info.devices;
+    if (std::find(devs.begin(), devs.end(), p.local) == devs.end()) {
+      std::string list;
+      for (const auto& x : devs)
+        list += (list.empty() ? "" : ", ") + x;
+      auto msg = d.to_string() + " is not available on " + task_name(*d.job, *d.task) + " (it has "
+                 + list + ")";
+      if (!opts.soft_placement)
+        return make_error(af_error::unknown_device, msg + "; enable soft placement or pick one of those");
+      p.note = "soft placement: " + msg + "; placed on CPU:0";
+      p.local = "CPU:0";
+    }
+    p.full = "/job:" + *d.job + "/replica:0/task:" + std::to_string(*d.task) + "/device:" + p.local;
+    return p;
+  }
+
+  caf::expected<executor_actor> executor(placement& p) {
+    auto it = p.conn->executors.find(p.local);
+    if (it != p.conn->executors.end())
+      return it->second;
+    caf::error err;
+    executor_actor exec;
+    self->request(p.conn->actor, opts.timeout, executor_atom::value, p.local)
+      .receive([&](executor_actor& e) { exec = std::move(e); },
+               [&](caf::error& e) { err = explain(std::move(e), "executor " + p.local, p.conn); });
+    if (err)
+      return err;
+    p.conn->executors.emplace(p.local, exec);
+    return exec;
+  }
+
+  const op_node* var_node(output o) const {
+    if (o.id < 0 || static_cast<size_t>(o.id) >= ops.size())
+      return nullptr;
+    const auto& n = ops[static_cast<size_t>(o.id)];
+    return n.kind == op_node::variable ? &n : nullptr;
+  }
+
+  caf::expected<std::vector<const op_node*>> variables_of(const std::vector<output>& vars) const {
+    std::vector<const op_node*> out;
+    if (vars.empty()) {
+      for (const auto& n : ops)
+        if (n.kind == op_node::variable)
+          out.push_back(&n);
+      return out;
+    }
+    for (auto v : vars) {
+      auto n = var_node(v);
+      if (n == nullptr)
+        return make_error(af_error::invalid_argument,
+                          "output " + std::to_string(v.id) + " is not a variable of this session");
+      out.push_back(n);
+    }
+    return out;
+  }
+
+  caf::expected<tensor> eval(int32_t id, std::map<int32_t, tensor>& memo, run_trace* trace);
+};
+
+caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>& memo,
+                                          run_trace* trace) {
+  if (id < 0 || static_cast<size_t>(id) >= ops.size())
+    return make_error(af_error::invalid_argument,
+                      "fetch " + std::to_string(id) + " is not an op of this session's graph");
+  if (auto it = memo.find(id); it != memo.end())
+    return it->second;
+  auto& n = ops[static_cast<size_t>(id)];
+  trace_entry entry;
+  entry.op = n.name;
+  entry.requested = n.requested.to_string();
+  caf::error err;
+  tensor result;
+  switch (n.kind) {
+    case op_node::constant:
+      return memo[id] = n.value;
+    case op_node::variable: {
+      entry.kind = "read";
+      entry.device = n.spec.device;
+      entry.node = n.node_address;
+      entry.note = n.note;
+      entry.start_ns = now_ns();
+      self->request(n.var, opts.timeout, read_atom::value)
+        .receive([&](tensor& value, uint64_t) { result = std::move(value); },
+                 [&](caf::error& e) {
+                   err = explain(std::move(e), "read of variable '" + n.spec.name + "' on "
+                                                 + n.spec.device, nullptr);
+                 });
+      entry.end_ns = now_ns();
+      break;
+    }
+    case op_node::binary: {
+      auto p = place(n.requested, false);
+      if (!p)
+        return make_error(static_cast<af_error>(p.error().code()),
+                          "op '" + n.name + "': " + describe(p.error()));
+      auto exec = executor(*p);
+      if (!exec)
+        return std::move(exec.error());
+      compute_request req;
+      req.op = n.op;
+      req.name = n.name;
+      for (auto in : n.inputs) {
+        operand o;
+        if (auto v = var_node(output{in})) {
+          o.var = v->var; // the executor reads it, node to node
+          o.var_name = v->spec.name;
+        } else {
+          auto value = eval(in, memo, trace);
+          if (!value)
+            return value;
+          o.value = std::move(*value);
+        }
+        req.inputs.push_back(std::move(o));
+      }
+      entry.kind = n.op;
+      entry.note = p->note;
+      entry.node = p->conn->address;
+      entry.start_ns = now_ns();
+      self->request(*exec, opts.timeout, compute_atom::value, std::move(req))
+        .receive(
+          [&](compute_result& res) {
+            result = std::move(res.value);
+            entry.device = res.device;
+          },
+          [&](caf::error& e) { err = explain(std::move(e), "op '" + n.name + "'", p->conn); });
+      entry.end_ns = now_ns();
+      // Variables the executor read itself appear in the trace too, on their
+      // own device: that is where their bytes came from.
+      if (trace && !err)
+        for (auto in : n.inputs)
+          if (auto v = var_node(output{in}))
+            trace->entries.push_back(trace_entry{v->spec.name, "read", v->requested.to_string(),
+                                                 v->spec.device, v->node_address, v->note,
+                                                 entry.start_ns, entry.end_ns});
+      break;
+    }
+    case op_node::update: {
+      auto target = var_node(output{n.inputs[0]});
+      auto value = eval(n.inputs[1], memo, trace);
+      if (!value)
+        return value;
+      entry.kind = n.op;
+      entry.device = target->spec.device;
+      entry.node = target->node_address;
+      entry.note = target->note;
+      entry.start_ns = now_ns();
+      auto on_value = [&](tensor& v, uint64_t) { result = std::move(v); };
+      auto on_error = [&](caf::error& e) {
+        err = explain(std::move(e), n.op + " to '" + target->spec.name + "' on "
+                                      + target->spec.device, nullptr);
+      };
+      if (n.op == "assign")
+        self->request(target->var, opts.timeout, assign_atom::value, std::move(*value), true)
+          .receive(on_value, on_error);
+      else if (n.op == "assign_add")
+        self->request(target->var, opts.timeout, assign_add_atom::value, std::move(*value), true)
+          .receive(on_value, on_error);
+      else
+        self->request(target->var, opts.timeout, assign_sub_atom::value, std::move(*value), true)
+          .receive(on_value, on_error);
+      entry.end_ns = now_ns();
+      break;
+    }
+  }
+  if (err)
+    return err;
+  if (trace)
+    trace->entries.push_back(std::move(entry));
+  return memo[id] = std::move(result);
+}
+
+// -- run_trace ---------------------------------------------------------------
+
+std::string run_trace::by_device() const {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::string>> ops;
+  for (const auto& e : entries) {
+    if (!ops.count(e.device))
+      order.push_back(e.device);
+    ops[e.device].push_back(e.op);
+  }
+  std::ostringstream out;
+  for (const auto& dev : order) {
+    out << dev << '\n';
+    for (const auto& op : ops[dev])
+      out << "   " << op << '\n';
+  }
+  return out.str();
+}
+
+std::string run_trace::to_string() const {
+  std::ostringstream out;
+  for (const auto& e : entries) {
+    out << e.op << " (" << e.kind << "): requested " << (e.requested.empty() ? "(none)" : e.requested)
+        << " -> " << e.device << " @ " << e.node;
+    if (!e.note.empty())
+      out << " [" << e.note << "]";
+    out << '\n';
+  }
+  return out.str();
+}
+
+const trace_entry* run_trace::find(const std::string& op) const {
+  for (const auto& e : entries)
+    if (e.op == op)
+      return &e;
+  return nullptr;
+}
+
+// -- device_scope ------------------------------------------------------------
+
+void device_scope::reset() {
+  if (owner_ != nullptr) {
+    owner_->impl_->scopes.pop_back();
+    owner_ = nullptr;
+  }
+}
+
+// -- session -----------------------------------------------------------------
+
+session::session(std::unique_ptr<impl> ptr) : impl_(std::move(ptr)) {
+  // nop
+}
+
+session::session(session&&) noexcept = default;
+session& session::operator=(session&&) noexcept = default;
+session::~session() = default;
+
+caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
+                                     const std::string& target, session_options opts) {
+  std::string why;
+  auto d = device_name::parse(target, &why);
+  if (!d)
+    return make_error(af_error::invalid_device, "session target: " + why);
+  if (!d->job)
+    return make_error(af_error::invalid_device,
+                      "session target '" + target + "' must name a job, e.g. /job:worker/task:0");
+  if (auto err = spec.check_task(*d->job, d->task.value_or(0)))
+    return make_error(static_cast<af_error>(err.code()), "session target '" + target + "': " + describe(err));
+  auto ptr = std::make_unique<impl>(sys, std::move(spec), opts);
+  ptr->job = *d->job;
+  ptr->task = d->task.value_or(0);
+  return session{std::move(ptr)};
+}
+
+const cluster_spec& session::cluster() const {
+  return impl_->spec;
+}
+
+std::string session::target() const {
+  return "/job:" + impl_->job + "/replica:0/task:" + std::to_string(impl_->task);
+}
+
+caf::expected<device_scope> session::device(const std::string& name) {
+  std::string why;
+  auto d = device_name::parse(name, &why);
+  if (!d)
+    return make_error(af_error::invalid_device, why);
+  impl_->scopes.push_back(*d);
+  return device_scope{this};
+}
+
+std::string session::current_device() const {
+  return impl_->current().to_string();
+}
+
+caf::expected<output> session::variable(const std::string& name, shape_type shape,
+                                        initializer init, dtype type) {
+  auto& im = *impl_;
+  if (name.empty())
+    return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
+  if (num_elements(shape) < 0)
+    return make_error(af_error::invalid_argument,
+                      "variable '" + name + "': shape " + shape_string(shape) + " has a negative dimension");
+  op_node n;
+  n.kind = op_node::variable;
+  n.name = name;
+  n.requested = im.current();
+  auto p = im.place(n.requested, true);
+  if (!p)
+    return make_error(static_cast<af_error>(p.error().code()),
+                      "variable '" + name + "': " + describe(p.error()));
+  n.spec = variable_spec{name, type, std::move(shape), p->full};
+  n.init = std::move(init);
+  n.node_address = p->conn->address;
+  n.note = p->note;
+  caf::error err;
+  im.self->request(p->conn->actor, im.opts.timeout, get_var_atom::value, n.spec)
+    .receive([&](variable_actor& v) { n.var = std::move(v); },
+             [&](caf::error& e) { err = im.explain(std::move(e), "variable '" + name + "'", p->conn); });
+  if (err)
+    return err;
+  im.ops.push_back(std::move(n));
+  return output{static_cast<int32_t>(im.ops.size() - 1)};
+}
+
+output session::constant(tensor value, const std::string& name) {
+  op_node n;
+  n.kind = op_node::constant;
+  n.name = impl_->unique_name(name);
+  n.requested = impl_->current();
+  n.value = std::move(value);
+  impl_->ops.push_back(std::move(n));
+  return output{static_cast<int32_t>(impl_->ops.size() - 1)};
+}
+
+namespace {
+
+output add_node(std::vector<op_node>& ops, op_node n) {
+  ops.push_back(std::move(n));
+  return output{static_cast<int32_t>(ops.size() - 1)};
+}
+
+} // namespace
+
+#define AF_BINARY_OP(fn)                                                         \
+  output session::fn(output a, output b, const std::string& name) {              \
+    op_node n;                                                                   \
+    n.kind = op_node::binary;                                                    \
+    n.op = #fn;                                                                  \
+    n.name = impl_->unique_name(name);                                           \
+    n.requested = impl_->current();                                              \
+    n.inputs = {a.id, b.id};                                                     \
+    return add_node(impl_->ops, std::move(n));                                   \
+  }
+
+AF_BINARY_OP(add)
+AF_BINARY_OP(sub)
+AF_BINARY_OP(mul)
+
+#define AF_UPDATE_OP(fn)                                                         \
+  output session::fn(output var, output value, const std::string& name) {        \
+    auto v = impl_->var_node(var);                                               \
+    if (v == nullptr)                                                            \
+      return output{};                                                           \
+    op_node n;                                                                   \
+    n.kind = op_node::update;                                                    \
+    n.op = #fn;                                                                  \
+    n.name = impl_->unique_name(name.empty() ? v->name + "/" #fn : name);        \
+    n.requested = v->requested;                                                  \
+    n.inputs = {var.id, value.id};                                               \
+    return add_node(impl_->ops, std::move(n));                                   \
+  }
+
+AF_UPDATE_OP(assign)
+AF_UPDATE_OP(assign_add)
+AF_UPDATE_OP(assign_sub)
+
+std::vector<std::string> session::operations() const {
+  std::vector<std::string> out;
+  for (const auto& n : impl_->ops)
+    out.push_back(n.name);
+  return out;
+}
+
+caf::expected<std::vector<tensor>> session::run(const std::vector<output>& fetches,
+                                                run_trace* trace) {
+  std::map<int32_t, tensor> memo;
+  std::vector<tensor> out;
+  for (auto f : fetches) {
+    if (!f.valid())
+      return make_error(af_error::invalid_argument,
+                        "run() got an invalid output (an assign to something that is not a "
+                        "variable of this session?)");
+    auto v = impl_->eval(f.id, memo, trace);
+    if (!v)
+      return std::move(v.error());
+    out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+caf::expected<tensor> session::run(output fetch, run_trace* trace) {
+  auto v = run(std::vector<output>{fetch}, trace);
+  if (!v)
+    return std::move(v.error());
+  return std::move(v->front());
+}
+
+caf::error session::initialize(const std::vector<output>& vars) {
+  auto nodes = impl_->variables_of(vars);
+  if (!nodes)
+    return std::move(nodes.error());
+  for (auto n : *nodes) {
+    caf::error err;
+    impl_->self->request(n->var, impl_->opts.timeout, init_atom::value, n->init, false)
+      .receive([](uint64_t) {},
+               [&](caf::error& e) {
+                 err = impl_->explain(std::move(e), "initialization of '" + n->spec.name + "'", nullptr);
+               });
+    if (err)
+      return err;
+  }
+  return caf::none;
+}
+
+caf::expected<std::vector<std::string>> session::uninitialized(const std::vector<output>& vars) {
+  auto nodes = impl_->variables_of(vars);
+  if (!nodes)
+    return std::move(nodes.error());
+  std::vector<std::string> out;
+  for (auto n : *nodes) {
+    caf::error err;
+    impl_->self->request(n->var, impl_->opts.timeout, info_atom::value)
+      .receive(
+        [&](variable_info& info) {
+          if (!info.initialized)
+            out.push_back(n->spec.name);
+        },
+        [&](caf::error& e) {
+          err = impl_->explain(std::move(e), "state of '" + n->spec.name + "'", nullptr);
+        });
+    if (err)
+      return err;
+  }
+  return out;
+}
+
+caf::error session::wait_initialized(std::chrono::milliseconds timeout,
+                                     const std::vector<output>& vars) {
+  auto nodes = impl_->variables_of(vars);
+  if (!nodes)
+    return std::move(nodes.error());
+  auto& self = impl_->self;
+  // All requests are in flight at once and share one deadline.
+  using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value));
+  std::vector<handle> pending;
+  for (auto n : *nodes)
+    pending.push_back(self->request(n->var, timeout, wait_init_atom::value));
+  std::vector<std::string> missing;
+  caf::error other;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto n = (*nodes)[i];
+    pending[i].receive([](uint64_t) {},
+                       [&](caf::error& e) {
+                         if (e == caf::sec::request_timeout)
+                           missing.push_back(n->spec.name + " (on " + n->spec.device + ")");
+                         else if (!other)
+                           other = impl_->explain(std::move(e), "initialization of '" + n->spec.name + "'", nullptr);
+                       });
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& m : missing)
+      names += (names.empty() ? "" : ", ") + m;
+    return make_error(af_error::timeout,
+                      "waited " + std::to_string(timeout.count()) + " ms for initialization of "
+                        + std::to_string(missing.size()) + " variable(s): " + names
+                        + "; is the chief running initialize()?");
+  }
+  return other;
+}
+
+caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
+  auto conn = impl_->connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->info;
+}
+
+caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,
+                                                                  int32_t task) {
+  auto conn = impl_->connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  std::vector<variable_info> out;
+  impl_->self->request((*conn)->actor, impl_->opts.timeout, list_atom::value)
+    .receive([&](std::vector<variable_info>& infos) { out = std::move(infos); },
+             [&](caf::error& e) { err = impl_->explain(std::move(e), "variable list", *conn); });
+  if (err)
+    return err;
+  std::sort(out.begin(), out.end(),
+            [](const variable_info& a, const variable_info& b) { return a.spec.name < b.spec.name; });
+  return out;
+}
+
+caf::error session::shutdown(const std::string& job, int32_t task) {
+  auto conn = impl_->connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  impl_->self->request((*conn)->actor, impl_->opts.timeout, shutdown_atom::value)
+    .receive([](caf::ok_atom) {},
+             [&](caf::error& e) { err = impl_->explain(std::move(e), "shutdown", *conn); });
+  impl_->conns.erase(task_name(job, task));
+  return err;
+}
+
+std::string session::device_of(output var) const {
+  auto n = impl_->var_node(var);
+  return n ? n->spec.device : std::string{};
+}
+
+} // namespace af

@@ -1,0 +1,168 @@
+#pragma once
+/// The client API: a session on a cluster (TF's tf.Session(server.target)).
+///
+///   auto s = af::session::make(sys, spec, "/job:local/task:0");
+///   auto cpu = s->device("/cpu:0");                 // tf.device scope
+///   auto w = s->variable("w", {2, 2}, af::initializer::constant(2));
+///   cpu.reset();                                    // leave the scope
+///   auto sum = s->add(*w, *b);
+///   s->initialize();                                // global_variables_initializer
+///   af::run_trace trace;
+///   auto values = s->run({sum}, &trace);            // sess.run + FULL_TRACE
+///
+/// Placement: a device name is merged into the enclosing scopes. Variables
+/// that name no job or task go to task 0 of the session's job, so clients of
+/// different servers of one job share them by name, as in TensorFlow's
+/// tutorial; ops that name none run on the session's own task. A device that
+/// the node does not have (e.g. /gpu:0 on a CPU-only node) falls back to the
+/// node's CPU:0 when soft placement is on (the default), and the trace says so.
+///
+/// Every call that talks to the cluster is bounded by `session_options`'
+/// timeouts and returns an error naming what it waited for. A session is used
+/// by one thread at a time; it must be destroyed before its actor system.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/actor_system.hpp"
+#include "caf/expected.hpp"
+
+#include "config/cluster_spec.hpp"
+#include "messages/device_name.hpp"
+#include "messages/node.hpp"
+
+namespace af {
+
+struct session_options {
+  std::chrono::milliseconds timeout{10000};        ///< any one request
+  std::chrono::milliseconds connect_timeout{5000}; ///< connecting to a node
+  bool soft_placement = true;
+};
+
+/// Where one op or variable access of a run went.
+struct trace_entry {
+  std::string op;        ///< graph name: "w", "add", "var/assign_add"
+  std::string kind;      ///< read, add, sub, mul, assign, assign_add, assign_sub
+  std::string requested; ///< the device as requested (scopes merged; may be partial)
+  std::string device;    ///< the device it ran on, fully specified
+  std::string node;      ///< host:port of the node
+  std::string note;      ///< e.g. why soft placement moved it
+  int64_t start_ns = 0;  ///< client clock: request sent
+  int64_t end_ns = 0;    ///< client clock: reply received
+};
+
+struct run_trace {
+  std::vector<trace_entry> entries;
+
+  /// TF's run_with_location_trace printout: each device, then its ops.
+  std::string by_device() const;
+
+  /// One line per entry: op -> requested -> actual device @ node (note).
+  std::string to_string() const;
+
+  /// The entry of graph op `op`, or nullptr.
+  const trace_entry* find(const std::string& op) const;
+};
+
+/// A node of the session's graph (TF's Tensor / Operation handle).
+struct output {
+  int32_t id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+class session;
+
+/// An active tf.device block; leaving it (destruction or reset()) pops it.
+class device_scope {
+public:
+  device_scope(device_scope&& other) noexcept : owner_(other.owner_) { other.owner_ = nullptr; }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  device_scope& operator=(device_scope&&) = delete;
+  ~device_scope() { reset(); }
+  void reset();
+
+private:
+  friend class session;
+  explicit device_scope(session* owner) : owner_(owner) {}
+  session* owner_;
+};
+
+class session {
+public:
+  /// `target` is the task this session belongs to ("/job:worker/task:1").
+  static caf::expected<session> make(caf::actor_system& sys, cluster_spec spec,
+                                     const std::string& target, session_options opts = {});
+
+  session(session&&) noexcept;
+  session& operator=(session&&) noexcept;
+  ~session();
+
+  const cluster_spec& cluster() const;
+
+  /// "/job:J/replica:0/task:T".
+  std::string target() const;
+
+  /// Opens a device scope (merged into the enclosing one).
+  caf::expected<device_scope> device(const std::string& name);
+
+  /// The merged device of the current scopes ("" if none).
+  std::string current_device() const;
+
+  // -- graph building -------------------------------------------------------
+
+  /// Gets or creates variable `name` on the placed node (tf.get_variable).
+  caf::expected<output> variable(const std::string& name, shape_type shape,
+                                 initializer init = initializer::zeros(),
+                                 dtype type = dtype::float32);
+
+  output constant(tensor value, const std::string& name = "Const");
+  output add(output a, output b, const std::string& name = "add");
+  output sub(output a, output b, const std::string& name = "sub");
+  output mul(output a, output b, const std::string& name = "mul");
+  output assign(output var, output value, const std::string& name = "");
+  output assign_add(output var, output value, const std::string& name = "");
+  output assign_sub(output var, output value, const std::string& name = "");
+
+  /// The graph's op names, in creation order (graph.get_operations()).
+  std::vector<std::string> operations() const;
+
+  // -- running --------------------------------------------------------------
+
+  caf::expected<std::vector<tensor>> run(const std::vector<output>& fetches,
+                                         run_trace* trace = nullptr);
+  caf::expected<tensor> run(output fetch, run_trace* trace = nullptr);
+
+  /// Runs the initializers of `vars` (all of this session's variables if
+  /// empty), like global_variables_initializer.
+  caf::error initialize(const std::vector<output>& vars = {});
+
+  /// Names of the variables that have no value yet (report_uninitialized_variables).
+  caf::expected<std::vector<std::string>> uninitialized(const std::vector<output>& vars = {});
+
+  /// Waits until every variable has a value. Gives up after `timeout` with an
+  /// af_error::timeout that names each variable still missing.
+  caf::error wait_initialized(std::chrono::milliseconds timeout,
+                              const std::vector<output>& vars = {});
+
+  // -- cluster --------------------------------------------------------------
+
+  caf::expected<node_info> ping(const std::string& job, int32_t task);
+  caf::expected<std::vector<variable_info>> list_variables(const std::string& job, int32_t task);
+
+  /// Asks node /job:J/task:T to shut down.
+  caf::error shutdown(const std::string& job, int32_t task);
+
+  /// The full device a variable lives on (after soft placement).
+  std::string device_of(output var) const;
+
+private:
+  friend class device_scope;
+  struct impl;
+  explicit session(std::unique_ptr<impl> ptr);
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace af

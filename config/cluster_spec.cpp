@@ -1,0 +1,366 @@
+#include "config/cluster_spec.hpp"
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <toml.hpp>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+caf::error config_error(std::string msg) {
+  return make_error(af_error::invalid_config, std::move(msg));
+}
+
+bool valid_job_name(const std::string& s) {
+  if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0])))
+    return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      return false;
+  return true;
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+caf::error read_node_options_toml(const toml::value& node, node_options& out,
+                                  const std::string& source) {
+  if (!node.is_table())
+    return config_error(source + ":" + std::to_string(node.location().line())
+                        + ": [node] must be a table");
+  for (const auto& [key, v] : node.as_table()) {
+    auto where = source + ":" + std::to_string(v.location().line()) + ": node." + key;
+    auto int_field = [&](int32_t& field, int64_t lo, int64_t hi) -> caf::error {
+      if (!v.is_integer())
+        return config_error(where + " must be an integer");
+      auto x = v.as_integer();
+      if (x < lo || x > hi)
+        return config_error(where + " = " + std::to_string(x) + " is out of range ["
+                            + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      field = static_cast<int32_t>(x);
+      return caf::none;
+    };
+    caf::error err;
+    if (key == "cpu_devices") {
+      err = int_field(out.cpu_devices, 1, 64);
+    } else if (key == "threads") {
+      err = int_field(out.threads, 0, 256);
+    } else if (key == "heartbeat_ms") {
+      err = int_field(out.heartbeat_ms, 0, 600000);
+    } else if (key == "connection_timeout_ms") {
+      err = int_field(out.connection_timeout_ms, 0, 3600000);
+    } else if (key == "scheduler") {
+      if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
+        err = config_error(where + " must be \"sharing\" or \"stealing\"");
+      else
+        out.scheduler = v.as_string().str;
+    } else if (key == "bind") {
+      if (!v.is_string())
+        err = config_error(where + " must be a string (an address to listen on)");
+      else
+        out.bind = v.as_string().str;
+    } else {
+      err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
+                                 "bind, heartbeat_ms, connection_timeout_ms)");
+    }
+    if (err)
+      return err;
+  }
+  return caf::none;
+}
+
+/// Byte offset -> "line L, column C" of `text`.
+std::string line_col(const std::string& text, size_t byte) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(col);
+}
+
+} // namespace
+
+std::string task_address::to_string() const {
+  if (host.find(':') != std::string::npos)
+    return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+caf::expected<task_address> parse_address(const std::string& text, const std::string& where) {
+  task_address out;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      return config_error(where + ": address '" + text + "' must look like [ipv6]:port");
+    out.host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    auto colon = text.rfind(':');
+    if (colon == std::string::npos)
+      return config_error(where + ": address '" + text + "' has no port (expected host:port)");
+    out.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (out.host.find(':') != std::string::npos)
+      return config_error(where + ": address '" + text
+                          + "' has several ':'; write IPv6 hosts as [addr]:port");
+  }
+  if (out.host.empty())
+    return config_error(where + ": address '" + text + "' has an empty host");
+  if (port_text.empty() || port_text.size() > 5
+      || port_text.find_first_not_of("0123456789") != std::string::npos)
+    return config_error(where + ": bad port '" + port_text + "' in '" + text
+                        + "' (expected a number 1-65535)");
+  auto port = std::stoul(port_text);
+  if (port == 0 || port > 65535)
+    return config_error(where + ": bad port " + port_text + " in '" + text
+                        + "' (expected a number 1-65535)");
+  out.port = static_cast<uint16_t>(port);
+  return out;
+}
+
+caf::expected<cluster_spec>
+cluster_spec::from_jobs(const std::map<std::string, std::vector<std::string>>& jobs,
+                        const std::string& source) {
+  if (jobs.empty())
+    return config_error(source + ": the cluster has no jobs (add e.g. ps = [\"host:port\"])");
+  cluster_spec spec;
+  std::map<std::string, std::string> seen; // normalized address -> /job:J/task:T
+  for (const auto& [job, tasks] : jobs) {
+    if (!valid_job_name(job))
+      return config_error(source + ": job name '" + job
+                          + "' must start with a letter and hold only letters, digits and '_'");
+    if (tasks.empty())
+      return config_error(source + ": job '" + job + "' has no tasks");
+    auto& out = spec.jobs_[job];
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      auto where = source + ": job '" + job + "' task " + std::to_string(i);
+      auto addr = parse_address(tasks[i], where);
+      if (!addr)
+        return std::move(addr.error());
+      auto key = lower(addr->host) + ":" + std::to_string(addr->port);
+      auto self = "/job:" + job + "/task:" + std::to_string(i);
+      if (auto it = seen.find(key); it != seen.end())
+        return config_error(source + ": duplicate address " + tasks[i] + " used by " + it->second
+                            + " and " + self + " (each task needs its own host:port)");
+      seen.emplace(key, self);
+      out.push_back(std::move(*addr));
+    }
+  }
+  return spec;
+}
+
+size_t cluster_spec::num_tasks(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : it->second.size();
+}
+
+caf::error cluster_spec::check_task(const std::string& job, int32_t task) const {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    std::string known;
+    for (const auto& kvp : jobs_)
+      known += (known.empty() ? "" : ", ") + kvp.first;
+    return make_error(af_error::unknown_job,
+                      "job '" + job + "' is not in the cluster (jobs: " + known + ")");
+  }
+  if (task < 0 || static_cast<size_t>(task) >= it->second.size())
+    return make_error(af_error::task_out_of_range,
+                      "task index " + std::to_string(task) + " is out of range for job '" + job
+                        + "', which has " + std::to_string(it->second.size()) + " task(s): 0.."
+                        + std::to_string(it->second.size() - 1));
+  return caf::none;
+}
+
+caf::expected<task_address> cluster_spec::address(const std::string& job, int32_t task) const {
+  if (auto err = check_task(job, task))
+    return err;
+  return jobs_.at(job)[static_cast<size_t>(task)];
+}
+
+std::string cluster_spec::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [job, tasks] : jobs_) {
+    auto arr = nlohmann::json::array();
+    for (const auto& t : tasks)
+      arr.push_back(t.to_string());
+    j[job] = arr;
+  }
+  return j.dump();
+}
+
+std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const {
+  std::ostringstream out;
+  out << "[cluster]\n";
+  for (const auto& [job, tasks] : jobs_) {
+    out << job << " = [";
+    for (size_t i = 0; i < tasks.size(); ++i)
+      out << (i ? ", " : "") << '"' << tasks[i].to_string() << '"';
+    out << "]\n";
+  }
+  if (opts) {
+    out << "\n[node]\ncpu_devices = " << opts->cpu_devices << "\nscheduler = \"" << opts->scheduler
+        << "\"\nthreads = " << opts->threads << "\nheartbeat_ms = " << opts->heartbeat_ms
+        << "\nconnection_timeout_ms = " << opts->connection_timeout_ms << "\n";
+    if (!opts->bind.empty())
+      out << "bind = \"" << opts->bind << "\"\n";
+  }
+  return out.str();
+}
+
+caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
+                                                 const std::string& source) {
+  toml::value data;
+  try {
+    std::istringstream in{text};
+    data = toml::parse(in, source);
+  } catch (const std::exception& e) {
+    return config_error("malformed TOML in " + source + ": " + e.what());
+  }
+  if (!data.is_table() || !data.contains("cluster"))
+    return config_error(source + ": no [cluster] table (expected e.g. [cluster] ps = [\"localhost:2222\"])");
+  cluster_config result;
+  const auto& cluster = data.at("cluster");
+  if (!cluster.is_table())
+    return config_error(source + ":" + std::to_string(cluster.location().line())
+                        + ": 'cluster' must be a table of job = [\"host:port\", ...]");
+  std::map<std::string, std::vector<std::string>> jobs;
+  std::map<std::string, std::vector<size_t>> lines;
+  for (const auto& [job, tasks] : cluster.as_table()) {
+    auto line = std::to_string(tasks.location().line());
+    if (!tasks.is_array())
+      return config_error(source + ":" + line + ": job '" + job
+                          + "' must be a list of \"host:port\" strings");
+    for (const auto& t : tasks.as_array()) {
+      if (!t.is_string())
+        return config_error(source + ":" + std::to_string(t.location().line()) + ": job '" + job
+                            + "' holds a non-string entry; write \"host:port\"");
+      jobs[job].push_back(t.as_string().str);
+    }
+    lines[job].push_back(tasks.location().line());
+  }
+  auto spec = cluster_spec::from_jobs(jobs, source);
+  if (!spec) {
+    // Point at the line of the job that the message names, when there is one.
+    auto msg = describe(spec.error());
+    for (const auto& [job, ls] : lines)
+      if (msg.find("job '" + job + "'") != std::string::npos) {
+        auto ctx = spec.error().context();
+        std::string inner = ctx.size() == 1 && ctx.match_element<std::string>(0)
+                              ? ctx.get_as<std::string>(0) : msg;
+        auto prefix = source + ": ";
+        if (inner.rfind(prefix, 0) == 0)
+          inner = inner.substr(prefix.size());
+        return make_error(static_cast<af_error>(spec.error().code()),
+                          source + ":" + std::to_string(ls.front()) + ": " + inner);
+      }
+    return std::move(spec.error());
+  }
+  result.cluster = std::move(*spec);
+  if (data.contains("node"))
+    if (auto err = read_node_options_toml(data.at("node"), result.node, source))
+      return err;
+  for (const auto& [key, v] : data.as_table())
+    if (key != "cluster" && key != "node")
+      return config_error(source + ":" + std::to_string(v.location().line())
+                          + ": unknown table '" + key + "' (known: cluster, node)");
+  return result;
+}
+
+caf::expected<cluster_config> parse_cluster_json(const std::string& text,
+                                                 const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string what = e.what();
+    // nlohmann's text repeats the position; keep only its explanation.
+    auto colon = what.find(": ", what.find("parse error"));
+    return config_error("malformed JSON in " + source + " at " + line_col(text, e.byte ? e.byte - 1 : 0)
+                        + ": " + (colon != std::string::npos ? what.substr(colon + 2) : what));
+  }
+  if (!j.is_object())
+    return config_error(source + ": expected a JSON object like {\"cluster\": {...}, \"task\": {...}}");
+  const nlohmann::json* jobs_json = &j;
+  if (j.contains("cluster"))
+    jobs_json = &j.at("cluster");
+  if (!jobs_json->is_object())
+    return config_error(source + ": \"cluster\" must be an object of job -> [\"host:port\", ...]");
+  std::map<std::string, std::vector<std::string>> jobs;
+  for (const auto& [job, tasks] : jobs_json->items()) {
+    if (job == "task" && jobs_json == &j)
+      continue;
+    if (!tasks.is_array())
+      return config_error(source + ": cluster." + job + " must be a list of \"host:port\" strings");
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (!tasks[i].is_string())
+        return config_error(source + ": cluster." + job + "[" + std::to_string(i)
+                            + "] must be a \"host:port\" string");
+      jobs[job].push_back(tasks[i].get<std::string>());
+    }
+  }
+  auto spec = cluster_spec::from_jobs(jobs, source);
+  if (!spec)
+    return std::move(spec.error());
+  cluster_config result;
+  result.cluster = std::move(*spec);
+  if (j.contains("task")) {
+    const auto& task = j.at("task");
+    if (!task.is_object())
+      return config_error(source + ": \"task\" must be an object {\"type\": JOB, \"index\": N}");
+    if (task.contains("type")) {
+      if (!task.at("type").is_string())
+        return config_error(source + ": task.type must be a job name string");
+      result.task_type = task.at("type").get<std::string>();
+    }
+    if (task.contains("index")) {
+      if (!task.at("index").is_number_integer())
+        return config_error(source + ": task.index must be an integer");
+      result.task_index = task.at("index").get<int32_t>();
+    }
+    if (result.task_type) {
+      if (auto err = result.cluster.check_task(*result.task_type, result.task_index.value_or(0)))
+        return make_error(static_cast<af_error>(err.code()), source + ": " + describe(err));
+    }
+  }
+  return result;
+}
+
+caf::expected<cluster_config> load_cluster_config(const std::string& path) {
+  std::ifstream in{path};
+  if (!in)
+    return config_error("cannot open config file '" + path + "' (check the path and permissions)");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  auto text = buf.str();
+  auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{')
+    return parse_cluster_json(text, path);
+  return parse_cluster_toml(text, path);
+}
+
+caf::expected<cluster_config> cluster_config_from_env() {
+  const char* env = std::getenv("TF_CONFIG");
+  if (env == nullptr || *env == '\0')
+    return make_error(af_error::not_found,
+                      "TF_CONFIG is not set; pass --config FILE or export TF_CONFIG");
+  return parse_cluster_json(env, "TF_CONFIG");
+}
+
+} // namespace af

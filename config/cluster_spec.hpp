@@ -1,0 +1,92 @@
+#pragma once
+/// The cluster spec (TF's ClusterSpec): job name -> ordered list of host:port.
+///
+/// Sources: a TOML file (`[cluster]` table, optional `[node]` options), a JSON
+/// file, or the TF_CONFIG environment variable in TensorFlow's exact shape:
+///   {"cluster": {"ps": ["h:p"], "worker": [...]}, "task": {"type": "worker", "index": 1}}
+/// Every problem is an af_error::invalid_config (or unknown_job /
+/// task_out_of_range) whose message names the file, line, job or address.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+namespace af {
+
+struct task_address {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;   ///< "host:port" ("[::1]:port" for IPv6)
+};
+
+/// Parses "host:port" / "[v6]:port"; the error names `where` and what is wrong.
+caf::expected<task_address> parse_address(const std::string& text, const std::string& where);
+
+/// How a node runs: its devices and its scheduler (see docs in README).
+struct node_options {
+  int32_t cpu_devices = 1;          ///< CPU "devices" cpu:0..cpu:N-1
+  std::string scheduler = "sharing"; ///< CAF scheduler policy: sharing or stealing
+  int32_t threads = 0;              ///< scheduler threads; 0 = one per core
+  std::string bind;                 ///< address to listen on; "" = the task's host
+  int32_t heartbeat_ms = 1000;      ///< 0 disables; dead or hung peers seen within timeout
+  int32_t connection_timeout_ms = 10000;
+};
+
+class cluster_spec {
+public:
+  cluster_spec() = default;
+
+  /// Validates names and addresses: job names, ports, duplicates.
+  static caf::expected<cluster_spec>
+  from_jobs(const std::map<std::string, std::vector<std::string>>& jobs,
+            const std::string& source = "cluster spec");
+
+  const std::map<std::string, std::vector<task_address>>& jobs() const { return jobs_; }
+
+  bool has_job(const std::string& job) const { return jobs_.count(job) > 0; }
+
+  size_t num_tasks(const std::string& job) const;
+
+  /// The address of /job:J/task:T, or unknown_job / task_out_of_range.
+  caf::expected<task_address> address(const std::string& job, int32_t task) const;
+
+  /// Checks that job J has a task T (same errors as address()).
+  caf::error check_task(const std::string& job, int32_t task) const;
+
+  /// TF's JSON shape: {"ps": ["h:p"], "worker": [...]}.
+  std::string to_json() const;
+
+  /// A TOML file with a [cluster] table (and [node] if options are given).
+  std::string to_toml(const std::optional<node_options>& opts = std::nullopt) const;
+
+private:
+  std::map<std::string, std::vector<task_address>> jobs_;
+};
+
+/// What a config file or TF_CONFIG holds.
+struct cluster_config {
+  cluster_spec cluster;
+  node_options node;
+  std::optional<std::string> task_type;  ///< TF_CONFIG's task.type, if any
+  std::optional<int32_t> task_index;     ///< TF_CONFIG's task.index, if any
+};
+
+/// Reads a .toml or .json file (decided by content: '{' first means JSON).
+caf::expected<cluster_config> load_cluster_config(const std::string& path);
+
+/// Parses TOML text; `source` names it in errors.
+caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
+                                                 const std::string& source);
+
+/// Parses TF_CONFIG-shaped JSON (or a bare {"cluster": ...} / job map).
+caf::expected<cluster_config> parse_cluster_json(const std::string& text,
+                                                 const std::string& source);
+
+/// Reads TF_CONFIG from the environment; not_found if unset.
+caf::expected<cluster_config> cluster_config_from_env();
+
+} // namespace af

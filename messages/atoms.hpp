@@ -1,0 +1,23 @@
+#pragma once
+/// Atoms of actorflow's protocols (CAF 0.17: at most 10 characters).
+
+#include "caf/atom.hpp"
+
+namespace af {
+
+using read_atom = caf::atom_constant<caf::atom("read")>;
+using assign_atom = caf::atom_constant<caf::atom("assign")>;
+using assign_add_atom = caf::atom_constant<caf::atom("assign_add")>;
+using assign_sub_atom = caf::atom_constant<caf::atom("assign_sub")>;
+using init_atom = caf::atom_constant<caf::atom("init")>;
+using info_atom = caf::atom_constant<caf::atom("info")>;
+using wait_init_atom = caf::atom_constant<caf::atom("wait_init")>;
+using get_var_atom = caf::atom_constant<caf::atom("get_var")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
+using list_atom = caf::atom_constant<caf::atom("list_vars")>;
+using devices_atom = caf::atom_constant<caf::atom("devices")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using compute_atom = caf::atom_constant<caf::atom("compute")>;
+using executor_atom = caf::atom_constant<caf::atom("executor")>;
+
+} // namespace af

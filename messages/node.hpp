@@ -1,0 +1,51 @@
+#pragma once
+/// The node actor: one per actorflow-node process (or per embedded node),
+/// published at the task's address. It owns the variable registry.
+///
+/// Protocol:
+///   (ping)                      -> (node_info)   who and what this node is
+///   (get_var, variable_spec) -> (variable_actor)   get-or-create by name. Same name with the same
+///        dtype and shape returns the existing actor; a mismatch is
+///        shape_mismatch / dtype_mismatch naming both; a device the node does
+///        not have is unknown_device.
+///   (lookup, string name)       -> (variable_actor)  not_found if absent
+///   (list_vars)                 -> (vector<variable_info>)
+///   (executor, string device)   -> (executor_actor)  e.g. "CPU:0"
+///   (shutdown)                  -> (ok)  then the node stops its actors and exits
+/// `devices` are local names: "CPU:0", "CPU:1", "GPU:0".
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "caf/atom.hpp"
+#include "caf/meta/type_name.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+
+#include "messages/executor.hpp"
+#include "messages/variable.hpp"
+
+namespace af {
+
+struct node_info {
+  std::string job;
+  int32_t task = 0;
+  std::vector<std::string> devices;  ///< "CPU:0", "GPU:0", ...
+  int32_t pid = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_info& x) {
+  return f(caf::meta::type_name("node_info"), x.job, x.task, x.devices, x.pid);
+}
+
+using node_actor = caf::typed_actor<
+  caf::replies_to<caf::ping_atom>::with<node_info>,
+  caf::replies_to<get_var_atom, variable_spec>::with<variable_actor>,
+  caf::replies_to<lookup_atom, std::string>::with<variable_actor>,
+  caf::replies_to<list_atom>::with<std::vector<variable_info>>,
+  caf::replies_to<executor_atom, std::string>::with<executor_actor>,
+  caf::replies_to<shutdown_atom>::with<caf::ok_atom>>;
+
+} // namespace af

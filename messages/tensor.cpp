@@ -1,0 +1,200 @@
+#include "messages/tensor.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+namespace af {
+
+namespace {
+
+constexpr size_t buffer_alignment = 64;
+
+std::shared_ptr<std::byte> allocate(size_t nbytes) {
+  // aligned_alloc wants a multiple of the alignment; never ask for 0 bytes so
+  // that a scalar or an empty shape still owns a (valid) buffer.
+  size_t rounded = std::max<size_t>(buffer_alignment,
+                                    (nbytes + buffer_alignment - 1) / buffer_alignment
+                                      * buffer_alignment);
+  void* p = std::aligned_alloc(buffer_alignment, rounded);
+  if (p == nullptr)
+    throw std::bad_alloc{};
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                    [](std::byte* q) { std::free(q); });
+}
+
+} // namespace
+
+size_t dtype_size(dtype t) {
+  switch (t) {
+    case dtype::float32: return 4;
+    case dtype::float64: return 8;
+    case dtype::int32: return 4;
+    case dtype::int64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(dtype t) {
+  switch (t) {
+    case dtype::float32: return "float32";
+    case dtype::float64: return "float64";
+    case dtype::int32: return "int32";
+    case dtype::int64: return "int64";
+  }
+  return "invalid";
+}
+
+std::optional<dtype> parse_dtype(std::string_view name) {
+  if (name == "float32" || name == "float") return dtype::float32;
+  if (name == "float64" || name == "double") return dtype::float64;
+  if (name == "int32") return dtype::int32;
+  if (name == "int64") return dtype::int64;
+  return std::nullopt;
+}
+
+bool valid_dtype(uint8_t raw) {
+  return raw <= static_cast<uint8_t>(dtype::int64);
+}
+
+int64_t num_elements(const shape_type& shape) {
+  int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0)
+      return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_string(const shape_type& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      out += ',';
+    out += std::to_string(shape[i]);
+  }
+  out += ']';
+  return out;
+}
+
+tensor::tensor(dtype type, shape_type shape) {
+  reset(type, std::move(shape));
+}
+
+void tensor::reset(dtype type, shape_type shape) {
+  auto n = af::num_elements(shape);
+  if (n < 0)
+    throw std::invalid_argument("tensor shape " + shape_string(shape)
+                                + " has a negative dimension");
+  type_ = type;
+  shape_ = std::move(shape);
+  count_ = static_cast<size_t>(n);
+  buf_ = allocate(nbytes());
+}
+
+tensor tensor::filled(dtype type, shape_type shape, double value) {
+  tensor t{type, std::move(shape)};
+  auto n = t.num_elements();
+  switch (type) {
+    case dtype::float32: std::fill_n(t.mutable_data<float>(), n, static_cast<float>(value)); break;
+    case dtype::float64: std::fill_n(t.mutable_data<double>(), n, value); break;
+    case dtype::int32: std::fill_n(t.mutable_data<int32_t>(), n, static_cast<int32_t>(value)); break;
+    case dtype::int64: std::fill_n(t.mutable_data<int64_t>(), n, static_cast<int64_t>(value)); break;
+  }
+  return t;
+}
+
+std::byte* tensor::mutable_bytes() {
+  if (buf_ != nullptr && buf_.use_count() > 1) {
+    auto fresh = allocate(nbytes());
+    std::memcpy(fresh.get(), buf_.get(), nbytes());
+    buf_ = std::move(fresh);
+  }
+  return buf_.get();
+}
+
+double tensor::at(size_t i) const {
+  switch (type_) {
+    case dtype::float32: return data<float>()[i];
+    case dtype::float64: return data<double>()[i];
+    case dtype::int32: return data<int32_t>()[i];
+    case dtype::int64: return static_cast<double>(data<int64_t>()[i]);
+  }
+  return 0;
+}
+
+std::string tensor::summary() const {
+  return std::string{dtype_name(type_)} + shape_string(shape_);
+}
+
+std::string tensor::to_string(size_t max_elements) const {
+  if (empty())
+    return "<empty>";
+  std::ostringstream out;
+  auto print_elem = [&](size_t i) {
+    double v = at(i);
+    if (type_ == dtype::int32 || type_ == dtype::int64 || v == static_cast<int64_t>(v))
+      out << static_cast<int64_t>(v) << (type_ == dtype::float32 || type_ == dtype::float64 ? "." : "");
+    else
+      out << v;
+  };
+  if (shape_.empty()) {
+    print_elem(0);
+    return out.str();
+  }
+  // Walk the elements, opening and closing brackets at dimension boundaries.
+  size_t rank = shape_.size();
+  std::vector<size_t> strides(rank, 1);
+  for (size_t d = rank - 1; d > 0; --d)
+    strides[d - 1] = strides[d] * static_cast<size_t>(shape_[d]);
+  bool elide = count_ > max_elements;
+  size_t head = max_elements / 2;
+  size_t tail_start = count_ - max_elements / 2;
+  for (size_t d = 0; d < rank; ++d)
+    out << '[';
+  if (count_ == 0) {
+    for (size_t d = 0; d < rank; ++d)
+      out << ']';
+    return out.str();
+  }
+  for (size_t i = 0; i < count_; ++i) {
+    if (elide && i == head) {
+      out << " ...";
+      i = tail_start - 1;
+      continue;
+    }
+    if (i > 0) {
+      size_t closes = 0;
+      for (size_t d = 0; d + 1 < rank; ++d)
+        if (i % strides[d] == 0) {
+          closes = rank - 1 - d;
+          break;
+        }
+      for (size_t c = 0; c < closes; ++c)
+        out << ']';
+      if (closes > 0) {
+        out << '\n' << std::string(rank - closes, ' ');
+        for (size_t c = 0; c < closes; ++c)
+          out << '[';
+      } else {
+        out << ' ';
+      }
+    }
+    print_elem(i);
+  }
+  for (size_t d = 0; d < rank; ++d)
+    out << ']';
+  return out.str();
+}
+
+bool operator==(const tensor& a, const tensor& b) {
+  if (a.empty() || b.empty())
+    return a.empty() && b.empty();
+  return a.type() == b.type() && a.shape() == b.shape()
+         && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+} // namespace af

@@ -1,0 +1,138 @@
+#pragma once
+/// A dense tensor: dtype + shape + one contiguous, 64-byte aligned buffer.
+///
+/// The buffer is shared and treated as immutable once a tensor has been sent:
+/// copying a tensor copies a pointer, so tensors move between actors of one node
+/// without copying bytes. Writers go through `mutable_data()`, which clones the
+/// buffer first if anyone else still holds it (copy on write). This header has no
+/// CAF dependency; the wire format lives in messages/serialization.hpp.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace af {
+
+enum class dtype : uint8_t { float32 = 0, float64 = 1, int32 = 2, int64 = 3 };
+
+/// Bytes per element of `t`.
+size_t dtype_size(dtype t);
+
+/// "float32", "float64", "int32", "int64".
+const char* dtype_name(dtype t);
+
+/// Parses a dtype name (also accepts "float" and "double"); nullopt if unknown.
+std::optional<dtype> parse_dtype(std::string_view name);
+
+/// True if `raw` is the numeric value of a known dtype (used when decoding).
+bool valid_dtype(uint8_t raw);
+
+using shape_type = std::vector<int64_t>;
+
+/// Number of elements of `shape` (1 for a scalar); -1 if a dimension is negative.
+int64_t num_elements(const shape_type& shape);
+
+/// "[2,2]", "[]" for a scalar.
+std::string shape_string(const shape_type& shape);
+
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
+template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
+template <> struct dtype_of<int32_t> { static constexpr dtype value = dtype::int32; };
+template <> struct dtype_of<int64_t> { static constexpr dtype value = dtype::int64; };
+
+class tensor {
+public:
+  /// An empty tensor: holds no value (`empty()` is true).
+  tensor() = default;
+
+  /// A tensor of `shape` with uninitialized contents.
+  tensor(dtype type, shape_type shape);
+
+  /// A tensor of `shape` with every element equal to `value`.
+  static tensor filled(dtype type, shape_type shape, double value);
+
+  /// A scalar.
+  static tensor scalar(float value) { return filled(dtype::float32, {}, value); }
+
+  /// A tensor holding a copy of `values`; `shape` must match their count.
+  template <class T>
+  static tensor from_values(shape_type shape, const std::vector<T>& values);
+
+  bool empty() const noexcept { return buf_ == nullptr; }
+  dtype type() const noexcept { return type_; }
+  const shape_type& shape() const noexcept { return shape_; }
+  size_t num_elements() const noexcept { return count_; }
+  size_t nbytes() const noexcept { return count_ * dtype_size(type_); }
+
+  const std::byte* bytes() const noexcept { return buf_.get(); }
+
+  /// Writable bytes; clones the buffer first if it is shared.
+  std::byte* mutable_bytes();
+
+  template <class T>
+  const T* data() const noexcept {
+    return reinterpret_cast<const T*>(buf_.get());
+  }
+
+  template <class T>
+  T* mutable_data() {
+    return reinterpret_cast<T*>(mutable_bytes());
+  }
+
+  /// Element `i` converted to double, whatever the dtype.
+  double at(size_t i) const;
+
+  /// All elements converted to T (for tests and printing).
+  template <class T>
+  std::vector<T> values() const {
+    std::vector<T> out(count_);
+    for (size_t i = 0; i < count_; ++i)
+      out[i] = static_cast<T>(at(i));
+    return out;
+  }
+
+  /// True if both share one buffer (no copy was made between them).
+  bool shares_buffer_with(const tensor& other) const noexcept {
+    return buf_ != nullptr && buf_ == other.buf_;
+  }
+
+  /// How many tensors hold this buffer.
+  long use_count() const noexcept { return buf_.use_count(); }
+
+  /// NumPy-like text: "[[7 7]\n [7 7]]"; elides the middle of large tensors.
+  std::string to_string(size_t max_elements = 64) const;
+
+  /// "float32[2,2]".
+  std::string summary() const;
+
+  /// Decoding support: allocates an uninitialized buffer for `shape`.
+  void reset(dtype type, shape_type shape);
+
+private:
+  dtype type_ = dtype::float32;
+  shape_type shape_;
+  size_t count_ = 0;
+  std::shared_ptr<std::byte> buf_;
+};
+
+/// Exact equality of dtype, shape and bytes.
+bool operator==(const tensor& a, const tensor& b);
+inline bool operator!=(const tensor& a, const tensor& b) { return !(a == b); }
+
+template <class T>
+tensor tensor::from_values(shape_type shape, const std::vector<T>& values) {
+  tensor t{dtype_of<T>::value, std::move(shape)};
+  if (t.num_elements() != values.size())
+    return tensor{};
+  auto* dst = t.mutable_data<T>();
+  for (size_t i = 0; i < values.size(); ++i)
+    dst[i] = values[i];
+  return t;
+}
+
+} // namespace af

@@ -1,0 +1,81 @@
+#include "messages/types.hpp"
+
+#include <cstring>
+
+#include "caf/all.hpp"
+
+#include "messages/error.hpp"
+#include "messages/node.hpp"
+
+namespace af {
+
+caf::error inspect(caf::serializer& f, tensor& x) {
+  auto type = static_cast<uint8_t>(x.type());
+  auto shape = x.shape();
+  uint8_t has_value = x.empty() ? 0 : 1;
+  if (auto err = f(has_value, type, shape))
+    return err;
+  if (!has_value)
+    return caf::none;
+  size_t n = x.nbytes();
+  if (auto err = f.begin_sequence(n))
+    return err;
+  if (n > 0)
+    if (auto err = f.apply_raw(n, const_cast<std::byte*>(x.bytes())))
+      return err;
+  return f.end_sequence();
+}
+
+caf::error inspect(caf::deserializer& f, tensor& x) {
+  uint8_t has_value = 0;
+  uint8_t type = 0;
+  shape_type shape;
+  if (auto err = f(has_value, type, shape))
+    return err;
+  if (!has_value) {
+    x = tensor{};
+    return caf::none;
+  }
+  if (!valid_dtype(type))
+    return make_error(af_error::invalid_argument,
+                      "received a tensor with unknown dtype code " + std::to_string(type));
+  auto count = num_elements(shape);
+  if (count < 0)
+    return make_error(af_error::invalid_argument,
+                      "received a tensor with negative dimension " + shape_string(shape));
+  size_t n = 0;
+  if (auto err = f.begin_sequence(n))
+    return err;
+  auto expected = static_cast<size_t>(count) * dtype_size(static_cast<dtype>(type));
+  if (n != expected)
+    return make_error(af_error::invalid_argument,
+                      "received a tensor " + shape_string(shape) + " with " + std::to_string(n)
+                        + " bytes, expected " + std::to_string(expected));
+  x.reset(static_cast<dtype>(type), std::move(shape));
+  if (n > 0)
+    if (auto err = f.apply_raw(n, x.mutable_bytes()))
+      return err;
+  return f.end_sequence();
+}
+
+void register_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<tensor>("af::tensor");
+  cfg.add_message_type<initializer>("af::initializer");
+  cfg.add_message_type<variable_spec>("af::variable_spec");
+  cfg.add_message_type<variable_info>("af::variable_info");
+  cfg.add_message_type<std::vector<variable_info>>("std::vector<af::variable_info>");
+  cfg.add_message_type<operand>("af::operand");
+  cfg.add_message_type<std::vector<operand>>("std::vector<af::operand>");
+  cfg.add_message_type<compute_request>("af::compute_request");
+  cfg.add_message_type<compute_result>("af::compute_result");
+  cfg.add_message_type<node_info>("af::node_info");
+  cfg.add_message_type<variable_actor>("af::variable_actor");
+  cfg.add_message_type<executor_actor>("af::executor_actor");
+  cfg.add_message_type<node_actor>("af::node_actor");
+  cfg.add_error_category(error_category,
+                         [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+                           return describe(caf::error{code, error_category, ctx});
+                         });
+}
+
+} // namespace af

@@ -1,0 +1,105 @@
+// actorflow-node: one task of a cluster (TF's tf.train.Server + server.join()).
+//   actorflow-node --config cluster.toml --job ps --task 0
+//   TF_CONFIG='{"cluster":...,"task":{"type":"ps","index":0}}' actorflow-node
+// Serves until SIGINT/SIGTERM or a client's shutdown request, then exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "caf/all.hpp"
+
+#include "actors/node.hpp"
+#include "actors/system.hpp"
+#include "config/cluster_spec.hpp"
+#include "messages/error.hpp"
+
+namespace {
+
+int fail(const std::string& msg, int code = 2) {
+  std::cerr << "actorflow-node: " << msg << std::endl;
+  return code;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"actorflow-node: runs one task (ps or worker) of an actorflow cluster"};
+  std::string config_path, job, bind, scheduler;
+  int task = -1, cpu_devices = 0, threads = -1;
+  app.add_option("-c,--config", config_path, "cluster config file (TOML or JSON); default: $TF_CONFIG");
+  app.add_option("-j,--job", job, "job name of this task (default: TF_CONFIG's task.type)");
+  app.add_option("-t,--task", task, "task index within the job (default: TF_CONFIG's task.index)");
+  app.add_option("--bind", bind, "address to listen on (default: the task's host from the config)");
+  app.add_option("--cpu-devices", cpu_devices, "number of CPU devices (cpu:0..cpu:N-1)")->check(CLI::Range(1, 64));
+  app.add_option("--threads", threads, "scheduler threads (0 = one per core)")->check(CLI::Range(0, 256));
+  app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
+  CLI11_PARSE(app, argc, argv);
+
+  auto cfg = config_path.empty() ? af::cluster_config_from_env() : af::load_cluster_config(config_path);
+  if (!cfg)
+    return fail(af::describe(cfg.error()));
+  if (job.empty())
+    job = cfg->task_type.value_or("");
+  if (task < 0)
+    task = cfg->task_index.value_or(job.empty() ? -1 : 0);
+  if (job.empty() || task < 0)
+    return fail("which task is this? pass --job NAME --task I (or set task in TF_CONFIG)");
+  auto addr = cfg->cluster.address(job, task);
+  if (!addr)
+    return fail(af::describe(addr.error()));
+  auto opts = cfg->node;
+  if (!bind.empty()) opts.bind = bind;
+  if (cpu_devices > 0) opts.cpu_devices = cpu_devices;
+  if (threads >= 0) opts.threads = threads;
+  if (!scheduler.empty()) opts.scheduler = scheduler;
+
+  // Signals are taken by one thread with sigwait; every other thread (CAF's
+  // included, created below) inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  af::tune_malloc_for_tensors();
+  af::system_config sys_cfg{opts};
+  caf::actor_system sys{sys_cfg};
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port, opts);
+  if (!node)
+    return fail(af::describe(node.error()));
+
+  std::string devices;
+  for (const auto& d : node->devices)
+    devices += (devices.empty() ? "" : ",") + d;
+  std::printf("actorflow-node ready: %s at %s (devices %s; scheduler %s x%zu; pid %d)\n", name.c_str(),
+              addr->to_string().c_str(), devices.c_str(), opts.scheduler.c_str(), sys_cfg.threads(),
+              static_cast<int>(::getpid()));
+  std::fflush(stdout);
+
+  std::thread signal_thread{[&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig != SIGUSR1) {
+      std::printf("actorflow-node %s: signal %d, shutting down\n", name.c_str(), sig);
+      std::fflush(stdout);
+      caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+    }
+  }};
+  {
+    caf::scoped_actor self{sys, true};
+    self->monitor(node->actor);
+    self->receive([](caf::down_msg&) {});  // serves until the node stops
+  }
+  pthread_kill(signal_thread.native_handle(), SIGUSR1);
+  signal_thread.join();
+  std::printf("actorflow-node %s: stopped\n", name.c_str());
+  std::fflush(stdout);
+  return 0;
+}
