@@ -247,6 +247,7 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
     if (!tasks.is_array())
       return config_error(source + ":" + line + ": job '" + job
                           + "' must be a list of \"host:port\" strings");
+    jobs[job]; // an empty list still names the job, so that it is reported
     for (const auto& t : tasks.as_array()) {
       if (!t.is_string())
         return config_error(source + ":" + std::to_string(t.location().line()) + ": job '" + job
@@ -308,6 +309,7 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
       continue;
     if (!tasks.is_array())
       return config_error(source + ": cluster." + job + " must be a list of \"host:port\" strings");
+    jobs[job];
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (!tasks[i].is_string())
         return config_error(source + ": cluster." + job + "[" + std::to_string(i)

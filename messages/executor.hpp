@@ -29,8 +29,16 @@ struct operand {
   std::string var_name; ///< for errors
 };
 
+// A null actor handle does not survive CAF 0.17's deserializer (the whole
+// message arrives empty), so the handle travels only when there is one.
+caf::error inspect(caf::serializer& f, operand& x);
+caf::error inspect(caf::deserializer& f, operand& x);
+
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, operand& x) {
+typename std::enable_if<!std::is_base_of<caf::serializer, Inspector>::value
+                          && !std::is_base_of<caf::deserializer, Inspector>::value,
+                        typename Inspector::result_type>::type
+inspect(Inspector& f, operand& x) {
   return f(caf::meta::type_name("operand"), x.value, x.var, x.var_name);
 }
 

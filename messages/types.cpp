@@ -58,6 +58,21 @@ caf::error inspect(caf::deserializer& f, tensor& x) {
   return f.end_sequence();
 }
 
+caf::error inspect(caf::serializer& f, operand& x) {
+  uint8_t has_var = x.var ? 1 : 0;
+  if (auto err = f(x.value, x.var_name, has_var))
+    return err;
+  return has_var ? f(x.var) : caf::none;
+}
+
+caf::error inspect(caf::deserializer& f, operand& x) {
+  uint8_t has_var = 0;
+  if (auto err = f(x.value, x.var_name, has_var))
+    return err;
+  x.var = variable_actor{};
+  return has_var ? f(x.var) : caf::none;
+}
+
 void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<tensor>("af::tensor");
   cfg.add_message_type<initializer>("af::initializer");

@@ -1,0 +1,225 @@
+#include "process_cluster.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "messages/error.hpp"
+
+namespace af::testing {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+            int& out_fd) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& [k, v] : env)
+      setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::perror("execv");
+    _exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  out_fd = fds[0];
+  return pid;
+}
+
+/// Reads what is available on `fd` into `out`, waiting at most `wait` for data.
+/// Returns false at end of file.
+bool read_some(int fd, std::string& out, std::chrono::milliseconds wait) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (poll(&pfd, 1, static_cast<int>(wait.count())) <= 0)
+    return true;
+  char buf[4096];
+  for (;;) {
+    auto n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    return n < 0; // 0 = EOF; <0 = EAGAIN
+  }
+}
+
+int decode(int status) {
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status);
+  return -1;
+}
+
+} // namespace
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout,
+                           const std::map<std::string, std::string>& env) {
+  command_result res;
+  int fd = -1;
+  pid_t pid = spawn(argv, env, fd);
+  auto deadline = clock_type::now() + timeout;
+  bool open = true;
+  while (open && clock_type::now() < deadline)
+    open = read_some(fd, res.output, std::chrono::milliseconds(100));
+  int status = 0;
+  if (open) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    res.exit_code = -1;
+  } else {
+    waitpid(pid, &status, 0);
+    res.exit_code = decode(status);
+  }
+  close(fd);
+  return res;
+}
+
+caf::expected<std::unique_ptr<process_cluster>>
+process_cluster::start(const std::map<std::string, int>& jobs, node_options opts,
+                       std::chrono::seconds timeout) {
+  std::string last_error;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::unique_ptr<process_cluster> pc{new process_cluster};
+    char tmpl[] = "/tmp/actorflow-test-XXXXXX";
+    pc->dir_ = mkdtemp(tmpl);
+    std::map<std::string, std::vector<std::string>> addrs;
+    for (const auto& [job, n] : jobs)
+      for (int i = 0; i < n; ++i)
+        addrs[job].push_back("127.0.0.1:" + std::to_string(free_port()));
+    auto spec = cluster_spec::from_jobs(addrs, "test cluster");
+    if (!spec)
+      return std::move(spec.error());
+    pc->spec_ = *spec;
+    pc->config_path_ = pc->dir_ + "/cluster.toml";
+    std::ofstream{pc->config_path_} << pc->spec_.to_toml(opts);
+    for (const auto& [job, n] : jobs)
+      for (int i = 0; i < n; ++i) {
+        proc p;
+        p.job = job;
+        p.task = i;
+        p.pid = spawn({ACTORFLOW_NODE_BINARY, "--config", pc->config_path_, "--job", job, "--task",
+                       std::to_string(i)},
+                      {}, p.out_fd);
+        pc->procs_.push_back(std::move(p));
+      }
+    bool all_ready = true;
+    auto deadline = clock_type::now() + timeout;
+    for (auto& p : pc->procs_) {
+      while (p.output.find("ready") == std::string::npos && clock_type::now() < deadline) {
+        if (!read_some(p.out_fd, p.output, std::chrono::milliseconds(100))) {
+          break; // exited
+        }
+      }
+      if (p.output.find("ready") == std::string::npos) {
+        all_ready = false;
+        last_error = "/job:" + p.job + "/task:" + std::to_string(p.task)
+                     + " did not report ready: " + p.output;
+        break;
+      }
+    }
+    if (all_ready)
+      return pc;
+    // pc's destructor stops whatever started; try again with fresh ports
+  }
+  return make_error(af_error::internal, "could not start the test cluster: " + last_error);
+}
+
+process_cluster::~process_cluster() {
+  for (auto& p : procs_)
+    if (p.exit_code == -2 && p.pid > 0)
+      kill(p.pid, SIGTERM);
+  for (auto& p : procs_)
+    if (p.exit_code == -2 && p.pid > 0)
+      reap(p, std::chrono::seconds(10));
+  for (auto& p : procs_)
+    if (p.out_fd >= 0)
+      close(p.out_fd);
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+process_cluster::proc* process_cluster::find(const std::string& job, int32_t task) {
+  for (auto& p : procs_)
+    if (p.job == job && p.task == task)
+      return &p;
+  return nullptr;
+}
+
+void process_cluster::drain(proc& p, std::chrono::milliseconds wait) {
+  if (p.out_fd >= 0)
+    read_some(p.out_fd, p.output, wait);
+}
+
+int process_cluster::reap(proc& p, std::chrono::milliseconds timeout) {
+  auto deadline = clock_type::now() + timeout;
+  int status = 0;
+  while (clock_type::now() < deadline) {
+    drain(p, std::chrono::milliseconds(20));
+    auto r = waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid)
+      return p.exit_code = decode(status);
+  }
+  kill(p.pid, SIGKILL);
+  waitpid(p.pid, &status, 0);
+  return p.exit_code = -1;
+}
+
+int process_cluster::stop(const std::string& job, int32_t task, std::chrono::seconds timeout) {
+  auto p = find(job, task);
+  if (p == nullptr || p->exit_code != -2)
+    return p ? p->exit_code : -1;
+  kill(p->pid, SIGTERM);
+  return reap(*p, timeout);
+}
+
+int process_cluster::wait_exit(const std::string& job, int32_t task, std::chrono::seconds timeout) {
+  auto p = find(job, task);
+  if (p == nullptr || p->exit_code != -2)
+    return p ? p->exit_code : -1;
+  return reap(*p, timeout);
+}
+
+std::string process_cluster::output(const std::string& job, int32_t task) {
+  auto p = find(job, task);
+  if (p == nullptr)
+    return {};
+  drain(*p, std::chrono::milliseconds(0));
+  return p->output;
+}
+
+} // namespace af::testing

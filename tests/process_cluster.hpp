@@ -1,0 +1,72 @@
+#pragma once
+// Real actorflow-node processes for tests: a generated config on free loopback
+// ports, each node started and waited for (its "ready" line), stopped after.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+#include "config/cluster_spec.hpp"
+
+namespace af::testing {
+
+/// A port on 127.0.0.1 that was free a moment ago.
+uint16_t free_port();
+
+/// Output and exit code of a program run to completion (killed at `timeout`).
+struct command_result {
+  int exit_code = -1;   ///< -1 if it was killed at the timeout
+  std::string output;   ///< stdout and stderr together
+};
+command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout,
+                           const std::map<std::string, std::string>& env = {});
+
+class process_cluster {
+public:
+  /// Starts one node per task; retries with new ports if one is taken meanwhile.
+  static caf::expected<std::unique_ptr<process_cluster>>
+  start(const std::map<std::string, int>& jobs, node_options opts = {},
+        std::chrono::seconds timeout = std::chrono::seconds(30));
+
+  ~process_cluster();
+
+  const cluster_spec& spec() const { return spec_; }
+  const std::string& config_path() const { return config_path_; }
+
+  /// Sends SIGTERM and waits up to `timeout`; returns the exit code (-1: killed).
+  int stop(const std::string& job, int32_t task,
+           std::chrono::seconds timeout = std::chrono::seconds(10));
+
+  /// Waits for a node to exit by itself (e.g. after a shutdown request).
+  int wait_exit(const std::string& job, int32_t task,
+                std::chrono::seconds timeout = std::chrono::seconds(10));
+
+  /// What the node printed so far.
+  std::string output(const std::string& job, int32_t task);
+
+private:
+  struct proc {
+    std::string job;
+    int32_t task = 0;
+    pid_t pid = -1;
+    int out_fd = -1;
+    std::string output;
+    int exit_code = -2; ///< -2: running
+  };
+  process_cluster() = default;
+  proc* find(const std::string& job, int32_t task);
+  void drain(proc& p, std::chrono::milliseconds wait);
+  int reap(proc& p, std::chrono::milliseconds timeout);
+  std::vector<proc> procs_;
+  cluster_spec spec_;
+  std::string dir_;
+  std::string config_path_;
+};
+
+} // namespace af::testing

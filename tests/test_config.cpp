@@ -1,0 +1,121 @@
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "config/cluster_spec.hpp"
+#include "messages/error.hpp"
+
+using namespace af;
+
+namespace {
+
+std::string toml_error(const std::string& text) {
+  auto c = parse_cluster_toml(text, "cluster.toml");
+  REQUIRE_FALSE(c);
+  return describe(c.error());
+}
+
+std::string json_error(const std::string& text) {
+  auto c = parse_cluster_json(text, "TF_CONFIG");
+  REQUIRE_FALSE(c);
+  return describe(c.error());
+}
+
+} // namespace
+
+TEST_CASE("a TOML config gives the cluster and the node options", "[config]") {
+  auto c = parse_cluster_toml(R"([cluster]
+ps = ["localhost:2222"]
+worker = ["localhost:2223", "10.0.0.2:2224"]
+
+[node]
+cpu_devices = 2
+threads = 1
+scheduler = "stealing"
+)", "cluster.toml");
+  REQUIRE(c);
+  CHECK(c->cluster.num_tasks("ps") == 1);
+  CHECK(c->cluster.num_tasks("worker") == 2);
+  CHECK(c->cluster.address("worker", 1)->to_string() == "10.0.0.2:2224");
+  CHECK(c->node.cpu_devices == 2);
+  CHECK(c->node.threads == 1);
+  CHECK(c->node.scheduler == "stealing");
+  // what to_toml writes reads back the same
+  auto again = parse_cluster_toml(c->cluster.to_toml(c->node), "again");
+  REQUIRE(again);
+  CHECK(again->cluster.to_json() == c->cluster.to_json());
+  CHECK(again->node.cpu_devices == 2);
+}
+
+TEST_CASE("TF_CONFIG in TensorFlow's JSON shape gives the cluster and this task", "[config]") {
+  auto c = parse_cluster_json(
+    R"({"cluster": {"ps": ["127.0.0.1:3335"], "worker": ["127.0.0.1:3333", "[::1]:3334"]},
+        "task": {"type": "worker", "index": 1}})", "TF_CONFIG");
+  REQUIRE(c);
+  CHECK(*c->task_type == "worker");
+  CHECK(*c->task_index == 1);
+  CHECK(c->cluster.address("worker", 1)->host == "::1");
+  CHECK(c->cluster.address("worker", 1)->to_string() == "[::1]:3334");
+  CHECK(c->cluster.to_json() == R"({"ps":["127.0.0.1:3335"],"worker":["127.0.0.1:3333","[::1]:3334"]})");
+  ::setenv("TF_CONFIG", R"({"cluster": {"local": ["h:1"]}, "task": {"type": "local", "index": 0}})", 1);
+  auto env = cluster_config_from_env();
+  ::unsetenv("TF_CONFIG");
+  REQUIRE(env);
+  CHECK(env->cluster.num_tasks("local") == 1);
+  auto missing = cluster_config_from_env();
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("TF_CONFIG is not set") != std::string::npos);
+}
+
+TEST_CASE("config errors are specific: unknown job, task out of range, duplicates, ports",
+          "[config][errors]") {
+  auto spec = cluster_spec::from_jobs({{"ps", {"h:1"}}, {"worker", {"h:2", "h:3"}}});
+  REQUIRE(spec);
+  auto job = spec->address("chief", 0);
+  REQUIRE_FALSE(job);
+  CHECK(is(job.error(), af_error::unknown_job));
+  CHECK(describe(job.error()).find("job 'chief' is not in the cluster (jobs: ps, worker)") != std::string::npos);
+  auto task = spec->address("worker", 2);
+  REQUIRE_FALSE(task);
+  CHECK(is(task.error(), af_error::task_out_of_range));
+  CHECK(describe(task.error()).find("task index 2 is out of range for job 'worker', which has 2") != std::string::npos);
+
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\nworker = [\"b:2\", \"a:1\"]\n")
+          .find("duplicate address a:1 used by /job:ps/task:0 and /job:worker/task:1") != std::string::npos);
+  auto port = toml_error("[cluster]\nps = [\"a:1\"]\nworker = [\"b:http\"]\n");
+  CHECK(port.find("cluster.toml:3") != std::string::npos);
+  CHECK(port.find("bad port 'http'") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:70000\"]\n").find("bad port 70000") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:0\"]\n").find("bad port 0") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"nohost\"]\n").find("has no port") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = []\n").find("job 'ps' has no tasks") != std::string::npos);
+  CHECK(toml_error("[node]\nthreads = 1\n").find("no [cluster] table") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nthreads = -3\n").find("cluster.toml:4: node.threads") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\ncolour = 1\n").find("unknown option") != std::string::npos);
+  CHECK(json_error(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "worker", "index": 0}})")
+          .find("job 'worker' is not in the cluster") != std::string::npos);
+  CHECK(json_error(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 4}})")
+          .find("task index 4 is out of range") != std::string::npos);
+}
+
+TEST_CASE("malformed config files are reported with their line number", "[config][errors]") {
+  auto toml = toml_error("[cluster]\nps = [\"a:1\"\nworker = 3\n");
+  CHECK(toml.find("malformed TOML in cluster.toml") != std::string::npos);
+  CHECK(toml.find("3") != std::string::npos);
+  auto json = json_error("{\n  \"cluster\": {\n    \"ps\": [\"a:1\",]\n  }\n}");
+  CHECK(json.find("malformed JSON in TF_CONFIG at line 3") != std::string::npos);
+  auto missing = load_cluster_config("/nonexistent/cluster.toml");
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("cannot open config file '/nonexistent/cluster.toml'") != std::string::npos);
+}
+
+TEST_CASE("load_cluster_config reads the example files shipped in config/", "[config]") {
+  for (const char* name : {"cluster.toml", "tf_config.json"}) {
+    auto c = load_cluster_config(std::string{ACTORFLOW_SOURCE_DIR} + "/config/" + name);
+    INFO(name);
+    REQUIRE(c);
+    CHECK(c->cluster.num_tasks("ps") == 1);
+    CHECK(c->cluster.num_tasks("worker") == 2);
+  }
+}

@@ -1,0 +1,186 @@
+// What a user of the node program and of a session sees when things go wrong.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "scenarios.hpp"
+
+using namespace af;
+using namespace af::testing;
+
+namespace {
+
+std::string write_file(const std::string& text) {
+  char tmpl[] = "/tmp/actorflow-config-XXXXXX";
+  int fd = mkstemp(tmpl);
+  close(fd);
+  std::ofstream{tmpl} << text;
+  return tmpl;
+}
+
+command_result node(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), ACTORFLOW_NODE_BINARY);
+  return run_command(args, std::chrono::seconds(20), env);
+}
+
+} // namespace
+
+TEST_CASE("actorflow-node rejects bad configs with a clear message and exit code 2", "[errors][node]") {
+  auto bad_port = write_file("[cluster]\nps = [\"127.0.0.1:99999\"]\n");
+  auto r = node({"--config", bad_port, "--job", "ps", "--task", "0"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("bad port 99999") != std::string::npos);
+  CHECK(r.output.find(":2:") != std::string::npos);
+
+  auto good = write_file("[cluster]\nps = [\"127.0.0.1:" + std::to_string(free_port()) + "\"]\n");
+  r = node({"--config", good, "--job", "worker", "--task", "0"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("job 'worker' is not in the cluster (jobs: ps)") != std::string::npos);
+  r = node({"--config", good, "--job", "ps", "--task", "3"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("task index 3 is out of range") != std::string::npos);
+  r = node({"--config", good});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--job NAME --task I") != std::string::npos);
+  r = node({}, {{"TF_CONFIG", "{\"cluster\": {\"ps\": [\"a:1\"]"}});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("malformed JSON in TF_CONFIG at line 1") != std::string::npos);
+  r = node({"--config", "/nonexistent.toml", "--job", "ps", "--task", "0"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("cannot open config file") != std::string::npos);
+  for (const auto& f : {bad_port, good})
+    ::unlink(f.c_str());
+}
+
+TEST_CASE("actorflow-node says so and exits non-zero when its port is taken", "[errors][node]") {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto port = std::to_string(ntohs(addr.sin_port));
+  auto cfg = write_file("[cluster]\nps = [\"127.0.0.1:" + port + "\"]\n");
+  auto r = node({"--config", cfg, "--job", "ps", "--task", "0"});
+  close(fd);
+  ::unlink(cfg.c_str());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("/job:ps/task:0 cannot listen on 127.0.0.1:" + port) != std::string::npos);
+}
+
+TEST_CASE("actorflow-node takes its task from TF_CONFIG and stops on SIGTERM and on shutdown",
+          "[node]") {
+  auto p = process_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(p);
+  auto& pc = **p;
+  CHECK(pc.output("ps", 0).find("actorflow-node ready: /job:ps/task:0 at " + pc.spec().address("ps", 0)->to_string())
+        != std::string::npos);
+  {
+    node_options client;
+    system_config cfg{client};
+    caf::actor_system sys{cfg};
+    auto s = value_of(session::make(sys, pc.spec(), "/job:worker/task:0"));
+    auto info = value_of(s.ping("ps", 0));
+    CHECK(info.job == "ps");
+    CHECK(info.devices == std::vector<std::string>{"CPU:0"});
+    require_ok(s.shutdown("ps", 0));
+  }
+  CHECK(pc.wait_exit("ps", 0) == 0);
+  CHECK(pc.stop("worker", 0) == 0);
+  CHECK(pc.output("worker", 0).find("stopped") != std::string::npos);
+
+  // the same node, told who it is by TF_CONFIG alone
+  auto port = free_port();
+  auto tf_config = R"({"cluster": {"ps": ["127.0.0.1:)" + std::to_string(port)
+                   + R"("]}, "task": {"type": "ps", "index": 0}})";
+  auto cfg = write_file(tf_config);
+  auto r = std::async(std::launch::async, [&] {
+    return run_command({ACTORFLOW_NODE_BINARY}, std::chrono::seconds(20), {{"TF_CONFIG", tf_config}});
+  });
+  auto spec = value_of(parse_cluster_json(tf_config, "TF_CONFIG")).cluster;
+  {
+    system_config c2{node_options{}};
+    caf::actor_system sys{c2};
+    auto s = value_of(session::make(sys, spec, "/job:ps/task:0", session_options{2000ms, 2000ms, true}));
+    // The node may still be starting: try until it answers (bounded).
+    caf::error last;
+    for (int i = 0; i < 100; ++i) {
+      auto info = s.ping("ps", 0);
+      if (info) {
+        last = caf::none;
+        break;
+      }
+      last = info.error();
+      REQUIRE(r.wait_for(50ms) == std::future_status::timeout);
+    }
+    require_ok(last);
+    require_ok(s.shutdown("ps", 0));
+  }
+  auto res = r.get();
+  CHECK(res.exit_code == 0);
+  CHECK(res.output.find("actorflow-node ready: /job:ps/task:0") != std::string::npos);
+  ::unlink(cfg.c_str());
+}
+
+TEST_CASE("a node that nobody runs is reported unreachable within the timeout", "[errors]") {
+  auto spec = value_of(cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(free_port())}},
+                                                {"worker", {"127.0.0.1:" + std::to_string(free_port())}}}));
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, spec, "/job:worker/task:0", session_options{1000ms, 1000ms, true}));
+  auto d = value_of(s.device("/job:ps/task:0"));
+  auto start = std::chrono::steady_clock::now();
+  auto v = s.variable("var", {});
+  auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(v);
+  CHECK(is(v.error(), af_error::unreachable));
+  CHECK(describe(v.error()).find("cannot reach /job:ps/task:0 at " + spec.address("ps", 0)->to_string())
+        != std::string::npos);
+  CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("a node killed mid-session gives an error, not a hang", "[errors][processes]") {
+  processes_under_test c{{{"ps", 1}, {"worker", 1}}};
+  auto s = c.connect("worker", 0, session_options{1500ms, 1500ms, true});
+  auto d = value_of(s.device("/job:ps/task:0"));
+  auto v = value_of(s.variable("var", {}));
+  require_ok(s.initialize());
+  REQUIRE(value_of(s.run(v)).at(0) == 0);
+  CHECK(c.processes().stop("ps", 0) == 0);
+  auto start = std::chrono::steady_clock::now();
+  auto r = s.run(v);
+  REQUIRE_FALSE(r);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  auto text = describe(r.error());
+  CHECK(text.find("'var'") != std::string::npos);
+}
+
+TEST_CASE("session targets and device scopes are validated", "[errors]") {
+  auto spec = value_of(cluster_spec::from_jobs({{"local", {"127.0.0.1:1"}}}));
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  auto bad = session::make(sys, spec, "/job:other/task:0");
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("job 'other' is not in the cluster") != std::string::npos);
+  auto no_job = session::make(sys, spec, "/cpu:0");
+  REQUIRE_FALSE(no_job);
+  CHECK(describe(no_job.error()).find("must name a job") != std::string::npos);
+  auto s = value_of(session::make(sys, spec, "/job:local/task:0"));
+  {
+    auto outer = value_of(s.device("/job:local/task:0"));
+    {
+      auto inner = value_of(s.device("/gpu:1"));
+      CHECK(s.current_device() == "/job:local/task:0/device:GPU:1");
+    }
+    CHECK(s.current_device() == "/job:local/task:0");
+  }
+  CHECK(s.current_device().empty());
+}

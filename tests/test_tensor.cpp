@@ -1,0 +1,103 @@
+#include <catch2/catch.hpp>
+
+#include "kernels/kernels.hpp"
+#include "messages/tensor.hpp"
+
+using af::dtype;
+using af::tensor;
+
+TEST_CASE("a tensor holds dtype, shape and one contiguous buffer", "[tensor]") {
+  auto t = tensor::filled(dtype::float32, {2, 3}, 1.5);
+  CHECK(t.num_elements() == 6);
+  CHECK(t.nbytes() == 24);
+  CHECK(t.summary() == "float32[2,3]");
+  CHECK(reinterpret_cast<uintptr_t>(t.bytes()) % 64 == 0);
+  CHECK(t.values<float>() == std::vector<float>(6, 1.5f));
+  auto s = tensor::scalar(4);
+  CHECK(s.shape().empty());
+  CHECK(s.num_elements() == 1);
+  CHECK(tensor{}.empty());
+  CHECK_THROWS_AS((tensor{dtype::float32, {2, -1}}), std::invalid_argument);
+  for (auto d : {dtype::float64, dtype::int32, dtype::int64})
+    CHECK(tensor::filled(d, {3}, 7).values<double>() == std::vector<double>{7, 7, 7});
+}
+
+TEST_CASE("copying a tensor shares its buffer and writing clones it first", "[tensor]") {
+  auto a = tensor::filled(dtype::float32, {4}, 1);
+  auto b = a;
+  CHECK(a.shares_buffer_with(b));
+  b.mutable_data<float>()[0] = 9;
+  CHECK_FALSE(a.shares_buffer_with(b));
+  CHECK(a.values<float>()[0] == 1);
+  CHECK(b.values<float>()[0] == 9);
+  // a tensor that is not shared is written in place
+  auto* before = a.bytes();
+  a.mutable_data<float>()[1] = 3;
+  CHECK(a.bytes() == before);
+}
+
+TEST_CASE("tensors print like NumPy arrays", "[tensor]") {
+  CHECK(tensor::filled(dtype::float32, {2, 2}, 7).to_string() == "[[7. 7.]\n [7. 7.]]");
+  CHECK(tensor::scalar(1).to_string() == "1.");
+  CHECK(tensor::from_values<int32_t>({3}, {1, 2, 3}).to_string() == "[1 2 3]");
+  CHECK(tensor::filled(dtype::float32, {100}, 0).to_string(4).find("...") != std::string::npos);
+}
+
+TEST_CASE("the CPU backend broadcasts like NumPy and updates in place", "[tensor][kernels]") {
+  auto cpu = af::kernels::make_cpu_backend();
+  auto a = tensor::from_values<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  auto row = tensor::from_values<float>({3}, {10, 20, 30});
+  auto col = tensor::from_values<float>({2, 1}, {100, 200});
+  tensor out;
+  REQUIRE(cpu->binary(af::kernels::binary_op::add, a, row, out).ok());
+  CHECK(out.values<float>() == std::vector<float>{11, 22, 33, 14, 25, 36});
+  REQUIRE(cpu->binary(af::kernels::binary_op::mul, a, col, out).ok());
+  CHECK(out.values<float>() == std::vector<float>{100, 200, 300, 800, 1000, 1200});
+  REQUIRE(cpu->binary(af::kernels::binary_op::sub, tensor::scalar(1), a, out).ok());
+  CHECK(out.values<float>() == std::vector<float>{0, -1, -2, -3, -4, -5});
+  auto bad = cpu->binary(af::kernels::binary_op::add, a, tensor::filled(dtype::float32, {4}, 1), out);
+  CHECK_FALSE(bad.ok());
+  CHECK(bad.error.find("[2,3]") != std::string::npos);
+  auto mixed = cpu->binary(af::kernels::binary_op::add, a, tensor::filled(dtype::float64, {2, 3}, 1), out);
+  CHECK(mixed.error.find("float64") != std::string::npos);
+  // in place: unshared tensors keep their buffer, shared ones leave readers alone
+  auto* before = a.bytes();
+  REQUIRE(cpu->binary_inplace(af::kernels::binary_op::add, a, tensor::scalar(1)).ok());
+  CHECK(a.bytes() == before);
+  auto snapshot = a;
+  REQUIRE(cpu->binary_inplace(af::kernels::binary_op::add, a, tensor::scalar(1)).ok());
+  CHECK(snapshot.values<float>()[0] == 2);
+  CHECK(a.values<float>()[0] == 3);
+}
+
+TEST_CASE("random initializers are deterministic for a seed", "[tensor][kernels]") {
+  tensor a{dtype::float32, {1000}}, b{dtype::float32, {1000}}, c{dtype::float32, {1000}};
+  REQUIRE(af::kernels::fill_uniform(a, -1, 1, 42).ok());
+  REQUIRE(af::kernels::fill_uniform(b, -1, 1, 42).ok());
+  REQUIRE(af::kernels::fill_uniform(c, -1, 1, 43).ok());
+  CHECK(a == b);
+  CHECK(a != c);
+  auto v = a.values<float>();
+  CHECK(*std::min_element(v.begin(), v.end()) >= -1);
+  CHECK(*std::max_element(v.begin(), v.end()) < 1);
+  tensor n{dtype::float64, {20000}};
+  REQUIRE(af::kernels::fill_normal(n, 3, 2, 7).ok());
+  double mean = 0;
+  for (auto x : n.values<double>())
+    mean += x / 20000;
+  CHECK(mean == Approx(3).margin(0.1));
+  CHECK_FALSE(af::kernels::fill_normal(n, 0, -1, 7).ok());
+  tensor i{dtype::int32, {3}};
+  CHECK(af::kernels::fill_uniform(i, 0, 1, 1).error.find("int32") != std::string::npos);
+}
+
+TEST_CASE("asking for the CUDA backend without a GPU says why", "[kernels]") {
+  std::string why;
+  if (af::kernels::cuda_device_count(&why) == 0) {
+    CHECK(af::kernels::make_cuda_backend(0, &why) == nullptr);
+    CHECK_FALSE(why.empty());
+  } else {
+    CHECK(af::kernels::make_cuda_backend(1000, &why) == nullptr);
+    CHECK(why.find("1000") != std::string::npos);
+  }
+}
