@@ -668,4 +668,9 @@ std::string session::device_of(output var) const {
   return n ? n->spec.device : std::string{};
 }
 
+variable_actor session::handle_of(output var) const {
+  auto n = impl_->var_node(var);
+  return n ? n->var : variable_actor{};
+}
+
 } // namespace af

@@ -158,6 +158,9 @@ public:
   /// The full device a variable lives on (after soft placement).
   std::string device_of(output var) const;
 
+  /// The variable's actor, for talking to it directly (benchmarks, tools).
+  variable_actor handle_of(output var) const;
+
 private:
   friend class device_scope;
   struct impl;

@@ -1,1 +1,321 @@
-int main() { return 0; }
+// actorflow-bench: actorflow's figures against the raw socket, in one run.
+// Each line: metric NAME ours=X baseline=Y unit=U ratio=Z  (ratio = ours/baseline).
+// The ps is a real actorflow-node process; the baseline is a forked process
+// speaking plain TCP on loopback. Both run now, on this machine, so compare
+// ratios, not absolute values.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "caf/all.hpp"
+
+#include "actors/session.hpp"
+#include "actors/system.hpp"
+#include "config/cluster_spec.hpp"
+#include "messages/error.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+void report(const std::string& name, double ours, double baseline, const char* unit) {
+  std::printf("metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", name.c_str(), ours, baseline,
+              unit, ours / baseline);
+  std::fflush(stdout);
+}
+
+// -- raw TCP peer ---------------------------------------------------------------
+
+bool full_io(int fd, void* buf, size_t n, bool write_it) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    auto r = write_it ? ::write(fd, p, n) : ::read(fd, p, n);
+    if (r <= 0)
+      return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/// The child: serves commands {op, count, size} until the parent hangs up.
+[[noreturn]] void raw_peer(int listen_fd) {
+  int fd = accept(listen_fd, nullptr, nullptr);
+  set_nodelay(fd);
+  std::vector<char> buf(1 << 20);
+  struct { char op; uint64_t count; uint64_t size; } cmd;
+  while (full_io(fd, &cmd, sizeof(cmd), false)) {
+    if (cmd.op == 'p') {
+      for (uint64_t i = 0; i < cmd.count; ++i)
+        if (!full_io(fd, buf.data(), cmd.size, false) || !full_io(fd, buf.data(), cmd.size, true))
+          _exit(1);
+    } else if (cmd.op == 'w') { // parent writes size bytes, we ack
+      for (uint64_t left = cmd.size; left > 0;) {
+        auto r = ::read(fd, buf.data(), std::min<uint64_t>(left, buf.size()));
+        if (r <= 0)
+          _exit(1);
+        left -= static_cast<uint64_t>(r);
+      }
+      char ack = 1;
+      full_io(fd, &ack, 1, true);
+    } else if (cmd.op == 'r') { // we write size bytes
+      for (uint64_t left = cmd.size; left > 0;) {
+        auto n = std::min<uint64_t>(left, buf.size());
+        if (!full_io(fd, buf.data(), n, true))
+          _exit(1);
+        left -= n;
+      }
+    }
+  }
+  _exit(0);
+}
+
+struct raw_link {
+  pid_t pid = -1;
+  int fd = -1;
+
+  void start() {
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    listen(lfd, 1);
+    socklen_t len = sizeof(addr);
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+    pid = fork();
+    if (pid == 0)
+      raw_peer(lfd);
+    close(lfd);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    set_nodelay(fd);
+  }
+
+  void command(char op, uint64_t count, uint64_t size) {
+    struct { char op; uint64_t count; uint64_t size; } cmd{op, count, size};
+    full_io(fd, &cmd, sizeof(cmd), true);
+  }
+
+  /// Median round trip of `size`-byte messages, in microseconds.
+  double ping_pong_us(int rounds, size_t size) {
+    std::vector<char> buf(size);
+    std::vector<double> samples;
+    command('p', static_cast<uint64_t>(rounds), size);
+    for (int i = 0; i < rounds; ++i) {
+      auto t0 = clock_type::now();
+      full_io(fd, buf.data(), size, true);
+      full_io(fd, buf.data(), size, false);
+      samples.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    }
+    return median(samples);
+  }
+
+  /// MB/s of sending `bytes` (and getting a 1-byte ack) / of receiving them.
+  double stream_mbps(size_t bytes, bool upload, std::vector<char>& buf) {
+    auto t0 = clock_type::now();
+    command(upload ? 'w' : 'r', 1, bytes);
+    if (upload) {
+      for (size_t off = 0; off < bytes; off += buf.size())
+        full_io(fd, buf.data(), std::min(buf.size(), bytes - off), true);
+      char ack;
+      full_io(fd, &ack, 1, false);
+    } else {
+      for (size_t off = 0; off < bytes;) {
+        auto r = ::read(fd, buf.data(), std::min(buf.size(), bytes - off));
+        if (r <= 0)
+          break;
+        off += static_cast<size_t>(r);
+      }
+    }
+    return bytes / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+
+  ~raw_link() {
+    if (fd >= 0)
+      close(fd);
+    if (pid > 0)
+      waitpid(pid, nullptr, 0);
+  }
+};
+
+// -- the ps node -------------------------------------------------------------------
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct node_process {
+  pid_t pid = -1;
+  std::string config;
+
+  bool start(const af::cluster_spec& spec, const af::node_options& opts) {
+    config = "/tmp/actorflow-bench-" + std::to_string(getpid()) + ".toml";
+    std::ofstream{config} << spec.to_toml(opts);
+    auto self = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "actorflow-node";
+    pid = fork();
+    if (pid == 0) {
+      execl(self.c_str(), self.c_str(), "--config", config.c_str(), "--job", "ps", "--task", "0",
+            static_cast<char*>(nullptr));
+      std::perror("exec actorflow-node");
+      _exit(127);
+    }
+    return pid > 0;
+  }
+
+  ~node_process() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+    std::filesystem::remove(config);
+  }
+};
+
+template <class T>
+T ok(caf::expected<T> x, const char* what) {
+  if (!x) {
+    std::cerr << "actorflow-bench: " << what << ": " << af::describe(x.error()) << std::endl;
+    std::exit(1);
+  }
+  return std::move(*x);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
+  std::string only;
+  int rounds = 2000, reps = 3;
+  af::node_options opts;
+  app.add_option("-m,--metric", only, "run this metric only")
+    ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read"}));
+  app.add_option("--rounds", rounds, "round trips for the latency figures");
+  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
+  app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
+    ->check(CLI::IsMember({"sharing", "stealing"}));
+  app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)");
+  CLI11_PARSE(app, argc, argv);
+  auto wanted = [&](const char* m) { return only.empty() || only == m; };
+
+  raw_link raw;
+  raw.start(); // fork before any thread exists
+  af::tune_malloc_for_tensors();
+  auto spec = ok(af::cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(free_port())}},
+                                              {"worker", {"127.0.0.1:" + std::to_string(free_port())}}}),
+                 "cluster");
+  node_process ps;
+  ps.start(spec, opts);
+  af::system_config cfg{opts};
+  caf::actor_system sys{cfg};
+  af::session_options sopts;
+  sopts.timeout = std::chrono::seconds(60);
+  auto s = ok(af::session::make(sys, spec, "/job:worker/task:0", sopts), "session");
+  // wait (bounded) for the node to come up
+  caf::error last;
+  for (int i = 0; i < 200; ++i) {
+    auto info = s.ping("ps", 0);
+    if (info) {
+      last = caf::none;
+      break;
+    }
+    last = info.error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (last) {
+    std::cerr << "actorflow-bench: the ps node did not come up: " << af::describe(last) << std::endl;
+    return 1;
+  }
+  auto scope = ok(s.device("/job:ps/task:0"), "device");
+  std::printf("# actorflow-bench: client and ps in separate processes on loopback; scheduler %s x%zu\n",
+              opts.scheduler.c_str(), cfg.threads());
+
+  if (wanted("remote_assign_add_rtt")) {
+    auto v = ok(s.variable("counter", {}, af::initializer::zeros()), "variable");
+    if (auto err = s.initialize({v}))
+      return std::cerr << af::describe(err) << std::endl, 1;
+    auto inc = s.assign_add(v, s.constant(af::tensor::scalar(1)));
+    std::vector<double> samples;
+    for (int i = 0; i < rounds + 100; ++i) {
+      auto t0 = clock_type::now();
+      ok(s.run(inc), "assign_add");
+      if (i >= 100) // warm-up
+        samples.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    }
+    auto base = raw.ping_pong_us(rounds, 64);
+    report("remote_assign_add_rtt", median(samples), base, "us");
+  }
+
+  if (wanted("tensor_64mib_assign") || wanted("tensor_64mib_read")) {
+    const int64_t n = 16 << 20; // 64 MiB of float32
+    auto big = ok(s.variable("big", {n}), "variable");
+    auto handle = s.handle_of(big);
+    auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
+    caf::scoped_actor self{sys, true};
+    std::vector<char> buf(1 << 20, 'x');
+    auto timed = [&](auto&& f) {
+      auto t0 = clock_type::now();
+      f();
+      return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+    };
+    auto assign = [&] {
+      self->request(handle, std::chrono::seconds(60), af::assign_atom::value, value, false)
+        .receive([](af::tensor&, uint64_t) {},
+                 [](caf::error& e) { std::cerr << af::describe(e) << std::endl; std::exit(1); });
+    };
+    std::vector<double> ours_w, base_w, ours_r, base_r;
+    assign(); // initializes; also warms both ends
+    for (int i = 0; i < reps; ++i) {
+      if (wanted("tensor_64mib_assign")) {
+        ours_w.push_back(timed(assign));
+        base_w.push_back(raw.stream_mbps(value.nbytes(), true, buf));
+      }
+      if (wanted("tensor_64mib_read")) {
+        ours_r.push_back(timed([&] {
+          self->request(handle, std::chrono::seconds(60), af::read_atom::value)
+            .receive([](af::tensor&, uint64_t) {},
+                     [](caf::error& e) { std::cerr << af::describe(e) << std::endl; std::exit(1); });
+        }));
+        base_r.push_back(raw.stream_mbps(value.nbytes(), false, buf));
+      }
+    }
+    if (!ours_w.empty())
+      report("tensor_64mib_assign", median(ours_w), median(base_w), "MB/s");
+    if (!ours_r.empty())
+      report("tensor_64mib_read", median(ours_r), median(base_r), "MB/s");
+  }
+  return 0;
+}
