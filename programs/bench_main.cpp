@@ -24,6 +24,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/embedded_cluster.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -205,6 +206,21 @@ struct node_process {
   }
 };
 
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
+long proc_status_kib(pid_t pid, const std::string& field) {
+  std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0)
+      return std::stol(line.substr(field.size() + 1));
+  return -1;
+}
+
+/// A bare CAF actor answering ping: the local request/response baseline.
+caf::behavior echo_impl() {
+  return {[](caf::ping_atom, int64_t x) { return x; }};
+}
+
 template <class T>
 T ok(caf::expected<T> x, const char* what) {
   if (!x) {
@@ -222,7 +238,8 @@ int main(int argc, char** argv) {
   int rounds = 2000, reps = 3;
   af::node_options opts;
   app.add_option("-m,--metric", only, "run this metric only")
-    ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read"}));
+    ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
+                           "node_rss_64mib", "local_read_rtt"}));
   app.add_option("--rounds", rounds, "round trips for the latency figures");
   app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
   app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
@@ -279,7 +296,8 @@ int main(int argc, char** argv) {
     report("remote_assign_add_rtt", median(samples), base, "us");
   }
 
-  if (wanted("tensor_64mib_assign") || wanted("tensor_64mib_read")) {
+  if (wanted("tensor_64mib_assign") || wanted("tensor_64mib_read") || wanted("node_rss_64mib")) {
+    auto rss_before_kib = proc_status_kib(ps.pid, "VmRSS");
     const int64_t n = 16 << 20; // 64 MiB of float32
     auto big = ok(s.variable("big", {n}), "variable");
     auto handle = s.handle_of(big);
@@ -316,6 +334,41 @@ int main(int argc, char** argv) {
       report("tensor_64mib_assign", median(ours_w), median(base_w), "MB/s");
     if (!ours_r.empty())
       report("tensor_64mib_read", median(ours_r), median(base_r), "MB/s");
+    // What the node's peak resident memory grew by while the tensors passed
+    // through it, against the tensor's own size (1.0 = the value alone).
+    auto gained_mib = (proc_status_kib(ps.pid, "VmHWM") - rss_before_kib) / 1024.0;
+    if (wanted("node_rss_64mib"))
+      report("node_rss_64mib", gained_mib, value.nbytes() / 1048576.0, "MiB");
+  }
+
+  if (wanted("local_read_rtt")) {
+    // A session in the same actor system as its node, against a bare CAF
+    // request/response between two actors of one system.
+    auto local = ok(af::embedded_cluster::start({{"local", 1}}, opts), "embedded node");
+    auto& lsys = local->system("local", 0);
+    std::vector<double> ours, base;
+    {
+      auto ls = ok(local->session_for("local", 0), "local session");
+      auto v = ok(ls.variable("x", {}, af::initializer::ones()), "variable");
+      if (auto err = ls.initialize({v}))
+        return std::cerr << af::describe(err) << std::endl, 1;
+      auto echo = lsys.spawn(echo_impl);
+      caf::scoped_actor self{lsys, true};
+      for (int i = 0; i < rounds + 100; ++i) {
+        auto t0 = clock_type::now();
+        ok(ls.run(v), "local read");
+        auto t1 = clock_type::now();
+        self->request(echo, std::chrono::seconds(10), caf::ping_atom::value, int64_t{i})
+          .receive([](int64_t) {}, [](caf::error&) {});
+        auto t2 = clock_type::now();
+        if (i >= 100) {
+          ours.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          base.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+        }
+      }
+      caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+    }
+    report("local_read_rtt", median(ours), median(base), "us");
   }
   return 0;
 }

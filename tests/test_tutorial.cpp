@@ -2,6 +2,7 @@
 // and across real actorflow-node processes on loopback.
 #include "scenarios.hpp"
 
+using namespace af;
 using namespace af::testing;
 
 #define CLUSTERS embedded_under_test, processes_under_test
@@ -45,4 +46,27 @@ TEMPLATE_TEST_CASE("two workers incrementing a ps variable five times each leave
 TEMPLATE_TEST_CASE("bad input gets typed errors that name the thing", "[errors]", CLUSTERS) {
   TestType c{{{"local", 2}}};
   bad_input_example(c);
+}
+
+TEST_CASE("a tensor assigned to and read from a variable on the same node is never copied",
+          "[embedded][zero-copy]") {
+  auto ec = value_of(embedded_cluster::start({{"local", 1}}));
+  auto& sys = ec->system("local", 0);
+  {
+    auto s = value_of(ec->session_for("local", 0));
+    auto v = value_of(s.variable("big", {1 << 20}));
+    auto handle = s.handle_of(v);
+    auto value = tensor::filled(dtype::float32, {1 << 20}, 2);
+    caf::scoped_actor self{sys, true};
+    tensor read_back;
+    self->request(handle, 10s, assign_atom::value, value, false)
+      .receive([](tensor&, uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+    self->request(handle, 10s, read_atom::value)
+      .receive([&](tensor& t, uint64_t) { read_back = t; }, [](caf::error& e) { FAIL(describe(e)); });
+    CHECK(read_back.shares_buffer_with(value));
+    // and the executor of that node computes on the variable's own buffer
+    auto doubled = value_of(s.run(s.add(v, v)));
+    CHECK(doubled.at(0) == 4);
+    CHECK(value.at(0) == 2);
+  }
 }
