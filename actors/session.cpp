@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
@@ -632,6 +633,19 @@ caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
   if (!conn)
     return std::move(conn.error());
   return (*conn)->info;
+}
+
+caf::error session::wait_for_node(const std::string& job, int32_t task,
+                                  std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto info = ping(job, task);
+    if (info)
+      return caf::none;
+    if (!is(info.error(), af_error::unreachable) || std::chrono::steady_clock::now() >= deadline)
+      return std::move(info.error());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,

@@ -150,6 +150,11 @@ public:
   // -- cluster --------------------------------------------------------------
 
   caf::expected<node_info> ping(const std::string& job, int32_t task);
+
+  /// Waits until /job:J/task:T answers (it may still be starting), trying
+  /// again every 50 ms; after `timeout` returns the last error, which names
+  /// the task and its address ("waiting for cluster connection").
+  caf::error wait_for_node(const std::string& job, int32_t task, std::chrono::milliseconds timeout);
   caf::expected<std::vector<variable_info>> list_variables(const std::string& job, int32_t task);
 
   /// Asks node /job:J/task:T to shut down.

@@ -28,6 +28,7 @@
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
+#include "config/loopback.hpp"
 #include "messages/error.hpp"
 
 namespace {
@@ -101,18 +102,16 @@ struct raw_link {
   int fd = -1;
 
   void start() {
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    listen(lfd, 1);
-    socklen_t len = sizeof(addr);
-    getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+    uint16_t port = 0;
+    int lfd = af::listen_on_loopback(port, 1);
     pid = fork();
     if (pid == 0)
       raw_peer(lfd);
     close(lfd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
     fd = socket(AF_INET, SOCK_STREAM, 0);
     connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     set_nodelay(fd);
@@ -166,18 +165,6 @@ struct raw_link {
 };
 
 // -- the ps node -------------------------------------------------------------------
-
-uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct node_process {
   pid_t pid = -1;
@@ -251,8 +238,8 @@ int main(int argc, char** argv) {
   raw_link raw;
   raw.start(); // fork before any thread exists
   af::tune_malloc_for_tensors();
-  auto spec = ok(af::cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(free_port())}},
-                                              {"worker", {"127.0.0.1:" + std::to_string(free_port())}}}),
+  auto spec = ok(af::cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(af::free_loopback_port())}},
+                                              {"worker", {"127.0.0.1:" + std::to_string(af::free_loopback_port())}}}),
                  "cluster");
   node_process ps;
   ps.start(spec, opts);
@@ -261,19 +248,8 @@ int main(int argc, char** argv) {
   af::session_options sopts;
   sopts.timeout = std::chrono::seconds(60);
   auto s = ok(af::session::make(sys, spec, "/job:worker/task:0", sopts), "session");
-  // wait (bounded) for the node to come up
-  caf::error last;
-  for (int i = 0; i < 200; ++i) {
-    auto info = s.ping("ps", 0);
-    if (info) {
-      last = caf::none;
-      break;
-    }
-    last = info.error();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (last) {
-    std::cerr << "actorflow-bench: the ps node did not come up: " << af::describe(last) << std::endl;
+  if (auto err = s.wait_for_node("ps", 0, std::chrono::seconds(10))) {
+    std::cerr << "actorflow-bench: the ps node did not come up: " << af::describe(err) << std::endl;
     return 1;
   }
   auto scope = ok(s.device("/job:ps/task:0"), "device");

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "config/loopback.hpp"
 #include "messages/error.hpp"
 
 namespace af::testing {
@@ -74,19 +75,6 @@ int decode(int status) {
 
 } // namespace
 
-uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout,
                            const std::map<std::string, std::string>& env) {
   command_result res;
@@ -120,7 +108,7 @@ process_cluster::start(const std::map<std::string, int>& jobs, node_options opts
     std::map<std::string, std::vector<std::string>> addrs;
     for (const auto& [job, n] : jobs)
       for (int i = 0; i < n; ++i)
-        addrs[job].push_back("127.0.0.1:" + std::to_string(free_port()));
+        addrs[job].push_back("127.0.0.1:" + std::to_string(free_loopback_port()));
     auto spec = cluster_spec::from_jobs(addrs, "test cluster");
     if (!spec)
       return std::move(spec.error());

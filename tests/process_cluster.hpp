@@ -16,9 +16,6 @@
 
 namespace af::testing {
 
-/// A port on 127.0.0.1 that was free a moment ago.
-uint16_t free_port();
-
 /// Output and exit code of a program run to completion (killed at `timeout`).
 struct command_result {
   int exit_code = -1;   ///< -1 if it was killed at the timeout

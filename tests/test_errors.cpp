@@ -1,14 +1,11 @@
 // What a user of the node program and of a session sees when things go wrong.
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
 
+#include "config/loopback.hpp"
 #include "scenarios.hpp"
 
 using namespace af;
@@ -38,7 +35,7 @@ TEST_CASE("actorflow-node rejects bad configs with a clear message and exit code
   CHECK(r.output.find("bad port 99999") != std::string::npos);
   CHECK(r.output.find(":2:") != std::string::npos);
 
-  auto good = write_file("[cluster]\nps = [\"127.0.0.1:" + std::to_string(free_port()) + "\"]\n");
+  auto good = write_file("[cluster]\nps = [\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\"]\n");
   r = node({"--config", good, "--job", "worker", "--task", "0"});
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("job 'worker' is not in the cluster (jobs: ps)") != std::string::npos);
@@ -59,15 +56,10 @@ TEST_CASE("actorflow-node rejects bad configs with a clear message and exit code
 }
 
 TEST_CASE("actorflow-node says so and exits non-zero when its port is taken", "[errors][node]") {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(listen(fd, 1) == 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto port = std::to_string(ntohs(addr.sin_port));
+  uint16_t taken = 0;
+  int fd = listen_on_loopback(taken, 1);
+  REQUIRE(fd >= 0);
+  auto port = std::to_string(taken);
   auto cfg = write_file("[cluster]\nps = [\"127.0.0.1:" + port + "\"]\n");
   auto r = node({"--config", cfg, "--job", "ps", "--task", "0"});
   close(fd);
@@ -98,7 +90,7 @@ TEST_CASE("actorflow-node takes its task from TF_CONFIG and stops on SIGTERM and
   CHECK(pc.output("worker", 0).find("stopped") != std::string::npos);
 
   // the same node, told who it is by TF_CONFIG alone
-  auto port = free_port();
+  auto port = free_loopback_port();
   auto tf_config = R"({"cluster": {"ps": ["127.0.0.1:)" + std::to_string(port)
                    + R"("]}, "task": {"type": "ps", "index": 0}})";
   auto cfg = write_file(tf_config);
@@ -110,18 +102,8 @@ TEST_CASE("actorflow-node takes its task from TF_CONFIG and stops on SIGTERM and
     system_config c2{node_options{}};
     caf::actor_system sys{c2};
     auto s = value_of(session::make(sys, spec, "/job:ps/task:0", session_options{2000ms, 2000ms, true}));
-    // The node may still be starting: try until it answers (bounded).
-    caf::error last;
-    for (int i = 0; i < 100; ++i) {
-      auto info = s.ping("ps", 0);
-      if (info) {
-        last = caf::none;
-        break;
-      }
-      last = info.error();
-      REQUIRE(r.wait_for(50ms) == std::future_status::timeout);
-    }
-    require_ok(last);
+    // The node may still be starting: wait until it answers (bounded).
+    require_ok(s.wait_for_node("ps", 0, 20s));
     require_ok(s.shutdown("ps", 0));
   }
   auto res = r.get();
@@ -131,8 +113,8 @@ TEST_CASE("actorflow-node takes its task from TF_CONFIG and stops on SIGTERM and
 }
 
 TEST_CASE("a node that nobody runs is reported unreachable within the timeout", "[errors]") {
-  auto spec = value_of(cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(free_port())}},
-                                                {"worker", {"127.0.0.1:" + std::to_string(free_port())}}}));
+  auto spec = value_of(cluster_spec::from_jobs({{"ps", {"127.0.0.1:" + std::to_string(free_loopback_port())}},
+                                                {"worker", {"127.0.0.1:" + std::to_string(free_loopback_port())}}}));
   system_config cfg{node_options{}};
   caf::actor_system sys{cfg};
   auto s = value_of(session::make(sys, spec, "/job:worker/task:0", session_options{1000ms, 1000ms, true}));
