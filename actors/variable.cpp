@@ -105,6 +105,7 @@ caf::expected<uint64_t> variable_state::update(const char* op, const tensor& ope
 variable_actor::behavior_type variable_impl(variable_actor::stateful_pointer<variable_state> self,
                                             variable_spec spec) {
   self->state.spec = std::move(spec);
+  // assign (op == nullptr), assign_add ("add"), assign_sub ("sub")
   auto updater = [self](const char* op) {
     return [self, op](tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       auto v = self->state.update(op, operand);
@@ -120,11 +121,8 @@ variable_actor::behavior_type variable_impl(variable_actor::stateful_pointer<var
         return std::move(v.error());
       return {std::move(*v), self->state.version};
     },
-    [self](assign_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      auto v = self->state.update(nullptr, operand);
-      if (!v)
-        return std::move(v.error());
-      return {want_value ? self->state.value : tensor{}, *v};
+    [=](assign_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
+      return updater(nullptr)(operand, want_value);
     },
     [=](assign_add_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       return updater("add")(operand, want_value);
