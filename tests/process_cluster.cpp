@@ -84,14 +84,20 @@ command_result run_command(const std::vector<std::string>& argv, std::chrono::se
   bool open = true;
   while (open && clock_type::now() < deadline)
     open = read_some(fd, res.output, std::chrono::milliseconds(100));
+  // The child may close its output before it exits: wait for it, bounded too.
   int status = 0;
-  if (open) {
+  bool exited = false;
+  while (!exited && clock_type::now() < deadline) {
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited)
+      read_some(fd, res.output, std::chrono::milliseconds(20));
+  }
+  if (exited) {
+    res.exit_code = decode(status);
+  } else {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     res.exit_code = -1;
-  } else {
-    waitpid(pid, &status, 0);
-    res.exit_code = decode(status);
   }
   close(fd);
   return res;
