@@ -33,6 +33,7 @@ embedded_cluster::start(const std::map<std::string, int>& jobs, node_options opt
       if (!node)
         return std::move(node.error());
       m.node = node->actor;
+      m.data_plane = node->data_plane;
       m.address = "127.0.0.1:" + std::to_string(node->port);
       register_local_node(m.address, m.sys.get(), m.node);
       addresses[job].push_back(m.address);
@@ -47,6 +48,10 @@ embedded_cluster::start(const std::map<std::string, int>& jobs, node_options opt
 }
 
 embedded_cluster::~embedded_cluster() {
+  // Data-plane threads hold scoped actors of their node's system: stop them first.
+  for (auto& m : members_)
+    if (m.data_plane)
+      m.data_plane->stop();
   for (auto& m : members_) {
     unregister_local_node(m.address);
     caf::anon_send_exit(m.node, caf::exit_reason::user_shutdown);

@@ -15,6 +15,7 @@
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -48,6 +49,7 @@ private:
     std::unique_ptr<system_config> cfg;
     std::unique_ptr<caf::actor_system> sys;
     node_actor node;
+    std::shared_ptr<data_plane_server> data_plane;
     std::string address;
   };
   embedded_cluster() = default;

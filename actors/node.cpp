@@ -66,8 +66,12 @@ node_state::find_compatible(const variable_spec& spec) const {
 }
 
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
-                                    std::string job, int32_t task, node_options opts) {
+                                    std::string job, int32_t task, node_options opts,
+                                    std::shared_ptr<variable_directory> directory,
+                                    uint16_t data_port) {
   auto& st = self->state;
+  st.directory = std::move(directory);
+  st.info.data_port = data_port;
   st.info.job = job;
   st.info.task = task;
   st.info.pid = static_cast<int32_t>(::getpid());
@@ -116,6 +120,8 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
         return (*found)->actor;
       auto actor = self->spawn<caf::linked>(variable_impl, spec);
       st.variables.emplace(spec.name, node_state::entry{spec, actor});
+      if (st.directory)
+        st.directory->put(spec.name, actor);
       return actor;
     },
     [self](lookup_atom, std::string& name) -> caf::result<variable_actor> {
@@ -175,10 +181,17 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts) {
-  auto node = sys.spawn(node_impl, job, task, opts);
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  auto directory = std::make_shared<variable_directory>();
+  auto data_plane = data_plane_server::start(sys, directory, bind_host, name);
+  if (!data_plane)
+    return std::move(data_plane.error());
+  std::shared_ptr<data_plane_server> plane = std::move(*data_plane);
+  auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port());
   auto published = sys.middleman().publish(node, port, bind_host.empty() ? nullptr : bind_host.c_str(),
                                            true);
   if (!published) {
+    plane->stop();
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
     return make_error(af_error::bind_failed,
                       "/job:" + job + "/task:" + std::to_string(task) + " cannot listen on "
@@ -189,6 +202,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   running_node out;
   out.actor = node;
   out.port = *published;
+  out.data_plane = std::move(plane);
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
   self->request(node, std::chrono::seconds(10), caf::ping_atom::value)

@@ -10,6 +10,7 @@
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 
+#include "actors/data_plane.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/node.hpp"
 
@@ -24,6 +25,7 @@ struct node_state {
     variable_actor actor;
   };
   std::map<std::string, entry> variables;
+  std::shared_ptr<variable_directory> directory; ///< shared with the data plane
 
   /// Checks a get-or-create request against the registry: an existing entry
   /// with the same dtype and shape, nullptr if new, or the mismatch error.
@@ -31,14 +33,18 @@ struct node_state {
 };
 
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
-                                    std::string job, int32_t task, node_options opts);
+                                    std::string job, int32_t task, node_options opts,
+                                    std::shared_ptr<variable_directory> directory,
+                                    uint16_t data_port);
 
-/// A node that is up: its actor and the port it listens on.
+/// A node that is up: its actor, the port it listens on and its data plane.
+/// Stop the data plane (or destroy this) before the actor system goes away.
 struct running_node {
   node_actor actor;
   uint16_t port = 0;
   std::string address; ///< host:port as published
   std::vector<std::string> devices;
+  std::shared_ptr<data_plane_server> data_plane;
 };
 
 /// Spawns the node actor for /job:`job`/task:`task` and publishes it.

@@ -9,6 +9,7 @@
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/node.hpp"
 #include "messages/error.hpp"
 
@@ -36,6 +37,7 @@ struct op_node {
   variable_spec spec;
   variable_actor var;
   initializer init;
+  std::string node_key;     ///< /job:J/task:T of its node
   std::string node_address;
   std::string note;
   // constants
@@ -47,6 +49,7 @@ struct node_conn {
   node_info info;
   std::string address;
   std::map<std::string, executor_actor> executors;
+  std::unique_ptr<data_channel> channel; ///< null: same process, or no data plane
 };
 
 struct placement {
@@ -146,7 +149,58 @@ struct session::impl {
                [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
     if (err)
       return err;
+    bool local = find_local_node(conn.address, &sys) != nullptr;
+    if (!local && opts.data_plane && conn.info.data_port != 0) {
+      // Without a data plane (blocked port) the same ops go as CAF messages.
+      auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
+                                      opts.timeout);
+      if (ch)
+        conn.channel = std::move(*ch);
+    }
     return &conns.emplace(key, std::move(conn)).first->second;
+  }
+
+  /// One op on a variable: over the node's data plane when there is one, as a
+  /// CAF message otherwise. Returns the value (empty unless read or wanted).
+  caf::expected<tensor> variable_call(const op_node& var, wire::kind op, tensor operand,
+                                      bool want_value) {
+    auto what = std::string{op == wire::kind::read ? "read" : op == wire::kind::assign ? "assign"
+                            : op == wire::kind::assign_add ? "assign_add" : "assign_sub"}
+                + " of variable '" + var.spec.name + "' on " + var.spec.device;
+    auto it = conns.find(var.node_key);
+    if (it != conns.end() && it->second.channel) {
+      auto& ch = *it->second.channel;
+      auto r = ch.call(op, var.spec.name, op == wire::kind::read ? nullptr : &operand, want_value);
+      if (ch.broken())
+        conns.erase(it); // reconnect on the next call (the node may come back)
+      if (!r)
+        return std::move(r.error());
+      return std::move(r->first);
+    }
+    tensor result;
+    caf::error err;
+    auto on_value = [&](tensor& v, uint64_t) { result = std::move(v); };
+    auto on_error = [&](caf::error& e) { err = explain(std::move(e), what, nullptr); };
+    switch (op) {
+      case wire::kind::read:
+        self->request(var.var, opts.timeout, read_atom::value).receive(on_value, on_error);
+        break;
+      case wire::kind::assign:
+        self->request(var.var, opts.timeout, assign_atom::value, std::move(operand), want_value)
+          .receive(on_value, on_error);
+        break;
+      case wire::kind::assign_add:
+        self->request(var.var, opts.timeout, assign_add_atom::value, std::move(operand), want_value)
+          .receive(on_value, on_error);
+        break;
+      default:
+        self->request(var.var, opts.timeout, assign_sub_atom::value, std::move(operand), want_value)
+          .receive(on_value, on_error);
+        break;
+    }
+    if (err)
+      return err;
+    return result;
   }
 
   caf::expected<placement> place(const device_name& requested, bool for_variable) {
@@ -231,11 +285,12 @@ struct session::impl {
     return out;
   }
 
-  caf::expected<tensor> eval(int32_t id, std::map<int32_t, tensor>& memo, run_trace* trace);
+  caf::expected<tensor> eval(int32_t id, std::map<int32_t, tensor>& memo, run_trace* trace,
+                             bool want_value = true);
 };
 
 caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>& memo,
-                                          run_trace* trace) {
+                                          run_trace* trace, bool want_value) {
   if (id < 0 || static_cast<size_t>(id) >= ops.size())
     return make_error(af_error::invalid_argument,
                       "fetch " + std::to_string(id) + " is not an op of this session's graph");
@@ -256,13 +311,11 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
       entry.node = n.node_address;
       entry.note = n.note;
       entry.start_ns = now_ns();
-      self->request(n.var, opts.timeout, read_atom::value)
-        .receive([&](tensor& value, uint64_t) { result = std::move(value); },
-                 [&](caf::error& e) {
-                   err = explain(std::move(e), "read of variable '" + n.spec.name + "' on "
-                                                 + n.spec.device, nullptr);
-                 });
+      auto value = variable_call(n, wire::kind::read, tensor{}, true);
       entry.end_ns = now_ns();
+      if (!value)
+        return value;
+      result = std::move(*value);
       break;
     }
     case op_node::binary: {
@@ -321,21 +374,13 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
       entry.node = target->node_address;
       entry.note = target->note;
       entry.start_ns = now_ns();
-      auto on_value = [&](tensor& v, uint64_t) { result = std::move(v); };
-      auto on_error = [&](caf::error& e) {
-        err = explain(std::move(e), n.op + " to '" + target->spec.name + "' on "
-                                      + target->spec.device, nullptr);
-      };
-      if (n.op == "assign")
-        self->request(target->var, opts.timeout, assign_atom::value, std::move(*value), true)
-          .receive(on_value, on_error);
-      else if (n.op == "assign_add")
-        self->request(target->var, opts.timeout, assign_add_atom::value, std::move(*value), true)
-          .receive(on_value, on_error);
-      else
-        self->request(target->var, opts.timeout, assign_sub_atom::value, std::move(*value), true)
-          .receive(on_value, on_error);
+      auto kind = n.op == "assign" ? wire::kind::assign
+                  : n.op == "assign_add" ? wire::kind::assign_add : wire::kind::assign_sub;
+      auto updated = variable_call(*target, kind, std::move(*value), want_value);
       entry.end_ns = now_ns();
+      if (!updated)
+        return updated;
+      result = std::move(*updated);
       break;
     }
   }
@@ -460,6 +505,7 @@ caf::expected<output> session::variable(const std::string& name, shape_type shap
   n.spec = variable_spec{name, type, std::move(shape), p->full};
   n.init = std::move(init);
   n.node_address = p->conn->address;
+  n.node_key = "/job:" + p->conn->info.job + "/task:" + std::to_string(p->conn->info.task);
   n.note = p->note;
   caf::error err;
   im.self->request(p->conn->actor, im.opts.timeout, get_var_atom::value, n.spec)
@@ -552,6 +598,18 @@ caf::expected<tensor> session::run(output fetch, run_trace* trace) {
   if (!v)
     return std::move(v.error());
   return std::move(v->front());
+}
+
+caf::error session::run_targets(const std::vector<output>& targets, run_trace* trace) {
+  std::map<int32_t, tensor> memo;
+  for (auto t : targets) {
+    if (!t.valid())
+      return make_error(af_error::invalid_argument, "run_targets() got an invalid output");
+    auto v = impl_->eval(t.id, memo, trace, false);
+    if (!v)
+      return std::move(v.error());
+  }
+  return caf::none;
 }
 
 caf::error session::initialize(const std::vector<output>& vars) {

@@ -39,6 +39,9 @@ struct session_options {
   std::chrono::milliseconds timeout{10000};        ///< any one request
   std::chrono::milliseconds connect_timeout{5000}; ///< connecting to a node
   bool soft_placement = true;
+  /// Variable ops on other processes' nodes go over the node's tensor data
+  /// plane (actors/data_plane.hpp); false sends them as CAF messages.
+  bool data_plane = true;
 };
 
 /// Where one op or variable access of a run went.
@@ -134,6 +137,10 @@ public:
   caf::expected<std::vector<tensor>> run(const std::vector<output>& fetches,
                                          run_trace* trace = nullptr);
   caf::expected<tensor> run(output fetch, run_trace* trace = nullptr);
+
+  /// Runs `targets` for their effect and fetches nothing (TF's target ops):
+  /// an assign of a large tensor does not send the value back.
+  caf::error run_targets(const std::vector<output>& targets, run_trace* trace = nullptr);
 
   /// Runs the initializers of `vars` (all of this session's variables if
   /// empty), like global_variables_initializer.

@@ -36,6 +36,9 @@ system_config::system_config(const node_options& opts) {
 }
 
 void tune_malloc_for_tensors() {
+  // One arena: buffers freed by one thread (a data-plane connection) are
+  // reused by another (the session's caller) instead of growing a second heap.
+  mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);
   mallopt(M_TOP_PAD, 64 << 20);

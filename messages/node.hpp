@@ -33,11 +33,12 @@ struct node_info {
   int32_t task = 0;
   std::vector<std::string> devices;  ///< "CPU:0", "GPU:0", ...
   int32_t pid = 0;
+  uint16_t data_port = 0;            ///< the tensor data plane (actors/data_plane.hpp); 0 = none
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
-  return f(caf::meta::type_name("node_info"), x.job, x.task, x.devices, x.pid);
+  return f(caf::meta::type_name("node_info"), x.job, x.task, x.devices, x.pid, x.data_port);
 }
 
 using node_actor = caf::typed_actor<

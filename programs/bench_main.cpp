@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -65,9 +67,8 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-/// The child: serves commands {op, count, size} until the parent hangs up.
-[[noreturn]] void raw_peer(int listen_fd) {
-  int fd = accept(listen_fd, nullptr, nullptr);
+/// Serves commands {op, count, size} on one connection until it closes.
+void raw_serve(int fd) {
   set_nodelay(fd);
   std::vector<char> buf(1 << 20);
   struct { char op; uint64_t count; uint64_t size; } cmd;
@@ -94,6 +95,22 @@ void set_nodelay(int fd) {
       }
     }
   }
+  close(fd);
+}
+
+/// The child: a thread per connection; exits when the first connection (the
+/// parent's control link) closes.
+[[noreturn]] void raw_peer(int listen_fd) {
+  int first = accept(listen_fd, nullptr, nullptr);
+  std::thread{[listen_fd] {
+    for (;;) {
+      int fd = accept(listen_fd, nullptr, nullptr);
+      if (fd < 0)
+        return;
+      std::thread{raw_serve, fd}.detach();
+    }
+  }}.detach();
+  raw_serve(first);
   _exit(0);
 }
 
@@ -101,20 +118,52 @@ struct raw_link {
   pid_t pid = -1;
   int fd = -1;
 
+  uint16_t port = 0;
+
   void start() {
-    uint16_t port = 0;
-    int lfd = af::listen_on_loopback(port, 1);
+    int lfd = af::listen_on_loopback(port, 16);
     pid = fork();
     if (pid == 0)
       raw_peer(lfd);
     close(lfd);
+    fd = dial(port);
+  }
+
+  static int dial(uint16_t port) {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(port);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    set_nodelay(fd);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    set_nodelay(s);
+    return s;
+  }
+
+  /// MB/s of `senders` connections each sending `rounds` x `bytes` at once.
+  double fanin_mbps(int senders, int rounds, size_t bytes) {
+    std::vector<int> fds;
+    for (int i = 0; i < senders; ++i)
+      fds.push_back(dial(port));
+    std::vector<std::thread> threads;
+    auto t0 = clock_type::now();
+    for (int fdi : fds)
+      threads.emplace_back([fdi, rounds, bytes] {
+        std::vector<char> buf(bytes, 'g');
+        struct { char op; uint64_t count; uint64_t size; } cmd{'w', 1, bytes};
+        char ack;
+        for (int r = 0; r < rounds; ++r) {
+          full_io(fdi, &cmd, sizeof(cmd), true);
+          full_io(fdi, buf.data(), bytes, true);
+          full_io(fdi, &ack, 1, false);
+        }
+      });
+    for (auto& t : threads)
+      t.join();
+    auto secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+    for (int fdi : fds)
+      close(fdi);
+    return senders * rounds * (bytes / 1e6) / secs;
   }
 
   void command(char op, uint64_t count, uint64_t size) {
@@ -226,7 +275,10 @@ int main(int argc, char** argv) {
   af::node_options opts;
   app.add_option("-m,--metric", only, "run this metric only")
     ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
-                           "node_rss_64mib", "local_read_rtt"}));
+                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt"}));
+  std::string transport = "data-plane";
+  app.add_option("--transport", transport, "how sessions reach remote variables")
+    ->check(CLI::IsMember({"data-plane", "basp"}));
   app.add_option("--rounds", rounds, "round trips for the latency figures");
   app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
   app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
@@ -247,14 +299,16 @@ int main(int argc, char** argv) {
   caf::actor_system sys{cfg};
   af::session_options sopts;
   sopts.timeout = std::chrono::seconds(60);
+  sopts.data_plane = transport == "data-plane";
   auto s = ok(af::session::make(sys, spec, "/job:worker/task:0", sopts), "session");
   if (auto err = s.wait_for_node("ps", 0, std::chrono::seconds(10))) {
     std::cerr << "actorflow-bench: the ps node did not come up: " << af::describe(err) << std::endl;
     return 1;
   }
   auto scope = ok(s.device("/job:ps/task:0"), "device");
-  std::printf("# actorflow-bench: client and ps in separate processes on loopback; scheduler %s x%zu\n",
-              opts.scheduler.c_str(), cfg.threads());
+  std::printf("# actorflow-bench: client and ps in separate processes on loopback; transport %s; "
+              "scheduler %s x%zu\n",
+              transport.c_str(), opts.scheduler.c_str(), cfg.threads());
 
   if (wanted("remote_assign_add_rtt")) {
     auto v = ok(s.variable("counter", {}, af::initializer::zeros()), "variable");
@@ -276,33 +330,29 @@ int main(int argc, char** argv) {
     auto rss_before_kib = proc_status_kib(ps.pid, "VmRSS");
     const int64_t n = 16 << 20; // 64 MiB of float32
     auto big = ok(s.variable("big", {n}), "variable");
-    auto handle = s.handle_of(big);
     auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
-    caf::scoped_actor self{sys, true};
+    auto assign = s.assign(big, s.constant(value));
     std::vector<char> buf(1 << 20, 'x');
-    auto timed = [&](auto&& f) {
+    auto mbps = [&](auto&& f) {
       auto t0 = clock_type::now();
       f();
       return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
     };
-    auto assign = [&] {
-      self->request(handle, std::chrono::seconds(60), af::assign_atom::value, value, false)
-        .receive([](af::tensor&, uint64_t) {},
-                 [](caf::error& e) { std::cerr << af::describe(e) << std::endl; std::exit(1); });
+    auto must = [](caf::error err) {
+      if (err) {
+        std::cerr << "actorflow-bench: " << af::describe(err) << std::endl;
+        std::exit(1);
+      }
     };
     std::vector<double> ours_w, base_w, ours_r, base_r;
-    assign(); // initializes; also warms both ends
+    must(s.run_targets({assign})); // initializes; also warms both ends
     for (int i = 0; i < reps; ++i) {
       if (wanted("tensor_64mib_assign")) {
-        ours_w.push_back(timed(assign));
+        ours_w.push_back(mbps([&] { must(s.run_targets({assign})); }));
         base_w.push_back(raw.stream_mbps(value.nbytes(), true, buf));
       }
       if (wanted("tensor_64mib_read")) {
-        ours_r.push_back(timed([&] {
-          self->request(handle, std::chrono::seconds(60), af::read_atom::value)
-            .receive([](af::tensor&, uint64_t) {},
-                     [](caf::error& e) { std::cerr << af::describe(e) << std::endl; std::exit(1); });
-        }));
+        ours_r.push_back(mbps([&] { ok(s.run(big), "read"); }));
         base_r.push_back(raw.stream_mbps(value.nbytes(), false, buf));
       }
     }
@@ -315,6 +365,54 @@ int main(int argc, char** argv) {
     auto gained_mib = (proc_status_kib(ps.pid, "VmHWM") - rss_before_kib) / 1024.0;
     if (wanted("node_rss_64mib"))
       report("node_rss_64mib", gained_mib, value.nbytes() / 1048576.0, "MiB");
+  }
+
+  if (wanted("fanin_8x4mib")) {
+    // Eight workers, each its own session (and connection), push a 4 MiB
+    // gradient into one ps variable at once, four times each.
+    const int workers = 8, rounds_each = 4;
+    const int64_t n = 1 << 20; // 4 MiB of float32
+    auto sum = ok(s.variable("grad_sum", {n}, af::initializer::zeros()), "variable");
+    if (auto err = s.initialize({sum}))
+      return std::cerr << af::describe(err) << std::endl, 1;
+    std::vector<af::session> sessions;
+    std::vector<af::output> pushes;
+    auto grad = af::tensor::filled(af::dtype::float32, {n}, 0.5);
+    for (int w = 0; w < workers; ++w) {
+      sessions.push_back(ok(af::session::make(sys, spec, "/job:worker/task:0", sopts), "session"));
+      auto& ws = sessions.back();
+      auto d = ok(ws.device("/job:ps/task:0"), "device");
+      auto v = ok(ws.variable("grad_sum", {n}), "variable");
+      pushes.push_back(ws.assign_add(v, ws.constant(grad)));
+      if (auto err = ws.run_targets({pushes.back()})) // connect and warm up
+        return std::cerr << af::describe(err) << std::endl, 1;
+    }
+    std::vector<double> ours, base;
+    for (int rep = 0; rep < reps; ++rep) {
+      std::vector<std::thread> threads;
+      std::atomic<int> failures{0};
+      auto t0 = clock_type::now();
+      for (int w = 0; w < workers; ++w)
+        threads.emplace_back([&, w] {
+          for (int r = 0; r < rounds_each; ++r)
+            if (sessions[w].run_targets({pushes[w]}))
+              ++failures;
+        });
+      for (auto& t : threads)
+        t.join();
+      auto secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (failures > 0)
+        return std::cerr << "actorflow-bench: fan-in pushes failed" << std::endl, 1;
+      ours.push_back(workers * rounds_each * (grad.nbytes() / 1e6) / secs);
+      base.push_back(raw.fanin_mbps(workers, rounds_each, grad.nbytes()));
+    }
+    // every push landed: 8 warm-ups + 8 x 4 x reps, each adding 0.5
+    auto total = ok(s.run(sum), "read grad_sum").at(0);
+    auto expected = 0.5 * (workers + workers * rounds_each * reps);
+    if (total != expected)
+      return std::cerr << "actorflow-bench: fan-in lost updates: " << total << " != " << expected
+                       << std::endl, 1;
+    report("fanin_8x4mib", median(ours), median(base), "MB/s");
   }
 
   if (wanted("local_read_rtt")) {

@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
   std::string devices;
   for (const auto& d : node->devices)
     devices += (devices.empty() ? "" : ",") + d;
-  std::printf("actorflow-node ready: %s at %s (devices %s; scheduler %s x%zu; pid %d)\n", name.c_str(),
-              addr->to_string().c_str(), devices.c_str(), opts.scheduler.c_str(), sys_cfg.threads(),
+  std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; pid %d)\n",
+              name.c_str(), addr->to_string().c_str(), devices.c_str(),
+              static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
               static_cast<int>(::getpid()));
   std::fflush(stdout);
 
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
     self->monitor(node->actor);
     self->receive([](caf::down_msg&) {});  // serves until the node stops
   }
+  node->data_plane->stop();
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
   std::printf("actorflow-node %s: stopped\n", name.c_str());

@@ -1,0 +1,56 @@
+#pragma once
+/// The tensor data plane's frame: how variable ops and their tensors travel
+/// between a session and a remote node, beside CAF's control plane.
+///
+/// A frame is a fixed 96-byte header, then `name_len` bytes of variable name
+/// (requests only), then `payload_bytes` of payload: a tensor's raw bytes, or
+/// on an error reply the error's text. Integers are in host byte order (x86
+/// clusters, like CAF's apply_raw blobs). The header is decoded defensively:
+/// `validate` rejects anything a peer could get wrong or forge.
+
+#include <cstdint>
+#include <string>
+
+#include "messages/tensor.hpp"
+
+namespace af::wire {
+
+constexpr uint32_t magic = 0x50444641; // "AFDP"
+constexpr uint8_t max_rank = 8;
+constexpr uint32_t max_name = 4096;
+
+enum class kind : uint8_t {
+  read = 1,
+  assign = 2,
+  assign_add = 3,
+  assign_sub = 4,
+  reply = 16,
+};
+
+struct header {
+  uint32_t magic = wire::magic;
+  uint8_t kind = 0;
+  uint8_t want_value = 0; ///< requests: send the value after the update back
+  uint8_t has_tensor = 0; ///< payload is a tensor of dtype/rank/dims
+  uint8_t dtype = 0;
+  uint8_t rank = 0;
+  uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code
+  uint16_t reserved = 0;
+  uint32_t name_len = 0;
+  uint64_t version = 0;   ///< replies: the variable's version
+  uint64_t payload_bytes = 0;
+  int64_t dims[max_rank] = {};
+};
+
+static_assert(sizeof(header) == 96, "the frame header is 96 bytes on the wire");
+
+/// Fills dtype/rank/dims/payload_bytes for `t`; false if its rank is too high.
+bool describe_tensor(const tensor& t, header& h);
+
+/// Empty if `h` is well formed, else what is wrong with it.
+std::string validate(const header& h);
+
+/// The shape in `h` (after validate).
+shape_type shape_of(const header& h);
+
+} // namespace af::wire
