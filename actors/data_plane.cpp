@@ -14,6 +14,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/variable.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -104,15 +105,15 @@ const char* op_name(wire::kind k) {
 
 // -- variable_directory --------------------------------------------------------
 
-void variable_directory::put(const std::string& name, variable_actor var) {
+void variable_directory::put(const std::string& name, entry e) {
   std::lock_guard<std::mutex> guard{mtx_};
-  vars_[name] = std::move(var);
+  vars_[name] = std::move(e);
 }
 
-variable_actor variable_directory::get(const std::string& name) const {
+variable_directory::entry variable_directory::get(const std::string& name) const {
   std::lock_guard<std::mutex> guard{mtx_};
   auto it = vars_.find(name);
-  return it == vars_.end() ? variable_actor{} : it->second;
+  return it == vars_.end() ? entry{} : it->second;
 }
 
 // -- data_plane_server ---------------------------------------------------------
@@ -233,7 +234,8 @@ void data_plane_server::serve(int fd) {
       if (!read_all(fd, ignored.data(), ignored.size()))
         break;
     }
-    auto var = dir_->get(name);
+    auto found = dir_->get(name);
+    auto& var = found.actor;
     if (!var) {
       if (!send_error(fd, af_error::not_found, "no variable '" + name + "' on " + node_name_))
         break;
@@ -249,7 +251,28 @@ void data_plane_server::serve(int fd) {
       version = ver;
     };
     auto on_error = [&](caf::error& e) { err = std::move(e); };
-    switch (op) {
+    // Fast path: an initialized variable is updated right here, under its lock.
+    bool done = found.state && found.state->with([&](variable_state& st) {
+      if (!st.initialized)
+        return false; // a first value may release waiters: the actor's job
+      if (op == wire::kind::read) {
+        value = st.value;
+        version = st.version;
+        return true;
+      }
+      auto v = st.update(op == wire::kind::assign ? nullptr
+                         : op == wire::kind::assign_add ? "add" : "sub",
+                         operand);
+      if (!v) {
+        err = std::move(v.error());
+      } else {
+        version = *v;
+        if (want)
+          value = st.value;
+      }
+      return true;
+    });
+    if (!done) switch (op) {
       case wire::kind::read:
         self->request(var, variable_timeout, read_atom::value).receive(on_value, on_error);
         break;
@@ -296,7 +319,7 @@ void data_plane_server::serve(int fd) {
 
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
-                      std::chrono::milliseconds timeout) {
+                      std::chrono::milliseconds timeout, std::chrono::microseconds poll) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -327,7 +350,22 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": " + why);
   tune_socket(fd);
-  return std::unique_ptr<data_channel>{new data_channel(fd, std::move(peer), timeout)};
+  return std::unique_ptr<data_channel>{new data_channel(fd, std::move(peer), timeout, poll)};
+}
+
+void data_channel::poll_for_reply() {
+  // A small op's reply comes back within tens of microseconds. Sleeping in
+  // recv costs a wake-up, and on a small VM a wake-up across CPUs costs
+  // ~20 us (measured: 58 us round trips instead of ~20 us): look for the
+  // reply for a moment first, then block.
+  if (poll_.count() <= 0)
+    return;
+  auto until = std::chrono::steady_clock::now() + poll_;
+  char byte;
+  do {
+    if (::recv(fd_, &byte, 1, MSG_DONTWAIT | MSG_PEEK) != -1 || errno != EAGAIN)
+      return; // data, EOF or an error: read_all takes it from here
+  } while (std::chrono::steady_clock::now() < until);
 }
 
 data_channel::~data_channel() {
@@ -365,6 +403,7 @@ data_channel::call(wire::kind op, const std::string& var, const tensor* operand,
   if (!send_frame(fd_, h, &var, operand ? operand->bytes() : nullptr))
     return fail(what, errno);
   wire::header r;
+  poll_for_reply();
   if (!read_all(fd_, &r, sizeof(r)))
     return fail(what, errno);
   auto problem = wire::validate(r);

@@ -31,16 +31,22 @@
 
 namespace af {
 
-/// Name -> variable actor of one node: the node actor writes, the data-plane
+class guarded_variable;
+
+/// Name -> variable of one node: the node actor writes, the data-plane
 /// threads read.
 class variable_directory {
 public:
-  void put(const std::string& name, variable_actor var);
-  variable_actor get(const std::string& name) const;
+  struct entry {
+    variable_actor actor;
+    std::shared_ptr<guarded_variable> state;
+  };
+  void put(const std::string& name, entry e);
+  entry get(const std::string& name) const;
 
 private:
   mutable std::mutex mtx_;
-  std::unordered_map<std::string, variable_actor> vars_;
+  std::unordered_map<std::string, entry> vars_;
 };
 
 /// The node's side: a listening socket and one thread per connection.
@@ -82,9 +88,11 @@ private:
 class data_channel {
 public:
   /// `peer` names the node in errors ("/job:ps/task:0 at h:p").
+  /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
   static caf::expected<std::unique_ptr<data_channel>>
   connect(const std::string& host, uint16_t port, std::string peer,
-          std::chrono::milliseconds timeout);
+          std::chrono::milliseconds timeout,
+          std::chrono::microseconds poll = std::chrono::microseconds{0});
 
   ~data_channel();
 
@@ -96,13 +104,16 @@ public:
   bool broken() const { return fd_ < 0; }
 
 private:
-  data_channel(int fd, std::string peer, std::chrono::milliseconds timeout)
-    : fd_(fd), peer_(std::move(peer)), timeout_(timeout) {}
+  data_channel(int fd, std::string peer, std::chrono::milliseconds timeout,
+               std::chrono::microseconds poll)
+    : fd_(fd), peer_(std::move(peer)), timeout_(timeout), poll_(poll) {}
   caf::error fail(const std::string& what, int err);
+  void poll_for_reply();
 
   int fd_;
   std::string peer_;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds poll_;
 };
 
 } // namespace af

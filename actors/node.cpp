@@ -118,10 +118,11 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
         return std::move(found.error());
       if (*found != nullptr)
         return (*found)->actor;
-      auto actor = self->spawn<caf::linked>(variable_impl, spec);
+      auto state = std::make_shared<guarded_variable>(spec);
+      auto actor = self->spawn<caf::linked>(variable_impl, state);
       st.variables.emplace(spec.name, node_state::entry{spec, actor});
       if (st.directory)
-        st.directory->put(spec.name, actor);
+        st.directory->put(spec.name, {actor, std::move(state)});
       return actor;
     },
     [self](lookup_atom, std::string& name) -> caf::result<variable_actor> {

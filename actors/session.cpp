@@ -153,7 +153,7 @@ struct session::impl {
     if (!local && opts.data_plane && conn.info.data_port != 0) {
       // Without a data plane (blocked port) the same ops go as CAF messages.
       auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
-                                      opts.timeout);
+                                      opts.timeout, opts.reply_poll);
       if (ch)
         conn.channel = std::move(*ch);
     }

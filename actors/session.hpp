@@ -42,6 +42,9 @@ struct session_options {
   /// Variable ops on other processes' nodes go over the node's tensor data
   /// plane (actors/data_plane.hpp); false sends them as CAF messages.
   bool data_plane = true;
+  /// How long to poll for a data-plane reply before sleeping (0: never).
+  /// Polling trades a little CPU of the waiting thread for round trips.
+  std::chrono::microseconds reply_poll{50};
 };
 
 /// Where one op or variable access of a run went.

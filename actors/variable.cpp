@@ -102,24 +102,29 @@ caf::expected<uint64_t> variable_state::update(const char* op, const tensor& ope
   return ++version;
 }
 
-variable_actor::behavior_type variable_impl(variable_actor::stateful_pointer<variable_state> self,
-                                            variable_spec spec) {
-  self->state.spec = std::move(spec);
+variable_actor::behavior_type
+variable_impl(variable_actor::stateful_pointer<variable_actor_state> self,
+              std::shared_ptr<guarded_variable> var) {
+  self->state.var = std::move(var);
   // assign (op == nullptr), assign_add ("add"), assign_sub ("sub")
   auto updater = [self](const char* op) {
     return [self, op](tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      auto v = self->state.update(op, operand);
-      if (!v)
-        return std::move(v.error());
-      return {want_value ? self->state.value : tensor{}, *v};
+      return self->state.var->with([&](variable_state& st) -> caf::result<tensor, uint64_t> {
+        auto v = st.update(op, operand);
+        if (!v)
+          return std::move(v.error());
+        return {want_value ? st.value : tensor{}, *v};
+      });
     };
   };
   return {
     [self](read_atom) -> caf::result<tensor, uint64_t> {
-      auto v = self->state.read();
-      if (!v)
-        return std::move(v.error());
-      return {std::move(*v), self->state.version};
+      return self->state.var->with([](variable_state& st) -> caf::result<tensor, uint64_t> {
+        auto v = st.read();
+        if (!v)
+          return std::move(v.error());
+        return {std::move(*v), st.version};
+      });
     },
     [=](assign_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       return updater(nullptr)(operand, want_value);
@@ -131,18 +136,24 @@ variable_actor::behavior_type variable_impl(variable_actor::stateful_pointer<var
       return updater("sub")(operand, want_value);
     },
     [self](init_atom, initializer& init, bool only_if_uninitialized) -> caf::result<uint64_t> {
-      auto v = self->state.initialize(init, only_if_uninitialized);
-      if (!v)
-        return std::move(v.error());
-      return *v;
+      return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
+        auto v = st.initialize(init, only_if_uninitialized);
+        if (!v)
+          return std::move(v.error());
+        return *v;
+      });
     },
-    [self](info_atom) -> variable_info { return self->state.info(); },
+    [self](info_atom) -> variable_info {
+      return self->state.var->with([](variable_state& st) { return st.info(); });
+    },
     [self](wait_init_atom) -> caf::result<uint64_t> {
-      if (self->state.initialized)
-        return self->state.version;
-      auto rp = self->make_response_promise<uint64_t>();
-      self->state.waiting_for_init.push_back(rp);
-      return rp;
+      return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
+        if (st.initialized)
+          return st.version;
+        auto rp = self->make_response_promise<uint64_t>();
+        st.waiting_for_init.push_back(rp);
+        return rp;
+      });
     },
   };
 }

@@ -32,7 +32,14 @@ public:
   virtual caf::expected<session> open(const std::string& job, int32_t task,
                                       session_options opts) = 0;
 
-  session connect(const std::string& job, int32_t task, session_options opts = {}) {
+  /// What connect() uses when a scenario does not say.
+  session_options defaults;
+
+  session connect(const std::string& job, int32_t task) {
+    return connect(job, task, defaults);
+  }
+
+  session connect(const std::string& job, int32_t task, session_options opts) {
     auto s = open(job, task, opts);
     if (!s)
       FAIL("cannot open a session on /job:" << job << "/task:" << task << ": "
@@ -289,9 +296,50 @@ inline void ps_and_two_workers_example(cluster_under_test& c) {
   CHECK(returned == std::multiset<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
 }
 
+/// Many clients incrementing one remote variable at once lose no update.
+inline void concurrent_increments_example(cluster_under_test& c, int clients, int each) {
+  std::vector<session> sessions;
+  std::vector<output> incs;
+  for (int i = 0; i < clients; ++i) {
+    sessions.push_back(c.connect("worker", 0));
+    auto& s = sessions.back();
+    auto d = value_of(s.device("/job:ps/task:0"));
+    auto v = value_of(s.variable("counter", {}));
+    if (i == 0)
+      require_ok(s.initialize({v}));
+    incs.push_back(s.assign_add(v, s.constant(scalar(1))));
+  }
+  std::vector<std::future<std::vector<double>>> results;
+  for (int i = 0; i < clients; ++i)
+    results.push_back(std::async(std::launch::async, [&, i] {
+      std::vector<double> seen;
+      for (int k = 0; k < each; ++k) {
+        auto v = sessions[i].run(incs[i]);
+        if (!v)
+          return std::vector<double>{-1};
+        seen.push_back(v->at(0));
+      }
+      return seen;
+    }));
+  std::set<double> all;
+  size_t count = 0;
+  for (auto& r : results)
+    for (double v : r.get()) {
+      all.insert(v);
+      ++count;
+    }
+  auto total = static_cast<size_t>(clients * each);
+  CHECK(count == total);
+  CHECK(all.size() == total); // every increment saw its own value: none lost, none doubled
+  CHECK(*all.begin() == 1);
+  CHECK(*all.rbegin() == static_cast<double>(total));
+}
+
 /// Bad input through the client API: each error is typed and names the thing.
 inline void bad_input_example(cluster_under_test& c) {
-  auto s = c.connect("local", 0, session_options{2000ms, 2000ms, true});
+  auto opts = c.defaults;
+  opts.timeout = opts.connect_timeout = 2000ms;
+  auto s = c.connect("local", 0, opts);
   // unknown devices
   {
     auto d = value_of(s.device("/job:nope/task:0"));

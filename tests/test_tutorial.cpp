@@ -70,3 +70,23 @@ TEST_CASE("a tensor assigned to and read from a variable on the same node is nev
     CHECK(value.at(0) == 2);
   }
 }
+
+TEMPLATE_TEST_CASE("four clients incrementing one ps variable 100 times each lose no update",
+                   "[data-plane]", CLUSTERS) {
+  TestType c{{{"ps", 1}, {"worker", 1}}};
+  concurrent_increments_example(c, 4, 100);
+}
+
+TEST_CASE("with the data plane off, variable ops go as CAF messages and behave the same",
+          "[processes][basp]") {
+  processes_under_test c{{{"ps", 1}, {"worker", 2}}};
+  c.defaults.data_plane = false;
+  ps_and_two_workers_example(c);
+  concurrent_increments_example(c, 2, 20);
+}
+
+TEST_CASE("with the data plane off, bad input still gets typed errors", "[processes][basp][errors]") {
+  processes_under_test c{{{"local", 2}}};
+  c.defaults.data_plane = false;
+  bad_input_example(c);
+}
