@@ -273,7 +273,7 @@ T ok(caf::expected<T> x, const char* what) {
 int main(int argc, char** argv) {
   CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
   std::string only;
-  int rounds = 2000, reps = 3;
+  int rounds = 2000, reps = 5;
   af::node_options opts;
   app.add_option("-m,--metric", only, "run this metric only")
     ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
