@@ -21,31 +21,37 @@ constexpr auto operand_read_timeout = std::chrono::seconds(30);
 
 caf::expected<compute_result> run_op(executor_state& st, const compute_request& req,
                                      const std::vector<tensor>& args) {
-  auto op = kernels::parse_binary_op(req.op);
-  if (!op)
+  if (!kernels::known_op(req.op))
     return make_error(af_error::invalid_argument,
-                      "op '" + req.name + "': unknown kind '" + req.op
-                        + "' (this executor runs add, sub, mul, div)");
-  if (args.size() != 2)
-    return make_error(af_error::invalid_argument,
-                      "op '" + req.name + "' (" + req.op + ") takes 2 inputs, got "
-                        + std::to_string(args.size()));
-  if (args[0].type() != args[1].type())
-    return make_error(af_error::dtype_mismatch,
-                      "op '" + req.name + "' (" + req.op + "): dtypes " + dtype_name(args[0].type())
-                        + " and " + dtype_name(args[1].type()) + " differ");
-  if (!kernels::broadcast_shapes(args[0].shape(), args[1].shape()))
-    return make_error(af_error::shape_mismatch,
-                      "op '" + req.name + "' (" + req.op + "): shapes "
-                        + shape_string(args[0].shape()) + " and " + shape_string(args[1].shape())
-                        + " do not broadcast");
+                      "op '" + req.name + "': unknown kind '" + req.op + "'");
+  // Elementwise ops: typed errors for the mistakes a user makes most.
+  if (kernels::parse_binary_op(req.op) && args.size() == 2) {
+    if (args[0].type() != args[1].type())
+      return make_error(af_error::dtype_mismatch,
+                        "op '" + req.name + "' (" + req.op + "): dtypes " + dtype_name(args[0].type())
+                          + " and " + dtype_name(args[1].type()) + " differ");
+    if (!kernels::broadcast_shapes(args[0].shape(), args[1].shape()))
+      return make_error(af_error::shape_mismatch,
+                        "op '" + req.name + "' (" + req.op + "): shapes "
+                          + shape_string(args[0].shape()) + " and " + shape_string(args[1].shape())
+                          + " do not broadcast");
+  }
   compute_result res;
   res.device = st.device;
   res.start_ns = now_ns();
-  auto status = st.backend->binary(*op, args[0], args[1], res.value);
+  auto status = kernels::run_op(*st.backend, req.op, req.attrs, args, res.value);
+  if (!status.ok() && st.fallback && status.error.find("is not implemented on") != std::string::npos) {
+    res.note = status.error + "; ran on the node's CPU";
+    status = kernels::run_op(*st.fallback, req.op, req.attrs, args, res.value);
+  }
   res.end_ns = now_ns();
-  if (!status.ok())
-    return make_error(af_error::invalid_argument, "op '" + req.name + "': " + status.error);
+  if (!status.ok()) {
+    auto code = status.error.find("shape") != std::string::npos
+                    || status.error.find("dimension") != std::string::npos
+                  ? af_error::shape_mismatch
+                  : af_error::invalid_argument;
+    return make_error(code, "op '" + req.name + "' (" + req.op + "): " + status.error);
+  }
   return res;
 }
 
@@ -53,9 +59,11 @@ caf::expected<compute_result> run_op(executor_state& st, const compute_request& 
 
 executor_actor::behavior_type executor_impl(executor_actor::stateful_pointer<executor_state> self,
                                             std::string device,
-                                            std::shared_ptr<kernels::backend> backend) {
+                                            std::shared_ptr<kernels::backend> backend,
+                                            std::shared_ptr<kernels::backend> fallback) {
   self->state.device = std::move(device);
   self->state.backend = std::move(backend);
+  self->state.fallback = std::move(fallback);
   return {
     [self](compute_atom, compute_request& req) -> caf::result<compute_result> {
       // Gather the operands: tensors are here, variables are read (a local one

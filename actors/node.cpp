@@ -82,7 +82,8 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   for (int32_t i = 0; i < std::max<int32_t>(1, opts.cpu_devices); ++i) {
     auto local = "CPU:" + std::to_string(i);
     st.info.devices.push_back(local);
-    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local, cpu);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
+                                                   cpu, std::shared_ptr<kernels::backend>{});
   }
   int gpus = kernels::cuda_device_count();
   for (int i = 0; i < gpus; ++i) {
@@ -92,7 +93,8 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       continue;
     auto local = "GPU:" + std::to_string(i);
     st.info.devices.push_back(local);
-    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local, gpu);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
+                                                   gpu, cpu);
   }
   return {
     [self](caf::ping_atom) -> node_info { return self->state.info; },

@@ -28,9 +28,10 @@ std::string task_name(const std::string& job, int32_t task) {
 }
 
 struct op_node {
-  enum kind_t { variable, constant, binary, update } kind = constant;
+  enum kind_t { variable, constant, compute, update } kind = constant;
   std::string name;
-  std::string op; ///< binary: add/sub/mul; update: assign/assign_add/assign_sub
+  std::string op; ///< compute: a kernels::run_op name; update: assign/assign_add/assign_sub
+  op_attrs attrs;
   std::vector<int32_t> inputs;
   device_name requested;
   // variables
@@ -318,7 +319,7 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
       result = std::move(*value);
       break;
     }
-    case op_node::binary: {
+    case op_node::compute: {
       auto p = place(n.requested, false);
       if (!p)
         return make_error(static_cast<af_error>(p.error().code()),
@@ -329,6 +330,7 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
       compute_request req;
       req.op = n.op;
       req.name = n.name;
+      req.attrs = n.attrs;
       for (auto in : n.inputs) {
         operand o;
         if (auto v = var_node(output{in})) {
@@ -351,6 +353,8 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
           [&](compute_result& res) {
             result = std::move(res.value);
             entry.device = res.device;
+            if (!res.note.empty())
+              entry.note += (entry.note.empty() ? "" : "; ") + res.note;
           },
           [&](caf::error& e) { err = explain(std::move(e), "op '" + n.name + "'", p->conn); });
       entry.end_ns = now_ns();
@@ -536,20 +540,175 @@ output add_node(std::vector<op_node>& ops, op_node n) {
 
 } // namespace
 
-#define AF_BINARY_OP(fn)                                                         \
-  output session::fn(output a, output b, const std::string& name) {              \
-    op_node n;                                                                   \
-    n.kind = op_node::binary;                                                    \
-    n.op = #fn;                                                                  \
-    n.name = impl_->unique_name(name);                                           \
-    n.requested = impl_->current();                                              \
-    n.inputs = {a.id, b.id};                                                     \
-    return add_node(impl_->ops, std::move(n));                                   \
-  }
+output session::op(const std::string& kind, std::vector<output> inputs, op_attrs attrs,
+                   const std::string& name) {
+  op_node n;
+  n.kind = op_node::compute;
+  n.op = kind;
+  n.attrs = attrs;
+  n.name = impl_->unique_name(name.empty() ? kind : name);
+  n.requested = impl_->current();
+  for (auto in : inputs)
+    n.inputs.push_back(in.id);
+  return add_node(impl_->ops, std::move(n));
+}
 
-AF_BINARY_OP(add)
-AF_BINARY_OP(sub)
-AF_BINARY_OP(mul)
+output session::add(output a, output b, const std::string& name) {
+  return op("add", {a, b}, {}, name);
+}
+
+output session::sub(output a, output b, const std::string& name) {
+  return op("sub", {a, b}, {}, name);
+}
+
+output session::mul(output a, output b, const std::string& name) {
+  return op("mul", {a, b}, {}, name);
+}
+
+output session::div(output a, output b, const std::string& name) {
+  return op("div", {a, b}, {}, name);
+}
+
+output session::matmul(output a, output b, bool transpose_a, bool transpose_b,
+                       const std::string& name) {
+  op_attrs attrs;
+  attrs.transpose_a = transpose_a;
+  attrs.transpose_b = transpose_b;
+  return op("matmul", {a, b}, attrs, name);
+}
+
+namespace {
+
+op_attrs reduction(std::optional<int32_t> axis, bool keep_dims) {
+  op_attrs attrs;
+  attrs.all_axes = !axis.has_value();
+  attrs.axis = axis.value_or(0);
+  attrs.keep_dims = keep_dims;
+  return attrs;
+}
+
+} // namespace
+
+output session::reduce_sum(output x, std::optional<int32_t> axis, bool keep_dims) {
+  return op("sum", {x}, reduction(axis, keep_dims));
+}
+
+output session::reduce_mean(output x, std::optional<int32_t> axis, bool keep_dims) {
+  return op("mean", {x}, reduction(axis, keep_dims));
+}
+
+output session::reduce_max(output x, std::optional<int32_t> axis, bool keep_dims) {
+  return op("max", {x}, reduction(axis, keep_dims));
+}
+
+output session::softmax_xent(output logits, output labels, const std::string& name) {
+  return op("softmax_xent", {logits, labels}, {}, name);
+}
+
+caf::expected<std::vector<output>> session::gradients(output loss, const std::vector<output>& xs) {
+  auto& ops = impl_->ops;
+  if (!loss.valid() || static_cast<size_t>(loss.id) >= ops.size())
+    return make_error(af_error::invalid_argument, "gradients(): the loss is not an op of this graph");
+  // Backward ops go on the device their forward op asked for (saved scopes
+  // are restored afterwards).
+  auto saved_scopes = impl_->scopes;
+  auto at = [&](const op_node& fwd) { impl_->scopes = {fwd.requested}; };
+  std::map<int32_t, output> grads;
+  auto accumulate = [&](int32_t id, output g) {
+    auto it = grads.find(id);
+    if (it == grads.end())
+      grads.emplace(id, g);
+    else
+      it->second = add(it->second, g, "grad_acc");
+  };
+  {
+    at(ops[static_cast<size_t>(loss.id)]);
+    grads.emplace(loss.id, op("ones_like", {loss}, {}, "grad_seed"));
+  }
+  // Ops are appended after their inputs, so ids are a topological order.
+  for (int32_t id = loss.id; id >= 0; --id) {
+    auto it = grads.find(id);
+    if (it == grads.end())
+      continue;
+    auto g = it->second;
+    const op_node fwd = ops[static_cast<size_t>(id)]; // a copy: ops grows below
+    if (fwd.kind != op_node::compute)
+      continue; // variables and constants are leaves; updates stop gradients
+    at(fwd);
+    auto in = [&](size_t i) { return output{fwd.inputs[i]}; };
+    output y{id};
+    const auto& k = fwd.op;
+    if (k == "add" || k == "sub") {
+      accumulate(fwd.inputs[0], op("sum_to", {g, in(0)}));
+      accumulate(fwd.inputs[1], op("sum_to", {k == "add" ? g : neg(g), in(1)}));
+    } else if (k == "mul") {
+      accumulate(fwd.inputs[0], op("sum_to", {mul(g, in(1)), in(0)}));
+      accumulate(fwd.inputs[1], op("sum_to", {mul(g, in(0)), in(1)}));
+    } else if (k == "div") {
+      accumulate(fwd.inputs[0], op("sum_to", {div(g, in(1)), in(0)}));
+      accumulate(fwd.inputs[1], op("sum_to", {neg(div(mul(g, y), in(1))), in(1)}));
+    } else if (k == "neg") {
+      accumulate(fwd.inputs[0], neg(g));
+    } else if (k == "exp") {
+      accumulate(fwd.inputs[0], mul(g, y));
+    } else if (k == "log") {
+      accumulate(fwd.inputs[0], div(g, in(0)));
+    } else if (k == "relu") {
+      accumulate(fwd.inputs[0], op("relu_grad", {g, in(0)}));
+    } else if (k == "sigmoid" || k == "tanh") {
+      accumulate(fwd.inputs[0], op(k + "_grad", {g, y}));
+    } else if (k == "square") {
+      accumulate(fwd.inputs[0], mul(g, add(in(0), in(0))));
+    } else if (k == "sqrt") {
+      accumulate(fwd.inputs[0], div(g, add(y, y)));
+    } else if (k == "matmul") {
+      bool ta = fwd.attrs.transpose_a, tb = fwd.attrs.transpose_b;
+      auto a = in(0), b = in(1);
+      if (!ta && !tb) {
+        accumulate(a.id, matmul(g, b, false, true));
+        accumulate(b.id, matmul(a, g, true, false));
+      } else if (!ta && tb) {
+        accumulate(a.id, matmul(g, b, false, false));
+        accumulate(b.id, matmul(g, a, true, false));
+      } else if (ta && !tb) {
+        accumulate(a.id, matmul(b, g, false, true));
+        accumulate(b.id, matmul(a, g, false, false));
+      } else {
+        accumulate(a.id, matmul(b, g, true, true));
+        accumulate(b.id, matmul(g, a, true, true));
+      }
+    } else if (k == "sum" || k == "mean") {
+      accumulate(fwd.inputs[0], op(k + "_grad", {g, in(0)}, fwd.attrs));
+    } else if (k == "max") {
+      accumulate(fwd.inputs[0], op("max_grad", {g, in(0), y}, fwd.attrs));
+    } else if (k == "softmax" || k == "log_softmax") {
+      accumulate(fwd.inputs[0], op(k + "_grad", {g, y}));
+    } else if (k == "softmax_xent") {
+      accumulate(fwd.inputs[0], op("softmax_xent_grad", {g, in(0), in(1)}));
+    } else {
+      impl_->scopes = saved_scopes;
+      return make_error(af_error::unsupported,
+                        "gradients(): op '" + fwd.name + "' (" + k + ") has no gradient");
+    }
+  }
+  impl_->scopes = saved_scopes;
+  std::vector<output> out;
+  std::string missing;
+  for (auto x : xs) {
+    auto it = grads.find(x.id);
+    if (it == grads.end() || x.id > loss.id)
+      missing += (missing.empty() ? "" : ", ")
+                 + (x.valid() && static_cast<size_t>(x.id) < ops.size()
+                      ? "'" + ops[static_cast<size_t>(x.id)].name + "'"
+                      : "output " + std::to_string(x.id));
+    else
+      out.push_back(it->second);
+  }
+  if (!missing.empty())
+    return make_error(af_error::invalid_argument,
+                      "gradients(): the loss does not depend on " + missing);
+  return out;
+}
 
 #define AF_UPDATE_OP(fn)                                                         \
   output session::fn(output var, output value, const std::string& name) {        \

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,9 +126,39 @@ public:
                                  dtype type = dtype::float32);
 
   output constant(tensor value, const std::string& name = "Const");
+
+  /// Any kernel op by name (kernels::run_op), e.g. op("relu", {x}).
+  output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
+            const std::string& name = "");
+
   output add(output a, output b, const std::string& name = "add");
   output sub(output a, output b, const std::string& name = "sub");
   output mul(output a, output b, const std::string& name = "mul");
+  output div(output a, output b, const std::string& name = "div");
+  output neg(output x) { return op("neg", {x}); }
+  output exp(output x) { return op("exp", {x}); }
+  output log(output x) { return op("log", {x}); }
+  output relu(output x) { return op("relu", {x}); }
+  output sigmoid(output x) { return op("sigmoid", {x}); }
+  output tanh(output x) { return op("tanh", {x}); }
+  output square(output x) { return op("square", {x}); }
+  output sqrt(output x) { return op("sqrt", {x}); }
+  output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
+                const std::string& name = "matmul");
+  /// Reductions over all axes, or over `axis` when given (negative: from the end).
+  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output softmax(output logits) { return op("softmax", {logits}); }
+  output log_softmax(output logits) { return op("log_softmax", {logits}); }
+  /// Per-example loss of logits [batch, classes] and int labels [batch].
+  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent");
+
+  /// Reverse-mode gradients of the scalar `loss` with respect to `xs`
+  /// (tf.gradients). The backward ops are added to the graph, each on the
+  /// device of its forward op. An x that `loss` does not depend on is an error
+  /// naming it; so is an op on the path that has no gradient.
+  caf::expected<std::vector<output>> gradients(output loss, const std::vector<output>& xs);
   output assign(output var, output value, const std::string& name = "");
   output assign_add(output var, output value, const std::string& name = "");
   output assign_sub(output var, output value, const std::string& name = "");

@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "messages/op_attrs.hpp"
 #include "messages/tensor.hpp"
 
 namespace af::kernels {
@@ -20,10 +22,22 @@ struct status {
   static status failure(std::string why) { return {std::move(why)}; }
 };
 
-enum class binary_op { add, sub, mul, div };
+/// Elementwise ops of two tensors. The *_grad ones take (dy, x) for relu and
+/// (dy, y) for sigmoid/tanh, y being the forward output, and need equal shapes.
+enum class binary_op { add, sub, mul, div, relu_grad, sigmoid_grad, tanh_grad };
+
+enum class unary_op { neg, exp, log, relu, sigmoid, tanh, square, sqrt };
+
+enum class reduce_op { sum, mean, max };
 
 std::optional<binary_op> parse_binary_op(std::string_view name);
 const char* to_string(binary_op op);
+std::optional<unary_op> parse_unary_op(std::string_view name);
+const char* to_string(unary_op op);
+std::optional<reduce_op> parse_reduce_op(std::string_view name);
+
+/// The shape a reduction over `attrs` leaves of `shape`, or the reason it cannot.
+status reduced_shape(const shape_type& shape, const op_attrs& attrs, shape_type& out);
 
 /// NumPy broadcasting of two shapes; nullopt if they are incompatible.
 std::optional<shape_type> broadcast_shapes(const shape_type& a, const shape_type& b);
@@ -40,7 +54,64 @@ public:
 
   /// a = a (op) b in place, b broadcast to a's shape (variable updates).
   virtual status binary_inplace(binary_op op, tensor& a, const tensor& b) = 0;
+
+  // Every op below defaults to "not on this backend": a backend implements
+  // what it can, and the caller can fall back to the CPU for the rest.
+
+  /// Elementwise function of a float tensor.
+  virtual status unary(unary_op op, const tensor& x, tensor& out);
+
+  /// op(a) x op(b) of 2-D float tensors (BLAS GEMM).
+  virtual status matmul(const tensor& a, const tensor& b, bool transpose_a, bool transpose_b,
+                        tensor& out);
+
+  /// sum, mean or max over one axis or all (see op_attrs).
+  virtual status reduce(reduce_op op, const op_attrs& attrs, const tensor& x, tensor& out);
+
+  /// The gradient of a reduction: dy spread back over x's shape (for max: to
+  /// the positions equal to y, the forward output).
+  virtual status reduce_grad(reduce_op op, const op_attrs& attrs, const tensor& dy, const tensor& x,
+                             const tensor& y, tensor& out);
+
+  /// dy summed over the dimensions that broadcasting added to `like`'s shape.
+  virtual status sum_to(const tensor& dy, const tensor& like, tensor& out);
+
+  /// softmax (or log-softmax) over the last axis.
+  virtual status softmax(const tensor& logits, bool log, tensor& out);
+
+  /// Its gradient, from dy and the forward output y.
+  virtual status softmax_grad(const tensor& dy, const tensor& y, bool log, tensor& out);
+
+  /// Per-example cross-entropy of logits [batch, classes] with integer labels
+  /// [batch] (TF's sparse_softmax_cross_entropy_with_logits).
+  virtual status softmax_xent(const tensor& logits, const tensor& labels, tensor& loss);
+
+  /// Its gradient w.r.t. the logits: dy[:, None] * (softmax(logits) - onehot(labels)).
+  virtual status softmax_xent_grad(const tensor& dy, const tensor& logits, const tensor& labels,
+                                   tensor& out);
+
+  /// var -= lr * grad
+  virtual status apply_sgd(tensor& var, const tensor& grad, double lr);
+
+  /// accum = momentum * accum + grad; var -= lr * accum (TF's MomentumOptimizer)
+  virtual status apply_momentum(tensor& var, tensor& accum, const tensor& grad, double lr,
+                                double momentum);
+
+  /// TF's Adam update at step `t` (1-based) with moments m and v.
+  virtual status apply_adam(tensor& var, tensor& m, tensor& v, const tensor& grad, double lr,
+                            double beta1, double beta2, double epsilon, int64_t t);
+
+protected:
+  status unsupported(const char* what) const;
 };
+
+/// Runs graph op `op` (by name: add, matmul, sum, softmax_xent, relu_grad,
+/// sum_to, ...) on `backend`; the one place that maps op names to kernels.
+status run_op(backend& b, const std::string& op, const op_attrs& attrs,
+              const std::vector<tensor>& inputs, tensor& out);
+
+/// True if run_op knows `op`.
+bool known_op(const std::string& op);
 
 /// The reference backend (OpenBLAS for GEMM, loops elsewhere).
 std::unique_ptr<backend> make_cpu_backend();

@@ -18,6 +18,7 @@
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
 
+#include "messages/op_attrs.hpp"
 #include "messages/variable.hpp"
 
 namespace af {
@@ -42,15 +43,22 @@ inspect(Inspector& f, operand& x) {
   return f(caf::meta::type_name("operand"), x.value, x.var, x.var_name);
 }
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, op_attrs& x) {
+  return f(caf::meta::type_name("op_attrs"), x.transpose_a, x.transpose_b, x.all_axes, x.axis,
+           x.keep_dims);
+}
+
 struct compute_request {
-  std::string op;      ///< "add", "sub", "mul"
+  std::string op;      ///< a kernels::run_op name: "add", "matmul", "softmax_xent", ...
   std::string name;    ///< the op's name in the graph, for errors and traces
   std::vector<operand> inputs;
+  op_attrs attrs;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, compute_request& x) {
-  return f(caf::meta::type_name("compute_request"), x.op, x.name, x.inputs);
+  return f(caf::meta::type_name("compute_request"), x.op, x.name, x.inputs, x.attrs);
 }
 
 struct compute_result {
@@ -58,11 +66,12 @@ struct compute_result {
   std::string device;  ///< the executor's full device name
   int64_t start_ns = 0; ///< steady clock of the executor's node
   int64_t end_ns = 0;
+  std::string note;    ///< e.g. that a GPU executor ran the op on its CPU
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, compute_result& x) {
-  return f(caf::meta::type_name("compute_result"), x.value, x.device, x.start_ns, x.end_ns);
+  return f(caf::meta::type_name("compute_result"), x.value, x.device, x.start_ns, x.end_ns, x.note);
 }
 
 using executor_actor = caf::typed_actor<

@@ -66,11 +66,17 @@ TEST_CASE_METHOD(fixture, "every message type survives CAF serialization", "[mes
   operand op{t64, variable_actor{}, "x"};
   auto o = round_trip(op);
   CHECK((o.value == t64 && !o.var && o.var_name == "x"));
-  auto rq = round_trip(compute_request{"mul", "mul_1", {op, op}});
-  CHECK((rq.op == "mul" && rq.name == "mul_1" && rq.inputs.size() == 2 && rq.inputs[1].value == t64));
-  compute_result res{i64, "/job:w/replica:0/task:1/device:GPU:0", 5, 9};
+  op_attrs attrs;
+  attrs.transpose_b = true;
+  attrs.all_axes = false;
+  attrs.axis = -1;
+  auto rq = round_trip(compute_request{"matmul", "mm_1", {op, op}, attrs});
+  CHECK((rq.op == "matmul" && rq.name == "mm_1" && rq.inputs.size() == 2 && rq.inputs[1].value == t64));
+  CHECK((!rq.attrs.transpose_a && rq.attrs.transpose_b && !rq.attrs.all_axes && rq.attrs.axis == -1));
+  compute_result res{i64, "/job:w/replica:0/task:1/device:GPU:0", 5, 9, "ran on the CPU"};
   auto rs = round_trip(res);
-  CHECK((rs.value == i64 && rs.device == res.device && rs.start_ns == 5 && rs.end_ns == 9));
+  CHECK((rs.value == i64 && rs.device == res.device && rs.start_ns == 5 && rs.end_ns == 9
+         && rs.note == "ran on the CPU"));
   auto n = round_trip(node_info{"ps", 3, {"CPU:0", "GPU:0"}, 1234});
   CHECK((n.job == "ps" && n.task == 3 && n.devices == std::vector<std::string>{"CPU:0", "GPU:0"}
          && n.pid == 1234));

@@ -1,0 +1,225 @@
+// Every CPU kernel against a plain reference loop written here.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "kernels/kernels.hpp"
+
+using namespace af;
+using namespace af::kernels;
+
+namespace {
+
+tensor random(shape_type shape, uint64_t seed, double lo = -2, double hi = 2,
+              dtype type = dtype::float64) {
+  tensor t{type, std::move(shape)};
+  REQUIRE(fill_uniform(t, lo, hi, seed).ok());
+  return t;
+}
+
+void require_close(const tensor& got, const std::vector<double>& want, double tol = 1e-9) {
+  REQUIRE(got.num_elements() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    CHECK(std::abs(got.at(i) - want[i]) <= tol + tol * std::abs(want[i]));
+  }
+}
+
+tensor run(const std::string& op, std::vector<tensor> in, op_attrs attrs = {}) {
+  auto cpu = make_cpu_backend();
+  tensor out;
+  auto st = run_op(*cpu, op, attrs, in, out);
+  if (!st.ok())
+    FAIL(op << ": " << st.error);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("unary kernels match std:: math", "[kernels]") {
+  auto x = random({3, 4}, 1, 0.1, 3);
+  std::vector<std::pair<const char*, double (*)(double)>> cases = {
+    {"neg", [](double v) { return -v; }},
+    {"exp", [](double v) { return std::exp(v); }},
+    {"log", [](double v) { return std::log(v); }},
+    {"relu", [](double v) { return v > 0 ? v : 0.0; }},
+    {"sigmoid", [](double v) { return 1 / (1 + std::exp(-v)); }},
+    {"tanh", [](double v) { return std::tanh(v); }},
+    {"square", [](double v) { return v * v; }},
+    {"sqrt", [](double v) { return std::sqrt(v); }},
+  };
+  for (auto& [name, f] : cases) {
+    INFO(name);
+    std::vector<double> want;
+    for (size_t i = 0; i < x.num_elements(); ++i)
+      want.push_back(f(x.at(i)));
+    require_close(run(name, {x}), want);
+    // float32 too, to float precision
+    auto xf = tensor::from_values<float>(x.shape(), x.values<float>());
+    require_close(run(name, {xf}), want, 1e-5);
+  }
+  auto cpu = make_cpu_backend();
+  tensor out;
+  CHECK(cpu->unary(unary_op::exp, tensor::from_values<int32_t>({2}, {1, 2}), out).error.find("int32")
+        != std::string::npos);
+}
+
+TEST_CASE("matmul matches the triple loop for every transpose combination", "[kernels]") {
+  const int64_t m = 5, k = 7, n = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      INFO("ta=" << ta << " tb=" << tb);
+      auto a = random(ta ? shape_type{k, m} : shape_type{m, k}, 2);
+      auto b = random(tb ? shape_type{n, k} : shape_type{k, n}, 3);
+      std::vector<double> want(m * n, 0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t p = 0; p < k; ++p)
+            want[i * n + j] += a.at(ta ? p * m + i : i * k + p) * b.at(tb ? j * k + p : p * n + j);
+      op_attrs attrs;
+      attrs.transpose_a = ta;
+      attrs.transpose_b = tb;
+      auto c = run("matmul", {a, b}, attrs);
+      CHECK(c.shape() == shape_type{m, n});
+      require_close(c, want);
+      auto cf = run("matmul", {tensor::from_values<float>(a.shape(), a.values<float>()),
+                               tensor::from_values<float>(b.shape(), b.values<float>())}, attrs);
+      require_close(cf, want, 1e-5);
+    }
+  auto cpu = make_cpu_backend();
+  tensor out;
+  CHECK(cpu->matmul(random({2, 3}, 1), random({4, 2}, 1), false, false, out).error.find("inner dimensions")
+        != std::string::npos);
+}
+
+TEST_CASE("reductions over all axes or one, with and without keep_dims", "[kernels]") {
+  auto x = random({2, 3, 4}, 4);
+  auto at = [&](int64_t i, int64_t j, int64_t l) { return x.at((i * 3 + j) * 4 + l); };
+  double total = 0, mx = -1e300;
+  for (size_t i = 0; i < x.num_elements(); ++i) {
+    total += x.at(i);
+    mx = std::max(mx, x.at(i));
+  }
+  require_close(run("sum", {x}), {total});
+  require_close(run("mean", {x}), {total / 24});
+  require_close(run("max", {x}), {mx});
+  op_attrs axis1;
+  axis1.all_axes = false;
+  axis1.axis = 1;
+  std::vector<double> sum1, max1;
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t l = 0; l < 4; ++l) {
+      double s = 0, m = -1e300;
+      for (int64_t j = 0; j < 3; ++j) {
+        s += at(i, j, l);
+        m = std::max(m, at(i, j, l));
+      }
+      sum1.push_back(s);
+      max1.push_back(m);
+    }
+  auto s1 = run("sum", {x}, axis1);
+  CHECK(s1.shape() == shape_type{2, 4});
+  require_close(s1, sum1);
+  require_close(run("max", {x}, axis1), max1);
+  axis1.keep_dims = true;
+  CHECK(run("mean", {x}, axis1).shape() == shape_type{2, 1, 4});
+  op_attrs last;
+  last.all_axes = false;
+  last.axis = -1;
+  CHECK(run("sum", {x}, last).shape() == shape_type{2, 3});
+  op_attrs bad;
+  bad.all_axes = false;
+  bad.axis = 3;
+  auto cpu = make_cpu_backend();
+  tensor out;
+  CHECK(cpu->reduce(reduce_op::sum, bad, x, out).error.find("axis 3 is out of range") != std::string::npos);
+}
+
+TEST_CASE("sum_to undoes broadcasting by summing", "[kernels]") {
+  auto g = random({2, 3}, 5);
+  require_close(run("sum_to", {g, tensor::filled(dtype::float64, {3}, 0)}),
+                {g.at(0) + g.at(3), g.at(1) + g.at(4), g.at(2) + g.at(5)});
+  require_close(run("sum_to", {g, tensor::filled(dtype::float64, {2, 1}, 0)}),
+                {g.at(0) + g.at(1) + g.at(2), g.at(3) + g.at(4) + g.at(5)});
+  double all = 0;
+  for (size_t i = 0; i < 6; ++i)
+    all += g.at(i);
+  require_close(run("sum_to", {g, tensor::scalar(0)}), {all});
+  auto same = run("sum_to", {g, g});
+  CHECK(same.shares_buffer_with(g));
+}
+
+TEST_CASE("softmax, log-softmax and sparse softmax cross-entropy", "[kernels]") {
+  auto logits = random({3, 4}, 6, -5, 5);
+  auto labels = tensor::from_values<int32_t>({3}, {2, 0, 3});
+  std::vector<double> sm, lsm, loss, grad;
+  for (int r = 0; r < 3; ++r) {
+    double z = 0;
+    for (int c = 0; c < 4; ++c)
+      z += std::exp(logits.at(r * 4 + c));
+    for (int c = 0; c < 4; ++c) {
+      sm.push_back(std::exp(logits.at(r * 4 + c)) / z);
+      lsm.push_back(logits.at(r * 4 + c) - std::log(z));
+      grad.push_back(0.5 * (sm.back() - (c == labels.at(r) ? 1 : 0)));
+    }
+    loss.push_back(std::log(z) - logits.at(r * 4 + static_cast<int>(labels.at(r))));
+  }
+  require_close(run("softmax", {logits}), sm);
+  require_close(run("log_softmax", {logits}), lsm);
+  require_close(run("softmax_xent", {logits, labels}), loss);
+  require_close(run("softmax_xent_grad", {tensor::filled(dtype::float64, {3}, 0.5), logits, labels}), grad);
+  auto cpu = make_cpu_backend();
+  tensor out;
+  auto bad = cpu->softmax_xent(logits, tensor::from_values<int32_t>({3}, {2, 4, 0}), out);
+  CHECK(bad.error.find("label 4 of example 1 is out of range [0, 4)") != std::string::npos);
+  // large logits stay finite
+  auto big = tensor::from_values<double>({1, 2}, {1000, 0});
+  CHECK(std::isfinite(run("log_softmax", {big}).at(1)));
+}
+
+TEST_CASE("SGD, momentum and Adam updates follow TensorFlow's formulas", "[kernels]") {
+  auto cpu = make_cpu_backend();
+  auto w0 = random({4}, 7), g = random({4}, 8);
+  auto w = tensor::from_values<double>({4}, w0.values<double>());
+  REQUIRE(cpu->apply_sgd(w, g, 0.1).ok());
+  std::vector<double> want;
+  for (size_t i = 0; i < 4; ++i)
+    want.push_back(w0.at(i) - 0.1 * g.at(i));
+  require_close(w, want);
+
+  w = tensor::from_values<double>({4}, w0.values<double>());
+  auto acc = tensor::filled(dtype::float64, {4}, 0);
+  REQUIRE(cpu->apply_momentum(w, acc, g, 0.1, 0.9).ok());
+  REQUIRE(cpu->apply_momentum(w, acc, g, 0.1, 0.9).ok());
+  want.clear();
+  for (size_t i = 0; i < 4; ++i) // acc1 = g, acc2 = 0.9 g + g
+    want.push_back(w0.at(i) - 0.1 * g.at(i) - 0.1 * 1.9 * g.at(i));
+  require_close(w, want);
+
+  w = tensor::from_values<double>({4}, w0.values<double>());
+  auto m = tensor::filled(dtype::float64, {4}, 0), v = tensor::filled(dtype::float64, {4}, 0);
+  REQUIRE(cpu->apply_adam(w, m, v, g, 0.01, 0.9, 0.999, 1e-8, 1).ok());
+  want.clear();
+  for (size_t i = 0; i < 4; ++i) {
+    double mm = 0.1 * g.at(i), vv = 0.001 * g.at(i) * g.at(i);
+    double lr_t = 0.01 * std::sqrt(1 - 0.999) / (1 - 0.9);
+    want.push_back(w0.at(i) - lr_t * mm / (std::sqrt(vv) + 1e-8));
+  }
+  require_close(w, want);
+  CHECK(cpu->apply_adam(w, m, v, g, 0.01, 0.9, 0.999, 1e-8, 0).error.find("starts at 1") != std::string::npos);
+  CHECK_FALSE(cpu->apply_sgd(w, random({3}, 1), 0.1).ok());
+}
+
+TEST_CASE("run_op names every op and rejects unknown ones and wrong arity", "[kernels]") {
+  auto cpu = make_cpu_backend();
+  tensor out;
+  CHECK(run_op(*cpu, "conv2d", {}, {tensor::scalar(1)}, out).error == "unknown op 'conv2d'");
+  CHECK(run_op(*cpu, "matmul", {}, {tensor::scalar(1)}, out).error.find("takes 2 input(s), got 1")
+        != std::string::npos);
+  for (const char* op : {"add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh",
+                         "square", "sqrt", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
+                         "softmax_xent", "relu_grad", "sigmoid_grad", "tanh_grad", "sum_to",
+                         "sum_grad", "mean_grad", "max_grad", "softmax_grad", "log_softmax_grad",
+                         "softmax_xent_grad", "ones_like"})
+    CHECK(known_op(op));
+}
