@@ -2,8 +2,11 @@
 //   actorflow-node --config cluster.toml --job ps --task 0
 //   TF_CONFIG='{"cluster":...,"task":{"type":"ps","index":0}}' actorflow-node
 // Serves until SIGINT/SIGTERM or a client's shutdown request, then exits 0.
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <iostream>
@@ -23,6 +26,15 @@ namespace {
 int fail(const std::string& msg, int code = 2) {
   std::cerr << "actorflow-node: " << msg << std::endl;
   return code;
+}
+
+// SIGINT/SIGTERM may land on any thread, including ones libraries start
+// before main (OpenBLAS's pool), so a handler forwards them through a pipe.
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void forward_signal(int sig) {
+  char c = static_cast<char>(sig);
+  [[maybe_unused]] auto n = ::write(signal_pipe[1], &c, 1);
 }
 
 } // namespace
@@ -58,14 +70,13 @@ int main(int argc, char** argv) {
   if (threads >= 0) opts.threads = threads;
   if (!scheduler.empty()) opts.scheduler = scheduler;
 
-  // Signals are taken by one thread with sigwait; every other thread (CAF's
-  // included, created below) inherits the blocked mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (::pipe2(signal_pipe, O_CLOEXEC) != 0)
+    return fail("cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = forward_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   af::tune_malloc_for_tensors();
   af::system_config sys_cfg{opts};
@@ -85,9 +96,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   std::thread signal_thread{[&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (sig != SIGUSR1) {
+    char sig = 0;
+    while (::read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR)
+      ; // retry
+    if (sig != 0) { // 0: main's wake-up after the node stopped by itself
       std::printf("actorflow-node %s: signal %d, shutting down\n", name.c_str(), sig);
       std::fflush(stdout);
       caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
@@ -99,7 +111,8 @@ int main(int argc, char** argv) {
     self->receive([](caf::down_msg&) {});  // serves until the node stops
   }
   node->data_plane->stop();
-  pthread_kill(signal_thread.native_handle(), SIGUSR1);
+  char wake = 0;
+  [[maybe_unused]] auto n = ::write(signal_pipe[1], &wake, 1);
   signal_thread.join();
   std::printf("actorflow-node %s: stopped\n", name.c_str());
   std::fflush(stdout);
