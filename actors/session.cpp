@@ -6,6 +6,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
@@ -362,10 +364,15 @@ caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>&
       // own device: that is where their bytes came from.
       if (trace && !err)
         for (auto in : n.inputs)
-          if (auto v = var_node(output{in}))
-            trace->entries.push_back(trace_entry{v->spec.name, "read", v->requested.to_string(),
-                                                 v->spec.device, v->node_address, v->note,
-                                                 entry.start_ns, entry.end_ns});
+          if (auto v = var_node(output{in})) {
+            // A variable on another node crossed the wire, node to node.
+            bool remote = v->node_address != p->conn->address;
+            auto note = remote ? "to " + entry.device + " @ " + p->conn->address : v->note;
+            trace->entries.push_back(trace_entry{v->spec.name, remote ? "transfer" : "read",
+                                                 v->requested.to_string(), v->spec.device,
+                                                 v->node_address, note, entry.start_ns,
+                                                 entry.end_ns});
+          }
       break;
     }
     case op_node::update: {
@@ -424,6 +431,35 @@ std::string run_trace::to_string() const {
     out << '\n';
   }
   return out.str();
+}
+
+std::string run_trace::to_chrome_json() const {
+  auto events = nlohmann::json::array();
+  std::map<std::string, int> pids;
+  std::map<std::pair<int, std::string>, int> tids;
+  int64_t t0 = entries.empty() ? 0 : entries.front().start_ns;
+  for (const auto& e : entries)
+    t0 = std::min(t0, e.start_ns);
+  for (const auto& e : entries) {
+    auto [pit, new_pid] = pids.emplace(e.node, static_cast<int>(pids.size()) + 1);
+    if (new_pid)
+      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pit->second},
+                        {"args", {{"name", "node " + e.node}}}});
+    auto [tit, new_tid] = tids.emplace(std::make_pair(pit->second, e.device),
+                                       static_cast<int>(tids.size()) + 1);
+    if (new_tid)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pit->second},
+                        {"tid", tit->second}, {"args", {{"name", e.device}}}});
+    events.push_back({{"name", e.op},
+                      {"cat", e.kind},
+                      {"ph", "X"},
+                      {"ts", static_cast<double>(e.start_ns - t0) / 1000.0},
+                      {"dur", static_cast<double>(std::max<int64_t>(e.end_ns - e.start_ns, 0)) / 1000.0},
+                      {"pid", pit->second},
+                      {"tid", tit->second},
+                      {"args", {{"requested", e.requested}, {"device", e.device}, {"note", e.note}}}});
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
 const trace_entry* run_trace::find(const std::string& op) const {

@@ -51,7 +51,7 @@ struct session_options {
 /// Where one op or variable access of a run went.
 struct trace_entry {
   std::string op;        ///< graph name: "w", "add", "var/assign_add"
-  std::string kind;      ///< read, add, sub, mul, assign, assign_add, assign_sub
+  std::string kind;      ///< the op (add, matmul, ...), read, transfer, assign, assign_add, ...
   std::string requested; ///< the device as requested (scopes merged; may be partial)
   std::string device;    ///< the device it ran on, fully specified
   std::string node;      ///< host:port of the node
@@ -71,6 +71,11 @@ struct run_trace {
 
   /// The entry of graph op `op`, or nullptr.
   const trace_entry* find(const std::string& op) const;
+
+  /// Chrome trace-event JSON (open in Perfetto or chrome://tracing): one
+  /// process per node, one thread per device, a span per entry; variables
+  /// read from another node appear as "transfer" spans.
+  std::string to_chrome_json() const;
 };
 
 /// A node of the session's graph (TF's Tensor / Operation handle).

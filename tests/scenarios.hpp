@@ -55,8 +55,9 @@ public:
 
 class embedded_under_test : public cluster_under_test {
 public:
-  explicit embedded_under_test(const std::map<std::string, int>& jobs) {
-    auto ec = embedded_cluster::start(jobs);
+  explicit embedded_under_test(const std::map<std::string, int>& jobs,
+                               node_options opts = embedded_cluster::defaults()) {
+    auto ec = embedded_cluster::start(jobs, opts);
     if (!ec)
       FAIL("embedded cluster failed to start: " << describe(ec.error()));
     cluster_ = std::move(*ec);
@@ -72,8 +73,8 @@ private:
 
 class processes_under_test : public cluster_under_test {
 public:
-  explicit processes_under_test(const std::map<std::string, int>& jobs) {
-    auto pc = process_cluster::start(jobs);
+  explicit processes_under_test(const std::map<std::string, int>& jobs, node_options opts = {}) {
+    auto pc = process_cluster::start(jobs, opts);
     if (!pc)
       FAIL(describe(pc.error()));
     procs_ = std::move(*pc);
