@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <cblas.h>
 
 #include "caf/all.hpp"
 
@@ -31,6 +32,7 @@
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "config/loopback.hpp"
+#include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 
 namespace {
@@ -277,7 +279,7 @@ int main(int argc, char** argv) {
   af::node_options opts;
   app.add_option("-m,--metric", only, "run this metric only")
     ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
-                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt"}));
+                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt", "gemm_2048_cpu"}));
   std::string transport = "data-plane";
   app.add_option("--transport", transport, "how sessions reach remote variables")
     ->check(CLI::IsMember({"data-plane", "basp"}));
@@ -430,6 +432,37 @@ int main(int argc, char** argv) {
       return std::cerr << "actorflow-bench: fan-in lost updates: " << total << " != " << expected
                        << std::endl, 1;
     report("fanin_8x4mib", median(ours), median(base), "MB/s");
+  }
+
+  if (wanted("gemm_2048_cpu")) {
+    // A 2048x2048 float32 matmul through a node's CPU executor actor (in this
+    // process: the operands are not copied), against cblas_sgemm called
+    // directly on the same data, alternating, median of each.
+    const int n = 2048;
+    auto local = ok(af::embedded_cluster::start({{"local", 1}}, opts), "embedded node");
+    std::vector<double> ours, base;
+    {
+      auto ls = ok(local->session_for("local", 0), "local session");
+      af::tensor a{af::dtype::float32, {n, n}}, b{af::dtype::float32, {n, n}};
+      af::kernels::fill_uniform(a, -1, 1, 1);
+      af::kernels::fill_uniform(b, -1, 1, 2);
+      auto product = ls.matmul(ls.constant(a), ls.constant(b));
+      af::tensor c{af::dtype::float32, {n, n}};
+      auto gflops = [&](auto&& f) {
+        auto t0 = clock_type::now();
+        f();
+        return 2.0 * n * n * n / 1e9 / std::chrono::duration<double>(clock_type::now() - t0).count();
+      };
+      ok(ls.run(product), "matmul"); // warm-up: OpenBLAS threads, buffers
+      for (int i = 0; i < reps; ++i) {
+        ours.push_back(gflops([&] { ok(ls.run(product), "matmul"); }));
+        base.push_back(gflops([&] {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n,
+                      b.data<float>(), n, 0.0f, c.mutable_data<float>(), n);
+        }));
+      }
+    }
+    report("gemm_2048_cpu", median(ours), median(base), "GFLOP/s");
   }
 
   if (wanted("local_read_rtt")) {
