@@ -10,116 +10,243 @@ namespace af {
 
 namespace {
 
+using self_ptr = executor_actor::stateful_pointer<executor_state>;
+using step_key = std::pair<uint64_t, uint64_t>;
+
+/// Requests from an executor to a variable actor.
+constexpr auto variable_timeout = std::chrono::seconds(30);
+constexpr size_t remembered_steps = 4096;
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
            std::chrono::steady_clock::now().time_since_epoch())
     .count();
 }
 
-/// Variable reads that a compute request waits for.
-constexpr auto operand_read_timeout = std::chrono::seconds(30);
+bool is_update(const std::string& op) {
+  return op == "assign" || op == "assign_add" || op == "assign_sub";
+}
 
-caf::expected<compute_result> run_op(executor_state& st, const compute_request& req,
-                                     const std::vector<tensor>& args) {
-  if (!kernels::known_op(req.op))
-    return make_error(af_error::invalid_argument,
-                      "op '" + req.name + "': unknown kind '" + req.op + "'");
+/// Runs one kernel op; a GPU backend that lacks it hands it to the CPU.
+caf::expected<tensor> compute(executor_state& st, const partition_op& op,
+                              const std::vector<tensor>& args, std::string& note) {
+  if (!kernels::known_op(op.op))
+    return make_error(af_error::invalid_argument, "op '" + op.name + "': unknown kind '" + op.op + "'");
   // Elementwise ops: typed errors for the mistakes a user makes most.
-  if (kernels::parse_binary_op(req.op) && args.size() == 2) {
+  if (kernels::parse_binary_op(op.op) && args.size() == 2) {
     if (args[0].type() != args[1].type())
       return make_error(af_error::dtype_mismatch,
-                        "op '" + req.name + "' (" + req.op + "): dtypes " + dtype_name(args[0].type())
+                        "op '" + op.name + "' (" + op.op + "): dtypes " + dtype_name(args[0].type())
                           + " and " + dtype_name(args[1].type()) + " differ");
     if (!kernels::broadcast_shapes(args[0].shape(), args[1].shape()))
       return make_error(af_error::shape_mismatch,
-                        "op '" + req.name + "' (" + req.op + "): shapes "
-                          + shape_string(args[0].shape()) + " and " + shape_string(args[1].shape())
-                          + " do not broadcast");
+                        "op '" + op.name + "' (" + op.op + "): shapes " + shape_string(args[0].shape())
+                          + " and " + shape_string(args[1].shape()) + " do not broadcast");
   }
-  compute_result res;
-  res.device = st.device;
-  res.start_ns = now_ns();
-  auto status = kernels::run_op(*st.backend, req.op, req.attrs, args, res.value);
+  tensor out;
+  auto status = kernels::run_op(*st.backend, op.op, op.attrs, args, out);
   if (!status.ok() && st.fallback && status.error.find("is not implemented on") != std::string::npos) {
-    res.note = status.error + "; ran on the node's CPU";
-    status = kernels::run_op(*st.fallback, req.op, req.attrs, args, res.value);
+    note = status.error + "; ran on the node's CPU";
+    status = kernels::run_op(*st.fallback, op.op, op.attrs, args, out);
   }
-  res.end_ns = now_ns();
   if (!status.ok()) {
     auto code = status.error.find("shape") != std::string::npos
                     || status.error.find("dimension") != std::string::npos
                   ? af_error::shape_mismatch
                   : af_error::invalid_argument;
-    return make_error(code, "op '" + req.name + "' (" + req.op + "): " + status.error);
+    return make_error(code, "op '" + op.name + "' (" + op.op + "): " + status.error);
   }
-  return res;
+  return out;
+}
+
+void remember_done(executor_state& st, step_key key) {
+  st.steps.erase(key);
+  if (st.done.insert(key).second) {
+    st.done_order.push_back(key);
+    if (st.done_order.size() > remembered_steps) {
+      st.done.erase(st.done_order.front());
+      st.done_order.pop_front();
+    }
+  }
+}
+
+void fail(self_ptr self, step_key key, caf::error err) {
+  auto it = self->state.steps.find(key);
+  if (it == self->state.steps.end())
+    return;
+  if (it->second.rp.pending())
+    it->second.rp.deliver(std::move(err));
+  remember_done(self->state, key);
+}
+
+void advance(self_ptr self, step_key key);
+
+/// An op's value is known: hand it to the partitions that need it and to the client.
+void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value, int64_t start,
+               std::string note) {
+  auto& s = self->state.steps.at(key);
+  for (const auto& consumer : op.consumers)
+    self->send(caf::actor_cast<executor_actor>(consumer), edge_atom::value, key.first, key.second,
+               op.id, value);
+  if (op.fetch)
+    s.result.fetched.push_back(feed{op.id, value});
+  s.result.timings.push_back(op_timing{op.id, start, now_ns(), std::move(note)});
+  s.values[op.id] = std::move(value);
+  ++s.next;
+}
+
+void advance(self_ptr self, step_key key) {
+  auto it = self->state.steps.find(key);
+  if (it == self->state.steps.end())
+    return;
+  auto& s = it->second;
+  if (s.part == nullptr || s.waiting)
+    return; // not started yet (an early edge), or waiting on a variable
+  const auto& ops = s.part->ops;
+  while (s.next < ops.size()) {
+    const auto& op = ops[s.next];
+    bool update = is_update(op.op);
+    std::vector<tensor> args;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const auto& in = op.inputs[i];
+      if (update && i == 0)
+        continue; // the variable being updated
+      switch (in.kind) {
+        case op_input::constant:
+          args.push_back(in.value);
+          break;
+        case op_input::variable: {
+          auto cached = s.var_reads.find(in.var_name);
+          if (cached != s.var_reads.end()) {
+            args.push_back(cached->second);
+            break;
+          }
+          // Read it (a variable of this node hands over its buffer), then resume.
+          s.waiting = true;
+          auto name = in.var_name;
+          self->request(in.var, variable_timeout, read_atom::value)
+            .then(
+              [self, key, name](tensor& value, uint64_t) {
+                auto i2 = self->state.steps.find(key);
+                if (i2 == self->state.steps.end())
+                  return;
+                i2->second.waiting = false;
+                i2->second.var_reads[name] = std::move(value);
+                advance(self, key);
+              },
+              [self, key, name](caf::error& err) {
+                if (err == caf::sec::request_timeout)
+                  err = make_error(af_error::timeout, "reading variable '" + name + "' timed out");
+                fail(self, key, std::move(err));
+              });
+          return;
+        }
+        default: { // local, remote, feed
+          auto v = s.values.find(in.op);
+          if (v == s.values.end()) {
+            if (in.kind == op_input::remote)
+              return; // its edge has not arrived yet
+            fail(self, key,
+                 make_error(af_error::invalid_argument,
+                            in.kind == op_input::feed
+                              ? "op '" + op.name + "' needs a placeholder that was not fed"
+                              : "op '" + op.name + "': an input is missing (a bug)"));
+            return;
+          }
+          args.push_back(v->second);
+        }
+      }
+    }
+    auto start = now_ns();
+    if (update) {
+      if (args.size() != 1 || !op.inputs[0].var) {
+        fail(self, key, make_error(af_error::invalid_argument, "op '" + op.name + "' updates no variable"));
+        return;
+      }
+      s.waiting = true;
+      auto on_value = [self, key, start, &op](tensor& value, uint64_t) {
+        auto i2 = self->state.steps.find(key);
+        if (i2 == self->state.steps.end())
+          return;
+        i2->second.waiting = false;
+        i2->second.var_reads.erase(op.inputs[0].var_name); // it changed
+        finish_op(self, key, op, std::move(value), start, {});
+        advance(self, key);
+      };
+      auto on_error = [self, key](caf::error& err) { fail(self, key, std::move(err)); };
+      const auto& var = op.inputs[0].var;
+      if (op.op == "assign")
+        self->request(var, variable_timeout, assign_atom::value, args[0], op.want_value)
+          .then(on_value, on_error);
+      else if (op.op == "assign_add")
+        self->request(var, variable_timeout, assign_add_atom::value, args[0], op.want_value)
+          .then(on_value, on_error);
+      else
+        self->request(var, variable_timeout, assign_sub_atom::value, args[0], op.want_value)
+          .then(on_value, on_error);
+      return;
+    }
+    std::string note;
+    auto out = compute(self->state, op, args, note);
+    if (!out) {
+      fail(self, key, std::move(out.error()));
+      return;
+    }
+    finish_op(self, key, op, std::move(*out), start, std::move(note));
+  }
+  s.result.device = self->state.device;
+  s.rp.deliver(std::move(s.result));
+  remember_done(self->state, key);
 }
 
 } // namespace
 
-executor_actor::behavior_type executor_impl(executor_actor::stateful_pointer<executor_state> self,
-                                            std::string device,
+executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
                                             std::shared_ptr<kernels::backend> backend,
                                             std::shared_ptr<kernels::backend> fallback) {
   self->state.device = std::move(device);
   self->state.backend = std::move(backend);
   self->state.fallback = std::move(fallback);
   return {
-    [self](compute_atom, compute_request& req) -> caf::result<compute_result> {
-      // Gather the operands: tensors are here, variables are read (a local one
-      // hands over its buffer; a remote one travels once, node to node).
-      struct pending {
-        compute_request req;
-        std::vector<tensor> args;
-        size_t missing = 0;
-        bool failed = false;
-        caf::typed_response_promise<compute_result> rp;
-      };
-      auto p = std::make_shared<pending>();
-      p->args.resize(req.inputs.size());
-      for (size_t i = 0; i < req.inputs.size(); ++i)
-        if (req.inputs[i].var)
-          ++p->missing;
+    [self](register_atom, partition& part) -> caf::ok_atom {
+      auto id = part.graph;
+      self->state.graphs[id] = std::move(part);
+      return caf::ok_atom::value;
+    },
+    [self](run_step_atom, uint64_t graph, uint64_t step,
+           std::vector<feed>& feeds) -> caf::result<step_result> {
+      auto g = self->state.graphs.find(graph);
+      if (g == self->state.graphs.end())
+        return make_error(af_error::not_found, "graph " + std::to_string(graph)
+                                                 + " was never registered on " + self->state.device);
+      step_key key{graph, step};
+      auto& s = self->state.steps[key];
+      s.part = &g->second;
+      for (auto& f : feeds)
+        s.values[f.op] = std::move(f.value);
+      s.rp = self->make_response_promise<step_result>();
+      auto rp = s.rp;
+      advance(self, key);
+      return rp;
+    },
+    [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value) {
+      step_key key{graph, step};
+      if (self->state.done.count(key))
+        return; // the step failed or was aborted meanwhile
+      self->state.steps[key].values[op] = std::move(value);
+      advance(self, key);
+    },
+    [self](abort_atom, uint64_t graph, uint64_t step) {
+      fail(self, {graph, step}, make_error(af_error::peer_down, "step aborted by the session"));
+      remember_done(self->state, {graph, step});
+    },
+    [self](forget_atom, uint64_t graph) {
+      for (auto it = self->state.steps.begin(); it != self->state.steps.end();)
+        if (it->first.first == graph)
+          it = self->state.steps.erase(it);
         else
-          p->args[i] = std::move(req.inputs[i].value);
-      if (p->missing == 0) {
-        auto res = run_op(self->state, req, p->args);
-        if (!res)
-          return std::move(res.error());
-        return std::move(*res);
-      }
-      p->rp = self->make_response_promise<compute_result>();
-      p->req = std::move(req);
-      for (size_t i = 0; i < p->req.inputs.size(); ++i) {
-        auto& in = p->req.inputs[i];
-        if (!in.var)
-          continue;
-        self->request(in.var, operand_read_timeout, read_atom::value)
-          .then(
-            [self, p, i](tensor& value, uint64_t) {
-              if (p->failed)
-                return;
-              p->args[i] = std::move(value);
-              if (--p->missing == 0) {
-                auto res = run_op(self->state, p->req, p->args);
-                if (res)
-                  p->rp.deliver(std::move(*res));
-                else
-                  p->rp.deliver(std::move(res.error()));
-              }
-            },
-            [p, i](caf::error& err) {
-              if (p->failed)
-                return;
-              p->failed = true;
-              if (err == caf::sec::request_timeout)
-                err = make_error(af_error::timeout,
-                                 "op '" + p->req.name + "': reading variable '"
-                                   + p->req.inputs[i].var_name + "' timed out");
-              p->rp.deliver(std::move(err));
-            });
-      }
-      return p->rp;
+          ++it;
+      self->state.graphs.erase(graph);
     },
   };
 }

@@ -1,10 +1,16 @@
 #pragma once
 /// Executor actors (interface: messages/executor.hpp): one per device of a node.
 
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <unordered_map>
 
 #include "caf/actor_system.hpp"
+#include "caf/typed_response_promise.hpp"
 
 #include "kernels/kernels.hpp"
 #include "messages/executor.hpp"
@@ -12,9 +18,26 @@
 namespace af {
 
 struct executor_state {
-  std::string device;                        ///< full device name
-  std::shared_ptr<kernels::backend> backend; ///< CPU or CUDA
+  std::string device;                         ///< full device name
+  std::shared_ptr<kernels::backend> backend;  ///< CPU or CUDA
   std::shared_ptr<kernels::backend> fallback; ///< the node's CPU, for ops a GPU lacks
+  std::unordered_map<uint64_t, partition> graphs;
+
+  /// One step of one graph, from its first edge or run_step to its reply.
+  struct step {
+    const partition* part = nullptr; ///< set by run_step
+    size_t next = 0;                 ///< the next op to run
+    bool waiting = false;            ///< a variable request is in flight
+    std::unordered_map<int32_t, tensor> values;       ///< results, edges, feeds
+    std::unordered_map<std::string, tensor> var_reads; ///< each variable read once a step
+    caf::typed_response_promise<step_result> rp;
+    step_result result;
+  };
+  std::map<std::pair<uint64_t, uint64_t>, step> steps;
+
+  /// Recently finished or aborted steps: late edges for them are dropped.
+  std::set<std::pair<uint64_t, uint64_t>> done;
+  std::deque<std::pair<uint64_t, uint64_t>> done_order;
 };
 
 executor_actor::behavior_type executor_impl(executor_actor::stateful_pointer<executor_state> self,

@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <atomic>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +32,7 @@ std::string task_name(const std::string& job, int32_t task) {
 }
 
 struct op_node {
-  enum kind_t { variable, constant, compute, update } kind = constant;
+  enum kind_t { variable, constant, compute, update, placeholder } kind = constant;
   std::string name;
   std::string op; ///< compute: a kernels::run_op name; update: assign/assign_add/assign_sub
   op_attrs attrs;
@@ -288,118 +290,314 @@ struct session::impl {
     return out;
   }
 
-  caf::expected<tensor> eval(int32_t id, std::map<int32_t, tensor>& memo, run_trace* trace,
-                             bool want_value = true);
+  /// Runs `outs` for one step; their values if `want_values`.
+  caf::expected<std::vector<tensor>> execute(const std::vector<output>& outs, bool want_values,
+                                             const std::vector<std::pair<output, tensor>>& feeds,
+                                             run_trace* trace);
+
+  /// A subgraph cut into partitions and registered with their executors.
+  struct registered_graph {
+    uint64_t id = 0;
+    std::vector<executor_actor> executors; ///< one per partition
+    std::vector<std::string> devices;      ///< each partition's full device
+    std::vector<std::string> nodes;        ///< each partition's node address
+    std::vector<std::string> notes;        ///< soft placement, per partition
+    std::map<int32_t, size_t> partition_of;
+    std::vector<std::vector<int32_t>> feeds; ///< placeholders each partition reads
+  };
+  std::map<std::string, registered_graph> graphs; ///< by signature
+  uint64_t next_step = 1;
+
+  caf::expected<registered_graph*> register_graph(const std::set<int32_t>& closure,
+                                                  const std::vector<int32_t>& roots,
+                                                  bool want_values);
+
+  /// The value an update op writes, when the client already has it.
+  caf::expected<tensor> direct_value(int32_t id, const std::map<int32_t, tensor>& fed);
+
+  void forget_graphs() {
+    for (auto& [sig, g] : graphs)
+      for (auto& e : g.executors)
+        caf::anon_send(e, forget_atom::value, g.id);
+    graphs.clear();
+  }
 };
 
-caf::expected<tensor> session::impl::eval(int32_t id, std::map<int32_t, tensor>& memo,
-                                          run_trace* trace, bool want_value) {
-  if (id < 0 || static_cast<size_t>(id) >= ops.size())
-    return make_error(af_error::invalid_argument,
-                      "fetch " + std::to_string(id) + " is not an op of this session's graph");
-  if (auto it = memo.find(id); it != memo.end())
-    return it->second;
-  auto& n = ops[static_cast<size_t>(id)];
-  trace_entry entry;
-  entry.op = n.name;
-  entry.requested = n.requested.to_string();
-  caf::error err;
-  tensor result;
+caf::expected<tensor> session::impl::direct_value(int32_t id, const std::map<int32_t, tensor>& fed) {
+  const auto& n = ops[static_cast<size_t>(id)];
   switch (n.kind) {
     case op_node::constant:
-      return memo[id] = n.value;
-    case op_node::variable: {
-      entry.kind = "read";
-      entry.device = n.spec.device;
-      entry.node = n.node_address;
-      entry.note = n.note;
-      entry.start_ns = now_ns();
-      auto value = variable_call(n, wire::kind::read, tensor{}, true);
-      entry.end_ns = now_ns();
-      if (!value)
-        return value;
-      result = std::move(*value);
-      break;
+      return n.value;
+    case op_node::placeholder: {
+      auto it = fed.find(id);
+      if (it == fed.end())
+        return make_error(af_error::invalid_argument,
+                          "placeholder '" + n.name + "' needs a value: pass it in run()'s feeds");
+      return it->second;
     }
-    case op_node::compute: {
-      auto p = place(n.requested, false);
-      if (!p)
-        return make_error(static_cast<af_error>(p.error().code()),
-                          "op '" + n.name + "': " + describe(p.error()));
-      auto exec = executor(*p);
+    default: // a variable
+      return variable_call(n, wire::kind::read, tensor{}, true);
+  }
+}
+
+caf::expected<session::impl::registered_graph*>
+session::impl::register_graph(const std::set<int32_t>& closure, const std::vector<int32_t>& roots,
+                              bool want_values) {
+  std::string signature = want_values ? "v" : "t";
+  for (auto r : roots)
+    signature += ":" + std::to_string(r);
+  if (auto it = graphs.find(signature); it != graphs.end())
+    return &it->second;
+  static std::atomic<uint64_t> counter{0};
+  registered_graph g;
+  g.id = (std::random_device{}() * uint64_t{0x9E3779B97F4A7C15}) ^ ++counter;
+  std::vector<partition> parts;
+  std::map<std::string, size_t> index; // node address + device -> partition
+  std::set<int32_t> root_set(roots.begin(), roots.end());
+  for (auto id : closure) { // ascending ids: a topological order
+    const auto& n = ops[static_cast<size_t>(id)];
+    placement p;
+    if (n.kind == op_node::update) {
+      // An update runs where its variable lives.
+      const auto& var = ops[static_cast<size_t>(n.inputs[0])];
+      auto dev = device_name::parse(var.spec.device);
+      auto conn = connect(*dev->job, *dev->task);
+      if (!conn)
+        return std::move(conn.error());
+      p.conn = *conn;
+      p.local = dev->local_device();
+      p.full = var.spec.device;
+    } else {
+      auto placed = place(n.requested, false);
+      if (!placed)
+        return make_error(static_cast<af_error>(placed.error().code()),
+                          "op '" + n.name + "': " + describe(placed.error()));
+      p = *placed;
+    }
+    auto key = p.conn->address + p.full;
+    auto [it, fresh] = index.emplace(key, parts.size());
+    if (fresh) {
+      auto exec = executor(p);
       if (!exec)
         return std::move(exec.error());
-      compute_request req;
-      req.op = n.op;
-      req.name = n.name;
-      req.attrs = n.attrs;
-      for (auto in : n.inputs) {
-        operand o;
-        if (auto v = var_node(output{in})) {
-          o.var = v->var; // the executor reads it, node to node
-          o.var_name = v->spec.name;
-        } else {
-          auto value = eval(in, memo, trace);
-          if (!value)
-            return value;
-          o.value = std::move(*value);
-        }
-        req.inputs.push_back(std::move(o));
-      }
-      entry.kind = n.op;
-      entry.note = p->note;
-      entry.node = p->conn->address;
-      entry.start_ns = now_ns();
-      self->request(*exec, opts.timeout, compute_atom::value, std::move(req))
-        .receive(
-          [&](compute_result& res) {
-            result = std::move(res.value);
-            entry.device = res.device;
-            if (!res.note.empty())
-              entry.note += (entry.note.empty() ? "" : "; ") + res.note;
-          },
-          [&](caf::error& e) { err = explain(std::move(e), "op '" + n.name + "'", p->conn); });
-      entry.end_ns = now_ns();
-      // Variables the executor read itself appear in the trace too, on their
-      // own device: that is where their bytes came from.
-      if (trace && !err)
-        for (auto in : n.inputs)
-          if (auto v = var_node(output{in})) {
-            // A variable on another node crossed the wire, node to node.
-            bool remote = v->node_address != p->conn->address;
-            auto note = remote ? "to " + entry.device + " @ " + p->conn->address : v->note;
-            trace->entries.push_back(trace_entry{v->spec.name, remote ? "transfer" : "read",
-                                                 v->requested.to_string(), v->spec.device,
-                                                 v->node_address, note, entry.start_ns,
-                                                 entry.end_ns});
-          }
-      break;
+      parts.emplace_back();
+      parts.back().graph = g.id;
+      g.executors.push_back(*exec);
+      g.devices.push_back(p.full);
+      g.nodes.push_back(p.conn->address);
+      g.notes.push_back(p.note);
+      g.feeds.emplace_back();
     }
-    case op_node::update: {
-      auto target = var_node(output{n.inputs[0]});
-      auto value = eval(n.inputs[1], memo, trace);
-      if (!value)
-        return value;
-      entry.kind = n.op;
-      entry.device = target->spec.device;
-      entry.node = target->node_address;
-      entry.note = target->note;
-      entry.start_ns = now_ns();
-      auto kind = n.op == "assign" ? wire::kind::assign
-                  : n.op == "assign_add" ? wire::kind::assign_add : wire::kind::assign_sub;
-      auto updated = variable_call(*target, kind, std::move(*value), want_value);
+    auto part = it->second;
+    g.partition_of[id] = part;
+    partition_op op;
+    op.id = id;
+    op.op = n.kind == op_node::update ? n.op : n.op;
+    op.name = n.name;
+    op.attrs = n.attrs;
+    op.fetch = want_values && root_set.count(id) > 0;
+    op.want_value = n.kind != op_node::update || op.fetch || root_set.count(id) == 0;
+    for (auto in : n.inputs) {
+      const auto& src = ops[static_cast<size_t>(in)];
+      op_input x;
+      x.op = in;
+      switch (src.kind) {
+        case op_node::variable:
+          x.kind = op_input::variable;
+          x.var = src.var;
+          x.var_name = src.spec.name;
+          break;
+        case op_node::constant:
+          x.kind = op_input::constant;
+          x.value = src.value;
+          break;
+        case op_node::placeholder:
+          x.kind = op_input::feed;
+          g.feeds[part].push_back(in);
+          break;
+        default: {
+          auto producer = g.partition_of.at(in);
+          if (producer == part) {
+            x.kind = op_input::local;
+          } else {
+            x.kind = op_input::remote;
+            // The producer sends its value here, executor to executor.
+            for (auto& pop : parts[producer].ops)
+              if (pop.id == in) {
+                auto consumer = caf::actor_cast<caf::actor>(g.executors[part]);
+                if (std::find(pop.consumers.begin(), pop.consumers.end(), consumer)
+                    == pop.consumers.end())
+                  pop.consumers.push_back(consumer);
+              }
+          }
+        }
+      }
+      op.inputs.push_back(std::move(x));
+    }
+    parts[part].ops.push_back(std::move(op));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    caf::error err;
+    self->request(g.executors[i], opts.timeout, register_atom::value, std::move(parts[i]))
+      .receive([](caf::ok_atom) {},
+               [&](caf::error& e) { err = explain(std::move(e), "registering a graph on " + g.devices[i], nullptr); });
+    if (err)
+      return err;
+  }
+  return &graphs.emplace(signature, std::move(g)).first->second;
+}
+
+caf::expected<std::vector<tensor>>
+session::impl::execute(const std::vector<output>& outs, bool want_values,
+                       const std::vector<std::pair<output, tensor>>& feeds, run_trace* trace) {
+  std::map<int32_t, tensor> fed;
+  for (const auto& [o, v] : feeds) {
+    if (!o.valid() || static_cast<size_t>(o.id) >= ops.size()
+        || ops[static_cast<size_t>(o.id)].kind != op_node::placeholder)
+      return make_error(af_error::invalid_argument, "a feed is not a placeholder of this graph");
+    fed[o.id] = v;
+  }
+  std::map<int32_t, tensor> results;
+  std::vector<int32_t> roots;
+  for (auto o : outs) {
+    if (!o.valid() || static_cast<size_t>(o.id) >= ops.size())
+      return make_error(af_error::invalid_argument,
+                        "run() got an invalid output (an assign to something that is not a "
+                        "variable of this session?)");
+    const auto& n = ops[static_cast<size_t>(o.id)];
+    if (results.count(o.id))
+      continue;
+    if (n.kind == op_node::constant || n.kind == op_node::placeholder
+        || (n.kind == op_node::variable && want_values)) {
+      trace_entry entry{n.name, "read", n.requested.to_string(), n.spec.device, n.node_address,
+                        n.note, now_ns(), 0};
+      auto v = direct_value(o.id, fed);
       entry.end_ns = now_ns();
-      if (!updated)
-        return updated;
-      result = std::move(*updated);
-      break;
+      if (!v)
+        return std::move(v.error());
+      if (trace && n.kind == op_node::variable)
+        trace->entries.push_back(std::move(entry));
+      results[o.id] = std::move(*v);
+      continue;
+    }
+    if (n.kind == op_node::variable)
+      continue; // a variable as a target does nothing
+    if (n.kind == op_node::update) {
+      auto src = ops[static_cast<size_t>(n.inputs[1])].kind;
+      if (src == op_node::constant || src == op_node::placeholder || src == op_node::variable) {
+        // The client has the value: straight to the variable (data plane).
+        auto value = direct_value(n.inputs[1], fed);
+        if (!value)
+          return std::move(value.error());
+        const auto& var = ops[static_cast<size_t>(n.inputs[0])];
+        auto kind = n.op == "assign" ? wire::kind::assign
+                    : n.op == "assign_add" ? wire::kind::assign_add : wire::kind::assign_sub;
+        trace_entry entry{n.name, n.op, var.requested.to_string(), var.spec.device,
+                          var.node_address, var.note, now_ns(), 0};
+        auto updated = variable_call(var, kind, std::move(*value), want_values);
+        entry.end_ns = now_ns();
+        if (!updated)
+          return std::move(updated.error());
+        if (trace)
+          trace->entries.push_back(std::move(entry));
+        results[o.id] = std::move(*updated);
+        continue;
+      }
+    }
+    roots.push_back(o.id);
+  }
+  if (!roots.empty()) {
+    // Everything the roots need, up to variables, constants and placeholders.
+    std::set<int32_t> closure;
+    std::vector<int32_t> todo = roots;
+    while (!todo.empty()) {
+      auto id = todo.back();
+      todo.pop_back();
+      const auto& n = ops[static_cast<size_t>(id)];
+      if ((n.kind != op_node::compute && n.kind != op_node::update) || !closure.insert(id).second)
+        continue;
+      for (auto in : n.inputs)
+        todo.push_back(in);
+    }
+    auto g = register_graph(closure, roots, want_values);
+    if (!g)
+      return std::move(g.error());
+    auto& graph = **g;
+    auto step = next_step++;
+    using handle = decltype(self->request(executor_actor{}, opts.timeout, run_step_atom::value,
+                                          uint64_t{}, uint64_t{}, std::vector<feed>{}));
+    std::vector<handle> pending;
+    for (size_t i = 0; i < graph.executors.size(); ++i) {
+      std::vector<feed> part_feeds;
+      for (auto id : graph.feeds[i]) {
+        auto it = fed.find(id);
+        if (it == fed.end()) {
+          for (auto& e : graph.executors)
+            caf::anon_send(e, abort_atom::value, graph.id, step);
+          return make_error(af_error::invalid_argument,
+                            "placeholder '" + ops[static_cast<size_t>(id)].name
+                              + "' needs a value: pass it in run()'s feeds");
+        }
+        part_feeds.push_back(feed{id, it->second});
+      }
+      pending.push_back(self->request(graph.executors[i], opts.timeout, run_step_atom::value,
+                                      graph.id, step, std::move(part_feeds)));
+    }
+    std::vector<step_result> step_results(pending.size());
+    caf::error first, aborted;
+    for (size_t i = 0; i < pending.size(); ++i)
+      pending[i].receive([&](step_result& r) { step_results[i] = std::move(r); },
+                         [&](caf::error& e) {
+                           if (!first && !aborted) // tell the others to stop waiting
+                             for (auto& ex : graph.executors)
+                               caf::anon_send(ex, abort_atom::value, graph.id, step);
+                           auto& slot = is(e, af_error::peer_down)
+                                            && describe(e).find("aborted") != std::string::npos
+                                          ? aborted : first;
+                           if (!slot)
+                             slot = explain(std::move(e), "step " + std::to_string(step) + " on "
+                                                            + graph.devices[i], nullptr);
+                         });
+    if (first || aborted)
+      return first ? first : aborted;
+    for (size_t i = 0; i < step_results.size(); ++i) {
+      for (auto& f : step_results[i].fetched)
+        results[f.op] = std::move(f.value);
+      if (!trace)
+        continue;
+      for (const auto& t : step_results[i].timings) {
+        const auto& n = ops[static_cast<size_t>(t.op)];
+        auto note = graph.notes[i];
+        if (!t.note.empty())
+          note += (note.empty() ? "" : "; ") + t.note;
+        trace->entries.push_back(trace_entry{n.name, n.op, n.requested.to_string(), graph.devices[i],
+                                             graph.nodes[i], note, t.start_ns, t.end_ns});
+        for (auto in : n.inputs) {
+          const auto& src = ops[static_cast<size_t>(in)];
+          if (src.kind == op_node::variable && !(n.kind == op_node::update && in == n.inputs[0])) {
+            // A variable on another node crossed the wire, node to node.
+            bool remote = src.node_address != graph.nodes[i];
+            trace->entries.push_back(trace_entry{
+              src.spec.name, remote ? "transfer" : "read", src.requested.to_string(),
+              src.spec.device, src.node_address,
+              remote ? "to " + graph.devices[i] + " @ " + graph.nodes[i] : src.note, t.start_ns,
+              t.end_ns});
+          } else if ((src.kind == op_node::compute || src.kind == op_node::update)
+                     && graph.partition_of.at(in) != i) {
+            auto from = graph.partition_of.at(in);
+            trace->entries.push_back(trace_entry{
+              src.name + " -> " + n.name, "transfer", "", graph.devices[i], graph.nodes[i],
+              "from " + graph.devices[from] + " @ " + graph.nodes[from], t.start_ns, t.start_ns});
+          }
+        }
+      }
     }
   }
-  if (err)
-    return err;
-  if (trace)
-    trace->entries.push_back(std::move(entry));
-  return memo[id] = std::move(result);
+  std::vector<tensor> out;
+  if (want_values)
+    for (auto o : outs)
+      out.push_back(results[o.id]);
+  return out;
 }
 
 // -- run_trace ---------------------------------------------------------------
@@ -485,8 +683,18 @@ session::session(std::unique_ptr<impl> ptr) : impl_(std::move(ptr)) {
 }
 
 session::session(session&&) noexcept = default;
-session& session::operator=(session&&) noexcept = default;
-session::~session() = default;
+session& session::operator=(session&& other) noexcept {
+  if (this != &other) {
+    if (impl_)
+      impl_->forget_graphs();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+session::~session() {
+  if (impl_)
+    impl_->forget_graphs();
+}
 
 caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
                                      const std::string& target, session_options opts) {
@@ -773,19 +981,13 @@ std::vector<std::string> session::operations() const {
 
 caf::expected<std::vector<tensor>> session::run(const std::vector<output>& fetches,
                                                 run_trace* trace) {
-  std::map<int32_t, tensor> memo;
-  std::vector<tensor> out;
-  for (auto f : fetches) {
-    if (!f.valid())
-      return make_error(af_error::invalid_argument,
-                        "run() got an invalid output (an assign to something that is not a "
-                        "variable of this session?)");
-    auto v = impl_->eval(f.id, memo, trace);
-    if (!v)
-      return std::move(v.error());
-    out.push_back(std::move(*v));
-  }
-  return out;
+  return impl_->execute(fetches, true, {}, trace);
+}
+
+caf::expected<std::vector<tensor>>
+session::run(const std::vector<output>& fetches,
+             const std::vector<std::pair<output, tensor>>& feeds, run_trace* trace) {
+  return impl_->execute(fetches, true, feeds, trace);
 }
 
 caf::expected<tensor> session::run(output fetch, run_trace* trace) {
@@ -796,15 +998,17 @@ caf::expected<tensor> session::run(output fetch, run_trace* trace) {
 }
 
 caf::error session::run_targets(const std::vector<output>& targets, run_trace* trace) {
-  std::map<int32_t, tensor> memo;
-  for (auto t : targets) {
-    if (!t.valid())
-      return make_error(af_error::invalid_argument, "run_targets() got an invalid output");
-    auto v = impl_->eval(t.id, memo, trace, false);
-    if (!v)
-      return std::move(v.error());
-  }
-  return caf::none;
+  auto v = impl_->execute(targets, false, {}, trace);
+  return v ? caf::none : std::move(v.error());
+}
+
+output session::placeholder(const std::string& name) {
+  op_node n;
+  n.kind = op_node::placeholder;
+  n.name = impl_->unique_name(name);
+  n.requested = impl_->current();
+  impl_->ops.push_back(std::move(n));
+  return output{static_cast<int32_t>(impl_->ops.size() - 1)};
 }
 
 caf::error session::initialize(const std::vector<output>& vars) {
@@ -933,6 +1137,10 @@ caf::error session::shutdown(const std::string& job, int32_t task) {
 std::string session::device_of(output var) const {
   auto n = impl_->var_node(var);
   return n ? n->spec.device : std::string{};
+}
+
+size_t session::registered_graphs() const {
+  return impl_->graphs.size();
 }
 
 variable_actor session::handle_of(output var) const {

@@ -17,6 +17,13 @@
 /// the node does not have (e.g. /gpu:0 on a CPU-only node) falls back to the
 /// node's CPU:0 when soft placement is on (the default), and the trace says so.
 ///
+/// Running: the ops a step needs are cut into one partition per device; each
+/// partition is registered with its device's executor once (per set of
+/// fetches), and each step then only sends "run step N" with the feeds.
+/// Values that cross partitions go executor to executor, never through the
+/// client. Reading a variable, and updating one with a value the client has,
+/// go straight to the variable (over the data plane when it is remote).
+///
 /// Every call that talks to the cluster is bounded by `session_options`'
 /// timeouts and returns an error naming what it waited for. A session is used
 /// by one thread at a time; it must be destroyed before its actor system.
@@ -132,6 +139,9 @@ public:
 
   output constant(tensor value, const std::string& name = "Const");
 
+  /// A value given at run time (tf.placeholder); run() takes it in its feeds.
+  output placeholder(const std::string& name = "Placeholder");
+
   /// Any kernel op by name (kernels::run_op), e.g. op("relu", {x}).
   output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
             const std::string& name = "");
@@ -177,6 +187,11 @@ public:
                                          run_trace* trace = nullptr);
   caf::expected<tensor> run(output fetch, run_trace* trace = nullptr);
 
+  /// With values for placeholders (TF's feed_dict).
+  caf::expected<std::vector<tensor>> run(const std::vector<output>& fetches,
+                                         const std::vector<std::pair<output, tensor>>& feeds,
+                                         run_trace* trace = nullptr);
+
   /// Runs `targets` for their effect and fetches nothing (TF's target ops):
   /// an assign of a large tensor does not send the value back.
   caf::error run_targets(const std::vector<output>& targets, run_trace* trace = nullptr);
@@ -208,6 +223,10 @@ public:
 
   /// The full device a variable lives on (after soft placement).
   std::string device_of(output var) const;
+
+  /// How many subgraphs this session registered with executors (one per
+  /// distinct set of fetches or targets).
+  size_t registered_graphs() const;
 
   /// The variable's actor, for talking to it directly (benchmarks, tools).
   variable_actor handle_of(output var) const;

@@ -19,5 +19,10 @@ using devices_atom = caf::atom_constant<caf::atom("devices")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using compute_atom = caf::atom_constant<caf::atom("compute")>;
 using executor_atom = caf::atom_constant<caf::atom("executor")>;
+using register_atom = caf::atom_constant<caf::atom("register")>;
+using run_step_atom = caf::atom_constant<caf::atom("run_step")>;
+using edge_atom = caf::atom_constant<caf::atom("edge")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using forget_atom = caf::atom_constant<caf::atom("forget")>;
 
 } // namespace af

@@ -1,15 +1,22 @@
 #pragma once
-/// The executor actor: one per device of a node; runs ops on that device.
+/// The executor actor: one per device of a node; runs a graph's partitions.
 ///
-/// Protocol:
-///   (compute, compute_request) -> (compute_result)
-///        Operands are tensors or variables. The executor reads variable
-///        operands itself, so a variable on the same node is used without a
-///        copy and a remote one travels once, node to node, not through the
-///        client. Errors: shape_mismatch / dtype_mismatch naming the op and
-///        both shapes, uninitialized naming the variable, invalid_argument for
-///        an op the executor does not know.
-
+/// Protocol (a session drives it; graphs are registered once, then run per step):
+///   (register, partition) -> (ok)
+///        keeps the partition (its ops, constants, variable handles and the
+///        executors that consume its outputs) under partition.graph.
+///   (run_step, uint64 graph, uint64 step, vector<feed>) -> (step_result)
+///        runs the partition's ops in order. A value another partition needs
+///        is sent there as (edge, graph, step, op, tensor), executor to
+///        executor, never through the client; values from elsewhere wait in an
+///        inbox until their op needs them. The reply carries the fetched
+///        values and each op's timing.
+///   (edge, uint64 graph, uint64 step, int32 op, tensor)     one-way
+///   (abort, uint64 graph, uint64 step)                      one-way: drop the step
+///   (forget, uint64 graph)                                  one-way: drop the graph
+/// Errors name the op: shape_mismatch / dtype_mismatch with both shapes,
+/// uninitialized naming the variable, invalid_argument for an unknown op,
+/// not_found for a graph that was never registered.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,58 +30,101 @@
 
 namespace af {
 
-/// A tensor, or a variable to read (when `var` is set).
-struct operand {
-  tensor value;
-  variable_actor var;
-  std::string var_name; ///< for errors
-};
-
-// A null actor handle does not survive CAF 0.17's deserializer (the whole
-// message arrives empty), so the handle travels only when there is one.
-caf::error inspect(caf::serializer& f, operand& x);
-caf::error inspect(caf::deserializer& f, operand& x);
-
-template <class Inspector>
-typename std::enable_if<!std::is_base_of<caf::serializer, Inspector>::value
-                          && !std::is_base_of<caf::deserializer, Inspector>::value,
-                        typename Inspector::result_type>::type
-inspect(Inspector& f, operand& x) {
-  return f(caf::meta::type_name("operand"), x.value, x.var, x.var_name);
-}
-
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, op_attrs& x) {
   return f(caf::meta::type_name("op_attrs"), x.transpose_a, x.transpose_b, x.all_axes, x.axis,
            x.keep_dims);
 }
 
-struct compute_request {
-  std::string op;      ///< a kernels::run_op name: "add", "matmul", "softmax_xent", ...
-  std::string name;    ///< the op's name in the graph, for errors and traces
-  std::vector<operand> inputs;
-  op_attrs attrs;
+/// Where an input of a partition's op comes from.
+struct op_input {
+  enum kind_t : uint8_t { local = 0, variable = 1, constant = 2, feed = 3, remote = 4 };
+  uint8_t kind = local;
+  int32_t op = -1;      ///< local, remote, feed: the producing op's graph id
+  variable_actor var;   ///< variable
+  std::string var_name; ///< variable, for errors and traces
+  tensor value;         ///< constant (shipped once, at registration)
 };
 
+caf::error inspect(caf::serializer& f, op_input& x);
+caf::error inspect(caf::deserializer& f, op_input& x);
+
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, compute_request& x) {
-  return f(caf::meta::type_name("compute_request"), x.op, x.name, x.inputs, x.attrs);
+typename std::enable_if<!std::is_base_of<caf::serializer, Inspector>::value
+                          && !std::is_base_of<caf::deserializer, Inspector>::value,
+                        typename Inspector::result_type>::type
+inspect(Inspector& f, op_input& x) {
+  return f(caf::meta::type_name("op_input"), x.kind, x.op, x.var, x.var_name, x.value);
 }
 
-struct compute_result {
-  tensor value;
-  std::string device;  ///< the executor's full device name
-  int64_t start_ns = 0; ///< steady clock of the executor's node
-  int64_t end_ns = 0;
-  std::string note;    ///< e.g. that a GPU executor ran the op on its CPU
+/// One op of a partition. `op` is a kernels::run_op name, or assign /
+/// assign_add / assign_sub (inputs: the variable, the value).
+struct partition_op {
+  int32_t id = -1;
+  std::string op;
+  std::string name;
+  op_attrs attrs;
+  std::vector<op_input> inputs;
+  std::vector<caf::actor> consumers; ///< executors of other partitions that need the value
+  bool fetch = false;                ///< send the value back to the client
+  bool want_value = true;            ///< updates: read the value back
 };
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, compute_result& x) {
-  return f(caf::meta::type_name("compute_result"), x.value, x.device, x.start_ns, x.end_ns, x.note);
+typename Inspector::result_type inspect(Inspector& f, partition_op& x) {
+  return f(caf::meta::type_name("partition_op"), x.id, x.op, x.name, x.attrs, x.inputs, x.consumers,
+           x.fetch, x.want_value);
+}
+
+struct partition {
+  uint64_t graph = 0;
+  std::vector<partition_op> ops; ///< in topological order
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, partition& x) {
+  return f(caf::meta::type_name("partition"), x.graph, x.ops);
+}
+
+struct feed {
+  int32_t op = -1; ///< the placeholder's graph id
+  tensor value;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, feed& x) {
+  return f(caf::meta::type_name("feed"), x.op, x.value);
+}
+
+/// What one op of a step did, for the trace.
+struct op_timing {
+  int32_t op = -1;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  std::string note;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, op_timing& x) {
+  return f(caf::meta::type_name("op_timing"), x.op, x.start_ns, x.end_ns, x.note);
+}
+
+struct step_result {
+  std::string device;           ///< the executor's full device name
+  std::vector<feed> fetched;    ///< (op id, value) of the fetched ops
+  std::vector<op_timing> timings;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_result& x) {
+  return f(caf::meta::type_name("step_result"), x.device, x.fetched, x.timings);
 }
 
 using executor_actor = caf::typed_actor<
-  caf::replies_to<compute_atom, compute_request>::with<compute_result>>;
+  caf::replies_to<register_atom, partition>::with<caf::ok_atom>,
+  caf::replies_to<run_step_atom, uint64_t, uint64_t, std::vector<feed>>::with<step_result>,
+  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor>,
+  caf::reacts_to<abort_atom, uint64_t, uint64_t>,
+  caf::reacts_to<forget_atom, uint64_t>>;
 
 } // namespace af

@@ -58,17 +58,22 @@ caf::error inspect(caf::deserializer& f, tensor& x) {
   return f.end_sequence();
 }
 
-caf::error inspect(caf::serializer& f, operand& x) {
+// A null actor handle does not survive CAF 0.17's deserializer (the whole
+// message arrives empty), so the handle travels only when there is one.
+caf::error inspect(caf::serializer& f, op_input& x) {
   uint8_t has_var = x.var ? 1 : 0;
-  if (auto err = f(x.value, x.var_name, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, has_var))
     return err;
   return has_var ? f(x.var) : caf::none;
 }
 
-caf::error inspect(caf::deserializer& f, operand& x) {
+caf::error inspect(caf::deserializer& f, op_input& x) {
   uint8_t has_var = 0;
-  if (auto err = f(x.value, x.var_name, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, has_var))
     return err;
+  if (x.kind > op_input::remote)
+    return make_error(af_error::invalid_argument,
+                      "received an op input of unknown kind " + std::to_string(x.kind));
   x.var = variable_actor{};
   return has_var ? f(x.var) : caf::none;
 }
@@ -79,10 +84,13 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<variable_spec>("af::variable_spec");
   cfg.add_message_type<variable_info>("af::variable_info");
   cfg.add_message_type<std::vector<variable_info>>("std::vector<af::variable_info>");
-  cfg.add_message_type<operand>("af::operand");
-  cfg.add_message_type<std::vector<operand>>("std::vector<af::operand>");
-  cfg.add_message_type<compute_request>("af::compute_request");
-  cfg.add_message_type<compute_result>("af::compute_result");
+  cfg.add_message_type<op_input>("af::op_input");
+  cfg.add_message_type<partition_op>("af::partition_op");
+  cfg.add_message_type<partition>("af::partition");
+  cfg.add_message_type<feed>("af::feed");
+  cfg.add_message_type<std::vector<feed>>("std::vector<af::feed>");
+  cfg.add_message_type<op_timing>("af::op_timing");
+  cfg.add_message_type<step_result>("af::step_result");
   cfg.add_message_type<node_info>("af::node_info");
   cfg.add_message_type<variable_actor>("af::variable_actor");
   cfg.add_message_type<executor_actor>("af::executor_actor");

@@ -127,12 +127,24 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
   REQUIRE(trace.find("layer2_split") != nullptr);
   CHECK(trace.find("layer1_split")->node == c.address("local", 0));
   CHECK(trace.find("layer2_split")->node == c.address("local", 1));
-  // w1 (task 0) is read by the backward matmul of layer 1 on task 0; w2
-  // (task 1) stays on task 1; the activations crossed between them.
-  bool transfer = false;
-  for (const auto& e : trace.entries)
-    transfer |= e.kind == "transfer";
-  CHECK_FALSE(transfer); // each variable is only used on its own node here
+  // The activations crossed from task 0 to task 1 (and their gradients
+  // back), executor to executor; each variable was read on its own node.
+  bool forward_edge = false, backward_edge = false;
+  for (const auto& e : trace.entries) {
+    if (e.kind != "transfer")
+      continue;
+    CHECK(e.op.find("w1_split") == std::string::npos);
+    CHECK(e.op.find("w2_split") == std::string::npos);
+    if (e.op.find("-> layer2_split") != std::string::npos) {
+      forward_edge = true;
+      CHECK(e.node == c.address("local", 1));
+      CHECK(e.note.find("task:0") != std::string::npos);
+    }
+    if (e.node == c.address("local", 0) && e.note.find("task:1") != std::string::npos)
+      backward_edge = true;
+  }
+  CHECK(forward_edge);
+  CHECK(backward_edge);
   // the trace exports as Chrome trace events
   auto json = nlohmann::json::parse(trace.to_chrome_json());
   size_t spans = 0;
@@ -170,4 +182,56 @@ TEST_CASE("a variable used by an op on another node shows as a transfer span", "
   for (const auto& ev : json["traceEvents"])
     found |= ev["ph"] == "X" && ev["cat"] == "transfer" && ev["name"] == "far";
   CHECK(found);
+}
+
+TEMPLATE_TEST_CASE("a step's partitions are registered once and then only run", "[compute][partitions]",
+                   CLUSTERS) {
+  TestType c{{{"local", 2}}};
+  auto s = c.connect("local", 0);
+  auto x = s.placeholder("x");
+  output y, z;
+  {
+    auto d = value_of(s.device("/job:local/task:1"));
+    y = s.op("square", {x}, {}, "on_task1");
+  }
+  z = s.add(y, s.constant(tensor::scalar(1)), "on_task0");
+  for (float v : {1.f, 2.f, 3.f}) {
+    auto got = value_of(s.run({z}, {{x, tensor::scalar(v)}}));
+    CHECK(got[0].at(0) == v * v + 1);
+  }
+  CHECK(s.registered_graphs() == 1);
+  value_of(s.run({y, z}, {{x, tensor::scalar(2)}}));
+  CHECK(s.registered_graphs() == 2);
+  // a placeholder nobody fed, and a feed that is not a placeholder
+  auto missing = s.run({z});
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("placeholder 'x' needs a value") != std::string::npos);
+  auto not_ph = s.run({z}, {{y, tensor::scalar(1)}});
+  REQUIRE_FALSE(not_ph);
+  CHECK(describe(not_ph.error()).find("not a placeholder") != std::string::npos);
+}
+
+TEMPLATE_TEST_CASE("a partition that fails stops the whole step with its own error, not a timeout",
+                   "[compute][partitions][errors]", CLUSTERS) {
+  TestType c{{{"local", 2}}};
+  session_options opts = c.defaults;
+  opts.timeout = std::chrono::seconds(20);
+  session s = c.connect("local", 0, opts);
+  auto a = s.placeholder("a"), b = s.placeholder("b");
+  output bad;
+  {
+    auto d = value_of(s.device("/job:local/task:1"));
+    bad = s.add(a, b, "mismatched"); // [2] + [3] fails on task 1
+  }
+  auto after = s.mul(bad, s.constant(tensor::scalar(2)), "waits_on_task0");
+  auto start = std::chrono::steady_clock::now();
+  auto r = s.run({after}, {{a, tensor::filled(dtype::float32, {2}, 1)}, {b, tensor::filled(dtype::float32, {3}, 1)}});
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::shape_mismatch));
+  CHECK(describe(r.error()).find("'mismatched'") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  // the next step with good feeds works
+  auto ok = value_of(s.run({after}, {{a, tensor::filled(dtype::float32, {2}, 1)},
+                                     {b, tensor::filled(dtype::float32, {2}, 2)}}));
+  CHECK(ok[0].values<float>() == std::vector<float>{6, 6});
 }
