@@ -127,6 +127,12 @@ int cuda_device_count(std::string* why = nullptr);
 /// (compiled out, no GPU, bad ordinal).
 std::unique_ptr<backend> make_cuda_backend(int ordinal, std::string* why);
 
+/// Benchmark baselines on GPU 0 (0 without one): cublasSgemm on device-
+/// resident n x n matrices in GFLOP/s, and a device-to-device copy of `bytes`
+/// in GB/s; the median of `reps`.
+double cuda_sgemm_gflops(int n, int reps);
+double cuda_copy_gbps(size_t bytes, int reps);
+
 /// Fills `t` (float32 or float64) from U[low, high) or N(mean, stddev),
 /// deterministically for a seed.
 status fill_uniform(tensor& t, double low, double high, uint64_t seed);

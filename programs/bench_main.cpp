@@ -279,7 +279,8 @@ int main(int argc, char** argv) {
   af::node_options opts;
   app.add_option("-m,--metric", only, "run this metric only")
     ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
-                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt", "gemm_2048_cpu"}));
+                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt", "gemm_2048_cpu",
+                           "gemm_4096_gpu", "elementwise_gpu"}));
   std::string transport = "data-plane";
   app.add_option("--transport", transport, "how sessions reach remote variables")
     ->check(CLI::IsMember({"data-plane", "basp"}));
@@ -463,6 +464,47 @@ int main(int argc, char** argv) {
       }
     }
     report("gemm_2048_cpu", median(ours), median(base), "GFLOP/s");
+  }
+
+  bool gpu_metrics = only.empty() || only == "gemm_4096_gpu" || only == "elementwise_gpu";
+  if (gpu_metrics && af::kernels::cuda_device_count() == 0) {
+    std::string why;
+    af::kernels::cuda_device_count(&why);
+    std::printf("# gemm_4096_gpu, elementwise_gpu: skipped (%s)\n", why.c_str());
+  } else if (gpu_metrics) {
+    // Through GPU 0's executor actor, in this process, against device-resident
+    // cuBLAS and a device-to-device copy of the same bytes. The executor stages
+    // operands host <-> device per op today: that cost is in the ratio.
+    auto local = ok(af::embedded_cluster::start({{"local", 1}}, opts), "embedded node");
+    auto ls = ok(local->session_for("local", 0), "local session");
+    auto gpu = ok(ls.device("/gpu:0"), "device");
+    auto time_of = [&](af::output out) {
+      ok(ls.run(out), "warm-up");
+      std::vector<double> s;
+      for (int i = 0; i < reps; ++i) {
+        auto t0 = clock_type::now();
+        ok(ls.run(out), "gpu op");
+        s.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      }
+      return median(s);
+    };
+    if (wanted("gemm_4096_gpu")) {
+      const int n = 4096;
+      af::tensor a{af::dtype::float32, {n, n}}, b{af::dtype::float32, {n, n}};
+      af::kernels::fill_uniform(a, -1, 1, 1);
+      af::kernels::fill_uniform(b, -1, 1, 2);
+      auto secs = time_of(ls.matmul(ls.constant(a), ls.constant(b)));
+      report("gemm_4096_gpu", 2.0 * n * n * n / 1e9 / secs, af::kernels::cuda_sgemm_gflops(n, reps),
+             "GFLOP/s");
+    }
+    if (wanted("elementwise_gpu")) {
+      const int64_t n = 16 << 20; // 64 MiB of float32 per operand
+      auto x = af::tensor::filled(af::dtype::float32, {n}, 1);
+      auto secs = time_of(ls.add(ls.constant(x), ls.constant(x)));
+      // bytes moved by the op: two inputs read, one output written
+      report("elementwise_gpu", 3.0 * x.nbytes() / 1e9 / secs,
+             af::kernels::cuda_copy_gbps(2 * x.nbytes(), reps) , "GB/s");
+    }
   }
 
   if (wanted("local_read_rtt")) {

@@ -8,34 +8,108 @@
 #include "kernels/kernels.hpp"
 
 using namespace af;
+using namespace af::kernels;
 
-TEST_CASE("CUDA elementwise kernels match the CPU backend", "[.][gpu]") {
+namespace {
+
+tensor random(shape_type shape, uint64_t seed, double lo, double hi, dtype type = dtype::float32) {
+  tensor t{type, std::move(shape)};
+  REQUIRE(fill_uniform(t, lo, hi, seed).ok());
+  return t;
+}
+
+void require_close(const tensor& got, const tensor& want, double atol, double rtol) {
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.type() == want.type());
+  size_t bad = 0;
+  for (size_t i = 0; i < want.num_elements(); ++i)
+    if (!(std::abs(got.at(i) - want.at(i)) <= atol + rtol * std::abs(want.at(i))))
+      ++bad;
+  CHECK(bad == 0);
+}
+
+std::unique_ptr<backend> gpu_backend() {
   std::string why;
-  auto gpu = kernels::make_cuda_backend(0, &why);
+  auto gpu = make_cuda_backend(0, &why);
   if (!gpu)
     FAIL("no CUDA backend: " << why);
-  auto cpu = kernels::make_cpu_backend();
-  const double atol = 1e-6, rtol = 1e-5;
-  for (int64_t n : {1, 7, 1000, 1 << 20}) {
-    tensor a{dtype::float32, {n}}, b{dtype::float32, {n}};
-    REQUIRE(kernels::fill_uniform(a, -2, 2, 1).ok());
-    REQUIRE(kernels::fill_uniform(b, 0.5, 3, 2).ok());
-    for (auto op : {kernels::binary_op::add, kernels::binary_op::sub, kernels::binary_op::mul,
-                    kernels::binary_op::div}) {
-      for (bool scalar_rhs : {false, true}) {
-        INFO("n=" << n << " op=" << kernels::to_string(op) << " scalar_rhs=" << scalar_rhs);
-        auto rhs = scalar_rhs ? tensor::scalar(1.5f) : b;
-        tensor want, got;
-        REQUIRE(cpu->binary(op, a, rhs, want).ok());
-        auto st = gpu->binary(op, a, rhs, got);
-        REQUIRE(st.ok());
-        REQUIRE(got.shape() == want.shape());
-        size_t bad = 0;
-        for (size_t i = 0; i < want.num_elements(); ++i)
-          if (std::abs(got.at(i) - want.at(i)) > atol + rtol * std::abs(want.at(i)))
-            ++bad;
-        CHECK(bad == 0);
-      }
+  return gpu;
+}
+
+} // namespace
+
+TEST_CASE("every CUDA op matches the CPU backend", "[.][gpu]") {
+  auto gpu = gpu_backend();
+  auto cpu = make_cpu_backend();
+  for (auto type : {dtype::float32, dtype::float64}) {
+    double atol = type == dtype::float32 ? 1e-5 : 1e-12, rtol = type == dtype::float32 ? 1e-4 : 1e-10;
+    auto x = random({64, 33}, 1, -2, 2, type), pos = random({64, 33}, 2, 0.1, 3, type);
+    auto row = random({33}, 3, 0.5, 2, type), col = random({64, 1}, 4, 0.5, 2, type);
+    auto a = random({130, 70}, 5, -1, 1, type), b = random({70, 90}, 6, -1, 1, type);
+    auto labels = tensor::from_values<int32_t>({64}, std::vector<int32_t>(64, 7));
+    op_attrs all, axis0, last_keep, ta, tb;
+    axis0.all_axes = false;
+    last_keep.all_axes = false;
+    last_keep.axis = -1;
+    last_keep.keep_dims = true;
+    ta.transpose_a = true;
+    tb.transpose_b = true;
+    struct op_case {
+      std::string op;
+      std::vector<tensor> in;
+      op_attrs attrs;
+    };
+    auto max_all = tensor{};
+    REQUIRE(cpu->reduce(reduce_op::max, all, x, max_all).ok());
+    std::vector<op_case> cases = {
+      {"add", {x, row}, {}}, {"sub", {x, col}, {}}, {"mul", {x, tensor::filled(type, {}, 3)}, {}},
+      {"div", {x, pos}, {}}, {"relu_grad", {pos, x}, {}}, {"sigmoid_grad", {x, pos}, {}},
+      {"tanh_grad", {x, pos}, {}}, {"neg", {x}, {}}, {"exp", {x}, {}}, {"log", {pos}, {}},
+      {"relu", {x}, {}}, {"sigmoid", {x}, {}}, {"tanh", {x}, {}}, {"square", {x}, {}},
+      {"sqrt", {pos}, {}}, {"matmul", {a, b}, {}}, {"matmul", {tensor{}, b}, ta},
+      {"sum", {x}, all}, {"mean", {x}, axis0}, {"max", {x}, last_keep},
+      {"sum_grad", {tensor::filled(type, {33}, 1.5), x}, axis0},
+      {"max_grad", {tensor::filled(type, {}, 2), x, max_all}, all},
+      {"sum_to", {x, row}, {}}, {"sum_to", {x, col}, {}},
+      {"softmax", {x}, {}}, {"log_softmax", {x}, {}}, {"softmax_grad", {x, pos}, {}},
+      {"log_softmax_grad", {x, pos}, {}}, {"softmax_xent", {x, labels}, {}},
+      {"softmax_xent_grad", {random({64}, 7, 0, 1, type), x, labels}, {}},
+    };
+    cases[16].in[0] = random({70, 130}, 8, -1, 1, type); // a^T for the transposed matmul
+    for (auto& c : cases) {
+      INFO(c.op << " " << dtype_name(type));
+      tensor want, got;
+      auto cs = run_op(*cpu, c.op, c.attrs, c.in, want);
+      REQUIRE(cs.ok());
+      auto gs = run_op(*gpu, c.op, c.attrs, c.in, got);
+      if (!gs.ok())
+        FAIL(gs.error);
+      require_close(got, want, atol * 10, rtol * 10);
     }
   }
+}
+
+TEST_CASE("CUDA optimizer updates match the CPU backend", "[.][gpu]") {
+  auto gpu = gpu_backend();
+  auto cpu = make_cpu_backend();
+  auto w0 = random({1000}, 1, -1, 1), g = random({1000}, 2, -1, 1);
+  auto wc = tensor::from_values<float>({1000}, w0.values<float>()), wg = wc;
+  wg.mutable_bytes(); // its own buffer
+  REQUIRE(cpu->apply_sgd(wc, g, 0.1).ok());
+  REQUIRE(gpu->apply_sgd(wg, g, 0.1).ok());
+  require_close(wg, wc, 1e-6, 1e-5);
+  auto ac = tensor::filled(dtype::float32, {1000}, 0), ag = ac;
+  ag.mutable_bytes();
+  REQUIRE(cpu->apply_momentum(wc, ac, g, 0.1, 0.9).ok());
+  REQUIRE(gpu->apply_momentum(wg, ag, g, 0.1, 0.9).ok());
+  require_close(wg, wc, 1e-6, 1e-5);
+  require_close(ag, ac, 1e-6, 1e-5);
+  auto mc = tensor::filled(dtype::float32, {1000}, 0), vc = mc, mg = mc, vg = mc;
+  for (auto* t : {&vc, &mg, &vg})
+    t->mutable_bytes();
+  for (int64_t step = 1; step <= 3; ++step) {
+    REQUIRE(cpu->apply_adam(wc, mc, vc, g, 0.01, 0.9, 0.999, 1e-8, step).ok());
+    REQUIRE(gpu->apply_adam(wg, mg, vg, g, 0.01, 0.9, 0.999, 1e-8, step).ok());
+  }
+  require_close(wg, wc, 1e-6, 1e-4);
 }

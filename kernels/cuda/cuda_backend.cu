@@ -1,10 +1,20 @@
-// CUDA backend: elementwise kernels on one GPU, one stream per backend.
-// CUDA types stay in this file; kernels.hpp is the only interface.
+// CUDA backend: every op of kernels.hpp on one GPU, with one stream, one
+// cuBLAS handle and a caching device-memory pool per device. CUDA types stay
+// in this file; kernels.hpp is the only interface. The CPU backend
+// (kernels/cpu/cpu_kernels.cpp) is the reference: tests/test_gpu.cpp compares
+// every op against it. Inputs are staged host -> device and results device ->
+// host per op; keeping a step's tensors on the device is future work.
 #include "kernels/kernels.hpp"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace af::kernels {
 
@@ -18,24 +28,202 @@ namespace {
                              + cudaGetErrorString(af_err_));                   \
   } while (false)
 
-// CPU reference: cpu_kernels.cpp's run_binary; this is its GPU twin.
-__global__ void binary_kernel(int op, const float* a, const float* b, float* out,
-                              size_t n, int a_scalar, int b_scalar) {
-  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (; i < n; i += stride) {
-    float x = a[a_scalar ? 0 : i];
-    float y = b[b_scalar ? 0 : i];
-    float r = 0;
+#define AF_CUBLAS_CHECK(expr)                                                  \
+  do {                                                                         \
+    cublasStatus_t af_st_ = (expr);                                            \
+    if (af_st_ != CUBLAS_STATUS_SUCCESS)                                       \
+      return status::failure(std::string{#expr} + " failed: cuBLAS status "   \
+                             + std::to_string(static_cast<int>(af_st_)));      \
+  } while (false)
+
+#define AF_TRY(expr)                                                           \
+  do {                                                                         \
+    if (auto af_s_ = (expr); !af_s_.ok())                                      \
+      return af_s_;                                                            \
+  } while (false)
+
+constexpr int threads_per_block = 256;
+
+int blocks_for(size_t n) {
+  return static_cast<int>(std::min<size_t>((n + threads_per_block - 1) / threads_per_block, 65535));
+}
+
+#define GRID_LOOP(i, n)                                                        \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+constexpr int max_rank = 8;
+
+/// Broadcast strides of an input seen through the output's shape.
+struct strides8 {
+  int rank;
+  long long out_dims[max_rank];
+  long long a[max_rank];
+  long long b[max_rank];
+};
+
+// -- kernels: each the GPU twin of a loop in cpu_kernels.cpp -------------------
+
+template <class T>
+__device__ T apply_binary(int op, T x, T y) {
+  switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    case 3: return x / y;
+    case 4: return y > T(0) ? x : T(0);        // relu_grad (dy, x)
+    case 5: return x * y * (T(1) - y);         // sigmoid_grad (dy, y)
+    default: return x * (T(1) - y * y);        // tanh_grad (dy, y)
+  }
+}
+
+template <class T>
+__global__ void binary_kernel(int op, const T* a, const T* b, T* out, size_t n, strides8 s) {
+  GRID_LOOP(i, n) {
+    size_t rest = i, ia = 0, ib = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      size_t idx = rest % s.out_dims[d];
+      rest /= s.out_dims[d];
+      ia += idx * s.a[d];
+      ib += idx * s.b[d];
+    }
+    out[i] = apply_binary(op, a[ia], b[ib]);
+  }
+}
+
+template <class T>
+__global__ void unary_kernel(int op, const T* x, T* out, size_t n) {
+  GRID_LOOP(i, n) {
+    T v = x[i];
+    T r;
     switch (op) {
-      case 0: r = x + y; break;
-      case 1: r = x - y; break;
-      case 2: r = x * y; break;
-      default: r = x / y; break;
+      case 0: r = -v; break;
+      case 1: r = exp(v); break;
+      case 2: r = log(v); break;
+      case 3: r = v > T(0) ? v : T(0); break;
+      case 4: r = T(1) / (T(1) + exp(-v)); break;
+      case 5: r = tanh(v); break;
+      case 6: r = v * v; break;
+      default: r = sqrt(v); break;
     }
     out[i] = r;
   }
 }
+
+template <class T>
+__global__ void reduce_kernel(int op, const T* x, T* out, size_t outer, size_t len, size_t inner) {
+  GRID_LOOP(i, outer * inner) {
+    size_t a = i / inner, c = i % inner;
+    double acc = op == 2 ? -1.0 / 0.0 : 0.0;
+    for (size_t r = 0; r < len; ++r) {
+      double v = x[(a * len + r) * inner + c];
+      acc = op == 2 ? (v > acc ? v : acc) : acc + v;
+    }
+    if (op == 1)
+      acc = len == 0 ? 0.0 / 0.0 : acc / static_cast<double>(len);
+    out[i] = static_cast<T>(acc);
+  }
+}
+
+template <class T>
+__global__ void reduce_grad_kernel(int op, const T* dy, const T* x, const T* y, T* out,
+                                   size_t outer, size_t len, size_t inner) {
+  GRID_LOOP(i, outer * len * inner) {
+    size_t c = i % inner, a = i / (len * inner);
+    T g = dy[a * inner + c];
+    if (op == 2)
+      out[i] = x[i] == y[a * inner + c] ? g : T(0);
+    else
+      out[i] = op == 1 ? g / static_cast<T>(len) : g;
+  }
+}
+
+template <class T>
+__global__ void sum_to_kernel(const T* dy, T* out, size_t n, strides8 s) {
+  GRID_LOOP(i, n) {
+    size_t rest = i, target = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      size_t idx = rest % s.out_dims[d];
+      rest /= s.out_dims[d];
+      target += idx * s.a[d];
+    }
+    atomicAdd(out + target, dy[i]);
+  }
+}
+
+template <class T>
+__global__ void softmax_kernel(const T* logits, T* out, size_t rows, size_t classes, int log) {
+  GRID_LOOP(r, rows) {
+    const T* in = logits + r * classes;
+    T* o = out + r * classes;
+    T mx = in[0];
+    for (size_t c = 1; c < classes; ++c)
+      mx = in[c] > mx ? in[c] : mx;
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c)
+      sum += exp(static_cast<double>(in[c] - mx));
+    for (size_t c = 0; c < classes; ++c)
+      o[c] = log ? static_cast<T>(in[c] - mx - ::log(sum))
+                 : static_cast<T>(exp(static_cast<double>(in[c] - mx)) / sum);
+  }
+}
+
+template <class T>
+__global__ void softmax_grad_kernel(const T* dy, const T* y, T* out, size_t rows, size_t classes,
+                                    int log) {
+  GRID_LOOP(r, rows) {
+    const T* g = dy + r * classes;
+    const T* yy = y + r * classes;
+    T* o = out + r * classes;
+    double acc = 0;
+    for (size_t c = 0; c < classes; ++c)
+      acc += log ? g[c] : g[c] * yy[c];
+    for (size_t c = 0; c < classes; ++c)
+      o[c] = log ? static_cast<T>(g[c] - exp(static_cast<double>(yy[c])) * acc)
+                 : static_cast<T>(yy[c] * (g[c] - acc));
+  }
+}
+
+/// Labels arrive as int64 (converted on the host).
+template <class T>
+__global__ void xent_kernel(const T* logits, const long long* labels, const T* dy, T* loss,
+                            T* grad, size_t rows, size_t classes) {
+  GRID_LOOP(r, rows) {
+    const T* in = logits + r * classes;
+    T mx = in[0];
+    for (size_t c = 1; c < classes; ++c)
+      mx = in[c] > mx ? in[c] : mx;
+    double sum = 0;
+    for (size_t c = 0; c < classes; ++c)
+      sum += exp(static_cast<double>(in[c] - mx));
+    auto label = static_cast<size_t>(labels[r]);
+    if (loss != nullptr)
+      loss[r] = static_cast<T>(::log(sum) - static_cast<double>(in[label] - mx));
+    if (grad != nullptr)
+      for (size_t c = 0; c < classes; ++c)
+        grad[r * classes + c] = static_cast<T>(
+          dy[r] * (exp(static_cast<double>(in[c] - mx)) / sum - (c == label ? 1.0 : 0.0)));
+  }
+}
+
+template <class T>
+__global__ void optimizer_kernel(int kind, T* w, T* m, T* v, const T* g, size_t n, double lr,
+                                 double b1, double b2, double eps) {
+  GRID_LOOP(i, n) {
+    if (kind == 0) {
+      w[i] -= static_cast<T>(lr) * g[i];
+    } else if (kind == 1) {
+      m[i] = static_cast<T>(b1) * m[i] + g[i];
+      w[i] -= static_cast<T>(lr) * m[i];
+    } else { // adam, lr already bias-corrected
+      m[i] = static_cast<T>(b1 * m[i] + (1 - b1) * g[i]);
+      v[i] = static_cast<T>(b2 * v[i] + (1 - b2) * g[i] * g[i]);
+      w[i] -= static_cast<T>(lr * m[i] / (sqrt(static_cast<double>(v[i])) + eps));
+    }
+  }
+}
+
+// -- the backend ------------------------------------------------------------------
 
 class cuda_backend : public backend {
 public:
@@ -44,15 +232,23 @@ public:
   }
 
   ~cuda_backend() override {
-    if (stream_ != nullptr) {
-      cudaSetDevice(ordinal_);
+    cudaSetDevice(ordinal_);
+    if (stream_ != nullptr)
+      cudaStreamSynchronize(stream_);
+    for (auto& [bytes, list] : pool_)
+      for (void* p : list)
+        cudaFree(p);
+    if (blas_ != nullptr)
+      cublasDestroy(blas_);
+    if (stream_ != nullptr)
       cudaStreamDestroy(stream_);
-    }
   }
 
   status init() {
     AF_CUDA_CHECK(cudaSetDevice(ordinal_));
     AF_CUDA_CHECK(cudaStreamCreate(&stream_));
+    AF_CUBLAS_CHECK(cublasCreate(&blas_));
+    AF_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     return status::success();
   }
 
@@ -61,52 +257,366 @@ public:
   }
 
   status binary(binary_op op, const tensor& a, const tensor& b, tensor& out) override {
-    if (a.type() != dtype::float32 || b.type() != dtype::float32)
-      return status::failure("the CUDA elementwise kernels take float32 only");
-    bool a_scalar = a.num_elements() == 1 && b.num_elements() != 1;
-    bool b_scalar = b.num_elements() == 1;
-    if (a.shape() != b.shape() && !a_scalar && !b_scalar)
-      return status::failure("the CUDA elementwise kernels broadcast scalars only: "
-                             + shape_string(a.shape()) + " vs " + shape_string(b.shape()));
-    tensor result{dtype::float32, a_scalar ? b.shape() : a.shape()};
-    size_t n = result.num_elements();
-    if (n == 0) {
-      out = std::move(result);
-      return status::success();
-    }
-    float *da = nullptr, *db = nullptr, *dout = nullptr;
-    AF_CUDA_CHECK(cudaSetDevice(ordinal_));
-    AF_CUDA_CHECK(cudaMallocAsync(&da, a.nbytes(), stream_));
-    AF_CUDA_CHECK(cudaMallocAsync(&db, b.nbytes(), stream_));
-    AF_CUDA_CHECK(cudaMallocAsync(&dout, result.nbytes(), stream_));
-    AF_CUDA_CHECK(cudaMemcpyAsync(da, a.bytes(), a.nbytes(), cudaMemcpyHostToDevice, stream_));
-    AF_CUDA_CHECK(cudaMemcpyAsync(db, b.bytes(), b.nbytes(), cudaMemcpyHostToDevice, stream_));
-    int threads = 256;
-    int blocks = static_cast<int>(std::min<size_t>((n + threads - 1) / threads, 65535));
-    binary_kernel<<<blocks, threads, 0, stream_>>>(static_cast<int>(op), da, db, dout, n,
-                                                   a_scalar, b_scalar);
-    AF_CUDA_CHECK(cudaGetLastError());
-    AF_CUDA_CHECK(cudaMemcpyAsync(result.mutable_bytes(), dout, result.nbytes(),
-                                  cudaMemcpyDeviceToHost, stream_));
-    AF_CUDA_CHECK(cudaFreeAsync(da, stream_));
-    AF_CUDA_CHECK(cudaFreeAsync(db, stream_));
-    AF_CUDA_CHECK(cudaFreeAsync(dout, stream_));
-    AF_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    out = std::move(result);
-    return status::success();
+    AF_TRY(need_float(a, to_string(op)));
+    if (a.type() != b.type())
+      return status::failure(std::string{to_string(op)} + ": dtypes differ");
+    auto shape = broadcast_shapes(a.shape(), b.shape());
+    if (!shape || shape->size() > max_rank)
+      return status::failure(std::string{to_string(op)} + ": shapes " + shape_string(a.shape())
+                             + " and " + shape_string(b.shape()) + " do not broadcast");
+    strides8 s{};
+    s.rank = static_cast<int>(shape->size());
+    fill_strides(a.shape(), *shape, s.a);
+    fill_strides(b.shape(), *shape, s.b);
+    for (int d = 0; d < s.rank; ++d)
+      s.out_dims[d] = (*shape)[d];
+    tensor result{a.type(), *shape};
+    return launch(result, {&a, &b}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      binary_kernel<T><<<blocks_for(result.num_elements()), threads_per_block, 0, stream_>>>(
+        static_cast<int>(op), static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
+        static_cast<T*>(o), result.num_elements(), s);
+    }, out);
   }
 
   status binary_inplace(binary_op op, tensor& a, const tensor& b) override {
     tensor out;
-    auto st = binary(op, a, b, out);
-    if (st.ok())
-      a = std::move(out);
-    return st;
+    AF_TRY(binary(op, a, b, out));
+    if (out.shape() != a.shape())
+      return status::failure("cannot update " + shape_string(a.shape()) + " in place with "
+                             + shape_string(b.shape()));
+    a = std::move(out);
+    return status::success();
+  }
+
+  status unary(unary_op op, const tensor& x, tensor& out) override {
+    AF_TRY(need_float(x, to_string(op)));
+    tensor result{x.type(), x.shape()};
+    return launch(result, {&x}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      unary_kernel<T><<<blocks_for(x.num_elements()), threads_per_block, 0, stream_>>>(
+        static_cast<int>(op), static_cast<const T*>(in[0]), static_cast<T*>(o), x.num_elements());
+    }, out);
+  }
+
+  status matmul(const tensor& a, const tensor& b, bool ta, bool tb, tensor& out) override {
+    AF_TRY(need_float(a, "matmul"));
+    if (a.type() != b.type() || a.shape().size() != 2 || b.shape().size() != 2)
+      return status::failure("matmul takes two 2-D tensors of one dtype");
+    int m = static_cast<int>(a.shape()[ta ? 1 : 0]), k = static_cast<int>(a.shape()[ta ? 0 : 1]);
+    int k2 = static_cast<int>(b.shape()[tb ? 1 : 0]), n = static_cast<int>(b.shape()[tb ? 0 : 1]);
+    if (k != k2)
+      return status::failure("matmul: inner dimensions differ: " + shape_string(a.shape()) + " x "
+                             + shape_string(b.shape()));
+    tensor result{a.type(), {m, n}};
+    int lda = static_cast<int>(a.shape()[1]), ldb = static_cast<int>(b.shape()[1]);
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    auto opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    status blas = status::success();
+    auto st = launch(result, {&a, &b}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      T one = 1, nil = 0;
+      cublasStatus_t rc;
+      if constexpr (std::is_same<T, float>::value)
+        rc = cublasSgemm(blas_, opb, opa, n, m, k, &one, static_cast<const T*>(in[1]), ldb,
+                         static_cast<const T*>(in[0]), lda, &nil, static_cast<T*>(o), n);
+      else
+        rc = cublasDgemm(blas_, opb, opa, n, m, k, &one, static_cast<const T*>(in[1]), ldb,
+                         static_cast<const T*>(in[0]), lda, &nil, static_cast<T*>(o), n);
+      if (rc != CUBLAS_STATUS_SUCCESS)
+        blas = status::failure("cuBLAS gemm failed with status " + std::to_string(static_cast<int>(rc)));
+    }, out);
+    return blas.ok() ? st : blas;
+  }
+
+  status reduce(reduce_op op, const op_attrs& attrs, const tensor& x, tensor& out) override {
+    AF_TRY(need_float(x, "reduce"));
+    shape_type shape;
+    AF_TRY(reduced_shape(x.shape(), attrs, shape));
+    auto [outer, len, inner] = split(x.shape(), attrs);
+    tensor result{x.type(), shape};
+    return launch(result, {&x}, [&, outer = outer, len = len, inner = inner](
+                                  auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      reduce_kernel<T><<<blocks_for(outer * inner), threads_per_block, 0, stream_>>>(
+        static_cast<int>(op), static_cast<const T*>(in[0]), static_cast<T*>(o), outer, len, inner);
+    }, out);
+  }
+
+  status reduce_grad(reduce_op op, const op_attrs& attrs, const tensor& dy, const tensor& x,
+                     const tensor& y, tensor& out) override {
+    AF_TRY(need_float(x, "reduce gradient"));
+    auto [outer, len, inner] = split(x.shape(), attrs);
+    tensor result{x.type(), x.shape()};
+    const tensor& yy = op == reduce_op::max ? y : dy; // y is unused otherwise
+    return launch(result, {&dy, &x, &yy}, [&, outer = outer, len = len, inner = inner](
+                                            auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      reduce_grad_kernel<T><<<blocks_for(x.num_elements()), threads_per_block, 0, stream_>>>(
+        static_cast<int>(op), static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
+        static_cast<const T*>(in[2]), static_cast<T*>(o), outer, len, inner);
+    }, out);
+  }
+
+  status sum_to(const tensor& dy, const tensor& like, tensor& out) override {
+    if (dy.shape() == like.shape()) {
+      out = dy;
+      return status::success();
+    }
+    AF_TRY(need_float(dy, "sum_to"));
+    auto b = broadcast_shapes(like.shape(), dy.shape());
+    if (!b || *b != dy.shape() || dy.shape().size() > max_rank)
+      return status::failure("sum_to: " + shape_string(dy.shape()) + " is not a broadcast of "
+                             + shape_string(like.shape()));
+    strides8 s{};
+    s.rank = static_cast<int>(dy.shape().size());
+    fill_strides(like.shape(), dy.shape(), s.a);
+    for (int d = 0; d < s.rank; ++d)
+      s.out_dims[d] = dy.shape()[d];
+    tensor result = tensor::filled(dy.type(), like.shape(), 0);
+    return launch(result, {&dy}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      sum_to_kernel<T><<<blocks_for(dy.num_elements()), threads_per_block, 0, stream_>>>(
+        static_cast<const T*>(in[0]), static_cast<T*>(o), dy.num_elements(), s);
+    }, out, /*upload_output=*/true);
+  }
+
+  status softmax(const tensor& logits, bool log, tensor& out) override {
+    AF_TRY(need_float(logits, "softmax"));
+    if (logits.shape().empty())
+      return status::failure("softmax needs at least one dimension");
+    size_t classes = static_cast<size_t>(logits.shape().back());
+    size_t rows = classes == 0 ? 0 : logits.num_elements() / classes;
+    tensor result{logits.type(), logits.shape()};
+    return launch(result, {&logits}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      softmax_kernel<T><<<blocks_for(rows), threads_per_block, 0, stream_>>>(
+        static_cast<const T*>(in[0]), static_cast<T*>(o), rows, classes, log ? 1 : 0);
+    }, out);
+  }
+
+  status softmax_grad(const tensor& dy, const tensor& y, bool log, tensor& out) override {
+    AF_TRY(need_float(y, "softmax gradient"));
+    if (dy.shape() != y.shape() || y.shape().empty())
+      return status::failure("softmax gradient: dy and y must match");
+    size_t classes = static_cast<size_t>(y.shape().back());
+    size_t rows = classes == 0 ? 0 : y.num_elements() / classes;
+    tensor result{y.type(), y.shape()};
+    return launch(result, {&dy, &y}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      softmax_grad_kernel<T><<<blocks_for(rows), threads_per_block, 0, stream_>>>(
+        static_cast<const T*>(in[0]), static_cast<const T*>(in[1]), static_cast<T*>(o), rows,
+        classes, log ? 1 : 0);
+    }, out);
+  }
+
+  status softmax_xent(const tensor& logits, const tensor& labels, tensor& loss) override {
+    return xent(logits, labels, nullptr, &loss, nullptr);
+  }
+
+  status softmax_xent_grad(const tensor& dy, const tensor& logits, const tensor& labels,
+                           tensor& out) override {
+    return xent(logits, labels, &dy, nullptr, &out);
+  }
+
+  status apply_sgd(tensor& var, const tensor& grad, double lr) override {
+    return optimize(0, var, nullptr, nullptr, grad, lr, 0, 0, 0);
+  }
+
+  status apply_momentum(tensor& var, tensor& accum, const tensor& grad, double lr,
+                        double momentum) override {
+    return optimize(1, var, &accum, nullptr, grad, lr, momentum, 0, 0);
+  }
+
+  status apply_adam(tensor& var, tensor& m, tensor& v, const tensor& grad, double lr, double beta1,
+                    double beta2, double epsilon, int64_t t) override {
+    if (t < 1)
+      return status::failure("adam: the step count starts at 1, got " + std::to_string(t));
+    double lr_t = lr * std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t));
+    return optimize(2, var, &m, &v, grad, lr_t, beta1, beta2, epsilon);
   }
 
 private:
+  static status need_float(const tensor& x, const std::string& what) {
+    if (x.type() != dtype::float32 && x.type() != dtype::float64)
+      return status::failure(what + " takes float32 or float64, got " + dtype_name(x.type()));
+    return status::success();
+  }
+
+  static void fill_strides(const shape_type& in, const shape_type& out, long long* strides) {
+    size_t stride = 1;
+    for (size_t d = 0; d < out.size(); ++d)
+      strides[d] = 0;
+    for (size_t k = 0; k < in.size(); ++k) {
+      size_t din = in.size() - 1 - k, dout = out.size() - 1 - k;
+      strides[dout] = in[din] == 1 ? 0 : static_cast<long long>(stride);
+      stride *= static_cast<size_t>(in[din]);
+    }
+  }
+
+  static std::tuple<size_t, size_t, size_t> split(const shape_type& shape, const op_attrs& attrs) {
+    if (attrs.all_axes)
+      return {1, static_cast<size_t>(num_elements(shape)), 1};
+    auto rank = static_cast<int32_t>(shape.size());
+    auto axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
+    size_t outer = 1, inner = 1;
+    for (size_t d = 0; d < axis; ++d)
+      outer *= static_cast<size_t>(shape[d]);
+    for (size_t d = axis + 1; d < shape.size(); ++d)
+      inner *= static_cast<size_t>(shape[d]);
+    return {outer, static_cast<size_t>(shape[axis]), inner};
+  }
+
+  // -- device memory: a caching pool, so steps do not cudaMalloc each time ----
+
+  status alloc(size_t bytes, void** p) {
+    bytes = std::max<size_t>(bytes, 1);
+    auto& list = pool_[bytes];
+    if (!list.empty()) {
+      *p = list.back();
+      list.pop_back();
+      return status::success();
+    }
+    AF_CUDA_CHECK(cudaMalloc(p, bytes));
+    return status::success();
+  }
+
+  void release(void* p, size_t bytes) {
+    pool_[std::max<size_t>(bytes, 1)].push_back(p);
+  }
+
+  /// Uploads `inputs`, runs `kernel(zero_of_T, device inputs, device output)`,
+  /// downloads the output into `result` and hands it to `out`.
+  template <class F>
+  status launch(tensor& result, std::vector<const tensor*> inputs, F kernel, tensor& out,
+                bool upload_output = false) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    AF_CUDA_CHECK(cudaSetDevice(ordinal_));
+    std::vector<void*> dev(inputs.size(), nullptr);
+    void* dout = nullptr;
+    auto cleanup = [&] {
+      cudaStreamSynchronize(stream_);
+      for (size_t i = 0; i < dev.size(); ++i)
+        if (dev[i] != nullptr)
+          release(dev[i], inputs[i]->nbytes());
+      if (dout != nullptr)
+        release(dout, result.nbytes());
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (auto st = alloc(inputs[i]->nbytes(), &dev[i]); !st.ok())
+        return cleanup(), st;
+      if (inputs[i]->nbytes() > 0) {
+        auto rc = cudaMemcpyAsync(dev[i], inputs[i]->bytes(), inputs[i]->nbytes(),
+                                  cudaMemcpyHostToDevice, stream_);
+        if (rc != cudaSuccess)
+          return cleanup(), status::failure(std::string{"upload failed: "} + cudaGetErrorString(rc));
+      }
+    }
+    if (auto st = alloc(result.nbytes(), &dout); !st.ok())
+      return cleanup(), st;
+    if (upload_output && result.nbytes() > 0)
+      cudaMemcpyAsync(dout, result.bytes(), result.nbytes(), cudaMemcpyHostToDevice, stream_);
+    if (result.num_elements() > 0) {
+      if (result.type() == dtype::float32)
+        kernel(float{}, dev, dout);
+      else
+        kernel(double{}, dev, dout);
+      auto rc = cudaGetLastError();
+      if (rc != cudaSuccess)
+        return cleanup(), status::failure(std::string{"kernel launch failed: "} + cudaGetErrorString(rc));
+      rc = cudaMemcpyAsync(result.mutable_bytes(), dout, result.nbytes(), cudaMemcpyDeviceToHost,
+                           stream_);
+      if (rc == cudaSuccess)
+        rc = cudaStreamSynchronize(stream_);
+      if (rc != cudaSuccess)
+        return cleanup(), status::failure(std::string{"download failed: "} + cudaGetErrorString(rc));
+    }
+    cleanup();
+    out = std::move(result);
+    return status::success();
+  }
+
+  status xent(const tensor& logits, const tensor& labels, const tensor* dy, tensor* loss,
+              tensor* grad) {
+    AF_TRY(need_float(logits, "softmax_xent"));
+    if (logits.shape().size() != 2 || labels.shape() != shape_type{logits.shape()[0]}
+        || (labels.type() != dtype::int32 && labels.type() != dtype::int64))
+      return status::failure("softmax_xent takes logits [batch, classes] and int labels [batch]");
+    size_t rows = static_cast<size_t>(logits.shape()[0]);
+    size_t classes = static_cast<size_t>(logits.shape()[1]);
+    tensor labels64{dtype::int64, labels.shape()};
+    for (size_t r = 0; r < rows; ++r) {
+      auto l = static_cast<int64_t>(labels.at(r));
+      if (l < 0 || static_cast<size_t>(l) >= classes)
+        return status::failure("softmax_xent: label " + std::to_string(l) + " of example "
+                               + std::to_string(r) + " is out of range [0, " + std::to_string(classes) + ")");
+      labels64.mutable_data<int64_t>()[r] = l;
+    }
+    tensor ones = dy ? *dy : tensor::filled(logits.type(), {static_cast<int64_t>(rows)}, 1);
+    tensor result = grad ? tensor{logits.type(), logits.shape()}
+                         : tensor{logits.type(), {static_cast<int64_t>(rows)}};
+    bool want_grad = grad != nullptr;
+    return launch(result, {&logits, &labels64, &ones}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      xent_kernel<T><<<blocks_for(rows), threads_per_block, 0, stream_>>>(
+        static_cast<const T*>(in[0]), static_cast<const long long*>(in[1]),
+        static_cast<const T*>(in[2]), want_grad ? nullptr : static_cast<T*>(o),
+        want_grad ? static_cast<T*>(o) : nullptr, rows, classes);
+    }, want_grad ? *grad : *loss);
+  }
+
+  status optimize(int kind, tensor& var, tensor* m, tensor* v, const tensor& grad, double lr,
+                  double b1, double b2, double eps) {
+    AF_TRY(need_float(var, "optimizer"));
+    if (grad.shape() != var.shape() || grad.type() != var.type() || (m && m->shape() != var.shape())
+        || (v && v->shape() != var.shape()))
+      return status::failure("optimizer: " + var.summary() + ", its slots and " + grad.summary()
+                             + " must match");
+    std::lock_guard<std::mutex> guard{mtx_};
+    AF_CUDA_CHECK(cudaSetDevice(ordinal_));
+    size_t bytes = var.nbytes();
+    void *dw = nullptr, *dm = nullptr, *dv = nullptr, *dg = nullptr;
+    auto cleanup = [&] {
+      cudaStreamSynchronize(stream_);
+      for (void* p : {dw, dm, dv, dg})
+        if (p != nullptr)
+          release(p, bytes);
+    };
+    for (void** p : {&dw, &dm, &dv, &dg})
+      if (auto st = alloc(bytes, p); !st.ok())
+        return cleanup(), st;
+    cudaMemcpyAsync(dw, var.bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+    cudaMemcpyAsync(dg, grad.bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+    if (m)
+      cudaMemcpyAsync(dm, m->bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+    if (v)
+      cudaMemcpyAsync(dv, v->bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+    size_t n = var.num_elements();
+    if (var.type() == dtype::float32)
+      optimizer_kernel<float><<<blocks_for(n), threads_per_block, 0, stream_>>>(
+        kind, static_cast<float*>(dw), static_cast<float*>(dm), static_cast<float*>(dv),
+        static_cast<const float*>(dg), n, lr, b1, b2, eps);
+    else
+      optimizer_kernel<double><<<blocks_for(n), threads_per_block, 0, stream_>>>(
+        kind, static_cast<double*>(dw), static_cast<double*>(dm), static_cast<double*>(dv),
+        static_cast<const double*>(dg), n, lr, b1, b2, eps);
+    cudaMemcpyAsync(var.mutable_bytes(), dw, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (m)
+      cudaMemcpyAsync(m->mutable_bytes(), dm, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (v)
+      cudaMemcpyAsync(v->mutable_bytes(), dv, bytes, cudaMemcpyDeviceToHost, stream_);
+    auto rc = cudaStreamSynchronize(stream_);
+    cleanup();
+    if (rc != cudaSuccess)
+      return status::failure(std::string{"optimizer update failed: "} + cudaGetErrorString(rc));
+    return status::success();
+  }
+
   int ordinal_;
   cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::mutex mtx_; ///< one stream: calls from several executors' threads take turns
+  std::map<size_t, std::vector<void*>> pool_;
 };
 
 } // namespace
@@ -143,6 +653,82 @@ std::unique_ptr<backend> make_cuda_backend(int ordinal, std::string* why) {
     return nullptr;
   }
   return b;
+}
+
+namespace {
+
+double median_of(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs.empty() ? 0 : xs[xs.size() / 2];
+}
+
+/// Milliseconds of `f` on `stream`, timed with CUDA events.
+template <class F>
+float time_ms(cudaStream_t stream, F f) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, stream);
+  f();
+  cudaEventRecord(stop, stream);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+} // namespace
+
+double cuda_sgemm_gflops(int n, int reps) {
+  if (cuda_device_count() == 0 || cudaSetDevice(0) != cudaSuccess)
+    return 0;
+  size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess
+      || cudaMalloc(&c, bytes) != cudaSuccess)
+    return 0;
+  cudaMemset(a, 0, bytes);
+  cudaMemset(b, 0, bytes);
+  cudaStreamCreate(&stream);
+  cublasCreate(&blas);
+  cublasSetStream(blas, stream);
+  float one = 1, nil = 0;
+  auto gemm = [&] { cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &nil, c, n); };
+  gemm(); // warm-up
+  cudaStreamSynchronize(stream);
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i)
+    samples.push_back(2.0 * n * n * n / 1e9 / (time_ms(stream, gemm) / 1e3));
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return median_of(samples);
+}
+
+double cuda_copy_gbps(size_t bytes, int reps) {
+  if (cuda_device_count() == 0 || cudaSetDevice(0) != cudaSuccess)
+    return 0;
+  void *src = nullptr, *dst = nullptr;
+  if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess)
+    return 0;
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  auto copy = [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream); };
+  copy();
+  cudaStreamSynchronize(stream);
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i)
+    samples.push_back(bytes / 1e9 / (time_ms(stream, copy) / 1e3));
+  cudaStreamDestroy(stream);
+  cudaFree(src);
+  cudaFree(dst);
+  return median_of(samples);
 }
 
 } // namespace af::kernels
