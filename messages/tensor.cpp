@@ -144,7 +144,43 @@ void tensor::reset(dtype type, shape_type shape) {
   type_ = type;
   shape_ = std::move(shape);
   count_ = static_cast<size_t>(n);
-  buf_ = allocate(nbytes());
+  st_ = std::make_shared<storage>();
+  st_->host = allocate(nbytes());
+}
+
+tensor tensor::on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev) {
+  tensor t;
+  auto n = af::num_elements(shape);
+  if (n < 0)
+    throw std::invalid_argument("tensor shape " + shape_string(shape) + " has a negative dimension");
+  t.type_ = type;
+  t.shape_ = std::move(shape);
+  t.count_ = static_cast<size_t>(n);
+  t.st_ = std::make_shared<storage>();
+  t.st_->device = std::move(dev);
+  return t;
+}
+
+const std::byte* tensor::bytes() const {
+  if (st_ == nullptr)
+    return nullptr;
+  if (st_->device) {
+    // Every reader goes through the once_flag: the first downloads, the
+    // others wait for it, later calls only check a flag.
+    std::call_once(st_->downloaded, [this] {
+      if (st_->host == nullptr) {
+        auto host = allocate(nbytes());
+        st_->device->download(host.get(), nbytes());
+        st_->host = std::move(host);
+      }
+      st_->host_ready.store(true, std::memory_order_release);
+    });
+  }
+  return st_->host.get();
+}
+
+bool tensor::on_host() const noexcept {
+  return st_ == nullptr || !st_->device || st_->host_ready.load(std::memory_order_acquire);
 }
 
 tensor tensor::filled(dtype type, shape_type shape, double value) {
@@ -160,12 +196,22 @@ tensor tensor::filled(dtype type, shape_type shape, double value) {
 }
 
 std::byte* tensor::mutable_bytes() {
-  if (buf_ != nullptr && buf_.use_count() > 1) {
-    auto fresh = allocate(nbytes());
-    std::memcpy(fresh.get(), buf_.get(), nbytes());
-    buf_ = std::move(fresh);
+  if (st_ == nullptr)
+    return nullptr;
+  const std::byte* current = bytes(); // downloads first if needed
+  if (st_.use_count() > 1) {
+    auto fresh = std::make_shared<storage>();
+    fresh->host = allocate(nbytes());
+    std::memcpy(fresh->host.get(), current, nbytes());
+    st_ = std::move(fresh);
+  } else if (st_->device) {
+    // The only holder writes: the device copy goes stale, so drop it. A fresh
+    // storage keeps the once_flag out of the picture.
+    auto fresh = std::make_shared<storage>();
+    fresh->host = std::move(st_->host);
+    st_ = std::move(fresh);
   }
-  return buf_.get();
+  return st_->host.get();
 }
 
 double tensor::at(size_t i) const {

@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +41,23 @@ int64_t num_elements(const shape_type& shape);
 /// "[2,2]", "[]" for a scalar.
 std::string shape_string(const shape_type& shape);
 
+/// A tensor's bytes held in a device's memory (a GPU's), made by a kernels
+/// backend. A tensor that has one makes its host copy only when something
+/// reads it on the host (crossing a node, a CPU op, the client fetching it),
+/// so values stay on the device between ops of a step.
+class device_copy {
+public:
+  virtual ~device_copy() = default;
+
+  /// The backend that made it and can read `device_pointer()` directly.
+  virtual const void* owner() const noexcept = 0;
+
+  virtual void* device_pointer() const noexcept = 0;
+
+  /// Copies the bytes into host memory; blocks until they are there.
+  virtual void download(void* host, size_t bytes) const = 0;
+};
+
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
 template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
@@ -63,20 +82,32 @@ public:
   template <class T>
   static tensor from_values(shape_type shape, const std::vector<T>& values);
 
-  bool empty() const noexcept { return buf_ == nullptr; }
+  /// A tensor whose bytes are on a device; the host copy is made on first use.
+  static tensor on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev);
+
+  bool empty() const noexcept { return st_ == nullptr; }
   dtype type() const noexcept { return type_; }
   const shape_type& shape() const noexcept { return shape_; }
   size_t num_elements() const noexcept { return count_; }
   size_t nbytes() const noexcept { return count_ * dtype_size(type_); }
 
-  const std::byte* bytes() const noexcept { return buf_.get(); }
+  /// The host bytes (downloaded once from the device if they live there).
+  const std::byte* bytes() const;
 
-  /// Writable bytes; clones the buffer first if it is shared.
+  /// Writable bytes; clones the buffer first if it is shared. A device copy
+  /// is dropped, since it no longer matches.
   std::byte* mutable_bytes();
 
+  /// The device copy, if the bytes are (also) on a device; else nullptr.
+  const device_copy* device() const noexcept { return st_ ? st_->device.get() : nullptr; }
+
+  /// True if the host copy exists (always, unless the tensor is on a device
+  /// and nobody read it on the host yet).
+  bool on_host() const noexcept;
+
   template <class T>
-  const T* data() const noexcept {
-    return reinterpret_cast<const T*>(buf_.get());
+  const T* data() const {
+    return reinterpret_cast<const T*>(bytes());
   }
 
   template <class T>
@@ -98,11 +129,11 @@ public:
 
   /// True if both share one buffer (no copy was made between them).
   bool shares_buffer_with(const tensor& other) const noexcept {
-    return buf_ != nullptr && buf_ == other.buf_;
+    return st_ != nullptr && st_ == other.st_;
   }
 
   /// How many tensors hold this buffer.
-  long use_count() const noexcept { return buf_.use_count(); }
+  long use_count() const noexcept { return st_.use_count(); }
 
   /// NumPy-like text: "[[7 7]\n [7 7]]"; elides the middle of large tensors.
   std::string to_string(size_t max_elements = 64) const;
@@ -117,7 +148,15 @@ private:
   dtype type_ = dtype::float32;
   shape_type shape_;
   size_t count_ = 0;
-  std::shared_ptr<std::byte> buf_;
+  /// Shared by copies of a tensor: the host bytes (made lazily when the
+  /// tensor lives on a device) and the device copy.
+  struct storage {
+    std::shared_ptr<std::byte> host;
+    std::shared_ptr<const device_copy> device;
+    std::once_flag downloaded;
+    std::atomic<bool> host_ready{false}; ///< set once `host` holds the bytes
+  };
+  std::shared_ptr<storage> st_;
 };
 
 /// Exact equality of dtype, shape and bytes.

@@ -223,11 +223,87 @@ __global__ void optimizer_kernel(int kind, T* w, T* m, T* v, const T* g, size_t 
   }
 }
 
+// -- device memory -------------------------------------------------------------
+
+/// A caching pool of device buffers, so that steps do not cudaMalloc each
+/// time. Shared by the backend and the device tensors it made, so a tensor
+/// that outlives its backend still returns its buffer safely.
+class device_pool {
+public:
+  explicit device_pool(int ordinal) : ordinal_(ordinal) {}
+
+  ~device_pool() {
+    cudaSetDevice(ordinal_);
+    for (auto& [bytes, list] : free_)
+      for (void* p : list)
+        cudaFree(p);
+  }
+
+  cudaError_t take(size_t bytes, void** p) {
+    bytes = std::max<size_t>(bytes, 1);
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      auto& list = free_[bytes];
+      if (!list.empty()) {
+        *p = list.back();
+        list.pop_back();
+        return cudaSuccess;
+      }
+    }
+    cudaSetDevice(ordinal_);
+    return cudaMalloc(p, bytes);
+  }
+
+  void give(void* p, size_t bytes) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    free_[std::max<size_t>(bytes, 1)].push_back(p);
+  }
+
+  int ordinal() const { return ordinal_; }
+
+private:
+  int ordinal_;
+  std::mutex mtx_;
+  std::map<size_t, std::vector<void*>> free_;
+};
+
+/// A tensor's bytes in this GPU's memory; see messages/tensor.hpp.
+class cuda_copy : public device_copy {
+public:
+  cuda_copy(void* ptr, size_t bytes, std::shared_ptr<device_pool> pool, const void* owner)
+    : ptr_(ptr), bytes_(bytes), pool_(std::move(pool)), owner_(owner) {}
+
+  ~cuda_copy() override {
+    pool_->give(ptr_, bytes_);
+  }
+
+  const void* owner() const noexcept override {
+    return owner_;
+  }
+
+  void* device_pointer() const noexcept override {
+    return ptr_;
+  }
+
+  void download(void* host, size_t bytes) const override {
+    cudaSetDevice(pool_->ordinal());
+    // The producing stream was synchronized when the op finished.
+    cudaMemcpy(host, ptr_, std::min(bytes, bytes_), cudaMemcpyDeviceToHost);
+  }
+
+private:
+  void* ptr_;
+  size_t bytes_;
+  std::shared_ptr<device_pool> pool_;
+  const void* owner_;
+};
+
 // -- the backend ------------------------------------------------------------------
 
 class cuda_backend : public backend {
 public:
-  explicit cuda_backend(int ordinal) : ordinal_(ordinal) {
+  explicit cuda_backend(int ordinal)
+    : ordinal_(ordinal), pool_(std::make_shared<device_pool>(ordinal)) {
     // nop
   }
 
@@ -235,9 +311,6 @@ public:
     cudaSetDevice(ordinal_);
     if (stream_ != nullptr)
       cudaStreamSynchronize(stream_);
-    for (auto& [bytes, list] : pool_)
-      for (void* p : list)
-        cudaFree(p);
     if (blas_ != nullptr)
       cublasDestroy(blas_);
     if (stream_ != nullptr)
@@ -467,53 +540,52 @@ private:
     return {outer, static_cast<size_t>(shape[axis]), inner};
   }
 
-  // -- device memory: a caching pool, so steps do not cudaMalloc each time ----
-
   status alloc(size_t bytes, void** p) {
-    bytes = std::max<size_t>(bytes, 1);
-    auto& list = pool_[bytes];
-    if (!list.empty()) {
-      *p = list.back();
-      list.pop_back();
-      return status::success();
-    }
-    AF_CUDA_CHECK(cudaMalloc(p, bytes));
+    AF_CUDA_CHECK(pool_->take(bytes, p));
     return status::success();
   }
 
   void release(void* p, size_t bytes) {
-    pool_[std::max<size_t>(bytes, 1)].push_back(p);
+    pool_->give(p, bytes);
   }
 
-  /// Uploads `inputs`, runs `kernel(zero_of_T, device inputs, device output)`,
-  /// downloads the output into `result` and hands it to `out`.
+  /// Runs `kernel(zero_of_T, device inputs, device output)`. Inputs this GPU
+  /// made are used where they are; others are uploaded. The output stays on
+  /// the device: `out` is a device tensor whose host copy is made only if
+  /// someone reads it on the host.
   template <class F>
   status launch(tensor& result, std::vector<const tensor*> inputs, F kernel, tensor& out,
                 bool upload_output = false) {
     std::lock_guard<std::mutex> guard{mtx_};
     AF_CUDA_CHECK(cudaSetDevice(ordinal_));
     std::vector<void*> dev(inputs.size(), nullptr);
+    std::vector<bool> borrowed(inputs.size(), false);
     void* dout = nullptr;
-    auto cleanup = [&] {
+    auto cleanup = [&](bool keep_output) {
       cudaStreamSynchronize(stream_);
       for (size_t i = 0; i < dev.size(); ++i)
-        if (dev[i] != nullptr)
+        if (dev[i] != nullptr && !borrowed[i])
           release(dev[i], inputs[i]->nbytes());
-      if (dout != nullptr)
+      if (dout != nullptr && !keep_output)
         release(dout, result.nbytes());
     };
     for (size_t i = 0; i < inputs.size(); ++i) {
+      if (auto* d = inputs[i]->device(); d != nullptr && d->owner() == this) {
+        dev[i] = d->device_pointer(); // already here: no upload
+        borrowed[i] = true;
+        continue;
+      }
       if (auto st = alloc(inputs[i]->nbytes(), &dev[i]); !st.ok())
-        return cleanup(), st;
+        return cleanup(false), st;
       if (inputs[i]->nbytes() > 0) {
         auto rc = cudaMemcpyAsync(dev[i], inputs[i]->bytes(), inputs[i]->nbytes(),
                                   cudaMemcpyHostToDevice, stream_);
         if (rc != cudaSuccess)
-          return cleanup(), status::failure(std::string{"upload failed: "} + cudaGetErrorString(rc));
+          return cleanup(false), status::failure(std::string{"upload failed: "} + cudaGetErrorString(rc));
       }
     }
     if (auto st = alloc(result.nbytes(), &dout); !st.ok())
-      return cleanup(), st;
+      return cleanup(false), st;
     if (upload_output && result.nbytes() > 0)
       cudaMemcpyAsync(dout, result.bytes(), result.nbytes(), cudaMemcpyHostToDevice, stream_);
     if (result.num_elements() > 0) {
@@ -522,17 +594,14 @@ private:
       else
         kernel(double{}, dev, dout);
       auto rc = cudaGetLastError();
-      if (rc != cudaSuccess)
-        return cleanup(), status::failure(std::string{"kernel launch failed: "} + cudaGetErrorString(rc));
-      rc = cudaMemcpyAsync(result.mutable_bytes(), dout, result.nbytes(), cudaMemcpyDeviceToHost,
-                           stream_);
       if (rc == cudaSuccess)
         rc = cudaStreamSynchronize(stream_);
       if (rc != cudaSuccess)
-        return cleanup(), status::failure(std::string{"download failed: "} + cudaGetErrorString(rc));
+        return cleanup(false), status::failure(std::string{"kernel failed: "} + cudaGetErrorString(rc));
     }
-    cleanup();
-    out = std::move(result);
+    cleanup(true);
+    out = tensor::on_device(result.type(), result.shape(),
+                            std::make_shared<cuda_copy>(dout, result.nbytes(), pool_, this));
     return status::success();
   }
 
@@ -616,7 +685,7 @@ private:
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::mutex mtx_; ///< one stream: calls from several executors' threads take turns
-  std::map<size_t, std::vector<void*>> pool_;
+  std::shared_ptr<device_pool> pool_;
 };
 
 } // namespace
