@@ -39,6 +39,17 @@ std::optional<reduce_op> parse_reduce_op(std::string_view name);
 /// The shape a reduction over `attrs` leaves of `shape`, or the reason it cannot.
 status reduced_shape(const shape_type& shape, const op_attrs& attrs, shape_type& out);
 
+/// A reduction seen as [outer, len, inner] around the reduced axis (len is
+/// every element for all_axes). `attrs` must have passed reduced_shape.
+struct reduction_geometry {
+  size_t outer = 1, len = 1, inner = 1;
+};
+reduction_geometry reduction_of(const shape_type& shape, const op_attrs& attrs);
+
+/// Strides of `in` seen through the broadcast shape `out` (0 along broadcast
+/// dimensions), one per dimension of `out`.
+std::vector<size_t> broadcast_strides(const shape_type& in, const shape_type& out);
+
 /// NumPy broadcasting of two shapes; nullopt if they are incompatible.
 std::optional<shape_type> broadcast_shapes(const shape_type& a, const shape_type& b);
 

@@ -58,6 +58,34 @@ status backend::apply_adam(tensor&, tensor&, tensor&, const tensor&, double, dou
   return unsupported("apply_adam");
 }
 
+reduction_geometry reduction_of(const shape_type& shape, const op_attrs& attrs) {
+  reduction_geometry g;
+  if (attrs.all_axes) {
+    g.len = static_cast<size_t>(num_elements(shape));
+    return g;
+  }
+  auto rank = static_cast<int32_t>(shape.size());
+  auto axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
+  for (size_t d = 0; d < axis; ++d)
+    g.outer *= static_cast<size_t>(shape[d]);
+  for (size_t d = axis + 1; d < shape.size(); ++d)
+    g.inner *= static_cast<size_t>(shape[d]);
+  g.len = static_cast<size_t>(shape[axis]);
+  return g;
+}
+
+std::vector<size_t> broadcast_strides(const shape_type& in, const shape_type& out) {
+  std::vector<size_t> strides(out.size(), 0);
+  size_t stride = 1;
+  for (size_t k = 0; k < in.size(); ++k) {
+    size_t din = in.size() - 1 - k;
+    size_t dout = out.size() - 1 - k;
+    strides[dout] = in[din] == 1 ? 0 : stride;
+    stride *= static_cast<size_t>(in[din]);
+  }
+  return strides;
+}
+
 namespace {
 
 /// How many inputs each op takes.

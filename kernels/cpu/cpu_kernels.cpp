@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <random>
-#include <tuple>
 
 #include <cblas.h>
 
@@ -41,19 +40,6 @@ void run_binary(binary_op op, const T* a, const T* b, T* out, size_t n) {
     case binary_op::mul: same_shape(a, b, out, n, [](T x, T y) { return x * y; }); break;
     default: same_shape(a, b, out, n, [op](T x, T y) { return apply(op, x, y); }); break;
   }
-}
-
-/// Strides of `in` seen through `out_shape` (0 along broadcast dimensions).
-std::vector<size_t> broadcast_strides(const shape_type& in, const shape_type& out_shape) {
-  std::vector<size_t> strides(out_shape.size(), 0);
-  size_t stride = 1;
-  for (size_t k = 0; k < in.size(); ++k) {
-    size_t din = in.size() - 1 - k;
-    size_t dout = out_shape.size() - 1 - k;
-    strides[dout] = in[din] == 1 ? 0 : stride;
-    stride *= static_cast<size_t>(in[din]);
-  }
-  return strides;
 }
 
 template <class T>
@@ -203,7 +189,7 @@ public:
       return st;
     if (op == reduce_op::max && x.num_elements() == 0)
       return status::failure("max of an empty tensor " + shape_string(x.shape()));
-    auto [outer, len, inner] = split(x.shape(), attrs);
+    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
     tensor result{x.type(), shape};
     with_float(x.type(), [&](auto zero) {
       using T = decltype(zero);
@@ -236,7 +222,7 @@ public:
         || (op == reduce_op::max && y.num_elements() != dy.num_elements()))
       return status::failure("reduce gradient: dy " + dy.summary() + " does not match the reduction of "
                              + x.summary());
-    auto [outer, len, inner] = split(x.shape(), attrs);
+    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
     tensor result{x.type(), x.shape()};
     with_float(x.type(), [&](auto zero) {
       using T = decltype(zero);
@@ -469,20 +455,6 @@ private:
     if (a.type() != b.type() || a.shape() != b.shape())
       return status::failure(what + ": " + a.summary() + " and " + b.summary() + " must match");
     return status::success();
-  }
-
-  /// outer x len x inner around the reduced axis (len = everything for all_axes).
-  static std::tuple<size_t, size_t, size_t> split(const shape_type& shape, const op_attrs& attrs) {
-    if (attrs.all_axes)
-      return {1, static_cast<size_t>(num_elements(shape)), 1};
-    auto rank = static_cast<int32_t>(shape.size());
-    auto axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
-    size_t outer = 1, inner = 1;
-    for (size_t d = 0; d < axis; ++d)
-      outer *= static_cast<size_t>(shape[d]);
-    for (size_t d = axis + 1; d < shape.size(); ++d)
-      inner *= static_cast<size_t>(shape[d]);
-    return {outer, static_cast<size_t>(shape[axis]), inner};
   }
 
   static status xent_check(const tensor& logits, const tensor& labels) {

@@ -151,17 +151,25 @@ __global__ void sum_to_kernel(const T* dy, T* out, size_t n, strides8 s) {
   }
 }
 
+/// The max of a row and the sum of exp(x - max) over it: softmax's normaliser.
+template <class T>
+__device__ void row_normaliser(const T* in, size_t classes, T& mx, double& sum) {
+  mx = in[0];
+  for (size_t c = 1; c < classes; ++c)
+    mx = in[c] > mx ? in[c] : mx;
+  sum = 0;
+  for (size_t c = 0; c < classes; ++c)
+    sum += exp(static_cast<double>(in[c] - mx));
+}
+
 template <class T>
 __global__ void softmax_kernel(const T* logits, T* out, size_t rows, size_t classes, int log) {
   GRID_LOOP(r, rows) {
     const T* in = logits + r * classes;
     T* o = out + r * classes;
-    T mx = in[0];
-    for (size_t c = 1; c < classes; ++c)
-      mx = in[c] > mx ? in[c] : mx;
-    double sum = 0;
-    for (size_t c = 0; c < classes; ++c)
-      sum += exp(static_cast<double>(in[c] - mx));
+    T mx;
+    double sum;
+    row_normaliser(in, classes, mx, sum);
     for (size_t c = 0; c < classes; ++c)
       o[c] = log ? static_cast<T>(in[c] - mx - ::log(sum))
                  : static_cast<T>(exp(static_cast<double>(in[c] - mx)) / sum);
@@ -190,12 +198,9 @@ __global__ void xent_kernel(const T* logits, const long long* labels, const T* d
                             T* grad, size_t rows, size_t classes) {
   GRID_LOOP(r, rows) {
     const T* in = logits + r * classes;
-    T mx = in[0];
-    for (size_t c = 1; c < classes; ++c)
-      mx = in[c] > mx ? in[c] : mx;
-    double sum = 0;
-    for (size_t c = 0; c < classes; ++c)
-      sum += exp(static_cast<double>(in[c] - mx));
+    T mx;
+    double sum;
+    row_normaliser(in, classes, mx, sum);
     auto label = static_cast<size_t>(labels[r]);
     if (loss != nullptr)
       loss[r] = static_cast<T>(::log(sum) - static_cast<double>(in[label] - mx));
@@ -406,7 +411,7 @@ public:
     AF_TRY(need_float(x, "reduce"));
     shape_type shape;
     AF_TRY(reduced_shape(x.shape(), attrs, shape));
-    auto [outer, len, inner] = split(x.shape(), attrs);
+    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
     tensor result{x.type(), shape};
     return launch(result, {&x}, [&, outer = outer, len = len, inner = inner](
                                   auto zero, const std::vector<void*>& in, void* o) {
@@ -419,7 +424,7 @@ public:
   status reduce_grad(reduce_op op, const op_attrs& attrs, const tensor& dy, const tensor& x,
                      const tensor& y, tensor& out) override {
     AF_TRY(need_float(x, "reduce gradient"));
-    auto [outer, len, inner] = split(x.shape(), attrs);
+    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
     tensor result{x.type(), x.shape()};
     const tensor& yy = op == reduce_op::max ? y : dy; // y is unused otherwise
     return launch(result, {&dy, &x, &yy}, [&, outer = outer, len = len, inner = inner](
@@ -517,27 +522,9 @@ private:
   }
 
   static void fill_strides(const shape_type& in, const shape_type& out, long long* strides) {
-    size_t stride = 1;
-    for (size_t d = 0; d < out.size(); ++d)
-      strides[d] = 0;
-    for (size_t k = 0; k < in.size(); ++k) {
-      size_t din = in.size() - 1 - k, dout = out.size() - 1 - k;
-      strides[dout] = in[din] == 1 ? 0 : static_cast<long long>(stride);
-      stride *= static_cast<size_t>(in[din]);
-    }
-  }
-
-  static std::tuple<size_t, size_t, size_t> split(const shape_type& shape, const op_attrs& attrs) {
-    if (attrs.all_axes)
-      return {1, static_cast<size_t>(num_elements(shape)), 1};
-    auto rank = static_cast<int32_t>(shape.size());
-    auto axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
-    size_t outer = 1, inner = 1;
-    for (size_t d = 0; d < axis; ++d)
-      outer *= static_cast<size_t>(shape[d]);
-    for (size_t d = axis + 1; d < shape.size(); ++d)
-      inner *= static_cast<size_t>(shape[d]);
-    return {outer, static_cast<size_t>(shape[axis]), inner};
+    auto v = broadcast_strides(in, out);
+    for (size_t d = 0; d < v.size(); ++d)
+      strides[d] = static_cast<long long>(v[d]);
   }
 
   status alloc(size_t bytes, void** p) {
