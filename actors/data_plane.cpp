@@ -191,13 +191,28 @@ void data_plane_server::accept_loop() {
       return; // shut down
     }
     tune_socket(fd);
-    std::lock_guard<std::mutex> guard{mtx_};
-    if (stopping_) {
-      close(fd);
-      return;
+    std::vector<std::thread> done;
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (stopping_) {
+        close(fd);
+        return;
+      }
+      // Join the threads of connections that closed since: a long-lived
+      // node with many short-lived clients must not keep their stacks.
+      for (auto it = workers_.begin(); it != workers_.end();)
+        if (std::find(finished_.begin(), finished_.end(), it->get_id()) != finished_.end()) {
+          done.push_back(std::move(*it));
+          it = workers_.erase(it);
+        } else {
+          ++it;
+        }
+      finished_.clear();
+      conns_.push_back(fd);
+      workers_.emplace_back([this, fd] { serve(fd); });
     }
-    conns_.push_back(fd);
-    workers_.emplace_back([this, fd] { serve(fd); });
+    for (auto& t : done)
+      t.join();
   }
 }
 
@@ -313,6 +328,7 @@ void data_plane_server::serve(int fd) {
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
   close(fd);
+  finished_.push_back(std::this_thread::get_id());
 }
 
 // -- data_channel ----------------------------------------------------------------

@@ -82,6 +82,7 @@ private:
   std::mutex mtx_;
   std::vector<std::thread> workers_;
   std::vector<int> conns_;
+  std::vector<std::thread::id> finished_; ///< workers that returned, to be joined
 };
 
 /// The session's side: one connection to one node's data plane.

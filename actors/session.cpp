@@ -392,7 +392,7 @@ session::impl::register_graph(const std::set<int32_t>& closure, const std::vecto
     g.partition_of[id] = part;
     partition_op op;
     op.id = id;
-    op.op = n.kind == op_node::update ? n.op : n.op;
+    op.op = n.op;
     op.name = n.name;
     op.attrs = n.attrs;
     op.fetch = want_values && root_set.count(id) > 0;

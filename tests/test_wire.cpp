@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "scenarios.hpp"
 #include "messages/wire.hpp"
 
@@ -81,4 +83,33 @@ TEST_CASE("a node answers garbage on its data port with an error and keeps servi
   REQUIRE_FALSE(read);
   CHECK(is(read.error(), af_error::uninitialized));
   CHECK(describe(read.error()).find("'ghost'") != std::string::npos);
+}
+
+TEST_CASE("a node does not keep a thread (and its stack) for every client that came and went",
+          "[wire]") {
+  // An exited thread that nobody joined keeps its 8 MiB stack mapped.
+  auto vm_size_mib = [] {
+    std::ifstream in{"/proc/self/status"};
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("VmSize:", 0) == 0)
+        return std::stol(line.substr(7)) / 1024;
+    return -1L;
+  };
+  embedded_under_test c{{{"local", 2}}};
+  {
+    auto s = c.connect("local", 0);
+    auto d = value_of(s.device("/job:local/task:1"));
+    require_ok(s.initialize({value_of(s.variable("v", {}, initializer::constant(1)))}));
+  }
+  long after_first = -1;
+  for (int i = 0; i < 30; ++i) {
+    auto s = c.connect("local", 0); // its reads go over task 1's data plane
+    auto d = value_of(s.device("/job:local/task:1"));
+    auto v = value_of(s.variable("v", {}));
+    CHECK(value_of(s.run(v)).at(0) == 1);
+    if (i == 0)
+      after_first = vm_size_mib();
+  }
+  CHECK(vm_size_mib() < after_first + 64); // 30 leaked stacks would be 240 MiB
 }
