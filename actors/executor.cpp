@@ -83,14 +83,15 @@ void advance(self_ptr self, step_key key);
 
 /// An op's value is known: hand it to the partitions that need it and to the client.
 void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value, int64_t start,
-               std::string note) {
+               std::string note, uint64_t bytes_in) {
   auto& s = self->state.steps.at(key);
   for (const auto& consumer : op.consumers)
     self->send(caf::actor_cast<executor_actor>(consumer), edge_atom::value, key.first, key.second,
                op.id, value);
   if (op.fetch)
     s.result.fetched.push_back(feed{op.id, value});
-  s.result.timings.push_back(op_timing{op.id, start, now_ns(), std::move(note)});
+  s.result.timings.push_back(
+    op_timing{op.id, start, now_ns(), std::move(note), bytes_in, value.empty() ? 0 : value.nbytes()});
   s.values[op.id] = std::move(value);
   ++s.next;
 }
@@ -158,19 +159,22 @@ void advance(self_ptr self, step_key key) {
       }
     }
     auto start = now_ns();
+    uint64_t bytes_in = 0;
+    for (const auto& a : args)
+      bytes_in += a.empty() ? 0 : a.nbytes();
     if (update) {
       if (args.size() != 1 || !op.inputs[0].var) {
         fail(self, key, make_error(af_error::invalid_argument, "op '" + op.name + "' updates no variable"));
         return;
       }
       s.waiting = true;
-      auto on_value = [self, key, start, &op](tensor& value, uint64_t) {
+      auto on_value = [self, key, start, &op, bytes_in](tensor& value, uint64_t) {
         auto i2 = self->state.steps.find(key);
         if (i2 == self->state.steps.end())
           return;
         i2->second.waiting = false;
         i2->second.var_reads.erase(op.inputs[0].var_name); // it changed
-        finish_op(self, key, op, std::move(value), start, {});
+        finish_op(self, key, op, std::move(value), start, {}, bytes_in);
         advance(self, key);
       };
       auto on_error = [self, key](caf::error& err) { fail(self, key, std::move(err)); };
@@ -192,7 +196,7 @@ void advance(self_ptr self, step_key key) {
       fail(self, key, std::move(out.error()));
       return;
     }
-    finish_op(self, key, op, std::move(*out), start, std::move(note));
+    finish_op(self, key, op, std::move(*out), start, std::move(note), bytes_in);
   }
   s.result.device = self->state.device;
   s.rp.deliver(std::move(s.result));

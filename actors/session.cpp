@@ -560,6 +560,10 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
                          });
     if (first || aborted)
       return first ? first : aborted;
+    std::map<int32_t, uint64_t> bytes_out; // each op's result size, for edge spans
+    for (const auto& r : step_results)
+      for (const auto& t : r.timings)
+        bytes_out[t.op] = t.bytes_out;
     for (size_t i = 0; i < step_results.size(); ++i) {
       for (auto& f : step_results[i].fetched)
         results[f.op] = std::move(f.value);
@@ -571,23 +575,27 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
         if (!t.note.empty())
           note += (note.empty() ? "" : "; ") + t.note;
         trace->entries.push_back(trace_entry{n.name, n.op, n.requested.to_string(), graph.devices[i],
-                                             graph.nodes[i], note, t.start_ns, t.end_ns});
+                                             graph.nodes[i], note, t.start_ns, t.end_ns, t.bytes_in,
+                                             t.bytes_out});
         for (auto in : n.inputs) {
           const auto& src = ops[static_cast<size_t>(in)];
           if (src.kind == op_node::variable && !(n.kind == op_node::update && in == n.inputs[0])) {
             // A variable on another node crossed the wire, node to node.
             bool remote = src.node_address != graph.nodes[i];
+            auto var_bytes = static_cast<uint64_t>(num_elements(src.spec.shape))
+                             * dtype_size(src.spec.type);
             trace->entries.push_back(trace_entry{
               src.spec.name, remote ? "transfer" : "read", src.requested.to_string(),
               src.spec.device, src.node_address,
               remote ? "to " + graph.devices[i] + " @ " + graph.nodes[i] : src.note, t.start_ns,
-              t.end_ns});
+              t.end_ns, var_bytes, 0});
           } else if ((src.kind == op_node::compute || src.kind == op_node::update)
                      && graph.partition_of.at(in) != i) {
             auto from = graph.partition_of.at(in);
             trace->entries.push_back(trace_entry{
               src.name + " -> " + n.name, "transfer", "", graph.devices[i], graph.nodes[i],
-              "from " + graph.devices[from] + " @ " + graph.nodes[from], t.start_ns, t.start_ns});
+              "from " + graph.devices[from] + " @ " + graph.nodes[from], t.start_ns, t.start_ns,
+              bytes_out[in], 0});
           }
         }
       }
@@ -655,7 +663,8 @@ std::string run_trace::to_chrome_json() const {
                       {"dur", static_cast<double>(std::max<int64_t>(e.end_ns - e.start_ns, 0)) / 1000.0},
                       {"pid", pit->second},
                       {"tid", tit->second},
-                      {"args", {{"requested", e.requested}, {"device", e.device}, {"note", e.note}}}});
+                      {"args", {{"requested", e.requested}, {"device", e.device}, {"note", e.note},
+                                {"bytes_in", e.bytes_in}, {"bytes_out", e.bytes_out}}}});
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }

@@ -63,8 +63,10 @@ struct trace_entry {
   std::string device;    ///< the device it ran on, fully specified
   std::string node;      ///< host:port of the node
   std::string note;      ///< e.g. why soft placement moved it
-  int64_t start_ns = 0;  ///< client clock: request sent
-  int64_t end_ns = 0;    ///< client clock: reply received
+  int64_t start_ns = 0;  ///< steady clock (executor's for ops, client's for variable calls)
+  int64_t end_ns = 0;
+  uint64_t bytes_in = 0;  ///< ops: bytes of their inputs; transfers: bytes moved
+  uint64_t bytes_out = 0; ///< ops: bytes of their result
 };
 
 struct run_trace {

@@ -102,11 +102,14 @@ struct op_timing {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   std::string note;
+  uint64_t bytes_in = 0;  ///< of the op's inputs
+  uint64_t bytes_out = 0; ///< of its result
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, op_timing& x) {
-  return f(caf::meta::type_name("op_timing"), x.op, x.start_ns, x.end_ns, x.note);
+  return f(caf::meta::type_name("op_timing"), x.op, x.start_ns, x.end_ns, x.note, x.bytes_in,
+           x.bytes_out);
 }
 
 struct step_result {

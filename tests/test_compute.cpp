@@ -126,6 +126,9 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
   REQUIRE(trace.find("layer1_split") != nullptr);
   REQUIRE(trace.find("layer2_split") != nullptr);
   CHECK(trace.find("layer1_split")->node == c.address("local", 0));
+  // x [6,4] and w1 [4,5] in, [6,5] out, float32
+  CHECK(trace.find("layer1_split")->bytes_in == (24 + 20) * 4);
+  CHECK(trace.find("layer1_split")->bytes_out == 30 * 4);
   CHECK(trace.find("layer2_split")->node == c.address("local", 1));
   // The activations crossed from task 0 to task 1 (and their gradients
   // back), executor to executor; each variable was read on its own node.
@@ -137,6 +140,7 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
     CHECK(e.op.find("w2_split") == std::string::npos);
     if (e.op.find("-> layer2_split") != std::string::npos) {
       forward_edge = true;
+      CHECK(e.bytes_in == 30 * 4); // the relu'd activations, [6,5] float32
       CHECK(e.node == c.address("local", 1));
       CHECK(e.note.find("task:0") != std::string::npos);
     }
@@ -154,6 +158,7 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
       ++spans;
       pids.insert(ev["pid"].get<int>());
       CHECK(ev["dur"].get<double>() >= 0);
+      CHECK(ev["args"].contains("bytes_in"));
     }
   CHECK(spans == trace.entries.size());
   CHECK(pids.size() == 2); // two nodes
