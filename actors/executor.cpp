@@ -4,6 +4,8 @@
 
 #include "caf/all.hpp"
 
+#include "actors/data_plane.hpp"
+#include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -57,6 +59,34 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
     return make_error(code, "op '" + op.name + "' (" + op.op + "): " + status.error);
   }
   return out;
+}
+
+struct remote_reader_state {
+  std::map<std::string, std::unique_ptr<data_channel>> channels; ///< by "host:port"
+};
+
+/// Reads variables of other nodes over their data plane. Detached: its
+/// blocking socket I/O never stalls the executor.
+caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self) {
+  return {
+    [self](read_atom, const std::string& address, const std::string& var) -> caf::result<tensor, uint64_t> {
+      auto& ch = self->state.channels[address];
+      if (!ch || ch->broken()) {
+        auto addr = parse_address(address, "data plane of variable '" + var + "'");
+        if (!addr)
+          return std::move(addr.error());
+        auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
+                                           std::chrono::duration_cast<std::chrono::milliseconds>(variable_timeout));
+        if (!fresh)
+          return std::move(fresh.error());
+        ch = std::move(*fresh);
+      }
+      auto r = ch->call(wire::kind::read, var, nullptr, true);
+      if (!r)
+        return std::move(r.error());
+      return {std::move(r->first), r->second};
+    },
+  };
 }
 
 void remember_done(executor_state& st, step_key key) {
@@ -122,24 +152,32 @@ void advance(self_ptr self, step_key key) {
             args.push_back(cached->second);
             break;
           }
-          // Read it (a variable of this node hands over its buffer), then resume.
+          // Read it, then resume: a variable of this node hands over its
+          // buffer; one on another node comes over that node's data plane.
           s.waiting = true;
           auto name = in.var_name;
-          self->request(in.var, variable_timeout, read_atom::value)
-            .then(
-              [self, key, name](tensor& value, uint64_t) {
-                auto i2 = self->state.steps.find(key);
-                if (i2 == self->state.steps.end())
-                  return;
-                i2->second.waiting = false;
-                i2->second.var_reads[name] = std::move(value);
-                advance(self, key);
-              },
-              [self, key, name](caf::error& err) {
-                if (err == caf::sec::request_timeout)
-                  err = make_error(af_error::timeout, "reading variable '" + name + "' timed out");
-                fail(self, key, std::move(err));
-              });
+          auto on_value = [self, key, name](tensor& value, uint64_t) {
+            auto i2 = self->state.steps.find(key);
+            if (i2 == self->state.steps.end())
+              return;
+            i2->second.waiting = false;
+            i2->second.var_reads[name] = std::move(value);
+            advance(self, key);
+          };
+          auto on_error = [self, key, name](caf::error& err) {
+            if (err == caf::sec::request_timeout)
+              err = make_error(af_error::timeout, "reading variable '" + name + "' timed out");
+            fail(self, key, std::move(err));
+          };
+          if (!in.data_plane.empty()) {
+            if (!self->state.remote_reader)
+              self->state.remote_reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
+            self->request(self->state.remote_reader, variable_timeout, read_atom::value, in.data_plane,
+                          name)
+              .then(on_value, on_error);
+          } else {
+            self->request(in.var, variable_timeout, read_atom::value).then(on_value, on_error);
+          }
           return;
         }
         default: { // local, remote, feed

@@ -22,6 +22,7 @@ struct executor_state {
   std::shared_ptr<kernels::backend> backend;  ///< CPU or CUDA
   std::shared_ptr<kernels::backend> fallback; ///< the node's CPU, for ops a GPU lacks
   std::unordered_map<uint64_t, partition> graphs;
+  caf::actor remote_reader; ///< reads other nodes' variables over their data plane
 
   /// One step of one graph, from its first edge or run_step to its reply.
   struct step {

@@ -402,11 +402,18 @@ session::impl::register_graph(const std::set<int32_t>& closure, const std::vecto
       op_input x;
       x.op = in;
       switch (src.kind) {
-        case op_node::variable:
+        case op_node::variable: {
           x.kind = op_input::variable;
           x.var = src.var;
           x.var_name = src.spec.name;
+          // On another node: the executor reads it over that node's data plane.
+          auto owner = conns.find(src.node_key);
+          if (opts.data_plane && src.node_address != p.conn->address && owner != conns.end()
+              && owner->second.info.data_port != 0)
+            if (auto addr = parse_address(owner->second.address, "variable '" + src.spec.name + "'"))
+              x.data_plane = task_address{addr->host, owner->second.info.data_port}.to_string();
           break;
+        }
         case op_node::constant:
           x.kind = op_input::constant;
           x.value = src.value;
@@ -584,11 +591,12 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
             bool remote = src.node_address != graph.nodes[i];
             auto var_bytes = static_cast<uint64_t>(num_elements(src.spec.shape))
                              * dtype_size(src.spec.type);
+            auto how = opts.data_plane ? " over the data plane" : " as CAF messages";
             trace->entries.push_back(trace_entry{
               src.spec.name, remote ? "transfer" : "read", src.requested.to_string(),
               src.spec.device, src.node_address,
-              remote ? "to " + graph.devices[i] + " @ " + graph.nodes[i] : src.note, t.start_ns,
-              t.end_ns, var_bytes, 0});
+              remote ? "to " + graph.devices[i] + " @ " + graph.nodes[i] + how : src.note,
+              t.start_ns, t.end_ns, var_bytes, 0});
           } else if ((src.kind == op_node::compute || src.kind == op_node::update)
                      && graph.partition_of.at(in) != i) {
             auto from = graph.partition_of.at(in);

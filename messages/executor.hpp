@@ -44,6 +44,7 @@ struct op_input {
   variable_actor var;   ///< variable
   std::string var_name; ///< variable, for errors and traces
   tensor value;         ///< constant (shipped once, at registration)
+  std::string data_plane; ///< variable on another node: "host:port" of that node's data plane
 };
 
 caf::error inspect(caf::serializer& f, op_input& x);
@@ -54,7 +55,7 @@ typename std::enable_if<!std::is_base_of<caf::serializer, Inspector>::value
                           && !std::is_base_of<caf::deserializer, Inspector>::value,
                         typename Inspector::result_type>::type
 inspect(Inspector& f, op_input& x) {
-  return f(caf::meta::type_name("op_input"), x.kind, x.op, x.var, x.var_name, x.value);
+  return f(caf::meta::type_name("op_input"), x.kind, x.op, x.var, x.var_name, x.value, x.data_plane);
 }
 
 /// One op of a partition. `op` is a kernels::run_op name, or assign /

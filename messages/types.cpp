@@ -62,14 +62,14 @@ caf::error inspect(caf::deserializer& f, tensor& x) {
 // message arrives empty), so the handle travels only when there is one.
 caf::error inspect(caf::serializer& f, op_input& x) {
   uint8_t has_var = x.var ? 1 : 0;
-  if (auto err = f(x.kind, x.op, x.var_name, x.value, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, has_var))
     return err;
   return has_var ? f(x.var) : caf::none;
 }
 
 caf::error inspect(caf::deserializer& f, op_input& x) {
   uint8_t has_var = 0;
-  if (auto err = f(x.kind, x.op, x.var_name, x.value, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, has_var))
     return err;
   if (x.kind > op_input::remote)
     return make_error(af_error::invalid_argument,

@@ -166,6 +166,9 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
 
 TEST_CASE("a variable used by an op on another node shows as a transfer span", "[compute][trace]") {
   embedded_under_test c{{{"local", 2}}};
+  bool data_plane = GENERATE(true, false);
+  INFO("data plane: " << data_plane);
+  c.defaults.data_plane = data_plane;
   auto s = c.connect("local", 0);
   output v;
   {
@@ -182,6 +185,8 @@ TEST_CASE("a variable used by an op on another node shows as a transfer span", "
   CHECK(e->kind == "transfer");
   CHECK(e->node == c.address("local", 1));
   CHECK(e->note.find("/job:local/replica:0/task:0/device:CPU:0") != std::string::npos);
+  CHECK(e->note.find(data_plane ? "over the data plane" : "as CAF messages") != std::string::npos);
+  CHECK(e->bytes_in == 8);
   auto json = nlohmann::json::parse(trace.to_chrome_json());
   bool found = false;
   for (const auto& ev : json["traceEvents"])

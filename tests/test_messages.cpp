@@ -63,9 +63,10 @@ TEST_CASE_METHOD(fixture, "every message type survives CAF serialization", "[mes
   init.from = t32;
   auto in = round_trip(init);
   CHECK((in.kind == "normal" && in.a == 1 && in.b == 2 && in.seed == 99 && in.from == t32));
-  op_input in_var{op_input::constant, 7, variable_actor{}, "x", t64};
+  op_input in_var{op_input::constant, 7, variable_actor{}, "x", t64, "10.0.0.1:4000"};
   auto o = round_trip(in_var);
-  CHECK((o.kind == op_input::constant && o.op == 7 && o.value == t64 && !o.var && o.var_name == "x"));
+  CHECK((o.kind == op_input::constant && o.op == 7 && o.value == t64 && !o.var && o.var_name == "x"
+         && o.data_plane == "10.0.0.1:4000"));
   op_attrs attrs;
   attrs.transpose_b = true;
   attrs.all_axes = false;
@@ -75,7 +76,7 @@ TEST_CASE_METHOD(fixture, "every message type survives CAF serialization", "[mes
   pop.op = "matmul";
   pop.name = "mm_1";
   pop.attrs = attrs;
-  pop.inputs = {in_var, op_input{op_input::remote, 2, variable_actor{}, "", tensor{}}};
+  pop.inputs = {in_var, op_input{op_input::remote, 2, variable_actor{}, "", tensor{}, ""}};
   pop.fetch = true;
   auto part = round_trip(partition{42, {pop, pop}});
   REQUIRE(part.ops.size() == 2);
