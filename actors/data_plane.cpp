@@ -120,14 +120,15 @@ variable_directory::entry variable_directory::get(const std::string& name) const
 
 caf::expected<std::unique_ptr<data_plane_server>>
 data_plane_server::start(caf::actor_system& sys, std::shared_ptr<variable_directory> dir,
-                         const std::string& bind_host, std::string node_name) {
+                         const std::string& bind_host, uint16_t port, std::string node_name) {
   std::unique_ptr<data_plane_server> srv{new data_plane_server(sys, std::move(dir), node_name)};
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
-  auto rc = getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), "0", &hints, &res);
+  auto rc = getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), std::to_string(port).c_str(),
+                        &hints, &res);
   if (rc != 0)
     return make_error(af_error::bind_failed, node_name + ": cannot resolve '" + bind_host
                                                + "' for the data plane: " + gai_strerror(rc));
@@ -154,7 +155,9 @@ data_plane_server::start(caf::actor_system& sys, std::shared_ptr<variable_direct
   freeaddrinfo(res);
   if (srv->listen_fd_ < 0)
     return make_error(af_error::bind_failed,
-                      node_name + ": the data plane cannot listen on '" + bind_host + "': " + why);
+                      node_name + ": the data plane cannot listen on " + (bind_host.empty() ? "*" : bind_host)
+                        + ":" + std::to_string(port) + " (" + why
+                        + "); is another process using the port? Pick another data_port in [node]");
   srv->acceptor_ = std::thread{[s = srv.get()] { s->accept_loop(); }};
   return srv;
 }

@@ -52,10 +52,10 @@ private:
 /// The node's side: a listening socket and one thread per connection.
 class data_plane_server {
 public:
-  /// Listens on `bind_host` (empty: all interfaces) at a port the OS picks.
+  /// Listens on `bind_host` (empty: all interfaces) at `port` (0: the OS picks).
   static caf::expected<std::unique_ptr<data_plane_server>>
   start(caf::actor_system& sys, std::shared_ptr<variable_directory> dir,
-        const std::string& bind_host, std::string node_name);
+        const std::string& bind_host, uint16_t port, std::string node_name);
 
   ~data_plane_server();
 

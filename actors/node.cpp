@@ -186,7 +186,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        uint16_t port, const node_options& opts) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   auto directory = std::make_shared<variable_directory>();
-  auto data_plane = data_plane_server::start(sys, directory, bind_host, name);
+  auto data_plane = data_plane_server::start(sys, directory, bind_host,
+                                             static_cast<uint16_t>(opts.data_port), name);
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);

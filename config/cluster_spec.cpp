@@ -60,6 +60,8 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int_field(out.heartbeat_ms, 0, 600000);
     } else if (key == "connection_timeout_ms") {
       err = int_field(out.connection_timeout_ms, 0, 3600000);
+    } else if (key == "data_port") {
+      err = int_field(out.data_port, 0, 65535);
     } else if (key == "scheduler") {
       if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
         err = config_error(where + " must be \"sharing\" or \"stealing\"");
@@ -72,7 +74,7 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
         out.bind = v.as_string().str;
     } else {
       err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
-                                 "bind, heartbeat_ms, connection_timeout_ms)");
+                                 "bind, data_port, heartbeat_ms, connection_timeout_ms)");
     }
     if (err)
       return err;
@@ -218,6 +220,8 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
     out << "\n[node]\ncpu_devices = " << opts->cpu_devices << "\nscheduler = \"" << opts->scheduler
         << "\"\nthreads = " << opts->threads << "\nheartbeat_ms = " << opts->heartbeat_ms
         << "\nconnection_timeout_ms = " << opts->connection_timeout_ms << "\n";
+    if (opts->data_port != 0)
+      out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())
       out << "bind = \"" << opts->bind << "\"\n";
   }

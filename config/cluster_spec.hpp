@@ -33,6 +33,7 @@ struct node_options {
   int32_t threads = 0;              ///< scheduler threads; 0 = one per core
   std::string bind;                 ///< address to listen on; "" = the task's host
   int32_t heartbeat_ms = 1000;      ///< 0 disables; dead or hung peers seen within timeout
+  int32_t data_port = 0;            ///< the tensor data plane's port; 0 = any free one
   int32_t connection_timeout_ms = 10000;
 };
 

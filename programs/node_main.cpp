@@ -42,13 +42,15 @@ extern "C" void forward_signal(int sig) {
 int main(int argc, char** argv) {
   CLI::App app{"actorflow-node: runs one task (ps or worker) of an actorflow cluster"};
   std::string config_path, job, bind, scheduler;
-  int task = -1, cpu_devices = 0, threads = -1;
+  int task = -1, cpu_devices = 0, threads = -1, data_port = -1;
   app.add_option("-c,--config", config_path, "cluster config file (TOML or JSON); default: $TF_CONFIG");
   app.add_option("-j,--job", job, "job name of this task (default: TF_CONFIG's task.type)");
   app.add_option("-t,--task", task, "task index within the job (default: TF_CONFIG's task.index)");
   app.add_option("--bind", bind, "address to listen on (default: the task's host from the config)");
   app.add_option("--cpu-devices", cpu_devices, "number of CPU devices (cpu:0..cpu:N-1)")->check(CLI::Range(1, 64));
   app.add_option("--threads", threads, "scheduler threads (0 = one per core)")->check(CLI::Range(0, 256));
+  app.add_option("--data-port", data_port, "port of the tensor data plane (0 = any free one)")
+    ->check(CLI::Range(0, 65535));
   app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   if (!bind.empty()) opts.bind = bind;
   if (cpu_devices > 0) opts.cpu_devices = cpu_devices;
   if (threads >= 0) opts.threads = threads;
+  if (data_port >= 0) opts.data_port = data_port;
   if (!scheduler.empty()) opts.scheduler = scheduler;
 
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0)

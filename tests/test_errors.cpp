@@ -166,3 +166,29 @@ TEST_CASE("session targets and device scopes are validated", "[errors]") {
   }
   CHECK(s.current_device().empty());
 }
+
+TEST_CASE("a node listens for its data plane on the configured port, and says so when it is taken",
+          "[errors][node]") {
+  uint16_t taken = 0;
+  int fd = listen_on_loopback(taken, 1);
+  REQUIRE(fd >= 0);
+  auto port = free_loopback_port();
+  auto cfg = write_file("[cluster]\nps = [\"127.0.0.1:" + std::to_string(port) + "\"]\n[node]\ndata_port = "
+                        + std::to_string(taken) + "\n");
+  auto r = node({"--config", cfg, "--job", "ps", "--task", "0"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("the data plane cannot listen on 127.0.0.1:" + std::to_string(taken))
+        != std::string::npos);
+  close(fd);
+  ::unlink(cfg.c_str());
+  // a free configured port is used and advertised
+  node_options opts;
+  opts.data_port = free_loopback_port();
+  auto p = process_cluster::start({{"ps", 1}}, opts);
+  REQUIRE(p);
+  system_config client{node_options{}};
+  caf::actor_system sys{client};
+  auto s = value_of(session::make(sys, (*p)->spec(), "/job:ps/task:0"));
+  CHECK(value_of(s.ping("ps", 0)).data_port == opts.data_port);
+  CHECK((*p)->output("ps", 0).find("data plane port " + std::to_string(opts.data_port)) != std::string::npos);
+}
