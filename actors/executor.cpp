@@ -34,28 +34,18 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
                               const std::vector<tensor>& args, std::string& note) {
   if (!kernels::known_op(op.op))
     return make_error(af_error::invalid_argument, "op '" + op.name + "': unknown kind '" + op.op + "'");
-  // Elementwise ops: typed errors for the mistakes a user makes most.
-  if (kernels::parse_binary_op(op.op) && args.size() == 2) {
-    if (args[0].type() != args[1].type())
-      return make_error(af_error::dtype_mismatch,
-                        "op '" + op.name + "' (" + op.op + "): dtypes " + dtype_name(args[0].type())
-                          + " and " + dtype_name(args[1].type()) + " differ");
-    if (!kernels::broadcast_shapes(args[0].shape(), args[1].shape()))
-      return make_error(af_error::shape_mismatch,
-                        "op '" + op.name + "' (" + op.op + "): shapes " + shape_string(args[0].shape())
-                          + " and " + shape_string(args[1].shape()) + " do not broadcast");
-  }
   tensor out;
   auto status = kernels::run_op(*st.backend, op.op, op.attrs, args, out);
-  if (!status.ok() && st.fallback && status.error.find("is not implemented on") != std::string::npos) {
+  using kind = kernels::status::kind;
+  if (status.what == kind::unsupported && st.fallback) {
     note = status.error + "; ran on the node's CPU";
     status = kernels::run_op(*st.fallback, op.op, op.attrs, args, out);
   }
   if (!status.ok()) {
-    auto code = status.error.find("shape") != std::string::npos
-                    || status.error.find("dimension") != std::string::npos
-                  ? af_error::shape_mismatch
-                  : af_error::invalid_argument;
+    auto code = status.what == kind::shape         ? af_error::shape_mismatch
+                : status.what == kind::dtype       ? af_error::dtype_mismatch
+                : status.what == kind::unsupported ? af_error::unsupported
+                                                   : af_error::invalid_argument;
     return make_error(code, "op '" + op.name + "' (" + op.op + "): " + status.error);
   }
   return out;
@@ -279,7 +269,7 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       advance(self, key);
     },
     [self](abort_atom, uint64_t graph, uint64_t step) {
-      fail(self, {graph, step}, make_error(af_error::peer_down, "step aborted by the session"));
+      fail(self, {graph, step}, make_error(af_error::aborted, "step aborted by the session"));
       remember_done(self->state, {graph, step});
     },
     [self](forget_atom, uint64_t graph) {

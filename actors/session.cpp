@@ -169,9 +169,6 @@ struct session::impl {
   /// CAF message otherwise. Returns the value (empty unless read or wanted).
   caf::expected<tensor> variable_call(const op_node& var, wire::kind op, tensor operand,
                                       bool want_value) {
-    auto what = std::string{op == wire::kind::read ? "read" : op == wire::kind::assign ? "assign"
-                            : op == wire::kind::assign_add ? "assign_add" : "assign_sub"}
-                + " of variable '" + var.spec.name + "' on " + var.spec.device;
     auto it = conns.find(var.node_key);
     if (it != conns.end() && it->second.channel) {
       auto& ch = *it->second.channel;
@@ -185,7 +182,12 @@ struct session::impl {
     tensor result;
     caf::error err;
     auto on_value = [&](tensor& v, uint64_t) { result = std::move(v); };
-    auto on_error = [&](caf::error& e) { err = explain(std::move(e), what, nullptr); };
+    auto on_error = [&](caf::error& e) {
+      auto what = std::string{op == wire::kind::read ? "read" : op == wire::kind::assign ? "assign"
+                              : op == wire::kind::assign_add ? "assign_add" : "assign_sub"}
+                  + " of variable '" + var.spec.name + "' on " + var.spec.device;
+      err = explain(std::move(e), what, nullptr);
+    };
     switch (op) {
       case wire::kind::read:
         self->request(var.var, opts.timeout, read_atom::value).receive(on_value, on_error);
@@ -558,9 +560,7 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
                            if (!first && !aborted) // tell the others to stop waiting
                              for (auto& ex : graph.executors)
                                caf::anon_send(ex, abort_atom::value, graph.id, step);
-                           auto& slot = is(e, af_error::peer_down)
-                                            && describe(e).find("aborted") != std::string::npos
-                                          ? aborted : first;
+                           auto& slot = is(e, af_error::aborted) ? aborted : first;
                            if (!slot)
                              slot = explain(std::move(e), "step " + std::to_string(step) + " on "
                                                             + graph.devices[i], nullptr);

@@ -16,10 +16,18 @@
 namespace af::kernels {
 
 struct status {
+  /// What kind of failure: callers map it to an error code (shape_mismatch,
+  /// ...) and fall back to another backend on `unsupported`.
+  enum class kind { none, invalid, shape, dtype, unsupported };
+
   std::string error; ///< empty on success
+  kind what = kind::none;
+
   bool ok() const { return error.empty(); }
   static status success() { return {}; }
-  static status failure(std::string why) { return {std::move(why)}; }
+  static status failure(std::string why, kind k = kind::invalid) { return {std::move(why), k}; }
+  static status shape(std::string why) { return failure(std::move(why), kind::shape); }
+  static status dtype(std::string why) { return failure(std::move(why), kind::dtype); }
 };
 
 /// Elementwise ops of two tensors. The *_grad ones take (dy, x) for relu and

@@ -5,7 +5,8 @@
 namespace af::kernels {
 
 status backend::unsupported(const char* what) const {
-  return status::failure(std::string{what} + " is not implemented on the " + name() + " backend");
+  return status::failure(std::string{what} + " is not implemented on the " + name() + " backend",
+                         status::kind::unsupported);
 }
 
 status backend::unary(unary_op op, const tensor&, tensor&) {

@@ -23,6 +23,7 @@ const char* to_string(af_error x) {
     case af_error::peer_down: return "peer_down";
     case af_error::bind_failed: return "bind_failed";
     case af_error::internal: return "internal";
+    case af_error::aborted: return "aborted";
   }
   return "unknown";
 }

@@ -29,6 +29,7 @@ enum class af_error : uint8_t {
   peer_down,              ///< a node or actor that died during the request
   bind_failed,            ///< a node that cannot listen on its address
   internal,               ///< a bug: please report
+  aborted,                ///< a step stopped because another part of it failed
 };
 
 /// The atom naming the category ("actorflow").

@@ -110,7 +110,7 @@ public:
       return err;
     auto shape = *broadcast_shapes(a.shape(), b.shape());
     if (shape != a.shape())
-      return status::failure("cannot update a tensor of shape " + shape_string(a.shape())
+      return status::shape("cannot update a tensor of shape " + shape_string(a.shape())
                              + " in place with one of shape " + shape_string(b.shape()));
     if (a.use_count() > 1) {
       // Someone (a reader's snapshot) still holds the buffer: never write under it.
@@ -152,15 +152,15 @@ public:
     if (auto st = need_float(a, "matmul"); !st.ok())
       return st;
     if (a.type() != b.type())
-      return status::failure(std::string{"matmul: dtypes differ: "} + dtype_name(a.type()) + " vs "
+      return status::dtype(std::string{"matmul: dtypes differ: "} + dtype_name(a.type()) + " vs "
                              + dtype_name(b.type()));
     if (a.shape().size() != 2 || b.shape().size() != 2)
-      return status::failure("matmul takes 2-D tensors, got " + shape_string(a.shape()) + " and "
+      return status::shape("matmul takes 2-D tensors, got " + shape_string(a.shape()) + " and "
                              + shape_string(b.shape()));
     auto m = a.shape()[ta ? 1 : 0], k = a.shape()[ta ? 0 : 1];
     auto k2 = b.shape()[tb ? 1 : 0], n = b.shape()[tb ? 0 : 1];
     if (k != k2)
-      return status::failure("matmul: inner dimensions differ: " + shape_string(a.shape())
+      return status::shape("matmul: inner dimensions differ: " + shape_string(a.shape())
                              + (ta ? "^T" : "") + " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
     tensor result{a.type(), {m, n}};
     auto lda = static_cast<int>(a.shape()[1]), ldb = static_cast<int>(b.shape()[1]);
@@ -220,7 +220,7 @@ public:
       return st;
     if (static_cast<int64_t>(dy.num_elements()) != num_elements(shape) || dy.type() != x.type()
         || (op == reduce_op::max && y.num_elements() != dy.num_elements()))
-      return status::failure("reduce gradient: dy " + dy.summary() + " does not match the reduction of "
+      return status::shape("reduce gradient: dy " + dy.summary() + " does not match the reduction of "
                              + x.summary());
     auto [outer, len, inner] = reduction_of(x.shape(), attrs);
     tensor result{x.type(), x.shape()};
@@ -249,7 +249,7 @@ public:
     }
     auto b = broadcast_shapes(like.shape(), dy.shape());
     if (!b || *b != dy.shape())
-      return status::failure("sum_to: " + shape_string(dy.shape()) + " is not a broadcast of "
+      return status::shape("sum_to: " + shape_string(dy.shape()) + " is not a broadcast of "
                              + shape_string(like.shape()));
     if (auto st = need_float(dy, "sum_to"); !st.ok())
       return st;
@@ -282,7 +282,7 @@ public:
     if (auto st = need_float(logits, "softmax"); !st.ok())
       return st;
     if (logits.shape().empty())
-      return status::failure("softmax needs at least one dimension, got a scalar");
+      return status::shape("softmax needs at least one dimension, got a scalar");
     size_t classes = static_cast<size_t>(logits.shape().back());
     size_t rows = classes == 0 ? 0 : logits.num_elements() / classes;
     tensor result{logits.type(), logits.shape()};
@@ -306,7 +306,7 @@ public:
 
   status softmax_grad(const tensor& dy, const tensor& y, bool log, tensor& out) override {
     if (dy.shape() != y.shape() || dy.type() != y.type() || y.shape().empty())
-      return status::failure("softmax gradient: dy " + dy.summary() + " and y " + y.summary()
+      return status::shape("softmax gradient: dy " + dy.summary() + " and y " + y.summary()
                              + " must match");
     if (auto st = need_float(y, "softmax gradient"); !st.ok())
       return st;
@@ -354,7 +354,7 @@ public:
     if (auto st = xent_check(logits, labels); !st.ok())
       return st;
     if (dy.shape() != shape_type{logits.shape()[0]} || dy.type() != logits.type())
-      return status::failure("softmax_xent gradient: dy " + dy.summary() + " does not match logits "
+      return status::shape("softmax_xent gradient: dy " + dy.summary() + " does not match logits "
                              + logits.summary());
     tensor probs;
     if (auto st = softmax(logits, false, probs); !st.ok())
@@ -445,7 +445,7 @@ private:
     if (x.empty())
       return status::failure(what + ": the input has no value");
     if (x.type() != dtype::float32 && x.type() != dtype::float64)
-      return status::failure(what + " takes float32 or float64, got " + dtype_name(x.type()));
+      return status::dtype(what + " takes float32 or float64, got " + dtype_name(x.type()));
     return status::success();
   }
 
@@ -453,7 +453,7 @@ private:
     if (auto st = need_float(a, what); !st.ok())
       return st;
     if (a.type() != b.type() || a.shape() != b.shape())
-      return status::failure(what + ": " + a.summary() + " and " + b.summary() + " must match");
+      return status::shape(what + ": " + a.summary() + " and " + b.summary() + " must match");
     return status::success();
   }
 
@@ -461,13 +461,13 @@ private:
     if (auto st = need_float(logits, "softmax_xent"); !st.ok())
       return st;
     if (logits.shape().size() != 2)
-      return status::failure("softmax_xent takes logits [batch, classes], got "
+      return status::shape("softmax_xent takes logits [batch, classes], got "
                              + shape_string(logits.shape()));
     if (labels.type() != dtype::int32 && labels.type() != dtype::int64)
-      return status::failure(std::string{"softmax_xent takes int32 or int64 labels, got "}
+      return status::dtype(std::string{"softmax_xent takes int32 or int64 labels, got "}
                              + dtype_name(labels.type()));
     if (labels.shape() != shape_type{logits.shape()[0]})
-      return status::failure("softmax_xent: labels " + shape_string(labels.shape())
+      return status::shape("softmax_xent: labels " + shape_string(labels.shape())
                              + " do not match logits " + shape_string(logits.shape()));
     auto classes = logits.shape()[1];
     for (size_t r = 0; r < labels.num_elements(); ++r) {
@@ -488,15 +488,15 @@ private:
     if (a.empty() || b.empty())
       return status::failure(std::string{to_string(op)} + ": an operand has no value");
     if (a.type() != b.type())
-      return status::failure(std::string{to_string(op)} + ": dtypes differ: "
+      return status::dtype(std::string{to_string(op)} + ": dtypes differ: "
                              + dtype_name(a.type()) + " vs " + dtype_name(b.type()));
     if (!broadcast_shapes(a.shape(), b.shape()))
-      return status::failure(std::string{to_string(op)} + ": shapes " + shape_string(a.shape())
+      return status::shape(std::string{to_string(op)} + ": shapes " + shape_string(a.shape())
                              + " and " + shape_string(b.shape()) + " do not broadcast");
     bool grad_op = op == binary_op::relu_grad || op == binary_op::sigmoid_grad
                    || op == binary_op::tanh_grad;
     if (grad_op && a.shape() != b.shape())
-      return status::failure(std::string{to_string(op)} + " needs equal shapes, got "
+      return status::shape(std::string{to_string(op)} + " needs equal shapes, got "
                              + shape_string(a.shape()) + " and " + shape_string(b.shape()));
     return status::success();
   }
@@ -593,7 +593,7 @@ status reduced_shape(const shape_type& shape, const op_attrs& attrs, shape_type&
   }
   auto rank = static_cast<int32_t>(shape.size());
   if (attrs.axis < -rank || attrs.axis >= rank)
-    return status::failure("axis " + std::to_string(attrs.axis) + " is out of range for shape "
+    return status::shape("axis " + std::to_string(attrs.axis) + " is out of range for shape "
                            + shape_string(shape));
   auto axis = static_cast<size_t>(attrs.axis < 0 ? attrs.axis + rank : attrs.axis);
   out = shape;

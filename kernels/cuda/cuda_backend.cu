@@ -337,10 +337,10 @@ public:
   status binary(binary_op op, const tensor& a, const tensor& b, tensor& out) override {
     AF_TRY(need_float(a, to_string(op)));
     if (a.type() != b.type())
-      return status::failure(std::string{to_string(op)} + ": dtypes differ");
+      return status::dtype(std::string{to_string(op)} + ": dtypes differ");
     auto shape = broadcast_shapes(a.shape(), b.shape());
     if (!shape || shape->size() > max_rank)
-      return status::failure(std::string{to_string(op)} + ": shapes " + shape_string(a.shape())
+      return status::shape(std::string{to_string(op)} + ": shapes " + shape_string(a.shape())
                              + " and " + shape_string(b.shape()) + " do not broadcast");
     strides8 s{};
     s.rank = static_cast<int>(shape->size());
@@ -361,7 +361,7 @@ public:
     tensor out;
     AF_TRY(binary(op, a, b, out));
     if (out.shape() != a.shape())
-      return status::failure("cannot update " + shape_string(a.shape()) + " in place with "
+      return status::shape("cannot update " + shape_string(a.shape()) + " in place with "
                              + shape_string(b.shape()));
     a = std::move(out);
     return status::success();
@@ -384,7 +384,7 @@ public:
     int m = static_cast<int>(a.shape()[ta ? 1 : 0]), k = static_cast<int>(a.shape()[ta ? 0 : 1]);
     int k2 = static_cast<int>(b.shape()[tb ? 1 : 0]), n = static_cast<int>(b.shape()[tb ? 0 : 1]);
     if (k != k2)
-      return status::failure("matmul: inner dimensions differ: " + shape_string(a.shape()) + " x "
+      return status::shape("matmul: inner dimensions differ: " + shape_string(a.shape()) + " x "
                              + shape_string(b.shape()));
     tensor result{a.type(), {m, n}};
     int lda = static_cast<int>(a.shape()[1]), ldb = static_cast<int>(b.shape()[1]);
@@ -444,7 +444,7 @@ public:
     AF_TRY(need_float(dy, "sum_to"));
     auto b = broadcast_shapes(like.shape(), dy.shape());
     if (!b || *b != dy.shape() || dy.shape().size() > max_rank)
-      return status::failure("sum_to: " + shape_string(dy.shape()) + " is not a broadcast of "
+      return status::shape("sum_to: " + shape_string(dy.shape()) + " is not a broadcast of "
                              + shape_string(like.shape()));
     strides8 s{};
     s.rank = static_cast<int>(dy.shape().size());
@@ -462,7 +462,7 @@ public:
   status softmax(const tensor& logits, bool log, tensor& out) override {
     AF_TRY(need_float(logits, "softmax"));
     if (logits.shape().empty())
-      return status::failure("softmax needs at least one dimension");
+      return status::shape("softmax needs at least one dimension");
     size_t classes = static_cast<size_t>(logits.shape().back());
     size_t rows = classes == 0 ? 0 : logits.num_elements() / classes;
     tensor result{logits.type(), logits.shape()};
@@ -476,7 +476,7 @@ public:
   status softmax_grad(const tensor& dy, const tensor& y, bool log, tensor& out) override {
     AF_TRY(need_float(y, "softmax gradient"));
     if (dy.shape() != y.shape() || y.shape().empty())
-      return status::failure("softmax gradient: dy and y must match");
+      return status::shape("softmax gradient: dy and y must match");
     size_t classes = static_cast<size_t>(y.shape().back());
     size_t rows = classes == 0 ? 0 : y.num_elements() / classes;
     tensor result{y.type(), y.shape()};
@@ -517,7 +517,7 @@ public:
 private:
   static status need_float(const tensor& x, const std::string& what) {
     if (x.type() != dtype::float32 && x.type() != dtype::float64)
-      return status::failure(what + " takes float32 or float64, got " + dtype_name(x.type()));
+      return status::dtype(what + " takes float32 or float64, got " + dtype_name(x.type()));
     return status::success();
   }
 
@@ -597,7 +597,7 @@ private:
     AF_TRY(need_float(logits, "softmax_xent"));
     if (logits.shape().size() != 2 || labels.shape() != shape_type{logits.shape()[0]}
         || (labels.type() != dtype::int32 && labels.type() != dtype::int64))
-      return status::failure("softmax_xent takes logits [batch, classes] and int labels [batch]");
+      return status::shape("softmax_xent takes logits [batch, classes] and int labels [batch]");
     size_t rows = static_cast<size_t>(logits.shape()[0]);
     size_t classes = static_cast<size_t>(logits.shape()[1]);
     tensor labels64{dtype::int64, labels.shape()};
