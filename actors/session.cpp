@@ -525,8 +525,13 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
       const auto& n = ops[static_cast<size_t>(id)];
       if ((n.kind != op_node::compute && n.kind != op_node::update) || !closure.insert(id).second)
         continue;
-      for (auto in : n.inputs)
+      for (auto in : n.inputs) {
+        if (in < 0 || static_cast<size_t>(in) >= ops.size())
+          return make_error(af_error::invalid_argument,
+                            "op '" + n.name + "' has an invalid input (an assign to something that "
+                            "is not a variable of this session?)");
         todo.push_back(in);
+      }
     }
     auto g = register_graph(closure, roots, want_values);
     if (!g)

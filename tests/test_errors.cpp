@@ -192,3 +192,16 @@ TEST_CASE("a node listens for its data plane on the configured port, and says so
   CHECK(value_of(s.ping("ps", 0)).data_port == opts.data_port);
   CHECK((*p)->output("ps", 0).find("data plane port " + std::to_string(opts.data_port)) != std::string::npos);
 }
+
+TEST_CASE("an op built on an invalid output is an error when run, not a crash", "[errors]") {
+  embedded_under_test c{{{"local", 1}}};
+  auto s = c.connect("local", 0);
+  auto x = s.constant(tensor::scalar(1));
+  auto not_assigned = s.assign(x, x); // x is no variable: an invalid output
+  CHECK_FALSE(not_assigned.valid());
+  auto y = s.add(not_assigned, x, "uses_it");
+  auto r = s.run(y);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::invalid_argument));
+  CHECK(describe(r.error()).find("op 'uses_it' has an invalid input") != std::string::npos);
+}
