@@ -290,23 +290,10 @@ void data_plane_server::serve(int fd) {
       }
       return true;
     });
-    if (!done) switch (op) {
-      case wire::kind::read:
-        self->request(var, variable_timeout, read_atom::value).receive(on_value, on_error);
-        break;
-      case wire::kind::assign:
-        self->request(var, variable_timeout, assign_atom::value, std::move(operand), want)
-          .receive(on_value, on_error);
-        break;
-      case wire::kind::assign_add:
-        self->request(var, variable_timeout, assign_add_atom::value, std::move(operand), want)
-          .receive(on_value, on_error);
-        break;
-      default:
-        self->request(var, variable_timeout, assign_sub_atom::value, std::move(operand), want)
-          .receive(on_value, on_error);
-        break;
-    }
+    if (!done)
+      self->request(var, variable_timeout, var_op_atom::value, static_cast<var_op>(op),
+                    std::move(operand), want)
+        .receive(on_value, on_error);
     if (err) {
       auto code = err.category() == error_category ? static_cast<af_error>(err.code())
                                                    : af_error::peer_down;

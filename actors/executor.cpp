@@ -166,7 +166,8 @@ void advance(self_ptr self, step_key key) {
                           name)
               .then(on_value, on_error);
           } else {
-            self->request(in.var, variable_timeout, read_atom::value).then(on_value, on_error);
+            self->request(in.var, variable_timeout, var_op_atom::value, var_op::read, tensor{}, false)
+              .then(on_value, on_error);
           }
           return;
         }
@@ -207,15 +208,10 @@ void advance(self_ptr self, step_key key) {
       };
       auto on_error = [self, key](caf::error& err) { fail(self, key, std::move(err)); };
       const auto& var = op.inputs[0].var;
-      if (op.op == "assign")
-        self->request(var, variable_timeout, assign_atom::value, args[0], op.want_value)
-          .then(on_value, on_error);
-      else if (op.op == "assign_add")
-        self->request(var, variable_timeout, assign_add_atom::value, args[0], op.want_value)
-          .then(on_value, on_error);
-      else
-        self->request(var, variable_timeout, assign_sub_atom::value, args[0], op.want_value)
-          .then(on_value, on_error);
+      var_op vop = var_op::assign;
+      parse_var_op(op.op, vop);
+      self->request(var, variable_timeout, var_op_atom::value, vop, args[0], op.want_value)
+        .then(on_value, on_error);
       return;
     }
     std::string note;

@@ -188,23 +188,9 @@ struct session::impl {
                   + " of variable '" + var.spec.name + "' on " + var.spec.device;
       err = explain(std::move(e), what, nullptr);
     };
-    switch (op) {
-      case wire::kind::read:
-        self->request(var.var, opts.timeout, read_atom::value).receive(on_value, on_error);
-        break;
-      case wire::kind::assign:
-        self->request(var.var, opts.timeout, assign_atom::value, std::move(operand), want_value)
-          .receive(on_value, on_error);
-        break;
-      case wire::kind::assign_add:
-        self->request(var.var, opts.timeout, assign_add_atom::value, std::move(operand), want_value)
-          .receive(on_value, on_error);
-        break;
-      default:
-        self->request(var.var, opts.timeout, assign_sub_atom::value, std::move(operand), want_value)
-          .receive(on_value, on_error);
-        break;
-    }
+    self->request(var.var, opts.timeout, var_op_atom::value, static_cast<var_op>(op),
+                  std::move(operand), want_value)
+      .receive(on_value, on_error);
     if (err)
       return err;
     return result;
@@ -1039,7 +1025,8 @@ caf::error session::initialize(const std::vector<output>& vars) {
     return std::move(nodes.error());
   for (auto n : *nodes) {
     caf::error err;
-    impl_->self->request(n->var, impl_->opts.timeout, init_atom::value, n->init, false)
+    impl_->self->request(n->var, impl_->opts.timeout, init_atom::value, n->init, false,
+                         std::string{})
       .receive([](uint64_t) {},
                [&](caf::error& e) {
                  err = impl_->explain(std::move(e), "initialization of '" + n->spec.name + "'", nullptr);
@@ -1079,10 +1066,12 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
     return std::move(nodes.error());
   auto& self = impl_->self;
   // All requests are in flight at once and share one deadline.
-  using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value));
+  using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value,
+                                       std::string{}, uint32_t{}));
   std::vector<handle> pending;
   for (auto n : *nodes)
-    pending.push_back(self->request(n->var, timeout, wait_init_atom::value));
+    pending.push_back(self->request(n->var, timeout, wait_init_atom::value, std::string{},
+                                    static_cast<uint32_t>(timeout.count())));
   std::vector<std::string> missing;
   caf::error other;
   for (size_t i = 0; i < pending.size(); ++i) {

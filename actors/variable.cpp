@@ -118,24 +118,17 @@ variable_impl(variable_actor::stateful_pointer<variable_actor_state> self,
     };
   };
   return {
-    [self](read_atom) -> caf::result<tensor, uint64_t> {
-      return self->state.var->with([](variable_state& st) -> caf::result<tensor, uint64_t> {
-        auto v = st.read();
-        if (!v)
-          return std::move(v.error());
-        return {std::move(*v), st.version};
-      });
+    [=](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
+      if (op == var_op::read)
+        return self->state.var->with([](variable_state& st) -> caf::result<tensor, uint64_t> {
+          auto v = st.read();
+          if (!v)
+            return std::move(v.error());
+          return {std::move(*v), st.version};
+        });
+      return updater(op == var_op::assign ? nullptr : op == var_op::assign_add ? "add" : "sub")(operand, want_value);
     },
-    [=](assign_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      return updater(nullptr)(operand, want_value);
-    },
-    [=](assign_add_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      return updater("add")(operand, want_value);
-    },
-    [=](assign_sub_atom, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      return updater("sub")(operand, want_value);
-    },
-    [self](init_atom, initializer& init, bool only_if_uninitialized) -> caf::result<uint64_t> {
+    [self](init_atom, initializer& init, bool only_if_uninitialized, std::string&) -> caf::result<uint64_t> {
       return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
         auto v = st.initialize(init, only_if_uninitialized);
         if (!v)
@@ -146,7 +139,7 @@ variable_impl(variable_actor::stateful_pointer<variable_actor_state> self,
     [self](info_atom) -> variable_info {
       return self->state.var->with([](variable_state& st) { return st.info(); });
     },
-    [self](wait_init_atom) -> caf::result<uint64_t> {
+    [self](wait_init_atom, std::string&, uint32_t) -> caf::result<uint64_t> {
       return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
         if (st.initialized)
           return st.version;

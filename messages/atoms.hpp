@@ -5,10 +5,10 @@
 
 namespace af {
 
+using var_op_atom = caf::atom_constant<caf::atom("var_op")>;
 using read_atom = caf::atom_constant<caf::atom("read")>;
-using assign_atom = caf::atom_constant<caf::atom("assign")>;
-using assign_add_atom = caf::atom_constant<caf::atom("assign_add")>;
-using assign_sub_atom = caf::atom_constant<caf::atom("assign_sub")>;
+/// The data plane gave an uninitialized variable its first value: release waiters.
+using released_atom = caf::atom_constant<caf::atom("released")>;
 using init_atom = caf::atom_constant<caf::atom("init")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using wait_init_atom = caf::atom_constant<caf::atom("wait_init")>;
@@ -22,5 +22,7 @@ using run_step_atom = caf::atom_constant<caf::atom("run_step")>;
 using edge_atom = caf::atom_constant<caf::atom("edge")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
+/// Periodic self-message: drop steps and waiters past their deadline.
+using sweep_atom = caf::atom_constant<caf::atom("sweep")>;
 
 } // namespace af

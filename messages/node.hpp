@@ -3,12 +3,16 @@
 /// published at the task's address. It owns the variable registry.
 ///
 /// Protocol:
-///   (ping)                      -> (node_info)   who and what this node is
+///   (ping)                      -> (node_info)   who and what this node is, its
+///        incarnation (new at every start: a client tells a restart from a
+///        reconnect) and its steady clock (the client estimates the offset from
+///        half the round trip, as NTP does, to put traces on one time line)
 ///   (get_var, variable_spec) -> (variable_actor)   get-or-create by name. Same name with the same
 ///        dtype and shape returns the existing actor; a mismatch is
 ///        shape_mismatch / dtype_mismatch naming both; a device the node does
 ///        not have is unknown_device.
-///   (lookup, string name)       -> (variable_actor)  not_found if absent
+///   (lookup, string name)       -> (variable_actor)  not_found if absent (a
+///        restarted node holds none of the variables its predecessor had)
 ///   (list_vars)                 -> (vector<variable_info>)
 ///   (executor, string device)   -> (executor_actor)  e.g. "CPU:0"
 ///   (shutdown)                  -> (ok)  then the node stops its actors and exits
@@ -34,11 +38,15 @@ struct node_info {
   std::vector<std::string> devices;  ///< "CPU:0", "GPU:0", ...
   int32_t pid = 0;
   uint16_t data_port = 0;            ///< the tensor data plane (actors/data_plane.hpp); 0 = none
+  uint64_t incarnation = 0;          ///< random per process start: a restarted node has a new one
+  int64_t clock_ns = 0;              ///< the node's steady clock when it answered (clock offsets)
+  std::vector<std::string> device_errors; ///< devices that failed to come up, with why ("GPU:1: ...")
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
-  return f(caf::meta::type_name("node_info"), x.job, x.task, x.devices, x.pid, x.data_port);
+  return f(caf::meta::type_name("node_info"), x.job, x.task, x.devices, x.pid, x.data_port,
+           x.incarnation, x.clock_ns, x.device_errors);
 }
 
 using node_actor = caf::typed_actor<

@@ -80,6 +80,7 @@ caf::error inspect(caf::deserializer& f, op_input& x) {
 
 void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<tensor>("af::tensor");
+  cfg.add_message_type<var_op>("af::var_op");
   cfg.add_message_type<initializer>("af::initializer");
   cfg.add_message_type<variable_spec>("af::variable_spec");
   cfg.add_message_type<variable_info>("af::variable_info");

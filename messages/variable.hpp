@@ -1,21 +1,29 @@
 #pragma once
 /// The variable actor: one per variable, living on the node of its device.
+/// Its state (value, initialized flag, version, later optimizer slots) has one
+/// owner, actors/variable.hpp's variable_cell, which the actor and the node's
+/// data plane both call; the actor alone holds the promises of waiters.
 ///
 /// Protocol (every reply may instead be an error of messages/error.hpp):
-///   (read)                         -> (tensor value, uint64 version)
-///        uninitialized if no value was ever set; the error names the variable.
-///   (assign,     tensor, bool want_value) -> (tensor value_or_empty, uint64 version)
-///   (assign_add, tensor, bool want_value) -> (tensor value_or_empty, uint64 version)
-///   (assign_sub, tensor, bool want_value) -> (tensor value_or_empty, uint64 version)
-///        the operand must have the variable's dtype and shape (or be a scalar,
-///        which is broadcast); `want_value` asks for the value after the update,
-///        as TensorFlow's assign ops return it. assign_add/sub of an
-///        uninitialized variable is an error; assign initializes it.
-///   (init, initializer, bool only_if_uninitialized) -> (uint64 version)
+///   (var_op, var_op op, tensor operand, bool want_value) -> (tensor, uint64 version)
+///        read: the value (operand ignored); uninitialized if it has none, the
+///        error naming the variable. assign / assign_add / assign_sub: the
+///        operand must have the variable's dtype and shape (add/sub: or be a
+///        scalar, broadcast); `want_value` asks for the value after the
+///        update, as TensorFlow's assign ops return it (else the tensor is
+///        empty). assign_add/sub of an uninitialized variable is an error;
+///        assign initializes it. An op byte that is not a var_op is
+///        invalid_argument.
+///   (init, initializer, bool only_if_uninitialized, string run_id) -> (uint64 version)
+///        sets the first value; `run_id` (may be empty) names the run that
+///        initialized it, so that waiters of a run do not take a value left by
+///        an earlier run.
 ///   (info)                         -> (variable_info)
-///   (wait_init)                    -> (uint64 version)
-///        answered once the variable has a value (at once if it has one); the
-///        caller bounds the wait with its request timeout.
+///   (wait_init, string run_id, uint32 timeout_ms) -> (uint64 version)
+///        answered once the variable has a value set by run `run_id` (any
+///        value if empty): at once if it has one. The variable drops the
+///        waiter after `timeout_ms` with af_error::timeout, or when the waiter
+///        dies (it monitors it), so no waiter outlives its requester.
 /// Every successful update bumps the version by one.
 
 #include <cstdint>
@@ -28,42 +36,14 @@
 #include "messages/atoms.hpp"
 #include "messages/serialization.hpp"
 #include "messages/tensor.hpp"
+#include "messages/variable_spec.hpp"
 
 namespace af {
-
-/// How a variable gets its first value (TF's initializers).
-struct initializer {
-  std::string kind = "zeros"; ///< constant, zeros, ones, uniform, normal, tensor
-  double value = 0;           ///< constant
-  double a = 0;               ///< uniform: low;  normal: mean
-  double b = 1;               ///< uniform: high; normal: stddev
-  uint64_t seed = 0;          ///< uniform, normal
-  tensor from;                ///< tensor
-
-  static initializer constant(double v) { initializer i; i.kind = "constant"; i.value = v; return i; }
-  static initializer zeros() { return constant(0); }
-  static initializer ones() { return constant(1); }
-  static initializer uniform(double low, double high, uint64_t seed) {
-    initializer i; i.kind = "uniform"; i.a = low; i.b = high; i.seed = seed; return i;
-  }
-  static initializer normal(double mean, double stddev, uint64_t seed) {
-    initializer i; i.kind = "normal"; i.a = mean; i.b = stddev; i.seed = seed; return i;
-  }
-  static initializer from_tensor(tensor t) { initializer i; i.kind = "tensor"; i.from = std::move(t); return i; }
-};
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, initializer& x) {
   return f(caf::meta::type_name("initializer"), x.kind, x.value, x.a, x.b, x.seed, x.from);
 }
-
-/// What a variable is: its name, dtype, shape and the full device it lives on.
-struct variable_spec {
-  std::string name;
-  dtype type = dtype::float32;
-  shape_type shape;
-  std::string device; ///< canonical, e.g. /job:ps/replica:0/task:0/device:CPU:0
-};
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, variable_spec& x) {
@@ -74,20 +54,20 @@ struct variable_info {
   variable_spec spec;
   bool initialized = false;
   uint64_t version = 0;
+  std::string run_id;   ///< the run that initialized it ("" if none said)
+  uint32_t waiters = 0; ///< wait_init requests parked on it now
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, variable_info& x) {
-  return f(caf::meta::type_name("variable_info"), x.spec, x.initialized, x.version);
+  return f(caf::meta::type_name("variable_info"), x.spec, x.initialized, x.version, x.run_id,
+           x.waiters);
 }
 
 using variable_actor = caf::typed_actor<
-  caf::replies_to<read_atom>::with<tensor, uint64_t>,
-  caf::replies_to<assign_atom, tensor, bool>::with<tensor, uint64_t>,
-  caf::replies_to<assign_add_atom, tensor, bool>::with<tensor, uint64_t>,
-  caf::replies_to<assign_sub_atom, tensor, bool>::with<tensor, uint64_t>,
-  caf::replies_to<init_atom, initializer, bool>::with<uint64_t>,
+  caf::replies_to<var_op_atom, var_op, tensor, bool>::with<tensor, uint64_t>,
+  caf::replies_to<init_atom, initializer, bool, std::string>::with<uint64_t>,
   caf::replies_to<info_atom>::with<variable_info>,
-  caf::replies_to<wait_init_atom>::with<uint64_t>>;
+  caf::replies_to<wait_init_atom, std::string, uint32_t>::with<uint64_t>>;
 
 } // namespace af

@@ -59,9 +59,9 @@ TEST_CASE("a tensor assigned to and read from a variable on the same node is nev
     auto value = tensor::filled(dtype::float32, {1 << 20}, 2);
     caf::scoped_actor self{sys, true};
     tensor read_back;
-    self->request(handle, 10s, assign_atom::value, value, false)
+    self->request(handle, 10s, var_op_atom::value, var_op::assign, value, false)
       .receive([](tensor&, uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
-    self->request(handle, 10s, read_atom::value)
+    self->request(handle, 10s, var_op_atom::value, var_op::read, tensor{}, false)
       .receive([&](tensor& t, uint64_t) { read_back = t; }, [](caf::error& e) { FAIL(describe(e)); });
     CHECK(read_back.shares_buffer_with(value));
     // and the executor of that node computes on the variable's own buffer

@@ -1,0 +1,168 @@
+#pragma once
+/// The op graph and its builder: plain C++ on plain data, no CAF and no
+/// cluster. A session (actors/session.hpp) and a worker actor build steps with
+/// it; gradients (graph/gradients.hpp), placement (graph/placement.hpp),
+/// partitioning (graph/partition.hpp), in-graph replication
+/// (graph/replicate.hpp) and a one-process evaluator (graph/evaluate.hpp)
+/// work on it.
+///
+///   af::graph g;
+///   g.push_scope(*af::device_name::parse("/job:ps/task:0"));
+///   auto w = g.variable("w", {2, 2}, af::initializer::constant(2));
+///   g.pop_scope();
+///   auto y = g.matmul(g.placeholder("x"), w);
+///
+/// Node ids are handed out in creation order and every node's inputs are
+/// older than it, so ascending ids are a topological order.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/outcome.hpp"
+#include "messages/device_name.hpp"
+#include "messages/op_attrs.hpp"
+#include "messages/tensor.hpp"
+#include "messages/variable_spec.hpp"
+
+namespace af {
+
+/// A node of the graph (TF's Tensor / Operation handle).
+struct output {
+  int32_t id = -1;
+  bool valid() const { return id >= 0; }
+  bool operator==(output other) const { return id == other.id; }
+  bool operator!=(output other) const { return id != other.id; }
+  bool operator<(output other) const { return id < other.id; }
+};
+
+enum class node_kind : uint8_t { variable, constant, compute, update, placeholder };
+
+struct graph_node {
+  node_kind kind = node_kind::constant;
+  std::string name;         ///< unique within the graph ("add", "add_1", ...)
+  std::string op;           ///< compute: a kernels::run_op name; update: assign/assign_add/assign_sub
+  op_attrs attrs;
+  std::vector<int32_t> inputs;
+  device_name requested;    ///< the scopes merged at creation (may be partial)
+  // -- variables
+  variable_spec spec;       ///< spec.device is empty until placement fills it
+  initializer init;
+  std::string placement_note; ///< e.g. why soft placement moved it
+  // -- constants
+  tensor value;
+};
+
+class graph {
+public:
+  // -- device scopes (tf.device) ----------------------------------------------
+
+  void push_scope(device_name d) { scopes_.push_back(std::move(d)); }
+  void pop_scope() {
+    if (!scopes_.empty())
+      scopes_.pop_back();
+  }
+  /// The merged device of the open scopes (empty if none).
+  device_name current_scope() const;
+  const std::vector<device_name>& scopes() const { return scopes_; }
+  void set_scopes(std::vector<device_name> s) { scopes_ = std::move(s); }
+
+  // -- building ---------------------------------------------------------------
+
+  /// A variable node named `name` (not uniquified: the name is the variable's
+  /// identity in the cluster). An empty name or a negative dimension is an
+  /// error; so is a name this graph already has as a variable with another
+  /// shape or dtype (the same name and shape returns the existing node).
+  outcome<output> variable(const std::string& name, shape_type shape,
+                           initializer init = initializer::zeros(), dtype type = dtype::float32);
+
+  output constant(tensor value, const std::string& name = "Const");
+
+  /// A value given at run time (tf.placeholder).
+  output placeholder(const std::string& name = "Placeholder");
+
+  /// Any kernel op by name (kernels::run_op). Inputs are not checked here;
+  /// validate() (and running) report an invalid one naming the op.
+  output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
+            const std::string& name = "");
+
+  output add(output a, output b, const std::string& name = "add") { return op("add", {a, b}, {}, name); }
+  output sub(output a, output b, const std::string& name = "sub") { return op("sub", {a, b}, {}, name); }
+  output mul(output a, output b, const std::string& name = "mul") { return op("mul", {a, b}, {}, name); }
+  output div(output a, output b, const std::string& name = "div") { return op("div", {a, b}, {}, name); }
+  output neg(output x) { return op("neg", {x}); }
+  output exp(output x) { return op("exp", {x}); }
+  output log(output x) { return op("log", {x}); }
+  output relu(output x) { return op("relu", {x}); }
+  output sigmoid(output x) { return op("sigmoid", {x}); }
+  output tanh(output x) { return op("tanh", {x}); }
+  output square(output x) { return op("square", {x}); }
+  output sqrt(output x) { return op("sqrt", {x}); }
+  output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
+                const std::string& name = "matmul");
+  /// Reductions over all axes, or over `axis` when given (negative: from the end).
+  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output softmax(output logits) { return op("softmax", {logits}); }
+  output log_softmax(output logits) { return op("log_softmax", {logits}); }
+  /// Per-example loss of logits [batch, classes] and int labels [batch].
+  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent") {
+    return op("softmax_xent", {logits, labels}, {}, name);
+  }
+
+  /// Updates of a variable node; an invalid output when `var` is not one
+  /// (validate() and running name it).
+  output assign(output var, output value, const std::string& name = "");
+  output assign_add(output var, output value, const std::string& name = "");
+  output assign_sub(output var, output value, const std::string& name = "");
+
+  // -- inspecting -------------------------------------------------------------
+
+  size_t size() const { return nodes_.size(); }
+  bool contains(output o) const { return o.id >= 0 && static_cast<size_t>(o.id) < nodes_.size(); }
+  const graph_node& at(output o) const { return nodes_.at(static_cast<size_t>(o.id)); }
+  graph_node& at(output o) { return nodes_.at(static_cast<size_t>(o.id)); }
+  const std::vector<graph_node>& nodes() const { return nodes_; }
+
+  /// The variable node `o`, or nullptr if `o` is not a variable of this graph.
+  const graph_node* variable_node(output o) const;
+
+  /// The variable node named `name`, or an invalid output.
+  output find_variable(const std::string& name) const;
+
+  /// All variable nodes, in creation order.
+  std::vector<output> variables() const;
+
+  /// Node names in creation order (graph.get_operations()).
+  std::vector<std::string> operations() const;
+
+  /// Everything `roots` need (compute and update nodes, ascending ids), up to
+  /// variables, constants and placeholders. An input that is not a node of
+  /// this graph is an error naming the op that has it.
+  outcome<std::vector<int32_t>> closure(const std::vector<int32_t>& roots) const;
+
+  /// The graph in a line per node, for logs and the REPL.
+  std::string to_string() const;
+
+private:
+  std::string unique_name(const std::string& base);
+  output update(const char* kind, output var, output value, const std::string& name);
+
+  std::vector<graph_node> nodes_;
+  std::vector<device_name> scopes_;
+  std::map<std::string, int> name_counts_;
+};
+
+/// Reverse-mode gradients of the scalar `loss` with respect to `xs`
+/// (tf.gradients). The backward ops are added to `g`, each in the scope of
+/// its forward op (so on its device). An x that `loss` does not depend on is
+/// an error naming it; so is an op on the path that has no gradient.
+outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<output>& xs);
+
+/// True if gradients() knows how to differentiate kernel op `op`.
+bool has_gradient(const std::string& op);
+
+} // namespace af
