@@ -16,6 +16,11 @@ namespace af {
 /// Variable values by name; updates write here.
 using variable_values = std::map<std::string, tensor>;
 
+/// A variable's first value from its initializer (constant, zeros, ones,
+/// uniform, normal, tensor). A tensor of another dtype or shape, an unknown
+/// kind, or a value too large to allocate is an error naming the variable.
+outcome<tensor> initial_value(const variable_spec& spec, const initializer& init);
+
 /// Sets every variable of `g` that `vars` lacks from its initializer.
 graph_status initialize_values(const graph& g, variable_values& vars);
 

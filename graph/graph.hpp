@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,7 @@ private:
   std::vector<graph_node> nodes_;
   std::vector<device_name> scopes_;
   std::map<std::string, int> name_counts_;
+  std::set<std::string> used_names_; ///< every node name, so that "add_1" is never handed out twice
 };
 
 /// Reverse-mode gradients of the scalar `loss` with respect to `xs`

@@ -46,6 +46,9 @@ using device_catalog =
   std::function<outcome<std::vector<std::string>>(const std::string& job, int32_t task)>;
 
 /// Where a variable (`for_variable`) or an op asking for `requested` goes.
+/// A catalog error comes back as "device X: <its text>", with its own code
+/// when it is about reaching the node (unreachable, timeout, peer_down) and
+/// unknown_device otherwise (an unknown job, a task out of range).
 outcome<placed_device> place(const device_name& requested, bool for_variable,
                              const placement_policy& policy, const device_catalog& catalog);
 

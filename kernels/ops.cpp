@@ -89,63 +89,127 @@ std::vector<size_t> broadcast_strides(const shape_type& in, const shape_type& ou
 
 namespace {
 
-/// How many inputs each op takes.
-int arity(const std::string& op) {
-  if (parse_binary_op(op) || op == "matmul" || op == "sum_to" || op == "softmax_grad"
-      || op == "log_softmax_grad" || op == "softmax_xent" || op == "sum_grad" || op == "mean_grad")
-    return 2;
-  if (parse_unary_op(op) || parse_reduce_op(op) || op == "softmax" || op == "log_softmax"
-      || op == "ones_like")
-    return 1;
-  if (op == "max_grad" || op == "softmax_xent_grad")
-    return 3;
-  return -1;
+using op_inputs = std::vector<tensor>;
+using op_kernel = status (*)(backend&, const op_attrs&, const op_inputs&, tensor&);
+
+/// One graph op: its name, how many inputs it takes and the kernel it runs.
+struct op_entry {
+  std::string_view name;
+  int arity;
+  op_kernel run;
+};
+
+template <binary_op Op>
+status binary_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.binary(Op, in[0], in[1], out);
+}
+
+template <unary_op Op>
+status unary_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.unary(Op, in[0], out);
+}
+
+template <reduce_op Op>
+status reduce_kernel(backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
+  return b.reduce(Op, attrs, in[0], out);
+}
+
+template <bool Log>
+status softmax_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.softmax(in[0], Log, out);
+}
+
+template <bool Log>
+status softmax_grad_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.softmax_grad(in[0], in[1], Log, out);
+}
+
+// The table is the only list of op names: known_op and run_op both read it,
+// so a name is either run by its own kernel or rejected, never sent to
+// another op's kernel.
+const op_entry op_table[] = {
+  {"add", 2, binary_kernel<binary_op::add>},
+  {"sub", 2, binary_kernel<binary_op::sub>},
+  {"mul", 2, binary_kernel<binary_op::mul>},
+  {"div", 2, binary_kernel<binary_op::div>},
+  {"relu_grad", 2, binary_kernel<binary_op::relu_grad>},       // (dy, x)
+  {"sigmoid_grad", 2, binary_kernel<binary_op::sigmoid_grad>}, // (dy, y)
+  {"tanh_grad", 2, binary_kernel<binary_op::tanh_grad>},       // (dy, y)
+  {"neg", 1, unary_kernel<unary_op::neg>},
+  {"exp", 1, unary_kernel<unary_op::exp>},
+  {"log", 1, unary_kernel<unary_op::log>},
+  {"relu", 1, unary_kernel<unary_op::relu>},
+  {"sigmoid", 1, unary_kernel<unary_op::sigmoid>},
+  {"tanh", 1, unary_kernel<unary_op::tanh>},
+  {"square", 1, unary_kernel<unary_op::square>},
+  {"sqrt", 1, unary_kernel<unary_op::sqrt>},
+  {"sum", 1, reduce_kernel<reduce_op::sum>},
+  {"mean", 1, reduce_kernel<reduce_op::mean>},
+  {"max", 1, reduce_kernel<reduce_op::max>},
+  {"matmul", 2,
+   [](backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
+     return b.matmul(in[0], in[1], attrs.transpose_a, attrs.transpose_b, out);
+   }},
+  {"sum_to", 2,
+   [](backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+     return b.sum_to(in[0], in[1], out);
+   }},
+  {"softmax", 1, softmax_kernel<false>},
+  {"log_softmax", 1, softmax_kernel<true>},
+  {"softmax_grad", 2, softmax_grad_kernel<false>},    // (dy, y)
+  {"log_softmax_grad", 2, softmax_grad_kernel<true>}, // (dy, y)
+  {"softmax_xent", 2,
+   [](backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+     return b.softmax_xent(in[0], in[1], out);
+   }},
+  {"softmax_xent_grad", 3, // (dy, logits, labels)
+   [](backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+     return b.softmax_xent_grad(in[0], in[1], in[2], out);
+   }},
+  {"sum_grad", 2, // (dy, x)
+   [](backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
+     return b.reduce_grad(reduce_op::sum, attrs, in[0], in[1], tensor{}, out);
+   }},
+  {"mean_grad", 2, // (dy, x)
+   [](backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
+     return b.reduce_grad(reduce_op::mean, attrs, in[0], in[1], tensor{}, out);
+   }},
+  {"max_grad", 3, // (dy, x, y)
+   [](backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
+     return b.reduce_grad(reduce_op::max, attrs, in[0], in[1], in[2], out);
+   }},
+  {"ones_like", 1, // the seed of gradients: the loss's dtype and shape
+   [](backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+     out = tensor::filled(in[0].type(), in[0].shape(), 1);
+     return status::success();
+   }},
+};
+
+const op_entry* find_op(std::string_view name) {
+  for (const auto& e : op_table)
+    if (e.name == name)
+      return &e;
+  return nullptr;
 }
 
 } // namespace
 
 bool known_op(const std::string& op) {
-  return arity(op) >= 0;
+  return find_op(op) != nullptr;
 }
 
 status run_op(backend& b, const std::string& op, const op_attrs& attrs,
               const std::vector<tensor>& in, tensor& out) {
-  auto n = arity(op);
-  if (n < 0)
+  const auto* entry = find_op(op);
+  if (entry == nullptr)
     return status::failure("unknown op '" + op + "'");
-  if (static_cast<int>(in.size()) != n)
-    return status::failure(op + " takes " + std::to_string(n) + " input(s), got "
+  if (static_cast<int>(in.size()) != entry->arity)
+    return status::failure(op + " takes " + std::to_string(entry->arity) + " input(s), got "
                            + std::to_string(in.size()));
   for (size_t i = 0; i < in.size(); ++i)
     if (in[i].empty())
       return status::failure(op + ": input " + std::to_string(i) + " has no value");
-  if (op == "ones_like") { // the seed of gradients: the loss's dtype and shape
-    out = tensor::filled(in[0].type(), in[0].shape(), 1);
-    return status::success();
-  }
-  if (auto bop = parse_binary_op(op))
-    return b.binary(*bop, in[0], in[1], out);
-  if (auto uop = parse_unary_op(op))
-    return b.unary(*uop, in[0], out);
-  if (auto rop = parse_reduce_op(op))
-    return b.reduce(*rop, attrs, in[0], out);
-  if (op == "matmul")
-    return b.matmul(in[0], in[1], attrs.transpose_a, attrs.transpose_b, out);
-  if (op == "sum_to")
-    return b.sum_to(in[0], in[1], out);
-  if (op == "softmax" || op == "log_softmax")
-    return b.softmax(in[0], op == "log_softmax", out);
-  if (op == "softmax_grad" || op == "log_softmax_grad")
-    return b.softmax_grad(in[0], in[1], op == "log_softmax_grad", out);
-  if (op == "softmax_xent")
-    return b.softmax_xent(in[0], in[1], out);
-  if (op == "softmax_xent_grad")
-    return b.softmax_xent_grad(in[0], in[1], in[2], out);
-  if (op == "sum_grad" || op == "mean_grad")
-    return b.reduce_grad(op == "sum_grad" ? reduce_op::sum : reduce_op::mean, attrs, in[0], in[1],
-                         tensor{}, out);
-  // max_grad: (dy, x, y)
-  return b.reduce_grad(reduce_op::max, attrs, in[0], in[1], in[2], out);
+  return entry->run(b, attrs, in, out);
 }
 
 } // namespace af::kernels

@@ -1,14 +1,16 @@
-// Every op's gradient, as gradients() builds it and the executors run it,
-// against central finite differences (float64).
+// Every op's gradient, as gradients() builds it and evaluate() runs it on the
+// CPU backend, against central finite differences (float64). No cluster.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <functional>
+#include <memory>
 
-#include "scenarios.hpp"
+#include "graph/evaluate.hpp"
+#include "graph/graph.hpp"
+#include "kernels/kernels.hpp"
 
 using namespace af;
-using namespace af::testing;
 
 namespace {
 
@@ -19,43 +21,55 @@ tensor random64(shape_type shape, uint64_t seed, double lo, double hi) {
 }
 
 struct grad_check {
-  std::unique_ptr<embedded_cluster> cluster = value_of(embedded_cluster::start({{"local", 1}}));
-  session s = value_of(cluster->session_for("local", 0));
+  graph g;
+  variable_values vars;
+  std::unique_ptr<kernels::backend> cpu = kernels::make_cpu_backend();
   int counter = 0;
 
   output var(const tensor& value) {
     auto name = "x" + std::to_string(counter++);
-    auto v = value_of(s.variable(name, value.shape(), initializer::from_tensor(value), dtype::float64));
-    require_ok(s.initialize({v}));
-    return v;
+    auto v = g.variable(name, value.shape(), initializer::from_tensor(value), dtype::float64);
+    REQUIRE(v);
+    REQUIRE(initialize_values(g, vars));
+    return *v;
+  }
+
+  std::vector<tensor> run(const std::vector<output>& fetches) {
+    auto r = evaluate(g, fetches, {}, vars, *cpu);
+    if (!r)
+      FAIL(r.error().what);
+    return *r;
   }
 
   /// loss = sum(f(inputs) * r) with random r, so every output element counts.
   void check(const std::string& what, std::vector<tensor> values,
-             const std::function<output(session&, const std::vector<output>&)>& f,
+             const std::function<output(graph&, const std::vector<output>&)>& f,
              double tol = 1e-6) {
     INFO(what);
     std::vector<output> xs;
     for (auto& v : values)
       xs.push_back(var(v));
-    auto y = f(s, xs);
-    auto y_value = value_of(s.run(y));
-    auto r = s.constant(random64(y_value.shape(), 99, -1, 1));
-    auto loss = s.reduce_sum(s.mul(y, r));
-    auto grads = value_of(s.gradients(loss, xs));
-    auto analytic = value_of(s.run(grads));
+    auto y = f(g, xs);
+    auto y_value = run({y}).front();
+    auto r = g.constant(random64(y_value.shape(), 99, -1, 1));
+    auto loss = g.reduce_sum(g.mul(y, r));
+    auto grads = gradients(g, loss, xs);
+    if (!grads)
+      FAIL(grads.error().what);
+    auto analytic = run(*grads);
     const double eps = 1e-6;
     for (size_t k = 0; k < xs.size(); ++k) {
+      const auto& name = g.at(xs[k]).name;
       REQUIRE(analytic[k].shape() == values[k].shape());
       for (size_t i = 0; i < values[k].num_elements(); ++i) {
         auto probe = [&](double delta) {
           auto x = tensor::from_values<double>(values[k].shape(), values[k].values<double>());
           x.mutable_data<double>()[i] += delta;
-          value_of(s.run(s.assign(xs[k], s.constant(x))));
-          return value_of(s.run(loss)).at(0);
+          vars[name] = x;
+          return run({loss}).front().at(0);
         };
         double numeric = (probe(eps) - probe(-eps)) / (2 * eps);
-        value_of(s.run(s.assign(xs[k], s.constant(values[k]))));
+        vars[name] = values[k];
         INFO("input " << k << " element " << i << ": analytic " << analytic[k].at(i) << " numeric "
                       << numeric);
         CHECK(std::abs(analytic[k].at(i) - numeric) <= tol + 1e-4 * std::abs(numeric));
@@ -64,76 +78,142 @@ struct grad_check {
   }
 };
 
+using G = graph;
+using V = std::vector<output>;
+
 } // namespace
 
 TEST_CASE("gradients of elementwise ops match finite differences, with broadcasting", "[gradients]") {
-  grad_check g;
+  grad_check c;
   auto a = random64({2, 3}, 1, 0.5, 2), b = random64({3}, 2, 0.5, 2);
-  using S = session;
-  using V = std::vector<output>;
-  g.check("add", {a, b}, [](S& s, const V& x) { return s.add(x[0], x[1]); });
-  g.check("sub", {a, b}, [](S& s, const V& x) { return s.sub(x[0], x[1]); });
-  g.check("mul", {a, b}, [](S& s, const V& x) { return s.mul(x[0], x[1]); });
-  g.check("div", {a, b}, [](S& s, const V& x) { return s.div(x[0], x[1]); });
-  g.check("mul by a scalar", {a, tensor::from_values<double>({}, {1.5})},
-          [](S& s, const V& x) { return s.mul(x[0], x[1]); });
+  c.check("add", {a, b}, [](G& g, const V& x) { return g.add(x[0], x[1]); });
+  c.check("sub", {a, b}, [](G& g, const V& x) { return g.sub(x[0], x[1]); });
+  c.check("mul", {a, b}, [](G& g, const V& x) { return g.mul(x[0], x[1]); });
+  c.check("div", {a, b}, [](G& g, const V& x) { return g.div(x[0], x[1]); });
+  c.check("sub, broadcast on the left", {b, a}, [](G& g, const V& x) { return g.sub(x[0], x[1]); });
+  c.check("div, broadcast on the left", {b, a}, [](G& g, const V& x) { return g.div(x[0], x[1]); });
+  c.check("add of a column [2,1]", {a, random64({2, 1}, 4, 0.5, 2)},
+          [](G& g, const V& x) { return g.add(x[0], x[1]); });
+  c.check("mul by a scalar", {a, tensor::from_values<double>({}, {1.5})},
+          [](G& g, const V& x) { return g.mul(x[0], x[1]); });
   auto mixed = random64({2, 3}, 3, -2, 2);
   for (size_t i = 0; i < mixed.num_elements(); ++i) // keep relu away from its kink
     if (std::abs(mixed.at(i)) < 0.1)
       mixed.mutable_data<double>()[i] = 0.5;
-  g.check("neg", {mixed}, [](S& s, const V& x) { return s.neg(x[0]); });
-  g.check("exp", {mixed}, [](S& s, const V& x) { return s.exp(x[0]); });
-  g.check("relu", {mixed}, [](S& s, const V& x) { return s.relu(x[0]); });
-  g.check("sigmoid", {mixed}, [](S& s, const V& x) { return s.sigmoid(x[0]); });
-  g.check("tanh", {mixed}, [](S& s, const V& x) { return s.tanh(x[0]); });
-  g.check("square", {mixed}, [](S& s, const V& x) { return s.square(x[0]); });
-  g.check("log", {a}, [](S& s, const V& x) { return s.log(x[0]); });
-  g.check("sqrt", {a}, [](S& s, const V& x) { return s.sqrt(x[0]); });
-  g.check("x used twice: x * x + x", {mixed},
-          [](S& s, const V& x) { return s.add(s.mul(x[0], x[0]), x[0]); });
+  c.check("neg", {mixed}, [](G& g, const V& x) { return g.neg(x[0]); });
+  c.check("exp", {mixed}, [](G& g, const V& x) { return g.exp(x[0]); });
+  c.check("relu", {mixed}, [](G& g, const V& x) { return g.relu(x[0]); });
+  c.check("sigmoid", {mixed}, [](G& g, const V& x) { return g.sigmoid(x[0]); });
+  c.check("tanh", {mixed}, [](G& g, const V& x) { return g.tanh(x[0]); });
+  c.check("square", {mixed}, [](G& g, const V& x) { return g.square(x[0]); });
+  c.check("log", {a}, [](G& g, const V& x) { return g.log(x[0]); });
+  c.check("sqrt", {a}, [](G& g, const V& x) { return g.sqrt(x[0]); });
+  c.check("x used twice: x * x + x", {mixed},
+          [](G& g, const V& x) { return g.add(g.mul(x[0], x[0]), x[0]); });
 }
 
 TEST_CASE("gradients of matmul match finite differences for every transpose combination",
           "[gradients]") {
-  grad_check g;
+  grad_check c;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       auto a = random64(ta ? shape_type{4, 3} : shape_type{3, 4}, 5, -1, 1);
       auto b = random64(tb ? shape_type{2, 4} : shape_type{4, 2}, 6, -1, 1);
-      g.check("matmul ta=" + std::to_string(ta) + " tb=" + std::to_string(tb), {a, b},
-              [ta, tb](session& s, const std::vector<output>& x) { return s.matmul(x[0], x[1], ta, tb); });
+      c.check("matmul ta=" + std::to_string(ta) + " tb=" + std::to_string(tb), {a, b},
+              [ta, tb](G& g, const V& x) { return g.matmul(x[0], x[1], ta, tb); });
     }
 }
 
 TEST_CASE("gradients of reductions, softmax and cross-entropy match finite differences",
           "[gradients]") {
-  grad_check g;
+  grad_check c;
   auto x = random64({3, 4}, 7, -2, 2);
-  using S = session;
-  using V = std::vector<output>;
-  g.check("sum", {x}, [](S& s, const V& v) { return s.reduce_sum(v[0]); });
-  g.check("mean", {x}, [](S& s, const V& v) { return s.reduce_mean(v[0]); });
-  g.check("max", {x}, [](S& s, const V& v) { return s.reduce_max(v[0]); });
-  g.check("sum over axis 0", {x}, [](S& s, const V& v) { return s.reduce_sum(v[0], 0); });
-  g.check("mean over axis -1 keep_dims", {x}, [](S& s, const V& v) { return s.reduce_mean(v[0], -1, true); });
-  g.check("max over axis 1", {x}, [](S& s, const V& v) { return s.reduce_max(v[0], 1); });
-  g.check("softmax", {x}, [](S& s, const V& v) { return s.softmax(v[0]); });
-  g.check("log_softmax", {x}, [](S& s, const V& v) { return s.log_softmax(v[0]); });
+  c.check("sum", {x}, [](G& g, const V& v) { return g.reduce_sum(v[0]); });
+  c.check("mean", {x}, [](G& g, const V& v) { return g.reduce_mean(v[0]); });
+  c.check("max", {x}, [](G& g, const V& v) { return g.reduce_max(v[0]); });
+  c.check("sum over axis 0", {x}, [](G& g, const V& v) { return g.reduce_sum(v[0], 0); });
+  c.check("mean over axis -1 keep_dims", {x}, [](G& g, const V& v) { return g.reduce_mean(v[0], -1, true); });
+  c.check("max over axis 1", {x}, [](G& g, const V& v) { return g.reduce_max(v[0], 1); });
+  c.check("softmax", {x}, [](G& g, const V& v) { return g.softmax(v[0]); });
+  c.check("log_softmax", {x}, [](G& g, const V& v) { return g.log_softmax(v[0]); });
   auto labels = tensor::from_values<int32_t>({3}, {1, 3, 0});
-  g.check("softmax_xent", {x}, [&](S& s, const V& v) { return s.softmax_xent(v[0], s.constant(labels)); });
+  c.check("softmax_xent", {x}, [&](G& g, const V& v) { return g.softmax_xent(v[0], g.constant(labels)); });
+  c.check("a two-layer network", {random64({3, 4}, 8, -1, 1), random64({4, 2}, 9, -1, 1), random64({2}, 10, -1, 1)},
+          [&](G& g, const V& v) {
+            auto h = g.tanh(g.add(g.matmul(v[0], v[1]), v[2]));
+            return g.softmax_xent(h, g.constant(tensor::from_values<int32_t>({3}, {0, 1, 1})));
+          });
+}
+
+TEST_CASE("has_gradient() agrees with the ops gradients() differentiates", "[gradients]") {
+  for (const char* op : {"add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh",
+                         "square", "sqrt", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
+                         "softmax_xent"})
+    CHECK(has_gradient(op));
+  for (const char* op : {"relu_grad", "sum_to", "ones_like", "max_grad", "assign", "conv2d", ""})
+    CHECK_FALSE(has_gradient(op));
 }
 
 TEST_CASE("gradients() names what it cannot differentiate", "[gradients][errors]") {
-  grad_check g;
-  auto x = g.var(random64({2}, 1, 0, 1));
-  auto unrelated = g.var(random64({2}, 2, 0, 1));
-  auto loss = g.s.reduce_sum(g.s.square(x));
-  auto r = g.s.gradients(loss, {x, unrelated});
+  grad_check c;
+  auto x = c.var(random64({2}, 1, 0, 1));
+  auto unrelated = c.var(random64({2}, 2, 0, 1));
+  auto loss = c.g.reduce_sum(c.g.square(x));
+  auto r = gradients(c.g, loss, {x, unrelated});
   REQUIRE_FALSE(r);
-  CHECK(describe(r.error()).find("does not depend on 'x1'") != std::string::npos);
-  auto no_grad = g.s.reduce_sum(g.s.op("relu_grad", {x, x}));
-  auto r2 = g.s.gradients(no_grad, {x});
+  CHECK(r.error().code == af_error::invalid_argument);
+  CHECK(r.error().what == "gradients(): the loss does not depend on 'x1'");
+
+  auto later = c.g.add(x, x, "later"); // made after the loss: the loss cannot depend on it
+  auto r_later = gradients(c.g, loss, {later});
+  REQUIRE_FALSE(r_later);
+  CHECK(r_later.error().what.find("does not depend on 'later'") != std::string::npos);
+
+  auto no_grad = c.g.reduce_sum(c.g.op("relu_grad", {x, x}, {}, "rg"));
+  auto r2 = gradients(c.g, no_grad, {x});
   REQUIRE_FALSE(r2);
-  CHECK(is(r2.error(), af_error::unsupported));
-  CHECK(describe(r2.error()).find("(relu_grad) has no gradient") != std::string::npos);
+  CHECK(r2.error().code == af_error::unsupported);
+  CHECK(r2.error().what == "gradients(): op 'rg' (relu_grad) has no gradient");
+
+  auto r3 = gradients(c.g, output{12345}, {x});
+  REQUIRE_FALSE(r3);
+  CHECK(r3.error().code == af_error::invalid_argument);
+  CHECK(r3.error().what.find("loss is not an op of this graph") != std::string::npos);
+}
+
+TEST_CASE("backward ops go in their forward op's scope and the caller's scopes come back",
+          "[gradients]") {
+  graph g;
+  auto w = *g.variable("w", {2}, initializer::ones(), dtype::float64);
+  g.push_scope(*device_name::parse("/job:worker/task:1"));
+  auto y = g.exp(w); // requested /job:worker/task:1
+  g.push_scope(*device_name::parse("/gpu:0"));
+  auto loss = g.reduce_sum(y); // requested /job:worker/task:1/device:GPU:0
+  g.pop_scope();
+  g.pop_scope();
+  g.push_scope(*device_name::parse("/job:ps"));
+  auto first_new = static_cast<int32_t>(g.size());
+  auto grads = gradients(g, loss, {w});
+  REQUIRE(grads);
+  // The caller's scope is back.
+  CHECK(g.current_scope().to_string() == "/job:ps");
+  // sum's gradient on sum's device, exp's on exp's.
+  bool saw_sum_grad = false, saw_exp_grad = false;
+  for (auto id = first_new; id < static_cast<int32_t>(g.size()); ++id) {
+    const auto& n = g.at(output{id});
+    if (n.op == "sum_grad") {
+      saw_sum_grad = true;
+      CHECK(n.requested.to_string() == "/job:worker/task:1/device:GPU:0");
+    }
+    if (n.op == "mul") {
+      saw_exp_grad = true;
+      CHECK(n.requested.to_string() == "/job:worker/task:1");
+    }
+  }
+  CHECK(saw_sum_grad);
+  CHECK(saw_exp_grad);
+  // A failing gradients() restores the scopes too.
+  auto bad = g.reduce_sum(g.op("sum_to", {w, w}));
+  REQUIRE_FALSE(gradients(g, bad, {w}));
+  CHECK(g.current_scope().to_string() == "/job:ps");
 }

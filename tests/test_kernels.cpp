@@ -1,6 +1,7 @@
 // Every CPU kernel against a plain reference loop written here.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/kernels.hpp"
@@ -210,16 +211,158 @@ TEST_CASE("SGD, momentum and Adam updates follow TensorFlow's formulas", "[kerne
   CHECK_FALSE(cpu->apply_sgd(w, random({3}, 1), 0.1).ok());
 }
 
-TEST_CASE("run_op names every op and rejects unknown ones and wrong arity", "[kernels]") {
+namespace {
+
+/// An op run through run_op and what a plain loop here says it computes.
+struct op_case {
+  std::string name;
+  std::vector<tensor> inputs;
+  op_attrs attrs;
+  std::vector<double> want;
+};
+
+op_attrs along(int32_t axis) {
+  op_attrs a;
+  a.all_axes = false;
+  a.axis = axis;
+  return a;
+}
+
+/// Every op name run_op knows, each with valid inputs and its reference.
+std::vector<op_case> every_op() {
+  auto a = random({2, 3}, 11, 0.5, 2), b = random({3}, 12, 0.5, 2);
+  auto x = random({2, 3}, 13, -2, 2), dy = random({2, 3}, 14, -1, 1);
+  auto row_dy = random({2}, 15, -1, 1);
+  auto y01 = random({2, 3}, 16, 0.1, 0.9); // a sigmoid-like output
+  auto labels = tensor::from_values<int32_t>({2}, {2, 0});
+  std::vector<op_case> cases;
+  auto elementwise = [&](const std::string& name, const tensor& l, const tensor& r,
+                         double (*f)(double, double)) {
+    std::vector<double> want;
+    for (size_t i = 0; i < l.num_elements(); ++i) // r is [3] or [2,3]: NumPy broadcasting
+      want.push_back(f(l.at(i), r.at(r.num_elements() == 3 ? i % 3 : i)));
+    cases.push_back({name, {l, r}, {}, want});
+  };
+  elementwise("add", a, b, [](double p, double q) { return p + q; });
+  elementwise("sub", a, b, [](double p, double q) { return p - q; });
+  elementwise("mul", a, b, [](double p, double q) { return p * q; });
+  elementwise("div", a, b, [](double p, double q) { return p / q; });
+  elementwise("relu_grad", dy, x, [](double g, double v) { return v > 0 ? g : 0.0; });
+  elementwise("sigmoid_grad", dy, y01, [](double g, double v) { return g * v * (1 - v); });
+  elementwise("tanh_grad", dy, y01, [](double g, double v) { return g * (1 - v * v); });
+  auto unary = [&](const std::string& name, double (*f)(double)) {
+    std::vector<double> want;
+    for (size_t i = 0; i < a.num_elements(); ++i)
+      want.push_back(f(a.at(i)));
+    cases.push_back({name, {a}, {}, want});
+  };
+  unary("neg", [](double v) { return -v; });
+  unary("exp", [](double v) { return std::exp(v); });
+  unary("log", [](double v) { return std::log(v); });
+  unary("relu", [](double v) { return v > 0 ? v : 0.0; });
+  unary("sigmoid", [](double v) { return 1 / (1 + std::exp(-v)); });
+  unary("tanh", [](double v) { return std::tanh(v); });
+  unary("square", [](double v) { return v * v; });
+  unary("sqrt", [](double v) { return std::sqrt(v); });
+  unary("ones_like", [](double) { return 1.0; });
+
+  auto m = random({3, 2}, 17);
+  std::vector<double> mm(4, 0);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 3; ++k)
+        mm[i * 2 + j] += x.at(i * 3 + k) * m.at(k * 2 + j);
+  cases.push_back({"matmul", {x, m}, {}, mm});
+
+  double total = 0, mx = -1e300;
+  for (size_t i = 0; i < x.num_elements(); ++i) {
+    total += x.at(i);
+    mx = std::max(mx, x.at(i));
+  }
+  cases.push_back({"sum", {x}, {}, {total}});
+  cases.push_back({"mean", {x}, {}, {total / 6}});
+  cases.push_back({"max", {x}, {}, {mx}});
+  cases.push_back({"sum_to", {dy, b}, {}, {dy.at(0) + dy.at(3), dy.at(1) + dy.at(4), dy.at(2) + dy.at(5)}});
+
+  // Gradients of reductions over axis 1 of x [2,3]: dy [2] spread over each row.
+  std::vector<double> sum_g, mean_g, max_g;
+  std::vector<double> row_max;
+  for (int r = 0; r < 2; ++r)
+    row_max.push_back(std::max({x.at(r * 3), x.at(r * 3 + 1), x.at(r * 3 + 2)}));
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 3; ++c) {
+      sum_g.push_back(row_dy.at(r));
+      mean_g.push_back(row_dy.at(r) / 3);
+      max_g.push_back(x.at(r * 3 + c) == row_max[r] ? row_dy.at(r) : 0.0);
+    }
+  cases.push_back({"sum_grad", {row_dy, x}, along(1), sum_g});
+  cases.push_back({"mean_grad", {row_dy, x}, along(1), mean_g});
+  cases.push_back({"max_grad", {row_dy, x, tensor::from_values<double>({2}, row_max)}, along(1), max_g});
+
+  std::vector<double> sm, lsm, sm_grad, lsm_grad, loss, xent_grad;
+  for (int r = 0; r < 2; ++r) {
+    double z = 0;
+    for (int c = 0; c < 3; ++c)
+      z += std::exp(x.at(r * 3 + c));
+    double dot = 0, dsum = 0;
+    for (int c = 0; c < 3; ++c) {
+      auto p = std::exp(x.at(r * 3 + c)) / z;
+      sm.push_back(p);
+      lsm.push_back(std::log(p));
+      dot += dy.at(r * 3 + c) * p;
+      dsum += dy.at(r * 3 + c);
+    }
+    for (int c = 0; c < 3; ++c) {
+      auto p = sm[static_cast<size_t>(r * 3 + c)];
+      sm_grad.push_back(p * (dy.at(r * 3 + c) - dot));
+      lsm_grad.push_back(dy.at(r * 3 + c) - p * dsum);
+      xent_grad.push_back(row_dy.at(r) * (p - (c == labels.at(r) ? 1 : 0)));
+    }
+    loss.push_back(-std::log(sm[static_cast<size_t>(r * 3) + static_cast<size_t>(labels.at(r))]));
+  }
+  auto sm_t = tensor::from_values<double>({2, 3}, sm), lsm_t = tensor::from_values<double>({2, 3}, lsm);
+  cases.push_back({"softmax", {x}, {}, sm});
+  cases.push_back({"log_softmax", {x}, {}, lsm});
+  cases.push_back({"softmax_grad", {dy, sm_t}, {}, sm_grad});
+  cases.push_back({"log_softmax_grad", {dy, lsm_t}, {}, lsm_grad});
+  cases.push_back({"softmax_xent", {x, labels}, {}, loss});
+  cases.push_back({"softmax_xent_grad", {row_dy, x, labels}, {}, xent_grad});
+  return cases;
+}
+
+} // namespace
+
+TEST_CASE("run_op runs every op it knows and each matches a plain loop", "[kernels]") {
+  // The list the graph's gradients and executors rely on: each is run here.
+  const std::vector<std::string> names = {
+    "add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt",
+    "matmul", "sum", "mean", "max", "softmax", "log_softmax", "softmax_xent", "relu_grad",
+    "sigmoid_grad", "tanh_grad", "sum_to", "sum_grad", "mean_grad", "max_grad", "softmax_grad",
+    "log_softmax_grad", "softmax_xent_grad", "ones_like"};
+  auto cases = every_op();
+  for (const auto& name : names) {
+    INFO(name);
+    CHECK(known_op(name));
+    auto it = std::find_if(cases.begin(), cases.end(), [&](const op_case& c) { return c.name == name; });
+    REQUIRE(it != cases.end()); // every listed op has a case below
+    require_close(run(it->name, it->inputs, it->attrs), it->want, 1e-12);
+  }
+  CHECK(cases.size() == names.size()); // and no case runs an op missing from the list
+}
+
+TEST_CASE("run_op rejects unknown ops whatever their input count, and wrong arity", "[kernels]") {
   auto cpu = make_cpu_backend();
   tensor out;
+  auto x = random({2, 3}, 1);
   CHECK(run_op(*cpu, "conv2d", {}, {tensor::scalar(1)}, out).error == "unknown op 'conv2d'");
+  // Three inputs, like max_grad: once sent to max_grad's kernel; now an error.
+  auto three = run_op(*cpu, "min_grad", {}, {x, x, x}, out);
+  CHECK(three.error == "unknown op 'min_grad'");
+  CHECK(three.what == status::kind::invalid);
+  CHECK(out.empty());
   CHECK(run_op(*cpu, "matmul", {}, {tensor::scalar(1)}, out).error.find("takes 2 input(s), got 1")
         != std::string::npos);
-  for (const char* op : {"add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh",
-                         "square", "sqrt", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
-                         "softmax_xent", "relu_grad", "sigmoid_grad", "tanh_grad", "sum_to",
-                         "sum_grad", "mean_grad", "max_grad", "softmax_grad", "log_softmax_grad",
-                         "softmax_xent_grad", "ones_like"})
-    CHECK(known_op(op));
+  CHECK(run_op(*cpu, "add", {}, {x, tensor{}}, out).error == "add: input 1 has no value");
+  for (const char* name : {"", "Add", "max_grad ", "max_gra", "assign", "assign_add", "sum_to_"})
+    CHECK_FALSE(known_op(name));
 }
