@@ -19,6 +19,14 @@ caf::error config_error(std::string msg) {
   return make_error(af_error::invalid_config, std::move(msg));
 }
 
+/// The af_error of `err`; internal for one that is not actorflow's (whose
+/// code means something else in its own category).
+af_error code_of(const caf::error& err) {
+  if (err.category() == error_category && valid_af_error(err.code()))
+    return static_cast<af_error>(err.code());
+  return af_error::internal;
+}
+
 bool valid_job_name(const std::string& s) {
   if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0])))
     return false;
@@ -62,6 +70,10 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int_field(out.connection_timeout_ms, 0, 3600000);
     } else if (key == "data_port") {
       err = int_field(out.data_port, 0, 65535);
+    } else if (key == "data_idle_timeout_ms") {
+      err = int_field(out.data_idle_timeout_ms, 1, 86400000);
+    } else if (key == "data_frame_timeout_ms") {
+      err = int_field(out.data_frame_timeout_ms, 1, 3600000);
     } else if (key == "scheduler") {
       if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
         err = config_error(where + " must be \"sharing\" or \"stealing\"");
@@ -74,7 +86,8 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
         out.bind = v.as_string().str;
     } else {
       err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
-                                 "bind, data_port, heartbeat_ms, connection_timeout_ms)");
+                                 "bind, data_port, heartbeat_ms, connection_timeout_ms, "
+                                 "data_idle_timeout_ms, data_frame_timeout_ms)");
     }
     if (err)
       return err;
@@ -219,7 +232,9 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
   if (opts) {
     out << "\n[node]\ncpu_devices = " << opts->cpu_devices << "\nscheduler = \"" << opts->scheduler
         << "\"\nthreads = " << opts->threads << "\nheartbeat_ms = " << opts->heartbeat_ms
-        << "\nconnection_timeout_ms = " << opts->connection_timeout_ms << "\n";
+        << "\nconnection_timeout_ms = " << opts->connection_timeout_ms
+        << "\ndata_idle_timeout_ms = " << opts->data_idle_timeout_ms
+        << "\ndata_frame_timeout_ms = " << opts->data_frame_timeout_ms << "\n";
     if (opts->data_port != 0)
       out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())
@@ -272,7 +287,7 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
         auto prefix = source + ": ";
         if (inner.rfind(prefix, 0) == 0)
           inner = inner.substr(prefix.size());
-        return make_error(static_cast<af_error>(spec.error().code()),
+        return make_error(code_of(spec.error()),
                           source + ":" + std::to_string(ls.front()) + ": " + inner);
       }
     return std::move(spec.error());
@@ -342,7 +357,7 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
     }
     if (result.task_type) {
       if (auto err = result.cluster.check_task(*result.task_type, result.task_index.value_or(0)))
-        return make_error(static_cast<af_error>(err.code()), source + ": " + describe(err));
+        return make_error(code_of(err), source + ": " + describe(err));
     }
   }
   return result;

@@ -35,6 +35,12 @@ struct node_options {
   int32_t heartbeat_ms = 1000;      ///< 0 disables; dead or hung peers seen within timeout
   int32_t data_port = 0;            ///< the tensor data plane's port; 0 = any free one
   int32_t connection_timeout_ms = 10000;
+  /// The data plane drops a client that sends nothing between frames for this
+  /// long (the client reconnects on its next op).
+  int32_t data_idle_timeout_ms = 600000;
+  /// ... and a peer that stalls in the middle of a frame (a header, a name or
+  /// a payload half sent) for this long, so that it cannot hold a thread.
+  int32_t data_frame_timeout_ms = 5000;
 };
 
 class cluster_spec {
