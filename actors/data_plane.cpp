@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -11,28 +12,32 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include "caf/all.hpp"
 
-#include "actors/variable.hpp"
+#include "actors/log.hpp"
 #include "messages/error.hpp"
 
 namespace af {
 
 namespace {
 
-/// Requests from a connection to a variable actor of the same node.
-constexpr auto variable_timeout = std::chrono::seconds(60);
-
 void tune_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-/// Writes all of `iov` (partial writes continue where they stopped).
+/// Writes all of `iov` (partial writes continue where they stopped). A peer
+/// that went away is an error here (EPIPE), not a SIGPIPE that ends the process.
 bool write_all(int fd, iovec* iov, int count) {
   while (count > 0) {
-    auto n = ::writev(fd, iov, count);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    auto n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -52,7 +57,66 @@ bool write_all(int fd, iovec* iov, int count) {
   return true;
 }
 
-/// Reads exactly `n` bytes; false on EOF, error or timeout (errno tells).
+/// How a server-side read ended.
+enum class read_end { done, closed, idle, stalled, failed };
+
+/// Reads exactly `n` bytes on a server connection without ever blocking for
+/// longer than a timeout: up to `first_wait_ms` for the first byte, then up to
+/// `stall_ms` for each next one. idle: nothing came at all; stalled: the peer
+/// stopped part way. At a frame's start the socket is polled first: a client
+/// between ops usually has sent nothing yet.
+read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                    bool poll_first) {
+  auto* p = static_cast<char*>(buf);
+  bool any = false;
+  bool ready = !poll_first;
+  while (n > 0) {
+    if (ready) {
+      auto r = ::recv(fd, p, n, MSG_DONTWAIT);
+      if (r > 0) {
+        p += r;
+        n -= static_cast<size_t>(r);
+        any = true;
+        continue;
+      }
+      if (r == 0)
+        return read_end::closed;
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return read_end::failed;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
+    if (rc == 0)
+      return any || !poll_first ? read_end::stalled : read_end::idle;
+    if (rc < 0 && errno != EINTR)
+      return read_end::failed;
+    ready = true;
+  }
+  return read_end::done;
+}
+
+/// "host:port" ("[v6]:port") of a connected peer.
+std::string peer_address(const sockaddr_storage& addr, socklen_t len) {
+  char host[NI_MAXHOST] = "?";
+  char port[NI_MAXSERV] = "?";
+  getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
+              NI_NUMERICHOST | NI_NUMERICSERV);
+  return addr.ss_family == AF_INET6 ? fmt::format("[{}]:{}", host, port)
+                                    : fmt::format("{}:{}", host, port);
+}
+
+/// The af_error to put on the wire for `err`: its own code, or for an error
+/// that is not actorflow's (CAF's, say) internal, with its text.
+af_error wire_code(const caf::error& err) {
+  if (err.category() == error_category && valid_af_error(err.code()))
+    return static_cast<af_error>(err.code());
+  return af_error::internal;
+}
+
+/// Reads exactly `n` bytes (client side: the socket's SO_RCVTIMEO bounds each
+/// wait); false on EOF, error or timeout (errno tells).
 bool read_all(int fd, void* buf, size_t n) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
@@ -91,14 +155,18 @@ bool send_error(int fd, af_error code, const std::string& text) {
   return send_frame(fd, h, nullptr, text.data());
 }
 
-const char* op_name(wire::kind k) {
-  switch (k) {
-    case wire::kind::read: return "read";
-    case wire::kind::assign: return "assign";
-    case wire::kind::assign_add: return "assign_add";
-    case wire::kind::assign_sub: return "assign_sub";
-    default: return "reply";
+/// send_error for a connection that is closing anyway: nothing may throw.
+void last_words(int fd, af_error code, const char* node, const char* text) noexcept {
+  try {
+    send_error(fd, code, std::string{node} + " data plane: " + text);
+  } catch (...) {
+    // nop: the connection closes without them
   }
+}
+
+void set_timeout(int fd, int option, std::chrono::milliseconds t) {
+  timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
+  setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
 } // namespace
@@ -116,12 +184,31 @@ variable_directory::entry variable_directory::get(const std::string& name) const
   return it == vars_.end() ? entry{} : it->second;
 }
 
+void variable_directory::remove(const std::string& name, const caf::actor_addr& actor) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = vars_.find(name);
+  if (it != vars_.end() && it->second.actor.address() == actor)
+    vars_.erase(it);
+}
+
+void variable_directory::remove(const std::string& name) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  vars_.erase(name);
+}
+
 // -- data_plane_server ---------------------------------------------------------
 
 caf::expected<std::unique_ptr<data_plane_server>>
-data_plane_server::start(caf::actor_system& sys, std::shared_ptr<variable_directory> dir,
-                         const std::string& bind_host, uint16_t port, std::string node_name) {
-  std::unique_ptr<data_plane_server> srv{new data_plane_server(sys, std::move(dir), node_name)};
+data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::string& bind_host,
+                         uint16_t port, std::string node_name, data_plane_timeouts timeouts) {
+  if (timeouts.idle.count() <= 0 || timeouts.frame.count() <= 0
+      || timeouts.idle.count() > std::numeric_limits<int>::max()
+      || timeouts.frame.count() > std::numeric_limits<int>::max())
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: data-plane timeouts must be 1 ms .. 24 days (idle {} ms, "
+                                  "frame {} ms)",
+                                  node_name, timeouts.idle.count(), timeouts.frame.count()));
+  std::unique_ptr<data_plane_server> srv{new data_plane_server(std::move(dir), node_name, timeouts)};
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -187,15 +274,28 @@ void data_plane_server::stop() {
 
 void data_plane_server::accept_loop() {
   while (!stopping_) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED)
         continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors or memory: the pending peer waits in the backlog.
+        log::get()->warn("{} data plane: cannot accept a connection ({}); retrying", node_name_,
+                         std::strerror(errno));
+        pollfd pfd{listen_fd_, 0, 0};
+        ::poll(&pfd, 1, 100); // wakes early if stop() shuts the socket down
+        continue;
+      }
       return; // shut down
     }
     tune_socket(fd);
+    // A reader that stops taking our reply must not hold this thread either.
+    set_timeout(fd, SO_SNDTIMEO, timeouts_.frame);
     std::vector<std::thread> done;
-    {
+    try {
+      auto peer = peer_address(addr, len);
       std::lock_guard<std::mutex> guard{mtx_};
       if (stopping_) {
         close(fd);
@@ -212,113 +312,125 @@ void data_plane_server::accept_loop() {
         }
       finished_.clear();
       conns_.push_back(fd);
-      workers_.emplace_back([this, fd] { serve(fd); });
+      try {
+        workers_.emplace_back([this, fd, peer] { serve(fd, peer); });
+      } catch (...) {
+        conns_.pop_back();
+        throw;
+      }
+    } catch (const std::exception& e) {
+      // No memory or no thread for one more connection: refuse it, keep serving.
+      log::get()->warn("{} data plane: refused a connection: {}", node_name_, e.what());
+      close(fd);
     }
     for (auto& t : done)
       t.join();
   }
 }
 
-void data_plane_server::serve(int fd) {
-  caf::scoped_actor self{sys_, true};
-  std::string name;
-  wire::header h;
-  while (read_all(fd, &h, sizeof(h))) {
-    auto problem = wire::validate(h);
-    if (problem.empty() && h.kind == static_cast<uint8_t>(wire::kind::reply))
-      problem = "a reply frame sent as a request";
-    if (!problem.empty()) {
-      // The stream cannot be trusted past a bad header: answer and hang up.
-      send_error(fd, af_error::invalid_argument, node_name_ + " data plane: " + problem);
-      break;
-    }
-    name.resize(h.name_len);
-    if (h.name_len > 0 && !read_all(fd, name.data(), name.size()))
-      break;
-    tensor operand;
-    if (h.has_tensor) {
-      try {
-        operand.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
-      } catch (const std::bad_alloc&) {
-        send_error(fd, af_error::invalid_argument,
-                   node_name_ + " cannot allocate " + std::to_string(h.payload_bytes)
-                     + " bytes for the operand of '" + name + "'");
-        break; // the payload is still in the stream
+void data_plane_server::serve(int fd, const std::string& peer) {
+  auto idle_ms = static_cast<int>(timeouts_.idle.count());
+  auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  // True if a read ended the connection; says why in the log if the peer went silent.
+  auto ended = [&](read_end how, const char* where) -> bool {
+    if (how == read_end::idle)
+      log::get()->info("{} data plane: closed the connection of {}: idle for {} ms", node_name_,
+                       peer, idle_ms);
+    else if (how == read_end::stalled)
+      log::get()->warn("{} data plane: dropped {}: it stopped sending in the middle of a frame's {} "
+                       "for {} ms",
+                       node_name_, peer, where, frame_ms);
+    return how != read_end::done;
+  };
+  try {
+    std::string name;
+    wire::header h;
+    for (;;) {
+      if (ended(read_timed(fd, &h, sizeof(h), idle_ms, frame_ms, true), "header"))
+        break;
+      auto problem = wire::validate(h);
+      if (problem.empty() && !valid_var_op(h.kind))
+        problem = "a reply frame sent as a request";
+      if (!problem.empty()) {
+        // The stream cannot be trusted past a bad header: answer and hang up.
+        log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, problem);
+        send_error(fd, af_error::invalid_argument, node_name_ + " data plane: " + problem);
+        break;
       }
-      if (h.payload_bytes > 0 && !read_all(fd, operand.mutable_bytes(), h.payload_bytes))
+      name.resize(h.name_len);
+      if (h.name_len > 0 && ended(read_timed(fd, name.data(), name.size(), frame_ms, frame_ms, false),
+                                  "variable name"))
         break;
-    } else if (h.payload_bytes > 0) {
-      std::string ignored(h.payload_bytes, '\0');
-      if (!read_all(fd, ignored.data(), ignored.size()))
-        break;
-    }
-    auto found = dir_->get(name);
-    auto& var = found.actor;
-    if (!var) {
-      if (!send_error(fd, af_error::not_found, "no variable '" + name + "' on " + node_name_))
-        break;
-      continue;
-    }
-    auto op = static_cast<wire::kind>(h.kind);
-    bool want = h.want_value != 0;
-    tensor value;
-    uint64_t version = 0;
-    caf::error err;
-    auto on_value = [&](tensor& v, uint64_t ver) {
-      value = std::move(v);
-      version = ver;
-    };
-    auto on_error = [&](caf::error& e) { err = std::move(e); };
-    // Fast path: an initialized variable is updated right here, under its lock.
-    bool done = found.state && found.state->with([&](variable_state& st) {
-      if (!st.initialized)
-        return false; // a first value may release waiters: the actor's job
-      if (op == wire::kind::read) {
-        value = st.value;
-        version = st.version;
-        return true;
+      tensor operand;
+      if (h.has_tensor) {
+        try {
+          operand.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
+        } catch (const std::bad_alloc&) {
+          log::get()->warn("{} data plane: no memory for {} bytes of '{}' from {}", node_name_,
+                           h.payload_bytes, name, peer);
+          send_error(fd, af_error::resource_exhausted,
+                     fmt::format("{} cannot allocate {} bytes for the operand of '{}' (out of memory)",
+                                 node_name_, h.payload_bytes, name));
+          break; // the payload is still in the stream
+        }
+        if (h.payload_bytes > 0
+            && ended(read_timed(fd, operand.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false),
+                     "payload"))
+          break;
+      } else if (h.payload_bytes > 0) {
+        std::string ignored(h.payload_bytes, '\0'); // validate() bounds it
+        if (ended(read_timed(fd, ignored.data(), ignored.size(), frame_ms, frame_ms, false), "payload"))
+          break;
       }
-      auto v = st.update(op == wire::kind::assign ? nullptr
-                         : op == wire::kind::assign_add ? "add" : "sub",
-                         operand);
-      if (!v) {
-        err = std::move(v.error());
-      } else {
-        version = *v;
-        if (want)
-          value = st.value;
+      auto found = dir_->get(name);
+      if (!found.cell) {
+        if (!send_error(fd, af_error::not_found, "no variable '" + name + "' on " + node_name_))
+          break;
+        continue;
       }
-      return true;
-    });
-    if (!done)
-      self->request(var, variable_timeout, var_op_atom::value, static_cast<var_op>(op),
-                    std::move(operand), want)
-        .receive(on_value, on_error);
-    if (err) {
-      auto code = err.category() == error_category ? static_cast<af_error>(err.code())
-                                                   : af_error::peer_down;
-      if (!send_error(fd, code, describe(err)))
+      // Applied right here under the cell's lock: no actor hop.
+      auto r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0);
+      if (!r) {
+        if (!send_error(fd, wire_code(r.error()), describe(r.error())))
+          break;
+        continue;
+      }
+      if (r->first_value && found.actor)
+        caf::anon_send(found.actor, released_atom::value); // its waiters: the actor's job
+      wire::header reply;
+      reply.kind = static_cast<uint8_t>(wire::kind::reply);
+      reply.version = r->version;
+      const auto& value = r->value;
+      if (!value.empty() && !wire::describe_tensor(value, reply)) {
+        if (!send_error(fd, af_error::invalid_argument,
+                        "variable '" + name + "' has rank " + std::to_string(value.shape().size())
+                          + "; the data plane carries rank <= 8"))
+          break;
+        continue;
+      }
+      // Straight from the variable's buffer: `value` shares it, no copy.
+      if (!send_frame(fd, reply, nullptr, value.empty() ? nullptr : value.bytes())) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+          log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",
+                           node_name_, peer, frame_ms);
         break;
-      continue;
+      }
     }
-    wire::header reply;
-    reply.kind = static_cast<uint8_t>(wire::kind::reply);
-    reply.version = version;
-    if (!value.empty() && !wire::describe_tensor(value, reply)) {
-      if (!send_error(fd, af_error::invalid_argument,
-                      "variable '" + name + "' has rank " + std::to_string(value.shape().size())
-                        + "; the data plane carries rank <= 8"))
-        break;
-      continue;
-    }
-    // Straight from the variable's buffer: `value` shares it, no copy.
-    if (!send_frame(fd, reply, nullptr, value.empty() ? nullptr : value.bytes()))
-      break;
+  } catch (const std::bad_alloc&) {
+    log::get()->warn("{} data plane: out of memory serving {}; closed its connection", node_name_, peer);
+    last_words(fd, af_error::resource_exhausted, node_name_.c_str(), "out of memory");
+  } catch (const std::exception& e) {
+    log::get()->error("{} data plane: closed the connection of {}: {}", node_name_, peer, e.what());
+    last_words(fd, af_error::internal, node_name_.c_str(), e.what());
   }
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
   close(fd);
-  finished_.push_back(std::this_thread::get_id());
+  try {
+    finished_.push_back(std::this_thread::get_id());
+  } catch (const std::bad_alloc&) {
+    // nop: stop() joins this thread instead
+  }
 }
 
 // -- data_channel ----------------------------------------------------------------
@@ -341,10 +453,8 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     if (fd < 0)
       continue;
     // Bound the connect, the sends and the receives by the session's timeout.
-    timeval tv{static_cast<time_t>(timeout.count() / 1000),
-               static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    set_timeout(fd, SO_SNDTIMEO, timeout);
+    set_timeout(fd, SO_RCVTIMEO, timeout);
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
       why = std::strerror(errno);
       close(fd);
@@ -356,7 +466,26 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": " + why);
   tune_socket(fd);
-  return std::unique_ptr<data_channel>{new data_channel(fd, std::move(peer), timeout, poll)};
+  return std::unique_ptr<data_channel>{new data_channel(fd, host, port, std::move(peer), timeout, poll)};
+}
+
+void data_channel::reopen_if_closed_by_peer() {
+  // The node drops connections idle for data_idle_timeout_ms (minutes). A
+  // channel that has been quiet for a while checks for that EOF before
+  // sending, so that the next op goes on a fresh connection instead of
+  // failing. Back-to-back ops skip the check (a syscall each).
+  if (fd_ < 0 || std::chrono::steady_clock::now() - last_reply_ < std::chrono::milliseconds{100})
+    return;
+  char byte;
+  auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+    return; // open (bytes without a request would be the peer's problem to report)
+  auto fresh = connect(host_, port_, peer_, timeout_, poll_);
+  if (!fresh)
+    return; // the send fails and says why
+  close(fd_);
+  fd_ = (*fresh)->fd_;
+  (*fresh)->fd_ = -1;
 }
 
 void data_channel::poll_for_reply() {
@@ -391,15 +520,20 @@ caf::error data_channel::fail(const std::string& what, int err) {
 }
 
 caf::expected<std::pair<tensor, uint64_t>>
-data_channel::call(wire::kind op, const std::string& var, const tensor* operand, bool want_value) {
-  auto what = std::string{op_name(op)} + " of '" + var + "'";
+data_channel::call(var_op op, const std::string& var, const tensor* operand, bool want_value) {
+  if (!valid_var_op(static_cast<uint8_t>(op)))
+    return make_error(af_error::invalid_argument,
+                      "unknown variable op code " + std::to_string(static_cast<int>(op)) + " for '"
+                        + var + "'");
+  auto what = std::string{to_string(op)} + " of '" + var + "'";
   if (fd_ < 0)
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   if (var.size() > wire::max_name)
     return make_error(af_error::invalid_argument, "variable name of " + std::to_string(var.size())
                                                     + " bytes is too long for the data plane");
+  reopen_if_closed_by_peer();
   wire::header h;
-  h.kind = static_cast<uint8_t>(op);
+  h.kind = wire::request_kind(op);
   h.want_value = want_value ? 1 : 0;
   h.name_len = static_cast<uint32_t>(var.size());
   if (operand != nullptr && !wire::describe_tensor(*operand, h))
@@ -421,6 +555,15 @@ data_channel::call(wire::kind op, const std::string& var, const tensor* operand,
     return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
   }
   if (r.status != 0) {
+    if (!valid_af_error(r.status)) {
+      // Not one of our codes: a peer of another version, or not ours at all.
+      close(fd_);
+      fd_ = -1;
+      return make_error(af_error::internal,
+                        fmt::format("data plane of {}: peer sent an invalid status byte {} in reply "
+                                    "to {}",
+                                    peer_, static_cast<unsigned>(r.status), what));
+    }
     std::string text(r.payload_bytes, '\0');
     if (!read_all(fd_, text.data(), text.size()))
       return fail(what, errno);
@@ -436,15 +579,16 @@ data_channel::call(wire::kind op, const std::string& var, const tensor* operand,
     try {
       value.reset(static_cast<dtype>(r.dtype), wire::shape_of(r));
     } catch (const std::bad_alloc&) {
-      close(fd_);
+      close(fd_); // the payload is still in the stream
       fd_ = -1;
-      return make_error(af_error::invalid_argument, what + ": cannot allocate "
-                                                      + std::to_string(r.payload_bytes)
-                                                      + " bytes for the reply");
+      return make_error(af_error::resource_exhausted, what + ": cannot allocate "
+                                                        + std::to_string(r.payload_bytes)
+                                                        + " bytes for the reply (out of memory)");
     }
     if (r.payload_bytes > 0 && !read_all(fd_, value.mutable_bytes(), r.payload_bytes))
       return fail(what, errno);
   }
+  last_reply_ = std::chrono::steady_clock::now();
   return std::make_pair(std::move(value), r.version);
 }
 

@@ -6,12 +6,16 @@
 /// a 64 MiB tensor reaches a fraction of the socket's speed (docs/wire.md).
 /// Here a session's thread writes one frame (messages/wire.hpp) straight from
 /// the tensor's buffer and blocks on the reply; on the node, one thread per
-/// connection reads the payload straight into a fresh tensor, hands it to the
-/// variable actor (no copy: same process) and writes the reply straight from
-/// the variable's buffer. CAF still places variables, keeps the registry and
-/// watches nodes; the data plane finds a variable by name in the node's
-/// directory. A peer that dies closes its socket: the waiting side sees it at
-/// once instead of at a timeout.
+/// connection reads the payload straight into a fresh tensor, applies the op
+/// to the variable's cell itself (actors/variable.hpp: no actor hop) and
+/// writes the reply straight from the variable's buffer. Only when an op gives
+/// a variable its first value does the variable actor hear of it
+/// (released_atom), to answer its wait_init waiters on its own thread. CAF
+/// still places variables, keeps the registry and watches nodes; the data
+/// plane finds a variable by name in the node's directory. A peer that dies
+/// closes its socket: the waiting side sees it at once instead of at a
+/// timeout. A peer that goes silent is dropped: between frames after the
+/// idle timeout, within a frame after the (short) frame timeout.
 
 #include <atomic>
 #include <chrono>
@@ -23,58 +27,76 @@
 #include <utility>
 #include <vector>
 
-#include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 
-#include "messages/variable.hpp"
+#include "actors/variable.hpp"
 #include "messages/wire.hpp"
 
 namespace af {
-
-class guarded_variable;
 
 /// Name -> variable of one node: the node actor writes, the data-plane
 /// threads read.
 class variable_directory {
 public:
   struct entry {
-    variable_actor actor;
-    std::shared_ptr<guarded_variable> state;
+    variable_cell_actor actor;         ///< told of first values; may be null (tests)
+    std::shared_ptr<variable_cell> cell;
   };
   void put(const std::string& name, entry e);
+
+  /// The entry of `name`; an empty one (null cell) if there is none.
   entry get(const std::string& name) const;
+
+  /// Removes `name` if `actor` is still the one registered under it (a
+  /// variable whose actor ended is no longer served by name).
+  void remove(const std::string& name, const caf::actor_addr& actor);
+
+  /// Removes `name` whatever is registered.
+  void remove(const std::string& name);
 
 private:
   mutable std::mutex mtx_;
   std::unordered_map<std::string, entry> vars_;
 };
 
+/// How long a server connection may stay silent (node_options'
+/// data_idle_timeout_ms and data_frame_timeout_ms).
+struct data_plane_timeouts {
+  /// Between frames: a client that sends nothing for this long is dropped
+  /// (it reconnects on its next op).
+  std::chrono::milliseconds idle{std::chrono::minutes{10}};
+  /// Within a frame: a peer that stops in the middle of a header, name or
+  /// payload for this long is dropped, so it cannot hold a thread forever.
+  std::chrono::milliseconds frame{std::chrono::seconds{5}};
+};
+
 /// The node's side: a listening socket and one thread per connection.
 class data_plane_server {
 public:
   /// Listens on `bind_host` (empty: all interfaces) at `port` (0: the OS picks).
+  /// `node_name` names the node in errors and logs.
   static caf::expected<std::unique_ptr<data_plane_server>>
-  start(caf::actor_system& sys, std::shared_ptr<variable_directory> dir,
-        const std::string& bind_host, uint16_t port, std::string node_name);
+  start(std::shared_ptr<variable_directory> dir, const std::string& bind_host, uint16_t port,
+        std::string node_name, data_plane_timeouts timeouts = {});
 
   ~data_plane_server();
 
   uint16_t port() const { return port_; }
 
   /// Closes every connection and joins the threads; idempotent. Call before
-  /// the actor system goes away.
+  /// the actor system goes away (connections hold variable actors' handles).
   void stop();
 
 private:
-  data_plane_server(caf::actor_system& sys, std::shared_ptr<variable_directory> dir,
-                    std::string node_name)
-    : sys_(sys), dir_(std::move(dir)), node_name_(std::move(node_name)) {}
+  data_plane_server(std::shared_ptr<variable_directory> dir, std::string node_name,
+                    data_plane_timeouts timeouts)
+    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(timeouts) {}
   void accept_loop();
-  void serve(int fd);
+  void serve(int fd, const std::string& peer);
 
-  caf::actor_system& sys_;
   std::shared_ptr<variable_directory> dir_;
   std::string node_name_;
+  data_plane_timeouts timeouts_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
@@ -98,23 +120,30 @@ public:
   ~data_channel();
 
   /// One variable op: the value (empty unless asked for or read) and version.
-  /// Any I/O failure breaks the channel (broken() turns true).
-  caf::expected<std::pair<tensor, uint64_t>> call(wire::kind op, const std::string& var,
+  /// Errors are the node's (its af_error and text) or the channel's: any I/O
+  /// failure or malformed reply (an invalid status byte: internal) breaks
+  /// the channel (broken() turns true).
+  caf::expected<std::pair<tensor, uint64_t>> call(var_op op, const std::string& var,
                                                   const tensor* operand, bool want_value);
 
   bool broken() const { return fd_ < 0; }
 
 private:
-  data_channel(int fd, std::string peer, std::chrono::milliseconds timeout,
-               std::chrono::microseconds poll)
-    : fd_(fd), peer_(std::move(peer)), timeout_(timeout), poll_(poll) {}
+  data_channel(int fd, std::string host, uint16_t port, std::string peer,
+               std::chrono::milliseconds timeout, std::chrono::microseconds poll)
+    : fd_(fd), host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
+      poll_(poll), last_reply_(std::chrono::steady_clock::now()) {}
   caf::error fail(const std::string& what, int err);
   void poll_for_reply();
+  void reopen_if_closed_by_peer();
 
   int fd_;
+  std::string host_;
+  uint16_t port_;
   std::string peer_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds poll_;
+  std::chrono::steady_clock::time_point last_reply_;
 };
 
 } // namespace af

@@ -71,7 +71,7 @@ caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self)
           return std::move(fresh.error());
         ch = std::move(*fresh);
       }
-      auto r = ch->call(wire::kind::read, var, nullptr, true);
+      auto r = ch->call(var_op::read, var, nullptr, true);
       if (!r)
         return std::move(r.error());
       return {std::move(r->first), r->second};

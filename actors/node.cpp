@@ -2,12 +2,16 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <mutex>
+#include <new>
+#include <random>
 
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
 #include "actors/executor.hpp"
+#include "actors/log.hpp"
 #include "actors/variable.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/device_name.hpp"
@@ -25,6 +29,22 @@ struct local_directory {
 local_directory& directory() {
   static local_directory dir;
   return dir;
+}
+
+/// New at every start, so that a client tells a restarted node from one it
+/// reconnected to.
+uint64_t new_incarnation() {
+  std::random_device rd;
+  uint64_t x = 0;
+  while (x == 0)
+    x = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return x;
+}
+
+int64_t steady_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
 }
 
 } // namespace
@@ -75,6 +95,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   st.info.job = job;
   st.info.task = task;
   st.info.pid = static_cast<int32_t>(::getpid());
+  st.info.incarnation = new_incarnation();
   st.device_prefix = "/job:" + job + "/replica:0/task:" + std::to_string(task);
   // Executors: the configured CPU "devices" share one host backend; each GPU
   // the CUDA runtime finds gets its own backend (stream).
@@ -89,27 +110,69 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   for (int i = 0; i < gpus; ++i) {
     std::string why;
     std::shared_ptr<kernels::backend> gpu = kernels::make_cuda_backend(i, &why);
-    if (!gpu)
-      continue;
     auto local = "GPU:" + std::to_string(i);
+    if (!gpu) {
+      // Said in the ready line and in ping: a GPU that silently went missing
+      // would only show as ops running on the CPU.
+      st.info.device_errors.push_back(local + ": " + (why.empty() ? "failed to initialize" : why));
+      log::get()->warn("{}: {} is not used: {}", st.device_prefix, local,
+                       why.empty() ? "failed to initialize" : why);
+      continue;
+    }
     st.info.devices.push_back(local);
     st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
                                                    gpu, cpu);
   }
+  // Variables end with the node; one that ends alone is forgotten, and the
+  // node serves on. An executor's failure ends the node.
+  st.variable_names = std::make_shared<std::map<caf::actor_addr, std::string>>();
+  self->attach_functor([vars = st.variable_names](const caf::error&) {
+    for (const auto& kvp : *vars)
+      caf::anon_send_exit(kvp.first, caf::exit_reason::user_shutdown);
+  });
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.variable_names->find(dm.source);
+    if (it == st.variable_names->end())
+      return;
+    auto name = it->second;
+    st.variable_names->erase(it);
+    auto var = st.variables.find(name);
+    if (var != st.variables.end() && var->second.actor.address() == dm.source)
+      st.variables.erase(var);
+    if (st.directory)
+      st.directory->remove(name, dm.source);
+    log::get()->info("{}: variable '{}' removed: its actor ended ({})", st.device_prefix, name,
+                     describe(dm.reason));
+  });
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    if (!em.reason)
+      return;
+    for (const auto& kvp : self->state.executors)
+      if (kvp.second.address() == em.source)
+        log::get()->error("{}: executor {} failed ({}); stopping the node",
+                          self->state.device_prefix, kvp.first, describe(em.reason));
+    // Else someone told the node to stop (shutdown, a signal): CAF's default.
+    self->quit(std::move(em.reason));
+  });
   return {
-    [self](caf::ping_atom) -> node_info { return self->state.info; },
+    [self](caf::ping_atom) -> node_info {
+      auto info = self->state.info;
+      info.clock_ns = steady_clock_ns();
+      return info;
+    },
     [self](get_var_atom, variable_spec& spec) -> caf::result<variable_actor> {
       auto& st = self->state;
       if (spec.name.empty())
         return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
-      if (num_elements(spec.shape) < 0)
+      if (spec.name.size() > wire::max_name)
         return make_error(af_error::invalid_argument,
-                          "variable '" + spec.name + "': shape " + shape_string(spec.shape)
-                            + " has a negative dimension");
-      if (!valid_dtype(static_cast<uint8_t>(spec.type)))
-        return make_error(af_error::invalid_argument,
-                          "variable '" + spec.name + "': unknown dtype code "
-                            + std::to_string(static_cast<int>(spec.type)));
+                          "variable name of " + std::to_string(spec.name.size())
+                            + " bytes (at most " + std::to_string(wire::max_name) + ")");
+      // Negative dimensions, unknown dtypes and sizes that overflow are
+      // refused before anything is allocated for the variable.
+      if (auto bytes = value_bytes(spec); !bytes)
+        return std::move(bytes.error());
       auto dev = device_name::parse(spec.device);
       if (!dev || !st.executors.count(dev->local_device()))
         return make_error(af_error::unknown_device,
@@ -119,20 +182,36 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       if (!found)
         return std::move(found.error());
       if (*found != nullptr)
-        return (*found)->actor;
-      auto state = std::make_shared<guarded_variable>(spec);
-      auto actor = self->spawn<caf::linked>(variable_impl, state);
-      st.variables.emplace(spec.name, node_state::entry{spec, actor});
-      if (st.directory)
-        st.directory->put(spec.name, {actor, std::move(state)});
-      return actor;
+        return variable_actor{(*found)->actor};
+      variable_cell_actor actor;
+      try {
+        auto cell = std::make_shared<variable_cell>(spec);
+        actor = self->spawn(variable_impl, cell);
+        self->monitor(actor);
+        st.variable_names->emplace(actor.address(), spec.name);
+        st.variables.emplace(spec.name, node_state::entry{spec, actor});
+        if (st.directory)
+          st.directory->put(spec.name, {actor, std::move(cell)});
+      } catch (const std::bad_alloc&) {
+        st.variables.erase(spec.name);
+        if (st.directory)
+          st.directory->remove(spec.name);
+        if (actor) {
+          st.variable_names->erase(actor.address());
+          self->send_exit(actor, caf::exit_reason::user_shutdown);
+        }
+        return make_error(af_error::resource_exhausted,
+                          "variable '" + spec.name + "': node " + st.device_prefix
+                            + " has no memory for another variable");
+      }
+      return variable_actor{actor};
     },
     [self](lookup_atom, std::string& name) -> caf::result<variable_actor> {
       auto it = self->state.variables.find(name);
       if (it == self->state.variables.end())
         return make_error(af_error::not_found,
                           "no variable '" + name + "' on " + self->state.device_prefix);
-      return it->second.actor;
+      return variable_actor{it->second.actor};
     },
     [self](list_atom) -> caf::result<std::vector<variable_info>> {
       auto& vars = self->state.variables;
@@ -157,7 +236,9 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                 rp.deliver(std::move(g->infos));
             },
             [g, rp, spec](caf::error&) mutable {
-              g->infos.push_back(variable_info{spec, false, 0});
+              variable_info unknown; // the actor did not answer: say nothing about it
+              unknown.spec = spec;
+              g->infos.push_back(std::move(unknown));
               if (--g->missing == 0)
                 rp.deliver(std::move(g->infos));
             });
@@ -186,8 +267,11 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        uint16_t port, const node_options& opts) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   auto directory = std::make_shared<variable_directory>();
-  auto data_plane = data_plane_server::start(sys, directory, bind_host,
-                                             static_cast<uint16_t>(opts.data_port), name);
+  data_plane_timeouts timeouts;
+  timeouts.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
+  timeouts.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
+  auto data_plane = data_plane_server::start(directory, bind_host,
+                                             static_cast<uint16_t>(opts.data_port), name, timeouts);
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);
@@ -210,7 +294,11 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
   self->request(node, std::chrono::seconds(10), caf::ping_atom::value)
-    .receive([&](node_info& info) { out.devices = info.devices; },
+    .receive(
+      [&](node_info& info) {
+        out.devices = info.devices;
+        out.device_errors = info.device_errors;
+      },
              [&](caf::error&) { /* devices stay empty; the node still serves */ });
   return out;
 }

@@ -4,27 +4,39 @@
 /// cluster.
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 
+#include "caf/actor_addr.hpp"
+
 #include "actors/data_plane.hpp"
+#include "actors/variable.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/node.hpp"
 
 namespace af {
 
+/// The node actor owns its variables' and executors' actors: they end with
+/// it. Executors are linked, so one that fails takes the node down with its
+/// reason. Variables are monitored, not linked (a link would carry a
+/// variable's `kill` to the node): one whose actor ends is removed from the
+/// registry and the data plane's directory, and the node serves on.
 struct node_state {
   node_info info;
   std::string device_prefix;                       ///< /job:J/replica:0/task:T
   std::map<std::string, executor_actor> executors; ///< "CPU:0" -> executor
   struct entry {
     variable_spec spec;
-    variable_actor actor;
+    variable_cell_actor actor;
   };
   std::map<std::string, entry> variables;
+  /// Variable actor -> name, for down messages; shared with the functor that
+  /// stops the variables when the node ends.
+  std::shared_ptr<std::map<caf::actor_addr, std::string>> variable_names;
   std::shared_ptr<variable_directory> directory; ///< shared with the data plane
 
   /// Checks a get-or-create request against the registry: an existing entry
@@ -44,10 +56,12 @@ struct running_node {
   uint16_t port = 0;
   std::string address; ///< host:port as published
   std::vector<std::string> devices;
+  std::vector<std::string> device_errors; ///< devices that failed to come up ("GPU:1: why")
   std::shared_ptr<data_plane_server> data_plane;
 };
 
-/// Spawns the node actor for /job:`job`/task:`task` and publishes it.
+/// Spawns the node actor for /job:`job`/task:`task` and publishes it, with a
+/// data plane on `opts.data_port` and its timeouts.
 /// `port` 0 asks the OS for a free one (embedded clusters). A port that is
 /// taken gives af_error::bind_failed naming the address.
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,

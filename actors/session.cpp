@@ -172,7 +172,7 @@ struct session::impl {
     auto it = conns.find(var.node_key);
     if (it != conns.end() && it->second.channel) {
       auto& ch = *it->second.channel;
-      auto r = ch.call(op, var.spec.name, op == wire::kind::read ? nullptr : &operand, want_value);
+      auto r = ch.call(static_cast<var_op>(op), var.spec.name, op == wire::kind::read ? nullptr : &operand, want_value);
       if (ch.broken())
         conns.erase(it); // reconnect on the next call (the node may come back)
       if (!r)

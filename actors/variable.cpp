@@ -1,7 +1,13 @@
 #include "actors/variable.hpp"
 
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <new>
+
 #include "caf/all.hpp"
 
+#include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 
@@ -18,136 +24,305 @@ kernels::backend& host_backend() {
   return *backend;
 }
 
+caf::error out_of_memory(const variable_spec& spec, const std::string& what) {
+  auto bytes = value_bytes(spec);
+  return make_error(af_error::resource_exhausted,
+                    what + " of " + quoted(spec) + " on " + spec.device + ": cannot allocate "
+                      + (bytes ? std::to_string(*bytes) + " bytes" : std::string{"its value"})
+                      + " (out of memory)");
+}
+
 } // namespace
 
-caf::expected<tensor> variable_state::read() const {
-  if (!initialized)
-    return make_error(af_error::uninitialized,
-                      "variable " + quoted(spec) + " on " + spec.device
-                        + " is read before it was initialized; run initialize() (the chief "
-                          "does) or wait_initialized() first");
-  return value;
-}
-
-caf::expected<uint64_t> variable_state::initialize(const initializer& init,
-                                                   bool only_if_uninitialized) {
-  if (only_if_uninitialized && initialized)
-    return version;
-  tensor fresh;
-  if (init.kind == "tensor") {
-    if (init.from.type() != spec.type)
-      return make_error(af_error::dtype_mismatch,
-                        "initializer of " + quoted(spec) + ": tensor has dtype "
-                          + dtype_name(init.from.type()) + ", variable has " + dtype_name(spec.type));
-    if (init.from.shape() != spec.shape)
-      return make_error(af_error::shape_mismatch,
-                        "initializer of " + quoted(spec) + ": tensor has shape "
-                          + shape_string(init.from.shape()) + ", variable has "
-                          + shape_string(spec.shape));
-    fresh = init.from;
-  } else if (init.kind == "constant") {
-    fresh = tensor::filled(spec.type, spec.shape, init.value);
-  } else if (init.kind == "uniform" || init.kind == "normal") {
-    fresh = tensor{spec.type, spec.shape};
-    auto st = init.kind == "uniform" ? kernels::fill_uniform(fresh, init.a, init.b, init.seed)
-                                     : kernels::fill_normal(fresh, init.a, init.b, init.seed);
-    if (!st.ok())
-      return make_error(af_error::invalid_argument, "initializer of " + quoted(spec) + ": " + st.error);
-  } else {
+caf::expected<size_t> value_bytes(const variable_spec& spec) {
+  // A tensor's size is a size_t and its allocation adds alignment: stay well
+  // below the largest object size so that nothing downstream wraps around.
+  constexpr uint64_t max_bytes = static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) / 2;
+  for (auto d : spec.shape)
+    if (d < 0)
+      return make_error(af_error::invalid_argument,
+                        "variable " + quoted(spec) + ": shape " + shape_string(spec.shape)
+                          + " has a negative dimension");
+  int64_t count = std::count(spec.shape.begin(), spec.shape.end(), 0) > 0 ? 0 : 1;
+  for (auto d : spec.shape) {
+    if (__builtin_mul_overflow(count, d, &count))
+      return make_error(af_error::invalid_argument,
+                        "variable " + quoted(spec) + ": shape " + shape_string(spec.shape)
+                          + " has more elements than fit in 64 bits");
+  }
+  if (!valid_dtype(static_cast<uint8_t>(spec.type)))
     return make_error(af_error::invalid_argument,
-                      "initializer of " + quoted(spec) + ": unknown kind '" + init.kind
-                        + "' (use constant, zeros, ones, uniform, normal or tensor)");
-  }
-  value = std::move(fresh);
-  initialized = true;
-  ++version;
-  for (auto& rp : waiting_for_init)
-    rp.deliver(version);
-  waiting_for_init.clear();
-  return version;
+                      "variable " + quoted(spec) + ": unknown dtype code "
+                        + std::to_string(static_cast<int>(spec.type)));
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(count), dtype_size(spec.type), &bytes)
+      || bytes > max_bytes)
+    return make_error(af_error::invalid_argument,
+                      "variable " + quoted(spec) + ": shape " + shape_string(spec.shape) + " of "
+                        + dtype_name(spec.type) + " overflows the byte size of a tensor");
+  return static_cast<size_t>(bytes);
 }
 
-caf::expected<uint64_t> variable_state::update(const char* op, const tensor& operand) {
-  std::string what = op == nullptr ? "assign" : std::string{"assign_"} + op;
-  if (operand.empty())
-    return make_error(af_error::invalid_argument, what + " to " + quoted(spec) + ": no value given");
-  if (operand.type() != spec.type)
-    return make_error(af_error::dtype_mismatch,
-                      what + " to " + quoted(spec) + ": value has dtype " + dtype_name(operand.type())
-                        + ", variable has " + dtype_name(spec.type));
-  bool scalar = operand.num_elements() == 1 && operand.shape().size() <= spec.shape.size();
-  if (operand.shape() != spec.shape && !(scalar && op != nullptr))
-    return make_error(af_error::shape_mismatch,
-                      what + " to " + quoted(spec) + ": value has shape "
-                        + shape_string(operand.shape()) + ", variable has "
-                        + shape_string(spec.shape));
-  if (op == nullptr) {
-    value = operand; // shares the sender's buffer: no copy within a node
-    if (!initialized) {
-      initialized = true;
-      for (auto& rp : waiting_for_init)
-        rp.deliver(version + 1);
-      waiting_for_init.clear();
-    }
-  } else {
-    if (!initialized)
+// -- variable_cell ---------------------------------------------------------------
+
+variable_cell::variable_cell(variable_spec spec) : spec_(std::move(spec)) {
+  // nop
+}
+
+caf::expected<variable_cell::applied>
+variable_cell::apply(var_op op, const tensor& operand, bool want_value) {
+  auto what = [&] { return std::string{to_string(op)} + " to " + quoted(spec_); };
+  if (!valid_var_op(static_cast<uint8_t>(op)))
+    return make_error(af_error::invalid_argument,
+                      "variable " + quoted(spec_) + ": unknown op code "
+                        + std::to_string(static_cast<int>(op)));
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (op == var_op::read) {
+    if (!initialized_)
       return make_error(af_error::uninitialized,
-                        what + " to " + quoted(spec) + " before it was initialized; run "
-                                                       "initialize() first");
-    auto kind = *kernels::parse_binary_op(op);
-    auto st = host_backend().binary_inplace(kind, value, operand);
-    if (!st.ok())
-      return make_error(af_error::invalid_argument, what + " to " + quoted(spec) + ": " + st.error);
+                        "variable " + quoted(spec_) + " on " + spec_.device
+                          + " is read before it was initialized; run initialize() (the chief "
+                            "does) or wait_initialized() first");
+    return applied{value_, version_, false};
   }
-  return ++version;
+  if (operand.empty())
+    return make_error(af_error::invalid_argument, what() + ": no value given");
+  if (operand.type() != spec_.type)
+    return make_error(af_error::dtype_mismatch,
+                      what() + ": value has dtype " + dtype_name(operand.type()) + ", variable has "
+                        + dtype_name(spec_.type));
+  bool scalar = operand.num_elements() == 1 && operand.shape().size() <= spec_.shape.size();
+  if (operand.shape() != spec_.shape && !(scalar && op != var_op::assign))
+    return make_error(af_error::shape_mismatch,
+                      what() + ": value has shape " + shape_string(operand.shape())
+                        + ", variable has " + shape_string(spec_.shape));
+  applied out;
+  if (op == var_op::assign) {
+    value_ = operand; // shares the sender's buffer: no copy within a node
+    out.first_value = !initialized_;
+    initialized_ = true;
+  } else {
+    if (!initialized_)
+      return make_error(af_error::uninitialized,
+                        what() + " before it was initialized; run initialize() first");
+    try {
+      auto st = host_backend().binary_inplace(
+        op == var_op::assign_add ? kernels::binary_op::add : kernels::binary_op::sub, value_, operand);
+      if (!st.ok())
+        return make_error(af_error::invalid_argument, what() + ": " + st.error);
+    } catch (const std::bad_alloc&) {
+      // binary_inplace copies a value that readers still hold: that copy failed.
+      return out_of_memory(spec_, to_string(op));
+    }
+  }
+  out.version = ++version_;
+  if (want_value)
+    out.value = value_;
+  return out;
 }
 
-variable_actor::behavior_type
-variable_impl(variable_actor::stateful_pointer<variable_actor_state> self,
-              std::shared_ptr<guarded_variable> var) {
-  self->state.var = std::move(var);
-  // assign (op == nullptr), assign_add ("add"), assign_sub ("sub")
-  auto updater = [self](const char* op) {
-    return [self, op](tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      return self->state.var->with([&](variable_state& st) -> caf::result<tensor, uint64_t> {
-        auto v = st.update(op, operand);
-        if (!v)
-          return std::move(v.error());
-        return {want_value ? st.value : tensor{}, *v};
-      });
-    };
-  };
+caf::expected<uint64_t> variable_cell::initialize(const initializer& init,
+                                                  bool only_if_uninitialized,
+                                                  const std::string& run_id) {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (only_if_uninitialized && initialized_)
+      return version_;
+  }
+  if (auto bytes = value_bytes(spec_); !bytes)
+    return std::move(bytes.error());
+  // Computed outside the lock: a large random fill must not stall the data
+  // plane's ops on this variable. (It reports a failed allocation itself.)
+  auto fresh = initial_value(spec_, init);
+  if (!fresh)
+    return make_error(fresh.error().code, fresh.error().what);
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (only_if_uninitialized && initialized_)
+    return version_; // someone else was first
+  value_ = std::move(*fresh);
+  initialized_ = true;
+  run_id_ = run_id;
+  slots_.clear();
+  return ++version_;
+}
+
+variable_info variable_cell::info() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  variable_info out;
+  out.spec = spec_;
+  out.initialized = initialized_;
+  out.version = version_;
+  out.run_id = run_id_;
+  return out;
+}
+
+std::optional<tensor> variable_cell::slot(const std::string& name) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = slots_.find(name);
+  if (it == slots_.end())
+    return std::nullopt;
+  return it->second;
+}
+
+caf::error variable_cell::set_slot(const std::string& name, tensor value) {
+  if (value.type() != spec_.type || value.shape() != spec_.shape)
+    return make_error(af_error::shape_mismatch,
+                      "slot '" + name + "' of " + quoted(spec_) + ": value is "
+                        + (value.empty() ? std::string{"empty"} : value.summary()) + ", variable is "
+                        + dtype_name(spec_.type) + shape_string(spec_.shape));
+  std::lock_guard<std::mutex> guard{mtx_};
+  slots_[name] = std::move(value);
+  return caf::none;
+}
+
+// -- the actor -------------------------------------------------------------------
+
+namespace {
+
+using self_pointer = variable_cell_actor::stateful_pointer<variable_actor_state>;
+using clock_type = std::chrono::steady_clock;
+
+bool releases(const variable_info& info, const std::string& run_id) {
+  return info.initialized && (run_id.empty() || info.run_id == run_id);
+}
+
+/// Stops watching `who` once none of its waiters is left.
+void forget_requester(self_pointer self, const caf::actor_addr& who) {
+  if (!who)
+    return;
+  auto& ws = self->state.waiters;
+  if (std::none_of(ws.begin(), ws.end(), [&](const auto& w) { return w.requester == who; }))
+    self->demonitor(who);
+}
+
+/// Answers every waiter that the cell's value now satisfies.
+void release_waiters(self_pointer self) {
+  auto& ws = self->state.waiters;
+  if (ws.empty())
+    return;
+  auto info = self->state.cell->info();
+  std::vector<caf::actor_addr> gone;
+  for (auto it = ws.begin(); it != ws.end();) {
+    if (releases(info, it->run_id)) {
+      it->promise.deliver(info.version);
+      gone.push_back(it->requester);
+      it = ws.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& who : gone)
+    forget_requester(self, who);
+}
+
+/// Makes sure a sweep message arrives by `deadline`.
+void schedule_sweep(self_pointer self, clock_type::time_point deadline) {
+  auto& st = self->state;
+  auto now = clock_type::now();
+  if (st.sweep_at && *st.sweep_at > now && *st.sweep_at <= deadline)
+    return; // an earlier sweep is pending; it schedules the next one
+  st.sweep_at = deadline;
+  self->delayed_send(self, std::max(deadline - now, clock_type::duration::zero()),
+                     sweep_atom::value);
+}
+
+void sweep(self_pointer self) {
+  auto& st = self->state;
+  auto now = clock_type::now();
+  if (st.sweep_at && *st.sweep_at <= now)
+    st.sweep_at.reset();
+  const auto& spec = st.cell->spec();
+  std::vector<caf::actor_addr> gone;
+  std::optional<clock_type::time_point> next;
+  for (auto it = st.waiters.begin(); it != st.waiters.end();) {
+    if (it->deadline <= now) {
+      it->promise.deliver(make_error(
+        af_error::timeout,
+        "variable " + quoted(spec) + " on " + spec.device + ": waited "
+          + std::to_string(it->timeout_ms) + " ms for its initialization"
+          + (it->run_id.empty() ? std::string{} : " by run '" + it->run_id + "'")
+          + "; is the chief running initialize()?"));
+      gone.push_back(it->requester);
+      it = st.waiters.erase(it);
+    } else {
+      next = next ? std::min(*next, it->deadline) : it->deadline;
+      ++it;
+    }
+  }
+  for (auto& who : gone)
+    forget_requester(self, who);
+  if (next)
+    schedule_sweep(self, *next);
+}
+
+} // namespace
+
+variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_ptr<variable_cell> cell) {
+  self->state.cell = std::move(cell);
+  // A requester that dies takes its waiters with it: nobody is left to answer.
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& ws = self->state.waiters;
+    ws.erase(std::remove_if(ws.begin(), ws.end(), [&](const auto& w) { return w.requester == dm.source; }),
+             ws.end());
+  });
   return {
-    [=](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
-      if (op == var_op::read)
-        return self->state.var->with([](variable_state& st) -> caf::result<tensor, uint64_t> {
-          auto v = st.read();
-          if (!v)
-            return std::move(v.error());
-          return {std::move(*v), st.version};
-        });
-      return updater(op == var_op::assign ? nullptr : op == var_op::assign_add ? "add" : "sub")(operand, want_value);
+    [self](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
+      auto r = self->state.cell->apply(op, operand, want_value);
+      if (!r)
+        return std::move(r.error());
+      if (r->first_value)
+        release_waiters(self);
+      return {std::move(r->value), r->version};
     },
-    [self](init_atom, initializer& init, bool only_if_uninitialized, std::string&) -> caf::result<uint64_t> {
-      return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
-        auto v = st.initialize(init, only_if_uninitialized);
-        if (!v)
-          return std::move(v.error());
-        return *v;
-      });
+    [self](init_atom, initializer& init, bool only_if_uninitialized,
+           std::string& run_id) -> caf::result<uint64_t> {
+      auto v = self->state.cell->initialize(init, only_if_uninitialized, run_id);
+      if (!v)
+        return std::move(v.error());
+      release_waiters(self);
+      return *v;
     },
     [self](info_atom) -> variable_info {
-      return self->state.var->with([](variable_state& st) { return st.info(); });
+      auto info = self->state.cell->info();
+      info.waiters = static_cast<uint32_t>(self->state.waiters.size());
+      return info;
     },
-    [self](wait_init_atom, std::string&, uint32_t) -> caf::result<uint64_t> {
-      return self->state.var->with([&](variable_state& st) -> caf::result<uint64_t> {
-        if (st.initialized)
-          return st.version;
-        auto rp = self->make_response_promise<uint64_t>();
-        st.waiting_for_init.push_back(rp);
-        return rp;
-      });
+    [self](wait_init_atom, std::string& run_id, uint32_t timeout_ms) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      auto info = st.cell->info();
+      if (releases(info, run_id))
+        return info.version;
+      const auto& spec = st.cell->spec();
+      if (timeout_ms == 0)
+        return make_error(af_error::timeout, "variable " + quoted(spec) + " on " + spec.device
+                                               + " is not initialized"
+                                               + (run_id.empty() ? std::string{}
+                                                                 : " by run '" + run_id + "'"));
+      try {
+        variable_actor_state::waiter w;
+        w.run_id = std::move(run_id);
+        w.timeout_ms = timeout_ms;
+        w.deadline = clock_type::now() + std::chrono::milliseconds{timeout_ms};
+        auto sender = self->current_sender();
+        w.requester = caf::actor_cast<caf::actor_addr>(sender);
+        w.promise = self->make_response_promise<uint64_t>();
+        auto deadline = w.deadline;
+        auto requester = w.requester;
+        auto promise = w.promise;
+        bool watched = std::any_of(st.waiters.begin(), st.waiters.end(),
+                                   [&](const auto& x) { return x.requester == requester; });
+        st.waiters.push_back(std::move(w));
+        if (sender && !watched)
+          self->monitor(sender);
+        schedule_sweep(self, deadline);
+        return promise;
+      } catch (const std::bad_alloc&) {
+        return make_error(af_error::resource_exhausted,
+                          "variable " + quoted(spec) + ": no memory to park a wait_init request");
+      }
     },
+    [self](released_atom) { release_waiters(self); },
+    [self](sweep_atom) { sweep(self); },
   };
 }
 

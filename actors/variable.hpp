@@ -1,12 +1,18 @@
 #pragma once
-/// The variable actor's implementation (interface: messages/variable.hpp).
+/// The variable actor's implementation (interface: messages/variable.hpp) and
+/// the one owner of a variable's state, variable_cell.
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
 
-#include "caf/actor_system.hpp"
+#include "caf/actor_addr.hpp"
+#include "caf/error.hpp"
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
 
@@ -14,55 +20,110 @@
 
 namespace af {
 
-/// The variable's bookkeeping, usable without an actor system.
-struct variable_state {
-  variable_spec spec;
-  tensor value;
-  bool initialized = false;
-  uint64_t version = 0;
-  std::vector<caf::typed_response_promise<uint64_t>> waiting_for_init;
+/// The bytes a value of `spec` takes; invalid_argument naming the variable if
+/// a dimension is negative or the element count or byte size overflows. Call
+/// it before anything is allocated for `spec`.
+caf::expected<size_t> value_bytes(const variable_spec& spec);
 
-  /// Computes the initial value; skips if `only_if_uninitialized` and set.
-  caf::expected<uint64_t> initialize(const initializer& init, bool only_if_uninitialized);
-
-  /// assign (`op` empty), assign_add ("add") or assign_sub ("sub").
-  caf::expected<uint64_t> update(const char* op, const tensor& operand);
-
-  caf::expected<tensor> read() const;
-
-  variable_info info() const { return {spec, initialized, version}; }
-};
-
-/// A variable's state behind a mutex, shared by its actor and the node's
-/// data-plane threads (actors/data_plane.hpp). The data plane applies ops to
-/// an initialized variable directly, saving the two thread hand-offs of an
-/// actor request per remote op; a first value, and the waiters it releases,
-/// always go through the actor, so promises are delivered on its thread only.
-class guarded_variable {
+/// One variable's state: its value, whether it has one, its version, the run
+/// that initialized it, and optimizer slots kept beside the value (Adam's m
+/// and v: same dtype and shape). Usable without an actor system.
+///
+/// Thread safety: every method takes the cell's mutex, so each call is one
+/// atomic step on the state. Two kinds of callers share a cell: the variable
+/// actor (one at a time, on its own thread) and the node's data-plane
+/// connection threads (several at once, actors/data_plane.hpp), which apply
+/// ops here directly instead of sending the actor a message. Values come back
+/// as tensors that share the variable's buffer; the next update writes a copy
+/// (copy on write), so a returned value never changes under its holder. An
+/// optimizer update (`apply(optimizer, grad)`, next) will be one more method
+/// of this shape: value and slots updated under the same lock.
+///
+/// The cell holds no promises: waking up wait_init waiters is the actor's job
+/// (a first value from the data plane is announced to it by released_atom).
+class variable_cell {
 public:
-  explicit guarded_variable(variable_spec spec) {
-    state_.spec = std::move(spec);
-  }
+  explicit variable_cell(variable_spec spec);
 
-  /// Runs `f(variable_state&)` under the lock.
-  template <class F>
-  auto with(F&& f) {
-    std::lock_guard<std::mutex> guard{mtx_};
-    return f(state_);
-  }
+  variable_cell(const variable_cell&) = delete;
+  variable_cell& operator=(const variable_cell&) = delete;
+
+  /// Fixed at construction; needs no lock.
+  const variable_spec& spec() const noexcept { return spec_; }
+
+  /// What apply() did.
+  struct applied {
+    tensor value;             ///< read, or `want_value`: the value after the op; else empty
+    uint64_t version = 0;     ///< the version after the op
+    bool first_value = false; ///< this call gave the variable its first value (an assign)
+  };
+
+  /// One op. read: the value (uninitialized if none). assign: `operand` of
+  /// the variable's dtype and shape becomes the value (its buffer is kept: no
+  /// copy). assign_add / assign_sub: `operand` of the same shape, or a
+  /// scalar, is added / subtracted in place; uninitialized if no value.
+  /// Every error names the variable; a failed op changes nothing.
+  caf::expected<applied> apply(var_op op, const tensor& operand, bool want_value);
+
+  /// Sets the value from `init` and records `run_id` as the run that
+  /// initialized it; clears the slots (an optimizer starts them again, as
+  /// TF's initializer resets slot variables). With `only_if_uninitialized`
+  /// and a value already set, changes nothing (the run id stays that of the
+  /// run that did set it). Returns the version.
+  caf::expected<uint64_t> initialize(const initializer& init, bool only_if_uninitialized,
+                                     const std::string& run_id);
+
+  /// A snapshot; `waiters` is 0 (the actor, which holds them, fills it in).
+  variable_info info() const;
+
+  /// The slot `name`, if an optimizer created it.
+  std::optional<tensor> slot(const std::string& name) const;
+
+  /// Creates or replaces the slot `name`; it must have the variable's dtype
+  /// and shape.
+  caf::error set_slot(const std::string& name, tensor value);
 
 private:
-  std::mutex mtx_;
-  variable_state state_;
+  const variable_spec spec_;
+  mutable std::mutex mtx_;
+  tensor value_;
+  bool initialized_ = false;
+  uint64_t version_ = 0;
+  std::string run_id_;
+  std::map<std::string, tensor> slots_;
 };
 
+/// The variable actor's full interface: the protocol of messages/variable.hpp
+/// plus two messages it sends itself or gets from its node's data plane.
+///   (released)  the data plane gave the variable its first value: wake waiters
+///   (sweep)     timer: drop waiters past their timeout
+using variable_cell_actor =
+  variable_actor::extend<caf::reacts_to<released_atom>, caf::reacts_to<sweep_atom>>;
+
+/// The actor holds only the promises of wait_init requests; the state is the
+/// cell's. A waiter for run R is released by an initialize of run R; one for
+/// "" by any first value (an assign too).
 struct variable_actor_state {
-  std::shared_ptr<guarded_variable> var;
+  struct waiter {
+    std::string run_id;
+    std::chrono::steady_clock::time_point deadline;
+    uint32_t timeout_ms = 0;
+    caf::typed_response_promise<uint64_t> promise;
+    caf::actor_addr requester; ///< monitored: its death drops its waiters
+  };
+
+  std::shared_ptr<variable_cell> cell;
+  std::vector<waiter> waiters;
+  /// When the earliest pending sweep message fires (none if empty).
+  std::optional<std::chrono::steady_clock::time_point> sweep_at;
+
+  static constexpr const char* name = "variable";
 };
 
-/// The behavior; node actors spawn it linked to themselves.
-variable_actor::behavior_type
-variable_impl(variable_actor::stateful_pointer<variable_actor_state> self,
-              std::shared_ptr<guarded_variable> var);
+/// The behavior; a node spawns one per variable, monitors it and stops it
+/// when the node ends.
+variable_cell_actor::behavior_type
+variable_impl(variable_cell_actor::stateful_pointer<variable_actor_state> self,
+              std::shared_ptr<variable_cell> cell);
 
 } // namespace af

@@ -18,9 +18,7 @@ std::string validate(const header& h) {
   if (h.magic != magic)
     return "not an actorflow data-plane frame (bad magic)";
   auto k = h.kind;
-  if (k != static_cast<uint8_t>(kind::read) && k != static_cast<uint8_t>(kind::assign)
-      && k != static_cast<uint8_t>(kind::assign_add) && k != static_cast<uint8_t>(kind::assign_sub)
-      && k != static_cast<uint8_t>(kind::reply))
+  if (!valid_var_op(k) && k != static_cast<uint8_t>(kind::reply))
     return "unknown frame kind " + std::to_string(k);
   if (h.name_len > max_name)
     return "variable name of " + std::to_string(h.name_len) + " bytes (at most "

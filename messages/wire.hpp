@@ -12,6 +12,7 @@
 #include <string>
 
 #include "messages/tensor.hpp"
+#include "messages/variable_spec.hpp"
 
 namespace af::wire {
 
@@ -19,6 +20,8 @@ constexpr uint32_t magic = 0x50444641; // "AFDP"
 constexpr uint8_t max_rank = 8;
 constexpr uint32_t max_name = 4096;
 
+/// A frame's kind byte. A request's is its var_op (messages/variable_spec.hpp);
+/// the request names below are those values, for code that builds frames.
 enum class kind : uint8_t {
   read = 1,
   assign = 2,
@@ -27,6 +30,18 @@ enum class kind : uint8_t {
   reply = 16,
 };
 
+static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)
+                && static_cast<uint8_t>(kind::assign) == static_cast<uint8_t>(var_op::assign)
+                && static_cast<uint8_t>(kind::assign_add) == static_cast<uint8_t>(var_op::assign_add)
+                && static_cast<uint8_t>(kind::assign_sub) == static_cast<uint8_t>(var_op::assign_sub),
+              "a request frame's kind byte is its var_op");
+static_assert(!valid_var_op(static_cast<uint8_t>(kind::reply)), "a reply is no var_op");
+
+/// The kind byte of a request for `op`.
+constexpr uint8_t request_kind(var_op op) {
+  return static_cast<uint8_t>(op);
+}
+
 struct header {
   uint32_t magic = wire::magic;
   uint8_t kind = 0;
@@ -34,7 +49,7 @@ struct header {
   uint8_t has_tensor = 0; ///< payload is a tensor of dtype/rank/dims
   uint8_t dtype = 0;
   uint8_t rank = 0;
-  uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code
+  uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code (check valid_af_error)
   uint16_t reserved = 0;
   uint32_t name_len = 0;
   uint64_t version = 0;   ///< replies: the variable's version

@@ -2,6 +2,7 @@
 //   actorflow-node --config cluster.toml --job ps --task 0
 //   TF_CONFIG='{"cluster":...,"task":{"type":"ps","index":0}}' actorflow-node
 // Serves until SIGINT/SIGTERM or a client's shutdown request, then exits 0.
+// Exits 2 if it cannot start (config, port), 1 if the node failed while serving.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,13 +10,13 @@
 #include <cerrno>
 
 #include <cstdio>
-#include <iostream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include "caf/all.hpp"
 
+#include "actors/log.hpp"
 #include "actors/node.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -24,7 +25,7 @@
 namespace {
 
 int fail(const std::string& msg, int code = 2) {
-  std::cerr << "actorflow-node: " << msg << std::endl;
+  af::log::get()->error("actorflow-node: {}", msg);
   return code;
 }
 
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(0, 65535));
   app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
   CLI11_PARSE(app, argc, argv);
+  af::log::init("actorflow-node");
 
   auto cfg = config_path.empty() ? af::cluster_config_from_env() : af::load_cluster_config(config_path);
   if (!cfg)
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
   af::system_config sys_cfg{opts};
   caf::actor_system sys{sys_cfg};
   auto name = "/job:" + job + "/task:" + std::to_string(task);
+  af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port, opts);
   if (!node)
     return fail(af::describe(node.error()));
@@ -92,10 +95,15 @@ int main(int argc, char** argv) {
   std::string devices;
   for (const auto& d : node->devices)
     devices += (devices.empty() ? "" : ",") + d;
-  std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; pid %d)\n",
+  // Devices that failed to come up close the line, so that nobody mistakes
+  // a node that lost its GPU for a CPU-only one.
+  std::string broken;
+  for (const auto& e : node->device_errors)
+    broken += "; failed device " + e;
+  std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
-              static_cast<int>(::getpid()));
+              static_cast<int>(::getpid()), broken.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread{[&] {
@@ -108,15 +116,22 @@ int main(int argc, char** argv) {
       caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
     }
   }};
+  caf::error reason;
   {
     caf::scoped_actor self{sys, true};
     self->monitor(node->actor);
-    self->receive([](caf::down_msg&) {});  // serves until the node stops
+    // Serves until the node stops: asked to (shutdown, a signal) or failed.
+    self->receive([&](caf::down_msg& dm) { reason = std::move(dm.reason); });
   }
   node->data_plane->stop();
   char wake = 0;
   [[maybe_unused]] auto n = ::write(signal_pipe[1], &wake, 1);
   signal_thread.join();
+  if (reason && reason != caf::exit_reason::user_shutdown) {
+    // Not a clean stop: an actor failed and took the node with it.
+    af::log::get()->error("actorflow-node {}: the node failed: {}", name, af::describe(reason));
+    return 1;
+  }
   std::printf("actorflow-node %s: stopped\n", name.c_str());
   std::fflush(stdout);
   return 0;

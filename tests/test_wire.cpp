@@ -6,15 +6,65 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <poll.h>
 #include <pthread.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "scenarios.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/variable.hpp"
 #include "messages/wire.hpp"
 
 using namespace af;
 using namespace af::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A TCP connection to 127.0.0.1:`port`; -1 if refused.
+int connect_loopback(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// Waits up to `limit` for the peer to close `fd`: true if it did (EOF).
+bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
+  pollfd pfd{fd, POLLIN, 0};
+  if (poll(&pfd, 1, static_cast<int>(limit.count())) <= 0)
+    return false;
+  char byte;
+  return recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
+}
+
+std::unique_ptr<data_plane_server> serve(std::shared_ptr<variable_directory> dir,
+                                         std::chrono::milliseconds idle,
+                                         std::chrono::milliseconds frame) {
+  data_plane_timeouts timeouts;
+  timeouts.idle = idle;
+  timeouts.frame = frame;
+  return value_of(data_plane_server::start(std::move(dir), "127.0.0.1", 0, "test node", timeouts));
+}
+
+std::shared_ptr<variable_cell> scalar_cell(const std::string& name, float value) {
+  auto cell = std::make_shared<variable_cell>(
+    variable_spec{name, dtype::float32, {}, "/job:ps/replica:0/task:0/device:CPU:0"});
+  if (!cell->initialize(initializer::constant(value), false, ""))
+    return nullptr;
+  return cell;
+}
+
+} // namespace
 
 TEST_CASE("data-plane headers are validated before anything is trusted", "[wire]") {
   wire::header h;
@@ -127,4 +177,172 @@ TEST_CASE("a node does not keep a thread (and its stack) for every client that c
   }
   // glibc caches a few stacks of joined threads; 30 leaked ones would show
   CHECK(thread_stacks() < after_first + 10);
+}
+
+TEST_CASE("a data-plane peer that stalls inside a frame is dropped, an idle one only after the idle timeout",
+          "[wire][errors]") {
+  auto dir = std::make_shared<variable_directory>();
+  dir->put("v", {variable_cell_actor{}, scalar_cell("v", 5)});
+  auto srv = serve(dir, 60s, 200ms);
+  // half a header, then nothing
+  int stalled = connect_loopback(srv->port());
+  REQUIRE(stalled >= 0);
+  wire::header h;
+  h.kind = wire::request_kind(var_op::read);
+  h.name_len = 1;
+  REQUIRE(write(stalled, &h, sizeof(h) / 2) == static_cast<ssize_t>(sizeof(h) / 2));
+  auto start = std::chrono::steady_clock::now();
+  // A connection with nothing sent yet is idle, not stalled: it stays.
+  int idle = connect_loopback(srv->port());
+  REQUIRE(idle >= 0);
+  CHECK(closed_by_peer(stalled, 5s)); // without a frame timeout it would stay forever
+  CHECK(std::chrono::steady_clock::now() - start >= 150ms);
+  close(stalled);
+  CHECK_FALSE(closed_by_peer(idle, 600ms)); // three frame timeouts of silence: still open
+  // and it is served when it speaks
+  wire::header read;
+  read.kind = wire::request_kind(var_op::read);
+  read.name_len = 1;
+  REQUIRE(write(idle, &read, sizeof(read)) == static_cast<ssize_t>(sizeof(read)));
+  REQUIRE(write(idle, "v", 1) == 1);
+  wire::header reply;
+  REQUIRE(recv(idle, &reply, sizeof(reply), MSG_WAITALL) == static_cast<ssize_t>(sizeof(reply)));
+  CHECK(reply.status == 0);
+  float value = 0;
+  REQUIRE(recv(idle, &value, sizeof(value), MSG_WAITALL) == static_cast<ssize_t>(sizeof(value)));
+  CHECK(value == 5);
+  close(idle);
+
+  // With a short idle timeout, a silent client is closed...
+  auto brief = serve(dir, 300ms, 5s);
+  auto ch = value_of(data_channel::connect("127.0.0.1", brief->port(), "test node", 5s));
+  CHECK(value_of(ch->call(var_op::read, "v", nullptr, true)).first.at(0) == 5);
+  int silent = connect_loopback(brief->port()); // connected after the channel's last op
+  REQUIRE(silent >= 0);
+  CHECK(closed_by_peer(silent, 5s));
+  close(silent);
+  // ...and a channel quiet for that long reconnects instead of failing its next op.
+  auto again = ch->call(var_op::read, "v", nullptr, true);
+  REQUIRE(again);
+  CHECK(again->first.at(0) == 5);
+  CHECK_FALSE(ch->broken());
+}
+
+TEST_CASE("a status byte that is no af_error fails the call with internal", "[wire][errors]") {
+  // A fake node: answers any request with status 200 (or, second, not_found).
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(listener, 4) == 0);
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto port = ntohs(addr.sin_port);
+  std::thread fake{[listener] {
+    for (uint8_t status : {uint8_t{200}, static_cast<uint8_t>(af_error::not_found)}) {
+      int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0)
+        return;
+      wire::header request;
+      std::string name(1, '\0');
+      if (recv(fd, &request, sizeof(request), MSG_WAITALL) == sizeof(request)) {
+        name.resize(request.name_len);
+        recv(fd, name.data(), name.size(), MSG_WAITALL);
+        std::string text = "no such thing";
+        wire::header reply;
+        reply.kind = static_cast<uint8_t>(wire::kind::reply);
+        reply.status = status;
+        reply.payload_bytes = text.size();
+        [[maybe_unused]] auto n = write(fd, &reply, sizeof(reply));
+        n = write(fd, text.data(), text.size());
+        char byte;
+        recv(fd, &byte, 1, 0); // until the client hangs up
+      }
+      close(fd);
+    }
+  }};
+  {
+    auto ch = value_of(data_channel::connect("127.0.0.1", port, "the fake node", 5s));
+    auto r = ch->call(var_op::read, "v", nullptr, true);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::internal));
+    CHECK(describe(r.error()).find("peer sent an invalid status byte 200") != std::string::npos);
+    CHECK(ch->broken()); // the stream is not trusted after that
+  }
+  {
+    auto ch = value_of(data_channel::connect("127.0.0.1", port, "the fake node", 5s));
+    auto r = ch->call(var_op::read, "v", nullptr, true);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::not_found)); // a valid code passes through with its text
+    CHECK(describe(r.error()) == "not_found: no such thing");
+    CHECK_FALSE(ch->broken());
+  }
+  fake.join();
+  close(listener);
+}
+
+TEST_CASE("a variable removed from the directory is no longer served by name", "[wire]") {
+  auto dir = std::make_shared<variable_directory>();
+  dir->put("w", {variable_cell_actor{}, scalar_cell("w", 2)});
+  auto srv = serve(dir, 60s, 5s);
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  auto three = tensor::scalar(3);
+  auto added = value_of(ch->call(var_op::assign_add, "w", &three, true));
+  CHECK(added.first.at(0) == 5);
+  CHECK(added.second == 2u);
+  dir->remove("w");
+  auto gone = ch->call(var_op::read, "w", nullptr, true);
+  REQUIRE_FALSE(gone);
+  CHECK(is(gone.error(), af_error::not_found));
+  CHECK(describe(gone.error()).find("no variable 'w' on test node") != std::string::npos);
+  CHECK_FALSE(ch->broken()); // an error reply, not a broken stream
+}
+
+TEST_CASE("a first value assigned over the data plane releases the variable's waiters",
+          "[wire][variable]") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto cell = std::make_shared<variable_cell>(
+    variable_spec{"v", dtype::float32, {}, "/job:ps/replica:0/task:0/device:CPU:0"});
+  auto var = sys.spawn(variable_impl, cell);
+  auto dir = std::make_shared<variable_directory>();
+  dir->put("v", {var, cell});
+  auto srv = serve(dir, 60s, 5s);
+  {
+    caf::scoped_actor waiter{sys, true};
+    caf::scoped_actor self{sys, true};
+    auto pending = waiter->request(var, 20s, wait_init_atom::value, std::string{}, uint32_t{60000});
+    auto parked = [&] {
+      uint32_t n = 0;
+      self->request(var, 5s, info_atom::value).receive([&](variable_info& i) { n = i.waiters; },
+                                                       [&](caf::error& e) { FAIL(describe(e)); });
+      return n == 1;
+    };
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!parked() && std::chrono::steady_clock::now() < deadline)
+      ; // ask again
+    REQUIRE(parked());
+    auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+    auto three = tensor::scalar(3);
+    CHECK(value_of(ch->call(var_op::assign, "v", &three, false)).second == 1u);
+    pending.receive([](uint64_t v) { CHECK(v == 1u); }, [&](caf::error& e) { FAIL(describe(e)); });
+  }
+  srv->stop();
+  caf::anon_send_exit(var, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the data plane's timeouts are [node] options with generous defaults", "[wire][config]") {
+  node_options defaults;
+  CHECK(defaults.data_idle_timeout_ms == 600000);
+  CHECK(defaults.data_frame_timeout_ms == 5000);
+  auto cfg = value_of(parse_cluster_toml(
+    "[cluster]\nps = [\"a:1\"]\n[node]\ndata_idle_timeout_ms = 30000\ndata_frame_timeout_ms = 200\n", "t"));
+  CHECK(cfg.node.data_idle_timeout_ms == 30000);
+  CHECK(cfg.node.data_frame_timeout_ms == 200);
+  auto zero = parse_cluster_toml("[cluster]\nps = [\"a:1\"]\n[node]\ndata_idle_timeout_ms = 0\n", "t");
+  REQUIRE_FALSE(zero); // "never" is no option: a dead client would hold a thread forever
+  CHECK(describe(zero.error()).find("node.data_idle_timeout_ms = 0 is out of range") != std::string::npos);
+  auto again = value_of(parse_cluster_toml(cfg.cluster.to_toml(cfg.node), "again"));
+  CHECK(again.node.data_frame_timeout_ms == 200);
 }
