@@ -29,10 +29,13 @@ std::shared_ptr<spdlog::logger> make(const std::string& who) {
   const char* env = std::getenv("ACTORFLOW_LOG");
   auto level = parse_level(env == nullptr ? "" : env);
   logger->set_level(level.value_or(spdlog::level::info));
+  static std::once_flag warned; // init() may run more than once
   if (!level)
-    logger->warn("ACTORFLOW_LOG='{}' is not a level (trace, debug, info, warn, error, off); "
-                 "logging at info",
-                 env);
+    std::call_once(warned, [&] {
+      logger->warn("ACTORFLOW_LOG='{}' is not a level (trace, debug, info, warn, error, off); "
+                   "logging at info",
+                   env);
+    });
   return logger;
 }
 

@@ -25,7 +25,7 @@
 namespace {
 
 int fail(const std::string& msg, int code = 2) {
-  af::log::get()->error("actorflow-node: {}", msg);
+  af::log::get()->error("{}", msg); // the logger names the program (or the task)
   return code;
 }
 
