@@ -1,6 +1,8 @@
 #include "actors/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <new>
 
 #include "caf/all.hpp"
 
@@ -15,8 +17,6 @@ namespace {
 using self_ptr = executor_actor::stateful_pointer<executor_state>;
 using step_key = std::pair<uint64_t, uint64_t>;
 
-/// Requests from an executor to a variable actor.
-constexpr auto variable_timeout = std::chrono::seconds(30);
 constexpr size_t remembered_steps = 4096;
 
 int64_t now_ns() {
@@ -25,8 +25,8 @@ int64_t now_ns() {
     .count();
 }
 
-bool is_update(const std::string& op) {
-  return op == "assign" || op == "assign_add" || op == "assign_sub";
+std::string step_name(step_key key) {
+  return "step " + std::to_string(key.second) + " of graph " + std::to_string(key.first);
 }
 
 /// Runs one kernel op; a GPU backend that lacks it hands it to the CPU.
@@ -35,11 +35,18 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
   if (!kernels::known_op(op.op))
     return make_error(af_error::invalid_argument, "op '" + op.name + "': unknown kind '" + op.op + "'");
   tensor out;
-  auto status = kernels::run_op(*st.backend, op.op, op.attrs, args, out);
+  kernels::status status;
   using kind = kernels::status::kind;
-  if (status.what == kind::unsupported && st.fallback) {
-    note = status.error + "; ran on the node's CPU";
-    status = kernels::run_op(*st.fallback, op.op, op.attrs, args, out);
+  try {
+    status = kernels::run_op(*st.backend, op.op, op.attrs, args, out);
+    if (status.what == kind::unsupported && st.fallback) {
+      note = status.error + "; ran on the node's CPU";
+      status = kernels::run_op(*st.fallback, op.op, op.attrs, args, out);
+    }
+  } catch (const std::bad_alloc&) {
+    return make_error(af_error::resource_exhausted,
+                      "op '" + op.name + "' (" + op.op + ") on " + st.device
+                        + ": out of memory for its result");
   }
   if (!status.ok()) {
     auto code = status.what == kind::shape         ? af_error::shape_mismatch
@@ -59,14 +66,15 @@ struct remote_reader_state {
 /// blocking socket I/O never stalls the executor.
 caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self) {
   return {
-    [self](read_atom, const std::string& address, const std::string& var) -> caf::result<tensor, uint64_t> {
+    [self](read_atom, const std::string& address, const std::string& var,
+           uint32_t timeout_ms) -> caf::result<tensor, uint64_t> {
       auto& ch = self->state.channels[address];
       if (!ch || ch->broken()) {
         auto addr = parse_address(address, "data plane of variable '" + var + "'");
         if (!addr)
           return std::move(addr.error());
         auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
-                                           std::chrono::duration_cast<std::chrono::milliseconds>(variable_timeout));
+                                           std::chrono::milliseconds{timeout_ms});
         if (!fresh)
           return std::move(fresh.error());
         ch = std::move(*fresh);
@@ -99,6 +107,34 @@ void fail(self_ptr self, step_key key, caf::error err) {
   remember_done(self->state, key);
 }
 
+/// Schedules a sweep while any step is open: no step outlives its deadline.
+void schedule_sweep(self_ptr self) {
+  auto& st = self->state;
+  if (st.sweeping || st.steps.empty())
+    return;
+  uint32_t shortest = 60000;
+  for (const auto& [id, g] : st.graphs)
+    shortest = std::min(shortest, g.part.step_timeout_ms);
+  auto interval = std::chrono::milliseconds{std::clamp<uint32_t>(shortest / 4, 10, 1000)};
+  st.sweeping = true;
+  self->delayed_send(self, interval, sweep_atom::value);
+}
+
+/// A step entry for `key`, created with the graph's deadline if new.
+executor_state::step* open_step(self_ptr self, step_key key) {
+  auto& st = self->state;
+  auto g = st.graphs.find(key.first);
+  if (g == st.graphs.end())
+    return nullptr;
+  auto [it, fresh] = st.steps.try_emplace(key);
+  if (fresh) {
+    it->second.deadline_ns = now_ns() + int64_t{g->second.part.step_timeout_ms} * 1000000;
+    it->second.waiting_for = "its run_step message from the session";
+    schedule_sweep(self);
+  }
+  return &it->second;
+}
+
 void advance(self_ptr self, step_key key);
 
 /// An op's value is known: hand it to the partitions that need it and to the client.
@@ -107,13 +143,58 @@ void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value
   auto& s = self->state.steps.at(key);
   for (const auto& consumer : op.consumers)
     self->send(caf::actor_cast<executor_actor>(consumer), edge_atom::value, key.first, key.second,
-               op.id, value);
+               op.id, value, now_ns());
   if (op.fetch)
     s.result.fetched.push_back(feed{op.id, value});
   s.result.timings.push_back(
     op_timing{op.id, start, now_ns(), std::move(note), bytes_in, value.empty() ? 0 : value.nbytes()});
   s.values[op.id] = std::move(value);
   ++s.next;
+}
+
+/// Starts the read of variable input `in` of `op`; advance() resumes the step.
+void read_variable(self_ptr self, step_key key, executor_state::step& s, const partition_op& op,
+                   const op_input& in) {
+  s.waiting = true;
+  s.waiting_for = "variable '" + in.var_name + "'";
+  auto name = in.var_name;
+  auto started = now_ns();
+  std::string path = !in.data_plane.empty()         ? "data plane from " + in.data_plane
+                     : in.var->node() == self->node() ? std::string{"local buffer"}
+                                                      : std::string{"CAF message"};
+  auto on_value = [self, key, name, started, path, var = in.op, consumer = op.id](tensor& value,
+                                                                                 uint64_t) {
+    auto it = self->state.steps.find(key);
+    if (it == self->state.steps.end())
+      return;
+    auto& st = it->second;
+    st.waiting = false;
+    st.result.transfers.push_back(transfer_timing{1, var, consumer, started, now_ns(),
+                                                  value.empty() ? 0 : value.nbytes(), path});
+    st.var_reads[name] = std::move(value);
+    advance(self, key);
+  };
+  auto on_error = [self, key, name, path, where = in.var_node](caf::error& err) {
+    auto what = "reading variable '" + name + "' of " + where + " (" + path + ")";
+    if (err == caf::sec::request_timeout)
+      err = make_error(af_error::timeout, what + " on " + self->state.device + " timed out");
+    else if (err.category() != error_category)
+      err = make_error(af_error::peer_down, what + " failed: " + describe(err));
+    else if (is(err, af_error::peer_down) || is(err, af_error::timeout))
+      err = make_error(static_cast<af_error>(err.code()), what + ": " + describe(err));
+    fail(self, key, std::move(err));
+  };
+  auto timeout = std::chrono::milliseconds{s.part->variable_timeout_ms};
+  if (!in.data_plane.empty()) {
+    if (!self->state.remote_reader)
+      self->state.remote_reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
+    self->request(self->state.remote_reader, timeout, read_atom::value, in.data_plane, name,
+                  s.part->variable_timeout_ms)
+      .then(on_value, on_error);
+  } else {
+    self->request(in.var, timeout, var_op_atom::value, var_op::read, tensor{}, false)
+      .then(on_value, on_error);
+  }
 }
 
 void advance(self_ptr self, step_key key) {
@@ -126,11 +207,13 @@ void advance(self_ptr self, step_key key) {
   const auto& ops = s.part->ops;
   while (s.next < ops.size()) {
     const auto& op = ops[s.next];
-    bool update = is_update(op.op);
+    var_op update = var_op::read;
+    parse_var_op(op.op, update);
+    bool is_update = update != var_op::read;
     std::vector<tensor> args;
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const auto& in = op.inputs[i];
-      if (update && i == 0)
+      if (is_update && i == 0)
         continue; // the variable being updated
       switch (in.kind) {
         case op_input::constant:
@@ -142,46 +225,38 @@ void advance(self_ptr self, step_key key) {
             args.push_back(cached->second);
             break;
           }
-          // Read it, then resume: a variable of this node hands over its
-          // buffer; one on another node comes over that node's data plane.
-          s.waiting = true;
-          auto name = in.var_name;
-          auto on_value = [self, key, name](tensor& value, uint64_t) {
-            auto i2 = self->state.steps.find(key);
-            if (i2 == self->state.steps.end())
-              return;
-            i2->second.waiting = false;
-            i2->second.var_reads[name] = std::move(value);
-            advance(self, key);
-          };
-          auto on_error = [self, key, name](caf::error& err) {
-            if (err == caf::sec::request_timeout)
-              err = make_error(af_error::timeout, "reading variable '" + name + "' timed out");
-            fail(self, key, std::move(err));
-          };
-          if (!in.data_plane.empty()) {
-            if (!self->state.remote_reader)
-              self->state.remote_reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
-            self->request(self->state.remote_reader, variable_timeout, read_atom::value, in.data_plane,
-                          name)
-              .then(on_value, on_error);
-          } else {
-            self->request(in.var, variable_timeout, var_op_atom::value, var_op::read, tensor{}, false)
-              .then(on_value, on_error);
+          if (!in.var) {
+            fail(self, key, make_error(af_error::invalid_argument,
+                                       "op '" + op.name + "' reads variable '" + in.var_name
+                                         + "' without a handle to it"));
+            return;
           }
+          read_variable(self, key, s, op, in);
           return;
         }
         default: { // local, remote, feed
           auto v = s.values.find(in.op);
           if (v == s.values.end()) {
-            if (in.kind == op_input::remote)
+            if (in.kind == op_input::remote) {
+              s.waiting_for = "the value of op " + std::to_string(in.op) + " for '" + op.name
+                              + "' from another partition";
               return; // its edge has not arrived yet
+            }
             fail(self, key,
                  make_error(af_error::invalid_argument,
                             in.kind == op_input::feed
                               ? "op '" + op.name + "' needs a placeholder that was not fed"
                               : "op '" + op.name + "': an input is missing (a bug)"));
             return;
+          }
+          if (in.kind == op_input::remote) {
+            auto a = s.arrivals.find(in.op);
+            if (a != s.arrivals.end()) {
+              s.result.transfers.push_back(
+                transfer_timing{0, in.op, op.id, a->second.first, a->second.second,
+                                v->second.empty() ? 0 : v->second.nbytes(), "edge"});
+              s.arrivals.erase(a);
+            }
           }
           args.push_back(v->second);
         }
@@ -191,12 +266,13 @@ void advance(self_ptr self, step_key key) {
     uint64_t bytes_in = 0;
     for (const auto& a : args)
       bytes_in += a.empty() ? 0 : a.nbytes();
-    if (update) {
+    if (is_update) {
       if (args.size() != 1 || !op.inputs[0].var) {
         fail(self, key, make_error(af_error::invalid_argument, "op '" + op.name + "' updates no variable"));
         return;
       }
       s.waiting = true;
+      s.waiting_for = "the update of variable '" + op.inputs[0].var_name + "'";
       auto on_value = [self, key, start, &op, bytes_in](tensor& value, uint64_t) {
         auto i2 = self->state.steps.find(key);
         if (i2 == self->state.steps.end())
@@ -207,10 +283,8 @@ void advance(self_ptr self, step_key key) {
         advance(self, key);
       };
       auto on_error = [self, key](caf::error& err) { fail(self, key, std::move(err)); };
-      const auto& var = op.inputs[0].var;
-      var_op vop = var_op::assign;
-      parse_var_op(op.op, vop);
-      self->request(var, variable_timeout, var_op_atom::value, vop, args[0], op.want_value)
+      self->request(op.inputs[0].var, std::chrono::milliseconds{s.part->variable_timeout_ms},
+                    var_op_atom::value, update, args[0], op.want_value)
         .then(on_value, on_error);
       return;
     }
@@ -227,6 +301,21 @@ void advance(self_ptr self, step_key key) {
   remember_done(self->state, key);
 }
 
+/// Drops graph `id` and every open step of it.
+void forget_graph(self_ptr self, uint64_t id, const caf::error& why) {
+  auto& st = self->state;
+  for (auto it = st.steps.begin(); it != st.steps.end();) {
+    if (it->first.first == id) {
+      if (it->second.rp.pending())
+        it->second.rp.deliver(why);
+      it = st.steps.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  st.graphs.erase(id);
+}
+
 } // namespace
 
 executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
@@ -235,33 +324,83 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
   self->state.device = std::move(device);
   self->state.backend = std::move(backend);
   self->state.fallback = std::move(fallback);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    std::vector<uint64_t> orphaned;
+    for (auto& [id, g] : st.graphs) {
+      if (g.owner == dm.source) {
+        orphaned.push_back(id);
+        continue;
+      }
+      const auto& peers = g.part.peers;
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (peers[i].address() != dm.source)
+          continue;
+        auto why = make_error(af_error::peer_down,
+                              (i < g.part.peer_devices.size() ? g.part.peer_devices[i]
+                                                              : std::string{"a peer"})
+                                + ", which this step needs, died (" + caf::to_string(dm.reason)
+                                + "); did its node stop or lose its network?");
+        std::vector<step_key> affected;
+        for (auto& [key, s] : st.steps)
+          if (key.first == id)
+            affected.push_back(key);
+        for (auto key : affected)
+          fail(self, key, why);
+      }
+    }
+    for (auto id : orphaned)
+      forget_graph(self, id, make_error(af_error::peer_down, "the session that registered it died"));
+  });
   return {
-    [self](register_atom, partition& part) -> caf::ok_atom {
+    [self](register_atom, partition& part) -> caf::result<caf::ok_atom> {
+      auto& st = self->state;
+      auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto id = part.graph;
-      self->state.graphs[id] = std::move(part);
+      if (auto it = st.graphs.find(id); it != st.graphs.end() && it->second.owner != owner)
+        return make_error(af_error::invalid_argument,
+                          "graph id " + std::to_string(id) + " is taken on " + st.device
+                            + " by another session; register under another id");
+      bool known_owner = false;
+      for (const auto& [gid, g] : st.graphs)
+        known_owner = known_owner || g.owner == owner;
+      if (!known_owner && owner)
+        self->monitor(owner);
+      for (const auto& peer : part.peers)
+        if (peer && peer != caf::actor_cast<caf::actor>(self))
+          self->monitor(peer);
+      st.graphs[id] = executor_state::registered{std::move(part), owner};
       return caf::ok_atom::value;
     },
     [self](run_step_atom, uint64_t graph, uint64_t step,
            std::vector<feed>& feeds) -> caf::result<step_result> {
-      auto g = self->state.graphs.find(graph);
-      if (g == self->state.graphs.end())
+      auto& st = self->state;
+      auto g = st.graphs.find(graph);
+      if (g == st.graphs.end())
         return make_error(af_error::not_found, "graph " + std::to_string(graph)
-                                                 + " was never registered on " + self->state.device);
+                                                 + " is not registered on " + st.device
+                                                 + " (never registered, or dropped)");
       step_key key{graph, step};
-      auto& s = self->state.steps[key];
-      s.part = &g->second;
+      if (st.done.count(key))
+        return make_error(af_error::aborted, step_name(key) + " was already aborted on " + st.device);
+      auto s = open_step(self, key);
+      s->part = &g->second.part;
       for (auto& f : feeds)
-        s.values[f.op] = std::move(f.value);
-      s.rp = self->make_response_promise<step_result>();
-      auto rp = s.rp;
+        s->values[f.op] = std::move(f.value);
+      s->rp = self->make_response_promise<step_result>();
+      auto rp = s->rp;
       advance(self, key);
       return rp;
     },
-    [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value) {
+    [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value, int64_t sent_ns) {
       step_key key{graph, step};
       if (self->state.done.count(key))
         return; // the step failed or was aborted meanwhile
-      self->state.steps[key].values[op] = std::move(value);
+      auto s = open_step(self, key);
+      if (s == nullptr)
+        return; // a graph this executor no longer holds
+      s->arrivals[op] = {sent_ns, now_ns()};
+      s->values[op] = std::move(value);
       advance(self, key);
     },
     [self](abort_atom, uint64_t graph, uint64_t step) {
@@ -269,12 +408,31 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       remember_done(self->state, {graph, step});
     },
     [self](forget_atom, uint64_t graph) {
-      for (auto it = self->state.steps.begin(); it != self->state.steps.end();)
-        if (it->first.first == graph)
-          it = self->state.steps.erase(it);
-        else
-          ++it;
-      self->state.graphs.erase(graph);
+      forget_graph(self, graph, make_error(af_error::aborted, "the session dropped the graph"));
+    },
+    [self](info_atom) -> caf::result<uint64_t, uint64_t> {
+      return {static_cast<uint64_t>(self->state.graphs.size()),
+              static_cast<uint64_t>(self->state.steps.size())};
+    },
+    [self](sweep_atom) {
+      auto& st = self->state;
+      st.sweeping = false;
+      auto now = now_ns();
+      std::vector<step_key> expired;
+      for (const auto& [key, s] : st.steps)
+        if (s.deadline_ns <= now)
+          expired.push_back(key);
+      for (auto key : expired) {
+        auto& s = st.steps.at(key);
+        auto g = st.graphs.find(key.first);
+        auto ms = g == st.graphs.end() ? 0u : g->second.part.step_timeout_ms;
+        fail(self, key,
+             make_error(af_error::timeout, step_name(key) + " on " + st.device + " timed out after "
+                                             + std::to_string(ms) + " ms waiting for "
+                                             + s.waiting_for));
+        remember_done(st, key);
+      }
+      schedule_sweep(self);
     },
   };
 }

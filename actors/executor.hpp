@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "caf/actor_addr.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/typed_response_promise.hpp"
 
@@ -21,7 +22,12 @@ struct executor_state {
   std::string device;                         ///< full device name
   std::shared_ptr<kernels::backend> backend;  ///< CPU or CUDA
   std::shared_ptr<kernels::backend> fallback; ///< the node's CPU, for ops a GPU lacks
-  std::unordered_map<uint64_t, partition> graphs;
+
+  struct registered {
+    partition part;
+    caf::actor_addr owner; ///< who registered it; its death drops the graph
+  };
+  std::unordered_map<uint64_t, registered> graphs;
   caf::actor remote_reader; ///< reads other nodes' variables over their data plane
 
   /// One step of one graph, from its first edge or run_step to its reply.
@@ -29,12 +35,16 @@ struct executor_state {
     const partition* part = nullptr; ///< set by run_step
     size_t next = 0;                 ///< the next op to run
     bool waiting = false;            ///< a variable request is in flight
-    std::unordered_map<int32_t, tensor> values;       ///< results, edges, feeds
+    int64_t deadline_ns = 0;         ///< steady clock; the sweep fails it after
+    std::string waiting_for;         ///< what it waits on now, for the timeout's text
+    std::unordered_map<int32_t, tensor> values;        ///< results, edges, feeds
+    std::unordered_map<int32_t, std::pair<int64_t, int64_t>> arrivals; ///< edge op -> (sent, received)
     std::unordered_map<std::string, tensor> var_reads; ///< each variable read once a step
     caf::typed_response_promise<step_result> rp;
     step_result result;
   };
   std::map<std::pair<uint64_t, uint64_t>, step> steps;
+  bool sweeping = false; ///< a sweep message is scheduled
 
   /// Recently finished or aborted steps: late edges for them are dropped.
   std::set<std::pair<uint64_t, uint64_t>> done;

@@ -1,25 +1,42 @@
 #include "actors/session.hpp"
 
 #include <algorithm>
+#include <iostream>
 #include <map>
+#include <mutex>
 #include <set>
-#include <sstream>
 #include <thread>
-#include <atomic>
-#include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
 #include "actors/data_plane.hpp"
 #include "actors/node.hpp"
+#include "graph/partition.hpp"
+#include "graph/placement.hpp"
 #include "messages/error.hpp"
 
 namespace af {
 
+/// What the facade asks of its session actor: one step.
+struct run_request {
+  std::shared_ptr<prepared_step> step;
+  std::map<int32_t, tensor> feeds;
+  bool trace = false;
+};
+
+} // namespace af
+
+// Both stay inside the client's process: the session actor is never remote.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::run_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::step_outputs)
+
+namespace af {
+
 namespace {
+
+using run_atom = caf::atom_constant<caf::atom("run_step")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -31,45 +48,104 @@ std::string task_name(const std::string& job, int32_t task) {
   return "/job:" + job + "/task:" + std::to_string(task);
 }
 
-struct op_node {
-  enum kind_t { variable, constant, compute, update, placeholder } kind = constant;
-  std::string name;
-  std::string op; ///< compute: a kernels::run_op name; update: assign/assign_add/assign_sub
-  op_attrs attrs;
-  std::vector<int32_t> inputs;
-  device_name requested;
-  // variables
-  variable_spec spec;
-  variable_actor var;
-  initializer init;
-  std::string node_key;     ///< /job:J/task:T of its node
-  std::string node_address;
-  std::string note;
-  // constants
-  tensor value;
+caf::error to_error(const graph_error& e) {
+  return make_error(e.code, e.what);
+}
+
+/// Nodes the session actor saw die: task name -> why. Written by the session
+/// actor's down handler, read by the facade before each call.
+struct node_health {
+  std::mutex mtx;
+  std::map<std::string, std::string> dead;
+
+  void mark(const std::string& task, std::string why) {
+    std::lock_guard<std::mutex> guard{mtx};
+    dead[task] = std::move(why);
+  }
+  bool is_dead(const std::string& task, std::string* why = nullptr) {
+    std::lock_guard<std::mutex> guard{mtx};
+    auto it = dead.find(task);
+    if (it == dead.end())
+      return false;
+    if (why)
+      *why = it->second;
+    return true;
+  }
+  void revive(const std::string& task) {
+    std::lock_guard<std::mutex> guard{mtx};
+    dead.erase(task);
+  }
 };
+
+struct session_actor_state {
+  step_runner runner;
+  std::map<caf::actor_addr, std::string> nodes; ///< watched node actor -> task name
+  std::shared_ptr<node_health> health;
+};
+
+/// Hosts the step runner and watches the nodes: the actor half of a session.
+caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
+                                 std::shared_ptr<node_health> health) {
+  self->state.health = std::move(health);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto it = self->state.nodes.find(dm.source);
+    if (it != self->state.nodes.end()) {
+      self->state.health->mark(it->second, caf::to_string(dm.reason));
+      self->state.nodes.erase(it);
+    }
+    self->state.runner.on_down(self, dm);
+  });
+  return {
+    [self](run_atom, run_request& req) -> caf::result<step_outputs> {
+      auto rp = self->make_response_promise<step_outputs>();
+      self->state.runner.run(self, std::move(req.step), std::move(req.feeds), req.trace,
+                             [rp](caf::expected<step_outputs> out) mutable {
+                               if (out)
+                                 rp.deliver(std::move(*out));
+                               else
+                                 rp.deliver(std::move(out.error()));
+                             });
+      return rp;
+    },
+    [self](watch_atom, caf::actor& node, std::string& task) {
+      self->state.nodes[node.address()] = task;
+      self->monitor(node);
+    },
+  };
+}
 
 struct node_conn {
   node_actor actor;
   node_info info;
-  std::string address;
+  std::string key;     ///< /job:J/task:T
+  std::string address; ///< host:port
   std::map<std::string, executor_actor> executors;
   std::unique_ptr<data_channel> channel; ///< null: same process, or no data plane
+  bool channel_broken = false;           ///< reopen the channel on the next call
+  clock_estimate clock;
 };
 
-struct placement {
-  node_conn* conn = nullptr;
-  std::string local;  ///< "CPU:0"
-  std::string full;   ///< /job:J/replica:0/task:T/device:CPU:0
-  std::string note;
+/// The handle of a variable node, bound when the variable was placed.
+struct var_binding {
+  variable_actor actor;
+  std::string task;    ///< /job:J/task:T of its node
+  std::string address; ///< host:port of its node
+  bool gone = false;   ///< its node restarted without it
 };
 
 } // namespace
 
 struct session::impl {
   impl(caf::actor_system& sys, cluster_spec spec, session_options opts)
-    : sys(sys), spec(std::move(spec)), opts(opts), self(sys, true) {
-    // nop
+    : sys(sys), spec(std::move(spec)), opts(opts), self(sys, true),
+      health(std::make_shared<node_health>()) {
+    actor = sys.spawn<caf::hidden>(session_actor_impl, health);
+  }
+
+  ~impl() {
+    for (auto& [sig, step] : prepared)
+      step_runner::forget(*step);
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   }
 
   caf::actor_system& sys;
@@ -78,45 +154,36 @@ struct session::impl {
   std::string job;
   int32_t task = 0;
   caf::scoped_actor self;
-  std::vector<device_name> scopes;
-  std::vector<op_node> ops;
-  std::map<std::string, int> name_counts;
+  std::shared_ptr<node_health> health;
+  caf::actor actor; ///< hosts the step runner, watches the nodes
+  af::graph g;
+  std::map<int32_t, var_binding> bindings;
   std::map<std::string, node_conn> conns;
+  std::map<std::string, std::shared_ptr<prepared_step>> prepared; ///< by plan signature
 
-  device_name current() const {
-    device_name d;
-    for (const auto& s : scopes)
-      d = s.merged_into(d);
-    return d;
-  }
-
-  std::string unique_name(const std::string& base) {
-    auto n = name_counts[base]++;
-    return n == 0 ? base : base + "_" + std::to_string(n);
-  }
+  placement_policy policy() const { return placement_policy{job, task, opts.soft_placement}; }
 
   /// Maps CAF's request errors to a sentence naming what we waited for.
   caf::error explain(caf::error err, const std::string& what, const node_conn* conn) {
+    auto where = conn ? " from " + conn->key + " at " + conn->address : std::string{};
     if (err == caf::sec::request_timeout)
-      return make_error(af_error::timeout,
-                        "timed out after " + std::to_string(opts.timeout.count()) + " ms waiting for "
-                          + what + (conn ? " from " + task_name(conn->info.job, conn->info.task)
-                                             + " at " + conn->address
-                                         : std::string{})
-                          + "; is the node alive and reachable?");
-    if (err.category() == caf::atom("system"))
-      return make_error(af_error::peer_down, what + " failed: " + describe(err));
+      return make_error(af_error::timeout, "timed out after " + std::to_string(opts.timeout.count())
+                                             + " ms waiting for " + what + where
+                                             + "; is the node alive and reachable?");
+    if (err.category() != error_category)
+      return make_error(af_error::peer_down, what + where + " failed: " + describe(err));
     return err;
   }
 
-  caf::expected<node_conn*> connect(const std::string& j, int32_t t) {
+  /// Opens a connection to /job:J/task:T: the node actor, its info and clock,
+  /// its data plane. Does not touch `conns`.
+  caf::expected<node_conn> open(const std::string& j, int32_t t) {
     auto key = task_name(j, t);
-    if (auto it = conns.find(key); it != conns.end())
-      return &it->second;
     auto addr = spec.address(j, t);
     if (!addr)
       return std::move(addr.error());
     node_conn conn;
+    conn.key = key;
     conn.address = addr->to_string();
     conn.actor = find_local_node(conn.address, &sys);
     if (!conn.actor) {
@@ -149,11 +216,16 @@ struct session::impl {
         return err;
     }
     caf::error err;
+    auto t0 = now_ns();
     self->request(conn.actor, opts.timeout, caf::ping_atom::value)
       .receive([&](node_info& info) { conn.info = std::move(info); },
                [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
+    auto t1 = now_ns();
     if (err)
       return err;
+    // As NTP does: the node read its clock halfway through the round trip.
+    conn.clock.rtt_ns = t1 - t0;
+    conn.clock.offset_ns = conn.info.clock_ns - (t0 + (t1 - t0) / 2);
     bool local = find_local_node(conn.address, &sys) != nullptr;
     if (!local && opts.data_plane && conn.info.data_port != 0) {
       // Without a data plane (blocked port) the same ops go as CAF messages.
@@ -162,284 +234,356 @@ struct session::impl {
       if (ch)
         conn.channel = std::move(*ch);
     }
-    return &conns.emplace(key, std::move(conn)).first->second;
+    self->send(actor, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
+    return conn;
+  }
+
+  /// The connection to /job:J/task:T; after the node died, one attempt to
+  /// reconnect, and an error saying it died when that fails.
+  caf::expected<node_conn*> connect(const std::string& j, int32_t t) {
+    auto key = task_name(j, t);
+    auto it = conns.find(key);
+    std::string why;
+    bool dead = health->is_dead(key, &why);
+    if (it != conns.end() && !dead) {
+      if (it->second.channel_broken) {
+        reopen_channel(it->second);
+      }
+      return &it->second;
+    }
+    if (it == conns.end() && !dead) {
+      auto fresh = open(j, t);
+      if (!fresh)
+        return std::move(fresh.error());
+      return &conns.emplace(key, std::move(*fresh)).first->second;
+    }
+    // It died: try once to reach its successor.
+    auto address = it != conns.end() ? it->second.address : std::string{};
+    auto fresh = open(j, t);
+    if (!fresh)
+      return make_error(af_error::peer_down,
+                        "node " + key + (address.empty() ? "" : " at " + address) + " died (" + why
+                          + ") and does not answer yet (" + describe(fresh.error())
+                          + "); restart it and this session reconnects by itself");
+    health->revive(key);
+    bool restarted = it == conns.end() || it->second.info.incarnation != fresh->info.incarnation;
+    if (it != conns.end())
+      conns.erase(it);
+    auto& conn = conns.emplace(key, std::move(*fresh)).first->second;
+    rebind(conn, restarted);
+    return &conn;
+  }
+
+  void reopen_channel(node_conn& conn) {
+    conn.channel_broken = false;
+    conn.channel.reset();
+    auto addr = parse_address(conn.address, conn.key);
+    if (!addr || !opts.data_plane || conn.info.data_port == 0)
+      return;
+    auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
+                                    opts.timeout, opts.reply_poll);
+    if (ch)
+      conn.channel = std::move(*ch);
+  }
+
+  /// After a reconnect: drop the steps bound to the old executors and find the
+  /// variables again by name.
+  void rebind(node_conn& conn, bool restarted) {
+    for (auto it = prepared.begin(); it != prepared.end();)
+      if (it->second->tasks.count(conn.key))
+        it = prepared.erase(it);
+      else
+        ++it;
+    size_t lost = 0;
+    for (auto& [id, b] : bindings) {
+      if (b.task != conn.key)
+        continue;
+      const auto& name = g.at(output{id}).spec.name;
+      caf::error err;
+      self->request(conn.actor, opts.timeout, lookup_atom::value, name)
+        .receive([&](variable_actor& v) { b.actor = std::move(v); b.gone = false; },
+                 [&](caf::error& e) { err = std::move(e); });
+      if (err) {
+        b.gone = true;
+        ++lost;
+      }
+    }
+    std::cerr << "actorflow session " << task_name(job, task) << ": reconnected to " << conn.key
+              << " at " << conn.address
+              << (restarted ? " (the node restarted" : " (same node")
+              << (lost > 0 ? "; " + std::to_string(lost) + " variable(s) are gone: initialize() or restore them)"
+                           : ")")
+              << '\n';
+  }
+
+  caf::expected<std::vector<std::string>> devices_of(const std::string& j, int32_t t) {
+    if (auto err = spec.check_task(j, t))
+      return err;
+    auto conn = connect(j, t);
+    if (!conn)
+      return std::move(conn.error());
+    return (*conn)->info.devices;
+  }
+
+  device_catalog catalog() {
+    return [this](const std::string& j, int32_t t) -> outcome<std::vector<std::string>> {
+      auto d = devices_of(j, t);
+      if (d)
+        return std::move(*d);
+      auto code = d.error().category() == error_category ? static_cast<af_error>(d.error().code())
+                                                          : af_error::unreachable;
+      auto text = describe(d.error());
+      auto prefix = std::string{to_string(code)} + ": ";
+      if (text.rfind(prefix, 0) == 0)
+        text = text.substr(prefix.size());
+      return graph_error{code, text};
+    };
+  }
+
+  caf::expected<executor_actor> executor(node_conn& conn, const std::string& local) {
+    auto it = conn.executors.find(local);
+    if (it != conn.executors.end())
+      return it->second;
+    caf::error err;
+    executor_actor exec;
+    self->request(conn.actor, opts.timeout, executor_atom::value, local)
+      .receive([&](executor_actor& e) { exec = std::move(e); },
+               [&](caf::error& e) { err = explain(std::move(e), "executor " + local, &conn); });
+    if (err)
+      return err;
+    conn.executors.emplace(local, exec);
+    return exec;
+  }
+
+  caf::expected<const var_binding*> binding_of(output var) {
+    auto it = bindings.find(var.id);
+    if (it == bindings.end())
+      return make_error(af_error::invalid_argument,
+                        "output " + std::to_string(var.id) + " is not a variable of this session");
+    auto dev = placed_from_full(g.at(var).spec.device);
+    if (dev) {
+      // A node seen dead is reconnected (or reported) first.
+      auto conn = connect(dev->job, dev->task);
+      if (!conn)
+        return std::move(conn.error());
+    }
+    if (it->second.gone)
+      return make_error(af_error::gone,
+                        "variable '" + g.at(var).spec.name + "': its node " + it->second.task
+                          + " restarted and no longer holds it; initialize() it again or restore "
+                            "it from a checkpoint");
+    return &it->second;
   }
 
   /// One op on a variable: over the node's data plane when there is one, as a
-  /// CAF message otherwise. Returns the value (empty unless read or wanted).
-  caf::expected<tensor> variable_call(const op_node& var, wire::kind op, tensor operand,
-                                      bool want_value) {
-    auto it = conns.find(var.node_key);
+  /// CAF message otherwise. `path` says which it took.
+  caf::expected<tensor> variable_call(output var, var_op op, tensor operand, bool want_value,
+                                      std::string* path = nullptr) {
+    auto b = binding_of(var);
+    if (!b)
+      return std::move(b.error());
+    const auto& node = g.at(var);
+    auto it = conns.find((*b)->task);
     if (it != conns.end() && it->second.channel) {
+      if (path)
+        *path = "data plane";
       auto& ch = *it->second.channel;
-      auto r = ch.call(static_cast<var_op>(op), var.spec.name, op == wire::kind::read ? nullptr : &operand, want_value);
+      auto r = ch.call(op, node.spec.name, op == var_op::read ? nullptr : &operand, want_value);
       if (ch.broken())
-        conns.erase(it); // reconnect on the next call (the node may come back)
+        it->second.channel_broken = true; // reopened on the next call (the node may come back)
       if (!r)
         return std::move(r.error());
       return std::move(r->first);
     }
+    if (path)
+      *path = find_local_node((*b)->address, &sys) ? "local buffer" : "CAF message";
     tensor result;
     caf::error err;
-    auto on_value = [&](tensor& v, uint64_t) { result = std::move(v); };
-    auto on_error = [&](caf::error& e) {
-      auto what = std::string{op == wire::kind::read ? "read" : op == wire::kind::assign ? "assign"
-                              : op == wire::kind::assign_add ? "assign_add" : "assign_sub"}
-                  + " of variable '" + var.spec.name + "' on " + var.spec.device;
-      err = explain(std::move(e), what, nullptr);
-    };
-    self->request(var.var, opts.timeout, var_op_atom::value, static_cast<var_op>(op),
-                  std::move(operand), want_value)
-      .receive(on_value, on_error);
+    self->request((*b)->actor, opts.timeout, var_op_atom::value, op, std::move(operand), want_value)
+      .receive([&](tensor& v, uint64_t) { result = std::move(v); },
+               [&](caf::error& e) {
+                 err = explain(std::move(e),
+                               std::string{to_string(op)} + " of variable '" + node.spec.name
+                                 + "' on " + node.spec.device,
+                               nullptr);
+               });
     if (err)
       return err;
     return result;
   }
 
-  caf::expected<placement> place(const device_name& requested, bool for_variable) {
-    device_name base;
-    base.job = job;
-    base.replica = 0;
-    base.task = for_variable ? 0 : task;
-    base.type = "CPU";
-    base.id = 0;
-    device_name d = requested;
-    if (d.job && !d.task)
-      d.task = 0; // /job:ps means its task 0, as in TensorFlow
-    d = d.merged_into(base);
-    if (!d.id)
-      d.id = 0;
-    auto shown = requested.to_string().empty() ? std::string{"(no device)"} : requested.to_string();
-    if (*d.replica != 0)
-      return make_error(af_error::unknown_device,
-                        "device " + shown + ": replica " + std::to_string(*d.replica)
-                          + " does not exist (actorflow runs replica 0 of each task)");
-    if (auto err = spec.check_task(*d.job, *d.task))
-      return make_error(af_error::unknown_device, "device " + shown + ": " + describe(err));
-    auto conn = connect(*d.job, *d.task);
-    if (!conn)
-      return std::move(conn.error());
-    placement p;
-    p.conn = *conn;
-    p.local = d.local_device();
-    auto& devs = p.conn->info.devices;
-    if (std::find(devs.begin(), devs.end(), p.local) == devs.end()) {
-      std::string list;
-      for (const auto& x : devs)
-        list += (list.empty() ? "" : ", ") + x;
-      auto msg = d.to_string() + " is not available on " + task_name(*d.job, *d.task) + " (it has "
-                 + list + ")";
-      if (!opts.soft_placement)
-        return make_error(af_error::unknown_device, msg + "; enable soft placement or pick one of those");
-      p.note = "soft placement: " + msg + "; placed on CPU:0";
-      p.local = "CPU:0";
-    }
-    p.full = "/job:" + *d.job + "/replica:0/task:" + std::to_string(*d.task) + "/device:" + p.local;
-    return p;
-  }
-
-  caf::expected<executor_actor> executor(placement& p) {
-    auto it = p.conn->executors.find(p.local);
-    if (it != p.conn->executors.end())
-      return it->second;
-    caf::error err;
-    executor_actor exec;
-    self->request(p.conn->actor, opts.timeout, executor_atom::value, p.local)
-      .receive([&](executor_actor& e) { exec = std::move(e); },
-               [&](caf::error& e) { err = explain(std::move(e), "executor " + p.local, p.conn); });
-    if (err)
-      return err;
-    p.conn->executors.emplace(p.local, exec);
-    return exec;
-  }
-
-  const op_node* var_node(output o) const {
-    if (o.id < 0 || static_cast<size_t>(o.id) >= ops.size())
-      return nullptr;
-    const auto& n = ops[static_cast<size_t>(o.id)];
-    return n.kind == op_node::variable ? &n : nullptr;
-  }
-
-  caf::expected<std::vector<const op_node*>> variables_of(const std::vector<output>& vars) const {
-    std::vector<const op_node*> out;
-    if (vars.empty()) {
-      for (const auto& n : ops)
-        if (n.kind == op_node::variable)
-          out.push_back(&n);
-      return out;
-    }
-    for (auto v : vars) {
-      auto n = var_node(v);
-      if (n == nullptr)
+  caf::expected<std::vector<output>> variables_of(const std::vector<output>& vars) const {
+    if (vars.empty())
+      return g.variables();
+    for (auto v : vars)
+      if (g.variable_node(v) == nullptr)
         return make_error(af_error::invalid_argument,
                           "output " + std::to_string(v.id) + " is not a variable of this session");
-      out.push_back(n);
-    }
-    return out;
+    return vars;
   }
 
-  /// Runs `outs` for one step; their values if `want_values`.
+  caf::expected<std::shared_ptr<prepared_step>> prepare(const std::vector<int32_t>& roots,
+                                                        bool want_values);
+
   caf::expected<std::vector<tensor>> execute(const std::vector<output>& outs, bool want_values,
                                              const std::vector<std::pair<output, tensor>>& feeds,
                                              run_trace* trace);
 
-  /// A subgraph cut into partitions and registered with their executors.
-  struct registered_graph {
-    uint64_t id = 0;
-    std::vector<executor_actor> executors; ///< one per partition
-    std::vector<std::string> devices;      ///< each partition's full device
-    std::vector<std::string> nodes;        ///< each partition's node address
-    std::vector<std::string> notes;        ///< soft placement, per partition
-    std::map<int32_t, size_t> partition_of;
-    std::vector<std::vector<int32_t>> feeds; ///< placeholders each partition reads
-  };
-  std::map<std::string, registered_graph> graphs; ///< by signature
-  uint64_t next_step = 1;
-
-  caf::expected<registered_graph*> register_graph(const std::set<int32_t>& closure,
-                                                  const std::vector<int32_t>& roots,
-                                                  bool want_values);
-
-  /// The value an update op writes, when the client already has it.
-  caf::expected<tensor> direct_value(int32_t id, const std::map<int32_t, tensor>& fed);
-
-  void forget_graphs() {
-    for (auto& [sig, g] : graphs)
-      for (auto& e : g.executors)
-        caf::anon_send(e, forget_atom::value, g.id);
-    graphs.clear();
-  }
+  /// Gets or creates the variable of node `id` on its node and binds it.
+  caf::error create_variable(int32_t id);
 };
 
-caf::expected<tensor> session::impl::direct_value(int32_t id, const std::map<int32_t, tensor>& fed) {
-  const auto& n = ops[static_cast<size_t>(id)];
-  switch (n.kind) {
-    case op_node::constant:
-      return n.value;
-    case op_node::placeholder: {
-      auto it = fed.find(id);
-      if (it == fed.end())
-        return make_error(af_error::invalid_argument,
-                          "placeholder '" + n.name + "' needs a value: pass it in run()'s feeds");
-      return it->second;
-    }
-    default: // a variable
-      return variable_call(n, wire::kind::read, tensor{}, true);
-  }
+caf::error session::impl::create_variable(int32_t id) {
+  const auto& n = g.at(output{id});
+  auto dev = placed_from_full(n.spec.device);
+  if (!dev)
+    return to_error(dev.error());
+  auto conn = connect(dev->job, dev->task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  variable_actor handle;
+  self->request((*conn)->actor, opts.timeout, get_var_atom::value, n.spec)
+    .receive([&](variable_actor& v) { handle = std::move(v); },
+             [&](caf::error& e) { err = explain(std::move(e), "variable '" + n.spec.name + "'", *conn); });
+  if (err)
+    return err;
+  bindings[id] = var_binding{handle, (*conn)->key, (*conn)->address, false};
+  return caf::none;
 }
 
-caf::expected<session::impl::registered_graph*>
-session::impl::register_graph(const std::set<int32_t>& closure, const std::vector<int32_t>& roots,
-                              bool want_values) {
-  std::string signature = want_values ? "v" : "t";
-  for (auto r : roots)
-    signature += ":" + std::to_string(r);
-  if (auto it = graphs.find(signature); it != graphs.end())
-    return &it->second;
-  static std::atomic<uint64_t> counter{0};
-  registered_graph g;
-  g.id = (std::random_device{}() * uint64_t{0x9E3779B97F4A7C15}) ^ ++counter;
-  std::vector<partition> parts;
-  std::map<std::string, size_t> index; // node address + device -> partition
-  std::set<int32_t> root_set(roots.begin(), roots.end());
-  for (auto id : closure) { // ascending ids: a topological order
-    const auto& n = ops[static_cast<size_t>(id)];
-    placement p;
-    if (n.kind == op_node::update) {
-      // An update runs where its variable lives.
-      const auto& var = ops[static_cast<size_t>(n.inputs[0])];
-      auto dev = device_name::parse(var.spec.device);
-      auto conn = connect(*dev->job, *dev->task);
-      if (!conn)
-        return std::move(conn.error());
-      p.conn = *conn;
-      p.local = dev->local_device();
-      p.full = var.spec.device;
-    } else {
-      auto placed = place(n.requested, false);
-      if (!placed)
-        return make_error(static_cast<af_error>(placed.error().code()),
-                          "op '" + n.name + "': " + describe(placed.error()));
-      p = *placed;
+caf::expected<std::shared_ptr<prepared_step>>
+session::impl::prepare(const std::vector<int32_t>& roots, bool want_values) {
+  auto sig = plan_signature(roots, want_values);
+  if (auto it = prepared.find(sig); it != prepared.end()) {
+    bool healthy = true;
+    for (const auto& t : it->second->tasks)
+      healthy = healthy && !health->is_dead(t);
+    if (healthy)
+      return it->second;
+    prepared.erase(it); // bound to executors of a node that died
+  }
+  auto pol = policy();
+  auto cat = catalog();
+  auto plan = partition(g, roots, want_values, [&](const graph_node& n) -> outcome<placed_device> {
+    auto p = place(n.requested, false, pol, cat);
+    if (!p)
+      return graph_error{p.error().code, "op '" + n.name + "': " + p.error().what};
+    return p;
+  });
+  if (!plan)
+    return to_error(plan.error());
+  auto step = std::make_shared<prepared_step>();
+  step->timeout = opts.timeout;
+  step->partition_of = plan->partition_of;
+  // Bind each partition to its node and executor.
+  std::vector<node_conn*> part_conns;
+  for (const auto& pp : plan->partitions) {
+    auto conn = connect(pp.device.job, pp.device.task);
+    if (!conn)
+      return std::move(conn.error());
+    auto exec = executor(**conn, pp.device.local);
+    if (!exec)
+      return std::move(exec.error());
+    prepared_partition p;
+    p.exec = *exec;
+    p.device = pp.device.full;
+    p.node = (*conn)->address;
+    p.task = (*conn)->key;
+    p.note = pp.device.note;
+    p.clock_offset_ns = (*conn)->clock.offset_ns;
+    p.feeds = pp.feeds;
+    p.part.step_timeout_ms = static_cast<uint32_t>(opts.timeout.count());
+    p.part.variable_timeout_ms = static_cast<uint32_t>(opts.timeout.count());
+    step->tasks.insert(p.task);
+    step->partitions.push_back(std::move(p));
+    part_conns.push_back(*conn);
+  }
+  auto describe_node = [&](int32_t id) {
+    const auto& n = g.at(output{id});
+    trace_node t{n.name, n.op, n.requested.to_string(), "", "", ""};
+    if (n.kind == node_kind::variable) {
+      t.op = "variable";
+      t.device = n.spec.device;
+      t.note = n.placement_note;
+      if (auto b = bindings.find(id); b != bindings.end())
+        t.node = b->second.address;
     }
-    auto key = p.conn->address + p.full;
-    auto [it, fresh] = index.emplace(key, parts.size());
-    if (fresh) {
-      auto exec = executor(p);
-      if (!exec)
-        return std::move(exec.error());
-      parts.emplace_back();
-      parts.back().graph = g.id;
-      g.executors.push_back(*exec);
-      g.devices.push_back(p.full);
-      g.nodes.push_back(p.conn->address);
-      g.notes.push_back(p.note);
-      g.feeds.emplace_back();
-    }
-    auto part = it->second;
-    g.partition_of[id] = part;
-    partition_op op;
-    op.id = id;
-    op.op = n.op;
-    op.name = n.name;
-    op.attrs = n.attrs;
-    op.fetch = want_values && root_set.count(id) > 0;
-    op.want_value = n.kind != op_node::update || op.fetch || root_set.count(id) == 0;
-    for (auto in : n.inputs) {
-      const auto& src = ops[static_cast<size_t>(in)];
-      op_input x;
-      x.op = in;
-      switch (src.kind) {
-        case op_node::variable: {
-          x.kind = op_input::variable;
-          x.var = src.var;
-          x.var_name = src.spec.name;
-          // On another node: the executor reads it over that node's data plane.
-          auto owner = conns.find(src.node_key);
-          if (opts.data_plane && src.node_address != p.conn->address && owner != conns.end()
-              && owner->second.info.data_port != 0)
-            if (auto addr = parse_address(owner->second.address, "variable '" + src.spec.name + "'"))
-              x.data_plane = task_address{addr->host, owner->second.info.data_port}.to_string();
-          break;
-        }
-        case op_node::constant:
-          x.kind = op_input::constant;
-          x.value = src.value;
-          break;
-        case op_node::placeholder:
-          x.kind = op_input::feed;
-          g.feeds[part].push_back(in);
-          break;
-        default: {
-          auto producer = g.partition_of.at(in);
-          if (producer == part) {
-            x.kind = op_input::local;
-          } else {
-            x.kind = op_input::remote;
-            // The producer sends its value here, executor to executor.
-            for (auto& pop : parts[producer].ops)
-              if (pop.id == in) {
-                auto consumer = caf::actor_cast<caf::actor>(g.executors[part]);
-                if (std::find(pop.consumers.begin(), pop.consumers.end(), consumer)
-                    == pop.consumers.end())
-                  pop.consumers.push_back(consumer);
-              }
-          }
-        }
+    step->nodes[id] = std::move(t);
+  };
+  for (size_t i = 0; i < plan->partitions.size(); ++i) {
+    auto& p = step->partitions[i];
+    for (size_t k = 0; k < step->partitions.size(); ++k)
+      if (k != i) {
+        p.part.peers.push_back(caf::actor_cast<caf::actor>(step->partitions[k].exec));
+        p.part.peer_devices.push_back("the executor of " + step->partitions[k].device + " on "
+                                      + step->partitions[k].task + " at " + step->partitions[k].node);
       }
-      op.inputs.push_back(std::move(x));
+    for (const auto& po : plan->partitions[i].ops) {
+      describe_node(po.id);
+      partition_op op;
+      op.id = po.id;
+      op.op = po.op;
+      op.name = po.name;
+      op.attrs = po.attrs;
+      op.fetch = po.fetch;
+      op.want_value = po.want_value;
+      for (auto c : po.consumers) {
+        auto consumer = caf::actor_cast<caf::actor>(step->partitions[c].exec);
+        if (std::find(op.consumers.begin(), op.consumers.end(), consumer) == op.consumers.end())
+          op.consumers.push_back(consumer);
+      }
+      for (const auto& in : po.inputs) {
+        describe_node(in.node);
+        op_input x;
+        x.op = in.node;
+        switch (in.kind) {
+          case planned_input::variable: {
+            auto b = binding_of(output{in.node});
+            if (!b)
+              return std::move(b.error());
+            const auto& var = g.at(output{in.node});
+            x.kind = op_input::variable;
+            x.var = (*b)->actor;
+            x.var_name = var.spec.name;
+            x.var_node = (*b)->task + " at " + (*b)->address;
+            // The executor watches the variable too: a step reading it fails
+            // when its node dies or stops answering heartbeats.
+            auto var_actor = caf::actor_cast<caf::actor>((*b)->actor);
+            if (std::find(p.part.peers.begin(), p.part.peers.end(), var_actor) == p.part.peers.end()) {
+              p.part.peers.push_back(var_actor);
+              p.part.peer_devices.push_back("variable '" + var.spec.name + "' on " + var.spec.device
+                                            + " (" + x.var_node + ")");
+            }
+            // On another node: the executor reads it over that node's data plane.
+            auto owner = conns.find((*b)->task);
+            if (opts.data_plane && (*b)->address != p.node && owner != conns.end()
+                && owner->second.info.data_port != 0)
+              if (auto addr = parse_address(owner->second.address, "variable '" + var.spec.name + "'"))
+                x.data_plane = task_address{addr->host, owner->second.info.data_port}.to_string();
+            break;
+          }
+          case planned_input::constant:
+            x.kind = op_input::constant;
+            x.value = g.at(output{in.node}).value;
+            break;
+          case planned_input::feed:
+            x.kind = op_input::feed;
+            break;
+          case planned_input::remote:
+            x.kind = op_input::remote;
+            break;
+          default:
+            x.kind = op_input::local;
+        }
+        op.inputs.push_back(std::move(x));
+      }
+      p.part.ops.push_back(std::move(op));
     }
-    parts[part].ops.push_back(std::move(op));
   }
-  for (size_t i = 0; i < parts.size(); ++i) {
-    caf::error err;
-    self->request(g.executors[i], opts.timeout, register_atom::value, std::move(parts[i]))
-      .receive([](caf::ok_atom) {},
-               [&](caf::error& e) { err = explain(std::move(e), "registering a graph on " + g.devices[i], nullptr); });
-    if (err)
-      return err;
-  }
-  return &graphs.emplace(signature, std::move(g)).first->second;
+  (void) part_conns;
+  prepared[sig] = step;
+  return step;
 }
 
 caf::expected<std::vector<tensor>>
@@ -447,54 +591,78 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
                        const std::vector<std::pair<output, tensor>>& feeds, run_trace* trace) {
   std::map<int32_t, tensor> fed;
   for (const auto& [o, v] : feeds) {
-    if (!o.valid() || static_cast<size_t>(o.id) >= ops.size()
-        || ops[static_cast<size_t>(o.id)].kind != op_node::placeholder)
+    if (!g.contains(o) || g.at(o).kind != node_kind::placeholder)
       return make_error(af_error::invalid_argument, "a feed is not a placeholder of this graph");
     fed[o.id] = v;
   }
   std::map<int32_t, tensor> results;
   std::vector<int32_t> roots;
+  auto client_value = [&](output o) -> caf::expected<tensor> {
+    const auto& n = g.at(o);
+    if (n.kind == node_kind::constant)
+      return n.value;
+    if (n.kind == node_kind::placeholder) {
+      auto it = fed.find(o.id);
+      if (it == fed.end())
+        return make_error(af_error::invalid_argument,
+                          "placeholder '" + n.name + "' needs a value: pass it in run()'s feeds");
+      return it->second;
+    }
+    return variable_call(o, var_op::read, tensor{}, true);
+  };
   for (auto o : outs) {
-    if (!o.valid() || static_cast<size_t>(o.id) >= ops.size())
+    if (!g.contains(o))
       return make_error(af_error::invalid_argument,
                         "run() got an invalid output (an assign to something that is not a "
                         "variable of this session?)");
-    const auto& n = ops[static_cast<size_t>(o.id)];
+    const auto& n = g.at(o);
     if (results.count(o.id))
       continue;
-    if (n.kind == op_node::constant || n.kind == op_node::placeholder
-        || (n.kind == op_node::variable && want_values)) {
-      trace_entry entry{n.name, "read", n.requested.to_string(), n.spec.device, n.node_address,
-                        n.note, now_ns(), 0};
-      auto v = direct_value(o.id, fed);
-      entry.end_ns = now_ns();
+    if (n.kind == node_kind::constant || n.kind == node_kind::placeholder
+        || (n.kind == node_kind::variable && want_values)) {
+      auto start = now_ns();
+      std::string path;
+      auto v = n.kind == node_kind::variable ? variable_call(o, var_op::read, tensor{}, true, &path)
+                                             : client_value(o);
       if (!v)
         return std::move(v.error());
-      if (trace && n.kind == op_node::variable)
-        trace->entries.push_back(std::move(entry));
+      if (trace && n.kind == node_kind::variable) {
+        auto b = bindings.find(o.id);
+        auto note = n.placement_note.empty() ? "read by the client over " + path
+                                             : n.placement_note + "; read by the client over " + path;
+        trace->entries.push_back(trace_entry{n.name, "read", n.requested.to_string(), n.spec.device,
+                                             b == bindings.end() ? "" : b->second.address, note,
+                                             start, now_ns(), v->empty() ? 0 : v->nbytes(), 0});
+      }
       results[o.id] = std::move(*v);
       continue;
     }
-    if (n.kind == op_node::variable)
+    if (n.kind == node_kind::variable)
       continue; // a variable as a target does nothing
-    if (n.kind == op_node::update) {
-      auto src = ops[static_cast<size_t>(n.inputs[1])].kind;
-      if (src == op_node::constant || src == op_node::placeholder || src == op_node::variable) {
+    if (n.kind == node_kind::update && n.inputs.size() == 2 && g.contains(output{n.inputs[1]})) {
+      auto src = g.at(output{n.inputs[1]}).kind;
+      if (src == node_kind::constant || src == node_kind::placeholder || src == node_kind::variable) {
         // The client has the value: straight to the variable (data plane).
-        auto value = direct_value(n.inputs[1], fed);
+        auto value = client_value(output{n.inputs[1]});
         if (!value)
           return std::move(value.error());
-        const auto& var = ops[static_cast<size_t>(n.inputs[0])];
-        auto kind = n.op == "assign" ? wire::kind::assign
-                    : n.op == "assign_add" ? wire::kind::assign_add : wire::kind::assign_sub;
-        trace_entry entry{n.name, n.op, var.requested.to_string(), var.spec.device,
-                          var.node_address, var.note, now_ns(), 0};
-        auto updated = variable_call(var, kind, std::move(*value), want_values);
-        entry.end_ns = now_ns();
+        output var{n.inputs[0]};
+        var_op op = var_op::assign;
+        parse_var_op(n.op, op);
+        auto start = now_ns();
+        auto bytes = value->empty() ? 0 : value->nbytes();
+        std::string path;
+        auto updated = variable_call(var, op, std::move(*value), want_values, &path);
         if (!updated)
           return std::move(updated.error());
-        if (trace)
-          trace->entries.push_back(std::move(entry));
+        if (trace) {
+          const auto& vn = g.at(var);
+          auto b = bindings.find(var.id);
+          trace->entries.push_back(trace_entry{n.name, n.op, vn.requested.to_string(), vn.spec.device,
+                                               b == bindings.end() ? "" : b->second.address,
+                                               "sent by the client over " + path, start, now_ns(),
+                                               bytes, updated->empty() ? 0 : updated->nbytes()});
+        }
         results[o.id] = std::move(*updated);
         continue;
       }
@@ -502,184 +670,53 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
     roots.push_back(o.id);
   }
   if (!roots.empty()) {
-    // Everything the roots need, up to variables, constants and placeholders.
-    std::set<int32_t> closure;
-    std::vector<int32_t> todo = roots;
-    while (!todo.empty()) {
-      auto id = todo.back();
-      todo.pop_back();
-      const auto& n = ops[static_cast<size_t>(id)];
-      if ((n.kind != op_node::compute && n.kind != op_node::update) || !closure.insert(id).second)
+    auto step = prepare(roots, want_values);
+    if (!step)
+      return std::move(step.error());
+    // A node of the step seen dead: reconnect (or fail at once) before running.
+    for (const auto& t : (*step)->tasks) {
+      if (!health->is_dead(t))
         continue;
-      for (auto in : n.inputs) {
-        if (in < 0 || static_cast<size_t>(in) >= ops.size())
-          return make_error(af_error::invalid_argument,
-                            "op '" + n.name + "' has an invalid input (an assign to something that "
-                            "is not a variable of this session?)");
-        todo.push_back(in);
-      }
+      auto d = device_name::parse(t);
+      auto conn = connect(*d->job, *d->task);
+      if (!conn)
+        return std::move(conn.error());
+      step = prepare(roots, want_values);
+      if (!step)
+        return std::move(step.error());
+      break;
     }
-    auto g = register_graph(closure, roots, want_values);
-    if (!g)
-      return std::move(g.error());
-    auto& graph = **g;
-    auto step = next_step++;
-    using handle = decltype(self->request(executor_actor{}, opts.timeout, run_step_atom::value,
-                                          uint64_t{}, uint64_t{}, std::vector<feed>{}));
-    std::vector<handle> pending;
-    for (size_t i = 0; i < graph.executors.size(); ++i) {
-      std::vector<feed> part_feeds;
-      for (auto id : graph.feeds[i]) {
-        auto it = fed.find(id);
-        if (it == fed.end()) {
-          for (auto& e : graph.executors)
-            caf::anon_send(e, abort_atom::value, graph.id, step);
-          return make_error(af_error::invalid_argument,
-                            "placeholder '" + ops[static_cast<size_t>(id)].name
-                              + "' needs a value: pass it in run()'s feeds");
-        }
-        part_feeds.push_back(feed{id, it->second});
-      }
-      pending.push_back(self->request(graph.executors[i], opts.timeout, run_step_atom::value,
-                                      graph.id, step, std::move(part_feeds)));
+    caf::error err;
+    step_outputs out;
+    // The step's own deadline is opts.timeout on every executor; the margin
+    // lets their timeout (which names what they waited for) arrive first.
+    self->request(actor, opts.timeout + std::chrono::milliseconds{500}, run_atom::value,
+                  run_request{*step, fed, trace != nullptr})
+      .receive([&](step_outputs& o) { out = std::move(o); },
+               [&](caf::error& e) { err = explain(std::move(e), "a step", nullptr); });
+    if (err) {
+      if (is(err, af_error::peer_down))
+        prepared.erase(plan_signature(roots, want_values));
+      return err;
     }
-    std::vector<step_result> step_results(pending.size());
-    caf::error first, aborted;
-    for (size_t i = 0; i < pending.size(); ++i)
-      pending[i].receive([&](step_result& r) { step_results[i] = std::move(r); },
-                         [&](caf::error& e) {
-                           if (!first && !aborted) // tell the others to stop waiting
-                             for (auto& ex : graph.executors)
-                               caf::anon_send(ex, abort_atom::value, graph.id, step);
-                           auto& slot = is(e, af_error::aborted) ? aborted : first;
-                           if (!slot)
-                             slot = explain(std::move(e), "step " + std::to_string(step) + " on "
-                                                            + graph.devices[i], nullptr);
-                         });
-    if (first || aborted)
-      return first ? first : aborted;
-    std::map<int32_t, uint64_t> bytes_out; // each op's result size, for edge spans
-    for (const auto& r : step_results)
-      for (const auto& t : r.timings)
-        bytes_out[t.op] = t.bytes_out;
-    for (size_t i = 0; i < step_results.size(); ++i) {
-      for (auto& f : step_results[i].fetched)
-        results[f.op] = std::move(f.value);
-      if (!trace)
-        continue;
-      for (const auto& t : step_results[i].timings) {
-        const auto& n = ops[static_cast<size_t>(t.op)];
-        auto note = graph.notes[i];
-        if (!t.note.empty())
-          note += (note.empty() ? "" : "; ") + t.note;
-        trace->entries.push_back(trace_entry{n.name, n.op, n.requested.to_string(), graph.devices[i],
-                                             graph.nodes[i], note, t.start_ns, t.end_ns, t.bytes_in,
-                                             t.bytes_out});
-        for (auto in : n.inputs) {
-          const auto& src = ops[static_cast<size_t>(in)];
-          if (src.kind == op_node::variable && !(n.kind == op_node::update && in == n.inputs[0])) {
-            // A variable on another node crossed the wire, node to node.
-            bool remote = src.node_address != graph.nodes[i];
-            auto var_bytes = static_cast<uint64_t>(num_elements(src.spec.shape))
-                             * dtype_size(src.spec.type);
-            auto how = opts.data_plane ? " over the data plane" : " as CAF messages";
-            trace->entries.push_back(trace_entry{
-              src.spec.name, remote ? "transfer" : "read", src.requested.to_string(),
-              src.spec.device, src.node_address,
-              remote ? "to " + graph.devices[i] + " @ " + graph.nodes[i] + how : src.note,
-              t.start_ns, t.end_ns, var_bytes, 0});
-          } else if ((src.kind == op_node::compute || src.kind == op_node::update)
-                     && graph.partition_of.at(in) != i) {
-            auto from = graph.partition_of.at(in);
-            trace->entries.push_back(trace_entry{
-              src.name + " -> " + n.name, "transfer", "", graph.devices[i], graph.nodes[i],
-              "from " + graph.devices[from] + " @ " + graph.nodes[from], t.start_ns, t.start_ns,
-              bytes_out[in], 0});
-          }
-        }
-      }
-    }
+    for (auto& [id, v] : out.values)
+      results[id] = std::move(v);
+    if (trace)
+      for (auto& e : out.trace)
+        trace->entries.push_back(std::move(e));
   }
-  std::vector<tensor> out;
+  std::vector<tensor> values;
   if (want_values)
     for (auto o : outs)
-      out.push_back(results[o.id]);
-  return out;
-}
-
-// -- run_trace ---------------------------------------------------------------
-
-std::string run_trace::by_device() const {
-  std::vector<std::string> order;
-  std::map<std::string, std::vector<std::string>> ops;
-  for (const auto& e : entries) {
-    if (!ops.count(e.device))
-      order.push_back(e.device);
-    ops[e.device].push_back(e.op);
-  }
-  std::ostringstream out;
-  for (const auto& dev : order) {
-    out << dev << '\n';
-    for (const auto& op : ops[dev])
-      out << "   " << op << '\n';
-  }
-  return out.str();
-}
-
-std::string run_trace::to_string() const {
-  std::ostringstream out;
-  for (const auto& e : entries) {
-    out << e.op << " (" << e.kind << "): requested " << (e.requested.empty() ? "(none)" : e.requested)
-        << " -> " << e.device << " @ " << e.node;
-    if (!e.note.empty())
-      out << " [" << e.note << "]";
-    out << '\n';
-  }
-  return out.str();
-}
-
-std::string run_trace::to_chrome_json() const {
-  auto events = nlohmann::json::array();
-  std::map<std::string, int> pids;
-  std::map<std::pair<int, std::string>, int> tids;
-  int64_t t0 = entries.empty() ? 0 : entries.front().start_ns;
-  for (const auto& e : entries)
-    t0 = std::min(t0, e.start_ns);
-  for (const auto& e : entries) {
-    auto [pit, new_pid] = pids.emplace(e.node, static_cast<int>(pids.size()) + 1);
-    if (new_pid)
-      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pit->second},
-                        {"args", {{"name", "node " + e.node}}}});
-    auto [tit, new_tid] = tids.emplace(std::make_pair(pit->second, e.device),
-                                       static_cast<int>(tids.size()) + 1);
-    if (new_tid)
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pit->second},
-                        {"tid", tit->second}, {"args", {{"name", e.device}}}});
-    events.push_back({{"name", e.op},
-                      {"cat", e.kind},
-                      {"ph", "X"},
-                      {"ts", static_cast<double>(e.start_ns - t0) / 1000.0},
-                      {"dur", static_cast<double>(std::max<int64_t>(e.end_ns - e.start_ns, 0)) / 1000.0},
-                      {"pid", pit->second},
-                      {"tid", tit->second},
-                      {"args", {{"requested", e.requested}, {"device", e.device}, {"note", e.note},
-                                {"bytes_in", e.bytes_in}, {"bytes_out", e.bytes_out}}}});
-  }
-  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
-}
-
-const trace_entry* run_trace::find(const std::string& op) const {
-  for (const auto& e : entries)
-    if (e.op == op)
-      return &e;
-  return nullptr;
+      values.push_back(results[o.id]);
+  return values;
 }
 
 // -- device_scope ------------------------------------------------------------
 
 void device_scope::reset() {
   if (owner_ != nullptr) {
-    owner_->impl_->scopes.pop_back();
+    owner_->impl_->g.pop_scope();
     owner_ = nullptr;
   }
 }
@@ -691,18 +728,8 @@ session::session(std::unique_ptr<impl> ptr) : impl_(std::move(ptr)) {
 }
 
 session::session(session&&) noexcept = default;
-session& session::operator=(session&& other) noexcept {
-  if (this != &other) {
-    if (impl_)
-      impl_->forget_graphs();
-    impl_ = std::move(other.impl_);
-  }
-  return *this;
-}
-session::~session() {
-  if (impl_)
-    impl_->forget_graphs();
-}
+session& session::operator=(session&& other) noexcept = default;
+session::~session() = default;
 
 caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
                                      const std::string& target, session_options opts) {
@@ -714,7 +741,9 @@ caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
     return make_error(af_error::invalid_device,
                       "session target '" + target + "' must name a job, e.g. /job:worker/task:0");
   if (auto err = spec.check_task(*d->job, d->task.value_or(0)))
-    return make_error(static_cast<af_error>(err.code()), "session target '" + target + "': " + describe(err));
+    return make_error(err.category() == error_category ? static_cast<af_error>(err.code())
+                                                       : af_error::invalid_argument,
+                      "session target '" + target + "': " + describe(err));
   auto ptr = std::make_unique<impl>(sys, std::move(spec), opts);
   ptr->job = *d->job;
   ptr->task = d->task.value_or(0);
@@ -734,257 +763,109 @@ caf::expected<device_scope> session::device(const std::string& name) {
   auto d = device_name::parse(name, &why);
   if (!d)
     return make_error(af_error::invalid_device, why);
-  impl_->scopes.push_back(*d);
+  impl_->g.push_scope(*d);
   return device_scope{this};
 }
 
 std::string session::current_device() const {
-  return impl_->current().to_string();
+  return impl_->g.current_scope().to_string();
 }
 
 caf::expected<output> session::variable(const std::string& name, shape_type shape,
                                         initializer init, dtype type) {
   auto& im = *impl_;
-  if (name.empty())
-    return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
-  if (num_elements(shape) < 0)
-    return make_error(af_error::invalid_argument,
-                      "variable '" + name + "': shape " + shape_string(shape) + " has a negative dimension");
-  op_node n;
-  n.kind = op_node::variable;
-  n.name = name;
-  n.requested = im.current();
-  auto p = im.place(n.requested, true);
+  if (auto existing = im.g.find_variable(name); existing.valid() && im.bindings.count(existing.id)) {
+    auto same = im.g.variable(name, std::move(shape), std::move(init), type);
+    if (!same)
+      return to_error(same.error());
+    return *same;
+  }
+  auto requested = im.g.current_scope();
+  auto p = place(requested, true, im.policy(), im.catalog());
   if (!p)
-    return make_error(static_cast<af_error>(p.error().code()),
-                      "variable '" + name + "': " + describe(p.error()));
-  n.spec = variable_spec{name, type, std::move(shape), p->full};
-  n.init = std::move(init);
-  n.node_address = p->conn->address;
-  n.node_key = "/job:" + p->conn->info.job + "/task:" + std::to_string(p->conn->info.task);
-  n.note = p->note;
-  caf::error err;
-  im.self->request(p->conn->actor, im.opts.timeout, get_var_atom::value, n.spec)
-    .receive([&](variable_actor& v) { n.var = std::move(v); },
-             [&](caf::error& e) { err = im.explain(std::move(e), "variable '" + name + "'", p->conn); });
-  if (err)
+    return make_error(p.error().code, "variable '" + name + "': " + p.error().what);
+  auto o = im.g.variable(name, std::move(shape), std::move(init), type);
+  if (!o)
+    return to_error(o.error());
+  auto& n = im.g.at(*o);
+  n.spec.device = p->full;
+  n.placement_note = p->note;
+  if (auto err = im.create_variable(o->id))
     return err;
-  im.ops.push_back(std::move(n));
-  return output{static_cast<int32_t>(im.ops.size() - 1)};
+  return *o;
 }
 
 output session::constant(tensor value, const std::string& name) {
-  op_node n;
-  n.kind = op_node::constant;
-  n.name = impl_->unique_name(name);
-  n.requested = impl_->current();
-  n.value = std::move(value);
-  impl_->ops.push_back(std::move(n));
-  return output{static_cast<int32_t>(impl_->ops.size() - 1)};
+  return impl_->g.constant(std::move(value), name);
 }
 
-namespace {
-
-output add_node(std::vector<op_node>& ops, op_node n) {
-  ops.push_back(std::move(n));
-  return output{static_cast<int32_t>(ops.size() - 1)};
+output session::placeholder(const std::string& name) {
+  return impl_->g.placeholder(name);
 }
-
-} // namespace
 
 output session::op(const std::string& kind, std::vector<output> inputs, op_attrs attrs,
                    const std::string& name) {
-  op_node n;
-  n.kind = op_node::compute;
-  n.op = kind;
-  n.attrs = attrs;
-  n.name = impl_->unique_name(name.empty() ? kind : name);
-  n.requested = impl_->current();
-  for (auto in : inputs)
-    n.inputs.push_back(in.id);
-  return add_node(impl_->ops, std::move(n));
+  return impl_->g.op(kind, std::move(inputs), attrs, name);
 }
 
 output session::add(output a, output b, const std::string& name) {
-  return op("add", {a, b}, {}, name);
+  return impl_->g.add(a, b, name);
 }
 
 output session::sub(output a, output b, const std::string& name) {
-  return op("sub", {a, b}, {}, name);
+  return impl_->g.sub(a, b, name);
 }
 
 output session::mul(output a, output b, const std::string& name) {
-  return op("mul", {a, b}, {}, name);
+  return impl_->g.mul(a, b, name);
 }
 
 output session::div(output a, output b, const std::string& name) {
-  return op("div", {a, b}, {}, name);
+  return impl_->g.div(a, b, name);
 }
 
 output session::matmul(output a, output b, bool transpose_a, bool transpose_b,
                        const std::string& name) {
-  op_attrs attrs;
-  attrs.transpose_a = transpose_a;
-  attrs.transpose_b = transpose_b;
-  return op("matmul", {a, b}, attrs, name);
+  return impl_->g.matmul(a, b, transpose_a, transpose_b, name);
 }
-
-namespace {
-
-op_attrs reduction(std::optional<int32_t> axis, bool keep_dims) {
-  op_attrs attrs;
-  attrs.all_axes = !axis.has_value();
-  attrs.axis = axis.value_or(0);
-  attrs.keep_dims = keep_dims;
-  return attrs;
-}
-
-} // namespace
 
 output session::reduce_sum(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("sum", {x}, reduction(axis, keep_dims));
+  return impl_->g.reduce_sum(x, axis, keep_dims);
 }
 
 output session::reduce_mean(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("mean", {x}, reduction(axis, keep_dims));
+  return impl_->g.reduce_mean(x, axis, keep_dims);
 }
 
 output session::reduce_max(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("max", {x}, reduction(axis, keep_dims));
+  return impl_->g.reduce_max(x, axis, keep_dims);
 }
 
 output session::softmax_xent(output logits, output labels, const std::string& name) {
-  return op("softmax_xent", {logits, labels}, {}, name);
+  return impl_->g.softmax_xent(logits, labels, name);
 }
 
 caf::expected<std::vector<output>> session::gradients(output loss, const std::vector<output>& xs) {
-  auto& ops = impl_->ops;
-  if (!loss.valid() || static_cast<size_t>(loss.id) >= ops.size())
-    return make_error(af_error::invalid_argument, "gradients(): the loss is not an op of this graph");
-  // Backward ops go on the device their forward op asked for (saved scopes
-  // are restored afterwards).
-  auto saved_scopes = impl_->scopes;
-  auto at = [&](const op_node& fwd) { impl_->scopes = {fwd.requested}; };
-  std::map<int32_t, output> grads;
-  auto accumulate = [&](int32_t id, output g) {
-    auto it = grads.find(id);
-    if (it == grads.end())
-      grads.emplace(id, g);
-    else
-      it->second = add(it->second, g, "grad_acc");
-  };
-  {
-    at(ops[static_cast<size_t>(loss.id)]);
-    grads.emplace(loss.id, op("ones_like", {loss}, {}, "grad_seed"));
-  }
-  // Ops are appended after their inputs, so ids are a topological order.
-  for (int32_t id = loss.id; id >= 0; --id) {
-    auto it = grads.find(id);
-    if (it == grads.end())
-      continue;
-    auto g = it->second;
-    const op_node fwd = ops[static_cast<size_t>(id)]; // a copy: ops grows below
-    if (fwd.kind != op_node::compute)
-      continue; // variables and constants are leaves; updates stop gradients
-    at(fwd);
-    auto in = [&](size_t i) { return output{fwd.inputs[i]}; };
-    output y{id};
-    const auto& k = fwd.op;
-    if (k == "add" || k == "sub") {
-      accumulate(fwd.inputs[0], op("sum_to", {g, in(0)}));
-      accumulate(fwd.inputs[1], op("sum_to", {k == "add" ? g : neg(g), in(1)}));
-    } else if (k == "mul") {
-      accumulate(fwd.inputs[0], op("sum_to", {mul(g, in(1)), in(0)}));
-      accumulate(fwd.inputs[1], op("sum_to", {mul(g, in(0)), in(1)}));
-    } else if (k == "div") {
-      accumulate(fwd.inputs[0], op("sum_to", {div(g, in(1)), in(0)}));
-      accumulate(fwd.inputs[1], op("sum_to", {neg(div(mul(g, y), in(1))), in(1)}));
-    } else if (k == "neg") {
-      accumulate(fwd.inputs[0], neg(g));
-    } else if (k == "exp") {
-      accumulate(fwd.inputs[0], mul(g, y));
-    } else if (k == "log") {
-      accumulate(fwd.inputs[0], div(g, in(0)));
-    } else if (k == "relu") {
-      accumulate(fwd.inputs[0], op("relu_grad", {g, in(0)}));
-    } else if (k == "sigmoid" || k == "tanh") {
-      accumulate(fwd.inputs[0], op(k + "_grad", {g, y}));
-    } else if (k == "square") {
-      accumulate(fwd.inputs[0], mul(g, add(in(0), in(0))));
-    } else if (k == "sqrt") {
-      accumulate(fwd.inputs[0], div(g, add(y, y)));
-    } else if (k == "matmul") {
-      bool ta = fwd.attrs.transpose_a, tb = fwd.attrs.transpose_b;
-      auto a = in(0), b = in(1);
-      if (!ta && !tb) {
-        accumulate(a.id, matmul(g, b, false, true));
-        accumulate(b.id, matmul(a, g, true, false));
-      } else if (!ta && tb) {
-        accumulate(a.id, matmul(g, b, false, false));
-        accumulate(b.id, matmul(g, a, true, false));
-      } else if (ta && !tb) {
-        accumulate(a.id, matmul(b, g, false, true));
-        accumulate(b.id, matmul(a, g, false, false));
-      } else {
-        accumulate(a.id, matmul(b, g, true, true));
-        accumulate(b.id, matmul(g, a, true, true));
-      }
-    } else if (k == "sum" || k == "mean") {
-      accumulate(fwd.inputs[0], op(k + "_grad", {g, in(0)}, fwd.attrs));
-    } else if (k == "max") {
-      accumulate(fwd.inputs[0], op("max_grad", {g, in(0), y}, fwd.attrs));
-    } else if (k == "softmax" || k == "log_softmax") {
-      accumulate(fwd.inputs[0], op(k + "_grad", {g, y}));
-    } else if (k == "softmax_xent") {
-      accumulate(fwd.inputs[0], op("softmax_xent_grad", {g, in(0), in(1)}));
-    } else {
-      impl_->scopes = saved_scopes;
-      return make_error(af_error::unsupported,
-                        "gradients(): op '" + fwd.name + "' (" + k + ") has no gradient");
-    }
-  }
-  impl_->scopes = saved_scopes;
-  std::vector<output> out;
-  std::string missing;
-  for (auto x : xs) {
-    auto it = grads.find(x.id);
-    if (it == grads.end() || x.id > loss.id)
-      missing += (missing.empty() ? "" : ", ")
-                 + (x.valid() && static_cast<size_t>(x.id) < ops.size()
-                      ? "'" + ops[static_cast<size_t>(x.id)].name + "'"
-                      : "output " + std::to_string(x.id));
-    else
-      out.push_back(it->second);
-  }
-  if (!missing.empty())
-    return make_error(af_error::invalid_argument,
-                      "gradients(): the loss does not depend on " + missing);
-  return out;
+  auto r = af::gradients(impl_->g, loss, xs);
+  if (!r)
+    return to_error(r.error());
+  return std::move(*r);
 }
 
-#define AF_UPDATE_OP(fn)                                                         \
-  output session::fn(output var, output value, const std::string& name) {        \
-    auto v = impl_->var_node(var);                                               \
-    if (v == nullptr)                                                            \
-      return output{};                                                           \
-    op_node n;                                                                   \
-    n.kind = op_node::update;                                                    \
-    n.op = #fn;                                                                  \
-    n.name = impl_->unique_name(name.empty() ? v->name + "/" #fn : name);        \
-    n.requested = v->requested;                                                  \
-    n.inputs = {var.id, value.id};                                               \
-    return add_node(impl_->ops, std::move(n));                                   \
-  }
+output session::assign(output var, output value, const std::string& name) {
+  return impl_->g.assign(var, value, name);
+}
 
-AF_UPDATE_OP(assign)
-AF_UPDATE_OP(assign_add)
-AF_UPDATE_OP(assign_sub)
+output session::assign_add(output var, output value, const std::string& name) {
+  return impl_->g.assign_add(var, value, name);
+}
+
+output session::assign_sub(output var, output value, const std::string& name) {
+  return impl_->g.assign_sub(var, value, name);
+}
 
 std::vector<std::string> session::operations() const {
-  std::vector<std::string> out;
-  for (const auto& n : impl_->ops)
-    out.push_back(n.name);
-  return out;
+  return impl_->g.operations();
 }
 
 caf::expected<std::vector<tensor>> session::run(const std::vector<output>& fetches,
@@ -1010,26 +891,26 @@ caf::error session::run_targets(const std::vector<output>& targets, run_trace* t
   return v ? caf::none : std::move(v.error());
 }
 
-output session::placeholder(const std::string& name) {
-  op_node n;
-  n.kind = op_node::placeholder;
-  n.name = impl_->unique_name(name);
-  n.requested = impl_->current();
-  impl_->ops.push_back(std::move(n));
-  return output{static_cast<int32_t>(impl_->ops.size() - 1)};
-}
-
-caf::error session::initialize(const std::vector<output>& vars) {
-  auto nodes = impl_->variables_of(vars);
-  if (!nodes)
-    return std::move(nodes.error());
-  for (auto n : *nodes) {
+caf::error session::initialize(const std::vector<output>& vars, const std::string& run_id) {
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
+  for (auto v : *list) {
+    auto b = im.binding_of(v);
+    if (!b && is(b.error(), af_error::gone)) {
+      if (auto err = im.create_variable(v.id))
+        return err;
+      b = im.binding_of(v);
+    }
+    if (!b)
+      return std::move(b.error());
+    const auto& n = im.g.at(v);
     caf::error err;
-    impl_->self->request(n->var, impl_->opts.timeout, init_atom::value, n->init, false,
-                         std::string{})
+    im.self->request((*b)->actor, im.opts.timeout, init_atom::value, n.init, false, run_id)
       .receive([](uint64_t) {},
                [&](caf::error& e) {
-                 err = impl_->explain(std::move(e), "initialization of '" + n->spec.name + "'", nullptr);
+                 err = im.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
                });
     if (err)
       return err;
@@ -1038,21 +919,28 @@ caf::error session::initialize(const std::vector<output>& vars) {
 }
 
 caf::expected<std::vector<std::string>> session::uninitialized(const std::vector<output>& vars) {
-  auto nodes = impl_->variables_of(vars);
-  if (!nodes)
-    return std::move(nodes.error());
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
   std::vector<std::string> out;
-  for (auto n : *nodes) {
+  for (auto v : *list) {
+    const auto& n = im.g.at(v);
+    auto b = im.binding_of(v);
+    if (!b && is(b.error(), af_error::gone)) {
+      out.push_back(n.spec.name);
+      continue;
+    }
+    if (!b)
+      return std::move(b.error());
     caf::error err;
-    impl_->self->request(n->var, impl_->opts.timeout, info_atom::value)
+    im.self->request((*b)->actor, im.opts.timeout, info_atom::value)
       .receive(
         [&](variable_info& info) {
           if (!info.initialized)
-            out.push_back(n->spec.name);
+            out.push_back(n.spec.name);
         },
-        [&](caf::error& e) {
-          err = impl_->explain(std::move(e), "state of '" + n->spec.name + "'", nullptr);
-        });
+        [&](caf::error& e) { err = im.explain(std::move(e), "state of '" + n.spec.name + "'", nullptr); });
     if (err)
       return err;
   }
@@ -1060,28 +948,38 @@ caf::expected<std::vector<std::string>> session::uninitialized(const std::vector
 }
 
 caf::error session::wait_initialized(std::chrono::milliseconds timeout,
-                                     const std::vector<output>& vars) {
-  auto nodes = impl_->variables_of(vars);
-  if (!nodes)
-    return std::move(nodes.error());
-  auto& self = impl_->self;
-  // All requests are in flight at once and share one deadline.
+                                     const std::vector<output>& vars, const std::string& run_id) {
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
+  auto& self = im.self;
+  // All requests are in flight at once and share one deadline; each variable
+  // drops its waiter at the same deadline, so nothing is left parked.
   using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value,
-                                       std::string{}, uint32_t{}));
+                                        std::string{}, uint32_t{}));
   std::vector<handle> pending;
-  for (auto n : *nodes)
-    pending.push_back(self->request(n->var, timeout, wait_init_atom::value, std::string{},
+  std::vector<output> asked;
+  for (auto v : *list) {
+    auto b = im.binding_of(v);
+    if (!b)
+      return std::move(b.error());
+    pending.push_back(self->request((*b)->actor, timeout + std::chrono::milliseconds{200},
+                                    wait_init_atom::value, run_id,
                                     static_cast<uint32_t>(timeout.count())));
+    asked.push_back(v);
+  }
   std::vector<std::string> missing;
   caf::error other;
   for (size_t i = 0; i < pending.size(); ++i) {
-    auto n = (*nodes)[i];
+    const auto& n = im.g.at(asked[i]);
     pending[i].receive([](uint64_t) {},
                        [&](caf::error& e) {
-                         if (e == caf::sec::request_timeout)
-                           missing.push_back(n->spec.name + " (on " + n->spec.device + ")");
+                         if (e == caf::sec::request_timeout || is(e, af_error::timeout))
+                           missing.push_back(n.spec.name + " (on " + n.spec.device + ")");
                          else if (!other)
-                           other = impl_->explain(std::move(e), "initialization of '" + n->spec.name + "'", nullptr);
+                           other = im.explain(std::move(e), "initialization of '" + n.spec.name + "'",
+                                              nullptr);
                        });
   }
   if (!missing.empty()) {
@@ -1090,7 +988,8 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
       names += (names.empty() ? "" : ", ") + m;
     return make_error(af_error::timeout,
                       "waited " + std::to_string(timeout.count()) + " ms for initialization of "
-                        + std::to_string(missing.size()) + " variable(s): " + names
+                        + std::to_string(missing.size()) + " variable(s)"
+                        + (run_id.empty() ? "" : " by run '" + run_id + "'") + ": " + names
                         + "; is the chief running initialize()?");
   }
   return other;
@@ -1110,7 +1009,8 @@ caf::error session::wait_for_node(const std::string& job, int32_t task,
     auto info = ping(job, task);
     if (info)
       return caf::none;
-    if (!is(info.error(), af_error::unreachable) || std::chrono::steady_clock::now() >= deadline)
+    bool retry = is(info.error(), af_error::unreachable) || is(info.error(), af_error::peer_down);
+    if (!retry || std::chrono::steady_clock::now() >= deadline)
       return std::move(info.error());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -1118,14 +1018,15 @@ caf::error session::wait_for_node(const std::string& job, int32_t task,
 
 caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,
                                                                   int32_t task) {
-  auto conn = impl_->connect(job, task);
+  auto& im = *impl_;
+  auto conn = im.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   caf::error err;
   std::vector<variable_info> out;
-  impl_->self->request((*conn)->actor, impl_->opts.timeout, list_atom::value)
+  im.self->request((*conn)->actor, im.opts.timeout, list_atom::value)
     .receive([&](std::vector<variable_info>& infos) { out = std::move(infos); },
-             [&](caf::error& e) { err = impl_->explain(std::move(e), "variable list", *conn); });
+             [&](caf::error& e) { err = im.explain(std::move(e), "variable list", *conn); });
   if (err)
     return err;
   std::sort(out.begin(), out.end(),
@@ -1134,29 +1035,74 @@ caf::expected<std::vector<variable_info>> session::list_variables(const std::str
 }
 
 caf::error session::shutdown(const std::string& job, int32_t task) {
-  auto conn = impl_->connect(job, task);
+  auto& im = *impl_;
+  auto conn = im.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   caf::error err;
-  impl_->self->request((*conn)->actor, impl_->opts.timeout, shutdown_atom::value)
+  im.self->request((*conn)->actor, im.opts.timeout, shutdown_atom::value)
     .receive([](caf::ok_atom) {},
-             [&](caf::error& e) { err = impl_->explain(std::move(e), "shutdown", *conn); });
-  impl_->conns.erase(task_name(job, task));
+             [&](caf::error& e) { err = im.explain(std::move(e), "shutdown", *conn); });
+  im.conns.erase(task_name(job, task));
   return err;
 }
 
 std::string session::device_of(output var) const {
-  auto n = impl_->var_node(var);
+  auto n = impl_->g.variable_node(var);
   return n ? n->spec.device : std::string{};
 }
 
 size_t session::registered_graphs() const {
-  return impl_->graphs.size();
+  size_t n = 0;
+  for (const auto& [sig, step] : impl_->prepared)
+    n += step->registered ? 1 : 0;
+  return n;
 }
 
 variable_actor session::handle_of(output var) const {
-  auto n = impl_->var_node(var);
-  return n ? n->var : variable_actor{};
+  auto it = impl_->bindings.find(var.id);
+  return it == impl_->bindings.end() ? variable_actor{} : it->second.actor;
+}
+
+const graph& session::graph_def() const {
+  return impl_->g;
+}
+
+caf::expected<std::shared_ptr<prepared_step>> session::prepare(const std::vector<output>& fetches,
+                                                               bool want_values) {
+  std::vector<int32_t> roots;
+  for (auto o : fetches) {
+    if (!impl_->g.contains(o))
+      return make_error(af_error::invalid_argument, "prepare() got an output of another graph");
+    roots.push_back(o.id);
+  }
+  return impl_->prepare(roots, want_values);
+}
+
+caf::expected<clock_estimate> session::clock_of(const std::string& job, int32_t task) {
+  auto conn = impl_->connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->clock;
+}
+
+caf::expected<std::pair<uint64_t, uint64_t>>
+session::executor_load(const std::string& job, int32_t task, const std::string& device) {
+  auto& im = *impl_;
+  auto conn = im.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  auto exec = im.executor(**conn, device);
+  if (!exec)
+    return std::move(exec.error());
+  caf::error err;
+  std::pair<uint64_t, uint64_t> out;
+  im.self->request(*exec, im.opts.timeout, info_atom::value)
+    .receive([&](uint64_t graphs, uint64_t steps) { out = {graphs, steps}; },
+             [&](caf::error& e) { err = im.explain(std::move(e), "executor " + device, *conn); });
+  if (err)
+    return err;
+  return out;
 }
 
 } // namespace af

@@ -17,12 +17,22 @@
 /// the node does not have (e.g. /gpu:0 on a CPU-only node) falls back to the
 /// node's CPU:0 when soft placement is on (the default), and the trace says so.
 ///
-/// Running: the ops a step needs are cut into one partition per device; each
-/// partition is registered with its device's executor once (per set of
-/// fetches), and each step then only sends "run step N" with the feeds.
-/// Values that cross partitions go executor to executor, never through the
-/// client. Reading a variable, and updating one with a value the client has,
-/// go straight to the variable (over the data plane when it is remote).
+/// Running: the graph (graph/graph.hpp) is cut into one partition per device
+/// (graph/partition.hpp); the asynchronous step runner (actors/step_runner.hpp),
+/// hosted by an actor of the session, registers each partition with its
+/// device's executor once per set of fetches and then only sends "run step N"
+/// with the feeds. Values that cross partitions go executor to executor, never
+/// through the client. Reading a variable, and updating one with a value the
+/// client has, go straight to the variable (over the data plane when remote).
+///
+/// Failures: the session monitors every node it uses. After a node dies,
+/// every call that needs it fails at once with peer_down saying so (after one
+/// quick attempt to reconnect); once the node is back the same session works
+/// again: it re-finds its variables by name, re-registers its graphs with the
+/// new executors, and logs once that it reconnected. A variable that the
+/// restarted node no longer holds is af_error::gone until initialize()
+/// re-creates it. Executors forget a session's graphs when the session ends or
+/// its process dies.
 ///
 /// Every call that talks to the cluster is bounded by `session_options`'
 /// timeouts and returns an error naming what it waited for. A session is used
@@ -37,7 +47,10 @@
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 
+#include "actors/step_runner.hpp"
+#include "actors/trace.hpp"
 #include "config/cluster_spec.hpp"
+#include "graph/graph.hpp"
 #include "messages/device_name.hpp"
 #include "messages/node.hpp"
 
@@ -55,42 +68,10 @@ struct session_options {
   std::chrono::microseconds reply_poll{50};
 };
 
-/// Where one op or variable access of a run went.
-struct trace_entry {
-  std::string op;        ///< graph name: "w", "add", "var/assign_add"
-  std::string kind;      ///< the op (add, matmul, ...), read, transfer, assign, assign_add, ...
-  std::string requested; ///< the device as requested (scopes merged; may be partial)
-  std::string device;    ///< the device it ran on, fully specified
-  std::string node;      ///< host:port of the node
-  std::string note;      ///< e.g. why soft placement moved it
-  int64_t start_ns = 0;  ///< steady clock (executor's for ops, client's for variable calls)
-  int64_t end_ns = 0;
-  uint64_t bytes_in = 0;  ///< ops: bytes of their inputs; transfers: bytes moved
-  uint64_t bytes_out = 0; ///< ops: bytes of their result
-};
-
-struct run_trace {
-  std::vector<trace_entry> entries;
-
-  /// TF's run_with_location_trace printout: each device, then its ops.
-  std::string by_device() const;
-
-  /// One line per entry: op -> requested -> actual device @ node (note).
-  std::string to_string() const;
-
-  /// The entry of graph op `op`, or nullptr.
-  const trace_entry* find(const std::string& op) const;
-
-  /// Chrome trace-event JSON (open in Perfetto or chrome://tracing): one
-  /// process per node, one thread per device, a span per entry; variables
-  /// read from another node appear as "transfer" spans.
-  std::string to_chrome_json() const;
-};
-
-/// A node of the session's graph (TF's Tensor / Operation handle).
-struct output {
-  int32_t id = -1;
-  bool valid() const { return id >= 0; }
+/// Where a node's clock stands against this session's (see run_trace).
+struct clock_estimate {
+  int64_t offset_ns = 0; ///< node's steady clock minus ours
+  int64_t rtt_ns = 0;    ///< the round trip it was measured over: |error| <= rtt / 2
 };
 
 class session;
@@ -199,16 +180,21 @@ public:
   caf::error run_targets(const std::vector<output>& targets, run_trace* trace = nullptr);
 
   /// Runs the initializers of `vars` (all of this session's variables if
-  /// empty), like global_variables_initializer.
-  caf::error initialize(const std::vector<output>& vars = {});
+  /// empty), like global_variables_initializer. `run_id` names this run, so
+  /// that wait_initialized(…, run_id) of other clients waits for this run's
+  /// values and not for those an earlier run left on the nodes. A variable
+  /// that its restarted node lost is created again first.
+  caf::error initialize(const std::vector<output>& vars = {}, const std::string& run_id = "");
 
   /// Names of the variables that have no value yet (report_uninitialized_variables).
   caf::expected<std::vector<std::string>> uninitialized(const std::vector<output>& vars = {});
 
-  /// Waits until every variable has a value. Gives up after `timeout` with an
-  /// af_error::timeout that names each variable still missing.
+  /// Waits until every variable has a value (set by run `run_id` if not
+  /// empty). Gives up after `timeout` with an af_error::timeout that names
+  /// each variable still missing; the variables drop the wait then too.
   caf::error wait_initialized(std::chrono::milliseconds timeout,
-                              const std::vector<output>& vars = {});
+                              const std::vector<output>& vars = {},
+                              const std::string& run_id = "");
 
   // -- cluster --------------------------------------------------------------
 
@@ -232,6 +218,22 @@ public:
 
   /// The variable's actor, for talking to it directly (benchmarks, tools).
   variable_actor handle_of(output var) const;
+
+  /// The graph this session builds (graph/graph.hpp).
+  const graph& graph_def() const;
+
+  /// Cuts, places and binds the step that computes `fetches` (or, with
+  /// `want_values` false, runs them as targets) without running it: what a
+  /// worker actor runs through its own step_runner.
+  caf::expected<std::shared_ptr<prepared_step>> prepare(const std::vector<output>& fetches,
+                                                        bool want_values = true);
+
+  /// The clock estimate of /job:J/task:T, measured when the session connected.
+  caf::expected<clock_estimate> clock_of(const std::string& job, int32_t task);
+
+  /// (graphs, steps) the executor of `device` ("CPU:0") of /job:J/task:T holds now.
+  caf::expected<std::pair<uint64_t, uint64_t>> executor_load(const std::string& job, int32_t task,
+                                                             const std::string& device = "CPU:0");
 
 private:
   friend class device_scope;

@@ -1,22 +1,34 @@
 #pragma once
 /// The executor actor: one per device of a node; runs a graph's partitions.
 ///
-/// Protocol (a session drives it; graphs are registered once, then run per step):
+/// Protocol (a step runner, actors/step_runner.hpp, drives it; graphs are
+/// registered once, then run per step):
 ///   (register, partition) -> (ok)
-///        keeps the partition (its ops, constants, variable handles and the
-///        executors that consume its outputs) under partition.graph.
+///        keeps the partition under partition.graph for its sender, the
+///        owner, whom it monitors: when the owner dies (its process is killed,
+///        or its session ends) every graph and step of that owner is dropped.
+///        It also monitors the partition's peers (the other executors of the
+///        graph): when one dies, each running step of the graph fails at once
+///        with peer_down naming that executor's device. A graph id already held
+///        for another owner is invalid_argument (the owner picks another id).
 ///   (run_step, uint64 graph, uint64 step, vector<feed>) -> (step_result)
 ///        runs the partition's ops in order. A value another partition needs
-///        is sent there as (edge, graph, step, op, tensor), executor to
-///        executor, never through the client; values from elsewhere wait in an
-///        inbox until their op needs them. The reply carries the fetched
-///        values and each op's timing.
-///   (edge, uint64 graph, uint64 step, int32 op, tensor)     one-way
+///        is sent there as (edge, graph, step, op, tensor, sent_ns), executor
+///        to executor, never through the client; values from elsewhere wait in
+///        an inbox until their op needs them. Every step, and every inbox
+///        opened by an early edge, has the partition's deadline: a step still
+///        waiting then fails with a timeout that names what it waits for, and
+///        nothing is kept. The reply carries the fetched values, each op's
+///        timing and each transfer into this partition as measured here.
+///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns)   one-way
 ///   (abort, uint64 graph, uint64 step)                      one-way: drop the step
 ///   (forget, uint64 graph)                                  one-way: drop the graph
+///   (info)  -> (uint64 graphs, uint64 steps)                what it holds now (tests)
+///   (sweep)                                                 to itself: fail steps past their deadline
 /// Errors name the op: shape_mismatch / dtype_mismatch with both shapes,
 /// uninitialized naming the variable, invalid_argument for an unknown op,
-/// not_found for a graph that was never registered.
+/// resource_exhausted when memory ran out, not_found for a graph that was
+/// never registered (or was dropped).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -45,6 +57,7 @@ struct op_input {
   std::string var_name; ///< variable, for errors and traces
   tensor value;         ///< constant (shipped once, at registration)
   std::string data_plane; ///< variable on another node: "host:port" of that node's data plane
+  std::string var_node;   ///< variable: "host:port" of the node that holds it (traces)
 };
 
 caf::error inspect(caf::serializer& f, op_input& x);
@@ -55,7 +68,8 @@ typename std::enable_if<!std::is_base_of<caf::serializer, Inspector>::value
                           && !std::is_base_of<caf::deserializer, Inspector>::value,
                         typename Inspector::result_type>::type
 inspect(Inspector& f, op_input& x) {
-  return f(caf::meta::type_name("op_input"), x.kind, x.op, x.var, x.var_name, x.value, x.data_plane);
+  return f(caf::meta::type_name("op_input"), x.kind, x.op, x.var, x.var_name, x.value, x.data_plane,
+           x.var_node);
 }
 
 /// One op of a partition. `op` is a kernels::run_op name, or assign /
@@ -79,12 +93,17 @@ typename Inspector::result_type inspect(Inspector& f, partition_op& x) {
 
 struct partition {
   uint64_t graph = 0;
-  std::vector<partition_op> ops; ///< in topological order
+  std::vector<partition_op> ops;    ///< in topological order
+  std::vector<caf::actor> peers;    ///< the graph's other executors (monitored)
+  std::vector<std::string> peer_devices; ///< their full devices, for errors
+  uint32_t step_timeout_ms = 10000; ///< a step (or an early inbox) older than this fails
+  uint32_t variable_timeout_ms = 10000; ///< one variable read or update
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, partition& x) {
-  return f(caf::meta::type_name("partition"), x.graph, x.ops);
+  return f(caf::meta::type_name("partition"), x.graph, x.ops, x.peers, x.peer_devices,
+           x.step_timeout_ms, x.variable_timeout_ms);
 }
 
 struct feed {
@@ -113,22 +132,46 @@ typename Inspector::result_type inspect(Inspector& f, op_timing& x) {
            x.bytes_out);
 }
 
+/// One value that came into a partition during a step, as measured by the
+/// executor that received it. Times are on the clock of the node that took
+/// them: `start_ns` is the sender's (an edge's producer stamps it as it
+/// sends) or, for a variable read, this executor's; `end_ns` is this
+/// executor's. The step runner maps both onto the client's time line.
+struct transfer_timing {
+  uint8_t kind = 0;       ///< 0 = edge from another partition, 1 = variable read
+  int32_t op = -1;        ///< edge: the producing op; variable: the variable's node id
+  int32_t consumer = -1;  ///< the op of this partition that needed it first
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  uint64_t bytes = 0;     ///< the bytes that arrived
+  std::string path;       ///< "local buffer", "data plane from host:port", "CAF message"
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, transfer_timing& x) {
+  return f(caf::meta::type_name("transfer_timing"), x.kind, x.op, x.consumer, x.start_ns, x.end_ns,
+           x.bytes, x.path);
+}
+
 struct step_result {
   std::string device;           ///< the executor's full device name
   std::vector<feed> fetched;    ///< (op id, value) of the fetched ops
   std::vector<op_timing> timings;
+  std::vector<transfer_timing> transfers;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_result& x) {
-  return f(caf::meta::type_name("step_result"), x.device, x.fetched, x.timings);
+  return f(caf::meta::type_name("step_result"), x.device, x.fetched, x.timings, x.transfers);
 }
 
 using executor_actor = caf::typed_actor<
   caf::replies_to<register_atom, partition>::with<caf::ok_atom>,
   caf::replies_to<run_step_atom, uint64_t, uint64_t, std::vector<feed>>::with<step_result>,
-  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor>,
+  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t>,
   caf::reacts_to<abort_atom, uint64_t, uint64_t>,
-  caf::reacts_to<forget_atom, uint64_t>>;
+  caf::reacts_to<forget_atom, uint64_t>,
+  caf::replies_to<info_atom>::with<uint64_t, uint64_t>,
+  caf::reacts_to<sweep_atom>>;
 
 } // namespace af

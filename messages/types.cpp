@@ -62,14 +62,14 @@ caf::error inspect(caf::deserializer& f, tensor& x) {
 // message arrives empty), so the handle travels only when there is one.
 caf::error inspect(caf::serializer& f, op_input& x) {
   uint8_t has_var = x.var ? 1 : 0;
-  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, x.var_node, has_var))
     return err;
   return has_var ? f(x.var) : caf::none;
 }
 
 caf::error inspect(caf::deserializer& f, op_input& x) {
   uint8_t has_var = 0;
-  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, has_var))
+  if (auto err = f(x.kind, x.op, x.var_name, x.value, x.data_plane, x.var_node, has_var))
     return err;
   if (x.kind > op_input::remote)
     return make_error(af_error::invalid_argument,
@@ -91,6 +91,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<feed>("af::feed");
   cfg.add_message_type<std::vector<feed>>("std::vector<af::feed>");
   cfg.add_message_type<op_timing>("af::op_timing");
+  cfg.add_message_type<transfer_timing>("af::transfer_timing");
   cfg.add_message_type<step_result>("af::step_result");
   cfg.add_message_type<node_info>("af::node_info");
   cfg.add_message_type<variable_actor>("af::variable_actor");

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <thread>
 
 #include "config/loopback.hpp"
 #include "messages/error.hpp"
@@ -103,6 +105,35 @@ command_result run_command(const std::vector<std::string>& argv, std::chrono::se
   return res;
 }
 
+background_process::background_process(const std::vector<std::string>& argv) {
+  pid_ = spawn(argv, {}, out_fd_);
+}
+
+background_process::~background_process() {
+  signal(SIGKILL);
+  if (out_fd_ >= 0)
+    close(out_fd_);
+}
+
+bool background_process::wait_for(const std::string& text, std::chrono::milliseconds timeout) {
+  auto deadline = clock_type::now() + timeout;
+  while (output_.find(text) == std::string::npos && clock_type::now() < deadline)
+    if (!read_some(out_fd_, output_, std::chrono::milliseconds(50)))
+      break;
+  return output_.find(text) != std::string::npos;
+}
+
+void background_process::signal(int sig) {
+  if (pid_ <= 0 || reaped_)
+    return;
+  ::kill(pid_, sig);
+  if (sig == SIGKILL) {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+  }
+}
+
 caf::expected<std::unique_ptr<process_cluster>>
 process_cluster::start(const std::map<std::string, int>& jobs, node_options opts,
                        std::chrono::seconds timeout) {
@@ -126,20 +157,13 @@ process_cluster::start(const std::map<std::string, int>& jobs, node_options opts
         proc p;
         p.job = job;
         p.task = i;
-        p.pid = spawn({ACTORFLOW_NODE_BINARY, "--config", pc->config_path_, "--job", job, "--task",
-                       std::to_string(i)},
-                      {}, p.out_fd);
+        pc->launch(p);
         pc->procs_.push_back(std::move(p));
       }
     bool all_ready = true;
     auto deadline = clock_type::now() + timeout;
     for (auto& p : pc->procs_) {
-      while (p.output.find("ready") == std::string::npos && clock_type::now() < deadline) {
-        if (!read_some(p.out_fd, p.output, std::chrono::milliseconds(100))) {
-          break; // exited
-        }
-      }
-      if (p.output.find("ready") == std::string::npos) {
+      if (!pc->wait_ready(p, deadline)) {
         all_ready = false;
         last_error = "/job:" + p.job + "/task:" + std::to_string(p.task)
                      + " did not report ready: " + p.output;
@@ -165,6 +189,74 @@ process_cluster::~process_cluster() {
       close(p.out_fd);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
+}
+
+void process_cluster::launch(proc& p) {
+  p.output.clear();
+  p.exit_code = -2;
+  p.pid = spawn({ACTORFLOW_NODE_BINARY, "--config", config_path_, "--job", p.job, "--task",
+                 std::to_string(p.task)},
+                {}, p.out_fd);
+}
+
+bool process_cluster::wait_ready(proc& p, clock_type_point deadline) {
+  while (p.output.find("ready") == std::string::npos && clock_type::now() < deadline)
+    if (!read_some(p.out_fd, p.output, std::chrono::milliseconds(100)))
+      break; // exited
+  return p.output.find("ready") != std::string::npos;
+}
+
+bool process_cluster::signal(const std::string& job, int32_t task, int sig) {
+  auto p = find(job, task);
+  if (p == nullptr || p->exit_code != -2)
+    return false;
+  if (::kill(p->pid, sig) != 0)
+    return false;
+  if (sig == SIGKILL)
+    reap(*p, std::chrono::seconds(10));
+  if (sig == SIGSTOP) {
+    // kill() returns before the process has stopped: wait until it has
+    // (state 'T' in /proc/PID/stat), so that nothing it does later counts.
+    auto deadline = clock_type::now() + std::chrono::seconds(5);
+    while (clock_type::now() < deadline) {
+      std::ifstream stat{"/proc/" + std::to_string(p->pid) + "/stat"};
+      std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+      auto paren = text.rfind(')');
+      if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T')
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return true;
+}
+
+caf::error process_cluster::restart(const std::string& job, int32_t task, std::chrono::seconds timeout) {
+  auto p = find(job, task);
+  if (p == nullptr)
+    return make_error(af_error::not_found, "no node /job:" + job + "/task:" + std::to_string(task));
+  if (p->exit_code == -2)
+    return make_error(af_error::invalid_argument, "/job:" + job + "/task:" + std::to_string(task)
+                                                    + " is still running; kill it first");
+  if (p->out_fd >= 0)
+    close(p->out_fd);
+  auto deadline = clock_type::now() + timeout;
+  // The old process's port may linger for a moment: try until the deadline.
+  for (;;) {
+    launch(*p);
+    if (wait_ready(*p, deadline))
+      return caf::none;
+    reap(*p, std::chrono::seconds(2));
+    close(p->out_fd);
+    p->out_fd = -1;
+    if (clock_type::now() >= deadline)
+      return make_error(af_error::timeout, "/job:" + job + "/task:" + std::to_string(task)
+                                             + " did not come back: " + p->output);
+  }
+}
+
+pid_t process_cluster::pid(const std::string& job, int32_t task) {
+  auto p = find(job, task);
+  return p && p->exit_code == -2 ? p->pid : -1;
 }
 
 process_cluster::proc* process_cluster::find(const std::string& job, int32_t task) {

@@ -16,6 +16,8 @@
 
 namespace af::testing {
 
+using clock_type_point = std::chrono::steady_clock::time_point;
+
 /// Output and exit code of a program run to completion (killed at `timeout`).
 struct command_result {
   int exit_code = -1;   ///< -1 if it was killed at the timeout
@@ -23,6 +25,27 @@ struct command_result {
 };
 command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout,
                            const std::map<std::string, std::string>& env = {});
+
+/// A program running beside the test (a client to kill), its output captured.
+class background_process {
+public:
+  explicit background_process(const std::vector<std::string>& argv);
+  ~background_process(); ///< SIGKILLs it if it still runs
+  background_process(const background_process&) = delete;
+  background_process& operator=(const background_process&) = delete;
+
+  /// Waits until its output contains `text`; false at exit or timeout.
+  bool wait_for(const std::string& text, std::chrono::milliseconds timeout);
+  /// Sends `sig`; SIGKILL also reaps it.
+  void signal(int sig);
+  const std::string& output() const { return output_; }
+
+private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  bool reaped_ = false;
+  std::string output_;
+};
 
 class process_cluster {
 public:
@@ -47,6 +70,18 @@ public:
   /// What the node printed so far.
   std::string output(const std::string& job, int32_t task);
 
+  /// Sends `sig` (SIGKILL, SIGSTOP, SIGCONT) to the node. After SIGKILL the
+  /// node is reaped here; false if it is not running.
+  bool signal(const std::string& job, int32_t task, int sig);
+
+  /// Starts the node again on its address (after it exited or was killed)
+  /// and waits for its ready line.
+  caf::error restart(const std::string& job, int32_t task,
+                     std::chrono::seconds timeout = std::chrono::seconds(30));
+
+  /// The node's process id (-1 if it is not running).
+  pid_t pid(const std::string& job, int32_t task);
+
 private:
   struct proc {
     std::string job;
@@ -58,6 +93,8 @@ private:
   };
   process_cluster() = default;
   proc* find(const std::string& job, int32_t task);
+  void launch(proc& p);
+  bool wait_ready(proc& p, clock_type_point deadline);
   void drain(proc& p, std::chrono::milliseconds wait);
   int reap(proc& p, std::chrono::milliseconds timeout);
   std::vector<proc> procs_;

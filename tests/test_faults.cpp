@@ -1,0 +1,218 @@
+// Faults across real processes: nodes and clients killed with SIGKILL or
+// stopped with SIGSTOP, never only a polite SIGTERM.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <future>
+
+#include "caf/all.hpp"
+
+#include "actors/session.hpp"
+#include "actors/system.hpp"
+#include "messages/error.hpp"
+#include "process_cluster.hpp"
+
+using namespace std::chrono_literals;
+
+namespace af::testing {
+
+namespace {
+
+template <class T>
+T value_of(caf::expected<T> x) {
+  if (!x)
+    FAIL(describe(x.error()));
+  return std::move(*x);
+}
+
+void require_ok(const caf::error& err) {
+  if (err)
+    FAIL(describe(err));
+}
+
+/// A client actor system beside a process cluster.
+struct client {
+  explicit client(const node_options& cluster_opts) {
+    auto opts = cluster_opts;
+    opts.threads = 2;
+    cfg = std::make_unique<system_config>(opts);
+    sys = std::make_unique<caf::actor_system>(*cfg);
+  }
+  std::unique_ptr<system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+};
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes.
+template <class F>
+bool eventually(F cond, std::chrono::milliseconds timeout = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("after a ps is killed every call fails at once saying it died, and the same session "
+          "works again once it is back",
+          "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  client c{opts};
+  session_options so;
+  so.timeout = 60s; // a call that waited for its timeout would say "timed out", not "died"
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  output v;
+  {
+    auto d = value_of(s.device("/job:ps/task:0"));
+    v = value_of(s.variable("v", {}));
+  }
+  auto inc = s.assign_add(v, s.constant(tensor::scalar(1.0f)));
+  auto twice = s.add(v, v); // a graph step: registered with the ps's executor
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(inc)).at(0) == 1);
+  CHECK(value_of(s.run(twice)).at(0) == 2);
+
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  // Each later call, through the data plane, a graph step or CAF, says the
+  // node died; none waits for its 60 s timeout.
+  for (int i = 0; i < 3; ++i) {
+    auto r = s.run(i == 1 ? twice : inc);
+    REQUIRE(!r);
+    INFO(describe(r.error()));
+    CHECK(is(r.error(), af_error::peer_down));
+    CHECK(describe(r.error()).find("/job:ps/task:0") != std::string::npos);
+  }
+  auto listed = s.list_variables("ps", 0);
+  REQUIRE(!listed);
+  CHECK(is(listed.error(), af_error::peer_down));
+  CHECK(describe(listed.error()).find("died") != std::string::npos);
+
+  require_ok(pc->restart("ps", 0));
+  // The restarted node holds no `v`: said as such, not as a stale handle.
+  auto stale = s.run(v);
+  REQUIRE(!stale);
+  INFO(describe(stale.error()));
+  CHECK(is(stale.error(), af_error::gone));
+  CHECK(describe(stale.error()).find("'v'") != std::string::npos);
+  CHECK(describe(stale.error()).find("restarted") != std::string::npos);
+  // initialize() creates it again; the same session's graphs run again.
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(inc)).at(0) == 1);
+  CHECK(value_of(s.run(twice)).at(0) == 2);
+}
+
+TEST_CASE("a node killed while a step waits on it fails the step at once with its name, and the "
+          "other node drops the step",
+          "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
+  client c{opts};
+  session_options so;
+  so.timeout = 60s;
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  auto x = s.placeholder("x");
+  output y, z;
+  {
+    auto d = value_of(s.device("/job:worker/task:1"));
+    y = s.mul(x, x, "square_on_1");
+  }
+  {
+    auto d = value_of(s.device("/job:worker/task:0"));
+    z = s.add(y, s.constant(tensor::scalar(1.0f)), "plus_one_on_0");
+  }
+  auto feed = tensor::scalar(3.0f);
+  CHECK(value_of(s.run({z}, {{x, feed}})).at(0).at(0) == 10);
+
+  // Task 1 stops: task 0's partition waits for y, which cannot come.
+  REQUIRE(pc->signal("worker", 1, SIGSTOP));
+  auto step = std::async(std::launch::async, [&] { return s.run({z}, {{x, feed}}); });
+  auto probe = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
+  REQUIRE(eventually([&] {
+    auto load = probe.executor_load("worker", 0);
+    return load && load->second == 1; // the step is open on task 0, waiting
+  }));
+  REQUIRE(pc->signal("worker", 1, SIGKILL));
+  REQUIRE(step.wait_for(30s) == std::future_status::ready);
+  auto r = step.get();
+  REQUIRE(!r);
+  INFO(describe(r.error()));
+  CHECK(is(r.error(), af_error::peer_down));
+  CHECK(describe(r.error()).find("/job:worker/task:1") != std::string::npos);
+  // Task 0's executor let go of the step (it watched its peer die).
+  CHECK(eventually([&] {
+    auto load = probe.executor_load("worker", 0);
+    return load && load->second == 0;
+  }));
+}
+
+TEST_CASE("a stopped node is seen through missed heartbeats, and works again after SIGCONT",
+          "[faults][processes]") {
+  node_options opts;
+  opts.heartbeat_ms = 100;
+  opts.connection_timeout_ms = 1000;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  client c{opts};
+  session_options so;
+  so.timeout = 60s;
+  so.connect_timeout = 2s;
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  output v;
+  {
+    auto d = value_of(s.device("/job:ps/task:0"));
+    v = value_of(s.variable("v", {}, initializer::constant(4)));
+  }
+  auto twice = s.add(v, v);
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(twice)).at(0) == 8);
+  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  // The step cannot finish; the heartbeat, not the 60 s timeout, ends it.
+  auto r = s.run(twice);
+  REQUIRE(!r);
+  INFO(describe(r.error()));
+  CHECK(is(r.error(), af_error::peer_down));
+  CHECK(describe(r.error()).find("/job:ps/task:0") != std::string::npos);
+  REQUIRE(pc->signal("ps", 0, SIGCONT));
+  // Same process, same incarnation: the session finds everything again.
+  require_ok(s.wait_for_node("ps", 0, 20s));
+  CHECK(value_of(s.run(twice)).at(0) == 8);
+}
+
+TEST_CASE("executors forget the graphs of a client that was killed", "[faults][processes]") {
+  node_options opts;
+  opts.heartbeat_ms = 100;
+  opts.connection_timeout_ms = 1000;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  client c{opts};
+  auto probe = value_of(session::make(*c.sys, pc->spec(), "/job:ps/task:0"));
+  auto before = value_of(probe.executor_load("worker", 0)).first;
+  background_process victim{{ACTORFLOW_TEST_CLIENT_BINARY, pc->config_path()}};
+  REQUIRE(victim.wait_for("registered", 30s));
+  INFO(victim.output());
+  CHECK(victim.output().find("value [6. 6.]") != std::string::npos);
+  CHECK(value_of(probe.executor_load("worker", 0)).first == before + 1);
+  victim.signal(SIGKILL);
+  CHECK(eventually([&] { return value_of(probe.executor_load("worker", 0)).first == before; }));
+}
+
+TEST_CASE("each node's clock offset is measured within half a round trip", "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
+  client c{opts};
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
+  for (int t = 0; t < 2; ++t) {
+    auto clk = value_of(s.clock_of("worker", t));
+    INFO("offset " << clk.offset_ns << " ns, rtt " << clk.rtt_ns << " ns");
+    CHECK(clk.rtt_ns > 0);
+    // One machine, one steady clock: the true offset is 0, so the estimate
+    // must lie within its own error bound.
+    CHECK(std::abs(clk.offset_ns) <= clk.rtt_ns / 2 + 1000);
+  }
+}
+
+} // namespace af::testing
