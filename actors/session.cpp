@@ -1,7 +1,6 @@
 #include "actors/session.hpp"
 
 #include <algorithm>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -10,7 +9,9 @@
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
+#include "actors/cluster_link.hpp"
 #include "actors/data_plane.hpp"
+#include "actors/log.hpp"
 #include "actors/node.hpp"
 #include "graph/partition.hpp"
 #include "graph/placement.hpp"
@@ -44,38 +45,9 @@ int64_t now_ns() {
     .count();
 }
 
-std::string task_name(const std::string& job, int32_t task) {
-  return "/job:" + job + "/task:" + std::to_string(task);
-}
-
 caf::error to_error(const graph_error& e) {
   return make_error(e.code, e.what);
 }
-
-/// Nodes the session actor saw die: task name -> why. Written by the session
-/// actor's down handler, read by the facade before each call.
-struct node_health {
-  std::mutex mtx;
-  std::map<std::string, std::string> dead;
-
-  void mark(const std::string& task, std::string why) {
-    std::lock_guard<std::mutex> guard{mtx};
-    dead[task] = std::move(why);
-  }
-  bool is_dead(const std::string& task, std::string* why = nullptr) {
-    std::lock_guard<std::mutex> guard{mtx};
-    auto it = dead.find(task);
-    if (it == dead.end())
-      return false;
-    if (why)
-      *why = it->second;
-    return true;
-  }
-  void revive(const std::string& task) {
-    std::lock_guard<std::mutex> guard{mtx};
-    dead.erase(task);
-  }
-};
 
 struct session_actor_state {
   step_runner runner;
@@ -114,17 +86,6 @@ caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
   };
 }
 
-struct node_conn {
-  node_actor actor;
-  node_info info;
-  std::string key;     ///< /job:J/task:T
-  std::string address; ///< host:port
-  std::map<std::string, executor_actor> executors;
-  std::unique_ptr<data_channel> channel; ///< null: same process, or no data plane
-  bool channel_broken = false;           ///< reopen the channel on the next call
-  clock_estimate clock;
-};
-
 /// The handle of a variable node, bound when the variable was placed.
 struct var_binding {
   variable_actor actor;
@@ -137,9 +98,10 @@ struct var_binding {
 
 struct session::impl {
   impl(caf::actor_system& sys, cluster_spec spec, session_options opts)
-    : sys(sys), spec(std::move(spec)), opts(opts), self(sys, true),
-      health(std::make_shared<node_health>()) {
-    actor = sys.spawn<caf::hidden>(session_actor_impl, health);
+    : sys(sys), opts(opts), self(sys, true), health(std::make_shared<node_health>()),
+      actor(sys.spawn<caf::hidden>(session_actor_impl, health)),
+      link(sys, std::move(spec), this->opts, self, actor, health) {
+    link.on_reconnect = [this](node_conn& conn, bool restarted) { rebind(conn, restarted); };
   }
 
   ~impl() {
@@ -149,142 +111,18 @@ struct session::impl {
   }
 
   caf::actor_system& sys;
-  cluster_spec spec;
   session_options opts;
   std::string job;
   int32_t task = 0;
   caf::scoped_actor self;
   std::shared_ptr<node_health> health;
   caf::actor actor; ///< hosts the step runner, watches the nodes
+  cluster_link link;
   af::graph g;
   std::map<int32_t, var_binding> bindings;
-  std::map<std::string, node_conn> conns;
   std::map<std::string, std::shared_ptr<prepared_step>> prepared; ///< by plan signature
 
   placement_policy policy() const { return placement_policy{job, task, opts.soft_placement}; }
-
-  /// Maps CAF's request errors to a sentence naming what we waited for.
-  caf::error explain(caf::error err, const std::string& what, const node_conn* conn) {
-    auto where = conn ? " from " + conn->key + " at " + conn->address : std::string{};
-    if (err == caf::sec::request_timeout)
-      return make_error(af_error::timeout, "timed out after " + std::to_string(opts.timeout.count())
-                                             + " ms waiting for " + what + where
-                                             + "; is the node alive and reachable?");
-    if (err.category() != error_category)
-      return make_error(af_error::peer_down, what + where + " failed: " + describe(err));
-    return err;
-  }
-
-  /// Opens a connection to /job:J/task:T: the node actor, its info and clock,
-  /// its data plane. Does not touch `conns`.
-  caf::expected<node_conn> open(const std::string& j, int32_t t) {
-    auto key = task_name(j, t);
-    auto addr = spec.address(j, t);
-    if (!addr)
-      return std::move(addr.error());
-    node_conn conn;
-    conn.key = key;
-    conn.address = addr->to_string();
-    conn.actor = find_local_node(conn.address, &sys);
-    if (!conn.actor) {
-      // The middleman's own remote_actor waits without bound; ask it directly so
-      // that an unreachable host fails within connect_timeout.
-      caf::error err;
-      self->request(sys.middleman().actor_handle(), opts.connect_timeout, caf::connect_atom::value,
-                    addr->host, addr->port)
-        .receive(
-          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
-            if (!ptr)
-              err = make_error(af_error::unreachable, "nothing is published at " + conn.address
-                                                        + " for " + key);
-            else if (!sys.assignable<node_actor>(ifs))
-              err = make_error(af_error::unreachable,
-                               conn.address + " (" + key
-                                 + ") answers but is not an actorflow node of this version");
-            else
-              conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
-          },
-          [&](caf::error& e) {
-            auto why = e == caf::sec::request_timeout
-                         ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
-                         : describe(e);
-            err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
-                                                      + ": " + why
-                                                      + "; is actorflow-node running there?");
-          });
-      if (err)
-        return err;
-    }
-    caf::error err;
-    auto t0 = now_ns();
-    self->request(conn.actor, opts.timeout, caf::ping_atom::value)
-      .receive([&](node_info& info) { conn.info = std::move(info); },
-               [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
-    auto t1 = now_ns();
-    if (err)
-      return err;
-    // As NTP does: the node read its clock halfway through the round trip.
-    conn.clock.rtt_ns = t1 - t0;
-    conn.clock.offset_ns = conn.info.clock_ns - (t0 + (t1 - t0) / 2);
-    bool local = find_local_node(conn.address, &sys) != nullptr;
-    if (!local && opts.data_plane && conn.info.data_port != 0) {
-      // Without a data plane (blocked port) the same ops go as CAF messages.
-      auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
-                                      opts.timeout, opts.reply_poll);
-      if (ch)
-        conn.channel = std::move(*ch);
-    }
-    self->send(actor, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
-    return conn;
-  }
-
-  /// The connection to /job:J/task:T; after the node died, one attempt to
-  /// reconnect, and an error saying it died when that fails.
-  caf::expected<node_conn*> connect(const std::string& j, int32_t t) {
-    auto key = task_name(j, t);
-    auto it = conns.find(key);
-    std::string why;
-    bool dead = health->is_dead(key, &why);
-    if (it != conns.end() && !dead) {
-      if (it->second.channel_broken) {
-        reopen_channel(it->second);
-      }
-      return &it->second;
-    }
-    if (it == conns.end() && !dead) {
-      auto fresh = open(j, t);
-      if (!fresh)
-        return std::move(fresh.error());
-      return &conns.emplace(key, std::move(*fresh)).first->second;
-    }
-    // It died: try once to reach its successor.
-    auto address = it != conns.end() ? it->second.address : std::string{};
-    auto fresh = open(j, t);
-    if (!fresh)
-      return make_error(af_error::peer_down,
-                        "node " + key + (address.empty() ? "" : " at " + address) + " died (" + why
-                          + ") and does not answer yet (" + describe(fresh.error())
-                          + "); restart it and this session reconnects by itself");
-    health->revive(key);
-    bool restarted = it == conns.end() || it->second.info.incarnation != fresh->info.incarnation;
-    if (it != conns.end())
-      conns.erase(it);
-    auto& conn = conns.emplace(key, std::move(*fresh)).first->second;
-    rebind(conn, restarted);
-    return &conn;
-  }
-
-  void reopen_channel(node_conn& conn) {
-    conn.channel_broken = false;
-    conn.channel.reset();
-    auto addr = parse_address(conn.address, conn.key);
-    if (!addr || !opts.data_plane || conn.info.data_port == 0)
-      return;
-    auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
-                                    opts.timeout, opts.reply_poll);
-    if (ch)
-      conn.channel = std::move(*ch);
-  }
 
   /// After a reconnect: drop the steps bound to the old executors and find the
   /// variables again by name.
@@ -308,51 +146,11 @@ struct session::impl {
         ++lost;
       }
     }
-    std::cerr << "actorflow session " << task_name(job, task) << ": reconnected to " << conn.key
-              << " at " << conn.address
-              << (restarted ? " (the node restarted" : " (same node")
-              << (lost > 0 ? "; " + std::to_string(lost) + " variable(s) are gone: initialize() or restore them)"
-                           : ")")
-              << '\n';
-  }
-
-  caf::expected<std::vector<std::string>> devices_of(const std::string& j, int32_t t) {
-    if (auto err = spec.check_task(j, t))
-      return err;
-    auto conn = connect(j, t);
-    if (!conn)
-      return std::move(conn.error());
-    return (*conn)->info.devices;
-  }
-
-  device_catalog catalog() {
-    return [this](const std::string& j, int32_t t) -> outcome<std::vector<std::string>> {
-      auto d = devices_of(j, t);
-      if (d)
-        return std::move(*d);
-      auto code = d.error().category() == error_category ? static_cast<af_error>(d.error().code())
-                                                          : af_error::unreachable;
-      auto text = describe(d.error());
-      auto prefix = std::string{to_string(code)} + ": ";
-      if (text.rfind(prefix, 0) == 0)
-        text = text.substr(prefix.size());
-      return graph_error{code, text};
-    };
-  }
-
-  caf::expected<executor_actor> executor(node_conn& conn, const std::string& local) {
-    auto it = conn.executors.find(local);
-    if (it != conn.executors.end())
-      return it->second;
-    caf::error err;
-    executor_actor exec;
-    self->request(conn.actor, opts.timeout, executor_atom::value, local)
-      .receive([&](executor_actor& e) { exec = std::move(e); },
-               [&](caf::error& e) { err = explain(std::move(e), "executor " + local, &conn); });
-    if (err)
-      return err;
-    conn.executors.emplace(local, exec);
-    return exec;
+    af::log::get()->warn("session {}: reconnected to {} at {} ({}{})", task_name(job, task), conn.key,
+                         conn.address, restarted ? "the node restarted" : "the same node",
+                         lost > 0 ? "; " + std::to_string(lost)
+                                      + " variable(s) are gone: initialize() or restore them"
+                                  : std::string{});
   }
 
   caf::expected<const var_binding*> binding_of(output var) {
@@ -363,7 +161,7 @@ struct session::impl {
     auto dev = placed_from_full(g.at(var).spec.device);
     if (dev) {
       // A node seen dead is reconnected (or reported) first.
-      auto conn = connect(dev->job, dev->task);
+      auto conn = link.connect(dev->job, dev->task);
       if (!conn)
         return std::move(conn.error());
     }
@@ -383,8 +181,8 @@ struct session::impl {
     if (!b)
       return std::move(b.error());
     const auto& node = g.at(var);
-    auto it = conns.find((*b)->task);
-    if (it != conns.end() && it->second.channel) {
+    auto it = link.conns.find((*b)->task);
+    if (it != link.conns.end() && it->second.channel) {
       if (path)
         *path = "data plane";
       auto& ch = *it->second.channel;
@@ -402,7 +200,7 @@ struct session::impl {
     self->request((*b)->actor, opts.timeout, var_op_atom::value, op, std::move(operand), want_value)
       .receive([&](tensor& v, uint64_t) { result = std::move(v); },
                [&](caf::error& e) {
-                 err = explain(std::move(e),
+                 err = link.explain(std::move(e),
                                std::string{to_string(op)} + " of variable '" + node.spec.name
                                  + "' on " + node.spec.device,
                                nullptr);
@@ -438,14 +236,14 @@ caf::error session::impl::create_variable(int32_t id) {
   auto dev = placed_from_full(n.spec.device);
   if (!dev)
     return to_error(dev.error());
-  auto conn = connect(dev->job, dev->task);
+  auto conn = link.connect(dev->job, dev->task);
   if (!conn)
     return std::move(conn.error());
   caf::error err;
   variable_actor handle;
   self->request((*conn)->actor, opts.timeout, get_var_atom::value, n.spec)
     .receive([&](variable_actor& v) { handle = std::move(v); },
-             [&](caf::error& e) { err = explain(std::move(e), "variable '" + n.spec.name + "'", *conn); });
+             [&](caf::error& e) { err = link.explain(std::move(e), "variable '" + n.spec.name + "'", *conn); });
   if (err)
     return err;
   bindings[id] = var_binding{handle, (*conn)->key, (*conn)->address, false};
@@ -464,7 +262,7 @@ session::impl::prepare(const std::vector<int32_t>& roots, bool want_values) {
     prepared.erase(it); // bound to executors of a node that died
   }
   auto pol = policy();
-  auto cat = catalog();
+  auto cat = link.catalog();
   auto plan = partition(g, roots, want_values, [&](const graph_node& n) -> outcome<placed_device> {
     auto p = place(n.requested, false, pol, cat);
     if (!p)
@@ -479,10 +277,10 @@ session::impl::prepare(const std::vector<int32_t>& roots, bool want_values) {
   // Bind each partition to its node and executor.
   std::vector<node_conn*> part_conns;
   for (const auto& pp : plan->partitions) {
-    auto conn = connect(pp.device.job, pp.device.task);
+    auto conn = link.connect(pp.device.job, pp.device.task);
     if (!conn)
       return std::move(conn.error());
-    auto exec = executor(**conn, pp.device.local);
+    auto exec = link.executor(**conn, pp.device.local);
     if (!exec)
       return std::move(exec.error());
     prepared_partition p;
@@ -556,8 +354,8 @@ session::impl::prepare(const std::vector<int32_t>& roots, bool want_values) {
                                             + " (" + x.var_node + ")");
             }
             // On another node: the executor reads it over that node's data plane.
-            auto owner = conns.find((*b)->task);
-            if (opts.data_plane && (*b)->address != p.node && owner != conns.end()
+            auto owner = link.conns.find((*b)->task);
+            if (opts.data_plane && (*b)->address != p.node && owner != link.conns.end()
                 && owner->second.info.data_port != 0)
               if (auto addr = parse_address(owner->second.address, "variable '" + var.spec.name + "'"))
                 x.data_plane = task_address{addr->host, owner->second.info.data_port}.to_string();
@@ -678,7 +476,7 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
       if (!health->is_dead(t))
         continue;
       auto d = device_name::parse(t);
-      auto conn = connect(*d->job, *d->task);
+      auto conn = link.connect(*d->job, *d->task);
       if (!conn)
         return std::move(conn.error());
       step = prepare(roots, want_values);
@@ -693,7 +491,7 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
     self->request(actor, opts.timeout + std::chrono::milliseconds{500}, run_atom::value,
                   run_request{*step, fed, trace != nullptr})
       .receive([&](step_outputs& o) { out = std::move(o); },
-               [&](caf::error& e) { err = explain(std::move(e), "a step", nullptr); });
+               [&](caf::error& e) { err = link.explain(std::move(e), "a step", nullptr); });
     if (err) {
       if (is(err, af_error::peer_down))
         prepared.erase(plan_signature(roots, want_values));
@@ -751,7 +549,7 @@ caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
 }
 
 const cluster_spec& session::cluster() const {
-  return impl_->spec;
+  return impl_->link.spec;
 }
 
 std::string session::target() const {
@@ -781,7 +579,7 @@ caf::expected<output> session::variable(const std::string& name, shape_type shap
     return *same;
   }
   auto requested = im.g.current_scope();
-  auto p = place(requested, true, im.policy(), im.catalog());
+  auto p = place(requested, true, im.policy(), im.link.catalog());
   if (!p)
     return make_error(p.error().code, "variable '" + name + "': " + p.error().what);
   auto o = im.g.variable(name, std::move(shape), std::move(init), type);
@@ -795,54 +593,8 @@ caf::expected<output> session::variable(const std::string& name, shape_type shap
   return *o;
 }
 
-output session::constant(tensor value, const std::string& name) {
-  return impl_->g.constant(std::move(value), name);
-}
-
-output session::placeholder(const std::string& name) {
-  return impl_->g.placeholder(name);
-}
-
-output session::op(const std::string& kind, std::vector<output> inputs, op_attrs attrs,
-                   const std::string& name) {
-  return impl_->g.op(kind, std::move(inputs), attrs, name);
-}
-
-output session::add(output a, output b, const std::string& name) {
-  return impl_->g.add(a, b, name);
-}
-
-output session::sub(output a, output b, const std::string& name) {
-  return impl_->g.sub(a, b, name);
-}
-
-output session::mul(output a, output b, const std::string& name) {
-  return impl_->g.mul(a, b, name);
-}
-
-output session::div(output a, output b, const std::string& name) {
-  return impl_->g.div(a, b, name);
-}
-
-output session::matmul(output a, output b, bool transpose_a, bool transpose_b,
-                       const std::string& name) {
-  return impl_->g.matmul(a, b, transpose_a, transpose_b, name);
-}
-
-output session::reduce_sum(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return impl_->g.reduce_sum(x, axis, keep_dims);
-}
-
-output session::reduce_mean(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return impl_->g.reduce_mean(x, axis, keep_dims);
-}
-
-output session::reduce_max(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return impl_->g.reduce_max(x, axis, keep_dims);
-}
-
-output session::softmax_xent(output logits, output labels, const std::string& name) {
-  return impl_->g.softmax_xent(logits, labels, name);
+graph& session::builder() {
+  return impl_->g;
 }
 
 caf::expected<std::vector<output>> session::gradients(output loss, const std::vector<output>& xs) {
@@ -850,18 +602,6 @@ caf::expected<std::vector<output>> session::gradients(output loss, const std::ve
   if (!r)
     return to_error(r.error());
   return std::move(*r);
-}
-
-output session::assign(output var, output value, const std::string& name) {
-  return impl_->g.assign(var, value, name);
-}
-
-output session::assign_add(output var, output value, const std::string& name) {
-  return impl_->g.assign_add(var, value, name);
-}
-
-output session::assign_sub(output var, output value, const std::string& name) {
-  return impl_->g.assign_sub(var, value, name);
 }
 
 std::vector<std::string> session::operations() const {
@@ -910,7 +650,7 @@ caf::error session::initialize(const std::vector<output>& vars, const std::strin
     im.self->request((*b)->actor, im.opts.timeout, init_atom::value, n.init, false, run_id)
       .receive([](uint64_t) {},
                [&](caf::error& e) {
-                 err = im.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
+                 err = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
                });
     if (err)
       return err;
@@ -940,7 +680,7 @@ caf::expected<std::vector<std::string>> session::uninitialized(const std::vector
           if (!info.initialized)
             out.push_back(n.spec.name);
         },
-        [&](caf::error& e) { err = im.explain(std::move(e), "state of '" + n.spec.name + "'", nullptr); });
+        [&](caf::error& e) { err = im.link.explain(std::move(e), "state of '" + n.spec.name + "'", nullptr); });
     if (err)
       return err;
   }
@@ -978,7 +718,7 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
                          if (e == caf::sec::request_timeout || is(e, af_error::timeout))
                            missing.push_back(n.spec.name + " (on " + n.spec.device + ")");
                          else if (!other)
-                           other = im.explain(std::move(e), "initialization of '" + n.spec.name + "'",
+                           other = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'",
                                               nullptr);
                        });
   }
@@ -996,7 +736,7 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
 }
 
 caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
-  auto conn = impl_->connect(job, task);
+  auto conn = impl_->link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   return (*conn)->info;
@@ -1019,14 +759,14 @@ caf::error session::wait_for_node(const std::string& job, int32_t task,
 caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,
                                                                   int32_t task) {
   auto& im = *impl_;
-  auto conn = im.connect(job, task);
+  auto conn = im.link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   caf::error err;
   std::vector<variable_info> out;
   im.self->request((*conn)->actor, im.opts.timeout, list_atom::value)
     .receive([&](std::vector<variable_info>& infos) { out = std::move(infos); },
-             [&](caf::error& e) { err = im.explain(std::move(e), "variable list", *conn); });
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "variable list", *conn); });
   if (err)
     return err;
   std::sort(out.begin(), out.end(),
@@ -1036,14 +776,14 @@ caf::expected<std::vector<variable_info>> session::list_variables(const std::str
 
 caf::error session::shutdown(const std::string& job, int32_t task) {
   auto& im = *impl_;
-  auto conn = im.connect(job, task);
+  auto conn = im.link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   caf::error err;
   im.self->request((*conn)->actor, im.opts.timeout, shutdown_atom::value)
     .receive([](caf::ok_atom) {},
-             [&](caf::error& e) { err = im.explain(std::move(e), "shutdown", *conn); });
-  im.conns.erase(task_name(job, task));
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "shutdown", *conn); });
+  im.link.conns.erase(task_name(job, task));
   return err;
 }
 
@@ -1080,7 +820,7 @@ caf::expected<std::shared_ptr<prepared_step>> session::prepare(const std::vector
 }
 
 caf::expected<clock_estimate> session::clock_of(const std::string& job, int32_t task) {
-  auto conn = impl_->connect(job, task);
+  auto conn = impl_->link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
   return (*conn)->clock;
@@ -1089,17 +829,17 @@ caf::expected<clock_estimate> session::clock_of(const std::string& job, int32_t 
 caf::expected<std::pair<uint64_t, uint64_t>>
 session::executor_load(const std::string& job, int32_t task, const std::string& device) {
   auto& im = *impl_;
-  auto conn = im.connect(job, task);
+  auto conn = im.link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
-  auto exec = im.executor(**conn, device);
+  auto exec = im.link.executor(**conn, device);
   if (!exec)
     return std::move(exec.error());
   caf::error err;
   std::pair<uint64_t, uint64_t> out;
   im.self->request(*exec, im.opts.timeout, info_atom::value)
     .receive([&](uint64_t graphs, uint64_t steps) { out = {graphs, steps}; },
-             [&](caf::error& e) { err = im.explain(std::move(e), "executor " + device, *conn); });
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "executor " + device, *conn); });
   if (err)
     return err;
   return out;

@@ -120,19 +120,23 @@ public:
                                  initializer init = initializer::zeros(),
                                  dtype type = dtype::float32);
 
-  output constant(tensor value, const std::string& name = "Const");
+  output constant(tensor value, const std::string& name = "Const") {
+    return builder().constant(std::move(value), name);
+  }
 
   /// A value given at run time (tf.placeholder); run() takes it in its feeds.
-  output placeholder(const std::string& name = "Placeholder");
+  output placeholder(const std::string& name = "Placeholder") { return builder().placeholder(name); }
 
   /// Any kernel op by name (kernels::run_op), e.g. op("relu", {x}).
   output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
-            const std::string& name = "");
+            const std::string& name = "") {
+    return builder().op(kind, std::move(inputs), attrs, name);
+  }
 
-  output add(output a, output b, const std::string& name = "add");
-  output sub(output a, output b, const std::string& name = "sub");
-  output mul(output a, output b, const std::string& name = "mul");
-  output div(output a, output b, const std::string& name = "div");
+  output add(output a, output b, const std::string& name = "add") { return builder().add(a, b, name); }
+  output sub(output a, output b, const std::string& name = "sub") { return builder().sub(a, b, name); }
+  output mul(output a, output b, const std::string& name = "mul") { return builder().mul(a, b, name); }
+  output div(output a, output b, const std::string& name = "div") { return builder().div(a, b, name); }
   output neg(output x) { return op("neg", {x}); }
   output exp(output x) { return op("exp", {x}); }
   output log(output x) { return op("log", {x}); }
@@ -142,24 +146,40 @@ public:
   output square(output x) { return op("square", {x}); }
   output sqrt(output x) { return op("sqrt", {x}); }
   output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
-                const std::string& name = "matmul");
+                const std::string& name = "matmul") {
+    return builder().matmul(a, b, transpose_a, transpose_b, name);
+  }
   /// Reductions over all axes, or over `axis` when given (negative: from the end).
-  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
-  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
-  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
+  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
+    return builder().reduce_sum(x, axis, keep_dims);
+  }
+  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
+    return builder().reduce_mean(x, axis, keep_dims);
+  }
+  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
+    return builder().reduce_max(x, axis, keep_dims);
+  }
   output softmax(output logits) { return op("softmax", {logits}); }
   output log_softmax(output logits) { return op("log_softmax", {logits}); }
   /// Per-example loss of logits [batch, classes] and int labels [batch].
-  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent");
+  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent") {
+    return builder().softmax_xent(logits, labels, name);
+  }
 
   /// Reverse-mode gradients of the scalar `loss` with respect to `xs`
   /// (tf.gradients). The backward ops are added to the graph, each on the
   /// device of its forward op. An x that `loss` does not depend on is an error
   /// naming it; so is an op on the path that has no gradient.
   caf::expected<std::vector<output>> gradients(output loss, const std::vector<output>& xs);
-  output assign(output var, output value, const std::string& name = "");
-  output assign_add(output var, output value, const std::string& name = "");
-  output assign_sub(output var, output value, const std::string& name = "");
+  output assign(output var, output value, const std::string& name = "") {
+    return builder().assign(var, value, name);
+  }
+  output assign_add(output var, output value, const std::string& name = "") {
+    return builder().assign_add(var, value, name);
+  }
+  output assign_sub(output var, output value, const std::string& name = "") {
+    return builder().assign_sub(var, value, name);
+  }
 
   /// The graph's op names, in creation order (graph.get_operations()).
   std::vector<std::string> operations() const;
@@ -237,6 +257,8 @@ public:
 
 private:
   friend class device_scope;
+  /// The graph the builder calls above add to (graph_def(), writable).
+  graph& builder();
   struct impl;
   explicit session(std::unique_ptr<impl> ptr);
   std::unique_ptr<impl> impl_;

@@ -1,0 +1,187 @@
+#include "actors/cluster_link.hpp"
+
+#include <set>
+
+#include "caf/all.hpp"
+#include "caf/io/middleman.hpp"
+
+#include "actors/node.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+} // namespace
+
+std::string task_name(const std::string& job, int32_t task) {
+  return "/job:" + job + "/task:" + std::to_string(task);
+}
+
+caf::error cluster_link::explain(caf::error err, const std::string& what, const node_conn* conn) {
+  auto where = conn ? " from " + conn->key + " at " + conn->address : std::string{};
+  if (err == caf::sec::request_timeout)
+    return make_error(af_error::timeout, "timed out after " + std::to_string(opts.timeout.count())
+                                           + " ms waiting for " + what + where
+                                           + "; is the node alive and reachable?");
+  if (err.category() != error_category)
+    return make_error(af_error::peer_down, what + where + " failed: " + describe(err));
+  return err;
+}
+
+caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
+  auto key = task_name(j, t);
+  auto addr = spec.address(j, t);
+  if (!addr)
+    return std::move(addr.error());
+  node_conn conn;
+  conn.key = key;
+  conn.address = addr->to_string();
+  conn.actor = find_local_node(conn.address, &sys);
+  if (!conn.actor) {
+    // The middleman's own remote_actor waits without bound; ask it directly so
+    // that an unreachable host fails within connect_timeout.
+    caf::error err;
+    self->request(sys.middleman().actor_handle(), opts.connect_timeout, caf::connect_atom::value,
+                  addr->host, addr->port)
+      .receive(
+        [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+          if (!ptr)
+            err = make_error(af_error::unreachable, "nothing is published at " + conn.address
+                                                      + " for " + key);
+          else if (!sys.assignable<node_actor>(ifs))
+            err = make_error(af_error::unreachable,
+                             conn.address + " (" + key
+                               + ") answers but is not an actorflow node of this version");
+          else
+            conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
+        },
+        [&](caf::error& e) {
+          auto why = e == caf::sec::request_timeout
+                       ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
+                       : describe(e);
+          err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
+                                                    + ": " + why
+                                                    + "; is actorflow-node running there?");
+        });
+    if (err)
+      return err;
+  }
+  caf::error err;
+  auto t0 = now_ns();
+  self->request(conn.actor, opts.timeout, caf::ping_atom::value)
+    .receive([&](node_info& info) { conn.info = std::move(info); },
+             [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
+  auto t1 = now_ns();
+  if (err)
+    return err;
+  // As NTP does: the node read its clock halfway through the round trip.
+  conn.clock.rtt_ns = t1 - t0;
+  conn.clock.offset_ns = conn.info.clock_ns - (t0 + (t1 - t0) / 2);
+  bool local = find_local_node(conn.address, &sys) != nullptr;
+  if (!local && opts.data_plane && conn.info.data_port != 0) {
+    // Without a data plane (blocked port) the same ops go as CAF messages.
+    auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
+                                    opts.timeout, opts.reply_poll);
+    if (ch)
+      conn.channel = std::move(*ch);
+  }
+  self->send(watcher, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
+  return conn;
+}
+
+caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t) {
+  auto key = task_name(j, t);
+  auto it = conns.find(key);
+  std::string why;
+  bool dead = health->is_dead(key, &why);
+  if (it != conns.end() && !dead) {
+    if (it->second.channel_broken) {
+      reopen_channel(it->second);
+    }
+    return &it->second;
+  }
+  if (it == conns.end() && !dead) {
+    auto fresh = open(j, t);
+    if (!fresh)
+      return std::move(fresh.error());
+    return &conns.emplace(key, std::move(*fresh)).first->second;
+  }
+  // It died: try once to reach its successor.
+  auto address = it != conns.end() ? it->second.address : std::string{};
+  auto fresh = open(j, t);
+  if (!fresh)
+    return make_error(af_error::peer_down,
+                      "node " + key + (address.empty() ? "" : " at " + address) + " died (" + why
+                        + ") and does not answer yet (" + describe(fresh.error())
+                        + "); restart it and this session reconnects by itself");
+  health->revive(key);
+  bool restarted = it == conns.end() || it->second.info.incarnation != fresh->info.incarnation;
+  if (it != conns.end())
+    conns.erase(it);
+  auto& conn = conns.emplace(key, std::move(*fresh)).first->second;
+  if (on_reconnect)
+    on_reconnect(conn, restarted);
+  return &conn;
+}
+
+void cluster_link::reopen_channel(node_conn& conn) {
+  conn.channel_broken = false;
+  conn.channel.reset();
+  auto addr = parse_address(conn.address, conn.key);
+  if (!addr || !opts.data_plane || conn.info.data_port == 0)
+    return;
+  auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
+                                  opts.timeout, opts.reply_poll);
+  if (ch)
+    conn.channel = std::move(*ch);
+}
+
+caf::expected<std::vector<std::string>> cluster_link::devices_of(const std::string& j, int32_t t) {
+  if (auto err = spec.check_task(j, t))
+    return err;
+  auto conn = connect(j, t);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->info.devices;
+}
+
+device_catalog cluster_link::catalog() {
+  return [this](const std::string& j, int32_t t) -> outcome<std::vector<std::string>> {
+    auto d = devices_of(j, t);
+    if (d)
+      return std::move(*d);
+    auto code = d.error().category() == error_category ? static_cast<af_error>(d.error().code())
+                                                        : af_error::unreachable;
+    auto text = describe(d.error());
+    auto prefix = std::string{to_string(code)} + ": ";
+    if (text.rfind(prefix, 0) == 0)
+      text = text.substr(prefix.size());
+    return graph_error{code, text};
+  };
+}
+
+caf::expected<executor_actor> cluster_link::executor(node_conn& conn, const std::string& local) {
+  auto it = conn.executors.find(local);
+  if (it != conn.executors.end())
+    return it->second;
+  caf::error err;
+  executor_actor exec;
+  self->request(conn.actor, opts.timeout, executor_atom::value, local)
+    .receive([&](executor_actor& e) { exec = std::move(e); },
+             [&](caf::error& e) { err = explain(std::move(e), "executor " + local, &conn); });
+  if (err)
+    return err;
+  conn.executors.emplace(local, exec);
+  return exec;
+}
+
+} // namespace af

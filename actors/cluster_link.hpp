@@ -1,0 +1,114 @@
+#pragma once
+/// A session's connections to the nodes of its cluster: each node actor, its
+/// info and clock offset, its executors and its data plane, with what the
+/// session learned of the node's health. Blocking (it serves the blocking
+/// session facade); the step runner never waits on it.
+///
+/// After a node died, connect() tries once to reach its successor: it fails
+/// at once with peer_down saying the node died when nothing answers, and
+/// calls `on_reconnect` (restarted: the node has a new incarnation) when
+/// something does.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "caf/actor.hpp"
+#include "caf/actor_system.hpp"
+#include "caf/expected.hpp"
+#include "caf/scoped_actor.hpp"
+
+#include "actors/data_plane.hpp"
+#include "actors/session.hpp"
+#include "config/cluster_spec.hpp"
+#include "graph/placement.hpp"
+#include "messages/node.hpp"
+
+namespace af {
+
+/// Nodes the session actor saw die: task name -> why. Written by the session
+/// actor's down handler, read by the facade before each call.
+struct node_health {
+  std::mutex mtx;
+  std::map<std::string, std::string> dead;
+
+  void mark(const std::string& task, std::string why) {
+    std::lock_guard<std::mutex> guard{mtx};
+    dead[task] = std::move(why);
+  }
+  bool is_dead(const std::string& task, std::string* why = nullptr) {
+    std::lock_guard<std::mutex> guard{mtx};
+    auto it = dead.find(task);
+    if (it == dead.end())
+      return false;
+    if (why)
+      *why = it->second;
+    return true;
+  }
+  void revive(const std::string& task) {
+    std::lock_guard<std::mutex> guard{mtx};
+    dead.erase(task);
+  }
+};
+
+struct node_conn {
+  node_actor actor;
+  node_info info;
+  std::string key;     ///< /job:J/task:T
+  std::string address; ///< host:port
+  std::map<std::string, executor_actor> executors;
+  std::unique_ptr<data_channel> channel; ///< null: same process, or no data plane
+  bool channel_broken = false;           ///< reopen the channel on the next call
+  clock_estimate clock;
+};
+
+class cluster_link {
+public:
+  /// `watcher` is told (watch, node actor, task name) for each node opened;
+  /// it monitors them and marks deaths in `health`.
+  cluster_link(caf::actor_system& sys, cluster_spec spec, const session_options& opts,
+               caf::scoped_actor& self, caf::actor watcher, std::shared_ptr<node_health> health)
+    : sys(sys), spec(std::move(spec)), opts(opts), self(self), watcher(std::move(watcher)),
+      health(std::move(health)) {
+    // nop
+  }
+
+  /// Called after a reconnect, before connect() returns it.
+  std::function<void(node_conn&, bool restarted)> on_reconnect;
+
+  caf::actor_system& sys;
+  cluster_spec spec;
+  const session_options& opts;
+  caf::scoped_actor& self;
+  caf::actor watcher;
+  std::shared_ptr<node_health> health;
+  std::map<std::string, node_conn> conns; ///< by /job:J/task:T
+
+  /// Maps CAF's request errors to a sentence naming what we waited for.
+  caf::error explain(caf::error err, const std::string& what, const node_conn* conn);
+
+  /// Opens a connection to /job:J/task:T: the node actor, its info and clock,
+  /// its data plane. Does not touch `conns`.
+  caf::expected<node_conn> open(const std::string& j, int32_t t);
+
+  /// The connection to /job:J/task:T; after the node died, one attempt to
+  /// reconnect, and an error saying it died when that fails.
+  caf::expected<node_conn*> connect(const std::string& j, int32_t t);
+
+  void reopen_channel(node_conn& conn);
+
+  caf::expected<std::vector<std::string>> devices_of(const std::string& j, int32_t t);
+
+  device_catalog catalog();
+
+  caf::expected<executor_actor> executor(node_conn& conn, const std::string& local);
+
+};
+
+/// "/job:J/task:T"
+std::string task_name(const std::string& job, int32_t task);
+
+} // namespace af
