@@ -162,8 +162,16 @@ struct session::impl {
     if (dev) {
       // A node seen dead is reconnected (or reported) first.
       auto conn = link.connect(dev->job, dev->task);
-      if (!conn)
-        return std::move(conn.error());
+      if (!conn) {
+        auto& e = conn.error();
+        auto code = e.category() == error_category ? static_cast<af_error>(e.code())
+                                                   : af_error::peer_down;
+        auto text = describe(e);
+        auto prefix = std::string{to_string(code)} + ": ";
+        if (text.rfind(prefix, 0) == 0)
+          text = text.substr(prefix.size());
+        return make_error(code, "variable '" + g.at(var).spec.name + "': " + text);
+      }
     }
     if (it->second.gone)
       return make_error(af_error::gone,
