@@ -91,6 +91,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                                     uint16_t data_port) {
   auto& st = self->state;
   st.directory = std::move(directory);
+  st.request_timeout_ms = opts.request_timeout_ms;
   st.info.data_port = data_port;
   st.info.job = job;
   st.info.task = task;
@@ -228,7 +229,8 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       g->missing = vars.size();
       for (auto& kvp : vars) {
         auto spec = kvp.second.spec;
-        self->request(kvp.second.actor, std::chrono::seconds(10), info_atom::value)
+        self->request(kvp.second.actor, std::chrono::milliseconds{self->state.request_timeout_ms},
+                      info_atom::value)
           .then(
             [g, rp](variable_info& info) mutable {
               g->infos.push_back(std::move(info));
@@ -293,7 +295,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.data_plane = std::move(plane);
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
-  self->request(node, std::chrono::seconds(10), caf::ping_atom::value)
+  self->request(node, std::chrono::milliseconds{opts.request_timeout_ms}, caf::ping_atom::value)
     .receive(
       [&](node_info& info) {
         out.devices = info.devices;

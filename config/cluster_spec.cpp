@@ -74,6 +74,8 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int_field(out.data_idle_timeout_ms, 1, 86400000);
     } else if (key == "data_frame_timeout_ms") {
       err = int_field(out.data_frame_timeout_ms, 1, 3600000);
+    } else if (key == "request_timeout_ms") {
+      err = int_field(out.request_timeout_ms, 1, 3600000);
     } else if (key == "scheduler") {
       if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
         err = config_error(where + " must be \"sharing\" or \"stealing\"");
@@ -87,7 +89,7 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
     } else {
       err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
                                  "bind, data_port, heartbeat_ms, connection_timeout_ms, "
-                                 "data_idle_timeout_ms, data_frame_timeout_ms)");
+                                 "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms)");
     }
     if (err)
       return err;
@@ -234,7 +236,8 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
         << "\"\nthreads = " << opts->threads << "\nheartbeat_ms = " << opts->heartbeat_ms
         << "\nconnection_timeout_ms = " << opts->connection_timeout_ms
         << "\ndata_idle_timeout_ms = " << opts->data_idle_timeout_ms
-        << "\ndata_frame_timeout_ms = " << opts->data_frame_timeout_ms << "\n";
+        << "\ndata_frame_timeout_ms = " << opts->data_frame_timeout_ms
+        << "\nrequest_timeout_ms = " << opts->request_timeout_ms << "\n";
     if (opts->data_port != 0)
       out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())

@@ -41,6 +41,9 @@ struct node_options {
   /// ... and a peer that stalls in the middle of a frame (a header, a name or
   /// a payload half sent) for this long, so that it cannot hold a thread.
   int32_t data_frame_timeout_ms = 5000;
+  /// A node's requests to its own actors (a variable's info for list_vars,
+  /// the first ping at start): bounded by this.
+  int32_t request_timeout_ms = 10000;
 };
 
 class cluster_spec {
