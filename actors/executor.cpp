@@ -137,6 +137,12 @@ executor_state::step* open_step(self_ptr self, step_key key) {
 
 void advance(self_ptr self, step_key key);
 
+/// "host:port" of a var_node ("/job:J/task:T at host:port").
+std::string address_of(const std::string& var_node) {
+  auto at = var_node.rfind(" at ");
+  return at == std::string::npos ? var_node : var_node.substr(at + 4);
+}
+
 /// An op's value is known: hand it to the partitions that need it and to the client.
 void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value, int64_t start,
                std::string note, uint64_t bytes_in) {
@@ -161,7 +167,7 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
   auto started = now_ns();
   std::string path = !in.data_plane.empty()         ? "data plane from " + in.data_plane
                      : in.var->node() == self->node() ? std::string{"local buffer"}
-                                                      : std::string{"CAF message"};
+                                                      : "CAF message from " + address_of(in.var_node);
   auto on_value = [self, key, name, started, path, var = in.op, consumer = op.id](tensor& value,
                                                                                  uint64_t) {
     auto it = self->state.steps.find(key);
