@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -172,6 +173,76 @@ TEST_CASE("graph ids of concurrent sessions never collide", "[runtime]") {
     for (int i = 0; i < 8; ++i)
       CHECK(sessions[i].run(outs[i])->at(0) == 2.0 * i);
   CHECK(sessions[0].executor_load("worker", 0)->first == 8);
+}
+
+TEST_CASE("an event-based actor runs steps through its own step runner without blocking",
+          "[runtime]") {
+  auto ec = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(ec);
+  auto s = (*ec)->session_for("worker", 0);
+  REQUIRE(s);
+  output w, x, y;
+  {
+    auto d = s->device("/job:ps/task:0");
+    w = *s->variable("w", {2}, initializer::constant(3));
+  }
+  x = s->placeholder("x");
+  y = s->mul(w, x); // on the worker, reading w from the ps
+  REQUIRE(!s->initialize());
+  auto step = s->prepare({y});
+  REQUIRE(step);
+  // The actor runs two steps back to back from its behavior: each callback
+  // starts the next; nothing in it waits.
+  struct outcome_t {
+    std::mutex mtx;
+    std::vector<std::vector<float>> values;
+    std::string error;
+    bool done = false;
+  };
+  auto out = std::make_shared<outcome_t>();
+  auto& sys = (*ec)->system("worker", 0);
+  auto runner_actor = sys.spawn([step = *step, x, y, out](caf::event_based_actor* self) {
+    auto runner = std::make_shared<step_runner>();
+    self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
+    auto feed_of = [x](float v) {
+      return std::map<int32_t, tensor>{{x.id, tensor::from_values<float>({2}, {v, 2 * v})}};
+    };
+    auto record = [out](caf::expected<step_outputs>& r, int32_t id) {
+      std::lock_guard<std::mutex> guard{out->mtx};
+      if (!r)
+        out->error = describe(r.error());
+      else
+        out->values.push_back(r->values.at(id).values<float>());
+    };
+    runner->run(self, step, feed_of(1), false,
+                [=](caf::expected<step_outputs> r) {
+                  record(r, y.id);
+                  runner->run(self, step, feed_of(10), false,
+                              [=](caf::expected<step_outputs> r2) {
+                                record(r2, y.id);
+                                std::lock_guard<std::mutex> guard{out->mtx};
+                                out->done = true;
+                                self->quit();
+                              });
+                });
+    return caf::behavior{[](int) {}};
+  });
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> guard{out->mtx};
+      if (out->done || std::chrono::steady_clock::now() > deadline)
+        break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  std::lock_guard<std::mutex> guard{out->mtx};
+  REQUIRE(out->done);
+  CHECK(out->error.empty());
+  REQUIRE(out->values.size() == 2);
+  CHECK(out->values[0] == std::vector<float>{3, 6});
+  CHECK(out->values[1] == std::vector<float>{30, 60});
+  (void) runner_actor;
 }
 
 } // namespace af
