@@ -1,7 +1,7 @@
 #pragma once
-// The tutorial's examples as test scenarios, run against any cluster: an
-// embedded one (tests/test_tutorial_embedded.cpp) or real node processes
-// (tests/test_tutorial_processes.cpp).
+// The tutorial's examples (actors/tutorial.hpp) with the checks of what each
+// must do, run against any cluster: an embedded one or real node processes
+// (tests/test_tutorial.cpp, tests/test_compute.cpp).
 
 #include <catch2/catch.hpp>
 
@@ -16,6 +16,7 @@
 #include "actors/embedded_cluster.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
+#include "actors/tutorial.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
@@ -45,6 +46,11 @@ public:
       FAIL("cannot open a session on /job:" << job << "/task:" << task << ": "
                                             << describe(s.error()));
     return std::move(*s);
+  }
+
+  /// Where the tutorial's examples get their sessions: open() with `defaults`.
+  tutorial::session_source sessions() {
+    return [this](const std::string& job, int32_t task) { return open(job, task, defaults); };
   }
 
   /// The address the spec gives /job:J/task:T.
@@ -115,30 +121,18 @@ inline tensor scalar(float v) {
   return tensor::scalar(v);
 }
 
-// -- the tutorial's examples ---------------------------------------------------
+// -- the tutorial's examples (actors/tutorial.hpp), checked ---------------------
 
 /// 单机单卡: w (2x2 of 2) and b (2x2 of 5) on /cpu:0, add and mul on /gpu:0.
 inline void single_device_example(cluster_under_test& c) {
-  auto s = c.connect("local", 0);
-  output w, b;
-  {
-    auto cpu = value_of(s.device("/cpu:0"));
-    w = value_of(s.variable("w", {2, 2}, initializer::constant(2)));
-    b = value_of(s.variable("b", {2, 2}, initializer::constant(5)));
-  }
-  auto gpu = value_of(s.device("/gpu:0"));
-  auto addwb = s.add(w, b, "addwb");
-  auto mutwb = s.mul(w, b, "mutwb");
-  require_ok(s.initialize());
-  run_trace trace;
-  auto res = value_of(s.run({addwb, mutwb}, &trace));
-  CHECK(res[0].values<float>() == std::vector<float>{7, 7, 7, 7});
-  CHECK(res[0].shape() == shape_type{2, 2});
-  CHECK(res[1].values<float>() == std::vector<float>{10, 10, 10, 10});
+  auto r = value_of(tutorial::single_device(c.sessions(), "local"));
+  CHECK(r.sum.values<float>() == std::vector<float>{7, 7, 7, 7});
+  CHECK(r.sum.shape() == shape_type{2, 2});
+  CHECK(r.product.values<float>() == std::vector<float>{10, 10, 10, 10});
   // The trace: the ops asked for GPU:0, ran on CPU:0 of task 0 (no GPU here),
   // and say so; the variables were read on /cpu:0.
   for (const char* op : {"addwb", "mutwb"}) {
-    auto e = trace.find(op);
+    auto e = r.trace.find(op);
     REQUIRE(e != nullptr);
     CHECK(e->requested == "/device:GPU:0");
     if (kernels::cuda_device_count() == 0) {
@@ -151,181 +145,118 @@ inline void single_device_example(cluster_under_test& c) {
     CHECK(e->node == c.address("local", 0));
   }
   for (const char* var : {"w", "b"}) {
-    auto e = trace.find(var);
+    auto e = r.trace.find(var);
     REQUIRE(e != nullptr);
     CHECK(e->requested == "/device:CPU:0");
     CHECK(e->device == "/job:local/replica:0/task:0/device:CPU:0");
+    CHECK(e->kind == "read"); // read on its own node: no transfer
   }
 }
 
 /// Two clients on the two servers of one job share `var` by name.
 inline void shared_variable_example(cluster_under_test& c) {
-  auto s1 = c.connect("local", 0);
-  auto s2 = c.connect("local", 1);
-  auto v1 = value_of(s1.variable("var", {}));
-  auto v2 = value_of(s2.variable("var", {}));
-  require_ok(s1.initialize());
-  require_ok(s2.initialize());
-  CHECK(value_of(s1.run(v1)).at(0) == 0);
-  CHECK(value_of(s2.run(v2)).at(0) == 0);
-  auto after = value_of(s1.run(s1.assign_add(v1, s1.constant(scalar(1)))));
-  CHECK(after.at(0) == 1); // assign_add returns the new value, as in TF
-  CHECK(value_of(s1.run(v1)).at(0) == 1);
-  run_trace trace;
-  CHECK(value_of(s2.run(v2, &trace)).at(0) == 1);
+  auto r = value_of(tutorial::shared_var(c.sessions(), "local", 1));
+  CHECK(r.initial_1.at(0) == 0);
+  CHECK(r.initial_2.at(0) == 0);
+  CHECK(r.incremented.at(0) == 1); // assign_add returns the new value, as in TF
+  CHECK(r.after_1.at(0) == 1);
+  CHECK(r.after_2.at(0) == 1); // session 2 sees session 1's update: one variable
   // Both sessions see one variable, on task 0 of the job.
-  CHECK(s1.device_of(v1) == "/job:local/replica:0/task:0/device:CPU:0");
-  CHECK(s2.device_of(v2) == s1.device_of(v1));
-  REQUIRE(trace.find("var") != nullptr);
-  CHECK(trace.find("var")->node == c.address("local", 0));
-  CHECK(trace.by_device() == "/job:local/replica:0/task:0/device:CPU:0\n   var\n");
+  CHECK(r.device_1 == "/job:local/replica:0/task:0/device:CPU:0");
+  CHECK(r.device_2 == r.device_1);
+  auto e = r.trace_2.find("var");
+  REQUIRE(e != nullptr);
+  CHECK(e->node == c.address("local", 0));
+  CHECK(e->kind == "read");
+  CHECK(e->note.find("read by the client over ") != std::string::npos);
+  CHECK(r.trace_2.by_device() == "/job:local/replica:0/task:0/device:CPU:0\n   var\n");
   // A tensor operand (not a variable) travels with the request to the node.
-  auto tripled = value_of(s2.run(s2.mul(v2, s2.constant(scalar(3)))));
-  CHECK(tripled.at(0) == 3);
+  CHECK(r.tripled.at(0) == 3);
 }
 
 /// var1 on task 0 and var2 on task 1: the trace from either client shows each on its task.
 inline void placement_example(cluster_under_test& c) {
-  auto s1 = c.connect("local", 0);
-  auto s2 = c.connect("local", 1);
-  auto make = [](session& s, output& v1, output& v2) {
-    {
-      auto d = value_of(s.device("/job:local/task:0"));
-      v1 = value_of(s.variable("var1", {}));
+  auto r = value_of(tutorial::placement(c.sessions(), "local"));
+  for (int s = 0; s < 2; ++s)
+    for (int v = 0; v < 2; ++v) {
+      INFO("session " << s + 1 << " reading var" << v + 1);
+      const auto& t = r.traces[s][v];
+      REQUIRE(t.entries.size() == 1);
+      CHECK(t.entries[0].op == "var" + std::to_string(v + 1));
+      CHECK(t.entries[0].device
+            == "/job:local/replica:0/task:" + std::to_string(v) + "/device:CPU:0");
+      CHECK(t.entries[0].node == c.address("local", v));
     }
-    auto d = value_of(s.device("/job:local/task:1"));
-    v2 = value_of(s.variable("var2", {}));
-  };
-  output a1, a2, b1, b2;
-  make(s1, a1, a2);
-  make(s2, b1, b2);
-  require_ok(s1.initialize());
-  for (auto* s : {&s1, &s2}) {
-    output v1 = s == &s1 ? a1 : b1;
-    output v2 = s == &s1 ? a2 : b2;
-    run_trace t1, t2;
-    value_of(s->run(v1, &t1));
-    value_of(s->run(v2, &t2));
-    REQUIRE(t1.entries.size() == 1);
-    REQUIRE(t2.entries.size() == 1);
-    CHECK(t1.entries[0].device == "/job:local/replica:0/task:0/device:CPU:0");
-    CHECK(t1.entries[0].node == c.address("local", 0));
-    CHECK(t2.entries[0].device == "/job:local/replica:0/task:1/device:CPU:0");
-    CHECK(t2.entries[0].node == c.address("local", 1));
-  }
 }
 
 /// Two independent clients that each create `var` on the same task get the same variable.
 inline void same_variable_example(cluster_under_test& c) {
-  auto s1 = c.connect("local", 0);
-  auto s2 = c.connect("local", 1);
-  output v1, v2;
-  {
-    auto d = value_of(s1.device("/job:local/task:1"));
-    v1 = value_of(s1.variable("var", {}));
-  }
-  {
-    auto d = value_of(s2.device("/job:local/task:1"));
-    v2 = value_of(s2.variable("var", {}));
-  }
-  value_of(s1.run(s1.assign(v1, s1.constant(scalar(42)))));
-  CHECK(value_of(s2.run(v2)).at(0) == 42);
-  auto vars = value_of(s2.list_variables("local", 1));
-  REQUIRE(vars.size() == 1);
-  CHECK(vars[0].spec.name == "var");
-  CHECK(vars[0].initialized);
-  CHECK(vars[0].version == 1);
-  CHECK(value_of(s1.list_variables("local", 0)).empty());
+  auto r = value_of(tutorial::same_variable(c.sessions(), "local"));
+  CHECK(r.operations_1 == std::vector<std::string>{"var"});
+  CHECK(r.operations_2.empty()); // each session has its own graph
+  CHECK(r.read_by_2.at(0) == 42);
+  REQUIRE(r.on_task_1.size() == 1);
+  CHECK(r.on_task_1[0].spec.name == "var");
+  CHECK(r.on_task_1[0].initialized);
+  CHECK(r.on_task_1[0].version == 1); // one assign: the second get-or-create made no new one
+  CHECK(r.on_task_0.empty());
 }
 
 /// One client waits for initialization while another initializes it later.
 inline void wait_for_initialization_example(cluster_under_test& c) {
-  auto waiter = c.connect("local", 0);
-  auto chief = c.connect("local", 1);
-  auto wv = value_of(waiter.variable("var", {}));
-  auto cv = value_of(chief.variable("var", {}, initializer::constant(3)));
-  CHECK(value_of(waiter.uninitialized()) == std::vector<std::string>{"var"});
-  auto waiting = std::async(std::launch::async, [&] { return waiter.wait_initialized(20s); });
-  // The delay before the chief initializes; the waiter must still be waiting.
-  REQUIRE(waiting.wait_for(300ms) == std::future_status::timeout);
-  require_ok(chief.initialize());
-  REQUIRE(waiting.wait_for(20s) == std::future_status::ready);
-  require_ok(waiting.get());
-  CHECK(value_of(waiter.uninitialized()).empty());
-  CHECK(value_of(waiter.run(wv)).at(0) == 3);
-  (void) cv;
+  auto r = value_of(tutorial::wait_for_initialization(c.sessions(), "local"));
+  CHECK(r.uninitialized_before == std::vector<std::string>{"var"});
+  // The chief initialized while the waiter's request was parked on var, and
+  // the wait had not ended before: it ended because of the initialization.
+  CHECK(r.waiters_parked == 1);
+  CHECK_FALSE(r.waiter_done_early);
+  CHECK(r.uninitialized_after.empty());
+  CHECK(r.value.at(0) == 3);
   // A short wait on a variable nobody initializes fails and names it.
-  auto lonely = value_of(waiter.variable("lonely", {2}));
-  auto err = waiter.wait_initialized(200ms, {lonely});
-  REQUIRE(err);
-  CHECK(is(err, af_error::timeout));
-  CHECK(describe(err).find("lonely") != std::string::npos);
-  CHECK(describe(err).find("200 ms") != std::string::npos);
+  REQUIRE(r.lonely_error);
+  CHECK(is(r.lonely_error, af_error::timeout));
+  CHECK(describe(r.lonely_error).find("lonely") != std::string::npos);
+  CHECK(describe(r.lonely_error).find("200 ms") != std::string::npos);
 }
 
-/// One ps holding `var`, two workers incrementing it five times each.
+/// Every value the workers' increments returned, in order.
+inline std::multiset<double> all_increments(const tutorial::ps_workers_result& r) {
+  std::multiset<double> out;
+  for (const auto& seen : r.worker_saw)
+    out.insert(seen.begin(), seen.end());
+  return out;
+}
+
+inline std::multiset<double> one_to(int n) {
+  std::multiset<double> out;
+  for (int i = 1; i <= n; ++i)
+    out.insert(i);
+  return out;
+}
+
+/// One ps holding `var`, two workers incrementing it five times each, in
+/// rounds: both workers increment at once, then the ps looks at the value.
 inline void ps_and_two_workers_example(cluster_under_test& c) {
-  auto ps = c.connect("ps", 0);
-  auto w0 = c.connect("worker", 0);
-  auto w1 = c.connect("worker", 1);
-  auto declare = [](session& s) {
-    auto d = value_of(s.device("/job:ps/task:0"));
-    return value_of(s.variable("var", {}));
-  };
-  auto pv = declare(ps);
-  auto v0 = declare(w0);
-  auto v1 = declare(w1);
-  CHECK(ps.device_of(pv) == "/job:ps/replica:0/task:0/device:CPU:0");
-  CHECK(w0.device_of(v0) == ps.device_of(pv));
-  require_ok(ps.initialize());
-  require_ok(w0.wait_initialized(10s));
-  require_ok(w1.wait_initialized(10s));
-  auto inc0 = w0.assign_add(v0, w0.constant(scalar(1)));
-  auto inc1 = w1.assign_add(v1, w1.constant(scalar(1)));
-  std::vector<double> observed;
-  std::multiset<double> returned;
-  for (int round = 0; round < 5; ++round) {
-    // Both workers increment at once; then the ps looks at the value.
-    auto a = std::async(std::launch::async, [&] { return w0.run(inc0); });
-    auto b = std::async(std::launch::async, [&] { return w1.run(inc1); });
-    returned.insert(value_of(a.get()).at(0));
-    returned.insert(value_of(b.get()).at(0));
-    observed.push_back(value_of(ps.run(pv)).at(0));
-  }
-  CHECK(observed == std::vector<double>{2, 4, 6, 8, 10});
+  tutorial::ps_workers_params params;
+  params.lockstep = true;
+  auto r = value_of(tutorial::ps_workers(c.sessions(), params));
+  CHECK(r.ps_device == "/job:ps/replica:0/task:0/device:CPU:0");
+  CHECK(r.worker_devices
+        == std::vector<std::string>{r.ps_device, r.ps_device}); // one variable for all three
+  // The ps reads what the round's increments left: none lost, none stale.
+  CHECK(r.ps_saw == std::vector<double>{2, 4, 6, 8, 10});
   // Each increment is atomic: the ten updates returned ten distinct values.
-  CHECK(returned == std::multiset<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  CHECK(all_increments(r) == one_to(10));
+  CHECK(r.final_value == 10);
 }
 
 /// Many clients incrementing one remote variable at once lose no update.
 inline void concurrent_increments_example(cluster_under_test& c, int clients, int each) {
-  std::vector<session> sessions;
-  std::vector<output> incs;
-  for (int i = 0; i < clients; ++i) {
-    sessions.push_back(c.connect("worker", 0));
-    auto& s = sessions.back();
-    auto d = value_of(s.device("/job:ps/task:0"));
-    auto v = value_of(s.variable("counter", {}));
-    if (i == 0)
-      require_ok(s.initialize({v}));
-    incs.push_back(s.assign_add(v, s.constant(scalar(1))));
-  }
-  std::vector<std::future<std::vector<double>>> results;
-  for (int i = 0; i < clients; ++i)
-    results.push_back(std::async(std::launch::async, [&, i] {
-      std::vector<double> seen;
-      for (int k = 0; k < each; ++k) {
-        auto v = sessions[i].run(incs[i]);
-        if (!v)
-          return std::vector<double>{-1};
-        seen.push_back(v->at(0));
-      }
-      return seen;
-    }));
+  auto r = value_of(tutorial::concurrent_increments(c.sessions(), clients, each));
   std::set<double> all;
   size_t count = 0;
-  for (auto& r : results)
-    for (double v : r.get()) {
+  for (const auto& seen : r.seen)
+    for (double v : seen) {
       all.insert(v);
       ++count;
     }

@@ -1,5 +1,6 @@
-// The tutorial's multi-device data parallelism and model parallelism, on an
-// embedded cluster and across node processes.
+// The tutorial's multi-device data parallelism and model parallelism
+// (actors/tutorial.hpp), on an embedded cluster and across node processes,
+// and what the traces of such steps say.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -11,25 +12,35 @@ using namespace af::testing;
 
 namespace {
 
-tensor random32(shape_type shape, uint64_t seed) {
-  tensor t{dtype::float32, std::move(shape)};
-  REQUIRE(kernels::fill_uniform(t, -1, 1, seed).ok());
-  return t;
-}
-
-/// Rows [from, to) of a 2-D tensor.
-tensor rows(const tensor& t, int64_t from, int64_t to) {
-  auto cols = t.shape()[1];
-  auto all = t.values<float>();
-  std::vector<float> v(all.begin() + from * cols, all.begin() + to * cols);
-  return tensor::from_values<float>({to - from, cols}, v);
-}
-
 void require_close(const tensor& a, const tensor& b, double tol = 1e-5) {
   REQUIRE(a.shape() == b.shape());
   for (size_t i = 0; i < a.num_elements(); ++i) {
     INFO("element " << i << ": " << a.at(i) << " vs " << b.at(i));
     CHECK(std::abs(a.at(i) - b.at(i)) <= tol + tol * std::abs(b.at(i)));
+  }
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+/// The raw spans of a step the client ran from `began` to `ended` (its steady
+/// clock, which the trace uses): each op that ran took time, and every span
+/// lies within the step, give or take `slack`, how far a time taken on a node
+/// may be misplaced (half the round trip its clock offset was measured over).
+void check_spans(const run_trace& trace, int64_t began, int64_t ended, int64_t slack) {
+  REQUIRE_FALSE(trace.entries.empty());
+  for (const auto& e : trace.entries) {
+    INFO(e.op << " (" << e.kind << ") on " << e.device << ": " << e.start_ns - began << " .. "
+              << e.end_ns - began << " ns into a step of " << ended - began << " ns, slack " << slack);
+    if (e.op.find(" -> ") != std::string::npos)
+      CHECK(e.start_ns <= e.end_ns + 2 * slack); // sent on one node's clock, received on another's
+    else
+      CHECK(e.start_ns < e.end_ns); // it ran (or was read), which takes time
+    CHECK(e.start_ns >= began - slack);
+    CHECK(e.end_ns <= ended + slack);
   }
 }
 
@@ -46,110 +57,78 @@ node_options two_cpus() {
 TEMPLATE_TEST_CASE("two towers on cpu:0 and cpu:1 averaging their gradients equal one device on the whole batch",
                    "[compute][tutorial]", CLUSTERS) {
   TestType c{{{"local", 1}}, two_cpus()};
-  auto s = c.connect("local", 0);
-  auto x = random32({8, 4}, 1), t = random32({8, 1}, 2);
-  output w, b;
-  {
-    auto cpu = value_of(s.device("/cpu:0"));
-    w = value_of(s.variable("w", {4, 1}, initializer::from_tensor(random32({4, 1}, 3))));
-    b = value_of(s.variable("b", {1}, initializer::constant(0.5)));
-  }
-  require_ok(s.initialize());
-  auto model_loss = [&](output xs, output ts) {
-    auto pred = s.add(s.matmul(xs, w), b);
-    return s.reduce_mean(s.square(s.sub(pred, ts)));
-  };
-  // the towers: half a batch each, on their own device
-  std::vector<std::vector<output>> tower_grads;
-  for (int i = 0; i < 2; ++i) {
-    auto dev = value_of(s.device("/cpu:" + std::to_string(i)));
-    auto loss = model_loss(s.constant(rows(x, 4 * i, 4 * i + 4)), s.constant(rows(t, 4 * i, 4 * i + 4)));
-    tower_grads.push_back(value_of(s.gradients(loss, {w, b})));
-  }
-  // averaged and applied on the CPU that holds the variables
-  auto cpu0 = value_of(s.device("/cpu:0"));
-  auto half = s.constant(tensor::scalar(0.5f));
-  auto avg_w = s.mul(s.add(tower_grads[0][0], tower_grads[1][0]), half, "avg_w");
-  auto avg_b = s.mul(s.add(tower_grads[0][1], tower_grads[1][1]), half, "avg_b");
-  // the reference: one device, the whole batch
-  auto whole = value_of(s.gradients(model_loss(s.constant(x), s.constant(t)), {w, b}));
-  run_trace trace;
-  auto got = value_of(s.run({avg_w, avg_b, whole[0], whole[1]}, &trace));
-  require_close(got[0], got[2]);
-  require_close(got[1], got[3]);
+  tutorial::towers_params params;
+  params.steps = 30;
+  tutorial::towers_result r = value_of(tutorial::towers(c.sessions(), "local", params));
+  // The towers' averaged gradients are the whole batch's (a tower that got
+  // the wrong half, a sum not halved, a gradient of the wrong input differ).
+  require_close(r.averaged_grad_w, r.whole_grad_w);
+  require_close(r.averaged_grad_b, r.whole_grad_b);
   // the towers really ran on two devices
-  std::set<std::string> devices;
-  for (const auto& e : trace.entries)
-    if (e.kind == "matmul")
-      devices.insert(e.device);
-  CHECK(devices.count("/job:local/replica:0/task:0/device:CPU:0") == 1);
-  CHECK(devices.count("/job:local/replica:0/task:0/device:CPU:1") == 1);
-  // and the update applies the averaged gradient
-  auto lr = s.constant(tensor::scalar(0.1f));
-  auto w_before = value_of(s.run(w));
-  auto w_after = value_of(s.run(s.assign_sub(w, s.mul(avg_w, lr))));
+  CHECK(r.tower_devices == std::vector<std::string>{"/job:local/replica:0/task:0/device:CPU:0",
+                                                    "/job:local/replica:0/task:0/device:CPU:1"});
+  // the update applies the averaged gradient, times the learning rate
+  REQUIRE(r.w_after_first.num_elements() == 4);
   for (size_t i = 0; i < 4; ++i)
-    CHECK(w_after.at(i) == Approx(w_before.at(i) - 0.1 * got[2].at(i)).epsilon(1e-5));
+    CHECK(r.w_after_first.at(i)
+          == Approx(r.w_before.at(i) - params.learning_rate * r.averaged_grad_w.at(i)).epsilon(1e-5));
+  // and training works: the loss fell, by a lot on this learnable target
+  REQUIRE(r.losses.size() == 30);
+  CHECK(r.losses.back() < 0.5 * r.losses.front());
+  // the step's spans: ops took time, and every span lies within the step
+  check_spans(r.first_step, r.first_step_began_ns, r.first_step_ended_ns, r.clock_slack_ns);
 }
 
 TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the same network on one",
                    "[compute][model-parallel]", CLUSTERS) {
   TestType c{{{"local", 2}}};
-  auto s = c.connect("local", 0);
-  auto x = s.constant(random32({6, 4}, 4));
-  auto labels = s.constant(tensor::from_values<int32_t>({6}, {0, 2, 1, 1, 0, 2}));
-  auto w1_init = random32({4, 5}, 5), w2_init = random32({5, 3}, 6);
-  auto network = [&](const std::string& dev1, const std::string& dev2, const std::string& suffix) {
-    output w1, w2, hidden, loss;
-    {
-      auto d = value_of(s.device(dev1));
-      w1 = value_of(s.variable("w1" + suffix, {4, 5}, initializer::from_tensor(w1_init)));
-      hidden = s.relu(s.matmul(x, w1, false, false, "layer1" + suffix));
-    }
-    {
-      auto d = value_of(s.device(dev2));
-      w2 = value_of(s.variable("w2" + suffix, {5, 3}, initializer::from_tensor(w2_init)));
-      auto logits = s.matmul(hidden, w2, false, false, "layer2" + suffix);
-      loss = s.reduce_mean(s.softmax_xent(logits, labels));
-    }
-    auto grads = value_of(s.gradients(loss, {w1, w2}));
-    return std::vector<output>{loss, grads[0], grads[1]};
-  };
-  auto split = network("/job:local/task:0", "/job:local/task:1", "_split");
-  auto single = network("/job:local/task:0", "/job:local/task:0", "_single");
-  require_ok(s.initialize());
-  run_trace trace;
-  auto got = value_of(s.run({split[0], split[1], split[2], single[0], single[1], single[2]}, &trace));
-  CHECK(got[0].at(0) == Approx(got[3].at(0)).epsilon(1e-5));
-  require_close(got[1], got[4]);
-  require_close(got[2], got[5]);
-  REQUIRE(trace.find("layer1_split") != nullptr);
-  REQUIRE(trace.find("layer2_split") != nullptr);
-  CHECK(trace.find("layer1_split")->node == c.address("local", 0));
-  // x [6,4] and w1 [4,5] in, [6,5] out, float32
-  CHECK(trace.find("layer1_split")->bytes_in == (24 + 20) * 4);
-  CHECK(trace.find("layer1_split")->bytes_out == 30 * 4);
-  CHECK(trace.find("layer2_split")->node == c.address("local", 1));
+  tutorial::model_parallel_params params;
+  params.steps = 20;
+  tutorial::model_parallel_result r =
+    value_of(tutorial::model_parallel(c.sessions(), "local", params));
+  // Before training, from the same weights: the same loss and gradients.
+  CHECK(r.loss.at(0) == Approx(r.one_node_loss.at(0)).epsilon(1e-5));
+  require_close(r.grad_w1, r.one_node_grad_w1);
+  require_close(r.grad_w2, r.one_node_grad_w2);
+  // and the same losses at every step: the updates applied across nodes are
+  // the ones applied on one
+  REQUIRE(r.losses.size() == r.one_node_losses.size());
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    INFO("step " << i);
+    CHECK(r.losses[i] == Approx(r.one_node_losses[i]).epsilon(1e-4));
+  }
+  CHECK(r.losses.back() < r.losses.front());
+  const auto& trace = r.first_step;
+  auto layer1 = trace.find("layer1"), layer2 = trace.find("layer2");
+  REQUIRE(layer1 != nullptr);
+  REQUIRE(layer2 != nullptr);
+  CHECK(layer1->node == c.address("local", 0));
+  CHECK(layer2->node == c.address("local", 1));
+  // layer 1's inputs were x and w1, its result the size of the activations
+  CHECK(layer1->bytes_in == r.x.nbytes() + r.w1_initial.nbytes());
+  CHECK(layer1->bytes_out == r.hidden.nbytes());
   // The activations crossed from task 0 to task 1 (and their gradients
   // back), executor to executor; each variable was read on its own node.
   bool forward_edge = false, backward_edge = false;
   for (const auto& e : trace.entries) {
     if (e.kind != "transfer")
       continue;
-    CHECK(e.op.find("w1_split") == std::string::npos);
-    CHECK(e.op.find("w2_split") == std::string::npos);
-    if (e.op.find("-> layer2_split") != std::string::npos) {
+    CHECK(e.op != "w1");
+    CHECK(e.op != "w2");
+    if (e.op == "relu -> layer2") {
       forward_edge = true;
-      CHECK(e.bytes_in == 30 * 4); // the relu'd activations, [6,5] float32
+      CHECK(e.bytes_in == r.hidden.nbytes()); // the relu'd activations that arrived
       CHECK(e.node == c.address("local", 1));
-      CHECK(e.note.find("task:0") != std::string::npos);
+      CHECK(e.note == "from /job:local/replica:0/task:0/device:CPU:0 @ " + c.address("local", 0));
     }
-    if (e.node == c.address("local", 0) && e.note.find("task:1") != std::string::npos)
+    if (e.node == c.address("local", 0)
+        && e.note == "from /job:local/replica:0/task:1/device:CPU:0 @ " + c.address("local", 1))
       backward_edge = true;
   }
   CHECK(forward_edge);
   CHECK(backward_edge);
-  // the trace exports as Chrome trace events
+  check_spans(trace, r.first_step_began_ns, r.first_step_ended_ns, r.clock_slack_ns);
+  // the trace exports as Chrome trace events: a span per entry, a process per node
   auto json = nlohmann::json::parse(trace.to_chrome_json());
   size_t spans = 0;
   std::set<int> pids;
@@ -157,36 +136,54 @@ TEMPLATE_TEST_CASE("a two-layer network split over two nodes trains like the sam
     if (ev["ph"] == "X") {
       ++spans;
       pids.insert(ev["pid"].get<int>());
-      CHECK(ev["dur"].get<double>() >= 0);
       CHECK(ev["args"].contains("bytes_in"));
     }
   CHECK(spans == trace.entries.size());
   CHECK(pids.size() == 2); // two nodes
 }
 
-TEST_CASE("a variable used by an op on another node shows as a transfer span", "[compute][trace]") {
-  embedded_under_test c{{{"local", 2}}};
+TEMPLATE_TEST_CASE("a variable used by an op on another node shows as a transfer span on the path it took",
+                   "[compute][trace]", CLUSTERS) {
   bool data_plane = GENERATE(true, false);
   INFO("data plane: " << data_plane);
+  TestType c{{{"local", 2}}};
   c.defaults.data_plane = data_plane;
-  auto s = c.connect("local", 0);
+  session s = c.connect("local", 0);
   output v;
   {
     auto d = value_of(s.device("/job:local/task:1"));
-    v = value_of(s.variable("far", {2}, initializer::ones()));
+    v = value_of(s.variable("far", {3}, initializer::ones(), dtype::float64));
   }
   require_ok(s.initialize());
+  tensor held = value_of(s.run(v)); // what the variable holds, read by the client
   auto d = value_of(s.device("/job:local/task:0"));
   run_trace trace;
-  auto y = value_of(s.run(s.add(v, v, "near_add"), &trace));
-  CHECK(y.values<float>() == std::vector<float>{2, 2});
+  auto began = steady_ns();
+  tensor y = value_of(s.run(s.add(v, v, "near_add"), &trace));
+  auto ended = steady_ns();
+  CHECK(y.values<double>() == std::vector<double>{2, 2, 2});
   auto e = trace.find("far");
   REQUIRE(e != nullptr);
+  INFO("note: " << e->note);
   CHECK(e->kind == "transfer");
   CHECK(e->node == c.address("local", 1));
-  CHECK(e->note.find("/job:local/replica:0/task:0/device:CPU:0") != std::string::npos);
-  CHECK(e->note.find(data_plane ? "over the data plane" : "as CAF messages") != std::string::npos);
-  CHECK(e->bytes_in == 8);
+  CHECK(e->note.find("to /job:local/replica:0/task:0/device:CPU:0 @ " + c.address("local", 0))
+        != std::string::npos);
+  if (data_plane) {
+    node_info info = value_of(s.ping("local", 1));
+    REQUIRE(info.data_port != 0);
+    auto plane = task_address{c.spec().address("local", 1)->host, info.data_port};
+    CHECK(e->note.find("by data plane from " + plane.to_string()) != std::string::npos);
+  } else {
+    CHECK(e->note.find("by CAF message from " + c.address("local", 1)) != std::string::npos);
+  }
+  // the bytes that arrived: the variable's float64 value, not a float32 guess
+  CHECK(e->bytes_in == held.nbytes());
+  CHECK(e->start_ns < e->end_ns);
+  int64_t slack = 0;
+  for (int32_t t : {0, 1})
+    slack = std::max(slack, value_of(s.clock_of("local", t)).rtt_ns / 2 + 1);
+  check_spans(trace, began, ended, slack);
   auto json = nlohmann::json::parse(trace.to_chrome_json());
   bool found = false;
   for (const auto& ev : json["traceEvents"])

@@ -102,7 +102,9 @@ TEST_CASE("config errors are specific: unknown job, task out of range, duplicate
 TEST_CASE("malformed config files are reported with their line number", "[config][errors]") {
   auto toml = toml_error("[cluster]\nps = [\"a:1\"\nworker = 3\n");
   CHECK(toml.find("malformed TOML in cluster.toml") != std::string::npos);
-  CHECK(toml.find("3") != std::string::npos);
+  // what is wrong, and where: line 3, shown as the parser numbers it
+  CHECK(toml.find("missing array separator") != std::string::npos);
+  CHECK(toml.find(" 3 | worker = 3") != std::string::npos);
   auto json = json_error("{\n  \"cluster\": {\n    \"ps\": [\"a:1\",]\n  }\n}");
   CHECK(json.find("malformed JSON in TF_CONFIG at line 3") != std::string::npos);
   auto missing = load_cluster_config("/nonexistent/cluster.toml");

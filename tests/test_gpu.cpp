@@ -46,7 +46,12 @@ TEST_CASE("every CUDA op matches the CPU backend", "[.][gpu]") {
     auto x = random({64, 33}, 1, -2, 2, type), pos = random({64, 33}, 2, 0.1, 3, type);
     auto row = random({33}, 3, 0.5, 2, type), col = random({64, 1}, 4, 0.5, 2, type);
     auto a = random({130, 70}, 5, -1, 1, type), b = random({70, 90}, 6, -1, 1, type);
-    auto labels = tensor::from_values<int32_t>({64}, std::vector<int32_t>(64, 7));
+    // Every class of 33 shows up, in no order: a kernel that reads one row's
+    // label for all, or indexes labels with the wrong stride, differs.
+    std::vector<int32_t> label_values(64);
+    for (int32_t i = 0; i < 64; ++i)
+      label_values[i] = (i * 7 + 3) % 33;
+    auto labels = tensor::from_values<int32_t>({64}, label_values);
     op_attrs all, axis0, last_keep, ta, tb;
     axis0.all_axes = false;
     last_keep.all_axes = false;

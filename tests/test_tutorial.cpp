@@ -1,5 +1,8 @@
 // The tutorial's examples, each on an embedded cluster (nodes in this process)
 // and across real actorflow-node processes on loopback.
+#include <algorithm>
+#include <optional>
+
 #include "scenarios.hpp"
 
 using namespace af;
@@ -64,9 +67,19 @@ TEST_CASE("a tensor assigned to and read from a variable on the same node is nev
     self->request(handle, 10s, var_op_atom::value, var_op::read, tensor{}, false)
       .receive([&](tensor& t, uint64_t) { read_back = t; }, [](caf::error& e) { FAIL(describe(e)); });
     CHECK(read_back.shares_buffer_with(value));
-    // and the executor of that node computes on the variable's own buffer
+    CHECK(read_back.bytes() == value.bytes());
+    // The executor of that node computes on the variable's own buffer: sum_to
+    // of a value onto its own shape is that value (no kernel runs), so the
+    // step hands back the very buffer the executor got from the variable. A
+    // copy on the way (a serialized read, a defensive clone) shows as another
+    // address.
+    auto same = value_of(s.run(s.op("sum_to", {v, v}, {}, "as_is")));
+    CHECK(same.bytes() == value.bytes());
+    CHECK(same.shares_buffer_with(value));
+    // and an op that computes writes its own buffer, never the variable's
     auto doubled = value_of(s.run(s.add(v, v)));
     CHECK(doubled.at(0) == 4);
+    CHECK(doubled.bytes() != value.bytes());
     CHECK(value.at(0) == 2);
   }
 }
@@ -89,4 +102,66 @@ TEST_CASE("with the data plane off, bad input still gets typed errors", "[proces
   processes_under_test c{{{"local", 2}}};
   c.defaults.data_plane = false;
   bad_input_example(c);
+}
+
+TEST_CASE("ps-workers run twice against the same node processes ends at 10 both times",
+          "[tutorial][processes]") {
+  processes_under_test c{{{"ps", 1}, {"worker", 2}}};
+  for (int run = 1; run <= 2; ++run) {
+    INFO("run " << run << " of the library's example");
+    auto r = value_of(tutorial::ps_workers(c.sessions()));
+    CHECK(r.final_value == 10);
+    CHECK(all_increments(r) == one_to(10));
+    CHECK(std::is_sorted(r.ps_saw.begin(), r.ps_saw.end())); // no read went back in time
+  }
+  // The program, as a user runs it against nodes that already hold var (= 10).
+  for (int run = 1; run <= 2; ++run) {
+    INFO("run " << run << " of actorflow-tutorial ps-workers --config");
+    auto out = run_command({ACTORFLOW_TUTORIAL_BINARY, "ps-workers", "--config",
+                            c.processes().config_path(), "--pause-ms", "0"},
+                           60s);
+    INFO(out.output);
+    CHECK(out.exit_code == 0);
+    CHECK(out.output.find("Final value of var on /job:ps/task:0: 10.") != std::string::npos);
+  }
+}
+
+TEST_CASE("workers wait for the ps's own run: a value an earlier run left is not incremented",
+          "[tutorial][processes]") {
+  processes_under_test c{{{"ps", 1}, {"worker", 2}}};
+  // An earlier run left var at 7 on the ps.
+  auto earlier = c.connect("ps", 0);
+  output var;
+  {
+    auto d = value_of(earlier.device("/job:ps/task:0"));
+    var = value_of(earlier.variable("var", {}));
+  }
+  value_of(earlier.run(earlier.assign(var, earlier.constant(scalar(7)))));
+  // Before the ps initializes, both workers must be parked on var, waiting for
+  // this run, with var untouched. (Workers that waited for any value would
+  // take the 7 and increment it: the two waiters never show up, var moves.)
+  tutorial::ps_workers_params params;
+  params.wait_timeout = 20s;
+  std::optional<variable_info> parked;
+  double value_when_parked = -1;
+  params.before_initialize = [&](const std::string&) -> caf::error {
+    // On the ps's thread: no Catch2 assertions here, only what happened.
+    auto info = tutorial::wait_for_waiters(earlier, "ps", 0, "var", 2, 10s);
+    if (!info)
+      return std::move(info.error());
+    parked = *info;
+    auto v = earlier.run(var);
+    if (!v)
+      return std::move(v.error());
+    value_when_parked = v->at(0);
+    return caf::none;
+  };
+  auto r = value_of(tutorial::ps_workers(c.sessions(), params));
+  REQUIRE(parked);
+  CHECK(parked->waiters == 2);
+  CHECK(parked->version == 1); // the earlier assign, and no update since
+  CHECK(parked->run_id != r.run_id);
+  CHECK(value_when_parked == 7);
+  CHECK(r.final_value == 10);
+  CHECK(all_increments(r) == one_to(10));
 }
