@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <string>
@@ -33,14 +34,80 @@ namespace {
     cublasStatus_t af_st_ = (expr);                                            \
     if (af_st_ != CUBLAS_STATUS_SUCCESS)                                       \
       return status::failure(std::string{#expr} + " failed: cuBLAS status "   \
-                             + std::to_string(static_cast<int>(af_st_)));      \
+                             + std::to_string(static_cast<int>(af_st_)) + " (" \
+                             + cublasGetStatusString(af_st_) + ")");           \
   } while (false)
+
+/// Checks a CUDA or cuBLAS call on a path that cannot return a status; true
+/// if it succeeded. See failure_log.
+#define AF_CHECK_LOG(log, expr) ((log).ok((expr), #expr))
 
 #define AF_TRY(expr)                                                           \
   do {                                                                         \
     if (auto af_s_ = (expr); !af_s_.ok())                                      \
       return af_s_;                                                            \
   } while (false)
+
+/// Where the failures of a path that cannot return a status go (destructors,
+/// device_copy::download, the benchmark baselines): the first failure is
+/// written to stderr once, when the path ends, with how many more followed it
+/// (after one failure the rest are mostly its echo). Never throws.
+class failure_log {
+public:
+  failure_log(const char* where, int ordinal) noexcept : where_(where), ordinal_(ordinal) {}
+  failure_log(const failure_log&) = delete;
+  failure_log& operator=(const failure_log&) = delete;
+
+  ~failure_log() {
+    if (failures_ == 0)
+      return;
+    if (failures_ == 1)
+      std::fprintf(stderr, "actorflow: GPU %d: %s: %s failed: %s\n", ordinal_, where_, call_, reason_);
+    else
+      std::fprintf(stderr, "actorflow: GPU %d: %s: %s failed: %s (and %d more CUDA failures)\n",
+                   ordinal_, where_, call_, reason_, failures_ - 1);
+  }
+
+  bool ok(cudaError_t err, const char* call) noexcept {
+    if (err == cudaSuccess)
+      return true;
+    // At process exit the runtime may unload before the last buffers are
+    // returned; it frees them itself, so that is no failure worth a line.
+    if (err != cudaErrorCudartUnloading)
+      note(call, cudaGetErrorString(err));
+    return false;
+  }
+
+  bool ok(cublasStatus_t st, const char* call) noexcept {
+    if (st == CUBLAS_STATUS_SUCCESS)
+      return true;
+    note(call, cublasGetStatusString(st));
+    return false;
+  }
+
+private:
+  void note(const char* call, const char* reason) noexcept {
+    if (failures_++ == 0) {
+      call_ = call;
+      reason_ = reason;
+    }
+  }
+
+  const char* where_;
+  int ordinal_;
+  int failures_ = 0;
+  const char* call_ = "";
+  const char* reason_ = "";
+};
+
+/// `first`, or `then` if `first` succeeded; both if both failed.
+status first_failure(status first, status then) {
+  if (first.ok())
+    return then;
+  if (!then.ok())
+    first.error += " (and then " + then.error + ")";
+  return first;
+}
 
 constexpr int threads_per_block = 256;
 
@@ -238,13 +305,24 @@ public:
   explicit device_pool(int ordinal) : ordinal_(ordinal) {}
 
   ~device_pool() {
-    cudaSetDevice(ordinal_);
-    for (auto& [bytes, list] : free_)
+    bool any = std::any_of(free_.begin(), free_.end(),
+                           [](const auto& entry) { return !entry.second.empty(); });
+    if (!any)
+      return;
+    failure_log log{"releasing the device memory pool", ordinal_};
+    AF_CHECK_LOG(log, cudaSetDevice(ordinal_));
+    for (auto& [bytes, list] : free_) {
       for (void* p : list)
-        cudaFree(p);
+        AF_CHECK_LOG(log, cudaFree(p));
+      list.clear(); // freed or not, no pointer stays behind to be freed twice
+    }
+    free_.clear();
   }
 
-  cudaError_t take(size_t bytes, void** p) {
+  /// A buffer of at least `bytes` in `*p`, from the pool or new; on failure
+  /// `*p` is nullptr, so that nothing ever gives a bad pointer back.
+  status take(size_t bytes, void** p) {
+    *p = nullptr;
     bytes = std::max<size_t>(bytes, 1);
     {
       std::lock_guard<std::mutex> guard{mtx_};
@@ -252,11 +330,16 @@ public:
       if (!list.empty()) {
         *p = list.back();
         list.pop_back();
-        return cudaSuccess;
+        return status::success();
       }
     }
-    cudaSetDevice(ordinal_);
-    return cudaMalloc(p, bytes);
+    AF_CUDA_CHECK(cudaSetDevice(ordinal_));
+    void* fresh = nullptr;
+    if (auto err = cudaMalloc(&fresh, bytes); err != cudaSuccess)
+      return status::failure("cudaMalloc(" + std::to_string(bytes) + " bytes) on GPU "
+                             + std::to_string(ordinal_) + " failed: " + cudaGetErrorString(err));
+    *p = fresh;
+    return status::success();
   }
 
   void give(void* p, size_t bytes) {
@@ -291,9 +374,12 @@ public:
   }
 
   void download(void* host, size_t bytes) const override {
-    cudaSetDevice(pool_->ordinal());
+    // device_copy::download has no way to say that it failed: a failure is
+    // written to stderr.
+    failure_log log{"downloading a tensor", pool_->ordinal()};
+    AF_CHECK_LOG(log, cudaSetDevice(pool_->ordinal()));
     // The producing stream was synchronized when the op finished.
-    cudaMemcpy(host, ptr_, std::min(bytes, bytes_), cudaMemcpyDeviceToHost);
+    AF_CHECK_LOG(log, cudaMemcpy(host, ptr_, std::min(bytes, bytes_), cudaMemcpyDeviceToHost));
   }
 
 private:
@@ -313,19 +399,28 @@ public:
   }
 
   ~cuda_backend() override {
-    cudaSetDevice(ordinal_);
+    if (stream_ == nullptr && blas_ == nullptr)
+      return; // init() failed before making anything
+    failure_log log{"closing the CUDA backend", ordinal_};
+    AF_CHECK_LOG(log, cudaSetDevice(ordinal_));
     if (stream_ != nullptr)
-      cudaStreamSynchronize(stream_);
+      AF_CHECK_LOG(log, cudaStreamSynchronize(stream_));
     if (blas_ != nullptr)
-      cublasDestroy(blas_);
+      AF_CHECK_LOG(log, cublasDestroy(blas_));
     if (stream_ != nullptr)
-      cudaStreamDestroy(stream_);
+      AF_CHECK_LOG(log, cudaStreamDestroy(stream_));
   }
 
+  /// Sets the device, stream and cuBLAS handle up; a failure names the call
+  /// (make_cuda_backend passes it on as `why`).
   status init() {
     AF_CUDA_CHECK(cudaSetDevice(ordinal_));
-    AF_CUDA_CHECK(cudaStreamCreate(&stream_));
-    AF_CUBLAS_CHECK(cublasCreate(&blas_));
+    cudaStream_t stream = nullptr; // members are set only once made
+    AF_CUDA_CHECK(cudaStreamCreate(&stream));
+    stream_ = stream;
+    cublasHandle_t blas = nullptr;
+    AF_CUBLAS_CHECK(cublasCreate(&blas));
+    blas_ = blas;
     AF_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     return status::success();
   }
@@ -528,8 +623,7 @@ private:
   }
 
   status alloc(size_t bytes, void** p) {
-    AF_CUDA_CHECK(pool_->take(bytes, p));
-    return status::success();
+    return pool_->take(bytes, p);
   }
 
   void release(void* p, size_t bytes) {
@@ -548,13 +642,23 @@ private:
     std::vector<void*> dev(inputs.size(), nullptr);
     std::vector<bool> borrowed(inputs.size(), false);
     void* dout = nullptr;
+    // Waits for the stream, then gives the staged buffers back to the pool,
+    // and the output too unless it is kept (it is not if the wait failed).
     auto cleanup = [&](bool keep_output) {
-      cudaStreamSynchronize(stream_);
+      auto rc = cudaStreamSynchronize(stream_);
       for (size_t i = 0; i < dev.size(); ++i)
         if (dev[i] != nullptr && !borrowed[i])
           release(dev[i], inputs[i]->nbytes());
-      if (dout != nullptr && !keep_output)
+      if (dout != nullptr && (!keep_output || rc != cudaSuccess))
         release(dout, result.nbytes());
+      if (rc != cudaSuccess)
+        return status::failure(std::string{"cudaStreamSynchronize(stream_) failed: "}
+                               + cudaGetErrorString(rc));
+      return status::success();
+    };
+    auto upload_failed = [](const std::string& what, cudaError_t rc) {
+      return status::failure("upload failed: cudaMemcpyAsync(" + what + ", host to device) failed: "
+                             + cudaGetErrorString(rc));
     };
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (auto* d = inputs[i]->device(); d != nullptr && d->owner() == this) {
@@ -563,30 +667,42 @@ private:
         continue;
       }
       if (auto st = alloc(inputs[i]->nbytes(), &dev[i]); !st.ok())
-        return cleanup(false), st;
+        return first_failure(st, cleanup(false));
       if (inputs[i]->nbytes() > 0) {
         auto rc = cudaMemcpyAsync(dev[i], inputs[i]->bytes(), inputs[i]->nbytes(),
                                   cudaMemcpyHostToDevice, stream_);
         if (rc != cudaSuccess)
-          return cleanup(false), status::failure(std::string{"upload failed: "} + cudaGetErrorString(rc));
+          return first_failure(upload_failed("input " + std::to_string(i), rc), cleanup(false));
       }
     }
     if (auto st = alloc(result.nbytes(), &dout); !st.ok())
-      return cleanup(false), st;
-    if (upload_output && result.nbytes() > 0)
-      cudaMemcpyAsync(dout, result.bytes(), result.nbytes(), cudaMemcpyHostToDevice, stream_);
+      return first_failure(st, cleanup(false));
+    if (upload_output && result.nbytes() > 0) {
+      auto rc = cudaMemcpyAsync(dout, result.bytes(), result.nbytes(), cudaMemcpyHostToDevice, stream_);
+      if (rc != cudaSuccess)
+        return first_failure(upload_failed("output", rc), cleanup(false));
+    }
     if (result.num_elements() > 0) {
+      // A call that failed earlier on this thread (and was reported there)
+      // leaves its error behind for cudaGetLastError: clear it, so that it is
+      // not blamed on this kernel. A sticky error fails the launch again.
+      (void)cudaGetLastError();
       if (result.type() == dtype::float32)
         kernel(float{}, dev, dout);
       else
         kernel(double{}, dev, dout);
+      const char* call = "cudaGetLastError() after the launch";
       auto rc = cudaGetLastError();
-      if (rc == cudaSuccess)
+      if (rc == cudaSuccess) {
+        call = "cudaStreamSynchronize(stream_)";
         rc = cudaStreamSynchronize(stream_);
+      }
       if (rc != cudaSuccess)
-        return cleanup(false), status::failure(std::string{"kernel failed: "} + cudaGetErrorString(rc));
+        return first_failure(status::failure(std::string{"kernel failed: "} + call + " failed: "
+                                             + cudaGetErrorString(rc)),
+                             cleanup(false));
     }
-    cleanup(true);
+    AF_TRY(cleanup(true)); // on failure the output went back to the pool
     out = tensor::on_device(result.type(), result.shape(),
                             std::make_shared<cuda_copy>(dout, result.nbytes(), pool_, this));
     return status::success();
@@ -633,39 +749,59 @@ private:
     size_t bytes = var.nbytes();
     void *dw = nullptr, *dm = nullptr, *dv = nullptr, *dg = nullptr;
     auto cleanup = [&] {
-      cudaStreamSynchronize(stream_);
+      auto rc = cudaStreamSynchronize(stream_);
       for (void* p : {dw, dm, dv, dg})
         if (p != nullptr)
           release(p, bytes);
+      if (rc != cudaSuccess)
+        return status::failure(std::string{"cudaStreamSynchronize(stream_) failed: "}
+                               + cudaGetErrorString(rc));
+      return status::success();
     };
     for (void** p : {&dw, &dm, &dv, &dg})
       if (auto st = alloc(bytes, p); !st.ok())
-        return cleanup(), st;
-    cudaMemcpyAsync(dw, var.bytes(), bytes, cudaMemcpyHostToDevice, stream_);
-    cudaMemcpyAsync(dg, grad.bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+        return first_failure(st, cleanup());
+    // The first failure stops the update; later steps are skipped.
+    status failed = status::success();
+    auto copy = [&](const char* what, void* dst, const void* src, cudaMemcpyKind dir) {
+      if (!failed.ok())
+        return;
+      if (auto rc = cudaMemcpyAsync(dst, src, bytes, dir, stream_); rc != cudaSuccess)
+        failed = status::failure(std::string{"optimizer update failed: cudaMemcpyAsync("} + what
+                                 + ") failed: " + cudaGetErrorString(rc));
+    };
+    copy("variable to device", dw, var.bytes(), cudaMemcpyHostToDevice);
+    copy("gradient to device", dg, grad.bytes(), cudaMemcpyHostToDevice);
     if (m)
-      cudaMemcpyAsync(dm, m->bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+      copy("first slot to device", dm, m->bytes(), cudaMemcpyHostToDevice);
     if (v)
-      cudaMemcpyAsync(dv, v->bytes(), bytes, cudaMemcpyHostToDevice, stream_);
+      copy("second slot to device", dv, v->bytes(), cudaMemcpyHostToDevice);
     size_t n = var.num_elements();
-    if (var.type() == dtype::float32)
-      optimizer_kernel<float><<<blocks_for(n), threads_per_block, 0, stream_>>>(
-        kind, static_cast<float*>(dw), static_cast<float*>(dm), static_cast<float*>(dv),
-        static_cast<const float*>(dg), n, lr, b1, b2, eps);
-    else
-      optimizer_kernel<double><<<blocks_for(n), threads_per_block, 0, stream_>>>(
-        kind, static_cast<double*>(dw), static_cast<double*>(dm), static_cast<double*>(dv),
-        static_cast<const double*>(dg), n, lr, b1, b2, eps);
-    cudaMemcpyAsync(var.mutable_bytes(), dw, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (failed.ok() && n > 0) { // an empty grid is no launch but an error
+      (void)cudaGetLastError(); // not blamed on this kernel; see launch()
+      if (var.type() == dtype::float32)
+        optimizer_kernel<float><<<blocks_for(n), threads_per_block, 0, stream_>>>(
+          kind, static_cast<float*>(dw), static_cast<float*>(dm), static_cast<float*>(dv),
+          static_cast<const float*>(dg), n, lr, b1, b2, eps);
+      else
+        optimizer_kernel<double><<<blocks_for(n), threads_per_block, 0, stream_>>>(
+          kind, static_cast<double*>(dw), static_cast<double*>(dm), static_cast<double*>(dv),
+          static_cast<const double*>(dg), n, lr, b1, b2, eps);
+      if (auto rc = cudaGetLastError(); rc != cudaSuccess)
+        failed = status::failure(std::string{"optimizer update failed: kernel launch failed: "}
+                                 + cudaGetErrorString(rc));
+    }
+    copy("variable to host", var.mutable_bytes(), dw, cudaMemcpyDeviceToHost);
     if (m)
-      cudaMemcpyAsync(m->mutable_bytes(), dm, bytes, cudaMemcpyDeviceToHost, stream_);
+      copy("first slot to host", m->mutable_bytes(), dm, cudaMemcpyDeviceToHost);
     if (v)
-      cudaMemcpyAsync(v->mutable_bytes(), dv, bytes, cudaMemcpyDeviceToHost, stream_);
-    auto rc = cudaStreamSynchronize(stream_);
-    cleanup();
-    if (rc != cudaSuccess)
-      return status::failure(std::string{"optimizer update failed: "} + cudaGetErrorString(rc));
-    return status::success();
+      copy("second slot to host", v->mutable_bytes(), dv, cudaMemcpyDeviceToHost);
+    if (failed.ok()) {
+      if (auto rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
+        failed = status::failure(std::string{"optimizer update failed: cudaStreamSynchronize(stream_) failed: "}
+                                 + cudaGetErrorString(rc));
+    }
+    return first_failure(failed, cleanup());
   }
 
   int ordinal_;
@@ -718,73 +854,101 @@ double median_of(std::vector<double> xs) {
   return xs.empty() ? 0 : xs[xs.size() / 2];
 }
 
-/// Milliseconds of `f` on `stream`, timed with CUDA events.
+/// Milliseconds of `f` (`what`, returning a CUDA or cuBLAS status) on
+/// `stream`, timed with CUDA events, into `ms`; false if a call failed.
 template <class F>
-float time_ms(cudaStream_t stream, F f) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaEventRecord(start, stream);
-  f();
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
+bool time_ms(failure_log& log, cudaStream_t stream, const char* what, F f, float& ms) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ms = 0;
+  bool ok = AF_CHECK_LOG(log, cudaEventCreate(&start)) && AF_CHECK_LOG(log, cudaEventCreate(&stop))
+            && AF_CHECK_LOG(log, cudaEventRecord(start, stream)) && log.ok(f(), what)
+            && AF_CHECK_LOG(log, cudaEventRecord(stop, stream))
+            && AF_CHECK_LOG(log, cudaEventSynchronize(stop))
+            && AF_CHECK_LOG(log, cudaEventElapsedTime(&ms, start, stop));
+  if (start != nullptr)
+    AF_CHECK_LOG(log, cudaEventDestroy(start));
+  if (stop != nullptr)
+    AF_CHECK_LOG(log, cudaEventDestroy(stop));
+  return ok;
+}
+
+/// cudaMalloc that leaves `*p` nullptr when it fails.
+template <class T>
+bool device_alloc(failure_log& log, T** p, size_t bytes) {
+  void* fresh = nullptr;
+  bool ok = AF_CHECK_LOG(log, cudaMalloc(&fresh, bytes));
+  *p = ok ? static_cast<T*>(fresh) : nullptr;
+  return ok;
 }
 
 } // namespace
 
+// The baselines return 0 on any failure, after writing it to stderr.
+
 double cuda_sgemm_gflops(int n, int reps) {
-  if (cuda_device_count() == 0 || cudaSetDevice(0) != cudaSuccess)
+  if (cuda_device_count() == 0)
+    return 0;
+  failure_log log{"cuda_sgemm_gflops", 0};
+  if (!AF_CHECK_LOG(log, cudaSetDevice(0)))
     return 0;
   size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
   float *a = nullptr, *b = nullptr, *c = nullptr;
-  cudaStream_t stream;
-  cublasHandle_t blas;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess
-      || cudaMalloc(&c, bytes) != cudaSuccess)
-    return 0;
-  cudaMemset(a, 0, bytes);
-  cudaMemset(b, 0, bytes);
-  cudaStreamCreate(&stream);
-  cublasCreate(&blas);
-  cublasSetStream(blas, stream);
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
   float one = 1, nil = 0;
-  auto gemm = [&] { cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &nil, c, n); };
-  gemm(); // warm-up
-  cudaStreamSynchronize(stream);
+  auto gemm = [&] {
+    return cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, a, n, &nil, c, n);
+  };
+  bool ok = device_alloc(log, &a, bytes) && device_alloc(log, &b, bytes)
+            && device_alloc(log, &c, bytes) && AF_CHECK_LOG(log, cudaMemset(a, 0, bytes))
+            && AF_CHECK_LOG(log, cudaMemset(b, 0, bytes))
+            && AF_CHECK_LOG(log, cudaStreamCreate(&stream)) && AF_CHECK_LOG(log, cublasCreate(&blas))
+            && AF_CHECK_LOG(log, cublasSetStream(blas, stream))
+            && log.ok(gemm(), "cublasSgemm (warm-up)")
+            && AF_CHECK_LOG(log, cudaStreamSynchronize(stream));
   std::vector<double> samples;
-  for (int i = 0; i < reps; ++i)
-    samples.push_back(2.0 * n * n * n / 1e9 / (time_ms(stream, gemm) / 1e3));
-  cublasDestroy(blas);
-  cudaStreamDestroy(stream);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  return median_of(samples);
+  for (int i = 0; ok && i < reps; ++i) {
+    float ms = 0;
+    ok = time_ms(log, stream, "cublasSgemm", gemm, ms);
+    if (ok)
+      samples.push_back(2.0 * n * n * n / 1e9 / (ms / 1e3));
+  }
+  if (blas != nullptr)
+    AF_CHECK_LOG(log, cublasDestroy(blas));
+  if (stream != nullptr)
+    AF_CHECK_LOG(log, cudaStreamDestroy(stream));
+  for (float* p : {a, b, c})
+    if (p != nullptr)
+      AF_CHECK_LOG(log, cudaFree(p));
+  return ok ? median_of(samples) : 0;
 }
 
 double cuda_copy_gbps(size_t bytes, int reps) {
-  if (cuda_device_count() == 0 || cudaSetDevice(0) != cudaSuccess)
+  if (cuda_device_count() == 0)
+    return 0;
+  failure_log log{"cuda_copy_gbps", 0};
+  if (!AF_CHECK_LOG(log, cudaSetDevice(0)))
     return 0;
   void *src = nullptr, *dst = nullptr;
-  if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess)
-    return 0;
-  cudaStream_t stream;
-  cudaStreamCreate(&stream);
-  auto copy = [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream); };
-  copy();
-  cudaStreamSynchronize(stream);
+  cudaStream_t stream = nullptr;
+  auto copy = [&] { return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream); };
+  bool ok = device_alloc(log, &src, bytes) && device_alloc(log, &dst, bytes)
+            && AF_CHECK_LOG(log, cudaStreamCreate(&stream))
+            && log.ok(copy(), "cudaMemcpyAsync (warm-up)")
+            && AF_CHECK_LOG(log, cudaStreamSynchronize(stream));
   std::vector<double> samples;
-  for (int i = 0; i < reps; ++i)
-    samples.push_back(bytes / 1e9 / (time_ms(stream, copy) / 1e3));
-  cudaStreamDestroy(stream);
-  cudaFree(src);
-  cudaFree(dst);
-  return median_of(samples);
+  for (int i = 0; ok && i < reps; ++i) {
+    float ms = 0;
+    ok = time_ms(log, stream, "cudaMemcpyAsync", copy, ms);
+    if (ok)
+      samples.push_back(bytes / 1e9 / (ms / 1e3));
+  }
+  if (stream != nullptr)
+    AF_CHECK_LOG(log, cudaStreamDestroy(stream));
+  for (void* p : {src, dst})
+    if (p != nullptr)
+      AF_CHECK_LOG(log, cudaFree(p));
+  return ok ? median_of(samples) : 0;
 }
 
 } // namespace af::kernels
