@@ -192,9 +192,12 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
   };
   auto timeout = std::chrono::milliseconds{s.part->variable_timeout_ms};
   if (!in.data_plane.empty()) {
-    if (!self->state.remote_reader)
-      self->state.remote_reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
-    self->request(self->state.remote_reader, timeout, read_atom::value, in.data_plane, name,
+    // One reader (thread, connection) per node read from: a stopped node
+    // holds up only the reads of its own variables.
+    auto& reader = self->state.remote_readers[in.data_plane];
+    if (!reader)
+      reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
+    self->request(reader, timeout, read_atom::value, in.data_plane, name,
                   s.part->variable_timeout_ms)
       .then(on_value, on_error);
   } else {
@@ -288,7 +291,15 @@ void advance(self_ptr self, step_key key) {
         finish_op(self, key, op, std::move(value), start, {}, bytes_in);
         advance(self, key);
       };
-      auto on_error = [self, key](caf::error& err) { fail(self, key, std::move(err)); };
+      auto on_error = [self, key, name = op.inputs[0].var_name,
+                       where = op.inputs[0].var_node](caf::error& err) {
+        auto what = "updating variable '" + name + "' of " + where;
+        if (err == caf::sec::request_timeout)
+          err = make_error(af_error::timeout, what + " on " + self->state.device + " timed out");
+        else if (err.category() != error_category)
+          err = make_error(af_error::peer_down, what + " failed: " + describe(err));
+        fail(self, key, std::move(err));
+      };
       self->request(op.inputs[0].var, std::chrono::milliseconds{s.part->variable_timeout_ms},
                     var_op_atom::value, update, args[0], op.want_value)
         .then(on_value, on_error);
@@ -305,6 +316,12 @@ void advance(self_ptr self, step_key key) {
   s.result.device = self->state.device;
   s.rp.deliver(std::move(s.result));
   remember_done(self->state, key);
+}
+
+/// True if graph `id` is held here for the sender of the current message.
+bool owned_by_sender(self_ptr self, uint64_t id) {
+  auto g = self->state.graphs.find(id);
+  return g != self->state.graphs.end() && g->second.owner == self->current_sender();
 }
 
 /// Drops graph `id` and every open step of it.
@@ -364,7 +381,7 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto id = part.graph;
       if (auto it = st.graphs.find(id); it != st.graphs.end() && it->second.owner != owner)
-        return make_error(af_error::invalid_argument,
+        return make_error(af_error::already_exists,
                           "graph id " + std::to_string(id) + " is taken on " + st.device
                             + " by another session; register under another id");
       bool known_owner = false;
@@ -382,10 +399,10 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
            std::vector<feed>& feeds) -> caf::result<step_result> {
       auto& st = self->state;
       auto g = st.graphs.find(graph);
-      if (g == st.graphs.end())
+      if (g == st.graphs.end() || g->second.owner != self->current_sender())
         return make_error(af_error::not_found, "graph " + std::to_string(graph)
                                                  + " is not registered on " + st.device
-                                                 + " (never registered, or dropped)");
+                                                 + " by this session (never registered, or dropped)");
       step_key key{graph, step};
       if (st.done.count(key))
         return make_error(af_error::aborted, step_name(key) + " was already aborted on " + st.device);
@@ -410,10 +427,14 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       advance(self, key);
     },
     [self](abort_atom, uint64_t graph, uint64_t step) {
+      if (!owned_by_sender(self, graph))
+        return; // only the graph's owner may abort its steps
       fail(self, {graph, step}, make_error(af_error::aborted, "step aborted by the session"));
       remember_done(self->state, {graph, step});
     },
     [self](forget_atom, uint64_t graph) {
+      if (!owned_by_sender(self, graph))
+        return; // only the graph's owner may drop it
       forget_graph(self, graph, make_error(af_error::aborted, "the session dropped the graph"));
     },
     [self](info_atom) -> caf::result<uint64_t, uint64_t> {

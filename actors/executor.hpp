@@ -28,7 +28,8 @@ struct executor_state {
     caf::actor_addr owner; ///< who registered it; its death drops the graph
   };
   std::unordered_map<uint64_t, registered> graphs;
-  caf::actor remote_reader; ///< reads other nodes' variables over their data plane
+  /// Read other nodes' variables over their data plane, one per node address.
+  std::map<std::string, caf::actor> remote_readers;
 
   /// One step of one graph, from its first edge or run_step to its reply.
   struct step {

@@ -31,6 +31,7 @@ struct run_request {
 
 // Both stay inside the client's process: the session actor is never remote.
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::run_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<af::prepared_step>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::step_outputs)
 
 namespace af {
@@ -80,6 +81,9 @@ caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
                              });
       return rp;
     },
+    [self](forget_atom, std::shared_ptr<prepared_step>& step) {
+      self->state.runner.forget(self, step);
+    },
     [self](watch_atom, caf::actor& node, std::string& task) {
       self->state.nodes[node.address()] = task;
       self->monitor(node);
@@ -98,9 +102,14 @@ struct session::impl {
   }
 
   ~impl() {
-    for (auto& [sig, step] : prepared)
-      step_runner::forget(*step);
+    // The executors watch the session actor: its exit drops every graph it registered.
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+
+  /// Drops a cached step and its registration on the executors.
+  void drop(std::map<std::string, std::shared_ptr<prepared_step>>::iterator it) {
+    self->send(actor, forget_atom::value, it->second);
+    prepared.erase(it);
   }
 
   caf::actor_system& sys;
@@ -122,7 +131,7 @@ struct session::impl {
   void rebind(node_conn& conn, bool restarted) {
     for (auto it = prepared.begin(); it != prepared.end();)
       if (it->second->tasks.count(conn.key))
-        it = prepared.erase(it);
+        drop(it++);
       else
         ++it;
     size_t lost = 0;
@@ -164,6 +173,19 @@ struct session::impl {
         if (text.rfind(prefix, 0) == 0)
           text = text.substr(prefix.size());
         return make_error(code, "variable '" + g.at(var).spec.name + "': " + text);
+      }
+    }
+    if (it->second.gone) {
+      // Another client (the chief) may have created it again meanwhile.
+      auto conn = link.conns.find(it->second.task);
+      if (conn != link.conns.end()) {
+        self->request(conn->second.actor, opts.timeout, lookup_atom::value, g.at(var).spec.name)
+          .receive(
+            [&](variable_actor& v) {
+              it->second.actor = std::move(v);
+              it->second.gone = false;
+            },
+            [](caf::error&) { /* still gone */ });
       }
     }
     if (it->second.gone)
@@ -260,7 +282,7 @@ session::impl::prepare(const std::vector<int32_t>& roots, bool want_values) {
       healthy = healthy && !health->is_dead(t);
     if (healthy)
       return it->second;
-    prepared.erase(it); // bound to executors of a node that died
+    drop(it); // bound to executors or variables of a node that died
   }
   auto pol = policy();
   auto cat = link.catalog();
@@ -384,13 +406,16 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
     step_outputs out;
     // The step's own deadline is opts.timeout on every executor; the margin
     // lets their timeout (which names what they waited for) arrive first.
-    self->request(actor, opts.timeout + std::chrono::milliseconds{500}, run_atom::value,
+    // The runner's own bound is (*step)->reply_timeout(); this one only
+    // catches a session actor that stopped answering.
+    self->request(actor, 2 * (*step)->reply_timeout(), run_atom::value,
                   run_request{*step, fed, trace != nullptr})
       .receive([&](step_outputs& o) { out = std::move(o); },
                [&](caf::error& e) { err = link.explain(std::move(e), "a step", nullptr); });
     if (err) {
       if (is(err, af_error::peer_down))
-        prepared.erase(plan_signature(roots, want_values));
+        if (auto it = prepared.find(plan_signature(roots, want_values)); it != prepared.end())
+          drop(it);
       return err;
     }
     for (auto& [id, v] : out.values)
@@ -689,10 +714,7 @@ std::string session::device_of(output var) const {
 }
 
 size_t session::registered_graphs() const {
-  size_t n = 0;
-  for (const auto& [sig, step] : impl_->prepared)
-    n += step->registered ? 1 : 0;
-  return n;
+  return impl_->prepared.size();
 }
 
 variable_actor session::handle_of(output var) const {

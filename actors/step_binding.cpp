@@ -31,8 +31,10 @@ bind_step(const graph& g, const step_plan& plan_ref, cluster_link& link, const s
     p.note = pp.device.note;
     p.clock_offset_ns = (*conn)->clock.offset_ns;
     p.feeds = pp.feeds;
-    p.part.step_timeout_ms = static_cast<uint32_t>(opts.timeout.count());
-    p.part.variable_timeout_ms = static_cast<uint32_t>(opts.timeout.count());
+    // At least 1 ms, at most what a uint32 of milliseconds holds (49 days).
+    auto ms = static_cast<uint32_t>(std::clamp<int64_t>(opts.timeout.count(), 1, UINT32_MAX));
+    p.part.step_timeout_ms = ms;
+    p.part.variable_timeout_ms = ms;
     step->tasks.insert(p.task);
     step->partitions.push_back(std::move(p));
   }
@@ -84,6 +86,7 @@ bind_step(const graph& g, const step_plan& plan_ref, cluster_link& link, const s
             x.var = (*b)->actor;
             x.var_name = var.spec.name;
             x.var_node = (*b)->task + " at " + (*b)->address;
+            step->tasks.insert((*b)->task); // a restart of its node invalidates the step
             // The executor watches the variable too: a step reading it fails
             // when its node dies or stops answering heartbeats.
             auto var_actor = caf::actor_cast<caf::actor>((*b)->actor);

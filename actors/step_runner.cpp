@@ -25,11 +25,20 @@ caf::error explain(caf::error err, const std::string& what, const prepared_parti
 } // namespace
 
 step_runner::step_runner() : ids_(std::random_device{}()) {
-  // nop
+  next_graph_id = [this] {
+    uint64_t id = 0;
+    while (id == 0)
+      id = ids_();
+    return id;
+  };
 }
 
 void step_runner::run(caf::event_based_actor* self, std::shared_ptr<prepared_step> step,
                       std::map<int32_t, tensor> feeds, bool want_trace, callback done) {
+  if (step->partitions.empty()) {
+    done(step_outputs{}); // nothing runs on an executor (a plan of no ops)
+    return;
+  }
   // Watch every executor and every variable the step reads: a peer that
   // dies (or stops answering heartbeats) fails the step at once.
   for (const auto& p : step->partitions) {
@@ -39,106 +48,125 @@ void step_runner::run(caf::event_based_actor* self, std::shared_ptr<prepared_ste
       if (peer && monitored_.insert(peer.address()).second)
         self->monitor(peer);
   }
-  if (step->registered)
-    dispatch(self, std::move(step), std::move(feeds), want_trace, std::move(done));
-  else
-    register_then_run(self, std::move(step), std::move(feeds), want_trace, std::move(done), 3);
+  start(self, std::move(step), pending_run{std::move(feeds), want_trace, std::move(done), 0});
 }
 
-void step_runner::register_then_run(caf::event_based_actor* self,
-                                    std::shared_ptr<prepared_step> step,
-                                    std::map<int32_t, tensor> feeds, bool want_trace,
-                                    callback done, int attempts_left) {
-  uint64_t id = 0;
-  while (id == 0)
-    id = ids_();
-  step->graph = id;
+void step_runner::start(caf::event_based_actor* self, std::shared_ptr<prepared_step> step,
+                        pending_run run) {
+  auto& reg = regs_[step.get()];
+  if (reg.ready) {
+    dispatch(self, std::move(step), reg.graph, std::move(run));
+    return;
+  }
+  reg.waiting.push_back(std::move(run));
+  if (reg.graph != 0)
+    return; // a registration is under way: it dispatches this run too
+  reg.step = step;
+  register_step(self, step, 3);
+}
+
+void step_runner::register_step(caf::event_based_actor* self,
+                                const std::shared_ptr<prepared_step>& step, int attempts_left) {
+  auto id = next_graph_id();
+  regs_[step.get()].graph = id;
   struct gather {
     size_t missing;
     caf::error err;
     bool collision = false;
-    std::map<int32_t, tensor> feeds;
-    callback done;
+    std::vector<size_t> registered; ///< partitions that accepted the id
   };
   auto g = std::make_shared<gather>();
   g->missing = step->partitions.size();
-  g->feeds = std::move(feeds);
-  g->done = std::move(done);
-  auto reply = [this, self, step, g, want_trace, attempts_left, id]() {
+  auto reply = [this, self, step, g, attempts_left, id]() {
     if (--g->missing > 0)
       return;
-    if (step->graph != id)
-      return; // a newer registration attempt owns the step
-    if (g->collision && !g->err && attempts_left > 1) {
-      for (const auto& p : step->partitions)
-        self->send(p.exec, forget_atom::value, id);
-      register_then_run(self, step, std::move(g->feeds), want_trace, std::move(g->done),
-                        attempts_left - 1);
+    auto it = regs_.find(step.get());
+    if (it == regs_.end() || it->second.graph != id) {
+      // Forgotten meanwhile: take back what was registered.
+      for (auto i : g->registered)
+        self->send(step->partitions[i].exec, forget_atom::value, id);
       return;
     }
+    auto& reg = it->second;
     if (g->err || g->collision) {
-      for (const auto& p : step->partitions)
-        self->send(p.exec, forget_atom::value, id);
-      step->graph = 0;
-      g->done(g->err ? g->err
-                     : make_error(af_error::internal, "could not find a free graph id in 3 tries"));
+      // Only where our id was accepted: elsewhere it belongs to another owner.
+      for (auto i : g->registered)
+        self->send(step->partitions[i].exec, forget_atom::value, id);
+      if (!g->err && attempts_left > 1) {
+        register_step(self, step, attempts_left - 1);
+        return;
+      }
+      auto err = g->err ? g->err
+                        : make_error(af_error::internal,
+                                     "could not find a free graph id in 3 tries");
+      auto waiting = std::move(reg.waiting);
+      regs_.erase(it);
+      for (auto& r : waiting)
+        r.done(err);
       return;
     }
-    step->registered = true;
-    dispatch(self, step, std::move(g->feeds), want_trace, std::move(g->done));
+    reg.ready = true;
+    auto waiting = std::move(reg.waiting);
+    for (auto& r : waiting)
+      dispatch(self, step, id, std::move(r));
   };
-  for (auto& p : step->partitions) {
+  for (size_t i = 0; i < step->partitions.size(); ++i) {
+    const auto& p = step->partitions[i];
     auto part = p.part;
     part.graph = id;
-    self->request(p.exec, step->timeout, register_atom::value, std::move(part))
-      .then([reply](caf::ok_atom) { reply(); },
-            [reply, g, &p, step](caf::error& err) {
-              if (is(err, af_error::invalid_argument)
-                  && describe(err).find("is taken") != std::string::npos)
+    self->request(p.exec, step->reply_timeout(), register_atom::value, std::move(part))
+      .then([reply, g, i](caf::ok_atom) {
+              g->registered.push_back(i);
+              reply();
+            },
+            [reply, g, step, i](caf::error& err) {
+              if (is(err, af_error::already_exists))
                 g->collision = true;
               else if (!g->err)
-                g->err = explain(std::move(err), "registering a graph", p, step->timeout);
+                g->err = explain(std::move(err), "registering a graph", step->partitions[i],
+                                 step->reply_timeout());
               reply();
             });
   }
 }
 
 void step_runner::dispatch(caf::event_based_actor* self, std::shared_ptr<prepared_step> step,
-                           std::map<int32_t, tensor> feeds, bool want_trace, callback done) {
+                           uint64_t graph, pending_run run) {
   auto id = next_step_++;
   // Every feed is checked before anything runs.
   std::vector<std::vector<feed>> per_partition(step->partitions.size());
   for (size_t i = 0; i < step->partitions.size(); ++i)
     for (auto ph : step->partitions[i].feeds) {
-      auto it = feeds.find(ph);
-      if (it == feeds.end()) {
+      auto it = run.feeds.find(ph);
+      if (it == run.feeds.end()) {
         auto n = step->nodes.find(ph);
-        done(make_error(af_error::invalid_argument,
-                        "placeholder '" + (n == step->nodes.end() ? std::to_string(ph) : n->second.name)
-                          + "' needs a value: pass it in run()'s feeds"));
+        run.done(make_error(af_error::invalid_argument,
+                            "placeholder '"
+                              + (n == step->nodes.end() ? std::to_string(ph) : n->second.name)
+                              + "' needs a value: pass it in run()'s feeds"));
         return;
       }
       per_partition[i].push_back(feed{ph, it->second});
     }
   auto& f = running_[id];
   f.step = step;
+  f.graph = graph;
   f.id = id;
   f.missing = step->partitions.size();
   f.results.resize(step->partitions.size());
-  f.want_trace = want_trace;
-  f.done = std::move(done);
+  f.origin = std::move(run);
   for (size_t i = 0; i < step->partitions.size(); ++i) {
     const auto& p = step->partitions[i];
-    self->request(p.exec, step->timeout, run_step_atom::value, step->graph, id,
+    self->request(p.exec, step->reply_timeout(), run_step_atom::value, graph, id,
                   std::move(per_partition[i]))
       .then(
-        [this, id, i](step_result& r) {
+        [this, self, id, i](step_result& r) {
           auto it = running_.find(id);
           if (it == running_.end())
             return; // already failed
           it->second.results[i] = std::move(r);
           if (--it->second.missing == 0)
-            finish(id, std::move(it->second.aborted));
+            finish(self, id, std::move(it->second.aborted));
         },
         [this, self, id, i](caf::error& err) {
           auto it = running_.find(id);
@@ -146,32 +174,52 @@ void step_runner::dispatch(caf::event_based_actor* self, std::shared_ptr<prepare
             return;
           auto& fl = it->second;
           const auto& p = fl.step->partitions[i];
-          if (!is(err, af_error::aborted)) {
+          if (is(err, af_error::not_found) && fl.origin.attempt == 0)
+            fl.lost_graph = true; // e.g. the node restarted its executor: register again
+          if (!is(err, af_error::aborted) && !fl.lost_graph) {
             // The cause: tell the others to stop waiting and answer now.
             for (const auto& q : fl.step->partitions)
-              self->send(q.exec, abort_atom::value, fl.step->graph, id);
-            finish(id, explain(std::move(err), "step " + std::to_string(id), p, fl.step->timeout));
+              self->send(q.exec, abort_atom::value, fl.graph, id);
+            finish(self, id,
+                   explain(std::move(err), "step " + std::to_string(id), p,
+                           fl.step->reply_timeout()));
             return;
           }
-          if (!fl.aborted)
+          if (fl.lost_graph && fl.missing > 1) {
+            for (const auto& q : fl.step->partitions)
+              self->send(q.exec, abort_atom::value, fl.graph, id);
+          }
+          if (!fl.aborted && !fl.lost_graph)
             fl.aborted = std::move(err);
           if (--fl.missing == 0)
-            finish(id, std::move(fl.aborted));
+            finish(self, id, std::move(fl.aborted));
         });
   }
 }
 
-void step_runner::finish(uint64_t id, caf::error err) {
+void step_runner::finish(caf::event_based_actor* self, uint64_t id, caf::error err) {
   auto it = running_.find(id);
   if (it == running_.end())
     return;
   auto f = std::move(it->second);
   running_.erase(it);
-  if (err) {
-    f.done(std::move(err));
+  if (f.lost_graph) {
+    // An executor lost the graph: forget this registration and run once more.
+    auto reg = regs_.find(f.step.get());
+    if (reg != regs_.end() && reg->second.graph == f.graph) {
+      for (const auto& p : f.step->partitions)
+        self->send(p.exec, forget_atom::value, f.graph);
+      regs_.erase(reg);
+    }
+    f.origin.attempt = 1;
+    start(self, f.step, std::move(f.origin));
     return;
   }
-  f.done(assemble(*f.step, f.results, f.want_trace));
+  if (err) {
+    f.origin.done(std::move(err));
+    return;
+  }
+  f.origin.done(assemble(*f.step, f.results, f.origin.want_trace));
 }
 
 void step_runner::on_down(caf::event_based_actor* self, const caf::down_msg& dm) {
@@ -196,17 +244,26 @@ void step_runner::on_down(caf::event_based_actor* self, const caf::down_msg& dm)
                                          + "); did its node stop or lose its network?"));
     for (const auto& q : f.step->partitions)
       if (q.exec.address() != dm.source)
-        self->send(q.exec, abort_atom::value, f.step->graph, id);
+        self->send(q.exec, abort_atom::value, f.graph, id);
   }
-  for (auto& [id, err] : failed)
-    finish(id, std::move(err));
+  for (auto& [id, err] : failed) {
+    running_[id].lost_graph = false;
+    finish(self, id, std::move(err));
+  }
 }
 
-void step_runner::forget(const prepared_step& step) {
-  if (!step.registered)
+void step_runner::forget(caf::event_based_actor* self, const std::shared_ptr<prepared_step>& step) {
+  auto it = regs_.find(step.get());
+  if (it == regs_.end())
     return;
-  for (const auto& p : step.partitions)
-    caf::anon_send(p.exec, forget_atom::value, step.graph);
+  if (it->second.ready)
+    for (const auto& p : step->partitions)
+      self->send(p.exec, forget_atom::value, it->second.graph);
+  // A registration under way takes itself back when its replies come.
+  auto waiting = std::move(it->second.waiting);
+  regs_.erase(it);
+  for (auto& r : waiting)
+    r.done(make_error(af_error::aborted, "the step was dropped before it was registered"));
 }
 
 step_outputs step_runner::assemble(const prepared_step& step, std::vector<step_result>& results,

@@ -17,6 +17,7 @@
 /// draws at random; an executor that already holds that id for another owner
 /// refuses it and the runner draws again, so ids never collide.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -60,17 +61,25 @@ struct trace_node {
 };
 
 /// A step cut, placed and bound to executors: made once per set of fetches
-/// (af::session::prepare), then run any number of times.
+/// (af::session::prepare), then run any number of times, by any number of
+/// runners. Immutable once made: each runner keeps its own registration (graph
+/// id, owner) of it.
 struct prepared_step {
   std::vector<prepared_partition> partitions;
   std::map<int32_t, size_t> partition_of; ///< compute/update node -> partition
   std::map<int32_t, trace_node> nodes;    ///< every node the step touches
-  std::set<std::string> tasks;            ///< the nodes (/job:J/task:T) it uses
-  std::chrono::milliseconds timeout{10000}; ///< each request, and the executors' step deadline
+  std::set<std::string> tasks;            ///< the nodes (/job:J/task:T) it runs on or reads from
+  /// The executors' deadline for one step. The runner waits a little longer
+  /// (`reply_timeout()`), so that an executor's timeout, which names what it
+  /// waited for, arrives before the runner's own.
+  std::chrono::milliseconds timeout{10000};
 
-  // -- the runner's bookkeeping
-  uint64_t graph = 0;      ///< 0 until registered
-  bool registered = false;
+  /// The deadline plus the executors' sweep interval (at most a quarter of
+  /// it, at most 1 s) plus a round trip's worth.
+  std::chrono::milliseconds reply_timeout() const {
+    return timeout + std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1))
+           + std::chrono::milliseconds(250);
+  }
 };
 
 struct step_outputs {
@@ -92,33 +101,57 @@ public:
   /// Call from the owner's down handler.
   void on_down(caf::event_based_actor* self, const caf::down_msg& dm);
 
-  /// Tells the executors to drop `step`'s graph (a session that is done with it).
-  static void forget(const prepared_step& step);
+  /// Tells the executors to drop this runner's registration of `step` (a
+  /// session that is done with it). Steps of it in flight still finish.
+  void forget(caf::event_based_actor* self, const std::shared_ptr<prepared_step>& step);
 
   /// Steps in flight now.
   size_t running() const { return running_.size(); }
 
+  /// Prepared steps registered (or registering) by this runner.
+  size_t registered() const { return regs_.size(); }
+
+  /// Where graph ids come from (random by default); tests force collisions.
+  std::function<uint64_t()> next_graph_id;
+
 private:
+  struct pending_run {
+    std::map<int32_t, tensor> feeds;
+    bool want_trace = false;
+    callback done;
+    int attempt = 0;
+  };
+
+  /// This runner's registration of one prepared step.
+  struct registration {
+    std::shared_ptr<prepared_step> step; ///< keeps the key alive
+    uint64_t graph = 0;
+    bool ready = false;
+    std::vector<pending_run> waiting; ///< runs that arrived while it registered
+  };
+
   struct in_flight {
     std::shared_ptr<prepared_step> step;
+    uint64_t graph = 0;
     uint64_t id = 0;
+    pending_run origin; ///< to run again once if the executor lost the graph
     size_t missing = 0;
     std::vector<step_result> results;
     caf::error aborted; ///< an "aborted" reply: the cause comes from elsewhere
-    bool want_trace = false;
-    callback done;
+    bool lost_graph = false; ///< an executor no longer held the graph
   };
 
-  void register_then_run(caf::event_based_actor* self, std::shared_ptr<prepared_step> step,
-                         std::map<int32_t, tensor> feeds, bool want_trace, callback done,
-                         int attempts_left);
-  void dispatch(caf::event_based_actor* self, std::shared_ptr<prepared_step> step,
-                std::map<int32_t, tensor> feeds, bool want_trace, callback done);
-  void finish(uint64_t id, caf::error err);
+  void start(caf::event_based_actor* self, std::shared_ptr<prepared_step> step, pending_run run);
+  void register_step(caf::event_based_actor* self, const std::shared_ptr<prepared_step>& step,
+                     int attempts_left);
+  void dispatch(caf::event_based_actor* self, std::shared_ptr<prepared_step> step, uint64_t graph,
+                pending_run run);
+  void finish(caf::event_based_actor* self, uint64_t id, caf::error err);
   static step_outputs assemble(const prepared_step& step, std::vector<step_result>& results,
                                bool want_trace);
 
   std::map<uint64_t, in_flight> running_;
+  std::map<const prepared_step*, registration> regs_;
   std::set<caf::actor_addr> monitored_;
   uint64_t next_step_ = 1;
   std::mt19937_64 ids_;

@@ -23,6 +23,7 @@ const char* to_string(af_error x) {
     case af_error::aborted: return "aborted";
     case af_error::resource_exhausted: return "resource_exhausted";
     case af_error::gone: return "gone";
+    case af_error::already_exists: return "already_exists";
   }
   return "unknown";
 }

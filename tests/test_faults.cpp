@@ -215,4 +215,91 @@ TEST_CASE("each node's clock offset is measured within half a round trip", "[fau
   }
 }
 
+TEST_CASE("restarting a peer node twice leaves one graph on the node that stayed up",
+          "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
+  client c{opts};
+  session_options so;
+  so.timeout = 20s;
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  auto x = s.placeholder("x");
+  output y, z;
+  {
+    auto d = value_of(s.device("/job:worker/task:1"));
+    y = s.mul(x, x, "square_on_1");
+  }
+  {
+    auto d = value_of(s.device("/job:worker/task:0"));
+    z = s.add(y, s.constant(tensor::scalar(1.0f)), "plus_one_on_0");
+  }
+  auto feed = tensor::scalar(3.0f);
+  CHECK(value_of(s.run({z}, {{x, feed}})).at(0).at(0) == 10);
+  auto before = value_of(s.executor_load("worker", 0)).first;
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE(pc->signal("worker", 1, SIGKILL));
+    CHECK(!s.run({z}, {{x, feed}}));
+    require_ok(pc->restart("worker", 1));
+    require_ok(s.wait_for_node("worker", 1, 20s));
+    CHECK(value_of(s.run({z}, {{x, feed}})).at(0).at(0) == 10);
+  }
+  // The steps bound to the dead executors were dropped on the surviving node too.
+  CHECK(eventually([&] { return value_of(s.executor_load("worker", 0)).first == before; }));
+}
+
+TEST_CASE("a step that only reads a variable of a restarted ps runs again once it is initialized",
+          "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  client c{opts};
+  session_options so;
+  so.timeout = 20s;
+  so.data_plane = GENERATE(true, false);
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  output v;
+  {
+    auto d = value_of(s.device("/job:ps/task:0"));
+    v = value_of(s.variable("v", {}, initializer::constant(2)));
+  }
+  auto twice = s.add(v, v); // runs on the worker: the ps only holds v
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(twice)).at(0) == 4);
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  require_ok(pc->restart("ps", 0));
+  require_ok(s.wait_for_node("ps", 0, 20s));
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(twice)).at(0) == 4);
+}
+
+TEST_CASE("a session that found a variable gone sees it again once the chief re-creates it",
+          "[faults][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 2}}, opts));
+  client c{opts};
+  auto chief = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
+  auto other = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:1"));
+  output vc, vo;
+  {
+    auto d = value_of(chief.device("/job:ps/task:0"));
+    vc = value_of(chief.variable("v", {}, initializer::constant(2)));
+  }
+  {
+    auto d = value_of(other.device("/job:ps/task:0"));
+    vo = value_of(other.variable("v", {}, initializer::constant(2)));
+  }
+  require_ok(chief.initialize());
+  CHECK(value_of(other.run(vo)).at(0) == 2);
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  require_ok(pc->restart("ps", 0));
+  require_ok(other.wait_for_node("ps", 0, 20s));
+  auto early = other.run(vo);
+  REQUIRE(!early);
+  CHECK(is(early.error(), af_error::gone));
+  require_ok(chief.wait_for_node("ps", 0, 20s));
+  require_ok(chief.initialize());
+  require_ok(other.wait_initialized(5s));
+  CHECK(value_of(other.run(vo)).at(0) == 2);
+  (void) vc;
+}
+
 } // namespace af::testing

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -117,7 +118,7 @@ TEST_CASE("a graph id held by one session is refused to another", "[runtime]") {
   caf::error err;
   b->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(9, 1000))
     .receive([](caf::ok_atom) { FAIL("a second owner took the id"); }, [&](caf::error& e) { err = e; });
-  CHECK(is(err, af_error::invalid_argument));
+  CHECK(is(err, af_error::already_exists));
   CHECK(describe(err).find("taken") != std::string::npos);
   // The owner itself may register again (the same graph, replaced).
   a->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(9, 1000))
@@ -157,22 +158,147 @@ TEST_CASE("a session that ends leaves no graphs on the executors", "[runtime]") 
   CHECK(eventually([&] { return probe->executor_load("worker", 0)->first == 0; }));
 }
 
-TEST_CASE("graph ids of concurrent sessions never collide", "[runtime]") {
-  auto ec = embedded_cluster::start({{"worker", 1}});
-  REQUIRE(ec);
-  std::vector<session> sessions;
-  std::vector<output> outs;
-  for (int i = 0; i < 8; ++i) {
-    sessions.push_back(std::move(*(*ec)->session_for("worker", 0)));
-    auto& s = sessions.back();
-    auto x = s.constant(tensor::scalar(static_cast<float>(i)));
-    outs.push_back(s.add(x, x));
+namespace {
+
+/// A prepared step of one partition on `exec`: y = 1 + x (x fed).
+std::shared_ptr<prepared_step> one_partition_step(executor_actor exec, std::chrono::milliseconds timeout) {
+  auto step = std::make_shared<prepared_step>();
+  step->timeout = timeout;
+  prepared_partition p;
+  p.exec = exec;
+  p.device = "/job:t/replica:0/task:0/device:CPU:0";
+  p.node = "in-process";
+  p.task = "/job:t/task:0";
+  p.part.step_timeout_ms = static_cast<uint32_t>(timeout.count());
+  p.part.variable_timeout_ms = static_cast<uint32_t>(timeout.count());
+  partition_op op;
+  op.id = 2;
+  op.op = "add";
+  op.name = "plus_one";
+  op.fetch = true;
+  op_input one;
+  one.kind = op_input::constant;
+  one.value = tensor::scalar(1.0f);
+  op_input x;
+  x.kind = op_input::feed;
+  x.op = 1;
+  op.inputs = {one, x};
+  p.part.ops.push_back(op);
+  p.feeds = {1};
+  step->partitions.push_back(std::move(p));
+  step->partition_of[2] = 0;
+  step->nodes[1] = trace_node{"x", "placeholder", "", "", "", ""};
+  step->nodes[2] = trace_node{"plus_one", "add", "", "", "", ""};
+  return step;
+}
+
+/// Results of runs made from inside an event-based actor.
+struct runs_seen {
+  std::mutex mtx;
+  std::vector<caf::expected<step_outputs>> results;
+  size_t count() {
+    std::lock_guard<std::mutex> guard{mtx};
+    return results.size();
   }
-  // Twice: a session whose graph another one replaced would compute the other's.
-  for (int round = 0; round < 2; ++round)
-    for (int i = 0; i < 8; ++i)
-      CHECK(sessions[i].run(outs[i])->at(0) == 2.0 * i);
-  CHECK(sessions[0].executor_load("worker", 0)->first == 8);
+};
+
+} // namespace
+
+TEST_CASE("two runs of a step before it is registered both answer, under one registration",
+          "[runtime]") {
+  executor_fixture f;
+  auto step = one_partition_step(f.exec, 5s);
+  auto seen = std::make_shared<runs_seen>();
+  f.sys.spawn([step, seen](caf::event_based_actor* self) {
+    auto runner = std::make_shared<step_runner>();
+    self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
+    for (float v : {1.0f, 2.0f})
+      runner->run(self, step, {{1, tensor::scalar(v)}}, false,
+                  [seen, runner](caf::expected<step_outputs> r) {
+                    std::lock_guard<std::mutex> guard{seen->mtx};
+                    seen->results.push_back(std::move(r));
+                  });
+    return caf::behavior{[](int) {}};
+  });
+  REQUIRE(eventually([&] { return seen->count() == 2; }));
+  std::lock_guard<std::mutex> guard{seen->mtx};
+  for (auto& r : seen->results)
+    REQUIRE(r);
+  std::multiset<float> values;
+  for (auto& r : seen->results)
+    values.insert(static_cast<float>(r->values.at(2).at(0)));
+  CHECK(values == std::multiset<float>{2, 3});
+  CHECK(f.load().first == 1); // one registration served both runs
+}
+
+TEST_CASE("a runner whose graph id another owner holds registers under another and leaves the "
+          "other's graph alone",
+          "[runtime]") {
+  executor_fixture f;
+  caf::scoped_actor other{f.sys, true};
+  other->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(77, 5000))
+    .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  auto step = one_partition_step(f.exec, 5s);
+  auto seen = std::make_shared<runs_seen>();
+  f.sys.spawn([step, seen](caf::event_based_actor* self) {
+    auto runner = std::make_shared<step_runner>();
+    self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
+    auto ids = std::make_shared<std::vector<uint64_t>>(std::vector<uint64_t>{77, 78});
+    runner->next_graph_id = [ids] {
+      auto id = ids->front();
+      ids->erase(ids->begin());
+      return id;
+    };
+    runner->run(self, step, {{1, tensor::scalar(5.0f)}}, false,
+                [seen, runner](caf::expected<step_outputs> r) {
+                  std::lock_guard<std::mutex> guard{seen->mtx};
+                  seen->results.push_back(std::move(r));
+                });
+    return caf::behavior{[](int) {}};
+  });
+  REQUIRE(eventually([&] { return seen->count() == 1; }));
+  {
+    std::lock_guard<std::mutex> guard{seen->mtx};
+    REQUIRE(seen->results[0]);
+    CHECK(seen->results[0]->values.at(2).at(0) == 6);
+  }
+  CHECK(f.load().first == 2); // the other owner's 77 and our 78
+  // The other owner's graph still runs: its step waits for its edge, and
+  // times out on its own deadline rather than "not registered".
+  caf::error err;
+  other->request(f.exec, 10s, run_step_atom::value, uint64_t{77}, uint64_t{1}, std::vector<feed>{})
+    .receive([](step_result&) {}, [&](caf::error& e) { err = e; });
+  CHECK(!is(err, af_error::not_found));
+}
+
+TEST_CASE("a step that an executor cannot finish fails with the executor's reason, through the "
+          "runner",
+          "[runtime]") {
+  executor_fixture f;
+  auto step = one_partition_step(f.exec, 300ms);
+  // Make the op wait for an edge that never comes.
+  auto& op = step->partitions[0].part.ops[0];
+  op.name = "needs_edge";
+  op.inputs[1].kind = op_input::remote;
+  op.inputs[1].op = 7;
+  step->partitions[0].feeds.clear();
+  auto seen = std::make_shared<runs_seen>();
+  f.sys.spawn([step, seen](caf::event_based_actor* self) {
+    auto runner = std::make_shared<step_runner>();
+    self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
+    runner->run(self, step, {}, false, [seen, runner](caf::expected<step_outputs> r) {
+      std::lock_guard<std::mutex> guard{seen->mtx};
+      seen->results.push_back(std::move(r));
+    });
+    return caf::behavior{[](int) {}};
+  });
+  REQUIRE(eventually([&] { return seen->count() == 1; }));
+  std::lock_guard<std::mutex> guard{seen->mtx};
+  REQUIRE(!seen->results[0]);
+  auto text = describe(seen->results[0].error());
+  INFO(text);
+  CHECK(is(seen->results[0].error(), af_error::timeout));
+  CHECK(text.find("'needs_edge'") != std::string::npos); // the executor's sweep, not the runner's clock
 }
 
 TEST_CASE("an event-based actor runs steps through its own step runner without blocking",
