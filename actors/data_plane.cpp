@@ -361,6 +361,50 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (h.name_len > 0 && ended(read_timed(fd, name.data(), name.size(), frame_ms, frame_ms, false),
                                   "variable name"))
         break;
+      // The variable and the operand's fit are checked before anything is
+      // allocated for the operand: a frame for a variable that does not exist,
+      // or of another shape, cannot make the node take its memory.
+      auto found = dir_->get(name);
+      std::string refusal;
+      af_error refusal_code = af_error::not_found;
+      if (!found.cell) {
+        refusal = "no variable '" + name + "' on " + node_name_;
+      } else if (h.has_tensor) {
+        const auto& spec = found.cell->spec();
+        auto shape = wire::shape_of(h);
+        bool scalar = num_elements(shape) == 1 && shape.size() <= spec.shape.size();
+        bool update = h.kind == static_cast<uint8_t>(var_op::assign_add)
+                      || h.kind == static_cast<uint8_t>(var_op::assign_sub);
+        if (static_cast<dtype>(h.dtype) != spec.type) {
+          refusal_code = af_error::dtype_mismatch;
+          refusal = fmt::format("{} to '{}': value has dtype {}, variable has {}",
+                                to_string(static_cast<var_op>(h.kind)), name,
+                                dtype_name(static_cast<dtype>(h.dtype)), dtype_name(spec.type));
+        } else if (shape != spec.shape && !(scalar && update)) {
+          refusal_code = af_error::shape_mismatch;
+          refusal = fmt::format("{} to '{}': value has shape {}, variable has {}",
+                                to_string(static_cast<var_op>(h.kind)), name, shape_string(shape),
+                                shape_string(spec.shape));
+        }
+      }
+      if (!refusal.empty() || (!h.has_tensor && h.payload_bytes > 0)) {
+        // Skip the payload through a small buffer, still under the frame timeout.
+        char scratch[65536];
+        uint64_t left = h.payload_bytes;
+        bool lost = false;
+        while (left > 0 && !lost) {
+          auto n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+          lost = ended(read_timed(fd, scratch, n, frame_ms, frame_ms, false), "payload");
+          left -= n;
+        }
+        if (lost)
+          break;
+        if (!refusal.empty()) {
+          if (!send_error(fd, refusal_code, refusal))
+            break;
+          continue;
+        }
+      }
       tensor operand;
       if (h.has_tensor) {
         try {
@@ -377,16 +421,6 @@ void data_plane_server::serve(int fd, const std::string& peer) {
             && ended(read_timed(fd, operand.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false),
                      "payload"))
           break;
-      } else if (h.payload_bytes > 0) {
-        std::string ignored(h.payload_bytes, '\0'); // validate() bounds it
-        if (ended(read_timed(fd, ignored.data(), ignored.size(), frame_ms, frame_ms, false), "payload"))
-          break;
-      }
-      auto found = dir_->get(name);
-      if (!found.cell) {
-        if (!send_error(fd, af_error::not_found, "no variable '" + name + "' on " + node_name_))
-          break;
-        continue;
       }
       // Applied right here under the cell's lock: no actor hop.
       auto r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0);

@@ -346,3 +346,66 @@ TEST_CASE("the data plane's timeouts are [node] options with generous defaults",
   auto again = value_of(parse_cluster_toml(cfg.cluster.to_toml(cfg.node), "again"));
   CHECK(again.node.data_frame_timeout_ms == 200);
 }
+
+namespace {
+
+/// This process's peak resident set (VmHWM) in KiB; reset_peak() starts it anew.
+long peak_rss_kib() {
+  std::ifstream status{"/proc/self/status"};
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0)
+      return std::stol(line.substr(6));
+  return -1;
+}
+
+bool reset_peak() {
+  std::ofstream refs{"/proc/self/clear_refs"};
+  refs << "5";
+  return static_cast<bool>(refs);
+}
+
+} // namespace
+
+TEST_CASE("an operand for a variable that is missing or of another shape is refused before the "
+          "node allocates it",
+          "[wire][errors]") {
+  auto dir = std::make_shared<variable_directory>();
+  dir->put("w", {variable_cell_actor{}, scalar_cell("w", 2)});
+  auto srv = serve(dir, 60s, 5s);
+  int fd = connect_loopback(srv->port());
+  REQUIRE(fd >= 0);
+  std::vector<char> chunk(1 << 20, 0);
+  auto send_operand = [&](const std::string& name, int64_t elements) {
+    wire::header h;
+    h.kind = wire::request_kind(var_op::assign);
+    h.name_len = static_cast<uint32_t>(name.size());
+    REQUIRE(wire::describe_tensor(tensor{dtype::float32, {1}}, h));
+    h.dims[0] = elements;
+    h.payload_bytes = static_cast<uint64_t>(elements) * 4;
+    REQUIRE(write(fd, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(write(fd, name.data(), name.size()) == static_cast<ssize_t>(name.size()));
+    for (uint64_t left = h.payload_bytes; left > 0;) {
+      auto n = std::min<uint64_t>(left, chunk.size());
+      REQUIRE(send(fd, chunk.data(), n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
+      left -= n;
+    }
+    wire::header reply;
+    REQUIRE(recv(fd, &reply, sizeof(reply), MSG_WAITALL) == static_cast<ssize_t>(sizeof(reply)));
+    std::string text(reply.payload_bytes, '\0');
+    REQUIRE(recv(fd, text.data(), text.size(), MSG_WAITALL) == static_cast<ssize_t>(text.size()));
+    return std::make_pair(reply.status, text);
+  };
+  const int64_t elements = 64 << 20; // 256 MiB of float32
+  REQUIRE(reset_peak());
+  auto before = peak_rss_kib();
+  auto missing = send_operand("nope", elements);
+  CHECK(missing.first == static_cast<uint8_t>(af_error::not_found));
+  CHECK(missing.second.find("'nope'") != std::string::npos);
+  auto misfit = send_operand("w", elements);
+  CHECK(misfit.first == static_cast<uint8_t>(af_error::shape_mismatch));
+  CHECK(misfit.second.find("[67108864]") != std::string::npos);
+  // Reading into a buffer of the declared size would have raised the peak by 256 MiB.
+  CHECK(peak_rss_kib() - before < 64 * 1024);
+  close(fd);
+}
