@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   int task = -1, cpu_devices = 0, threads = -1, data_port = -1;
   app.add_option("-c,--config", config_path, "cluster config file (TOML or JSON); default: $TF_CONFIG");
   app.add_option("-j,--job", job, "job name of this task (default: TF_CONFIG's task.type)");
-  app.add_option("-t,--task", task, "task index within the job (default: TF_CONFIG's task.index)");
+  auto* task_flag =
+    app.add_option("-t,--task", task, "task index within the job (default: TF_CONFIG's task.index)");
   app.add_option("--bind", bind, "address to listen on (default: the task's host from the config)");
   app.add_option("--cpu-devices", cpu_devices, "number of CPU devices (cpu:0..cpu:N-1)")->check(CLI::Range(1, 64));
   app.add_option("--threads", threads, "scheduler threads (0 = one per core)")->check(CLI::Range(0, 256));
@@ -61,6 +62,8 @@ int main(int argc, char** argv) {
     return fail(af::describe(cfg.error()));
   if (job.empty())
     job = cfg->task_type.value_or("");
+  if (task_flag->count() > 0 && task < 0)
+    return fail("--task " + std::to_string(task) + " is not a task index: pass 0 or more");
   if (task < 0)
     task = cfg->task_index.value_or(job.empty() ? -1 : 0);
   if (job.empty() || task < 0)
