@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +33,8 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     return -1;
   pid_t pid = fork();
   if (pid == 0) {
+    // A test process that is killed (a ctest timeout) must not leave nodes behind.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
