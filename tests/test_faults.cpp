@@ -13,6 +13,7 @@
 #include "actors/system.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
+#include "wait.hpp"
 
 using namespace std::chrono_literals;
 
@@ -44,16 +45,20 @@ struct client {
   std::unique_ptr<caf::actor_system> sys;
 };
 
-/// Polls `cond` every 20 ms until it holds or `timeout` passes.
-template <class F>
-bool eventually(F cond, std::chrono::milliseconds timeout = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() >= deadline)
-      return false;
-    std::this_thread::sleep_for(20ms);
+/// x * x on worker 1, then + 1 on worker 0: a step whose partition on task 0
+/// waits for a value from task 1. Returns (x, the result).
+std::pair<output, output> two_node_step(session& s) {
+  auto x = s.placeholder("x");
+  output y, z;
+  {
+    auto d = value_of(s.device("/job:worker/task:1"));
+    y = s.mul(x, x, "square_on_1");
   }
-  return true;
+  {
+    auto d = value_of(s.device("/job:worker/task:0"));
+    z = s.add(y, s.constant(tensor::scalar(1.0f)), "plus_one_on_0");
+  }
+  return {x, z};
 }
 
 } // namespace
@@ -116,16 +121,8 @@ TEST_CASE("a node killed while a step waits on it fails the step at once with it
   session_options so;
   so.timeout = 60s;
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
-  auto x = s.placeholder("x");
-  output y, z;
-  {
-    auto d = value_of(s.device("/job:worker/task:1"));
-    y = s.mul(x, x, "square_on_1");
-  }
-  {
-    auto d = value_of(s.device("/job:worker/task:0"));
-    z = s.add(y, s.constant(tensor::scalar(1.0f)), "plus_one_on_0");
-  }
+  auto [x_node, z_node] = two_node_step(s);
+  output x = x_node, z = z_node;
   auto feed = tensor::scalar(3.0f);
   CHECK(value_of(s.run({z}, {{x, feed}})).at(0).at(0) == 10);
 
@@ -223,16 +220,8 @@ TEST_CASE("restarting a peer node twice leaves one graph on the node that stayed
   session_options so;
   so.timeout = 20s;
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
-  auto x = s.placeholder("x");
-  output y, z;
-  {
-    auto d = value_of(s.device("/job:worker/task:1"));
-    y = s.mul(x, x, "square_on_1");
-  }
-  {
-    auto d = value_of(s.device("/job:worker/task:0"));
-    z = s.add(y, s.constant(tensor::scalar(1.0f)), "plus_one_on_0");
-  }
+  auto [x_node, z_node] = two_node_step(s);
+  output x = x_node, z = z_node;
   auto feed = tensor::scalar(3.0f);
   CHECK(value_of(s.run({z}, {{x, feed}})).at(0).at(0) == 10);
   auto before = value_of(s.executor_load("worker", 0)).first;

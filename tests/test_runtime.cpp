@@ -15,23 +15,13 @@
 #include "actors/system.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
+#include "wait.hpp"
 
 using namespace std::chrono_literals;
 
 namespace af {
 
 namespace {
-
-template <class F>
-bool eventually(F cond, std::chrono::milliseconds timeout = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() >= deadline)
-      return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
 
 struct executor_fixture {
   executor_fixture() : cfg(node_options{}), sys(cfg) {
