@@ -65,8 +65,10 @@ int main(int argc, char** argv) {
     ->check(CLI::IsMember({"single-device", "shared-var", "placement", "same-variable",
                            "wait-for-init", "ps-workers", "towers", "model-parallel"}));
   app.add_option("-c,--config", config_path, "run against this cluster (default: an embedded one)");
-  app.add_option("--increments", increments, "ps-workers: increments per worker");
-  app.add_option("--pause-ms", pause_ms, "ps-workers: pause between steps, as the tutorial's sleep");
+  app.add_option("--increments", increments, "ps-workers: increments per worker")
+    ->check(CLI::Range(1, 1000000));
+  app.add_option("--pause-ms", pause_ms, "ps-workers: pause between steps, as the tutorial's sleep")
+    ->check(CLI::Range(0, 3600000));
   CLI11_PARSE(app, argc, argv);
 
   af::tune_malloc_for_tensors();
