@@ -380,10 +380,12 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       auto& st = self->state;
       auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto id = part.graph;
-      if (auto it = st.graphs.find(id); it != st.graphs.end() && it->second.owner != owner)
+      // Whoever holds it: replacing a partition under open steps would make
+      // them run another graph's ops.
+      if (auto it = st.graphs.find(id); it != st.graphs.end())
         return make_error(af_error::already_exists,
                           "graph id " + std::to_string(id) + " is taken on " + st.device
-                            + " by another session; register under another id");
+                            + "; register under another id");
       bool known_owner = false;
       for (const auto& [gid, g] : st.graphs)
         known_owner = known_owner || g.owner == owner;

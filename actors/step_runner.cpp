@@ -65,9 +65,18 @@ void step_runner::start(caf::event_based_actor* self, std::shared_ptr<prepared_s
   register_step(self, step, 3);
 }
 
+bool step_runner::id_in_use(uint64_t id) const {
+  for (const auto& [key, reg] : regs_)
+    if (reg.graph == id)
+      return true;
+  return false;
+}
+
 void step_runner::register_step(caf::event_based_actor* self,
                                 const std::shared_ptr<prepared_step>& step, int attempts_left) {
   auto id = next_graph_id();
+  for (int tries = 0; tries < 8 && id_in_use(id); ++tries)
+    id = next_graph_id(); // never reuse an id this runner holds
   regs_[step.get()].graph = id;
   struct gather {
     size_t missing;
@@ -81,17 +90,21 @@ void step_runner::register_step(caf::event_based_actor* self,
     if (--g->missing > 0)
       return;
     auto it = regs_.find(step.get());
+    // Taking the id back goes to every partition: one that timed out may
+    // still register it later (a sender's messages arrive in order, so the
+    // forget comes after), and where another owner holds the id the
+    // executor ignores a forget that is not from its owner.
+    auto take_back = [&] {
+      for (const auto& p : step->partitions)
+        self->send(p.exec, forget_atom::value, id);
+    };
     if (it == regs_.end() || it->second.graph != id) {
-      // Forgotten meanwhile: take back what was registered.
-      for (auto i : g->registered)
-        self->send(step->partitions[i].exec, forget_atom::value, id);
+      take_back(); // forgotten meanwhile
       return;
     }
     auto& reg = it->second;
     if (g->err || g->collision) {
-      // Only where our id was accepted: elsewhere it belongs to another owner.
-      for (auto i : g->registered)
-        self->send(step->partitions[i].exec, forget_atom::value, id);
+      take_back();
       if (!g->err && attempts_left > 1) {
         register_step(self, step, attempts_left - 1);
         return;
@@ -107,8 +120,14 @@ void step_runner::register_step(caf::event_based_actor* self,
     }
     reg.ready = true;
     auto waiting = std::move(reg.waiting);
-    for (auto& r : waiting)
-      dispatch(self, step, id, std::move(r));
+    for (auto& r : waiting) {
+      // A callback of an earlier run may have forgotten the step meanwhile.
+      auto still = regs_.find(step.get());
+      if (still == regs_.end() || still->second.graph != id || !still->second.ready)
+        r.done(make_error(af_error::aborted, "the step was dropped before it ran"));
+      else
+        dispatch(self, step, id, std::move(r));
+    }
   };
   for (size_t i = 0; i < step->partitions.size(); ++i) {
     const auto& p = step->partitions[i];
@@ -174,25 +193,30 @@ void step_runner::dispatch(caf::event_based_actor* self, std::shared_ptr<prepare
             return;
           auto& fl = it->second;
           const auto& p = fl.step->partitions[i];
-          if (is(err, af_error::not_found) && fl.origin.attempt == 0)
-            fl.lost_graph = true; // e.g. the node restarted its executor: register again
-          if (!is(err, af_error::aborted) && !fl.lost_graph) {
+          if (is(err, af_error::not_found) && fl.origin.attempt == 0) {
+            // This executor lost the graph: nothing can finish; stop the
+            // others. Run again only if every partition says so (then nothing
+            // ran anywhere, and no update is applied twice).
+            if (fl.lost == 0)
+              for (const auto& q : fl.step->partitions)
+                self->send(q.exec, abort_atom::value, fl.graph, id);
+            if (++fl.lost == 1)
+              fl.first_lost = explain(std::move(err), "step " + std::to_string(id), p,
+                                      fl.step->reply_timeout());
+          } else if (!is(err, af_error::aborted)) {
             // The cause: tell the others to stop waiting and answer now.
             for (const auto& q : fl.step->partitions)
               self->send(q.exec, abort_atom::value, fl.graph, id);
+            fl.lost = 0;
             finish(self, id,
                    explain(std::move(err), "step " + std::to_string(id), p,
                            fl.step->reply_timeout()));
             return;
-          }
-          if (fl.lost_graph && fl.missing > 1) {
-            for (const auto& q : fl.step->partitions)
-              self->send(q.exec, abort_atom::value, fl.graph, id);
-          }
-          if (!fl.aborted && !fl.lost_graph)
+          } else if (!fl.aborted) {
             fl.aborted = std::move(err);
+          }
           if (--fl.missing == 0)
-            finish(self, id, std::move(fl.aborted));
+            finish(self, id, fl.lost > 0 ? fl.first_lost : std::move(fl.aborted));
         });
   }
 }
@@ -203,14 +227,16 @@ void step_runner::finish(caf::event_based_actor* self, uint64_t id, caf::error e
     return;
   auto f = std::move(it->second);
   running_.erase(it);
-  if (f.lost_graph) {
-    // An executor lost the graph: forget this registration and run once more.
+  if (f.lost > 0 && f.lost == f.step->partitions.size()) {
+    // Every executor lost the graph (nothing ran): register anew, run once more.
     auto reg = regs_.find(f.step.get());
-    if (reg != regs_.end() && reg->second.graph == f.graph) {
-      for (const auto& p : f.step->partitions)
-        self->send(p.exec, forget_atom::value, f.graph);
-      regs_.erase(reg);
+    if (reg == regs_.end() || reg->second.graph != f.graph || !reg->second.ready) {
+      f.origin.done(make_error(af_error::aborted, "the step was dropped while it ran"));
+      return;
     }
+    for (const auto& p : f.step->partitions)
+      self->send(p.exec, forget_atom::value, f.graph);
+    regs_.erase(reg);
     f.origin.attempt = 1;
     start(self, f.step, std::move(f.origin));
     return;
@@ -247,7 +273,7 @@ void step_runner::on_down(caf::event_based_actor* self, const caf::down_msg& dm)
         self->send(q.exec, abort_atom::value, f.graph, id);
   }
   for (auto& [id, err] : failed) {
-    running_[id].lost_graph = false;
+    running_[id].lost = 0;
     finish(self, id, std::move(err));
   }
 }

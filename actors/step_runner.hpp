@@ -102,7 +102,7 @@ public:
   void on_down(caf::event_based_actor* self, const caf::down_msg& dm);
 
   /// Tells the executors to drop this runner's registration of `step` (a
-  /// session that is done with it). Steps of it in flight still finish.
+  /// session that is done with it). Steps of it in flight are aborted.
   void forget(caf::event_based_actor* self, const std::shared_ptr<prepared_step>& step);
 
   /// Steps in flight now.
@@ -138,7 +138,8 @@ private:
     size_t missing = 0;
     std::vector<step_result> results;
     caf::error aborted; ///< an "aborted" reply: the cause comes from elsewhere
-    bool lost_graph = false; ///< an executor no longer held the graph
+    size_t lost = 0;         ///< partitions whose executor no longer held the graph
+    caf::error first_lost;   ///< the first such answer
   };
 
   void start(caf::event_based_actor* self, std::shared_ptr<prepared_step> step, pending_run run);
@@ -147,6 +148,7 @@ private:
   void dispatch(caf::event_based_actor* self, std::shared_ptr<prepared_step> step, uint64_t graph,
                 pending_run run);
   void finish(caf::event_based_actor* self, uint64_t id, caf::error err);
+  bool id_in_use(uint64_t id) const;
   static step_outputs assemble(const prepared_step& step, std::vector<step_result>& results,
                                bool want_trace);
 

@@ -110,9 +110,12 @@ TEST_CASE("a graph id held by one session is refused to another", "[runtime]") {
     .receive([](caf::ok_atom) { FAIL("a second owner took the id"); }, [&](caf::error& e) { err = e; });
   CHECK(is(err, af_error::already_exists));
   CHECK(describe(err).find("taken") != std::string::npos);
-  // The owner itself may register again (the same graph, replaced).
+  // Nor may its owner register it again: open steps would run the new ops.
+  caf::error again;
   a->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(9, 1000))
-    .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+    .receive([](caf::ok_atom) { FAIL("an id in use was replaced"); },
+             [&](caf::error& e) { again = e; });
+  CHECK(is(again, af_error::already_exists));
 }
 
 TEST_CASE("an executor forgets the graphs of an owner that terminates", "[runtime]") {
@@ -181,6 +184,8 @@ std::shared_ptr<prepared_step> one_partition_step(executor_actor exec, std::chro
   step->nodes[2] = trace_node{"plus_one", "add", "", "", "", ""};
   return step;
 }
+
+using feed_map = std::map<int32_t, tensor>;
 
 /// Results of runs made from inside an event-based actor.
 struct runs_seen {
@@ -259,6 +264,41 @@ TEST_CASE("a runner whose graph id another owner holds registers under another a
   other->request(f.exec, 10s, run_step_atom::value, uint64_t{77}, uint64_t{1}, std::vector<feed>{})
     .receive([](step_result&) {}, [&](caf::error& e) { err = e; });
   CHECK(!is(err, af_error::not_found));
+}
+
+TEST_CASE("a runner never registers two steps under one graph id", "[runtime]") {
+  executor_fixture f;
+  auto plus_one = one_partition_step(f.exec, 5s);
+  auto plus_hundred = one_partition_step(f.exec, 5s);
+  plus_hundred->partitions[0].part.ops[0].inputs[0].value = tensor::scalar(100.0f);
+  auto seen = std::make_shared<runs_seen>();
+  f.sys.spawn([plus_one, plus_hundred, seen](caf::event_based_actor* self) {
+    auto runner = std::make_shared<step_runner>();
+    self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
+    auto calls = std::make_shared<int>(0);
+    runner->next_graph_id = [calls] { return ++*calls <= 2 ? uint64_t{42} : uint64_t{43}; };
+    auto record = [seen, runner](caf::expected<step_outputs> r) {
+      std::lock_guard<std::mutex> guard{seen->mtx};
+      seen->results.push_back(std::move(r));
+    };
+    feed_map one{{1, tensor::scalar(1.0f)}};
+    runner->run(self, plus_one, one, false, [=](caf::expected<step_outputs> r) {
+      record(std::move(r));
+      runner->run(self, plus_hundred, one, false, [=](caf::expected<step_outputs> r2) {
+        record(std::move(r2));
+        runner->run(self, plus_one, one, false, record);
+      });
+    });
+    return caf::behavior{[](int) {}};
+  });
+  REQUIRE(eventually([&] { return seen->count() == 3; }));
+  std::lock_guard<std::mutex> guard{seen->mtx};
+  std::vector<double> got;
+  for (auto& r : seen->results) {
+    REQUIRE(r);
+    got.push_back(r->values.at(2).at(0));
+  }
+  CHECK(got == std::vector<double>{2, 101, 2}); // not 101 for the third: no graph was replaced
 }
 
 TEST_CASE("a step that an executor cannot finish fails with the executor's reason, through the "
