@@ -1,0 +1,117 @@
+// af::session: the calls about nodes rather than graphs (ping, waiting for a
+// node, listing variables, shutdown, clocks, executor load) and accessors.
+#include "actors/session_impl.hpp"
+
+#include <algorithm>
+#include <thread>
+
+namespace af {
+
+caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
+  auto conn = impl_->link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->info;
+}
+
+caf::error session::wait_for_node(const std::string& job, int32_t task,
+                                  std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto info = ping(job, task);
+    if (info)
+      return caf::none;
+    bool retry = is(info.error(), af_error::unreachable) || is(info.error(), af_error::peer_down);
+    if (!retry || std::chrono::steady_clock::now() >= deadline)
+      return std::move(info.error());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,
+                                                                  int32_t task) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  std::vector<variable_info> out;
+  im.self->request((*conn)->actor, im.opts.timeout, list_atom::value)
+    .receive([&](std::vector<variable_info>& infos) { out = std::move(infos); },
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "variable list", *conn); });
+  if (err)
+    return err;
+  std::sort(out.begin(), out.end(),
+            [](const variable_info& a, const variable_info& b) { return a.spec.name < b.spec.name; });
+  return out;
+}
+
+caf::error session::shutdown(const std::string& job, int32_t task) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  im.self->request((*conn)->actor, im.opts.timeout, shutdown_atom::value)
+    .receive([](caf::ok_atom) {},
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "shutdown", *conn); });
+  im.link.conns.erase(task_name(job, task));
+  return err;
+}
+
+std::string session::device_of(output var) const {
+  auto n = impl_->g.variable_node(var);
+  return n ? n->spec.device : std::string{};
+}
+
+size_t session::registered_graphs() const {
+  return impl_->prepared.size();
+}
+
+variable_actor session::handle_of(output var) const {
+  auto it = impl_->bindings.find(var.id);
+  return it == impl_->bindings.end() ? variable_actor{} : it->second.actor;
+}
+
+const graph& session::graph_def() const {
+  return impl_->g;
+}
+
+caf::expected<std::shared_ptr<prepared_step>> session::prepare(const std::vector<output>& fetches,
+                                                               bool want_values) {
+  std::vector<int32_t> roots;
+  for (auto o : fetches) {
+    if (!impl_->g.contains(o))
+      return make_error(af_error::invalid_argument, "prepare() got an output of another graph");
+    roots.push_back(o.id);
+  }
+  return impl_->prepare(roots, want_values);
+}
+
+caf::expected<clock_estimate> session::clock_of(const std::string& job, int32_t task) {
+  auto conn = impl_->link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->clock;
+}
+
+caf::expected<std::pair<uint64_t, uint64_t>>
+session::executor_load(const std::string& job, int32_t task, const std::string& device) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  auto exec = im.link.executor(**conn, device);
+  if (!exec)
+    return std::move(exec.error());
+  caf::error err;
+  std::pair<uint64_t, uint64_t> out;
+  im.self->request(*exec, im.opts.timeout, info_atom::value)
+    .receive([&](uint64_t graphs, uint64_t steps) { out = {graphs, steps}; },
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "executor " + device, *conn); });
+  if (err)
+    return err;
+  return out;
+}
+
+} // namespace af

@@ -1,0 +1,233 @@
+#pragma once
+/// The inside of af::session, shared by its translation units:
+/// session.cpp (graph building, preparing and running steps),
+/// session_variables.cpp (initialization and waits) and
+/// session_cluster.cpp (ping, lists, shutdown, clocks, executor load).
+/// Not part of the public API.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "caf/all.hpp"
+
+#include "actors/cluster_link.hpp"
+#include "actors/log.hpp"
+#include "actors/node.hpp"
+#include "actors/session.hpp"
+#include "actors/step_binding.hpp"
+#include "graph/partition.hpp"
+#include "graph/placement.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+/// What the facade asks of its session actor: one step.
+struct run_request {
+  std::shared_ptr<prepared_step> step;
+  std::map<int32_t, tensor> feeds;
+  bool trace = false;
+};
+
+} // namespace af
+
+// Both stay inside the client's process: the session actor is never remote.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::run_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<af::prepared_step>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(af::step_outputs)
+
+namespace af::session_detail {
+
+using run_atom = caf::atom_constant<caf::atom("run_step")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+inline caf::error to_error(const graph_error& e) {
+  return make_error(e.code, e.what);
+}
+
+struct session_actor_state {
+  step_runner runner;
+  std::map<caf::actor_addr, std::string> nodes; ///< watched node actor -> task name
+  std::shared_ptr<node_health> health;
+};
+
+/// Hosts the step runner and watches the nodes: the actor half of a session.
+caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
+                                 std::shared_ptr<node_health> health);
+
+} // namespace af::session_detail
+
+namespace af {
+
+using namespace session_detail;
+
+struct session::impl {
+  impl(caf::actor_system& sys, cluster_spec spec, session_options opts)
+    : sys(sys), opts(opts), self(sys, true), health(std::make_shared<node_health>()),
+      actor(sys.spawn<caf::hidden>(session_actor_impl, health)),
+      link(sys, std::move(spec), this->opts, self, actor, health) {
+    link.on_reconnect = [this](node_conn& conn, bool restarted) { rebind(conn, restarted); };
+  }
+
+  ~impl() {
+    // The executors watch the session actor: its exit drops every graph it registered.
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+
+  /// Drops a cached step and its registration on the executors.
+  void drop(std::map<std::string, std::shared_ptr<prepared_step>>::iterator it) {
+    self->send(actor, forget_atom::value, it->second);
+    prepared.erase(it);
+  }
+
+  caf::actor_system& sys;
+  session_options opts;
+  std::string job;
+  int32_t task = 0;
+  caf::scoped_actor self;
+  std::shared_ptr<node_health> health;
+  caf::actor actor; ///< hosts the step runner, watches the nodes
+  cluster_link link;
+  af::graph g;
+  std::map<int32_t, var_binding> bindings;
+  std::map<std::string, std::shared_ptr<prepared_step>> prepared; ///< by plan signature
+
+  placement_policy policy() const { return placement_policy{job, task, opts.soft_placement}; }
+
+  /// After a reconnect: drop the steps bound to the old executors and find the
+  /// variables again by name.
+  void rebind(node_conn& conn, bool restarted) {
+    for (auto it = prepared.begin(); it != prepared.end();)
+      if (it->second->tasks.count(conn.key))
+        drop(it++);
+      else
+        ++it;
+    size_t lost = 0;
+    for (auto& [id, b] : bindings) {
+      if (b.task != conn.key)
+        continue;
+      const auto& name = g.at(output{id}).spec.name;
+      caf::error err;
+      self->request(conn.actor, opts.timeout, lookup_atom::value, name)
+        .receive([&](variable_actor& v) { b.actor = std::move(v); b.gone = false; },
+                 [&](caf::error& e) { err = std::move(e); });
+      if (err) {
+        b.gone = true;
+        ++lost;
+      }
+    }
+    af::log::get()->warn("session {}: reconnected to {} at {} ({}{})", task_name(job, task), conn.key,
+                         conn.address, restarted ? "the node restarted" : "the same node",
+                         lost > 0 ? "; " + std::to_string(lost)
+                                      + " variable(s) are gone: initialize() or restore them"
+                                  : std::string{});
+  }
+
+  caf::expected<const var_binding*> binding_of(output var) {
+    auto it = bindings.find(var.id);
+    if (it == bindings.end())
+      return make_error(af_error::invalid_argument,
+                        "output " + std::to_string(var.id) + " is not a variable of this session");
+    auto dev = placed_from_full(g.at(var).spec.device);
+    if (dev) {
+      // A node seen dead is reconnected (or reported) first.
+      auto conn = link.connect(dev->job, dev->task);
+      if (!conn) {
+        auto& e = conn.error();
+        auto code = e.category() == error_category ? static_cast<af_error>(e.code())
+                                                   : af_error::peer_down;
+        auto text = describe(e);
+        auto prefix = std::string{to_string(code)} + ": ";
+        if (text.rfind(prefix, 0) == 0)
+          text = text.substr(prefix.size());
+        return make_error(code, "variable '" + g.at(var).spec.name + "': " + text);
+      }
+    }
+    if (it->second.gone) {
+      // Another client (the chief) may have created it again meanwhile.
+      auto conn = link.conns.find(it->second.task);
+      if (conn != link.conns.end()) {
+        self->request(conn->second.actor, opts.timeout, lookup_atom::value, g.at(var).spec.name)
+          .receive(
+            [&](variable_actor& v) {
+              it->second.actor = std::move(v);
+              it->second.gone = false;
+            },
+            [](caf::error&) { /* still gone */ });
+      }
+    }
+    if (it->second.gone)
+      return make_error(af_error::gone,
+                        "variable '" + g.at(var).spec.name + "': its node " + it->second.task
+                          + " restarted and no longer holds it; initialize() it again or restore "
+                            "it from a checkpoint");
+    return &it->second;
+  }
+
+  /// One op on a variable: over the node's data plane when there is one, as a
+  /// CAF message otherwise. `path` says which it took.
+  caf::expected<tensor> variable_call(output var, var_op op, tensor operand, bool want_value,
+                                      std::string* path = nullptr) {
+    auto b = binding_of(var);
+    if (!b)
+      return std::move(b.error());
+    const auto& node = g.at(var);
+    auto it = link.conns.find((*b)->task);
+    if (it != link.conns.end() && it->second.channel) {
+      if (path)
+        *path = "data plane";
+      auto& ch = *it->second.channel;
+      auto r = ch.call(op, node.spec.name, op == var_op::read ? nullptr : &operand, want_value);
+      if (ch.broken())
+        it->second.channel_broken = true; // reopened on the next call (the node may come back)
+      if (!r)
+        return std::move(r.error());
+      return std::move(r->first);
+    }
+    if (path)
+      *path = find_local_node((*b)->address, &sys) ? "local buffer" : "CAF message";
+    tensor result;
+    caf::error err;
+    self->request((*b)->actor, opts.timeout, var_op_atom::value, op, std::move(operand), want_value)
+      .receive([&](tensor& v, uint64_t) { result = std::move(v); },
+               [&](caf::error& e) {
+                 err = link.explain(std::move(e),
+                               std::string{to_string(op)} + " of variable '" + node.spec.name
+                                 + "' on " + node.spec.device,
+                               nullptr);
+               });
+    if (err)
+      return err;
+    return result;
+  }
+
+  caf::expected<std::vector<output>> variables_of(const std::vector<output>& vars) const {
+    if (vars.empty())
+      return g.variables();
+    for (auto v : vars)
+      if (g.variable_node(v) == nullptr)
+        return make_error(af_error::invalid_argument,
+                          "output " + std::to_string(v.id) + " is not a variable of this session");
+    return vars;
+  }
+
+  caf::expected<std::shared_ptr<prepared_step>> prepare(const std::vector<int32_t>& roots,
+                                                        bool want_values);
+
+  caf::expected<std::vector<tensor>> execute(const std::vector<output>& outs, bool want_values,
+                                             const std::vector<std::pair<output, tensor>>& feeds,
+                                             run_trace* trace);
+
+  /// Gets or creates the variable of node `id` on its node and binds it.
+  caf::error create_variable(int32_t id);
+};
+
+} // namespace af

@@ -1,0 +1,110 @@
+// af::session: initializing variables and waiting for them.
+#include "actors/session_impl.hpp"
+
+namespace af {
+
+caf::error session::initialize(const std::vector<output>& vars, const std::string& run_id) {
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
+  for (auto v : *list) {
+    auto b = im.binding_of(v);
+    if (!b && is(b.error(), af_error::gone)) {
+      if (auto err = im.create_variable(v.id))
+        return err;
+      b = im.binding_of(v);
+    }
+    if (!b)
+      return std::move(b.error());
+    const auto& n = im.g.at(v);
+    caf::error err;
+    im.self->request((*b)->actor, im.opts.timeout, init_atom::value, n.init, false, run_id)
+      .receive([](uint64_t) {},
+               [&](caf::error& e) {
+                 err = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
+               });
+    if (err)
+      return err;
+  }
+  return caf::none;
+}
+
+caf::expected<std::vector<std::string>> session::uninitialized(const std::vector<output>& vars) {
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
+  std::vector<std::string> out;
+  for (auto v : *list) {
+    const auto& n = im.g.at(v);
+    auto b = im.binding_of(v);
+    if (!b && is(b.error(), af_error::gone)) {
+      out.push_back(n.spec.name);
+      continue;
+    }
+    if (!b)
+      return std::move(b.error());
+    caf::error err;
+    im.self->request((*b)->actor, im.opts.timeout, info_atom::value)
+      .receive(
+        [&](variable_info& info) {
+          if (!info.initialized)
+            out.push_back(n.spec.name);
+        },
+        [&](caf::error& e) { err = im.link.explain(std::move(e), "state of '" + n.spec.name + "'", nullptr); });
+    if (err)
+      return err;
+  }
+  return out;
+}
+
+caf::error session::wait_initialized(std::chrono::milliseconds timeout,
+                                     const std::vector<output>& vars, const std::string& run_id) {
+  auto& im = *impl_;
+  auto list = im.variables_of(vars);
+  if (!list)
+    return std::move(list.error());
+  auto& self = im.self;
+  // All requests are in flight at once and share one deadline; each variable
+  // drops its waiter at the same deadline, so nothing is left parked.
+  using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value,
+                                        std::string{}, uint32_t{}));
+  std::vector<handle> pending;
+  std::vector<output> asked;
+  for (auto v : *list) {
+    auto b = im.binding_of(v);
+    if (!b)
+      return std::move(b.error());
+    pending.push_back(self->request((*b)->actor, timeout + std::chrono::milliseconds{200},
+                                    wait_init_atom::value, run_id,
+                                    static_cast<uint32_t>(timeout.count())));
+    asked.push_back(v);
+  }
+  std::vector<std::string> missing;
+  caf::error other;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const auto& n = im.g.at(asked[i]);
+    pending[i].receive([](uint64_t) {},
+                       [&](caf::error& e) {
+                         if (e == caf::sec::request_timeout || is(e, af_error::timeout))
+                           missing.push_back(n.spec.name + " (on " + n.spec.device + ")");
+                         else if (!other)
+                           other = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'",
+                                              nullptr);
+                       });
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& m : missing)
+      names += (names.empty() ? "" : ", ") + m;
+    return make_error(af_error::timeout,
+                      "waited " + std::to_string(timeout.count()) + " ms for initialization of "
+                        + std::to_string(missing.size()) + " variable(s)"
+                        + (run_id.empty() ? "" : " by run '" + run_id + "'") + ": " + names
+                        + "; is the chief running initialize()?");
+  }
+  return other;
+}
+
+} // namespace af
