@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -190,10 +191,19 @@ using feed_map = std::map<int32_t, tensor>;
 /// Results of runs made from inside an event-based actor.
 struct runs_seen {
   std::mutex mtx;
+  std::condition_variable arrived;
   std::vector<caf::expected<step_outputs>> results;
-  size_t count() {
+
+  void add(caf::expected<step_outputs> r) {
     std::lock_guard<std::mutex> guard{mtx};
-    return results.size();
+    results.push_back(std::move(r));
+    arrived.notify_all();
+  }
+
+  /// Waits until `n` runs have answered; false after `timeout`.
+  bool wait_for(size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock<std::mutex> lock{mtx};
+    return arrived.wait_for(lock, timeout, [&] { return results.size() >= n; });
   }
 };
 
@@ -210,12 +220,11 @@ TEST_CASE("two runs of a step before it is registered both answer, under one reg
     for (float v : {1.0f, 2.0f})
       runner->run(self, step, {{1, tensor::scalar(v)}}, false,
                   [seen, runner](caf::expected<step_outputs> r) {
-                    std::lock_guard<std::mutex> guard{seen->mtx};
-                    seen->results.push_back(std::move(r));
+                    seen->add(std::move(r));
                   });
     return caf::behavior{[](int) {}};
   });
-  REQUIRE(eventually([&] { return seen->count() == 2; }));
+  REQUIRE(seen->wait_for(2));
   std::lock_guard<std::mutex> guard{seen->mtx};
   for (auto& r : seen->results)
     REQUIRE(r);
@@ -246,12 +255,11 @@ TEST_CASE("a runner whose graph id another owner holds registers under another a
     };
     runner->run(self, step, {{1, tensor::scalar(5.0f)}}, false,
                 [seen, runner](caf::expected<step_outputs> r) {
-                  std::lock_guard<std::mutex> guard{seen->mtx};
-                  seen->results.push_back(std::move(r));
+                  seen->add(std::move(r));
                 });
     return caf::behavior{[](int) {}};
   });
-  REQUIRE(eventually([&] { return seen->count() == 1; }));
+  REQUIRE(seen->wait_for(1));
   {
     std::lock_guard<std::mutex> guard{seen->mtx};
     REQUIRE(seen->results[0]);
@@ -278,8 +286,7 @@ TEST_CASE("a runner never registers two steps under one graph id", "[runtime]") 
     auto calls = std::make_shared<int>(0);
     runner->next_graph_id = [calls] { return ++*calls <= 2 ? uint64_t{42} : uint64_t{43}; };
     auto record = [seen, runner](caf::expected<step_outputs> r) {
-      std::lock_guard<std::mutex> guard{seen->mtx};
-      seen->results.push_back(std::move(r));
+      seen->add(std::move(r));
     };
     feed_map one{{1, tensor::scalar(1.0f)}};
     runner->run(self, plus_one, one, false, [=](caf::expected<step_outputs> r) {
@@ -291,7 +298,7 @@ TEST_CASE("a runner never registers two steps under one graph id", "[runtime]") 
     });
     return caf::behavior{[](int) {}};
   });
-  REQUIRE(eventually([&] { return seen->count() == 3; }));
+  REQUIRE(seen->wait_for(3));
   std::lock_guard<std::mutex> guard{seen->mtx};
   std::vector<double> got;
   for (auto& r : seen->results) {
@@ -317,12 +324,11 @@ TEST_CASE("a step that an executor cannot finish fails with the executor's reaso
     auto runner = std::make_shared<step_runner>();
     self->set_down_handler([self, runner](caf::down_msg& dm) { runner->on_down(self, dm); });
     runner->run(self, step, {}, false, [seen, runner](caf::expected<step_outputs> r) {
-      std::lock_guard<std::mutex> guard{seen->mtx};
-      seen->results.push_back(std::move(r));
+      seen->add(std::move(r));
     });
     return caf::behavior{[](int) {}};
   });
-  REQUIRE(eventually([&] { return seen->count() == 1; }));
+  REQUIRE(seen->wait_for(1));
   std::lock_guard<std::mutex> guard{seen->mtx};
   REQUIRE(!seen->results[0]);
   auto text = describe(seen->results[0].error());
@@ -351,6 +357,7 @@ TEST_CASE("an event-based actor runs steps through its own step runner without b
   // starts the next; nothing in it waits.
   struct outcome_t {
     std::mutex mtx;
+    std::condition_variable finished;
     std::vector<std::vector<float>> values;
     std::string error;
     bool done = false;
@@ -376,24 +383,18 @@ TEST_CASE("an event-based actor runs steps through its own step runner without b
                   runner->run(self, step, feed_of(10), false,
                               [=](caf::expected<step_outputs> r2) {
                                 record(r2, y.id);
-                                std::lock_guard<std::mutex> guard{out->mtx};
-                                out->done = true;
+                                {
+                                  std::lock_guard<std::mutex> guard{out->mtx};
+                                  out->done = true;
+                                }
+                                out->finished.notify_all();
                                 self->quit();
                               });
                 });
     return caf::behavior{[](int) {}};
   });
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> guard{out->mtx};
-      if (out->done || std::chrono::steady_clock::now() > deadline)
-        break;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  std::lock_guard<std::mutex> guard{out->mtx};
-  REQUIRE(out->done);
+  std::unique_lock<std::mutex> lock{out->mtx};
+  REQUIRE(out->finished.wait_for(lock, 10s, [&] { return out->done; }));
   CHECK(out->error.empty());
   REQUIRE(out->values.size() == 2);
   CHECK(out->values[0] == std::vector<float>{3, 6});
