@@ -218,17 +218,11 @@ bool process_cluster::signal(const std::string& job, int32_t task, int sig) {
   if (sig == SIGKILL)
     reap(*p, std::chrono::seconds(10));
   if (sig == SIGSTOP) {
-    // kill() returns before the process has stopped: wait until it has
-    // (state 'T' in /proc/PID/stat), so that nothing it does later counts.
-    auto deadline = clock_type::now() + std::chrono::seconds(5);
-    while (clock_type::now() < deadline) {
-      std::ifstream stat{"/proc/" + std::to_string(p->pid) + "/stat"};
-      std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-      auto paren = text.rfind(')');
-      if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T')
-        break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    // kill() returns before the process has stopped: wait for the stop
+    // itself (SIGSTOP cannot be caught, so it comes, or the process died).
+    int status = 0;
+    if (waitpid(p->pid, &status, WUNTRACED) == p->pid && !WIFSTOPPED(status))
+      p->exit_code = decode(status);
   }
   return true;
 }
