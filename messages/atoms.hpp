@@ -25,4 +25,16 @@ using forget_atom = caf::atom_constant<caf::atom("forget")>;
 /// Periodic self-message: drop steps and waiters past their deadline.
 using sweep_atom = caf::atom_constant<caf::atom("sweep")>;
 
+// -- training (messages/aggregator.hpp, messages/kv_store.hpp)
+using push_atom = caf::atom_constant<caf::atom("push")>;
+using pull_atom = caf::atom_constant<caf::atom("pull")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using aggregator_atom = caf::atom_constant<caf::atom("aggregatr")>;
+using save_atom = caf::atom_constant<caf::atom("save")>;
+using restore_atom = caf::atom_constant<caf::atom("restore")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using kv_store_atom = caf::atom_constant<caf::atom("kv_store")>;
+using kv_put_atom = caf::atom_constant<caf::atom("kv_put")>;
+using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
+
 } // namespace af

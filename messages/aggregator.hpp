@@ -1,0 +1,125 @@
+#pragma once
+/// The aggregation actors: where the gradients of data-parallel workers meet.
+/// Choosing sync or async training is choosing which of these a node spawns
+/// (actors/aggregator.hpp); the worker's code is the same for all of them.
+///
+/// One aggregator serves the variables of one ps node (TF places
+/// SyncReplicasOptimizer's accumulators with their variables); the node spawns
+/// it, by name, through (aggregator, aggregator_spec) on its node actor
+/// (messages/node.hpp). Its variables must exist on that node; it applies
+/// updates through their cells, so optimizer slots stay beside the values.
+///
+/// Protocol (every reply may instead be an error of messages/error.hpp):
+///   (push, uint32 worker, uint64 step, vector<tensor> values) -> (uint64 global_step, tensor params)
+///        `values` holds one tensor per variable of the spec, in its order,
+///        each of that variable's shape; or one flat float32 tensor of all of
+///        them (what the data plane carries). What they are depends on the mode:
+///        sync:    gradients computed at global step `step`. Answered when the
+///                 step is released: once every worker not done has pushed its
+///                 gradient of that step, the mean is applied once and the
+///                 global step moves on. A gradient of an older step is dropped,
+///                 counted, and answered at once with the current parameters.
+///        async:   a gradient computed from the parameters of global step
+///                 `step`: applied at once; its staleness (global step now -
+///                 `step`) goes into the histogram.
+///        average: the worker's own parameters after `average_every` local
+///                 steps. Answered once every worker not done has pushed its
+///                 round: the mean becomes the value of every variable.
+///        The answer is the new global step and all parameters as one flat
+///        float32 tensor. A value that is not finite (NaN, Inf) is refused
+///        (invalid_argument naming the worker, the variable and the element),
+///        counted, and never reaches a variable: in sync and average modes
+///        the step goes on without that worker's contribution. A value of the
+///        wrong shape is shape_mismatch naming the variable.
+///   (pull)                        -> (uint64 global_step, tensor params)
+///   (stats)                       -> (aggregator_stats)
+///   (done, uint32 worker)         -> (uint32 workers_done)  the worker pushes no more:
+///        sync and average stop waiting for it.
+///   (save)                        -> (aggregator_state)  a consistent snapshot
+///        between steps: values, optimizer slots and the global step
+///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it
+/// A step that waits longer than the spec's step_timeout_ms for its workers
+/// fails for those waiting with af_error::timeout naming the missing workers.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "caf/meta/type_name.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+
+#include "messages/atoms.hpp"
+#include "messages/serialization.hpp"
+#include "messages/tensor.hpp"
+#include "train/optimizer.hpp"
+
+namespace af {
+
+struct aggregator_spec {
+  std::string name;                    ///< unique on its node, e.g. "train/ps0"
+  std::string mode = "sync";           ///< sync, async, average
+  std::vector<std::string> variables;  ///< names of variables on this node, push order
+  uint32_t workers = 1;
+  train::optimizer_spec optimizer;     ///< sync and async
+  uint32_t step_timeout_ms = 30000;
+};
+
+struct aggregator_stats {
+  std::string mode;
+  uint64_t global_step = 0;
+  uint64_t applied = 0;          ///< updates applied to the variables
+  uint64_t pushes = 0;           ///< pushes received
+  uint64_t dropped_stale = 0;    ///< sync: gradients of an old step
+  uint64_t refused = 0;          ///< non-finite values refused
+  std::string last_refusal;      ///< the error of the last refusal
+  std::vector<uint64_t> staleness; ///< async: [s] = gradients applied with staleness s
+                                   ///< (the last bucket: s or more)
+  uint32_t workers_done = 0;
+};
+
+struct aggregator_state {
+  uint64_t global_step = 0;
+  std::vector<std::string> names;
+  std::vector<tensor> values;
+  std::vector<std::vector<tensor>> slots; ///< per variable, train::slot_names order
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, train::schedule_spec& x) {
+  return f(caf::meta::type_name("schedule_spec"), x.kind, x.decay_steps, x.decay_rate,
+           x.total_steps, x.min_lr);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, train::optimizer_spec& x) {
+  return f(caf::meta::type_name("optimizer_spec"), x.kind, x.lr, x.momentum, x.beta1, x.beta2,
+           x.epsilon, x.schedule);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {
+  return f(caf::meta::type_name("aggregator_spec"), x.name, x.mode, x.variables, x.workers,
+           x.optimizer, x.step_timeout_ms);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, aggregator_stats& x) {
+  return f(caf::meta::type_name("aggregator_stats"), x.mode, x.global_step, x.applied, x.pushes,
+           x.dropped_stale, x.refused, x.last_refusal, x.staleness, x.workers_done);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, aggregator_state& x) {
+  return f(caf::meta::type_name("aggregator_state"), x.global_step, x.names, x.values, x.slots);
+}
+
+using aggregator_actor = caf::typed_actor<
+  caf::replies_to<push_atom, uint32_t, uint64_t, std::vector<tensor>>::with<uint64_t, tensor>,
+  caf::replies_to<pull_atom>::with<uint64_t, tensor>,
+  caf::replies_to<stats_atom>::with<aggregator_stats>,
+  caf::replies_to<done_atom, uint32_t>::with<uint32_t>,
+  caf::replies_to<save_atom>::with<aggregator_state>,
+  caf::replies_to<restore_atom, aggregator_state>::with<uint64_t>>;
+
+} // namespace af

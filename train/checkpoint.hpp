@@ -1,0 +1,45 @@
+#pragma once
+/// Checkpoints (TF's Saver), no CAF: every variable with its optimizer slots,
+/// the global step, the data position and the config, as a Cereal binary
+/// archive behind a header (magic, format version) and a checksum of the body.
+/// Written to a temporary file in the same directory, fsynced, renamed, and
+/// the directory fsynced: a crash leaves the old checkpoint or the new one,
+/// never half of one. A torn, truncated or foreign file is refused with an
+/// error naming it.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/outcome.hpp"
+#include "messages/tensor.hpp"
+
+namespace af::train {
+
+struct saved_variable {
+  std::string name;
+  tensor value;
+  std::map<std::string, tensor> slots;
+};
+
+struct checkpoint {
+  uint64_t global_step = 0;
+  uint64_t data_position = 0;       ///< steps of data each worker has consumed
+  std::string config;               ///< the training config (TOML)
+  std::vector<saved_variable> variables;
+};
+
+/// Writes `ckpt` as DIR/ckpt-<global_step>.afck and updates DIR/latest
+/// (which names it) the same atomic way; keeps the newest `keep` files.
+/// Returns the path written.
+outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep = 3);
+
+/// Reads one checkpoint file; errors name the file and what is wrong
+/// (not a checkpoint, a newer format, truncated, checksum mismatch).
+outcome<checkpoint> load(const std::string& path);
+
+/// The path DIR/latest names, or "" if DIR has no checkpoint yet.
+outcome<std::string> latest(const std::string& dir);
+
+} // namespace af::train

@@ -1,0 +1,54 @@
+#pragma once
+/// The training config (TOML): a [train] table in the cluster file or a file
+/// of its own. Every key has a default; an unknown key or a bad value is an
+/// error naming it (and the file).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/outcome.hpp"
+#include "train/optimizer.hpp"
+
+namespace af::train {
+
+struct train_config {
+  std::string mode = "sync";       ///< sync, async, average, allreduce
+  std::string model = "mlp";       ///< softmax, mlp
+  std::vector<int64_t> hidden = {128}; ///< mlp hidden layer sizes
+  std::string data = "digits";     ///< digits, synthetic, csv:PATH, idx:IMAGES,LABELS
+  double holdout = 0.2;            ///< fraction held out for evaluation
+  size_t synthetic_examples = 4096;///< synthetic
+  size_t synthetic_features = 64;  ///< synthetic
+  uint32_t synthetic_classes = 10; ///< synthetic
+  size_t batch_size = 32;          ///< per worker
+  uint64_t steps = 0;              ///< global steps (0: from epochs)
+  double epochs = 10;              ///< used when steps == 0
+  optimizer_spec optimizer;        ///< keys: optimizer, learning_rate, momentum, beta1, beta2,
+                                   ///< epsilon, schedule, decay_steps, decay_rate, min_lr
+  uint32_t average_every = 4;      ///< average mode: local steps between averages
+  uint64_t seed = 1;
+  std::string checkpoint_dir;      ///< empty: no checkpoints
+  uint64_t checkpoint_steps = 0;   ///< every N global steps (0: only at the end)
+  double checkpoint_secs = 0;      ///< or every N seconds (0: not by time)
+  std::string metrics;             ///< metrics CSV path (empty: none); the PNG goes beside it
+  uint64_t log_every = 50;         ///< progress line every N steps (0: never)
+  uint64_t eval_every = 100;       ///< held-out accuracy every N steps (0: only at the end)
+  uint32_t step_timeout_ms = 30000;///< how long an aggregator waits for a step's workers
+  uint32_t init_timeout_ms = 60000;///< how long a worker waits for the chief's initialization
+};
+
+/// Parses the [train] table of `path` (or the whole file if it has no
+/// [train] table and no [cluster] table). Errors name the file and the key.
+outcome<train_config> load_train_config(const std::string& path);
+
+/// From TOML text (`origin` names it in errors).
+outcome<train_config> parse_train_config(const std::string& text, const std::string& origin);
+
+/// Empty if usable, else a sentence naming the bad key.
+std::string validate(const train_config& c);
+
+/// The config as TOML text (stored in checkpoints; parse_train_config reads it back).
+std::string to_toml(const train_config& c);
+
+} // namespace af::train

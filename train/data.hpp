@@ -1,0 +1,103 @@
+#pragma once
+/// Data for training, no CAF: readers for CSV and IDX (MNIST's format), a
+/// synthetic generator with a known target, the bundled UCI digits, a fixed
+/// held-out split, and deterministic, seeded, sharded batching.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/outcome.hpp"
+#include "messages/tensor.hpp"
+
+namespace af::train {
+
+/// Examples in memory: x row-major [size, features] float32; y int32 labels
+/// in [0, classes) (classification) or, for regression targets, y empty and
+/// `targets` [size] float32.
+struct dataset {
+  std::string name;          ///< where it came from, for messages
+  size_t features = 0;
+  uint32_t classes = 0;      ///< 0 for regression
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  std::vector<float> targets;
+  size_t size() const { return features ? x.size() / features : 0; }
+};
+
+/// CSV: one example per line, the features, then the label as the last
+/// column (an integer class). No header unless `has_header`. Gzip files
+/// (.gz) are read too. Errors name the file, the line and the column.
+/// `scale` multiplies every feature (digits: 1/16).
+outcome<dataset> read_csv(const std::string& path, bool has_header = false, float scale = 1.0f);
+
+/// IDX (MNIST): an images file (magic 0x00000803, u8 [n, rows, cols]) and a
+/// labels file (0x00000801, u8 [n]); pixels are scaled to [0, 1].
+outcome<dataset> read_idx(const std::string& images, const std::string& labels);
+
+/// The UCI optical handwritten digits bundled in data/ (1,797 8x8 images,
+/// 10 classes, pixels scaled to [0, 1]). `data_dir` is the repository's
+/// data/ folder; empty: the one this binary was built from
+/// (ACTORFLOW_DATA_DIR), then ./data.
+outcome<dataset> load_digits(const std::string& data_dir = "");
+
+/// Synthetic classification from a fixed random teacher: x ~ N(0, 1) of
+/// `features`, label = argmax(x W + b) of a linear teacher with `classes`
+/// classes; the same seed gives the same examples.
+dataset synthetic_classification(size_t examples, size_t features, uint32_t classes,
+                                 uint64_t seed);
+
+/// Synthetic linear regression: y = x . w + b with a fixed random w (seeded),
+/// x ~ N(0, 1); no noise, so the exact solution is known.
+dataset synthetic_linear(size_t examples, size_t features, uint64_t seed);
+
+/// Splits off a fixed held-out set: the last `fraction` of a seeded
+/// permutation of the examples (the same seed, the same split).
+struct split {
+  dataset train;
+  dataset test;
+};
+split holdout(const dataset& all, double fraction, uint64_t seed);
+
+/// A batch: x [batch, features] float32 and y [batch] int32 (or targets
+/// [batch] float32 for regression).
+struct batch {
+  tensor x;
+  tensor y;
+  uint64_t first_example = 0; ///< position in the epoch's order (for checkpoints)
+};
+
+/// Deterministic, seeded batching of `data` for worker `shard` of `shards`.
+/// Each epoch is a permutation of all examples (seed + epoch); the epoch's
+/// order is cut into global batches of `batch_size * shards` examples and
+/// worker `shard` takes the `shard`-th slice of each. So sync training of 2
+/// workers at batch b sees, at each step, exactly the examples 1 worker at
+/// batch 2b sees (the exactness tests depend on it). A global batch that would
+/// run past the epoch's end is skipped: every batch is full.
+class batcher {
+public:
+  batcher(const dataset& data, size_t batch_size, uint32_t shard, uint32_t shards, uint64_t seed,
+          bool shuffle = true);
+
+  /// The batch of local step `step` (0-based; epochs follow each other).
+  batch at(uint64_t step) const;
+
+  /// Steps in one epoch.
+  uint64_t steps_per_epoch() const;
+
+private:
+  const dataset* data_;
+  size_t batch_size_;
+  uint32_t shard_;
+  uint32_t shards_;
+  uint64_t seed_;
+  bool shuffle_;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<uint32_t> order_;
+};
+
+/// All of `data` as one batch (held-out evaluation).
+batch whole(const dataset& data);
+
+} // namespace af::train

@@ -1,0 +1,45 @@
+#pragma once
+/// What the user sees of a training run, no CAF: the metrics CSV and a plot.
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "graph/outcome.hpp"
+
+namespace af::train {
+
+struct metrics_row {
+  uint64_t step = 0;
+  double wall_s = 0;      ///< since the run started
+  double loss = 0;        ///< training loss (mean of the last steps)
+  double accuracy = -1;   ///< held-out accuracy, -1 if not measured at this row
+  std::string mode;
+  uint32_t workers = 0;
+  double examples_per_s = 0;
+};
+
+/// Appends rows to a CSV with the header
+/// step,wall_s,loss,accuracy,mode,workers,examples_per_s
+/// (accuracy empty when not measured). Each row is flushed.
+class metrics_writer {
+public:
+  static outcome<metrics_writer> open(const std::string& path);
+  metrics_writer(metrics_writer&&) noexcept;
+  metrics_writer& operator=(metrics_writer&&) noexcept;
+  ~metrics_writer();
+  void write(const metrics_row& row);
+  const std::string& path() const { return path_; }
+
+private:
+  metrics_writer(std::FILE* f, std::string path) : f_(f), path_(std::move(path)) {}
+  std::FILE* f_ = nullptr;
+  std::string path_;
+};
+
+/// Plots loss and accuracy against the step from `csv` into `png` with
+/// gnuplot. Returns a sentence for the user: where the PNG is, or why there
+/// is none (gnuplot not installed: "apt-get install gnuplot-nox").
+std::string plot(const std::string& csv, const std::string& png);
+
+} // namespace af::train
