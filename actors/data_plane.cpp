@@ -196,6 +196,32 @@ void variable_directory::remove(const std::string& name) {
   vars_.erase(name);
 }
 
+void variable_directory::put_aggregator(const std::string& name, aggregator_entry e) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  aggs_[name] = std::move(e);
+}
+
+variable_directory::aggregator_entry variable_directory::get_aggregator(const std::string& name) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = aggs_.find(name);
+  return it == aggs_.end() ? aggregator_entry{} : it->second;
+}
+
+void variable_directory::remove_aggregator(const std::string& name) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  aggs_.erase(name);
+}
+
+void variable_directory::set_aggregator_call(aggregator_call f) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  call_ = std::move(f);
+}
+
+variable_directory::aggregator_call variable_directory::aggregator_caller() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return call_;
+}
+
 // -- data_plane_server ---------------------------------------------------------
 
 caf::expected<std::unique_ptr<data_plane_server>>
@@ -328,6 +354,71 @@ void data_plane_server::accept_loop() {
   }
 }
 
+bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const wire::header& h,
+                                         const std::string& name) {
+  auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  bool push = h.kind == static_cast<uint8_t>(wire::kind::push);
+  auto agg = dir_->get_aggregator(name);
+  auto caller = dir_->aggregator_caller();
+  // Checked before anything is allocated: a push for an aggregator that does
+  // not exist, or of another size, cannot make the node take its memory.
+  std::string refusal;
+  af_error code = af_error::invalid_argument;
+  if (!agg.actor || !caller) {
+    code = af_error::not_found;
+    refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
+                          name, node_name_);
+  } else if (h.has_tensor
+             && (!push || static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
+                 || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
+    code = af_error::shape_mismatch;
+    refusal = fmt::format("{} to aggregator '{}': {}{} values, expected float32[{}]",
+                          push ? "push" : "pull", name, dtype_name(static_cast<dtype>(h.dtype)),
+                          shape_string(wire::shape_of(h)), agg.floats);
+  } else if (!h.has_tensor && h.payload_bytes > 0) {
+    refusal = "a push or pull with a payload that is no tensor";
+  }
+  if (!refusal.empty()) {
+    char scratch[65536];
+    uint64_t left = h.payload_bytes;
+    while (left > 0) {
+      auto n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+      if (read_timed(fd, scratch, n, frame_ms, frame_ms, false) != read_end::done)
+        return false;
+      left -= n;
+    }
+    return send_error(fd, code, refusal);
+  }
+  tensor values;
+  if (h.has_tensor) {
+    try {
+      values.reset(dtype::float32, wire::shape_of(h));
+    } catch (const std::bad_alloc&) {
+      send_error(fd, af_error::resource_exhausted,
+                 fmt::format("{} cannot allocate {} bytes for a push to '{}' (out of memory)",
+                             node_name_, h.payload_bytes, name));
+      return false;
+    }
+    if (h.payload_bytes > 0
+        && read_timed(fd, values.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
+             != read_end::done) {
+      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
+                       node_name_, peer, name);
+      return false;
+    }
+  }
+  auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(values), agg.wait);
+  if (!r)
+    return send_error(fd, wire_code(r.error()), describe(r.error()));
+  wire::header reply;
+  reply.kind = static_cast<uint8_t>(wire::kind::reply);
+  reply.version = r->first;
+  const auto& params = r->second;
+  if (!params.empty())
+    wire::describe_tensor(params, reply); // rank 1
+  return send_frame(fd, reply, nullptr, params.empty() ? nullptr : params.bytes());
+}
+
 void data_plane_server::serve(int fd, const std::string& peer) {
   auto idle_ms = static_cast<int>(timeouts_.idle.count());
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
@@ -349,7 +440,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (ended(read_timed(fd, &h, sizeof(h), idle_ms, frame_ms, true), "header"))
         break;
       auto problem = wire::validate(h);
-      if (problem.empty() && !valid_var_op(h.kind))
+      if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind))
         problem = "a reply frame sent as a request";
       if (!problem.empty()) {
         // The stream cannot be trusted past a bad header: answer and hang up.
@@ -361,6 +452,11 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (h.name_len > 0 && ended(read_timed(fd, name.data(), name.size(), frame_ms, frame_ms, false),
                                   "variable name"))
         break;
+      if (wire::aggregator_kind(h.kind)) {
+        if (!serve_aggregator(fd, peer, h, name))
+          break;
+        continue;
+      }
       // The variable and the operand's fit are checked before anything is
       // allocated for the operand: a frame for a variable that does not exist,
       // or of another shape, cannot make the node take its memory.
@@ -576,6 +672,10 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
                         + " is more than the data plane carries (8)");
   if (!send_frame(fd_, h, &var, operand ? operand->bytes() : nullptr))
     return fail(what, errno);
+  return read_reply(what);
+}
+
+caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::string& what) {
   wire::header r;
   poll_for_reply();
   if (!read_all(fd_, &r, sizeof(r)))
@@ -624,6 +724,58 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   }
   last_reply_ = std::chrono::steady_clock::now();
   return std::make_pair(std::move(value), r.version);
+}
+
+caf::expected<std::pair<uint64_t, tensor>>
+data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worker, uint64_t step,
+                        const std::vector<tensor>& values, std::chrono::milliseconds wait) {
+  bool push = kind == wire::kind::push;
+  auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
+  if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
+    return make_error(af_error::invalid_argument, what + ": not a push or pull frame");
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  if (name.size() > wire::max_name || worker > UINT16_MAX)
+    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
+  reopen_if_closed_by_peer();
+  wire::header h;
+  h.kind = static_cast<uint8_t>(kind);
+  h.name_len = static_cast<uint32_t>(name.size());
+  h.version = step;
+  h.reserved = static_cast<uint16_t>(worker);
+  std::vector<iovec> iov;
+  iov.reserve(values.size() + 2);
+  iov.push_back({&h, sizeof(h)});
+  if (!name.empty())
+    iov.push_back({const_cast<char*>(name.data()), name.size()});
+  if (push && !values.empty()) {
+    uint64_t floats = 0;
+    for (const auto& v : values) {
+      if (v.type() != dtype::float32)
+        return make_error(af_error::dtype_mismatch, what + ": values must be float32, got "
+                                                      + v.summary());
+      floats += v.num_elements();
+      if (v.nbytes() > 0)
+        iov.push_back({const_cast<std::byte*>(v.bytes()), v.nbytes()});
+    }
+    h.has_tensor = 1;
+    h.dtype = static_cast<uint8_t>(dtype::float32);
+    h.rank = 1;
+    h.dims[0] = static_cast<int64_t>(floats);
+    h.payload_bytes = floats * sizeof(float);
+  }
+  // A sync push waits for the other workers: widen this call's receive timeout.
+  auto wait_for = std::max(wait + std::chrono::seconds(1), timeout_);
+  set_timeout(fd_, SO_RCVTIMEO, wait_for);
+  bool sent = write_all(fd_, iov.data(), static_cast<int>(iov.size()));
+  if (!sent)
+    return fail(what, errno);
+  auto r = read_reply(what);
+  if (fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, timeout_);
+  if (!r)
+    return std::move(r.error());
+  return std::make_pair(r->second, std::move(r->first));
 }
 
 } // namespace af

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@
 #include "caf/expected.hpp"
 
 #include "actors/variable.hpp"
+#include "messages/aggregator.hpp"
 #include "messages/wire.hpp"
 
 namespace af {
@@ -54,9 +56,32 @@ public:
   /// Removes `name` whatever is registered.
   void remove(const std::string& name);
 
+  // -- aggregators (messages/aggregator.hpp), reached by push/pull frames ----
+
+  struct aggregator_entry {
+    aggregator_actor actor;
+    size_t floats = 0;                    ///< a push carries exactly this many
+    std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
+  };
+  void put_aggregator(const std::string& name, aggregator_entry e);
+  /// The entry of `name`; an empty one (null actor) if there is none.
+  aggregator_entry get_aggregator(const std::string& name) const;
+  void remove_aggregator(const std::string& name);
+
+  /// How a data-plane thread asks an aggregator and waits for its answer
+  /// (start_node sets it: a blocking request from a scoped actor). Arguments:
+  /// the aggregator, the frame kind (push or pull), worker, step, the flat
+  /// values (empty for pull or an abstention), the wait.
+  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
+    const aggregator_actor&, uint8_t, uint32_t, uint64_t, tensor, std::chrono::milliseconds)>;
+  void set_aggregator_call(aggregator_call f);
+  aggregator_call aggregator_caller() const;
+
 private:
   mutable std::mutex mtx_;
   std::unordered_map<std::string, entry> vars_;
+  std::unordered_map<std::string, aggregator_entry> aggs_;
+  aggregator_call call_;
 };
 
 /// How long a server connection may stay silent (node_options'
@@ -93,6 +118,9 @@ private:
     : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(timeouts) {}
   void accept_loop();
   void serve(int fd, const std::string& peer);
+  /// A push or pull frame (header read, name read); false: drop the connection.
+  bool serve_aggregator(int fd, const std::string& peer, const wire::header& h,
+                        const std::string& name);
 
   std::shared_ptr<variable_directory> dir_;
   std::string node_name_;
@@ -126,6 +154,15 @@ public:
   caf::expected<std::pair<tensor, uint64_t>> call(var_op op, const std::string& var,
                                                   const tensor* operand, bool want_value);
 
+  /// One push (values: the parts, sent as one flat float32 tensor without a
+  /// copy; none: an abstention) or pull to aggregator `name` of the node:
+  /// the global step and the flat parameters. `wait` bounds this call's reply
+  /// (a sync push waits for the other workers).
+  caf::expected<std::pair<uint64_t, tensor>> aggregate(wire::kind kind, const std::string& name,
+                                                       uint32_t worker, uint64_t step,
+                                                       const std::vector<tensor>& values,
+                                                       std::chrono::milliseconds wait);
+
   bool broken() const { return fd_ < 0; }
 
 private:
@@ -134,6 +171,7 @@ private:
     : fd_(fd), host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
       poll_(poll), last_reply_(std::chrono::steady_clock::now()) {}
   caf::error fail(const std::string& what, int err);
+  caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what);
   void poll_for_reply();
   void reopen_if_closed_by_peer();
 

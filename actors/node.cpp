@@ -1,5 +1,8 @@
 #include "actors/node.hpp"
 
+#include "actors/aggregator.hpp"
+#include "actors/kv_store.hpp"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -127,9 +130,12 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   // Variables end with the node; one that ends alone is forgotten, and the
   // node serves on. An executor's failure ends the node.
   st.variable_names = std::make_shared<std::map<caf::actor_addr, std::string>>();
-  self->attach_functor([vars = st.variable_names](const caf::error&) {
+  st.owned = std::make_shared<std::vector<caf::actor_addr>>();
+  self->attach_functor([vars = st.variable_names, owned = st.owned](const caf::error&) {
     for (const auto& kvp : *vars)
       caf::anon_send_exit(kvp.first, caf::exit_reason::user_shutdown);
+    for (const auto& a : *owned)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
@@ -254,6 +260,53 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                           "node " + self->state.device_prefix + " has no device " + device);
       return it->second;
     },
+    [self](aggregator_atom, aggregator_spec& spec) -> caf::result<aggregator_actor> {
+      auto& st = self->state;
+      auto it = st.aggregators.find(spec.name);
+      if (it != st.aggregators.end()) {
+        const auto& have = it->second.spec;
+        if (have.mode != spec.mode || have.variables != spec.variables
+            || have.workers != spec.workers)
+          return make_error(af_error::already_exists,
+                            fmt::format("{} already has aggregator '{}' ({}, {} workers, variables "
+                                        "[{}]); asked for {}, {} workers, [{}]",
+                                        st.device_prefix, spec.name, have.mode, have.workers,
+                                        fmt::join(have.variables, ", "), spec.mode, spec.workers,
+                                        fmt::join(spec.variables, ", ")));
+        return it->second.actor;
+      }
+      std::vector<variable_directory::entry> vars;
+      size_t floats = 0;
+      for (const auto& name : spec.variables) {
+        auto e = st.directory ? st.directory->get(name) : variable_directory::entry{};
+        if (!e.cell)
+          return make_error(af_error::not_found,
+                            fmt::format("aggregator '{}': {} holds no variable '{}'; create the "
+                                        "variables (the chief's session does) first",
+                                        spec.name, st.device_prefix, name));
+        floats += e.cell->value_elements();
+        vars.push_back(std::move(e));
+      }
+      auto agg = spawn_aggregator(self->system(), spec, std::move(vars));
+      if (!agg)
+        return std::move(agg.error());
+      st.owned->push_back(agg->address());
+      st.aggregators[spec.name] = {spec, *agg};
+      if (st.directory)
+        st.directory->put_aggregator(
+          spec.name, {*agg, floats, std::chrono::milliseconds{spec.step_timeout_ms} + std::chrono::seconds{2}});
+      log::get()->info("{}: {} aggregator '{}' for {} workers over {} variables", st.device_prefix,
+                       spec.mode, spec.name, spec.workers, spec.variables.size());
+      return *agg;
+    },
+    [self](kv_store_atom) -> caf::result<kv_store_actor> {
+      auto& st = self->state;
+      if (!st.kv) {
+        st.kv = spawn_kv_store(self->system());
+        st.owned->push_back(st.kv.address());
+      }
+      return st.kv;
+    },
     [self](shutdown_atom) -> caf::result<caf::ok_atom> {
       // Answer first, then stop: linked variables and executors stop with us.
       auto rp = self->make_response_promise<caf::ok_atom>();
@@ -277,6 +330,29 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);
+  // A push or pull frame reaches its aggregator from the data-plane thread
+  // through a blocking request; the thread waits, the aggregator does not.
+  directory->set_aggregator_call(
+    [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step, tensor values,
+           std::chrono::milliseconds wait) -> caf::expected<std::pair<uint64_t, tensor>> {
+      caf::expected<std::pair<uint64_t, tensor>> out{
+        make_error(af_error::internal, "the aggregator did not answer")};
+      caf::scoped_actor self{sys};
+      auto on_value = [&](uint64_t global_step, tensor& params) {
+        out = std::make_pair(global_step, std::move(params));
+      };
+      auto on_error = [&](caf::error& err) { out = std::move(err); };
+      if (kind == static_cast<uint8_t>(wire::kind::push)) {
+        std::vector<tensor> parts;
+        if (!values.empty())
+          parts.push_back(std::move(values));
+        self->request(agg, wait, push_atom::value, worker, step, std::move(parts))
+          .receive(on_value, on_error);
+      } else {
+        self->request(agg, wait, pull_atom::value).receive(on_value, on_error);
+      }
+      return out;
+    });
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port());
   auto published = sys.middleman().publish(node, port, bind_host.empty() ? nullptr : bind_host.c_str(),
                                            true);

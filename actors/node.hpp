@@ -39,6 +39,14 @@ struct node_state {
   /// stops the variables when the node ends.
   std::shared_ptr<std::map<caf::actor_addr, std::string>> variable_names;
   std::shared_ptr<variable_directory> directory; ///< shared with the data plane
+  struct aggregator_entry {
+    aggregator_spec spec;
+    aggregator_actor actor;
+  };
+  std::map<std::string, aggregator_entry> aggregators;
+  /// Stopped with the node (shared with the functor that stops them).
+  std::shared_ptr<std::vector<caf::actor_addr>> owned;
+  kv_store_actor kv;
 
   /// Checks a get-or-create request against the registry: an existing entry
   /// with the same dtype and shape, nullptr if new, or the mismatch error.

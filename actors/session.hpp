@@ -52,6 +52,8 @@
 #include "config/cluster_spec.hpp"
 #include "graph/graph.hpp"
 #include "messages/device_name.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/kv_store.hpp"
 #include "messages/node.hpp"
 
 namespace af {
@@ -248,6 +250,17 @@ public:
   caf::expected<std::shared_ptr<prepared_step>> prepare(const std::vector<output>& fetches,
                                                         bool want_values = true);
 
+  /// The aggregator `spec.name` on /job:J/task:T, created there if it has
+  /// none (messages/aggregator.hpp): the variables must exist on that node.
+  caf::expected<aggregator_actor> aggregator(const std::string& job, int32_t task,
+                                             const aggregator_spec& spec);
+
+  /// The rendezvous store of /job:J/task:T (messages/kv_store.hpp).
+  caf::expected<kv_store_actor> kv_store(const std::string& job, int32_t task);
+
+  /// The actor system the session runs in.
+  caf::actor_system& system() const;
+
   /// The clock estimate of /job:J/task:T, measured when the session connected.
   caf::expected<clock_estimate> clock_of(const std::string& job, int32_t task);
 
@@ -255,10 +268,12 @@ public:
   caf::expected<std::pair<uint64_t, uint64_t>> executor_load(const std::string& job, int32_t task,
                                                              const std::string& device = "CPU:0");
 
+  /// The graph the builder calls above add to (graph_def(), writable): for
+  /// code that builds with graph/ directly (train/model.hpp).
+  graph& builder();
+
 private:
   friend class device_scope;
-  /// The graph the builder calls above add to (graph_def(), writable).
-  graph& builder();
   struct impl;
   explicit session(std::unique_ptr<impl> ptr);
   std::unique_ptr<impl> impl_;

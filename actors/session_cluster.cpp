@@ -46,6 +46,41 @@ caf::expected<std::vector<variable_info>> session::list_variables(const std::str
   return out;
 }
 
+caf::expected<aggregator_actor> session::aggregator(const std::string& job, int32_t task,
+                                                    const aggregator_spec& spec) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  aggregator_actor out;
+  im.self->request((*conn)->actor, im.opts.timeout, aggregator_atom::value, spec)
+    .receive([&](aggregator_actor& a) { out = std::move(a); },
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "aggregator", *conn); });
+  if (err)
+    return err;
+  return out;
+}
+
+caf::expected<kv_store_actor> session::kv_store(const std::string& job, int32_t task) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  caf::error err;
+  kv_store_actor out;
+  im.self->request((*conn)->actor, im.opts.timeout, kv_store_atom::value)
+    .receive([&](kv_store_actor& a) { out = std::move(a); },
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "kv store", *conn); });
+  if (err)
+    return err;
+  return out;
+}
+
+caf::actor_system& session::system() const {
+  return impl_->self->home_system();
+}
+
 caf::error session::shutdown(const std::string& job, int32_t task) {
   auto& im = *impl_;
   auto conn = im.link.connect(job, task);

@@ -1,6 +1,7 @@
 #include "actors/variable.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cstddef>
 #include <limits>
 #include <new>
@@ -172,6 +173,105 @@ caf::error variable_cell::set_slot(const std::string& name, tensor value) {
                         + dtype_name(spec_.type) + shape_string(spec_.shape));
   std::lock_guard<std::mutex> guard{mtx_};
   slots_[name] = std::move(value);
+  return caf::none;
+}
+
+caf::error variable_cell::check_floats(size_t n, const char* what) const {
+  if (spec_.type != dtype::float32)
+    return make_error(af_error::dtype_mismatch,
+                      std::string{what} + " of " + quoted(spec_) + ": the variable is "
+                        + dtype_name(spec_.type) + ", training updates float32 variables");
+  if (!initialized_)
+    return make_error(af_error::uninitialized,
+                      std::string{what} + " of " + quoted(spec_) + " on " + spec_.device
+                        + " before it was initialized; the chief initializes it first");
+  if (n != value_.num_elements())
+    return make_error(af_error::shape_mismatch,
+                      std::string{what} + " of " + quoted(spec_) + ": got " + std::to_string(n)
+                        + " values, the variable " + shape_string(spec_.shape) + " has "
+                        + std::to_string(value_.num_elements()));
+  return caf::none;
+}
+
+caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const float* grad,
+                                         size_t n, uint64_t step) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto err = check_floats(n, "gradient"))
+    return err;
+  auto names = train::slot_names(opt.kind);
+  float* slot_ptrs[2] = {nullptr, nullptr};
+  try {
+    for (size_t k = 0; k < names.size() && k < 2; ++k) {
+      auto it = slots_.find(names[k]);
+      if (it == slots_.end())
+        it = slots_.emplace(names[k], tensor::filled(dtype::float32, spec_.shape, 0)).first;
+      slot_ptrs[k] = it->second.mutable_data<float>();
+    }
+    // In place unless a reader still holds the buffer (then a copy: COW).
+    train::apply(opt, value_.mutable_data<float>(), slot_ptrs, grad, n, step);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "gradient");
+  }
+  ++version_;
+  return caf::none;
+}
+
+caf::error variable_cell::assign_floats(const float* data, size_t n) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto err = check_floats(n, "average"))
+    return err;
+  try {
+    std::memcpy(value_.mutable_data<float>(), data, n * sizeof(float));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "average");
+  }
+  ++version_;
+  return caf::none;
+}
+
+caf::error variable_cell::copy_floats(float* dst, size_t n) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto err = check_floats(n, "read"))
+    return err;
+  std::memcpy(dst, value_.data<float>(), n * sizeof(float));
+  return caf::none;
+}
+
+caf::expected<std::pair<tensor, std::vector<tensor>>>
+variable_cell::snapshot(const std::vector<std::string>& slots) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!initialized_)
+    return make_error(af_error::uninitialized,
+                      "checkpoint of " + quoted(spec_) + ": the variable has no value");
+  std::vector<tensor> out;
+  for (const auto& name : slots) {
+    auto it = slots_.find(name);
+    out.push_back(it != slots_.end() ? it->second : tensor::filled(spec_.type, spec_.shape, 0));
+  }
+  return std::make_pair(value_, std::move(out));
+}
+
+caf::error variable_cell::restore(tensor value, const std::vector<std::string>& slot_names,
+                                  std::vector<tensor> slots, const std::string& run_id) {
+  auto bad = [&](const tensor& t) { return t.type() != spec_.type || t.shape() != spec_.shape; };
+  if (bad(value) || slot_names.size() != slots.size())
+    return make_error(af_error::shape_mismatch,
+                      "restore of " + quoted(spec_) + ": the checkpoint holds "
+                        + (value.empty() ? std::string{"nothing"} : value.summary())
+                        + ", the variable is " + dtype_name(spec_.type) + shape_string(spec_.shape));
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (bad(slots[i]))
+      return make_error(af_error::shape_mismatch,
+                        "restore of slot '" + slot_names[i] + "' of " + quoted(spec_) + ": "
+                          + slots[i].summary() + " does not match the variable");
+  std::lock_guard<std::mutex> guard{mtx_};
+  value_ = std::move(value);
+  slots_.clear();
+  for (size_t i = 0; i < slots.size(); ++i)
+    slots_[slot_names[i]] = std::move(slots[i]);
+  initialized_ = true;
+  run_id_ = run_id;
+  ++version_;
   return caf::none;
 }
 

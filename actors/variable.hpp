@@ -17,6 +17,7 @@
 #include "caf/typed_response_promise.hpp"
 
 #include "messages/variable.hpp"
+#include "train/optimizer.hpp"
 
 namespace af {
 
@@ -51,6 +52,12 @@ public:
   /// Fixed at construction; needs no lock.
   const variable_spec& spec() const noexcept { return spec_; }
 
+  /// Elements of a value of spec() (0 if the shape is invalid).
+  size_t value_elements() const noexcept {
+    auto n = num_elements(spec_.shape);
+    return n < 0 ? 0 : static_cast<size_t>(n);
+  }
+
   /// What apply() did.
   struct applied {
     tensor value;             ///< read, or `want_value`: the value after the op; else empty
@@ -83,7 +90,33 @@ public:
   /// and shape.
   caf::error set_slot(const std::string& name, tensor value);
 
+  // -- training (actors/aggregator.hpp): updates where the variable lives -----
+
+  /// One optimizer update of the value with `n` floats of gradient at global
+  /// step `step`: value and slots change together under the lock. The slots
+  /// of `opt.kind` are created (zeros) on first use. The variable must be a
+  /// float32 with a value and `n` its element count, else an error naming it.
+  caf::error apply_gradient(const train::optimizer_spec& opt, const float* grad, size_t n,
+                            uint64_t step);
+
+  /// Sets the value from `n` floats (parameter averaging), keeping the slots.
+  caf::error assign_floats(const float* data, size_t n);
+
+  /// Copies the value's `n` floats to `dst` (a flat parameter buffer).
+  caf::error copy_floats(float* dst, size_t n) const;
+
+  /// The value and the slots named `slots` (zeros where a slot has not been
+  /// made yet), for a checkpoint.
+  caf::expected<std::pair<tensor, std::vector<tensor>>>
+  snapshot(const std::vector<std::string>& slots) const;
+
+  /// Sets value and slots from a checkpoint (bumps the version, marks it
+  /// initialized by `run_id`).
+  caf::error restore(tensor value, const std::vector<std::string>& slot_names,
+                     std::vector<tensor> slots, const std::string& run_id);
+
 private:
+  caf::error check_floats(size_t n, const char* what) const; // mtx_ held
   const variable_spec spec_;
   mutable std::mutex mtx_;
   tensor value_;

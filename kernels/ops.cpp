@@ -178,6 +178,31 @@ const op_entry op_table[] = {
    [](backend& b, const op_attrs& attrs, const op_inputs& in, tensor& out) {
      return b.reduce_grad(reduce_op::max, attrs, in[0], in[1], in[2], out);
    }},
+  {"correct_count", 2, // (logits [batch, classes], labels [batch]): how many argmax == label
+   [](backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+     const tensor& logits = in[0];
+     const tensor& labels = in[1];
+     if (logits.type() != dtype::float32 || logits.shape().size() != 2)
+       return status::shape("correct_count takes float32 logits [batch, classes], got "
+                            + logits.summary());
+     if ((labels.type() != dtype::int32 && labels.type() != dtype::int64)
+         || labels.shape() != shape_type{logits.shape()[0]})
+       return status::shape("correct_count: labels " + labels.summary()
+                            + " must be int32 or int64 [batch] matching logits " + logits.summary());
+     auto rows = static_cast<size_t>(logits.shape()[0]);
+     auto cols = static_cast<size_t>(logits.shape()[1]);
+     const float* x = logits.data<float>();
+     double hits = 0;
+     for (size_t r = 0; r < rows; ++r) {
+       size_t best = 0;
+       for (size_t c = 1; c < cols; ++c)
+         if (x[r * cols + c] > x[r * cols + best])
+           best = c;
+       hits += static_cast<double>(best) == labels.at(r) ? 1 : 0;
+     }
+     out = tensor::filled(dtype::float32, {}, hits);
+     return status::success();
+   }},
   {"ones_like", 1, // the seed of gradients: the loss's dtype and shape
    [](backend&, const op_attrs&, const op_inputs& in, tensor& out) {
      out = tensor::filled(in[0].type(), in[0].shape(), 1);

@@ -54,6 +54,23 @@
 #include "messages/tensor.hpp"
 #include "train/optimizer.hpp"
 
+namespace af::train {
+
+/// Inspected in the namespace of their types, where CAF looks for them.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, schedule_spec& x) {
+  return f(caf::meta::type_name("schedule_spec"), x.kind, x.decay_steps, x.decay_rate,
+           x.total_steps, x.min_lr);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, optimizer_spec& x) {
+  return f(caf::meta::type_name("optimizer_spec"), x.kind, x.lr, x.momentum, x.beta1, x.beta2,
+           x.epsilon, x.schedule);
+}
+
+} // namespace af::train
+
 namespace af {
 
 struct aggregator_spec {
@@ -84,18 +101,6 @@ struct aggregator_state {
   std::vector<tensor> values;
   std::vector<std::vector<tensor>> slots; ///< per variable, train::slot_names order
 };
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, train::schedule_spec& x) {
-  return f(caf::meta::type_name("schedule_spec"), x.kind, x.decay_steps, x.decay_rate,
-           x.total_steps, x.min_lr);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, train::optimizer_spec& x) {
-  return f(caf::meta::type_name("optimizer_spec"), x.kind, x.lr, x.momentum, x.beta1, x.beta2,
-           x.epsilon, x.schedule);
-}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {

@@ -16,6 +16,13 @@
 ///   (list_vars)                 -> (vector<variable_info>)
 ///   (executor, string device)   -> (executor_actor)  e.g. "CPU:0"
 ///   (shutdown)                  -> (ok)  then the node stops its actors and exits
+///   (aggregator, aggregator_spec) -> (aggregator_actor)  get-or-create by name
+///        (messages/aggregator.hpp) over variables of this node; the same name
+///        with another mode, variable list or worker count is already_exists;
+///        a variable the node does not hold is not_found. Workers reach it over
+///        the data plane by name.
+///   (kv_store)                  -> (kv_store_actor)  the node's rendezvous store
+///        (messages/kv_store.hpp)
 /// `devices` are local names: "CPU:0", "CPU:1", "GPU:0".
 
 #include <cstdint>
@@ -27,7 +34,9 @@
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
 
+#include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
+#include "messages/kv_store.hpp"
 #include "messages/variable.hpp"
 
 namespace af {
@@ -55,6 +64,8 @@ using node_actor = caf::typed_actor<
   caf::replies_to<lookup_atom, std::string>::with<variable_actor>,
   caf::replies_to<list_atom>::with<std::vector<variable_info>>,
   caf::replies_to<executor_atom, std::string>::with<executor_actor>,
-  caf::replies_to<shutdown_atom>::with<caf::ok_atom>>;
+  caf::replies_to<shutdown_atom>::with<caf::ok_atom>,
+  caf::replies_to<aggregator_atom, aggregator_spec>::with<aggregator_actor>,
+  caf::replies_to<kv_store_atom>::with<kv_store_actor>>;
 
 } // namespace af

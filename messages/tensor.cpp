@@ -148,6 +148,15 @@ void tensor::reset(dtype type, shape_type shape) {
   st_->host = allocate(nbytes());
 }
 
+tensor tensor::reshaped(shape_type shape) const {
+  auto n = af::num_elements(shape);
+  if (n < 0 || static_cast<size_t>(n) != count_)
+    return tensor{};
+  tensor out = *this;
+  out.shape_ = std::move(shape);
+  return out;
+}
+
 tensor tensor::on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev) {
   tensor t;
   auto n = af::num_elements(shape);

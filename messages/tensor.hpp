@@ -141,6 +141,11 @@ public:
   /// "float32[2,2]".
   std::string summary() const;
 
+  /// The same buffer seen with another shape of as many elements (no copy;
+  /// like every copy of a tensor, an update of either writes a copy). Empty
+  /// if the element counts differ.
+  tensor reshaped(shape_type shape) const;
+
   /// Decoding support: allocates an uninitialized buffer for `shape`.
   void reset(dtype type, shape_type shape);
 

@@ -5,6 +5,8 @@
 #include "caf/all.hpp"
 
 #include "messages/error.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/kv_store.hpp"
 #include "messages/node.hpp"
 
 namespace af {
@@ -97,6 +99,13 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<variable_actor>("af::variable_actor");
   cfg.add_message_type<executor_actor>("af::executor_actor");
   cfg.add_message_type<node_actor>("af::node_actor");
+  cfg.add_message_type<std::vector<tensor>>("std::vector<af::tensor>");
+  cfg.add_message_type<std::vector<std::vector<tensor>>>("std::vector<std::vector<af::tensor>>");
+  cfg.add_message_type<aggregator_spec>("af::aggregator_spec");
+  cfg.add_message_type<aggregator_stats>("af::aggregator_stats");
+  cfg.add_message_type<aggregator_state>("af::aggregator_state");
+  cfg.add_message_type<aggregator_actor>("af::aggregator_actor");
+  cfg.add_message_type<kv_store_actor>("af::kv_store_actor");
   cfg.add_error_category(error_category,
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) {
                            return describe(caf::error{code, error_category, ctx});

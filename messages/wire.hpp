@@ -27,8 +27,19 @@ enum class kind : uint8_t {
   assign = 2,
   assign_add = 3,
   assign_sub = 4,
+  /// Training (messages/aggregator.hpp): the name is an aggregator's,
+  /// `version` the worker's step, `reserved` the worker's index, the payload
+  /// one flat float32 tensor (gradients or parameters; none for pull). The
+  /// reply's `version` is the global step, its payload the flat parameters.
+  push = 5,
+  pull = 6,
   reply = 16,
 };
+
+/// True if `k` is a request to an aggregator.
+constexpr bool aggregator_kind(uint8_t k) {
+  return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull);
+}
 
 static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)
                 && static_cast<uint8_t>(kind::assign) == static_cast<uint8_t>(var_op::assign)
@@ -50,7 +61,7 @@ struct header {
   uint8_t dtype = 0;
   uint8_t rank = 0;
   uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code (check valid_af_error)
-  uint16_t reserved = 0;
+  uint16_t reserved = 0;  ///< push / pull: the worker's index
   uint32_t name_len = 0;
   uint64_t version = 0;   ///< replies: the variable's version
   uint64_t payload_bytes = 0;

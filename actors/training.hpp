@@ -1,0 +1,53 @@
+#pragma once
+/// A data-parallel training job (docs/training.md): what one worker task of a
+/// between-graph job does, from a session of that task.
+///
+///   1. loads the data and builds the model's parameters (train/);
+///   2. sync / async / average: creates the variables on the ps tasks (round
+///      robin, as TF's replica_device_setter) and gets the aggregator of each
+///      ps (the same spec from every worker: one actor per ps);
+///   3. the chief (task 0) restores the latest checkpoint or initializes the
+///      variables; the others wait for that with a bounded wait naming what is
+///      missing;
+///   4. builds its replica of the step on its own device and spawns the worker
+///      actor (actors/worker.hpp), which trains;
+///   5. the chief waits for the other workers to finish, saves, and shuts the
+///      ps tasks down (TF's ps never did).
+/// allreduce: no ps; the workers meet through the chief's key-value store and
+/// all-reduce their gradients.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+#include "actors/session.hpp"
+#include "actors/worker.hpp"
+#include "train/config.hpp"
+
+namespace af {
+
+struct train_options {
+  bool shutdown_ps = true;  ///< the chief stops the ps tasks at the end
+  bool print = true;        ///< progress lines on stdout (chief)
+  /// Test hook, passed to the worker (worker_setup::tamper).
+  std::function<void(uint64_t, std::vector<tensor>&)> tamper;
+  /// Called with every progress report (after printing).
+  std::function<void(const worker_progress&)> on_progress;
+};
+
+struct train_outcome {
+  worker_result result;
+  aggregator_stats stats;   ///< of ps 0's aggregator at the end (chief)
+  std::string checkpoint;   ///< the last one written (chief)
+  std::string plot;         ///< what became of the plot (chief)
+  uint64_t start_step = 0;  ///< the global step it started at (restored)
+};
+
+/// Runs worker `task` of `workers` (the cluster's worker job) of the job `c`
+/// through `s`, a session of that task. Returns when this worker is done.
+caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
+                                             uint32_t task, const train_options& opts = {});
+
+} // namespace af

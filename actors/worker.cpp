@@ -1,0 +1,547 @@
+#include "actors/worker.hpp"
+
+#include <optional>
+
+#include "caf/all.hpp"
+
+#include <fmt/format.h>
+
+#include "actors/data_plane.hpp"
+#include "actors/log.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using allreduce_atom = caf::atom_constant<caf::atom("allreduce")>;
+
+/// A detached actor that owns one data-plane connection to a ps node and
+/// makes the blocking push and pull calls there, so the worker never blocks.
+caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t port,
+                         std::string peer, std::chrono::milliseconds timeout) {
+  auto chan = std::make_shared<std::unique_ptr<data_channel>>();
+  return {
+    [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
+        const std::vector<tensor>& values, uint32_t wait_ms,
+        bool pull) -> caf::result<uint64_t, tensor> {
+      if (!*chan || (*chan)->broken()) {
+        auto c = data_channel::connect(host, port, peer, timeout, std::chrono::microseconds{50});
+        if (!c)
+          return std::move(c.error());
+        *chan = std::move(*c);
+      }
+      auto r = (*chan)->aggregate(pull ? wire::kind::pull : wire::kind::push, name, worker, step,
+                                  values, std::chrono::milliseconds{wait_ms});
+      if (!r)
+        return std::move(r.error());
+      return {r->first, std::move(r->second)};
+    },
+  };
+}
+
+/// A detached actor that runs the blocking all-reduce of the worker's group.
+caf::behavior reduce_link(caf::event_based_actor*, std::shared_ptr<allreduce_group> group) {
+  return {
+    [=](allreduce_atom, tensor& flat) -> caf::result<tensor> {
+      if (auto err = group->allreduce_mean(flat.mutable_data<float>(), flat.num_elements()))
+        return err;
+      return flat;
+    },
+  };
+}
+
+struct worker_state {
+  worker_setup setup;
+  std::function<void(caf::expected<worker_result>)> done;
+  step_runner runner;
+  std::vector<caf::actor> links;  ///< per shard
+  caf::actor reducer;             ///< allreduce
+  std::optional<train::batcher> batches;
+  std::vector<tensor> params;     ///< sync / async: as pulled
+  std::optional<train::replica_state> own; ///< average / allreduce
+  uint64_t global_step = 0;
+  uint64_t local_step = 0;        ///< steps this worker ran in this process
+  double loss_sum = 0;
+  uint64_t loss_count = 0;
+  double last_loss = 0;
+  uint64_t refused = 0;
+  clock_type::time_point started;
+  clock_type::time_point last_checkpoint;
+  bool finished = false;
+  static constexpr const char* name = "worker";
+};
+
+using self_pointer = caf::stateful_actor<worker_state>*;
+
+void run_step(self_pointer self);
+
+std::string who(self_pointer self) {
+  return fmt::format("worker {}", self->state.setup.index);
+}
+
+void fail(self_pointer self, caf::error err, const std::string& during) {
+  auto& st = self->state;
+  if (st.finished)
+    return;
+  st.finished = true;
+  auto msg = fmt::format("{} at local step {} (global step {}), {}: {}", who(self), st.local_step,
+                         st.global_step, during, describe(err));
+  log::get()->error("{}", msg);
+  for (auto& s : st.setup.shards)
+    if (s.actor)
+      caf::anon_send(s.actor, done_atom::value, st.setup.index);
+  st.done(make_error(af_error::internal, msg));
+  self->quit();
+}
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+/// The parameters the worker's next step runs with.
+const std::vector<tensor>& current(self_pointer self) {
+  auto& st = self->state;
+  return st.own ? st.own->values : st.params;
+}
+
+std::vector<shape_type> shapes_of(self_pointer self, const param_shard& s) {
+  std::vector<shape_type> out;
+  for (auto i : s.params)
+    out.push_back(self->state.setup.params[i].shape);
+  return out;
+}
+
+/// Takes shard `k`'s flat answer into `into`.
+caf::error take(self_pointer self, size_t k, const tensor& flat, std::vector<tensor>& into) {
+  auto& s = self->state.setup.shards[k];
+  auto parts = train::unflatten(flat, shapes_of(self, s));
+  if (!parts)
+    return make_error(parts.error().code, "parameters from " + s.task + ": " + parts.error().what);
+  for (size_t j = 0; j < s.params.size(); ++j)
+    into[s.params[j]] = std::move((*parts)[j]);
+  return caf::none;
+}
+
+/// Pushes (or pulls, if `values` is null) to every shard; `then` gets the
+/// global step and the parameters once all have answered.
+void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain,
+              std::function<void(uint64_t, std::vector<tensor>)> then) {
+  auto& st = self->state;
+  struct gather {
+    size_t missing;
+    uint64_t step = UINT64_MAX;
+    std::vector<tensor> params;
+    bool failed = false;
+  };
+  auto g = std::make_shared<gather>();
+  g->missing = st.setup.shards.size();
+  g->params.resize(st.setup.params.size());
+  auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
+  auto reply_timeout = std::chrono::milliseconds{wait} + std::chrono::seconds{5};
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    const auto& s = st.setup.shards[k];
+    std::vector<tensor> part;
+    if (values != nullptr && !abstain)
+      for (auto i : s.params)
+        part.push_back((*values)[i]);
+    self->request(st.links[k], reply_timeout, push_atom::value, s.aggregator, st.setup.index,
+                  st.global_step, std::move(part), wait, values == nullptr)
+      .then(
+        [self, g, k, then](uint64_t step, tensor& flat) {
+          if (g->failed)
+            return;
+          if (auto err = take(self, k, flat, g->params)) {
+            g->failed = true;
+            fail(self, std::move(err), "taking the parameters");
+            return;
+          }
+          g->step = std::min(g->step, step);
+          if (--g->missing == 0)
+            then(g->step, std::move(g->params));
+        },
+        [self, g, k, values](caf::error& err) {
+          if (g->failed)
+            return;
+          g->failed = true;
+          auto& st = self->state;
+          bool refused = is(err, af_error::invalid_argument)
+                         && describe(err).find("not finite") != std::string::npos;
+          if (refused && values != nullptr) {
+            // The aggregator kept the value out; go on without this step's
+            // contribution (sync, average: wait for the others' release).
+            st.refused += 1;
+            log::get()->warn("{}: {}", who(self), describe(err));
+            exchange(self, values, true, [self](uint64_t step, std::vector<tensor> params) {
+              auto& st = self->state;
+              st.global_step = step;
+              if (st.own)
+                st.own->values = std::move(params);
+              else
+                st.params = std::move(params);
+              run_step(self);
+            });
+            return;
+          }
+          fail(self, std::move(err),
+               values ? "pushing to " + st.setup.shards[k].task : "pulling from " + st.setup.shards[k].task);
+        });
+  }
+}
+
+void finish(self_pointer self);
+
+/// Evaluates the current parameters on the held-out set (chief), then `then`.
+void evaluate(self_pointer self, std::function<void(double, double)> then) {
+  auto& st = self->state;
+  if (!st.setup.eval || st.setup.data->test.size() == 0) {
+    then(-1, -1);
+    return;
+  }
+  auto b = train::whole(st.setup.data->test);
+  std::map<int32_t, tensor> feeds;
+  for (auto& f : train::feeds(st.setup.model, current(self), b))
+    feeds[f.first.id] = std::move(f.second);
+  auto n = static_cast<double>(st.setup.data->test.size());
+  st.runner.run(self, st.setup.eval, std::move(feeds), false,
+                [self, then, n](caf::expected<step_outputs> out) {
+                  auto& st = self->state;
+                  if (!out) {
+                    fail(self, std::move(out.error()), "evaluating on the held-out set");
+                    return;
+                  }
+                  double loss = out->values[st.setup.model.loss.id].at(0);
+                  double acc = st.setup.model.correct.valid()
+                                 ? out->values[st.setup.model.correct.id].at(0) / n
+                                 : -1;
+                  then(loss, acc);
+                });
+}
+
+/// Collects the state to checkpoint (chief), then `then`.
+void checkpoint(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  if (!st.setup.save) {
+    then();
+    return;
+  }
+  st.last_checkpoint = clock_type::now();
+  auto ckpt = std::make_shared<train::checkpoint>();
+  ckpt->global_step = st.global_step;
+  ckpt->data_position = st.setup.start_step + st.local_step;
+  ckpt->config = train::to_toml(st.setup.cfg);
+  auto write = [self, ckpt, then] {
+    auto where = self->state.setup.save(*ckpt);
+    if (!where)
+      log::get()->error("{}: checkpoint at global step {} failed: {}", who(self),
+                        ckpt->global_step, describe(where.error()));
+    then();
+  };
+  if (st.own) {
+    auto names = train::slot_names(st.setup.cfg.optimizer.kind);
+    for (size_t i = 0; i < st.setup.params.size(); ++i) {
+      train::saved_variable v;
+      v.name = st.setup.params[i].name;
+      v.value = st.own->values[i];
+      for (size_t k = 0; k < names.size() && k < st.own->slots[i].size(); ++k)
+        v.slots[names[k]] = st.own->slots[i][k];
+      ckpt->variables.push_back(std::move(v));
+    }
+    write();
+    return;
+  }
+  auto missing = std::make_shared<size_t>(st.setup.shards.size());
+  auto names = train::slot_names(st.setup.cfg.optimizer.kind);
+  for (auto& s : st.setup.shards) {
+    self->request(s.actor, st.setup.timeout, save_atom::value)
+      .then(
+        [ckpt, missing, write, names](aggregator_state& state) {
+          for (size_t i = 0; i < state.names.size(); ++i) {
+            train::saved_variable v;
+            v.name = state.names[i];
+            v.value = state.values[i];
+            for (size_t k = 0; k < names.size() && k < state.slots[i].size(); ++k)
+              v.slots[names[k]] = state.slots[i][k];
+            ckpt->variables.push_back(std::move(v));
+          }
+          if (--*missing == 0)
+            write();
+        },
+        [self, s](caf::error& err) { fail(self, std::move(err), "saving the state of " + s.task); });
+  }
+}
+
+/// After a step: report, evaluate, checkpoint as due; then the next step.
+void after_step(self_pointer self) {
+  auto& st = self->state;
+  const auto& c = st.setup.cfg;
+  // sync and async count the shared global step; average and allreduce
+  // workers their own steps (the same on every worker).
+  bool shared = c.mode == "sync" || c.mode == "async";
+  bool last = (shared ? st.global_step : st.setup.start_step + st.local_step) >= st.setup.total_steps;
+  bool chief = st.setup.index == 0;
+  bool report = last || (c.log_every > 0 && st.local_step % c.log_every == 0);
+  bool eval = chief && st.setup.eval && c.eval_every > 0 && st.local_step % c.eval_every == 0 && !last;
+  bool ckpt = chief && st.setup.save && !last
+              && ((c.checkpoint_steps > 0 && st.global_step % c.checkpoint_steps == 0)
+                  || (c.checkpoint_secs > 0 && seconds_since(st.last_checkpoint) >= c.checkpoint_secs));
+  auto next = [self, last] {
+    if (last)
+      finish(self);
+    else
+      run_step(self);
+  };
+  auto then_ckpt = [self, ckpt, next] {
+    if (ckpt)
+      checkpoint(self, next);
+    else
+      next();
+  };
+  if (!report && !eval) {
+    then_ckpt();
+    return;
+  }
+  auto progress = [self, then_ckpt, report](double test_loss, double acc) {
+    auto& st = self->state;
+    if (report && st.setup.on_progress) {
+      worker_progress p;
+      p.worker = st.setup.index;
+      p.local_step = st.local_step;
+      p.global_step = st.global_step;
+      p.loss = st.loss_count ? st.loss_sum / static_cast<double>(st.loss_count) : 0;
+      p.accuracy = acc;
+      p.test_loss = test_loss;
+      p.evaluated = acc >= 0 || test_loss >= 0;
+      p.seconds = seconds_since(st.started);
+      p.examples_per_s = p.seconds > 0 ? static_cast<double>(st.local_step * st.setup.cfg.batch_size)
+                                           / p.seconds
+                                       : 0;
+      st.last_loss = p.loss;
+      st.loss_sum = 0;
+      st.loss_count = 0;
+      if (st.setup.cfg.mode == "async" && !st.setup.shards.empty() && st.setup.shards[0].actor) {
+        self->request(st.setup.shards[0].actor, st.setup.timeout, stats_atom::value)
+          .then(
+            [self, p, then_ckpt](aggregator_stats& s) mutable {
+              p.stats = std::move(s);
+              self->state.setup.on_progress(p);
+              then_ckpt();
+            },
+            [self, p, then_ckpt](caf::error&) {
+              self->state.setup.on_progress(p);
+              then_ckpt();
+            });
+        return;
+      }
+      st.setup.on_progress(p);
+    }
+    then_ckpt();
+  };
+  if (eval)
+    evaluate(self, progress);
+  else
+    progress(-1, -1);
+}
+
+void finish(self_pointer self) {
+  auto& st = self->state;
+  double seconds = seconds_since(st.started);
+  for (auto& s : st.setup.shards)
+    if (s.actor)
+      caf::anon_send(s.actor, done_atom::value, st.setup.index);
+  auto complete = [self, seconds](double test_loss, double acc) {
+    auto& st = self->state;
+    auto result = [self, seconds, test_loss, acc] {
+      auto& st = self->state;
+      if (st.finished)
+        return;
+      st.finished = true;
+      worker_result r;
+      r.local_steps = st.local_step;
+      r.global_step = st.global_step;
+      r.seconds = seconds;
+      r.loss = st.last_loss;
+      r.accuracy = acc;
+      r.test_loss = test_loss;
+      r.refused = st.refused;
+      r.params = current(self);
+      st.done(std::move(r));
+      self->quit();
+    };
+    if (st.setup.save)
+      checkpoint(self, result);
+    else
+      result();
+  };
+  if (st.setup.index == 0)
+    evaluate(self, complete);
+  else
+    complete(-1, -1);
+}
+
+/// What a step's gradients do in each mode.
+void use_gradients(self_pointer self, std::vector<tensor> grads) {
+  auto& st = self->state;
+  const auto& mode = st.setup.cfg.mode;
+  if (mode == "sync" || mode == "async") {
+    exchange(self, &grads, false, [self](uint64_t step, std::vector<tensor> params) {
+      auto& st = self->state;
+      st.global_step = step;
+      st.params = std::move(params);
+      st.local_step += 1;
+      after_step(self);
+    });
+    return;
+  }
+  if (mode == "allreduce") {
+    auto shapes = std::make_shared<std::vector<shape_type>>();
+    for (auto& g : grads)
+      shapes->push_back(g.shape());
+    auto flat = train::flatten(grads);
+    if (grads.size() == 1)
+      flat.mutable_bytes(); // the reduction writes in place: not into the step's output
+    self->request(st.reducer, st.setup.timeout, allreduce_atom::value, std::move(flat))
+      .then(
+        [self, shapes](tensor& mean) {
+          auto& st = self->state;
+          auto parts = train::unflatten(mean, *shapes);
+          if (!parts) {
+            fail(self, make_error(parts.error().code, parts.error().what), "all-reduce");
+            return;
+          }
+          if (auto ok = st.own->apply(st.setup.cfg.optimizer, *parts, st.global_step); !ok) {
+            fail(self, make_error(ok.error().code, ok.error().what), "applying the update");
+            return;
+          }
+          st.local_step += 1;
+          st.global_step += 1;
+          after_step(self);
+        },
+        [self](caf::error& err) { fail(self, std::move(err), "all-reduce of the gradients"); });
+    return;
+  }
+  // average: a local step on the worker's own replica; every k, the average.
+  if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads, st.setup.start_step + st.local_step); !ok) {
+    fail(self, make_error(ok.error().code, ok.error().what), "applying the local update");
+    return;
+  }
+  st.local_step += 1;
+  auto k = std::max<uint32_t>(1, st.setup.cfg.average_every);
+  if (st.local_step % k != 0 && st.setup.start_step + st.local_step < st.setup.total_steps) {
+    after_step(self);
+    return;
+  }
+  auto values = st.own->values;
+  // The aggregator's step for a round: the local steps every worker has run.
+  st.global_step = st.setup.start_step + st.local_step;
+  exchange(self, &values, false, [self](uint64_t step, std::vector<tensor> params) {
+    auto& st = self->state;
+    st.global_step = step;
+    st.own->values = std::move(params);
+    after_step(self);
+  });
+}
+
+void run_step(self_pointer self) {
+  auto& st = self->state;
+  if (st.finished)
+    return;
+  auto b = st.batches->at(st.setup.start_step + st.local_step);
+  std::map<int32_t, tensor> feeds;
+  for (auto& f : train::feeds(st.setup.model, current(self), b))
+    feeds[f.first.id] = std::move(f.second);
+  st.runner.run(self, st.setup.step, std::move(feeds), false,
+                [self](caf::expected<step_outputs> out) {
+                  auto& st = self->state;
+                  if (!out) {
+                    fail(self, std::move(out.error()), "running the step");
+                    return;
+                  }
+                  st.loss_sum += out->values[st.setup.model.loss.id].at(0);
+                  st.loss_count += 1;
+                  std::vector<tensor> grads;
+                  for (auto g : st.setup.model.grads)
+                    grads.push_back(std::move(out->values[g.id]));
+                  if (st.setup.tamper)
+                    st.setup.tamper(st.local_step, grads);
+                  use_gradients(self, std::move(grads));
+                });
+}
+
+caf::behavior worker_impl(self_pointer self, worker_setup setup,
+                          std::function<void(caf::expected<worker_result>)> done) {
+  auto& st = self->state;
+  st.setup = std::move(setup);
+  st.done = std::move(done);
+  self->set_down_handler([self](caf::down_msg& dm) { self->state.runner.on_down(self, dm); });
+  const auto& s = st.setup;
+  st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
+  st.global_step = s.start_step;
+  for (const auto& shard : s.shards) {
+    auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
+                                                        shard.task, s.timeout);
+    st.links.push_back(link);
+  }
+  if (s.cfg.mode == "allreduce") {
+    st.reducer = self->spawn<caf::detached + caf::linked>(reduce_link, s.group);
+    auto own = train::replica_state::make(s.initial, s.cfg.optimizer);
+    if (own && !s.initial_slots.empty())
+      own->slots = s.initial_slots;
+    if (!own) {
+      self->send(self, caf::ok_atom::value);
+      st.done(make_error(own.error().code, own.error().what));
+      st.finished = true;
+    } else {
+      st.own = std::move(*own);
+    }
+  }
+  st.started = clock_type::now();
+  st.last_checkpoint = st.started;
+  // Start: take the parameters (sync, async: from the aggregators; average:
+  // the chief's initial values, which every replica starts from).
+  if (!st.finished) {
+    if (s.cfg.mode == "allreduce") {
+      self->send(self, caf::ok_atom::value);
+    } else {
+      exchange(self, nullptr, false, [self](uint64_t step, std::vector<tensor> params) {
+        auto& st = self->state;
+        st.global_step = step;
+        st.started = clock_type::now();
+        if (st.setup.cfg.mode == "average") {
+          auto own = train::replica_state::make(std::move(params), st.setup.cfg.optimizer);
+          if (!own) {
+            fail(self, make_error(own.error().code, own.error().what), "starting");
+            return;
+          }
+          st.own = std::move(*own);
+        } else {
+          st.params = std::move(params);
+        }
+        if (st.global_step >= st.setup.total_steps)
+          finish(self);
+        else
+          run_step(self);
+      });
+    }
+  }
+  return {
+    [self](caf::ok_atom) {
+      if (self->state.finished) {
+        self->quit();
+        return;
+      }
+      self->state.started = clock_type::now();
+      run_step(self);
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,
+                        std::function<void(caf::expected<worker_result>)> done) {
+  return sys.spawn(worker_impl, std::move(setup), std::move(done));
+}
+
+} // namespace af

@@ -1,0 +1,106 @@
+#pragma once
+/// The worker actor of data-parallel training: an event-based actor that owns
+/// its data shard and its replica of the step (forward, loss, gradients, on
+/// its own device through the asynchronous step runner), and loops:
+///
+///   sync / async   run step -> push gradients to each ps shard's aggregator
+///                  -> the answer carries the next parameters -> run step ...
+///   average        run `average_every` local steps on its own replica, then
+///                  push its parameters; the answer is the average
+///   allreduce      run step -> all-reduce the gradients with the other
+///                  workers (no ps) -> apply the same update locally
+///
+/// The mode is in which aggregator (or collective) the gradients go to; the
+/// loop is the same. Pushes go over the ps node's data plane, from a
+/// detached link actor per shard, so the worker never blocks a scheduler
+/// thread. The chief (worker 0) also evaluates on the held-out set and
+/// writes checkpoints.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/actor.hpp"
+#include "caf/actor_system.hpp"
+#include "caf/expected.hpp"
+
+#include "actors/allreduce.hpp"
+#include "actors/step_runner.hpp"
+#include "messages/aggregator.hpp"
+#include "train/checkpoint.hpp"
+#include "train/config.hpp"
+#include "train/data.hpp"
+#include "train/local.hpp"
+#include "train/model.hpp"
+
+namespace af {
+
+/// The parameters of one ps node and the aggregator that owns them.
+struct param_shard {
+  std::string task;              ///< "/job:ps/task:0", for messages
+  std::string aggregator;        ///< its name on that node
+  aggregator_actor actor;        ///< for done, save and restore (control)
+  std::string host;              ///< its data plane (pushes and pulls)
+  uint16_t data_port = 0;
+  std::vector<size_t> params;    ///< indices into the model's parameters
+};
+
+/// What a worker reports as it trains (on its own thread).
+struct worker_progress {
+  uint32_t worker = 0;
+  uint64_t local_step = 0;
+  uint64_t global_step = 0;
+  double loss = 0;              ///< mean training loss since the last report
+  double accuracy = -1;         ///< held-out, when evaluated at this report
+  double test_loss = -1;
+  double examples_per_s = 0;    ///< this worker's, since it started
+  double seconds = 0;           ///< since the first step
+  aggregator_stats stats;       ///< of shard 0 (async: staleness), when asked
+  bool evaluated = false;
+  bool final = false;
+};
+
+struct worker_result {
+  uint64_t local_steps = 0;
+  uint64_t global_step = 0;
+  double seconds = 0;           ///< first step to last
+  double loss = 0;              ///< mean of the last report's window
+  double accuracy = -1;         ///< held-out at the end (chief)
+  double test_loss = -1;
+  uint64_t refused = 0;         ///< its pushes an aggregator refused (non-finite)
+  std::vector<tensor> params;   ///< the parameters it ended with
+};
+
+struct worker_setup {
+  uint32_t index = 0;
+  uint32_t workers = 1;
+  train::train_config cfg;
+  std::shared_ptr<const train::split> data;
+  std::shared_ptr<prepared_step> step;  ///< fetches: loss, then the gradients
+  std::shared_ptr<prepared_step> eval;  ///< fetches: loss, correct (null: no evaluation)
+  train::replica model;                 ///< the placeholders and fetches of both
+  std::vector<train::parameter> params;
+  std::vector<param_shard> shards;      ///< sync, async, average
+  std::shared_ptr<allreduce_group> group; ///< allreduce
+  std::vector<tensor> initial;          ///< allreduce: the first parameters
+  std::vector<std::vector<tensor>> initial_slots; ///< allreduce: restored slots (or empty)
+  uint64_t total_steps = 0;             ///< global steps (average, allreduce: local steps)
+  uint64_t start_step = 0;              ///< restored global step: the data position too
+  std::chrono::milliseconds timeout{30000};
+  /// Chief only: called with the state to save (every checkpoint_steps and at
+  /// the end); returns where it went or an error.
+  std::function<caf::expected<std::string>(const train::checkpoint&)> save;
+  std::function<void(const worker_progress&)> on_progress;
+  /// Test hook: changes the gradients of a step before they are pushed.
+  std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
+};
+
+/// Spawns a worker; `done` is called once, on the worker's thread, when it has
+/// run its steps (or failed: the error names the step and what failed).
+caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,
+                        std::function<void(caf::expected<worker_result>)> done);
+
+} // namespace af
