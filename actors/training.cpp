@@ -122,7 +122,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   auto params = train::parameters(c.model, train_set.features, train_set.classes, c.hidden, c.seed);
   if (!params)
     return to_error(params.error());
-  uint64_t total = train::total_steps(c, train_set.size(), c.mode == "sync" || c.mode == "async" ? workers : 1);
+  uint64_t total = train::total_steps(c, train_set.size(), c.mode == "async" ? 1 : workers);
 
   worker_setup setup;
   setup.index = task;

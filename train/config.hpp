@@ -23,7 +23,7 @@ struct train_config {
   uint32_t synthetic_classes = 10; ///< synthetic
   size_t batch_size = 32;          ///< per worker
   uint64_t steps = 0;              ///< global steps (0: from epochs)
-  double epochs = 10;              ///< used when steps == 0
+  double epochs = 30;              ///< used when steps == 0
   optimizer_spec optimizer;        ///< keys: optimizer, learning_rate, momentum, beta1, beta2,
                                    ///< epsilon, schedule, decay_steps, decay_rate, min_lr
   uint32_t average_every = 4;      ///< average mode: local steps between averages

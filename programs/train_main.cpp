@@ -1,0 +1,248 @@
+// actorflow-train: data-parallel training on an actorflow cluster
+// (docs/training.md).
+//
+//   actorflow-train                                   # embedded: 1 ps + 2 workers, digits MLP
+//   actorflow-train --config config/train.toml --job ps --task 0
+//   actorflow-train --config config/train.toml --job worker --task 0   # the chief
+//   actorflow-train --config config/train.toml --job worker --task 1
+//   actorflow-train --set mode=async --set steps=500   # any [train] key
+//
+// Between-graph: each process hosts its node and, for a worker, its worker
+// actor; the chief initializes or restores, saves at the end and stops the ps
+// tasks, so every process exits by itself. Exit codes: 0 done, 1 training
+// failed, 2 bad config or arguments.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "caf/all.hpp"
+
+#include "actors/embedded_cluster.hpp"
+#include "actors/log.hpp"
+#include "actors/node.hpp"
+#include "actors/system.hpp"
+#include "actors/training.hpp"
+#include "config/cluster_spec.hpp"
+#include "messages/error.hpp"
+#include "train/config.hpp"
+
+namespace {
+
+int fail(const std::string& msg, int code = 2) {
+  af::log::get()->error("{}", msg);
+  std::fprintf(stderr, "actorflow-train: %s\n", msg.c_str());
+  return code;
+}
+
+/// `key=value` over the config: the value as TOML (a bare word is a string).
+af::outcome<af::train::train_config> apply_sets(af::train::train_config c,
+                                                const std::vector<std::string>& sets) {
+  for (const auto& kv : sets) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return af::graph_error{af::af_error::invalid_argument,
+                             "--set " + kv + ": write --set key=value, e.g. --set mode=async"};
+    auto key = kv.substr(0, eq);
+    auto value = kv.substr(eq + 1);
+    std::istringstream lines{af::train::to_toml(c)};
+    std::string text, line;
+    while (std::getline(lines, line)) {
+      auto k = line.substr(0, line.find('='));
+      while (!k.empty() && k.back() == ' ')
+        k.pop_back();
+      if (k != key)
+        text += line + "\n";
+    }
+    bool bare = !value.empty() && value.find_first_not_of(
+                                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:/.-,")
+                                    == std::string::npos
+                && value.find_first_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+                     != std::string::npos
+                && value != "true" && value != "false" && value != "inf" && value != "nan";
+    text += key + " = " + (bare ? "\"" + value + "\"" : value) + "\n";
+    auto parsed = af::train::parse_train_config(text, "--set " + kv);
+    if (!parsed)
+      return parsed.error();
+    c = std::move(*parsed);
+  }
+  return c;
+}
+
+double examples_per_step(const af::train::train_config& c, uint32_t workers) {
+  // async: one global step is one worker's batch; the others: every worker's.
+  return static_cast<double>(c.batch_size) * (c.mode == "async" ? 1 : workers);
+}
+
+void summary(const af::train::train_config& c, uint32_t workers, const af::train_outcome& o,
+             size_t test_examples) {
+  const auto& r = o.result;
+  uint64_t steps = r.global_step > o.start_step ? r.global_step - o.start_step : 0;
+  double sps = r.seconds > 0 ? static_cast<double>(steps) / r.seconds : 0;
+  std::printf("train done: mode=%s workers=%u global_step=%llu seconds=%.3f steps_per_s=%.2f "
+              "examples_per_s=%.1f\n",
+              c.mode.c_str(), workers, static_cast<unsigned long long>(r.global_step), r.seconds,
+              sps, sps * examples_per_step(c, workers));
+  if (!o.stats.mode.empty() && (o.stats.refused > 0 || o.stats.dropped_stale > 0))
+    std::printf("aggregator: %llu refused (non-finite), %llu stale gradients dropped\n",
+                static_cast<unsigned long long>(o.stats.refused),
+                static_cast<unsigned long long>(o.stats.dropped_stale));
+  if (!o.checkpoint.empty())
+    std::printf("checkpoint: %s\n", o.checkpoint.c_str());
+  if (!o.plot.empty())
+    std::printf("%s\n", o.plot.c_str());
+  if (r.accuracy >= 0)
+    std::printf("held-out accuracy: %.4f (%zu examples)\n", r.accuracy, test_examples);
+  else
+    std::printf("held-out loss: %.6f (%zu examples)\n", r.test_loss, test_examples);
+  std::fflush(stdout);
+}
+
+size_t test_size(const af::train::train_config& c) {
+  auto d = af::train::load_data(c);
+  return d ? d->test.size() : 0;
+}
+
+int run_embedded(af::train::train_config c) {
+  bool allreduce = c.mode == "allreduce";
+  std::map<std::string, int> jobs{{"worker", 2}};
+  if (!allreduce)
+    jobs["ps"] = 1;
+  auto opts = af::embedded_cluster::defaults();
+  auto cluster = af::embedded_cluster::start(jobs, opts);
+  if (!cluster)
+    return fail(af::describe(cluster.error()));
+  std::printf("actorflow-train: embedded cluster (%s2 workers), mode %s, model %s, data %s\n",
+              allreduce ? "" : "1 ps + ", c.mode.c_str(), c.model.c_str(), c.data.c_str());
+  std::fflush(stdout);
+  std::vector<caf::expected<af::train_outcome>> results(2, af::make_error(af::af_error::internal, "not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w)
+    threads.emplace_back([&, w] {
+      auto s = (*cluster)->session_for("worker", w);
+      if (!s) {
+        results[w] = std::move(s.error());
+        return;
+      }
+      af::train_options o;
+      o.shutdown_ps = false; // the embedded cluster stops its nodes itself
+      results[w] = af::run_worker_task(*s, c, static_cast<uint32_t>(w), o);
+    });
+  for (auto& t : threads)
+    t.join();
+  for (int w = 0; w < 2; ++w)
+    if (!results[w])
+      return fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
+  summary(c, 2, *results[0], test_size(c));
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"actorflow-train: data-parallel training (sync, async, average, allreduce)"};
+  std::string config_path, job;
+  int task = -1;
+  std::vector<std::string> sets;
+  bool in_graph = false;
+  app.add_option("-c,--config", config_path,
+                 "TOML file with the cluster and a [train] table (none: an embedded cluster)");
+  app.add_option("-j,--job", job, "this process's job: ps or worker");
+  app.add_option("-t,--task", task, "this process's task index")->check(CLI::Range(0, 65535));
+  app.add_option("--set", sets, "override a [train] key: --set mode=async (repeatable)");
+  app.add_flag("--in-graph", in_graph,
+               "in-graph replication: this one client drives a replica on every worker");
+  CLI11_PARSE(app, argc, argv);
+  af::log::init("actorflow-train");
+
+  af::train::train_config c;
+  std::optional<af::cluster_config> cluster;
+  if (!config_path.empty()) {
+    auto tc = af::train::load_train_config(config_path);
+    if (!tc)
+      return fail(tc.error().what);
+    c = std::move(*tc);
+    auto cc = af::load_cluster_config(config_path);
+    if (!cc)
+      return fail(af::describe(cc.error()));
+    cluster = std::move(*cc);
+  }
+  auto with_sets = apply_sets(c, sets);
+  if (!with_sets)
+    return fail(with_sets.error().what);
+  c = std::move(*with_sets);
+  if (auto bad = af::train::validate(c); !bad.empty())
+    return fail("training config: " + bad);
+  if (!cluster) {
+    if (!job.empty() || task >= 0)
+      return fail("--job and --task need --config: which cluster is this task part of?");
+    if (in_graph)
+      return fail("--in-graph needs --config with the cluster's workers");
+    return run_embedded(c);
+  }
+  if (in_graph)
+    return fail("--in-graph is not implemented yet: run one actorflow-train per task "
+                "(between-graph replication)");
+  if (job.empty() || task < 0)
+    return fail("which task is this process? pass --job ps|worker --task I");
+  auto addr = cluster->cluster.address(job, task);
+  if (!addr)
+    return fail(af::describe(addr.error()));
+  if (job != "ps" && job != "worker")
+    return fail("--job " + job + ": a training job has ps and worker tasks");
+
+  af::tune_malloc_for_tensors();
+  auto opts = cluster->node;
+  af::system_config sys_cfg{opts};
+  caf::actor_system sys{sys_cfg};
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  af::log::init(name);
+  auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
+                             opts);
+  if (!node)
+    return fail(af::describe(node.error()));
+  std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
+              addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
+  std::fflush(stdout);
+  int rc = 0;
+  if (job == "ps") {
+    // Serves until the chief stops it at the end of the job.
+    caf::scoped_actor self{sys, true};
+    self->monitor(node->actor);
+    self->receive([](caf::down_msg&) {});
+    std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
+  } else {
+    auto s = af::session::make(sys, cluster->cluster, name);
+    if (!s) {
+      rc = fail(af::describe(s.error()), 1);
+    } else {
+      caf::error err;
+      std::chrono::milliseconds wait{c.init_timeout_ms};
+      for (size_t k = 0; k < cluster->cluster.num_tasks("ps") && !err && c.mode != "allreduce"; ++k)
+        err = s->wait_for_node("ps", static_cast<int32_t>(k), wait);
+      if (!err && task != 0)
+        err = s->wait_for_node("worker", 0, wait);
+      if (err) {
+        rc = fail(af::describe(err), 1);
+      } else {
+        auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task));
+        if (!out) {
+          rc = fail(name + ": " + af::describe(out.error()), 1);
+        } else if (task == 0) {
+          summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
+        } else {
+          std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
+                      static_cast<unsigned long long>(out->result.local_steps));
+        }
+      }
+    }
+  }
+  node->data_plane->stop();
+  caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+  return rc;
+}
