@@ -42,14 +42,31 @@ outcome<dataset> read_idx(const std::string& images, const std::string& labels);
 /// (ACTORFLOW_DATA_DIR), then ./data.
 outcome<dataset> load_digits(const std::string& data_dir = "");
 
+/// The random linear teacher behind the synthetic sets: w [features, outputs]
+/// row-major and b [outputs], drawn from `seed` (the same seed, the same
+/// teacher, on every machine: the generators use their own Box-Muller on
+/// std::mt19937_64, not std:: distributions).
+struct linear_teacher {
+  size_t features = 0;
+  size_t outputs = 0;
+  std::vector<float> w;
+  std::vector<float> b;
+};
+
+/// The teacher of synthetic_classification(..., classes, seed) (outputs =
+/// classes) or of synthetic_linear(..., seed) (outputs = 1; its b is unused).
+linear_teacher synthetic_teacher(size_t features, size_t outputs, uint64_t seed);
+
 /// Synthetic classification from a fixed random teacher: x ~ N(0, 1) of
 /// `features`, label = argmax(x W + b) of a linear teacher with `classes`
-/// classes; the same seed gives the same examples.
+/// classes; the same seed gives the same examples (and more examples extend
+/// fewer: the first n are the same).
 dataset synthetic_classification(size_t examples, size_t features, uint32_t classes,
                                  uint64_t seed);
 
-/// Synthetic linear regression: y = x . w + b with a fixed random w (seeded),
-/// x ~ N(0, 1); no noise, so the exact solution is known.
+/// Synthetic linear regression: target = x . w with a fixed random w (seeded),
+/// x ~ N(0, 1); no bias (the "linear" model has none) and no noise, so the
+/// exact solution w is known (synthetic_teacher(features, 1, seed)).
 dataset synthetic_linear(size_t examples, size_t features, uint64_t seed);
 
 /// Splits off a fixed held-out set: the last `fraction` of a seeded
@@ -75,15 +92,26 @@ struct batch {
 /// workers at batch b sees, at each step, exactly the examples 1 worker at
 /// batch 2b sees (the exactness tests depend on it). A global batch that would
 /// run past the epoch's end is skipped: every batch is full.
+///
+/// `data` must outlive the batcher. at() caches the current epoch's order, so
+/// one batcher serves one thread; copies are independent.
 class batcher {
 public:
   batcher(const dataset& data, size_t batch_size, uint32_t shard, uint32_t shards, uint64_t seed,
           bool shuffle = true);
 
+  /// Empty if a batcher of these arguments has batches, else a sentence
+  /// saying what is wrong (batch size 0, shard out of range, fewer examples
+  /// than one global batch). Such a batcher's at() returns empty tensors.
+  static std::string check(const dataset& data, size_t batch_size, uint32_t shard,
+                           uint32_t shards);
+
   /// The batch of local step `step` (0-based; epochs follow each other).
+  /// Allocates only the batch's two tensors (the epoch's order is computed
+  /// once per epoch into a buffer that is reused).
   batch at(uint64_t step) const;
 
-  /// Steps in one epoch.
+  /// Steps in one epoch (0 if check() is not empty).
   uint64_t steps_per_epoch() const;
 
 private:
