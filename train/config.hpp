@@ -39,13 +39,19 @@ struct train_config {
 };
 
 /// Parses the [train] table of `path` (or the whole file if it has no
-/// [train] table and no [cluster] table). Errors name the file and the key.
+/// [train] table and no [cluster] table; a cluster file without [train] gives
+/// the defaults). Errors name the file, the line and the key: an unknown key
+/// (with the closest known one), a wrong type, a value no key allows. Keys
+/// that are each fine but not together (model "linear" without data
+/// "synthetic_linear", a cosine min_lr above learning_rate, steps = 0 with
+/// epochs = 0) are validate()'s: call it once every source (file, --set) is in.
 outcome<train_config> load_train_config(const std::string& path);
 
-/// From TOML text (`origin` names it in errors).
+/// From TOML text (`origin` names it in errors); as load_train_config.
 outcome<train_config> parse_train_config(const std::string& text, const std::string& origin);
 
-/// Empty if usable, else a sentence naming the bad key.
+/// Empty if usable, else a sentence naming the bad key, its value and what
+/// is allowed. Includes train::validate(optimizer).
 std::string validate(const train_config& c);
 
 /// The config as TOML text (stored in checkpoints; parse_train_config reads it back).

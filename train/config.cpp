@@ -1,0 +1,443 @@
+#include "train/config.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <utility>
+
+#include <fmt/format.h>
+#include <toml.hpp>
+
+namespace af::train {
+
+namespace {
+
+graph_error config_error(std::string msg) {
+  return graph_error{af_error::invalid_config, std::move(msg)};
+}
+
+/// Every key of a [train] table, in the order to_toml writes them.
+const std::vector<std::string>& known_keys() {
+  static const std::vector<std::string> keys = {
+    "mode", "model", "hidden", "data", "holdout", "synthetic_examples", "synthetic_features",
+    "synthetic_classes", "batch_size", "steps", "epochs", "optimizer", "learning_rate",
+    "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
+    "average_every", "seed", "checkpoint_dir", "checkpoint_steps", "checkpoint_secs", "metrics",
+    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms"};
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string closest_key(const std::string& key) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& k : known_keys())
+    if (auto d = edit_distance(key, k); d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  return best;
+}
+
+/// A TOML value as the user wrote it, for messages.
+std::string show(const toml::value& v) {
+  switch (v.type()) {
+    case toml::value_t::string:
+      return "\"" + v.as_string().str + "\"";
+    case toml::value_t::integer:
+      return std::to_string(v.as_integer());
+    case toml::value_t::floating:
+      return fmt::format("{}", v.as_floating());
+    case toml::value_t::boolean:
+      return v.as_boolean() ? "true" : "false";
+    case toml::value_t::table:
+      return "a table";
+    default: {
+      auto s = toml::format(v);
+      while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+        s.pop_back();
+      return s;
+    }
+  }
+}
+
+const char* type_name(const toml::value& v) {
+  switch (v.type()) {
+    case toml::value_t::string: return "a string";
+    case toml::value_t::integer: return "an integer";
+    case toml::value_t::floating: return "a number";
+    case toml::value_t::boolean: return "a boolean";
+    case toml::value_t::array: return "an array";
+    case toml::value_t::table: return "a table";
+    default: return "a date or time";
+  }
+}
+
+/// Sets the field of `key` from `v`; an error sentence (without the file
+/// and line) if the type or the range of the field's C++ type is wrong.
+/// Values that fit the type but make no sense are check()'s business.
+std::optional<std::string> assign(train_config& c, const std::string& key, const toml::value& v) {
+  auto bad = [&](const std::string& what) {
+    return fmt::format("{} = {}: {}", key, show(v), what);
+  };
+  auto text = [&](std::string& field) -> std::optional<std::string> {
+    if (!v.is_string())
+      return bad(fmt::format("must be a string, not {}", type_name(v)));
+    field = v.as_string().str;
+    return std::nullopt;
+  };
+  auto number = [&](double& field) -> std::optional<std::string> {
+    if (v.is_integer())
+      field = static_cast<double>(v.as_integer());
+    else if (v.is_floating())
+      field = v.as_floating();
+    else
+      return bad(fmt::format("must be a number, not {}", type_name(v)));
+    return std::nullopt;
+  };
+  auto whole = [&](auto& field) -> std::optional<std::string> {
+    using T = std::decay_t<decltype(field)>;
+    if (!v.is_integer())
+      return bad(fmt::format("must be a non-negative integer, not {}", type_name(v)));
+    auto x = v.as_integer();
+    if (x < 0)
+      return bad("must be a non-negative integer");
+    if (static_cast<uint64_t>(x) > std::numeric_limits<T>::max())
+      return bad(fmt::format("must be at most {}", std::numeric_limits<T>::max()));
+    field = static_cast<T>(x);
+    return std::nullopt;
+  };
+  auto& o = c.optimizer;
+  if (key == "mode") return text(c.mode);
+  if (key == "model") return text(c.model);
+  if (key == "data") return text(c.data);
+  if (key == "optimizer") return text(o.kind);
+  if (key == "schedule") return text(o.schedule.kind);
+  if (key == "checkpoint_dir") return text(c.checkpoint_dir);
+  if (key == "metrics") return text(c.metrics);
+  if (key == "holdout") return number(c.holdout);
+  if (key == "epochs") return number(c.epochs);
+  if (key == "learning_rate") return number(o.lr);
+  if (key == "momentum") return number(o.momentum);
+  if (key == "beta1") return number(o.beta1);
+  if (key == "beta2") return number(o.beta2);
+  if (key == "epsilon") return number(o.epsilon);
+  if (key == "decay_rate") return number(o.schedule.decay_rate);
+  if (key == "min_lr") return number(o.schedule.min_lr);
+  if (key == "checkpoint_secs") return number(c.checkpoint_secs);
+  if (key == "synthetic_examples") return whole(c.synthetic_examples);
+  if (key == "synthetic_features") return whole(c.synthetic_features);
+  if (key == "synthetic_classes") return whole(c.synthetic_classes);
+  if (key == "batch_size") return whole(c.batch_size);
+  if (key == "steps") return whole(c.steps);
+  if (key == "decay_steps") return whole(o.schedule.decay_steps);
+  if (key == "average_every") return whole(c.average_every);
+  if (key == "seed") return whole(c.seed);
+  if (key == "checkpoint_steps") return whole(c.checkpoint_steps);
+  if (key == "log_every") return whole(c.log_every);
+  if (key == "eval_every") return whole(c.eval_every);
+  if (key == "step_timeout_ms") return whole(c.step_timeout_ms);
+  if (key == "init_timeout_ms") return whole(c.init_timeout_ms);
+  if (key == "hidden") {
+    if (!v.is_array())
+      return bad(fmt::format("must be an array of layer sizes like [128, 64], not {}",
+                             type_name(v)));
+    std::vector<int64_t> sizes;
+    for (const auto& e : v.as_array()) {
+      if (!e.is_integer() || e.as_integer() <= 0)
+        return bad(fmt::format("{} is not a layer size: sizes are positive integers",
+                               show(e)));
+      sizes.push_back(e.as_integer());
+    }
+    c.hidden = std::move(sizes);
+    return std::nullopt;
+  }
+  return std::nullopt; // unknown keys are reported before assign is called
+}
+
+struct key_problem {
+  std::string key; ///< "" when no single key is to blame
+  std::string what;
+};
+
+/// The first key whose value makes no sense, with a sentence naming it, its
+/// value and what is allowed. `combinations`: also keys that are each fine
+/// but not together (parsing leaves those to validate(), so that a file and
+/// then --set overrides can be applied one by one).
+std::optional<key_problem> check(const train_config& c, bool combinations) {
+  auto fail = [](std::string key, std::string what) {
+    return std::optional<key_problem>{key_problem{std::move(key), std::move(what)}};
+  };
+  auto one_of = [](const std::string& v, std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed)
+      if (v == a)
+        return true;
+    return false;
+  };
+  if (!one_of(c.mode, {"sync", "async", "average", "allreduce"}))
+    return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, average or "
+                                    "allreduce", c.mode));
+  if (!one_of(c.model, {"softmax", "mlp", "linear"}))
+    return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp or linear",
+                                     c.model));
+  for (auto h : c.hidden)
+    if (h <= 0)
+      return fail("hidden", fmt::format("hidden = [{}]: layer sizes must be positive",
+                                        fmt::join(c.hidden, ", ")));
+  const auto& d = c.data;
+  auto has_prefix = [&](const char* p) { return d.rfind(p, 0) == 0; };
+  if (has_prefix("csv:")) {
+    if (d.size() == 4)
+      return fail("data", "data = \"csv:\" names no file: write csv:PATH");
+  } else if (has_prefix("idx:")) {
+    auto rest = d.substr(4);
+    auto comma = rest.find(',');
+    if (comma == std::string::npos || comma == 0 || comma + 1 == rest.size())
+      return fail("data", fmt::format("data = \"{}\" must name two files: idx:IMAGES,LABELS", d));
+  } else if (!one_of(d, {"digits", "synthetic", "synthetic_linear"})) {
+    return fail("data", fmt::format("data = \"{}\" is unknown: use digits, synthetic, "
+                                    "synthetic_linear, csv:PATH or idx:IMAGES,LABELS", d));
+  }
+  if (combinations && (c.model == "linear") != (d == "synthetic_linear"))
+    return fail("model", fmt::format("model = \"{}\" with data = \"{}\": the linear model is "
+                                     "the regression one, for data = \"synthetic_linear\", and "
+                                     "the only one for it",
+                                     c.model, d));
+  if (!(c.holdout > 0 && c.holdout < 1))
+    return fail("holdout", fmt::format("holdout = {}: the held-out fraction must be between 0 "
+                                       "and 1, both excluded (e.g. 0.2)", c.holdout));
+  if (c.synthetic_examples == 0)
+    return fail("synthetic_examples", "synthetic_examples = 0: it must be at least 1");
+  if (c.synthetic_features == 0)
+    return fail("synthetic_features", "synthetic_features = 0: it must be at least 1");
+  if (c.synthetic_classes < 2)
+    return fail("synthetic_classes", fmt::format("synthetic_classes = {}: it must be at least 2",
+                                                 c.synthetic_classes));
+  if (c.batch_size == 0)
+    return fail("batch_size", "batch_size = 0: it must be at least 1 (examples per worker "
+                              "and step)");
+  if (!std::isfinite(c.epochs) || c.epochs < 0 || (combinations && c.steps == 0 && c.epochs == 0))
+    return fail("epochs", fmt::format("epochs = {}: it must be a positive number when steps is 0 "
+                                      "(and never negative)", c.epochs));
+  const auto& o = c.optimizer;
+  if (!one_of(o.kind, {"sgd", "momentum", "adam"}))
+    return fail("optimizer", fmt::format("optimizer = \"{}\" is unknown: use sgd, momentum or "
+                                         "adam", o.kind));
+  if (!(o.lr > 0) || !std::isfinite(o.lr))
+    return fail("learning_rate", fmt::format("learning_rate = {}: it must be a positive number",
+                                             o.lr));
+  if (!(o.momentum >= 0 && o.momentum < 1))
+    return fail("momentum", fmt::format("momentum = {}: it must be in [0, 1)", o.momentum));
+  if (!(o.beta1 >= 0 && o.beta1 < 1))
+    return fail("beta1", fmt::format("beta1 = {}: it must be in [0, 1)", o.beta1));
+  if (!(o.beta2 >= 0 && o.beta2 < 1))
+    return fail("beta2", fmt::format("beta2 = {}: it must be in [0, 1)", o.beta2));
+  if (!(o.epsilon > 0) || !std::isfinite(o.epsilon))
+    return fail("epsilon", fmt::format("epsilon = {}: it must be a positive number", o.epsilon));
+  if (!one_of(o.schedule.kind, {"constant", "step", "cosine"}))
+    return fail("schedule", fmt::format("schedule = \"{}\" is unknown: use constant, step or "
+                                        "cosine", o.schedule.kind));
+  if (o.schedule.decay_steps == 0)
+    return fail("decay_steps", "decay_steps = 0: it must be at least 1");
+  if (!(o.schedule.decay_rate > 0) || !std::isfinite(o.schedule.decay_rate))
+    return fail("decay_rate", fmt::format("decay_rate = {}: it must be a positive number",
+                                          o.schedule.decay_rate));
+  if (!(o.schedule.min_lr >= 0) || !std::isfinite(o.schedule.min_lr))
+    return fail("min_lr", fmt::format("min_lr = {}: it must be a number >= 0",
+                                      o.schedule.min_lr));
+  // What the optimizer itself refuses (combinations, such as min_lr > lr).
+  if (auto why = combinations ? validate(o) : std::string{}; !why.empty())
+    return fail(o.schedule.kind == "cosine" && o.schedule.min_lr > o.lr ? "min_lr" : "",
+                "optimizer: " + why);
+  if (c.average_every == 0)
+    return fail("average_every", "average_every = 0: it must be at least 1 (local steps "
+                                 "between averages)");
+  if (!(c.checkpoint_secs >= 0) || !std::isfinite(c.checkpoint_secs))
+    return fail("checkpoint_secs", fmt::format("checkpoint_secs = {}: it must be a number >= 0 "
+                                               "(0: not by time)", c.checkpoint_secs));
+  // TOML integers are signed 64-bit: larger values could not be written back.
+  for (auto [key, value] : {std::pair<const char*, uint64_t>{"seed", c.seed},
+                            {"steps", c.steps},
+                            {"synthetic_examples", c.synthetic_examples},
+                            {"synthetic_features", c.synthetic_features},
+                            {"batch_size", c.batch_size},
+                            {"decay_steps", o.schedule.decay_steps},
+                            {"checkpoint_steps", c.checkpoint_steps},
+                            {"log_every", c.log_every},
+                            {"eval_every", c.eval_every}})
+    if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return fail(key, fmt::format("{} = {}: it must be at most 2^63 - 1, the largest TOML "
+                                   "integer", key, value));
+  if (c.step_timeout_ms == 0)
+    return fail("step_timeout_ms", "step_timeout_ms = 0: it must be at least 1");
+  if (c.init_timeout_ms == 0)
+    return fail("init_timeout_ms", "init_timeout_ms = 0: it must be at least 1");
+  return std::nullopt;
+}
+
+/// A TOML basic string.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\u{:04X}", u);
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+/// A TOML float that reads back as the same double.
+std::string real(double x) {
+  if (std::isnan(x))
+    return "nan";
+  if (std::isinf(x))
+    return x > 0 ? "inf" : "-inf";
+  auto s = fmt::format("{}", x); // shortest text that round-trips
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+} // namespace
+
+std::string validate(const train_config& c) {
+  auto p = check(c, true);
+  return p ? p->what : std::string{};
+}
+
+outcome<train_config> parse_train_config(const std::string& text, const std::string& origin) {
+  toml::value root;
+  try {
+    std::istringstream in{text};
+    root = toml::parse(in, origin);
+  } catch (const std::exception& e) {
+    return config_error(fmt::format("malformed TOML in {}: {}", origin, e.what()));
+  }
+  auto at_line = [&](const toml::value& v) {
+    return fmt::format("{}:{}", origin, v.location().line());
+  };
+  train_config c;
+  const toml::value* table = &root;
+  std::string where = origin;
+  if (root.is_table() && root.contains("train")) {
+    table = &root.at("train");
+    if (!table->is_table())
+      return config_error(at_line(*table) + ": 'train' must be a table: write [train] and its "
+                                            "keys below it");
+    where = "[train] of " + origin;
+  } else if (root.is_table() && root.contains("cluster")) {
+    // A cluster file without [train]: train with the defaults, unless a
+    // table looks like a misspelt [train].
+    for (const auto& [name, v] : root.as_table())
+      if (v.is_table() && name != "cluster" && name != "node" && edit_distance(name, "train") <= 2)
+        return config_error(fmt::format("{}: table [{}] is unknown; did you mean [train]?",
+                                        at_line(v), name));
+    return c;
+  }
+  if (!table->is_table())
+    return config_error(origin + ": expected a TOML table of training keys");
+  // Keys in file order, so that the first problem reported is the first one.
+  std::vector<std::pair<std::string, const toml::value*>> entries;
+  for (const auto& [key, v] : table->as_table())
+    entries.emplace_back(key, &v);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.second->location().line() < b.second->location().line();
+  });
+  for (const auto& [key, v] : entries) {
+    const auto& keys = known_keys();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end())
+      return config_error(fmt::format("{}: unknown key '{}' in {}; did you mean '{}'? (every "
+                                      "key is listed in config/train.toml)",
+                                      at_line(*v), key, where, closest_key(key)));
+    if (auto err = assign(c, key, *v))
+      return config_error(at_line(*v) + ": " + *err);
+  }
+  if (auto p = check(c, false)) {
+    for (const auto& [key, v] : entries)
+      if (key == p->key)
+        return config_error(at_line(*v) + ": " + p->what);
+    return config_error(fmt::format("{}: {}{}", origin, p->what,
+                                    p->key.empty() ? "" : " (the default of " + p->key + ")"));
+  }
+  return c;
+}
+
+outcome<train_config> load_train_config(const std::string& path) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    return graph_error{af_error::not_found,
+                       fmt::format("cannot open training config '{}': {} (check the path)", path,
+                                   std::strerror(errno))};
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse_train_config(buf.str(), path);
+}
+
+std::string to_toml(const train_config& c) {
+  const auto& o = c.optimizer;
+  std::string out = "[train]\n";
+  auto line = [&](const char* key, const std::string& value) {
+    out += fmt::format("{} = {}\n", key, value);
+  };
+  line("mode", quoted(c.mode));
+  line("model", quoted(c.model));
+  line("hidden", fmt::format("[{}]", fmt::join(c.hidden, ", ")));
+  line("data", quoted(c.data));
+  line("holdout", real(c.holdout));
+  line("synthetic_examples", std::to_string(c.synthetic_examples));
+  line("synthetic_features", std::to_string(c.synthetic_features));
+  line("synthetic_classes", std::to_string(c.synthetic_classes));
+  line("batch_size", std::to_string(c.batch_size));
+  line("steps", std::to_string(c.steps));
+  line("epochs", real(c.epochs));
+  line("optimizer", quoted(o.kind));
+  line("learning_rate", real(o.lr));
+  line("momentum", real(o.momentum));
+  line("beta1", real(o.beta1));
+  line("beta2", real(o.beta2));
+  line("epsilon", real(o.epsilon));
+  line("schedule", quoted(o.schedule.kind));
+  line("decay_steps", std::to_string(o.schedule.decay_steps));
+  line("decay_rate", real(o.schedule.decay_rate));
+  line("min_lr", real(o.schedule.min_lr));
+  line("average_every", std::to_string(c.average_every));
+  line("seed", std::to_string(c.seed));
+  line("checkpoint_dir", quoted(c.checkpoint_dir));
+  line("checkpoint_steps", std::to_string(c.checkpoint_steps));
+  line("checkpoint_secs", real(c.checkpoint_secs));
+  line("metrics", quoted(c.metrics));
+  line("log_every", std::to_string(c.log_every));
+  line("eval_every", std::to_string(c.eval_every));
+  line("step_timeout_ms", std::to_string(c.step_timeout_ms));
+  line("init_timeout_ms", std::to_string(c.init_timeout_ms));
+  return out;
+}
+
+} // namespace af::train
