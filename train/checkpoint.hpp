@@ -6,6 +6,16 @@
 /// the directory fsynced: a crash leaves the old checkpoint or the new one,
 /// never half of one. A torn, truncated or foreign file is refused with an
 /// error naming it.
+///
+/// File layout (integers little-endian):
+///   0   8 bytes  magic "AFCKPT01"
+///   8   u32      format version (checkpoint_format_version)
+///   12  u32      0 (reserved)
+///   16  u64      body length in bytes
+///   24  u64      FNV-1a 64 of the body
+///   32  body     a cereal PortableBinary archive: global_step, data_position,
+///                config, then each variable's name, value and slots; a
+///                tensor is its dtype, shape and raw (host-order) bytes.
 
 #include <cstdint>
 #include <map>
@@ -30,16 +40,22 @@ struct checkpoint {
   std::vector<saved_variable> variables;
 };
 
+/// The format this build writes; load() refuses newer ones.
+constexpr uint32_t checkpoint_format_version = 1;
+
 /// Writes `ckpt` as DIR/ckpt-<global_step>.afck and updates DIR/latest
-/// (which names it) the same atomic way; keeps the newest `keep` files.
-/// Returns the path written.
+/// (which names it) the same atomic way; keeps the newest `keep` files
+/// (by step; the one just written always stays; 0 keeps all). Creates DIR
+/// if needed. Returns the path written.
 outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep = 3);
 
 /// Reads one checkpoint file; errors name the file and what is wrong
-/// (not a checkpoint, a newer format, truncated, checksum mismatch).
+/// (not a checkpoint, a newer format, truncated, checksum mismatch, a body
+/// that does not decode, a tensor whose shape does not match its bytes).
 outcome<checkpoint> load(const std::string& path);
 
-/// The path DIR/latest names, or "" if DIR has no checkpoint yet.
+/// The path DIR/latest names, or "" if DIR has no checkpoint yet (or does
+/// not exist); an error if `latest` names a file that is missing.
 outcome<std::string> latest(const std::string& dir);
 
 } // namespace af::train

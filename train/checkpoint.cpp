@@ -1,0 +1,393 @@
+#include "train/checkpoint.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include <cereal/archives/portable_binary.hpp>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+namespace af::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char magic[8] = {'A', 'F', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr size_t header_size = 32;
+
+uint64_t fnv1a64(const char* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<unsigned char>(data[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i)
+    out += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t get_le(const std::string& in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= uint64_t{static_cast<unsigned char>(in[at + i])} << (8 * i);
+  return v;
+}
+
+// --- the body
+
+struct decode_error {
+  std::string what;
+};
+
+void save_string(cereal::PortableBinaryOutputArchive& ar, const std::string& s) {
+  ar(static_cast<uint64_t>(s.size()));
+  ar(cereal::binary_data(s.data(), s.size()));
+}
+
+void save_tensor(cereal::PortableBinaryOutputArchive& ar, const tensor& t) {
+  ar(static_cast<uint8_t>(t.empty() ? 0 : 1));
+  if (t.empty())
+    return;
+  ar(static_cast<uint8_t>(t.type()), static_cast<uint64_t>(t.shape().size()));
+  for (auto d : t.shape())
+    ar(static_cast<int64_t>(d));
+  ar(static_cast<uint64_t>(t.nbytes()));
+  ar(cereal::binary_data(reinterpret_cast<const char*>(t.bytes()), t.nbytes()));
+}
+
+std::string encode(const checkpoint& c) {
+  std::ostringstream out;
+  {
+    cereal::PortableBinaryOutputArchive ar{out};
+    ar(c.global_step, c.data_position);
+    save_string(ar, c.config);
+    ar(static_cast<uint64_t>(c.variables.size()));
+    for (const auto& v : c.variables) {
+      save_string(ar, v.name);
+      save_tensor(ar, v.value);
+      ar(static_cast<uint64_t>(v.slots.size()));
+      for (const auto& [slot, t] : v.slots) {
+        save_string(ar, slot);
+        save_tensor(ar, t);
+      }
+    }
+  }
+  return out.str();
+}
+
+/// Reads a body with every length checked against what is left of it, so a
+/// corrupt length is an error, not a giant allocation.
+class body_reader {
+public:
+  explicit body_reader(const std::string& body)
+    : in_(body), size_(body.size()), ar_(in_) {
+    // nop
+  }
+
+  template <class T>
+  T pod() {
+    T v{};
+    ar_(v);
+    return v;
+  }
+
+  size_t remaining() {
+    auto at = in_.tellg();
+    return at < 0 ? 0 : size_ - static_cast<size_t>(at);
+  }
+
+  /// A count of things of at least `min_bytes` each.
+  uint64_t count(const std::string& what, size_t min_bytes) {
+    auto n = pod<uint64_t>();
+    if (n > remaining() / std::max<size_t>(min_bytes, 1))
+      throw decode_error{fmt::format("{} claims {} entries, more than the {} bytes left could "
+                                     "hold", what, n, remaining())};
+    return n;
+  }
+
+  std::string text(const std::string& what) {
+    auto n = count(what, 1);
+    std::string s(n, '\0');
+    ar_(cereal::binary_data(s.data(), n));
+    return s;
+  }
+
+  tensor value(const std::string& what) {
+    auto present = pod<uint8_t>();
+    if (present == 0)
+      return {};
+    if (present != 1)
+      throw decode_error{fmt::format("{}: bad presence flag {}", what, present)};
+    auto raw_type = pod<uint8_t>();
+    if (!valid_dtype(raw_type))
+      throw decode_error{fmt::format("{}: unknown dtype {}", what, raw_type)};
+    auto type = static_cast<dtype>(raw_type);
+    auto rank = count(what + "'s shape", sizeof(int64_t));
+    shape_type shape(rank);
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (auto& d : shape) {
+      d = pod<int64_t>();
+      if (d < 0)
+        throw decode_error{fmt::format("{}: negative dimension {}", what, d)};
+      overflow = overflow || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements);
+    }
+    auto nbytes = pod<uint64_t>();
+    uint64_t expected = 0;
+    overflow = overflow || __builtin_mul_overflow(elements, dtype_size(type), &expected);
+    if (overflow || expected != nbytes)
+      throw decode_error{fmt::format("{}: shape {} of {} needs {} bytes, the file stores {}",
+                                     what, shape_string(shape), dtype_name(type),
+                                     overflow ? std::string("more than 2^64")
+                                              : std::to_string(expected),
+                                     nbytes)};
+    if (nbytes > remaining())
+      throw decode_error{fmt::format("{}: {} bytes of values, only {} left in the body", what,
+                                     nbytes, remaining())};
+    tensor t{type, std::move(shape)};
+    if (nbytes > 0)
+      ar_(cereal::binary_data(reinterpret_cast<char*>(t.mutable_bytes()), nbytes));
+    return t;
+  }
+
+private:
+  std::istringstream in_;
+  size_t size_;
+  cereal::PortableBinaryInputArchive ar_;
+};
+
+checkpoint decode(const std::string& body) {
+  body_reader r{body};
+  checkpoint c;
+  c.global_step = r.pod<uint64_t>();
+  c.data_position = r.pod<uint64_t>();
+  c.config = r.text("the config");
+  auto n = r.count("the variable list", 2);
+  c.variables.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    saved_variable v;
+    v.name = r.text(fmt::format("variable {}'s name", i));
+    v.value = r.value(fmt::format("variable '{}'", v.name));
+    auto slots = r.count(fmt::format("variable '{}''s slots", v.name), 2);
+    for (uint64_t j = 0; j < slots; ++j) {
+      auto slot = r.text(fmt::format("variable '{}''s slot name", v.name));
+      v.slots[slot] = r.value(fmt::format("variable '{}' slot '{}'", v.name, slot));
+    }
+    c.variables.push_back(std::move(v));
+  }
+  if (r.remaining() != 0)
+    throw decode_error{fmt::format("{} bytes follow the last variable", r.remaining())};
+  return c;
+}
+
+// --- files
+
+graph_error io_error(const std::string& what, const std::string& path) {
+  return graph_error{af_error::invalid_argument,
+                     fmt::format("cannot {} '{}': {}", what, path, std::strerror(errno))};
+}
+
+/// Writes `path` through `path`.tmp: write, fsync, rename. The directory is
+/// fsynced by the caller.
+graph_status write_durably(const std::string& path, const std::string& data) {
+  auto tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return io_error("create checkpoint file", tmp);
+  size_t done = 0;
+  while (done < data.size()) {
+    auto n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      auto err = io_error("write checkpoint file", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    auto err = io_error("fsync checkpoint file", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  if (::close(fd) != 0) {
+    auto err = io_error("close checkpoint file", tmp);
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    auto err = io_error("rename the checkpoint into", path);
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  return ok();
+}
+
+graph_status fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return io_error("open checkpoint directory", dir);
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0)
+    return io_error("fsync checkpoint directory", dir);
+  return ok();
+}
+
+/// The step of "ckpt-<step>.afck", or nullopt for any other name.
+std::optional<uint64_t> checkpoint_step(const std::string& name) {
+  constexpr std::string_view prefix = "ckpt-", suffix = ".afck";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0
+      || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 19)
+    return std::nullopt;
+  return std::stoull(digits);
+}
+
+/// Removes checkpoints beyond the newest `keep` (by step), never `written`,
+/// and temporary files a crash left behind. A file that cannot be removed
+/// stays: the new checkpoint is safe either way.
+void prune(const std::string& dir, const std::string& written, size_t keep) {
+  std::vector<std::pair<uint64_t, fs::path>> others;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    auto name = entry.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0
+        && (checkpoint_step(name.substr(0, name.size() - 4)) || name == "latest.tmp")) {
+      fs::remove(entry.path(), ec);
+      continue;
+    }
+    if (auto step = checkpoint_step(name); step && name != written)
+      others.emplace_back(*step, entry.path());
+  }
+  if (keep == 0 || others.size() < keep)
+    return;
+  std::sort(others.begin(), others.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = keep - 1; i < others.size(); ++i)
+    fs::remove(others[i].second, ec);
+}
+
+} // namespace
+
+outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("cannot create checkpoint directory '{}': {}", dir,
+                                   ec ? ec.message() : "a file of that name is in the way")};
+  auto body = encode(ckpt);
+  std::string file;
+  file.reserve(header_size + body.size());
+  file.append(magic, sizeof magic);
+  put_le(file, checkpoint_format_version, 4);
+  put_le(file, 0, 4);
+  put_le(file, body.size(), 8);
+  put_le(file, fnv1a64(body.data(), body.size()), 8);
+  file += body;
+  auto name = fmt::format("ckpt-{}.afck", ckpt.global_step);
+  auto path = (fs::path{dir} / name).string();
+  // The checkpoint is durable before `latest` names it.
+  if (auto st = write_durably(path, file); !st)
+    return st.error();
+  if (auto st = fsync_dir(dir); !st)
+    return st.error();
+  if (auto st = write_durably((fs::path{dir} / "latest").string(), name + "\n"); !st)
+    return st.error();
+  if (auto st = fsync_dir(dir); !st)
+    return st.error();
+  prune(dir, name, keep);
+  return path;
+}
+
+outcome<checkpoint> load(const std::string& path) {
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
+                       fmt::format("cannot open checkpoint '{}': {}", path,
+                                   std::strerror(errno))};
+  std::string file{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  auto refuse = [&](const std::string& why, af_error code = af_error::invalid_argument) {
+    return graph_error{code, fmt::format("checkpoint '{}' {}", path, why)};
+  };
+  if (file.empty())
+    return refuse("is empty: not a checkpoint (or one whose write never finished)");
+  size_t head = std::min(file.size(), sizeof magic);
+  if (std::memcmp(file.data(), magic, head) != 0)
+    return refuse("is not an actorflow checkpoint (it does not start with \"AFCKPT01\")");
+  if (file.size() < header_size)
+    return refuse(fmt::format("is truncated: {} bytes, shorter than the {}-byte header",
+                              file.size(), header_size));
+  auto version = static_cast<uint32_t>(get_le(file, 8, 4));
+  if (version > checkpoint_format_version)
+    return refuse(fmt::format("is in checkpoint format {}, newer than this build reads ({}); "
+                              "load it with a newer actorflow",
+                              version, checkpoint_format_version),
+                  af_error::unsupported);
+  if (version == 0)
+    return refuse("has format version 0, which no actorflow writes: the file is corrupt");
+  auto body_len = get_le(file, 16, 8);
+  auto stored = file.size() - header_size;
+  if (stored < body_len)
+    return refuse(fmt::format("is truncated: its header says {} body bytes, the file holds {}",
+                              body_len, stored));
+  if (stored > body_len)
+    return refuse(fmt::format("has {} bytes after its {}-byte body: not one checkpoint",
+                              stored - body_len, body_len));
+  auto sum = get_le(file, 24, 8);
+  if (fnv1a64(file.data() + header_size, body_len) != sum)
+    return refuse("fails its checksum: the file is corrupt (a torn write or a flipped byte); "
+                  "use an older checkpoint");
+  try {
+    return decode(file.substr(header_size));
+  } catch (const decode_error& e) {
+    return refuse("has a body that does not decode: " + e.what);
+  } catch (const std::exception& e) {
+    return refuse(std::string{"has a body that does not decode: "} + e.what());
+  }
+}
+
+outcome<std::string> latest(const std::string& dir) {
+  auto index = fs::path{dir} / "latest";
+  std::error_code ec;
+  if (!fs::exists(index, ec))
+    return std::string{};
+  std::ifstream in{index};
+  if (!in)
+    return io_error("read", index.string());
+  std::string name;
+  std::getline(in, name);
+  while (!name.empty() && (name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  if (name.empty())
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("'{}' names no checkpoint; delete it to start afresh",
+                                   index.string())};
+  auto path = (fs::path{dir} / name).string();
+  if (!fs::exists(path, ec))
+    return graph_error{af_error::not_found,
+                       fmt::format("'{}' names {}, which is missing; restore it or delete "
+                                   "'{}' to start afresh",
+                                   index.string(), path, index.string())};
+  return path;
+}
+
+} // namespace af::train
