@@ -1,0 +1,242 @@
+#include "train/metrics.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace af::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* csv_header = "step,wall_s,loss,accuracy,mode,workers,examples_per_s\n";
+
+/// A CSV field: quoted only if it needs to be.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos)
+    return s;
+  std::string out = "\"";
+  for (char c : s)
+    out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+/// `name` in a directory of $PATH, or "".
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr)
+    return {};
+  std::string dirs = path;
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos)
+      end = dirs.size();
+    std::string dir = dirs.substr(start, end - start);
+    auto candidate = (fs::path{dir.empty() ? "." : dir} / name).string();
+    std::error_code ec;
+    if (fs::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+/// A gnuplot single-quoted string: only ' is special (written twice).
+std::string gnuplot_string(const std::string& s) {
+  std::string out = "'";
+  for (char c : s)
+    out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
+
+struct run_result {
+  int exit_code = -1;
+  std::string errors; ///< what it wrote on stderr
+};
+
+/// Runs `program script` with no shell (no path reaches a command line),
+/// stdout discarded, stderr captured.
+run_result run_gnuplot(const std::string& program, const std::string& script) {
+  run_result r;
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    r.errors = std::strerror(errno);
+    return r;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  std::vector<char*> argv = {const_cast<char*>("gnuplot"), const_cast<char*>(script.c_str()),
+                             nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(err_pipe[1]);
+  if (rc != 0) {
+    ::close(err_pipe[0]);
+    r.errors = fmt::format("cannot start {}: {}", program, std::strerror(rc));
+    return r;
+  }
+  char buf[4096];
+  for (;;) {
+    auto n = ::read(err_pipe[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    if (r.errors.size() < 65536)
+      r.errors.append(buf, static_cast<size_t>(n));
+  }
+  ::close(err_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    // nop
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+/// The last non-blank line of gnuplot's complaints (the one that says what).
+std::string last_line(const std::string& text) {
+  std::istringstream in{text};
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t^") != std::string::npos)
+      last = line;
+  return last;
+}
+
+} // namespace
+
+outcome<metrics_writer> metrics_writer::open(const std::string& path) {
+  std::error_code ec;
+  auto parent = fs::path{path}.parent_path();
+  if (!parent.empty())
+    fs::create_directories(parent, ec);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr)
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("cannot write the metrics CSV '{}': {} (check the metrics "
+                                   "path in the training config)",
+                                   path, std::strerror(errno))};
+  std::fputs(csv_header, f);
+  std::fflush(f);
+  return metrics_writer{f, path};
+}
+
+metrics_writer::metrics_writer(metrics_writer&& other) noexcept
+  : f_(std::exchange(other.f_, nullptr)), path_(std::move(other.path_)) {
+  // nop
+}
+
+metrics_writer& metrics_writer::operator=(metrics_writer&& other) noexcept {
+  if (this != &other) {
+    if (f_ != nullptr)
+      std::fclose(f_);
+    f_ = std::exchange(other.f_, nullptr);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+metrics_writer::~metrics_writer() {
+  if (f_ != nullptr)
+    std::fclose(f_);
+}
+
+void metrics_writer::write(const metrics_row& row) {
+  if (f_ == nullptr)
+    return;
+  auto line = fmt::format("{},{:.3f},{:.6g},{},{},{},{:.1f}\n", row.step, row.wall_s, row.loss,
+                          row.accuracy < 0 ? std::string{} : fmt::format("{:.4f}", row.accuracy),
+                          csv_field(row.mode), row.workers, row.examples_per_s);
+  std::fputs(line.c_str(), f_);
+  std::fflush(f_);
+}
+
+std::string plot(const std::string& csv, const std::string& png) {
+  const auto gnuplot = find_on_path("gnuplot");
+  if (gnuplot.empty())
+    return fmt::format("plot: gnuplot not found; apt-get install gnuplot-nox to get {}", png);
+  if (png.find_first_of("\n\r") != std::string::npos)
+    return "plot: the PNG path holds a line break, which gnuplot cannot take; no plot";
+  // The data goes into the script as datablocks: only the PNG's path is
+  // quoted, and rows without an accuracy simply are not in that block.
+  std::ifstream in{csv};
+  if (!in)
+    return fmt::format("plot: cannot read {}: {}; no {}", csv, std::strerror(errno), png);
+  std::string loss_rows, accuracy_rows, line;
+  std::getline(in, line); // the header
+  while (std::getline(in, line)) {
+    std::vector<std::string> cols;
+    std::istringstream fields{line};
+    for (std::string f; std::getline(fields, f, ',');)
+      cols.push_back(f);
+    if (cols.size() < 4)
+      continue;
+    loss_rows += cols[0] + " " + cols[2] + "\n";
+    if (!cols[3].empty())
+      accuracy_rows += cols[0] + " " + cols[3] + "\n";
+  }
+  if (loss_rows.empty())
+    return fmt::format("plot: {} has no rows yet; no {}", csv, png);
+
+  auto write_script = [&](const char* terminal) {
+    std::string s;
+    s += fmt::format("set terminal {} size 900,540\n", terminal);
+    s += "set output " + gnuplot_string(png) + "\n";
+    s += "$loss << EOD\n" + loss_rows + "EOD\n";
+    if (!accuracy_rows.empty())
+      s += "$accuracy << EOD\n" + accuracy_rows + "EOD\n";
+    s += "set title " + gnuplot_string(fs::path{csv}.filename().string()) + " noenhanced\n";
+    s += "set xlabel 'step'\nset ylabel 'training loss'\nset ytics nomirror\nset grid\n"
+         "set key top center\n";
+    if (!accuracy_rows.empty())
+      s += "set y2label 'held-out accuracy'\nset y2range [0:1]\nset y2tics\n"
+           "plot $loss using 1:2 with lines lw 2 title 'loss' axes x1y1, "
+           "$accuracy using 1:2 with linespoints lw 2 pt 7 title 'held-out accuracy' axes x1y2\n";
+    else
+      s += "plot $loss using 1:2 with lines lw 2 title 'loss'\n";
+    return s;
+  };
+
+  auto script_path = (fs::temp_directory_path() / "actorflow-plot-XXXXXX").string();
+  int fd = ::mkstemp(script_path.data());
+  if (fd < 0)
+    return fmt::format("plot: cannot write a gnuplot script in {}: {}; no {}",
+                       fs::temp_directory_path().string(), std::strerror(errno), png);
+  ::close(fd);
+  run_result r;
+  // pngcairo draws better; gnuplot builds without cairo have only png.
+  for (const char* terminal : {"pngcairo", "png"}) {
+    std::ofstream{script_path, std::ios::trunc} << write_script(terminal);
+    r = run_gnuplot(gnuplot, script_path);
+    if (r.exit_code == 0 || r.errors.find("terminal") == std::string::npos)
+      break;
+  }
+  std::error_code ec;
+  fs::remove(script_path, ec);
+  if (r.exit_code != 0 || !fs::exists(png, ec) || fs::file_size(png, ec) == 0)
+    return fmt::format("plot: gnuplot could not draw {}: {}", png,
+                       r.errors.empty() ? fmt::format("exit code {}", r.exit_code)
+                                        : last_line(r.errors));
+  return "plot: " + png;
+}
+
+} // namespace af::train
