@@ -1,0 +1,825 @@
+// The CAF-free training library: data readers and batching, the training
+// config, checkpoints and metrics. Each case names the bug it is there to catch.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "train/checkpoint.hpp"
+#include "train/config.hpp"
+#include "train/data.hpp"
+#include "train/metrics.hpp"
+
+using namespace af;
+using namespace af::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory under the system's temp dir, removed with its contents.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path()
+           / ("actorflow-train-test-" + std::to_string(::getpid()) + "-"
+              + std::to_string(counter++) + "-"
+              + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out{path, std::ios::binary | std::ios::trunc};
+  out << bytes;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in{path, std::ios::binary};
+  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+/// The examples of a batch, identified by their first feature (the tests'
+/// datasets put the example's index there).
+std::vector<int> ids(const batch& b) {
+  std::vector<int> out;
+  auto rows = static_cast<size_t>(b.x.shape()[0]);
+  auto f = static_cast<size_t>(b.x.shape()[1]);
+  const float* x = b.x.data<float>();
+  for (size_t i = 0; i < rows; ++i)
+    out.push_back(static_cast<int>(x[i * f]));
+  return out;
+}
+
+/// `n` examples of 3 features; feature 0 is the example's index, the label
+/// is index % 5.
+dataset indexed(size_t n) {
+  dataset d;
+  d.name = "indexed";
+  d.features = 3;
+  d.classes = 5;
+  for (size_t i = 0; i < n; ++i) {
+    d.x.insert(d.x.end(), {static_cast<float>(i), 0.5f, -1.0f});
+    d.y.push_back(static_cast<int32_t>(i % 5));
+  }
+  return d;
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+} // namespace
+
+// --- data -------------------------------------------------------------------
+
+TEST_CASE("the bundled digits are 1797 images of 64 pixels in [0, 1] with all ten digits",
+          "[train][data]") {
+  // Catches: pixels not scaled by 1/16 (max 16), the label read as a
+  // feature (65 features) or lost, a row dropped by the gzip reader, a reader
+  // that takes long (it must be milliseconds).
+  auto t0 = std::chrono::steady_clock::now();
+  auto d = load_digits();
+  auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(d);
+  CHECK(d->size() == 1797);
+  CHECK(d->features == 64);
+  CHECK(d->classes == 10);
+  CHECK(d->y.size() == 1797);
+  CHECK(*std::max_element(d->x.begin(), d->x.end()) == 1.0f);
+  CHECK(*std::min_element(d->x.begin(), d->x.end()) == 0.0f);
+  std::vector<int> histogram(10, 0);
+  for (auto y : d->y) {
+    REQUIRE(y >= 0);
+    REQUIRE(y < 10);
+    ++histogram[static_cast<size_t>(y)];
+  }
+  for (int count : histogram)
+    CHECK(count > 150); // each digit has about 180
+  // The first image of the file is a 0 whose third pixel is 5/16.
+  CHECK(d->y[0] == 0);
+  CHECK(d->x[2] == 5.0f / 16.0f);
+  CHECK(std::chrono::duration<double>(took).count() < 0.5);
+}
+
+TEST_CASE("load_digits names the folder it looked in when the data is not there",
+          "[train][data]") {
+  // Catches: a silent empty dataset, or a message that does not say where.
+  temp_dir dir;
+  auto d = load_digits(dir.path.string());
+  REQUIRE_FALSE(d);
+  CHECK(d.error().code == af_error::not_found);
+  CHECK(contains(d.error().what, dir.path.string()));
+}
+
+TEST_CASE("CSV: header, CRLF and scale are handled; bad lines are named", "[train][data]") {
+  // Catches: a header parsed as data, '\r' taken into the label, scale not
+  // applied, and errors that do not name the file, line and column.
+  temp_dir dir;
+  auto path = dir / "small.csv";
+  write_file(path, "a,b,label\r\n1,2,0\r\n\r\n3,4,2\r\n");
+  auto d = read_csv(path, true, 0.5f);
+  REQUIRE(d);
+  CHECK(d->size() == 2);
+  CHECK(d->features == 2);
+  CHECK(d->classes == 3);
+  CHECK(d->x == std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f});
+  CHECK(d->y == std::vector<int32_t>{0, 2});
+
+  write_file(path, "1,2,0\n3,x,1\n");
+  auto bad = read_csv(path);
+  REQUIRE_FALSE(bad);
+  CHECK(contains(bad.error().what, path));
+  CHECK(contains(bad.error().what, "line 2, column 2"));
+  CHECK(contains(bad.error().what, "'x'"));
+
+  write_file(path, "1,2,0\n3,4,1\n5,6\n");
+  bad = read_csv(path);
+  REQUIRE_FALSE(bad);
+  CHECK(contains(bad.error().what, "line 3"));
+
+  write_file(path, "1,2,0\n3,4,1.5\n");
+  bad = read_csv(path);
+  REQUIRE_FALSE(bad);
+  CHECK(contains(bad.error().what, "line 2, column 3"));
+  CHECK(contains(bad.error().what, "label"));
+
+  auto missing = read_csv(dir / "nope.csv");
+  REQUIRE_FALSE(missing);
+  CHECK(contains(missing.error().what, dir / "nope.csv"));
+}
+
+TEST_CASE("IDX images and labels written here read back, pixels scaled to [0, 1]",
+          "[train][data]") {
+  // Catches: little-endian header reads, rows and columns not multiplied
+  // into features, pixels not divided by 255, labels misaligned.
+  temp_dir dir;
+  std::string images = be32(0x803) + be32(3) + be32(2) + be32(2);
+  for (int i = 0; i < 12; ++i)
+    images += static_cast<char>(i == 11 ? 255 : i * 10);
+  std::string labels = be32(0x801) + be32(3) + std::string{"\x07\x00\x02", 3};
+  write_file(dir / "img.idx", images);
+  write_file(dir / "lab.idx", labels);
+  auto d = read_idx(dir / "img.idx", dir / "lab.idx");
+  REQUIRE(d);
+  CHECK(d->size() == 3);
+  CHECK(d->features == 4);
+  CHECK(d->classes == 8);
+  CHECK(d->y == std::vector<int32_t>{7, 0, 2});
+  CHECK(d->x[1] == Approx(10.0 / 255));
+  CHECK(d->x[11] == 1.0f);
+
+  SECTION("images and labels swapped: refused by the magic, naming the file") {
+    auto swapped = read_idx(dir / "lab.idx", dir / "img.idx");
+    REQUIRE_FALSE(swapped);
+    CHECK(contains(swapped.error().what, dir / "lab.idx"));
+    CHECK(contains(swapped.error().what, "magic"));
+  }
+  SECTION("a truncated images file is refused, naming it") {
+    write_file(dir / "img.idx", images.substr(0, images.size() - 1));
+    auto cut = read_idx(dir / "img.idx", dir / "lab.idx");
+    REQUIRE_FALSE(cut);
+    CHECK(contains(cut.error().what, dir / "img.idx"));
+    CHECK(contains(cut.error().what, "truncated"));
+  }
+  SECTION("labels for a different number of images are refused") {
+    write_file(dir / "lab.idx", be32(0x801) + be32(2) + std::string{"\x01\x02", 2});
+    auto mismatch = read_idx(dir / "img.idx", dir / "lab.idx");
+    REQUIRE_FALSE(mismatch);
+    CHECK(contains(mismatch.error().what, dir / "lab.idx"));
+  }
+}
+
+TEST_CASE("synthetic classification follows its seeded linear teacher", "[train][data]") {
+  // Catches: labels not from argmax(x W + b) (unlearnable data), a seed that
+  // is ignored or shared with the examples' stream, a collapsed class.
+  auto a = synthetic_classification(500, 8, 4, 7);
+  auto b = synthetic_classification(500, 8, 4, 7);
+  auto c = synthetic_classification(500, 8, 4, 8);
+  CHECK(a.x == b.x);
+  CHECK(a.y == b.y);
+  CHECK(a.x != c.x);
+  auto t = synthetic_teacher(8, 4, 7);
+  std::set<int32_t> seen;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<double> logits(t.b.begin(), t.b.end());
+    for (size_t f = 0; f < 8; ++f)
+      for (size_t k = 0; k < 4; ++k)
+        logits[k] += static_cast<double>(a.x[i * 8 + f]) * t.w[f * 4 + k];
+    auto want = std::max_element(logits.begin(), logits.end()) - logits.begin();
+    REQUIRE(a.y[i] == want);
+    seen.insert(a.y[i]);
+  }
+  CHECK(seen.size() == 4);
+  // More examples extend fewer.
+  auto small = synthetic_classification(10, 8, 4, 7);
+  CHECK(std::equal(small.x.begin(), small.x.end(), a.x.begin()));
+}
+
+TEST_CASE("synthetic regression targets are exactly x . w of the teacher", "[train][data]") {
+  // Catches: noise or a bias the linear model cannot fit, labels instead of
+  // targets, x not standard normal.
+  auto d = synthetic_linear(2000, 5, 3);
+  CHECK(d.classes == 0);
+  CHECK(d.y.empty());
+  REQUIRE(d.targets.size() == 2000);
+  auto t = synthetic_teacher(5, 1, 3);
+  double mean = 0, sq = 0;
+  for (size_t i = 0; i < d.size(); ++i) {
+    double want = 0;
+    for (size_t f = 0; f < 5; ++f)
+      want += static_cast<double>(d.x[i * 5 + f]) * t.w[f];
+    REQUIRE(d.targets[i] == Approx(want).margin(1e-5));
+  }
+  for (float v : d.x) {
+    mean += v;
+    sq += static_cast<double>(v) * v;
+  }
+  mean /= static_cast<double>(d.x.size());
+  CHECK(std::abs(mean) < 0.05);
+  CHECK(sq / static_cast<double>(d.x.size()) == Approx(1.0).margin(0.05));
+}
+
+TEST_CASE("holdout splits off a fixed fraction, disjoint and covering every example",
+          "[train][data]") {
+  // Catches: an example in both sets or in neither, a split that changes
+  // between runs, a seed that is ignored, labels that move apart from rows.
+  auto all = indexed(100);
+  auto s = holdout(all, 0.2, 5);
+  CHECK(s.test.size() == 20);
+  CHECK(s.train.size() == 80);
+  std::set<int> rows;
+  for (const auto* part : {&s.train, &s.test})
+    for (size_t i = 0; i < part->size(); ++i) {
+      int id = static_cast<int>(part->x[i * 3]);
+      CHECK(part->y[i] == id % 5);
+      rows.insert(id);
+    }
+  CHECK(rows.size() == 100);
+  auto again = holdout(all, 0.2, 5);
+  CHECK(again.test.x == s.test.x);
+  auto other = holdout(all, 0.2, 6);
+  CHECK(other.test.x != s.test.x);
+  // Not simply the last 20 examples.
+  CHECK(s.test.x[0 * 3] + s.test.x[19 * 3] != 80 + 99);
+}
+
+TEST_CASE("sync on 2 workers at batch b sees at each step exactly what 1 worker at 2b sees",
+          "[train][data]") {
+  // Catches: shards taking interleaved or per-worker-shuffled examples, a
+  // per-shard seed, epochs cut at a different step for the two layouts.
+  auto data = indexed(203); // not a multiple of the global batch
+  const size_t b = 8;
+  batcher one{data, 2 * b, 0, 1, 42};
+  batcher w0{data, b, 0, 2, 42};
+  batcher w1{data, b, 1, 2, 42};
+  REQUIRE(one.steps_per_epoch() == 203 / 16);
+  REQUIRE(w0.steps_per_epoch() == one.steps_per_epoch());
+  for (uint64_t step = 0; step < 3 * one.steps_per_epoch() + 2; ++step) {
+    CAPTURE(step);
+    auto whole_batch = ids(one.at(step));
+    auto first = ids(w0.at(step));
+    auto second = ids(w1.at(step));
+    REQUIRE(first.size() == b);
+    REQUIRE(second.size() == b);
+    std::vector<int> both = first;
+    both.insert(both.end(), second.begin(), second.end());
+    REQUIRE(both == whole_batch);
+    CHECK(w1.at(step).first_example == w0.at(step).first_example + b);
+  }
+}
+
+TEST_CASE("each epoch is a new permutation, cut into full batches", "[train][data]") {
+  // Catches: an example twice in one epoch, the same order every epoch, a
+  // short last batch, labels not following their rows, a cache that
+  // returns the wrong epoch after random access.
+  auto data = indexed(50);
+  batcher bt{data, 8, 0, 1, 3};
+  REQUIRE(bt.steps_per_epoch() == 6);
+  std::vector<std::vector<int>> epochs(2);
+  for (uint64_t step = 0; step < 12; ++step) {
+    auto bb = bt.at(step);
+    REQUIRE(bb.x.shape() == shape_type{8, 3});
+    REQUIRE(bb.y.type() == dtype::int32);
+    REQUIRE(bb.y.shape() == shape_type{8});
+    auto rows = ids(bb);
+    auto labels = bb.y.values<int32_t>();
+    for (size_t i = 0; i < rows.size(); ++i)
+      REQUIRE(labels[i] == rows[i] % 5);
+    auto& e = epochs[step / 6];
+    e.insert(e.end(), rows.begin(), rows.end());
+  }
+  for (auto& e : epochs) {
+    CHECK(std::set<int>(e.begin(), e.end()).size() == 48);
+  }
+  CHECK(epochs[0] != epochs[1]);
+  // Random access: going back to epoch 0 gives the same batch again.
+  CHECK(ids(bt.at(2)) == std::vector<int>(epochs[0].begin() + 16, epochs[0].begin() + 24));
+  CHECK(ids(bt.at(7)) == std::vector<int>(epochs[1].begin() + 8, epochs[1].begin() + 16));
+}
+
+TEST_CASE("unshuffled batches follow the data; regression batches carry float targets",
+          "[train][data]") {
+  // Catches: shuffle=false ignored; targets dropped or sent as int32.
+  auto data = indexed(20);
+  batcher bt{data, 4, 1, 2, 9, false};
+  CHECK(ids(bt.at(0)) == std::vector<int>{4, 5, 6, 7});
+  CHECK(ids(bt.at(1)) == std::vector<int>{12, 13, 14, 15});
+  CHECK(ids(bt.at(2)) == std::vector<int>{4, 5, 6, 7}); // epoch 2, same order
+
+  auto reg = synthetic_linear(40, 3, 1);
+  batcher rb{reg, 5, 0, 1, 1, false};
+  auto bb = rb.at(1);
+  REQUIRE(bb.y.type() == dtype::float32);
+  REQUIRE(bb.y.shape() == shape_type{5});
+  CHECK(bb.y.values<float>()[0] == reg.targets[5]);
+}
+
+TEST_CASE("a batcher that cannot fill one global batch says why", "[train][data]") {
+  // Catches: a division by zero or an out-of-range read instead of a message.
+  auto data = indexed(10);
+  CHECK(contains(batcher::check(data, 4, 0, 3), "fewer than one global batch"));
+  CHECK(contains(batcher::check(data, 0, 0, 1), "batch size"));
+  CHECK(contains(batcher::check(data, 2, 2, 2), "shard 2 of 2"));
+  CHECK(batcher::check(data, 5, 1, 2).empty());
+  batcher bt{data, 4, 0, 3, 1};
+  CHECK(bt.steps_per_epoch() == 0);
+  CHECK(bt.at(0).x.empty());
+}
+
+TEST_CASE("whole() is every example as one batch", "[train][data]") {
+  // Catches: a truncated or reordered evaluation batch.
+  auto data = indexed(7);
+  auto bb = whole(data);
+  CHECK(bb.x.shape() == shape_type{7, 3});
+  CHECK(bb.y.values<int32_t>() == std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1});
+  CHECK(ids(bb) == std::vector<int>{0, 1, 2, 3, 4, 5, 6});
+}
+
+// --- config -----------------------------------------------------------------
+
+namespace {
+
+void check_same(const train_config& a, const train_config& b) {
+  CHECK(a.mode == b.mode);
+  CHECK(a.model == b.model);
+  CHECK(a.hidden == b.hidden);
+  CHECK(a.data == b.data);
+  CHECK(a.holdout == b.holdout);
+  CHECK(a.synthetic_examples == b.synthetic_examples);
+  CHECK(a.synthetic_features == b.synthetic_features);
+  CHECK(a.synthetic_classes == b.synthetic_classes);
+  CHECK(a.batch_size == b.batch_size);
+  CHECK(a.steps == b.steps);
+  CHECK(a.epochs == b.epochs);
+  CHECK(a.optimizer.kind == b.optimizer.kind);
+  CHECK(a.optimizer.lr == b.optimizer.lr);
+  CHECK(a.optimizer.momentum == b.optimizer.momentum);
+  CHECK(a.optimizer.beta1 == b.optimizer.beta1);
+  CHECK(a.optimizer.beta2 == b.optimizer.beta2);
+  CHECK(a.optimizer.epsilon == b.optimizer.epsilon);
+  CHECK(a.optimizer.schedule.kind == b.optimizer.schedule.kind);
+  CHECK(a.optimizer.schedule.decay_steps == b.optimizer.schedule.decay_steps);
+  CHECK(a.optimizer.schedule.decay_rate == b.optimizer.schedule.decay_rate);
+  CHECK(a.optimizer.schedule.min_lr == b.optimizer.schedule.min_lr);
+  CHECK(a.average_every == b.average_every);
+  CHECK(a.seed == b.seed);
+  CHECK(a.checkpoint_dir == b.checkpoint_dir);
+  CHECK(a.checkpoint_steps == b.checkpoint_steps);
+  CHECK(a.checkpoint_secs == b.checkpoint_secs);
+  CHECK(a.metrics == b.metrics);
+  CHECK(a.log_every == b.log_every);
+  CHECK(a.eval_every == b.eval_every);
+  CHECK(a.step_timeout_ms == b.step_timeout_ms);
+  CHECK(a.init_timeout_ms == b.init_timeout_ms);
+}
+
+} // namespace
+
+TEST_CASE("an empty training config is every default, and the defaults are valid",
+          "[train][config]") {
+  // Catches: a key that is required after all, defaults that validate() refuses.
+  auto c = parse_train_config("", "empty.toml");
+  REQUIRE(c);
+  check_same(*c, train_config{});
+  CHECK(validate(train_config{}).empty());
+}
+
+TEST_CASE("to_toml round-trips a config whose every key differs from its default",
+          "[train][config]") {
+  // Catches: a key to_toml forgets (it would come back as its default), a
+  // double printed with too few digits, a string not escaped.
+  train_config c;
+  c.mode = "average";
+  c.model = "softmax";
+  c.hidden = {3, 5};
+  c.data = "csv:/tmp/a \"quoted\" \\path.csv";
+  c.holdout = 0.1234567890123;
+  c.synthetic_examples = 77;
+  c.synthetic_features = 9;
+  c.synthetic_classes = 3;
+  c.batch_size = 17;
+  c.steps = 1234;
+  c.epochs = 2.5;
+  c.optimizer.kind = "momentum";
+  c.optimizer.lr = 0.1 / 3;
+  c.optimizer.momentum = 0.95;
+  c.optimizer.beta1 = 0.8;
+  c.optimizer.beta2 = 0.99;
+  c.optimizer.epsilon = 1e-7;
+  c.optimizer.schedule.kind = "step";
+  c.optimizer.schedule.decay_steps = 50;
+  c.optimizer.schedule.decay_rate = 0.5;
+  c.optimizer.schedule.min_lr = 0.001;
+  c.average_every = 7;
+  c.seed = 99;
+  c.checkpoint_dir = "ck";
+  c.checkpoint_steps = 10;
+  c.checkpoint_secs = 1.5;
+  c.metrics = "m.csv";
+  c.log_every = 3;
+  c.eval_every = 4;
+  c.step_timeout_ms = 1000;
+  c.init_timeout_ms = 2000;
+  REQUIRE(validate(c).empty());
+  auto text = to_toml(c);
+  auto back = parse_train_config(text, "round-trip");
+  INFO(text);
+  REQUIRE(back);
+  check_same(*back, c);
+}
+
+TEST_CASE("an unknown key names the file and line and suggests the closest key",
+          "[train][config]") {
+  // Catches: misspelt keys silently ignored (the run uses the default).
+  auto c = parse_train_config("[train]\nmode = \"sync\"\nlearning_rat = 0.1\n", "mine.toml");
+  REQUIRE_FALSE(c);
+  CHECK(c.error().code == af_error::invalid_config);
+  CHECK(contains(c.error().what, "mine.toml:3"));
+  CHECK(contains(c.error().what, "'learning_rat'"));
+  CHECK(contains(c.error().what, "'learning_rate'"));
+}
+
+TEST_CASE("bad values name the key, the value and what is allowed", "[train][config]") {
+  // Catches: a bad value accepted (batch 0 hangs, holdout 1 leaves no
+  // training data, a negative count wraps to a huge unsigned one), or a
+  // message that does not say what to write instead.
+  struct bad_case {
+    std::string text;
+    std::vector<std::string> said;
+  };
+  std::vector<bad_case> cases = {
+    {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, average or allreduce"}},
+    {"batch_size = 0", {"batch_size = 0", "at least 1"}},
+    {"batch_size = \"32\"", {"batch_size = \"32\"", "integer", "string"}},
+    {"holdout = 1.0", {"holdout = 1", "between 0 and 1"}},
+    {"holdout = 0", {"holdout = 0", "between 0 and 1"}},
+    {"steps = -5", {"steps = -5", "non-negative integer"}},
+    {"epochs = -1", {"epochs = -1"}},
+    {"hidden = [64, 0]", {"hidden", "0", "positive"}},
+    {"learning_rate = -0.1", {"learning_rate = -0.1", "positive"}},
+    {"optimizer = \"rmsprop\"", {"optimizer = \"rmsprop\"", "sgd, momentum or adam"}},
+    {"schedule = \"linear\"", {"schedule = \"linear\"", "constant, step or cosine"}},
+    {"data = \"idx:only-one\"", {"data", "idx:IMAGES,LABELS"}},
+    {"step_timeout_ms = 5000000000", {"step_timeout_ms = 5000000000", "at most"}},
+  };
+  for (const auto& bc : cases) {
+    CAPTURE(bc.text);
+    auto c = parse_train_config("# a comment\n[train]\n" + bc.text + "\n", "bad.toml");
+    REQUIRE_FALSE(c);
+    CHECK(contains(c.error().what, "bad.toml:3"));
+    for (const auto& part : bc.said)
+      CHECK(contains(c.error().what, part));
+  }
+}
+
+TEST_CASE("validate() applies the optimizer's own rules and checks keys together",
+          "[train][config]") {
+  // Catches: a validate() that skips train::validate(optimizer_spec), which
+  // alone knows that a cosine schedule cannot end above its start; a linear
+  // model on class labels; a run of no length.
+  train_config c;
+  c.optimizer.schedule.kind = "cosine";
+  c.optimizer.schedule.min_lr = 0.5; // above lr = 0.1
+  CHECK(contains(validate(c), "min_lr"));
+  // Keys fine one by one but not together are validate()'s, so that a file
+  // and then --set overrides can be applied one at a time.
+  auto parsed = parse_train_config("schedule = \"cosine\"\nmin_lr = 0.5\n", "cos.toml");
+  REQUIRE(parsed);
+  CHECK(contains(validate(*parsed), "min_lr"));
+  auto linear = parse_train_config("data = \"synthetic_linear\"\n", "lin.toml");
+  REQUIRE(linear);
+  CHECK(contains(validate(*linear), "model = \"mlp\""));
+  linear->model = "linear";
+  CHECK(validate(*linear).empty());
+  auto no_length = parse_train_config("steps = 0\nepochs = 0\n", "len.toml");
+  REQUIRE(no_length);
+  CHECK(contains(validate(*no_length), "epochs = 0"));
+}
+
+TEST_CASE("a [train] table is read from a cluster file; the cluster is not its business",
+          "[train][config]") {
+  // Catches: [cluster] keys reported as unknown training keys, the [train]
+  // table ignored, a misspelt [train] table silently giving the defaults.
+  auto c = parse_train_config("[cluster]\nps = [\"127.0.0.1:1\"]\n[node]\nthreads = 2\n"
+                              "[train]\nbatch_size = 64\n",
+                              "cluster.toml");
+  REQUIRE(c);
+  CHECK(c->batch_size == 64);
+  auto only_cluster = parse_train_config("[cluster]\nps = [\"127.0.0.1:1\"]\n", "c.toml");
+  REQUIRE(only_cluster);
+  check_same(*only_cluster, train_config{});
+  auto typo = parse_train_config("[cluster]\nps = [\"127.0.0.1:1\"]\n[trian]\nsteps = 5\n",
+                                 "t.toml");
+  REQUIRE_FALSE(typo);
+  CHECK(contains(typo.error().what, "[train]"));
+  CHECK(contains(typo.error().what, "t.toml:"));
+}
+
+TEST_CASE("config/train.toml is the digits MLP in sync mode on 1 ps and 2 workers",
+          "[train][config]") {
+  // Catches: an example file that does not load, or drifts from what it says.
+  auto path = std::string{ACTORFLOW_SOURCE_DIR} + "/config/train.toml";
+  auto c = load_train_config(path);
+  INFO((c ? std::string{} : c.error().what));
+  REQUIRE(c);
+  CHECK(c->mode == "sync");
+  CHECK(c->model == "mlp");
+  CHECK(c->data == "digits");
+  auto text = read_file(path);
+  CHECK(contains(text, "[cluster]"));
+  CHECK(contains(text, "ps = [\"127.0.0.1:"));
+  auto missing = load_train_config("/nonexistent/train.toml");
+  REQUIRE_FALSE(missing);
+  CHECK(contains(missing.error().what, "/nonexistent/train.toml"));
+}
+
+// --- checkpoints ------------------------------------------------------------
+
+namespace {
+
+checkpoint sample_checkpoint(uint64_t step) {
+  checkpoint c;
+  c.global_step = step;
+  c.data_position = step * 3 + 1;
+  c.config = to_toml(train_config{});
+  saved_variable w;
+  w.name = "layer0/w";
+  w.value = tensor::from_values<float>({2, 3}, {1.5f, -2, 0, 1e-30f, 3, 4});
+  // A NaN with payload bits: bit-identical means bit-identical.
+  uint32_t nan_bits = 0x7fc01234;
+  std::memcpy(w.value.mutable_data<float>() + 2, &nan_bits, 4);
+  w.slots["m"] = tensor::filled(dtype::float32, {2, 3}, 0.25);
+  w.slots["v"] = tensor::from_values<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  saved_variable b;
+  b.name = "layer0/b";
+  b.value = tensor::from_values<int32_t>({3}, {7, -8, 9});
+  saved_variable s;
+  s.name = "scalar";
+  s.value = tensor::scalar(4.0f);
+  saved_variable z;
+  z.name = "empty";
+  z.value = tensor{dtype::float64, {0, 4}};
+  c.variables = {w, b, s, z};
+  return c;
+}
+
+std::vector<std::string> checkpoint_files(const temp_dir& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir.path))
+    if (e.path().extension() == ".afck")
+      out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint64_t fnv1a64(const std::string& s, size_t from) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = from; i < s.size(); ++i) {
+    h ^= static_cast<unsigned char>(s[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+} // namespace
+
+TEST_CASE("a checkpoint round-trips bit-identically, slots included", "[train][checkpoint]") {
+  // Catches: values converted on the way (NaN payloads, denormals, int32),
+  // slots or the config lost, shapes flattened, latest not updated.
+  temp_dir dir;
+  auto want = sample_checkpoint(12);
+  auto path = save(dir.path.string() + "/nested/ckpts", want);
+  REQUIRE(path);
+  CHECK(fs::path{*path}.filename() == "ckpt-12.afck");
+  auto named = latest(dir.path.string() + "/nested/ckpts");
+  REQUIRE(named);
+  CHECK(*named == *path);
+  auto got = load(*path);
+  REQUIRE(got);
+  CHECK(got->global_step == 12);
+  CHECK(got->data_position == 37);
+  CHECK(got->config == want.config);
+  REQUIRE(got->variables.size() == want.variables.size());
+  for (size_t i = 0; i < want.variables.size(); ++i) {
+    const auto& a = got->variables[i];
+    const auto& b = want.variables[i];
+    CAPTURE(b.name);
+    CHECK(a.name == b.name);
+    CHECK(a.value == b.value);
+    CHECK(std::memcmp(a.value.bytes(), b.value.bytes(), b.value.nbytes()) == 0);
+    REQUIRE(a.slots.size() == b.slots.size());
+    for (const auto& [slot, t] : b.slots)
+      CHECK(a.slots.at(slot) == t);
+  }
+}
+
+TEST_CASE("damaged or foreign checkpoint files are refused with their name",
+          "[train][checkpoint]") {
+  // Catches: a truncated file read as zeros, a flipped byte loaded as a
+  // wrong weight, any file loaded as a checkpoint, a newer format misread.
+  temp_dir dir;
+  auto path = save(dir.path.string(), sample_checkpoint(5));
+  REQUIRE(path);
+  const auto good = read_file(*path);
+  auto refused = [&](const std::string& bytes, const std::string& why) {
+    write_file(*path, bytes);
+    auto c = load(*path);
+    CAPTURE(why);
+    REQUIRE_FALSE(c);
+    CHECK(contains(c.error().what, *path));
+    CHECK(contains(c.error().what, why));
+  };
+  SECTION("truncated body") { refused(good.substr(0, good.size() - 10), "truncated"); }
+  SECTION("truncated header") { refused(good.substr(0, 20), "truncated"); }
+  SECTION("a flipped byte in the body") {
+    auto bad = good;
+    bad[bad.size() / 2] ^= 0x10;
+    refused(bad, "checksum");
+  }
+  SECTION("a foreign file") { refused("step,loss\n1,2\n", "not an actorflow checkpoint"); }
+  SECTION("an empty file") { refused("", "empty"); }
+  SECTION("a newer format") {
+    auto bad = good;
+    bad[8] = 2;
+    refused(bad, "newer");
+  }
+  SECTION("trailing bytes") { refused(good + "x", "after its"); }
+  SECTION("a tensor whose shape does not match its bytes, checksum intact") {
+    // With the layout documented in checkpoint.hpp: rewrite layer0/b's shape
+    // [3] (int32, 12 bytes) as [4] and fix the checksum, so that only the
+    // shape check can refuse it.
+    std::string pattern = std::string{"\x01\x00\x00\x00\x00\x00\x00\x00", 8}  // rank 1
+                          + std::string{"\x03\x00\x00\x00\x00\x00\x00\x00", 8} // dim 3
+                          + std::string{"\x0c\x00\x00\x00\x00\x00\x00\x00", 8}; // 12 bytes
+    auto at = good.find(pattern);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(good.find(pattern, at + 1) == std::string::npos);
+    auto bad = good;
+    bad[at + 8] = 4;
+    uint64_t sum = fnv1a64(bad, 32);
+    for (int i = 0; i < 8; ++i)
+      bad[24 + static_cast<size_t>(i)] = static_cast<char>(sum >> (8 * i));
+    refused(bad, "layer0/b");
+    CHECK(contains(load(*path).error().what, "[4]"));
+  }
+  auto missing = load(dir / "ckpt-999.afck");
+  REQUIRE_FALSE(missing);
+  CHECK(contains(missing.error().what, dir / "ckpt-999.afck"));
+}
+
+TEST_CASE("keep = 2 leaves the two newest checkpoints", "[train][checkpoint]") {
+  // Catches: old checkpoints piling up, the wrong ones removed (by name
+  // order ckpt-10 < ckpt-9), latest naming a removed file.
+  temp_dir dir;
+  for (uint64_t step : {1, 5, 9, 10})
+    REQUIRE(save(dir.path.string(), sample_checkpoint(step), 2));
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{"ckpt-10.afck", "ckpt-9.afck"});
+  auto named = latest(dir.path.string());
+  REQUIRE(named);
+  CHECK(fs::path{*named}.filename() == "ckpt-10.afck");
+  REQUIRE(load(*named));
+  // Saving an older step (a restarted run) never removes what latest names.
+  REQUIRE(save(dir.path.string(), sample_checkpoint(3), 2));
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{"ckpt-10.afck", "ckpt-3.afck"});
+  CHECK(fs::path{*latest(dir.path.string())}.filename() == "ckpt-3.afck");
+}
+
+TEST_CASE("a crash between the temporary write and the rename leaves the last checkpoint",
+          "[train][checkpoint]") {
+  // Catches: writing the checkpoint or latest in place (a crash tears it),
+  // latest pointing at a file before it is complete, leftovers never cleaned.
+  temp_dir dir;
+  REQUIRE(save(dir.path.string(), sample_checkpoint(1)));
+  // What a crash mid-save of step 2 leaves: half a temporary file, and a
+  // temporary latest that was never renamed.
+  write_file(dir / "ckpt-2.afck.tmp", "AFCKPT01 half of it");
+  write_file(dir / "latest.tmp", "ckpt-2.afck\n");
+  auto named = latest(dir.path.string());
+  REQUIRE(named);
+  CHECK(fs::path{*named}.filename() == "ckpt-1.afck");
+  auto c = load(*named);
+  REQUIRE(c);
+  CHECK(c->global_step == 1);
+  // The next save succeeds and sweeps the leftovers.
+  REQUIRE(save(dir.path.string(), sample_checkpoint(2)));
+  CHECK_FALSE(fs::exists(dir / "ckpt-2.afck.tmp"));
+  CHECK_FALSE(fs::exists(dir / "latest.tmp"));
+  CHECK(load(*latest(dir.path.string()))->global_step == 2);
+}
+
+TEST_CASE("no checkpoint yet is \"\", and a directory that cannot be made is named",
+          "[train][checkpoint]") {
+  // Catches: an error (or a crash) on a fresh run, a save that fails silently.
+  temp_dir dir;
+  auto none = latest(dir.path.string());
+  REQUIRE(none);
+  CHECK(none->empty());
+  auto absent = latest(dir / "not-made-yet");
+  REQUIRE(absent);
+  CHECK(absent->empty());
+  write_file(dir / "a-file", "x");
+  auto blocked = save(dir / "a-file", sample_checkpoint(1));
+  REQUIRE_FALSE(blocked);
+  CHECK(contains(blocked.error().what, dir / "a-file"));
+  write_file(dir / "latest", "ckpt-7.afck\n");
+  auto dangling = latest(dir.path.string());
+  REQUIRE_FALSE(dangling);
+  CHECK(contains(dangling.error().what, "ckpt-7.afck"));
+}
+
+// --- metrics ----------------------------------------------------------------
+
+TEST_CASE("the metrics CSV has its header and one flushed row per write", "[train][metrics]") {
+  // Catches: a missing or reordered column, accuracy printed as -1 when not
+  // measured, rows held in a buffer (lost if the run is killed).
+  temp_dir dir;
+  auto w = metrics_writer::open(dir / "run/metrics.csv");
+  REQUIRE(w);
+  w->write({0, 0.5, 2.3025851, -1, "sync", 2, 1234.56});
+  w->write({100, 1.25, 0.5, 0.9375, "sync", 2, 2000});
+  // Read before the writer closes: each row must already be on disk.
+  CHECK(read_file(dir / "run/metrics.csv")
+        == "step,wall_s,loss,accuracy,mode,workers,examples_per_s\n"
+           "0,0.500,2.30259,,sync,2,1234.6\n"
+           "100,1.250,0.5,0.9375,sync,2,2000.0\n");
+  auto moved = std::move(*w);
+  moved.write({200, 2, 0.25, -1, "sync", 2, 1});
+  CHECK(contains(read_file(dir / "run/metrics.csv"), "\n200,"));
+
+  write_file(dir / "plain", "x");
+  auto bad = metrics_writer::open(dir / "plain/metrics.csv");
+  REQUIRE_FALSE(bad);
+  CHECK(contains(bad.error().what, dir / "plain/metrics.csv"));
+}
+
+TEST_CASE("plot draws a PNG with gnuplot, or says how to get gnuplot", "[train][metrics]") {
+  // Catches: a plot that fails silently, a message without the PNG's path,
+  // a path with a quote breaking the gnuplot script.
+  temp_dir dir;
+  auto csv = dir / "metrics.csv";
+  {
+    auto w = metrics_writer::open(csv);
+    REQUIRE(w);
+    for (uint64_t s = 0; s <= 300; s += 50)
+      w->write({s, 0.1 * static_cast<double>(s), 2.3 / (1.0 + static_cast<double>(s) / 50.0),
+                s % 100 == 0 ? 0.5 + static_cast<double>(s) / 1000.0 : -1.0, "sync", 2, 100});
+  }
+  auto png = dir / "it's a plot.png";
+  bool have_gnuplot = std::system("command -v gnuplot > /dev/null 2>&1") == 0;
+  if (have_gnuplot) {
+    auto said = plot(csv, png);
+    CHECK(said == "plot: " + png);
+    auto bytes = read_file(png);
+    REQUIRE(bytes.size() > 8);
+    CHECK(bytes.substr(0, 8) == std::string{"\x89PNG\r\n\x1a\n", 8});
+  }
+  // Without gnuplot on PATH, the sentence says how to get it.
+  std::string old_path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", dir.path.c_str(), 1);
+  auto said = plot(csv, dir / "other.png");
+  ::setenv("PATH", old_path.c_str(), 1);
+  CHECK(said == "plot: gnuplot not found; apt-get install gnuplot-nox to get " + dir / "other.png");
+}
