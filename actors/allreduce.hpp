@@ -1,0 +1,140 @@
+#pragma once
+/// All-reduce among the workers of a data-parallel job, with no parameter
+/// server: a ring over plain TCP (reduce-scatter, then allgather), its
+/// rendezvous through the chief's key-value store (actors/kv_store.hpp).
+///
+/// Why our own ring and not Gloo (libgloo-dev): docs/training.md has the
+/// measurements; in short, on loopback between two processes it moved 4 MiB
+/// at least as fast as Gloo's chunked ring, its errors name the rank and the
+/// address, it throws nothing, and it needs no extra thread.
+///
+/// Each rank listens on an OS-picked port, publishes "host:port" under
+/// "<group>/addr/<rank>", connects to its right neighbour (rank + 1) and
+/// accepts its left one (rank - 1). A collective call sends a small header
+/// first, so that ranks in different calls (another op, size or root) fail
+/// with an error instead of mixing their data. The transfer is pipelined:
+/// a rank forwards a piece as soon as it has reduced (or received) it.
+///
+/// Determinism: in the reduce-scatter every element's sum (and its division
+/// by the size) is computed once, by one rank, in ring order; the allgather
+/// copies those bytes to the others. So every rank ends with bit-identical
+/// results, and each applies the same update.
+///
+/// Failures: a peer that dies or destroys its group closes its sockets; a
+/// rank waiting on it fails at once naming it, and closes its own sockets so
+/// that the failure travels around the ring instead of leaving the others to
+/// their timeouts. A failed group is broken: every later call fails at once;
+/// build a new one (under a new group name).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/error.hpp"
+#include "caf/expected.hpp"
+
+#include "actors/kv_store.hpp"
+
+namespace af {
+
+/// A blocking collective group of `size` ranks, usable from a plain thread or
+/// a detached actor. One call at a time per group; every rank must make the
+/// same calls in the same order with the same counts.
+class allreduce_group {
+public:
+  /// Joins the group as `rank` in [0, size). `group` namespaces the keys in
+  /// the store and must be new for each incarnation of the group (the store
+  /// keeps old addresses). Listens on `bind_host` (empty or 0.0.0.0: all
+  /// interfaces, advertised under the host name) at a port the OS picks.
+  /// The whole rendezvous is bounded by `timeout`; its errors name the rank
+  /// that was missing and what was waited for. In collectives, `timeout` is
+  /// the longest a call waits with no byte moving.
+  static caf::expected<std::unique_ptr<allreduce_group>>
+  create(uint32_t rank, uint32_t size, const std::string& group, kv_client& store,
+         std::chrono::milliseconds timeout, const std::string& bind_host = "127.0.0.1");
+
+  ~allreduce_group(); ///< closes the sockets: the neighbours' pending calls fail
+
+  allreduce_group(const allreduce_group&) = delete;
+  allreduce_group& operator=(const allreduce_group&) = delete;
+
+  /// In place: every rank ends with the element-wise mean of all ranks' `data`.
+  caf::error allreduce_mean(float* data, size_t n);
+
+  /// In place: every rank ends with the element-wise sum.
+  caf::error allreduce_sum(float* data, size_t n);
+
+  /// Every rank ends with `root`'s `data`.
+  caf::error broadcast(float* data, size_t n, uint32_t root);
+
+  uint32_t rank() const { return rank_; }
+  uint32_t size() const { return size_; }
+  const std::string& name() const { return group_; }
+
+  /// "host:port" this rank published.
+  const std::string& address() const { return address_; }
+
+  /// True after a failed call: every later call fails at once.
+  bool broken() const { return !broken_.empty(); }
+
+private:
+  enum class op : uint8_t { sum = 1, mean, broadcast };
+
+  /// One piece of a call's outgoing stream, to the right neighbour.
+  struct out_part {
+    const char* src;
+    size_t bytes;
+    int after; ///< index of the incoming part whose processed prefix gates this one; -1: none
+  };
+
+  /// One piece of a call's incoming stream, from the left neighbour.
+  struct in_part {
+    enum kind_type { header, copy, reduce } kind;
+    char* buf;               ///< where the bytes land (scratch for reduce)
+    size_t bytes;
+    float* target = nullptr; ///< reduce: what the received floats are added to
+    float divisor = 0;       ///< reduce: divide the sums by it (mean's last step); 0: no
+  };
+
+  allreduce_group(uint32_t rank, uint32_t size, std::string group, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), group_(std::move(group)), timeout_(timeout) {}
+
+  caf::error reduce(op kind, float* data, size_t n);
+  caf::error run(op kind, size_t n, uint32_t root, std::vector<out_part>& outs,
+                 std::vector<in_part>& ins);
+  caf::error check_header(op kind, size_t n, uint32_t root);
+  caf::error fail(caf::error err);
+  std::string who() const;
+  std::string describe_call(op kind, size_t n, uint32_t root) const;
+  uint32_t left() const { return (rank_ + size_ - 1) % size_; }
+  uint32_t right() const { return (rank_ + 1) % size_; }
+
+  uint32_t rank_;
+  uint32_t size_;
+  std::string group_;
+  std::chrono::milliseconds timeout_;
+  std::string address_;
+  std::string right_address_;
+  int left_fd_ = -1;  ///< we only read from it
+  int right_fd_ = -1; ///< we only write to it
+  uint64_t calls_ = 0;
+  std::string broken_; ///< why the group broke; empty while healthy
+  std::vector<float> scratch_;
+  /// The headers of the current call: ours (sent) and the left's (received).
+  struct call_header {
+    uint32_t magic = 0;
+    uint8_t kind = 0;
+    uint8_t reserved[3] = {0, 0, 0};
+    uint32_t root = 0;
+    uint32_t ranks = 0;
+    uint64_t call = 0;
+    uint64_t count = 0;
+  };
+  call_header sent_;
+  call_header received_;
+};
+
+} // namespace af

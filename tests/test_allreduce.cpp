@@ -1,0 +1,408 @@
+// The rendezvous store (actors/kv_store.hpp) and the all-reduce ring
+// (actors/allreduce.hpp): ranks are threads of this process, each with its
+// own group, all meeting through one store actor over loopback.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "actors/allreduce.hpp"
+#include "actors/kv_store.hpp"
+#include "actors/system.hpp"
+#include "messages/error.hpp"
+
+using namespace af;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool contains(const caf::error& err, const std::string& text) {
+  return describe(err).find(text) != std::string::npos;
+}
+
+struct store_fixture {
+  store_fixture() : sys(cfg), store(spawn_kv_store(sys)), client(sys, store, 10s) {
+    // nop
+  }
+  ~store_fixture() {
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  }
+  system_config cfg;
+  caf::actor_system sys;
+  kv_store_actor store;
+  kv_client client;
+};
+
+/// A gradient whose elements span several orders of magnitude, so that
+/// summing them in another order gives other bits.
+std::vector<float> gradient_of(uint32_t rank, size_t n) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank)
+                                * std::pow(10.0, static_cast<int>((i + 3 * rank) % 7) - 3));
+  return out;
+}
+
+/// Runs `body(rank, group)` on `size` threads, each joining `group` first;
+/// the errors of create() or of the body, by rank.
+std::vector<caf::error>
+run_ranks(store_fixture& f, uint32_t size, const std::string& group,
+          const std::function<caf::error(uint32_t, allreduce_group&)>& body,
+          std::chrono::milliseconds timeout = 10s) {
+  std::vector<caf::error> errors(size);
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      auto g = allreduce_group::create(r, size, group, f.client, timeout);
+      if (!g) {
+        errors[r] = std::move(g.error());
+        return;
+      }
+      errors[r] = body(r, **g);
+    });
+  for (auto& t : threads)
+    t.join();
+  return errors;
+}
+
+} // namespace
+
+// -- the store ---------------------------------------------------------------------
+
+TEST_CASE("a kv store answers a get of a key that has a value at once, and a put replaces it",
+          "[allreduce]") {
+  store_fixture f;
+  REQUIRE_FALSE(f.client.put("g/addr/0", "127.0.0.1:1"));
+  CHECK(f.client.get("g/addr/0", 0ms) == std::string{"127.0.0.1:1"});
+  REQUIRE_FALSE(f.client.put("g/addr/0", "127.0.0.1:2"));
+  CHECK(f.client.get("g/addr/0", 1s) == std::string{"127.0.0.1:2"});
+  REQUIRE_FALSE(f.client.put("g/empty", ""));
+  CHECK(f.client.get("g/empty", 0ms) == std::string{});
+}
+
+// Catches a get that answers "no value" instead of waiting, or a put that
+// forgets the parked gets of its key.
+TEST_CASE("a kv get that arrives before its key's put is answered by the put", "[allreduce]") {
+  store_fixture f;
+  caf::scoped_actor self{f.sys, true};
+  // Both from one sender: the store sees the get before the put.
+  auto get = self->request(f.store, 10s, kv_get_atom::value, std::string{"k"}, uint32_t{10000});
+  auto other = self->request(f.store, 10s, kv_get_atom::value, std::string{"other"}, uint32_t{10000});
+  auto put = self->request(f.store, 10s, kv_put_atom::value, std::string{"k"}, std::string{"v"});
+  std::string got = "(none)";
+  get.receive([&](std::string& v) { got = v; }, [&](caf::error& e) { FAIL(describe(e)); });
+  CHECK(got == "v");
+  put.receive([](caf::ok_atom) {}, [&](caf::error& e) { FAIL(describe(e)); });
+  // The waiter for another key is still parked: its put answers it.
+  REQUIRE_FALSE(f.client.put("other", "w"));
+  other.receive([&](std::string& v) { got = v; }, [&](caf::error& e) { FAIL(describe(e)); });
+  CHECK(got == "w");
+}
+
+// Catches a store that never answers a waiter (a client hangs), or one whose
+// sweep only honours the first deadline it was given.
+TEST_CASE("a kv get of a key nobody puts fails at its own timeout, naming the key", "[allreduce]") {
+  store_fixture f;
+  auto none = f.client.get("g/addr/7", 0ms);
+  REQUIRE_FALSE(none);
+  CHECK(is(none.error(), af_error::timeout));
+  CHECK(contains(none.error(), "'g/addr/7'"));
+  caf::scoped_actor self{f.sys, true};
+  // A long wait parked first must not hold back the short one behind it.
+  auto slow = self->request(f.store, 20s, kv_get_atom::value, std::string{"slow"}, uint32_t{10000});
+  auto start = std::chrono::steady_clock::now();
+  auto quick = f.client.get("g/addr/1", 50ms);
+  auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(quick);
+  CHECK(is(quick.error(), af_error::timeout));
+  CHECK(contains(quick.error(), "'g/addr/1'"));
+  CHECK(contains(quick.error(), "50 ms"));
+  CHECK(waited >= 50ms);
+  CHECK(waited < 5s);
+  REQUIRE_FALSE(f.client.put("slow", "x"));
+  std::string got;
+  slow.receive([&](std::string& v) { got = v; }, [&](caf::error& e) { FAIL(describe(e)); });
+  CHECK(got == "x");
+}
+
+// Catches a store that grows without bound (a worker that publishes in a
+// loop takes the chief's memory) or refuses replacing a key at the limit.
+TEST_CASE("a kv store refuses keys and values over 64 KiB and more than 4096 keys", "[allreduce]") {
+  store_fixture f;
+  std::string big(kv_store_limits::max_value_bytes + 1, 'x');
+  auto value = f.client.put("k", big);
+  CHECK(is(value, af_error::resource_exhausted));
+  CHECK(contains(value, "'k'"));
+  CHECK(contains(value, "65536"));
+  CHECK_FALSE(f.client.put("k", big.substr(1)));
+  auto key = f.client.put(big, "v");
+  CHECK(is(key, af_error::resource_exhausted));
+  auto get = f.client.get(big, 0ms);
+  REQUIRE_FALSE(get);
+  CHECK(is(get.error(), af_error::resource_exhausted));
+  for (size_t i = 1; i < kv_store_limits::max_keys; ++i)
+    REQUIRE_FALSE(f.client.put("key/" + std::to_string(i), "v"));
+  auto full = f.client.put("one/too/many", "v");
+  CHECK(is(full, af_error::resource_exhausted));
+  CHECK(contains(full, "4096"));
+  CHECK(contains(full, "'one/too/many'"));
+  CHECK_FALSE(f.client.put("key/1", "replaced"));
+  CHECK(f.client.get("key/1", 0ms) == std::string{"replaced"});
+}
+
+// Catches waiters that outlive their requester: a worker that dies while
+// waiting would hold a place among the store's waiters until its timeout.
+TEST_CASE("a kv store drops the waiters of a requester that dies", "[allreduce]") {
+  store_fixture f;
+  {
+    caf::scoped_actor doomed{f.sys, true};
+    for (size_t i = 0; i < kv_store_limits::max_waiters; ++i)
+      doomed->send(f.store, kv_get_atom::value, "never/" + std::to_string(i), uint32_t{600000});
+    auto full = f.client.get("one/more", 60000ms);
+    REQUIRE_FALSE(full);
+    CHECK(is(full.error(), af_error::resource_exhausted));
+  } // doomed terminates here
+  // The store learns of the death from a down message: ask until it has.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  caf::error last;
+  do {
+    auto r = f.client.get("one/more", 1ms);
+    REQUIRE_FALSE(r);
+    last = r.error();
+  } while (is(last, af_error::resource_exhausted) && std::chrono::steady_clock::now() < deadline);
+  CHECK(is(last, af_error::timeout));
+}
+
+TEST_CASE("a kv client whose store is gone fails instead of hanging", "[allreduce]") {
+  store_fixture f;
+  caf::anon_send_exit(f.store, caf::exit_reason::user_shutdown);
+  caf::scoped_actor self{f.sys, true};
+  self->wait_for(f.store);
+  auto err = f.client.put("k", "v");
+  CHECK(is(err, af_error::peer_down));
+  auto got = f.client.get("k", 60000ms);
+  REQUIRE_FALSE(got);
+  CHECK(is(got.error(), af_error::peer_down));
+}
+
+// -- the ring ----------------------------------------------------------------------
+
+// Catches wrong segment arithmetic for counts the ranks do not divide (lost
+// or doubled elements), a mean divided twice or not at all, and any
+// rank-dependent summation order (ranks that end with different bits would
+// apply different updates).
+TEST_CASE("2 and 3 ranks all-reduce to the mean, with bit-identical results on every rank",
+          "[allreduce]") {
+  store_fixture f;
+  for (uint32_t size : {2u, 3u}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{(1u << 20) + 3}}) {
+      INFO(size << " ranks, " << n << " floats");
+      std::vector<std::vector<float>> data(size);
+      for (uint32_t r = 0; r < size; ++r)
+        data[r] = gradient_of(r, n);
+      // The exact mean, and the scale of float rounding in a sum of these.
+      std::vector<double> expected(n, 0.0);
+      std::vector<double> scale(n, 0.0);
+      for (uint32_t r = 0; r < size; ++r)
+        for (size_t i = 0; i < n; ++i) {
+          expected[i] += data[r][i] / static_cast<double>(size);
+          scale[i] += std::abs(data[r][i]) / static_cast<double>(size);
+        }
+      auto errors = run_ranks(f, size, "mean/" + std::to_string(size) + "/" + std::to_string(n),
+                              [&](uint32_t r, allreduce_group& g) {
+                                return g.allreduce_mean(data[r].data(), n);
+                              });
+      for (auto& err : errors)
+        REQUIRE_FALSE(err);
+      size_t wrong = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (std::abs(data[0][i] - expected[i]) > 1e-6 * scale[i])
+          ++wrong;
+      CHECK(wrong == 0);
+      for (uint32_t r = 1; r < size; ++r)
+        CHECK(std::memcmp(data[r].data(), data[0].data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
+// Catches state left over between calls (the scratch buffer, the call
+// counter) and a broadcast that does not reach every rank.
+TEST_CASE("a group serves repeated sums, means and broadcasts from any root", "[allreduce]") {
+  store_fixture f;
+  const uint32_t size = 3;
+  const size_t n = 1000;
+  std::vector<std::vector<float>> results(size);
+  auto errors = run_ranks(f, size, "repeat", [&](uint32_t r, allreduce_group& g) -> caf::error {
+    CHECK(g.rank() == r);
+    CHECK(g.size() == size);
+    std::vector<float> v(n, static_cast<float>(r + 1));
+    for (int round = 0; round < 3; ++round) {
+      if (auto err = g.allreduce_sum(v.data(), n))
+        return err;
+    }
+    // 1+2+3 = 6, then 18, then 54 everywhere.
+    if (v != std::vector<float>(n, 54.0f))
+      return make_error(af_error::internal, "rank " + std::to_string(r) + ": wrong sums");
+    for (uint32_t root = 0; root < size; ++root) {
+      std::vector<float> b(n, -1.0f);
+      if (r == root)
+        for (size_t i = 0; i < n; ++i)
+          b[i] = static_cast<float>(root * 1000 + i);
+      if (auto err = g.broadcast(b.data(), n, root))
+        return err;
+      for (size_t i = 0; i < n; ++i)
+        if (b[i] != static_cast<float>(root * 1000 + i))
+          return make_error(af_error::internal, "rank " + std::to_string(r)
+                                                  + ": wrong broadcast from rank "
+                                                  + std::to_string(root));
+    }
+    std::vector<float> m(n, static_cast<float>(3 * r));
+    if (auto err = g.allreduce_mean(m.data(), n))
+      return err;
+    results[r] = m;
+    return caf::none;
+  });
+  for (auto& err : errors)
+    REQUIRE_FALSE(err);
+  for (auto& m : results)
+    CHECK(m == std::vector<float>(n, 3.0f));
+}
+
+TEST_CASE("a group of one is a no-op and a broadcast from a rank outside the group is refused",
+          "[allreduce]") {
+  store_fixture f;
+  auto g = allreduce_group::create(0, 1, "solo", f.client, 1s);
+  REQUIRE(g);
+  std::vector<float> v{1, 2, 3};
+  CHECK_FALSE((*g)->allreduce_mean(v.data(), v.size()));
+  CHECK_FALSE((*g)->broadcast(v.data(), v.size(), 0));
+  CHECK(v == std::vector<float>{1, 2, 3});
+  auto bad = (*g)->broadcast(v.data(), v.size(), 1);
+  CHECK(is(bad, af_error::invalid_argument));
+  CHECK(f.client.get("solo/addr/0", 0ms) == (*g)->address());
+  auto out_of_range = allreduce_group::create(2, 2, "bad", f.client, 1s);
+  REQUIRE_FALSE(out_of_range);
+  CHECK(is(out_of_range.error(), af_error::invalid_argument));
+}
+
+// Catches a rendezvous that waits forever for a worker that never started,
+// or whose error does not say which one it was.
+TEST_CASE("create() fails after its timeout naming the rank that never joined", "[allreduce]") {
+  store_fixture f;
+  std::vector<caf::error> errors(2);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      // Rank 2 of 3 never comes: rank 1 waits for its address, rank 0 for its
+      // connection.
+      auto g = allreduce_group::create(r, 3, "missing", f.client, 300ms);
+      errors[r] = g ? caf::error{} : g.error();
+    });
+  for (auto& t : threads)
+    t.join();
+  auto waited = std::chrono::steady_clock::now() - start;
+  for (uint32_t r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << describe(errors[r]));
+    REQUIRE(errors[r]);
+    CHECK(is(errors[r], af_error::timeout));
+    CHECK(contains(errors[r], "rank 2"));
+    CHECK(contains(errors[r], "300 ms"));
+  }
+  CHECK(contains(errors[1], "'missing/addr/2'"));
+  CHECK(waited < 5s);
+}
+
+// Catches a ring that hangs (or waits for its timeout) when a peer goes away,
+// and a failure that does not travel on to the ranks not next to it.
+TEST_CASE("a rank whose peer destroys its group mid-way fails at once, naming the peer",
+          "[allreduce]") {
+  store_fixture f;
+  for (uint32_t size : {2u, 3u}) {
+    INFO(size << " ranks");
+    const uint32_t quitter = size - 1;
+    const size_t n = (1u << 20) + 3;
+    auto start = std::chrono::steady_clock::now();
+    auto errors = run_ranks(
+      f, size, "quit/" + std::to_string(size),
+      [&](uint32_t r, allreduce_group& g) -> caf::error {
+        std::vector<float> v(n, 1.0f);
+        // One call that works, then the quitter leaves while the others
+        // are in their second.
+        if (auto err = g.allreduce_mean(v.data(), n))
+          return err;
+        if (r == quitter)
+          return caf::none; // its group is destroyed on return
+        auto err = g.allreduce_mean(v.data(), n);
+        if (!err)
+          return make_error(af_error::internal, "the second call succeeded without the quitter");
+        auto again = g.allreduce_mean(v.data(), n);
+        if (!is(again, af_error::aborted))
+          return make_error(af_error::internal, "a broken group took another call: " + describe(again));
+        return err;
+      },
+      30s);
+    auto waited = std::chrono::steady_clock::now() - start;
+    CHECK_FALSE(errors[quitter]);
+    for (uint32_t r = 0; r < quitter; ++r) {
+      INFO("rank " << r << ": " << describe(errors[r]));
+      CHECK(is(errors[r], af_error::peer_down));
+    }
+    // The first rank to fail names the quitter; with 3 ranks the other may
+    // name the rank that failed first (the failure travels on).
+    auto named = "rank " + std::to_string(quitter) + " closed";
+    if (size == 2)
+      CHECK(contains(errors[0], named));
+    else
+      CHECK((contains(errors[0], named) || contains(errors[1], named)));
+    CHECK(waited < 10s);
+  }
+}
+
+// Catches a rank that sits in a call its peer never makes, with no bound.
+TEST_CASE("a call that a peer never makes fails after the timeout, naming the peer", "[allreduce]") {
+  store_fixture f;
+  std::vector<float> v(10, 1.0f);
+  std::promise<void> finished;
+  auto finished_future = finished.get_future();
+  auto errors = run_ranks(
+    f, 2, "silent",
+    [&](uint32_t r, allreduce_group& g) -> caf::error {
+      if (r == 1) {
+        finished_future.wait(); // joined, but makes no call
+        return caf::none;
+      }
+      auto err = g.allreduce_mean(v.data(), v.size());
+      finished.set_value();
+      return err;
+    },
+    200ms);
+  REQUIRE(errors[0]);
+  CHECK(is(errors[0], af_error::timeout));
+  CHECK(contains(errors[0], "waiting for rank 1"));
+  CHECK(contains(errors[0], "200 ms"));
+}
+
+// Catches ranks in different calls mixing their bytes into wrong results.
+TEST_CASE("ranks that make different calls both fail instead of mixing their data", "[allreduce]") {
+  store_fixture f;
+  auto errors = run_ranks(f, 2, "mismatch", [&](uint32_t r, allreduce_group& g) -> caf::error {
+    std::vector<float> v(8, 1.0f);
+    return r == 0 ? g.allreduce_mean(v.data(), 7) : g.allreduce_mean(v.data(), 8);
+  });
+  for (auto& err : errors) {
+    INFO(describe(err));
+    CHECK(is(err, af_error::invalid_argument));
+    CHECK(contains(err, "same calls in the same order"));
+  }
+  CHECK(contains(errors[0], "rank 1's call #1 is allreduce_mean of 8 floats"));
+}
