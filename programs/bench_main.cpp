@@ -3,6 +3,8 @@
 // The ps is a real actorflow-node process; the baseline is a forked process
 // speaking plain TCP on loopback. Both run now, on this machine, so compare
 // ratios, not absolute values.
+// The training metrics (bench_train.hpp) run clusters of actorflow-train
+// against raw-TCP parameter servers. `--only a,b` runs some metrics.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,7 +21,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <set>
+#include <sstream>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -34,6 +39,7 @@
 #include "config/loopback.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
+#include "programs/bench_train.hpp"
 
 namespace {
 
@@ -261,6 +267,18 @@ caf::behavior echo_impl() {
   return {[](caf::ping_atom, int64_t x) { return x; }};
 }
 
+/// The CPU's model name (lscpu's "Model name") and how many cores we see.
+std::string cpu_description() {
+  std::ifstream in{"/proc/cpuinfo"};
+  std::string line, model = "unknown CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return model + " x" + std::to_string(std::thread::hardware_concurrency());
+}
+
 template <class T>
 T ok(caf::expected<T> x, const char* what) {
   if (!x) {
@@ -270,30 +288,11 @@ T ok(caf::expected<T> x, const char* what) {
   return std::move(*x);
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
-  std::string only;
-  int rounds = 2000, reps = 5;
-  af::node_options opts;
-  app.add_option("-m,--metric", only, "run this metric only")
-    ->check(CLI::IsMember({"remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",
-                           "fanin_8x4mib", "node_rss_64mib", "local_read_rtt", "gemm_2048_cpu",
-                           "gemm_4096_gpu", "elementwise_gpu"}));
-  std::string transport = "data-plane";
-  app.add_option("--transport", transport, "how sessions reach remote variables")
-    ->check(CLI::IsMember({"data-plane", "basp"}));
-  app.add_option("--rounds", rounds, "round trips for the latency figures");
-  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
-  app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
-    ->check(CLI::IsMember({"sharing", "stealing"}));
-  app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)");
-  int poll_us = 50;
-  app.add_option("--reply-poll-us", poll_us, "session_options::reply_poll in microseconds");
-  CLI11_PARSE(app, argc, argv);
-  auto wanted = [&](const char* m) { return only.empty() || only == m; };
-
+/// The metrics of one ps node against a raw peer, and of local actors: each
+/// wanted one prints its line. Forks the raw peer first: call it before any
+/// thread exists.
+int core_benches(const std::function<bool(const std::string&)>& wanted, af::node_options opts,
+                 const std::string& transport, int rounds, int reps, int poll_us) {
   raw_link raw;
   raw.start(); // fork before any thread exists
   af::tune_malloc_for_tensors();
@@ -466,7 +465,7 @@ int main(int argc, char** argv) {
     report("gemm_2048_cpu", median(ours), median(base), "GFLOP/s");
   }
 
-  bool gpu_metrics = only.empty() || only == "gemm_4096_gpu" || only == "elementwise_gpu";
+  bool gpu_metrics = wanted("gemm_4096_gpu") || wanted("elementwise_gpu");
   if (gpu_metrics && af::kernels::cuda_device_count() == 0) {
     std::string why;
     af::kernels::cuda_device_count(&why);
@@ -536,5 +535,87 @@ int main(int argc, char** argv) {
     }
     report("local_read_rtt", median(ours), median(base), "us");
   }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // The training metrics' helper processes are this binary, re-executed.
+  if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
+    return rc;
+  CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
+  const std::vector<std::string> core_metrics{
+    "remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read", "fanin_8x4mib",
+    "node_rss_64mib",        "local_read_rtt",      "gemm_2048_cpu",     "gemm_4096_gpu",
+    "elementwise_gpu"};
+  std::vector<std::string> all_metrics = core_metrics;
+  for (auto& m : af::bench::train_metrics())
+    all_metrics.push_back(m);
+  std::string only, only_list;
+  int rounds = 2000, reps = 5;
+  af::node_options opts;
+  app.add_option("-m,--metric", only, "run this metric only")->check(CLI::IsMember(all_metrics));
+  app.add_option("--only", only_list, "run these metrics only (comma-separated)");
+  af::bench::train_bench_options topts;
+  app.add_option("--train-reps", topts.reps, "repetitions of each training metric (median)")
+    ->check(CLI::PositiveNumber);
+  app.add_option("--train-steps", topts.steps_1m,
+                 "sync steps of the 1 M-float model per repetition (async: twice, global)")
+    ->check(CLI::PositiveNumber);
+  app.add_option("--digits-steps", topts.digits_steps, "sync steps of the digits MLP")
+    ->check(CLI::PositiveNumber);
+  app.add_option("--allreduce-rounds", topts.allreduce_rounds,
+                 "timed all-reduces per repetition")
+    ->check(CLI::PositiveNumber);
+  int train_timeout_s = 180;
+  app.add_option("--train-timeout", train_timeout_s,
+                 "seconds one training cluster may run before it is killed")
+    ->check(CLI::PositiveNumber);
+  app.add_option("--train-set", topts.extra_sets,
+                 "key=value passed as --set to every actorflow-train process");
+  std::string transport = "data-plane";
+  app.add_option("--transport", transport, "how sessions reach remote variables")
+    ->check(CLI::IsMember({"data-plane", "basp"}));
+  app.add_option("--rounds", rounds, "round trips for the latency figures");
+  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
+  app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
+    ->check(CLI::IsMember({"sharing", "stealing"}));
+  app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)");
+  int poll_us = 50;
+  app.add_option("--reply-poll-us", poll_us, "session_options::reply_poll in microseconds");
+  CLI11_PARSE(app, argc, argv);
+  std::set<std::string> chosen;
+  if (!only.empty())
+    chosen.insert(only);
+  std::istringstream names{only_list};
+  for (std::string name; std::getline(names, name, ',');) {
+    if (name.empty())
+      continue;
+    if (std::find(all_metrics.begin(), all_metrics.end(), name) == all_metrics.end()) {
+      std::cerr << "actorflow-bench: no metric " << name << "; there are:";
+      for (auto& m : all_metrics)
+        std::cerr << ' ' << m;
+      return std::cerr << std::endl, 2;
+    }
+    chosen.insert(name);
+  }
+  auto wanted = [&](const std::string& m) { return chosen.empty() || chosen.count(m) > 0; };
+  topts.timeout = std::chrono::seconds(train_timeout_s);
+  topts.bin_dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  std::printf("# actorflow-bench: cpu %s\n", cpu_description().c_str());
+  std::fflush(stdout);
+
+  if (std::any_of(core_metrics.begin(), core_metrics.end(), wanted))
+    if (int rc = core_benches(wanted, opts, transport, rounds, reps, poll_us))
+      return rc;
+
+  // The training metrics start their own processes (fork + exec only).
+  std::vector<std::string> train_wanted;
+  for (auto& m : af::bench::train_metrics())
+    if (wanted(m))
+      train_wanted.push_back(m);
+  if (!train_wanted.empty())
+    af::bench::run_train_benches(train_wanted, topts);
   return 0;
 }

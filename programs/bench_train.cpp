@@ -1,0 +1,953 @@
+// The training benchmarks of actorflow-bench (issue 8); see bench_train.hpp.
+//
+// The baselines are written to be as fast as plain sockets allow on one
+// machine: persistent connections, TCP_NODELAY, nonblocking sockets driven by
+// poll() so that a process sends and receives at once, every buffer allocated
+// before the first step, and the parameter server updating and answering
+// chunk by chunk as gradients stream in (it starts sending parameters before
+// the whole gradient has arrived).
+#include "programs/bench_train.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <cblas.h>
+
+#include "config/loopback.hpp"
+#if __has_include("actors/allreduce.hpp")
+#define AF_BENCH_HAVE_ALLREDUCE 1
+#include "caf/all.hpp"
+#include "caf/io/middleman.hpp"
+
+#include "actors/allreduce.hpp"
+#include "actors/kv_store.hpp"
+#include "actors/system.hpp"
+#endif
+#include "train/config.hpp"
+#include "train/local.hpp"
+
+namespace af::bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr size_t model_floats = size_t{1} << 20; // the 1 M-float model; 4 MiB
+constexpr size_t synthetic_examples = 16;        // per worker, ours and raw alike
+constexpr double linear_lr = 1e-7;               // lr * |x|^2 < 1: no divergence
+constexpr size_t chunk_bytes = 256 << 10;        // the raw ps's unit of update
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs.empty() ? 0 : xs[xs.size() / 2];
+}
+
+/// A double as TOML and strtod read it back (std::to_string prints 1e-7 as 0.000000).
+std::string exact(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", x);
+  return buf;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch())
+    .count();
+}
+
+// -- sockets ---------------------------------------------------------------------
+
+void tune_socket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
+  // net.core.[rw]mem_max and doubles it.
+  int bytes = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+int dial_loopback(uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+      return fd;
+    if (fd >= 0)
+      close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+/// Blocking-style write of a small message on a socket (before it is tuned).
+bool write_all(int fd, const void* buf, size_t n) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    auto r = ::write(fd, p, n);
+    if (r <= 0)
+      return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    auto r = ::read(fd, p, n);
+    if (r <= 0)
+      return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+/// What one nonblocking read or write did: moved bytes, would block, or failed
+/// (error or end of stream).
+enum class io { moved, blocked, failed };
+
+io try_read(int fd, char* buf, size_t n, size_t& done) {
+  auto r = ::read(fd, buf + done, n - done);
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
+io try_write(int fd, const char* buf, size_t n, size_t& done) {
+  auto r = ::write(fd, buf + done, n - done);
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
+/// Sends `out` and receives `in` at once on the nonblocking socket `fd`;
+/// calls progress(sent, received) whenever either moved. Polls only when
+/// neither direction can move.
+template <class Progress>
+bool exchange(int fd, const void* out, size_t out_n, void* in, size_t in_n, Progress&& progress) {
+  size_t sent = 0, got = 0;
+  while (sent < out_n || got < in_n) {
+    bool moved = false;
+    if (sent < out_n) {
+      auto r = try_write(fd, static_cast<const char*>(out), out_n, sent);
+      if (r == io::failed)
+        return false;
+      moved |= r == io::moved;
+    }
+    if (got < in_n) {
+      auto r = try_read(fd, static_cast<char*>(in), in_n, got);
+      if (r == io::failed)
+        return false;
+      moved |= r == io::moved;
+    }
+    if (moved) {
+      progress(sent, got);
+      continue;
+    }
+    pollfd p{fd, static_cast<short>((sent < out_n ? POLLOUT : 0) | (got < in_n ? POLLIN : 0)), 0};
+    if (poll(&p, 1, -1) < 0 && errno != EINTR)
+      return false;
+  }
+  return true;
+}
+
+/// Bytes of a message of `total` whose first `have` arrived that may be used:
+/// whole chunks, or everything once complete (keeps the update loops long).
+size_t usable(size_t have, size_t total) {
+  return have == total ? total : have - have % chunk_bytes;
+}
+
+// -- helper processes ----------------------------------------------------------------
+
+/// key=value arguments of a helper.
+struct helper_args {
+  std::map<std::string, std::string> kv;
+
+  std::string str(const std::string& key) const {
+    auto i = kv.find(key);
+    if (i == kv.end()) {
+      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
+      std::exit(2);
+    }
+    return i->second;
+  }
+  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
+  double real(const std::string& key) const { return std::stod(str(key)); }
+};
+
+/// The raw-TCP parameter server: accepts `workers` connections on listen-fd,
+/// each announcing its rank, then serves steps until every worker has closed.
+/// sync: the mean of one gradient from each worker is applied, then every
+/// worker gets the parameters. async: each gradient is applied as it arrives
+/// and answered to its sender. Both update and answer chunk by chunk.
+int raw_ps_main(const helper_args& a) {
+  int lfd = static_cast<int>(a.num("listen-fd"));
+  auto workers = static_cast<size_t>(a.num("workers"));
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const bool sync = a.str("mode") == "sync";
+  const auto lr = static_cast<float>(a.real("lr"));
+  struct conn {
+    int fd = -1;
+    std::vector<float> grad;
+    size_t received = 0, applied = 0, sent = 0; // bytes of the current step
+    uint64_t step = 0;
+    bool open = true;
+  };
+  std::vector<conn> conns(workers);
+  for (size_t i = 0; i < workers; ++i) {
+    int fd = accept(lfd, nullptr, nullptr);
+    uint32_t rank = 0;
+    if (fd < 0 || !read_all(fd, &rank, sizeof(rank)) || rank >= workers || conns[rank].fd >= 0)
+      return std::fprintf(stderr, "raw ps: bad worker connection\n"), 1;
+    tune_socket(fd);
+    conns[rank].fd = fd;
+    conns[rank].grad.assign(floats, 0.0f);
+  }
+  close(lfd);
+  std::vector<float> w(floats, 0.0f);
+  auto* wbytes = reinterpret_cast<const char*>(w.data());
+  uint64_t sync_step = 0;
+  size_t sync_applied = 0;
+  std::vector<pollfd> fds(workers);
+  auto any_open = [&] {
+    return std::any_of(conns.begin(), conns.end(), [](const conn& c) { return c.open; });
+  };
+  while (any_open()) {
+    // apply what has arrived
+    if (sync) {
+      bool all_done = true, all_here = true;
+      size_t common = bytes;
+      size_t open = 0;
+      for (auto& c : conns)
+        if (c.open) {
+          ++open;
+          all_done &= c.step > sync_step;
+          all_here &= c.step == sync_step;
+          common = std::min(common, c.received);
+        }
+      if (all_done) {
+        ++sync_step;
+        sync_applied = 0;
+      } else if (all_here) {
+        auto target = usable(common, bytes);
+        if (target > sync_applied) {
+          const float scale = lr / static_cast<float>(open);
+          size_t lo = sync_applied / sizeof(float), hi = target / sizeof(float);
+          for (auto& c : conns)
+            if (c.open) {
+              const float* g = c.grad.data();
+              float* wp = w.data();
+              for (size_t k = lo; k < hi; ++k)
+                wp[k] -= scale * g[k];
+            }
+          sync_applied = target;
+        }
+      }
+    } else {
+      for (auto& c : conns) {
+        auto target = usable(c.received, bytes);
+        if (c.open && target > c.applied) {
+          const float* g = c.grad.data();
+          float* wp = w.data();
+          for (size_t k = c.applied / sizeof(float), hi = target / sizeof(float); k < hi; ++k)
+            wp[k] -= lr * g[k];
+          c.applied = target;
+        }
+      }
+    }
+    // move bytes
+    bool moved = false;
+    for (size_t i = 0; i < workers; ++i) {
+      auto& c = conns[i];
+      fds[i] = pollfd{-1, 0, 0};
+      if (!c.open)
+        continue;
+      short events = 0;
+      if (c.received < bytes) {
+        auto before = c.received;
+        auto r = try_read(c.fd, reinterpret_cast<char*>(c.grad.data()), bytes, c.received);
+        if (r == io::failed) {
+          if (before != 0) // a worker leaves between steps, never within one
+            return std::fprintf(stderr, "raw ps: worker %zu broke off a step\n", i), 1;
+          c.open = false;
+          close(c.fd);
+          continue;
+        }
+        moved |= r == io::moved;
+        events |= c.received < bytes ? POLLIN : 0;
+      }
+      size_t limit = sync ? (c.step == sync_step ? sync_applied : 0) : c.applied;
+      if (c.sent < limit) {
+        auto r = try_write(c.fd, wbytes, limit, c.sent);
+        if (r == io::failed)
+          return std::fprintf(stderr, "raw ps: cannot answer worker %zu\n", i), 1;
+        moved |= r == io::moved;
+        if (c.sent < limit)
+          events |= POLLOUT;
+      }
+      if (c.sent == bytes) { // the step is over for this worker
+        ++c.step;
+        c.received = c.applied = c.sent = 0;
+        moved = true;
+      }
+      fds[i] = pollfd{c.fd, events, 0};
+    }
+    // Nothing moved: wait for a socket, unless only an update is pending
+    // (it needs no socket and runs at the top of the loop).
+    if (!moved) {
+      bool waits_on_socket = std::any_of(fds.begin(), fds.end(),
+                                         [](const pollfd& p) { return p.fd >= 0 && p.events; });
+      if (waits_on_socket && poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR)
+        return 1;
+    }
+  }
+  return 0;
+}
+
+/// Synthetic linear-regression data of one worker: `examples` rows of
+/// `floats` features in [-1, 1] and their targets (a fixed teacher's).
+struct linear_data {
+  std::vector<float> x, y;
+};
+
+linear_data make_linear_data(size_t examples, size_t floats, uint64_t seed) {
+  linear_data d;
+  d.x.resize(examples * floats);
+  d.y.resize(examples);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& v : d.x) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<float>(static_cast<int64_t>(s >> 11) - (int64_t{1} << 52)) / 4.5e15f;
+  }
+  for (size_t e = 0; e < examples; ++e)
+    d.y[e] = d.x[e * floats] - 0.5f * d.x[e * floats + 1];
+  return d;
+}
+
+/// A raw-TCP worker: per step, the gradient of the squared error of one
+/// example, x^T (x w - y), pushed whole; the parameters pulled whole. Prints
+/// when its measured steps began and ended (steady clock, ns) and how many.
+int raw_worker_main(const helper_args& a) {
+  const auto rank = static_cast<uint32_t>(a.num("rank"));
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const uint64_t steps = a.num("steps"), warmup = a.num("warmup");
+  auto data = make_linear_data(synthetic_examples, floats, rank + 1);
+  std::vector<float> w(floats, 0.0f), grad(floats, 0.0f);
+  int fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
+  if (fd < 0 || !write_all(fd, &rank, sizeof(rank)))
+    return std::fprintf(stderr, "raw worker %u: cannot reach the ps\n", rank), 1;
+  tune_socket(fd);
+  int64_t t0 = now_ns();
+  for (uint64_t s = 0; s < warmup + steps; ++s) {
+    if (s == warmup)
+      t0 = now_ns();
+    size_t e = (2 * s + rank) % synthetic_examples;
+    const float* x = data.x.data() + e * floats;
+    float err = cblas_sdot(static_cast<int>(floats), x, 1, w.data(), 1) - data.y[e];
+    const float scale = 2 * err;
+    float* g = grad.data();
+    for (size_t k = 0; k < floats; ++k)
+      g[k] = scale * x[k];
+    if (!exchange(fd, grad.data(), bytes, w.data(), bytes, [](size_t, size_t) {}))
+      return std::fprintf(stderr, "raw worker %u: the ps broke off step %lu\n", rank,
+                          static_cast<unsigned long>(s)), 1;
+  }
+  int64_t t1 = now_ns();
+  close(fd);
+  // w0, w1 tend to the teacher's 1 and -0.5 when floats = 2 (a check of the ps)
+  std::printf("t0_ns %lld\nt1_ns %lld\nsteps %lu\nw0 %g\nw1 %g\n", static_cast<long long>(t0),
+              static_cast<long long>(t1), static_cast<unsigned long>(steps), w[0], w[1]);
+  return 0;
+}
+
+/// The raw-TCP exchange a 2-rank all-reduce must do at least: both ranks send
+/// their buffer to the other over one socket and receive the other's at once,
+/// averaging each chunk into their own buffer once it is both sent and
+/// received. Rank 0 prints the median seconds of one exchange.
+int raw_allreduce_main(const helper_args& a) {
+  const auto rank = a.num("rank");
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
+  int fd = -1;
+  if (rank == 0) {
+    int lfd = static_cast<int>(a.num("listen-fd"));
+    fd = accept(lfd, nullptr, nullptr);
+    close(lfd);
+  } else {
+    fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
+  }
+  if (fd < 0)
+    return std::fprintf(stderr, "raw allreduce %lu: no connection\n",
+                        static_cast<unsigned long>(rank)), 1;
+  tune_socket(fd);
+  std::vector<float> data(floats, static_cast<float>(rank + 1)), theirs(floats);
+  std::vector<double> secs;
+  for (uint64_t r = 0; r < warmup + rounds; ++r) {
+    size_t averaged = 0;
+    auto average = [&](size_t sent, size_t got) {
+      auto upto = std::min(usable(sent, bytes), usable(got, bytes)) / sizeof(float);
+      float* d = data.data();
+      const float* t = theirs.data();
+      for (size_t k = averaged; k < upto; ++k)
+        d[k] = 0.5f * (d[k] + t[k]);
+      averaged = std::max(averaged, upto);
+    };
+    auto t0 = clock_type::now();
+    if (!exchange(fd, data.data(), bytes, theirs.data(), bytes, average))
+      return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
+    average(bytes, bytes);
+    if (r >= warmup)
+      secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  close(fd);
+  if (rank == 0)
+    std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
+  return 0;
+}
+
+#ifdef AF_BENCH_HAVE_ALLREDUCE
+/// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
+/// on `port`), both join one allreduce_group and time allreduce_mean of the
+/// same buffer as the raw exchange. Rank 0 prints the median seconds.
+int allreduce_main(const helper_args& a) {
+  const auto rank = static_cast<uint32_t>(a.num("rank"));
+  const size_t floats = a.num("floats");
+  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
+  const auto port = static_cast<uint16_t>(a.num("port"));
+  af::system_config cfg;
+  caf::actor_system sys{cfg};
+  kv_store_actor store;
+  if (rank == 0) {
+    store = spawn_kv_store(sys);
+    if (auto p = sys.middleman().publish(store, port, "127.0.0.1", true); !p)
+      return std::fprintf(stderr, "rank 0: cannot publish the store on port %u: %s\n", port,
+                          sys.render(p.error()).c_str()), 1;
+  } else {
+    for (int attempt = 0; attempt < 500 && !store; ++attempt) {
+      if (auto s = sys.middleman().remote_actor<kv_store_actor>("127.0.0.1", port))
+        store = *s;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!store)
+      return std::fprintf(stderr, "rank 1: no store at 127.0.0.1:%u\n", port), 1;
+  }
+  int rc = 0;
+  {
+    kv_client client{sys, store};
+    auto group = allreduce_group::create(rank, 2, "bench", client, std::chrono::seconds(30),
+                                         "127.0.0.1");
+    if (!group)
+      return std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(group.error()).c_str()), 1;
+    std::vector<float> data(floats, static_cast<float>(rank + 1));
+    std::vector<double> secs;
+    for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
+      auto t0 = clock_type::now();
+      if (auto err = (*group)->allreduce_mean(data.data(), floats)) {
+        std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
+        rc = 1;
+      } else if (r >= warmup) {
+        secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      }
+    }
+    if (rc == 0 && rank == 0)
+      std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
+  }
+  if (rank == 0)
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  return rc;
+}
+#endif
+
+// -- running processes -------------------------------------------------------------------
+
+/// A child: `args` exec'd with stdout and stderr into `log`, every other
+/// descriptor closed but `keep`, killed if the bench dies.
+pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int keep = -1) {
+  std::vector<char*> argv;
+  for (auto& s : args)
+    argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid != 0)
+    return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out >= 0) {
+    dup2(out, 1);
+    dup2(out, 2);
+  }
+  int keep_at = keep >= 0 ? keep : 2;
+  if (keep_at > 3)
+    close_range(3, static_cast<unsigned>(keep_at - 1), 0);
+  close_range(static_cast<unsigned>(keep_at + 1), ~0u, 0);
+  execv(argv[0], argv.data());
+  std::perror("exec");
+  _exit(127);
+}
+
+/// Why a group of children failed: which one failed first, and how.
+struct group_failure {
+  size_t who = 0;
+  std::string why;
+};
+
+/// Waits for every child until `deadline` (sooner once one has failed: its
+/// peers would wait for it in vain) and kills those left.
+std::optional<group_failure> wait_all(const std::vector<pid_t>& pids,
+                                      const std::vector<std::string>& names,
+                                      clock_type::time_point deadline) {
+  std::vector<bool> done(pids.size(), false);
+  std::optional<group_failure> failure;
+  for (;;) {
+    bool pending = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i])
+        continue;
+      int status = 0;
+      auto r = waitpid(pids[i], &status, WNOHANG);
+      if (r == 0) {
+        pending = true;
+        continue;
+      }
+      done[i] = true;
+      bool ok = r == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !failure) {
+        failure = group_failure{i, names[i] + (WIFSIGNALED(status)
+                                                 ? " died of signal " + std::to_string(WTERMSIG(status))
+                                                 : " exited with " + std::to_string(WEXITSTATUS(status)))};
+        deadline = std::min(deadline, clock_type::now() + std::chrono::seconds(5));
+      }
+    }
+    if (!pending)
+      return failure;
+    if (clock_type::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (!done[i]) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          if (!failure)
+            failure = group_failure{i, names[i] + " still running after the deadline (killed)"};
+        }
+      return failure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in{p};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// The last line of `text` that is not empty, for failure messages.
+std::string last_line(const std::string& text) {
+  auto end = text.find_last_not_of("\n\r ");
+  if (end == std::string::npos)
+    return "(no output)";
+  auto nl = text.rfind('\n', end);
+  auto begin = nl == std::string::npos ? 0 : nl + 1;
+  return text.substr(begin, end + 1 - begin);
+}
+
+/// "key value" lines of a helper's output.
+std::map<std::string, double> parse_values(const std::string& text) {
+  std::map<std::string, double> kv;
+  std::istringstream in{text};
+  std::string key;
+  double value;
+  while (in >> key >> value)
+    kv[key] = value;
+  return kv;
+}
+
+/// A scratch folder for configs and logs, removed at the end.
+struct scratch_dir {
+  std::filesystem::path path;
+  scratch_dir() {
+    char name[] = "/tmp/actorflow-bench-train-XXXXXX";
+    if (mkdtemp(name))
+      path = name;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    if (!path.empty())
+      std::filesystem::remove_all(path, ec);
+  }
+};
+
+std::string self_exe() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+// -- the baselines ------------------------------------------------------------------------
+
+/// Global steps/s of the raw ps with 2 raw workers, or nothing (why on stderr).
+std::optional<double> raw_training(const std::string& mode, const train_bench_options& o,
+                                   const scratch_dir& dir) {
+  uint16_t port = 0;
+  int lfd = listen_on_loopback(port, 16);
+  if (lfd < 0)
+    return std::nullopt;
+  auto self = self_exe();
+  auto floats = std::to_string(model_floats);
+  std::vector<pid_t> pids;
+  std::vector<std::string> names{"raw ps", "raw worker 0", "raw worker 1"};
+  pids.push_back(spawn({self, helper_flag, "raw-ps", "listen-fd=" + std::to_string(lfd),
+                        "workers=2", "floats=" + floats, "mode=" + mode,
+                        "lr=" + exact(linear_lr)},
+                       dir.path / "raw-ps.log", lfd));
+  close(lfd);
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn({self, helper_flag, "raw-worker", "rank=" + std::to_string(r),
+                          "port=" + std::to_string(port), "floats=" + floats,
+                          "steps=" + std::to_string(o.steps_1m),
+                          "warmup=" + std::to_string(o.warmup_1m)},
+                         dir.path / ("raw-worker" + std::to_string(r) + ".log")));
+  if (auto failure = wait_all(pids, names, clock_type::now() + o.timeout)) {
+    std::fprintf(stderr, "actorflow-bench: raw %s ps: %s\n", mode.c_str(), failure->why.c_str());
+    return std::nullopt;
+  }
+  auto w0 = parse_values(slurp(dir.path / "raw-worker0.log"));
+  auto w1 = parse_values(slurp(dir.path / "raw-worker1.log"));
+  if (!w0.count("t1_ns") || !w1.count("t1_ns"))
+    return std::nullopt;
+  if (mode == "sync") // every worker takes every step
+    return w0["steps"] / ((w0["t1_ns"] - w0["t0_ns"]) / 1e9);
+  // async: every push is a global step, over the span both workers measured
+  auto span = std::max(w0["t1_ns"], w1["t1_ns"]) - std::min(w0["t0_ns"], w1["t0_ns"]);
+  return (w0["steps"] + w1["steps"]) / (span / 1e9);
+}
+
+/// MB/s (of the 4 MiB buffer per exchange) of the raw exchange, rank 0's median.
+std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_dir& dir) {
+  uint16_t port = 0;
+  int lfd = listen_on_loopback(port, 4);
+  if (lfd < 0)
+    return std::nullopt;
+  auto self = self_exe();
+  std::vector<std::string> common{"floats=" + std::to_string(model_floats),
+                                  "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"};
+  auto args = [&](int rank) {
+    std::vector<std::string> v{self, helper_flag, "raw-allreduce", "rank=" + std::to_string(rank),
+                               "port=" + std::to_string(port), "listen-fd=" + std::to_string(lfd)};
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  std::vector<pid_t> pids{spawn(args(0), dir.path / "raw-ar0.log", lfd)};
+  close(lfd);
+  pids.push_back(spawn(args(1), dir.path / "raw-ar1.log"));
+  if (auto failure = wait_all(pids, {"raw rank 0", "raw rank 1"}, clock_type::now() + o.timeout)) {
+    std::fprintf(stderr, "actorflow-bench: raw all-reduce: %s\n", failure->why.c_str());
+    return std::nullopt;
+  }
+  auto r0 = parse_values(slurp(dir.path / "raw-ar0.log"));
+  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0)
+    return std::nullopt;
+  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
+}
+
+// -- ours -----------------------------------------------------------------------------------
+
+/// What a run of actorflow-train's cluster gave: the chief's `train done:`
+/// fields, or why there are none.
+struct cluster_run {
+  std::map<std::string, double> done;
+  std::string failure;
+};
+
+cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_bench_options& o,
+                        const scratch_dir& dir, const std::string& tag) {
+  cluster_run out;
+  auto bin = o.bin_dir / "actorflow-train";
+  if (!std::filesystem::exists(bin)) {
+    out.failure = bin.string() + " not found (build the actorflow-train target)";
+    return out;
+  }
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < 3; ++i)
+    ports.push_back(free_loopback_port());
+  auto config = dir.path / (tag + ".toml");
+  {
+    std::ofstream f{config};
+    f << "[cluster]\n"
+      << "ps = [\"127.0.0.1:" << ports[0] << "\"]\n"
+      << "worker = [\"127.0.0.1:" << ports[1] << "\", \"127.0.0.1:" << ports[2] << "\"]\n\n"
+      << "[train]\n";
+    for (auto& kv : train_keys)
+      f << kv << "\n";
+  }
+  struct task {
+    std::string job;
+    int index;
+  };
+  std::vector<task> tasks{{"ps", 0}, {"worker", 0}, {"worker", 1}};
+  std::vector<pid_t> pids;
+  std::vector<std::string> names;
+  std::vector<std::filesystem::path> logs;
+  for (auto& t : tasks) {
+    std::vector<std::string> args{bin.string(), "--config", config.string(), "--job", t.job,
+                                  "--task", std::to_string(t.index)};
+    for (auto& s : o.extra_sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    names.push_back(t.job + " " + std::to_string(t.index));
+    logs.push_back(dir.path / (tag + "-" + t.job + std::to_string(t.index) + ".log"));
+    pids.push_back(spawn(args, logs.back()));
+  }
+  if (auto failure = wait_all(pids, names, clock_type::now() + o.timeout)) {
+    out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
+    return out;
+  }
+  auto chief_log = slurp(logs[1]);
+  auto at = chief_log.find("train done:");
+  if (at == std::string::npos) {
+    out.failure = "the chief printed no `train done:` line: " + last_line(chief_log);
+    return out;
+  }
+  std::istringstream line{chief_log.substr(at + 11, chief_log.find('\n', at) - at - 11)};
+  std::string field;
+  while (line >> field) {
+    auto eq = field.find('=');
+    if (eq == std::string::npos)
+      continue;
+    try {
+      out.done[field.substr(0, eq)] = std::stod(field.substr(eq + 1));
+    } catch (const std::exception&) {
+      // mode=sync and the like: not a figure
+    }
+  }
+  return out;
+}
+
+void report(const std::string& name, const std::vector<double>& ours,
+            const std::vector<double>& base, const char* unit, const std::string& failure) {
+  if (base.empty()) {
+    std::printf("metric %s skipped: the baseline failed (see stderr)\n", name.c_str());
+  } else if (!failure.empty() || ours.empty()) {
+    std::printf("metric %s skipped: %s\n# %s baseline=%.3f unit=%s\n", name.c_str(),
+                failure.empty() ? "no figure" : failure.c_str(), name.c_str(), median(base), unit);
+  } else {
+    auto o = median(ours), b = median(base);
+    std::printf("metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", name.c_str(), o, b, unit,
+                o / b);
+  }
+  std::fflush(stdout);
+}
+
+std::vector<std::string> linear_keys(const std::string& mode, uint64_t steps) {
+  return {"mode = \"" + mode + "\"", "model = \"linear\"", "data = \"synthetic_linear\"",
+          "synthetic_features = " + std::to_string(model_floats),
+          "synthetic_examples = " + std::to_string(synthetic_examples), "batch_size = 1",
+          "steps = " + std::to_string(steps), "learning_rate = " + exact(linear_lr),
+          "log_every = 0", "eval_every = 0"};
+}
+
+void bench_linear(const std::string& mode, const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_" + mode + "_1m_2w";
+  // async counts every push as a global step: 2x the steps, the same work per worker
+  auto keys = linear_keys(mode, mode == "sync" ? o.steps_1m : 2 * o.steps_1m);
+  std::vector<double> ours, base;
+  std::string failure;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (auto b = raw_training(mode, o, dir))
+      base.push_back(*b);
+    if (failure.empty()) {
+      auto run = run_cluster(keys, o, dir, name);
+      if (!run.failure.empty())
+        failure = run.failure;
+      else if (run.done.count("steps_per_s"))
+        ours.push_back(run.done["steps_per_s"]);
+      else
+        failure = "no steps_per_s in the chief's `train done:` line";
+    }
+  }
+  report(name, ours, base, "steps/s", failure);
+}
+
+void bench_digits(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_digits_examples_per_s";
+  train::train_config c;
+  c.mode = "sync";
+  c.model = "mlp";
+  c.hidden = {128};
+  c.data = "digits";
+  c.batch_size = 32;
+  c.steps = o.digits_steps;
+  c.log_every = 0;
+  c.eval_every = 0;
+  std::vector<std::string> keys{"mode = \"sync\"", "model = \"mlp\"", "hidden = [128]",
+                                "data = \"digits\"", "batch_size = 32",
+                                "steps = " + std::to_string(o.digits_steps), "log_every = 0",
+                                "eval_every = 0"};
+  auto data = train::load_data(c);
+  if (!data) {
+    std::printf("metric %s skipped: the digits: %s\n", name.c_str(),
+                data.error().what.c_str());
+    return;
+  }
+  std::vector<double> ours, base;
+  std::string failure;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    // the same examples in one process: one batch of 64 per global step
+    if (auto local = train::train_local(c, *data, o.digits_steps, 64))
+      base.push_back(local->examples_per_s);
+    else
+      std::fprintf(stderr, "actorflow-bench: local digits training: %s\n",
+                   local.error().what.c_str());
+    if (failure.empty()) {
+      auto run = run_cluster(keys, o, dir, "digits");
+      if (!run.failure.empty())
+        failure = run.failure;
+      else if (run.done.count("examples_per_s"))
+        ours.push_back(run.done["examples_per_s"]);
+      else
+        failure = "no examples_per_s in the chief's `train done:` line";
+    }
+  }
+  report(name, ours, base, "examples/s", failure);
+}
+
+#ifdef AF_BENCH_HAVE_ALLREDUCE
+/// MB/s of our 2-rank allreduce_mean of the 4 MiB buffer, rank 0's median.
+std::optional<double> ours_allreduce(const train_bench_options& o, const scratch_dir& dir,
+                                     std::string& failure) {
+  auto self = self_exe();
+  auto port = free_loopback_port();
+  std::vector<pid_t> pids;
+  std::vector<std::filesystem::path> logs;
+  for (int rank = 0; rank < 2; ++rank) {
+    logs.push_back(dir.path / ("ar" + std::to_string(rank) + ".log"));
+    pids.push_back(spawn({self, helper_flag, "allreduce", "rank=" + std::to_string(rank),
+                          "port=" + std::to_string(port), "floats=" + std::to_string(model_floats),
+                          "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"},
+                         logs.back()));
+  }
+  if (auto f = wait_all(pids, {"rank 0", "rank 1"}, clock_type::now() + o.timeout)) {
+    failure = f->why + ": " + last_line(slurp(logs[f->who]));
+    return std::nullopt;
+  }
+  auto r0 = parse_values(slurp(logs[0]));
+  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0) {
+    failure = "rank 0 printed no op_seconds";
+    return std::nullopt;
+  }
+  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
+}
+#endif
+
+void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "allreduce_4mib_2w";
+  std::vector<double> ours, base;
+  std::string failure;
+#ifndef AF_BENCH_HAVE_ALLREDUCE
+  failure = "actors/allreduce.hpp is not in this build yet";
+#endif
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (auto b = raw_allreduce(o, dir))
+      base.push_back(*b);
+#ifdef AF_BENCH_HAVE_ALLREDUCE
+    if (failure.empty()) {
+      if (auto r = ours_allreduce(o, dir, failure))
+        ours.push_back(*r);
+    }
+#endif
+  }
+  report(name, ours, base, "MB/s", failure);
+}
+
+} // namespace
+
+const std::vector<std::string>& train_metrics() {
+  static const std::vector<std::string> names{"train_sync_1m_2w", "train_async_1m_2w",
+                                              "allreduce_4mib_2w", "train_digits_examples_per_s"};
+  return names;
+}
+
+void run_train_benches(const std::vector<std::string>& wanted, const train_bench_options& opts) {
+  auto want = [&](const std::string& m) {
+    return std::find(wanted.begin(), wanted.end(), m) != wanted.end();
+  };
+  scratch_dir dir;
+  if (dir.path.empty()) {
+    std::printf("# training metrics: skipped (no scratch folder in /tmp)\n");
+    return;
+  }
+  std::printf("# training: 1 ps + 2 workers (processes) on loopback; %d reps each, alternating "
+              "with the baseline; 1m: %lu sync steps, digits: %lu steps\n",
+              opts.reps, static_cast<unsigned long>(opts.steps_1m),
+              static_cast<unsigned long>(opts.digits_steps));
+  std::fflush(stdout);
+  if (want("train_sync_1m_2w"))
+    bench_linear("sync", opts, dir);
+  if (want("train_async_1m_2w"))
+    bench_linear("async", opts, dir);
+  if (want("allreduce_4mib_2w"))
+    bench_allreduce(opts, dir);
+  if (want("train_digits_examples_per_s"))
+    bench_digits(opts, dir);
+}
+
+int run_helper(int argc, char** argv) {
+  if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
+    return -1;
+  helper_args a;
+  for (int i = 3; i < argc; ++i) {
+    std::string s = argv[i];
+    auto eq = s.find('=');
+    if (eq != std::string::npos)
+      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  std::string role = argv[2];
+  if (role == "raw-ps")
+    return raw_ps_main(a);
+  if (role == "raw-worker")
+    return raw_worker_main(a);
+  if (role == "raw-allreduce")
+    return raw_allreduce_main(a);
+#ifdef AF_BENCH_HAVE_ALLREDUCE
+  if (role == "allreduce")
+    return allreduce_main(a);
+#endif
+  std::fprintf(stderr, "actorflow-bench: unknown helper %s\n", role.c_str());
+  return 2;
+}
+
+} // namespace af::bench
