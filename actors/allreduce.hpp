@@ -4,9 +4,10 @@
 /// rendezvous through the chief's key-value store (actors/kv_store.hpp).
 ///
 /// Why our own ring and not Gloo (libgloo-dev): docs/training.md has the
-/// measurements; in short, on loopback between two processes it moved 4 MiB
-/// at least as fast as Gloo's chunked ring, its errors name the rank and the
-/// address, it throws nothing, and it needs no extra thread.
+/// measurements. In short: between two processes on loopback, 4 MiB took
+/// 1.0-1.4x the raw-TCP exchange's speed here against 0.5-0.95x for Gloo's
+/// rings; its errors name the rank and what was awaited, it throws nothing,
+/// and it needs no extra thread.
 ///
 /// Each rank listens on an OS-picked port, publishes "host:port" under
 /// "<group>/addr/<rank>", connects to its right neighbour (rank + 1) and
