@@ -29,7 +29,7 @@ struct train_bench_options {
   int reps = 3;                        ///< repetitions of each side (median)
   uint64_t steps_1m = 200;             ///< sync steps of the 1 M-float model (async: 2x, global)
   uint64_t warmup_1m = 20;             ///< raw workers' steps before the clock starts
-  uint64_t digits_steps = 2000;        ///< sync steps of the digits MLP (x 64 examples)
+  uint64_t digits_steps = 6000;        ///< sync steps of the digits MLP (x 64 examples)
   int allreduce_rounds = 50;           ///< timed all-reduces per repetition (after 5 warm-ups)
   std::chrono::seconds timeout{180};   ///< per cluster run; then its processes are killed
   std::vector<std::string> extra_sets; ///< more `--set key=value` for every actorflow-train run
