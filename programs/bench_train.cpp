@@ -32,16 +32,13 @@
 
 #include <cblas.h>
 
-#include "config/loopback.hpp"
-#if __has_include("actors/allreduce.hpp")
-#define AF_BENCH_HAVE_ALLREDUCE 1
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
 #include "actors/allreduce.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
-#endif
+#include "config/loopback.hpp"
 #include "train/config.hpp"
 #include "train/local.hpp"
 
@@ -527,7 +524,6 @@ int raw_allreduce_main(const helper_args& a) {
   return 0;
 }
 
-#ifdef AF_BENCH_HAVE_ALLREDUCE
 /// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
 /// on `port`), both join one allreduce_group and time allreduce_mean of the
 /// same buffer as the raw exchange. Rank 0 prints the median seconds.
@@ -579,7 +575,6 @@ int allreduce_main(const helper_args& a) {
     caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
   return rc;
 }
-#endif
 
 // -- running processes -------------------------------------------------------------------
 
@@ -941,7 +936,6 @@ void bench_digits(const train_bench_options& o, const scratch_dir& dir) {
   report(name, ours, base, "examples/s", failure);
 }
 
-#ifdef AF_BENCH_HAVE_ALLREDUCE
 /// MB/s of our 2-rank allreduce_mean of the 4 MiB buffer, rank 0's median.
 std::optional<double> ours_allreduce(const train_bench_options& o, const scratch_dir& dir,
                                      std::string& failure) {
@@ -967,24 +961,18 @@ std::optional<double> ours_allreduce(const train_bench_options& o, const scratch
   }
   return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
 }
-#endif
 
 void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
   const std::string name = "allreduce_4mib_2w";
   std::vector<double> ours, base;
   std::string failure;
-#ifndef AF_BENCH_HAVE_ALLREDUCE
-  failure = "actors/allreduce.hpp is not in this build yet";
-#endif
   for (int rep = 0; rep < o.reps; ++rep) {
     if (auto b = raw_allreduce(o, dir))
       base.push_back(*b);
-#ifdef AF_BENCH_HAVE_ALLREDUCE
     if (failure.empty()) {
       if (auto r = ours_allreduce(o, dir, failure))
         ours.push_back(*r);
     }
-#endif
   }
   report(name, ours, base, "MB/s", failure);
 }
@@ -1040,10 +1028,8 @@ int run_helper(int argc, char** argv) {
     return raw_worker_main(a);
   if (role == "raw-allreduce")
     return raw_allreduce_main(a);
-#ifdef AF_BENCH_HAVE_ALLREDUCE
   if (role == "allreduce")
     return allreduce_main(a);
-#endif
   std::fprintf(stderr, "actorflow-bench: unknown helper %s\n", role.c_str());
   return 2;
 }
