@@ -129,10 +129,52 @@ void background_process::signal(int sig) {
   if (pid_ <= 0 || reaped_)
     return;
   ::kill(pid_, sig);
+  int status = 0;
   if (sig == SIGKILL) {
-    int status = 0;
     waitpid(pid_, &status, 0);
     reaped_ = true;
+    exit_code_ = decode(status);
+  } else if (sig == SIGSTOP) {
+    // kill() returns before the process has stopped: wait for the stop itself.
+    if (waitpid(pid_, &status, WUNTRACED) == pid_ && !WIFSTOPPED(status)) {
+      reaped_ = true;
+      exit_code_ = decode(status);
+    }
+  }
+}
+
+bool background_process::read_output(std::chrono::milliseconds wait) {
+  return out_fd_ >= 0 && read_some(out_fd_, output_, wait);
+}
+
+std::optional<int> background_process::exit_code() {
+  if (pid_ <= 0)
+    return -1;
+  if (!reaped_) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_)
+      return std::nullopt;
+    reaped_ = true;
+    exit_code_ = decode(status);
+  }
+  return exit_code_;
+}
+
+std::optional<int> background_process::wait_exit(std::chrono::milliseconds timeout) {
+  auto deadline = clock_type::now() + timeout;
+  bool open = true;
+  for (;;) {
+    // Reading comes first: a process blocked on a full pipe never exits.
+    if (open)
+      open = read_output(std::chrono::milliseconds(20));
+    if (auto code = exit_code()) {
+      read_output(std::chrono::milliseconds(0)); // what it printed last
+      return code;
+    }
+    if (clock_type::now() >= deadline)
+      return std::nullopt;
+    if (!open) // its output is closed and its exit is moments away: poll for it
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,14 +37,27 @@ public:
 
   /// Waits until its output contains `text`; false at exit or timeout.
   bool wait_for(const std::string& text, std::chrono::milliseconds timeout);
-  /// Sends `sig`; SIGKILL also reaps it.
+  /// Sends `sig`; SIGKILL also reaps it; SIGSTOP returns once it has stopped
+  /// (or exited).
   void signal(int sig);
   const std::string& output() const { return output_; }
+
+  /// Reads what it prints within `wait` (for a test that watches several
+  /// processes, none of which may block on a full pipe); false once its
+  /// output is closed.
+  bool read_output(std::chrono::milliseconds wait);
+  /// Its exit code (-1: ended by a signal) once it has exited, without
+  /// blocking; nullopt while it runs.
+  std::optional<int> exit_code();
+  /// Waits up to `timeout` for it to exit, reading its output meanwhile;
+  /// its exit code, or nullopt if it still runs.
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout);
 
 private:
   pid_t pid_ = -1;
   int out_fd_ = -1;
   bool reaped_ = false;
+  int exit_code_ = -1;
   std::string output_;
 };
 
