@@ -69,6 +69,7 @@ struct worker_state {
   uint64_t refused = 0;
   clock_type::time_point started;
   clock_type::time_point last_checkpoint;
+  uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
   bool finished = false;
   static constexpr const char* name = "worker";
 };
@@ -76,6 +77,7 @@ struct worker_state {
 using self_pointer = caf::stateful_actor<worker_state>*;
 
 void run_step(self_pointer self);
+void after_step(self_pointer self);
 
 std::string who(self_pointer self) {
   return fmt::format("worker {}", self->state.setup.index);
@@ -180,7 +182,11 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
                 st.own->values = std::move(params);
               else
                 st.params = std::move(params);
-              run_step(self);
+              // The step is over (without this worker's contribution): the
+              // next one takes the next batch.
+              if (st.setup.cfg.mode != "average")
+                st.local_step += 1;
+              after_step(self);
             });
             return;
           }
@@ -191,6 +197,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
 }
 
 void finish(self_pointer self);
+void after_step(self_pointer self);
 
 /// Evaluates the current parameters on the held-out set (chief), then `then`.
 void evaluate(self_pointer self, std::function<void(double, double)> then) {
@@ -227,6 +234,7 @@ void checkpoint(self_pointer self, std::function<void()> then) {
     return;
   }
   st.last_checkpoint = clock_type::now();
+  st.checkpointed_step = st.global_step;
   auto ckpt = std::make_shared<train::checkpoint>();
   ckpt->global_step = st.global_step;
   ckpt->data_position = st.setup.start_step + st.local_step;
@@ -283,8 +291,11 @@ void after_step(self_pointer self) {
   bool chief = st.setup.index == 0;
   bool report = last || (c.log_every > 0 && st.local_step % c.log_every == 0);
   bool eval = chief && st.setup.eval && c.eval_every > 0 && st.local_step % c.eval_every == 0 && !last;
+  // By steps: when the global step crossed a multiple of checkpoint_steps
+  // since the last one (async moves it by other workers' pushes too).
   bool ckpt = chief && st.setup.save && !last
-              && ((c.checkpoint_steps > 0 && st.global_step % c.checkpoint_steps == 0)
+              && ((c.checkpoint_steps > 0
+                   && st.global_step / c.checkpoint_steps > st.checkpointed_step / c.checkpoint_steps)
                   || (c.checkpoint_secs > 0 && seconds_since(st.last_checkpoint) >= c.checkpoint_secs));
   auto next = [self, last] {
     if (last)
@@ -478,6 +489,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
   st.global_step = s.start_step;
+  st.checkpointed_step = s.start_step;
   for (const auto& shard : s.shards) {
     auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
                                                         shard.task, s.timeout);

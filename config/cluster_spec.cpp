@@ -300,9 +300,9 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
     if (auto err = read_node_options_toml(data.at("node"), result.node, source))
       return err;
   for (const auto& [key, v] : data.as_table())
-    if (key != "cluster" && key != "node")
+    if (key != "cluster" && key != "node" && key != "train") // [train]: train/config.hpp reads it
       return config_error(source + ":" + std::to_string(v.location().line())
-                          + ": unknown table '" + key + "' (known: cluster, node)");
+                          + ": unknown table '" + key + "' (known: cluster, node, train)");
   return result;
 }
 

@@ -59,13 +59,21 @@ af::outcome<af::train::train_config> apply_sets(af::train::train_config c,
       if (k != key)
         text += line + "\n";
     }
-    bool bare = !value.empty() && value.find_first_not_of(
-                                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:/.-,")
-                                    == std::string::npos
-                && value.find_first_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-                     != std::string::npos
-                && value != "true" && value != "false" && value != "inf" && value != "nan";
-    text += key + " = " + (bare ? "\"" + value + "\"" : value) + "\n";
+    // The value as TOML (a number, a boolean, a quoted string, an array); if
+    // it is none of those, a bare word is a string: --set data=csv:/tmp/x2.csv
+    auto as_toml = af::train::parse_train_config(text + key + " = " + value + "\n", "--set " + kv);
+    if (as_toml) {
+      c = std::move(*as_toml);
+      continue;
+    }
+    bool typed = value.empty() || std::string{"0123456789+-.[\"'"}.find(value[0]) != std::string::npos
+                 || value == "true" || value == "false" || value == "inf" || value == "nan";
+    if (typed)
+      return as_toml.error(); // e.g. batch_size=0: the error names the key and the rule
+    std::string quoted;
+    for (char ch : value)
+      quoted += (ch == '"' || ch == '\\') ? std::string{"\\"} + ch : std::string{ch};
+    text += key + " = \"" + quoted + "\"\n";
     auto parsed = af::train::parse_train_config(text, "--set " + kv);
     if (!parsed)
       return parsed.error();
@@ -233,6 +241,12 @@ int main(int argc, char** argv) {
         auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task));
         if (!out) {
           rc = fail(name + ": " + af::describe(out.error()), 1);
+          // The job cannot go on without its chief: stop the ps tasks too, so
+          // that no process of the job is left waiting.
+          if (task == 0)
+            for (size_t k = 0; k < cluster->cluster.num_tasks("ps"); ++k)
+              if (auto err = s->shutdown("ps", static_cast<int32_t>(k)))
+                af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
         } else if (task == 0) {
           summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
         } else {

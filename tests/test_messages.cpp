@@ -57,6 +57,10 @@ node_actor::behavior_type fake_node() {
     },
     [](executor_atom, std::string) -> caf::result<executor_actor> { return executor_actor{}; },
     [](shutdown_atom) -> caf::result<caf::ok_atom> { return caf::ok_atom::value; },
+    [](aggregator_atom, aggregator_spec) -> caf::result<aggregator_actor> {
+      return aggregator_actor{};
+    },
+    [](kv_store_atom) -> caf::result<kv_store_actor> { return kv_store_actor{}; },
   };
 }
 
