@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "actors/allreduce.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/log.hpp"
 #include "messages/error.hpp"
@@ -372,6 +373,184 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
                                                                       : csv + ".png";
     outcome.plot = train::plot(csv, png);
   }
+  return outcome;
+}
+
+} // namespace af
+
+namespace af {
+
+caf::expected<train_outcome> run_in_graph(session& s, const train::train_config& c,
+                                          const train_options& opts) {
+  if (auto bad = train::validate(c); !bad.empty())
+    return make_error(af_error::invalid_argument, "training config: " + bad);
+  if (c.mode != "sync")
+    return make_error(af_error::invalid_argument,
+                      "in-graph replication averages in the graph: mode must be sync, not '"
+                        + c.mode + "'");
+  const auto& cluster = s.cluster();
+  auto towers = static_cast<uint32_t>(cluster.num_tasks("worker"));
+  auto n_ps = static_cast<uint32_t>(cluster.num_tasks("ps"));
+  if (towers == 0 || n_ps == 0)
+    return make_error(af_error::invalid_argument,
+                      "in-graph replication needs worker tasks (one replica each) and a ps job");
+  std::chrono::milliseconds timeout{c.step_timeout_ms};
+  auto data = train::load_data(c);
+  if (!data)
+    return to_error(data.error());
+  auto params = train::parameters(c.model, data->train.features, data->train.classes, c.hidden,
+                                  c.seed);
+  if (!params)
+    return to_error(params.error());
+  uint64_t total = train::total_steps(c, data->train.size(), towers);
+
+  // Variables on the ps tasks, initialized by this client (it is the chief).
+  std::vector<std::vector<size_t>> on_ps(n_ps);
+  std::vector<output> vars;
+  for (size_t i = 0; i < params->size(); ++i) {
+    auto k = static_cast<uint32_t>(i % n_ps);
+    auto scope = s.device("/job:ps/task:" + std::to_string(k));
+    if (!scope)
+      return std::move(scope.error());
+    auto v = s.variable((*params)[i].name, (*params)[i].shape, (*params)[i].init);
+    if (!v)
+      return std::move(v.error());
+    vars.push_back(*v);
+    on_ps[k].push_back(i);
+  }
+  if (auto err = s.initialize(vars))
+    return err;
+  struct shard {
+    aggregator_actor actor;
+    std::unique_ptr<data_channel> chan;
+    std::string name;
+    std::vector<size_t> params;
+  };
+  std::vector<shard> shards;
+  for (uint32_t k = 0; k < n_ps; ++k) {
+    if (on_ps[k].empty())
+      continue;
+    aggregator_spec spec;
+    spec.name = "train/in-graph/ps" + std::to_string(k);
+    spec.mode = "sync";
+    spec.workers = 1; // the one client
+    spec.optimizer = c.optimizer;
+    spec.step_timeout_ms = c.step_timeout_ms;
+    for (auto i : on_ps[k])
+      spec.variables.push_back((*params)[i].name);
+    auto agg = s.aggregator("ps", static_cast<int32_t>(k), spec);
+    if (!agg)
+      return std::move(agg.error());
+    auto info = s.ping("ps", static_cast<int32_t>(k));
+    if (!info)
+      return std::move(info.error());
+    auto chan = data_channel::connect(cluster.address("ps", static_cast<int32_t>(k))->host,
+                                      info->data_port, "/job:ps/task:" + std::to_string(k), timeout);
+    if (!chan)
+      return std::move(chan.error());
+    shards.push_back({*agg, std::move(*chan), spec.name, on_ps[k]});
+  }
+
+  // One replica per worker task; the mean of their gradients in the graph.
+  auto& g = s.builder();
+  std::vector<train::replica> reps;
+  for (uint32_t t = 0; t < towers; ++t) {
+    auto scope = s.device("/job:worker/task:" + std::to_string(t));
+    if (!scope)
+      return std::move(scope.error());
+    auto r = train::build_replica(g, *params, c.model, "tower" + std::to_string(t) + "/");
+    if (!r)
+      return to_error(r.error());
+    reps.push_back(std::move(*r));
+  }
+  std::vector<output> fetches;
+  {
+    auto scope = s.device("/job:worker/task:0");
+    auto inv = g.constant(tensor::scalar(1.0f / static_cast<float>(towers)));
+    output loss = reps[0].loss;
+    for (uint32_t t = 1; t < towers; ++t)
+      loss = g.add(loss, reps[t].loss);
+    fetches.push_back(g.mul(loss, inv, "mean_loss"));
+    for (size_t j = 0; j < params->size(); ++j) {
+      output sum = reps[0].grads[j];
+      for (uint32_t t = 1; t < towers; ++t)
+        sum = g.add(sum, reps[t].grads[j]);
+      fetches.push_back(g.mul(sum, inv, "mean_grad/" + (*params)[j].name));
+    }
+  }
+  std::vector<train::batcher> batches;
+  for (uint32_t t = 0; t < towers; ++t)
+    batches.emplace_back(data->train, c.batch_size, t, towers, c.seed);
+
+  // The parameters, then the loop: run, push the mean, take the next parameters.
+  std::vector<tensor> current(params->size());
+  uint64_t global_step = 0;
+  auto exchange = [&](bool pull, const std::vector<tensor>* grads) -> caf::error {
+    for (auto& sh : shards) {
+      std::vector<tensor> part;
+      if (grads)
+        for (auto i : sh.params)
+          part.push_back((*grads)[i]);
+      auto r = sh.chan->aggregate(pull ? wire::kind::pull : wire::kind::push, sh.name, 0,
+                                  global_step, part, timeout);
+      if (!r)
+        return std::move(r.error());
+      std::vector<shape_type> shapes;
+      for (auto i : sh.params)
+        shapes.push_back((*params)[i].shape);
+      auto values = train::unflatten(r->second, shapes);
+      if (!values)
+        return to_error(values.error());
+      for (size_t j = 0; j < sh.params.size(); ++j)
+        current[sh.params[j]] = std::move((*values)[j]);
+      global_step = r->first;
+    }
+    return caf::none;
+  };
+  if (auto err = exchange(true, nullptr))
+    return err;
+  train_outcome outcome;
+  auto t0 = std::chrono::steady_clock::now();
+  double loss_sum = 0;
+  uint64_t loss_n = 0;
+  while (global_step < total) {
+    std::vector<std::pair<output, tensor>> feeds;
+    for (uint32_t t = 0; t < towers; ++t) {
+      auto f = train::feeds(reps[t], current, batches[t].at(global_step));
+      feeds.insert(feeds.end(), f.begin(), f.end());
+    }
+    auto out = s.run(fetches, feeds);
+    if (!out)
+      return std::move(out.error());
+    loss_sum += (*out)[0].at(0);
+    loss_n += 1;
+    std::vector<tensor> grads(out->begin() + 1, out->end());
+    if (auto err = exchange(false, &grads))
+      return err;
+    if (opts.print && c.log_every > 0 && (global_step % c.log_every == 0 || global_step == total)) {
+      std::printf("step %llu/%llu  loss %.4f  (in-graph, %u replicas)\n",
+                  static_cast<unsigned long long>(global_step),
+                  static_cast<unsigned long long>(total), loss_sum / static_cast<double>(loss_n),
+                  towers);
+      std::fflush(stdout);
+      loss_sum = 0;
+      loss_n = 0;
+    }
+  }
+  outcome.result.seconds =
+    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  outcome.result.global_step = global_step;
+  outcome.result.local_steps = global_step;
+  outcome.result.params = current;
+  auto ev = train::evaluate_local(c, data->test, current);
+  if (!ev)
+    return to_error(ev.error());
+  outcome.result.test_loss = ev->first;
+  outcome.result.accuracy = ev->second;
+  if (opts.shutdown_ps)
+    for (uint32_t k = 0; k < n_ps; ++k)
+      if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))
+        log::get()->warn("in-graph client: shutting down /job:ps/task:{}: {}", k, describe(err));
   return outcome;
 }
 

@@ -50,4 +50,14 @@ struct train_outcome {
 caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
                                              uint32_t task, const train_options& opts = {});
 
+/// In-graph replication: this one client (`s`) builds a replica of the step
+/// on every worker task's device, averages their gradients in the graph, and
+/// pushes the mean to a sync aggregator of each ps with one worker (itself).
+/// Each replica is fed its own shard of every global batch, so the result
+/// equals sync between-graph training with as many workers. The nodes are
+/// plain actorflow-node (or actorflow-train --job) processes; with
+/// opts.shutdown_ps the client stops the ps tasks at the end.
+caf::expected<train_outcome> run_in_graph(session& s, const train::train_config& c,
+                                          const train_options& opts = {});
+
 } // namespace af

@@ -150,6 +150,25 @@ int run_embedded(af::train::train_config c) {
   return 0;
 }
 
+int run_in_graph_embedded(af::train::train_config c) {
+  auto cluster = af::embedded_cluster::start({{"ps", 1}, {"worker", 2}});
+  if (!cluster)
+    return fail(af::describe(cluster.error()));
+  std::printf("actorflow-train: embedded cluster (1 ps + 2 workers), in-graph: one client, a "
+              "replica on each worker\n");
+  std::fflush(stdout);
+  auto s = (*cluster)->session_for("worker", 0);
+  if (!s)
+    return fail(af::describe(s.error()), 1);
+  af::train_options o;
+  o.shutdown_ps = false;
+  auto out = af::run_in_graph(*s, c, o);
+  if (!out)
+    return fail("in-graph client: " + af::describe(out.error()), 1);
+  summary(c, 2, *out, test_size(c));
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -189,13 +208,30 @@ int main(int argc, char** argv) {
   if (!cluster) {
     if (!job.empty() || task >= 0)
       return fail("--job and --task need --config: which cluster is this task part of?");
-    if (in_graph)
-      return fail("--in-graph needs --config with the cluster's workers");
-    return run_embedded(c);
+    return in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
-  if (in_graph)
-    return fail("--in-graph is not implemented yet: run one actorflow-train per task "
-                "(between-graph replication)");
+  if (in_graph) {
+    if (!job.empty() || task >= 0)
+      return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
+                  "(or actorflow-train --job J --task I) and pass no --job/--task here");
+    af::tune_malloc_for_tensors();
+    af::system_config sys_cfg{cluster->node};
+    caf::actor_system sys{sys_cfg};
+    auto s = af::session::make(sys, cluster->cluster, "/job:worker/task:0");
+    if (!s)
+      return fail(af::describe(s.error()), 1);
+    std::chrono::milliseconds wait{c.init_timeout_ms};
+    for (const auto& [name, tasks] : cluster->cluster.jobs())
+      for (size_t t = 0; t < tasks.size(); ++t)
+        if (auto err = s->wait_for_node(name, static_cast<int32_t>(t), wait))
+          return fail(af::describe(err), 1);
+    af::train_options o;
+    auto out = af::run_in_graph(*s, c, o);
+    if (!out)
+      return fail("in-graph client: " + af::describe(out.error()), 1);
+    summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
+    return 0;
+  }
   if (job.empty() || task < 0)
     return fail("which task is this process? pass --job ps|worker --task I");
   auto addr = cluster->cluster.address(job, task);

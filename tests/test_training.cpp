@@ -248,3 +248,31 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
     CHECK(st->applied == 1);
   }
 }
+
+TEST_CASE("in-graph replication (one client, a replica per worker, the mean in the graph) "
+          "equals between-graph sync",
+          "[train]") {
+  // Catches: towers fed the same shard, a mean that is a sum, a client that
+  // pushes before all towers ran.
+  auto c = digits("sync");
+  c.optimizer.lr = 0.2;
+  c.steps = 30;
+  c.batch_size = 16;
+  auto between = run_job(c);
+  REQUIRE(between.results[0]);
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 2}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  train_options opts;
+  opts.print = false;
+  opts.shutdown_ps = false;
+  auto in_graph = run_in_graph(*s, c, opts);
+  REQUIRE(in_graph);
+  CHECK(in_graph->result.global_step == 30);
+  CHECK(max_abs_diff(in_graph->result.params, between.results[0]->result.params) < 1e-4);
+  c.mode = "async";
+  auto refused = run_in_graph(*s, c, opts);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(describe(refused.error()), Catch::Contains("mode must be sync"));
+}
