@@ -219,6 +219,7 @@ push_result park(self_pointer self, uint32_t worker) {
 void release_sync(self_pointer self) {
   auto& st = self->state;
   if (st.contributions > 0) {
+    invalidate(self); // the cached flat parameters would make the update copy (COW)
     float scale = 1.0f / static_cast<float>(st.contributions);
     for (auto& x : st.sum)
       x *= scale;
@@ -357,9 +358,13 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
                           fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
                                       "global step is {}",
                                       worker_name(worker), step, st.spec.name, st.global_step));
-      if (st.arrived[worker] || grads.empty()) {
-        // A second push of the same step, or an abstention (after a refused
-        // gradient): waits for the release, adds nothing.
+      if (st.arrived[worker])
+        return make_error(af_error::already_exists,
+                          fmt::format("{} pushed step {} twice to aggregator '{}'",
+                                      worker_name(worker), step, st.spec.name));
+      if (grads.empty()) {
+        // An abstention (after a refused gradient): waits for the release,
+        // adds nothing.
         st.arrived[worker] = true;
         auto r = park(self, worker);
         if (round_complete(st))
@@ -395,6 +400,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         auto parts = unpack(self, worker, grads, "gradient");
         if (!parts)
           return std::move(parts.error());
+        invalidate(self);
         for (size_t i = 0; i < st.vars.size(); ++i)
           if (auto err = st.vars[i].cell->apply_gradient(st.spec.optimizer, (*parts)[i],
                                                          st.sizes[i], st.global_step))
@@ -420,7 +426,11 @@ aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
       if (auto err = check_worker(self, worker))
         return err;
       st.stats.pushes += 1;
-      if (st.arrived[worker] || values.empty()) {
+      if (st.arrived[worker])
+        return make_error(af_error::already_exists,
+                          fmt::format("{} pushed twice in one round to aggregator '{}'",
+                                      worker_name(worker), st.spec.name));
+      if (values.empty()) {
         st.arrived[worker] = true;
         auto r = park(self, worker);
         if (round_complete(st))

@@ -765,7 +765,9 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
     h.payload_bytes = floats * sizeof(float);
   }
   // A sync push waits for the other workers: widen this call's receive timeout.
-  auto wait_for = std::max(wait + std::chrono::seconds(1), timeout_);
+  // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
+  // wait longer, so that its reason arrives rather than a bare socket timeout.
+  auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
   set_timeout(fd_, SO_RCVTIMEO, wait_for);
   bool sent = write_all(fd_, iov.data(), static_cast<int>(iov.size()));
   if (!sent)

@@ -1,5 +1,6 @@
 #include "actors/worker.hpp"
 
+#include <mutex>
 #include <optional>
 
 #include "caf/all.hpp"
@@ -484,7 +485,30 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
                           std::function<void(caf::expected<worker_result>)> done) {
   auto& st = self->state;
   st.setup = std::move(setup);
-  st.done = std::move(done);
+  // `done` is called exactly once: by the worker, or, if the worker ends any
+  // other way (an exception, a linked link actor that failed), when it ends.
+  struct once {
+    std::mutex mtx;
+    std::function<void(caf::expected<worker_result>)> f;
+    void operator()(caf::expected<worker_result> r) {
+      std::function<void(caf::expected<worker_result>)> g;
+      {
+        std::lock_guard<std::mutex> guard{mtx};
+        g = std::move(f);
+        f = nullptr;
+      }
+      if (g)
+        g(std::move(r));
+    }
+  };
+  auto cb = std::make_shared<once>();
+  cb->f = std::move(done);
+  st.done = [cb](caf::expected<worker_result> r) { (*cb)(std::move(r)); };
+  auto index = st.setup.index;
+  self->attach_functor([cb, index](const caf::error& reason) {
+    (*cb)(make_error(af_error::internal, fmt::format("worker {} ended before it finished: {}", index,
+                                                     describe(reason))));
+  });
   self->set_down_handler([self](caf::down_msg& dm) { self->state.runner.on_down(self, dm); });
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);

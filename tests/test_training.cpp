@@ -89,6 +89,8 @@ TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedd
         applied += n;
       CHECK(applied == chief.stats.applied); // every applied gradient has a staleness
       CHECK(applied > 0);
+      // two workers interleave: some gradients were computed from older parameters
+      CHECK(applied > chief.stats.staleness[0]);
     }
   }
 }
