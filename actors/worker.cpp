@@ -95,7 +95,11 @@ void fail(self_pointer self, caf::error err, const std::string& during) {
   for (auto& s : st.setup.shards)
     if (s.actor)
       caf::anon_send(s.actor, done_atom::value, st.setup.index);
-  st.done(make_error(af_error::internal, msg));
+  // Keep the cause's code (a timeout stays a timeout; internal means a bug).
+  auto code = err.category() == error_category && valid_af_error(err.code())
+                ? static_cast<af_error>(err.code())
+                : af_error::internal;
+  st.done(make_error(code, msg));
   self->quit();
 }
 

@@ -239,6 +239,9 @@ int main(int argc, char** argv) {
     return fail(af::describe(addr.error()));
   if (job != "ps" && job != "worker")
     return fail("--job " + job + ": a training job has ps and worker tasks");
+  if (job == "ps" && c.mode == "allreduce")
+    return fail("mode allreduce uses no ps: start only the worker tasks (a ps would wait for a "
+                "chief that never stops it)");
 
   af::tune_malloc_for_tensors();
   auto opts = cluster->node;
