@@ -258,11 +258,36 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   int rc = 0;
   if (job == "ps") {
-    // Serves until the chief stops it at the end of the job.
+    // Serves until the chief stops it at the end of the job. A chief that
+    // dies (kill -9) cannot: the ps watches it and gives up once it has not
+    // answered for init_timeout_ms, so no ps is left behind.
     caf::scoped_actor self{sys, true};
     self->monitor(node->actor);
-    self->receive([](caf::down_msg&) {});
-    std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
+    af::session_options so;
+    so.timeout = std::chrono::milliseconds{2000};
+    so.connect_timeout = std::chrono::milliseconds{2000};
+    auto watch = af::session::make(sys, cluster->cluster, name, so);
+    std::chrono::milliseconds patience{c.init_timeout_ms};
+    auto last_seen = std::chrono::steady_clock::now();
+    bool stopped = false;
+    while (!stopped) {
+      self->receive([&](caf::down_msg&) { stopped = true; },
+                    caf::after(std::chrono::seconds(1)) >> [] {});
+      if (stopped || !watch)
+        break;
+      if (watch->ping("worker", 0))
+        last_seen = std::chrono::steady_clock::now();
+      else if (std::chrono::steady_clock::now() - last_seen > patience) {
+        rc = fail(name + ": the chief /job:worker/task:0 has not answered for "
+                    + std::to_string(patience.count())
+                    + " ms (init_timeout_ms); it died or never started, so nobody will end this "
+                      "job: stopping",
+                  1);
+        break;
+      }
+    }
+    if (stopped)
+      std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
   } else {
     auto s = af::session::make(sys, cluster->cluster, name);
     if (!s) {

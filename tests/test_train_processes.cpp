@@ -491,4 +491,25 @@ TEST_CASE("an unknown [train] key makes actorflow-train exit 2 naming the key",
   }
 }
 
+
+// Catches a ps left serving forever after its chief was SIGKILLed (nobody
+// else ever stops it): it must give up by itself, non-zero, naming the chief.
+TEST_CASE("a ps whose chief is killed with SIGKILL stops by itself, naming the chief",
+          "[train][processes]") {
+  temp_dir dir;
+  std::vector<std::string> sets{"steps=100000000", "log_every=100", "init_timeout_ms=2000",
+                                "step_timeout_ms=2000"};
+  auto job = train_job::start(dir.path, true, sets);
+  REQUIRE(job);
+  REQUIRE(job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); },
+                          20s));
+  job->chief().signal(SIGKILL);
+  auto& ps = job->process("ps", 0);
+  auto code = ps.wait_exit(20s);
+  INFO(job->describe());
+  REQUIRE(code);
+  CHECK(*code != 0);
+  CHECK(ps.output().find("/job:worker/task:0 has not answered") != std::string::npos);
+}
+
 } // namespace af::testing
