@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,8 +174,17 @@ std::optional<int> background_process::wait_exit(std::chrono::milliseconds timeo
     }
     if (clock_type::now() >= deadline)
       return std::nullopt;
-    if (!open) // its output is closed and its exit is moments away: poll for it
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!open) {
+      // Its output is closed: wait on the exit itself (a pidfd turns readable
+      // when the process ends), bounded by the deadline.
+      int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+      if (pidfd < 0)
+        return exit_code(); // no pidfd (old kernel): say what is known now
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+      pollfd p{pidfd, POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      ::close(pidfd);
+    }
   }
 }
 
