@@ -66,10 +66,17 @@ TEST_CASE("unary kernels match std:: math", "[kernels]") {
 }
 
 TEST_CASE("matmul matches the triple loop for every transpose combination", "[kernels]") {
-  const int64_t m = 5, k = 7, n = 3;
+  // 5x7x3 takes sgemm; the others the vector paths (a dot product, a matrix
+  // times a vector from either side, an outer product), which pick their
+  // strides by the transposes.
+  struct dims {
+    int64_t m, k, n;
+  };
+  for (auto [m, k, n] : {dims{5, 7, 3}, dims{1, 7, 1}, dims{5, 7, 1}, dims{1, 7, 3}, dims{5, 1, 3},
+                         dims{1, 1, 1}})
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      INFO("ta=" << ta << " tb=" << tb);
+      INFO("m=" << m << " k=" << k << " n=" << n << " ta=" << ta << " tb=" << tb);
       auto a = random(ta ? shape_type{k, m} : shape_type{m, k}, 2);
       auto b = random(tb ? shape_type{n, k} : shape_type{k, n}, 3);
       std::vector<double> want(m * n, 0);

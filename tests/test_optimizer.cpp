@@ -94,6 +94,14 @@ TEST_CASE("first_non_finite finds NaN and Inf, and nothing in finite data", "[op
   v[617] = 1;
   v[3] = -std::numeric_limits<float>::infinity();
   REQUIRE(train::first_non_finite(v.data(), v.size()) == 3);
+  // the largest finite values and the smallest denormals are finite; an
+  // infinity in the tail (past any vector width) is found
+  v.assign(1003, std::numeric_limits<float>::max());
+  v[1] = -std::numeric_limits<float>::max();
+  v[2] = std::numeric_limits<float>::denorm_min();
+  REQUIRE(train::first_non_finite(v.data(), v.size()) == v.size());
+  v[1002] = std::numeric_limits<float>::infinity();
+  REQUIRE(train::first_non_finite(v.data(), v.size()) == 1002);
 }
 
 TEST_CASE("flatten and unflatten round trip; one part is not copied", "[optimizer]") {
