@@ -24,6 +24,7 @@ const char* to_string(af_error x) {
     case af_error::resource_exhausted: return "resource_exhausted";
     case af_error::gone: return "gone";
     case af_error::already_exists: return "already_exists";
+    case af_error::non_finite: return "non_finite";
   }
   return "unknown";
 }
