@@ -14,12 +14,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/base_sink.h>
 
 #include "caf/all.hpp"
 
@@ -30,56 +33,98 @@
 #include "actors/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "train/checkpoint.hpp"
 #include "train/config.hpp"
+#include "train/metrics.hpp"
 
 namespace {
 
+/// The reasons of the error lines the logger printed. A component that fails
+/// (the worker actor) logs its reason and returns the same sentence; main
+/// prints a failure only if no such line has said it, so each failure is
+/// printed once. Attached right after af::log::init, before any other thread.
+class printed_errors : public spdlog::sinks::base_sink<std::mutex> {
+public:
+  /// Whether an error line printed so far is part of `text`.
+  bool said(const std::string& text) {
+    std::lock_guard<std::mutex> guard{mutex_};
+    for (const auto& line : lines_)
+      if (!line.empty() && text.find(line) != std::string::npos)
+        return true;
+    return false;
+  }
+
+  /// How many error lines printed so far contain `part`.
+  size_t count(const std::string& part) {
+    std::lock_guard<std::mutex> guard{mutex_};
+    return static_cast<size_t>(std::count_if(lines_.begin(), lines_.end(), [&](const auto& l) {
+      return l.find(part) != std::string::npos;
+    }));
+  }
+
+protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    if (msg.level >= spdlog::level::err && lines_.size() < 1000)
+      lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {
+    // nop
+  }
+
+private:
+  std::vector<std::string> lines_;
+};
+
+std::shared_ptr<printed_errors>& errors_printed() {
+  static auto instance = std::make_shared<printed_errors>();
+  return instance;
+}
+
+/// af::log::init(who), remembering its error lines.
+void init_log(const std::string& who) {
+  af::log::init(who);
+  af::log::get()->sinks().push_back(errors_printed());
+}
+
+/// Says why the program stops, unless a component's error line said it
+/// already, and returns `code` (2: config or arguments, 1: training failed).
 int fail(const std::string& msg, int code = 2) {
-  af::log::get()->error("{}", msg);
-  std::fprintf(stderr, "actorflow-train: %s\n", msg.c_str());
+  if (!errors_printed()->said(msg)) {
+    std::fprintf(stderr, "actorflow-train: %s\n", msg.c_str());
+    std::fflush(stderr);
+  }
   return code;
 }
 
-/// `key=value` over the config: the value as TOML (a bare word is a string).
-af::outcome<af::train::train_config> apply_sets(af::train::train_config c,
-                                                const std::vector<std::string>& sets) {
-  for (const auto& kv : sets) {
-    auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return af::graph_error{af::af_error::invalid_argument,
-                             "--set " + kv + ": write --set key=value, e.g. --set mode=async"};
-    auto key = kv.substr(0, eq);
-    auto value = kv.substr(eq + 1);
-    std::istringstream lines{af::train::to_toml(c)};
-    std::string text, line;
-    while (std::getline(lines, line)) {
-      auto k = line.substr(0, line.find('='));
-      while (!k.empty() && k.back() == ' ')
-        k.pop_back();
-      if (k != key)
-        text += line + "\n";
-    }
-    // The value as TOML (a number, a boolean, a quoted string, an array); if
-    // it is none of those, a bare word is a string: --set data=csv:/tmp/x2.csv
-    auto as_toml = af::train::parse_train_config(text + key + " = " + value + "\n", "--set " + kv);
-    if (as_toml) {
-      c = std::move(*as_toml);
-      continue;
-    }
-    bool typed = value.empty() || std::string{"0123456789+-.[\"'"}.find(value[0]) != std::string::npos
-                 || value == "true" || value == "false" || value == "inf" || value == "nan";
-    if (typed)
-      return as_toml.error(); // e.g. batch_size=0: the error names the key and the rule
-    std::string quoted;
-    for (char ch : value)
-      quoted += (ch == '"' || ch == '\\') ? std::string{"\\"} + ch : std::string{ch};
-    text += key + " = \"" + quoted + "\"\n";
-    auto parsed = af::train::parse_train_config(text, "--set " + kv);
-    if (!parsed)
-      return parsed.error();
-    c = std::move(*parsed);
-  }
-  return c;
+/// What must hold before a chief trains: its checkpoint directory and its
+/// metrics file can be written (else it would fail, or lose its work, at the
+/// first checkpoint or metrics row). Empty if they can.
+std::string preflight(const af::train::train_config& c) {
+  if (!c.checkpoint_dir.empty())
+    if (auto why = af::train::check_checkpoint_dir(c.checkpoint_dir); !why.empty())
+      return why;
+  if (!c.metrics.empty())
+    if (auto why = af::train::check_metrics_path(c.metrics); !why.empty())
+      return why;
+  return {};
+}
+
+/// Empty if every checkpoint the chief attempted was written, else why not.
+/// A checkpoint the worker actor fails to write is logged by it, and the job
+/// trains on; it must still not end as a success.
+std::string checkpoint_problem(const af::train::train_config& c, const af::train_outcome& o) {
+  if (c.checkpoint_dir.empty())
+    return {};
+  // The worker's error line for a failed save (actors/worker.cpp).
+  size_t failed = errors_printed()->count("checkpoint at global step");
+  if (!o.checkpoint.empty() && failed == 0)
+    return {};
+  std::string what = o.checkpoint.empty()
+                       ? "no checkpoint was written to '" + c.checkpoint_dir + "'"
+                       : std::to_string(failed) + " checkpoint(s) of this run failed; the last "
+                           "one written is " + o.checkpoint;
+  return what + (failed > 0 ? " (the reason is logged above)" : "")
+         + ": check the directory (space, permissions) and run again";
 }
 
 double examples_per_step(const af::train::train_config& c, uint32_t workers) {
@@ -147,6 +192,8 @@ int run_embedded(af::train::train_config c) {
     if (!results[w])
       return fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
   summary(c, 2, *results[0], test_size(c));
+  if (auto why = checkpoint_problem(c, *results[0]); !why.empty())
+    return fail(why, 1);
   return 0;
 }
 
@@ -185,7 +232,7 @@ int main(int argc, char** argv) {
   app.add_flag("--in-graph", in_graph,
                "in-graph replication: this one client drives a replica on every worker");
   CLI11_PARSE(app, argc, argv);
-  af::log::init("actorflow-train");
+  init_log("actorflow-train");
 
   af::train::train_config c;
   std::optional<af::cluster_config> cluster;
@@ -199,7 +246,7 @@ int main(int argc, char** argv) {
       return fail(af::describe(cc.error()));
     cluster = std::move(*cc);
   }
-  auto with_sets = apply_sets(c, sets);
+  auto with_sets = af::train::apply_overrides(c, sets);
   if (!with_sets)
     return fail(with_sets.error().what);
   c = std::move(*with_sets);
@@ -208,6 +255,9 @@ int main(int argc, char** argv) {
   if (!cluster) {
     if (!job.empty() || task >= 0)
       return fail("--job and --task need --config: which cluster is this task part of?");
+    if (!in_graph)
+      if (auto why = preflight(c); !why.empty())
+        return fail(why);
     return in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
   if (in_graph) {
@@ -243,12 +293,17 @@ int main(int argc, char** argv) {
     return fail("mode allreduce uses no ps: start only the worker tasks (a ps would wait for a "
                 "chief that never stops it)");
 
+  if (job == "worker" && task == 0)
+    if (auto why = preflight(c); !why.empty())
+      return fail(why);
+
+  // The logger gets its name before the actor system's threads may use it.
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  init_log(name);
   af::tune_malloc_for_tensors();
   auto opts = cluster->node;
   af::system_config sys_cfg{opts};
   caf::actor_system sys{sys_cfg};
-  auto name = "/job:" + job + "/task:" + std::to_string(task);
-  af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts);
   if (!node)
@@ -313,6 +368,8 @@ int main(int argc, char** argv) {
                 af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
         } else if (task == 0) {
           summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
+          if (auto why = checkpoint_problem(c, *out); !why.empty())
+            rc = fail(name + ": " + why, 1);
         } else {
           std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
                       static_cast<unsigned long long>(out->result.local_steps));

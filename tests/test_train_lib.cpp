@@ -823,3 +823,182 @@ TEST_CASE("plot draws a PNG with gnuplot, or says how to get gnuplot", "[train][
   ::setenv("PATH", old_path.c_str(), 1);
   CHECK(said == "plot: gnuplot not found; apt-get install gnuplot-nox to get " + dir / "other.png");
 }
+
+// --- what actorflow-train checks before it trains ---------------------------
+
+TEST_CASE("CSV labels out of [0, max_classes) are refused with file, line and value",
+          "[train][data]") {
+  // Catches: a label of 10^12 accepted as class count 10^12 + 1, which the
+  // model then tried to allocate (a terabyte-sized layer) after a timeout.
+  temp_dir dir;
+  auto huge = dir / "huge.csv";
+  write_file(huge, "0.5,1\n0.25,1000000000000\n");
+  auto d = read_csv(huge);
+  REQUIRE_FALSE(d);
+  CHECK(contains(d.error().what, huge));
+  CHECK(contains(d.error().what, "line 2"));
+  CHECK(contains(d.error().what, "1000000000000"));
+  CHECK(contains(d.error().what, "[0, 65536)"));
+
+  auto beyond_int64 = dir / "beyond.csv";
+  write_file(beyond_int64, "0.5,1\n0.5,99999999999999999999999\n");
+  auto b = read_csv(beyond_int64);
+  REQUIRE_FALSE(b);
+  CHECK(contains(b.error().what, "99999999999999999999999"));
+  CHECK(contains(b.error().what, "line 2"));
+
+  auto edge = dir / "edge.csv";
+  write_file(edge, "0.5,65535\n0.5,0\n");
+  auto e = read_csv(edge);
+  REQUIRE(e);
+  CHECK(e->classes == default_max_classes);
+  write_file(edge, "0.5,65536\n");
+  CHECK_FALSE(read_csv(edge));
+
+  // A caller that knows the class count bounds the labels by it.
+  auto ten = dir / "ten.csv";
+  write_file(ten, "0.5,9\n0.5,10\n");
+  auto t = read_csv(ten, false, 1.0f, 10);
+  REQUIRE_FALSE(t);
+  CHECK(contains(t.error().what, "label 10 is out of range"));
+  CHECK(contains(t.error().what, "[0, 10)"));
+}
+
+TEST_CASE("the digits are looked for in ACTORFLOW_DATA_DIR, beside the binary, then the source "
+          "tree", "[train][data]") {
+  // Catches: the data found only at the compiled-in source path, so an
+  // installed or moved binary could not find it, and an env var that is
+  // not looked at or not first.
+  auto dirs = data_search_path("/env/data", "/opt/af/bin/actorflow-train");
+  REQUIRE(dirs.size() >= 5);
+  CHECK(dirs[0] == "/env/data");
+  CHECK(dirs[1] == "/opt/af/share/actorflow/data");
+  CHECK(dirs[2] == "/opt/af/data");
+  CHECK(dirs[3] == "/opt/af/bin/data");
+  CHECK(std::find(dirs.begin(), dirs.end(), std::string{ACTORFLOW_SOURCE_DIR} + "/data")
+        != dirs.end());
+  CHECK(dirs.back() == "./data");
+  CHECK(data_search_path("", "").front() != "");
+
+  // The environment variable wins over the source tree's copy: a digits file
+  // of 3 examples there is the one read.
+  temp_dir dir;
+  std::string rows;
+  for (int r = 0; r < 3; ++r) {
+    for (int f = 0; f < 64; ++f)
+      rows += std::to_string((f + r) % 17) + ",";
+    rows += std::to_string(r) + "\n";
+  }
+  write_file(dir / "digits.csv.gz", rows); // zlib reads a plain file as is
+  ::setenv("ACTORFLOW_DATA_DIR", dir.path.c_str(), 1);
+  auto d = load_digits();
+  ::unsetenv("ACTORFLOW_DATA_DIR");
+  REQUIRE(d);
+  CHECK(d->size() == 3);
+  CHECK(d->name == dir / "digits.csv.gz");
+}
+
+TEST_CASE("a checkpoint_dir that cannot be created or written is refused, naming it",
+          "[train][checkpoint]") {
+  // Catches: an unwritable checkpoint_dir found only at the first checkpoint,
+  // mid-run, and a probe file left behind in a good one.
+  temp_dir dir;
+  write_file(dir / "file", "x");
+  auto under_file = dir / "file/ckpt";
+  auto why = check_checkpoint_dir(under_file);
+  CHECK(contains(why, "checkpoint_dir '" + under_file + "'"));
+  CHECK(contains(why, "cannot create it"));
+  CHECK(contains(why, "--set checkpoint_dir="));
+  CHECK_FALSE(check_checkpoint_dir("/proc/actorflow-no-such-dir").empty());
+  CHECK_FALSE(check_checkpoint_dir(dir / "file").empty()); // a file, not a directory
+
+  auto good = dir / "a/b/ckpt";
+  CHECK(check_checkpoint_dir(good) == "");
+  CHECK(fs::is_directory(good));
+  CHECK(fs::is_empty(good));
+}
+
+TEST_CASE("a metrics path that cannot be opened is refused; a good one is left as it was",
+          "[train][metrics]") {
+  // Catches: an unwritable metrics file found only after the job started, and
+  // a check that truncates an existing file or leaves an empty one behind.
+  temp_dir dir;
+  write_file(dir / "file", "x");
+  auto bad = dir / "file/metrics.csv";
+  auto why = check_metrics_path(bad);
+  CHECK(contains(why, "metrics file '" + bad + "'"));
+  CHECK(contains(why, "--set metrics="));
+  CHECK_FALSE(check_metrics_path(dir.path.string()).empty()); // a directory
+
+  auto fresh = dir / "out/metrics.csv";
+  CHECK(check_metrics_path(fresh) == "");
+  CHECK_FALSE(fs::exists(fresh));
+  auto old = dir / "old.csv";
+  write_file(old, "step,wall_s\n1,2\n");
+  CHECK(check_metrics_path(old) == "");
+  CHECK(read_file(old) == "step,wall_s\n1,2\n");
+}
+
+TEST_CASE("--set reads numbers with exponents, lists without brackets, and strings as written",
+          "[train][config]") {
+  // Catches: 1e3 or .5 refused or misread, hidden=64,64 refused with a TOML
+  // parser's message, and a bare word not taken as a string.
+  auto c = apply_overrides(train_config{},
+                           {"learning_rate=1e3", "epsilon=1E-7", "momentum=.5", "steps=1e3",
+                            "hidden=64,32", "data=csv:/tmp/x, y.csv", "mode = async",
+                            "optimizer=\"adam\""});
+  REQUIRE(c);
+  CHECK(c->optimizer.lr == 1000.0);
+  CHECK(c->optimizer.epsilon == 1e-7);
+  CHECK(c->optimizer.momentum == 0.5);
+  CHECK(c->steps == 1000);
+  CHECK(c->hidden == std::vector<int64_t>{64, 32});
+  CHECK(c->data == "csv:/tmp/x, y.csv");
+  CHECK(c->mode == "async");
+  CHECK(c->optimizer.kind == "adam");
+  auto bracketed = apply_overrides(train_config{}, {"hidden=[64, 64]"});
+  REQUIRE(bracketed);
+  CHECK(bracketed->hidden == std::vector<int64_t>{64, 64});
+  auto one = apply_overrides(train_config{}, {"hidden=16"});
+  REQUIRE(one);
+  CHECK(one->hidden == std::vector<int64_t>{16});
+}
+
+TEST_CASE("every --set error names the key, the value and the type the key takes",
+          "[train][config]") {
+  // Catches: a TOML parser's message about line 32 of a document the user
+  // never wrote, and errors that do not say what to write instead.
+  struct bad_set {
+    std::string set, key, value, type;
+  };
+  for (const auto& b : std::vector<bad_set>{
+         {"learning_rate=1e3x", "learning_rate", "1e3x", "a number"},
+         {"learning_rate=fast", "learning_rate", "fast", "a number"},
+         {"learning_rate=-1", "learning_rate", "-1", "a number"},
+         {"learning_rate=1e999", "learning_rate", "1e999", "a number"},
+         {"batch_size=0", "batch_size", "0", "a non-negative integer"},
+         {"batch_size=1.5", "batch_size", "1.5", "a non-negative integer"},
+         {"batch_size=-3", "batch_size", "-3", "a non-negative integer"},
+         {"steps=1e30", "steps", "1e30", "a non-negative integer"},
+         {"hidden=64,x", "hidden", "64,x", "hidden=[64,64]"},
+         {"hidden=[64,0]", "hidden", "0", "hidden=[64,64]"},
+         {"hidden=[64", "hidden", "[64", "hidden=[64,64]"},
+         {"mode=fast", "mode", "fast", "a name"},
+         {"holdout=2", "holdout", "2", "a number"}}) {
+    CAPTURE(b.set);
+    auto c = apply_overrides(train_config{}, {b.set});
+    REQUIRE_FALSE(c);
+    CHECK(c.error().code == af_error::invalid_config);
+    CHECK(contains(c.error().what, "--set " + b.set + ":"));
+    CHECK(contains(c.error().what, b.key));
+    CHECK(contains(c.error().what, b.value));
+    CHECK(contains(c.error().what, b.type));
+    CHECK_FALSE(contains(c.error().what, "TOML"));
+  }
+  auto typo = apply_overrides(train_config{}, {"lerning_rate=0.1"});
+  REQUIRE_FALSE(typo);
+  CHECK(contains(typo.error().what, "did you mean 'learning_rate'"));
+  auto no_eq = apply_overrides(train_config{}, {"steps"});
+  REQUIRE_FALSE(no_eq);
+  CHECK(contains(no_eq.error().what, "--set key=value"));
+}

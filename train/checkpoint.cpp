@@ -318,6 +318,35 @@ outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t
   return path;
 }
 
+std::string check_checkpoint_dir(const std::string& dir) {
+  auto refuse = [&](const std::string& what, int err) {
+    return fmt::format("checkpoint_dir '{}': {}: {}; make it writable by this user, or choose "
+                       "another directory (checkpoint_dir in [train], or --set "
+                       "checkpoint_dir=DIR)",
+                       dir, what, std::strerror(err));
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return refuse("cannot create it", ec.value());
+  if (!fs::is_directory(dir, ec))
+    return refuse("it is not a directory", ENOTDIR);
+  auto probe = (fs::path{dir} / fmt::format(".actorflow-probe-{}", ::getpid())).string();
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return refuse("cannot create a file in it", errno);
+  int err = 0;
+  if (::write(fd, "probe\n", 6) != 6 || ::fsync(fd) != 0)
+    err = errno ? errno : EIO;
+  if (::close(fd) != 0 && err == 0)
+    err = errno;
+  if (::unlink(probe.c_str()) != 0 && err == 0)
+    err = errno;
+  if (err != 0)
+    return refuse("cannot write and remove a file in it", err);
+  return {};
+}
+
 outcome<checkpoint> load(const std::string& path) {
   std::ifstream in{path, std::ios::binary};
   if (!in)

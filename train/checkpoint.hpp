@@ -49,6 +49,12 @@ constexpr uint32_t checkpoint_format_version = 1;
 /// if needed. Returns the path written.
 outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep = 3);
 
+/// Empty if save() can write into `dir`: creates it (and its parents) if
+/// needed, then writes, fsyncs and removes a probe file there. Else a sentence
+/// naming the directory, what failed and what to do, for refusing a job
+/// before it trains rather than at its first checkpoint.
+std::string check_checkpoint_dir(const std::string& dir);
+
 /// Reads one checkpoint file; errors name the file and what is wrong
 /// (not a checkpoint, a newer format, truncated, checksum mismatch, a body
 /// that does not decode, a tensor whose shape does not match its bytes).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -10,6 +11,8 @@
 #include <optional>
 #include <sstream>
 #include <utility>
+#include <variant>
+#include <cctype>
 
 #include <fmt/format.h>
 #include <toml.hpp>
@@ -325,7 +328,157 @@ std::string real(double x) {
   return s;
 }
 
+enum class value_kind { text, number, whole, sizes };
+
+value_kind kind_of(const std::string& key) {
+  for (const char* k : {"mode", "model", "data", "optimizer", "schedule", "checkpoint_dir",
+                        "metrics"})
+    if (key == k)
+      return value_kind::text;
+  for (const char* k : {"holdout", "epochs", "learning_rate", "momentum", "beta1", "beta2",
+                        "epsilon", "decay_rate", "min_lr", "checkpoint_secs"})
+    if (key == k)
+      return value_kind::number;
+  return key == "hidden" ? value_kind::sizes : value_kind::whole;
+}
+
+/// What `key` takes, with an example, for the end of an override's error.
+std::string takes(const std::string& key) {
+  switch (kind_of(key)) {
+    case value_kind::text:
+      if (key == "checkpoint_dir")
+        return "a directory path, e.g. --set checkpoint_dir=/tmp/ckpt";
+      if (key == "metrics")
+        return "a file path, e.g. --set metrics=/tmp/metrics.csv";
+      if (key == "data")
+        return "digits, synthetic, synthetic_linear, csv:PATH or idx:IMAGES,LABELS, e.g. "
+               "--set data=csv:/tmp/train.csv";
+      return fmt::format("a name, e.g. --set {}={}", key,
+                         key == "mode" ? "async" : key == "model" ? "softmax"
+                         : key == "optimizer" ? "adam" : "cosine");
+    case value_kind::number:
+      return fmt::format("a number (a decimal or with an exponent), e.g. --set {}=0.01 or "
+                         "--set {}=1e-3", key, key);
+    case value_kind::whole:
+      return fmt::format("a non-negative integer, e.g. --set {}=100", key);
+    case value_kind::sizes:
+      break;
+  }
+  return "a list of positive layer sizes, e.g. --set hidden=[64,64] (or hidden=64,64)";
+}
+
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+/// A decimal number as C's strtod reads it in the "C" locale, whole text
+/// only ("1e3", ".5", "+2", "inf"); nullopt if it is not one.
+std::optional<double> read_number(std::string_view s) {
+  if (!s.empty() && s.front() == '+')
+    s.remove_prefix(1);
+  double x = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size())
+    return std::nullopt;
+  return x;
+}
+
+/// An integer, also written as a number with an exponent ("1e3"); nullopt if
+/// the text is not a whole number that fits in 64 signed bits.
+std::optional<int64_t> read_integer(std::string_view s) {
+  if (!s.empty() && s.front() == '+')
+    s.remove_prefix(1);
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (!s.empty() && ec == std::errc{} && p == s.data() + s.size())
+    return n;
+  auto x = read_number(s);
+  // 2^63 is exactly representable; anything at or above it does not fit.
+  if (!x || !std::isfinite(*x) || std::trunc(*x) != *x || std::fabs(*x) >= 0x1p63)
+    return std::nullopt;
+  return static_cast<int64_t>(*x);
+}
+
+/// The override's value as a TOML value of the key's type, or why it is not one.
+std::variant<toml::value, std::string> override_value(const std::string& key,
+                                                      std::string_view value) {
+  switch (kind_of(key)) {
+    case value_kind::text: {
+      if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'')
+          && value.back() == value.front())
+        value = value.substr(1, value.size() - 2);
+      return toml::value(std::string{value});
+    }
+    case value_kind::number:
+      if (auto x = read_number(value))
+        return toml::value(*x);
+      return fmt::format("'{}' is not a number", value);
+    case value_kind::whole:
+      if (auto n = read_integer(value))
+        return toml::value(*n);
+      if (auto x = read_number(value); x && std::isfinite(*x) && std::trunc(*x) == *x)
+        return fmt::format("{} is too large: at most 2^63 - 1", value);
+      return fmt::format("'{}' is not {}", value,
+                         read_number(value) ? "a whole number" : "a number");
+    case value_kind::sizes:
+      break;
+  }
+  auto list = value;
+  bool open = !list.empty() && list.front() == '[';
+  bool close = !list.empty() && list.back() == ']';
+  if (open != close)
+    return fmt::format("'{}' has an unbalanced bracket", value);
+  if (open)
+    list = trimmed(list.substr(1, list.size() - 2));
+  toml::array sizes;
+  if (list.empty())
+    return toml::value(sizes); // hidden=[]: no hidden layer
+  for (size_t at = 0; at <= list.size();) {
+    auto comma = std::min(list.find(',', at), list.size());
+    auto item = trimmed(list.substr(at, comma - at));
+    auto n = read_integer(item);
+    if (!n || *n <= 0)
+      return fmt::format("'{}' is not a layer size (a positive integer)", item);
+    sizes.push_back(toml::value(*n));
+    at = comma + 1;
+  }
+  return toml::value(sizes);
+}
+
 } // namespace
+
+outcome<train_config> apply_overrides(train_config c, const std::vector<std::string>& sets) {
+  for (const auto& kv : sets) {
+    auto eq = kv.find('=');
+    auto key = std::string{trimmed(std::string_view{kv}.substr(0, std::min(eq, kv.size())))};
+    if (eq == std::string::npos || key.empty())
+      return config_error(fmt::format("--set {}: write --set key=value, e.g. --set mode=async "
+                                      "(every key is listed in config/train.toml)", kv));
+    auto value = trimmed(std::string_view{kv}.substr(eq + 1));
+    const auto& keys = known_keys();
+    if (std::find(keys.begin(), keys.end(), key) == keys.end())
+      return config_error(fmt::format("--set {}: unknown key '{}'; did you mean '{}'? (every "
+                                      "key is listed in config/train.toml)",
+                                      kv, key, closest_key(key)));
+    auto refuse = [&](const std::string& why) {
+      return config_error(fmt::format("--set {}: {}; {} takes {}", kv, why, key, takes(key)));
+    };
+    auto v = override_value(key, value);
+    if (auto* why = std::get_if<std::string>(&v))
+      return refuse(*why);
+    auto next = c;
+    if (auto err = assign(next, key, std::get<toml::value>(v)))
+      return refuse(*err);
+    if (auto p = check(next, false))
+      return refuse(p->what);
+    c = std::move(next);
+  }
+  return c;
+}
 
 std::string validate(const train_config& c) {
   auto p = check(c, true);

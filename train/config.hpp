@@ -54,6 +54,15 @@ outcome<train_config> parse_train_config(const std::string& text, const std::str
 /// is allowed. Includes train::validate(optimizer).
 std::string validate(const train_config& c);
 
+/// `--set key=value` overrides applied one by one over `c`. The value is
+/// read as the key's type: a number (`1e3`, `0.5`, `-2` and `inf` are
+/// numbers, range rules come after), a non-negative integer (`1e3` is 1000),
+/// a list of layer sizes (`hidden=[64,64]` or `hidden=64,64`), or a string
+/// taken as written (`data=csv:/tmp/x.csv`; surrounding quotes are dropped).
+/// Every error names the override, the key, the value and what the key takes.
+/// Combinations are left to validate(), as for a file.
+outcome<train_config> apply_overrides(train_config c, const std::vector<std::string>& sets);
+
 /// The config as TOML text (stored in checkpoints; parse_train_config reads it back).
 std::string to_toml(const train_config& c);
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -221,7 +222,8 @@ outcome<idx_file> read_idx_file(const std::string& path, uint32_t dims, const ch
 
 // --- readers
 
-outcome<dataset> read_csv(const std::string& path, bool has_header, float scale) {
+outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
+                          uint32_t max_classes) {
   auto text = read_file(path, "CSV file");
   if (!text)
     return text.error();
@@ -281,11 +283,18 @@ outcome<dataset> read_csv(const std::string& path, bool has_header, float scale)
       } else {
         int64_t label = -1;
         auto [p, ec] = std::from_chars(b, e, label);
-        if (field.empty() || ec != std::errc{} || p != e || label < 0
-            || label > std::numeric_limits<int32_t>::max())
+        bool integer = !field.empty() && p == e && (ec == std::errc{}
+                                                    || ec == std::errc::result_out_of_range);
+        if (!integer || label < 0)
           return data_error(fmt::format("{} line {}, column {}: label '{}' must be a "
                                         "non-negative integer (the class, last column)",
                                         path, line_no, column + 1, field));
+        if (ec != std::errc{} || label >= int64_t{max_classes})
+          return data_error(fmt::format("{} line {}, column {}: label {} is out of range: "
+                                        "labels are class numbers in [0, {}) (a model has a "
+                                        "weight row per class); is the last column really the "
+                                        "class?",
+                                        path, line_no, column + 1, field, max_classes));
         out.y.push_back(static_cast<int32_t>(label));
         max_label = std::max(max_label, label);
       }
@@ -329,16 +338,39 @@ outcome<dataset> read_idx(const std::string& images, const std::string& labels) 
   return out;
 }
 
+std::vector<std::string> data_search_path(const std::string& env_dir,
+                                          const std::string& exe_path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  if (!env_dir.empty())
+    dirs.push_back(env_dir);
+  if (!exe_path.empty()) {
+    auto bin = fs::path{exe_path}.parent_path();
+    for (const char* rel : {"../share/actorflow/data", "../data", "data"})
+      dirs.push_back((bin / rel).lexically_normal().string());
+  }
+#ifdef ACTORFLOW_DATA_DIR
+  dirs.emplace_back(ACTORFLOW_DATA_DIR);
+#endif
+  dirs.emplace_back("./data");
+  // The build folder's ../data is the source tree's: look there once.
+  std::vector<std::string> unique;
+  for (auto& d : dirs)
+    if (std::find(unique.begin(), unique.end(), d) == unique.end())
+      unique.push_back(std::move(d));
+  return unique;
+}
+
 outcome<dataset> load_digits(const std::string& data_dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> dirs;
   if (!data_dir.empty()) {
     dirs.push_back(data_dir);
   } else {
-#ifdef ACTORFLOW_DATA_DIR
-    dirs.emplace_back(ACTORFLOW_DATA_DIR);
-#endif
-    dirs.emplace_back("./data");
+    const char* env = std::getenv("ACTORFLOW_DATA_DIR");
+    std::error_code ec;
+    auto exe = fs::read_symlink("/proc/self/exe", ec);
+    dirs = data_search_path(env ? env : "", ec ? std::string{} : exe.string());
   }
   std::string looked;
   for (const auto& dir : dirs) {
@@ -359,8 +391,9 @@ outcome<dataset> load_digits(const std::string& data_dir) {
     return d;
   }
   return graph_error{af_error::not_found,
-                     fmt::format("the digits data set is not where it was looked for ({}); pass "
-                                 "the repository's data/ folder or run from the repository root",
+                     fmt::format("the digits data set (digits.csv.gz) is in none of the places "
+                                 "looked: {}; set ACTORFLOW_DATA_DIR to the folder that holds it "
+                                 "(the repository's data/), or install it beside the binary",
                                  looked)};
 }
 

@@ -26,21 +26,37 @@ struct dataset {
   size_t size() const { return features ? x.size() / features : 0; }
 };
 
+/// The most classes a CSV's labels may name unless the caller says otherwise:
+/// the model allocates a row of weights per class, so one stray label of
+/// 10^12 must be refused at load, not become a terabyte-sized layer.
+constexpr uint32_t default_max_classes = 65536;
+
 /// CSV: one example per line, the features, then the label as the last
-/// column (an integer class). No header unless `has_header`. Gzip files
-/// (.gz) are read too. Errors name the file, the line and the column.
-/// `scale` multiplies every feature (digits: 1/16).
-outcome<dataset> read_csv(const std::string& path, bool has_header = false, float scale = 1.0f);
+/// column (an integer class in [0, max_classes)). No header unless
+/// `has_header`. Gzip files (.gz) are read too. Errors name the file, the
+/// line, the column and the value. `scale` multiplies every feature
+/// (digits: 1/16).
+outcome<dataset> read_csv(const std::string& path, bool has_header = false, float scale = 1.0f,
+                          uint32_t max_classes = default_max_classes);
 
 /// IDX (MNIST): an images file (magic 0x00000803, u8 [n, rows, cols]) and a
 /// labels file (0x00000801, u8 [n]); pixels are scaled to [0, 1].
 outcome<dataset> read_idx(const std::string& images, const std::string& labels);
 
 /// The UCI optical handwritten digits bundled in data/ (1,797 8x8 images,
-/// 10 classes, pixels scaled to [0, 1]). `data_dir` is the repository's
-/// data/ folder; empty: the one this binary was built from
-/// (ACTORFLOW_DATA_DIR), then ./data.
+/// 10 classes, pixels scaled to [0, 1]). `data_dir` is the folder that holds
+/// digits.csv.gz; empty: the first of data_search_path() that has it. The
+/// error when none has it names every place looked.
 outcome<dataset> load_digits(const std::string& data_dir = "");
+
+/// Where load_digits("") looks, in order: the environment variable
+/// ACTORFLOW_DATA_DIR (`env_dir`, when set), beside the executable
+/// (`exe_path`'s folder: ../share/actorflow/data, ../data, ./data, for an
+/// installed, a built and a copied binary), the source tree this library was
+/// built from, and ./data of the working directory. Empty arguments are
+/// skipped; load_digits passes getenv's value and /proc/self/exe.
+std::vector<std::string> data_search_path(const std::string& env_dir,
+                                          const std::string& exe_path);
 
 /// The random linear teacher behind the synthetic sets: w [features, outputs]
 /// row-major and b [outputs], drawn from `seed` (the same seed, the same

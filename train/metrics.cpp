@@ -124,6 +124,30 @@ std::string last_line(const std::string& text) {
 
 } // namespace
 
+std::string check_metrics_path(const std::string& path) {
+  auto refuse = [&](const std::string& what, int err) {
+    return fmt::format("metrics file '{}': {}: {}; choose a path this user can write (metrics "
+                       "in [train], or --set metrics=FILE.csv)",
+                       path, what, std::strerror(err));
+  };
+  std::error_code ec;
+  auto parent = fs::path{path}.parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec)
+      return refuse("cannot create its folder '" + parent.string() + "'", ec.value());
+  }
+  bool existed = fs::exists(path, ec);
+  // O_APPEND without O_TRUNC: the check leaves an existing file as it was.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return refuse("cannot open it for writing", errno);
+  ::close(fd);
+  if (!existed)
+    ::unlink(path.c_str());
+  return {};
+}
+
 outcome<metrics_writer> metrics_writer::open(const std::string& path) {
   std::error_code ec;
   auto parent = fs::path{path}.parent_path();

@@ -37,6 +37,12 @@ private:
   std::string path_;
 };
 
+/// Empty if metrics_writer::open(path) can create the file (its folder is
+/// created if needed; a file that exists is left as it is, a probe file is
+/// removed again). Else a sentence naming the path, why and what to do, so
+/// that a job is refused before it trains.
+std::string check_metrics_path(const std::string& path);
+
 /// Plots loss and accuracy against the step from `csv` into `png` with
 /// gnuplot. Returns a sentence for the user: where the PNG is, or why there
 /// is none (gnuplot not installed: "apt-get install gnuplot-nox").
