@@ -56,7 +56,7 @@ void invalidate(self_pointer self) {
 
 /// The pushed values as one pointer per variable, after checking their
 /// shapes and that every element is finite. Errors name the worker and the
-/// variable.
+/// variable; a value that is not finite is af_error::non_finite.
 caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t worker,
                                                 const std::vector<tensor>& values,
                                                 const char* what) {
@@ -102,7 +102,7 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
       st.stats.refused += 1;
       st.stats.last_refusal = msg;
       log::get()->warn("aggregator '{}': {}", st.spec.name, msg);
-      return make_error(af_error::invalid_argument, std::move(msg));
+      return make_error(af_error::non_finite, std::move(msg));
     }
   }
   return out;
@@ -114,60 +114,108 @@ caf::error check_worker(self_pointer self, uint32_t worker) {
     return make_error(af_error::invalid_argument,
                       fmt::format("aggregator '{}' has workers 0..{}, got a push from worker {}",
                                   st.spec.name, st.spec.workers - 1, worker));
-  if (st.done[worker])
+  if (st.round.is_done(worker))
     return make_error(af_error::invalid_argument,
                       fmt::format("aggregator '{}': {} said it was done and pushes again",
                                   st.spec.name, worker_name(worker)));
   return caf::none;
 }
 
+// -- updates: all variables or none ---------------------------------------------
+
+/// Checks, for every variable, what could make the update `what` fail,
+/// before any variable changes: each has a value, and (sync, async) each has
+/// the optimizer's slots (made here, zeros, as apply_gradient would make them
+/// on first use). After it, applying can fail only for want of memory.
+caf::error prepare_update(self_pointer self, const std::string& what) {
+  auto& st = self->state;
+  for (size_t i = 0; i < st.vars.size(); ++i)
+    if (!st.vars[i].cell->info().initialized)
+      return make_error(af_error::uninitialized,
+                        fmt::format("aggregator '{}': variable '{}' has no value yet, so the {} "
+                                    "was applied to no variable; initialize the variables (the "
+                                    "chief's session does) before the workers push",
+                                    st.spec.name, st.spec.variables[i], what));
+  if (st.spec.mode == "average")
+    return caf::none;
+  for (size_t i = 0; i < st.vars.size(); ++i) {
+    auto& cell = *st.vars[i].cell;
+    for (const auto& slot : st.slot_names) {
+      if (cell.slot(slot))
+        continue;
+      std::string why;
+      try {
+        if (auto err = cell.set_slot(slot, tensor::filled(dtype::float32, cell.spec().shape, 0)))
+          why = describe(err);
+      } catch (const std::bad_alloc&) {
+        why = "out of memory";
+      }
+      if (!why.empty())
+        return make_error(af_error::resource_exhausted,
+                          fmt::format("aggregator '{}': making slot '{}' of variable '{}' failed "
+                                      "({}), so the {} was applied to no variable",
+                                      st.spec.name, slot, st.spec.variables[i], why, what));
+    }
+  }
+  return caf::none;
+}
+
+/// Applies one update, `parts[i]` being variable i's floats: a gradient
+/// (sync, async) or new values (average). Either every variable takes it or,
+/// if prepare_update refuses, none does.
+caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
+                      const std::string& what) {
+  auto& st = self->state;
+  if (auto err = prepare_update(self, what))
+    return err;
+  invalidate(self); // the cached flat parameters would make the update copy (COW)
+  bool average = st.spec.mode == "average";
+  for (size_t i = 0; i < st.vars.size(); ++i) {
+    auto& cell = *st.vars[i].cell;
+    auto err = average ? cell.assign_floats(parts[i], st.sizes[i])
+                       : cell.apply_gradient(st.spec.optimizer, parts[i], st.sizes[i],
+                                             st.global_step);
+    if (err) {
+      // Only an allocation can fail here (prepare_update checked the rest):
+      // say which variables did take the update.
+      std::vector<std::string> took(st.spec.variables.begin(), st.spec.variables.begin() + i);
+      auto msg = fmt::format("aggregator '{}': the {} failed at variable '{}' ({}); the variables "
+                             "before it [{}] took it",
+                             st.spec.name, what, st.spec.variables[i], describe(err),
+                             fmt::join(took, ", "));
+      log::get()->error("{}", msg);
+      return make_error(af_error::resource_exhausted, std::move(msg));
+    }
+  }
+  invalidate(self);
+  return caf::none;
+}
+
 // -- rounds (sync and average) --------------------------------------------------
 
-uint32_t active(const aggregator_actor_state& st) {
-  return static_cast<uint32_t>(std::count(st.done.begin(), st.done.end(), false));
-}
+using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor>>>;
 
-bool round_complete(const aggregator_actor_state& st) {
-  for (size_t w = 0; w < st.arrived.size(); ++w)
-    if (!st.done[w] && !st.arrived[w])
-      return false;
-  return true;
-}
-
-void reset_round(self_pointer self) {
-  auto& st = self->state;
-  std::fill(st.arrived.begin(), st.arrived.end(), false);
-  st.contributions = 0;
-  st.round_step = 0;
-}
-
-void answer_all(self_pointer self) {
+void answer_all(self_pointer self, tickets waiting) {
   auto p = params(self);
-  auto waiting = std::move(self->state.waiting);
-  self->state.waiting.clear();
   for (auto& w : waiting) {
     if (p)
-      w.promise.deliver(self->state.global_step, *p);
+      w.second.deliver(self->state.global_step, *p);
     else
-      w.promise.deliver(p.error());
+      w.second.deliver(p.error());
   }
 }
 
-void add_to_sum(self_pointer self, const std::vector<const float*>& parts) {
-  auto& st = self->state;
-  if (st.sum.size() != st.total)
-    st.sum.assign(st.total, 0.0f);
-  bool first = st.contributions == 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    float* dst = st.sum.data() + st.offsets[i];
-    const float* src = parts[i];
-    if (first)
-      std::memcpy(dst, src, st.sizes[i] * sizeof(float));
-    else
-      for (size_t k = 0; k < st.sizes[i]; ++k)
-        dst[k] += src[k];
-  }
-  st.contributions += 1;
+/// "worker 1, worker 3": the workers the round waits for.
+std::string missing_names(const aggregator_actor_state& st) {
+  std::vector<std::string> names;
+  for (auto w : st.round.missing())
+    names.push_back(worker_name(w));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+void fail_all(tickets waiting, const caf::error& err) {
+  for (auto& w : waiting)
+    w.second.deliver(err);
 }
 
 void schedule_sweep(self_pointer self) {
@@ -182,86 +230,72 @@ void schedule_sweep(self_pointer self) {
 void sweep(self_pointer self) {
   auto& st = self->state;
   st.sweep_pending = false;
-  if (st.waiting.empty())
+  if (!st.round.in_progress())
     return;
-  if (clock_type::now() - st.round_started < std::chrono::milliseconds(st.spec.step_timeout_ms)) {
+  if (!st.round.expired(std::chrono::milliseconds(st.spec.step_timeout_ms))) {
     schedule_sweep(self);
     return;
   }
-  std::vector<std::string> missing;
-  for (size_t w = 0; w < st.arrived.size(); ++w)
-    if (!st.done[w] && !st.arrived[w])
-      missing.push_back(worker_name(static_cast<uint32_t>(w)));
   auto err = make_error(af_error::timeout,
                         fmt::format("aggregator '{}' ({}) waited {} ms at global step {} for {}; "
                                     "the step is abandoned",
                                     st.spec.name, st.spec.mode, st.spec.step_timeout_ms,
-                                    st.global_step, fmt::join(missing, ", ")));
+                                    st.global_step, missing_names(st)));
   log::get()->warn("{}", describe(err));
-  for (auto& w : st.waiting)
-    w.promise.deliver(err);
-  st.waiting.clear();
-  reset_round(self);
+  fail_all(st.round.release(), err);
 }
 
-/// Parks the push of `worker` until the round completes.
-push_result park(self_pointer self, uint32_t worker) {
+/// Parks the push of `worker` for `step` until the round completes.
+push_result park(self_pointer self, uint32_t worker, uint64_t step) {
   auto& st = self->state;
-  if (st.waiting.empty())
-    st.round_started = clock_type::now();
   auto promise = self->make_response_promise<uint64_t, tensor>();
-  st.waiting.push_back({worker, promise});
+  st.round.arrive(worker, step, promise);
   schedule_sweep(self);
   return promise;
+}
+
+std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::vector<float>& flat) {
+  std::vector<const float*> out;
+  for (auto offset : st.offsets)
+    out.push_back(flat.data() + offset);
+  return out;
 }
 
 /// sync: the mean of the round's gradients, applied once.
 void release_sync(self_pointer self) {
   auto& st = self->state;
-  if (st.contributions > 0) {
-    invalidate(self); // the cached flat parameters would make the update copy (COW)
-    float scale = 1.0f / static_cast<float>(st.contributions);
-    for (auto& x : st.sum)
-      x *= scale;
-    for (size_t i = 0; i < st.vars.size(); ++i)
-      if (auto err = st.vars[i].cell->apply_gradient(st.spec.optimizer, st.sum.data() + st.offsets[i],
-                                                     st.sizes[i], st.global_step)) {
-        log::get()->error("aggregator '{}': {}", st.spec.name, describe(err));
-        for (auto& w : st.waiting)
-          w.promise.deliver(err);
-        st.waiting.clear();
-        reset_round(self);
-        return;
-      }
+  if (st.round.contributions() > 0) {
+    auto what = fmt::format("mean gradient of global step {}", st.global_step);
+    if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
+      log::get()->error("aggregator '{}': {}", st.spec.name, describe(err));
+      fail_all(st.round.release(), err);
+      return;
+    }
     st.stats.applied += 1;
   }
   st.global_step += 1;
   invalidate(self);
-  reset_round(self);
-  answer_all(self);
+  answer_all(self, st.round.release());
 }
 
 /// average: the mean of the round's parameters becomes every variable's value.
 void release_average(self_pointer self) {
   auto& st = self->state;
-  if (st.contributions > 0) {
-    float scale = 1.0f / static_cast<float>(st.contributions);
-    for (auto& x : st.sum)
-      x *= scale;
-    for (size_t i = 0; i < st.vars.size(); ++i)
-      if (auto err = st.vars[i].cell->assign_floats(st.sum.data() + st.offsets[i], st.sizes[i])) {
-        for (auto& w : st.waiting)
-          w.promise.deliver(err);
-        st.waiting.clear();
-        reset_round(self);
-        return;
-      }
+  if (st.round.contributions() > 0) {
+    auto step = st.round.step().value_or(st.global_step);
+    auto what = fmt::format("average of the round at step {}", step);
+    if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
+      fail_all(st.round.release(), err);
+      return;
+    }
     st.stats.applied += 1;
+    if (step > st.global_step) {
+      st.average_stride = std::max(st.average_stride, step - st.global_step);
+      st.global_step = step;
+    }
   }
-  st.global_step = std::max(st.global_step, st.round_step);
   invalidate(self);
-  reset_round(self);
-  answer_all(self);
+  answer_all(self, st.round.release());
 }
 
 // -- the behaviors ---------------------------------------------------------------
@@ -280,7 +314,7 @@ auto common_handlers(self_pointer self, Release release) {
       auto s = self->state.stats;
       s.mode = self->state.spec.mode;
       s.global_step = self->state.global_step;
-      s.workers_done = self->state.spec.workers - active(self->state);
+      s.workers_done = self->state.spec.workers - self->state.round.active();
       return s;
     },
     [self, release](done_atom, uint32_t worker) -> caf::result<uint32_t> {
@@ -288,10 +322,10 @@ auto common_handlers(self_pointer self, Release release) {
       if (worker >= st.spec.workers)
         return make_error(af_error::invalid_argument,
                           fmt::format("aggregator '{}' has no worker {}", st.spec.name, worker));
-      st.done[worker] = true;
-      if (!st.waiting.empty() && round_complete(st))
+      st.round.mark_done(worker);
+      if (st.round.in_progress() && st.round.complete())
         release(self);
-      return st.spec.workers - active(st);
+      return st.spec.workers - st.round.active();
     },
     [self](save_atom) -> caf::result<aggregator_state> {
       auto& st = self->state;
@@ -316,12 +350,49 @@ auto common_handlers(self_pointer self, Release release) {
                                       "[{}], the job has [{}]",
                                       st.spec.name, fmt::join(in.names, ", "),
                                       fmt::join(st.spec.variables, ", ")));
+      // Every variable's part is checked before any is set: a checkpoint
+      // that does not fit leaves all of them as they were.
+      for (size_t i = 0; i < st.vars.size(); ++i) {
+        const auto& spec = st.vars[i].cell->spec();
+        auto fits = [&](const tensor& t) { return t.type() == spec.type && t.shape() == spec.shape; };
+        if (!fits(in.values[i]))
+          return make_error(af_error::shape_mismatch,
+                            fmt::format("restore of aggregator '{}': the checkpoint's '{}' is {}, "
+                                        "the variable is {}{}; nothing was restored",
+                                        st.spec.name, st.spec.variables[i],
+                                        in.values[i].empty() ? std::string{"empty"}
+                                                             : in.values[i].summary(),
+                                        dtype_name(spec.type), shape_string(spec.shape)));
+        if (in.slots[i].size() != st.slot_names.size()
+            || !std::all_of(in.slots[i].begin(), in.slots[i].end(), fits))
+          return make_error(af_error::shape_mismatch,
+                            fmt::format("restore of aggregator '{}': the checkpoint's slots of "
+                                        "'{}' do not match the optimizer's [{}] of {}{}; nothing "
+                                        "was restored",
+                                        st.spec.name, st.spec.variables[i],
+                                        fmt::join(st.slot_names, ", "), dtype_name(spec.type),
+                                        shape_string(spec.shape)));
+      }
       for (size_t i = 0; i < st.vars.size(); ++i) {
         if (auto err = st.vars[i].cell->restore(in.values[i], st.slot_names, in.slots[i],
                                                 "restored"))
           return err;
         if (st.vars[i].actor)
           caf::anon_send(st.vars[i].actor, released_atom::value);
+      }
+      // A round in progress was for parameters that are gone: its pushes
+      // are answered now, not left to wait for workers that will push from
+      // the restored step.
+      if (st.round.in_progress()) {
+        auto err = make_error(af_error::aborted,
+                              fmt::format("aggregator '{}' ({}) was restored to global step {} "
+                                          "while its round at global step {} waited for {}; that "
+                                          "round is abandoned: pull the restored parameters and "
+                                          "push again",
+                                          st.spec.name, st.spec.mode, in.global_step,
+                                          st.global_step, missing_names(st)));
+        log::get()->warn("{}", describe(err));
+        fail_all(st.round.release(), err);
       }
       st.global_step = in.global_step;
       invalidate(self);
@@ -358,26 +429,20 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
                           fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
                                       "global step is {}",
                                       worker_name(worker), step, st.spec.name, st.global_step));
-      if (st.arrived[worker])
+      if (st.round.has_arrived(worker))
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed step {} twice to aggregator '{}'",
                                       worker_name(worker), step, st.spec.name));
-      if (grads.empty()) {
-        // An abstention (after a refused gradient): waits for the release,
-        // adds nothing.
-        st.arrived[worker] = true;
-        auto r = park(self, worker);
-        if (round_complete(st))
-          release_sync(self);
-        return r;
+      // An abstention (after a refused gradient) waits for the release and
+      // adds nothing.
+      if (!grads.empty()) {
+        auto parts = unpack(self, worker, grads, "gradient");
+        if (!parts)
+          return std::move(parts.error());
+        st.round.add(*parts, st.offsets, st.sizes);
       }
-      auto parts = unpack(self, worker, grads, "gradient");
-      if (!parts)
-        return std::move(parts.error());
-      add_to_sum(self, *parts);
-      st.arrived[worker] = true;
-      auto r = park(self, worker);
-      if (round_complete(st))
+      auto r = park(self, worker, step);
+      if (st.round.complete())
         release_sync(self);
       return r;
     });
@@ -400,11 +465,9 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         auto parts = unpack(self, worker, grads, "gradient");
         if (!parts)
           return std::move(parts.error());
-        invalidate(self);
-        for (size_t i = 0; i < st.vars.size(); ++i)
-          if (auto err = st.vars[i].cell->apply_gradient(st.spec.optimizer, (*parts)[i],
-                                                         st.sizes[i], st.global_step))
-            return err;
+        auto what = fmt::format("gradient of {} (step {})", worker_name(worker), step);
+        if (auto err = update_all(self, *parts, what))
+          return err;
         auto staleness = std::min<uint64_t>(st.global_step - step, staleness_buckets - 1);
         st.stats.staleness[staleness] += 1;
         st.stats.applied += 1;
@@ -418,6 +481,33 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
     });
 }
 
+/// average: every worker pushes after the same local steps (average_every),
+/// so a round's pushes carry one step, and a round moves the global step by
+/// at most what the largest completed round did. A step beyond that (a
+/// buggy or hostile worker) would end the job at once: refused, and the
+/// round in progress goes on without it. Before the first round completes
+/// the stride is unknown and a first push's step is not bounded.
+caf::error check_average_step(const aggregator_actor_state& st, uint32_t worker, uint64_t step) {
+  if (auto round_step = st.round.step()) {
+    if (step > *round_step)
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{} pushed its parameters of step {} to aggregator '{}', whose "
+                                    "round in progress is at step {}: expected step {} (every "
+                                    "worker averages after the same local steps)",
+                                    worker_name(worker), step, st.spec.name, *round_step,
+                                    *round_step));
+    return caf::none;
+  }
+  if (st.average_stride > 0 && step > st.global_step + st.average_stride)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{} pushed its parameters of step {} to aggregator '{}', whose "
+                                  "global step is {} and whose rounds move it by {}: expected "
+                                  "step {} at most",
+                                  worker_name(worker), step, st.spec.name, st.global_step,
+                                  st.average_stride, st.global_step + st.average_stride));
+  return caf::none;
+}
+
 aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self, release_average),
@@ -426,25 +516,22 @@ aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
       if (auto err = check_worker(self, worker))
         return err;
       st.stats.pushes += 1;
-      if (st.arrived[worker])
+      if (st.round.has_arrived(worker))
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed twice in one round to aggregator '{}'",
                                       worker_name(worker), st.spec.name));
-      if (values.empty()) {
-        st.arrived[worker] = true;
-        auto r = park(self, worker);
-        if (round_complete(st))
-          release_average(self);
-        return r;
+      if (auto err = check_average_step(st, worker, step))
+        return err;
+      // An abstention (after refused parameters) waits for the release and
+      // adds nothing.
+      if (!values.empty()) {
+        auto parts = unpack(self, worker, values, "parameters");
+        if (!parts)
+          return std::move(parts.error());
+        st.round.add(*parts, st.offsets, st.sizes);
       }
-      auto parts = unpack(self, worker, values, "parameters");
-      if (!parts)
-        return std::move(parts.error());
-      add_to_sum(self, *parts);
-      st.arrived[worker] = true;
-      st.round_step = std::max(st.round_step, step);
-      auto r = park(self, worker);
-      if (round_complete(st))
+      auto r = park(self, worker, step);
+      if (st.round.complete())
         release_average(self);
       return r;
     });
@@ -475,8 +562,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
       st.total += n;
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
-    st.arrived.assign(spec.workers, false);
-    st.done.assign(spec.workers, false);
+    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor>>{spec.workers,
+                                                                               st.total};
     st.stats.staleness.assign(staleness_buckets, 0);
   };
   for (size_t i = 0; i < vars.size(); ++i) {
@@ -511,6 +598,43 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                     "aggregator '" + spec.name + "': mode '" + spec.mode
                       + "' is unknown; a ps aggregates sync, async or average (allreduce needs "
                         "no ps)");
+}
+
+std::string aggregator_spec_difference(const aggregator_spec& have, const aggregator_spec& want) {
+  std::vector<std::string> diffs;
+  auto differ = [&](const char* what, const auto& a, const auto& b) {
+    if (!(a == b))
+      diffs.push_back(fmt::format("{} {} vs {}", what, a, b));
+  };
+  differ("mode", have.mode, want.mode);
+  if (have.variables != want.variables)
+    diffs.push_back(fmt::format("variables [{}] vs [{}]", fmt::join(have.variables, ", "),
+                                fmt::join(want.variables, ", ")));
+  differ("workers", have.workers, want.workers);
+  // Averaging applies no optimizer: its spec's optimizer means nothing.
+  if (have.mode != "average" || want.mode != "average") {
+    const auto& a = have.optimizer;
+    const auto& b = want.optimizer;
+    differ("optimizer", a.kind, b.kind);
+    differ("optimizer lr", a.lr, b.lr);
+    if (a.kind == "momentum" && b.kind == "momentum")
+      differ("optimizer momentum", a.momentum, b.momentum);
+    if (a.kind == "adam" && b.kind == "adam") {
+      differ("optimizer beta1", a.beta1, b.beta1);
+      differ("optimizer beta2", a.beta2, b.beta2);
+      differ("optimizer epsilon", a.epsilon, b.epsilon);
+    }
+    differ("schedule", a.schedule.kind, b.schedule.kind);
+    if (a.schedule.kind == "step" && b.schedule.kind == "step") {
+      differ("schedule decay_steps", a.schedule.decay_steps, b.schedule.decay_steps);
+      differ("schedule decay_rate", a.schedule.decay_rate, b.schedule.decay_rate);
+    }
+    if (a.schedule.kind == "cosine" && b.schedule.kind == "cosine") {
+      differ("schedule total_steps", a.schedule.total_steps, b.schedule.total_steps);
+      differ("schedule min_lr", a.schedule.min_lr, b.schedule.min_lr);
+    }
+  }
+  return fmt::format("{}", fmt::join(diffs, ", "));
 }
 
 } // namespace af

@@ -15,6 +15,7 @@
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
 
+#include "actors/aggregation_round.hpp"
 #include "actors/data_plane.hpp"
 #include "messages/aggregator.hpp"
 
@@ -37,18 +38,12 @@ struct aggregator_actor_state {
   tensor params;
   std::optional<uint64_t> params_step;
 
-  // -- one round (sync: one step; average: one average) ---------------------
-  struct parked {
-    uint32_t worker = 0;
-    caf::typed_response_promise<uint64_t, tensor> promise;
-  };
-  std::vector<parked> waiting;
-  std::vector<bool> arrived;  ///< per worker, this round
-  std::vector<bool> done;     ///< per worker: pushes no more
-  std::vector<float> sum;
-  uint32_t contributions = 0;
-  uint64_t round_step = 0;    ///< average: the largest local step pushed this round
-  std::chrono::steady_clock::time_point round_started;
+  /// sync: one step; average: one average (async: only its workers' done
+  /// flags). The tickets are the parked pushes' promises.
+  aggregation_round<caf::typed_response_promise<uint64_t, tensor>> round;
+  /// average: the most a completed round moved the global step (the workers'
+  /// average_every); 0 before the first. Bounds the step of a round's first push.
+  uint64_t average_stride = 0;
   bool sweep_pending = false;
 
   static constexpr const char* name = "aggregator";
@@ -59,5 +54,12 @@ struct aggregator_actor_state {
 /// float32, or no workers is an error naming it.
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
                                                  std::vector<variable_directory::entry> vars);
+
+/// How `want` differs from `have` in what changes an aggregator's updates:
+/// mode, variables, workers and (sync, async) the optimizer with its
+/// schedule. Empty if it does not; else a clause naming each difference,
+/// e.g. "optimizer lr 0.1 vs 0.2". A node's get-or-create refuses a second
+/// spec that differs (already_exists).
+std::string aggregator_spec_difference(const aggregator_spec& have, const aggregator_spec& want);
 
 } // namespace af

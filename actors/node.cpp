@@ -264,15 +264,15 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       auto& st = self->state;
       auto it = st.aggregators.find(spec.name);
       if (it != st.aggregators.end()) {
-        const auto& have = it->second.spec;
-        if (have.mode != spec.mode || have.variables != spec.variables
-            || have.workers != spec.workers)
+        // Get-or-create hands back the existing one only for the same
+        // updates: another optimizer would silently train with the first's.
+        auto diff = aggregator_spec_difference(it->second.spec, spec);
+        if (!diff.empty())
           return make_error(af_error::already_exists,
-                            fmt::format("{} already has aggregator '{}' ({}, {} workers, variables "
-                                        "[{}]); asked for {}, {} workers, [{}]",
-                                        st.device_prefix, spec.name, have.mode, have.workers,
-                                        fmt::join(have.variables, ", "), spec.mode, spec.workers,
-                                        fmt::join(spec.variables, ", ")));
+                            fmt::format("{} already has aggregator '{}', made with another spec "
+                                        "(existing vs asked: {}); give the new one another name "
+                                        "or ask with the same spec",
+                                        st.device_prefix, spec.name, diff));
         return it->second.actor;
       }
       std::vector<variable_directory::entry> vars;

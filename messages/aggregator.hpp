@@ -6,7 +6,9 @@
 /// One aggregator serves the variables of one ps node (TF places
 /// SyncReplicasOptimizer's accumulators with their variables); the node spawns
 /// it, by name, through (aggregator, aggregator_spec) on its node actor
-/// (messages/node.hpp). Its variables must exist on that node; it applies
+/// (messages/node.hpp); asking again by name with a spec that differs in
+/// mode, variables, workers or optimizer is already_exists naming the
+/// difference. Its variables must exist on that node; it applies
 /// updates through their cells, so optimizer slots stay beside the values.
 ///
 /// Protocol (every reply may instead be an error of messages/error.hpp):
@@ -23,21 +25,35 @@
 ///                 `step`: applied at once; its staleness (global step now -
 ///                 `step`) goes into the histogram.
 ///        average: the worker's own parameters after `average_every` local
-///                 steps. Answered once every worker not done has pushed its
-///                 round: the mean becomes the value of every variable.
+///                 steps, `step` being the local steps it has run. Answered
+///                 once every worker not done has pushed its round: the mean
+///                 becomes the value of every variable and the round's step
+///                 the global step. Every push of a round carries one step:
+///                 a step beyond the round's (or, for a round's first push,
+///                 beyond the global step plus the largest stride a round has
+///                 made) is invalid_argument naming the worker and the
+///                 expected step, and the round goes on without it.
 ///        The answer is the new global step and all parameters as one flat
 ///        float32 tensor. A value that is not finite (NaN, Inf) is refused
-///        (invalid_argument naming the worker, the variable and the element),
+///        (non_finite naming the worker, the variable and the element),
 ///        counted, and never reaches a variable: in sync and average modes
-///        the step goes on without that worker's contribution. A value of the
-///        wrong shape is shape_mismatch naming the variable.
+///        the worker abstains (pushes the step again with no values) and the
+///        step goes on without its contribution. A value of the wrong shape
+///        is shape_mismatch naming the variable. A second push of one round
+///        is already_exists. An update reaches every variable or none:
+///        everything that could refuse it (a variable with no value yet is
+///        uninitialized naming it) is checked for all of them first.
 ///   (pull)                        -> (uint64 global_step, tensor params)
 ///   (stats)                       -> (aggregator_stats)
 ///   (done, uint32 worker)         -> (uint32 workers_done)  the worker pushes no more:
 ///        sync and average stop waiting for it.
 ///   (save)                        -> (aggregator_state)  a consistent snapshot
 ///        between steps: values, optimizer slots and the global step
-///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it
+///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it, or
+///        nothing if any part does not fit (shape_mismatch naming it). A round
+///        in progress (sync, average) is abandoned: its parked pushes are
+///        answered with aborted naming the restore, and the next round starts
+///        from the restored step.
 /// A step that waits longer than the spec's step_timeout_ms for its workers
 /// fails for those waiting with af_error::timeout naming the missing workers.
 
