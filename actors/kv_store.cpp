@@ -31,79 +31,25 @@ caf::error check_key(const std::string& key) {
   return caf::none;
 }
 
-/// Stops watching `who` once none of its waiters is left.
-void forget_requester(self_pointer self, const caf::actor_addr& who) {
-  if (!who)
-    return;
-  auto& ws = self->state.waiters;
-  if (std::none_of(ws.begin(), ws.end(), [&](const auto& w) { return w.requester == who; }))
-    self->demonitor(who);
-}
-
-/// Makes sure a sweep message arrives by `deadline`.
-void schedule_sweep(self_pointer self, clock_type::time_point deadline) {
-  auto& st = self->state;
-  auto now = clock_type::now();
-  if (st.sweep_at && *st.sweep_at > now && *st.sweep_at <= deadline)
-    return; // an earlier sweep is pending; it schedules the next one
-  st.sweep_at = deadline;
-  self->delayed_send(self, std::max(deadline - now, clock_type::duration::zero()),
-                     sweep_atom::value);
-}
-
 void sweep(self_pointer self) {
-  auto& st = self->state;
-  auto now = clock_type::now();
-  if (st.sweep_at && *st.sweep_at <= now)
-    st.sweep_at.reset();
-  std::vector<caf::actor_addr> gone;
-  std::optional<clock_type::time_point> next;
-  for (auto it = st.waiters.begin(); it != st.waiters.end();) {
-    if (it->deadline <= now) {
-      it->promise.deliver(make_error(af_error::timeout,
-                                     "kv store: waited " + std::to_string(it->timeout_ms)
-                                       + " ms for key " + shown(it->key)
-                                       + "; nobody put it (did its writer start?)"));
-      gone.push_back(it->requester);
-      it = st.waiters.erase(it);
-    } else {
-      next = next ? std::min(*next, it->deadline) : it->deadline;
-      ++it;
-    }
-  }
-  for (auto& who : gone)
-    forget_requester(self, who);
-  if (next)
-    schedule_sweep(self, *next);
+  self->state.waiters.sweep(self, [](const auto& w) {
+    return make_error(af_error::timeout, "kv store: waited " + std::to_string(w.timeout_ms)
+                                           + " ms for key " + shown(w.key)
+                                           + "; nobody put it (did its writer start?)");
+  });
 }
 
 /// Answers the waiters of `key` with `value`.
 void release_waiters(self_pointer self, const std::string& key, const std::string& value) {
-  auto& ws = self->state.waiters;
-  std::vector<caf::actor_addr> gone;
-  for (auto it = ws.begin(); it != ws.end();) {
-    if (it->key == key) {
-      it->promise.deliver(value);
-      gone.push_back(it->requester);
-      it = ws.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto& who : gone)
-    forget_requester(self, who);
+  self->state.waiters.release(self, [&](const std::string& k) { return k == key; },
+                              [&](const std::string&) { return value; });
 }
 
 } // namespace
 
 kv_store_server_actor::behavior_type kv_store_impl(self_pointer self) {
   // A requester that dies takes its waiters with it: nobody is left to answer.
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& ws = self->state.waiters;
-    ws.erase(std::remove_if(ws.begin(), ws.end(),
-                            [&](const auto& w) { return w.requester == dm.source; }),
-             ws.end());
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { self->state.waiters.drop(dm.source); });
   return {
     [self](kv_put_atom, std::string& key, std::string& value) -> caf::result<caf::ok_atom> {
       if (auto err = check_key(key))
@@ -146,23 +92,7 @@ kv_store_server_actor::behavior_type kv_store_impl(self_pointer self) {
                             + " gets are already waiting, the limit; cannot wait for key "
                             + shown(key));
       try {
-        kv_store_state::waiter w;
-        w.key = std::move(key);
-        w.timeout_ms = timeout_ms;
-        w.deadline = clock_type::now() + std::chrono::milliseconds{timeout_ms};
-        auto sender = self->current_sender();
-        w.requester = caf::actor_cast<caf::actor_addr>(sender);
-        w.promise = self->make_response_promise<std::string>();
-        auto deadline = w.deadline;
-        auto requester = w.requester;
-        auto promise = w.promise;
-        bool watched = std::any_of(st.waiters.begin(), st.waiters.end(),
-                                   [&](const auto& x) { return x.requester == requester; });
-        st.waiters.push_back(std::move(w));
-        if (sender && !watched)
-          self->monitor(sender);
-        schedule_sweep(self, deadline);
-        return promise;
+        return st.waiters.park(self, std::move(key), timeout_ms);
       } catch (const std::bad_alloc&) {
         return make_error(af_error::resource_exhausted,
                           "kv store: no memory to park a get of key " + shown(key));

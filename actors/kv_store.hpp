@@ -16,6 +16,7 @@
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
 
+#include "actors/parked.hpp"
 #include "messages/atoms.hpp"
 #include "messages/kv_store.hpp"
 
@@ -37,18 +38,9 @@ using kv_store_server_actor = kv_store_actor::extend<caf::reacts_to<sweep_atom>>
 
 /// Values, and the gets waiting for a key that has none yet.
 struct kv_store_state {
-  struct waiter {
-    std::string key;
-    std::chrono::steady_clock::time_point deadline;
-    uint32_t timeout_ms = 0;
-    caf::typed_response_promise<std::string> promise;
-    caf::actor_addr requester; ///< monitored: its death drops its waiters
-  };
-
   std::unordered_map<std::string, std::string> values;
-  std::vector<waiter> waiters;
-  /// When the earliest pending sweep message fires (none if empty).
-  std::optional<std::chrono::steady_clock::time_point> sweep_at;
+  /// gets, keyed by the key they wait for.
+  parked_requests<std::string, std::string> waiters;
 
   static constexpr const char* name = "kv_store";
 };

@@ -286,73 +286,25 @@ bool releases(const variable_info& info, const std::string& run_id) {
   return info.initialized && (run_id.empty() || info.run_id == run_id);
 }
 
-/// Stops watching `who` once none of its waiters is left.
-void forget_requester(self_pointer self, const caf::actor_addr& who) {
-  if (!who)
-    return;
-  auto& ws = self->state.waiters;
-  if (std::none_of(ws.begin(), ws.end(), [&](const auto& w) { return w.requester == who; }))
-    self->demonitor(who);
-}
-
 /// Answers every waiter that the cell's value now satisfies.
 void release_waiters(self_pointer self) {
   auto& ws = self->state.waiters;
-  if (ws.empty())
+  if (ws.size() == 0)
     return;
   auto info = self->state.cell->info();
-  std::vector<caf::actor_addr> gone;
-  for (auto it = ws.begin(); it != ws.end();) {
-    if (releases(info, it->run_id)) {
-      it->promise.deliver(info.version);
-      gone.push_back(it->requester);
-      it = ws.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto& who : gone)
-    forget_requester(self, who);
-}
-
-/// Makes sure a sweep message arrives by `deadline`.
-void schedule_sweep(self_pointer self, clock_type::time_point deadline) {
-  auto& st = self->state;
-  auto now = clock_type::now();
-  if (st.sweep_at && *st.sweep_at > now && *st.sweep_at <= deadline)
-    return; // an earlier sweep is pending; it schedules the next one
-  st.sweep_at = deadline;
-  self->delayed_send(self, std::max(deadline - now, clock_type::duration::zero()),
-                     sweep_atom::value);
+  ws.release(self, [&](const std::string& run_id) { return releases(info, run_id); },
+             [&](const std::string&) { return info.version; });
 }
 
 void sweep(self_pointer self) {
-  auto& st = self->state;
-  auto now = clock_type::now();
-  if (st.sweep_at && *st.sweep_at <= now)
-    st.sweep_at.reset();
-  const auto& spec = st.cell->spec();
-  std::vector<caf::actor_addr> gone;
-  std::optional<clock_type::time_point> next;
-  for (auto it = st.waiters.begin(); it != st.waiters.end();) {
-    if (it->deadline <= now) {
-      it->promise.deliver(make_error(
-        af_error::timeout,
-        "variable " + quoted(spec) + " on " + spec.device + ": waited "
-          + std::to_string(it->timeout_ms) + " ms for its initialization"
-          + (it->run_id.empty() ? std::string{} : " by run '" + it->run_id + "'")
-          + "; is the chief running initialize()?"));
-      gone.push_back(it->requester);
-      it = st.waiters.erase(it);
-    } else {
-      next = next ? std::min(*next, it->deadline) : it->deadline;
-      ++it;
-    }
-  }
-  for (auto& who : gone)
-    forget_requester(self, who);
-  if (next)
-    schedule_sweep(self, *next);
+  const auto& spec = self->state.cell->spec();
+  self->state.waiters.sweep(self, [&](const auto& w) {
+    return make_error(af_error::timeout,
+                      "variable " + quoted(spec) + " on " + spec.device + ": waited "
+                        + std::to_string(w.timeout_ms) + " ms for its initialization"
+                        + (w.key.empty() ? std::string{} : " by run '" + w.key + "'")
+                        + "; is the chief running initialize()?");
+  });
 }
 
 } // namespace
@@ -360,11 +312,7 @@ void sweep(self_pointer self) {
 variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_ptr<variable_cell> cell) {
   self->state.cell = std::move(cell);
   // A requester that dies takes its waiters with it: nobody is left to answer.
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& ws = self->state.waiters;
-    ws.erase(std::remove_if(ws.begin(), ws.end(), [&](const auto& w) { return w.requester == dm.source; }),
-             ws.end());
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { self->state.waiters.drop(dm.source); });
   return {
     [self](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       auto r = self->state.cell->apply(op, operand, want_value);
@@ -399,23 +347,7 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
                                                + (run_id.empty() ? std::string{}
                                                                  : " by run '" + run_id + "'"));
       try {
-        variable_actor_state::waiter w;
-        w.run_id = std::move(run_id);
-        w.timeout_ms = timeout_ms;
-        w.deadline = clock_type::now() + std::chrono::milliseconds{timeout_ms};
-        auto sender = self->current_sender();
-        w.requester = caf::actor_cast<caf::actor_addr>(sender);
-        w.promise = self->make_response_promise<uint64_t>();
-        auto deadline = w.deadline;
-        auto requester = w.requester;
-        auto promise = w.promise;
-        bool watched = std::any_of(st.waiters.begin(), st.waiters.end(),
-                                   [&](const auto& x) { return x.requester == requester; });
-        st.waiters.push_back(std::move(w));
-        if (sender && !watched)
-          self->monitor(sender);
-        schedule_sweep(self, deadline);
-        return promise;
+        return st.waiters.park(self, std::move(run_id), timeout_ms);
       } catch (const std::bad_alloc&) {
         return make_error(af_error::resource_exhausted,
                           "variable " + quoted(spec) + ": no memory to park a wait_init request");

@@ -16,6 +16,7 @@
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
 
+#include "actors/parked.hpp"
 #include "messages/variable.hpp"
 #include "train/optimizer.hpp"
 
@@ -137,18 +138,9 @@ using variable_cell_actor =
 /// cell's. A waiter for run R is released by an initialize of run R; one for
 /// "" by any first value (an assign too).
 struct variable_actor_state {
-  struct waiter {
-    std::string run_id;
-    std::chrono::steady_clock::time_point deadline;
-    uint32_t timeout_ms = 0;
-    caf::typed_response_promise<uint64_t> promise;
-    caf::actor_addr requester; ///< monitored: its death drops its waiters
-  };
-
   std::shared_ptr<variable_cell> cell;
-  std::vector<waiter> waiters;
-  /// When the earliest pending sweep message fires (none if empty).
-  std::optional<std::chrono::steady_clock::time_point> sweep_at;
+  /// wait_init requests, keyed by the run id they wait for.
+  parked_requests<uint64_t, std::string> waiters;
 
   static constexpr const char* name = "variable";
 };
