@@ -169,6 +169,32 @@ void set_timeout(int fd, int option, std::chrono::milliseconds t) {
   setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
+/// The most payload a refused request is read past so that its connection
+/// stays usable. A refusal of a larger one goes out at once and the
+/// connection closes: a peer that declares terabytes (and sends nothing)
+/// gets its answer now instead of holding a thread until the frame timeout
+/// and getting none.
+constexpr uint64_t drain_limit = uint64_t{1} << 30;
+
+/// What became of a refused request's payload: skipped (the connection goes
+/// on), too large to skip (answered, to be closed), or lost (the peer
+/// stalled or left; `how` says which).
+enum class skipped { past, too_large, lost };
+
+skipped skip_payload(int fd, uint64_t bytes, int frame_ms, read_end& how) {
+  if (bytes > drain_limit)
+    return skipped::too_large;
+  char scratch[65536];
+  for (uint64_t left = bytes; left > 0;) {
+    auto n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+    how = read_timed(fd, scratch, n, frame_ms, frame_ms, false);
+    if (how != read_end::done)
+      return skipped::lost;
+    left -= n;
+  }
+  return skipped::past;
+}
+
 } // namespace
 
 // -- variable_directory --------------------------------------------------------
@@ -379,15 +405,16 @@ bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const 
     refusal = "a push or pull with a payload that is no tensor";
   }
   if (!refusal.empty()) {
-    char scratch[65536];
-    uint64_t left = h.payload_bytes;
-    while (left > 0) {
-      auto n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
-      if (read_timed(fd, scratch, n, frame_ms, frame_ms, false) != read_end::done)
+    read_end how = read_end::done;
+    switch (skip_payload(fd, h.payload_bytes, frame_ms, how)) {
+      case skipped::lost:
         return false;
-      left -= n;
+      case skipped::too_large:
+        send_error(fd, code, refusal + " (the connection is closed: its payload was not read)");
+        return false;
+      case skipped::past:
+        return send_error(fd, code, refusal);
     }
-    return send_error(fd, code, refusal);
   }
   tensor values;
   if (h.has_tensor) {
@@ -485,16 +512,18 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       }
       if (!refusal.empty() || (!h.has_tensor && h.payload_bytes > 0)) {
         // Skip the payload through a small buffer, still under the frame timeout.
-        char scratch[65536];
-        uint64_t left = h.payload_bytes;
-        bool lost = false;
-        while (left > 0 && !lost) {
-          auto n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
-          lost = ended(read_timed(fd, scratch, n, frame_ms, frame_ms, false), "payload");
-          left -= n;
-        }
-        if (lost)
+        read_end how = read_end::done;
+        auto skip = skip_payload(fd, h.payload_bytes, frame_ms, how);
+        if (skip == skipped::lost) {
+          ended(how, "payload");
           break;
+        }
+        if (skip == skipped::too_large) {
+          send_error(fd, refusal.empty() ? af_error::invalid_argument : refusal_code,
+                     (refusal.empty() ? std::string{"a payload that is no tensor"} : refusal)
+                       + " (the connection is closed: its payload was not read)");
+          break;
+        }
         if (!refusal.empty()) {
           if (!send_error(fd, refusal_code, refusal))
             break;

@@ -409,3 +409,41 @@ TEST_CASE("an operand for a variable that is missing or of another shape is refu
   CHECK(peak_rss_kib() - before < 64 * 1024);
   close(fd);
 }
+
+TEST_CASE("a refused request that declares more payload than the node skips is answered at once "
+          "and its connection closed",
+          "[wire][errors]") {
+  // The bug this catches: the node read past a refused payload whatever its
+  // size, so a peer declaring 4 TiB and sending nothing got no answer, only
+  // a closed connection after the frame timeout (60 s here, the test's limit
+  // is the 120 s ctest timeout; the answer must come long before).
+  auto dir = std::make_shared<variable_directory>();
+  auto srv = serve(dir, 60s, 60s);
+  for (auto kind : {wire::kind::push, static_cast<wire::kind>(wire::request_kind(var_op::assign))}) {
+    INFO("frame kind " << static_cast<int>(kind));
+    int fd = connect_loopback(srv->port());
+    REQUIRE(fd >= 0);
+    timeval limit{30, 0}; // a bound on the test, not the behaviour's timing
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    const std::string name = "nope";
+    wire::header h;
+    h.kind = static_cast<uint8_t>(kind);
+    h.name_len = static_cast<uint32_t>(name.size());
+    REQUIRE(wire::describe_tensor(tensor{dtype::float32, {1}}, h));
+    h.dims[0] = int64_t{1} << 40; // 4 TiB of float32, never sent
+    h.payload_bytes = (uint64_t{1} << 40) * 4;
+    REQUIRE(wire::validate(h).empty());
+    REQUIRE(write(fd, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(write(fd, name.data(), name.size()) == static_cast<ssize_t>(name.size()));
+    wire::header reply;
+    REQUIRE(recv(fd, &reply, sizeof(reply), MSG_WAITALL) == static_cast<ssize_t>(sizeof(reply)));
+    CHECK(reply.status == static_cast<uint8_t>(af_error::not_found));
+    std::string text(reply.payload_bytes, '\0');
+    REQUIRE(recv(fd, text.data(), text.size(), MSG_WAITALL) == static_cast<ssize_t>(text.size()));
+    CHECK(text.find("'nope'") != std::string::npos);
+    CHECK(text.find("connection is closed") != std::string::npos);
+    char byte;
+    CHECK(recv(fd, &byte, 1, 0) == 0); // closed by the node
+    close(fd);
+  }
+}
