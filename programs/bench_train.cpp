@@ -155,6 +155,27 @@ io try_write(int fd, const char* buf, size_t n, size_t& done) {
   return io::failed;
 }
 
+/// How long a baseline's socket may make no progress before the helper
+/// gives up (a peer that died or hung): the bench then reports the failure
+/// instead of waiting for its own timeout.
+constexpr int stall_ms = 30000;
+
+/// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
+/// (if `want_in`); the same socket may be both. False on an error or after
+/// stall_ms without either.
+bool wait_sockets(int out_fd, bool want_out, int in_fd, bool want_in) {
+  pollfd p[2] = {{out_fd, static_cast<short>(want_out ? POLLOUT : 0), 0},
+                 {in_fd, static_cast<short>(want_in ? POLLIN : 0), 0}};
+  if (out_fd == in_fd) {
+    p[0].events |= p[1].events;
+    p[1].fd = -1;
+  }
+  int r = poll(p, 2, stall_ms);
+  if (r == 0)
+    std::fprintf(stderr, "bench helper: no progress on its sockets for %d ms\n", stall_ms);
+  return r > 0 || (r < 0 && errno == EINTR);
+}
+
 /// Sends `out` on the nonblocking socket `out_fd` and receives `in` on
 /// `in_fd` (the same socket or another) at once; calls progress(sent,
 /// received) whenever either moved. Polls only when neither can move.
@@ -180,13 +201,7 @@ bool exchange(int out_fd, int in_fd, const void* out, size_t out_n, void* in, si
       progress(sent, got);
       continue;
     }
-    pollfd p[2] = {{out_fd, static_cast<short>(sent < out_n ? POLLOUT : 0), 0},
-                   {in_fd, static_cast<short>(got < in_n ? POLLIN : 0), 0}};
-    if (out_fd == in_fd) {
-      p[0].events |= p[1].events;
-      p[1].fd = -1;
-    }
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
+    if (!wait_sockets(out_fd, sent < out_n, in_fd, got < in_n))
       return false;
   }
   return true;
@@ -338,8 +353,13 @@ int raw_ps_main(const helper_args& a) {
     if (!moved) {
       bool waits_on_socket = std::any_of(fds.begin(), fds.end(),
                                          [](const pollfd& p) { return p.fd >= 0 && p.events; });
-      if (waits_on_socket && poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR)
-        return 1;
+      if (waits_on_socket) {
+        int r = poll(fds.data(), fds.size(), stall_ms);
+        if (r == 0)
+          return std::fprintf(stderr, "raw ps: no worker moved a byte for %d ms\n", stall_ms), 1;
+        if (r < 0 && errno != EINTR)
+          return 1;
+      }
     }
   }
   return 0;
@@ -485,13 +505,7 @@ int raw_allreduce_main(const helper_args& a) {
         }
         if (moved)
           continue;
-        pollfd p[2] = {{out_fd, static_cast<short>(sent < limit ? POLLOUT : 0), 0},
-                       {in_fd, static_cast<short>(got < bytes ? POLLIN : 0), 0}};
-        if (out_fd == in_fd) {
-          p[0].events |= p[1].events;
-          p[1].fd = -1;
-        }
-        if (poll(p, 2, -1) < 0 && errno != EINTR)
+        if (!wait_sockets(out_fd, sent < limit, in_fd, got < bytes))
           return 1;
       }
     } else {
