@@ -25,6 +25,7 @@ caf::error to_error(const graph_error& e) {
   return make_error(e.code, e.what);
 }
 
+/// "  staleness median M max X histogram 0:n0 1:n1 ..." (buckets with a count).
 std::string staleness_summary(const std::vector<uint64_t>& h) {
   uint64_t total = 0, max = 0;
   for (size_t s = 0; s < h.size(); ++s) {
@@ -42,8 +43,12 @@ std::string staleness_summary(const std::vector<uint64_t>& h) {
       break;
     }
   }
-  return fmt::format("  staleness median {} max {}{}", median, max,
-                     max + 1 == h.size() ? "+" : "");
+  std::string hist;
+  for (size_t s = 0; s < h.size(); ++s)
+    if (h[s] > 0)
+      hist += fmt::format(" {}{}:{}", s, s + 1 == h.size() ? "+" : "", h[s]);
+  return fmt::format("  staleness median {} max {}{} histogram{}", median, max,
+                     max + 1 == h.size() ? "+" : "", hist);
 }
 
 /// The chief's progress line and metrics row.
@@ -58,20 +63,12 @@ struct reporter {
 
   void operator()(const worker_progress& p) {
     if (print) {
-      double left = 0;
-      uint64_t done = p.global_step > start ? p.global_step - start : 0;
-      if (done > 0 && p.global_step < total)
-        left = p.seconds * static_cast<double>(total - p.global_step) / static_cast<double>(done);
-      std::string acc = p.accuracy >= 0 ? fmt::format("  held-out {:.4f}", p.accuracy) : "";
-      std::printf("step %llu/%llu  loss %.4f%s  %.0f examples/s (this worker)%s  %.0f s left\n",
-                  static_cast<unsigned long long>(p.global_step),
-                  static_cast<unsigned long long>(total), p.loss, acc.c_str(),
-                  p.examples_per_s, staleness_summary(p.stats.staleness).c_str(), left);
+      std::printf("%s\n", progress_line(*cfg, total, start, p).c_str());
       std::fflush(stdout);
     }
     if (metrics) {
       train::metrics_row row;
-      row.step = p.global_step;
+      row.step = p.step;
       row.wall_s = p.seconds;
       row.loss = p.loss;
       row.accuracy = p.accuracy;
@@ -95,7 +92,137 @@ caf::expected<Result> ask(session& s, const Handle& h, std::chrono::milliseconds
   return out;
 }
 
+/// The variables on the ps tasks and an aggregator over each task's share.
+struct ps_placement {
+  std::vector<output> vars;
+  std::vector<param_shard> shards;
+};
+
+/// Creates the variables round robin over the ps tasks (TF's
+/// replica_device_setter) and gets each task's aggregator, `name_prefix` +
+/// "ps<k>", for `workers` workers in `mode`.
+caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c,
+                                        const std::vector<train::parameter>& params,
+                                        const std::string& name_prefix, const std::string& mode,
+                                        uint32_t workers) {
+  auto n_ps = static_cast<uint32_t>(s.cluster().num_tasks("ps"));
+  ps_placement out;
+  std::vector<std::vector<size_t>> on_ps(n_ps);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto k = static_cast<uint32_t>(i % n_ps);
+    auto scope = s.device("/job:ps/task:" + std::to_string(k));
+    if (!scope)
+      return std::move(scope.error());
+    auto v = s.variable(params[i].name, params[i].shape, params[i].init);
+    if (!v)
+      return std::move(v.error());
+    out.vars.push_back(*v);
+    on_ps[k].push_back(i);
+  }
+  for (uint32_t k = 0; k < n_ps; ++k) {
+    if (on_ps[k].empty())
+      continue;
+    auto task = static_cast<int32_t>(k);
+    aggregator_spec spec;
+    spec.name = name_prefix + "ps" + std::to_string(k);
+    spec.mode = mode;
+    spec.workers = workers;
+    spec.optimizer = c.optimizer;
+    spec.step_timeout_ms = c.step_timeout_ms;
+    for (auto i : on_ps[k])
+      spec.variables.push_back(params[i].name);
+    auto agg = s.aggregator("ps", task, spec);
+    if (!agg)
+      return std::move(agg.error());
+    auto info = s.ping("ps", task);
+    if (!info)
+      return std::move(info.error());
+    param_shard shard;
+    shard.task = "/job:ps/task:" + std::to_string(k);
+    shard.aggregator = spec.name;
+    shard.actor = *agg;
+    shard.host = s.cluster().address("ps", task)->host;
+    shard.data_port = info->data_port;
+    shard.params = on_ps[k];
+    out.shards.push_back(std::move(shard));
+  }
+  return out;
+}
+
+/// The checkpoint's values and slots (train::slot_names order; a slot it
+/// lacks is zeros) of `params[i]` for each i of `which`, with its global step.
+caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
+                                               const std::vector<train::parameter>& params,
+                                               const std::vector<size_t>& which,
+                                               const std::string& optimizer_kind) {
+  aggregator_state state;
+  state.global_step = ck.global_step;
+  auto names = train::slot_names(optimizer_kind);
+  for (auto i : which) {
+    const auto& name = params[i].name;
+    auto it = std::find_if(ck.variables.begin(), ck.variables.end(),
+                           [&](const train::saved_variable& v) { return v.name == name; });
+    if (it == ck.variables.end())
+      return make_error(af_error::invalid_argument, "the checkpoint in " + dir
+                                                      + " has no variable '" + name
+                                                      + "': it was written by another model");
+    state.names.push_back(name);
+    state.values.push_back(it->value);
+    std::vector<tensor> slots;
+    for (const auto& sn : names) {
+      auto sl = it->slots.find(sn);
+      slots.push_back(sl != it->slots.end() ? sl->second
+                                            : tensor::filled(dtype::float32, it->value.shape(), 0));
+    }
+    state.slots.push_back(std::move(slots));
+  }
+  return state;
+}
+
+/// Where the job starts, as the chief publishes it in its key-value store for
+/// the other workers: "<global step> <data position>".
+std::string start_key(uint64_t chief_incarnation) {
+  return fmt::format("train/{}/start", chief_incarnation);
+}
+
+/// The snapshot of every shard's aggregator as one checkpoint (the step: the
+/// latest of theirs), at the data position of `position(step)`.
+caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_shard>& shards,
+                                          const train::train_config& c,
+                                          const std::function<uint64_t(uint64_t)>& position) {
+  train::checkpoint ck;
+  std::chrono::milliseconds timeout{c.step_timeout_ms};
+  for (const auto& shard : shards) {
+    auto state = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
+    if (!state)
+      return std::move(state.error());
+    add_variables(ck, *state, c.optimizer.kind);
+    ck.global_step = std::max(ck.global_step, state->global_step);
+  }
+  ck.data_position = position(ck.global_step);
+  ck.config = train::to_toml(c);
+  return ck;
+}
+
 } // namespace
+
+std::string progress_line(const train::train_config& c, uint64_t total, uint64_t start,
+                          const worker_progress& p) {
+  double left = 0;
+  uint64_t done = p.step > start ? p.step - start : 0;
+  if (done > 0 && p.step < total)
+    left = p.seconds * static_cast<double>(total - p.step) / static_cast<double>(done);
+  std::string acc = p.accuracy >= 0 ? fmt::format("  held-out {:.4f}", p.accuracy) : "";
+  std::string what;
+  if (c.mode == "average")
+    what = fmt::format(" local steps of each replica, {} averaging round{} (every {})",
+                       p.rounds, p.rounds == 1 ? "" : "s", std::max<uint32_t>(1, c.average_every));
+  else if (c.mode == "allreduce")
+    what = " steps of each replica";
+  return fmt::format("step {}/{}{}  loss {:.4f}{}  {:.0f} examples/s (this worker){}  {:.0f} s left",
+                     p.step, total, what, p.loss, acc, p.examples_per_s,
+                     staleness_summary(p.stats.staleness), left);
+}
 
 caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
                                              uint32_t task, const train_options& opts) {
@@ -154,79 +281,33 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   // 2-3. variables, aggregators, initialization
   if (!allreduce) {
-    std::vector<std::vector<size_t>> on_ps(n_ps);
-    std::vector<output> vars;
-    for (size_t i = 0; i < params->size(); ++i) {
-      const auto& p = (*params)[i];
-      auto k = static_cast<uint32_t>(i % n_ps);
-      auto scope = s.device("/job:ps/task:" + std::to_string(k));
-      if (!scope)
-        return std::move(scope.error());
-      auto v = s.variable(p.name, p.shape, p.init);
-      if (!v)
-        return std::move(v.error());
-      vars.push_back(*v);
-      on_ps[k].push_back(i);
-    }
-    for (uint32_t k = 0; k < n_ps; ++k) {
-      if (on_ps[k].empty())
-        continue;
-      param_shard shard;
-      shard.task = "/job:ps/task:" + std::to_string(k);
-      aggregator_spec spec;
-      spec.name = "train/" + c.mode + "/ps" + std::to_string(k);
-      spec.mode = c.mode;
-      spec.workers = workers;
-      spec.optimizer = c.optimizer;
-      spec.step_timeout_ms = c.step_timeout_ms;
-      for (auto i : on_ps[k])
-        spec.variables.push_back((*params)[i].name);
-      auto agg = s.aggregator("ps", static_cast<int32_t>(k), spec);
-      if (!agg)
-        return std::move(agg.error());
-      auto info = s.ping("ps", static_cast<int32_t>(k));
-      if (!info)
-        return std::move(info.error());
-      auto addr = cluster.address("ps", static_cast<int32_t>(k));
-      shard.aggregator = spec.name;
-      shard.actor = *agg;
-      shard.host = addr->host;
-      shard.data_port = info->data_port;
-      shard.params = on_ps[k];
-      setup.shards.push_back(std::move(shard));
-    }
+    auto placed = place_on_ps(s, c, *params, "train/" + c.mode + "/", c.mode, workers);
+    if (!placed)
+      return std::move(placed.error());
+    setup.shards = std::move(placed->shards);
+    auto chief_info = s.ping("worker", 0);
+    if (!chief_info)
+      return std::move(chief_info.error());
+    auto store = s.kv_store("worker", 0);
+    if (!store)
+      return std::move(store.error());
+    kv_client client{s.system(), *store, timeout};
     if (chief) {
       if (restored) {
         for (auto& shard : setup.shards) {
-          aggregator_state state;
-          state.global_step = restored->global_step;
-          auto names = train::slot_names(c.optimizer.kind);
-          for (auto i : shard.params) {
-            const auto& name = (*params)[i].name;
-            auto it = std::find_if(restored->variables.begin(), restored->variables.end(),
-                                   [&](const train::saved_variable& v) { return v.name == name; });
-            if (it == restored->variables.end())
-              return make_error(af_error::invalid_argument,
-                                "the checkpoint in " + c.checkpoint_dir + " has no variable '" + name
-                                  + "': it was written by another model");
-            state.names.push_back(name);
-            state.values.push_back(it->value);
-            std::vector<tensor> slots;
-            for (const auto& sn : names) {
-              auto sl = it->slots.find(sn);
-              slots.push_back(sl != it->slots.end() ? sl->second
-                                                    : tensor::filled(dtype::float32, it->value.shape(), 0));
-            }
-            state.slots.push_back(std::move(slots));
-          }
-          auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(state));
+          auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.params,
+                                      c.optimizer.kind);
+          if (!state)
+            return std::move(state.error());
+          auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(*state));
           if (!r)
             return std::move(r.error());
         }
-      } else if (auto err = s.initialize(vars)) {
+      } else if (auto err = s.initialize(placed->vars)) {
         return err;
       }
-    } else if (auto err = s.wait_initialized(std::chrono::milliseconds{c.init_timeout_ms}, vars)) {
+    } else if (auto err = s.wait_initialized(std::chrono::milliseconds{c.init_timeout_ms},
+                                             placed->vars)) {
       return err;
     }
     // Where the job stands: the global step of ps 0's aggregator.
@@ -234,6 +315,40 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     if (!stats)
       return std::move(stats.error());
     setup.start_step = restored ? restored->global_step : stats->global_step;
+    if (chief) {
+      // The data position the checkpoint holds (the other workers resume
+      // there too), else the one the global step implies.
+      setup.start_position = restored ? restored->data_position
+                                      : data_position(c.mode, workers, 0, 0, setup.start_step,
+                                                      setup.start_step);
+      if (auto err = client.put(start_key(chief_info->incarnation),
+                                fmt::format("{} {}", setup.start_step, setup.start_position)))
+        return err;
+    } else {
+      // The chief's start, moved on by the steps the job took since.
+      auto published = client.get(start_key(chief_info->incarnation),
+                                  std::chrono::milliseconds{c.init_timeout_ms});
+      if (!published)
+        return std::move(published.error());
+      unsigned long long step0 = 0, position0 = 0;
+      if (std::sscanf(published->c_str(), "%llu %llu", &step0, &position0) != 2)
+        return make_error(af_error::internal, "the chief published its start as '" + *published
+                                                + "', not '<global step> <data position>'");
+      setup.start_position = data_position(c.mode, workers, step0, position0,
+                                           setup.start_step - std::min<uint64_t>(step0, setup.start_step),
+                                           setup.start_step);
+    }
+    if (c.mode == "average") {
+      // Every replica starts from the job's slots (restored, else zeros).
+      setup.initial_slots.resize(params->size());
+      for (const auto& shard : setup.shards) {
+        auto state = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
+        if (!state)
+          return std::move(state.error());
+        for (size_t j = 0; j < shard.params.size() && j < state->slots.size(); ++j)
+          setup.initial_slots[shard.params[j]] = std::move(state->slots[j]);
+      }
+    }
   } else {
     // allreduce: the same first values everywhere (the same seeds), or the checkpoint's.
     auto init = train::initial_values(*params);
@@ -241,22 +356,16 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       return to_error(init.error());
     setup.initial = std::move(*init);
     if (restored) {
-      auto names = train::slot_names(c.optimizer.kind);
-      setup.initial_slots.resize(params->size());
-      for (size_t i = 0; i < params->size(); ++i) {
-        auto it = std::find_if(restored->variables.begin(), restored->variables.end(),
-                               [&](const train::saved_variable& v) { return v.name == (*params)[i].name; });
-        if (it == restored->variables.end())
-          return make_error(af_error::invalid_argument,
-                            "the checkpoint has no variable '" + (*params)[i].name + "'");
-        setup.initial[i] = it->value;
-        for (const auto& sn : names) {
-          auto sl = it->slots.find(sn);
-          setup.initial_slots[i].push_back(sl != it->slots.end() ? sl->second
-                                                                 : tensor::filled(dtype::float32, it->value.shape(), 0));
-        }
-      }
+      std::vector<size_t> all(params->size());
+      for (size_t i = 0; i < all.size(); ++i)
+        all[i] = i;
+      auto state = restored_state(*restored, c.checkpoint_dir, *params, all, c.optimizer.kind);
+      if (!state)
+        return std::move(state.error());
+      setup.initial = std::move(state->values);
+      setup.initial_slots = std::move(state->slots);
       setup.start_step = restored->global_step;
+      setup.start_position = restored->data_position;
     }
     auto store = s.kv_store("worker", 0);
     if (!store)
@@ -303,6 +412,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   train_outcome outcome;
   outcome.start_step = setup.start_step;
+  outcome.start_position = setup.start_position;
   auto rep = std::make_shared<reporter>();
   rep->cfg = &c;
   rep->workers = workers;
@@ -330,6 +440,10 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   // 5. train
   auto shards = setup.shards;
+  auto start_step = setup.start_step;
+  auto start_position = setup.start_position;
+  bool save_at_end = static_cast<bool>(setup.save) && !allreduce && c.mode != "average";
+  auto save = setup.save;
   std::promise<caf::expected<worker_result>> finished;
   auto result = finished.get_future();
   spawn_worker(s.system(), std::move(setup), [&finished](caf::expected<worker_result> r) {
@@ -339,9 +453,10 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   if (!r)
     return std::move(r.error());
   outcome.result = std::move(*r);
-  outcome.checkpoint = *last_checkpoint;
-  if (!chief)
+  if (!chief) {
+    outcome.checkpoint = *last_checkpoint;
     return outcome;
+  }
   if (!allreduce) {
     // The other workers finish the same step (sync) or soon after (async,
     // average): wait for them, bounded, then stop the ps tasks.
@@ -361,11 +476,26 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    // The job's last step (async: the others' last pushes came after the
+    // chief's), which the final checkpoint records too.
+    outcome.result.global_step = std::max(outcome.result.global_step, outcome.stats.global_step);
+    if (save_at_end) {
+      auto local_steps = outcome.result.local_steps;
+      auto ck = snapshot(s, shards, c, [&](uint64_t g) {
+        return data_position(c.mode, workers, start_step, start_position, local_steps, g);
+      });
+      if (!ck)
+        return std::move(ck.error());
+      auto where = save(*ck);
+      if (!where)
+        return std::move(where.error());
+    }
     if (opts.shutdown_ps)
       for (uint32_t k = 0; k < n_ps; ++k)
         if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))
           log::get()->warn("chief: shutting down /job:ps/task:{}: {}", k, describe(err));
   }
+  outcome.checkpoint = *last_checkpoint;
   if (rep->metrics) {
     auto csv = rep->metrics->path();
     rep->metrics.reset();
@@ -404,51 +534,24 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
     return to_error(params.error());
   uint64_t total = train::total_steps(c, data->train.size(), towers);
 
-  // Variables on the ps tasks, initialized by this client (it is the chief).
-  std::vector<std::vector<size_t>> on_ps(n_ps);
-  std::vector<output> vars;
-  for (size_t i = 0; i < params->size(); ++i) {
-    auto k = static_cast<uint32_t>(i % n_ps);
-    auto scope = s.device("/job:ps/task:" + std::to_string(k));
-    if (!scope)
-      return std::move(scope.error());
-    auto v = s.variable((*params)[i].name, (*params)[i].shape, (*params)[i].init);
-    if (!v)
-      return std::move(v.error());
-    vars.push_back(*v);
-    on_ps[k].push_back(i);
-  }
-  if (auto err = s.initialize(vars))
+  // Variables on the ps tasks, initialized by this client (it is the chief),
+  // and a sync aggregator of one worker (this client) on each.
+  auto placed = place_on_ps(s, c, *params, "train/in-graph/", "sync", 1);
+  if (!placed)
+    return std::move(placed.error());
+  if (auto err = s.initialize(placed->vars))
     return err;
   struct shard {
-    aggregator_actor actor;
     std::unique_ptr<data_channel> chan;
     std::string name;
     std::vector<size_t> params;
   };
   std::vector<shard> shards;
-  for (uint32_t k = 0; k < n_ps; ++k) {
-    if (on_ps[k].empty())
-      continue;
-    aggregator_spec spec;
-    spec.name = "train/in-graph/ps" + std::to_string(k);
-    spec.mode = "sync";
-    spec.workers = 1; // the one client
-    spec.optimizer = c.optimizer;
-    spec.step_timeout_ms = c.step_timeout_ms;
-    for (auto i : on_ps[k])
-      spec.variables.push_back((*params)[i].name);
-    auto agg = s.aggregator("ps", static_cast<int32_t>(k), spec);
-    if (!agg)
-      return std::move(agg.error());
-    auto info = s.ping("ps", static_cast<int32_t>(k));
-    if (!info)
-      return std::move(info.error());
-    auto chan = data_channel::connect(cluster.address("ps", static_cast<int32_t>(k))->host,
-                                      info->data_port, "/job:ps/task:" + std::to_string(k), timeout);
+  for (const auto& p : placed->shards) {
+    auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout);
     if (!chan)
       return std::move(chan.error());
-    shards.push_back({*agg, std::move(*chan), spec.name, on_ps[k]});
+    shards.push_back({std::move(*chan), p.aggregator, p.params});
   }
 
   // One replica per worker task; the mean of their gradients in the graph.

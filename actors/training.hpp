@@ -11,8 +11,11 @@
 ///      missing;
 ///   4. builds its replica of the step on its own device and spawns the worker
 ///      actor (actors/worker.hpp), which trains;
-///   5. the chief waits for the other workers to finish, saves, and shuts the
-///      ps tasks down (TF's ps never did).
+///   5. the chief waits for the other workers to finish, saves (sync, async:
+///      the aggregators' state once every worker is done), and shuts the ps
+///      tasks down (TF's ps never did).
+/// The chief publishes where the job starts (global step, data position) in
+/// its key-value store; the other workers resume their data from there.
 /// allreduce: no ps; the workers meet through the chief's key-value store and
 /// all-reduce their gradients.
 
@@ -43,7 +46,17 @@ struct train_outcome {
   std::string checkpoint;   ///< the last one written (chief)
   std::string plot;         ///< what became of the plot (chief)
   uint64_t start_step = 0;  ///< the global step it started at (restored)
+  uint64_t start_position = 0; ///< the data position it started at (worker_setup)
 };
+
+/// The chief's progress line: "step S/T ..." where S counts toward the job's
+/// T (worker_progress::step; average and allreduce say they are each
+/// replica's local steps, average how many averaging rounds), then the loss,
+/// held-out accuracy when evaluated, examples/s, async's staleness (median,
+/// max, the histogram's non-empty buckets as s:count) and the time left
+/// (from `start`, the step the job started at).
+std::string progress_line(const train::train_config& c, uint64_t total, uint64_t start,
+                          const worker_progress& p);
 
 /// Runs worker `task` of `workers` (the cluster's worker job) of the job `c`
 /// through `s`, a session of that task. Returns when this worker is done.

@@ -71,6 +71,7 @@ struct worker_state {
   uint64_t loss_count = 0;
   double last_loss = 0;
   uint64_t refused = 0;
+  std::string last_refusal;
   clock_type::time_point started;
   clock_type::time_point last_checkpoint;
   uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
@@ -134,11 +135,72 @@ caf::error take(self_pointer self, size_t k, const tensor& flat, std::vector<ten
   return caf::none;
 }
 
-/// Pushes (or pulls, if `values` is null) to every shard; `then` gets the
-/// global step and the parameters once all have answered.
+/// A sentence naming the worker, the variable and the element if `values`
+/// (one per parameter) holds a NaN or an infinity; "" if all are finite.
+std::string first_non_finite(self_pointer self, const std::vector<tensor>& values,
+                             const char* what) {
+  auto& st = self->state;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& t = values[i];
+    if (t.type() != dtype::float32)
+      continue;
+    auto n = static_cast<size_t>(t.num_elements());
+    auto bad = train::first_non_finite(t.data<float>(), n);
+    if (bad < n)
+      return fmt::format("{} of {} for variable '{}' at local step {} (global step {}) is not "
+                         "finite (element {} is {})",
+                         what, who(self), st.setup.params[i].name, st.local_step, st.global_step,
+                         bad, t.data<float>()[bad]);
+  }
+  return "";
+}
+
+/// Counts and logs a step this worker abstains from.
+void note_refusal(self_pointer self, std::string why) {
+  auto& st = self->state;
+  st.refused += 1;
+  log::get()->warn("{}", why);
+  st.last_refusal = std::move(why);
+}
+
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain,
+              std::function<void(uint64_t, std::vector<tensor>)> then);
+
+/// Pushes nothing to every shard for this step (sync, average: the others'
+/// step goes on without this worker's contribution; async: nothing applied),
+/// takes the answer, and goes on with the next step.
+void abstain(self_pointer self, const std::vector<tensor>* values) {
+  exchange(self, values, true, [self](uint64_t step, std::vector<tensor> params) {
+    auto& st = self->state;
+    st.global_step = step;
+    if (st.own)
+      st.own->values = std::move(params);
+    else
+      st.params = std::move(params);
+    // The step is over (without this worker's contribution): the next one
+    // takes the next batch (average counted its local step already).
+    if (st.setup.cfg.mode != "average")
+      st.local_step += 1;
+    after_step(self);
+  });
+}
+
+/// Pushes (or pulls, if `values` is null) to every shard; `then` gets the
+/// global step and the parameters once all have answered. Values that are
+/// not finite are pushed to no shard: with several ps, a refusal by one
+/// while the others applied their parts would apply part of a step.
+void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain_step,
               std::function<void(uint64_t, std::vector<tensor>)> then) {
   auto& st = self->state;
+  if (values != nullptr && !abstain_step) {
+    auto bad = first_non_finite(self, *values,
+                                st.setup.cfg.mode == "average" ? "parameters" : "gradient");
+    if (!bad.empty()) {
+      note_refusal(self, bad + ": abstaining from this step on every ps");
+      abstain(self, values);
+      return;
+    }
+  }
   struct gather {
     size_t missing;
     uint64_t step = UINT64_MAX;
@@ -152,7 +214,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
     std::vector<tensor> part;
-    if (values != nullptr && !abstain)
+    if (values != nullptr && !abstain_step)
       for (auto i : s.params)
         part.push_back((*values)[i]);
     // The link answers within its socket's deadlines (the node's step
@@ -178,26 +240,11 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
             return;
           g->failed = true;
           auto& st = self->state;
-          bool refused = is(err, af_error::invalid_argument)
-                         && describe(err).find("not finite") != std::string::npos;
-          if (refused && values != nullptr) {
-            // The aggregator kept the value out; go on without this step's
-            // contribution (sync, average: wait for the others' release).
-            st.refused += 1;
-            log::get()->warn("{}: {}", who(self), describe(err));
-            exchange(self, values, true, [self](uint64_t step, std::vector<tensor> params) {
-              auto& st = self->state;
-              st.global_step = step;
-              if (st.own)
-                st.own->values = std::move(params);
-              else
-                st.params = std::move(params);
-              // The step is over (without this worker's contribution): the
-              // next one takes the next batch.
-              if (st.setup.cfg.mode != "average")
-                st.local_step += 1;
-              after_step(self);
-            });
+          // The worker checks before it pushes; this is an aggregator that
+          // found what the worker did not (it applied nothing).
+          if (is(err, af_error::non_finite) && values != nullptr) {
+            note_refusal(self, fmt::format("{}: {}", who(self), describe(err)));
+            abstain(self, values);
             return;
           }
           fail(self, std::move(err),
@@ -247,9 +294,20 @@ void checkpoint(self_pointer self, std::function<void()> then) {
   st.checkpointed_step = st.global_step;
   auto ckpt = std::make_shared<train::checkpoint>();
   ckpt->global_step = st.global_step;
-  ckpt->data_position = st.setup.start_step + st.local_step;
   ckpt->config = train::to_toml(st.setup.cfg);
-  auto write = [self, ckpt, then] {
+  // The position at the step of the values saved: in async, the
+  // aggregators' step when they answer, which the other workers moved on
+  // from the chief's last seen step.
+  auto position = [self](uint64_t global_step) {
+    auto& s = self->state.setup;
+    return data_position(s.cfg.mode, s.workers, s.start_step, s.start_position,
+                         self->state.local_step, global_step);
+  };
+  ckpt->data_position = position(st.global_step);
+  auto write = [self, ckpt, then, position] {
+    if (!self->state.own)
+      ckpt->data_position = position(ckpt->global_step);
+    self->state.checkpointed_step = std::max(self->state.checkpointed_step, ckpt->global_step);
     auto where = self->state.setup.save(*ckpt);
     if (!where)
       log::get()->error("{}: checkpoint at global step {} failed: {}", who(self),
@@ -269,20 +327,17 @@ void checkpoint(self_pointer self, std::function<void()> then) {
     write();
     return;
   }
+  // Each shard's step as it answers (sync: the chief's; async: the
+  // latest of the shards', which differ by the pushes between their answers).
   auto missing = std::make_shared<size_t>(st.setup.shards.size());
-  auto names = train::slot_names(st.setup.cfg.optimizer.kind);
+  ckpt->global_step = 0;
+  auto kind = st.setup.cfg.optimizer.kind;
   for (auto& s : st.setup.shards) {
     self->request(s.actor, st.setup.timeout, save_atom::value)
       .then(
-        [ckpt, missing, write, names](aggregator_state& state) {
-          for (size_t i = 0; i < state.names.size(); ++i) {
-            train::saved_variable v;
-            v.name = state.names[i];
-            v.value = state.values[i];
-            for (size_t k = 0; k < names.size() && k < state.slots[i].size(); ++k)
-              v.slots[names[k]] = state.slots[i][k];
-            ckpt->variables.push_back(std::move(v));
-          }
+        [ckpt, missing, write, kind](aggregator_state& state) {
+          add_variables(*ckpt, state, kind);
+          ckpt->global_step = std::max(ckpt->global_step, state.global_step);
           if (--*missing == 0)
             write();
         },
@@ -330,6 +385,12 @@ void after_step(self_pointer self) {
       p.worker = st.setup.index;
       p.local_step = st.local_step;
       p.global_step = st.global_step;
+      bool shared = st.setup.cfg.mode == "sync" || st.setup.cfg.mode == "async";
+      p.step = shared ? st.global_step : st.setup.start_step + st.local_step;
+      if (st.setup.cfg.mode == "average") {
+        uint64_t k = std::max<uint32_t>(1, st.setup.cfg.average_every);
+        p.rounds = (st.global_step + k - 1) / k;
+      }
       p.loss = st.loss_count ? st.loss_sum / static_cast<double>(st.loss_count) : 0;
       p.accuracy = acc;
       p.test_loss = test_loss;
@@ -386,11 +447,15 @@ void finish(self_pointer self) {
       r.accuracy = acc;
       r.test_loss = test_loss;
       r.refused = st.refused;
+      r.last_refusal = st.last_refusal;
       r.params = current(self);
       st.done(std::move(r));
       self->quit();
     };
-    if (st.setup.save)
+    // sync and async: run_worker_task saves once every worker is done (async's
+    // others still push after the chief's last step). average and allreduce:
+    // the last round (all-reduce) had every worker in it; nothing moves after.
+    if (st.setup.save && st.own)
       checkpoint(self, result);
     else
       result();
@@ -443,7 +508,13 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     return;
   }
   // average: a local step on the worker's own replica; every k, the average.
-  if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads, st.setup.start_step + st.local_step); !ok) {
+  // A gradient that is not finite is left out (it would poison the replica's
+  // slots for good, which the average does not replace).
+  if (auto bad = first_non_finite(self, grads, "gradient"); !bad.empty()) {
+    note_refusal(self, bad + ": the local update is skipped");
+  } else if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads,
+                                     st.setup.start_step + st.local_step);
+             !ok) {
     fail(self, make_error(ok.error().code, ok.error().what), "applying the local update");
     return;
   }
@@ -468,7 +539,7 @@ void run_step(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
-  auto b = st.batches->at(st.setup.start_step + st.local_step);
+  auto b = st.batches->at(st.setup.start_position + st.local_step);
   std::map<int32_t, tensor> feeds;
   for (auto& f : train::feeds(st.setup.model, current(self), b))
     feeds[f.first.id] = std::move(f.second);
@@ -560,6 +631,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
             return;
           }
           st.own = std::move(*own);
+          if (!st.setup.initial_slots.empty())
+            st.own->slots = st.setup.initial_slots;
         } else {
           st.params = std::move(params);
         }
@@ -583,6 +656,27 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
 }
 
 } // namespace
+
+uint64_t data_position(const std::string& mode, uint32_t workers, uint64_t start_step,
+                       uint64_t start_position, uint64_t local_steps, uint64_t global_step) {
+  if (mode != "async")
+    return start_position + local_steps;
+  auto pushes = global_step > start_step ? global_step - start_step : 0;
+  return start_position + pushes / std::max<uint32_t>(1, workers);
+}
+
+void add_variables(train::checkpoint& ckpt, const aggregator_state& state,
+                   const std::string& optimizer_kind) {
+  auto names = train::slot_names(optimizer_kind);
+  for (size_t i = 0; i < state.names.size() && i < state.values.size(); ++i) {
+    train::saved_variable v;
+    v.name = state.names[i];
+    v.value = state.values[i];
+    for (size_t k = 0; k < names.size() && i < state.slots.size() && k < state.slots[i].size(); ++k)
+      v.slots[names[k]] = state.slots[i][k];
+    ckpt.variables.push_back(std::move(v));
+  }
+}
 
 caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,
                         std::function<void(caf::expected<worker_result>)> done) {

@@ -51,8 +51,12 @@ struct param_shard {
 /// What a worker reports as it trains (on its own thread).
 struct worker_progress {
   uint32_t worker = 0;
-  uint64_t local_step = 0;
-  uint64_t global_step = 0;
+  uint64_t local_step = 0;      ///< steps this worker ran in this process
+  uint64_t global_step = 0;     ///< the aggregator's (average: local steps at the last round)
+  /// What counts toward the job's total_steps: the global step (sync, async),
+  /// every replica's own local steps since the job began (average, allreduce).
+  uint64_t step = 0;
+  uint64_t rounds = 0;          ///< average: averaging rounds of the job so far
   double loss = 0;              ///< mean training loss since the last report
   double accuracy = -1;         ///< held-out, when evaluated at this report
   double test_loss = -1;
@@ -70,7 +74,8 @@ struct worker_result {
   double loss = 0;              ///< mean of the last report's window
   double accuracy = -1;         ///< held-out at the end (chief)
   double test_loss = -1;
-  uint64_t refused = 0;         ///< its pushes an aggregator refused (non-finite)
+  uint64_t refused = 0;         ///< its steps it abstained from (non-finite)
+  std::string last_refusal;     ///< why, naming the worker, the variable and the element
   std::vector<tensor> params;   ///< the parameters it ended with
 };
 
@@ -86,17 +91,40 @@ struct worker_setup {
   std::vector<param_shard> shards;      ///< sync, async, average
   std::shared_ptr<allreduce_group> group; ///< allreduce
   std::vector<tensor> initial;          ///< allreduce: the first parameters
-  std::vector<std::vector<tensor>> initial_slots; ///< allreduce: restored slots (or empty)
+  /// allreduce, average: the slots the replica starts with (restored; empty: zeros)
+  std::vector<std::vector<tensor>> initial_slots;
   uint64_t total_steps = 0;             ///< global steps (average, allreduce: local steps)
-  uint64_t start_step = 0;              ///< restored global step: the data position too
+  uint64_t start_step = 0;              ///< the global step it starts at (restored)
+  uint64_t start_position = 0;          ///< the data position it starts at (data_position)
   std::chrono::milliseconds timeout{30000};
-  /// Chief only: called with the state to save (every checkpoint_steps and at
-  /// the end); returns where it went or an error.
+  /// Chief only: called with the state to save (every checkpoint_steps; at the
+  /// end only with its own replica, average and allreduce: sync and async save
+  /// at the end after every worker is done, run_worker_task); returns where it
+  /// went or an error.
   std::function<caf::expected<std::string>(const train::checkpoint&)> save;
   std::function<void(const worker_progress&)> on_progress;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
 };
+
+/// The data position (train::checkpoint::data_position) of a worker that
+/// started at global step `start_step` and data position `start_position`
+/// and has run `local_steps` steps, when the job's global step is
+/// `global_step`: the index of the next global batch to read.
+///   sync, average, allreduce: every worker reads one slice of every global
+///     batch in lockstep, so it is start_position + local_steps, the same on
+///     every worker.
+///   async: the workers read at their own pace, and every push consumes one
+///     slice; `workers` slices make a global batch, so it is start_position +
+///     (global_step - start_step) / workers: the global batches the job has
+///     consumed, whichever worker read them. Every worker resumes there.
+uint64_t data_position(const std::string& mode, uint32_t workers, uint64_t start_step,
+                       uint64_t start_position, uint64_t local_steps, uint64_t global_step);
+
+/// Adds the variables of one aggregator's snapshot (values, and slots named by
+/// train::slot_names(optimizer_kind)) to `ckpt`.
+void add_variables(train::checkpoint& ckpt, const aggregator_state& state,
+                   const std::string& optimizer_kind);
 
 /// Spawns a worker; `done` is called once, on the worker's thread, when it has
 /// run its steps (or failed: the error names the step and what failed).

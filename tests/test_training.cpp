@@ -4,7 +4,10 @@
 // processes, with kill -9 and SIGSTOP, are in test_train_processes.cpp.
 #include <catch2/catch.hpp>
 
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -13,6 +16,7 @@
 #include "actors/embedded_cluster.hpp"
 #include "actors/training.hpp"
 #include "messages/error.hpp"
+#include "train/checkpoint.hpp"
 #include "train/local.hpp"
 
 using namespace af;
@@ -23,11 +27,12 @@ struct job_run {
   std::vector<caf::expected<train_outcome>> results;
 };
 
-/// Runs `c` with 2 workers (and 1 ps unless allreduce) on an embedded cluster.
-job_run run_job(const train::train_config& c, train_options opts = {}) {
+/// Runs `c` with 2 workers (and `ps` ps tasks unless allreduce) on an
+/// embedded cluster.
+job_run run_job(const train::train_config& c, train_options opts = {}, int ps = 1) {
   std::map<std::string, int> jobs{{"worker", 2}};
   if (c.mode != "allreduce")
-    jobs["ps"] = 1;
+    jobs["ps"] = ps;
   auto cluster = embedded_cluster::start(jobs);
   REQUIRE(cluster);
   job_run out;
@@ -56,6 +61,30 @@ train::train_config digits(const std::string& mode) {
   c.eval_every = 0;
   c.step_timeout_ms = 20000;
   return c;
+}
+
+/// A directory of its own under /tmp, removed with everything in it.
+struct temp_dir {
+  temp_dir() {
+    char tmpl[] = "/tmp/actorflow-training-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  std::string path;
+};
+
+train::checkpoint latest_checkpoint(const std::string& dir) {
+  auto path = train::latest(dir);
+  REQUIRE(path);
+  REQUIRE(!path->empty());
+  auto ck = train::load(*path);
+  REQUIRE(ck);
+  return std::move(*ck);
 }
 
 double max_abs_diff(const std::vector<tensor>& a, const std::vector<tensor>& b) {
@@ -151,10 +180,14 @@ TEST_CASE("a NaN gradient is refused, counted and named, and never reaches a var
   auto run = run_job(c, opts);
   REQUIRE(run.results[0]);
   REQUIRE(run.results[1]);
-  const auto& stats = run.results[0]->stats;
-  CHECK(stats.refused == 2); // both workers' step-3 gradients (each tampered)
-  CHECK_THAT(stats.last_refusal, Catch::Contains("worker") && Catch::Contains("hidden0/w")
-                                   && Catch::Contains("element 5"));
+  for (uint32_t w = 0; w < 2; ++w) {
+    const auto& r = run.results[w]->result;
+    CHECK(r.refused == 1); // its step-3 gradient (each worker's is tampered)
+    CHECK_THAT(r.last_refusal, Catch::Contains("worker " + std::to_string(w))
+                                 && Catch::Contains("hidden0/w") && Catch::Contains("element 5"));
+  }
+  // refused on the worker, before any push: the aggregator never saw it
+  CHECK(run.results[0]->stats.refused == 0);
   CHECK(run.results[0]->result.global_step == 20);
   for (const auto& p : run.results[0]->result.params)
     for (size_t k = 0; k < p.num_elements(); ++k)
@@ -277,4 +310,179 @@ TEST_CASE("in-graph replication (one client, a replica per worker, the mean in t
   auto refused = run_in_graph(*s, c, opts);
   REQUIRE_FALSE(refused);
   CHECK_THAT(describe(refused.error()), Catch::Contains("mode must be sync"));
+}
+
+TEST_CASE("a NaN in one ps shard's part of a gradient is pushed to no shard: the worker abstains "
+          "on every ps for that step",
+          "[train]") {
+  // Catches: a refusal by one shard while the other shards applied their
+  // parts of the same gradient (half a step applied), and a refusal that the
+  // worker recognizes only by the text of the error.
+  auto c = digits("sync");
+  c.optimizer.kind = "sgd";
+  c.steps = 12;
+  auto nan_in = [&](size_t param) {
+    train_options opts;
+    opts.tamper = [param](uint64_t step, std::vector<tensor>& grads) {
+      if (step == 3 && grads.size() > param)
+        grads[param].mutable_data<float>()[0] = std::nanf("");
+    };
+    // Variables go round robin: parameter 0 to ps 0, parameter 1 to ps 1.
+    // Both workers' step-3 gradients are tampered; the step applies nothing.
+    return run_job(c, opts, 2);
+  };
+  auto on_ps0 = nan_in(0);
+  auto on_ps1 = nan_in(1);
+  for (auto* run : {&on_ps0, &on_ps1}) {
+    REQUIRE(run->results[0]);
+    REQUIRE(run->results[1]);
+    const auto& chief = *run->results[0];
+    CHECK(chief.result.global_step == 12);
+    CHECK(chief.result.refused == 1);
+    CHECK_THAT(chief.result.last_refusal,
+               Catch::Contains("worker 0") && Catch::Contains("element 0")
+                 && Catch::Contains("on every ps"));
+    CHECK(chief.stats.refused == 0);
+    for (const auto& p : chief.result.params)
+      for (size_t k = 0; k < p.num_elements(); ++k)
+        REQUIRE(std::isfinite(p.at(k)));
+  }
+  CHECK_THAT(on_ps0.results[0]->result.last_refusal, Catch::Contains("hidden0/w"));
+  // Wherever the NaN was, the whole step was left out on every shard: the
+  // same parameters, to the bit.
+  CHECK(on_ps0.results[0]->result.params == on_ps1.results[0]->result.params);
+}
+
+TEST_CASE("async with 2 workers and steps=N ends at a global step of N or N+1, and the final "
+          "checkpoint holds the job's last step",
+          "[train]") {
+  // Catches: workers that push on past the step count (an overshoot beyond
+  // workers - 1, docs/training.md), and a final checkpoint that records the
+  // chief's last seen step while saving values that the other worker's later
+  // pushes had moved.
+  temp_dir dir;
+  auto c = digits("async");
+  c.steps = 50;
+  c.checkpoint_dir = dir.path;
+  auto run = run_job(c);
+  REQUIRE(run.results[0]);
+  REQUIRE(run.results[1]);
+  const auto& chief = *run.results[0];
+  CHECK(chief.stats.workers_done == 2);
+  CHECK(chief.stats.global_step >= 50);
+  CHECK(chief.stats.global_step <= 50 + 1);
+  CHECK(chief.stats.applied == chief.stats.global_step);
+  for (auto& r : run.results) {
+    CHECK(r->result.global_step >= 50);
+    CHECK(r->result.global_step <= 50 + 1);
+  }
+  CHECK(chief.result.global_step == chief.stats.global_step); // the job's, not the chief's
+  auto ck = latest_checkpoint(dir.path);
+  CHECK(ck.global_step == chief.stats.global_step);
+  // async's data position: the global batches the job consumed (2 pushes each)
+  CHECK(ck.data_position == ck.global_step / 2);
+}
+
+TEST_CASE("restored async workers resume their data at the checkpoint's data position, not at "
+          "its global step",
+          "[train]") {
+  // Catches: workers that resume their batcher at the global step, which in
+  // async counts every worker's pushes, skipping over half the data.
+  temp_dir dir;
+  auto c = digits("async");
+  c.steps = 40;
+  c.checkpoint_dir = dir.path;
+  auto first = run_job(c);
+  REQUIRE(first.results[0]);
+  auto ck = latest_checkpoint(dir.path);
+  auto g = ck.global_step;
+  auto p = ck.data_position;
+  REQUIRE(g >= 40);
+  REQUIRE(p < g);
+  c.steps = g + 20;
+  auto second = run_job(c);
+  REQUIRE(second.results[0]);
+  REQUIRE(second.results[1]);
+  const auto& chief = *second.results[0];
+  CHECK(chief.start_step == g);
+  CHECK(chief.start_position == p);
+  // Worker 1 starts where the job is when it reads it: the checkpoint's
+  // position, moved on by the global batches pushed since the restore.
+  const auto& other = *second.results[1];
+  REQUIRE(other.start_step >= g);
+  CHECK(other.start_position == p + (other.start_step - g) / 2);
+}
+
+TEST_CASE("restored average workers start their replicas with the checkpoint's optimizer slots",
+          "[train]") {
+  // Catches: replicas whose momentum restarts at zero after a restore (the
+  // aggregator had the slots; the workers made fresh ones).
+  temp_dir dir;
+  auto c = digits("average");
+  c.optimizer.kind = "momentum";
+  c.average_every = 4;
+  c.steps = 20;
+  c.checkpoint_dir = dir.path;
+  REQUIRE(run_job(c).results[0]);
+  auto before = latest_checkpoint(dir.path);
+  REQUIRE(before.global_step == 20);
+  // steps = 20: nothing trains after the restore; the chief's final save is
+  // its replica as it started.
+  auto again = run_job(c);
+  REQUIRE(again.results[0]);
+  REQUIRE(again.results[1]);
+  CHECK(again.results[0]->start_step == 20);
+  auto after = latest_checkpoint(dir.path);
+  REQUIRE(after.variables.size() == before.variables.size());
+  bool some_slot_nonzero = false;
+  for (size_t i = 0; i < before.variables.size(); ++i) {
+    const auto& b = before.variables[i];
+    const auto& a = after.variables[i];
+    INFO("variable '" << b.name << "'");
+    CHECK(a.value == b.value);
+    REQUIRE(b.slots.count("momentum") == 1);
+    REQUIRE(a.slots.count("momentum") == 1);
+    CHECK(a.slots.at("momentum") == b.slots.at("momentum"));
+    const auto& m = b.slots.at("momentum");
+    for (size_t k = 0; k < m.num_elements(); ++k)
+      some_slot_nonzero = some_slot_nonzero || m.at(k) != 0;
+  }
+  CHECK(some_slot_nonzero); // equality is not both being zeros
+  CHECK(after.data_position == before.data_position);
+}
+
+TEST_CASE("the average-mode progress counts each replica's local steps and the job's averaging "
+          "rounds, and says so",
+          "[train]") {
+  // Catches: a progress line that shows the last round's step as if it were
+  // the step count, lagging and jumping by average_every.
+  auto c = digits("average");
+  c.average_every = 4;
+  c.steps = 12;
+  c.log_every = 1;
+  std::vector<worker_progress> reports;
+  train_options opts;
+  opts.on_progress = [&](const worker_progress& p) {
+    if (p.worker == 0)
+      reports.push_back(p);
+  };
+  auto run = run_job(c, opts);
+  REQUIRE(run.results[0]);
+  REQUIRE(run.results[1]);
+  REQUIRE(reports.size() == 12);
+  for (const auto& p : reports) {
+    CAPTURE(p.local_step, p.global_step);
+    CHECK(p.step == p.local_step);
+    CHECK(p.rounds == p.local_step / 4); // a report follows its step's round
+    CHECK(p.global_step == p.rounds * 4);
+  }
+  auto line = progress_line(c, 12, 0, reports[5]);
+  CHECK_THAT(line, Catch::StartsWith("step 6/12 local steps of each replica, 1 averaging round "
+                                     "(every 4)  loss "));
+  worker_progress a;
+  a.step = 7;
+  a.stats.staleness = {3, 5, 1, 0};
+  auto async_line = progress_line(digits("async"), 10, 0, a);
+  CHECK_THAT(async_line, Catch::StartsWith("step 7/10  loss ")
+                           && Catch::Contains("staleness median 1 max 2 histogram 0:3 1:5 2:1  "));
 }
