@@ -57,6 +57,8 @@ caf::behavior reduce_link(caf::event_based_actor*, std::shared_ptr<allreduce_gro
 }
 
 struct worker_state {
+  uint64_t checkpoint_failures = 0;
+  std::string checkpoint_error;
   worker_setup setup;
   std::function<void(caf::expected<worker_result>)> done;
   step_runner runner;
@@ -309,9 +311,13 @@ void checkpoint(self_pointer self, std::function<void()> then) {
       ckpt->data_position = position(ckpt->global_step);
     self->state.checkpointed_step = std::max(self->state.checkpointed_step, ckpt->global_step);
     auto where = self->state.setup.save(*ckpt);
-    if (!where)
-      log::get()->error("{}: checkpoint at global step {} failed: {}", who(self),
-                        ckpt->global_step, describe(where.error()));
+    if (!where) {
+      auto& st = self->state;
+      st.checkpoint_failures += 1;
+      st.checkpoint_error = fmt::format("{}: checkpoint at global step {} failed: {}", who(self),
+                                        ckpt->global_step, describe(where.error()));
+      log::get()->error("{}", st.checkpoint_error);
+    }
     then();
   };
   if (st.own) {
@@ -448,6 +454,8 @@ void finish(self_pointer self) {
       r.test_loss = test_loss;
       r.refused = st.refused;
       r.last_refusal = st.last_refusal;
+      r.checkpoint_failures = st.checkpoint_failures;
+      r.checkpoint_error = st.checkpoint_error;
       r.params = current(self);
       st.done(std::move(r));
       self->quit();
@@ -481,6 +489,14 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     return;
   }
   if (mode == "allreduce") {
+    // Every worker must take part in the collective, so a worker whose
+    // gradient is not finite contributes zeros (the mean then counts it as
+    // a zero gradient) instead of a NaN that would reach every replica.
+    if (auto bad = first_non_finite(self, grads, "the gradient"); !bad.empty()) {
+      note_refusal(self, bad + ": contributing zeros to this step's all-reduce");
+      for (auto& g : grads)
+        g = tensor::filled(g.type(), g.shape(), 0);
+    }
     auto shapes = std::make_shared<std::vector<shape_type>>();
     for (auto& g : grads)
       shapes->push_back(g.shape());

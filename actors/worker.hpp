@@ -76,6 +76,8 @@ struct worker_result {
   double test_loss = -1;
   uint64_t refused = 0;         ///< its steps it abstained from (non-finite)
   std::string last_refusal;     ///< why, naming the worker, the variable and the element
+  uint64_t checkpoint_failures = 0; ///< checkpoints it could not write (it trains on)
+  std::string checkpoint_error; ///< the last one's reason
   std::vector<tensor> params;   ///< the parameters it ended with
 };
 

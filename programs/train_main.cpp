@@ -55,12 +55,6 @@ public:
   }
 
   /// How many error lines printed so far contain `part`.
-  size_t count(const std::string& part) {
-    std::lock_guard<std::mutex> guard{mutex_};
-    return static_cast<size_t>(std::count_if(lines_.begin(), lines_.end(), [&](const auto& l) {
-      return l.find(part) != std::string::npos;
-    }));
-  }
 
 protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
@@ -110,21 +104,19 @@ std::string preflight(const af::train::train_config& c) {
 }
 
 /// Empty if every checkpoint the chief attempted was written, else why not.
-/// A checkpoint the worker actor fails to write is logged by it, and the job
-/// trains on; it must still not end as a success.
+/// A chief that fails to write one logs it and trains on (a full disk should
+/// not cost the run); the job must still not end as a success.
 std::string checkpoint_problem(const af::train::train_config& c, const af::train_outcome& o) {
   if (c.checkpoint_dir.empty())
     return {};
-  // The worker's error line for a failed save (actors/worker.cpp).
-  size_t failed = errors_printed()->count("checkpoint at global step");
-  if (!o.checkpoint.empty() && failed == 0)
+  const auto& r = o.result;
+  if (!o.checkpoint.empty() && r.checkpoint_failures == 0)
     return {};
   std::string what = o.checkpoint.empty()
                        ? "no checkpoint was written to '" + c.checkpoint_dir + "'"
-                       : std::to_string(failed) + " checkpoint(s) of this run failed; the last "
-                           "one written is " + o.checkpoint;
-  return what + (failed > 0 ? " (the reason is logged above)" : "")
-         + ": check the directory (space, permissions) and run again";
+                       : std::to_string(r.checkpoint_failures) + " checkpoint(s) of this run failed ("
+                           + r.checkpoint_error + "); the last one written is " + o.checkpoint;
+  return what + ": check the directory (space, permissions) and run again";
 }
 
 double examples_per_step(const af::train::train_config& c, uint32_t workers) {

@@ -169,8 +169,11 @@ TEST_CASE("sync with 2 workers at batch b equals 1 process at batch 2b; average 
 
 TEST_CASE("a NaN gradient is refused, counted and named, and never reaches a variable", "[train]") {
   // Catches: a non-finite gradient applied (the tutorial's "one machine's
-  // infinite result stops everyone"), or a refusal that stalls the sync step.
-  auto c = digits("sync");
+  // infinite result stops everyone"), or a refusal that stalls the step; in
+  // allreduce, a NaN that the collective spreads to every replica.
+  auto mode = GENERATE(as<std::string>{}, "sync", "async", "average", "allreduce");
+  INFO("mode " << mode);
+  auto c = digits(mode);
   c.steps = 20;
   train_options opts;
   opts.tamper = [](uint64_t step, std::vector<tensor>& grads) {
@@ -188,7 +191,9 @@ TEST_CASE("a NaN gradient is refused, counted and named, and never reaches a var
   }
   // refused on the worker, before any push: the aggregator never saw it
   CHECK(run.results[0]->stats.refused == 0);
-  CHECK(run.results[0]->result.global_step == 20);
+  // async: the bound documented in docs/training.md (N to N + workers - 1)
+  CHECK(run.results[0]->result.global_step >= 20);
+  CHECK(run.results[0]->result.global_step <= (mode == "async" ? 21u : 20u));
   for (const auto& p : run.results[0]->result.params)
     for (size_t k = 0; k < p.num_elements(); ++k)
       REQUIRE(std::isfinite(p.at(k)));
