@@ -40,6 +40,10 @@ public:
 
   bool is_done(uint32_t worker) const { return done_.at(worker); }
 
+  /// Every worker pushes again (a restore starts the job over from a
+  /// checkpoint: workers that had finished before it are back).
+  void reset_done() { std::fill(done_.begin(), done_.end(), false); }
+
   /// Workers not done.
   uint32_t active() const {
     return static_cast<uint32_t>(std::count(done_.begin(), done_.end(), false));

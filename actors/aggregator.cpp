@@ -289,10 +289,13 @@ void release_average(self_pointer self) {
       return;
     }
     st.stats.applied += 1;
-    if (step > st.global_step) {
-      st.average_stride = std::max(st.average_stride, step - st.global_step);
-      st.global_step = step;
-    }
+  }
+  // The round's step is passed even when every worker abstained (nothing
+  // to average): the workers push the next round from it, and a global
+  // step left behind would make the stride check refuse them all.
+  if (auto step = st.round.step(); step && *step > st.global_step) {
+    st.average_stride = std::max(st.average_stride, *step - st.global_step);
+    st.global_step = *step;
   }
   invalidate(self);
   answer_all(self, st.round.release());
@@ -387,14 +390,22 @@ auto common_handlers(self_pointer self, Release release) {
         auto err = make_error(af_error::aborted,
                               fmt::format("aggregator '{}' ({}) was restored to global step {} "
                                           "while its round at global step {} waited for {}; that "
-                                          "round is abandoned: pull the restored parameters and "
-                                          "push again",
+                                          "round is abandoned (restart the job's workers: they "
+                                          "resume from the checkpoint)",
                                           st.spec.name, st.spec.mode, in.global_step,
                                           st.global_step, missing_names(st)));
         log::get()->warn("{}", describe(err));
         fail_all(st.round.release(), err);
       }
+      // The job starts over from the checkpoint: workers that said they
+      // were done push again, and what was counted before is history.
+      st.round.reset_done();
       st.global_step = in.global_step;
+      st.average_stride = 0;
+      auto buckets = st.stats.staleness.size();
+      st.stats = aggregator_stats{};
+      st.stats.mode = st.spec.mode;
+      st.stats.staleness.assign(buckets, 0);
       invalidate(self);
       return st.global_step;
     },
@@ -611,11 +622,12 @@ std::string aggregator_spec_difference(const aggregator_spec& have, const aggreg
     diffs.push_back(fmt::format("variables [{}] vs [{}]", fmt::join(have.variables, ", "),
                                 fmt::join(want.variables, ", ")));
   differ("workers", have.workers, want.workers);
-  // Averaging applies no optimizer: its spec's optimizer means nothing.
+  // Averaging applies no optimizer, but its kind names the slots the
+  // aggregator saves and restores for the workers' replicas.
+  differ("optimizer", have.optimizer.kind, want.optimizer.kind);
   if (have.mode != "average" || want.mode != "average") {
     const auto& a = have.optimizer;
     const auto& b = want.optimizer;
-    differ("optimizer", a.kind, b.kind);
     differ("optimizer lr", a.lr, b.lr);
     if (a.kind == "momentum" && b.kind == "momentum")
       differ("optimizer momentum", a.momentum, b.momentum);

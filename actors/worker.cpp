@@ -102,9 +102,13 @@ void fail(self_pointer self, caf::error err, const std::string& during) {
     if (s.actor)
       caf::anon_send(s.actor, done_atom::value, st.setup.index);
   // Keep the cause's code (a timeout stays a timeout; internal means a bug).
-  auto code = err.category() == error_category && valid_af_error(err.code())
-                ? static_cast<af_error>(err.code())
-                : af_error::internal;
+  auto code = af_error::internal;
+  if (err.category() == error_category && valid_af_error(err.code()))
+    code = static_cast<af_error>(err.code());
+  else if (err == caf::sec::request_timeout)
+    code = af_error::timeout;
+  else if (err == caf::sec::request_receiver_down)
+    code = af_error::peer_down;
   st.done(make_error(code, msg));
   self->quit();
 }
@@ -242,13 +246,10 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
             return;
           g->failed = true;
           auto& st = self->state;
-          // The worker checks before it pushes; this is an aggregator that
-          // found what the worker did not (it applied nothing).
-          if (is(err, af_error::non_finite) && values != nullptr) {
-            note_refusal(self, fmt::format("{}: {}", who(self), describe(err)));
-            abstain(self, values);
-            return;
-          }
+          // The worker checks every part before it pushes any, with the
+          // aggregators' own test: a non_finite refusal here means the two
+          // disagree, and with several ps the other shards may already have
+          // taken their parts. Not something to abstain past: fail.
           fail(self, std::move(err),
                values ? "pushing to " + st.setup.shards[k].task : "pulling from " + st.setup.shards[k].task);
         });
@@ -364,7 +365,12 @@ void after_step(self_pointer self) {
   bool eval = chief && st.setup.eval && c.eval_every > 0 && st.local_step % c.eval_every == 0 && !last;
   // By steps: when the global step crossed a multiple of checkpoint_steps
   // since the last one (async moves it by other workers' pushes too).
-  bool ckpt = chief && st.setup.save && !last
+  // average: only at a round's end, when the chief's replica holds the
+  // job's averaged parameters (mid-round it holds its own, and the step and
+  // data position would not agree).
+  bool round_end = c.mode != "average"
+                   || st.local_step % std::max<uint32_t>(1, c.average_every) == 0;
+  bool ckpt = chief && st.setup.save && !last && round_end
               && ((c.checkpoint_steps > 0
                    && st.global_step / c.checkpoint_steps > st.checkpointed_step / c.checkpoint_steps)
                   || (c.checkpoint_secs > 0 && seconds_since(st.last_checkpoint) >= c.checkpoint_secs));
@@ -503,7 +509,10 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     auto flat = train::flatten(grads);
     if (grads.size() == 1)
       flat.mutable_bytes(); // the reduction writes in place: not into the step's output
-    self->request(st.reducer, st.setup.timeout, allreduce_atom::value, std::move(flat))
+    // The group fails a collective that stops moving (its own timeout names
+    // the missing rank) and the link is linked to this actor: a CAF timer
+    // here would race that reason and cut short a long transfer.
+    self->request(st.reducer, caf::infinite, allreduce_atom::value, std::move(flat))
       .then(
         [self, shapes](tensor& mean) {
           auto& st = self->state;

@@ -28,7 +28,7 @@
 ///                 steps, `step` being the local steps it has run. Answered
 ///                 once every worker not done has pushed its round: the mean
 ///                 becomes the value of every variable and the round's step
-///                 the global step. Every push of a round carries one step:
+///                 the global step. A push's step may not run ahead:
 ///                 a step beyond the round's (or, for a round's first push,
 ///                 beyond the global step plus the largest stride a round has
 ///                 made) is invalid_argument naming the worker and the
@@ -36,9 +36,9 @@
 ///        The answer is the new global step and all parameters as one flat
 ///        float32 tensor. A value that is not finite (NaN, Inf) is refused
 ///        (non_finite naming the worker, the variable and the element),
-///        counted, and never reaches a variable: in sync and average modes
-///        the worker abstains (pushes the step again with no values) and the
-///        step goes on without its contribution. A value of the wrong shape
+///        counted, and never reaches a variable. Workers check first and
+///        abstain from such a step (a push with no values: the round goes
+///        on without their contribution). A value of the wrong shape
 ///        is shape_mismatch naming the variable. A second push of one round
 ///        is already_exists. An update reaches every variable or none:
 ///        everything that could refuse it (a variable with no value yet is

@@ -54,8 +54,6 @@ public:
     return false;
   }
 
-  /// How many error lines printed so far contain `part`.
-
 protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     if (msg.level >= spdlog::level::err && lines_.size() < 1000)

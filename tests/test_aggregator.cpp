@@ -337,7 +337,43 @@ TEST_CASE("aggregator specs differ by mode, variables, workers and optimizer, no
   b.optimizer.kind = "adam";
   CHECK(aggregator_spec_difference(a, b) == "workers 1 vs 3, optimizer sgd vs adam");
   a.mode = b.mode = "average";
+  // average applies no optimizer, but its kind names the replicas' slots
+  // the aggregator saves and restores (sgd's none would crash adam's apply)
+  CHECK(aggregator_spec_difference(a, b) == "workers 1 vs 3, optimizer sgd vs adam");
+  b.optimizer.kind = "sgd";
+  b.optimizer.lr = 0.7;
   CHECK(aggregator_spec_difference(a, b) == "workers 1 vs 3");
+}
+
+TEST_CASE("an average round in which every worker abstains still passes its step", "[aggregator]") {
+  // Catches: the global step left at the previous round when nobody
+  // contributed, so the next round's pushes (at the next multiple of k)
+  // were refused as too far ahead and every worker failed.
+  aggregator_fixture f;
+  f.spawn("average", 2);
+  auto a0 = f.push(0, 4, aggregator_fixture::values(1, 1));
+  auto a1 = f.push(1, 4, aggregator_fixture::values(3, 3));
+  REQUIRE(aggregator_fixture::reply(a0));
+  REQUIRE(aggregator_fixture::reply(a1));
+  CHECK(f.stats().global_step == 4); // the stride is now 4
+  // step 8: both abstain (a push with no values)
+  auto b0 = f.push(0, 8, {});
+  auto b1 = f.push(1, 8, {});
+  auto rb0 = aggregator_fixture::reply(b0);
+  auto rb1 = aggregator_fixture::reply(b1);
+  REQUIRE(rb0);
+  REQUIRE(rb1);
+  CHECK(rb0->first == 8);
+  CHECK(f.value(1) == filled(3, 2)); // nothing averaged: still mean(1, 3)
+  // step 12 is one stride ahead of 8, not two ahead of 4
+  auto c0 = f.push(0, 12, aggregator_fixture::values(5, 5));
+  auto c1 = f.push(1, 12, aggregator_fixture::values(7, 7));
+  auto rc0 = aggregator_fixture::reply(c0);
+  auto rc1 = aggregator_fixture::reply(c1);
+  REQUIRE(rc0);
+  REQUIRE(rc1);
+  CHECK(rc0->first == 12);
+  CHECK(f.value(1) == filled(3, 6));
 }
 
 TEST_CASE("a node hands back its aggregator only to the same spec", "[aggregator]") {
