@@ -21,6 +21,20 @@ namespace af {
 
 namespace {
 
+/// A global batch (batch_size from each of `replicas`) must fit in the
+/// training set: a larger one would leave the step's inputs empty, and the
+/// failure would only say that a matmul had no input.
+caf::error check_batch(const train::train_config& c, size_t examples, uint32_t replicas) {
+  auto global = static_cast<uint64_t>(c.batch_size) * replicas;
+  if (global <= examples)
+    return caf::none;
+  return make_error(af_error::invalid_argument,
+                    fmt::format("batch_size {} x {} worker(s) = {} examples per step, more than "
+                                "the {} training examples of data '{}'; lower batch_size or use "
+                                "more data",
+                                c.batch_size, replicas, global, examples, c.data));
+}
+
 caf::error to_error(const graph_error& e) {
   return make_error(e.code, e.what);
 }
@@ -245,6 +259,8 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   auto data = train::load_data(c);
   if (!data)
     return to_error(data.error());
+  if (auto err = check_batch(c, data->train.size(), workers))
+    return err;
   auto shared_data = std::make_shared<const train::split>(std::move(*data));
   const auto& train_set = shared_data->train;
   auto params = train::parameters(c.model, train_set.features, train_set.classes, c.hidden, c.seed);
@@ -291,8 +307,28 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     auto store = s.kv_store("worker", 0);
     if (!store)
       return std::move(store.error());
-    kv_client client{s.system(), *store, timeout};
-    if (chief) {
+    // The store answers a get at its own deadline; the client's margin
+    // only covers a round trip. A store whose node died (a chief killed or
+    // failed at start) answers nothing, and CAF does not fail a request to
+    // a dead remote actor: the margin is how late the others learn of it.
+    kv_client client{s.system(), *store, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds{5})};
+    // The chief publishes where the job starts once it has initialized or
+    // restored the variables, or why it could not: the others wait for that
+    // word instead of waiting init_timeout_ms for variables that a failed
+    // chief will never initialize.
+    std::string published;
+    if (!chief) {
+      auto word = client.get(start_key(chief_info->incarnation),
+                             std::chrono::milliseconds{c.init_timeout_ms});
+      if (!word)
+        return std::move(word.error());
+      if (word->rfind("failed ", 0) == 0)
+        return make_error(af_error::aborted,
+                          fmt::format("the chief (worker 0) could not start the job: {}",
+                                      word->substr(7)));
+      published = std::move(*word);
+    }
+    auto chief_start = [&]() -> caf::error {
       if (restored) {
         for (auto& shard : setup.shards) {
           auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.params,
@@ -306,33 +342,37 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       } else if (auto err = s.initialize(placed->vars)) {
         return err;
       }
-    } else if (auto err = s.wait_initialized(std::chrono::milliseconds{c.init_timeout_ms},
-                                             placed->vars)) {
-      return err;
-    }
-    // Where the job stands: the global step of ps 0's aggregator.
-    auto stats = ask<aggregator_stats>(s, setup.shards[0].actor, timeout, stats_atom::value);
-    if (!stats)
-      return std::move(stats.error());
-    setup.start_step = restored ? restored->global_step : stats->global_step;
-    if (chief) {
+      // Where the job stands: the global step of ps 0's aggregator.
+      auto stats = ask<aggregator_stats>(s, setup.shards[0].actor, timeout, stats_atom::value);
+      if (!stats)
+        return std::move(stats.error());
+      setup.start_step = restored ? restored->global_step : stats->global_step;
       // The data position the checkpoint holds (the other workers resume
       // there too), else the one the global step implies.
       setup.start_position = restored ? restored->data_position
                                       : data_position(c.mode, workers, 0, 0, setup.start_step,
                                                       setup.start_step);
-      if (auto err = client.put(start_key(chief_info->incarnation),
-                                fmt::format("{} {}", setup.start_step, setup.start_position)))
+      return client.put(start_key(chief_info->incarnation),
+                        fmt::format("{} {}", setup.start_step, setup.start_position));
+    };
+    if (chief) {
+      if (auto err = chief_start()) {
+        // Best effort: a chief that cannot reach its own store has nobody to tell.
+        client.put(start_key(chief_info->incarnation), "failed " + describe(err));
         return err;
+      }
     } else {
+      if (auto err = s.wait_initialized(std::chrono::milliseconds{c.init_timeout_ms},
+                                        placed->vars))
+        return err;
+      auto stats = ask<aggregator_stats>(s, setup.shards[0].actor, timeout, stats_atom::value);
+      if (!stats)
+        return std::move(stats.error());
+      setup.start_step = stats->global_step;
       // The chief's start, moved on by the steps the job took since.
-      auto published = client.get(start_key(chief_info->incarnation),
-                                  std::chrono::milliseconds{c.init_timeout_ms});
-      if (!published)
-        return std::move(published.error());
       unsigned long long step0 = 0, position0 = 0;
-      if (std::sscanf(published->c_str(), "%llu %llu", &step0, &position0) != 2)
-        return make_error(af_error::internal, "the chief published its start as '" + *published
+      if (std::sscanf(published.c_str(), "%llu %llu", &step0, &position0) != 2)
+        return make_error(af_error::internal, "the chief published its start as '" + published
                                                 + "', not '<global step> <data position>'");
       setup.start_position = data_position(c.mode, workers, step0, position0,
                                            setup.start_step - std::min<uint64_t>(step0, setup.start_step),
@@ -514,6 +554,9 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
                                           const train_options& opts) {
   if (auto bad = train::validate(c); !bad.empty())
     return make_error(af_error::invalid_argument, "training config: " + bad);
+  if (!c.checkpoint_dir.empty() || !c.metrics.empty())
+    log::get()->warn("in-graph: checkpoint_dir and metrics are not written in-graph yet (only "
+                     "between-graph jobs write them); this run trains without them");
   if (c.mode != "sync")
     return make_error(af_error::invalid_argument,
                       "in-graph replication averages in the graph: mode must be sync, not '"
@@ -528,6 +571,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   auto data = train::load_data(c);
   if (!data)
     return to_error(data.error());
+  if (auto err = check_batch(c, data->train.size(), towers))
+    return err;
   auto params = train::parameters(c.model, data->train.features, data->train.classes, c.hidden,
                                   c.seed);
   if (!params)

@@ -77,6 +77,7 @@ struct worker_state {
   clock_type::time_point started;
   clock_type::time_point last_checkpoint;
   uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
+  uint64_t reported_step = 0;     ///< async: global step of the last progress line (or the start)
   bool finished = false;
   static constexpr const char* name = "worker";
 };
@@ -361,7 +362,16 @@ void after_step(self_pointer self) {
   bool shared = c.mode == "sync" || c.mode == "async";
   bool last = (shared ? st.global_step : st.setup.start_step + st.local_step) >= st.setup.total_steps;
   bool chief = st.setup.index == 0;
-  bool report = last || (c.log_every > 0 && st.local_step % c.log_every == 0);
+  // async: when the global step crossed a multiple of log_every (it moves
+  // by every worker's pushes: counting this worker's steps, a job of 200
+  // steps with log_every 50 printed at 50 and at the end only).
+  bool async = c.mode == "async";
+  bool report = last
+                || (c.log_every > 0
+                    && (async ? st.global_step / c.log_every > st.reported_step / c.log_every
+                              : st.local_step % c.log_every == 0));
+  if (report)
+    st.reported_step = st.global_step;
   bool eval = chief && st.setup.eval && c.eval_every > 0 && st.local_step % c.eval_every == 0 && !last;
   // By steps: when the global step crossed a multiple of checkpoint_steps
   // since the last one (async moves it by other workers' pushes too).
@@ -619,6 +629,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
   st.global_step = s.start_step;
   st.checkpointed_step = s.start_step;
+  st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {
     auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
                                                         shard.task, s.timeout);

@@ -175,12 +175,22 @@ int run_embedded(af::train::train_config c) {
       af::train_options o;
       o.shutdown_ps = false; // the embedded cluster stops its nodes itself
       results[w] = af::run_worker_task(*s, c, static_cast<uint32_t>(w), o);
+      if (w == 0 && !results[w] && !allreduce) {
+        // Say why now, and stop the ps: the other worker would otherwise
+        // wait init_timeout_ms for a chief that is gone (a restore that does
+        // not fit, a model too large to allocate) before anything is said.
+        fail("worker 0: " + af::describe(results[w].error()), 1);
+        if (auto err = s->shutdown("ps", 0))
+          af::log::get()->warn("chief: stopping /job:ps/task:0: {}", af::describe(err));
+      }
     });
   for (auto& t : threads)
     t.join();
   for (int w = 0; w < 2; ++w)
     if (!results[w])
-      return fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
+      return w == 0 && !allreduce
+               ? 1 // said when it happened
+               : fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
   summary(c, 2, *results[0], test_size(c));
   if (auto why = checkpoint_problem(c, *results[0]); !why.empty())
     return fail(why, 1);

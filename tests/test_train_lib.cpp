@@ -708,6 +708,31 @@ TEST_CASE("damaged or foreign checkpoint files are refused with their name",
   auto missing = load(dir / "ckpt-999.afck");
   REQUIRE_FALSE(missing);
   CHECK(contains(missing.error().what, dir / "ckpt-999.afck"));
+  // a folder where the file should be: refused by name (it threw
+  // std::ios_failure out of the loader and aborted the chief)
+  fs::create_directories(dir / "ckpt-7.afck");
+  auto folder = load(dir / "ckpt-7.afck");
+  REQUIRE_FALSE(folder);
+  CHECK(contains(folder.error().what, "not a regular file"));
+}
+
+TEST_CASE("a 'latest' that holds no file name is refused without echoing it",
+          "[train][checkpoint]") {
+  // Catches: a binary or huge 'latest' printed whole into the error (100 KB
+  // of raw bytes on the terminal), or its name cut at a NUL.
+  temp_dir dir;
+  auto path = save(dir.path.string(), sample_checkpoint(5));
+  REQUIRE(path);
+  auto named = latest(dir.path.string());
+  REQUIRE(named);
+  CHECK(*named == *path); // the one save() wrote, no newline in it
+  write_file(dir / "latest", std::string(100000, '\x01'));
+  auto binary = latest(dir.path.string());
+  REQUIRE_FALSE(binary);
+  CHECK(contains(binary.error().what, "does not hold a checkpoint's file name"));
+  CHECK(binary.error().what.size() < 1000);
+  write_file(dir / "latest", std::string{"ckpt-5.afck\0junk", 16});
+  CHECK_FALSE(latest(dir.path.string()));
 }
 
 TEST_CASE("keep = 2 leaves the two newest checkpoints", "[train][checkpoint]") {
@@ -929,6 +954,9 @@ TEST_CASE("a metrics path that cannot be opened is refused; a good one is left a
   CHECK(contains(why, "metrics file '" + bad + "'"));
   CHECK(contains(why, "--set metrics="));
   CHECK_FALSE(check_metrics_path(dir.path.string()).empty()); // a directory
+  // a device is no CSV: /dev/full fails every row, and reading it back for
+  // the plot never ended (the job hung at 3.5 GB)
+  CHECK(contains(check_metrics_path("/dev/full"), "not a regular file"));
 
   auto fresh = dir / "out/metrics.csv";
   CHECK(check_metrics_path(fresh) == "");

@@ -185,10 +185,17 @@ TEST_CASE("a NaN gradient is refused, counted and named, and never reaches a var
   REQUIRE(run.results[1]);
   for (uint32_t w = 0; w < 2; ++w) {
     const auto& r = run.results[w]->result;
-    CHECK(r.refused == 1); // its step-3 gradient (each worker's is tampered)
+    // its step-3 gradient (each worker's is tampered); in async the shared
+    // 20 steps may run out before the slower worker's fourth step
+    if (mode == "async" && r.local_steps <= 3) {
+      CHECK(r.refused == 0);
+      continue;
+    }
+    CHECK(r.refused == 1);
     CHECK_THAT(r.last_refusal, Catch::Contains("worker " + std::to_string(w))
                                  && Catch::Contains("hidden0/w") && Catch::Contains("element 5"));
   }
+  CHECK(run.results[0]->result.refused + run.results[1]->result.refused >= 1);
   // refused on the worker, before any push: the aggregator never saw it
   CHECK(run.results[0]->stats.refused == 0);
   // async: the bound documented in docs/training.md (N to N + workers - 1)
@@ -490,4 +497,49 @@ TEST_CASE("the average-mode progress counts each replica's local steps and the j
   auto async_line = progress_line(digits("async"), 10, 0, a);
   CHECK_THAT(async_line, Catch::StartsWith("step 7/10  loss ")
                            && Catch::Contains("staleness median 1 max 2 histogram 0:3 1:5 2:1  "));
+}
+
+TEST_CASE("a global batch larger than the training set is refused naming the numbers", "[train]") {
+  // Catches: empty batches fed to the step, which failed with "op 'matmul'
+  // (matmul): input 0 has no value" and nothing about the batch size.
+  auto c = digits("sync");
+  c.batch_size = 100000;
+  auto run = run_job(c);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE_FALSE(run.results[w]);
+    CHECK(is(run.results[w].error(), af_error::invalid_argument));
+    CHECK_THAT(describe(run.results[w].error()),
+               Catch::Contains("batch_size 100000 x 2 worker(s)")
+                 && Catch::Contains("training examples"));
+  }
+}
+
+TEST_CASE("when the chief cannot start the job, the other workers are told at once, not after "
+          "init_timeout_ms",
+          "[train]") {
+  // Catches: a chief whose restore does not fit (here: another hidden size)
+  // failing while worker 1 waited the whole init_timeout_ms (60 s) for
+  // variables nobody would initialize, with nothing said meanwhile.
+  temp_dir dir;
+  auto c = digits("sync");
+  c.steps = 4;
+  c.checkpoint_dir = dir.path;
+  auto first = run_job(c);
+  REQUIRE(first.results[0]);
+  c.hidden = {16};
+  c.steps = 8;
+  c.init_timeout_ms = 60000;
+  auto started = std::chrono::steady_clock::now();
+  auto again = run_job(c);
+  auto took = std::chrono::steady_clock::now() - started;
+  REQUIRE_FALSE(again.results[0]);
+  CHECK(is(again.results[0].error(), af_error::shape_mismatch));
+  REQUIRE_FALSE(again.results[1]);
+  CHECK(is(again.results[1].error(), af_error::aborted));
+  CHECK_THAT(describe(again.results[1].error()),
+             Catch::Contains("the chief (worker 0) could not start the job")
+               && Catch::Contains("hidden0/w"));
+  // the reason arrived, not the timeout: well inside init_timeout_ms
+  CHECK(took < std::chrono::seconds{30});
 }

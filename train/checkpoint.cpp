@@ -348,6 +348,12 @@ std::string check_checkpoint_dir(const std::string& dir) {
 }
 
 outcome<checkpoint> load(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("checkpoint '{}' is not a regular file; remove it, or point "
+                                   "'latest' in its folder at a checkpoint file",
+                                   path)};
   std::ifstream in{path, std::ios::binary};
   if (!in)
     return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
@@ -402,10 +408,25 @@ outcome<std::string> latest(const std::string& dir) {
   std::ifstream in{index};
   if (!in)
     return io_error("read", index.string());
-  std::string name;
-  std::getline(in, name);
+  // A file name, one line: read no more than a name can be, and never
+  // echo what is not one (a garbage 'latest' would print binary).
+  constexpr size_t most = 4096;
+  std::string name(most + 1, '\0');
+  in.read(name.data(), static_cast<std::streamsize>(name.size()));
+  name.resize(static_cast<size_t>(in.gcount()));
+  if (auto nl = name.find('\n'); nl != std::string::npos)
+    name.resize(nl);
   while (!name.empty() && (name.back() == '\r' || name.back() == ' '))
     name.pop_back();
+  bool printable = name.size() <= most
+                   && std::all_of(name.begin(), name.end(),
+                                  [](char ch) { return ch >= 0x20 && ch != 0x7f; });
+  if (!printable)
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("'{}' does not hold a checkpoint's file name (binary or over "
+                                   "{} bytes); delete it to start afresh, or write the name of "
+                                   "a checkpoint file in it",
+                                   index.string(), most)};
   if (name.empty())
     return graph_error{af_error::invalid_argument,
                        fmt::format("'{}' names no checkpoint; delete it to start afresh",

@@ -138,6 +138,10 @@ std::string check_metrics_path(const std::string& path) {
       return refuse("cannot create its folder '" + parent.string() + "'", ec.value());
   }
   bool existed = fs::exists(path, ec);
+  // A device or a fifo is no CSV: writing /dev/full fails on every row, and
+  // reading it back for the plot never ends.
+  if (existed && !fs::is_regular_file(path, ec))
+    return refuse("it exists and is not a regular file", EINVAL);
   // O_APPEND without O_TRUNC: the check leaves an existing file as it was.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0)
@@ -202,6 +206,9 @@ std::string plot(const std::string& csv, const std::string& png) {
     return "plot: the PNG path holds a line break, which gnuplot cannot take; no plot";
   // The data goes into the script as datablocks: only the PNG's path is
   // quoted, and rows without an accuracy simply are not in that block.
+  std::error_code ec;
+  if (!fs::is_regular_file(csv, ec))
+    return fmt::format("plot: {} is not a regular file; no {}", csv, png);
   std::ifstream in{csv};
   if (!in)
     return fmt::format("plot: cannot read {}: {}; no {}", csv, std::strerror(errno), png);
@@ -254,7 +261,6 @@ std::string plot(const std::string& csv, const std::string& png) {
     if (r.exit_code == 0 || r.errors.find("terminal") == std::string::npos)
       break;
   }
-  std::error_code ec;
   fs::remove(script_path, ec);
   if (r.exit_code != 0 || !fs::exists(png, ec) || fs::file_size(png, ec) == 0)
     return fmt::format("plot: gnuplot could not draw {}: {}", png,
