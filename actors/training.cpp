@@ -461,7 +461,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   rep->print = opts.print && chief;
   rep->forward = opts.on_progress;
   if (chief && !c.metrics.empty()) {
-    auto m = train::metrics_writer::open(c.metrics);
+    auto m = train::metrics_writer::open(c.metrics, setup.start_step);
     if (!m)
       return to_error(m.error());
     rep->metrics.emplace(std::move(*m));

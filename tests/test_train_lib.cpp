@@ -154,6 +154,16 @@ TEST_CASE("CSV: header, CRLF and scale are handled; bad lines are named", "[trai
   CHECK(contains(bad.error().what, path));
   CHECK(contains(bad.error().what, "line 2, column 2"));
   CHECK(contains(bad.error().what, "'x'"));
+  CHECK_FALSE(contains(bad.error().what, "header"));
+  // a header where none is read says so; a huge field is not echoed whole
+  write_file(path, "pixel0,pixel1,label\n1,2,0\n");
+  bad = read_csv(path);
+  REQUIRE_FALSE(bad);
+  CHECK(contains(bad.error().what, "a header line?"));
+  write_file(path, std::string(100000, '7') + "x,2,0\n");
+  bad = read_csv(path);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().what.size() < 1000);
 
   write_file(path, "1,2,0\n3,4,1\n5,6\n");
   bad = read_csv(path);
@@ -813,6 +823,25 @@ TEST_CASE("the metrics CSV has its header and one flushed row per write", "[trai
   auto moved = std::move(*w);
   moved.write({200, 2, 0.25, -1, "sync", 2, 1});
   CHECK(contains(read_file(dir / "run/metrics.csv"), "\n200,"));
+
+  // A resumed job keeps the earlier run's rows up to its step (it lost
+  // them all: a job resumed twice had a header only, its plot none).
+  {
+    auto resumed = metrics_writer::open(dir / "run/metrics.csv", 100);
+    REQUIRE(resumed);
+    resumed->write({150, 3, 0.2, -1, "sync", 2, 5});
+  }
+  CHECK(read_file(dir / "run/metrics.csv")
+        == "step,wall_s,loss,accuracy,mode,workers,examples_per_s\n"
+           "0,0.500,2.30259,,sync,2,1234.6\n"
+           "100,1.250,0.5,0.9375,sync,2,2000.0\n"
+           "150,3.000,0.2,,sync,2,5.0\n");
+  // a fresh job (step 0) starts the file over; so does a file of another kind
+  write_file(dir / "other.csv", "a,b\n1,2\n");
+  CHECK(metrics_writer::open(dir / "other.csv", 100));
+  CHECK(read_file(dir / "other.csv") == "step,wall_s,loss,accuracy,mode,workers,examples_per_s\n");
+  CHECK(metrics_writer::open(dir / "run/metrics.csv"));
+  CHECK(read_file(dir / "run/metrics.csv") == "step,wall_s,loss,accuracy,mode,workers,examples_per_s\n");
 
   write_file(dir / "plain", "x");
   auto bad = metrics_writer::open(dir / "plain/metrics.csv");

@@ -222,6 +222,15 @@ outcome<idx_file> read_idx_file(const std::string& path, uint32_t dims, const ch
 
 // --- readers
 
+namespace {
+
+/// A field for an error message: a huge one (a 50 MB line) is cut.
+std::string shown(std::string_view field) {
+  return field.size() <= 40 ? std::string{field} : std::string{field.substr(0, 40)} + "...";
+}
+
+} // namespace
+
 outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
                           uint32_t max_classes) {
   auto text = read_file(path, "CSV file");
@@ -277,8 +286,10 @@ outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
         float v = 0;
         auto [p, ec] = std::from_chars(b, e, v);
         if (field.empty() || ec != std::errc{} || p != e || !std::isfinite(v))
-          return data_error(fmt::format("{} line {}, column {}: '{}' is not a finite number",
-                                        path, line_no, column + 1, field));
+          return data_error(fmt::format(
+            "{} line {}, column {}: '{}' is not a finite number{}", path, line_no, column + 1,
+            shown(field),
+            line_no == 1 ? " (a header line? data = \"csv:PATH\" reads none: remove it)" : ""));
         out.x.push_back(v * scale);
       } else {
         int64_t label = -1;
@@ -288,13 +299,13 @@ outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
         if (!integer || label < 0)
           return data_error(fmt::format("{} line {}, column {}: label '{}' must be a "
                                         "non-negative integer (the class, last column)",
-                                        path, line_no, column + 1, field));
+                                        path, line_no, column + 1, shown(field)));
         if (ec != std::errc{} || label >= int64_t{max_classes})
           return data_error(fmt::format("{} line {}, column {}: label {} is out of range: "
                                         "labels are class numbers in [0, {}) (a model has a "
                                         "weight row per class); is the last column really the "
                                         "class?",
-                                        path, line_no, column + 1, field, max_classes));
+                                        path, line_no, column + 1, shown(field), max_classes));
         out.y.push_back(static_cast<int32_t>(label));
         max_label = std::max(max_label, label);
       }

@@ -152,11 +152,26 @@ std::string check_metrics_path(const std::string& path) {
   return {};
 }
 
-outcome<metrics_writer> metrics_writer::open(const std::string& path) {
+outcome<metrics_writer> metrics_writer::open(const std::string& path, uint64_t resume_after) {
   std::error_code ec;
   auto parent = fs::path{path}.parent_path();
   if (!parent.empty())
     fs::create_directories(parent, ec);
+  // The earlier run's rows up to the resumed step (a regular file with our
+  // header only; at most 64 MiB of it is read).
+  std::string kept;
+  if (resume_after > 0 && fs::is_regular_file(path, ec)) {
+    std::ifstream in{path};
+    std::string line;
+    constexpr size_t most = size_t{64} << 20;
+    if (std::getline(in, line) && line + "\n" == csv_header)
+      while (kept.size() < most && std::getline(in, line)) {
+        char* end = nullptr;
+        auto step = std::strtoull(line.c_str(), &end, 10);
+        if (end != line.c_str() && *end == ',' && step <= resume_after)
+          kept += line + "\n";
+      }
+  }
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr)
     return graph_error{af_error::invalid_argument,
@@ -164,6 +179,7 @@ outcome<metrics_writer> metrics_writer::open(const std::string& path) {
                                    "path in the training config)",
                                    path, std::strerror(errno))};
   std::fputs(csv_header, f);
+  std::fputs(kept.c_str(), f);
   std::fflush(f);
   return metrics_writer{f, path};
 }

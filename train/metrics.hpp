@@ -24,7 +24,11 @@ struct metrics_row {
 /// (accuracy empty when not measured). Each row is flushed.
 class metrics_writer {
 public:
-  static outcome<metrics_writer> open(const std::string& path);
+  /// Starts the CSV at `path`. A job resumed at global step `resume_after`
+  /// (> 0) keeps the rows of an earlier run up to that step (the rows
+  /// after it are of steps the job runs again), so the file and its plot
+  /// show the whole run; otherwise the file starts empty.
+  static outcome<metrics_writer> open(const std::string& path, uint64_t resume_after = 0);
   metrics_writer(metrics_writer&&) noexcept;
   metrics_writer& operator=(metrics_writer&&) noexcept;
   ~metrics_writer();
