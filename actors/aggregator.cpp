@@ -267,7 +267,6 @@ void release_sync(self_pointer self) {
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
     if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
-      log::get()->error("aggregator '{}': {}", st.spec.name, describe(err));
       fail_all(st.round.release(), err);
       return;
     }
@@ -299,6 +298,33 @@ void release_average(self_pointer self) {
   }
   invalidate(self);
   answer_all(self, st.round.release());
+}
+
+/// Takes `worker`'s push of `step` into the round (an empty push is an
+/// abstention after a refused value: it only arrives), parks it, and
+/// releases the round once every worker not done has arrived.
+template <class Release>
+push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
+                       const std::vector<tensor>& values, const char* what, Release release) {
+  auto& st = self->state;
+  if (!values.empty()) {
+    auto parts = unpack(self, worker, values, what);
+    if (!parts)
+      return std::move(parts.error());
+    st.round.add(*parts, st.offsets, st.sizes);
+  }
+  auto r = park(self, worker, step);
+  if (st.round.complete())
+    release(self);
+  return r;
+}
+
+/// A push of a step the aggregator has not reached (sync, async).
+caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step) {
+  return make_error(af_error::invalid_argument,
+                    fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
+                                "global step is {}",
+                                worker_name(worker), step, st.spec.name, st.global_step));
 }
 
 // -- the behaviors ---------------------------------------------------------------
@@ -436,26 +462,12 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         return {st.global_step, std::move(*p)};
       }
       if (step > st.global_step)
-        return make_error(af_error::invalid_argument,
-                          fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
-                                      "global step is {}",
-                                      worker_name(worker), step, st.spec.name, st.global_step));
+        return ahead_of(st, worker, step);
       if (st.round.has_arrived(worker))
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed step {} twice to aggregator '{}'",
                                       worker_name(worker), step, st.spec.name));
-      // An abstention (after a refused gradient) waits for the release and
-      // adds nothing.
-      if (!grads.empty()) {
-        auto parts = unpack(self, worker, grads, "gradient");
-        if (!parts)
-          return std::move(parts.error());
-        st.round.add(*parts, st.offsets, st.sizes);
-      }
-      auto r = park(self, worker, step);
-      if (st.round.complete())
-        release_sync(self);
-      return r;
+      return join_round(self, worker, step, grads, "gradient", release_sync);
     });
 }
 
@@ -468,10 +480,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         return err;
       st.stats.pushes += 1;
       if (step > st.global_step)
-        return make_error(af_error::invalid_argument,
-                          fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
-                                      "global step is {}",
-                                      worker_name(worker), step, st.spec.name, st.global_step));
+        return ahead_of(st, worker, step);
       if (!grads.empty()) {
         auto parts = unpack(self, worker, grads, "gradient");
         if (!parts)
@@ -533,18 +542,7 @@ aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
                                       worker_name(worker), st.spec.name));
       if (auto err = check_average_step(st, worker, step))
         return err;
-      // An abstention (after refused parameters) waits for the release and
-      // adds nothing.
-      if (!values.empty()) {
-        auto parts = unpack(self, worker, values, "parameters");
-        if (!parts)
-          return std::move(parts.error());
-        st.round.add(*parts, st.offsets, st.sizes);
-      }
-      auto r = park(self, worker, step);
-      if (st.round.complete())
-        release_average(self);
-      return r;
+      return join_round(self, worker, step, values, "parameters", release_average);
     });
 }
 

@@ -193,6 +193,23 @@ caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, cons
   return state;
 }
 
+/// The chief's key-value store and the incarnation of its node (a key
+/// under it belongs to this run of the chief, not to an earlier one).
+struct chief_store {
+  kv_store_actor store;
+  uint64_t incarnation = 0;
+};
+
+caf::expected<chief_store> chief_store_of(session& s) {
+  auto store = s.kv_store("worker", 0);
+  if (!store)
+    return std::move(store.error());
+  auto info = s.ping("worker", 0);
+  if (!info)
+    return std::move(info.error());
+  return chief_store{*store, info->incarnation};
+}
+
 /// Where the job starts, as the chief publishes it in its key-value store for
 /// the other workers: "<global step> <data position>".
 std::string start_key(uint64_t chief_incarnation) {
@@ -301,17 +318,15 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     if (!placed)
       return std::move(placed.error());
     setup.shards = std::move(placed->shards);
-    auto chief_info = s.ping("worker", 0);
+    auto chief_info = chief_store_of(s);
     if (!chief_info)
       return std::move(chief_info.error());
-    auto store = s.kv_store("worker", 0);
-    if (!store)
-      return std::move(store.error());
     // The store answers a get at its own deadline; the client's margin
     // only covers a round trip. A store whose node died (a chief killed or
     // failed at start) answers nothing, and CAF does not fail a request to
     // a dead remote actor: the margin is how late the others learn of it.
-    kv_client client{s.system(), *store, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds{5})};
+    kv_client client{s.system(), chief_info->store,
+                     std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds{5})};
     // The chief publishes where the job starts once it has initialized or
     // restored the variables, or why it could not: the others wait for that
     // word instead of waiting init_timeout_ms for variables that a failed
@@ -407,13 +422,10 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       setup.start_step = restored->global_step;
       setup.start_position = restored->data_position;
     }
-    auto store = s.kv_store("worker", 0);
-    if (!store)
-      return std::move(store.error());
-    auto chief_info = s.ping("worker", 0);
+    auto chief_info = chief_store_of(s);
     if (!chief_info)
       return std::move(chief_info.error());
-    kv_client client{s.system(), *store, timeout};
+    kv_client client{s.system(), chief_info->store, timeout};
     auto group = allreduce_group::create(task, workers,
                                          fmt::format("train/{}/{}", chief_info->incarnation,
                                                      setup.start_step),

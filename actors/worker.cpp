@@ -57,8 +57,6 @@ caf::behavior reduce_link(caf::event_based_actor*, std::shared_ptr<allreduce_gro
 }
 
 struct worker_state {
-  uint64_t checkpoint_failures = 0;
-  std::string checkpoint_error;
   worker_setup setup;
   std::function<void(caf::expected<worker_result>)> done;
   step_runner runner;
@@ -74,6 +72,8 @@ struct worker_state {
   double last_loss = 0;
   uint64_t refused = 0;
   std::string last_refusal;
+  uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
+  std::string checkpoint_error;     ///< the last one's reason
   clock_type::time_point started;
   clock_type::time_point last_checkpoint;
   uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
@@ -323,15 +323,12 @@ void checkpoint(self_pointer self, std::function<void()> then) {
     then();
   };
   if (st.own) {
-    auto names = train::slot_names(st.setup.cfg.optimizer.kind);
-    for (size_t i = 0; i < st.setup.params.size(); ++i) {
-      train::saved_variable v;
-      v.name = st.setup.params[i].name;
-      v.value = st.own->values[i];
-      for (size_t k = 0; k < names.size() && k < st.own->slots[i].size(); ++k)
-        v.slots[names[k]] = st.own->slots[i][k];
-      ckpt->variables.push_back(std::move(v));
-    }
+    aggregator_state mine; // the replica's, in the aggregators' form
+    for (const auto& p : st.setup.params)
+      mine.names.push_back(p.name);
+    mine.values = st.own->values;
+    mine.slots = st.own->slots;
+    add_variables(*ckpt, mine, st.setup.cfg.optimizer.kind);
     write();
     return;
   }
@@ -360,7 +357,8 @@ void after_step(self_pointer self) {
   // sync and async count the shared global step; average and allreduce
   // workers their own steps (the same on every worker).
   bool shared = c.mode == "sync" || c.mode == "async";
-  bool last = (shared ? st.global_step : st.setup.start_step + st.local_step) >= st.setup.total_steps;
+  uint64_t step = shared ? st.global_step : st.setup.start_step + st.local_step;
+  bool last = step >= st.setup.total_steps;
   bool chief = st.setup.index == 0;
   // async: when the global step crossed a multiple of log_every (it moves
   // by every worker's pushes: counting this worker's steps, a job of 200
@@ -400,15 +398,14 @@ void after_step(self_pointer self) {
     then_ckpt();
     return;
   }
-  auto progress = [self, then_ckpt, report](double test_loss, double acc) {
+  auto progress = [self, then_ckpt, report, step](double test_loss, double acc) {
     auto& st = self->state;
     if (report && st.setup.on_progress) {
       worker_progress p;
       p.worker = st.setup.index;
       p.local_step = st.local_step;
       p.global_step = st.global_step;
-      bool shared = st.setup.cfg.mode == "sync" || st.setup.cfg.mode == "async";
-      p.step = shared ? st.global_step : st.setup.start_step + st.local_step;
+      p.step = step;
       if (st.setup.cfg.mode == "average") {
         uint64_t k = std::max<uint32_t>(1, st.setup.cfg.average_every);
         p.rounds = (st.global_step + k - 1) / k;

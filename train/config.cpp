@@ -330,16 +330,23 @@ std::string real(double x) {
 
 enum class value_kind { text, number, whole, sizes };
 
+/// The type `key` has in the config's TOML: read from what to_toml writes
+/// for the defaults, so a key added there needs no second list here.
 value_kind kind_of(const std::string& key) {
-  for (const char* k : {"mode", "model", "data", "optimizer", "schedule", "checkpoint_dir",
-                        "metrics"})
-    if (key == k)
-      return value_kind::text;
-  for (const char* k : {"holdout", "epochs", "learning_rate", "momentum", "beta1", "beta2",
-                        "epsilon", "decay_rate", "min_lr", "checkpoint_secs"})
-    if (key == k)
-      return value_kind::number;
-  return key == "hidden" ? value_kind::sizes : value_kind::whole;
+  static const toml::value defaults = [] {
+    std::istringstream in{to_toml(train_config{})};
+    return toml::parse(in, "the defaults");
+  }();
+  const auto& table = toml::find(defaults, "train").as_table();
+  auto it = table.find(key);
+  if (it == table.end())
+    return value_kind::whole; // unknown keys are refused before this is asked
+  switch (it->second.type()) {
+    case toml::value_t::string: return value_kind::text;
+    case toml::value_t::floating: return value_kind::number;
+    case toml::value_t::array: return value_kind::sizes;
+    default: return value_kind::whole;
+  }
 }
 
 /// What `key` takes, with an example, for the end of an override's error.
