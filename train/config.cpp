@@ -32,7 +32,8 @@ const std::vector<std::string>& known_keys() {
     "synthetic_classes", "batch_size", "steps", "epochs", "optimizer", "learning_rate",
     "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
     "average_every", "seed", "checkpoint_dir", "checkpoint_steps", "checkpoint_secs", "metrics",
-    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms"};
+    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms", "replicas_to_aggregate",
+    "step_deadline_ms", "min_replicas", "staleness", "max_partitions", "min_slice_bytes"};
   return keys;
 }
 
@@ -162,6 +163,12 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "eval_every") return whole(c.eval_every);
   if (key == "step_timeout_ms") return whole(c.step_timeout_ms);
   if (key == "init_timeout_ms") return whole(c.init_timeout_ms);
+  if (key == "replicas_to_aggregate") return whole(c.replicas_to_aggregate);
+  if (key == "step_deadline_ms") return whole(c.step_deadline_ms);
+  if (key == "min_replicas") return whole(c.min_replicas);
+  if (key == "staleness") return whole(c.staleness);
+  if (key == "max_partitions") return whole(c.max_partitions);
+  if (key == "min_slice_bytes") return whole(c.min_slice_bytes);
   if (key == "hidden") {
     if (!v.is_array())
       return bad(fmt::format("must be an array of layer sizes like [128, 64], not {}",
@@ -198,8 +205,8 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
         return true;
     return false;
   };
-  if (!one_of(c.mode, {"sync", "async", "average", "allreduce"}))
-    return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, average or "
+  if (!one_of(c.mode, {"sync", "async", "ssp", "average", "allreduce"}))
+    return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, ssp, average or "
                                     "allreduce", c.mode));
   if (!one_of(c.model, {"softmax", "mlp", "linear"}))
     return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp or linear",
@@ -288,7 +295,9 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
                             {"decay_steps", o.schedule.decay_steps},
                             {"checkpoint_steps", c.checkpoint_steps},
                             {"log_every", c.log_every},
-                            {"eval_every", c.eval_every}})
+                            {"eval_every", c.eval_every},
+                            {"staleness", c.staleness},
+                            {"min_slice_bytes", c.min_slice_bytes}})
     if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       return fail(key, fmt::format("{} = {}: it must be at most 2^63 - 1, the largest TOML "
                                    "integer", key, value));
@@ -296,6 +305,18 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("step_timeout_ms", "step_timeout_ms = 0: it must be at least 1");
   if (c.init_timeout_ms == 0)
     return fail("init_timeout_ms", "init_timeout_ms = 0: it must be at least 1");
+  if (c.min_replicas == 0)
+    return fail("min_replicas", "min_replicas = 0: it must be at least 1 (a step closed with no "
+                                "gradient would only move the step count)");
+  if (combinations && c.replicas_to_aggregate > 0 && c.min_replicas > c.replicas_to_aggregate)
+    return fail("min_replicas", fmt::format("min_replicas = {} is more than replicas_to_aggregate "
+                                            "= {}: a step never needs more gradients than it uses",
+                                            c.min_replicas, c.replicas_to_aggregate));
+  if (c.max_partitions == 0)
+    return fail("max_partitions", "max_partitions = 0: it must be at least 1 (1: no variable is "
+                                  "partitioned)");
+  if (c.min_slice_bytes == 0)
+    return fail("min_slice_bytes", "min_slice_bytes = 0: it must be at least 1");
   return std::nullopt;
 }
 
@@ -597,6 +618,12 @@ std::string to_toml(const train_config& c) {
   line("eval_every", std::to_string(c.eval_every));
   line("step_timeout_ms", std::to_string(c.step_timeout_ms));
   line("init_timeout_ms", std::to_string(c.init_timeout_ms));
+  line("replicas_to_aggregate", std::to_string(c.replicas_to_aggregate));
+  line("step_deadline_ms", std::to_string(c.step_deadline_ms));
+  line("min_replicas", std::to_string(c.min_replicas));
+  line("staleness", std::to_string(c.staleness));
+  line("max_partitions", std::to_string(c.max_partitions));
+  line("min_slice_bytes", std::to_string(c.min_slice_bytes));
   return out;
 }
 

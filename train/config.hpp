@@ -13,7 +13,7 @@
 namespace af::train {
 
 struct train_config {
-  std::string mode = "sync";       ///< sync, async, average, allreduce
+  std::string mode = "sync";       ///< sync, async, ssp, average, allreduce
   std::string model = "mlp";       ///< softmax, mlp
   std::vector<int64_t> hidden = {128}; ///< mlp hidden layer sizes
   std::string data = "digits";     ///< digits, synthetic, csv:PATH, idx:IMAGES,LABELS
@@ -36,6 +36,23 @@ struct train_config {
   uint64_t eval_every = 100;       ///< held-out accuracy every N steps (0: only at the end)
   uint32_t step_timeout_ms = 30000;///< how long an aggregator waits for a step's workers
   uint32_t init_timeout_ms = 60000;///< how long a worker waits for the chief's initialization
+  /// sync: the gradients a step uses (TF's SyncReplicasOptimizer
+  /// replicas_to_aggregate); later ones of that step are dropped and counted.
+  /// 0: every worker's. Fewer than the workers makes the rest backup workers.
+  uint32_t replicas_to_aggregate = 0;
+  /// sync: a step that has waited this long closes with what arrived if at
+  /// least min_replicas did, else it waits on and names whom it waits for
+  /// once per deadline. 0: no deadline (step_timeout_ms still bounds the wait).
+  uint32_t step_deadline_ms = 0;
+  uint32_t min_replicas = 1;       ///< sync with a deadline: the fewest gradients a step closes with
+  /// ssp: how many steps a worker may run ahead of the slowest (0: lockstep,
+  /// as sync; at least the job's steps: never waits, as async).
+  uint64_t staleness = 3;
+  /// Partitioned variables (TF's min_max_variable_partitioner): a variable is
+  /// split along its first axis into at most max_partitions shards of at
+  /// least min_slice_bytes each, spread over the ps tasks by size. 1: none.
+  uint32_t max_partitions = 1;
+  uint64_t min_slice_bytes = 262144;
 };
 
 /// Parses the [train] table of `path` (or the whole file if it has no
