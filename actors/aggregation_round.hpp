@@ -40,6 +40,16 @@ public:
 
   bool is_done(uint32_t worker) const { return done_.at(worker); }
 
+  /// `worker` takes part from the next completion check on (a worker that
+  /// joins a running job, or comes back): the round grows to hold it.
+  void add_worker(uint32_t worker) {
+    if (worker >= arrived_.size()) {
+      arrived_.resize(worker + 1, false);
+      done_.resize(worker + 1, true);
+    }
+    done_[worker] = false;
+  }
+
   /// Every worker pushes again (a restore starts the job over from a
   /// checkpoint: workers that had finished before it are back).
   void reset_done() { std::fill(done_.begin(), done_.end(), false); }
@@ -97,13 +107,23 @@ public:
     return true;
   }
 
-  /// True once every worker not done has arrived.
-  bool complete() const {
+  /// True once every worker not done has arrived, or, with `enough` > 0,
+  /// once `enough` workers have (or every one not done, if fewer are left):
+  /// the first `enough` of a step make it (TF's replicas_to_aggregate).
+  bool complete(uint32_t enough = 0) const {
+    if (enough > 0 && arrivals() >= std::min(enough, std::max<uint32_t>(active(), 1)))
+      return true;
     for (size_t w = 0; w < arrived_.size(); ++w)
       if (!done_[w] && !arrived_[w])
         return false;
     return true;
   }
+
+  /// Workers that pushed in this round (abstentions included).
+  uint32_t arrivals() const noexcept { return static_cast<uint32_t>(tickets_.size()); }
+
+  /// When the round's first push came (meaningless before it).
+  clock_type::time_point started() const noexcept { return started_; }
 
   /// The workers the round still waits for, in order.
   std::vector<uint32_t> missing() const {

@@ -20,9 +20,49 @@ using clock_type = std::chrono::steady_clock;
 using push_result = caf::result<uint64_t, tensor>;
 
 constexpr size_t staleness_buckets = 16;
+constexpr size_t max_events = 32;
+/// The highest worker index a join may use (a task index is at most 65535).
+constexpr uint32_t max_worker_index = 65535;
 
-std::string worker_name(uint32_t w) {
+/// "worker 2 (/job:worker/task:2 at 10.0.0.3:3334)", or "worker 2" before it joined.
+std::string worker_name(const aggregator_actor_state& st, uint32_t w) {
+  if (w < st.members.size() && !st.members[w].stats.task.empty()) {
+    const auto& m = st.members[w].stats;
+    return fmt::format("worker {} ({}{}{})", w, m.task, m.address.empty() ? "" : " at ",
+                       m.address);
+  }
   return fmt::format("worker {}", w);
+}
+
+aggregator_member& member(aggregator_actor_state& st, uint32_t w) {
+  if (w >= st.members.size()) {
+    st.members.resize(w + 1);
+    for (size_t i = 0; i < st.members.size(); ++i)
+      st.members[i].stats.worker = static_cast<uint32_t>(i);
+  }
+  return st.members[w];
+}
+
+/// A membership or mode change: logged, and kept for the progress line.
+void add_event(aggregator_actor_state& st, std::string what) {
+  log::get()->info("aggregator '{}': {}", st.spec.name, what);
+  st.stats.events.push_back(std::move(what));
+  if (st.stats.events.size() > max_events)
+    st.stats.events.erase(st.stats.events.begin());
+  st.stats.events_total += 1;
+}
+
+/// Counts a push of `worker` (its time, for its rate and idleness).
+void note_push(aggregator_actor_state& st, uint32_t worker, uint64_t step) {
+  auto& m = member(st, worker);
+  auto now = clock_type::now();
+  if (m.stats.pushes == 0)
+    m.first_push = now;
+  m.last_push = now;
+  m.idle_logged = false;
+  m.stats.pushes += 1;
+  m.stats.last_step = step;
+  st.stats.pushes += 1;
 }
 
 /// The flat parameters of the current global step (made once per step).
@@ -61,6 +101,7 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
                                                 const std::vector<tensor>& values,
                                                 const char* what) {
   auto& st = self->state;
+  auto worker_name = [&st](uint32_t w) { return af::worker_name(st, w); };
   std::vector<const float*> out(st.vars.size());
   auto var_name = [&](size_t i) { return st.spec.variables[i]; };
   if (values.size() == 1 && st.vars.size() != 1) {
@@ -100,6 +141,7 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
                              "refused, the variable keeps its value",
                              what, worker_name(worker), var_name(i), bad, out[i][bad]);
       st.stats.refused += 1;
+      member(st, worker).stats.refused += 1;
       st.stats.last_refusal = msg;
       log::get()->warn("aggregator '{}': {}", st.spec.name, msg);
       return make_error(af_error::non_finite, std::move(msg));
@@ -110,14 +152,18 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
 
 caf::error check_worker(self_pointer self, uint32_t worker) {
   auto& st = self->state;
-  if (worker >= st.spec.workers)
+  bool joined = worker < st.members.size() && st.members[worker].joined;
+  if (worker >= st.spec.workers && !joined)
     return make_error(af_error::invalid_argument,
-                      fmt::format("aggregator '{}' has workers 0..{}, got a push from worker {}",
+                      fmt::format("aggregator '{}' has workers 0..{} and those that joined, got a "
+                                  "push from worker {}: a worker that is not in the job's config "
+                                  "joins first (actorflow-train --join)",
                                   st.spec.name, st.spec.workers - 1, worker));
   if (st.round.is_done(worker))
     return make_error(af_error::invalid_argument,
-                      fmt::format("aggregator '{}': {} said it was done and pushes again",
-                                  st.spec.name, worker_name(worker)));
+                      fmt::format("aggregator '{}': {} said it was done (or left) and pushes "
+                                  "again; join again to come back",
+                                  st.spec.name, worker_name(st, worker)));
   return caf::none;
 }
 
@@ -195,7 +241,22 @@ caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
 
 using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor>>>;
 
+/// Counts, for each ticket's worker, the time its push waited and whether
+/// its values were used.
+void account(aggregator_actor_state& st, const tickets& waiting, bool applied) {
+  auto now = clock_type::now();
+  for (const auto& w : waiting) {
+    auto& m = member(st, w.first);
+    m.stats.waited_ms += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - m.parked_since).count());
+    if (applied && m.contributed)
+      m.stats.applied += 1;
+    m.contributed = false;
+  }
+}
+
 void answer_all(self_pointer self, tickets waiting) {
+  account(self->state, waiting, true);
   auto p = params(self);
   for (auto& w : waiting) {
     if (p)
@@ -205,17 +266,53 @@ void answer_all(self_pointer self, tickets waiting) {
   }
 }
 
-/// "worker 1, worker 3": the workers the round waits for.
+/// "worker 1 (/job:worker/task:1 at h:p, last push 2.1 s ago), worker 3": whom the round waits for.
 std::string missing_names(const aggregator_actor_state& st) {
   std::vector<std::string> names;
-  for (auto w : st.round.missing())
-    names.push_back(worker_name(w));
+  auto now = clock_type::now();
+  for (auto w : st.round.missing()) {
+    auto name = worker_name(st, w);
+    if (w < st.members.size() && st.members[w].stats.pushes > 0)
+      name += fmt::format(" (last push {:.1f} s ago, at step {})",
+                          std::chrono::duration<double>(now - st.members[w].last_push).count(),
+                          st.members[w].stats.last_step);
+    names.push_back(std::move(name));
+  }
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-void fail_all(tickets waiting, const caf::error& err) {
+void fail_all(aggregator_actor_state& st, tickets waiting, const caf::error& err) {
+  account(st, waiting, false);
   for (auto& w : waiting)
     w.second.deliver(err);
+}
+
+std::chrono::milliseconds since(clock_type::time_point t, clock_type::time_point now) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - t);
+}
+
+/// sync with backup workers: steps go on without a member that stopped
+/// pushing; it is named once (per silence) when it has been quiet for
+/// longer than a deadline (or a second) while the job moved 2+ steps.
+void name_idle(aggregator_actor_state& st) {
+  auto now = clock_type::now();
+  auto quiet = std::chrono::milliseconds{std::max<uint32_t>(1000, st.spec.step_deadline_ms)};
+  for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w) {
+    auto& m = st.members[w];
+    if (st.round.is_done(w) || m.idle_logged)
+      continue;
+    auto last = m.stats.pushes > 0 ? m.last_push : m.joined_at;
+    if (last == clock_type::time_point{} || now - last < quiet
+        || st.global_step < m.stats.last_step + 2)
+      continue;
+    m.idle_logged = true;
+    log::get()->warn("aggregator '{}' ({}): {} has pushed nothing for {:.1f} s (its last push was "
+                     "for step {}, the job is at step {}); the steps go on without it ({} of {} "
+                     "gradients per step)",
+                     st.spec.name, st.spec.mode, worker_name(st, w),
+                     std::chrono::duration<double>(now - last).count(), m.stats.last_step,
+                     st.global_step, st.spec.replicas_to_aggregate, st.round.active());
+  }
 }
 
 void schedule_sweep(self_pointer self) {
@@ -223,17 +320,97 @@ void schedule_sweep(self_pointer self) {
   if (st.sweep_pending || st.spec.step_timeout_ms == 0)
     return;
   st.sweep_pending = true;
-  auto every = std::max<uint32_t>(10, std::min<uint32_t>(1000, st.spec.step_timeout_ms / 4));
-  self->delayed_send(self, std::chrono::milliseconds(every), sweep_atom::value);
+  auto every = std::chrono::milliseconds{
+    std::max<uint32_t>(10, std::min<uint32_t>(1000, st.spec.step_timeout_ms / 4))};
+  if (st.spec.mode == "sync" && st.spec.step_deadline_ms > 0 && st.round.in_progress()) {
+    // Wake at the round's next deadline (each is acted on once).
+    auto due = st.round.started()
+               + std::chrono::milliseconds{st.spec.step_deadline_ms} * (st.deadline_periods + 1);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - clock_type::now());
+    every = std::max(std::chrono::milliseconds{1}, std::min(every, left));
+  }
+  self->delayed_send(self, every, sweep_atom::value);
+}
+
+void release_sync(self_pointer self);
+void release_ssp(self_pointer self, bool all = false);
+
+/// sync: the round's deadlines. One that passes with at least min_replicas
+/// arrived closes the step with them; else it names whom the step waits for.
+void check_deadline(self_pointer self) {
+  auto& st = self->state;
+  if (st.spec.mode != "sync" || st.spec.step_deadline_ms == 0 || !st.round.in_progress())
+    return;
+  auto now = clock_type::now();
+  std::chrono::milliseconds deadline{st.spec.step_deadline_ms};
+  auto waited = since(st.round.started(), now);
+  if (waited < deadline * (st.deadline_periods + 1))
+    return;
+  st.deadline_periods = static_cast<uint64_t>(waited / deadline);
+  if (st.round.arrivals() >= st.spec.min_replicas) {
+    st.stats.closed_at_deadline += 1;
+    log::get()->debug("aggregator '{}': step {} closes at its deadline ({} ms) with {} of {} "
+                      "gradients; missing {}",
+                      st.spec.name, st.global_step, st.spec.step_deadline_ms,
+                      st.round.arrivals(), st.round.active(), missing_names(st));
+    release_sync(self);
+    return;
+  }
+  log::get()->warn("aggregator '{}' (sync) has waited {} ms at global step {} with {} of the "
+                   "min_replicas {} gradients; waiting for {}",
+                   st.spec.name, waited.count(), st.global_step, st.round.arrivals(),
+                   st.spec.min_replicas, missing_names(st));
 }
 
 void sweep(self_pointer self) {
   auto& st = self->state;
   st.sweep_pending = false;
+  auto now = clock_type::now();
+  std::chrono::milliseconds timeout{st.spec.step_timeout_ms};
+  if (st.spec.mode == "ssp") {
+    // Pushes held back by the bound: named once after a second, failed at the timeout.
+    std::vector<aggregator_actor_state::ssp_wait> keep;
+    for (auto& w : st.ssp_waiting) {
+      auto waited = since(w.since, now);
+      auto why = [&] {
+        uint64_t slowest = UINT64_MAX;
+        uint32_t who = 0;
+        for (uint32_t v = 0; v < st.members.size() && v < st.round.workers(); ++v)
+          if (!st.round.is_done(v) && st.members[v].stats.clock < slowest) {
+            slowest = st.members[v].stats.clock;
+            who = v;
+          }
+        return fmt::format("{} is at clock {}, more than staleness {} ahead of {} (clock {})",
+                           worker_name(st, w.worker), member(st, w.worker).stats.clock,
+                           st.spec.staleness, worker_name(st, who), slowest);
+      };
+      if (waited >= timeout) {
+        auto err = make_error(af_error::timeout,
+                              fmt::format("aggregator '{}' (ssp) held a push for {} ms: {}; the "
+                                          "push is abandoned",
+                                          st.spec.name, waited.count(), why()));
+        log::get()->warn("{}", describe(err));
+        member(st, w.worker).stats.waited_ms += static_cast<uint64_t>(waited.count());
+        w.promise.deliver(err);
+        continue;
+      }
+      if (!w.logged && waited >= std::chrono::seconds{1}) {
+        w.logged = true;
+        log::get()->warn("aggregator '{}' (ssp): {}; its push waits", st.spec.name, why());
+      }
+      keep.push_back(std::move(w));
+    }
+    st.ssp_waiting = std::move(keep);
+    if (!st.ssp_waiting.empty())
+      schedule_sweep(self);
+    return;
+  }
   if (!st.round.in_progress())
     return;
-  if (!st.round.expired(std::chrono::milliseconds(st.spec.step_timeout_ms))) {
-    schedule_sweep(self);
+  if (!st.round.expired(timeout)) {
+    check_deadline(self);
+    if (st.round.in_progress())
+      schedule_sweep(self);
     return;
   }
   auto err = make_error(af_error::timeout,
@@ -242,13 +419,16 @@ void sweep(self_pointer self) {
                                     st.spec.name, st.spec.mode, st.spec.step_timeout_ms,
                                     st.global_step, missing_names(st)));
   log::get()->warn("{}", describe(err));
-  fail_all(st.round.release(), err);
+  fail_all(st, st.round.release(), err);
 }
 
 /// Parks the push of `worker` for `step` until the round completes.
 push_result park(self_pointer self, uint32_t worker, uint64_t step) {
   auto& st = self->state;
   auto promise = self->make_response_promise<uint64_t, tensor>();
+  if (!st.round.in_progress())
+    st.deadline_periods = 0;
+  member(st, worker).parked_since = clock_type::now();
   st.round.arrive(worker, step, promise);
   schedule_sweep(self);
   return promise;
@@ -267,7 +447,7 @@ void release_sync(self_pointer self) {
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
     if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
-      fail_all(st.round.release(), err);
+      fail_all(st, st.round.release(), err);
       return;
     }
     st.stats.applied += 1;
@@ -275,6 +455,7 @@ void release_sync(self_pointer self) {
   st.global_step += 1;
   invalidate(self);
   answer_all(self, st.round.release());
+  name_idle(st);
 }
 
 /// average: the mean of the round's parameters becomes every variable's value.
@@ -284,7 +465,7 @@ void release_average(self_pointer self) {
     auto step = st.round.step().value_or(st.global_step);
     auto what = fmt::format("average of the round at step {}", step);
     if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
-      fail_all(st.round.release(), err);
+      fail_all(st, st.round.release(), err);
       return;
     }
     st.stats.applied += 1;
@@ -300,9 +481,25 @@ void release_average(self_pointer self) {
   answer_all(self, st.round.release());
 }
 
+/// After a member came, went or was done: what its mode may now release.
+void reconsider(self_pointer self) {
+  auto& st = self->state;
+  if (st.spec.mode == "ssp") {
+    release_ssp(self);
+    return;
+  }
+  if (!st.round.in_progress() || !st.round.complete(st.spec.replicas_to_aggregate))
+    return;
+  if (st.spec.mode == "sync")
+    release_sync(self);
+  else if (st.spec.mode == "average")
+    release_average(self);
+}
+
 /// Takes `worker`'s push of `step` into the round (an empty push is an
 /// abstention after a refused value: it only arrives), parks it, and
-/// releases the round once every worker not done has arrived.
+/// releases the round once enough workers have arrived: every member not
+/// done, or (sync) the first replicas_to_aggregate.
 template <class Release>
 push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const std::vector<tensor>& values, const char* what, Release release) {
@@ -312,26 +509,127 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
     if (!parts)
       return std::move(parts.error());
     st.round.add(*parts, st.offsets, st.sizes);
+    member(st, worker).contributed = true;
+  } else {
+    member(st, worker).stats.refused += 1;
   }
   auto r = park(self, worker, step);
-  if (st.round.complete())
+  if (st.round.complete(st.spec.mode == "sync" ? st.spec.replicas_to_aggregate : 0))
     release(self);
   return r;
 }
 
-/// A push of a step the aggregator has not reached (sync, async).
+/// A push of a step the aggregator has not reached (sync, async, ssp).
 caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step) {
   return make_error(af_error::invalid_argument,
                     fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
                                 "global step is {}",
-                                worker_name(worker), step, st.spec.name, st.global_step));
+                                worker_name(st, worker), step, st.spec.name, st.global_step));
+}
+
+// -- ssp ------------------------------------------------------------------------
+
+/// The clock of the slowest member still pushing (UINT64_MAX if none).
+uint64_t slowest_clock(const aggregator_actor_state& st) {
+  uint64_t out = UINT64_MAX;
+  for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w)
+    if (!st.round.is_done(w))
+      out = std::min(out, st.members[w].stats.clock);
+  return out;
+}
+
+bool within_bound(const aggregator_actor_state& st, uint32_t worker) {
+  auto slowest = slowest_clock(st);
+  auto clock = st.members[worker].stats.clock;
+  return slowest == UINT64_MAX || clock <= slowest || clock - slowest <= st.spec.staleness;
+}
+
+/// Answers the held pushes the bound now lets go (all of them when a
+/// switch drains the mode).
+void release_ssp(self_pointer self, bool all) {
+  auto& st = self->state;
+  if (st.ssp_waiting.empty())
+    return;
+  auto p = params(self);
+  auto now = clock_type::now();
+  std::vector<aggregator_actor_state::ssp_wait> keep;
+  for (auto& w : st.ssp_waiting) {
+    if (!all && !within_bound(st, w.worker)) {
+      keep.push_back(std::move(w));
+      continue;
+    }
+    member(st, w.worker).stats.waited_ms += static_cast<uint64_t>(since(w.since, now).count());
+    if (p)
+      w.promise.deliver(st.global_step, *p);
+    else
+      w.promise.deliver(p.error());
+  }
+  st.ssp_waiting = std::move(keep);
+}
+
+/// A gradient applied at once (async, ssp), with its staleness counted.
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step,
+                     const std::vector<tensor>& grads) {
+  auto& st = self->state;
+  auto& m = member(st, worker);
+  if (grads.empty()) {
+    m.stats.refused += 1;
+    return caf::none;
+  }
+  auto parts = unpack(self, worker, grads, "gradient");
+  if (!parts)
+    return std::move(parts.error());
+  auto what = fmt::format("gradient of {} (step {})", worker_name(st, worker), step);
+  if (auto err = update_all(self, *parts, what))
+    return err;
+  auto staleness = st.global_step - step;
+  st.stats.staleness[std::min<uint64_t>(staleness, staleness_buckets - 1)] += 1;
+  st.stats.applied += 1;
+  m.stats.applied += 1;
+  if (staleness > 0)
+    m.stats.stale += 1;
+  m.stats.max_staleness = std::max(m.stats.max_staleness, staleness);
+  st.global_step += 1;
+  invalidate(self);
+  return caf::none;
 }
 
 // -- the behaviors ---------------------------------------------------------------
 
+aggregator_impl_actor::behavior_type behavior_of(self_pointer self, const std::string& mode);
+
+caf::error check_spec(const aggregator_spec& spec) {
+  if (!aggregator_mode(spec.mode))
+    return make_error(af_error::invalid_argument,
+                      "aggregator '" + spec.name + "': mode '" + spec.mode
+                        + "' is unknown; a ps aggregates sync, async, ssp or average (allreduce "
+                          "needs no ps)");
+  if (spec.mode != "average")
+    if (auto bad = train::validate(spec.optimizer); !bad.empty())
+      return make_error(af_error::invalid_argument, "aggregator '" + spec.name + "': " + bad);
+  if (spec.min_replicas == 0)
+    return make_error(af_error::invalid_argument,
+                      "aggregator '" + spec.name + "': min_replicas must be at least 1");
+  return caf::none;
+}
+
+/// A worker that goes away (its actor down, or done after it joined).
+void depart(self_pointer self, uint32_t worker, const std::string& why) {
+  auto& st = self->state;
+  auto& m = member(st, worker);
+  if (m.left || worker >= st.round.workers() || st.round.is_done(worker))
+    return;
+  m.left = true;
+  st.round.mark_done(worker);
+  add_event(st, fmt::format("{} left at global step {} ({}); {} member{} push{} on",
+                            worker_name(st, worker), st.global_step, why, st.round.active(),
+                            st.round.active() == 1 ? "" : "s",
+                            st.round.active() == 1 ? "es" : ""));
+  reconsider(self);
+}
+
 /// What every mode answers the same way.
-template <class Release>
-auto common_handlers(self_pointer self, Release release) {
+auto common_handlers(self_pointer self) {
   return std::make_tuple(
     [self](pull_atom) -> push_result {
       auto p = params(self);
@@ -340,21 +638,127 @@ auto common_handlers(self_pointer self, Release release) {
       return {self->state.global_step, std::move(*p)};
     },
     [self](stats_atom) -> aggregator_stats {
-      auto s = self->state.stats;
-      s.mode = self->state.spec.mode;
-      s.global_step = self->state.global_step;
-      s.workers_done = self->state.spec.workers - self->state.round.active();
+      auto& st = self->state;
+      auto s = st.stats;
+      s.mode = st.spec.mode;
+      s.global_step = st.global_step;
+      s.active = st.round.active();
+      s.workers_done = 0;
+      auto now = clock_type::now();
+      for (uint32_t w = 0; w < st.members.size(); ++w) {
+        auto m = st.members[w].stats;
+        bool in_round = w < st.round.workers();
+        bool member_now = in_round && !st.round.is_done(w);
+        bool initial = w < st.spec.workers;
+        if (!member_now && (initial || st.members[w].joined))
+          s.workers_done += 1;
+        m.status = member_now ? "member"
+                   : st.members[w].left ? "left"
+                   : (initial || st.members[w].joined) ? "done"
+                                                       : "waiting";
+        if (st.members[w].stats.pushes > 0) {
+          m.idle_s = std::chrono::duration<double>(now - st.members[w].last_push).count();
+          auto span = std::chrono::duration<double>(st.members[w].last_push
+                                                    - st.members[w].first_push).count();
+          if (span > 0 && m.pushes > 1)
+            m.examples_per_s = static_cast<double>(m.batch_size) * static_cast<double>(m.pushes - 1) / span;
+        }
+        s.workers.push_back(std::move(m));
+      }
       return s;
     },
-    [self, release](done_atom, uint32_t worker) -> caf::result<uint32_t> {
+    [self](done_atom, uint32_t worker) -> caf::result<uint32_t> {
       auto& st = self->state;
-      if (worker >= st.spec.workers)
+      bool joined = worker < st.members.size() && st.members[worker].joined;
+      if (worker >= st.spec.workers && !joined)
         return make_error(af_error::invalid_argument,
                           fmt::format("aggregator '{}' has no worker {}", st.spec.name, worker));
-      st.round.mark_done(worker);
-      if (st.round.in_progress() && st.round.complete())
-        release(self);
-      return st.spec.workers - st.round.active();
+      member(st, worker);
+      if (worker >= st.spec.workers && !st.round.is_done(worker)) {
+        depart(self, worker, "done");
+      } else {
+        st.round.mark_done(worker);
+        reconsider(self);
+      }
+      return st.round.workers() - st.round.active();
+    },
+    [self](join_atom, uint32_t worker, std::string& task, std::string& address,
+           uint32_t batch_size, caf::actor& who) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (worker > max_worker_index)
+        return make_error(af_error::invalid_argument,
+                          fmt::format("aggregator '{}': worker {} cannot join: worker indices go "
+                                      "up to {}",
+                                      st.spec.name, worker, max_worker_index));
+      auto& m = member(st, worker);
+      bool was_member = worker < st.round.workers() && !st.round.is_done(worker);
+      if (m.actor && who && m.actor != who.address())
+        self->demonitor(m.actor);
+      m.joined = true;
+      m.left = false;
+      m.joined_at = clock_type::now();
+      m.stats.task = task;
+      m.stats.address = address;
+      m.stats.batch_size = batch_size;
+      // ssp: a newcomer starts level with the slowest member, so it neither
+      // holds the others back nor runs ahead of them.
+      if (!was_member) {
+        auto slowest = slowest_clock(st);
+        m.stats.clock = slowest == UINT64_MAX ? 0 : slowest;
+      }
+      st.round.add_worker(worker);
+      if (who) {
+        m.actor = who.address();
+        self->monitor(who);
+      }
+      if (!was_member)
+        add_event(st, fmt::format("{} joined at global step {}; {} member{} push{}",
+                                  worker_name(st, worker), st.global_step, st.round.active(),
+                                  st.round.active() == 1 ? "" : "s",
+                                  st.round.active() == 1 ? "es" : ""));
+      return st.global_step;
+    },
+    [self](switch_atom, aggregator_spec& want) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      want.name = st.spec.name;
+      if (auto err = check_spec(want))
+        return err;
+      if ((want.mode == "average") != (st.spec.mode == "average"))
+        return make_error(af_error::invalid_argument,
+                          fmt::format("aggregator '{}': a live switch from {} to {} is not "
+                                      "possible: average workers push parameters after local "
+                                      "steps, the other modes push gradients every step; restart "
+                                      "the job from its checkpoint with mode = \"{}\"",
+                                      st.spec.name, st.spec.mode, want.mode, want.mode));
+      auto from = st.spec.mode;
+      // Drain: what the old mode holds is answered before the new one runs.
+      // A round in progress closes with what arrived (none of it is lost);
+      // pushes ssp held back are let go.
+      if (from == "sync" && st.round.in_progress())
+        release_sync(self);
+      else if (from == "average" && st.round.in_progress())
+        release_average(self);
+      if (from == "ssp")
+        release_ssp(self, true);
+      st.spec.mode = want.mode;
+      st.spec.replicas_to_aggregate = want.replicas_to_aggregate;
+      st.spec.step_deadline_ms = want.step_deadline_ms;
+      st.spec.min_replicas = want.min_replicas;
+      st.spec.staleness = want.staleness;
+      if (want.step_timeout_ms > 0)
+        st.spec.step_timeout_ms = want.step_timeout_ms;
+      for (auto& m : st.members) {
+        // sync: each worker's first push after the switch was computed from
+        // the parameters it last got, which async may have moved on from:
+        // it joins the round in progress instead of being dropped as late.
+        m.fresh = want.mode == "sync";
+        m.stats.clock = 0; // ssp counts from the switch, level for everyone
+      }
+      st.stats.switches += 1;
+      add_event(st, fmt::format("mode {} -> {} at global step {}", from, want.mode,
+                                st.global_step));
+      self->become(behavior_of(self, want.mode));
+      return st.global_step;
     },
     [self](save_atom) -> caf::result<aggregator_state> {
       auto& st = self->state;
@@ -412,26 +816,52 @@ auto common_handlers(self_pointer self, Release release) {
       // A round in progress was for parameters that are gone: its pushes
       // are answered now, not left to wait for workers that will push from
       // the restored step.
+      auto abandon = [&](const std::string& waited_for) {
+        return make_error(af_error::aborted,
+                          fmt::format("aggregator '{}' ({}) was restored to global step {} "
+                                      "while its round at global step {} waited for {}; that "
+                                      "round is abandoned (restart the job's workers: they "
+                                      "resume from the checkpoint)",
+                                      st.spec.name, st.spec.mode, in.global_step,
+                                      st.global_step, waited_for));
+      };
       if (st.round.in_progress()) {
-        auto err = make_error(af_error::aborted,
-                              fmt::format("aggregator '{}' ({}) was restored to global step {} "
-                                          "while its round at global step {} waited for {}; that "
-                                          "round is abandoned (restart the job's workers: they "
-                                          "resume from the checkpoint)",
-                                          st.spec.name, st.spec.mode, in.global_step,
-                                          st.global_step, missing_names(st)));
+        auto err = abandon(missing_names(st));
         log::get()->warn("{}", describe(err));
-        fail_all(st.round.release(), err);
+        fail_all(st, st.round.release(), err);
+      }
+      if (!st.ssp_waiting.empty()) {
+        auto err = abandon("the slowest worker");
+        for (auto& w : st.ssp_waiting)
+          w.promise.deliver(err);
+        st.ssp_waiting.clear();
       }
       // The job starts over from the checkpoint: workers that said they
-      // were done push again, and what was counted before is history.
+      // were done push again (not those that left), and what was counted
+      // before is history.
       st.round.reset_done();
+      for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w)
+        if (st.members[w].left || (w >= st.spec.workers && !st.members[w].joined))
+          st.round.mark_done(w);
+      for (auto& m : st.members) {
+        auto keep = m.stats;
+        m.stats = worker_stats{};
+        m.stats.worker = keep.worker;
+        m.stats.task = keep.task;
+        m.stats.address = keep.address;
+        m.stats.batch_size = keep.batch_size;
+        m.contributed = false;
+      }
       st.global_step = in.global_step;
       st.average_stride = 0;
       auto buckets = st.stats.staleness.size();
+      auto events = std::move(st.stats.events);
+      auto events_total = st.stats.events_total;
       st.stats = aggregator_stats{};
       st.stats.mode = st.spec.mode;
       st.stats.staleness.assign(buckets, 0);
+      st.stats.events = std::move(events);
+      st.stats.events_total = events_total;
       invalidate(self);
       return st.global_step;
     },
@@ -447,15 +877,20 @@ aggregator_impl_actor::behavior_type make_behavior(Tuple common, Ts... more) {
 
 aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self, release_sync),
+    common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
       if (auto err = check_worker(self, worker))
         return err;
-      st.stats.pushes += 1;
-      if (step < st.global_step) {
-        // TF's SyncReplicasOptimizer drops a gradient of an old step.
+      note_push(st, worker, step);
+      auto& m = member(st, worker);
+      bool fresh = m.fresh;
+      m.fresh = false;
+      if (step < st.global_step && !fresh) {
+        // TF's SyncReplicasOptimizer drops a gradient of an old step: its
+        // step closed without it (a backup worker's, or a straggler's).
         st.stats.dropped_stale += 1;
+        m.stats.late += 1;
         auto p = params(self);
         if (!p)
           return std::move(p.error());
@@ -466,33 +901,58 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
       if (st.round.has_arrived(worker))
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed step {} twice to aggregator '{}'",
-                                      worker_name(worker), step, st.spec.name));
-      return join_round(self, worker, step, grads, "gradient", release_sync);
+                                      worker_name(st, worker), step, st.spec.name));
+      return join_round(self, worker, st.global_step, grads, "gradient", release_sync);
     });
 }
 
 aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self, [](self_pointer) {}),
+    common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
       if (auto err = check_worker(self, worker))
         return err;
-      st.stats.pushes += 1;
+      note_push(st, worker, step);
       if (step > st.global_step)
         return ahead_of(st, worker, step);
-      if (!grads.empty()) {
-        auto parts = unpack(self, worker, grads, "gradient");
-        if (!parts)
-          return std::move(parts.error());
-        auto what = fmt::format("gradient of {} (step {})", worker_name(worker), step);
-        if (auto err = update_all(self, *parts, what))
-          return err;
-        auto staleness = std::min<uint64_t>(st.global_step - step, staleness_buckets - 1);
-        st.stats.staleness[staleness] += 1;
-        st.stats.applied += 1;
-        st.global_step += 1;
-        invalidate(self);
+      if (auto err = apply_now(self, worker, step, grads))
+        return err;
+      auto p = params(self);
+      if (!p)
+        return std::move(p.error());
+      return {st.global_step, std::move(*p)};
+    });
+}
+
+/// ssp: a gradient is applied at once (as async); its answer, the next
+/// parameters, waits while the worker is more than `staleness` pushes ahead
+/// of the slowest member still pushing (Ho et al., NIPS'13).
+aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
+  return make_behavior(
+    common_handlers(self),
+    [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
+      auto& st = self->state;
+      if (auto err = check_worker(self, worker))
+        return err;
+      note_push(st, worker, step);
+      if (step > st.global_step)
+        return ahead_of(st, worker, step);
+      for (const auto& w : st.ssp_waiting)
+        if (w.worker == worker)
+          return make_error(af_error::already_exists,
+                            fmt::format("{} pushed again to aggregator '{}' while its last push "
+                                        "waits for the slowest worker",
+                                        worker_name(st, worker), st.spec.name));
+      if (auto err = apply_now(self, worker, step, grads))
+        return err;
+      member(st, worker).stats.clock += 1;
+      release_ssp(self); // this push may have been the slowest's
+      if (!within_bound(st, worker)) {
+        auto promise = self->make_response_promise<uint64_t, tensor>();
+        st.ssp_waiting.push_back({worker, promise, clock_type::now()});
+        schedule_sweep(self);
+        return promise;
       }
       auto p = params(self);
       if (!p)
@@ -514,7 +974,7 @@ caf::error check_average_step(const aggregator_actor_state& st, uint32_t worker,
                         fmt::format("{} pushed its parameters of step {} to aggregator '{}', whose "
                                     "round in progress is at step {}: expected step {} (every "
                                     "worker averages after the same local steps)",
-                                    worker_name(worker), step, st.spec.name, *round_step,
+                                    worker_name(st, worker), step, st.spec.name, *round_step,
                                     *round_step));
     return caf::none;
   }
@@ -523,30 +983,44 @@ caf::error check_average_step(const aggregator_actor_state& st, uint32_t worker,
                       fmt::format("{} pushed its parameters of step {} to aggregator '{}', whose "
                                   "global step is {} and whose rounds move it by {}: expected "
                                   "step {} at most",
-                                  worker_name(worker), step, st.spec.name, st.global_step,
+                                  worker_name(st, worker), step, st.spec.name, st.global_step,
                                   st.average_stride, st.global_step + st.average_stride));
   return caf::none;
 }
 
 aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self, release_average),
+    common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& values) -> push_result {
       auto& st = self->state;
       if (auto err = check_worker(self, worker))
         return err;
-      st.stats.pushes += 1;
+      note_push(st, worker, step);
       if (st.round.has_arrived(worker))
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed twice in one round to aggregator '{}'",
-                                      worker_name(worker), st.spec.name));
+                                      worker_name(st, worker), st.spec.name));
       if (auto err = check_average_step(st, worker, step))
         return err;
       return join_round(self, worker, step, values, "parameters", release_average);
     });
 }
 
+aggregator_impl_actor::behavior_type behavior_of(self_pointer self, const std::string& mode) {
+  if (mode == "async")
+    return async_aggregator(self);
+  if (mode == "ssp")
+    return ssp_aggregator(self);
+  if (mode == "average")
+    return average_aggregator(self);
+  return sync_aggregator(self);
+}
+
 } // namespace
+
+bool aggregator_mode(const std::string& mode) {
+  return mode == "sync" || mode == "async" || mode == "ssp" || mode == "average";
+}
 
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
                                                  std::vector<variable_directory::entry> vars) {
@@ -557,24 +1031,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     return make_error(af_error::invalid_argument,
                       fmt::format("aggregator '{}' names {} variables, got {}", spec.name,
                                   spec.variables.size(), vars.size()));
-  if (spec.mode != "average")
-    if (auto bad = train::validate(spec.optimizer); !bad.empty())
-      return make_error(af_error::invalid_argument, "aggregator '" + spec.name + "': " + bad);
-  auto init = [spec, vars](self_pointer self) {
-    auto& st = self->state;
-    st.spec = spec;
-    st.vars = vars;
-    for (auto& v : st.vars) {
-      st.offsets.push_back(st.total);
-      auto n = static_cast<size_t>(num_elements(v.cell->spec().shape));
-      st.sizes.push_back(n);
-      st.total += n;
-    }
-    st.slot_names = train::slot_names(spec.optimizer.kind);
-    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor>>{spec.workers,
-                                                                               st.total};
-    st.stats.staleness.assign(staleness_buckets, 0);
-  };
+  if (auto err = check_spec(spec))
+    return err;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!vars[i].cell)
       return make_error(af_error::not_found,
@@ -588,25 +1046,33 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                                     spec.name, spec.variables[i],
                                     dtype_name(vars[i].cell->spec().type)));
   }
-  if (spec.mode == "sync")
-    return caf::actor_cast<aggregator_actor>(sys.spawn([init](self_pointer self) {
-      init(self);
-      return sync_aggregator(self);
-    }));
-  if (spec.mode == "async")
-    return caf::actor_cast<aggregator_actor>(sys.spawn([init](self_pointer self) {
-      init(self);
-      return async_aggregator(self);
-    }));
-  if (spec.mode == "average")
-    return caf::actor_cast<aggregator_actor>(sys.spawn([init](self_pointer self) {
-      init(self);
-      return average_aggregator(self);
-    }));
-  return make_error(af_error::invalid_argument,
-                    "aggregator '" + spec.name + "': mode '" + spec.mode
-                      + "' is unknown; a ps aggregates sync, async or average (allreduce needs "
-                        "no ps)");
+  return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars](self_pointer self) {
+    auto& st = self->state;
+    st.spec = spec;
+    st.vars = vars;
+    for (auto& v : st.vars) {
+      st.offsets.push_back(st.total);
+      auto n = static_cast<size_t>(num_elements(v.cell->spec().shape));
+      st.sizes.push_back(n);
+      st.total += n;
+    }
+    st.slot_names = train::slot_names(spec.optimizer.kind);
+    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor>>{spec.workers,
+                                                                               st.total};
+    member(st, spec.workers - 1);
+    st.stats.staleness.assign(staleness_buckets, 0);
+    // A member whose actor goes down (its process killed, its worker ended
+    // without saying done) leaves the job at once: no step waits for it.
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      for (uint32_t w = 0; w < st.members.size(); ++w)
+        if (st.members[w].actor && st.members[w].actor == dm.source) {
+          st.members[w].actor = caf::actor_addr{};
+          depart(self, w, dm.reason ? "down: " + describe(dm.reason) : "its actor ended");
+        }
+    });
+    return behavior_of(self, spec.mode);
+  }));
 }
 
 std::string aggregator_spec_difference(const aggregator_spec& have, const aggregator_spec& want) {
@@ -620,6 +1086,13 @@ std::string aggregator_spec_difference(const aggregator_spec& have, const aggreg
     diffs.push_back(fmt::format("variables [{}] vs [{}]", fmt::join(have.variables, ", "),
                                 fmt::join(want.variables, ", ")));
   differ("workers", have.workers, want.workers);
+  if (have.mode == "sync" || want.mode == "sync") {
+    differ("replicas_to_aggregate", have.replicas_to_aggregate, want.replicas_to_aggregate);
+    differ("step_deadline_ms", have.step_deadline_ms, want.step_deadline_ms);
+    differ("min_replicas", have.min_replicas, want.min_replicas);
+  }
+  if (have.mode == "ssp" || want.mode == "ssp")
+    differ("staleness", have.staleness, want.staleness);
   // Averaging applies no optimizer, but its kind names the slots the
   // aggregator saves and restores for the workers' replicas.
   differ("optimizer", have.optimizer.kind, want.optimizer.kind);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "caf/actor_addr.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
@@ -23,6 +24,18 @@ namespace af {
 
 /// The aggregator's full interface: the protocol plus its timer.
 using aggregator_impl_actor = aggregator_actor::extend<caf::reacts_to<sweep_atom>>;
+
+/// A worker as its aggregator knows it: who, and its counters.
+struct aggregator_member {
+  bool joined = false;         ///< it sent join (name, address, monitor)
+  bool left = false;           ///< its actor went down, or it said done after joining
+  bool fresh = false;          ///< sync after a switch: its next push joins the round at any step
+  bool contributed = false;    ///< its values are in the round in progress
+  bool idle_logged = false;    ///< named as idle since its last push
+  caf::actor_addr actor;       ///< monitored
+  std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
+  worker_stats stats;
+};
 
 struct aggregator_actor_state {
   aggregator_spec spec;
@@ -45,9 +58,24 @@ struct aggregator_actor_state {
   /// average_every); 0 before the first. Bounds the step of a round's first push.
   uint64_t average_stride = 0;
   bool sweep_pending = false;
+  /// sync: deadlines of the round in progress already acted on (a log line each).
+  uint64_t deadline_periods = 0;
+  std::vector<aggregator_member> members; ///< by worker index
+  /// ssp: pushes answered once the slowest member catches up.
+  struct ssp_wait {
+    uint32_t worker;
+    caf::typed_response_promise<uint64_t, tensor> promise;
+    std::chrono::steady_clock::time_point since;
+    bool logged = false;
+  };
+  std::vector<ssp_wait> ssp_waiting;
 
   static constexpr const char* name = "aggregator";
 };
+
+/// Every mode an aggregator runs (a live switch goes between any two of them
+/// but average).
+bool aggregator_mode(const std::string& mode);
 
 /// Spawns the aggregator `spec.mode` names over `vars` (the cells of
 /// spec.variables, in order), in `sys`. An unknown mode, a variable that is not

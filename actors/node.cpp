@@ -263,6 +263,16 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
     [self](aggregator_atom, aggregator_spec& spec) -> caf::result<aggregator_actor> {
       auto& st = self->state;
       auto it = st.aggregators.find(spec.name);
+      if (spec.workers == 0) {
+        // A lookup (a joining worker, a status or switch client): the
+        // aggregator as it runs now, whatever mode it has switched to.
+        if (it == st.aggregators.end())
+          return make_error(af_error::not_found,
+                            fmt::format("{} has no aggregator '{}': is the job running, and "
+                                        "was it started with this config?",
+                                        st.device_prefix, spec.name));
+        return it->second.actor;
+      }
       if (it != st.aggregators.end()) {
         // Get-or-create hands back the existing one only for the same
         // updates: another optimizer would silently train with the first's.

@@ -1,6 +1,8 @@
 #include "actors/training.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <thread>
 
@@ -65,7 +67,26 @@ std::string staleness_summary(const std::vector<uint64_t>& h) {
                      max + 1 == h.size() ? "+" : "", hist);
 }
 
-/// The chief's progress line and metrics row.
+/// "  late 2:5  refused 0:1": per worker, gradients that came after their
+/// step closed (dropped) and values refused or abstained from; "" if none.
+std::string per_worker_summary(const aggregator_stats& s) {
+  std::string late, refused;
+  for (const auto& w : s.workers) {
+    if (w.late > 0)
+      late += fmt::format(" {}:{}", w.worker, w.late);
+    if (w.refused > 0)
+      refused += fmt::format(" {}:{}", w.worker, w.refused);
+  }
+  std::string out;
+  if (!late.empty())
+    out += "  late (dropped)" + late;
+  if (!refused.empty())
+    out += "  refused" + refused;
+  return out;
+}
+
+/// The chief's progress line and metrics rows (the job's, and one per worker
+/// in <metrics stem>.workers.csv).
 struct reporter {
   const train::train_config* cfg = nullptr;
   uint32_t workers = 0;
@@ -73,12 +94,39 @@ struct reporter {
   uint64_t start = 0;
   bool print = true;
   std::optional<train::metrics_writer> metrics;
+  std::FILE* per_worker = nullptr;
+  uint64_t events_seen = 0;
   std::function<void(const worker_progress&)> forward;
+
+  ~reporter() {
+    if (per_worker)
+      std::fclose(per_worker);
+  }
 
   void operator()(const worker_progress& p) {
     if (print) {
       std::printf("%s\n", progress_line(*cfg, total, start, p).c_str());
+      // Who joined or left (and mode switches) since the last line.
+      const auto& ev = p.stats.events;
+      auto total_events = p.stats.events_total;
+      auto fresh = std::min<uint64_t>(total_events > events_seen ? total_events - events_seen : 0,
+                                      ev.size());
+      for (size_t i = ev.size() - fresh; i < ev.size(); ++i)
+        std::printf("  %s\n", ev[i].c_str());
+      events_seen = std::max(events_seen, total_events);
       std::fflush(stdout);
+    }
+    if (per_worker) {
+      for (const auto& w : p.stats.workers)
+        std::fprintf(per_worker, "%llu,%.3f,%u,%s,%s,%.1f,%llu,%llu,%llu,%llu,%llu,%llu\n",
+                     static_cast<unsigned long long>(p.step), p.seconds, w.worker, w.task.c_str(),
+                     w.status.c_str(), w.examples_per_s, static_cast<unsigned long long>(w.pushes),
+                     static_cast<unsigned long long>(w.applied),
+                     static_cast<unsigned long long>(w.late),
+                     static_cast<unsigned long long>(w.refused),
+                     static_cast<unsigned long long>(w.stale),
+                     static_cast<unsigned long long>(w.waited_ms));
+      std::fflush(per_worker);
     }
     if (metrics) {
       train::metrics_row row;
@@ -114,7 +162,8 @@ struct ps_placement {
 
 /// Creates the variables round robin over the ps tasks (TF's
 /// replica_device_setter) and gets each task's aggregator, `name_prefix` +
-/// "ps<k>", for `workers` workers in `mode`.
+/// "ps<k>", for `workers` workers in `mode` (0 workers: the aggregators as
+/// they run, for a worker that joins).
 caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c,
                                         const std::vector<train::parameter>& params,
                                         const std::string& name_prefix, const std::string& mode,
@@ -143,6 +192,10 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     spec.workers = workers;
     spec.optimizer = c.optimizer;
     spec.step_timeout_ms = c.step_timeout_ms;
+    spec.replicas_to_aggregate = c.replicas_to_aggregate;
+    spec.step_deadline_ms = c.step_deadline_ms;
+    spec.min_replicas = c.min_replicas;
+    spec.staleness = c.staleness;
     for (auto i : on_ps[k])
       spec.variables.push_back(params[i].name);
     auto agg = s.aggregator("ps", task, spec);
@@ -211,7 +264,7 @@ caf::expected<chief_store> chief_store_of(session& s) {
 }
 
 /// Where the job starts, as the chief publishes it in its key-value store for
-/// the other workers: "<global step> <data position>".
+/// the other workers: "<global step> <data position> <total steps>".
 std::string start_key(uint64_t chief_incarnation) {
   return fmt::format("train/{}/start", chief_incarnation);
 }
@@ -250,9 +303,33 @@ std::string progress_line(const train::train_config& c, uint64_t total, uint64_t
                        p.rounds, p.rounds == 1 ? "" : "s", std::max<uint32_t>(1, c.average_every));
   else if (c.mode == "allreduce")
     what = " steps of each replica";
-  return fmt::format("step {}/{}{}  loss {:.4f}{}  {:.0f} examples/s (this worker){}  {:.0f} s left",
+  return fmt::format("step {}/{}{}  loss {:.4f}{}  {:.0f} examples/s (this worker){}{}  {:.0f} s "
+                     "left",
                      p.step, total, what, p.loss, acc, p.examples_per_s,
-                     staleness_summary(p.stats.staleness), left);
+                     staleness_summary(p.stats.staleness), per_worker_summary(p.stats), left);
+}
+
+std::string status_report(const std::string& where, const aggregator_stats& s) {
+  std::string out = fmt::format("{}: mode {}, global step {}, {} update(s) applied, {} push(es), "
+                                "{} member(s) pushing",
+                                where, s.mode, s.global_step, s.applied, s.pushes, s.active);
+  if (s.closed_at_deadline > 0)
+    out += fmt::format(", {} step(s) closed at the deadline", s.closed_at_deadline);
+  if (s.switches > 0)
+    out += fmt::format(", {} mode switch(es)", s.switches);
+  out += "\n";
+  out += fmt::format("  {:>6} {:<22} {:<7} {:>10} {:>7} {:>7} {:>6} {:>7} {:>6} {:>9} {:>7}\n",
+                     "worker", "task", "status", "examples/s", "pushes", "applied", "late",
+                     "refused", "stale", "waited_s", "idle_s");
+  for (const auto& w : s.workers)
+    out += fmt::format("  {:>6} {:<22} {:<7} {:>10.1f} {:>7} {:>7} {:>6} {:>7} {:>6} {:>9.1f} {:>7}\n",
+                       w.worker, w.task.empty() ? "-" : w.task, w.status, w.examples_per_s,
+                       w.pushes, w.applied, w.late, w.refused, w.stale,
+                       static_cast<double>(w.waited_ms) / 1000.0,
+                       w.idle_s < 0 ? std::string{"-"} : fmt::format("{:.1f}", w.idle_s));
+  for (const auto& e : s.events)
+    out += "  event: " + e + "\n";
+  return out;
 }
 
 caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
@@ -283,7 +360,8 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   auto params = train::parameters(c.model, train_set.features, train_set.classes, c.hidden, c.seed);
   if (!params)
     return to_error(params.error());
-  uint64_t total = train::total_steps(c, train_set.size(), c.mode == "async" ? 1 : workers);
+  uint64_t total = train::total_steps(c, train_set.size(),
+                                      train::step_per_push(c.mode) ? 1 : workers);
 
   worker_setup setup;
   setup.index = task;
@@ -294,6 +372,15 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   setup.total_steps = total;
   setup.timeout = timeout;
   setup.tamper = opts.tamper;
+  setup.step_delay = opts.step_delay;
+  setup.task_name = "/job:worker/task:" + std::to_string(task);
+  if (auto addr = cluster.address("worker", static_cast<int32_t>(task)))
+    setup.address = addr->to_string();
+  if (opts.join && (chief || allreduce))
+    return make_error(af_error::invalid_argument,
+                      chief ? "--join is for a worker that joins a running job; worker 0 is the "
+                              "chief, which starts it"
+                            : "mode allreduce has no aggregator to join: its workers are fixed");
 
   // The latest checkpoint, if the job has one: the chief restores it
   // (allreduce: every worker does, from the shared directory).
@@ -314,7 +401,9 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   // 2-3. variables, aggregators, initialization
   if (!allreduce) {
-    auto placed = place_on_ps(s, c, *params, "train/" + c.mode + "/", c.mode, workers);
+    // One name per ps for the job's life: a live switch changes the mode of
+    // the aggregator behind it, and --status and --switch find it by it.
+    auto placed = place_on_ps(s, c, *params, "train/", c.mode, opts.join ? 0 : workers);
     if (!placed)
       return std::move(placed.error());
     setup.shards = std::move(placed->shards);
@@ -368,7 +457,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
                                       : data_position(c.mode, workers, 0, 0, setup.start_step,
                                                       setup.start_step);
       return client.put(start_key(chief_info->incarnation),
-                        fmt::format("{} {}", setup.start_step, setup.start_position));
+                        fmt::format("{} {} {}", setup.start_step, setup.start_position, total));
     };
     if (chief) {
       if (auto err = chief_start()) {
@@ -385,10 +474,15 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
         return std::move(stats.error());
       setup.start_step = stats->global_step;
       // The chief's start, moved on by the steps the job took since.
-      unsigned long long step0 = 0, position0 = 0;
-      if (std::sscanf(published.c_str(), "%llu %llu", &step0, &position0) != 2)
+      unsigned long long step0 = 0, position0 = 0, total0 = 0;
+      if (std::sscanf(published.c_str(), "%llu %llu %llu", &step0, &position0, &total0) != 3)
         return make_error(af_error::internal, "the chief published its start as '" + published
-                                                + "', not '<global step> <data position>'");
+                                                + "', not '<global step> <data position> <total "
+                                                  "steps>'");
+      // The chief's count of steps: a worker that joins with a config of
+      // more workers would count fewer (sync: a global batch per step).
+      total = total0;
+      setup.total_steps = total;
       setup.start_position = data_position(c.mode, workers, step0, position0,
                                            setup.start_step - std::min<uint64_t>(step0, setup.start_step),
                                            setup.start_step);
@@ -477,6 +571,19 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     if (!m)
       return to_error(m.error());
     rep->metrics.emplace(std::move(*m));
+    if (!allreduce) {
+      auto csv = c.metrics;
+      auto stem = csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4)
+                                                                        : csv;
+      rep->per_worker = std::fopen((stem + ".workers.csv").c_str(), "w");
+      if (!rep->per_worker)
+        log::get()->warn("chief: cannot write {}.workers.csv ({}); the per-worker rows are not "
+                         "kept",
+                         stem, std::strerror(errno));
+      else
+        std::fprintf(rep->per_worker, "step,wall_s,worker,task,status,examples_per_s,pushes,"
+                                      "applied,late,refused,stale,waited_ms\n");
+    }
   }
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };
   auto last_checkpoint = std::make_shared<std::string>();
@@ -518,12 +625,13 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       if (!stats)
         return std::move(stats.error());
       outcome.stats = *stats;
-      if (stats->workers_done >= workers)
+      // Every member done or gone (workers that joined included).
+      if (stats->active == 0)
         break;
       if (std::chrono::steady_clock::now() >= deadline) {
-        log::get()->warn("chief: {} of {} workers said they were done after {} ms; stopping the "
-                         "ps tasks anyway",
-                         stats->workers_done, workers, timeout.count());
+        log::get()->warn("chief: {} worker(s) still pushing after {} ms; stopping the ps tasks "
+                         "anyway",
+                         stats->active, timeout.count());
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

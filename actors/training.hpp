@@ -19,6 +19,7 @@
 /// allreduce: no ps; the workers meet through the chief's key-value store and
 /// all-reduce their gradients.
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -36,6 +37,12 @@ struct train_options {
   bool print = true;        ///< progress lines on stdout (chief)
   /// Test hook, passed to the worker (worker_setup::tamper).
   std::function<void(uint64_t, std::vector<tensor>&)> tamper;
+  /// This worker joins a running job (actorflow-train --join): it is not
+  /// one the job started with, so it looks the aggregators up as they run
+  /// instead of making them, and they count it as a member from its join.
+  bool join = false;
+  /// A straggler on purpose (tests, benches): worker_setup::step_delay.
+  std::chrono::milliseconds step_delay{0};
   /// Called with every progress report (after printing).
   std::function<void(const worker_progress&)> on_progress;
 };
@@ -57,6 +64,12 @@ struct train_outcome {
 /// (from `start`, the step the job started at).
 std::string progress_line(const train::train_config& c, uint64_t total, uint64_t start,
                           const worker_progress& p);
+
+/// What `actorflow-train --status` prints for one ps's aggregator (`where`
+/// names it): the mode, the global step, and a row per worker: examples/s,
+/// pushes, applied, late (dropped), refused, stale, time waiting, idle time;
+/// then the membership and mode events.
+std::string status_report(const std::string& where, const aggregator_stats& s);
 
 /// Runs worker `task` of `workers` (the cluster's worker job) of the job `c`
 /// through `s`, a session of that task. Returns when this worker is done.

@@ -17,6 +17,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using allreduce_atom = caf::atom_constant<caf::atom("allreduce")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
 
 /// A detached actor that owns one data-plane connection to a ps node and
 /// makes the blocking push and pull calls there, so the worker never blocks.
@@ -356,14 +357,14 @@ void after_step(self_pointer self) {
   const auto& c = st.setup.cfg;
   // sync and async count the shared global step; average and allreduce
   // workers their own steps (the same on every worker).
-  bool shared = c.mode == "sync" || c.mode == "async";
+  bool shared = c.mode == "sync" || train::step_per_push(c.mode);
   uint64_t step = shared ? st.global_step : st.setup.start_step + st.local_step;
   bool last = step >= st.setup.total_steps;
   bool chief = st.setup.index == 0;
   // async: when the global step crossed a multiple of log_every (it moves
   // by every worker's pushes: counting this worker's steps, a job of 200
   // steps with log_every 50 printed at 50 and at the end only).
-  bool async = c.mode == "async";
+  bool async = train::step_per_push(c.mode);
   bool report = last
                 || (c.log_every > 0
                     && (async ? st.global_step / c.log_every > st.reported_step / c.log_every
@@ -421,7 +422,7 @@ void after_step(self_pointer self) {
       st.last_loss = p.loss;
       st.loss_sum = 0;
       st.loss_count = 0;
-      if (st.setup.cfg.mode == "async" && !st.setup.shards.empty() && st.setup.shards[0].actor) {
+      if (!st.setup.shards.empty() && st.setup.shards[0].actor) {
         self->request(st.setup.shards[0].actor, st.setup.timeout, stats_atom::value)
           .then(
             [self, p, then_ckpt](aggregator_stats& s) mutable {
@@ -491,7 +492,7 @@ void finish(self_pointer self) {
 void use_gradients(self_pointer self, std::vector<tensor> grads) {
   auto& st = self->state;
   const auto& mode = st.setup.cfg.mode;
-  if (mode == "sync" || mode == "async") {
+  if (mode == "sync" || train::step_per_push(mode)) {
     exchange(self, &grads, false, [self](uint64_t step, std::vector<tensor> params) {
       auto& st = self->state;
       st.global_step = step;
@@ -567,7 +568,20 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
   });
 }
 
+void run_step_now(self_pointer self);
+
 void run_step(self_pointer self) {
+  auto& st = self->state;
+  if (st.finished)
+    return;
+  if (st.setup.step_delay.count() > 0) {
+    self->delayed_send(self, st.setup.step_delay, step_atom::value);
+    return;
+  }
+  run_step_now(self);
+}
+
+void run_step_now(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
@@ -591,6 +605,41 @@ void run_step(self_pointer self) {
                     st.setup.tamper(st.local_step, grads);
                   use_gradients(self, std::move(grads));
                 });
+}
+
+/// Registers with every shard's aggregator (its name and address for their
+/// messages, a monitor so that its death ends its membership at once, and,
+/// for a worker not in the job's config, membership itself), then `then`.
+void join_all(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  auto missing = std::make_shared<size_t>(st.setup.shards.size());
+  auto failed = std::make_shared<bool>(false);
+  // Examples behind one push: average pushes after average_every steps.
+  auto examples = static_cast<uint32_t>(
+    st.setup.cfg.batch_size
+    * (st.setup.cfg.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
+  for (const auto& s : st.setup.shards) {
+    if (!s.actor) {
+      if (--*missing == 0)
+        then();
+      continue;
+    }
+    self->request(s.actor, st.setup.timeout, join_atom::value, st.setup.index, st.setup.task_name,
+                  st.setup.address, examples, caf::actor_cast<caf::actor>(self))
+      .then(
+        [missing, failed, then](uint64_t) {
+          if (!*failed && --*missing == 0)
+            then();
+        },
+        [self, failed, task = s.task](caf::error& err) {
+          if (*failed)
+            return;
+          *failed = true;
+          fail(self, std::move(err), "joining the aggregator of " + task);
+        });
+  }
+  if (st.setup.shards.empty())
+    then();
 }
 
 caf::behavior worker_impl(self_pointer self, worker_setup setup,
@@ -653,6 +702,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     if (s.cfg.mode == "allreduce") {
       self->send(self, caf::ok_atom::value);
     } else {
+      join_all(self, [self] {
       exchange(self, nullptr, false, [self](uint64_t step, std::vector<tensor> params) {
         auto& st = self->state;
         st.global_step = step;
@@ -674,9 +724,11 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
         else
           run_step(self);
       });
+      });
     }
   }
   return {
+    [self](step_atom) { run_step_now(self); },
     [self](caf::ok_atom) {
       if (self->state.finished) {
         self->quit();
@@ -692,7 +744,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
 
 uint64_t data_position(const std::string& mode, uint32_t workers, uint64_t start_step,
                        uint64_t start_position, uint64_t local_steps, uint64_t global_step) {
-  if (mode != "async")
+  if (!train::step_per_push(mode))
     return start_position + local_steps;
   auto pushes = global_step > start_step ? global_step - start_step : 0;
   return start_position + pushes / std::max<uint32_t>(1, workers);

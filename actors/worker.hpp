@@ -62,7 +62,7 @@ struct worker_progress {
   double test_loss = -1;
   double examples_per_s = 0;    ///< this worker's, since it started
   double seconds = 0;           ///< since the first step
-  aggregator_stats stats;       ///< of shard 0 (async: staleness), when asked
+  aggregator_stats stats;       ///< of shard 0 (per worker, events; async, ssp: staleness)
   bool evaluated = false;
   bool final = false;
 };
@@ -105,6 +105,10 @@ struct worker_setup {
   /// went or an error.
   std::function<caf::expected<std::string>(const train::checkpoint&)> save;
   std::function<void(const worker_progress&)> on_progress;
+  std::string task_name;                ///< "/job:worker/task:2": how aggregators name it
+  std::string address;                  ///< its node's host:port, for the same
+  /// A straggler on purpose (tests, benches): each step starts this much later.
+  std::chrono::milliseconds step_delay{0};
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
 };

@@ -61,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "caf/actor.hpp"
 #include "caf/meta/type_name.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
@@ -91,11 +92,42 @@ namespace af {
 
 struct aggregator_spec {
   std::string name;                    ///< unique on its node, e.g. "train/ps0"
-  std::string mode = "sync";           ///< sync, async, average
+  std::string mode = "sync";           ///< sync, async, ssp, average
   std::vector<std::string> variables;  ///< names of variables on this node, push order
+  /// The workers 0..workers-1 it starts with (more may join). In a request
+  /// to a node, 0 means: hand back the aggregator of this name as it is
+  /// (a worker joining a running job, a status or switch client).
   uint32_t workers = 1;
-  train::optimizer_spec optimizer;     ///< sync and async
+  train::optimizer_spec optimizer;     ///< sync, async, ssp
   uint32_t step_timeout_ms = 30000;
+  /// sync: the gradients a step uses (0: every member's); later ones of the
+  /// step are dropped and counted as late.
+  uint32_t replicas_to_aggregate = 0;
+  /// sync: after this long a step closes with what arrived, if at least
+  /// min_replicas did; else it logs whom it waits for, once per deadline.
+  uint32_t step_deadline_ms = 0;
+  uint32_t min_replicas = 1;
+  uint64_t staleness = 3;              ///< ssp: steps a worker may run ahead of the slowest
+};
+
+/// One worker as an aggregator sees it (messages/aggregator.hpp's stats).
+struct worker_stats {
+  uint32_t worker = 0;
+  std::string task;            ///< "/job:worker/task:2" once it joined; "" before
+  std::string address;         ///< its node's host:port, once it joined
+  std::string status;          ///< member, done, left (died or went away), waiting
+  uint32_t batch_size = 0;     ///< examples per push, as it joined with
+  uint64_t pushes = 0;         ///< gradients (average: parameters) it sent
+  uint64_t applied = 0;        ///< of those, used in an update
+  uint64_t late = 0;           ///< sync: arrived after their step closed: dropped
+  uint64_t refused = 0;        ///< not finite, or it abstained
+  uint64_t stale = 0;          ///< async, ssp: applied with staleness > 0
+  uint64_t max_staleness = 0;
+  uint64_t waited_ms = 0;      ///< time its pushes waited for others (a round, ssp's bound)
+  uint64_t clock = 0;          ///< ssp: its pushes since it joined or the mode began
+  uint64_t last_step = 0;      ///< the step of its last push
+  double examples_per_s = 0;   ///< batch_size x pushes over its first to last push
+  double idle_s = -1;          ///< since its last push (-1: none yet)
 };
 
 struct aggregator_stats {
@@ -103,12 +135,20 @@ struct aggregator_stats {
   uint64_t global_step = 0;
   uint64_t applied = 0;          ///< updates applied to the variables
   uint64_t pushes = 0;           ///< pushes received
-  uint64_t dropped_stale = 0;    ///< sync: gradients of an old step
+  uint64_t dropped_stale = 0;    ///< sync: gradients of an old step (late)
   uint64_t refused = 0;          ///< non-finite values refused
   std::string last_refusal;      ///< the error of the last refusal
-  std::vector<uint64_t> staleness; ///< async: [s] = gradients applied with staleness s
+  std::vector<uint64_t> staleness; ///< async, ssp: [s] = gradients applied with staleness s
                                    ///< (the last bucket: s or more)
-  uint32_t workers_done = 0;
+  uint32_t workers_done = 0;     ///< workers that said done or left
+  uint32_t active = 0;           ///< members still pushing (the chief waits for 0)
+  uint64_t closed_at_deadline = 0; ///< sync: steps closed with fewer than replicas_to_aggregate
+  uint64_t switches = 0;         ///< live mode switches so far
+  std::vector<worker_stats> workers; ///< per worker (part 6 of training's accounting)
+  /// Membership and mode changes, oldest first (the last 32), and how many
+  /// there have been in all: a reader prints those it has not seen.
+  std::vector<std::string> events;
+  uint64_t events_total = 0;
 };
 
 struct aggregator_state {
@@ -121,13 +161,22 @@ struct aggregator_state {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {
   return f(caf::meta::type_name("aggregator_spec"), x.name, x.mode, x.variables, x.workers,
-           x.optimizer, x.step_timeout_ms);
+           x.optimizer, x.step_timeout_ms, x.replicas_to_aggregate, x.step_deadline_ms,
+           x.min_replicas, x.staleness);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
+  return f(caf::meta::type_name("worker_stats"), x.worker, x.task, x.address, x.status,
+           x.batch_size, x.pushes, x.applied, x.late, x.refused, x.stale, x.max_staleness,
+           x.waited_ms, x.clock, x.last_step, x.examples_per_s, x.idle_s);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_stats& x) {
   return f(caf::meta::type_name("aggregator_stats"), x.mode, x.global_step, x.applied, x.pushes,
-           x.dropped_stale, x.refused, x.last_refusal, x.staleness, x.workers_done);
+           x.dropped_stale, x.refused, x.last_refusal, x.staleness, x.workers_done, x.active,
+           x.closed_at_deadline, x.switches, x.workers, x.events, x.events_total);
 }
 
 template <class Inspector>
@@ -140,6 +189,8 @@ using aggregator_actor = caf::typed_actor<
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,
   caf::replies_to<done_atom, uint32_t>::with<uint32_t>,
+  caf::replies_to<join_atom, uint32_t, std::string, std::string, uint32_t, caf::actor>::with<uint64_t>,
+  caf::replies_to<switch_atom, aggregator_spec>::with<uint64_t>,
   caf::replies_to<save_atom>::with<aggregator_state>,
   caf::replies_to<restore_atom, aggregator_state>::with<uint64_t>>;
 

@@ -103,6 +103,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<std::vector<tensor>>>("std::vector<std::vector<af::tensor>>");
   cfg.add_message_type<aggregator_spec>("af::aggregator_spec");
   cfg.add_message_type<aggregator_stats>("af::aggregator_stats");
+  cfg.add_message_type<worker_stats>("af::worker_stats");
+  cfg.add_message_type<std::vector<worker_stats>>("std::vector<af::worker_stats>");
   cfg.add_message_type<aggregator_state>("af::aggregator_state");
   cfg.add_message_type<aggregator_actor>("af::aggregator_actor");
   cfg.add_message_type<kv_store_actor>("af::kv_store_actor");

@@ -6,6 +6,9 @@
 //   actorflow-train --config config/train.toml --job worker --task 0   # the chief
 //   actorflow-train --config config/train.toml --job worker --task 1
 //   actorflow-train --set mode=async --set steps=500   # any [train] key
+//   actorflow-train --config F --job worker --task 2 --join   # a worker joins a running job
+//   actorflow-train --config F --switch async                # a running job changes mode
+//   actorflow-train --config F --status                      # per-worker accounting of a live job
 //
 // Between-graph: each process hosts its node and, for a worker, its worker
 // actor; the chief initializes or restores, saves at the end and stops the ps
@@ -17,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -146,6 +150,89 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
   std::fflush(stdout);
 }
 
+/// A client of a running job (--switch, --status): a session of its own
+/// calls `f(task, aggregator)` with each ps task's aggregator "train/ps<k>"
+/// as it runs; the first error ends it, naming the ps.
+int for_each_aggregator(const af::cluster_config& cluster, const af::train::train_config& c,
+                        const std::function<int(int32_t, const af::aggregator_actor&)>& f) {
+  af::system_config sys_cfg{cluster.node};
+  caf::actor_system sys{sys_cfg};
+  af::session_options so;
+  so.timeout = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 10000)};
+  so.connect_timeout = so.timeout;
+  auto s = af::session::make(sys, cluster.cluster, "/job:client/task:0", so);
+  if (!s)
+    return fail(af::describe(s.error()), 1);
+  auto n_ps = static_cast<int32_t>(cluster.cluster.num_tasks("ps"));
+  if (n_ps == 0)
+    return fail("the config has no ps job: --switch and --status talk to the ps tasks' "
+                "aggregators (allreduce jobs have none)");
+  for (int32_t k = 0; k < n_ps; ++k) {
+    af::aggregator_spec lookup;
+    lookup.name = "train/ps" + std::to_string(k);
+    lookup.workers = 0; // as it runs
+    auto agg = s->aggregator("ps", k, lookup);
+    if (!agg)
+      return fail("/job:ps/task:" + std::to_string(k) + ": " + af::describe(agg.error()), 1);
+    if (int rc = f(k, *agg); rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/// --status: every ps aggregator's accounting, per worker.
+int job_status(const af::cluster_config& cluster, const af::train::train_config& c) {
+  return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
+    caf::scoped_actor self{agg.home_system()};
+    int rc = 0;
+    self->request(agg, std::chrono::milliseconds{c.step_timeout_ms}, af::stats_atom::value)
+      .receive(
+        [&](af::aggregator_stats& st) {
+          std::printf("%s", af::status_report("/job:ps/task:" + std::to_string(k), st).c_str());
+        },
+        [&](caf::error& err) {
+          rc = fail("/job:ps/task:" + std::to_string(k) + ": stats: " + af::describe(err), 1);
+        });
+    std::fflush(stdout);
+    return rc;
+  });
+}
+
+/// --switch MODE: every ps aggregator drains its mode and goes on in MODE
+/// (with the config's replicas_to_aggregate, step_deadline_ms, min_replicas
+/// and staleness, --set included).
+int job_switch(const af::cluster_config& cluster, af::train::train_config c,
+               const std::string& mode) {
+  if (mode != "sync" && mode != "async" && mode != "ssp")
+    return fail("--switch " + mode + ": a running job switches between sync, async and ssp "
+                "(average and allreduce workers run another loop: restart from the checkpoint "
+                "with that mode)");
+  return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
+    af::aggregator_spec want;
+    want.mode = mode;
+    want.workers = 0;
+    want.optimizer = c.optimizer;
+    want.step_timeout_ms = c.step_timeout_ms;
+    want.replicas_to_aggregate = c.replicas_to_aggregate;
+    want.step_deadline_ms = c.step_deadline_ms;
+    want.min_replicas = c.min_replicas;
+    want.staleness = c.staleness;
+    caf::scoped_actor self{agg.home_system()};
+    int rc = 0;
+    self->request(agg, std::chrono::milliseconds{c.step_timeout_ms}, af::switch_atom::value, want)
+      .receive(
+        [&](uint64_t step) {
+          std::printf("/job:ps/task:%d: now %s, at global step %llu\n", k, mode.c_str(),
+                      static_cast<unsigned long long>(step));
+        },
+        [&](caf::error& err) {
+          rc = fail("/job:ps/task:" + std::to_string(k) + ": switch: " + af::describe(err), 1);
+        });
+    std::fflush(stdout);
+    return rc;
+  });
+}
+
 size_t test_size(const af::train::train_config& c) {
   auto d = af::train::load_data(c);
   return d ? d->test.size() : 0;
@@ -223,7 +310,9 @@ int main(int argc, char** argv) {
   std::string config_path, job;
   int task = -1;
   std::vector<std::string> sets;
-  bool in_graph = false;
+  bool in_graph = false, join = false, status = false;
+  std::string switch_to;
+  int step_delay_ms = 0;
   app.add_option("-c,--config", config_path,
                  "TOML file with the cluster and a [train] table (none: an embedded cluster)");
   app.add_option("-j,--job", job, "this process's job: ps or worker");
@@ -231,6 +320,16 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets, "override a [train] key: --set mode=async (repeatable)");
   app.add_flag("--in-graph", in_graph,
                "in-graph replication: this one client drives a replica on every worker");
+  app.add_flag("--join", join,
+               "this worker (--job worker --task I, I a task of the config) joins a running job");
+  app.add_option("--switch", switch_to,
+                 "tell the running job of --config to go on in this mode: sync, async or ssp");
+  app.add_flag("--status", status,
+               "print the running job's per-worker accounting (from its ps tasks) and exit");
+  app.add_option("--step-delay-ms", step_delay_ms,
+                 "start each of this worker's steps this much later: a straggler for tests and "
+                 "benches")
+    ->check(CLI::Range(0, 600000));
   CLI11_PARSE(app, argc, argv);
   init_log("actorflow-train");
 
@@ -252,6 +351,19 @@ int main(int argc, char** argv) {
   c = std::move(*with_sets);
   if (auto bad = af::train::validate(c); !bad.empty())
     return fail("training config: " + bad);
+  if ((status || !switch_to.empty()) && !cluster)
+    return fail("--status and --switch talk to a running job: pass its --config");
+  if (status || !switch_to.empty()) {
+    if (!job.empty() || task >= 0 || in_graph || join)
+      return fail("--status and --switch are clients of the job: pass no --job, --task, "
+                  "--in-graph or --join with them");
+    if (status && !switch_to.empty())
+      return fail("--status or --switch: one at a time");
+    init_log("actorflow-train client");
+    return status ? job_status(*cluster, c) : job_switch(*cluster, c, switch_to);
+  }
+  if (join && (job != "worker" || task <= 0))
+    return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");
   if (!cluster) {
     if (!job.empty() || task >= 0)
       return fail("--job and --task need --config: which cluster is this task part of?");
@@ -357,7 +469,10 @@ int main(int argc, char** argv) {
       if (err) {
         rc = fail(af::describe(err), 1);
       } else {
-        auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task));
+        af::train_options topts;
+        topts.join = join;
+        topts.step_delay = std::chrono::milliseconds{step_delay_ms};
+        auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task), topts);
         if (!out) {
           rc = fail(name + ": " + af::describe(out.error()), 1);
           // The job cannot go on without its chief: stop the ps tasks too, so

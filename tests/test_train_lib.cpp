@@ -501,7 +501,10 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     std::vector<std::string> said;
   };
   std::vector<bad_case> cases = {
-    {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, average or allreduce"}},
+    {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, ssp, average or allreduce"}},
+    {"min_replicas = 0", {"min_replicas = 0", "at least 1"}},
+    {"max_partitions = 0", {"max_partitions = 0", "at least 1"}},
+    {"staleness = -1", {"staleness", "non-negative integer"}},
     {"batch_size = 0", {"batch_size = 0", "at least 1"}},
     {"batch_size = \"32\"", {"batch_size = \"32\"", "integer", "string"}},
     {"holdout = 1.0", {"holdout = 1", "between 0 and 1"}},
@@ -523,6 +526,14 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     for (const auto& part : bc.said)
       CHECK(contains(c.error().what, part));
   }
+  // Catches: a deadline that could never close a step (it needs more
+  // gradients than a step uses) accepted until the job hangs at it.
+  train_config both;
+  both.replicas_to_aggregate = 2;
+  both.min_replicas = 3;
+  auto why = validate(both);
+  CHECK(contains(why, "min_replicas = 3"));
+  CHECK(contains(why, "replicas_to_aggregate = 2"));
 }
 
 TEST_CASE("validate() applies the optimizer's own rules and checks keys together",

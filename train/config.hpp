@@ -55,6 +55,12 @@ struct train_config {
   uint64_t min_slice_bytes = 262144;
 };
 
+/// True for the modes whose global step moves with every worker's push
+/// (async, ssp); false where it moves once per round of all workers.
+inline bool step_per_push(const std::string& mode) {
+  return mode == "async" || mode == "ssp";
+}
+
 /// Parses the [train] table of `path` (or the whole file if it has no
 /// [train] table and no [cluster] table; a cluster file without [train] gives
 /// the defaults). Errors name the file, the line and the key: an unknown key
