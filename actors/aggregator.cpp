@@ -652,7 +652,10 @@ auto common_handlers(self_pointer self) {
         bool initial = w < st.spec.workers;
         if (!member_now && (initial || st.members[w].joined))
           s.workers_done += 1;
-        m.status = member_now ? "member"
+        bool held = std::any_of(st.ssp_waiting.begin(), st.ssp_waiting.end(),
+                                [w](const auto& h) { return h.worker == w; });
+        m.status = held ? "held"
+                   : member_now ? "member"
                    : st.members[w].left ? "left"
                    : (initial || st.members[w].joined) ? "done"
                                                        : "waiting";

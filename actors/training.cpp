@@ -118,14 +118,15 @@ struct reporter {
     }
     if (per_worker) {
       for (const auto& w : p.stats.workers)
-        std::fprintf(per_worker, "%llu,%.3f,%u,%s,%s,%.1f,%llu,%llu,%llu,%llu,%llu,%llu\n",
+        std::fprintf(per_worker, "%llu,%.3f,%u,%s,%s,%.1f,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n",
                      static_cast<unsigned long long>(p.step), p.seconds, w.worker, w.task.c_str(),
                      w.status.c_str(), w.examples_per_s, static_cast<unsigned long long>(w.pushes),
                      static_cast<unsigned long long>(w.applied),
                      static_cast<unsigned long long>(w.late),
                      static_cast<unsigned long long>(w.refused),
                      static_cast<unsigned long long>(w.stale),
-                     static_cast<unsigned long long>(w.waited_ms));
+                     static_cast<unsigned long long>(w.waited_ms),
+                     static_cast<unsigned long long>(w.clock));
       std::fflush(per_worker);
     }
     if (metrics) {
@@ -582,7 +583,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
                          stem, std::strerror(errno));
       else
         std::fprintf(rep->per_worker, "step,wall_s,worker,task,status,examples_per_s,pushes,"
-                                      "applied,late,refused,stale,waited_ms\n");
+                                      "applied,late,refused,stale,waited_ms,clock\n");
     }
   }
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };

@@ -115,7 +115,9 @@ struct worker_stats {
   uint32_t worker = 0;
   std::string task;            ///< "/job:worker/task:2" once it joined; "" before
   std::string address;         ///< its node's host:port, once it joined
-  std::string status;          ///< member, done, left (died or went away), waiting
+  /// member; held (ssp: its push waits for the slowest); done; left (died or
+  /// went away); waiting (an index below the highest that never joined)
+  std::string status;
   uint32_t batch_size = 0;     ///< examples per push, as it joined with
   uint64_t pushes = 0;         ///< gradients (average: parameters) it sent
   uint64_t applied = 0;        ///< of those, used in an update
