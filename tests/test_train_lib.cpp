@@ -501,7 +501,7 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     std::vector<std::string> said;
   };
   std::vector<bad_case> cases = {
-    {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, average or allreduce"}},
+    {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, ssp, average or allreduce"}},
     {"batch_size = 0", {"batch_size = 0", "at least 1"}},
     {"batch_size = \"32\"", {"batch_size = \"32\"", "integer", "string"}},
     {"holdout = 1.0", {"holdout = 1", "between 0 and 1"}},
