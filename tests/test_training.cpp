@@ -653,17 +653,23 @@ TEST_CASE("a checkpoint holds the logical variables: saved with 2 ps and 4 parti
   temp_dir dir;
   auto c = wide_mlp(4);
   c.checkpoint_dir = dir.path;
+  c.checkpoint_steps = 3; // the chief's own checkpoint mid-job, then the end's snapshot
   auto first = run_job(c, {}, 2);
   REQUIRE(first.results[0]);
   auto saved = latest_checkpoint(dir.path);
   REQUIRE(saved.global_step == 6);
+  auto mid = train::load(dir.path + "/ckpt-3.afck");
+  REQUIRE(mid);
   auto params = train::parameters(c.model, 16, 64, c.hidden, c.seed);
   REQUIRE(params);
-  REQUIRE(saved.variables.size() == params->size());
-  for (size_t i = 0; i < params->size(); ++i) {
-    CHECK(saved.variables[i].name == (*params)[i].name);
-    CHECK(saved.variables[i].value.shape() == (*params)[i].shape);
-    CHECK(saved.variables[i].slots.at("momentum").shape() == (*params)[i].shape);
+  for (const auto* ck : {&saved, &*mid}) {
+    CAPTURE(ck->global_step);
+    REQUIRE(ck->variables.size() == params->size());
+    for (size_t i = 0; i < params->size(); ++i) {
+      CHECK(ck->variables[i].name == (*params)[i].name);
+      CHECK(ck->variables[i].value.shape() == (*params)[i].shape);
+      CHECK(ck->variables[i].slots.at("momentum").shape() == (*params)[i].shape);
+    }
   }
   struct layout {
     int ps;
