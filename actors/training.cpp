@@ -18,6 +18,7 @@
 #include "train/checkpoint.hpp"
 #include "train/local.hpp"
 #include "train/metrics.hpp"
+#include "train/partition.hpp"
 
 namespace af {
 
@@ -161,30 +162,52 @@ struct ps_placement {
   std::vector<param_shard> shards;
 };
 
-/// Creates the variables round robin over the ps tasks (TF's
-/// replica_device_setter) and gets each task's aggregator, `name_prefix` +
-/// "ps<k>", for `workers` workers in `mode` (0 workers: the aggregators as
-/// they run, for a worker that joins).
+/// Creates one variable per piece of the partition plan (train/partition.hpp:
+/// whole parameters round robin as TF's replica_device_setter with
+/// max_partitions = 1, else pieces spread by size) on its ps task, and gets
+/// each task's aggregator over its pieces, `name_prefix` + "ps<k>", for
+/// `workers` workers in `mode` (0 workers: the aggregators as they run, for
+/// a worker that joins).
 caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c,
                                         const std::vector<train::parameter>& params,
                                         const std::string& name_prefix, const std::string& mode,
                                         uint32_t workers) {
   auto n_ps = static_cast<uint32_t>(s.cluster().num_tasks("ps"));
+  auto plan = train::plan_partitions(params, n_ps, c.max_partitions, c.min_slice_bytes);
+  if (!plan)
+    return to_error(plan.error());
+  // A piece starts as its rows of the parameter's first value, so a
+  // partitioned job trains exactly as an unpartitioned one. A whole
+  // parameter keeps its own initializer (nothing to compute here).
+  std::vector<tensor> logical;
+  for (const auto& p : plan->pieces)
+    if (!p.whole()) {
+      auto init = train::initial_values(params);
+      if (!init)
+        return to_error(init.error());
+      logical = std::move(*init);
+      break;
+    }
   ps_placement out;
-  std::vector<std::vector<size_t>> on_ps(n_ps);
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto k = static_cast<uint32_t>(i % n_ps);
-    auto scope = s.device("/job:ps/task:" + std::to_string(k));
+  for (const auto& p : plan->pieces) {
+    auto scope = s.device("/job:ps/task:" + std::to_string(p.ps));
     if (!scope)
       return std::move(scope.error());
-    auto v = s.variable(params[i].name, params[i].shape, params[i].init);
+    auto init = params[p.param].init;
+    if (!p.whole()) {
+      auto slice = train::slice_of(p, logical[p.param]);
+      if (!slice)
+        return to_error(slice.error());
+      init = initializer::from_tensor(std::move(*slice));
+    }
+    auto v = s.variable(p.name, p.shape, init);
     if (!v)
       return std::move(v.error());
     out.vars.push_back(*v);
-    on_ps[k].push_back(i);
   }
   for (uint32_t k = 0; k < n_ps; ++k) {
-    if (on_ps[k].empty())
+    auto mine = plan->on_ps(k);
+    if (mine.empty())
       continue;
     auto task = static_cast<int32_t>(k);
     aggregator_spec spec;
@@ -197,8 +220,8 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     spec.step_deadline_ms = c.step_deadline_ms;
     spec.min_replicas = c.min_replicas;
     spec.staleness = c.staleness;
-    for (auto i : on_ps[k])
-      spec.variables.push_back(params[i].name);
+    for (auto i : mine)
+      spec.variables.push_back(plan->pieces[i].name);
     auto agg = s.aggregator("ps", task, spec);
     if (!agg)
       return std::move(agg.error());
@@ -211,37 +234,33 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     shard.actor = *agg;
     shard.host = s.cluster().address("ps", task)->host;
     shard.data_port = info->data_port;
-    shard.params = on_ps[k];
+    for (auto i : mine)
+      shard.pieces.push_back(plan->pieces[i]);
     out.shards.push_back(std::move(shard));
   }
   return out;
 }
 
 /// The checkpoint's values and slots (train::slot_names order; a slot it
-/// lacks is zeros) of `params[i]` for each i of `which`, with its global step.
+/// lacks is zeros) of each of `pieces`: their rows of the logical variables
+/// the checkpoint holds, so a job resumes on any number of ps tasks and
+/// partitions. With its global step.
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
-                                               const std::vector<size_t>& which,
+                                               const std::vector<train::piece>& pieces,
                                                const std::string& optimizer_kind) {
   aggregator_state state;
   state.global_step = ck.global_step;
   auto names = train::slot_names(optimizer_kind);
-  for (auto i : which) {
-    const auto& name = params[i].name;
-    auto it = std::find_if(ck.variables.begin(), ck.variables.end(),
-                           [&](const train::saved_variable& v) { return v.name == name; });
-    if (it == ck.variables.end())
-      return make_error(af_error::invalid_argument, "the checkpoint in " + dir
-                                                      + " has no variable '" + name
-                                                      + "': it was written by another model");
-    state.names.push_back(name);
-    state.values.push_back(it->value);
+  for (const auto& p : pieces) {
+    auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir);
+    if (!v)
+      return to_error(v.error());
+    state.names.push_back(p.name);
+    state.values.push_back(std::move(v->value));
     std::vector<tensor> slots;
-    for (const auto& sn : names) {
-      auto sl = it->slots.find(sn);
-      slots.push_back(sl != it->slots.end() ? sl->second
-                                            : tensor::filled(dtype::float32, it->value.shape(), 0));
-    }
+    for (const auto& sn : names)
+      slots.push_back(std::move(v->slots[sn]));
     state.slots.push_back(std::move(slots));
   }
   return state;
@@ -273,6 +292,7 @@ std::string start_key(uint64_t chief_incarnation) {
 /// The snapshot of every shard's aggregator as one checkpoint (the step: the
 /// latest of theirs), at the data position of `position(step)`.
 caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_shard>& shards,
+                                          const std::vector<train::parameter>& params,
                                           const train::train_config& c,
                                           const std::function<uint64_t(uint64_t)>& position) {
   train::checkpoint ck;
@@ -284,6 +304,8 @@ caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_sh
     add_variables(ck, *state, c.optimizer.kind);
     ck.global_step = std::max(ck.global_step, state->global_step);
   }
+  if (auto err = assemble_variables(ck, params, shards))
+    return err;
   ck.data_position = position(ck.global_step);
   ck.config = train::to_toml(c);
   return ck;
@@ -436,7 +458,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     auto chief_start = [&]() -> caf::error {
       if (restored) {
         for (auto& shard : setup.shards) {
-          auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.params,
+          auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.pieces,
                                       c.optimizer.kind);
           if (!state)
             return std::move(state.error());
@@ -490,14 +512,23 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     }
     if (c.mode == "average") {
       // Every replica starts from the job's slots (restored, else zeros).
-      setup.initial_slots.resize(params->size());
+      // Their pieces assembled per parameter, as a checkpoint holds them.
+      train::checkpoint held;
       for (const auto& shard : setup.shards) {
         auto state = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
         if (!state)
           return std::move(state.error());
-        for (size_t j = 0; j < shard.params.size() && j < state->slots.size(); ++j)
-          setup.initial_slots[shard.params[j]] = std::move(state->slots[j]);
+        add_variables(held, *state, c.optimizer.kind);
       }
+      if (auto err = assemble_variables(held, *params, setup.shards))
+        return err;
+      auto slot_names = train::slot_names(c.optimizer.kind);
+      setup.initial_slots.resize(params->size());
+      for (size_t i = 0; i < params->size(); ++i)
+        for (auto& v : held.variables)
+          if (v.name == (*params)[i].name)
+            for (const auto& sn : slot_names)
+              setup.initial_slots[i].push_back(std::move(v.slots[sn]));
     }
   } else {
     // allreduce: the same first values everywhere (the same seeds), or the checkpoint's.
@@ -506,10 +537,12 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       return to_error(init.error());
     setup.initial = std::move(*init);
     if (restored) {
-      std::vector<size_t> all(params->size());
-      for (size_t i = 0; i < all.size(); ++i)
-        all[i] = i;
-      auto state = restored_state(*restored, c.checkpoint_dir, *params, all, c.optimizer.kind);
+      // Every parameter whole: the plan of one ps with no partitions.
+      auto whole = train::plan_partitions(*params, 1, 1, 1);
+      if (!whole)
+        return to_error(whole.error());
+      auto state = restored_state(*restored, c.checkpoint_dir, *params, whole->pieces,
+                                  c.optimizer.kind);
       if (!state)
         return std::move(state.error());
       setup.initial = std::move(state->values);
@@ -642,7 +675,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     outcome.result.global_step = std::max(outcome.result.global_step, outcome.stats.global_step);
     if (save_at_end) {
       auto local_steps = outcome.result.local_steps;
-      auto ck = snapshot(s, shards, c, [&](uint64_t g) {
+      auto ck = snapshot(s, shards, *params, c, [&](uint64_t g) {
         return data_position(c.mode, workers, start_step, start_position, local_steps, g);
       });
       if (!ck)
@@ -710,14 +743,14 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   struct shard {
     std::unique_ptr<data_channel> chan;
     std::string name;
-    std::vector<size_t> params;
+    std::vector<train::piece> pieces;
   };
   std::vector<shard> shards;
   for (const auto& p : placed->shards) {
     auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout);
     if (!chan)
       return std::move(chan.error());
-    shards.push_back({std::move(*chan), p.aggregator, p.params});
+    shards.push_back({std::move(*chan), p.aggregator, p.pieces});
   }
 
   // One replica per worker task; the mean of their gradients in the graph.
@@ -754,26 +787,38 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   // The parameters, then the loop: run, push the mean, take the next parameters.
   std::vector<tensor> current(params->size());
   uint64_t global_step = 0;
+  // Gradients are cut along the pieces' rows; the parameters pulled are
+  // assembled from them.
   auto exchange = [&](bool pull, const std::vector<tensor>* grads) -> caf::error {
+    std::vector<tensor> next(params->size());
+    // Every shard gets this step's push: with more than one ps, taking the
+    // first answer's step before pushing to the next made that push a step
+    // ahead of its aggregator.
+    uint64_t answered = UINT64_MAX;
     for (auto& sh : shards) {
       std::vector<tensor> part;
       if (grads)
-        for (auto i : sh.params)
-          part.push_back((*grads)[i]);
+        for (const auto& p : sh.pieces)
+          part.push_back(train::slice_rows((*grads)[p.param], p.row_begin, p.row_end));
       auto r = sh.chan->aggregate(pull ? wire::kind::pull : wire::kind::push, sh.name, 0,
                                   global_step, part, timeout);
       if (!r)
         return std::move(r.error());
+      answered = std::min(answered, r->first);
       std::vector<shape_type> shapes;
-      for (auto i : sh.params)
-        shapes.push_back((*params)[i].shape);
+      for (const auto& p : sh.pieces)
+        shapes.push_back(p.shape);
       auto values = train::unflatten(r->second, shapes);
       if (!values)
         return to_error(values.error());
-      for (size_t j = 0; j < sh.params.size(); ++j)
-        current[sh.params[j]] = std::move((*values)[j]);
-      global_step = r->first;
+      for (size_t j = 0; j < sh.pieces.size(); ++j)
+        if (auto ok = train::put_piece(sh.pieces[j], std::move((*values)[j]),
+                                       next[sh.pieces[j].param]);
+            !ok)
+          return to_error(ok.error());
     }
+    global_step = answered;
+    current = std::move(next);
     return caf::none;
   };
   if (auto err = exchange(true, nullptr))

@@ -4,15 +4,18 @@
 ///
 ///   1. loads the data and builds the model's parameters (train/);
 ///   2. sync / async / average: creates the variables on the ps tasks (round
-///      robin, as TF's replica_device_setter) and gets the aggregator of each
-///      ps (the same spec from every worker: one actor per ps);
+///      robin, as TF's replica_device_setter; with max_partitions > 1, pieces
+///      of them spread by size, train/partition.hpp) and gets the aggregator
+///      of each ps over its pieces (the same spec from every worker: one
+///      actor per ps);
 ///   3. the chief (task 0) restores the latest checkpoint or initializes the
 ///      variables; the others wait for that with a bounded wait naming what is
 ///      missing;
 ///   4. builds its replica of the step on its own device and spawns the worker
 ///      actor (actors/worker.hpp), which trains;
 ///   5. the chief waits for the other workers to finish, saves (sync, async:
-///      the aggregators' state once every worker is done), and shuts the ps
+///      the aggregators' state once every worker is done, pieces assembled
+///      into the logical variables), and shuts the ps
 ///      tasks down (TF's ps never did).
 /// The chief publishes where the job starts (global step, data position) in
 /// its key-value store; the other workers resume their data from there.

@@ -125,21 +125,25 @@ const std::vector<tensor>& current(self_pointer self) {
   return st.own ? st.own->values : st.params;
 }
 
-std::vector<shape_type> shapes_of(self_pointer self, const param_shard& s) {
+std::vector<shape_type> shapes_of(const param_shard& s) {
   std::vector<shape_type> out;
-  for (auto i : s.params)
-    out.push_back(self->state.setup.params[i].shape);
+  for (const auto& p : s.pieces)
+    out.push_back(p.shape);
   return out;
 }
 
-/// Takes shard `k`'s flat answer into `into`.
+/// Takes shard `k`'s flat answer into `into` (one tensor per parameter): a
+/// whole parameter is its piece (no copy), a partitioned one gets the rows of
+/// this shard's pieces; it is complete once every shard has answered.
 caf::error take(self_pointer self, size_t k, const tensor& flat, std::vector<tensor>& into) {
   auto& s = self->state.setup.shards[k];
-  auto parts = train::unflatten(flat, shapes_of(self, s));
+  auto parts = train::unflatten(flat, shapes_of(s));
   if (!parts)
     return make_error(parts.error().code, "parameters from " + s.task + ": " + parts.error().what);
-  for (size_t j = 0; j < s.params.size(); ++j)
-    into[s.params[j]] = std::move((*parts)[j]);
+  for (size_t j = 0; j < s.pieces.size(); ++j)
+    if (auto ok = train::put_piece(s.pieces[j], std::move((*parts)[j]), into[s.pieces[j].param]);
+        !ok)
+      return make_error(ok.error().code, "parameters from " + s.task + ": " + ok.error().what);
   return caf::none;
 }
 
@@ -222,9 +226,10 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
     std::vector<tensor> part;
+    // A partitioned parameter's rows are copied out; a whole one goes as is.
     if (values != nullptr && !abstain_step)
-      for (auto i : s.params)
-        part.push_back((*values)[i]);
+      for (const auto& p : s.pieces)
+        part.push_back(train::slice_rows((*values)[p.param], p.row_begin, p.row_end));
     // The link answers within its socket's deadlines (the node's step
     // timeout plus a margin, data_channel::aggregate) and is linked to this
     // actor: no timer here, which would wake CAF's clock thread every step.
@@ -341,11 +346,18 @@ void checkpoint(self_pointer self, std::function<void()> then) {
   for (auto& s : st.setup.shards) {
     self->request(s.actor, st.setup.timeout, save_atom::value)
       .then(
-        [ckpt, missing, write, kind](aggregator_state& state) {
+        [self, ckpt, missing, write, kind](aggregator_state& state) {
           add_variables(*ckpt, state, kind);
           ckpt->global_step = std::max(ckpt->global_step, state.global_step);
-          if (--*missing == 0)
-            write();
+          if (--*missing > 0)
+            return;
+          // The checkpoint holds the logical parameters, whatever the pieces.
+          auto& setup = self->state.setup;
+          if (auto err = assemble_variables(*ckpt, setup.params, setup.shards)) {
+            fail(self, std::move(err), "assembling the checkpoint from the shards' pieces");
+            return;
+          }
+          write();
         },
         [self, s](caf::error& err) { fail(self, std::move(err), "saving the state of " + s.task); });
   }
@@ -761,6 +773,18 @@ void add_variables(train::checkpoint& ckpt, const aggregator_state& state,
       v.slots[names[k]] = state.slots[i][k];
     ckpt.variables.push_back(std::move(v));
   }
+}
+
+caf::error assemble_variables(train::checkpoint& ckpt, const std::vector<train::parameter>& params,
+                              const std::vector<param_shard>& shards) {
+  std::vector<train::piece> pieces;
+  for (const auto& s : shards)
+    pieces.insert(pieces.end(), s.pieces.begin(), s.pieces.end());
+  auto logical = train::logical_variables(params, pieces, ckpt.variables);
+  if (!logical)
+    return make_error(logical.error().code, logical.error().what);
+  ckpt.variables = std::move(*logical);
+  return caf::none;
 }
 
 caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,

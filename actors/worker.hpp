@@ -35,17 +35,23 @@
 #include "train/data.hpp"
 #include "train/local.hpp"
 #include "train/model.hpp"
+#include "train/partition.hpp"
 
 namespace af {
 
-/// The parameters of one ps node and the aggregator that owns them.
+/// The variables of one ps node and the aggregator that owns them: pieces of
+/// the model's parameters (train/partition.hpp), whole ones unless the job
+/// partitions its variables.
 struct param_shard {
   std::string task;              ///< "/job:ps/task:0", for messages
   std::string aggregator;        ///< its name on that node
   aggregator_actor actor;        ///< for done, save and restore (control)
   std::string host;              ///< its data plane (pushes and pulls)
   uint16_t data_port = 0;
-  std::vector<size_t> params;    ///< indices into the model's parameters
+  /// Which rows of which parameter each of its variables holds, in the
+  /// aggregator's push order: the worker cuts its pushes along these rows
+  /// and assembles what it pulls from them.
+  std::vector<train::piece> pieces;
 };
 
 /// What a worker reports as it trains (on its own thread).
@@ -131,6 +137,13 @@ uint64_t data_position(const std::string& mode, uint32_t workers, uint64_t start
 /// train::slot_names(optimizer_kind)) to `ckpt`.
 void add_variables(train::checkpoint& ckpt, const aggregator_state& state,
                    const std::string& optimizer_kind);
+
+/// Replaces the variables in `ckpt` that add_variables took from the shards'
+/// snapshots (their pieces) with the logical parameters assembled from them,
+/// values and slots, in parameter order: checkpoints hold the model's
+/// parameters, not how one job cut them. An error names a missing piece.
+caf::error assemble_variables(train::checkpoint& ckpt, const std::vector<train::parameter>& params,
+                              const std::vector<param_shard>& shards);
 
 /// Spawns a worker; `done` is called once, on the worker's thread, when it has
 /// run its steps (or failed: the error names the step and what failed).

@@ -791,7 +791,7 @@ struct cluster_run {
 };
 
 cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_bench_options& o,
-                        const scratch_dir& dir, const std::string& tag) {
+                        const scratch_dir& dir, const std::string& tag, int ps_tasks = 1) {
   cluster_run out;
   auto bin = o.bin_dir / "actorflow-train";
   if (!std::filesystem::exists(bin)) {
@@ -799,21 +799,29 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     return out;
   }
   std::vector<uint16_t> ports;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < ps_tasks + 2; ++i)
     ports.push_back(free_loopback_port());
   // The training keys go on the command line (--set), the file holds the
   // cluster only: the same keys whether or not the cluster loader accepts a
   // [train] table beside it.
   auto config = dir.path / (tag + ".toml");
-  std::ofstream{config} << "[cluster]\n"
-                        << "ps = [\"127.0.0.1:" << ports[0] << "\"]\n"
-                        << "worker = [\"127.0.0.1:" << ports[1] << "\", \"127.0.0.1:" << ports[2]
-                        << "\"]\n";
+  {
+    std::ofstream out{config};
+    out << "[cluster]\nps = [";
+    for (int k = 0; k < ps_tasks; ++k)
+      out << (k ? ", " : "") << "\"127.0.0.1:" << ports[k] << "\"";
+    out << "]\nworker = [\"127.0.0.1:" << ports[ps_tasks] << "\", \"127.0.0.1:"
+        << ports[ps_tasks + 1] << "\"]\n";
+  }
   struct task {
     std::string job;
     int index;
   };
-  std::vector<task> tasks{{"ps", 0}, {"worker", 0}, {"worker", 1}};
+  std::vector<task> tasks;
+  for (int k = 0; k < ps_tasks; ++k)
+    tasks.push_back({"ps", k});
+  tasks.push_back({"worker", 0});
+  tasks.push_back({"worker", 1});
   std::vector<pid_t> pids;
   std::vector<std::string> names;
   std::vector<std::filesystem::path> logs;
@@ -833,7 +841,7 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
     return out;
   }
-  auto chief_log = slurp(logs[1]);
+  auto chief_log = slurp(logs[static_cast<size_t>(ps_tasks)]);
   auto at = chief_log.find("train done:");
   if (at == std::string::npos) {
     out.failure = "the chief printed no `train done:` line: " + last_line(chief_log);
@@ -950,6 +958,58 @@ void bench_digits(const train_bench_options& o, const scratch_dir& dir) {
   report(name, ours, base, "examples/s", failure);
 }
 
+/// Sync steps/s of a softmax regression of 3072 x 1024 (3.1 M floats, 12.6 MB)
+/// with max_partitions = 3 over 3 ps processes, against the same job whole on
+/// 1 ps process. On a machine with fewer cores than processes it measures the
+/// cost of cutting and assembling the pieces, not the spread of the ps work.
+void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_sync_partitioned_3ps";
+  // A small learning rate: |x|^2 of the synthetic examples is ~features.
+  std::vector<std::string> keys{"mode=sync",
+                                "model=softmax",
+                                "data=synthetic",
+                                "synthetic_features=3072",
+                                "synthetic_classes=1024",
+                                "synthetic_examples=256",
+                                "batch_size=4",
+                                "steps=" + std::to_string(o.steps_1m),
+                                "optimizer=sgd",
+                                "learning_rate=0.001",
+                                "log_every=0",
+                                "eval_every=0"};
+  auto cut = keys, whole = keys;
+  cut.push_back("max_partitions=3");
+  whole.push_back("max_partitions=1");
+  std::vector<double> ours, base;
+  std::string failure, base_failure;
+  auto steps_per_s = [&](const std::vector<std::string>& k, int ps, const std::string& tag,
+                         std::string& why) -> std::optional<double> {
+    auto run = run_cluster(k, o, dir, tag, ps);
+    if (!run.failure.empty()) {
+      why = run.failure;
+      return std::nullopt;
+    }
+    if (!run.done.count("steps_per_s")) {
+      why = "no steps_per_s in the chief's `train done:` line";
+      return std::nullopt;
+    }
+    return run.done["steps_per_s"];
+  };
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (base_failure.empty()) {
+      if (auto b = steps_per_s(whole, 1, "whole-1ps", base_failure))
+        base.push_back(*b);
+      else
+        std::fprintf(stderr, "actorflow-bench: %s baseline (1 ps): %s\n", name.c_str(),
+                     base_failure.c_str());
+    }
+    if (failure.empty())
+      if (auto r = steps_per_s(cut, 3, "partitioned-3ps", failure))
+        ours.push_back(*r);
+  }
+  report(name, ours, base, "steps/s", failure);
+}
+
 /// MB/s of our 2-rank allreduce_mean of the 4 MiB buffer, rank 0's median.
 std::optional<double> ours_allreduce(const train_bench_options& o, const scratch_dir& dir,
                                      std::string& failure) {
@@ -995,7 +1055,8 @@ void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
 
 const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names{"train_sync_1m_2w", "train_async_1m_2w",
-                                              "allreduce_4mib_2w", "train_digits_examples_per_s"};
+                                              "allreduce_4mib_2w", "train_digits_examples_per_s",
+                                              "train_sync_partitioned_3ps"};
   return names;
 }
 
@@ -1021,6 +1082,8 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_allreduce(opts, dir);
   if (want("train_digits_examples_per_s"))
     bench_digits(opts, dir);
+  if (want("train_sync_partitioned_3ps"))
+    bench_partitioned(opts, dir);
 }
 
 int run_helper(int argc, char** argv) {

@@ -9,6 +9,9 @@
 ///   train_async_1m_2w           async global steps/s, the same model
 ///   allreduce_4mib_2w           MB/s of one 4 MiB all-reduce between 2 ranks
 ///   train_digits_examples_per_s sync 2-worker digits MLP against one process
+///   train_sync_partitioned_3ps  sync steps/s of a 3 M-float softmax cut into 3
+///                               pieces over 3 ps processes, against the same
+///                               model whole on 1 ps process
 ///
 /// The helper processes (raw ps, raw workers, all-reduce ranks) are this
 /// binary re-executed with a hidden first argument, so they start clean
