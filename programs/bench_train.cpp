@@ -790,8 +790,12 @@ struct cluster_run {
   std::string failure;
 };
 
+/// One training job of processes: `ps_tasks` ps and `workers` workers;
+/// `worker_args[i]`: extra arguments of worker i (a straggler's delay).
 cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_bench_options& o,
-                        const scratch_dir& dir, const std::string& tag, int ps_tasks = 1) {
+                        const scratch_dir& dir, const std::string& tag, int ps_tasks = 1,
+                        int workers = 2,
+                        const std::map<int, std::vector<std::string>>& worker_args = {}) {
   cluster_run out;
   auto bin = o.bin_dir / "actorflow-train";
   if (!std::filesystem::exists(bin)) {
@@ -799,7 +803,7 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     return out;
   }
   std::vector<uint16_t> ports;
-  for (int i = 0; i < ps_tasks + 2; ++i)
+  for (int i = 0; i < ps_tasks + workers; ++i)
     ports.push_back(free_loopback_port());
   // The training keys go on the command line (--set), the file holds the
   // cluster only: the same keys whether or not the cluster loader accepts a
@@ -810,8 +814,10 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     out << "[cluster]\nps = [";
     for (int k = 0; k < ps_tasks; ++k)
       out << (k ? ", " : "") << "\"127.0.0.1:" << ports[k] << "\"";
-    out << "]\nworker = [\"127.0.0.1:" << ports[ps_tasks] << "\", \"127.0.0.1:"
-        << ports[ps_tasks + 1] << "\"]\n";
+    out << "]\nworker = [";
+    for (int w = 0; w < workers; ++w)
+      out << (w ? ", " : "") << "\"127.0.0.1:" << ports[ps_tasks + w] << "\"";
+    out << "]\n";
   }
   struct task {
     std::string job;
@@ -820,8 +826,8 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
   std::vector<task> tasks;
   for (int k = 0; k < ps_tasks; ++k)
     tasks.push_back({"ps", k});
-  tasks.push_back({"worker", 0});
-  tasks.push_back({"worker", 1});
+  for (int w = 0; w < workers; ++w)
+    tasks.push_back({"worker", w});
   std::vector<pid_t> pids;
   std::vector<std::string> names;
   std::vector<std::filesystem::path> logs;
@@ -833,6 +839,8 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
         args.push_back("--set");
         args.push_back(kv);
       }
+    if (auto extra = worker_args.find(t.index); t.job == "worker" && extra != worker_args.end())
+      args.insert(args.end(), extra->second.begin(), extra->second.end());
     names.push_back(t.job + " " + std::to_string(t.index));
     logs.push_back(dir.path / (tag + "-" + t.job + std::to_string(t.index) + ".log"));
     pids.push_back(spawn(args, logs.back()));
@@ -905,6 +913,46 @@ void bench_linear(const std::string& mode, const train_bench_options& o, const s
       base.push_back(*b);
     if (failure.empty()) {
       auto run = run_cluster(keys, o, dir, name);
+      if (!run.failure.empty())
+        failure = run.failure;
+      else if (run.done.count("steps_per_s"))
+        ours.push_back(run.done["steps_per_s"]);
+      else
+        failure = "no steps_per_s in the chief's `train done:` line";
+    }
+  }
+  report(name, ours, base, "steps/s", failure);
+}
+
+/// Sync with a straggler: 3 worker processes, one sleeping 3 steps' time in
+/// each of its steps (4x slower), replicas_to_aggregate = 2, against 2
+/// workers and no straggler (every gradient). Backup workers should make the
+/// straggler cost nothing: the steps go at the speed of the other two.
+void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_sync_1m_3w_1slow";
+  auto keys = linear_keys("sync", o.steps_1m);
+  std::vector<double> ours, base;
+  std::string failure, base_failure;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (base_failure.empty()) {
+      auto run = run_cluster(keys, o, dir, name + "-2w");
+      if (!run.failure.empty())
+        base_failure = run.failure;
+      else if (run.done.count("steps_per_s"))
+        base.push_back(run.done["steps_per_s"]);
+      else
+        base_failure = "no steps_per_s in the chief's `train done:` line";
+      if (!base_failure.empty())
+        std::fprintf(stderr, "actorflow-bench: %s baseline (2 workers): %s\n", name.c_str(),
+                     base_failure.c_str());
+    }
+    if (failure.empty() && !base.empty()) {
+      // 4x slower: a normal step's time (the baseline's), three more times.
+      auto step_ms = static_cast<int>(3000.0 / base.back());
+      auto with_backup = keys;
+      with_backup.push_back("replicas_to_aggregate=2");
+      auto run = run_cluster(with_backup, o, dir, name, 1, 3,
+                             {{2, {"--step-delay-ms", std::to_string(std::max(1, step_ms))}}});
       if (!run.failure.empty())
         failure = run.failure;
       else if (run.done.count("steps_per_s"))
@@ -1056,7 +1104,8 @@ void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
 const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names{"train_sync_1m_2w", "train_async_1m_2w",
                                               "allreduce_4mib_2w", "train_digits_examples_per_s",
-                                              "train_sync_partitioned_3ps"};
+                                              "train_sync_partitioned_3ps",
+                                              "train_sync_1m_3w_1slow"};
   return names;
 }
 
@@ -1084,6 +1133,8 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_digits(opts, dir);
   if (want("train_sync_partitioned_3ps"))
     bench_partitioned(opts, dir);
+  if (want("train_sync_1m_3w_1slow"))
+    bench_straggler(opts, dir);
 }
 
 int run_helper(int argc, char** argv) {
