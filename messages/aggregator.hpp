@@ -17,13 +17,20 @@
 ///        each of that variable's shape; or one flat float32 tensor of all of
 ///        them (what the data plane carries). What they are depends on the mode:
 ///        sync:    gradients computed at global step `step`. Answered when the
-///                 step is released: once every worker not done has pushed its
-///                 gradient of that step, the mean is applied once and the
-///                 global step moves on. A gradient of an older step is dropped,
-///                 counted, and answered at once with the current parameters.
+///                 step is released: once every member not done has pushed its
+///                 gradient of that step, or its first replicas_to_aggregate
+///                 have, or at step_deadline_ms with at least min_replicas;
+///                 the mean is applied once and the global step moves on. A
+///                 gradient of an older step is dropped, counted as late, and
+///                 answered at once with the current parameters (after a
+///                 switch to sync, a worker's first push joins the round
+///                 whatever its step).
 ///        async:   a gradient computed from the parameters of global step
 ///                 `step`: applied at once; its staleness (global step now -
 ///                 `step`) goes into the histogram.
+///        ssp:     as async, and each push moves the worker's clock; the
+///                 answer is held while the worker is more than `staleness`
+///                 pushes ahead of the slowest member still pushing.
 ///        average: the worker's own parameters after `average_every` local
 ///                 steps, `step` being the local steps it has run. Answered
 ///                 once every worker not done has pushed its round: the mean
@@ -46,7 +53,18 @@
 ///   (pull)                        -> (uint64 global_step, tensor params)
 ///   (stats)                       -> (aggregator_stats)
 ///   (done, uint32 worker)         -> (uint32 workers_done)  the worker pushes no more:
-///        sync and average stop waiting for it.
+///        sync and average stop waiting for it (a worker that joined leaves).
+///   (join, uint32 worker, string task, string address, uint32 examples_per_push, actor who)
+///                                 -> (uint64 global_step)  registers the worker's name
+///        (every message about it uses it), monitors `who` (when it goes down
+///        the worker leaves at once: no step waits for it), and makes a
+///        worker beyond the spec's a member (sync then waits for it too).
+///   (switch, aggregator_spec want) -> (uint64 global_step)  drains the mode (a
+///        round in progress closes with what arrived; held pushes are let
+///        go) and goes on in want.mode with want's replicas_to_aggregate,
+///        step_deadline_ms, min_replicas and staleness, keeping the step,
+///        the variables, the members and every counter. Between average and
+///        the others: invalid_argument (their workers run another loop).
 ///   (save)                        -> (aggregator_state)  a consistent snapshot
 ///        between steps: values, optimizer slots and the global step
 ///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it, or
