@@ -909,16 +909,24 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
     });
 }
 
+/// What async and ssp check and count of a push before applying it.
+caf::error take_gradient(self_pointer self, uint32_t worker, uint64_t step) {
+  auto& st = self->state;
+  if (auto err = check_worker(self, worker))
+    return err;
+  note_push(st, worker, step);
+  if (step > st.global_step)
+    return ahead_of(st, worker, step);
+  return caf::none;
+}
+
 aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
-      if (auto err = check_worker(self, worker))
+      if (auto err = take_gradient(self, worker, step))
         return err;
-      note_push(st, worker, step);
-      if (step > st.global_step)
-        return ahead_of(st, worker, step);
       if (auto err = apply_now(self, worker, step, grads))
         return err;
       auto p = params(self);
@@ -936,11 +944,8 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
     common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
-      if (auto err = check_worker(self, worker))
+      if (auto err = take_gradient(self, worker, step))
         return err;
-      note_push(st, worker, step);
-      if (step > st.global_step)
-        return ahead_of(st, worker, step);
       for (const auto& w : st.ssp_waiting)
         if (w.worker == worker)
           return make_error(af_error::already_exists,

@@ -893,6 +893,20 @@ void report(const std::string& name, const std::vector<double>& ours,
   std::fflush(stdout);
 }
 
+/// The steps/s of the chief's `train done:` line, or nullopt with `why` set.
+std::optional<double> steps_per_s(const cluster_run& run, std::string& why) {
+  if (!run.failure.empty()) {
+    why = run.failure;
+    return std::nullopt;
+  }
+  auto it = run.done.find("steps_per_s");
+  if (it == run.done.end()) {
+    why = "no steps_per_s in the chief's `train done:` line";
+    return std::nullopt;
+  }
+  return it->second;
+}
+
 /// `key=value` of the [train] table for the 1 M-float linear regression.
 std::vector<std::string> linear_keys(const std::string& mode, uint64_t steps) {
   return {"mode=" + mode, "model=linear", "data=synthetic_linear",
@@ -911,15 +925,9 @@ void bench_linear(const std::string& mode, const train_bench_options& o, const s
   for (int rep = 0; rep < o.reps; ++rep) {
     if (auto b = raw_training(mode, o, dir))
       base.push_back(*b);
-    if (failure.empty()) {
-      auto run = run_cluster(keys, o, dir, name);
-      if (!run.failure.empty())
-        failure = run.failure;
-      else if (run.done.count("steps_per_s"))
-        ours.push_back(run.done["steps_per_s"]);
-      else
-        failure = "no steps_per_s in the chief's `train done:` line";
-    }
+    if (failure.empty())
+      if (auto x = steps_per_s(run_cluster(keys, o, dir, name), failure))
+        ours.push_back(*x);
   }
   report(name, ours, base, "steps/s", failure);
 }
@@ -935,14 +943,9 @@ void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
   std::string failure, base_failure;
   for (int rep = 0; rep < o.reps; ++rep) {
     if (base_failure.empty()) {
-      auto run = run_cluster(keys, o, dir, name + "-2w");
-      if (!run.failure.empty())
-        base_failure = run.failure;
-      else if (run.done.count("steps_per_s"))
-        base.push_back(run.done["steps_per_s"]);
+      if (auto x = steps_per_s(run_cluster(keys, o, dir, name + "-2w"), base_failure))
+        base.push_back(*x);
       else
-        base_failure = "no steps_per_s in the chief's `train done:` line";
-      if (!base_failure.empty())
         std::fprintf(stderr, "actorflow-bench: %s baseline (2 workers): %s\n", name.c_str(),
                      base_failure.c_str());
     }
@@ -953,12 +956,8 @@ void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
       with_backup.push_back("replicas_to_aggregate=2");
       auto run = run_cluster(with_backup, o, dir, name, 1, 3,
                              {{2, {"--step-delay-ms", std::to_string(std::max(1, step_ms))}}});
-      if (!run.failure.empty())
-        failure = run.failure;
-      else if (run.done.count("steps_per_s"))
-        ours.push_back(run.done["steps_per_s"]);
-      else
-        failure = "no steps_per_s in the chief's `train done:` line";
+      if (auto x = steps_per_s(run, failure))
+        ours.push_back(*x);
     }
   }
   report(name, ours, base, "steps/s", failure);
@@ -1030,29 +1029,17 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
   whole.push_back("max_partitions=1");
   std::vector<double> ours, base;
   std::string failure, base_failure;
-  auto steps_per_s = [&](const std::vector<std::string>& k, int ps, const std::string& tag,
-                         std::string& why) -> std::optional<double> {
-    auto run = run_cluster(k, o, dir, tag, ps);
-    if (!run.failure.empty()) {
-      why = run.failure;
-      return std::nullopt;
-    }
-    if (!run.done.count("steps_per_s")) {
-      why = "no steps_per_s in the chief's `train done:` line";
-      return std::nullopt;
-    }
-    return run.done["steps_per_s"];
-  };
+
   for (int rep = 0; rep < o.reps; ++rep) {
     if (base_failure.empty()) {
-      if (auto b = steps_per_s(whole, 1, "whole-1ps", base_failure))
+      if (auto b = steps_per_s(run_cluster(whole, o, dir, "whole-1ps", 1), base_failure))
         base.push_back(*b);
       else
         std::fprintf(stderr, "actorflow-bench: %s baseline (1 ps): %s\n", name.c_str(),
                      base_failure.c_str());
     }
     if (failure.empty())
-      if (auto r = steps_per_s(cut, 3, "partitioned-3ps", failure))
+      if (auto r = steps_per_s(run_cluster(cut, o, dir, "partitioned-3ps", 3), failure))
         ours.push_back(*r);
   }
   report(name, ours, base, "steps/s", failure);
