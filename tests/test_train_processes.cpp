@@ -1,7 +1,8 @@
 // actorflow-train as a user runs it: one process per task of a between-graph
 // job (a ps and two workers; allreduce: two workers), on free loopback ports,
 // killed with SIGKILL, stopped with SIGSTOP, restarted from its checkpoints.
-// Every wait is bounded and waits on output lines, files or exits.
+// Every wait is bounded and waits on output lines, files or exits. The job
+// harness is tests/train_job.hpp.
 #define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
 #include <catch2/catch.hpp>
 
@@ -21,85 +22,14 @@
 #include <string>
 #include <vector>
 
-#include "config/loopback.hpp"
-#include "process_cluster.hpp"
 #include "train/checkpoint.hpp"
+#include "train_job.hpp"
 
 using namespace std::chrono_literals;
 
 namespace af::testing {
 
 namespace {
-
-namespace fs = std::filesystem;
-using clock_type = std::chrono::steady_clock;
-
-/// A directory of its own under /tmp, removed with everything in it.
-struct temp_dir {
-  temp_dir() {
-    char tmpl[] = "/tmp/actorflow-train-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  std::string path;
-};
-
-/// The last match of `re`'s first group in `text`.
-std::optional<std::string> last_match(const std::string& text, const std::regex& re) {
-  std::optional<std::string> found;
-  for (std::sregex_iterator it{text.begin(), text.end(), re}, end; it != end; ++it)
-    found = (*it)[1].str();
-  return found;
-}
-
-/// The global step of the chief's last progress line ("step S/T ...").
-std::optional<uint64_t> last_progress_step(const std::string& out) {
-  static const std::regex re{R"((?:^|\n)step (\d+)/\d+ )"};
-  auto s = last_match(out, re);
-  return s ? std::optional<uint64_t>{std::stoull(*s)} : std::nullopt;
-}
-
-/// The staleness of the chief's last async progress line: "staleness median M
-/// max X histogram s:n s:n ..." (the last bucket "s+:n": s or more).
-struct staleness_report {
-  uint64_t median = 0;
-  uint64_t max = 0;
-  std::map<uint64_t, uint64_t> histogram; ///< staleness -> gradients applied with it
-};
-std::optional<staleness_report> last_staleness(const std::string& out) {
-  static const std::regex line{R"(staleness median (\d+) max (\d+)\+? histogram((?: \d+\+?:\d+)*))"};
-  std::optional<staleness_report> found;
-  for (std::sregex_iterator it{out.begin(), out.end(), line}, end; it != end; ++it) {
-    staleness_report r;
-    r.median = std::stoull((*it)[1].str());
-    r.max = std::stoull((*it)[2].str());
-    static const std::regex bucket{R"( (\d+)\+?:(\d+))"};
-    auto h = (*it)[3].str();
-    for (std::sregex_iterator b{h.begin(), h.end(), bucket}, bend; b != bend; ++b)
-      r.histogram[std::stoull((*b)[1].str())] += std::stoull((*b)[2].str());
-    found = std::move(r);
-  }
-  return found;
-}
-
-/// From the chief's "train done: ... global_step=G ..." line.
-std::optional<uint64_t> final_global_step(const std::string& out) {
-  static const std::regex re{R"(train done: [^\n]*global_step=(\d+))"};
-  auto s = last_match(out, re);
-  return s ? std::optional<uint64_t>{std::stoull(*s)} : std::nullopt;
-}
-
-/// From the chief's "held-out accuracy: A (N examples)" line.
-std::optional<double> held_out_accuracy(const std::string& out) {
-  static const std::regex re{R"(held-out accuracy: ([0-9.]+) \(\d+ examples\))"};
-  auto s = last_match(out, re);
-  return s ? std::optional<double>{std::stod(*s)} : std::nullopt;
-}
 
 /// The step of the checkpoint DIR/latest names; nullopt if there is none yet.
 std::optional<uint64_t> latest_checkpoint_step(const std::string& dir) {
@@ -126,157 +56,6 @@ train::checkpoint load_checkpoint(const std::string& path) {
     FAIL("train::load(" << path << "): " << ck.error().what);
   return std::move(*ck);
 }
-
-/// The processes of one actorflow-train job: a config of fresh loopback ports
-/// in `dir`, one process per task, the same --set overrides for each.
-class train_job {
-public:
-  struct task {
-    std::string job;
-    int index = 0;
-    std::unique_ptr<background_process> process;
-    std::string name() const { return "/job:" + job + "/task:" + std::to_string(index); }
-  };
-
-  /// Starts the tasks and waits until every node is up; tries fresh ports
-  /// when one was taken between choosing it and binding it. `train_table`:
-  /// the config file's [train] lines.
-  static std::unique_ptr<train_job> start(const std::string& dir, bool with_ps,
-                                          const std::vector<std::string>& sets,
-                                          const std::string& train_table = "") {
-    std::string last;
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      std::unique_ptr<train_job> j{new train_job};
-      j->config_ = dir + "/job-" + std::to_string(++config_counter()) + ".toml";
-      auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
-      {
-        std::ofstream f{j->config_};
-        f << "[cluster]\n";
-        if (with_ps)
-          f << "ps = [" << addr() << "]\n";
-        f << "worker = [" << addr() << ", " << addr() << "]\n\n[train]\n" << train_table;
-      }
-      // The ps first, the chief last: as an operator would start them (the
-      // program waits for its peers either way).
-      if (with_ps)
-        j->launch("ps", 0, sets);
-      j->launch("worker", 1, sets);
-      j->launch("worker", 0, sets);
-      bool failed = false; // a process exited before its node was up
-      bool up = j->wait_until(
-        [&] {
-          bool all = true;
-          for (auto& t : j->tasks_) {
-            if (t.process->output().find("node up at") != std::string::npos)
-              continue;
-            all = false;
-            failed = failed || t.process->exit_code().has_value();
-          }
-          return all || failed;
-        },
-        30s);
-      if (up && !failed)
-        return j;
-      last = j->describe();
-      if (last.find("bind_failed") == std::string::npos)
-        break; // not a port race: say what happened
-    }
-    FAIL("the job's processes did not all come up:\n" << last);
-    return nullptr;
-  }
-
-  ~train_job() {
-    kill_all();
-  }
-
-  background_process& chief() { return *find("worker", 0).process; }
-  background_process& process(const std::string& job, int index) {
-    return *find(job, index).process;
-  }
-
-  /// Waits until `cond` holds, reading every process's output meanwhile (so
-  /// none blocks on a full pipe); false at the timeout.
-  bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-    auto deadline = clock_type::now() + timeout;
-    for (;;) {
-      for (auto& t : tasks_)
-        t.process->read_output(5ms);
-      if (cond())
-        return true;
-      if (clock_type::now() >= deadline)
-        return false;
-    }
-  }
-
-  /// Waits until every process has exited; on timeout SIGKILLs the ones still
-  /// running and returns their names ("" when all exited by themselves).
-  std::string wait_all_exit(std::chrono::milliseconds timeout) {
-    wait_until(
-      [&] {
-        for (auto& t : tasks_)
-          if (!t.process->exit_code())
-            return false;
-        return true;
-      },
-      timeout);
-    std::string running;
-    for (auto& t : tasks_)
-      if (!t.process->exit_code()) {
-        running += (running.empty() ? "" : ", ") + t.name();
-        t.process->signal(SIGKILL);
-      }
-    return running;
-  }
-
-  /// SIGKILLs every process still running (and reaps it).
-  void kill_all() {
-    for (auto& t : tasks_)
-      t.process->signal(SIGKILL);
-  }
-
-  /// Every process's exit code (nullopt: still running) and output, for INFO.
-  std::string describe() {
-    std::string s;
-    for (auto& t : tasks_) {
-      t.process->read_output(0ms);
-      auto code = t.process->exit_code();
-      s += "--- " + t.name() + " (" + (code ? "exit " + std::to_string(*code) : "running")
-           + "):\n" + t.process->output() + "\n";
-    }
-    return s;
-  }
-
-  const std::vector<task>& tasks() const { return tasks_; }
-
-private:
-  train_job() = default;
-
-  static int& config_counter() {
-    static int n = 0;
-    return n;
-  }
-
-  void launch(const std::string& job, int index, const std::vector<std::string>& sets) {
-    std::vector<std::string> argv{ACTORFLOW_TRAIN_BINARY, "--config", config_, "--job", job,
-                                  "--task", std::to_string(index)};
-    for (const auto& kv : sets) {
-      argv.push_back("--set");
-      argv.push_back(kv);
-    }
-    tasks_.push_back({job, index, std::make_unique<background_process>(argv)});
-  }
-
-  task& find(const std::string& job, int index) {
-    auto it = std::find_if(tasks_.begin(), tasks_.end(),
-                           [&](const task& t) { return t.job == job && t.index == index; });
-    INFO("/job:" << job << "/task:" << index);
-    REQUIRE(it != tasks_.end());
-    return *it;
-  }
-
-  std::string config_;
-  std::vector<task> tasks_;
-};
 
 /// Trains the digits in `mode` across processes and checks the job's end.
 void trains_to_accuracy(const std::string& mode) {

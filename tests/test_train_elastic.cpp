@@ -1,0 +1,461 @@
+// Elastic and straggler-tolerant actorflow-train jobs, one process per task:
+// backup workers (replicas_to_aggregate), a step deadline with min_replicas,
+// ssp's staleness bound, a live mode switch, a worker that joins a running
+// job and one that is killed, and --status against a live job. Stragglers
+// are made with SIGSTOP/SIGCONT and --step-delay-ms; every wait is bounded
+// and waits on output lines, files or exits (tests/train_job.hpp).
+#define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "train_job.hpp"
+
+using namespace std::chrono_literals;
+
+namespace af::testing {
+
+namespace {
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+/// The job's end: every process exited by itself with 0.
+void check_all_exit_0(train_job& job, std::chrono::milliseconds timeout) {
+  auto still_running = job.wait_all_exit(timeout);
+  INFO(job.describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job.tasks()) {
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+}
+
+/// The workers.csv row of `worker` in the last report at a step <= `step`.
+std::optional<worker_row> row_at(const std::vector<worker_row>& rows, uint32_t worker,
+                                 uint64_t step) {
+  std::optional<worker_row> found;
+  for (const auto& r : rows)
+    if (r.worker == worker && r.step <= step)
+      found = r;
+  return found;
+}
+
+std::optional<worker_row> last_row(const std::vector<worker_row>& rows, uint32_t worker) {
+  return row_at(rows, worker, UINT64_MAX);
+}
+
+/// The [train] line that sends the metrics (and so <stem>.workers.csv) into
+/// `dir`. In the file, not --set: a bare word with a digit is not a string
+/// there, and mkdtemp's part of the path may have some.
+std::string metrics_line(const std::string& dir) {
+  return "metrics = \"" + dir + "/m.csv\"\n";
+}
+
+} // namespace
+
+// Catches a sync aggregator with backup workers that still waits for every
+// member (the chief would freeze until step_timeout_ms), a ps that does not
+// say which worker stopped pushing, late gradients applied to a step they
+// were not computed for (or not counted), a straggler that is shut out for
+// good after it comes back (its applied count would stay flat), and
+// --status rows without the workers' task names.
+TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on while one is "
+          "stopped, names it, drops and counts its late gradients after SIGCONT and takes it "
+          "back",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.workers = 3;
+  // Every worker paced (10 ms a step): the job's speed is bounded on any
+  // machine, so it cannot end before the checks below are made.
+  spec.sets = {"steps=400", "log_every=10", "eval_every=0"};
+  for (int w = 0; w < 3; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
+  spec.train_table = "replicas_to_aggregate = 2\n" + metrics_line(dir.path);
+  auto workers_csv = dir.path + "/m.workers.csv";
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+
+  auto& straggler = job->process("worker", 2);
+  straggler.signal(SIGSTOP);
+  REQUIRE(!straggler.exit_code());
+  auto stopped_at = *last_progress_step(job->chief().output());
+  auto stopped_time = clock_type::now();
+  auto ps_from = job->process("ps", 0).output().size();
+  // The ps names it (task and address) once it has been quiet for a second
+  // while the steps went on.
+  static const std::regex named{
+    R"(worker 2 \(/job:worker/task:2 at 127\.0\.0\.1:\d+\) has pushed nothing for [0-9.]+ s)"};
+  bool said = job->wait_until(
+    [&] {
+      auto out = job->process("ps", 0).output().substr(ps_from);
+      return std::regex_search(out, named)
+             && *last_progress_step(job->chief().output()) >= stopped_at + 40;
+    },
+    15s);
+  auto moved_to = *last_progress_step(job->chief().output());
+  INFO("worker 2 stopped at global step " << stopped_at << "; the chief reached " << moved_to
+                                          << " in " << seconds_since(stopped_time) << " s");
+  if (!said)
+    FAIL("no progress without worker 2, or the ps did not name it:\n" << job->describe());
+
+  // --status against the live job: a row per worker, with its task name.
+  auto status = job->client({"--status"}, 15s);
+  INFO("--status:\n" << status.output);
+  CHECK(status.exit_code == 0);
+  auto rows = parse_status(status.output);
+  for (int w = 0; w < 3; ++w) {
+    INFO("worker " << w);
+    auto it = std::find_if(rows.begin(), rows.end(),
+                           [&](const status_row& r) { return r.worker == static_cast<uint32_t>(w); });
+    REQUIRE(it != rows.end());
+    CHECK(it->task == "/job:worker/task:" + std::to_string(w));
+    CHECK(it->status == "member");
+  }
+
+  auto cont_at = *last_progress_step(job->chief().output());
+  straggler.signal(SIGCONT);
+  // Its first push after SIGCONT is for a step long closed: dropped as late;
+  // then it takes part again. Both show in the chief's per-worker rows.
+  auto before = row_at(read_worker_rows(workers_csv), 2, cont_at);
+  REQUIRE(before);
+  bool back = job->wait_until(
+    [&] {
+      auto now = last_row(read_worker_rows(workers_csv), 2);
+      return now && now->late > before->late && now->applied > before->applied;
+    },
+    15s);
+  auto after = last_row(read_worker_rows(workers_csv), 2);
+  REQUIRE(after);
+  INFO("worker 2 at SIGCONT (step " << cont_at << "): applied " << before->applied << " late "
+                                    << before->late << "; later (step " << after->step
+                                    << "): applied " << after->applied << " late " << after->late);
+  CHECK(back);
+  check_all_exit_0(*job, 25s);
+  const auto& out = job->chief().output();
+  CHECK(std::regex_search(out, std::regex{R"(late \(dropped\)[ 0-9:]* 2:\d+)"}));
+  CHECK(final_global_step(out) == 400u);
+  INFO("took " << seconds_since(t0) << " s");
+  CHECK(seconds_since(t0) < 60);
+}
+
+// Catches a deadline that does not close a step with the gradients that
+// arrived (min_replicas = 1: the chief would freeze until step_timeout_ms),
+// one that closes steps faster than the deadline (they would not wait for
+// the straggler at all), and a closing that is not counted in --status.
+TEST_CASE("sync with step_deadline_ms = 200 and min_replicas = 1 closes steps at the deadline "
+          "while a worker process is stopped",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.sets = {"steps=200", "log_every=1", "eval_every=0"};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
+  spec.train_table = "replicas_to_aggregate = 2\nstep_deadline_ms = 200\nmin_replicas = 1\n";
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+  job->process("worker", 1).signal(SIGSTOP);
+  auto stopped_at = *last_progress_step(job->chief().output());
+  auto stopped_time = clock_type::now();
+  bool moved = job->wait_until(
+    [&] { return *last_progress_step(job->chief().output()) >= stopped_at + 8; }, 15s);
+  auto elapsed = seconds_since(stopped_time);
+  auto reached = *last_progress_step(job->chief().output());
+  INFO("worker 1 stopped at global step " << stopped_at << "; the chief reached " << reached
+                                          << " in " << elapsed << " s");
+  CHECK(moved);
+  // At most one step per 200 ms deadline, and the one in flight at the stop
+  // (the progress line comes after its step) and the one closing now.
+  CHECK(static_cast<double>(reached - stopped_at) <= elapsed / 0.2 + 2);
+  auto status = job->client({"--status"}, 15s);
+  INFO("--status:\n" << status.output);
+  CHECK(status.exit_code == 0);
+  std::smatch m;
+  static const std::regex closed{R"((\d+) step\(s\) closed at the deadline)"};
+  REQUIRE(std::regex_search(status.output, m, closed));
+  CHECK(std::stoull(m[1].str()) >= 8);
+  job->process("worker", 1).signal(SIGCONT);
+  check_all_exit_0(*job, 25s);
+  CHECK(final_global_step(job->chief().output()) == 200u);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
+// Catches a deadline that closes a step with fewer than min_replicas
+// gradients, a ps that waits without saying for whom (or says it at every
+// sweep instead of once per deadline), and a job that does not recover
+// when the straggler comes back.
+TEST_CASE("sync with step_deadline_ms = 200 and min_replicas = 2 waits for a stopped worker "
+          "process, naming it once per deadline, and goes on after SIGCONT",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.sets = {"steps=200", "log_every=1", "eval_every=0"};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
+  spec.train_table = "replicas_to_aggregate = 2\nstep_deadline_ms = 200\nmin_replicas = 2\n";
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+  auto& ps = job->process("ps", 0);
+  job->process("worker", 1).signal(SIGSTOP);
+  auto ps_from = ps.output().size();
+  static const std::regex waited{
+    R"(has waited (\d+) ms at global step (\d+) with (\d+) of the min_replicas 2 gradients; )"
+    R"(waiting for worker 1 \(/job:worker/task:1 at 127\.0\.0\.1:\d+)"};
+  struct wait_line {
+    uint64_t ms, step, arrived;
+  };
+  auto lines = [&] {
+    std::vector<wait_line> out;
+    auto text = ps.output().substr(ps_from);
+    for (std::sregex_iterator it{text.begin(), text.end(), waited}, end; it != end; ++it)
+      out.push_back({std::stoull((*it)[1].str()), std::stoull((*it)[2].str()),
+                     std::stoull((*it)[3].str())});
+    return out;
+  };
+  bool named = job->wait_until([&] { return lines().size() >= 3; }, 15s);
+  auto seen = lines();
+  auto chief_step = last_progress_step(job->chief().output());
+  job->process("worker", 1).signal(SIGCONT);
+  INFO("ps output since the stop:\n" << ps.output().substr(ps_from));
+  REQUIRE(named);
+  // One step, waited on: the same global step in every line, the chief's
+  // progress not past it, and the wait growing by deadlines.
+  for (size_t i = 0; i < seen.size(); ++i) {
+    INFO("line " << i);
+    CHECK(seen[i].step == seen[0].step);
+    CHECK(seen[i].arrived == 1);
+    CHECK(seen[i].ms >= 200 * (i + 1));
+    if (i > 0)
+      CHECK(seen[i].ms > seen[i - 1].ms);
+  }
+  CHECK(chief_step <= seen[0].step);
+  // Once per deadline: no more lines than deadlines passed.
+  CHECK(seen.size() <= seen.back().ms / 200);
+  check_all_exit_0(*job, 25s);
+  CHECK(final_global_step(job->chief().output()) == 200u);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
+// Catches an ssp aggregator that lets a fast worker run more than staleness
+// pushes ahead of the slowest (or holds it for good), clocks not kept per
+// worker, and a job whose chief cannot finish while the slow worker still
+// pushes.
+TEST_CASE("ssp with staleness = 2 keeps the worker processes' clocks within 2 of each other "
+          "while one is slowed with --step-delay-ms, and the job finishes",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.sets = {"mode=ssp", "steps=240", "log_every=4", "eval_every=0"};
+  spec.worker_args[1] = {"--step-delay-ms", "25"};
+  spec.train_table = "staleness = 2\n" + metrics_line(dir.path);
+  auto job = train_job::start(dir.path, spec);
+  check_all_exit_0(*job, 30s);
+  auto rows = read_worker_rows(dir.path + "/m.workers.csv");
+  auto reports = reports_of(rows);
+  REQUIRE(reports.size() >= 10);
+  size_t at_bound = 0, compared = 0;
+  for (const auto& rep : reports) {
+    // Every row of a report is one stats answer of the aggregator: the
+    // clocks are of one moment. A held worker's last gradient is applied
+    // and counted in its clock already; what is held is the answer (its
+    // next parameters): so a held worker is at most staleness + 1 ahead,
+    // one that runs at most staleness.
+    std::vector<worker_row> members;
+    for (const auto& r : rep)
+      if (r.status == "member" || r.status == "held")
+        members.push_back(r);
+    if (members.size() < 2)
+      continue;
+    ++compared;
+    auto slowest = std::min_element(members.begin(), members.end(), [](auto& a, auto& b) {
+                     return a.clock < b.clock;
+                   })->clock;
+    for (const auto& r : members) {
+      INFO("report at step " << r.step << ": worker " << r.worker << " (" << r.status
+                             << ") clock " << r.clock << ", slowest " << slowest);
+      CHECK(r.clock - slowest <= (r.status == "held" ? 3u : 2u));
+      if (r.clock - slowest >= 2)
+        ++at_bound;
+    }
+  }
+  INFO(compared << " reports compared, " << at_bound << " at the bound");
+  CHECK(compared >= 10);
+  CHECK(at_bound > 0); // the slow worker did hold the chief back
+  CHECK(final_global_step(job->chief().output()) >= 240u);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
+// Catches a switch that loses or repeats steps (the count going backwards or
+// past the total), drops the gradients of the round it drains as late, or
+// applies one twice (pushes != applied + late + refused), and a job that
+// does not learn across the switches.
+TEST_CASE("a sync job switched to async and back with actorflow-train --switch counts its steps "
+          "on, loses no gradient and reaches 0.95 held-out accuracy",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  // 40 epochs, not 30: async steps take one batch, not two, so the async
+  // stretch trains on fewer examples than its steps would in sync.
+  spec.sets = {"log_every=10", "eval_every=0", "epochs=40"};
+  // Worker 1 the slower: at a switch, the chief's push is most likely
+  // parked in a sync round that worker 1 has not reached, which the switch
+  // must close with what arrived (not drop, not apply twice).
+  spec.worker_args[1] = {"--step-delay-ms", "10"};
+  spec.train_table = metrics_line(dir.path);
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+  auto to_async = job->client({"--switch", "async"}, 15s);
+  INFO("--switch async:\n" << to_async.output);
+  REQUIRE(to_async.exit_code == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(to_async.output, m,
+                            std::regex{R"(/job:ps/task:0: now async, at global step (\d+))"}));
+  auto switched_at = std::stoull(m[1].str());
+  bool async_ran = job->wait_until(
+    [&] { return last_progress_step(job->chief().output()) >= switched_at + 60; }, 15s);
+  REQUIRE(async_ran);
+  auto to_sync = job->client({"--switch", "sync"}, 15s);
+  INFO("--switch sync:\n" << to_sync.output);
+  REQUIRE(to_sync.exit_code == 0);
+  CHECK(to_sync.output.find("/job:ps/task:0: now sync, at global step") != std::string::npos);
+  check_all_exit_0(*job, 30s);
+  const auto& out = job->chief().output();
+  CHECK(out.find("mode sync -> async at global step") != std::string::npos);
+  CHECK(out.find("mode async -> sync at global step") != std::string::npos);
+  auto steps = progress_steps(out);
+  REQUIRE(!steps.empty());
+  CHECK(std::is_sorted(steps.begin(), steps.end()));
+  auto total = progress_total(out);
+  REQUIRE(total);
+  CHECK(steps.back() == *total);
+  CHECK(final_global_step(out) == *total);
+  // From the chief's last report (its last step, after the last round
+  // closed with both workers in it: no push is parked then), each worker's
+  // pushes are each applied once or counted as dropped or refused.
+  auto rows = read_worker_rows(dir.path + "/m.workers.csv");
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = last_row(rows, w);
+    INFO("worker " << w);
+    REQUIRE(r);
+    INFO("pushes " << r->pushes << " applied " << r->applied << " late " << r->late
+                   << " refused " << r->refused);
+    CHECK(r->late == 0);
+    CHECK(r->pushes == r->applied + r->late + r->refused);
+    CHECK(r->pushes > 0);
+  }
+  for (const auto& r : rows)
+    CHECK(r.late == 0);
+  auto acc = held_out_accuracy(out);
+  REQUIRE(acc);
+  CHECK(*acc >= 0.95);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
+// Catches a worker that cannot join a running job (or joins without the
+// others learning of it), a sync step that does not wait for the newcomer,
+// a killed member that the steps wait for until step_timeout_ms, and a job
+// that does not end cleanly (or learn) after a member came and went.
+TEST_CASE("a worker process joins a running sync job with --join, is killed with SIGKILL, and "
+          "the job goes on with two workers to 0.95 held-out accuracy",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.spare_workers = 1;
+  // A step_timeout_ms far longer than the checks wait: a step that waited
+  // for the killed worker until it passed would fail them.
+  spec.sets = {"log_every=10", "eval_every=0", "step_timeout_ms=20000"};
+  for (int w = 0; w < 3; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "5"};
+  spec.train_table = metrics_line(dir.path);
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+  auto& joined = job->join(2);
+  static const std::regex joined_line{
+    R"(\n  worker 2 \(/job:worker/task:2 at 127\.0\.0\.1:\d+\) joined at global step (\d+); 3 members push)"};
+  bool seen = job->wait_until(
+    [&] { return std::regex_search(job->chief().output(), joined_line); }, 20s);
+  if (!seen)
+    FAIL("the chief did not print that worker 2 joined:\n" << job->describe());
+  std::smatch m;
+  std::regex_search(job->chief().output(), m, joined_line);
+  auto joined_at = std::stoull(m[1].str());
+  // Steps go on with three: the newcomer's gradients are applied.
+  auto workers_csv = dir.path + "/m.workers.csv";
+  bool three = job->wait_until(
+    [&] {
+      auto r = last_row(read_worker_rows(workers_csv), 2);
+      return r && r->status == "member" && r->applied >= 5;
+    },
+    15s);
+  if (!three)
+    FAIL("worker 2 joined at global step " << joined_at << " but took no part:\n"
+                                           << job->describe());
+  // --status lists the newcomer too (the ps's config does not name it),
+  // by its task name, as a member.
+  auto status = job->client({"--status"}, 15s);
+  INFO("--status with three workers:\n" << status.output);
+  CHECK(status.exit_code == 0);
+  auto rows = parse_status(status.output);
+  for (uint32_t w = 0; w < 3; ++w) {
+    INFO("worker " << w);
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const status_row& r) { return r.worker == w; });
+    REQUIRE(it != rows.end());
+    CHECK(it->task == "/job:worker/task:" + std::to_string(w));
+    CHECK(it->status == "member");
+  }
+  joined.signal(SIGKILL);
+  auto killed_time = clock_type::now();
+  bool left = job->wait_until(
+    [&] {
+      return job->chief().output().find("worker 2 (/job:worker/task:2 at ") != std::string::npos
+             && std::regex_search(job->chief().output(),
+                                  std::regex{R"(\n  worker 2 \([^\n]*\) left at global step \d+)"});
+    },
+    10s);
+  if (!left)
+    FAIL("no 'left' event for the killed worker:\n" << job->describe());
+  auto left_at = *last_progress_step(job->chief().output());
+  bool on = job->wait_until(
+    [&] { return *last_progress_step(job->chief().output()) >= left_at + 30; }, 10s);
+  INFO("worker 2 joined at global step " << joined_at << ", killed; the job went from step "
+                                         << left_at << " on by 30 in "
+                                         << seconds_since(killed_time) << " s");
+  CHECK(on);
+  CHECK(seconds_since(killed_time) < 10);
+  auto still_running = job->wait_all_exit(30s);
+  INFO(job->describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job->tasks()) {
+    if (t.index == 2)
+      continue; // killed
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+  const auto& out = job->chief().output();
+  CHECK(final_global_step(out) == progress_total(out));
+  auto acc = held_out_accuracy(out);
+  REQUIRE(acc);
+  CHECK(*acc >= 0.95);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
+} // namespace af::testing
