@@ -652,8 +652,15 @@ auto common_handlers(self_pointer self) {
         bool initial = w < st.spec.workers;
         if (!member_now && (initial || st.members[w].joined))
           s.workers_done += 1;
-        bool held = std::any_of(st.ssp_waiting.begin(), st.ssp_waiting.end(),
-                                [w](const auto& h) { return h.worker == w; });
+        auto hold = std::find_if(st.ssp_waiting.begin(), st.ssp_waiting.end(),
+                                 [w](const auto& h) { return h.worker == w; });
+        bool held = hold != st.ssp_waiting.end();
+        // A push still waiting counts its wait so far (it is added for good
+        // at its release): a stuck worker shows how long it has waited.
+        if (held)
+          m.waited_ms += static_cast<uint64_t>(since(hold->since, now).count());
+        else if (in_round && st.round.has_arrived(w))
+          m.waited_ms += static_cast<uint64_t>(since(st.members[w].parked_since, now).count());
         m.status = held ? "held"
                    : member_now ? "member"
                    : st.members[w].left ? "left"

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
+#include "wait.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
@@ -41,8 +43,9 @@ struct aggregator_fixture {
   }
 
   /// Spawns the aggregator of `mode` for `workers` over w and b; b gets a
-  /// value only if `init_b`.
-  void spawn(const std::string& mode, uint32_t workers, bool init_b = true) {
+  /// value only if `init_b`; `adjust` changes the spec before the spawn.
+  void spawn(const std::string& mode, uint32_t workers, bool init_b = true,
+             const std::function<void(aggregator_spec&)>& adjust = {}) {
     std::vector<variable_directory::entry> vars;
     for (auto& [name, shape, init] :
          std::vector<std::tuple<std::string, shape_type, bool>>{{"w", {2, 2}, true},
@@ -61,6 +64,8 @@ struct aggregator_fixture {
     spec.optimizer.kind = "momentum"; // slots: made on an update's first use
     spec.optimizer.lr = 0.5;
     spec.step_timeout_ms = 60000; // nothing here may end by timing out
+    if (adjust)
+      adjust(spec);
     auto a = spawn_aggregator(sys, spec, vars);
     REQUIRE(a);
     agg = *a;
@@ -408,4 +413,635 @@ TEST_CASE("a node hands back its aggregator only to the same spec", "[aggregator
   auto q = s->aggregator("ps", 0, other_schedule);
   REQUIRE_FALSE(q);
   CHECK_THAT(describe(q.error()), Catch::Contains("schedule constant vs step"));
+}
+
+// -- membership, backup workers, deadlines, ssp and the live switch -----------------
+
+namespace {
+
+/// sgd at lr 0.5: one update of a gradient g moves a value by exactly -g/2,
+/// so the parameters show which gradients were applied and how often.
+void sgd(aggregator_spec& spec) {
+  spec.optimizer.kind = "sgd";
+  spec.optimizer.lr = 0.5;
+}
+
+std::vector<float> floats(const tensor& t) {
+  return std::vector<float>(t.data<float>(), t.data<float>() + t.num_elements());
+}
+
+/// The global step the aggregator answers a request of `xs` with, or its error.
+template <class... Ts>
+caf::expected<uint64_t> ask(aggregator_fixture& f, Ts&&... xs) {
+  caf::expected<uint64_t> out{make_error(af_error::internal, "no reply")};
+  f.self->request(f.agg, 10s, std::forward<Ts>(xs)...)
+    .receive([&](uint64_t g) { out = g; }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+caf::expected<uint64_t> join(aggregator_fixture& f, uint32_t worker, const caf::actor& who) {
+  return ask(f, join_atom::value, worker, "/job:worker/task:" + std::to_string(worker),
+             std::string{"127.0.0.1:3334"}, uint32_t{32}, who);
+}
+
+caf::expected<uint64_t> switch_to(aggregator_fixture& f, const std::string& mode) {
+  aggregator_spec want;
+  want.mode = mode;
+  want.variables = {"w", "b"};
+  return ask(f, switch_atom::value, want);
+}
+
+void done(aggregator_fixture& f, uint32_t worker) {
+  f.self->request(f.agg, 10s, done_atom::value, worker)
+    .receive([](uint32_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+}
+
+/// The first event that contains every one of `parts`, or "".
+std::string event_with(const aggregator_stats& s, std::vector<std::string> parts) {
+  for (const auto& e : s.events)
+    if (std::all_of(parts.begin(), parts.end(),
+                    [&](const std::string& p) { return e.find(p) != std::string::npos; }))
+      return e;
+  return {};
+}
+
+/// An actor that stands for a worker's process (the aggregator monitors
+/// it); it ends with the scope, so a failed check cannot leave it running
+/// (the actor system would wait for it forever).
+struct worker_stand_in {
+  explicit worker_stand_in(caf::actor_system& sys)
+    : actor(sys.spawn([]() -> caf::behavior { return {[](int) {}}; })) {
+    // nop
+  }
+
+  ~worker_stand_in() { caf::anon_send_exit(actor, caf::exit_reason::kill); }
+
+  caf::actor actor;
+};
+
+} // namespace
+
+TEST_CASE("a round with replicas_to_aggregate completes with its first arrivals, and grows when "
+          "a worker is added",
+          "[aggregator]") {
+  // Catches: complete(enough) ignoring `enough` (backup workers wait for
+  // everyone), arrivals() counting contributions instead of pushes, and
+  // add_worker that does not make the round wait for the newcomer (or makes
+  // it wait for the never-seen indices below it).
+  aggregation_round<int> r{3, 1};
+  CHECK(r.arrivals() == 0);
+  CHECK(r.arrive(0, 0, 10));
+  CHECK(r.arrivals() == 1);
+  CHECK_FALSE(r.complete(2));
+  CHECK(r.arrive(2, 0, 12)); // an abstention arrives too
+  CHECK(r.arrivals() == 2);
+  CHECK(r.complete(2));
+  CHECK_FALSE(r.complete());  // every member: worker 1 is missing
+  CHECK_FALSE(r.complete(3));
+  r.add_worker(4);
+  CHECK(r.workers() == 5);
+  CHECK(r.active() == 4); // 0, 1, 2 and 4; 3 never joined
+  CHECK(r.is_done(3));
+  CHECK(r.missing() == std::vector<uint32_t>{1, 4});
+  CHECK(r.arrive(1, 0, 11));
+  CHECK_FALSE(r.complete());
+  CHECK(r.complete(3));
+  CHECK(r.arrive(4, 0, 14));
+  CHECK(r.complete());
+  CHECK(r.release().size() == 4);
+  CHECK(r.arrivals() == 0);
+  // a done worker that is added again is waited for again
+  r.mark_done(1);
+  CHECK(r.active() == 3);
+  r.add_worker(1);
+  CHECK(r.active() == 4);
+  CHECK(r.workers() == 5);
+}
+
+TEST_CASE("sync with 2 of 3 replicas releases a step with its first two gradients and drops the "
+          "third as late",
+          "[aggregator]") {
+  // Catches: a backup worker's late gradient applied (to the next step, or
+  // as a second update), its push parked until the next step closes, the
+  // late count put on the wrong worker, or the step waiting for all three.
+  aggregator_fixture f;
+  f.spawn("sync", 3, true, [](aggregator_spec& s) {
+    sgd(s);
+    s.replicas_to_aggregate = 2;
+  });
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  auto p1 = f.push(1, 0, aggregator_fixture::values(3, 3));
+  auto r0 = aggregator_fixture::reply(p0);
+  auto r1 = aggregator_fixture::reply(p1);
+  REQUIRE(r0);
+  REQUIRE(r1);
+  CHECK(r0->first == 1);
+  CHECK(r1->first == 1);
+  CHECK(floats(r0->second) == filled(7, 0)); // 1 - 0.5 * mean(1, 3)
+  auto late = f.push_now(2, 0, aggregator_fixture::values(100, 100));
+  REQUIRE(late);
+  CHECK(late->first == 1);
+  CHECK(floats(late->second) == filled(7, 0));
+  CHECK(f.value(0) == filled(4, 0));
+  auto s = f.stats();
+  CHECK(s.global_step == 1);
+  CHECK(s.applied == 1);
+  CHECK(s.dropped_stale == 1);
+  REQUIRE(s.workers.size() == 3);
+  CHECK(s.workers[0].late == 0);
+  CHECK(s.workers[1].late == 0);
+  CHECK(s.workers[2].late == 1);
+  CHECK(s.workers[0].applied == 1);
+  CHECK(s.workers[1].applied == 1);
+  CHECK(s.workers[2].applied == 0);
+  CHECK(s.workers[2].pushes == 1);
+}
+
+TEST_CASE("a sync step closes at its deadline with min_replicas gradients", "[aggregator]") {
+  // Catches: a deadline that never fires (the step waits for the missing
+  // worker until the timeout), one that closes without applying what
+  // arrived, or a parked push's wait not counted in its worker's waited_ms.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, [](aggregator_spec& s) {
+    sgd(s);
+    s.replicas_to_aggregate = 2;
+    s.min_replicas = 1;
+    s.step_deadline_ms = 100;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = f.push_now(0, 0, aggregator_fixture::values(2, 2));
+  auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE(r);
+  CHECK(r->first == 1);
+  CHECK(took >= 100ms);
+  CHECK(f.value(0) == filled(4, 0)); // 1 - 0.5 * 2: worker 0's gradient alone
+  auto s = f.stats();
+  CHECK(s.closed_at_deadline == 1);
+  CHECK(s.applied == 1);
+  CHECK(s.workers[0].applied == 1);
+  CHECK(s.workers[0].waited_ms >= 100);
+  CHECK(s.workers[1].waited_ms == 0);
+  // the missing worker's gradient of that step comes too late
+  auto late = f.push_now(1, 0, aggregator_fixture::values(9, 9));
+  REQUIRE(late);
+  CHECK(late->first == 1);
+  CHECK(f.stats().workers[1].late == 1);
+  CHECK(f.value(0) == filled(4, 0));
+}
+
+TEST_CASE("a sync step short of min_replicas at its deadline waits on and times out naming the "
+          "missing worker",
+          "[aggregator]") {
+  // Catches: a deadline that closes a step with fewer than min_replicas
+  // gradients, or one that, not closing, fails the push at once instead of
+  // waiting for step_timeout_ms.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, [](aggregator_spec& s) {
+    sgd(s);
+    s.replicas_to_aggregate = 2;
+    s.min_replicas = 2;
+    s.step_deadline_ms = 100;
+    s.step_timeout_ms = 400;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = f.push_now(0, 0, aggregator_fixture::values(2, 2));
+  auto took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::timeout));
+  CHECK_THAT(describe(r.error()), Catch::Contains("worker 1") && !Catch::Contains("worker 0"));
+  CHECK(took >= 400ms);
+  auto s = f.stats();
+  CHECK(s.closed_at_deadline == 0);
+  CHECK(s.global_step == 0);
+  CHECK(s.applied == 0);
+  CHECK(f.value(0) == filled(4, 1));
+}
+
+TEST_CASE("ssp holds a worker more than staleness ahead of the slowest until it catches up",
+          "[aggregator]") {
+  // Catches: a bound off by one (the third push of s = 2 answered, or the
+  // second held), a held push answered before the slowest pushes (or never),
+  // and a held worker not shown as held.
+  aggregator_fixture f;
+  f.spawn("ssp", 2, true, [](aggregator_spec& s) {
+    s.staleness = 2;
+    s.step_timeout_ms = 5000; // a push held by mistake fails well before the test's 10 s
+  });
+  caf::scoped_actor w0{f.sys}; // worker 0's answers come only here
+  auto push0 = [&](uint64_t step) {
+    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step,
+                       aggregator_fixture::values(1, 1));
+  };
+  auto a = push0(0);
+  auto ra = aggregator_fixture::reply(a);
+  REQUIRE(ra);
+  auto b = push0(ra->first);
+  auto rb = aggregator_fixture::reply(b);
+  REQUIRE(rb);
+  CHECK(rb->first == 2);
+  auto held = push0(rb->first);
+  auto s = f.stats(); // answered after the aggregator took the third push
+  CHECK(s.workers[0].status == "held");
+  CHECK(s.workers[0].clock == 3);
+  CHECK(s.workers[1].clock == 0);
+  CHECK(s.workers[1].status == "member");
+  CHECK(s.applied == 3); // applied at once, only the answer waits
+  CHECK_FALSE(w0->has_next_message());
+  auto slow = f.push_now(1, 0, aggregator_fixture::values(1, 1));
+  REQUIRE(slow);
+  CHECK(slow->first == 4);
+  // the release came before the slow worker's own answer
+  CHECK(w0->has_next_message());
+  auto rh = aggregator_fixture::reply(held);
+  REQUIRE(rh);
+  CHECK(rh->first == 4);
+  s = f.stats();
+  CHECK(s.workers[0].status == "member");
+  CHECK(s.workers[1].clock == 1);
+}
+
+TEST_CASE("ssp with staleness 0 is lockstep: each push waits for the other worker's",
+          "[aggregator]") {
+  // Catches: a bound that lets a worker one push ahead with s = 0, or a
+  // release that waits for a second push of the slow worker.
+  aggregator_fixture f;
+  f.spawn("ssp", 2, true, [](aggregator_spec& s) {
+    s.staleness = 0;
+    s.step_timeout_ms = 5000;
+  });
+  caf::scoped_actor w0{f.sys};
+  auto push0 = [&](uint64_t step) {
+    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step,
+                       aggregator_fixture::values(1, 1));
+  };
+  auto a0 = push0(0);
+  CHECK(f.stats().workers[0].status == "held");
+  CHECK_FALSE(w0->has_next_message());
+  auto a1 = f.push_now(1, 0, aggregator_fixture::values(1, 1));
+  REQUIRE(a1);
+  REQUIRE(aggregator_fixture::reply(a0));
+  // now worker 1 runs ahead and waits for worker 0
+  auto b1 = f.push(1, 2, aggregator_fixture::values(1, 1));
+  CHECK(f.stats().workers[1].status == "held");
+  auto b0 = push0(2);
+  auto rb0 = aggregator_fixture::reply(b0);
+  REQUIRE(rb0);
+  auto rb1 = aggregator_fixture::reply(b1);
+  REQUIRE(rb1);
+  CHECK(rb1->first == 4);
+  auto s = f.stats();
+  CHECK(s.workers[0].clock == 2);
+  CHECK(s.workers[1].clock == 2);
+  CHECK(s.workers[0].status == "member");
+  CHECK(s.workers[1].status == "member");
+}
+
+TEST_CASE("ssp with a huge staleness trains exactly as async", "[aggregator]") {
+  // Catches: ssp applying differently from async (another step counter for
+  // the optimizer, a staleness measured from the clock), or holding a push
+  // that no bound should hold.
+  aggregator_fixture async_f;
+  aggregator_fixture ssp_f;
+  async_f.spawn("async", 2);
+  ssp_f.spawn("ssp", 2, true, [](aggregator_spec& s) {
+    s.staleness = 1'000'000;
+    s.step_timeout_ms = 500; // a wrongly held push fails fast instead of hanging
+  });
+  struct push_of {
+    uint32_t worker;
+    uint64_t step;
+    float g;
+  };
+  std::vector<push_of> pushes{{0, 0, 0.25f}, {0, 1, -1.5f}, {0, 2, 3.0f}, {0, 3, 0.125f},
+                              {0, 4, 2.0f},  {1, 0, 7.0f},  {1, 6, -0.75f}, {0, 5, 1.0f}};
+  for (const auto& p : pushes) {
+    auto ra = async_f.push_now(p.worker, p.step, aggregator_fixture::values(p.g, -p.g));
+    auto rs = ssp_f.push_now(p.worker, p.step, aggregator_fixture::values(p.g, -p.g));
+    REQUIRE(ra);
+    REQUIRE(rs);
+    CHECK(ra->first == rs->first);
+    CHECK(floats(ra->second) == floats(rs->second));
+  }
+  CHECK(async_f.value(0) == ssp_f.value(0));
+  CHECK(async_f.value(1) == ssp_f.value(1));
+  auto sa = async_f.stats();
+  auto ss = ssp_f.stats();
+  CHECK(sa.global_step == ss.global_step);
+  CHECK(sa.staleness == ss.staleness);
+  for (const auto& w : ss.workers)
+    CHECK(w.status == "member");
+  CHECK(ss.workers[0].clock == 6);
+  CHECK(ss.workers[1].clock == 2);
+}
+
+TEST_CASE("ssp lets a held worker go when the slow one says done, and times out naming it "
+          "otherwise",
+          "[aggregator]") {
+  // Catches: a done worker still counted as the slowest (its peers held
+  // until their timeout), and a held push that waits forever, or whose
+  // timeout does not say whom it waited for.
+  aggregator_fixture f;
+  auto slow_is_done = GENERATE(true, false);
+  f.spawn("ssp", 2, true, [](aggregator_spec& s) {
+    s.staleness = 0;
+    s.step_timeout_ms = 300;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto held = f.push(0, 0, aggregator_fixture::values(1, 1));
+  if (slow_is_done) {
+    done(f, 1);
+    auto r = aggregator_fixture::reply(held);
+    REQUIRE(r);
+    CHECK(r->first == 1);
+    CHECK(std::chrono::steady_clock::now() - t0 < 300ms);
+    CHECK(f.stats().workers[1].status == "done");
+  } else {
+    auto r = aggregator_fixture::reply(held);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::timeout));
+    CHECK_THAT(describe(r.error()), Catch::Contains("worker 1 (clock 0)"));
+    CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
+  }
+  CHECK(f.stats().workers[0].status == "member");
+}
+
+TEST_CASE("a live switch from sync to async answers the parked pushes and back to sync takes "
+          "each worker's older step once",
+          "[aggregator]") {
+  // Catches: parked pushes left waiting for a round the new mode never
+  // closes, their mean applied twice or not at all, async dropping a
+  // gradient of an older step as sync would, sync dropping the first push
+  // after a switch as late (every worker's step lags the async steps), or
+  // a second old push taken as fresh too.
+  aggregator_fixture f;
+  f.spawn("sync", 3, true, sgd);
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  auto p1 = f.push(1, 0, aggregator_fixture::values(3, 3));
+  auto g = switch_to(f, "async");
+  REQUIRE(g);
+  CHECK(*g == 1);
+  auto r0 = aggregator_fixture::reply(p0);
+  auto r1 = aggregator_fixture::reply(p1);
+  REQUIRE(r0);
+  REQUIRE(r1);
+  CHECK(r0->first == 1);
+  CHECK(r1->first == 1);
+  CHECK(floats(r0->second) == filled(7, 0)); // 1 - 0.5 * mean(1, 3), once
+  // async: worker 2's gradient of step 0 is applied, stale by one
+  auto a2 = f.push_now(2, 0, aggregator_fixture::values(2, 2));
+  REQUIRE(a2);
+  CHECK(a2->first == 2);
+  CHECK(f.value(0) == filled(4, -1));
+  auto s = f.stats();
+  CHECK(s.mode == "async");
+  CHECK(s.workers[2].late == 0);
+  CHECK(s.workers[2].applied == 1);
+  CHECK(s.workers[2].stale == 1);
+  // back to sync: each worker's first push joins the round whatever its step
+  g = switch_to(f, "sync");
+  REQUIRE(g);
+  CHECK(*g == 2);
+  auto q0 = f.push(0, 1, aggregator_fixture::values(2, 2));
+  auto q1 = f.push(1, 1, aggregator_fixture::values(2, 2));
+  auto q2 = f.push(2, 2, aggregator_fixture::values(2, 2));
+  for (auto* h : {&q0, &q1, &q2}) {
+    auto r = aggregator_fixture::reply(*h);
+    REQUIRE(r);
+    CHECK(r->first == 3);
+  }
+  CHECK(f.value(0) == filled(4, -2));
+  // only the first: a second push of an old step is late again
+  auto old = f.push_now(0, 1, aggregator_fixture::values(50, 50));
+  REQUIRE(old);
+  CHECK(old->first == 3);
+  CHECK(f.value(0) == filled(4, -2));
+  s = f.stats();
+  CHECK(s.mode == "sync");
+  CHECK(s.switches == 2);
+  CHECK(s.applied == 3); // sync's mean, async's one, sync's mean
+  CHECK(s.dropped_stale == 1);
+  uint64_t pushes = 0;
+  for (const auto& w : s.workers) {
+    CHECK(w.pushes == w.applied + w.late + w.refused);
+    pushes += w.pushes;
+  }
+  CHECK(pushes == s.pushes);
+  CHECK(s.workers[0].late == 1);
+  CHECK(s.workers[1].late == 0);
+  CHECK_FALSE(event_with(s, {"mode sync -> async", "global step 1"}).empty());
+  CHECK_FALSE(event_with(s, {"mode async -> sync", "global step 2"}).empty());
+}
+
+TEST_CASE("a live switch between sync and average is refused naming both modes", "[aggregator]") {
+  // Catches: a switch that becomes average under gradient-pushing workers
+  // (their gradients would be averaged into the parameters).
+  aggregator_fixture f;
+  f.spawn("sync", 2);
+  auto r = switch_to(f, "average");
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(r.error()),
+             Catch::Contains("from sync to average") && Catch::Contains("test/sync"));
+  auto s = f.stats();
+  CHECK(s.mode == "sync");
+  CHECK(s.switches == 0);
+  // still sync: a round waits for both
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  CHECK(f.stats().global_step == 0);
+  REQUIRE(f.push_now(1, 0, aggregator_fixture::values(1, 1)));
+  REQUIRE(aggregator_fixture::reply(p0));
+}
+
+TEST_CASE("a worker beyond the config joins, rounds wait for it, and it leaves when its actor "
+          "goes down",
+          "[aggregator]") {
+  // Catches: a push from an unknown index accepted (or crashing the round),
+  // a joined worker that rounds do not wait for, a dead worker waited for
+  // until the step timeout, messages that do not name its task and address.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, sgd);
+  auto stranger = f.push_now(2, 0, aggregator_fixture::values(1, 1));
+  REQUIRE_FALSE(stranger);
+  CHECK(is(stranger.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(stranger.error()), Catch::Contains("worker 2") && Catch::Contains("join"));
+  auto far = join(f, 70000, caf::actor{});
+  REQUIRE_FALSE(far);
+  CHECK(is(far.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(far.error()), Catch::Contains("70000"));
+  worker_stand_in who{f.sys};
+  auto g = join(f, 2, who.actor);
+  REQUIRE(g);
+  CHECK(*g == 0);
+  auto s = f.stats();
+  REQUIRE(s.workers.size() == 3);
+  CHECK(s.workers[2].task == "/job:worker/task:2");
+  CHECK(s.workers[2].address == "127.0.0.1:3334");
+  CHECK(s.workers[2].batch_size == 32);
+  CHECK(s.workers[2].status == "member");
+  CHECK(s.active == 3);
+  CHECK_FALSE(event_with(s, {"worker 2 (/job:worker/task:2 at 127.0.0.1:3334)", "joined"}).empty());
+  // a round of 3: two pushes do not release it
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  auto p1 = f.push(1, 0, aggregator_fixture::values(3, 3));
+  CHECK(f.stats().global_step == 0);
+  caf::anon_send_exit(who.actor, caf::exit_reason::kill);
+  auto r0 = aggregator_fixture::reply(p0);
+  auto r1 = aggregator_fixture::reply(p1);
+  REQUIRE(r0);
+  REQUIRE(r1);
+  CHECK(r0->first == 1);
+  CHECK(f.value(0) == filled(4, 0)); // the two that came
+  s = f.stats();
+  CHECK(s.workers[2].status == "left");
+  CHECK(s.active == 2);
+  CHECK_FALSE(
+    event_with(s, {"worker 2 (/job:worker/task:2 at 127.0.0.1:3334) left at global step 0"})
+      .empty());
+  // it does not come back by pushing
+  auto again = f.push_now(2, 1, aggregator_fixture::values(1, 1));
+  REQUIRE_FALSE(again);
+  CHECK_THAT(describe(again.error()), Catch::Contains("/job:worker/task:2"));
+  // the next round is the two again
+  auto n0 = f.push(0, 1, aggregator_fixture::values(1, 1));
+  REQUIRE(f.push_now(1, 1, aggregator_fixture::values(1, 1)));
+  REQUIRE(aggregator_fixture::reply(n0));
+}
+
+TEST_CASE("a joined worker that says done leaves, and its rounds stop waiting for it",
+          "[aggregator]") {
+  // Catches: done of a worker beyond the config not counted as leaving (the
+  // round waits for it), or counted without an event naming it.
+  aggregator_fixture f;
+  f.spawn("sync", 1, true, sgd);
+  worker_stand_in who{f.sys};
+  REQUIRE(join(f, 1, who.actor));
+  auto p0 = f.push(0, 0, aggregator_fixture::values(2, 2));
+  CHECK(f.stats().global_step == 0);
+  done(f, 1);
+  auto r0 = aggregator_fixture::reply(p0);
+  REQUIRE(r0);
+  CHECK(r0->first == 1);
+  auto s = f.stats();
+  CHECK(s.workers[1].status == "left");
+  CHECK(s.workers_done == 1);
+  CHECK_FALSE(event_with(s, {"/job:worker/task:1", "left", "done"}).empty());
+}
+
+TEST_CASE("a parked push's wait shows in its worker's waited_ms while it waits, and counts once",
+          "[aggregator]") {
+  // Catches: waited_ms that stays 0 while a push is stuck (the status line
+  // cannot show who waits), and a wait counted again after its release.
+  aggregator_fixture f;
+  auto mode = GENERATE(as<std::string>{}, "sync", "ssp");
+  f.spawn(mode, 2, true, [](aggregator_spec& s) {
+    s.staleness = 0;
+    s.step_timeout_ms = 5000;
+  });
+  auto parked = f.push(0, 0, aggregator_fixture::values(1, 1));
+  uint64_t seen = 0;
+  CHECK(eventually(
+    [&] {
+      seen = f.stats().workers[0].waited_ms;
+      return seen >= 30;
+    },
+    1s));
+  REQUIRE(f.push_now(1, 0, aggregator_fixture::values(1, 1)));
+  REQUIRE(aggregator_fixture::reply(parked));
+  auto after = f.stats().workers[0].waited_ms;
+  CHECK(after >= seen);
+  CHECK(after < seen + 500);
+  CHECK(f.stats().workers[0].waited_ms == after); // no longer waiting: no longer growing
+  CHECK(f.stats().workers[1].waited_ms == 0);
+}
+
+TEST_CASE("a switch out of ssp answers its held pushes and the clocks start over",
+          "[aggregator]") {
+  // Catches: a held push left waiting after the switch (async never
+  // releases it), or ssp clocks kept across a switch so that a return to
+  // ssp holds a worker for pushes made under another mode.
+  aggregator_fixture f;
+  f.spawn("ssp", 2, true, [](aggregator_spec& s) {
+    s.staleness = 0;
+    s.step_timeout_ms = 5000;
+  });
+  auto held = f.push(0, 0, aggregator_fixture::values(1, 1));
+  CHECK(f.stats().workers[0].status == "held");
+  auto g = switch_to(f, "async");
+  REQUIRE(g);
+  CHECK(*g == 1);
+  auto r = aggregator_fixture::reply(held);
+  REQUIRE(r);
+  CHECK(r->first == 1);
+  auto s = f.stats();
+  CHECK(s.workers[0].status == "member");
+  CHECK(s.workers[0].clock == 0);
+  CHECK(s.switches == 1);
+  // async: worker 0 runs ahead freely
+  REQUIRE(f.push_now(0, 1, aggregator_fixture::values(1, 1)));
+  REQUIRE(f.push_now(0, 2, aggregator_fixture::values(1, 1)));
+  // back to ssp with staleness 1: level clocks, so worker 0's first push is answered
+  aggregator_spec want;
+  want.mode = "ssp";
+  want.variables = {"w", "b"};
+  want.staleness = 1;
+  g = ask(f, switch_atom::value, want);
+  REQUIRE(g);
+  CHECK(*g == 3);
+  auto a = f.push_now(0, 3, aggregator_fixture::values(1, 1));
+  REQUIRE(a);
+  CHECK(a->first == 4);
+  auto second = f.push(0, 4, aggregator_fixture::values(1, 1));
+  CHECK(f.stats().workers[0].status == "held"); // 2 ahead of worker 1's 0
+  REQUIRE(f.push_now(1, 0, aggregator_fixture::values(1, 1)));
+  REQUIRE(aggregator_fixture::reply(second));
+}
+
+TEST_CASE("ssp lets a held worker go when the slowest, a joined worker, goes down",
+          "[aggregator]") {
+  // Catches: a departed worker still counted as the slowest, so its peers
+  // are held until the step timeout.
+  aggregator_fixture f;
+  f.spawn("ssp", 1, true, [](aggregator_spec& s) {
+    s.staleness = 0;
+    s.step_timeout_ms = 5000;
+  });
+  worker_stand_in who{f.sys};
+  REQUIRE(join(f, 1, who.actor));
+  auto held = f.push(0, 0, aggregator_fixture::values(1, 1));
+  CHECK(f.stats().workers[0].status == "held");
+  caf::anon_send_exit(who.actor, caf::exit_reason::kill);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = aggregator_fixture::reply(held);
+  REQUIRE(r);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  auto s = f.stats();
+  CHECK(s.workers[1].status == "left");
+  CHECK_FALSE(event_with(s, {"/job:worker/task:1", "left"}).empty());
+}
+
+TEST_CASE("every sync step gets its own deadline", "[aggregator]") {
+  // Catches: a deadline acted on only once per aggregator (the second slow
+  // step waits until the timeout), or timed from the first step's start
+  // (the second closes at once, with nothing in it).
+  aggregator_fixture f;
+  f.spawn("sync", 3, true, [](aggregator_spec& s) {
+    sgd(s);
+    s.min_replicas = 1;
+    s.step_deadline_ms = 60;
+    s.step_timeout_ms = 5000;
+  });
+  for (uint64_t step = 0; step < 3; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto p0 = f.push(0, step, aggregator_fixture::values(1, 1));
+    auto r1 = f.push_now(1, step, aggregator_fixture::values(1, 1));
+    auto r0 = aggregator_fixture::reply(p0);
+    REQUIRE(r0);
+    REQUIRE(r1);
+    CHECK(r0->first == step + 1);
+    CHECK(std::chrono::steady_clock::now() - t0 >= 60ms);
+  }
+  auto s = f.stats();
+  CHECK(s.closed_at_deadline == 3);
+  CHECK(s.applied == 3);
+  CHECK(f.value(0) == filled(4, -0.5f)); // three steps of 1 - 0.5 * mean(1, 1)
 }
