@@ -1045,3 +1045,26 @@ TEST_CASE("every sync step gets its own deadline", "[aggregator]") {
   CHECK(s.applied == 3);
   CHECK(f.value(0) == filled(4, -0.5f)); // three steps of 1 - 0.5 * mean(1, 1)
 }
+
+TEST_CASE("a worker joining a running ssp job starts level with the slowest member",
+          "[aggregator]") {
+  // Catches: a newcomer starting at clock 0, which would hold every member
+  // until it had made up all the pushes of the job so far.
+  aggregator_fixture f;
+  f.spawn("ssp", 1, true, [](aggregator_spec& s) {
+    s.staleness = 1;
+    s.step_timeout_ms = 5000;
+  });
+  for (uint64_t step = 0; step < 3; ++step)
+    REQUIRE(f.push_now(0, step, aggregator_fixture::values(1, 1)));
+  worker_stand_in who{f.sys};
+  REQUIRE(join(f, 1, who.actor));
+  auto s = f.stats();
+  CHECK(s.workers[0].clock == 3);
+  CHECK(s.workers[1].clock == 3);
+  REQUIRE(f.push_now(0, 3, aggregator_fixture::values(1, 1))); // 1 ahead: answered
+  auto held = f.push(0, 4, aggregator_fixture::values(1, 1));   // 2 ahead: held
+  CHECK(f.stats().workers[0].status == "held");
+  REQUIRE(f.push_now(1, 5, aggregator_fixture::values(1, 1)));
+  REQUIRE(aggregator_fixture::reply(held));
+}
