@@ -554,7 +554,9 @@ void release_ssp(self_pointer self, bool all) {
   auto now = clock_type::now();
   std::vector<aggregator_actor_state::ssp_wait> keep;
   for (auto& w : st.ssp_waiting) {
-    if (!all && !within_bound(st, w.worker)) {
+    // A held worker that left is answered too (nobody waits for its answer,
+    // but its promise should not outlive it).
+    if (!all && !st.round.is_done(w.worker) && !within_bound(st, w.worker)) {
       keep.push_back(std::move(w));
       continue;
     }
