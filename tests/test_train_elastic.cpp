@@ -185,7 +185,9 @@ TEST_CASE("sync with step_deadline_ms = 200 and min_replicas = 1 closes steps at
   std::smatch m;
   static const std::regex closed{R"((\d+) step\(s\) closed at the deadline)"};
   REQUIRE(std::regex_search(status.output, m, closed));
-  CHECK(std::stoull(m[1].str()) >= 8);
+  // Of the 8 steps after the stop's progress line, only one (worker 1's
+  // push may have been in before the stop) closed without the deadline.
+  CHECK(std::stoull(m[1].str()) >= 7);
   job->process("worker", 1).signal(SIGCONT);
   check_all_exit_0(*job, 25s);
   CHECK(final_global_step(job->chief().output()) == 200u);
@@ -313,9 +315,12 @@ TEST_CASE("a sync job switched to async and back with actorflow-train --switch c
   // 40 epochs, not 30: async steps take one batch, not two, so the async
   // stretch trains on fewer examples than its steps would in sync.
   spec.sets = {"log_every=10", "eval_every=0", "epochs=40"};
-  // Worker 1 the slower: at a switch, the chief's push is most likely
-  // parked in a sync round that worker 1 has not reached, which the switch
-  // must close with what arrived (not drop, not apply twice).
+  // Both paced (an unpaced chief runs the whole job in async before the
+  // second switch comes: ~1000 steps/s here), worker 1 the slower: at a
+  // switch, the chief's push is most likely parked in a sync round worker 1
+  // has not reached, which the switch must close with what arrived (not
+  // drop, not apply twice). async runs at most ~300 steps/s, sync ~100.
+  spec.worker_args[0] = {"--step-delay-ms", "5"};
   spec.worker_args[1] = {"--step-delay-ms", "10"};
   spec.train_table = metrics_line(dir.path);
   auto job = train_job::start(dir.path, spec);
@@ -329,7 +334,7 @@ TEST_CASE("a sync job switched to async and back with actorflow-train --switch c
                             std::regex{R"(/job:ps/task:0: now async, at global step (\d+))"}));
   auto switched_at = std::stoull(m[1].str());
   bool async_ran = job->wait_until(
-    [&] { return last_progress_step(job->chief().output()) >= switched_at + 60; }, 15s);
+    [&] { return last_progress_step(job->chief().output()) >= switched_at + 40; }, 15s);
   REQUIRE(async_ran);
   auto to_sync = job->client({"--switch", "sync"}, 15s);
   INFO("--switch sync:\n" << to_sync.output);
@@ -382,8 +387,10 @@ TEST_CASE("a worker process joins a running sync job with --join, is killed with
   // A step_timeout_ms far longer than the checks wait: a step that waited
   // for the killed worker until it passed would fail them.
   spec.sets = {"log_every=10", "eval_every=0", "step_timeout_ms=20000"};
+  // Paced (at most ~100 steps/s, 675 steps): the job outlasts a newcomer's
+  // start (a process, the data, the chief's word) on a loaded machine.
   for (int w = 0; w < 3; ++w)
-    spec.worker_args[w] = {"--step-delay-ms", "5"};
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
   spec.train_table = metrics_line(dir.path);
   auto job = train_job::start(dir.path, spec);
   if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
