@@ -43,6 +43,11 @@ aggregator_member& member(aggregator_actor_state& st, uint32_t w) {
   return st.members[w];
 }
 
+/// "3 members push" / "1 member pushes".
+std::string members_pushing(uint32_t n) {
+  return fmt::format("{} member{} push{}", n, n == 1 ? "" : "s", n == 1 ? "es" : "");
+}
+
 /// A membership or mode change: logged, and kept for the progress line.
 void add_event(aggregator_actor_state& st, std::string what) {
   log::get()->info("aggregator '{}': {}", st.spec.name, what);
@@ -307,11 +312,14 @@ void name_idle(aggregator_actor_state& st) {
       continue;
     m.idle_logged = true;
     log::get()->warn("aggregator '{}' ({}): {} has pushed nothing for {:.1f} s (its last push was "
-                     "for step {}, the job is at step {}); the steps go on without it ({} of {} "
-                     "gradients per step)",
+                     "for step {}, the job is at step {}); the steps go on without it ({})",
                      st.spec.name, st.spec.mode, worker_name(st, w),
                      std::chrono::duration<double>(now - last).count(), m.stats.last_step,
-                     st.global_step, st.spec.replicas_to_aggregate, st.round.active());
+                     st.global_step,
+                     st.spec.replicas_to_aggregate > 0
+                       ? fmt::format("each uses its first {} of {} gradients",
+                                     st.spec.replicas_to_aggregate, st.round.active())
+                       : fmt::format("each closes at its {} ms deadline", st.spec.step_deadline_ms));
   }
 }
 
@@ -386,8 +394,9 @@ void sweep(self_pointer self) {
       };
       if (waited >= timeout) {
         auto err = make_error(af_error::timeout,
-                              fmt::format("aggregator '{}' (ssp) held a push for {} ms: {}; the "
-                                          "push is abandoned",
+                              fmt::format("aggregator '{}' (ssp) held a push for {} ms: {}; its "
+                                          "gradient was applied, only this answer is given up "
+                                          "(do not push it again)",
                                           st.spec.name, waited.count(), why()));
         log::get()->warn("{}", describe(err));
         member(st, w.worker).stats.waited_ms += static_cast<uint64_t>(waited.count());
@@ -623,10 +632,8 @@ void depart(self_pointer self, uint32_t worker, const std::string& why) {
     return;
   m.left = true;
   st.round.mark_done(worker);
-  add_event(st, fmt::format("{} left at global step {} ({}); {} member{} push{} on",
-                            worker_name(st, worker), st.global_step, why, st.round.active(),
-                            st.round.active() == 1 ? "" : "s",
-                            st.round.active() == 1 ? "es" : ""));
+  add_event(st, fmt::format("{} left at global step {} ({}); {} on", worker_name(st, worker),
+                            st.global_step, why, members_pushing(st.round.active())));
   reconsider(self);
 }
 
@@ -724,10 +731,8 @@ auto common_handlers(self_pointer self) {
         self->monitor(who);
       }
       if (!was_member)
-        add_event(st, fmt::format("{} joined at global step {}; {} member{} push{}",
-                                  worker_name(st, worker), st.global_step, st.round.active(),
-                                  st.round.active() == 1 ? "" : "s",
-                                  st.round.active() == 1 ? "es" : ""));
+        add_event(st, fmt::format("{} joined at global step {}; {}", worker_name(st, worker),
+                                  st.global_step, members_pushing(st.round.active())));
       return st.global_step;
     },
     [self](switch_atom, aggregator_spec& want) -> caf::result<uint64_t> {
@@ -743,6 +748,17 @@ auto common_handlers(self_pointer self) {
                                       "the job from its checkpoint with mode = \"{}\"",
                                       st.spec.name, st.spec.mode, want.mode, want.mode));
       auto from = st.spec.mode;
+      if (from == want.mode) {
+        // Only the settings: nothing to drain, the round in progress goes on.
+        st.spec.replicas_to_aggregate = want.replicas_to_aggregate;
+        st.spec.step_deadline_ms = want.step_deadline_ms;
+        st.spec.min_replicas = want.min_replicas;
+        st.spec.staleness = want.staleness;
+        add_event(st, fmt::format("{} settings changed at global step {}", from,
+                                  st.global_step));
+        reconsider(self);
+        return st.global_step;
+      }
       // Drain: what the old mode holds is answered before the new one runs.
       // A round in progress closes with what arrived (none of it is lost);
       // pushes ssp held back are let go.

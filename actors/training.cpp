@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -66,6 +67,11 @@ std::string staleness_summary(const std::vector<uint64_t>& h) {
       hist += fmt::format(" {}{}:{}", s, s + 1 == h.size() ? "+" : "", h[s]);
   return fmt::format("  staleness median {} max {}{} histogram{}", median, max,
                      max + 1 == h.size() ? "+" : "", hist);
+}
+
+/// The metrics CSV's path without ".csv": the plot and the per-worker rows go beside it.
+std::string metrics_stem(const std::string& csv) {
+  return csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4) : csv;
 }
 
 /// "  late 2:5  refused 0:1": per worker, gradients that came after their
@@ -606,15 +612,15 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       return to_error(m.error());
     rep->metrics.emplace(std::move(*m));
     if (!allreduce) {
-      auto csv = c.metrics;
-      auto stem = csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4)
-                                                                        : csv;
-      rep->per_worker = std::fopen((stem + ".workers.csv").c_str(), "w");
+      // A resumed job appends (its earlier rows stay, as in the metrics CSV).
+      auto path = metrics_stem(c.metrics) + ".workers.csv";
+      std::error_code ec;
+      bool fresh = setup.start_step == 0 || !std::filesystem::exists(path, ec);
+      rep->per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
       if (!rep->per_worker)
-        log::get()->warn("chief: cannot write {}.workers.csv ({}); the per-worker rows are not "
-                         "kept",
-                         stem, std::strerror(errno));
-      else
+        log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
+                         std::strerror(errno));
+      else if (fresh)
         std::fprintf(rep->per_worker, "step,wall_s,worker,task,status,examples_per_s,pushes,"
                                       "applied,late,refused,stale,waited_ms,clock\n");
     }
@@ -663,9 +669,14 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       if (stats->active == 0)
         break;
       if (std::chrono::steady_clock::now() >= deadline) {
-        log::get()->warn("chief: {} worker(s) still pushing after {} ms; stopping the ps tasks "
-                         "anyway",
-                         stats->active, timeout.count());
+        std::vector<std::string> who;
+        for (const auto& w : stats->workers)
+          if (w.status == "member" || w.status == "held")
+            who.push_back(fmt::format("worker {} ({}, last push {:.1f} s ago)", w.worker,
+                                      w.task.empty() ? "never joined" : w.task, w.idle_s));
+        log::get()->warn("chief: {} still pushing {} ms after the chief finished (stopped? not "
+                         "started?); stopping the ps tasks anyway",
+                         fmt::join(who, ", "), timeout.count());
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -693,8 +704,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   if (rep->metrics) {
     auto csv = rep->metrics->path();
     rep->metrics.reset();
-    auto png = csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4) + ".png"
-                                                                      : csv + ".png";
+    auto png = metrics_stem(csv) + ".png";
     outcome.plot = train::plot(csv, png);
   }
   return outcome;

@@ -66,7 +66,11 @@ struct worker_state {
   std::optional<train::batcher> batches;
   std::vector<tensor> params;     ///< sync / async: as pulled
   std::optional<train::replica_state> own; ///< average / allreduce
-  uint64_t global_step = 0;
+  uint64_t global_step = 0;       ///< the least of the shards' (average: the round's step)
+  /// Each shard's global step as it last answered: a push to shard k
+  /// carries shard k's own (after a live switch the ps tasks' steps may
+  /// differ for good; the least of them would be late on the others).
+  std::vector<uint64_t> shard_step;
   uint64_t local_step = 0;        ///< steps this worker ran in this process
   double loss_sum = 0;
   uint64_t loss_count = 0;
@@ -233,8 +237,11 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // The link answers within its socket's deadlines (the node's step
     // timeout plus a margin, data_channel::aggregate) and is linked to this
     // actor: no timer here, which would wake CAF's clock thread every step.
+    // average pushes the round's step (the same local steps on every shard).
+    auto step = st.setup.cfg.mode == "average" || st.shard_step.size() <= k ? st.global_step
+                                                                          : st.shard_step[k];
     self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                  st.global_step, std::move(part), wait, values == nullptr)
+                  step, std::move(part), wait, values == nullptr)
       .then(
         [self, g, k, then](uint64_t step, tensor& flat) {
           if (g->failed)
@@ -244,6 +251,10 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
             fail(self, std::move(err), "taking the parameters");
             return;
           }
+          auto& st = self->state;
+          if (st.shard_step.size() <= k)
+            st.shard_step.resize(st.setup.shards.size(), st.global_step);
+          st.shard_step[k] = step;
           g->step = std::min(g->step, step);
           if (--g->missing == 0)
             then(g->step, std::move(g->params));
@@ -293,6 +304,9 @@ void evaluate(self_pointer self, std::function<void(double, double)> then) {
                 });
 }
 
+void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, int attempt,
+                    std::function<void()> write);
+
 /// Collects the state to checkpoint (chief), then `then`.
 void checkpoint(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
@@ -338,28 +352,74 @@ void checkpoint(self_pointer self, std::function<void()> then) {
     write();
     return;
   }
-  // Each shard's step as it answers (sync: the chief's; async: the
-  // latest of the shards', which differ by the pushes between their answers).
-  auto missing = std::make_shared<size_t>(st.setup.shards.size());
-  ckpt->global_step = 0;
-  auto kind = st.setup.cfg.optimizer.kind;
-  for (auto& s : st.setup.shards) {
+  collect_shards(self, ckpt, 0, write);
+}
+
+/// Asks every shard for its state and puts it into `ckpt`, then `write`.
+/// sync: every shard must be at one step, or the checkpoint would join
+/// variables of different steps. While the chief's own push is answered the
+/// shards are at one step, unless rounds go on without the chief (backup
+/// workers, a deadline): then the shards may be caught either side of a
+/// step, and the collection is tried again (a few times; the last try is
+/// written with a warning naming the steps). async and ssp: each shard's step
+/// as it answers (they differ by the pushes between their answers); the
+/// checkpoint's is the latest.
+void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, int attempt,
+                    std::function<void()> write) {
+  auto& st = self->state;
+  struct gather {
+    size_t missing;
+    std::vector<aggregator_state> states;
+    bool failed = false;
+  };
+  auto g = std::make_shared<gather>();
+  g->missing = st.setup.shards.size();
+  g->states.resize(st.setup.shards.size());
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    const auto& s = st.setup.shards[k];
     self->request(s.actor, st.setup.timeout, save_atom::value)
       .then(
-        [self, ckpt, missing, write, kind](aggregator_state& state) {
-          add_variables(*ckpt, state, kind);
-          ckpt->global_step = std::max(ckpt->global_step, state.global_step);
-          if (--*missing > 0)
+        [self, ckpt, g, k, attempt, write](aggregator_state& state) {
+          if (g->failed)
             return;
-          // The checkpoint holds the logical parameters, whatever the pieces.
+          g->states[k] = std::move(state);
+          if (--g->missing > 0)
+            return;
           auto& setup = self->state.setup;
+          auto [low, high] = std::minmax_element(
+            g->states.begin(), g->states.end(),
+            [](const auto& a, const auto& b) { return a.global_step < b.global_step; });
+          if (setup.cfg.mode == "sync" && low->global_step != high->global_step) {
+            constexpr int tries = 5;
+            if (attempt + 1 < tries) {
+              collect_shards(self, ckpt, attempt + 1, write);
+              return;
+            }
+            log::get()->warn("{}: the checkpoint's shards are at global steps {} to {} after {} "
+                             "tries (rounds go on without the chief); it is written as of step "
+                             "{}",
+                             who(self), low->global_step, high->global_step, tries,
+                             high->global_step);
+          }
+          ckpt->variables.clear();
+          ckpt->global_step = 0;
+          for (const auto& state : g->states) {
+            add_variables(*ckpt, state, setup.cfg.optimizer.kind);
+            ckpt->global_step = std::max(ckpt->global_step, state.global_step);
+          }
+          // The checkpoint holds the logical parameters, whatever the pieces.
           if (auto err = assemble_variables(*ckpt, setup.params, setup.shards)) {
             fail(self, std::move(err), "assembling the checkpoint from the shards' pieces");
             return;
           }
           write();
         },
-        [self, s](caf::error& err) { fail(self, std::move(err), "saving the state of " + s.task); });
+        [self, g, task = s.task](caf::error& err) {
+          if (g->failed)
+            return;
+          g->failed = true;
+          fail(self, std::move(err), "saving the state of " + task);
+        });
   }
 }
 
@@ -434,7 +494,9 @@ void after_step(self_pointer self) {
       st.last_loss = p.loss;
       st.loss_sum = 0;
       st.loss_count = 0;
-      if (!st.setup.shards.empty() && st.setup.shards[0].actor) {
+      // The chief's reports carry the job's accounting (the others' are
+      // not printed: no request on their step's path).
+      if (st.setup.index == 0 && !st.setup.shards.empty() && st.setup.shards[0].actor) {
         self->request(st.setup.shards[0].actor, st.setup.timeout, stats_atom::value)
           .then(
             [self, p, then_ckpt](aggregator_stats& s) mutable {
@@ -686,6 +748,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
   st.global_step = s.start_step;
+  st.shard_step.assign(s.shards.size(), s.start_step);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {

@@ -219,6 +219,7 @@ int job_switch(const af::cluster_config& cluster, af::train::train_config c,
     return fail("--switch " + mode + ": a running job switches between sync, async and ssp "
                 "(average and allreduce workers run another loop: restart from the checkpoint "
                 "with that mode)");
+  std::vector<std::string> switched;
   return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
     af::aggregator_spec want;
     want.mode = mode;
@@ -236,9 +237,18 @@ int job_switch(const af::cluster_config& cluster, af::train::train_config c,
         [&](uint64_t step) {
           std::printf("/job:ps/task:%d: now %s, at global step %llu\n", k, mode.c_str(),
                       static_cast<unsigned long long>(step));
+          switched.push_back("/job:ps/task:" + std::to_string(k));
         },
         [&](caf::error& err) {
-          rc = fail("/job:ps/task:" + std::to_string(k) + ": switch: " + af::describe(err), 1);
+          std::string done;
+          for (const auto& t : switched)
+            done += (done.empty() ? "" : ", ") + t;
+          rc = fail("/job:ps/task:" + std::to_string(k) + ": switch: " + af::describe(err)
+                      + (done.empty() ? std::string{}
+                                      : "; " + done + " did switch: run the command again (a ps "
+                                                      "already in " + mode + " only takes the "
+                                                      "settings) or switch those back"),
+                    1);
         });
     std::fflush(stdout);
     return rc;

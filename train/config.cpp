@@ -312,6 +312,11 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("min_replicas", fmt::format("min_replicas = {} is more than replicas_to_aggregate "
                                             "= {}: a step never needs more gradients than it uses",
                                             c.min_replicas, c.replicas_to_aggregate));
+  if (combinations && c.step_deadline_ms > 0 && c.step_deadline_ms >= c.step_timeout_ms)
+    return fail("step_deadline_ms", fmt::format("step_deadline_ms = {} is not below "
+                                                "step_timeout_ms = {}: the step would time out "
+                                                "before its deadline could close it",
+                                                c.step_deadline_ms, c.step_timeout_ms));
   if (c.max_partitions == 0)
     return fail("max_partitions", "max_partitions = 0: it must be at least 1 (1: no variable is "
                                   "partitioned)");
