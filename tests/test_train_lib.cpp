@@ -534,6 +534,14 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
   auto why = validate(both);
   CHECK(contains(why, "min_replicas = 3"));
   CHECK(contains(why, "replicas_to_aggregate = 2"));
+  // Catches: a deadline at or past the step timeout, which could never act
+  // (the step times out first) while the user believes steps close at it.
+  train_config late;
+  late.step_deadline_ms = 30000;
+  late.step_timeout_ms = 30000;
+  why = validate(late);
+  CHECK(contains(why, "step_deadline_ms = 30000"));
+  CHECK(contains(why, "step_timeout_ms = 30000"));
 }
 
 TEST_CASE("validate() applies the optimizer's own rules and checks keys together",
