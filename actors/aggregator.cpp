@@ -711,6 +711,16 @@ auto common_handlers(self_pointer self) {
                                       st.spec.name, worker, max_worker_index));
       auto& m = member(st, worker);
       bool was_member = worker < st.round.workers() && !st.round.is_done(worker);
+      // One process per worker index: a second one (a mistyped --task, a
+      // restart before the first was seen to die) would take over the first's
+      // pushes and both would fail. It comes back once the first has left.
+      if (was_member && m.actor && who && m.actor != who.address())
+        return make_error(af_error::already_exists,
+                          fmt::format("aggregator '{}': {} is a member already (its actor is up); "
+                                      "a worker index joins again only after its process ended "
+                                      "(a killed one is seen within the node's "
+                                      "connection_timeout_ms): check --task, or wait and retry",
+                                      st.spec.name, worker_name(st, worker)));
       if (m.actor && who && m.actor != who.address())
         self->demonitor(m.actor);
       m.joined = true;

@@ -1,5 +1,7 @@
 #include "actors/data_plane.hpp"
 
+#include <limits.h>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -33,10 +35,17 @@ void tune_socket(int fd) {
 /// Writes all of `iov` (partial writes continue where they stopped). A peer
 /// that went away is an error here (EPIPE), not a SIGPIPE that ends the process.
 bool write_all(int fd, iovec* iov, int count) {
+  // sendmsg takes at most IOV_MAX (1024) buffers: a frame of more parts (a
+  // push of a model cut into many pieces) goes in several calls, not EMSGSIZE.
+#ifdef IOV_MAX
+  constexpr int max_iov = IOV_MAX;
+#else
+  constexpr int max_iov = 1024;
+#endif
   while (count > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(count);
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
     auto n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR)

@@ -502,6 +502,14 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       if (!stats)
         return std::move(stats.error());
       setup.start_step = stats->global_step;
+      // sync, async and ssp workers push gradients and may meet any of those
+      // modes (a live switch); average workers push parameters after local
+      // steps. A joiner whose config says otherwise would push the wrong kind.
+      if (opts.join && (stats->mode == "average") != (c.mode == "average"))
+        return make_error(af_error::invalid_argument,
+                          fmt::format("the job runs mode {}, this worker's config says {}: join "
+                                      "with --set mode={}",
+                                      stats->mode, c.mode, stats->mode));
       // The chief's start, moved on by the steps the job took since.
       unsigned long long step0 = 0, position0 = 0, total0 = 0;
       if (std::sscanf(published.c_str(), "%llu %llu %llu", &step0, &position0, &total0) != 3)

@@ -76,6 +76,7 @@ struct worker_state {
   uint64_t loss_count = 0;
   double last_loss = 0;
   uint64_t refused = 0;
+  uint64_t refused_in_a_row = 0;  ///< steps abstained from since the last finite one
   std::string last_refusal;
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
   std::string checkpoint_error;     ///< the last one's reason
@@ -172,11 +173,29 @@ std::string first_non_finite(self_pointer self, const std::vector<tensor>& value
 }
 
 /// Counts and logs a step this worker abstains from.
-void note_refusal(self_pointer self, std::string why) {
+/// Steps in a row a worker may abstain from (values not finite) before it
+/// fails: past that the model has diverged, and abstaining for ever would
+/// keep an async job from ever reaching its step count.
+constexpr uint64_t max_refusals_in_a_row = 100;
+
+/// Counts and logs a step this worker abstains from; false (and the worker
+/// failed) once it has abstained from max_refusals_in_a_row steps in a row.
+bool note_refusal(self_pointer self, std::string why) {
   auto& st = self->state;
   st.refused += 1;
+  st.refused_in_a_row += 1;
   log::get()->warn("{}", why);
   st.last_refusal = std::move(why);
+  if (st.refused_in_a_row < max_refusals_in_a_row)
+    return true;
+  fail(self,
+       make_error(af_error::non_finite,
+                  fmt::format("its last {} steps were all not finite (the last: {}): the model has "
+                              "diverged or its input is bad; lower learning_rate, check the data, "
+                              "or resume from a checkpoint",
+                              st.refused_in_a_row, st.last_refusal)),
+       "training");
+  return false;
 }
 
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain,
@@ -212,10 +231,11 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     auto bad = first_non_finite(self, *values,
                                 st.setup.cfg.mode == "average" ? "parameters" : "gradient");
     if (!bad.empty()) {
-      note_refusal(self, bad + ": abstaining from this step on every ps");
-      abstain(self, values);
+      if (note_refusal(self, bad + ": abstaining from this step on every ps"))
+        abstain(self, values);
       return;
     }
+    st.refused_in_a_row = 0;
   }
   struct gather {
     size_t missing;
@@ -581,9 +601,12 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     // gradient is not finite contributes zeros (the mean then counts it as
     // a zero gradient) instead of a NaN that would reach every replica.
     if (auto bad = first_non_finite(self, grads, "the gradient"); !bad.empty()) {
-      note_refusal(self, bad + ": contributing zeros to this step's all-reduce");
+      if (!note_refusal(self, bad + ": contributing zeros to this step's all-reduce"))
+        return;
       for (auto& g : grads)
         g = tensor::filled(g.type(), g.shape(), 0);
+    } else {
+      st.refused_in_a_row = 0;
     }
     auto shapes = std::make_shared<std::vector<shape_type>>();
     for (auto& g : grads)
@@ -618,7 +641,8 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
   // A gradient that is not finite is left out (it would poison the replica's
   // slots for good, which the average does not replace).
   if (auto bad = first_non_finite(self, grads, "gradient"); !bad.empty()) {
-    note_refusal(self, bad + ": the local update is skipped");
+    if (!note_refusal(self, bad + ": the local update is skipped"))
+      return;
   } else if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads,
                                      st.setup.start_step + st.local_step);
              !ok) {

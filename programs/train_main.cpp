@@ -215,10 +215,13 @@ int job_status(const af::cluster_config& cluster, const af::train::train_config&
 /// and staleness, --set included).
 int job_switch(const af::cluster_config& cluster, af::train::train_config c,
                const std::string& mode) {
-  if (mode != "sync" && mode != "async" && mode != "ssp")
+  if (mode == "average" || mode == "allreduce")
     return fail("--switch " + mode + ": a running job switches between sync, async and ssp "
                 "(average and allreduce workers run another loop: restart from the checkpoint "
                 "with that mode)");
+  if (mode != "sync" && mode != "async" && mode != "ssp")
+    return fail("--switch '" + mode + "': unknown mode; a running job switches to sync, async or "
+                "ssp");
   std::vector<std::string> switched;
   return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
     af::aggregator_spec want;

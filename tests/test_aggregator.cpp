@@ -907,6 +907,31 @@ TEST_CASE("a worker beyond the config joins, rounds wait for it, and it leaves w
   REQUIRE(aggregator_fixture::reply(n0));
 }
 
+TEST_CASE("a second process for a member's index is refused while the first is up, and comes in "
+          "once the first has gone",
+          "[aggregator]") {
+  // Catches: a second --join for a live member's index (a mistyped --task)
+  // taking over that worker's membership, so both processes' pushes
+  // collide ("pushed twice") and both fail.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, sgd);
+  worker_stand_in first{f.sys};
+  worker_stand_in second{f.sys};
+  REQUIRE(join(f, 1, first.actor));
+  REQUIRE(join(f, 1, first.actor)); // the same process again: fine
+  auto taken = join(f, 1, second.actor);
+  REQUIRE_FALSE(taken);
+  CHECK(is(taken.error(), af_error::already_exists));
+  CHECK_THAT(describe(taken.error()),
+             Catch::Contains("worker 1 (/job:worker/task:1") && Catch::Contains("member already"));
+  CHECK(f.stats().workers[1].status == "member");
+  caf::anon_send_exit(first.actor, caf::exit_reason::kill);
+  REQUIRE(eventually([&] { return f.stats().workers[1].status == "left"; }));
+  auto back = join(f, 1, second.actor);
+  REQUIRE(back);
+  CHECK(f.stats().workers[1].status == "member");
+}
+
 TEST_CASE("a joined worker that says done leaves, and its rounds stop waiting for it",
           "[aggregator]") {
   // Catches: done of a worker beyond the config not counted as leaving (the

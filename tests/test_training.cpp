@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -786,4 +787,44 @@ TEST_CASE("a live switch sync -> async -> sync over 2 ps loses no gradient on ei
   auto ev = train::evaluate_local(c, train::load_data(c)->test, results[0]->result.params);
   REQUIRE(ev);
   CHECK(ev->second >= 0.9);
+}
+
+// Catches a push of more parts than sendmsg takes (IOV_MAX, 1024): a model
+// cut into many pieces failed every push with EMSGSIZE, reported as the ps
+// closing the connection.
+TEST_CASE("a model cut into more than 1024 pieces on one ps trains over the data plane",
+          "[train]") {
+  auto c = digits("sync");
+  c.hidden = {600};         // hidden0/b and logits/w have 600 rows each
+  c.max_partitions = 1000000;
+  c.min_slice_bytes = 1;    // one row a piece: 64 + 600 + 600 + 10 pieces
+  c.steps = 3;
+  auto run = run_job(c);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE(run.results[w]);
+    CHECK(run.results[w]->result.global_step == 3u);
+  }
+}
+
+// Catches a diverged async job that never ends: every gradient not finite,
+// every worker abstaining, and in async an abstention does not move the
+// global step, so the job looped for ever, printing warnings.
+TEST_CASE("a worker whose gradients stay not finite fails after 100 steps in a row, saying the "
+          "model diverged",
+          "[train]") {
+  auto c = digits("async");
+  c.steps = 1000;
+  train_options opts;
+  opts.tamper = [](uint64_t, std::vector<tensor>& grads) {
+    grads[0].mutable_data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  auto run = run_job(c, opts);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE_FALSE(run.results[w]);
+    CHECK(run.results[w].error().code() == static_cast<uint8_t>(af_error::non_finite));
+    CHECK_THAT(describe(run.results[w].error()),
+               Catch::Contains("last 100 steps") && Catch::Contains("diverged"));
+  }
 }
