@@ -94,6 +94,14 @@ caf::expected<tensor> params(self_pointer self) {
   return flat;
 }
 
+/// The answer "here is where the job stands": the global step and the parameters.
+push_result answer_now(self_pointer self) {
+  auto p = params(self);
+  if (!p)
+    return std::move(p.error());
+  return {self->state.global_step, std::move(*p)};
+}
+
 void invalidate(self_pointer self) {
   self->state.params_step.reset();
   self->state.params = tensor{};
@@ -641,10 +649,7 @@ void depart(self_pointer self, uint32_t worker, const std::string& why) {
 auto common_handlers(self_pointer self) {
   return std::make_tuple(
     [self](pull_atom) -> push_result {
-      auto p = params(self);
-      if (!p)
-        return std::move(p.error());
-      return {self->state.global_step, std::move(*p)};
+      return answer_now(self);
     },
     [self](stats_atom) -> aggregator_stats {
       auto& st = self->state;
@@ -929,10 +934,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         // step closed without it (a backup worker's, or a straggler's).
         st.stats.dropped_stale += 1;
         m.stats.late += 1;
-        auto p = params(self);
-        if (!p)
-          return std::move(p.error());
-        return {st.global_step, std::move(*p)};
+        return answer_now(self);
       }
       if (step > st.global_step)
         return ahead_of(st, worker, step);
@@ -959,15 +961,11 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
-      auto& st = self->state;
       if (auto err = take_gradient(self, worker, step))
         return err;
       if (auto err = apply_now(self, worker, step, grads))
         return err;
-      auto p = params(self);
-      if (!p)
-        return std::move(p.error());
-      return {st.global_step, std::move(*p)};
+      return answer_now(self);
     });
 }
 
@@ -997,10 +995,7 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
         schedule_sweep(self);
         return promise;
       }
-      auto p = params(self);
-      if (!p)
-        return std::move(p.error());
-      return {st.global_step, std::move(*p)};
+      return answer_now(self);
     });
 }
 
