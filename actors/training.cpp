@@ -405,6 +405,10 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   setup.task_name = "/job:worker/task:" + std::to_string(task);
   if (auto addr = cluster.address("worker", static_cast<int32_t>(task)))
     setup.address = addr->to_string();
+  if (chief && c.mode == "sync" && c.replicas_to_aggregate > workers)
+    log::get()->warn("replicas_to_aggregate = {} is more than the {} workers: each step uses every "
+                     "member's gradient (no backup workers)",
+                     c.replicas_to_aggregate, workers);
   if (opts.join && (chief || allreduce))
     return make_error(af_error::invalid_argument,
                       chief ? "--join is for a worker that joins a running job; worker 0 is the "

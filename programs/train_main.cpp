@@ -135,6 +135,10 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
               "examples_per_s=%.1f\n",
               c.mode.c_str(), workers, static_cast<unsigned long long>(r.global_step), r.seconds,
               sps, sps * examples_per_step(c, workers));
+  if (!o.stats.mode.empty() && o.stats.mode != c.mode)
+    std::printf("mode: the job ended in %s after %llu live switch(es) (the config says %s)\n",
+                o.stats.mode.c_str(), static_cast<unsigned long long>(o.stats.switches),
+                c.mode.c_str());
   if (!o.stats.mode.empty() && (o.stats.refused > 0 || o.stats.dropped_stale > 0))
     std::printf("aggregator: %llu refused (non-finite), %llu stale gradients dropped\n",
                 static_cast<unsigned long long>(o.stats.refused),
