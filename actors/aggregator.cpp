@@ -536,6 +536,14 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
   return r;
 }
 
+/// A push of the kind the mode does not take, after a live switch.
+caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const char* sent) {
+  return make_error(af_error::mode_changed,
+                    fmt::format("aggregator '{}' runs {} now, and {} pushed {}: its worker "
+                                "changes its loop to the job's mode",
+                                st.spec.name, st.spec.mode, worker_name(st, worker), sent));
+}
+
 /// A push of a step the aggregator has not reached (sync, async, ssp).
 caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step) {
   return make_error(af_error::invalid_argument,
@@ -755,13 +763,6 @@ auto common_handlers(self_pointer self) {
       want.name = st.spec.name;
       if (auto err = check_spec(want))
         return err;
-      if ((want.mode == "average") != (st.spec.mode == "average"))
-        return make_error(af_error::invalid_argument,
-                          fmt::format("aggregator '{}': a live switch from {} to {} is not "
-                                      "possible: average workers push parameters after local "
-                                      "steps, the other modes push gradients every step; restart "
-                                      "the job from its checkpoint with mode = \"{}\"",
-                                      st.spec.name, st.spec.mode, want.mode, want.mode));
       auto from = st.spec.mode;
       if (from == want.mode) {
         // Only the settings: nothing to drain, the round in progress goes on.
@@ -783,6 +784,11 @@ auto common_handlers(self_pointer self) {
         release_average(self);
       if (from == "ssp")
         release_ssp(self, true);
+      // average after a switch: the workers still on gradients push plain
+      // pushes, refused as the other kind until they change their loop; the
+      // first round's stride is not known yet.
+      st.average_by_switch = want.mode == "average";
+      st.average_stride = 0;
       st.spec.mode = want.mode;
       st.spec.replicas_to_aggregate = want.replicas_to_aggregate;
       st.spec.step_deadline_ms = want.step_deadline_ms;
@@ -918,9 +924,19 @@ aggregator_impl_actor::behavior_type make_behavior(Tuple common, Ts... more) {
     std::move(common));
 }
 
+/// sync, async, ssp: parameters (an average worker's) are refused as the other kind.
+auto refuse_parameters(self_pointer self) {
+  return [self](push_atom, params_atom, uint32_t worker, uint64_t,
+                std::vector<tensor>&) -> push_result {
+    if (auto err = check_worker(self, worker))
+      return err;
+    return other_kind(self->state, worker, "parameters");
+  };
+}
+
 aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self),
+    common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
       if (auto err = check_worker(self, worker))
@@ -959,7 +975,7 @@ caf::error take_gradient(self_pointer self, uint32_t worker, uint64_t step) {
 
 aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self),
+    common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       if (auto err = take_gradient(self, worker, step))
         return err;
@@ -974,7 +990,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
 /// of the slowest member still pushing (Ho et al., NIPS'13).
 aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
   return make_behavior(
-    common_handlers(self),
+    common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
       if (auto err = take_gradient(self, worker, step))
@@ -1026,21 +1042,34 @@ caf::error check_average_step(const aggregator_actor_state& st, uint32_t worker,
   return caf::none;
 }
 
+/// average: a push of parameters (either form; a plain push after a switch
+/// into average is a gradient, refused as the other kind).
+push_result average_push(self_pointer self, uint32_t worker, uint64_t step,
+                         std::vector<tensor>& values, bool parameters) {
+  auto& st = self->state;
+  if (auto err = check_worker(self, worker))
+    return err;
+  if (!parameters && st.average_by_switch)
+    return other_kind(st, worker, "a gradient");
+  note_push(st, worker, step);
+  if (st.round.has_arrived(worker))
+    return make_error(af_error::already_exists,
+                      fmt::format("{} pushed twice in one round to aggregator '{}'",
+                                  worker_name(st, worker), st.spec.name));
+  if (auto err = check_average_step(st, worker, step))
+    return err;
+  return join_round(self, worker, step, values, "parameters", release_average);
+}
+
 aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self),
+    [self](push_atom, params_atom, uint32_t worker, uint64_t step,
+           std::vector<tensor>& values) -> push_result {
+      return average_push(self, worker, step, values, true);
+    },
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& values) -> push_result {
-      auto& st = self->state;
-      if (auto err = check_worker(self, worker))
-        return err;
-      note_push(st, worker, step);
-      if (st.round.has_arrived(worker))
-        return make_error(af_error::already_exists,
-                          fmt::format("{} pushed twice in one round to aggregator '{}'",
-                                      worker_name(st, worker), st.spec.name));
-      if (auto err = check_average_step(st, worker, step))
-        return err;
-      return join_round(self, worker, step, values, "parameters", release_average);
+      return average_push(self, worker, step, values, false);
     });
 }
 

@@ -57,6 +57,10 @@ struct aggregator_actor_state {
   /// average: the most a completed round moved the global step (the workers'
   /// average_every); 0 before the first. Bounds the step of a round's first push.
   uint64_t average_stride = 0;
+  /// average reached by a live switch: a plain push is a gradient from a
+  /// worker that has not changed its loop yet (an aggregator made as average
+  /// takes a plain push as parameters, as it always has).
+  bool average_by_switch = false;
   bool sweep_pending = false;
   /// sync: deadlines of the round in progress already acted on (a log line each).
   uint64_t deadline_periods = 0;

@@ -392,7 +392,8 @@ void data_plane_server::accept_loop() {
 bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const wire::header& h,
                                          const std::string& name) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
-  bool push = h.kind == static_cast<uint8_t>(wire::kind::push);
+  bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
+              || h.kind == static_cast<uint8_t>(wire::kind::push_params);
   auto agg = dir_->get_aggregator(name);
   auto caller = dir_->aggregator_caller();
   // Checked before anything is allocated: a push for an aggregator that does
@@ -648,12 +649,18 @@ void data_channel::reopen_if_closed_by_peer() {
   auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
     return; // open (bytes without a request would be the peer's problem to report)
+  reconnect(); // if it fails, the send fails and says why
+}
+
+bool data_channel::reconnect() {
   auto fresh = connect(host_, port_, peer_, timeout_, poll_);
   if (!fresh)
-    return; // the send fails and says why
-  close(fd_);
+    return false;
+  if (fd_ >= 0)
+    close(fd_);
   fd_ = (*fresh)->fd_;
   (*fresh)->fd_ = -1;
+  return true;
 }
 
 void data_channel::poll_for_reply() {
@@ -699,6 +706,12 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   if (var.size() > wire::max_name)
     return make_error(af_error::invalid_argument, "variable name of " + std::to_string(var.size())
                                                     + " bytes is too long for the data plane");
+  // A connection quiet for a while may be closed by the node's idle timeout
+  // just as this request goes out (the check below sees no EOF yet). The
+  // node then never read it: a read, which changes nothing, is sent again
+  // once on a fresh connection. Other ops are not (after a node's crash
+  // they might have been applied); their caller sees peer_down.
+  bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
   reopen_if_closed_by_peer();
   wire::header h;
   h.kind = wire::request_kind(op);
@@ -708,9 +721,20 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
     return make_error(af_error::invalid_argument,
                       what + ": rank " + std::to_string(operand->shape().size())
                         + " is more than the data plane carries (8)");
-  if (!send_frame(fd_, h, &var, operand ? operand->bytes() : nullptr))
-    return fail(what, errno);
-  return read_reply(what);
+  for (int attempt = 0;; ++attempt) {
+    bool retry = attempt == 0 && quiet && op == var_op::read;
+    if (!send_frame(fd_, h, &var, operand ? operand->bytes() : nullptr)) {
+      auto err = fail(what, errno);
+      if (retry && reconnect())
+        continue;
+      return err;
+    }
+    auto r = read_reply(what);
+    if (!r && retry && fd_ < 0 && r.error().category() == error_category
+        && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
+      continue;
+    return r;
+  }
 }
 
 caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::string& what) {
@@ -767,7 +791,7 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
 caf::expected<std::pair<uint64_t, tensor>>
 data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worker, uint64_t step,
                         const std::vector<tensor>& values, std::chrono::milliseconds wait) {
-  bool push = kind == wire::kind::push;
+  bool push = kind == wire::kind::push || kind == wire::kind::push_params;
   auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
   if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
     return make_error(af_error::invalid_argument, what + ": not a push or pull frame");

@@ -174,6 +174,9 @@ private:
   caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what);
   void poll_for_reply();
   void reopen_if_closed_by_peer();
+  /// A fresh connection in place of this one; false (the old one kept) if
+  /// the node cannot be reached.
+  bool reconnect();
 
   int fd_;
   std::string host_;

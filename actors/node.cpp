@@ -352,12 +352,18 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
         out = std::make_pair(global_step, std::move(params));
       };
       auto on_error = [&](caf::error& err) { out = std::move(err); };
-      if (kind == static_cast<uint8_t>(wire::kind::push)) {
+      if (kind == static_cast<uint8_t>(wire::kind::push)
+          || kind == static_cast<uint8_t>(wire::kind::push_params)) {
         std::vector<tensor> parts;
         if (!values.empty())
           parts.push_back(std::move(values));
-        self->request(agg, wait, push_atom::value, worker, step, std::move(parts))
-          .receive(on_value, on_error);
+        if (kind == static_cast<uint8_t>(wire::kind::push_params))
+          self->request(agg, wait, push_atom::value, params_atom::value, worker, step,
+                        std::move(parts))
+            .receive(on_value, on_error);
+        else
+          self->request(agg, wait, push_atom::value, worker, step, std::move(parts))
+            .receive(on_value, on_error);
       } else {
         self->request(agg, wait, pull_atom::value).receive(on_value, on_error);
       }

@@ -27,7 +27,7 @@ caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t por
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
         const std::vector<tensor>& values, uint32_t wait_ms,
-        bool pull) -> caf::result<uint64_t, tensor> {
+        uint8_t kind) -> caf::result<uint64_t, tensor> {
       if (!*chan || (*chan)->broken()) {
         // No spinning for the reply: a push waits for the other workers'
         // steps, and on a small machine the spin takes the CPU they need
@@ -37,8 +37,8 @@ caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t por
           return std::move(c.error());
         *chan = std::move(*c);
       }
-      auto r = (*chan)->aggregate(pull ? wire::kind::pull : wire::kind::push, name, worker, step,
-                                  values, std::chrono::milliseconds{wait_ms});
+      auto r = (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
+                                  std::chrono::milliseconds{wait_ms});
       if (!r)
         return std::move(r.error());
       return {r->first, std::move(r->second)};
@@ -66,6 +66,15 @@ struct worker_state {
   std::optional<train::batcher> batches;
   std::vector<tensor> params;     ///< sync / async: as pulled
   std::optional<train::replica_state> own; ///< average / allreduce
+  /// The mode the job runs: the config's until a live switch changes it.
+  std::string mode;
+  /// average: the global step and local step its rounds count from (the
+  /// job's start, or a switch into average).
+  uint64_t avg_step0 = 0;
+  uint64_t avg_local0 = 0;
+  /// The gradient being pushed: after a switch into average it becomes the
+  /// replica's first local step instead of being lost.
+  std::vector<tensor> pending;
   uint64_t global_step = 0;       ///< the least of the shards' (average: the round's step)
   /// Each shard's global step as it last answered: a push to shard k
   /// carries shard k's own (after a live switch the ps tasks' steps may
@@ -200,6 +209,7 @@ bool note_refusal(self_pointer self, std::string why) {
 
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain,
               std::function<void(uint64_t, std::vector<tensor>)> then);
+void change_mode(self_pointer self, size_t shard);
 
 /// Pushes nothing to every shard for this step (sync, average: the others'
 /// step goes on without this worker's contribution; async: nothing applied),
@@ -214,7 +224,7 @@ void abstain(self_pointer self, const std::vector<tensor>* values) {
       st.params = std::move(params);
     // The step is over (without this worker's contribution): the next one
     // takes the next batch (average counted its local step already).
-    if (st.setup.cfg.mode != "average")
+    if (st.mode != "average")
       st.local_step += 1;
     after_step(self);
   });
@@ -229,7 +239,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
   auto& st = self->state;
   if (values != nullptr && !abstain_step) {
     auto bad = first_non_finite(self, *values,
-                                st.setup.cfg.mode == "average" ? "parameters" : "gradient");
+                                st.mode == "average" ? "parameters" : "gradient");
     if (!bad.empty()) {
       if (note_refusal(self, bad + ": abstaining from this step on every ps"))
         abstain(self, values);
@@ -258,10 +268,13 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // timeout plus a margin, data_channel::aggregate) and is linked to this
     // actor: no timer here, which would wake CAF's clock thread every step.
     // average pushes the round's step (the same local steps on every shard).
-    auto step = st.setup.cfg.mode == "average" || st.shard_step.size() <= k ? st.global_step
-                                                                          : st.shard_step[k];
+    bool average = st.mode == "average";
+    auto step = average || st.shard_step.size() <= k ? st.global_step : st.shard_step[k];
+    auto kind = values == nullptr ? wire::kind::pull
+                : average         ? wire::kind::push_params
+                                  : wire::kind::push;
     self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                  step, std::move(part), wait, values == nullptr)
+                  step, std::move(part), wait, static_cast<uint8_t>(kind))
       .then(
         [self, g, k, then](uint64_t step, tensor& flat) {
           if (g->failed)
@@ -284,6 +297,13 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
             return;
           g->failed = true;
           auto& st = self->state;
+          // A live switch between average and the others: the aggregator
+          // takes the other kind of push now. Learn the mode, change loops.
+          if (values != nullptr && err.category() == error_category
+              && err.code() == static_cast<uint8_t>(af_error::mode_changed)) {
+            change_mode(self, k);
+            return;
+          }
           // The worker checks every part before it pushes any, with the
           // aggregators' own test: a non_finite refusal here means the two
           // disagree, and with several ps the other shards may already have
@@ -296,6 +316,61 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
 
 void finish(self_pointer self);
 void after_step(self_pointer self);
+void use_gradients(self_pointer self, std::vector<tensor> grads);
+
+/// After a live switch between average and the other modes (a push refused
+/// as mode_changed by shard `shard`): asks that shard for the job's mode, pulls
+/// the parameters, and goes on in that mode's loop.
+///   into average: the pulled parameters become its replica (optimizer slots
+///     at zero), and the gradient the switch refused is its first local step;
+///     rounds count from the pulled global step.
+///   out of average: its replica goes (its local steps since the last
+///     average are replaced by the job's parameters, as if it had abstained).
+/// With several ps the shards switch within milliseconds of each other; a
+/// worker that meets the old mode on the next shard changes back and forth
+/// until all have switched.
+void change_mode(self_pointer self, size_t shard) {
+  auto& st = self->state;
+  self->request(st.setup.shards[shard].actor, st.setup.timeout, stats_atom::value)
+    .then(
+      [self](aggregator_stats& s) {
+        auto& st = self->state;
+        log::get()->info("{}: the job runs {} now (this worker ran {}): changing its loop at "
+                         "local step {}",
+                         who(self), s.mode, st.mode, st.local_step);
+        bool to_average = s.mode == "average";
+        st.mode = s.mode;
+        exchange(self, nullptr, false, [self, to_average](uint64_t step, std::vector<tensor> params) {
+          auto& st = self->state;
+          st.global_step = step;
+          if (!to_average) {
+            st.own.reset();
+            st.pending.clear();
+            st.params = std::move(params);
+            after_step(self);
+            return;
+          }
+          auto own = train::replica_state::make(std::move(params), st.setup.cfg.optimizer);
+          if (!own) {
+            fail(self, make_error(own.error().code, own.error().what), "starting its replica");
+            return;
+          }
+          st.own = std::move(*own);
+          st.avg_step0 = step;
+          st.avg_local0 = st.local_step;
+          auto grads = std::move(st.pending);
+          st.pending.clear();
+          if (grads.empty())
+            after_step(self);
+          else
+            use_gradients(self, std::move(grads));
+        });
+      },
+      [self, shard](caf::error& err) {
+        fail(self, std::move(err),
+             "asking " + self->state.setup.shards[shard].task + " for the job's mode after a switch");
+      });
+}
 
 /// Evaluates the current parameters on the held-out set (chief), then `then`.
 void evaluate(self_pointer self, std::function<void(double, double)> then) {
@@ -409,7 +484,7 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
           auto [low, high] = std::minmax_element(
             g->states.begin(), g->states.end(),
             [](const auto& a, const auto& b) { return a.global_step < b.global_step; });
-          if (setup.cfg.mode == "sync" && low->global_step != high->global_step) {
+          if (self->state.mode == "sync" && low->global_step != high->global_step) {
             constexpr int tries = 5;
             if (attempt + 1 < tries) {
               collect_shards(self, ckpt, attempt + 1, write);
@@ -449,14 +524,15 @@ void after_step(self_pointer self) {
   const auto& c = st.setup.cfg;
   // sync and async count the shared global step; average and allreduce
   // workers their own steps (the same on every worker).
-  bool shared = c.mode == "sync" || train::step_per_push(c.mode);
-  uint64_t step = shared ? st.global_step : st.setup.start_step + st.local_step;
+  const auto& mode = st.mode;
+  bool shared = mode == "sync" || train::step_per_push(mode);
+  uint64_t step = shared ? st.global_step : st.avg_step0 + (st.local_step - st.avg_local0);
   bool last = step >= st.setup.total_steps;
   bool chief = st.setup.index == 0;
   // async: when the global step crossed a multiple of log_every (it moves
   // by every worker's pushes: counting this worker's steps, a job of 200
   // steps with log_every 50 printed at 50 and at the end only).
-  bool async = train::step_per_push(c.mode);
+  bool async = train::step_per_push(mode);
   bool report = last
                 || (c.log_every > 0
                     && (async ? st.global_step / c.log_every > st.reported_step / c.log_every
@@ -469,8 +545,8 @@ void after_step(self_pointer self) {
   // average: only at a round's end, when the chief's replica holds the
   // job's averaged parameters (mid-round it holds its own, and the step and
   // data position would not agree).
-  bool round_end = c.mode != "average"
-                   || st.local_step % std::max<uint32_t>(1, c.average_every) == 0;
+  bool round_end = mode != "average"
+                   || (st.local_step - st.avg_local0) % std::max<uint32_t>(1, c.average_every) == 0;
   bool ckpt = chief && st.setup.save && !last && round_end
               && ((c.checkpoint_steps > 0
                    && st.global_step / c.checkpoint_steps > st.checkpointed_step / c.checkpoint_steps)
@@ -499,7 +575,7 @@ void after_step(self_pointer self) {
       p.local_step = st.local_step;
       p.global_step = st.global_step;
       p.step = step;
-      if (st.setup.cfg.mode == "average") {
+      if (st.mode == "average") {
         uint64_t k = std::max<uint32_t>(1, st.setup.cfg.average_every);
         p.rounds = (st.global_step + k - 1) / k;
       }
@@ -585,10 +661,12 @@ void finish(self_pointer self) {
 /// What a step's gradients do in each mode.
 void use_gradients(self_pointer self, std::vector<tensor> grads) {
   auto& st = self->state;
-  const auto& mode = st.setup.cfg.mode;
+  const auto mode = st.mode;
   if (mode == "sync" || train::step_per_push(mode)) {
+    st.pending = grads; // shares the buffers
     exchange(self, &grads, false, [self](uint64_t step, std::vector<tensor> params) {
       auto& st = self->state;
+      st.pending.clear();
       st.global_step = step;
       st.params = std::move(params);
       st.local_step += 1;
@@ -644,20 +722,21 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     if (!note_refusal(self, bad + ": the local update is skipped"))
       return;
   } else if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads,
-                                     st.setup.start_step + st.local_step);
+                                     st.avg_step0 + (st.local_step - st.avg_local0));
              !ok) {
     fail(self, make_error(ok.error().code, ok.error().what), "applying the local update");
     return;
   }
   st.local_step += 1;
   auto k = std::max<uint32_t>(1, st.setup.cfg.average_every);
-  if (st.local_step % k != 0 && st.setup.start_step + st.local_step < st.setup.total_steps) {
+  auto locals = st.local_step - st.avg_local0;
+  if (locals % k != 0 && st.avg_step0 + locals < st.setup.total_steps) {
     after_step(self);
     return;
   }
   auto values = st.own->values;
   // The aggregator's step for a round: the local steps every worker has run.
-  st.global_step = st.setup.start_step + st.local_step;
+  st.global_step = st.avg_step0 + locals;
   exchange(self, &values, false, [self](uint64_t step, std::vector<tensor> params) {
     auto& st = self->state;
     st.global_step = step;
@@ -715,7 +794,7 @@ void join_all(self_pointer self, std::function<void()> then) {
   // Examples behind one push: average pushes after average_every steps.
   auto examples = static_cast<uint32_t>(
     st.setup.cfg.batch_size
-    * (st.setup.cfg.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
+    * (st.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
   for (const auto& s : st.setup.shards) {
     if (!s.actor) {
       if (--*missing == 0)
@@ -771,6 +850,9 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   self->set_down_handler([self](caf::down_msg& dm) { self->state.runner.on_down(self, dm); });
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
+  st.mode = s.cfg.mode;
+  st.avg_step0 = s.start_step;
+  st.avg_local0 = 0;
   st.global_step = s.start_step;
   st.shard_step.assign(s.shards.size(), s.start_step);
   st.checkpointed_step = s.start_step;

@@ -50,6 +50,11 @@
 ///        is already_exists. An update reaches every variable or none:
 ///        everything that could refuse it (a variable with no value yet is
 ///        uninitialized naming it) is checked for all of them first.
+///   (push, params, uint32 worker, uint64 step, vector<tensor> values) -> as push: values that
+///        are parameters (average workers push these). A push of the kind the
+///        mode does not take (parameters to sync/async/ssp; after a live
+///        switch into average, a plain push, which is a gradient) is
+///        mode_changed: the worker learns the mode (stats) and changes its loop.
 ///   (pull)                        -> (uint64 global_step, tensor params)
 ///   (stats)                       -> (aggregator_stats)
 ///   (done, uint32 worker)         -> (uint32 workers_done)  the worker pushes no more:
@@ -64,7 +69,8 @@
 ///        go) and goes on in want.mode with want's replicas_to_aggregate,
 ///        step_deadline_ms, min_replicas and staleness, keeping the step,
 ///        the variables, the members and every counter. Between average and
-///        the others: invalid_argument (their workers run another loop).
+///        the others the workers change their loop when a push of the other
+///        kind is refused as mode_changed.
 ///   (save)                        -> (aggregator_state)  a consistent snapshot
 ///        between steps: values, optimizer slots and the global step
 ///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it, or
@@ -206,6 +212,7 @@ typename Inspector::result_type inspect(Inspector& f, aggregator_state& x) {
 
 using aggregator_actor = caf::typed_actor<
   caf::replies_to<push_atom, uint32_t, uint64_t, std::vector<tensor>>::with<uint64_t, tensor>,
+  caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, std::vector<tensor>>::with<uint64_t, tensor>,
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,
   caf::replies_to<done_atom, uint32_t>::with<uint32_t>,

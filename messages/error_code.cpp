@@ -25,6 +25,7 @@ const char* to_string(af_error x) {
     case af_error::gone: return "gone";
     case af_error::already_exists: return "already_exists";
     case af_error::non_finite: return "non_finite";
+    case af_error::mode_changed: return "mode_changed";
   }
   return "unknown";
 }

@@ -33,12 +33,14 @@ enum class kind : uint8_t {
   /// reply's `version` is the global step, its payload the flat parameters.
   push = 5,
   pull = 6,
+  push_params = 7,  ///< as push, the payload parameters (average), not gradients
   reply = 16,
 };
 
 /// True if `k` is a request to an aggregator.
 constexpr bool aggregator_kind(uint8_t k) {
-  return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull);
+  return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull)
+         || k == static_cast<uint8_t>(kind::push_params);
 }
 
 static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)

@@ -219,13 +219,12 @@ int job_status(const af::cluster_config& cluster, const af::train::train_config&
 /// and staleness, --set included).
 int job_switch(const af::cluster_config& cluster, af::train::train_config c,
                const std::string& mode) {
-  if (mode == "average" || mode == "allreduce")
-    return fail("--switch " + mode + ": a running job switches between sync, async and ssp "
-                "(average and allreduce workers run another loop: restart from the checkpoint "
-                "with that mode)");
-  if (mode != "sync" && mode != "async" && mode != "ssp")
-    return fail("--switch '" + mode + "': unknown mode; a running job switches to sync, async or "
-                "ssp");
+  if (mode == "allreduce")
+    return fail("--switch allreduce: an allreduce job has no ps, so a running ps job cannot "
+                "become one; restart from the checkpoint with mode = \"allreduce\"");
+  if (mode != "sync" && mode != "async" && mode != "ssp" && mode != "average")
+    return fail("--switch '" + mode + "': unknown mode; a running job switches to sync, async, "
+                "ssp or average");
   std::vector<std::string> switched;
   return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
     af::aggregator_spec want;
@@ -352,7 +351,7 @@ int main(int argc, char** argv) {
   app.add_flag("--join", join,
                "this worker (--job worker --task I, I a task of the config) joins a running job");
   app.add_option("--switch", switch_to,
-                 "tell the running job of --config to go on in this mode: sync, async or ssp");
+                 "tell the running job of --config to go on in this mode: sync, async, ssp or average");
   app.add_flag("--status", status,
                "print the running job's per-worker accounting (from its ps tasks) and exit");
   app.add_option("--step-delay-ms", step_delay_ms,

@@ -832,24 +832,57 @@ TEST_CASE("a live switch from sync to async answers the parked pushes and back t
   CHECK_FALSE(event_with(s, {"mode async -> sync", "global step 2"}).empty());
 }
 
-TEST_CASE("a live switch between sync and average is refused naming both modes", "[aggregator]") {
-  // Catches: a switch that becomes average under gradient-pushing workers
-  // (their gradients would be averaged into the parameters).
+TEST_CASE("a live switch between sync and average drains the round, and each side refuses the "
+          "other kind of push as mode_changed",
+          "[aggregator]") {
+  // Catches: a switch into average that takes the gradient-pushing
+  // workers' pushes as parameters (a gradient averaged into the values), a
+  // switch out of average that takes parameters as a gradient, and a drain
+  // that loses the parked gradient or applies it twice.
   aggregator_fixture f;
-  f.spawn("sync", 2);
-  auto r = switch_to(f, "average");
-  REQUIRE_FALSE(r);
-  CHECK(is(r.error(), af_error::invalid_argument));
-  CHECK_THAT(describe(r.error()),
-             Catch::Contains("from sync to average") && Catch::Contains("test/sync"));
+  f.spawn("sync", 2, true, sgd);
+  auto p0 = f.push(0, 0, aggregator_fixture::values(2, 2));
+  auto g = switch_to(f, "average");
+  REQUIRE(g);
+  CHECK(*g == 1);
+  auto r0 = aggregator_fixture::reply(p0);
+  REQUIRE(r0);
+  CHECK(r0->first == 1);
+  CHECK(f.value(0) == filled(4, 0)); // 1 - 0.5 * 2, once
+  // a plain push is a gradient of a worker still on the old loop
+  auto grad = f.push_now(1, 0, aggregator_fixture::values(2, 2));
+  REQUIRE_FALSE(grad);
+  CHECK(is(grad.error(), af_error::mode_changed));
+  CHECK_THAT(describe(grad.error()), Catch::Contains("runs average now"));
+  CHECK(f.value(0) == filled(4, 0));
+  // parameters make the round: their mean becomes the value
+  auto params = [&](uint32_t w, uint64_t step, float x) {
+    return f.self->request(f.agg, 10s, push_atom::value, params_atom::value, w, step,
+                           aggregator_fixture::values(x, x));
+  };
+  auto a0 = params(0, 3, 4);
+  auto a1 = params(1, 3, 8);
+  for (auto* h : {&a0, &a1}) {
+    auto r = aggregator_fixture::reply(*h);
+    REQUIRE(r);
+    CHECK(r->first == 3);
+  }
+  CHECK(f.value(0) == filled(4, 6));
+  // back to sync: parameters are refused as the other kind, gradients apply
+  g = switch_to(f, "sync");
+  REQUIRE(g);
+  auto late_params = params(0, 6, 1);
+  auto lp = aggregator_fixture::reply(late_params);
+  REQUIRE_FALSE(lp);
+  CHECK(is(lp.error(), af_error::mode_changed));
+  CHECK_THAT(describe(lp.error()), Catch::Contains("runs sync now") && Catch::Contains("parameters"));
+  auto q0 = f.push(0, 3, aggregator_fixture::values(2, 2));
+  REQUIRE(f.push_now(1, 3, aggregator_fixture::values(2, 2)));
+  REQUIRE(aggregator_fixture::reply(q0));
+  CHECK(f.value(0) == filled(4, 5)); // 6 - 0.5 * 2
   auto s = f.stats();
   CHECK(s.mode == "sync");
-  CHECK(s.switches == 0);
-  // still sync: a round waits for both
-  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
-  CHECK(f.stats().global_step == 0);
-  REQUIRE(f.push_now(1, 0, aggregator_fixture::values(1, 1)));
-  REQUIRE(aggregator_fixture::reply(p0));
+  CHECK(s.switches == 2);
 }
 
 TEST_CASE("a worker beyond the config joins, rounds wait for it, and it leaves when its actor "
