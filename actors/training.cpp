@@ -653,7 +653,9 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   auto shards = setup.shards;
   auto start_step = setup.start_step;
   auto start_position = setup.start_position;
-  bool save_at_end = static_cast<bool>(setup.save) && !allreduce && c.mode != "average";
+  // sync, async, ssp: the aggregators' state once every worker is done
+  // (decided by the mode the job ended in: a live switch may have changed it).
+  bool save_at_end = static_cast<bool>(setup.save) && !allreduce;
   auto save = setup.save;
   std::promise<caf::expected<worker_result>> finished;
   auto result = finished.get_future();
@@ -696,10 +698,11 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     // The job's last step (async: the others' last pushes came after the
     // chief's), which the final checkpoint records too.
     outcome.result.global_step = std::max(outcome.result.global_step, outcome.stats.global_step);
-    if (save_at_end) {
+    auto final_mode = outcome.stats.mode.empty() ? c.mode : outcome.stats.mode;
+    if (save_at_end && final_mode != "average") {
       auto local_steps = outcome.result.local_steps;
       auto ck = snapshot(s, shards, *params, c, [&](uint64_t g) {
-        return data_position(c.mode, workers, start_step, start_position, local_steps, g);
+        return data_position(final_mode, workers, start_step, start_position, local_steps, g);
       });
       if (!ck)
         return std::move(ck.error());

@@ -301,6 +301,10 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
           // takes the other kind of push now. Learn the mode, change loops.
           if (values != nullptr && err.category() == error_category
               && err.code() == static_cast<uint8_t>(af_error::mode_changed)) {
+            // With several ps, shards still in the old mode may have taken
+            // this gradient: it is not applied again to the replica.
+            if (st.setup.shards.size() > 1)
+              st.pending.clear();
             change_mode(self, k);
             return;
           }
@@ -419,7 +423,7 @@ void checkpoint(self_pointer self, std::function<void()> then) {
   // from the chief's last seen step.
   auto position = [self](uint64_t global_step) {
     auto& s = self->state.setup;
-    return data_position(s.cfg.mode, s.workers, s.start_step, s.start_position,
+    return data_position(self->state.mode, s.workers, s.start_step, s.start_position,
                          self->state.local_step, global_step);
   };
   ckpt->data_position = position(st.global_step);
