@@ -22,29 +22,15 @@
 #include "train/data.hpp"
 #include "train/metrics.hpp"
 
+#include "temp_dir.hpp"
+
 using namespace af;
 using namespace af::train;
 namespace fs = std::filesystem;
 
 namespace {
 
-/// A fresh directory under the system's temp dir, removed with its contents.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path()
-           / ("actorflow-train-test-" + std::to_string(::getpid()) + "-"
-              + std::to_string(counter++) + "-"
-              + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using af::testing::temp_dir;
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out{path, std::ios::binary | std::ios::trunc};
@@ -128,10 +114,10 @@ TEST_CASE("load_digits names the folder it looked in when the data is not there"
           "[train][data]") {
   // Catches: a silent empty dataset, or a message that does not say where.
   temp_dir dir;
-  auto d = load_digits(dir.path.string());
+  auto d = load_digits(dir.path);
   REQUIRE_FALSE(d);
   CHECK(d.error().code == af_error::not_found);
-  CHECK(contains(d.error().what, dir.path.string()));
+  CHECK(contains(d.error().what, dir.path));
 }
 
 TEST_CASE("CSV: header, CRLF and scale are handled; bad lines are named", "[train][data]") {
@@ -660,10 +646,10 @@ TEST_CASE("a checkpoint round-trips bit-identically, slots included", "[train][c
   // slots or the config lost, shapes flattened, latest not updated.
   temp_dir dir;
   auto want = sample_checkpoint(12);
-  auto path = save(dir.path.string() + "/nested/ckpts", want);
+  auto path = save(dir.path + "/nested/ckpts", want);
   REQUIRE(path);
   CHECK(fs::path{*path}.filename() == "ckpt-12.afck");
-  auto named = latest(dir.path.string() + "/nested/ckpts");
+  auto named = latest(dir.path + "/nested/ckpts");
   REQUIRE(named);
   CHECK(*named == *path);
   auto got = load(*path);
@@ -690,7 +676,7 @@ TEST_CASE("damaged or foreign checkpoint files are refused with their name",
   // Catches: a truncated file read as zeros, a flipped byte loaded as a
   // wrong weight, any file loaded as a checkpoint, a newer format misread.
   temp_dir dir;
-  auto path = save(dir.path.string(), sample_checkpoint(5));
+  auto path = save(dir.path, sample_checkpoint(5));
   REQUIRE(path);
   const auto good = read_file(*path);
   auto refused = [&](const std::string& bytes, const std::string& why) {
@@ -750,18 +736,18 @@ TEST_CASE("a 'latest' that holds no file name is refused without echoing it",
   // Catches: a binary or huge 'latest' printed whole into the error (100 KB
   // of raw bytes on the terminal), or its name cut at a NUL.
   temp_dir dir;
-  auto path = save(dir.path.string(), sample_checkpoint(5));
+  auto path = save(dir.path, sample_checkpoint(5));
   REQUIRE(path);
-  auto named = latest(dir.path.string());
+  auto named = latest(dir.path);
   REQUIRE(named);
   CHECK(*named == *path); // the one save() wrote, no newline in it
   write_file(dir / "latest", std::string(100000, '\x01'));
-  auto binary = latest(dir.path.string());
+  auto binary = latest(dir.path);
   REQUIRE_FALSE(binary);
   CHECK(contains(binary.error().what, "does not hold a checkpoint's file name"));
   CHECK(binary.error().what.size() < 1000);
   write_file(dir / "latest", std::string{"ckpt-5.afck\0junk", 16});
-  CHECK_FALSE(latest(dir.path.string()));
+  CHECK_FALSE(latest(dir.path));
 }
 
 TEST_CASE("keep = 2 leaves the two newest checkpoints", "[train][checkpoint]") {
@@ -769,16 +755,16 @@ TEST_CASE("keep = 2 leaves the two newest checkpoints", "[train][checkpoint]") {
   // order ckpt-10 < ckpt-9), latest naming a removed file.
   temp_dir dir;
   for (uint64_t step : {1, 5, 9, 10})
-    REQUIRE(save(dir.path.string(), sample_checkpoint(step), 2));
+    REQUIRE(save(dir.path, sample_checkpoint(step), 2));
   CHECK(checkpoint_files(dir) == std::vector<std::string>{"ckpt-10.afck", "ckpt-9.afck"});
-  auto named = latest(dir.path.string());
+  auto named = latest(dir.path);
   REQUIRE(named);
   CHECK(fs::path{*named}.filename() == "ckpt-10.afck");
   REQUIRE(load(*named));
   // Saving an older step (a restarted run) never removes what latest names.
-  REQUIRE(save(dir.path.string(), sample_checkpoint(3), 2));
+  REQUIRE(save(dir.path, sample_checkpoint(3), 2));
   CHECK(checkpoint_files(dir) == std::vector<std::string>{"ckpt-10.afck", "ckpt-3.afck"});
-  CHECK(fs::path{*latest(dir.path.string())}.filename() == "ckpt-3.afck");
+  CHECK(fs::path{*latest(dir.path)}.filename() == "ckpt-3.afck");
 }
 
 TEST_CASE("a crash between the temporary write and the rename leaves the last checkpoint",
@@ -786,29 +772,29 @@ TEST_CASE("a crash between the temporary write and the rename leaves the last ch
   // Catches: writing the checkpoint or latest in place (a crash tears it),
   // latest pointing at a file before it is complete, leftovers never cleaned.
   temp_dir dir;
-  REQUIRE(save(dir.path.string(), sample_checkpoint(1)));
+  REQUIRE(save(dir.path, sample_checkpoint(1)));
   // What a crash mid-save of step 2 leaves: half a temporary file, and a
   // temporary latest that was never renamed.
   write_file(dir / "ckpt-2.afck.tmp", "AFCKPT01 half of it");
   write_file(dir / "latest.tmp", "ckpt-2.afck\n");
-  auto named = latest(dir.path.string());
+  auto named = latest(dir.path);
   REQUIRE(named);
   CHECK(fs::path{*named}.filename() == "ckpt-1.afck");
   auto c = load(*named);
   REQUIRE(c);
   CHECK(c->global_step == 1);
   // The next save succeeds and sweeps the leftovers.
-  REQUIRE(save(dir.path.string(), sample_checkpoint(2)));
+  REQUIRE(save(dir.path, sample_checkpoint(2)));
   CHECK_FALSE(fs::exists(dir / "ckpt-2.afck.tmp"));
   CHECK_FALSE(fs::exists(dir / "latest.tmp"));
-  CHECK(load(*latest(dir.path.string()))->global_step == 2);
+  CHECK(load(*latest(dir.path))->global_step == 2);
 }
 
 TEST_CASE("no checkpoint yet is \"\", and a directory that cannot be made is named",
           "[train][checkpoint]") {
   // Catches: an error (or a crash) on a fresh run, a save that fails silently.
   temp_dir dir;
-  auto none = latest(dir.path.string());
+  auto none = latest(dir.path);
   REQUIRE(none);
   CHECK(none->empty());
   auto absent = latest(dir / "not-made-yet");
@@ -819,7 +805,7 @@ TEST_CASE("no checkpoint yet is \"\", and a directory that cannot be made is nam
   REQUIRE_FALSE(blocked);
   CHECK(contains(blocked.error().what, dir / "a-file"));
   write_file(dir / "latest", "ckpt-7.afck\n");
-  auto dangling = latest(dir.path.string());
+  auto dangling = latest(dir.path);
   REQUIRE_FALSE(dangling);
   CHECK(contains(dangling.error().what, "ckpt-7.afck"));
 }
@@ -1001,7 +987,7 @@ TEST_CASE("a metrics path that cannot be opened is refused; a good one is left a
   auto why = check_metrics_path(bad);
   CHECK(contains(why, "metrics file '" + bad + "'"));
   CHECK(contains(why, "--set metrics="));
-  CHECK_FALSE(check_metrics_path(dir.path.string()).empty()); // a directory
+  CHECK_FALSE(check_metrics_path(dir.path).empty()); // a directory
   // a device is no CSV: /dev/full fails every row, and reading it back for
   // the plot never ended (the job hung at 3.5 GB)
   CHECK(contains(check_metrics_path("/dev/full"), "not a regular file"));

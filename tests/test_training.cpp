@@ -21,11 +21,14 @@
 #include "train/checkpoint.hpp"
 #include "train/local.hpp"
 #include "train/partition.hpp"
+#include "temp_dir.hpp"
 #include "wait.hpp"
 
 using namespace af;
 
 namespace {
+
+using af::testing::temp_dir;
 
 struct job_run {
   std::vector<caf::expected<train_outcome>> results;
@@ -70,20 +73,6 @@ train::train_config digits(const std::string& mode) {
   return c;
 }
 
-/// A directory of its own under /tmp, removed with everything in it.
-struct temp_dir {
-  temp_dir() {
-    char tmpl[] = "/tmp/actorflow-training-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  std::string path;
-};
 
 train::checkpoint latest_checkpoint(const std::string& dir) {
   auto path = train::latest(dir);

@@ -24,29 +24,18 @@
 
 #include "config/loopback.hpp"
 #include "process_cluster.hpp"
+#include "temp_dir.hpp"
 
 namespace af::testing {
 
 namespace train_harness {
 
+using af::testing::temp_dir;
+
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-/// A directory of its own under /tmp, removed with everything in it.
-struct temp_dir {
-  temp_dir() {
-    char tmpl[] = "/tmp/actorflow-train-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  std::string path;
-};
 
 /// The last match of `re`'s first group in `text`.
 inline std::optional<std::string> last_match(const std::string& text, const std::regex& re) {
