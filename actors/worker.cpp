@@ -133,6 +133,12 @@ double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
+/// average (and allreduce): the job's step of this replica, its local steps
+/// counted from where its rounds began (the start, or a switch into average).
+uint64_t average_step(const worker_state& st) {
+  return st.avg_step0 + (st.local_step - st.avg_local0);
+}
+
 /// The parameters the worker's next step runs with.
 const std::vector<tensor>& current(self_pointer self) {
   auto& st = self->state;
@@ -269,7 +275,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // actor: no timer here, which would wake CAF's clock thread every step.
     // average pushes the round's step (the same local steps on every shard).
     bool average = st.mode == "average";
-    auto step = average || st.shard_step.size() <= k ? st.global_step : st.shard_step[k];
+    auto step = average ? st.global_step : st.shard_step[k];
     auto kind = values == nullptr ? wire::kind::pull
                 : average         ? wire::kind::push_params
                                   : wire::kind::push;
@@ -285,8 +291,6 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
             return;
           }
           auto& st = self->state;
-          if (st.shard_step.size() <= k)
-            st.shard_step.resize(st.setup.shards.size(), st.global_step);
           st.shard_step[k] = step;
           g->step = std::min(g->step, step);
           if (--g->missing == 0)
@@ -530,7 +534,7 @@ void after_step(self_pointer self) {
   // workers their own steps (the same on every worker).
   const auto& mode = st.mode;
   bool shared = mode == "sync" || train::step_per_push(mode);
-  uint64_t step = shared ? st.global_step : st.avg_step0 + (st.local_step - st.avg_local0);
+  uint64_t step = shared ? st.global_step : average_step(st);
   bool last = step >= st.setup.total_steps;
   bool chief = st.setup.index == 0;
   // async: when the global step crossed a multiple of log_every (it moves
@@ -726,7 +730,7 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     if (!note_refusal(self, bad + ": the local update is skipped"))
       return;
   } else if (auto ok = st.own->apply(st.setup.cfg.optimizer, grads,
-                                     st.avg_step0 + (st.local_step - st.avg_local0));
+                                     average_step(st));
              !ok) {
     fail(self, make_error(ok.error().code, ok.error().what), "applying the local update");
     return;
