@@ -1,12 +1,13 @@
 #include "messages/tensor.hpp"
 
+#include "messages/tensor_format.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <unordered_map>
-#include <sstream>
 
 namespace af {
 
@@ -238,63 +239,10 @@ std::string tensor::summary() const {
 }
 
 std::string tensor::to_string(size_t max_elements) const {
-  if (empty())
-    return "<empty>";
-  std::ostringstream out;
-  auto print_elem = [&](size_t i) {
-    double v = at(i);
-    if (type_ == dtype::int32 || type_ == dtype::int64 || v == static_cast<int64_t>(v))
-      out << static_cast<int64_t>(v) << (type_ == dtype::float32 || type_ == dtype::float64 ? "." : "");
-    else
-      out << v;
-  };
-  if (shape_.empty()) {
-    print_elem(0);
-    return out.str();
-  }
-  // Walk the elements, opening and closing brackets at dimension boundaries.
-  size_t rank = shape_.size();
-  std::vector<size_t> strides(rank, 1);
-  for (size_t d = rank - 1; d > 0; --d)
-    strides[d - 1] = strides[d] * static_cast<size_t>(shape_[d]);
-  bool elide = count_ > max_elements;
-  size_t head = max_elements / 2;
-  size_t tail_start = count_ - max_elements / 2;
-  for (size_t d = 0; d < rank; ++d)
-    out << '[';
-  if (count_ == 0) {
-    for (size_t d = 0; d < rank; ++d)
-      out << ']';
-    return out.str();
-  }
-  for (size_t i = 0; i < count_; ++i) {
-    if (elide && i == head) {
-      out << " ...";
-      i = tail_start - 1;
-      continue;
-    }
-    if (i > 0) {
-      size_t closes = 0;
-      for (size_t d = 0; d + 1 < rank; ++d)
-        if (i % strides[d] == 0) {
-          closes = rank - 1 - d;
-          break;
-        }
-      for (size_t c = 0; c < closes; ++c)
-        out << ']';
-      if (closes > 0) {
-        out << '\n' << std::string(rank - closes, ' ');
-        for (size_t c = 0; c < closes; ++c)
-          out << '[';
-      } else {
-        out << ' ';
-      }
-    }
-    print_elem(i);
-  }
-  for (size_t d = 0; d < rank; ++d)
-    out << ']';
-  return out.str();
+  // One printer for the whole project: the REPL's and this one agree.
+  print_options o;
+  o.threshold = max_elements;
+  return format_numpy(*this, o);
 }
 
 bool operator==(const tensor& a, const tensor& b) {
