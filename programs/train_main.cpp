@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -34,6 +33,7 @@
 #include "actors/log.hpp"
 #include "actors/node.hpp"
 #include "actors/system.hpp"
+#include "actors/train_client.hpp"
 #include "actors/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
@@ -154,11 +154,25 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
   std::fflush(stdout);
 }
 
-/// A client of a running job (--switch, --status): a session of its own
-/// calls `f(task, aggregator)` with each ps task's aggregator "train/ps<k>"
-/// as it runs; the first error ends it, naming the ps.
-int for_each_aggregator(const af::cluster_config& cluster, const af::train::train_config& c,
-                        const std::function<int(int32_t, const af::aggregator_actor&)>& f) {
+/// The line --status and --switch print for an error of
+/// actors/train_client.hpp: the sentence it carries, which names the ps;
+/// when no ps holds an aggregator, the not_found as the node worded it.
+std::string client_error_line(const caf::error& err) {
+  const auto& ctx = err.context();
+  if (err.category() == af::error_category && !af::is(err, af::af_error::not_found)
+      && ctx.size() == 1 && ctx.match_element<std::string>(0))
+    return ctx.get_as<std::string>(0);
+  return af::describe(err);
+}
+
+/// --status, or --switch `switch_to`: a session of its own on the running
+/// job's cluster asks its ps tasks' aggregators (actors/train_client.hpp).
+int run_client(const af::cluster_config& cluster, const af::train::train_config& c, bool status,
+               const std::string& switch_to) {
+  // A mode no running job can take is an argument error, said without a cluster.
+  if (!status)
+    if (auto err = af::check_switch_mode(switch_to))
+      return fail(client_error_line(err));
   af::system_config sys_cfg{cluster.node};
   caf::actor_system sys{sys_cfg};
   af::session_options so;
@@ -168,97 +182,15 @@ int for_each_aggregator(const af::cluster_config& cluster, const af::train::trai
   auto s = af::session::make(sys, cluster.cluster, "/job:ps/task:0", so);
   if (!s)
     return fail(af::describe(s.error()), 1);
-  auto n_ps = static_cast<int32_t>(cluster.cluster.num_tasks("ps"));
-  if (n_ps == 0)
-    return fail("the config has no ps job: --switch and --status talk to the ps tasks' "
-                "aggregators (allreduce jobs have none)");
-  int found = 0;
-  std::string missing;
-  for (int32_t k = 0; k < n_ps; ++k) {
-    af::aggregator_spec lookup;
-    lookup.name = "train/ps" + std::to_string(k);
-    lookup.workers = 0; // as it runs
-    auto agg = s->aggregator("ps", k, lookup);
-    if (!agg && agg.error().category() == af::error_category
-        && agg.error().code() == static_cast<uint8_t>(af::af_error::not_found)) {
-      // A ps may hold none of a small model's variables.
-      missing = af::describe(agg.error());
-      continue;
-    }
-    if (!agg)
-      return fail("/job:ps/task:" + std::to_string(k) + ": " + af::describe(agg.error()), 1);
-    found += 1;
-    if (int rc = f(k, *agg); rc != 0)
-      return rc;
-  }
-  if (found == 0)
-    return fail(missing, 1);
+  auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms})
+                     : af::job_switch(*s, c, switch_to);
+  if (!text)
+    // A config without a ps job is the config's fault (2); the rest, the job's.
+    return fail(client_error_line(text.error()),
+                af::is(text.error(), af::af_error::invalid_config) ? 2 : 1);
+  std::printf("%s", text->c_str());
+  std::fflush(stdout);
   return 0;
-}
-
-/// --status: every ps aggregator's accounting, per worker.
-int job_status(const af::cluster_config& cluster, const af::train::train_config& c) {
-  return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
-    caf::scoped_actor self{agg.home_system()};
-    int rc = 0;
-    self->request(agg, std::chrono::milliseconds{c.step_timeout_ms}, af::stats_atom::value)
-      .receive(
-        [&](af::aggregator_stats& st) {
-          std::printf("%s", af::status_report("/job:ps/task:" + std::to_string(k), st).c_str());
-        },
-        [&](caf::error& err) {
-          rc = fail("/job:ps/task:" + std::to_string(k) + ": stats: " + af::describe(err), 1);
-        });
-    std::fflush(stdout);
-    return rc;
-  });
-}
-
-/// --switch MODE: every ps aggregator drains its mode and goes on in MODE
-/// (with the config's replicas_to_aggregate, step_deadline_ms, min_replicas
-/// and staleness, --set included).
-int job_switch(const af::cluster_config& cluster, af::train::train_config c,
-               const std::string& mode) {
-  if (mode == "allreduce")
-    return fail("--switch allreduce: an allreduce job has no ps, so a running ps job cannot "
-                "become one; restart from the checkpoint with mode = \"allreduce\"");
-  if (mode != "sync" && mode != "async" && mode != "ssp" && mode != "average")
-    return fail("--switch '" + mode + "': unknown mode; a running job switches to sync, async, "
-                "ssp or average");
-  std::vector<std::string> switched;
-  return for_each_aggregator(cluster, c, [&](int32_t k, const af::aggregator_actor& agg) {
-    af::aggregator_spec want;
-    want.mode = mode;
-    want.workers = 0;
-    want.optimizer = c.optimizer;
-    want.step_timeout_ms = c.step_timeout_ms;
-    want.replicas_to_aggregate = c.replicas_to_aggregate;
-    want.step_deadline_ms = c.step_deadline_ms;
-    want.min_replicas = c.min_replicas;
-    want.staleness = c.staleness;
-    caf::scoped_actor self{agg.home_system()};
-    int rc = 0;
-    self->request(agg, std::chrono::milliseconds{c.step_timeout_ms}, af::switch_atom::value, want)
-      .receive(
-        [&](uint64_t step) {
-          std::printf("/job:ps/task:%d: now %s, at global step %llu\n", k, mode.c_str(),
-                      static_cast<unsigned long long>(step));
-          switched.push_back("/job:ps/task:" + std::to_string(k));
-        },
-        [&](caf::error& err) {
-          std::string done;
-          for (const auto& t : switched)
-            done += (done.empty() ? "" : ", ") + t;
-          rc = fail("/job:ps/task:" + std::to_string(k) + ": switch: " + af::describe(err)
-                      + (done.empty() ? std::string{}
-                                      : "; " + done + " did switch: run the command again (a ps "
-                                                      "already in " + mode + " only takes the "
-                                                      "settings) or switch those back"),
-                    1);
-        });
-    std::fflush(stdout);
-    return rc;
-  });
 }
 
 size_t test_size(const af::train::train_config& c) {
@@ -388,7 +320,7 @@ int main(int argc, char** argv) {
     if (status && !switch_to.empty())
       return fail("--status or --switch: one at a time");
     init_log("actorflow-train client");
-    return status ? job_status(*cluster, c) : job_switch(*cluster, c, switch_to);
+    return run_client(*cluster, c, status, switch_to);
   }
   if (join && (job != "worker" || task <= 0))
     return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");

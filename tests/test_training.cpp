@@ -16,6 +16,7 @@
 
 #include "actors/data_plane.hpp"
 #include "actors/embedded_cluster.hpp"
+#include "actors/train_client.hpp"
 #include "actors/training.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
@@ -833,6 +834,62 @@ TEST_CASE("a live switch sync -> average -> sync: the workers change their loops
     CHECK(w.pushes - (w.applied + w.late + w.refused) <= 2);
   }
   CHECK(held_out(c, job.results[0]->result.params) >= 0.9);
+}
+
+// Catches a client (actorflow-train --status/--switch, the REPL) that asks
+// only ps 0 or loses a ps's report or line, reports a step other than the
+// aggregator's, answers "now async" without the aggregators switching, lets
+// allreduce or an unknown mode reach the aggregators, and a lookup that
+// creates an aggregator where none runs (or finds none and says nothing).
+TEST_CASE("job_status_text and job_switch through a session name every ps of a job and its new "
+          "mode, and refuse allreduce and unknown modes naming them",
+          "[train][switch][client]") {
+  {
+    auto idle = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+    REQUIRE(idle);
+    auto s = (*idle)->session_for("worker", 0);
+    REQUIRE(s);
+    auto none = job_status_text(*s, std::chrono::seconds(10));
+    REQUIRE_FALSE(none);
+    CHECK(is(none.error(), af_error::not_found));
+    CHECK_THAT(describe(none.error()), Catch::Contains("has no aggregator 'train/ps0'"));
+  }
+  auto c = digits("sync");
+  c.steps = 20;
+  auto run = run_job(c, {}, 2, [&](embedded_cluster& cluster) {
+    auto s = cluster.session_for("worker", 0);
+    REQUIRE(s);
+    auto before = job_status_text(*s, std::chrono::seconds(10));
+    REQUIRE(before);
+    INFO("status before:\n" << *before);
+    auto ps0 = before->find("/job:ps/task:0: mode sync, global step 20,");
+    auto ps1 = before->find("/job:ps/task:1: mode sync, global step 20,");
+    CHECK(ps0 != std::string::npos);
+    CHECK(ps1 != std::string::npos);
+    CHECK(ps0 < ps1);
+
+    auto to_async = job_switch(*s, c, "async");
+    REQUIRE(to_async);
+    CHECK(*to_async == "/job:ps/task:0: now async, at global step 20\n"
+                       "/job:ps/task:1: now async, at global step 20\n");
+    auto after = job_status_text(*s, std::chrono::seconds(10));
+    REQUIRE(after);
+    INFO("status after:\n" << *after);
+    CHECK_THAT(*after, Catch::Contains("/job:ps/task:0: mode async, global step 20,"));
+    CHECK_THAT(*after, Catch::Contains("/job:ps/task:1: mode async, global step 20,"));
+
+    for (std::string mode : {"allreduce", "bogus"}) {
+      CAPTURE(mode);
+      auto bad = job_switch(*s, c, mode);
+      REQUIRE_FALSE(bad);
+      CHECK(is(bad.error(), af_error::invalid_argument));
+      // The client's own refusal, before any ps: the aggregators' would not
+      // say --switch.
+      CHECK_THAT(describe(bad.error()), Catch::Contains("--switch") && Catch::Contains(mode));
+    }
+  });
+  for (auto& r : run.results)
+    REQUIRE(r);
 }
 
 // Catches a push of more parts than sendmsg takes (IOV_MAX, 1024): a model
