@@ -1,6 +1,7 @@
 #include "actors/session_impl.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 
 namespace af {
 
@@ -195,10 +196,20 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
     // lets their timeout (which names what they waited for) arrive first.
     // The runner's own bound is (*step)->reply_timeout(); this one only
     // catches a session actor that stopped answering.
-    self->request(actor, 2 * (*step)->reply_timeout(), run_atom::value,
-                  run_request{*step, fed, trace != nullptr})
-      .receive([&](step_outputs& o) { out = std::move(o); },
-               [&](caf::error& e) { err = link.explain(std::move(e), "a step", nullptr); });
+    run_request req{*step, fed, trace != nullptr};
+    if (opts.cancel) {
+      auto got = run_cancellable(std::move(req), 2 * (*step)->reply_timeout());
+      if (got)
+        out = std::move(*got);
+      else if (is(got.error(), af_error::cancelled))
+        return std::move(got.error());
+      else
+        err = link.explain(std::move(got.error()), "a step", nullptr);
+    } else {
+      self->request(actor, 2 * (*step)->reply_timeout(), run_atom::value, std::move(req))
+        .receive([&](step_outputs& o) { out = std::move(o); },
+                 [&](caf::error& e) { err = link.explain(std::move(e), "a step", nullptr); });
+    }
     if (err) {
       if (is(err, af_error::peer_down))
         if (auto it = prepared.find(plan_signature(roots, want_values)); it != prepared.end())
@@ -216,6 +227,37 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
     for (auto o : outs)
       values.push_back(results[o.id]);
   return values;
+}
+
+caf::expected<step_outputs> session::impl::run_cancellable(run_request req,
+                                                          std::chrono::milliseconds timeout) {
+  struct reply {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    caf::expected<step_outputs> value{caf::error{}};
+  };
+  auto r = std::make_shared<reply>();
+  auto settle = [r](caf::expected<step_outputs> v) {
+    std::lock_guard<std::mutex> g{r->m};
+    r->value = std::move(v);
+    r->done = true;
+    r->cv.notify_all();
+  };
+  sys.spawn([=, req = std::move(req)](caf::event_based_actor* a) mutable {
+    // Alive while its request is pending (CAF keeps an actor that awaits a
+    // response), gone once the answer or the timeout came.
+    a->request(actor, timeout, run_atom::value, std::move(req))
+      .then([settle](step_outputs& o) { settle(std::move(o)); },
+            [settle](caf::error& e) { settle(std::move(e)); });
+  });
+  std::unique_lock<std::mutex> lock{r->m};
+  while (!r->cv.wait_for(lock, std::chrono::milliseconds{20}, [&] { return r->done; }))
+    if (opts.cancel->load())
+      return make_error(af_error::cancelled,
+                        "cancelled: the step was abandoned (its executors drop it within the "
+                        "step's timeout)");
+  return std::move(r->value);
 }
 
 // -- device_scope ------------------------------------------------------------

@@ -38,6 +38,7 @@
 /// timeouts and returns an error naming what it waited for. A session is used
 /// by one thread at a time; it must be destroyed before its actor system.
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -68,6 +69,10 @@ struct session_options {
   /// How long to poll for a data-plane reply before sleeping (0: never).
   /// Polling trades a little CPU of the waiting thread for round trips.
   std::chrono::microseconds reply_poll{50};
+  /// When set, a run checks it every 20 ms and, once true, abandons the
+  /// step and returns af_error::cancelled (the REPL's Ctrl-C). The step's
+  /// partitions still end on their executors within the step's timeout.
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 /// Where a node's clock stands against this session's (see run_trace).

@@ -226,6 +226,11 @@ struct session::impl {
                                              const std::vector<std::pair<output, tensor>>& feeds,
                                              run_trace* trace);
 
+  /// Sends `req` to the session actor from a helper actor and waits for the
+  /// answer in slices, giving up with af_error::cancelled once *opts.cancel
+  /// is set; the helper then drops the late answer.
+  caf::expected<step_outputs> run_cancellable(run_request req, std::chrono::milliseconds timeout);
+
   /// Gets or creates the variable of node `id` on its node and binds it.
   caf::error create_variable(int32_t id);
 };

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "messages/op_attrs.hpp"
@@ -131,6 +132,9 @@ status run_op(backend& b, const std::string& op, const op_attrs& attrs,
 
 /// True if run_op knows `op`.
 bool known_op(const std::string& op);
+
+/// Every op run_op knows, with how many inputs it takes, in table order.
+std::vector<std::pair<std::string, int>> op_list();
 
 /// The reference backend (OpenBLAS for GEMM, loops elsewhere).
 std::unique_ptr<backend> make_cpu_backend();

@@ -26,6 +26,7 @@ const char* to_string(af_error x) {
     case af_error::already_exists: return "already_exists";
     case af_error::non_finite: return "non_finite";
     case af_error::mode_changed: return "mode_changed";
+    case af_error::cancelled: return "cancelled";
   }
   return "unknown";
 }

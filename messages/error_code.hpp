@@ -29,10 +29,11 @@ enum class af_error : uint8_t {
   already_exists,         ///< an id another owner holds (a graph id on an executor)
   non_finite,             ///< a NaN or infinity refused before it reached a variable
   mode_changed,           ///< a push of the other kind (gradients vs parameters) after a live switch
+  cancelled,              ///< the caller gave up (Ctrl-C in the REPL); the request was abandoned
 };
 
 /// The largest code: a status byte from a peer above it is not an af_error.
-constexpr uint8_t af_error_max = static_cast<uint8_t>(af_error::mode_changed);
+constexpr uint8_t af_error_max = static_cast<uint8_t>(af_error::cancelled);
 
 /// True if `code` is one of af_error's values (checks bytes from the wire).
 constexpr bool valid_af_error(uint8_t code) {

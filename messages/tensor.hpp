@@ -135,7 +135,8 @@ public:
   /// How many tensors hold this buffer.
   long use_count() const noexcept { return st_.use_count(); }
 
-  /// NumPy-like text: "[[7 7]\n [7 7]]"; elides the middle of large tensors.
+  /// NumPy's text (messages/tensor_format.hpp): "[[7. 7.]\n [7. 7.]]"; elides the middle of
+  /// tensors of more than `max_elements`.
   std::string to_string(size_t max_elements = 64) const;
 
   /// "float32[2,2]".

@@ -13,6 +13,15 @@ using namespace af::testing;
 
 namespace {
 
+/// Options with both the request and the connect timeout set to `t`.
+session_options timeouts(std::chrono::milliseconds t) {
+  session_options o;
+  o.timeout = t;
+  o.connect_timeout = t;
+  return o;
+}
+
+
 std::string write_file(const std::string& text) {
   char tmpl[] = "/tmp/actorflow-config-XXXXXX";
   int fd = mkstemp(tmpl);
@@ -101,7 +110,7 @@ TEST_CASE("actorflow-node takes its task from TF_CONFIG and stops on SIGTERM and
   {
     system_config c2{node_options{}};
     caf::actor_system sys{c2};
-    auto s = value_of(session::make(sys, spec, "/job:ps/task:0", session_options{2000ms, 2000ms, true}));
+    auto s = value_of(session::make(sys, spec, "/job:ps/task:0", timeouts(2000ms)));
     // The node may still be starting: wait until it answers (bounded).
     require_ok(s.wait_for_node("ps", 0, 20s));
     require_ok(s.shutdown("ps", 0));
@@ -117,7 +126,7 @@ TEST_CASE("a node that nobody runs is reported unreachable within the timeout", 
                                                 {"worker", {"127.0.0.1:" + std::to_string(free_loopback_port())}}}));
   system_config cfg{node_options{}};
   caf::actor_system sys{cfg};
-  auto s = value_of(session::make(sys, spec, "/job:worker/task:0", session_options{1000ms, 1000ms, true}));
+  auto s = value_of(session::make(sys, spec, "/job:worker/task:0", timeouts(1000ms)));
   auto d = value_of(s.device("/job:ps/task:0"));
   auto start = std::chrono::steady_clock::now();
   auto v = s.variable("var", {});
@@ -131,7 +140,7 @@ TEST_CASE("a node that nobody runs is reported unreachable within the timeout", 
 
 TEST_CASE("a node killed mid-session gives an error, not a hang", "[errors][processes]") {
   processes_under_test c{{{"ps", 1}, {"worker", 1}}};
-  auto s = c.connect("worker", 0, session_options{1500ms, 1500ms, true});
+  auto s = c.connect("worker", 0, timeouts(1500ms));
   auto d = value_of(s.device("/job:ps/task:0"));
   auto v = value_of(s.variable("var", {}));
   require_ok(s.initialize());
