@@ -402,6 +402,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   setup.timeout = timeout;
   setup.tamper = opts.tamper;
   setup.step_delay = opts.step_delay;
+  setup.stop = opts.stop;
   setup.task_name = "/job:worker/task:" + std::to_string(task);
   if (auto addr = cluster.address("worker", static_cast<int32_t>(task)))
     setup.address = addr->to_string();

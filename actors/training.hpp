@@ -22,6 +22,7 @@
 /// allreduce: no ps; the workers meet through the chief's key-value store and
 /// all-reduce their gradients.
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -46,6 +47,8 @@ struct train_options {
   bool join = false;
   /// A straggler on purpose (tests, benches): worker_setup::step_delay.
   std::chrono::milliseconds step_delay{0};
+  /// Set to stop the job before its last step (worker_setup::stop).
+  std::shared_ptr<const std::atomic<bool>> stop;
   /// Called with every progress report (after printing).
   std::function<void(const worker_progress&)> on_progress;
 };

@@ -759,6 +759,10 @@ void run_step(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
+  if (st.setup.stop && st.setup.stop->load()) {
+    fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
+    return;
+  }
   if (st.setup.step_delay.count() > 0) {
     self->delayed_send(self, st.setup.step_delay, step_atom::value);
     return;

@@ -16,6 +16,7 @@
 /// thread. The chief (worker 0) also evaluates on the held-out set and
 /// writes checkpoints.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -115,6 +116,9 @@ struct worker_setup {
   std::string address;                  ///< its node's host:port, for the same
   /// A straggler on purpose (tests, benches): each step starts this much later.
   std::chrono::milliseconds step_delay{0};
+  /// Set by the client to end the job early (the REPL's `train stop`): the
+  /// worker checks it before each step and ends with af_error::cancelled.
+  std::shared_ptr<const std::atomic<bool>> stop;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
 };
