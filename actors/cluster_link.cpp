@@ -101,8 +101,10 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
     // Without a data plane (blocked port) the same ops go as CAF messages.
     auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
                                     opts.timeout, opts.reply_poll);
-    if (ch)
+    if (ch) {
+      (*ch)->set_cancel(opts.cancel);
       conn.channel = std::move(*ch);
+    }
   }
   self->send(watcher, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
   return conn;
@@ -151,8 +153,10 @@ void cluster_link::reopen_channel(node_conn& conn) {
     return;
   auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
                                   opts.timeout, opts.reply_poll);
-  if (ch)
+  if (ch) {
+    (*ch)->set_cancel(opts.cancel);
     conn.channel = std::move(*ch);
+  }
 }
 
 caf::expected<std::vector<std::string>> cluster_link::devices_of(const std::string& j, int32_t t) {

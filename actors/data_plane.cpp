@@ -740,6 +740,23 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
 caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::string& what) {
   wire::header r;
   poll_for_reply();
+  if (cancel_) {
+    // Wait for the reply in slices, so that a cancel is seen within 20 ms;
+    // at the timeout read_all below times out as it would have.
+    auto until = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      pollfd pfd{fd_, POLLIN, 0};
+      if (::poll(&pfd, 1, 20) != 0 || std::chrono::steady_clock::now() >= until)
+        break;
+      if (cancel_->load()) {
+        close(fd_);
+        fd_ = -1;
+        return make_error(af_error::cancelled, what + " on " + peer_
+                                                 + " was abandoned; the connection is opened "
+                                                   "again for the next call");
+      }
+    }
+  }
   if (!read_all(fd_, &r, sizeof(r)))
     return fail(what, errno);
   auto problem = wire::validate(r);

@@ -165,6 +165,11 @@ public:
 
   bool broken() const { return fd_ < 0; }
 
+  /// While `cancel` is set, a call() waiting for its reply gives up within
+  /// 20 ms with af_error::cancelled and closes the connection (the reply
+  /// would come on it later); the caller reopens it for its next call.
+  void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) { cancel_ = std::move(cancel); }
+
 private:
   data_channel(int fd, std::string host, uint16_t port, std::string peer,
                std::chrono::milliseconds timeout, std::chrono::microseconds poll)
@@ -185,6 +190,7 @@ private:
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_reply_;
+  std::shared_ptr<const std::atomic<bool>> cancel_;
 };
 
 } // namespace af

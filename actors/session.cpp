@@ -229,35 +229,69 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
   return values;
 }
 
+namespace {
+
+/// The answer a helper actor of a cancellable request delivers, and the
+/// wait for it: 20 ms slices, each checking the cancel flag.
+template <class T>
+struct pending_reply {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  caf::expected<T> value{caf::error{}};
+
+  void settle(caf::expected<T> v) {
+    std::lock_guard<std::mutex> g{m};
+    value = std::move(v);
+    done = true;
+    cv.notify_all();
+  }
+
+  caf::expected<T> wait(const std::atomic<bool>& cancel, const caf::actor& helper,
+                        const char* what) {
+    std::unique_lock<std::mutex> lock{m};
+    while (!cv.wait_for(lock, std::chrono::milliseconds{20}, [&] { return done; }))
+      if (cancel.load()) {
+        // Stopping the helper drops its request: nothing waits for the
+        // answer, and the actor system does not wait for it at shutdown.
+        caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+        return make_error(af_error::cancelled, std::string{what} + " was abandoned");
+      }
+    return std::move(value);
+  }
+};
+
+} // namespace
+
 caf::expected<step_outputs> session::impl::run_cancellable(run_request req,
                                                           std::chrono::milliseconds timeout) {
-  struct reply {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    caf::expected<step_outputs> value{caf::error{}};
-  };
-  auto r = std::make_shared<reply>();
-  auto settle = [r](caf::expected<step_outputs> v) {
-    std::lock_guard<std::mutex> g{r->m};
-    r->value = std::move(v);
-    r->done = true;
-    r->cv.notify_all();
-  };
-  sys.spawn([=, req = std::move(req)](caf::event_based_actor* a) mutable {
+  if (opts.cancel->load())
+    return make_error(af_error::cancelled, "the step was abandoned before it started");
+  auto r = std::make_shared<pending_reply<step_outputs>>();
+  auto helper = sys.spawn([r, dest = actor, timeout, req = std::move(req)](
+                            caf::event_based_actor* a) mutable {
     // Alive while its request is pending (CAF keeps an actor that awaits a
     // response), gone once the answer or the timeout came.
-    a->request(actor, timeout, run_atom::value, std::move(req))
-      .then([settle](step_outputs& o) { settle(std::move(o)); },
-            [settle](caf::error& e) { settle(std::move(e)); });
+    a->request(dest, timeout, run_atom::value, std::move(req))
+      .then([r](step_outputs& o) { r->settle(std::move(o)); },
+            [r](caf::error& e) { r->settle(std::move(e)); });
   });
-  std::unique_lock<std::mutex> lock{r->m};
-  while (!r->cv.wait_for(lock, std::chrono::milliseconds{20}, [&] { return r->done; }))
-    if (opts.cancel->load())
-      return make_error(af_error::cancelled,
-                        "cancelled: the step was abandoned (its executors drop it within the "
-                        "step's timeout)");
-  return std::move(r->value);
+  return r->wait(*opts.cancel, helper,
+                 "the step (its executors drop it within the step's timeout)");
+}
+
+caf::expected<tensor> session::impl::var_op_cancellable(const variable_actor& var, var_op op,
+                                                       tensor operand, bool want_value) {
+  if (opts.cancel->load())
+    return make_error(af_error::cancelled, "the variable op was abandoned before it started");
+  auto r = std::make_shared<pending_reply<tensor>>();
+  auto helper = sys.spawn([r, var, op, timeout = opts.timeout, want_value,
+                           operand = std::move(operand)](caf::event_based_actor* a) mutable {
+    a->request(var, timeout, var_op_atom::value, op, std::move(operand), want_value)
+      .then([r](tensor& v, uint64_t) { r->settle(std::move(v)); },
+            [r](caf::error& e) { r->settle(std::move(e)); });
+  });
+  return r->wait(*opts.cancel, helper, "the variable op");
 }
 
 // -- device_scope ------------------------------------------------------------

@@ -194,6 +194,15 @@ struct session::impl {
     }
     if (path)
       *path = find_local_node((*b)->address, &sys) ? "local buffer" : "CAF message";
+    if (opts.cancel) {
+      auto r = var_op_cancellable((*b)->actor, op, std::move(operand), want_value);
+      if (r || is(r.error(), af_error::cancelled))
+        return r;
+      return link.explain(std::move(r.error()),
+                          std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
+                            + node.spec.device,
+                          nullptr);
+    }
     tensor result;
     caf::error err;
     self->request((*b)->actor, opts.timeout, var_op_atom::value, op, std::move(operand), want_value)
@@ -228,8 +237,13 @@ struct session::impl {
 
   /// Sends `req` to the session actor from a helper actor and waits for the
   /// answer in slices, giving up with af_error::cancelled once *opts.cancel
-  /// is set; the helper then drops the late answer.
+  /// is set; the helper is then stopped and the late answer dropped.
   caf::expected<step_outputs> run_cancellable(run_request req, std::chrono::milliseconds timeout);
+
+  /// The same for one op on a variable actor (variable_call without a data
+  /// channel).
+  caf::expected<tensor> var_op_cancellable(const variable_actor& var, var_op op, tensor operand,
+                                           bool want_value);
 
   /// Gets or creates the variable of node `id` on its node and binds it.
   caf::error create_variable(int32_t id);

@@ -5,6 +5,8 @@
 #include "actors/training.hpp"
 #include "messages/atoms.hpp"
 #include "messages/error.hpp"
+#include "train/checkpoint.hpp"
+#include "train/metrics.hpp"
 
 namespace af {
 
@@ -33,8 +35,8 @@ caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators
   auto n_ps = static_cast<int32_t>(s.cluster().num_tasks("ps"));
   if (n_ps == 0)
     return make_error(af_error::invalid_config,
-                      "the config has no ps job: --switch and --status talk to the ps tasks' "
-                      "aggregators (allreduce jobs have none)");
+                      "the cluster has no ps job: a job's status and its live switch come "
+                      "from the ps tasks' aggregators (allreduce jobs have none)");
   std::vector<std::pair<int32_t, aggregator_actor>> out;
   caf::error missing;
   for (int32_t k = 0; k < n_ps; ++k) {
@@ -76,11 +78,11 @@ caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds
 caf::error check_switch_mode(const std::string& mode) {
   if (mode == "allreduce")
     return make_error(af_error::invalid_argument,
-                      "--switch allreduce: an allreduce job has no ps, so a running ps job cannot "
-                      "become one; restart from the checkpoint with mode = \"allreduce\"");
+                      "switch to allreduce: an allreduce job has no ps, so a running ps job "
+                      "cannot become one; restart from the checkpoint with mode = \"allreduce\"");
   if (mode != "sync" && mode != "async" && mode != "ssp" && mode != "average")
     return make_error(af_error::invalid_argument,
-                      "--switch '" + mode + "': unknown mode; a running job switches to sync, "
+                      "switch to '" + mode + "': unknown mode; a running job switches to sync, "
                       "async, ssp or average");
   return caf::none;
 }
@@ -126,6 +128,29 @@ caf::expected<std::string> job_switch(session& s, const train::train_config& c,
                                       "or switch those back");
   }
   return text;
+}
+
+std::string job_preflight(const train::train_config& c) {
+  if (!c.checkpoint_dir.empty())
+    if (auto why = train::check_checkpoint_dir(c.checkpoint_dir); !why.empty())
+      return why;
+  if (!c.metrics.empty())
+    if (auto why = train::check_metrics_path(c.metrics); !why.empty())
+      return why;
+  return {};
+}
+
+std::string job_checkpoint_problem(const train::train_config& c, const train_outcome& o) {
+  if (c.checkpoint_dir.empty())
+    return {};
+  const auto& r = o.result;
+  if (!o.checkpoint.empty() && r.checkpoint_failures == 0)
+    return {};
+  std::string what = o.checkpoint.empty()
+                       ? "no checkpoint was written to '" + c.checkpoint_dir + "'"
+                       : std::to_string(r.checkpoint_failures) + " checkpoint(s) of this run failed ("
+                           + r.checkpoint_error + "); the last one written is " + o.checkpoint;
+  return what + ": check the directory (space, permissions) and run again";
 }
 
 } // namespace af

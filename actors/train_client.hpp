@@ -22,6 +22,7 @@
 
 #include "actors/session.hpp"
 #include "messages/aggregator.hpp"
+#include "actors/training.hpp"
 #include "train/config.hpp"
 
 namespace af {
@@ -57,5 +58,15 @@ caf::error check_switch_mode(const std::string& mode);
 /// names them and says to run the command again or switch them back.
 caf::expected<std::string> job_switch(session& s, const train::train_config& c,
                                       const std::string& mode);
+
+/// What must hold before a chief trains: its checkpoint directory and its
+/// metrics file can be written (else it would fail, or lose its work, at the
+/// first checkpoint or metrics row). Empty if they can, else why not.
+std::string job_preflight(const train::train_config& c);
+
+/// Empty if every checkpoint the chief attempted was written, else why not.
+/// A chief that fails to write one logs it and trains on (a full disk should
+/// not cost the run); the job must still not end as a success.
+std::string job_checkpoint_problem(const train::train_config& c, const train_outcome& o);
 
 } // namespace af

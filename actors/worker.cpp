@@ -113,7 +113,10 @@ void fail(self_pointer self, caf::error err, const std::string& during) {
   st.finished = true;
   auto msg = fmt::format("{} at local step {} (global step {}), {}: {}", who(self), st.local_step,
                          st.global_step, during, describe(err));
-  log::get()->error("{}", msg);
+  if (is(err, af_error::cancelled))
+    log::get()->info("{}", msg); // asked for (train stop): not a failure to shout about
+  else
+    log::get()->error("{}", msg);
   for (auto& s : st.setup.shards)
     if (s.actor)
       caf::anon_send(s.actor, done_atom::value, st.setup.index);
@@ -755,14 +758,21 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
 
 void run_step_now(self_pointer self);
 
+/// True (and the worker ended) if its client asked it to stop.
+bool stop_requested(self_pointer self) {
+  auto& st = self->state;
+  if (!st.setup.stop || !st.setup.stop->load())
+    return false;
+  fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
+  return true;
+}
+
 void run_step(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
-  if (st.setup.stop && st.setup.stop->load()) {
-    fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
+  if (stop_requested(self))
     return;
-  }
   if (st.setup.step_delay.count() > 0) {
     self->delayed_send(self, st.setup.step_delay, step_atom::value);
     return;
@@ -921,7 +931,11 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     }
   }
   return {
-    [self](step_atom) { run_step_now(self); },
+    [self](step_atom) {
+      // After a step_delay: the stop may have come meanwhile.
+      if (!self->state.finished && !stop_requested(self))
+        run_step_now(self);
+    },
     [self](caf::ok_atom) {
       if (self->state.finished) {
         self->quit();

@@ -135,9 +135,11 @@ int read_key(FILE* /* in */) {
 }
 
 /// Runs one complete statement text. A Ctrl-C while it runs abandons it; one
-/// pressed after its Enter but before it began (execute() clears a pending
-/// interrupt) keeps it from running.
+/// pressed after its Enter but before it began keeps it from running. The
+/// interrupt flag is cleared before command_running is set, so a Ctrl-C from
+/// then on reaches the command.
 bool run_command(af::repl::interpreter& interp, const std::string& text) {
+  interp.clear_interrupt();
   command_running.store(true);
   if (sigint_seen) {
     command_running.store(false);

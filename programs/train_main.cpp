@@ -92,35 +92,6 @@ int fail(const std::string& msg, int code = 2) {
   return code;
 }
 
-/// What must hold before a chief trains: its checkpoint directory and its
-/// metrics file can be written (else it would fail, or lose its work, at the
-/// first checkpoint or metrics row). Empty if they can.
-std::string preflight(const af::train::train_config& c) {
-  if (!c.checkpoint_dir.empty())
-    if (auto why = af::train::check_checkpoint_dir(c.checkpoint_dir); !why.empty())
-      return why;
-  if (!c.metrics.empty())
-    if (auto why = af::train::check_metrics_path(c.metrics); !why.empty())
-      return why;
-  return {};
-}
-
-/// Empty if every checkpoint the chief attempted was written, else why not.
-/// A chief that fails to write one logs it and trains on (a full disk should
-/// not cost the run); the job must still not end as a success.
-std::string checkpoint_problem(const af::train::train_config& c, const af::train_outcome& o) {
-  if (c.checkpoint_dir.empty())
-    return {};
-  const auto& r = o.result;
-  if (!o.checkpoint.empty() && r.checkpoint_failures == 0)
-    return {};
-  std::string what = o.checkpoint.empty()
-                       ? "no checkpoint was written to '" + c.checkpoint_dir + "'"
-                       : std::to_string(r.checkpoint_failures) + " checkpoint(s) of this run failed ("
-                           + r.checkpoint_error + "); the last one written is " + o.checkpoint;
-  return what + ": check the directory (space, permissions) and run again";
-}
-
 double examples_per_step(const af::train::train_config& c, uint32_t workers) {
   // async: one global step is one worker's batch; the others: every worker's.
   return static_cast<double>(c.batch_size) * (c.mode == "async" ? 1 : workers);
@@ -239,7 +210,7 @@ int run_embedded(af::train::train_config c) {
                ? 1 // said when it happened
                : fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
   summary(c, 2, *results[0], test_size(c));
-  if (auto why = checkpoint_problem(c, *results[0]); !why.empty())
+  if (auto why = af::job_checkpoint_problem(c, *results[0]); !why.empty())
     return fail(why, 1);
   return 0;
 }
@@ -328,7 +299,7 @@ int main(int argc, char** argv) {
     if (!job.empty() || task >= 0)
       return fail("--job and --task need --config: which cluster is this task part of?");
     if (!in_graph)
-      if (auto why = preflight(c); !why.empty())
+      if (auto why = af::job_preflight(c); !why.empty())
         return fail(why);
     return in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
@@ -366,7 +337,7 @@ int main(int argc, char** argv) {
                 "chief that never stops it)");
 
   if (job == "worker" && task == 0)
-    if (auto why = preflight(c); !why.empty())
+    if (auto why = af::job_preflight(c); !why.empty())
       return fail(why);
 
   // The logger gets its name before the actor system's threads may use it.
@@ -443,7 +414,7 @@ int main(int argc, char** argv) {
                 af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
         } else if (task == 0) {
           summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
-          if (auto why = checkpoint_problem(c, *out); !why.empty())
+          if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
             rc = fail(name + ": " + why, 1);
         } else {
           std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),

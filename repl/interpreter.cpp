@@ -85,7 +85,7 @@ std::optional<dtype> parse_dtype(const std::string& s) {
   return std::nullopt;
 }
 
-/// "500ms", "2s", "1m", or a bare number of milliseconds.
+/// "500ms", "2s", "1m" (a bare number is refused: 10 could mean either).
 std::optional<ms> parse_duration(const std::string& s) {
   if (s.empty())
     return std::nullopt;
@@ -95,7 +95,7 @@ std::optional<ms> parse_duration(const std::string& s) {
   if (end == s.c_str() || !(v >= 0) || v > 86400e3)
     return std::nullopt;
   double scale = 0;
-  if (unit.empty() || unit == "ms")
+  if (unit == "ms")
     scale = 1;
   else if (unit == "s")
     scale = 1000;
@@ -182,6 +182,11 @@ struct client {
   std::string target; ///< "/job:worker/task:0"
   session s;
   std::map<std::string, value> names;
+  /// Constant nodes by (scope, value) hash: `w + 1` typed again, or in a
+  /// repeat, reuses its Const instead of growing the graph every time.
+  std::multimap<uint64_t, output> constants;
+  /// restore's (placeholder, assign) of each variable, made once.
+  std::map<std::string, std::pair<output, output>> restore_ops;
 };
 
 struct interpreter::state {
@@ -200,6 +205,8 @@ struct interpreter::state {
   std::set<std::string> known_variables; ///< seen in graphs and listings (completion)
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
+  int open_scopes = 0; ///< with blocks being run
+  static constexpr size_t max_graph_nodes = 200000;
 
   ~state() {
     job.reset(); // its threads use sessions of the cluster below
@@ -216,10 +223,16 @@ struct interpreter::state {
     return so;
   }
 
-  caf::expected<session> make_session(const std::string& job, int32_t task) {
+  /// `cancellable`: the REPL's own sessions are (Ctrl-C); a training job's
+  /// are not (its workers are stopped through train_options::stop).
+  caf::expected<session> make_session(const std::string& job, int32_t task,
+                                      bool cancellable = true) {
+    auto so = session_opts();
+    if (!cancellable)
+      so.cancel = nullptr;
     if (embedded)
-      return embedded->session_for(job, task, session_opts());
-    return session::make(*sys, spec, task_name(job, task), session_opts());
+      return embedded->session_for(job, task, so);
+    return session::make(*sys, spec, task_name(job, task), so);
   }
 
   client& use(const std::string& job, int32_t task) {
@@ -270,22 +283,54 @@ struct interpreter::state {
     if (v.what != value::kind::list)
       fail(at, "expected numbers or a [list] of them, got " + std::string{kind_name(v.what)});
     shape_type shape;
+    std::vector<bool> rows; ///< per depth: true if it holds lists, false numbers
     std::vector<double> flat;
-    flatten(v, at, 0, shape, flat);
+    flatten(v, at, 0, shape, rows, flat);
+    size_t elements = 1;
+    for (auto d : shape)
+      elements *= static_cast<size_t>(d);
+    if (elements != flat.size())
+      fail(at, "the list is ragged: its rows have different lengths");
     tensor t{type, shape};
     for (size_t i = 0; i < flat.size(); ++i)
-      switch (type) {
-        case dtype::float32: t.mutable_data<float>()[i] = static_cast<float>(flat[i]); break;
-        case dtype::float64: t.mutable_data<double>()[i] = flat[i]; break;
-        case dtype::int32: t.mutable_data<int32_t>()[i] = static_cast<int32_t>(flat[i]); break;
-        case dtype::int64: t.mutable_data<int64_t>()[i] = static_cast<int64_t>(flat[i]); break;
-      }
+      store(t, i, flat[i], at);
     return t;
   }
 
+  /// t[i] = x, refusing what the dtype cannot hold (a cast would be undefined).
+  static void store(tensor& t, size_t i, double x, position at) {
+    auto whole = [&](double lo, double hi) {
+      if (!(x >= lo && x <= hi) || x != std::floor(x))
+        fail(at, std::string{"the value "} + std::to_string(x) + " does not fit " + to_string(t.type())
+                   + ": an integer tensor takes whole numbers in its range");
+    };
+    switch (t.type()) {
+      case dtype::float32: t.mutable_data<float>()[i] = static_cast<float>(x); break;
+      case dtype::float64: t.mutable_data<double>()[i] = x; break;
+      case dtype::int32:
+        whole(-2147483648.0, 2147483647.0);
+        t.mutable_data<int32_t>()[i] = static_cast<int32_t>(x);
+        break;
+      case dtype::int64:
+        whole(-9223372036854775808.0, 9223372036854774784.0);
+        t.mutable_data<int64_t>()[i] = static_cast<int64_t>(x);
+        break;
+    }
+  }
+
   void flatten(const value& v, position at, size_t depth, shape_type& shape,
-               std::vector<double>& flat) {
-    if (v.what == value::kind::list) {
+               std::vector<bool>& rows, std::vector<double>& flat) {
+    bool is_list = v.what == value::kind::list;
+    if (depth > 0) {
+      // Every item at one depth is a list, or every one a number.
+      if (rows.size() < depth)
+        rows.push_back(is_list);
+      else if (rows[depth - 1] != is_list)
+        fail(at, "the list is ragged: it mixes numbers and lists at depth " + std::to_string(depth));
+    }
+    if (depth > 32)
+      fail(at, "the list nests more than 32 levels (a tensor has at most 32 dimensions)");
+    if (is_list) {
       if (depth == shape.size())
         shape.push_back(static_cast<int64_t>(v.items.size()));
       else if (shape[depth] != static_cast<int64_t>(v.items.size()))
@@ -295,7 +340,7 @@ struct interpreter::state {
       if (flat.size() + v.items.size() > (size_t{1} << 26))
         fail(at, "the list is too large for a literal (more than 2^26 numbers)");
       for (const auto& item : v.items)
-        flatten(item, at, depth + 1, shape, flat);
+        flatten(item, at, depth + 1, shape, rows, flat);
       return;
     }
     if (v.what != value::kind::number && v.what != value::kind::boolean)
@@ -328,11 +373,39 @@ struct interpreter::state {
       case value::kind::boolean:
       case value::kind::tensor:
       case value::kind::list:
-        return sess().constant(to_tensor(v, at));
+        return constant_node(to_tensor(v, at));
       default:
         fail(at, "expected a tensor or a graph node, got " + std::string{kind_name(v.what)}
                    + (v.source.empty() ? "" : " (" + v.source + ")"));
     }
+  }
+
+  /// The Const node for `t` under the current scopes, made once.
+  output constant_node(tensor t) {
+    auto scope = sess().graph_def().current_scope().to_string();
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i)
+        h = (h ^ b[i]) * 1099511628211ull;
+    };
+    mix(scope.data(), scope.size());
+    auto type = static_cast<uint8_t>(t.type());
+    mix(&type, 1);
+    for (auto d : t.shape())
+      mix(&d, sizeof d);
+    mix(t.bytes(), t.nbytes());
+    auto range = current->constants.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it) {
+      const auto& n = sess().graph_def().at(it->second);
+      if (n.requested.to_string() == scope && n.value.type() == t.type()
+          && n.value.shape() == t.shape()
+          && std::memcmp(n.value.bytes(), t.bytes(), t.nbytes()) == 0)
+        return it->second;
+    }
+    auto o = sess().constant(std::move(t));
+    current->constants.emplace(h, o);
+    return o;
   }
 
   value node_value(output o, const std::string& source) {
@@ -365,15 +438,25 @@ struct interpreter::state {
     return n.name;
   }
 
-  std::string show(const value& v) {
+  /// What `print` and an expression statement show; `at` is the
+  /// expression's position, for a list literal that turns out ragged.
+  std::string show(const value& v, position at) {
     switch (v.what) {
       case value::kind::none: return "(nothing)";
-      case value::kind::number: {
-        std::ostringstream o;
-        o.precision(opts.print.precision);
-        o << v.number;
-        return o.str();
-      }
+      case value::kind::number:
+        // A whole number typed as one prints as one; the rest as NumPy
+        // prints a float64 scalar (with --precision).
+        if (v.integral && std::fabs(v.number) < 9e15)
+          return std::to_string(static_cast<int64_t>(v.number));
+        if (std::isfinite(v.number) && v.number == std::floor(v.number) && std::fabs(v.number) < 1e16)
+          return format_numpy(tensor::filled(dtype::float64, {}, v.number), opts.print); // "2.0"
+        {
+          // NumPy's scalars ignore `precision`; an array's elements keep it.
+          auto text = format_numpy(tensor::filled(dtype::float64, {1}, v.number), opts.print);
+          if (text.find('e') != std::string::npos) // "[1.e-05]": the scalar's "1e-05" reads better
+            return format_numpy(tensor::filled(dtype::float64, {}, v.number), opts.print);
+          return text.substr(1, text.size() - 2);
+        }
       case value::kind::boolean: return v.number != 0 ? "true" : "false";
       case value::kind::text: return v.text;
       case value::kind::tensor: return format_numpy(v.t, opts.print);
@@ -381,10 +464,10 @@ struct interpreter::state {
       case value::kind::init: return "initializer " + v.init.kind;
       case value::kind::list: {
         if (is_numeric_list(v))
-          return format_numpy(to_tensor(v, {}), opts.print);
+          return format_numpy(to_tensor(v, at), opts.print);
         std::string out = "[";
         for (size_t i = 0; i < v.items.size(); ++i)
-          out += (i ? ", " : "") + show(v.items[i]);
+          out += (i ? ", " : "") + show(v.items[i], at);
         return out + "]";
       }
     }
@@ -492,6 +575,7 @@ struct interpreter::state {
         case '*': v.number = a.number * b.number; break;
         case '/': v.number = a.number / b.number; break;
       }
+      v.integral = a.integral && b.integral && op != '/';
       return v;
     }
     auto x = to_node(a, e.items[0]->at);
@@ -653,14 +737,26 @@ struct interpreter::state {
 
   shape_type shape_arg(const value& v, position at, const std::string& fn) {
     shape_type s;
-    if (v.what == value::kind::number && v.integral && v.number >= 0) {
-      s.push_back(static_cast<int64_t>(v.number));
-      return s;
-    }
-    if (v.what != value::kind::list)
+    std::vector<value> dims;
+    if (v.what == value::kind::number)
+      dims.push_back(v); // zeros(5): a shape of one dimension
+    else if (v.what == value::kind::list)
+      dims = v.items;
+    else if (v.what == value::kind::tensor && v.t.shape().size() == 1)
+      for (size_t i = 0; i < v.t.num_elements(); ++i) {
+        value d;
+        d.what = value::kind::number;
+        d.number = v.t.at(i);
+        d.integral = d.number == std::floor(d.number);
+        d.source = std::to_string(d.number);
+        dims.push_back(d);
+      }
+    else
       fail(at, fn + ": a shape is a [list] of sizes such as [2, 2] ([] for a scalar)");
-    for (const auto& d : v.items) {
-      if (d.what != value::kind::number || !d.integral || d.number < 0 || d.number > 1e9)
+    if (dims.size() > 32)
+      fail(at, fn + ": a shape has at most 32 dimensions");
+    for (const auto& d : dims) {
+      if (d.what != value::kind::number || !d.integral || !(d.number >= 0) || d.number > 1e9)
         fail(at, fn + ": each size of a shape is a whole number from 0 to 10^9, found '"
                    + d.source + "'");
       s.push_back(static_cast<int64_t>(d.number));
@@ -781,7 +877,10 @@ struct interpreter::state {
       check_arity(a, 2, 3, {"low", "high", "mean", "stddev", "seed"});
       value v;
       v.what = value::kind::init;
-      auto seed = static_cast<uint64_t>(number_arg(a, 2, "seed", 0));
+      double seed_v = number_arg(a, 2, "seed", 0);
+      if (!(seed_v >= 0 && seed_v <= 9e15) || seed_v != std::floor(seed_v))
+        fail(a.at, fn + ": seed is a whole number from 0 to 9e15");
+      auto seed = static_cast<uint64_t>(seed_v);
       if (fn == "uniform")
         v.init = initializer::uniform(number_arg(a, 0, "low", 0), number_arg(a, 1, "high", 1), seed);
       else
@@ -863,8 +962,8 @@ struct interpreter::state {
       if (reduction) {
         position at = a.at;
         if (const auto* axis = a.get(size_t(-1), "axis", &at)) {
-          if (axis->what != value::kind::number || !axis->integral)
-            fail(at, fn + ": axis is a whole number (negative counts from the end)");
+          if (axis->what != value::kind::number || !axis->integral || std::fabs(axis->number) > 32)
+            fail(at, fn + ": axis is a whole number from -32 to 32 (negative counts from the end)");
           attrs.all_axes = false;
           attrs.axis = static_cast<int32_t>(axis->number);
         }
@@ -888,14 +987,27 @@ struct interpreter::state {
         fail(st.at, "cancelled");
       if (top && opts.echo)
         *out << prompt_text() << st.source << "\n" << std::flush;
+      if (top && opts.on_statement)
+        opts.on_statement(st.source);
       statement(st);
     }
   }
 
   void statement(const stmt& st) {
+    // Every evaluation adds ops, as in TF 1.x: a loop that builds ops each
+    // round would grow the graph (and the REPL's memory) without bound.
+    if (sess().graph_def().size() > max_graph_nodes)
+      fail(st.at, "this session's graph has " + std::to_string(sess().graph_def().size())
+                    + " ops, the most the REPL builds: each evaluation adds ops, so bind an op "
+                      "once (inc = var.assign_add(1)) and run its name in loops");
     switch (st.what) {
       case stmt::kind::assign: {
         auto v = eval(*st.value);
+        if (is_numeric_list(v)) { // checked once, where it was typed
+          v.t = to_tensor(v, st.value->at);
+          v.what = value::kind::tensor;
+          v.items.clear();
+        }
         if (st.targets.size() == 1) {
           current->names[st.targets[0]] = v;
           return;
@@ -910,28 +1022,30 @@ struct interpreter::state {
       }
       case stmt::kind::expr: {
         auto v = eval(*st.value);
-        *out << show(v) << "\n";
+        *out << show(v, st.value->at) << "\n";
         return;
       }
       case stmt::kind::with: {
         auto scope = sess().device(st.device.text);
         if (!scope)
           fail(st.device.at, describe(scope.error()));
-        client* owner = current;
+        ++open_scopes;
         try {
           run_program(st.body);
         } catch (...) {
-          if (current != owner)
-            current = owner; // the scope belongs to the session it opened on
+          --open_scopes;
           throw;
         }
-        if (current != owner)
-          fail(st.at, "with: the block switched sessions; switch back before it ends");
+        --open_scopes;
         return;
       }
       case stmt::kind::repeat:
-        for (int64_t i = 0; i < st.count; ++i)
+        for (int64_t i = 0; i < st.count; ++i) {
+          if (cancelled())
+            fail(st.at, "repeat: cancelled after " + std::to_string(i) + " of "
+                          + std::to_string(st.count) + " rounds");
           run_program(st.body);
+        }
         return;
       case stmt::kind::command:
         command(st);
@@ -998,6 +1112,11 @@ struct interpreter::state {
     if (c == "session") {
       expect_words(st, 0, 1);
       if (!st.words.empty()) {
+        // A with-scope belongs to the session that opened it: switching
+        // inside one would place the other session's ops under no scope.
+        if (open_scopes > 0)
+          fail(st.command_at, "session: cannot switch sessions inside a with block; close the "
+                              "block first");
         auto [job, task] = parse_task(st.words[0], spec);
         use(job, task);
       }
@@ -1008,7 +1127,7 @@ struct interpreter::state {
       return run_cmd(st);
     if (c == "print") {
       for (const auto& e : st.exprs)
-        *out << show(eval(*e)) << "\n";
+        *out << show(eval(*e), e->at) << "\n";
       return;
     }
     if (c == "trace")
@@ -1025,9 +1144,8 @@ struct interpreter::state {
     if (c == "names") {
       expect_words(st, 0, 0);
       for (const auto& [n, v] : current->names)
-        *out << n << ": " << (v.what == value::kind::tensor || (v.what == value::kind::list && is_numeric_list(v))
-                                ? "constant " + describe_shape(to_tensor(v, {}))
-                                : show(v))
+        *out << n << ": " << (v.what == value::kind::tensor ? "constant " + describe_shape(v.t)
+                                                            : show(v, position{0, 0}))
              << "\n";
       return;
     }
@@ -1262,7 +1380,7 @@ struct interpreter::state {
     auto start = std::chrono::steady_clock::now();
     for (;;) {
       auto left = total - std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - start);
-      auto slice = std::clamp(left, ms{1}, ms{200});
+      auto slice = std::clamp(left, ms{1}, ms{50});
       auto err = sess().wait_initialized(slice, vars);
       if (!err) {
         *out << "initialized\n";
@@ -1315,6 +1433,7 @@ struct interpreter::state {
     if (!ck)
       fail(st.words[0].at, ck.error().what);
     std::vector<output> targets;
+    std::vector<std::pair<output, tensor>> feeds;
     std::vector<std::string> missing;
     for (const auto& sv : ck->variables) {
       auto var = sess().graph_def().find_variable(sv.name);
@@ -1328,7 +1447,13 @@ struct interpreter::state {
                                + to_string(spec_here.type) + " here and "
                                + shape_text(sv.value.shape()) + " " + to_string(sv.value.type())
                                + " in " + *path);
-      targets.push_back(sess().assign(var, sess().constant(sv.value)));
+      auto& ops = current->restore_ops[sv.name];
+      if (!ops.first.valid()) {
+        ops.first = sess().placeholder(sv.name + "/restore_value");
+        ops.second = sess().assign(var, ops.first);
+      }
+      targets.push_back(ops.second);
+      feeds.emplace_back(ops.first, sv.value);
     }
     if (!missing.empty()) {
       std::string names;
@@ -1338,8 +1463,8 @@ struct interpreter::state {
                              + ", which this session has not defined: define them with "
                                "variable(...) first (nothing was restored)");
     }
-    if (auto err = sess().run_targets(targets))
-      fail(err, "restore");
+    if (auto r = sess().run(targets, feeds); !r)
+      fail(r.error(), "restore");
     *out << "restored " << targets.size() << " variable" << (targets.size() == 1 ? "" : "s")
          << " from " << *path << "\n";
   }
@@ -1417,9 +1542,9 @@ struct interpreter::state {
       // watch and switch; actorflow-train's --step-delay-ms).
       const auto& w = st.words[i];
       if (w.text.rfind("step_delay_ms=", 0) == 0) {
-        auto d = parse_duration(w.text.substr(14));
-        if (!d || *d > ms{60000})
-          fail(w.at, "train start: step_delay_ms takes milliseconds from 0 to 60000");
+        auto d = parse_duration(w.text.substr(14) + "ms");
+        if (!d || *d > ms{1000})
+          fail(w.at, "train start: step_delay_ms takes milliseconds from 0 to 1000");
         step_delay = *d;
         continue;
       }
@@ -1437,11 +1562,10 @@ struct interpreter::state {
       fail(st.words[0].at, "train start: mode " + cfg->mode + " needs a ps job, and this cluster has none");
     // Each worker task trains through a session of its own (not the REPL's).
     std::vector<session> sessions;
+    if (auto why = job_preflight(*cfg); !why.empty())
+      fail(st.words[1].at, "train start: " + why);
     for (size_t w = 0; w < workers; ++w) {
-      auto so = session_opts();
-      so.cancel = nullptr;
-      auto s = embedded ? embedded->session_for("worker", static_cast<int32_t>(w), so)
-                        : session::make(*sys, spec, task_name("worker", static_cast<int32_t>(w)), so);
+      auto s = make_session("worker", static_cast<int32_t>(w), false);
       if (!s)
         fail(s.error(), "train start");
       sessions.push_back(std::move(*s));
@@ -1505,13 +1629,22 @@ struct interpreter::state {
       if (!job->chief->checkpoint.empty())
         text += ", checkpoint " + job->chief->checkpoint;
       text += "\n";
+      if (auto why = job_checkpoint_problem(job->cfg, *job->chief); !why.empty())
+        text += "train failed: " + why + "\n";
     }
-    if (job->stop->load() && !job->failures.empty())
-      return "train stopped (train stop) after " + std::to_string(
-               std::chrono::duration_cast<ms>(std::chrono::steady_clock::now() - job->started).count())
-             + " ms" + (job->last_progress.empty() ? "" : "; last: " + job->last_progress) + "\n";
-    for (const auto& f : job->failures)
+    // A worker that `train stop` ended says so; any other failure is one.
+    bool stopped = false;
+    for (const auto& f : job->failures) {
+      if (job->stop->load() && f.find("its client stopped the job") != std::string::npos) {
+        stopped = true;
+        continue;
+      }
       text += "train failed: " + f + "\n";
+    }
+    if (stopped)
+      text = "train stopped (train stop)"
+             + (job->last_progress.empty() ? std::string{} : "; last: " + job->last_progress) + "\n"
+             + text;
     return text;
   }
 
@@ -1557,8 +1690,9 @@ struct interpreter::state {
     for (auto& t : job->threads)
       if (t.joinable())
         t.join();
-    *out << train_result_text();
-    if (!job->failures.empty() && !job->stop->load())
+    auto text = train_result_text();
+    *out << text;
+    if (text.find("train failed: ") != std::string::npos)
       fail("train: the job failed (above)");
   }
 };
@@ -1626,7 +1760,7 @@ interpreter::connect(const cluster_config& config, const std::string& target, op
 
 bool interpreter::execute(const std::string& text, std::ostream& out, std::ostream& err) {
   auto& st = *st_;
-  st.cancel->store(false);
+  st.open_scopes = 0;
   st.out = &out;
   st.err = &err;
   auto parsed = parse(text);
@@ -1648,6 +1782,10 @@ bool interpreter::execute(const std::string& text, std::ostream& out, std::ostre
                             + std::to_string(e.at.column)
                         : " at column " + std::to_string(e.at.column);
     err << "error" << where << ": " << e.message << "\n";
+  } catch (std::bad_alloc&) {
+    out << std::flush;
+    err << "error: out of memory in this process while running the statement (a tensor too "
+           "large for the REPL: make it a variable, which its node allocates)\n";
   } catch (std::exception& e) {
     out << std::flush;
     err << "error: " << e.what() << "\n";
@@ -1663,6 +1801,10 @@ bool interpreter::quit_requested() const {
 
 void interpreter::interrupt() noexcept {
   st_->cancel->store(true);
+}
+
+void interpreter::clear_interrupt() noexcept {
+  st_->cancel->store(false);
 }
 
 std::string interpreter::prompt() const {

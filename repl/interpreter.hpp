@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -31,6 +32,9 @@ struct options {
   print_options print;                         ///< --precision
   std::chrono::milliseconds timeout{10000};    ///< each cluster request (--timeout)
   bool echo = false;                           ///< print each statement before it runs
+  /// Called with each statement typed (not those inside a block) just
+  /// before it runs (tools that log; tests that must know a command began).
+  std::function<void(const std::string&)> on_statement;
 };
 
 class interpreter {
@@ -63,8 +67,12 @@ public:
   /// cluster when `word` starts with '/'.
   std::vector<std::string> complete(const std::string& line, const std::string& word);
 
-  /// Abandons the running command (async-signal-safe: sets a flag).
+  /// Abandons the running command (async-signal-safe: sets a flag). The
+  /// flag stays set until clear_interrupt(): the caller clears it before it
+  /// starts a command, so that an interrupt that comes just as the command
+  /// starts is not lost.
   void interrupt() noexcept;
+  void clear_interrupt() noexcept;
 
   /// The prompt: "actorflow> ", or "actorflow(/job:worker/task:1)> " when
   /// the session is not the one it started with.

@@ -1,5 +1,6 @@
 #include "repl/parser.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -69,7 +70,12 @@ struct fail {
 
 class parser {
 public:
-  explicit parser(const std::string& text) : s_(text) {}
+  explicit parser(const std::string& text) : s_(text) {
+    line_starts_.push_back(0);
+    for (size_t k = 0; k < s_.size(); ++k)
+      if (s_[k] == '\n')
+        line_starts_.push_back(k + 1);
+  }
 
   std::vector<stmt> program(bool in_block) {
     std::vector<stmt> out;
@@ -105,15 +111,11 @@ private:
   char peek(size_t ahead = 0) const { return i_ + ahead < s_.size() ? s_[i_ + ahead] : '\0'; }
 
   position pos_of(size_t at) const {
+    at = std::min(at, s_.size());
+    auto line = std::upper_bound(line_starts_.begin(), line_starts_.end(), at) - line_starts_.begin();
     position p;
-    for (size_t k = 0; k < at && k < s_.size(); ++k) {
-      if (s_[k] == '\n') {
-        p.line += 1;
-        p.column = 1;
-      } else {
-        p.column += 1;
-      }
-    }
+    p.line = static_cast<size_t>(line);
+    p.column = at - line_starts_[static_cast<size_t>(line) - 1] + 1;
     return p;
   }
 
@@ -226,12 +228,15 @@ private:
                      + "'");
         st.count = count;
       }
-      skip_space(false);
+      skip_space(true); // the '{' may start the next line
       if (peek() != '{')
-        error(head + ": a '{' must follow on the same line, found " + found(), eof());
+        error(head + ": a '{' must follow, found " + found(), eof());
+      if (++blocks_ > 64)
+        error(head + ": blocks nest too deeply (more than 64 levels)");
       ++i_;
       st.body = program(true);
       ++i_; // the '}'
+      --blocks_;
     } else if (!head.empty() && find_command(head) != nullptr && !looks_like_assignment()) {
       st.what = stmt::kind::command;
       st.command = find_command(head)->name;
@@ -630,6 +635,8 @@ private:
   }
 
   const std::string& s_;
+  std::vector<size_t> line_starts_; ///< offset of each line's first character
+  int blocks_ = 0;                  ///< open with/repeat blocks
   size_t i_ = 0;
   int depth_ = 0;   ///< open brackets: newlines inside them are blanks
   int nesting_ = 0; ///< expression recursion

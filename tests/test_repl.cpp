@@ -77,6 +77,7 @@ struct ran {
 };
 ran exec(repl::interpreter& in, const std::string& text) {
   std::ostringstream out, err;
+  in.clear_interrupt(); // as actorflow-repl does before each command
   bool ok = in.execute(text, out, err);
   return {ok, out.str(), err.str()};
 }
@@ -306,59 +307,81 @@ TEST_CASE("train start runs a job on the REPL's cluster, train mode switches it 
   CHECK(missing.err.find("nope.toml") != std::string::npos);
 }
 
-TEST_CASE("interrupt abandons a wait and the next command runs", "[repl]") {
-  auto in = embedded({{"worker", 1}});
-  REQUIRE(exec(*in, "u = variable(\"u\", [1])").ok);
-  ran r{};
+/// Runs `text` on another thread, interrupts it once the statement has begun
+/// (options::on_statement), and returns what it printed and how long it took.
+struct interrupted {
+  ran r;
+  std::chrono::steady_clock::duration took;
+};
+interrupted interrupt_once_started(repl::interpreter& in, std::atomic<bool>& started,
+                                   const std::string& text) {
+  interrupted got{};
   std::atomic<bool> done{false};
+  started = false;
   auto start = std::chrono::steady_clock::now();
   std::thread t{[&] {
-    r = exec(*in, "wait 60s u");
+    got.r = exec(in, text);
     done = true;
   }};
-  // The interrupt may come before the wait starts; execute() clears the
-  // flag when it begins, so keep interrupting until it returns.
-  while (!eventually([&] { return done.load(); }, 50ms))
-    in->interrupt();
+  REQUIRE(eventually([&] { return started.load(); }, 20s));
+  in.interrupt(); // once: the flag stays set until the next command clears it
+  bool ended = eventually([&] { return done.load(); }, 60s);
   t.join();
-  CHECK(std::chrono::steady_clock::now() - start < 30s);
-  CHECK(r.err.find("cancelled") != std::string::npos);
+  got.took = std::chrono::steady_clock::now() - start;
+  CHECK(ended);
+  return got;
+}
+
+TEST_CASE("interrupt abandons a wait, a sleep and a repeat; the next command runs", "[repl]") {
+  std::atomic<bool> started{false};
+  repl::options opts;
+  opts.on_statement = [&](const std::string&) { started = true; };
+  auto in = embedded({{"worker", 1}}, opts);
+  REQUIRE(exec(*in, "u = variable(\"u\", [1])").ok);
+  auto w = interrupt_once_started(*in, started, "wait 60s u");
+  CHECK(w.took < 30s);
+  CHECK(w.r.err.find("wait: cancelled") != std::string::npos);
+  auto s = interrupt_once_started(*in, started, "sleep 60s");
+  CHECK(s.took < 30s);
+  CHECK(s.r.err.find("cancelled") != std::string::npos);
+  auto n = interrupt_once_started(*in, started, "repeat 1000000 { repeat 1000000 { x = 1 } }");
+  CHECK(n.took < 30s);
+  CHECK(n.r.err.find("repeat: cancelled after") != std::string::npos);
   CHECK(exec(*in, "print 1").out == "1\n");
 }
 
-TEST_CASE("against node processes: Ctrl-C abandons a run on a stopped ps, a killed ps is named",
+TEST_CASE("against node processes: Ctrl-C abandons runs on a stopped ps, a killed ps is named",
           "[repl][processes]") {
   auto cluster = testing::process_cluster::start({{"ps", 1}, {"worker", 1}});
   REQUIRE(cluster);
   auto config = load_cluster_config((*cluster)->config_path());
   REQUIRE(config);
+  std::atomic<bool> started{false};
   repl::options opts;
-  opts.timeout = 20s; // far longer than the cancel may take
+  opts.timeout = 20s; // far longer than a cancel may take
+  opts.on_statement = [&](const std::string&) { started = true; };
   auto in = repl::interpreter::connect(*config, "/job:worker/task:0", opts);
   REQUIRE(in);
   auto& repl = **in;
-  REQUIRE(exec(repl, "with /job:ps/task:0 { w = variable(\"w\", [2], 4) }\ninit\ny = w * 2\nrun y").ok);
+  REQUIRE(exec(repl, "with /job:ps/task:0 { w = variable(\"w\", [2], 4) }\ninit\ny = w * 2\n"
+                     "inc = w.assign_add(1)\nrun y").ok);
 
-  // SIGSTOP: the step waits for a ps that takes the request and never answers.
+  // SIGSTOP: each request reaches a ps that takes it and never answers. A
+  // step (y), a read of the variable by the client (w) and an update with a
+  // value the client has (inc) each go their own way to the ps.
   REQUIRE((*cluster)->signal("ps", 0, SIGSTOP));
-  ran r{};
-  std::atomic<bool> done{false};
-  auto start = std::chrono::steady_clock::now();
-  std::thread t{[&] {
-    r = exec(repl, "run y");
-    done = true;
-  }};
-  while (!eventually([&] { return done.load(); }, 100ms))
-    repl.interrupt();
-  t.join();
-  auto took = std::chrono::steady_clock::now() - start;
+  for (const char* what : {"run y", "run w", "run inc"}) {
+    INFO(what);
+    auto got = interrupt_once_started(repl, started, what);
+    INFO(got.r.out << got.r.err);
+    CHECK(got.r.err.find("cancelled") != std::string::npos);
+    CHECK(got.took < 10s); // the request timeout is 20 s: abandoned, not timed out
+  }
   (*cluster)->signal("ps", 0, SIGCONT);
-  INFO(r.out << r.err);
-  CHECK(r.err.find("cancelled") != std::string::npos);
-  CHECK(took < 10s); // the request timeout is 20 s: it was abandoned, not timed out
-  auto again = exec(repl, "run y");
+  auto again = exec(repl, "run w");
   INFO(again.err);
-  CHECK(again.out == "[8. 8.]\n");
+  // The cancelled assign_add may or may not have reached the variable.
+  CHECK((again.out == "[4. 4.]\n" || again.out == "[5. 5.]\n"));
 
   // SIGKILL: the error names the task that is gone, and the REPL goes on.
   REQUIRE((*cluster)->signal("ps", 0, SIGKILL));
@@ -366,4 +389,160 @@ TEST_CASE("against node processes: Ctrl-C abandons a run on a stopped ps, a kill
   CHECK_FALSE(dead.ok);
   CHECK(dead.err.find("/job:ps/task:0") != std::string::npos);
   CHECK(exec(repl, "print \"alive\"").out == "alive\n");
+}
+
+TEST_CASE("leaving after a cancelled run does not wait for the abandoned request",
+          "[repl][processes]") {
+  auto cluster = testing::process_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto config = load_cluster_config((*cluster)->config_path());
+  REQUIRE(config);
+  std::atomic<bool> started{false};
+  repl::options opts;
+  opts.timeout = 20s;
+  opts.on_statement = [&](const std::string&) { started = true; };
+  auto in = repl::interpreter::connect(*config, "/job:worker/task:0", opts);
+  REQUIRE(in);
+  REQUIRE(exec(**in, "with /job:ps/task:0 { w = variable(\"w\", [2], 4) }\ninit\ny = w * 2\nrun y").ok);
+  REQUIRE((*cluster)->signal("ps", 0, SIGSTOP));
+  auto got = interrupt_once_started(**in, started, "run y");
+  CHECK(got.r.err.find("cancelled") != std::string::npos);
+  // Destroying the interpreter ends its actor system; a helper still
+  // holding the abandoned request would keep it for twice the timeout (40 s).
+  auto start = std::chrono::steady_clock::now();
+  in->reset();
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+  (*cluster)->signal("ps", 0, SIGCONT);
+}
+
+TEST_CASE("ragged lists, mixed depths and values an int tensor cannot hold are refused",
+          "[repl][errors]") {
+  auto in = embedded({{"worker", 1}});
+  for (const char* bad : {"print [1, [2]]", "print [1, []]", "print const([1, [2, 3, 4]])",
+                          "x = [[1, 2], [3]]", "print const([1.5], dtype=\"int32\")",
+                          "print const([3e10], dtype=\"int32\")", "print zeros(1e300)",
+                          "print zeros(-1)", "y = uniform(0, 1, -5)"}) {
+    INFO(bad);
+    auto r = exec(*in, bad);
+    CHECK_FALSE(r.ok);
+    CHECK(r.err.find("error at column") != std::string::npos);
+  }
+  // A refused binding leaves nothing behind that breaks `names`.
+  auto names = exec(*in, "names");
+  CHECK(names.ok);
+  CHECK(names.out.find("x:") == std::string::npos);
+  CHECK(exec(*in, "print [[1, 2], [3, 4]]").out == "[[1. 2.]\n [3. 4.]]\n");
+}
+
+TEST_CASE("numbers print as typed, with --precision for fractions", "[repl]") {
+  repl::options opts;
+  opts.print.precision = 3;
+  auto in = embedded({{"worker", 1}}, opts);
+  CHECK(exec(*in, "print 2.0, 7, 1 / 3, 10 / 4, 2 * 3").out == "2.0\n7\n0.333\n2.5\n6\n");
+  CHECK(exec(*in, "run const([1, 2]) / 3").out == "[0.333 0.667]\n");
+}
+
+TEST_CASE("a with block keeps its session: switching inside one is refused", "[repl][errors]") {
+  auto in = embedded({{"ps", 1}, {"worker", 1}});
+  auto prompt = in->prompt();
+  auto r = exec(*in, "with /job:ps/task:0 { session /job:ps/task:0; v = variable(\"v\", [1]) }");
+  CHECK_FALSE(r.ok);
+  CHECK(r.err.find("cannot switch sessions inside a with block") != std::string::npos);
+  CHECK(in->prompt() == prompt);
+  // The scope was closed with the block: a variable now lands on the session's task.
+  REQUIRE(exec(*in, "u = variable(\"u_here\", [1])").ok);
+  CHECK(exec(*in, "print device_of(u)").out == "/job:worker/replica:0/task:0/device:CPU:0\n");
+}
+
+TEST_CASE("leaving the REPL while a training job runs stops the job", "[repl][train]") {
+  testing::temp_dir dir;
+  {
+    std::ofstream f{dir / "job.toml"};
+    f << "[train]\nmode = \"sync\"\nmodel = \"softmax\"\ndata = \"synthetic\"\nsteps = 1000000\n"
+         "batch_size = 16\n";
+  }
+  auto in = embedded({{"ps", 1}, {"worker", 2}});
+  REQUIRE(exec(*in, "train start " + dir / "job.toml" + " step_delay_ms=1000").ok);
+  // A million steps of a second each: only the stop ends it.
+  auto start = std::chrono::steady_clock::now();
+  in.reset();
+  CHECK(std::chrono::steady_clock::now() - start < 15s);
+}
+
+namespace {
+
+testing::command_result repl_script(const std::string& script, std::vector<std::string> flags,
+                                    const testing::temp_dir& dir) {
+  {
+    std::ofstream f{dir / "s.af"};
+    f << script;
+  }
+  std::vector<std::string> argv{ACTORFLOW_REPL_BINARY, "--embedded", "worker=1", "--script",
+                                dir / "s.af"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return testing::run_command(argv, 60s);
+}
+
+} // namespace
+
+TEST_CASE("actorflow-repl --script: exit codes, --keep-going, --echo, --precision, stdin",
+          "[repl][script]") {
+  testing::temp_dir dir;
+  const std::string script = "print \"a\"\nrun nope\nprint \"b\"\n";
+  auto stop = repl_script(script, {}, dir);
+  INFO(stop.output);
+  CHECK(stop.exit_code == 1);
+  CHECK(stop.output.find("a\n") != std::string::npos);
+  CHECK(stop.output.find("error at line 2, column 5: 'nope' is not defined") != std::string::npos);
+  CHECK(stop.output.find("b\n") == std::string::npos); // it stopped at the error
+
+  auto go_on = repl_script(script, {"--keep-going"}, dir);
+  INFO(go_on.output);
+  CHECK(go_on.exit_code == 1);
+  CHECK(go_on.output.find("b\n") != std::string::npos);
+
+  auto echo = repl_script("print 1 / 3\n", {"--echo", "--precision", "2"}, dir);
+  INFO(echo.output);
+  CHECK(echo.exit_code == 0);
+  CHECK(echo.output.find("actorflow> print 1 / 3\n0.33\n") != std::string::npos);
+
+  auto piped = testing::run_command(
+    {"/bin/bash", "-c", std::string{"printf 'print 40 + 2\\nquit\\nprint 0\\n' | "} + ACTORFLOW_REPL_BINARY
+                     + " --embedded worker=1"},
+    60s);
+  INFO(piped.output);
+  CHECK(piped.exit_code == 0);
+  CHECK(piped.output.find("42\n") != std::string::npos);
+  CHECK(piped.output.find("\n0\n") == std::string::npos); // nothing after quit
+
+  auto usage = testing::run_command({ACTORFLOW_REPL_BINARY, "--script", dir / "missing.af"}, 60s);
+  CHECK(usage.exit_code == 2);
+  CHECK(usage.output.find("missing.af") != std::string::npos);
+
+  // A long block is read and run in one piece (each line re-parsed the whole
+  // block once; with a rescan per position that took minutes at 3,000 lines).
+  std::string block = "repeat 2 {\n";
+  for (int i = 0; i < 3000; ++i)
+    block += "  x" + std::to_string(i) + " = " + std::to_string(i) + "\n";
+  block += "}\nprint x2999\n";
+  auto long_block = repl_script(block, {}, dir);
+  CHECK(long_block.exit_code == 0);
+  CHECK(long_block.output.find("2999\n") != std::string::npos);
+}
+
+TEST_CASE("actorflow-repl --script exits 130 on SIGINT while a command runs", "[repl][script]") {
+  testing::temp_dir dir;
+  {
+    std::ofstream f{dir / "s.af"};
+    f << "print \"ready\"\nsleep 1m\nprint \"not reached\"\n";
+  }
+  testing::background_process p{
+    {ACTORFLOW_REPL_BINARY, "--embedded", "worker=1", "--script", dir / "s.af"}};
+  REQUIRE(p.wait_for("ready", 60s));
+  p.signal(SIGINT);
+  auto rc = p.wait_exit(20s);
+  INFO(p.output());
+  REQUIRE(rc);
+  CHECK(*rc == 130);
+  CHECK(p.output().find("not reached") == std::string::npos);
 }

@@ -175,4 +175,22 @@ TEST_CASE("10,000 random and mutated lines: a tree or one error inside the input
   CHECK(deep.error->message.find("nests too deeply") != std::string::npos);
   auto deep_neg = parse("x = " + std::string(100000, '-') + "y");
   REQUIRE(deep_neg.error);
+  std::string blocks;
+  for (int i = 0; i < 100000; ++i)
+    blocks += "repeat 1 { ";
+  auto deep_blocks = parse(blocks + "print 1" + std::string(100000, '}'));
+  REQUIRE(deep_blocks.error);
+  CHECK(deep_blocks.error->message.find("nest too deeply") != std::string::npos);
+}
+
+TEST_CASE("a block of 5,000 lines parses, with the right line in its error", "[repl][parser]") {
+  std::string text = "repeat 2 {\n";
+  for (int i = 0; i < 5000; ++i)
+    text += "  x" + std::to_string(i) + " = " + std::to_string(i) + "\n";
+  auto ok = parse(text + "}");
+  REQUIRE_FALSE(ok.error);
+  CHECK(ok.program[0].body.size() == 5000);
+  auto bad = parse(text + "  y = (1 +\n}");
+  REQUIRE(bad.error);
+  CHECK(bad.error->at.line == 5003);
 }

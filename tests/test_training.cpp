@@ -885,7 +885,7 @@ TEST_CASE("job_status_text and job_switch through a session name every ps of a j
       CHECK(is(bad.error(), af_error::invalid_argument));
       // The client's own refusal, before any ps: the aggregators' would not
       // say --switch.
-      CHECK_THAT(describe(bad.error()), Catch::Contains("--switch") && Catch::Contains(mode));
+      CHECK_THAT(describe(bad.error()), Catch::Contains("switch to") && Catch::Contains(mode));
     }
   });
   for (auto& r : run.results)
