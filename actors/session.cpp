@@ -372,8 +372,15 @@ caf::expected<output> session::variable(const std::string& name, shape_type shap
   auto& n = im.g.at(*o);
   n.spec.device = p->full;
   n.placement_note = p->note;
-  if (auto err = im.create_variable(o->id))
+  if (auto err = im.create_variable(o->id)) {
+    // The node stays in the graph (nodes are never removed) but no longer as
+    // a variable: initialize(), uninitialized() and a later variable() of
+    // the same name must not find one that was never created.
+    auto& failed = im.g.at(*o);
+    failed.kind = node_kind::placeholder;
+    failed.name += "/failed_" + std::to_string(o->id);
     return err;
+  }
   return *o;
 }
 

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cwchar>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -138,7 +139,7 @@ int read_key(FILE* /* in */) {
 /// pressed after its Enter but before it began keeps it from running. The
 /// interrupt flag is cleared before command_running is set, so a Ctrl-C from
 /// then on reaches the command.
-bool run_command(af::repl::interpreter& interp, const std::string& text) {
+bool run_command(af::repl::interpreter& interp, const std::string& text, size_t first_line = 1) {
   interp.clear_interrupt();
   command_running.store(true);
   if (sigint_seen) {
@@ -146,7 +147,7 @@ bool run_command(af::repl::interpreter& interp, const std::string& text) {
     std::cerr << "error: cancelled (Ctrl-C before it ran)" << std::endl;
     return false;
   }
-  bool ok = interp.execute(text, std::cout, std::cerr);
+  bool ok = interp.execute(text, std::cout, std::cerr, first_line);
   std::cout.flush();
   command_running.store(false);
   return ok;
@@ -170,20 +171,44 @@ void append_line(std::string& pending, std::string line) {
 
 // --- scripts (--script FILE, or stdin when it is not a terminal)
 
+/// The longest line a script may have: an endless one (/dev/zero) is refused
+/// instead of filling memory.
+constexpr size_t max_line_bytes = size_t{1} << 20;
+
+/// std::getline with a bound: false at the end of the input; `too_long` when
+/// the line ran past max_line_bytes (the rest of it is not read).
+bool read_line(std::istream& in, std::string& line, bool& too_long) {
+  line.clear();
+  too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  for (;;) {
+    int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof())
+      return !line.empty();
+    if (c == '\n')
+      return true;
+    if (line.size() >= max_line_bytes) {
+      too_long = true;
+      return true;
+    }
+    line += static_cast<char>(c);
+  }
+}
+
 int run_script(af::repl::interpreter& interp, std::istream& in, bool keep_going) {
   bool failed = false;
   std::string pending, line;
   size_t line_number = 0, first_line = 1; // of `pending`
+  int balance = 0;                         // brackets `pending` leaves open
   auto run_pending = [&]() -> int {
-    // Blank lines before the statement make its errors name the line of
-    // the input, as they would if the whole input were run at once.
-    std::string text(first_line - 1, '\n');
-    text += pending;
-    pending.clear();
+    std::string text;
+    text.swap(pending);
+    size_t starts_at = first_line;
     first_line = line_number + 1;
+    balance = 0;
     if (nothing_to_run(text))
       return -1;
-    bool ok = run_command(interp, text);
+    bool ok = run_command(interp, text, starts_at);
     if (sigint_seen)
       return 130;
     if (!ok) {
@@ -193,10 +218,19 @@ int run_script(af::repl::interpreter& interp, std::istream& in, bool keep_going)
     }
     return interp.quit_requested() ? (failed ? 1 : 0) : -1;
   };
-  while (std::getline(in, line)) {
+  bool too_long = false;
+  while (read_line(in, line, too_long)) {
     line_number += 1;
+    if (too_long) {
+      std::cerr << "error at line " << line_number << ": the line is longer than "
+                << max_line_bytes << " bytes; is this a script?" << std::endl;
+      return 1;
+    }
     append_line(pending, line);
-    if (af::repl::incomplete(pending))
+    // Parse only when the brackets may have closed: a block of n lines is
+    // then parsed once, not n times.
+    balance += af::repl::bracket_balance(line);
+    if (balance > 0 || af::repl::incomplete(pending))
       continue;
     if (int rc = run_pending(); rc >= 0)
       return rc;
@@ -429,6 +463,9 @@ int main(int argc, char** argv) {
 
   std::ifstream script_file;
   if (!script.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(script, ec))
+      return fail("--script " + script + " is a directory; pass a file of REPL statements");
     script_file.open(script);
     if (!script_file)
       return fail("--script " + script + ": cannot read it (" + std::strerror(errno)
@@ -482,7 +519,13 @@ int main(int argc, char** argv) {
                     + embedded + " has no such task; pass one of its tasks");
       target = "/job:" + job + "/task:" + std::to_string(task);
     }
-    auto made = af::repl::interpreter::embedded(*jobs, target, opts);
+    caf::expected<std::unique_ptr<af::repl::interpreter>> made{caf::error{}};
+    try {
+      made = af::repl::interpreter::embedded(*jobs, target, opts);
+    } catch (const std::exception& e) { // threads or memory the system would not give
+      return fail("cannot start the embedded cluster " + embedded + ": " + e.what()
+                  + "; try fewer tasks, or --config FILE to use running nodes");
+    }
     if (!made)
       return fail("cannot start the embedded cluster " + embedded + ": "
                   + af::describe(made.error())

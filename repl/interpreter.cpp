@@ -30,6 +30,7 @@ using ms = std::chrono::milliseconds;
 struct repl_error {
   position at;
   std::string message;
+  bool statement = false; ///< `at` is the failed statement's start (a cluster error)
 };
 
 [[noreturn]] void fail(position at, std::string message) {
@@ -104,6 +105,26 @@ std::optional<ms> parse_duration(const std::string& s) {
   else
     return std::nullopt;
   return ms{static_cast<int64_t>(v * scale)};
+}
+
+/// `s` as it may go into a message: control bytes as \xNN, at most 60
+/// characters.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= 60) {
+      out += "...";
+      break;
+    }
+    if (c < 0x20 || c == 0x7f) {
+      char code[8];
+      std::snprintf(code, sizeof code, "\\x%02x", c);
+      out += code;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
 }
 
 /// "/job:ps/task:0" -> (ps, 0); the message names the word and what to write.
@@ -362,7 +383,22 @@ struct interpreter::state {
   }
 
   /// A graph node of the current session for `v`: constants become Const nodes.
-  output to_node(const value& v, position at) {
+  /// The dtype of a graph value when the graph knows it (variables,
+  /// constants); float32 otherwise.
+  dtype dtype_of(const value& v) {
+    if (v.what == value::kind::tensor)
+      return v.t.type();
+    if (v.what != value::kind::node || !sess().graph_def().contains(v.o))
+      return dtype::float32;
+    const auto& n = sess().graph_def().at(v.o);
+    if (n.kind == node_kind::variable)
+      return n.spec.type;
+    if (n.kind == node_kind::constant && !n.value.empty())
+      return n.value.type();
+    return dtype::float32;
+  }
+
+  output to_node(const value& v, position at, dtype literal_type = dtype::float32) {
     switch (v.what) {
       case value::kind::node: {
         if (!sess().graph_def().contains(v.o))
@@ -371,9 +407,10 @@ struct interpreter::state {
       }
       case value::kind::number:
       case value::kind::boolean:
-      case value::kind::tensor:
       case value::kind::list:
-        return constant_node(to_tensor(v, at));
+        return constant_node(to_tensor(v, at, literal_type));
+      case value::kind::tensor:
+        return constant_node(v.t);
       default:
         fail(at, "expected a tensor or a graph node, got " + std::string{kind_name(v.what)}
                    + (v.source.empty() ? "" : " (" + v.source + ")"));
@@ -498,7 +535,7 @@ struct interpreter::state {
       case expr::kind::name: {
         auto it = current->names.find(e.text);
         if (it == current->names.end())
-          fail(e.at, "'" + e.text + "' is not defined in the session of " + current->target
+          fail(e.at, "'" + printable(e.text) + "' is not defined in the session of " + current->target
                        + nearest_name(e.text)
                        + (clients.size() > 1 ? " (each session has its own names)" : ""));
         v = it->second;
@@ -545,6 +582,8 @@ struct interpreter::state {
       consider(k);
     for (const auto& f : function_names())
       consider(f);
+    consider("true");
+    consider("false");
     return best.empty() ? "" : "; did you mean '" + best + "'?";
   }
 
@@ -578,8 +617,12 @@ struct interpreter::state {
       v.integral = a.integral && b.integral && op != '/';
       return v;
     }
-    auto x = to_node(a, e.items[0]->at);
-    auto y = to_node(b, e.items[1]->at);
+    // A literal takes the other side's dtype when it is known (TF's k / 2
+    // with an int32 k): variables and constants know theirs.
+    auto x = a.what == value::kind::node ? to_node(a, e.items[0]->at)
+                                         : to_node(a, e.items[0]->at, dtype_of(b));
+    auto y = b.what == value::kind::node ? to_node(b, e.items[1]->at)
+                                         : to_node(b, e.items[1]->at, dtype_of(a));
     switch (op) {
       case '+': return node_value(sess().add(x, y), e.source);
       case '-': return node_value(sess().sub(x, y), e.source);
@@ -821,13 +864,18 @@ struct interpreter::state {
       const value* init_v = nullptr;
       position init_at = a.at;
       if (second != nullptr && a.keyword.count("shape") == 0 && a.positional.size() == 2
-          && (second->what == value::kind::number && !second->integral)) {
-        init_v = second; // variable("var", 0.0): a scalar starting there
+          && second->what == value::kind::number) {
+        init_v = second; // variable("var", 0.0), as tf.Variable(0.0): a scalar starting there
         init_at = at;
       } else if (second != nullptr) {
+        if (second->what == value::kind::number)
+          fail(at, "variable: a shape is a [list] ([5], not 5; [] for a scalar)");
         shape = shape_arg(*second, at, fn);
         shape_given = true;
       }
+      if (shape.size() > 8)
+        fail(at, "variable: at most 8 dimensions (the data plane carries up to 8), got "
+                   + std::to_string(shape.size()));
       if (init_v == nullptr)
         init_v = a.get(2, "init", &init_at);
       initializer init = initializer::zeros();
@@ -921,7 +969,7 @@ struct interpreter::state {
       auto var = to_node(a.positional[0], a.positional_at[0]);
       if (s.graph_def().variable_node(var) == nullptr)
         fail(a.positional_at[0], fn + ": '" + a.positional[0].source + "' is not a variable");
-      auto val = to_node(a.positional[1], a.positional_at[1]);
+      auto val = to_node(a.positional[1], a.positional_at[1], dtype_of(a.positional[0]));
       auto o = fn == "assign" ? s.assign(var, val) : fn == "assign_add" ? s.assign_add(var, val)
                                                                         : s.assign_sub(var, val);
       return node_value(o, "");
@@ -956,8 +1004,17 @@ struct interpreter::state {
         keys = {"axis", "keep_dims"};
       check_arity(a, static_cast<size_t>(arity), static_cast<size_t>(arity), keys);
       std::vector<output> in;
+      // Literals take the dtype of the first graph value among the inputs.
+      dtype literal_type = dtype::float32;
+      for (const auto& p : a.positional)
+        if (p.what == value::kind::node) {
+          literal_type = dtype_of(p);
+          break;
+        }
+      if (op == "softmax_xent" && a.positional.size() == 2 && a.positional[1].what != value::kind::node)
+        literal_type = dtype::int32; // its labels
       for (size_t i = 0; i < a.positional.size(); ++i)
-        in.push_back(to_node(a.positional[i], a.positional_at[i]));
+        in.push_back(to_node(a.positional[i], a.positional_at[i], literal_type));
       op_attrs attrs;
       if (reduction) {
         position at = a.at;
@@ -971,7 +1028,7 @@ struct interpreter::state {
       }
       return node_value(s.op(op, in, attrs), "");
     }
-    fail(a.at, "unknown function or op '" + fn + "'" + nearest_name(fn)
+    fail(a.at, "unknown function or op '" + printable(fn) + "'" + nearest_name(fn)
                  + " (help functions lists them)");
   }
 
@@ -989,7 +1046,15 @@ struct interpreter::state {
         *out << prompt_text() << st.source << "\n" << std::flush;
       if (top && opts.on_statement)
         opts.on_statement(st.source);
-      statement(st);
+      try {
+        statement(st);
+      } catch (repl_error& e) {
+        if (e.at.column == 0) { // a cluster's error: say which statement (a script's line)
+          e.at = st.at;
+          e.statement = true;
+        }
+        throw;
+      }
     }
   }
 
@@ -1109,6 +1174,24 @@ struct interpreter::state {
       *out << task_name(job, task) << " is shutting down\n";
       return;
     }
+    if (c == "reset") {
+      // tf.reset_default_graph(): a fresh session of the same task, with no
+      // graph and no names; the cluster's variables stay.
+      expect_words(st, 0, 0);
+      if (open_scopes > 0)
+        fail(st.command_at, "reset: not inside a with block");
+      auto d = device_name::parse(current->target);
+      auto fresh = make_session(*d->job, *d->task);
+      if (!fresh)
+        fail(fresh.error(), "reset");
+      auto target = current->target;
+      auto& slot = clients[target];
+      slot = std::make_unique<client>(client{target, std::move(*fresh), {}, {}, {}});
+      current = slot.get();
+      *out << "the session of " << target << " starts again: no ops, no names (the cluster's "
+           << "variables are kept)\n";
+      return;
+    }
     if (c == "session") {
       expect_words(st, 0, 1);
       if (!st.words.empty()) {
@@ -1176,7 +1259,8 @@ struct interpreter::state {
       expect_words(st, 1, 1);
       auto d = parse_duration(st.words[0].text);
       if (!d)
-        fail(st.words[0].at, "sleep: '" + st.words[0].text + "' is not a duration (500ms, 2s, 1m)");
+        fail(st.words[0].at, "sleep: '" + printable(st.words[0].text)
+                               + "' is not a duration: 500ms, 2s, 1m (at most a day)");
       if (!pause(*d))
         fail(st.at, "cancelled");
       return;
@@ -1371,11 +1455,14 @@ struct interpreter::state {
   void wait_cmd(const stmt& st) {
     ms total{10000};
     size_t from = 0;
-    if (!st.words.empty())
-      if (auto d = parse_duration(st.words[0].text)) {
-        total = *d;
-        from = 1;
-      }
+    if (!st.words.empty() && std::isdigit(static_cast<unsigned char>(st.words[0].text[0]))) {
+      auto d = parse_duration(st.words[0].text);
+      if (!d)
+        fail(st.words[0].at, "wait: '" + printable(st.words[0].text)
+                               + "' is not a duration: write 500ms, 10s or 1m (at most a day)");
+      total = *d;
+      from = 1;
+    }
     auto vars = named_variables(st, from);
     auto start = std::chrono::steady_clock::now();
     for (;;) {
@@ -1391,13 +1478,15 @@ struct interpreter::state {
       if (cancelled())
         fail(st.at, "wait: cancelled");
       if (std::chrono::steady_clock::now() - start >= total) {
-        auto missing = sess().uninitialized(vars);
-        std::string names;
-        if (missing)
-          for (const auto& n : *missing)
-            names += (names.empty() ? "" : ", ") + n;
+        // The last slice's error names what it waited for; asking the
+        // variables again could block on a node that does not answer.
+        // ("... for initialization of 1 variable(s): u (on ...); is the chief ...")
+        auto why = describe(err);
+        auto names = why;
+        if (auto p = why.find("variable(s): "); p != std::string::npos)
+          names = why.substr(p + 13, why.find("; is the chief") - p - 13);
         fail("wait: gave up after " + std::to_string(total.count())
-             + " ms; still without a value: " + (names.empty() ? describe(err) : names)
+             + " ms; still without a value: " + names
              + " (another client's init, or `init` here, gives them one)");
       }
     }
@@ -1612,7 +1701,10 @@ struct interpreter::state {
     std::string text;
     if (job->chief) {
       const auto& r = job->chief->result;
-      text = "train done: global step " + std::to_string(r.global_step) + " in "
+      if (job->chief->start_step > 0)
+        text = "train: resumed from the checkpoint at global step "
+               + std::to_string(job->chief->start_step) + " in " + job->cfg.checkpoint_dir + "\n";
+      text += "train done: global step " + std::to_string(r.global_step) + " in "
              + std::to_string(static_cast<int64_t>(r.seconds * 1000)) + " ms";
       if (job->last_loss >= 0)
         text += ", training loss " + std::to_string(job->last_loss);
@@ -1748,8 +1840,9 @@ caf::expected<std::unique_ptr<interpreter>>
 interpreter::connect(const cluster_config& config, const std::string& target, options opts) {
   auto st = std::make_unique<state>();
   st->opts = opts;
+  // The config's heartbeat, so that the nodes do not take an idle REPL for
+  // a dead client (and it does not reconnect after every pause).
   node_options client = config.node;
-  client.heartbeat_ms = 0;
   st->cfg = std::make_unique<system_config>(client);
   st->sys = std::make_unique<caf::actor_system>(*st->cfg);
   st->spec = config.cluster;
@@ -1758,12 +1851,13 @@ interpreter::connect(const cluster_config& config, const std::string& target, op
   return std::unique_ptr<interpreter>{new interpreter(std::move(st))};
 }
 
-bool interpreter::execute(const std::string& text, std::ostream& out, std::ostream& err) {
+bool interpreter::execute(const std::string& text, std::ostream& out, std::ostream& err,
+                          size_t first_line) {
   auto& st = *st_;
   st.open_scopes = 0;
   st.out = &out;
   st.err = &err;
-  auto parsed = parse(text);
+  auto parsed = parse(text, first_line);
   if (parsed.error) {
     err << explain(*parsed.error, text) << "\n";
     return false;
@@ -1775,9 +1869,11 @@ bool interpreter::execute(const std::string& text, std::ostream& out, std::ostre
     return true;
   } catch (repl_error& e) {
     out << std::flush;
-    bool multiline = text.find('\n') != std::string::npos;
+    bool multiline = text.find('\n') != std::string::npos || first_line > 1;
     std::string where;
-    if (e.at.column > 0)
+    if (e.statement && multiline)
+      where = " at line " + std::to_string(e.at.line);
+    else if (e.at.column > 0 && !e.statement)
       where = multiline ? " at line " + std::to_string(e.at.line) + ", column "
                             + std::to_string(e.at.column)
                         : " at column " + std::to_string(e.at.column);

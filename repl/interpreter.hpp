@@ -55,7 +55,9 @@ public:
   /// Parses and runs `text` (one or more statements). Returns false if
   /// something failed (said on `err`). quit_requested() tells if it asked
   /// to leave.
-  bool execute(const std::string& text, std::ostream& out, std::ostream& err);
+  /// `first_line`: the line of a script `text` starts at (errors name it).
+  bool execute(const std::string& text, std::ostream& out, std::ostream& err,
+               size_t first_line = 1);
 
   bool quit_requested() const;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace af::repl {
@@ -47,6 +48,9 @@ const std::vector<command_info>& commands() {
      "a training job on this cluster's ps and worker tasks, in the background; `mode` "
      "switches a running job live (sync, async, ssp, average); `stop` ends it before its "
      "next step"},
+    {"reset", false, "reset",
+     "a fresh graph and no names for this session (tf.reset_default_graph); the variables on "
+     "the cluster stay"},
     {"shutdown", false, "shutdown DEVICE", "asks a task to stop"},
     {"quit", false, "quit", "closes the session and leaves (Ctrl-D too)"},
   };
@@ -70,7 +74,7 @@ struct fail {
 
 class parser {
 public:
-  explicit parser(const std::string& text) : s_(text) {
+  parser(const std::string& text, size_t first_line) : s_(text), first_line_(first_line) {
     line_starts_.push_back(0);
     for (size_t k = 0; k < s_.size(); ++k)
       if (s_[k] == '\n')
@@ -99,7 +103,7 @@ public:
       skip_space(false);
       if (eof() || peek() == '\n' || peek() == ';' || peek() == '}')
         continue;
-      error(std::string{"unexpected '"} + peek() + "' after the statement: put ';' or a new "
+      error("unexpected " + found() + " after the statement: put ';' or a new "
             "line between statements");
     }
   }
@@ -114,7 +118,7 @@ private:
     at = std::min(at, s_.size());
     auto line = std::upper_bound(line_starts_.begin(), line_starts_.end(), at) - line_starts_.begin();
     position p;
-    p.line = static_cast<size_t>(line);
+    p.line = static_cast<size_t>(line) + first_line_ - 1;
     p.column = at - line_starts_[static_cast<size_t>(line) - 1] + 1;
     return p;
   }
@@ -199,6 +203,12 @@ private:
       return "the end of the input";
     if (peek() == '\n')
       return "the end of the line";
+    auto c = static_cast<unsigned char>(peek());
+    if (c < 0x20 || c >= 0x7f) { // a control byte or part of a UTF-8 character: by its code
+      char code[8];
+      std::snprintf(code, sizeof code, "\\x%02x", c);
+      return std::string{"the byte "} + code;
+    }
     return std::string{"'"} + peek() + "'";
   }
 
@@ -357,6 +367,15 @@ private:
 
   void finish(const std::shared_ptr<expr>& e, size_t begin) {
     e->source = s_.substr(begin, i_ - begin);
+    // The interpreter walks the tree recursively: a chain of 7,000 '+' is
+    // as deep as 7,000 parentheses, and is refused the same way.
+    for (const auto& item : e->items)
+      e->depth = std::max(e->depth, item->depth + 1);
+    for (const auto& a : e->args)
+      e->depth = std::max(e->depth, a.value->depth + 1);
+    if (e->depth > 500)
+      error_at(begin, "the expression nests too deeply (more than 500 operations in one chain): "
+                      "split it into several statements");
   }
 
   expr_ptr expression() {
@@ -591,7 +610,7 @@ private:
       }
     }
     if (name_char(peek()))
-      error("a number runs into '" + std::string(1, peek()) + "': put an operator or a space between");
+      error("a number runs into " + found() + ": put an operator or a space between");
     auto e = node(expr::kind::number, begin);
     std::string digits = s_.substr(begin, i_ - begin);
     e->number = std::strtod(digits.c_str(), nullptr);
@@ -635,6 +654,7 @@ private:
   }
 
   const std::string& s_;
+  size_t first_line_ = 1;
   std::vector<size_t> line_starts_; ///< offset of each line's first character
   int blocks_ = 0;                  ///< open with/repeat blocks
   size_t i_ = 0;
@@ -644,15 +664,40 @@ private:
 
 } // namespace
 
-parse_result parse(const std::string& text) {
+parse_result parse(const std::string& text, size_t first_line) {
   parse_result r;
   try {
-    parser p{text};
+    parser p{text, std::max<size_t>(first_line, 1)};
     r.program = p.program(false);
   } catch (fail& f) {
     r.error = std::move(f.e);
+    r.error->first_line = std::max<size_t>(first_line, 1);
   }
   return r;
+}
+
+int bracket_balance(const std::string& line) {
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (quote != 0) {
+      if (c == '\\')
+        ++i;
+      else if (c == quote)
+        quote = 0;
+      continue;
+    }
+    if (c == '#')
+      break;
+    if (c == '"' || c == '\'')
+      quote = c;
+    else if (c == '(' || c == '[' || c == '{')
+      ++depth;
+    else if (c == ')' || c == ']' || c == '}')
+      --depth;
+  }
+  return depth;
 }
 
 bool incomplete(const std::string& text) {
@@ -662,12 +707,12 @@ bool incomplete(const std::string& text) {
 
 std::string explain(const parse_error& e, const std::string& text) {
   std::string where = "column " + std::to_string(e.at.column);
-  bool multiline = text.find('\n') != std::string::npos;
+  bool multiline = text.find('\n') != std::string::npos || e.first_line > 1;
   if (multiline)
     where = "line " + std::to_string(e.at.line) + ", " + where;
   // The offending line, and a caret under the column.
   size_t start = 0;
-  for (size_t l = 1; l < e.at.line; ++l) {
+  for (size_t l = e.first_line; l < e.at.line; ++l) {
     size_t nl = text.find('\n', start);
     if (nl == std::string::npos)
       break;

@@ -42,6 +42,7 @@ struct parse_error {
   /// True when the input ended inside a block, list or call: more
   /// lines would complete it (the REPL keeps reading).
   bool incomplete = false;
+  size_t first_line = 1; ///< the line number the parsed text started at
 };
 
 struct expr;
@@ -62,6 +63,7 @@ struct expr {
   std::string text;           ///< name, string, called function, method, or binary op ("+")
   std::vector<expr_ptr> items; ///< list items; binary: lhs, rhs; negate: operand; method: receiver
   std::vector<call_arg> args;  ///< call, method
+  int depth = 1;               ///< levels of the tree below and including this one
 };
 
 /// A plain word argument of a command (a device, a path, a name, "5s").
@@ -104,13 +106,21 @@ struct parse_result {
   std::vector<stmt> program;
   std::optional<parse_error> error;
 };
-parse_result parse(const std::string& text);
+/// `first_line`: the line of a script `text` starts at, for the positions.
+parse_result parse(const std::string& text, size_t first_line = 1);
+
+/// How many more brackets ('(', '[', '{') `line` opens than it closes,
+/// outside strings and comments: a reader keeps a running sum and asks
+/// incomplete() only when it is not positive, so that a long block is not
+/// parsed again at each of its lines.
+int bracket_balance(const std::string& line);
 
 /// True if `text` ends inside a block or brackets: the REPL reads
 /// another line before running it.
 bool incomplete(const std::string& text);
 
-/// "line 2, column 5: message" (just "column 5: ..." for one-line input),
+/// "line 2, column 5: message" (just "column 5: ..." for one-line input
+/// that starts at line 1),
 /// followed by the offending line and a caret under the column.
 std::string explain(const parse_error& e, const std::string& text);
 

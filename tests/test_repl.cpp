@@ -546,3 +546,52 @@ TEST_CASE("actorflow-repl --script exits 130 on SIGINT while a command runs", "[
   CHECK(*rc == 130);
   CHECK(p.output().find("not reached") == std::string::npos);
 }
+
+TEST_CASE("variables as tf.Variable and tf.get_variable make them; a failed one leaves no trace",
+          "[repl]") {
+  auto in = embedded({{"ps", 1}, {"worker", 2}});
+  auto r = exec(*in, "s = variable(\"s5\", 5)\nk = variable(\"k\", 7, dtype=\"int32\")\ninit\n"
+                     "run s, k / 2, k + 1");
+  INFO(r.out << r.err);
+  REQUIRE(r.ok);
+  // A scalar starting at 5 (tf.Variable(5)); the literal 2 takes k's int32.
+  CHECK(r.out == "initialized 2 variables\ns = 5.0\nk / 2 = 3\nk + 1 = 8\n");
+  auto shape_number = exec(*in, "bad = variable(\"bad\", 5, 1)");
+  CHECK(shape_number.err.find("a shape is a [list] ([5], not 5") != std::string::npos);
+  auto rank9 = exec(*in, "r9 = variable(\"r9\", [1, 1, 1, 1, 1, 1, 1, 1, 1])");
+  CHECK(rank9.err.find("at most 8 dimensions") != std::string::npos);
+
+  // q exists on the cluster as [2, 2]: asking for it as a scalar fails, and
+  // must not leave a half-made variable that breaks init, uninit and save.
+  REQUIRE(exec(*in, "session /job:worker/task:1\nq = variable(\"q\", [2, 2], 1)\ninit").ok);
+  REQUIRE(exec(*in, "session /job:worker/task:0").ok);
+  auto clash = exec(*in, "q = variable(\"q\", 5.0)");
+  CHECK_FALSE(clash.ok);
+  auto after = exec(*in, "init\nuninit");
+  INFO(after.err);
+  CHECK(after.ok);
+  CHECK(after.out == "initialized 2 variables\nuninitialized: []\n");
+}
+
+TEST_CASE("reset gives the session a fresh graph and keeps the cluster's variables", "[repl]") {
+  auto in = embedded({{"ps", 1}, {"worker", 1}});
+  REQUIRE(exec(*in, "with /job:ps/task:0 { w = variable(\"w\", [1], 3) }\ninit\nrun w + 1").ok);
+  auto r = exec(*in, "reset\nops\nnames");
+  CHECK(r.ok);
+  CHECK(r.out.find("starts again") != std::string::npos);
+  CHECK(r.out.find("add") == std::string::npos); // no ops, no names left
+  CHECK_FALSE(exec(*in, "run w").ok);
+  // The variable is still on the ps, with its value.
+  CHECK(exec(*in, "with /job:ps/task:0 { w = variable(\"w\", [1], 0) }\nrun w").out == "[3.]\n");
+}
+
+TEST_CASE("actorflow-repl refuses an endless line and a directory as a script", "[repl][script]") {
+  auto zero = testing::run_command({ACTORFLOW_REPL_BINARY, "--embedded", "worker=1", "--script",
+                                    "/dev/zero"},
+                                   60s);
+  CHECK(zero.exit_code == 1);
+  CHECK(zero.output.find("longer than 1048576 bytes") != std::string::npos);
+  auto dir = testing::run_command({ACTORFLOW_REPL_BINARY, "--script", "/tmp"}, 60s);
+  CHECK(dir.exit_code == 2);
+  CHECK(dir.output.find("is a directory") != std::string::npos);
+}

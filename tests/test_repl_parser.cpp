@@ -183,6 +183,39 @@ TEST_CASE("10,000 random and mutated lines: a tree or one error inside the input
   CHECK(deep_blocks.error->message.find("nest too deeply") != std::string::npos);
 }
 
+TEST_CASE("long operator and method chains are refused, not a stack overflow", "[repl][parser]") {
+  std::string sum = "print 1";
+  for (int i = 0; i < 7000; ++i)
+    sum += "+1";
+  auto r = parse(sum);
+  REQUIRE(r.error);
+  CHECK(r.error->message.find("nests too deeply") != std::string::npos);
+  std::string chain = "x = c";
+  for (int i = 0; i < 10000; ++i)
+    chain += ".relu()";
+  REQUIRE(parse(chain).error);
+  std::string fine = "print 1";
+  for (int i = 0; i < 400; ++i)
+    fine += " + 1";
+  CHECK_FALSE(parse(fine).error);
+}
+
+TEST_CASE("bracket_balance counts what a line leaves open, outside strings and comments",
+          "[repl][parser]") {
+  CHECK(bracket_balance("with /cpu:0 {") == 1);
+  CHECK(bracket_balance("x = f([1, 2") == 2);
+  CHECK(bracket_balance("print \"{[(\" # ((") == 0);
+  CHECK(bracket_balance("print '\\'{'") == 0);
+  CHECK(bracket_balance("}]") == -2);
+}
+
+TEST_CASE("positions start at the script line given", "[repl][parser]") {
+  auto r = parse("x = (1 +", 41);
+  REQUIRE(r.error);
+  CHECK(r.error->at.line == 41);
+  CHECK(explain(*r.error, "x = (1 +").find("line 41, column 9") != std::string::npos);
+}
+
 TEST_CASE("a block of 5,000 lines parses, with the right line in its error", "[repl][parser]") {
   std::string text = "repeat 2 {\n";
   for (int i = 0; i < 5000; ++i)

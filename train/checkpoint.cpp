@@ -359,7 +359,17 @@ outcome<checkpoint> load(const std::string& path) {
     return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
                        fmt::format("cannot open checkpoint '{}': {}", path,
                                    std::strerror(errno))};
-  std::string file{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  // The header first: a file whose size disagrees with it is refused
+  // before its body is read (a huge foreign file is not loaded whole).
+  auto size = fs::file_size(path, ec);
+  if (ec)
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("cannot read the size of checkpoint '{}': {}", path, ec.message())};
+  std::string file(static_cast<size_t>(std::min<uintmax_t>(size, header_size)), '\0');
+  in.read(file.data(), static_cast<std::streamsize>(file.size()));
+  if (!in)
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("cannot read checkpoint '{}'", path)};
   auto refuse = [&](const std::string& why, af_error code = af_error::invalid_argument) {
     return graph_error{code, fmt::format("checkpoint '{}' {}", path, why)};
   };
@@ -380,7 +390,7 @@ outcome<checkpoint> load(const std::string& path) {
   if (version == 0)
     return refuse("has format version 0, which no actorflow writes: the file is corrupt");
   auto body_len = get_le(file, 16, 8);
-  auto stored = file.size() - header_size;
+  auto stored = static_cast<uint64_t>(size) - header_size;
   if (stored < body_len)
     return refuse(fmt::format("is truncated: its header says {} body bytes, the file holds {}",
                               body_len, stored));
@@ -388,6 +398,15 @@ outcome<checkpoint> load(const std::string& path) {
     return refuse(fmt::format("has {} bytes after its {}-byte body: not one checkpoint",
                               stored - body_len, body_len));
   auto sum = get_le(file, 24, 8);
+  try {
+    file.resize(header_size + static_cast<size_t>(body_len));
+  } catch (const std::bad_alloc&) {
+    return refuse(fmt::format("has a body of {} bytes, more than this process can hold", body_len),
+                  af_error::resource_exhausted);
+  }
+  in.read(file.data() + header_size, static_cast<std::streamsize>(body_len));
+  if (!in)
+    return refuse("could not be read to its end (it changed while being read?)");
   if (fnv1a64(file.data() + header_size, body_len) != sum)
     return refuse("fails its checksum: the file is corrupt (a torn write or a flipped byte); "
                   "use an older checkpoint");
