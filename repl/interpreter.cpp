@@ -1160,7 +1160,7 @@ struct interpreter::state {
     if (c == "ping") {
       expect_words(st, 1, 1);
       auto [job, task] = parse_task(st.words[0], spec);
-      auto info = sess().ping(job, task);
+      auto info = live_ping(job, task);
       if (!info)
         fail(info.error());
       *out << node_line(job, task, *info) << "\n";
@@ -1308,6 +1308,18 @@ struct interpreter::state {
     fail(st.words[0].at, "help: no command or function '" + topic + "' (help lists them)");
   }
 
+  /// session::ping answers from the connection it holds; a node stopped
+  /// since (SIGSTOP) would still look up. One request to its executor
+  /// proves it answers now.
+  caf::expected<node_info> live_ping(const std::string& job, int32_t task) {
+    auto info = sess().ping(job, task);
+    if (!info)
+      return info;
+    if (auto load = sess().executor_load(job, task); !load)
+      return std::move(load.error());
+    return info;
+  }
+
   std::string node_line(const std::string& job, int32_t task, const node_info& info) {
     std::string devs;
     for (const auto& d : info.devices)
@@ -1338,7 +1350,7 @@ struct interpreter::state {
       for (size_t t = 0; t < tasks.size(); ++t) {
         if (cancelled())
           fail(st.at, "cancelled");
-        auto info = sess().ping(job, static_cast<int32_t>(t));
+        auto info = live_ping(job, static_cast<int32_t>(t));
         if (info) {
           *out << node_line(job, static_cast<int32_t>(t), *info) << "\n";
         } else {

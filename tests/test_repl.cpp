@@ -595,3 +595,25 @@ TEST_CASE("actorflow-repl refuses an endless line and a directory as a script", 
   CHECK(dir.exit_code == 2);
   CHECK(dir.output.find("is a directory") != std::string::npos);
 }
+
+TEST_CASE("ping and devices ask the node now: a stopped node is not reported up",
+          "[repl][processes]") {
+  auto cluster = testing::process_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto config = load_cluster_config((*cluster)->config_path());
+  REQUIRE(config);
+  repl::options opts;
+  opts.timeout = 2s;
+  auto in = repl::interpreter::connect(*config, "/job:worker/task:0", opts);
+  REQUIRE(in);
+  auto up = exec(**in, "ping /job:ps/task:0");
+  INFO(up.err);
+  REQUIRE(up.ok);
+  CHECK(up.out.find("/job:ps/task:0  pid ") == 0);
+  REQUIRE((*cluster)->signal("ps", 0, SIGSTOP));
+  auto stopped = exec(**in, "ping /job:ps/task:0");
+  (*cluster)->signal("ps", 0, SIGCONT);
+  INFO(stopped.out << stopped.err);
+  CHECK_FALSE(stopped.ok);
+  CHECK(stopped.err.find("/job:ps/task:0") != std::string::npos);
+}
