@@ -742,12 +742,16 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
   poll_for_reply();
   if (cancel_) {
     // Wait for the reply in slices, so that a cancel is seen within 20 ms;
-    // at the timeout read_all below times out as it would have.
+    // the timeout is the same as read_all's.
     auto until = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
       pollfd pfd{fd_, POLLIN, 0};
-      if (::poll(&pfd, 1, 20) != 0 || std::chrono::steady_clock::now() >= until)
+      int rc = ::poll(&pfd, 1, 20);
+      // EINTR is the Ctrl-C itself (its handler sets the flag checked below).
+      if (rc > 0 || (rc < 0 && errno != EINTR))
         break;
+      if (std::chrono::steady_clock::now() >= until)
+        return fail(what, EAGAIN);
       if (cancel_->load()) {
         close(fd_);
         fd_ = -1;

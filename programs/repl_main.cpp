@@ -175,6 +175,10 @@ void append_line(std::string& pending, std::string line) {
 /// instead of filling memory.
 constexpr size_t max_line_bytes = size_t{1} << 20;
 
+/// The longest statement (a block) a script may have: one that never closes
+/// is refused instead of filling memory.
+constexpr size_t max_statement_bytes = size_t{64} << 20;
+
 /// std::getline with a bound: false at the end of the input; `too_long` when
 /// the line ran past max_line_bytes (the rest of it is not read).
 bool read_line(std::istream& in, std::string& line, bool& too_long) {
@@ -182,7 +186,7 @@ bool read_line(std::istream& in, std::string& line, bool& too_long) {
   too_long = false;
   std::streambuf* buf = in.rdbuf();
   for (;;) {
-    int c = buf->sbumpc();
+    int c = buf->sbumpc(); // may throw on a read error (caught by the caller)
     if (c == std::char_traits<char>::eof())
       return !line.empty();
     if (c == '\n')
@@ -219,7 +223,16 @@ int run_script(af::repl::interpreter& interp, std::istream& in, bool keep_going)
     return interp.quit_requested() ? (failed ? 1 : 0) : -1;
   };
   bool too_long = false;
-  while (read_line(in, line, too_long)) {
+  size_t pending_lines = 0;
+  for (;;) {
+    try {
+      if (!read_line(in, line, too_long))
+        break;
+    } catch (const std::exception& e) {
+      std::cerr << "error after line " << line_number << ": reading the script failed (" << e.what()
+                << ")" << std::endl;
+      return 1;
+    }
     line_number += 1;
     if (too_long) {
       std::cerr << "error at line " << line_number << ": the line is longer than "
@@ -227,11 +240,24 @@ int run_script(af::repl::interpreter& interp, std::istream& in, bool keep_going)
       return 1;
     }
     append_line(pending, line);
-    // Parse only when the brackets may have closed: a block of n lines is
-    // then parsed once, not n times.
+    pending_lines += 1;
+    if (pending.size() > max_statement_bytes) {
+      std::cerr << "error at line " << first_line << ": the statement that starts there is still "
+                << "open after " << pending_lines << " lines (" << pending.size()
+                << " bytes): a '{', '[' or '(' is not closed" << std::endl;
+      return 1;
+    }
+    // While brackets are open the statement cannot be complete, but a parse
+    // error inside it can show already: a short statement is parsed at each
+    // line (so an error is reported at its line, not lines later), a long
+    // block only when its brackets may have closed (parsing it at each of
+    // its n lines would cost n^2).
     balance += af::repl::bracket_balance(line);
-    if (balance > 0 || af::repl::incomplete(pending))
+    if (balance > 0 && pending_lines > 200)
       continue;
+    if (af::repl::incomplete(pending))
+      continue;
+    pending_lines = 0;
     if (int rc = run_pending(); rc >= 0)
       return rc;
   }

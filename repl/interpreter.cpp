@@ -104,7 +104,38 @@ std::optional<ms> parse_duration(const std::string& s) {
     scale = 60000;
   else
     return std::nullopt;
+  if (v * scale > 86400e3) // at most a day, whatever the unit
+    return std::nullopt;
   return ms{static_cast<int64_t>(v * scale)};
+}
+
+/// An error message as it may reach a terminal: control bytes (a name typed
+/// with an escape sequence, echoed by the cluster) as \xNN, at most 2,000
+/// characters.
+std::string printable_message(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= 2000) {
+      out += "... (cut)";
+      break;
+    }
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      char code[8];
+      std::snprintf(code, sizeof code, "\\x%02x", c);
+      out += code;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+/// A number as a person writes it ("2.5", "3e+10").
+std::string number_text(double x) {
+  std::ostringstream o;
+  o.precision(10);
+  o << x;
+  return o.str();
 }
 
 /// `s` as it may go into a message: control bytes as \xNN, at most 60
@@ -299,8 +330,11 @@ struct interpreter::state {
   tensor to_tensor(const value& v, position at, dtype type = dtype::float32) {
     if (v.what == value::kind::tensor)
       return v.t;
-    if (v.what == value::kind::number || v.what == value::kind::boolean)
-      return tensor::filled(type, {}, v.number);
+    if (v.what == value::kind::number || v.what == value::kind::boolean) {
+      tensor t{type, {}};
+      store(t, 0, v.number, at);
+      return t;
+    }
     if (v.what != value::kind::list)
       fail(at, "expected numbers or a [list] of them, got " + std::string{kind_name(v.what)});
     shape_type shape;
@@ -322,8 +356,9 @@ struct interpreter::state {
   static void store(tensor& t, size_t i, double x, position at) {
     auto whole = [&](double lo, double hi) {
       if (!(x >= lo && x <= hi) || x != std::floor(x))
-        fail(at, std::string{"the value "} + std::to_string(x) + " does not fit " + to_string(t.type())
-                   + ": an integer tensor takes whole numbers in its range");
+        fail(at, "the value " + number_text(x) + " does not fit " + to_string(t.type())
+                   + ": an integer tensor takes whole numbers in its range (write const(" + number_text(x)
+                   + ", dtype=\"float32\") for a float)");
     };
     switch (t.type()) {
       case dtype::float32: t.mutable_data<float>()[i] = static_cast<float>(x); break;
@@ -390,11 +425,22 @@ struct interpreter::state {
       return v.t.type();
     if (v.what != value::kind::node || !sess().graph_def().contains(v.o))
       return dtype::float32;
-    const auto& n = sess().graph_def().at(v.o);
-    if (n.kind == node_kind::variable)
-      return n.spec.type;
-    if (n.kind == node_kind::constant && !n.value.empty())
-      return n.value.type();
+    // An op's result has its first input's dtype (elementwise ops,
+    // reductions, matmul, assigns), except the losses and softmaxes, which
+    // are float: follow first inputs back to a variable or constant.
+    const auto& g = sess().graph_def();
+    output o = v.o;
+    for (int hops = 0; hops < 1000 && g.contains(o); ++hops) {
+      const auto& n = g.at(o);
+      if (n.kind == node_kind::variable)
+        return n.spec.type;
+      if (n.kind == node_kind::constant)
+        return n.value.empty() ? dtype::float32 : n.value.type();
+      if (n.kind == node_kind::placeholder || n.inputs.empty()
+          || n.op.find("softmax") != std::string::npos)
+        return dtype::float32;
+      o = output{n.inputs[0]};
+    }
     return dtype::float32;
   }
 
@@ -440,12 +486,14 @@ struct interpreter::state {
           && std::memcmp(n.value.bytes(), t.bytes(), t.nbytes()) == 0)
         return it->second;
     }
+    check_graph_size();
     auto o = sess().constant(std::move(t));
     current->constants.emplace(h, o);
     return o;
   }
 
   value node_value(output o, const std::string& source) {
+    check_graph_size();
     value v;
     v.what = value::kind::node;
     v.o = o;
@@ -829,8 +877,11 @@ struct interpreter::state {
   initializer init_arg(const value& v, position at, shape_type& shape, bool shape_given, dtype type) {
     switch (v.what) {
       case value::kind::number:
-      case value::kind::boolean:
+      case value::kind::boolean: {
+        tensor check{type, {}};
+        store(check, 0, v.number, at); // an int variable takes whole numbers in its range
         return initializer::constant(v.number);
+      }
       case value::kind::init:
         return v.init;
       case value::kind::tensor:
@@ -1058,13 +1109,17 @@ struct interpreter::state {
     }
   }
 
+  /// Every evaluation adds ops, as in TF 1.x: a loop that builds ops each
+  /// round would grow the graph (and the REPL's memory) without bound. Only
+  /// what makes ops is refused at the cap: print, help, reset still work.
+  void check_graph_size() {
+    if (sess().graph_def().size() >= max_graph_nodes)
+      fail("this session's graph has " + std::to_string(sess().graph_def().size())
+           + " ops, the most the REPL builds: each evaluation adds ops, so bind an op once "
+             "(inc = var.assign_add(1)) and run its name in loops; `reset` starts a fresh graph");
+  }
+
   void statement(const stmt& st) {
-    // Every evaluation adds ops, as in TF 1.x: a loop that builds ops each
-    // round would grow the graph (and the REPL's memory) without bound.
-    if (sess().graph_def().size() > max_graph_nodes)
-      fail(st.at, "this session's graph has " + std::to_string(sess().graph_def().size())
-                    + " ops, the most the REPL builds: each evaluation adds ops, so bind an op "
-                      "once (inc = var.assign_add(1)) and run its name in loops");
     switch (st.what) {
       case stmt::kind::assign: {
         auto v = eval(*st.value);
@@ -1467,7 +1522,11 @@ struct interpreter::state {
   void wait_cmd(const stmt& st) {
     ms total{10000};
     size_t from = 0;
-    if (!st.words.empty() && std::isdigit(static_cast<unsigned char>(st.words[0].text[0]))) {
+    auto numeric = [](const std::string& w) {
+      size_t k = (w[0] == '-' || w[0] == '+') ? 1 : 0;
+      return k < w.size() && (std::isdigit(static_cast<unsigned char>(w[k])) || w[k] == '.');
+    };
+    if (!st.words.empty() && numeric(st.words[0].text)) {
       auto d = parse_duration(st.words[0].text);
       if (!d)
         fail(st.words[0].at, "wait: '" + printable(st.words[0].text)
@@ -1889,14 +1948,14 @@ bool interpreter::execute(const std::string& text, std::ostream& out, std::ostre
       where = multiline ? " at line " + std::to_string(e.at.line) + ", column "
                             + std::to_string(e.at.column)
                         : " at column " + std::to_string(e.at.column);
-    err << "error" << where << ": " << e.message << "\n";
+    err << "error" << where << ": " << printable_message(e.message) << "\n";
   } catch (std::bad_alloc&) {
     out << std::flush;
     err << "error: out of memory in this process while running the statement (a tensor too "
            "large for the REPL: make it a variable, which its node allocates)\n";
   } catch (std::exception& e) {
     out << std::flush;
-    err << "error: " << e.what() << "\n";
+    err << "error: " << printable_message(e.what()) << "\n";
   }
   if (st.current == nullptr)
     st.current = before;

@@ -720,11 +720,21 @@ std::string explain(const parse_error& e, const std::string& text) {
   }
   size_t end = text.find('\n', start);
   std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-  std::string caret(e.at.column > 0 ? e.at.column - 1 : 0, ' ');
-  for (size_t k = 0; k < caret.size() && k < line.size(); ++k)
-    if (line[k] == '\t')
+  // At most 100 characters of the line around the column, each control byte
+  // as '?' (the caret stays under the column; a terminal escape in the input
+  // must not reach the terminal).
+  size_t col = e.at.column > 0 ? e.at.column - 1 : 0;
+  size_t from = col > 60 ? col - 60 : 0;
+  std::string shown = line.substr(std::min(from, line.size()), 100);
+  for (auto& c : shown)
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
+      c = '?';
+  std::string caret(col - from, ' ');
+  for (size_t k = 0; k < caret.size() && k < shown.size(); ++k)
+    if (shown[k] == '\t')
       caret[k] = '\t';
-  return "parse error at " + where + ": " + e.message + "\n  " + line + "\n  " + caret + "^";
+  return "parse error at " + where + ": " + e.message + "\n  " + (from > 0 ? "..." : "") + shown
+         + "\n  " + (from > 0 ? "   " : "") + caret + "^";
 }
 
 } // namespace af::repl
