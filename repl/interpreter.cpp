@@ -1443,8 +1443,12 @@ struct interpreter::state {
     }
     run_trace trace;
     auto values = sess().run(fetches, feeds, &trace);
-    if (!values)
-      fail(values.error());
+    if (!values) {
+      auto why = describe(values.error());
+      if (why.find("run()'s feeds") != std::string::npos) // the library speaks C++
+        why += " (here: run ... feed NAME=[...])";
+      fail(why);
+    }
     last_trace = std::move(trace);
     for (size_t i = 0; i < values->size(); ++i) {
       auto text = format_numpy((*values)[i], opts.print);

@@ -226,13 +226,13 @@ TEST_CASE("a user at a terminal completes a name with Tab, recalls a command wit
 
   repl.type("u = variable(\"u\", [1])\r");
   CHECK_THAT(repl.expect(prompt, "the prompt after binding u"), !Catch::Contains("error"));
-  repl.type("wait 60s u\r");
-  // The Enter's newline shows when the line is taken: the command is about to
-  // run, and a Ctrl-C from then on is its.
-  repl.expect("wait 60s u\r\n", "the Enter of a wait that cannot end");
+  repl.type("print \"waiting\"; wait 60s u\r");
+  // "waiting" shows once the command runs: the Ctrl-C after it lands in the
+  // wait itself (not before the command began, which says so differently).
+  repl.expect("\r\nwaiting\r\n", "the command's first output, before its wait");
   auto interrupted_at = std::chrono::steady_clock::now();
   repl.type("\x03");
-  repl.expect("cancelled", "the wait's error after Ctrl-C");
+  repl.expect("wait: cancelled", "the wait's error after Ctrl-C");
   repl.expect(prompt, "the prompt after the interrupted wait");
   repl.type("print \"alive\"\r");
   repl.expect("\r\nalive\r\n", "the answer of print \"alive\" after Ctrl-C");
@@ -250,7 +250,7 @@ TEST_CASE("a user at a terminal completes a name with Tab, recalls a command wit
   CHECK(holds(history, "init"));
   CHECK(holds(history, "w2 = variable(\"w2\", [2],\n4)"));
   CHECK(holds(history, "run weights"));
-  CHECK(holds(history, "wait 60s u"));
+  CHECK(holds(history, "print \"waiting\"; wait 60s u"));
   CHECK(holds(history, "print \"alive\""));
   CHECK_FALSE(holds(history, "print \"dropped\""));
 }
