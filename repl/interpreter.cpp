@@ -109,17 +109,19 @@ std::optional<ms> parse_duration(const std::string& s) {
   return ms{static_cast<int64_t>(v * scale)};
 }
 
-/// An error message as it may reach a terminal: control bytes (a name typed
-/// with an escape sequence, echoed by the cluster) as \xNN, at most 2,000
-/// characters.
-std::string printable_message(const std::string& s) {
+/// `s` as it may reach a terminal: control bytes (a name typed with an
+/// escape sequence, echoed back by the cluster) as \xNN, at most `limit`
+/// characters; `keep_lines` keeps newlines and tabs (a message of several
+/// lines).
+std::string escaped(const std::string& s, size_t limit, bool keep_lines) {
   std::string out;
   for (unsigned char c : s) {
-    if (out.size() >= 2000) {
+    if (out.size() >= limit) {
       out += "... (cut)";
       break;
     }
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+    bool control = c < 0x20 || c == 0x7f;
+    if (control && !(keep_lines && (c == '\n' || c == '\t'))) {
       char code[8];
       std::snprintf(code, sizeof code, "\\x%02x", c);
       out += code;
@@ -128,6 +130,16 @@ std::string printable_message(const std::string& s) {
     }
   }
   return out;
+}
+
+/// An error message: at most 2,000 characters.
+std::string printable_message(const std::string& s) {
+  return escaped(s, 2000, true);
+}
+
+/// A name or word quoted in a message: at most 60 characters.
+std::string printable(const std::string& s) {
+  return escaped(s, 60, false);
 }
 
 /// A number as a person writes it ("2.5", "3e+10").
@@ -136,26 +148,6 @@ std::string number_text(double x) {
   o.precision(10);
   o << x;
   return o.str();
-}
-
-/// `s` as it may go into a message: control bytes as \xNN, at most 60
-/// characters.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (out.size() >= 60) {
-      out += "...";
-      break;
-    }
-    if (c < 0x20 || c == 0x7f) {
-      char code[8];
-      std::snprintf(code, sizeof code, "\\x%02x", c);
-      out += code;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
 }
 
 /// "/job:ps/task:0" -> (ps, 0); the message names the word and what to write.
