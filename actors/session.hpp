@@ -225,6 +225,8 @@ public:
 
   // -- cluster --------------------------------------------------------------
 
+  /// Asks /job:J/task:T for its info now (connecting first if needed): an
+  /// error if it does not answer within the timeout.
   caf::expected<node_info> ping(const std::string& job, int32_t task);
 
   /// Waits until /job:J/task:T answers (it may still be starting), trying

@@ -8,9 +8,18 @@
 namespace af {
 
 caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
-  auto conn = impl_->link.connect(job, task);
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
   if (!conn)
     return std::move(conn.error());
+  // Asked now, not read from the connection: a node stopped since it was
+  // connected (SIGSTOP, a hung host) must not look alive.
+  caf::error err;
+  im.self->request((*conn)->actor, im.opts.timeout, caf::ping_atom::value)
+    .receive([&](node_info& info) { (*conn)->info = std::move(info); },
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "ping", *conn); });
+  if (err)
+    return err;
   return (*conn)->info;
 }
 

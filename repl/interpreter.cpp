@@ -16,6 +16,7 @@
 #include "actors/training.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
+#include "messages/spelling.hpp"
 #include "repl/parser.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
@@ -248,7 +249,6 @@ struct interpreter::state {
   std::unique_ptr<train_job> job;
   std::set<std::string> known_variables; ///< seen in graphs and listings (completion)
   std::ostream* out = nullptr;
-  std::ostream* err = nullptr;
   int open_scopes = 0; ///< with blocks being run
   static constexpr size_t max_graph_nodes = 200000;
 
@@ -286,7 +286,7 @@ struct interpreter::state {
       auto s = make_session(job, task);
       if (!s)
         fail(s.error(), "opening a session on " + name);
-      auto c = std::make_unique<client>(client{name, std::move(*s), {}});
+      auto c = std::make_unique<client>(client{name, std::move(*s), {}, {}, {}});
       it = clients.emplace(name, std::move(c)).first;
     }
     current = it->second.get();
@@ -609,35 +609,15 @@ struct interpreter::state {
   }
 
   std::string nearest_name(const std::string& n) {
-    std::string best;
-    size_t best_d = 3;
-    auto consider = [&](const std::string& cand) {
-      size_t d = edit_distance(n, cand);
-      if (d < best_d) {
-        best_d = d;
-        best = cand;
-      }
-    };
+    std::vector<std::string> candidates; // the session's names first: they win ties
     for (const auto& [k, v] : current->names)
-      consider(k);
-    for (const auto& f : function_names())
-      consider(f);
-    consider("true");
-    consider("false");
+      candidates.push_back(k);
+    for (auto& f : function_names())
+      candidates.push_back(std::move(f));
+    candidates.push_back("true");
+    candidates.push_back("false");
+    auto best = closest(n, candidates, 2);
     return best.empty() ? "" : "; did you mean '" + best + "'?";
-  }
-
-  static size_t edit_distance(const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j)
-      prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
   }
 
   value binary(const expr& e) {
@@ -1207,7 +1187,7 @@ struct interpreter::state {
     if (c == "ping") {
       expect_words(st, 1, 1);
       auto [job, task] = parse_task(st.words[0], spec);
-      auto info = live_ping(job, task);
+      auto info = sess().ping(job, task);
       if (!info)
         fail(info.error());
       *out << node_line(job, task, *info) << "\n";
@@ -1267,7 +1247,11 @@ struct interpreter::state {
     if (c == "ops") {
       expect_words(st, 0, 0);
       for (const auto& n : sess().graph_def().nodes())
-        *out << n.name << "  " << (n.kind == node_kind::variable ? "variable" : n.op.empty() ? "constant" : n.op)
+        *out << n.name << "  "
+             << (n.kind == node_kind::variable      ? "variable"
+                 : n.kind == node_kind::constant    ? "constant"
+                 : n.kind == node_kind::placeholder ? "placeholder"
+                                                    : n.op)
              << "\n";
       return;
     }
@@ -1355,18 +1339,6 @@ struct interpreter::state {
     fail(st.words[0].at, "help: no command or function '" + topic + "' (help lists them)");
   }
 
-  /// session::ping answers from the connection it holds; a node stopped
-  /// since (SIGSTOP) would still look up. One request to its executor
-  /// proves it answers now.
-  caf::expected<node_info> live_ping(const std::string& job, int32_t task) {
-    auto info = sess().ping(job, task);
-    if (!info)
-      return info;
-    if (auto load = sess().executor_load(job, task); !load)
-      return std::move(load.error());
-    return info;
-  }
-
   std::string node_line(const std::string& job, int32_t task, const node_info& info) {
     std::string devs;
     for (const auto& d : info.devices)
@@ -1397,7 +1369,7 @@ struct interpreter::state {
       for (size_t t = 0; t < tasks.size(); ++t) {
         if (cancelled())
           fail(st.at, "cancelled");
-        auto info = live_ping(job, static_cast<int32_t>(t));
+        auto info = sess().ping(job, static_cast<int32_t>(t));
         if (info) {
           *out << node_line(job, static_cast<int32_t>(t), *info) << "\n";
         } else {
@@ -1923,7 +1895,6 @@ bool interpreter::execute(const std::string& text, std::ostream& out, std::ostre
   auto& st = *st_;
   st.open_scopes = 0;
   st.out = &out;
-  st.err = &err;
   auto parsed = parse(text, first_line);
   if (parsed.error) {
     err << explain(*parsed.error, text) << "\n";

@@ -1,5 +1,7 @@
 #include "train/config.hpp"
 
+#include "messages/spelling.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -37,31 +39,8 @@ const std::vector<std::string>& known_keys() {
   return keys;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string closest_key(const std::string& key) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& k : known_keys())
-    if (auto d = edit_distance(key, k); d < best_d) {
-      best_d = d;
-      best = k;
-    }
-  return best;
+  return closest(key, known_keys(), std::numeric_limits<size_t>::max() - 1);
 }
 
 /// A TOML value as the user wrote it, for messages.
