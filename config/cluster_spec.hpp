@@ -15,6 +15,8 @@
 
 #include "caf/expected.hpp"
 
+#include "config/security.hpp"
+
 namespace af {
 
 struct task_address {
@@ -44,6 +46,19 @@ struct node_options {
   /// A node's requests to its own actors (a variable's info for list_vars,
   /// the first ping at start): bounded by this.
   int32_t request_timeout_ms = 10000;
+
+  // -- limits: what one client, peer or stranger may make the node hold -----
+  /// The most bytes one variable may hold (its value; each optimizer slot alike).
+  int64_t max_variable_bytes = int64_t{2} << 30;
+  /// The most bytes one message may carry: a data-plane frame's payload, a
+  /// tensor read from CAF's wire.
+  int64_t max_message_bytes = int64_t{2} << 30;
+  /// Data-plane connections served at once; one more is refused (closed at
+  /// once, logged) until one ends.
+  int32_t max_data_connections = 256;
+  /// What a CAF peer may announce before its handshake completes (BASP's
+  /// first message): more and the connection is closed unread.
+  int32_t max_handshake_bytes = 65536;
 };
 
 class cluster_spec {
@@ -81,6 +96,7 @@ private:
 struct cluster_config {
   cluster_spec cluster;
   node_options node;
+  security_options security; ///< [security]; empty: plaintext (loopback only unless insecure)
   std::optional<std::string> task_type;  ///< TF_CONFIG's task.type, if any
   std::optional<int32_t> task_index;     ///< TF_CONFIG's task.index, if any
 };

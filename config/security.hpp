@@ -1,0 +1,36 @@
+#pragma once
+/// `[security]` of a cluster config: the files that make every connection of a
+/// node (CAF's port and the data plane's) mutual TLS with the cluster's CA.
+///
+///   [security]
+///   ca = "certs/ca.pem"            # the cluster CA (PEM)
+///   certificate = "certs/ps0.pem"  # this task's certificate, signed by the CA
+///   key = "certs/ps0.key"          # its private key (PEM)
+///   passphrase_file = "certs/ps0.pass"   # only where the key has a passphrase
+///
+/// or, to run plaintext on purpose on a non-loopback address:
+///
+///   [security]
+///   insecure = true
+///
+/// Relative paths are relative to the config file's folder. `actorflow-certs`
+/// makes a CA and one certificate per task of a config.
+
+#include <string>
+
+namespace af {
+
+struct security_options {
+  std::string ca_file;         ///< PEM file of the cluster CA
+  std::string cert_file;       ///< this process's certificate (PEM), signed by the CA
+  std::string key_file;        ///< its private key (PEM)
+  std::string passphrase_file; ///< where the key's passphrase is (first line); may be empty
+  std::string passphrase;      ///< read from passphrase_file when the config is loaded
+  /// Plaintext ports allowed on a non-loopback address, said explicitly.
+  bool insecure = false;
+
+  /// True when connections are to be mutual TLS.
+  bool enabled() const { return !cert_file.empty(); }
+};
+
+} // namespace af
