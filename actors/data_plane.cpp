@@ -261,7 +261,8 @@ variable_directory::aggregator_call variable_directory::aggregator_caller() cons
 
 caf::expected<std::unique_ptr<data_plane_server>>
 data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::string& bind_host,
-                         uint16_t port, std::string node_name, data_plane_timeouts timeouts) {
+                         uint16_t port, std::string node_name, data_plane_limits timeouts,
+                         std::shared_ptr<tls_context> tls) {
   if (timeouts.idle.count() <= 0 || timeouts.frame.count() <= 0
       || timeouts.idle.count() > std::numeric_limits<int>::max()
       || timeouts.frame.count() > std::numeric_limits<int>::max())
@@ -269,7 +270,8 @@ data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::str
                       fmt::format("{}: data-plane timeouts must be 1 ms .. 24 days (idle {} ms, "
                                   "frame {} ms)",
                                   node_name, timeouts.idle.count(), timeouts.frame.count()));
-  std::unique_ptr<data_plane_server> srv{new data_plane_server(std::move(dir), node_name, timeouts)};
+  std::unique_ptr<data_plane_server> srv{
+    new data_plane_server(std::move(dir), node_name, timeouts, std::move(tls))};
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -606,7 +608,9 @@ void data_plane_server::serve(int fd, const std::string& peer) {
 
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
-                      std::chrono::milliseconds timeout, std::chrono::microseconds poll) {
+                      std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+                      std::shared_ptr<tls_context> tls) {
+  (void) tls;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

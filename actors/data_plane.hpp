@@ -30,6 +30,7 @@
 
 #include "caf/expected.hpp"
 
+#include "actors/tls.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/wire.hpp"
@@ -84,25 +85,42 @@ private:
   aggregator_call call_;
 };
 
-/// How long a server connection may stay silent (node_options'
-/// data_idle_timeout_ms and data_frame_timeout_ms).
-struct data_plane_timeouts {
+/// What one connection, client or stranger may make the data plane hold
+/// (node_options: data_idle_timeout_ms, data_frame_timeout_ms,
+/// max_message_bytes, max_variable_bytes, max_data_connections).
+struct data_plane_limits {
   /// Between frames: a client that sends nothing for this long is dropped
   /// (it reconnects on its next op).
   std::chrono::milliseconds idle{std::chrono::minutes{10}};
   /// Within a frame: a peer that stops in the middle of a header, name or
   /// payload for this long is dropped, so it cannot hold a thread forever.
+  /// Bounds a TLS handshake as well.
   std::chrono::milliseconds frame{std::chrono::seconds{5}};
+  /// A frame whose payload is larger is refused before anything is allocated
+  /// ([node] max_message_bytes).
+  int64_t max_message_bytes = int64_t{2} << 30;
+  /// An operand that would make a variable larger is refused ([node]
+  /// max_variable_bytes).
+  int64_t max_variable_bytes = int64_t{2} << 30;
+  /// Connections served at once; one more is closed at once ([node]
+  /// max_data_connections).
+  int32_t max_connections = 256;
 };
+
+/// The old name (timeouts only), for code not yet moved to the limits.
+using data_plane_timeouts = data_plane_limits;
 
 /// The node's side: a listening socket and one thread per connection.
 class data_plane_server {
 public:
   /// Listens on `bind_host` (empty: all interfaces) at `port` (0: the OS picks).
-  /// `node_name` names the node in errors and logs.
+  /// `node_name` names the node in errors and logs. With `tls`, every
+  /// connection is mutual TLS: a peer without a certificate of the cluster CA
+  /// is refused (and logged) before it can send a request.
   static caf::expected<std::unique_ptr<data_plane_server>>
   start(std::shared_ptr<variable_directory> dir, const std::string& bind_host, uint16_t port,
-        std::string node_name, data_plane_timeouts timeouts = {});
+        std::string node_name, data_plane_limits limits = {},
+        std::shared_ptr<tls_context> tls = nullptr);
 
   ~data_plane_server();
 
@@ -114,8 +132,9 @@ public:
 
 private:
   data_plane_server(std::shared_ptr<variable_directory> dir, std::string node_name,
-                    data_plane_timeouts timeouts)
-    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(timeouts) {}
+                    data_plane_limits limits, std::shared_ptr<tls_context> tls)
+    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(limits),
+      tls_(std::move(tls)) {}
   void accept_loop();
   void serve(int fd, const std::string& peer);
   /// A push or pull frame (header read, name read); false: drop the connection.
@@ -124,7 +143,8 @@ private:
 
   std::shared_ptr<variable_directory> dir_;
   std::string node_name_;
-  data_plane_timeouts timeouts_;
+  data_plane_limits timeouts_;
+  std::shared_ptr<tls_context> tls_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
@@ -140,10 +160,13 @@ class data_channel {
 public:
   /// `peer` names the node in errors ("/job:ps/task:0 at h:p").
   /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
+  /// With `tls`: mutual TLS, the node's certificate checked against the
+  /// cluster CA; the handshake is bounded by `timeout`.
   static caf::expected<std::unique_ptr<data_channel>>
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
-          std::chrono::microseconds poll = std::chrono::microseconds{0});
+          std::chrono::microseconds poll = std::chrono::microseconds{0},
+          std::shared_ptr<tls_context> tls = nullptr);
 
   ~data_channel();
 

@@ -332,11 +332,14 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        uint16_t port, const node_options& opts) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   auto directory = std::make_shared<variable_directory>();
-  data_plane_timeouts timeouts;
-  timeouts.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
-  timeouts.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
+  data_plane_limits limits;
+  limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
+  limits.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
+  limits.max_message_bytes = opts.max_message_bytes;
+  limits.max_variable_bytes = opts.max_variable_bytes;
+  limits.max_connections = opts.max_data_connections;
   auto data_plane = data_plane_server::start(directory, bind_host,
-                                             static_cast<uint16_t>(opts.data_port), name, timeouts);
+                                             static_cast<uint16_t>(opts.data_port), name, limits);
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);

@@ -1,0 +1,247 @@
+#include "actors/tls.hpp"
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <cerrno>
+#include <cstring>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+struct bio_deleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct x509_deleter {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct pkey_deleter {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct store_deleter {
+  void operator()(X509_STORE* s) const { X509_STORE_free(s); }
+};
+struct store_ctx_deleter {
+  void operator()(X509_STORE_CTX* s) const { X509_STORE_CTX_free(s); }
+};
+struct ctx_deleter {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+using x509_ptr = std::unique_ptr<X509, x509_deleter>;
+
+/// The whole file, or an error naming it and the [security] key it came from.
+caf::expected<std::string> slurp(const std::string& path, const char* key, const std::string& who) {
+  if (path.empty())
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [security] has a certificate but no {}; set {} = \"<file>\"",
+                                  who, key, key));
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: cannot read {} file '{}' ([security] {}): {}", who, key, path,
+                                  key, std::strerror(errno)));
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+/// The passphrase for an encrypted key, from security_options: never a
+/// prompt on the terminal (OpenSSL's default would block a node started by
+/// a supervisor).
+int passphrase_cb(char* buf, int size, int, void* userdata) {
+  const auto* pass = static_cast<const std::string*>(userdata);
+  if (pass == nullptr || pass->empty() || static_cast<int>(pass->size()) > size)
+    return 0;
+  std::memcpy(buf, pass->data(), pass->size());
+  return static_cast<int>(pass->size());
+}
+
+/// Expired or not yet valid: what is wrong with `cert`'s dates, or empty.
+std::string check_dates(X509* cert) {
+  auto print = [](const ASN1_TIME* t) {
+    std::unique_ptr<BIO, bio_deleter> bio{BIO_new(BIO_s_mem())};
+    ASN1_TIME_print(bio.get(), t);
+    char* data = nullptr;
+    auto n = BIO_get_mem_data(bio.get(), &data);
+    return std::string(data, static_cast<size_t>(n));
+  };
+  if (X509_cmp_current_time(X509_get0_notAfter(cert)) < 0)
+    return "expired on " + print(X509_get0_notAfter(cert));
+  if (X509_cmp_current_time(X509_get0_notBefore(cert)) > 0)
+    return "not valid before " + print(X509_get0_notBefore(cert));
+  return {};
+}
+
+caf::expected<x509_ptr> read_cert(const std::string& pem, const std::string& path, const char* key,
+                                  const std::string& who) {
+  std::unique_ptr<BIO, bio_deleter> bio{BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))};
+  x509_ptr cert{PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)};
+  if (!cert) {
+    ERR_clear_error();
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: {} file '{}' ([security] {}) is not a PEM certificate "
+                                  "(-----BEGIN CERTIFICATE-----)",
+                                  who, key, path, key));
+  }
+  auto dates = check_dates(cert.get());
+  if (!dates.empty())
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: the certificate in '{}' ([security] {}) {}; make a new one "
+                                  "(actorflow-certs)",
+                                  who, path, key, dates));
+  return cert;
+}
+
+} // namespace
+
+tls_context::~tls_context() {
+  SSL_CTX_free(ctx_);
+}
+
+std::string tls_errors(const std::string& fallback) {
+  std::string out;
+  while (auto e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    // "error:0A000086:SSL routines::certificate verify failed": the reason.
+    const char* reason = ERR_reason_error_string(e);
+    if (!out.empty())
+      out += "; ";
+    out += reason != nullptr ? reason : buf;
+  }
+  return out.empty() ? fallback : out;
+}
+
+std::string tls_handshake_failure(ssl_st* ssl, int ret) {
+  auto verify = SSL_get_verify_result(ssl);
+  if (verify != X509_V_OK) {
+    ERR_clear_error();
+    return fmt::format("its certificate was refused: {}", X509_verify_cert_error_string(verify));
+  }
+  auto err = SSL_get_error(ssl, ret);
+  int saved = errno;
+  if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+    if (saved == EAGAIN || saved == EWOULDBLOCK)
+      return "the TLS handshake timed out";
+    return saved == 0 ? std::string{"the peer closed the connection during the TLS handshake"}
+                      : std::string{"TLS handshake: "} + std::strerror(saved);
+  }
+  return "TLS handshake failed: " + tls_errors("no reason given");
+}
+
+caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_options& sec,
+                                                             const std::string& who) {
+  auto ca_pem = slurp(sec.ca_file, "ca", who);
+  if (!ca_pem)
+    return std::move(ca_pem.error());
+  auto cert_pem = slurp(sec.cert_file, "certificate", who);
+  if (!cert_pem)
+    return std::move(cert_pem.error());
+  auto key_pem = slurp(sec.key_file, "key", who);
+  if (!key_pem)
+    return std::move(key_pem.error());
+  auto ca = read_cert(*ca_pem, sec.ca_file, "ca", who);
+  if (!ca)
+    return std::move(ca.error());
+  auto cert = read_cert(*cert_pem, sec.cert_file, "certificate", who);
+  if (!cert)
+    return std::move(cert.error());
+
+  // The key: with the passphrase of passphrase_file, never a prompt.
+  std::unique_ptr<BIO, bio_deleter> kbio{
+    BIO_new_mem_buf(key_pem->data(), static_cast<int>(key_pem->size()))};
+  std::string pass = sec.passphrase;
+  std::unique_ptr<EVP_PKEY, pkey_deleter> key{
+    PEM_read_bio_PrivateKey(kbio.get(), nullptr, passphrase_cb, &pass)};
+  if (!key) {
+    ERR_clear_error();
+    bool encrypted = key_pem->find("ENCRYPTED") != std::string::npos;
+    bool pem = key_pem->find("-----BEGIN") != std::string::npos
+               && key_pem->find("PRIVATE KEY-----") != std::string::npos;
+    std::string why;
+    if (!pem)
+      why = "is not a PEM private key (-----BEGIN PRIVATE KEY-----)";
+    else if (encrypted && sec.passphrase.empty())
+      why = "is encrypted and no passphrase was given; set [security] passphrase_file";
+    else if (encrypted)
+      why = "cannot be decrypted with the passphrase of '" + sec.passphrase_file
+            + "' (wrong passphrase?)";
+    else
+      why = "cannot be read (a damaged PEM key?)";
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: the key file '{}' ([security] key) {}", who, sec.key_file, why));
+  }
+  if (X509_check_private_key(cert->get(), key.get()) != 1) {
+    ERR_clear_error();
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: the key in '{}' does not match the certificate in '{}'; use "
+                                  "the key made with that certificate",
+                                  who, sec.key_file, sec.cert_file));
+  }
+
+  // The certificate must be one the cluster CA signed: a peer would refuse
+  // it anyway, say so at start instead of at the first connection.
+  {
+    std::unique_ptr<X509_STORE, store_deleter> store{X509_STORE_new()};
+    X509_STORE_add_cert(store.get(), ca->get());
+    std::unique_ptr<X509_STORE_CTX, store_ctx_deleter> vctx{X509_STORE_CTX_new()};
+    X509_STORE_CTX_init(vctx.get(), store.get(), cert->get(), nullptr);
+    if (X509_verify_cert(vctx.get()) != 1) {
+      auto code = X509_STORE_CTX_get_error(vctx.get());
+      ERR_clear_error();
+      return make_error(af_error::invalid_config,
+                        fmt::format("{}: the certificate in '{}' is not signed by the CA in '{}' "
+                                    "([security] ca): {}",
+                                    who, sec.cert_file, sec.ca_file,
+                                    X509_verify_cert_error_string(code)));
+    }
+  }
+
+  std::unique_ptr<SSL_CTX, ctx_deleter> ctx{SSL_CTX_new(TLS_method())};
+  if (!ctx)
+    return make_error(af_error::internal, who + ": " + tls_errors("cannot make an SSL_CTX"));
+  auto* c = ctx.get();
+  SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+  // AES-128-GCM first: AES-NI makes it the fastest on x86 (docs/wire.md).
+  SSL_CTX_set_ciphersuites(c, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
+                              "TLS_CHACHA20_POLY1305_SHA256");
+  SSL_CTX_set_cipher_list(c, "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                             "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384");
+  // No session tickets: the server would send them after the handshake, and
+  // a client that never reads them would take them for data when it checks
+  // whether an idle connection was closed. Each connection is long-lived.
+  SSL_CTX_set_num_tickets(c, 0);
+  SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // Whole writes only (SSL_MODE_ENABLE_PARTIAL_WRITE stays off).
+  SSL_CTX_clear_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE);
+#ifdef SSL_OP_ENABLE_KTLS
+  if (const char* ktls = std::getenv("ACTORFLOW_KTLS"); ktls != nullptr && std::string{ktls} == "1")
+    SSL_CTX_set_options(c, SSL_OP_ENABLE_KTLS);
+#endif
+  if (SSL_CTX_use_certificate(c, cert->get()) != 1 || SSL_CTX_use_PrivateKey(c, key.get()) != 1)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: OpenSSL refused the certificate '{}' or key '{}': {}", who,
+                                  sec.cert_file, sec.key_file, tls_errors("no reason given")));
+  if (X509_STORE_add_cert(SSL_CTX_get_cert_store(c), ca->get()) != 1)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: OpenSSL refused the CA '{}': {}", who, sec.ca_file,
+                                  tls_errors("no reason given")));
+  // Both sides show a certificate of the cluster CA, or no connection.
+  SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  SSL_CTX_set_verify_depth(c, 4);
+  return std::make_shared<tls_context>(ctx.release(), who);
+}
+
+} // namespace af
