@@ -911,6 +911,10 @@ auto common_handlers(self_pointer self) {
       st.stats.staleness.assign(buckets, 0);
       st.stats.events = std::move(events);
       st.stats.events_total = events_total;
+      // Said in --status: a ps whose variables were reloaded is told from
+      // one that kept its state (a ps restored after it died, the chief's
+      // restore at start).
+      add_event(st, fmt::format("restored to global step {}", st.global_step));
       invalidate(self);
       return st.global_step;
     },

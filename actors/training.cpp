@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -166,6 +168,8 @@ caf::expected<Result> ask(session& s, const Handle& h, std::chrono::milliseconds
 struct ps_placement {
   std::vector<output> vars;
   std::vector<param_shard> shards;
+  std::vector<std::vector<output>> shard_vars; ///< per shard: its variables
+  std::vector<aggregator_spec> specs;          ///< per shard: its aggregator's
 };
 
 /// Creates one variable per piece of the partition plan (train/partition.hpp:
@@ -240,9 +244,15 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     shard.actor = *agg;
     shard.host = s.cluster().address("ps", task)->host;
     shard.data_port = info->data_port;
-    for (auto i : mine)
+    shard.incarnation = info->incarnation;
+    std::vector<output> vars;
+    for (auto i : mine) {
       shard.pieces.push_back(plan->pieces[i]);
+      vars.push_back(out.vars[i]);
+    }
     out.shards.push_back(std::move(shard));
+    out.shard_vars.push_back(std::move(vars));
+    out.specs.push_back(spec);
   }
   return out;
 }
@@ -315,6 +325,230 @@ caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_sh
   ck.data_position = position(ck.global_step);
   ck.config = train::to_toml(c);
   return ck;
+}
+
+/// The key under which the chief says it restored ps `k` in its new
+/// incarnation: "<global step> <checkpoint step>".
+std::string restored_key(uint64_t chief_incarnation, size_t k, uint64_t ps_incarnation) {
+  return fmt::format("train/{}/ps{}/restored/{}", chief_incarnation, k, ps_incarnation);
+}
+
+/// What waiting for a ps that died needs (worker_setup::recover_ps): the
+/// session (used on the recovery link's thread while run_worker_task waits
+/// for the worker), and, on the chief, what re-creates and restores the ps.
+struct recovery_context {
+  session* s = nullptr;
+  train::train_config c;
+  std::vector<train::parameter> params;
+  std::vector<param_shard> shards;            ///< as last seen (incarnations)
+  std::vector<std::vector<output>> vars;      ///< per shard
+  std::vector<aggregator_spec> specs;         ///< per shard
+  kv_store_actor store;                       ///< the chief's
+  uint64_t chief_incarnation = 0;
+  uint32_t task = 0;
+  /// A session of short timeouts for the pings while waiting: the first
+  /// ping after a kill may go to the dead node's proxy, which CAF does not
+  /// answer; the job's session would wait its whole request timeout.
+  std::optional<session> pinger;
+  /// Held while a recovery runs (on the recovery link's thread); closed
+  /// once run_worker_task is done with the sessions, under the same lock.
+  std::mutex mtx;
+  bool closed = false;
+};
+
+/// Waits (bounded by ps_recovery_timeout_ms) until shard `k`'s ps answers
+/// as a new process; nullopt if the same process answers (its connection
+/// broke, not the process). A non-chief gives up at once when the chief is
+/// gone: the job stops then (docs/training.md).
+caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_t k,
+                                                    const std::string& why) {
+  auto& s = *ctx.s;
+  const auto& shard = ctx.shards[k];
+  auto ms = ctx.c.ps_recovery_timeout_ms;
+  if (!ctx.pinger) {
+    session_options so;
+    so.timeout = std::chrono::milliseconds{1000};
+    so.connect_timeout = std::chrono::milliseconds{1000};
+    auto p = session::make(s.system(), s.cluster(), "/job:worker/task:" + std::to_string(ctx.task),
+                           so);
+    if (!p)
+      return std::move(p.error());
+    ctx.pinger.emplace(std::move(*p));
+  }
+  auto& pinger = *ctx.pinger;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{ms};
+  auto addr = s.cluster().address("ps", static_cast<int32_t>(k));
+  auto where = addr ? addr->to_string() : std::string{"?"};
+  if (ctx.task == 0)
+    log::get()->warn("chief: {} at {} is gone ({}); waiting up to {} ms (ps_recovery_timeout_ms) "
+                     "for it to come back: a supervisor restarts it (systemd "
+                     "Restart=on-failure, actorflow-node --restart-on-failure), or start "
+                     "`actorflow-train --config F --job ps --task {}` again; then its variables "
+                     "are restored from the latest checkpoint",
+                     shard.task, where, why, ms, k);
+  else
+    log::get()->warn("worker {}: {} at {} is gone ({}); waiting up to {} ms for it to come back "
+                     "and for the chief to restore it",
+                     ctx.task, shard.task, where, why, ms);
+  for (;;) {
+    if (ctx.task != 0) {
+      auto chief = pinger.ping("worker", 0);
+      if (!chief || chief->incarnation != ctx.chief_incarnation) {
+        auto caddr = s.cluster().address("worker", 0);
+        return make_error(af_error::aborted,
+                          fmt::format("the chief /job:worker/task:0 at {} is gone ({}) while {} "
+                                      "was down: the job stops (no other worker takes over); "
+                                      "restart every task of the job, and the chief resumes "
+                                      "from the latest checkpoint",
+                                      caddr ? caddr->to_string() : std::string{"?"},
+                                      chief ? "it restarted" : describe(chief.error()),
+                                      shard.task));
+      }
+    }
+    auto info = pinger.ping("ps", static_cast<int32_t>(k));
+    if (info && info->incarnation == shard.incarnation)
+      return std::optional<node_info>{};
+    if (info)
+      return std::optional<node_info>{*info};
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(af_error::timeout,
+                        fmt::format("{} at {} did not come back within {} ms "
+                                    "(ps_recovery_timeout_ms) after it was lost ({}); the job "
+                                    "stops: start the ps, then the job's tasks, which resume "
+                                    "from the latest checkpoint",
+                                    shard.task, where, ms, why));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+/// The chief: ps `k` died; waits for it, re-creates its variables and its
+/// aggregator, restores them (values, optimizer slots) from the latest
+/// checkpoint at global step `step` (the step the job pushes to it; the
+/// other ps keep their state), says so in the chief's key-value store for
+/// the other workers, and hands back the shard as it runs now.
+caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k, uint64_t step,
+                                                const std::string& why) {
+  auto& s = *ctx.s;
+  const auto& c = ctx.c;
+  std::chrono::milliseconds timeout{c.step_timeout_ms};
+  auto back = wait_for_ps(ctx, k, why);
+  if (!back)
+    return std::move(back.error());
+  if (!*back)
+    return recovered_shard{ctx.shards[k], step}; // the same process: push again
+  auto info = **back;
+  auto task = static_cast<int32_t>(k);
+  log::get()->info("chief: {} is back (incarnation {}); re-creating its variables and aggregator",
+                   ctx.shards[k].task, info.incarnation);
+  if (auto err = s.initialize(ctx.vars[k]))
+    return err;
+  auto agg = s.aggregator("ps", task, ctx.specs[k]);
+  if (!agg)
+    return std::move(agg.error());
+  param_shard shard = ctx.shards[k];
+  shard.actor = *agg;
+  shard.data_port = info.data_port;
+  shard.incarnation = info.incarnation;
+  // Its state: the latest checkpoint's rows of its pieces, else (none yet)
+  // the values it was just initialized with.
+  aggregator_state state;
+  std::string from = "its initial values (no checkpoint yet)";
+  uint64_t from_step = 0;
+  bool have = false;
+  if (!c.checkpoint_dir.empty()) {
+    auto latest = train::latest(c.checkpoint_dir);
+    if (!latest)
+      return to_error(latest.error());
+    if (!latest->empty()) {
+      auto ck = train::load(*latest);
+      if (!ck)
+        return to_error(ck.error());
+      auto st = restored_state(*ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind);
+      if (!st)
+        return std::move(st.error());
+      state = std::move(*st);
+      from = *latest;
+      from_step = ck->global_step;
+      have = true;
+    }
+  }
+  if (!have) {
+    auto st = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
+    if (!st)
+      return std::move(st.error());
+    state = std::move(*st);
+  }
+  state.global_step = step;
+  auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(state));
+  if (!r)
+    return std::move(r.error());
+  // Workers that finished or left are not waited for by the new aggregator:
+  // a surviving shard knows them.
+  for (size_t j = 0; j < ctx.shards.size(); ++j) {
+    if (j == k)
+      continue;
+    auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value);
+    if (!stats)
+      continue;
+    for (const auto& w : stats->workers)
+      if (w.status == "done" || w.status == "left")
+        caf::anon_send(shard.actor, done_atom::value, w.worker);
+    break;
+  }
+  kv_client client{s.system(), ctx.store, timeout};
+  if (auto err = client.put(restored_key(ctx.chief_incarnation, k, info.incarnation),
+                            fmt::format("{} {}", step, from_step)))
+    return err;
+  ctx.shards[k] = shard;
+  auto lost = step > from_step ? step - from_step : 0;
+  log::get()->warn("chief: restored {} from {} (global step {}) at global step {}: its "
+                   "variables lost {} update(s); the other ps kept theirs",
+                   shard.task, from, from_step, step, lost);
+  std::printf("ps recovered: %s from %s checkpoint_step=%llu at global_step=%llu lost=%llu\n",
+              shard.task.c_str(), from.c_str(), static_cast<unsigned long long>(from_step),
+              static_cast<unsigned long long>(step), static_cast<unsigned long long>(lost));
+  std::fflush(stdout);
+  return recovered_shard{shard, step};
+}
+
+/// Another worker: ps `k` died; waits for it and for the chief's word that
+/// it restored it, then finds its new aggregator.
+caf::expected<recovered_shard> worker_recover_ps(recovery_context& ctx, size_t k, uint64_t step,
+                                                 const std::string& why) {
+  auto& s = *ctx.s;
+  auto back = wait_for_ps(ctx, k, why);
+  if (!back)
+    return std::move(back.error());
+  if (!*back)
+    return recovered_shard{ctx.shards[k], step};
+  auto info = **back;
+  auto ms = std::chrono::milliseconds{ctx.c.ps_recovery_timeout_ms};
+  kv_client client{s.system(), ctx.store, std::chrono::milliseconds{5000}};
+  auto key = restored_key(ctx.chief_incarnation, k, info.incarnation);
+  auto word = client.get(key, ms);
+  if (!word)
+    return make_error(af_error::timeout,
+                      fmt::format("{} came back, but the chief did not say it restored it within "
+                                  "{} ms (waited for '{}' in its key-value store): {}",
+                                  ctx.shards[k].task, ms.count(), key, describe(word.error())));
+  unsigned long long restored = 0, from = 0;
+  if (std::sscanf(word->c_str(), "%llu %llu", &restored, &from) != 2)
+    return make_error(af_error::internal, "the chief wrote '" + *word + "' under " + key
+                                            + ", not '<global step> <checkpoint step>'");
+  aggregator_spec lookup;
+  lookup.name = ctx.shards[k].aggregator;
+  lookup.workers = 0;
+  auto agg = s.aggregator("ps", static_cast<int32_t>(k), lookup);
+  if (!agg)
+    return std::move(agg.error());
+  param_shard shard = ctx.shards[k];
+  shard.actor = *agg;
+  shard.data_port = info.data_port;
+  shard.incarnation = info.incarnation;
+  ctx.shards[k] = shard;
+  log::get()->info("worker {}: {} is back, restored by the chief at global step {}", ctx.task,
+                   shard.task, restored);
+  return recovered_shard{shard, restored};
 }
 
 } // namespace
@@ -434,6 +668,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   }
 
   // 2-3. variables, aggregators, initialization
+  std::shared_ptr<recovery_context> recovery; // sync, async, average: waits for a ps that died
   if (!allreduce) {
     // One name per ps for the job's life: a live switch changes the mode of
     // the aggregator behind it, and --status and --switch find it by it.
@@ -444,6 +679,27 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     auto chief_info = chief_store_of(s);
     if (!chief_info)
       return std::move(chief_info.error());
+    if (c.ps_recovery_timeout_ms > 0) {
+      auto ctx = std::make_shared<recovery_context>();
+      recovery = ctx;
+      ctx->s = &s;
+      ctx->c = c;
+      ctx->params = *params;
+      ctx->shards = setup.shards;
+      ctx->vars = placed->shard_vars;
+      ctx->specs = placed->specs;
+      ctx->store = chief_info->store;
+      ctx->chief_incarnation = chief_info->incarnation;
+      ctx->task = task;
+      setup.recover_ps = [ctx](size_t k, uint64_t step,
+                               const std::string& why) -> caf::expected<recovered_shard> {
+        std::lock_guard<std::mutex> guard{ctx->mtx};
+        if (ctx->closed)
+          return make_error(af_error::cancelled, "the worker task is over");
+        return ctx->task == 0 ? chief_recover_ps(*ctx, k, step, why)
+                              : worker_recover_ps(*ctx, k, step, why);
+      };
+    }
     // The store answers a get at its own deadline; the client's margin
     // only covers a round trip. A store whose node died (a chief killed or
     // failed at start) answers nothing, and CAF does not fail a request to
@@ -664,9 +920,19 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     finished.set_value(std::move(r));
   });
   auto r = result.get();
+  // The recovery link may outlive the worker a little: its session goes now,
+  // before this one and the actor system.
+  if (recovery) {
+    std::lock_guard<std::mutex> guard{recovery->mtx};
+    recovery->closed = true;
+    recovery->pinger.reset();
+  }
   if (!r)
     return std::move(r.error());
   outcome.result = std::move(*r);
+  // A ps that died and came back has a new aggregator.
+  if (!outcome.result.shards.empty())
+    shards = outcome.result.shards;
   if (!chief) {
     outcome.checkpoint = *last_checkpoint;
     return outcome;

@@ -1,5 +1,6 @@
 #include "actors/worker.hpp"
 
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -46,6 +47,35 @@ caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t por
   };
 }
 
+using recover_atom = caf::atom_constant<caf::atom("recoverps")>;
+
+/// What the recovery link hands the worker beside its reply (the reply is
+/// the restored step): the shard as it runs again, by index.
+struct recovery_box {
+  std::mutex mtx;
+  std::map<size_t, recovered_shard> done;
+};
+
+/// A detached actor that waits for a ps that died to come back
+/// (worker_setup::recover_ps blocks: it pings, and on the chief restores).
+caf::behavior recovery_link(caf::event_based_actor*,
+                            std::function<caf::expected<recovered_shard>(size_t, uint64_t,
+                                                                         const std::string&)>
+                              fn,
+                            std::shared_ptr<recovery_box> box) {
+  return {
+    [=](recover_atom, uint64_t k, uint64_t step, const std::string& why) -> caf::result<uint64_t> {
+      auto r = fn(static_cast<size_t>(k), step, why);
+      if (!r)
+        return std::move(r.error());
+      auto restored = r->global_step;
+      std::lock_guard<std::mutex> guard{box->mtx};
+      box->done[static_cast<size_t>(k)] = std::move(*r);
+      return restored;
+    },
+  };
+}
+
 /// A detached actor that runs the blocking all-reduce of the worker's group.
 caf::behavior reduce_link(caf::event_based_actor*, std::shared_ptr<allreduce_group> group) {
   return {
@@ -63,6 +93,9 @@ struct worker_state {
   step_runner runner;
   std::vector<caf::actor> links;  ///< per shard
   caf::actor reducer;             ///< allreduce
+  caf::actor recovery;            ///< waits for a ps that died (recover_ps)
+  std::shared_ptr<recovery_box> recovered = std::make_shared<recovery_box>();
+  uint64_t ps_recoveries = 0;     ///< ps tasks it waited for and went on with
   std::optional<train::batcher> batches;
   std::vector<tensor> params;     ///< sync / async: as pulled
   std::optional<train::replica_state> own; ///< average / allreduce
@@ -220,6 +253,19 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
               std::function<void(uint64_t, std::vector<tensor>)> then);
 void change_mode(self_pointer self, size_t shard);
 
+/// One exchange's answers, gathered from every shard.
+struct exchange_gather {
+  size_t missing = 0;
+  uint64_t step = UINT64_MAX;
+  std::vector<tensor> params;
+  std::vector<int> tries; ///< per shard: how often it was waited for (a ps that died)
+  bool failed = false;
+};
+
+void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
+                std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
+                std::function<void(uint64_t, std::vector<tensor>)> then);
+
 /// Pushes nothing to every shard for this step (sync, average: the others'
 /// step goes on without this worker's contribution; async: nothing applied),
 /// takes the answer, and goes on with the next step.
@@ -256,16 +302,10 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     }
     st.refused_in_a_row = 0;
   }
-  struct gather {
-    size_t missing;
-    uint64_t step = UINT64_MAX;
-    std::vector<tensor> params;
-    bool failed = false;
-  };
-  auto g = std::make_shared<gather>();
+  auto g = std::make_shared<exchange_gather>();
   g->missing = st.setup.shards.size();
   g->params.resize(st.setup.params.size());
-  auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
+  g->tries.assign(st.setup.shards.size(), 0);
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
     std::vector<tensor> part;
@@ -273,56 +313,151 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     if (values != nullptr && !abstain_step)
       for (const auto& p : s.pieces)
         part.push_back(train::slice_rows((*values)[p.param], p.row_begin, p.row_end));
-    // The link answers within its socket's deadlines (the node's step
-    // timeout plus a margin, data_channel::aggregate) and is linked to this
-    // actor: no timer here, which would wake CAF's clock thread every step.
     // average pushes the round's step (the same local steps on every shard).
     bool average = st.mode == "average";
     auto step = average ? st.global_step : st.shard_step[k];
     auto kind = values == nullptr ? wire::kind::pull
                 : average         ? wire::kind::push_params
                                   : wire::kind::push;
-    self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                  step, std::move(part), wait, static_cast<uint8_t>(kind))
-      .then(
-        [self, g, k, then](uint64_t step, tensor& flat) {
-          if (g->failed)
-            return;
-          if (auto err = take(self, k, flat, g->params)) {
-            g->failed = true;
-            fail(self, std::move(err), "taking the parameters");
-            return;
-          }
-          auto& st = self->state;
-          st.shard_step[k] = step;
-          g->step = std::min(g->step, step);
-          if (--g->missing == 0)
-            then(g->step, std::move(g->params));
-        },
-        [self, g, k, values](caf::error& err) {
-          if (g->failed)
-            return;
-          g->failed = true;
-          auto& st = self->state;
-          // A live switch between average and the others: the aggregator
-          // takes the other kind of push now. Learn the mode, change loops.
-          if (values != nullptr && err.category() == error_category
-              && err.code() == static_cast<uint8_t>(af_error::mode_changed)) {
-            // With several ps, shards still in the old mode may have taken
-            // this gradient: it is not applied again to the replica.
-            if (st.setup.shards.size() > 1)
-              st.pending.clear();
-            change_mode(self, k);
-            return;
-          }
-          // The worker checks every part before it pushes any, with the
-          // aggregators' own test: a non_finite refusal here means the two
-          // disagree, and with several ps the other shards may already have
-          // taken their parts. Not something to abstain past: fail.
-          fail(self, std::move(err),
-               values ? "pushing to " + st.setup.shards[k].task : "pulling from " + st.setup.shards[k].task);
-        });
+    push_shard(self, g, k, std::move(part), step, kind, values != nullptr, then);
   }
+}
+
+/// Whether a push's error says the ps's process is gone (its data
+/// connection closed, or it cannot be connected to): worth waiting for it.
+bool ps_gone(const caf::error& err) {
+  return is(err, af_error::peer_down) || is(err, af_error::unreachable);
+}
+
+/// Examples behind one push: average pushes after average_every steps.
+uint32_t examples_per_push(const worker_state& st) {
+  return static_cast<uint32_t>(
+    st.setup.cfg.batch_size
+    * (st.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
+}
+
+/// Shard `k`'s ps is gone (`why`): asks the recovery link to wait for it
+/// (the chief restores it), takes the shard as it runs again (a new link if
+/// its data plane moved), joins its new aggregator, then `then` with the
+/// step it was restored at; `failed` if it did not come back.
+void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error& why,
+                   std::function<void(uint64_t)> then, std::function<void(caf::error)> failed) {
+  auto& st = self->state;
+  self->request(st.recovery, caf::infinite, recover_atom::value, static_cast<uint64_t>(k), step,
+                describe(why))
+    .then(
+      [self, k, then, failed](uint64_t restored) {
+        auto& st = self->state;
+        recovered_shard r;
+        {
+          std::lock_guard<std::mutex> guard{st.recovered->mtx};
+          r = st.recovered->done[k];
+        }
+        auto& shard = st.setup.shards[k];
+        if (r.shard.host != shard.host || r.shard.data_port != shard.data_port) {
+          self->unlink_from(st.links[k]);
+          self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
+          st.links[k] = self->spawn<caf::detached + caf::linked>(
+            plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout);
+        }
+        bool same = r.shard.actor == shard.actor;
+        shard = r.shard;
+        if (same) {
+          then(restored);
+          return;
+        }
+        st.ps_recoveries += 1;
+        // The new aggregator monitors this worker (and counts a worker that
+        // joined the job as a member) from here on.
+        self->request(shard.actor, st.setup.timeout, join_atom::value, st.setup.index,
+                      st.setup.task_name, st.setup.address, examples_per_push(st),
+                      caf::actor_cast<caf::actor>(self))
+          .then([then, restored](uint64_t) { then(restored); },
+                [failed](caf::error& e) { failed(std::move(e)); });
+      },
+      [failed](caf::error& e) { failed(std::move(e)); });
+}
+
+/// Pushes `part` (or pulls) to shard `k` through its link; its answer goes
+/// into `g`, and `then` runs once every shard has answered. A ps that died
+/// is waited for (recover_ps) and pushed to again at its restored step, a
+/// few times at most per exchange.
+void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
+                std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
+                std::function<void(uint64_t, std::vector<tensor>)> then) {
+  auto& st = self->state;
+  const auto& s = st.setup.shards[k];
+  auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
+  // The link answers within its socket's deadlines (the node's step
+  // timeout plus a margin, data_channel::aggregate) and is linked to this
+  // actor: no timer here, which would wake CAF's clock thread every step.
+  // `part` shares its buffers: the copy kept for a retry costs nothing.
+  self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
+                step, part, wait, static_cast<uint8_t>(kind))
+    .then(
+      [self, g, k, then](uint64_t step, tensor& flat) {
+        if (g->failed)
+          return;
+        if (auto err = take(self, k, flat, g->params)) {
+          g->failed = true;
+          fail(self, std::move(err), "taking the parameters");
+          return;
+        }
+        auto& st = self->state;
+        st.shard_step[k] = step;
+        g->step = std::min(g->step, step);
+        if (--g->missing == 0)
+          then(g->step, std::move(g->params));
+      },
+      [self, g, k, part, step, kind, has_values, then](caf::error& err) {
+        if (g->failed)
+          return;
+        auto& st = self->state;
+        auto during = [self, k, has_values] {
+          const auto& task = self->state.setup.shards[k].task;
+          return has_values ? "pushing to " + task : "pulling from " + task;
+        };
+        // A live switch between average and the others: the aggregator
+        // takes the other kind of push now. Learn the mode, change loops.
+        if (has_values && err.category() == error_category
+            && err.code() == static_cast<uint8_t>(af_error::mode_changed)) {
+          g->failed = true;
+          // With several ps, shards still in the old mode may have taken
+          // this gradient: it is not applied again to the replica.
+          if (st.setup.shards.size() > 1)
+            st.pending.clear();
+          change_mode(self, k);
+          return;
+        }
+        // The ps's process died: wait for it to come back (the chief
+        // restores its variables), then push this part again at the step
+        // it was restored at (a later one would be ahead of it).
+        if (st.recovery && ps_gone(err) && g->tries[k] < 3) {
+          g->tries[k] += 1;
+          recover_shard(
+            self, k, step, err,
+            [self, g, k, part, step, kind, has_values, then](uint64_t restored) {
+              if (g->failed)
+                return;
+              auto next = std::min(step, restored);
+              self->state.shard_step[k] = next;
+              push_shard(self, g, k, part, next, kind, has_values, then);
+            },
+            [self, g, during](caf::error e) {
+              if (g->failed)
+                return;
+              g->failed = true;
+              fail(self, std::move(e), during());
+            });
+          return;
+        }
+        g->failed = true;
+        // The worker checks every part before it pushes any, with the
+        // aggregators' own test: a non_finite refusal here means the two
+        // disagree, and with several ps the other shards may already have
+        // taken their parts. Not something to abstain past: fail.
+        fail(self, std::move(err), during());
+      });
 }
 
 void finish(self_pointer self);
@@ -411,7 +546,7 @@ void evaluate(self_pointer self, std::function<void(double, double)> then) {
 }
 
 void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, int attempt,
-                    std::function<void()> write);
+                    std::function<void()> write, std::function<void()> skip);
 
 /// Collects the state to checkpoint (chief), then `then`.
 void checkpoint(self_pointer self, std::function<void()> then) {
@@ -458,7 +593,7 @@ void checkpoint(self_pointer self, std::function<void()> then) {
     write();
     return;
   }
-  collect_shards(self, ckpt, 0, write);
+  collect_shards(self, ckpt, 0, write, then);
 }
 
 /// Asks every shard for its state and puts it into `ckpt`, then `write`.
@@ -471,7 +606,7 @@ void checkpoint(self_pointer self, std::function<void()> then) {
 /// as it answers (they differ by the pushes between their answers); the
 /// checkpoint's is the latest.
 void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, int attempt,
-                    std::function<void()> write) {
+                    std::function<void()> write, std::function<void()> skip) {
   auto& st = self->state;
   struct gather {
     size_t missing;
@@ -485,7 +620,7 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
     const auto& s = st.setup.shards[k];
     self->request(s.actor, st.setup.timeout, save_atom::value)
       .then(
-        [self, ckpt, g, k, attempt, write](aggregator_state& state) {
+        [self, ckpt, g, k, attempt, write, skip](aggregator_state& state) {
           if (g->failed)
             return;
           g->states[k] = std::move(state);
@@ -498,7 +633,7 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
           if (self->state.mode == "sync" && low->global_step != high->global_step) {
             constexpr int tries = 5;
             if (attempt + 1 < tries) {
-              collect_shards(self, ckpt, attempt + 1, write);
+              collect_shards(self, ckpt, attempt + 1, write, skip);
               return;
             }
             log::get()->warn("{}: the checkpoint's shards are at global steps {} to {} after {} "
@@ -520,10 +655,20 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
           }
           write();
         },
-        [self, g, task = s.task](caf::error& err) {
+        [self, g, skip, task = s.task](caf::error& err) {
           if (g->failed)
             return;
           g->failed = true;
+          // A ps that died: this checkpoint is skipped (the last one stays
+          // the latest); the next push finds the ps gone and waits for it.
+          if (self->state.recovery
+              && (ps_gone(err) || err == caf::sec::request_timeout
+                  || err == caf::sec::request_receiver_down)) {
+            log::get()->warn("{}: checkpoint at global step {} skipped: {} did not answer ({})",
+                             who(self), self->state.global_step, task, describe(err));
+            skip();
+            return;
+          }
           fail(self, std::move(err), "saving the state of " + task);
         });
   }
@@ -652,6 +797,8 @@ void finish(self_pointer self) {
       r.checkpoint_failures = st.checkpoint_failures;
       r.checkpoint_error = st.checkpoint_error;
       r.params = current(self);
+      r.shards = st.setup.shards;
+      r.ps_recoveries = st.ps_recoveries;
       st.done(std::move(r));
       self->quit();
     };
@@ -813,10 +960,7 @@ void join_all(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
   auto missing = std::make_shared<size_t>(st.setup.shards.size());
   auto failed = std::make_shared<bool>(false);
-  // Examples behind one push: average pushes after average_every steps.
-  auto examples = static_cast<uint32_t>(
-    st.setup.cfg.batch_size
-    * (st.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
+  auto examples = examples_per_push(st);
   for (const auto& s : st.setup.shards) {
     if (!s.actor) {
       if (--*missing == 0)
@@ -884,6 +1028,9 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
                                                         shard.task, s.timeout);
     st.links.push_back(link);
   }
+  if (s.recover_ps && !s.shards.empty())
+    st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
+                                                          st.recovered);
   if (s.cfg.mode == "allreduce") {
     st.reducer = self->spawn<caf::detached + caf::linked>(reduce_link, s.group);
     auto own = train::replica_state::make(s.initial, s.cfg.optimizer);

@@ -49,6 +49,8 @@ struct param_shard {
   aggregator_actor actor;        ///< for done, save and restore (control)
   std::string host;              ///< its data plane (pushes and pulls)
   uint16_t data_port = 0;
+  /// Its node's incarnation: a ps restarted after it died has another one.
+  uint64_t incarnation = 0;
   /// Which rows of which parameter each of its variables holds, in the
   /// aggregator's push order: the worker cuts its pushes along these rows
   /// and assembles what it pulls from them.
@@ -86,6 +88,16 @@ struct worker_result {
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write (it trains on)
   std::string checkpoint_error; ///< the last one's reason
   std::vector<tensor> params;   ///< the parameters it ended with
+  /// The shards as they ended: a ps that died and came back has a new
+  /// aggregator (and maybe a new data port). Empty: allreduce.
+  std::vector<param_shard> shards;
+  uint64_t ps_recoveries = 0;   ///< ps tasks it waited for and went on with
+};
+
+/// A ps task that came back after it died (worker_setup::recover_ps).
+struct recovered_shard {
+  param_shard shard;            ///< its new aggregator, node and data port
+  uint64_t global_step = 0;     ///< the step its aggregator was restored at
 };
 
 struct worker_setup {
@@ -119,6 +131,18 @@ struct worker_setup {
   /// Set by the client to end the job early (the REPL's `train stop`): the
   /// worker checks it before each step and ends with af_error::cancelled.
   std::shared_ptr<const std::atomic<bool>> stop;
+  /// A ps whose data plane broke (its process died: peer_down, unreachable):
+  /// called on a thread of its own (it blocks, bounded by the config's
+  /// ps_recovery_timeout_ms) with the shard's index, the step being pushed
+  /// to it and why the push failed. It waits for the ps to come back and, on
+  /// the chief, restores that ps's variables from the latest checkpoint
+  /// (run_worker_task); the worker then pushes that shard's part again, at
+  /// the restored step. An error (the ps did not come back in time, the
+  /// chief is gone) fails the worker with it. Empty: a broken ps fails the
+  /// worker at once.
+  std::function<caf::expected<recovered_shard>(size_t shard, uint64_t step,
+                                               const std::string& why)>
+    recover_ps;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
 };

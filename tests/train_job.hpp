@@ -227,6 +227,7 @@ inline std::vector<status_row> parse_status(const std::string& out) {
 /// What a job is: its tasks, its [train] table and each task's arguments.
 struct job_spec {
   bool with_ps = true;
+  int ps_tasks = 1; ///< with_ps: how many ps tasks
   int workers = 2;
   /// Worker addresses beyond `workers`, listed only in join_config(): the
   /// config of a worker that joins the running job (--join).
@@ -245,6 +246,7 @@ public:
     std::string job;
     int index = 0;
     std::unique_ptr<background_process> process;
+    std::vector<std::string> argv; ///< how it was started (restart() runs it again)
     std::string name() const { return "/job:" + job + "/task:" + std::to_string(index); }
   };
 
@@ -259,7 +261,9 @@ public:
       j->config_ = dir + "/job-" + n + ".toml";
       j->join_config_ = dir + "/job-" + n + "-join.toml";
       auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
-      std::string ps = spec.with_ps ? addr() : "";
+      std::string ps;
+      for (int k = 0; spec.with_ps && k < spec.ps_tasks; ++k)
+        ps += (k ? ", " : "") + addr();
       std::vector<std::string> workers;
       for (int w = 0; w < spec.workers + spec.spare_workers; ++w)
         workers.push_back(addr());
@@ -278,8 +282,8 @@ public:
         write(j->join_config_, spec.workers + spec.spare_workers);
       // The ps first, the chief last: as an operator would start them (the
       // program waits for its peers either way).
-      if (spec.with_ps)
-        j->launch("ps", 0, j->config_, {});
+      for (int k = 0; spec.with_ps && k < spec.ps_tasks; ++k)
+        j->launch("ps", k, j->config_, {});
       for (int w = spec.workers - 1; w >= 0; --w)
         j->launch("worker", w, j->config_, {});
       if (j->wait_up(j->tasks_.size(), last))
@@ -316,6 +320,28 @@ public:
     if (!wait_up(1, why))
       FAIL("the joining worker's node did not come up:\n" << why);
     return *tasks_.back().process;
+  }
+
+  /// Starts task `job`/`index` again as it was started (after it was
+  /// killed: the test is the supervisor), in place of the old process, and
+  /// waits until its node is up; its output starts afresh. `extra`
+  /// arguments are added (a worker comes back with --join).
+  background_process& restart(const std::string& job, int index,
+                              const std::vector<std::string>& extra = {}) {
+    auto& t = find(job, index);
+    t.process->signal(SIGKILL); // a no-op if it is dead already
+    auto argv = t.argv;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    t.process = std::make_unique<background_process>(argv);
+    auto up = wait_until(
+      [&] {
+        return t.process->output().find("node up at") != std::string::npos
+               || t.process->exit_code().has_value();
+      },
+      30s);
+    if (!up || t.process->output().find("node up at") == std::string::npos)
+      FAIL(t.name() << " did not come up again:\n" << describe());
+    return *t.process;
   }
 
   /// Runs `actorflow-train --config <config()> ARGS` (a client: --status,
@@ -425,7 +451,7 @@ private:
       if (auto it = spec_.worker_args.find(index); it != spec_.worker_args.end())
         argv.insert(argv.end(), it->second.begin(), it->second.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
-    tasks_.push_back({job, index, std::make_unique<background_process>(argv)});
+    tasks_.push_back({job, index, std::make_unique<background_process>(argv), argv});
   }
 
   /// Waits until the last `n` tasks launched print "node up at"; false (and

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <thread>
 
 #include <cereal/archives/portable_binary.hpp>
 #include <fcntl.h>
@@ -199,16 +203,41 @@ graph_error io_error(const std::string& what, const std::string& path) {
                      fmt::format("cannot {} '{}': {}", what, path, std::strerror(errno))};
 }
 
+/// Test hook (tests/test_train_faults.cpp): with
+/// ACTORFLOW_TEST_CHECKPOINT_PAUSE=STEP in the environment, the write of a
+/// checkpoint of global step >= STEP stops for a minute halfway through (the
+/// first half written and fsynced, a line on stderr saying so), so that a
+/// test can kill the process in the middle of a write deterministically.
+bool test_pause_at(uint64_t global_step) {
+  const char* v = std::getenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE");
+  if (!v || !*v)
+    return false;
+  char* end = nullptr;
+  auto from = std::strtoull(v, &end, 10);
+  return end && *end == 0 && global_step >= from;
+}
+
 /// Writes `path` through `path`.tmp: write, fsync, rename. The directory is
-/// fsynced by the caller.
-graph_status write_durably(const std::string& path, const std::string& data) {
+/// fsynced by the caller. `pause`: the test hook above.
+graph_status write_durably(const std::string& path, const std::string& data, bool pause = false) {
   auto tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return io_error("create checkpoint file", tmp);
   size_t done = 0;
   while (done < data.size()) {
-    auto n = ::write(fd, data.data() + done, data.size() - done);
+    if (pause && done >= data.size() / 2) {
+      pause = false;
+      ::fsync(fd);
+      std::fprintf(stderr,
+                   "checkpoint: test pause (ACTORFLOW_TEST_CHECKPOINT_PAUSE) halfway through "
+                   "writing %s (%zu of %zu bytes written); resuming in 60 s\n",
+                   tmp.c_str(), done, data.size());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    auto chunk = pause ? std::min(data.size() / 2 - done, data.size() - done) : data.size() - done;
+    auto n = ::write(fd, data.data() + done, chunk);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
@@ -306,7 +335,7 @@ outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t
   auto name = fmt::format("ckpt-{}.afck", ckpt.global_step);
   auto path = (fs::path{dir} / name).string();
   // The checkpoint is durable before `latest` names it.
-  if (auto st = write_durably(path, file); !st)
+  if (auto st = write_durably(path, file, test_pause_at(ckpt.global_step)); !st)
     return st.error();
   if (auto st = fsync_dir(dir); !st)
     return st.error();

@@ -34,8 +34,9 @@ const std::vector<std::string>& known_keys() {
     "synthetic_classes", "batch_size", "steps", "epochs", "optimizer", "learning_rate",
     "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
     "average_every", "seed", "checkpoint_dir", "checkpoint_steps", "checkpoint_secs", "metrics",
-    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms", "replicas_to_aggregate",
-    "step_deadline_ms", "min_replicas", "staleness", "max_partitions", "min_slice_bytes"};
+    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms", "ps_recovery_timeout_ms",
+    "replicas_to_aggregate", "step_deadline_ms", "min_replicas", "staleness", "max_partitions",
+    "min_slice_bytes"};
   return keys;
 }
 
@@ -142,6 +143,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "eval_every") return whole(c.eval_every);
   if (key == "step_timeout_ms") return whole(c.step_timeout_ms);
   if (key == "init_timeout_ms") return whole(c.init_timeout_ms);
+  if (key == "ps_recovery_timeout_ms") return whole(c.ps_recovery_timeout_ms);
   if (key == "replicas_to_aggregate") return whole(c.replicas_to_aggregate);
   if (key == "step_deadline_ms") return whole(c.step_deadline_ms);
   if (key == "min_replicas") return whole(c.min_replicas);
@@ -602,6 +604,7 @@ std::string to_toml(const train_config& c) {
   line("eval_every", std::to_string(c.eval_every));
   line("step_timeout_ms", std::to_string(c.step_timeout_ms));
   line("init_timeout_ms", std::to_string(c.init_timeout_ms));
+  line("ps_recovery_timeout_ms", std::to_string(c.ps_recovery_timeout_ms));
   line("replicas_to_aggregate", std::to_string(c.replicas_to_aggregate));
   line("step_deadline_ms", std::to_string(c.step_deadline_ms));
   line("min_replicas", std::to_string(c.min_replicas));

@@ -36,6 +36,10 @@ struct train_config {
   uint64_t eval_every = 100;       ///< held-out accuracy every N steps (0: only at the end)
   uint32_t step_timeout_ms = 30000;///< how long an aggregator waits for a step's workers
   uint32_t init_timeout_ms = 60000;///< how long a worker waits for the chief's initialization
+  /// How long the job waits for a ps task that died (its data-plane
+  /// connection broke) to come back before it fails; the chief then restores
+  /// that ps's variables from the latest checkpoint. 0: fail at once.
+  uint32_t ps_recovery_timeout_ms = 60000;
   /// sync: the gradients a step uses (TF's SyncReplicasOptimizer
   /// replicas_to_aggregate); later ones of that step are dropped and counted.
   /// 0: every worker's. Fewer than the workers makes the rest backup workers.

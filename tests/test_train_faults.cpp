@@ -1,0 +1,316 @@
+// actorflow-train through kill -9 (issue 11 §3), one process per task: a ps
+// killed mid-training and restarted (the test is its supervisor), whose
+// variables the chief restores from the latest checkpoint while the other ps
+// keeps its state; a worker killed and restarted with --join; the chief
+// killed (the job stops, every process says why, and the restarted job
+// resumes); the chief killed in the middle of writing a checkpoint (the torn
+// file never replaces the good one). Every wait is bounded and waits on
+// output lines, files or exits (tests/train_job.hpp).
+#define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "train/checkpoint.hpp"
+#include "train_job.hpp"
+
+using namespace std::chrono_literals;
+
+namespace af::testing {
+
+namespace {
+
+/// The step of the checkpoint DIR/latest names; nullopt if there is none yet.
+std::optional<uint64_t> latest_step(const std::string& dir) {
+  auto path = train::latest(dir);
+  if (!path || path->empty())
+    return std::nullopt;
+  static const std::regex re{R"(ckpt-(\d+)\.afck$)"};
+  std::smatch m;
+  if (!std::regex_search(*path, m, re))
+    return std::nullopt;
+  return std::stoull(m[1].str());
+}
+
+/// The chief's "ps recovered: TASK from PATH checkpoint_step=S at
+/// global_step=T lost=L" lines.
+struct recovery_line {
+  std::string task, from;
+  uint64_t checkpoint_step = 0, step = 0, lost = 0;
+};
+std::vector<recovery_line> recoveries(const std::string& out) {
+  static const std::regex re{
+    R"(ps recovered: (\S+) from (.+) checkpoint_step=(\d+) at global_step=(\d+) lost=(\d+))"};
+  std::vector<recovery_line> found;
+  for (std::sregex_iterator it{out.begin(), out.end(), re}, end; it != end; ++it)
+    found.push_back({(*it)[1].str(), (*it)[2].str(), std::stoull((*it)[3].str()),
+                     std::stoull((*it)[4].str()), std::stoull((*it)[5].str())});
+  return found;
+}
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+void check_all_exit_0(train_job& job, std::chrono::milliseconds timeout) {
+  auto still_running = job.wait_all_exit(timeout);
+  INFO(job.describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job.tasks()) {
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+}
+
+/// Two ps, two workers, checkpoints every K steps; ps 1 is SIGKILLed once a
+/// checkpoint of step >= 3K exists and restarted once the chief has said it
+/// lost it.
+void ps_killed_and_restarted(const std::string& mode) {
+  constexpr uint64_t K = 20, steps = 3000;
+  temp_dir dir;
+  auto ckpt_dir = dir.path + "/ckpt";
+  auto metrics = dir.path + "/m.csv";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\nmetrics = \"" + metrics + "\"\n";
+  spec.sets = {"mode=" + mode, "optimizer=momentum", "checkpoint_steps=" + std::to_string(K),
+               "steps=" + std::to_string(steps), "log_every=20", "ps_recovery_timeout_ms=30000"};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 3 * K; }, 30s))
+    FAIL("no checkpoint of step >= " << 3 * K << " within 30 s:\n" << job->describe());
+  auto seen = *latest_step(ckpt_dir);
+  job->process("ps", 1).signal(SIGKILL);
+  auto killed = clock_type::now();
+  // The chief's next push finds the data connection closed: it names the ps
+  // and says what it waits for.
+  const std::string gone = "/job:ps/task:1 at 127.0.0.1:";
+  auto noticed = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find(gone);
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos
+             && out.find("ps_recovery_timeout_ms", at) != std::string::npos;
+    },
+    10s);
+  INFO("the chief said it lost ps 1 " << seconds_since(killed) << " s after the kill");
+  if (!noticed)
+    FAIL("the chief did not say within 10 s that it lost ps 1:\n" << job->describe());
+  job->restart("ps", 1);
+  check_all_exit_0(*job, 60s);
+
+  const auto& out = job->chief().output();
+  INFO(out);
+  auto recs = recoveries(out);
+  REQUIRE(recs.size() == 1);
+  const auto& r = recs[0];
+  CHECK(r.task == "/job:ps/task:1");
+  // From the latest checkpoint: at least the one seen before the kill, of a
+  // step the job had reached, and at most one interval behind it.
+  CHECK(r.checkpoint_step >= seen);
+  CHECK(r.checkpoint_step % K == 0);
+  CHECK(r.from == (fs::path{ckpt_dir} / ("ckpt-" + std::to_string(r.checkpoint_step) + ".afck")).string());
+  CHECK(r.checkpoint_step <= r.step);
+  CHECK(r.lost == r.step - r.checkpoint_step);
+  // sync: the chief checkpoints at every multiple of K it reaches, so at
+  // most K - 1 steps were applied after it. async: its view of the step
+  // moves by every worker's pushes, one more per other worker.
+  CHECK(r.lost <= (mode == "sync" ? K - 1 : K + 1));
+  // ps 0 was never reloaded: no restore among its events (the chief prints
+  // them under its progress lines), and its per-worker counters, which a
+  // restore resets, only grew.
+  CHECK(out.find("restored to global step") == std::string::npos);
+  auto rows = read_worker_rows(dir.path + "/m.workers.csv");
+  REQUIRE(!rows.empty());
+  std::map<uint32_t, uint64_t> pushes;
+  for (const auto& row : rows) {
+    INFO("workers.csv row of step " << row.step << ", worker " << row.worker);
+    CHECK(row.pushes >= pushes[row.worker]);
+    pushes[row.worker] = row.pushes;
+  }
+  CHECK(rows.back().step >= r.step); // rows from after the recovery are among them
+  // Worker 1 waited for the chief's restore, then went on.
+  CHECK(job->process("worker", 1).output().find("/job:ps/task:1 is back, restored by the chief")
+        != std::string::npos);
+  auto final_step = final_global_step(out);
+  REQUIRE(final_step);
+  CHECK(*final_step >= steps);
+  CHECK(*final_step <= (mode == "sync" ? steps : steps + 1));
+  auto acc = held_out_accuracy(out);
+  REQUIRE(acc);
+  CHECK(*acc >= 0.9);
+}
+
+} // namespace
+
+// Catches: a job that fails (or hangs) when a ps dies instead of waiting for
+// it; a chief that reloads every ps (ps 0's counters would restart); a
+// restore from something other than the latest checkpoint, or a restore
+// that loses more than one checkpoint interval; a worker that does not find
+// the restarted ps's new aggregator and data port.
+TEST_CASE("a ps of a sync job killed with SIGKILL and restarted is restored from the latest "
+          "checkpoint, losing at most one interval, while the other ps keeps its state",
+          "[train][processes][recovery]") {
+  ps_killed_and_restarted("sync");
+}
+
+TEST_CASE("a ps of an async job killed with SIGKILL and restarted is restored from the latest "
+          "checkpoint, losing at most one interval, while the other ps keeps its state",
+          "[train][processes][recovery]") {
+  ps_killed_and_restarted("async");
+}
+
+// Catches a job that waits for ever for a ps nobody restarts, or fails
+// without saying which ps and what to do.
+TEST_CASE("a ps killed with SIGKILL and not restarted ends the job after ps_recovery_timeout_ms, "
+          "naming the ps",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"steps=100000000", "ps_recovery_timeout_ms=1500", "init_timeout_ms=3000"};
+  auto job = train_job::start(dir.path, spec);
+  REQUIRE(job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); },
+                          20s));
+  job->process("ps", 0).signal(SIGKILL);
+  auto code = job->chief().wait_exit(20s);
+  INFO(job->describe());
+  REQUIRE(code);
+  CHECK(*code != 0);
+  const auto& out = job->chief().output();
+  CHECK(out.find("/job:ps/task:0 at 127.0.0.1:") != std::string::npos);
+  CHECK(out.find("did not come back within 1500 ms (ps_recovery_timeout_ms)") != std::string::npos);
+  auto left = job->wait_all_exit(20s);
+  CHECK(left.empty());
+  CHECK(job->process("worker", 1).exit_code() != 0);
+}
+
+// Catches an async job that stops (or a chief that does not say whom it
+// lost) when an original worker dies, and a worker that cannot come back
+// with --join under its own index.
+TEST_CASE("an async worker killed with SIGKILL is named by the chief, the job goes on, and the "
+          "worker restarted with --join rejoins and finishes",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"mode=async", "steps=4000", "log_every=50"};
+  auto job = train_job::start(dir.path, spec);
+  REQUIRE(job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); },
+                          20s));
+  job->process("worker", 1).signal(SIGKILL);
+  auto killed_at = *last_progress_step(job->chief().output());
+  const std::regex left{R"(worker 1 \(/job:worker/task:1 at 127\.0\.0\.1:\d+\) left at global step)"};
+  if (!job->wait_until([&] { return std::regex_search(job->chief().output(), left); }, 20s))
+    FAIL("the chief did not name worker 1 as gone within 20 s:\n" << job->describe());
+  // The job went on without it.
+  auto moved = job->wait_until(
+    [&] { return *last_progress_step(job->chief().output()) >= killed_at + 200; }, 20s);
+  CHECK(moved);
+  job->restart("worker", 1, {"--join"});
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(std::regex_search(out, std::regex{R"(worker 1 \(/job:worker/task:1 at 127\.0\.0\.1:\d+\) joined at global step)"}));
+  CHECK(job->process("worker", 1).output().find("done after") != std::string::npos);
+  auto final_step = final_global_step(out);
+  REQUIRE(final_step);
+  CHECK(*final_step >= 4000u);
+  CHECK(*final_step <= 4001u);
+}
+
+// Catches a job that goes on (or hangs) without its chief, a worker that
+// fails without saying the chief is gone and what to do, and a restart that
+// does not resume from the latest checkpoint.
+TEST_CASE("a chief killed with SIGKILL stops the job: the ps and the other worker exit non-zero "
+          "naming the chief, and the restarted job resumes from the latest checkpoint",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  auto ckpt_dir = dir.path + "/ckpt";
+  job_spec spec;
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n";
+  spec.sets = {"checkpoint_steps=20", "steps=100000000", "init_timeout_ms=3000",
+               "ps_recovery_timeout_ms=20000"};
+  uint64_t g = 0;
+  {
+    auto job = train_job::start(dir.path, spec);
+    if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 40u; }, 20s))
+      FAIL("no checkpoint of step >= 40 within 20 s:\n" << job->describe());
+    job->chief().signal(SIGKILL);
+    auto left = job->wait_all_exit(20s);
+    INFO(job->describe());
+    CHECK(left.empty());
+    auto& ps = job->process("ps", 0);
+    CHECK(ps.exit_code() != 0);
+    CHECK(ps.output().find("/job:worker/task:0 has not answered") != std::string::npos);
+    auto& w1 = job->process("worker", 1);
+    CHECK(w1.exit_code() != 0);
+    CHECK(w1.output().find("the chief /job:worker/task:0 at 127.0.0.1:") != std::string::npos);
+    CHECK(w1.output().find("restart every task of the job") != std::string::npos);
+    g = *latest_step(ckpt_dir);
+  }
+  spec.sets = {"checkpoint_steps=20", "steps=" + std::to_string(g + 20)};
+  auto job = train_job::start(dir.path, spec);
+  check_all_exit_0(*job, 30s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(out.find("(global step " + std::to_string(g) + ")") != std::string::npos);
+  CHECK(final_global_step(out) == g + 20);
+}
+
+// Catches a checkpoint written in place (the kill would leave a torn file
+// under the name `latest` gives) or `latest` updated before the checkpoint
+// is complete: the restart would refuse it, or restore garbage.
+TEST_CASE("a chief killed with SIGKILL in the middle of writing a checkpoint leaves the previous "
+          "one as the latest, and the job resumes from it",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  auto ckpt_dir = dir.path + "/ckpt";
+  job_spec spec;
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n";
+  spec.sets = {"optimizer=momentum", "checkpoint_steps=20", "steps=100000000",
+               "init_timeout_ms=3000"};
+  std::string tmp;
+  {
+    // Inherited by the job's processes only (unset before anything else
+    // starts): the chief pauses halfway through writing the checkpoint of
+    // step 60 (the third) and is killed there.
+    ::setenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE", "60", 1);
+    auto job = train_job::start(dir.path, spec);
+    ::unsetenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE");
+    const std::regex pausing{R"(test pause \(ACTORFLOW_TEST_CHECKPOINT_PAUSE\) halfway through writing (\S+\.tmp))"};
+    if (!job->wait_until([&] { return std::regex_search(job->chief().output(), pausing); }, 30s))
+      FAIL("the chief did not pause in a checkpoint write within 30 s:\n" << job->describe());
+    tmp = *last_match(job->chief().output(), pausing);
+    job->chief().signal(SIGKILL);
+    job->wait_all_exit(20s);
+  }
+  INFO("torn file " << tmp);
+  auto good = fs::path{ckpt_dir} / "ckpt-40.afck";
+  REQUIRE(latest_step(ckpt_dir) == 40u);
+  REQUIRE(fs::exists(tmp));
+  CHECK(fs::file_size(tmp) < fs::file_size(good)); // torn: half of it
+  CHECK(!fs::exists(fs::path{ckpt_dir} / "ckpt-60.afck"));
+  auto ck = train::load(good.string());
+  REQUIRE(ck);
+  CHECK(ck->global_step == 40u);
+
+  spec.sets = {"optimizer=momentum", "checkpoint_steps=20", "steps=60"};
+  auto job = train_job::start(dir.path, spec);
+  check_all_exit_0(*job, 30s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(out.find("restoring " + good.string() + " (global step 40)") != std::string::npos);
+  CHECK(final_global_step(out) == 60u);
+  CHECK(latest_step(ckpt_dir) == 60u);
+  CHECK(!fs::exists(tmp)); // the next save removed what the crash left
+}
+
+} // namespace af::testing
