@@ -281,13 +281,15 @@ caf::expected<step_outputs> session::impl::run_cancellable(run_request req,
 }
 
 caf::expected<tensor> session::impl::var_op_cancellable(const variable_actor& var, var_op op,
-                                                       tensor operand, bool want_value) {
+                                                       tensor operand, bool want_value,
+                                                       uint64_t request_id,
+                                                       std::chrono::milliseconds wait) {
   if (opts.cancel->load())
     return make_error(af_error::cancelled, "the variable op was abandoned before it started");
   auto r = std::make_shared<pending_reply<tensor>>();
-  auto helper = sys.spawn([r, var, op, timeout = opts.timeout, want_value,
+  auto helper = sys.spawn([r, var, op, wait, want_value, request_id,
                            operand = std::move(operand)](caf::event_based_actor* a) mutable {
-    a->request(var, timeout, var_op_atom::value, op, std::move(operand), want_value)
+    a->request(var, wait, var_op_atom::value, op, std::move(operand), want_value, request_id)
       .then([r](tensor& v, uint64_t) { r->settle(std::move(v)); },
             [r](caf::error& e) { r->settle(std::move(e)); });
   });

@@ -34,12 +34,22 @@
 /// re-creates it. Executors forget a session's graphs when the session ends or
 /// its process dies.
 ///
+/// Updates are exactly-once: each assign / assign_add / assign_sub that the
+/// client sends straight to a variable carries a random request id. When its
+/// answer does not come (a timeout, a broken data connection), the session
+/// sends it again with the same id, up to 3 tries within the op's timeout
+/// (each try waits for a share of what is left), on a fresh data connection;
+/// the variable applies an id once and answers a retry with the first result
+/// (actors/variable.hpp says the bound). A timeout that remains means the
+/// update was applied at most once, never twice.
+///
 /// Every call that talks to the cluster is bounded by `session_options`'
 /// timeouts and returns an error naming what it waited for. A session is used
 /// by one thread at a time; it must be destroyed before its actor system.
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +83,12 @@ struct session_options {
   /// step and returns af_error::cancelled (the REPL's Ctrl-C). The step's
   /// partitions still end on their executors within the step's timeout.
   std::shared_ptr<const std::atomic<bool>> cancel;
+  /// Called on the session's thread with each line the session logs when it
+  /// recovers by itself: an update sent again after its answer was lost
+  /// ("retry: assign_add of variable 'v' on ... (try 2 of 3)"), a node
+  /// found again ("reconnected to /job:ps/task:0 at h:p (restarted)"). For
+  /// programs that show them to a user, and for tests.
+  std::function<void(const std::string&)> on_recovery;
 };
 
 /// Where a node's clock stands against this session's (see run_trace).

@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "caf/all.hpp"
 
 #include "actors/cluster_link.hpp"
@@ -124,11 +126,19 @@ struct session::impl {
         ++lost;
       }
     }
-    af::log::get()->warn("session {}: reconnected to {} at {} ({}{})", task_name(job, task), conn.key,
-                         conn.address, restarted ? "the node restarted" : "the same node",
-                         lost > 0 ? "; " + std::to_string(lost)
-                                      + " variable(s) are gone: initialize() or restore them"
-                                  : std::string{});
+    note("reconnected to " + conn.key + " at " + conn.address + " ("
+         + (restarted ? "restarted" : "same process") + ")"
+         + (lost > 0 ? "; " + std::to_string(lost)
+                         + " variable(s) are gone: initialize() or restore them"
+                     : std::string{}));
+  }
+
+  /// Logs one line of the session recovering by itself and hands it to
+  /// opts.on_recovery.
+  void note(const std::string& line) {
+    af::log::get()->warn("session {}: {}", task_name(job, task), line);
+    if (opts.on_recovery)
+      opts.on_recovery(line);
   }
 
   caf::expected<const var_binding*> binding_of(output var) {
@@ -172,20 +182,77 @@ struct session::impl {
     return &it->second;
   }
 
+  /// Tries of one update within the op's timeout (session.hpp).
+  static constexpr int update_tries = 3;
+
   /// One op on a variable: over the node's data plane when there is one, as a
-  /// CAF message otherwise. `path` says which it took.
+  /// CAF message otherwise. `path` says which it took. An update carries a
+  /// fresh request id and is sent again with it when no answer came: the
+  /// variable applies it once.
   caf::expected<tensor> variable_call(output var, var_op op, tensor operand, bool want_value,
                                       std::string* path = nullptr) {
     auto b = binding_of(var);
     if (!b)
       return std::move(b.error());
     const auto& node = g.at(var);
-    auto it = link.conns.find((*b)->task);
+    bool update = op != var_op::read;
+    uint64_t id = update ? new_request_id() : 0;
+    auto what = std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
+                + node.spec.device;
+    auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+    for (int attempt = 0;; ++attempt) {
+      auto wait = opts.timeout;
+      if (update) {
+        // Each try waits for its share of what is left: the last try, all of it.
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+        wait = std::max(std::chrono::milliseconds{1}, left / (update_tries - attempt));
+      }
+      bool over_channel = false;
+      auto r = variable_try(**b, node.spec.name, what, op, operand, want_value, id, wait, path,
+                            over_channel);
+      if (r || !update)
+        return r;
+      bool lost_answer = is(r.error(), af_error::timeout)
+                         || (over_channel && is(r.error(), af_error::peer_down));
+      if (!lost_answer)
+        return r;
+      if (attempt + 1 >= update_tries || std::chrono::steady_clock::now() >= deadline) {
+        if (attempt == 0)
+          return r;
+        return make_error(is(r.error(), af_error::timeout) ? af_error::timeout : af_error::peer_down,
+                          "no answer to " + what + " within " + std::to_string(opts.timeout.count())
+                            + " ms after " + std::to_string(attempt + 1)
+                            + " tries with one request id, so it was applied at most once (last: "
+                            + describe(r.error()) + ")");
+      }
+      // Never across a restart: the node that may have applied it is gone,
+      // and its successor may hold a checkpoint taken after it did.
+      if (health->is_dead((*b)->task))
+        return r;
+      note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what, attempt + 2,
+                       update_tries, id, describe(r.error())));
+      // A broken data connection: the retry goes on a fresh one (or, if the
+      // node's data plane cannot be reached, as a CAF message).
+      auto it = link.conns.find((*b)->task);
+      if (it != link.conns.end() && (it->second.channel_broken
+                                     || (it->second.channel && it->second.channel->broken())))
+        link.reopen_channel(it->second);
+    }
+  }
+
+  /// One try of variable_call, waiting `wait` for the answer.
+  caf::expected<tensor> variable_try(const var_binding& b, const std::string& name,
+                                     const std::string& what, var_op op, const tensor& operand,
+                                     bool want_value, uint64_t id, std::chrono::milliseconds wait,
+                                     std::string* path, bool& over_channel) {
+    auto it = link.conns.find(b.task);
     if (it != link.conns.end() && it->second.channel) {
+      over_channel = true;
       if (path)
         *path = "data plane";
       auto& ch = *it->second.channel;
-      auto r = ch.call(op, node.spec.name, op == var_op::read ? nullptr : &operand, want_value);
+      auto r = ch.call(op, name, op == var_op::read ? nullptr : &operand, want_value);
       if (ch.broken())
         it->second.channel_broken = true; // reopened on the next call (the node may come back)
       if (!r)
@@ -193,26 +260,29 @@ struct session::impl {
       return std::move(r->first);
     }
     if (path)
-      *path = find_local_node((*b)->address, &sys) ? "local buffer" : "CAF message";
+      *path = find_local_node(b.address, &sys) ? "local buffer" : "CAF message";
     if (opts.cancel) {
-      auto r = var_op_cancellable((*b)->actor, op, std::move(operand), want_value);
+      auto r = var_op_cancellable(b.actor, op, operand, want_value, id, wait);
       if (r || is(r.error(), af_error::cancelled))
         return r;
-      return link.explain(std::move(r.error()),
-                          std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
-                            + node.spec.device,
-                          nullptr);
+      return link.explain(std::move(r.error()), what, nullptr);
     }
     tensor result;
     caf::error err;
-    self->request((*b)->actor, opts.timeout, var_op_atom::value, op, std::move(operand), want_value)
-      .receive([&](tensor& v, uint64_t) { result = std::move(v); },
-               [&](caf::error& e) {
-                 err = link.explain(std::move(e),
-                               std::string{to_string(op)} + " of variable '" + node.spec.name
-                                 + "' on " + node.spec.device,
-                               nullptr);
-               });
+    auto on_error = [&](caf::error& e) {
+      if (e == caf::sec::request_timeout)
+        err = make_error(af_error::timeout, "timed out after " + std::to_string(wait.count())
+                                              + " ms waiting for " + what
+                                              + "; is the node alive and reachable?");
+      else
+        err = link.explain(std::move(e), what, nullptr);
+    };
+    if (id == 0)
+      self->request(b.actor, wait, var_op_atom::value, op, operand, want_value)
+        .receive([&](tensor& v, uint64_t) { result = std::move(v); }, on_error);
+    else
+      self->request(b.actor, wait, var_op_atom::value, op, operand, want_value, id)
+        .receive([&](tensor& v, uint64_t) { result = std::move(v); }, on_error);
     if (err)
       return err;
     return result;
@@ -243,7 +313,8 @@ struct session::impl {
   /// The same for one op on a variable actor (variable_call without a data
   /// channel).
   caf::expected<tensor> var_op_cancellable(const variable_actor& var, var_op op, tensor operand,
-                                           bool want_value);
+                                           bool want_value, uint64_t request_id,
+                                           std::chrono::milliseconds wait);
 
   /// Gets or creates the variable of node `id` on its node and binds it.
   caf::error create_variable(int32_t id);

@@ -6,6 +6,8 @@
 #include <limits>
 #include <new>
 
+#include <fmt/format.h>
+
 #include "caf/all.hpp"
 
 #include "graph/evaluate.hpp"
@@ -71,13 +73,39 @@ variable_cell::variable_cell(variable_spec spec) : spec_(std::move(spec)) {
 }
 
 caf::expected<variable_cell::applied>
-variable_cell::apply(var_op op, const tensor& operand, bool want_value) {
+variable_cell::apply(var_op op, const tensor& operand, bool want_value, uint64_t request_id) {
   auto what = [&] { return std::string{to_string(op)} + " to " + quoted(spec_); };
   if (!valid_var_op(static_cast<uint8_t>(op)))
     return make_error(af_error::invalid_argument,
                       "variable " + quoted(spec_) + ": unknown op code "
                         + std::to_string(static_cast<int>(op)));
   std::lock_guard<std::mutex> guard{mtx_};
+  bool deduplicate = request_id != 0 && op != var_op::read;
+  if (deduplicate) {
+    // Checked under the same lock as the update: a retry that overtakes its
+    // first try (which then arrives as the duplicate) is applied once too.
+    auto it = done_.find(request_id);
+    if (it != done_.end()) {
+      const auto& d = it->second;
+      applied out;
+      out.version = d.version;
+      out.replayed = true;
+      if (want_value) {
+        if (d.wanted && !d.value.empty())
+          out.value = d.value;
+        else if (d.version == version_ && initialized_)
+          out.value = value_; // nothing changed it since
+        else
+          return make_error(af_error::aborted,
+                            what() + " was applied already (a retry of request "
+                              + fmt::format("{:016x}", request_id) + ", version "
+                              + std::to_string(d.version) + "); the value after it is no longer "
+                              "kept (the variable changed since and kept values are bounded): "
+                              "read the variable instead of sending the update again");
+      }
+      return out;
+    }
+  }
   if (op == var_op::read) {
     if (!initialized_)
       return make_error(af_error::uninitialized,
@@ -119,7 +147,63 @@ variable_cell::apply(var_op op, const tensor& operand, bool want_value) {
   out.version = ++version_;
   if (want_value)
     out.value = value_;
+  if (deduplicate)
+    remember(request_id, out, want_value);
   return out;
+}
+
+void variable_cell::remember(uint64_t id, const applied& result, bool want_value) {
+  try {
+    remembered_update d;
+    d.version = result.version;
+    d.wanted = want_value;
+    bool keep = want_value && !result.value.empty() && result.value.nbytes() <= max_kept_value_bytes;
+    if (keep)
+      d.value = result.value;
+    done_.emplace(id, std::move(d));
+    done_order_.push_back(id);
+    if (keep) {
+      kept_order_.push_back(id);
+      kept_bytes_ += result.value.nbytes();
+    }
+  } catch (const std::bad_alloc&) {
+    // Out of memory: this update is applied but not remembered (a retry of
+    // it would be applied again). Undo a half-made entry.
+    if (!done_order_.empty() && done_order_.back() == id)
+      done_order_.pop_back();
+    if (!kept_order_.empty() && kept_order_.back() == id)
+      kept_order_.pop_back();
+    done_.erase(id);
+    return;
+  }
+  // kept_order_ lists the ids with a kept value in the order of done_order_,
+  // so the oldest entry, if it keeps a value, is kept_order_'s front.
+  auto drop_value = [&](std::unordered_map<uint64_t, remembered_update>::iterator it) {
+    kept_bytes_ -= it->second.value.nbytes();
+    it->second.value = tensor{};
+    kept_order_.pop_front();
+  };
+  while (done_order_.size() > max_remembered) {
+    auto it = done_.find(done_order_.front());
+    done_order_.pop_front();
+    if (it == done_.end())
+      continue;
+    if (!it->second.value.empty())
+      drop_value(it);
+    done_.erase(it);
+  }
+  while (kept_bytes_ > max_kept_bytes && !kept_order_.empty()) {
+    auto it = done_.find(kept_order_.front());
+    if (it == done_.end() || it->second.value.empty())
+      kept_order_.pop_front();
+    else
+      drop_value(it);
+  }
+}
+
+size_t variable_cell::remembered() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return done_.size();
 }
 
 caf::expected<uint64_t> variable_cell::initialize(const initializer& init,
@@ -316,6 +400,15 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
   return {
     [self](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       auto r = self->state.cell->apply(op, operand, want_value);
+      if (!r)
+        return std::move(r.error());
+      if (r->first_value)
+        release_waiters(self);
+      return {std::move(r->value), r->version};
+    },
+    [self](var_op_atom, var_op op, tensor& operand, bool want_value,
+           uint64_t request_id) -> caf::result<tensor, uint64_t> {
+      auto r = self->state.cell->apply(op, operand, want_value, request_id);
       if (!r)
         return std::move(r.error());
       if (r->first_value)

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "caf/actor_addr.hpp"
@@ -64,6 +66,7 @@ public:
     tensor value;             ///< read, or `want_value`: the value after the op; else empty
     uint64_t version = 0;     ///< the version after the op
     bool first_value = false; ///< this call gave the variable its first value (an assign)
+    bool replayed = false;    ///< a retry: the first try's result, nothing applied now
   };
 
   /// One op. read: the value (uninitialized if none). assign: `operand` of
@@ -71,7 +74,35 @@ public:
   /// copy). assign_add / assign_sub: `operand` of the same shape, or a
   /// scalar, is added / subtracted in place; uninitialized if no value.
   /// Every error names the variable; a failed op changes nothing.
-  caf::expected<applied> apply(var_op op, const tensor& operand, bool want_value);
+  ///
+  /// `request_id` (0: none) makes an update exactly-once: an update whose id
+  /// the cell applied before is not applied again but answered with the first
+  /// try's result (`replayed` set). See the table below for its bound.
+  caf::expected<applied> apply(var_op op, const tensor& operand, bool want_value,
+                               uint64_t request_id = 0);
+
+  // -- the table of applied request ids -------------------------------------
+  //
+  // A client that saw no answer (a timeout, a broken connection) sends the
+  // same update again with the same id. The cell remembers the ids of its
+  // last `max_remembered` updates that carried one, with the version each
+  // produced and, when the request wanted it, the value after it. An id
+  // pushed out of the table (more than max_remembered later updates of this
+  // variable came between the try and its retry) is applied again: the
+  // guarantee is exactly-once within that window, at-least-once beyond it.
+  // Values are kept only while they are small: each at most
+  // `max_kept_value_bytes`, all of one variable's together at most
+  // `max_kept_bytes` (the oldest lose theirs first). A retry that wanted a
+  // value no longer kept gets the current value if nothing changed the
+  // variable since, else af_error::aborted saying the update was applied
+  // (at version V) and that its value must be read.
+
+  static constexpr size_t max_remembered = 1024;
+  static constexpr size_t max_kept_value_bytes = size_t{1} << 20;
+  static constexpr size_t max_kept_bytes = size_t{4} << 20;
+
+  /// Ids in the table now (tests).
+  size_t remembered() const;
 
   /// Sets the value from `init` and records `run_id` as the run that
   /// initialized it; clears the slots (an optimizer starts them again, as
@@ -118,6 +149,13 @@ public:
 
 private:
   caf::error check_floats(size_t n, const char* what) const; // mtx_ held
+  /// Records the result of the update `id` (mtx_ held); evicts the oldest.
+  void remember(uint64_t id, const applied& result, bool want_value);
+  struct remembered_update {
+    uint64_t version = 0;
+    tensor value;            ///< the value after it, if wanted and still kept
+    bool wanted = false;     ///< the first try asked for the value
+  };
   const variable_spec spec_;
   mutable std::mutex mtx_;
   tensor value_;
@@ -125,6 +163,10 @@ private:
   uint64_t version_ = 0;
   std::string run_id_;
   std::map<std::string, tensor> slots_;
+  std::unordered_map<uint64_t, remembered_update> done_; ///< by request id
+  std::deque<uint64_t> done_order_;                      ///< oldest first
+  std::deque<uint64_t> kept_order_;                      ///< ids whose value is kept, oldest first
+  size_t kept_bytes_ = 0;
 };
 
 /// The variable actor's full interface: the protocol of messages/variable.hpp

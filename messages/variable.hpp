@@ -14,6 +14,12 @@
 ///        empty). assign_add/sub of an uninitialized variable is an error;
 ///        assign initializes it. An op byte that is not a var_op is
 ///        invalid_argument.
+///   (var_op, var_op op, tensor operand, bool want_value, uint64 request_id) -> (tensor, uint64 version)
+///        the same, exactly once per `request_id` (0: none; a client picks a
+///        random 64-bit id per update and sends a retry with the same one):
+///        an update whose id the variable applied before is answered with the
+///        first try's version (and value) and not applied again, within the
+///        bound of actors/variable.hpp's table (the last 1024 ids).
 ///   (init, initializer, bool only_if_uninitialized, string run_id) -> (uint64 version)
 ///        sets the first value; `run_id` (may be empty) names the run that
 ///        initialized it, so that waiters of a run do not take a value left by
@@ -66,6 +72,7 @@ typename Inspector::result_type inspect(Inspector& f, variable_info& x) {
 
 using variable_actor = caf::typed_actor<
   caf::replies_to<var_op_atom, var_op, tensor, bool>::with<tensor, uint64_t>,
+  caf::replies_to<var_op_atom, var_op, tensor, bool, uint64_t>::with<tensor, uint64_t>,
   caf::replies_to<init_atom, initializer, bool, std::string>::with<uint64_t>,
   caf::replies_to<info_atom>::with<variable_info>,
   caf::replies_to<wait_init_atom, std::string, uint32_t>::with<uint64_t>>;

@@ -59,4 +59,12 @@ constexpr bool valid_var_op(uint8_t code) {
   return code >= 1 && code <= 4;
 }
 
+/// A fresh id for one update (never 0): the variable applies an update once
+/// per id, so a retry sent with the same id after a lost reply is not
+/// counted twice (actors/variable.hpp). Distinct within a process (a
+/// bijection of a counter) and random across processes (a 64-bit seed from
+/// std::random_device mixed in): two clients collide with a chance of about
+/// n^2 / 2^65 for n ids in a variable's table. Thread-safe.
+uint64_t new_request_id();
+
 } // namespace af
