@@ -8,8 +8,13 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -30,6 +35,88 @@ namespace {
 void tune_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/// One connection's byte stream: its socket, and its TLS session when the
+/// data plane runs with [security]. The plaintext path is the socket calls it
+/// always was: one test of `ssl` per call, none per byte.
+struct link {
+  int fd = -1;
+  SSL* ssl = nullptr;
+};
+
+/// What OpenSSL said last on this thread when a TLS read or write failed
+/// (errno is then EPROTO): the reason for the error message.
+thread_local std::string last_tls_error;
+
+/// errno for a failed SSL_read_ex/SSL_write_ex (`ret` its return value), as a
+/// socket call would have set it: EAGAIN on a timeout, ECONNRESET on a close,
+/// EPROTO (with last_tls_error) for a TLS error such as an alert.
+int tls_errno(SSL* ssl, int ret) {
+  int saved = errno;
+  switch (SSL_get_error(ssl, ret)) {
+    case SSL_ERROR_ZERO_RETURN:
+      ERR_clear_error();
+      return ECONNRESET;
+    case SSL_ERROR_WANT_READ:
+    case SSL_ERROR_WANT_WRITE:
+      ERR_clear_error();
+      return EAGAIN;
+    case SSL_ERROR_SYSCALL:
+      if (ERR_peek_error() == 0)
+        return saved == 0 ? ECONNRESET : saved;
+      [[fallthrough]];
+    default:
+      last_tls_error = tls_errors("TLS error");
+      return EPROTO;
+  }
+}
+
+/// Writes all of `iov` over TLS: the small parts (a header, a name) gathered
+/// into one record, a tensor's bytes handed to SSL_write_ex straight from its
+/// buffer in one call (OpenSSL cuts the records; no copy of ours).
+bool tls_write_all(SSL* ssl, const iovec* iov, int count) {
+  char small[16384];
+  size_t used = 0;
+  auto put = [&](const void* p, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      size_t written = 0;
+      auto chunk = std::min<size_t>(n - done, size_t{1} << 30);
+      int ret = SSL_write_ex(ssl, static_cast<const char*>(p) + done, chunk, &written);
+      if (ret <= 0) {
+        errno = tls_errno(ssl, ret);
+        return false;
+      }
+      done += written;
+    }
+    return true;
+  };
+  for (int i = 0; i < count; ++i) {
+    if (iov[i].iov_len <= sizeof(small) - used) {
+      std::memcpy(small + used, iov[i].iov_base, iov[i].iov_len);
+      used += iov[i].iov_len;
+      continue;
+    }
+    if (used > 0 && !put(small, used))
+      return false;
+    used = 0;
+    if (iov[i].iov_len <= sizeof(small)) {
+      std::memcpy(small, iov[i].iov_base, iov[i].iov_len);
+      used = iov[i].iov_len;
+    } else if (!put(iov[i].iov_base, iov[i].iov_len)) {
+      return false;
+    }
+  }
+  return used == 0 || put(small, used);
+}
+
+bool write_all(int fd, iovec* iov, int count);
+
+bool write_all(const link& io, iovec* iov, int count) {
+  if (io.ssl != nullptr)
+    return tls_write_all(io.ssl, iov, count);
+  return write_all(io.fd, iov, count);
 }
 
 /// Writes all of `iov` (partial writes continue where they stopped). A peer
@@ -106,6 +193,51 @@ read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms
   return read_end::done;
 }
 
+/// read_timed over TLS. A record already decrypted or read ahead is taken
+/// without a poll; otherwise the socket is polled for the first byte as in
+/// plaintext, and SSL_read_ex's own waits are bounded by the socket's
+/// SO_RCVTIMEO (the frame timeout, set when the connection was accepted).
+read_end tls_read_timed(const link& io, void* buf, size_t n, int first_wait_ms, bool poll_first) {
+  auto* p = static_cast<char*>(buf);
+  bool any = false;
+  while (n > 0) {
+    if (poll_first && !any && SSL_has_pending(io.ssl) == 0) {
+      pollfd pfd{io.fd, POLLIN, 0};
+      int rc;
+      do
+        rc = ::poll(&pfd, 1, first_wait_ms);
+      while (rc < 0 && errno == EINTR);
+      if (rc == 0)
+        return read_end::idle;
+      if (rc < 0)
+        return read_end::failed;
+    }
+    size_t got = 0;
+    int ret = SSL_read_ex(io.ssl, p, n, &got);
+    if (ret <= 0) {
+      int err = tls_errno(io.ssl, ret);
+      if (err == EINTR)
+        continue;
+      if (err == ECONNRESET)
+        return any ? read_end::failed : read_end::closed;
+      if (err == EAGAIN || err == EWOULDBLOCK)
+        return read_end::stalled;
+      return read_end::failed;
+    }
+    p += got;
+    n -= got;
+    any = true;
+  }
+  return read_end::done;
+}
+
+read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                    bool poll_first) {
+  if (io.ssl != nullptr)
+    return tls_read_timed(io, buf, n, first_wait_ms, poll_first);
+  return read_timed(io.fd, buf, n, first_wait_ms, stall_ms, poll_first);
+}
+
 /// "host:port" ("[v6]:port") of a connected peer.
 std::string peer_address(const sockaddr_storage& addr, socklen_t len) {
   char host[NI_MAXHOST] = "?";
@@ -125,9 +257,29 @@ af_error wire_code(const caf::error& err) {
 }
 
 /// Reads exactly `n` bytes (client side: the socket's SO_RCVTIMEO bounds each
-/// wait); false on EOF, error or timeout (errno tells).
-bool read_all(int fd, void* buf, size_t n) {
+/// wait); false on EOF, error or timeout (errno tells). `got`: how many came.
+bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr) {
   auto* p = static_cast<char*>(buf);
+  if (got != nullptr)
+    *got = 0;
+  if (io.ssl != nullptr) {
+    while (n > 0) {
+      size_t part = 0;
+      int ret = SSL_read_ex(io.ssl, p, n, &part);
+      if (ret <= 0) {
+        errno = tls_errno(io.ssl, ret);
+        if (errno == EINTR)
+          continue;
+        return false;
+      }
+      p += part;
+      n -= part;
+      if (got != nullptr)
+        *got += part;
+    }
+    return true;
+  }
+  int fd = io.fd;
   while (n > 0) {
     auto r = ::recv(fd, p, n, MSG_WAITALL);
     if (r == 0) {
@@ -141,11 +293,13 @@ bool read_all(int fd, void* buf, size_t n) {
     }
     p += r;
     n -= static_cast<size_t>(r);
+    if (got != nullptr)
+      *got += static_cast<size_t>(r);
   }
   return true;
 }
 
-bool send_frame(int fd, wire::header& h, const std::string* name, const void* payload) {
+bool send_frame(const link& fd, wire::header& h, const std::string* name, const void* payload) {
   iovec iov[3];
   int count = 0;
   iov[count++] = {&h, sizeof(h)};
@@ -156,7 +310,7 @@ bool send_frame(int fd, wire::header& h, const std::string* name, const void* pa
   return write_all(fd, iov, count);
 }
 
-bool send_error(int fd, af_error code, const std::string& text) {
+bool send_error(const link& fd, af_error code, const std::string& text) {
   wire::header h;
   h.kind = static_cast<uint8_t>(wire::kind::reply);
   h.status = static_cast<uint8_t>(code);
@@ -165,7 +319,7 @@ bool send_error(int fd, af_error code, const std::string& text) {
 }
 
 /// send_error for a connection that is closing anyway: nothing may throw.
-void last_words(int fd, af_error code, const char* node, const char* text) noexcept {
+void last_words(const link& fd, af_error code, const char* node, const char* text) noexcept {
   try {
     send_error(fd, code, std::string{node} + " data plane: " + text);
   } catch (...) {
@@ -190,7 +344,7 @@ constexpr uint64_t drain_limit = uint64_t{1} << 30;
 /// stalled or left; `how` says which).
 enum class skipped { past, too_large, lost };
 
-skipped skip_payload(int fd, uint64_t bytes, int frame_ms, read_end& how) {
+skipped skip_payload(const link& fd, uint64_t bytes, int frame_ms, read_end& how) {
   if (bytes > drain_limit)
     return skipped::too_large;
   char scratch[65536];
@@ -202,6 +356,62 @@ skipped skip_payload(int fd, uint64_t bytes, int frame_ms, read_end& how) {
     left -= n;
   }
   return skipped::past;
+}
+
+/// Runs SSL_accept (server) or SSL_connect on `fd` until it is done or
+/// `limit` has passed, the socket non-blocking meanwhile: a peer that
+/// trickles its handshake cannot stretch it. Empty on success, else why not.
+std::string handshake(SSL* ssl, int fd, bool server, std::chrono::milliseconds limit) {
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  std::string why;
+  for (;;) {
+    ERR_clear_error();
+    errno = 0;
+    int ret = server ? SSL_accept(ssl) : SSL_connect(ssl);
+    if (ret == 1)
+      break;
+    int err = SSL_get_error(ssl, ret);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now())
+                    .count();
+      if (left <= 0) {
+        why = fmt::format("the TLS handshake did not finish within {} ms", limit.count());
+        break;
+      }
+      pollfd pfd{fd, static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
+      ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+      continue;
+    }
+    why = tls_handshake_failure(ssl, ret);
+    break;
+  }
+  fcntl(fd, F_SETFL, flags);
+  return why;
+}
+
+/// The first bytes of a frame header ("AFDP" in host byte order).
+bool looks_like_frame(const unsigned char* p, size_t n) {
+  uint32_t m = wire::magic;
+  return n >= 4 && std::memcmp(p, &m, 4) == 0;
+}
+
+/// The first bytes of a TLS record (handshake or alert, version 3.x).
+bool looks_like_tls(const unsigned char* p, size_t n) {
+  return n >= 2 && (p[0] == 0x16 || p[0] == 0x15) && p[1] == 0x03;
+}
+
+/// Closes a connection refused before it was served: what it sent is read
+/// (a little, without waiting) so that the close is a FIN, not a reset that
+/// would take a reply already sent with it.
+void close_refused(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  char scratch[4096];
+  for (int i = 0; i < 16 && ::recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT) > 0; ++i) {
+  }
+  close(fd);
 }
 
 } // namespace
@@ -270,6 +480,13 @@ data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::str
                       fmt::format("{}: data-plane timeouts must be 1 ms .. 24 days (idle {} ms, "
                                   "frame {} ms)",
                                   node_name, timeouts.idle.count(), timeouts.frame.count()));
+  if (timeouts.max_message_bytes <= 0 || timeouts.max_variable_bytes <= 0
+      || timeouts.max_connections <= 0)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] max_message_bytes ({}), max_variable_bytes ({}) and "
+                                  "max_data_connections ({}) must be positive",
+                                  node_name, timeouts.max_message_bytes, timeouts.max_variable_bytes,
+                                  timeouts.max_connections));
   std::unique_ptr<data_plane_server> srv{
     new data_plane_server(std::move(dir), node_name, timeouts, std::move(tls))};
   addrinfo hints{};
@@ -336,33 +553,73 @@ void data_plane_server::stop() {
 }
 
 void data_plane_server::accept_loop() {
+  // A spare descriptor: out of descriptors, it is given up for a moment to
+  // accept the pending connection and close it at once (its peer hears
+  // "closed" instead of waiting in the backlog), then taken again.
+  int spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int backoff_ms = 10;
+  bool exhausted = false;  // in a burst of accept failures (logged once)
+  uint64_t shed = 0;       // connections closed unserved in that burst
+  uint64_t over_limit = 0; // connections refused over max_connections, since the last log
   while (!stopping_) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED)
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED)
         continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors or memory: the pending peer waits in the backlog.
-        log::get()->warn("{} data plane: cannot accept a connection ({}); retrying", node_name_,
-                         std::strerror(errno));
-        pollfd pfd{listen_fd_, 0, 0};
-        ::poll(&pfd, 1, 100); // wakes early if stop() shuts the socket down
-        continue;
+      if (stopping_)
+        break; // stop() shut the socket down
+      if (!exhausted) {
+        log::get()->warn("{} data plane: cannot accept connections ({}){}; new ones are closed "
+                         "unserved until it can again",
+                         node_name_, std::strerror(err),
+                         err == EMFILE || err == ENFILE
+                           ? " -- out of file descriptors: raise the limit (ulimit -n, systemd "
+                             "LimitNOFILE) or lower [node] max_data_connections"
+                           : "");
+        exhausted = true;
       }
-      return; // shut down
+      // (Linux fails accept with EMFILE whether or not a connection waits:
+      // shed one only if it is there, never block here without the spare.)
+      pollfd pending{listen_fd_, POLLIN, 0};
+      if ((err == EMFILE || err == ENFILE) && spare >= 0 && ::poll(&pending, 1, 0) > 0) {
+        close(spare);
+        int victim = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (victim >= 0) {
+          close(victim);
+          ++shed;
+        }
+        spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      } else if (spare < 0) {
+        spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      }
+      pollfd pfd{listen_fd_, 0, 0};
+      ::poll(&pfd, 1, backoff_ms); // wakes early if stop() shuts the socket down
+      backoff_ms = std::min(backoff_ms * 2, 100);
+      continue;
+    }
+    if (exhausted) {
+      log::get()->info("{} data plane: accepting connections again ({} closed unserved meanwhile)",
+                       node_name_, shed);
+      exhausted = false;
+      shed = 0;
+      backoff_ms = 10;
     }
     tune_socket(fd);
     // A reader that stops taking our reply must not hold this thread either.
     set_timeout(fd, SO_SNDTIMEO, timeouts_.frame);
+    // Over TLS, SSL_read's waits inside a frame are bounded by the socket.
+    if (tls_)
+      set_timeout(fd, SO_RCVTIMEO, timeouts_.frame);
     std::vector<std::thread> done;
     try {
       auto peer = peer_address(addr, len);
-      std::lock_guard<std::mutex> guard{mtx_};
+      std::unique_lock<std::mutex> guard{mtx_};
       if (stopping_) {
         close(fd);
-        return;
+        break;
       }
       // Join the threads of connections that closed since: a long-lived
       // node with many short-lived clients must not keep their stacks.
@@ -374,6 +631,31 @@ void data_plane_server::accept_loop() {
           ++it;
         }
       finished_.clear();
+      if (conns_.size() >= static_cast<size_t>(timeouts_.max_connections)) {
+        // One more than the limit: closed at once. Logged once per burst (a
+        // client retrying in a loop must not flood the log), counted after.
+        auto open_now = conns_.size();
+        guard.unlock();
+        if (over_limit++ == 0)
+          log::get()->warn("{} data plane: refused {}: {} connections are open, the most it serves "
+                           "([node] max_data_connections = {}); further refusals are counted",
+                           node_name_, peer, open_now, timeouts_.max_connections);
+        if (!tls_)
+          last_words(link{fd, nullptr}, af_error::resource_exhausted, node_name_.c_str(),
+                     fmt::format("{} connections are open, the most this node serves ([node] "
+                                 "max_data_connections = {}); try again when one has closed",
+                                 open_now, timeouts_.max_connections)
+                       .c_str());
+        close_refused(fd);
+        for (auto& t : done)
+          t.join();
+        continue;
+      }
+      if (over_limit > 1)
+        log::get()->warn("{} data plane: refused {} more connections over [node] "
+                         "max_data_connections = {}",
+                         node_name_, over_limit - 1, timeouts_.max_connections);
+      over_limit = 0;
       conns_.push_back(fd);
       try {
         workers_.emplace_back([this, fd, peer] { serve(fd, peer); });
@@ -382,17 +664,21 @@ void data_plane_server::accept_loop() {
         throw;
       }
     } catch (const std::exception& e) {
-      // No memory or no thread for one more connection: refuse it, keep serving.
+      // No memory or no thread for one more connection (std::system_error,
+      // std::bad_alloc): refuse this one, keep serving the others.
       log::get()->warn("{} data plane: refused a connection: {}", node_name_, e.what());
       close(fd);
     }
     for (auto& t : done)
       t.join();
   }
+  if (spare >= 0)
+    close(spare);
 }
 
-bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const wire::header& h,
-                                         const std::string& name) {
+bool data_plane_server::serve_aggregator(int fd, ssl_st* ssl, const std::string& peer,
+                                         const wire::header& h, const std::string& name) {
+  const link io{fd, ssl};
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
               || h.kind == static_cast<uint8_t>(wire::kind::push_params);
@@ -406,6 +692,12 @@ bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const 
     code = af_error::not_found;
     refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
                           name, node_name_);
+  } else if (h.payload_bytes > static_cast<uint64_t>(timeouts_.max_message_bytes)) {
+    code = af_error::resource_exhausted;
+    refusal = fmt::format("{} to aggregator '{}': a payload of {} bytes is over {}'s limit of {} "
+                          "bytes per message ([node] max_message_bytes)",
+                          push ? "push" : "pull", name, h.payload_bytes, node_name_,
+                          timeouts_.max_message_bytes);
   } else if (h.has_tensor
              && (!push || static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
                  || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
@@ -417,29 +709,27 @@ bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const 
     refusal = "a push or pull with a payload that is no tensor";
   }
   if (!refusal.empty()) {
+    // Answered before the payload is read (see serve), then skipped.
+    bool drain = h.payload_bytes <= drain_limit;
+    if (!send_error(io, code,
+                    drain ? refusal : refusal + " (the connection is closed: its payload was not read)")
+        || !drain)
+      return false;
     read_end how = read_end::done;
-    switch (skip_payload(fd, h.payload_bytes, frame_ms, how)) {
-      case skipped::lost:
-        return false;
-      case skipped::too_large:
-        send_error(fd, code, refusal + " (the connection is closed: its payload was not read)");
-        return false;
-      case skipped::past:
-        return send_error(fd, code, refusal);
-    }
+    return skip_payload(io, h.payload_bytes, frame_ms, how) == skipped::past;
   }
   tensor values;
   if (h.has_tensor) {
     try {
       values.reset(dtype::float32, wire::shape_of(h));
     } catch (const std::bad_alloc&) {
-      send_error(fd, af_error::resource_exhausted,
+      send_error(io, af_error::resource_exhausted,
                  fmt::format("{} cannot allocate {} bytes for a push to '{}' (out of memory)",
                              node_name_, h.payload_bytes, name));
       return false;
     }
     if (h.payload_bytes > 0
-        && read_timed(fd, values.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
+        && read_timed(io, values.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
              != read_end::done) {
       log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
                        node_name_, peer, name);
@@ -448,17 +738,64 @@ bool data_plane_server::serve_aggregator(int fd, const std::string& peer, const 
   }
   auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(values), agg.wait);
   if (!r)
-    return send_error(fd, wire_code(r.error()), describe(r.error()));
+    return send_error(io, wire_code(r.error()), describe(r.error()));
   wire::header reply;
   reply.kind = static_cast<uint8_t>(wire::kind::reply);
   reply.version = r->first;
   const auto& params = r->second;
   if (!params.empty())
     wire::describe_tensor(params, reply); // rank 1
-  return send_frame(fd, reply, nullptr, params.empty() ? nullptr : params.bytes());
+  return send_frame(io, reply, nullptr, params.empty() ? nullptr : params.bytes());
+}
+
+ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
+  auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  // A plaintext client of ours starts with a frame's magic: it gets a
+  // plaintext answer that says why, not a TLS alert it cannot read.
+  unsigned char first[4] = {};
+  pollfd pfd{fd, POLLIN, 0};
+  ssize_t seen = 0;
+  if (::poll(&pfd, 1, frame_ms) > 0)
+    seen = ::recv(fd, first, sizeof(first), MSG_PEEK | MSG_DONTWAIT);
+  if (seen == sizeof(first) && looks_like_frame(first, sizeof(first))) {
+    log::get()->warn("{} data plane: refused {}: a plaintext data-plane client (this node's data "
+                     "plane is TLS: [security] in the cluster config)",
+                     node_name_, peer);
+    last_words(link{fd, nullptr}, af_error::invalid_config, node_name_.c_str(),
+               "this data plane is TLS only; a plaintext client was refused (set [security] with "
+               "the cluster's CA, certificate and key in this process's cluster config)");
+    return nullptr;
+  }
+  SSL* ssl = SSL_new(tls_->native());
+  if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+    log::get()->warn("{} data plane: refused {}: {}", node_name_, peer,
+                     tls_errors("no TLS session (out of memory?)"));
+    SSL_free(ssl);
+    return nullptr;
+  }
+  auto why = handshake(ssl, fd, true, timeouts_.frame);
+  if (!why.empty()) {
+    log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, why);
+    SSL_free(ssl);
+    return nullptr;
+  }
+  return ssl;
 }
 
 void data_plane_server::serve(int fd, const std::string& peer) {
+  SSL* ssl = nullptr;
+  if (tls_ && (ssl = accept_tls(fd, peer)) == nullptr) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
+    close_refused(fd);
+    try {
+      finished_.push_back(std::this_thread::get_id());
+    } catch (const std::bad_alloc&) {
+      // nop: stop() joins this thread instead
+    }
+    return;
+  }
+  const link io{fd, ssl};
   auto idle_ms = static_cast<int>(timeouts_.idle.count());
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   // True if a read ended the connection; says why in the log if the peer went silent.
@@ -476,34 +813,51 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     std::string name;
     wire::header h;
     for (;;) {
-      if (ended(read_timed(fd, &h, sizeof(h), idle_ms, frame_ms, true), "header"))
+      if (ended(read_timed(io, &h, sizeof(h), idle_ms, frame_ms, true), "header"))
         break;
       auto problem = wire::validate(h);
       if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind))
         problem = "a reply frame sent as a request";
+      if (!problem.empty() && looks_like_tls(reinterpret_cast<const unsigned char*>(&h), 2))
+        problem = "a TLS client, but this data plane is plaintext (no [security] in this node's "
+                  "cluster config)";
       if (!problem.empty()) {
         // The stream cannot be trusted past a bad header: answer and hang up.
         log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, problem);
-        send_error(fd, af_error::invalid_argument, node_name_ + " data plane: " + problem);
+        send_error(io, af_error::invalid_argument, node_name_ + " data plane: " + problem);
         break;
       }
       name.resize(h.name_len);
-      if (h.name_len > 0 && ended(read_timed(fd, name.data(), name.size(), frame_ms, frame_ms, false),
+      if (h.name_len > 0 && ended(read_timed(io, name.data(), name.size(), frame_ms, frame_ms, false),
                                   "variable name"))
         break;
       if (wire::aggregator_kind(h.kind)) {
-        if (!serve_aggregator(fd, peer, h, name))
+        if (!serve_aggregator(fd, io.ssl, peer, h, name))
           break;
         continue;
       }
       // The variable and the operand's fit are checked before anything is
       // allocated for the operand: a frame for a variable that does not exist,
-      // or of another shape, cannot make the node take its memory.
+      // or of another shape, or over a limit, cannot make the node take its
+      // memory.
       auto found = dir_->get(name);
       std::string refusal;
       af_error refusal_code = af_error::not_found;
       if (!found.cell) {
         refusal = "no variable '" + name + "' on " + node_name_;
+      } else if (h.payload_bytes > static_cast<uint64_t>(timeouts_.max_message_bytes)) {
+        refusal_code = af_error::resource_exhausted;
+        refusal = fmt::format("{} of '{}': a payload of {} bytes is over {}'s limit of {} bytes per "
+                              "message ([node] max_message_bytes)",
+                              to_string(static_cast<var_op>(h.kind)), name, h.payload_bytes,
+                              node_name_, timeouts_.max_message_bytes);
+      } else if (h.has_tensor
+                 && h.payload_bytes > static_cast<uint64_t>(timeouts_.max_variable_bytes)) {
+        refusal_code = af_error::resource_exhausted;
+        refusal = fmt::format("{} of '{}': a value of {} bytes is over {}'s limit of {} bytes per "
+                              "variable ([node] max_variable_bytes)",
+                              to_string(static_cast<var_op>(h.kind)), name, h.payload_bytes,
+                              node_name_, timeouts_.max_variable_bytes);
       } else if (h.has_tensor) {
         const auto& spec = found.cell->spec();
         auto shape = wire::shape_of(h);
@@ -522,24 +876,37 @@ void data_plane_server::serve(int fd, const std::string& peer) {
                                 shape_string(spec.shape));
         }
       }
-      if (!refusal.empty() || (!h.has_tensor && h.payload_bytes > 0)) {
-        // Skip the payload through a small buffer, still under the frame timeout.
+      if (!refusal.empty()) {
+        // Answered at once, before the payload is read: a peer that declares
+        // an operand and never sends it still hears why. Then the payload is
+        // skipped through a small buffer, under the frame timeout, so that
+        // the connection goes on; one too large to skip closes it.
+        bool drain = h.payload_bytes <= drain_limit;
+        if (!send_error(io, refusal_code,
+                        drain ? refusal
+                              : refusal + " (the connection is closed: its payload was not read)")
+            || !drain)
+          break;
         read_end how = read_end::done;
-        auto skip = skip_payload(fd, h.payload_bytes, frame_ms, how);
+        if (skip_payload(io, h.payload_bytes, frame_ms, how) != skipped::past) {
+          ended(how, "payload");
+          break;
+        }
+        continue;
+      }
+      if (!h.has_tensor && h.payload_bytes > 0) {
+        // Bytes that are no tensor (validate bounds them): skipped.
+        read_end how = read_end::done;
+        auto skip = skip_payload(io, h.payload_bytes, frame_ms, how);
         if (skip == skipped::lost) {
           ended(how, "payload");
           break;
         }
         if (skip == skipped::too_large) {
-          send_error(fd, refusal.empty() ? af_error::invalid_argument : refusal_code,
-                     (refusal.empty() ? std::string{"a payload that is no tensor"} : refusal)
-                       + " (the connection is closed: its payload was not read)");
+          send_error(io, af_error::invalid_argument,
+                     "a payload that is no tensor (the connection is closed: its payload was not "
+                     "read)");
           break;
-        }
-        if (!refusal.empty()) {
-          if (!send_error(fd, refusal_code, refusal))
-            break;
-          continue;
         }
       }
       tensor operand;
@@ -549,20 +916,44 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         } catch (const std::bad_alloc&) {
           log::get()->warn("{} data plane: no memory for {} bytes of '{}' from {}", node_name_,
                            h.payload_bytes, name, peer);
-          send_error(fd, af_error::resource_exhausted,
-                     fmt::format("{} cannot allocate {} bytes for the operand of '{}' (out of memory)",
-                                 node_name_, h.payload_bytes, name));
-          break; // the payload is still in the stream
+          auto text = fmt::format("{} cannot allocate {} bytes for the operand of '{}' (out of "
+                                  "memory)",
+                                  node_name_, h.payload_bytes, name);
+          // Answered; the connection goes on if its payload can be skipped.
+          read_end how = read_end::done;
+          auto skip = skip_payload(io, h.payload_bytes, frame_ms, how);
+          if (skip == skipped::lost) {
+            ended(how, "payload");
+            break;
+          }
+          if (skip == skipped::too_large) {
+            send_error(io, af_error::resource_exhausted,
+                       text + " (the connection is closed: its payload was not read)");
+            break;
+          }
+          if (!send_error(io, af_error::resource_exhausted, text))
+            break;
+          continue;
         }
         if (h.payload_bytes > 0
-            && ended(read_timed(fd, operand.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false),
+            && ended(read_timed(io, operand.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false),
                      "payload"))
           break;
       }
       // Applied right here under the cell's lock: no actor hop.
-      auto r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0);
+      caf::expected<variable_cell::applied> r{caf::error{}};
+      try {
+        r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0);
+      } catch (const std::bad_alloc&) {
+        // A copy for want_value, a slot: answered, the connection goes on.
+        r = make_error(af_error::resource_exhausted,
+                       fmt::format("{} ran out of memory applying {} to '{}' ({} bytes)", node_name_,
+                                   to_string(static_cast<var_op>(h.kind)), name,
+                                   num_elements(found.cell->spec().shape)
+                                     * static_cast<int64_t>(dtype_size(found.cell->spec().type))));
+      }
       if (!r) {
-        if (!send_error(fd, wire_code(r.error()), describe(r.error())))
+        if (!send_error(io, wire_code(r.error()), describe(r.error())))
           break;
         continue;
       }
@@ -573,14 +964,14 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       reply.version = r->version;
       const auto& value = r->value;
       if (!value.empty() && !wire::describe_tensor(value, reply)) {
-        if (!send_error(fd, af_error::invalid_argument,
+        if (!send_error(io, af_error::invalid_argument,
                         "variable '" + name + "' has rank " + std::to_string(value.shape().size())
                           + "; the data plane carries rank <= 8"))
           break;
         continue;
       }
       // Straight from the variable's buffer: `value` shares it, no copy.
-      if (!send_frame(fd, reply, nullptr, value.empty() ? nullptr : value.bytes())) {
+      if (!send_frame(io, reply, nullptr, value.empty() ? nullptr : value.bytes())) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
           log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",
                            node_name_, peer, frame_ms);
@@ -589,13 +980,14 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     }
   } catch (const std::bad_alloc&) {
     log::get()->warn("{} data plane: out of memory serving {}; closed its connection", node_name_, peer);
-    last_words(fd, af_error::resource_exhausted, node_name_.c_str(), "out of memory");
+    last_words(io, af_error::resource_exhausted, node_name_.c_str(), "out of memory");
   } catch (const std::exception& e) {
     log::get()->error("{} data plane: closed the connection of {}: {}", node_name_, peer, e.what());
-    last_words(fd, af_error::internal, node_name_.c_str(), e.what());
+    last_words(io, af_error::internal, node_name_.c_str(), e.what());
   }
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
+  SSL_free(ssl); // no close_notify: the peer sees the socket close, as in plaintext
   close(fd);
   try {
     finished_.push_back(std::this_thread::get_id());
@@ -610,7 +1002,6 @@ caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
                       std::chrono::milliseconds timeout, std::chrono::microseconds poll,
                       std::shared_ptr<tls_context> tls) {
-  (void) tls;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -639,7 +1030,35 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": " + why);
   tune_socket(fd);
-  return std::unique_ptr<data_channel>{new data_channel(fd, host, port, std::move(peer), timeout, poll)};
+  SSL* ssl = nullptr;
+  if (tls) {
+    ssl = SSL_new(tls->native());
+    std::string why;
+    if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1)
+      why = tls_errors("no TLS session (out of memory?)");
+    else
+      why = handshake(ssl, fd, false, timeout);
+    if (!why.empty()) {
+      SSL_free(ssl);
+      close(fd);
+      std::string hint;
+      if (why.find("wrong version number") != std::string::npos
+          || why.find("packet length too long") != std::string::npos
+          || why.find("record layer failure") != std::string::npos)
+        hint = "; it does not speak TLS: is it run without [security]? Every node of a cluster "
+               "needs the same [security]";
+      else if (why.find("certificate") != std::string::npos || why.find("alert") != std::string::npos)
+        hint = "; are its certificate and this process's signed by the same cluster CA ([security] "
+               "ca)?";
+      return make_error(af_error::unreachable,
+                        fmt::format("{}: TLS with the data plane of {} at {}:{} failed: {}{}",
+                                    tls->who(), peer, host, port, why, hint));
+    }
+  }
+  std::unique_ptr<data_channel> ch{
+    new data_channel(fd, host, port, std::move(peer), timeout, poll, std::move(tls))};
+  ch->ssl_ = ssl;
+  return ch;
 }
 
 void data_channel::reopen_if_closed_by_peer() {
@@ -649,6 +1068,8 @@ void data_channel::reopen_if_closed_by_peer() {
   // failing. Back-to-back ops skip the check (a syscall each).
   if (fd_ < 0 || std::chrono::steady_clock::now() - last_reply_ < std::chrono::milliseconds{100})
     return;
+  if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+    return;
   char byte;
   auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
@@ -657,13 +1078,12 @@ void data_channel::reopen_if_closed_by_peer() {
 }
 
 bool data_channel::reconnect() {
-  auto fresh = connect(host_, port_, peer_, timeout_, poll_);
+  auto fresh = connect(host_, port_, peer_, timeout_, poll_, tls_);
   if (!fresh)
     return false;
-  if (fd_ >= 0)
-    close(fd_);
-  fd_ = (*fresh)->fd_;
-  (*fresh)->fd_ = -1;
+  drop();
+  std::swap(fd_, (*fresh)->fd_);
+  std::swap(ssl_, (*fresh)->ssl_);
   return true;
 }
 
@@ -674,6 +1094,8 @@ void data_channel::poll_for_reply() {
   // reply for a moment first, then block.
   if (poll_.count() <= 0)
     return;
+  if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+    return;
   auto until = std::chrono::steady_clock::now() + poll_;
   char byte;
   do {
@@ -683,13 +1105,30 @@ void data_channel::poll_for_reply() {
 }
 
 data_channel::~data_channel() {
+  drop();
+}
+
+void data_channel::drop() {
+  SSL_free(ssl_);
+  ssl_ = nullptr;
   if (fd_ >= 0)
     close(fd_);
+  fd_ = -1;
 }
 
 caf::error data_channel::fail(const std::string& what, int err) {
-  close(fd_);
-  fd_ = -1;
+  drop();
+  if (err == EPROTO && !last_tls_error.empty()) {
+    auto reason = std::move(last_tls_error);
+    last_tls_error.clear();
+    return make_error(af_error::unreachable,
+                      fmt::format("the TLS connection to {} failed during {}: {}{}", peer_, what,
+                                  reason,
+                                  reason.find("alert") != std::string::npos
+                                    ? "; did the node refuse this process's certificate (is it "
+                                      "signed by the cluster CA of [security] ca)?"
+                                    : ""));
+  }
   if (err == EAGAIN || err == EWOULDBLOCK)
     return make_error(af_error::timeout, "timed out after " + std::to_string(timeout_.count())
                                            + " ms waiting for " + peer_ + " to answer " + what
@@ -727,7 +1166,7 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
                         + " is more than the data plane carries (8)");
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet && op == var_op::read;
-    if (!send_frame(fd_, h, &var, operand ? operand->bytes() : nullptr)) {
+    if (!send_frame(link{fd_, ssl_}, h, &var, operand ? operand->bytes() : nullptr)) {
       auto err = fail(what, errno);
       if (retry && reconnect())
         continue;
@@ -749,6 +1188,8 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
     // the timeout is the same as read_all's.
     auto until = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
+      if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+        break;
       pollfd pfd{fd_, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 20);
       // EINTR is the Ctrl-C itself (its handler sets the flag checked below).
@@ -757,36 +1198,45 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
       if (std::chrono::steady_clock::now() >= until)
         return fail(what, EAGAIN);
       if (cancel_->load()) {
-        close(fd_);
-        fd_ = -1;
+        drop();
         return make_error(af_error::cancelled, what + " on " + peer_
                                                  + " was abandoned; the connection is opened "
                                                    "again for the next call");
       }
     }
   }
-  if (!read_all(fd_, &r, sizeof(r)))
-    return fail(what, errno);
+  const link io{fd_, ssl_};
+  size_t got = 0;
+  if (!read_all(io, &r, sizeof(r), &got)) {
+    int err = errno;
+    if (ssl_ == nullptr && got >= 2
+        && looks_like_tls(reinterpret_cast<const unsigned char*>(&r), got)) {
+      drop();
+      return make_error(af_error::unreachable,
+                        peer_ + " answered " + what + " with TLS: its data plane runs with "
+                          "[security]; this process needs the same [security] (the cluster's CA, "
+                          "a certificate and key) in its cluster config");
+    }
+    return fail(what, err);
+  }
   auto problem = wire::validate(r);
   if (problem.empty() && r.kind != static_cast<uint8_t>(wire::kind::reply))
     problem = "a request frame sent as a reply";
   if (!problem.empty()) {
-    close(fd_);
-    fd_ = -1;
+    drop();
     return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
   }
   if (r.status != 0) {
     if (!valid_af_error(r.status)) {
       // Not one of our codes: a peer of another version, or not ours at all.
-      close(fd_);
-      fd_ = -1;
+      drop();
       return make_error(af_error::internal,
                         fmt::format("data plane of {}: peer sent an invalid status byte {} in reply "
                                     "to {}",
                                     peer_, static_cast<unsigned>(r.status), what));
     }
     std::string text(r.payload_bytes, '\0');
-    if (!read_all(fd_, text.data(), text.size()))
+    if (!read_all(io, text.data(), text.size()))
       return fail(what, errno);
     // The text is describe() of the node's error: drop its "code: " prefix.
     auto code = static_cast<af_error>(r.status);
@@ -800,13 +1250,12 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
     try {
       value.reset(static_cast<dtype>(r.dtype), wire::shape_of(r));
     } catch (const std::bad_alloc&) {
-      close(fd_); // the payload is still in the stream
-      fd_ = -1;
+      drop(); // the payload is still in the stream
       return make_error(af_error::resource_exhausted, what + ": cannot allocate "
                                                         + std::to_string(r.payload_bytes)
                                                         + " bytes for the reply (out of memory)");
     }
-    if (r.payload_bytes > 0 && !read_all(fd_, value.mutable_bytes(), r.payload_bytes))
+    if (r.payload_bytes > 0 && !read_all(io, value.mutable_bytes(), r.payload_bytes))
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();
@@ -856,7 +1305,7 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
   set_timeout(fd_, SO_RCVTIMEO, wait_for);
-  bool sent = write_all(fd_, iov.data(), static_cast<int>(iov.size()));
+  bool sent = write_all(link{fd_, ssl_}, iov.data(), static_cast<int>(iov.size()));
   if (!sent)
     return fail(what, errno);
   auto r = read_reply(what);

@@ -138,8 +138,11 @@ private:
   void accept_loop();
   void serve(int fd, const std::string& peer);
   /// A push or pull frame (header read, name read); false: drop the connection.
-  bool serve_aggregator(int fd, const std::string& peer, const wire::header& h,
+  bool serve_aggregator(int fd, ssl_st* ssl, const std::string& peer, const wire::header& h,
                         const std::string& name);
+  /// A TLS connection's handshake (bounded by the frame timeout): its
+  /// session, or null if the peer was refused (logged with why).
+  ssl_st* accept_tls(int fd, const std::string& peer);
 
   std::shared_ptr<variable_directory> dir_;
   std::string node_name_;
@@ -195,9 +198,12 @@ public:
 
 private:
   data_channel(int fd, std::string host, uint16_t port, std::string peer,
-               std::chrono::milliseconds timeout, std::chrono::microseconds poll)
+               std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+               std::shared_ptr<tls_context> tls)
     : fd_(fd), host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
-      poll_(poll), last_reply_(std::chrono::steady_clock::now()) {}
+      poll_(poll), last_reply_(std::chrono::steady_clock::now()), tls_(std::move(tls)) {}
+  /// Closes the connection (and frees its TLS session): broken() turns true.
+  void drop();
   caf::error fail(const std::string& what, int err);
   caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what);
   void poll_for_reply();
@@ -214,6 +220,8 @@ private:
   std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_reply_;
   std::shared_ptr<const std::atomic<bool>> cancel_;
+  std::shared_ptr<tls_context> tls_; ///< null: plaintext
+  ssl_st* ssl_ = nullptr;            ///< the connection's TLS session (with tls_)
 };
 
 } // namespace af

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -127,7 +128,9 @@ std::string tls_handshake_failure(ssl_st* ssl, int ret) {
   auto verify = SSL_get_verify_result(ssl);
   if (verify != X509_V_OK) {
     ERR_clear_error();
-    return fmt::format("its certificate was refused: {}", X509_verify_cert_error_string(verify));
+    return fmt::format("its certificate was refused ({}): is it signed by this cluster's CA "
+                       "([security] ca)?",
+                       X509_verify_cert_error_string(verify));
   }
   auto err = SSL_get_error(ssl, ret);
   int saved = errno;
@@ -151,9 +154,18 @@ caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_opti
   auto key_pem = slurp(sec.key_file, "key", who);
   if (!key_pem)
     return std::move(key_pem.error());
-  auto ca = read_cert(*ca_pem, sec.ca_file, "ca", who);
-  if (!ca)
-    return std::move(ca.error());
+  // The CA file may hold several (a CA being replaced): all are trusted.
+  std::vector<x509_ptr> cas;
+  {
+    auto first = read_cert(*ca_pem, sec.ca_file, "ca", who);
+    if (!first)
+      return std::move(first.error());
+    std::unique_ptr<BIO, bio_deleter> bio{
+      BIO_new_mem_buf(ca_pem->data(), static_cast<int>(ca_pem->size()))};
+    while (auto* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr))
+      cas.emplace_back(x);
+    ERR_clear_error(); // the end of the file
+  }
   auto cert = read_cert(*cert_pem, sec.cert_file, "certificate", who);
   if (!cert)
     return std::move(cert.error());
@@ -194,7 +206,8 @@ caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_opti
   // it anyway, say so at start instead of at the first connection.
   {
     std::unique_ptr<X509_STORE, store_deleter> store{X509_STORE_new()};
-    X509_STORE_add_cert(store.get(), ca->get());
+    for (auto& ca : cas)
+      X509_STORE_add_cert(store.get(), ca.get());
     std::unique_ptr<X509_STORE_CTX, store_ctx_deleter> vctx{X509_STORE_CTX_new()};
     X509_STORE_CTX_init(vctx.get(), store.get(), cert->get(), nullptr);
     if (X509_verify_cert(vctx.get()) != 1) {
@@ -234,10 +247,11 @@ caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_opti
     return make_error(af_error::invalid_config,
                       fmt::format("{}: OpenSSL refused the certificate '{}' or key '{}': {}", who,
                                   sec.cert_file, sec.key_file, tls_errors("no reason given")));
-  if (X509_STORE_add_cert(SSL_CTX_get_cert_store(c), ca->get()) != 1)
-    return make_error(af_error::invalid_config,
-                      fmt::format("{}: OpenSSL refused the CA '{}': {}", who, sec.ca_file,
-                                  tls_errors("no reason given")));
+  for (auto& ca : cas)
+    if (X509_STORE_add_cert(SSL_CTX_get_cert_store(c), ca.get()) != 1)
+      return make_error(af_error::invalid_config,
+                        fmt::format("{}: OpenSSL refused the CA '{}': {}", who, sec.ca_file,
+                                    tls_errors("no reason given")));
   // Both sides show a certificate of the cluster CA, or no connection.
   SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   SSL_CTX_set_verify_depth(c, 4);

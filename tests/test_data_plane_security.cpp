@@ -1,0 +1,464 @@
+// The data plane under hostile or exhausted conditions (issue 11): its limits,
+// file-descriptor exhaustion, and TLS with the cluster's CA.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "scenarios.hpp"
+#include "temp_dir.hpp"
+#include "wait.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/tls.hpp"
+#include "actors/variable.hpp"
+#include "messages/wire.hpp"
+
+using namespace af;
+using namespace af::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::shared_ptr<variable_cell> float_cell(const std::string& name, shape_type shape, float value) {
+  auto cell = std::make_shared<variable_cell>(
+    variable_spec{name, dtype::float32, std::move(shape), "/job:ps/replica:0/task:0/device:CPU:0"});
+  if (!cell->initialize(initializer::constant(value), false, ""))
+    return nullptr;
+  return cell;
+}
+
+std::unique_ptr<data_plane_server> serve(std::shared_ptr<variable_directory> dir,
+                                         data_plane_limits limits,
+                                         std::shared_ptr<tls_context> tls = nullptr) {
+  return value_of(
+    data_plane_server::start(std::move(dir), "127.0.0.1", 0, "test node", limits, std::move(tls)));
+}
+
+/// A directory with one float32 variable `name` of `floats` elements, all `value`.
+std::shared_ptr<variable_directory> directory_with(const std::string& name, int64_t floats,
+                                                   float value) {
+  auto dir = std::make_shared<variable_directory>();
+  auto cell = float_cell(name, {floats}, value);
+  REQUIRE(cell);
+  dir->put(name, {variable_cell_actor{}, cell});
+  return dir;
+}
+
+/// A socket connected to 127.0.0.1:`port` from the descriptor `fd` (made
+/// before the test ran out of descriptors); false if refused.
+bool connect_fd(int fd, uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  return ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+int connect_loopback(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (!connect_fd(fd, port)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// How a raw connection ended when read: a reply frame (its status and
+/// text), the peer's close (EOF or reset), or nothing within the limit.
+struct raw_answer {
+  enum { reply, closed, silent } how = silent;
+  uint8_t status = 0;
+  std::string text;
+};
+
+raw_answer read_answer(int fd, std::chrono::milliseconds limit) {
+  raw_answer out;
+  pollfd pfd{fd, POLLIN, 0};
+  if (poll(&pfd, 1, static_cast<int>(limit.count())) <= 0)
+    return out;
+  wire::header h;
+  auto n = recv(fd, &h, sizeof(h), MSG_WAITALL);
+  if (n != static_cast<ssize_t>(sizeof(h))) {
+    out.how = raw_answer::closed;
+    return out;
+  }
+  out.how = raw_answer::reply;
+  out.status = h.status;
+  out.text.resize(std::min<uint64_t>(h.payload_bytes, 1 << 20));
+  if (!out.text.empty())
+    recv(fd, out.text.data(), out.text.size(), MSG_WAITALL);
+  return out;
+}
+
+/// Sends the header and name of an assign of float32[`floats`] to `var`,
+/// without its payload.
+void send_assign_header(int fd, const std::string& var, int64_t floats) {
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::assign);
+  h.name_len = static_cast<uint32_t>(var.size());
+  h.has_tensor = 1;
+  h.dtype = static_cast<uint8_t>(dtype::float32);
+  h.rank = 1;
+  h.dims[0] = floats;
+  h.payload_bytes = static_cast<uint64_t>(floats) * 4;
+  REQUIRE(send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)));
+  REQUIRE(send(fd, var.data(), var.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(var.size()));
+}
+
+std::string error_text(const caf::error& err) {
+  return describe(err);
+}
+
+// -- certificates, made with the openssl command line -------------------------
+
+/// A CA (`prefix`ca.pem/.key) and one certificate signed by it for "node"
+/// (`prefix`node.pem/.key), EC P-256, valid `days` days (negative: expired).
+void make_ca_and_cert(const temp_dir& dir, const std::string& prefix, int days = 30) {
+  auto p = [&](const std::string& f) { return dir / (prefix + f); };
+  auto run = [](const std::string& cmd) {
+    INFO(cmd);
+    REQUIRE(std::system((cmd + " >/dev/null 2>&1").c_str()) == 0);
+  };
+  run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + p("ca.key")
+      + " -out " + p("ca.pem") + " -days 30 -subj /CN=" + prefix + "test-ca");
+  run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + p("node.key")
+      + " -out " + p("node.csr") + " -subj /CN=node");
+  if (days > 0) {
+    run("openssl x509 -req -in " + p("node.csr") + " -CA " + p("ca.pem") + " -CAkey " + p("ca.key")
+        + " -CAcreateserial -out " + p("node.pem") + " -days " + std::to_string(days));
+  } else {
+    // Expired: valid for one day, a year ago (openssl ca takes explicit dates).
+    std::ofstream{p("ca.cnf")} << "[ca]\ndefault_ca=d\n[d]\ndatabase=" << p("index.txt")
+                               << "\nnew_certs_dir=" << dir.path << "\nserial=" << p("serial")
+                               << "\ndefault_md=sha256\npolicy=pol\n[pol]\ncommonName=supplied\n";
+    std::ofstream{p("index.txt")};
+    std::ofstream{p("serial")} << "01\n";
+    run("openssl ca -batch -config " + p("ca.cnf") + " -cert " + p("ca.pem") + " -keyfile " + p("ca.key")
+        + " -in " + p("node.csr") + " -out " + p("node.pem") + " -startdate 20240101000000Z "
+        + "-enddate 20240102000000Z -notext");
+  }
+}
+
+security_options options_of(const temp_dir& dir, const std::string& ca_prefix,
+                            const std::string& node_prefix) {
+  security_options sec;
+  sec.ca_file = dir / (ca_prefix + "ca.pem");
+  sec.cert_file = dir / (node_prefix + "node.pem");
+  sec.key_file = dir / (node_prefix + "node.key");
+  return sec;
+}
+
+std::shared_ptr<tls_context> context_of(const security_options& sec) {
+  return value_of(make_tls_context(sec, "test"));
+}
+
+} // namespace
+
+// -- limits ---------------------------------------------------------------------
+
+TEST_CASE("a payload over max_message_bytes is refused naming the limit; the connection goes on",
+          "[plane][limits]") {
+  // The bug it catches: a frame of any declared size is allocated and read.
+  data_plane_limits limits;
+  limits.max_message_bytes = 1024;
+  auto srv = serve(directory_with("big", 1024, 1), limits); // 4 KiB variable
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  auto value = tensor::filled(dtype::float32, {1024}, 2);
+  auto r = ch->call(var_op::assign, "big", &value, false);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::resource_exhausted));
+  CHECK_THAT(error_text(r.error()), Catch::Contains("max_message_bytes")
+                                      && Catch::Contains("4096 bytes")
+                                      && Catch::Contains("1024 bytes"));
+  // The payload was skipped: the same connection serves the next op, and
+  // the variable is unchanged.
+  REQUIRE_FALSE(ch->broken());
+  auto read = value_of(ch->call(var_op::read, "big", nullptr, false));
+  CHECK(read.first.at(0) == 1);
+}
+
+TEST_CASE("an operand over max_variable_bytes is refused naming the limit", "[plane][limits]") {
+  data_plane_limits limits;
+  limits.max_variable_bytes = 1000;
+  auto srv = serve(directory_with("v", 1024, 1), limits);
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  auto value = tensor::filled(dtype::float32, {1024}, 2);
+  auto r = ch->call(var_op::assign, "v", &value, false);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::resource_exhausted));
+  CHECK_THAT(error_text(r.error()), Catch::Contains("max_variable_bytes") && Catch::Contains("'v'"));
+  CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 1);
+}
+
+TEST_CASE("a missing variable is answered before its operand is read", "[plane][limits]") {
+  // The bug it catches: the node reads (and allocates) the operand first and
+  // answers only after it: a peer that declares 64 MiB and sends nothing
+  // would get no answer until the frame timeout dropped it.
+  data_plane_limits limits;
+  limits.frame = 20s;
+  auto srv = serve(directory_with("present", 4, 1), limits);
+  int fd = connect_loopback(srv->port());
+  REQUIRE(fd >= 0);
+  send_assign_header(fd, "absent", int64_t{16} << 20); // 64 MiB declared, none sent
+  auto answer = read_answer(fd, 5s); // well within the 20 s frame timeout
+  REQUIRE(answer.how == raw_answer::reply);
+  CHECK(answer.status == static_cast<uint8_t>(af_error::not_found));
+  CHECK_THAT(answer.text, Catch::Contains("no variable 'absent'"));
+  close(fd);
+}
+
+TEST_CASE("connections over max_data_connections are closed at once; the acceptor keeps serving",
+          "[plane][limits]") {
+  data_plane_limits limits;
+  limits.max_connections = 2;
+  auto srv = serve(directory_with("v", 4, 3), limits);
+  auto one = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  auto two = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  REQUIRE(one->call(var_op::read, "v", nullptr, false));
+  REQUIRE(two->call(var_op::read, "v", nullptr, false));
+  // The third: answered with the limit's name (or closed), not left waiting.
+  for (int i = 0; i < 20; ++i) { // a retry storm: each refused, none hangs
+    int fd = connect_loopback(srv->port());
+    REQUIRE(fd >= 0);
+    auto answer = read_answer(fd, 5s);
+    REQUIRE(answer.how != raw_answer::silent);
+    if (answer.how == raw_answer::reply) {
+      CHECK(answer.status == static_cast<uint8_t>(af_error::resource_exhausted));
+      CHECK_THAT(answer.text, Catch::Contains("max_data_connections = 2"));
+    }
+    close(fd);
+  }
+  // The two served are untouched; once one closes, a new one is served.
+  CHECK(value_of(one->call(var_op::read, "v", nullptr, false)).first.at(0) == 3);
+  one.reset();
+  CHECK(eventually(
+    [&] {
+      auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s);
+      return ch && static_cast<bool>((*ch)->call(var_op::read, "v", nullptr, false));
+    },
+    10s));
+  CHECK(value_of(two->call(var_op::read, "v", nullptr, false)).first.at(0) == 3);
+}
+
+TEST_CASE("out of file descriptors, the data plane sheds new connections and serves again after",
+          "[plane][exhaustion]") {
+  // The bugs it catches: the acceptor ending on EMFILE for good (the last
+  // connect is never served), or a new connection left hanging in the
+  // backlog while the node has no descriptor for it.
+  auto srv = serve(directory_with("v", 4, 7), {});
+  auto served = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  REQUIRE(served->call(var_op::read, "v", nullptr, false));
+  // Sockets for the connects to come, made while descriptors are free.
+  int first = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int shed = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int later = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(first >= 0);
+  REQUIRE(shed >= 0);
+  REQUIRE(later >= 0);
+  // Use up the descriptors, with a lower soft limit so that it takes few.
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  int highest = 0;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+    highest = std::max(highest, std::stoi(e.path().filename().string()));
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(highest + 64);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<int> hogs;
+  for (;;) {
+    int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      CHECK(errno == EMFILE);
+      break;
+    }
+    hogs.push_back(fd);
+  }
+  auto release = [&] {
+    for (int fd : hogs)
+      close(fd);
+    hogs.clear();
+    setrlimit(RLIMIT_NOFILE, &old);
+  };
+  // An accept already waiting holds the descriptor it will return (Linux
+  // takes it before it waits): the first connection may still be served.
+  // The next, while the node has no descriptor, is closed, not left
+  // waiting in the backlog (the kernel completes the connect; the node
+  // sheds it).
+  bool connected = connect_fd(first, srv->port()) && connect_fd(shed, srv->port());
+  auto answer = read_answer(shed, 5s);
+  // A connection opened before is served all the while.
+  auto during = served->call(var_op::read, "v", nullptr, false);
+  release();
+  CHECK(connected);
+  CHECK(answer.how == raw_answer::closed);
+  REQUIRE(during);
+  CHECK(during->first.at(0) == 7);
+  // Descriptors free again: a new connection is served.
+  REQUIRE(connect_fd(later, srv->port()));
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 7);
+  close(first);
+  close(shed);
+  close(later);
+}
+
+// -- TLS --------------------------------------------------------------------------
+
+TEST_CASE("make_tls_context names the file and what is wrong with it", "[plane][tls]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  make_ca_and_cert(dir, "other-");
+  auto sec = options_of(dir, "", "");
+  REQUIRE(make_tls_context(sec, "/job:ps/task:0"));
+  auto fails_with = [](security_options s, const std::string& what) {
+    auto ctx = make_tls_context(s, "/job:ps/task:0");
+    REQUIRE_FALSE(ctx);
+    CHECK(ctx.error().code() == static_cast<uint8_t>(af_error::invalid_config));
+    CHECK_THAT(error_text(ctx.error()), Catch::Contains(what) && Catch::Contains("/job:ps/task:0"));
+  };
+  {
+    auto s = sec;
+    s.ca_file = dir / "missing.pem";
+    fails_with(s, "missing.pem");
+  }
+  {
+    auto s = sec;
+    std::ofstream{dir / "junk.pem"} << "not a certificate\n";
+    s.cert_file = dir / "junk.pem";
+    fails_with(s, "is not a PEM certificate");
+  }
+  {
+    auto s = sec;
+    s.key_file = dir / "other-node.key";
+    fails_with(s, "does not match the certificate");
+  }
+  {
+    auto s = sec;
+    s.cert_file = dir / "other-node.pem";
+    s.key_file = dir / "other-node.key";
+    fails_with(s, "is not signed by the CA");
+  }
+  {
+    // An encrypted key: the right passphrase works, a wrong one or none is
+    // named; none of them prompts on the terminal.
+    REQUIRE(std::system(("openssl pkey -in " + (dir / "node.key") + " -aes256 -passout pass:sesame -out "
+                         + (dir / "enc.key") + " >/dev/null 2>&1")
+                          .c_str())
+            == 0);
+    auto s = sec;
+    s.key_file = dir / "enc.key";
+    s.passphrase_file = dir / "pass";
+    s.passphrase = "sesame";
+    CHECK(make_tls_context(s, "/job:ps/task:0"));
+    s.passphrase = "wrong";
+    fails_with(s, "wrong passphrase");
+    s.passphrase.clear();
+    fails_with(s, "passphrase_file");
+  }
+  {
+    temp_dir old;
+    make_ca_and_cert(old, "", -1);
+    fails_with(options_of(old, "", ""), "expired");
+  }
+}
+
+TEST_CASE("the data plane carries variable ops over mutual TLS", "[plane][tls]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  auto srv = serve(directory_with("w", 1 << 18, 1), {}, tls); // 1 MiB
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
+  auto value = tensor::filled(dtype::float32, {1 << 18}, 2);
+  auto ptr = value.mutable_data<float>();
+  for (int i = 0; i < (1 << 18); ++i)
+    ptr[i] = static_cast<float>(i);
+  REQUIRE(ch->call(var_op::assign, "w", &value, false));
+  auto one = tensor::scalar(1.0f);
+  auto added = value_of(ch->call(var_op::assign_add, "w", &one, true));
+  REQUIRE(added.first.num_elements() == (1 << 18));
+  CHECK(added.first.at((1 << 18) - 1) == static_cast<float>((1 << 18)));
+  auto read = value_of(ch->call(var_op::read, "w", nullptr, false));
+  CHECK(read.first.at(12345) == 12346.0f);
+  CHECK(read.second == added.second);
+  // An error reply travels over TLS as well.
+  auto missing = ch->call(var_op::read, "nope", nullptr, false);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().code() == static_cast<uint8_t>(af_error::not_found));
+  CHECK_FALSE(ch->broken());
+}
+
+TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, and keeps serving",
+          "[plane][tls]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  make_ca_and_cert(dir, "other-");
+  auto tls = context_of(options_of(dir, "", ""));
+  auto srv = serve(directory_with("v", 4, 5), {}, tls);
+  {
+    // Plaintext: told why, in plaintext, instead of a TLS alert it cannot read.
+    auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+    auto r = ch->call(var_op::read, "v", nullptr, false);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == static_cast<uint8_t>(af_error::invalid_config));
+    CHECK_THAT(error_text(r.error()), Catch::Contains("TLS only") && Catch::Contains("[security]"));
+  }
+  {
+    // A certificate of another CA: refused by the node before a request is
+    // served (TLS 1.3 finishes the client's side first: the refusal comes on
+    // the first read), with a reason, within the timeout. This client
+    // trusts both CAs, so that it is the node that refuses.
+    std::ofstream{dir / "both.pem"} << std::ifstream{dir / "other-ca.pem"}.rdbuf()
+                                     << std::ifstream{dir / "ca.pem"}.rdbuf();
+    auto s = options_of(dir, "other-", "other-");
+    s.ca_file = dir / "both.pem";
+    auto other = context_of(s);
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, other);
+    caf::error err;
+    if (!ch) {
+      err = ch.error();
+    } else {
+      auto r = (*ch)->call(var_op::read, "v", nullptr, false);
+      REQUIRE_FALSE(r);
+      err = r.error();
+    }
+    CHECK(err.code() == static_cast<uint8_t>(af_error::unreachable));
+    CHECK_THAT(error_text(err), Catch::Contains("TLS"));
+  }
+  {
+    // This process trusts another CA: the node's certificate is refused.
+    auto s = options_of(dir, "other-", "other-");
+    auto trusting_other = context_of(s);
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, trusting_other);
+    REQUIRE_FALSE(ch);
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("certificate"));
+  }
+  // The node serves its own cluster all the while.
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
+  CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
+}
+
+TEST_CASE("a TLS client of a plaintext data plane fails with a clear error, not a hang",
+          "[plane][tls]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  auto srv = serve(directory_with("v", 4, 5), {});
+  auto t0 = std::chrono::steady_clock::now();
+  auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 20s, {}, tls);
+  REQUIRE_FALSE(ch);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s); // answered, not timed out
+  CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
+  CHECK_THAT(error_text(ch.error()), Catch::Contains("does not speak TLS"));
+}
