@@ -1,6 +1,8 @@
 #include "config/cluster_spec.hpp"
 
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -47,7 +49,9 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
   if (!node.is_table())
     return config_error(source + ":" + std::to_string(node.location().line())
                         + ": [node] must be a table");
-  for (const auto& [key, v] : node.as_table()) {
+  for (const auto& kv : node.as_table()) {
+    const auto& key = kv.first; // not a structured binding: clang 14 (fuzz/) cannot capture those
+    const auto& v = kv.second;
     auto where = source + ":" + std::to_string(v.location().line()) + ": node." + key;
     auto int_field = [&](int32_t& field, int64_t lo, int64_t hi) -> caf::error {
       if (!v.is_integer())
@@ -57,6 +61,16 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
         return config_error(where + " = " + std::to_string(x) + " is out of range ["
                             + std::to_string(lo) + ", " + std::to_string(hi) + "]");
       field = static_cast<int32_t>(x);
+      return caf::none;
+    };
+    auto int64_field = [&](int64_t& field, int64_t lo, int64_t hi) -> caf::error {
+      if (!v.is_integer())
+        return config_error(where + " must be an integer (bytes)");
+      auto x = v.as_integer();
+      if (x < lo || x > hi)
+        return config_error(where + " = " + std::to_string(x) + " is out of range ["
+                            + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      field = x;
       return caf::none;
     };
     caf::error err;
@@ -76,6 +90,16 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int_field(out.data_frame_timeout_ms, 1, 3600000);
     } else if (key == "request_timeout_ms") {
       err = int_field(out.request_timeout_ms, 1, 3600000);
+    } else if (key == "max_variable_bytes") {
+      err = int64_field(out.max_variable_bytes, 1, int64_t{1} << 40);
+    } else if (key == "max_message_bytes") {
+      // A CAF message and a data-plane frame carry at most 4 GiB - 1 on the wire.
+      err = int64_field(out.max_message_bytes, 1024, (int64_t{1} << 32) - 1);
+    } else if (key == "max_data_connections") {
+      err = int_field(out.max_data_connections, 1, 65536);
+    } else if (key == "max_handshake_bytes") {
+      // BASP's first message (the client's handshake) is a few hundred bytes.
+      err = int_field(out.max_handshake_bytes, 1024, 64 << 20);
     } else if (key == "scheduler") {
       if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
         err = config_error(where + " must be \"sharing\" or \"stealing\"");
@@ -89,10 +113,132 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
     } else {
       err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
                                  "bind, data_port, heartbeat_ms, connection_timeout_ms, "
-                                 "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms)");
+                                 "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms, "
+                                 "max_variable_bytes, max_message_bytes, max_data_connections, "
+                                 "max_handshake_bytes)");
     }
     if (err)
       return err;
+  }
+  return caf::none;
+}
+
+/// Where each [security] key was written ("file:line: security.ca"), for errors
+/// found after parsing (a file that cannot be read, a missing partner key).
+using key_places = std::map<std::string, std::string>;
+
+const char* const security_keys = "ca, certificate, key, passphrase_file, insecure";
+
+/// Sets one [security] key; `where` names it for errors.
+caf::error set_security_key(security_options& out, const std::string& key, const std::string* text,
+                            const bool* flag, const std::string& where) {
+  if (key == "insecure") {
+    if (flag == nullptr)
+      return config_error(where + " must be true or false");
+    out.insecure = *flag;
+    return caf::none;
+  }
+  std::string* field = key == "ca"                ? &out.ca_file
+                       : key == "certificate"     ? &out.cert_file
+                       : key == "key"             ? &out.key_file
+                       : key == "passphrase_file" ? &out.passphrase_file
+                                                  : nullptr;
+  if (field == nullptr)
+    return config_error(where + ": unknown option (known: " + security_keys + ")");
+  if (text == nullptr || text->empty())
+    return config_error(where + " must be a non-empty string (a file path)");
+  *field = *text;
+  return caf::none;
+}
+
+caf::error read_security_toml(const toml::value& sec, security_options& out, key_places& places,
+                              const std::string& source) {
+  auto line = source + ":" + std::to_string(sec.location().line());
+  if (!sec.is_table())
+    return config_error(line + ": [security] must be a table");
+  places["[security]"] = line + ": [security]";
+  for (const auto& [key, v] : sec.as_table()) {
+    auto where = source + ":" + std::to_string(v.location().line()) + ": security." + key;
+    places[key] = where;
+    std::string text;
+    bool flag = false;
+    if (v.is_string())
+      text = v.as_string().str;
+    if (v.is_boolean())
+      flag = v.as_boolean();
+    if (auto err = set_security_key(out, key, v.is_string() ? &text : nullptr,
+                                    v.is_boolean() ? &flag : nullptr, where))
+      return err;
+  }
+  return caf::none;
+}
+
+/// The folder that relative paths of a config resolve against: that of the
+/// file `source` names; "" (the working directory) for TF_CONFIG or text.
+std::string folder_of(const std::string& source) {
+  auto slash = source.rfind('/');
+  if (slash == std::string::npos)
+    return {};
+  return slash == 0 ? std::string{"/"} : source.substr(0, slash);
+}
+
+/// Makes the paths absolute against the config's folder, checks that the keys
+/// go together and that each file can be read, and reads the passphrase.
+caf::error finish_security(security_options& sec, const key_places& places,
+                           const std::string& source) {
+  auto place = [&](const std::string& key) {
+    auto it = places.find(key);
+    if (it != places.end())
+      return it->second;
+    it = places.find("[security]");
+    return it != places.end() ? it->second : source + ": security";
+  };
+  bool any = !sec.ca_file.empty() || !sec.cert_file.empty() || !sec.key_file.empty()
+             || !sec.passphrase_file.empty();
+  if (!any)
+    return caf::none;
+  std::string missing;
+  for (auto [name, value] : {std::pair<const char*, const std::string*>{"ca", &sec.ca_file},
+                             {"certificate", &sec.cert_file},
+                             {"key", &sec.key_file}})
+    if (value->empty())
+      missing += (missing.empty() ? "" : ", ") + std::string{name};
+  if (!missing.empty())
+    return config_error(place("[security]") + ": mutual TLS needs ca, certificate and key "
+                        "together; missing: " + missing
+                        + " (actorflow-certs makes all three for each task)");
+  if (sec.insecure)
+    return config_error(place("insecure") + ": insecure = true and certificates contradict each "
+                        "other; remove insecure to use TLS, or the certificate lines to run "
+                        "plaintext");
+  auto folder = folder_of(source);
+  for (auto [key, path] : {std::pair<const char*, std::string*>{"ca", &sec.ca_file},
+                           {"certificate", &sec.cert_file},
+                           {"key", &sec.key_file},
+                           {"passphrase_file", &sec.passphrase_file}}) {
+    if (path->empty())
+      continue;
+    if (path->front() != '/' && !folder.empty())
+      *path = folder + "/" + *path;
+    if (path->find(security_name_placeholder) != std::string::npos) {
+      if (std::string{key} == "ca")
+        return config_error(place(key) + ": the CA is the same for every member; "
+                            + security_name_placeholder + " belongs in certificate and key");
+      continue; // security_for() reads it, once the member's name is known
+    }
+    std::ifstream in{*path};
+    if (!in)
+      return config_error(place(key) + ": cannot read '" + *path + "' ("
+                          + std::strerror(errno) + "; relative paths are relative to the "
+                          "config file's folder)");
+    if (std::string{key} == "passphrase_file") {
+      std::getline(in, sec.passphrase);
+      if (!sec.passphrase.empty() && sec.passphrase.back() == '\r')
+        sec.passphrase.pop_back();
+      if (sec.passphrase.empty())
+        return config_error(place(key) + ": the first line of '" + *path
+                            + "' is empty; it must hold the key's passphrase");
+    }
   }
   return caf::none;
 }
@@ -112,6 +258,41 @@ std::string line_col(const std::string& text, size_t byte) {
 }
 
 } // namespace
+
+caf::expected<security_options> security_for(const security_options& sec,
+                                             const std::string& name) {
+  auto out = sec;
+  for (auto [key, path] : {std::pair<const char*, std::string*>{"certificate", &out.cert_file},
+                           {"key", &out.key_file},
+                           {"passphrase_file", &out.passphrase_file}}) {
+    auto at = path->find(security_name_placeholder);
+    if (at == std::string::npos)
+      continue;
+    while (at != std::string::npos) {
+      path->replace(at, std::string{security_name_placeholder}.size(), name);
+      at = path->find(security_name_placeholder);
+    }
+    std::ifstream in{*path};
+    if (!in)
+      return config_error("[security] " + std::string{key} + ": cannot read '" + *path + "' for "
+                          + name + " (" + std::strerror(errno)
+                          + "); actorflow-certs makes one certificate and key per task and one "
+                            "for clients");
+    if (std::string{key} == "passphrase_file") {
+      std::getline(in, out.passphrase);
+      if (!out.passphrase.empty() && out.passphrase.back() == '\r')
+        out.passphrase.pop_back();
+      if (out.passphrase.empty())
+        return config_error("[security] passphrase_file: the first line of '" + *path
+                            + "' is empty; it must hold the key's passphrase");
+    }
+  }
+  return out;
+}
+
+std::string security_member_name(const std::string& job, int32_t task) {
+  return job + "-" + std::to_string(task);
+}
 
 std::string task_address::to_string() const {
   if (host.find(':') != std::string::npos)
@@ -237,7 +418,11 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
         << "\nconnection_timeout_ms = " << opts->connection_timeout_ms
         << "\ndata_idle_timeout_ms = " << opts->data_idle_timeout_ms
         << "\ndata_frame_timeout_ms = " << opts->data_frame_timeout_ms
-        << "\nrequest_timeout_ms = " << opts->request_timeout_ms << "\n";
+        << "\nrequest_timeout_ms = " << opts->request_timeout_ms
+        << "\nmax_variable_bytes = " << opts->max_variable_bytes
+        << "\nmax_message_bytes = " << opts->max_message_bytes
+        << "\nmax_data_connections = " << opts->max_data_connections
+        << "\nmax_handshake_bytes = " << opts->max_handshake_bytes << "\n";
     if (opts->data_port != 0)
       out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())
@@ -299,10 +484,17 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
   if (data.contains("node"))
     if (auto err = read_node_options_toml(data.at("node"), result.node, source))
       return err;
+  key_places places;
+  if (data.contains("security"))
+    if (auto err = read_security_toml(data.at("security"), result.security, places, source))
+      return err;
   for (const auto& [key, v] : data.as_table())
-    if (key != "cluster" && key != "node" && key != "train") // [train]: train/config.hpp reads it
-      return config_error(source + ":" + std::to_string(v.location().line())
-                          + ": unknown table '" + key + "' (known: cluster, node, train)");
+    if (key != "cluster" && key != "node" && key != "security"
+        && key != "train") // [train]: train/config.hpp reads it
+      return config_error(source + ":" + std::to_string(v.location().line()) + ": unknown table '"
+                          + key + "' (known: cluster, node, security, train)");
+  if (auto err = finish_security(result.security, places, source))
+    return err;
   return result;
 }
 
@@ -317,6 +509,12 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
     auto colon = what.find(": ", what.find("parse error"));
     return config_error("malformed JSON in " + source + " at " + line_col(text, e.byte ? e.byte - 1 : 0)
                         + ": " + (colon != std::string::npos ? what.substr(colon + 2) : what));
+  } catch (const nlohmann::json::exception& e) {
+    // not a syntax error: a number beyond double's range ("1e400"), found by fuzz/
+    std::string what = e.what();
+    auto bracket = what.find("] ");
+    return config_error("malformed JSON in " + source + ": "
+                        + (bracket != std::string::npos ? what.substr(bracket + 2) : what));
   }
   if (!j.is_object())
     return config_error(source + ": expected a JSON object like {\"cluster\": {...}, \"task\": {...}}");
@@ -327,7 +525,7 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
     return config_error(source + ": \"cluster\" must be an object of job -> [\"host:port\", ...]");
   std::map<std::string, std::vector<std::string>> jobs;
   for (const auto& [job, tasks] : jobs_json->items()) {
-    if (job == "task" && jobs_json == &j)
+    if ((job == "task" || job == "security") && jobs_json == &j)
       continue;
     if (!tasks.is_array())
       return config_error(source + ": cluster." + job + " must be a list of \"host:port\" strings");
@@ -344,6 +542,25 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
     return std::move(spec.error());
   cluster_config result;
   result.cluster = std::move(*spec);
+  if (j.contains("security")) {
+    const auto& sec = j.at("security");
+    if (!sec.is_object())
+      return config_error(source + ": \"security\" must be an object {\"ca\": FILE, "
+                                   "\"certificate\": FILE, \"key\": FILE, ...}");
+    key_places places;
+    for (const auto& [key, v] : sec.items()) {
+      auto where = source + ": security." + key;
+      places[key] = where;
+      std::string text = v.is_string() ? v.get<std::string>() : std::string{};
+      bool flag = v.is_boolean() && v.get<bool>();
+      if (auto err = set_security_key(result.security, key, v.is_string() ? &text : nullptr,
+                                      v.is_boolean() ? &flag : nullptr, where))
+        return err;
+    }
+    places["[security]"] = source + ": security";
+    if (auto err = finish_security(result.security, places, source))
+      return err;
+  }
   if (j.contains("task")) {
     const auto& task = j.at("task");
     if (!task.is_object())
@@ -354,9 +571,14 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
       result.task_type = task.at("type").get<std::string>();
     }
     if (task.contains("index")) {
-      if (!task.at("index").is_number_integer())
-        return config_error(source + ": task.index must be an integer");
-      result.task_index = task.at("index").get<int32_t>();
+      const auto& index = task.at("index");
+      // get<int32_t> would wrap 4294967296 to task 0 (fuzz/)
+      if (!index.is_number_integer()
+          || (index.is_number_unsigned() ? index.get<uint64_t>() > INT32_MAX
+                                         : index.get<int64_t>() < INT32_MIN
+                                             || index.get<int64_t>() > INT32_MAX))
+        return config_error(source + ": task.index must be an integer task number");
+      result.task_index = index.get<int32_t>();
     }
     if (result.task_type) {
       if (auto err = result.cluster.check_task(*result.task_type, result.task_index.value_or(0)))

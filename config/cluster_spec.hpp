@@ -101,6 +101,21 @@ struct cluster_config {
   std::optional<int32_t> task_index;     ///< TF_CONFIG's task.index, if any
 };
 
+/// In [security]'s certificate, key and passphrase_file, "{name}" stands for
+/// the member that reads the config, so that one config serves a whole
+/// cluster: "ps-0" for /job:ps/task:0, "client" for a program that runs no
+/// task (a session, the REPL, a training client). actorflow-certs names its
+/// files so.
+inline constexpr const char* security_name_placeholder = "{name}";
+
+/// `sec` with {name} replaced by `name` and the files that named it checked
+/// (the passphrase read); unchanged when it has none.
+caf::expected<security_options> security_for(const security_options& sec,
+                                             const std::string& name);
+
+/// "JOB-TASK", the {name} of a task's node.
+std::string security_member_name(const std::string& job, int32_t task);
+
 /// Reads a .toml or .json file (decided by content: '{' first means JSON).
 caf::expected<cluster_config> load_cluster_config(const std::string& path);
 

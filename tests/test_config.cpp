@@ -121,3 +121,63 @@ TEST_CASE("load_cluster_config reads the example files shipped in config/", "[co
     CHECK(c->cluster.num_tasks("worker") == 2);
   }
 }
+
+TEST_CASE("the node's limits are read with their ranges and written back by to_toml", "[config]") {
+  auto c = parse_cluster_toml(R"([cluster]
+ps = ["localhost:2222"]
+
+[node]
+max_variable_bytes = 1048576
+max_message_bytes = 4194304
+max_data_connections = 8
+max_handshake_bytes = 4096
+)", "cluster.toml");
+  REQUIRE(c);
+  CHECK(c->node.max_variable_bytes == 1048576);
+  CHECK(c->node.max_message_bytes == 4194304);
+  CHECK(c->node.max_data_connections == 8);
+  CHECK(c->node.max_handshake_bytes == 4096);
+  auto again = parse_cluster_toml(c->cluster.to_toml(c->node), "again");
+  REQUIRE(again);
+  CHECK(again->node.max_variable_bytes == 1048576);
+  CHECK(again->node.max_message_bytes == 4194304);
+  CHECK(again->node.max_data_connections == 8);
+  CHECK(again->node.max_handshake_bytes == 4096);
+  // 4 GiB does not fit a frame; 0 connections would serve nobody
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_message_bytes = 4294967296\n")
+          .find("cluster.toml:4: node.max_message_bytes = 4294967296 is out of range") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_data_connections = 0\n")
+          .find("node.max_data_connections = 0 is out of range [1, 65536]") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_handshake_bytes = \"big\"\n")
+          .find("node.max_handshake_bytes must be an integer") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_bytes = 1\n").find("max_handshake_bytes)")
+        != std::string::npos);
+}
+
+TEST_CASE("[security] and its JSON twin: keys, files and where an error is", "[config][security]") {
+  // A file that cannot be read is named with the line that names it.
+  auto missing = toml_error("[cluster]\nps = [\"a:1\"]\n[security]\nca = \"/nonexistent/ca.pem\"\n"
+                            "certificate = \"/nonexistent/ps.pem\"\nkey = \"/nonexistent/ps.key\"\n");
+  CHECK(missing.find("cluster.toml:4: security.ca: cannot read '/nonexistent/ca.pem'") != std::string::npos);
+  auto unknown = toml_error("[cluster]\nps = [\"a:1\"]\n[security]\ncafile = \"x\"\n");
+  CHECK(unknown.find("cluster.toml:4: security.cafile: unknown option (known: ca, certificate, key, "
+                     "passphrase_file, insecure)") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[security]\ninsecure = \"yes\"\n")
+          .find("security.insecure must be true or false") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[securty]\n").find("known: cluster, node, security, train")
+        != std::string::npos);
+  auto insecure = parse_cluster_toml("[cluster]\nps = [\"a:1\"]\n[security]\ninsecure = true\n", "c.toml");
+  REQUIRE(insecure);
+  CHECK(insecure->security.insecure);
+  CHECK_FALSE(insecure->security.enabled());
+
+  auto json = json_error(R"({"cluster": {"ps": ["a:1"]}, "security": {"ca": "/nonexistent/ca.pem",
+                             "certificate": "/nonexistent/c.pem", "key": "/nonexistent/c.key"}})");
+  CHECK(json.find("TF_CONFIG: security.ca: cannot read '/nonexistent/ca.pem'") != std::string::npos);
+  CHECK(json_error(R"({"cluster": {"ps": ["a:1"]}, "security": {"ca": "x.pem"}})")
+          .find("missing: certificate, key") != std::string::npos);
+  auto json_insecure = parse_cluster_json(R"({"cluster": {"ps": ["a:1"]}, "security": {"insecure": true}})",
+                                          "TF_CONFIG");
+  REQUIRE(json_insecure);
+  CHECK(json_insecure->security.insecure);
+}
