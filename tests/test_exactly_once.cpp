@@ -15,6 +15,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/aggregator.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
@@ -175,6 +176,57 @@ TEST_CASE("values kept for retries are bounded in bytes; a retry whose value was
   auto quiet = value_of(cell.apply(var_op::assign_add, tensor::scalar(1.0f), false, ids.front()));
   CHECK(quiet.replayed);
   CHECK(value_now(cell) == 20);
+}
+
+// Aggregator pushes carry (worker, step), no request id. Bug caught: a sync
+// aggregator that applies a worker's retried push of the same step again,
+// in the round (its gradient counted twice in the mean) or after it.
+TEST_CASE("a sync aggregator takes a worker's push of one step once, however often it comes",
+          "[exactly-once]") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto cell = std::make_shared<variable_cell>(variable_spec{"w", dtype::float32, {2}, ""});
+  REQUIRE(cell->initialize(initializer::constant(0), false, "test"));
+  aggregator_spec spec;
+  spec.name = "test/retry";
+  spec.mode = "sync";
+  spec.variables = {"w"};
+  spec.workers = 2;
+  spec.optimizer.kind = "sgd";
+  spec.optimizer.lr = 1;
+  spec.step_timeout_ms = 60000;
+  auto agg = value_of(spawn_aggregator(sys, spec, {{variable_cell_actor{}, cell}}));
+  auto grad = [](float x) { return std::vector<tensor>{tensor::filled(dtype::float32, {2}, x)}; };
+  using reply_t = caf::expected<std::pair<uint64_t, tensor>>;
+  auto answer = [](auto& handle) {
+    reply_t out{make_error(af_error::internal, "no reply")};
+    handle.receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+                   [&](caf::error& e) { out = std::move(e); });
+    return out;
+  };
+  auto p0 = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  // Worker 0 sends its push again (its answer was lost) while the round waits for worker 1.
+  auto again = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  auto dup = answer(again);
+  REQUIRE_FALSE(dup);
+  CHECK(is(dup.error(), af_error::already_exists));
+  auto p1 = self->request(agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0}, grad(4));
+  auto r0 = answer(p0);
+  auto r1 = answer(p1);
+  REQUIRE(r0);
+  REQUIRE(r1);
+  CHECK(r0->first == 1);
+  // mean(2, 4) = 3, once: w = 0 - 1 * 3 (counted twice it would be -8/3).
+  auto w = value_of(cell->apply(var_op::read, tensor{}, true)).value;
+  CHECK(w.at(0) == -3);
+  // After the round closed, the same push again is dropped as stale.
+  auto late = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  auto rl = answer(late);
+  REQUIRE(rl);
+  CHECK(rl->first == 1);
+  CHECK(value_of(cell->apply(var_op::read, tensor{}, true)).value.at(0) == -3);
+  caf::anon_send_exit(agg, caf::exit_reason::user_shutdown);
 }
 
 // Bug caught: a client that saw no answer (the node was stopped past its
