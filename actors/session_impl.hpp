@@ -184,6 +184,10 @@ struct session::impl {
 
   /// Tries of one update within the op's timeout (session.hpp).
   static constexpr int update_tries = 3;
+  /// An update with a larger operand is tried once with the whole timeout:
+  /// sending it again after a third of the timeout would mostly double its
+  /// traffic (its transfer alone may take that long).
+  static constexpr size_t retried_bytes = size_t{64} << 20;
 
   /// One op on a variable: over the node's data plane when there is one, as a
   /// CAF message otherwise. `path` says which it took. An update carries a
@@ -197,16 +201,17 @@ struct session::impl {
     const auto& node = g.at(var);
     bool update = op != var_op::read;
     uint64_t id = update ? new_request_id() : 0;
+    int tries = update && (operand.empty() || operand.nbytes() <= retried_bytes) ? update_tries : 1;
     auto what = std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
                 + node.spec.device;
     auto deadline = std::chrono::steady_clock::now() + opts.timeout;
     for (int attempt = 0;; ++attempt) {
       auto wait = opts.timeout;
-      if (update) {
+      if (tries > 1) {
         // Each try waits for its share of what is left: the last try, all of it.
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-        wait = std::max(std::chrono::milliseconds{1}, left / (update_tries - attempt));
+        wait = std::max(std::chrono::milliseconds{1}, left / (tries - attempt));
       }
       bool over_channel = false;
       auto r = variable_try(**b, node.spec.name, what, op, operand, want_value, id, wait, path,
@@ -217,7 +222,7 @@ struct session::impl {
                          || (over_channel && is(r.error(), af_error::peer_down));
       if (!lost_answer)
         return r;
-      if (attempt + 1 >= update_tries || std::chrono::steady_clock::now() >= deadline) {
+      if (attempt + 1 >= tries || std::chrono::steady_clock::now() >= deadline) {
         if (attempt == 0)
           return r;
         return make_error(is(r.error(), af_error::timeout) ? af_error::timeout : af_error::peer_down,
@@ -230,14 +235,19 @@ struct session::impl {
       // and its successor may hold a checkpoint taken after it did.
       if (health->is_dead((*b)->task))
         return r;
-      note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what, attempt + 2,
-                       update_tries, id, describe(r.error())));
-      // A broken data connection: the retry goes on a fresh one (or, if the
-      // node's data plane cannot be reached, as a CAF message).
+      // A broken data connection: the retry goes on a fresh one. If none
+      // opens, the node is most likely gone: its error stands.
       auto it = link.conns.find((*b)->task);
       if (it != link.conns.end() && (it->second.channel_broken
-                                     || (it->second.channel && it->second.channel->broken())))
+                                     || (it->second.channel && it->second.channel->broken()))) {
         link.reopen_channel(it->second);
+        if (!it->second.channel) {
+          it->second.channel_broken = true; // tried again on the next call
+          return r;
+        }
+      }
+      note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what, attempt + 2,
+                       tries, id, describe(r.error())));
     }
   }
 
