@@ -4,8 +4,11 @@
 
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
+#include "caf/openssl/manager.hpp"
 
 #include "actors/node.hpp"
+#include "actors/system.hpp"
+#include "actors/tls.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -45,12 +48,24 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   node_conn conn;
   conn.key = key;
   conn.address = addr->to_string();
+  if (!security_checked) {
+    // Before CAF reads the files: a bad key would throw in its middleman and
+    // leave this request waiting (docs/security.md).
+    auto checked = check_security(sys, opts.security, "this session");
+    if (!checked)
+      return std::move(checked.error());
+    tls = std::move(*checked);
+    security_checked = true;
+  }
   conn.actor = find_local_node(conn.address, &sys);
   if (!conn.actor) {
     // The middleman's own remote_actor waits without bound; ask it directly so
-    // that an unreachable host fails within connect_timeout.
+    // that an unreachable host fails within connect_timeout. With [security]
+    // the openssl manager's actor is the same interface over TLS.
     caf::error err;
-    self->request(sys.middleman().actor_handle(), opts.connect_timeout, caf::connect_atom::value,
+    auto middleman = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle()
+                                               : sys.middleman().actor_handle();
+    self->request(middleman, opts.connect_timeout, caf::connect_atom::value,
                   addr->host, addr->port)
       .receive(
         [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
@@ -68,6 +83,10 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
           auto why = e == caf::sec::request_timeout
                        ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
                        : describe(e);
+          if (e == caf::sec::disconnect_during_handshake)
+            why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
+                         "is it running with [security]?)"
+                       : " (is the node running with [security]? then this client needs it too)";
           err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
                                                     + ": " + why
                                                     + "; is actorflow-node running there?");
@@ -100,7 +119,7 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   if (!local && opts.data_plane && conn.info.data_port != 0) {
     // Without a data plane (blocked port) the same ops go as CAF messages.
     auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
-                                    opts.timeout, opts.reply_poll);
+                                    opts.timeout, opts.reply_poll, tls);
     if (ch) {
       (*ch)->set_cancel(opts.cancel);
       conn.channel = std::move(*ch);
@@ -152,7 +171,7 @@ void cluster_link::reopen_channel(node_conn& conn) {
   if (!addr || !opts.data_plane || conn.info.data_port == 0)
     return;
   auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
-                                  opts.timeout, opts.reply_poll);
+                                  opts.timeout, opts.reply_poll, tls);
   if (ch) {
     (*ch)->set_cancel(opts.cancel);
     conn.channel = std::move(*ch);

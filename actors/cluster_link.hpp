@@ -86,6 +86,10 @@ public:
   caf::actor watcher;
   std::shared_ptr<node_health> health;
   std::map<std::string, node_conn> conns; ///< by /job:J/task:T
+  /// opts.security's TLS context for data channels (null: plaintext), made
+  /// at the first open().
+  std::shared_ptr<tls_context> tls;
+  bool security_checked = false;
 
   /// Maps CAF's request errors to a sentence naming what we waited for.
   caf::error explain(caf::error err, const std::string& what, const node_conn* conn);

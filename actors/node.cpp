@@ -3,6 +3,10 @@
 #include "actors/aggregator.hpp"
 #include "actors/kv_store.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,8 +17,10 @@
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
+#include "actors/caf_port.hpp"
 #include "actors/executor.hpp"
 #include "actors/log.hpp"
+#include "actors/system.hpp"
 #include "actors/variable.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/device_name.hpp"
@@ -327,10 +333,50 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   };
 }
 
+bool is_loopback_host(const std::string& host) {
+  if (host.empty())
+    return false;
+  if (host == "localhost")
+    return true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+    return false;
+  bool all_loopback = true;
+  for (auto* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      auto ip = ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr);
+      all_loopback = all_loopback && (ip >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      auto& ip6 = reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr;
+      all_loopback = all_loopback && IN6_IS_ADDR_LOOPBACK(&ip6);
+    } else {
+      all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(found);
+  return all_loopback;
+}
+
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
-                                       uint16_t port, const node_options& opts) {
+                                       uint16_t port, const node_options& opts,
+                                       const security_options& sec) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
+  if (!sec.enabled() && !sec.insecure && !is_loopback_host(bind_host))
+    return make_error(af_error::invalid_config,
+                      name + " refuses to listen on "
+                        + (bind_host.empty() ? std::string{"every address"} : "'" + bind_host + "'")
+                        + " without [security]: anyone who reaches the port could read, "
+                          "overwrite or stop every variable. Add [security] (actorflow-certs "
+                          "makes the files), bind a loopback address, or set [security] "
+                          "insecure = true (or --insecure) to run plaintext on purpose");
+  // The files are loaded here, before CAF reads them at its first connection.
+  auto tls = check_security(sys, sec, name);
+  if (!tls)
+    return std::move(tls.error());
   auto directory = std::make_shared<variable_directory>();
   data_plane_limits limits;
   limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
@@ -339,7 +385,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   limits.max_variable_bytes = opts.max_variable_bytes;
   limits.max_connections = opts.max_data_connections;
   auto data_plane = data_plane_server::start(directory, bind_host,
-                                             static_cast<uint16_t>(opts.data_port), name, limits);
+                                             static_cast<uint16_t>(opts.data_port), name, limits, *tls);
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);
@@ -373,8 +419,17 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
       return out;
     });
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port());
-  auto published = sys.middleman().publish(node, port, bind_host.empty() ? nullptr : bind_host.c_str(),
-                                           true);
+  // Our middleman actor publishes (CAF's would let a stranger's first header
+  // size a buffer); it ends with the node.
+  caf_port_options port_opts;
+  port_opts.max_handshake_bytes = static_cast<uint32_t>(opts.max_handshake_bytes);
+  port_opts.tls = sec.enabled();
+  port_opts.who = name;
+  auto port_keeper = spawn_guarded_middleman(sys, port_opts);
+  caf::actor_cast<caf::abstract_actor*>(node)->attach_functor(
+    [port_keeper](const caf::error&) { caf::anon_send_exit(port_keeper, caf::exit_reason::kill); });
+  auto published = publish_guarded(sys, port_keeper, caf::actor_cast<caf::strong_actor_ptr>(node),
+                                   sys.message_types(node), port, bind_host);
   if (!published) {
     plane->stop();
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
@@ -388,6 +443,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.actor = node;
   out.port = *published;
   out.data_plane = std::move(plane);
+  out.tls = sec.enabled();
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
   self->request(node, std::chrono::milliseconds{opts.request_timeout_ms}, caf::ping_atom::value)

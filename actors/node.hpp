@@ -67,15 +67,29 @@ struct running_node {
   std::vector<std::string> devices;
   std::vector<std::string> device_errors; ///< devices that failed to come up ("GPU:1: why")
   std::shared_ptr<data_plane_server> data_plane;
+  bool tls = false; ///< both ports are mutual TLS
 };
 
 /// Spawns the node actor for /job:`job`/task:`task` and publishes it, with a
 /// data plane on `opts.data_port` and its timeouts.
 /// `port` 0 asks the OS for a free one (embedded clusters). A port that is
 /// taken gives af_error::bind_failed naming the address.
+///
+/// With `sec` enabled both ports are mutual TLS with the cluster CA (`sys`
+/// must come from a system_config made with the same `sec`); its files are
+/// checked first (check_security). Without it the node refuses an address
+/// that is not loopback (af_error::invalid_config) unless `sec.insecure`.
+/// Either way the CAF port closes a connection whose first message announces
+/// more than opts.max_handshake_bytes (actors/caf_port.hpp).
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
-                                       uint16_t port, const node_options& opts);
+                                       uint16_t port, const node_options& opts,
+                                       const security_options& sec = {});
+
+/// True when `host` names only loopback addresses ("localhost", 127.0.0.0/8,
+/// ::1, or a name that resolves to nothing else). "" (every address) and
+/// "0.0.0.0" are not.
+bool is_loopback_host(const std::string& host);
 
 /// Nodes living in this process, so that a session in the same actor system
 /// talks to its node directly (no sockets, no copies).

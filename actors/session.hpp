@@ -61,6 +61,7 @@
 #include "actors/step_runner.hpp"
 #include "actors/trace.hpp"
 #include "config/cluster_spec.hpp"
+#include "config/security.hpp"
 #include "graph/graph.hpp"
 #include "messages/device_name.hpp"
 #include "messages/aggregator.hpp"
@@ -89,6 +90,11 @@ struct session_options {
   /// found again ("reconnected to /job:ps/task:0 at h:p (restarted)"). For
   /// programs that show them to a user, and for tests.
   std::function<void(const std::string&)> on_recovery;
+  /// The cluster's [security]: with it, connections to nodes (CAF's and the
+  /// data plane's) are mutual TLS. The actor system must be made with the
+  /// same (system_config{node_options, security}); the files are checked at
+  /// the first connection, with errors naming them.
+  security_options security;
 };
 
 /// Where a node's clock stands against this session's (see run_trace).

@@ -7,8 +7,11 @@
 
 #include "caf/atom.hpp"
 #include "caf/io/middleman.hpp"
+#include "caf/openssl/manager.hpp"
 #include "caf/timestamp.hpp"
 
+#include "actors/tls.hpp"
+#include "messages/error.hpp"
 #include "messages/types.hpp"
 
 namespace af {
@@ -18,9 +21,18 @@ size_t default_threads() {
   return n == 0 ? 2 : n;
 }
 
-system_config::system_config(const node_options& opts) {
+system_config::system_config(const node_options& opts, const security_options& sec) {
   register_types(*this);
   load<caf::io::middleman>();
+  if (sec.enabled()) {
+    // All four, always: without a certificate and key CAF falls back to
+    // anonymous TLS, which authenticates nobody.
+    load<caf::openssl::manager>();
+    openssl_certificate = sec.cert_file;
+    openssl_key = sec.key_file;
+    openssl_passphrase = sec.passphrase;
+    openssl_cafile = sec.ca_file;
+  }
   threads_ = opts.threads > 0 ? static_cast<size_t>(opts.threads) : default_threads();
   set("scheduler.policy", opts.scheduler == "stealing" ? caf::atom("stealing") : caf::atom("sharing"));
   set("scheduler.max-threads", threads_);
@@ -33,6 +45,26 @@ system_config::system_config(const node_options& opts) {
         caf::timespan{std::chrono::milliseconds{opts.connection_timeout_ms}});
   }
   set("logger.console", caf::atom("none"));
+}
+
+caf::expected<std::shared_ptr<tls_context>>
+check_security(caf::actor_system& sys, const security_options& sec, const std::string& who) {
+  if (!sec.enabled()) {
+    if (sys.has_openssl_manager())
+      return make_error(af_error::invalid_config,
+                        who + ": the actor system was made with [security] but these options "
+                              "have none; pass the same security_options to both");
+    return std::shared_ptr<tls_context>{};
+  }
+  if (sec.ca_file.empty() || sec.key_file.empty())
+    return make_error(af_error::invalid_config,
+                      who + ": [security] needs ca, certificate and key together (without them "
+                            "CAF would fall back to anonymous TLS)");
+  if (!sys.has_openssl_manager())
+    return make_error(af_error::invalid_config,
+                      who + ": [security] is set but the actor system was made without it; "
+                            "build its system_config with the same security_options");
+  return make_tls_context(sec, who);
 }
 
 void tune_malloc_for_tensors() {

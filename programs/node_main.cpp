@@ -2,15 +2,25 @@
 //   actorflow-node --config cluster.toml --job ps --task 0
 //   TF_CONFIG='{"cluster":...,"task":{"type":"ps","index":0}}' actorflow-node
 // Serves until SIGINT/SIGTERM or a client's shutdown request, then exits 0.
-// Exits 2 if it cannot start (config, port), 1 if the node failed while serving.
+// Exits 2 if it cannot start (config, port, [security] files), 1 if the node
+// failed while serving (the reason is logged).
+//
+// --restart-on-failure runs the node as a child process and starts it again
+// (same arguments) when it exits non-zero or by a signal, with a backoff and
+// a cap; SIGTERM/SIGINT to the supervisor stop the child and then itself.
+// Production: systemd's Restart=on-failure does the same (docs/security.md).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -38,6 +48,97 @@ extern "C" void forward_signal(int sig) {
   [[maybe_unused]] auto n = ::write(signal_pipe[1], &c, 1);
 }
 
+// -- the supervisor of --restart-on-failure ----------------------------------
+
+volatile sig_atomic_t supervisor_stop = 0;
+volatile pid_t supervised_child = 0;
+
+extern "C" void supervisor_signal(int sig) {
+  supervisor_stop = sig;
+  if (supervised_child > 0)
+    ::kill(supervised_child, SIGTERM);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status))
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " ("
+           + ::strsignal(WTERMSIG(status)) + ")";
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+/// Runs this program again without `--restart-on-failure` as a child, and
+/// again after each abnormal end: backoff 0.5 s doubling to 10 s, at most
+/// `max_restarts` in a row (a child that served a minute resets the count).
+int supervise(int argc, char** argv, int max_restarts) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--restart-on-failure") != 0)
+      args.push_back(argv[i]);
+  args.push_back(nullptr);
+  struct sigaction action {};
+  action.sa_handler = supervisor_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  auto log = af::log::get();
+  int restarts = 0;
+  auto backoff = std::chrono::milliseconds{500};
+  for (;;) {
+    auto started = std::chrono::steady_clock::now();
+    pid_t child = ::fork();
+    if (child < 0) {
+      log->error("supervisor: cannot start the node: fork failed: {}", std::strerror(errno));
+      return 2;
+    }
+    if (child == 0) {
+      ::execv("/proc/self/exe", args.data());
+      std::fprintf(stderr, "supervisor: cannot run /proc/self/exe: %s\n", std::strerror(errno));
+      ::_exit(2);
+    }
+    supervised_child = child;
+    if (supervisor_stop != 0) // a signal between fork and here
+      ::kill(child, SIGTERM);
+    log->info("supervisor: node started, pid {}", child);
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR)
+      ; // a signal was forwarded; wait for the child to end
+    supervised_child = 0;
+    if (supervisor_stop != 0) {
+      log->info("supervisor: signal {}: the node {}; stopping", static_cast<int>(supervisor_stop),
+                describe_status(status));
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      log->info("supervisor: the node stopped cleanly; stopping");
+      return 0;
+    }
+    if (std::chrono::steady_clock::now() - started > std::chrono::minutes{1}) {
+      restarts = 0;
+      backoff = std::chrono::milliseconds{500};
+    }
+    if (restarts >= max_restarts) {
+      log->error("supervisor: the node {}; it failed {} times in a row, giving up",
+                 describe_status(status), restarts + 1);
+      return 1;
+    }
+    ++restarts;
+    log->warn("supervisor: the node (pid {}) {}; restart {} of {} in {} ms", child,
+              describe_status(status), restarts, max_restarts, backoff.count());
+    // Sleeps in steps so that a SIGTERM during the backoff stops at once.
+    auto until = std::chrono::steady_clock::now() + backoff;
+    while (supervisor_stop == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds{20});
+    if (supervisor_stop != 0) {
+      log->info("supervisor: signal {} during the backoff; stopping",
+                static_cast<int>(supervisor_stop));
+      return 0;
+    }
+    backoff = std::min(backoff * 2, std::chrono::milliseconds{10000});
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -54,8 +155,18 @@ int main(int argc, char** argv) {
   app.add_option("--data-port", data_port, "port of the tensor data plane (0 = any free one)")
     ->check(CLI::Range(0, 65535));
   app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
+  bool insecure = false, restart_on_failure = false;
+  int max_restarts = 10;
+  app.add_flag("--insecure", insecure,
+               "allow plaintext ports on a non-loopback address (as [security] insecure = true)");
+  app.add_flag("--restart-on-failure", restart_on_failure,
+               "run the node as a child and restart it when it fails or is killed");
+  app.add_option("--max-restarts", max_restarts, "with --restart-on-failure: failures in a row before giving up")
+    ->check(CLI::Range(0, 1000));
   CLI11_PARSE(app, argc, argv);
   af::log::init("actorflow-node");
+  if (restart_on_failure)
+    return supervise(argc, argv, max_restarts);
 
   auto cfg = config_path.empty() ? af::cluster_config_from_env() : af::load_cluster_config(config_path);
   if (!cfg)
@@ -77,6 +188,15 @@ int main(int argc, char** argv) {
   if (threads >= 0) opts.threads = threads;
   if (data_port >= 0) opts.data_port = data_port;
   if (!scheduler.empty()) opts.scheduler = scheduler;
+  if (insecure) {
+    if (cfg->security.enabled())
+      return fail("--insecure and [security] certificates contradict each other: drop one");
+    cfg->security.insecure = true;
+  }
+  auto security = af::security_for(cfg->security, af::security_member_name(job, task));
+  if (!security)
+    return fail(af::describe(security.error()));
+  cfg->security = std::move(*security);
 
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0)
     return fail("cannot create the signal pipe");
@@ -87,13 +207,17 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &action, nullptr);
 
   af::tune_malloc_for_tensors();
-  af::system_config sys_cfg{opts};
+  af::system_config sys_cfg{opts, cfg->security};
   caf::actor_system sys{sys_cfg};
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   af::log::init(name);
-  auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port, opts);
+  auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
+                             opts, cfg->security);
   if (!node)
     return fail(af::describe(node.error()));
+  if (!node->tls)
+    af::log::get()->warn("no [security]: both ports are unauthenticated and unencrypted; anyone who "
+                         "reaches them can read, overwrite or stop any variable (docs/security.md)");
 
   std::string devices;
   for (const auto& d : node->devices)
@@ -103,10 +227,10 @@ int main(int argc, char** argv) {
   std::string broken;
   for (const auto& e : node->device_errors)
     broken += "; failed device " + e;
-  std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; pid %d%s)\n",
+  std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
-              static_cast<int>(::getpid()), broken.c_str());
+              node->tls ? "mutual TLS" : "plaintext", static_cast<int>(::getpid()), broken.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread{[&] {

@@ -1,0 +1,422 @@
+// [security]: mutual TLS on a node's CAF port, who is refused, the checks at
+// start-up, the plaintext guard rails, a node's exit code, the cap on a
+// stranger's first BASP message and the supervisor of --restart-on-failure.
+// Nodes run as real actorflow-node processes on 127.0.0.1, so that what they
+// log and how they exit is what an operator sees.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "caf/openssl/manager.hpp"
+
+#include "actors/node.hpp"
+#include "config/loopback.hpp"
+#include "scenarios.hpp"
+#include "temp_dir.hpp"
+
+using namespace af;
+using namespace af::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream out{path};
+  out << text;
+}
+
+/// A one-task cluster config (ps on 127.0.0.1, a free port) in `dir`, with
+/// certificates made by actorflow-certs under dir/certs and [security]
+/// pointing at them when `secure`.
+struct test_cluster {
+  temp_dir dir;
+  uint16_t port = free_loopback_port();
+  std::string config = dir / "cluster.toml";
+  std::string cluster_table;
+
+  explicit test_cluster(bool secure, const std::vector<std::string>& certs_args = {}) {
+    cluster_table = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(port)
+                    + "\"]\n\n[node]\nthreads = 2\n";
+    write(config, cluster_table);
+    if (!secure)
+      return;
+    std::vector<std::string> argv{ACTORFLOW_CERTS_BINARY, "--config", config};
+    argv.insert(argv.end(), certs_args.begin(), certs_args.end());
+    auto made = run_command(argv, 60s);
+    INFO(made.output);
+    REQUIRE(made.exit_code == 0);
+    // What it prints is what a user pastes.
+    auto at = made.output.find("[security]");
+    REQUIRE(at != std::string::npos);
+    write(config, cluster_table + "\n" + made.output.substr(at));
+  }
+
+  cluster_spec spec() const { return value_of(load_cluster_config(config)).cluster; }
+
+  std::vector<std::string> node_args() const {
+    return {ACTORFLOW_NODE_BINARY, "--config", config, "--job", "ps", "--task", "0"};
+  }
+};
+
+/// The [security] of `config` as a client reads it.
+security_options client_security(const std::string& config) {
+  auto cfg = value_of(load_cluster_config(config));
+  return value_of(security_for(cfg.security, "client"));
+}
+
+session_options client_options(const security_options& sec, std::chrono::milliseconds t = 5000ms) {
+  session_options o;
+  o.timeout = t;
+  o.connect_timeout = t;
+  o.security = sec;
+  return o;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+/// The pids in the node's "ready" lines, in order.
+std::vector<pid_t> ready_pids(const std::string& output) {
+  std::vector<pid_t> out;
+  std::regex ready{R"(actorflow-node ready: .*pid (\d+))"};
+  for (std::sregex_iterator it{output.begin(), output.end(), ready}, end; it != end; ++it)
+    out.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+  return out;
+}
+
+/// Resident memory of `pid` in KiB (VmRSS), -1 if unknown.
+long rss_kib(pid_t pid) {
+  std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stol(line.substr(6));
+  return -1;
+}
+
+/// Assigns [3, 4] to a new variable on the ps and reads it back.
+void assign_and_read(session& s) {
+  auto v = value_of(s.variable("secured", {2}, initializer::constant(2)));
+  require_ok(s.initialize());
+  auto assigned = s.assign(v, s.constant(tensor::from_values<float>({2}, {3.0f, 4.0f})));
+  value_of(s.run(assigned));
+  auto read = value_of(s.run(v));
+  CHECK(read.values<float>() == std::vector<float>{3.0f, 4.0f});
+}
+
+} // namespace
+
+TEST_CASE("a node with [security] serves a client with a certificate of the cluster CA",
+          "[security]") {
+  test_cluster c{true};
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  CHECK(node.output().find("mutual TLS") != std::string::npos);
+  CHECK(node.output().find("unauthenticated") == std::string::npos);
+  INFO(node.output());
+  auto sec = client_security(c.config);
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options(sec)));
+  assign_and_read(s);
+  CHECK(node.output().find("refused") == std::string::npos);
+}
+
+TEST_CASE("a plaintext client and a client of another CA are refused before any request, "
+          "and the node logs who and why",
+          "[security]") {
+  test_cluster c{true};
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  auto spec = c.spec();
+
+  SECTION("plaintext: no TLS at all") {
+    system_config cfg{node_options{}};
+    caf::actor_system sys{cfg};
+    auto s = value_of(session::make(sys, spec, "/job:ps/task:0", client_options({}, 3000ms)));
+    auto start = std::chrono::steady_clock::now();
+    auto info = s.ping("ps", 0);
+    REQUIRE_FALSE(info);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    CHECK(describe(info.error()).find("cannot reach /job:ps/task:0") != std::string::npos);
+    REQUIRE(node.wait_for("refused 127.0.0.1:", 10s));
+    CHECK(node.output().find("TLS handshake failed") != std::string::npos);
+  }
+
+  SECTION("a certificate of another CA") {
+    // Another cluster's CA and client certificate, trusting our CA so that
+    // it is the node that refuses, not the client.
+    temp_dir other;
+    write(other / "cluster.toml", c.cluster_table);
+    auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", other / "cluster.toml"}, 60s);
+    REQUIRE(made.exit_code == 0);
+    auto sec = client_security(c.config);
+    sec.cert_file = other / "certs/client.pem";
+    sec.key_file = other / "certs/client.key";
+    system_config cfg{node_options{}, sec};
+    caf::actor_system sys{cfg};
+    // A session checks its own files first and names the mismatch ...
+    auto s = value_of(session::make(sys, spec, "/job:ps/task:0", client_options(sec, 3000ms)));
+    auto info = s.ping("ps", 0);
+    REQUIRE_FALSE(info);
+    CHECK(describe(info.error()).find("is not signed by the CA") != std::string::npos);
+    // ... so go around it, as a stranger's own program would: CAF's TLS
+    // connect with that certificate. The node refuses it.
+    caf::scoped_actor self{sys};
+    caf::error refused;
+    self->request(sys.openssl_manager().actor_handle(), 5s, caf::connect_atom::value,
+                  std::string{"127.0.0.1"}, c.port)
+      .receive([&](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) {},
+               [&](caf::error& e) { refused = std::move(e); });
+    CHECK(refused == caf::sec::disconnect_during_handshake);
+    INFO(node.output());
+    REQUIRE(node.wait_for("refused 127.0.0.1:", 10s));
+    // OpenSSL's reason: the client's certificate does not verify.
+    CHECK(node.output().find("certificate verify failed") != std::string::npos);
+  }
+
+  // The node serves on: a member of the cluster still gets in.
+  auto sec = client_security(c.config);
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, spec, "/job:ps/task:0", client_options(sec)));
+  CHECK(value_of(s.ping("ps", 0)).job == "ps");
+}
+
+TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not a hang",
+          "[security]") {
+  temp_dir pass;
+  write(pass / "right.pass", "correct horse\n");
+  write(pass / "wrong.pass", "battery staple\n");
+  test_cluster c{true, {"--passphrase-file", pass / "right.pass"}};
+  auto text = [&] {
+    std::ifstream in{c.config};
+    std::stringstream buf;
+    buf << in.rdbuf();
+    return buf.str();
+  }();
+  auto at = text.find("passphrase_file");
+  REQUIRE(at != std::string::npos);
+  write(c.config, text.substr(0, at) + "passphrase_file = \"" + pass / "wrong.pass" + "\"\n");
+
+  auto start = std::chrono::steady_clock::now();
+  auto res = run_command(c.node_args(), 30s);
+  INFO(res.output);
+  CHECK(res.exit_code == 2);
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+  CHECK(res.output.find("ps-0.key") != std::string::npos);
+  CHECK(res.output.find("actorflow-node ready") == std::string::npos);
+
+  // A client with the wrong passphrase: the same, before CAF reads the key.
+  auto sec = client_security(c.config);
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options(sec, 3000ms)));
+  auto client_start = std::chrono::steady_clock::now();
+  auto info = s.ping("ps", 0);
+  REQUIRE_FALSE(info);
+  CHECK(describe(info.error()).find("client.key") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - client_start < 5s);
+
+  // And the right one starts.
+  write(pass / "wrong.pass", "correct horse\n");
+  background_process node{c.node_args()};
+  CHECK(node.wait_for("actorflow-node ready", 30s));
+}
+
+TEST_CASE("[security] needs ca, certificate and key together, and insecure contradicts them",
+          "[security][config]") {
+  test_cluster c{true};
+  auto base = c.cluster_table + "[security]\n";
+  auto partial = parse_cluster_toml(base + "certificate = \"" + c.dir / "certs/ps-0.pem" + "\"\n",
+                                    c.config);
+  REQUIRE_FALSE(partial);
+  CHECK(describe(partial.error()).find("missing: ca, key") != std::string::npos);
+  auto both = parse_cluster_toml(base + "ca = \"certs/ca.pem\"\ncertificate = \"certs/ps-0.pem\"\n"
+                                         "key = \"certs/ps-0.key\"\ninsecure = true\n",
+                                 c.config);
+  REQUIRE_FALSE(both);
+  CHECK(describe(both.error()).find("insecure = true and certificates contradict") != std::string::npos);
+  // Relative paths are the config folder's, whatever the working directory.
+  auto ok = value_of(parse_cluster_toml(base + "ca = \"certs/ca.pem\"\ncertificate = \"certs/{name}.pem\"\n"
+                                               "key = \"certs/{name}.key\"\n",
+                                        c.config));
+  CHECK(ok.security.ca_file == c.dir / "certs/ca.pem");
+  auto ps = value_of(security_for(ok.security, "ps-0"));
+  CHECK(ps.cert_file == c.dir / "certs/ps-0.pem");
+  auto nobody = security_for(ok.security, "worker-7");
+  REQUIRE_FALSE(nobody);
+  CHECK(describe(nobody.error()).find("worker-7.pem") != std::string::npos);
+}
+
+TEST_CASE("without [security] a node warns once and refuses a non-loopback address",
+          "[security]") {
+  CHECK(is_loopback_host("127.0.0.1"));
+  CHECK(is_loopback_host("localhost"));
+  CHECK(is_loopback_host("::1"));
+  CHECK_FALSE(is_loopback_host(""));
+  CHECK_FALSE(is_loopback_host("0.0.0.0"));
+  CHECK_FALSE(is_loopback_host("10.1.2.3"));
+
+  test_cluster c{false};
+  std::vector<std::string> addresses{"0.0.0.0"};
+  // The machine's own non-loopback address too, when it has one.
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (auto* i = ifs; i != nullptr; i = i->ifa_next)
+      if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET) {
+        char text[INET_ADDRSTRLEN];
+        auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+        inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+        if (std::string{text}.rfind("127.", 0) != 0) {
+          addresses.push_back(text);
+          break;
+        }
+      }
+    ::freeifaddrs(ifs);
+  }
+  for (const auto& address : addresses) {
+    auto args = c.node_args();
+    args.push_back("--bind");
+    args.push_back(address);
+    auto res = run_command(args, 30s);
+    INFO(address << ": " << res.output);
+    CHECK(res.exit_code == 2);
+    CHECK(res.output.find("refuses to listen on '" + address + "' without [security]")
+          != std::string::npos);
+    CHECK(res.output.find("insecure = true") != std::string::npos);
+  }
+
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  node.signal(SIGTERM);
+  CHECK(node.wait_exit(10s) == 0);
+  INFO(node.output());
+  CHECK(count(node.output(), "unauthenticated") == 1);
+  CHECK(node.output().find("plaintext") != std::string::npos);
+}
+
+TEST_CASE("a node that ends by a failure exits 1 and says why; asked to stop, it exits 0",
+          "[security][node]") {
+  test_cluster c{false};
+  for (auto [reason, code] : {std::pair<caf::exit_reason, int>{caf::exit_reason::unhandled_exception, 1},
+                              {caf::exit_reason::user_shutdown, 0}}) {
+    background_process node{c.node_args()};
+    REQUIRE(node.wait_for("actorflow-node ready", 30s));
+    system_config cfg{node_options{}};
+    caf::actor_system sys{cfg};
+    // Any peer can send the node an exit message (docs/security.md: no
+    // authorization between members); one with an error reason is how an
+    // actor's failure reaches it.
+    auto h = sys.middleman().remote_actor<node_actor>("127.0.0.1", c.port);
+    INFO((h ? std::string{} : sys.render(h.error())));
+    REQUIRE(h);
+    caf::anon_send_exit(*h, reason);
+    auto exit_code = node.wait_exit(15s);
+    INFO(node.output());
+    REQUIRE(exit_code);
+    CHECK(*exit_code == code);
+    if (code == 1) {
+      CHECK(node.output().find("the node failed") != std::string::npos);
+      CHECK(node.output().find("unhandled_exception") != std::string::npos);
+    } else {
+      CHECK(node.output().find("stopped") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the node's memory "
+          "stays flat",
+          "[security]") {
+  test_cluster c{false};
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  auto pid = ready_pids(node.output()).at(0);
+  auto before = rss_kib(pid);
+  REQUIRE(before > 0);
+
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(c.port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  // BASP's 32-byte header in network order: a client handshake of BASP
+  // version 3 whose payload is 3 GiB.
+  unsigned char header[32] = {};
+  header[0] = 0x01;                           // client_handshake
+  uint32_t len = htonl(3u << 30);             // payload_len
+  std::memcpy(header + 4, &len, 4);
+  header[15] = 3;                             // operation_data: the version
+  REQUIRE(::send(fd, header, sizeof(header), MSG_NOSIGNAL) == 32);
+  // The node closes it: read (its own handshake) until the end, bounded.
+  bool closed = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!closed && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0)
+      continue;
+    char buf[4096];
+    auto n = ::recv(fd, buf, sizeof(buf), 0);
+    closed = n <= 0;
+  }
+  ::close(fd);
+  CHECK(closed);
+  REQUIRE(node.wait_for("announces 3221225472 bytes", 10s));
+  auto after = rss_kib(pid);
+  INFO("RSS before " << before << " KiB, after " << after << " KiB");
+  CHECK(after - before < 16 * 1024);
+
+  // And it serves on.
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options({})));
+  CHECK(value_of(s.ping("ps", 0)).job == "ps");
+}
+
+TEST_CASE("--restart-on-failure restarts a node killed with SIGKILL and stops on SIGTERM",
+          "[security][node]") {
+  test_cluster c{false};
+  auto args = c.node_args();
+  args.push_back("--restart-on-failure");
+  background_process supervisor{args};
+  REQUIRE(supervisor.wait_for("actorflow-node ready", 30s));
+  auto first = ready_pids(supervisor.output()).at(0);
+  REQUIRE(::kill(first, SIGKILL) == 0);
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (ready_pids(supervisor.output()).size() < 2 && std::chrono::steady_clock::now() < deadline)
+    supervisor.read_output(100ms);
+  INFO(supervisor.output());
+  auto pids = ready_pids(supervisor.output());
+  REQUIRE(pids.size() == 2);
+  CHECK(pids[1] != first);
+  CHECK(supervisor.output().find("was killed by signal 9") != std::string::npos);
+  CHECK(supervisor.output().find("restart 1 of 10") != std::string::npos);
+  {
+    system_config cfg{node_options{}};
+    caf::actor_system sys{cfg};
+    auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options({})));
+    CHECK(value_of(s.ping("ps", 0)).pid == pids[1]);
+  }
+  supervisor.signal(SIGTERM);
+  CHECK(supervisor.wait_exit(15s) == 0);
+  CHECK(::kill(pids[1], 0) == -1); // the child went with it
+}
