@@ -158,6 +158,18 @@ TEST_CASE("a plaintext client and a client of another CA are refused before any 
     CHECK(describe(info.error()).find("cannot reach /job:ps/task:0") != std::string::npos);
     REQUIRE(node.wait_for("refused 127.0.0.1:", 10s));
     CHECK(node.output().find("TLS handshake failed") != std::string::npos);
+    // The data plane of the same node: a plaintext frame gets no answer but
+    // a refusal (start_node gave it the node's TLS context).
+    std::smatch m;
+    auto out = node.output();
+    REQUIRE(std::regex_search(out, m, std::regex{R"(data plane port (\d+))"}));
+    auto data_port = static_cast<uint16_t>(std::stoi(m[1]));
+    auto ch = data_channel::connect("127.0.0.1", data_port, "/job:ps/task:0", 3000ms);
+    if (ch) {
+      auto read = (*ch)->call(var_op::read, "anything", nullptr, true);
+      CHECK_FALSE(read);
+    }
+    CHECK(node.wait_for("data plane: refused 127.0.0.1", 10s));
   }
 
   SECTION("a certificate of another CA") {
