@@ -235,6 +235,8 @@ struct session::impl {
       // and its successor may hold a checkpoint taken after it did.
       if (health->is_dead((*b)->task))
         return r;
+      if (is(r.error(), af_error::peer_down) && !same_process((*b)->task, deadline))
+        return r;
       // A broken data connection: the retry goes on a fresh one. If none
       // opens, the node is most likely gone: its error stands.
       auto it = link.conns.find((*b)->task);
@@ -249,6 +251,22 @@ struct session::impl {
       note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what, attempt + 2,
                        tries, id, describe(r.error())));
     }
+  }
+
+  /// True if the node process this session knows as `task` still answers (a
+  /// data connection that broke may mean it died, and one to its successor
+  /// may open before the session hears of the death).
+  bool same_process(const std::string& task, std::chrono::steady_clock::time_point deadline) {
+    auto it = link.conns.find(task);
+    if (it == link.conns.end() || !it->second.actor)
+      return false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+    bool alive = false;
+    self->request(it->second.actor, std::max(std::chrono::milliseconds{1}, left), caf::ping_atom::value)
+      .receive([&](node_info& info) { alive = info.incarnation == it->second.info.incarnation; },
+               [](caf::error&) {});
+    return alive;
   }
 
   /// One try of variable_call, waiting `wait` for the answer.
