@@ -101,7 +101,11 @@ public:
 
   rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
     auto st = session_->write_some(result, fd, buf, len);
-    if (st == rw_state::failure)
+    // SSL_write succeeds only once the handshake is done (the node writes
+    // BASP's server handshake first): a peer that leaves after it was not refused.
+    if (st == rw_state::success && result > 0)
+      established_ = true;
+    else if (st == rw_state::failure)
       refused(fd);
     return st;
   }
