@@ -3,6 +3,8 @@
 #include "messages/tensor_format.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -114,12 +116,51 @@ bool valid_dtype(uint8_t raw) {
 
 int64_t num_elements(const shape_type& shape) {
   int64_t n = 1;
-  for (auto d : shape) {
+  bool zero = false;
+  for (auto d : shape)
     if (d < 0)
       return -1;
-    n *= d;
+    else if (d == 0)
+      zero = true;
+  if (zero)
+    return 0; // [0, 2^40, 2^40] is empty, not an overflow
+  for (auto d : shape) {
+    if (__builtin_mul_overflow(n, d, &n))
+      return -1;
   }
   return n;
+}
+
+namespace {
+std::atomic<uint64_t> decoded_tensor_cap{uint64_t{2} << 30};
+}
+
+void set_max_decoded_tensor_bytes(uint64_t bytes) {
+  decoded_tensor_cap.store(bytes, std::memory_order_relaxed);
+}
+
+uint64_t max_decoded_tensor_bytes() {
+  return decoded_tensor_cap.load(std::memory_order_relaxed);
+}
+
+std::string check_decoded_tensor(uint8_t type, const shape_type& shape, uint64_t payload_bytes) {
+  if (!valid_dtype(type))
+    return "unknown dtype code " + std::to_string(type);
+  for (auto d : shape)
+    if (d < 0)
+      return "negative dimension in shape " + shape_string(shape);
+  auto count = num_elements(shape);
+  auto size = dtype_size(static_cast<dtype>(type));
+  auto cap = max_decoded_tensor_bytes();
+  if (count < 0 || static_cast<uint64_t>(count) > cap / size)
+    return "shape " + shape_string(shape) + " of " + dtype_name(static_cast<dtype>(type))
+           + " is more than the " + std::to_string(cap)
+           + " bytes a message may carry ([node] max_message_bytes)";
+  auto expected = static_cast<uint64_t>(count) * size;
+  if (payload_bytes != expected)
+    return "shape " + shape_string(shape) + " with " + std::to_string(payload_bytes)
+           + " bytes, expected " + std::to_string(expected);
+  return {};
 }
 
 std::string shape_string(const shape_type& shape) {
@@ -141,7 +182,9 @@ void tensor::reset(dtype type, shape_type shape) {
   auto n = af::num_elements(shape);
   if (n < 0)
     throw std::invalid_argument("tensor shape " + shape_string(shape)
-                                + " has a negative dimension");
+                                + " has a negative dimension or too many elements");
+  if (static_cast<uint64_t>(n) > (std::numeric_limits<size_t>::max() - 4096) / dtype_size(type))
+    throw std::invalid_argument("tensor shape " + shape_string(shape) + " has too many bytes");
   type_ = type;
   shape_ = std::move(shape);
   count_ = static_cast<size_t>(n);

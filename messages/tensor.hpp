@@ -35,8 +35,21 @@ bool valid_dtype(uint8_t raw);
 
 using shape_type = std::vector<int64_t>;
 
-/// Number of elements of `shape` (1 for a scalar); -1 if a dimension is negative.
+/// Number of elements of `shape` (1 for a scalar); -1 if a dimension is
+/// negative or the count does not fit an int64 (a forged shape must not wrap
+/// around to a small count).
 int64_t num_elements(const shape_type& shape);
+
+/// The most bytes a tensor decoded from a peer (CAF's wire) may hold: [node]
+/// max_message_bytes. Process-wide, set by the node at start; 2 GiB until then.
+void set_max_decoded_tensor_bytes(uint64_t bytes);
+uint64_t max_decoded_tensor_bytes();
+
+/// Empty if a tensor of dtype code `type` and `shape` whose payload is
+/// `payload_bytes` long may be decoded (known dtype, shape valid, payload
+/// exactly its size, within max_decoded_tensor_bytes()); else what is wrong,
+/// checked before anything is allocated.
+std::string check_decoded_tensor(uint8_t type, const shape_type& shape, uint64_t payload_bytes);
 
 /// "[2,2]", "[]" for a scalar.
 std::string shape_string(const shape_type& shape);

@@ -41,18 +41,17 @@ caf::error inspect(caf::deserializer& f, tensor& x) {
   if (!valid_dtype(type))
     return make_error(af_error::invalid_argument,
                       "received a tensor with unknown dtype code " + std::to_string(type));
-  auto count = num_elements(shape);
-  if (count < 0)
-    return make_error(af_error::invalid_argument,
-                      "received a tensor with negative dimension " + shape_string(shape));
   size_t n = 0;
   if (auto err = f.begin_sequence(n))
     return err;
-  auto expected = static_cast<size_t>(count) * dtype_size(static_cast<dtype>(type));
-  if (n != expected)
+  // Checked before allocating: a forged shape or length must not make the
+  // node allocate more than [node] max_message_bytes, or more than it sent.
+  if (auto why = check_decoded_tensor(type, shape, n); !why.empty())
+    return make_error(af_error::invalid_argument, "received a tensor: " + why);
+  if (auto* bin = dynamic_cast<caf::binary_deserializer*>(&f); bin != nullptr && n > bin->remaining())
     return make_error(af_error::invalid_argument,
-                      "received a tensor " + shape_string(shape) + " with " + std::to_string(n)
-                        + " bytes, expected " + std::to_string(expected));
+                      "received a tensor " + shape_string(shape) + " announcing " + std::to_string(n)
+                        + " bytes, but its message holds " + std::to_string(bin->remaining()));
   x.reset(static_cast<dtype>(type), std::move(shape));
   if (n > 0)
     if (auto err = f.apply_raw(n, x.mutable_bytes()))

@@ -218,7 +218,9 @@ public:
       return st;
     if (op == reduce_op::max && x.num_elements() == 0)
       return status::failure("max of an empty tensor " + shape_string(x.shape()));
-    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
+    // plain variables, not a structured binding: clang 14 (the fuzz build) cannot capture those
+    auto geometry = reduction_of(x.shape(), attrs);
+    size_t outer = geometry.outer, len = geometry.len, inner = geometry.inner;
     tensor result{x.type(), shape};
     with_float(x.type(), [&](auto zero) {
       using T = decltype(zero);
@@ -251,7 +253,9 @@ public:
         || (op == reduce_op::max && y.num_elements() != dy.num_elements()))
       return status::shape("reduce gradient: dy " + dy.summary() + " does not match the reduction of "
                              + x.summary());
-    auto [outer, len, inner] = reduction_of(x.shape(), attrs);
+    // plain variables, not a structured binding: clang 14 (the fuzz build) cannot capture those
+    auto geometry = reduction_of(x.shape(), attrs);
+    size_t outer = geometry.outer, len = geometry.len, inner = geometry.inner;
     tensor result{x.type(), x.shape()};
     with_float(x.type(), [&](auto zero) {
       using T = decltype(zero);
