@@ -767,7 +767,7 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
     return nullptr;
   }
   SSL* ssl = SSL_new(tls_->native());
-  if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+  if (ssl == nullptr || !tls_set_socket(ssl, fd)) {
     log::get()->warn("{} data plane: refused {}: {}", node_name_, peer,
                      tls_errors("no TLS session (out of memory?)"));
     SSL_free(ssl);
@@ -1034,7 +1034,7 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   if (tls) {
     ssl = SSL_new(tls->native());
     std::string why;
-    if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1)
+    if (ssl == nullptr || !tls_set_socket(ssl, fd))
       why = tls_errors("no TLS session (out of memory?)");
     else
       why = handshake(ssl, fd, false, timeout);
@@ -1106,6 +1106,12 @@ void data_channel::poll_for_reply() {
 
 data_channel::~data_channel() {
   drop();
+}
+
+std::string data_channel::tls_description() const {
+  if (ssl_ == nullptr)
+    return {};
+  return std::string{SSL_get_version(ssl_)} + " " + SSL_get_cipher_name(ssl_);
 }
 
 void data_channel::drop() {

@@ -191,6 +191,9 @@ public:
 
   bool broken() const { return fd_ < 0; }
 
+  /// "TLSv1.3 TLS_AES_128_GCM_SHA256" on a TLS connection, else empty.
+  std::string tls_description() const;
+
   /// While `cancel` is set, a call() waiting for its reply gives up within
   /// 20 ms with af_error::cancelled and closes the connection (the reply
   /// would come on it later); the caller reopens it for its next call.

@@ -46,6 +46,11 @@ private:
 caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_options& sec,
                                                              const std::string& who);
 
+/// Makes `ssl` read and write socket `fd` (not owned) without ever raising
+/// SIGPIPE: a write to a closed peer fails with EPIPE, as the plaintext path's
+/// do. false: out of memory.
+bool tls_set_socket(ssl_st* ssl, int fd);
+
 /// The text of OpenSSL's error queue (emptied), or `fallback` if it is empty.
 std::string tls_errors(const std::string& fallback);
 

@@ -9,8 +9,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+
+#include <openssl/opensslv.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +35,10 @@
 
 #include "caf/all.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/embedded_cluster.hpp"
+#include "actors/tls.hpp"
+#include "actors/variable.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -540,6 +546,182 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
 
 } // namespace
 
+// -- the data plane with and without TLS (issue 11) ----------------------------
+//
+// A forked process serves one plaintext and one TLS data plane (the same
+// variables); this process is the client. Each figure is TLS against the
+// same op without TLS, measured alternately in the same run.
+
+/// A CA and one certificate for both ends, made with the openssl command line
+/// in a fresh folder; empty if that failed.
+std::string make_bench_certs() {
+  char tmpl[] = "/tmp/actorflow-bench-certs-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr)
+    return {};
+  std::string d = tmpl;
+  auto run = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; };
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+  if (!run("openssl req -x509" + ec + "-keyout " + d + "/ca.key -out " + d + "/ca.pem -days 2 -subj /CN=bench-ca")
+      || !run("openssl req" + ec + "-keyout " + d + "/node.key -out " + d + "/node.csr -subj /CN=node")
+      || !run("openssl x509 -req -in " + d + "/node.csr -CA " + d + "/ca.pem -CAkey " + d
+              + "/ca.key -CAcreateserial -out " + d + "/node.pem -days 2"))
+    return {};
+  return d;
+}
+
+int tls_benches(const std::function<bool(const std::string&)>& wanted, int rounds, int reps,
+                int poll_us) {
+  auto dir = make_bench_certs();
+  if (dir.empty()) {
+    std::printf("# tls benches skipped: the openssl command line could not make certificates\n");
+    return 0;
+  }
+  af::security_options sec;
+  sec.ca_file = dir + "/ca.pem";
+  sec.cert_file = dir + "/node.pem";
+  sec.key_file = dir + "/node.key";
+  const int64_t n = 16 << 20; // 64 MiB of float32
+  int ports[2];
+  if (pipe(ports) != 0)
+    return 1;
+  int stop[2];
+  if (pipe(stop) != 0)
+    return 1;
+  pid_t child = fork();
+  if (child == 0) {
+    close(ports[0]);
+    close(stop[1]);
+    auto tls = af::make_tls_context(sec, "bench node");
+    if (!tls)
+      _exit(3);
+    auto d = std::make_shared<af::variable_directory>();
+    auto spec_big = af::variable_spec{"big", af::dtype::float32, {n}, "/job:ps/replica:0/task:0/device:CPU:0"};
+    auto spec_counter = af::variable_spec{"counter", af::dtype::float32, {}, "/job:ps/replica:0/task:0/device:CPU:0"};
+    auto big = std::make_shared<af::variable_cell>(spec_big);
+    auto counter = std::make_shared<af::variable_cell>(spec_counter);
+    if (!big->initialize(af::initializer::zeros(), false, "")
+        || !counter->initialize(af::initializer::zeros(), false, ""))
+      _exit(4);
+    d->put("big", {af::variable_cell_actor{}, big});
+    d->put("counter", {af::variable_cell_actor{}, counter});
+    auto plain = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", {});
+    auto secure = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", {}, *tls);
+    if (!plain || !secure)
+      _exit(5);
+    uint16_t p[2] = {(*plain)->port(), (*secure)->port()};
+    if (write(ports[1], p, sizeof(p)) != sizeof(p))
+      _exit(6);
+    char byte;
+    while (read(stop[0], &byte, 1) > 0) {
+    } // until the parent closes its end
+    (*plain)->stop();
+    (*secure)->stop();
+    _exit(0);
+  }
+  close(ports[1]);
+  close(stop[0]);
+  uint16_t p[2] = {0, 0};
+  bool up = read(ports[0], p, sizeof(p)) == sizeof(p);
+  close(ports[0]);
+  auto finish = [&](int rc) {
+    close(stop[1]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    std::filesystem::remove_all(dir);
+    return rc;
+  };
+  if (!up) {
+    std::cerr << "actorflow-bench: the TLS bench's server did not start" << std::endl;
+    return finish(1);
+  }
+  auto tls = af::make_tls_context(sec, "bench client");
+  if (!tls) {
+    std::cerr << "actorflow-bench: " << af::describe(tls.error()) << std::endl;
+    return finish(1);
+  }
+  auto poll = std::chrono::microseconds{poll_us};
+  auto plain = af::data_channel::connect("127.0.0.1", p[0], "bench node (plaintext)",
+                                         std::chrono::seconds(60), poll);
+  auto secure = af::data_channel::connect("127.0.0.1", p[1], "bench node (TLS)",
+                                          std::chrono::seconds(60), poll, *tls);
+  if (!plain || !secure) {
+    std::cerr << "actorflow-bench: " << af::describe(!plain ? plain.error() : secure.error()) << std::endl;
+    return finish(1);
+  }
+  auto call = [](af::data_channel& ch, af::var_op op, const char* name, const af::tensor* operand) {
+    auto r = ch.call(op, name, operand, false);
+    if (!r) {
+      std::cerr << "actorflow-bench: " << af::describe(r.error()) << std::endl;
+      std::exit(1);
+    }
+  };
+  std::printf("# tls: client and data-plane server in separate processes on loopback; %s (%s); "
+              "the same op without TLS is the baseline\n",
+              (*secure)->tls_description().c_str(), OPENSSL_VERSION_TEXT);
+  if (wanted("remote_assign_add_rtt_tls")) {
+    auto one = af::tensor::scalar(1);
+    std::vector<double> ours, base;
+    const int block = 100, blocks = std::max(1, rounds / block) + 1; // the first: warm-up
+    for (int b = 0; b < blocks; ++b)
+      for (auto* ch : {secure->get(), plain->get()})
+        for (int i = 0; i < block; ++i) {
+          auto t0 = clock_type::now();
+          call(*ch, af::var_op::assign_add, "counter", &one);
+          auto us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+          if (b > 0)
+            (ch == secure->get() ? ours : base).push_back(us);
+        }
+    report("remote_assign_add_rtt_tls", median(ours), median(base), "us");
+  }
+  if (wanted("tensor_64mib_assign_tls")) {
+    auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
+    auto mbps = [&](af::data_channel& ch) {
+      auto t0 = clock_type::now();
+      call(ch, af::var_op::assign, "big", &value);
+      return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+    };
+    // CPU time of both processes (client: this one; server: the child), so
+    // that on a busy machine the cost can be told from the waiting.
+    auto cpu_ms = [&] {
+      rusage self{};
+      getrusage(RUSAGE_SELF, &self);
+      auto tv_ms = [](const timeval& tv) { return tv.tv_sec * 1e3 + tv.tv_usec / 1e3; };
+      double ms = tv_ms(self.ru_utime) + tv_ms(self.ru_stime);
+      std::ifstream stat{"/proc/" + std::to_string(child) + "/stat"};
+      std::string line;
+      std::getline(stat, line);
+      auto close_paren = line.rfind(')');
+      std::istringstream fields{close_paren == std::string::npos ? "" : line.substr(close_paren + 2)};
+      std::string field;
+      double ticks = 0;
+      for (int i = 3; fields >> field; ++i)
+        if (i == 14 || i == 15)
+          ticks += std::stod(field);
+      return ms + ticks * 1e3 / static_cast<double>(sysconf(_SC_CLK_TCK));
+    };
+    mbps(**secure); // warm both ends
+    mbps(**plain);
+    std::vector<double> ours, base;
+    double cpu_tls = 0, cpu_plain = 0;
+    for (int i = 0; i < reps; ++i) {
+      auto c0 = cpu_ms();
+      ours.push_back(mbps(**secure));
+      auto c1 = cpu_ms();
+      base.push_back(mbps(**plain));
+      auto c2 = cpu_ms();
+      cpu_tls += c1 - c0;
+      cpu_plain += c2 - c1;
+    }
+    std::printf("# tensor_64mib_assign_tls: CPU per assign, client and server together: TLS %.0f ms, "
+                "plaintext %.0f ms (ratio %.2f)\n",
+                cpu_tls / reps, cpu_plain / reps, cpu_plain / std::max(cpu_tls, 1e-9));
+    report("tensor_64mib_assign_tls", median(ours), median(base), "MB/s");
+  }
+  plain->reset();
+  secure->reset();
+  return finish(0);
+}
+
 int main(int argc, char** argv) {
   // The training metrics' helper processes are this binary, re-executed.
   if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
@@ -549,7 +731,10 @@ int main(int argc, char** argv) {
     "remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read", "fanin_8x4mib",
     "node_rss_64mib",        "local_read_rtt",      "gemm_2048_cpu",     "gemm_4096_gpu",
     "elementwise_gpu"};
+  const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls"};
   std::vector<std::string> all_metrics = core_metrics;
+  for (auto& m : tls_metrics)
+    all_metrics.push_back(m);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
   std::string only, only_list;
@@ -606,6 +791,11 @@ int main(int argc, char** argv) {
   std::printf("# actorflow-bench: cpu %s\n", cpu_description().c_str());
   std::fflush(stdout);
 
+  // Before core_benches: its forks want a process without threads, and this
+  // one leaves none behind.
+  if (std::any_of(tls_metrics.begin(), tls_metrics.end(), wanted))
+    if (int rc = tls_benches(wanted, rounds, reps, poll_us))
+      return rc;
   if (std::any_of(core_metrics.begin(), core_metrics.end(), wanted))
     if (int rc = core_benches(wanted, opts, transport, rounds, reps, poll_us))
       return rc;
