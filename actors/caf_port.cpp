@@ -8,6 +8,8 @@
 #include <openssl/err.h>
 
 #include "caf/all.hpp"
+#include "caf/io/basp/header.hpp"
+#include "caf/io/basp/message_type.hpp"
 #include "caf/io/basp_broker.hpp"
 #include "caf/io/middleman.hpp"
 #include "caf/io/middleman_actor_impl.hpp"
@@ -37,31 +39,45 @@ std::string peer_of(native_socket fd) {
   return port ? text + ":" + std::to_string(*port) : text;
 }
 
-/// The first-message cap, shared by the plaintext and the TLS scribe: BASP
-/// configures a read of the first header, then one of its payload; from the
-/// third read on the handshake is done and the broker's own checks apply.
+/// The pre-handshake cap, shared by the plaintext and the TLS scribe. BASP
+/// asks its scribe for a header, then for the payload the header announced;
+/// CAF 0.17.6 does not refuse other messages (a heartbeat) before the client's
+/// handshake. So every read is capped until the broker has taken the payload
+/// of a client_handshake (told by the header it just got, byte 0); from then
+/// on the broker's own checks and [node] max_message_bytes apply.
 class handshake_guard {
 public:
   explicit handshake_guard(std::shared_ptr<const caf_port_options> opts) : opts_(std::move(opts)) {}
 
   /// The read to configure instead of `config`: itself, or one byte after
   /// the socket was shut down (the broker then sees an ordinary close).
-  caf::io::receive_policy::config check(caf::io::receive_policy::config config, native_socket fd) {
-    if (reads_ >= 2)
+  /// `delivered` is what the broker was just handed (the scribe's message).
+  caf::io::receive_policy::config check(caf::io::receive_policy::config config, native_socket fd,
+                                        const std::vector<char>& delivered) {
+    if (done_)
       return config;
-    ++reads_;
+    if (handshake_payload_next_) {
+      done_ = true; // the client's handshake went through the broker
+      return config;
+    }
+    if (delivered.size() == caf::io::basp::header_size
+        && static_cast<uint8_t>(delivered[0])
+             == static_cast<uint8_t>(caf::io::basp::message_type::client_handshake))
+      handshake_payload_next_ = true;
     if (config.second <= opts_->max_handshake_bytes)
       return config;
-    log::get()->warn("refused {} on the CAF port: its first message announces {} bytes "
-                     "before the handshake (at most {}, [node] max_handshake_bytes); closed unread",
+    log::get()->warn("refused {} on the CAF port: it announces a message of {} bytes before its "
+                     "handshake (at most {}, [node] max_handshake_bytes); closed unread",
                      peer_of(fd), config.second, opts_->max_handshake_bytes);
+    done_ = true;
     ::shutdown(fd, SHUT_RDWR);
     return {caf::io::receive_policy_flag::exactly, 1};
   }
 
 private:
   std::shared_ptr<const caf_port_options> opts_;
-  int reads_ = 0;
+  bool handshake_payload_next_ = false;
+  bool done_ = false;
 };
 
 class plain_scribe : public net::scribe_impl {
@@ -73,7 +89,7 @@ public:
   }
 
   void configure_read(caf::io::receive_policy::config config) override {
-    net::scribe_impl::configure_read(guard_.check(config, stream_.fd()));
+    net::scribe_impl::configure_read(guard_.check(config, stream_.fd(), msg().buf));
   }
 
 private:
@@ -151,7 +167,7 @@ public:
   }
 
   void configure_read(caf::io::receive_policy::config config) override {
-    stream_.configure_read(guard_.check(config, stream_.fd()));
+    stream_.configure_read(guard_.check(config, stream_.fd(), msg().buf));
     if (!launched_) {
       launched_ = true;
       stream_.start(this);

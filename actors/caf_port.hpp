@@ -4,10 +4,10 @@
 /// what a stranger can do before BASP's handshake is bounded without patching
 /// CAF 0.17.6:
 ///
-/// - The first message of an accepted connection (the client's handshake) may
-///   announce at most `max_handshake_bytes` of payload. CAF's BASP broker
-///   sizes its receive buffer to the 32-bit payload_len of any header before
-///   it reads a byte of the payload (a zero-filled 4 GiB vector for one
+/// - Until the client's handshake went through, an accepted connection may
+///   announce at most `max_handshake_bytes` of payload per message. CAF's BASP
+///   broker sizes its receive buffer to the 32-bit payload_len of any header
+///   before it reads a byte of the payload (a zero-filled 4 GiB vector for one
 ///   32-byte header, kept by the allocator after the close). Our scribe sees
 ///   that size in configure_read() before the buffer is made, logs the peer,
 ///   shuts the socket down and asks for one byte instead: the broker then sees

@@ -392,7 +392,7 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   }
   ::close(fd);
   CHECK(closed);
-  REQUIRE(node.wait_for("announces 3221225472 bytes", 10s));
+  REQUIRE(node.wait_for("announces a message of 3221225472 bytes", 10s));
   auto after = rss_kib(pid);
   INFO("RSS before " << before << " KiB, after " << after << " KiB");
   CHECK(after - before < 16 * 1024);
