@@ -478,23 +478,25 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
       return std::move(st.error());
     state = std::move(*st);
   }
+  // A surviving shard knows the workers that finished or left (the new
+  // aggregator must not wait for them) and, in async and ssp, where the
+  // job's step is: every push moves it, so the chief's last view of this
+  // shard lags the others' by the pushes since.
+  std::optional<aggregator_stats> survivor;
+  for (size_t j = 0; j < ctx.shards.size() && !survivor; ++j)
+    if (j != k)
+      if (auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value))
+        survivor = std::move(*stats);
+  if (survivor && train::step_per_push(survivor->mode))
+    step = std::max(step, survivor->global_step);
   state.global_step = step;
   auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(state));
   if (!r)
     return std::move(r.error());
-  // Workers that finished or left are not waited for by the new aggregator:
-  // a surviving shard knows them.
-  for (size_t j = 0; j < ctx.shards.size(); ++j) {
-    if (j == k)
-      continue;
-    auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value);
-    if (!stats)
-      continue;
-    for (const auto& w : stats->workers)
+  if (survivor)
+    for (const auto& w : survivor->workers)
       if (w.status == "done" || w.status == "left")
         caf::anon_send(shard.actor, done_atom::value, w.worker);
-    break;
-  }
   kv_client client{s.system(), ctx.store, timeout};
   if (auto err = client.put(restored_key(ctx.chief_incarnation, k, info.incarnation),
                             fmt::format("{} {}", step, from_step)))

@@ -96,6 +96,11 @@ struct worker_state {
   caf::actor recovery;            ///< waits for a ps that died (recover_ps)
   std::shared_ptr<recovery_box> recovered = std::make_shared<recovery_box>();
   uint64_t ps_recoveries = 0;     ///< ps tasks it waited for and went on with
+  /// Called with a shard's index when its aggregator goes down (monitored
+  /// with recover_ps): a control request to it (save, stats) is never
+  /// answered by CAF then, and would wait its whole timeout.
+  std::map<uint64_t, std::function<void(size_t)>> down_hooks;
+  uint64_t next_hook = 0;
   std::optional<train::batcher> batches;
   std::vector<tensor> params;     ///< sync / async: as pulled
   std::optional<train::replica_state> own; ///< average / allreduce
@@ -329,6 +334,18 @@ bool ps_gone(const caf::error& err) {
   return is(err, af_error::peer_down) || is(err, af_error::unreachable);
 }
 
+/// Runs `hook` with the shard's index if a shard's aggregator goes down
+/// before the returned id is dropped (drop_hook).
+uint64_t add_hook(self_pointer self, std::function<void(size_t)> hook) {
+  auto id = ++self->state.next_hook;
+  self->state.down_hooks[id] = std::move(hook);
+  return id;
+}
+
+void drop_hook(self_pointer self, uint64_t id) {
+  self->state.down_hooks.erase(id);
+}
+
 /// Examples behind one push: average pushes after average_every steps.
 uint32_t examples_per_push(const worker_state& st) {
   return static_cast<uint32_t>(
@@ -367,6 +384,7 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
           return;
         }
         st.ps_recoveries += 1;
+        self->monitor(shard.actor);
         // The new aggregator monitors this worker (and counts a worker that
         // joined the job as a member) from here on.
         self->request(shard.actor, st.setup.timeout, join_atom::value, st.setup.index,
@@ -611,11 +629,38 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
   struct gather {
     size_t missing;
     std::vector<aggregator_state> states;
+    std::vector<bool> answered;
+    uint64_t hook = 0;
     bool failed = false;
   };
   auto g = std::make_shared<gather>();
   g->missing = st.setup.shards.size();
   g->states.resize(st.setup.shards.size());
+  g->answered.assign(st.setup.shards.size(), false);
+  auto on_error = std::make_shared<std::function<void(size_t, caf::error)>>();
+  *on_error = [self, g, skip](size_t k, caf::error err) {
+    if (g->failed)
+      return;
+    g->failed = true;
+    drop_hook(self, g->hook);
+    auto task = self->state.setup.shards[k].task;
+    // A ps that died: this checkpoint is skipped (the last one stays
+    // the latest); the next push finds the ps gone and waits for it.
+    if (self->state.recovery
+        && (ps_gone(err) || err == caf::sec::request_timeout
+            || err == caf::sec::request_receiver_down)) {
+      log::get()->warn("{}: checkpoint at global step {} skipped: {} did not answer ({})",
+                       who(self), self->state.global_step, task, describe(err));
+      skip();
+      return;
+    }
+    fail(self, std::move(err), "saving the state of " + task);
+  };
+  if (st.recovery)
+    g->hook = add_hook(self, [g, on_error](size_t k) {
+      if (!g->answered[k])
+        (*on_error)(k, make_error(af_error::peer_down, "its aggregator went down"));
+    });
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
     self->request(s.actor, st.setup.timeout, save_atom::value)
@@ -623,9 +668,11 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
         [self, ckpt, g, k, attempt, write, skip](aggregator_state& state) {
           if (g->failed)
             return;
+          g->answered[k] = true;
           g->states[k] = std::move(state);
           if (--g->missing > 0)
             return;
+          drop_hook(self, g->hook);
           auto& setup = self->state.setup;
           auto [low, high] = std::minmax_element(
             g->states.begin(), g->states.end(),
@@ -655,22 +702,7 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
           }
           write();
         },
-        [self, g, skip, task = s.task](caf::error& err) {
-          if (g->failed)
-            return;
-          g->failed = true;
-          // A ps that died: this checkpoint is skipped (the last one stays
-          // the latest); the next push finds the ps gone and waits for it.
-          if (self->state.recovery
-              && (ps_gone(err) || err == caf::sec::request_timeout
-                  || err == caf::sec::request_receiver_down)) {
-            log::get()->warn("{}: checkpoint at global step {} skipped: {} did not answer ({})",
-                             who(self), self->state.global_step, task, describe(err));
-            skip();
-            return;
-          }
-          fail(self, std::move(err), "saving the state of " + task);
-        });
+        [on_error, k](caf::error& err) { (*on_error)(k, std::move(err)); });
   }
 }
 
@@ -749,17 +781,31 @@ void after_step(self_pointer self) {
       // The chief's reports carry the job's accounting (the others' are
       // not printed: no request on their step's path).
       if (st.setup.index == 0 && !st.setup.shards.empty() && st.setup.shards[0].actor) {
+        // Once, whichever comes first: the answer, an error, or ps 0 going
+        // down (then CAF never answers).
+        struct once_state {
+          bool done = false;
+          uint64_t hook = 0;
+        };
+        auto once = std::make_shared<once_state>();
+        auto go_on = [self, p, then_ckpt, once](aggregator_stats* s) mutable {
+          if (once->done)
+            return;
+          once->done = true;
+          drop_hook(self, once->hook);
+          if (s)
+            p.stats = std::move(*s);
+          self->state.setup.on_progress(p);
+          then_ckpt();
+        };
+        if (st.recovery)
+          once->hook = add_hook(self, [go_on](size_t k) mutable {
+            if (k == 0)
+              go_on(nullptr);
+          });
         self->request(st.setup.shards[0].actor, st.setup.timeout, stats_atom::value)
-          .then(
-            [self, p, then_ckpt](aggregator_stats& s) mutable {
-              p.stats = std::move(s);
-              self->state.setup.on_progress(p);
-              then_ckpt();
-            },
-            [self, p, then_ckpt](caf::error&) {
-              self->state.setup.on_progress(p);
-              then_ckpt();
-            });
+          .then([go_on](aggregator_stats& s) mutable { go_on(&s); },
+                [go_on](caf::error&) mutable { go_on(nullptr); });
         return;
       }
       st.setup.on_progress(p);
@@ -958,26 +1004,72 @@ void run_step_now(self_pointer self) {
 /// for a worker not in the job's config, membership itself), then `then`.
 void join_all(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
-  auto missing = std::make_shared<size_t>(st.setup.shards.size());
-  auto failed = std::make_shared<bool>(false);
+  struct joins {
+    size_t missing = 0;
+    std::vector<bool> settled; ///< answered, or handed to the recovery
+    uint64_t hook = 0;
+    bool failed = false;
+  };
+  auto j = std::make_shared<joins>();
+  j->missing = st.setup.shards.size();
+  j->settled.assign(st.setup.shards.size(), false);
   auto examples = examples_per_push(st);
-  for (const auto& s : st.setup.shards) {
+  auto one_done = [self, j, then] {
+    if (!j->failed && --j->missing == 0) {
+      drop_hook(self, j->hook);
+      then();
+    }
+  };
+  // A ps that dies before it answered (the join request to a dead node is
+  // never answered): wait for it as a push would; recover_shard joins the
+  // new aggregator itself.
+  auto recover = [self, j, one_done](size_t k, caf::error why) {
+    j->settled[k] = true;
+    auto task = self->state.setup.shards[k].task;
+    recover_shard(
+      self, k, self->state.shard_step[k], why,
+      [self, k, one_done](uint64_t restored) {
+        self->state.shard_step[k] = restored;
+        one_done();
+      },
+      [self, j, task](caf::error e) {
+        if (j->failed)
+          return;
+        j->failed = true;
+        drop_hook(self, j->hook);
+        fail(self, std::move(e), "joining the aggregator of " + task);
+      });
+  };
+  if (st.recovery)
+    j->hook = add_hook(self, [j, recover](size_t k) {
+      if (!j->failed && !j->settled[k])
+        recover(k, make_error(af_error::peer_down, "its aggregator went down"));
+    });
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    const auto& s = st.setup.shards[k];
     if (!s.actor) {
-      if (--*missing == 0)
-        then();
+      j->settled[k] = true;
+      one_done();
       continue;
     }
     self->request(s.actor, st.setup.timeout, join_atom::value, st.setup.index, st.setup.task_name,
                   st.setup.address, examples, caf::actor_cast<caf::actor>(self))
       .then(
-        [missing, failed, then](uint64_t) {
-          if (!*failed && --*missing == 0)
-            then();
-        },
-        [self, failed, task = s.task](caf::error& err) {
-          if (*failed)
+        [j, k, one_done](uint64_t) {
+          if (j->settled[k])
             return;
-          *failed = true;
+          j->settled[k] = true;
+          one_done();
+        },
+        [self, j, k, recover, task = s.task](caf::error& err) {
+          if (j->failed || j->settled[k])
+            return;
+          if (self->state.recovery && ps_gone(err)) {
+            recover(k, std::move(err));
+            return;
+          }
+          j->failed = true;
+          drop_hook(self, j->hook);
           fail(self, std::move(err), "joining the aggregator of " + task);
         });
   }
@@ -1013,7 +1105,17 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     (*cb)(make_error(af_error::internal, fmt::format("worker {} ended before it finished: {}", index,
                                                      describe(reason))));
   });
-  self->set_down_handler([self](caf::down_msg& dm) { self->state.runner.on_down(self, dm); });
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t k = 0; k < st.setup.shards.size(); ++k)
+      if (st.setup.shards[k].actor && st.setup.shards[k].actor.address() == dm.source) {
+        auto hooks = st.down_hooks; // a hook drops itself
+        for (auto& h : hooks)
+          h.second(k);
+        return;
+      }
+    st.runner.on_down(self, dm);
+  });
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
   st.mode = s.cfg.mode;
@@ -1031,6 +1133,10 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   if (s.recover_ps && !s.shards.empty())
     st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
                                                           st.recovered);
+  if (st.recovery)
+    for (const auto& shard : s.shards)
+      if (shard.actor)
+        self->monitor(shard.actor);
   if (s.cfg.mode == "allreduce") {
     st.reducer = self->spawn<caf::detached + caf::linked>(reduce_link, s.group);
     auto own = train::replica_state::make(s.initial, s.cfg.optimizer);

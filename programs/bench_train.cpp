@@ -27,6 +27,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -1124,7 +1126,289 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_straggler(opts, dir);
 }
 
+namespace {
+
+// -- the soak (issue 11 §3) --------------------------------------------------------------
+
+/// One task of the soak's job: an actorflow-train process whose output goes
+/// to a file (one per incarnation), so nothing has to drain a pipe.
+struct soak_task {
+  std::string job;
+  int index = 0;
+  pid_t pid = -1;
+  std::string log;          ///< this incarnation's output
+  int incarnation = 0;
+  double rss_start_mb = -1; ///< this incarnation's, once it trained a while
+  std::chrono::steady_clock::time_point started{};
+};
+
+double rss_mb(pid_t pid) {
+  std::ifstream f{"/proc/" + std::to_string(pid) + "/status"};
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stod(line.substr(6)) / 1024.0; // kB
+  return -1;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f{path};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t occurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+/// Starts (again) `t`: actorflow-train --config CONFIG --job J --task I [--join].
+void soak_launch(soak_task& t, const std::string& bin, const std::string& config,
+                 const std::string& dir, bool join) {
+  t.incarnation += 1;
+  t.log = dir + "/" + t.job + std::to_string(t.index) + "-" + std::to_string(t.incarnation)
+          + ".log";
+  std::vector<std::string> args{bin, "--config", config, "--job", t.job, "--task",
+                                std::to_string(t.index)};
+  if (join)
+    args.push_back("--join");
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = ::open(t.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  t.pid = pid;
+  t.rss_start_mb = -1;
+  t.started = std::chrono::steady_clock::now();
+}
+
+bool soak_running(soak_task& t) {
+  if (t.pid <= 0)
+    return false;
+  int status = 0;
+  if (waitpid(t.pid, &status, WNOHANG) == t.pid) {
+    t.pid = -1;
+    return false;
+  }
+  return true;
+}
+
+void soak_kill(soak_task& t) {
+  if (t.pid > 0) {
+    ::kill(t.pid, SIGKILL);
+    int status = 0;
+    waitpid(t.pid, &status, 0);
+    t.pid = -1;
+  }
+}
+
+/// Waits up to `timeout` for `cond`, polling every 50 ms.
+template <class Cond>
+bool soak_wait(Cond cond, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+/// `actorflow-bench --soak SECONDS [--soak-interval S] [--soak-checkpoint K]`:
+/// a sync job of 2 ps and 2 workers (the digits MLP) on loopback, checkpoint
+/// every K steps; every S seconds one of worker 1, ps 0 and ps 1 (at random,
+/// seeded) is killed with SIGKILL and restarted (a worker with --join, once
+/// the chief has seen it leave; a ps at once: the chief restores it). The
+/// chief is not killed: the job stops without it by design. Prints each
+/// fault and, at the end, the steps done, the faults, the updates lost
+/// (per ps recovery: the steps between the checkpoint it was restored from
+/// and the step it was restored at, as the chief reports them; a killed
+/// worker loses only its gradient in flight, which a sync step closes
+/// without) and the chief's and every current process's RSS at its start
+/// (after 5 s of training) and at the end. Exit 0 if the job kept going and
+/// no recovery lost more than one checkpoint interval.
+int run_soak(int argc, char** argv) {
+  double seconds = std::stod(argv[2]);
+  double interval = 15;
+  uint64_t K = 50;
+  unsigned seed = 1;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--soak-interval")
+      interval = std::stod(argv[i + 1]);
+    else if (k == "--soak-checkpoint")
+      K = std::stoull(argv[i + 1]);
+    else if (k == "--soak-seed")
+      seed = static_cast<unsigned>(std::stoul(argv[i + 1]));
+    else
+      return std::fprintf(stderr, "actorflow-bench --soak: unknown option %s\n", k.c_str()), 2;
+  }
+  auto bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "actorflow-train")
+               .string();
+  char tmpl[] = "/tmp/actorflow-soak-XXXXXX";
+  if (!mkdtemp(tmpl))
+    return std::fprintf(stderr, "actorflow-bench --soak: mkdtemp: %s\n", std::strerror(errno)), 1;
+  std::string dir = tmpl;
+  auto port = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
+  auto config = dir + "/soak.toml";
+  {
+    std::ofstream f{config};
+    f << "[cluster]\nps = [" << port() << ", " << port() << "]\nworker = [" << port() << ", "
+      << port() << "]\n\n[train]\nmode = \"sync\"\nsteps = 1000000000\ncheckpoint_dir = \""
+      << dir << "/ckpt\"\ncheckpoint_steps = " << K
+      << "\nlog_every = 100\neval_every = 0\nps_recovery_timeout_ms = 60000\n"
+         "step_timeout_ms = 60000\n";
+  }
+  std::printf("soak: %.0f s of sync training, 2 ps + 2 workers, a checkpoint every %llu steps, "
+              "a kill -9 every %.0f s (seed %u); logs in %s\n",
+              seconds, static_cast<unsigned long long>(K), interval, seed, dir.c_str());
+  std::fflush(stdout);
+  std::vector<soak_task> tasks{{"ps", 0}, {"ps", 1}, {"worker", 1}, {"worker", 0}};
+  for (auto& t : tasks)
+    soak_launch(t, bin, config, dir, false);
+  auto& chief = tasks[3];
+  auto chief_out = [&] { return read_text(chief.log); };
+  auto last_step = [&]() -> uint64_t {
+    auto out = chief_out();
+    auto at = out.rfind("\nstep ");
+    if (at == std::string::npos)
+      return 0;
+    return std::stoull(out.substr(at + 6));
+  };
+  auto fail = [&](const std::string& why) {
+    std::printf("soak FAILED: %s (logs in %s)\n", why.c_str(), dir.c_str());
+    std::fflush(stdout);
+    for (auto& t : tasks)
+      soak_kill(t);
+    return 1;
+  };
+  if (!soak_wait([&] { return last_step() > 0; }, std::chrono::seconds(60)))
+    return fail("the chief printed no progress line within 60 s");
+  auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto sample_rss = [&] {
+    for (auto& t : tasks)
+      if (t.rss_start_mb < 0 && t.pid > 0
+          && std::chrono::steady_clock::now() - t.started > std::chrono::seconds(5))
+        t.rss_start_mb = rss_mb(t.pid);
+  };
+  std::mt19937 rng{seed};
+  int faults = 0, ps_faults = 0, worker_faults = 0;
+  uint64_t step_start = last_step();
+  double next_fault = interval;
+  while (elapsed() < seconds) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    sample_rss();
+    if (!soak_running(chief))
+      return fail("the chief exited");
+    if (elapsed() < next_fault)
+      continue;
+    next_fault = elapsed() + interval;
+    auto& victim = tasks[std::uniform_int_distribution<size_t>{0, 2}(rng)];
+    auto before = chief_out();
+    auto step = last_step();
+    auto t_kill = std::chrono::steady_clock::now();
+    soak_kill(victim);
+    faults += 1;
+    std::string what;
+    if (victim.job == "ps") {
+      ps_faults += 1;
+      soak_launch(victim, bin, config, dir, false);
+      auto n = occurrences(before, "ps recovered: ");
+      if (!soak_wait([&] { return occurrences(chief_out(), "ps recovered: ") > n; },
+                     std::chrono::seconds(90)))
+        return fail("the chief did not restore /job:ps/task:" + std::to_string(victim.index)
+                    + " within 90 s");
+      auto out = chief_out();
+      auto at = out.rfind("ps recovered: ");
+      what = out.substr(at, out.find('\n', at) - at);
+    } else {
+      worker_faults += 1;
+      auto n = occurrences(before, "(/job:worker/task:1 at ");
+      (void)n;
+      auto left = occurrences(before, ") left at global step");
+      if (!soak_wait([&] { return occurrences(chief_out(), ") left at global step") > left; },
+                     std::chrono::seconds(60)))
+        return fail("the chief did not see worker 1 leave within 60 s");
+      auto joined = occurrences(before, ") joined at global step");
+      soak_launch(victim, bin, config, dir, true);
+      if (!soak_wait([&] { return occurrences(chief_out(), ") joined at global step") > joined; },
+                     std::chrono::seconds(60)))
+        return fail("worker 1 did not rejoin within 60 s");
+      what = "worker 1 rejoined";
+    }
+    std::printf("soak: fault %d at %.1f s (step %llu): kill -9 /job:%s/task:%d; back in %.1f s: "
+                "%s\n",
+                faults, elapsed(), static_cast<unsigned long long>(step), victim.job.c_str(),
+                victim.index,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count(),
+                what.c_str());
+    std::fflush(stdout);
+  }
+  // The figures, then every process is stopped.
+  auto out = chief_out();
+  uint64_t lost = 0, beyond = 0, recoveries = 0;
+  {
+    std::regex re{R"(ps recovered: \S+ from .+ checkpoint_step=\d+ at global_step=\d+ lost=(\d+))"};
+    for (std::sregex_iterator it{out.begin(), out.end(), re}, end; it != end; ++it) {
+      auto l = std::stoull((*it)[1].str());
+      recoveries += 1;
+      lost += l;
+      if (l > K)
+        beyond += l - K;
+    }
+  }
+  auto steps_done = last_step() - step_start;
+  std::printf("soak: %.0f s, %llu steps (%.1f steps/s), %d faults (%d ps, %d worker), %llu ps "
+              "recoveries, %llu updates lost in all, %llu beyond one checkpoint interval (%llu)\n",
+              elapsed(), static_cast<unsigned long long>(steps_done),
+              static_cast<double>(steps_done) / elapsed(), faults, ps_faults, worker_faults,
+              static_cast<unsigned long long>(recoveries), static_cast<unsigned long long>(lost),
+              static_cast<unsigned long long>(beyond), static_cast<unsigned long long>(K));
+  bool flat = true;
+  for (auto& t : tasks) {
+    double end = t.pid > 0 ? rss_mb(t.pid) : -1;
+    double ratio = t.rss_start_mb > 0 && end > 0 ? end / t.rss_start_mb : 0;
+    std::printf("soak: /job:%s/task:%d incarnation %d: RSS %.1f MB at its start, %.1f MB at the "
+                "end (ratio %.3f)\n",
+                t.job.c_str(), t.index, t.incarnation, t.rss_start_mb, end, ratio);
+    if (&t == &chief && (ratio > 1.10 || ratio < 0.90))
+      flat = false;
+  }
+  std::printf("metric soak steps=%llu faults=%d updates_lost=%llu lost_beyond_interval=%llu "
+              "chief_rss_ratio=%.3f\n",
+              static_cast<unsigned long long>(steps_done), faults,
+              static_cast<unsigned long long>(lost), static_cast<unsigned long long>(beyond),
+              chief.rss_start_mb > 0 ? rss_mb(chief.pid) / chief.rss_start_mb : 0.0);
+  std::fflush(stdout);
+  for (auto& t : tasks)
+    soak_kill(t);
+  if (beyond > 0)
+    return std::printf("soak FAILED: a recovery lost more than one checkpoint interval\n"), 1;
+  if (!flat)
+    std::printf("soak: the chief's RSS moved more than 10 %%\n");
+  return flat ? 0 : 1;
+}
+
+} // namespace
+
 int run_helper(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--soak") == 0)
+    return run_soak(argc, argv);
   if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
     return -1;
   helper_args a;

@@ -73,7 +73,7 @@ void check_all_exit_0(train_job& job, std::chrono::milliseconds timeout) {
 }
 
 /// Two ps, two workers, checkpoints every K steps; ps 1 is SIGKILLed once a
-/// checkpoint of step >= 3K exists and restarted once the chief has said it
+/// checkpoint of step >= 5K exists and restarted once the chief has said it
 /// lost it.
 void ps_killed_and_restarted(const std::string& mode) {
   constexpr uint64_t K = 20, steps = 3000;
@@ -86,8 +86,9 @@ void ps_killed_and_restarted(const std::string& mode) {
   spec.sets = {"mode=" + mode, "optimizer=momentum", "checkpoint_steps=" + std::to_string(K),
                "steps=" + std::to_string(steps), "log_every=20", "ps_recovery_timeout_ms=30000"};
   auto job = train_job::start(dir.path, spec);
-  if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 3 * K; }, 30s))
-    FAIL("no checkpoint of step >= " << 3 * K << " within 30 s:\n" << job->describe());
+  // Past the start, when the chief is slowest against the other worker.
+  if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 5 * K; }, 30s))
+    FAIL("no checkpoint of step >= " << 5 * K << " within 30 s:\n" << job->describe());
   auto seen = *latest_step(ckpt_dir);
   job->process("ps", 1).signal(SIGKILL);
   auto killed = clock_type::now();
@@ -117,14 +118,17 @@ void ps_killed_and_restarted(const std::string& mode) {
   // From the latest checkpoint: at least the one seen before the kill, of a
   // step the job had reached, and at most one interval behind it.
   CHECK(r.checkpoint_step >= seen);
-  CHECK(r.checkpoint_step % K == 0);
+  if (mode == "sync") // async saves at the aggregators' step when they answer
+    CHECK(r.checkpoint_step % K == 0);
   CHECK(r.from == (fs::path{ckpt_dir} / ("ckpt-" + std::to_string(r.checkpoint_step) + ".afck")).string());
   CHECK(r.checkpoint_step <= r.step);
   CHECK(r.lost == r.step - r.checkpoint_step);
   // sync: the chief checkpoints at every multiple of K it reaches, so at
-  // most K - 1 steps were applied after it. async: its view of the step
-  // moves by every worker's pushes, one more per other worker.
-  CHECK(r.lost <= (mode == "sync" ? K - 1 : K + 1));
+  // most K - 1 steps were applied after it, K when the checkpoint that fell
+  // due as the ps died was skipped. async: the chief's view of the step
+  // moves by every worker's pushes, and the other worker's pushes between
+  // two of the chief's answers count too (docs/training.md): within 2K here.
+  CHECK(r.lost <= (mode == "sync" ? K : 2 * K));
   // ps 0 was never reloaded: no restore among its events (the chief prints
   // them under its progress lines), and its per-worker counters, which a
   // restore resets, only grew.
@@ -201,10 +205,19 @@ TEST_CASE("an async worker killed with SIGKILL is named by the chief, the job go
           "[train][processes][recovery]") {
   temp_dir dir;
   job_spec spec;
+  spec.train_table = "metrics = \"" + dir.path + "/m.csv\"\n";
   spec.sets = {"mode=async", "steps=4000", "log_every=50"};
   auto job = train_job::start(dir.path, spec);
-  REQUIRE(job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); },
-                          20s));
+  // Killed once the aggregator counts its pushes: it has joined (a worker
+  // killed before it joined is not monitored, so nobody sees it leave).
+  auto pushed = [&] {
+    for (const auto& row : read_worker_rows(dir.path + "/m.workers.csv"))
+      if (row.worker == 1 && row.pushes > 0)
+        return true;
+    return false;
+  };
+  if (!job->wait_until(pushed, 20s))
+    FAIL("worker 1 pushed nothing within 20 s:\n" << job->describe());
   job->process("worker", 1).signal(SIGKILL);
   auto killed_at = *last_progress_step(job->chief().output());
   const std::regex left{R"(worker 1 \(/job:worker/task:1 at 127\.0\.0\.1:\d+\) left at global step)"};
