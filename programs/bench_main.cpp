@@ -30,6 +30,7 @@
 #include <sstream>
 #include <vector>
 
+#include <asio.hpp>
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 
@@ -546,6 +547,103 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
 
 } // namespace
 
+// -- the event loop question (docs/wire.md): an Asio prototype ---------------
+//
+// The same frames served by one thread running an asio::io_context instead
+// of one thread per connection: variable ops only (read, assign, assign_add,
+// assign_sub), no TLS, no aggregators, no limits, no timeouts. Enough to
+// measure what an event loop costs or saves against today's server.
+
+class asio_conn : public std::enable_shared_from_this<asio_conn> {
+public:
+  asio_conn(asio::ip::tcp::socket sock, std::shared_ptr<af::variable_directory> dir)
+    : sock_(std::move(sock)), dir_(std::move(dir)) {
+    sock_.set_option(asio::ip::tcp::no_delay(true));
+  }
+  void start() { read_header(); }
+
+private:
+  void read_header() {
+    asio::async_read(sock_, asio::buffer(&h_, sizeof(h_)),
+                     [self = shared_from_this()](std::error_code ec, size_t) {
+                       if (!ec)
+                         self->on_header();
+                     });
+  }
+  void on_header() {
+    if (!af::wire::validate(h_).empty() || !af::valid_var_op(h_.kind))
+      return; // the prototype just hangs up
+    name_.resize(h_.name_len);
+    asio::async_read(sock_, asio::buffer(name_), [self = shared_from_this()](std::error_code ec, size_t) {
+      if (!ec)
+        self->on_name();
+    });
+  }
+  void on_name() {
+    cell_ = dir_->get(name_).cell;
+    if (!cell_)
+      return;
+    operand_ = af::tensor{};
+    if (!h_.has_tensor || h_.payload_bytes == 0)
+      return apply();
+    operand_.reset(static_cast<af::dtype>(h_.dtype), af::wire::shape_of(h_));
+    asio::async_read(sock_, asio::buffer(operand_.mutable_bytes(), h_.payload_bytes),
+                     [self = shared_from_this()](std::error_code ec, size_t) {
+                       if (!ec)
+                         self->apply();
+                     });
+  }
+  void apply() {
+    auto r = cell_->apply(static_cast<af::var_op>(h_.kind), operand_, h_.want_value != 0);
+    if (!r)
+      return;
+    reply_ = af::wire::header{};
+    reply_.kind = static_cast<uint8_t>(af::wire::kind::reply);
+    reply_.version = r->version;
+    value_ = std::move(r->value);
+    std::vector<asio::const_buffer> out{asio::buffer(&reply_, sizeof(reply_))};
+    if (!value_.empty() && af::wire::describe_tensor(value_, reply_))
+      out.push_back(asio::buffer(value_.bytes(), value_.nbytes()));
+    asio::async_write(sock_, out, [self = shared_from_this()](std::error_code ec, size_t) {
+      if (!ec)
+        self->read_header();
+    });
+  }
+
+  asio::ip::tcp::socket sock_;
+  std::shared_ptr<af::variable_directory> dir_;
+  af::wire::header h_;
+  std::string name_;
+  std::shared_ptr<af::variable_cell> cell_;
+  af::tensor operand_;
+  af::wire::header reply_;
+  af::tensor value_;
+};
+
+struct asio_server {
+  asio::io_context io{1};
+  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  std::shared_ptr<af::variable_directory> dir;
+  std::thread thread;
+
+  explicit asio_server(std::shared_ptr<af::variable_directory> d) : dir(std::move(d)) {
+    accept();
+    thread = std::thread{[this] { io.run(); }};
+  }
+  ~asio_server() {
+    io.stop();
+    thread.join();
+  }
+  uint16_t port() const { return acceptor.local_endpoint().port(); }
+  void accept() {
+    acceptor.async_accept([this](std::error_code ec, asio::ip::tcp::socket sock) {
+      if (!ec)
+        std::make_shared<asio_conn>(std::move(sock), dir)->start();
+      accept();
+    });
+  }
+};
+
 // -- the data plane with and without TLS (issue 11) ----------------------------
 //
 // A forked process serves one plaintext and one TLS data plane (the same
@@ -571,6 +669,7 @@ std::string make_bench_certs() {
 
 int tls_benches(const std::function<bool(const std::string&)>& wanted, int rounds, int reps,
                 int poll_us) {
+  bool event_loop = wanted("event_loop_prototype");
   auto dir = make_bench_certs();
   if (dir.empty()) {
     std::printf("# tls benches skipped: the openssl command line could not make certificates\n");
@@ -608,7 +707,10 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
     auto secure = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", {}, *tls);
     if (!plain || !secure)
       _exit(5);
-    uint16_t p[2] = {(*plain)->port(), (*secure)->port()};
+    std::unique_ptr<asio_server> loop;
+    if (event_loop)
+      loop = std::make_unique<asio_server>(d);
+    uint16_t p[3] = {(*plain)->port(), (*secure)->port(), loop ? loop->port() : uint16_t{0}};
     if (write(ports[1], p, sizeof(p)) != sizeof(p))
       _exit(6);
     char byte;
@@ -620,7 +722,7 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
   }
   close(ports[1]);
   close(stop[0]);
-  uint16_t p[2] = {0, 0};
+  uint16_t p[3] = {0, 0, 0};
   bool up = read(ports[0], p, sizeof(p)) == sizeof(p);
   close(ports[0]);
   auto finish = [&](int rc) {
@@ -717,6 +819,71 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
                 cpu_tls / reps, cpu_plain / reps, cpu_plain / std::max(cpu_tls, 1e-9));
     report("tensor_64mib_assign_tls", median(ours), median(base), "MB/s");
   }
+  if (event_loop) {
+    // Today's server (a thread per connection) against the Asio prototype
+    // (one io_context thread), the same frames and client. ours = Asio.
+    auto loop = af::data_channel::connect("127.0.0.1", p[2], "bench node (asio)",
+                                          std::chrono::seconds(60), poll);
+    if (!loop) {
+      std::cerr << "actorflow-bench: " << af::describe(loop.error()) << std::endl;
+      return finish(1);
+    }
+    auto one = af::tensor::scalar(1);
+    std::vector<double> ours, base;
+    const int block = 100, blocks = std::max(1, rounds / block) + 1;
+    for (int b = 0; b < blocks; ++b)
+      for (auto* ch : {loop->get(), plain->get()})
+        for (int i = 0; i < block; ++i) {
+          auto t0 = clock_type::now();
+          call(*ch, af::var_op::assign_add, "counter", &one);
+          auto us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+          if (b > 0)
+            (ch == loop->get() ? ours : base).push_back(us);
+        }
+    report("event_loop_assign_add_rtt", median(ours), median(base), "us");
+    auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
+    auto mbps = [&](af::data_channel& ch) {
+      auto t0 = clock_type::now();
+      call(ch, af::var_op::assign, "big", &value);
+      return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+    };
+    mbps(**loop);
+    mbps(**plain);
+    std::vector<double> ours_w, base_w;
+    for (int i = 0; i < reps; ++i) {
+      ours_w.push_back(mbps(**loop));
+      base_w.push_back(mbps(**plain));
+    }
+    report("event_loop_64mib_assign", median(ours_w), median(base_w), "MB/s");
+    // Many clients at once: 8 connections, each a closed loop of round trips
+    // from its own thread; the figure is the total op rate.
+    auto rate = [&](uint16_t port) {
+      std::vector<std::unique_ptr<af::data_channel>> chans;
+      for (int i = 0; i < 8; ++i)
+        chans.push_back(std::move(*af::data_channel::connect("127.0.0.1", port, "bench node",
+                                                               std::chrono::seconds(60), poll)));
+      std::atomic<long> ops{0};
+      auto until = clock_type::now() + std::chrono::milliseconds(1000);
+      std::vector<std::thread> ts;
+      for (auto& c : chans)
+        ts.emplace_back([&, ch = c.get()] {
+          while (clock_type::now() < until) {
+            call(*ch, af::var_op::assign_add, "counter", &one);
+            ++ops;
+          }
+        });
+      for (auto& t : ts)
+        t.join();
+      return ops.load() / 1.0;
+    };
+    std::vector<double> ours_r, base_r;
+    for (int i = 0; i < 3; ++i) {
+      ours_r.push_back(rate(p[2]));
+      base_r.push_back(rate(p[0]));
+    }
+    report("event_loop_8_clients_ops", median(ours_r), median(base_r), "ops/s");
+    loop->reset();
+  }
   plain->reset();
   secure->reset();
   return finish(0);
@@ -731,7 +898,8 @@ int main(int argc, char** argv) {
     "remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read", "fanin_8x4mib",
     "node_rss_64mib",        "local_read_rtt",      "gemm_2048_cpu",     "gemm_4096_gpu",
     "elementwise_gpu"};
-  const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls"};
+  const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls",
+                                             "event_loop_prototype"};
   std::vector<std::string> all_metrics = core_metrics;
   for (auto& m : tls_metrics)
     all_metrics.push_back(m);
