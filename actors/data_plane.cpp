@@ -943,7 +943,8 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       // Applied right here under the cell's lock: no actor hop.
       caf::expected<variable_cell::applied> r{caf::error{}};
       try {
-        r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0);
+        // A request's version field is its id (0: none): applied once per id.
+        r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0, h.version);
       } catch (const std::bad_alloc&) {
         // A copy for want_value, a slot: answered, the connection goes on.
         r = make_error(af_error::resource_exhausted,
@@ -1144,7 +1145,8 @@ caf::error data_channel::fail(const std::string& what, int err) {
 }
 
 caf::expected<std::pair<tensor, uint64_t>>
-data_channel::call(var_op op, const std::string& var, const tensor* operand, bool want_value) {
+data_channel::call(var_op op, const std::string& var, const tensor* operand, bool want_value,
+                   uint64_t request_id, std::chrono::milliseconds wait) {
   if (!valid_var_op(static_cast<uint8_t>(op)))
     return make_error(af_error::invalid_argument,
                       "unknown variable op code " + std::to_string(static_cast<int>(op)) + " for '"
@@ -1166,10 +1168,30 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   h.kind = wire::request_kind(op);
   h.want_value = want_value ? 1 : 0;
   h.name_len = static_cast<uint32_t>(var.size());
+  h.version = request_id; // a request's version field carries its id (messages/wire.hpp)
   if (operand != nullptr && !wire::describe_tensor(*operand, h))
     return make_error(af_error::invalid_argument,
                       what + ": rank " + std::to_string(operand->shape().size())
                         + " is more than the data plane carries (8)");
+  // This call's own wait for the reply (a try of a retried update): the
+  // channel's timeout again afterwards.
+  struct wait_scope {
+    data_channel& ch;
+    std::chrono::milliseconds saved;
+    ~wait_scope() {
+      if (ch.timeout_ == saved)
+        return;
+      ch.timeout_ = saved;
+      if (ch.fd_ >= 0) {
+        set_timeout(ch.fd_, SO_RCVTIMEO, saved);
+        set_timeout(ch.fd_, SO_SNDTIMEO, saved);
+      }
+    }
+  } scope{*this, timeout_};
+  if (wait.count() > 0 && wait != timeout_) {
+    timeout_ = wait;
+    set_timeout(fd_, SO_RCVTIMEO, wait);
+  }
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet && op == var_op::read;
     if (!send_frame(link{fd_, ssl_}, h, &var, operand ? operand->bytes() : nullptr)) {

@@ -176,9 +176,14 @@ public:
   /// One variable op: the value (empty unless asked for or read) and version.
   /// Errors are the node's (its af_error and text) or the channel's: any I/O
   /// failure or malformed reply (an invalid status byte: internal) breaks
-  /// the channel (broken() turns true).
+  /// the channel (broken() turns true). `request_id` (0: none) goes in the
+  /// header's version field: the variable applies an update once per id and
+  /// answers a retry with the first result (actors/variable.hpp). `wait`
+  /// (0: the channel's timeout) bounds this call's wait for the reply.
   caf::expected<std::pair<tensor, uint64_t>> call(var_op op, const std::string& var,
-                                                  const tensor* operand, bool want_value);
+                                                  const tensor* operand, bool want_value,
+                                                  uint64_t request_id = 0,
+                                                  std::chrono::milliseconds wait = {});
 
   /// One push (values: the parts, sent as one flat float32 tensor without a
   /// copy; none: an abstention) or pull to aggregator `name` of the node:

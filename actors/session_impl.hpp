@@ -113,7 +113,9 @@ struct session::impl {
       else
         ++it;
     size_t lost = 0;
-    for (auto& [id, b] : bindings) {
+    for (auto& kv : bindings) {
+      const auto& id = kv.first; // not a structured binding: clang 14 (fuzz/) cannot capture one
+      auto& b = kv.second;
       if (b.task != conn.key)
         continue;
       const auto& name = g.at(output{id}).spec.name;
@@ -280,7 +282,7 @@ struct session::impl {
       if (path)
         *path = "data plane";
       auto& ch = *it->second.channel;
-      auto r = ch.call(op, name, op == var_op::read ? nullptr : &operand, want_value);
+      auto r = ch.call(op, name, op == var_op::read ? nullptr : &operand, want_value, id, wait);
       if (ch.broken())
         it->second.channel_broken = true; // reopened on the next call (the node may come back)
       if (!r)

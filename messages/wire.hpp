@@ -65,7 +65,8 @@ struct header {
   uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code (check valid_af_error)
   uint16_t reserved = 0;  ///< push / pull: the worker's index
   uint32_t name_len = 0;
-  uint64_t version = 0;   ///< replies: the variable's version
+  uint64_t version = 0;   ///< replies: the variable's version; variable-op requests: the
+                          ///< request id (0: none; an update is applied once per id)
   uint64_t payload_bytes = 0;
   int64_t dims[max_rank] = {};
 };

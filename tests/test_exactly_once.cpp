@@ -240,7 +240,7 @@ TEST_CASE("an assign_add whose answer was lost while its node was stopped is ret
   client c{opts};
   session_options so;
   so.timeout = 9s; // 3 tries: the first waits 3 s
-  so.data_plane = false; // the data plane carries the id next (actors/data_plane.cpp)
+  so.data_plane = GENERATE(true, false);
   recovery_notes notes;
   so.on_recovery = notes.hook();
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
