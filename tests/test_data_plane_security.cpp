@@ -314,6 +314,46 @@ TEST_CASE("out of file descriptors, the data plane sheds new connections and ser
   close(later);
 }
 
+TEST_CASE("an operand the node has no memory for is answered, naming its size; the connection goes on",
+          "[plane][exhaustion]") {
+  // The bug it catches: std::bad_alloc for an operand closing the connection
+  // (or ending the node) instead of answering and skipping the payload.
+  data_plane_limits limits;
+  limits.frame = 30s;
+  auto dir = directory_with("small", 4, 9);
+  const int64_t floats = int64_t{64} << 20; // 256 MiB
+  auto big_cell = std::make_shared<variable_cell>(
+    variable_spec{"big", dtype::float32, {floats}, "/job:ps/replica:0/task:0/device:CPU:0"});
+  dir->put("big", {variable_cell_actor{}, big_cell}); // never given a value: nothing allocated
+  auto srv = serve(dir, limits);
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 30s));
+  REQUIRE(ch->call(var_op::read, "small", nullptr, false)); // the connection and its thread exist
+  auto operand = tensor::filled(dtype::float32, {floats}, 1); // the client's, made first
+  // The address space capped at what the process maps now plus 128 MiB:
+  // the node's 256 MiB for the operand cannot be had, all else can.
+  long vm_kib = 0;
+  {
+    std::ifstream status{"/proc/self/status"};
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmSize:", 0) == 0)
+        vm_kib = std::stol(line.substr(7));
+  }
+  REQUIRE(vm_kib > 0);
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(vm_kib + (128 << 10)) * 1024;
+  REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+  auto r = ch->call(var_op::assign, "big", &operand, false);
+  setrlimit(RLIMIT_AS, &old);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::resource_exhausted));
+  CHECK_THAT(error_text(r.error()),
+             Catch::Contains("268435456 bytes") && Catch::Contains("'big'") && Catch::Contains("memory"));
+  CHECK_FALSE(ch->broken());
+  CHECK(value_of(ch->call(var_op::read, "small", nullptr, false)).first.at(0) == 9);
+}
+
 // -- TLS --------------------------------------------------------------------------
 
 TEST_CASE("make_tls_context names the file and what is wrong with it", "[plane][tls]") {
