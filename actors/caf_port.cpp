@@ -54,11 +54,17 @@ public:
   /// `delivered` is what the broker was just handed (the scribe's message).
   caf::io::receive_policy::config check(caf::io::receive_policy::config config, native_socket fd,
                                         const std::vector<char>& delivered) {
-    if (done_)
-      return config;
-    if (handshake_payload_next_) {
+    if (refused_)
+      return {caf::io::receive_policy_flag::exactly, 1};
+    if (handshake_payload_next_)
       done_ = true; // the client's handshake went through the broker
-      return config;
+    if (done_) {
+      if (config.second <= opts_->max_message_bytes)
+        return config;
+      log::get()->warn("closed the CAF connection of {}: it announces a message of {} bytes (at "
+                       "most {}, [node] max_message_bytes)",
+                       peer_of(fd), config.second, opts_->max_message_bytes);
+      return refuse(fd);
     }
     if (delivered.size() == caf::io::basp::header_size
         && static_cast<uint8_t>(delivered[0])
@@ -70,14 +76,20 @@ public:
                      "handshake (at most {}, [node] max_handshake_bytes); closed unread",
                      peer_of(fd), config.second, opts_->max_handshake_bytes);
     done_ = true;
+    return refuse(fd);
+  }
+
+private:
+  caf::io::receive_policy::config refuse(native_socket fd) {
+    refused_ = true;
     ::shutdown(fd, SHUT_RDWR);
     return {caf::io::receive_policy_flag::exactly, 1};
   }
 
-private:
   std::shared_ptr<const caf_port_options> opts_;
   bool handshake_payload_next_ = false;
   bool done_ = false;
+  bool refused_ = false;
 };
 
 class plain_scribe : public net::scribe_impl {

@@ -35,6 +35,9 @@ namespace af {
 struct caf_port_options {
   /// Largest first message (BASP header payload) an accepted peer may announce.
   uint32_t max_handshake_bytes = 65536;
+  /// Largest message after it ([node] max_message_bytes plus room for the
+  /// message around a tensor); BASP itself allows 4 GiB - 1.
+  uint64_t max_message_bytes = uint64_t{2} << 30;
   /// Mutual TLS with the system's openssl::manager (which must be loaded).
   bool tls = false;
   /// This process ("/job:ps/task:0"), for the log lines.

@@ -404,6 +404,34 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
 }
 
+TEST_CASE("a CAF message over max_message_bytes closes its connection before the buffer is made",
+          "[security]") {
+  test_cluster c{false};
+  write(c.config, c.cluster_table + "max_message_bytes = 1048576\n");
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  auto opts = client_options({}, 3000ms);
+  opts.data_plane = false; // the assign goes as a CAF message
+  {
+    auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", opts));
+    auto v = value_of(s.variable("big", {1 << 20}));
+    auto start = std::chrono::steady_clock::now();
+    auto assigned = s.run(s.assign(v, s.constant(tensor::filled(dtype::float32, {1 << 20}, 1.0))));
+    CHECK_FALSE(assigned);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    INFO(node.output());
+    CHECK(node.wait_for("announces a message of 41", 10s)); // 4 MiB and its message
+    CHECK(node.output().find("max_message_bytes") != std::string::npos);
+  }
+  // The node serves on, to a client that keeps within the limit.
+  system_config cfg2{node_options{}};
+  caf::actor_system sys2{cfg2};
+  auto s2 = value_of(session::make(sys2, c.spec(), "/job:ps/task:0", opts));
+  CHECK(value_of(s2.ping("ps", 0)).job == "ps");
+}
+
 TEST_CASE("--restart-on-failure restarts a node killed with SIGKILL and stops on SIGTERM",
           "[security][node]") {
   test_cluster c{false};
