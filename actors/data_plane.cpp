@@ -750,6 +750,7 @@ bool data_plane_server::serve_aggregator(int fd, ssl_st* ssl, const std::string&
 
 ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  auto start = std::chrono::steady_clock::now();
   // A plaintext client of ours starts with a frame's magic: it gets a
   // plaintext answer that says why, not a TLS alert it cannot read.
   unsigned char first[4] = {};
@@ -773,7 +774,11 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
     SSL_free(ssl);
     return nullptr;
   }
-  auto why = handshake(ssl, fd, true, timeouts_.frame);
+  // The wait for the first bytes counts: the whole handshake is bounded by
+  // one frame timeout.
+  auto left = timeouts_.frame - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - start);
+  auto why = handshake(ssl, fd, true, std::max(left, std::chrono::milliseconds{1}));
   if (!why.empty()) {
     log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, why);
     SSL_free(ssl);

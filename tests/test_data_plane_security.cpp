@@ -491,6 +491,32 @@ TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, an
   CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
 }
 
+TEST_CASE("a peer that never finishes its TLS handshake is dropped after the frame timeout",
+          "[plane][tls]") {
+  // The bug it catches: a handshake without a deadline, holding a thread
+  // (and a connection slot) for as long as the peer stays silent.
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  data_plane_limits limits;
+  limits.frame = 300ms;
+  limits.max_connections = 1;
+  auto srv = serve(directory_with("v", 4, 5), limits, tls);
+  int silent = connect_loopback(srv->port());
+  REQUIRE(silent >= 0);
+  auto hello = std::string("\x16\x03\x01\x00\xff", 5); // a ClientHello's record header, then nothing
+  REQUIRE(send(silent, hello.data(), hello.size(), MSG_NOSIGNAL) == 5);
+  CHECK(read_answer(silent, 5s).how == raw_answer::closed);
+  close(silent);
+  // Its slot is free again: the one connection allowed is served.
+  CHECK(eventually(
+    [&] {
+      auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls);
+      return ch && static_cast<bool>((*ch)->call(var_op::read, "v", nullptr, false));
+    },
+    10s));
+}
+
 TEST_CASE("a TLS client of a plaintext data plane fails with a clear error, not a hang",
           "[plane][tls]") {
   temp_dir dir;
