@@ -118,6 +118,10 @@ struct reporter {
       // Who joined or left (and mode switches) since the last line.
       const auto& ev = p.stats.events;
       auto total_events = p.stats.events_total;
+      // Fewer than seen: ps 0 died and its aggregator is a new one (its
+      // count starts again), whose events are all fresh.
+      if (total_events < events_seen)
+        events_seen = 0;
       auto fresh = std::min<uint64_t>(total_events > events_seen ? total_events - events_seen : 0,
                                       ev.size());
       for (size_t i = ev.size() - fresh; i < ev.size(); ++i)
