@@ -382,6 +382,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
   limits.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
   limits.max_message_bytes = opts.max_message_bytes;
+  // ... and for tensors that come through CAF (messages/types.cpp's decoder)
+  set_max_decoded_tensor_bytes(static_cast<uint64_t>(opts.max_message_bytes));
   limits.max_variable_bytes = opts.max_variable_bytes;
   limits.max_connections = opts.max_data_connections;
   auto data_plane = data_plane_server::start(directory, bind_host,
