@@ -61,7 +61,7 @@ for t in "${targets[@]}"; do
          "docs/fuzzing.md says how to make it a regression case"
   else
     grep -E "^(stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added)" "$log" |
-      tr '\n' ' '
+      tr '\n' ' ' || true
     echo
   fi
 done
