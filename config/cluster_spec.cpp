@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <toml.hpp>
 
+#include "config/utf8.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -309,6 +310,9 @@ caf::expected<task_address> parse_address(const std::string& text, const std::st
       return config_error(where + ": address '" + text + "' must look like [ipv6]:port");
     out.host = text.substr(1, close - 1);
     port_text = text.substr(close + 2);
+    // "[[x]:2" or "[name]:2" would print as an address that does not parse back (fuzz/)
+    if (out.host.find(':') == std::string::npos || out.host.find('[') != std::string::npos)
+      return config_error(where + ": address '" + text + "' must look like [ipv6]:port");
   } else {
     auto colon = text.rfind(':');
     if (colon == std::string::npos)
@@ -433,6 +437,8 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
 
 caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
                                                  const std::string& source) {
+  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
+    return config_error("malformed TOML in " + source + ": " + bad);
   toml::value data;
   try {
     std::istringstream in{text};

@@ -16,6 +16,7 @@
 #include "caf/binary_serializer.hpp"
 
 #include "config/cluster_spec.hpp"
+#include "config/utf8.hpp"
 #include "fuzz/harness.hpp"
 #include "messages/error.hpp"
 #include "messages/serialization.hpp"
@@ -157,4 +158,25 @@ TEST_CASE("TF_CONFIG with a number out of range is a config error, not an uncaug
     R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 4294967296}})", "TF_CONFIG");
   REQUIRE_FALSE(cfg);
   CHECK_THAT(describe(cfg.error()), Catch::Contains("task.index"));
+}
+
+TEST_CASE("a config that is not UTF-8 is refused before toml11 reads it", "[fuzz][config]") {
+  // toml11 3.7.1 read past its buffer reporting invalid UTF-8 in a literal
+  // string key (ASan: heap-buffer-overflow); the file is refused first now.
+  auto cfg = parse_cluster_toml("[cluster]\nps = [\"a:1\"]\n'k\xcc ' = 1\n", "c.toml");
+  REQUIRE_FALSE(cfg);
+  CHECK_THAT(describe(cfg.error()), Catch::Contains("c.toml") && Catch::Contains("line 3")
+                                      && Catch::Contains("not UTF-8"));
+  CHECK(utf8_problem("ps = \"h\xc3\xa9\" # \xf0\x9f\x98\x80").empty()); // é and an emoji are fine
+  CHECK_FALSE(utf8_problem("\xc0\xaf").empty());                        // an overlong '/'
+  CHECK_FALSE(utf8_problem("\xed\xa0\x80").empty());                    // a surrogate
+}
+
+TEST_CASE("a bracketed host must be an IPv6 address", "[fuzz][config]") {
+  // "[[3]:2" parsed to host "[3", which printed as "[3:2" and no longer parsed
+  CHECK_FALSE(parse_address("[[3]:2", "test"));
+  CHECK_FALSE(parse_address("[localhost]:2", "test"));
+  auto v6 = parse_address("[::1]:2", "test");
+  REQUIRE(v6);
+  CHECK(v6->host == "::1");
 }

@@ -1,5 +1,6 @@
 #include "train/config.hpp"
 
+#include "config/utf8.hpp"
 #include "messages/spelling.hpp"
 
 #include <algorithm>
@@ -500,6 +501,8 @@ std::string validate(const train_config& c) {
 }
 
 outcome<train_config> parse_train_config(const std::string& text, const std::string& origin) {
+  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
+    return config_error(fmt::format("malformed TOML in {}: {}", origin, bad));
   toml::value root;
   try {
     std::istringstream in{text};
