@@ -54,7 +54,9 @@ std::string cluster_json(const uint8_t* data, size_t size) {
   auto cfg = parse_cluster_json(text_of(data, size), "fuzz.json");
   if (!cfg)
     return {};
-  auto again = parse_cluster_json(cfg->cluster.to_json(), "to_json");
+  // to_json is TF_CONFIG's "cluster" value: read it back there (as a bare
+  // map, a job named "task" or "security" would be taken for those keys)
+  auto again = parse_cluster_json("{\"cluster\": " + cfg->cluster.to_json() + "}", "to_json");
   if (!again)
     return "a parsed config does not parse back from to_json: " + describe(again.error());
   if (jobs_text(again->cluster) != jobs_text(cfg->cluster))
