@@ -1,4 +1,5 @@
 #include "actors/executor.hpp"
+#include "actors/system.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -74,7 +75,8 @@ caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self)
         if (!addr)
           return std::move(addr.error());
         auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
-                                           std::chrono::milliseconds{timeout_ms});
+                                           std::chrono::milliseconds{timeout_ms}, {},
+                                           system_tls(self->system()));
         if (!fresh)
           return std::move(fresh.error());
         ch = std::move(*fresh);

@@ -365,7 +365,14 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        uint16_t port, const node_options& opts,
                                        const security_options& sec) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
-  if (!sec.enabled() && !sec.insecure && !is_loopback_host(bind_host))
+  // The files are loaded here, before CAF reads them at its first connection.
+  // No `sec` given: the system's own (a training task's node and sessions).
+  auto tls = check_security(sys, sec, name);
+  if (!tls)
+    return std::move(tls.error());
+  auto* own = dynamic_cast<const system_config*>(&sys.config());
+  bool insecure = sec.insecure || (own != nullptr && own->security().insecure);
+  if (*tls == nullptr && !insecure && !is_loopback_host(bind_host))
     return make_error(af_error::invalid_config,
                       name + " refuses to listen on "
                         + (bind_host.empty() ? std::string{"every address"} : "'" + bind_host + "'")
@@ -373,10 +380,6 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                           "overwrite or stop every variable. Add [security] (actorflow-certs "
                           "makes the files), bind a loopback address, or set [security] "
                           "insecure = true (or --insecure) to run plaintext on purpose");
-  // The files are loaded here, before CAF reads them at its first connection.
-  auto tls = check_security(sys, sec, name);
-  if (!tls)
-    return std::move(tls.error());
   auto directory = std::make_shared<variable_directory>();
   data_plane_limits limits;
   limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
@@ -427,7 +430,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   port_opts.max_handshake_bytes = static_cast<uint32_t>(opts.max_handshake_bytes);
   // A tensor travels inside a message: its header, names, shape.
   port_opts.max_message_bytes = static_cast<uint64_t>(opts.max_message_bytes) + (1 << 20);
-  port_opts.tls = sec.enabled();
+  port_opts.tls = *tls != nullptr;
   port_opts.who = name;
   auto port_keeper = spawn_guarded_middleman(sys, port_opts);
   caf::actor_cast<caf::abstract_actor*>(node)->attach_functor(
@@ -447,7 +450,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.actor = node;
   out.port = *published;
   out.data_plane = std::move(plane);
-  out.tls = sec.enabled();
+  out.tls = *tls != nullptr;
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
   self->request(node, std::chrono::milliseconds{opts.request_timeout_ms}, caf::ping_atom::value)

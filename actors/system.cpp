@@ -24,6 +24,7 @@ size_t default_threads() {
 system_config::system_config(const node_options& opts, const security_options& sec) {
   register_types(*this);
   load<caf::io::middleman>();
+  sec_ = sec;
   if (sec.enabled()) {
     // All four, always: without a certificate and key CAF falls back to
     // anonymous TLS, which authenticates nobody.
@@ -47,8 +48,30 @@ system_config::system_config(const node_options& opts, const security_options& s
   set("logger.console", caf::atom("none"));
 }
 
+namespace {
+
+const system_config* own_config(caf::actor_system& sys) {
+  auto* own = dynamic_cast<const system_config*>(&sys.config());
+  return own != nullptr && own->security().enabled() ? own : nullptr;
+}
+
+} // namespace
+
+caf::expected<std::shared_ptr<tls_context>> system_config::tls(const std::string& who) const {
+  std::lock_guard<std::mutex> guard{tls_mtx_};
+  if (!tls_) {
+    auto made = make_tls_context(sec_, who);
+    if (!made)
+      return std::move(made.error());
+    tls_ = std::move(*made);
+  }
+  return tls_;
+}
+
 caf::expected<std::shared_ptr<tls_context>>
-check_security(caf::actor_system& sys, const security_options& sec, const std::string& who) {
+check_security(caf::actor_system& sys, const security_options& given, const std::string& who) {
+  const auto* own = own_config(sys);
+  const auto& sec = !given.enabled() && own != nullptr ? own->security() : given;
   if (!sec.enabled()) {
     if (sys.has_openssl_manager())
       return make_error(af_error::invalid_config,
@@ -64,7 +87,18 @@ check_security(caf::actor_system& sys, const security_options& sec, const std::s
     return make_error(af_error::invalid_config,
                       who + ": [security] is set but the actor system was made without it; "
                             "build its system_config with the same security_options");
+  if (own != nullptr && own->security().ca_file == sec.ca_file
+      && own->security().cert_file == sec.cert_file && own->security().key_file == sec.key_file
+      && own->security().passphrase == sec.passphrase)
+    return own->tls(who);
   return make_tls_context(sec, who);
+}
+
+std::shared_ptr<tls_context> system_tls(caf::actor_system& sys) {
+  if (own_config(sys) == nullptr)
+    return nullptr;
+  auto ctx = check_security(sys, security_options{}, "this process");
+  return ctx ? *ctx : nullptr;
 }
 
 void tune_malloc_for_tensors() {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "caf/actor_system.hpp"
@@ -27,11 +28,20 @@ public:
   /// Threads the scheduler actually got.
   size_t threads() const { return threads_; }
 
+  /// The [security] this system was made with (empty: plaintext). Sessions
+  /// and data channels of the system that are given none use it.
+  const security_options& security() const { return sec_; }
+
+  /// The data plane's TLS context of security(), made at the first call and
+  /// shared after (loading the files once per process, not per connection).
+  caf::expected<std::shared_ptr<class tls_context>> tls(const std::string& who) const;
+
 private:
   size_t threads_;
+  security_options sec_;
+  mutable std::mutex tls_mtx_;
+  mutable std::shared_ptr<class tls_context> tls_;
 };
-
-class tls_context;
 
 /// Checks `sec` before CAF reads it: loads the CA, certificate and key (with
 /// its passphrase) with OpenSSL, so that a wrong passphrase or a key of
@@ -39,9 +49,18 @@ class tls_context;
 /// exception in CAF's middleman at the first connection (a hang on a client).
 /// Also checks that `sys` was made with the same choice (system_config with
 /// `sec`). The context for the data plane; null when `sec` is not enabled.
-/// `who` names this process in errors.
+/// `who` names this process in errors. `sec` not enabled on a system made
+/// with [security] (an af::system_config) means the system's own: the
+/// sessions a training task or a worker makes inside a secured process
+/// inherit it. The context is made once per system and shared.
 caf::expected<std::shared_ptr<tls_context>>
 check_security(caf::actor_system& sys, const security_options& sec, const std::string& who);
+
+/// The data-plane TLS context of `sys` (its [security]), null on a plaintext
+/// system, for the data channels that actors open by themselves (an
+/// executor's remote reads, a worker's pushes). On a system with [security]
+/// whose files fail to load, null too: check_security() at start-up said why.
+std::shared_ptr<tls_context> system_tls(caf::actor_system& sys);
 
 /// One scheduler thread per core (CAF's default starts max(4, cores)).
 size_t default_threads();

@@ -1,4 +1,5 @@
 #include "actors/training.hpp"
+#include "actors/system.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -1045,7 +1046,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   };
   std::vector<shard> shards;
   for (const auto& p : placed->shards) {
-    auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout);
+    auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout, {},
+                                      system_tls(s.system()));
     if (!chan)
       return std::move(chan.error());
     shards.push_back({std::move(*chan), p.aggregator, p.pieces});

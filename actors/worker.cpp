@@ -1,4 +1,5 @@
 #include "actors/worker.hpp"
+#include "actors/system.hpp"
 
 #include <map>
 #include <mutex>
@@ -22,9 +23,10 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 
 /// A detached actor that owns one data-plane connection to a ps node and
 /// makes the blocking push and pull calls there, so the worker never blocks.
-caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t port,
+caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout) {
   auto chan = std::make_shared<std::unique_ptr<data_channel>>();
+  auto tls = system_tls(self->system()); // the process's [security], if any
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
         const std::vector<tensor>& values, uint32_t wait_ms,
@@ -33,7 +35,7 @@ caf::behavior plane_link(caf::event_based_actor*, std::string host, uint16_t por
         // No spinning for the reply: a push waits for the other workers'
         // steps, and on a small machine the spin takes the CPU they need
         // (spinning 50 us cost the digits job up to 10 %, 200 us 30 %).
-        auto c = data_channel::connect(host, port, peer, timeout);
+        auto c = data_channel::connect(host, port, peer, timeout, {}, tls);
         if (!c)
           return std::move(c.error());
         *chan = std::move(*c);

@@ -1275,7 +1275,13 @@ int run_soak(int argc, char** argv) {
               "a kill -9 every %.0f s (seed %u); logs in %s\n",
               seconds, static_cast<unsigned long long>(K), interval, seed, dir.c_str());
   std::fflush(stdout);
-  std::vector<soak_task> tasks{{"ps", 0}, {"ps", 1}, {"worker", 1}, {"worker", 0}};
+  auto task = [](const char* job, int index) {
+    soak_task t;
+    t.job = job;
+    t.index = index;
+    return t;
+  };
+  std::vector<soak_task> tasks{task("ps", 0), task("ps", 1), task("worker", 1), task("worker", 0)};
   for (auto& t : tasks)
     soak_launch(t, bin, config, dir, false);
   auto& chief = tasks[3];

@@ -144,7 +144,10 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   if (!status)
     if (auto err = af::check_switch_mode(switch_to))
       return fail(client_error_line(err));
-  af::system_config sys_cfg{cluster.node};
+  auto sec = af::security_for(cluster.security, "client");
+  if (!sec)
+    return fail(af::describe(sec.error()));
+  af::system_config sys_cfg{cluster.node, *sec};
   caf::actor_system sys{sys_cfg};
   af::session_options so;
   so.timeout = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 10000)};
@@ -308,7 +311,10 @@ int main(int argc, char** argv) {
       return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
                   "(or actorflow-train --job J --task I) and pass no --job/--task here");
     af::tune_malloc_for_tensors();
-    af::system_config sys_cfg{cluster->node};
+    auto sec = af::security_for(cluster->security, "client");
+    if (!sec)
+      return fail(af::describe(sec.error()));
+    af::system_config sys_cfg{cluster->node, *sec};
     caf::actor_system sys{sys_cfg};
     auto s = af::session::make(sys, cluster->cluster, "/job:worker/task:0");
     if (!s)
@@ -345,7 +351,11 @@ int main(int argc, char** argv) {
   init_log(name);
   af::tune_malloc_for_tensors();
   auto opts = cluster->node;
-  af::system_config sys_cfg{opts};
+  // The task's own certificate: its node and the sessions it makes use it.
+  auto sec = af::security_for(cluster->security, af::security_member_name(job, task));
+  if (!sec)
+    return fail(af::describe(sec.error()));
+  af::system_config sys_cfg{opts, *sec};
   caf::actor_system sys{sys_cfg};
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts);

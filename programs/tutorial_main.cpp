@@ -99,7 +99,12 @@ int main(int argc, char** argv) {
     spec = cfg->cluster;
     af::node_options client_opts;
     client_opts.heartbeat_ms = 0;
-    client_cfg = std::make_unique<af::system_config>(client_opts);
+    auto sec = af::security_for(cfg->security, "client");
+    if (!sec) {
+      fail(af::describe(sec.error()));
+      return 2;
+    }
+    client_cfg = std::make_unique<af::system_config>(client_opts, *sec);
     client_sys = std::make_unique<caf::actor_system>(*client_cfg);
   }
   af::tutorial::session_source sessions = [&](const std::string& job, int32_t task) {

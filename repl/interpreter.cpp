@@ -1882,7 +1882,11 @@ interpreter::connect(const cluster_config& config, const std::string& target, op
   // The config's heartbeat, so that the nodes do not take an idle REPL for
   // a dead client (and it does not reconnect after every pause).
   node_options client = config.node;
-  st->cfg = std::make_unique<system_config>(client);
+  // A secured cluster's clients show the "client" certificate (actorflow-certs).
+  auto sec = security_for(config.security, "client");
+  if (!sec)
+    return std::move(sec.error());
+  st->cfg = std::make_unique<system_config>(client, *sec);
   st->sys = std::make_unique<caf::actor_system>(*st->cfg);
   st->spec = config.cluster;
   if (auto err = open_first(*st, target))

@@ -432,7 +432,7 @@ TEST_CASE("a CAF message over max_message_bytes closes its connection before the
   CHECK(value_of(s2.ping("ps", 0)).job == "ps");
 }
 
-TEST_CASE("--restart-on-failure restarts a node killed with SIGKILL and stops on SIGTERM",
+TEST_CASE("actorflow-node --restart-on-failure restarts a node killed with SIGKILL and stops on SIGTERM",
           "[security][node]") {
   test_cluster c{false};
   auto args = c.node_args();

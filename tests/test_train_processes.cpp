@@ -88,6 +88,39 @@ TEST_CASE("sync training of the digits across a ps and two worker processes reac
   trains_to_accuracy("sync");
 }
 
+// Catches a secured task that goes plaintext somewhere: its node published
+// without TLS, an in-process session, or a worker's or the chief's own data
+// channels (pushes, in-graph shards) opened without the process's context. A
+// TLS peer refuses each of those, so the job would not train.
+TEST_CASE("sync training across processes with [security] runs over mutual TLS and reaches "
+          "0.95 held-out accuracy",
+          "[train][processes][security]") {
+  temp_dir dir;
+  {
+    // Certificates for the task names the job will have, all on 127.0.0.1.
+    std::ofstream f{dir.path + "/names.toml"};
+    f << "[cluster]\nps = [\"127.0.0.1:1\"]\nworker = [\"127.0.0.1:2\", \"127.0.0.1:3\"]\n";
+  }
+  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", dir.path + "/names.toml"}, 60s);
+  INFO(made.output);
+  REQUIRE(made.exit_code == 0);
+  job_spec spec;
+  spec.sets = {"mode=sync"};
+  spec.train_table = "\n[security]\nca = \"" + dir.path + "/certs/ca.pem\"\ncertificate = \""
+                     + dir.path + "/certs/{name}.pem\"\nkey = \"" + dir.path + "/certs/{name}.key\"\n";
+  auto job = train_job::start(dir.path, spec);
+  auto still_running = job->wait_all_exit(40s);
+  INFO(job->describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job->tasks()) {
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+  auto acc = held_out_accuracy(job->chief().output());
+  REQUIRE(acc);
+  CHECK(*acc >= 0.95);
+}
+
 TEST_CASE("async training of the digits across a ps and two worker processes reaches 0.95 "
           "held-out accuracy and every process exits 0",
           "[train][processes]") {
