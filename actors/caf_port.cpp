@@ -230,7 +230,18 @@ public:
     if (opts_->tls) {
       net::nonblocking(fd, true);
       ERR_clear_error();
-      auto session = caf::openssl::make_session(parent()->system(), fd, true);
+      // CAF loads the files again for each connection and throws if they
+      // no longer load (a rotated key): refuse that one, keep serving.
+      caf::openssl::session_ptr session;
+      try {
+        session = caf::openssl::make_session(parent()->system(), fd, true);
+      } catch (const std::exception& e) {
+        log::get()->error("refused {} on the CAF port: cannot set up TLS ({}); are the "
+                          "[security] files still readable and matching?",
+                          peer_of(fd), e.what());
+        net::close_socket(fd);
+        return true;
+      }
       if (!session) {
         // The handshake failed at once (bytes that are no TLS were already
         // there). CAF's doorman answers false here, which stops accepting.

@@ -41,7 +41,8 @@
 /// (each try waits for a share of what is left), on a fresh data connection;
 /// the variable applies an id once and answers a retry with the first result
 /// (actors/variable.hpp says the bound). A timeout that remains means the
-/// update was applied at most once, never twice.
+/// update was applied at most once, never twice, within the variable's last
+/// 1024 updates (older ids are forgotten).
 ///
 /// Every call that talks to the cluster is bounded by `session_options`'
 /// timeouts and returns an error naming what it waited for. A session is used

@@ -301,7 +301,11 @@ caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_opti
   // whether an idle connection was closed. Each connection is long-lived.
   SSL_CTX_set_num_tickets(c, 0);
   SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
-  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // A peer that closes without close_notify (a killed process, a server
+  // dropping an idle connection) is a closed connection, as in plaintext
+  // (ECONNRESET: peer_down, which a session's retry knows), not a TLS error.
+  SSL_CTX_set_options(c, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE
+                           | SSL_OP_IGNORE_UNEXPECTED_EOF);
   // Whole writes only (SSL_MODE_ENABLE_PARTIAL_WRITE stays off).
   SSL_CTX_clear_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE);
   // Measured and left out (docs/wire.md): read-ahead buffers (no gain in

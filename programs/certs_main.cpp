@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -118,10 +120,17 @@ std::string alt_name_of(const std::string& host) {
 }
 
 FILE* open_private(const fs::path& path) {
-  auto* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr)
+  // 0600 from the start: a file made 0644 and chmod-ed after could be opened
+  // by another user in between and read once the key is in it.
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
     throw failure{"cannot write '" + path.string() + "': " + std::strerror(errno)};
-  ::fchmod(fileno(f), 0600);
+  ::fchmod(fd, 0600); // an existing file keeps its mode through O_CREAT
+  auto* f = ::fdopen(fd, "w");
+  if (f == nullptr) {
+    ::close(fd);
+    throw failure{"cannot write '" + path.string() + "': " + std::strerror(errno)};
+  }
   return f;
 }
 

@@ -11,6 +11,7 @@
 // Production: systemd's Restart=on-failure does the same (docs/security.md).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -71,12 +73,18 @@ std::string describe_status(int status) {
 /// Runs this program again without `--restart-on-failure` as a child, and
 /// again after each abnormal end: backoff 0.5 s doubling to 10 s, at most
 /// `max_restarts` in a row (a child that served a minute resets the count).
+/// Set in a supervised child's environment: it serves and does not supervise.
+constexpr const char* supervised_env = "ACTORFLOW_SUPERVISED";
+
 int supervise(int argc, char** argv, int max_restarts) {
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i)
-    if (std::strcmp(argv[i], "--restart-on-failure") != 0)
+    if (std::strcmp(argv[i], "--restart-on-failure") != 0
+        && std::strncmp(argv[i], "--restart-on-failure=", 21) != 0)
       args.push_back(argv[i]);
   args.push_back(nullptr);
+  // The child serves and never supervises, whatever form the flag took.
+  ::setenv(supervised_env, "1", 1);
   struct sigaction action {};
   action.sa_handler = supervisor_signal;
   sigemptyset(&action.sa_mask);
@@ -93,6 +101,11 @@ int supervise(int argc, char** argv, int max_restarts) {
       return 2;
     }
     if (child == 0) {
+      // A supervisor killed with SIGKILL takes its node along (it would
+      // hold the port, and a new supervisor could not start one).
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() == 1)
+        ::_exit(2);
       ::execv("/proc/self/exe", args.data());
       std::fprintf(stderr, "supervisor: cannot run /proc/self/exe: %s\n", std::strerror(errno));
       ::_exit(2);
@@ -165,7 +178,7 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(0, 1000));
   CLI11_PARSE(app, argc, argv);
   af::log::init("actorflow-node");
-  if (restart_on_failure)
+  if (restart_on_failure && std::getenv(supervised_env) == nullptr)
     return supervise(argc, argv, max_restarts);
 
   auto cfg = config_path.empty() ? af::cluster_config_from_env() : af::load_cluster_config(config_path);
