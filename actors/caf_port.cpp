@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <memory>
 #include <utility>
 
@@ -233,12 +234,18 @@ public:
       // CAF loads the files again for each connection and throws if they
       // no longer load (a rotated key): refuse that one, keep serving.
       caf::openssl::session_ptr session;
+      errno = 0;
       try {
         session = caf::openssl::make_session(parent()->system(), fd, true);
       } catch (const std::exception& e) {
-        log::get()->error("refused {} on the CAF port: cannot set up TLS ({}); are the "
-                          "[security] files still readable and matching?",
-                          peer_of(fd), e.what());
+        if (errno == EMFILE || errno == ENFILE)
+          log::get()->error("refused {} on the CAF port: cannot set up TLS ({}): out of file "
+                            "descriptors; raise the limit (ulimit -n, systemd LimitNOFILE)",
+                            peer_of(fd), e.what());
+        else
+          log::get()->error("refused {} on the CAF port: cannot set up TLS ({}); are the "
+                            "[security] files still readable and matching?",
+                            peer_of(fd), e.what());
         net::close_socket(fd);
         return true;
       }

@@ -398,6 +398,15 @@ bool looks_like_frame(const unsigned char* p, size_t n) {
   return n >= 4 && std::memcmp(p, &m, 4) == 0;
 }
 
+/// Connections of one host that may be in their TLS handshake at once.
+constexpr int max_handshakes_per_host = 8;
+
+/// "h" of "h:port" or "[v6]:port".
+std::string host_of(const std::string& peer) {
+  auto colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
 /// The first bytes of a TLS record (handshake or alert, version 3.x).
 bool looks_like_tls(const unsigned char* p, size_t n) {
   return n >= 2 && (p[0] == 0x16 || p[0] == 0x15) && p[1] == 0x03;
@@ -561,6 +570,7 @@ void data_plane_server::accept_loop() {
   bool exhausted = false;  // in a burst of accept failures (logged once)
   uint64_t shed = 0;       // connections closed unserved in that burst
   uint64_t over_limit = 0; // connections refused over max_connections, since the last log
+  uint64_t over_handshakes = 0; // ... over max_handshakes_per_host
   while (!stopping_) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
@@ -651,6 +661,28 @@ void data_plane_server::accept_loop() {
           t.join();
         continue;
       }
+      if (tls_) {
+        // A stranger's connection holds a slot (and a thread) until its
+        // handshake fails, up to one frame timeout: a few per host at once.
+        auto& pending = handshaking_[host_of(peer)];
+        if (pending >= max_handshakes_per_host) {
+          guard.unlock();
+          if (over_handshakes++ == 0)
+            log::get()->warn("{} data plane: refused {}: {} connections from its host are still in "
+                             "their TLS handshake; further refusals are counted",
+                             node_name_, peer, pending);
+          close_refused(fd);
+          for (auto& t : done)
+            t.join();
+          continue;
+        }
+        ++pending;
+        if (over_handshakes > 1)
+          log::get()->warn("{} data plane: refused {} more connections of hosts with {} handshakes "
+                           "in progress",
+                           node_name_, over_handshakes - 1, max_handshakes_per_host);
+        over_handshakes = 0;
+      }
       if (over_limit > 1)
         log::get()->warn("{} data plane: refused {} more connections over [node] "
                          "max_data_connections = {}",
@@ -661,6 +693,11 @@ void data_plane_server::accept_loop() {
         workers_.emplace_back([this, fd, peer] { serve(fd, peer); });
       } catch (...) {
         conns_.pop_back();
+        if (tls_) {
+          auto it = handshaking_.find(host_of(peer));
+          if (it != handshaking_.end() && --it->second <= 0)
+            handshaking_.erase(it);
+        }
         throw;
       }
     } catch (const std::exception& e) {
@@ -779,6 +816,9 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
   auto left = timeouts_.frame - std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::steady_clock::now() - start);
   auto why = handshake(ssl, fd, true, std::max(left, std::chrono::milliseconds{1}));
+  if (why.rfind("the TLS handshake did not finish", 0) == 0) // say the whole limit, not what was left
+    why = fmt::format("the TLS handshake did not finish within {} ms ([node] data_frame_timeout_ms)",
+                      timeouts_.frame.count());
   if (!why.empty()) {
     log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, why);
     SSL_free(ssl);
@@ -789,7 +829,14 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
 
 void data_plane_server::serve(int fd, const std::string& peer) {
   SSL* ssl = nullptr;
-  if (tls_ && (ssl = accept_tls(fd, peer)) == nullptr) {
+  if (tls_) {
+    ssl = accept_tls(fd, peer);
+    std::lock_guard<std::mutex> guard{mtx_};
+    auto it = handshaking_.find(host_of(peer));
+    if (it != handshaking_.end() && --it->second <= 0)
+      handshaking_.erase(it);
+  }
+  if (tls_ && ssl == nullptr) {
     std::lock_guard<std::mutex> guard{mtx_};
     conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
     close_refused(fd);

@@ -155,6 +155,10 @@ private:
   std::mutex mtx_;
   std::vector<std::thread> workers_;
   std::vector<int> conns_;
+  /// Over TLS: connections still in their handshake, by peer host. A host
+  /// holds at most max_handshakes_per_host of the slots that way, so that
+  /// strangers who connect and say nothing cannot keep members out.
+  std::unordered_map<std::string, int> handshaking_;
   std::vector<std::thread::id> finished_; ///< workers that returned, to be joined
 };
 

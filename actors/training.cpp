@@ -371,9 +371,12 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
   const auto& shard = ctx.shards[k];
   auto ms = ctx.c.ps_recovery_timeout_ms;
   if (!ctx.pinger) {
+    // 5 s, not 1: a first connection over TLS (CAF loads the files and
+    // shakes hands) on a busy machine took longer than 1 s, and a worker
+    // then took its live chief for dead and stopped the job.
     session_options so;
-    so.timeout = std::chrono::milliseconds{1000};
-    so.connect_timeout = std::chrono::milliseconds{1000};
+    so.timeout = std::chrono::milliseconds{5000};
+    so.connect_timeout = std::chrono::milliseconds{5000};
     auto p = session::make(s.system(), s.cluster(), "/job:worker/task:" + std::to_string(ctx.task),
                            so);
     if (!p)

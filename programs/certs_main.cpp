@@ -17,9 +17,11 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -111,6 +113,36 @@ cert_ptr make_cert(EVP_PKEY* subject_key, const std::string& cn, X509* issuer,
   return cert;
 }
 
+/// The config at `path` without its [security] table (TOML) or "security"
+/// object (JSON), whose files may not exist yet.
+caf::expected<af::cluster_config> load_cluster_only(const std::string& path) {
+  std::ifstream in{path};
+  if (!in)
+    return af::load_cluster_config(path); // its error names the path
+  std::stringstream buf;
+  buf << in.rdbuf();
+  auto text = buf.str();
+  auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object())
+      j.erase("security");
+    return af::parse_cluster_json(j.is_discarded() ? text : j.dump(), path);
+  }
+  // TOML: drop the lines from a [security] header to the next table header.
+  std::istringstream lines{text};
+  std::string kept, line;
+  bool skipping = false;
+  while (std::getline(lines, line)) {
+    auto at = line.find_first_not_of(" \t");
+    bool header = at != std::string::npos && line[at] == '[';
+    if (header)
+      skipping = line.compare(at, 10, "[security]") == 0;
+    kept += skipping ? "\n" : line + "\n"; // blank lines keep the line numbers
+  }
+  return af::parse_cluster_toml(kept, path);
+}
+
 /// "IP:10.0.0.1" or "DNS:host"
 std::string alt_name_of(const std::string& host) {
   unsigned char buf[16];
@@ -170,7 +202,9 @@ int main(int argc, char** argv) {
   app.add_flag("--force", force, "replace an existing CA in the folder (every old certificate "
                                  "then stops being accepted)");
   CLI11_PARSE(app, argc, argv);
-  auto cfg = af::load_cluster_config(config_path);
+  // The config may already name the files this makes ([security] pasted
+  // first): only its cluster is read here, so a missing file is no error.
+  auto cfg = load_cluster_only(config_path);
   if (!cfg) {
     std::fprintf(stderr, "actorflow-certs: %s\n", af::describe(cfg.error()).c_str());
     return 2;

@@ -240,6 +240,10 @@ int main(int argc, char** argv) {
   std::string broken;
   for (const auto& e : node->device_errors)
     broken += "; failed device " + e;
+  // Where it really listens, when --bind / [node] bind differs from the
+  // task's address (0.0.0.0: every interface, which an operator must know).
+  if (!opts.bind.empty() && opts.bind != addr->host)
+    broken += "; listening on " + opts.bind;
   std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),

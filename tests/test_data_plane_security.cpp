@@ -517,6 +517,45 @@ TEST_CASE("a peer that never finishes its TLS handshake is dropped after the fra
     10s));
 }
 
+TEST_CASE("a stranger's sockets that never finish a TLS handshake cannot take every slot: a "
+          "member on another host is still served",
+          "[plane][tls]") {
+  // The bug it catches: connections in their handshake counted toward
+  // max_data_connections without a bound per host, so one stranger's idle
+  // sockets (no certificate needed) kept every member out while they lasted.
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  data_plane_limits limits;
+  limits.frame = 20s; // beyond this test: the idle sockets stay in their handshake
+  limits.max_connections = 16;
+  auto srv = serve(directory_with("v", 4, 5), limits, tls);
+  // The stranger: 127.0.0.2, another host as the node sees it.
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(0x7f000002);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
+    REQUIRE(connect_fd(fd, srv->port()));
+    idle.push_back(fd);
+  }
+  // The member, from 127.0.0.1, is served while the stranger's sockets wait.
+  auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls);
+  REQUIRE(ch);
+  CHECK((*ch)->call(var_op::read, "v", nullptr, false));
+  // Of the stranger's 40, all but 8 were closed by the node at once.
+  size_t closed = 0;
+  for (int fd : idle)
+    if (read_answer(fd, 200ms).how == raw_answer::closed)
+      ++closed;
+  CHECK(closed == idle.size() - 8);
+  for (int fd : idle)
+    close(fd);
+}
+
 TEST_CASE("a TLS client of a plaintext data plane fails with a clear error, not a hang",
           "[plane][tls]") {
   temp_dir dir;

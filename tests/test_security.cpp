@@ -212,6 +212,25 @@ TEST_CASE("a plaintext client and a client of another CA are refused before any 
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
 }
 
+// Catches actorflow-certs reading the files it is to make: a config with
+// the [security] lines pasted first was refused ("cannot read certs/ca.pem").
+TEST_CASE("actorflow-certs makes the files that a config's [security] already names",
+          "[security]") {
+  temp_dir dir;
+  std::string config = dir / "cluster.toml";
+  write(config, "[cluster]\nps = [\"127.0.0.1:1\"]\n\n[security]\nca = \"certs/ca.pem\"\n"
+                "certificate = \"certs/{name}.pem\"\nkey = \"certs/{name}.key\"\n\n[node]\n"
+                "threads = 1\n");
+  REQUIRE_FALSE(load_cluster_config(config)); // the files are not there yet
+  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", config}, 60s);
+  INFO(made.output);
+  CHECK(made.exit_code == 0);
+  auto cfg = load_cluster_config(config);
+  REQUIRE(cfg);
+  CHECK(cfg->security.enabled());
+  CHECK(cfg->node.threads == 1); // the tables after [security] were read too
+}
+
 TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not a hang",
           "[security]") {
   temp_dir pass;
