@@ -1,4 +1,5 @@
 #include "actors/caf_port.hpp"
+#include "actors/tls.hpp"
 
 #include <sys/socket.h>
 
@@ -150,14 +151,7 @@ private:
       return;
     }
     reported_ = true;
-    std::string why;
-    while (auto code = ERR_get_error()) {
-      char text[256];
-      ERR_error_string_n(code, text, sizeof(text));
-      why += (why.empty() ? "" : "; ") + std::string{text};
-    }
-    if (why.empty())
-      why = "the connection closed during the TLS handshake";
+    auto why = tls_errors("the connection closed during the TLS handshake");
     log::get()->warn("refused {} on the CAF port: TLS handshake failed ({}); a peer needs a "
                      "certificate of the cluster CA",
                      peer_of(fd), why);
@@ -252,14 +246,8 @@ public:
       if (!session) {
         // The handshake failed at once (bytes that are no TLS were already
         // there). CAF's doorman answers false here, which stops accepting.
-        std::string why;
-        while (auto code = ERR_get_error()) {
-          char text[256];
-          ERR_error_string_n(code, text, sizeof(text));
-          why += (why.empty() ? "" : "; ") + std::string{text};
-        }
-        log::get()->warn("refused {} on the CAF port: TLS handshake failed ({})",
-                         peer_of(fd), why.empty() ? "no TLS session" : why);
+        log::get()->warn("refused {} on the CAF port: TLS handshake failed ({})", peer_of(fd),
+                         tls_errors("no TLS session"));
         net::close_socket(fd);
         return true;
       }
