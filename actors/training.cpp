@@ -361,6 +361,20 @@ struct recovery_context {
   bool closed = false;
 };
 
+/// The latest checkpoint of `dir` and its path; none if the job has none yet.
+caf::expected<std::optional<std::pair<std::string, train::checkpoint>>>
+load_latest_checkpoint(const std::string& dir) {
+  auto latest = train::latest(dir);
+  if (!latest)
+    return to_error(latest.error());
+  if (latest->empty())
+    return std::optional<std::pair<std::string, train::checkpoint>>{};
+  auto ck = train::load(*latest);
+  if (!ck)
+    return to_error(ck.error());
+  return std::make_optional(std::make_pair(std::move(*latest), std::move(*ck)));
+}
+
 /// Waits (bounded by ps_recovery_timeout_ms) until shard `k`'s ps answers
 /// as a new process; nullopt if the same process answers (its connection
 /// broke, not the process). A non-chief gives up at once when the chief is
@@ -464,19 +478,17 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   uint64_t from_step = 0;
   bool have = false;
   if (!c.checkpoint_dir.empty()) {
-    auto latest = train::latest(c.checkpoint_dir);
+    auto latest = load_latest_checkpoint(c.checkpoint_dir);
     if (!latest)
-      return to_error(latest.error());
-    if (!latest->empty()) {
-      auto ck = train::load(*latest);
-      if (!ck)
-        return to_error(ck.error());
-      auto st = restored_state(*ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind);
+      return std::move(latest.error());
+    if (*latest) {
+      const auto& [path, ck] = **latest;
+      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind);
       if (!st)
         return std::move(st.error());
       state = std::move(*st);
-      from = *latest;
-      from_step = ck->global_step;
+      from = path;
+      from_step = ck.global_step;
       have = true;
     }
   }
@@ -664,15 +676,12 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   // (allreduce: every worker does, from the shared directory).
   std::optional<train::checkpoint> restored;
   if (!c.checkpoint_dir.empty() && (chief || allreduce)) {
-    auto latest = train::latest(c.checkpoint_dir);
+    auto latest = load_latest_checkpoint(c.checkpoint_dir);
     if (!latest)
-      return to_error(latest.error());
-    if (!latest->empty()) {
-      auto ck = train::load(*latest);
-      if (!ck)
-        return to_error(ck.error());
-      restored = std::move(*ck);
-      log::get()->info("worker {}: restoring {} (global step {})", task, *latest,
+      return std::move(latest.error());
+    if (*latest) {
+      restored = std::move((*latest)->second);
+      log::get()->info("worker {}: restoring {} (global step {})", task, (*latest)->first,
                        restored->global_step);
     }
   }
