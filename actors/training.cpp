@@ -386,8 +386,9 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
   auto ms = ctx.c.ps_recovery_timeout_ms;
   if (!ctx.pinger) {
     // 5 s, not 1: a first connection over TLS (CAF loads the files and
-    // shakes hands) on a busy machine took longer than 1 s, and a worker
-    // then took its live chief for dead and stopped the job.
+    // shakes hands) may take longer than 1 s on a busy machine. (It was not
+    // the cause of the secured job stopping at a ps kill, which remains
+    // open: docs/training.md.)
     session_options so;
     so.timeout = std::chrono::milliseconds{5000};
     so.connect_timeout = std::chrono::milliseconds{5000};
