@@ -358,6 +358,22 @@ skipped skip_payload(const link& fd, uint64_t bytes, int frame_ms, read_end& how
   return skipped::past;
 }
 
+/// Refuses a request before its payload is read (a peer that declares an
+/// operand and never sends it still hears why), then skips the payload
+/// through a small buffer, under the frame timeout, so that the connection
+/// goes on; one too large to skip is answered and closed. True: the
+/// connection goes on; else `how` says whether the peer stalled or left.
+bool refuse_request(const link& io, af_error code, const std::string& text, uint64_t payload,
+                    int frame_ms, read_end& how) {
+  how = read_end::done;
+  bool drain = payload <= drain_limit;
+  if (!send_error(io, code,
+                  drain ? text : text + " (the connection is closed: its payload was not read)")
+      || !drain)
+    return false;
+  return skip_payload(io, payload, frame_ms, how) == skipped::past;
+}
+
 /// Runs SSL_accept (server) or SSL_connect on `fd` until it is done or
 /// `limit` has passed, the socket non-blocking meanwhile: a peer that
 /// trickles its handshake cannot stretch it. Empty on success, else why not.
@@ -745,25 +761,19 @@ bool data_plane_server::serve_aggregator(int fd, ssl_st* ssl, const std::string&
   } else if (!h.has_tensor && h.payload_bytes > 0) {
     refusal = "a push or pull with a payload that is no tensor";
   }
-  if (!refusal.empty()) {
-    // Answered before the payload is read (see serve), then skipped.
-    bool drain = h.payload_bytes <= drain_limit;
-    if (!send_error(io, code,
-                    drain ? refusal : refusal + " (the connection is closed: its payload was not read)")
-        || !drain)
-      return false;
-    read_end how = read_end::done;
-    return skip_payload(io, h.payload_bytes, frame_ms, how) == skipped::past;
-  }
+  read_end how = read_end::done;
+  if (!refusal.empty())
+    return refuse_request(io, code, refusal, h.payload_bytes, frame_ms, how);
   tensor values;
   if (h.has_tensor) {
     try {
       values.reset(dtype::float32, wire::shape_of(h));
     } catch (const std::bad_alloc&) {
-      send_error(io, af_error::resource_exhausted,
-                 fmt::format("{} cannot allocate {} bytes for a push to '{}' (out of memory)",
-                             node_name_, h.payload_bytes, name));
-      return false;
+      return refuse_request(io, af_error::resource_exhausted,
+                            fmt::format("{} cannot allocate {} bytes for a push to '{}' (out of "
+                                        "memory)",
+                                        node_name_, h.payload_bytes, name),
+                            h.payload_bytes, frame_ms, how);
     }
     if (h.payload_bytes > 0
         && read_timed(io, values.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
@@ -929,18 +939,8 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         }
       }
       if (!refusal.empty()) {
-        // Answered at once, before the payload is read: a peer that declares
-        // an operand and never sends it still hears why. Then the payload is
-        // skipped through a small buffer, under the frame timeout, so that
-        // the connection goes on; one too large to skip closes it.
-        bool drain = h.payload_bytes <= drain_limit;
-        if (!send_error(io, refusal_code,
-                        drain ? refusal
-                              : refusal + " (the connection is closed: its payload was not read)")
-            || !drain)
-          break;
         read_end how = read_end::done;
-        if (skip_payload(io, h.payload_bytes, frame_ms, how) != skipped::past) {
+        if (!refuse_request(io, refusal_code, refusal, h.payload_bytes, frame_ms, how)) {
           ended(how, "payload");
           break;
         }
@@ -968,23 +968,16 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         } catch (const std::bad_alloc&) {
           log::get()->warn("{} data plane: no memory for {} bytes of '{}' from {}", node_name_,
                            h.payload_bytes, name, peer);
-          auto text = fmt::format("{} cannot allocate {} bytes for the operand of '{}' (out of "
-                                  "memory)",
-                                  node_name_, h.payload_bytes, name);
           // Answered; the connection goes on if its payload can be skipped.
           read_end how = read_end::done;
-          auto skip = skip_payload(io, h.payload_bytes, frame_ms, how);
-          if (skip == skipped::lost) {
+          if (!refuse_request(io, af_error::resource_exhausted,
+                              fmt::format("{} cannot allocate {} bytes for the operand of '{}' "
+                                          "(out of memory)",
+                                          node_name_, h.payload_bytes, name),
+                              h.payload_bytes, frame_ms, how)) {
             ended(how, "payload");
             break;
           }
-          if (skip == skipped::too_large) {
-            send_error(io, af_error::resource_exhausted,
-                       text + " (the connection is closed: its payload was not read)");
-            break;
-          }
-          if (!send_error(io, af_error::resource_exhausted, text))
-            break;
           continue;
         }
         if (h.payload_bytes > 0
