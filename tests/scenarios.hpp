@@ -8,6 +8,9 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <vector>
+#include <mutex>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -120,6 +123,47 @@ inline void require_ok(const caf::error& err) {
 inline tensor scalar(float v) {
   return tensor::scalar(v);
 }
+
+/// A client's actor system beside a process cluster, with the cluster's
+/// heartbeat settings (tests/test_faults.cpp and the recovery tests).
+struct cluster_client {
+  explicit cluster_client(const node_options& cluster_opts) {
+    auto opts = cluster_opts;
+    opts.threads = 2;
+    cfg = std::make_unique<system_config>(opts);
+    sys = std::make_unique<caf::actor_system>(*cfg);
+  }
+  std::unique_ptr<system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+};
+
+/// The lines a session logs when it recovers by itself
+/// (session_options::on_recovery), collected from any thread.
+struct recovery_notes {
+  std::mutex mtx;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> hook() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> guard{mtx};
+      lines.push_back(line);
+    };
+  }
+  /// Lines that contain `text`.
+  size_t count(const std::string& text) {
+    std::lock_guard<std::mutex> guard{mtx};
+    size_t n = 0;
+    for (const auto& l : lines)
+      n += l.find(text) != std::string::npos ? 1 : 0;
+    return n;
+  }
+  std::string all() {
+    std::lock_guard<std::mutex> guard{mtx};
+    std::string out;
+    for (const auto& l : lines)
+      out += l + "\n";
+    return out;
+  }
+};
 
 // -- the tutorial's examples (actors/tutorial.hpp), checked ---------------------
 

@@ -21,6 +21,7 @@
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
+#include "scenarios.hpp"
 #include "wait.hpp"
 
 using namespace std::chrono_literals;
@@ -28,18 +29,6 @@ using namespace std::chrono_literals;
 namespace af::testing {
 
 namespace {
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
-
-void require_ok(const caf::error& err) {
-  if (err)
-    FAIL(describe(err));
-}
 
 std::unique_ptr<variable_cell> scalar_cell(float start) {
   auto cell = std::make_unique<variable_cell>(
@@ -51,44 +40,6 @@ std::unique_ptr<variable_cell> scalar_cell(float start) {
 float value_now(variable_cell& cell) {
   return value_of(cell.apply(var_op::read, tensor{}, true)).value.at(0);
 }
-
-/// The lines a session logs when it recovers by itself, collected.
-struct recovery_notes {
-  std::mutex mtx;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> hook() {
-    return [this](const std::string& line) {
-      std::lock_guard<std::mutex> guard{mtx};
-      lines.push_back(line);
-    };
-  }
-  size_t count(const std::string& prefix) {
-    std::lock_guard<std::mutex> guard{mtx};
-    size_t n = 0;
-    for (const auto& l : lines)
-      n += l.rfind(prefix, 0) == 0 ? 1 : 0;
-    return n;
-  }
-  std::string all() {
-    std::lock_guard<std::mutex> guard{mtx};
-    std::string out;
-    for (const auto& l : lines)
-      out += l + "\n";
-    return out;
-  }
-};
-
-/// A client actor system beside a process cluster.
-struct client {
-  explicit client(const node_options& cluster_opts) {
-    auto opts = cluster_opts;
-    opts.threads = 2;
-    cfg = std::make_unique<system_config>(opts);
-    sys = std::make_unique<caf::actor_system>(*cfg);
-  }
-  std::unique_ptr<system_config> cfg;
-  std::unique_ptr<caf::actor_system> sys;
-};
 
 } // namespace
 
@@ -237,7 +188,7 @@ TEST_CASE("an assign_add whose answer was lost while its node was stopped is ret
           "[exactly-once][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 9s; // 3 tries: the first waits 3 s
   so.data_plane = GENERATE(true, false);

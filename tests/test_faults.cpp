@@ -13,6 +13,7 @@
 #include "actors/system.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
+#include "scenarios.hpp"
 #include "wait.hpp"
 
 using namespace std::chrono_literals;
@@ -20,30 +21,6 @@ using namespace std::chrono_literals;
 namespace af::testing {
 
 namespace {
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
-
-void require_ok(const caf::error& err) {
-  if (err)
-    FAIL(describe(err));
-}
-
-/// A client actor system beside a process cluster.
-struct client {
-  explicit client(const node_options& cluster_opts) {
-    auto opts = cluster_opts;
-    opts.threads = 2;
-    cfg = std::make_unique<system_config>(opts);
-    sys = std::make_unique<caf::actor_system>(*cfg);
-  }
-  std::unique_ptr<system_config> cfg;
-  std::unique_ptr<caf::actor_system> sys;
-};
 
 /// x * x on worker 1, then + 1 on worker 0: a step whose partition on task 0
 /// waits for a value from task 1. Returns (x, the result).
@@ -68,7 +45,7 @@ TEST_CASE("after a ps is killed every call fails at once saying it died, and the
           "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 60s; // a call that waited for its timeout would say "timed out", not "died"
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
@@ -117,7 +94,7 @@ TEST_CASE("a node killed while a step waits on it fails the step at once with it
           "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 60s;
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
@@ -154,7 +131,7 @@ TEST_CASE("a stopped node is seen through missed heartbeats, and works again aft
   opts.heartbeat_ms = 100;
   opts.connection_timeout_ms = 1000;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 60s;
   so.connect_timeout = 2s;
@@ -185,7 +162,7 @@ TEST_CASE("executors forget the graphs of a client that was killed", "[faults][p
   opts.heartbeat_ms = 100;
   opts.connection_timeout_ms = 1000;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   auto probe = value_of(session::make(*c.sys, pc->spec(), "/job:ps/task:0"));
   auto before = value_of(probe.executor_load("worker", 0)).first;
   background_process victim{{ACTORFLOW_TEST_CLIENT_BINARY, pc->config_path()}};
@@ -200,7 +177,7 @@ TEST_CASE("executors forget the graphs of a client that was killed", "[faults][p
 TEST_CASE("each node's clock offset is measured within half a round trip", "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
   for (int t = 0; t < 2; ++t) {
     auto clk = value_of(s.clock_of("worker", t));
@@ -216,7 +193,7 @@ TEST_CASE("restarting a peer node twice leaves one graph on the node that stayed
           "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"worker", 2}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 20s;
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
@@ -240,7 +217,7 @@ TEST_CASE("a step that only reads a variable of a restarted ps runs again once i
           "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 20s;
   so.data_plane = GENERATE(true, false);
@@ -264,7 +241,7 @@ TEST_CASE("a session that found a variable gone sees it again once the chief re-
           "[faults][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 2}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   auto chief = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
   auto other = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:1"));
   output vc, vo;

@@ -19,6 +19,7 @@
 #include "actors/system.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
+#include "scenarios.hpp"
 #include "wait.hpp"
 
 using namespace std::chrono_literals;
@@ -26,48 +27,6 @@ using namespace std::chrono_literals;
 namespace af::testing {
 
 namespace {
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
-
-void require_ok(const caf::error& err) {
-  if (err)
-    FAIL(describe(err));
-}
-
-struct notes_log {
-  std::mutex mtx;
-  std::vector<std::string> lines;
-  size_t count(const std::string& text) {
-    std::lock_guard<std::mutex> guard{mtx};
-    size_t n = 0;
-    for (const auto& l : lines)
-      n += l.find(text) != std::string::npos ? 1 : 0;
-    return n;
-  }
-  std::string all() {
-    std::lock_guard<std::mutex> guard{mtx};
-    std::string out;
-    for (const auto& l : lines)
-      out += l + "\n";
-    return out;
-  }
-};
-
-struct client {
-  explicit client(const node_options& cluster_opts) {
-    auto opts = cluster_opts;
-    opts.threads = 2;
-    cfg = std::make_unique<system_config>(opts);
-    sys = std::make_unique<caf::actor_system>(*cfg);
-  }
-  std::unique_ptr<system_config> cfg;
-  std::unique_ptr<caf::actor_system> sys;
-};
 
 std::string path_of(const run_trace& trace, const std::string& kind) {
   for (const auto& e : trace.entries)
@@ -87,14 +46,11 @@ TEST_CASE("a session reconnects to a restarted ps by itself, re-registers its st
           "[reconnect][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  client c{opts};
+  cluster_client c{opts};
   session_options so;
   so.timeout = 20s;
-  notes_log notes;
-  so.on_recovery = [&](const std::string& line) {
-    std::lock_guard<std::mutex> guard{notes.mtx};
-    notes.lines.push_back(line);
-  };
+  recovery_notes notes;
+  so.on_recovery = notes.hook();
   auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
   output v, twice;
   {
