@@ -183,6 +183,19 @@ std::string folder_of(const std::string& source) {
   return slash == 0 ? std::string{"/"} : source.substr(0, slash);
 }
 
+/// The key's passphrase: the first line of `in` (a file at `path`), without
+/// a trailing CR; `where` names it in the error if that line is empty.
+caf::error read_passphrase(std::istream& in, const std::string& path, const std::string& where,
+                           std::string& out) {
+  std::getline(in, out);
+  if (!out.empty() && out.back() == '\r')
+    out.pop_back();
+  if (out.empty())
+    return config_error(where + ": the first line of '" + path
+                        + "' is empty; it must hold the key's passphrase");
+  return caf::none;
+}
+
 /// Makes the paths absolute against the config's folder, checks that the keys
 /// go together and that each file can be read, and reads the passphrase.
 caf::error finish_security(security_options& sec, const key_places& places,
@@ -232,14 +245,9 @@ caf::error finish_security(security_options& sec, const key_places& places,
       return config_error(place(key) + ": cannot read '" + *path + "' ("
                           + std::strerror(errno) + "; relative paths are relative to the "
                           "config file's folder)");
-    if (std::string{key} == "passphrase_file") {
-      std::getline(in, sec.passphrase);
-      if (!sec.passphrase.empty() && sec.passphrase.back() == '\r')
-        sec.passphrase.pop_back();
-      if (sec.passphrase.empty())
-        return config_error(place(key) + ": the first line of '" + *path
-                            + "' is empty; it must hold the key's passphrase");
-    }
+    if (std::string{key} == "passphrase_file")
+      if (auto err = read_passphrase(in, *path, place(key), sec.passphrase))
+        return err;
   }
   return caf::none;
 }
@@ -279,14 +287,9 @@ caf::expected<security_options> security_for(const security_options& sec,
                           + name + " (" + std::strerror(errno)
                           + "); actorflow-certs makes one certificate and key per task and one "
                             "for clients");
-    if (std::string{key} == "passphrase_file") {
-      std::getline(in, out.passphrase);
-      if (!out.passphrase.empty() && out.passphrase.back() == '\r')
-        out.passphrase.pop_back();
-      if (out.passphrase.empty())
-        return config_error("[security] passphrase_file: the first line of '" + *path
-                            + "' is empty; it must hold the key's passphrase");
-    }
+    if (std::string{key} == "passphrase_file")
+      if (auto err = read_passphrase(in, *path, "[security] passphrase_file", out.passphrase))
+        return err;
   }
   return out;
 }
