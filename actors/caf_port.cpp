@@ -1,11 +1,24 @@
 #include "actors/caf_port.hpp"
 #include "actors/tls.hpp"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <cstring>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <openssl/err.h>
 
@@ -23,6 +36,7 @@
 #include "caf/openssl/session.hpp"
 
 #include "actors/log.hpp"
+#include "messages/error.hpp"
 
 namespace af {
 
@@ -41,6 +55,131 @@ std::string peer_of(native_socket fd) {
   return port ? text + ":" + std::to_string(*port) : text;
 }
 
+/// An accepted connection whose BASP handshake is not done yet, as the
+/// deadline's thread sees it. `live` turns false (under `mtx`) before the
+/// scribe closes the socket, so the thread never shuts down a descriptor
+/// that was closed and reused.
+struct pending_handshake {
+  std::mutex mtx;
+  native_socket fd;
+  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  bool live = true;
+  bool timed_out = false;
+  explicit pending_handshake(native_socket s) : fd(s) {}
+};
+
+/// A scribe's hold on its entry: released when the handshake went through,
+/// and when the scribe goes (declared after its stream, so before the
+/// stream closes the socket).
+class deadline_token {
+public:
+  deadline_token() = default;
+  explicit deadline_token(std::shared_ptr<pending_handshake> p) : p_(std::move(p)) {}
+  deadline_token(const deadline_token&) = delete;
+  deadline_token& operator=(const deadline_token&) = delete;
+  ~deadline_token() { release(); }
+
+  void release() {
+    if (!p_)
+      return;
+    {
+      std::lock_guard<std::mutex> guard{p_->mtx};
+      p_->live = false;
+    }
+    if (!timed_out())
+      p_.reset();
+  }
+
+  /// Whether the deadline closed it (its failure then says nothing new).
+  bool timed_out() const {
+    if (!p_)
+      return false;
+    std::lock_guard<std::mutex> guard{p_->mtx};
+    return p_->timed_out;
+  }
+
+private:
+  std::shared_ptr<pending_handshake> p_;
+};
+
+/// Closes accepted connections of the CAF port whose BASP handshake (the TLS
+/// handshake first, with [security]) did not go through within
+/// [node] handshake_timeout_ms: a stranger that connects and says nothing,
+/// or trickles its handshake, holds a descriptor and a session until then
+/// only. A thread of its own looks a few times per deadline; the socket is
+/// shut down, and the multiplexer closes the connection as any other.
+class handshake_deadline {
+public:
+  explicit handshake_deadline(std::chrono::milliseconds limit)
+    : limit_(limit),
+      period_(std::clamp(limit / 4, std::chrono::milliseconds{10}, std::chrono::milliseconds{1000})),
+      thread_([this] { run(); }) {}
+
+  handshake_deadline(const handshake_deadline&) = delete;
+  handshake_deadline& operator=(const handshake_deadline&) = delete;
+
+  ~handshake_deadline() {
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::shared_ptr<pending_handshake> track(native_socket fd) {
+    auto p = std::make_shared<pending_handshake>(fd);
+    std::lock_guard<std::mutex> guard{mtx_};
+    pending_.push_back(p);
+    return p;
+  }
+
+private:
+  void run() {
+    std::unique_lock<std::mutex> lock{mtx_};
+    while (!stop_) {
+      cv_.wait_for(lock, period_);
+      if (stop_)
+        break;
+      auto now = std::chrono::steady_clock::now();
+      std::vector<std::string> closed;
+      auto end = std::remove_if(pending_.begin(), pending_.end(),
+                                [&](const std::weak_ptr<pending_handshake>& w) {
+                                  auto p = w.lock();
+                                  if (!p)
+                                    return true;
+                                  std::lock_guard<std::mutex> guard{p->mtx};
+                                  if (!p->live)
+                                    return true;
+                                  if (now - p->since < limit_)
+                                    return false;
+                                  closed.push_back(peer_of(p->fd));
+                                  ::shutdown(p->fd, SHUT_RDWR);
+                                  p->live = false;
+                                  p->timed_out = true;
+                                  return true;
+                                });
+      pending_.erase(end, pending_.end());
+      if (closed.empty())
+        continue;
+      constexpr size_t named = 3;
+      auto more = closed.size() > named ? fmt::format(" and {} more", closed.size() - named) : "";
+      closed.resize(std::min(closed.size(), named));
+      log::get()->warn("closed {}{} on the CAF port: no handshake within {} ms ([node] "
+                       "handshake_timeout_ms)",
+                       fmt::join(closed, ", "), more, limit_.count());
+    }
+  }
+
+  std::chrono::milliseconds limit_;
+  std::chrono::milliseconds period_;
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::weak_ptr<pending_handshake>> pending_;
+  std::thread thread_; // last: starts once the rest is made
+};
+
 /// The pre-handshake cap, shared by the plaintext and the TLS scribe. BASP
 /// asks its scribe for a header, then for the payload the header announced;
 /// CAF 0.17.6 does not refuse other messages (a heartbeat) before the client's
@@ -49,17 +188,30 @@ std::string peer_of(native_socket fd) {
 /// on the broker's own checks and [node] max_message_bytes apply.
 class handshake_guard {
 public:
-  explicit handshake_guard(std::shared_ptr<const caf_port_options> opts) : opts_(std::move(opts)) {}
+  /// `outbound`: a connection this process opened, whose peer's handshake
+  /// is BASP's server_handshake (an accepted one's is the client's).
+  explicit handshake_guard(std::shared_ptr<const caf_port_options> opts, bool outbound = false)
+    : opts_(std::move(opts)),
+      awaited_(outbound ? caf::io::basp::message_type::server_handshake
+                        : caf::io::basp::message_type::client_handshake),
+      outbound_(outbound) {}
 
   /// The read to configure instead of `config`: itself, or one byte after
   /// the socket was shut down (the broker then sees an ordinary close).
   /// `delivered` is what the broker was just handed (the scribe's message).
+  /// The deadline's hold on this connection, released once the peer's
+  /// handshake went through (accepted connections only).
+  void watch(deadline_token* token) { token_ = token; }
+
   caf::io::receive_policy::config check(caf::io::receive_policy::config config, native_socket fd,
                                         const std::vector<char>& delivered) {
     if (refused_)
       return {caf::io::receive_policy_flag::exactly, 1};
-    if (handshake_payload_next_)
+    if (handshake_payload_next_ && !done_) {
       done_ = true; // the client's handshake went through the broker
+      if (token_ != nullptr)
+        token_->release();
+    }
     if (done_) {
       if (config.second <= opts_->max_message_bytes)
         return config;
@@ -69,14 +221,15 @@ public:
       return refuse(fd);
     }
     if (delivered.size() == caf::io::basp::header_size
-        && static_cast<uint8_t>(delivered[0])
-             == static_cast<uint8_t>(caf::io::basp::message_type::client_handshake))
+        && static_cast<uint8_t>(delivered[0]) == static_cast<uint8_t>(awaited_))
       handshake_payload_next_ = true;
     if (config.second <= opts_->max_handshake_bytes)
       return config;
-    log::get()->warn("refused {} on the CAF port: it announces a message of {} bytes before its "
-                     "handshake (at most {}, [node] max_handshake_bytes); closed unread",
-                     peer_of(fd), config.second, opts_->max_handshake_bytes);
+    auto who = outbound_ ? "closed the CAF connection to " + peer_of(fd)
+                         : "refused " + peer_of(fd) + " on the CAF port";
+    log::get()->warn("{}: it announces a message of {} bytes before its handshake (at most {}, "
+                     "[node] max_handshake_bytes); closed unread",
+                     who, config.second, opts_->max_handshake_bytes);
     done_ = true;
     return refuse(fd);
   }
@@ -89,6 +242,9 @@ private:
   }
 
   std::shared_ptr<const caf_port_options> opts_;
+  caf::io::basp::message_type awaited_;
+  bool outbound_;
+  deadline_token* token_ = nullptr;
   bool handshake_payload_next_ = false;
   bool done_ = false;
   bool refused_ = false;
@@ -96,10 +252,12 @@ private:
 
 class plain_scribe : public net::scribe_impl {
 public:
+  /// `deadline`: an accepted connection's (null for one this process opened).
   plain_scribe(net::default_multiplexer& mpx, native_socket fd,
-               std::shared_ptr<const caf_port_options> opts)
-    : net::scribe_impl(mpx, fd), guard_(std::move(opts)) {
-    // nop
+               std::shared_ptr<const caf_port_options> opts, handshake_deadline* deadline)
+    : net::scribe_impl(mpx, fd), guard_(std::move(opts), deadline == nullptr),
+      token_(deadline != nullptr ? deadline->track(fd) : nullptr) {
+    guard_.watch(&token_);
   }
 
   void configure_read(caf::io::receive_policy::config config) override {
@@ -108,19 +266,31 @@ public:
 
 private:
   handshake_guard guard_;
+  deadline_token token_; // goes before the base's stream closes the socket
 };
 
 /// CAF's openssl::session as the stream's protocol, which says who failed the
 /// TLS handshake and why (CAF's own policy drops OpenSSL's reason).
+///
+/// Each call starts with an empty OpenSSL error queue. The queue is the
+/// thread's, and every CAF connection of a process runs on the multiplexer's
+/// one thread; CAF's session judges a call by SSL_get_error, which reads that
+/// queue, and does not empty it after a failure. So the reason one peer's
+/// connection failed (a ps killed: its reset, its missing close_notify) was
+/// still queued when the next connection read nothing yet, and that healthy
+/// connection was taken as failed and closed, losing the message in flight
+/// (a worker's ping of its chief as the ps died: docs/security.md).
 class logging_tls_policy {
 public:
   logging_tls_policy(caf::openssl::session_ptr session,
-                     std::shared_ptr<const caf_port_options> opts)
-    : session_(std::move(session)), opts_(std::move(opts)) {
+                     std::shared_ptr<const caf_port_options> opts, bool outbound,
+                     const deadline_token* token)
+    : session_(std::move(session)), opts_(std::move(opts)), outbound_(outbound), token_(token) {
     // nop
   }
 
   rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
+    ERR_clear_error();
     auto st = session_->read_some(result, fd, buf, len);
     if (st == rw_state::success && result > 0)
       established_ = true;
@@ -130,6 +300,7 @@ public:
   }
 
   rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
+    ERR_clear_error();
     auto st = session_->write_some(result, fd, buf, len);
     // SSL_write succeeds only once the handshake is done (the node writes
     // BASP's server handshake first): a peer that leaves after it was not refused.
@@ -146,19 +317,27 @@ public:
 
 private:
   void refused(native_socket fd) {
-    if (established_ || reported_) {
+    // After the deadline closed it, its line said so already.
+    if (established_ || reported_ || (token_ != nullptr && token_->timed_out())) {
       ERR_clear_error();
       return;
     }
     reported_ = true;
     auto why = tls_errors("the connection closed during the TLS handshake");
-    log::get()->warn("refused {} on the CAF port: TLS handshake failed ({}); a peer needs a "
-                     "certificate of the cluster CA",
-                     peer_of(fd), why);
+    if (outbound_)
+      log::get()->warn("TLS handshake with {} failed ({}): does it run with [security] and a "
+                       "certificate of this cluster's CA?",
+                       peer_of(fd), why);
+    else
+      log::get()->warn("refused {} on the CAF port: TLS handshake failed ({}); a peer needs a "
+                       "certificate of the cluster CA",
+                       peer_of(fd), why);
   }
 
   caf::openssl::session_ptr session_;
   std::shared_ptr<const caf_port_options> opts_;
+  bool outbound_;
+  const deadline_token* token_;
   bool established_ = false;
   bool reported_ = false;
 };
@@ -166,10 +345,13 @@ private:
 /// libcaf_openssl's scribe with our policy and the first-message cap.
 class tls_scribe : public caf::io::scribe {
 public:
+  /// `deadline`: an accepted connection's (null for one this process opened).
   tls_scribe(net::default_multiplexer& mpx, native_socket fd, caf::openssl::session_ptr session,
-             std::shared_ptr<const caf_port_options> opts)
-    : caf::io::scribe(net::conn_hdl_from_socket(fd)), guard_(opts),
-      stream_(mpx, fd, std::move(session), std::move(opts)) {
+             std::shared_ptr<const caf_port_options> opts, handshake_deadline* deadline)
+    : caf::io::scribe(net::conn_hdl_from_socket(fd)), guard_(opts, deadline == nullptr),
+      stream_(mpx, fd, std::move(session), std::move(opts), deadline == nullptr, &token_),
+      token_(deadline != nullptr ? deadline->track(fd) : nullptr) {
+    guard_.watch(&token_);
     // nop
   }
 
@@ -206,13 +388,15 @@ private:
   handshake_guard guard_;
   bool launched_ = false;
   net::stream_impl<logging_tls_policy> stream_;
+  deadline_token token_; // last: goes before the stream closes the socket
 };
 
 class guarded_doorman : public net::doorman_impl {
 public:
   guarded_doorman(net::default_multiplexer& mpx, native_socket fd,
                   std::shared_ptr<const caf_port_options> opts)
-    : net::doorman_impl(mpx, fd), opts_(std::move(opts)) {
+    : net::doorman_impl(mpx, fd), opts_(std::move(opts)),
+      deadline_(std::make_shared<handshake_deadline>(opts_->handshake_timeout)) {
     // nop
   }
 
@@ -251,9 +435,9 @@ public:
         net::close_socket(fd);
         return true;
       }
-      scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(session), opts_);
+      scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(session), opts_, deadline_.get());
     } else {
-      scribe = caf::make_counted<plain_scribe>(mpx, fd, opts_);
+      scribe = caf::make_counted<plain_scribe>(mpx, fd, opts_, deadline_.get());
     }
     auto hdl = scribe->hdl();
     parent()->add_scribe(std::move(scribe));
@@ -262,6 +446,8 @@ public:
 
 private:
   std::shared_ptr<const caf_port_options> opts_;
+  // Its thread ends with the doorman; scribes keep only their own entries.
+  std::shared_ptr<handshake_deadline> deadline_;
 };
 
 class guarded_middleman : public caf::io::middleman_actor_impl {
@@ -287,7 +473,76 @@ private:
   std::shared_ptr<const caf_port_options> opts_;
 };
 
+/// A TCP connection to `host`:`port` within `timeout`; the socket, or why not.
+caf::expected<native_socket> connect_within(const std::string& host, uint16_t port,
+                                            std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  auto service = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return make_error(af_error::unreachable,
+                      "cannot resolve '" + host + "': " + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, ::freeaddrinfo};
+  std::string why = "no address";
+  for (auto* ai = found; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                      ai->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      socklen_t len = sizeof(err);
+      if (n == 1)
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      else
+        err = n == 0 ? ETIMEDOUT : errno;
+    }
+    if (err == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    why = err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count()) + " ms"
+                           : std::string{std::strerror(err)};
+    ::close(fd);
+  }
+  return make_error(af_error::unreachable, why);
+}
+
 } // namespace
+
+caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
+                                                  uint16_t port, std::chrono::milliseconds timeout) {
+  auto fd = connect_within(host, port, timeout);
+  if (!fd)
+    return std::move(fd.error());
+  auto& mpx = static_cast<net::default_multiplexer&>(sys.middleman().backend());
+  auto opts = std::make_shared<const caf_port_options>();
+  if (!sys.has_openssl_manager())
+    return caf::io::scribe_ptr{caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), nullptr)};
+  ERR_clear_error();
+  caf::openssl::session_ptr session;
+  try {
+    // Loads the [security] files (checked at start-up) and starts SSL_connect.
+    session = caf::openssl::make_session(sys, *fd, false);
+  } catch (const std::exception& e) {
+    ::close(*fd);
+    return make_error(af_error::unreachable, std::string{"cannot set up TLS: "} + e.what());
+  }
+  if (!session) {
+    ::close(*fd);
+    return make_error(af_error::unreachable,
+                      "TLS handshake failed (" + tls_errors("no TLS session") + ")");
+  }
+  return caf::io::scribe_ptr{
+    caf::make_counted<tls_scribe>(mpx, *fd, std::move(session), std::move(opts), nullptr)};
+}
 
 caf::actor spawn_guarded_middleman(caf::actor_system& sys, caf_port_options opts) {
   auto shared = std::make_shared<const caf_port_options>(std::move(opts));

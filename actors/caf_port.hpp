@@ -4,6 +4,9 @@
 /// what a stranger can do before BASP's handshake is bounded without patching
 /// CAF 0.17.6:
 ///
+/// - An accepted connection whose handshake (TLS, then BASP's) did not go
+///   through within `handshake_timeout` ([node] handshake_timeout_ms) is
+///   closed: an idle stranger holds a descriptor for that long only.
 /// - Until the client's handshake went through, an accepted connection may
 ///   announce at most `max_handshake_bytes` of payload per message. CAF's BASP
 ///   broker sizes its receive buffer to the 32-bit payload_len of any header
@@ -18,9 +21,10 @@
 ///   plaintext BASP, a port scan) is logged with the peer's address and
 ///   OpenSSL's reason.
 ///
-/// Outgoing connections (sessions) still go through CAF's middleman or
-/// openssl manager: they reach only the nodes the cluster config names.
+/// Outgoing connections of sessions are opened by connect_scribe, with the
+/// same scribes (the cap applies to the node's server handshake).
 
+#include <chrono>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -29,6 +33,7 @@
 #include "caf/actor_control_block.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
+#include "caf/io/fwd.hpp"
 
 namespace af {
 
@@ -38,6 +43,9 @@ struct caf_port_options {
   /// Largest message after it ([node] max_message_bytes plus room for the
   /// message around a tensor); BASP itself allows 4 GiB - 1.
   uint64_t max_message_bytes = uint64_t{2} << 30;
+  /// How long an accepted connection may take to its BASP handshake (its
+  /// TLS handshake first, with TLS) before it is closed.
+  std::chrono::milliseconds handshake_timeout{10000};
   /// Mutual TLS with the system's openssl::manager (which must be loaded).
   bool tls = false;
   /// This process ("/job:ps/task:0"), for the log lines.
@@ -53,5 +61,21 @@ caf::actor spawn_guarded_middleman(caf::actor_system& sys, caf_port_options opts
 caf::expected<uint16_t> publish_guarded(caf::actor_system& sys, const caf::actor& mm,
                                         caf::strong_actor_ptr whom, std::set<std::string> sigs,
                                         uint16_t port, const std::string& host);
+
+/// A connection to the CAF port at `host`:`port` (connected within
+/// `timeout`; mutual TLS when the system has an openssl manager), as a
+/// scribe for the BASP broker: request its connect_atom with it and the
+/// port, and it answers with the node, the published actor and its interface
+/// once BASP's handshake is done. Instead of the middleman actor's connect
+/// (CAF's or the openssl manager's):
+/// - CAF's TLS scribe judges each OpenSSL call by an error queue that another
+///   connection's failure may have filled (caf_port.cpp); this one empties it.
+/// - The middleman actor connects with a blocking connect() in its one
+///   thread (by its code: a host that drops SYNs would hold every other
+///   connect of the process until the kernel gives up), and answers from a
+///   cache of host:port: a node that just died is handed out as its dead
+///   proxy until CAF saw the close, and a request to it is never answered.
+caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
+                                                  uint16_t port, std::chrono::milliseconds timeout);
 
 } // namespace af

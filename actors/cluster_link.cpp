@@ -4,7 +4,11 @@
 
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
+#include "caf/io/basp_broker.hpp"
+#include "caf/io/scribe.hpp"
 #include "caf/openssl/manager.hpp"
+
+#include "actors/caf_port.hpp"
 
 #include "actors/node.hpp"
 #include "actors/system.hpp"
@@ -59,38 +63,39 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   }
   conn.actor = find_local_node(conn.address, &sys);
   if (!conn.actor) {
-    // The middleman's own remote_actor waits without bound; ask it directly so
-    // that an unreachable host fails within connect_timeout. With [security]
-    // the openssl manager's actor is the same interface over TLS.
+    // The BASP broker gets a connection of ours (connect_scribe says why not
+    // the middleman's): an unreachable host fails within connect_timeout.
     caf::error err;
-    auto middleman = sys.has_openssl_manager() ? sys.openssl_manager().actor_handle()
-                                               : sys.middleman().actor_handle();
-    self->request(middleman, opts.connect_timeout, caf::connect_atom::value,
-                  addr->host, addr->port)
-      .receive(
-        [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
-          if (!ptr)
-            err = make_error(af_error::unreachable, "nothing is published at " + conn.address
-                                                      + " for " + key);
-          else if (!sys.assignable<node_actor>(ifs))
-            err = make_error(af_error::unreachable,
-                             conn.address + " (" + key
-                               + ") answers but is not an actorflow node of this version");
-          else
-            conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
-        },
-        [&](caf::error& e) {
-          auto why = e == caf::sec::request_timeout
-                       ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
-                       : describe(e);
-          if (e == caf::sec::disconnect_during_handshake)
-            why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
-                         "is it running with [security]?)"
-                       : " (is the node running with [security]? then this client needs it too)";
-          err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
-                                                    + ": " + why
-                                                    + "; is actorflow-node running there?");
-        });
+    auto on_answer = [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+      if (!ptr)
+        err = make_error(af_error::unreachable,
+                         "nothing is published at " + conn.address + " for " + key);
+      else if (!sys.assignable<node_actor>(ifs))
+        err = make_error(af_error::unreachable,
+                         conn.address + " (" + key
+                           + ") answers but is not an actorflow node of this version");
+      else
+        conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
+    };
+    auto on_error = [&](caf::error& e) {
+      auto why = e == caf::sec::request_timeout
+                   ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
+                   : describe(e);
+      if (e == caf::sec::disconnect_during_handshake)
+        why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
+                     "is it running with [security]?)"
+                   : " (is the node running with [security]? then this client needs it too)";
+      err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address + ": "
+                                                + why + "; is actorflow-node running there?");
+    };
+    auto scribe = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout);
+    if (!scribe)
+      on_error(scribe.error());
+    else
+      self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")),
+                    opts.connect_timeout, caf::connect_atom::value, std::move(*scribe),
+                    addr->port)
+        .receive(on_answer, on_error);
     if (err)
       return err;
   }

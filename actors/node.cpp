@@ -428,6 +428,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   // size a buffer); it ends with the node.
   caf_port_options port_opts;
   port_opts.max_handshake_bytes = static_cast<uint32_t>(opts.max_handshake_bytes);
+  port_opts.handshake_timeout = std::chrono::milliseconds{opts.handshake_timeout_ms};
   // A tensor travels inside a message: its header, names, shape.
   port_opts.max_message_bytes = static_cast<uint64_t>(opts.max_message_bytes) + (1 << 20);
   port_opts.tls = *tls != nullptr;

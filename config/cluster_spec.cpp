@@ -101,6 +101,8 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
     } else if (key == "max_handshake_bytes") {
       // BASP's first message (the client's handshake) is a few hundred bytes.
       err = int_field(out.max_handshake_bytes, 1024, 64 << 20);
+    } else if (key == "handshake_timeout_ms") {
+      err = int_field(out.handshake_timeout_ms, 100, 3600000);
     } else if (key == "scheduler") {
       if (!v.is_string() || (v.as_string().str != "sharing" && v.as_string().str != "stealing"))
         err = config_error(where + " must be \"sharing\" or \"stealing\"");
@@ -116,7 +118,7 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
                                  "bind, data_port, heartbeat_ms, connection_timeout_ms, "
                                  "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms, "
                                  "max_variable_bytes, max_message_bytes, max_data_connections, "
-                                 "max_handshake_bytes)");
+                                 "max_handshake_bytes, handshake_timeout_ms)");
     }
     if (err)
       return err;
@@ -429,7 +431,8 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
         << "\nmax_variable_bytes = " << opts->max_variable_bytes
         << "\nmax_message_bytes = " << opts->max_message_bytes
         << "\nmax_data_connections = " << opts->max_data_connections
-        << "\nmax_handshake_bytes = " << opts->max_handshake_bytes << "\n";
+        << "\nmax_handshake_bytes = " << opts->max_handshake_bytes
+        << "\nhandshake_timeout_ms = " << opts->handshake_timeout_ms << "\n";
     if (opts->data_port != 0)
       out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())

@@ -59,6 +59,9 @@ struct node_options {
   /// What a CAF peer may announce before its handshake completes (BASP's
   /// first message): more and the connection is closed unread.
   int32_t max_handshake_bytes = 65536;
+  /// How long a CAF peer may take to finish its handshake (TLS, then BASP's)
+  /// before its connection is closed.
+  int32_t handshake_timeout_ms = 10000;
 };
 
 class cluster_spec {

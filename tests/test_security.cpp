@@ -46,6 +46,7 @@ struct test_cluster {
   uint16_t port = free_loopback_port();
   std::string config = dir / "cluster.toml";
   std::string cluster_table;
+  std::string security_table; ///< what actorflow-certs printed (secure only)
 
   explicit test_cluster(bool secure, const std::vector<std::string>& certs_args = {}) {
     cluster_table = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(port)
@@ -61,7 +62,13 @@ struct test_cluster {
     // What it prints is what a user pastes.
     auto at = made.output.find("[security]");
     REQUIRE(at != std::string::npos);
-    write(config, cluster_table + "\n" + made.output.substr(at));
+    security_table = made.output.substr(at);
+    write(config, cluster_table + "\n" + security_table);
+  }
+
+  /// The config again, with `lines` added to its [node] table.
+  void add_node_lines(const std::string& lines) {
+    write(config, cluster_table + lines + (security_table.empty() ? "" : "\n" + security_table));
   }
 
   cluster_spec spec() const { return value_of(load_cluster_config(config)).cluster; }
@@ -109,6 +116,33 @@ long rss_kib(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0)
       return std::stol(line.substr(6));
   return -1;
+}
+
+/// A plain TCP connection to 127.0.0.1:`port`.
+int connect_loopback(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+/// Whether the peer closes `fd` within `limit` (what it sends is read and
+/// dropped: BASP's server handshake, a TLS alert).
+bool closed_within(int fd, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0)
+      continue;
+    char buf[4096];
+    if (::recv(fd, buf, sizeof(buf), 0) <= 0)
+      return true;
+  }
+  return false;
 }
 
 /// Assigns [3, 4] to a new variable on the ps and reads it back.
@@ -383,13 +417,7 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   auto before = rss_kib(pid);
   REQUIRE(before > 0);
 
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(c.port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  int fd = connect_loopback(c.port);
   // BASP's 32-byte header in network order: a client handshake of BASP
   // version 3 whose payload is 3 GiB.
   unsigned char header[32] = {};
@@ -399,16 +427,7 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   header[15] = 3;                             // operation_data: the version
   REQUIRE(::send(fd, header, sizeof(header), MSG_NOSIGNAL) == 32);
   // The node closes it: read (its own handshake) until the end, bounded.
-  bool closed = false;
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!closed && std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0)
-      continue;
-    char buf[4096];
-    auto n = ::recv(fd, buf, sizeof(buf), 0);
-    closed = n <= 0;
-  }
+  bool closed = closed_within(fd, 10s);
   ::close(fd);
   CHECK(closed);
   REQUIRE(node.wait_for("announces a message of 3221225472 bytes", 10s));
@@ -423,10 +442,52 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
 }
 
+// Catches a CAF port where a stranger that connects and sends nothing (or
+// stops inside its TLS handshake) holds a descriptor for ever, and a
+// deadline that closes connections whose handshake went through: the
+// client connected before the stranger is older than the deadline when the
+// stranger is closed, and the line names the stranger alone.
+TEST_CASE("a CAF peer that does not finish its handshake within handshake_timeout_ms is closed, "
+          "with and without TLS, and a client's connection stays",
+          "[security]") {
+  bool secure = GENERATE(false, true);
+  INFO((secure ? "with" : "without") << " [security]");
+  test_cluster c{secure};
+  c.add_node_lines("handshake_timeout_ms = 500\n");
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  auto sec = secure ? client_security(c.config) : security_options{};
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options(sec)));
+  REQUIRE(value_of(s.ping("ps", 0)).job == "ps");
+
+  int fd = connect_loopback(c.port);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0);
+  auto stranger = "127.0.0.1:" + std::to_string(ntohs(local.sin_port));
+  auto start = std::chrono::steady_clock::now();
+  bool closed = closed_within(fd, 10000ms);
+  auto took = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  INFO(node.output());
+  CHECK(closed);
+  CHECK(took >= 450ms); // the deadline, not at once
+  REQUIRE(node.wait_for("no handshake within 500 ms", 10s));
+  std::smatch m;
+  auto out = node.output();
+  REQUIRE(std::regex_search(out, m, std::regex{R"(closed (.*) on the CAF port: no handshake)"}));
+  CHECK(m[1] == stranger);
+  // The client's connection, older than the deadline, serves on.
+  CHECK(value_of(s.ping("ps", 0)).job == "ps");
+  CHECK(count(node.output(), "no handshake within") == 1);
+}
+
 TEST_CASE("a CAF message over max_message_bytes closes its connection before the buffer is made",
           "[security]") {
   test_cluster c{false};
-  write(c.config, c.cluster_table + "max_message_bytes = 1048576\n");
+  c.add_node_lines("max_message_bytes = 1048576\n");
   background_process node{c.node_args()};
   REQUIRE(node.wait_for("actorflow-node ready", 30s));
   system_config cfg{node_options{}};

@@ -236,6 +236,10 @@ struct job_spec {
   std::string train_table;       ///< the config file's [train] lines
   /// Extra arguments of a worker task, by index (e.g. --step-delay-ms).
   std::map<int, std::vector<std::string>> worker_args;
+  /// Mutual TLS on both planes: actorflow-certs makes a CA and a
+  /// certificate per task under dir/certs, and its [security] table goes
+  /// into the config.
+  bool secure = false;
 };
 
 /// The processes of one actorflow-train job: a config of fresh loopback ports
@@ -254,6 +258,7 @@ public:
   /// when one was taken between choosing it and binding it.
   static std::unique_ptr<train_job> start(const std::string& dir, const job_spec& spec) {
     std::string last;
+    std::string security; // the [security] table actorflow-certs printed
     for (int attempt = 0; attempt < 3; ++attempt) {
       std::unique_ptr<train_job> j{new train_job};
       j->spec_ = spec;
@@ -276,8 +281,20 @@ public:
         for (int w = 0; w < n_workers; ++w)
           f << (w ? ", " : "") << workers[static_cast<size_t>(w)];
         f << "]\n\n[train]\n" << spec.train_table;
+        if (!security.empty())
+          f << "\n" << security;
       };
       write(j->config_, spec.workers);
+      if (spec.secure && security.empty()) {
+        // The same files serve every attempt: a certificate names its
+        // task and host, not its port.
+        auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", j->config_}, std::chrono::seconds{60});
+        auto at = made.output.find("[security]");
+        if (made.exit_code != 0 || at == std::string::npos)
+          FAIL("actorflow-certs failed:\n" << made.output);
+        security = made.output.substr(at);
+        write(j->config_, spec.workers);
+      }
       if (spec.spare_workers > 0)
         write(j->join_config_, spec.workers + spec.spare_workers);
       // The ps first, the chief last: as an operator would start them (the
