@@ -252,6 +252,13 @@ public:
   /// error if it does not answer within the timeout.
   caf::expected<node_info> ping(const std::string& job, int32_t task);
 
+  /// The same, waiting `timeout` for the answer instead of the session's
+  /// timeout (connecting still has connect_timeout). A ping sent just as
+  /// the node died may go to its proxy, which CAF never answers: a poll
+  /// for a node's return waits a little for each.
+  caf::expected<node_info> ping(const std::string& job, int32_t task,
+                                std::chrono::milliseconds timeout);
+
   /// Waits until /job:J/task:T answers (it may still be starting), trying
   /// again every 50 ms; after `timeout` returns the last error, which names
   /// the task and its address ("waiting for cluster connection").

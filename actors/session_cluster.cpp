@@ -8,6 +8,11 @@
 namespace af {
 
 caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
+  return ping(job, task, impl_->opts.timeout);
+}
+
+caf::expected<node_info> session::ping(const std::string& job, int32_t task,
+                                       std::chrono::milliseconds timeout) {
   auto& im = *impl_;
   auto conn = im.link.connect(job, task);
   if (!conn)
@@ -15,7 +20,7 @@ caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
   // Asked now, not read from the connection: a node stopped since it was
   // connected (SIGSTOP, a hung host) must not look alive.
   caf::error err;
-  im.self->request((*conn)->actor, im.opts.timeout, caf::ping_atom::value)
+  im.self->request((*conn)->actor, timeout, caf::ping_atom::value)
     .receive([&](node_info& info) { (*conn)->info = std::move(info); },
              [&](caf::error& e) { err = im.link.explain(std::move(e), "ping", *conn); });
   if (err)

@@ -386,9 +386,7 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
   auto ms = ctx.c.ps_recovery_timeout_ms;
   if (!ctx.pinger) {
     // 5 s, not 1: a first connection over TLS (CAF loads the files and
-    // shakes hands) may take longer than 1 s on a busy machine. (It was not
-    // the cause of the secured job stopping at a ps kill, which remains
-    // open: docs/training.md.)
+    // shakes hands) may take longer than 1 s on a busy machine.
     session_options so;
     so.timeout = std::chrono::milliseconds{5000};
     so.connect_timeout = std::chrono::milliseconds{5000};
@@ -428,7 +426,10 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
                                       shard.task));
       }
     }
-    auto info = pinger.ping("ps", static_cast<int32_t>(k));
+    // 500 ms, not the pinger's 5 s: the first ping may go to the dead
+    // process's proxy before CAF saw its connection close, and CAF never
+    // answers it (in the soak, 17 of 31 recoveries waited 5 s for it).
+    auto info = pinger.ping("ps", static_cast<int32_t>(k), std::chrono::milliseconds{500});
     if (info && info->incarnation == shard.incarnation)
       return std::optional<node_info>{};
     if (info)
@@ -500,15 +501,24 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
     state = std::move(*st);
   }
   // A surviving shard knows the workers that finished or left (the new
-  // aggregator must not wait for them) and, in async and ssp, where the
-  // job's step is: every push moves it, so the chief's last view of this
-  // shard lags the others' by the pushes since.
+  // aggregator must not wait for them) and where the job's step is.
+  //   async, ssp: every push moves it, so the chief's last view of this
+  //     shard lags the others' by the pushes since.
+  //   sync: a round the chief pushed to may have closed on the others with
+  //     every worker's gradient, and another worker may have pushed its next
+  //     gradient there already, while this shard's died with it. Restored at
+  //     the chief's step, that worker's part for this shard went one round
+  //     behind its other parts for the rest of the job (each shard is pushed
+  //     at its own step), and a surviving ps ended a round past the job's
+  //     steps (seen in CI: 3001 of 3000). At the survivor's step, a part
+  //     pushed for an earlier step is dropped as late and answered at once,
+  //     and every worker pushes the next round to every shard.
   std::optional<aggregator_stats> survivor;
   for (size_t j = 0; j < ctx.shards.size() && !survivor; ++j)
     if (j != k)
       if (auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value))
         survivor = std::move(*stats);
-  if (survivor && train::step_per_push(survivor->mode))
+  if (survivor)
     step = std::max(step, survivor->global_step);
   state.global_step = step;
   auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(state));
@@ -981,6 +991,26 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // sync: every shard closes the same rounds, so the shards end at one
+    // step unless a live switch left them apart. A shard that ended
+    // elsewhere is said, with every shard's step: the job's step below is
+    // the first shard's, which may differ from the one the workers stopped
+    // at.
+    if (outcome.stats.mode == "sync" && shards.size() > 1) {
+      std::vector<std::string> at;
+      bool differ = false;
+      for (const auto& shard : shards) {
+        auto st = ask<aggregator_stats>(s, shard.actor, timeout, stats_atom::value);
+        if (!st)
+          break;
+        differ = differ || st->global_step != outcome.stats.global_step;
+        at.push_back(fmt::format("{} at {}", shard.task, st->global_step));
+      }
+      if (differ)
+        log::get()->warn("chief: the sync job's ps ended at different global steps ({}); the "
+                         "chief stopped at {}",
+                         fmt::join(at, ", "), outcome.result.global_step);
     }
     // The job's last step (async: the others' last pushes came after the
     // chief's), which the final checkpoint records too.
