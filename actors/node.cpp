@@ -101,6 +101,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   auto& st = self->state;
   st.directory = std::move(directory);
   st.request_timeout_ms = opts.request_timeout_ms;
+  st.max_variable_bytes = opts.max_variable_bytes;
   st.info.data_port = data_port;
   st.info.job = job;
   st.info.task = task;
@@ -184,8 +185,17 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                             + " bytes (at most " + std::to_string(wire::max_name) + ")");
       // Negative dimensions, unknown dtypes and sizes that overflow are
       // refused before anything is allocated for the variable.
-      if (auto bytes = value_bytes(spec); !bytes)
+      auto bytes = value_bytes(spec);
+      if (!bytes)
         return std::move(bytes.error());
+      // The same limit as the data plane's ops, here where the buffer (and
+      // an optimizer's slots of the same size) would be made.
+      if (*bytes > static_cast<uint64_t>(st.max_variable_bytes))
+        return make_error(af_error::resource_exhausted,
+                          fmt::format("variable '{}' of {}{} needs {} bytes, over node {}'s limit "
+                                      "of {} bytes per variable ([node] max_variable_bytes)",
+                                      spec.name, dtype_name(spec.type), shape_string(spec.shape),
+                                      *bytes, st.device_prefix, st.max_variable_bytes));
       auto dev = device_name::parse(spec.device);
       if (!dev || !st.executors.count(dev->local_device()))
         return make_error(af_error::unknown_device,

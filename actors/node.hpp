@@ -29,6 +29,7 @@ struct node_state {
   node_info info;
   std::string device_prefix;                       ///< /job:J/replica:0/task:T
   int32_t request_timeout_ms = 10000;              ///< its requests to its own actors
+  int64_t max_variable_bytes = int64_t{2} << 30;   ///< [node] max_variable_bytes
   std::map<std::string, executor_actor> executors; ///< "CPU:0" -> executor
   struct entry {
     variable_spec spec;

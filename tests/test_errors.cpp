@@ -214,3 +214,30 @@ TEST_CASE("an op built on an invalid output is an error when run, not a crash", 
   CHECK(is(r.error(), af_error::invalid_argument));
   CHECK(describe(r.error()).find("op 'uses_it' has an invalid input") != std::string::npos);
 }
+
+// Catches a node that makes a variable of any size it is asked for: the data
+// plane's ops already refused a value over max_variable_bytes, but creating
+// the variable (and its optimizer slots, each of the same size) through CAF
+// was bounded by nothing, so one request of shape [2^40] made the node try.
+TEST_CASE("a variable over max_variable_bytes is refused at creation, naming the limit; one "
+          "within it is made",
+          "[errors][limits]") {
+  auto opts = embedded_cluster::defaults();
+  opts.max_variable_bytes = 4096;
+  embedded_under_test c{{{"ps", 1}}, opts};
+  auto s = c.connect("ps", 0);
+  auto big = s.variable("big", {1025}); // 4100 bytes of float32
+  REQUIRE_FALSE(big);
+  CHECK(is(big.error(), af_error::resource_exhausted));
+  auto text = describe(big.error());
+  CHECK(text.find("variable 'big'") != std::string::npos);
+  CHECK(text.find("needs 4100 bytes") != std::string::npos);
+  CHECK(text.find("[node] max_variable_bytes") != std::string::npos);
+  auto huge = s.variable("huge", {int64_t{1} << 40});
+  REQUIRE_FALSE(huge);
+  CHECK(is(huge.error(), af_error::resource_exhausted));
+  auto fits = s.variable("fits", {1024}, initializer::constant(1));
+  REQUIRE(fits);
+  require_ok(s.initialize());
+  CHECK(value_of(s.run(*fits)).num_elements() == 1024);
+}
