@@ -937,6 +937,15 @@ int main(int argc, char** argv) {
   app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)");
   int poll_us = 50;
   app.add_option("--reply-poll-us", poll_us, "session_options::reply_poll in microseconds");
+  // The soak is parsed before CLI11 (run_helper, bench_train.cpp) and must
+  // come first; it is listed here so that --help shows it.
+  app.footer(
+    "Soak (docs/training.md \"The soak\"): sync training, a random task killed with kill -9 "
+    "every S seconds\n"
+    "  --soak SECONDS        run the soak for SECONDS (must be the first argument)\n"
+    "  --soak-interval S     seconds between two faults (default 15)\n"
+    "  --soak-checkpoint K   the job checkpoints every K steps (default 50)\n"
+    "  --soak-seed N         seed of the choice of the task to kill (default 1)");
   CLI11_PARSE(app, argc, argv);
   std::set<std::string> chosen;
   if (!only.empty())
