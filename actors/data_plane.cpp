@@ -1,4 +1,5 @@
 #include "actors/data_plane.hpp"
+#include "actors/tls_io.hpp"
 
 #include <limits.h>
 
@@ -201,7 +202,7 @@ read_end tls_read_timed(const link& io, void* buf, size_t n, int first_wait_ms, 
   auto* p = static_cast<char*>(buf);
   bool any = false;
   while (n > 0) {
-    if (poll_first && !any && SSL_has_pending(io.ssl) == 0) {
+    if (poll_first && !any && !tls_has_pending(io.ssl)) {
       pollfd pfd{io.fd, POLLIN, 0};
       int rc;
       do
@@ -815,7 +816,7 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
     return nullptr;
   }
   SSL* ssl = SSL_new(tls_->native());
-  if (ssl == nullptr || !tls_set_socket(ssl, fd)) {
+  if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd)) {
     log::get()->warn("{} data plane: refused {}: {}", node_name_, peer,
                      tls_errors("no TLS session (out of memory?)"));
     SSL_free(ssl);
@@ -1080,7 +1081,7 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   if (tls) {
     ssl = SSL_new(tls->native());
     std::string why;
-    if (ssl == nullptr || !tls_set_socket(ssl, fd))
+    if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd))
       why = tls_errors("no TLS session (out of memory?)");
     else
       why = handshake(ssl, fd, false, timeout);
@@ -1114,7 +1115,7 @@ void data_channel::reopen_if_closed_by_peer() {
   // failing. Back-to-back ops skip the check (a syscall each).
   if (fd_ < 0 || std::chrono::steady_clock::now() - last_reply_ < std::chrono::milliseconds{100})
     return;
-  if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+  if (ssl_ != nullptr && tls_has_pending(ssl_))
     return;
   char byte;
   auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -1140,7 +1141,7 @@ void data_channel::poll_for_reply() {
   // reply for a moment first, then block.
   if (poll_.count() <= 0)
     return;
-  if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+  if (ssl_ != nullptr && tls_has_pending(ssl_))
     return;
   auto until = std::chrono::steady_clock::now() + poll_;
   char byte;
@@ -1261,7 +1262,7 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
     // the timeout is the same as read_all's.
     auto until = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
-      if (ssl_ != nullptr && SSL_has_pending(ssl_) != 0)
+      if (ssl_ != nullptr && tls_has_pending(ssl_))
         break;
       pollfd pfd{fd_, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 20);
