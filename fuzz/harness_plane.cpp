@@ -1,8 +1,6 @@
 #include "fuzz/harness.hpp"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 #include "actors/data_plane.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
+#include "tests/loopback_client.hpp"
 
 // The data plane's harness, apart from the parsers' (harness.cpp): it needs
 // the whole actorflow library, they do not.
@@ -55,28 +54,13 @@ plane_fixture& fixture() {
   return *f;
 }
 
-int connect_to(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0)
-    return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 } // namespace
 
 std::string data_plane(const uint8_t* data, size_t size) {
   auto& f = fixture();
   if (!f.problem.empty())
     return f.problem;
-  int fd = connect_to(f.server->port());
+  int fd = testing::connect_loopback(f.server->port());
   if (fd < 0)
     return "the data plane refused a connection: " + std::string{std::strerror(errno)};
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

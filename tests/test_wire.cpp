@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "loopback_client.hpp"
 #include "scenarios.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/variable.hpp"
@@ -23,20 +24,6 @@ using namespace af::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-/// A TCP connection to 127.0.0.1:`port`; -1 if refused.
-int connect_loopback(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 /// Waits up to `limit` for the peer to close `fd`: true if it did (EOF).
 bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
