@@ -405,6 +405,37 @@ TEST_CASE("a node that ends by a failure exits 1 and says why; asked to stop, it
       CHECK(node.output().find("stopped") != std::string::npos);
     }
   }
+  // The failure of an actor the node is linked to, not an exit message to
+  // the node itself: its CPU:0 executor ends with an error, and the link
+  // takes the node down with that reason. Catches a node whose executors
+  // are not linked to it, or whose exit handler does not stop it (or stops
+  // it cleanly, exit 0) when one fails: it would serve on without a device.
+  // Nothing a peer sends can make an executor throw (issue 11 §2: that
+  // would be a bug to fix), so the executor is ended as any peer may end
+  // an actor it has a handle of, by an exit message.
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  auto h = sys.middleman().remote_actor<node_actor>("127.0.0.1", c.port);
+  INFO((h ? std::string{} : sys.render(h.error())));
+  REQUIRE(h);
+  caf::scoped_actor self{sys};
+  executor_actor cpu0;
+  std::string why;
+  self->request(*h, std::chrono::seconds{10}, executor_atom::value, std::string{"CPU:0"})
+    .receive([&](executor_actor& e) { cpu0 = e; },
+             [&](caf::error& err) { why = sys.render(err); });
+  INFO("the node's CPU:0 executor: " << why);
+  REQUIRE(cpu0);
+  caf::anon_send_exit(cpu0, caf::exit_reason::unhandled_exception);
+  auto exit_code = node.wait_exit(15s);
+  INFO(node.output());
+  REQUIRE(exit_code);
+  CHECK(*exit_code == 1);
+  CHECK(node.output().find("executor CPU:0 failed") != std::string::npos);
+  CHECK(node.output().find("the node failed") != std::string::npos);
+  CHECK(node.output().find("unhandled_exception") != std::string::npos);
 }
 
 TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the node's memory "
