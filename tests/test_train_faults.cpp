@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -21,6 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "actors/data_plane.hpp"
+#include "messages/error.hpp"
+#include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train_job.hpp"
 
@@ -84,6 +88,8 @@ void ps_killed_and_restarted(const std::string& mode, bool secure = false) {
   spec.ps_tasks = 2;
   spec.secure = secure;
   spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\nmetrics = \"" + metrics + "\"\n";
+  if (mode == "sync" && !secure) // worker 1 is stopped for a while below
+    spec.train_table += "\n[node]\nconnection_timeout_ms = 120000\n";
   spec.sets = {"mode=" + mode, "optimizer=momentum", "checkpoint_steps=" + std::to_string(K),
                "steps=" + std::to_string(steps), "log_every=20", "ps_recovery_timeout_ms=30000"};
   auto job = train_job::start(dir.path, spec);
@@ -117,7 +123,59 @@ void ps_killed_and_restarted(const std::string& mode, bool secure = false) {
   INFO("the chief said it lost ps 1 " << seconds_since(killed) << " s after the kill");
   if (!noticed)
     FAIL("the chief did not say within 10 s that it lost ps 1:\n" << job->describe());
+  // sync, plaintext: the restored ps's values are read back and compared
+  // with the checkpoint the chief names. Race-free: worker 1 is stopped
+  // (SIGSTOP, its connections stay up) before ps 1 comes back, so the new
+  // aggregator's first round cannot close (it waits for worker 1's part)
+  // and nothing is applied on ps 1 until SIGCONT; the read is bounded below
+  // step_timeout_ms, and connection_timeout_ms is raised so that the
+  // heartbeat does not drop the stopped worker meanwhile. (async applies
+  // the chief's own next push at once; [security] needs a TLS client.)
+  const bool check_values = mode == "sync" && !secure;
+  auto stopped = clock_type::now();
+  if (check_values)
+    job->process("worker", 1).signal(SIGSTOP);
   job->restart("ps", 1);
+  if (check_values) {
+    auto recovered = job->wait_until(
+      [&] { return !recoveries(job->chief().output()).empty(); }, 30s);
+    if (!recovered)
+      FAIL("the chief did not print 'ps recovered:' within 30 s of ps 1's restart:\n"
+           << job->describe());
+    auto rec = recoveries(job->chief().output()).front();
+    std::smatch port_match;
+    const auto& ps1_out = job->process("ps", 1).output();
+    static const std::regex port_re{R"(data plane port (\d+))"};
+    REQUIRE(std::regex_search(ps1_out, port_match, port_re));
+    auto port = static_cast<uint16_t>(std::stoul(port_match[1].str()));
+    auto ckpt = train::load(rec.from);
+    INFO(rec.from);
+    REQUIRE(ckpt);
+    auto ch = data_channel::connect("127.0.0.1", port, "ps 1's data plane", 10s);
+    INFO((ch ? std::string{} : describe(ch.error())));
+    REQUIRE(ch);
+    size_t compared = 0;
+    for (const auto& v : ckpt->variables) {
+      auto got = (*ch)->call(var_op::read, v.name, nullptr, false);
+      if (!got && describe(got.error()).find("no variable") != std::string::npos)
+        continue; // one of ps 0's (max_partitions = 1: whole variables, i % 2)
+      INFO("variable '" << v.name << "' of ps 1 against " << rec.from);
+      REQUIRE(got);
+      CHECK(got->first.type() == v.value.type());
+      CHECK(got->first.shape() == v.value.shape());
+      REQUIRE(got->first.nbytes() == v.value.nbytes());
+      CHECK(std::memcmp(got->first.bytes(), v.value.bytes(), v.value.nbytes()) == 0);
+      ++compared;
+    }
+    CHECK(compared > 0);
+    // Worker 1 was still in the membership (the round could not close
+    // without it) for all of the reads.
+    auto waited = seconds_since(stopped);
+    INFO("worker 1 was stopped for " << waited << " s");
+    REQUIRE(waited < 30.0); // step_timeout_ms = 30000: no round expired yet
+    CHECK(job->chief().output().find("left at global step") == std::string::npos);
+    job->process("worker", 1).signal(SIGCONT);
+  }
   check_all_exit_0(*job, 60s);
 
   const auto& out = job->chief().output();
@@ -173,8 +231,10 @@ void ps_killed_and_restarted(const std::string& mode, bool secure = false) {
 // Catches: a job that fails (or hangs) when a ps dies instead of waiting for
 // it; a chief that reloads every ps (ps 0's counters would restart); a
 // restore from something other than the latest checkpoint, or a restore
-// that loses more than one checkpoint interval; a worker that does not find
-// the restarted ps's new aggregator and data port.
+// that loses more than one checkpoint interval; (sync) a restored ps whose
+// values are not the ones of the checkpoint the chief names (another
+// checkpoint, another ps's rows, its initial values); a worker that does not
+// find the restarted ps's new aggregator and data port.
 TEST_CASE("a ps of a sync job killed with SIGKILL and restarted is restored from the latest "
           "checkpoint, losing at most one interval, while the other ps keeps its state",
           "[train][processes][recovery]") {
