@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -21,6 +22,9 @@
 #include <fmt/format.h>
 
 #include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include "caf/all.hpp"
 #include "caf/io/basp/header.hpp"
@@ -33,7 +37,6 @@
 #include "caf/io/network/native_socket.hpp"
 #include "caf/io/network/scribe_impl.hpp"
 #include "caf/io/network/stream_impl.hpp"
-#include "caf/openssl/session.hpp"
 
 #include "actors/log.hpp"
 #include "messages/error.hpp"
@@ -67,6 +70,13 @@ struct pending_handshake {
   bool timed_out = false;
   explicit pending_handshake(native_socket s) : fd(s) {}
 };
+
+/// Connections this process opened, by socket, until settle_connection(),
+/// and why one failed its TLS handshake, until connect_failure() takes it
+/// (the BASP broker only says "disconnect during handshake").
+std::mutex failures_mtx;
+std::map<native_socket, std::weak_ptr<pending_handshake>> opened;
+std::map<native_socket, std::string> failures;
 
 /// A scribe's hold on its entry: released when the handshake went through,
 /// and when the scribe goes (declared after its stream, so before the
@@ -252,11 +262,11 @@ private:
 
 class plain_scribe : public net::scribe_impl {
 public:
-  /// `deadline`: an accepted connection's (null for one this process opened).
+  /// `pending`: its entry until the peer's handshake went through.
   plain_scribe(net::default_multiplexer& mpx, native_socket fd,
-               std::shared_ptr<const caf_port_options> opts, handshake_deadline* deadline)
-    : net::scribe_impl(mpx, fd), guard_(std::move(opts), deadline == nullptr),
-      token_(deadline != nullptr ? deadline->track(fd) : nullptr) {
+               std::shared_ptr<const caf_port_options> opts, bool outbound,
+               std::shared_ptr<pending_handshake> pending)
+    : net::scribe_impl(mpx, fd), guard_(std::move(opts), outbound), token_(std::move(pending)) {
     guard_.watch(&token_);
   }
 
@@ -269,20 +279,137 @@ private:
   deadline_token token_; // goes before the base's stream closes the socket
 };
 
-/// CAF's openssl::session as the stream's protocol, which says who failed the
-/// TLS handshake and why (CAF's own policy drops OpenSSL's reason).
-///
-/// Each call starts with an empty OpenSSL error queue. The queue is the
-/// thread's, and every CAF connection of a process runs on the multiplexer's
-/// one thread; CAF's session judges a call by SSL_get_error, which reads that
-/// queue, and does not empty it after a failure. So the reason one peer's
-/// connection failed (a ps killed: its reset, its missing close_notify) was
-/// still queued when the next connection read nothing yet, and that healthy
-/// connection was taken as failed and closed, losing the message in flight
-/// (a worker's ping of its chief as the ps died: docs/security.md).
+/// TLS on one CAF connection, in the non-blocking states of CAF's
+/// openssl::session (its read_some/write_some contract: want-read or
+/// want-write is `success` with nothing moved, a zero-length write during the
+/// handshake `indeterminate`), but:
+/// - on the process's TLS context (actors/tls.hpp: the data plane's, loaded
+///   and checked once at start-up) instead of a context loaded from the
+///   files for every connection, so both ports agree on versions and suites;
+/// - each call starts with an empty OpenSSL error queue. The queue is the
+///   thread's, and every CAF connection of a process runs on the
+///   multiplexer's one thread; CAF's session judges a call by SSL_get_error,
+///   which reads that queue, and never empties it. So the reason one peer's
+///   connection failed (a ps killed: its reset, its missing close_notify)
+///   was still queued when the next connection read nothing yet, and that
+///   healthy connection was taken as failed and closed, losing the message
+///   in flight (a worker's ping of its chief as the ps died);
+/// - on a connection this process opens, the peer must be who it dials:
+///   OpenSSL checks the certificate's subjectAltName against the host (an
+///   IP address or a DNS name), and a CN that names a task
+///   (/job:J/task:T, as actorflow-certs writes) must name the task called.
+///   libcaf-openssl checks no name: any member could pose as any task.
+class tls_session {
+public:
+  /// `host` and `task`: whom a connection this process opens must reach
+  /// (empty for an accepted one). Null: out of memory.
+  static std::unique_ptr<tls_session> make(const tls_context& ctx, native_socket fd,
+                                           const std::string& host, const std::string& task) {
+    std::unique_ptr<tls_session> out{new tls_session};
+    out->ssl_ = SSL_new(ctx.native());
+    if (out->ssl_ == nullptr || !tls_set_socket(out->ssl_, fd))
+      return nullptr;
+    SSL_set_mode(out->ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    if (host.empty()) {
+      SSL_set_accept_state(out->ssl_);
+    } else {
+      SSL_set_connect_state(out->ssl_);
+      auto* param = SSL_get0_param(out->ssl_);
+      // An IP address is checked as one; anything else as a DNS name.
+      if (X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1
+          && SSL_set1_host(out->ssl_, host.c_str()) != 1)
+        return nullptr;
+      out->task_ = task;
+    }
+    return out;
+  }
+
+  ~tls_session() { SSL_free(ssl_); }
+  tls_session(const tls_session&) = delete;
+  tls_session& operator=(const tls_session&) = delete;
+
+  rw_state read_some(size_t& result, void* buf, size_t len) {
+    return some(false, result, buf, len);
+  }
+
+  rw_state write_some(size_t& result, const void* buf, size_t len) {
+    return some(true, result, const_cast<void*>(buf), len);
+  }
+
+  bool must_read_more(size_t threshold) {
+    return static_cast<size_t>(SSL_pending(ssl_)) >= threshold;
+  }
+
+  /// Why the handshake failed (OpenSSL's verification result or error
+  /// queue, or the task check), once; empty if it did not.
+  std::string take_failure() { return std::exchange(failure_, {}); }
+
+private:
+  tls_session() = default;
+
+  rw_state some(bool write, size_t& result, void* buf, size_t len) {
+    result = 0;
+    ERR_clear_error();
+    if (handshaking_) {
+      int ret = SSL_do_handshake(ssl_);
+      if (ret != 1) {
+        int err = SSL_get_error(ssl_, ret);
+        if (err == SSL_ERROR_WANT_READ)
+          return len == 0 && write ? rw_state::indeterminate : rw_state::success;
+        if (err == SSL_ERROR_WANT_WRITE)
+          return rw_state::success;
+        failure_ = tls_handshake_failure(ssl_, ret);
+        return rw_state::failure;
+      }
+      handshaking_ = false;
+      if (auto wrong = wrong_task(); !wrong.empty()) {
+        failure_ = wrong;
+        return rw_state::failure;
+      }
+    }
+    if (len == 0)
+      return rw_state::indeterminate;
+    size_t n = 0;
+    int ret = write ? SSL_write_ex(ssl_, buf, len, &n) : SSL_read_ex(ssl_, buf, len, &n);
+    if (ret == 1) {
+      result = n;
+      return rw_state::success;
+    }
+    int err = SSL_get_error(ssl_, ret);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE)
+      return rw_state::success;
+    ERR_clear_error(); // a closed or failed connection: nothing for the next call to see
+    return rw_state::failure;
+  }
+
+  /// Empty if the peer's certificate may be `task_`'s, else why not.
+  std::string wrong_task() const {
+    if (task_.empty())
+      return {};
+    auto* cert = SSL_get0_peer_certificate(ssl_);
+    if (cert == nullptr)
+      return "it showed no certificate";
+    char cn[256] = {};
+    if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) < 0)
+      return {};
+    std::string name{cn};
+    if (name.rfind("/job:", 0) != 0 || name == task_)
+      return {};
+    return "its certificate is " + name + "'s, not " + task_
+           + "'s: another member answers at this address (is the cluster config current?)";
+  }
+
+  SSL* ssl_ = nullptr;
+  bool handshaking_ = true;
+  std::string task_;
+  std::string failure_;
+};
+
+/// tls_session as the stream's protocol, which says who failed the TLS
+/// handshake and why.
 class logging_tls_policy {
 public:
-  logging_tls_policy(caf::openssl::session_ptr session,
+  logging_tls_policy(std::unique_ptr<tls_session> session,
                      std::shared_ptr<const caf_port_options> opts, bool outbound,
                      const deadline_token* token)
     : session_(std::move(session)), opts_(std::move(opts)), outbound_(outbound), token_(token) {
@@ -290,8 +417,7 @@ public:
   }
 
   rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
-    ERR_clear_error();
-    auto st = session_->read_some(result, fd, buf, len);
+    auto st = session_->read_some(result, buf, len);
     if (st == rw_state::success && result > 0)
       established_ = true;
     else if (st == rw_state::failure)
@@ -300,8 +426,7 @@ public:
   }
 
   rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
-    ERR_clear_error();
-    auto st = session_->write_some(result, fd, buf, len);
+    auto st = session_->write_some(result, buf, len);
     // SSL_write succeeds only once the handshake is done (the node writes
     // BASP's server handshake first): a peer that leaves after it was not refused.
     if (st == rw_state::success && result > 0)
@@ -311,8 +436,8 @@ public:
     return st;
   }
 
-  bool must_read_more(native_socket fd, size_t threshold) {
-    return session_->must_read_more(fd, threshold);
+  bool must_read_more(native_socket, size_t threshold) {
+    return session_->must_read_more(threshold);
   }
 
 private:
@@ -323,18 +448,19 @@ private:
       return;
     }
     reported_ = true;
-    auto why = tls_errors("the connection closed during the TLS handshake");
-    if (outbound_)
-      log::get()->warn("TLS handshake with {} failed ({}): does it run with [security] and a "
-                       "certificate of this cluster's CA?",
-                       peer_of(fd), why);
-    else
+    auto why = session_->take_failure();
+    if (why.empty())
+      why = tls_errors("the connection closed during the TLS handshake");
+    if (outbound_) {
+      std::lock_guard<std::mutex> guard{failures_mtx};
+      failures[fd] = why;
+    } else
       log::get()->warn("refused {} on the CAF port: TLS handshake failed ({}); a peer needs a "
                        "certificate of the cluster CA",
                        peer_of(fd), why);
   }
 
-  caf::openssl::session_ptr session_;
+  std::unique_ptr<tls_session> session_;
   std::shared_ptr<const caf_port_options> opts_;
   bool outbound_;
   const deadline_token* token_;
@@ -342,15 +468,16 @@ private:
   bool reported_ = false;
 };
 
-/// libcaf_openssl's scribe with our policy and the first-message cap.
+/// libcaf_openssl's scribe with our session and policy and the first-message cap.
 class tls_scribe : public caf::io::scribe {
 public:
-  /// `deadline`: an accepted connection's (null for one this process opened).
-  tls_scribe(net::default_multiplexer& mpx, native_socket fd, caf::openssl::session_ptr session,
-             std::shared_ptr<const caf_port_options> opts, handshake_deadline* deadline)
-    : caf::io::scribe(net::conn_hdl_from_socket(fd)), guard_(opts, deadline == nullptr),
-      stream_(mpx, fd, std::move(session), std::move(opts), deadline == nullptr, &token_),
-      token_(deadline != nullptr ? deadline->track(fd) : nullptr) {
+  /// `pending`: its entry until the peer's handshake went through.
+  tls_scribe(net::default_multiplexer& mpx, native_socket fd, std::unique_ptr<tls_session> session,
+             std::shared_ptr<const caf_port_options> opts, bool outbound,
+             std::shared_ptr<pending_handshake> pending)
+    : caf::io::scribe(net::conn_hdl_from_socket(fd)), guard_(opts, outbound),
+      stream_(mpx, fd, std::move(session), std::move(opts), outbound, &token_),
+      token_(std::move(pending)) {
     guard_.watch(&token_);
     // nop
   }
@@ -409,35 +536,18 @@ public:
     if (opts_->tls) {
       net::nonblocking(fd, true);
       ERR_clear_error();
-      // CAF loads the files again for each connection and throws if they
-      // no longer load (a rotated key): refuse that one, keep serving.
-      caf::openssl::session_ptr session;
-      errno = 0;
-      try {
-        session = caf::openssl::make_session(parent()->system(), fd, true);
-      } catch (const std::exception& e) {
-        if (errno == EMFILE || errno == ENFILE)
-          log::get()->error("refused {} on the CAF port: cannot set up TLS ({}): out of file "
-                            "descriptors; raise the limit (ulimit -n, systemd LimitNOFILE)",
-                            peer_of(fd), e.what());
-        else
-          log::get()->error("refused {} on the CAF port: cannot set up TLS ({}); are the "
-                            "[security] files still readable and matching?",
-                            peer_of(fd), e.what());
-        net::close_socket(fd);
-        return true;
-      }
+      auto session = tls_session::make(*opts_->tls, fd, {}, {});
       if (!session) {
-        // The handshake failed at once (bytes that are no TLS were already
-        // there). CAF's doorman answers false here, which stops accepting.
-        log::get()->warn("refused {} on the CAF port: TLS handshake failed ({})", peer_of(fd),
-                         tls_errors("no TLS session"));
+        // Answering false would stop accepting for good.
+        log::get()->error("refused {} on the CAF port: cannot set up TLS ({})", peer_of(fd),
+                          tls_errors("out of memory"));
         net::close_socket(fd);
         return true;
       }
-      scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(session), opts_, deadline_.get());
+      scribe = caf::make_counted<tls_scribe>(mpx, fd, std::move(session), opts_, false,
+                                             deadline_->track(fd));
     } else {
-      scribe = caf::make_counted<plain_scribe>(mpx, fd, opts_, deadline_.get());
+      scribe = caf::make_counted<plain_scribe>(mpx, fd, opts_, false, deadline_->track(fd));
     }
     auto hdl = scribe->hdl();
     parent()->add_scribe(std::move(scribe));
@@ -517,31 +627,69 @@ caf::expected<native_socket> connect_within(const std::string& host, uint16_t po
 
 } // namespace
 
+std::string connect_failure(int64_t connection) {
+  std::lock_guard<std::mutex> guard{failures_mtx};
+  auto it = failures.find(static_cast<native_socket>(connection));
+  if (it == failures.end())
+    return {};
+  auto why = std::move(it->second);
+  failures.erase(it);
+  return why;
+}
+
 caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
-                                                  uint16_t port, std::chrono::milliseconds timeout) {
+                                                  uint16_t port, std::chrono::milliseconds timeout,
+                                                  const std::shared_ptr<tls_context>& tls,
+                                                  const std::string& task) {
   auto fd = connect_within(host, port, timeout);
   if (!fd)
     return std::move(fd.error());
   auto& mpx = static_cast<net::default_multiplexer&>(sys.middleman().backend());
   auto opts = std::make_shared<const caf_port_options>();
-  if (!sys.has_openssl_manager())
-    return caf::io::scribe_ptr{caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), nullptr)};
-  ERR_clear_error();
-  caf::openssl::session_ptr session;
-  try {
-    // Loads the [security] files (checked at start-up) and starts SSL_connect.
-    session = caf::openssl::make_session(sys, *fd, false);
-  } catch (const std::exception& e) {
-    ::close(*fd);
-    return make_error(af_error::unreachable, std::string{"cannot set up TLS: "} + e.what());
+  std::unique_ptr<tls_session> session;
+  if (tls) {
+    ERR_clear_error();
+    session = tls_session::make(*tls, *fd, host, task);
+    if (!session) {
+      ::close(*fd);
+      return make_error(af_error::unreachable,
+                        "cannot set up TLS for " + host + ": " + tls_errors("out of memory"));
+    }
   }
-  if (!session) {
-    ::close(*fd);
-    return make_error(af_error::unreachable,
-                      "TLS handshake failed (" + tls_errors("no TLS session") + ")");
+  auto pending = std::make_shared<pending_handshake>(*fd);
+  {
+    std::lock_guard<std::mutex> guard{failures_mtx};
+    opened[*fd] = pending;
   }
-  return caf::io::scribe_ptr{
-    caf::make_counted<tls_scribe>(mpx, *fd, std::move(session), std::move(opts), nullptr)};
+  if (!tls)
+    return caf::io::scribe_ptr{
+      caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), true, std::move(pending))};
+  return caf::io::scribe_ptr{caf::make_counted<tls_scribe>(mpx, *fd, std::move(session),
+                                                           std::move(opts), true,
+                                                           std::move(pending))};
+}
+
+void settle_connection(int64_t connection, bool succeeded) {
+  std::shared_ptr<pending_handshake> p;
+  {
+    std::lock_guard<std::mutex> guard{failures_mtx};
+    auto it = opened.find(static_cast<native_socket>(connection));
+    if (it == opened.end())
+      return;
+    p = it->second.lock();
+    opened.erase(it);
+  }
+  if (succeeded || !p)
+    return;
+  // The broker still holds it, waiting for a handshake that may never come
+  // (a peer that accepts and says nothing): shut it down, so that the
+  // broker drops it and the multiplexer can end (the process hung at exit).
+  std::lock_guard<std::mutex> guard{p->mtx};
+  if (!p->live)
+    return;
+  ::shutdown(p->fd, SHUT_RDWR);
+  p->live = false;
+  p->timed_out = true;
 }
 
 caf::actor spawn_guarded_middleman(caf::actor_system& sys, caf_port_options opts) {

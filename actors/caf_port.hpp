@@ -15,11 +15,12 @@
 ///   that size in configure_read() before the buffer is made, logs the peer,
 ///   shuts the socket down and asks for one byte instead: the broker then sees
 ///   the connection close as any other.
-/// - With TLS (an openssl::manager loaded, see system_config), accepted
-///   connections run CAF's own openssl::session, and one that fails before
-///   its first byte of application data (no certificate, another CA's,
-///   plaintext BASP, a port scan) is logged with the peer's address and
-///   OpenSSL's reason.
+/// - With TLS (`tls` set: the process's context, the data plane's), every
+///   connection runs OpenSSL through a session of ours in CAF's non-blocking
+///   states (caf_port.cpp says why not libcaf-openssl's), and an accepted one
+///   that fails before its first byte of application data (no certificate,
+///   another CA's, plaintext BASP, a port scan) is logged with the peer's
+///   address and OpenSSL's reason.
 ///
 /// Outgoing connections of sessions are opened by connect_scribe, with the
 /// same scribes (the cap applies to the node's server handshake).
@@ -35,6 +36,8 @@
 #include "caf/expected.hpp"
 #include "caf/io/fwd.hpp"
 
+#include "actors/tls.hpp"
+
 namespace af {
 
 struct caf_port_options {
@@ -46,8 +49,8 @@ struct caf_port_options {
   /// How long an accepted connection may take to its BASP handshake (its
   /// TLS handshake first, with TLS) before it is closed.
   std::chrono::milliseconds handshake_timeout{10000};
-  /// Mutual TLS with the system's openssl::manager (which must be loaded).
-  bool tls = false;
+  /// Mutual TLS with this context (the process's: system_tls); null: none.
+  std::shared_ptr<tls_context> tls;
   /// This process ("/job:ps/task:0"), for the log lines.
   std::string who;
 };
@@ -76,6 +79,19 @@ caf::expected<uint16_t> publish_guarded(caf::actor_system& sys, const caf::actor
 ///   cache of host:port: a node that just died is handed out as its dead
 ///   proxy until CAF saw the close, and a request to it is never answered.
 caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
-                                                  uint16_t port, std::chrono::milliseconds timeout);
+                                                  uint16_t port, std::chrono::milliseconds timeout,
+                                                  const std::shared_ptr<tls_context>& tls,
+                                                  const std::string& task);
+
+/// Says how the connect request with connect_scribe's connection (its
+/// handle's id) ended: when it failed (a timeout included) and the broker
+/// still waits for the peer's handshake, the socket is shut down, so the
+/// broker lets it go instead of holding it (and the process's exit) for ever.
+void settle_connection(int64_t connection, bool succeeded);
+
+/// Why the TLS handshake of the connection connect_scribe made (its
+/// handle's id) failed, taken once: OpenSSL's verification result, or that
+/// its certificate names another task; empty if it did not fail there.
+std::string connect_failure(int64_t connection);
 
 } // namespace af

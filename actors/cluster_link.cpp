@@ -78,8 +78,11 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
         conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
     };
     auto on_error = [&](caf::error& e) {
-      auto why = e == caf::sec::request_timeout
-                   ? "no answer within " + std::to_string(opts.connect_timeout.count()) + " ms"
+      // The TCP connection was made (connect_scribe's own failures are
+      // af_errors): what did not come is the handshake.
+      auto why = e == caf::sec::request_timeout || e == caf::sec::connection_timeout
+                   ? "it accepted the connection but did not complete the handshake in time "
+                     "(a stopped or overloaded node, or not an actorflow node?)"
                    : describe(e);
       if (e == caf::sec::disconnect_during_handshake)
         why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
@@ -88,14 +91,31 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address + ": "
                                                 + why + "; is actorflow-node running there?");
     };
-    auto scribe = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout);
-    if (!scribe)
+    auto scribe = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout, tls, key);
+    if (!scribe) {
       on_error(scribe.error());
-    else
+    } else {
+      auto id = (*scribe)->hdl().id();
+      bool answered = false;
       self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")),
                     opts.connect_timeout, caf::connect_atom::value, std::move(*scribe),
                     addr->port)
-        .receive(on_answer, on_error);
+        .receive([&](caf::node_id& nid, caf::strong_actor_ptr& ptr,
+                     std::set<std::string>& ifs) {
+                   answered = true;
+                   on_answer(nid, ptr, ifs);
+                 },
+                 [&](caf::error& e) {
+          // Our TLS check's reason, when it was that, instead of a guess.
+          auto why = connect_failure(id);
+          if (why.empty())
+            on_error(e);
+          else
+            err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
+                                                      + ": TLS handshake failed: " + why);
+        });
+      settle_connection(id, answered);
+    }
     if (err)
       return err;
   }

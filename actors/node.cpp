@@ -441,7 +441,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   port_opts.handshake_timeout = std::chrono::milliseconds{opts.handshake_timeout_ms};
   // A tensor travels inside a message: its header, names, shape.
   port_opts.max_message_bytes = static_cast<uint64_t>(opts.max_message_bytes) + (1 << 20);
-  port_opts.tls = *tls != nullptr;
+  port_opts.tls = *tls;
   port_opts.who = name;
   auto port_keeper = spawn_guarded_middleman(sys, port_opts);
   caf::actor_cast<caf::abstract_actor*>(node)->attach_functor(

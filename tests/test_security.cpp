@@ -232,10 +232,12 @@ TEST_CASE("a plaintext client and a client of another CA are refused before any 
       .receive([&](caf::node_id&, caf::strong_actor_ptr&, std::set<std::string>&) {},
                [&](caf::error& e) { refused = std::move(e); });
     CHECK(refused == caf::sec::disconnect_during_handshake);
-    INFO(node.output());
     REQUIRE(node.wait_for("refused 127.0.0.1:", 10s));
+    INFO(node.output());
     // OpenSSL's reason: the client's certificate does not verify.
-    CHECK(node.output().find("certificate verify failed") != std::string::npos);
+    CHECK(node.output().find("its certificate was refused (unable to get local issuer "
+                             "certificate)")
+          != std::string::npos);
   }
 
   // The node serves on: a member of the cluster still gets in.
