@@ -405,14 +405,42 @@ private:
   std::string failure_;
 };
 
+/// At most 10 refusal lines a second: a stranger that connects and closes
+/// in a loop (hundreds a second) would fill the log. The lines left out are
+/// counted, and the next line written says how many.
+class refusal_log {
+public:
+  /// Whether to write a line now; `skipped`: how many were left out before it.
+  static bool allow(uint64_t& skipped) {
+    static std::mutex mtx;
+    static std::chrono::steady_clock::time_point window;
+    static int used = 0;
+    static uint64_t left_out = 0;
+    std::lock_guard<std::mutex> guard{mtx};
+    auto now = std::chrono::steady_clock::now();
+    if (now - window >= std::chrono::seconds{1}) {
+      window = now;
+      used = 0;
+    }
+    if (used >= 10) {
+      ++left_out;
+      return false;
+    }
+    ++used;
+    skipped = std::exchange(left_out, 0);
+    return true;
+  }
+};
+
 /// tls_session as the stream's protocol, which says who failed the TLS
 /// handshake and why.
 class logging_tls_policy {
 public:
   logging_tls_policy(std::unique_ptr<tls_session> session,
                      std::shared_ptr<const caf_port_options> opts, bool outbound,
-                     const deadline_token* token)
-    : session_(std::move(session)), opts_(std::move(opts)), outbound_(outbound), token_(token) {
+                     const deadline_token* token, std::string peer)
+    : session_(std::move(session)), opts_(std::move(opts)), outbound_(outbound), token_(token),
+      peer_(std::move(peer)) {
     // nop
   }
 
@@ -454,16 +482,23 @@ private:
     if (outbound_) {
       std::lock_guard<std::mutex> guard{failures_mtx};
       failures[fd] = why;
-    } else
+      return;
+    }
+    uint64_t skipped = 0;
+    if (refusal_log::allow(skipped))
       log::get()->warn("refused {} on the CAF port: TLS handshake failed ({}); a peer needs a "
-                       "certificate of the cluster CA",
-                       peer_of(fd), why);
+                       "certificate of the cluster CA{}",
+                       peer_, why,
+                       skipped > 0 ? fmt::format(" ({} more refusals not logged before this one)",
+                                                 skipped)
+                                   : "");
   }
 
   std::unique_ptr<tls_session> session_;
   std::shared_ptr<const caf_port_options> opts_;
   bool outbound_;
   const deadline_token* token_;
+  std::string peer_; ///< taken at the start: a peer that left has no address
   bool established_ = false;
   bool reported_ = false;
 };
@@ -476,7 +511,7 @@ public:
              std::shared_ptr<const caf_port_options> opts, bool outbound,
              std::shared_ptr<pending_handshake> pending)
     : caf::io::scribe(net::conn_hdl_from_socket(fd)), guard_(opts, outbound),
-      stream_(mpx, fd, std::move(session), std::move(opts), outbound, &token_),
+      stream_(mpx, fd, std::move(session), std::move(opts), outbound, &token_, peer_of(fd)),
       token_(std::move(pending)) {
     guard_.watch(&token_);
     // nop
