@@ -176,7 +176,8 @@ private:
       auto more = closed.size() > named ? fmt::format(" and {} more", closed.size() - named) : "";
       closed.resize(std::min(closed.size(), named));
       log::get()->warn("closed {}{} on the CAF port: no handshake within {} ms ([node] "
-                       "handshake_timeout_ms)",
+                       "handshake_timeout_ms; a stranger or a port scan: firewall the port to the "
+                       "cluster's hosts; a member that slow: raise it)",
                        fmt::join(closed, ", "), more, limit_.count());
     }
   }
@@ -680,7 +681,12 @@ caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const 
   if (!fd)
     return std::move(fd.error());
   auto& mpx = static_cast<net::default_multiplexer&>(sys.middleman().backend());
-  auto opts = std::make_shared<const caf_port_options>();
+  // After the node's handshake, what BASP itself allows: a session's own
+  // limits are checked where it decodes (a node's max_message_bytes is not
+  // this process's to apply).
+  caf_port_options session_opts;
+  session_opts.max_message_bytes = UINT32_MAX;
+  auto opts = std::make_shared<const caf_port_options>(std::move(session_opts));
   std::unique_ptr<tls_session> session;
   if (tls) {
     ERR_clear_error();

@@ -512,14 +512,25 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   //     at its own step), and a surviving ps ended a round past the job's
   //     steps (seen in CI: 3001 of 3000). At the survivor's step, a part
   //     pushed for an earlier step is dropped as late and answered at once,
-  //     and every worker pushes the next round to every shard.
+  //     and every worker pushes the next round to every shard. Only within
+  //     that one round: after a live switch the ps count their rounds apart
+  //     for good, and a survivor's step further off says nothing about this
+  //     shard's.
+  //   average: the chief's step (the round's), as before.
   std::optional<aggregator_stats> survivor;
-  for (size_t j = 0; j < ctx.shards.size() && !survivor; ++j)
-    if (j != k)
-      if (auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value))
-        survivor = std::move(*stats);
-  if (survivor)
-    step = std::max(step, survivor->global_step);
+  auto chief_step = step;
+  for (size_t j = 0; j < ctx.shards.size(); ++j) {
+    if (j == k)
+      continue;
+    auto stats = ask<aggregator_stats>(s, ctx.shards[j].actor, timeout, stats_atom::value);
+    if (!stats)
+      continue;
+    if (train::step_per_push(stats->mode)
+        || (stats->mode == "sync" && stats->global_step <= chief_step + 1))
+      step = std::max(step, stats->global_step);
+    if (!survivor)
+      survivor = std::move(*stats);
+  }
   state.global_step = step;
   auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(state));
   if (!r)
@@ -964,6 +975,25 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   if (!outcome.result.shards.empty())
     shards = outcome.result.shards;
   if (!chief) {
+    // A sync job's rounds go on without a chief that died (its aggregators
+    // dropped it from the membership), so this worker can reach the end
+    // alone: nothing it trained since the chief's last checkpoint is saved,
+    // and the job has no result. Said, not "done": the aggregator knows
+    // whether the chief finished or left (after a normal end the ps may be
+    // stopped already: no answer is no news).
+    if (!allreduce && !shards.empty())
+      if (auto st = ask<aggregator_stats>(s, shards[0].actor, std::chrono::milliseconds{2000},
+                                          stats_atom::value))
+        for (const auto& w : st->workers)
+          if (w.worker == 0 && w.status == "left")
+            return make_error(af_error::aborted,
+                              fmt::format("worker {} reached the end of the job, but the chief "
+                                          "/job:worker/task:0 left it (it died) before: the steps "
+                                          "trained since its last checkpoint were not saved and "
+                                          "the job has no result; restart every task of the "
+                                          "job, and the chief resumes from the latest "
+                                          "checkpoint",
+                                          task));
     outcome.checkpoint = *last_checkpoint;
     return outcome;
   }

@@ -1298,16 +1298,18 @@ int run_soak(int argc, char** argv) {
     std::fflush(stdout);
     // Where each live process waits, beside its log, when gdb is there: a
     // hang seen once in 10 minutes is not seen again on demand.
+    // (mkdtemp's directory has no quote; each gdb is bounded to 30 s.)
     if (::access("/usr/bin/gdb", X_OK) == 0)
       for (auto& t : tasks)
         if (soak_running(t)) {
           auto out = dir + "/" + t.job + std::to_string(t.index) + "-"
                      + std::to_string(t.incarnation) + ".stacks";
-          auto cmd = "/usr/bin/gdb -batch -p " + std::to_string(t.pid)
+          auto cmd = "timeout 30 /usr/bin/gdb -batch -p " + std::to_string(t.pid)
                      + " -ex 'thread apply all bt' > '" + out + "' 2>&1";
-          if (std::system(cmd.c_str()) == 0)
-            std::printf("soak: stacks of /job:%s/task:%d in %s\n", t.job.c_str(), t.index,
-                        out.c_str());
+          int rc = std::system(cmd.c_str());
+          std::printf("soak: stacks of /job:%s/task:%d %s %s\n", t.job.c_str(), t.index,
+                      rc == 0 ? "in" : "not taken (gdb failed: ptrace not allowed?), see",
+                      out.c_str());
         }
     for (auto& t : tasks)
       soak_kill(t);
