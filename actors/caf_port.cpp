@@ -504,7 +504,7 @@ private:
   bool reported_ = false;
 };
 
-/// libcaf_openssl's scribe with our session and policy and the first-message cap.
+/// A scribe as libcaf_openssl's, with our session and policy and the first-message cap.
 class tls_scribe : public caf::io::scribe {
 public:
   /// `pending`: its entry until the peer's handshake went through.
