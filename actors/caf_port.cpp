@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -58,25 +57,23 @@ std::string peer_of(native_socket fd) {
   return port ? text + ":" + std::to_string(*port) : text;
 }
 
-/// An accepted connection whose BASP handshake is not done yet, as the
-/// deadline's thread sees it. `live` turns false (under `mtx`) before the
-/// scribe closes the socket, so the thread never shuts down a descriptor
-/// that was closed and reused.
+} // namespace
+
+/// A connection whose BASP handshake is not done yet, as the deadline's
+/// thread (accepted ones) or the connect request's caller (opened ones)
+/// sees it. `live` turns false (under `mtx`) before the scribe closes the
+/// socket, so nobody shuts down a descriptor that was closed and reused.
 struct pending_handshake {
   std::mutex mtx;
   native_socket fd;
   std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
   bool live = true;
   bool timed_out = false;
+  std::string failure; ///< an opened one's: why its TLS handshake failed
   explicit pending_handshake(native_socket s) : fd(s) {}
 };
 
-/// Connections this process opened, by socket, until settle_connection(),
-/// and why one failed its TLS handshake, until connect_failure() takes it
-/// (the BASP broker only says "disconnect during handshake").
-std::mutex failures_mtx;
-std::map<native_socket, std::weak_ptr<pending_handshake>> opened;
-std::map<native_socket, std::string> failures;
+namespace {
 
 /// A scribe's hold on its entry: released when the handshake went through,
 /// and when the scribe goes (declared after its stream, so before the
@@ -98,6 +95,15 @@ public:
     }
     if (!timed_out())
       p_.reset();
+  }
+
+  /// Keeps why the TLS handshake failed, for whoever opened the connection
+  /// (the BASP broker only says "disconnect during handshake").
+  void note_failure(std::string why) const {
+    if (!p_)
+      return;
+    std::lock_guard<std::mutex> guard{p_->mtx};
+    p_->failure = std::move(why);
   }
 
   /// Whether the deadline closed it (its failure then says nothing new).
@@ -481,8 +487,8 @@ private:
     if (why.empty())
       why = tls_errors("the connection closed during the TLS handshake");
     if (outbound_) {
-      std::lock_guard<std::mutex> guard{failures_mtx};
-      failures[fd] = why;
+      if (token_ != nullptr)
+        token_->note_failure(std::move(why));
       return;
     }
     uint64_t skipped = 0;
@@ -663,17 +669,7 @@ caf::expected<native_socket> connect_within(const std::string& host, uint16_t po
 
 } // namespace
 
-std::string connect_failure(int64_t connection) {
-  std::lock_guard<std::mutex> guard{failures_mtx};
-  auto it = failures.find(static_cast<native_socket>(connection));
-  if (it == failures.end())
-    return {};
-  auto why = std::move(it->second);
-  failures.erase(it);
-  return why;
-}
-
-caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
+caf::expected<opened_connection> connect_scribe(caf::actor_system& sys, const std::string& host,
                                                   uint16_t port, std::chrono::milliseconds timeout,
                                                   const std::shared_ptr<tls_context>& tls,
                                                   const std::string& task) {
@@ -697,40 +693,28 @@ caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const 
                         "cannot set up TLS for " + host + ": " + tls_errors("out of memory"));
     }
   }
-  auto pending = std::make_shared<pending_handshake>(*fd);
-  {
-    std::lock_guard<std::mutex> guard{failures_mtx};
-    opened[*fd] = pending;
-  }
+  opened_connection out;
+  out.pending = std::make_shared<pending_handshake>(*fd);
   if (!tls)
-    return caf::io::scribe_ptr{
-      caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), true, std::move(pending))};
-  return caf::io::scribe_ptr{caf::make_counted<tls_scribe>(mpx, *fd, std::move(session),
-                                                           std::move(opts), true,
-                                                           std::move(pending))};
+    out.scribe = caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), true, out.pending);
+  else
+    out.scribe = caf::make_counted<tls_scribe>(mpx, *fd, std::move(session), std::move(opts),
+                                               true, out.pending);
+  return out;
 }
 
-void settle_connection(int64_t connection, bool succeeded) {
-  std::shared_ptr<pending_handshake> p;
-  {
-    std::lock_guard<std::mutex> guard{failures_mtx};
-    auto it = opened.find(static_cast<native_socket>(connection));
-    if (it == opened.end())
-      return;
-    p = it->second.lock();
-    opened.erase(it);
-  }
-  if (succeeded || !p)
-    return;
+std::string opened_connection::settle(bool succeeded) {
+  std::lock_guard<std::mutex> guard{pending->mtx};
+  auto why = std::move(pending->failure);
   // The broker still holds it, waiting for a handshake that may never come
   // (a peer that accepts and says nothing): shut it down, so that the
   // broker drops it and the multiplexer can end (the process hung at exit).
-  std::lock_guard<std::mutex> guard{p->mtx};
-  if (!p->live)
-    return;
-  ::shutdown(p->fd, SHUT_RDWR);
-  p->live = false;
-  p->timed_out = true;
+  if (!succeeded && pending->live) {
+    ::shutdown(pending->fd, SHUT_RDWR);
+    pending->live = false;
+    pending->timed_out = true;
+  }
+  return why;
 }
 
 caf::actor spawn_guarded_middleman(caf::actor_system& sys, caf_port_options opts) {

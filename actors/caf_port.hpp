@@ -65,6 +65,23 @@ caf::expected<uint16_t> publish_guarded(caf::actor_system& sys, const caf::actor
                                         caf::strong_actor_ptr whom, std::set<std::string> sigs,
                                         uint16_t port, const std::string& host);
 
+struct pending_handshake;
+
+/// A connection connect_scribe opened: the scribe to hand to the BASP
+/// broker, and this process's hold on it until the connect request ended.
+struct opened_connection {
+  caf::io::scribe_ptr scribe;
+  std::shared_ptr<pending_handshake> pending;
+
+  /// Says how the connect request ended, once. When it failed (a timeout
+  /// included) and the broker still waits for the peer's handshake, the
+  /// socket is shut down, so the broker lets it go instead of holding it
+  /// (and the process's exit) for ever. Returns why the TLS handshake
+  /// failed: OpenSSL's verification result, or that the certificate names
+  /// another task; empty if it did not fail there.
+  std::string settle(bool succeeded);
+};
+
 /// A connection to the CAF port at `host`:`port` (connected within
 /// `timeout`; mutual TLS when the system has an openssl manager), as a
 /// scribe for the BASP broker: request its connect_atom with it and the
@@ -78,20 +95,9 @@ caf::expected<uint16_t> publish_guarded(caf::actor_system& sys, const caf::actor
 ///   connect of the process until the kernel gives up), and answers from a
 ///   cache of host:port: a node that just died is handed out as its dead
 ///   proxy until CAF saw the close, and a request to it is never answered.
-caf::expected<caf::io::scribe_ptr> connect_scribe(caf::actor_system& sys, const std::string& host,
-                                                  uint16_t port, std::chrono::milliseconds timeout,
-                                                  const std::shared_ptr<tls_context>& tls,
-                                                  const std::string& task);
-
-/// Says how the connect request with connect_scribe's connection (its
-/// handle's id) ended: when it failed (a timeout included) and the broker
-/// still waits for the peer's handshake, the socket is shut down, so the
-/// broker lets it go instead of holding it (and the process's exit) for ever.
-void settle_connection(int64_t connection, bool succeeded);
-
-/// Why the TLS handshake of the connection connect_scribe made (its
-/// handle's id) failed, taken once: OpenSSL's verification result, or that
-/// its certificate names another task; empty if it did not fail there.
-std::string connect_failure(int64_t connection);
+caf::expected<opened_connection> connect_scribe(caf::actor_system& sys, const std::string& host,
+                                                uint16_t port, std::chrono::milliseconds timeout,
+                                                const std::shared_ptr<tls_context>& tls,
+                                                const std::string& task);
 
 } // namespace af

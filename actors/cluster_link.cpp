@@ -91,30 +91,28 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address + ": "
                                                 + why + "; is actorflow-node running there?");
     };
-    auto scribe = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout, tls, key);
-    if (!scribe) {
-      on_error(scribe.error());
+    auto opened = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout, tls, key);
+    if (!opened) {
+      on_error(opened.error());
     } else {
-      auto id = (*scribe)->hdl().id();
       bool answered = false;
+      caf::error failed;
       self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")),
-                    opts.connect_timeout, caf::connect_atom::value, std::move(*scribe),
+                    opts.connect_timeout, caf::connect_atom::value, std::move(opened->scribe),
                     addr->port)
-        .receive([&](caf::node_id& nid, caf::strong_actor_ptr& ptr,
-                     std::set<std::string>& ifs) {
-                   answered = true;
-                   on_answer(nid, ptr, ifs);
-                 },
-                 [&](caf::error& e) {
-          // Our TLS check's reason, when it was that, instead of a guess.
-          auto why = connect_failure(id);
-          if (why.empty())
-            on_error(e);
-          else
-            err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
-                                                      + ": TLS handshake failed: " + why);
-        });
-      settle_connection(id, answered);
+        .receive(
+          [&](caf::node_id& nid, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+            answered = true;
+            on_answer(nid, ptr, ifs);
+          },
+          [&](caf::error& e) { failed = std::move(e); });
+      // Our TLS check's reason, when it was that, instead of a guess.
+      auto why = opened->settle(answered);
+      if (!answered && why.empty())
+        on_error(failed);
+      else if (!answered)
+        err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
+                                                  + ": TLS handshake failed: " + why);
     }
     if (err)
       return err;
