@@ -5,15 +5,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 namespace af {
+
+namespace {
+
+sockaddr_in loopback_address(uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  return addr;
+}
+
+} // namespace
 
 int listen_on_loopback(uint16_t& port, int backlog) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0)
     return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  auto addr = loopback_address(0);
   socklen_t len = sizeof(addr);
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, backlog) != 0
       || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
@@ -21,6 +33,24 @@ int listen_on_loopback(uint16_t& port, int backlog) {
     return -1;
   }
   port = ntohs(addr.sin_port);
+  return fd;
+}
+
+bool connect_to_loopback(int fd, uint16_t port) {
+  auto addr = loopback_address(port);
+  return connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+int connect_loopback(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return -1;
+  if (!connect_to_loopback(fd, port)) {
+    int why = errno;
+    close(fd);
+    errno = why;
+    return -1;
+  }
   return fd;
 }
 

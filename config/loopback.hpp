@@ -8,6 +8,14 @@ namespace af {
 /// A TCP socket listening on 127.0.0.1 at a port the OS picked; -1 on failure.
 int listen_on_loopback(uint16_t& port, int backlog = 16);
 
+/// Connects socket `fd` (made by the caller) to 127.0.0.1:`port`; false if
+/// refused (errno says why).
+bool connect_to_loopback(int fd, uint16_t port);
+
+/// A TCP connection to 127.0.0.1:`port`; -1 if there is no socket or the
+/// connection is refused (errno says why).
+int connect_loopback(uint16_t port);
+
 /// A port on 127.0.0.1 that was free a moment ago (another process may take
 /// it before you bind it: retry on bind_failed).
 uint16_t free_loopback_port();

@@ -13,7 +13,7 @@
 #include "actors/data_plane.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
-#include "tests/loopback_client.hpp"
+#include "config/loopback.hpp"
 
 // The data plane's harness, apart from the parsers' (harness.cpp): it needs
 // the whole actorflow library, they do not.
@@ -60,7 +60,7 @@ std::string data_plane(const uint8_t* data, size_t size) {
   auto& f = fixture();
   if (!f.problem.empty())
     return f.problem;
-  int fd = testing::connect_loopback(f.server->port());
+  int fd = connect_loopback(f.server->port());
   if (fd < 0)
     return "the data plane refused a connection: " + std::string{std::strerror(errno)};
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

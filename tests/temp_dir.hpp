@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <system_error>
 
@@ -28,5 +29,11 @@ struct temp_dir {
 
   std::string path;
 };
+
+/// Writes `text` to `path` (made or truncated), byte for byte.
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out{path, std::ios::binary | std::ios::trunc};
+  out << text;
+}
 
 } // namespace af::testing

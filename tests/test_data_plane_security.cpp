@@ -28,6 +28,7 @@
 #include "actors/tls.hpp"
 #include "actors/tls_io.hpp"
 #include "actors/variable.hpp"
+#include "config/loopback.hpp"
 #include "messages/wire.hpp"
 
 using namespace af;
@@ -59,25 +60,6 @@ std::shared_ptr<variable_directory> directory_with(const std::string& name, int6
   REQUIRE(cell);
   dir->put(name, {variable_cell_actor{}, cell});
   return dir;
-}
-
-/// A socket connected to 127.0.0.1:`port` from the descriptor `fd` (made
-/// before the test ran out of descriptors); false if refused.
-bool connect_fd(int fd, uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  return ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-}
-
-int connect_loopback(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (!connect_fd(fd, port)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 /// How a raw connection ended when read: a reply frame (its status and
@@ -301,7 +283,7 @@ TEST_CASE("out of file descriptors, the data plane sheds new connections and ser
   // The next, while the node has no descriptor, is closed, not left
   // waiting in the backlog (the kernel completes the connect; the node
   // sheds it).
-  bool connected = connect_fd(first, srv->port()) && connect_fd(shed, srv->port());
+  bool connected = connect_to_loopback(first, srv->port()) && connect_to_loopback(shed, srv->port());
   auto answer = read_answer(shed, 5s);
   // A connection opened before is served all the while.
   auto during = served->call(var_op::read, "v", nullptr, false);
@@ -311,7 +293,7 @@ TEST_CASE("out of file descriptors, the data plane sheds new connections and ser
   REQUIRE(during);
   CHECK(during->first.at(0) == 7);
   // Descriptors free again: a new connection is served.
-  REQUIRE(connect_fd(later, srv->port()));
+  REQUIRE(connect_to_loopback(later, srv->port()));
   auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
   CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 7);
   close(first);
@@ -544,7 +526,7 @@ TEST_CASE("a stranger's sockets that never finish a TLS handshake cannot take ev
     from.sin_family = AF_INET;
     from.sin_addr.s_addr = htonl(0x7f000002);
     REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
-    REQUIRE(connect_fd(fd, srv->port()));
+    REQUIRE(connect_to_loopback(fd, srv->port()));
     idle.push_back(fd);
   }
   // The member, from 127.0.0.1, is served while the stranger's sockets wait.

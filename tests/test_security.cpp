@@ -33,11 +33,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-void write(const std::string& path, const std::string& text) {
-  std::ofstream out{path};
-  out << text;
-}
-
 /// A one-task cluster config (ps on 127.0.0.1, a free port) in `dir`, with
 /// certificates made by actorflow-certs under dir/certs and [security]
 /// pointing at them when `secure`.
@@ -51,7 +46,7 @@ struct test_cluster {
   explicit test_cluster(bool secure, const std::vector<std::string>& certs_args = {}) {
     cluster_table = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(port)
                     + "\"]\n\n[node]\nthreads = 2\n";
-    write(config, cluster_table);
+    write_file(config, cluster_table);
     if (!secure)
       return;
     std::vector<std::string> argv{ACTORFLOW_CERTS_BINARY, "--config", config};
@@ -63,12 +58,12 @@ struct test_cluster {
     auto at = made.output.find("[security]");
     REQUIRE(at != std::string::npos);
     security_table = made.output.substr(at);
-    write(config, cluster_table + "\n" + security_table);
+    write_file(config, cluster_table + "\n" + security_table);
   }
 
   /// The config again, with `lines` added to its [node] table.
   void add_node_lines(const std::string& lines) {
-    write(config, cluster_table + lines + (security_table.empty() ? "" : "\n" + security_table));
+    write_file(config, cluster_table + lines + (security_table.empty() ? "" : "\n" + security_table));
   }
 
   cluster_spec spec() const { return value_of(load_cluster_config(config)).cluster; }
@@ -118,18 +113,6 @@ long rss_kib(pid_t pid) {
   return -1;
 }
 
-/// A plain TCP connection to 127.0.0.1:`port`.
-int connect_loopback(uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  return fd;
-}
-
 /// Whether the peer closes `fd` within `limit` (what it sends is read and
 /// dropped: BASP's server handshake, a TLS alert).
 bool closed_within(int fd, std::chrono::milliseconds limit) {
@@ -143,6 +126,15 @@ bool closed_within(int fd, std::chrono::milliseconds limit) {
       return true;
   }
   return false;
+}
+
+/// The node actor published at 127.0.0.1:`port`, through CAF's own
+/// middleman, as any peer's program would reach it.
+node_actor node_handle(caf::actor_system& sys, uint16_t port) {
+  auto h = sys.middleman().remote_actor<node_actor>("127.0.0.1", port);
+  INFO((h ? std::string{} : sys.render(h.error())));
+  REQUIRE(h);
+  return *h;
 }
 
 /// Assigns [3, 4] to a new variable on the ps and reads it back.
@@ -210,7 +202,7 @@ TEST_CASE("a plaintext client and a client of another CA are refused before any 
     // Another cluster's CA and client certificate, trusting our CA so that
     // it is the node that refuses, not the client.
     temp_dir other;
-    write(other / "cluster.toml", c.cluster_table);
+    write_file(other / "cluster.toml", c.cluster_table);
     auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", other / "cluster.toml"}, 60s);
     REQUIRE(made.exit_code == 0);
     auto sec = client_security(c.config);
@@ -254,7 +246,7 @@ TEST_CASE("actorflow-certs makes the files that a config's [security] already na
           "[security]") {
   temp_dir dir;
   std::string config = dir / "cluster.toml";
-  write(config, "[cluster]\nps = [\"127.0.0.1:1\"]\n\n[security]\nca = \"certs/ca.pem\"\n"
+  write_file(config, "[cluster]\nps = [\"127.0.0.1:1\"]\n\n[security]\nca = \"certs/ca.pem\"\n"
                 "certificate = \"certs/{name}.pem\"\nkey = \"certs/{name}.key\"\n\n[node]\n"
                 "threads = 1\n");
   REQUIRE_FALSE(load_cluster_config(config)); // the files are not there yet
@@ -270,8 +262,8 @@ TEST_CASE("actorflow-certs makes the files that a config's [security] already na
 TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not a hang",
           "[security]") {
   temp_dir pass;
-  write(pass / "right.pass", "correct horse\n");
-  write(pass / "wrong.pass", "battery staple\n");
+  write_file(pass / "right.pass", "correct horse\n");
+  write_file(pass / "wrong.pass", "battery staple\n");
   test_cluster c{true, {"--passphrase-file", pass / "right.pass"}};
   auto text = [&] {
     std::ifstream in{c.config};
@@ -281,7 +273,7 @@ TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not
   }();
   auto at = text.find("passphrase_file");
   REQUIRE(at != std::string::npos);
-  write(c.config, text.substr(0, at) + "passphrase_file = \"" + pass / "wrong.pass" + "\"\n");
+  write_file(c.config, text.substr(0, at) + "passphrase_file = \"" + pass / "wrong.pass" + "\"\n");
 
   auto start = std::chrono::steady_clock::now();
   auto res = run_command(c.node_args(), 30s);
@@ -303,7 +295,7 @@ TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not
   CHECK(std::chrono::steady_clock::now() - client_start < 5s);
 
   // And the right one starts.
-  write(pass / "wrong.pass", "correct horse\n");
+  write_file(pass / "wrong.pass", "correct horse\n");
   background_process node{c.node_args()};
   CHECK(node.wait_for("actorflow-node ready", 30s));
 }
@@ -392,10 +384,7 @@ TEST_CASE("a node that ends by a failure exits 1 and says why; asked to stop, it
     // Any peer can send the node an exit message (docs/security.md: no
     // authorization between members); one with an error reason is how an
     // actor's failure reaches it.
-    auto h = sys.middleman().remote_actor<node_actor>("127.0.0.1", c.port);
-    INFO((h ? std::string{} : sys.render(h.error())));
-    REQUIRE(h);
-    caf::anon_send_exit(*h, reason);
+    caf::anon_send_exit(node_handle(sys, c.port), reason);
     auto exit_code = node.wait_exit(15s);
     INFO(node.output());
     REQUIRE(exit_code);
@@ -419,13 +408,11 @@ TEST_CASE("a node that ends by a failure exits 1 and says why; asked to stop, it
   REQUIRE(node.wait_for("actorflow-node ready", 30s));
   system_config cfg{node_options{}};
   caf::actor_system sys{cfg};
-  auto h = sys.middleman().remote_actor<node_actor>("127.0.0.1", c.port);
-  INFO((h ? std::string{} : sys.render(h.error())));
-  REQUIRE(h);
+  auto h = node_handle(sys, c.port);
   caf::scoped_actor self{sys};
   executor_actor cpu0;
   std::string why;
-  self->request(*h, std::chrono::seconds{10}, executor_atom::value, std::string{"CPU:0"})
+  self->request(h, std::chrono::seconds{10}, executor_atom::value, std::string{"CPU:0"})
     .receive([&](executor_actor& e) { cpu0 = e; },
              [&](caf::error& err) { why = sys.render(err); });
   INFO("the node's CPU:0 executor: " << why);
@@ -451,6 +438,7 @@ TEST_CASE("a stranger's BASP header announcing 3 GiB is closed unread and the no
   REQUIRE(before > 0);
 
   int fd = connect_loopback(c.port);
+  REQUIRE(fd >= 0);
   // BASP's 32-byte header in network order: a client handshake of BASP
   // version 3 whose payload is 3 GiB.
   unsigned char header[32] = {};
@@ -496,6 +484,7 @@ TEST_CASE("a CAF peer that does not finish its handshake within handshake_timeou
   REQUIRE(value_of(s.ping("ps", 0)).job == "ps");
 
   int fd = connect_loopback(c.port);
+  REQUIRE(fd >= 0);
   sockaddr_in local{};
   socklen_t len = sizeof(local);
   REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0);

@@ -4,9 +4,6 @@
 // could answer for any task (caf-0.17.md §8.1).
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -29,11 +26,6 @@ using namespace af::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-void write(const std::string& path, const std::string& text) {
-  std::ofstream out{path};
-  out << text;
-}
 
 /// Runs actorflow-certs for `config` (its [cluster] only) and returns the
 /// [security] table it printed.
@@ -60,15 +52,15 @@ TEST_CASE("a session refuses a node whose certificate names another task, and sa
                  + "\"]\nworker = [\"127.0.0.1:" + std::to_string(worker_port)
                  + "\"]\n\n[node]\nthreads = 2\n";
   auto config = dir.path + "/cluster.toml";
-  write(config, cluster);
+  write_file(config, cluster);
   auto security = make_certs(config);
-  write(config, cluster + "\n" + security);
+  write_file(config, cluster + "\n" + security);
   background_process node{{ACTORFLOW_NODE_BINARY, "--config", config, "--job", "ps", "--task", "0"}};
   REQUIRE(node.wait_for("actorflow-node ready", 30s));
 
   // A client whose config (out of date, say) has worker 0 where the ps listens.
   auto mixed = dir.path + "/mixed.toml";
-  write(mixed, "[cluster]\nps = [\"127.0.0.1:" + std::to_string(worker_port)
+  write_file(mixed, "[cluster]\nps = [\"127.0.0.1:" + std::to_string(worker_port)
                  + "\"]\nworker = [\"127.0.0.1:" + std::to_string(ps_port) + "\"]\n\n" + security);
   auto session_of = [](caf::actor_system& sys, const cluster_config& cfg,
                        const security_options& sec) {
@@ -105,19 +97,13 @@ TEST_CASE("a TLS session to a port that accepts but never answers fails in time,
   temp_dir dir;
   // A listening socket nobody accepts from: the kernel completes TCP
   // connections into its backlog, and nothing is ever sent.
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  uint16_t port = 0;
+  int lfd = listen_on_loopback(port, 16);
   REQUIRE(lfd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(lfd, 16) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
   auto config = dir.path + "/cluster.toml";
-  auto cluster = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "\"]\n";
-  write(config, cluster);
-  write(config, cluster + "\n" + make_certs(config));
+  auto cluster = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(port) + "\"]\n";
+  write_file(config, cluster);
+  write_file(config, cluster + "\n" + make_certs(config));
   auto cfg = value_of(load_cluster_config(config));
   auto sec = value_of(security_for(cfg.security, "client"));
   auto ended = std::async(std::launch::async, [&] {

@@ -31,11 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using af::testing::temp_dir;
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out{path, std::ios::binary | std::ios::trunc};
-  out << bytes;
-}
+using af::testing::write_file;
 
 std::string read_file(const std::string& path) {
   std::ifstream in{path, std::ios::binary};

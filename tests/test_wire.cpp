@@ -13,9 +13,9 @@
 #include <fstream>
 #include <thread>
 
-#include "loopback_client.hpp"
 #include "scenarios.hpp"
 #include "actors/data_plane.hpp"
+#include "config/loopback.hpp"
 #include "actors/variable.hpp"
 #include "messages/wire.hpp"
 
