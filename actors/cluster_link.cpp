@@ -6,7 +6,6 @@
 #include "caf/io/middleman.hpp"
 #include "caf/io/basp_broker.hpp"
 #include "caf/io/scribe.hpp"
-#include "caf/openssl/manager.hpp"
 
 #include "actors/caf_port.hpp"
 
