@@ -38,85 +38,37 @@ void tune_socket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-/// One connection's byte stream: its socket, and its TLS session when the
-/// data plane runs with [security]. The plaintext path is the socket calls it
-/// always was: one test of `ssl` per call, none per byte.
+/// One connection's byte stream: its socket, and its record layer
+/// (actors/tls_io.hpp) when the data plane runs with [security]. The
+/// plaintext path is the socket calls it always was: one test of `tls` per
+/// call, none per byte.
 struct link {
   int fd = -1;
-  SSL* ssl = nullptr;
+  secure_stream* tls = nullptr;
 };
 
-/// What OpenSSL said last on this thread when a TLS read or write failed
-/// (errno is then EPROTO): the reason for the error message.
+/// Why the record layer failed last on this thread (errno is then EPROTO,
+/// or ECONNRESET for a record cut short): the reason for the error message
+/// or the log line.
 thread_local std::string last_tls_error;
 
-/// errno for a failed SSL_read_ex/SSL_write_ex (`ret` its return value), as a
-/// socket call would have set it: EAGAIN on a timeout, ECONNRESET on a close,
-/// EPROTO (with last_tls_error) for a TLS error such as an alert.
-int tls_errno(SSL* ssl, int ret) {
-  int saved = errno;
-  switch (SSL_get_error(ssl, ret)) {
-    case SSL_ERROR_ZERO_RETURN:
-      ERR_clear_error();
-      return ECONNRESET;
-    case SSL_ERROR_WANT_READ:
-    case SSL_ERROR_WANT_WRITE:
-      ERR_clear_error();
-      return EAGAIN;
-    case SSL_ERROR_SYSCALL:
-      if (ERR_peek_error() == 0)
-        return saved == 0 ? ECONNRESET : saved;
-      [[fallthrough]];
-    default:
-      last_tls_error = tls_errors("TLS error");
-      return EPROTO;
-  }
-}
-
-/// Writes all of `iov` over TLS: the small parts (a header, a name) gathered
-/// into one record, a tensor's bytes handed to SSL_write_ex straight from its
-/// buffer in one call (OpenSSL cuts the records; no copy of ours).
-bool tls_write_all(SSL* ssl, const iovec* iov, int count) {
-  char small[16384];
-  size_t used = 0;
-  auto put = [&](const void* p, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-      size_t written = 0;
-      auto chunk = std::min<size_t>(n - done, size_t{1} << 30);
-      int ret = SSL_write_ex(ssl, static_cast<const char*>(p) + done, chunk, &written);
-      if (ret <= 0) {
-        errno = tls_errno(ssl, ret);
-        return false;
-      }
-      done += written;
-    }
-    return true;
-  };
-  for (int i = 0; i < count; ++i) {
-    if (iov[i].iov_len <= sizeof(small) - used) {
-      std::memcpy(small + used, iov[i].iov_base, iov[i].iov_len);
-      used += iov[i].iov_len;
-      continue;
-    }
-    if (used > 0 && !put(small, used))
-      return false;
-    used = 0;
-    if (iov[i].iov_len <= sizeof(small)) {
-      std::memcpy(small, iov[i].iov_base, iov[i].iov_len);
-      used = iov[i].iov_len;
-    } else if (!put(iov[i].iov_base, iov[i].iov_len)) {
-      return false;
-    }
-  }
-  return used == 0 || put(small, used);
+/// After a failed read or write of `tls`: its reason kept for the message.
+void note_failure(const secure_stream& tls) {
+  if (!tls.reason().empty())
+    last_tls_error = tls.reason();
 }
 
 bool write_all(int fd, iovec* iov, int count);
 
 bool write_all(const link& io, iovec* iov, int count) {
-  if (io.ssl != nullptr)
-    return tls_write_all(io.ssl, iov, count);
+  if (io.tls != nullptr) {
+    if (io.tls->write(iov, count))
+      return true;
+    int err = errno;
+    note_failure(*io.tls);
+    errno = err;
+    return false;
+  }
   return write_all(io.fd, iov, count);
 }
 
@@ -194,47 +146,37 @@ read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms
   return read_end::done;
 }
 
-/// read_timed over TLS. A record already decrypted or read ahead is taken
+/// read_timed over the record layer. Bytes it already holds are taken
 /// without a poll; otherwise the socket is polled for the first byte as in
-/// plaintext, and SSL_read_ex's own waits are bounded by the socket's
+/// plaintext, and the record layer's own waits are bounded by the socket's
 /// SO_RCVTIMEO (the frame timeout, set when the connection was accepted).
 read_end tls_read_timed(const link& io, void* buf, size_t n, int first_wait_ms, bool poll_first) {
-  auto* p = static_cast<char*>(buf);
-  bool any = false;
-  while (n > 0) {
-    if (poll_first && !any && !tls_has_pending(io.ssl)) {
-      pollfd pfd{io.fd, POLLIN, 0};
-      int rc;
-      do
-        rc = ::poll(&pfd, 1, first_wait_ms);
-      while (rc < 0 && errno == EINTR);
-      if (rc == 0)
-        return read_end::idle;
-      if (rc < 0)
-        return read_end::failed;
-    }
-    size_t got = 0;
-    int ret = SSL_read_ex(io.ssl, p, n, &got);
-    if (ret <= 0) {
-      int err = tls_errno(io.ssl, ret);
-      if (err == EINTR)
-        continue;
-      if (err == ECONNRESET)
-        return any ? read_end::failed : read_end::closed;
-      if (err == EAGAIN || err == EWOULDBLOCK)
-        return read_end::stalled;
+  if (poll_first && !io.tls->has_pending()) {
+    pollfd pfd{io.fd, POLLIN, 0};
+    int rc;
+    do
+      rc = ::poll(&pfd, 1, first_wait_ms);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0)
+      return read_end::idle;
+    if (rc < 0)
       return read_end::failed;
-    }
-    p += got;
-    n -= got;
-    any = true;
   }
-  return read_end::done;
+  size_t got = 0;
+  if (io.tls->read(buf, n, &got))
+    return read_end::done;
+  int err = errno;
+  note_failure(*io.tls);
+  if (err == ECONNRESET)
+    return got == 0 && io.tls->reason().empty() ? read_end::closed : read_end::failed;
+  if (err == EAGAIN || err == EWOULDBLOCK)
+    return read_end::stalled;
+  return read_end::failed;
 }
 
 read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
                     bool poll_first) {
-  if (io.ssl != nullptr)
+  if (io.tls != nullptr)
     return tls_read_timed(io, buf, n, first_wait_ms, poll_first);
   return read_timed(io.fd, buf, n, first_wait_ms, stall_ms, poll_first);
 }
@@ -263,22 +205,13 @@ bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr) {
   auto* p = static_cast<char*>(buf);
   if (got != nullptr)
     *got = 0;
-  if (io.ssl != nullptr) {
-    while (n > 0) {
-      size_t part = 0;
-      int ret = SSL_read_ex(io.ssl, p, n, &part);
-      if (ret <= 0) {
-        errno = tls_errno(io.ssl, ret);
-        if (errno == EINTR)
-          continue;
-        return false;
-      }
-      p += part;
-      n -= part;
-      if (got != nullptr)
-        *got += part;
-    }
-    return true;
+  if (io.tls != nullptr) {
+    if (io.tls->read(buf, n, got))
+      return true;
+    int err = errno;
+    note_failure(*io.tls);
+    errno = err;
+    return false;
   }
   int fd = io.fd;
   while (n > 0) {
@@ -637,7 +570,7 @@ void data_plane_server::accept_loop() {
     tune_socket(fd);
     // A reader that stops taking our reply must not hold this thread either.
     set_timeout(fd, SO_SNDTIMEO, timeouts_.frame);
-    // Over TLS, SSL_read's waits inside a frame are bounded by the socket.
+    // Over TLS, the record layer's waits inside a frame are bounded by the socket.
     if (tls_)
       set_timeout(fd, SO_RCVTIMEO, timeouts_.frame);
     std::vector<std::thread> done;
@@ -730,9 +663,9 @@ void data_plane_server::accept_loop() {
     close(spare);
 }
 
-bool data_plane_server::serve_aggregator(int fd, ssl_st* ssl, const std::string& peer,
+bool data_plane_server::serve_aggregator(int fd, secure_stream* tls, const std::string& peer,
                                          const wire::header& h, const std::string& name) {
-  const link io{fd, ssl};
+  const link io{fd, tls};
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
               || h.kind == static_cast<uint8_t>(wire::kind::push_params);
@@ -796,7 +729,7 @@ bool data_plane_server::serve_aggregator(int fd, ssl_st* ssl, const std::string&
   return send_frame(io, reply, nullptr, params.empty() ? nullptr : params.bytes());
 }
 
-ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
+std::unique_ptr<secure_stream> data_plane_server::accept_tls(int fd, const std::string& peer) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   auto start = std::chrono::steady_clock::now();
   // A plaintext client of ours starts with a frame's magic: it gets a
@@ -835,19 +768,32 @@ ssl_st* data_plane_server::accept_tls(int fd, const std::string& peer) {
     SSL_free(ssl);
     return nullptr;
   }
-  return ssl;
+  // From here on the record layer of tls_io.hpp: its first record tells the
+  // client that its certificate was taken (a refusal is the TLS alert instead).
+  auto stream = secure_stream::make(ssl, fd, true, why);
+  if (!stream) {
+    log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, why);
+    SSL_free(ssl);
+    return nullptr;
+  }
+  if (!stream->send_hello()) {
+    log::get()->warn("{} data plane: dropped {} right after its TLS handshake: {}", node_name_, peer,
+                     stream->reason().empty() ? std::strerror(errno) : stream->reason());
+    return nullptr;
+  }
+  return stream;
 }
 
 void data_plane_server::serve(int fd, const std::string& peer) {
-  SSL* ssl = nullptr;
+  std::unique_ptr<secure_stream> stream;
   if (tls_) {
-    ssl = accept_tls(fd, peer);
+    stream = accept_tls(fd, peer);
     std::lock_guard<std::mutex> guard{mtx_};
     auto it = handshaking_.find(host_of(peer));
     if (it != handshaking_.end() && --it->second <= 0)
       handshaking_.erase(it);
   }
-  if (tls_ && ssl == nullptr) {
+  if (tls_ && !stream) {
     std::lock_guard<std::mutex> guard{mtx_};
     conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
     close_refused(fd);
@@ -858,7 +804,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     }
     return;
   }
-  const link io{fd, ssl};
+  const link io{fd, stream.get()};
   auto idle_ms = static_cast<int>(timeouts_.idle.count());
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   // True if a read ended the connection; says why in the log if the peer went silent.
@@ -870,6 +816,9 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       log::get()->warn("{} data plane: dropped {}: it stopped sending in the middle of a frame's {} "
                        "for {} ms",
                        node_name_, peer, where, frame_ms);
+    else if (how == read_end::failed && !last_tls_error.empty())
+      log::get()->warn("{} data plane: closed the connection of {} (reading a frame's {}): {}",
+                       node_name_, peer, where, std::exchange(last_tls_error, {}));
     return how != read_end::done;
   };
   try {
@@ -895,7 +844,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
                                   "variable name"))
         break;
       if (wire::aggregator_kind(h.kind)) {
-        if (!serve_aggregator(fd, io.ssl, peer, h, name))
+        if (!serve_aggregator(fd, io.tls, peer, h, name))
           break;
         continue;
       }
@@ -1034,7 +983,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
   }
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
-  SSL_free(ssl); // no close_notify: the peer sees the socket close, as in plaintext
+  stream.reset(); // no close_notify: the peer sees the socket close, as in plaintext
   close(fd);
   try {
     finished_.push_back(std::this_thread::get_id());
@@ -1077,15 +1026,24 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": " + why);
   tune_socket(fd);
-  SSL* ssl = nullptr;
+  std::unique_ptr<secure_stream> stream;
   if (tls) {
-    ssl = SSL_new(tls->native());
+    SSL* ssl = SSL_new(tls->native());
     std::string why;
     if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd))
       why = tls_errors("no TLS session (out of memory?)");
     else
       why = handshake(ssl, fd, false, timeout);
+    if (why.empty()) {
+      stream = secure_stream::make(ssl, fd, false, why);
+      if (stream) {
+        ssl = nullptr; // the stream's now
+        why = stream->wait_hello(static_cast<int>(
+          std::min<long long>(timeout.count(), std::numeric_limits<int>::max())));
+      }
+    }
     if (!why.empty()) {
+      stream.reset();
       SSL_free(ssl);
       close(fd);
       std::string hint;
@@ -1104,7 +1062,7 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   }
   std::unique_ptr<data_channel> ch{
     new data_channel(fd, host, port, std::move(peer), timeout, poll, std::move(tls))};
-  ch->ssl_ = ssl;
+  ch->stream_ = stream.release();
   return ch;
 }
 
@@ -1115,7 +1073,7 @@ void data_channel::reopen_if_closed_by_peer() {
   // failing. Back-to-back ops skip the check (a syscall each).
   if (fd_ < 0 || std::chrono::steady_clock::now() - last_reply_ < std::chrono::milliseconds{100})
     return;
-  if (ssl_ != nullptr && tls_has_pending(ssl_))
+  if (stream_ != nullptr && stream_->has_pending())
     return;
   char byte;
   auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -1130,7 +1088,7 @@ bool data_channel::reconnect() {
     return false;
   drop();
   std::swap(fd_, (*fresh)->fd_);
-  std::swap(ssl_, (*fresh)->ssl_);
+  std::swap(stream_, (*fresh)->stream_);
   return true;
 }
 
@@ -1141,7 +1099,7 @@ void data_channel::poll_for_reply() {
   // reply for a moment first, then block.
   if (poll_.count() <= 0)
     return;
-  if (ssl_ != nullptr && tls_has_pending(ssl_))
+  if (stream_ != nullptr && stream_->has_pending())
     return;
   auto until = std::chrono::steady_clock::now() + poll_;
   char byte;
@@ -1156,20 +1114,23 @@ data_channel::~data_channel() {
 }
 
 std::string data_channel::tls_description() const {
-  if (ssl_ == nullptr)
+  if (stream_ == nullptr)
     return {};
-  return std::string{SSL_get_version(ssl_)} + " " + SSL_get_cipher_name(ssl_);
+  return std::string{SSL_get_version(stream_->ssl())} + " " + SSL_get_cipher_name(stream_->ssl());
 }
 
 void data_channel::drop() {
-  SSL_free(ssl_);
-  ssl_ = nullptr;
+  delete stream_;
+  stream_ = nullptr;
   if (fd_ >= 0)
     close(fd_);
   fd_ = -1;
 }
 
 caf::error data_channel::fail(const std::string& what, int err) {
+  // A record cut short by the peer's close is still the peer's close
+  // (peer_down, which a session's retry knows), with the record layer's words.
+  std::string cut = stream_ != nullptr && err == ECONNRESET ? stream_->reason() : std::string{};
   drop();
   if (err == EPROTO && !last_tls_error.empty()) {
     auto reason = std::move(last_tls_error);
@@ -1187,7 +1148,8 @@ caf::error data_channel::fail(const std::string& what, int err) {
                                            + " ms waiting for " + peer_ + " to answer " + what
                                            + "; is the node alive and reachable?");
   return make_error(af_error::peer_down, peer_ + " closed the data connection during " + what + " ("
-                                           + std::strerror(err) + "); did the node stop or die?");
+                                           + (cut.empty() ? std::string{std::strerror(err)} : cut)
+                                           + "); did the node stop or die?");
 }
 
 caf::expected<std::pair<tensor, uint64_t>>
@@ -1240,7 +1202,7 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   }
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet && op == var_op::read;
-    if (!send_frame(link{fd_, ssl_}, h, &var, operand ? operand->bytes() : nullptr)) {
+    if (!send_frame(link{fd_, stream_}, h, &var, operand ? operand->bytes() : nullptr)) {
       auto err = fail(what, errno);
       if (retry && reconnect())
         continue;
@@ -1262,7 +1224,7 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
     // the timeout is the same as read_all's.
     auto until = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
-      if (ssl_ != nullptr && tls_has_pending(ssl_))
+      if (stream_ != nullptr && stream_->has_pending())
         break;
       pollfd pfd{fd_, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 20);
@@ -1279,11 +1241,11 @@ caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::s
       }
     }
   }
-  const link io{fd_, ssl_};
+  const link io{fd_, stream_};
   size_t got = 0;
   if (!read_all(io, &r, sizeof(r), &got)) {
     int err = errno;
-    if (ssl_ == nullptr && got >= 2
+    if (stream_ == nullptr && got >= 2
         && looks_like_tls(reinterpret_cast<const unsigned char*>(&r), got)) {
       drop();
       return make_error(af_error::unreachable,
@@ -1379,7 +1341,7 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
   set_timeout(fd_, SO_RCVTIMEO, wait_for);
-  bool sent = write_all(link{fd_, ssl_}, iov.data(), static_cast<int>(iov.size()));
+  bool sent = write_all(link{fd_, stream_}, iov.data(), static_cast<int>(iov.size()));
   if (!sent)
     return fail(what, errno);
   auto r = read_reply(what);

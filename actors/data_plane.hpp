@@ -37,6 +37,8 @@
 
 namespace af {
 
+class secure_stream; // actors/tls_io.hpp
+
 /// Name -> variable of one node: the node actor writes, the data-plane
 /// threads read.
 class variable_directory {
@@ -138,11 +140,12 @@ private:
   void accept_loop();
   void serve(int fd, const std::string& peer);
   /// A push or pull frame (header read, name read); false: drop the connection.
-  bool serve_aggregator(int fd, ssl_st* ssl, const std::string& peer, const wire::header& h,
-                        const std::string& name);
-  /// A TLS connection's handshake (bounded by the frame timeout): its
-  /// session, or null if the peer was refused (logged with why).
-  ssl_st* accept_tls(int fd, const std::string& peer);
+  bool serve_aggregator(int fd, secure_stream* tls, const std::string& peer,
+                        const wire::header& h, const std::string& name);
+  /// A TLS connection's handshake (bounded by the frame timeout) and its
+  /// record layer's first record: the stream, or null if the peer was
+  /// refused (logged with why).
+  std::unique_ptr<secure_stream> accept_tls(int fd, const std::string& peer);
 
   std::shared_ptr<variable_directory> dir_;
   std::string node_name_;
@@ -233,7 +236,7 @@ private:
   std::chrono::steady_clock::time_point last_reply_;
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
-  ssl_st* ssl_ = nullptr;            ///< the connection's TLS session (with tls_)
+  secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned
 };
 
 } // namespace af
