@@ -449,9 +449,10 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
 /// aggregator, restores them (values, optimizer slots) from the latest
 /// checkpoint at global step `step` (the step the job pushes to it; the
 /// other ps keep their state), says so in the chief's key-value store for
-/// the other workers, and hands back the shard as it runs now.
+/// the other workers, and hands back the shard as it runs now. `held`: it
+/// died while the chief held the round (worker_setup::recover_ps).
 caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k, uint64_t step,
-                                                const std::string& why) {
+                                                const std::string& why, bool held) {
   auto& s = *ctx.s;
   const auto& c = ctx.c;
   std::chrono::milliseconds timeout{c.step_timeout_ms};
@@ -515,7 +516,10 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   //     and every worker pushes the next round to every shard. Only within
   //     that one round: after a live switch the ps count their rounds apart
   //     for good, and a survivor's step further off says nothing about this
-  //     shard's.
+  //     shard's. Not when it died while the chief held the round (its
+  //     checkpoint found it gone): no worker can be past the chief's round
+  //     then, and at a survivor's step that round's update would be lost
+  //     on this shard (K + 1 lost in the soak, where K would do).
   //   average: the chief's step (the round's), as before.
   std::optional<aggregator_stats> survivor;
   auto chief_step = step;
@@ -526,7 +530,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
     if (!stats)
       continue;
     if (train::step_per_push(stats->mode)
-        || (stats->mode == "sync" && stats->global_step <= chief_step + 1))
+        || (stats->mode == "sync" && !held && stats->global_step <= chief_step + 1))
       step = std::max(step, stats->global_step);
     if (!survivor)
       survivor = std::move(*stats);
@@ -732,12 +736,12 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       ctx->store = chief_info->store;
       ctx->chief_incarnation = chief_info->incarnation;
       ctx->task = task;
-      setup.recover_ps = [ctx](size_t k, uint64_t step,
-                               const std::string& why) -> caf::expected<recovered_shard> {
+      setup.recover_ps = [ctx](size_t k, uint64_t step, const std::string& why,
+                               bool held) -> caf::expected<recovered_shard> {
         std::lock_guard<std::mutex> guard{ctx->mtx};
         if (ctx->closed)
           return make_error(af_error::cancelled, "the worker task is over");
-        return ctx->task == 0 ? chief_recover_ps(*ctx, k, step, why)
+        return ctx->task == 0 ? chief_recover_ps(*ctx, k, step, why, held)
                               : worker_recover_ps(*ctx, k, step, why);
       };
     }

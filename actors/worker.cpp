@@ -61,13 +61,14 @@ struct recovery_box {
 /// A detached actor that waits for a ps that died to come back
 /// (worker_setup::recover_ps blocks: it pings, and on the chief restores).
 caf::behavior recovery_link(caf::event_based_actor*,
-                            std::function<caf::expected<recovered_shard>(size_t, uint64_t,
-                                                                         const std::string&)>
+                            std::function<caf::expected<recovered_shard>(
+                              size_t, uint64_t, const std::string&, bool)>
                               fn,
                             std::shared_ptr<recovery_box> box) {
   return {
-    [=](recover_atom, uint64_t k, uint64_t step, const std::string& why) -> caf::result<uint64_t> {
-      auto r = fn(static_cast<size_t>(k), step, why);
+    [=](recover_atom, uint64_t k, uint64_t step, const std::string& why,
+        bool held) -> caf::result<uint64_t> {
+      auto r = fn(static_cast<size_t>(k), step, why, held);
       if (!r)
         return std::move(r.error());
       auto restored = r->global_step;
@@ -103,6 +104,15 @@ struct worker_state {
   /// answered by CAF then, and would wait its whole timeout.
   std::map<uint64_t, std::function<void(size_t)>> down_hooks;
   uint64_t next_hook = 0;
+  /// Per shard: its aggregator went down and the shard was not recovered
+  /// yet. CAF drops what is sent to a dead node's proxy without an answer,
+  /// so a control request made after the down message would wait its whole
+  /// timeout (60 s once in the soak): fire_known_down answers it at once.
+  std::vector<bool> shard_down;
+  /// Per shard (chief, sync): it died while this worker held the round (its
+  /// checkpoint's save found it gone), so it cannot have closed a round past
+  /// this worker's step: recover_ps restores it at this worker's step.
+  std::vector<bool> held_round;
   std::optional<train::batcher> batches;
   std::vector<tensor> params;     ///< sync / async: as pulled
   std::optional<train::replica_state> own; ///< average / allreduce
@@ -348,6 +358,22 @@ void drop_hook(self_pointer self, uint64_t id) {
   self->state.down_hooks.erase(id);
 }
 
+/// Runs hook `id` for each shard whose aggregator is known to be down
+/// already (its down message came before the hook was added). Call it
+/// after the requests the hook guards were sent.
+void fire_known_down(self_pointer self, uint64_t id) {
+  auto& st = self->state;
+  for (size_t k = 0; k < st.shard_down.size(); ++k) {
+    auto h = st.down_hooks.find(id);
+    if (h == st.down_hooks.end())
+      return; // it dropped itself
+    if (st.shard_down[k]) {
+      auto hook = h->second;
+      hook(k);
+    }
+  }
+}
+
 /// Examples behind one push: average pushes after average_every steps.
 uint32_t examples_per_push(const worker_state& st) {
   return static_cast<uint32_t>(
@@ -362,8 +388,10 @@ uint32_t examples_per_push(const worker_state& st) {
 void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error& why,
                    std::function<void(uint64_t)> then, std::function<void(caf::error)> failed) {
   auto& st = self->state;
+  bool held = st.held_round[k];
+  st.held_round[k] = false;
   self->request(st.recovery, caf::infinite, recover_atom::value, static_cast<uint64_t>(k), step,
-                describe(why))
+                describe(why), held)
     .then(
       [self, k, then, failed](uint64_t restored) {
         auto& st = self->state;
@@ -381,6 +409,7 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
         }
         bool same = r.shard.actor == shard.actor;
         shard = r.shard;
+        st.shard_down[k] = false;
         if (same) {
           then(restored);
           return;
@@ -651,6 +680,18 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
     if (self->state.recovery
         && (ps_gone(err) || err == caf::sec::request_timeout
             || err == caf::sec::request_receiver_down)) {
+      // sync, every member's gradient in each round: while the chief
+      // checkpoints it pushes nothing, so no round closes, and a ps that
+      // died by now died at the chief's step (not a timeout: a stopped ps
+      // may go on). Its restore must be at that step, where every worker
+      // pushes the next round to it again, not at a survivor's step after
+      // that round closed there, which would drop that round's update on
+      // it (K + 1 lost, seen in the soak).
+      const auto& c = self->state.setup.cfg;
+      if (self->state.mode == "sync" && err != caf::sec::request_timeout
+          && c.step_deadline_ms == 0
+          && (c.replicas_to_aggregate == 0 || c.replicas_to_aggregate >= self->state.setup.workers))
+        self->state.held_round[k] = true;
       log::get()->warn("{}: checkpoint at global step {} skipped: {} did not answer ({})",
                        who(self), self->state.global_step, task, describe(err));
       skip();
@@ -706,6 +747,8 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
         },
         [on_error, k](caf::error& err) { (*on_error)(k, std::move(err)); });
   }
+  if (st.recovery)
+    fire_known_down(self, g->hook);
 }
 
 /// After a step: report, evaluate, checkpoint as due; then the next step.
@@ -808,6 +851,8 @@ void after_step(self_pointer self) {
         self->request(st.setup.shards[0].actor, st.setup.timeout, stats_atom::value)
           .then([go_on](aggregator_stats& s) mutable { go_on(&s); },
                 [go_on](caf::error&) mutable { go_on(nullptr); });
+        if (st.recovery)
+          fire_known_down(self, once->hook);
         return;
       }
       st.setup.on_progress(p);
@@ -1075,6 +1120,8 @@ void join_all(self_pointer self, std::function<void()> then) {
           fail(self, std::move(err), "joining the aggregator of " + task);
         });
   }
+  if (st.recovery)
+    fire_known_down(self, j->hook);
   if (st.setup.shards.empty())
     then();
 }
@@ -1111,6 +1158,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     auto& st = self->state;
     for (size_t k = 0; k < st.setup.shards.size(); ++k)
       if (st.setup.shards[k].actor && st.setup.shards[k].actor.address() == dm.source) {
+        st.shard_down[k] = true;
         auto hooks = st.down_hooks; // a hook drops itself
         for (auto& h : hooks)
           h.second(k);
@@ -1125,6 +1173,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.avg_local0 = 0;
   st.global_step = s.start_step;
   st.shard_step.assign(s.shards.size(), s.start_step);
+  st.shard_down.assign(s.shards.size(), false);
+  st.held_round.assign(s.shards.size(), false);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {

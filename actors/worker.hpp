@@ -137,11 +137,12 @@ struct worker_setup {
   /// to it and why the push failed. It waits for the ps to come back and, on
   /// the chief, restores that ps's variables from the latest checkpoint
   /// (run_worker_task); the worker then pushes that shard's part again, at
-  /// the restored step. An error (the ps did not come back in time, the
-  /// chief is gone) fails the worker with it. Empty: a broken ps fails the
-  /// worker at once.
+  /// the restored step. `held`: the chief's checkpoint found it dead while
+  /// the chief held the round (sync), so it died at the chief's step. An
+  /// error (the ps did not come back in time, the chief is gone) fails the
+  /// worker with it. Empty: a broken ps fails the worker at once.
   std::function<caf::expected<recovered_shard>(size_t shard, uint64_t step,
-                                               const std::string& why)>
+                                               const std::string& why, bool held)>
     recover_ps;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
