@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -321,10 +323,7 @@ public:
       SSL_set_accept_state(out->ssl_);
     } else {
       SSL_set_connect_state(out->ssl_);
-      auto* param = SSL_get0_param(out->ssl_);
-      // An IP address is checked as one; anything else as a DNS name.
-      if (X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1
-          && SSL_set1_host(out->ssl_, host.c_str()) != 1)
+      if (!tls_expect_host(out->ssl_, host)) // the data plane's check too (tls.hpp)
         return nullptr;
       out->task_ = task;
     }
@@ -390,21 +389,7 @@ private:
   }
 
   /// Empty if the peer's certificate may be `task_`'s, else why not.
-  std::string wrong_task() const {
-    if (task_.empty())
-      return {};
-    auto* cert = SSL_get0_peer_certificate(ssl_);
-    if (cert == nullptr)
-      return "it showed no certificate";
-    char cn[256] = {};
-    if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) < 0)
-      return {};
-    std::string name{cn};
-    if (name.rfind("/job:", 0) != 0 || name == task_)
-      return {};
-    return "its certificate is " + name + "'s, not " + task_
-           + "'s: another member answers at this address (is the cluster config current?)";
-  }
+  std::string wrong_task() const { return tls_wrong_task(ssl_, task_); }
 
   SSL* ssl_ = nullptr;
   bool handshaking_ = true;
@@ -625,20 +610,85 @@ private:
   std::shared_ptr<const caf_port_options> opts_;
 };
 
-/// A TCP connection to `host`:`port` within `timeout`; the socket, or why not.
-caf::expected<native_socket> connect_within(const std::string& host, uint16_t port,
-                                            std::chrono::milliseconds timeout) {
+using addrinfo_ptr = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+/// A name lookup that a thread of its own runs: getaddrinfo takes no
+/// timeout (the resolver's own is resolv.conf's timeout x attempts per
+/// server, seconds). A caller past its deadline leaves it; the thread ends
+/// in the resolver's time and frees what it found.
+struct address_lookup {
+  std::mutex mtx;
+  std::condition_variable cv;
+  bool done = false;
+  int rc = 0;
+  addrinfo* found = nullptr;
+  ~address_lookup() {
+    if (found != nullptr)
+      ::freeaddrinfo(found);
+  }
+};
+
+/// The addresses of `host`:`port` by `deadline`. A numeric address is
+/// converted without a lookup.
+caf::expected<addrinfo_ptr> resolve_by(const std::string& host, uint16_t port,
+                                       std::chrono::steady_clock::time_point deadline,
+                                       std::chrono::milliseconds budget) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
+  hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;
   auto service = std::to_string(port);
-  if (int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+  auto failed = [&](int rc) {
+    return make_error(af_error::unreachable, "cannot resolve '" + host + "': " + ::gai_strerror(rc)
+                                               + " (check the host in the cluster config)");
+  };
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc == 0)
+    return addrinfo_ptr{found, ::freeaddrinfo};
+  if (rc != EAI_NONAME)
+    return failed(rc);
+  hints.ai_flags = AI_NUMERICSERV;
+  auto lookup = std::make_shared<address_lookup>();
+  try {
+    std::thread{[lookup, host, service, hints] {
+      addrinfo* res = nullptr;
+      int res_rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+      std::lock_guard<std::mutex> guard{lookup->mtx};
+      lookup->rc = res_rc;
+      lookup->found = res;
+      lookup->done = true;
+      lookup->cv.notify_all();
+    }}.detach();
+  } catch (const std::system_error&) {
+    // No thread to spare: look it up here, bounded by the resolver alone.
+    rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+    if (rc != 0)
+      return failed(rc);
+    return addrinfo_ptr{found, ::freeaddrinfo};
+  }
+  std::unique_lock<std::mutex> lock{lookup->mtx};
+  if (!lookup->cv.wait_until(lock, deadline, [&] { return lookup->done; }))
     return make_error(af_error::unreachable,
-                      "cannot resolve '" + host + "': " + ::gai_strerror(rc));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard{found, ::freeaddrinfo};
+                      "looking up the name '" + host + "' took longer than the connect's "
+                        + std::to_string(budget.count())
+                        + " ms (check the resolver, /etc/resolv.conf, or put an IP address "
+                          "in the cluster config)");
+  if (lookup->rc != 0)
+    return failed(lookup->rc);
+  return addrinfo_ptr{std::exchange(lookup->found, nullptr), ::freeaddrinfo};
+}
+
+/// A TCP connection to `host`:`port` within `timeout`, the name lookup
+/// included; the socket, or why not.
+caf::expected<native_socket> connect_within(const std::string& host, uint16_t port,
+                                            std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto found = resolve_by(host, port, deadline, timeout);
+  if (!found)
+    return std::move(found.error());
   std::string why = "no address";
-  for (auto* ai = found; ai != nullptr; ai = ai->ai_next) {
+  for (auto* ai = found->get(); ai != nullptr; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                       ai->ai_protocol);
     if (fd < 0) {
@@ -647,8 +697,11 @@ caf::expected<native_socket> connect_within(const std::string& host, uint16_t po
     }
     int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
+      // Each address gets what is left of the one budget, not a budget each.
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline
+                                                               - std::chrono::steady_clock::now());
       pollfd p{fd, POLLOUT, 0};
-      int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      int n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
       socklen_t len = sizeof(err);
       if (n == 1)
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
@@ -660,8 +713,14 @@ caf::expected<native_socket> connect_within(const std::string& host, uint16_t po
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return fd;
     }
-    why = err == ETIMEDOUT ? "no answer within " + std::to_string(timeout.count()) + " ms"
-                           : std::string{std::strerror(err)};
+    if (err == ETIMEDOUT)
+      why = "the TCP connection was not accepted within " + std::to_string(timeout.count())
+            + " ms (connect_timeout; a host that is down, a wrong address, or a firewall that "
+              "drops the packets)";
+    else if (err == ECONNREFUSED)
+      why = "connection refused (nothing listens on that port)";
+    else
+      why = std::strerror(err);
     ::close(fd);
   }
   return make_error(af_error::unreachable, why);

@@ -1,5 +1,7 @@
 #include "actors/cluster_link.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "caf/all.hpp"
@@ -20,6 +22,17 @@ namespace {
 
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
+/// What went wrong, without the code's name when it is one of ours (for an
+/// error that wraps it in its own code).
+std::string reason_of(const caf::error& err) {
+  if (err.category() != error_category)
+    return describe(err);
+  const auto& ctx = err.context();
+  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
+    return ctx.get_as<std::string>(0);
+  return describe(err);
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
            std::chrono::steady_clock::now().time_since_epoch())
@@ -32,12 +45,18 @@ std::string task_name(const std::string& job, int32_t task) {
   return "/job:" + job + "/task:" + std::to_string(task);
 }
 
-caf::error cluster_link::explain(caf::error err, const std::string& what, const node_conn* conn) {
+caf::error cluster_link::explain(caf::error err, const std::string& what, const node_conn* conn,
+                                 std::chrono::milliseconds waited) {
+  if (err == caf::sec::request_timeout) {
+    if (waited.count() <= 0)
+      waited = opts.timeout;
+    auto to = conn ? " of " + conn->key + " at " + conn->address : std::string{};
+    return make_error(af_error::timeout,
+                      what + to + " got no answer within " + std::to_string(waited.count())
+                        + " ms (the node may be stopped, overloaded or cut off: check that its "
+                          "process runs and is not paused, or give the call more time)");
+  }
   auto where = conn ? " from " + conn->key + " at " + conn->address : std::string{};
-  if (err == caf::sec::request_timeout)
-    return make_error(af_error::timeout, "timed out after " + std::to_string(opts.timeout.count())
-                                           + " ms waiting for " + what + where
-                                           + "; is the node alive and reachable?");
   if (err.category() != error_category)
     return make_error(af_error::peer_down, what + where + " failed: " + describe(err));
   return err;
@@ -63,7 +82,12 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   conn.actor = find_local_node(conn.address, &sys);
   if (!conn.actor) {
     // The BASP broker gets a connection of ours (connect_scribe says why not
-    // the middleman's): an unreachable host fails within connect_timeout.
+    // the middleman's). One deadline for the whole connect: the name lookup
+    // and the TCP connection take what they need of connect_timeout, and
+    // the handshakes (TLS, then BASP's) get what is left, not a budget of
+    // their own (a slow TCP connect then a silent peer took twice as long).
+    auto deadline = std::chrono::steady_clock::now() + opts.connect_timeout;
+    auto budget = std::to_string(opts.connect_timeout.count()) + " ms";
     caf::error err;
     auto on_answer = [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
       if (!ptr)
@@ -76,13 +100,16 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       else
         conn.actor = caf::actor_cast<node_actor>(std::move(ptr));
     };
-    auto on_error = [&](caf::error& e) {
-      // The TCP connection was made (connect_scribe's own failures are
-      // af_errors): what did not come is the handshake.
-      auto why = e == caf::sec::request_timeout || e == caf::sec::connection_timeout
-                   ? "it accepted the connection but did not complete the handshake in time "
-                     "(a stopped or overloaded node, or not an actorflow node?)"
-                   : describe(e);
+    auto on_error = [&](caf::error& e, bool connected) {
+      // After the TCP connection was made, what did not come is the
+      // handshake. An af_error's reason goes in without its code: the
+      // code is this error's own ("unreachable: ... unreachable: ...").
+      auto why = connected && (e == caf::sec::request_timeout || e == caf::sec::connection_timeout)
+                   ? "it accepted the connection but did not complete the handshake within "
+                       + budget
+                       + " (connect_timeout; a stopped or overloaded node, or not an actorflow "
+                         "node?)"
+                   : reason_of(e);
       if (e == caf::sec::disconnect_during_handshake)
         why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
                      "is it running with [security]?)"
@@ -92,13 +119,15 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
     };
     auto opened = connect_scribe(sys, addr->host, addr->port, opts.connect_timeout, tls, key);
     if (!opened) {
-      on_error(opened.error());
+      on_error(opened.error(), false);
     } else {
+      auto left = std::max(std::chrono::milliseconds{1},
+                           std::chrono::ceil<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now()));
       bool answered = false;
       caf::error failed;
-      self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")),
-                    opts.connect_timeout, caf::connect_atom::value, std::move(opened->scribe),
-                    addr->port)
+      self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")), left,
+                    caf::connect_atom::value, std::move(opened->scribe), addr->port)
         .receive(
           [&](caf::node_id& nid, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
             answered = true;
@@ -108,7 +137,7 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       // Our TLS check's reason, when it was that, instead of a guess.
       auto why = opened->settle(answered);
       if (!answered && why.empty())
-        on_error(failed);
+        on_error(failed, true);
       else if (!answered)
         err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address
                                                   + ": TLS handshake failed: " + why);

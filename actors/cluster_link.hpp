@@ -4,6 +4,12 @@
 /// session learned of the node's health. Blocking (it serves the blocking
 /// session facade); the step runner never waits on it.
 ///
+/// Opening a connection has one deadline, connect_timeout, for all of it:
+/// the name lookup (none for a numeric address; getaddrinfo has no timeout
+/// of its own, so a name is looked up by a thread that the caller leaves at
+/// the deadline), the TCP connection (each address of a name gets what is
+/// left), then the TLS and BASP handshakes (what is left after that).
+///
 /// After a node died, connect() tries once to reach its successor: it fails
 /// at once with peer_down saying the node died when nothing answers, and
 /// calls `on_reconnect` (restarted: the node has a new incarnation) when
@@ -91,8 +97,11 @@ public:
   std::shared_ptr<tls_context> tls;
   bool security_checked = false;
 
-  /// Maps CAF's request errors to a sentence naming what we waited for.
-  caf::error explain(caf::error err, const std::string& what, const node_conn* conn);
+  /// Maps CAF's request errors to a sentence naming what we waited for and,
+  /// for a timeout, how long: `waited` (zero: the request timeout,
+  /// opts.timeout), the wait the request was actually given.
+  caf::error explain(caf::error err, const std::string& what, const node_conn* conn,
+                     std::chrono::milliseconds waited = std::chrono::milliseconds{0});
 
   /// Opens a connection to /job:J/task:T: the node actor, its info and clock,
   /// its data plane. Does not touch `conns`.

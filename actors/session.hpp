@@ -73,7 +73,7 @@ namespace af {
 
 struct session_options {
   std::chrono::milliseconds timeout{10000};        ///< any one request
-  std::chrono::milliseconds connect_timeout{5000}; ///< connecting to a node
+  std::chrono::milliseconds connect_timeout{5000}; ///< a whole connect: lookup, TCP, handshakes
   bool soft_placement = true;
   /// Variable ops on other processes' nodes go over the node's tensor data
   /// plane (actors/data_plane.hpp); false sends them as CAF messages.
@@ -252,10 +252,10 @@ public:
   /// error if it does not answer within the timeout.
   caf::expected<node_info> ping(const std::string& job, int32_t task);
 
-  /// The same, waiting `timeout` for the answer instead of the session's
-  /// timeout (connecting still has connect_timeout). A ping sent just as
-  /// the node died may go to its proxy, which CAF never answers: a poll
-  /// for a node's return waits a little for each.
+  /// The same, waiting `timeout` (named in its timeout error) instead of the
+  /// session's timeout (connecting still has connect_timeout). A ping sent
+  /// just as the node died may go to its proxy, which CAF never answers: a
+  /// poll for a node's return waits a little for each.
   caf::expected<node_info> ping(const std::string& job, int32_t task,
                                 std::chrono::milliseconds timeout);
 

@@ -22,7 +22,7 @@ caf::expected<node_info> session::ping(const std::string& job, int32_t task,
   caf::error err;
   im.self->request((*conn)->actor, timeout, caf::ping_atom::value)
     .receive([&](node_info& info) { (*conn)->info = std::move(info); },
-             [&](caf::error& e) { err = im.link.explain(std::move(e), "ping", *conn); });
+             [&](caf::error& e) { err = im.link.explain(std::move(e), "ping", *conn, timeout); });
   if (err)
     return err;
   return (*conn)->info;
