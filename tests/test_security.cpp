@@ -15,14 +15,19 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
+#include <vector>
+
+#include <openssl/ssl.h>
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/openssl/manager.hpp"
 
 #include "actors/node.hpp"
+#include "actors/tls.hpp"
 #include "config/loopback.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
@@ -504,6 +509,83 @@ TEST_CASE("a CAF peer that does not finish its handshake within handshake_timeou
   // The client's connection, older than the deadline, serves on.
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
   CHECK(count(node.output(), "no handshake within") == 1);
+}
+
+// Catches a deadline that lets go of a connection once its TLS handshake is
+// done: a stranger holding a certificate of the cluster CA (a member's
+// stolen key, or a member's buggy program) that completes TLS and then never
+// sends BASP's handshake held a descriptor and a session for ever. The
+// deadline is the BASP handshake's, TLS included.
+TEST_CASE("a peer that completes the TLS handshake with a cluster certificate but sends no BASP "
+          "handshake is closed after handshake_timeout_ms, and the node serves on",
+          "[security]") {
+  test_cluster c{true};
+  c.add_node_lines("handshake_timeout_ms = 500\n");
+  background_process node{c.node_args()};
+  REQUIRE(node.wait_for("actorflow-node ready", 30s));
+  auto sec = client_security(c.config);
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto s = value_of(session::make(sys, c.spec(), "/job:ps/task:0", client_options(sec)));
+  REQUIRE(value_of(s.ping("ps", 0)).job == "ps");
+
+  // The stranger: the client's certificate, OpenSSL's blocking handshake.
+  auto tls = value_of(make_tls_context(sec, "a stranger"));
+  int fd = connect_loopback(c.port);
+  REQUIRE(fd >= 0);
+  auto start = std::chrono::steady_clock::now();
+  timeval tv{5, 0}; // a blocking read below gives up after 5 s
+  REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl{SSL_new(tls->native()), SSL_free};
+  REQUIRE(ssl);
+  REQUIRE(SSL_set_fd(ssl.get(), fd) == 1);
+  REQUIRE(SSL_connect(ssl.get()) == 1);
+  // The node took the certificate: what comes through TLS is its BASP
+  // server handshake (a 32-byte header first).
+  std::vector<char> buf(4096);
+  size_t got = 0;
+  while (got < 32) {
+    size_t n = 0;
+    if (SSL_read_ex(ssl.get(), buf.data(), buf.size(), &n) != 1)
+      break;
+    got += n;
+  }
+  REQUIRE(got >= 32);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0);
+  auto stranger = "127.0.0.1:" + std::to_string(ntohs(local.sin_port));
+  // A member is served while the stranger holds its connection.
+  CHECK(value_of(s.ping("ps", 0)).job == "ps");
+
+  // Silent from here on; the node closes it (a TLS alert, then the end).
+  bool closed = false;
+  auto deadline = start + 10s;
+  while (!closed && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0)
+      continue;
+    size_t n = 0;
+    closed = SSL_read_ex(ssl.get(), buf.data(), buf.size(), &n) != 1
+             && SSL_get_error(ssl.get(), 0) != SSL_ERROR_WANT_READ;
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  ssl.reset();
+  ::close(fd);
+  INFO(node.output());
+  CHECK(closed);
+  CHECK(took >= 450ms); // the deadline, not at once
+  REQUIRE(node.wait_for("no handshake within 500 ms", 10s));
+  std::smatch m;
+  auto out = node.output();
+  REQUIRE(std::regex_search(out, m, std::regex{R"(closed (.*) on the CAF port: no handshake)"}));
+  CHECK(m[1] == stranger);
+  CHECK(out.find("refused " + stranger) == std::string::npos); // its TLS was fine
+  // The member's connection, older than the deadline, serves on; a new one gets in.
+  CHECK(value_of(s.ping("ps", 0)).job == "ps");
+  caf::actor_system sys2{cfg};
+  auto s2 = value_of(session::make(sys2, c.spec(), "/job:ps/task:0", client_options(sec)));
+  CHECK(value_of(s2.ping("ps", 0)).job == "ps");
 }
 
 TEST_CASE("a CAF message over max_message_bytes closes its connection before the buffer is made",
