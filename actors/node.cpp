@@ -395,8 +395,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
   limits.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
   limits.max_message_bytes = opts.max_message_bytes;
-  // ... and for tensors that come through CAF (messages/types.cpp's decoder)
-  set_max_decoded_tensor_bytes(static_cast<uint64_t>(opts.max_message_bytes));
+  // ... and for tensors that come through CAF (messages/types.cpp's decoder), until it stops
+  auto decode_cap = hold_max_decoded_tensor_bytes(static_cast<uint64_t>(opts.max_message_bytes));
   limits.max_variable_bytes = opts.max_variable_bytes;
   limits.max_connections = opts.max_data_connections;
   auto data_plane = data_plane_server::start(directory, bind_host,
@@ -445,7 +445,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   port_opts.who = name;
   auto port_keeper = spawn_guarded_middleman(sys, port_opts);
   caf::actor_cast<caf::abstract_actor*>(node)->attach_functor(
-    [port_keeper](const caf::error&) { caf::anon_send_exit(port_keeper, caf::exit_reason::kill); });
+    [port_keeper, decode_cap](const caf::error&) { caf::anon_send_exit(port_keeper, caf::exit_reason::kill); });
   auto published = publish_guarded(sys, port_keeper, caf::actor_cast<caf::strong_actor_ptr>(node),
                                    sys.message_types(node), port, bind_host);
   if (!published) {

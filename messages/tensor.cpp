@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <set>
 #include <unordered_map>
 
 namespace af {
@@ -132,15 +133,52 @@ int64_t num_elements(const shape_type& shape) {
 }
 
 namespace {
-std::atomic<uint64_t> decoded_tensor_cap{uint64_t{2} << 30};
+
+/// The running nodes' limits, and the cap they make: read by every decode,
+/// so kept in an atomic that each change recomputes.
+struct decoded_tensor_caps {
+  std::mutex mtx;
+  std::multiset<uint64_t> held; ///< one per running node
+  uint64_t fallback = uint64_t{2} << 30;
+  std::atomic<uint64_t> cap{uint64_t{2} << 30};
+
+  void update() { // under mtx
+    cap.store(held.empty() ? fallback : *held.rbegin(), std::memory_order_relaxed);
+  }
+};
+
+decoded_tensor_caps& caps() {
+  // Never destroyed: a node may stop during the process's exit.
+  static auto* instance = new decoded_tensor_caps;
+  return *instance;
 }
 
+} // namespace
+
 void set_max_decoded_tensor_bytes(uint64_t bytes) {
-  decoded_tensor_cap.store(bytes, std::memory_order_relaxed);
+  auto& c = caps();
+  std::lock_guard<std::mutex> guard{c.mtx};
+  c.fallback = bytes;
+  c.update();
 }
 
 uint64_t max_decoded_tensor_bytes() {
-  return decoded_tensor_cap.load(std::memory_order_relaxed);
+  return caps().cap.load(std::memory_order_relaxed);
+}
+
+std::shared_ptr<void> hold_max_decoded_tensor_bytes(uint64_t bytes) {
+  auto& c = caps();
+  std::multiset<uint64_t>::iterator at;
+  {
+    std::lock_guard<std::mutex> guard{c.mtx};
+    at = c.held.insert(bytes);
+    c.update();
+  }
+  return std::shared_ptr<void>{nullptr, [&c, at](void*) {
+                                 std::lock_guard<std::mutex> guard{c.mtx};
+                                 c.held.erase(at);
+                                 c.update();
+                               }};
 }
 
 std::string check_decoded_tensor(uint8_t type, const shape_type& shape, uint64_t payload_bytes) {

@@ -40,10 +40,22 @@ using shape_type = std::vector<int64_t>;
 /// around to a small count).
 int64_t num_elements(const shape_type& shape);
 
-/// The most bytes a tensor decoded from a peer (CAF's wire) may hold: [node]
-/// max_message_bytes. Process-wide, set by the node at start; 2 GiB until then.
+/// The most bytes a tensor decoded from a peer (CAF's wire) may hold: the
+/// largest [node] max_message_bytes of the nodes running in this process
+/// (each holds its limit from start to stop: hold_max_decoded_tensor_bytes);
+/// with none running, what set_max_decoded_tensor_bytes said (2 GiB unless
+/// told). Process-wide, because CAF decodes a message before any actor of
+/// a node sees it, and does not say for which node. So in one process with
+/// several nodes (an embedded cluster, tests) no node refuses a tensor its
+/// own limit allows, but a node with a smaller limit accepts, through CAF,
+/// tensors up to the largest (its CAF port still refuses a message over its
+/// own limit, and its data plane checks its own).
 void set_max_decoded_tensor_bytes(uint64_t bytes);
 uint64_t max_decoded_tensor_bytes();
+
+/// Counts `bytes` among the limits of the running nodes until the returned
+/// handle is released (the node stopped).
+std::shared_ptr<void> hold_max_decoded_tensor_bytes(uint64_t bytes);
 
 /// Empty if a tensor of dtype code `type` and `shape` whose payload is
 /// `payload_bytes` long may be decoded (known dtype, shape valid, payload

@@ -12,8 +12,10 @@
 
 #include "actors/embedded_cluster.hpp"
 #include "actors/executor.hpp"
+#include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
+#include "config/cluster_spec.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 #include "wait.hpp"
@@ -400,6 +402,97 @@ TEST_CASE("an event-based actor runs steps through its own step runner without b
   CHECK(out->values[0] == std::vector<float>{3, 6});
   CHECK(out->values[1] == std::vector<float>{30, 60});
   (void) runner_actor;
+}
+
+
+namespace {
+
+/// A node started with start_node in an actor system of its own, stopped as
+/// an embedded cluster stops its members.
+struct node_in_process {
+  explicit node_in_process(const std::string& job, int32_t task, const node_options& opts)
+    : cfg(opts), sys(cfg) {
+    auto started = start_node(sys, job, task, "127.0.0.1", 0, opts);
+    if (started)
+      node = std::move(*started);
+    else
+      why = describe(started.error());
+  }
+  ~node_in_process() { stop(); }
+
+  void stop() {
+    if (!node.actor)
+      return;
+    node.data_plane->stop();
+    unregister_local_node(node.address);
+    caf::anon_send_exit(node.actor, caf::exit_reason::user_shutdown);
+    node.actor = nullptr;
+  }
+
+  system_config cfg;
+  caf::actor_system sys;
+  running_node node;
+  std::string why; ///< why it did not start
+};
+
+} // namespace
+
+// Catches the process-wide cap on decoded tensors being the last started
+// node's: a node that allows 8 MiB refused, through CAF, a 2 MiB tensor
+// once a node allowing 1 MiB had started in the same process; and a cap that
+// is not given back when its node stops.
+TEST_CASE("two nodes of one process with different max_message_bytes each accept a tensor "
+          "within their own limit",
+          "[runtime][limits]") {
+  node_options big_opts;
+  big_opts.threads = 2;
+  big_opts.max_message_bytes = 8 << 20;
+  auto small_opts = big_opts;
+  small_opts.max_message_bytes = 1 << 20;
+  node_in_process big{"ps", 0, big_opts};
+  INFO(big.why);
+  REQUIRE(big.node.actor);
+  node_in_process small{"ps", 1, small_opts}; // last: it used to set the cap for both
+  INFO(small.why);
+  REQUIRE(small.node.actor);
+  CHECK(max_decoded_tensor_bytes() == 8u << 20);
+
+  auto spec = cluster_spec::from_jobs({{"ps", {big.node.address, small.node.address}}});
+  REQUIRE(spec);
+  system_config client_cfg{node_options{}};
+  caf::actor_system client_sys{client_cfg};
+  {
+    session_options so;
+    so.timeout = 20s;
+    so.data_plane = false; // tensors go as CAF messages, decoded in this process
+    auto s = session::make(client_sys, *spec, "/job:ps/task:0", so);
+    REQUIRE(s);
+    auto assign_and_read = [&](const std::string& task, int64_t bytes) -> std::string {
+      auto d = s->device(task);
+      if (!d)
+        return describe(d.error());
+      auto elements = bytes / 4;
+      auto v = s->variable("v" + std::to_string(bytes), {elements});
+      if (!v)
+        return describe(v.error());
+      auto value = tensor::filled(dtype::float32, {elements}, 3.0);
+      auto assigned = s->run(s->assign(*v, s->constant(value)));
+      if (!assigned)
+        return describe(assigned.error());
+      auto read = s->run(*v);
+      if (!read)
+        return describe(read.error());
+      auto got = read->values<float>();
+      if (static_cast<int64_t>(got.size()) != elements || got.front() != 3.0f || got.back() != 3.0f)
+        return "read back another value";
+      return "ok";
+    };
+    CHECK(assign_and_read("/job:ps/task:0", 2 << 20) == "ok"); // within 8 MiB, over 1 MiB
+    CHECK(assign_and_read("/job:ps/task:1", 512 << 10) == "ok"); // within 1 MiB
+  }
+  // Its node stopped, the larger limit goes with it.
+  big.stop();
+  CHECK(eventually([] { return max_decoded_tensor_bytes() == 1u << 20; }));
 }
 
 } // namespace af
