@@ -445,7 +445,9 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   port_opts.who = name;
   auto port_keeper = spawn_guarded_middleman(sys, port_opts);
   caf::actor_cast<caf::abstract_actor*>(node)->attach_functor(
-    [port_keeper, decode_cap](const caf::error&) { caf::anon_send_exit(port_keeper, caf::exit_reason::kill); });
+    [port_keeper, decode_cap](const caf::error&) {
+      caf::anon_send_exit(port_keeper, caf::exit_reason::kill);
+    });
   auto published = publish_guarded(sys, port_keeper, caf::actor_cast<caf::strong_actor_ptr>(node),
                                    sys.message_types(node), port, bind_host);
   if (!published) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -89,15 +90,22 @@ int syn_sent_to(uint16_t port) {
   return n;
 }
 
+/// Milliseconds since `start` (Catch prints a count, not a duration).
+int64_t ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now()
+                                                               - start)
+    .count();
+}
+
 struct timed_ping {
   caf::expected<node_info> result;
-  std::chrono::steady_clock::duration took;
+  int64_t took_ms;
 };
 
 timed_ping ping_timed(session& s) {
   auto start = std::chrono::steady_clock::now();
   auto r = s.ping("ps", 0);
-  return {std::move(r), std::chrono::steady_clock::now() - start};
+  return {std::move(r), ms_since(start)};
 }
 
 } // namespace
@@ -118,7 +126,7 @@ TEST_CASE("a ping of a stopped node fails after the ping's own timeout and names
   REQUIRE(pc->signal("ps", 0, SIGSTOP));
   auto start = std::chrono::steady_clock::now();
   auto r = s.ping("ps", 0, 500ms);
-  auto took = std::chrono::steady_clock::now() - start;
+  auto took = ms_since(start);
   pc->signal("ps", 0, SIGCONT);
   REQUIRE_FALSE(r);
   auto text = describe(r.error());
@@ -128,8 +136,8 @@ TEST_CASE("a ping of a stopped node fails after the ping's own timeout and names
                   + " got no answer within 500 ms")
         != std::string::npos);
   CHECK(text.find("20000") == std::string::npos);
-  CHECK(took >= 450ms);
-  CHECK(took < 10s);
+  CHECK(took >= 450);
+  CHECK(took < 10000);
   // After SIGCONT the node answers again.
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
 }
@@ -154,7 +162,7 @@ TEST_CASE("a connect to a port where nothing listens says unreachable once and n
     CHECK(occurrences(text, "unreachable") == 1);
     CHECK(text.find("cannot reach /job:ps/task:0 at " + address) != std::string::npos);
     CHECK(text.find("connection refused") != std::string::npos);
-    CHECK(took < 3s);
+    CHECK(took < 3000);
   }
   // A name that does not resolve: said once too, naming the name.
   auto s = value_of(session::make(sys, one_ps_at("no-such-host.invalid:1"), "/job:ps/task:0",
@@ -165,7 +173,7 @@ TEST_CASE("a connect to a port where nothing listens says unreachable once and n
   INFO(text);
   CHECK(occurrences(text, "unreachable") == 1);
   CHECK(text.find("'no-such-host.invalid'") != std::string::npos);
-  CHECK(took < 3s + 500ms); // a slow resolver is cut at the connect's deadline
+  CHECK(took < 3500); // a slow resolver is cut at the connect's deadline
 }
 
 // Catches a connect whose phases each get the whole connect_timeout: a TCP
@@ -189,8 +197,8 @@ TEST_CASE("a connect fails within connect_timeout, whichever of its phases is sl
     INFO(text);
     CHECK(text.find("cannot reach /job:ps/task:0 at " + address) != std::string::npos);
     CHECK(text.find("not accepted within 1000 ms") != std::string::npos);
-    CHECK(took >= 950ms);
-    CHECK(took < 1500ms);
+    CHECK(took >= 950);
+    CHECK(took < 1500);
   }
 
   SECTION("the TCP connection gets in late, then no handshake comes") {
@@ -204,14 +212,14 @@ TEST_CASE("a connect fails within connect_timeout, whichever of its phases is sl
     blackhole.make_room();
     REQUIRE(ping.wait_for(10s) == std::future_status::ready);
     auto r = ping.get();
-    auto took = std::chrono::steady_clock::now() - start;
+    auto took = ms_since(start);
     REQUIRE(dropped); // the session's SYN, waiting in SYN_SENT
     REQUIRE_FALSE(r);
     auto text = describe(r.error());
     INFO(text);
     CHECK(text.find("cannot reach /job:ps/task:0 at " + address) != std::string::npos);
     CHECK(text.find("did not complete the handshake within 1500 ms") != std::string::npos);
-    CHECK(took >= 1400ms);
-    CHECK(took < 1900ms);
+    CHECK(took >= 1400);
+    CHECK(took < 1900);
   }
 }
