@@ -1030,10 +1030,16 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   if (tls) {
     SSL* ssl = SSL_new(tls->native());
     std::string why;
-    if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd))
+    // Who must answer (tls.hpp): a certificate for the host dialled and, when
+    // `peer` starts with a task's name (a session's "/job:ps/task:0 at h:p"),
+    // that task's.
+    std::string task = peer.rfind("/job:", 0) == 0 ? peer.substr(0, peer.find(' ')) : std::string{};
+    if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd) || !tls_expect_host(ssl, host))
       why = tls_errors("no TLS session (out of memory?)");
     else
       why = handshake(ssl, fd, false, timeout);
+    if (why.empty())
+      why = tls_wrong_task(ssl, task);
     if (why.empty()) {
       stream = secure_stream::make(ssl, fd, false, why);
       if (stream) {
@@ -1052,7 +1058,10 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
           || why.find("record layer failure") != std::string::npos)
         hint = "; it does not speak TLS: is it run without [security]? Every node of a cluster "
                "needs the same [security]";
-      else if (why.find("certificate") != std::string::npos || why.find("alert") != std::string::npos)
+      else if (why.find("is not for") == std::string::npos
+               && why.find("another member answers") == std::string::npos
+               && (why.find("certificate") != std::string::npos
+                   || why.find("alert") != std::string::npos))
         hint = "; are its certificate and this process's signed by the same cluster CA ([security] "
                "ca)?";
       return make_error(af_error::unreachable,

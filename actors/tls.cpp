@@ -7,15 +7,18 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
 
 #include <poll.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -293,8 +296,97 @@ std::string tls_errors(const std::string& fallback) {
   return out.empty() ? fallback : out;
 }
 
+bool tls_expect_host(ssl_st* ssl, const std::string& host) {
+  auto* param = SSL_get0_param(ssl);
+  // An IP address is checked as one; anything else as a DNS name.
+  return X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) == 1
+         || SSL_set1_host(ssl, host.c_str()) == 1;
+}
+
+std::string tls_wrong_task(ssl_st* ssl, const std::string& task) {
+  if (task.empty())
+    return {};
+  auto* cert = SSL_get0_peer_certificate(ssl);
+  if (cert == nullptr)
+    return "it showed no certificate";
+  char cn[256] = {};
+  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) < 0)
+    return {};
+  std::string name{cn};
+  if (name.rfind("/job:", 0) != 0 || name == task)
+    return {};
+  return "its certificate is " + name + "'s, not " + task
+         + "'s: another member answers at this address (is the cluster config current?)";
+}
+
+namespace {
+
+/// The names in `cert`'s subjectAltName ("IP:10.0.0.1, DNS:ps0"), or
+/// "none" if it has none.
+std::string alt_names(X509* cert) {
+  std::string out;
+  auto* names = static_cast<GENERAL_NAMES*>(
+    X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    auto* n = sk_GENERAL_NAME_value(names, i);
+    std::string one;
+    if (n->type == GEN_DNS) {
+      auto* d = n->d.dNSName;
+      one = "DNS:" + std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(d)),
+                                 static_cast<size_t>(ASN1_STRING_length(d)));
+    } else if (n->type == GEN_IPADD) {
+      auto* ip = n->d.iPAddress;
+      char text[64] = "?";
+      int len = ASN1_STRING_length(ip);
+      const unsigned char* b = ASN1_STRING_get0_data(ip);
+      if (len == 4)
+        std::snprintf(text, sizeof(text), "%u.%u.%u.%u", b[0], b[1], b[2], b[3]);
+      else if (len == 16)
+        inet_ntop(AF_INET6, b, text, sizeof(text));
+      one = std::string{"IP:"} + text;
+    }
+    if (one.empty())
+      continue;
+    if (!out.empty())
+      out += ", ";
+    out += one;
+  }
+  GENERAL_NAMES_free(names);
+  return out.empty() ? "none" : out;
+}
+
+} // namespace
+
 std::string tls_handshake_failure(ssl_st* ssl, int ret) {
   auto verify = SSL_get_verify_result(ssl);
+  if (verify == X509_V_ERR_HOSTNAME_MISMATCH || verify == X509_V_ERR_IP_ADDRESS_MISMATCH) {
+    ERR_clear_error();
+    auto* param = SSL_get0_param(ssl);
+    std::string host;
+    if (char* ip = X509_VERIFY_PARAM_get1_ip_asc(param)) {
+      host = ip;
+      OPENSSL_free(ip);
+    } else if (const char* dns = X509_VERIFY_PARAM_get0_host(param, 0)) {
+      host = dns;
+    }
+    // The verification failed before OpenSSL kept the peer's certificate:
+    // the leaf of the chain it showed.
+    X509* leaf = nullptr;
+    if (auto* chain = SSL_get_peer_cert_chain(ssl); chain != nullptr && sk_X509_num(chain) > 0)
+      leaf = sk_X509_value(chain, 0);
+    std::string shown = "?", cn;
+    if (leaf != nullptr) {
+      shown = alt_names(leaf);
+      char buf[256] = {};
+      if (X509_NAME_get_text_by_NID(X509_get_subject_name(leaf), NID_commonName, buf, sizeof(buf))
+          >= 0)
+        cn = buf;
+    }
+    return fmt::format("its certificate{} is not for {}: it names {} (subjectAltName); another "
+                       "machine answers at this address, or the certificate was made for another "
+                       "host (actorflow-certs writes each task's host)",
+                       cn.empty() ? std::string{} : " (" + cn + ")", host, shown);
+  }
   if (verify != X509_V_OK) {
     ERR_clear_error();
     return fmt::format("its certificate was refused ({}): is it signed by this cluster's CA "

@@ -55,7 +55,29 @@ bool tls_set_socket(ssl_st* ssl, int fd);
 std::string tls_errors(const std::string& fallback);
 
 /// Why a handshake's peer was refused: the verification result if it failed
-/// there, else the error queue's text; empties the error queue.
+/// there (for a certificate not for the host of tls_expect_host: the host
+/// dialled and the names the certificate has), else the error queue's text;
+/// empties the error queue.
 std::string tls_handshake_failure(ssl_st* ssl, int ret);
+
+// -- who answers: the name check of both planes' outbound connections --------
+//
+// A certificate of the cluster CA proves membership, not which member: on a
+// connection this process opens, the peer must be who it dials. Before the
+// handshake, tls_expect_host makes OpenSSL check the certificate's
+// subjectAltName against the host dialled (an IP address as one, anything
+// else as a DNS name); the handshake fails otherwise (tls_handshake_failure
+// says which names were expected and shown). After it, tls_wrong_task checks
+// that a CN naming a task (/job:J/task:T, as actorflow-certs writes) names
+// the task meant. Used by the CAF port (caf_port.cpp) and the data plane
+// (data_channel::connect).
+
+/// Makes `ssl`'s handshake require a certificate for `host`. false: out of
+/// memory.
+bool tls_expect_host(ssl_st* ssl, const std::string& host);
+
+/// Empty if the peer's certificate may be `task`'s (empty `task`: any), else
+/// why not, naming the task meant and the task the certificate names.
+std::string tls_wrong_task(ssl_st* ssl, const std::string& task);
 
 } // namespace af

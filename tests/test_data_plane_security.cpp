@@ -128,11 +128,14 @@ void make_ca_and_cert(const temp_dir& dir, const std::string& prefix, int days =
     INFO(cmd);
     REQUIRE(std::system((cmd + " >/dev/null 2>&1").c_str()) == 0);
   };
+  std::string escaped_cn; // '/' separates the parts of -subj: escaped in a CN
+  for (char c : cn)
+    escaped_cn += c == '/' ? std::string{"\\/"} : std::string(1, c);
   if (!std::filesystem::exists(p("ca.pem")))
     run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
         + p("ca.key") + " -out " + p("ca.pem") + " -days 30 -subj /CN=" + prefix + "test-ca");
   run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + n("node.key")
-      + " -out " + n("node.csr") + " -subj '/CN=" + cn + "'"
+      + " -out " + n("node.csr") + " -subj '/CN=" + escaped_cn + "'"
       + (san.empty() ? std::string{} : " -addext subjectAltName=" + san));
   if (days > 0) {
     run("openssl x509 -req -in " + n("node.csr") + " -CA " + p("ca.pem") + " -CAkey " + p("ca.key")
@@ -1039,4 +1042,54 @@ TEST_CASE("a node closes a connection whose record fails, logs the peer and why,
   CHECK(value_of(other->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
   auto fresh = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
   CHECK(value_of(fresh->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
+}
+
+TEST_CASE("the data plane refuses a node whose certificate is another task's or another host's, "
+          "naming both",
+          "[plane][tls][names]") {
+  // The bug it catches: any member of the cluster CA taken for the node
+  // dialled (a config mix-up, or a member that took another task's port,
+  // reads and writes that task's variables); and a refusal that does not
+  // say whom it expected and whom it got.
+  temp_dir dir;
+  make_ca_and_cert(dir, "");                                          // this client: CN node
+  make_ca_and_cert(dir, "", 30, "/job:ps/task:1", "IP:127.0.0.1", "ps1-");   // ps 1, right host
+  make_ca_and_cert(dir, "", 30, "/job:ps/task:0", "IP:127.0.0.2", "far-");   // ps 0, another host
+  auto client = context_of(options_of(dir, "", ""));
+  auto ps1 = serve(directory_with("v", 4, 5), {}, context_of(options_of(dir, "", "ps1-")));
+  auto far = serve(directory_with("v", 4, 5), {}, context_of(options_of(dir, "", "far-")));
+  auto at = [](const std::unique_ptr<data_plane_server>& s) {
+    return "127.0.0.1:" + std::to_string(s->port());
+  };
+  {
+    // ps 1's certificate where ps 0 was meant.
+    auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:0 at " + at(ps1), 5s, {},
+                                    client);
+    REQUIRE_FALSE(ch);
+    CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("its certificate is /job:ps/task:1's, not "
+                                                       "/job:ps/task:0's"));
+  }
+  // The task it is: served.
+  auto right = value_of(
+    data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:1 at " + at(ps1), 5s, {}, client));
+  CHECK(value_of(right->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
+  {
+    // The right task, but a certificate for another host than the one dialled.
+    auto ch = data_channel::connect("127.0.0.1", far->port(), "/job:ps/task:0 at " + at(far), 5s, {},
+                                    client);
+    REQUIRE_FALSE(ch);
+    CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("is not for 127.0.0.1")
+                                         && Catch::Contains("IP:127.0.0.2")
+                                         && Catch::Contains("/job:ps/task:0"));
+    CHECK_THAT(error_text(ch.error()), !Catch::Contains("same cluster CA"));
+  }
+  {
+    // A host name is checked as a DNS name: a certificate for 127.0.0.1 is
+    // not one for "localhost".
+    auto ch = data_channel::connect("localhost", ps1->port(), "test node", 5s, {}, client);
+    REQUIRE_FALSE(ch);
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("is not for localhost"));
+  }
 }
