@@ -461,7 +461,7 @@ public:
   }
 
 private:
-  void refused(native_socket fd) {
+  void refused(native_socket) { // peer_ names it: the socket may be shut down by now
     // After the deadline closed it, its line said so already.
     if (established_ || reported_ || (token_ != nullptr && token_->timed_out())) {
       ERR_clear_error();
@@ -698,10 +698,13 @@ caf::expected<native_socket> connect_within(const std::string& host, uint16_t po
     int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
       // Each address gets what is left of the one budget, not a budget each.
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline
-                                                               - std::chrono::steady_clock::now());
       pollfd p{fd, POLLOUT, 0};
-      int n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+      int n = 0;
+      do {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+        n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+      } while (n < 0 && errno == EINTR);
       socklen_t len = sizeof(err);
       if (n == 1)
         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
