@@ -615,7 +615,23 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
   }
   out->ssl_ = ssl;
   out->fd_ = fd;
+  out->server_ = server;
   return out;
+}
+
+bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) {
+  const char* label = server_ == sending ? tls_label_server_to_client : tls_label_client_to_server;
+  unsigned char context[8], key[16];
+  for (int i = 0; i < 8; ++i)
+    context[i] = static_cast<unsigned char>(epoch >> (56 - 8 * i));
+  bool ok = SSL_export_keying_material(ssl_, key, sizeof(key), label, std::strlen(label), context,
+                                       sizeof(context), 1)
+              == 1
+            && (sending ? EVP_EncryptInit_ex(ctx, nullptr, nullptr, key, nullptr)
+                        : EVP_DecryptInit_ex(ctx, nullptr, nullptr, key, nullptr))
+                 == 1;
+  OPENSSL_cleanse(key, sizeof(key));
+  return ok;
 }
 
 secure_stream::~secure_stream() {
@@ -642,6 +658,9 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
       return fail("no memory for a record's buffer");
   }
   auto* buf = reinterpret_cast<unsigned char*>(out_.get());
+  if (send_seq_ > 0 && send_seq_ % rekey_records == 0
+      && !rekey(enc_, send_seq_ / rekey_records, true))
+    return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(send_seq_, iv);
   put_be32(static_cast<uint32_t>(len), buf);
@@ -771,6 +790,9 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
                             len, max_record_bytes));
   if (recv_seq_ == UINT64_MAX)
     return fail("the connection has read 2^64-1 records; it must be opened again");
+  if (recv_seq_ > 0 && recv_seq_ % rekey_records == 0
+      && !rekey(dec_, recv_seq_ / rekey_records, false))
+    return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(recv_seq_, iv);
   int outl = 0;

@@ -66,6 +66,11 @@ public:
   static constexpr size_t max_record_bytes = size_t{256} << 10;
   static constexpr size_t tag_bytes = 16;
   static constexpr size_t header_bytes = 4;
+  /// Every this many records a direction's key is derived anew (epoch e =
+  /// record counter / rekey_records: the exporter's context is e as 8
+  /// big-endian bytes; epoch 0 has no context): at most 64 GiB under one
+  /// key, well within AES-GCM's usage bound (RFC 8446 §5.5: ~2^38.5 bytes).
+  static constexpr uint64_t rekey_records = uint64_t{1} << 18;
 
   /// After a successful handshake of `ssl` on `fd` (both not owned until
   /// this returns: the stream then owns `ssl`, never `fd`): derives the keys,
@@ -126,9 +131,12 @@ private:
   bool next_record(char* dst, size_t room, size_t& delivered);
   /// At least `n` bytes in raw_ (n <= raw capacity); false: EOF or error.
   bool fill_raw(size_t n, bool within_record);
+  /// The key of `epoch` (>= 1) for the direction of `ctx`.
+  bool rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending);
 
   ssl_st* ssl_ = nullptr;
   int fd_ = -1;
+  bool server_ = false;
   evp_cipher_ctx_st* enc_ = nullptr;
   evp_cipher_ctx_st* dec_ = nullptr;
   uint64_t send_seq_ = 0;

@@ -1093,3 +1093,95 @@ TEST_CASE("the data plane refuses a node whose certificate is another task's or 
     CHECK_THAT(error_text(ch.error()), Catch::Contains("is not for localhost"));
   }
 }
+
+TEST_CASE("each direction's key is derived anew every rekey_records records, at the same record "
+          "on both ends",
+          "[plane][tls][records]") {
+  // Bugs it catches: one key used without end (a record past the bound
+  // sealed with the old key still accepted), and the two ends changing keys
+  // at different records (the stream breaks at the boundary).
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  const uint64_t n = secure_stream::rekey_records;
+  auto key_of = [](SSL* ssl, uint64_t epoch) {
+    std::vector<unsigned char> key(16);
+    unsigned char context[8];
+    for (int i = 0; i < 8; ++i)
+      context[i] = static_cast<unsigned char>(epoch >> (56 - 8 * i));
+    const char* label = tls_label_client_to_server;
+    bool ok = SSL_export_keying_material(ssl, key.data(), key.size(), label, std::strlen(label),
+                                         context, sizeof(context), 1)
+              == 1;
+    return ok ? key : std::vector<unsigned char>{};
+  };
+  // n one-byte records of epoch 0, sealed here (no per-record assertion).
+  auto burst_of = [&](const std::vector<unsigned char>& key) {
+    std::string burst;
+    burst.reserve(n * 21);
+    std::string one = seal(key, 0, "x");
+    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+    EVP_EncryptInit_ex(ctx, EVP_aes_128_gcm(), nullptr, key.data(), nullptr);
+    for (uint64_t seq = 0; seq < n; ++seq) {
+      unsigned char iv[12] = {}, rec[21] = {0, 0, 0, 1};
+      for (int i = 0; i < 8; ++i)
+        iv[4 + i] = static_cast<unsigned char>(seq >> (56 - 8 * i));
+      int outl = 0;
+      EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv);
+      EVP_EncryptUpdate(ctx, nullptr, &outl, rec, 4);
+      EVP_EncryptUpdate(ctx, rec + 4, &outl, reinterpret_cast<const unsigned char*>("x"), 1);
+      EVP_EncryptFinal_ex(ctx, rec + 5, &outl);
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, rec + 5);
+      burst.append(reinterpret_cast<const char*>(rec), sizeof(rec));
+    }
+    EVP_CIPHER_CTX_free(ctx);
+    CHECK(burst.compare(0, 21, one) == 0); // the fast sealing is the documented one
+    return burst;
+  };
+  for (bool stale : {false, true}) {
+    INFO((stale ? "record n sealed with epoch 0's key" : "record n sealed with epoch 1's key"));
+    stream_pair p;
+    connect_pair(p, tls);
+    auto key0 = exported_key(p.client->ssl(), tls_label_client_to_server);
+    auto key1 = key_of(p.client->ssl(), 1);
+    REQUIRE(key1.size() == 16);
+    CHECK(key1 != key0);
+    auto burst = burst_of(key0) + seal(stale ? key0 : key1, n, "y");
+    std::thread writer{[&] { send(p.sv[1], burst.data(), burst.size(), MSG_NOSIGNAL); }};
+    std::string got(n, '\0');
+    bool first = p.server->read(got.data(), got.size());
+    char last = 0;
+    bool second = first && p.server->read(&last, 1);
+    writer.join();
+    REQUIRE(first);
+    CHECK(got == std::string(n, 'x'));
+    if (stale) {
+      CHECK_FALSE(second);
+      CHECK_THAT(p.server->reason(), Catch::Contains("failed authentication"));
+    } else {
+      CHECK(second);
+      CHECK(last == 'y');
+    }
+  }
+  {
+    // Two secure_streams across the boundary, in the node's direction.
+    stream_pair p;
+    connect_pair(p, tls); // the hello was the server's record 0
+    std::thread writer{[&] {
+      char c = 'z';
+      iovec one{&c, 1};
+      for (uint64_t i = 0; i < n + 3; ++i)
+        if (!p.server->write(&one, 1))
+          break;
+    }};
+    bool ok = true;
+    uint64_t read = 0;
+    for (; read < n + 3 && ok; ++read) {
+      char c = 0;
+      ok = p.client->read(&c, 1) && c == 'z';
+    }
+    writer.join();
+    CHECK(ok);
+    CHECK(p.client->records_read() == n + 4);
+  }
+}
