@@ -202,9 +202,12 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t)
   auto fresh = open(j, t);
   if (!fresh)
     return make_error(af_error::peer_down,
-                      "node " + key + (address.empty() ? "" : " at " + address) + " died (" + why
-                        + ") and does not answer yet (" + describe(fresh.error())
-                        + "); restart it and this session reconnects by itself");
+                      "node " + key + (address.empty() ? "" : " at " + address)
+                        + " was lost (" + why
+                        + ": its process died, or its connection broke) and does not answer yet ("
+                        + describe(fresh.error())
+                        + "); if it is not running, restart it: this session reconnects by "
+                          "itself");
   health->revive(key);
   bool restarted = it == conns.end() || it->second.info.incarnation != fresh->info.incarnation;
   if (it != conns.end())
