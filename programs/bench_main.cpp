@@ -660,9 +660,11 @@ std::string make_bench_certs() {
   auto run = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; };
   const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
   if (!run("openssl req -x509" + ec + "-keyout " + d + "/ca.key -out " + d + "/ca.pem -days 2 -subj /CN=bench-ca")
-      || !run("openssl req" + ec + "-keyout " + d + "/node.key -out " + d + "/node.csr -subj /CN=node")
+      || !run("openssl req" + ec + "-keyout " + d + "/node.key -out " + d
+              + "/node.csr -subj /CN=node -addext subjectAltName=IP:127.0.0.1")
+      // The data plane checks that the node's certificate names the host dialled.
       || !run("openssl x509 -req -in " + d + "/node.csr -CA " + d + "/ca.pem -CAkey " + d
-              + "/ca.key -CAcreateserial -out " + d + "/node.pem -days 2"))
+              + "/ca.key -CAcreateserial -copy_extensions copy -out " + d + "/node.pem -days 2"))
     return {};
   return d;
 }
