@@ -222,6 +222,35 @@ public:
   /// handshake went through (accepted connections only).
   void watch(deadline_token* token) { token_ = token; }
 
+  /// An outbound connection's connect deadline (connect_scribe's): until
+  /// then the BASP broker's heartbeat does not close it for silence.
+  void hold_until(std::chrono::steady_clock::time_point deadline) { hold_until_ = deadline; }
+
+  /// CAF 0.17.6's BASP broker, at each heartbeat tick, closes every
+  /// connection whose last_seen + middleman.connection-timeout is past, with
+  /// sec::connection_timeout. Its connect_atom handler makes the context of
+  /// a connection it is handed without setting last_seen (the clock's
+  /// epoch), so the first tick (within heartbeat_ms, 1 s by default) closed
+  /// a connection whose peer had not answered yet, long before
+  /// connect_timeout, and the session said the handshake did not come within
+  /// connect_timeout. The handler asks its scribe for the first header right
+  /// after making the context: here the context gets the connect's deadline
+  /// as last seen, so the tick leaves it alone until the deadline (when
+  /// opened_connection::settle shuts it down) and the heartbeat plus
+  /// connection_timeout applies from the peer's first message on (the
+  /// broker sets last_seen on each).
+  void hold_in_broker(caf::io::abstract_broker* broker, caf::io::connection_handle hdl) {
+    if (!outbound_ || held_ || broker == nullptr)
+      return;
+    held_ = true;
+    auto* basp = dynamic_cast<caf::io::basp_broker*>(broker);
+    if (basp == nullptr)
+      return;
+    auto i = basp->ctx.find(hdl);
+    if (i != basp->ctx.end() && i->second.last_seen < hold_until_)
+      i->second.last_seen = hold_until_;
+  }
+
   caf::io::receive_policy::config check(caf::io::receive_policy::config config, native_socket fd,
                                         const std::vector<char>& delivered) {
     if (refused_)
@@ -264,6 +293,8 @@ private:
   caf::io::basp::message_type awaited_;
   bool outbound_;
   deadline_token* token_ = nullptr;
+  std::chrono::steady_clock::time_point hold_until_{};
+  bool held_ = false;
   bool handshake_payload_next_ = false;
   bool done_ = false;
   bool refused_ = false;
@@ -280,8 +311,11 @@ public:
   }
 
   void configure_read(caf::io::receive_policy::config config) override {
+    guard_.hold_in_broker(parent(), hdl());
     net::scribe_impl::configure_read(guard_.check(config, stream_.fd(), msg().buf));
   }
+
+  void hold_until(std::chrono::steady_clock::time_point deadline) { guard_.hold_until(deadline); }
 
 private:
   handshake_guard guard_;
@@ -346,6 +380,10 @@ public:
     return static_cast<size_t>(SSL_pending(ssl_)) >= threshold;
   }
 
+  /// Whether the handshake waits for the peer's bytes: until they come,
+  /// nothing can be written (tls_stream stops watching writability).
+  bool handshake_wants_read() const { return handshaking_ && wants_read_; }
+
   /// Why the handshake failed (OpenSSL's verification result or error
   /// queue, or the task check), once; empty if it did not.
   std::string take_failure() { return std::exchange(failure_, {}); }
@@ -358,8 +396,10 @@ private:
     ERR_clear_error();
     if (handshaking_) {
       int ret = SSL_do_handshake(ssl_);
+      wants_read_ = false;
       if (ret != 1) {
         int err = SSL_get_error(ssl_, ret);
+        wants_read_ = err == SSL_ERROR_WANT_READ;
         if (err == SSL_ERROR_WANT_READ)
           return len == 0 && write ? rw_state::indeterminate : rw_state::success;
         if (err == SSL_ERROR_WANT_WRITE)
@@ -393,6 +433,7 @@ private:
 
   SSL* ssl_ = nullptr;
   bool handshaking_ = true;
+  bool wants_read_ = false;
   std::string task_;
   std::string failure_;
 };
@@ -460,6 +501,8 @@ public:
     return session_->must_read_more(threshold);
   }
 
+  bool handshake_wants_read() const { return session_->handshake_wants_read(); }
+
 private:
   void refused(native_socket) { // peer_ names it: the socket may be shut down by now
     // After the deadline closed it, its line said so already.
@@ -495,6 +538,54 @@ private:
   bool reported_ = false;
 };
 
+/// CAF's stream with logging_tls_policy, except while the TLS handshake
+/// waits for the peer. Then a write of BASP's bytes can move nothing, and
+/// CAF's stream has no answer for that: `success` with 0 bytes keeps the
+/// socket watched for writability, which it always has, so the multiplexer
+/// called the write again at once (one core busy for the whole connect to a
+/// node that does not answer: ~1400 wake-ups a second, issue 11 #4), and
+/// `indeterminate` drops the buffer. So the write interest is dropped until
+/// a read event moves the handshake on, keeping the bytes and the writer.
+class tls_stream : public net::stream {
+public:
+  template <class... Ts>
+  tls_stream(net::default_multiplexer& mpx, native_socket fd, Ts&&... xs)
+    : net::stream(mpx, fd), policy_(std::forward<Ts>(xs)...) {
+    // nop
+  }
+
+  void handle_event(net::operation op) override {
+    if (op == net::operation::write && policy_.handshake_wants_read()) {
+      if (!write_paused_) {
+        write_paused_ = true;
+        backend().del(net::operation::write, fd(), this);
+      }
+      return;
+    }
+    handle_event_impl(op, policy_);
+    if (op == net::operation::read && write_paused_ && !policy_.handshake_wants_read()) {
+      write_paused_ = false;
+      backend().add(net::operation::write, fd(), this);
+    }
+  }
+
+  void removed_from_loop(net::operation op) override {
+    if (op == net::operation::write && write_paused_)
+      return; // paused here: the stream still writes (and holds its writer)
+    if (op == net::operation::read && write_paused_) {
+      // Closed while paused: the write side ends too, or its writer (the
+      // scribe, which owns this stream) would never be released.
+      write_paused_ = false;
+      net::stream::removed_from_loop(net::operation::write);
+    }
+    net::stream::removed_from_loop(op);
+  }
+
+private:
+  logging_tls_policy policy_;
+  bool write_paused_ = false;
+};
+
 /// A scribe as libcaf_openssl's, with our session and policy and the first-message cap.
 class tls_scribe : public caf::io::scribe {
 public:
@@ -509,7 +600,10 @@ public:
     // nop
   }
 
+  void hold_until(std::chrono::steady_clock::time_point deadline) { guard_.hold_until(deadline); }
+
   void configure_read(caf::io::receive_policy::config config) override {
+    guard_.hold_in_broker(parent(), hdl());
     stream_.configure_read(guard_.check(config, stream_.fd(), msg().buf));
     if (!launched_) {
       launched_ = true;
@@ -541,7 +635,7 @@ public:
 private:
   handshake_guard guard_;
   bool launched_ = false;
-  net::stream_impl<logging_tls_policy> stream_;
+  tls_stream stream_;
   deadline_token token_; // last: goes before the stream closes the socket
 };
 
@@ -735,6 +829,7 @@ caf::expected<opened_connection> connect_scribe(caf::actor_system& sys, const st
                                                   uint16_t port, std::chrono::milliseconds timeout,
                                                   const std::shared_ptr<tls_context>& tls,
                                                   const std::string& task) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   auto fd = connect_within(host, port, timeout);
   if (!fd)
     return std::move(fd.error());
@@ -757,11 +852,16 @@ caf::expected<opened_connection> connect_scribe(caf::actor_system& sys, const st
   }
   opened_connection out;
   out.pending = std::make_shared<pending_handshake>(*fd);
-  if (!tls)
-    out.scribe = caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), true, out.pending);
-  else
-    out.scribe = caf::make_counted<tls_scribe>(mpx, *fd, std::move(session), std::move(opts),
-                                               true, out.pending);
+  if (!tls) {
+    auto scribe = caf::make_counted<plain_scribe>(mpx, *fd, std::move(opts), true, out.pending);
+    scribe->hold_until(deadline);
+    out.scribe = std::move(scribe);
+  } else {
+    auto scribe = caf::make_counted<tls_scribe>(mpx, *fd, std::move(session), std::move(opts),
+                                                true, out.pending);
+    scribe->hold_until(deadline);
+    out.scribe = std::move(scribe);
+  }
   return out;
 }
 
