@@ -9,7 +9,12 @@
 #include "caf/io/basp_broker.hpp"
 #include "caf/io/scribe.hpp"
 
+#include <mutex>
+
+#include <fmt/format.h>
+
 #include "actors/caf_port.hpp"
+#include "actors/log.hpp"
 
 #include "actors/node.hpp"
 #include "actors/system.hpp"
@@ -61,6 +66,11 @@ caf::error cluster_link::explain(caf::error err, const std::string& what, const 
     return make_error(af_error::peer_down, what + where + " failed: " + describe(err));
   return err;
 }
+
+namespace {
+caf::error open_data_channel(node_conn& conn, const std::string& host,
+                             const session_options& opts, const std::shared_ptr<tls_context>& tls);
+} // namespace
 
 caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   auto key = task_name(j, t);
@@ -169,16 +179,53 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   bool local = find_local_node(conn.address, &sys) != nullptr;
   if (!local && opts.data_plane && conn.info.data_port != 0) {
     // Without a data plane (blocked port) the same ops go as CAF messages.
-    auto ch = data_channel::connect(addr->host, conn.info.data_port, key + " at " + conn.address,
-                                    opts.timeout, opts.reply_poll, tls);
-    if (ch) {
-      (*ch)->set_cancel(opts.cancel);
-      conn.channel = std::move(*ch);
-    }
+    if (auto err = open_data_channel(conn, addr->host, opts, tls))
+      return err;
   }
   self->send(watcher, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
   return conn;
 }
+
+namespace {
+
+/// Nodes whose data plane could not be opened, already warned of (by
+/// "task at host:port"): one warning per node and process, not one per op.
+std::mutex warned_mtx;
+std::set<std::string> warned_data_planes;
+
+/// Opens `conn`'s data channel. If it cannot be opened, the session goes on
+/// through CAF messages (a warning, once per node), unless the node's data
+/// port showed a wrong identity: that is an error.
+caf::error open_data_channel(node_conn& conn, const std::string& host,
+                             const session_options& opts, const std::shared_ptr<tls_context>& tls) {
+  bool untrusted = false;
+  auto where = fmt::format("{}:{}", host, conn.info.data_port);
+  auto ch = data_channel::connect(host, conn.info.data_port, conn.key + " at " + conn.address,
+                                  opts.timeout, opts.reply_poll, tls, &untrusted);
+  if (ch) {
+    (*ch)->set_cancel(opts.cancel);
+    conn.channel = std::move(*ch);
+    return {};
+  }
+  auto why = describe(ch.error());
+  if (untrusted) {
+    // Its data port shows another identity: whoever answers there is not
+    // the node meant, and its CAF port is not to be trusted either.
+    return make_error(af_error::unreachable,
+                      fmt::format("the data plane of {} at {} did not prove to be that node: {}; "
+                                  "the session does not use this node (not even through CAF "
+                                  "messages): check the cluster config's address for it and its "
+                                  "certificate, or whether another machine answers there",
+                                  conn.key, where, why));
+  }
+  std::lock_guard<std::mutex> guard{warned_mtx};
+  if (warned_data_planes.insert(conn.key + " at " + where).second)
+    log::get()->warn("data plane of {} at {}: {}; its tensors go through CAF messages, slower",
+                     conn.key, where, why);
+  return {};
+}
+
+} // namespace
 
 caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t) {
   auto key = task_name(j, t);
@@ -187,7 +234,8 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t)
   bool dead = health->is_dead(key, &why);
   if (it != conns.end() && !dead) {
     if (it->second.channel_broken) {
-      reopen_channel(it->second);
+      if (auto err = reopen_channel(it->second))
+        return err;
     }
     return &it->second;
   }
@@ -218,18 +266,13 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t)
   return &conn;
 }
 
-void cluster_link::reopen_channel(node_conn& conn) {
+caf::error cluster_link::reopen_channel(node_conn& conn) {
   conn.channel_broken = false;
   conn.channel.reset();
   auto addr = parse_address(conn.address, conn.key);
   if (!addr || !opts.data_plane || conn.info.data_port == 0)
-    return;
-  auto ch = data_channel::connect(addr->host, conn.info.data_port, conn.key + " at " + conn.address,
-                                  opts.timeout, opts.reply_poll, tls);
-  if (ch) {
-    (*ch)->set_cancel(opts.cancel);
-    conn.channel = std::move(*ch);
-  }
+    return {};
+  return open_data_channel(conn, addr->host, opts, tls);
 }
 
 caf::expected<std::vector<std::string>> cluster_link::devices_of(const std::string& j, int32_t t) {

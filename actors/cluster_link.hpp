@@ -111,7 +111,9 @@ public:
   /// reconnect, and an error saying it died when that fails.
   caf::expected<node_conn*> connect(const std::string& j, int32_t t);
 
-  void reopen_channel(node_conn& conn);
+  /// A fresh data channel for `conn` (none: its ops go as CAF messages); an
+  /// error if the node's data port showed a wrong identity.
+  caf::error reopen_channel(node_conn& conn);
 
   caf::expected<std::vector<std::string>> devices_of(const std::string& j, int32_t t);
 

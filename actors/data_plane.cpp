@@ -60,15 +60,130 @@ void note_failure(const secure_stream& tls) {
 
 bool write_all(int fd, iovec* iov, int count);
 
-bool write_all(const link& io, iovec* iov, int count) {
+void set_timeout(int fd, int option, std::chrono::milliseconds t);
+
+/// A client call's bound on its sends: one deadline for the whole frame (not
+/// a wait per send that each byte moved restarts), and a cancel flag (Ctrl-C)
+/// looked at between slices. Past the deadline: EAGAIN; cancelled: ECANCELED.
+struct send_bound {
+  std::chrono::steady_clock::time_point deadline;
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+/// How often a bounded send looks at its cancel flag while the peer reads nothing.
+constexpr int cancel_slice_ms = 20;
+
+/// Milliseconds left before `b`'s deadline (0 if none).
+long long ms_left(const send_bound& b) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                b.deadline - std::chrono::steady_clock::now())
+                .count();
+  return std::max<long long>(left, 0);
+}
+
+/// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
+/// for room (at most until the deadline) when the peer's window is full.
+bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
+#ifdef IOV_MAX
+  constexpr int max_iov = IOV_MAX;
+#else
+  constexpr int max_iov = 1024;
+#endif
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
+    auto n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return false;
+      for (;;) {
+        if (b.cancel != nullptr && b.cancel->load()) {
+          errno = ECANCELED;
+          return false;
+        }
+        auto left = ms_left(b);
+        if (left <= 0) {
+          errno = EAGAIN;
+          return false;
+        }
+        pollfd pfd{fd, POLLOUT, 0};
+        int wait = static_cast<int>(std::min<long long>(
+          left, b.cancel != nullptr ? cancel_slice_ms : std::numeric_limits<int>::max()));
+        int rc = ::poll(&pfd, 1, wait);
+        if (rc > 0)
+          break; // room (or an error, which the next send reports)
+        if (rc < 0 && errno != EINTR)
+          return false;
+      }
+      continue;
+    }
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return true;
+}
+
+bool write_all(const link& io, iovec* iov, int count, const send_bound* b = nullptr) {
   if (io.tls != nullptr) {
-    if (io.tls->write(iov, count))
+    bool ok = true;
+    if (b == nullptr) {
+      ok = io.tls->write(iov, count);
+    } else {
+      // The record layer sends blocking, each wait bounded by SO_SNDTIMEO:
+      // a large part goes in slices of whole records (so the records are the
+      // ones one write would make), the socket's send wait set to what is
+      // left of the deadline before each, and the cancel flag looked at.
+      constexpr size_t slice = 4 * secure_stream::max_record_bytes;
+      int first = 0;
+      auto check = [&]() {
+        if (b->cancel != nullptr && b->cancel->load()) {
+          errno = ECANCELED;
+          return false;
+        }
+        auto left = ms_left(*b);
+        if (left <= 0) {
+          errno = EAGAIN;
+          return false;
+        }
+        set_timeout(io.fd, SO_SNDTIMEO, std::chrono::milliseconds{left});
+        return true;
+      };
+      for (int i = 0; i < count && ok; ++i) {
+        if (iov[i].iov_len <= slice)
+          continue;
+        if (i > first)
+          ok = check() && io.tls->write(iov + first, i - first);
+        auto* p = static_cast<char*>(iov[i].iov_base);
+        for (size_t done = 0; ok && done < iov[i].iov_len; done += slice) {
+          iovec part{p + done, std::min(slice, iov[i].iov_len - done)};
+          ok = check() && io.tls->write(&part, 1);
+        }
+        first = i + 1;
+      }
+      if (ok && first < count)
+        ok = (first == 0 || check()) && io.tls->write(iov + first, count - first);
+    }
+    if (ok)
       return true;
     int err = errno;
-    note_failure(*io.tls);
+    if (err != ECANCELED)
+      note_failure(*io.tls);
     errno = err;
     return false;
   }
+  if (b != nullptr)
+    return write_bounded(io.fd, iov, count, *b);
   return write_all(io.fd, iov, count);
 }
 
@@ -233,7 +348,8 @@ bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr) {
   return true;
 }
 
-bool send_frame(const link& fd, wire::header& h, const std::string* name, const void* payload) {
+bool send_frame(const link& fd, wire::header& h, const std::string* name, const void* payload,
+                const send_bound* b = nullptr) {
   iovec iov[3];
   int count = 0;
   iov[count++] = {&h, sizeof(h)};
@@ -241,7 +357,7 @@ bool send_frame(const link& fd, wire::header& h, const std::string* name, const 
     iov[count++] = {const_cast<char*>(name->data()), name->size()};
   if (h.payload_bytes > 0)
     iov[count++] = {const_cast<void*>(payload), h.payload_bytes};
-  return write_all(fd, iov, count);
+  return write_all(fd, iov, count, b);
 }
 
 bool send_error(const link& fd, af_error code, const std::string& text) {
@@ -997,7 +1113,18 @@ void data_plane_server::serve(int fd, const std::string& peer) {
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
                       std::chrono::milliseconds timeout, std::chrono::microseconds poll,
-                      std::shared_ptr<tls_context> tls) {
+                      std::shared_ptr<tls_context> tls, bool* untrusted) {
+  if (untrusted != nullptr)
+    *untrusted = false;
+  // One deadline for the TCP connect, the TLS handshake and the node's first
+  // record together: `timeout` is the whole connect's.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::chrono::milliseconds{std::max<long long>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+        .count(),
+      1)};
+  };
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -1012,11 +1139,14 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0)
       continue;
-    // Bound the connect, the sends and the receives by the session's timeout.
-    set_timeout(fd, SO_SNDTIMEO, timeout);
+    // Bound the connect by what is left of the deadline (SO_SNDTIMEO bounds
+    // a blocking connect); the sends and receives later by the session's timeout.
+    set_timeout(fd, SO_SNDTIMEO, left());
     set_timeout(fd, SO_RCVTIMEO, timeout);
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      why = std::strerror(errno);
+      why = errno == EINPROGRESS || errno == EAGAIN
+              ? fmt::format("the TCP connect did not finish within {} ms", timeout.count())
+              : std::string{std::strerror(errno)};
       close(fd);
       fd = -1;
     }
@@ -1026,6 +1156,7 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": " + why);
   tune_socket(fd);
+  set_timeout(fd, SO_SNDTIMEO, timeout);
   std::unique_ptr<secure_stream> stream;
   if (tls) {
     SSL* ssl = SSL_new(tls->native());
@@ -1036,16 +1167,31 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
     std::string task = peer.rfind("/job:", 0) == 0 ? peer.substr(0, peer.find(' ')) : std::string{};
     if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd) || !tls_expect_host(ssl, host))
       why = tls_errors("no TLS session (out of memory?)");
-    else
-      why = handshake(ssl, fd, false, timeout);
-    if (why.empty())
+    else {
+      why = handshake(ssl, fd, false, left());
+      // The node showed a certificate this process does not accept (another
+      // CA, another host): the node answering is not the one meant.
+      if (!why.empty() && SSL_get_verify_result(ssl) != X509_V_OK && untrusted != nullptr)
+        *untrusted = true;
+    }
+    if (why.empty()) {
       why = tls_wrong_task(ssl, task);
+      if (!why.empty() && untrusted != nullptr)
+        *untrusted = true;
+    }
     if (why.empty()) {
       stream = secure_stream::make(ssl, fd, false, why);
       if (stream) {
         ssl = nullptr; // the stream's now
         why = stream->wait_hello(static_cast<int>(
-          std::min<long long>(timeout.count(), std::numeric_limits<int>::max())));
+          std::min<long long>(left().count(), std::numeric_limits<int>::max())));
+        // A first record that fails its tag (or is not one of ours): someone
+        // between this process and the node, or not the node at all.
+        if (!why.empty() && untrusted != nullptr
+            && (why.find("failed authentication") != std::string::npos
+                || why.find("over the bound") != std::string::npos
+                || why.find("not the empty one expected") != std::string::npos))
+          *untrusted = true;
       }
     }
     if (!why.empty()) {
@@ -1136,7 +1282,8 @@ void data_channel::drop() {
   fd_ = -1;
 }
 
-caf::error data_channel::fail(const std::string& what, int err) {
+caf::error data_channel::fail(const std::string& what, int err, std::chrono::milliseconds waited,
+                              bool sending) {
   // A record cut short by the peer's close is still the peer's close
   // (peer_down, which a session's retry knows), with the record layer's words.
   std::string cut = stream_ != nullptr && err == ECONNRESET ? stream_->reason() : std::string{};
@@ -1152,8 +1299,19 @@ caf::error data_channel::fail(const std::string& what, int err) {
                                       "signed by the cluster CA of [security] ca)?"
                                     : ""));
   }
+  if (waited.count() <= 0)
+    waited = timeout_;
+  if (err == ECANCELED)
+    return make_error(af_error::cancelled, what + " on " + peer_
+                                             + " was abandoned while it was being sent; the "
+                                               "connection is opened again for the next call");
+  if ((err == EAGAIN || err == EWOULDBLOCK) && sending)
+    return make_error(af_error::timeout,
+                      fmt::format("timed out after {} ms sending {} to {}: the node stopped "
+                                  "reading it (is it stopped, overloaded or unreachable?)",
+                                  waited.count(), what, peer_));
   if (err == EAGAIN || err == EWOULDBLOCK)
-    return make_error(af_error::timeout, "timed out after " + std::to_string(timeout_.count())
+    return make_error(af_error::timeout, "timed out after " + std::to_string(waited.count())
                                            + " ms waiting for " + peer_ + " to answer " + what
                                            + "; is the node alive and reachable?");
   return make_error(af_error::peer_down, peer_ + " closed the data connection during " + what + " ("
@@ -1195,8 +1353,9 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   struct wait_scope {
     data_channel& ch;
     std::chrono::milliseconds saved;
+    bool touched = false; ///< SO_RCVTIMEO set to what was left of the try
     ~wait_scope() {
-      if (ch.timeout_ == saved)
+      if (ch.timeout_ == saved && !touched)
         return;
       ch.timeout_ = saved;
       if (ch.fd_ >= 0) {
@@ -1208,16 +1367,31 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   if (wait.count() > 0 && wait != timeout_) {
     timeout_ = wait;
     set_timeout(fd_, SO_RCVTIMEO, wait);
+    set_timeout(fd_, SO_SNDTIMEO, wait);
   }
+  // One deadline for the try: the whole send and the reply (a node that
+  // stops reading part way through a large operand is not given a fresh
+  // wait for each piece it took).
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet && op == var_op::read;
-    if (!send_frame(link{fd_, stream_}, h, &var, operand ? operand->bytes() : nullptr)) {
-      auto err = fail(what, errno);
+    bool large = h.payload_bytes > (std::size_t{1} << 20);
+    if (!send_frame(link{fd_, stream_}, h, &var, operand ? operand->bytes() : nullptr, &bound)) {
+      auto err = fail(what, errno, timeout_, true);
       if (retry && reconnect())
         continue;
       return err;
     }
-    auto r = read_reply(what);
+    if (fd_ >= 0 && (large || ms_left(bound) + 20 < timeout_.count())) {
+      // The send took a while: the reply gets what is left of the try.
+      auto left = std::max<long long>(ms_left(bound), 1);
+      set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{left});
+      if (stream_ != nullptr) // the record layer's slices set SO_SNDTIMEO
+        set_timeout(fd_, SO_SNDTIMEO, timeout_);
+      scope.touched = true;
+    }
+    auto r = read_reply(what, deadline);
     if (!r && retry && fd_ < 0 && r.error().category() == error_category
         && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
       continue;
@@ -1225,13 +1399,13 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   }
 }
 
-caf::expected<std::pair<tensor, uint64_t>> data_channel::read_reply(const std::string& what) {
+caf::expected<std::pair<tensor, uint64_t>>
+data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
   wire::header r;
   poll_for_reply();
   if (cancel_) {
     // Wait for the reply in slices, so that a cancel is seen within 20 ms;
-    // the timeout is the same as read_all's.
-    auto until = std::chrono::steady_clock::now() + timeout_;
+    // the deadline is the try's (send and reply together).
     for (;;) {
       if (stream_ != nullptr && stream_->has_pending())
         break;
@@ -1350,10 +1524,16 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
   set_timeout(fd_, SO_RCVTIMEO, wait_for);
-  bool sent = write_all(link{fd_, stream_}, iov.data(), static_cast<int>(iov.size()));
-  if (!sent)
-    return fail(what, errno);
-  auto r = read_reply(what);
+  auto deadline = std::chrono::steady_clock::now() + wait_for;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  bool sent = write_all(link{fd_, stream_}, iov.data(), static_cast<int>(iov.size()), &bound);
+  if (!sent) {
+    auto err = fail(what, errno, wait_for, true);
+    return err;
+  }
+  if (stream_ != nullptr && h.payload_bytes > (std::size_t{1} << 20))
+    set_timeout(fd_, SO_SNDTIMEO, timeout_);
+  auto r = read_reply(what, deadline);
   if (fd_ >= 0)
     set_timeout(fd_, SO_RCVTIMEO, timeout_);
   if (!r)

@@ -171,12 +171,15 @@ public:
   /// `peer` names the node in errors ("/job:ps/task:0 at h:p").
   /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
   /// With `tls`: mutual TLS, the node's certificate checked against the
-  /// cluster CA; the handshake is bounded by `timeout`.
+  /// cluster CA. `timeout` bounds the whole connect (TCP, TLS handshake and
+  /// the node's first record together). `untrusted` (if given) is set when
+  /// it failed because the node's identity is wrong: a certificate of
+  /// another CA, host or task, or a first record that fails authentication.
   static caf::expected<std::unique_ptr<data_channel>>
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
           std::chrono::microseconds poll = std::chrono::microseconds{0},
-          std::shared_ptr<tls_context> tls = nullptr);
+          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr);
 
   ~data_channel();
 
@@ -219,8 +222,15 @@ private:
       poll_(poll), last_reply_(std::chrono::steady_clock::now()), tls_(std::move(tls)) {}
   /// Closes the connection (and frees its TLS session): broken() turns true.
   void drop();
-  caf::error fail(const std::string& what, int err);
-  caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what);
+  /// The error of a failed send or read (EAGAIN: a timeout after `waited`,
+  /// 0: the channel's timeout; `sending`: the node stopped reading the
+  /// request; ECANCELED: cancelled); the connection is dropped.
+  caf::error fail(const std::string& what, int err,
+                  std::chrono::milliseconds waited = std::chrono::milliseconds{0},
+                  bool sending = false);
+  /// The reply to the request just sent, by `until` (the try's deadline).
+  caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what,
+                                                        std::chrono::steady_clock::time_point until);
   void poll_for_reply();
   void reopen_if_closed_by_peer();
   /// A fresh connection in place of this one; false (the old one kept) if

@@ -1,0 +1,175 @@
+// Deadlines of the data plane's client side (issue 11, findings 2 and 3): a
+// try's wait bounds the whole send and the reply, a cancel stops a send that
+// the node does not read, and a connect reports a node of the wrong identity
+// as such (the session must not fall back to CAF messages then).
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "scenarios.hpp"
+#include "temp_dir.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/tls.hpp"
+#include "actors/variable.hpp"
+
+using namespace af;
+using namespace af::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A loopback port that accepts connections (the kernel does, from its
+/// backlog) and never reads them: a node that stopped reading. Its receive
+/// buffer is small, so that a large request fills the window at once.
+struct deaf_port {
+  int fd = -1;
+  uint16_t port = 0;
+  deaf_port() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(fd, 8) == 0);
+    socklen_t len = sizeof(addr);
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    port = ntohs(addr.sin_port);
+  }
+  ~deaf_port() { ::close(fd); }
+};
+
+std::chrono::milliseconds since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+}
+
+/// A CA (ca.pem) and a certificate signed by it (`name`node.pem/.key) with
+/// CN `cn`, for 127.0.0.1.
+void make_cert(const temp_dir& dir, const std::string& name, const std::string& cn) {
+  auto p = [&](const std::string& f) { return dir / f; };
+  auto run = [](const std::string& cmd) {
+    INFO(cmd);
+    REQUIRE(std::system((cmd + " >/dev/null 2>&1").c_str()) == 0);
+  };
+  std::string escaped; // '/' separates the parts of -subj
+  for (char c : cn)
+    escaped += c == '/' ? std::string{"\\/"} : std::string(1, c);
+  if (!std::filesystem::exists(p("ca.pem")))
+    run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
+        + p("ca.key") + " -out " + p("ca.pem") + " -days 30 -subj /CN=test-ca");
+  run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
+      + p(name + "node.key") + " -out " + p(name + "node.csr") + " -subj '/CN=" + escaped
+      + "' -addext subjectAltName=IP:127.0.0.1");
+  run("openssl x509 -req -in " + p(name + "node.csr") + " -CA " + p("ca.pem") + " -CAkey "
+      + p("ca.key") + " -CAcreateserial -copy_extensions copy -out " + p(name + "node.pem")
+      + " -days 30");
+}
+
+std::shared_ptr<tls_context> context_of(const temp_dir& dir, const std::string& name) {
+  security_options sec;
+  sec.ca_file = dir / "ca.pem";
+  sec.cert_file = dir / (name + "node.pem");
+  sec.key_file = dir / (name + "node.key");
+  return value_of(make_tls_context(sec, "test"));
+}
+
+} // namespace
+
+TEST_CASE("a data-plane send the node stops reading fails within the try's wait, naming it",
+          "[data-plane][deadlines]") {
+  // Bug it catches: the try's wait bounded only the reply (SO_RCVTIMEO); the
+  // send kept the channel's 10 s SO_SNDTIMEO, restarted by every piece the
+  // node took, so a 64 MiB assign to a stopped node failed after 10-30 s
+  // saying it had waited 1500 ms.
+  deaf_port deaf;
+  auto ch = value_of(data_channel::connect("127.0.0.1", deaf.port, "the deaf node", 10s));
+  auto big = tensor::filled(dtype::float32, {16 << 20}, 1); // 64 MiB
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->call(var_op::assign, "v", &big, false, 1, 1500ms);
+  auto took = since(t0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::timeout));
+  CHECK_THAT(describe(r.error()), Catch::Contains("1500 ms") && Catch::Contains("sending")
+                                    && Catch::Contains("the deaf node"));
+  CHECK(took >= 1400ms);
+  CHECK(took < 4000ms); // the wait plus a margin for a loaded machine, far below 10 s
+  CHECK(ch->broken()); // half a frame went out: the connection cannot be used again
+}
+
+TEST_CASE("a cancel stops a data-plane send that the node does not read",
+          "[data-plane][deadlines]") {
+  // Bug it catches: the cancel flag (Ctrl-C in the REPL) was looked at only
+  // while waiting for the reply; a send to a node that reads nothing held
+  // the caller for the whole send timeout.
+  deaf_port deaf;
+  auto ch = value_of(data_channel::connect("127.0.0.1", deaf.port, "the deaf node", 30s));
+  auto cancel = std::make_shared<std::atomic<bool>>(true); // Ctrl-C already pressed
+  ch->set_cancel(cancel);
+  auto big = tensor::filled(dtype::float32, {16 << 20}, 1);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->call(var_op::assign, "v", &big, false, 1, 30000ms);
+  auto took = since(t0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::cancelled));
+  CHECK_THAT(describe(r.error()), Catch::Contains("abandoned"));
+  CHECK(took < 5000ms); // not the 30 s wait
+}
+
+TEST_CASE("a data-plane connect says when the node's identity is wrong, and not when it is silent",
+          "[data-plane][deadlines][tls]") {
+  // Bugs it catches: a session cannot tell a data port that shows another
+  // task's certificate (not to be trusted, not even through CAF) from one
+  // that is merely unreachable (the session then goes through CAF); and a
+  // silent port held the connect for a full timeout per stage.
+  temp_dir dir;
+  make_cert(dir, "client-", "node");
+  make_cert(dir, "ps1-", "/job:ps/task:1");
+  auto ps1 = value_of(data_plane_server::start(std::make_shared<variable_directory>(), "127.0.0.1",
+                                               0, "ps 1", {}, context_of(dir, "ps1-")));
+  auto client = context_of(dir, "client-");
+  {
+    bool untrusted = false;
+    auto at = "127.0.0.1:" + std::to_string(ps1->port());
+    auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:0 at " + at, 5s, {},
+                                    client, &untrusted);
+    REQUIRE_FALSE(ch);
+    CHECK(untrusted);
+    CHECK_THAT(describe(ch.error()), Catch::Contains("/job:ps/task:1") && Catch::Contains("/job:ps/task:0"));
+  }
+  {
+    // The task it is: trusted, and served.
+    bool untrusted = true;
+    auto at = "127.0.0.1:" + std::to_string(ps1->port());
+    auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:1 at " + at, 5s, {},
+                                    client, &untrusted);
+    REQUIRE(ch);
+    CHECK_FALSE(untrusted);
+  }
+  {
+    // A port that accepts and says nothing: an error that is not about
+    // identity, within the connect's one timeout.
+    deaf_port deaf;
+    bool untrusted = true;
+    auto t0 = std::chrono::steady_clock::now();
+    auto ch = data_channel::connect("127.0.0.1", deaf.port, "/job:ps/task:0 at the deaf port", 1000ms,
+                                    {}, client, &untrusted);
+    auto took = since(t0);
+    REQUIRE_FALSE(ch);
+    CHECK_FALSE(untrusted);
+    CHECK_THAT(describe(ch.error()), Catch::Contains("handshake"));
+    CHECK(took < 3000ms);
+  }
+  ps1->stop();
+}
