@@ -208,6 +208,8 @@ caf::error open_data_channel(node_conn& conn, const std::string& host,
     return {};
   }
   auto why = describe(ch.error());
+  if (auto code = std::string{to_string(af_error::unreachable)} + ": "; why.rfind(code, 0) == 0)
+    why = why.substr(code.size()); // the code is this error's own, or none in a log line
   if (untrusted) {
     // Its data port shows another identity: whoever answers there is not
     // the node meant, and its CAF port is not to be trusted either.

@@ -1194,6 +1194,12 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
           *untrusted = true;
       }
     }
+    if (why.rfind("the TLS handshake did not finish within", 0) == 0
+        || why.rfind("no first record within", 0) == 0)
+      why = fmt::format("{} did not finish within {} ms (its timeout, for the TCP connect, the TLS "
+                        "handshake and the node's first record together)",
+                        why[4] == 'T' ? "the TLS handshake" : "the wait for the node's first record",
+                        timeout.count());
     if (!why.empty()) {
       stream.reset();
       SSL_free(ssl);
