@@ -316,7 +316,10 @@ af_error wire_code(const caf::error& err) {
 
 /// Reads exactly `n` bytes (client side: the socket's SO_RCVTIMEO bounds each
 /// wait); false on EOF, error or timeout (errno tells). `got`: how many came.
-bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr) {
+/// `until` (plaintext): a read that stopped part way is not begun again past
+/// it (EAGAIN), so a node that stalls mid-reply costs at most one more wait.
+bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr,
+              const std::chrono::steady_clock::time_point* until = nullptr) {
   auto* p = static_cast<char*>(buf);
   if (got != nullptr)
     *got = 0;
@@ -344,6 +347,10 @@ bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr) {
     n -= static_cast<size_t>(r);
     if (got != nullptr)
       *got += static_cast<size_t>(r);
+    if (n > 0 && until != nullptr && std::chrono::steady_clock::now() >= *until) {
+      errno = EAGAIN;
+      return false;
+    }
   }
   return true;
 }
@@ -1480,7 +1487,8 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
                                                         + std::to_string(r.payload_bytes)
                                                         + " bytes for the reply (out of memory)");
     }
-    if (r.payload_bytes > 0 && !read_all(io, value.mutable_bytes(), r.payload_bytes))
+    if (r.payload_bytes > 0
+        && !read_all(io, value.mutable_bytes(), r.payload_bytes, nullptr, &until))
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();

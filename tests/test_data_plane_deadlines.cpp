@@ -15,12 +15,17 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <poll.h>
 
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/tls.hpp"
 #include "actors/variable.hpp"
+#include "messages/wire.hpp"
 
 using namespace af;
 using namespace af::testing;
@@ -106,6 +111,48 @@ TEST_CASE("a data-plane send the node stops reading fails within the try's wait,
   CHECK(took >= 1400ms);
   CHECK(took < 4000ms); // the wait plus a margin for a loaded machine, far below 10 s
   CHECK(ch->broken()); // half a frame went out: the connection cannot be used again
+}
+
+TEST_CASE("a reply that stops part way fails within the try's wait, not a wait per piece",
+          "[data-plane][deadlines]") {
+  // Bug it catches: a reply read that stopped part way began a fresh
+  // SO_RCVTIMEO wait for the rest: a node that stalls mid-reply held the
+  // caller twice the try's wait (and a trickling one without end).
+  deaf_port srv; // used as a listening socket: this test accepts and answers
+  std::atomic<bool> done{false};
+  std::thread node{[&] {
+    int fd = ::accept(srv.fd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    char buf[4096];
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) > 0) // the request (a small read)
+      (void)::recv(fd, buf, sizeof(buf), 0);
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::reply);
+    h.has_tensor = 1;
+    wire::describe_tensor(tensor{dtype::float32, {16 << 20}}, h); // 64 MiB announced (rank 1)
+    std::vector<char> part(1 << 20, 0);                                  // 1 MiB sent
+    (void)::send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+    (void)::send(fd, part.data(), part.size(), MSG_NOSIGNAL);
+    // Then nothing, until the client gives up (closes) or 20 s pass.
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof(buf), 0) <= 0)
+        break;
+    ::close(fd);
+  }};
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv.port, "the stalling node", 10s));
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->call(var_op::read, "v", nullptr, false, 0, 2500ms);
+  auto took = since(t0);
+  done = true;
+  node.join();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::timeout));
+  CHECK_THAT(describe(r.error()), Catch::Contains("2500 ms"));
+  CHECK(took >= 2400ms);
+  CHECK(took < 4500ms); // one wait and a margin, not two (5 s)
 }
 
 TEST_CASE("a cancel stops a data-plane send that the node does not read",
