@@ -380,6 +380,22 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   auto tls = check_security(sys, sec, name);
   if (!tls)
     return std::move(tls.error());
+  // Another task's certificate: every session that dials this node would
+  // refuse it (the name check), so say it at start.
+  if (*tls != nullptr) {
+    auto mine = tls_own_task(**tls);
+    if (!mine.empty() && mine != name) {
+      auto* own = dynamic_cast<const system_config*>(&sys.config());
+      const auto& file = sec.enabled() || own == nullptr ? sec.cert_file
+                                                         : own->security().cert_file;
+      return make_error(af_error::invalid_config,
+                        fmt::format("{}: its certificate '{}' ([security] certificate) is {}'s: "
+                                    "every session that dials this node would refuse it; use "
+                                    "the certificate made for {} (actorflow-certs writes one "
+                                    "per task; certificate = \"certs/{{name}}.pem\" picks it)",
+                                    name, file, mine, name));
+    }
+  }
   auto* own = dynamic_cast<const system_config*>(&sys.config());
   bool insecure = sec.insecure || (own != nullptr && own->security().insecure);
   if (*tls == nullptr && !insecure && !is_loopback_host(bind_host))

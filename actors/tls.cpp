@@ -303,6 +303,16 @@ bool tls_expect_host(ssl_st* ssl, const std::string& host) {
          || SSL_set1_host(ssl, host.c_str()) == 1;
 }
 
+std::string tls_own_task(const tls_context& ctx) {
+  auto* cert = SSL_CTX_get0_certificate(ctx.native());
+  char cn[256] = {};
+  if (cert == nullptr
+      || X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) < 0)
+    return {};
+  std::string name{cn};
+  return name.rfind("/job:", 0) == 0 ? name : std::string{};
+}
+
 std::string tls_wrong_task(ssl_st* ssl, const std::string& task) {
   if (task.empty())
     return {};
@@ -486,7 +496,10 @@ caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_opti
   if (!ctx)
     return make_error(af_error::internal, who + ": " + tls_errors("cannot make an SSL_CTX"));
   auto* c = ctx.get();
-  SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+  // TLS 1.3 only: every actorflow process speaks it, its key schedule is
+  // what the data plane's exported keys rely on (docs/wire.md "TLS"), and a
+  // 1.2 peer could leave out the extended master secret.
+  SSL_CTX_set_min_proto_version(c, TLS1_3_VERSION);
   // AES-128-GCM first: AES-NI makes it the fastest on x86 (docs/wire.md).
   SSL_CTX_set_ciphersuites(c, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
                               "TLS_CHACHA20_POLY1305_SHA256");

@@ -80,4 +80,8 @@ bool tls_expect_host(ssl_st* ssl, const std::string& host);
 /// why not, naming the task meant and the task the certificate names.
 std::string tls_wrong_task(ssl_st* ssl, const std::string& task);
 
+/// The task this process's certificate names (its CN, "/job:ps/task:0"), or
+/// empty when its CN names no task (a `client` certificate).
+std::string tls_own_task(const tls_context& ctx);
+
 } // namespace af

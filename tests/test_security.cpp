@@ -305,6 +305,41 @@ TEST_CASE("a wrong key passphrase is an error naming the key file, at start, not
   CHECK(node.wait_for("actorflow-node ready", 30s));
 }
 
+// Catches a node that starts with another task's certificate (the files of
+// ps 1 given to ps 0): it said "ready ... mutual TLS" and then every session
+// that dialled it was refused by the name check, far from the cause.
+TEST_CASE("a node whose certificate is another task's refuses to start, naming both tasks and "
+          "the file",
+          "[security]") {
+  temp_dir dir;
+  auto config = dir / "cluster.toml";
+  std::string cluster = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(free_loopback_port())
+                        + "\", \"127.0.0.1:" + std::to_string(free_loopback_port()) + "\"]\n";
+  write_file(config, cluster);
+  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", config}, 60s);
+  INFO(made.output);
+  REQUIRE(made.exit_code == 0);
+  auto at = made.output.find("[security]");
+  REQUIRE(at != std::string::npos);
+  auto security = made.output.substr(at);
+  REQUIRE(security.find("{name}") != std::string::npos);
+  // ps 0 with ps 1's certificate and key.
+  auto swapped = std::regex_replace(security, std::regex{R"(\{name\})"}, "ps-1");
+  write_file(config, cluster + "\n" + swapped);
+  auto res = run_command({ACTORFLOW_NODE_BINARY, "--config", config, "--job", "ps", "--task", "0"},
+                         30s);
+  INFO(res.output);
+  CHECK(res.exit_code == 2);
+  CHECK(res.output.find("actorflow-node ready") == std::string::npos);
+  CHECK(res.output.find("ps-1.pem") != std::string::npos);
+  CHECK(res.output.find("is /job:ps/task:1's") != std::string::npos);
+  CHECK(res.output.find("the certificate made for /job:ps/task:0") != std::string::npos);
+  // Its own files: it starts.
+  write_file(config, cluster + "\n" + security);
+  background_process node{{ACTORFLOW_NODE_BINARY, "--config", config, "--job", "ps", "--task", "0"}};
+  CHECK(node.wait_for("actorflow-node ready", 30s));
+}
+
 TEST_CASE("[security] needs ca, certificate and key together, and insecure contradicts them",
           "[security][config]") {
   test_cluster c{true};
