@@ -69,7 +69,8 @@ caf::error cluster_link::explain(caf::error err, const std::string& what, const 
 
 namespace {
 caf::error open_data_channel(node_conn& conn, const std::string& host,
-                             const session_options& opts, const std::shared_ptr<tls_context>& tls);
+                             const session_options& opts, const std::shared_ptr<tls_context>& tls,
+                             std::chrono::milliseconds timeout);
 } // namespace
 
 caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
@@ -179,7 +180,7 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   bool local = find_local_node(conn.address, &sys) != nullptr;
   if (!local && opts.data_plane && conn.info.data_port != 0) {
     // Without a data plane (blocked port) the same ops go as CAF messages.
-    if (auto err = open_data_channel(conn, addr->host, opts, tls))
+    if (auto err = open_data_channel(conn, addr->host, opts, tls, opts.timeout))
       return err;
   }
   self->send(watcher, watch_atom::value, caf::actor_cast<caf::actor>(conn.actor), key);
@@ -197,11 +198,13 @@ std::set<std::string> warned_data_planes;
 /// through CAF messages (a warning, once per node), unless the node's data
 /// port showed a wrong identity: that is an error.
 caf::error open_data_channel(node_conn& conn, const std::string& host,
-                             const session_options& opts, const std::shared_ptr<tls_context>& tls) {
+                             const session_options& opts, const std::shared_ptr<tls_context>& tls,
+                             std::chrono::milliseconds timeout) {
   bool untrusted = false;
   auto where = fmt::format("{}:{}", host, conn.info.data_port);
   auto ch = data_channel::connect(host, conn.info.data_port, conn.key + " at " + conn.address,
-                                  opts.timeout, opts.reply_poll, tls, &untrusted);
+                                  timeout.count() > 0 ? timeout : opts.timeout, opts.reply_poll,
+                                  tls, &untrusted);
   if (ch) {
     (*ch)->set_cancel(opts.cancel);
     conn.channel = std::move(*ch);
@@ -268,13 +271,13 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t)
   return &conn;
 }
 
-caf::error cluster_link::reopen_channel(node_conn& conn) {
+caf::error cluster_link::reopen_channel(node_conn& conn, std::chrono::milliseconds timeout) {
   conn.channel_broken = false;
   conn.channel.reset();
   auto addr = parse_address(conn.address, conn.key);
   if (!addr || !opts.data_plane || conn.info.data_port == 0)
     return {};
-  return open_data_channel(conn, addr->host, opts, tls);
+  return open_data_channel(conn, addr->host, opts, tls, timeout);
 }
 
 caf::expected<std::vector<std::string>> cluster_link::devices_of(const std::string& j, int32_t t) {

@@ -112,8 +112,10 @@ public:
   caf::expected<node_conn*> connect(const std::string& j, int32_t t);
 
   /// A fresh data channel for `conn` (none: its ops go as CAF messages); an
-  /// error if the node's data port showed a wrong identity.
-  caf::error reopen_channel(node_conn& conn);
+  /// error if the node's data port showed a wrong identity. `timeout` (0:
+  /// opts.timeout) bounds the connect: a retry passes what is left of its op's.
+  caf::error reopen_channel(node_conn& conn,
+                            std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
 
   caf::expected<std::vector<std::string>> devices_of(const std::string& j, int32_t t);
 

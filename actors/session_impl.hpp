@@ -244,7 +244,9 @@ struct session::impl {
       auto it = link.conns.find((*b)->task);
       if (it != link.conns.end() && (it->second.channel_broken
                                      || (it->second.channel && it->second.channel->broken()))) {
-        link.reopen_channel(it->second);
+        link.reopen_channel(it->second, std::max(std::chrono::milliseconds{1},
+                                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   deadline - std::chrono::steady_clock::now())));
         if (!it->second.channel) {
           it->second.channel_broken = true; // tried again on the next call
           return r;
