@@ -550,11 +550,12 @@ constexpr size_t raw_bytes = read_ahead_bytes;
 /// cache when the kernel copies it, and the sender's buffer stays small.
 constexpr size_t send_chunk_bytes = 64 * 1024;
 
-/// The nonce of record `seq`: 4 zero bytes, then seq big-endian.
-void nonce_of(uint64_t seq, unsigned char iv[12]) {
-  std::memset(iv, 0, 4);
+/// The nonce of record `seq`: the direction's secret IV XOR (4 zero bytes,
+/// then seq big-endian), as TLS 1.3 (RFC 8446 5.3) and QUIC make theirs.
+void nonce_of(const unsigned char base[12], uint64_t seq, unsigned char iv[12]) {
+  std::memcpy(iv, base, 12);
   for (int i = 0; i < 8; ++i)
-    iv[4 + i] = static_cast<unsigned char>(seq >> (56 - 8 * i));
+    iv[4 + i] ^= static_cast<unsigned char>(seq >> (56 - 8 * i));
 }
 
 void put_be32(uint32_t v, unsigned char* p) {
@@ -592,9 +593,12 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
           "sent too early), where the data plane's records were expected";
     return nullptr;
   }
-  unsigned char c2s[16], s2c[16];
+  // Per direction: a 16-byte key, then a 12-byte IV (record_secret_bytes).
+  unsigned char c2s[record_secret_bytes], s2c[record_secret_bytes];
   auto derive = [&](unsigned char* out, const char* label) {
-    return SSL_export_keying_material(ssl, out, 16, label, std::strlen(label), nullptr, 0, 0) == 1;
+    return SSL_export_keying_material(ssl, out, record_secret_bytes, label, std::strlen(label),
+                                      nullptr, 0, 0)
+           == 1;
   };
   if (!derive(c2s, tls_label_client_to_server) || !derive(s2c, tls_label_server_to_client)) {
     why = tls_errors("cannot derive the data plane's keys from the TLS session");
@@ -613,6 +617,10 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
             && EVP_DecryptInit_ex(out->dec_, EVP_aes_128_gcm(), nullptr, server ? c2s : s2c,
                                   nullptr)
                  == 1;
+  if (ok) {
+    std::memcpy(out->send_iv_, (server ? s2c : c2s) + 16, 12);
+    std::memcpy(out->recv_iv_, (server ? c2s : s2c) + 16, 12);
+  }
   OPENSSL_cleanse(c2s, sizeof(c2s));
   OPENSSL_cleanse(s2c, sizeof(s2c));
   if (!ok) {
@@ -634,7 +642,7 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
 
 bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) {
   const char* label = server_ == sending ? tls_label_server_to_client : tls_label_client_to_server;
-  unsigned char context[8], key[16];
+  unsigned char context[8], key[record_secret_bytes];
   for (int i = 0; i < 8; ++i)
     context[i] = static_cast<unsigned char>(epoch >> (56 - 8 * i));
   bool ok = SSL_export_keying_material(ssl_, key, sizeof(key), label, std::strlen(label), context,
@@ -643,6 +651,8 @@ bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) 
             && (sending ? EVP_EncryptInit_ex(ctx, nullptr, nullptr, key, nullptr)
                         : EVP_DecryptInit_ex(ctx, nullptr, nullptr, key, nullptr))
                  == 1;
+  if (ok)
+    std::memcpy(sending ? send_iv_ : recv_iv_, key + 16, 12);
   OPENSSL_cleanse(key, sizeof(key));
   return ok;
 }
@@ -675,7 +685,7 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
       && !rekey(enc_, send_seq_ / rekey_records, true))
     return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
-  nonce_of(send_seq_, iv);
+  nonce_of(send_iv_, send_seq_, iv);
   put_be32(static_cast<uint32_t>(len), buf);
   int outl = 0;
   if (EVP_EncryptInit_ex(enc_, nullptr, nullptr, nullptr, iv) != 1
@@ -807,7 +817,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
       && !rekey(dec_, recv_seq_ / rekey_records, false))
     return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
-  nonce_of(recv_seq_, iv);
+  nonce_of(recv_iv_, recv_seq_, iv);
   int outl = 0;
   if (EVP_DecryptInit_ex(dec_, nullptr, nullptr, nullptr, iv) != 1
       || EVP_DecryptUpdate(dec_, nullptr, &outl, hdr, static_cast<int>(header_bytes)) != 1)

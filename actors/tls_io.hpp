@@ -43,9 +43,12 @@ namespace af {
 ///
 ///   record = 4-byte big-endian plaintext length L (authenticated as AAD)
 ///            + L bytes of ciphertext + 16-byte GCM tag
-///   nonce  = 4 zero bytes + the direction's 64-bit record counter (big
-///            endian), one per record, never reused (the connection fails
-///            before it could wrap)
+///   nonce  = the direction's secret 12-byte IV XOR (4 zero bytes + the
+///            direction's 64-bit record counter, big endian), one per
+///            record, never reused (the connection fails before it could
+///            wrap); as TLS 1.3 and QUIC, so that no two connections share
+///            a nonce sequence (the key and the IV are exported together:
+///            record_secret_bytes per direction and epoch)
 ///
 /// L is at most max_record_bytes: a longer one, or a record whose tag does
 /// not verify (tampered, reordered, replayed, cut), fails the stream with a
@@ -66,6 +69,9 @@ public:
   static constexpr size_t max_record_bytes = size_t{256} << 10;
   static constexpr size_t tag_bytes = 16;
   static constexpr size_t header_bytes = 4;
+  /// What the exporter gives per direction and epoch: the AES-128 key (16
+  /// bytes), then the IV its nonces are masked with (12 bytes).
+  static constexpr size_t record_secret_bytes = 16 + 12;
   /// Every this many records a direction's key is derived anew (epoch e =
   /// record counter / rekey_records: the exporter's context is e as 8
   /// big-endian bytes; epoch 0 has no context): at most 64 GiB under one
@@ -139,6 +145,8 @@ private:
   bool server_ = false;
   evp_cipher_ctx_st* enc_ = nullptr;
   evp_cipher_ctx_st* dec_ = nullptr;
+  unsigned char send_iv_[12] = {}; ///< the sending direction's IV of this epoch
+  unsigned char recv_iv_[12] = {};
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
   bool failed_ = false;

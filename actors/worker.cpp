@@ -454,6 +454,9 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
         }
         auto& st = self->state;
         st.shard_step[k] = step;
+        // It answers: whatever its checkpoint's save saw, it did not die
+        // while this worker held the round.
+        st.held_round[k] = false;
         g->step = std::min(g->step, step);
         if (--g->missing == 0)
           then(g->step, std::move(g->params));

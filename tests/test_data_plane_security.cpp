@@ -665,9 +665,10 @@ struct ssl_free_deleter {
   void operator()(SSL* s) const { SSL_free(s); }
 };
 
-/// A 16-byte key of the record layer, derived from `ssl` as both ends do.
+/// A direction's secret of the record layer, derived from `ssl` as both ends
+/// do: the 16-byte key, then the 12-byte IV.
 std::vector<unsigned char> exported_key(SSL* ssl, const char* label) {
-  std::vector<unsigned char> key(16);
+  std::vector<unsigned char> key(secure_stream::record_secret_bytes);
   REQUIRE(SSL_export_keying_material(ssl, key.data(), key.size(), label, std::strlen(label),
                                      nullptr, 0, 0)
           == 1);
@@ -676,11 +677,18 @@ std::vector<unsigned char> exported_key(SSL* ssl, const char* label) {
 
 /// One record as the format in docs/wire.md says, made here independently
 /// of secure_stream: 4-byte big-endian length (the AAD), AES-128-GCM
-/// ciphertext, 16-byte tag; nonce = 4 zero bytes + big-endian `seq`.
-std::string seal(const std::vector<unsigned char>& key, uint64_t seq, const std::string& plain) {
-  unsigned char iv[12] = {};
+/// ciphertext, 16-byte tag; nonce = the secret's IV XOR (4 zero bytes +
+/// big-endian `seq`).
+void nonce_for(const std::vector<unsigned char>& secret, uint64_t seq, unsigned char iv[12]) {
+  REQUIRE(secret.size() == secure_stream::record_secret_bytes);
+  std::memcpy(iv, secret.data() + 16, 12);
   for (int i = 0; i < 8; ++i)
-    iv[4 + i] = static_cast<unsigned char>(seq >> (56 - 8 * i));
+    iv[4 + i] ^= static_cast<unsigned char>(seq >> (56 - 8 * i));
+}
+
+std::string seal(const std::vector<unsigned char>& key, uint64_t seq, const std::string& plain) {
+  unsigned char iv[12];
+  nonce_for(key, seq, iv);
   std::string out(4 + plain.size() + 16, '\0');
   auto* o = reinterpret_cast<unsigned char*>(out.data());
   auto len = static_cast<uint32_t>(plain.size());
@@ -892,6 +900,21 @@ TEST_CASE("the record layer carries bytes whole and in order, large reads straig
   std::string sealed(18, '\0');
   REQUIRE(p.server->read(sealed.data(), sealed.size()));
   CHECK(sealed == "sealed by the test");
+  // The two directions have their own key and IV: the same secret both ways
+  // would repeat every nonce of one direction in the other (GCM's keystream
+  // and tags then leak), and a record reflected back to its sender would be
+  // taken. A record sealed with the server->client secret at the server's
+  // next receive counter must fail there.
+  auto c2s = exported_key(p.client->ssl(), tls_label_client_to_server);
+  auto s2c = exported_key(p.client->ssl(), tls_label_server_to_client);
+  CHECK(std::vector<unsigned char>(c2s.begin(), c2s.begin() + 16)
+        != std::vector<unsigned char>(s2c.begin(), s2c.begin() + 16));
+  CHECK(std::vector<unsigned char>(c2s.begin() + 16, c2s.end())
+        != std::vector<unsigned char>(s2c.begin() + 16, s2c.end()));
+  send_bytes(p.sv[1], seal(s2c, p.server->records_read(), "reflected"));
+  std::string reflected(9, '\0');
+  CHECK_FALSE(p.server->read(reflected.data(), reflected.size()));
+  CHECK_THAT(p.server->reason(), Catch::Contains("failed authentication"));
 }
 
 TEST_CASE("a record length over the bound is refused at once, without waiting for its body",
@@ -1105,7 +1128,7 @@ TEST_CASE("each direction's key is derived anew every rekey_records records, at 
   auto tls = context_of(options_of(dir, "", ""));
   const uint64_t n = secure_stream::rekey_records;
   auto key_of = [](SSL* ssl, uint64_t epoch) {
-    std::vector<unsigned char> key(16);
+    std::vector<unsigned char> key(secure_stream::record_secret_bytes);
     unsigned char context[8];
     for (int i = 0; i < 8; ++i)
       context[i] = static_cast<unsigned char>(epoch >> (56 - 8 * i));
@@ -1123,9 +1146,10 @@ TEST_CASE("each direction's key is derived anew every rekey_records records, at 
     EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
     EVP_EncryptInit_ex(ctx, EVP_aes_128_gcm(), nullptr, key.data(), nullptr);
     for (uint64_t seq = 0; seq < n; ++seq) {
-      unsigned char iv[12] = {}, rec[21] = {0, 0, 0, 1};
+      unsigned char iv[12], rec[21] = {0, 0, 0, 1};
+      std::memcpy(iv, key.data() + 16, 12);
       for (int i = 0; i < 8; ++i)
-        iv[4 + i] = static_cast<unsigned char>(seq >> (56 - 8 * i));
+        iv[4 + i] ^= static_cast<unsigned char>(seq >> (56 - 8 * i));
       int outl = 0;
       EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv);
       EVP_EncryptUpdate(ctx, nullptr, &outl, rec, 4);
@@ -1144,7 +1168,7 @@ TEST_CASE("each direction's key is derived anew every rekey_records records, at 
     connect_pair(p, tls);
     auto key0 = exported_key(p.client->ssl(), tls_label_client_to_server);
     auto key1 = key_of(p.client->ssl(), 1);
-    REQUIRE(key1.size() == 16);
+    REQUIRE(key1.size() == secure_stream::record_secret_bytes);
     CHECK(key1 != key0);
     auto burst = burst_of(key0) + seal(stale ? key0 : key1, n, "y");
     std::thread writer{[&] { send(p.sv[1], burst.data(), burst.size(), MSG_NOSIGNAL); }};
