@@ -857,11 +857,25 @@ TEST_CASE("the record layer carries bytes whole and in order, large reads straig
   std::vector<unsigned char> big((3 << 20) + 12345);
   for (size_t i = 0; i < big.size(); ++i)
     big[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  // Catch2's assertions belong to the test's thread: the writer only
+  // records what happened, and a failed REQUIRE below shuts the server's
+  // end so that the writer ends before it is joined.
+  std::atomic<bool> wrote_big{false}, wrote_small{false};
   std::thread writer{[&] {
     iovec iov[3] = {{head.data(), head.size()}, {name.data(), name.size()}, {big.data(), big.size()}};
-    CHECK(p.client->write(iov, 3));
-    CHECK(p.client->write(iov, 2)); // small parts only: one more record
+    wrote_big = p.client->write(iov, 3);
+    wrote_small = p.client->write(iov, 2); // small parts only: one more record
   }};
+  struct join_guard {
+    std::thread& t;
+    int fd;
+    ~join_guard() {
+      if (t.joinable()) {
+        ::shutdown(fd, SHUT_RDWR);
+        t.join();
+      }
+    }
+  } guard{writer, p.sv[0]};
   std::string h1(head.size(), '\0'), n1(name.size(), '\0');
   REQUIRE(p.server->read(h1.data(), h1.size()));
   REQUIRE(p.server->read(n1.data(), n1.size()));
@@ -878,6 +892,8 @@ TEST_CASE("the record layer carries bytes whole and in order, large reads straig
   std::string tail(head.size() + name.size(), '\0');
   REQUIRE(p.server->read(tail.data(), tail.size()));
   writer.join();
+  CHECK(wrote_big);
+  CHECK(wrote_small);
   CHECK(h1 == head);
   CHECK(n1 == name);
   CHECK(back == big);
@@ -1023,10 +1039,12 @@ TEST_CASE("a node closes a connection whose record fails, logs the peer and why,
   temp_dir dir;
   make_ca_and_cert(dir, "");
   auto tls = context_of(options_of(dir, "", ""));
+  // Before the server starts: its threads log into spdlog's sinks, which
+  // must not change under them.
+  log_capture logs;
   auto srv = serve(directory_with("v", 4, 5), {}, tls);
   auto other = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
   REQUIRE(other->call(var_op::read, "v", nullptr, false));
-  log_capture logs;
   {
     raw_tls_client c{tls, srv->port()};
     auto r = c.read_request("v");
