@@ -81,6 +81,19 @@ long long ms_left(const send_bound& b) {
   return std::max<long long>(left, 0);
 }
 
+/// Moves `iov` past the `n` bytes a send took.
+void skip_sent(iovec*& iov, int& count, size_t n) {
+  while (count > 0 && n >= iov->iov_len) {
+    n -= iov->iov_len;
+    ++iov;
+    --count;
+  }
+  if (count > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + n;
+    iov->iov_len -= n;
+  }
+}
+
 /// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
 /// for room (at most until the deadline) when the peer's window is full.
 bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
@@ -120,16 +133,7 @@ bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
       }
       continue;
     }
-    auto left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    skip_sent(iov, count, static_cast<size_t>(n));
   }
   return true;
 }
@@ -207,16 +211,7 @@ bool write_all(int fd, iovec* iov, int count) {
         continue;
       return false;
     }
-    auto left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    skip_sent(iov, count, static_cast<size_t>(n));
   }
   return true;
 }
