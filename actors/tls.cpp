@@ -807,6 +807,14 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   std::memcpy(hdr, raw_.get() + raw_pos_, header_bytes);
   raw_pos_ += header_bytes;
   size_t len = get_be32(hdr);
+  // A TLS record's header (content type 20-23, version 3.x) where ours was
+  // due: a peer that goes on with OpenSSL's records (an older actorflow), a
+  // KeyUpdate, a renegotiation or an alert. Said as such, not as a length.
+  if (hdr[0] >= 20 && hdr[0] <= 23 && hdr[1] == 3)
+    return fail(fmt::format("a TLS record (content type {}) where the data plane's own records "
+                            "were due: a peer of an older actorflow, or a TLS KeyUpdate, "
+                            "renegotiation or alert after the handshake (not supported)",
+                            hdr[0]));
   if (len > max_record_bytes)
     return fail(fmt::format("a record of {} bytes, over the bound of {} bytes: not a data-plane "
                             "record of this version, or a corrupted stream",

@@ -950,6 +950,14 @@ TEST_CASE("a record length over the bound is refused at once, without waiting fo
   CHECK(std::chrono::steady_clock::now() - t0 < 2s); // not the 5 s receive timeout
   CHECK_THAT(p.server->reason(), Catch::Contains("2147483647 bytes")
                                    && Catch::Contains("over the bound"));
+  // A TLS record's header (an application-data record of OpenSSL's, as an
+  // older actorflow would send) is named as such, not as a length.
+  stream_pair q;
+  connect_pair(q, tls);
+  send_bytes(q.sv[1], std::string("\x17\x03\x03\x00\x20", 5));
+  CHECK_FALSE(q.server->read(buf, sizeof(buf)));
+  CHECK_THAT(q.server->reason(), Catch::Contains("a TLS record (content type 23)")
+                                   && !Catch::Contains("over the bound"));
 }
 
 TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream with its reason",
