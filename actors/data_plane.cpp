@@ -94,19 +94,26 @@ void skip_sent(iovec*& iov, int& count, size_t n) {
   }
 }
 
-/// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
-/// for room (at most until the deadline) when the peer's window is full.
-bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
+/// One sendmsg of `iov`'s first buffers (never a SIGPIPE). sendmsg takes
+/// at most IOV_MAX (1024) buffers: a frame of more parts (a push of a model
+/// cut into many pieces) goes in several calls, not EMSGSIZE.
+ssize_t send_iov(int fd, iovec* iov, int count, int flags) {
 #ifdef IOV_MAX
   constexpr int max_iov = IOV_MAX;
 #else
   constexpr int max_iov = 1024;
 #endif
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
+  return ::sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+/// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
+/// for room (at most until the deadline) when the peer's window is full.
+bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
   while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
-    auto n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    auto n = send_iov(fd, iov, count, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -194,18 +201,8 @@ bool write_all(const link& io, iovec* iov, int count, const send_bound* b = null
 /// Writes all of `iov` (partial writes continue where they stopped). A peer
 /// that went away is an error here (EPIPE), not a SIGPIPE that ends the process.
 bool write_all(int fd, iovec* iov, int count) {
-  // sendmsg takes at most IOV_MAX (1024) buffers: a frame of more parts (a
-  // push of a model cut into many pieces) goes in several calls, not EMSGSIZE.
-#ifdef IOV_MAX
-  constexpr int max_iov = IOV_MAX;
-#else
-  constexpr int max_iov = 1024;
-#endif
   while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
-    auto n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    auto n = send_iov(fd, iov, count, 0);
     if (n < 0) {
       if (errno == EINTR)
         continue;

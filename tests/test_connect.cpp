@@ -75,24 +75,6 @@ struct full_backlog {
   }
 };
 
-/// Connections to 127.0.0.1:`port` in SYN_SENT (/proc/net/tcp, state 02).
-int syn_sent_to(uint16_t port) {
-  std::ifstream in{"/proc/net/tcp"};
-  std::string line;
-  std::getline(in, line); // the header
-  int n = 0;
-  while (std::getline(in, line)) {
-    std::istringstream fields{line};
-    std::string slot, local, remote, state;
-    fields >> slot >> local >> remote >> state;
-    auto colon = remote.find(':');
-    if (state == "02" && colon != std::string::npos
-        && std::stoul(remote.substr(colon + 1), nullptr, 16) == port)
-      ++n;
-  }
-  return n;
-}
-
 /// Milliseconds since `start` (Catch prints a count, not a duration).
 int64_t ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now()
@@ -124,7 +106,7 @@ struct silent_listener {
 };
 
 /// Connections to 127.0.0.1:`port` in a state of /proc/net/tcp ("01":
-/// established).
+/// established, "02": SYN_SENT).
 int connections_to(uint16_t port, const std::string& wanted_state) {
   std::ifstream in{"/proc/net/tcp"};
   std::string line;
@@ -373,7 +355,7 @@ TEST_CASE("a connect fails within connect_timeout, whichever of its phases is sl
     auto ping = std::async(std::launch::async, [&] { return s.ping("ps", 0); });
     // Its first SYN was dropped; the kernel sends it again after ~1 s, and
     // this time there is room for it.
-    bool dropped = eventually([&] { return syn_sent_to(blackhole.port) > 0; }, 5s);
+    bool dropped = eventually([&] { return connections_to(blackhole.port, "02") > 0; }, 5s);
     blackhole.make_room();
     REQUIRE(ping.wait_for(10s) == std::future_status::ready);
     auto r = ping.get();

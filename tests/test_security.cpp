@@ -152,6 +152,22 @@ void assign_and_read(session& s) {
   CHECK(read.values<float>() == std::vector<float>{3.0f, 4.0f});
 }
 
+/// A stranger's connection (`stranger`: its address) was `closed` at the
+/// node's 500 ms handshake deadline, not at once (`took`), and the node's
+/// log names it.
+void check_closed_at_deadline(background_process& node, bool closed,
+                              std::chrono::steady_clock::duration took,
+                              const std::string& stranger) {
+  INFO(node.output());
+  CHECK(closed);
+  CHECK(took >= 450ms); // the deadline, not at once
+  REQUIRE(node.wait_for("no handshake within 500 ms", 10s));
+  std::smatch m;
+  auto out = node.output();
+  REQUIRE(std::regex_search(out, m, std::regex{R"(closed (.*) on the CAF port: no handshake)"}));
+  CHECK(m[1] == stranger);
+}
+
 } // namespace
 
 TEST_CASE("a node with [security] serves a client with a certificate of the cluster CA",
@@ -533,14 +549,7 @@ TEST_CASE("a CAF peer that does not finish its handshake within handshake_timeou
   bool closed = closed_within(fd, 10000ms);
   auto took = std::chrono::steady_clock::now() - start;
   ::close(fd);
-  INFO(node.output());
-  CHECK(closed);
-  CHECK(took >= 450ms); // the deadline, not at once
-  REQUIRE(node.wait_for("no handshake within 500 ms", 10s));
-  std::smatch m;
-  auto out = node.output();
-  REQUIRE(std::regex_search(out, m, std::regex{R"(closed (.*) on the CAF port: no handshake)"}));
-  CHECK(m[1] == stranger);
+  check_closed_at_deadline(node, closed, took, stranger);
   // The client's connection, older than the deadline, serves on.
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
   CHECK(count(node.output(), "no handshake within") == 1);
@@ -607,15 +616,8 @@ TEST_CASE("a peer that completes the TLS handshake with a cluster certificate bu
   auto took = std::chrono::steady_clock::now() - start;
   ssl.reset();
   ::close(fd);
-  INFO(node.output());
-  CHECK(closed);
-  CHECK(took >= 450ms); // the deadline, not at once
-  REQUIRE(node.wait_for("no handshake within 500 ms", 10s));
-  std::smatch m;
-  auto out = node.output();
-  REQUIRE(std::regex_search(out, m, std::regex{R"(closed (.*) on the CAF port: no handshake)"}));
-  CHECK(m[1] == stranger);
-  CHECK(out.find("refused " + stranger) == std::string::npos); // its TLS was fine
+  check_closed_at_deadline(node, closed, took, stranger);
+  CHECK(node.output().find("refused " + stranger) == std::string::npos); // its TLS was fine
   // The member's connection, older than the deadline, serves on; a new one gets in.
   CHECK(value_of(s.ping("ps", 0)).job == "ps");
   caf::actor_system sys2{cfg};
