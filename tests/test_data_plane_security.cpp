@@ -963,9 +963,11 @@ TEST_CASE("a record length over the bound is refused at once, without waiting fo
 TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream with its reason",
           "[plane][tls][records]") {
   // Bugs it catches: a tag not checked (or checked after the bytes were
-  // handed on as good), the length not covered by the tag, a nonce that
-  // does not advance per record (a replay accepted), a close within a
-  // record taken for a clean end.
+  // handed on as good), a length that no longer matches the record's bytes
+  // taken on trust, a nonce that does not advance per record (a replay
+  // accepted), a close within a record taken for a clean end. (That the
+  // length is the tag's AAD is checked by the first case's own sealing, to
+  // the documented format: a record layer without the AAD refuses it.)
   temp_dir dir;
   make_ca_and_cert(dir, "");
   auto tls = context_of(options_of(dir, "", ""));
