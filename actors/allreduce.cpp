@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/tcp_connect.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -150,49 +151,21 @@ caf::expected<std::pair<int, uint16_t>> listen_on(const std::string& bind_host, 
 /// A connected socket to `host`:`port` by `deadline`, or why not.
 int connect_to(const std::string& host, const std::string& port, clock_type::time_point deadline,
                std::string& why) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  auto rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0) {
-    why = std::string{"cannot resolve the host: "} + gai_strerror(rc);
+  char* end = nullptr;
+  errno = 0;
+  auto number = std::strtoul(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || errno != 0 || number == 0 || number > 65535) {
+    why = "'" + port + "' is not a TCP port";
     return -1;
   }
-  int fd = -1;
-  why = "no address";
-  for (auto* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    tune_socket(fd);
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      int err = errno;
-      if (err == EINPROGRESS) {
-        pollfd pfd{fd, POLLOUT, 0};
-        int ready;
-        do
-          ready = ::poll(&pfd, 1, ms_until(deadline));
-        while (ready < 0 && errno == EINTR);
-        socklen_t len = sizeof(err);
-        if (ready == 0)
-          err = ETIMEDOUT;
-        else if (ready < 0)
-          err = errno;
-        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-          err = errno;
-      }
-      if (err != 0) {
-        why = std::strerror(err);
-        close(fd);
-        fd = -1;
-      }
-    }
+  auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+  auto fd = tcp_connect(host, static_cast<uint16_t>(number), deadline, budget, "the group's timeout",
+                        tune_socket);
+  if (!fd) {
+    why = reason_of(fd.error());
+    return -1;
   }
-  freeaddrinfo(res);
-  return fd;
+  return *fd;
 }
 
 void close_fd(int& fd) {

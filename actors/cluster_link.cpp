@@ -27,17 +27,6 @@ namespace {
 
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
-/// What went wrong, without the code's name when it is one of ours (for an
-/// error that wraps it in its own code).
-std::string reason_of(const caf::error& err) {
-  if (err.category() != error_category)
-    return describe(err);
-  const auto& ctx = err.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
-    return ctx.get_as<std::string>(0);
-  return describe(err);
-}
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
            std::chrono::steady_clock::now().time_since_epoch())

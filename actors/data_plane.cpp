@@ -1,4 +1,5 @@
 #include "actors/data_plane.hpp"
+#include "actors/tcp_connect.hpp"
 #include "actors/tls_io.hpp"
 
 #include <limits.h>
@@ -1124,37 +1125,15 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
         .count(),
       1)};
   };
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  auto rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0)
-    return make_error(af_error::unreachable,
-                      "cannot resolve " + host + " for the data plane of " + peer + ": " + gai_strerror(rc));
-  int fd = -1;
-  std::string why = "no address";
-  for (auto* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
-    // Bound the connect by what is left of the deadline (SO_SNDTIMEO bounds
-    // a blocking connect); the sends and receives later by the session's timeout.
-    set_timeout(fd, SO_SNDTIMEO, left());
-    set_timeout(fd, SO_RCVTIMEO, timeout);
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      why = errno == EINPROGRESS || errno == EAGAIN
-              ? fmt::format("the TCP connect did not finish within {} ms", timeout.count())
-              : std::string{std::strerror(errno)};
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0)
+  auto connected = tcp_connect(host, port, deadline, timeout);
+  if (!connected)
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
-                                               + ":" + std::to_string(port) + ": " + why);
-  tune_socket(fd);
+                                               + ":" + std::to_string(port) + ": "
+                                               + reason_of(connected.error()));
+  int fd = *connected;
+  // The session's sends and receives block, bounded by its timeout.
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  set_timeout(fd, SO_RCVTIMEO, timeout);
   set_timeout(fd, SO_SNDTIMEO, timeout);
   std::unique_ptr<secure_stream> stream;
   if (tls) {

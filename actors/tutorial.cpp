@@ -68,13 +68,8 @@ private:
 caf::error in_role(const std::string& who, caf::error err) {
   if (!err)
     return err;
-  if (err.category() == error_category) {
-    const auto& ctx = err.context();
-    std::string what = ctx.size() == 1 && ctx.match_element<std::string>(0)
-                         ? ctx.get_as<std::string>(0)
-                         : std::string{};
-    return make_error(static_cast<af_error>(err.code()), who + ": " + what);
-  }
+  if (err.category() == error_category)
+    return make_error(static_cast<af_error>(err.code()), who + ": " + reason_of(err));
   return make_error(af_error::peer_down, who + ": " + describe(err));
 }
 

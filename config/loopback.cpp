@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,7 +39,23 @@ int listen_on_loopback(uint16_t& port, int backlog) {
 
 bool connect_to_loopback(int fd, uint16_t port) {
   auto addr = loopback_address(port);
-  return connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+    return true;
+  if (errno != EINTR && errno != EINPROGRESS)
+    return false;
+  // A signal interrupted the wait (or the socket does not block): the
+  // connect goes on; its outcome is the socket's error once it is writable.
+  pollfd p{fd, POLLOUT, 0};
+  int n;
+  do
+    n = poll(&p, 1, -1);
+  while (n < 0 && errno == EINTR);
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    return false;
+  errno = err;
+  return err == 0;
 }
 
 int connect_loopback(uint16_t port) {

@@ -30,4 +30,13 @@ std::string describe(const caf::error& err) {
   return caf::to_string(err);
 }
 
+std::string reason_of(const caf::error& err) {
+  if (err.category() == error_category) {
+    const auto& ctx = err.context();
+    if (ctx.size() == 1 && ctx.match_element<std::string>(0))
+      return ctx.get_as<std::string>(0);
+  }
+  return describe(err);
+}
+
 } // namespace af

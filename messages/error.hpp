@@ -27,4 +27,8 @@ bool is(const caf::error& err, af_error code);
 /// (timeouts, unreachable nodes) and anything else.
 std::string describe(const caf::error& err);
 
+/// What went wrong, without the code's name when it is one of ours: for an
+/// error that wraps another in its own sentence and code.
+std::string reason_of(const caf::error& err);
+
 } // namespace af

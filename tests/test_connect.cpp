@@ -4,6 +4,7 @@
 // each error's code said once.
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -18,6 +20,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -369,4 +372,72 @@ TEST_CASE("a connect fails within connect_timeout, whichever of its phases is sl
     CHECK(took >= 1400);
     CHECK(took < 1900);
   }
+}
+
+namespace {
+
+void ignore_signal(int) {}
+
+/// Sends SIGUSR1, whose handler does nothing and does not restart system
+/// calls, to `thread` ten times, 20 ms apart, unless `done` says it has
+/// returned, as libFuzzer's timer or a profiler's does to a whole process:
+/// each blocking call it is in fails with EINTR. The signals that were sent.
+template <class Done>
+int interrupt(pthread_t thread, Done done) {
+  int sent = 0;
+  for (; sent < 10 && !done(); ++sent) {
+    ::pthread_kill(thread, SIGUSR1);
+    eventually(done, 20ms); // the pace, cut short when it returns
+  }
+  return sent;
+}
+
+} // namespace
+
+// Catches a connect that reports a signal's EINTR as the peer's refusal:
+// "the data plane refused a connection: Interrupted system call" (fuzz CI,
+// f24bbe6), where libFuzzer's SIGALRM hit a blocking connect to a data plane
+// whose accept queue was full. The connects here wait in SYN_SENT (a full
+// backlog) while signals arrive, and must then connect when room is made.
+TEST_CASE("a connect interrupted by signals while its SYN waits connects once there is room",
+          "[connect]") {
+  struct sigaction sa {};
+  sa.sa_handler = ignore_signal; // no SA_RESTART
+  struct sigaction old {};
+  REQUIRE(::sigaction(SIGUSR1, &sa, &old) == 0);
+  full_backlog blackhole;
+  REQUIRE(blackhole.filler >= 0);
+
+  auto check = [&](auto connect) {
+    std::promise<pthread_t> self;
+    auto me = self.get_future();
+    auto result = std::async(std::launch::async, [&] {
+      self.set_value(::pthread_self());
+      return connect();
+    });
+    auto thread = me.get();
+    REQUIRE(eventually([&] { return connections_to(blackhole.port, "02") > 0; }, 5s));
+    int sent = interrupt(thread, [&] { return result.wait_for(0s) == std::future_status::ready; });
+    CHECK(sent == 10); // all while it waited: it did not give up on the first
+    blackhole.make_room();
+    REQUIRE(result.wait_for(10s) == std::future_status::ready);
+    return result.get();
+  };
+
+  SECTION("the data plane's channel") {
+    auto ch = check([&] {
+      return data_channel::connect("127.0.0.1", blackhole.port, "a data plane", 8s);
+    });
+    INFO((ch ? std::string{"connected"} : describe(ch.error())));
+    CHECK(ch);
+  }
+
+  SECTION("the loopback helper of tests and benchmarks") {
+    auto fd = check([&] { return connect_loopback(blackhole.port); });
+    INFO(std::strerror(errno));
+    CHECK(fd >= 0);
+    if (fd >= 0)
+      ::close(fd);
+  }
+  ::sigaction(SIGUSR1, &old, nullptr);
 }
