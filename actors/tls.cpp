@@ -606,17 +606,11 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
   }
   std::unique_ptr<secure_stream> out{new (std::nothrow) secure_stream};
   if (out) {
-    out->enc_ = EVP_CIPHER_CTX_new();
-    out->dec_ = EVP_CIPHER_CTX_new();
+    out->enc_ = aes_gcm::make(true, server ? s2c : c2s);
+    out->dec_ = aes_gcm::make(false, server ? c2s : s2c);
     out->raw_.reset(new (std::nothrow) char[raw_bytes]);
   }
-  bool ok = out && out->enc_ != nullptr && out->dec_ != nullptr && out->raw_
-            && EVP_EncryptInit_ex(out->enc_, EVP_aes_128_gcm(), nullptr, server ? s2c : c2s,
-                                  nullptr)
-                 == 1
-            && EVP_DecryptInit_ex(out->dec_, EVP_aes_128_gcm(), nullptr, server ? c2s : s2c,
-                                  nullptr)
-                 == 1;
+  bool ok = out && out->enc_ && out->dec_ && out->raw_;
   if (ok) {
     std::memcpy(out->send_iv_, (server ? s2c : c2s) + 16, 12);
     std::memcpy(out->recv_iv_, (server ? c2s : s2c) + 16, 12);
@@ -640,7 +634,7 @@ std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool ser
   return out;
 }
 
-bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) {
+bool secure_stream::rekey(uint64_t epoch, bool sending) {
   const char* label = server_ == sending ? tls_label_server_to_client : tls_label_client_to_server;
   unsigned char context[8], key[record_secret_bytes];
   for (int i = 0; i < 8; ++i)
@@ -648,9 +642,7 @@ bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) 
   bool ok = SSL_export_keying_material(ssl_, key, sizeof(key), label, std::strlen(label), context,
                                        sizeof(context), 1)
               == 1
-            && (sending ? EVP_EncryptInit_ex(ctx, nullptr, nullptr, key, nullptr)
-                        : EVP_DecryptInit_ex(ctx, nullptr, nullptr, key, nullptr))
-                 == 1;
+            && (sending ? enc_ : dec_)->set_key(key);
   if (ok)
     std::memcpy(sending ? send_iv_ : recv_iv_, key + 16, 12);
   OPENSSL_cleanse(key, sizeof(key));
@@ -658,8 +650,6 @@ bool secure_stream::rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending) 
 }
 
 secure_stream::~secure_stream() {
-  EVP_CIPHER_CTX_free(enc_);
-  EVP_CIPHER_CTX_free(dec_);
   SSL_free(ssl_);
 }
 
@@ -682,14 +672,12 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
   }
   auto* buf = reinterpret_cast<unsigned char*>(out_.get());
   if (send_seq_ > 0 && send_seq_ % rekey_records == 0
-      && !rekey(enc_, send_seq_ / rekey_records, true))
+      && !rekey(send_seq_ / rekey_records, true))
     return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(send_iv_, send_seq_, iv);
   put_be32(static_cast<uint32_t>(len), buf);
-  int outl = 0;
-  if (EVP_EncryptInit_ex(enc_, nullptr, nullptr, nullptr, iv) != 1
-      || EVP_EncryptUpdate(enc_, nullptr, &outl, buf, static_cast<int>(header_bytes)) != 1)
+  if (!enc_->start(iv, buf, header_bytes))
     return fail(tls_errors("AES-GCM refused a record"));
   ++send_seq_; // the nonce is spent, whatever happens to the record
   // The header goes with the first piece, the tag with the last: pieces
@@ -705,20 +693,15 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
         offset = 0;
       }
       auto n = std::min({parts[part].iov_len - offset, header_bytes + send_chunk_bytes - used, left});
-      if (EVP_EncryptUpdate(enc_, buf + used, &outl,
-                            static_cast<const unsigned char*>(parts[part].iov_base) + offset,
-                            static_cast<int>(n))
-          != 1)
+      if (!enc_->update(buf + used, static_cast<const unsigned char*>(parts[part].iov_base) + offset,
+                        n))
         return fail(tls_errors("AES-GCM refused a record"));
       used += n;
       offset += n;
       left -= n;
     }
     if (left == 0) {
-      if (EVP_EncryptFinal_ex(enc_, buf + used, &outl) != 1
-          || EVP_CIPHER_CTX_ctrl(enc_, EVP_CTRL_AEAD_GET_TAG, static_cast<int>(tag_bytes),
-                                 buf + used)
-               != 1)
+      if (!enc_->seal(buf + used))
         return fail(tls_errors("AES-GCM refused a record"));
       used += tag_bytes;
       return send_all(fd_, out_.get(), used, 0);
@@ -822,13 +805,11 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   if (recv_seq_ == UINT64_MAX)
     return fail("the connection has read 2^64-1 records; it must be opened again");
   if (recv_seq_ > 0 && recv_seq_ % rekey_records == 0
-      && !rekey(dec_, recv_seq_ / rekey_records, false))
+      && !rekey(recv_seq_ / rekey_records, false))
     return fail(tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(recv_iv_, recv_seq_, iv);
-  int outl = 0;
-  if (EVP_DecryptInit_ex(dec_, nullptr, nullptr, nullptr, iv) != 1
-      || EVP_DecryptUpdate(dec_, nullptr, &outl, hdr, static_cast<int>(header_bytes)) != 1)
+  if (!dec_->start(iv, hdr, header_bytes))
     return fail(tls_errors("AES-GCM refused a record"));
   bool direct = dst != nullptr && len > 0 && len <= room;
   char* target = dst;
@@ -844,9 +825,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
     plain_pos_ = plain_end_ = 0;
   }
   auto decrypt = [&](unsigned char* out, const char* in, size_t n) {
-    return EVP_DecryptUpdate(dec_, out, &outl, reinterpret_cast<const unsigned char*>(in),
-                             static_cast<int>(n))
-           == 1;
+    return dec_->update(out, reinterpret_cast<const unsigned char*>(in), n);
   };
   auto* t = reinterpret_cast<unsigned char*>(target);
   unsigned char tag[tag_bytes];
@@ -902,9 +881,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
     raw_pos_ = 0;
     raw_end_ = got;
   }
-  unsigned char last[16];
-  if (EVP_CIPHER_CTX_ctrl(dec_, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(tag_bytes), tag) != 1
-      || EVP_DecryptFinal_ex(dec_, last, &outl) != 1) {
+  if (!dec_->open(tag)) {
     ERR_clear_error();
     return fail(fmt::format("record {} ({} bytes) failed authentication: its tag does not match "
                             "(tampered with, replayed, reordered or cut)",

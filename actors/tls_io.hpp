@@ -30,7 +30,7 @@ bool tls_has_pending(ssl_st* ssl);
 #include <memory>
 #include <string>
 
-struct evp_cipher_ctx_st; // OpenSSL's EVP_CIPHER_CTX
+#include "actors/aes_gcm.hpp"
 
 namespace af {
 
@@ -137,14 +137,14 @@ private:
   bool next_record(char* dst, size_t room, size_t& delivered);
   /// At least `n` bytes in raw_ (n <= raw capacity); false: EOF or error.
   bool fill_raw(size_t n, bool within_record);
-  /// The key of `epoch` (>= 1) for the direction of `ctx`.
-  bool rekey(evp_cipher_ctx_st* ctx, uint64_t epoch, bool sending);
+  /// The key of `epoch` (>= 1) for the direction that sends or reads.
+  bool rekey(uint64_t epoch, bool sending);
 
   ssl_st* ssl_ = nullptr;
   int fd_ = -1;
   bool server_ = false;
-  evp_cipher_ctx_st* enc_ = nullptr;
-  evp_cipher_ctx_st* dec_ = nullptr;
+  std::unique_ptr<aes_gcm> enc_; ///< seals what this end sends
+  std::unique_ptr<aes_gcm> dec_; ///< opens what it reads
   unsigned char send_iv_[12] = {}; ///< the sending direction's IV of this epoch
   unsigned char recv_iv_[12] = {};
   uint64_t send_seq_ = 0;
