@@ -802,6 +802,14 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
     return fail(fmt::format("a record of {} bytes, over the bound of {} bytes: not a data-plane "
                             "record of this version, or a corrupted stream",
                             len, max_record_bytes));
+  // An empty record carries nothing: the hello is one, and nothing else of
+  // ours sends them. A run of them is a peer holding the connection (each
+  // comes within the receive timeout, and the read waits on for data).
+  empty_run_ = len == 0 ? empty_run_ + 1 : 0;
+  if (empty_run_ > max_empty_run)
+    return fail(fmt::format("{} empty records in a row: a peer that holds the connection without "
+                            "sending data",
+                            empty_run_));
   if (recv_seq_ == UINT64_MAX)
     return fail("the connection has read 2^64-1 records; it must be opened again");
   if (recv_seq_ > 0 && recv_seq_ % rekey_records == 0

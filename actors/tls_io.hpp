@@ -149,6 +149,10 @@ private:
   unsigned char recv_iv_[12] = {};
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
+  /// Empty records read since the last one with data: more than
+  /// max_empty_run fail the stream.
+  static constexpr int max_empty_run = 8;
+  int empty_run_ = 0;
   bool failed_ = false;
   std::string reason_;
   std::unique_ptr<char[]> out_; ///< header + ciphertext + tag of the record being sent

@@ -960,6 +960,39 @@ TEST_CASE("a record length over the bound is refused at once, without waiting fo
                                    && !Catch::Contains("over the bound"));
 }
 
+// The bug it catches: empty records (authenticated: a member's) advanced
+// nothing and reset no clock, so a read waiting for a frame's header took
+// any number of them, each within the receive timeout: a peer sending one
+// every few seconds held a node's connection thread past its idle timeout
+// for as long as it liked. A few in a row are still taken (the hello is one).
+TEST_CASE("a peer that sends nothing but empty records is refused after a few, not waited for",
+          "[plane][tls][records]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  for (int empties : {3, 100}) {
+    INFO(empties << " empty records, then one byte");
+    stream_pair p;
+    connect_pair(p, tls);
+    auto key = exported_key(p.client->ssl(), tls_label_client_to_server);
+    std::string burst;
+    for (int seq = 0; seq < empties; ++seq)
+      burst += seal(key, static_cast<uint64_t>(seq), "");
+    burst += seal(key, static_cast<uint64_t>(empties), "y");
+    send_bytes(p.sv[1], burst);
+    char c = 0;
+    bool ok = p.server->read(&c, 1);
+    if (empties == 3) {
+      CHECK(ok);
+      CHECK(c == 'y');
+    } else {
+      CHECK_FALSE(ok);
+      CHECK(errno == EPROTO);
+      CHECK_THAT(p.server->reason(), Catch::Contains("empty records in a row"));
+    }
+  }
+}
+
 TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream with its reason",
           "[plane][tls][records]") {
   // Bugs it catches: a tag not checked (or checked after the bytes were
