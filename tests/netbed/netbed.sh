@@ -75,6 +75,10 @@ nb_remove_run() {
                 grep -E "^afnb${id}(h[0-9]+|br)$"); do
     ip link del "$link" 2>/dev/null
   done
+  # its scratch directory (configs, logs), named in its state file
+  local dir
+  dir=$(awk '{print $2}' "$NB_STATE/$id" 2>/dev/null)
+  [[ $id != "$$" && $dir == /tmp/actorflow-netbed.* && -d $dir ]] && rm -rf "$dir"
   rm -f "$NB_STATE/$id"
 }
 
@@ -93,7 +97,7 @@ nb_stale_ids() {
     done
   } | sort -u | while read -r id; do
     [[ $id == "$$" ]] && continue
-    start=$(cat "$NB_STATE/$id" 2>/dev/null)
+    start=$(awk '{print $1}' "$NB_STATE/$id" 2>/dev/null)
     if ! kill -0 "$id" 2>/dev/null; then
       echo "$id"
     elif [[ -n $start && $(nb_starttime "$id") != "$start" ]]; then
@@ -162,11 +166,11 @@ nb_init() {
     nb_log "removing what a run that is gone left (afnb$id: namespaces, links, processes)"
     nb_remove_run "$id"
   done
-  nb_starttime $$ >"$NB_STATE/$$"
   trap nb_down EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   NB_DIR=$(mktemp -d /tmp/actorflow-netbed.XXXXXX)
+  echo "$(nb_starttime $$) $NB_DIR" >"$NB_STATE/$$"
 }
 
 # nb_shape HOST RATE: the host's link at RATE (tc units: 1gbit, 200mbit) both
