@@ -304,20 +304,24 @@ nb_rx_bytes() {
 # nb_cluster_config FILE PS_HOSTS WORKER_HOSTS: a [cluster] of ps tasks on
 # the hosts listed (comma-separated indices) and workers on theirs, plaintext
 # on the bed's private addresses ([security] insecure = true: the bed is one
-# machine's namespaces, never a shared network). Ports: ps 3335, workers 3333.
+# machine's namespaces, never a shared network). Ports: ps $NB_PS_PORT (3335),
+# workers $NB_WORKER_PORT (3333): a script that runs several jobs on the same
+# hosts changes them between jobs.
+NB_PS_PORT=3335
+NB_WORKER_PORT=3333
 nb_cluster_config() {
   local file=$1 ps=$2 workers=$3 h sep
   {
     printf '[cluster]\nps = ['
     sep=
     for h in ${ps//,/ }; do
-      printf '%s"%s:3335"' "$sep" "${NB_IP[h]}"
+      printf '%s"%s:%s"' "$sep" "${NB_IP[h]}" "$NB_PS_PORT"
       sep=', '
     done
     printf ']\nworker = ['
     sep=
     for h in ${workers//,/ }; do
-      printf '%s"%s:3333"' "$sep" "${NB_IP[h]}"
+      printf '%s"%s:%s"' "$sep" "${NB_IP[h]}" "$NB_WORKER_PORT"
       sep=', '
     done
     printf ']\n\n[security]\ninsecure = true\n'

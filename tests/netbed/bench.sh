@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Speed on the test bed (docs/netbed.md), printed as actorflow-bench does:
+#   metric NAME ours=... baseline=... unit=... ratio=...
+#
+#   netbed_train_sync_1m_2w      sync steps/s of the 1 M-float linear regression (actorflow-bench's
+#                                train_sync_1m_2w job), ps + 2 workers on 3 hosts, against the link
+#                                limit: the ps link's rate / the bytes a step moves through it (2
+#                                gradients in, then 2 parameter sets out: the release waits for
+#                                every push, so the two phases cannot overlap)
+#   netbed_train_sync_3m_2w_3ps  sync steps/s of a 3072 x 1024 softmax (3.1 M floats, 12.6 MB) cut
+#                                in 3 over 3 ps hosts, against the same job whole on 1 ps host;
+#                                every link at RATE
+#   netbed_train_sync_3m_2w_3ps_fast_workers
+#                                the same, the workers' links at 3 x RATE, so that the ps links
+#                                are the limit in both runs
+#
+#   tests/netbed/bench.sh BUILD_DIR [RATE] [REPS]     (root; defaults: 1gbit, 3)
+# Each repetition runs baseline and ours back to back; the figure is the median.
+source "$(dirname "$0")/netbed.sh"
+nb_init "${1:?usage: bench.sh BUILD_DIR [RATE] [REPS]}"
+rate=${2:-1gbit}
+reps=${3:-3}
+only=${NB_ONLY:-} # a comma-separated subset of the metric names
+bits=$(nb_rate_bits "$rate") || nb_fail "rate '$rate': not a tc rate such as 1gbit or 200mbit"
+fast_rate="$((bits * 3))bit"
+steps_1m=${NB_STEPS_1M:-30}
+steps_3m=${NB_STEPS_3M:-20}
+
+want() { [[ -z $only || ,$only, == *",$1,"* ]]; }
+
+# hosts 0-2: ps tasks, 3-4: workers
+nb_up 5 "$rate"
+export OPENBLAS_NUM_THREADS=1
+
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+run=0
+# run_job NAME PS_HOSTS KEY=VALUE...: one job of ps on PS_HOSTS (comma-separated)
+# and workers on hosts 3, 4; sets STEPS_PER_S and the bytes each ps host's
+# link carried (PS_RX[k], PS_TX[k]).
+run_job() {
+  local name=$1 ps=$2 k n rc
+  shift 2
+  run=$((run + 1))
+  NB_PS_PORT=$((4000 + 2 * run))
+  NB_WORKER_PORT=$((4001 + 2 * run))
+  local cfg=$NB_DIR/$name-$run.toml
+  nb_cluster_config "$cfg" "$ps" 3,4
+  printf '\n[train]\n' >>"$cfg"
+  for kv in "$@"; do
+    printf '%s\n' "$kv" >>"$cfg"
+  done
+  declare -gA RX0=() TX0=()
+  for k in ${ps//,/ }; do
+    RX0[$k]=$(nb_rx_bytes "$k")
+    TX0[$k]=$(nb_tx_bytes "$k")
+  done
+  local names=()
+  k=0
+  for h in ${ps//,/ }; do
+    nb_start "$h" "$name-$run-ps$k" "$NB_BIN/actorflow-train" --config "$cfg" --job ps --task "$k"
+    names+=("$name-$run-ps$k")
+    k=$((k + 1))
+  done
+  nb_start 3 "$name-$run-worker0" "$NB_BIN/actorflow-train" --config "$cfg" --job worker --task 0
+  nb_start 4 "$name-$run-worker1" "$NB_BIN/actorflow-train" --config "$cfg" --job worker --task 1
+  names+=("$name-$run-worker0" "$name-$run-worker1")
+  for n in "${names[@]}"; do
+    nb_wait_exit "$n" 600
+    rc=$?
+    ((rc == 0)) || nb_fail "$n exited $rc: $(tail -n 2 "$NB_DIR/$n.log")"
+  done
+  STEPS_PER_S=$(sed -nE 's/^train done: .* steps_per_s=([0-9.]+) .*/\1/p' "$NB_DIR/$name-$run-worker0.log")
+  [[ -n $STEPS_PER_S ]] || nb_fail "$name: the chief printed no steps_per_s: $(tail -n 1 "$NB_DIR/$name-$run-worker0.log")"
+  declare -gA PS_RX=() PS_TX=()
+  for k in ${ps//,/ }; do
+    PS_RX[$k]=$(($(nb_rx_bytes "$k") - RX0[$k]))
+    PS_TX[$k]=$(($(nb_tx_bytes "$k") - TX0[$k]))
+  done
+}
+
+report() {
+  local name=$1 unit=$2 ours base
+  shift 2
+  ours=$(median "${OURS[@]}")
+  base=$(median "${BASE[@]}")
+  echo "# $name reps: ours ${OURS[*]}; baseline ${BASE[*]}"
+  awk -v n="$name" -v o="$ours" -v b="$base" -v u="$unit" \
+    'BEGIN {printf "metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", n, o, b, u, o / b}'
+}
+
+echo "# netbed: $(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) CPUs; load: $(uptime | sed 's/.*load average: //')"
+echo "# links shaped to $rate (tbf, each direction) unless said otherwise"
+
+if want netbed_train_sync_1m_2w; then
+  keys=(mode='"sync"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
+        synthetic_examples=16 batch_size=1 steps=$steps_1m learning_rate=1e-7 log_every=0 eval_every=0)
+  model_bytes=$((1048576 * 4 + 4)) # w and b
+  # 2 gradients in, then 2 parameter sets out, through the ps's link
+  limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.4f", r / 8 / (4 * m)}')
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job sync1m 0 "${keys[@]/#/}"
+    OURS+=("$STEPS_PER_S")
+    BASE+=("$limit")
+    echo "# sync1m rep $i: $STEPS_PER_S steps/s; the ps link carried $((PS_RX[0] / steps_1m)) bytes in and $((PS_TX[0] / steps_1m)) out per step (payload $((2 * model_bytes)) each way)"
+  done
+  report netbed_train_sync_1m_2w steps/s
+fi
+
+keys3=(mode='"sync"' model='"softmax"' data='"synthetic"' synthetic_features=3072 synthetic_classes=1024
+       synthetic_examples=256 batch_size=4 steps=$steps_3m optimizer='"sgd"' learning_rate=0.001
+       log_every=0 eval_every=0)
+bytes3=$(((3072 * 1024 + 1024) * 4))
+
+bench_3ps() {
+  local name=$1
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job whole 0 "${keys3[@]}" max_partitions=1
+    BASE+=("$STEPS_PER_S")
+    echo "# $name rep $i: 1 ps host: $STEPS_PER_S steps/s, its link $((PS_RX[0] / steps_3m)) bytes in / $((PS_TX[0] / steps_3m)) out per step"
+    run_job cut 0,1,2 "${keys3[@]}" max_partitions=3
+    OURS+=("$STEPS_PER_S")
+    echo "# $name rep $i: 3 ps hosts: $STEPS_PER_S steps/s, their links per step in/out: $((PS_RX[0] / steps_3m))/$((PS_TX[0] / steps_3m)) $((PS_RX[1] / steps_3m))/$((PS_TX[1] / steps_3m)) $((PS_RX[2] / steps_3m))/$((PS_TX[2] / steps_3m))"
+  done
+  report "$name" steps/s
+}
+
+if want netbed_train_sync_3m_2w_3ps; then
+  # link limits: 1 ps: 2 x 12.6 MB in, then out, through its link; 3 ps: each
+  # ps link a third of that, but each worker's link carries 12.6 MB out, then in
+  awk -v r="$bits" -v m="$bytes3" 'BEGIN {printf "# link limits at equal rates: 1 ps %.3f steps/s; 3 ps %.3f (the workers links; ratio at most 2)\n", r / 8 / (4 * m), r / 8 / (2 * m)}'
+  bench_3ps netbed_train_sync_3m_2w_3ps
+fi
+
+if want netbed_train_sync_3m_2w_3ps_fast_workers; then
+  nb_shape 3 "$fast_rate"
+  nb_shape 4 "$fast_rate"
+  awk -v r="$bits" -v m="$bytes3" 'BEGIN {printf "# workers links at 3x: link limits: 1 ps %.3f steps/s; 3 ps %.3f (ratio at most 3)\n", r / 8 / (4 * m), 3 * r / 8 / (4 * m)}'
+  bench_3ps netbed_train_sync_3m_2w_3ps_fast_workers
+  nb_shape 3 "$rate"
+  nb_shape 4 "$rate"
+fi
