@@ -16,8 +16,9 @@
 #
 #   tests/netbed/bench.sh BUILD_DIR [RATE] [REPS]     (root; defaults: 1gbit, 3)
 # Each repetition runs baseline and ours back to back; the figure is the median.
+# shellcheck source=tests/netbed/netbed.sh
 source "$(dirname "$0")/netbed.sh"
-nb_init "${1:?usage: bench.sh BUILD_DIR [RATE] [REPS]}"
+nb_init "${1:?usage: bench.sh BUILD_DIR [RATE] [REPS]}" actorflow-train
 rate=${2:-1gbit}
 reps=${3:-3}
 only=${NB_ONLY:-} # a comma-separated subset of the metric names
@@ -42,7 +43,9 @@ run_job() {
   local name=$1 ps=$2 k n rc
   shift 2
   run=$((run + 1))
+  # shellcheck disable=SC2034 # read by nb_cluster_config
   NB_PS_PORT=$((4000 + 2 * run))
+  # shellcheck disable=SC2034
   NB_WORKER_PORT=$((4001 + 2 * run))
   local cfg=$NB_DIR/$name-$run.toml
   nb_cluster_config "$cfg" "$ps" 3,4
@@ -94,13 +97,13 @@ echo "# links shaped to $rate (tbf, each direction) unless said otherwise"
 
 if want netbed_train_sync_1m_2w; then
   keys=(mode='"sync"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
-        synthetic_examples=16 batch_size=1 steps=$steps_1m learning_rate=1e-7 log_every=0 eval_every=0)
+        synthetic_examples=16 batch_size=1 "steps=$steps_1m" learning_rate=1e-7 log_every=0 eval_every=0)
   model_bytes=$((1048576 * 4 + 4)) # w and b
   # 2 gradients in, then 2 parameter sets out, through the ps's link
   limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.4f", r / 8 / (4 * m)}')
   OURS=() BASE=()
   for ((i = 0; i < reps; ++i)); do
-    run_job sync1m 0 "${keys[@]/#/}"
+    run_job sync1m 0 "${keys[@]}"
     OURS+=("$STEPS_PER_S")
     BASE+=("$limit")
     echo "# sync1m rep $i: $STEPS_PER_S steps/s; the ps link carried $((PS_RX[0] / steps_1m)) bytes in and $((PS_TX[0] / steps_1m)) out per step (payload $((2 * model_bytes)) each way)"
@@ -109,7 +112,7 @@ if want netbed_train_sync_1m_2w; then
 fi
 
 keys3=(mode='"sync"' model='"softmax"' data='"synthetic"' synthetic_features=3072 synthetic_classes=1024
-       synthetic_examples=256 batch_size=4 steps=$steps_3m optimizer='"sgd"' learning_rate=0.001
+       synthetic_examples=256 batch_size=4 "steps=$steps_3m" optimizer='"sgd"' learning_rate=0.001
        log_every=0 eval_every=0)
 bytes3=$(((3072 * 1024 + 1024) * 4))
 

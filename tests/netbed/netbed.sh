@@ -24,14 +24,11 @@ NB_SKIP=77
 NB_STATE=/run/actorflow-netbed
 declare -a NB_IP=()
 declare -A NB_PID=()
-declare -A NB_HOST_OF=()
 NB_HOSTS=0
-NB_FAILED=0
 
 nb_log() { printf 'netbed: %s\n' "$*" >&2; }
 
 nb_fail() {
-  NB_FAILED=1
   printf 'netbed: FAILED: %s\n' "$*" >&2
   exit 1
 }
@@ -143,11 +140,12 @@ nb_down() {
   exit "$rc"
 }
 
-# nb_init BIN_DIR: checks what the bed needs (skips without it), removes
-# stale runs, traps the cleanup, makes $NB_DIR for configs and logs.
+# nb_init BIN_DIR [PROGRAM...]: checks what the bed needs (skips without
+# root or netns), that BIN_DIR holds the programs, removes stale runs, traps
+# the cleanup, makes $NB_DIR for configs and logs.
 nb_init() {
   NB_BIN=${1:?nb_init BIN_DIR}
-  [[ -d $NB_BIN ]] || nb_fail "$NB_BIN: no such build directory (pass the one holding actorflow-node)"
+  shift
   if [[ $(id -u) -ne 0 ]]; then
     nb_skip "needs root to make network namespaces, veths and tc qdiscs (run as root, or sudo ctest -L netbed)"
   fi
@@ -160,6 +158,11 @@ nb_init() {
     nb_skip "cannot make a network namespace here ('ip netns add' failed: no netns support, or a container without CAP_SYS_ADMIN)"
   fi
   ip netns del "$probe" 2>/dev/null
+  [[ -d $NB_BIN ]] || nb_fail "$NB_BIN: no such build directory (pass the one holding actorflow-node)"
+  local prog
+  for prog in "$@"; do
+    [[ -x $NB_BIN/$prog ]] || nb_fail "$NB_BIN/$prog not found: build the $prog target (ninja -C $NB_BIN $prog)"
+  done
   mkdir -p "$NB_STATE"
   local id
   for id in $(nb_stale_ids); do
@@ -187,9 +190,7 @@ nb_shape() {
     nb_fail "tc tbf on host $host's eth0 failed (does this kernel have sch_tbf?)"
   tc qdisc replace dev "$(nb_veth $$ "$host")" root tbf rate "$rate" burst "$burst" latency 50ms ||
     nb_fail "tc tbf on host $host's bridge side failed"
-  NB_RATE_BITS[$host]=$bits
 }
-declare -a NB_RATE_BITS=()
 
 # bits/s of a tc rate: 1gbit, 200mbit, 500kbit, 1000000bit.
 nb_rate_bits() {
@@ -260,7 +261,6 @@ nb_start() {
   shift 2
   ip netns exec "$(nb_ns $$ "$host")" "$@" >"$NB_DIR/$name.log" 2>&1 &
   NB_PID[$name]=$!
-  NB_HOST_OF[$name]=$host
 }
 
 # nb_wait_log NAME REGEX SECONDS WHAT: waits until NAME's log has a line

@@ -7,8 +7,9 @@
 # three ps tasks, a different piece on each; and each ps host's link carried
 # its third of the gradients: at least STEPS x 2 workers x 4 MB in and out.
 #   tests/netbed/train_partitioned.sh BUILD_DIR [RATE]   (root; exit 77 = skipped)
+# shellcheck source=tests/netbed/netbed.sh
 source "$(dirname "$0")/netbed.sh"
-nb_init "${1:?usage: train_partitioned.sh BUILD_DIR [RATE]}"
+nb_init "${1:?usage: train_partitioned.sh BUILD_DIR [RATE]}" actorflow-train actorflow-repl
 rate=${2:-1gbit}
 steps=40
 piece_bytes=$((1024 * 1024 * 4)) # 3072 / 3 rows x 1024 columns x 4 bytes

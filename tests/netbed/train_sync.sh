@@ -6,8 +6,9 @@
 # the held-out accuracy is above 0.85, and the gradients and parameters
 # crossed the ps host's link: at least STEPS x 2 workers x 38440 bytes each way.
 #   tests/netbed/train_sync.sh BUILD_DIR [RATE]     (root; exit 77 = skipped)
+# shellcheck source=tests/netbed/netbed.sh
 source "$(dirname "$0")/netbed.sh"
-nb_init "${1:?usage: train_sync.sh BUILD_DIR [RATE]}"
+nb_init "${1:?usage: train_sync.sh BUILD_DIR [RATE]}" actorflow-train
 rate=${2:-1gbit}
 steps=300
 param_bytes=38440 # (64*128 + 128 + 128*10 + 10) floats
@@ -48,7 +49,7 @@ last=$(awk '/^step [0-9]+\/[0-9]+ +loss / {l = $4} END {print l}' "$log")
 awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < f / 2)}' ||
   nb_fail "the loss did not fall by half: first logged $first, last $last"
 acc=$(sed -nE 's/^held-out accuracy: ([0-9.]+) .*/\1/p' "$log")
-[[ -n $acc ]] && awk -v a="$acc" 'BEGIN {exit !(a > 0.85)}' ||
+awk -v a="$acc" 'BEGIN {exit !(a != "" && a > 0.85)}' ||
   nb_fail "held-out accuracy '$acc' (above 0.85 expected)"
 rx=$(nb_rx_bytes 0)
 tx=$(nb_tx_bytes 0)

@@ -5,8 +5,9 @@
 # traffic really crossed the links (the ps host's link counted its bytes), and
 # every node stops cleanly (exit 0) when told to.
 #   tests/netbed/tutorial.sh BUILD_DIR [RATE]     (root; exit 77 = skipped)
+# shellcheck source=tests/netbed/netbed.sh
 source "$(dirname "$0")/netbed.sh"
-nb_init "${1:?usage: tutorial.sh BUILD_DIR [RATE]}"
+nb_init "${1:?usage: tutorial.sh BUILD_DIR [RATE]}" actorflow-node actorflow-tutorial
 rate=${2:-1gbit}
 
 nb_up 4 "$rate"
