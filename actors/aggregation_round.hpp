@@ -27,7 +27,7 @@ public:
 
   /// A round over `workers` workers whose values have `floats` elements in all.
   aggregation_round(uint32_t workers, size_t floats)
-    : floats_(floats), arrived_(workers, false), done_(workers, false) {
+    : floats_(floats), arrived_(workers, false), done_(workers, false), standby_(workers, false) {
     // nop
   }
 
@@ -46,9 +46,23 @@ public:
     if (worker >= arrived_.size()) {
       arrived_.resize(worker + 1, false);
       done_.resize(worker + 1, true);
+      standby_.resize(worker + 1, false);
     }
     done_[worker] = false;
+    standby_[worker] = false;
   }
+
+  /// sync after a live switch: the rounds do not wait for `worker` (it is
+  /// on standby) until it joins again (add_worker); the aggregator applies
+  /// its pushes meanwhile at once, outside the rounds. A switch puts every
+  /// member on standby so that each one's rounds begin at the same push on
+  /// every ps: the one after its join, which it sends to all of them.
+  void set_standby(uint32_t worker, bool on) { standby_.at(worker) = on; }
+
+  bool is_standby(uint32_t worker) const { return standby_.at(worker); }
+
+  /// No worker on standby (a switch out of sync).
+  void clear_standby() { std::fill(standby_.begin(), standby_.end(), false); }
 
   /// Every worker pushes again (a restore starts the job over from a
   /// checkpoint: workers that had finished before it are back).
@@ -107,14 +121,14 @@ public:
     return true;
   }
 
-  /// True once every worker not done has arrived, or, with `enough` > 0,
+  /// True once every worker not done (nor on standby) has arrived, or, with `enough` > 0,
   /// once `enough` workers have (or every one not done, if fewer are left):
   /// the first `enough` of a step make it (TF's replicas_to_aggregate).
   bool complete(uint32_t enough = 0) const {
     if (enough > 0 && arrivals() >= std::min(enough, std::max<uint32_t>(active(), 1)))
       return true;
     for (size_t w = 0; w < arrived_.size(); ++w)
-      if (!done_[w] && !arrived_[w])
+      if (!done_[w] && !standby_[w] && !arrived_[w])
         return false;
     return true;
   }
@@ -129,7 +143,7 @@ public:
   std::vector<uint32_t> missing() const {
     std::vector<uint32_t> out;
     for (size_t w = 0; w < arrived_.size(); ++w)
-      if (!done_[w] && !arrived_[w])
+      if (!done_[w] && !standby_[w] && !arrived_[w])
         out.push_back(static_cast<uint32_t>(w));
     return out;
   }
@@ -174,6 +188,7 @@ private:
   size_t floats_;
   std::vector<bool> arrived_; ///< per worker, this round
   std::vector<bool> done_;    ///< per worker: pushes no more
+  std::vector<bool> standby_; ///< per worker: not waited for (set_standby)
   std::vector<float> sum_;
   uint32_t contributions_ = 0;
   std::optional<uint64_t> step_;

@@ -596,7 +596,7 @@ void release_ssp(self_pointer self, bool all) {
 
 /// A gradient applied at once (async, ssp), with its staleness counted.
 caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step,
-                     const std::vector<tensor>& grads) {
+                     const std::vector<tensor>& grads, bool moves_step) {
   auto& st = self->state;
   auto& m = member(st, worker);
   if (grads.empty()) {
@@ -616,7 +616,8 @@ caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step,
   if (staleness > 0)
     m.stats.stale += 1;
   m.stats.max_staleness = std::max(m.stats.max_staleness, staleness);
-  st.global_step += 1;
+  if (moves_step)
+    st.global_step += 1;
   invalidate(self);
   return caf::none;
 }
@@ -748,8 +749,12 @@ auto common_handlers(self_pointer self) {
         auto slowest = slowest_clock(st);
         m.stats.clock = slowest == UINT64_MAX ? 0 : slowest;
       }
-      st.round.add_worker(worker);
-      if (who) {
+      if (worker < st.round.workers() && st.round.is_standby(worker))
+        log::get()->debug("aggregator '{}': {} joins the rounds again after the switch, at global "
+                          "step {}",
+                          st.spec.name, worker_name(st, worker), st.global_step);
+      st.round.add_worker(worker); // and off standby: its next push is in the rounds
+      if (who && m.actor != who.address()) {
         m.actor = who.address();
         self->monitor(who);
       }
@@ -796,6 +801,27 @@ auto common_handlers(self_pointer self) {
       st.spec.staleness = want.staleness;
       if (want.step_timeout_ms > 0)
         st.spec.step_timeout_ms = want.step_timeout_ms;
+      // sync: the rounds must pair the same steps of the workers on every
+      // ps, but the ps switch one after another and a worker's step may
+      // reach one before its switch and another after it. So no member
+      // with an actor takes part in the rounds until it joins again: told
+      // of the switch here, it joins every ps at the start of its next
+      // step, and its rounds begin with that step's push everywhere.
+      // Meanwhile its pushes are applied at once (no push waits for
+      // another ps's worker). A member without an actor (never joined)
+      // takes part at once, as before.
+      st.round.clear_standby();
+      if (want.mode == "sync")
+        for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w) {
+          auto& m = st.members[w];
+          if (!m.actor || st.round.is_done(w))
+            continue;
+          auto who = caf::actor_cast<caf::actor>(m.actor);
+          if (!who)
+            continue;
+          st.round.set_standby(w, true);
+          caf::anon_send(who, switch_atom::value, st.spec.name, want.mode, st.global_step);
+        }
       for (auto& m : st.members) {
         // sync: each worker's first push after the switch was computed from
         // the parameters it last got, which async may have moved on from:
@@ -946,6 +972,19 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
       if (auto err = check_worker(self, worker))
         return err;
       note_push(st, worker, step);
+      if (st.round.is_standby(worker)) {
+        // After a switch into sync, until the worker joins again (at the
+        // start of one of its steps, on every ps): applied at once, as the
+        // old mode did, and the global step stays (it counts the rounds).
+        // Parking it could pair its steps with the others' differently on
+        // each ps, and two workers each waiting on another ps would
+        // deadlock.
+        if (step > st.global_step)
+          return ahead_of(st, worker, step);
+        if (auto err = apply_now(self, worker, step, grads, false))
+          return err;
+        return answer_now(self);
+      }
       auto& m = member(st, worker);
       bool fresh = m.fresh;
       m.fresh = false;
@@ -983,7 +1022,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
     [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
       if (auto err = take_gradient(self, worker, step))
         return err;
-      if (auto err = apply_now(self, worker, step, grads))
+      if (auto err = apply_now(self, worker, step, grads, true))
         return err;
       return answer_now(self);
     });
@@ -1005,7 +1044,7 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
                             fmt::format("{} pushed again to aggregator '{}' while its last push "
                                         "waits for the slowest worker",
                                         worker_name(st, worker), st.spec.name));
-      if (auto err = apply_now(self, worker, step, grads))
+      if (auto err = apply_now(self, worker, step, grads, true))
         return err;
       member(st, worker).stats.clock += 1;
       release_ssp(self); // this push may have been the slowest's

@@ -683,6 +683,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   setup.total_steps = total;
   setup.timeout = timeout;
   setup.tamper = opts.tamper;
+  setup.before_push = opts.before_push;
   setup.step_delay = opts.step_delay;
   setup.stop = opts.stop;
   setup.task_name = "/job:worker/task:" + std::to_string(task);

@@ -41,6 +41,8 @@ struct train_options {
   bool print = true;        ///< progress lines on stdout (chief)
   /// Test hook, passed to the worker (worker_setup::tamper).
   std::function<void(uint64_t, std::vector<tensor>&)> tamper;
+  /// Test hook, passed to the worker (worker_setup::before_push).
+  std::function<void(size_t, uint64_t)> before_push;
   /// This worker joins a running job (actorflow-train --join): it is not
   /// one the job started with, so it looks the aggregators up as they run
   /// instead of making them, and they count it as a member from its join.

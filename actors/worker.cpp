@@ -23,14 +23,19 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 
 /// A detached actor that owns one data-plane connection to a ps node and
 /// makes the blocking push and pull calls there, so the worker never blocks.
+/// `before` (a test hook, may be empty) runs before each push with the
+/// worker's local step.
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
-                         std::string peer, std::chrono::milliseconds timeout) {
+                         std::string peer, std::chrono::milliseconds timeout,
+                         std::function<void(uint64_t)> before) {
   auto chan = std::make_shared<std::unique_ptr<data_channel>>();
   auto tls = system_tls(self->system()); // the process's [security], if any
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
-        const std::vector<tensor>& values, uint32_t wait_ms,
-        uint8_t kind) -> caf::result<uint64_t, tensor> {
+        const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind,
+        uint64_t local_step) -> caf::result<uint64_t, tensor> {
+      if (before && kind != static_cast<uint8_t>(wire::kind::pull))
+        before(local_step);
       if (!*chan || (*chan)->broken()) {
         // No spinning for the reply: a push waits for the other workers'
         // steps, and on a small machine the spin takes the CPU they need
@@ -47,6 +52,14 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
       return {r->first, std::move(r->second)};
     },
   };
+}
+
+/// The setup's before_push hook bound to shard `k` (empty without one).
+std::function<void(uint64_t)> before_push_of(const worker_setup& setup, size_t k) {
+  if (!setup.before_push)
+    return {};
+  auto hook = setup.before_push;
+  return [hook, k](uint64_t local_step) { hook(k, local_step); };
 }
 
 using recover_atom = caf::atom_constant<caf::atom("recoverps")>;
@@ -144,6 +157,10 @@ struct worker_state {
   uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
   uint64_t reported_step = 0;     ///< async: global step of the last progress line (or the start)
   bool finished = false;
+  /// A ps switched into sync (it told this actor): the worker joins every
+  /// ps again before its next push, so that its sync rounds begin with the
+  /// same step's push on each (aggregation_round::set_standby).
+  bool rejoin = false;
   static constexpr const char* name = "worker";
 };
 
@@ -269,6 +286,7 @@ bool note_refusal(self_pointer self, std::string why) {
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain,
               std::function<void(uint64_t, std::vector<tensor>)> then);
 void change_mode(self_pointer self, size_t shard);
+void join_all(self_pointer self, std::function<void()> then);
 
 /// One exchange's answers, gathered from every shard.
 struct exchange_gather {
@@ -318,6 +336,19 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
       return;
     }
     st.refused_in_a_row = 0;
+  }
+  if (st.rejoin && values != nullptr) {
+    // A ps switched into sync: join every ps before this step's push (the
+    // ones in sync take this worker into their rounds from it on; until
+    // then they applied its pushes at once). With several ps each one
+    // switches at its own moment: only a join that every ps has before the
+    // same push makes them pair the same steps of the workers.
+    st.rejoin = false;
+    auto keep = std::make_shared<std::vector<tensor>>(*values); // shares the buffers
+    join_all(self, [self, keep, abstain_step, then] {
+      exchange(self, keep.get(), abstain_step, then);
+    });
+    return;
   }
   auto g = std::make_shared<exchange_gather>();
   g->missing = st.setup.shards.size();
@@ -405,7 +436,8 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
           self->unlink_from(st.links[k]);
           self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
           st.links[k] = self->spawn<caf::detached + caf::linked>(
-            plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout);
+            plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout,
+            before_push_of(st.setup, k));
         }
         bool same = r.shard.actor == shard.actor;
         shard = r.shard;
@@ -442,7 +474,7 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
   // actor: no timer here, which would wake CAF's clock thread every step.
   // `part` shares its buffers: the copy kept for a retry costs nothing.
   self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                step, part, wait, static_cast<uint8_t>(kind))
+                step, part, wait, static_cast<uint8_t>(kind), st.local_step)
     .then(
       [self, g, k, then](uint64_t step, tensor& flat) {
         if (g->failed)
@@ -1182,7 +1214,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {
     auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
-                                                        shard.task, s.timeout);
+                                                        shard.task, s.timeout,
+                                                        before_push_of(s, st.links.size()));
     st.links.push_back(link);
   }
   if (s.recover_ps && !s.shards.empty())
@@ -1239,6 +1272,14 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     }
   }
   return {
+    [self](switch_atom, const std::string& aggregator, const std::string& mode, uint64_t step) {
+      // Told by an aggregator that it switched (only into sync, for now).
+      log::get()->debug("{}: aggregator '{}' switched to {} at global step {}: joining every ps "
+                        "again before the next push",
+                        who(self), aggregator, mode, step);
+      if (mode == "sync")
+        self->state.rejoin = true;
+    },
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.
       if (!self->state.finished && !stop_requested(self))

@@ -146,6 +146,11 @@ struct worker_setup {
     recover_ps;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
+  /// Test hook: called on shard `shard`'s link thread just before this
+  /// worker's push of local step `local_step` goes to that ps (not for
+  /// pulls); it may block to hold that one push back (a test orders the
+  /// pushes of a step around a live switch of each ps).
+  std::function<void(size_t shard, uint64_t local_step)> before_push;
 };
 
 /// The data position (train::checkpoint::data_position) of a worker that

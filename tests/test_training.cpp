@@ -11,6 +11,9 @@
 #include <atomic>
 #include <limits>
 #include <thread>
+#include <condition_variable>
+#include <mutex>
+#include <set>
 
 #include "caf/all.hpp"
 
@@ -802,6 +805,158 @@ TEST_CASE("a live switch sync -> async -> sync over 2 ps loses no gradient on ei
     }
   }
   CHECK(held_out(c, job.results[0]->result.params) >= 0.9);
+}
+
+/// Holds the pushes of one local step of each worker at their links (the
+/// before_push hook) and lets them go one at a time. Whatever happens to
+/// the test, its end lets every held push go (each also gives up after 30
+/// s), so that no worker thread is left waiting.
+struct push_gate {
+  uint64_t local_step = 0;
+  std::mutex mtx;
+  std::condition_variable cv;
+  std::set<std::pair<uint32_t, size_t>> held;     ///< (worker, shard)
+  std::set<std::pair<uint32_t, size_t>> released;
+  bool open_all = false;
+
+  std::function<void(size_t, uint64_t)> hook(uint32_t worker) {
+    return [this, worker](size_t shard, uint64_t step) {
+      if (step != local_step)
+        return;
+      std::unique_lock<std::mutex> lock{mtx};
+      held.insert({worker, shard});
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(30),
+                  [&] { return open_all || released.count({worker, shard}) > 0; });
+    };
+  }
+  size_t holding() {
+    std::lock_guard<std::mutex> lock{mtx};
+    return held.size();
+  }
+  void release(uint32_t worker, size_t shard) {
+    std::lock_guard<std::mutex> lock{mtx};
+    released.insert({worker, shard});
+    cv.notify_all();
+  }
+  void release_all() {
+    std::lock_guard<std::mutex> lock{mtx};
+    open_all = true;
+    cv.notify_all();
+  }
+};
+
+// Catches the cross-shard deadlock of a live switch into sync over several
+// ps: the ps switch one after another, so one step of a worker can reach
+// ps 0 before its switch (answered at once, async) and ps 1 after its
+// switch (parked in a sync round), while the other worker's step does the
+// opposite. Each ps's first sync round then waits for the worker that the
+// other ps holds: worker 1 waits for ps 0's answer, worker 0 for ps 1's,
+// until the step timeout fails both (seen once in a loaded ctest run of the
+// test above). Here the pushes of local step 20 are held at the workers'
+// links and let go in exactly that order around the two switches.
+TEST_CASE("a live switch async -> sync over 2 ps where each worker's step straddles a different "
+          "ps's switch deadlocks no worker, loses no gradient, and the job learns",
+          "[train][switch]") {
+  auto c = digits("async");
+  c.steps = 600;
+  c.log_every = 1;
+  c.step_timeout_ms = 5000; // a deadlock fails the workers in seconds, not a minute
+  auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 2}});
+  REQUIRE(cluster);
+  push_gate gate;
+  gate.local_step = 20;
+  std::vector<caf::expected<train_outcome>> results(2, make_error(af_error::internal, "not run"));
+  std::vector<std::thread> threads;
+  struct ending {
+    push_gate& gate;
+    std::vector<std::thread>& threads;
+    ~ending() {
+      gate.release_all();
+      for (auto& t : threads)
+        if (t.joinable())
+          t.join();
+    }
+  } end{gate, threads};
+  for (uint32_t w = 0; w < 2; ++w)
+    threads.emplace_back([&, w] {
+      train_options opts;
+      opts.shutdown_ps = false;
+      opts.print = false;
+      opts.before_push = gate.hook(w);
+      auto s = (*cluster)->session_for("worker", static_cast<int32_t>(w));
+      if (!s) {
+        results[w] = std::move(s.error());
+        return;
+      }
+      results[w] = run_worker_task(*s, c, w, opts);
+    });
+  auto client = (*cluster)->session_for("ps", 0);
+  REQUIRE(client);
+  std::vector<aggregator_actor> aggs;
+  for (int32_t k = 0; k < 2; ++k) {
+    aggregator_spec lookup;
+    lookup.name = "train/ps" + std::to_string(k);
+    lookup.workers = 0;
+    REQUIRE(eventually([&] { return static_cast<bool>(client->aggregator("ps", k, lookup)); }));
+    aggs.push_back(*client->aggregator("ps", k, lookup));
+  }
+  caf::scoped_actor self{client->system()};
+  auto pushes = [&](size_t k) {
+    uint64_t n = 0;
+    self->request(aggs[k], std::chrono::seconds(10), stats_atom::value)
+      .receive([&](aggregator_stats& s) { n = s.pushes; },
+               [&](caf::error& err) { FAIL("stats of ps " << k << ": " << describe(err)); });
+    return n;
+  };
+  // Lets worker w's held push to ps k go and waits until ps k has taken it.
+  auto let_through = [&](uint32_t w, size_t k) {
+    auto before = pushes(k);
+    gate.release(w, k);
+    INFO("waiting for ps " << k << " to take worker " << w << "'s push of local step 20");
+    REQUIRE(eventually([&] { return pushes(k) > before; }));
+  };
+  auto to_sync = [&](size_t k) {
+    aggregator_spec want;
+    want.mode = "sync";
+    want.optimizer = c.optimizer;
+    self->request(aggs[k], std::chrono::seconds(10), switch_atom::value, want)
+      .receive([](uint64_t) {}, [&](caf::error& err) { FAIL("switch: " << describe(err)); });
+  };
+  {
+    INFO("waiting for both workers' pushes of local step 20 to both ps to be held");
+    REQUIRE(eventually([&] { return gate.holding() == 4; }, std::chrono::seconds(60)));
+  }
+  let_through(0, 0); // worker 0's step reaches ps 0 while it is async
+  let_through(1, 1); // worker 1's step reaches ps 1 while it is async
+  to_sync(0);
+  to_sync(1);
+  gate.release(1, 0); // ... and the other ps only after its switch
+  gate.release(0, 1);
+  for (auto& t : threads)
+    t.join();
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE(results[w]);
+  }
+  CHECK(results[0]->result.global_step >= 600u);
+  for (size_t k = 0; k < aggs.size(); ++k) {
+    INFO("ps " << k);
+    self->request(aggs[k], std::chrono::seconds(10), stats_atom::value)
+      .receive(
+        [&](aggregator_stats& st) {
+          CHECK(st.mode == "sync");
+          CHECK(st.switches == 1);
+          CHECK(st.dropped_stale == 0);
+          for (const auto& w : st.workers) {
+            INFO("worker " << w.worker);
+            CHECK(w.late == 0);
+            CHECK(w.pushes == w.applied + w.late + w.refused);
+          }
+        },
+        [&](caf::error& err) { FAIL("stats: " << describe(err)); });
+  }
+  CHECK(held_out(c, results[0]->result.params) >= 0.9);
 }
 
 // Catches a switch into or out of average that the workers do not follow:
