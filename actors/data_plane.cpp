@@ -1,4 +1,5 @@
 #include "actors/data_plane.hpp"
+#include "actors/shm_ring.hpp"
 #include "actors/tcp_connect.hpp"
 #include "actors/tls_io.hpp"
 
@@ -32,21 +33,30 @@
 
 namespace af {
 
+/// One connection's byte stream: its socket, and its record layer
+/// (actors/tls_io.hpp) when the data plane runs with [security], or its
+/// shared-memory rings (actors/shm_ring.hpp) once a client on this host has
+/// moved to them. The plaintext path is the socket calls it always was: one
+/// test of `tls` and `shm` per call, none per byte.
+struct data_link {
+  int fd = -1;
+  secure_stream* tls = nullptr;
+  shm_channel* shm = nullptr;
+  // On shared memory, what bounds a wait (the socket's timeouts do on TCP):
+  int stall_ms = 0; ///< no byte moved for this long (the node's frame timeout)
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  const std::atomic<bool>* cancel = nullptr;
+  std::chrono::microseconds spin{0}; ///< spin before sleeping in poll
+};
+
 namespace {
+
+using link = data_link;
 
 void tune_socket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
-
-/// One connection's byte stream: its socket, and its record layer
-/// (actors/tls_io.hpp) when the data plane runs with [security]. The
-/// plaintext path is the socket calls it always was: one test of `tls` per
-/// call, none per byte.
-struct link {
-  int fd = -1;
-  secure_stream* tls = nullptr;
-};
 
 /// Why the record layer failed last on this thread (errno is then EPROTO,
 /// or ECONNRESET for a record cut short): the reason for the error message
@@ -146,7 +156,41 @@ bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
   return true;
 }
 
+/// errno for a shared-memory transfer that did not finish (0 if it did).
+int shm_errno(shm_channel::status st) {
+  switch (st) {
+    case shm_channel::status::done:
+      return 0;
+    case shm_channel::status::closed:
+      return ECONNRESET;
+    case shm_channel::status::idle:
+    case shm_channel::status::timeout:
+      return EAGAIN;
+    case shm_channel::status::cancelled:
+      return ECANCELED;
+    case shm_channel::status::corrupt:
+      return EBADMSG;
+  }
+  return EIO;
+}
+
+/// The bound of a wait on `io`'s rings: `b`'s deadline and cancel flag (a
+/// client's send), else the link's own.
+shm_channel::bound shm_bound(const link& io, const send_bound* b = nullptr) {
+  shm_channel::bound sb;
+  sb.deadline = b != nullptr ? b->deadline : io.deadline;
+  sb.cancel = b != nullptr ? b->cancel : io.cancel;
+  sb.stall_ms = io.stall_ms;
+  sb.spin = io.spin;
+  return sb;
+}
+
 bool write_all(const link& io, iovec* iov, int count, const send_bound* b = nullptr) {
+  if (io.shm != nullptr) {
+    int err = shm_errno(io.shm->write(iov, count, io.fd, shm_bound(io, b)));
+    errno = err;
+    return err == 0;
+  }
   if (io.tls != nullptr) {
     bool ok = true;
     if (b == nullptr) {
@@ -284,6 +328,23 @@ read_end tls_read_timed(const link& io, void* buf, size_t n, int first_wait_ms, 
 
 read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
                     bool poll_first) {
+  if (io.shm != nullptr) {
+    auto b = shm_bound(io);
+    b.first_ms = first_wait_ms;
+    b.stall_ms = stall_ms;
+    switch (io.shm->read(buf, n, io.fd, b)) {
+      case shm_channel::status::done:
+        return read_end::done;
+      case shm_channel::status::closed:
+        return read_end::closed;
+      case shm_channel::status::idle:
+        return poll_first ? read_end::idle : read_end::stalled;
+      case shm_channel::status::timeout:
+        return read_end::stalled;
+      default:
+        return read_end::failed;
+    }
+  }
   if (io.tls != nullptr)
     return tls_read_timed(io, buf, n, first_wait_ms, poll_first);
   return read_timed(io.fd, buf, n, first_wait_ms, stall_ms, poll_first);
@@ -316,6 +377,17 @@ bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr,
   auto* p = static_cast<char*>(buf);
   if (got != nullptr)
     *got = 0;
+  if (io.shm != nullptr) {
+    auto b = shm_bound(io);
+    if (until != nullptr)
+      b.deadline = std::min(b.deadline, *until);
+    uint64_t moved = 0;
+    int err = shm_errno(io.shm->read(buf, n, io.fd, b, &moved));
+    if (got != nullptr)
+      *got = moved;
+    errno = err;
+    return err == 0;
+  }
   if (io.tls != nullptr) {
     if (io.tls->read(buf, n, got))
       return true;
@@ -779,9 +851,8 @@ void data_plane_server::accept_loop() {
     close(spare);
 }
 
-bool data_plane_server::serve_aggregator(int fd, secure_stream* tls, const std::string& peer,
+bool data_plane_server::serve_aggregator(const data_link& io, const std::string& peer,
                                          const wire::header& h, const std::string& name) {
-  const link io{fd, tls};
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
               || h.kind == static_cast<uint8_t>(wire::kind::push_params);
@@ -920,9 +991,14 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     }
     return;
   }
-  const link io{fd, stream.get()};
+  link io{fd, stream.get()};
   auto idle_ms = static_cast<int>(timeouts_.idle.count());
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  // On shared memory (after the client's offer): the rings, bounded as the
+  // socket's reads and sends are.
+  std::unique_ptr<shm_channel> shm;
+  io.stall_ms = frame_ms;
+  io.spin = timeouts_.shm_spin;
   // True if a read ended the connection; says why in the log if the peer went silent.
   auto ended = [&](read_end how, const char* where) -> bool {
     if (how == read_end::idle)
@@ -944,8 +1020,11 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (ended(read_timed(io, &h, sizeof(h), idle_ms, frame_ms, true), "header"))
         break;
       auto problem = wire::validate(h);
-      if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind))
+      bool offer = h.kind == static_cast<uint8_t>(wire::kind::shm_offer);
+      if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer)
         problem = "a reply frame sent as a request";
+      if (problem.empty() && offer && (h.payload_bytes != 0 || h.has_tensor))
+        problem = "an offer of shared memory with a payload";
       if (!problem.empty() && looks_like_tls(reinterpret_cast<const unsigned char*>(&h), 2))
         problem = "a TLS client, but this data plane is plaintext (no [security] in this node's "
                   "cluster config)";
@@ -959,8 +1038,35 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (h.name_len > 0 && ended(read_timed(io, name.data(), name.size(), frame_ms, frame_ms, false),
                                   "variable name"))
         break;
+      if (offer) {
+        // A client on this host offers shared memory: taken if this node
+        // allows it and the connection is plaintext on TCP still; declined
+        // (the client stays on TCP) otherwise, or if the segment is not one
+        // this process can map (another host, another user).
+        bool took = false;
+        if (!io.shm && !io.tls && timeouts_.shared_memory) {
+          auto ch = shm_channel::open(name, h.version);
+          if (ch) {
+            shm = std::move(*ch);
+            took = true;
+          } else {
+            log::get()->info("{} data plane: {} stays on TCP: {}", node_name_, peer,
+                             describe(ch.error()));
+          }
+        }
+        wire::header reply;
+        reply.kind = static_cast<uint8_t>(wire::kind::reply);
+        reply.version = took ? 1 : 0;
+        if (!send_frame(io, reply, nullptr, nullptr))
+          break;
+        if (took) {
+          io.shm = shm.get();
+          log::get()->debug("{} data plane: {} is on shared memory", node_name_, peer);
+        }
+        continue;
+      }
       if (wire::aggregator_kind(h.kind)) {
-        if (!serve_aggregator(fd, io.tls, peer, h, name))
+        if (!serve_aggregator(io, peer, h, name))
           break;
         continue;
       }
@@ -1113,7 +1219,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
                       std::chrono::milliseconds timeout, std::chrono::microseconds poll,
-                      std::shared_ptr<tls_context> tls, bool* untrusted) {
+                      std::shared_ptr<tls_context> tls, bool* untrusted, bool shared_memory) {
   if (untrusted != nullptr)
     *untrusted = false;
   // One deadline for the TCP connect, the TLS handshake and the node's first
@@ -1202,6 +1308,12 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   std::unique_ptr<data_channel> ch{
     new data_channel(fd, host, port, std::move(peer), timeout, poll, std::move(tls))};
   ch->stream_ = stream.release();
+  ch->shm_wanted_ = shared_memory;
+  // Offered after the node's first answer, not here: what answers first is
+  // then known to be a data plane (a port that never answers costs no wait
+  // here, and a stranger's first frame is still a request of the caller's).
+  ch->shm_possible_ = shared_memory && ch->stream_ == nullptr
+                      && !shm_channel::disabled_by_environment() && shm_channel::same_host(fd);
   return ch;
 }
 
@@ -1214,6 +1326,19 @@ void data_channel::reopen_if_closed_by_peer() {
     return;
   if (stream_ != nullptr && stream_->has_pending())
     return;
+  if (shm_) {
+    // On shared memory the socket carries only doorbell bytes, and between
+    // calls none is for this side: taken off, so that an EOF behind them shows.
+    char bells[64];
+    for (;;) {
+      auto r = ::recv(fd_, bells, sizeof(bells), MSG_DONTWAIT);
+      if (r > 0 || (r < 0 && errno == EINTR))
+        continue;
+      if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+        reconnect(); // if it fails, the send fails and says why
+      return;
+    }
+  }
   char byte;
   auto r = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
@@ -1222,13 +1347,65 @@ void data_channel::reopen_if_closed_by_peer() {
 }
 
 bool data_channel::reconnect() {
-  auto fresh = connect(host_, port_, peer_, timeout_, poll_, tls_);
+  auto fresh = connect(host_, port_, peer_, timeout_, poll_, tls_, nullptr, shm_wanted_);
   if (!fresh)
     return false;
   drop();
   std::swap(fd_, (*fresh)->fd_);
   std::swap(stream_, (*fresh)->stream_);
+  shm_possible_ = (*fresh)->shm_possible_;
+  shm_due_ = false;
   return true;
+}
+
+data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const {
+  data_link l{fd_, stream_, shm_.get()};
+  l.deadline = deadline;
+  l.cancel = cancel_ ? cancel_.get() : nullptr;
+  // A reply is looked for this long before sleeping (as poll_for_reply does
+  // on TCP); a little at least, so that a bulk transfer's next piece is
+  // usually caught without a doorbell.
+  l.spin = std::max(poll_, std::chrono::microseconds{20});
+  return l;
+}
+
+caf::error data_channel::upgrade_if_due(std::chrono::steady_clock::time_point deadline) {
+  if (!shm_due_ || fd_ < 0 || shm_)
+    return {};
+  shm_due_ = false;
+  shm_possible_ = false; // offered once per connection
+  auto seg = shm_channel::create();
+  if (!seg) {
+    log::get()->info("the data connection to {} stays on TCP: {}", peer_, describe(seg.error()));
+    return {};
+  }
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::shm_offer);
+  h.name_len = static_cast<uint32_t>((*seg)->name().size());
+  h.version = (*seg)->segment_bytes();
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  const link tcp{fd_, stream_};
+  if (!send_frame(tcp, h, &(*seg)->name(), nullptr, &bound))
+    return fail("an offer of shared memory", errno, timeout_, true);
+  wire::header r;
+  if (!read_all(tcp, &r, sizeof(r), nullptr, &deadline))
+    return fail("an offer of shared memory", errno);
+  (*seg)->unlink(); // the node has mapped it (or never will): nothing left in /dev/shm
+  auto problem = wire::validate(r);
+  if (problem.empty() && (r.kind != static_cast<uint8_t>(wire::kind::reply) || r.status != 0
+                          || r.payload_bytes != 0 || r.version > 1))
+    problem = "not the answer to an offer of shared memory";
+  if (!problem.empty()) {
+    drop();
+    return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
+  }
+  if (r.version == 1)
+    shm_ = std::move(*seg);
+  return {};
+}
+
+std::string data_channel::transport() const {
+  return stream_ != nullptr ? "tls" : shm_ ? "shared memory" : "tcp";
 }
 
 void data_channel::poll_for_reply() {
@@ -1236,8 +1413,8 @@ void data_channel::poll_for_reply() {
   // recv costs a wake-up, and on a small VM a wake-up across CPUs costs
   // ~20 us (measured: 58 us round trips instead of ~20 us): look for the
   // reply for a moment first, then block.
-  if (poll_.count() <= 0)
-    return;
+  if (poll_.count() <= 0 || shm_)
+    return; // on shared memory the ring's read looks for the reply itself
   if (stream_ != nullptr && stream_->has_pending())
     return;
   auto until = std::chrono::steady_clock::now() + poll_;
@@ -1261,6 +1438,8 @@ std::string data_channel::tls_description() const {
 void data_channel::drop() {
   delete stream_;
   stream_ = nullptr;
+  shm_.reset();
+  shm_due_ = false;
   if (fd_ >= 0)
     close(fd_);
   fd_ = -1;
@@ -1358,10 +1537,12 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   // wait for each piece it took).
   auto deadline = std::chrono::steady_clock::now() + timeout_;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline))
+    return err;
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet && op == var_op::read;
     bool large = h.payload_bytes > (std::size_t{1} << 20);
-    if (!send_frame(link{fd_, stream_}, h, &var, operand ? operand->bytes() : nullptr, &bound)) {
+    if (!send_frame(io(deadline), h, &var, operand ? operand->bytes() : nullptr, &bound)) {
       auto err = fail(what, errno, timeout_, true);
       if (retry && reconnect())
         continue;
@@ -1387,7 +1568,7 @@ caf::expected<std::pair<tensor, uint64_t>>
 data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
   wire::header r;
   poll_for_reply();
-  if (cancel_) {
+  if (cancel_ && !shm_) { // on shared memory the ring's read looks at cancel_
     // Wait for the reply in slices, so that a cancel is seen within 20 ms;
     // the deadline is the try's (send and reply together).
     for (;;) {
@@ -1408,9 +1589,15 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       }
     }
   }
-  const link io{fd_, stream_};
+  const link io = this->io(until);
   size_t got = 0;
   if (!read_all(io, &r, sizeof(r), &got)) {
+    if (errno == ECANCELED) {
+      drop();
+      return make_error(af_error::cancelled, what + " on " + peer_
+                                               + " was abandoned; the connection is opened "
+                                                 "again for the next call");
+    }
     int err = errno;
     if (stream_ == nullptr && got >= 2
         && looks_like_tls(reinterpret_cast<const unsigned char*>(&r), got)) {
@@ -1463,6 +1650,8 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();
+  if (shm_possible_ && !shm_)
+    shm_due_ = true; // a data plane answered: offer shared memory before the next request
   return std::make_pair(std::move(value), r.version);
 }
 
@@ -1511,7 +1700,9 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   set_timeout(fd_, SO_RCVTIMEO, wait_for);
   auto deadline = std::chrono::steady_clock::now() + wait_for;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  bool sent = write_all(link{fd_, stream_}, iov.data(), static_cast<int>(iov.size()), &bound);
+  if (auto err = upgrade_if_due(deadline))
+    return err;
+  bool sent = write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound);
   if (!sent) {
     auto err = fail(what, errno, wait_for, true);
     return err;

@@ -30,6 +30,7 @@
 
 #include "caf/expected.hpp"
 
+#include "actors/shm_ring.hpp"
 #include "actors/tls.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
@@ -38,6 +39,7 @@
 namespace af {
 
 class secure_stream; // actors/tls_io.hpp
+struct data_link;    // data_plane.cpp: one connection's byte stream
 
 /// Name -> variable of one node: the node actor writes, the data-plane
 /// threads read.
@@ -107,6 +109,14 @@ struct data_plane_limits {
   /// Connections served at once; one more is closed at once ([node]
   /// max_data_connections).
   int32_t max_connections = 256;
+  /// Takes a plaintext client's offer of shared memory (a client on this
+  /// host; docs/wire.md "Shared memory"). False: every client stays on TCP,
+  /// as if it were on another host.
+  bool shared_memory = true;
+  /// On shared memory: how long a connection's thread spins for the next
+  /// frame after a reply, and for bytes within one, before it sleeps in poll
+  /// on the socket (then the client's doorbell byte wakes it).
+  std::chrono::microseconds shm_spin{20};
 };
 
 /// The old name (timeouts only), for code not yet moved to the limits.
@@ -140,8 +150,8 @@ private:
   void accept_loop();
   void serve(int fd, const std::string& peer);
   /// A push or pull frame (header read, name read); false: drop the connection.
-  bool serve_aggregator(int fd, secure_stream* tls, const std::string& peer,
-                        const wire::header& h, const std::string& name);
+  bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
+                        const std::string& name);
   /// A TLS connection's handshake (bounded by the frame timeout) and its
   /// record layer's first record: the stream, or null if the peer was
   /// refused (logged with why).
@@ -175,11 +185,17 @@ public:
   /// the node's first record together). `untrusted` (if given) is set when
   /// it failed because the node's identity is wrong: a certificate of
   /// another CA, host or task, or a first record that fails authentication.
+  ///
+  /// `shared_memory`: when the node is on this host (a loopback address, or
+  /// this end's own address), without TLS, and ACTORFLOW_DATA_SHM is not
+  /// "off", the connection moves to shared memory after the node's first
+  /// answer (actors/shm_ring.hpp); false: it stays on TCP.
   static caf::expected<std::unique_ptr<data_channel>>
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
           std::chrono::microseconds poll = std::chrono::microseconds{0},
-          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr);
+          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr,
+          bool shared_memory = true);
 
   ~data_channel();
 
@@ -209,6 +225,9 @@ public:
   /// "TLSv1.3 TLS_AES_128_GCM_SHA256" on a TLS connection, else empty.
   std::string tls_description() const;
 
+  /// How the frames travel now: "tls", "shared memory" or "tcp".
+  std::string transport() const;
+
   /// While `cancel` is set, a call() waiting for its reply gives up within
   /// 20 ms with af_error::cancelled and closes the connection (the reply
   /// would come on it later); the caller reopens it for its next call.
@@ -233,6 +252,11 @@ private:
                                                         std::chrono::steady_clock::time_point until);
   void poll_for_reply();
   void reopen_if_closed_by_peer();
+  /// The connection's byte stream for a request or reply bounded by `deadline`.
+  data_link io(std::chrono::steady_clock::time_point deadline) const;
+  /// After the node's first answer: offers shared memory (once per
+  /// connection). An error only if the connection failed meanwhile.
+  caf::error upgrade_if_due(std::chrono::steady_clock::time_point deadline);
   /// A fresh connection in place of this one; false (the old one kept) if
   /// the node cannot be reached.
   bool reconnect();
@@ -247,6 +271,10 @@ private:
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
   secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned
+  bool shm_wanted_ = true;           ///< connect's `shared_memory`
+  bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
+  bool shm_due_ = false;             ///< the node answered: offer before the next request
+  std::unique_ptr<shm_channel> shm_; ///< the rings, once the node took the offer
 };
 
 } // namespace af

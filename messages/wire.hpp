@@ -34,6 +34,10 @@ enum class kind : uint8_t {
   push = 5,
   pull = 6,
   push_params = 7,  ///< as push, the payload parameters (average), not gradients
+  /// The client offers shared memory (actors/shm_ring.hpp): the name is the
+  /// segment's, `version` its size, no payload. The reply's `version` is 1
+  /// if the node took it (every later frame goes through its rings), else 0.
+  shm_offer = 8,
   reply = 16,
 };
 

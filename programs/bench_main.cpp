@@ -87,6 +87,7 @@ void set_nodelay(int fd) {
 void raw_serve(int fd) {
   set_nodelay(fd);
   std::vector<char> buf(1 << 20);
+  std::vector<char> whole; // 'W' and 'R': one buffer of the transfer's size, kept
   struct { char op; uint64_t count; uint64_t size; } cmd;
   while (full_io(fd, &cmd, sizeof(cmd), false)) {
     if (cmd.op == 'p') {
@@ -108,6 +109,18 @@ void raw_serve(int fd) {
         if (!full_io(fd, buf.data(), n, true))
           _exit(1);
         left -= n;
+      }
+    } else if (cmd.op == 'W' || cmd.op == 'R') {
+      // Buffer to buffer: the whole transfer lands in (or leaves from) one
+      // buffer of its size, allocated once and pre-faulted, as a tensor's
+      // bytes would; 'W': we receive and ack, 'R': we send.
+      if (whole.size() != cmd.size)
+        whole.assign(cmd.size, 'b');
+      if (!full_io(fd, whole.data(), whole.size(), cmd.op == 'R'))
+        _exit(1);
+      if (cmd.op == 'W') {
+        char ack = 1;
+        full_io(fd, &ack, 1, true);
       }
     }
   }
@@ -223,6 +236,21 @@ struct raw_link {
     return bytes / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
   }
 
+  /// MB/s of one buffer-to-buffer transfer of `buf` (pre-faulted by the
+  /// caller, reused): upload = ours to the peer's buffer and its ack, else the
+  /// peer's buffer into ours. The fair baseline for a tensor, which also
+  /// lands in one buffer of its size (issue 12, part 3).
+  double buffer_mbps(std::vector<char>& whole, bool upload) {
+    auto t0 = clock_type::now();
+    command(upload ? 'W' : 'R', 1, whole.size());
+    full_io(fd, whole.data(), whole.size(), upload);
+    if (upload) {
+      char ack;
+      full_io(fd, &ack, 1, false);
+    }
+    return whole.size() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+
   ~raw_link() {
     if (fd >= 0)
       close(fd);
@@ -268,6 +296,17 @@ long proc_status_kib(pid_t pid, const std::string& field) {
     if (line.rfind(field + ":", 0) == 0)
       return std::stol(line.substr(field.size() + 1));
   return -1;
+}
+
+/// MB/s of one memcpy of `src` into `dst` (same size, both allocated once
+/// and pre-faulted by the caller): what one core of this machine moves in one
+/// process, the ceiling of a shared-memory path.
+double memcpy_mbps(std::vector<char>& dst, const std::vector<char>& src) {
+  auto t0 = clock_type::now();
+  std::memcpy(dst.data(), src.data(), src.size());
+  auto secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  asm volatile("" : : "r"(dst.data()) : "memory"); // the copy is not optimized away
+  return src.size() / 1e6 / secs;
 }
 
 /// A bare CAF actor answering ping: the local request/response baseline.
@@ -371,22 +410,39 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
         std::exit(1);
       }
     };
-    std::vector<double> ours_w, base_w, ours_r, base_r;
+    std::vector<double> ours_w, base_w, ours_r, base_r, b2b_w, b2b_r, copies;
+    // The fair baselines (issue 12, part 3): the same 64 MiB raw TCP buffer to
+    // buffer, and one memcpy of it, both buffers allocated once and pre-faulted.
+    std::vector<char> whole(value.nbytes(), 'w'), copy(value.nbytes(), 'c');
+    raw.buffer_mbps(whole, true); // the peer allocates and faults its buffer
     must(s.run_targets({assign})); // initializes; also warms both ends
     for (int i = 0; i < reps; ++i) {
       if (wanted("tensor_64mib_assign")) {
         ours_w.push_back(mbps([&] { must(s.run_targets({assign})); }));
         base_w.push_back(raw.stream_mbps(value.nbytes(), true, buf));
+        b2b_w.push_back(raw.buffer_mbps(whole, true));
       }
       if (wanted("tensor_64mib_read")) {
         ours_r.push_back(mbps([&] { ok(s.run(big), "read"); }));
         base_r.push_back(raw.stream_mbps(value.nbytes(), false, buf));
+        b2b_r.push_back(raw.buffer_mbps(whole, false));
       }
+      copies.push_back(memcpy_mbps(copy, whole));
     }
-    if (!ours_w.empty())
+    if (!ours_w.empty()) {
       report("tensor_64mib_assign", median(ours_w), median(base_w), "MB/s");
-    if (!ours_r.empty())
+      report("tensor_64mib_assign_vs_b2b", median(ours_w), median(b2b_w), "MB/s");
+      report("raw_tcp_b2b_64mib_upload", median(b2b_w), median(base_w), "MB/s");
+    }
+    if (!ours_r.empty()) {
       report("tensor_64mib_read", median(ours_r), median(base_r), "MB/s");
+      report("tensor_64mib_read_vs_b2b", median(ours_r), median(b2b_r), "MB/s");
+      report("raw_tcp_b2b_64mib_download", median(b2b_r), median(base_r), "MB/s");
+    }
+    // How far a shared-memory path could go past TCP here: one core's memcpy
+    // against the raw buffer-to-buffer transfer.
+    if (!b2b_w.empty() || !b2b_r.empty())
+      report("memcpy_64mib", median(copies), median(b2b_w.empty() ? b2b_r : b2b_w), "MB/s");
     // What the node's peak resident memory grew by while the tensors passed
     // through it, against the tensor's own size (1.0 = the value alone).
     auto gained_mib = (proc_status_kib(ps.pid, "VmHWM") - rss_before_kib) / 1024.0;
@@ -903,6 +959,156 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
   return finish(0);
 }
 
+// -- shared memory between processes of one host (issue 12) --------------------
+//
+// A forked process serves a data plane; this process is its client twice:
+// one channel that moved to shared memory (the default for a node on this
+// host), one kept on TCP. The baselines are the raw TCP transfer buffer to
+// buffer, one memcpy of the same bytes, and the raw TCP ping-pong.
+
+int shm_benches(const std::function<bool(const std::string&)>& wanted, int rounds, int reps,
+                int poll_us) {
+  raw_link raw;
+  raw.start(); // fork before any thread exists
+  const int64_t n = 16 << 20; // 64 MiB of float32
+  int ports[2];
+  int stop[2];
+  if (pipe(ports) != 0 || pipe(stop) != 0)
+    return 1;
+  pid_t child = fork();
+  if (child == 0) {
+    close(ports[0]);
+    close(stop[1]);
+    close(raw.fd);
+    raw.fd = -1;
+    raw.pid = -1;
+    af::tune_malloc_for_tensors();
+    auto d = std::make_shared<af::variable_directory>();
+    auto dev = "/job:ps/replica:0/task:0/device:CPU:0";
+    auto big = std::make_shared<af::variable_cell>(af::variable_spec{"big", af::dtype::float32, {n}, dev});
+    auto counter = std::make_shared<af::variable_cell>(af::variable_spec{"counter", af::dtype::float32, {}, dev});
+    if (!big->initialize(af::initializer::zeros(), false, "")
+        || !counter->initialize(af::initializer::zeros(), false, ""))
+      _exit(4);
+    d->put("big", {af::variable_cell_actor{}, big});
+    d->put("counter", {af::variable_cell_actor{}, counter});
+    auto srv = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", {});
+    if (!srv)
+      _exit(5);
+    uint16_t p = (*srv)->port();
+    if (write(ports[1], &p, sizeof(p)) != sizeof(p))
+      _exit(6);
+    char byte;
+    while (read(stop[0], &byte, 1) > 0) {
+    } // until the parent closes its end
+    (*srv)->stop();
+    _exit(0);
+  }
+  close(ports[1]);
+  close(stop[0]);
+  uint16_t port = 0;
+  bool up = read(ports[0], &port, sizeof(port)) == sizeof(port);
+  close(ports[0]);
+  auto finish = [&](int rc) {
+    close(stop[1]);
+    waitpid(child, nullptr, 0);
+    return rc;
+  };
+  if (!up) {
+    std::cerr << "actorflow-bench: the shared-memory bench's server did not start" << std::endl;
+    return finish(1);
+  }
+  af::tune_malloc_for_tensors();
+  auto poll = std::chrono::microseconds{poll_us};
+  auto local = af::data_channel::connect("127.0.0.1", port, "bench node (local)",
+                                         std::chrono::seconds(60), poll);
+  auto tcp = af::data_channel::connect("127.0.0.1", port, "bench node (tcp)",
+                                       std::chrono::seconds(60), poll, nullptr, nullptr, false);
+  if (!local || !tcp) {
+    std::cerr << "actorflow-bench: " << af::describe(!local ? local.error() : tcp.error()) << std::endl;
+    return finish(1);
+  }
+  auto call = [](af::data_channel& ch, af::var_op op, const char* name, const af::tensor* operand) {
+    auto r = ch.call(op, name, operand, false);
+    if (!r) {
+      std::cerr << "actorflow-bench: " << af::describe(r.error()) << std::endl;
+      std::exit(1);
+    }
+    return std::move(r->first);
+  };
+  auto one = af::tensor::scalar(1);
+  call(**local, af::var_op::assign_add, "counter", &one); // the node's first answer...
+  call(**local, af::var_op::assign_add, "counter", &one); // ...and the move to shared memory
+  std::printf("# local: client and data-plane server in separate processes of this host; the "
+              "'local' channel is on %s, the other on %s\n",
+              (*local)->transport().c_str(), (*tcp)->transport().c_str());
+  if ((*local)->transport() != "shared memory") {
+    std::cerr << "actorflow-bench: the local channel did not move to shared memory" << std::endl;
+    return finish(1);
+  }
+  if (wanted("remote_assign_add_rtt_local")) {
+    std::vector<double> ours, base;
+    const int block = 100, blocks = std::max(1, rounds / block) + 1; // the first: warm-up
+    raw.start_echoes(blocks * block, 64);
+    for (int b = 0; b < blocks; ++b) {
+      for (int i = 0; i < block; ++i) {
+        auto t0 = clock_type::now();
+        call(**local, af::var_op::assign_add, "counter", &one);
+        if (b > 0)
+          ours.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+      }
+      for (int i = 0; i < block; ++i) {
+        auto us = raw.echo_us();
+        if (b > 0)
+          base.push_back(us);
+      }
+    }
+    report("remote_assign_add_rtt_local", median(ours), median(base), "us");
+  }
+  bool assign = wanted("tensor_64mib_assign_local"), read = wanted("tensor_64mib_read_local");
+  if (assign || read) {
+    auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
+    std::vector<char> whole(value.nbytes(), 'w'), copy(value.nbytes(), 'c');
+    auto mbps = [&](auto&& f) {
+      auto t0 = clock_type::now();
+      f();
+      return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
+    };
+    raw.buffer_mbps(whole, true); // the peer allocates and faults its buffer
+    for (auto* ch : {local->get(), tcp->get()}) { // warm both ends
+      call(*ch, af::var_op::assign, "big", &value);
+      call(*ch, af::var_op::read, "big", nullptr);
+    }
+    std::vector<double> shm_w, shm_r, tcp_w, tcp_r, b2b_w, b2b_r, copies;
+    for (int i = 0; i < reps; ++i) {
+      if (assign) {
+        shm_w.push_back(mbps([&] { call(**local, af::var_op::assign, "big", &value); }));
+        tcp_w.push_back(mbps([&] { call(**tcp, af::var_op::assign, "big", &value); }));
+        b2b_w.push_back(raw.buffer_mbps(whole, true));
+      }
+      if (read) {
+        shm_r.push_back(mbps([&] { call(**local, af::var_op::read, "big", nullptr); }));
+        tcp_r.push_back(mbps([&] { call(**tcp, af::var_op::read, "big", nullptr); }));
+        b2b_r.push_back(raw.buffer_mbps(whole, false));
+      }
+      copies.push_back(memcpy_mbps(copy, whole));
+    }
+    if (assign) {
+      report("tensor_64mib_assign_local", median(shm_w), median(b2b_w), "MB/s");
+      report("tensor_64mib_assign_local_vs_memcpy", median(shm_w), median(copies), "MB/s");
+      report("tensor_64mib_assign_tcp_vs_b2b", median(tcp_w), median(b2b_w), "MB/s");
+    }
+    if (read) {
+      report("tensor_64mib_read_local", median(shm_r), median(b2b_r), "MB/s");
+      report("tensor_64mib_read_local_vs_memcpy", median(shm_r), median(copies), "MB/s");
+      report("tensor_64mib_read_tcp_vs_b2b", median(tcp_r), median(b2b_r), "MB/s");
+    }
+  }
+  local->reset();
+  tcp->reset();
+  return finish(0);
+}
+
 int main(int argc, char** argv) {
   // The training metrics' helper processes are this binary, re-executed.
   if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
@@ -914,8 +1120,12 @@ int main(int argc, char** argv) {
     "elementwise_gpu"};
   const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls",
                                              "event_loop_prototype"};
+  const std::vector<std::string> local_metrics{"remote_assign_add_rtt_local",
+                                               "tensor_64mib_assign_local", "tensor_64mib_read_local"};
   std::vector<std::string> all_metrics = core_metrics;
   for (auto& m : tls_metrics)
+    all_metrics.push_back(m);
+  for (auto& m : local_metrics)
     all_metrics.push_back(m);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
@@ -987,9 +1197,21 @@ int main(int argc, char** argv) {
   if (std::any_of(tls_metrics.begin(), tls_metrics.end(), wanted))
     if (int rc = tls_benches(wanted, rounds, reps, poll_us))
       return rc;
+  if (std::any_of(local_metrics.begin(), local_metrics.end(), wanted))
+    if (int rc = shm_benches(wanted, rounds, reps, poll_us))
+      return rc;
+  // The core metrics are TCP's (and BASP's): their node is on this host, so
+  // its data connections would move to shared memory without this.
+  const char* user_shm = std::getenv("ACTORFLOW_DATA_SHM");
+  std::string saved_shm = user_shm != nullptr ? user_shm : "";
+  setenv("ACTORFLOW_DATA_SHM", "off", 1);
   if (std::any_of(core_metrics.begin(), core_metrics.end(), wanted))
     if (int rc = core_benches(wanted, opts, transport, rounds, reps, poll_us))
       return rc;
+  if (user_shm != nullptr) // the training metrics' processes get what the user set
+    setenv("ACTORFLOW_DATA_SHM", saved_shm.c_str(), 1);
+  else
+    unsetenv("ACTORFLOW_DATA_SHM");
 
   // The training metrics start their own processes (fork + exec only).
   std::vector<std::string> train_wanted;

@@ -1,0 +1,240 @@
+// The data plane on shared memory between processes of one host (issue 12):
+// the same frames, ops and errors as on TCP, a peer's death seen as fast, no
+// segment left in /dev/shm, and no shared memory for a peer that is to be
+// treated as another host.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_cluster.hpp"
+#include "scenarios.hpp"
+#include "wait.hpp"
+#include "actors/data_plane.hpp"
+#include "actors/session.hpp"
+#include "actors/shm_ring.hpp"
+#include "actors/variable.hpp"
+
+using namespace af;
+using namespace af::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::shared_ptr<variable_cell> cell_of(const std::string& name, shape_type shape, float value) {
+  auto cell = std::make_shared<variable_cell>(
+    variable_spec{name, dtype::float32, std::move(shape), "/job:ps/replica:0/task:0/device:CPU:0"});
+  REQUIRE(cell->initialize(initializer::constant(value), false, ""));
+  return cell;
+}
+
+/// A node's data plane in this process with a scalar `v` (1) and a float32
+/// `big` of `big_floats` elements (0).
+struct local_node {
+  std::shared_ptr<variable_directory> dir = std::make_shared<variable_directory>();
+  std::unique_ptr<data_plane_server> srv;
+  explicit local_node(int64_t big_floats, data_plane_limits limits = {}) {
+    dir->put("v", {variable_cell_actor{}, cell_of("v", {}, 1)});
+    dir->put("big", {variable_cell_actor{}, cell_of("big", {big_floats}, 0)});
+    srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
+  }
+};
+
+/// Our segments in /dev/shm made by process `pid`.
+std::vector<std::string> segments_of(pid_t pid) {
+  std::vector<std::string> found;
+  std::string prefix = std::string{shm_channel::name_prefix + 1} + std::to_string(pid) + "-";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (auto* e = readdir(d))
+      if (std::string{e->d_name}.rfind(prefix, 0) == 0)
+        found.push_back(e->d_name);
+    closedir(d);
+  }
+  return found;
+}
+
+/// The scheduler state of thread `tid` of this process ('S': asleep in a
+/// wait, 'R': running).
+char thread_state(long tid) {
+  std::ifstream in{"/proc/self/task/" + std::to_string(tid) + "/stat"};
+  std::string line;
+  std::getline(in, line);
+  auto paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
+}
+
+} // namespace
+
+TEST_CASE("variable ops, a tensor many times the ring and error replies work alike over shared "
+          "memory and TCP",
+          "[shm]") {
+  // Bugs it catches: a frame or payload cut or reordered across the ring's
+  // wrap (the 64 MiB + 12 byte tensor is 16x the ring and ends off its
+  // boundary), a version or value that differs from TCP's, an error reply
+  // whose text or payload skipping leaves the rings out of step (the op after
+  // an error must work), and a channel that says shared memory but is not.
+  bool shm = GENERATE(true, false);
+  INFO((shm ? "shared memory" : "tcp"));
+  const int64_t floats = (int64_t{16} << 20) + 3;
+  local_node node{floats};
+  auto ch = value_of(data_channel::connect("127.0.0.1", node.srv->port(), "test node", 10s, {},
+                                           nullptr, nullptr, shm));
+  // The first op goes on TCP: the offer comes after the node's first answer.
+  auto first = value_of(ch->call(var_op::read, "v", nullptr, false));
+  CHECK(first.first.at(0) == 1);
+  CHECK(ch->transport() == "tcp");
+  auto one = tensor::scalar(2);
+  auto added = value_of(ch->call(var_op::assign_add, "v", &one, true));
+  CHECK(added.first.at(0) == 3);
+  CHECK(ch->transport() == (shm ? "shared memory" : "tcp"));
+  auto subbed = value_of(ch->call(var_op::assign_sub, "v", &one, true));
+  CHECK(subbed.first.at(0) == 1);
+  CHECK(subbed.second == added.second + 1); // one version per update
+
+  // A tensor of many rings: every element distinct, read back bit-exact.
+  tensor big{dtype::float32, {floats}};
+  for (int64_t i = 0; i < floats; ++i)
+    big.mutable_data<float>()[i] = static_cast<float>(i % 1000003) * 0.5f;
+  REQUIRE(ch->call(var_op::assign, "big", &big, false));
+  auto back = value_of(ch->call(var_op::read, "big", nullptr, false));
+  REQUIRE(back.first.nbytes() == big.nbytes());
+  CHECK(std::memcmp(back.first.bytes(), big.bytes(), big.nbytes()) == 0);
+  // An update with the value sent back: both directions carry a big payload.
+  auto doubled = value_of(ch->call(var_op::assign_add, "big", &big, true));
+  CHECK(doubled.first.at(floats - 1) == 2 * big.at(floats - 1));
+  CHECK(doubled.first.at(1234567) == 2 * big.at(1234567));
+
+  // Errors: the node's code and text, and the channel goes on.
+  auto missing = ch->call(var_op::read, "nope", nullptr, false);
+  REQUIRE_FALSE(missing);
+  CHECK(is(missing.error(), af_error::not_found));
+  CHECK(describe(missing.error()).find("no variable 'nope'") != std::string::npos);
+  // A refused operand of 4 MiB: its payload is skipped (through the ring on
+  // shared memory) and the next op is served.
+  auto wrong = tensor::filled(dtype::float32, {int64_t{1} << 20}, 1);
+  auto refused = ch->call(var_op::assign, "big", &wrong, false);
+  REQUIRE_FALSE(refused);
+  CHECK(is(refused.error(), af_error::shape_mismatch));
+  CHECK_FALSE(ch->broken());
+  auto after = value_of(ch->call(var_op::read, "v", nullptr, false));
+  CHECK(after.first.at(0) == 1);
+  CHECK(ch->transport() == (shm ? "shared memory" : "tcp"));
+  // Nothing of this process's segments is left in /dev/shm.
+  CHECK(segments_of(getpid()).empty());
+}
+
+TEST_CASE("a peer treated as another host never gets shared memory", "[shm]") {
+  // Bugs it catches: an offer made although the caller or the environment
+  // said no, or a node that takes one although its limits say no.
+  local_node node{16};
+  auto two_ops = [](data_channel& ch) {
+    REQUIRE(ch.call(var_op::read, "v", nullptr, false));
+    REQUIRE(ch.call(var_op::read, "v", nullptr, false));
+    REQUIRE(ch.call(var_op::read, "v", nullptr, false));
+  };
+  SECTION("the caller says no") {
+    auto ch = value_of(data_channel::connect("127.0.0.1", node.srv->port(), "test node", 5s, {},
+                                             nullptr, nullptr, false));
+    two_ops(*ch);
+    CHECK(ch->transport() == "tcp");
+  }
+  SECTION("ACTORFLOW_DATA_SHM=off in the environment") {
+    const char* was = std::getenv("ACTORFLOW_DATA_SHM");
+    std::string saved = was != nullptr ? was : "";
+    setenv("ACTORFLOW_DATA_SHM", "off", 1);
+    auto ch = data_channel::connect("127.0.0.1", node.srv->port(), "test node", 5s);
+    if (was != nullptr)
+      setenv("ACTORFLOW_DATA_SHM", saved.c_str(), 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+    auto c = value_of(std::move(ch));
+    two_ops(*c);
+    CHECK(c->transport() == "tcp");
+  }
+  SECTION("the node says no: the offer is declined and the ops go on over TCP") {
+    data_plane_limits limits;
+    limits.shared_memory = false;
+    local_node tcp_only{16, limits};
+    auto ch = value_of(data_channel::connect("127.0.0.1", tcp_only.srv->port(), "test node", 5s));
+    two_ops(*ch);
+    CHECK(ch->transport() == "tcp");
+    CHECK(segments_of(getpid()).empty()); // the declined segment is gone too
+  }
+  SECTION("the same host: shared memory") {
+    auto ch = value_of(data_channel::connect("127.0.0.1", node.srv->port(), "test node", 5s));
+    two_ops(*ch);
+    CHECK(ch->transport() == "shared memory");
+  }
+}
+
+TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign on shared memory fails the call at "
+          "once and leaves no segment in /dev/shm",
+          "[shm][faults]") {
+  // Bugs it catches: a writer that waits on the ring for room until its
+  // timeout (30 s here) because it does not watch the socket, and a segment
+  // left behind because its name was kept until the connection closed.
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  cluster_client c{opts};
+  session_options so;
+  so.timeout = 30s;
+  auto s = value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0", so));
+  const int64_t n = 16 << 20;
+  {
+    auto d = value_of(s.device("/job:ps/task:0"));
+    value_of(s.variable("big", {n}, initializer::zeros()));
+    value_of(s.variable("v", {}, initializer::ones()));
+    require_ok(s.initialize());
+  }
+  std::smatch m;
+  auto out = pc->output("ps", 0);
+  static const std::regex port_re{R"(data plane port (\d+))"};
+  REQUIRE(std::regex_search(out, m, port_re));
+  auto port = static_cast<uint16_t>(std::stoul(m[1].str()));
+  auto ch = value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 30s));
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  REQUIRE(ch->transport() == "shared memory");
+  pid_t node_pid = pc->pid("ps", 0);
+
+  // The node stops: the assign fills the ring and waits for room.
+  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  auto value = tensor::filled(dtype::float32, {n}, 2);
+  std::atomic<long> tid{0};
+  std::atomic<bool> done{false};
+  caf::expected<std::pair<tensor, uint64_t>> result{caf::error{}};
+  std::chrono::steady_clock::time_point ended;
+  std::thread caller{[&] {
+    tid = syscall(SYS_gettid);
+    result = ch->call(var_op::assign, "big", &value, false);
+    ended = std::chrono::steady_clock::now();
+    done = true;
+  }};
+  // Asleep in its wait for room (not before the call, not done).
+  bool waiting = eventually([&] { return tid != 0 && !done && thread_state(tid) == 'S'; }, 10s);
+  auto killed = std::chrono::steady_clock::now();
+  pc->signal("ps", 0, SIGKILL);
+  caller.join();
+  REQUIRE(waiting);
+  REQUIRE_FALSE(result);
+  INFO(describe(result.error()));
+  CHECK(is(result.error(), af_error::peer_down));
+  CHECK(describe(result.error()).find("/job:ps/task:0") != std::string::npos);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(ended - killed);
+  INFO("the call failed " << took.count() << " ms after the kill");
+  CHECK(took < 2s); // the call's own timeout is 30 s
+  CHECK(segments_of(getpid()).empty());
+  CHECK(segments_of(node_pid).empty());
+}
