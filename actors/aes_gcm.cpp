@@ -1,5 +1,7 @@
 #include "actors/aes_gcm.hpp"
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -73,22 +75,53 @@ private:
 
 #ifdef ACTORFLOW_WITH_IPSEC_MB
 
-/// The library's function table for this CPU, made once: the GCM calls
-/// below only read it, so all streams and threads share it.
-IMB_MGR* ipsec_manager() {
-  static IMB_MGR* mgr = [] {
+/// The library's function table, made once: the GCM calls below only read
+/// it, so all streams and threads share it. The code path is picked here
+/// from what the CPU has *and the OS has enabled* (libgcc's
+/// __builtin_cpu_supports checks XCR0): ipsec-mb 1.3's own choice
+/// (init_mb_mgr_auto) reads CPUID alone, and on a host whose kernel keeps
+/// AVX-512 off (clearcpuid, some hypervisors) would run ZMM code and die of
+/// SIGILL. Without AES-NI and PCLMULQDQ, OpenSSL's is used.
+struct ipsec_setup {
+  IMB_MGR* mgr = nullptr;
+  const char* path = "";
+};
+
+const ipsec_setup& ipsec() {
+  static const ipsec_setup setup = [] {
+    ipsec_setup out;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("aes") || !__builtin_cpu_supports("pclmul"))
+      return out;
     IMB_MGR* m = alloc_mb_mgr(0);
     if (m == nullptr)
-      return m;
-    IMB_ARCH arch = IMB_ARCH_NONE;
-    init_mb_mgr_auto(m, &arch);
-    if (arch == IMB_ARCH_NONE || imb_get_errno(m) != 0) {
-      free_mb_mgr(m);
-      return static_cast<IMB_MGR*>(nullptr);
+      return out;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      init_mb_mgr_avx512(m);
+      out.path = (m->features & IMB_FEATURE_VAES) != 0 ? "AVX-512, VAES" : "AVX-512";
+    } else if (__builtin_cpu_supports("avx2")) {
+      init_mb_mgr_avx2(m);
+      out.path = "AVX2";
+    } else if (__builtin_cpu_supports("avx")) {
+      init_mb_mgr_avx(m);
+      out.path = "AVX";
+    } else {
+      init_mb_mgr_sse(m);
+      out.path = "SSE";
     }
-    return m;
+    if (imb_get_errno(m) != 0) {
+      free_mb_mgr(m);
+      return out;
+    }
+    out.mgr = m;
+    return out;
   }();
-  return mgr;
+  return setup;
+}
+
+IMB_MGR* ipsec_manager() {
+  return ipsec().mgr;
 }
 
 class ipsec_gcm final : public aes_gcm {
@@ -101,17 +134,30 @@ public:
 
   bool ok() const { return mgr_ != nullptr; }
 
+  // The library's calls return nothing, and its error status
+  // (imb_get_errno) is one variable for the whole process that every call
+  // resets: with several streams at once it says nothing about this one.
+  // So the arguments are checked here; the library checks them too (built
+  // with SAFE_PARAM) and does nothing on a bad one.
   bool set_key(const unsigned char* key) override {
+    if (key == nullptr)
+      return false;
     IMB_AES128_GCM_PRE(mgr_, key, &keys_.k);
     return true;
   }
 
   bool start(const unsigned char* iv, const unsigned char* aad, size_t aad_len) override {
+    if (iv == nullptr || (aad == nullptr && aad_len > 0))
+      return false;
     IMB_AES128_GCM_INIT(mgr_, &keys_.k, &ctx_, iv, aad, aad_len);
     return true;
   }
 
   bool update(unsigned char* out, const unsigned char* in, size_t n) override {
+    if (n == 0)
+      return true;
+    if (out == nullptr || in == nullptr)
+      return false;
     if (sealing_)
       IMB_AES128_GCM_ENC_UPDATE(mgr_, &keys_.k, &ctx_, out, in, n);
     else
@@ -120,11 +166,15 @@ public:
   }
 
   bool seal(unsigned char* tag) override {
+    if (tag == nullptr)
+      return false;
     IMB_AES128_GCM_ENC_FINALIZE(mgr_, &keys_.k, &ctx_, tag, tag_bytes);
     return true;
   }
 
   bool open(const unsigned char* tag) override {
+    if (tag == nullptr)
+      return false;
     unsigned char computed[tag_bytes];
     IMB_AES128_GCM_DEC_FINALIZE(mgr_, &keys_.k, &ctx_, computed, tag_bytes);
     bool same = CRYPTO_memcmp(computed, tag, tag_bytes) == 0;
@@ -159,33 +209,48 @@ bool aes_gcm::available(backend b) {
   return true;
 }
 
+bool aes_gcm::built_with(backend b) {
+#ifdef ACTORFLOW_WITH_IPSEC_MB
+  (void) b;
+  return true;
+#else
+  return b == backend::openssl;
+#endif
+}
+
 aes_gcm::backend aes_gcm::best() {
-  // ACTORFLOW_AES_GCM=openssl takes OpenSSL's even where ipsec-mb is there
-  // (to compare the two, or to set aside a library that misbehaves).
-  static const bool forced_openssl = [] {
+  static const backend chosen = [] {
+    // ACTORFLOW_AES_GCM=openssl takes OpenSSL's even where ipsec-mb is
+    // there (to compare the two, or to set aside a library that misbehaves).
     const char* v = std::getenv("ACTORFLOW_AES_GCM");
-    return v != nullptr && std::strcmp(v, "openssl") == 0;
+    std::string want = v == nullptr ? "" : v;
+    for (auto& c : want)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!want.empty() && want != "openssl" && want != "ipsec-mb" && want != "auto")
+      std::fprintf(stderr,
+                   "actorflow: ACTORFLOW_AES_GCM='%s' is not openssl, ipsec-mb or auto: taken "
+                   "as auto\n",
+                   v);
+    if (want == "openssl")
+      return backend::openssl;
+    // OpenSSL in FIPS mode: its validated AES, not another library's.
+    if (EVP_default_properties_is_fips_enabled(nullptr) == 1)
+      return backend::openssl;
+    return available(backend::ipsec_mb) ? backend::ipsec_mb : backend::openssl;
   }();
-  return !forced_openssl && available(backend::ipsec_mb) ? backend::ipsec_mb : backend::openssl;
+  return chosen;
 }
 
 std::string aes_gcm::describe(backend b) {
   if (b == backend::openssl)
     return OPENSSL_VERSION_TEXT;
 #ifdef ACTORFLOW_WITH_IPSEC_MB
-  if (auto* m = ipsec_manager(); m != nullptr) {
-    const char* arch = "SSE";
-    if (m->features & IMB_FEATURE_VAES)
-      arch = (m->features & IMB_FEATURE_AVX512_SKX) == IMB_FEATURE_AVX512_SKX ? "VAES, AVX-512"
-                                                                              : "VAES";
-    else if (m->features & IMB_FEATURE_AVX2)
-      arch = "AVX2";
-    else if (!(m->features & IMB_FEATURE_AESNI))
-      arch = "no AES-NI";
-    return std::string{"intel-ipsec-mb "} + imb_get_version_str() + " (" + arch + ")";
-  }
-#endif
+  if (ipsec_manager() != nullptr)
+    return std::string{"intel-ipsec-mb "} + imb_get_version_str() + " (" + ipsec().path + ")";
+  return "intel-ipsec-mb (not usable on this CPU: no AES-NI/PCLMULQDQ)";
+#else
   return "intel-ipsec-mb (not in this build)";
+#endif
 }
 
 std::unique_ptr<aes_gcm> aes_gcm::make(bool sealing, const unsigned char* key, backend b) {

@@ -21,15 +21,20 @@ public:
   static constexpr size_t tag_bytes = 16;
 
   /// The backend records use: ipsec-mb when built with it and it starts on
-  /// this CPU, else OpenSSL; the environment's ACTORFLOW_AES_GCM=openssl
-  /// picks OpenSSL's anyway.
+  /// this CPU, else OpenSSL; OpenSSL's too when it runs in FIPS mode, or
+  /// when the environment has ACTORFLOW_AES_GCM=openssl. Decided once per
+  /// process.
   static backend best();
+
+  /// Whether this build has `b` (whatever the CPU).
+  static bool built_with(backend b);
 
   /// Whether this build and CPU have `b`.
   static bool available(backend b);
 
-  /// Which code computes it, for the bench and the logs ("intel-ipsec-mb
-  /// 1.3.0 (AVX-512)", "OpenSSL 3.0.19 ...").
+  /// Which code computes it, for the bench and the node's ready line
+  /// ("intel-ipsec-mb 1.3.0 (AVX-512, VAES)": the code path it runs;
+  /// "OpenSSL 3.0.19 ...").
   static std::string describe(backend b);
 
   /// A cipher that seals (encrypts) or opens (decrypts) with `key`; null if

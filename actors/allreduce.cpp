@@ -148,9 +148,10 @@ caf::expected<std::pair<int, uint16_t>> listen_on(const std::string& bind_host, 
   return make_error(af_error::bind_failed, who + ": cannot listen on " + bind_host + " (" + why + ")");
 }
 
-/// A connected socket to `host`:`port` by `deadline`, or why not.
+/// A connected socket to `host`:`port` by `deadline` (the end of the
+/// group's `timeout`), or why not.
 int connect_to(const std::string& host, const std::string& port, clock_type::time_point deadline,
-               std::string& why) {
+               std::chrono::milliseconds timeout, std::string& why) {
   char* end = nullptr;
   errno = 0;
   auto number = std::strtoul(port.c_str(), &end, 10);
@@ -158,8 +159,8 @@ int connect_to(const std::string& host, const std::string& port, clock_type::tim
     why = "'" + port + "' is not a TCP port";
     return -1;
   }
-  auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-  auto fd = tcp_connect(host, static_cast<uint16_t>(number), deadline, budget, "the group's timeout",
+  auto fd = tcp_connect(host, static_cast<uint16_t>(number), deadline, timeout,
+                        "the group's timeout, for the rendezvous and the connects together",
                         tune_socket);
   if (!fd) {
     why = reason_of(fd.error());
@@ -246,7 +247,7 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
                       fmt::format("{}: rank {} published '{}' under '{}', not host:port", who,
                                   g->right(), *right_addr, right_key));
   std::string why;
-  g->right_fd_ = connect_to(host, port, deadline, why);
+  g->right_fd_ = connect_to(host, port, deadline, timeout, why);
   if (g->right_fd_ < 0)
     return make_error(af_error::unreachable,
                       fmt::format("{}: cannot connect to rank {} at {} (from '{}'): {}; is '{}' the "

@@ -1231,7 +1231,9 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
         .count(),
       1)};
   };
-  auto connected = tcp_connect(host, port, deadline, timeout);
+  auto connected = tcp_connect(host, port, deadline, timeout,
+                               "its timeout, for the TCP connect, the TLS handshake and the "
+                               "node's first record together");
   if (!connected)
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": "

@@ -111,7 +111,7 @@ caf::expected<int> tcp_connect(const std::string& host, uint16_t port,
     if (before)
       before(fd);
     int err = ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS || err == EINTR) {
+    if (err == EINPROGRESS) {
       // Each address gets what is left of the one budget, not a budget each;
       // a signal during the wait is not the peer's answer: wait on.
       pollfd p{fd, POLLOUT, 0};
@@ -122,9 +122,10 @@ caf::expected<int> tcp_connect(const std::string& host, uint16_t port,
         n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
       } while (n < 0 && errno == EINTR);
       socklen_t len = sizeof(err);
-      if (n == 1)
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      else
+      if (n == 1) {
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+          err = errno;
+      } else
         err = n == 0 ? ETIMEDOUT : errno;
     }
     if (err == 0) {

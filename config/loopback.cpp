@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,15 +42,26 @@ bool connect_to_loopback(int fd, uint16_t port) {
   auto addr = loopback_address(port);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
     return true;
-  if (errno != EINTR && errno != EINPROGRESS)
-    return false;
-  // A signal interrupted the wait (or the socket does not block): the
-  // connect goes on; its outcome is the socket's error once it is writable.
+  if (errno != EINTR)
+    return false; // EINPROGRESS included: the caller's SO_SNDTIMEO or O_NONBLOCK said so
+  // A signal interrupted the wait: the connect goes on, and its outcome is
+  // the socket's error once it is writable, within what the socket's send
+  // timeout allows (none set: the kernel's SYN retries bound it, as they
+  // bound the blocking connect).
+  timeval tv{};
+  socklen_t tv_len = sizeof(tv);
+  int wait_ms = -1;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tv_len) == 0 && (tv.tv_sec > 0 || tv.tv_usec > 0))
+    wait_ms = static_cast<int>(tv.tv_sec * 1000 + tv.tv_usec / 1000);
   pollfd p{fd, POLLOUT, 0};
   int n;
   do
-    n = poll(&p, 1, -1);
+    n = poll(&p, 1, wait_ms);
   while (n < 0 && errno == EINTR);
+  if (n == 0) {
+    errno = ETIMEDOUT;
+    return false;
+  }
   int err = 0;
   socklen_t len = sizeof(err);
   if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)

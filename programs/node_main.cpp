@@ -28,6 +28,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/aes_gcm.hpp"
 #include "actors/log.hpp"
 #include "actors/node.hpp"
 #include "actors/system.hpp"
@@ -247,7 +248,10 @@ int main(int argc, char** argv) {
   std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
-              node->tls ? "mutual TLS" : "plaintext", static_cast<int>(::getpid()), broken.c_str());
+              node->tls ? ("mutual TLS, data-plane records by "
+                           + af::aes_gcm::describe(af::aes_gcm::best())).c_str()
+                        : "plaintext",
+              static_cast<int>(::getpid()), broken.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread{[&] {

@@ -401,10 +401,21 @@ int interrupt(pthread_t thread, Done done) {
 // backlog) while signals arrive, and must then connect when room is made.
 TEST_CASE("a connect interrupted by signals while its SYN waits connects once there is room",
           "[connect]") {
-  struct sigaction sa {};
-  sa.sa_handler = ignore_signal; // no SA_RESTART
-  struct sigaction old {};
-  REQUIRE(::sigaction(SIGUSR1, &sa, &old) == 0);
+  // The handler (no SA_RESTART) for this test only, put back however it ends.
+  struct handler_scope {
+    struct sigaction old {};
+    bool installed = false;
+    handler_scope() {
+      struct sigaction sa {};
+      sa.sa_handler = ignore_signal;
+      installed = ::sigaction(SIGUSR1, &sa, &old) == 0;
+    }
+    ~handler_scope() {
+      if (installed)
+        ::sigaction(SIGUSR1, &old, nullptr);
+    }
+  } handler;
+  REQUIRE(handler.installed);
   full_backlog blackhole;
   REQUIRE(blackhole.filler >= 0);
 
@@ -439,5 +450,4 @@ TEST_CASE("a connect interrupted by signals while its SYN waits connects once th
     if (fd >= 0)
       ::close(fd);
   }
-  ::sigaction(SIGUSR1, &old, nullptr);
 }
