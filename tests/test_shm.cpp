@@ -4,8 +4,11 @@
 // treated as another host.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -26,6 +29,7 @@
 #include "actors/session.hpp"
 #include "actors/shm_ring.hpp"
 #include "actors/variable.hpp"
+#include "messages/wire.hpp"
 
 using namespace af;
 using namespace af::testing;
@@ -73,6 +77,35 @@ char thread_state(long tid) {
   std::getline(in, line);
   auto paren = line.rfind(')');
   return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
+}
+
+/// A plain TCP connection to 127.0.0.1:`port` (-1 if none).
+int connect_loopback(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// Sends frame header `h` and `name` on socket `fd`, then reads the reply's
+/// header and payload (bounded by the socket's receive timeout).
+wire::header exchange_on_tcp(int fd, wire::header h, const std::string& name) {
+  h.name_len = static_cast<uint32_t>(name.size());
+  REQUIRE(send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)));
+  REQUIRE(send(fd, name.data(), name.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(name.size()));
+  wire::header r;
+  REQUIRE(recv(fd, &r, sizeof(r), MSG_WAITALL) == static_cast<ssize_t>(sizeof(r)));
+  std::string payload(r.payload_bytes, '\0');
+  if (!payload.empty())
+    REQUIRE(recv(fd, payload.data(), payload.size(), MSG_WAITALL)
+            == static_cast<ssize_t>(payload.size()));
+  return r;
 }
 
 } // namespace
@@ -237,4 +270,61 @@ TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign on shared memory fa
   CHECK(took < 2s); // the call's own timeout is 30 s
   CHECK(segments_of(getpid()).empty());
   CHECK(segments_of(node_pid).empty());
+}
+
+TEST_CASE("a client that dies in the middle of a payload on shared memory frees its connection at "
+          "once",
+          "[shm][faults]") {
+  // Bug it catches: a node thread that waits for the rest of a payload in the
+  // ring until its frame timeout (60 s here) because it watches only the
+  // ring and not the socket, holding the node's only connection slot.
+  data_plane_limits limits;
+  limits.max_connections = 1;
+  limits.frame = 60s;
+  local_node node{16 << 20, limits};
+  int fd = connect_loopback(node.srv->port());
+  REQUIRE(fd >= 0);
+  timeval bound{10, 0}; // a bound on the test, not the behaviour's timing
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound));
+  // By hand, what a data_channel does: a first op on TCP, then the offer.
+  wire::header read;
+  read.kind = wire::request_kind(var_op::read);
+  REQUIRE(exchange_on_tcp(fd, read, "v").status == 0);
+  auto seg = value_of(shm_channel::create());
+  wire::header offer;
+  offer.kind = static_cast<uint8_t>(wire::kind::shm_offer);
+  offer.version = seg->segment_bytes();
+  auto took = exchange_on_tcp(fd, offer, seg->name());
+  REQUIRE(took.status == 0);
+  REQUIRE(took.version == 1);
+  seg->unlink();
+  // A 64 MiB assign of which 1 MiB comes through the ring; then this
+  // "process" is gone: its socket closes and its mapping goes.
+  const std::string name = "big";
+  wire::header assign;
+  assign.kind = wire::request_kind(var_op::assign);
+  assign.name_len = static_cast<uint32_t>(name.size());
+  REQUIRE(wire::describe_tensor(tensor{dtype::float32, {16 << 20}}, assign));
+  std::vector<char> part(1 << 20, 0);
+  iovec iov[3] = {{&assign, sizeof(assign)},
+                  {const_cast<char*>(name.data()), name.size()},
+                  {part.data(), part.size()}};
+  shm_channel::bound b;
+  b.deadline = std::chrono::steady_clock::now() + 10s;
+  REQUIRE(seg->write(iov, 3, fd, b) == shm_channel::status::done);
+  auto died = std::chrono::steady_clock::now();
+  close(fd);
+  seg.reset();
+  // The node's only slot is free again at once: a new client is served.
+  bool served = eventually(
+    [&] {
+      auto ch = data_channel::connect("127.0.0.1", node.srv->port(), "test node", 5s);
+      return ch && static_cast<bool>((*ch)->call(var_op::read, "v", nullptr, false));
+    },
+    20s);
+  auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - died);
+  INFO("a new client was served " << took_ms.count() << " ms after the first one died");
+  CHECK(served);
+  CHECK(took_ms < 5s); // the frame timeout is 60 s
+  CHECK(segments_of(getpid()).empty());
 }
