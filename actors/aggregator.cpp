@@ -820,6 +820,8 @@ auto common_handlers(self_pointer self) {
           if (!who)
             continue;
           st.round.set_standby(w, true);
+          m.standby_pushes = 0;
+          m.standby_logged = false;
           caf::anon_send(who, switch_atom::value, st.spec.name, want.mode, st.global_step);
         }
       for (auto& m : st.members) {
@@ -983,6 +985,17 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
           return ahead_of(st, worker, step);
         if (auto err = apply_now(self, worker, step, grads, false))
           return err;
+        auto& m = member(st, worker);
+        // A worker joins again at its next step: one that does not (it
+        // missed the message, or an older actorflow) is never waited for.
+        if (++m.standby_pushes >= 100 && !m.standby_logged) {
+          m.standby_logged = true;
+          log::get()->warn("aggregator '{}' (sync): {} has pushed {} times since the switch into "
+                           "sync without joining again, so its gradients are applied at once, "
+                           "outside the rounds (was it told of the switch? an actorflow older "
+                           "than the ps does not join again: restart it)",
+                           st.spec.name, worker_name(st, worker), m.standby_pushes);
+        }
         return answer_now(self);
       }
       auto& m = member(st, worker);

@@ -32,6 +32,10 @@ struct aggregator_member {
   bool fresh = false;          ///< sync after a switch: its next push joins the round at any step
   bool contributed = false;    ///< its values are in the round in progress
   bool idle_logged = false;    ///< named as idle since its last push
+  /// sync after a switch: its pushes applied at once while on standby
+  /// (aggregation_round::set_standby), and whether that was named
+  uint64_t standby_pushes = 0;
+  bool standby_logged = false;
   caf::actor_addr actor;       ///< monitored
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
   worker_stats stats;
