@@ -801,8 +801,11 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
     return finish(1);
   }
   auto poll = std::chrono::microseconds{poll_us};
+  // TCP, not shared memory (this host's default), for the plaintext baseline:
+  // TLS connections never take shared memory, and the event-loop figures
+  // compare TCP servers.
   auto plain = af::data_channel::connect("127.0.0.1", p[0], "bench node (plaintext)",
-                                         std::chrono::seconds(60), poll);
+                                         std::chrono::seconds(60), poll, nullptr, nullptr, false);
   auto secure = af::data_channel::connect("127.0.0.1", p[1], "bench node (TLS)",
                                           std::chrono::seconds(60), poll, *tls);
   if (!plain || !secure) {
@@ -893,7 +896,7 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
     // Today's server (a thread per connection) against the Asio prototype
     // (one io_context thread), the same frames and client. ours = Asio.
     auto loop = af::data_channel::connect("127.0.0.1", p[2], "bench node (asio)",
-                                          std::chrono::seconds(60), poll);
+                                          std::chrono::seconds(60), poll, nullptr, nullptr, false);
     if (!loop) {
       std::cerr << "actorflow-bench: " << af::describe(loop.error()) << std::endl;
       return finish(1);
@@ -931,7 +934,8 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
       std::vector<std::unique_ptr<af::data_channel>> chans;
       for (int i = 0; i < 8; ++i)
         chans.push_back(std::move(*af::data_channel::connect("127.0.0.1", port, "bench node",
-                                                               std::chrono::seconds(60), poll)));
+                                                               std::chrono::seconds(60), poll,
+                                                               nullptr, nullptr, false)));
       std::atomic<long> ops{0};
       auto until = clock_type::now() + std::chrono::milliseconds(1000);
       std::vector<std::thread> ts;
