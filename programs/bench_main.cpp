@@ -259,6 +259,41 @@ struct raw_link {
   }
 };
 
+/// One variable op on a data channel; a failure ends the bench with its
+/// reason. The value that came back.
+af::tensor call(af::data_channel& ch, af::var_op op, const char* name, const af::tensor* operand) {
+  auto r = ch.call(op, name, operand, false);
+  if (!r) {
+    std::cerr << "actorflow-bench: " << af::describe(r.error()) << std::endl;
+    std::exit(1);
+  }
+  return std::move(r->first);
+}
+
+/// Round trips of `op` against the raw TCP echo of 64 bytes, in alternating
+/// blocks of 100 so that each side runs in its steady state (the first
+/// block of each is a warm-up): the medians, in us.
+template <class Op>
+std::pair<double, double> rtt_against_echo(raw_link& raw, int rounds, Op op) {
+  std::vector<double> ours, base;
+  const int block = 100, blocks = std::max(1, rounds / block) + 1;
+  raw.start_echoes(blocks * block, 64);
+  for (int b = 0; b < blocks; ++b) {
+    for (int i = 0; i < block; ++i) {
+      auto t0 = clock_type::now();
+      op();
+      if (b > 0)
+        ours.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    }
+    for (int i = 0; i < block; ++i) {
+      auto us = raw.echo_us();
+      if (b > 0)
+        base.push_back(us);
+    }
+  }
+  return {median(ours), median(base)};
+}
+
 // -- the ps node -------------------------------------------------------------------
 
 struct node_process {
@@ -373,23 +408,8 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
     // same stretch of time: on a small VM where threads land decides the
     // round trip (~14 vs ~50 us) for raw sockets and for us alike. Within a
     // block each side runs in its steady state.
-    std::vector<double> ours, base;
-    const int block = 100, blocks = std::max(1, rounds / block) + 1; // the first: warm-up
-    raw.start_echoes(blocks * block, 64);
-    for (int b = 0; b < blocks; ++b) {
-      for (int i = 0; i < block; ++i) {
-        auto t0 = clock_type::now();
-        ok(s.run(inc), "assign_add");
-        if (b > 0)
-          ours.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-      }
-      for (int i = 0; i < block; ++i) {
-        auto us = raw.echo_us();
-        if (b > 0)
-          base.push_back(us);
-      }
-    }
-    report("remote_assign_add_rtt", median(ours), median(base), "us");
+    auto [ours, base] = rtt_against_echo(raw, rounds, [&] { ok(s.run(inc), "assign_add"); });
+    report("remote_assign_add_rtt", ours, base, "us");
   }
 
   if (wanted("tensor_64mib_assign") || wanted("tensor_64mib_read") || wanted("node_rss_64mib")) {
@@ -812,13 +832,6 @@ int tls_benches(const std::function<bool(const std::string&)>& wanted, int round
     std::cerr << "actorflow-bench: " << af::describe(!plain ? plain.error() : secure.error()) << std::endl;
     return finish(1);
   }
-  auto call = [](af::data_channel& ch, af::var_op op, const char* name, const af::tensor* operand) {
-    auto r = ch.call(op, name, operand, false);
-    if (!r) {
-      std::cerr << "actorflow-bench: " << af::describe(r.error()) << std::endl;
-      std::exit(1);
-    }
-  };
   std::printf("# tls: client and data-plane server in separate processes on loopback; %s (%s); "
               "records' AES-128-GCM by %s (ACTORFLOW_AES_GCM=openssl for OpenSSL's); the same op "
               "without TLS is the baseline\n",
@@ -1032,14 +1045,6 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
     std::cerr << "actorflow-bench: " << af::describe(!local ? local.error() : tcp.error()) << std::endl;
     return finish(1);
   }
-  auto call = [](af::data_channel& ch, af::var_op op, const char* name, const af::tensor* operand) {
-    auto r = ch.call(op, name, operand, false);
-    if (!r) {
-      std::cerr << "actorflow-bench: " << af::describe(r.error()) << std::endl;
-      std::exit(1);
-    }
-    return std::move(r->first);
-  };
   auto one = af::tensor::scalar(1);
   call(**local, af::var_op::assign_add, "counter", &one); // the node's first answer...
   call(**local, af::var_op::assign_add, "counter", &one); // ...and the move to shared memory
@@ -1051,23 +1056,9 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
     return finish(1);
   }
   if (wanted("remote_assign_add_rtt_local")) {
-    std::vector<double> ours, base;
-    const int block = 100, blocks = std::max(1, rounds / block) + 1; // the first: warm-up
-    raw.start_echoes(blocks * block, 64);
-    for (int b = 0; b < blocks; ++b) {
-      for (int i = 0; i < block; ++i) {
-        auto t0 = clock_type::now();
-        call(**local, af::var_op::assign_add, "counter", &one);
-        if (b > 0)
-          ours.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
-      }
-      for (int i = 0; i < block; ++i) {
-        auto us = raw.echo_us();
-        if (b > 0)
-          base.push_back(us);
-      }
-    }
-    report("remote_assign_add_rtt_local", median(ours), median(base), "us");
+    auto [ours, base] = rtt_against_echo(
+      raw, rounds, [&] { call(**local, af::var_op::assign_add, "counter", &one); });
+    report("remote_assign_add_rtt_local", ours, base, "us");
   }
   bool assign = wanted("tensor_64mib_assign_local"), read = wanted("tensor_64mib_read_local");
   if (assign || read) {

@@ -575,6 +575,20 @@ double max_rel_diff(const std::vector<tensor>& a, const std::vector<tensor>& b) 
   return m;
 }
 
+/// The job's aggregators on ps 0..n-1 ("train/psK"), each once it is up.
+template <class Session>
+std::vector<aggregator_actor> aggregators_of(Session& client, int32_t n) {
+  std::vector<aggregator_actor> aggs;
+  for (int32_t k = 0; k < n; ++k) {
+    aggregator_spec lookup;
+    lookup.name = "train/ps" + std::to_string(k);
+    lookup.workers = 0;
+    REQUIRE(eventually([&] { return static_cast<bool>(client.aggregator("ps", k, lookup)); }));
+    aggs.push_back(*client.aggregator("ps", k, lookup));
+  }
+  return aggs;
+}
+
 } // namespace
 
 TEST_CASE("a partitioned job over 3 ps holds the [10000,64] weight as pieces balanced by bytes and "
@@ -739,14 +753,7 @@ switched_job run_switched(const train::train_config& c, int ps,
     });
   auto client = (*cluster)->session_for("ps", 0);
   REQUIRE(client);
-  std::vector<aggregator_actor> aggs;
-  for (int32_t k = 0; k < ps; ++k) {
-    aggregator_spec lookup;
-    lookup.name = "train/ps" + std::to_string(k);
-    lookup.workers = 0;
-    REQUIRE(eventually([&] { return static_cast<bool>(client->aggregator("ps", k, lookup)); }));
-    aggs.push_back(*client->aggregator("ps", k, lookup));
-  }
+  auto aggs = aggregators_of(*client, ps);
   caf::scoped_actor self{client->system()};
   for (const auto& [at, mode] : plan) {
     CHECK(eventually([&, at = at] { return chief_step >= at; }, std::chrono::seconds(30)));
@@ -893,14 +900,7 @@ TEST_CASE("a live switch async -> sync over 2 ps where each worker's step stradd
     });
   auto client = (*cluster)->session_for("ps", 0);
   REQUIRE(client);
-  std::vector<aggregator_actor> aggs;
-  for (int32_t k = 0; k < 2; ++k) {
-    aggregator_spec lookup;
-    lookup.name = "train/ps" + std::to_string(k);
-    lookup.workers = 0;
-    REQUIRE(eventually([&] { return static_cast<bool>(client->aggregator("ps", k, lookup)); }));
-    aggs.push_back(*client->aggregator("ps", k, lookup));
-  }
+  auto aggs = aggregators_of(*client, 2);
   caf::scoped_actor self{client->system()};
   auto pushes = [&](size_t k) {
     uint64_t n = 0;
