@@ -341,6 +341,11 @@ read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int 
         return poll_first ? read_end::idle : read_end::stalled;
       case shm_channel::status::timeout:
         return read_end::stalled;
+      case shm_channel::status::corrupt:
+        // Said in the node's log as a record layer's failure is.
+        last_tls_error = "its shared-memory ring is corrupt (counters out of range, a flood of "
+                         "doorbell bytes, or a segment it shrank or punched)";
+        return read_end::failed;
       default:
         return read_end::failed;
     }
@@ -1479,6 +1484,12 @@ caf::error data_channel::fail(const std::string& what, int err, std::chrono::mil
     return make_error(af_error::timeout, "timed out after " + std::to_string(waited.count())
                                            + " ms waiting for " + peer_ + " to answer " + what
                                            + "; is the node alive and reachable?");
+  if (err == EBADMSG && shm_)
+    return make_error(af_error::peer_down,
+                      "the shared-memory ring with " + peer_ + " is corrupt (found during " + what
+                        + "): counters out of range, a flood of doorbell bytes, or a segment "
+                          "shrunk or punched by another process; the connection is opened "
+                          "again for the next call (ACTORFLOW_DATA_SHM=off keeps it on TCP)");
   return make_error(af_error::peer_down, peer_ + " closed the data connection during " + what + " ("
                                            + (cut.empty() ? std::string{std::strerror(err)} : cut)
                                            + "); did the node stop or die?");

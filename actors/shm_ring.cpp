@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -53,11 +56,102 @@ constexpr uint64_t publish_chunk = uint64_t{64} << 10;
 /// when the two ends share a busy CPU, a wake-up per published chunk cost
 /// ~40 us per 64 KiB (runs of 1.2-1.6 GB/s instead of 4-7 GB/s).
 constexpr uint64_t bell_bytes = uint64_t{1} << 20;
+/// More doorbell bytes than this during one wait: not a peer of ours.
+constexpr size_t max_bells_per_wait = 4096;
 
 struct segment_header {
   uint64_t magic;
   uint64_t ring_bytes;
 };
+
+// -- SIGBUS guard -------------------------------------------------------------
+//
+// The peer keeps a descriptor of the segment (or a link to it) and can
+// shrink it (ftruncate) or punch holes in it; a page this process then
+// touches is past the file's end, or cannot be had, and the kernel sends
+// SIGBUS: a dead node for a bad client. So the mapped segments are listed
+// here, and a SIGBUS at an address in one of them maps zero pages over that
+// whole segment (MAP_FIXED, anonymous: the access then goes on) and marks it
+// poisoned; its channel fails as corrupt at its next check. Any other
+// SIGBUS goes to the handler that was there before, or kills the process as
+// it would have. (As Wayland compositors guard their clients' pools.)
+
+struct guarded_segment {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<size_t> bytes{0};
+  std::atomic<bool> poisoned{false};
+};
+
+constexpr int max_guarded = 1024;
+guarded_segment guarded[max_guarded];
+struct sigaction bus_before {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  auto at = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (auto& g : guarded) {
+    uintptr_t base = g.base.load(std::memory_order_acquire);
+    size_t bytes = g.bytes.load(std::memory_order_acquire);
+    if (base != 0 && at >= base && at - base < bytes) {
+      // mmap is async-signal-safe (a system call).
+      void* zero = ::mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (zero != MAP_FAILED) {
+        g.poisoned.store(true, std::memory_order_release);
+        return;
+      }
+      break;
+    }
+  }
+  if ((bus_before.sa_flags & SA_SIGINFO) != 0 && bus_before.sa_sigaction != nullptr) {
+    bus_before.sa_sigaction(sig, info, context);
+    return;
+  }
+  if ((bus_before.sa_flags & SA_SIGINFO) == 0 && bus_before.sa_handler != SIG_DFL
+      && bus_before.sa_handler != SIG_IGN) {
+    bus_before.sa_handler(sig);
+    return;
+  }
+  // The default: returning re-runs the faulting access, which now kills.
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+/// A slot of `guarded` for [base, base + bytes); -1 when all are taken (the
+/// caller then does without shared memory).
+int guard_segment(void* base, size_t bytes) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &bus_before);
+  });
+  for (int i = 0; i < max_guarded; ++i) {
+    uintptr_t free_slot = 0;
+    if (guarded[i].base.load() == 0) {
+      guarded[i].bytes.store(bytes);
+      guarded[i].poisoned.store(false);
+      if (guarded[i].base.compare_exchange_strong(free_slot, reinterpret_cast<uintptr_t>(base)))
+        return i;
+    }
+  }
+  return -1;
+}
+
+void unguard_segment(int slot) {
+  if (slot >= 0)
+    guarded[slot].base.store(0, std::memory_order_release);
+}
+
+/// A segment's name as a log line may show it: printable, cut short.
+std::string printable(const std::string& name) {
+  std::string out;
+  for (char c : name.substr(0, 80)) {
+    auto u = static_cast<unsigned char>(c);
+    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+  }
+  return name.size() > 80 ? out + "..." : out;
+}
 
 shm_channel::control* control_at(void* base, int which) {
   return reinterpret_cast<shm_channel::control*>(static_cast<char*>(base) + 128 * (which + 1));
@@ -156,6 +250,11 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
                       fmt::format("cannot map {} bytes of shared memory: {}", ch->bytes_,
                                   std::strerror(errno)));
   ch->base_ = p;
+  ch->guard_ = guard_segment(p, ch->bytes_);
+  if (ch->guard_ < 0)
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("no room to guard another shared-memory segment ({} at once)",
+                                  max_guarded));
   ch->ring_ = ring_bytes;
   auto* h = static_cast<segment_header*>(p);
   h->magic = segment_magic;
@@ -169,10 +268,13 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
 
 caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string& name, uint64_t bytes) {
   auto refuse = [&](const std::string& why) {
-    return make_error(af_error::invalid_argument, "shared memory '" + name + "': " + why);
+    return make_error(af_error::invalid_argument, "shared memory '" + printable(name) + "': " + why);
   };
   std::string prefix = name_prefix;
-  if (name.size() > 200 || name.rfind(prefix, 0) != 0 || name.find('/', 1) != std::string::npos)
+  bool plain = std::all_of(name.begin() + std::min(name.size(), prefix.size()), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.';
+  });
+  if (name.size() > 200 || name.rfind(prefix, 0) != 0 || !plain)
     return refuse("not a name of an actorflow segment");
   uint64_t ring = (bytes - header_bytes) / 2;
   if (bytes <= header_bytes || bytes > max_segment_bytes || ring < min_ring
@@ -185,12 +287,26 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()
       || static_cast<uint64_t>(st.st_size) != bytes) {
     ::close(fd);
+    ::shm_unlink(name.c_str());
     return refuse("not a segment of this user of the size offered");
   }
+  // Its pages must be there (the client reserves them with
+  // posix_fallocate): a sparse segment on a full /dev/shm would fault at
+  // the first touch of a page that cannot be had.
+  if (static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return refuse(fmt::format("only {} of its {} bytes are reserved (the client must "
+                              "posix_fallocate it)",
+                              static_cast<uint64_t>(st.st_blocks) * 512, bytes));
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
   // Mapped (or not): the name goes now, so that nothing is left in /dev/shm.
   ::shm_unlink(name.c_str());
+  // No other name may lead to it: a segment offered on two connections
+  // under two names (a hard link) would have two node threads on one ring.
+  bool linked = ::fstat(fd, &st) != 0 || st.st_nlink != 0;
+  ::close(fd);
   if (p == MAP_FAILED)
     return refuse(fmt::format("cannot map it: {}", std::strerror(errno)));
   std::unique_ptr<shm_channel> ch{new shm_channel};
@@ -198,6 +314,11 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   ch->server_ = true;
   ch->base_ = p;
   ch->bytes_ = bytes;
+  if (linked)
+    return refuse("it has another name in /dev/shm (a hard link): one segment per connection");
+  ch->guard_ = guard_segment(p, bytes);
+  if (ch->guard_ < 0)
+    return refuse(fmt::format("no room to guard another segment ({} at once)", max_guarded));
   auto* h = static_cast<segment_header*>(p);
   if (h->magic != segment_magic || h->ring_bytes != ring)
     return refuse("its header is not ours");
@@ -211,8 +332,13 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
 
 shm_channel::~shm_channel() {
   unlink();
+  unguard_segment(guard_);
   if (base_ != nullptr)
     ::munmap(base_, bytes_);
+}
+
+bool shm_channel::poisoned() const {
+  return guard_ >= 0 && guarded[guard_].poisoned.load(std::memory_order_acquire);
 }
 
 void shm_channel::unlink() {
@@ -240,7 +366,13 @@ shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, 
       break;
   }
   int stall = first && b.first_ms > 0 ? b.first_ms : b.stall_ms;
+  // A peer rings once per sleep of ours (it takes the flag with an
+  // exchange): bytes beyond a few per wait are not bells but a peer that
+  // floods the socket to burn this side's CPU.
+  size_t rung = 0;
   for (;;) {
+    if (poisoned())
+      return status::corrupt;
     flag.store(1);
     if (ready()) {
       flag.store(0);
@@ -266,8 +398,14 @@ shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, 
         char bells[64];
         for (;;) {
           auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
-          if (r > 0)
+          if (r > 0) {
+            rung += static_cast<size_t>(r);
+            if (rung > max_bells_per_wait) {
+              flag.store(0);
+              return status::corrupt;
+            }
             continue;
+          }
           if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             closed = true;
           if (r == 0 || errno != EINTR)
@@ -324,7 +462,7 @@ shm_channel::status shm_channel::write(const iovec* iov, int count, int fd, cons
     uint64_t len = iov[i].iov_len;
     while (len > 0) {
       uint64_t free = room();
-      if (broken) {
+      if (broken || poisoned()) {
         st = status::corrupt;
         break;
       }
@@ -377,7 +515,7 @@ shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound
   status st = status::done;
   while (n > 0) {
     uint64_t avail = in_->head.load(std::memory_order_acquire) - tail;
-    if (avail > ring_) {
+    if (avail > ring_ || poisoned()) {
       st = status::corrupt;
       break;
     }

@@ -109,7 +109,12 @@ private:
   status wait(Ready ready, std::atomic<uint32_t>& flag, int fd, const bound& b, bool first,
               std::chrono::steady_clock::time_point last_progress);
 
+  /// The peer shrank or punched the segment and a SIGBUS hit it: zero
+  /// pages now, and the channel is corrupt (actors/shm_ring.cpp).
+  bool poisoned() const;
+
   std::string name_;
+  int guard_ = -1; ///< its slot in the SIGBUS guard
   bool named_ = false;
   bool server_ = false;
   void* base_ = nullptr;

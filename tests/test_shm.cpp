@@ -6,6 +6,8 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -327,4 +329,99 @@ TEST_CASE("a client that dies in the middle of a payload on shared memory frees 
   CHECK(served);
   CHECK(took_ms < 5s); // the frame timeout is 60 s
   CHECK(segments_of(getpid()).empty());
+}
+
+namespace {
+
+/// "/dev/shm" + a segment's name.
+std::string shm_path(const std::string& name) {
+  return "/dev/shm" + name;
+}
+
+} // namespace
+
+// Bugs it catches (attacker findings F1, F3, the hard link): the node
+// checked a segment's size once, so a client that kept a descriptor and
+// shrank it made the node's next touch a SIGBUS that killed the node and all
+// its clients; a sparse segment on a full /dev/shm did the same at its first
+// page; one segment under two names put two node threads on one ring.
+TEST_CASE("a segment the client shrinks, leaves sparse or links twice fails its connection, not "
+          "the node",
+          "[shm][faults]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  shm_channel::bound b;
+  b.deadline = std::chrono::steady_clock::now() + 5s;
+
+  SECTION("shrunk to nothing after the node mapped it") {
+    auto client = shm_channel::create(64 << 10);
+    REQUIRE(client);
+    int keep = ::open(shm_path((*client)->name()).c_str(), O_RDWR);
+    REQUIRE(keep >= 0);
+    auto node = shm_channel::open((*client)->name(), (*client)->segment_bytes());
+    REQUIRE(node);
+    REQUIRE(::ftruncate(keep, 0) == 0);
+    ::close(keep);
+    char buf[16];
+    // Before the guard: SIGBUS here, the test process (a node) gone.
+    CHECK((*node)->read(buf, sizeof(buf), sv[0], b) == shm_channel::status::corrupt);
+    iovec one{buf, sizeof(buf)};
+    CHECK((*node)->write(&one, 1, sv[0], b) == shm_channel::status::corrupt);
+  }
+
+  SECTION("sparse: its pages never reserved") {
+    auto name = std::string{shm_channel::name_prefix} + std::to_string(::getpid()) + "-sparse";
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    uint64_t bytes = 4096 + 2 * (64 << 10);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+    ::close(fd);
+    auto node = shm_channel::open(name, bytes);
+    REQUIRE_FALSE(node);
+    CHECK_THAT(describe(node.error()), Catch::Contains("reserved") && Catch::Contains("posix_fallocate"));
+    CHECK(::access(shm_path(name).c_str(), F_OK) != 0); // refused, and its name gone
+  }
+
+  SECTION("one segment under two names") {
+    auto client = shm_channel::create(64 << 10);
+    REQUIRE(client);
+    auto second = (*client)->name() + "b";
+    REQUIRE(::link(shm_path((*client)->name()).c_str(), shm_path(second).c_str()) == 0);
+    auto node = shm_channel::open((*client)->name(), (*client)->segment_bytes());
+    ::unlink(shm_path(second).c_str());
+    REQUIRE_FALSE(node);
+    CHECK_THAT(describe(node.error()), Catch::Contains("another name"));
+  }
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
+// Bug it catches (finding F2): doorbell bytes were drained without bound, so
+// a client that flooded its socket kept a node thread (and a core) busy for
+// ever and was never dropped.
+TEST_CASE("a flood of doorbell bytes on a shared-memory connection fails it", "[shm][faults]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  auto client = shm_channel::create(64 << 10);
+  REQUIRE(client);
+  auto node = shm_channel::open((*client)->name(), (*client)->segment_bytes());
+  REQUIRE(node);
+  std::atomic<bool> stop{false};
+  std::thread flood{[&] {
+    std::string junk(4096, 'x');
+    while (!stop.load())
+      if (::send(sv[1], junk.data(), junk.size(), MSG_NOSIGNAL) < 0)
+        break;
+  }};
+  shm_channel::bound b;
+  b.deadline = std::chrono::steady_clock::now() + 5s;
+  b.spin = std::chrono::microseconds{0};
+  char buf[8];
+  auto st = (*node)->read(buf, sizeof(buf), sv[0], b);
+  stop = true;
+  ::shutdown(sv[0], SHUT_RDWR);
+  flood.join();
+  CHECK(st == shm_channel::status::corrupt);
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
