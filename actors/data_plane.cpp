@@ -1001,6 +1001,14 @@ void data_plane_server::serve(int fd, const std::string& peer) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   // On shared memory (after the client's offer): the rings, bounded as the
   // socket's reads and sends are.
+  // Its share of max_shm_bytes, given back when the connection ends (after
+  // the segment is unmapped: declared first, destroyed last).
+  int64_t shm_bytes = 0;
+  struct give_back {
+    std::atomic<int64_t>& total;
+    int64_t& bytes;
+    ~give_back() { total.fetch_sub(bytes); }
+  } shm_share{shm_mapped_, shm_bytes};
   std::unique_ptr<shm_channel> shm;
   io.stall_ms = frame_ms;
   io.spin = timeouts_.shm_spin;
@@ -1049,12 +1057,21 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         // (the client stays on TCP) otherwise, or if the segment is not one
         // this process can map (another host, another user).
         bool took = false;
-        if (!io.shm && !io.tls && timeouts_.shared_memory) {
+        auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, INT64_MAX));
+        if (!io.shm && !io.tls && timeouts_.shared_memory
+            && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
+          shm_mapped_.fetch_sub(offered);
+          log::get()->warn("{} data plane: {} stays on TCP: its {} bytes of shared memory would "
+                           "take the node past its {} bytes for all clients (max_shm_bytes)",
+                           node_name_, peer, offered, timeouts_.max_shm_bytes);
+        } else if (!io.shm && !io.tls && timeouts_.shared_memory) {
           auto ch = shm_channel::open(name, h.version);
           if (ch) {
             shm = std::move(*ch);
+            shm_bytes = offered;
             took = true;
           } else {
+            shm_mapped_.fetch_sub(offered);
             log::get()->info("{} data plane: {} stays on TCP: {}", node_name_, peer,
                              describe(ch.error()));
           }

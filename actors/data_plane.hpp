@@ -117,6 +117,10 @@ struct data_plane_limits {
   /// frame after a reply, and for bytes within one, before it sleeps in poll
   /// on the socket (then the client's doorbell byte wakes it).
   std::chrono::microseconds shm_spin{20};
+  /// The most shared memory this server maps for its clients at once, all
+  /// connections together (each takes 8 MiB + 4 KiB by default); an offer
+  /// past it is declined and that client stays on TCP.
+  int64_t max_shm_bytes = int64_t{1} << 30;
 };
 
 /// The old name (timeouts only), for code not yet moved to the limits.
@@ -164,6 +168,7 @@ private:
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> shm_mapped_{0}; ///< bytes of the clients' segments mapped now
   std::thread acceptor_;
   std::mutex mtx_;
   std::vector<std::thread> workers_;

@@ -425,3 +425,30 @@ TEST_CASE("a flood of doorbell bytes on a shared-memory connection fails it", "[
   ::close(sv[0]);
   ::close(sv[1]);
 }
+
+// Bug it catches (attacker finding F5, its node side): a node mapped every
+// segment offered, with no budget for all its clients together; and a
+// budget that is never given back when a connection ends.
+TEST_CASE("a node maps at most max_shm_bytes of its clients' segments at once, and takes more "
+          "when one leaves",
+          "[shm]") {
+  data_plane_limits limits;
+  limits.max_shm_bytes = 10 << 20; // one default segment (8 MiB + 4 KiB), not two
+  local_node node{16, limits};
+  auto on = [&] {
+    auto ch = value_of(data_channel::connect("127.0.0.1", node.srv->port(), "test node", 5s));
+    for (int i = 0; i < 3; ++i)
+      REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+    return ch;
+  };
+  auto first = on();
+  CHECK(first->transport() == "shared memory");
+  {
+    auto second = on(); // over the budget: served, on TCP
+    CHECK(second->transport() == "tcp");
+  }
+  first.reset(); // its connection ends; the node's thread gives its share back
+  bool again = eventually([&] { return on()->transport() == "shared memory"; }, 5s);
+  CHECK(again);
+  CHECK(segments_of(getpid()).empty());
+}
