@@ -1057,7 +1057,9 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         // (the client stays on TCP) otherwise, or if the segment is not one
         // this process can map (another host, another user).
         bool took = false;
-        auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, INT64_MAX));
+        // (More than a segment may be is refused by open(); counted as the
+        // most, so the sum cannot overflow.)
+        auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, shm_channel::max_segment_bytes + 1));
         if (!io.shm && !io.tls && timeouts_.shared_memory
             && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
           shm_mapped_.fetch_sub(offered);

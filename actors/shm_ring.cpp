@@ -126,21 +126,26 @@ int guard_segment(void* base, size_t bytes) {
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGBUS, &sa, &bus_before);
   });
+  // A slot's bytes are 0 while it is free or being taken: the handler
+  // matches no address in it until both are set (the segment is not
+  // touched before this returns).
   for (int i = 0; i < max_guarded; ++i) {
     uintptr_t free_slot = 0;
-    if (guarded[i].base.load() == 0) {
-      guarded[i].bytes.store(bytes);
+    if (guarded[i].base.load() == 0
+        && guarded[i].base.compare_exchange_strong(free_slot, reinterpret_cast<uintptr_t>(base))) {
       guarded[i].poisoned.store(false);
-      if (guarded[i].base.compare_exchange_strong(free_slot, reinterpret_cast<uintptr_t>(base)))
-        return i;
+      guarded[i].bytes.store(bytes, std::memory_order_release);
+      return i;
     }
   }
   return -1;
 }
 
 void unguard_segment(int slot) {
-  if (slot >= 0)
-    guarded[slot].base.store(0, std::memory_order_release);
+  if (slot < 0)
+    return;
+  guarded[slot].bytes.store(0, std::memory_order_release);
+  guarded[slot].base.store(0, std::memory_order_release);
 }
 
 /// A segment's name as a log line may show it: printable, cut short.
@@ -286,8 +291,7 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()
       || static_cast<uint64_t>(st.st_size) != bytes) {
-    ::close(fd);
-    ::shm_unlink(name.c_str());
+    ::close(fd); // (not unlinked: it may not be this user's; its client removes it)
     return refuse("not a segment of this user of the size offered");
   }
   // Its pages must be there (the client reserves them with
