@@ -26,6 +26,7 @@
 #include "config/cluster_spec.hpp"
 #include "config/loopback.hpp"
 #include "messages/error.hpp"
+#include "certs.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
@@ -221,12 +222,7 @@ TEST_CASE("a TLS connect to a node that does not answer its handshake does not s
   auto config = dir / "cluster.toml";
   std::string cluster_table = "[cluster]\nps = [\"" + address + "\"]\n";
   write_file(config, cluster_table);
-  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", config}, 60s);
-  INFO(made.output);
-  REQUIRE(made.exit_code == 0);
-  auto at = made.output.find("[security]");
-  REQUIRE(at != std::string::npos);
-  write_file(config, cluster_table + "\n" + made.output.substr(at));
+  write_file(config, cluster_table + "\n" + make_certs(config));
   auto loaded = value_of(load_cluster_config(config));
   auto sec = value_of(security_for(loaded.security, "client"));
   struct usage {

@@ -25,6 +25,7 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 
+#include "cells.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
@@ -42,13 +43,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::shared_ptr<variable_cell> float_cell(const std::string& name, shape_type shape, float value) {
-  auto cell = std::make_shared<variable_cell>(
-    variable_spec{name, dtype::float32, std::move(shape), "/job:ps/replica:0/task:0/device:CPU:0"});
-  if (!cell->initialize(initializer::constant(value), false, ""))
-    return nullptr;
-  return cell;
-}
 
 std::unique_ptr<data_plane_server> serve(std::shared_ptr<variable_directory> dir,
                                          data_plane_limits limits,

@@ -29,6 +29,7 @@
 #include "actors/node.hpp"
 #include "actors/tls.hpp"
 #include "config/loopback.hpp"
+#include "certs.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 
@@ -332,12 +333,7 @@ TEST_CASE("a node whose certificate is another task's refuses to start, naming b
   std::string cluster = "[cluster]\nps = [\"127.0.0.1:" + std::to_string(free_loopback_port())
                         + "\", \"127.0.0.1:" + std::to_string(free_loopback_port()) + "\"]\n";
   write_file(config, cluster);
-  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", config}, 60s);
-  INFO(made.output);
-  REQUIRE(made.exit_code == 0);
-  auto at = made.output.find("[security]");
-  REQUIRE(at != std::string::npos);
-  auto security = made.output.substr(at);
+  auto security = make_certs(config);
   REQUIRE(security.find("{name}") != std::string::npos);
   // ps 0 with ps 1's certificate and key.
   auto swapped = std::regex_replace(security, std::regex{R"(\{name\})"}, "ps-1");

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "cells.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "wait.hpp"
@@ -39,21 +40,17 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::shared_ptr<variable_cell> cell_of(const std::string& name, shape_type shape, float value) {
-  auto cell = std::make_shared<variable_cell>(
-    variable_spec{name, dtype::float32, std::move(shape), "/job:ps/replica:0/task:0/device:CPU:0"});
-  REQUIRE(cell->initialize(initializer::constant(value), false, ""));
-  return cell;
-}
-
 /// A node's data plane in this process with a scalar `v` (1) and a float32
 /// `big` of `big_floats` elements (0).
 struct local_node {
   std::shared_ptr<variable_directory> dir = std::make_shared<variable_directory>();
   std::unique_ptr<data_plane_server> srv;
   explicit local_node(int64_t big_floats, data_plane_limits limits = {}) {
-    dir->put("v", {variable_cell_actor{}, cell_of("v", {}, 1)});
-    dir->put("big", {variable_cell_actor{}, cell_of("big", {big_floats}, 0)});
+    auto v = float_cell("v", {}, 1);
+    auto big = float_cell("big", {big_floats}, 0);
+    REQUIRE((v && big));
+    dir->put("v", {variable_cell_actor{}, v});
+    dir->put("big", {variable_cell_actor{}, big});
     srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
   }
 };

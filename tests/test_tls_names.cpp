@@ -17,6 +17,7 @@
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "config/loopback.hpp"
+#include "certs.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
@@ -27,16 +28,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// Runs actorflow-certs for `config` (its [cluster] only) and returns the
-/// [security] table it printed.
-std::string make_certs(const std::string& config) {
-  auto made = run_command({ACTORFLOW_CERTS_BINARY, "--config", config}, 60s);
-  INFO(made.output);
-  REQUIRE(made.exit_code == 0);
-  auto at = made.output.find("[security]");
-  REQUIRE(at != std::string::npos);
-  return made.output.substr(at);
-}
 
 } // namespace
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "cells.hpp"
 #include "scenarios.hpp"
 #include "actors/data_plane.hpp"
 #include "config/loopback.hpp"
@@ -44,11 +45,7 @@ std::unique_ptr<data_plane_server> serve(std::shared_ptr<variable_directory> dir
 }
 
 std::shared_ptr<variable_cell> scalar_cell(const std::string& name, float value) {
-  auto cell = std::make_shared<variable_cell>(
-    variable_spec{name, dtype::float32, {}, "/job:ps/replica:0/task:0/device:CPU:0"});
-  if (!cell->initialize(initializer::constant(value), false, ""))
-    return nullptr;
-  return cell;
+  return float_cell(name, {}, value);
 }
 
 } // namespace

@@ -309,21 +309,17 @@ nb_rx_bytes() {
 # hosts changes them between jobs.
 NB_PS_PORT=3335
 NB_WORKER_PORT=3333
+# nb_addresses HOSTS PORT: '"ip:port", "ip:port"' for comma-separated HOSTS.
+nb_addresses() {
+  local h sep=
+  for h in ${1//,/ }; do
+    printf '%s"%s:%s"' "$sep" "${NB_IP[h]}" "$2"
+    sep=', '
+  done
+}
+
 nb_cluster_config() {
-  local file=$1 ps=$2 workers=$3 h sep
-  {
-    printf '[cluster]\nps = ['
-    sep=
-    for h in ${ps//,/ }; do
-      printf '%s"%s:%s"' "$sep" "${NB_IP[h]}" "$NB_PS_PORT"
-      sep=', '
-    done
-    printf ']\nworker = ['
-    sep=
-    for h in ${workers//,/ }; do
-      printf '%s"%s:%s"' "$sep" "${NB_IP[h]}" "$NB_WORKER_PORT"
-      sep=', '
-    done
-    printf ']\n\n[security]\ninsecure = true\n'
-  } >"$file"
+  local file=$1 ps=$2 workers=$3
+  printf '[cluster]\nps = [%s]\nworker = [%s]\n\n[security]\ninsecure = true\n' \
+    "$(nb_addresses "$ps" "$NB_PS_PORT")" "$(nb_addresses "$workers" "$NB_WORKER_PORT")" >"$file"
 }
