@@ -619,6 +619,22 @@ variable_directory::aggregator_call variable_directory::aggregator_caller() cons
   return call_;
 }
 
+void variable_directory::put_executor(const std::string& device, executor_actor e) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  execs_[device] = std::move(e);
+}
+
+executor_actor variable_directory::get_executor(const std::string& device) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = execs_.find(device);
+  return it == execs_.end() ? executor_actor{} : it->second;
+}
+
+void variable_directory::remove_executor(const std::string& device) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  execs_.erase(device);
+}
+
 // -- data_plane_server ---------------------------------------------------------
 
 caf::expected<std::unique_ptr<data_plane_server>>
@@ -921,6 +937,77 @@ bool data_plane_server::serve_aggregator(const data_link& io, const std::string&
   return send_frame(io, reply, nullptr, params.empty() ? nullptr : params.bytes());
 }
 
+bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
+                                   const wire::header& h, const std::string& name) {
+  auto frame_ms = static_cast<int>(timeouts_.frame.count());
+  // Checked before anything is allocated: a value for an executor this node
+  // does not have, or over the limit, cannot make the node take its memory.
+  std::string refusal;
+  af_error code = af_error::invalid_argument;
+  wire::edge_prefix pre;
+  std::string device;
+  executor_actor exec;
+  if (name.size() < sizeof(pre)) {
+    refusal = fmt::format("an edge frame whose name of {} bytes is shorter than its {}-byte prefix "
+                          "(graph, sent time, op); is the sender of another actorflow version?",
+                          name.size(), sizeof(pre));
+  } else {
+    std::memcpy(&pre, name.data(), sizeof(pre));
+    device = name.substr(sizeof(pre));
+    exec = dir_->get_executor(device);
+    if (!exec) {
+      code = af_error::not_found;
+      refusal = fmt::format("no executor '{}' on {}; a value for it was sent to the wrong node, or "
+                            "the node restarted",
+                            device, node_name_);
+    } else if (h.payload_bytes > static_cast<uint64_t>(timeouts_.max_message_bytes)) {
+      code = af_error::resource_exhausted;
+      refusal = fmt::format("the value of op {} for '{}': a payload of {} bytes is over {}'s limit "
+                            "of {} bytes per message ([node] max_message_bytes)",
+                            pre.op, device, h.payload_bytes, node_name_,
+                            timeouts_.max_message_bytes);
+    } else if (!h.has_tensor && h.payload_bytes > 0) {
+      refusal = fmt::format("the value of op {} for '{}': a payload that is no tensor", pre.op,
+                            device);
+    }
+  }
+  read_end how = read_end::done;
+  if (!refusal.empty()) {
+    log::get()->warn("{} data plane: refused an edge from {}: {}", node_name_, peer, refusal);
+    return refuse_request(io, code, refusal, h.payload_bytes, frame_ms, how);
+  }
+  tensor value;
+  if (h.has_tensor) {
+    try {
+      value.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
+    } catch (const std::bad_alloc&) {
+      return refuse_request(io, af_error::resource_exhausted,
+                            fmt::format("{} cannot allocate {} bytes for the value of op {} for "
+                                        "'{}' (out of memory)",
+                                        node_name_, h.payload_bytes, pre.op, device),
+                            h.payload_bytes, frame_ms, how);
+    }
+    if (h.payload_bytes > 0
+        && read_timed(io, value.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
+             != read_end::done) {
+      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of the value of op {} "
+                       "for '{}'",
+                       node_name_, peer, pre.op, device);
+      return false;
+    }
+  }
+  // The receiving executor learns the way the value came, for the trace.
+  std::string path = std::string{"data plane ("}
+                     + (io.shm != nullptr ? "shared memory" : io.tls != nullptr ? "tls" : "tcp")
+                     + ") from " + peer;
+  // A local message: the executor shares the buffer just read, no copy.
+  caf::anon_send(exec, edge_atom::value, pre.graph, h.version, pre.op, std::move(value),
+                 pre.sent_ns, std::move(path));
+  wire::header reply;
+  reply.kind = static_cast<uint8_t>(wire::kind::reply);
+  return send_frame(io, reply, nullptr, nullptr);
+}
+
 std::unique_ptr<secure_stream> data_plane_server::accept_tls(int fd, const std::string& peer) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   auto start = std::chrono::steady_clock::now();
@@ -1034,7 +1121,9 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         break;
       auto problem = wire::validate(h);
       bool offer = h.kind == static_cast<uint8_t>(wire::kind::shm_offer);
-      if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer)
+      bool edge = h.kind == static_cast<uint8_t>(wire::kind::edge);
+      if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer
+          && !edge)
         problem = "a reply frame sent as a request";
       if (problem.empty() && offer && (h.payload_bytes != 0 || h.has_tensor))
         problem = "an offer of shared memory with a payload";
@@ -1091,6 +1180,11 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       }
       if (wire::aggregator_kind(h.kind)) {
         if (!serve_aggregator(io, peer, h, name))
+          break;
+        continue;
+      }
+      if (edge) {
+        if (!serve_edge(io, peer, h, name))
           break;
         continue;
       }
@@ -1685,6 +1779,64 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
   if (shm_possible_ && !shm_)
     shm_due_ = true; // a data plane answered: offer shared memory before the next request
   return std::make_pair(std::move(value), r.version);
+}
+
+caf::error data_channel::send_edge(const std::string& device, uint64_t graph, uint64_t step,
+                                   int32_t op, int64_t sent_ns, const tensor& value,
+                                   std::chrono::milliseconds wait) {
+  auto what = fmt::format("the value of op {} (step {} of graph {}) for {}", op, step, graph, device);
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  if (device.size() + sizeof(wire::edge_prefix) > wire::max_name)
+    return make_error(af_error::invalid_argument, what + ": the device name is too long for the data plane");
+  reopen_if_closed_by_peer();
+  wire::edge_prefix pre;
+  pre.graph = graph;
+  pre.sent_ns = sent_ns;
+  pre.op = op;
+  std::string name(sizeof(pre), '\0');
+  std::memcpy(name.data(), &pre, sizeof(pre));
+  name += device;
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::edge);
+  h.name_len = static_cast<uint32_t>(name.size());
+  h.version = step;
+  if (!value.empty() && !wire::describe_tensor(value, h))
+    return make_error(af_error::invalid_argument,
+                      what + ": rank " + std::to_string(value.shape().size())
+                        + " is more than the data plane carries (8)");
+  auto saved = timeout_;
+  if (wait.count() > 0 && wait != timeout_) {
+    timeout_ = wait;
+    set_timeout(fd_, SO_RCVTIMEO, wait);
+    set_timeout(fd_, SO_SNDTIMEO, wait);
+  }
+  auto restore = [&] {
+    timeout_ = saved;
+    if (fd_ >= 0) {
+      set_timeout(fd_, SO_RCVTIMEO, saved);
+      set_timeout(fd_, SO_SNDTIMEO, saved);
+    }
+  };
+  // One deadline for the send and the ack together.
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline)) {
+    restore();
+    return err;
+  }
+  if (!send_frame(io(deadline), h, &name, value.empty() ? nullptr : value.bytes(), &bound)) {
+    auto err = fail(what, errno, timeout_, true);
+    restore();
+    return err;
+  }
+  if (fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{std::max<long long>(ms_left(bound), 1)});
+  auto r = read_reply(what, deadline);
+  restore();
+  if (!r)
+    return std::move(r.error());
+  return {};
 }
 
 caf::expected<std::pair<uint64_t, tensor>>

@@ -34,6 +34,7 @@
 #include "actors/tls.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
+#include "messages/executor.hpp"
 #include "messages/wire.hpp"
 
 namespace af {
@@ -82,10 +83,19 @@ public:
   void set_aggregator_call(aggregator_call f);
   aggregator_call aggregator_caller() const;
 
+  // -- executors, reached by edge frames (values between partitions) --------
+
+  /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
+  void put_executor(const std::string& device, executor_actor e);
+  /// The executor of `device`; null if there is none.
+  executor_actor get_executor(const std::string& device) const;
+  void remove_executor(const std::string& device);
+
 private:
   mutable std::mutex mtx_;
   std::unordered_map<std::string, entry> vars_;
   std::unordered_map<std::string, aggregator_entry> aggs_;
+  std::unordered_map<std::string, executor_actor> execs_;
   aggregator_call call_;
 };
 
@@ -156,6 +166,10 @@ private:
   /// A push or pull frame (header read, name read); false: drop the connection.
   bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
                         const std::string& name);
+  /// An edge frame (header read, name read): the value goes to the named
+  /// executor as a local message; false: drop the connection.
+  bool serve_edge(const data_link& io, const std::string& peer, const wire::header& h,
+                  const std::string& name);
   /// A TLS connection's handshake (bounded by the frame timeout) and its
   /// record layer's first record: the stream, or null if the peer was
   /// refused (logged with why).
@@ -224,6 +238,14 @@ public:
                                                        uint32_t worker, uint64_t step,
                                                        const std::vector<tensor>& values,
                                                        std::chrono::milliseconds wait);
+
+  /// One value of step `step` of graph `graph` (produced by op `op`, sent at
+  /// `sent_ns` on this host's steady clock) to the executor of `device` on
+  /// the node: none once the node handed it to the executor. Errors as for
+  /// call(); `wait` (0: the channel's timeout) bounds the send and the ack.
+  caf::error send_edge(const std::string& device, uint64_t graph, uint64_t step, int32_t op,
+                       int64_t sent_ns, const tensor& value,
+                       std::chrono::milliseconds wait = {});
 
   bool broken() const { return fd_ < 0; }
 

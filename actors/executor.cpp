@@ -68,7 +68,7 @@ struct remote_reader_state {
 caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self) {
   return {
     [self](read_atom, const std::string& address, const std::string& var,
-           uint32_t timeout_ms) -> caf::result<tensor, uint64_t> {
+           uint32_t timeout_ms) -> caf::result<tensor, uint64_t, std::string> {
       auto& ch = self->state.channels[address];
       if (!ch || ch->broken()) {
         auto addr = parse_address(address, "data plane of variable '" + var + "'");
@@ -84,7 +84,41 @@ caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self)
       auto r = ch->call(var_op::read, var, nullptr, true);
       if (!r)
         return std::move(r.error());
-      return {std::move(r->first), r->second};
+      // With the way it travelled, for the trace.
+      return {std::move(r->first), r->second,
+              "data plane (" + ch->transport() + ") from " + address};
+    },
+  };
+}
+
+struct edge_sender_state {
+  std::unique_ptr<data_channel> channel; ///< to the one node this sender serves
+};
+
+/// Sends values of steps to the executors of one other node over its data
+/// plane. Detached: its blocking socket I/O never stalls the executor. A
+/// broken connection is opened again for the next value.
+caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std::string address) {
+  return {
+    [self, address](edge_atom, const std::string& device, uint64_t graph, uint64_t step,
+                    int32_t op, const tensor& value, int64_t sent_ns,
+                    uint32_t timeout_ms) -> caf::result<caf::ok_atom> {
+      auto& ch = self->state.channel;
+      auto timeout = std::chrono::milliseconds{timeout_ms};
+      if (!ch || ch->broken()) {
+        auto addr = parse_address(address, "data plane of " + device);
+        if (!addr)
+          return std::move(addr.error());
+        auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
+                                           std::min(timeout, std::chrono::milliseconds{10000}), {},
+                                           system_tls(self->system()));
+        if (!fresh)
+          return std::move(fresh.error());
+        ch = std::move(*fresh);
+      }
+      if (auto err = ch->send_edge(device, graph, step, op, sent_ns, value, timeout))
+        return err;
+      return caf::ok_atom::value;
     },
   };
 }
@@ -145,13 +179,54 @@ std::string address_of(const std::string& var_node) {
   return at == std::string::npos ? var_node : var_node.substr(at + 4);
 }
 
+/// Sends `value` of `op` to consumer `i` on its node's data plane; the step
+/// waits for the node to take it, and fails if it cannot.
+void send_on_data_plane(self_ptr self, step_key key, executor_state::step& s,
+                        const partition_op& op, size_t i, const tensor& value) {
+  const auto& plane = op.consumer_data_planes[i];
+  auto device = i < op.consumer_devices.size() ? op.consumer_devices[i] : std::string{};
+  auto& sender = self->state.edge_senders[plane];
+  if (!sender)
+    sender = self->spawn<caf::detached + caf::linked>(edge_sender_impl, plane);
+  ++s.pending_sends;
+  auto ms = s.part->step_timeout_ms;
+  self->request(sender, std::chrono::milliseconds{ms} + std::chrono::seconds{1}, edge_atom::value,
+                device, key.first, key.second, op.id, value, now_ns(), ms)
+    .then(
+      [self, key](caf::ok_atom) {
+        auto it = self->state.steps.find(key);
+        if (it == self->state.steps.end())
+          return;
+        --it->second.pending_sends;
+        advance(self, key);
+      },
+      [self, key, device, plane, name = op.name, id = op.id](caf::error& err) {
+        auto what = "sending the value of op '" + name + "' (" + std::to_string(id) + ") of "
+                    + step_name(key) + " to " + device + " on the data plane at " + plane;
+        if (err == caf::sec::request_timeout)
+          err = make_error(af_error::timeout, what + " timed out");
+        else if (err.category() != error_category)
+          err = make_error(af_error::peer_down, what + " failed: " + describe(err));
+        else
+          err = make_error(static_cast<af_error>(err.code()), what + " failed: " + describe(err));
+        fail(self, key, std::move(err));
+      });
+}
+
 /// An op's value is known: hand it to the partitions that need it and to the client.
 void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value, int64_t start,
                std::string note, uint64_t bytes_in) {
   auto& s = self->state.steps.at(key);
-  for (const auto& consumer : op.consumers)
+  for (size_t i = 0; i < op.consumers.size(); ++i) {
+    if (i < op.consumer_data_planes.size() && !op.consumer_data_planes[i].empty()) {
+      send_on_data_plane(self, key, s, op, i, value);
+      continue;
+    }
+    const auto& consumer = op.consumers[i];
     self->send(caf::actor_cast<executor_actor>(consumer), edge_atom::value, key.first, key.second,
-               op.id, value, now_ns());
+               op.id, value, now_ns(),
+               std::string{consumer->node() == self->node() ? "local buffer" : "CAF message"});
+  }
   if (op.fetch)
     s.result.fetched.push_back(feed{op.id, value});
   s.result.timings.push_back(
@@ -170,8 +245,8 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
   std::string path = !in.data_plane.empty()         ? "data plane from " + in.data_plane
                      : in.var->node() == self->node() ? std::string{"local buffer"}
                                                       : "CAF message from " + address_of(in.var_node);
-  auto on_value = [self, key, name, started, path, var = in.op, consumer = op.id](tensor& value,
-                                                                                 uint64_t) {
+  auto on_value = [self, key, name, started, var = in.op, consumer = op.id](tensor& value,
+                                                                           const std::string& path) {
     auto it = self->state.steps.find(key);
     if (it == self->state.steps.end())
       return;
@@ -201,10 +276,11 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
       reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
     self->request(reader, timeout, read_atom::value, in.data_plane, name,
                   s.part->variable_timeout_ms)
-      .then(on_value, on_error);
+      .then([on_value](tensor& value, uint64_t, std::string& how) { on_value(value, how); },
+            on_error);
   } else {
     self->request(in.var, timeout, var_op_atom::value, var_op::read, tensor{}, false)
-      .then(on_value, on_error);
+      .then([on_value, path](tensor& value, uint64_t) { on_value(value, path); }, on_error);
   }
 }
 
@@ -264,8 +340,9 @@ void advance(self_ptr self, step_key key) {
             auto a = s.arrivals.find(in.op);
             if (a != s.arrivals.end()) {
               s.result.transfers.push_back(
-                transfer_timing{0, in.op, op.id, a->second.first, a->second.second,
-                                v->second.empty() ? 0 : v->second.nbytes(), "edge"});
+                transfer_timing{0, in.op, op.id, a->second.sent_ns, a->second.received_ns,
+                                v->second.empty() ? 0 : v->second.nbytes(),
+                                std::move(a->second.path)});
               s.arrivals.erase(a);
             }
           }
@@ -314,6 +391,11 @@ void advance(self_ptr self, step_key key) {
       return;
     }
     finish_op(self, key, op, std::move(*out), start, std::move(note), bytes_in);
+  }
+  if (s.pending_sends > 0) {
+    s.waiting_for = "the data plane of another node to take " + std::to_string(s.pending_sends)
+                    + " value(s) of this step";
+    return; // the last ack resumes it
   }
   s.result.device = self->state.device;
   s.rp.deliver(std::move(s.result));
@@ -419,14 +501,15 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       advance(self, key);
       return rp;
     },
-    [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value, int64_t sent_ns) {
+    [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value, int64_t sent_ns,
+           std::string& path) {
       step_key key{graph, step};
       if (self->state.done.count(key))
         return; // the step failed or was aborted meanwhile
       auto s = open_step(self, key);
       if (s == nullptr)
         return; // a graph this executor no longer holds
-      s->arrivals[op] = {sent_ns, now_ns()};
+      s->arrivals[op] = {sent_ns, now_ns(), std::move(path)};
       s->values[op] = std::move(value);
       advance(self, key);
     },

@@ -30,6 +30,9 @@ struct executor_state {
   std::unordered_map<uint64_t, registered> graphs;
   /// Read other nodes' variables over their data plane, one per node address.
   std::map<std::string, caf::actor> remote_readers;
+  /// Send values to other nodes' executors over their data plane, one per
+  /// node address (detached: the executor never blocks on a socket).
+  std::map<std::string, caf::actor> edge_senders;
 
   /// One step of one graph, from its first edge or run_step to its reply.
   struct step {
@@ -39,7 +42,13 @@ struct executor_state {
     int64_t deadline_ns = 0;         ///< steady clock; the sweep fails it after
     std::string waiting_for;         ///< what it waits on now, for the timeout's text
     std::unordered_map<int32_t, tensor> values;        ///< results, edges, feeds
-    std::unordered_map<int32_t, std::pair<int64_t, int64_t>> arrivals; ///< edge op -> (sent, received)
+    struct arrival {
+      int64_t sent_ns = 0;
+      int64_t received_ns = 0;
+      std::string path; ///< how it came (the edge message says)
+    };
+    std::unordered_map<int32_t, arrival> arrivals; ///< by the edge's producing op
+    int pending_sends = 0; ///< values on their way to other nodes' data planes, not yet taken
     std::unordered_map<std::string, tensor> var_reads; ///< each variable read once a step
     caf::typed_response_promise<step_result> rp;
     step_result result;

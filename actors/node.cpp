@@ -134,6 +134,19 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
     st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
                                                    gpu, cpu);
   }
+  // Edge frames on the data plane find the executors by full device name;
+  // they leave the directory with the node (an executor's failure ends it).
+  if (st.directory) {
+    std::vector<std::string> devices;
+    for (const auto& [local, exec] : st.executors) {
+      devices.push_back(st.device_prefix + "/device:" + local);
+      st.directory->put_executor(devices.back(), exec);
+    }
+    self->attach_functor([dir = st.directory, devices](const caf::error&) {
+      for (const auto& d : devices)
+        dir->remove_executor(d);
+    });
+  }
   // Variables end with the node; one that ends alone is forgotten, and the
   // node serves on. An executor's failure ends the node.
   st.variable_names = std::make_shared<std::map<caf::actor_addr, std::string>>();

@@ -68,9 +68,20 @@ bind_step(const graph& g, const step_plan& plan_ref, cluster_link& link, const s
       op.fetch = po.fetch;
       op.want_value = po.want_value;
       for (auto c : po.consumers) {
-        auto consumer = caf::actor_cast<caf::actor>(step->partitions[c].exec);
-        if (std::find(op.consumers.begin(), op.consumers.end(), consumer) == op.consumers.end())
-          op.consumers.push_back(consumer);
+        const auto& q = step->partitions[c];
+        auto consumer = caf::actor_cast<caf::actor>(q.exec);
+        if (std::find(op.consumers.begin(), op.consumers.end(), consumer) != op.consumers.end())
+          continue;
+        op.consumers.push_back(consumer);
+        op.consumer_devices.push_back(q.device);
+        // On another node: the value goes on that node's data plane.
+        std::string plane;
+        auto owner = link.conns.find(q.task);
+        if (opts.data_plane && q.node != p.node && owner != link.conns.end()
+            && owner->second.info.data_port != 0)
+          if (auto addr = parse_address(owner->second.address, "the executor of " + q.device))
+            plane = task_address{addr->host, owner->second.info.data_port}.to_string();
+        op.consumer_data_planes.push_back(std::move(plane));
       }
       for (const auto& in : po.inputs) {
         describe_node(in.node);

@@ -340,7 +340,9 @@ step_outputs step_runner::assemble(const prepared_step& step, std::vector<step_r
         auto sent = from ? x.start_ns - from->clock_offset_ns : local(x.start_ns);
         out.trace.push_back(trace_entry{
           name_of(x.op).name + " -> " + name_of(x.consumer).name, "transfer", "", p.device, p.node,
-          "from " + (from ? from->device + " @ " + from->node : std::string{"?"}), sent,
+          "from " + (from ? from->device + " @ " + from->node : std::string{"?"})
+            + (x.path.empty() ? std::string{} : " by " + x.path),
+          sent,
           local(x.end_ns), x.bytes, 0});
       }
     }

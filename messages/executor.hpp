@@ -13,14 +13,24 @@
 ///        for another owner is invalid_argument (the owner picks another id).
 ///   (run_step, uint64 graph, uint64 step, vector<feed>) -> (step_result)
 ///        runs the partition's ops in order. A value another partition needs
-///        is sent there as (edge, graph, step, op, tensor, sent_ns), executor
-///        to executor, never through the client; values from elsewhere wait in
+///        is sent there as (edge, graph, step, op, tensor, sent_ns, path),
+///        executor to executor, never through the client: on the same node as
+///        a local message; to another node's executor on that node's data
+///        plane (an edge frame, messages/wire.hpp, sent by a detached sender
+///        per destination; its node's server delivers the edge message) when
+///        the partition names the consumer's data plane, else as a CAF
+///        message. A step with values in flight on the data plane answers
+///        once the consumers' nodes took them; a send that fails fails the
+///        step, naming the edge, the destination and the cause (the session
+///        then aborts the other partitions). Values from elsewhere wait in
 ///        an inbox until their op needs them. Every step, and every inbox
 ///        opened by an early edge, has the partition's deadline: a step still
 ///        waiting then fails with a timeout that names what it waits for, and
 ///        nothing is kept. The reply carries the fetched values, each op's
 ///        timing and each transfer into this partition as measured here.
-///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns)   one-way
+///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns, string path)   one-way
+///        `path`: how it came, for the trace ("local buffer", "CAF message
+///        from ...", "data plane (tcp|tls|shared memory) from host:port")
 ///   (abort, uint64 graph, uint64 step)                      one-way: drop the step
 ///   (forget, uint64 graph)                                  one-way: drop the graph
 ///   (info)  -> (uint64 graphs, uint64 steps)                what it holds now (tests)
@@ -83,12 +93,17 @@ struct partition_op {
   std::vector<caf::actor> consumers; ///< executors of other partitions that need the value
   bool fetch = false;                ///< send the value back to the client
   bool want_value = true;            ///< updates: read the value back
+  /// Per consumer (same order; may be shorter: none): "host:port" of the
+  /// data plane of its node when that is another node, else empty (a local
+  /// or CAF message).
+  std::vector<std::string> consumer_data_planes;
+  std::vector<std::string> consumer_devices; ///< per consumer: its full device name
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, partition_op& x) {
   return f(caf::meta::type_name("partition_op"), x.id, x.op, x.name, x.attrs, x.inputs, x.consumers,
-           x.fetch, x.want_value);
+           x.consumer_data_planes, x.consumer_devices, x.fetch, x.want_value);
 }
 
 struct partition {
@@ -144,7 +159,7 @@ struct transfer_timing {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   uint64_t bytes = 0;     ///< the bytes that arrived
-  std::string path;       ///< "local buffer", "data plane from host:port", "CAF message"
+  std::string path;       ///< "local buffer", "data plane (tcp) from host:port", "CAF message"
 };
 
 template <class Inspector>
@@ -168,7 +183,7 @@ typename Inspector::result_type inspect(Inspector& f, step_result& x) {
 using executor_actor = caf::typed_actor<
   caf::replies_to<register_atom, partition>::with<caf::ok_atom>,
   caf::replies_to<run_step_atom, uint64_t, uint64_t, std::vector<feed>>::with<step_result>,
-  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t>,
+  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string>,
   caf::reacts_to<abort_atom, uint64_t, uint64_t>,
   caf::reacts_to<forget_atom, uint64_t>,
   caf::replies_to<info_atom>::with<uint64_t, uint64_t>,

@@ -38,6 +38,11 @@ enum class kind : uint8_t {
   /// segment's, `version` its size, no payload. The reply's `version` is 1
   /// if the node took it (every later frame goes through its rings), else 0.
   shm_offer = 8,
+  /// A value for another partition's executor (model parallelism; actors/
+  /// executor.hpp): `version` is the step, the name an edge_prefix followed
+  /// by the consumer executor's full device name, the payload the tensor.
+  /// The reply is an empty ack, or an error (not_found: no such executor).
+  edge = 9,
   reply = 16,
 };
 
@@ -53,6 +58,15 @@ static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::r
                 && static_cast<uint8_t>(kind::assign_sub) == static_cast<uint8_t>(var_op::assign_sub),
               "a request frame's kind byte is its var_op");
 static_assert(!valid_var_op(static_cast<uint8_t>(kind::reply)), "a reply is no var_op");
+
+/// The fixed start of an edge frame's name (then the device name).
+struct edge_prefix {
+  uint64_t graph = 0;
+  int64_t sent_ns = 0; ///< the producer's steady clock as it sent
+  int32_t op = -1;     ///< the producing op's graph id
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(edge_prefix) == 24, "an edge frame's name starts with 24 bytes");
 
 /// The kind byte of a request for `op`.
 constexpr uint8_t request_kind(var_op op) {

@@ -34,7 +34,7 @@ executor_actor::behavior_type fake_executor() {
     [](run_step_atom, uint64_t, uint64_t, std::vector<feed>) -> caf::result<step_result> {
       return step_result{};
     },
-    [](edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t) {
+    [](edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string) {
       // nop
     },
     [](abort_atom, uint64_t, uint64_t) {

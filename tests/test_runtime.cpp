@@ -96,7 +96,7 @@ TEST_CASE("an inbox opened by an edge for a step that never runs is dropped at t
   self->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(5, 100))
     .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
   self->send(f.exec, edge_atom::value, uint64_t{5}, uint64_t{77}, int32_t{7}, tensor::scalar(2.0f),
-             int64_t{0});
+             int64_t{0}, std::string{"local buffer"});
   CHECK(eventually([&] { return f.load().second == 1; }));
   CHECK(eventually([&] { return f.load().second == 0; }));
   CHECK(f.load().first == 1); // the graph itself stays
