@@ -47,6 +47,7 @@
 #include "config/loopback.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
+#include "programs/bench_activation.hpp"
 #include "programs/bench_train.hpp"
 
 namespace {
@@ -1122,6 +1123,8 @@ int main(int argc, char** argv) {
     all_metrics.push_back(m);
   for (auto& m : local_metrics)
     all_metrics.push_back(m);
+  const std::string activation_metric = "model_parallel_64mib_activation";
+  all_metrics.push_back(activation_metric);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
   std::string only, only_list;
@@ -1215,5 +1218,16 @@ int main(int argc, char** argv) {
       train_wanted.push_back(m);
   if (!train_wanted.empty())
     af::bench::run_train_benches(train_wanted, topts);
+
+  // Two node processes and a session (programs/bench_activation.hpp); the
+  // raw peer is forked first, when this process's actor systems are gone.
+  if (wanted(activation_metric)) {
+    raw_link raw;
+    raw.start();
+    std::vector<char> whole(size_t{64} << 20, 'w');
+    raw.buffer_mbps(whole, true); // the peer allocates and faults its buffer
+    if (int rc = af::bench::run_activation_bench(reps, [&] { return raw.buffer_mbps(whole, true); }))
+      return rc;
+  }
   return 0;
 }
