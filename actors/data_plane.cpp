@@ -42,7 +42,8 @@ struct data_link {
   int fd = -1;
   secure_stream* tls = nullptr;
   shm_channel* shm = nullptr;
-  // On shared memory, what bounds a wait (the socket's timeouts do on TCP):
+  ucx_channel* ucx = nullptr; ///< actors/ucx_link.hpp, bounded as shm is
+  // On shared memory (and UCX), what bounds a wait (the socket's timeouts do on TCP):
   int stall_ms = 0; ///< no byte moved for this long (the node's frame timeout)
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   const std::atomic<bool>* cancel = nullptr;
@@ -186,8 +187,9 @@ shm_channel::bound shm_bound(const link& io, const send_bound* b = nullptr) {
 }
 
 bool write_all(const link& io, iovec* iov, int count, const send_bound* b = nullptr) {
-  if (io.shm != nullptr) {
-    int err = shm_errno(io.shm->write(iov, count, io.fd, shm_bound(io, b)));
+  if (io.ucx != nullptr || io.shm != nullptr) {
+    int err = shm_errno(io.ucx != nullptr ? io.ucx->write(iov, count, io.fd, shm_bound(io, b))
+                                          : io.shm->write(iov, count, io.fd, shm_bound(io, b)));
     errno = err;
     return err == 0;
   }
@@ -328,11 +330,11 @@ read_end tls_read_timed(const link& io, void* buf, size_t n, int first_wait_ms, 
 
 read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
                     bool poll_first) {
-  if (io.shm != nullptr) {
+  if (io.ucx != nullptr || io.shm != nullptr) {
     auto b = shm_bound(io);
     b.first_ms = first_wait_ms;
     b.stall_ms = stall_ms;
-    switch (io.shm->read(buf, n, io.fd, b)) {
+    switch (io.ucx != nullptr ? io.ucx->read(buf, n, io.fd, b) : io.shm->read(buf, n, io.fd, b)) {
       case shm_channel::status::done:
         return read_end::done;
       case shm_channel::status::closed:
@@ -343,8 +345,10 @@ read_end read_timed(const link& io, void* buf, size_t n, int first_wait_ms, int 
         return read_end::stalled;
       case shm_channel::status::corrupt:
         // Said in the node's log as a record layer's failure is.
-        last_tls_error = "its shared-memory ring is corrupt (counters out of range, a flood of "
-                         "doorbell bytes, or a segment it shrank or punched)";
+        last_tls_error = io.ucx != nullptr
+                           ? "it sent bytes on the TCP socket of a connection moved to UCX"
+                           : "its shared-memory ring is corrupt (counters out of range, a flood of "
+                             "doorbell bytes, or a segment it shrank or punched)";
         return read_end::failed;
       default:
         return read_end::failed;
@@ -382,12 +386,13 @@ bool read_all(const link& io, void* buf, size_t n, size_t* got = nullptr,
   auto* p = static_cast<char*>(buf);
   if (got != nullptr)
     *got = 0;
-  if (io.shm != nullptr) {
+  if (io.ucx != nullptr || io.shm != nullptr) {
     auto b = shm_bound(io);
     if (until != nullptr)
       b.deadline = std::min(b.deadline, *until);
     uint64_t moved = 0;
-    int err = shm_errno(io.shm->read(buf, n, io.fd, b, &moved));
+    int err = shm_errno(io.ucx != nullptr ? io.ucx->read(buf, n, io.fd, b, &moved)
+                                          : io.shm->read(buf, n, io.fd, b, &moved));
     if (got != nullptr)
       *got = moved;
     errno = err;
@@ -1097,6 +1102,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     ~give_back() { total.fetch_sub(bytes); }
   } shm_share{shm_mapped_, shm_bytes};
   std::unique_ptr<shm_channel> shm;
+  std::unique_ptr<ucx_channel> ucx; // after a client's offer of UCX (actors/ucx_link.hpp)
   io.stall_ms = frame_ms;
   io.spin = timeouts_.shm_spin;
   // True if a read ended the connection; says why in the log if the peer went silent.
@@ -1122,9 +1128,15 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       auto problem = wire::validate(h);
       bool offer = h.kind == static_cast<uint8_t>(wire::kind::shm_offer);
       bool edge = h.kind == static_cast<uint8_t>(wire::kind::edge);
+      bool ucx_offer = h.kind == static_cast<uint8_t>(wire::kind::ucx_offer);
       if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer
-          && !edge)
+          && !edge && !ucx_offer)
         problem = "a reply frame sent as a request";
+      if (ucx_offer && (h.payload_bytes > ucx_channel::max_address_bytes || h.has_tensor
+                        || h.name_len != 0))
+        problem = fmt::format("an offer of UCX with a worker address of {} bytes (at most {}), a "
+                              "tensor or a name: not one of actorflow's",
+                              h.payload_bytes, ucx_channel::max_address_bytes);
       if (problem.empty() && offer && (h.payload_bytes != 0 || h.has_tensor))
         problem = "an offer of shared memory with a payload";
       if (!problem.empty() && looks_like_tls(reinterpret_cast<const unsigned char*>(&h), 2))
@@ -1140,6 +1152,47 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       if (h.name_len > 0 && ended(read_timed(io, name.data(), name.size(), frame_ms, frame_ms, false),
                                   "variable name"))
         break;
+      if (ucx_offer) {
+        // A client on another host of a trusted fabric offers UCX: taken if
+        // this node trusts the fabric too and has UCX; declined (the client
+        // stays on TCP/TLS) otherwise, or if its address is not one UCX can
+        // reach (logged: garbage here is a client's bug or a stranger).
+        std::string theirs(h.payload_bytes, '\0');
+        if (!theirs.empty()
+            && ended(read_timed(io, theirs.data(), theirs.size(), frame_ms, frame_ms, false),
+                     "payload"))
+          break;
+        const char* stays = io.tls != nullptr ? "TLS" : "TCP";
+        std::unique_ptr<ucx_channel> ch;
+        if (io.shm || io.ucx) {
+          log::get()->warn("{} data plane: {} offered UCX a second time; declined", node_name_, peer);
+        } else if (!timeouts_.trusted_fabric && !process_trusted_fabric().load()) {
+          log::get()->info("{} data plane: {} stays on {}: it offered UCX, but this node does not "
+                           "trust the fabric (set [security] trusted_fabric = true on both ends "
+                           "to allow unencrypted UCX)",
+                           node_name_, peer, stays);
+        } else if (auto made = ucx_channel::create(); !made) {
+          log::get()->info("{} data plane: {} stays on {}: {}", node_name_, peer, stays,
+                           describe(made.error()));
+        } else if (auto err = (*made)->connect(theirs)) {
+          log::get()->warn("{} data plane: {} stays on {}: refused its offer of UCX: {}", node_name_,
+                           peer, stays, describe(err));
+        } else {
+          ch = std::move(*made);
+        }
+        wire::header reply;
+        reply.kind = static_cast<uint8_t>(wire::kind::reply);
+        reply.version = ch ? 1 : 0;
+        reply.payload_bytes = ch ? ch->address().size() : 0;
+        if (!send_frame(io, reply, nullptr, ch ? ch->address().data() : nullptr))
+          break;
+        if (ch) {
+          ucx = std::move(ch);
+          io.ucx = ucx.get();
+          log::get()->debug("{} data plane: {} is on {}", node_name_, peer, ucx->transport());
+        }
+        continue;
+      }
       if (offer) {
         // A client on this host offers shared memory: taken if this node
         // allows it and the connection is plaintext on TCP still; declined
@@ -1337,7 +1390,8 @@ void data_plane_server::serve(int fd, const std::string& peer) {
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
                       std::chrono::milliseconds timeout, std::chrono::microseconds poll,
-                      std::shared_ptr<tls_context> tls, bool* untrusted, bool shared_memory) {
+                      std::shared_ptr<tls_context> tls, bool* untrusted, bool shared_memory,
+                      bool trusted_fabric) {
   if (untrusted != nullptr)
     *untrusted = false;
   // One deadline for the TCP connect, the TLS handshake and the node's first
@@ -1434,6 +1488,15 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   // here, and a stranger's first frame is still a request of the caller's).
   ch->shm_possible_ = shared_memory && ch->stream_ == nullptr
                       && !shm_channel::disabled_by_environment() && shm_channel::same_host(fd);
+  // UCX in its place between hosts of a trusted fabric (or wherever the test
+  // hook forces it), offered at the same moment (actors/ucx_link.hpp).
+  ch->ucx_trusted_ = trusted_fabric;
+  if ((trusted_fabric || process_trusted_fabric().load()) && !ucx_channel::disabled_by_environment()
+      && (ucx_channel::forced_by_environment() || !shm_channel::same_host(fd))
+      && ucx_channel::available()) {
+    ch->ucx_possible_ = true;
+    ch->shm_possible_ = false;
+  }
   return ch;
 }
 
@@ -1467,19 +1530,20 @@ void data_channel::reopen_if_closed_by_peer() {
 }
 
 bool data_channel::reconnect() {
-  auto fresh = connect(host_, port_, peer_, timeout_, poll_, tls_, nullptr, shm_wanted_);
+  auto fresh = connect(host_, port_, peer_, timeout_, poll_, tls_, nullptr, shm_wanted_, ucx_trusted_);
   if (!fresh)
     return false;
   drop();
   std::swap(fd_, (*fresh)->fd_);
   std::swap(stream_, (*fresh)->stream_);
   shm_possible_ = (*fresh)->shm_possible_;
+  ucx_possible_ = (*fresh)->ucx_possible_;
   shm_due_ = false;
   return true;
 }
 
 data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const {
-  data_link l{fd_, stream_, shm_.get()};
+  data_link l{fd_, stream_, shm_.get(), ucx_.get()};
   l.deadline = deadline;
   l.cancel = cancel_ ? cancel_.get() : nullptr;
   // A reply is looked for this long before sleeping (as poll_for_reply does
@@ -1490,6 +1554,8 @@ data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const
 }
 
 caf::error data_channel::upgrade_if_due(std::chrono::steady_clock::time_point deadline) {
+  if (shm_due_ && fd_ >= 0 && ucx_possible_ && !ucx_)
+    return offer_ucx(deadline);
   if (!shm_due_ || fd_ < 0 || shm_)
     return {};
   shm_due_ = false;
@@ -1524,8 +1590,59 @@ caf::error data_channel::upgrade_if_due(std::chrono::steady_clock::time_point de
   return {};
 }
 
+caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadline) {
+  shm_due_ = false;
+  ucx_possible_ = false; // offered once per connection
+  const char* stays = stream_ != nullptr ? "TLS" : "TCP";
+  auto mine = ucx_channel::create();
+  if (!mine) {
+    log::get()->info("the data connection to {} stays on {}: {}", peer_, stays,
+                     describe(mine.error()));
+    return {};
+  }
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::ucx_offer);
+  h.payload_bytes = (*mine)->address().size();
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  const link tcp{fd_, stream_};
+  if (!send_frame(tcp, h, nullptr, (*mine)->address().data(), &bound))
+    return fail("an offer of UCX", errno, timeout_, true);
+  wire::header r;
+  if (!read_all(tcp, &r, sizeof(r), nullptr, &deadline))
+    return fail("an offer of UCX", errno);
+  auto problem = wire::validate(r);
+  if (problem.empty()
+      && (r.kind != static_cast<uint8_t>(wire::kind::reply) || r.status != 0 || r.version > 1
+          || r.has_tensor || (r.version == 1) != (r.payload_bytes > 0)
+          || r.payload_bytes > ucx_channel::max_address_bytes))
+    problem = "not the answer to an offer of UCX";
+  if (!problem.empty()) {
+    drop();
+    return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
+  }
+  if (r.version == 0) {
+    log::get()->info("the data connection to {} stays on {}: the node declined UCX (does it set "
+                     "[security] trusted_fabric = true? its log says why)",
+                     peer_, stays);
+    return {};
+  }
+  std::string theirs(r.payload_bytes, '\0');
+  if (!read_all(tcp, theirs.data(), theirs.size(), nullptr, &deadline))
+    return fail("an offer of UCX", errno);
+  if (auto err = (*mine)->connect(theirs)) {
+    drop();
+    return make_error(af_error::unreachable,
+                      peer_ + " took this process's offer of UCX, but its answer is not a worker "
+                        "address UCX can reach (" + describe(err)
+                        + "); the connection is closed (ACTORFLOW_DATA_UCX=off keeps data "
+                          "connections on TCP/TLS)");
+  }
+  ucx_ = std::move(*mine);
+  return {};
+}
+
 std::string data_channel::transport() const {
-  return stream_ != nullptr ? "tls" : shm_ ? "shared memory" : "tcp";
+  return ucx_ ? ucx_->transport() : stream_ != nullptr ? "tls" : shm_ ? "shared memory" : "tcp";
 }
 
 void data_channel::poll_for_reply() {
@@ -1533,8 +1650,8 @@ void data_channel::poll_for_reply() {
   // recv costs a wake-up, and on a small VM a wake-up across CPUs costs
   // ~20 us (measured: 58 us round trips instead of ~20 us): look for the
   // reply for a moment first, then block.
-  if (poll_.count() <= 0 || shm_)
-    return; // on shared memory the ring's read looks for the reply itself
+  if (poll_.count() <= 0 || shm_ || ucx_)
+    return; // on shared memory (UCX) the ring's (worker's) read looks for the reply itself
   if (stream_ != nullptr && stream_->has_pending())
     return;
   auto until = std::chrono::steady_clock::now() + poll_;
@@ -1559,6 +1676,7 @@ void data_channel::drop() {
   delete stream_;
   stream_ = nullptr;
   shm_.reset();
+  ucx_.reset();
   shm_due_ = false;
   if (fd_ >= 0)
     close(fd_);
@@ -1694,7 +1812,7 @@ caf::expected<std::pair<tensor, uint64_t>>
 data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
   wire::header r;
   poll_for_reply();
-  if (cancel_ && !shm_) { // on shared memory the ring's read looks at cancel_
+  if (cancel_ && !shm_ && !ucx_) { // on shared memory the ring's read looks at cancel_
     // Wait for the reply in slices, so that a cancel is seen within 20 ms;
     // the deadline is the try's (send and reply together).
     for (;;) {
@@ -1776,7 +1894,7 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();
-  if (shm_possible_ && !shm_)
+  if ((shm_possible_ && !shm_) || (ucx_possible_ && !ucx_))
     shm_due_ = true; // a data plane answered: offer shared memory before the next request
   return std::make_pair(std::move(value), r.version);
 }

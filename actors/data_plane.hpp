@@ -32,6 +32,7 @@
 
 #include "actors/shm_ring.hpp"
 #include "actors/tls.hpp"
+#include "actors/ucx_link.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
@@ -131,6 +132,10 @@ struct data_plane_limits {
   /// connections together (each takes 8 MiB + 4 KiB by default); an offer
   /// past it is declined and that client stays on TCP.
   int64_t max_shm_bytes = int64_t{1} << 30;
+  /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
+  /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
+  /// the client stays on TCP/TLS.
+  bool trusted_fabric = false;
 };
 
 /// The old name (timeouts only), for code not yet moved to the limits.
@@ -209,12 +214,18 @@ public:
   /// this end's own address), without TLS, and ACTORFLOW_DATA_SHM is not
   /// "off", the connection moves to shared memory after the node's first
   /// answer (actors/shm_ring.hpp); false: it stays on TCP.
+  ///
+  /// `trusted_fabric` (or the process's own, process_trusted_fabric()): when
+  /// the node is on another host (or ACTORFLOW_DATA_UCX=force), the build has
+  /// UCX and ACTORFLOW_DATA_UCX is not "off", the connection offers UCX after
+  /// the node's first answer (actors/ucx_link.hpp; TLS, if configured, still
+  /// authenticates both ends first).
   static caf::expected<std::unique_ptr<data_channel>>
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
           std::chrono::microseconds poll = std::chrono::microseconds{0},
           std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr,
-          bool shared_memory = true);
+          bool shared_memory = true, bool trusted_fabric = false);
 
   ~data_channel();
 
@@ -252,7 +263,8 @@ public:
   /// "TLSv1.3 TLS_AES_128_GCM_SHA256" on a TLS connection, else empty.
   std::string tls_description() const;
 
-  /// How the frames travel now: "tls", "shared memory" or "tcp".
+  /// How the frames travel now: "tls", "shared memory", "ucx (tcp)" (UCX and
+  /// its transports) or "tcp".
   std::string transport() const;
 
   /// While `cancel` is set, a call() waiting for its reply gives up within
@@ -302,6 +314,11 @@ private:
   bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
   bool shm_due_ = false;             ///< the node answered: offer before the next request
   std::unique_ptr<shm_channel> shm_; ///< the rings, once the node took the offer
+  bool ucx_trusted_ = false;         ///< connect's `trusted_fabric`
+  bool ucx_possible_ = false;        ///< this connection may offer UCX (checked in upgrade_if_due)
+  std::unique_ptr<ucx_channel> ucx_; ///< UCX, once the node took that offer
+  /// upgrade_if_due's offer of UCX.
+  caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
 };
 
 } // namespace af

@@ -130,15 +130,15 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
 /// found after parsing (a file that cannot be read, a missing partner key).
 using key_places = std::map<std::string, std::string>;
 
-const char* const security_keys = "ca, certificate, key, passphrase_file, insecure";
+const char* const security_keys = "ca, certificate, key, passphrase_file, insecure, trusted_fabric";
 
 /// Sets one [security] key; `where` names it for errors.
 caf::error set_security_key(security_options& out, const std::string& key, const std::string* text,
                             const bool* flag, const std::string& where) {
-  if (key == "insecure") {
+  if (key == "insecure" || key == "trusted_fabric") {
     if (flag == nullptr)
       return config_error(where + " must be true or false");
-    out.insecure = *flag;
+    (key == "insecure" ? out.insecure : out.trusted_fabric) = *flag;
     return caf::none;
   }
   std::string* field = key == "ca"                ? &out.ca_file

@@ -13,6 +13,17 @@
 ///   [security]
 ///   insecure = true
 ///
+/// Between hosts whose network nobody else can reach or read (a cluster's
+/// own RDMA or Ethernet fabric), the data plane may move its frames by UCX
+/// (RDMA where the NICs have it), which carries no TLS:
+///
+///   [security]
+///   trusted_fabric = true   # default false
+///
+/// With certificates too, a connection's TLS handshake and the node's first
+/// record still authenticate both ends; only the frames after them go by UCX
+/// unencrypted (docs/security.md "Trusted fabric").
+///
 /// Relative paths are relative to the config file's folder. `actorflow-certs`
 /// makes a CA and one certificate per task of a config.
 
@@ -28,6 +39,9 @@ struct security_options {
   std::string passphrase;      ///< read from passphrase_file when the config is loaded
   /// Plaintext ports allowed on a non-loopback address, said explicitly.
   bool insecure = false;
+  /// The network between hosts is trusted: the data plane may leave TCP/TLS
+  /// for UCX after a connection's first exchange (actors/ucx_link.hpp).
+  bool trusted_fabric = false;
 
   /// True when connections are to be mutual TLS.
   bool enabled() const { return !cert_file.empty(); }

@@ -43,6 +43,12 @@ enum class kind : uint8_t {
   /// by the consumer executor's full device name, the payload the tensor.
   /// The reply is an empty ack, or an error (not_found: no such executor).
   edge = 9,
+  /// The client offers UCX (actors/ucx_link.hpp; a peer on another host of a
+  /// trusted fabric): the payload is its UCP worker's address (in
+  /// ucx_link's envelope, at most 64 KiB), no name. The reply's `version` is
+  /// 1 if the node took it, its payload then the node's worker address
+  /// (every later frame goes over UCX), else 0 and no payload.
+  ucx_offer = 10,
   reply = 16,
 };
 
