@@ -18,10 +18,13 @@
 #include <cstring>
 #include <thread>
 
+#include "certs.hpp"
 #include "scenarios.hpp"
+#include "temp_dir.hpp"
 #include "wait.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/executor.hpp"
+#include "config/loopback.hpp"
 #include "messages/wire.hpp"
 
 using namespace af;
@@ -143,6 +146,43 @@ TEMPLATE_TEST_CASE("a value between partitions on two nodes comes on the consume
   INFO(note);
   CHECK(note.find(shm_off() ? "by data plane (tcp) from " : "by data plane (shared memory) from ")
         != std::string::npos);
+}
+
+// Catches: a sender that opens a plaintext channel to a node with
+// [security] (refused: the step would fail) or one that goes around TLS,
+// and a trace that does not say the edge was on TLS.
+TEST_CASE("with [security] a value between two node processes comes on the data plane over TLS",
+          "[activation][tls]") {
+  temp_dir dir;
+  auto config = dir / "cluster.toml";
+  std::string cluster = "[cluster]\nlocal = [\"127.0.0.1:" + std::to_string(free_loopback_port())
+                        + "\", \"127.0.0.1:" + std::to_string(free_loopback_port()) + "\"]\n";
+  write_file(config, cluster);
+  write_file(config, cluster + "\n" + make_certs(config));
+  std::vector<std::unique_ptr<background_process>> nodes;
+  for (int task = 0; task < 2; ++task) {
+    nodes.push_back(std::make_unique<background_process>(std::vector<std::string>{
+      ACTORFLOW_NODE_BINARY, "--config", config, "--job", "local", "--task", std::to_string(task)}));
+    REQUIRE(nodes.back()->wait_for("actorflow-node ready", 30s)); // waits for its ready line
+  }
+  auto loaded = value_of(load_cluster_config(config));
+  auto sec = value_of(security_for(loaded.security, "client"));
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  session_options so;
+  so.security = sec;
+  so.timeout = 30s;
+  auto s = value_of(session::make(sys, loaded.cluster, "/job:local/task:0", so));
+  two_node_graph g{s, 1024};
+  for (int step = 1; step <= 2; ++step) {
+    run_trace trace;
+    auto got = value_of(s.run({g.z}, {{g.x, tensor::filled(dtype::float32, {1024}, step)}}, &trace));
+    CHECK(got[0].at(1023) == 2 * step + 1);
+    auto e = trace.find("produce -> consume");
+    REQUIRE(e != nullptr);
+    INFO(e->note);
+    CHECK(e->note.find("by data plane (tls) from ") != std::string::npos);
+  }
 }
 
 // Catches: values between executors of one node sent through a socket (or a
