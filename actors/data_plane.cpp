@@ -1002,8 +1002,12 @@ bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
     }
   }
   // The receiving executor learns the way the value came, for the trace.
-  std::string path = std::string{"data plane ("}
-                     + (io.shm != nullptr ? "shared memory" : io.tls != nullptr ? "tls" : "tcp")
+  // (UCX first: after its offer the frames go over it, the TLS stream kept only for liveness.)
+  std::string path = "data plane ("
+                     + (io.ucx != nullptr ? io.ucx->transport()
+                        : io.shm != nullptr ? std::string{"shared memory"}
+                        : io.tls != nullptr ? std::string{"tls"}
+                                            : std::string{"tcp"})
                      + ") from " + peer;
   // A local message: the executor shares the buffer just read, no copy.
   caf::anon_send(exec, edge_atom::value, pre.graph, h.version, pre.op, std::move(value),
