@@ -1010,7 +1010,9 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       _exit(4);
     d->put("big", {af::variable_cell_actor{}, big});
     d->put("counter", {af::variable_cell_actor{}, counter});
-    auto srv = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", {});
+    af::data_plane_limits limits;
+    limits.trusted_fabric = true; // takes the 'ucx' channel's offer (no other channel makes one)
+    auto srv = af::data_plane_server::start(d, "127.0.0.1", 0, "bench node", limits);
     if (!srv)
       _exit(5);
     uint16_t p = (*srv)->port();
@@ -1056,13 +1058,36 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
     std::cerr << "actorflow-bench: the local channel did not move to shared memory" << std::endl;
     return finish(1);
   }
+  // UCX as between hosts of a trusted fabric (actors/ucx_link.hpp), forced
+  // on this host; UCX_TLS=tcp in the environment (both processes) keeps it
+  // on UCX's TCP transport, as between hosts without RDMA.
+  std::unique_ptr<af::data_channel> ucx;
+  if (wanted("tensor_64mib_assign_ucx") && !af::ucx_channel::available())
+    std::printf("# ucx: tensor_64mib_assign_ucx skipped: this build or process has no UCX\n");
+  else if (wanted("tensor_64mib_assign_ucx")) {
+    setenv("ACTORFLOW_DATA_UCX", "force", 1);
+    auto c = af::data_channel::connect("127.0.0.1", port, "bench node (ucx)", std::chrono::seconds(60),
+                                       poll, nullptr, nullptr, false, true);
+    if (c) {
+      call(**c, af::var_op::assign_add, "counter", &one);
+      call(**c, af::var_op::assign_add, "counter", &one);
+      ucx = std::move(*c);
+    }
+    if (!ucx || ucx->transport().rfind("ucx", 0) != 0) {
+      std::cerr << "actorflow-bench: no UCX channel ("
+                << (ucx ? ucx->transport() : af::describe(c.error()))
+                << "); is the build without libucx-dev?" << std::endl;
+      return finish(1);
+    }
+    std::printf("# ucx: the 'ucx' channel is on %s\n", ucx->transport().c_str());
+  }
   if (wanted("remote_assign_add_rtt_local")) {
     auto [ours, base] = rtt_against_echo(
       raw, rounds, [&] { call(**local, af::var_op::assign_add, "counter", &one); });
     report("remote_assign_add_rtt_local", ours, base, "us");
   }
   bool assign = wanted("tensor_64mib_assign_local"), read = wanted("tensor_64mib_read_local");
-  if (assign || read) {
+  if (assign || read || ucx) {
     auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
     std::vector<char> whole(value.nbytes(), 'w'), copy(value.nbytes(), 'c');
     auto mbps = [&](auto&& f) {
@@ -1071,12 +1096,23 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
     };
     raw.buffer_mbps(whole, true); // the peer allocates and faults its buffer
+    if (ucx) {
+      call(*ucx, af::var_op::assign, "big", &value);
+      call(*ucx, af::var_op::read, "big", nullptr);
+    }
     for (auto* ch : {local->get(), tcp->get()}) { // warm both ends
       call(*ch, af::var_op::assign, "big", &value);
       call(*ch, af::var_op::read, "big", nullptr);
     }
-    std::vector<double> shm_w, shm_r, tcp_w, tcp_r, b2b_w, b2b_r, copies;
+    std::vector<double> shm_w, shm_r, tcp_w, tcp_r, b2b_w, b2b_r, copies, ucx_w;
     for (int i = 0; i < reps; ++i) {
+      if (ucx) {
+        ucx_w.push_back(mbps([&] { call(*ucx, af::var_op::assign, "big", &value); }));
+        if (!assign) {
+          tcp_w.push_back(mbps([&] { call(**tcp, af::var_op::assign, "big", &value); }));
+          b2b_w.push_back(raw.buffer_mbps(whole, true));
+        }
+      }
       if (assign) {
         shm_w.push_back(mbps([&] { call(**local, af::var_op::assign, "big", &value); }));
         tcp_w.push_back(mbps([&] { call(**tcp, af::var_op::assign, "big", &value); }));
@@ -1089,6 +1125,10 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       }
       copies.push_back(memcpy_mbps(copy, whole));
     }
+    if (ucx) {
+      report("tensor_64mib_assign_ucx", median(ucx_w), median(b2b_w), "MB/s");
+      report("tensor_64mib_assign_ucx_vs_tcp", median(ucx_w), median(tcp_w), "MB/s");
+    }
     if (assign) {
       report("tensor_64mib_assign_local", median(shm_w), median(b2b_w), "MB/s");
       report("tensor_64mib_assign_local_vs_memcpy", median(shm_w), median(copies), "MB/s");
@@ -1100,6 +1140,7 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       report("tensor_64mib_read_tcp_vs_b2b", median(tcp_r), median(b2b_r), "MB/s");
     }
   }
+  ucx.reset();
   local->reset();
   tcp->reset();
   return finish(0);
@@ -1117,7 +1158,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls",
                                              "event_loop_prototype"};
   const std::vector<std::string> local_metrics{"remote_assign_add_rtt_local",
-                                               "tensor_64mib_assign_local", "tensor_64mib_read_local"};
+                                               "tensor_64mib_assign_local", "tensor_64mib_read_local",
+                                               "tensor_64mib_assign_ucx"};
   std::vector<std::string> all_metrics = core_metrics;
   for (auto& m : tls_metrics)
     all_metrics.push_back(m);
