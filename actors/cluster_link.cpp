@@ -78,8 +78,6 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       return std::move(checked.error());
     tls = std::move(*checked);
     security_checked = true;
-    if (opts.security.trusted_fabric) // its data channels offer UCX (actors/ucx_link.hpp)
-      process_trusted_fabric() = true;
   }
   conn.actor = find_local_node(conn.address, &sys);
   if (!conn.actor) {

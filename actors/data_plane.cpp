@@ -1193,7 +1193,10 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         if (ch) {
           ucx = std::move(ch);
           io.ucx = ucx.get();
-          log::get()->debug("{} data plane: {} is on {}", node_name_, peer, ucx->transport());
+          // Said once per connection: its frames now cross the fabric unencrypted.
+          log::get()->info("{} data plane: {} moved to {} ([security] trusted_fabric: no TLS "
+                           "from here on)",
+                           node_name_, peer, ucx->transport());
         }
         continue;
       }

@@ -1,4 +1,5 @@
 #include "actors/system.hpp"
+#include "actors/ucx_link.hpp"
 
 #include <malloc.h>
 
@@ -72,6 +73,10 @@ caf::expected<std::shared_ptr<tls_context>>
 check_security(caf::actor_system& sys, const security_options& given, const std::string& who) {
   const auto* own = own_config(sys);
   const auto& sec = !given.enabled() && own != nullptr ? own->security() : given;
+  // [security] trusted_fabric (given, or the system's): this process's data
+  // channels offer UCX to nodes of other hosts (actors/ucx_link.hpp).
+  if (given.trusted_fabric || (own != nullptr && own->security().trusted_fabric))
+    process_trusted_fabric() = true;
   if (!sec.enabled()) {
     if (sys.has_openssl_manager())
       return make_error(af_error::invalid_config,
