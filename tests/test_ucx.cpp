@@ -448,11 +448,14 @@ TEST_CASE("no descriptors or threads are left after many UCX connections", "[ucx
   CHECK(settled);
 }
 
-TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign over UCX fails the call at once",
+TEST_CASE("over UCX a stopped node costs a call its own wait or a cancel, and a SIGKILLed one "
+          "fails it at once",
           "[ucx][faults]") {
-  // Bugs it catches: a client that waits on UCX for a send to finish (or a
-  // reply) until its timeout (30 s here) because it does not watch the TCP
-  // socket, or because UCX does not report the peer's end.
+  // Bugs it catches: a wait on UCX that a call's wait or cancel flag does
+  // not bound (the channel's 30 s instead, or forever), and a client that
+  // waits on UCX for a send to finish (or a reply) until its timeout because
+  // it does not watch the TCP socket, or because UCX does not report the
+  // peer's end.
   scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
   scoped_env trust{"ACTORFLOW_TRUSTED_FABRIC", "1"}; // the node processes inherit it
   scoped_trust trusted{true};
@@ -474,15 +477,57 @@ TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign over UCX fails the 
   static const std::regex port_re{R"(data plane port (\d+))"};
   REQUIRE(std::regex_search(out, m, port_re));
   auto port = static_cast<uint16_t>(std::stoul(m[1].str()));
-  auto ch = value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 30s, {}, nullptr,
-                                           nullptr, true, true));
-  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
-  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
-  INFO("transport: " << ch->transport());
-  REQUIRE(ch->transport().rfind("ucx", 0) == 0);
-
-  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  auto open_on_ucx = [&] {
+    auto ch = value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 30s, {}, nullptr,
+                                             nullptr, true, true));
+    REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+    REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+    INFO("transport: " << ch->transport());
+    REQUIRE(ch->transport().rfind("ucx", 0) == 0);
+    return ch;
+  };
   auto value = tensor::filled(dtype::float32, {n}, 2);
+  using clock = std::chrono::steady_clock;
+  {
+    // A call's own wait: 1 s, not the channel's 30 s.
+    auto ch = open_on_ucx();
+    REQUIRE(pc->signal("ps", 0, SIGSTOP));
+    auto t0 = clock::now();
+    auto r = ch->call(var_op::assign, "big", &value, false, 0, 1000ms);
+    auto took = clock::now() - t0;
+    REQUIRE(pc->signal("ps", 0, SIGCONT));
+    REQUIRE_FALSE(r);
+    INFO(describe(r.error()));
+    CHECK(is(r.error(), af_error::timeout));
+    CHECK(took >= 900ms);
+    CHECK(took < 5s);
+  }
+  {
+    // A cancel: within a fraction of a second of the flag.
+    auto ch = open_on_ucx();
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    ch->set_cancel(cancel);
+    REQUIRE(pc->signal("ps", 0, SIGSTOP));
+    caf::expected<std::pair<tensor, uint64_t>> r{caf::error{}};
+    std::atomic<bool> finished{false};
+    std::thread caller{[&] {
+      r = ch->call(var_op::assign, "big", &value, false);
+      finished = true;
+    }};
+    // The flag is set once the call is under way (it cannot finish: the node is stopped).
+    CHECK_FALSE(eventually([&] { return finished.load(); }, 300ms));
+    auto t0 = clock::now();
+    *cancel = true;
+    caller.join();
+    auto took = clock::now() - t0;
+    REQUIRE(pc->signal("ps", 0, SIGCONT));
+    REQUIRE_FALSE(r);
+    INFO(describe(r.error()));
+    CHECK(is(r.error(), af_error::cancelled));
+    CHECK(took < 2s);
+  }
+  auto ch = open_on_ucx();
+  REQUIRE(pc->signal("ps", 0, SIGSTOP));
   std::atomic<long> tid{0};
   std::atomic<bool> done{false};
   caf::expected<std::pair<tensor, uint64_t>> result{caf::error{}};
