@@ -1062,9 +1062,10 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
   // on this host; UCX_TLS=tcp in the environment (both processes) keeps it
   // on UCX's TCP transport, as between hosts without RDMA.
   std::unique_ptr<af::data_channel> ucx;
-  if (wanted("tensor_64mib_assign_ucx") && !af::ucx_channel::available())
-    std::printf("# ucx: tensor_64mib_assign_ucx skipped: this build or process has no UCX\n");
-  else if (wanted("tensor_64mib_assign_ucx")) {
+  bool ucx_wanted = wanted("tensor_64mib_assign_ucx") || wanted("remote_assign_add_rtt_ucx");
+  if (ucx_wanted && !af::ucx_channel::available())
+    std::printf("# ucx: the ucx metrics skipped: this build or process has no UCX\n");
+  else if (ucx_wanted) {
     setenv("ACTORFLOW_DATA_UCX", "force", 1);
     auto c = af::data_channel::connect("127.0.0.1", port, "bench node (ucx)", std::chrono::seconds(60),
                                        poll, nullptr, nullptr, false, true);
@@ -1086,8 +1087,14 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       raw, rounds, [&] { call(**local, af::var_op::assign_add, "counter", &one); });
     report("remote_assign_add_rtt_local", ours, base, "us");
   }
+  if (ucx && wanted("remote_assign_add_rtt_ucx")) {
+    auto [ours, base] = rtt_against_echo(
+      raw, rounds, [&] { call(*ucx, af::var_op::assign_add, "counter", &one); });
+    report("remote_assign_add_rtt_ucx", ours, base, "us");
+  }
   bool assign = wanted("tensor_64mib_assign_local"), read = wanted("tensor_64mib_read_local");
-  if (assign || read || ucx) {
+  bool ucx_big = ucx && wanted("tensor_64mib_assign_ucx");
+  if (assign || read || ucx_big) {
     auto value = af::tensor::filled(af::dtype::float32, {n}, 1);
     std::vector<char> whole(value.nbytes(), 'w'), copy(value.nbytes(), 'c');
     auto mbps = [&](auto&& f) {
@@ -1096,7 +1103,7 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       return value.nbytes() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
     };
     raw.buffer_mbps(whole, true); // the peer allocates and faults its buffer
-    if (ucx) {
+    if (ucx_big) {
       call(*ucx, af::var_op::assign, "big", &value);
       call(*ucx, af::var_op::read, "big", nullptr);
     }
@@ -1106,7 +1113,7 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
     }
     std::vector<double> shm_w, shm_r, tcp_w, tcp_r, b2b_w, b2b_r, copies, ucx_w;
     for (int i = 0; i < reps; ++i) {
-      if (ucx) {
+      if (ucx_big) {
         ucx_w.push_back(mbps([&] { call(*ucx, af::var_op::assign, "big", &value); }));
         if (!assign) {
           tcp_w.push_back(mbps([&] { call(**tcp, af::var_op::assign, "big", &value); }));
@@ -1125,7 +1132,7 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       }
       copies.push_back(memcpy_mbps(copy, whole));
     }
-    if (ucx) {
+    if (ucx_big) {
       report("tensor_64mib_assign_ucx", median(ucx_w), median(b2b_w), "MB/s");
       report("tensor_64mib_assign_ucx_vs_tcp", median(ucx_w), median(tcp_w), "MB/s");
     }
@@ -1159,7 +1166,7 @@ int main(int argc, char** argv) {
                                              "event_loop_prototype"};
   const std::vector<std::string> local_metrics{"remote_assign_add_rtt_local",
                                                "tensor_64mib_assign_local", "tensor_64mib_read_local",
-                                               "tensor_64mib_assign_ucx"};
+                                               "tensor_64mib_assign_ucx", "remote_assign_add_rtt_ucx"};
   std::vector<std::string> all_metrics = core_metrics;
   for (auto& m : tls_metrics)
     all_metrics.push_back(m);
