@@ -1648,6 +1648,14 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
   return {};
 }
 
+caf::error data_channel::settle(std::chrono::milliseconds wait) {
+  if (fd_ < 0 || shm_ || ucx_ || !(shm_possible_ || ucx_possible_))
+    return {};
+  shm_due_ = true; // as after a first answer: offer before the next request
+  return upgrade_if_due(std::chrono::steady_clock::now()
+                        + (wait.count() > 0 ? wait : timeout_));
+}
+
 std::string data_channel::transport() const {
   return ucx_ ? ucx_->transport() : stream_ != nullptr ? "tls" : shm_ ? "shared memory" : "tcp";
 }

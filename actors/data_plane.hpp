@@ -267,6 +267,11 @@ public:
   /// its transports) or "tcp".
   std::string transport() const;
 
+  /// Makes now the move (to shared memory, or UCX) that this connection
+  /// would make before its next op, so that transport() says where its ops
+  /// will go (ping). Nothing if there is none to make; errors as for call().
+  caf::error settle(std::chrono::milliseconds wait = {});
+
   /// While `cancel` is set, a call() waiting for its reply gives up within
   /// 20 ms with af_error::cancelled and closes the connection (the reply
   /// would come on it later); the caller reopens it for its next call.

@@ -259,6 +259,13 @@ public:
   caf::expected<node_info> ping(const std::string& job, int32_t task,
                                 std::chrono::milliseconds timeout);
 
+  /// How this session's variable ops to /job:J/task:T travel now (connecting
+  /// first if needed): "shared memory", "tcp", "tls" or "ucx" (the data
+  /// plane), or "CAF messages (...)" with why (the node runs in this process,
+  /// it has no data plane, the session turned the data plane off, or the
+  /// data plane could not be reached). `ping` in the REPL shows it.
+  caf::expected<std::string> data_transport(const std::string& job, int32_t task);
+
   /// Waits until /job:J/task:T answers (it may still be starting), trying
   /// again every 50 ms; after `timeout` returns the last error, which names
   /// the task and its address ("waiting for cluster connection").

@@ -28,6 +28,29 @@ caf::expected<node_info> session::ping(const std::string& job, int32_t task,
   return (*conn)->info;
 }
 
+caf::expected<std::string> session::data_transport(const std::string& job, int32_t task) {
+  auto& im = *impl_;
+  auto conn = im.link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  auto& c = **conn;
+  if (c.channel && c.channel->broken())
+    im.link.reopen_channel(c); // a failure leaves no channel: said below
+  if (c.channel) {
+    if (auto err = c.channel->settle()) // a move it would make before its next op
+      return err;
+    return c.channel->transport();
+  }
+  if (!im.opts.data_plane)
+    return std::string{"CAF messages (this session's data plane is off)"};
+  if (c.info.data_port == 0)
+    return std::string{"CAF messages (the node has no data plane)"};
+  if (find_local_node(c.address, &im.sys) != nullptr)
+    return std::string{"CAF messages (the node runs in this process: no copy)"};
+  return std::string{"CAF messages (its data plane at port " + std::to_string(c.info.data_port)
+                     + " could not be reached)"};
+}
+
 caf::error session::wait_for_node(const std::string& job, int32_t task,
                                   std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;

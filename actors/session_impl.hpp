@@ -281,9 +281,9 @@ struct session::impl {
     auto it = link.conns.find(b.task);
     if (it != link.conns.end() && it->second.channel) {
       over_channel = true;
-      if (path)
-        *path = "data plane";
       auto& ch = *it->second.channel;
+      if (path) // the transport as the call starts: "data plane (shared memory)"
+        *path = "data plane (" + ch.transport() + ")";
       auto r = ch.call(op, name, op == var_op::read ? nullptr : &operand, want_value, id, wait);
       if (ch.broken())
         it->second.channel_broken = true; // reopened on the next call (the node may come back)

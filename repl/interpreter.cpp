@@ -1191,6 +1191,10 @@ struct interpreter::state {
       if (!info)
         fail(info.error());
       *out << node_line(job, task, *info) << "\n";
+      auto transport = sess().data_transport(job, task);
+      if (!transport)
+        fail(transport.error());
+      *out << "  variable ops travel by: " << *transport << "\n";
       return;
     }
     if (c == "shutdown") {

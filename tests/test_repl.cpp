@@ -617,6 +617,9 @@ TEST_CASE("actorflow-repl refuses an endless line and a directory as a script", 
   CHECK(dir.output.find("is a directory") != std::string::npos);
 }
 
+// Catches also: ping not saying how variable ops reach the node, or saying a
+// transport the session does not use (shared memory to a node process on
+// this host; TCP when ACTORFLOW_DATA_SHM=off).
 TEST_CASE("ping and devices ask the node now: a stopped node is not reported up",
           "[repl][processes]") {
   auto cluster = testing::process_cluster::start({{"ps", 1}, {"worker", 1}});
@@ -631,6 +634,11 @@ TEST_CASE("ping and devices ask the node now: a stopped node is not reported up"
   INFO(up.err);
   REQUIRE(up.ok);
   CHECK(up.out.find("/job:ps/task:0  pid ") == 0);
+  const char* shm = std::getenv("ACTORFLOW_DATA_SHM");
+  bool shm_off = shm != nullptr && std::string{shm} == "off";
+  CHECK(up.out.find(std::string{"variable ops travel by: "} + (shm_off ? "tcp" : "shared memory")
+                    + "\n")
+        != std::string::npos);
   REQUIRE((*cluster)->signal("ps", 0, SIGSTOP));
   auto stopped = exec(**in, "ping /job:ps/task:0");
   (*cluster)->signal("ps", 0, SIGCONT);

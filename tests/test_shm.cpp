@@ -31,6 +31,7 @@
 #include "actors/data_plane.hpp"
 #include "actors/session.hpp"
 #include "actors/shm_ring.hpp"
+#include "actors/embedded_cluster.hpp"
 #include "actors/variable.hpp"
 #include "messages/wire.hpp"
 
@@ -209,6 +210,46 @@ TEST_CASE("a peer treated as another host never gets shared memory", "[shm]") {
     two_ops(*ch);
     CHECK(ch->transport() == "shared memory");
   }
+}
+
+TEST_CASE("[node] max_shm_bytes = 0 keeps a node's clients of this host on TCP; the default gives "
+          "them shared memory, and the session says which",
+          "[shm]") {
+  // Bugs it catches: the config key read but never handed to the data plane
+  // (the default 1 GiB budget stays), and session::data_transport naming a
+  // transport its channel does not use.
+  for (int64_t budget : {int64_t{0}, int64_t{1} << 30}) {
+    node_options opts;
+    opts.max_shm_bytes = budget;
+    auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
+    cluster_client c{opts};
+    auto s = value_of(session::make(*c.sys, pc->spec(), "/job:ps/task:0", session_options{}));
+    {
+      auto d = value_of(s.device("/job:ps/task:0"));
+      value_of(s.variable("v", {}, initializer::ones()));
+    }
+    require_ok(s.initialize());
+    const char* env = std::getenv("ACTORFLOW_DATA_SHM");
+    bool shm_off = env != nullptr && std::string{env} == "off";
+    INFO("max_shm_bytes = " << budget);
+    CHECK(value_of(s.data_transport("ps", 0))
+          == (budget == 0 || shm_off ? "tcp" : "shared memory"));
+  }
+}
+
+TEST_CASE("a session says how its ops reach each node: its own node in this actor system by "
+          "message, another node's data plane by shared memory",
+          "[shm][data-plane]") {
+  // Bugs it catches: an in-system node reported as reached over a data plane
+  // (or the reverse), and a transport named before the move to shared
+  // memory the channel makes at its next op.
+  auto ec = value_of(embedded_cluster::start({{"ps", 1}, {"worker", 1}}));
+  auto s = value_of(ec->session_for("worker", 0));
+  CHECK(value_of(s.data_transport("worker", 0))
+        == "CAF messages (the node runs in this process: no copy)");
+  const char* env = std::getenv("ACTORFLOW_DATA_SHM");
+  bool shm_off = env != nullptr && std::string{env} == "off";
+  CHECK(value_of(s.data_transport("ps", 0)) == (shm_off ? "tcp" : "shared memory"));
 }
 
 TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign on shared memory fails the call at "
