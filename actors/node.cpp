@@ -428,6 +428,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   auto decode_cap = hold_max_decoded_tensor_bytes(static_cast<uint64_t>(opts.max_message_bytes));
   limits.max_variable_bytes = opts.max_variable_bytes;
   limits.max_connections = opts.max_data_connections;
+  limits.max_shm_bytes = opts.max_shm_bytes;
   // [security] trusted_fabric: this node takes UCX from clients of other
   // hosts, and its own data channels (pushes, remote reads) offer it.
   limits.trusted_fabric = sec.trusted_fabric || (own != nullptr && own->security().trusted_fabric);

@@ -98,6 +98,9 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int64_field(out.max_message_bytes, 1024, (int64_t{1} << 32) - 1);
     } else if (key == "max_data_connections") {
       err = int_field(out.max_data_connections, 1, 65536);
+    } else if (key == "max_shm_bytes") {
+      // 0: no client of this host gets shared memory (every one stays on TCP)
+      err = int64_field(out.max_shm_bytes, 0, int64_t{1} << 40);
     } else if (key == "max_handshake_bytes") {
       // BASP's first message (the client's handshake) is a few hundred bytes.
       err = int_field(out.max_handshake_bytes, 1024, 64 << 20);
@@ -118,7 +121,7 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
                                  "bind, data_port, heartbeat_ms, connection_timeout_ms, "
                                  "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms, "
                                  "max_variable_bytes, max_message_bytes, max_data_connections, "
-                                 "max_handshake_bytes, handshake_timeout_ms)");
+                                 "max_shm_bytes, max_handshake_bytes, handshake_timeout_ms)");
     }
     if (err)
       return err;
@@ -431,6 +434,7 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
         << "\nmax_variable_bytes = " << opts->max_variable_bytes
         << "\nmax_message_bytes = " << opts->max_message_bytes
         << "\nmax_data_connections = " << opts->max_data_connections
+        << "\nmax_shm_bytes = " << opts->max_shm_bytes
         << "\nmax_handshake_bytes = " << opts->max_handshake_bytes
         << "\nhandshake_timeout_ms = " << opts->handshake_timeout_ms << "\n";
     if (opts->data_port != 0)

@@ -56,6 +56,9 @@ struct node_options {
   /// Data-plane connections served at once; one more is refused (closed at
   /// once, logged) until one ends.
   int32_t max_data_connections = 256;
+  /// The shared memory the data plane maps for its clients on this host, all
+  /// together (8 MiB + 4 KiB each); a client past it stays on TCP.
+  int64_t max_shm_bytes = int64_t{1} << 30;
   /// What a CAF peer may announce before its handshake completes (BASP's
   /// first message): more and the connection is closed unread.
   int32_t max_handshake_bytes = 65536;

@@ -130,6 +130,7 @@ ps = ["localhost:2222"]
 max_variable_bytes = 1048576
 max_message_bytes = 4194304
 max_data_connections = 8
+max_shm_bytes = 0
 max_handshake_bytes = 4096
 handshake_timeout_ms = 2500
 )", "cluster.toml");
@@ -137,6 +138,7 @@ handshake_timeout_ms = 2500
   CHECK(c->node.max_variable_bytes == 1048576);
   CHECK(c->node.max_message_bytes == 4194304);
   CHECK(c->node.max_data_connections == 8);
+  CHECK(c->node.max_shm_bytes == 0);
   CHECK(c->node.max_handshake_bytes == 4096);
   CHECK(c->node.handshake_timeout_ms == 2500);
   auto again = parse_cluster_toml(c->cluster.to_toml(c->node), "again");
@@ -144,6 +146,7 @@ handshake_timeout_ms = 2500
   CHECK(again->node.max_variable_bytes == 1048576);
   CHECK(again->node.max_message_bytes == 4194304);
   CHECK(again->node.max_data_connections == 8);
+  CHECK(again->node.max_shm_bytes == 0);
   CHECK(again->node.max_handshake_bytes == 4096);
   CHECK(again->node.handshake_timeout_ms == 2500);
   // 4 GiB does not fit a frame; 0 connections would serve nobody
@@ -151,6 +154,8 @@ handshake_timeout_ms = 2500
           .find("cluster.toml:4: node.max_message_bytes = 4294967296 is out of range") != std::string::npos);
   CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_data_connections = 0\n")
           .find("node.max_data_connections = 0 is out of range [1, 65536]") != std::string::npos);
+  CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_shm_bytes = -1\n")
+          .find("node.max_shm_bytes = -1 is out of range") != std::string::npos);
   CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nmax_handshake_bytes = \"big\"\n")
           .find("node.max_handshake_bytes must be an integer") != std::string::npos);
   CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nhandshake_timeout_ms = 0\n")
