@@ -934,6 +934,41 @@ void bench_linear(const std::string& mode, const train_bench_options& o, const s
   report(name, ours, base, "steps/s", failure);
 }
 
+/// The same sync job (1 ps + 2 worker processes on this host) with the data
+/// plane on shared memory (the default between processes of one host)
+/// against the same job with ACTORFLOW_DATA_SHM=off in its processes' environment (TCP over
+/// loopback): what shared memory gains a whole job, alternating repetitions.
+void bench_linear_shm(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_sync_1m_2w_shm_vs_tcp";
+  auto keys = linear_keys("sync", o.steps_1m);
+  const char* old = std::getenv("ACTORFLOW_DATA_SHM");
+  std::string saved = old ? old : "";
+  auto restore = [&] {
+    if (old)
+      setenv("ACTORFLOW_DATA_SHM", saved.c_str(), 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+  };
+  std::vector<double> ours, base;
+  std::string failure, base_failure;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    setenv("ACTORFLOW_DATA_SHM", "off", 1); // the children inherit it
+    if (base_failure.empty()) {
+      if (auto x = steps_per_s(run_cluster(keys, o, dir, name + "-tcp"), base_failure))
+        base.push_back(*x);
+      else
+        std::fprintf(stderr, "actorflow-bench: %s baseline (TCP): %s\n", name.c_str(),
+                     base_failure.c_str());
+    }
+    unsetenv("ACTORFLOW_DATA_SHM");
+    if (failure.empty())
+      if (auto x = steps_per_s(run_cluster(keys, o, dir, name), failure))
+        ours.push_back(*x);
+  }
+  restore();
+  report(name, ours, base, "steps/s", failure);
+}
+
 /// Sync with a straggler: 3 worker processes, one sleeping 3 steps' time in
 /// each of its steps (4x slower), replicas_to_aggregate = 2, against 2
 /// workers and no straggler (every gradient). Backup workers should make the
@@ -1094,7 +1129,8 @@ const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names{"train_sync_1m_2w", "train_async_1m_2w",
                                               "allreduce_4mib_2w", "train_digits_examples_per_s",
                                               "train_sync_partitioned_3ps",
-                                              "train_sync_1m_3w_1slow"};
+                                              "train_sync_1m_3w_1slow",
+                                              "train_sync_1m_2w_shm_vs_tcp"};
   return names;
 }
 
@@ -1124,6 +1160,8 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_partitioned(opts, dir);
   if (want("train_sync_1m_3w_1slow"))
     bench_straggler(opts, dir);
+  if (want("train_sync_1m_2w_shm_vs_tcp"))
+    bench_linear_shm(opts, dir);
 }
 
 namespace {

@@ -12,6 +12,9 @@
 ///   train_sync_partitioned_3ps  sync steps/s of a 3 M-float softmax cut into 3
 ///                               pieces over 3 ps processes, against the same
 ///                               model whole on 1 ps process
+///   train_sync_1m_2w_shm_vs_tcp train_sync_1m_2w's job with the data plane on
+///                               shared memory (the default on one host)
+///                               against the same job over loopback TCP
 ///
 /// The helper processes (raw ps, raw workers, all-reduce ranks) are this
 /// binary re-executed with a hidden first argument, so they start clean

@@ -13,6 +13,9 @@
 #   netbed_train_sync_3m_2w_3ps_fast_workers
 #                                the same, the workers' links at 3 x RATE, so that the ps links
 #                                are the limit in both runs
+#   netbed_train_sync_3m_6w_3ps  the same model with 6 workers, every link at RATE: the ps links
+#                                are the limit in both runs (each worker's link carries the model
+#                                once each way, each of 3 ps links 6/3 = 2 times), so up to 3x
 #
 #   tests/netbed/bench.sh BUILD_DIR [RATE] [REPS]     (root; defaults: 1gbit, 3)
 # Each repetition runs baseline and ours back to back; the figure is the median.
@@ -29,15 +32,20 @@ steps_3m=${NB_STEPS_3M:-20}
 
 want() { [[ -z $only || ,$only, == *",$1,"* ]]; }
 
-# hosts 0-2: ps tasks, 3-4: workers
-nb_up 5 "$rate"
+# hosts 0-2: ps tasks, 3-4 (3-8 for the 6-worker metric): workers
+if want netbed_train_sync_3m_6w_3ps; then
+  nb_up 9 "$rate"
+else
+  nb_up 5 "$rate"
+fi
+workers=3,4 # the worker hosts of the next jobs
 export OPENBLAS_NUM_THREADS=1
 
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 run=0
 # run_job NAME PS_HOSTS KEY=VALUE...: one job of ps on PS_HOSTS (comma-separated)
-# and workers on hosts 3, 4; sets STEPS_PER_S and the bytes each ps host's
+# and workers on $workers; sets STEPS_PER_S and the bytes each ps host's
 # link carried (PS_RX[k], PS_TX[k]).
 run_job() {
   local name=$1 ps=$2 k n rc
@@ -48,7 +56,7 @@ run_job() {
   # shellcheck disable=SC2034
   NB_WORKER_PORT=$((4001 + 2 * run))
   local cfg=$NB_DIR/$name-$run.toml
-  nb_cluster_config "$cfg" "$ps" 3,4
+  nb_cluster_config "$cfg" "$ps" "$workers"
   printf '\n[train]\n' >>"$cfg"
   for kv in "$@"; do
     printf '%s\n' "$kv" >>"$cfg"
@@ -65,9 +73,12 @@ run_job() {
     names+=("$name-$run-ps$k")
     k=$((k + 1))
   done
-  nb_start 3 "$name-$run-worker0" "$NB_BIN/actorflow-train" --config "$cfg" --job worker --task 0
-  nb_start 4 "$name-$run-worker1" "$NB_BIN/actorflow-train" --config "$cfg" --job worker --task 1
-  names+=("$name-$run-worker0" "$name-$run-worker1")
+  k=0
+  for h in ${workers//,/ }; do
+    nb_start "$h" "$name-$run-worker$k" "$NB_BIN/actorflow-train" --config "$cfg" --job worker --task "$k"
+    names+=("$name-$run-worker$k")
+    k=$((k + 1))
+  done
   for n in "${names[@]}"; do
     nb_wait_exit "$n" 600
     rc=$?
@@ -144,4 +155,13 @@ if want netbed_train_sync_3m_2w_3ps_fast_workers; then
   bench_3ps netbed_train_sync_3m_2w_3ps_fast_workers
   nb_shape 3 "$rate"
   nb_shape 4 "$rate"
+fi
+
+if want netbed_train_sync_3m_6w_3ps; then
+  # link limits: 1 ps: 6 x 12.6 MB in, then out, through its link; 3 ps: each
+  # ps link 2 x 12.6 MB each way (each worker's link only 1 x)
+  awk -v r="$bits" -v m="$bytes3" 'BEGIN {printf "# 6 workers: link limits at equal rates: 1 ps %.3f steps/s; 3 ps %.3f (ratio at most 3)\n", r / 8 / (12 * m), r / 8 / (4 * m)}'
+  workers=3,4,5,6,7,8
+  bench_3ps netbed_train_sync_3m_6w_3ps
+  workers=3,4
 fi
