@@ -1561,6 +1561,18 @@ data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const
 }
 
 caf::error data_channel::upgrade_if_due(std::chrono::steady_clock::time_point deadline) {
+  bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
+  auto err = make_offer(deadline);
+  // The node may have closed a quiet connection (its idle timeout) just as
+  // the offer went out, after reopen_if_closed_by_peer saw no EOF yet. No op
+  // was sent: a fresh connection carries it (and offers after its first
+  // answer), as a read is sent again after such a close.
+  if (err && quiet && fd_ < 0 && is(err, af_error::peer_down) && reconnect())
+    return {};
+  return err;
+}
+
+caf::error data_channel::make_offer(std::chrono::steady_clock::time_point deadline) {
   if (shm_due_ && fd_ >= 0 && ucx_possible_ && !ucx_)
     return offer_ucx(deadline);
   if (!shm_due_ || fd_ < 0 || shm_)

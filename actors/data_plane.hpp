@@ -301,6 +301,8 @@ private:
   /// After the node's first answer: offers shared memory (once per
   /// connection). An error only if the connection failed meanwhile.
   caf::error upgrade_if_due(std::chrono::steady_clock::time_point deadline);
+  /// upgrade_if_due's offer, whether or not the connection was quiet.
+  caf::error make_offer(std::chrono::steady_clock::time_point deadline);
   /// A fresh connection in place of this one; false (the old one kept) if
   /// the node cannot be reached.
   bool reconnect();
