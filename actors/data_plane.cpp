@@ -1170,7 +1170,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         std::unique_ptr<ucx_channel> ch;
         if (io.shm || io.ucx) {
           log::get()->warn("{} data plane: {} offered UCX a second time; declined", node_name_, peer);
-        } else if (!timeouts_.trusted_fabric && !process_trusted_fabric().load()) {
+        } else if (!timeouts_.trusted_fabric) {
           log::get()->info("{} data plane: {} stays on {}: it offered UCX, but this node does not "
                            "trust the fabric (set [security] trusted_fabric = true on both ends "
                            "to allow unencrypted UCX)",
@@ -1209,13 +1209,13 @@ void data_plane_server::serve(int fd, const std::string& peer) {
         // (More than a segment may be is refused by open(); counted as the
         // most, so the sum cannot overflow.)
         auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, shm_channel::max_segment_bytes + 1));
-        if (!io.shm && !io.tls && timeouts_.shared_memory
+        if (!io.shm && !io.ucx && !io.tls && timeouts_.shared_memory
             && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
           shm_mapped_.fetch_sub(offered);
           log::get()->warn("{} data plane: {} stays on TCP: its {} bytes of shared memory would "
                            "take the node past its {} bytes for all clients (max_shm_bytes)",
                            node_name_, peer, offered, timeouts_.max_shm_bytes);
-        } else if (!io.shm && !io.tls && timeouts_.shared_memory) {
+        } else if (!io.shm && !io.ucx && !io.tls && timeouts_.shared_memory) {
           auto ch = shm_channel::open(name, h.version);
           if (ch) {
             shm = std::move(*ch);
@@ -1544,7 +1544,7 @@ bool data_channel::reconnect() {
   std::swap(fd_, (*fresh)->fd_);
   std::swap(stream_, (*fresh)->stream_);
   shm_possible_ = (*fresh)->shm_possible_;
-  ucx_possible_ = (*fresh)->ucx_possible_;
+  ucx_possible_ = (*fresh)->ucx_possible_ && !ucx_failed_;
   shm_due_ = false;
   return true;
 }
@@ -1648,13 +1648,32 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
   std::string theirs(r.payload_bytes, '\0');
   if (!read_all(tcp, theirs.data(), theirs.size(), nullptr, &deadline))
     return fail("an offer of UCX", errno);
-  if (auto err = (*mine)->connect(theirs)) {
+  caf::error err;
+  auto& hook = ucx_client_connect_failures_for_testing();
+  int fails = hook.load();
+  while (fails > 0 && !hook.compare_exchange_weak(fails, fails - 1)) {
+  }
+  if (fails > 0)
+    err = make_error(af_error::unreachable, "a test hook failed this connect");
+  else
+    err = (*mine)->connect(theirs);
+  if (err) {
+    // The node is on UCX now, this end cannot follow: a fresh connection on
+    // TCP/TLS carries the op, and this channel offers UCX no more (a path
+    // UCX cannot take stays so; said once).
+    ucx_failed_ = true;
     drop();
+    log::get()->warn("the data connection to {} goes on {}: the node took this process's offer of "
+                     "UCX, but its worker address is not one UCX can reach from here ({}); "
+                     "ACTORFLOW_DATA_UCX=off skips the offer, UCX_NET_DEVICES pins UCX to the "
+                     "fabric's interfaces",
+                     peer_, stays, describe(err));
+    if (reconnect())
+      return {};
     return make_error(af_error::unreachable,
                       peer_ + " took this process's offer of UCX, but its answer is not a worker "
                         "address UCX can reach (" + describe(err)
-                        + "); the connection is closed (ACTORFLOW_DATA_UCX=off keeps data "
-                          "connections on TCP/TLS)");
+                        + "), and the connection on " + stays + " could not be opened again");
   }
   ucx_ = std::move(*mine);
   return {};

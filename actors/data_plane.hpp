@@ -134,8 +134,9 @@ struct data_plane_limits {
   int64_t max_shm_bytes = int64_t{1} << 30;
   /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
   /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
-  /// the client stays on TCP/TLS.
-  bool trusted_fabric = false;
+  /// the client stays on TCP/TLS. Only this decides (never the process's
+  /// flag); the test hook ACTORFLOW_TRUSTED_FABRIC=1 starts it true.
+  bool trusted_fabric = trusted_fabric_from_environment();
 };
 
 /// The old name (timeouts only), for code not yet moved to the limits.
@@ -324,6 +325,7 @@ private:
   bool ucx_trusted_ = false;         ///< connect's `trusted_fabric`
   bool ucx_possible_ = false;        ///< this connection may offer UCX (checked in upgrade_if_due)
   std::unique_ptr<ucx_channel> ucx_; ///< UCX, once the node took that offer
+  bool ucx_failed_ = false;          ///< UCX could not reach the node: no more offers (across reconnects)
   /// upgrade_if_due's offer of UCX.
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
 };

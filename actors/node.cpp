@@ -431,7 +431,9 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   limits.max_shm_bytes = opts.max_shm_bytes;
   // [security] trusted_fabric: this node takes UCX from clients of other
   // hosts, and its own data channels (pushes, remote reads) offer it.
-  limits.trusted_fabric = sec.trusted_fabric || (own != nullptr && own->security().trusted_fabric);
+  // (The test hook ACTORFLOW_TRUSTED_FABRIC=1 counts as its config's.)
+  limits.trusted_fabric = sec.trusted_fabric || (own != nullptr && own->security().trusted_fabric)
+                          || trusted_fabric_from_environment();
   if (limits.trusted_fabric)
     process_trusted_fabric() = true;
   auto data_plane = data_plane_server::start(directory, bind_host,

@@ -66,6 +66,9 @@ ucx_context& context() {
 constexpr char envelope_magic[8] = {'A', 'F', 'U', 'C', 'X', 'A', 'D', '1'};
 constexpr size_t envelope_bytes = sizeof(envelope_magic) + 4 + 8;
 
+/// A send is posted in pieces of this many bytes (see write()).
+constexpr size_t send_piece = size_t{4} << 20;
+
 uint64_t fnv1a(const char* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; ++i) {
@@ -198,8 +201,10 @@ struct ucx_channel::impl {
   /// Waits until `ready()`: progress and spin for b.spin, then sleep in poll
   /// on the worker's event fd and the socket. `first`: nothing moved yet in
   /// this call (first_ms bounds it then, answered by idle).
+  /// `last_progress`: when bytes last moved; `ready()` may move it on (a
+  /// finished piece of a send), so a stall counts from there.
   template <class Ready>
-  status wait(Ready ready, int fd, const bound& b, bool first, clock_type::time_point last_progress) {
+  status wait(Ready ready, int fd, const bound& b, bool first, clock_type::time_point& last_progress) {
     auto spin_until = clock_type::now() + b.spin;
     for (;;) {
       ucp_worker_progress(worker);
@@ -288,32 +293,19 @@ struct ucx_channel::impl {
   void close() {
     release_piece();
     if (ep != nullptr) {
-      for (int force = (broken || failed) ? 1 : 0; force < 2; ++force) {
-        ucp_request_param_t prm{};
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-        auto req = ucp_ep_close_nbx(ep, &prm);
-        if (req == nullptr)
-          break;
-        if (UCS_PTR_IS_ERR(req)) {
-          if (force)
-            break;
-          continue;
-        }
+      // Closed once: the handle is gone after ucp_ep_close_nbx whatever it
+      // returns. A flush that does not end within the second has its request
+      // freed (it finishes on its own), and destroying the worker below
+      // takes the endpoint with it.
+      ucp_request_param_t prm{};
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = (broken || failed) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      auto req = ucp_ep_close_nbx(ep, &prm);
+      if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
         auto until = clock_type::now() + std::chrono::seconds{1};
-        ucs_status_t st;
-        while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && clock_type::now() < until)
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_type::now() < until)
           ucp_worker_progress(worker);
-        if (st == UCS_INPROGRESS) {
-          // Not flushed within the second: the request is dropped when it
-          // finishes; a forced close takes the endpoint now.
-          ucp_request_free(req);
-          if (force)
-            break;
-          continue;
-        }
         ucp_request_free(req);
-        break;
       }
       ep = nullptr;
     }
@@ -412,22 +404,29 @@ ucx_channel::status ucx_channel::write(const iovec* iov, int count, int fd, cons
   std::vector<void*> reqs;
   uint64_t total = 0;
   status st = status::done;
-  for (int i = 0; i < count; ++i) {
-    if (iov[i].iov_len == 0)
-      continue;
-    ucp_request_param_t prm{};
-    auto r = ucp_stream_send_nbx(d.ep, iov[i].iov_base, iov[i].iov_len, &prm);
-    if (UCS_PTR_IS_ERR(r)) {
-      d.why = UCS_PTR_STATUS(r);
-      st = status::closed;
-      break;
+  // Sent in pieces of at most send_piece bytes (the stream keeps their
+  // order): each finished piece is progress, so the stall bound counts from
+  // the last one, not from the start of a reply that is long by size alone.
+  for (int i = 0; i < count && st == status::done; ++i) {
+    auto* base = static_cast<const char*>(iov[i].iov_base);
+    for (size_t off = 0; off < iov[i].iov_len;) {
+      size_t len = std::min<size_t>(iov[i].iov_len - off, send_piece);
+      ucp_request_param_t prm{};
+      auto r = ucp_stream_send_nbx(d.ep, base + off, len, &prm);
+      if (UCS_PTR_IS_ERR(r)) {
+        d.why = UCS_PTR_STATUS(r);
+        st = status::closed;
+        break;
+      }
+      if (r != nullptr)
+        reqs.push_back(r);
+      off += len;
+      total += len;
     }
-    if (r != nullptr)
-      reqs.push_back(r);
-    total += iov[i].iov_len;
   }
   if (st == status::done && !reqs.empty()) {
     size_t next = 0; // requests before it are finished
+    auto last_progress = clock_type::now();
     auto all_done = [&] {
       while (next < reqs.size()) {
         auto s = ucp_request_check_status(reqs[next]);
@@ -439,13 +438,13 @@ ucx_channel::status ucx_channel::write(const iovec* iov, int count, int fd, cons
           return true;
         }
         ++next;
+        last_progress = clock_type::now(); // a piece went: the peer takes the reply
       }
       return true;
     };
-    st = d.wait(all_done, fd, b, false, clock_type::now());
+    st = d.wait(all_done, fd, b, false, last_progress);
     if (st == status::done && d.failed)
       st = status::closed;
-    // (A stall bound on a send is the deadline's: the peer reads on its own.)
   }
   if (st == status::done) {
     for (auto* r : reqs)

@@ -35,19 +35,32 @@
 
 namespace af {
 
+/// ACTORFLOW_TRUSTED_FABRIC (1, true, yes): a test hook, so that the
+/// data-plane tests run over UCX (tests/CMakeLists.txt). It starts
+/// process_trusted_fabric() and data_plane_limits::trusted_fabric.
+inline bool trusted_fabric_from_environment() {
+  const char* v = std::getenv("ACTORFLOW_TRUSTED_FABRIC");
+  std::string s = v != nullptr ? v : "";
+  return s == "1" || s == "true" || s == "yes";
+}
+
 /// The process's own `[security] trusted_fabric` (set by start_node and by
 /// a session from their configs): data channels opened by this process's
 /// code that has no config at hand (a worker's pushes, an executor's remote
-/// reads) offer UCX when it is set, and its data planes take UCX. Starts as
-/// ACTORFLOW_TRUSTED_FABRIC (1, true, yes) says: a test hook, so that the
-/// data-plane tests run over UCX (tests/CMakeLists.txt).
+/// reads) offer UCX when it is set. Only what this process offers: a data
+/// plane takes UCX from its own limits (data_plane_limits::trusted_fabric)
+/// alone, never from this flag, which any part of the process may set.
 inline std::atomic<bool>& process_trusted_fabric() {
-  static std::atomic<bool> trusted{[] {
-    const char* v = std::getenv("ACTORFLOW_TRUSTED_FABRIC");
-    std::string s = v != nullptr ? v : "";
-    return s == "1" || s == "true" || s == "yes";
-  }()};
+  static std::atomic<bool> trusted{trusted_fabric_from_environment()};
   return trusted;
+}
+
+/// A test hook: the next `n` UCX connects of a data channel's offer (the
+/// client's side, after the node took it) fail as if the node's worker
+/// address were unreachable (actors/data_plane.cpp offer_ucx).
+inline std::atomic<int>& ucx_client_connect_failures_for_testing() {
+  static std::atomic<int> n{0};
+  return n;
 }
 
 /// One connection's UCP worker and endpoint.

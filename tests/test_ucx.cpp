@@ -553,6 +553,158 @@ TEST_CASE("over UCX a stopped node costs a call its own wait or a cancel, and a 
   CHECK(took < 2s); // the call's own timeout is 30 s
 }
 
+TEST_CASE("over UCX a reply longer than the node's frame timeout goes through while it moves",
+          "[ucx]") {
+  // Bug it catches: the node's send over UCX bounded by the frame timeout
+  // from the start of the whole reply instead of from the last progress, so
+  // a 256 MiB read failed ("it took nothing of its reply for 300 ms") once
+  // it took longer than 300 ms although its bytes kept moving (TCP works).
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust untrusted{false};
+  const int64_t floats = int64_t{64} << 20; // 256 MiB
+  auto dir = std::make_shared<variable_directory>();
+  auto v = float_cell("v", {}, 1);
+  auto big = float_cell("big", {floats}, 0.5f);
+  REQUIRE((v && big));
+  dir->put("v", {variable_cell_actor{}, v});
+  dir->put("big", {variable_cell_actor{}, big});
+  data_plane_limits limits;
+  limits.trusted_fabric = true;
+  limits.frame = 300ms;
+  auto srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 60s, {}, nullptr,
+                                           nullptr, false, true));
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  REQUIRE(ch->transport().rfind("ucx", 0) == 0);
+  for (int i = 0; i < 2; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = ch->call(var_op::read, "big", nullptr, false);
+    INFO("read " << i << " took "
+                 << std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0)
+                      .count()
+                 << " ms");
+    REQUIRE(r);
+    CHECK(r->first.nbytes() == static_cast<size_t>(floats) * 4);
+    CHECK(r->first.at(floats - 1) == 0.5f);
+  }
+  CHECK(ch->transport().rfind("ucx", 0) == 0);
+  srv->stop();
+}
+
+TEST_CASE("a node whose limits do not trust the fabric declines UCX even when the process's flag "
+          "is set",
+          "[ucx]") {
+  // Bug it catches: a data plane that takes unencrypted UCX because another
+  // part of the process (a node, a session, the REPL) trusts the fabric,
+  // although this node's own config does not.
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust trusting{true};
+  local_node node{4, false};
+  log_capture logs;
+  auto ch = open_channel(node.srv->port(), true);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  CHECK(ch->transport() == "tcp");
+  CHECK(eventually([&] { return logs.has("offered UCX", "this node does not trust the fabric"); },
+                   5s));
+}
+
+TEST_CASE("a UCX connect that fails after the node took the offer carries the op on TCP, once "
+          "and for good",
+          "[ucx][faults]") {
+  // Bugs it catches: a failed UCX connect on the client's side that drops
+  // the channel and fails the op (the node cannot go back to TCP), and a
+  // reconnect that offers UCX again, so that every op after each reconnect
+  // fails the same way.
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust untrusted{false};
+  auto dir = std::make_shared<variable_directory>();
+  auto v = float_cell("v", {}, 1);
+  REQUIRE(v);
+  dir->put("v", {variable_cell_actor{}, v});
+  data_plane_limits limits;
+  limits.trusted_fabric = true;
+  limits.idle = 300ms; // the node closes the quiet connection: the channel reconnects
+  auto srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
+  log_capture logs;
+  struct hook_reset {
+    ~hook_reset() { ucx_client_connect_failures_for_testing() = 0; }
+  } reset;
+  ucx_client_connect_failures_for_testing() = 1;
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 10s, {}, nullptr,
+                                           nullptr, false, true));
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false)); // TCP; the offer is due
+  auto one = tensor::scalar(1);
+  auto r = ch->call(var_op::assign_add, "v", &one, true); // offered, failed, carried on TCP
+  REQUIRE(r);
+  CHECK(r->first.at(0) == 2);
+  CHECK(ch->transport() == "tcp");
+  CHECK(ucx_client_connect_failures_for_testing().load() == 0); // the offer was made
+  CHECK(logs.has("goes on TCP", "UCX_NET_DEVICES"));
+  // The node drops the quiet connection; the next ops go on a fresh one,
+  // which offers UCX no more (the hook is spent: an offer would now work).
+  REQUIRE(eventually([&] { return logs.has("closed the connection of", "idle for"); }, 10s));
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  CHECK(ch->transport() == "tcp");
+  srv->stop();
+}
+
+TEST_CASE("an offer of shared memory on a connection already on UCX is declined", "[ucx][faults]") {
+  // Bug it catches: a node that maps (and counts against max_shm_bytes) a
+  // segment offered by a client already on UCX, which never uses it.
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust untrusted{false};
+  local_node node{4, true};
+  int fd = raw_connect(node.srv->port());
+  REQUIRE(fd >= 0);
+  auto mine = value_of(ucx_channel::create());
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::ucx_offer);
+  h.payload_bytes = mine->address().size();
+  REQUIRE(send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)));
+  REQUIRE(send(fd, mine->address().data(), mine->address().size(), MSG_NOSIGNAL)
+          == static_cast<ssize_t>(mine->address().size()));
+  wire::header r;
+  std::string theirs;
+  REQUIRE(read_reply(fd, r, theirs));
+  REQUIRE(r.version == 1); // taken
+  REQUIRE_FALSE(mine->connect(theirs));
+  ucx_channel::bound b;
+  b.deadline = std::chrono::steady_clock::now() + 10s;
+  auto seg = value_of(shm_channel::create());
+  wire::header o;
+  o.kind = static_cast<uint8_t>(wire::kind::shm_offer);
+  o.name_len = static_cast<uint32_t>(seg->name().size());
+  o.version = seg->segment_bytes();
+  iovec offer[2] = {{&o, sizeof(o)}, {const_cast<char*>(seg->name().data()), seg->name().size()}};
+  REQUIRE(mine->write(offer, 2, fd, b) == ucx_channel::status::done);
+  wire::header a;
+  REQUIRE(mine->read(&a, sizeof(a), fd, b) == ucx_channel::status::done);
+  CHECK(a.kind == static_cast<uint8_t>(wire::kind::reply));
+  CHECK(a.status == 0);
+  CHECK(a.version == 0); // declined
+  // The connection goes on over UCX.
+  wire::header q;
+  q.kind = static_cast<uint8_t>(wire::kind::read);
+  q.name_len = 1;
+  iovec req[2] = {{&q, sizeof(q)}, {const_cast<char*>("v"), 1}};
+  REQUIRE(mine->write(req, 2, fd, b) == ucx_channel::status::done);
+  wire::header ans;
+  REQUIRE(mine->read(&ans, sizeof(ans), fd, b) == ucx_channel::status::done);
+  CHECK(ans.status == 0);
+  CHECK(ans.has_tensor == 1);
+  float value = 0;
+  REQUIRE(ans.payload_bytes == sizeof(value));
+  REQUIRE(mine->read(&value, sizeof(value), fd, b) == ucx_channel::status::done);
+  CHECK(value == 1);
+  seg->unlink();
+  mine.reset();
+  close(fd);
+}
+
 #else
 
 TEST_CASE("built without UCX, a trusting client stays on TCP", "[ucx]") {
