@@ -30,7 +30,7 @@
 ///        timing and each transfer into this partition as measured here.
 ///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns, string path)   one-way
 ///        `path`: how it came, for the trace ("local buffer", "CAF message
-///        from ...", "data plane (tcp|tls|shared memory) from host:port")
+///        from ...", "data plane (tcp|tls|shared memory|ucx (...)) from host:port")
 ///   (abort, uint64 graph, uint64 step)                      one-way: drop the step
 ///   (forget, uint64 graph)                                  one-way: drop the graph
 ///   (info)  -> (uint64 graphs, uint64 steps)                what it holds now (tests)
@@ -159,7 +159,7 @@ struct transfer_timing {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   uint64_t bytes = 0;     ///< the bytes that arrived
-  std::string path;       ///< "local buffer", "data plane (tcp) from host:port", "CAF message"
+  std::string path;       ///< "local buffer", "data plane (tcp|tls|shared memory|ucx (...)) from host:port", "CAF message"
 };
 
 template <class Inspector>
