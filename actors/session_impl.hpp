@@ -282,9 +282,11 @@ struct session::impl {
     if (it != link.conns.end() && it->second.channel) {
       over_channel = true;
       auto& ch = *it->second.channel;
-      if (path) // the transport as the call starts: "data plane (shared memory)"
+      if (path) // as the call starts; a call that moves the channel first goes the new way
         *path = "data plane (" + ch.transport() + ")";
       auto r = ch.call(op, name, op == var_op::read ? nullptr : &operand, want_value, id, wait);
+      if (path && !ch.broken()) // "data plane (shared memory)"
+        *path = "data plane (" + ch.transport() + ")";
       if (ch.broken())
         it->second.channel_broken = true; // reopened on the next call (the node may come back)
       if (!r)

@@ -224,16 +224,27 @@ TEST_CASE("[node] max_shm_bytes = 0 keeps a node's clients of this host on TCP; 
     auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
     cluster_client c{opts};
     auto s = value_of(session::make(*c.sys, pc->spec(), "/job:ps/task:0", session_options{}));
+    output v;
     {
       auto d = value_of(s.device("/job:ps/task:0"));
-      value_of(s.variable("v", {}, initializer::ones()));
+      v = value_of(s.variable("v", {}, initializer::ones()));
     }
+    auto inc = s.assign_add(v, s.constant(tensor::scalar(1.0f)));
     require_ok(s.initialize());
     const char* env = std::getenv("ACTORFLOW_DATA_SHM");
     bool shm_off = env != nullptr && std::string{env} == "off";
+    std::string want = budget == 0 || shm_off ? "tcp" : "shared memory";
     INFO("max_shm_bytes = " << budget);
-    CHECK(value_of(s.data_transport("ps", 0))
-          == (budget == 0 || shm_off ? "tcp" : "shared memory"));
+    // The trace of each op names the way it went: the op that moved the
+    // channel to shared memory (the second) included.
+    for (int i = 0; i < 2; ++i) {
+      run_trace trace;
+      value_of(s.run(std::vector<output>{inc}, &trace));
+      REQUIRE(!trace.entries.empty());
+      if (i == 1)
+        CHECK(trace.entries.back().note == "sent by the client over data plane (" + want + ")");
+    }
+    CHECK(value_of(s.data_transport("ps", 0)) == want);
   }
 }
 
