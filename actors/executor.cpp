@@ -59,24 +59,46 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
   return out;
 }
 
+std::atomic<size_t> senders_alive{0};
+std::atomic<size_t> readers_alive{0};
+
+constexpr int64_t idle_link_ns = int64_t{60} * 1000000000; ///< an unused helper stops after
+
 struct remote_reader_state {
-  std::map<std::string, std::unique_ptr<data_channel>> channels; ///< by "host:port"
+  remote_reader_state() { ++readers_alive; }
+  ~remote_reader_state() { --readers_alive; }
+  std::unique_ptr<data_channel> channel; ///< to the one node this reader serves
 };
 
-/// Reads variables of other nodes over their data plane. Detached: its
+/// Opens a channel to `address` ("host:port") for `peer` ("/job:J/task:T at
+/// host:port": TLS then checks the node's certificate is that task's).
+caf::expected<std::unique_ptr<data_channel>>
+open_channel(caf::actor_system& sys, const std::string& address, const std::string& peer,
+             const std::string& what, std::chrono::milliseconds timeout,
+             const std::shared_ptr<std::atomic<bool>>& cancel) {
+  auto addr = parse_address(address, what);
+  if (!addr)
+    return std::move(addr.error());
+  auto fresh = data_channel::connect(addr->host, addr->port, peer, timeout, {}, system_tls(sys));
+  if (!fresh)
+    return std::move(fresh.error());
+  (*fresh)->set_cancel(cancel);
+  return fresh;
+}
+
+/// Reads variables of one other node over its data plane. Detached: its
 /// blocking socket I/O never stalls the executor.
-caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self) {
+caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self,
+                                 std::string address, std::string peer,
+                                 std::shared_ptr<std::atomic<bool>> cancel) {
   return {
-    [self](read_atom, const std::string& address, const std::string& var,
-           uint32_t timeout_ms) -> caf::result<tensor, uint64_t, std::string> {
-      auto& ch = self->state.channels[address];
+    [self, address, peer, cancel](read_atom, const std::string& var,
+                                  uint32_t timeout_ms) -> caf::result<tensor, uint64_t, std::string> {
+      auto& ch = self->state.channel;
       if (!ch || ch->broken()) {
-        auto addr = parse_address(address, "data plane of variable '" + var + "'");
-        if (!addr)
-          return std::move(addr.error());
-        auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
-                                           std::chrono::milliseconds{timeout_ms}, {},
-                                           system_tls(self->system()));
+        auto fresh = open_channel(self->system(), address, peer,
+                                  "data plane of variable '" + var + "'",
+                                  std::chrono::milliseconds{timeout_ms}, cancel);
         if (!fresh)
           return std::move(fresh.error());
         ch = std::move(*fresh);
@@ -92,26 +114,25 @@ caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self)
 }
 
 struct edge_sender_state {
+  edge_sender_state() { ++senders_alive; }
+  ~edge_sender_state() { --senders_alive; }
   std::unique_ptr<data_channel> channel; ///< to the one node this sender serves
 };
 
 /// Sends values of steps to the executors of one other node over its data
 /// plane. Detached: its blocking socket I/O never stalls the executor. A
 /// broken connection is opened again for the next value.
-caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std::string address) {
+caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std::string address,
+                               std::string peer, std::shared_ptr<std::atomic<bool>> cancel) {
   return {
-    [self, address](edge_atom, const std::string& device, uint64_t graph, uint64_t step,
-                    int32_t op, const tensor& value, int64_t sent_ns,
-                    uint32_t timeout_ms) -> caf::result<caf::ok_atom> {
+    [self, address, peer, cancel](edge_atom, const std::string& device, uint64_t graph,
+                                  uint64_t step, int32_t op, const tensor& value, int64_t sent_ns,
+                                  uint32_t timeout_ms) -> caf::result<caf::ok_atom> {
       auto& ch = self->state.channel;
       auto timeout = std::chrono::milliseconds{timeout_ms};
       if (!ch || ch->broken()) {
-        auto addr = parse_address(address, "data plane of " + device);
-        if (!addr)
-          return std::move(addr.error());
-        auto fresh = data_channel::connect(addr->host, addr->port, "the data plane at " + address,
-                                           std::min(timeout, std::chrono::milliseconds{10000}), {},
-                                           system_tls(self->system()));
+        auto fresh = open_channel(self->system(), address, peer, "data plane of " + device,
+                                  std::min(timeout, std::chrono::milliseconds{10000}), cancel);
         if (!fresh)
           return std::move(fresh.error());
         ch = std::move(*fresh);
@@ -121,6 +142,78 @@ caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std
       return caf::ok_atom::value;
     },
   };
+}
+
+/// The helpers map of an executor: edge senders or remote readers.
+std::map<std::string, executor_state::data_link>& links_of(self_ptr self, bool edges) {
+  return edges ? self->state.edge_senders : self->state.remote_readers;
+}
+
+/// Stops helper `key` (its wait, if any, gives up at once) and forgets it.
+void drop_link(self_ptr self, bool edges, const std::string& key) {
+  auto& links = links_of(self, edges);
+  auto it = links.find(key);
+  if (it == links.end())
+    return;
+  it->second.cancel->store(true);
+  auto& flags = *self->state.link_cancels;
+  flags.erase(std::remove(flags.begin(), flags.end(), it->second.cancel), flags.end());
+  self->unlink_from(it->second.actor);
+  self->send_exit(it->second.actor, caf::exit_reason::user_shutdown);
+  links.erase(it);
+}
+
+/// The helper for `key` ("/job:J/task:T at host:port"; `address`: its data
+/// plane), made if there is none; counts the request about to go to it.
+caf::actor use_link(self_ptr self, bool edges, const std::string& key, const std::string& address) {
+  auto& links = links_of(self, edges);
+  auto now = now_ns();
+  auto it = links.find(key);
+  if (it == links.end()) {
+    // Nodes restart on other (ephemeral) ports: helpers for old addresses
+    // would pile up. Those idle for a while go as a new one comes.
+    std::vector<std::string> idle;
+    for (const auto& [k, l] : links)
+      if (l.in_flight == 0 && now - l.last_used_ns > idle_link_ns)
+        idle.push_back(k);
+    for (const auto& k : idle)
+      drop_link(self, edges, k);
+    executor_state::data_link l;
+    l.cancel = std::make_shared<std::atomic<bool>>(false);
+    self->state.link_cancels->push_back(l.cancel);
+    l.actor = edges ? self->spawn<caf::detached + caf::linked>(edge_sender_impl, address, key, l.cancel)
+                    : self->spawn<caf::detached + caf::linked>(remote_reader_impl, address, key,
+                                                               l.cancel);
+    it = links.emplace(key, std::move(l)).first;
+  }
+  ++it->second.in_flight;
+  it->second.last_used_ns = now;
+  return it->second.actor;
+}
+
+/// A request to helper `a` for `key` was answered (or failed: then, with
+/// no other request in flight, the helper is stopped; the next request
+/// makes a fresh one, on a fresh connection).
+void release_link(self_ptr self, bool edges, const std::string& key, const caf::actor& a,
+                  bool failed) {
+  auto& links = links_of(self, edges);
+  auto it = links.find(key);
+  if (it == links.end() || it->second.actor != a)
+    return; // dropped meanwhile
+  --it->second.in_flight;
+  it->second.last_used_ns = now_ns();
+  if (failed && it->second.in_flight == 0)
+    drop_link(self, edges, key);
+}
+
+/// "/job:J/task:T at `address`" for the data plane of the node of `task`
+/// ("/job:J/task:T", or "/job:J/task:T at host:port"): TLS then checks the
+/// node's certificate is that task's.
+std::string link_key(const std::string& task, const std::string& address) {
+  auto name = task.substr(0, task.find(" at "));
+  if (name.rfind("/job:", 0) != 0)
+    return "the data plane at " + address;
+  return name + " at " + address;
 }
 
 void remember_done(executor_state& st, step_key key) {
@@ -185,22 +278,28 @@ void send_on_data_plane(self_ptr self, step_key key, executor_state::step& s,
                         const partition_op& op, size_t i, const tensor& value) {
   const auto& plane = op.consumer_data_planes[i];
   auto device = i < op.consumer_devices.size() ? op.consumer_devices[i] : std::string{};
-  auto& sender = self->state.edge_senders[plane];
-  if (!sender)
-    sender = self->spawn<caf::detached + caf::linked>(edge_sender_impl, plane);
+  auto link = link_key(i < op.consumer_tasks.size() ? op.consumer_tasks[i] : std::string{}, plane);
+  auto sender = use_link(self, true, link, plane);
   ++s.pending_sends;
+  auto sending = "op '" + op.name + "' to " + device + " on the data plane at " + plane;
+  s.sending.push_back(sending);
   auto ms = s.part->step_timeout_ms;
   self->request(sender, std::chrono::milliseconds{ms} + std::chrono::seconds{1}, edge_atom::value,
                 device, key.first, key.second, op.id, value, now_ns(), ms)
     .then(
-      [self, key](caf::ok_atom) {
+      [self, key, link, sender, sending](caf::ok_atom) {
+        release_link(self, true, link, sender, false);
         auto it = self->state.steps.find(key);
         if (it == self->state.steps.end())
           return;
         --it->second.pending_sends;
+        auto& v = it->second.sending;
+        if (auto at = std::find(v.begin(), v.end(), sending); at != v.end())
+          v.erase(at);
         advance(self, key);
       },
-      [self, key, device, plane, name = op.name, id = op.id](caf::error& err) {
+      [self, key, device, plane, link, sender, name = op.name, id = op.id](caf::error& err) {
+        release_link(self, true, link, sender, true);
         auto what = "sending the value of op '" + name + "' (" + std::to_string(id) + ") of "
                     + step_name(key) + " to " + device + " on the data plane at " + plane;
         if (err == caf::sec::request_timeout)
@@ -271,13 +370,18 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
   if (!in.data_plane.empty()) {
     // One reader (thread, connection) per node read from: a stopped node
     // holds up only the reads of its own variables.
-    auto& reader = self->state.remote_readers[in.data_plane];
-    if (!reader)
-      reader = self->spawn<caf::detached + caf::linked>(remote_reader_impl);
-    self->request(reader, timeout, read_atom::value, in.data_plane, name,
-                  s.part->variable_timeout_ms)
-      .then([on_value](tensor& value, uint64_t, std::string& how) { on_value(value, how); },
-            on_error);
+    auto link = link_key(in.var_node, in.data_plane);
+    auto reader = use_link(self, false, link, in.data_plane);
+    self->request(reader, timeout, read_atom::value, name, s.part->variable_timeout_ms)
+      .then(
+        [self, on_value, link, reader](tensor& value, uint64_t, std::string& how) {
+          release_link(self, false, link, reader, false);
+          on_value(value, how);
+        },
+        [self, on_error, link, reader](caf::error& err) {
+          release_link(self, false, link, reader, true);
+          on_error(err);
+        });
   } else {
     self->request(in.var, timeout, var_op_atom::value, var_op::read, tensor{}, false)
       .then([on_value, path](tensor& value, uint64_t) { on_value(value, path); }, on_error);
@@ -394,7 +498,10 @@ void advance(self_ptr self, step_key key) {
   }
   if (s.pending_sends > 0) {
     s.waiting_for = "the data plane of another node to take " + std::to_string(s.pending_sends)
-                    + " value(s) of this step";
+                    + " value(s) of this step (";
+    for (size_t i = 0; i < s.sending.size(); ++i)
+      s.waiting_for += (i > 0 ? "; " : "") + s.sending[i];
+    s.waiting_for += ")";
     return; // the last ack resumes it
   }
   s.result.device = self->state.device;
@@ -425,14 +532,47 @@ void forget_graph(self_ptr self, uint64_t id, const caf::error& why) {
 
 } // namespace
 
+size_t live_edge_senders() {
+  return senders_alive.load();
+}
+
+size_t live_remote_readers() {
+  return readers_alive.load();
+}
+
 executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
                                             std::shared_ptr<kernels::backend> backend,
                                             std::shared_ptr<kernels::backend> fallback) {
   self->state.device = std::move(device);
   self->state.backend = std::move(backend);
   self->state.fallback = std::move(fallback);
+  // No helper stays blocked on a socket after the executor: a node's
+  // shutdown does not wait out a send's timeout.
+  auto cancels = std::make_shared<std::vector<std::shared_ptr<std::atomic<bool>>>>();
+  self->state.link_cancels = cancels;
+  self->attach_functor([cancels] {
+    for (auto& c : *cancels)
+      c->store(true);
+  });
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    // A peer on another node died (its node stopped, or restarts elsewhere):
+    // its helpers go, and any wait of theirs gives up.
+    std::vector<std::pair<bool, std::string>> dead_links;
+    for (const auto& [id, g] : st.graphs)
+      for (const auto& op : g.part.ops) {
+        for (size_t i = 0; i < op.consumers.size() && i < op.consumer_data_planes.size(); ++i)
+          if (op.consumers[i].address() == dm.source && !op.consumer_data_planes[i].empty())
+            dead_links.emplace_back(
+              true, link_key(i < op.consumer_tasks.size() ? op.consumer_tasks[i] : std::string{},
+                             op.consumer_data_planes[i]));
+        for (const auto& in : op.inputs)
+          if (in.kind == op_input::variable && !in.data_plane.empty() && in.var
+              && in.var.address() == dm.source)
+            dead_links.emplace_back(false, link_key(in.var_node, in.data_plane));
+      }
+    for (const auto& [edges, key] : dead_links)
+      drop_link(self, edges, key);
     std::vector<uint64_t> orphaned;
     for (auto& [id, g] : st.graphs) {
       if (g.owner == dm.source) {

@@ -1,6 +1,7 @@
 #pragma once
 /// Executor actors (interface: messages/executor.hpp): one per device of a node.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -8,6 +9,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "caf/actor_addr.hpp"
 #include "caf/actor_system.hpp"
@@ -28,11 +30,25 @@ struct executor_state {
     caf::actor_addr owner; ///< who registered it; its death drops the graph
   };
   std::unordered_map<uint64_t, registered> graphs;
-  /// Read other nodes' variables over their data plane, one per node address.
-  std::map<std::string, caf::actor> remote_readers;
-  /// Send values to other nodes' executors over their data plane, one per
-  /// node address (detached: the executor never blocks on a socket).
-  std::map<std::string, caf::actor> edge_senders;
+  /// A detached helper that talks to one other node's data plane.
+  struct data_link {
+    caf::actor actor;
+    std::shared_ptr<std::atomic<bool>> cancel; ///< set: its wait gives up (cancelled)
+    int in_flight = 0;                         ///< requests it has not answered
+    int64_t last_used_ns = 0;                  ///< steady clock
+  };
+  /// Read other nodes' variables over their data plane, one per node
+  /// ("/job:J/task:T at host:port"); edge senders likewise send values to
+  /// other nodes' executors (detached: the executor never blocks on a
+  /// socket). A helper is stopped and dropped when a request to it fails
+  /// with none other in flight, when a peer of a graph on that node dies,
+  /// and when it was idle for a minute as another is made; a fresh one is
+  /// made for the next request.
+  std::map<std::string, data_link> remote_readers;
+  std::map<std::string, data_link> edge_senders;
+  /// The cancel flags of all helpers: set when the executor exits, so that
+  /// none stays blocked on a socket after it.
+  std::shared_ptr<std::vector<std::shared_ptr<std::atomic<bool>>>> link_cancels;
 
   /// One step of one graph, from its first edge or run_step to its reply.
   struct step {
@@ -49,6 +65,7 @@ struct executor_state {
     };
     std::unordered_map<int32_t, arrival> arrivals; ///< by the edge's producing op
     int pending_sends = 0; ///< values on their way to other nodes' data planes, not yet taken
+    std::vector<std::string> sending; ///< those values: "op 'x' to DEVICE on the data plane at h:p"
     std::unordered_map<std::string, tensor> var_reads; ///< each variable read once a step
     caf::typed_response_promise<step_result> rp;
     step_result result;
@@ -60,6 +77,10 @@ struct executor_state {
   std::set<std::pair<uint64_t, uint64_t>> done;
   std::deque<std::pair<uint64_t, uint64_t>> done_order;
 };
+
+/// Edge senders and remote readers alive in this process (tests).
+size_t live_edge_senders();
+size_t live_remote_readers();
 
 executor_actor::behavior_type executor_impl(executor_actor::stateful_pointer<executor_state> self,
                                             std::string device,

@@ -74,6 +74,7 @@ bind_step(const graph& g, const step_plan& plan_ref, cluster_link& link, const s
           continue;
         op.consumers.push_back(consumer);
         op.consumer_devices.push_back(q.device);
+        op.consumer_tasks.push_back(q.task);
         // On another node: the value goes on that node's data plane.
         std::string plane;
         auto owner = link.conns.find(q.task);

@@ -17,7 +17,9 @@
 ///        executor to executor, never through the client: on the same node as
 ///        a local message; to another node's executor on that node's data
 ///        plane (an edge frame, messages/wire.hpp, sent by a detached sender
-///        per destination; its node's server delivers the edge message) when
+///        per destination node, which stops after a failed send, the death of
+///        a peer on that node, or a minute unused, and gives up at once when
+///        the executor exits; its node's server delivers the edge message) when
 ///        the partition names the consumer's data plane, else as a CAF
 ///        message. A step with values in flight on the data plane answers
 ///        once the consumers' nodes took them; a send that fails fails the
@@ -98,12 +100,15 @@ struct partition_op {
   /// or CAF message).
   std::vector<std::string> consumer_data_planes;
   std::vector<std::string> consumer_devices; ///< per consumer: its full device name
+  /// Per consumer: "/job:J/task:T" of its node (with TLS, the certificate its
+  /// data plane must show).
+  std::vector<std::string> consumer_tasks;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, partition_op& x) {
   return f(caf::meta::type_name("partition_op"), x.id, x.op, x.name, x.attrs, x.inputs, x.consumers,
-           x.consumer_data_planes, x.consumer_devices, x.fetch, x.want_value);
+           x.consumer_data_planes, x.consumer_devices, x.consumer_tasks, x.fetch, x.want_value);
 }
 
 struct partition {

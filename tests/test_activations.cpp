@@ -24,6 +24,7 @@
 #include "wait.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/executor.hpp"
+#include "actors/tls.hpp"
 #include "config/loopback.hpp"
 #include "messages/wire.hpp"
 
@@ -36,6 +37,13 @@ namespace {
 bool shm_off() {
   const char* v = std::getenv("ACTORFLOW_DATA_SHM");
   return v != nullptr && std::string{v} == "off";
+}
+
+/// data-plane-tests-over-ucx forces UCX (and trusts the fabric): a channel
+/// then moves to UCX after its first answer, TLS or not.
+bool ucx_forced() {
+  const char* v = std::getenv("ACTORFLOW_DATA_UCX");
+  return v != nullptr && std::string{v} == "force";
 }
 
 /// x (fed) doubled on task 0, plus one on task 1: the doubled value is an
@@ -144,7 +152,9 @@ TEMPLATE_TEST_CASE("a value between partitions on two nodes comes on the consume
   // The first value opens the channel on TCP; from its first answer on, a
   // node on this host is reached through shared memory unless turned off.
   INFO(note);
-  CHECK(note.find(shm_off() ? "by data plane (tcp) from " : "by data plane (shared memory) from ")
+  CHECK(note.find(ucx_forced() ? "by data plane (ucx"
+                   : shm_off()  ? "by data plane (tcp) from "
+                                : "by data plane (shared memory) from ")
         != std::string::npos);
 }
 
@@ -181,7 +191,10 @@ TEST_CASE("with [security] a value between two node processes comes on the data 
     auto e = trace.find("produce -> consume");
     REQUIRE(e != nullptr);
     INFO(e->note);
-    CHECK(e->note.find("by data plane (tls) from ") != std::string::npos);
+    // Over UCX, TLS authenticates both ends first; from the second value on
+    // the channel is on UCX.
+    CHECK(e->note.find(ucx_forced() && step > 1 ? "by data plane (ucx" : "by data plane (tls) from ")
+          != std::string::npos);
   }
 }
 
@@ -267,8 +280,11 @@ TEST_CASE("a value over the consumer node's max_message_bytes fails the step at 
   CHECK(took < 10s); // not the 30 s step timeout
 }
 
-// Catches: a producer whose send to a dead node hangs until the step timeout
-// (or forever), and an error that does not name the node that died.
+// Catches: a run that hangs until the step timeout after a consumer node
+// dies mid-step, and an error that does not name the node that died. (The
+// step runner monitors every partition's executor, so this fails promptly
+// even if the edge send itself hung: "an edge send to a node that stopped
+// reading" below catches that.)
 TEST_CASE("a consumer node killed with SIGKILL mid-step fails the step promptly, naming it",
           "[activation][faults]") {
   processes_under_test c{{{"local", 2}}};
@@ -398,4 +414,216 @@ TEST_CASE("hostile edge frames are refused clearly and the node keeps serving", 
   CHECK(describe(unknown).find("task:3") != std::string::npos);
   server->stop();
   caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+/// An executor of its own, and a partition (graph `id`) whose op 'produce'
+/// adds two constants of `floats` and sends the sum to task 1's CPU on the
+/// data plane at `plane`; `consumer` stands for that executor (monitored).
+struct lone_producer {
+  caf::actor_system& sys;
+  executor_actor exec;
+  caf::actor consumer;
+  std::string consumer_device = "/job:t/replica:0/task:1/device:CPU:0";
+  std::string consumer_task = "/job:t/task:1";
+
+  explicit lone_producer(caf::actor_system& s) : sys(s) {
+    exec = sys.spawn(executor_impl, std::string{"/job:t/replica:0/task:0/device:CPU:0"},
+                     std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()},
+                     std::shared_ptr<kernels::backend>{});
+    consumer = sys.spawn([]() -> caf::behavior { return {[](int32_t) {}}; });
+  }
+  ~lone_producer() {
+    caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(consumer, caf::exit_reason::user_shutdown);
+  }
+
+  void add(caf::scoped_actor& self, uint64_t id, const std::string& plane, int64_t floats,
+           uint32_t step_timeout_ms) {
+    partition part;
+    part.graph = id;
+    part.step_timeout_ms = step_timeout_ms;
+    part.peers = {consumer};
+    part.peer_devices = {consumer_device};
+    partition_op op;
+    op.id = 1;
+    op.op = "add";
+    op.name = "produce";
+    op_input c;
+    c.kind = op_input::constant;
+    c.value = tensor::filled(dtype::float32, {floats}, 1);
+    op.inputs = {c, c};
+    op.consumers = {consumer};
+    op.consumer_devices = {consumer_device};
+    op.consumer_tasks = {consumer_task};
+    op.consumer_data_planes = {plane};
+    part.ops.push_back(op);
+    self->request(exec, 5s, register_atom::value, part)
+      .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  }
+
+  /// Runs step 1 of graph `id`: none, or the error.
+  caf::error run(caf::scoped_actor& self, uint64_t id, std::chrono::milliseconds wait = 30s) {
+    caf::error out;
+    self->request(exec, wait, run_step_atom::value, id, uint64_t{1}, std::vector<feed>{})
+      .receive([](step_result&) {}, [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+};
+
+} // namespace
+
+// Catches: an edge sender kept for the executor's whole life per destination
+// address (data ports are ephemeral: every restart of a consumer node left a
+// thread per executor behind), and one kept after the death of the consumer
+// it served.
+TEST_CASE("an edge sender whose destination failed or whose consumer died is stopped, leaving no "
+          "thread behind",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto before = live_edge_senders();
+  SECTION("four destinations where nothing listens (a node that restarted elsewhere)") {
+    lone_producer p{sys};
+    for (uint64_t id = 1; id <= 4; ++id) {
+      auto plane = "127.0.0.1:" + std::to_string(free_loopback_port());
+      p.add(self, id, plane, 4, 10000);
+      auto err = p.run(self, id);
+      REQUIRE(err);
+      auto text = describe(err);
+      INFO(text);
+      CHECK(is(err, af_error::unreachable));
+      CHECK(text.find("'produce'") != std::string::npos);
+      CHECK(text.find(plane) != std::string::npos);
+    }
+    // waits for the senders of the failed sends to end
+    CHECK(eventually([&] { return live_edge_senders() == before; }, 5s));
+  }
+  SECTION("a live destination whose consumer executor dies") {
+    auto consumer_exec = sys.spawn(executor_impl, std::string{"/job:t/replica:0/task:1/device:CPU:0"},
+                                   std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()},
+                                   std::shared_ptr<kernels::backend>{});
+    auto dir = std::make_shared<variable_directory>();
+    dir->put_executor("/job:t/replica:0/task:1/device:CPU:0", consumer_exec);
+    auto server = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", {}));
+    lone_producer p{sys};
+    p.add(self, 1, "127.0.0.1:" + std::to_string(server->port()), 4, 10000);
+    auto err = p.run(self, 1);
+    INFO(describe(err));
+    REQUIRE_FALSE(err);
+    CHECK(live_edge_senders() == before + 1); // it stays for the next value
+    caf::anon_send_exit(p.consumer, caf::exit_reason::kill);
+    // waits for the executor to see its peer die and stop the sender
+    CHECK(eventually([&] { return live_edge_senders() == before; }, 5s));
+    server->stop();
+    caf::anon_send_exit(consumer_exec, caf::exit_reason::user_shutdown);
+  }
+}
+
+// Catches: an edge send to a node that stopped reading (SIGSTOPped, or its
+// network gone) that hangs the producer's step past its timeout, or fails it
+// without naming the edge and the destination; and a sender blocked in such a
+// send that outlives its executor until the step timeout (delaying the
+// node's shutdown by as long).
+TEST_CASE("an edge send to a node that stopped reading fails the step within its timeout, naming "
+          "the edge and the destination; the executor's exit ends the blocked send",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  // A node that stopped: its kernel takes the connection, nobody reads it.
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  REQUIRE(listen(lfd, 8) == 0);
+  struct closer {
+    int fd;
+    ~closer() { close(fd); }
+  } guard{lfd};
+  auto plane = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const int64_t floats = 16 * 1024 * 1024; // 64 MiB: more than the socket buffers hold
+  auto before = live_edge_senders();
+  SECTION("the step fails by its timeout") {
+    lone_producer p{sys};
+    p.add(self, 1, plane, floats, 1500);
+    auto began = std::chrono::steady_clock::now();
+    auto err = p.run(self, 1);
+    auto took = std::chrono::steady_clock::now() - began;
+    REQUIRE(err);
+    auto text = describe(err);
+    INFO(text);
+    CHECK(is(err, af_error::timeout));
+    CHECK(text.find("'produce'") != std::string::npos);
+    CHECK(text.find(p.consumer_device) != std::string::npos);
+    CHECK(text.find(plane) != std::string::npos);
+    CHECK(took < 10s); // bounded by its 1.5 s timeout, not hanging
+  }
+  SECTION("the executor's exit ends the send at once") {
+    auto p = std::make_unique<lone_producer>(sys);
+    p->add(self, 1, plane, floats, 60000);
+    self->send(p->exec, run_step_atom::value, uint64_t{1}, uint64_t{1}, std::vector<feed>{});
+    pollfd pfd{lfd, POLLIN, 0};
+    REQUIRE(poll(&pfd, 1, 10000) == 1); // waits for the sender's connection
+    REQUIRE(eventually([&] { return live_edge_senders() == before + 1; }, 5s)); // and its sender
+    p.reset(); // the executor exits
+    // waits for the sender to end: not the 60 s step timeout
+    CHECK(eventually([&] { return live_edge_senders() == before; }, 5s));
+  }
+}
+
+// Catches: an edge sender that names its peer by address only, so that with
+// TLS the node's certificate is checked for the host but not for the task:
+// another member's certificate on the same host was accepted.
+TEST_CASE("with [security] an edge sender checks that the node's certificate is the consumer's task's",
+          "[activation][tls]") {
+  temp_dir dir;
+  auto config = dir / "cluster.toml";
+  std::string cluster = "[cluster]\nlocal = [\"127.0.0.1:" + std::to_string(free_loopback_port())
+                        + "\", \"127.0.0.1:" + std::to_string(free_loopback_port()) + "\"]\n";
+  write_file(config, cluster);
+  write_file(config, cluster + "\n" + make_certs(config));
+  auto loaded = value_of(load_cluster_config(config));
+  // The data plane of task 1, with task 1's certificate.
+  auto node_tls = value_of(make_tls_context(value_of(security_for(loaded.security, "local-1")),
+                                            "task 1"));
+  system_config cfg{node_options{}, value_of(security_for(loaded.security, "client"))};
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  std::string device = "/job:local/replica:0/task:1/device:CPU:0";
+  auto consumer_exec = sys.spawn(executor_impl, device,
+                                 std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()},
+                                 std::shared_ptr<kernels::backend>{});
+  auto directory = std::make_shared<variable_directory>();
+  directory->put_executor(device, consumer_exec);
+  auto server =
+    value_of(data_plane_server::start(directory, "127.0.0.1", 0, "task 1", {}, node_tls));
+  auto plane = "127.0.0.1:" + std::to_string(server->port());
+  lone_producer p{sys};
+  p.consumer_device = device;
+  SECTION("the task that answers") {
+    p.consumer_task = "/job:local/task:1";
+    p.add(self, 1, plane, 4, 10000);
+    auto err = p.run(self, 1);
+    INFO(describe(err));
+    CHECK_FALSE(err);
+  }
+  SECTION("another task's certificate on the same host") {
+    p.consumer_task = "/job:local/task:0";
+    p.add(self, 1, plane, 4, 10000);
+    auto err = p.run(self, 1);
+    REQUIRE(err);
+    auto text = describe(err);
+    INFO(text);
+    CHECK(text.find("'produce'") != std::string::npos);
+    CHECK(text.find("/job:local/task:1's, not /job:local/task:0's") != std::string::npos);
+  }
+  server->stop();
+  caf::anon_send_exit(consumer_exec, caf::exit_reason::user_shutdown);
 }
