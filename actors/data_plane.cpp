@@ -1,4 +1,5 @@
 #include "actors/data_plane.hpp"
+#include "actors/edge_budget.hpp"
 #include "actors/shm_ring.hpp"
 #include "actors/tcp_connect.hpp"
 #include "actors/tls_io.hpp"
@@ -971,21 +972,70 @@ bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
                             "of {} bytes per message ([node] max_message_bytes)",
                             pre.op, device, h.payload_bytes, node_name_,
                             timeouts_.max_message_bytes);
-    } else if (!h.has_tensor && h.payload_bytes > 0) {
-      refusal = fmt::format("the value of op {} for '{}': a payload that is no tensor", pre.op,
-                            device);
+    } else if (!h.has_tensor) {
+      refusal = fmt::format("the value of op {} for '{}': an edge frame without a tensor "
+                            "(has_tensor = 0); an edge carries the producer's tensor",
+                            pre.op, device);
     }
   }
+  // Refusals are logged per connection: the first, then a count every 10 s
+  // (one connection serves on one thread).
+  thread_local std::string log_peer;
+  thread_local refusal_log refusals;
+  auto log_refusal = [&](const std::string& why) {
+    if (log_peer != peer) {
+      log_peer = peer;
+      refusals = refusal_log{};
+    }
+    uint64_t skipped = 0;
+    if (refusals.due(skipped))
+      log::get()->warn("{} data plane: refused an edge from {}: {}{}", node_name_, peer, why,
+                       skipped == 0 ? std::string{}
+                                    : fmt::format(" (and {} other edge(s) of it since the last "
+                                                  "such line)",
+                                                  skipped));
+  };
   read_end how = read_end::done;
   if (!refusal.empty()) {
-    log::get()->warn("{} data plane: refused an edge from {}: {}", node_name_, peer, refusal);
+    log_refusal(refusal);
     return refuse_request(io, code, refusal, h.payload_bytes, frame_ms, how);
   }
+  // The executor's edge bytes not yet taken by a running step (values it
+  // has not handled, values of steps whose run_step has not come) stay
+  // within 2 x max_message_bytes: over it the edge waits up to a frame's
+  // timeout for room (back-pressure on a busy executor), then is refused
+  // before anything is allocated. The executor gives the bytes back.
+  auto held = edge_bytes_of(caf::actor_cast<caf::actor_addr>(exec), false);
+  auto need = static_cast<int64_t>(h.payload_bytes);
+  if (held) {
+    auto budget = 2 * timeouts_.max_message_bytes;
+    auto until = std::chrono::steady_clock::now() + timeouts_.frame;
+    auto pause = std::chrono::milliseconds{1};
+    while (!reserve_edge_bytes(*held, need, budget)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        refusal = fmt::format("the value of op {} for '{}': {} holds {} bytes of values for it "
+                              "that no running step has taken, and {} more would pass its budget "
+                              "of {} bytes (2 x [node] max_message_bytes); the executor is busy, "
+                              "or a sender is ahead of its steps",
+                              pre.op, device, node_name_, held->load(), need, budget);
+        log_refusal(refusal);
+        return refuse_request(io, af_error::resource_exhausted, refusal, h.payload_bytes,
+                              frame_ms, how);
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds{20});
+    }
+  }
+  auto give_back = [&] {
+    if (held)
+      release_edge_bytes(*held, need);
+  };
   tensor value;
   if (h.has_tensor) {
     try {
       value.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
     } catch (const std::bad_alloc&) {
+      give_back();
       return refuse_request(io, af_error::resource_exhausted,
                             fmt::format("{} cannot allocate {} bytes for the value of op {} for "
                                         "'{}' (out of memory)",
@@ -995,6 +1045,7 @@ bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
     if (h.payload_bytes > 0
         && read_timed(io, value.mutable_bytes(), h.payload_bytes, frame_ms, frame_ms, false)
              != read_end::done) {
+      give_back();
       log::get()->warn("{} data plane: dropped {}: it stopped in the middle of the value of op {} "
                        "for '{}'",
                        node_name_, peer, pre.op, device);

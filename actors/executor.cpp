@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <new>
 
 #include "caf/all.hpp"
 
 #include "actors/data_plane.hpp"
+#include "actors/edge_budget.hpp"
+#include "actors/log.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 
@@ -216,7 +219,16 @@ std::string link_key(const std::string& task, const std::string& address) {
   return name + " at " + address;
 }
 
+/// Gives back the bytes of edges `s` held before its run_step came.
+void release_early(executor_state& st, executor_state::step& s) {
+  if (s.early_bytes > 0 && st.edge_bytes)
+    release_edge_bytes(*st.edge_bytes, s.early_bytes);
+  s.early_bytes = 0;
+}
+
 void remember_done(executor_state& st, step_key key) {
+  if (auto it = st.steps.find(key); it != st.steps.end())
+    release_early(st, it->second);
   st.steps.erase(key);
   if (st.done.insert(key).second) {
     st.done_order.push_back(key);
@@ -265,6 +277,116 @@ executor_state::step* open_step(self_ptr self, step_key key) {
 }
 
 void advance(self_ptr self, step_key key);
+
+/// Logs a dropped edge: the first, then a count every 10 s (a stranger's
+/// flood of edges is not a flood of log lines).
+void log_dropped_edge(executor_state& st, const std::string& why) {
+  uint64_t skipped = 0;
+  if (!st.edge_refusals.due(skipped))
+    return;
+  log::get()->warn("{} dropped an edge: {}{}", st.device, why,
+                   skipped == 0 ? std::string{}
+                                : " (and " + std::to_string(skipped)
+                                    + " other edge(s) dropped since the last such line)");
+}
+
+/// Same dtype, shape and bytes.
+bool same_value(const tensor& a, const tensor& b) {
+  if (a.empty() || b.empty())
+    return a.empty() == b.empty();
+  return a.type() == b.type() && a.shape() == b.shape()
+         && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+/// An edge came: op `op`'s value for step `key`. Taken only for an op the
+/// partition consumes from another partition, once per step; a step not
+/// started yet holds it (bounded: max_early_steps_per_graph per graph, and
+/// its bytes count in the executor's edge budget until run_step comes).
+void take_edge(self_ptr self, step_key key, int32_t op, tensor& value, int64_t sent_ns,
+               std::string path) {
+  auto& st = self->state;
+  auto bytes = static_cast<int64_t>(value.empty() ? 0 : value.nbytes());
+  // The data-plane server reserved these bytes before it allocated them.
+  bool reserved = path.rfind("data plane (", 0) == 0;
+  bool keep = false; // the bytes stay counted (held by a step not started)
+  auto done = [&] {
+    if (reserved && !keep && st.edge_bytes)
+      release_edge_bytes(*st.edge_bytes, bytes);
+  };
+  auto what = [&] {
+    return "the value of op " + std::to_string(op) + " for " + step_name(key) + " (" + path + ")";
+  };
+  if (st.done.count(key)) {
+    done();
+    return; // the step failed or was aborted meanwhile
+  }
+  auto g = st.graphs.find(key.first);
+  if (g == st.graphs.end()) {
+    done();
+    return; // a graph this executor no longer holds
+  }
+  auto& reg = g->second;
+  if (!reg.remote_inputs.count(op)) {
+    done();
+    log_dropped_edge(st, what() + ": no op of this partition takes op " + std::to_string(op)
+                           + " from another partition (a stranger, or a sender of another graph)");
+    return;
+  }
+  auto it = st.steps.find(key);
+  if (it != st.steps.end() && it->second.values.count(op)) {
+    done();
+    // Never replaces the first; a different second value means one of them
+    // did not come from its producer: the step must not compute with either.
+    bool conflict = !same_value(it->second.values.at(op), value);
+    if (!reg.warned_duplicate || conflict) {
+      reg.warned_duplicate = true;
+      log::get()->warn("{} refused a second value of op {} for {} ({}){}; the first is kept", 
+                       st.device, op, step_name(key), path,
+                       conflict ? ", which differs from the first: the step fails" : "");
+    }
+    if (conflict)
+      fail(self, key,
+           make_error(af_error::invalid_argument,
+                      "op " + std::to_string(op) + " of " + step_name(key) + " came twice to "
+                        + st.device + " with different values (the second " + path
+                        + "): one is not from its producer; is a stranger sending edges to this "
+                          "node's data plane?"));
+    return;
+  }
+  if (it == st.steps.end()) {
+    // An early edge: its run_step has not come. Steps of a graph run in
+    // order per session: one at or below the newest run_step is stale.
+    if (key.second <= reg.newest_step) {
+      done();
+      log_dropped_edge(st, what() + ": that step is not open here (its run_step "
+                                    + std::to_string(reg.newest_step) + " came before)");
+      return;
+    }
+    size_t early = 0;
+    for (auto e = st.steps.lower_bound({key.first, 0});
+         e != st.steps.end() && e->first.first == key.first; ++e)
+      early += e->second.part == nullptr ? 1 : 0;
+    if (early >= max_early_steps_per_graph) {
+      done();
+      log_dropped_edge(st, what() + ": " + std::to_string(early) + " steps of graph "
+                             + std::to_string(key.first)
+                             + " already hold values before their run_step (at most "
+                             + std::to_string(max_early_steps_per_graph) + ")");
+      return;
+    }
+  }
+  auto s = open_step(self, key);
+  if (s->part == nullptr) {
+    keep = true;
+    if (!reserved && st.edge_bytes)
+      *st.edge_bytes += bytes; // counted too, so the data plane sees it
+    s->early_bytes += bytes;
+  }
+  done();
+  s->arrivals[op] = {sent_ns, now_ns(), std::move(path)};
+  s->values[op] = std::move(value);
+  advance(self, key);
+}
 
 /// "host:port" of a var_node ("/job:J/task:T at host:port").
 std::string address_of(const std::string& var_node) {
@@ -522,6 +644,7 @@ void forget_graph(self_ptr self, uint64_t id, const caf::error& why) {
     if (it->first.first == id) {
       if (it->second.rp.pending())
         it->second.rp.deliver(why);
+      release_early(st, it->second);
       it = st.steps.erase(it);
     } else {
       ++it;
@@ -550,7 +673,9 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
   // shutdown does not wait out a send's timeout.
   auto cancels = std::make_shared<std::vector<std::shared_ptr<std::atomic<bool>>>>();
   self->state.link_cancels = cancels;
-  self->attach_functor([cancels] {
+  self->state.edge_bytes = edge_bytes_of(self->address(), true);
+  self->attach_functor([cancels, addr = self->address()] {
+    forget_edge_bytes(addr);
     for (auto& c : *cancels)
       c->store(true);
   });
@@ -618,7 +743,14 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       for (const auto& peer : part.peers)
         if (peer && peer != caf::actor_cast<caf::actor>(self))
           self->monitor(peer);
-      st.graphs[id] = executor_state::registered{std::move(part), owner};
+      executor_state::registered reg;
+      reg.part = std::move(part);
+      reg.owner = owner;
+      for (const auto& op : reg.part.ops)
+        for (const auto& in : op.inputs)
+          if (in.kind == op_input::remote)
+            reg.remote_inputs.insert(in.op);
+      st.graphs[id] = std::move(reg);
       return caf::ok_atom::value;
     },
     [self](run_step_atom, uint64_t graph, uint64_t step,
@@ -632,8 +764,10 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       step_key key{graph, step};
       if (st.done.count(key))
         return make_error(af_error::aborted, step_name(key) + " was already aborted on " + st.device);
+      g->second.newest_step = std::max(g->second.newest_step, step);
       auto s = open_step(self, key);
       s->part = &g->second.part;
+      release_early(st, *s); // its edges are now the running step's
       for (auto& f : feeds)
         s->values[f.op] = std::move(f.value);
       s->rp = self->make_response_promise<step_result>();
@@ -643,15 +777,7 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
     },
     [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value, int64_t sent_ns,
            std::string& path) {
-      step_key key{graph, step};
-      if (self->state.done.count(key))
-        return; // the step failed or was aborted meanwhile
-      auto s = open_step(self, key);
-      if (s == nullptr)
-        return; // a graph this executor no longer holds
-      s->arrivals[op] = {sent_ns, now_ns(), std::move(path)};
-      s->values[op] = std::move(value);
-      advance(self, key);
+      take_edge(self, {graph, step}, op, value, sent_ns, std::move(path));
     },
     [self](abort_atom, uint64_t graph, uint64_t step) {
       if (!owned_by_sender(self, graph))

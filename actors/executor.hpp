@@ -9,12 +9,14 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "caf/actor_addr.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/typed_response_promise.hpp"
 
+#include "actors/edge_budget.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/executor.hpp"
 
@@ -28,6 +30,11 @@ struct executor_state {
   struct registered {
     partition part;
     caf::actor_addr owner; ///< who registered it; its death drops the graph
+    /// The ops whose values come from other partitions (op_input::remote):
+    /// an edge for any other op is dropped.
+    std::unordered_set<int32_t> remote_inputs;
+    uint64_t newest_step = 0;       ///< of its run_steps (edges for older unopened steps are stale)
+    bool warned_duplicate = false;  ///< a second value for an op was logged (once per graph)
   };
   std::unordered_map<uint64_t, registered> graphs;
   /// A detached helper that talks to one other node's data plane.
@@ -69,9 +76,14 @@ struct executor_state {
     std::unordered_map<std::string, tensor> var_reads; ///< each variable read once a step
     caf::typed_response_promise<step_result> rp;
     step_result result;
+    int64_t early_bytes = 0; ///< of edges held before run_step, counted in edge_bytes
   };
   std::map<std::pair<uint64_t, uint64_t>, step> steps;
   bool sweeping = false; ///< a sweep message is scheduled
+
+  /// Edge bytes held and not yet taken by a running step (actors/edge_budget.hpp).
+  std::shared_ptr<std::atomic<int64_t>> edge_bytes;
+  refusal_log edge_refusals; ///< the log of dropped edges: the first, then a count every 10 s
 
   /// Recently finished or aborted steps: late edges for them are dropped.
   std::set<std::pair<uint64_t, uint64_t>> done;

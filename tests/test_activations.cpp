@@ -18,12 +18,15 @@
 #include <cstring>
 #include <thread>
 
+#include <spdlog/sinks/ringbuffer_sink.h>
+
 #include "certs.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/executor.hpp"
+#include "actors/log.hpp"
 #include "actors/tls.hpp"
 #include "config/loopback.hpp"
 #include "messages/wire.hpp"
@@ -626,4 +629,222 @@ TEST_CASE("with [security] an edge sender checks that the node's certificate is 
   }
   server->stop();
   caf::anon_send_exit(consumer_exec, caf::exit_reason::user_shutdown);
+}
+
+// ---- The receiving side of edges (issue 12, attack findings F5 and F8) ----
+
+namespace {
+
+/// The process's warning lines written while it lives.
+struct warn_capture {
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink =
+    std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(512);
+  warn_capture() { log::get()->sinks().push_back(sink); }
+  ~warn_capture() {
+    auto& sinks = log::get()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  }
+  size_t count(const std::string& a) const {
+    size_t n = 0;
+    for (auto& line : sink->last_formatted())
+      n += line.find(a) != std::string::npos ? 1 : 0;
+    return n;
+  }
+};
+
+/// An executor on a data plane of its own, holding graph 5: op 8 'sum' adds
+/// the values of ops 7 and 6, both from another partition, and is fetched.
+struct edge_consumer {
+  caf::actor_system& sys;
+  std::string device = "/job:t/replica:0/task:0/device:CPU:0";
+  executor_actor exec;
+  std::unique_ptr<data_plane_server> server;
+  caf::scoped_actor self;
+  std::unique_ptr<data_channel> ch;
+
+  edge_consumer(caf::actor_system& s, int64_t max_message_bytes = 1 << 20)
+      : sys(s), self(s) {
+    exec = sys.spawn(executor_impl, device,
+                     std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()},
+                     std::shared_ptr<kernels::backend>{});
+    auto dir = std::make_shared<variable_directory>();
+    dir->put_executor(device, exec);
+    data_plane_limits limits;
+    limits.max_message_bytes = max_message_bytes;
+    limits.frame = 500ms;
+    server = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
+    partition part;
+    part.graph = 5;
+    part.step_timeout_ms = 60000;
+    partition_op op;
+    op.id = 8;
+    op.op = "add";
+    op.name = "sum";
+    op.fetch = true;
+    op_input a, b;
+    a.kind = b.kind = op_input::remote;
+    a.op = 7;
+    b.op = 6;
+    op.inputs = {a, b};
+    part.ops.push_back(op);
+    self->request(exec, 5s, register_atom::value, part)
+      .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+    ch = value_of(data_channel::connect("127.0.0.1", server->port(), "test node", 5s));
+  }
+  ~edge_consumer() {
+    ch.reset();
+    server->stop();
+    caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
+  }
+  /// Sends op `op`'s value for `step` on the data plane: none, or the error.
+  /// (Taken: the executor has the message before any later request of ours.)
+  caf::error edge(uint64_t step, int32_t op, float v, int64_t floats = 4) {
+    return ch->send_edge(device, 5, step, op, 0, tensor::filled(dtype::float32, {floats}, v));
+  }
+  uint64_t steps_held() {
+    uint64_t steps = 0;
+    self->request(exec, 5s, info_atom::value)
+      .receive([&](uint64_t, uint64_t n) { steps = n; }, [](caf::error& e) { FAIL(describe(e)); });
+    return steps;
+  }
+  /// Starts step `step`; its answer comes to `self`.
+  void start(uint64_t step) {
+    self->send(exec, run_step_atom::value, uint64_t{5}, step, std::vector<feed>{});
+  }
+  /// The answer to start(): the sum's first element, or the error's text.
+  std::pair<float, std::string> answer() {
+    std::pair<float, std::string> out{-1.f, "no answer within 10 s"};
+    self->receive(
+      [&](step_result& r) {
+        REQUIRE(r.fetched.size() == 1);
+        out = {reinterpret_cast<const float*>(r.fetched[0].value.bytes())[0], ""};
+      },
+      [&](caf::error& e) { out = {-1.f, describe(e)}; },
+      caf::after(10s) >> [] {});
+    return out;
+  }
+};
+
+} // namespace
+
+// Catches (F5): a second value for an op overwriting the first (a stranger's
+// edge silently replaced the producer's: the step computed with it), an
+// identical resend failing the step, and an edge for an op the partition
+// does not consume opening a step.
+TEST_CASE("an edge never replaces the first value of its op; a different second one fails the "
+          "step, naming it; an op the partition does not consume is dropped",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  edge_consumer c{sys};
+  warn_capture logs;
+  // a different second value: the step fails, naming the op, and does not compute 100 + 2
+  c.start(3);
+  CHECK_FALSE(c.edge(3, 7, 1));
+  CHECK_FALSE(c.edge(3, 7, 100)); // acked: the sender learns nothing
+  auto [v3, text3] = c.answer();
+  INFO(text3);
+  CHECK(v3 != 102.f);
+  CHECK(text3.find("op 7 of step 3") != std::string::npos);
+  CHECK(text3.find("came twice") != std::string::npos);
+  CHECK(logs.count("refused a second value of op 7 for step 3") == 1);
+  // an identical resend is dropped: the step computes with the one value
+  c.start(4);
+  CHECK_FALSE(c.edge(4, 7, 1));
+  CHECK_FALSE(c.edge(4, 7, 1));
+  CHECK_FALSE(c.edge(4, 6, 2));
+  auto [v4, text4] = c.answer();
+  INFO(text4);
+  CHECK(v4 == 3.f);
+  // an op no input of the partition comes from: no step opened, logged
+  CHECK_FALSE(c.edge(9, 2, 100));
+  CHECK(c.steps_held() == 0);
+  CHECK(logs.count("no op of this partition takes op 2") == 1);
+}
+
+// Catches (F5): a stranger parking values in any number of future steps
+// (100 x 8 MiB held 800 MB), and an edge for a step whose run_step came
+// before (stale) opening it again.
+TEST_CASE("early edges open at most 4 steps of a graph, none at or below its newest run_step",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  edge_consumer c{sys};
+  c.start(20);
+  CHECK_FALSE(c.edge(20, 7, 1));
+  CHECK_FALSE(c.edge(20, 6, 1));
+  CHECK(c.answer().first == 2.f);
+  CHECK(c.steps_held() == 0);
+  CHECK_FALSE(c.edge(18, 7, 1)); // stale: run_step 20 came
+  CHECK(c.steps_held() == 0);
+  for (uint64_t step = 30; step < 40; ++step)
+    CHECK_FALSE(c.edge(step, 7, 1));
+  CHECK(c.steps_held() == max_early_steps_per_graph);
+  // the steps held run as usual
+  c.start(30);
+  CHECK_FALSE(c.edge(30, 6, 5));
+  CHECK(c.answer().first == 6.f);
+}
+
+// Catches (F8): edge values piling up for an executor without bound (20 x
+// 64 MiB queued for a busy one took 2 GB): over 2 x max_message_bytes of
+// values no running step took, the data plane refuses the next before it
+// allocates, naming the budget; a step that starts gives its bytes back.
+TEST_CASE("the bytes of edges an executor holds before their steps start are bounded by 2 x "
+          "max_message_bytes",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  edge_consumer c{sys, 1 << 20};
+  int64_t floats = (768 << 10) / 4; // 768 KiB a value
+  CHECK_FALSE(c.edge(1, 7, 1, floats));
+  CHECK_FALSE(c.edge(2, 7, 1, floats));
+  auto over = c.edge(3, 7, 1, floats); // 2.25 MiB held > 2 MiB
+  INFO(describe(over));
+  REQUIRE(over);
+  CHECK(is(over, af_error::resource_exhausted));
+  CHECK(describe(over).find("max_message_bytes") != std::string::npos);
+  CHECK(c.steps_held() == 2);
+  // step 1 starts: its value is the running step's, room for another
+  c.start(1);
+  CHECK_FALSE(c.edge(1, 6, 1, floats));
+  CHECK(c.answer().first == 2.f);
+  auto again = c.edge(3, 7, 1, floats);
+  INFO(describe(again));
+  CHECK_FALSE(again);
+}
+
+// Catches: an edge frame with no tensor (has_tensor = 0, no payload) taken
+// as a value (the step then failed with "input 0 has no value"), and a log
+// line per hostile frame (a stranger's flood of frames was a flood of lines).
+TEST_CASE("an edge frame without a tensor is refused, naming it; refusals of one connection are "
+          "logged once, then counted",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  edge_consumer c{sys};
+  warn_capture logs;
+  int fd = raw_connect(c.server->port());
+  for (int i = 0; i < 20; ++i) {
+    wire::edge_prefix pre;
+    pre.graph = 5;
+    pre.op = 7;
+    std::string name(sizeof(pre), '\0');
+    std::memcpy(name.data(), &pre, sizeof(pre));
+    name += c.device;
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::edge);
+    h.name_len = static_cast<uint32_t>(name.size());
+    h.version = 40 + i;
+    h.has_tensor = 0;
+    REQUIRE(send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(send(fd, name.data(), name.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(name.size()));
+    auto [st, text] = read_reply(fd);
+    INFO(text);
+    REQUIRE(st == static_cast<uint8_t>(af_error::invalid_argument));
+    CHECK(text.find("has_tensor") != std::string::npos);
+  }
+  close(fd);
+  CHECK(c.steps_held() == 0);
+  CHECK(logs.count("refused an edge") == 1);
 }
