@@ -1551,6 +1551,7 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   ch->ucx_trusted_ = trusted_fabric;
   if ((trusted_fabric || process_trusted_fabric().load()) && !ucx_channel::disabled_by_environment()
       && (ucx_channel::forced_by_environment() || !shm_channel::same_host(fd))
+      && !ucx_failed_recently(host + ":" + std::to_string(port))
       && ucx_channel::available()) {
     ch->ucx_possible_ = true;
     ch->shm_possible_ = false;
@@ -1706,6 +1707,8 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
   }
   if (fails > 0)
     err = make_error(af_error::unreachable, "a test hook failed this connect");
+  else if (auto decoy = take_ucx_decoy_for_testing(); !decoy.empty())
+    err = (*mine)->connect(decoy);
   else
     err = (*mine)->connect(theirs);
   if (err) {
@@ -1713,6 +1716,7 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
     // TCP/TLS carries the op, and this channel offers UCX no more (a path
     // UCX cannot take stays so; said once).
     ucx_failed_ = true;
+    remember_ucx_failure(host_ + ":" + std::to_string(port_));
     drop();
     log::get()->warn("the data connection to {} goes on {}: the node took this process's offer of "
                      "UCX, but its worker address is not one UCX can reach from here ({}); "
@@ -1727,6 +1731,7 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
                         + "), and the connection on " + stays + " could not be opened again");
   }
   ucx_ = std::move(*mine);
+  ucx_carried_ = false;
   return {};
 }
 
@@ -1785,6 +1790,17 @@ caf::error data_channel::fail(const std::string& what, int err, std::chrono::mil
   // A record cut short by the peer's close is still the peer's close
   // (peer_down, which a session's retry knows), with the record layer's words.
   std::string cut = stream_ != nullptr && err == ECONNRESET ? stream_->reason() : std::string{};
+  if (ucx_ && !ucx_carried_ && err != ECANCELED) {
+    // The first op over UCX failed: the path may not work at all (a port
+    // UCX needs that a firewall drops, a NIC the node cannot reach). This
+    // channel and fresh ones to the node stay on TCP/TLS a while.
+    ucx_failed_ = true;
+    remember_ucx_failure(host_ + ":" + std::to_string(port_));
+    log::get()->warn("the first op over UCX to {} failed during {} ({}): its data connections go "
+                     "on TCP/TLS for the next {} minutes (ACTORFLOW_DATA_UCX=off skips UCX, "
+                     "UCX_NET_DEVICES pins it to the fabric's interfaces)",
+                     peer_, what, std::strerror(err), ucx_failure_memory.count());
+  }
   drop();
   if (err == EPROTO && !last_tls_error.empty()) {
     auto reason = std::move(last_tls_error);
@@ -1991,6 +2007,8 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();
+  if (ucx_)
+    ucx_carried_ = true;
   if ((shm_possible_ && !shm_) || (ucx_possible_ && !ucx_))
     shm_due_ = true; // a data plane answered: offer shared memory before the next request
   return std::make_pair(std::move(value), r.version);

@@ -326,6 +326,7 @@ private:
   bool ucx_possible_ = false;        ///< this connection may offer UCX (checked in upgrade_if_due)
   std::unique_ptr<ucx_channel> ucx_; ///< UCX, once the node took that offer
   bool ucx_failed_ = false;          ///< UCX could not reach the node: no more offers (across reconnects)
+  bool ucx_carried_ = false;         ///< a reply came over ucx_ (else its failure counts as UCX's)
   /// upgrade_if_due's offer of UCX.
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
 };

@@ -23,6 +23,10 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -53,6 +57,50 @@ inline bool trusted_fabric_from_environment() {
 inline std::atomic<bool>& process_trusted_fabric() {
   static std::atomic<bool> trusted{trusted_fabric_from_environment()};
   return trusted;
+}
+
+/// Peers ("host:port") whose UCX path failed lately (the client could not
+/// reach the node's worker, or the first op over UCX failed): data channels
+/// to them offer no UCX for `ucx_failure_memory` after it, so that every
+/// fresh channel does not meet the same failure again.
+constexpr std::chrono::minutes ucx_failure_memory{5};
+
+inline std::pair<std::mutex, std::unordered_map<std::string, std::chrono::steady_clock::time_point>>&
+ucx_failures() {
+  static std::pair<std::mutex, std::unordered_map<std::string, std::chrono::steady_clock::time_point>> f;
+  return f;
+}
+
+inline void remember_ucx_failure(const std::string& peer) {
+  auto& [mutex, map] = ucx_failures();
+  std::lock_guard<std::mutex> guard{mutex};
+  map[peer] = std::chrono::steady_clock::now();
+}
+
+inline bool ucx_failed_recently(const std::string& peer) {
+  auto& [mutex, map] = ucx_failures();
+  std::lock_guard<std::mutex> guard{mutex};
+  auto it = map.find(peer);
+  if (it == map.end())
+    return false;
+  if (std::chrono::steady_clock::now() - it->second < ucx_failure_memory)
+    return true;
+  map.erase(it);
+  return false;
+}
+
+/// A test hook: the next offer's UCX connect (the client's side) goes to
+/// this address instead of the node's (a worker nobody drives: the first op
+/// over UCX gets no answer). Taken once.
+inline std::pair<std::mutex, std::string>& ucx_decoy_for_testing() {
+  static std::pair<std::mutex, std::string> d;
+  return d;
+}
+
+inline std::string take_ucx_decoy_for_testing() {
+  auto& [mutex, address] = ucx_decoy_for_testing();
+  std::lock_guard<std::mutex> guard{mutex};
+  return std::exchange(address, std::string{});
 }
 
 /// A test hook: the next `n` UCX connects of a data channel's offer (the

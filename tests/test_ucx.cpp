@@ -630,7 +630,12 @@ TEST_CASE("a UCX connect that fails after the node took the offer carries the op
   auto srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
   log_capture logs;
   struct hook_reset {
-    ~hook_reset() { ucx_client_connect_failures_for_testing() = 0; }
+    ~hook_reset() {
+      ucx_client_connect_failures_for_testing() = 0;
+      auto& [mutex, map] = ucx_failures();
+      std::lock_guard<std::mutex> guard{mutex};
+      map.clear();
+    }
   } reset;
   ucx_client_connect_failures_for_testing() = 1;
   auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 10s, {}, nullptr,
@@ -650,6 +655,45 @@ TEST_CASE("a UCX connect that fails after the node took the offer carries the op
     REQUIRE(ch->call(var_op::read, "v", nullptr, false));
   CHECK(ch->transport() == "tcp");
   srv->stop();
+}
+
+TEST_CASE("a first op over UCX that gets no answer fails, and fresh channels to that node stay on "
+          "TCP",
+          "[ucx][faults]") {
+  // Bug it catches: a UCX path that does not work (the node's worker
+  // unreachable from here, an endpoint that never answers) offered again by
+  // every fresh channel to that node, so that each op after each reconnect
+  // waits out its deadline the same way.
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust untrusted{false};
+  local_node node{4, true};
+  log_capture logs;
+  struct forget {
+    ~forget() {
+      take_ucx_decoy_for_testing();
+      auto& [mutex, map] = ucx_failures();
+      std::lock_guard<std::mutex> guard{mutex};
+      map.clear();
+    }
+  } cleanup;
+  auto decoy = value_of(ucx_channel::create()); // a worker nobody drives
+  {
+    auto& [mutex, address] = ucx_decoy_for_testing();
+    std::lock_guard<std::mutex> guard{mutex};
+    address = decoy->address();
+  }
+  auto ch = open_channel(node.srv->port(), true);
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false)); // TCP; the offer is due
+  auto r = ch->call(var_op::read, "v", nullptr, false, 0, 500ms);
+  REQUIRE_FALSE(r);
+  INFO(describe(r.error()));
+  CHECK(is(r.error(), af_error::timeout));
+  CHECK(logs.has("the first op over UCX to test node failed", "UCX_NET_DEVICES"));
+  // The decoy is spent: an offer now would work, but none is made.
+  auto again = open_channel(node.srv->port(), true);
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(again->call(var_op::read, "v", nullptr, false));
+  CHECK(again->transport() == "tcp");
 }
 
 TEST_CASE("an offer of shared memory on a connection already on UCX is declined", "[ucx][faults]") {
