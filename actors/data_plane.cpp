@@ -1158,6 +1158,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
   } shm_share{shm_mapped_, shm_bytes};
   std::unique_ptr<shm_channel> shm;
   std::unique_ptr<ucx_channel> ucx; // after a client's offer of UCX (actors/ucx_link.hpp)
+  int ucx_refused = 0;              // offers refused as not an address: the second closes
   io.stall_ms = frame_ms;
   io.spin = timeouts_.shm_spin;
   // True if a read ended the connection; says why in the log if the peer went silent.
@@ -1226,6 +1227,13 @@ void data_plane_server::serve(int fd, const std::string& peer) {
                            "trust the fabric (set [security] trusted_fabric = true on both ends "
                            "to allow unencrypted UCX)",
                            node_name_, peer, stays);
+        } else if (auto bad = ucx_channel::check_offer(theirs); !bad.empty()) {
+          // Checked before a worker is made (~14 ms of CPU each): a client
+          // that sends garbage gets one refusal, then the connection closes.
+          log::get()->warn("{} data plane: {} stays on {}: refused its offer of UCX: {}", node_name_,
+                           peer, stays, bad);
+          if (++ucx_refused > 1)
+            break;
         } else if (auto made = ucx_channel::create(); !made) {
           log::get()->info("{} data plane: {} stays on {}: {}", node_name_, peer, stays,
                            describe(made.error()));

@@ -114,6 +114,13 @@ bool unwrap(const std::string& wrapped, std::string& addr, std::string& why) {
   return true;
 }
 
+/// The first byte of this process's worker addresses (UCX's address header:
+/// its format version in the low 4 bits, flags above), set by the first
+/// create(); -1 before. A peer's address of another format (or garbage with a
+/// valid envelope) is refused before ucp_ep_create, whose parser asserts
+/// (aborting the process) on a version it does not expect.
+std::atomic<int> own_address_header{-1};
+
 bool env_is(const char* name, std::initializer_list<const char*> values) {
   const char* v = std::getenv(name);
   if (v == nullptr)
@@ -357,6 +364,8 @@ caf::expected<std::unique_ptr<ucx_channel>> ucx_channel::create() {
     return make_error(af_error::unsupported,
                       std::string{"a UCX worker without an address: "} + ucs_status_string(st));
   ch->address_ = wrap(addr, len);
+  if (len > 0)
+    own_address_header.store(*reinterpret_cast<const unsigned char*>(addr));
   ucp_worker_release_address(d.worker, addr);
   if (ch->address_.size() > max_address_bytes)
     return make_error(af_error::unsupported,
@@ -371,7 +380,22 @@ ucx_channel::~ucx_channel() {
     impl_->close();
 }
 
+std::string ucx_channel::check_offer(const std::string& peer_address) {
+  std::string addr, why;
+  if (!unwrap(peer_address, addr, why))
+    return why;
+  int own = own_address_header.load();
+  // The format version (low 4 bits) must be this UCX's own.
+  if (own >= 0 && ((static_cast<unsigned char>(addr[0]) ^ own) & 0x0f) != 0)
+    return fmt::format("a UCX worker address of format {} (this UCX writes {}): another UCX "
+                       "version, or not an address",
+                       static_cast<unsigned char>(addr[0]) & 0x0f, own & 0x0f);
+  return {};
+}
+
 caf::error ucx_channel::connect(const std::string& peer_address) {
+  if (auto why = check_offer(peer_address); !why.empty())
+    return make_error(af_error::invalid_argument, why);
   std::string addr, why;
   if (!unwrap(peer_address, addr, why))
     return make_error(af_error::invalid_argument, why);

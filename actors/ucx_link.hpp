@@ -135,6 +135,13 @@ public:
   /// A fresh worker; address() is what the peer needs to reach it.
   static caf::expected<std::unique_ptr<ucx_channel>> create();
 
+  /// Why `peer_address` (an offer's payload) is not a worker address of
+  /// actorflow's with this UCX's address format, or empty if it may be one.
+  /// Cheap (no worker is made), so a node checks an offer before it makes a
+  /// worker for it. Not a full check: UCX parses the rest of an address
+  /// without hardening (docs/security.md "Trusted fabric").
+  static std::string check_offer(const std::string& peer_address);
+
   ~ucx_channel();
   ucx_channel(const ucx_channel&) = delete;
   ucx_channel& operator=(const ucx_channel&) = delete;
@@ -177,6 +184,9 @@ inline caf::expected<std::unique_ptr<ucx_channel>> ucx_channel::create() {
                                            "build again)");
 }
 inline ucx_channel::~ucx_channel() = default;
+inline std::string ucx_channel::check_offer(const std::string&) {
+  return "this build has no UCX";
+}
 inline caf::error ucx_channel::connect(const std::string&) {
   return make_error(af_error::unsupported, "this build has no UCX");
 }

@@ -118,9 +118,9 @@ TEST_CASE("an executor keeps a step's values on its device and downloads only wh
   };
   partition part;
   part.graph = 7;
-  part.ops = {partition_op{1, "add", "sum", {}, {constant(1), constant(2)}, {}, false, true, {}, {}},
-              partition_op{2, "mul", "square", {}, {local(1), local(1)}, {}, false, true, {}, {}},
-              partition_op{3, "neg", "out", {}, {local(2)}, {}, true, true, {}, {}}};
+  part.ops = {partition_op{1, "add", "sum", {}, {constant(1), constant(2)}, {}, false, true, {}, {}, {}},
+              partition_op{2, "mul", "square", {}, {local(1), local(1)}, {}, false, true, {}, {}, {}},
+              partition_op{3, "neg", "out", {}, {local(2)}, {}, true, true, {}, {}, {}}};
   caf::scoped_actor self{sys, true};
   self->request(exec, std::chrono::seconds(10), register_atom::value, part)
     .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });

@@ -358,6 +358,63 @@ TEST_CASE("hostile offers of UCX are refused with a clear log and the node keeps
   CHECK(ch->transport().rfind("ucx", 0) == 0);
 }
 
+TEST_CASE("an offer of UCX in a valid envelope whose address is of another format is refused "
+          "before UCX parses it; a second refused offer closes the connection",
+          "[ucx][faults]") {
+  // Bugs it catches: a node that hands an address of another format to
+  // ucp_ep_create, whose parser asserts and aborts the process (the attacker's
+  // 84-byte offer, header byte 0x0c, killed any trusting node), and a client
+  // that keeps a node making and refusing workers (~14 ms of CPU each).
+  scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
+  scoped_trust untrusted{false};
+  local_node node{4, true};
+  log_capture logs;
+  std::string addr(64, '\0');
+  addr[0] = '\x0c';
+  auto fnv = [](const std::string& b) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : b) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    return h;
+  };
+  std::string offer = "AFUCXAD1";
+  auto n = static_cast<uint32_t>(addr.size());
+  auto sum = fnv(addr);
+  offer.append(reinterpret_cast<const char*>(&n), 4);
+  offer.append(reinterpret_cast<const char*>(&sum), 8);
+  offer += addr;
+  int fd = raw_connect(node.srv->port());
+  REQUIRE(fd >= 0);
+  auto send_offer = [&] {
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::ucx_offer);
+    h.payload_bytes = offer.size();
+    REQUIRE(send(fd, &h, sizeof(h), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(send(fd, offer.data(), offer.size(), MSG_NOSIGNAL)
+            == static_cast<ssize_t>(offer.size()));
+  };
+  send_offer();
+  wire::header r;
+  std::string payload;
+  REQUIRE(read_reply(fd, r, payload));
+  CHECK(r.status == 0);
+  CHECK(r.version == 0); // declined
+  CHECK(eventually([&] { return logs.has("refused its offer of UCX", "of format 12"); }, 5s));
+  send_offer(); // again: the connection is closed, unanswered
+  pollfd p{fd, POLLIN, 0};
+  REQUIRE(poll(&p, 1, 5000) == 1); // within 5 s: closed, or an answer (wrong)
+  char byte;
+  CHECK(recv(fd, &byte, 1, 0) <= 0);
+  close(fd);
+  // The node lives and serves others over UCX.
+  auto ch = open_channel(node.srv->port(), true);
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  REQUIRE(ch->call(var_op::read, "v", nullptr, false));
+  CHECK(ch->transport().rfind("ucx", 0) == 0);
+}
+
 TEST_CASE("with TLS and a trusted fabric, the handshake authenticates both ends and the frames "
           "then move to UCX",
           "[ucx][security]") {
