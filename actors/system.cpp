@@ -75,7 +75,10 @@ check_security(caf::actor_system& sys, const security_options& given, const std:
   const auto& sec = !given.enabled() && own != nullptr ? own->security() : given;
   // [security] trusted_fabric (given, or the system's): this process's data
   // channels offer UCX to nodes of other hosts (actors/ucx_link.hpp).
-  if (given.trusted_fabric || (own != nullptr && own->security().trusted_fabric))
+  // (The system's [security] counts for trust even without certificates:
+  // own_config() only returns a config whose TLS is on.)
+  const auto* any = dynamic_cast<const system_config*>(&sys.config());
+  if (given.trusted_fabric || (any != nullptr && any->security().trusted_fabric))
     process_trusted_fabric() = true;
   if (!sec.enabled()) {
     if (sys.has_openssl_manager())

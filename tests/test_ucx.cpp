@@ -35,6 +35,7 @@
 #include "actors/data_plane.hpp"
 #include "actors/log.hpp"
 #include "actors/session.hpp"
+#include "actors/system.hpp"
 #include "actors/tls.hpp"
 #include "config/loopback.hpp"
 #include "actors/ucx_link.hpp"
@@ -829,3 +830,22 @@ TEST_CASE("built without UCX, a trusting client stays on TCP", "[ucx]") {
 }
 
 #endif
+
+TEST_CASE("a process whose actor system's [security] says trusted_fabric without certificates "
+          "trusts the fabric for its channels",
+          "[ucx]") {
+  // Bug it catches: the system's [security] read for trust only when it also
+  // had certificates, so a plaintext REPL or client with trusted_fabric = true
+  // never offered UCX (attacker finding F3).
+  bool was = process_trusted_fabric().load();
+  process_trusted_fabric() = false;
+  security_options sec;
+  sec.trusted_fabric = true;
+  system_config cfg{node_options{}, sec};
+  caf::actor_system sys{cfg};
+  auto tls = check_security(sys, security_options{}, "test client");
+  REQUIRE(tls);
+  CHECK(*tls == nullptr); // still plaintext
+  CHECK(process_trusted_fabric().load());
+  process_trusted_fabric() = was;
+}
