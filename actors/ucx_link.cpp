@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "actors/log.hpp"
+#include "messages/fnv1a.hpp"
 
 namespace af {
 
@@ -69,21 +70,12 @@ constexpr size_t envelope_bytes = sizeof(envelope_magic) + 4 + 8;
 /// A send is posted in pieces of this many bytes (see write()).
 constexpr size_t send_piece = size_t{4} << 20;
 
-uint64_t fnv1a(const char* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(p[i]);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::string wrap(const void* addr, size_t len) {
   std::string out(envelope_bytes + len, '\0');
   std::memcpy(out.data(), envelope_magic, sizeof(envelope_magic));
   auto n = static_cast<uint32_t>(len);
   std::memcpy(out.data() + 8, &n, 4);
-  auto h = fnv1a(static_cast<const char*>(addr), len);
+  auto h = fnv1a64(static_cast<const char*>(addr), len);
   std::memcpy(out.data() + 12, &h, 8);
   std::memcpy(out.data() + envelope_bytes, addr, len);
   return out;
@@ -106,7 +98,7 @@ bool unwrap(const std::string& wrapped, std::string& addr, std::string& why) {
                       wrapped.size() - envelope_bytes);
     return false;
   }
-  if (fnv1a(wrapped.data() + envelope_bytes, n) != h) {
+  if (fnv1a64(wrapped.data() + envelope_bytes, n) != h) {
     why = "a UCX worker address whose checksum does not match (corrupt)";
     return false;
   }

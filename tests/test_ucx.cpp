@@ -40,6 +40,7 @@
 #include "config/loopback.hpp"
 #include "actors/ucx_link.hpp"
 #include "config/cluster_spec.hpp"
+#include "messages/fnv1a.hpp"
 #include "messages/wire.hpp"
 
 using namespace af;
@@ -372,17 +373,9 @@ TEST_CASE("an offer of UCX in a valid envelope whose address is of another forma
   log_capture logs;
   std::string addr(64, '\0');
   addr[0] = '\x0c';
-  auto fnv = [](const std::string& b) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : b) {
-      h ^= c;
-      h *= 1099511628211ull;
-    }
-    return h;
-  };
   std::string offer = "AFUCXAD1";
   auto n = static_cast<uint32_t>(addr.size());
-  auto sum = fnv(addr);
+  auto sum = fnv1a64(addr.data(), addr.size());
   offer.append(reinterpret_cast<const char*>(&n), 4);
   offer.append(reinterpret_cast<const char*>(&sum), 8);
   offer += addr;

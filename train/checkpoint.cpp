@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "messages/fnv1a.hpp"
+
 namespace af::train {
 
 namespace {
@@ -27,15 +29,6 @@ namespace fs = std::filesystem;
 
 constexpr char magic[8] = {'A', 'F', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t header_size = 32;
-
-uint64_t fnv1a64(const char* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i)
