@@ -69,16 +69,6 @@ std::vector<std::string> segments_of(pid_t pid) {
   return found;
 }
 
-/// The scheduler state of thread `tid` of this process ('S': asleep in a
-/// wait, 'R': running).
-char thread_state(long tid) {
-  std::ifstream in{"/proc/self/task/" + std::to_string(tid) + "/stat"};
-  std::string line;
-  std::getline(in, line);
-  auto paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
-}
-
 /// A plain TCP connection to 127.0.0.1:`port` (-1 if none).
 int connect_loopback(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -302,21 +292,14 @@ TEST_CASE("a node SIGKILLed in the middle of a 64 MiB assign on shared memory fa
   // The node stops: the assign fills the ring and waits for room.
   REQUIRE(pc->signal("ps", 0, SIGSTOP));
   auto value = tensor::filled(dtype::float32, {n}, 2);
-  std::atomic<long> tid{0};
-  std::atomic<bool> done{false};
-  caf::expected<std::pair<tensor, uint64_t>> result{caf::error{}};
-  std::chrono::steady_clock::time_point ended;
-  std::thread caller{[&] {
-    tid = syscall(SYS_gettid);
-    result = ch->call(var_op::assign, "big", &value, false);
-    ended = std::chrono::steady_clock::now();
-    done = true;
-  }};
+  blocking_call<caf::expected<std::pair<tensor, uint64_t>>> call{
+    [&] { return ch->call(var_op::assign, "big", &value, false); }};
   // Asleep in its wait for room (not before the call, not done).
-  bool waiting = eventually([&] { return tid != 0 && !done && thread_state(tid) == 'S'; }, 10s);
+  bool waiting = call.asleep(10s);
   auto killed = std::chrono::steady_clock::now();
   pc->signal("ps", 0, SIGKILL);
-  caller.join();
+  auto& result = call.join();
+  auto ended = call.ended();
   REQUIRE(waiting);
   REQUIRE_FALSE(result);
   INFO(describe(result.error()));

@@ -184,14 +184,6 @@ size_t count_entries(const char* dir) {
   return n;
 }
 
-char thread_state(long tid) {
-  std::ifstream in{"/proc/self/task/" + std::to_string(tid) + "/stat"};
-  std::string line;
-  std::getline(in, line);
-  auto paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size() ? '?' : line[paren + 2];
-}
-
 } // namespace
 
 TEST_CASE("variable ops, a 64 MiB tensor and error replies work alike over UCX and TCP", "[ucx]") {
@@ -579,21 +571,14 @@ TEST_CASE("over UCX a stopped node costs a call its own wait or a cancel, and a 
   }
   auto ch = open_on_ucx();
   REQUIRE(pc->signal("ps", 0, SIGSTOP));
-  std::atomic<long> tid{0};
-  std::atomic<bool> done{false};
-  caf::expected<std::pair<tensor, uint64_t>> result{caf::error{}};
-  std::chrono::steady_clock::time_point ended;
-  std::thread caller{[&] {
-    tid = syscall(SYS_gettid);
-    result = ch->call(var_op::assign, "big", &value, false);
-    ended = std::chrono::steady_clock::now();
-    done = true;
-  }};
+  blocking_call<caf::expected<std::pair<tensor, uint64_t>>> call{
+    [&] { return ch->call(var_op::assign, "big", &value, false); }};
   // Asleep in its wait (for the send or the reply), not done.
-  bool waiting = eventually([&] { return tid != 0 && !done && thread_state(tid) == 'S'; }, 10s);
+  bool waiting = call.asleep(10s);
   auto killed = std::chrono::steady_clock::now();
   pc->signal("ps", 0, SIGKILL);
-  caller.join();
+  auto& result = call.join();
+  auto ended = call.ended();
   REQUIRE(waiting);
   REQUIRE_FALSE(result);
   INFO(describe(result.error()));
