@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -32,6 +33,55 @@ caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, cons
   }
   return state;
 }
+
+namespace {
+
+/// Waits (bounded by init_timeout_ms) until the aggregator of every live
+/// shard no longer counts the chief's earlier incarnation as a member: a
+/// chief restarted before its ps saw the old one die (a host that went
+/// away without closing its connections is seen within the node's
+/// connection_timeout_ms) would be refused as a second worker 0, and a
+/// chief that fails stops the ps tasks. A worker 0 that never joined (it
+/// died before it trained) is no member to wait for.
+caf::error wait_for_old_chief_gone(session& s, const train::train_config& c,
+                                   const std::vector<param_shard>& shards,
+                                   const std::vector<bool>& live) {
+  std::chrono::milliseconds timeout{c.step_timeout_ms};
+  std::chrono::milliseconds patience{c.init_timeout_ms};
+  auto deadline = std::chrono::steady_clock::now() + patience;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    if (!live[k])
+      continue;
+    for (bool said = false;;) {
+      auto stats = ask<aggregator_stats>(s, shards[k].actor, timeout, stats_atom::value);
+      if (!stats)
+        return std::move(stats.error());
+      auto old = std::find_if(stats->workers.begin(), stats->workers.end(),
+                              [](const worker_stats& w) { return w.worker == 0; });
+      if (old == stats->workers.end() || old->task.empty()
+          || (old->status != "member" && old->status != "held"))
+        break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        return make_error(af_error::already_exists,
+                          fmt::format("{} still counts worker 0 ({} at {}, last push {:.1f} s ago) "
+                                      "as a member after {} ms (init_timeout_ms): is another chief "
+                                      "of this job running? Stop it, or wait until the ps "
+                                      "reports it left (actorflow-train --status), and start "
+                                      "this one again",
+                                      shards[k].task, old->task, old->address, old->idle_s,
+                                      patience.count()));
+      if (!said)
+        log::get()->warn("chief: {} still counts the chief's earlier process ({}) as a member; "
+                         "waiting up to {} ms (init_timeout_ms) for it to see that one gone",
+                         shards[k].task, old->address, patience.count());
+      said = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  return caf::none;
+}
+
+} // namespace
 
 caf::expected<chief_start>
 start_job_on_ps(session& s, const train::train_config& c,
@@ -88,6 +138,8 @@ start_job_on_ps(session& s, const train::train_config& c,
         return err;
     }
   } else {
+    if (auto err = wait_for_old_chief_gone(s, c, shards, live))
+      return err;
     // The live ps as they are; those that lost their state (a ps that died
     // with the chief) from the checkpoint, else their initial values, at the
     // live ones' step, as chief_recover_ps does for a ps that dies alone.
