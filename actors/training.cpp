@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include "actors/allreduce.hpp"
+#include "actors/blocking_ask.hpp"
+#include "actors/chief_start.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/log.hpp"
@@ -159,16 +161,6 @@ struct reporter {
   }
 };
 
-/// A blocking request from the session's system.
-template <class Result, class Handle, class... Ts>
-caf::expected<Result> ask(session& s, const Handle& h, std::chrono::milliseconds timeout, Ts&&... xs) {
-  caf::scoped_actor self{s.system()};
-  caf::expected<Result> out{make_error(af_error::internal, "no answer")};
-  self->request(h, timeout, std::forward<Ts>(xs)...)
-    .receive([&](Result& r) { out = std::move(r); }, [&](caf::error& e) { out = std::move(e); });
-  return out;
-}
-
 /// The variables on the ps tasks and an aggregator over each task's share.
 struct ps_placement {
   std::vector<output> vars;
@@ -260,31 +252,6 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     out.specs.push_back(spec);
   }
   return out;
-}
-
-/// The checkpoint's values and slots (train::slot_names order; a slot it
-/// lacks is zeros) of each of `pieces`: their rows of the logical variables
-/// the checkpoint holds, so a job resumes on any number of ps tasks and
-/// partitions. With its global step.
-caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
-                                               const std::vector<train::parameter>& params,
-                                               const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind) {
-  aggregator_state state;
-  state.global_step = ck.global_step;
-  auto names = train::slot_names(optimizer_kind);
-  for (const auto& p : pieces) {
-    auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir);
-    if (!v)
-      return to_error(v.error());
-    state.names.push_back(p.name);
-    state.values.push_back(std::move(v->value));
-    std::vector<tensor> slots;
-    for (const auto& sn : names)
-      slots.push_back(std::move(v->slots[sn]));
-    state.slots.push_back(std::move(slots));
-  }
-  return state;
 }
 
 /// The chief's key-value store and the incarnation of its node (a key
@@ -643,8 +610,13 @@ std::string status_report(const std::string& where, const aggregator_stats& s) {
   return out;
 }
 
-caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
-                                             uint32_t task, const train_options& opts) {
+namespace {
+
+/// run_worker_task; `start_said`: set once the chief published its start (or
+/// why it failed) under start_key, so that a failure before that is
+/// published by run_worker_task.
+caf::expected<train_outcome> run_task(session& s, const train::train_config& c, uint32_t task,
+                                      const train_options& opts, bool& start_said) {
   if (auto bad = train::validate(c); !bad.empty())
     return make_error(af_error::invalid_argument, "training config: " + bad);
   const auto& cluster = s.cluster();
@@ -701,15 +673,19 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   // The latest checkpoint, if the job has one: the chief restores it
   // (allreduce: every worker does, from the shared directory).
+  // (not a ps that runs the job already: start_job_on_ps).
   std::optional<train::checkpoint> restored;
+  std::string restored_path;
   if (!c.checkpoint_dir.empty() && (chief || allreduce)) {
     auto latest = load_latest_checkpoint(c.checkpoint_dir);
     if (!latest)
       return std::move(latest.error());
     if (*latest) {
       restored = std::move((*latest)->second);
-      log::get()->info("worker {}: restoring {} (global step {})", task, (*latest)->first,
-                       restored->global_step);
+      restored_path = (*latest)->first;
+      if (allreduce)
+        log::get()->info("worker {}: restoring {} (global step {})", task, restored_path,
+                         restored->global_step);
     }
   }
 
@@ -769,36 +745,24 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       published = std::move(*word);
     }
     auto chief_start = [&]() -> caf::error {
-      if (restored) {
-        for (auto& shard : setup.shards) {
-          auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.pieces,
-                                      c.optimizer.kind);
-          if (!state)
-            return std::move(state.error());
-          auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(*state));
-          if (!r)
-            return std::move(r.error());
-        }
-      } else if (auto err = s.initialize(placed->vars)) {
-        return err;
-      }
-      // Where the job stands: the global step of ps 0's aggregator.
-      auto stats = ask<aggregator_stats>(s, setup.shards[0].actor, timeout, stats_atom::value);
-      if (!stats)
-        return std::move(stats.error());
-      setup.start_step = restored ? restored->global_step : stats->global_step;
-      // The data position the checkpoint holds (the other workers resume
-      // there too), else the one the global step implies.
-      setup.start_position = restored ? restored->data_position
-                                      : data_position(c.mode, workers, 0, 0, setup.start_step,
-                                                      setup.start_step);
-      return client.put(start_key(chief_info->incarnation),
-                        fmt::format("{} {} {}", setup.start_step, setup.start_position, total));
+      // A ps that runs the job already (the chief died and came back) is
+      // taken as it is; only one without state is restored or initialized.
+      auto started = start_job_on_ps(s, c, *params, setup.shards, placed->shard_vars, workers,
+                                     restored, restored_path);
+      if (!started)
+        return std::move(started.error());
+      setup.start_step = started->step;
+      setup.start_position = started->position;
+      auto err = client.put(start_key(chief_info->incarnation),
+                            fmt::format("{} {} {}", setup.start_step, setup.start_position, total));
+      start_said = !err;
+      return err;
     };
     if (chief) {
       if (auto err = chief_start()) {
         // Best effort: a chief that cannot reach its own store has nobody to tell.
         client.put(start_key(chief_info->incarnation), "failed " + describe(err));
+        start_said = true;
         return err;
       }
     } else {
@@ -1075,6 +1039,27 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
     outcome.plot = train::plot(csv, png);
   }
   return outcome;
+}
+
+} // namespace
+
+caf::expected<train_outcome> run_worker_task(session& s, const train::train_config& c,
+                                             uint32_t task, const train_options& opts) {
+  bool start_said = false;
+  auto out = run_task(s, c, task, opts, start_said);
+  // A chief that fails before it published its start (the checkpoint does
+  // not load, the ps cannot be reached, ...) says so to the workers waiting
+  // for that word: they stop at once instead of after init_timeout_ms.
+  // Best effort, as above; allreduce's workers do not wait for it.
+  if (!out && task == 0 && !start_said && c.mode != "allreduce")
+    if (auto chief_info = chief_store_of(s)) {
+      kv_client client{s.system(), chief_info->store, std::chrono::milliseconds{5000}};
+      if (auto err = client.put(start_key(chief_info->incarnation),
+                                "failed " + describe(out.error())))
+        log::get()->warn("chief: could not tell the other workers that it failed: {}",
+                         describe(err));
+    }
+  return out;
 }
 
 } // namespace af

@@ -9,8 +9,10 @@
 ///      of each ps over its pieces (the same spec from every worker: one
 ///      actor per ps);
 ///   3. the chief (task 0) restores the latest checkpoint or initializes the
-///      variables; the others wait for that with a bounded wait naming what is
-///      missing;
+///      variables, or takes the job as it runs on ps tasks that hold it
+///      already (a chief that died and came back: actors/chief_start.hpp);
+///      the others wait for that with a bounded wait naming what is missing
+///      (a chief that fails first says why, and they stop at once);
 ///   4. builds its replica of the step on its own device and spawns the worker
 ///      actor (actors/worker.hpp), which trains;
 ///   5. the chief waits for the other workers to finish, saves (sync, async:

@@ -544,6 +544,40 @@ TEST_CASE("when the chief cannot start the job, the other workers are told at on
   CHECK(took < std::chrono::seconds{30});
 }
 
+TEST_CASE("when the chief fails before it starts the job (its latest checkpoint does not load), "
+          "the other workers stop at once, not after init_timeout_ms",
+          "[train]") {
+  // Catches: a chief that failed before it published its start (here the
+  // checkpoint, truncated, does not load; also a ps it cannot reach) while
+  // worker 1 waited the whole init_timeout_ms for the word, so that the
+  // embedded program said nothing and exited only then (issue 22, 6).
+  temp_dir dir;
+  auto c = digits("sync");
+  c.steps = 4;
+  c.checkpoint_dir = dir.path;
+  auto first = run_job(c);
+  REQUIRE(first.results[0]);
+  auto path = train::latest(dir.path);
+  REQUIRE(path);
+  REQUIRE(!path->empty());
+  std::filesystem::resize_file(*path, std::filesystem::file_size(*path) / 2);
+  c.steps = 8;
+  // Large, so that a wait for it cannot pass for a prompt stop.
+  c.init_timeout_ms = 60000;
+  auto started = std::chrono::steady_clock::now();
+  auto again = run_job(c);
+  auto took = std::chrono::steady_clock::now() - started;
+  REQUIRE_FALSE(again.results[0]);
+  CHECK_THAT(describe(again.results[0].error()), Catch::Contains(*path));
+  REQUIRE_FALSE(again.results[1]);
+  CHECK(is(again.results[1].error(), af_error::aborted));
+  CHECK_THAT(describe(again.results[1].error()),
+             Catch::Contains("the chief (worker 0) could not start the job")
+               && Catch::Contains(*path));
+  // the chief's word, not the timeout: far inside init_timeout_ms
+  CHECK(took < std::chrono::seconds{30});
+}
+
 namespace {
 
 /// An MLP whose logits weight is [10000, 64] (2.56 MB) over synthetic data:

@@ -1,0 +1,25 @@
+#pragma once
+/// A blocking request from a session's actor system, for the code that runs
+/// a training task on its own thread (actors/training.cpp,
+/// actors/chief_start.cpp).
+
+#include <chrono>
+#include <utility>
+
+#include "caf/all.hpp"
+
+#include "actors/session.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+template <class Result, class Handle, class... Ts>
+caf::expected<Result> ask(session& s, const Handle& h, std::chrono::milliseconds timeout, Ts&&... xs) {
+  caf::scoped_actor self{s.system()};
+  caf::expected<Result> out{make_error(af_error::internal, "no answer")};
+  self->request(h, timeout, std::forward<Ts>(xs)...)
+    .receive([&](Result& r) { out = std::move(r); }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+} // namespace af
