@@ -467,7 +467,9 @@ TEST_CASE("MIN / -1 on a node gives the wrapped MIN and the node answers on (iss
   auto w = exec(repl, "run w");
   INFO(w.err);
   CHECK(w.out == "[4. 4.]\n");
-  CHECK(exec(repl, "ping").out.find("/job:ps/task:0  pid") != std::string::npos);
+  auto ping = exec(repl, "ping /job:ps/task:0");
+  INFO(ping.err);
+  CHECK(ping.out.find("/job:ps/task:0  pid") != std::string::npos);
 }
 
 TEST_CASE("MIN / -1 in the embedded REPL gives the wrapped MIN", "[repl]") {
