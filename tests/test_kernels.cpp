@@ -384,7 +384,9 @@ void check_total_integer_ops() {
   using lim = std::numeric_limits<T>;
   const T mn = lim::min(), mx = lim::max();
   auto cpu = make_cpu_backend();
-  auto vec = [](std::vector<T> v) { return tensor::from_values<T>({static_cast<int64_t>(v.size())}, v); };
+  auto vec = [](std::vector<T> v) {
+    return tensor::from_values<T>({static_cast<int64_t>(v.size())}, v);
+  };
   auto as_vector = [](const tensor& t) {
     return std::vector<T>(t.data<T>(), t.data<T>() + t.num_elements());
   };
