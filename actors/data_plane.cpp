@@ -955,7 +955,8 @@ bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
   executor_actor exec;
   if (name.size() < sizeof(pre)) {
     refusal = fmt::format("an edge frame whose name of {} bytes is shorter than its {}-byte prefix "
-                          "(graph, sent time, op); is the sender of another actorflow version?",
+                          "(graph, sent time, op, token); is the sender of another actorflow "
+                          "version?",
                           name.size(), sizeof(pre));
   } else {
     std::memcpy(&pre, name.data(), sizeof(pre));
@@ -1061,8 +1062,12 @@ bool data_plane_server::serve_edge(const data_link& io, const std::string& peer,
                                             : std::string{"tcp"})
                      + ") from " + peer;
   // A local message: the executor shares the buffer just read, no copy.
+  // The executor checks the graph's token (in constant time) before it
+  // takes the value, and logs a wrong one with `path`; the ack below is the
+  // same either way, so a sender learns nothing of the token from it.
   caf::anon_send(exec, edge_atom::value, pre.graph, h.version, pre.op, std::move(value),
-                 pre.sent_ns, std::move(path));
+                 pre.sent_ns, std::move(path),
+                 std::string(reinterpret_cast<const char*>(pre.token), sizeof(pre.token)));
   wire::header reply;
   reply.kind = static_cast<uint8_t>(wire::kind::reply);
   return send_frame(io, reply, nullptr, nullptr);
@@ -2022,8 +2027,9 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
   return std::make_pair(std::move(value), r.version);
 }
 
-caf::error data_channel::send_edge(const std::string& device, uint64_t graph, uint64_t step,
-                                   int32_t op, int64_t sent_ns, const tensor& value,
+caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
+                                   const std::string& token, uint64_t step, int32_t op,
+                                   int64_t sent_ns, const tensor& value,
                                    std::chrono::milliseconds wait) {
   auto what = fmt::format("the value of op {} (step {} of graph {}) for {}", op, step, graph, device);
   if (fd_ < 0)
@@ -2035,6 +2041,11 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph, ui
   pre.graph = graph;
   pre.sent_ns = sent_ns;
   pre.op = op;
+  if (token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      what + ": the graph's edge token has " + std::to_string(token.size())
+                        + " bytes, not " + std::to_string(sizeof(pre.token)));
+  std::memcpy(pre.token, token.data(), sizeof(pre.token));
   std::string name(sizeof(pre), '\0');
   std::memcpy(name.data(), &pre, sizeof(pre));
   name += device;

@@ -253,10 +253,12 @@ public:
 
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on
-  /// the node: none once the node handed it to the executor. Errors as for
-  /// call(); `wait` (0: the channel's timeout) bounds the send and the ack.
-  caf::error send_edge(const std::string& device, uint64_t graph, uint64_t step, int32_t op,
-                       int64_t sent_ns, const tensor& value,
+  /// the node: none once the node handed it to the executor. `token` is the
+  /// graph's edge token (16 bytes; the executor drops a value without it).
+  /// Errors as for call(); `wait` (0: the channel's timeout) bounds the send
+  /// and the ack.
+  caf::error send_edge(const std::string& device, uint64_t graph, const std::string& token,
+                       uint64_t step, int32_t op, int64_t sent_ns, const tensor& value,
                        std::chrono::milliseconds wait = {});
 
   bool broken() const { return fd_ < 0; }

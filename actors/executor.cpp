@@ -10,6 +10,7 @@
 
 #include "actors/data_plane.hpp"
 #include "actors/edge_budget.hpp"
+#include "actors/edge_token.hpp"
 #include "actors/log.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
@@ -130,7 +131,8 @@ caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std
   return {
     [self, address, peer, cancel](edge_atom, const std::string& device, uint64_t graph,
                                   uint64_t step, int32_t op, const tensor& value, int64_t sent_ns,
-                                  uint32_t timeout_ms) -> caf::result<caf::ok_atom> {
+                                  uint32_t timeout_ms,
+                                  const std::string& token) -> caf::result<caf::ok_atom> {
       auto& ch = self->state.channel;
       auto timeout = std::chrono::milliseconds{timeout_ms};
       if (!ch || ch->broken()) {
@@ -140,7 +142,7 @@ caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std
           return std::move(fresh.error());
         ch = std::move(*fresh);
       }
-      if (auto err = ch->send_edge(device, graph, step, op, sent_ns, value, timeout))
+      if (auto err = ch->send_edge(device, graph, token, step, op, sent_ns, value, timeout))
         return err;
       return caf::ok_atom::value;
     },
@@ -303,7 +305,7 @@ bool same_value(const tensor& a, const tensor& b) {
 /// started yet holds it (bounded: max_early_steps_per_graph per graph, and
 /// its bytes count in the executor's edge budget until run_step comes).
 void take_edge(self_ptr self, step_key key, int32_t op, tensor& value, int64_t sent_ns,
-               std::string path) {
+               std::string path, const std::string& token) {
   auto& st = self->state;
   auto bytes = static_cast<int64_t>(value.empty() ? 0 : value.nbytes());
   // The data-plane server reserved these bytes before it allocated them.
@@ -326,6 +328,15 @@ void take_edge(self_ptr self, step_key key, int32_t op, tensor& value, int64_t s
     return; // a graph this executor no longer holds
   }
   auto& reg = g->second;
+  // Before anything of the step is touched: a value without the graph's
+  // secret is not from a partition of the graph, whoever knew its id.
+  if (!edge_token_matches(reg.part.edge_token, token)) {
+    done();
+    log_dropped_edge(st, what() + ": its edge token is " + (token.empty() ? "missing" : "wrong")
+                           + " (not from a partition of this graph: a stranger who learned the "
+                             "graph id?)");
+    return;
+  }
   if (!reg.remote_inputs.count(op)) {
     done();
     log_dropped_edge(st, what() + ": no op of this partition takes op " + std::to_string(op)
@@ -407,7 +418,7 @@ void send_on_data_plane(self_ptr self, step_key key, executor_state::step& s,
   s.sending.push_back(sending);
   auto ms = s.part->step_timeout_ms;
   self->request(sender, std::chrono::milliseconds{ms} + std::chrono::seconds{1}, edge_atom::value,
-                device, key.first, key.second, op.id, value, now_ns(), ms)
+                device, key.first, key.second, op.id, value, now_ns(), ms, s.part->edge_token)
     .then(
       [self, key, link, sender, sending](caf::ok_atom) {
         release_link(self, true, link, sender, false);
@@ -446,7 +457,8 @@ void finish_op(self_ptr self, step_key key, const partition_op& op, tensor value
     const auto& consumer = op.consumers[i];
     self->send(caf::actor_cast<executor_actor>(consumer), edge_atom::value, key.first, key.second,
                op.id, value, now_ns(),
-               std::string{consumer->node() == self->node() ? "local buffer" : "CAF message"});
+               std::string{consumer->node() == self->node() ? "local buffer" : "CAF message"},
+               s.part->edge_token);
   }
   if (op.fetch)
     s.result.fetched.push_back(feed{op.id, value});
@@ -735,6 +747,13 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
         return make_error(af_error::already_exists,
                           "graph id " + std::to_string(id) + " is taken on " + st.device
                             + "; register under another id");
+      if (part.edge_token.size() != edge_token_bytes)
+        return make_error(af_error::invalid_argument,
+                          "graph " + std::to_string(id) + " for " + st.device + " carries an edge "
+                            "token of " + std::to_string(part.edge_token.size()) + " bytes, not "
+                            + std::to_string(edge_token_bytes)
+                            + " (a step runner draws one per graph); is the sender of another "
+                              "actorflow version?");
       bool known_owner = false;
       for (const auto& [gid, g] : st.graphs)
         known_owner = known_owner || g.owner == owner;
@@ -776,8 +795,8 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       return rp;
     },
     [self](edge_atom, uint64_t graph, uint64_t step, int32_t op, tensor& value, int64_t sent_ns,
-           std::string& path) {
-      take_edge(self, {graph, step}, op, value, sent_ns, std::move(path));
+           std::string& path, const std::string& token) {
+      take_edge(self, {graph, step}, op, value, sent_ns, std::move(path), token);
     },
     [self](abort_atom, uint64_t graph, uint64_t step) {
       if (!owned_by_sender(self, graph))

@@ -2,6 +2,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/edge_token.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -129,10 +130,26 @@ void step_runner::register_step(caf::event_based_actor* self,
         dispatch(self, step, id, std::move(r));
     }
   };
+  // The graph's secret, the same for all its partitions: each edge carries
+  // it, and a value without it is refused (actors/edge_token.hpp). Drawn
+  // anew with each id.
+  auto token = make_edge_token();
+  if (token.empty()) {
+    auto err = make_error(af_error::internal,
+                          "registering a graph: OpenSSL's RAND_bytes could not draw its edge "
+                          "token");
+    auto it = regs_.find(step.get());
+    auto waiting = std::move(it->second.waiting);
+    regs_.erase(it);
+    for (auto& r : waiting)
+      r.done(err);
+    return;
+  }
   for (size_t i = 0; i < step->partitions.size(); ++i) {
     const auto& p = step->partitions[i];
     auto part = p.part;
     part.graph = id;
+    part.edge_token = token;
     self->request(p.exec, step->reply_timeout(), register_atom::value, std::move(part))
       .then([reply, g, i](caf::ok_atom) {
               g->registered.push_back(i);

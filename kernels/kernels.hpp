@@ -45,6 +45,13 @@ std::optional<unary_op> parse_unary_op(std::string_view name);
 const char* to_string(unary_op op);
 std::optional<reduce_op> parse_reduce_op(std::string_view name);
 
+/// Element `i` of an int32 or int64 tensor, exactly: tensor::at goes through
+/// a double, and an int64 near 2^63 does not come back from one (the cast
+/// would be undefined).
+inline int64_t integer_at(const tensor& t, size_t i) {
+  return t.type() == dtype::int32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
+}
+
 /// The shape a reduction over `attrs` leaves of `shape`, or the reason it cannot.
 status reduced_shape(const shape_type& shape, const op_attrs& attrs, shape_type& out);
 

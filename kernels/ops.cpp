@@ -198,7 +198,7 @@ const op_entry op_table[] = {
        for (size_t c = 1; c < cols; ++c)
          if (x[r * cols + c] > x[r * cols + best])
            best = c;
-       hits += static_cast<double>(best) == labels.at(r) ? 1 : 0;
+       hits += static_cast<int64_t>(best) == integer_at(labels, r) ? 1 : 0;
      }
      out = tensor::filled(dtype::float32, {}, hits);
      return status::success();

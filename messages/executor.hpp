@@ -13,7 +13,7 @@
 ///        for another owner is invalid_argument (the owner picks another id).
 ///   (run_step, uint64 graph, uint64 step, vector<feed>) -> (step_result)
 ///        runs the partition's ops in order. A value another partition needs
-///        is sent there as (edge, graph, step, op, tensor, sent_ns, path),
+///        is sent there as (edge, graph, step, op, tensor, sent_ns, path, token),
 ///        executor to executor, never through the client: on the same node as
 ///        a local message; to another node's executor on that node's data
 ///        plane (an edge frame, messages/wire.hpp, sent by a detached sender
@@ -30,9 +30,13 @@
 ///        waiting then fails with a timeout that names what it waits for, and
 ///        nothing is kept. The reply carries the fetched values, each op's
 ///        timing and each transfer into this partition as measured here.
-///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns, string path)   one-way
+///   (edge, uint64 graph, uint64 step, int32 op, tensor, int64 sent_ns, string path,
+///    string token)                                          one-way
 ///        `path`: how it came, for the trace ("local buffer", "CAF message
-///        from ...", "data plane (tcp|tls|shared memory|ucx (...)) from host:port")
+///        from ...", "data plane (tcp|tls|shared memory|ucx (...)) from host:port");
+///        `token`: the graph's edge_token. A value with a wrong or missing
+///        token is dropped and logged with `path` (the sender's address),
+///        before it takes its op's place in the step.
 ///   (abort, uint64 graph, uint64 step)                      one-way: drop the step
 ///   (forget, uint64 graph)                                  one-way: drop the graph
 ///   (info)  -> (uint64 graphs, uint64 steps)                what it holds now (tests)
@@ -118,12 +122,16 @@ struct partition {
   std::vector<std::string> peer_devices; ///< their full devices, for errors
   uint32_t step_timeout_ms = 10000; ///< a step (or an early inbox) older than this fails
   uint32_t variable_timeout_ms = 10000; ///< one variable read or update
+  /// The graph's secret (actors/edge_token.hpp): 16 random bytes, the same in
+  /// every partition of the graph; each edge carries it, and an edge without
+  /// it is refused. A partition without one is refused at registration.
+  std::string edge_token;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, partition& x) {
   return f(caf::meta::type_name("partition"), x.graph, x.ops, x.peers, x.peer_devices,
-           x.step_timeout_ms, x.variable_timeout_ms);
+           x.step_timeout_ms, x.variable_timeout_ms, x.edge_token);
 }
 
 struct feed {
@@ -188,7 +196,7 @@ typename Inspector::result_type inspect(Inspector& f, step_result& x) {
 using executor_actor = caf::typed_actor<
   caf::replies_to<register_atom, partition>::with<caf::ok_atom>,
   caf::replies_to<run_step_atom, uint64_t, uint64_t, std::vector<feed>>::with<step_result>,
-  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string>,
+  caf::reacts_to<edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string, std::string>,
   caf::reacts_to<abort_atom, uint64_t, uint64_t>,
   caf::reacts_to<forget_atom, uint64_t>,
   caf::replies_to<info_atom>::with<uint64_t, uint64_t>,

@@ -1,6 +1,7 @@
 #include "messages/tensor.hpp"
 
 #include "messages/tensor_format.hpp"
+#include "messages/int_arith.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -280,8 +281,13 @@ tensor tensor::filled(dtype type, shape_type shape, double value) {
   switch (type) {
     case dtype::float32: std::fill_n(t.mutable_data<float>(), n, static_cast<float>(value)); break;
     case dtype::float64: std::fill_n(t.mutable_data<double>(), n, value); break;
-    case dtype::int32: std::fill_n(t.mutable_data<int32_t>(), n, static_cast<int32_t>(value)); break;
-    case dtype::int64: std::fill_n(t.mutable_data<int64_t>(), n, static_cast<int64_t>(value)); break;
+    // Saturating: a plain cast of NaN or of a value out of range is undefined.
+    case dtype::int32:
+      std::fill_n(t.mutable_data<int32_t>(), n, int_arith::saturate_cast<int32_t>(value));
+      break;
+    case dtype::int64:
+      std::fill_n(t.mutable_data<int64_t>(), n, int_arith::saturate_cast<int64_t>(value));
+      break;
   }
   return t;
 }

@@ -97,7 +97,8 @@ public:
   /// A tensor of `shape` with uninitialized contents.
   tensor(dtype type, shape_type shape);
 
-  /// A tensor of `shape` with every element equal to `value`.
+  /// A tensor of `shape` with every element equal to `value` (for an integer
+  /// dtype: truncated, NaN as 0, saturated at its limits; messages/int_arith.hpp).
   static tensor filled(dtype type, shape_type shape, double value);
 
   /// A scalar.

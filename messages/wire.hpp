@@ -39,8 +39,9 @@ enum class kind : uint8_t {
   /// if the node took it (every later frame goes through its rings), else 0.
   shm_offer = 8,
   /// A value for another partition's executor (model parallelism; actors/
-  /// executor.hpp): `version` is the step, the name an edge_prefix followed
-  /// by the consumer executor's full device name, the payload the tensor.
+  /// executor.hpp): `version` is the step, the name an edge_prefix (with the
+  /// graph's token) followed by the consumer executor's full device name, the
+  /// payload the tensor.
   /// The reply is an empty ack, or an error (not_found: no such executor).
   edge = 9,
   /// The client offers UCX (actors/ucx_link.hpp; a peer on another host of a
@@ -71,8 +72,11 @@ struct edge_prefix {
   int64_t sent_ns = 0; ///< the producer's steady clock as it sent
   int32_t op = -1;     ///< the producing op's graph id
   uint32_t reserved = 0;
+  /// The graph's secret (partition::edge_token): the consumer's executor
+  /// takes the value only if it matches the token it registered the graph with.
+  uint8_t token[16] = {};
 };
-static_assert(sizeof(edge_prefix) == 24, "an edge frame's name starts with 24 bytes");
+static_assert(sizeof(edge_prefix) == 40, "an edge frame's name starts with 40 bytes");
 
 /// The kind byte of a request for `op`.
 constexpr uint8_t request_kind(var_op op) {

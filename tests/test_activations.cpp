@@ -25,6 +25,7 @@
 #include "temp_dir.hpp"
 #include "wait.hpp"
 #include "actors/data_plane.hpp"
+#include "actors/edge_token.hpp"
 #include "actors/executor.hpp"
 #include "actors/log.hpp"
 #include "actors/tls.hpp"
@@ -353,6 +354,7 @@ TEST_CASE("hostile edge frames are refused clearly and the node keeps serving", 
   partition part;
   part.graph = 5;
   part.step_timeout_ms = 60000;
+  part.edge_token = make_edge_token();
   partition_op op;
   op.id = 8;
   op.op = "add";
@@ -405,13 +407,14 @@ TEST_CASE("hostile edge frames are refused clearly and the node keeps serving", 
   CHECK(steps_held() == 0); // nothing above reached the executor
   // The node serves on: a well-formed value is taken and reaches the executor.
   auto ch = value_of(data_channel::connect("127.0.0.1", server->port(), "test node", 5s));
-  auto err = ch->send_edge(device, 5, 77, 7, 0, tensor::filled(dtype::float32, {16}, 1));
+  auto err = ch->send_edge(device, 5, part.edge_token, 77, 7, 0,
+                           tensor::filled(dtype::float32, {16}, 1));
   INFO(describe(err));
   CHECK_FALSE(err);
   CHECK(eventually([&] { return steps_held() == 1; })); // waits for the inbox of step 77
   // and an unknown device through the client says so, naming it
-  auto unknown = ch->send_edge("/job:t/replica:0/task:3/device:CPU:0", 5, 78, 7, 0,
-                               tensor::filled(dtype::float32, {16}, 1));
+  auto unknown = ch->send_edge("/job:t/replica:0/task:3/device:CPU:0", 5, part.edge_token, 78, 7,
+                               0, tensor::filled(dtype::float32, {16}, 1));
   REQUIRE(unknown);
   CHECK(is(unknown, af_error::not_found));
   CHECK(describe(unknown).find("task:3") != std::string::npos);
@@ -447,6 +450,7 @@ struct lone_producer {
     partition part;
     part.graph = id;
     part.step_timeout_ms = step_timeout_ms;
+    part.edge_token = make_edge_token();
     part.peers = {consumer};
     part.peer_devices = {consumer_device};
     partition_op op;
@@ -661,6 +665,7 @@ struct edge_consumer {
   std::unique_ptr<data_plane_server> server;
   caf::scoped_actor self;
   std::unique_ptr<data_channel> ch;
+  std::string token = make_edge_token(); ///< graph 5's
 
   edge_consumer(caf::actor_system& s, int64_t max_message_bytes = 1 << 20)
       : sys(s), self(s) {
@@ -676,6 +681,7 @@ struct edge_consumer {
     partition part;
     part.graph = 5;
     part.step_timeout_ms = 60000;
+    part.edge_token = token;
     partition_op op;
     op.id = 8;
     op.op = "add";
@@ -699,7 +705,12 @@ struct edge_consumer {
   /// Sends op `op`'s value for `step` on the data plane: none, or the error.
   /// (Taken: the executor has the message before any later request of ours.)
   caf::error edge(uint64_t step, int32_t op, float v, int64_t floats = 4) {
-    return ch->send_edge(device, 5, step, op, 0, tensor::filled(dtype::float32, {floats}, v));
+    return edge_with(token, step, op, v, floats);
+  }
+  /// As edge(), with `with` as the graph's edge token.
+  caf::error edge_with(const std::string& with, uint64_t step, int32_t op, float v,
+                       int64_t floats = 4) {
+    return ch->send_edge(device, 5, with, step, op, 0, tensor::filled(dtype::float32, {floats}, v));
   }
   uint64_t steps_held() {
     uint64_t steps = 0;
@@ -760,6 +771,36 @@ TEST_CASE("an edge never replaces the first value of its op; a different second 
   CHECK_FALSE(c.edge(9, 2, 100));
   CHECK(c.steps_held() == 0);
   CHECK(logs.count("no op of this partition takes op 2") == 1);
+}
+
+// Catches (issue 22): a member who learned a graph id (it travels in clear on
+// a plaintext cluster) being first to fill an op's value: its edge frame
+// took the op's place in the step, and the producer's value was then refused
+// as a second one (or the step computed with the forged one).
+TEST_CASE("an edge frame with the right graph id but a wrong token is refused, logged with the "
+          "sender's address, and the producer's value is then taken",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  edge_consumer c{sys};
+  warn_capture logs;
+  auto forged = c.token;
+  forged[5] = static_cast<char>(forged[5] ^ 1); // one bit off
+  c.start(3);
+  CHECK_FALSE(c.edge_with(forged, 3, 7, 100)); // acked like any: the ack says nothing
+  CHECK_FALSE(c.edge_with(std::string(edge_token_bytes, '\0'), 3, 6, 100));
+  // and before its run_step: no inbox is opened for it
+  CHECK_FALSE(c.edge_with(forged, 4, 7, 100));
+  CHECK(c.steps_held() == 1); // step 3 only
+  CHECK_FALSE(c.edge(3, 7, 1));
+  CHECK_FALSE(c.edge(3, 6, 2));
+  auto [v, text] = c.answer();
+  INFO(text);
+  CHECK(text.empty());
+  CHECK(v == 3.f);
+  CHECK(logs.count("): its edge token is wrong") == 1); // then counted, every 10 s
+  CHECK(logs.count("of graph 5 (data plane (tcp) from 127.0.0.1:") == 1);
+  CHECK(c.steps_held() == 0);
 }
 
 // Catches (F5): a stranger parking values in any number of future steps

@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include "actors/edge_token.hpp"
 #include "actors/executor.hpp"
 #include "scenarios.hpp"
 
@@ -118,6 +119,7 @@ TEST_CASE("an executor keeps a step's values on its device and downloads only wh
   };
   partition part;
   part.graph = 7;
+  part.edge_token = make_edge_token();
   part.ops = {partition_op{1, "add", "sum", {}, {constant(1), constant(2)}, {}, false, true, {}, {}, {}},
               partition_op{2, "mul", "square", {}, {local(1), local(1)}, {}, false, true, {}, {}, {}},
               partition_op{3, "neg", "out", {}, {local(2)}, {}, true, true, {}, {}, {}}};

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/kernels.hpp"
 
@@ -372,4 +373,120 @@ TEST_CASE("run_op rejects unknown ops whatever their input count, and wrong arit
   CHECK(run_op(*cpu, "add", {}, {x, tensor{}}, out).error == "add: input 1 has no value");
   for (const char* name : {"", "Add", "max_grad ", "max_gra", "assign", "assign_add", "sum_to_"})
     CHECK_FALSE(known_op(name));
+}
+
+// -- integers: every op total, never a trap nor undefined behaviour (issue 22) --
+
+namespace {
+
+template <class T>
+void check_total_integer_ops() {
+  using lim = std::numeric_limits<T>;
+  const T mn = lim::min(), mx = lim::max();
+  auto cpu = make_cpu_backend();
+  auto vec = [](std::vector<T> v) {
+    return tensor::from_values<T>({static_cast<int64_t>(v.size())}, v);
+  };
+  auto as_vector = [](const tensor& t) {
+    return std::vector<T>(t.data<T>(), t.data<T>() + t.num_elements());
+  };
+  auto binary = [&](binary_op op, const tensor& a, const tensor& b) {
+    tensor out;
+    auto st = cpu->binary(op, a, b, out);
+    REQUIRE(st.ok());
+    return as_vector(out);
+  };
+  // MIN / -1 (x86's idiv raises SIGFPE) wraps to MIN; x / 0 is 0. Each path
+  // of the binary kernel: equal shapes, a scalar on either side, broadcast.
+  auto lhs = vec({mn, mn, 7, -7, mx, 0});
+  auto rhs = vec({-1, 0, -1, 2, -1, -1});
+  CHECK(binary(binary_op::div, lhs, rhs) == std::vector<T>{mn, 0, -7, -3, static_cast<T>(-mx), 0});
+  auto minus_one = tensor::from_values<T>({}, {-1});
+  CHECK(binary(binary_op::div, vec({mn, 5}), minus_one) == std::vector<T>{mn, -5});
+  CHECK(binary(binary_op::div, tensor::from_values<T>({}, {mn}), vec({-1, 1}))
+        == std::vector<T>{mn, mn});
+  auto column = tensor::from_values<T>({2, 1}, {mn, 6});
+  auto row = tensor::from_values<T>({1, 2}, {-1, 0});
+  CHECK(binary(binary_op::div, column, row) == std::vector<T>{mn, 0, -6, 0});
+  // In place, as a variable's update would run it.
+  tensor var = vec({mn, 3});
+  REQUIRE(cpu->binary_inplace(binary_op::div, var, minus_one).ok());
+  CHECK(as_vector(var) == std::vector<T>{mn, -3});
+  // add, sub, mul wrap as two's complement (computed unsigned: no UB).
+  CHECK(binary(binary_op::add, vec({mx, mn}), vec({1, -1})) == std::vector<T>{mn, mx});
+  CHECK(binary(binary_op::sub, vec({mn, mx}), vec({1, -1})) == std::vector<T>{mx, mn});
+  CHECK(binary(binary_op::mul, vec({mx, mn, mn}), vec({2, -1, mn})) == std::vector<T>{-2, mn, 0});
+  CHECK(binary(binary_op::add, vec({mx, 1}), tensor::from_values<T>({}, {1}))
+        == std::vector<T>{mn, 2});
+  // The gradient ops on integers wrap too.
+  CHECK(binary(binary_op::sigmoid_grad, vec({mx}), vec({mx})).size() == 1);
+  CHECK(binary(binary_op::tanh_grad, vec({mn}), vec({mx})).size() == 1);
+  // Float-only kernels refuse integers with an error, never compute them.
+  tensor out;
+  for (auto op : {unary_op::neg, unary_op::square, unary_op::sqrt}) {
+    auto st = cpu->unary(op, vec({mn}), out);
+    CHECK(st.what == status::kind::dtype);
+  }
+  for (auto op : {reduce_op::sum, reduce_op::mean, reduce_op::max}) {
+    op_attrs all;
+    all.all_axes = true;
+    CHECK(cpu->reduce(op, all, vec({mx, mx}), out).what == status::kind::dtype);
+  }
+  CHECK(cpu->matmul(tensor::from_values<T>({1, 1}, {mn}), tensor::from_values<T>({1, 1}, {-1}),
+                    false, false, out)
+          .what == status::kind::dtype);
+}
+
+} // namespace
+
+TEST_CASE("int32 kernels are total: MIN / -1, x / 0 and overflow have defined results",
+          "[kernels][int]") {
+  check_total_integer_ops<int32_t>();
+}
+
+TEST_CASE("int64 kernels are total: MIN / -1, x / 0 and overflow have defined results",
+          "[kernels][int]") {
+  check_total_integer_ops<int64_t>();
+}
+
+TEST_CASE("a float made an integer saturates, NaN is 0 (never an undefined cast)",
+          "[kernels][int]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  using i32 = std::numeric_limits<int32_t>;
+  using i64 = std::numeric_limits<int64_t>;
+  struct cast_case {
+    double in;
+    int32_t want32;
+    int64_t want64;
+  };
+  for (auto c : std::vector<cast_case>{{nan, 0, 0},
+                                       {inf, i32::max(), i64::max()},
+                                       {-inf, i32::min(), i64::min()},
+                                       {1e30, i32::max(), i64::max()},
+                                       {-1e30, i32::min(), i64::min()},
+                                       {9223372036854775808.0, i32::max(), i64::max()},
+                                       {-9223372036854775808.0, i32::min(), i64::min()},
+                                       {2147483648.0, i32::max(), 2147483648LL},
+                                       {-2147483649.0, i32::min(), -2147483649LL},
+                                       {-2.9, -2, -2},
+                                       {2.9, 2, 2}}) {
+    INFO(c.in);
+    CHECK(tensor::filled(dtype::int32, {2}, c.in).data<int32_t>()[1] == c.want32);
+    CHECK(tensor::filled(dtype::int64, {2}, c.in).data<int64_t>()[1] == c.want64);
+  }
+}
+
+TEST_CASE("an int64 label near 2^63 is refused as out of range, exactly", "[kernels][int]") {
+  auto cpu = make_cpu_backend();
+  auto logits = tensor::from_values<double>({2, 3}, {1, 2, 3, 4, 5, 6});
+  tensor out;
+  for (int64_t bad : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                      int64_t{3}}) {
+    INFO(bad);
+    auto labels = tensor::from_values<int64_t>({2}, {0, bad});
+    auto st = cpu->softmax_xent(logits, labels, out);
+    CHECK(st.error.find("label " + std::to_string(bad) + " of example 1 is out of range")
+          != std::string::npos);
+  }
 }

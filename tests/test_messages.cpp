@@ -34,7 +34,7 @@ executor_actor::behavior_type fake_executor() {
     [](run_step_atom, uint64_t, uint64_t, std::vector<feed>) -> caf::result<step_result> {
       return step_result{};
     },
-    [](edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string) {
+    [](edge_atom, uint64_t, uint64_t, int32_t, tensor, int64_t, std::string, std::string) {
       // nop
     },
     [](abort_atom, uint64_t, uint64_t) {
@@ -209,8 +209,10 @@ TEST_CASE_METHOD(fixture, "every field of every message type survives CAF serial
     part.peer_devices = {"/job:local/replica:0/task:1/device:CPU:0"};
     part.step_timeout_ms = 1234;
     part.variable_timeout_ms = 567;
+    part.edge_token = std::string("\x00\x01secret-token\xff\xfe", 16);
     auto rpart = round_trip(part);
     CHECK(rpart.graph == 42);
+    CHECK(rpart.edge_token == part.edge_token);
     CHECK(rpart.ops.size() == 2);
     CHECK((rpart.ops[1].name == "mm_1" && rpart.ops[1].consumers == pop.consumers));
     CHECK(rpart.peers == part.peers);

@@ -436,6 +436,51 @@ TEST_CASE("leaving after a cancelled run does not wait for the abandoned request
   (*cluster)->signal("ps", 0, SIGCONT);
 }
 
+TEST_CASE("MIN / -1 on a node gives the wrapped MIN and the node answers on (issue 22)",
+          "[repl][processes]") {
+  // INT32_MIN / -1 once killed the ps that ran it with SIGFPE (exit 136).
+  auto cluster = testing::process_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto config = load_cluster_config((*cluster)->config_path());
+  REQUIRE(config);
+  repl::options opts;
+  opts.timeout = 20s;
+  auto in = repl::interpreter::connect(*config, "/job:worker/task:0", opts);
+  REQUIRE(in);
+  auto& repl = **in;
+  REQUIRE(exec(repl, "with /job:ps/task:0 {\n"
+                     "  k = const(-2147483648, dtype=\"int32\")\n"
+                     "  q = k / const(-1, dtype=\"int32\")\n"
+                     "  k64 = const(-9223372036854775808, dtype=\"int64\")\n"
+                     "  q64 = k64 / const(-1, dtype=\"int64\")\n"
+                     "  w = variable(\"w\", [2], 4)\n"
+                     "}\ninit").ok);
+  auto q = exec(repl, "run q");
+  INFO(q.out << q.err);
+  CHECK(q.ok);
+  CHECK(q.out == "-2147483648\n");
+  auto q64 = exec(repl, "run q64");
+  INFO(q64.out << q64.err);
+  CHECK(q64.ok);
+  CHECK(q64.out == "-9223372036854775808\n");
+  // The ps is alive and serves its variable.
+  auto w = exec(repl, "run w");
+  INFO(w.err);
+  CHECK(w.out == "[4. 4.]\n");
+  auto ping = exec(repl, "ping /job:ps/task:0");
+  INFO(ping.err);
+  CHECK(ping.out.find("/job:ps/task:0  pid") != std::string::npos);
+}
+
+TEST_CASE("MIN / -1 in the embedded REPL gives the wrapped MIN", "[repl]") {
+  auto in = embedded({{"ps", 1}, {"worker", 1}});
+  auto r = exec(*in, "with /job:ps/task:0 { q = const(-2147483648, dtype=\"int32\") / "
+                     "const(-1, dtype=\"int32\") }\nrun q");
+  INFO(r.out << r.err);
+  CHECK(r.out == "-2147483648\n");
+  CHECK(exec(*in, "print \"alive\"").out == "alive\n");
+}
+
 TEST_CASE("ragged lists, mixed depths and values an int tensor cannot hold are refused",
           "[repl][errors]") {
   auto in = embedded({{"worker", 1}});

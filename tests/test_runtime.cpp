@@ -10,6 +10,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/edge_token.hpp"
 #include "actors/embedded_cluster.hpp"
 #include "actors/executor.hpp"
 #include "actors/node.hpp"
@@ -44,11 +45,15 @@ struct executor_fixture {
     return out;
   }
 
+  /// The edge token of the partitions below.
+  static std::string test_token() { return std::string(edge_token_bytes, 'k'); }
+
   /// y = x + (an edge from op 7 of another partition that never sends it).
   static partition waiting_partition(uint64_t id, uint32_t timeout_ms) {
     partition p;
     p.graph = id;
     p.step_timeout_ms = timeout_ms;
+    p.edge_token = test_token();
     partition_op op;
     op.id = 8;
     op.op = "add";
@@ -95,11 +100,32 @@ TEST_CASE("an inbox opened by an edge for a step that never runs is dropped at t
   caf::scoped_actor self{f.sys, true};
   self->request(f.exec, 5s, register_atom::value, executor_fixture::waiting_partition(5, 100))
     .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  // Without the graph's token: dropped (sent first: an executor takes one
+  // sender's messages in order, so the inbox seen below is the second's).
+  self->send(f.exec, edge_atom::value, uint64_t{5}, uint64_t{76}, int32_t{7}, tensor::scalar(2.0f),
+             int64_t{0}, std::string{"local buffer"}, std::string{});
   self->send(f.exec, edge_atom::value, uint64_t{5}, uint64_t{77}, int32_t{7}, tensor::scalar(2.0f),
-             int64_t{0}, std::string{"local buffer"});
+             int64_t{0}, std::string{"local buffer"}, executor_fixture::test_token());
   CHECK(eventually([&] { return f.load().second == 1; }));
   CHECK(eventually([&] { return f.load().second == 0; }));
   CHECK(f.load().first == 1); // the graph itself stays
+}
+
+TEST_CASE("a partition without a whole edge token is refused at registration", "[runtime]") {
+  executor_fixture f;
+  caf::scoped_actor self{f.sys, true};
+  for (std::string token : {std::string{}, std::string(edge_token_bytes - 1, 'k')}) {
+    auto part = executor_fixture::waiting_partition(6, 1000);
+    part.edge_token = token;
+    caf::error err;
+    self->request(f.exec, 5s, register_atom::value, part)
+      .receive([](caf::ok_atom) {}, [&](caf::error& e) { err = e; });
+    INFO(describe(err));
+    CHECK(is(err, af_error::invalid_argument));
+    CHECK(describe(err).find("edge token of " + std::to_string(token.size()) + " bytes")
+          != std::string::npos);
+  }
+  CHECK(f.load().first == 0);
 }
 
 TEST_CASE("a graph id held by one session is refused to another", "[runtime]") {

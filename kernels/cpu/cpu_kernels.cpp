@@ -1,4 +1,5 @@
 #include "kernels/kernels.hpp"
+#include "messages/int_arith.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,16 +12,23 @@ namespace af::kernels {
 
 namespace {
 
+// Integers wrap and divide without a trap (messages/int_arith.hpp); for
+// floats these are the plain operators.
+using int_arith::total_div;
+using int_arith::wrap_add;
+using int_arith::wrap_mul;
+using int_arith::wrap_sub;
+
 template <class T>
 T apply(binary_op op, T x, T y) {
   switch (op) {
-    case binary_op::add: return x + y;
-    case binary_op::sub: return x - y;
-    case binary_op::mul: return x * y;
-    case binary_op::div: return y == T{0} && std::is_integral<T>::value ? T{0} : x / y;
-    case binary_op::relu_grad: return y > T{0} ? x : T{0};          // (dy, x)
-    case binary_op::sigmoid_grad: return x * y * (T{1} - y);        // (dy, y)
-    case binary_op::tanh_grad: return x * (T{1} - y * y);           // (dy, y)
+    case binary_op::add: return wrap_add(x, y);
+    case binary_op::sub: return wrap_sub(x, y);
+    case binary_op::mul: return wrap_mul(x, y);
+    case binary_op::div: return total_div(x, y);
+    case binary_op::relu_grad: return y > T{0} ? x : T{0};                              // (dy, x)
+    case binary_op::sigmoid_grad: return wrap_mul(wrap_mul(x, y), wrap_sub(T{1}, y));   // (dy, y)
+    case binary_op::tanh_grad: return wrap_mul(x, wrap_sub(T{1}, wrap_mul(y, y)));      // (dy, y)
   }
   return T{};
 }
@@ -35,9 +43,9 @@ void same_shape(const T* a, const T* b, T* out, size_t n, F f) {
 template <class T>
 void run_binary(binary_op op, const T* a, const T* b, T* out, size_t n) {
   switch (op) {
-    case binary_op::add: same_shape(a, b, out, n, [](T x, T y) { return x + y; }); break;
-    case binary_op::sub: same_shape(a, b, out, n, [](T x, T y) { return x - y; }); break;
-    case binary_op::mul: same_shape(a, b, out, n, [](T x, T y) { return x * y; }); break;
+    case binary_op::add: same_shape(a, b, out, n, [](T x, T y) { return wrap_add(x, y); }); break;
+    case binary_op::sub: same_shape(a, b, out, n, [](T x, T y) { return wrap_sub(x, y); }); break;
+    case binary_op::mul: same_shape(a, b, out, n, [](T x, T y) { return wrap_mul(x, y); }); break;
     default: same_shape(a, b, out, n, [op](T x, T y) { return apply(op, x, y); }); break;
   }
 }
@@ -504,7 +512,7 @@ private:
                              + " do not match logits " + shape_string(logits.shape()));
     auto classes = logits.shape()[1];
     for (size_t r = 0; r < labels.num_elements(); ++r) {
-      auto l = static_cast<int64_t>(labels.at(r));
+      auto l = integer_at(labels, r);
       if (l < 0 || l >= classes)
         return status::failure("softmax_xent: label " + std::to_string(l) + " of example "
                                + std::to_string(r) + " is out of range [0, "
@@ -514,7 +522,7 @@ private:
   }
 
   static size_t label(const tensor& labels, size_t r) {
-    return static_cast<size_t>(labels.at(r));
+    return static_cast<size_t>(integer_at(labels, r));
   }
 
   static status check(binary_op op, const tensor& a, const tensor& b) {

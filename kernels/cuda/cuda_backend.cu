@@ -5,6 +5,7 @@
 // every op against it. Inputs are staged host -> device and results device ->
 // host per op; keeping a step's tensors on the device is future work.
 #include "kernels/kernels.hpp"
+#include "messages/int_arith.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -134,10 +135,10 @@ struct strides8 {
 template <class T>
 __device__ T apply_binary(int op, T x, T y) {
   switch (op) {
-    case 0: return x + y;
-    case 1: return x - y;
-    case 2: return x * y;
-    case 3: return x / y;
+    case 0: return af::int_arith::wrap_add(x, y); // the CPU's integer semantics too
+    case 1: return af::int_arith::wrap_sub(x, y);
+    case 2: return af::int_arith::wrap_mul(x, y);
+    case 3: return af::int_arith::total_div(x, y);
     case 4: return y > T(0) ? x : T(0);        // relu_grad (dy, x)
     case 5: return x * y * (T(1) - y);         // sigmoid_grad (dy, y)
     default: return x * (T(1) - y * y);        // tanh_grad (dy, y)
@@ -164,7 +165,7 @@ __global__ void unary_kernel(int op, const T* x, T* out, size_t n) {
     T v = x[i];
     T r;
     switch (op) {
-      case 0: r = -v; break;
+      case 0: r = af::int_arith::wrap_neg(v); break;
       case 1: r = exp(v); break;
       case 2: r = log(v); break;
       case 3: r = v > T(0) ? v : T(0); break;
@@ -718,7 +719,7 @@ private:
     size_t classes = static_cast<size_t>(logits.shape()[1]);
     tensor labels64{dtype::int64, labels.shape()};
     for (size_t r = 0; r < rows; ++r) {
-      auto l = static_cast<int64_t>(labels.at(r));
+      auto l = integer_at(labels, r);
       if (l < 0 || static_cast<size_t>(l) >= classes)
         return status::failure("softmax_xent: label " + std::to_string(l) + " of example "
                                + std::to_string(r) + " is out of range [0, " + std::to_string(classes) + ")");
