@@ -1086,3 +1086,27 @@ TEST_CASE("a worker whose gradients stay not finite fails after 100 steps in a r
                Catch::Contains("last 100 steps") && Catch::Contains("diverged"));
   }
 }
+
+// Catches a job that applied nothing for as long as it ran and still ended
+// "done": with the limit fixed at 100, a job of fewer steps whose every
+// gradient was refused as not finite (a model restored broken, or diverged)
+// finished with exit 0. max_nonfinite_steps makes the limit the job's.
+TEST_CASE("max_nonfinite_steps: a sync job whose gradients stay not finite fails after that many "
+          "steps in a row, naming the key",
+          "[train]") {
+  auto c = digits("sync");
+  c.steps = 40;
+  c.max_nonfinite_steps = 5;
+  train_options opts;
+  opts.tamper = [](uint64_t, std::vector<tensor>& grads) {
+    grads[0].mutable_data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  auto run = run_job(c, opts);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE_FALSE(run.results[w]);
+    CHECK(run.results[w].error().code() == static_cast<uint8_t>(af_error::non_finite));
+    CHECK_THAT(describe(run.results[w].error()),
+               Catch::Contains("last 5 steps") && Catch::Contains("max_nonfinite_steps = 5"));
+  }
+}
