@@ -274,7 +274,9 @@ bool note_refusal(self_pointer self, std::string why) {
        make_error(af_error::non_finite,
                   fmt::format("its last {} steps were all not finite (max_nonfinite_steps = {}; "
                               "the last: {}): the model has diverged or its input is bad; lower "
-                              "learning_rate, check the data, or resume from a checkpoint",
+                              "learning_rate, check the data, or resume from a checkpoint (a "
+                              "model that recovers by itself may need a larger "
+                              "max_nonfinite_steps in [train])",
                               st.refused_in_a_row, st.setup.cfg.max_nonfinite_steps,
                               st.last_refusal)),
        "training");
