@@ -925,6 +925,27 @@ TEST_CASE("'latest' leads only to a regular file of its own directory, by a plai
   CHECK(*named == *mine);
 }
 
+TEST_CASE("a symbolic link planted as a checkpoint's temporary file is not written through",
+          "[train][checkpoint]") {
+  // Catches: save() opening ckpt-N.afck.tmp (and latest.tmp) with O_TRUNC and
+  // following a link that someone who can write the directory put there, so
+  // that the chief truncated and overwrote any file it may write.
+  temp_dir dir, elsewhere;
+  write_file(elsewhere / "victim", "precious");
+  write_file(elsewhere / "victim2", "precious too");
+  fs::create_symlink(elsewhere / "victim", dir / "ckpt-7.afck.tmp");
+  fs::create_symlink(elsewhere / "victim2", dir / "latest.tmp");
+  auto path = save(dir.path, sample_checkpoint(7));
+  REQUIRE(path);
+  CHECK(read_file(elsewhere / "victim") == "precious");
+  CHECK(read_file(elsewhere / "victim2") == "precious too");
+  CHECK_FALSE(fs::is_symlink(*path));
+  auto back = load(*path);
+  REQUIRE(back);
+  CHECK(back->global_step == 7);
+  CHECK(*latest(dir.path) == *path);
+}
+
 TEST_CASE("with a checkpoint_key a checkpoint needs a valid HMAC; the checksum alone stops no "
           "forger",
           "[train][checkpoint]") {

@@ -311,7 +311,12 @@ bool test_pause_at(uint64_t global_step) {
 /// fsynced by the caller. `pause`: the test hook above.
 graph_status write_durably(const std::string& path, const std::string& data, bool pause = false) {
   auto tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A fresh file, never one that is there: a leftover of a crash goes, and
+  // a symbolic link planted under that name (by someone else who can write
+  // the directory) is removed, not followed into the file it names.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    return io_error("remove the leftover temporary file", tmp);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     return io_error("create checkpoint file", tmp);
   size_t done = 0;
