@@ -1112,6 +1112,8 @@ TEST_CASE("a checkpoint whose fields do not fit the job is refused, naming the f
     ck.variables.push_back(ck.variables[0]);
     ck.variables.back().name = "evil/w";
     refused(ck, {"'evil/w'", "does not have"});
+    ck.variables.back().name = "\x1b[2Jevil"; // a terminal escape is not echoed
+    refused(ck, {"'?[2Jevil'", "does not have"});
     ck = fits;
     ck.variables.push_back(ck.variables[0]);
     refused(ck, {"'" + w + "' twice"});

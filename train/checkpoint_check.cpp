@@ -20,6 +20,29 @@ graph_error refuse(const std::string& path, const std::string& why) {
                                  path, why)};
 }
 
+/// A name from the file as it may be printed: at most 200 bytes, and a
+/// byte that is not printable ASCII shown as '?' (a forged name could hold
+/// terminal escapes).
+std::string shown_name(const std::string& name) {
+  auto out = name.size() > 200 ? name.substr(0, 200) + "..." : name;
+  for (auto& ch : out)
+    if (ch < 0x20 || ch == 0x7f)
+      ch = '?';
+  return out;
+}
+
+/// The slot names some optimizer keeps.
+const std::set<std::string>& known_slots() {
+  static const std::set<std::string> names = [] {
+    std::set<std::string> out;
+    for (const char* kind : {"sgd", "momentum", "adam"})
+      for (auto& n : slot_names(kind))
+        out.insert(n);
+    return out;
+  }();
+  return names;
+}
+
 /// "variable 'w'" or "slot 'm' of variable 'w'".
 std::string field_name(const std::string& var, const std::string& slot) {
   return slot.empty() ? fmt::format("variable '{}'", var)
@@ -67,11 +90,10 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
     return refuse(path, fmt::format("has data_position = {}, past this job's end (at most {} "
                                     "global batches: its steps and one push per worker)",
                                     ck.data_position, want.max_step));
-  static const std::set<std::string> any_slot = {"momentum", "m", "v"};
   bool adam = want.optimizer_kind == "adam";
   std::set<std::string> seen;
   for (const auto& v : ck.variables) {
-    auto shown = v.name.size() > 200 ? v.name.substr(0, 200) + "..." : v.name;
+    auto shown = shown_name(v.name);
     auto p = std::find_if(want.params.begin(), want.params.end(),
                           [&](const parameter& q) { return q.name == v.name; });
     if (p == want.params.end())
@@ -89,8 +111,8 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
     if (auto bad = bad_element(v.value, shown, "", false); !bad.empty())
       return refuse(path, bad);
     for (const auto& [slot, t] : v.slots) {
-      auto slot_shown = slot.size() > 200 ? slot.substr(0, 200) + "..." : slot;
-      if (any_slot.count(slot) == 0)
+      auto slot_shown = shown_name(slot);
+      if (known_slots().count(slot) == 0)
         return refuse(path, fmt::format("holds a slot '{}' of variable '{}', which no optimizer "
                                         "keeps (momentum keeps \"momentum\", adam \"m\" and "
                                         "\"v\")",
@@ -113,10 +135,10 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
 
 std::string first_non_finite_value(const checkpoint& ck) {
   for (const auto& v : ck.variables) {
-    if (auto bad = bad_element(v.value, v.name, "", false); !bad.empty())
+    if (auto bad = bad_element(v.value, shown_name(v.name), "", false); !bad.empty())
       return bad;
     for (const auto& [slot, t] : v.slots)
-      if (auto bad = bad_element(t, v.name, slot, false); !bad.empty())
+      if (auto bad = bad_element(t, shown_name(v.name), shown_name(slot), false); !bad.empty())
         return bad;
   }
   return "";
