@@ -734,21 +734,27 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 
   // The latest checkpoint, if the job has one: the chief restores it
   // (allreduce: every worker does, from the shared directory).
+  // A chief with a ps fails once it has told the other workers why
+  // (chief_start), not before: they would wait init_timeout_ms for it.
   std::optional<train::checkpoint> restored;
   checkpoint_access checkpoints;
+  caf::error restore_failed;
   if (!c.checkpoint_dir.empty() && (chief || allreduce)) {
-    auto access = checkpoint_access_of(c, *params, total, workers);
-    if (!access)
-      return std::move(access.error());
-    checkpoints = std::move(*access);
-    auto latest = load_latest_checkpoint(checkpoints);
-    if (!latest)
-      return std::move(latest.error());
-    if (*latest) {
-      restored = std::move((*latest)->second);
-      log::get()->info("worker {}: restoring {} (global step {})", task, (*latest)->first,
-                       restored->global_step);
+    if (auto access = checkpoint_access_of(c, *params, total, workers); !access) {
+      restore_failed = std::move(access.error());
+    } else {
+      checkpoints = std::move(*access);
+      auto latest = load_latest_checkpoint(checkpoints);
+      if (!latest) {
+        restore_failed = std::move(latest.error());
+      } else if (*latest) {
+        restored = std::move((*latest)->second);
+        log::get()->info("worker {}: restoring {} (global step {})", task, (*latest)->first,
+                         restored->global_step);
+      }
     }
+    if (restore_failed && allreduce)
+      return restore_failed;
   }
 
   // 2-3. variables, aggregators, initialization
@@ -808,6 +814,8 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       published = std::move(*word);
     }
     auto chief_start = [&]() -> caf::error {
+      if (restore_failed)
+        return restore_failed;
       if (restored) {
         for (auto& shard : setup.shards) {
           auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.pieces,

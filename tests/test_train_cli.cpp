@@ -174,8 +174,8 @@ af::train::checkpoint latest_of(const std::string& dir, const std::string& key =
 
 /// The arguments of an embedded job of `steps` steps that checkpoints into
 /// `ckpt`, with `more` --set overrides. init_timeout_ms = 10 s: the other
-/// workers of an embedded job whose chief fails to restore may wait that
-/// long to hear of it (docs/training.md), not the default minute.
+/// workers hear at once that the chief could not restore; if that broke, a
+/// run would still end within 10 s, not the default minute.
 std::vector<std::string> job(const std::string& ckpt, uint64_t steps,
                              std::vector<std::string> more = {}) {
   std::vector<std::string> args = {"--set", "checkpoint_dir=" + ckpt, "--set",

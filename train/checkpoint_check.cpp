@@ -12,8 +12,9 @@ namespace af::train {
 
 namespace {
 
-graph_error refuse(const std::string& path, const std::string& why) {
-  return graph_error{af_error::invalid_argument,
+graph_error refuse(const std::string& path, const std::string& why,
+                   af_error code = af_error::invalid_argument) {
+  return graph_error{code,
                      fmt::format("checkpoint '{}' {}; it is not restored: move it (and 'latest') "
                                  "out of the checkpoint directory to resume from an older one or "
                                  "start afresh",
@@ -107,9 +108,10 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
       return refuse(path, fmt::format("holds variable '{}' as {}, but the model's is float32{}: "
                                       "it was written by another model (restore it with the "
                                       "config it was trained with)",
-                                      shown, v.value.summary(), shape_string(p->shape)));
+                                      shown, v.value.summary(), shape_string(p->shape)),
+                    af_error::shape_mismatch);
     if (auto bad = bad_element(v.value, shown, "", false); !bad.empty())
-      return refuse(path, bad);
+      return refuse(path, bad, af_error::non_finite);
     for (const auto& [slot, t] : v.slots) {
       auto slot_shown = shown_name(slot);
       if (known_slots().count(slot) == 0)
@@ -120,9 +122,10 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
       if (t.type() != dtype::float32 || t.shape() != p->shape)
         return refuse(path, fmt::format("holds slot '{}' of variable '{}' as {}, but the "
                                         "variable is float32{}: the file is inconsistent",
-                                        slot_shown, shown, t.summary(), shape_string(p->shape)));
+                                        slot_shown, shown, t.summary(), shape_string(p->shape)),
+                      af_error::shape_mismatch);
       if (auto bad = bad_element(t, shown, slot_shown, adam && slot == "v"); !bad.empty())
-        return refuse(path, bad);
+        return refuse(path, bad, af_error::non_finite);
     }
   }
   for (const auto& p : want.params)
