@@ -134,6 +134,9 @@ std::string job_preflight(const train::train_config& c) {
   if (!c.checkpoint_dir.empty())
     if (auto why = train::check_checkpoint_dir(c.checkpoint_dir); !why.empty())
       return why;
+  if (!c.checkpoint_key.empty())
+    if (auto key = train::load_checkpoint_key(c.checkpoint_key); !key)
+      return key.error().what;
   if (!c.metrics.empty())
     if (auto why = train::check_metrics_path(c.metrics); !why.empty())
       return why;

@@ -22,6 +22,7 @@
 #include "actors/log.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
+#include "train/checkpoint_check.hpp"
 #include "train/local.hpp"
 #include "train/metrics.hpp"
 #include "train/partition.hpp"
@@ -305,6 +306,34 @@ std::string restored_key(uint64_t chief_incarnation, size_t k, uint64_t ps_incar
   return fmt::format("train/{}/ps{}/restored/{}", chief_incarnation, k, ps_incarnation);
 }
 
+/// How this job reads and writes its checkpoints: the directory, the HMAC
+/// key (checkpoint_key; empty: none) and what a checkpoint must be to be
+/// restored (train::check_checkpoint).
+struct checkpoint_access {
+  std::string dir;
+  train::checkpoint_key key;
+  train::checkpoint_expectations expect;
+};
+
+/// The chief's (and allreduce's workers') checkpoint_access: the key file
+/// read once, at start, so that a bad one fails the job before it trains.
+caf::expected<checkpoint_access> checkpoint_access_of(const train::train_config& c,
+                                                      const std::vector<train::parameter>& params,
+                                                      uint64_t total, uint32_t workers) {
+  checkpoint_access out;
+  out.dir = c.checkpoint_dir;
+  if (!c.checkpoint_key.empty()) {
+    auto key = train::load_checkpoint_key(c.checkpoint_key);
+    if (!key)
+      return to_error(key.error());
+    out.key = std::move(*key);
+  }
+  out.expect.params = params;
+  out.expect.optimizer_kind = c.optimizer.kind;
+  out.expect.max_step = train::max_checkpoint_step(total, workers);
+  return out;
+}
+
 /// What waiting for a ps that died needs (worker_setup::recover_ps): the
 /// session (used on the recovery link's thread while run_worker_task waits
 /// for the worker), and, on the chief, what re-creates and restores the ps.
@@ -316,6 +345,7 @@ struct recovery_context {
   std::vector<std::vector<output>> vars;      ///< per shard
   std::vector<aggregator_spec> specs;         ///< per shard
   kv_store_actor store;                       ///< the chief's
+  checkpoint_access checkpoints;              ///< the chief's
   uint64_t chief_incarnation = 0;
   uint32_t task = 0;
   /// A session of short timeouts for the pings while waiting: the first
@@ -328,17 +358,20 @@ struct recovery_context {
   bool closed = false;
 };
 
-/// The latest checkpoint of `dir` and its path; none if the job has none yet.
+/// The latest checkpoint of the job and its path, checked against the job
+/// (its HMAC, its fields, finite values); none if the job has none yet.
 caf::expected<std::optional<std::pair<std::string, train::checkpoint>>>
-load_latest_checkpoint(const std::string& dir) {
-  auto latest = train::latest(dir);
+load_latest_checkpoint(const checkpoint_access& from) {
+  auto latest = train::latest(from.dir);
   if (!latest)
     return to_error(latest.error());
   if (latest->empty())
     return std::optional<std::pair<std::string, train::checkpoint>>{};
-  auto ck = train::load(*latest);
+  auto ck = train::load(*latest, from.key);
   if (!ck)
     return to_error(ck.error());
+  if (auto st = train::check_checkpoint(*ck, *latest, from.expect); !st)
+    return to_error(st.error());
   return std::make_optional(std::make_pair(std::move(*latest), std::move(*ck)));
 }
 
@@ -448,7 +481,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   uint64_t from_step = 0;
   bool have = false;
   if (!c.checkpoint_dir.empty()) {
-    auto latest = load_latest_checkpoint(c.checkpoint_dir);
+    auto latest = load_latest_checkpoint(ctx.checkpoints);
     if (!latest)
       return std::move(latest.error());
     if (*latest) {
@@ -671,22 +704,33 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
                               "chief, which starts it"
                             : "mode allreduce has no aggregator to join: its workers are fixed");
 
-  // The latest checkpoint, if the job has one: the chief restores it
-  // (allreduce: every worker does, from the shared directory).
-  // (not a ps that runs the job already: start_job_on_ps).
+  // The latest checkpoint, if the job has one: the chief restores it to a
+  // ps without state (not to one that runs the job already:
+  // start_job_on_ps); in allreduce every worker does, from the shared
+  // directory. A chief with a ps fails once it has told the other workers why (chief_start), not
+  // before: they would wait init_timeout_ms for it.
   std::optional<train::checkpoint> restored;
   std::string restored_path;
+  checkpoint_access checkpoints;
+  caf::error restore_failed;
   if (!c.checkpoint_dir.empty() && (chief || allreduce)) {
-    auto latest = load_latest_checkpoint(c.checkpoint_dir);
-    if (!latest)
-      return std::move(latest.error());
-    if (*latest) {
-      restored = std::move((*latest)->second);
-      restored_path = (*latest)->first;
-      if (allreduce)
-        log::get()->info("worker {}: restoring {} (global step {})", task, restored_path,
-                         restored->global_step);
+    if (auto access = checkpoint_access_of(c, *params, total, workers); !access) {
+      restore_failed = std::move(access.error());
+    } else {
+      checkpoints = std::move(*access);
+      auto latest = load_latest_checkpoint(checkpoints);
+      if (!latest) {
+        restore_failed = std::move(latest.error());
+      } else if (*latest) {
+        restored = std::move((*latest)->second);
+        restored_path = (*latest)->first;
+        if (allreduce)
+          log::get()->info("worker {}: restoring {} (global step {})", task, restored_path,
+                           restored->global_step);
+      }
     }
+    if (restore_failed && allreduce)
+      return restore_failed;
   }
 
   // 2-3. variables, aggregators, initialization
@@ -711,6 +755,7 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
       ctx->vars = placed->shard_vars;
       ctx->specs = placed->specs;
       ctx->store = chief_info->store;
+      ctx->checkpoints = checkpoints;
       ctx->chief_incarnation = chief_info->incarnation;
       ctx->task = task;
       setup.recover_ps = [ctx](size_t k, uint64_t step, const std::string& why,
@@ -745,6 +790,8 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
       published = std::move(*word);
     }
     auto chief_start = [&]() -> caf::error {
+      if (restore_failed)
+        return restore_failed;
       // A ps that runs the job already (the chief died and came back) is
       // taken as it is; only one without state is restored or initialized.
       auto started = start_job_on_ps(s, c, *params, setup.shards, placed->shard_vars, workers,
@@ -907,9 +954,14 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };
   auto last_checkpoint = std::make_shared<std::string>();
   if (chief && !c.checkpoint_dir.empty())
-    setup.save = [dir = c.checkpoint_dir, last_checkpoint](const train::checkpoint& ck)
+    setup.save = [checkpoints, last_checkpoint](const train::checkpoint& ck)
       -> caf::expected<std::string> {
-      auto where = train::save(dir, ck);
+      // One that no job could restore is not written over a good one.
+      if (auto bad = train::first_non_finite_value(ck); !bad.empty())
+        return make_error(af_error::non_finite,
+                          fmt::format("the checkpoint of global step {} is not written: it {}",
+                                      ck.global_step, bad));
+      auto where = train::save(checkpoints.dir, ck, 3, checkpoints.key);
       if (!where)
         return to_error(where.error());
       *last_checkpoint = *where;

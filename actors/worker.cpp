@@ -257,28 +257,28 @@ std::string first_non_finite(self_pointer self, const std::vector<tensor>& value
   return "";
 }
 
-/// Counts and logs a step this worker abstains from.
-/// Steps in a row a worker may abstain from (values not finite) before it
-/// fails: past that the model has diverged, and abstaining for ever would
-/// keep an async job from ever reaching its step count.
-constexpr uint64_t max_refusals_in_a_row = 100;
-
 /// Counts and logs a step this worker abstains from; false (and the worker
-/// failed) once it has abstained from max_refusals_in_a_row steps in a row.
+/// failed) once it has abstained from max_nonfinite_steps steps in a row
+/// (train_config): past that the model has diverged (or was restored
+/// broken), and abstaining for ever would keep an async job from reaching
+/// its step count, or let a job end "done" having applied nothing.
 bool note_refusal(self_pointer self, std::string why) {
   auto& st = self->state;
   st.refused += 1;
   st.refused_in_a_row += 1;
   log::get()->warn("{}", why);
   st.last_refusal = std::move(why);
-  if (st.refused_in_a_row < max_refusals_in_a_row)
+  if (st.refused_in_a_row < std::max<uint64_t>(1, st.setup.cfg.max_nonfinite_steps))
     return true;
   fail(self,
        make_error(af_error::non_finite,
-                  fmt::format("its last {} steps were all not finite (the last: {}): the model has "
-                              "diverged or its input is bad; lower learning_rate, check the data, "
-                              "or resume from a checkpoint",
-                              st.refused_in_a_row, st.last_refusal)),
+                  fmt::format("its last {} steps were all not finite (max_nonfinite_steps = {}; "
+                              "the last: {}): the model has diverged or its input is bad; lower "
+                              "learning_rate, check the data, or resume from a checkpoint (a "
+                              "model that recovers by itself may need a larger "
+                              "max_nonfinite_steps in [train])",
+                              st.refused_in_a_row, st.setup.cfg.max_nonfinite_steps,
+                              st.last_refusal)),
        "training");
   return false;
 }
@@ -1012,6 +1012,8 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
              !ok) {
     fail(self, make_error(ok.error().code, ok.error().what), "applying the local update");
     return;
+  } else {
+    st.refused_in_a_row = 0;
   }
   st.local_step += 1;
   auto k = std::max<uint32_t>(1, st.setup.cfg.average_every);

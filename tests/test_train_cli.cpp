@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,8 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
+
+#include "train/checkpoint.hpp"
 
 namespace fs = std::filesystem;
 
@@ -141,4 +146,146 @@ TEST_CASE("a final checkpoint that fails makes actorflow-train exit 1", "[train]
     CHECK(r.status == 1);
     CHECK(occurrences(r.err, "ckpt-20.afck") == 1); // the reason, once
   }
+}
+
+namespace {
+
+/// The names in `dir` and what 'latest' says: what a refused run must leave as it was.
+std::string listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const auto& n : names)
+    out += n + "\n";
+  return out + "latest: " + slurp(dir + "/latest");
+}
+
+/// The latest checkpoint of `dir`, loaded (with `key`).
+af::train::checkpoint latest_of(const std::string& dir, const std::string& key = {}) {
+  auto path = af::train::latest(dir);
+  REQUIRE(path);
+  REQUIRE(!path->empty());
+  auto ck = af::train::load(*path, key);
+  REQUIRE(ck);
+  return std::move(*ck);
+}
+
+/// The arguments of an embedded job of `steps` steps that checkpoints into
+/// `ckpt`, with `more` --set overrides. init_timeout_ms = 10 s: the other
+/// workers hear at once that the chief could not restore; if that broke, a
+/// run would still end within 10 s, not the default minute.
+std::vector<std::string> job(const std::string& ckpt, uint64_t steps,
+                             std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {"--set", "checkpoint_dir=" + ckpt, "--set",
+                                   "steps=" + std::to_string(steps), "--set", "eval_every=0",
+                                   "--set", "log_every=0", "--set", "init_timeout_ms=10000"};
+  for (auto& m : more) {
+    args.push_back("--set");
+    args.push_back(std::move(m));
+  }
+  return args;
+}
+
+} // namespace
+
+TEST_CASE("a checkpoint of NaN weights or of global step 2^64 - 1 is not restored: exit 1, the "
+          "file and the field named, nothing trained or written",
+          "[train][cli]") {
+  // Catches what a forger who recomputes the checksum did: NaN weights
+  // restored (every step refused, then "train done", exit 0, and a new
+  // checkpoint of NaN), and global_step = data_position = 2^64 - 1 accepted
+  // (the job ended at once and wrote ckpt-18446744073709551615.afck).
+  struct bad_case {
+    std::string what;
+    std::function<void(af::train::checkpoint&)> change;
+    std::vector<std::string> said;
+  };
+  std::vector<bad_case> cases = {
+    {"NaN weights",
+     [](af::train::checkpoint& ck) {
+       ck.variables[0].value.mutable_data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+     },
+     {"element 7 is nan", "not finite"}},
+    {"global step 2^64 - 1",
+     [](af::train::checkpoint& ck) {
+       ck.global_step = std::numeric_limits<uint64_t>::max();
+       ck.data_position = std::numeric_limits<uint64_t>::max();
+     },
+     {"global_step = 18446744073709551615"}},
+  };
+  for (const auto& bc : cases) {
+    CAPTURE(bc.what);
+    scratch_dir dir;
+    auto ckpt = dir / "ckpt";
+    auto first = train(dir, job(ckpt, 5));
+    CAPTURE(first.out, first.err);
+    REQUIRE(first.status == 0);
+    auto ck = latest_of(ckpt);
+    REQUIRE(ck.global_step == 5);
+    bc.change(ck);
+    auto forged = af::train::save(ckpt, ck); // a checksum anyone can compute
+    REQUIRE(forged);
+    auto before = listing(ckpt);
+    auto r = train(dir, job(ckpt, 20));
+    CAPTURE(r.out, r.err);
+    CHECK(r.status == 1);
+    // Refused as it is restored (not only when the chief would save it again).
+    CHECK(r.err.find("checkpoint '" + *forged + "' ") != std::string::npos);
+    if (bc.what == "NaN weights")
+      CHECK(r.err.find("checkpoint '" + *forged + "' holds variable '" + ck.variables[0].name
+                       + "'")
+            != std::string::npos);
+    for (const auto& part : bc.said) {
+      CAPTURE(part);
+      CHECK(r.err.find(part) != std::string::npos);
+    }
+    CHECK(listing(ckpt) == before); // no checkpoint written (ckpt-20.afck of NaN, or ckpt-2^64-1)
+    CHECK(r.out.find("train done") == std::string::npos);
+  }
+}
+
+TEST_CASE("with checkpoint_key, actorflow-train signs its checkpoints, resumes from them, and "
+          "refuses one without a valid HMAC",
+          "[train][cli]") {
+  // Catches: a key that signs nothing (the files carry no HMAC), a signed
+  // checkpoint the job cannot resume from, and one written by someone without
+  // the key (none, or another) restored.
+  scratch_dir dir;
+  auto ckpt = dir / "ckpt";
+  auto key_file = dir / "ckpt.key";
+  const std::string key = "5f0c2b7e9a1d4c3b8e6f0a2d4c6b8e0f\n";
+  std::ofstream{key_file} << key;
+  auto first = train(dir, job(ckpt, 5, {"checkpoint_key=" + key_file}));
+  CAPTURE(first.out, first.err);
+  REQUIRE(first.status == 0);
+  auto written = af::train::latest(ckpt);
+  REQUIRE(written);
+  CHECK(slurp(*written)[12] == 1); // the header's flags: an HMAC follows the body
+  CHECK_FALSE(af::train::load(*written, "another key, 32 bytes long......"));
+  auto resumed = train(dir, job(ckpt, 8, {"checkpoint_key=" + key_file}));
+  CAPTURE(resumed.out, resumed.err);
+  REQUIRE(resumed.status == 0);
+  auto ck = latest_of(ckpt, key);
+  CHECK(ck.global_step == 8);
+  // Someone who can write the directory but has not the key: their file
+  // (finite values, a fine step, a right checksum) is not restored.
+  ck.variables[0].value.mutable_data<float>()[0] += 1;
+  for (std::string forger_key : {std::string{}, std::string{"a key that is not the job's one"}}) {
+    CAPTURE(forger_key);
+    auto forged = af::train::save(ckpt, ck, 3, forger_key);
+    REQUIRE(forged);
+    auto r = train(dir, job(ckpt, 12, {"checkpoint_key=" + key_file}));
+    CAPTURE(r.out, r.err);
+    CHECK(r.status == 1);
+    CHECK(r.err.find(*forged) != std::string::npos);
+    CHECK(r.err.find(forger_key.empty() ? "has no HMAC" : "fails its HMAC") != std::string::npos);
+    CHECK_FALSE(fs::exists(ckpt + "/ckpt-12.afck"));
+  }
+  // A key file that is not there is refused before the job starts.
+  auto missing = train(dir, job(ckpt, 12, {"checkpoint_key=" + dir / "nokey"}));
+  CAPTURE(missing.err);
+  CHECK(missing.status == 2);
+  CHECK(missing.err.find("checkpoint_key '" + dir / "nokey" + "'") != std::string::npos);
 }

@@ -15,12 +15,18 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <future>
+
 #include "train/checkpoint.hpp"
+#include "train/checkpoint_check.hpp"
 #include "train/config.hpp"
 #include "train/data.hpp"
 #include "train/metrics.hpp"
+#include "train/model.hpp"
 
 #include "temp_dir.hpp"
 
@@ -406,6 +412,8 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.eval_every == b.eval_every);
   CHECK(a.step_timeout_ms == b.step_timeout_ms);
   CHECK(a.init_timeout_ms == b.init_timeout_ms);
+  CHECK(a.checkpoint_key == b.checkpoint_key);
+  CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
 }
 
 } // namespace
@@ -455,6 +463,8 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.eval_every = 4;
   c.step_timeout_ms = 1000;
   c.init_timeout_ms = 2000;
+  c.checkpoint_key = "/etc/ck.key";
+  c.max_nonfinite_steps = 7;
   REQUIRE(validate(c).empty());
   auto text = to_toml(c);
   auto back = parse_train_config(text, "round-trip");
@@ -499,6 +509,8 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     {"schedule = \"linear\"", {"schedule = \"linear\"", "constant, step or cosine"}},
     {"data = \"idx:only-one\"", {"data", "idx:IMAGES,LABELS"}},
     {"step_timeout_ms = 5000000000", {"step_timeout_ms = 5000000000", "at most"}},
+    {"max_nonfinite_steps = 0", {"max_nonfinite_steps = 0", "at least 1"}},
+    {"checkpoint_key = 5", {"checkpoint_key = 5", "string"}},
   };
   for (const auto& bc : cases) {
     CAPTURE(bc.text);
@@ -524,6 +536,13 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
   why = validate(late);
   CHECK(contains(why, "step_deadline_ms = 30000"));
   CHECK(contains(why, "step_timeout_ms = 30000"));
+  // Catches: a key that signs checkpoints of a job that writes none, taken
+  // as protection that is not there.
+  train_config unsigned_dir;
+  unsigned_dir.checkpoint_key = "/etc/ck.key";
+  why = validate(unsigned_dir);
+  CHECK(contains(why, "checkpoint_key = \"/etc/ck.key\""));
+  CHECK(contains(why, "checkpoint_dir"));
 }
 
 TEST_CASE("validate() applies the optimizer's own rules and checks keys together",
@@ -697,6 +716,11 @@ TEST_CASE("damaged or foreign checkpoint files are refused with their name",
     bad[8] = 2;
     refused(bad, "newer");
   }
+  SECTION("header flags this build does not know") {
+    auto bad = good;
+    bad[12] = 2;
+    refused(bad, "flags 0x2");
+  }
   SECTION("trailing bytes") { refused(good + "x", "after its"); }
   SECTION("a tensor whose shape does not match its bytes, checksum intact") {
     // With the layout documented in checkpoint.hpp: rewrite layer0/b's shape
@@ -804,6 +828,310 @@ TEST_CASE("no checkpoint yet is \"\", and a directory that cannot be made is nam
   auto dangling = latest(dir.path);
   REQUIRE_FALSE(dangling);
   CHECK(contains(dangling.error().what, "ckpt-7.afck"));
+}
+
+namespace {
+
+/// `f()` run on a thread of its own; if it has not returned within 10 s
+/// (blocked opening FIFO `fifo` for reading, which waits for a writer for
+/// ever), the FIFO is opened for writing to release it, and the test fails.
+template <class F>
+auto not_blocked_by(const std::string& fifo, F f) {
+  auto call = std::async(std::launch::async, f);
+  if (call.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0)
+      ::close(fd);
+    FAIL("blocked for 10 s on FIFO " << fifo);
+  }
+  return call.get();
+}
+
+/// sample_checkpoint's file with its header's checksum made right again
+/// for the body as it is now (what anyone can do: FNV-1a has no key).
+std::string with_checksum(std::string file, size_t trailer = 0) {
+  uint64_t sum = fnv1a64(file.substr(0, file.size() - trailer), 32);
+  for (int i = 0; i < 8; ++i)
+    file[24 + static_cast<size_t>(i)] = static_cast<char>(sum >> (8 * i));
+  return file;
+}
+
+/// The 16 bytes of a body's global step and data position, as portable
+/// binary writes them (little-endian u64s).
+std::string step_and_position(uint64_t step, uint64_t position) {
+  std::string out;
+  for (auto v : {step, position})
+    for (int i = 0; i < 8; ++i)
+      out += static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("'latest' leads only to a regular file of its own directory, by a plain name",
+          "[train][checkpoint]") {
+  // Catches: a 'latest' that leads out of its directory (../../etc/passwd was
+  // opened and read; another job's checkpoint, named by an absolute path, was
+  // restored), through a symbolic link, and a FIFO as 'latest' that blocked
+  // the job for ever before it said anything.
+  temp_dir dir, other;
+  auto theirs = save(other.path, sample_checkpoint(9));
+  REQUIRE(theirs);
+  auto mine = save(dir.path, sample_checkpoint(5));
+  REQUIRE(mine);
+  auto refused = [&](const std::string& name, const std::string& why) {
+    write_file(dir / "latest", name + "\n");
+    auto got = latest(dir.path);
+    CAPTURE(name, why);
+    REQUIRE_FALSE(got);
+    CHECK(contains(got.error().what, dir / "latest"));
+    CHECK(contains(got.error().what, why));
+  };
+  refused("../../../../../etc/passwd", "not a plain file name");
+  refused(*theirs, "not a plain file name"); // an absolute path into another job's directory
+  refused("../" + fs::path{other.path}.filename().string() + "/ckpt-9.afck",
+          "not a plain file name");
+  refused("..", "not a plain file name");
+  refused(".", "not a plain file name");
+  fs::create_directories(dir / "sub");
+  refused("sub", "a directory");
+  fs::create_symlink(*theirs, dir / "ckpt-9.afck");
+  refused("ckpt-9.afck", "symbolic link");
+  // load() refuses the link too (one swapped in after latest() looked).
+  auto linked = load(dir / "ckpt-9.afck");
+  REQUIRE_FALSE(linked);
+  CHECK(contains(linked.error().what, "symbolic link"));
+  REQUIRE(::mkfifo((dir / "ckpt-6.afck").c_str(), 0600) == 0);
+  refused("ckpt-6.afck", "a FIFO");
+  auto fifo_load = not_blocked_by(dir / "ckpt-6.afck", [&] { return load(dir / "ckpt-6.afck"); });
+  REQUIRE_FALSE(fifo_load);
+  CHECK(contains(fifo_load.error().what, "not a regular file"));
+  // 'latest' itself a FIFO: refused at once, not read.
+  fs::remove(dir / "latest");
+  REQUIRE(::mkfifo((dir / "latest").c_str(), 0600) == 0);
+  auto fifo_latest = not_blocked_by(dir / "latest", [&] { return latest(dir.path); });
+  REQUIRE_FALSE(fifo_latest);
+  CHECK(contains(fifo_latest.error().what, "not a regular file"));
+  fs::remove(dir / "latest");
+  fs::create_symlink(other / "latest", dir / "latest");
+  auto linked_latest = latest(dir.path);
+  REQUIRE_FALSE(linked_latest);
+  CHECK(contains(linked_latest.error().what, "symbolic link"));
+  // The plain name of a regular file of the directory is followed.
+  fs::remove(dir / "latest");
+  write_file(dir / "latest", "ckpt-5.afck\n");
+  auto named = latest(dir.path);
+  REQUIRE(named);
+  CHECK(*named == *mine);
+}
+
+TEST_CASE("a symbolic link planted as a checkpoint's temporary file is not written through",
+          "[train][checkpoint]") {
+  // Catches: save() opening ckpt-N.afck.tmp (and latest.tmp) with O_TRUNC and
+  // following a link that someone who can write the directory put there, so
+  // that the chief truncated and overwrote any file it may write.
+  temp_dir dir, elsewhere;
+  write_file(elsewhere / "victim", "precious");
+  write_file(elsewhere / "victim2", "precious too");
+  fs::create_symlink(elsewhere / "victim", dir / "ckpt-7.afck.tmp");
+  fs::create_symlink(elsewhere / "victim2", dir / "latest.tmp");
+  auto path = save(dir.path, sample_checkpoint(7));
+  REQUIRE(path);
+  CHECK(read_file(elsewhere / "victim") == "precious");
+  CHECK(read_file(elsewhere / "victim2") == "precious too");
+  CHECK_FALSE(fs::is_symlink(*path));
+  auto back = load(*path);
+  REQUIRE(back);
+  CHECK(back->global_step == 7);
+  CHECK(*latest(dir.path) == *path);
+}
+
+TEST_CASE("with a checkpoint_key a checkpoint needs a valid HMAC; the checksum alone stops no "
+          "forger",
+          "[train][checkpoint]") {
+  // Catches: a forged checkpoint (values or the step changed, the FNV-1a
+  // checksum recomputed, as anyone can) restored by a job that holds a key;
+  // one written without the key accepted under it; a key that is not used.
+  temp_dir dir;
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  auto path = save(dir.path, sample_checkpoint(5), 3, key);
+  REQUIRE(path);
+  const auto good = read_file(*path);
+  CHECK(good[8] == 1);  // the format is the body's
+  CHECK(good[12] == 1); // flags: an HMAC follows the body
+  auto back = load(*path, key);
+  REQUIRE(back);
+  CHECK(back->global_step == 5);
+  CHECK(back->variables.size() == 4);
+  CHECK(load(*path)); // without a key: read, its HMAC not checked
+  auto wrong_key = load(*path, std::string(32, 'x'));
+  REQUIRE_FALSE(wrong_key);
+  CHECK(contains(wrong_key.error().what, *path));
+  CHECK(contains(wrong_key.error().what, "fails its HMAC"));
+  // A forger moves the global step to 2^64 - 1 and fixes the checksum.
+  auto at = good.find(step_and_position(5, 16));
+  REQUIRE(at != std::string::npos);
+  auto forged = good;
+  forged.replace(at, 8, std::string(8, '\xff'));
+  forged = with_checksum(forged, 32);
+  write_file(*path, forged);
+  auto unkeyed = load(*path); // the checksum passes: it is no defence
+  REQUIRE(unkeyed);
+  CHECK(unkeyed->global_step == UINT64_MAX);
+  auto caught = load(*path, key);
+  REQUIRE_FALSE(caught);
+  CHECK(contains(caught.error().what, "fails its HMAC"));
+  // A checkpoint written without the key: refused under it.
+  auto plain = save(dir.path, sample_checkpoint(6));
+  REQUIRE(plain);
+  CHECK(read_file(*plain)[12] == 0); // no flags, as before, without a key
+  auto no_mac = load(*plain, key);
+  REQUIRE_FALSE(no_mac);
+  CHECK(contains(no_mac.error().what, *plain));
+  CHECK(contains(no_mac.error().what, "has no HMAC"));
+  // ... also when a forger strips the HMAC off a signed one.
+  auto stripped = good.substr(0, good.size() - 32);
+  stripped[12] = 0;
+  write_file(*path, stripped);
+  CHECK(contains(load(*path, key).error().what, "has no HMAC"));
+  // A truncated HMAC is a truncated file.
+  write_file(*path, good.substr(0, good.size() - 1));
+  CHECK(contains(load(*path, key).error().what, "truncated"));
+  write_file(*path, good);
+  CHECK(load(*path, key));
+}
+
+TEST_CASE("a checkpoint_key file is a regular file of 16 to 4096 bytes, named in every refusal",
+          "[train][checkpoint]") {
+  // Catches: an empty or tiny key (an HMAC anyone can guess), a huge file
+  // read whole, a FIFO that blocks, a refusal that does not say which file.
+  temp_dir dir;
+  write_file(dir / "key", "0123456789abcdef");
+  auto key = load_checkpoint_key(dir / "key");
+  REQUIRE(key);
+  CHECK(*key == "0123456789abcdef");
+  auto refused = [&](const std::string& path, const std::string& why) {
+    auto got = load_checkpoint_key(path);
+    CAPTURE(path, why);
+    REQUIRE_FALSE(got);
+    CHECK(contains(got.error().what, "checkpoint_key '" + path + "'"));
+    CHECK(contains(got.error().what, why));
+  };
+  refused(dir / "missing", "No such file");
+  write_file(dir / "short", "too short");
+  refused(dir / "short", "fewer than");
+  write_file(dir / "huge", std::string(5000, 'k'));
+  refused(dir / "huge", "more than");
+  refused(dir.path, "not a regular file");
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  auto fifo = not_blocked_by(dir / "fifo", [&] { return load_checkpoint_key(dir / "fifo"); });
+  REQUIRE_FALSE(fifo);
+  CHECK(contains(fifo.error().what, "not a regular file"));
+}
+
+TEST_CASE("a checkpoint whose fields do not fit the job is refused, naming the file and the field",
+          "[train][checkpoint]") {
+  // Catches: NaN or infinite weights restored (every step then refused, the
+  // job "done" with exit 0 and a new checkpoint of NaN), global_step or
+  // data_position 2^64 - 1 accepted (the job ended at once and wrote
+  // ckpt-18446744073709551615.afck), a variable of another dtype, shape or
+  // model, or a slot no optimizer keeps, let through to the variables.
+  auto params = parameters("softmax", 4, 3, {}, 1);
+  REQUIRE(params);
+  REQUIRE(params->size() == 2);
+  checkpoint_expectations want;
+  want.params = *params;
+  want.optimizer_kind = "adam";
+  want.max_step = max_checkpoint_step(100, 2);
+  CHECK(want.max_step == 102);
+  CHECK(max_checkpoint_step(UINT64_MAX - 1, 2) == UINT64_MAX);
+  checkpoint fits;
+  fits.global_step = 60;
+  fits.data_position = 30;
+  for (const auto& p : *params) {
+    saved_variable v;
+    v.name = p.name;
+    v.value = tensor::filled(dtype::float32, p.shape, 0.5);
+    v.slots["m"] = tensor::filled(dtype::float32, p.shape, -0.25);
+    v.slots["v"] = tensor::filled(dtype::float32, p.shape, 0.125);
+    fits.variables.push_back(std::move(v));
+  }
+  const std::string path = "/ckpt/ckpt-60.afck";
+  REQUIRE(check_checkpoint(fits, path, want));
+  const auto w = (*params)[0].name;
+  const auto b = (*params)[1].name;
+  auto refused = [&](const checkpoint& ck, std::vector<std::string> said) {
+    auto st = check_checkpoint(ck, path, want);
+    REQUIRE_FALSE(st);
+    CHECK(contains(st.error().what, "checkpoint '" + path + "'"));
+    for (const auto& part : said) {
+      CAPTURE(part);
+      CHECK(contains(st.error().what, part));
+    }
+  };
+  SECTION("global_step") {
+    auto ck = fits;
+    ck.global_step = UINT64_MAX;
+    refused(ck, {"global_step = 18446744073709551615", "at most 102"});
+    ck.global_step = 103;
+    refused(ck, {"global_step = 103"});
+    ck.global_step = 102; // async's overshoot: one push per worker
+    CHECK(check_checkpoint(ck, path, want));
+  }
+  SECTION("data_position") {
+    auto ck = fits;
+    ck.data_position = UINT64_MAX;
+    refused(ck, {"data_position = 18446744073709551615"});
+  }
+  SECTION("a NaN in a value, an infinity in a slot, a negative Adam second moment") {
+    auto ck = fits;
+    ck.variables[0].value.mutable_data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+    refused(ck, {"variable '" + w + "'", "element 3 is nan", "not finite"});
+    ck = fits;
+    ck.variables[1].slots["m"].mutable_data<float>()[2] = -std::numeric_limits<float>::infinity();
+    refused(ck, {"slot 'm' of variable '" + b + "'", "element 2 is -inf"});
+    ck = fits;
+    ck.variables[1].slots["v"].mutable_data<float>()[1] = -1;
+    refused(ck, {"slot 'v' of variable '" + b + "'", "element 1 is -1", "negative"});
+    // sgd and momentum keep no "v": a negative one is only data to them,
+    // but no value is ever let through not finite.
+    want.optimizer_kind = "momentum";
+    CHECK(check_checkpoint(ck, path, want));
+    CHECK(first_non_finite_value(ck).empty());
+    ck.variables[0].value.mutable_data<float>()[0] = std::numeric_limits<float>::infinity();
+    CHECK(contains(first_non_finite_value(ck), "variable '" + w + "' whose element 0 is inf"));
+  }
+  SECTION("another model's variables") {
+    auto ck = fits;
+    ck.variables[0].value = tensor::filled(dtype::float64, (*params)[0].shape, 0.5);
+    refused(ck, {"variable '" + w + "' as float64", "float32"});
+    ck = fits;
+    ck.variables[0].value = tensor::filled(dtype::float32, {4, 4}, 0.5);
+    refused(ck, {"variable '" + w + "' as float32[4,4]", shape_string((*params)[0].shape)});
+    ck = fits;
+    ck.variables.push_back(ck.variables[0]);
+    ck.variables.back().name = "evil/w";
+    refused(ck, {"'evil/w'", "does not have"});
+    ck.variables.back().name = "\x1b[2Jevil"; // a terminal escape is not echoed
+    refused(ck, {"'?[2Jevil'", "does not have"});
+    ck = fits;
+    ck.variables.push_back(ck.variables[0]);
+    refused(ck, {"'" + w + "' twice"});
+    ck = fits;
+    ck.variables.pop_back();
+    refused(ck, {"has no variable '" + b + "'"});
+  }
+  SECTION("slots") {
+    auto ck = fits;
+    ck.variables[0].slots["zz"] = ck.variables[0].value;
+    refused(ck, {"slot 'zz'", "no optimizer keeps"});
+    ck = fits;
+    ck.variables[0].slots["m"] = tensor::filled(dtype::float32, {1}, 0);
+    refused(ck, {"slot 'm' of variable '" + w + "' as float32[1]", "inconsistent"});
+    ck = fits;
+    ck.variables[0].slots.clear(); // a slot it lacks starts at zeros
+    CHECK(check_checkpoint(ck, path, want));
+  }
 }
 
 // --- metrics ----------------------------------------------------------------

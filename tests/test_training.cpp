@@ -1120,3 +1120,62 @@ TEST_CASE("a worker whose gradients stay not finite fails after 100 steps in a r
                Catch::Contains("last 100 steps") && Catch::Contains("diverged"));
   }
 }
+
+// Catches a job that applied nothing for as long as it ran and still ended
+// "done": with the limit fixed at 100, a job of fewer steps whose every
+// gradient was refused as not finite (a model restored broken, or diverged)
+// finished with exit 0. max_nonfinite_steps makes the limit the job's.
+TEST_CASE("max_nonfinite_steps: a sync job whose gradients stay not finite fails after that many "
+          "steps in a row, naming the key",
+          "[train]") {
+  auto c = digits("sync");
+  c.steps = 40;
+  c.max_nonfinite_steps = 5;
+  train_options opts;
+  opts.tamper = [](uint64_t, std::vector<tensor>& grads) {
+    grads[0].mutable_data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  };
+  auto run = run_job(c, opts);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE_FALSE(run.results[w]);
+    CHECK(run.results[w].error().code() == static_cast<uint8_t>(af_error::non_finite));
+    CHECK_THAT(describe(run.results[w].error()),
+               Catch::Contains("last 5 steps") && Catch::Contains("max_nonfinite_steps = 5"));
+  }
+}
+
+// Catches an allreduce job (where every worker reads the checkpoint, not only
+// the chief) that restores what the chief's check would refuse, and one that
+// no longer resumes from a good checkpoint through those checks.
+TEST_CASE("allreduce workers resume from a good checkpoint and each refuses one of NaN weights, "
+          "naming it",
+          "[train]") {
+  temp_dir dir;
+  auto c = digits("allreduce");
+  c.steps = 6;
+  c.checkpoint_dir = dir.path;
+  auto first = run_job(c);
+  REQUIRE(first.results[0]);
+  REQUIRE(first.results[1]);
+  c.steps = 10;
+  auto resumed = run_job(c);
+  REQUIRE(resumed.results[0]);
+  REQUIRE(resumed.results[1]);
+  CHECK(resumed.results[0]->start_step == 6);
+  CHECK(resumed.results[1]->start_step == 6);
+  auto ck = latest_checkpoint(dir.path);
+  REQUIRE(ck.global_step == 10);
+  ck.variables[0].value.mutable_data<float>()[2] = std::numeric_limits<float>::infinity();
+  auto forged = train::save(dir.path, ck);
+  REQUIRE(forged);
+  c.steps = 14;
+  auto refused = run_job(c);
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    REQUIRE_FALSE(refused.results[w]);
+    CHECK_THAT(describe(refused.results[w].error()),
+               Catch::Contains("checkpoint '" + *forged + "' holds variable '"
+                               + ck.variables[0].name + "' whose element 2 is inf"));
+  }
+}

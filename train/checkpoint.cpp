@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -17,6 +16,10 @@
 #include <cereal/archives/portable_binary.hpp>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "messages/fnv1a.hpp"
@@ -29,6 +32,9 @@ namespace fs = std::filesystem;
 
 constexpr char magic[8] = {'A', 'F', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t header_size = 32;
+constexpr size_t mac_size = 32; ///< HMAC-SHA256, after the body (checkpoint_flag_hmac)
+constexpr size_t min_key_bytes = 16;
+constexpr size_t max_key_bytes = 4096;
 
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i)
@@ -196,6 +202,97 @@ graph_error io_error(const std::string& what, const std::string& path) {
                      fmt::format("cannot {} '{}': {}", what, path, std::strerror(errno))};
 }
 
+/// A file descriptor that closes itself.
+class owned_fd {
+public:
+  explicit owned_fd(int fd) : fd_(fd) {}
+  owned_fd(owned_fd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  owned_fd& operator=(owned_fd&&) = delete;
+  ~owned_fd() {
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+private:
+  int fd_;
+};
+
+struct opened_file {
+  owned_fd fd;
+  uint64_t size = 0;
+};
+
+/// Opens `path` to read it, as long as it is a regular file: without
+/// blocking (opening a FIFO for reading waits for a writer for ever) and,
+/// with `no_link`, refusing a symbolic link as its last component (it could
+/// lead anywhere). `what` names the file in errors ("checkpoint"); `hint`
+/// ends the error for a file that is not a regular one. (A local helper: the
+/// input readers have their own.)
+outcome<opened_file> open_regular(const std::string& path, const std::string& what,
+                                  const std::string& hint, bool no_link) {
+  int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (no_link ? O_NOFOLLOW : 0);
+  owned_fd fd{::open(path.c_str(), flags)};
+  if (fd.get() < 0) {
+    if (errno == ELOOP && no_link)
+      return graph_error{af_error::invalid_argument,
+                         fmt::format("{} '{}' is a symbolic link; only a regular file is read "
+                                     "there (a link could lead anywhere): {}",
+                                     what, path, hint)};
+    return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
+                       fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno))};
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    return io_error("read the size of " + what, path);
+  if (!S_ISREG(st.st_mode))
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("{} '{}' is not a regular file; {}", what, path, hint)};
+  return opened_file{std::move(fd), static_cast<uint64_t>(st.st_size)};
+}
+
+/// Reads `n` bytes into `out`; false if the file ends first or fails.
+bool read_exact(int fd, char* out, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    auto got = ::read(fd, out + done, n - done);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+/// Reads at most `n` bytes (fewer if the file ends first).
+std::string read_up_to(int fd, size_t n) {
+  std::string out(n, '\0');
+  size_t done = 0;
+  while (done < n) {
+    auto got = ::read(fd, out.data() + done, n - done);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      break;
+    done += static_cast<size_t>(got);
+  }
+  out.resize(done);
+  return out;
+}
+
+/// HMAC-SHA256 (32 bytes) of `n` bytes under `key`; empty if OpenSSL failed.
+std::string hmac_sha256(const checkpoint_key& key, const char* data, size_t n) {
+  std::string out(mac_size, '\0');
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(data), n,
+            reinterpret_cast<unsigned char*>(out.data()), &len)
+      || len != mac_size)
+    return {};
+  return out;
+}
+
 /// Test hook (tests/test_train_faults.cpp): with
 /// ACTORFLOW_TEST_CHECKPOINT_PAUSE=STEP in the environment, the write of a
 /// checkpoint of global step >= STEP stops for a minute halfway through (the
@@ -214,7 +311,12 @@ bool test_pause_at(uint64_t global_step) {
 /// fsynced by the caller. `pause`: the test hook above.
 graph_status write_durably(const std::string& path, const std::string& data, bool pause = false) {
   auto tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A fresh file, never one that is there: a leftover of a crash goes, and
+  // a symbolic link planted under that name (by someone else who can write
+  // the directory) is removed, not followed into the file it names.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    return io_error("remove the leftover temporary file", tmp);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     return io_error("create checkpoint file", tmp);
   size_t done = 0;
@@ -309,7 +411,31 @@ void prune(const std::string& dir, const std::string& written, size_t keep) {
 
 } // namespace
 
-outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep) {
+outcome<checkpoint_key> load_checkpoint_key(const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("checkpoint_key '{}': {}; make a key with `openssl rand -hex "
+                                   "32 > FILE; chmod 600 FILE`, and give every task of the job "
+                                   "the same one",
+                                   path, why)};
+  };
+  auto file = open_regular(path, "key file", "name a regular file holding the key", false);
+  if (!file)
+    return refuse(file.error().what);
+  if (file->size > max_key_bytes)
+    return refuse(fmt::format("the file holds {} bytes, more than a key's {} at most",
+                              file->size, max_key_bytes));
+  auto key = read_up_to(file->fd.get(), max_key_bytes + 1);
+  if (key.size() > max_key_bytes)
+    return refuse(fmt::format("the file holds more than a key's {} bytes at most", max_key_bytes));
+  if (key.size() < min_key_bytes)
+    return refuse(fmt::format("the file holds {} bytes, fewer than a key's {} at least",
+                              key.size(), min_key_bytes));
+  return key;
+}
+
+outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep,
+                          const checkpoint_key& key) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
@@ -318,13 +444,20 @@ outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t
                                    ec ? ec.message() : "a file of that name is in the way")};
   auto body = encode(ckpt);
   std::string file;
-  file.reserve(header_size + body.size());
+  file.reserve(header_size + body.size() + mac_size);
   file.append(magic, sizeof magic);
   put_le(file, checkpoint_format_version, 4);
-  put_le(file, 0, 4);
+  put_le(file, key.empty() ? 0 : checkpoint_flag_hmac, 4);
   put_le(file, body.size(), 8);
   put_le(file, fnv1a64(body.data(), body.size()), 8);
   file += body;
+  if (!key.empty()) {
+    auto mac = hmac_sha256(key, file.data(), file.size());
+    if (mac.empty())
+      return graph_error{af_error::internal,
+                         "cannot compute the checkpoint's HMAC-SHA256 (OpenSSL failed)"};
+    file += mac;
+  }
   auto name = fmt::format("ckpt-{}.afck", ckpt.global_step);
   auto path = (fs::path{dir} / name).string();
   // The checkpoint is durable before `latest` names it.
@@ -369,27 +502,18 @@ std::string check_checkpoint_dir(const std::string& dir) {
   return {};
 }
 
-outcome<checkpoint> load(const std::string& path) {
-  std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
-    return graph_error{af_error::invalid_argument,
-                       fmt::format("checkpoint '{}' is not a regular file; remove it, or point "
-                                   "'latest' in its folder at a checkpoint file",
-                                   path)};
-  std::ifstream in{path, std::ios::binary};
-  if (!in)
-    return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
-                       fmt::format("cannot open checkpoint '{}': {}", path,
-                                   std::strerror(errno))};
+outcome<checkpoint> load(const std::string& path, const checkpoint_key& key) {
+  auto opened = open_regular(path, "checkpoint",
+                             "remove it, or point 'latest' in its folder at a checkpoint file",
+                             true);
+  if (!opened)
+    return opened.error();
+  int fd = opened->fd.get();
+  auto size = opened->size;
   // The header first: a file whose size disagrees with it is refused
   // before its body is read (a huge foreign file is not loaded whole).
-  auto size = fs::file_size(path, ec);
-  if (ec)
-    return graph_error{af_error::invalid_argument,
-                       fmt::format("cannot read the size of checkpoint '{}': {}", path, ec.message())};
-  std::string file(static_cast<size_t>(std::min<uintmax_t>(size, header_size)), '\0');
-  in.read(file.data(), static_cast<std::streamsize>(file.size()));
-  if (!in)
+  std::string file(static_cast<size_t>(std::min<uint64_t>(size, header_size)), '\0');
+  if (!read_exact(fd, file.data(), file.size()))
     return graph_error{af_error::invalid_argument,
                        fmt::format("cannot read checkpoint '{}'", path)};
   auto refuse = [&](const std::string& why, af_error code = af_error::invalid_argument) {
@@ -411,29 +535,52 @@ outcome<checkpoint> load(const std::string& path) {
                   af_error::unsupported);
   if (version == 0)
     return refuse("has format version 0, which no actorflow writes: the file is corrupt");
+  auto flags = static_cast<uint32_t>(get_le(file, 12, 4));
+  if ((flags & ~checkpoint_flag_hmac) != 0)
+    return refuse(fmt::format("has header flags {:#x}, which this build does not know (it knows "
+                              "{:#x}, an HMAC); load it with a newer actorflow",
+                              flags, checkpoint_flag_hmac),
+                  af_error::unsupported);
+  bool has_mac = (flags & checkpoint_flag_hmac) != 0;
+  if (!key.empty() && !has_mac)
+    return refuse("has no HMAC, but checkpoint_key is set: it was written without the key (by "
+                  "a job without checkpoint_key, or by someone who does not hold the key), so "
+                  "it is not restored; move it (and 'latest') out of the directory to start "
+                  "afresh, or restore it by a job without checkpoint_key if you know who wrote "
+                  "it");
   auto body_len = get_le(file, 16, 8);
-  auto stored = static_cast<uint64_t>(size) - header_size;
-  if (stored < body_len)
-    return refuse(fmt::format("is truncated: its header says {} body bytes, the file holds {}",
-                              body_len, stored));
-  if (stored > body_len)
-    return refuse(fmt::format("has {} bytes after its {}-byte body: not one checkpoint",
-                              stored - body_len, body_len));
+  auto stored = size - header_size;
+  auto trailer = has_mac ? mac_size : 0;
+  if (stored < trailer || stored - trailer < body_len)
+    return refuse(fmt::format("is truncated: its header says {} body bytes{}, the file holds {}",
+                              body_len, has_mac ? " and a 32-byte HMAC" : "", stored));
+  if (stored - trailer > body_len)
+    return refuse(fmt::format("has {} bytes after its {}-byte body{}: not one checkpoint",
+                              stored - trailer - body_len, body_len,
+                              has_mac ? " and HMAC" : ""));
   auto sum = get_le(file, 24, 8);
   try {
-    file.resize(header_size + static_cast<size_t>(body_len));
+    file.resize(header_size + static_cast<size_t>(body_len) + trailer);
   } catch (const std::bad_alloc&) {
     return refuse(fmt::format("has a body of {} bytes, more than this process can hold", body_len),
                   af_error::resource_exhausted);
   }
-  in.read(file.data() + header_size, static_cast<std::streamsize>(body_len));
-  if (!in)
+  if (!read_exact(fd, file.data() + header_size, static_cast<size_t>(body_len) + trailer))
     return refuse("could not be read to its end (it changed while being read?)");
   if (fnv1a64(file.data() + header_size, body_len) != sum)
     return refuse("fails its checksum: the file is corrupt (a torn write or a flipped byte); "
                   "use an older checkpoint");
+  if (has_mac && !key.empty()) {
+    auto want = hmac_sha256(key, file.data(), header_size + static_cast<size_t>(body_len));
+    if (want.empty()
+        || CRYPTO_memcmp(want.data(), file.data() + header_size + body_len, mac_size) != 0)
+      return refuse("fails its HMAC: it was not written with this job's checkpoint_key (another "
+                    "key, or someone who does not hold the key changed it), so it is not "
+                    "restored; check that every task has the same key file, or move the file "
+                    "(and 'latest') away to start afresh");
+  }
   try {
-    return decode(file.substr(header_size));
+    return decode(file.substr(header_size, static_cast<size_t>(body_len)));
   } catch (const decode_error& e) {
     return refuse("has a body that does not decode: " + e.what);
   } catch (const std::exception& e) {
@@ -442,19 +589,23 @@ outcome<checkpoint> load(const std::string& path) {
 }
 
 outcome<std::string> latest(const std::string& dir) {
-  auto index = fs::path{dir} / "latest";
-  std::error_code ec;
-  if (!fs::exists(index, ec))
-    return std::string{};
-  std::ifstream in{index};
-  if (!in)
-    return io_error("read", index.string());
+  auto index = (fs::path{dir} / "latest").string();
+  struct stat st {};
+  if (::lstat(index.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR)
+      return std::string{};
+    return io_error("read", index);
+  }
+  auto opened = open_regular(index, "checkpoint index",
+                             "delete it to start afresh, or write the name of a checkpoint file "
+                             "of its folder in it",
+                             true);
+  if (!opened)
+    return opened.error();
   // A file name, one line: read no more than a name can be, and never
   // echo what is not one (a garbage 'latest' would print binary).
   constexpr size_t most = 4096;
-  std::string name(most + 1, '\0');
-  in.read(name.data(), static_cast<std::streamsize>(name.size()));
-  name.resize(static_cast<size_t>(in.gcount()));
+  auto name = read_up_to(opened->fd.get(), most + 1);
   if (auto nl = name.find('\n'); nl != std::string::npos)
     name.resize(nl);
   while (!name.empty() && (name.back() == '\r' || name.back() == ' '))
@@ -467,17 +618,40 @@ outcome<std::string> latest(const std::string& dir) {
                        fmt::format("'{}' does not hold a checkpoint's file name (binary or over "
                                    "{} bytes); delete it to start afresh, or write the name of "
                                    "a checkpoint file in it",
-                                   index.string(), most)};
+                                   index, most)};
   if (name.empty())
     return graph_error{af_error::invalid_argument,
-                       fmt::format("'{}' names no checkpoint; delete it to start afresh",
-                                   index.string())};
+                       fmt::format("'{}' names no checkpoint; delete it to start afresh", index)};
+  // Only a file of this directory: not a path out of it ("../x", "/x"), to
+  // another job's checkpoints or to any file this user can read.
+  if (name.find('/') != std::string::npos || name == "." || name == "..")
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("'{}' names '{}', which is not a plain file name: only a "
+                                   "checkpoint file in {} itself is restored (no '/', no '..'); "
+                                   "write the name of a checkpoint file of that directory in it "
+                                   "(e.g. ckpt-200.afck), or delete it to start afresh",
+                                   index, name.size() > 200 ? name.substr(0, 200) + "..." : name,
+                                   dir)};
   auto path = (fs::path{dir} / name).string();
-  if (!fs::exists(path, ec))
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT)
+      return io_error("read", path);
     return graph_error{af_error::not_found,
                        fmt::format("'{}' names {}, which is missing; restore it or delete "
                                    "'{}' to start afresh",
-                                   index.string(), path, index.string())};
+                                   index, path, index)};
+  }
+  if (!S_ISREG(st.st_mode))
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("'{}' names {}, which is {}, not a regular file: only a "
+                                   "checkpoint file is restored; write the name of one in "
+                                   "'{}', or delete it to start afresh",
+                                   index, path,
+                                   S_ISLNK(st.st_mode) ? "a symbolic link (it could lead anywhere)"
+                                   : S_ISDIR(st.st_mode) ? "a directory"
+                                   : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                          : "a special file",
+                                   index)};
   return path;
 }
 

@@ -34,9 +34,9 @@ const std::vector<std::string>& known_keys() {
     "mode", "model", "hidden", "data", "holdout", "synthetic_examples", "synthetic_features",
     "synthetic_classes", "batch_size", "steps", "epochs", "optimizer", "learning_rate",
     "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
-    "average_every", "seed", "checkpoint_dir", "checkpoint_steps", "checkpoint_secs", "metrics",
-    "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms", "ps_recovery_timeout_ms",
-    "replicas_to_aggregate", "step_deadline_ms", "min_replicas", "staleness", "max_partitions",
+    "average_every", "seed", "checkpoint_dir", "checkpoint_key", "checkpoint_steps",
+    "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
+    "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms", "min_replicas", "staleness", "max_partitions",
     "min_slice_bytes"};
   return keys;
 }
@@ -120,6 +120,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "optimizer") return text(o.kind);
   if (key == "schedule") return text(o.schedule.kind);
   if (key == "checkpoint_dir") return text(c.checkpoint_dir);
+  if (key == "checkpoint_key") return text(c.checkpoint_key);
   if (key == "metrics") return text(c.metrics);
   if (key == "holdout") return number(c.holdout);
   if (key == "epochs") return number(c.epochs);
@@ -145,6 +146,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "step_timeout_ms") return whole(c.step_timeout_ms);
   if (key == "init_timeout_ms") return whole(c.init_timeout_ms);
   if (key == "ps_recovery_timeout_ms") return whole(c.ps_recovery_timeout_ms);
+  if (key == "max_nonfinite_steps") return whole(c.max_nonfinite_steps);
   if (key == "replicas_to_aggregate") return whole(c.replicas_to_aggregate);
   if (key == "step_deadline_ms") return whole(c.step_deadline_ms);
   if (key == "min_replicas") return whole(c.min_replicas);
@@ -279,6 +281,7 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
                             {"log_every", c.log_every},
                             {"eval_every", c.eval_every},
                             {"staleness", c.staleness},
+                            {"max_nonfinite_steps", c.max_nonfinite_steps},
                             {"min_slice_bytes", c.min_slice_bytes}})
     if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       return fail(key, fmt::format("{} = {}: it must be at most 2^63 - 1, the largest TOML "
@@ -287,6 +290,15 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("step_timeout_ms", "step_timeout_ms = 0: it must be at least 1");
   if (c.init_timeout_ms == 0)
     return fail("init_timeout_ms", "init_timeout_ms = 0: it must be at least 1");
+  if (combinations && !c.checkpoint_key.empty() && c.checkpoint_dir.empty())
+    return fail("checkpoint_key", fmt::format("checkpoint_key = \"{}\" without a checkpoint_dir: "
+                                              "the key signs checkpoints, and none are written; "
+                                              "set checkpoint_dir too, or drop checkpoint_key",
+                                              c.checkpoint_key));
+  if (c.max_nonfinite_steps == 0)
+    return fail("max_nonfinite_steps", "max_nonfinite_steps = 0: it must be at least 1 (steps in "
+                                       "a row a worker may abstain from, its gradient not finite, "
+                                       "before the job fails)");
   if (c.min_replicas == 0)
     return fail("min_replicas", "min_replicas = 0: it must be at least 1 (a step closed with no "
                                 "gradient would only move the step count)");
@@ -363,6 +375,8 @@ std::string takes(const std::string& key) {
     case value_kind::text:
       if (key == "checkpoint_dir")
         return "a directory path, e.g. --set checkpoint_dir=/tmp/ckpt";
+      if (key == "checkpoint_key")
+        return "a file path, e.g. --set checkpoint_key=/etc/actorflow/checkpoint.key";
       if (key == "metrics")
         return "a file path, e.g. --set metrics=/tmp/metrics.csv";
       if (key == "data")
@@ -600,6 +614,7 @@ std::string to_toml(const train_config& c) {
   line("average_every", std::to_string(c.average_every));
   line("seed", std::to_string(c.seed));
   line("checkpoint_dir", quoted(c.checkpoint_dir));
+  line("checkpoint_key", quoted(c.checkpoint_key));
   line("checkpoint_steps", std::to_string(c.checkpoint_steps));
   line("checkpoint_secs", real(c.checkpoint_secs));
   line("metrics", quoted(c.metrics));
@@ -608,6 +623,7 @@ std::string to_toml(const train_config& c) {
   line("step_timeout_ms", std::to_string(c.step_timeout_ms));
   line("init_timeout_ms", std::to_string(c.init_timeout_ms));
   line("ps_recovery_timeout_ms", std::to_string(c.ps_recovery_timeout_ms));
+  line("max_nonfinite_steps", std::to_string(c.max_nonfinite_steps));
   line("replicas_to_aggregate", std::to_string(c.replicas_to_aggregate));
   line("step_deadline_ms", std::to_string(c.step_deadline_ms));
   line("min_replicas", std::to_string(c.min_replicas));

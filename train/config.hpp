@@ -29,6 +29,10 @@ struct train_config {
   uint32_t average_every = 4;      ///< average mode: local steps between averages
   uint64_t seed = 1;
   std::string checkpoint_dir;      ///< empty: no checkpoints
+  /// A file holding an HMAC key (16 to 4096 bytes): checkpoints carry an
+  /// HMAC-SHA256 under it, and one without a valid HMAC is not restored.
+  /// Empty: none (the checksum finds accidents, not forgery).
+  std::string checkpoint_key;
   uint64_t checkpoint_steps = 0;   ///< every N global steps (0: only at the end)
   double checkpoint_secs = 0;      ///< or every N seconds (0: not by time)
   std::string metrics;             ///< metrics CSV path (empty: none); the PNG goes beside it
@@ -40,6 +44,10 @@ struct train_config {
   /// connection broke) to come back before it fails; the chief then restores
   /// that ps's variables from the latest checkpoint. 0: fail at once.
   uint32_t ps_recovery_timeout_ms = 60000;
+  /// Steps in a row a worker may abstain from (its gradient or parameters
+  /// not finite, so nothing of it applied) before it fails, and the job with
+  /// it: the model has diverged or was restored broken. At least 1.
+  uint64_t max_nonfinite_steps = 100;
   /// sync: the gradients a step uses (TF's SyncReplicasOptimizer
   /// replicas_to_aggregate); later ones of that step are dropped and counted.
   /// 0: every worker's. Fewer than the workers makes the rest backup workers.
