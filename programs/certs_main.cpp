@@ -31,6 +31,7 @@
 
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -188,7 +189,7 @@ void write_cert(const fs::path& path, X509* cert) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-certs: makes a cluster CA and one certificate per task of a cluster "
                "config (and one for clients), and prints the [security] lines"};
   std::string config_path, out_dir, passphrase_file;
@@ -266,4 +267,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "actorflow-certs: %s\n", f.what.c_str());
     return 2;
   }
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-certs", [&] { return main_body(argc, argv); });
 }

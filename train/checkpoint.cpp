@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "config/read_file.hpp"
 #include "messages/fnv1a.hpp"
 
 namespace af::train {
@@ -446,15 +447,16 @@ outcome<std::string> latest(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(index, ec))
     return std::string{};
-  std::ifstream in{index};
-  if (!in)
-    return io_error("read", index.string());
-  // A file name, one line: read no more than a name can be, and never
-  // echo what is not one (a garbage 'latest' would print binary).
+  // A file name, one line: read no more than a name can be (and never a
+  // FIFO, which would block), and never echo what is not one (a garbage
+  // 'latest' would print binary).
   constexpr size_t most = 4096;
-  std::string name(most + 1, '\0');
-  in.read(name.data(), static_cast<std::streamsize>(name.size()));
-  name.resize(static_cast<size_t>(in.gcount()));
+  std::string name;
+  if (auto why = read_regular_file(index.string(), 64 * most, name); !why.empty())
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("cannot read '{}': {}; delete it to start afresh, or write "
+                                   "the name of a checkpoint file in it",
+                                   index.string(), why)};
   if (auto nl = name.find('\n'); nl != std::string::npos)
     name.resize(nl);
   while (!name.empty() && (name.back() == '\r' || name.back() == ' '))
