@@ -1155,7 +1155,7 @@ TEST_CASE("a generated data set larger than max_data_bytes is refused before it 
   CHECK_FALSE(apply_overrides(train_config{}, {"max_data_bytes=0"}));
 }
 
-TEST_CASE("--set hidden= with no value is an error that says how to ask for no hidden layer",
+TEST_CASE("an empty hidden= override is an error that says how to ask for no hidden layer",
           "[train][config]") {
   // It silently meant no hidden layer.
   auto c = apply_overrides(train_config{}, {"hidden="});
