@@ -30,6 +30,8 @@
 #include <openssl/x509v3.h>
 
 #include "config/cluster_spec.hpp"
+#include "config/nesting.hpp"
+#include "config/read_file.hpp"
 #include "messages/error.hpp"
 #include "programs/last_resort.hpp"
 
@@ -117,12 +119,16 @@ cert_ptr make_cert(EVP_PKEY* subject_key, const std::string& cn, X509* issuer,
 /// The config at `path` without its [security] table (TOML) or "security"
 /// object (JSON), whose files may not exist yet.
 caf::expected<af::cluster_config> load_cluster_only(const std::string& path) {
-  std::ifstream in{path};
-  if (!in)
+  std::string text;
+  if (!af::read_regular_file(path, af::max_config_file_bytes, text).empty())
     return af::load_cluster_config(path); // its error names the path
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto text = buf.str();
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) // a byte order mark
+    text.erase(0, 3);
+  // nlohmann recurses on what it parses here (the parsers below check too)
+  if (auto deep = af::nesting_problem(text, text.find_first_not_of(" \t\r\n") == std::string::npos
+                                              || text[text.find_first_not_of(" \t\r\n")] != '{');
+      !deep.empty())
+    return af::make_error(af::af_error::invalid_config, path + ": " + deep);
   auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') {
     auto j = nlohmann::json::parse(text, nullptr, false);

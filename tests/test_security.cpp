@@ -704,3 +704,21 @@ TEST_CASE("a PEM file that is a device, a FIFO or too large is refused, naming t
           != std::string::npos);
   }
 }
+
+// Catches (issue 22): actorflow-certs read its config with its own JSON
+// parse before the checked parsers: a config thousands deep crashed it
+// (nlohmann recurses), and a FIFO as the config blocked it for ever.
+TEST_CASE("actorflow-certs refuses a config nested too deep or that is a FIFO", "[security]") {
+  temp_dir dir;
+  write_file(dir / "deep.json", "{\"cluster\": {\"ps\": [\"127.0.0.1:2222\"]}, \"x\": "
+                                  + std::string(200000, '[') + std::string(200000, ']') + "}");
+  auto r = run_command({ACTORFLOW_CERTS_BINARY, "--config", dir / "deep.json"}, 20s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("line 1: an array nests more than 64 levels") != std::string::npos);
+  REQUIRE(::mkfifo((dir / "c.fifo").c_str(), 0600) == 0);
+  r = run_command({ACTORFLOW_CERTS_BINARY, "--config", dir / "c.fifo"}, 20s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("a FIFO (named pipe), not a regular file") != std::string::npos);
+}
