@@ -172,6 +172,18 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
     CHECK((r.status == 1 || r.status == 2));
     CHECK(occurrences(r.err, c.says) == 1);
   }
+  // A cluster's task refuses before it connects to anything.
+  {
+    std::ofstream{dir / "cluster.toml"} << "[cluster]\nps = [\"127.0.0.1:1\"]\n"
+                                            "worker = [\"127.0.0.1:2\", \"127.0.0.1:3\"]\n"
+                                            "[train]\nreplicas_to_aggregate = 100\n";
+    auto r = train(dir, {"--config", dir / "cluster.toml", "--job", "worker", "--task", "0"},
+                   "timeout 30 ");
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(occurrences(r.err, "replicas_to_aggregate = 100 is more than the 2 worker task(s)")
+          == 1);
+  }
   auto fifo = dir / "config.fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   auto r = train(dir, {"--config", fifo}, "timeout 30 ");
