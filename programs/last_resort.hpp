@@ -28,7 +28,8 @@ inline void say_out_of_memory(const char* program) {
 template <class F>
 int last_resort(const char* program, F&& body) {
   static const char* name = program;
-  std::set_terminate([] {
+  static std::terminate_handler previous = nullptr; // libstdc++'s: prints the exception
+  previous = std::set_terminate([] {
     if (auto e = std::current_exception()) {
       try {
         std::rethrow_exception(e);
@@ -36,9 +37,11 @@ int last_resort(const char* program, F&& body) {
         say_out_of_memory(name);
         std::_Exit(1);
       } catch (...) {
-        // another exception: abort as std::terminate's default does
+        // another exception: what std::terminate did before
       }
     }
+    if (previous)
+      previous();
     std::abort();
   });
   try {

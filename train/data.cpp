@@ -203,7 +203,7 @@ uint32_t big_endian_u32(const std::string& s, size_t at) {
 /// header against its size.
 outcome<idx_file> read_idx_file(const std::string& path, uint32_t dims, const char* what,
                                 uint64_t max_bytes) {
-  auto bytes = read_file(path, what, max_bytes);
+  auto bytes = read_file(path, fmt::format("IDX {} file", what).c_str(), max_bytes);
   if (!bytes)
     return bytes.error();
   idx_file f;
