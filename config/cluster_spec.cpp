@@ -1,5 +1,6 @@
 #include "config/cluster_spec.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -136,6 +137,11 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
     } else if (key == "bind") {
       if (!v.is_string())
         err = config_error(where + " must be a string (an address to listen on)");
+      else if (std::any_of(v.as_string().str.begin(), v.as_string().str.end(), [](char ch) {
+                 return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+               }))
+        err = config_error(where + " holds a control character; write a host name or an IP "
+                                   "address to listen on");
       else
         out.bind = v.as_string().str;
     } else {

@@ -221,9 +221,12 @@ static int main_body(int argc, char** argv) {
   try {
     std::string passphrase;
     if (!passphrase_file.empty()) {
-      std::ifstream in{passphrase_file};
-      if (!in || !std::getline(in, passphrase) || passphrase.empty())
-        throw failure{"cannot read a passphrase from the first line of '" + passphrase_file + "'"};
+      std::string text;
+      auto why = af::read_regular_file(passphrase_file, af::max_pem_file_bytes, text);
+      std::istringstream in{text};
+      if (!why.empty() || !std::getline(in, passphrase) || passphrase.empty())
+        throw failure{"cannot read a passphrase from the first line of '" + passphrase_file + "'"
+                      + (why.empty() ? std::string{} : " (" + why + ")")};
     }
     std::error_code ec;
     fs::create_directories(out, ec);

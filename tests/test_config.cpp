@@ -214,6 +214,8 @@ TEST_CASE("a host with a control character is refused, showing the character", "
   REQUIRE_FALSE(addr);
   CHECK(describe(addr.error()).find("\\x00") != std::string::npos);
   CHECK(parse_address("localhost:2222", "x"));
+  err = toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nbind = \"127.0.0.1\\u0000x\"\n");
+  CHECK(err.find("cluster.toml:4: node.bind holds a control character") != std::string::npos);
 }
 
 TEST_CASE("a JSON config with a key twice is refused, naming the key", "[config]") {
