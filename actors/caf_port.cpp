@@ -2,6 +2,7 @@
 #include "actors/tcp_connect.hpp"
 #include "actors/tls.hpp"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -35,7 +36,8 @@
 #include "caf/io/middleman.hpp"
 #include "caf/io/middleman_actor_impl.hpp"
 #include "caf/io/network/default_multiplexer.hpp"
-#include "caf/io/network/doorman_impl.hpp"
+#include "caf/io/network/acceptor.hpp"
+#include "caf/io/doorman.hpp"
 #include "caf/io/network/native_socket.hpp"
 #include "caf/io/network/scribe_impl.hpp"
 #include "caf/io/network/stream_impl.hpp"
@@ -640,13 +642,114 @@ private:
   deadline_token token_; // last: goes before the stream closes the socket
 };
 
-class guarded_doorman : public net::doorman_impl {
+/// CAF's acceptor (policy::tcp), except out of file descriptors: there CAF
+/// leaves the connection in the backlog, the listening socket stays
+/// readable, and the multiplexer's thread spins on it for as long as the
+/// descriptors stay taken (a full core while 400 idle connections were held
+/// against a limit of 200). This one gives up a spare descriptor for a moment
+/// to accept the pending connection and close it at once (its peer hears
+/// "closed" instead of waiting), then takes the spare again: the data plane's
+/// accept loop does the same (actors/data_plane.cpp).
+class shedding_acceptor : public net::acceptor {
+public:
+  shedding_acceptor(net::default_multiplexer& mpx, native_socket fd)
+    : net::acceptor(mpx, fd), spare_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {
+    // nop
+  }
+
+  ~shedding_acceptor() override {
+    if (spare_ >= 0)
+      ::close(spare_);
+  }
+
+  void handle_event(net::operation op) override {
+    handle_event_impl(op, *this);
+  }
+
+  /// The accept policy (handle_event_impl calls it): true with `result` a
+  /// new connection, or invalid_native_socket if none was there.
+  bool try_accept(native_socket& result, native_socket fd) {
+    result = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (result >= 0) {
+      if (exhausted_) {
+        log::get()->info("CAF port: accepting connections again ({} closed unserved meanwhile)",
+                         shed_);
+        exhausted_ = false;
+        shed_ = 0;
+      }
+      return true;
+    }
+    int err = errno;
+    result = net::invalid_native_socket;
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED)
+      return true;
+    if (!exhausted_) {
+      log::get()->warn("CAF port: cannot accept connections ({}){}; new ones are closed unserved "
+                       "until it can again",
+                       std::strerror(err),
+                       err == EMFILE || err == ENFILE
+                         ? " -- out of file descriptors: raise the limit (ulimit -n, systemd "
+                           "LimitNOFILE)"
+                         : "");
+      exhausted_ = true;
+    }
+    if (err == EMFILE || err == ENFILE) {
+      if (spare_ >= 0) {
+        ::close(spare_);
+        int victim = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (victim >= 0) {
+          ::close(victim);
+          ++shed_;
+        }
+      }
+      spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    return false;
+  }
+
+private:
+  int spare_;
+  bool exhausted_ = false; // in a burst of accept failures (logged once)
+  uint64_t shed_ = 0;      // connections closed unserved in that burst
+};
+
+/// CAF's doorman_impl with a shedding_acceptor, whose new connections get
+/// the handshake guard (a deadline, a size bound) and TLS when configured.
+class guarded_doorman : public caf::io::doorman {
 public:
   guarded_doorman(net::default_multiplexer& mpx, native_socket fd,
                   std::shared_ptr<const caf_port_options> opts)
-    : net::doorman_impl(mpx, fd), opts_(std::move(opts)),
+    : caf::io::doorman(net::accept_hdl_from_socket(fd)), acceptor_(mpx, fd),
+      opts_(std::move(opts)),
       deadline_(std::make_shared<handshake_deadline>(opts_->handshake_timeout)) {
     // nop
+  }
+
+  void graceful_shutdown() override {
+    acceptor_.graceful_shutdown();
+    detach(&acceptor_.backend(), false);
+  }
+
+  void launch() override {
+    acceptor_.start(this);
+  }
+
+  std::string addr() const override {
+    auto x = net::local_addr_of_fd(acceptor_.fd());
+    return x ? std::move(*x) : std::string{};
+  }
+
+  uint16_t port() const override {
+    auto x = net::local_port_of_fd(acceptor_.fd());
+    return x ? *x : 0;
+  }
+
+  void add_to_loop() override {
+    acceptor_.activate(this);
+  }
+
+  void remove_from_loop() override {
+    acceptor_.passivate();
   }
 
   bool new_connection() override {
@@ -677,6 +780,7 @@ public:
   }
 
 private:
+  shedding_acceptor acceptor_;
   std::shared_ptr<const caf_port_options> opts_;
   // Its thread ends with the doorman; scribes keep only their own entries.
   std::shared_ptr<handshake_deadline> deadline_;

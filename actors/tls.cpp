@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "config/read_file.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -59,14 +60,14 @@ caf::expected<std::string> slurp(const std::string& path, const char* key, const
     return make_error(af_error::invalid_config,
                       fmt::format("{}: [security] has a certificate but no {}; set {} = \"<file>\"",
                                   who, key, key));
-  std::ifstream in{path, std::ios::binary};
-  if (!in)
+  // A regular file of at most a few MiB: a FIFO would block the node before
+  // it said anything, /dev/zero would grow until it aborted.
+  std::string out;
+  if (auto why = read_regular_file(path, max_pem_file_bytes, out); !why.empty())
     return make_error(af_error::invalid_config,
                       fmt::format("{}: cannot read {} file '{}' ([security] {}): {}", who, key, path,
-                                  key, std::strerror(errno)));
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+                                  key, why));
+  return out;
 }
 
 /// The passphrase for an encrypted key, from security_options: never a

@@ -657,6 +657,8 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   if (workers == 0 || task >= workers)
     return make_error(af_error::invalid_argument,
                       fmt::format("worker task {} of a cluster with {} worker tasks", task, workers));
+  if (auto bad = train::check_workers(c, workers); !bad.empty())
+    return make_error(af_error::invalid_config, bad);
   bool chief = task == 0;
   bool allreduce = c.mode == "allreduce";
   auto n_ps = static_cast<uint32_t>(cluster.num_tasks("ps"));
@@ -694,10 +696,6 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   setup.task_name = "/job:worker/task:" + std::to_string(task);
   if (auto addr = cluster.address("worker", static_cast<int32_t>(task)))
     setup.address = addr->to_string();
-  if (chief && c.mode == "sync" && c.replicas_to_aggregate > workers)
-    log::get()->warn("replicas_to_aggregate = {} is more than the {} workers: each step uses every "
-                     "member's gradient (no backup workers)",
-                     c.replicas_to_aggregate, workers);
   if (opts.join && (chief || allreduce))
     return make_error(af_error::invalid_argument,
                       chief ? "--join is for a worker that joins a running job; worker 0 is the "

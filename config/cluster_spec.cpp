@@ -1,5 +1,6 @@
 #include "config/cluster_spec.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -11,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <toml.hpp>
 
+#include "config/nesting.hpp"
+#include "config/read_file.hpp"
 #include "config/utf8.hpp"
 #include "messages/error.hpp"
 
@@ -37,6 +40,26 @@ bool valid_job_name(const std::string& s) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
       return false;
   return true;
+}
+
+/// "<where>: address '...' holds a control character", the address printed
+/// with its control characters as \xNN so that the message shows them.
+caf::error control_char_error(const std::string& where, const std::string& text) {
+  static const char* hex = "0123456789abcdef";
+  std::string shown;
+  for (char ch : text) {
+    auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      shown += "\\x";
+      shown += hex[u >> 4];
+      shown += hex[u & 15];
+    } else {
+      shown += ch;
+    }
+  }
+  return make_error(af_error::invalid_config,
+                    where + ": address '" + shown + "' holds a control character in its host; "
+                    "write a host name or an IP address");
 }
 
 std::string lower(std::string s) {
@@ -114,6 +137,11 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
     } else if (key == "bind") {
       if (!v.is_string())
         err = config_error(where + " must be a string (an address to listen on)");
+      else if (std::any_of(v.as_string().str.begin(), v.as_string().str.end(), [](char ch) {
+                 return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+               }))
+        err = config_error(where + " holds a control character; write a host name or an IP "
+                                   "address to listen on");
       else
         out.bind = v.as_string().str;
     } else {
@@ -188,10 +216,30 @@ std::string folder_of(const std::string& source) {
   return slash == 0 ? std::string{"/"} : source.substr(0, slash);
 }
 
-/// The key's passphrase: the first line of `in` (a file at `path`), without
-/// a trailing CR; `where` names it in the error if that line is empty.
-caf::error read_passphrase(std::istream& in, const std::string& path, const std::string& where,
-                           std::string& out) {
+/// Checks that `path` (named by [security] `key`, placed at `where`) is a
+/// regular file that can be read, of at most max_pem_file_bytes; reads it
+/// into `text` if `text` is given (the passphrase file). A FIFO or a device
+/// is refused before anything waits on it.
+caf::error check_security_file(const std::string& path, const std::string& where,
+                               std::string* text, const std::string& hint) {
+  std::string bytes;
+  int fd = -1;
+  auto why = text ? read_regular_file(path, max_pem_file_bytes, bytes)
+                  : open_regular_file(path, max_pem_file_bytes, fd);
+  if (fd >= 0)
+    ::close(fd);
+  if (!why.empty())
+    return config_error(where + ": cannot read '" + path + "' (" + why + hint + ")");
+  if (text)
+    *text = std::move(bytes);
+  return caf::none;
+}
+
+/// The key's passphrase: the first line of `text` (the file at `path`),
+/// without a trailing CR; `where` names it in the error if that line is empty.
+caf::error read_passphrase(const std::string& text, const std::string& path,
+                           const std::string& where, std::string& out) {
+  std::istringstream in{text};
   std::getline(in, out);
   if (!out.empty() && out.back() == '\r')
     out.pop_back();
@@ -245,13 +293,14 @@ caf::error finish_security(security_options& sec, const key_places& places,
                             + security_name_placeholder + " belongs in certificate and key");
       continue; // security_for() reads it, once the member's name is known
     }
-    std::ifstream in{*path};
-    if (!in)
-      return config_error(place(key) + ": cannot read '" + *path + "' ("
-                          + std::strerror(errno) + "; relative paths are relative to the "
-                          "config file's folder)");
-    if (std::string{key} == "passphrase_file")
-      if (auto err = read_passphrase(in, *path, place(key), sec.passphrase))
+    bool pass = std::string{key} == "passphrase_file";
+    std::string text;
+    if (auto err = check_security_file(*path, place(key), pass ? &text : nullptr,
+                                       "; relative paths are relative to the config file's "
+                                       "folder"))
+      return err;
+    if (pass)
+      if (auto err = read_passphrase(text, *path, place(key), sec.passphrase))
         return err;
   }
   return caf::none;
@@ -286,14 +335,15 @@ caf::expected<security_options> security_for(const security_options& sec,
       path->replace(at, std::string{security_name_placeholder}.size(), name);
       at = path->find(security_name_placeholder);
     }
-    std::ifstream in{*path};
-    if (!in)
-      return config_error("[security] " + std::string{key} + ": cannot read '" + *path + "' for "
-                          + name + " (" + std::strerror(errno)
-                          + "); actorflow-certs makes one certificate and key per task and one "
-                            "for clients");
-    if (std::string{key} == "passphrase_file")
-      if (auto err = read_passphrase(in, *path, "[security] passphrase_file", out.passphrase))
+    bool pass = std::string{key} == "passphrase_file";
+    std::string text;
+    if (auto err = check_security_file(*path, "[security] " + std::string{key} + " for " + name,
+                                       pass ? &text : nullptr,
+                                       "; actorflow-certs makes one certificate and key per task "
+                                       "and one for clients"))
+      return err;
+    if (pass)
+      if (auto err = read_passphrase(text, *path, "[security] passphrase_file", out.passphrase))
         return err;
   }
   return out;
@@ -333,6 +383,11 @@ caf::expected<task_address> parse_address(const std::string& text, const std::st
   }
   if (out.host.empty())
     return config_error(where + ": address '" + text + "' has an empty host");
+  // A NUL would cut the host short where C sees it ("127.0.0.1\0:44335"
+  // printed as 127.0.0.1); no host name or address holds a control character.
+  for (char ch : out.host)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+      return control_char_error(where, text);
   if (port_text.empty() || port_text.size() > 5
       || port_text.find_first_not_of("0123456789") != std::string::npos)
     return config_error(where + ": bad port '" + port_text + "' in '" + text
@@ -449,6 +504,8 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
                                                  const std::string& source) {
   if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
     return config_error("malformed TOML in " + source + ": " + bad);
+  if (auto deep = nesting_problem(text, true); !deep.empty()) // before toml11 recurses
+    return config_error(source + ": " + deep);
   toml::value data;
   try {
     std::istringstream in{text};
@@ -516,9 +573,36 @@ caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
 
 caf::expected<cluster_config> parse_cluster_json(const std::string& text,
                                                  const std::string& source) {
+  if (auto deep = nesting_problem(text, false); !deep.empty()) // before nlohmann recurses
+    return config_error(source + ": " + deep);
   nlohmann::json j;
+  // nlohmann keeps the last of two equal keys; TOML refuses them, and so
+  // does this: {"ps": [...], "ps": [...]} is a mistake, never a wish.
+  struct duplicate_key {
+    std::string key, in;
+  };
+  std::vector<std::pair<std::set<std::string>, std::string>> open; // keys seen, object's name
+  std::string last_key;
+  auto no_duplicates = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using ev_t = nlohmann::json::parse_event_t;
+    if (ev == ev_t::object_start) {
+      open.emplace_back(std::set<std::string>{}, open.empty() ? std::string{} : last_key);
+    } else if (ev == ev_t::object_end && !open.empty()) {
+      open.pop_back();
+    } else if (ev == ev_t::key && !open.empty()) {
+      last_key = parsed.get<std::string>();
+      if (!open.back().first.insert(last_key).second)
+        throw duplicate_key{last_key, open.back().second};
+    }
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, no_duplicates);
+  } catch (const duplicate_key& dup) {
+    return config_error(source + ": key \"" + dup.key + "\" appears twice in "
+                        + (dup.in.empty() ? std::string{"the top-level object"}
+                                          : "\"" + dup.in + "\"")
+                        + "; JSON readers disagree on which one counts: keep one");
   } catch (const nlohmann::json::parse_error& e) {
     std::string what = e.what();
     // nlohmann's text repeats the position; keep only its explanation.
@@ -605,12 +689,14 @@ caf::expected<cluster_config> parse_cluster_json(const std::string& text,
 }
 
 caf::expected<cluster_config> load_cluster_config(const std::string& path) {
-  std::ifstream in{path};
-  if (!in)
-    return config_error("cannot open config file '" + path + "' (check the path and permissions)");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto text = buf.str();
+  std::string text;
+  if (auto why = read_regular_file(path, max_config_file_bytes, text); !why.empty())
+    return config_error("cannot open config file '" + path + "': " + why
+                        + " (check the path and permissions)");
+  // A byte order mark (editors on Windows write one) is no part of either
+  // format's text: without this, a JSON file behind one was read as TOML.
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0)
+    text.erase(0, 3);
   auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{')
     return parse_cluster_json(text, path);

@@ -35,6 +35,19 @@ copy("train_config", "config/train.toml")
 put("train_config", "keys_only.toml", 'mode = "async"\nmodel = "softmax"\nbatch_size = 8\nhidden = [4, 4]\n')
 put("train_config", "bad.toml", '[train]\nmode = "sinc"\nlearning_rate = -1\nhidden = [0]\n')
 
+# -- deep nesting near the bound (config/nesting.hpp: 64 levels): the fuzzer
+# grows them past it; fuzz/regressions/ holds inputs thousands deep.
+def deep(n, open_, close, inner=""):
+    return open_ * n + inner + close * n
+for target, prefix in (("cluster_toml", '[cluster]\nps = ["a:1"]\n'), ("train_config", "[train]\n")):
+    put(target, "deep_array.toml", prefix + "x = " + deep(63, "[", "]", "1") + "\n")
+    put(target, "deep_inline_table.toml", prefix + "x = " + "{a = " * 63 + "1" + "}" * 63 + "\n")
+    put(target, "deep_dotted_key.toml", prefix + ".".join(["a"] * 63) + " = 1\n")
+put("cluster_json", "deep_array.json", '{"cluster": {"ps": ["a:1"]}, "x": ' + deep(62, "[", "]") + "}")
+put("cluster_json", "deep_object.json", '{"cluster": {"ps": ["a:1"]}, "x": ' + '{"a": ' * 62 + "1" + "}" * 62 + "}")
+put("repl_parser", "deep_parens", "x = " + deep(150, "(", ")", "1") + "\n")
+put("repl_parser", "deep_blocks", "with device('/cpu:0'):\n" * 60 + "  x = 1\n")
+
 # -- device names
 for i, name in enumerate(["/job:ps/replica:0/task:1/device:CPU:0", "/cpu:0", "/gpu:1",
                           "/device:GPU:*", "/job:worker/task:3/gpu:2", "/job:ps/task:0",

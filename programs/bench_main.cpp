@@ -49,6 +49,7 @@
 #include "messages/error.hpp"
 #include "programs/bench_activation.hpp"
 #include "programs/bench_train.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -1153,7 +1154,7 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
   return finish(0);
 }
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   // The training metrics' helper processes are this binary, re-executed.
   if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
     return rc;
@@ -1279,4 +1280,8 @@ int main(int argc, char** argv) {
       return rc;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-bench", [&] { return main_body(argc, argv); });
 }

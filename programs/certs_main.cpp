@@ -30,7 +30,10 @@
 #include <openssl/x509v3.h>
 
 #include "config/cluster_spec.hpp"
+#include "config/nesting.hpp"
+#include "config/read_file.hpp"
 #include "messages/error.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -116,12 +119,16 @@ cert_ptr make_cert(EVP_PKEY* subject_key, const std::string& cn, X509* issuer,
 /// The config at `path` without its [security] table (TOML) or "security"
 /// object (JSON), whose files may not exist yet.
 caf::expected<af::cluster_config> load_cluster_only(const std::string& path) {
-  std::ifstream in{path};
-  if (!in)
+  std::string text;
+  if (!af::read_regular_file(path, af::max_config_file_bytes, text).empty())
     return af::load_cluster_config(path); // its error names the path
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto text = buf.str();
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) // a byte order mark
+    text.erase(0, 3);
+  // nlohmann recurses on what it parses here (the parsers below check too)
+  if (auto deep = af::nesting_problem(text, text.find_first_not_of(" \t\r\n") == std::string::npos
+                                              || text[text.find_first_not_of(" \t\r\n")] != '{');
+      !deep.empty())
+    return af::make_error(af::af_error::invalid_config, path + ": " + deep);
   auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') {
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -188,7 +195,7 @@ void write_cert(const fs::path& path, X509* cert) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-certs: makes a cluster CA and one certificate per task of a cluster "
                "config (and one for clients), and prints the [security] lines"};
   std::string config_path, out_dir, passphrase_file;
@@ -214,9 +221,12 @@ int main(int argc, char** argv) {
   try {
     std::string passphrase;
     if (!passphrase_file.empty()) {
-      std::ifstream in{passphrase_file};
-      if (!in || !std::getline(in, passphrase) || passphrase.empty())
-        throw failure{"cannot read a passphrase from the first line of '" + passphrase_file + "'"};
+      std::string text;
+      auto why = af::read_regular_file(passphrase_file, af::max_pem_file_bytes, text);
+      std::istringstream in{text};
+      if (!why.empty() || !std::getline(in, passphrase) || passphrase.empty())
+        throw failure{"cannot read a passphrase from the first line of '" + passphrase_file + "'"
+                      + (why.empty() ? std::string{} : " (" + why + ")")};
     }
     std::error_code ec;
     fs::create_directories(out, ec);
@@ -266,4 +276,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "actorflow-certs: %s\n", f.what.c_str());
     return 2;
   }
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-certs", [&] { return main_body(argc, argv); });
 }

@@ -34,6 +34,7 @@
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -155,7 +156,7 @@ int supervise(int argc, char** argv, int max_restarts) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-node: runs one task (ps or worker) of an actorflow cluster"};
   std::string config_path, job, bind, scheduler;
   int task = -1, cpu_devices = 0, threads = -1, data_port = -1;
@@ -283,4 +284,8 @@ int main(int argc, char** argv) {
   std::printf("actorflow-node %s: stopped\n", name.c_str());
   std::fflush(stdout);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-node", [&] { return main_body(argc, argv); });
 }

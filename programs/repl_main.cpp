@@ -44,6 +44,7 @@
 #include "messages/error.hpp"
 #include "repl/interpreter.hpp"
 #include "repl/parser.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -442,7 +443,7 @@ std::string default_history_path() {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-repl: type graph statements and commands against an actorflow cluster"};
   std::string embedded, config_path, job, script, history_path;
   int task = -1, precision = 0, timeout_ms = 0;
@@ -578,4 +579,8 @@ int main(int argc, char** argv) {
   signal(SIGINT, SIG_DFL);
   the_interpreter = nullptr;
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-repl", [&] { return main_body(argc, argv); });
 }

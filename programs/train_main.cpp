@@ -40,6 +40,7 @@
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/metrics.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -239,7 +240,7 @@ int run_in_graph_embedded(af::train::train_config c) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-train: data-parallel training (sync, async, average, allreduce)"};
   std::string config_path, job;
   int task = -1;
@@ -285,6 +286,11 @@ int main(int argc, char** argv) {
   c = std::move(*with_sets);
   if (auto bad = af::train::validate(c); !bad.empty())
     return fail("training config: " + bad);
+  if (cluster && cluster->cluster.num_tasks("worker") > 0)
+    if (auto bad = af::train::check_workers(
+          c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")));
+        !bad.empty())
+      return fail("training config: " + bad);
   if ((status || !switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (status || !switch_to.empty()) {
@@ -436,4 +442,8 @@ int main(int argc, char** argv) {
   node->data_plane->stop();
   caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-train", [&] { return main_body(argc, argv); });
 }

@@ -23,6 +23,7 @@
 #include "actors/system.hpp"
 #include "actors/tutorial.hpp"
 #include "messages/error.hpp"
+#include "programs/last_resort.hpp"
 
 namespace {
 
@@ -55,7 +56,7 @@ int loss_fell(const std::vector<double>& losses) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-tutorial: the distributed-TensorFlow tutorial's examples"};
   std::string example = "ps-workers", config_path;
   int increments = 5, pause_ms = 200;
@@ -147,4 +148,8 @@ int main(int argc, char** argv) {
                 "initialized by this run");
   }
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return af::last_resort("actorflow-tutorial", [&] { return main_body(argc, argv); });
 }

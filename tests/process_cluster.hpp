@@ -41,6 +41,7 @@ public:
   /// (or exited).
   void signal(int sig);
   const std::string& output() const { return output_; }
+  pid_t pid() const { return pid_; }
 
   /// Reads what it prints within `wait` (for a test that watches several
   /// processes, none of which may block on a full pipe); false once its

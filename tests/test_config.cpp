@@ -1,10 +1,16 @@
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 
 #include "config/cluster_spec.hpp"
+#include "config/nesting.hpp"
+#include "config/read_file.hpp"
 #include "messages/error.hpp"
+#include "temp_dir.hpp"
 
 using namespace af;
 
@@ -190,4 +196,118 @@ TEST_CASE("[security] and its JSON twin: keys, files and where an error is", "[c
                                           "TF_CONFIG");
   REQUIRE(json_insecure);
   CHECK(json_insecure->security.insecure);
+}
+
+// Each case below catches one hostile input of issue 22 (item 6) that was
+// accepted, aborted, crashed or blocked before its fix.
+
+TEST_CASE("a host with a control character is refused, showing the character", "[config]") {
+  // "127.0.0.1\0:44335" was accepted and printed cut short as 127.0.0.1.
+  std::string nul_host = std::string{"127.0.0.1"} + '\0' + ":44335";
+  auto err = json_error("{\"cluster\": {\"ps\": [\"127.0.0.1\\u0000:44335\"]}}");
+  CHECK(err.find("control character") != std::string::npos);
+  CHECK(err.find("127.0.0.1\\x00") != std::string::npos);
+  err = toml_error("[cluster]\nps = [\"local\\thost:2222\"]\n");
+  CHECK(err.find("control character") != std::string::npos);
+  CHECK(err.find("cluster.toml:2") != std::string::npos);
+  auto addr = parse_address(nul_host, "x");
+  REQUIRE_FALSE(addr);
+  CHECK(describe(addr.error()).find("\\x00") != std::string::npos);
+  CHECK(parse_address("localhost:2222", "x"));
+  err = toml_error("[cluster]\nps = [\"a:1\"]\n[node]\nbind = \"127.0.0.1\\u0000x\"\n");
+  CHECK(err.find("cluster.toml:4: node.bind holds a control character") != std::string::npos);
+}
+
+TEST_CASE("a JSON config with a key twice is refused, naming the key", "[config]") {
+  // nlohmann kept the last one silently (TOML refuses duplicates).
+  auto err = json_error(R"({"cluster": {"ps": ["a:1"], "ps": ["b:2"]}})");
+  CHECK(err.find("\"ps\" appears twice in \"cluster\"") != std::string::npos);
+  err = json_error(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}, "cluster": {}})");
+  CHECK(err.find("\"cluster\" appears twice in the top-level object") != std::string::npos);
+  // The same key in two different objects is fine.
+  CHECK(parse_cluster_json(R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}})",
+                           "TF_CONFIG"));
+}
+
+TEST_CASE("a JSON config file behind a UTF-8 byte order mark is read as JSON", "[config]") {
+  // It was read as TOML and refused with a TOML syntax error.
+  testing::temp_dir dir;
+  testing::write_file(dir / "tf.json",
+                      "\xEF\xBB\xBF{\"cluster\": {\"ps\": [\"127.0.0.1:2222\"]}, "
+                      "\"task\": {\"type\": \"ps\", \"index\": 0}}");
+  auto c = load_cluster_config(dir / "tf.json");
+  INFO((c ? std::string{} : describe(c.error())));
+  REQUIRE(c);
+  CHECK(c->task_type == "ps");
+  testing::write_file(dir / "c.toml", "\xEF\xBB\xBF[cluster]\nps = [\"127.0.0.1:2222\"]\n");
+  CHECK(load_cluster_config(dir / "c.toml"));
+}
+
+TEST_CASE("a config nested thousands deep is refused before a parser recurses", "[config]") {
+  // toml11 recursed into each [ and { and overflowed the stack (SIGSEGV).
+  auto deep = [](size_t n, char open, char close, const std::string& inner) {
+    return std::string(n, open) + inner + std::string(n, close);
+  };
+  auto err = toml_error("[cluster]\nps = [\"a:1\"]\nx = " + deep(100000, '[', ']', "1") + "\n");
+  CHECK(err.find("cluster.toml: line 3: an array nests more than 64 levels") != std::string::npos);
+  std::string tables = "x = ";
+  for (int i = 0; i < 50000; ++i)
+    tables += "{a = ";
+  tables += "1" + std::string(50000, '}');
+  err = toml_error("[cluster]\nps = [\"a:1\"]\n" + tables + "\n");
+  CHECK(err.find("an inline table nests more than 64") != std::string::npos);
+  std::string dotted = "a";
+  for (int i = 0; i < 50000; ++i)
+    dotted += ".a";
+  err = toml_error("[cluster]\nps = [\"a:1\"]\n" + dotted + " = 1\n");
+  CHECK(err.find("a dotted key nests more than 64") != std::string::npos);
+  err = json_error("{\"cluster\": {\"ps\": [\"a:1\"]}, \"x\": " + deep(100000, '[', ']', "")
+                   + "}");
+  CHECK(err.find("TF_CONFIG: line 1: an array nests more than 64") != std::string::npos);
+  err = json_error(deep(100000, '{', '}', ""));
+  CHECK(err.find("an object nests more than 64") != std::string::npos);
+
+  // Brackets inside strings and comments do not count; 64 levels are fine.
+  CHECK(nesting_problem("a = \"[[[[[[[[\" # {{{{{{{{{\nb = '[[[[' \nc = \"\"\"[[[\n[[\"\"\"\n",
+                        true, 2)
+        == "");
+  CHECK(nesting_problem(R"({"a": "[[[[\"[[[["})", false, 1) == "");
+  CHECK(nesting_problem(deep(64, '[', ']', ""), false) == "");
+  CHECK(nesting_problem(deep(65, '[', ']', ""), false) != "");
+  CHECK(nesting_problem("[a.b]\nc.d = {e.f = [1, 2.5]}\n", true, 4) == "");
+}
+
+TEST_CASE("a FIFO or a device named where a file is expected is refused at once, naming the key",
+          "[config][security]") {
+  // A FIFO as [security] ca blocked the node for ever before it said
+  // anything; /dev/zero as ca aborted it with bad_alloc.
+  testing::temp_dir dir;
+  auto fifo = dir / "ca.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  testing::write_file(dir / "x.pem", "not read\n");
+  auto with_ca = [&](const std::string& ca) {
+    return "[cluster]\nps = [\"127.0.0.1:2222\"]\n[security]\nca = \"" + ca
+           + "\"\ncertificate = \"" + dir / "x.pem" + "\"\nkey = \"" + dir / "x.pem" + "\"\n";
+  };
+  auto err = toml_error(with_ca(fifo));
+  CHECK(err.find("cluster.toml:4: security.ca: cannot read '" + fifo + "'") != std::string::npos);
+  CHECK(err.find("a FIFO (named pipe), not a regular file") != std::string::npos);
+  err = toml_error(with_ca("/dev/zero"));
+  CHECK(err.find("security.ca: cannot read '/dev/zero' (it is a character device") != std::string::npos);
+  // The config file itself.
+  auto c = load_cluster_config(fifo);
+  REQUIRE_FALSE(c);
+  CHECK(describe(c.error()).find("a FIFO (named pipe), not a regular file") != std::string::npos);
+  c = load_cluster_config("/dev/zero");
+  REQUIRE_FALSE(c);
+  CHECK(describe(c.error()).find("character device") != std::string::npos);
+
+  // The helper behind them: limits and kinds.
+  std::string text;
+  testing::write_file(dir / "ten", "0123456789");
+  CHECK(read_regular_file(dir / "ten", 10, text) == "");
+  CHECK(text == "0123456789");
+  CHECK(read_regular_file(dir / "ten", 9, text) == "it is 10 bytes, more than the limit of 9");
+  CHECK(read_regular_file(dir.path, 100, text) == "it is a directory, not a regular file");
+  CHECK(read_regular_file(dir / "none", 100, text) == "No such file or directory");
 }

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -676,4 +677,48 @@ TEST_CASE("actorflow-node --restart-on-failure restarts a node killed with SIGKI
   supervisor.signal(SIGTERM);
   CHECK(supervisor.wait_exit(15s) == 0);
   CHECK(::kill(pids[1], 0) == -1); // the child went with it
+}
+
+// Catches (issue 22): [security] ca = "/dev/zero" grew until std::bad_alloc
+// aborted the node (exit 134); a FIFO blocked it for ever before it said
+// anything. PEM files are read whole only if regular and at most a few MiB.
+TEST_CASE("a PEM file that is a device, a FIFO or too large is refused, naming the key",
+          "[security]") {
+  temp_dir dir;
+  REQUIRE(::mkfifo((dir / "ca.fifo").c_str(), 0600) == 0);
+  write_file(dir / "big.pem", std::string(5 << 20, 'A'));
+  write_file(dir / "x.pem", "not a certificate\n");
+  for (const auto& [ca, says] :
+       {std::pair<std::string, std::string>{"/dev/zero", "it is a character device, not a regular file"},
+        {dir / "ca.fifo", "it is a FIFO (named pipe), not a regular file"},
+        {dir / "big.pem", "it is 5242880 bytes, more than the limit of 4194304"}}) {
+    CAPTURE(ca);
+    security_options sec;
+    sec.ca_file = ca;
+    sec.cert_file = dir / "x.pem";
+    sec.key_file = dir / "x.pem";
+    auto ctx = make_tls_context(sec, "/job:ps/task:0");
+    REQUIRE_FALSE(ctx);
+    auto what = describe(ctx.error());
+    CHECK(what.find("cannot read ca file '" + ca + "' ([security] ca): " + says)
+          != std::string::npos);
+  }
+}
+
+// Catches (issue 22): actorflow-certs read its config with its own JSON
+// parse before the checked parsers: a config thousands deep crashed it
+// (nlohmann recurses), and a FIFO as the config blocked it for ever.
+TEST_CASE("actorflow-certs refuses a config nested too deep or that is a FIFO", "[security]") {
+  temp_dir dir;
+  write_file(dir / "deep.json", "{\"cluster\": {\"ps\": [\"127.0.0.1:2222\"]}, \"x\": "
+                                  + std::string(200000, '[') + std::string(200000, ']') + "}");
+  auto r = run_command({ACTORFLOW_CERTS_BINARY, "--config", dir / "deep.json"}, 20s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("line 1: an array nests more than 64 levels") != std::string::npos);
+  REQUIRE(::mkfifo((dir / "c.fifo").c_str(), 0600) == 0);
+  r = run_command({ACTORFLOW_CERTS_BINARY, "--config", dir / "c.fifo"}, 20s);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("a FIFO (named pipe), not a regular file") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 // is there to catch.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,9 +55,11 @@ std::string slurp(const std::string& path) {
 }
 
 /// Runs actorflow-train with `args` (each single-quoted for the shell) and
-/// waits for it to exit.
-run_result train(const scratch_dir& dir, const std::vector<std::string>& args) {
-  std::string cmd = std::string{"'"} + ACTORFLOW_TRAIN_BINARY + "'";
+/// waits for it to exit; `prefix`: shell text before it ("ulimit -v N; ",
+/// "timeout 30 ").
+run_result train(const scratch_dir& dir, const std::vector<std::string>& args,
+                 const std::string& prefix = "") {
+  std::string cmd = prefix + "'" + ACTORFLOW_TRAIN_BINARY + "'";
   for (const auto& a : args)
     cmd += " '" + a + "'";
   auto out = dir / "stdout.txt";
@@ -288,4 +291,64 @@ TEST_CASE("with checkpoint_key, actorflow-train signs its checkpoints, resumes f
   CAPTURE(missing.err);
   CHECK(missing.status == 2);
   CHECK(missing.err.find("checkpoint_key '" + dir / "nokey" + "'") != std::string::npos);
+}
+
+TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one line naming them",
+          "[train][cli]") {
+  // Catches (issue 22): std::bad_alloc aborts (exit 134) on a generated set
+  // of 2e9 examples and on data=csv:/dev/zero or idx:/dev/zero,/dev/zero;
+  // hidden= meaning no hidden layer; replicas_to_aggregate = 100 with 2
+  // workers accepted; a FIFO as the config blocking for ever.
+  scratch_dir dir;
+  struct refused {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const auto& c : std::vector<refused>{
+         {{"--set", "data=synthetic", "--set", "synthetic_examples=2000000000"},
+          "more than max_data_bytes = 4294967296"},
+         {{"--set", "data=csv:/dev/zero"}, "'/dev/zero': it is a character device"},
+         {{"--set", "data=idx:/dev/zero,/dev/zero"}, "'/dev/zero': it is a character device"},
+         {{"--set", "hidden="}, "write hidden=[] for no hidden layer"},
+         {{"--set", "replicas_to_aggregate=100"},
+          "replicas_to_aggregate = 100 is more than the 2 worker task(s)"}}) {
+    auto args = c.args;
+    args.insert(args.end(), {"--set", "steps=2"});
+    auto r = train(dir, args, "timeout 60 ");
+    INFO(r.err);
+    CHECK((r.status == 1 || r.status == 2));
+    CHECK(occurrences(r.err, c.says) == 1);
+  }
+  // A cluster's task refuses before it connects to anything.
+  {
+    std::ofstream{dir / "cluster.toml"} << "[cluster]\nps = [\"127.0.0.1:1\"]\n"
+                                            "worker = [\"127.0.0.1:2\", \"127.0.0.1:3\"]\n"
+                                            "[train]\nreplicas_to_aggregate = 100\n";
+    auto r = train(dir, {"--config", dir / "cluster.toml", "--job", "worker", "--task", "0"},
+                   "timeout 30 ");
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(occurrences(r.err, "replicas_to_aggregate = 100 is more than the 2 worker task(s)")
+          == 1);
+  }
+  auto fifo = dir / "config.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto r = train(dir, {"--config", fifo}, "timeout 30 ");
+  INFO(r.err);
+  CHECK(r.status == 2);
+  CHECK(occurrences(r.err, "it is a FIFO (named pipe), not a regular file") == 1);
+}
+
+TEST_CASE("actorflow-train out of memory says so and exits 1 instead of aborting",
+          "[train][cli]") {
+  // Catches: std::bad_alloc on a worker's thread ended in std::terminate
+  // (SIGABRT, exit 134) with only "terminate called after throwing". The
+  // set is within max_data_bytes; the address space limit is not.
+  scratch_dir dir;
+  auto r = train(dir, {"--set", "data=synthetic", "--set", "synthetic_examples=1500000", "--set",
+                       "synthetic_features=200", "--set", "steps=2"},
+                 "ulimit -v 2000000; timeout 120 ");
+  INFO(r.err);
+  CHECK(r.status == 1);
+  CHECK(occurrences(r.err, "actorflow-train: out of memory") == 1);
 }

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <future>
 
@@ -414,6 +415,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.init_timeout_ms == b.init_timeout_ms);
   CHECK(a.checkpoint_key == b.checkpoint_key);
   CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
+  CHECK(a.max_data_bytes == b.max_data_bytes);
 }
 
 } // namespace
@@ -465,6 +467,7 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.init_timeout_ms = 2000;
   c.checkpoint_key = "/etc/ck.key";
   c.max_nonfinite_steps = 7;
+  c.max_data_bytes = 12345678;
   REQUIRE(validate(c).empty());
   auto text = to_toml(c);
   auto back = parse_train_config(text, "round-trip");
@@ -1387,4 +1390,150 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
   auto no_eq = apply_overrides(train_config{}, {"steps"});
   REQUIRE_FALSE(no_eq);
   CHECK(contains(no_eq.error().what, "--set key=value"));
+}
+
+// Each case below catches one hostile input of issue 22 (item 6): a data
+// file, a generated set or a config that aborted the program with
+// std::bad_alloc, crashed it or blocked it.
+
+TEST_CASE("a data file that is not a regular file is refused at once, naming it",
+          "[train][data]") {
+  // data=csv:/dev/zero grew until bad_alloc; a FIFO blocked for ever.
+  temp_dir dir;
+  auto fifo = dir / "data.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const auto& [path, kind] : {std::pair<std::string, std::string>{"/dev/zero", "character device"},
+                                   {fifo, "FIFO"},
+                                   {dir.path, "directory"}}) {
+    CAPTURE(path);
+    auto csv = read_csv(path);
+    REQUIRE_FALSE(csv);
+    CHECK(contains(csv.error().what, "'" + path + "'"));
+    CHECK(contains(csv.error().what, kind));
+    auto idx = read_idx(path, path);
+    REQUIRE_FALSE(idx);
+    CHECK(contains(idx.error().what, kind));
+  }
+}
+
+TEST_CASE("a data file larger than max_data_bytes, once gunzipped or in memory, is refused",
+          "[train][data]") {
+  // An 8.7 MB gzip that inflated to 2 GB aborted with bad_alloc.
+  temp_dir dir;
+  std::string rows;
+  for (int i = 0; i < 100000; ++i)
+    rows += "0,1\n"; // 400 kB of text
+  auto gz = dir / "bomb.csv.gz";
+  gzFile f = gzopen(gz.c_str(), "wb9");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, rows.data(), static_cast<unsigned>(rows.size())) == static_cast<int>(rows.size()));
+  gzclose(f);
+  REQUIRE(fs::file_size(gz) < 10000);
+  auto small = read_csv(gz, false, 1.0f, default_max_classes, 100000);
+  REQUIRE_FALSE(small);
+  CHECK(contains(small.error().what, gz));
+  CHECK(contains(small.error().what, "more than max_data_bytes = 100000 bytes (once gunzipped)"));
+  CHECK(read_csv(gz, false, 1.0f, default_max_classes, 1000000)); // within the limit: read
+
+  // Text that is small but many floats: "0,0,0,0\n" is 8 bytes, 12 in memory.
+  std::string wide;
+  for (int i = 0; i < 125; ++i)
+    wide += "0,0,0,0\n";
+  write_file(dir / "wide.csv", wide);
+  auto floats = read_csv(dir / "wide.csv", false, 1.0f, default_max_classes, 1000);
+  REQUIRE_FALSE(floats);
+  CHECK(contains(floats.error().what, "max_data_bytes = 1000"));
+
+  // IDX: each byte becomes a float32.
+  std::string images = be32(0x803) + be32(10) + be32(10) + be32(10) + std::string(1000, '\1');
+  write_file(dir / "img.idx", images);
+  write_file(dir / "lab.idx", be32(0x801) + be32(10) + std::string(10, '\1'));
+  auto idx = read_idx(dir / "img.idx", dir / "lab.idx", 2000);
+  REQUIRE_FALSE(idx);
+  CHECK(contains(idx.error().what, "max_data_bytes = 2000"));
+  CHECK(read_idx(dir / "img.idx", dir / "lab.idx", 4000));
+}
+
+TEST_CASE("a generated data set larger than max_data_bytes is refused before it is made",
+          "[train][config]") {
+  // --set synthetic_examples=2000000000 aborted with bad_alloc;
+  // synthetic_features=100000000 grew to 8 GB in 6 s.
+  auto big = apply_overrides(train_config{}, {"data=synthetic", "synthetic_examples=2000000000"});
+  REQUIRE(big); // each key alone is fine...
+  auto why = validate(*big);
+  CHECK(contains(why, "synthetic_examples = 2000000000 x synthetic_features = 64"));
+  CHECK(contains(why, "more than max_data_bytes = 4294967296"));
+  auto wide = apply_overrides(train_config{}, {"data=synthetic_linear", "model=linear",
+                                               "synthetic_features=100000000"});
+  REQUIRE(wide);
+  CHECK(contains(validate(*wide), "synthetic_features"));
+  // Raised, it is allowed; unused (other data), it is not checked.
+  auto raised = apply_overrides(*big, {"max_data_bytes=1e12"});
+  REQUIRE(raised);
+  CHECK(validate(*raised) == "");
+  auto digits = apply_overrides(*big, {"data=digits"});
+  REQUIRE(digits);
+  CHECK(validate(*digits) == "");
+  // Overflow of the product is caught too.
+  auto huge = apply_overrides(train_config{}, {"data=synthetic", "synthetic_examples=4e18",
+                                               "synthetic_features=4e18"});
+  REQUIRE(huge);
+  CHECK(contains(validate(*huge), "more than max_data_bytes"));
+  CHECK_FALSE(apply_overrides(train_config{}, {"max_data_bytes=0"}));
+}
+
+TEST_CASE("an empty hidden= override is an error that says how to ask for no hidden layer",
+          "[train][config]") {
+  // It silently meant no hidden layer.
+  auto c = apply_overrides(train_config{}, {"hidden="});
+  REQUIRE_FALSE(c);
+  CHECK(contains(c.error().what, "--set hidden=:"));
+  CHECK(contains(c.error().what, "hidden=[]"));
+  auto none = apply_overrides(train_config{}, {"hidden=[]"});
+  REQUIRE(none);
+  CHECK(none->hidden.empty());
+}
+
+TEST_CASE("replicas_to_aggregate above the number of workers is refused, naming both",
+          "[train][config]") {
+  // 100 with 2 workers was accepted: a step can never gather 100 gradients.
+  train_config c;
+  c.replicas_to_aggregate = 100;
+  auto why = check_workers(c, 2);
+  CHECK(contains(why, "replicas_to_aggregate = 100"));
+  CHECK(contains(why, "the 2 worker task(s)"));
+  c.replicas_to_aggregate = 2;
+  CHECK(check_workers(c, 2) == "");
+  c.replicas_to_aggregate = 0;
+  CHECK(check_workers(c, 1) == "");
+}
+
+TEST_CASE("a training config nested thousands deep is refused before toml11 recurses",
+          "[train][config]") {
+  // actorflow-train crashed with SIGSEGV while parsing it.
+  auto c = parse_train_config("[train]\nhidden = " + std::string(100000, '[')
+                                + std::string(100000, ']') + "\n",
+                              "deep.toml");
+  REQUIRE_FALSE(c);
+  CHECK(contains(c.error().what, "deep.toml: line 2: an array nests more than 64 levels"));
+}
+
+TEST_CASE("a training config or a 'latest' that is a FIFO or a device is refused at once",
+          "[train][config][checkpoint]") {
+  // Each blocked the program for ever before it said anything.
+  temp_dir dir;
+  auto fifo = dir / "train.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto c = load_train_config(fifo);
+  REQUIRE_FALSE(c);
+  CHECK(contains(c.error().what, "FIFO"));
+  CHECK(contains(c.error().what, fifo));
+  c = load_train_config("/dev/zero");
+  REQUIRE_FALSE(c);
+  CHECK(contains(c.error().what, "character device"));
+  REQUIRE(::mkfifo((dir / "latest").c_str(), 0600) == 0);
+  auto named = latest(dir.path);
+  REQUIRE_FALSE(named);
+  CHECK(contains(named.error().what, dir / "latest"));
+  CHECK(contains(named.error().what, "FIFO"));
 }

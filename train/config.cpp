@@ -1,5 +1,7 @@
 #include "train/config.hpp"
 
+#include "config/nesting.hpp"
+#include "config/read_file.hpp"
 #include "config/utf8.hpp"
 #include "messages/spelling.hpp"
 
@@ -36,8 +38,8 @@ const std::vector<std::string>& known_keys() {
     "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
     "average_every", "seed", "checkpoint_dir", "checkpoint_key", "checkpoint_steps",
     "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
-    "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms", "min_replicas", "staleness", "max_partitions",
-    "min_slice_bytes"};
+    "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
+    "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes"};
   return keys;
 }
 
@@ -153,6 +155,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "staleness") return whole(c.staleness);
   if (key == "max_partitions") return whole(c.max_partitions);
   if (key == "min_slice_bytes") return whole(c.min_slice_bytes);
+  if (key == "max_data_bytes") return whole(c.max_data_bytes);
   if (key == "hidden") {
     if (!v.is_array())
       return bad(fmt::format("must be an array of layer sizes like [128, 64], not {}",
@@ -282,7 +285,8 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
                             {"eval_every", c.eval_every},
                             {"staleness", c.staleness},
                             {"max_nonfinite_steps", c.max_nonfinite_steps},
-                            {"min_slice_bytes", c.min_slice_bytes}})
+                            {"min_slice_bytes", c.min_slice_bytes},
+                            {"max_data_bytes", c.max_data_bytes}})
     if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       return fail(key, fmt::format("{} = {}: it must be at most 2^63 - 1, the largest TOML "
                                    "integer", key, value));
@@ -316,6 +320,31 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
                                   "partitioned)");
   if (c.min_slice_bytes == 0)
     return fail("min_slice_bytes", "min_slice_bytes = 0: it must be at least 1");
+  if (c.max_data_bytes == 0)
+    return fail("max_data_bytes", "max_data_bytes = 0: it must be at least 1");
+  // A generated set is allocated whole: refuse one larger than the bound
+  // before a single byte of it is (2e9 examples aborted with bad_alloc).
+  if (combinations && (d == "synthetic" || d == "synthetic_linear")) {
+    uint64_t outputs = d == "synthetic" ? c.synthetic_classes : 1;
+    uint64_t floats = 0, teacher = 0;
+    bool overflow = __builtin_mul_overflow(uint64_t{c.synthetic_examples},
+                                           uint64_t{c.synthetic_features} + 1, &floats)
+                    || __builtin_mul_overflow(uint64_t{c.synthetic_features}, outputs, &teacher)
+                    || __builtin_add_overflow(floats, teacher, &floats)
+                    || floats > c.max_data_bytes / 4;
+    if (overflow)
+      return fail(c.synthetic_examples > c.synthetic_features ? "synthetic_examples"
+                                                              : "synthetic_features",
+                  fmt::format("synthetic_examples = {} x synthetic_features = {} makes a data set "
+                              "of {} bytes, more than max_data_bytes = {}: lower them, or raise "
+                              "max_data_bytes on a machine with the memory",
+                              c.synthetic_examples, c.synthetic_features,
+                              fmt::format("{:.4g}", 4.0 * (static_cast<double>(c.synthetic_examples)
+                                                           * (c.synthetic_features + 1.0)
+                                                         + static_cast<double>(c.synthetic_features)
+                                                             * static_cast<double>(outputs))),
+                              c.max_data_bytes));
+  }
   return std::nullopt;
 }
 
@@ -464,6 +493,9 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
   if (open)
     list = trimmed(list.substr(1, list.size() - 2));
   toml::array sizes;
+  if (list.empty() && !open)
+    return std::string{"the value is empty: write hidden=[] for no hidden layer, or the layer "
+                       "sizes"};
   if (list.empty())
     return toml::value(sizes); // hidden=[]: no hidden layer
   for (size_t at = 0; at <= list.size();) {
@@ -509,6 +541,16 @@ outcome<train_config> apply_overrides(train_config c, const std::vector<std::str
   return c;
 }
 
+std::string check_workers(const train_config& c, uint32_t workers) {
+  if (c.replicas_to_aggregate <= workers)
+    return {};
+  return fmt::format("replicas_to_aggregate = {} is more than the {} worker task(s) of the "
+                     "cluster: each worker pushes one gradient per step, so a step could never "
+                     "gather {}; use at most {} (0: every worker's), fewer to have backup "
+                     "workers",
+                     c.replicas_to_aggregate, workers, c.replicas_to_aggregate, workers);
+}
+
 std::string validate(const train_config& c) {
   auto p = check(c, true);
   return p ? p->what : std::string{};
@@ -517,6 +559,8 @@ std::string validate(const train_config& c) {
 outcome<train_config> parse_train_config(const std::string& text, const std::string& origin) {
   if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
     return config_error(fmt::format("malformed TOML in {}: {}", origin, bad));
+  if (auto deep = nesting_problem(text, true); !deep.empty()) // before toml11 recurses
+    return config_error(fmt::format("{}: {}", origin, deep));
   toml::value root;
   try {
     std::istringstream in{text};
@@ -574,14 +618,14 @@ outcome<train_config> parse_train_config(const std::string& text, const std::str
 }
 
 outcome<train_config> load_train_config(const std::string& path) {
-  std::ifstream in{path, std::ios::binary};
-  if (!in)
-    return graph_error{af_error::not_found,
+  std::string text;
+  if (auto why = read_regular_file(path, max_config_file_bytes, text); !why.empty())
+    return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
                        fmt::format("cannot open training config '{}': {} (check the path)", path,
-                                   std::strerror(errno))};
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_train_config(buf.str(), path);
+                                   why)};
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) // a byte order mark is no part of the TOML
+    text.erase(0, 3);
+  return parse_train_config(text, path);
 }
 
 std::string to_toml(const train_config& c) {
@@ -630,6 +674,7 @@ std::string to_toml(const train_config& c) {
   line("staleness", std::to_string(c.staleness));
   line("max_partitions", std::to_string(c.max_partitions));
   line("min_slice_bytes", std::to_string(c.min_slice_bytes));
+  line("max_data_bytes", std::to_string(c.max_data_bytes));
   return out;
 }
 

@@ -65,6 +65,12 @@ struct train_config {
   /// least min_slice_bytes each, spread over the ps tasks by size. 1: none.
   uint32_t max_partitions = 1;
   uint64_t min_slice_bytes = 262144;
+  /// The most bytes the data set may take in memory (its features as
+  /// float32), and the most a data file may hold once gunzipped: a file, a
+  /// device or a generator setting that would need more is refused with its
+  /// size instead of aborting the process when memory runs out. Raise it for a
+  /// larger data set on a machine with the memory.
+  uint64_t max_data_bytes = uint64_t{4} << 30;
 };
 
 /// True for the modes whose global step moves with every worker's push
@@ -88,6 +94,11 @@ outcome<train_config> parse_train_config(const std::string& text, const std::str
 /// Empty if usable, else a sentence naming the bad key, its value and what
 /// is allowed. Includes train::validate(optimizer).
 std::string validate(const train_config& c);
+
+/// Empty if `c` can train with `workers` worker tasks, else a sentence
+/// naming the key and both numbers: replicas_to_aggregate above the workers
+/// would wait for gradients that no worker sends (each pushes one per step).
+std::string check_workers(const train_config& c, uint32_t workers);
 
 /// `--set key=value` overrides applied one by one over `c`. The value is
 /// read as the key's type: a number (`1e3`, `0.5`, `-2` and `inf` are

@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include "config/read_file.hpp"
+
 namespace af::train {
 
 namespace {
@@ -84,29 +86,48 @@ void permutation(std::vector<uint32_t>& out, size_t n, std::mt19937_64 rng) {
 
 // --- files
 
-/// The whole file, gunzipped if it is gzip (zlib reads plain files as is).
-outcome<std::string> read_file(const std::string& path, const char* what) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr)
+/// The whole file, gunzipped if it is gzip (zlib reads plain files as is),
+/// if it is a regular file (a FIFO would block, /dev/zero never end) and at
+/// most `max_bytes` long once gunzipped (a small gzip can inflate to
+/// gigabytes): else an error naming the file and the limit.
+outcome<std::string> read_file(const std::string& path, const char* what, uint64_t max_bytes) {
+  int fd = -1;
+  if (auto why = open_regular_file(path, max_bytes, fd); !why.empty())
     return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
-                       fmt::format("cannot open {} '{}': {} (check the path)", what, path,
-                                   std::strerror(errno))};
+                       fmt::format("cannot open {} '{}': {} (check the path{})", what, path, why,
+                                   why.find("limit") != std::string::npos
+                                     ? "; max_data_bytes raises the limit" : "")};
+  gzFile f = gzdopen(fd, "rb");
+  if (f == nullptr) {
+    ::close(fd);
+    return data_error(fmt::format("cannot open {} '{}': out of memory", what, path));
+  }
   gzbuffer(f, 1 << 17);
   std::string out;
   std::error_code ec;
   if (auto size = std::filesystem::file_size(path, ec); !ec)
-    out.reserve(static_cast<size_t>(size));
+    out.reserve(static_cast<size_t>(std::min<uint64_t>(size, max_bytes)));
   char buf[1 << 16];
+  bool too_large = false;
   for (;;) {
     int n = gzread(f, buf, sizeof buf);
     if (n <= 0)
       break;
+    if (out.size() + static_cast<uint64_t>(n) > max_bytes) {
+      too_large = true;
+      break;
+    }
     out.append(buf, static_cast<size_t>(n));
   }
   int errnum = Z_OK;
   const char* msg = gzerror(f, &errnum);
   std::string reason = errnum == Z_ERRNO ? std::strerror(errno) : (msg ? msg : "");
   gzclose(f);
+  if (too_large)
+    return data_error(fmt::format("{} '{}' holds more than max_data_bytes = {} bytes (once "
+                                  "gunzipped); raise max_data_bytes on a machine with the memory, "
+                                  "or use a smaller file",
+                                  what, path, max_bytes));
   if (errnum != Z_OK)
     return data_error(fmt::format("cannot read {} '{}': {} (a truncated or corrupt gzip file?)",
                                   what, path, reason));
@@ -180,8 +201,9 @@ uint32_t big_endian_u32(const std::string& s, size_t at) {
 
 /// Reads an IDX file of unsigned bytes with `dims` dimensions and checks its
 /// header against its size.
-outcome<idx_file> read_idx_file(const std::string& path, uint32_t dims, const char* what) {
-  auto bytes = read_file(path, what);
+outcome<idx_file> read_idx_file(const std::string& path, uint32_t dims, const char* what,
+                                uint64_t max_bytes) {
+  auto bytes = read_file(path, fmt::format("IDX {} file", what).c_str(), max_bytes);
   if (!bytes)
     return bytes.error();
   idx_file f;
@@ -232,8 +254,8 @@ std::string shown(std::string_view field) {
 } // namespace
 
 outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
-                          uint32_t max_classes) {
-  auto text = read_file(path, "CSV file");
+                          uint32_t max_classes, uint64_t max_bytes) {
+  auto text = read_file(path, "CSV file", max_bytes);
   if (!text)
     return text.error();
   dataset out;
@@ -267,12 +289,20 @@ outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
       first_line = line_no;
       out.features = columns - 1;
       // A good guess of the row count from the first line saves regrowing x.
-      out.x.reserve(s.size() / (line.size() + 1) * out.features + out.features);
+      out.x.reserve(std::min<uint64_t>(s.size() / (line.size() + 1) * out.features
+                                         + out.features,
+                                       max_bytes / sizeof(float)));
     } else if (fields != columns) {
       return data_error(fmt::format("{} line {}: {} columns, but line {} has {}; every example "
                                     "needs the same features and a label",
                                     path, line_no, fields, first_line, columns));
     }
+    // "0,0\n" is 4 bytes of text but 8 of float32 and label: bound the set too.
+    if ((out.x.size() + out.features) * sizeof(float) > max_bytes)
+      return data_error(fmt::format("{} line {}: the examples so far take more than "
+                                    "max_data_bytes = {} bytes in memory; raise max_data_bytes on "
+                                    "a machine with the memory, or use a smaller file",
+                                    path, line_no, max_bytes));
     size_t column = 0;
     for (size_t at = 0; column < columns; ++column) {
       size_t comma = line.find(',', at);
@@ -317,11 +347,12 @@ outcome<dataset> read_csv(const std::string& path, bool has_header, float scale,
   return out;
 }
 
-outcome<dataset> read_idx(const std::string& images, const std::string& labels) {
-  auto img = read_idx_file(images, 3, "images");
+outcome<dataset> read_idx(const std::string& images, const std::string& labels,
+                          uint64_t max_bytes) {
+  auto img = read_idx_file(images, 3, "images", max_bytes);
   if (!img)
     return img.error();
-  auto lab = read_idx_file(labels, 1, "labels");
+  auto lab = read_idx_file(labels, 1, "labels", max_bytes);
   if (!lab)
     return lab.error();
   const size_t n = img->dims[0];
@@ -334,6 +365,13 @@ outcome<dataset> read_idx(const std::string& images, const std::string& labels) 
   dataset out;
   out.name = images;
   out.features = size_t{img->dims[1]} * img->dims[2];
+  // Each byte of the file becomes a float32.
+  if ((img->bytes.size() - img->header) > max_bytes / sizeof(float))
+    return data_error(fmt::format("IDX images '{}' ({} x {} bytes) take {} bytes as float32, more "
+                                  "than max_data_bytes = {}; raise max_data_bytes on a machine "
+                                  "with the memory",
+                                  images, n, out.features,
+                                  (img->bytes.size() - img->header) * sizeof(float), max_bytes));
   out.x.resize(n * out.features);
   const auto* px = reinterpret_cast<const unsigned char*>(img->bytes.data() + img->header);
   for (size_t i = 0; i < out.x.size(); ++i)

@@ -36,12 +36,20 @@ constexpr uint32_t default_max_classes = 65536;
 /// `has_header`. Gzip files (.gz) are read too. Errors name the file, the
 /// line, the column and the value. `scale` multiplies every feature
 /// (digits: 1/16).
+/// The most bytes a data file (once gunzipped) and the set read from it (as
+/// float32) may take unless the caller says otherwise: train_config's
+/// max_data_bytes. A file over it, or one that is not a regular file (a FIFO,
+/// /dev/zero), is refused with an error naming it and the limit.
+constexpr uint64_t default_max_data_bytes = uint64_t{4} << 30;
+
 outcome<dataset> read_csv(const std::string& path, bool has_header = false, float scale = 1.0f,
-                          uint32_t max_classes = default_max_classes);
+                          uint32_t max_classes = default_max_classes,
+                          uint64_t max_bytes = default_max_data_bytes);
 
 /// IDX (MNIST): an images file (magic 0x00000803, u8 [n, rows, cols]) and a
 /// labels file (0x00000801, u8 [n]); pixels are scaled to [0, 1].
-outcome<dataset> read_idx(const std::string& images, const std::string& labels);
+outcome<dataset> read_idx(const std::string& images, const std::string& labels,
+                          uint64_t max_bytes = default_max_data_bytes);
 
 /// The UCI optical handwritten digits bundled in data/ (1,797 8x8 images,
 /// 10 classes, pixels scaled to [0, 1]). `data_dir` is the folder that holds

@@ -122,14 +122,14 @@ outcome<split> load_data(const train_config& c) {
   } else if (c.data == "synthetic_linear") {
     all = synthetic_linear(c.synthetic_examples, c.synthetic_features, c.seed);
   } else if (c.data.rfind("csv:", 0) == 0) {
-    all = read_csv(c.data.substr(4));
+    all = read_csv(c.data.substr(4), false, 1.0f, default_max_classes, c.max_data_bytes);
   } else if (c.data.rfind("idx:", 0) == 0) {
     auto rest = c.data.substr(4);
     auto comma = rest.find(',');
     if (comma == std::string::npos)
       return graph_error{af_error::invalid_argument,
                          "data = \"" + c.data + "\": write idx:IMAGES,LABELS"};
-    all = read_idx(rest.substr(0, comma), rest.substr(comma + 1));
+    all = read_idx(rest.substr(0, comma), rest.substr(comma + 1), c.max_data_bytes);
   } else {
     return graph_error{af_error::invalid_argument,
                        "data = \"" + c.data

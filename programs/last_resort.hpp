@@ -1,0 +1,55 @@
+#pragma once
+/// The programs' last resort for running out of memory: std::bad_alloc that
+/// no reader bounded (each input that can ask for memory has its own limit
+/// and error, see config/read_file.hpp and max_data_bytes) would otherwise
+/// abort the process (SIGABRT, exit 134) with no word of what happened.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <new>
+
+namespace af {
+
+/// The line a program prints when it runs out of memory.
+inline void say_out_of_memory(const char* program) {
+  std::fprintf(stderr,
+               "%s: out of memory: an input asked for more memory than this machine gives "
+               "(check the sizes that the config and the data files ask for, e.g. "
+               "max_data_bytes, or raise the memory limit)\n",
+               program);
+  std::fflush(stderr);
+}
+
+/// `body()`'s exit status; 1 with a line on stderr if it threw std::bad_alloc,
+/// on this thread or (through std::terminate) on any other.
+template <class F>
+int last_resort(const char* program, F&& body) {
+  static const char* name = program;
+  static std::terminate_handler previous = nullptr; // libstdc++'s: prints the exception
+  previous = std::set_terminate([] {
+    if (auto e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::bad_alloc&) {
+        say_out_of_memory(name);
+        std::_Exit(1);
+      } catch (...) {
+        // another exception: what std::terminate did before
+      }
+    }
+    if (previous)
+      previous();
+    std::abort();
+  });
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    say_out_of_memory(program);
+    return 1;
+  }
+}
+
+} // namespace af
