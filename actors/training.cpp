@@ -232,6 +232,7 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     spec.optimizer = c.optimizer;
     spec.step_timeout_ms = c.step_timeout_ms;
     spec.replicas_to_aggregate = c.replicas_to_aggregate;
+    spec.grad_norm_guard = c.grad_norm_guard;
     spec.step_deadline_ms = c.step_deadline_ms;
     spec.min_replicas = c.min_replicas;
     spec.staleness = c.staleness;
@@ -269,9 +270,17 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
                                                const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind) {
+                                               const std::string& optimizer_kind,
+                                               const std::string& aggregator = {}) {
   aggregator_state state;
   state.global_step = ck.global_step;
+  // The pushes of `aggregator` the checkpoint holds (none if the job ran
+  // on other ps tasks then: a retry is then no push of this aggregator's).
+  if (auto it = ck.push_seqs.find(aggregator); it != ck.push_seqs.end())
+    for (const auto& [worker, seq] : it->second) {
+      state.seq_workers.push_back(worker);
+      state.seq_taken.push_back(seq);
+    }
   auto names = train::slot_names(optimizer_kind);
   for (const auto& p : pieces) {
     auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir);
@@ -310,6 +319,22 @@ std::string start_key(uint64_t chief_incarnation) {
   return fmt::format("train/{}/start", chief_incarnation);
 }
 
+/// An error naming every worker whose done said it failed (a worker that
+/// failed and joined again, and then finished, is not named), or none.
+caf::error failed_workers(const aggregator_stats& stats) {
+  std::vector<std::string> failed;
+  for (const auto& w : stats.workers)
+    if (!w.error.empty())
+      failed.push_back(fmt::format("worker {}{}{}: {}", w.worker, w.task.empty() ? "" : " ",
+                                   w.task, w.error));
+  if (failed.empty())
+    return caf::none;
+  auto msg = fmt::format("the job failed: {} of its workers ended in error: {}", failed.size(),
+                         fmt::join(failed, "; "));
+  log::get()->error("chief: {}", msg);
+  return make_error(af_error::aborted, std::move(msg));
+}
+
 /// The snapshot of every shard's aggregator as one checkpoint (the step: the
 /// latest of theirs), at the data position of `position(step)`.
 caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_shard>& shards,
@@ -324,6 +349,9 @@ caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_sh
       return std::move(state.error());
     add_variables(ck, *state, c.optimizer.kind);
     ck.global_step = std::max(ck.global_step, state->global_step);
+    auto& seqs = ck.push_seqs[shard.aggregator];
+    for (size_t i = 0; i < state->seq_workers.size() && i < state->seq_taken.size(); ++i)
+      seqs[state->seq_workers[i]] = state->seq_taken[i];
   }
   if (auto err = assemble_variables(ck, params, shards))
     return err;
@@ -486,7 +514,8 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
       return std::move(latest.error());
     if (*latest) {
       const auto& [path, ck] = **latest;
-      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind);
+      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind,
+                               shard.aggregator);
       if (!st)
         return std::move(st.error());
       state = std::move(*st);
@@ -542,7 +571,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   if (survivor)
     for (const auto& w : survivor->workers)
       if (w.status == "done" || w.status == "left")
-        caf::anon_send(shard.actor, done_atom::value, w.worker);
+        caf::anon_send(shard.actor, done_atom::value, w.worker, std::string{}, std::string{});
   kv_client client{s.system(), ctx.store, timeout};
   if (auto err = client.put(restored_key(ctx.chief_incarnation, k, info.incarnation),
                             fmt::format("{} {}", step, from_step)))
@@ -772,7 +801,7 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       if (restored) {
         for (auto& shard : setup.shards) {
           auto state = restored_state(*restored, c.checkpoint_dir, *params, shard.pieces,
-                                      c.optimizer.kind);
+                                      c.optimizer.kind, shard.aggregator);
           if (!state)
             return std::move(state.error());
           auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(*state));
@@ -1066,6 +1095,10 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
       for (uint32_t k = 0; k < n_ps; ++k)
         if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))
           log::get()->warn("chief: shutting down /job:ps/task:{}: {}", k, describe(err));
+    // A worker that ended in error (its done said why) fails the job: its
+    // share of the steps was not trained, or something refused it.
+    if (auto err = failed_workers(outcome.stats))
+      return err;
   }
   outcome.checkpoint = *last_checkpoint;
   if (rep->metrics) {
@@ -1121,6 +1154,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
     std::unique_ptr<data_channel> chan;
     std::string name;
     std::vector<train::piece> pieces;
+    std::string token; ///< its aggregator's answer to this client's join
+    uint64_t seq = 0;  ///< this client's last push there
   };
   std::vector<shard> shards;
   for (const auto& p : placed->shards) {
@@ -1128,7 +1163,23 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
                                       system_tls(s.system()));
     if (!chan)
       return std::move(chan.error());
-    shards.push_back({std::move(*chan), p.aggregator, p.pieces});
+    // Its pushes speak for worker 0: join as it, for its token.
+    caf::scoped_actor self{s.system()};
+    caf::error joined;
+    std::string token;
+    uint64_t seq = 0;
+    self->request(p.actor, timeout, join_atom::value, uint32_t{0},
+                  std::string{"/job:worker/task:0 (in-graph client)"}, std::string{},
+                  static_cast<uint32_t>(c.batch_size * towers), caf::actor{})
+      .receive(
+        [&](uint64_t, std::string& t, uint64_t q) {
+          token = std::move(t);
+          seq = q;
+        },
+        [&](caf::error& e) { joined = std::move(e); });
+    if (joined)
+      return joined;
+    shards.push_back({std::move(*chan), p.aggregator, p.pieces, std::move(token), seq});
   }
 
   // One replica per worker task; the mean of their gradients in the graph.
@@ -1179,7 +1230,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
         for (const auto& p : sh.pieces)
           part.push_back(train::slice_rows((*grads)[p.param], p.row_begin, p.row_end));
       auto r = sh.chan->aggregate(pull ? wire::kind::pull : wire::kind::push, sh.name, 0,
-                                  global_step, part, timeout);
+                                  global_step, part, timeout, sh.token,
+                                  pull ? 0 : ++sh.seq);
       if (!r)
         return std::move(r.error());
       answered = std::min(answered, r->first);
