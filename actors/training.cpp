@@ -77,21 +77,26 @@ std::string metrics_stem(const std::string& csv) {
   return csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4) : csv;
 }
 
-/// "  late 2:5  refused 0:1": per worker, gradients that came after their
-/// step closed (dropped) and values refused or abstained from; "" if none.
+/// "  late 2:5  refused 0:1  guarded 1:3": per worker, gradients that came
+/// after their step closed (dropped), values refused or abstained from, and
+/// gradients the norm guard scaled down; "" if none.
 std::string per_worker_summary(const aggregator_stats& s) {
-  std::string late, refused;
+  std::string late, refused, guarded;
   for (const auto& w : s.workers) {
     if (w.late > 0)
       late += fmt::format(" {}:{}", w.worker, w.late);
     if (w.refused > 0)
       refused += fmt::format(" {}:{}", w.worker, w.refused);
+    if (w.guarded > 0)
+      guarded += fmt::format(" {}:{}", w.worker, w.guarded);
   }
   std::string out;
   if (!late.empty())
     out += "  late (dropped)" + late;
   if (!refused.empty())
     out += "  refused" + refused;
+  if (!guarded.empty())
+    out += "  guarded" + guarded;
   return out;
 }
 
