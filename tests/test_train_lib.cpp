@@ -486,6 +486,8 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     {"mode = \"foo\"", {"mode", "\"foo\"", "sync, async, ssp, average or allreduce"}},
     {"min_replicas = 0", {"min_replicas = 0", "at least 1"}},
     {"max_partitions = 0", {"max_partitions = 0", "at least 1"}},
+    {"grad_norm_guard = 0.5", {"grad_norm_guard = 0.5", "0 (off)", ">= 1"}},
+    {"grad_norm_guard = -1", {"grad_norm_guard = -1", "0 (off)"}},
     {"staleness = -1", {"staleness", "non-negative integer"}},
     {"batch_size = 0", {"batch_size = 0", "at least 1"}},
     {"batch_size = \"32\"", {"batch_size = \"32\"", "integer", "string"}},
