@@ -859,8 +859,9 @@ auto common_handlers(self_pointer self) {
       if (was_member && ((m.actor && who && m.actor != who.address())
                          || (!m.token.empty() && !same_actor)))
         return make_error(af_error::already_exists,
-                          fmt::format("aggregator '{}': {} is a member already (its actor is up); "
-                                      "a worker index joins again only after its process ended "
+                          fmt::format("aggregator '{}': {} is a member already (it joined and "
+                                      "has not left); a worker index joins again only after its "
+                                      "process ended "
                                       "(a killed one is seen within the node's "
                                       "connection_timeout_ms): check --task, or wait and retry",
                                       st.spec.name, worker_name(st, worker)));

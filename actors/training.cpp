@@ -1163,19 +1163,22 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
     uint64_t seq = 0;  ///< this client's last push there
   };
   std::vector<shard> shards;
+  // Its pushes speak for worker 0: it joins as it, for its token, with an
+  // actor that lives as long as this job (when it ends, the membership
+  // does, and the next in-graph job on these ps joins again).
+  caf::scoped_actor member{s.system()};
   for (const auto& p : placed->shards) {
     auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout, {},
                                       system_tls(s.system()));
     if (!chan)
       return std::move(chan.error());
-    // Its pushes speak for worker 0: join as it, for its token.
-    caf::scoped_actor self{s.system()};
     caf::error joined;
     std::string token;
     uint64_t seq = 0;
-    self->request(p.actor, timeout, join_atom::value, uint32_t{0},
-                  std::string{"/job:worker/task:0 (in-graph client)"}, std::string{},
-                  static_cast<uint32_t>(c.batch_size * towers), caf::actor{})
+    member->request(p.actor, timeout, join_atom::value, uint32_t{0},
+                    std::string{"/job:worker/task:0 (in-graph client)"}, std::string{},
+                    static_cast<uint32_t>(c.batch_size * towers),
+                    caf::actor_cast<caf::actor>(member.ptr()))
       .receive(
         [&](uint64_t, std::string& t, uint64_t q) {
           token = std::move(t);

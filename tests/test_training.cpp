@@ -325,6 +325,11 @@ TEST_CASE("in-graph replication (one client, a replica per worker, the mean in t
   REQUIRE(in_graph);
   CHECK(in_graph->result.global_step == 30);
   CHECK(max_abs_diff(in_graph->result.params, between.results[0]->result.params) < 1e-4);
+  // Another in-graph job on these ps: its client joins as worker 0 again
+  // (the first one's membership ended with it).
+  auto again = run_in_graph(*s, c, opts);
+  INFO((again ? std::string{} : describe(again.error())));
+  REQUIRE(again);
   c.mode = "async";
   auto refused = run_in_graph(*s, c, opts);
   REQUIRE_FALSE(refused);
