@@ -189,12 +189,14 @@ void fail(self_pointer self, caf::error err, const std::string& during) {
     log::get()->info("{}", msg); // asked for (train stop): not a failure to shout about
   else
     log::get()->error("{}", msg);
-  // Said with its token (a process refused at its join holds none, and
-  // must not retire the live member of its index), and why: the chief
-  // fails the job when a worker failed.
+  // Said with its token, and why: the chief fails the job when a worker
+  // failed. Without one (it failed before it joined) the aggregator takes
+  // it only if no process joined under the index: a process refused at its
+  // join does not retire the live member of its index.
   for (size_t k = 0; k < st.setup.shards.size(); ++k)
-    if (st.setup.shards[k].actor && k < st.tokens.size() && !st.tokens[k].empty())
-      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index, st.tokens[k],
+    if (st.setup.shards[k].actor)
+      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index,
+                     k < st.tokens.size() ? st.tokens[k] : std::string{},
                      is(err, af_error::cancelled) ? std::string{} : msg);
   // Keep the cause's code (a timeout stays a timeout; internal means a bug).
   auto code = af_error::internal;
@@ -932,9 +934,9 @@ void finish(self_pointer self) {
   auto& st = self->state;
   double seconds = seconds_since(st.started);
   for (size_t k = 0; k < st.setup.shards.size(); ++k)
-    if (st.setup.shards[k].actor && k < st.tokens.size() && !st.tokens[k].empty())
-      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index, st.tokens[k],
-                     std::string{});
+    if (st.setup.shards[k].actor)
+      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index,
+                     k < st.tokens.size() ? st.tokens[k] : std::string{}, std::string{});
   auto complete = [self, seconds](double test_loss, double acc) {
     auto& st = self->state;
     auto result = [self, seconds, test_loss, acc] {
