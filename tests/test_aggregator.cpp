@@ -1276,6 +1276,18 @@ TEST_CASE("a member's done says why it failed, and its stats show it until it jo
   CHECK_THAT(s.workers[1].error, Catch::Contains("pushed step 3 twice"));
   CHECK(s.workers[0].error.empty());
   CHECK_FALSE(event_with(s, {"worker 1", "failed", "pushed step 3 twice"}).empty());
+  // a worker that failed before it joined (no token) is taken too: no
+  // process joined under its index
+  aggregator_fixture g;
+  g.spawn("sync", 2, true, sgd);
+  caf::expected<uint32_t> early{make_error(af_error::internal, "no reply")};
+  g.self
+    ->request(g.agg, 10s, done_atom::value, uint32_t{1}, std::string{},
+              std::string{"worker 1: loading the data: no such file"})
+    .receive([&](uint32_t n) { early = n; }, [&](caf::error& e) { early = std::move(e); });
+  REQUIRE(early);
+  CHECK_THAT(g.stats().workers[1].error, Catch::Contains("no such file"));
+  CHECK(g.stats().active == 1);
   // a new process of that index clears it
   caf::anon_send_exit(w1.actor, caf::exit_reason::kill);
   worker_stand_in again{f.sys};
