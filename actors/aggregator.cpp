@@ -1,11 +1,14 @@
 #include "actors/aggregator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "caf/all.hpp"
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "actors/log.hpp"
 #include "messages/error.hpp"
@@ -163,8 +166,61 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
   return out;
 }
 
-caf::error check_worker(self_pointer self, uint32_t worker) {
+/// Bytes of a member's token.
+constexpr size_t token_bytes = 16;
+
+/// A new member token: 128 random bits from OpenSSL's CSPRNG.
+caf::expected<std::string> new_token(const aggregator_actor_state& st) {
+  std::string out(token_bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(out.size())) != 1)
+    return make_error(af_error::internal,
+                      fmt::format("aggregator '{}': OpenSSL's RAND_bytes gave no token for a "
+                                  "joining worker",
+                                  st.spec.name));
+  return out;
+}
+
+/// True if `token` is `m`'s (compared in constant time).
+bool holds_token(const aggregator_member& m, const std::string& token) {
+  return !m.token.empty() && token.size() == m.token.size()
+         && CRYPTO_memcmp(token.data(), m.token.data(), token.size()) == 0;
+}
+
+/// Where the message being handled came from, for a refusal's log line: a
+/// sender on another CAF node is named by its node (what it says of itself
+/// is not believed); a local one (the data plane's thread, which names the
+/// connection's peer) by `claimed`.
+std::string origin(self_pointer self, const std::string& claimed) {
+  auto sender = self->current_sender();
+  if (sender && sender->node() != self->node())
+    return "CAF node " + caf::to_string(sender->node());
+  return claimed.empty() ? std::string{"this process"} : claimed;
+}
+
+/// A push, or a done, that does not carry the token `worker` joined with:
+/// refused, logged with where it came from, and nothing changes.
+caf::error stranger(self_pointer self, uint32_t worker, const char* what,
+                    const std::string& from) {
   auto& st = self->state;
+  bool joined = worker < st.members.size() && !st.members[worker].token.empty();
+  auto msg = fmt::format("aggregator '{}' refused a {} for {} from {}: {}", st.spec.name, what,
+                         worker_name(st, worker), origin(self, from),
+                         joined ? "it does not carry the token that worker joined with (only "
+                                  "the member that joined under an index speaks for it)"
+                                : "that worker has not joined (a worker joins, and is given its "
+                                  "token, before it pushes)");
+  st.stats.last_refusal = msg;
+  st.strangers += 1;
+  if ((st.strangers & (st.strangers - 1)) == 0)
+    log::get()->warn("{} ({} refused so far)", msg, st.strangers);
+  return make_error(af_error::invalid_argument, std::move(msg));
+}
+
+caf::error check_worker(self_pointer self, uint32_t worker, const push_credentials& who) {
+  auto& st = self->state;
+  if (worker > max_worker_index || worker >= st.members.size()
+      || !holds_token(st.members[worker], who.token))
+    return stranger(self, worker, "push", who.from);
   bool joined = worker < st.members.size() && st.members[worker].joined;
   if (worker >= st.spec.workers && !joined)
     return make_error(af_error::invalid_argument,
@@ -178,6 +234,19 @@ caf::error check_worker(self_pointer self, uint32_t worker) {
                                   "again; join again to come back",
                                   st.spec.name, worker_name(st, worker)));
   return caf::none;
+}
+
+/// True if the aggregator already took `worker`'s push number `seq` (a
+/// retry after its answer was lost, perhaps across a restore): it is
+/// answered with the parameters and not applied again. 0 is unnumbered.
+bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq) {
+  auto& m = member(st, worker);
+  if (seq == 0 || seq > m.seq_taken)
+    return false;
+  log::get()->info("aggregator '{}': {} sent its push {} again (it took pushes up to {}); "
+                   "answered, not applied twice",
+                   st.spec.name, worker_name(st, worker), seq, m.seq_taken);
+  return true;
 }
 
 // -- updates: all variables or none ---------------------------------------------
@@ -264,7 +333,10 @@ void account(aggregator_actor_state& st, const tickets& waiting, bool applied) {
       std::chrono::duration_cast<std::chrono::milliseconds>(now - m.parked_since).count());
     if (applied && m.contributed)
       m.stats.applied += 1;
+    if (applied)
+      m.seq_taken = std::max(m.seq_taken, m.round_seq);
     m.contributed = false;
+    m.round_seq = 0;
   }
 }
 
@@ -440,12 +512,13 @@ void sweep(self_pointer self) {
 }
 
 /// Parks the push of `worker` for `step` until the round completes.
-push_result park(self_pointer self, uint32_t worker, uint64_t step) {
+push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq) {
   auto& st = self->state;
   auto promise = self->make_response_promise<uint64_t, tensor>();
   if (!st.round.in_progress())
     st.deadline_periods = 0;
   member(st, worker).parked_since = clock_type::now();
+  member(st, worker).round_seq = seq;
   st.round.arrive(worker, step, promise);
   schedule_sweep(self);
   return promise;
@@ -513,24 +586,55 @@ void reconsider(self_pointer self) {
     release_average(self);
 }
 
+/// The gradient-norm guard (spec.grad_norm_guard): a gradient whose norm is
+/// over the bound is scaled down to it into `scaled`, and `parts` point
+/// there; counted on its worker, and logged at its 1st, 2nd, 4th, ... time.
+void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*>& parts,
+                    std::vector<float>& scaled) {
+  auto& st = self->state;
+  if (!st.guard.enabled())
+    return;
+  auto n = norm_guard::norm(parts, st.sizes);
+  auto median = st.guard.median();
+  auto factor = st.guard.admit(n);
+  if (factor >= 1)
+    return;
+  scaled.resize(st.total);
+  for (size_t i = 0; i < parts.size(); ++i)
+    for (size_t k = 0; k < st.sizes[i]; ++k)
+      scaled[st.offsets[i] + k] = static_cast<float>(parts[i][k] * factor);
+  parts = parts_of(st, scaled);
+  auto& m = member(st, worker);
+  m.stats.guarded += 1;
+  if ((m.stats.guarded & (m.stats.guarded - 1)) == 0)
+    log::get()->warn("aggregator '{}': the gradient of {} at global step {} has norm {:.4g}, {:.3g} "
+                     "times the median {:.4g} of the recent ones: scaled down to grad_norm_guard "
+                     "= {} times it ({} of its pushes so far)",
+                     st.spec.name, worker_name(st, worker), st.global_step, n,
+                     median > 0 ? n / median : 0.0, median, st.guard.limit(), m.stats.guarded);
+}
+
 /// Takes `worker`'s push of `step` into the round (an empty push is an
 /// abstention after a refused value: it only arrives), parks it, and
 /// releases the round once enough workers have arrived: every member not
 /// done, or (sync) the first replicas_to_aggregate.
 template <class Release>
-push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
+push_result join_round(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
                        const std::vector<tensor>& values, const char* what, Release release) {
   auto& st = self->state;
   if (!values.empty()) {
     auto parts = unpack(self, worker, values, what);
     if (!parts)
       return std::move(parts.error());
+    std::vector<float> scaled;
+    if (st.spec.mode != "average")
+      guard_gradient(self, worker, *parts, scaled);
     st.round.add(*parts, st.offsets, st.sizes);
     member(st, worker).contributed = true;
   } else {
     member(st, worker).stats.refused += 1;
   }
-  auto r = park(self, worker, step);
+  auto r = park(self, worker, step, seq);
   if (st.round.complete(st.spec.mode == "sync" ? st.spec.replicas_to_aggregate : 0))
     release(self);
   return r;
@@ -595,17 +699,20 @@ void release_ssp(self_pointer self, bool all) {
 }
 
 /// A gradient applied at once (async, ssp), with its staleness counted.
-caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step,
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
                      const std::vector<tensor>& grads, bool moves_step) {
   auto& st = self->state;
   auto& m = member(st, worker);
   if (grads.empty()) {
     m.stats.refused += 1;
+    m.seq_taken = std::max(m.seq_taken, seq);
     return caf::none;
   }
   auto parts = unpack(self, worker, grads, "gradient");
   if (!parts)
     return std::move(parts.error());
+  std::vector<float> scaled;
+  guard_gradient(self, worker, *parts, scaled);
   auto what = fmt::format("gradient of {} (step {})", worker_name(st, worker), step);
   if (auto err = update_all(self, *parts, what))
     return err;
@@ -616,6 +723,7 @@ caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step,
   if (staleness > 0)
     m.stats.stale += 1;
   m.stats.max_staleness = std::max(m.stats.max_staleness, staleness);
+  m.seq_taken = std::max(m.seq_taken, seq);
   if (moves_step)
     st.global_step += 1;
   invalidate(self);
@@ -635,6 +743,12 @@ caf::error check_spec(const aggregator_spec& spec) {
   if (spec.mode != "average")
     if (auto bad = train::validate(spec.optimizer); !bad.empty())
       return make_error(af_error::invalid_argument, "aggregator '" + spec.name + "': " + bad);
+  if (!std::isfinite(spec.grad_norm_guard)
+      || (spec.grad_norm_guard != 0 && !(spec.grad_norm_guard >= 1)))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("aggregator '{}': grad_norm_guard = {} must be 0 (off) or at "
+                                  "least 1",
+                                  spec.name, spec.grad_norm_guard));
   if (spec.min_replicas == 0)
     return make_error(af_error::invalid_argument,
                       "aggregator '" + spec.name + "': min_replicas must be at least 1");
@@ -700,13 +814,23 @@ auto common_handlers(self_pointer self) {
       }
       return s;
     },
-    [self](done_atom, uint32_t worker) -> caf::result<uint32_t> {
+    [self](done_atom, uint32_t worker, std::string& token,
+           std::string& error) -> caf::result<uint32_t> {
       auto& st = self->state;
       bool joined = worker < st.members.size() && st.members[worker].joined;
       if (worker >= st.spec.workers && !joined)
         return make_error(af_error::invalid_argument,
                           fmt::format("aggregator '{}' has no worker {}", st.spec.name, worker));
-      member(st, worker);
+      auto& m = member(st, worker);
+      // Only the member itself retires an index it joined under (a process
+      // refused at its join must not end the live one as it exits).
+      if (!m.token.empty() && !holds_token(m, token))
+        return stranger(self, worker, "done", "");
+      if (!error.empty() && !st.round.is_done(worker)) {
+        m.stats.error = error;
+        add_event(st, fmt::format("{} failed at global step {}: {}", worker_name(st, worker),
+                                  st.global_step, error));
+      }
       if (worker >= st.spec.workers && !st.round.is_done(worker)) {
         depart(self, worker, "done");
       } else {
@@ -716,7 +840,7 @@ auto common_handlers(self_pointer self) {
       return st.round.workers() - st.round.active();
     },
     [self](join_atom, uint32_t worker, std::string& task, std::string& address,
-           uint32_t batch_size, caf::actor& who) -> caf::result<uint64_t> {
+           uint32_t batch_size, caf::actor& who) -> caf::result<uint64_t, std::string, uint64_t> {
       auto& st = self->state;
       if (worker > max_worker_index)
         return make_error(af_error::invalid_argument,
@@ -728,16 +852,31 @@ auto common_handlers(self_pointer self) {
       // One process per worker index: a second one (a mistyped --task, a
       // restart before the first was seen to die) would take over the first's
       // pushes and both would fail. It comes back once the first has left.
-      if (was_member && m.actor && who && m.actor != who.address())
+      // A live member that holds a token is joined again only by its own
+      // actor (after a switch): a join without an actor, or from another
+      // one, would take its index (its token) from it.
+      bool same_actor = m.actor && who && m.actor == who.address();
+      if (was_member && ((m.actor && who && m.actor != who.address())
+                         || (!m.token.empty() && !same_actor)))
         return make_error(af_error::already_exists,
-                          fmt::format("aggregator '{}': {} is a member already (its actor is up); "
-                                      "a worker index joins again only after its process ended "
+                          fmt::format("aggregator '{}': {} is a member already (it joined and "
+                                      "has not left); a worker index joins again only after its "
+                                      "process ended "
                                       "(a killed one is seen within the node's "
                                       "connection_timeout_ms): check --task, or wait and retry",
                                       st.spec.name, worker_name(st, worker)));
+      // Its token: a new one for a new process (the old process's stops
+      // working); the same one for its own actor joining again.
+      if (m.token.empty() || !same_actor) {
+        auto token = new_token(st);
+        if (!token)
+          return std::move(token.error());
+        m.token = std::move(*token);
+      }
       if (m.actor && who && m.actor != who.address())
         self->demonitor(m.actor);
       m.joined = true;
+      m.stats.error.clear();
       m.left = false;
       m.joined_at = clock_type::now();
       m.stats.task = task;
@@ -761,7 +900,7 @@ auto common_handlers(self_pointer self) {
       if (!was_member)
         add_event(st, fmt::format("{} joined at global step {}; {}", worker_name(st, worker),
                                   st.global_step, members_pushing(st.round.active())));
-      return st.global_step;
+      return {st.global_step, m.token, m.seq_taken};
     },
     [self](switch_atom, aggregator_spec& want) -> caf::result<uint64_t> {
       auto& st = self->state;
@@ -849,10 +988,24 @@ auto common_handlers(self_pointer self) {
         out.values.push_back(std::move(snap->first));
         out.slots.push_back(std::move(snap->second));
       }
+      for (uint32_t w = 0; w < st.members.size(); ++w)
+        if (st.members[w].seq_taken > 0) {
+          out.seq_workers.push_back(w);
+          out.seq_taken.push_back(st.members[w].seq_taken);
+        }
       return out;
     },
     [self](restore_atom, aggregator_state& in) -> caf::result<uint64_t> {
       auto& st = self->state;
+      if (in.seq_workers.size() != in.seq_taken.size()
+          || std::any_of(in.seq_workers.begin(), in.seq_workers.end(),
+                         [](uint32_t w) { return w > max_worker_index; }))
+        return make_error(af_error::invalid_argument,
+                          fmt::format("restore of aggregator '{}': the push numbers name {} "
+                                      "workers and hold {} numbers (or a worker index over {}); "
+                                      "nothing was restored",
+                                      st.spec.name, in.seq_workers.size(), in.seq_taken.size(),
+                                      max_worker_index));
       if (in.names != st.spec.variables || in.values.size() != in.names.size()
           || in.slots.size() != in.names.size())
         return make_error(af_error::invalid_argument,
@@ -927,8 +1080,14 @@ auto common_handlers(self_pointer self) {
         m.stats.task = keep.task;
         m.stats.address = keep.address;
         m.stats.batch_size = keep.batch_size;
+        m.stats.error = keep.error;
         m.contributed = false;
+        m.round_seq = 0;
+        m.seq_taken = 0;
       }
+      // The pushes the checkpoint holds: one of them retried is not applied again.
+      for (size_t i = 0; i < in.seq_workers.size(); ++i)
+        member(st, in.seq_workers[i]).seq_taken = in.seq_taken[i];
       st.global_step = in.global_step;
       st.average_stride = 0;
       auto buckets = st.stats.staleness.size();
@@ -958,9 +1117,9 @@ aggregator_impl_actor::behavior_type make_behavior(Tuple common, Ts... more) {
 
 /// sync, async, ssp: parameters (an average worker's) are refused as the other kind.
 auto refuse_parameters(self_pointer self) {
-  return [self](push_atom, params_atom, uint32_t worker, uint64_t,
+  return [self](push_atom, params_atom, uint32_t worker, uint64_t, push_credentials& who,
                 std::vector<tensor>&) -> push_result {
-    if (auto err = check_worker(self, worker))
+    if (auto err = check_worker(self, worker, who))
       return err;
     return other_kind(self->state, worker, "parameters");
   };
@@ -969,10 +1128,13 @@ auto refuse_parameters(self_pointer self) {
 aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self), refuse_parameters(self),
-    [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
+    [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
-      if (auto err = check_worker(self, worker))
+      if (auto err = check_worker(self, worker, who))
         return err;
+      if (already_taken(st, worker, who.seq))
+        return answer_now(self);
       note_push(st, worker, step);
       if (st.round.is_standby(worker)) {
         // After a switch into sync, until the worker joins again (at the
@@ -983,7 +1145,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         // deadlock.
         if (step > st.global_step)
           return ahead_of(st, worker, step);
-        if (auto err = apply_now(self, worker, step, grads, false))
+        if (auto err = apply_now(self, worker, step, who.seq, grads, false))
           return err;
         auto& m = member(st, worker);
         // A worker joins again at its next step: one that does not (it
@@ -1006,6 +1168,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         // step closed without it (a backup worker's, or a straggler's).
         st.stats.dropped_stale += 1;
         m.stats.late += 1;
+        m.seq_taken = std::max(m.seq_taken, who.seq);
         return answer_now(self);
       }
       if (step > st.global_step)
@@ -1014,15 +1177,14 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed step {} twice to aggregator '{}'",
                                       worker_name(st, worker), step, st.spec.name));
-      return join_round(self, worker, st.global_step, grads, "gradient", release_sync);
+      return join_round(self, worker, st.global_step, who.seq, grads, "gradient", release_sync);
     });
 }
 
-/// What async and ssp check and count of a push before applying it.
+/// What async and ssp check and count of a push before applying it (its
+/// worker checked: check_worker).
 caf::error take_gradient(self_pointer self, uint32_t worker, uint64_t step) {
   auto& st = self->state;
-  if (auto err = check_worker(self, worker))
-    return err;
   note_push(st, worker, step);
   if (step > st.global_step)
     return ahead_of(st, worker, step);
@@ -1032,10 +1194,15 @@ caf::error take_gradient(self_pointer self, uint32_t worker, uint64_t step) {
 aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self), refuse_parameters(self),
-    [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
+    [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           std::vector<tensor>& grads) -> push_result {
+      if (auto err = check_worker(self, worker, who))
+        return err;
+      if (already_taken(self->state, worker, who.seq))
+        return answer_now(self);
       if (auto err = take_gradient(self, worker, step))
         return err;
-      if (auto err = apply_now(self, worker, step, grads, true))
+      if (auto err = apply_now(self, worker, step, who.seq, grads, true))
         return err;
       return answer_now(self);
     });
@@ -1047,8 +1214,13 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
 aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self), refuse_parameters(self),
-    [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& grads) -> push_result {
+    [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           std::vector<tensor>& grads) -> push_result {
       auto& st = self->state;
+      if (auto err = check_worker(self, worker, who))
+        return err;
+      if (already_taken(st, worker, who.seq))
+        return answer_now(self);
       if (auto err = take_gradient(self, worker, step))
         return err;
       for (const auto& w : st.ssp_waiting)
@@ -1057,7 +1229,7 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
                             fmt::format("{} pushed again to aggregator '{}' while its last push "
                                         "waits for the slowest worker",
                                         worker_name(st, worker), st.spec.name));
-      if (auto err = apply_now(self, worker, step, grads, true))
+      if (auto err = apply_now(self, worker, step, who.seq, grads, true))
         return err;
       member(st, worker).stats.clock += 1;
       release_ssp(self); // this push may have been the slowest's
@@ -1101,10 +1273,13 @@ caf::error check_average_step(const aggregator_actor_state& st, uint32_t worker,
 /// average: a push of parameters (either form; a plain push after a switch
 /// into average is a gradient, refused as the other kind).
 push_result average_push(self_pointer self, uint32_t worker, uint64_t step,
-                         std::vector<tensor>& values, bool parameters) {
+                         const push_credentials& who, std::vector<tensor>& values,
+                         bool parameters) {
   auto& st = self->state;
-  if (auto err = check_worker(self, worker))
+  if (auto err = check_worker(self, worker, who))
     return err;
+  if (already_taken(st, worker, who.seq))
+    return answer_now(self);
   if (!parameters && st.average_by_switch)
     return other_kind(st, worker, "a gradient");
   note_push(st, worker, step);
@@ -1114,18 +1289,19 @@ push_result average_push(self_pointer self, uint32_t worker, uint64_t step,
                                   worker_name(st, worker), st.spec.name));
   if (auto err = check_average_step(st, worker, step))
     return err;
-  return join_round(self, worker, step, values, "parameters", release_average);
+  return join_round(self, worker, step, who.seq, values, "parameters", release_average);
 }
 
 aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self),
-    [self](push_atom, params_atom, uint32_t worker, uint64_t step,
+    [self](push_atom, params_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& values) -> push_result {
-      return average_push(self, worker, step, values, true);
+      return average_push(self, worker, step, who, values, true);
     },
-    [self](push_atom, uint32_t worker, uint64_t step, std::vector<tensor>& values) -> push_result {
-      return average_push(self, worker, step, values, false);
+    [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           std::vector<tensor>& values) -> push_result {
+      return average_push(self, worker, step, who, values, false);
     });
 }
 
@@ -1180,6 +1356,7 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
       st.total += n;
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
+    st.guard = norm_guard{spec.grad_norm_guard};
     st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor>>{spec.workers,
                                                                                st.total};
     member(st, spec.workers - 1);
@@ -1209,6 +1386,7 @@ std::string aggregator_spec_difference(const aggregator_spec& have, const aggreg
     diffs.push_back(fmt::format("variables [{}] vs [{}]", fmt::join(have.variables, ", "),
                                 fmt::join(want.variables, ", ")));
   differ("workers", have.workers, want.workers);
+  differ("grad_norm_guard", have.grad_norm_guard, want.grad_norm_guard);
   if (have.mode == "sync" || want.mode == "sync") {
     differ("replicas_to_aggregate", have.replicas_to_aggregate, want.replicas_to_aggregate);
     differ("step_deadline_ms", have.step_deadline_ms, want.step_deadline_ms);

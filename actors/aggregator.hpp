@@ -18,6 +18,7 @@
 
 #include "actors/aggregation_round.hpp"
 #include "actors/data_plane.hpp"
+#include "actors/norm_guard.hpp"
 #include "messages/aggregator.hpp"
 
 namespace af {
@@ -37,6 +38,13 @@ struct aggregator_member {
   uint64_t standby_pushes = 0;
   bool standby_logged = false;
   caf::actor_addr actor;       ///< monitored
+  /// Issued at its join (16 random bytes): its pushes and its done carry it.
+  /// Empty before it joined.
+  std::string token;
+  /// The last push number taken from it (push_credentials::seq), and the
+  /// number of its push in the round in progress (taken once it is released).
+  uint64_t seq_taken = 0;
+  uint64_t round_seq = 0;
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
   worker_stats stats;
 };
@@ -66,6 +74,12 @@ struct aggregator_actor_state {
   /// takes a plain push as parameters, as it always has).
   bool average_by_switch = false;
   bool sweep_pending = false;
+  /// sync, async, ssp: the gradient-norm guard (off unless the spec's
+  /// grad_norm_guard is set).
+  norm_guard guard;
+  /// Pushes and dones refused for not carrying their worker's token (logged
+  /// at the 1st, 2nd, 4th, ...: a stranger in a loop cannot flood the log).
+  uint64_t strangers = 0;
   /// sync: deadlines of the round in progress already acted on (a log line each).
   uint64_t deadline_periods = 0;
   std::vector<aggregator_member> members; ///< by worker index

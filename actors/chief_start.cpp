@@ -16,9 +16,17 @@ namespace af {
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
                                                const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind) {
+                                               const std::string& optimizer_kind,
+                                               const std::string& aggregator) {
   aggregator_state state;
   state.global_step = ck.global_step;
+  // The pushes of `aggregator` the checkpoint holds (none if the job ran
+  // on other ps tasks then: a retry is then no push of this aggregator's).
+  if (auto it = ck.push_seqs.find(aggregator); it != ck.push_seqs.end())
+    for (const auto& [worker, seq] : it->second) {
+      state.seq_workers.push_back(worker);
+      state.seq_taken.push_back(seq);
+    }
   auto names = train::slot_names(optimizer_kind);
   for (const auto& p : pieces) {
     auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir);
@@ -123,7 +131,7 @@ start_job_on_ps(session& s, const train::train_config& c,
                        restored->global_step);
       for (const auto& shard : shards) {
         auto state = restored_state(*restored, c.checkpoint_dir, params, shard.pieces,
-                                    c.optimizer.kind);
+                                    c.optimizer.kind, shard.aggregator);
         if (!state)
           return std::move(state.error());
         auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(*state));
@@ -149,7 +157,7 @@ start_job_on_ps(session& s, const train::train_config& c,
       aggregator_state state;
       if (restored) {
         auto st = restored_state(*restored, c.checkpoint_dir, params, shards[k].pieces,
-                                 c.optimizer.kind);
+                                 c.optimizer.kind, shards[k].aggregator);
         if (!st)
           return std::move(st.error());
         state = std::move(*st);

@@ -39,7 +39,8 @@ namespace af {
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
                                                const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind);
+                                               const std::string& optimizer_kind,
+                                               const std::string& aggregator = {});
 
 /// Where the chief starts the job.
 struct chief_start {

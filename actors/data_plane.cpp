@@ -879,17 +879,35 @@ void data_plane_server::accept_loop() {
 }
 
 bool data_plane_server::serve_aggregator(const data_link& io, const std::string& peer,
-                                         const wire::header& h, const std::string& name) {
+                                         const wire::header& h, const std::string& frame_name) {
   auto frame_ms = static_cast<int>(timeouts_.frame.count());
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
               || h.kind == static_cast<uint8_t>(wire::kind::push_params);
+  // A push's name starts with who it speaks for (wire::push_prefix): the
+  // aggregator checks the token, and names this peer if it is refused.
+  push_credentials who;
+  who.from = "data-plane peer " + peer;
+  std::string name = frame_name;
+  bool short_prefix = push && frame_name.size() < sizeof(wire::push_prefix);
+  if (push && !short_prefix) {
+    wire::push_prefix pre;
+    std::memcpy(&pre, frame_name.data(), sizeof(pre));
+    who.token.assign(reinterpret_cast<const char*>(pre.token), sizeof(pre.token));
+    who.seq = pre.seq;
+    name = frame_name.substr(sizeof(pre));
+  }
   auto agg = dir_->get_aggregator(name);
   auto caller = dir_->aggregator_caller();
   // Checked before anything is allocated: a push for an aggregator that does
   // not exist, or of another size, cannot make the node take its memory.
   std::string refusal;
   af_error code = af_error::invalid_argument;
-  if (!agg.actor || !caller) {
+  if (short_prefix) {
+    refusal = fmt::format("a push frame whose name of {} bytes is shorter than its {}-byte prefix "
+                          "(the worker's token and push number); is the sender of another "
+                          "actorflow version?",
+                          frame_name.size(), sizeof(wire::push_prefix));
+  } else if (!agg.actor || !caller) {
     code = af_error::not_found;
     refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
                           name, node_name_);
@@ -899,12 +917,19 @@ bool data_plane_server::serve_aggregator(const data_link& io, const std::string&
                           "bytes per message ([node] max_message_bytes)",
                           push ? "push" : "pull", name, h.payload_bytes, node_name_,
                           timeouts_.max_message_bytes);
+  } else if (h.has_tensor && !push) {
+    // A pull carries no values: saying "float32[650] values, expected
+    // float32[650]" of one that did named the wrong fault.
+    refusal = fmt::format("pull from aggregator '{}' carries {}{} values: a pull sends none (a "
+                          "push sends values)",
+                          name, dtype_name(static_cast<dtype>(h.dtype)),
+                          shape_string(wire::shape_of(h)));
   } else if (h.has_tensor
-             && (!push || static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
+             && (static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
                  || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
     code = af_error::shape_mismatch;
-    refusal = fmt::format("{} to aggregator '{}': {}{} values, expected float32[{}]",
-                          push ? "push" : "pull", name, dtype_name(static_cast<dtype>(h.dtype)),
+    refusal = fmt::format("push to aggregator '{}': {}{} values, expected float32[{}]",
+                          name, dtype_name(static_cast<dtype>(h.dtype)),
                           shape_string(wire::shape_of(h)), agg.floats);
   } else if (!h.has_tensor && h.payload_bytes > 0) {
     refusal = "a push or pull with a payload that is no tensor";
@@ -931,7 +956,8 @@ bool data_plane_server::serve_aggregator(const data_link& io, const std::string&
       return false;
     }
   }
-  auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(values), agg.wait);
+  auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(who), std::move(values),
+                  agg.wait);
   if (!r)
     return send_error(io, wire_code(r.error()), describe(r.error()));
   wire::header reply;
@@ -2093,24 +2119,36 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
 
 caf::expected<std::pair<uint64_t, tensor>>
 data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worker, uint64_t step,
-                        const std::vector<tensor>& values, std::chrono::milliseconds wait) {
+                        const std::vector<tensor>& values, std::chrono::milliseconds wait,
+                        const std::string& token, uint64_t seq) {
   bool push = kind == wire::kind::push || kind == wire::kind::push_params;
   auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
   if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
     return make_error(af_error::invalid_argument, what + ": not a push or pull frame");
   if (fd_ < 0)
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
-  if (name.size() > wire::max_name || worker > UINT16_MAX)
+  wire::push_prefix pre;
+  if (name.size() + (push ? sizeof(pre) : 0) > wire::max_name || worker > UINT16_MAX)
     return make_error(af_error::invalid_argument, what + ": name or worker index too large");
+  if (push && token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
+                                  "answered with (join the aggregator before pushing)",
+                                  what, token.size(), sizeof(pre.token)));
   reopen_if_closed_by_peer();
   wire::header h;
   h.kind = static_cast<uint8_t>(kind);
-  h.name_len = static_cast<uint32_t>(name.size());
+  h.name_len = static_cast<uint32_t>(name.size() + (push ? sizeof(pre) : 0));
   h.version = step;
   h.reserved = static_cast<uint16_t>(worker);
   std::vector<iovec> iov;
-  iov.reserve(values.size() + 2);
+  iov.reserve(values.size() + 3);
   iov.push_back({&h, sizeof(h)});
+  if (push) {
+    std::memcpy(pre.token, token.data(), sizeof(pre.token));
+    pre.seq = seq;
+    iov.push_back({&pre, sizeof(pre)});
+  }
   if (!name.empty())
     iov.push_back({const_cast<char*>(name.data()), name.size()});
   if (push && !values.empty()) {

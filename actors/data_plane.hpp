@@ -77,10 +77,12 @@ public:
 
   /// How a data-plane thread asks an aggregator and waits for its answer
   /// (start_node sets it: a blocking request from a scoped actor). Arguments:
-  /// the aggregator, the frame kind (push or pull), worker, step, the flat
+  /// the aggregator, the frame kind (push or pull), worker, step, who sent
+  /// it (a push's token and number, and the connection's peer), the flat
   /// values (empty for pull or an abstention), the wait.
   using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
-    const aggregator_actor&, uint8_t, uint32_t, uint64_t, tensor, std::chrono::milliseconds)>;
+    const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
+    std::chrono::milliseconds)>;
   void set_aggregator_call(aggregator_call f);
   aggregator_call aggregator_caller() const;
 
@@ -246,10 +248,14 @@ public:
   /// copy; none: an abstention) or pull to aggregator `name` of the node:
   /// the global step and the flat parameters. `wait` bounds this call's reply
   /// (a sync push waits for the other workers).
+  /// A push carries `token` (the one the worker's join was answered with)
+  /// and its number `seq` (push_credentials); a pull neither.
   caf::expected<std::pair<uint64_t, tensor>> aggregate(wire::kind kind, const std::string& name,
                                                        uint32_t worker, uint64_t step,
                                                        const std::vector<tensor>& values,
-                                                       std::chrono::milliseconds wait);
+                                                       std::chrono::milliseconds wait,
+                                                       const std::string& token = {},
+                                                       uint64_t seq = 0);
 
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on

@@ -444,7 +444,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   // A push or pull frame reaches its aggregator from the data-plane thread
   // through a blocking request; the thread waits, the aggregator does not.
   directory->set_aggregator_call(
-    [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step, tensor values,
+    [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step,
+           push_credentials who, tensor values,
            std::chrono::milliseconds wait) -> caf::expected<std::pair<uint64_t, tensor>> {
       caf::expected<std::pair<uint64_t, tensor>> out{
         make_error(af_error::internal, "the aggregator did not answer")};
@@ -460,10 +461,11 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
           parts.push_back(std::move(values));
         if (kind == static_cast<uint8_t>(wire::kind::push_params))
           self->request(agg, wait, push_atom::value, params_atom::value, worker, step,
-                        std::move(parts))
+                        std::move(who), std::move(parts))
             .receive(on_value, on_error);
         else
-          self->request(agg, wait, push_atom::value, worker, step, std::move(parts))
+          self->request(agg, wait, push_atom::value, worker, step, std::move(who),
+                        std::move(parts))
             .receive(on_value, on_error);
       } else {
         self->request(agg, wait, pull_atom::value).receive(on_value, on_error);

@@ -80,21 +80,26 @@ std::string metrics_stem(const std::string& csv) {
   return csv.size() > 4 && csv.substr(csv.size() - 4) == ".csv" ? csv.substr(0, csv.size() - 4) : csv;
 }
 
-/// "  late 2:5  refused 0:1": per worker, gradients that came after their
-/// step closed (dropped) and values refused or abstained from; "" if none.
+/// "  late 2:5  refused 0:1  guarded 1:3": per worker, gradients that came
+/// after their step closed (dropped), values refused or abstained from, and
+/// gradients the norm guard scaled down; "" if none.
 std::string per_worker_summary(const aggregator_stats& s) {
-  std::string late, refused;
+  std::string late, refused, guarded;
   for (const auto& w : s.workers) {
     if (w.late > 0)
       late += fmt::format(" {}:{}", w.worker, w.late);
     if (w.refused > 0)
       refused += fmt::format(" {}:{}", w.worker, w.refused);
+    if (w.guarded > 0)
+      guarded += fmt::format(" {}:{}", w.worker, w.guarded);
   }
   std::string out;
   if (!late.empty())
     out += "  late (dropped)" + late;
   if (!refused.empty())
     out += "  refused" + refused;
+  if (!guarded.empty())
+    out += "  guarded" + guarded;
   return out;
 }
 
@@ -225,6 +230,7 @@ caf::expected<ps_placement> place_on_ps(session& s, const train::train_config& c
     spec.optimizer = c.optimizer;
     spec.step_timeout_ms = c.step_timeout_ms;
     spec.replicas_to_aggregate = c.replicas_to_aggregate;
+    spec.grad_norm_guard = c.grad_norm_guard;
     spec.step_deadline_ms = c.step_deadline_ms;
     spec.min_replicas = c.min_replicas;
     spec.staleness = c.staleness;
@@ -278,6 +284,22 @@ std::string start_key(uint64_t chief_incarnation) {
   return fmt::format("train/{}/start", chief_incarnation);
 }
 
+/// An error naming every worker whose done said it failed (a worker that
+/// failed and joined again, and then finished, is not named), or none.
+caf::error failed_workers(const aggregator_stats& stats) {
+  std::vector<std::string> failed;
+  for (const auto& w : stats.workers)
+    if (!w.error.empty())
+      failed.push_back(fmt::format("worker {}{}{}: {}", w.worker, w.task.empty() ? "" : " ",
+                                   w.task, w.error));
+  if (failed.empty())
+    return caf::none;
+  auto msg = fmt::format("the job failed: {} of its workers ended in error: {}", failed.size(),
+                         fmt::join(failed, "; "));
+  log::get()->error("chief: {}", msg);
+  return make_error(af_error::aborted, std::move(msg));
+}
+
 /// The snapshot of every shard's aggregator as one checkpoint (the step: the
 /// latest of theirs), at the data position of `position(step)`.
 caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_shard>& shards,
@@ -292,6 +314,9 @@ caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_sh
       return std::move(state.error());
     add_variables(ck, *state, c.optimizer.kind);
     ck.global_step = std::max(ck.global_step, state->global_step);
+    auto& seqs = ck.push_seqs[shard.aggregator];
+    for (size_t i = 0; i < state->seq_workers.size() && i < state->seq_taken.size(); ++i)
+      seqs[state->seq_workers[i]] = state->seq_taken[i];
   }
   if (auto err = assemble_variables(ck, params, shards))
     return err;
@@ -486,7 +511,8 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
       return std::move(latest.error());
     if (*latest) {
       const auto& [path, ck] = **latest;
-      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind);
+      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind,
+                               shard.aggregator);
       if (!st)
         return std::move(st.error());
       state = std::move(*st);
@@ -542,7 +568,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   if (survivor)
     for (const auto& w : survivor->workers)
       if (w.status == "done" || w.status == "left")
-        caf::anon_send(shard.actor, done_atom::value, w.worker);
+        caf::anon_send(shard.actor, done_atom::value, w.worker, std::string{}, std::string{});
   kv_client client{s.system(), ctx.store, timeout};
   if (auto err = client.put(restored_key(ctx.chief_incarnation, k, info.incarnation),
                             fmt::format("{} {}", step, from_step)))
@@ -1080,6 +1106,10 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
       for (uint32_t k = 0; k < n_ps; ++k)
         if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))
           log::get()->warn("chief: shutting down /job:ps/task:{}: {}", k, describe(err));
+    // A worker that ended in error (its done said why) fails the job: its
+    // share of the steps was not trained, or something refused it.
+    if (auto err = failed_workers(outcome.stats))
+      return err;
   }
   outcome.checkpoint = *last_checkpoint;
   if (rep->metrics) {
@@ -1156,14 +1186,35 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
     std::unique_ptr<data_channel> chan;
     std::string name;
     std::vector<train::piece> pieces;
+    std::string token; ///< its aggregator's answer to this client's join
+    uint64_t seq = 0;  ///< this client's last push there
   };
   std::vector<shard> shards;
+  // Its pushes speak for worker 0: it joins as it, for its token, with an
+  // actor that lives as long as this job (when it ends, the membership
+  // does, and the next in-graph job on these ps joins again).
+  caf::scoped_actor member{s.system()};
   for (const auto& p : placed->shards) {
     auto chan = data_channel::connect(p.host, p.data_port, p.task, timeout, {},
                                       system_tls(s.system()));
     if (!chan)
       return std::move(chan.error());
-    shards.push_back({std::move(*chan), p.aggregator, p.pieces});
+    caf::error joined;
+    std::string token;
+    uint64_t seq = 0;
+    member->request(p.actor, timeout, join_atom::value, uint32_t{0},
+                    std::string{"/job:worker/task:0 (in-graph client)"}, std::string{},
+                    static_cast<uint32_t>(c.batch_size * towers),
+                    caf::actor_cast<caf::actor>(member.ptr()))
+      .receive(
+        [&](uint64_t, std::string& t, uint64_t q) {
+          token = std::move(t);
+          seq = q;
+        },
+        [&](caf::error& e) { joined = std::move(e); });
+    if (joined)
+      return joined;
+    shards.push_back({std::move(*chan), p.aggregator, p.pieces, std::move(token), seq});
   }
 
   // One replica per worker task; the mean of their gradients in the graph.
@@ -1214,7 +1265,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
         for (const auto& p : sh.pieces)
           part.push_back(train::slice_rows((*grads)[p.param], p.row_begin, p.row_end));
       auto r = sh.chan->aggregate(pull ? wire::kind::pull : wire::kind::push, sh.name, 0,
-                                  global_step, part, timeout);
+                                  global_step, part, timeout, sh.token,
+                                  pull ? 0 : ++sh.seq);
       if (!r)
         return std::move(r.error());
       answered = std::min(answered, r->first);

@@ -32,8 +32,8 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
   auto tls = system_tls(self->system()); // the process's [security], if any
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
-        const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind,
-        uint64_t local_step) -> caf::result<uint64_t, tensor> {
+        const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind, uint64_t local_step,
+        const std::string& token, uint64_t seq) -> caf::result<uint64_t, tensor> {
       if (before && kind != static_cast<uint8_t>(wire::kind::pull))
         before(local_step);
       if (!*chan || (*chan)->broken()) {
@@ -46,7 +46,7 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
         *chan = std::move(*c);
       }
       auto r = (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
-                                  std::chrono::milliseconds{wait_ms});
+                                  std::chrono::milliseconds{wait_ms}, token, seq);
       if (!r)
         return std::move(r.error());
       return {r->first, std::move(r->second)};
@@ -143,6 +143,11 @@ struct worker_state {
   /// carries shard k's own (after a live switch the ps tasks' steps may
   /// differ for good; the least of them would be late on the others).
   std::vector<uint64_t> shard_step;
+  /// Per shard: the token its aggregator answered this worker's join with
+  /// (its pushes and done carry it; empty before the join), and the number
+  /// of its last push there (a retry sends the same number again).
+  std::vector<std::string> tokens;
+  std::vector<uint64_t> push_seq;
   uint64_t local_step = 0;        ///< steps this worker ran in this process
   double loss_sum = 0;
   uint64_t loss_count = 0;
@@ -184,9 +189,15 @@ void fail(self_pointer self, caf::error err, const std::string& during) {
     log::get()->info("{}", msg); // asked for (train stop): not a failure to shout about
   else
     log::get()->error("{}", msg);
-  for (auto& s : st.setup.shards)
-    if (s.actor)
-      caf::anon_send(s.actor, done_atom::value, st.setup.index);
+  // Said with its token, and why: the chief fails the job when a worker
+  // failed. Without one (it failed before it joined) the aggregator takes
+  // it only if no process joined under the index: a process refused at its
+  // join does not retire the live member of its index.
+  for (size_t k = 0; k < st.setup.shards.size(); ++k)
+    if (st.setup.shards[k].actor)
+      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index,
+                     k < st.tokens.size() ? st.tokens[k] : std::string{},
+                     is(err, af_error::cancelled) ? std::string{} : msg);
   // Keep the cause's code (a timeout stays a timeout; internal means a bug).
   auto code = af_error::internal;
   if (err.category() == error_category && valid_af_error(err.code()))
@@ -299,7 +310,17 @@ struct exchange_gather {
 
 void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
                 std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
-                std::function<void(uint64_t, std::vector<tensor>)> then);
+                std::function<void(uint64_t, std::vector<tensor>)> then, uint64_t seq);
+
+/// Shard `k`'s answer to this worker's join: the token its pushes carry
+/// from now on, and the last push number it took from this worker's index
+/// (a process that joined again numbers on from there; a retry in flight
+/// keeps its number).
+void take_membership(self_pointer self, size_t k, std::string token, uint64_t last_seq) {
+  auto& st = self->state;
+  st.tokens[k] = std::move(token);
+  st.push_seq[k] = std::max(st.push_seq[k], last_seq);
+}
 
 /// Pushes nothing to every shard for this step (sync, average: the others'
 /// step goes on without this worker's contribution; async: nothing applied),
@@ -367,7 +388,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     auto kind = values == nullptr ? wire::kind::pull
                 : average         ? wire::kind::push_params
                                   : wire::kind::push;
-    push_shard(self, g, k, std::move(part), step, kind, values != nullptr, then);
+    push_shard(self, g, k, std::move(part), step, kind, values != nullptr, then, 0);
   }
 }
 
@@ -453,8 +474,12 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
         self->request(shard.actor, st.setup.timeout, join_atom::value, st.setup.index,
                       st.setup.task_name, st.setup.address, examples_per_push(st),
                       caf::actor_cast<caf::actor>(self))
-          .then([then, restored](uint64_t) { then(restored); },
-                [failed](caf::error& e) { failed(std::move(e)); });
+          .then(
+            [self, k, then, restored](uint64_t, std::string& token, uint64_t last_seq) {
+              take_membership(self, k, std::move(token), last_seq);
+              then(restored);
+            },
+            [failed](caf::error& e) { failed(std::move(e)); });
       },
       [failed](caf::error& e) { failed(std::move(e)); });
 }
@@ -465,16 +490,21 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
 /// few times at most per exchange.
 void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
                 std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
-                std::function<void(uint64_t, std::vector<tensor>)> then) {
+                std::function<void(uint64_t, std::vector<tensor>)> then, uint64_t seq) {
   auto& st = self->state;
   const auto& s = st.setup.shards[k];
+  // Each push gets the next number; its retry (the ps died before it
+  // answered) the same one, so that a ps restored from a checkpoint that
+  // holds it does not apply it twice.
+  if (kind != wire::kind::pull && seq == 0)
+    seq = ++st.push_seq[k];
   auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
   // The link answers within its socket's deadlines (the node's step
   // timeout plus a margin, data_channel::aggregate) and is linked to this
   // actor: no timer here, which would wake CAF's clock thread every step.
   // `part` shares its buffers: the copy kept for a retry costs nothing.
   self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                step, part, wait, static_cast<uint8_t>(kind), st.local_step)
+                step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
     .then(
       [self, g, k, then](uint64_t step, tensor& flat) {
         if (g->failed)
@@ -493,7 +523,7 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
         if (--g->missing == 0)
           then(g->step, std::move(g->params));
       },
-      [self, g, k, part, step, kind, has_values, then](caf::error& err) {
+      [self, g, k, part, step, kind, has_values, then, seq](caf::error& err) {
         if (g->failed)
           return;
         auto& st = self->state;
@@ -520,12 +550,12 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
           g->tries[k] += 1;
           recover_shard(
             self, k, step, err,
-            [self, g, k, part, step, kind, has_values, then](uint64_t restored) {
+            [self, g, k, part, step, kind, has_values, then, seq](uint64_t restored) {
               if (g->failed)
                 return;
               auto next = std::min(step, restored);
               self->state.shard_step[k] = next;
-              push_shard(self, g, k, part, next, kind, has_values, then);
+              push_shard(self, g, k, part, next, kind, has_values, then, seq);
             },
             [self, g, during](caf::error e) {
               if (g->failed)
@@ -903,9 +933,10 @@ void after_step(self_pointer self) {
 void finish(self_pointer self) {
   auto& st = self->state;
   double seconds = seconds_since(st.started);
-  for (auto& s : st.setup.shards)
-    if (s.actor)
-      caf::anon_send(s.actor, done_atom::value, st.setup.index);
+  for (size_t k = 0; k < st.setup.shards.size(); ++k)
+    if (st.setup.shards[k].actor)
+      caf::anon_send(st.setup.shards[k].actor, done_atom::value, st.setup.index,
+                     k < st.tokens.size() ? st.tokens[k] : std::string{}, std::string{});
   auto complete = [self, seconds](double test_loss, double acc) {
     auto& st = self->state;
     auto result = [self, seconds, test_loss, acc] {
@@ -1139,9 +1170,10 @@ void join_all(self_pointer self, std::function<void()> then) {
     self->request(s.actor, st.setup.timeout, join_atom::value, st.setup.index, st.setup.task_name,
                   st.setup.address, examples, caf::actor_cast<caf::actor>(self))
       .then(
-        [j, k, one_done](uint64_t) {
+        [self, j, k, one_done](uint64_t, std::string& token, uint64_t last_seq) {
           if (j->settled[k])
             return;
+          take_membership(self, k, std::move(token), last_seq);
           j->settled[k] = true;
           one_done();
         },
@@ -1210,6 +1242,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.avg_local0 = 0;
   st.global_step = s.start_step;
   st.shard_step.assign(s.shards.size(), s.start_step);
+  st.tokens.assign(s.shards.size(), std::string{});
+  st.push_seq.assign(s.shards.size(), 0);
   st.shard_down.assign(s.shards.size(), false);
   st.held_round.assign(s.shards.size(), false);
   st.checkpointed_step = s.start_step;

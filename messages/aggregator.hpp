@@ -12,7 +12,19 @@
 /// updates through their cells, so optimizer slots stay beside the values.
 ///
 /// Protocol (every reply may instead be an error of messages/error.hpp):
-///   (push, uint32 worker, uint64 step, vector<tensor> values) -> (uint64 global_step, tensor params)
+///   (push, uint32 worker, uint64 step, push_credentials who, vector<tensor> values)
+///                                 -> (uint64 global_step, tensor params)
+///        Only the member that joined as `worker` pushes for it: `who.token`
+///        must be the token its join was answered with (compared in constant
+///        time); a push with another token, or for an index that has not
+///        joined, is invalid_argument, logged with `who.from` (where it came
+///        from), and changes nothing. `who.seq` numbers the worker's pushes
+///        to this aggregator (1, 2, ...; a retry sends the same number): a
+///        push whose number the aggregator has already taken (applied, or
+///        used in a round) is answered at once with the parameters and not
+///        applied again; the numbers taken are part of save and restore, so
+///        a push retried after its ps died and was restored from a
+///        checkpoint that holds it counts once.
 ///        `values` holds one tensor per variable of the spec, in its order,
 ///        each of that variable's shape; or one flat float32 tensor of all of
 ///        them (what the data plane carries). What they are depends on the mode:
@@ -50,20 +62,32 @@
 ///        is already_exists. An update reaches every variable or none:
 ///        everything that could refuse it (a variable with no value yet is
 ///        uninitialized naming it) is checked for all of them first.
-///   (push, params, uint32 worker, uint64 step, vector<tensor> values) -> as push: values that
+///   (push, params, uint32 worker, uint64 step, push_credentials who, vector<tensor> values)
+///                                 -> as push: values that
 ///        are parameters (average workers push these). A push of the kind the
 ///        mode does not take (parameters to sync/async/ssp; after a live
 ///        switch into average, a plain push, which is a gradient) is
 ///        mode_changed: the worker learns the mode (stats) and changes its loop.
 ///   (pull)                        -> (uint64 global_step, tensor params)
 ///   (stats)                       -> (aggregator_stats)
-///   (done, uint32 worker)         -> (uint32 workers_done)  the worker pushes no more:
-///        sync and average stop waiting for it (a worker that joined leaves).
+///   (done, uint32 worker, string token, string error) -> (uint32 workers_done)  the worker
+///        pushes no more: sync and average stop waiting for it (a worker that
+///        joined leaves). `error` is empty if it finished, else why it failed
+///        (stats show it: the chief fails the job). Once the index has
+///        joined, only its token retires it (a process refused at join, or
+///        anyone else, cannot end a live member): another token is
+///        invalid_argument. For an index that never joined (the chief marks
+///        the workers a restored ps's survivor knew as done) no token is asked.
 ///   (join, uint32 worker, string task, string address, uint32 examples_per_push, actor who)
-///                                 -> (uint64 global_step)  registers the worker's name
+///                                 -> (uint64 global_step, string token, uint64 last_seq)
+///        registers the worker's name
 ///        (every message about it uses it), monitors `who` (when it goes down
 ///        the worker leaves at once: no step waits for it), and makes a
 ///        worker beyond the spec's a member (sync then waits for it too).
+///        Answers a new random 128-bit token (OpenSSL RAND_bytes) that the
+///        worker's pushes and done carry from then on (an earlier
+///        process's token of that index stops working), and the last push
+///        number the aggregator took from the index (its next push numbers on).
 ///   (switch, aggregator_spec want) -> (uint64 global_step)  drains the mode (a
 ///        round in progress closes with what arrived; held pushes are let
 ///        go) and goes on in want.mode with want's replicas_to_aggregate,
@@ -77,7 +101,8 @@
 ///        it); the worker joins every ps before its next push, so that its
 ///        rounds begin with the same step's push on each ps.
 ///   (save)                        -> (aggregator_state)  a consistent snapshot
-///        between steps: values, optimizer slots and the global step
+///        between steps: values, optimizer slots, the global step and the
+///        last push number taken from each worker
 ///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it, or
 ///        nothing if any part does not fit (shape_mismatch naming it). A round
 ///        in progress (sync, average) is abandoned: its parked pushes are
@@ -137,6 +162,10 @@ struct aggregator_spec {
   uint32_t step_deadline_ms = 0;
   uint32_t min_replicas = 1;
   uint64_t staleness = 3;              ///< ssp: steps a worker may run ahead of the slowest
+  /// sync, async, ssp: a gradient whose L2 norm is over this many times the
+  /// median of the recent ones is scaled down to that bound (0: off;
+  /// actors/norm_guard.hpp).
+  double grad_norm_guard = 0;
 };
 
 /// One worker as an aggregator sees it (messages/aggregator.hpp's stats).
@@ -159,6 +188,10 @@ struct worker_stats {
   uint64_t last_step = 0;      ///< the step of its last push
   double examples_per_s = 0;   ///< batch_size x pushes over its first to last push
   double idle_s = -1;          ///< since its last push (-1: none yet)
+  /// Why it failed, as its done said ("" if it finished, or has not ended):
+  /// the chief fails the job when a worker did.
+  std::string error;
+  uint64_t guarded = 0;        ///< pushes the gradient-norm guard refused or clipped
 };
 
 struct aggregator_stats {
@@ -187,20 +220,33 @@ struct aggregator_state {
   std::vector<std::string> names;
   std::vector<tensor> values;
   std::vector<std::vector<tensor>> slots; ///< per variable, train::slot_names order
+  /// The last push number taken from each worker (push_credentials::seq),
+  /// by index: a push retried after a restore counts once.
+  std::vector<uint32_t> seq_workers;
+  std::vector<uint64_t> seq_taken;
+};
+
+/// Who a push speaks for (messages/aggregator.hpp's push): the token its
+/// worker's join was answered with, the number of this push, and where it
+/// came from for the log (the data plane fills in the peer's address).
+struct push_credentials {
+  std::string token;
+  uint64_t seq = 0;
+  std::string from;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {
   return f(caf::meta::type_name("aggregator_spec"), x.name, x.mode, x.variables, x.workers,
            x.optimizer, x.step_timeout_ms, x.replicas_to_aggregate, x.step_deadline_ms,
-           x.min_replicas, x.staleness);
+           x.min_replicas, x.staleness, x.grad_norm_guard);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
   return f(caf::meta::type_name("worker_stats"), x.worker, x.task, x.address, x.status,
            x.batch_size, x.pushes, x.applied, x.late, x.refused, x.stale, x.max_staleness,
-           x.waited_ms, x.clock, x.last_step, x.examples_per_s, x.idle_s);
+           x.waited_ms, x.clock, x.last_step, x.examples_per_s, x.idle_s, x.error, x.guarded);
 }
 
 template <class Inspector>
@@ -212,16 +258,22 @@ typename Inspector::result_type inspect(Inspector& f, aggregator_stats& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_state& x) {
-  return f(caf::meta::type_name("aggregator_state"), x.global_step, x.names, x.values, x.slots);
+  return f(caf::meta::type_name("aggregator_state"), x.global_step, x.names, x.values, x.slots,
+           x.seq_workers, x.seq_taken);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, push_credentials& x) {
+  return f(caf::meta::type_name("push_credentials"), x.token, x.seq, x.from);
 }
 
 using aggregator_actor = caf::typed_actor<
-  caf::replies_to<push_atom, uint32_t, uint64_t, std::vector<tensor>>::with<uint64_t, tensor>,
-  caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, std::vector<tensor>>::with<uint64_t, tensor>,
+  caf::replies_to<push_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
+  caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,
-  caf::replies_to<done_atom, uint32_t>::with<uint32_t>,
-  caf::replies_to<join_atom, uint32_t, std::string, std::string, uint32_t, caf::actor>::with<uint64_t>,
+  caf::replies_to<done_atom, uint32_t, std::string, std::string>::with<uint32_t>,
+  caf::replies_to<join_atom, uint32_t, std::string, std::string, uint32_t, caf::actor>::with<uint64_t, std::string, uint64_t>,
   caf::replies_to<switch_atom, aggregator_spec>::with<uint64_t>,
   caf::replies_to<save_atom>::with<aggregator_state>,
   caf::replies_to<restore_atom, aggregator_state>::with<uint64_t>>;

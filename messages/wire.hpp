@@ -27,10 +27,11 @@ enum class kind : uint8_t {
   assign = 2,
   assign_add = 3,
   assign_sub = 4,
-  /// Training (messages/aggregator.hpp): the name is an aggregator's,
-  /// `version` the worker's step, `reserved` the worker's index, the payload
-  /// one flat float32 tensor (gradients or parameters; none for pull). The
-  /// reply's `version` is the global step, its payload the flat parameters.
+  /// Training (messages/aggregator.hpp): the name is an aggregator's (a
+  /// push's: a push_prefix, then the aggregator's name), `version` the
+  /// worker's step, `reserved` the worker's index, the payload one flat
+  /// float32 tensor (gradients or parameters; none for pull). The reply's
+  /// `version` is the global step, its payload the flat parameters.
   push = 5,
   pull = 6,
   push_params = 7,  ///< as push, the payload parameters (average), not gradients
@@ -77,6 +78,15 @@ struct edge_prefix {
   uint8_t token[16] = {};
 };
 static_assert(sizeof(edge_prefix) == 40, "an edge frame's name starts with 40 bytes");
+
+/// The fixed start of a push frame's name (then the aggregator's name): the
+/// token the worker's join was answered with, and the push's number
+/// (messages/aggregator.hpp's push_credentials).
+struct push_prefix {
+  unsigned char token[16] = {};
+  uint64_t seq = 0;
+};
+static_assert(sizeof(push_prefix) == 24, "a push frame's name starts with 24 bytes");
 
 /// The kind byte of a request for `op`.
 constexpr uint8_t request_kind(var_op op) {

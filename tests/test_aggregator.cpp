@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,8 +80,34 @@ struct aggregator_fixture {
     return {tensor::filled(dtype::float32, {2, 2}, w), bt};
   }
 
+  /// Joins `worker` (as `who`, or no actor) and keeps its token; the answer's
+  /// global step, or the refusal.
+  caf::expected<uint64_t> join(uint32_t worker, const caf::actor& who = {}) {
+    caf::expected<uint64_t> out{make_error(af_error::internal, "no reply")};
+    self
+      ->request(agg, 10s, join_atom::value, worker, "/job:worker/task:" + std::to_string(worker),
+                std::string{"127.0.0.1:3334"}, uint32_t{32}, who)
+      .receive(
+        [&](uint64_t g, std::string& token, uint64_t last_seq) {
+          tokens[worker] = std::move(token);
+          seqs[worker] = std::max(seqs[worker], last_seq);
+          out = g;
+        },
+        [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  /// What `worker`'s next push carries: its token (joining it first, with
+  /// no actor, if it has none) and its next push number.
+  push_credentials creds(uint32_t worker) {
+    if (tokens[worker].empty())
+      REQUIRE(join(worker));
+    return push_credentials{tokens[worker], ++seqs[worker], "the test"};
+  }
+
   auto push(uint32_t worker, uint64_t step, std::vector<tensor> v) {
-    return self->request(agg, 10s, push_atom::value, worker, step, std::move(v));
+    auto who = creds(worker);
+    return self->request(agg, 10s, push_atom::value, worker, step, std::move(who), std::move(v));
   }
 
   template <class Handle>
@@ -118,6 +145,8 @@ struct aggregator_fixture {
   caf::scoped_actor self;
   aggregator_actor agg;
   std::vector<std::shared_ptr<variable_cell>> cells;
+  std::map<uint32_t, std::string> tokens; ///< per worker, as its join was answered
+  std::map<uint32_t, uint64_t> seqs;      ///< per worker, its last push number
 };
 
 std::vector<float> filled(size_t n, float x) {
@@ -440,8 +469,7 @@ caf::expected<uint64_t> ask(aggregator_fixture& f, Ts&&... xs) {
 }
 
 caf::expected<uint64_t> join(aggregator_fixture& f, uint32_t worker, const caf::actor& who) {
-  return ask(f, join_atom::value, worker, "/job:worker/task:" + std::to_string(worker),
-             std::string{"127.0.0.1:3334"}, uint32_t{32}, who);
+  return f.join(worker, who);
 }
 
 caf::expected<uint64_t> switch_to(aggregator_fixture& f, const std::string& mode) {
@@ -452,7 +480,7 @@ caf::expected<uint64_t> switch_to(aggregator_fixture& f, const std::string& mode
 }
 
 void done(aggregator_fixture& f, uint32_t worker) {
-  f.self->request(f.agg, 10s, done_atom::value, worker)
+  f.self->request(f.agg, 10s, done_atom::value, worker, f.tokens[worker], std::string{})
     .receive([](uint32_t) {}, [](caf::error& e) { FAIL(describe(e)); });
 }
 
@@ -629,7 +657,7 @@ TEST_CASE("ssp holds a worker more than staleness ahead of the slowest until it 
   });
   caf::scoped_actor w0{f.sys}; // worker 0's answers come only here
   auto push0 = [&](uint64_t step) {
-    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step,
+    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step, f.creds(0),
                        aggregator_fixture::values(1, 1));
   };
   auto a = push0(0);
@@ -671,7 +699,7 @@ TEST_CASE("ssp with staleness 0 is lockstep: each push waits for the other worke
   });
   caf::scoped_actor w0{f.sys};
   auto push0 = [&](uint64_t step) {
-    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step,
+    return w0->request(f.agg, 10s, push_atom::value, uint32_t{0}, step, f.creds(0),
                        aggregator_fixture::values(1, 1));
   };
   auto a0 = push0(0);
@@ -858,7 +886,7 @@ TEST_CASE("a live switch between sync and average drains the round, and each sid
   // parameters make the round: their mean becomes the value
   auto params = [&](uint32_t w, uint64_t step, float x) {
     return f.self->request(f.agg, 10s, push_atom::value, params_atom::value, w, step,
-                           aggregator_fixture::values(x, x));
+                           f.creds(w), aggregator_fixture::values(x, x));
   };
   auto a0 = params(0, 3, 4);
   auto a1 = params(1, 3, 8);
@@ -893,7 +921,10 @@ TEST_CASE("a worker beyond the config joins, rounds wait for it, and it leaves w
   // until the step timeout, messages that do not name its task and address.
   aggregator_fixture f;
   f.spawn("sync", 2, true, sgd);
-  auto stranger = f.push_now(2, 0, aggregator_fixture::values(1, 1));
+  // (not joined, so with no token)
+  auto h = f.self->request(f.agg, 10s, push_atom::value, uint32_t{2}, uint64_t{0},
+                           push_credentials{}, aggregator_fixture::values(1, 1));
+  auto stranger = aggregator_fixture::reply(h);
   REQUIRE_FALSE(stranger);
   CHECK(is(stranger.error(), af_error::invalid_argument));
   CHECK_THAT(describe(stranger.error()), Catch::Contains("worker 2") && Catch::Contains("join"));
@@ -1125,4 +1156,247 @@ TEST_CASE("a worker joining a running ssp job starts level with the slowest memb
   CHECK(f.stats().workers[0].status == "held");
   REQUIRE(f.push_now(1, 5, aggregator_fixture::values(1, 1)));
   REQUIRE(aggregator_fixture::reply(held));
+}
+
+// -- membership: who a push or a done speaks for ---------------------------------
+
+TEST_CASE("a push that does not carry the token its worker joined with is refused and changes "
+          "nothing; the member's own push of that step goes in",
+          "[aggregator][members]") {
+  // Catches: a push that claims a member's index being taken on the index
+  // alone (a forged gradient 10^30 times the others' destroyed the model,
+  // and the real worker's push of that step was then refused as a second
+  // one), and a push for an index that never joined.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, sgd);
+  REQUIRE(f.join(0));
+  REQUIRE(f.join(1));
+  auto forged = [&](std::string token) {
+    caf::expected<std::pair<uint64_t, tensor>> out{make_error(af_error::internal, "no reply")};
+    f.self
+      ->request(f.agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0},
+                push_credentials{std::move(token), 1, "the forger"},
+                aggregator_fixture::values(1e30f, 1e30f))
+      .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+               [&](caf::error& e) { out = std::move(e); });
+    return out;
+  };
+  auto wrong = f.tokens[1];
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  for (const auto& token : {std::string{}, wrong, std::string(16, '\0'), f.tokens[0]}) {
+    auto r = forged(token);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::invalid_argument));
+    CHECK_THAT(describe(r.error()),
+               Catch::Contains("worker 1") && Catch::Contains("from the forger")
+                 && Catch::Contains("token"));
+  }
+  // an index that never joined
+  auto stranger = [&] {
+    caf::expected<std::pair<uint64_t, tensor>> out{make_error(af_error::internal, "no reply")};
+    f.self
+      ->request(f.agg, 10s, push_atom::value, uint32_t{7}, uint64_t{0},
+                push_credentials{f.tokens[1], 1, "the forger"}, aggregator_fixture::values(1, 1))
+      .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+               [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }();
+  REQUIRE_FALSE(stranger);
+  CHECK_THAT(describe(stranger.error()), Catch::Contains("has not joined"));
+  auto s = f.stats();
+  CHECK(s.pushes == 0);
+  CHECK(s.global_step == 0);
+  CHECK_THAT(s.last_refusal, Catch::Contains("from the forger"));
+  // the members' own pushes of step 0 make the round: mean(2, 4) = 3, lr 0.5
+  auto p0 = f.push(0, 0, aggregator_fixture::values(2, 2));
+  auto r1 = f.push_now(1, 0, aggregator_fixture::values(4, 4));
+  REQUIRE(r1);
+  CHECK(r1->first == 1);
+  REQUIRE(aggregator_fixture::reply(p0));
+  CHECK(f.value(0) == filled(4, 1 - 0.5f * 3));
+}
+
+TEST_CASE("a refused join does not retire the live member: only its own token says done",
+          "[aggregator][members]") {
+  // Catches: the refused process's exit (its done for the index) marking the
+  // live worker done, so its next push failed and the job went on without it.
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, sgd);
+  worker_stand_in live{f.sys};
+  worker_stand_in intruder{f.sys};
+  REQUIRE(f.join(0));
+  REQUIRE(f.join(1, live.actor));
+  auto token = f.tokens[1];
+  auto taken = f.join(1, intruder.actor);
+  REQUIRE_FALSE(taken);
+  CHECK(is(taken.error(), af_error::already_exists));
+  // nor a join without an actor: it would take the live member's token
+  auto bare = f.join(1);
+  REQUIRE_FALSE(bare);
+  CHECK(is(bare.error(), af_error::already_exists));
+  CHECK(f.tokens[1] == token);
+  // the refused process ends: it says done for index 1 without the token
+  for (const auto& t : {std::string{}, std::string(16, 'x')}) {
+    caf::expected<uint32_t> r{make_error(af_error::internal, "no reply")};
+    f.self->request(f.agg, 10s, done_atom::value, uint32_t{1}, t, std::string{"refused"})
+      .receive([&](uint32_t n) { r = n; }, [&](caf::error& e) { r = std::move(e); });
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::invalid_argument));
+  }
+  auto s = f.stats();
+  CHECK(s.workers[1].status == "member");
+  CHECK(s.workers[1].error.empty());
+  CHECK(s.active == 2);
+  // the live member pushes on, and the round waits for it as before
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  REQUIRE(f.push_now(1, 0, aggregator_fixture::values(3, 3)));
+  REQUIRE(aggregator_fixture::reply(p0));
+  // the same actor joining again (after a switch) keeps its token
+  REQUIRE(f.join(1, live.actor));
+  CHECK(f.tokens[1] == token);
+}
+
+TEST_CASE("a member's done says why it failed, and its stats show it until it joins again",
+          "[aggregator][members]") {
+  // Catches: a worker that failed counted as done like one that finished
+  // (the chief reported success for a job whose worker exited 1).
+  aggregator_fixture f;
+  f.spawn("sync", 2, true, sgd);
+  worker_stand_in w1{f.sys};
+  REQUIRE(f.join(0));
+  REQUIRE(f.join(1, w1.actor));
+  caf::expected<uint32_t> r{make_error(af_error::internal, "no reply")};
+  f.self
+    ->request(f.agg, 10s, done_atom::value, uint32_t{1}, f.tokens[1],
+              std::string{"worker 1 at local step 3: pushed step 3 twice"})
+    .receive([&](uint32_t n) { r = n; }, [&](caf::error& e) { r = std::move(e); });
+  REQUIRE(r);
+  auto s = f.stats();
+  CHECK(s.workers[1].status == "done");
+  CHECK_THAT(s.workers[1].error, Catch::Contains("pushed step 3 twice"));
+  CHECK(s.workers[0].error.empty());
+  CHECK_FALSE(event_with(s, {"worker 1", "failed", "pushed step 3 twice"}).empty());
+  // a worker that failed before it joined (no token) is taken too: no
+  // process joined under its index
+  aggregator_fixture g;
+  g.spawn("sync", 2, true, sgd);
+  caf::expected<uint32_t> early{make_error(af_error::internal, "no reply")};
+  g.self
+    ->request(g.agg, 10s, done_atom::value, uint32_t{1}, std::string{},
+              std::string{"worker 1: loading the data: no such file"})
+    .receive([&](uint32_t n) { early = n; }, [&](caf::error& e) { early = std::move(e); });
+  REQUIRE(early);
+  CHECK_THAT(g.stats().workers[1].error, Catch::Contains("no such file"));
+  CHECK(g.stats().active == 1);
+  // a new process of that index clears it
+  caf::anon_send_exit(w1.actor, caf::exit_reason::kill);
+  worker_stand_in again{f.sys};
+  REQUIRE(f.join(1, again.actor));
+  CHECK(f.stats().workers[1].error.empty());
+}
+
+TEST_CASE("an async push retried after its ps was restored from a checkpoint that holds it "
+          "counts once",
+          "[aggregator][members][exactly-once]") {
+  // Catches: a push applied and checkpointed, whose answer was lost with its
+  // ps, applied again when the worker retried it at the restored ps.
+  aggregator_fixture f;
+  f.spawn("async", 1, true, sgd);
+  REQUIRE(f.join(0));
+  auto push_seq = [&](aggregator_fixture& at, uint64_t seq, float g) {
+    caf::expected<std::pair<uint64_t, tensor>> out{make_error(af_error::internal, "no reply")};
+    at.self
+      ->request(at.agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0},
+                push_credentials{at.tokens[0], seq, "test"}, aggregator_fixture::values(g, g))
+      .receive([&](uint64_t s, tensor& p) { out = std::make_pair(s, std::move(p)); },
+               [&](caf::error& e) { out = std::move(e); });
+    return out;
+  };
+  REQUIRE(push_seq(f, 1, 2)); // w: 1 - 0.5 * 2 = 0
+  CHECK(f.value(0) == filled(4, 0));
+  // the checkpoint
+  caf::expected<aggregator_state> saved{make_error(af_error::internal, "no reply")};
+  f.self->request(f.agg, 10s, save_atom::value)
+    .receive([&](aggregator_state& st) { saved = std::move(st); },
+             [&](caf::error& e) { saved = std::move(e); });
+  REQUIRE(saved);
+  REQUIRE(saved->seq_workers == std::vector<uint32_t>{0});
+  REQUIRE(saved->seq_taken == std::vector<uint64_t>{1});
+  // the ps dies; a new one is restored from the checkpoint
+  aggregator_fixture g;
+  g.spawn("async", 1, true, sgd);
+  REQUIRE(ask(g, restore_atom::value, *saved));
+  CHECK(g.value(0) == filled(4, 0));
+  // the worker joins it again (told the last push it took) and retries push 1
+  caf::expected<uint64_t> last{make_error(af_error::internal, "no reply")};
+  g.self
+    ->request(g.agg, 10s, join_atom::value, uint32_t{0}, std::string{"/job:worker/task:0"},
+              std::string{}, uint32_t{1}, caf::actor{})
+    .receive(
+      [&](uint64_t, std::string& t, uint64_t q) {
+        g.tokens[0] = std::move(t);
+        last = q;
+      },
+      [&](caf::error& e) { last = std::move(e); });
+  REQUIRE(last);
+  CHECK(*last == 1);
+  auto retried = push_seq(g, 1, 2);
+  REQUIRE(retried);
+  CHECK(g.value(0) == filled(4, 0)); // not applied again (it would be -1)
+  CHECK(g.stats().applied == 0);
+  // its next push is applied
+  REQUIRE(push_seq(g, 2, 2));
+  CHECK(g.value(0) == filled(4, -1));
+}
+
+// -- the gradient-norm guard -------------------------------------------------------
+
+TEST_CASE("the norm guard scales down a gradient far over the recent median, after its warm-up",
+          "[aggregator][guard]") {
+  // Catches: a guard that acts before it knows the scale, clips within the
+  // limit, or whose median never follows gradients that really grow.
+  norm_guard off;
+  CHECK(off.admit(1e30) == 1);
+  norm_guard g{10};
+  for (size_t i = 0; i < norm_guard::warm_up; ++i)
+    CHECK(g.admit(i == 0 ? 1e6 : 2.0) == 1); // warming up: even the first outlier passes
+  CHECK(g.median() == 2.0);
+  CHECK(g.admit(20.0) == 1);                    // exactly at the bound
+  CHECK(g.admit(2e30) == Approx(20.0 / 2e30));  // scaled to 10 x median
+  // gradients that grow 100x for good: the median follows within a window
+  double last = 0;
+  for (int i = 0; i < 64; ++i)
+    last = g.admit(200.0);
+  CHECK(last == 1);
+}
+
+TEST_CASE("with grad_norm_guard, one push 10^30 times the others moves the model no more than "
+          "the guard allows, and is counted on its worker",
+          "[aggregator][guard]") {
+  // Catches: the guard not applied to async pushes (or to sync rounds),
+  // and its count not shown.
+  for (std::string mode : {"async", "sync"}) {
+    INFO(mode);
+    aggregator_fixture f;
+    f.spawn(mode, 1, true, [](aggregator_spec& s) {
+      sgd(s);
+      s.optimizer.lr = 0.001f;
+      s.grad_norm_guard = 10;
+    });
+    uint64_t step = 0;
+    for (size_t i = 0; i < norm_guard::warm_up; ++i) {
+      auto r = f.push_now(0, step, aggregator_fixture::values(1, 1));
+      REQUIRE(r);
+      step = r->first;
+    }
+    auto before = f.value(0);
+    auto r = f.push_now(0, step, aggregator_fixture::values(1e30f, 1e30f));
+    REQUIRE(r);
+    auto after = f.value(0);
+    // 10 x the median norm, spread evenly over the 7 elements: each moves by
+    // lr x 10 x 1 = 0.01 (unguarded: 10^27)
+    CHECK(std::abs(after[0] - before[0]) == Approx(0.01).epsilon(1e-3));
+    auto s = f.stats();
+    CHECK(s.workers[0].guarded == 1);
+  }
 }

@@ -20,6 +20,7 @@
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
+#include "members.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "wait.hpp"
@@ -156,13 +157,20 @@ TEST_CASE("a sync aggregator takes a worker's push of one step once, however oft
                    [&](caf::error& e) { out = std::move(e); });
     return out;
   };
-  auto p0 = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  auto t0 = test::join_for_token(self, agg, 0);
+  auto t1 = test::join_for_token(self, agg, 1);
+  REQUIRE(t0.size() == 16);
+  REQUIRE(t1.size() == 16);
+  // Unnumbered (0): the step alone keeps it from counting twice.
+  push_credentials w0{t0, 0, "test"};
+  push_credentials w1{t1, 0, "test"};
+  auto p0 = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, w0, grad(2));
   // Worker 0 sends its push again (its answer was lost) while the round waits for worker 1.
-  auto again = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  auto again = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, w0, grad(2));
   auto dup = answer(again);
   REQUIRE_FALSE(dup);
   CHECK(is(dup.error(), af_error::already_exists));
-  auto p1 = self->request(agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0}, grad(4));
+  auto p1 = self->request(agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0}, w1, grad(4));
   auto r0 = answer(p0);
   auto r1 = answer(p1);
   REQUIRE(r0);
@@ -172,7 +180,7 @@ TEST_CASE("a sync aggregator takes a worker's push of one step once, however oft
   auto w = value_of(cell->apply(var_op::read, tensor{}, true)).value;
   CHECK(w.at(0) == -3);
   // After the round closed, the same push again is dropped as stale.
-  auto late = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, grad(2));
+  auto late = self->request(agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, w0, grad(2));
   auto rl = answer(late);
   REQUIRE(rl);
   CHECK(rl->first == 1);

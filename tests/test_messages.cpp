@@ -5,6 +5,7 @@
 #include "caf/binary_serializer.hpp"
 
 #include "actors/system.hpp"
+#include "messages/aggregator.hpp"
 #include "messages/error.hpp"
 #include "messages/node.hpp"
 
@@ -270,6 +271,35 @@ TEST_CASE_METHOD(fixture, "every field of every message type survives CAF serial
     CHECK(is(err, af_error::shape_mismatch));
     CHECK(describe(err) == "shape_mismatch: assign 'w': [2,2] vs [3]");
     CHECK(sys.render(err).find("[2,2] vs [3]") != std::string::npos);
+  }
+
+  SECTION("training: who a push speaks for, and what an aggregator saves") {
+    push_credentials who{std::string("\x00\x01token\xff-16-bytes", 16), 0x1234567890ULL,
+                         "data-plane peer 10.0.0.7:51234"};
+    auto w = round_trip(who);
+    CHECK(w.token == who.token);
+    CHECK(w.seq == who.seq);
+    CHECK(w.from == who.from);
+    aggregator_state st;
+    st.global_step = 77;
+    st.names = {"w"};
+    st.values = {t32};
+    st.slots = {{t32}};
+    st.seq_workers = {0, 3};
+    st.seq_taken = {41, 18446744073709551615ULL};
+    auto a = round_trip(st);
+    CHECK(a.global_step == 77);
+    CHECK(a.seq_workers == st.seq_workers);
+    CHECK(a.seq_taken == st.seq_taken);
+    worker_stats ws;
+    ws.error = "worker 1 at local step 3: pushed step 3 twice";
+    ws.guarded = 5;
+    auto b = round_trip(ws);
+    CHECK(b.error == ws.error);
+    CHECK(b.guarded == 5);
+    aggregator_spec spec;
+    spec.grad_norm_guard = 12.5;
+    CHECK(round_trip(spec).grad_norm_guard == 12.5);
   }
 }
 

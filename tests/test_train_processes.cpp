@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/data_plane.hpp"
+#include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train_job.hpp"
 
@@ -119,6 +121,60 @@ TEST_CASE("sync training across processes with [security] runs over mutual TLS a
   auto acc = held_out_accuracy(job->chief().output());
   REQUIRE(acc);
   CHECK(*acc >= 0.95);
+}
+
+// Catches: a data-plane push that claims a worker's index without the token
+// that worker joined with being taken (one push 10^30 times the others'
+// destroyed the model, the real worker's push of that step was refused, it
+// exited 1, and the chief still printed `train done ... workers=2`).
+TEST_CASE("a forged push claiming worker 1's index during a sync job is refused and logged with "
+          "its peer, and the job trains to 0.95 with every process exiting 0",
+          "[train][processes][members]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"mode=sync", "log_every=10", "eval_every=0"};
+  // Paced (at most ~100 steps/s): the job is still running when the forger comes.
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()).has_value(); }, 20s))
+    FAIL("no progress line from the chief within 20 s:\n" << job->describe());
+  std::smatch port_match;
+  const auto ps_out = job->process("ps", 0).output();
+  static const std::regex port_re{R"(data plane port (\d+))"};
+  REQUIRE(std::regex_search(ps_out, port_match, port_re));
+  auto port = static_cast<uint16_t>(std::stoul(port_match[1].str()));
+  auto ch = data_channel::connect("127.0.0.1", port, "ps 0's data plane", 10s);
+  INFO((ch ? std::string{} : describe(ch.error())));
+  REQUIRE(ch);
+  // A pull says the size and the step (a pull speaks for nobody), then a
+  // push of that size and step as worker 1, with a token of its own.
+  auto pulled = (*ch)->aggregate(wire::kind::pull, "train/ps0", 1, 0, {}, 10s);
+  REQUIRE(pulled);
+  auto n = static_cast<int64_t>(pulled->second.num_elements());
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*ch)->aggregate(wire::kind::push, "train/ps0", 1, pulled->first,
+                              {tensor::filled(dtype::float32, {n}, 1e30f)}, 10s,
+                              std::string(16, '\x5a'), 1 + i);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::invalid_argument));
+    CHECK_THAT(describe(r.error()), Catch::Contains("worker 1") && Catch::Contains("token"));
+  }
+  auto still_running = job->wait_all_exit(60s);
+  INFO(job->describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job->tasks()) {
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+  const auto& out = job->chief().output();
+  CHECK(out.find("train done: mode=sync workers=2 ") != std::string::npos);
+  auto acc = held_out_accuracy(out);
+  REQUIRE(acc);
+  CHECK(*acc >= 0.95);
+  CHECK_THAT(job->process("ps", 0).output(),
+             Catch::Contains("refused a push for worker 1")
+               && Catch::Contains("from data-plane peer 127.0.0.1:"));
 }
 
 TEST_CASE("async training of the digits across a ps and two worker processes reaches 0.95 "

@@ -25,6 +25,7 @@
 #include "train/checkpoint.hpp"
 #include "train/local.hpp"
 #include "train/partition.hpp"
+#include "members.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
 
@@ -229,9 +230,13 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
   auto agg = s->aggregator("ps", 0, spec);
   REQUIRE(agg);
   caf::scoped_actor self{s->system()};
+  std::string tokens[2] = {test::join_for_token(self, *agg, 0), test::join_for_token(self, *agg, 1)};
+  REQUIRE(tokens[0].size() == 16);
+  REQUIRE(tokens[1].size() == 16);
   auto push = [&](uint32_t worker, uint64_t step, std::vector<tensor> values) {
     caf::expected<std::pair<uint64_t, tensor>> out{make_error(af_error::internal, "none")};
-    self->request(*agg, std::chrono::seconds(10), push_atom::value, worker, step, std::move(values))
+    self->request(*agg, std::chrono::seconds(10), push_atom::value, worker, step,
+                  push_credentials{tokens[worker], 0, "test"}, std::move(values))
       .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
                [&](caf::error& e) { out = std::move(e); });
     return out;
@@ -248,7 +253,8 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
     auto chan = data_channel::connect("127.0.0.1", info->data_port, "ps", std::chrono::seconds(5));
     REQUIRE(chan);
     auto dr = (*chan)->aggregate(wire::kind::push, spec.name, 0, 0,
-                                 {tensor::filled(dtype::float32, {7}, 1)}, std::chrono::seconds(5));
+                                 {tensor::filled(dtype::float32, {7}, 1)}, std::chrono::seconds(5),
+                                 tokens[0], 1);
     REQUIRE_FALSE(dr);
     CHECK(is(dr.error(), af_error::shape_mismatch));
     CHECK_THAT(describe(dr.error()), Catch::Contains("float32[9]"));
@@ -273,7 +279,8 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
     std::thread other{[&] {
       // its own scoped actor: one is not for two threads
       caf::scoped_actor me{s->system()};
-      me->request(*agg, std::chrono::seconds(10), push_atom::value, uint32_t{1}, uint64_t{0}, g())
+      me->request(*agg, std::chrono::seconds(10), push_atom::value, uint32_t{1}, uint64_t{0},
+                  push_credentials{tokens[1], 0, "test"}, g())
         .receive([&](uint64_t gs, tensor& p) { first = std::make_pair(gs, std::move(p)); },
                  [&](caf::error& e) { first = std::move(e); });
     }};
@@ -318,6 +325,11 @@ TEST_CASE("in-graph replication (one client, a replica per worker, the mean in t
   REQUIRE(in_graph);
   CHECK(in_graph->result.global_step == 30);
   CHECK(max_abs_diff(in_graph->result.params, between.results[0]->result.params) < 1e-4);
+  // Another in-graph job on these ps: its client joins as worker 0 again
+  // (the first one's membership ended with it).
+  auto again = run_in_graph(*s, c, opts);
+  INFO((again ? std::string{} : describe(again.error())));
+  REQUIRE(again);
   c.mode = "async";
   auto refused = run_in_graph(*s, c, opts);
   REQUIRE_FALSE(refused);

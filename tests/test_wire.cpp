@@ -409,7 +409,9 @@ TEST_CASE("a refused request that declares more payload than the node skips is a
     REQUIRE(fd >= 0);
     timeval limit{30, 0}; // a bound on the test, not the behaviour's timing
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-    const std::string name = "nope";
+    // A push's name starts with its worker's token and push number.
+    const std::string name =
+      (kind == wire::kind::push ? std::string(sizeof(wire::push_prefix), '\0') : "") + "nope";
     wire::header h;
     h.kind = static_cast<uint8_t>(kind);
     h.name_len = static_cast<uint32_t>(name.size());

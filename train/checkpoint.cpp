@@ -86,6 +86,13 @@ std::string encode(const checkpoint& c) {
         save_tensor(ar, t);
       }
     }
+    ar(static_cast<uint64_t>(c.push_seqs.size()));
+    for (const auto& [agg, seqs] : c.push_seqs) {
+      save_string(ar, agg);
+      ar(static_cast<uint64_t>(seqs.size()));
+      for (const auto& [worker, seq] : seqs)
+        ar(worker, seq);
+    }
   }
   return out.str();
 }
@@ -171,7 +178,7 @@ private:
   cereal::PortableBinaryInputArchive ar_;
 };
 
-checkpoint decode(const std::string& body) {
+checkpoint decode(const std::string& body, uint32_t version) {
   body_reader r{body};
   checkpoint c;
   c.global_step = r.pod<uint64_t>();
@@ -189,6 +196,18 @@ checkpoint decode(const std::string& body) {
       v.slots[slot] = r.value(fmt::format("variable '{}' slot '{}'", v.name, slot));
     }
     c.variables.push_back(std::move(v));
+  }
+  if (version >= 2) {
+    auto aggs = r.count("the push numbers' aggregators", 9);
+    for (uint64_t i = 0; i < aggs; ++i) {
+      auto agg = r.text(fmt::format("aggregator {}'s name", i));
+      auto& seqs = c.push_seqs[agg];
+      auto n = r.count(fmt::format("aggregator '{}''s push numbers", agg), 12);
+      for (uint64_t j = 0; j < n; ++j) {
+        auto worker = r.pod<uint32_t>();
+        seqs[worker] = r.pod<uint64_t>();
+      }
+    }
   }
   if (r.remaining() != 0)
     throw decode_error{fmt::format("{} bytes follow the last variable", r.remaining())};
@@ -580,7 +599,7 @@ outcome<checkpoint> load(const std::string& path, const checkpoint_key& key) {
                     "(and 'latest') away to start afresh");
   }
   try {
-    return decode(file.substr(header_size, static_cast<size_t>(body_len)));
+    return decode(file.substr(header_size, static_cast<size_t>(body_len)), version);
   } catch (const decode_error& e) {
     return refuse("has a body that does not decode: " + e.what);
   } catch (const std::exception& e) {

@@ -21,6 +21,9 @@
 ///   32  body     a cereal PortableBinary archive: global_step, data_position,
 ///                config, then each variable's name, value and slots; a
 ///                tensor is its dtype, shape and raw (host-order) bytes.
+///                Format 2 then holds the push numbers: per aggregator, its
+///                name and (worker, last push number taken) pairs. Format 1
+///                (no push numbers) is still read.
 ///   with flag bit 0 only, after the body: 32 bytes, HMAC-SHA256 under the
 ///                key of the 32 header bytes and the body.
 
@@ -45,10 +48,14 @@ struct checkpoint {
   uint64_t data_position = 0;       ///< steps of data each worker has consumed
   std::string config;               ///< the training config (TOML)
   std::vector<saved_variable> variables;
+  /// Per aggregator (by name): per worker index, the last push number it
+  /// took (messages/aggregator.hpp's push_credentials::seq), so that a push
+  /// retried after its ps died and was restored from here counts once.
+  std::map<std::string, std::map<uint32_t, uint64_t>> push_seqs;
 };
 
 /// The format this build writes; load() refuses newer ones.
-constexpr uint32_t checkpoint_format_version = 1;
+constexpr uint32_t checkpoint_format_version = 2;
 
 /// The header's flags this build knows (load() refuses a file with others).
 constexpr uint32_t checkpoint_flag_hmac = 1; ///< an HMAC-SHA256 follows the body

@@ -39,7 +39,8 @@ const std::vector<std::string>& known_keys() {
     "average_every", "seed", "checkpoint_dir", "checkpoint_key", "checkpoint_steps",
     "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
-    "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes"};
+    "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
+    "grad_norm_guard"};
   return keys;
 }
 
@@ -134,6 +135,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "decay_rate") return number(o.schedule.decay_rate);
   if (key == "min_lr") return number(o.schedule.min_lr);
   if (key == "checkpoint_secs") return number(c.checkpoint_secs);
+  if (key == "grad_norm_guard") return number(c.grad_norm_guard);
   if (key == "synthetic_examples") return whole(c.synthetic_examples);
   if (key == "synthetic_features") return whole(c.synthetic_features);
   if (key == "synthetic_classes") return whole(c.synthetic_classes);
@@ -270,6 +272,11 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   if (c.average_every == 0)
     return fail("average_every", "average_every = 0: it must be at least 1 (local steps "
                                  "between averages)");
+  if (!std::isfinite(c.grad_norm_guard) || (c.grad_norm_guard != 0 && !(c.grad_norm_guard >= 1)))
+    return fail("grad_norm_guard", fmt::format("grad_norm_guard = {}: it must be 0 (off) or a "
+                                               "number >= 1 (the most times the median of the "
+                                               "recent gradient norms one push may have)",
+                                               c.grad_norm_guard));
   if (!(c.checkpoint_secs >= 0) || !std::isfinite(c.checkpoint_secs))
     return fail("checkpoint_secs", fmt::format("checkpoint_secs = {}: it must be a number >= 0 "
                                                "(0: not by time)", c.checkpoint_secs));
@@ -675,6 +682,7 @@ std::string to_toml(const train_config& c) {
   line("max_partitions", std::to_string(c.max_partitions));
   line("min_slice_bytes", std::to_string(c.min_slice_bytes));
   line("max_data_bytes", std::to_string(c.max_data_bytes));
+  line("grad_norm_guard", real(c.grad_norm_guard));
   return out;
 }
 

@@ -60,6 +60,10 @@ struct train_config {
   /// ssp: how many steps a worker may run ahead of the slowest (0: lockstep,
   /// as sync; at least the job's steps: never waits, as async).
   uint64_t staleness = 3;
+  /// sync, async, ssp: a gradient whose L2 norm is more than this many times
+  /// the median of the last 32 the ps took (per ps) is scaled down to that
+  /// bound, counted and logged (0: off; else at least 1).
+  double grad_norm_guard = 0;
   /// Partitioned variables (TF's min_max_variable_partitioner): a variable is
   /// split along its first axis into at most max_partitions shards of at
   /// least min_slice_bytes each, spread over the ps tasks by size. 1: none.
