@@ -53,8 +53,13 @@ inline std::string nesting_problem(std::string_view text, bool toml,
       std::string_view close = multi ? text.substr(i, 3) : text.substr(i, 1);
       i += close.size();
       for (; i < text.size(); ++i) {
-        if (text[i] == '\n')
+        if (text[i] == '\n') {
+          if (!multi) { // a one-line string ends at its line (else the parser refuses it):
+            --i;        // the outer loop counts the line and starts the next key
+            break;
+          }
           ++line;
+        }
         if (escapes && text[i] == '\\') {
           if (i + 1 < text.size() && text[i + 1] == '\n')
             ++line;
@@ -63,6 +68,11 @@ inline std::string nesting_problem(std::string_view text, bool toml,
         }
         if (text.substr(i, close.size()) == close) {
           i += close.size() - 1;
+          // A multi-line string may end in one or two quotes of its own
+          // before its closing three (x = """q""""): they are its content,
+          // not the start of another string.
+          for (int more = 0; multi && more < 2 && i + 1 < text.size() && text[i + 1] == c; ++more)
+            ++i;
           break;
         }
       }

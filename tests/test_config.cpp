@@ -275,6 +275,20 @@ TEST_CASE("a config nested thousands deep is refused before a parser recurses", 
   CHECK(nesting_problem(deep(64, '[', ']', ""), false) == "");
   CHECK(nesting_problem(deep(65, '[', ']', ""), false) != "");
   CHECK(nesting_problem("[a.b]\nc.d = {e.f = [1, 2.5]}\n", true, 4) == "");
+
+  // A multi-line string may end in one or two quotes of its own ("""q"""",
+  // '''q'''''); the scan took the fourth quote for a string that ran to the
+  // end of the file, and toml11 then crashed on the arrays after it. A
+  // one-line string that is not closed on its line ends there too.
+  const std::string deep_array = "steps = " + deep(20000, '[', ']', "") + "\n";
+  for (const std::string hiding : {"x = \"\"\"q\"\"\"\"\n", "x = '''q''''\n",
+                                   "x = \"\"\"q\"\"\"\"\"\n", "x = '''q'''''\n", "x = \"q\n",
+                                   "x = 'q\n"}) {
+    CAPTURE(hiding);
+    CHECK(nesting_problem("[train]\n" + hiding + deep_array, true)
+          == "line 3: an array nests more than 64 levels deep (the most a config may)");
+  }
+  CHECK(nesting_problem("x = \"\"\"q\"\"\"\"\ny = [[1]]\n", true, 2) == "");
 }
 
 TEST_CASE("a FIFO or a device named where a file is expected is refused at once, naming the key",
