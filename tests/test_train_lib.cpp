@@ -892,14 +892,20 @@ TEST_CASE("'latest' leads only to a regular file of its own directory, by a plai
     CHECK(contains(got.error().what, dir / "latest"));
     CHECK(contains(got.error().what, why));
   };
-  refused("../../../../../etc/passwd", "not a plain file name");
-  refused(*theirs, "not a plain file name"); // an absolute path into another job's directory
+  refused("../../../../../etc/passwd", "not a checkpoint's file name");
+  refused(*theirs, "not a checkpoint's file name"); // an absolute path into another job's directory
   refused("../" + fs::path{other.path}.filename().string() + "/ckpt-9.afck",
-          "not a plain file name");
-  refused("..", "not a plain file name");
-  refused(".", "not a plain file name");
-  fs::create_directories(dir / "sub");
-  refused("sub", "a directory");
+          "not a checkpoint's file name");
+  refused("..", "not a checkpoint's file name");
+  refused(".", "not a checkpoint's file name");
+  // Other files of the directory: 'latest' itself, one being written, any other.
+  write_file(dir / "notes.txt", "not a checkpoint");
+  write_file(dir / "ckpt-8.afck.tmp", "half a checkpoint");
+  refused("latest", "not a checkpoint's file name");
+  refused("ckpt-8.afck.tmp", "not a checkpoint's file name");
+  refused("notes.txt", "not a checkpoint's file name");
+  fs::create_directories(dir / "ckpt-7.afck");
+  refused("ckpt-7.afck", "a directory");
   fs::create_symlink(*theirs, dir / "ckpt-9.afck");
   refused("ckpt-9.afck", "symbolic link");
   // load() refuses the link too (one swapped in after latest() looked).
@@ -962,7 +968,7 @@ TEST_CASE("with a checkpoint_key a checkpoint needs a valid HMAC; the checksum a
   auto path = save(dir.path, sample_checkpoint(5), 3, key);
   REQUIRE(path);
   const auto good = read_file(*path);
-  CHECK(good[8] == 1);  // the format is the body's
+  CHECK(good[8] == checkpoint_format_version); // the format is the body's
   CHECK(good[12] == 1); // flags: an HMAC follows the body
   auto back = load(*path, key);
   REQUIRE(back);

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config/read_file.hpp"
 #include "messages/fnv1a.hpp"
 
 namespace af::train {
@@ -242,32 +243,21 @@ struct opened_file {
   uint64_t size = 0;
 };
 
-/// Opens `path` to read it, as long as it is a regular file: without
-/// blocking (opening a FIFO for reading waits for a writer for ever) and,
-/// with `no_link`, refusing a symbolic link as its last component (it could
-/// lead anywhere). `what` names the file in errors ("checkpoint"); `hint`
-/// ends the error for a file that is not a regular one. (A local helper: the
-/// input readers have their own.)
+/// Opens `path` to read it, as long as it is a regular file
+/// (open_regular_file: never a FIFO, which would block, nor a device) and,
+/// with `no_link`, not a symbolic link as its last component (it could lead
+/// anywhere). `what` names the file in errors ("checkpoint"); `hint` ends
+/// the error for a file that is not a regular one.
 outcome<opened_file> open_regular(const std::string& path, const std::string& what,
                                   const std::string& hint, bool no_link) {
-  int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (no_link ? O_NOFOLLOW : 0);
-  owned_fd fd{::open(path.c_str(), flags)};
-  if (fd.get() < 0) {
-    if (errno == ELOOP && no_link)
-      return graph_error{af_error::invalid_argument,
-                         fmt::format("{} '{}' is a symbolic link; only a regular file is read "
-                                     "there (a link could lead anywhere): {}",
-                                     what, path, hint)};
-    return graph_error{errno == ENOENT ? af_error::not_found : af_error::invalid_argument,
-                       fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno))};
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    return io_error("read the size of " + what, path);
-  if (!S_ISREG(st.st_mode))
-    return graph_error{af_error::invalid_argument,
-                       fmt::format("{} '{}' is not a regular file; {}", what, path, hint)};
-  return opened_file{std::move(fd), static_cast<uint64_t>(st.st_size)};
+  int fd = -1;
+  uint64_t size = 0;
+  auto why = open_regular_file(path, std::numeric_limits<uint64_t>::max(), fd, !no_link, &size);
+  auto err = errno;
+  if (!why.empty())
+    return graph_error{err == ENOENT ? af_error::not_found : af_error::invalid_argument,
+                       fmt::format("cannot read {} '{}': {}; {}", what, path, why, hint)};
+  return opened_file{owned_fd{fd}, size};
 }
 
 /// Reads `n` bytes into `out`; false if the file ends first or fails.
@@ -643,12 +633,15 @@ outcome<std::string> latest(const std::string& dir) {
                        fmt::format("'{}' names no checkpoint; delete it to start afresh", index)};
   // Only a file of this directory: not a path out of it ("../x", "/x"), to
   // another job's checkpoints or to any file this user can read.
-  if (name.find('/') != std::string::npos || name == "." || name == "..")
+  // And only a checkpoint's name (ckpt-N.afck): not 'latest' itself, a
+  // '.tmp' being written, or any other file of the directory.
+  if (name.find('/') != std::string::npos || !checkpoint_step(name))
     return graph_error{af_error::invalid_argument,
-                       fmt::format("'{}' names '{}', which is not a plain file name: only a "
-                                   "checkpoint file in {} itself is restored (no '/', no '..'); "
-                                   "write the name of a checkpoint file of that directory in it "
-                                   "(e.g. ckpt-200.afck), or delete it to start afresh",
+                       fmt::format("'{}' names '{}', which is not a checkpoint's file name: only "
+                                   "a checkpoint file in {} itself (ckpt-N.afck, no '/') is "
+                                   "restored; write the name of a checkpoint file of that "
+                                   "directory in it (e.g. ckpt-200.afck), or delete it to start "
+                                   "afresh",
                                    index, name.size() > 200 ? name.substr(0, 200) + "..." : name,
                                    dir)};
   auto path = (fs::path{dir} / name).string();
