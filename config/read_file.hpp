@@ -37,25 +37,44 @@ inline const char* file_kind(mode_t mode) {
     return "a block device";
   if (S_ISSOCK(mode))
     return "a socket";
+  if (S_ISLNK(mode))
+    return "a symbolic link (it could lead anywhere)";
   return "not a regular file";
 }
 
 /// Opens `path` for reading if it is a regular file of at most `max_bytes`
-/// bytes: "" and the descriptor in `fd` (the caller closes it), else why not
-/// (strerror's text, or "it is a FIFO (named pipe), not a regular file", "it
-/// is N bytes, more than the limit of M"; the caller names the path and the
-/// key or option that named it), and `fd` is -1.
-inline std::string open_regular_file(const std::string& path, uint64_t max_bytes, int& fd) {
+/// bytes: "" and the descriptor in `fd` (the caller closes it) and, if
+/// `size` is given, its size there; else why not (strerror's text, or "it is
+/// a FIFO (named pipe), not a regular file", "it is N bytes, more than the
+/// limit of M"; the caller names the path and the key or option that named
+/// it), and `fd` is -1. `follow_links` false: a symbolic link as the last
+/// component is refused too. What is not a regular file is never opened (a
+/// device's open may act: a watchdog arms, a tape rewinds): the path is
+/// looked at first, then opened without blocking and checked to be the file
+/// looked at.
+inline std::string open_regular_file(const std::string& path, uint64_t max_bytes, int& fd,
+                                     bool follow_links = true, uint64_t* size = nullptr) {
+  fd = -1;
   errno = 0; // a caller may look at errno (ENOENT) after a refusal
-  fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0)
+  struct stat before{};
+  if ((follow_links ? ::stat(path.c_str(), &before) : ::lstat(path.c_str(), &before)) != 0)
     return std::strerror(errno);
+  if (!S_ISREG(before.st_mode))
+    return std::string{"it is "} + file_kind(before.st_mode) + ", not a regular file";
+  fd = ::open(path.c_str(),
+              O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | (follow_links ? 0 : O_NOFOLLOW));
+  if (fd < 0)
+    return errno == ELOOP && !follow_links
+             ? "it is a symbolic link (it could lead anywhere), not a regular file"
+             : std::strerror(errno);
   struct stat st{};
   std::string why;
   if (::fstat(fd, &st) != 0)
     why = std::strerror(errno);
   else if (!S_ISREG(st.st_mode))
     why = std::string{"it is "} + file_kind(st.st_mode) + ", not a regular file";
+  else if (st.st_dev != before.st_dev || st.st_ino != before.st_ino)
+    why = "it was replaced while it was opened";
   else if (static_cast<uint64_t>(st.st_size) > max_bytes)
     why = "it is " + std::to_string(st.st_size) + " bytes, more than the limit of "
           + std::to_string(max_bytes);
@@ -64,6 +83,8 @@ inline std::string open_regular_file(const std::string& path, uint64_t max_bytes
     fd = -1;
     return why;
   }
+  if (size)
+    *size = static_cast<uint64_t>(st.st_size);
   // Regular files never block; the flag only mattered for the open itself.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return {};
