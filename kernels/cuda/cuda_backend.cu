@@ -140,8 +140,10 @@ __device__ T apply_binary(int op, T x, T y) {
     case 2: return af::int_arith::wrap_mul(x, y);
     case 3: return af::int_arith::total_div(x, y);
     case 4: return y > T(0) ? x : T(0);        // relu_grad (dy, x)
-    case 5: return x * y * (T(1) - y);         // sigmoid_grad (dy, y)
-    default: return x * (T(1) - y * y);        // tanh_grad (dy, y)
+    case 5: // sigmoid_grad (dy, y)
+      return af::int_arith::wrap_mul(af::int_arith::wrap_mul(x, y), af::int_arith::wrap_sub(T(1), y));
+    default: // tanh_grad (dy, y)
+      return af::int_arith::wrap_mul(x, af::int_arith::wrap_sub(T(1), af::int_arith::wrap_mul(y, y)));
   }
 }
 
