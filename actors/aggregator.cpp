@@ -243,9 +243,13 @@ bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq) {
   auto& m = member(st, worker);
   if (seq == 0 || seq > m.seq_taken)
     return false;
-  log::get()->info("aggregator '{}': {} sent its push {} again (it took pushes up to {}); "
-                   "answered, not applied twice",
-                   st.spec.name, worker_name(st, worker), seq, m.seq_taken);
+  // Logged at the 1st, 2nd, 4th, ... retry of a member: a loop of them
+  // (a forged push number) does not flood the log.
+  m.retries += 1;
+  if ((m.retries & (m.retries - 1)) == 0)
+    log::get()->info("aggregator '{}': {} sent its push {} again (it took pushes up to {}); "
+                     "answered, not applied twice ({} such retries so far)",
+                     st.spec.name, worker_name(st, worker), seq, m.seq_taken, m.retries);
   return true;
 }
 

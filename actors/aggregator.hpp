@@ -45,6 +45,7 @@ struct aggregator_member {
   /// number of its push in the round in progress (taken once it is released).
   uint64_t seq_taken = 0;
   uint64_t round_seq = 0;
+  uint64_t retries = 0; ///< pushes answered as already taken (logged 1st, 2nd, 4th, ...)
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
   worker_stats stats;
 };

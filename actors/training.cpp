@@ -397,6 +397,8 @@ load_latest_checkpoint(const checkpoint_access& from) {
     return to_error(ck.error());
   if (auto st = train::check_checkpoint(*ck, *latest, from.expect); !st)
     return to_error(st.error());
+  if (auto why = train::slot_mismatch(*ck, from.expect.optimizer_kind); !why.empty())
+    log::get()->warn("restoring {}: {}", *latest, why);
   return std::make_optional(std::make_pair(std::move(*latest), std::move(*ck)));
 }
 

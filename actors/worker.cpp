@@ -1,6 +1,7 @@
 #include "actors/worker.hpp"
 #include "actors/system.hpp"
 
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -496,8 +497,23 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
   // Each push gets the next number; its retry (the ps died before it
   // answered) the same one, so that a ps restored from a checkpoint that
   // holds it does not apply it twice.
-  if (kind != wire::kind::pull && seq == 0)
+  if (kind != wire::kind::pull && seq == 0) {
+    // Never past 2^64 - 1 back to 0 (unnumbered): a joiner goes on from
+    // the number its aggregator last took, which a checkpoint bounds.
+    if (st.push_seq[k] == std::numeric_limits<uint64_t>::max()) {
+      if (!g->failed) {
+        g->failed = true;
+        fail(self,
+             make_error(af_error::invalid_argument,
+                        fmt::format("{} has taken push number 2^64 - 1 of this worker: no "
+                                    "number is left (its state is corrupt or forged)",
+                                    s.task)),
+             "numbering a push");
+      }
+      return;
+    }
     seq = ++st.push_seq[k];
+  }
   auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
   // The link answers within its socket's deadlines (the node's step
   // timeout plus a margin, data_channel::aggregate) and is linked to this

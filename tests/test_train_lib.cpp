@@ -1143,6 +1143,32 @@ TEST_CASE("a checkpoint whose fields do not fit the job is refused, naming the f
     ck.variables[0].slots.clear(); // a slot it lacks starts at zeros
     CHECK(check_checkpoint(ck, path, want));
   }
+  SECTION("push numbers") {
+    // Catches: a push number near 2^64 let through; a joiner went on from
+    // it, wrapped to 0, and every later push was answered as a retry (the
+    // job stalled, logging each one).
+    auto ck = fits;
+    ck.push_seqs["train/ps0"] = {{0, 60}, {1, max_push_number}};
+    CHECK(check_checkpoint(ck, path, want));
+    ck.push_seqs["train/ps0"][1] = UINT64_MAX - 1;
+    refused(ck, {"push number 18446744073709551614 of worker 1 for aggregator 'train/ps0'",
+                 "corrupt or forged"});
+  }
+  SECTION("the slots of another optimizer are restored, with a warning that names them") {
+    // Catches: a momentum checkpoint restored into an Adam job without a
+    // word that its m and v start at zeros (and its momentum is unused).
+    CHECK(slot_mismatch(fits, "adam").empty());
+    auto ck = fits;
+    for (auto& v : ck.variables)
+      v.slots = {{"momentum", v.value}};
+    CHECK(check_checkpoint(ck, path, want));
+    CHECK(slot_mismatch(ck, "adam")
+          == "it was written with other optimizer slots than adam's: m, v start at zeros; "
+             "momentum are not used");
+    CHECK(slot_mismatch(ck, "momentum").empty());
+    CHECK(slot_mismatch(fits, "sgd") == "it was written with other optimizer slots than sgd's: "
+                                        "m, v are not used");
+  }
 }
 
 // --- metrics ----------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "train/optimizer.hpp"
 
@@ -133,7 +134,45 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
       return refuse(path, fmt::format("has no variable '{}': it was written by another model "
                                       "(restore it with the config it was trained with)",
                                       p.name));
+  // Push numbers: a job's workers count theirs from 1 and a joiner goes on
+  // from the last one taken, so a number near 2^64 (only a forger writes
+  // one) would wrap and make every later push look like a retry: the job
+  // stalled, answering each push "not applied twice".
+  for (const auto& [agg, seqs] : ck.push_seqs)
+    for (const auto& [worker, seq] : seqs)
+      if (seq > max_push_number)
+        return refuse(path, fmt::format("holds push number {} of worker {} for aggregator '{}', "
+                                        "more than any job makes (at most {}): the file is "
+                                        "corrupt or forged",
+                                        seq, worker, shown_name(agg), max_push_number));
   return ok();
+}
+
+std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kind) {
+  auto names = slot_names(optimizer_kind);
+  std::set<std::string> wanted(names.begin(), names.end()), held, missing;
+  for (const auto& v : ck.variables) {
+    for (const auto& [slot, t] : v.slots)
+      held.insert(slot);
+    for (const auto& n : names)
+      if (v.slots.count(n) == 0)
+        missing.insert(n);
+  }
+  std::set<std::string> ignored;
+  for (const auto& h : held)
+    if (wanted.count(h) == 0)
+      ignored.insert(shown_name(h));
+  if (missing.empty() && ignored.empty())
+    return {};
+  std::string out = fmt::format("it was written with other optimizer slots than {}'s:",
+                                optimizer_kind);
+  if (!missing.empty())
+    out += fmt::format(" {} start at zeros", fmt::join(missing, ", "));
+  if (!missing.empty() && !ignored.empty())
+    out += ";";
+  if (!ignored.empty())
+    out += fmt::format(" {} are not used", fmt::join(ignored, ", "));
+  return out;
 }
 
 std::string first_non_finite_value(const checkpoint& ck) {

@@ -25,6 +25,10 @@ struct checkpoint_expectations {
   uint64_t max_step = 0;
 };
 
+/// The largest push number (checkpoint::push_seqs) a checkpoint may hold:
+/// far beyond any job, far below where a worker's count would wrap.
+constexpr uint64_t max_push_number = uint64_t{1} << 62;
+
 /// The most global step and data position of a job of `total_steps` steps
 /// and `workers` workers may be (checkpoint_expectations::max_step).
 uint64_t max_checkpoint_step(uint64_t total_steps, uint32_t workers);
@@ -34,10 +38,16 @@ uint64_t max_checkpoint_step(uint64_t total_steps, uint32_t workers);
 /// shape, and no other variable; every slot one that an optimizer keeps
 /// (sgd none, momentum "momentum", adam "m" and "v"), of its variable's
 /// shape, float32; every value and slot element finite (Adam's "v" also
-/// >= 0). Else an error naming the file, the field (the variable, the slot,
-/// the element's index and value) and what to do.
+/// >= 0); every push number at most max_push_number. Else an error naming
+/// the file, the field (the variable, the slot, the element's index and
+/// value) and what to do.
 graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
                               const checkpoint_expectations& want);
+
+/// "" if the checkpoint's optimizer slots are the ones `optimizer_kind`
+/// keeps, else a sentence for a warning: which start at zeros (the job
+/// changed its optimizer: restored all the same) and which are not used.
+std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kind);
 
 /// "" if every float value and slot of `ck` is finite, else a sentence naming
 /// the first that is not (its variable, slot and element): for refusing to
