@@ -693,6 +693,7 @@ public:
                          : "");
       exhausted_ = true;
     }
+    bool shed = false;
     if (err == EMFILE || err == ENFILE) {
       if (spare_ >= 0) {
         ::close(spare_);
@@ -700,10 +701,17 @@ public:
         if (victim >= 0) {
           ::close(victim);
           ++shed_;
+          shed = true;
         }
       }
       spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
+    // Nothing taken off the backlog (another thread took the freed
+    // descriptor, no spare, ENOBUFS, ENOMEM): the socket stays readable and
+    // the multiplexer would call again at once. Back off a little instead
+    // of burning a core until descriptors or memory come back.
+    if (!shed)
+      std::this_thread::sleep_for(std::chrono::milliseconds{10});
     return false;
   }
 
