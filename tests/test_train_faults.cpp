@@ -619,6 +619,47 @@ TEST_CASE("a sync job's chief restarted over a latest checkpoint it cannot read 
   chief_killed_and_restarted("sync", true);
 }
 
+// Catches a restarted chief that, failing because a ps lost its state and
+// the checkpoint that would restore it cannot be read, stops the live ps
+// too (or restores it, or gives the lost one its initial values): the live
+// ps's state is the job's, for a chief started again once the checkpoint is
+// fixed (issue 22, 7).
+TEST_CASE("a restarted chief that finds one ps live and one without state, and a latest "
+          "checkpoint it cannot read, fails naming the ps and leaves the live one as it is",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  auto ckpt_dir = dir.path + "/ckpt";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n";
+  spec.sets = {"checkpoint_steps=20", "steps=100000000"};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 40u; }, 30s))
+    FAIL("no checkpoint of step >= 40 within 30 s:\n" << job->describe());
+  job->chief().signal(SIGKILL);
+  job->process("ps", 1).signal(SIGKILL);
+  job->restart("ps", 1);
+  auto damaged = *train::latest(ckpt_dir);
+  fs::resize_file(damaged, fs::file_size(damaged) / 2);
+  job->restart("worker", 0);
+  auto code = job->chief().wait_exit(60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  REQUIRE(code);
+  CHECK(*code != 0);
+  CHECK(out.find("/job:ps/task:1 lost its state and the job's latest checkpoint cannot be read")
+        != std::string::npos);
+  CHECK(out.find(damaged) != std::string::npos);
+  CHECK(out.find("the running job (/job:ps/task:0 at global step ") != std::string::npos);
+  CHECK(out.find("its ps tasks are left as they are") != std::string::npos);
+  CHECK(out.find("took the running job") == std::string::npos);
+  // ps 0 still holds the job: it answers --status after the chief's exit.
+  auto status = job->client({"--status"}, 10s);
+  INFO(status.output);
+  CHECK(std::regex_search(status.output, std::regex{R"(/job:ps/task:0: mode sync, global step \d+)"}));
+  CHECK(!job->process("ps", 0).exit_code());
+}
+
 // Catches a chief that stops every ps as it fails although the job was
 // running before it came: here a second chief, started by mistake while the
 // first still runs the job, is refused (the ps counts the first as worker
