@@ -4,7 +4,10 @@
 // keeps its state; a worker killed and restarted with --join; the chief
 // killed (the job stops, every process says why, and the restarted job
 // resumes); the chief killed in the middle of writing a checkpoint (the torn
-// file never replaces the good one). Every wait is bounded and waits on
+// file never replaces the good one); the chief killed and restarted while
+// the job runs on (it takes the job as it is), also over a checkpoint it
+// cannot read, and a chief that fails on a job that was running (a second
+// one started by mistake) leaves its ps alone. Every wait is bounded and waits on
 // output lines, files or exits (tests/train_job.hpp).
 #define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
 #include <catch2/catch.hpp>
