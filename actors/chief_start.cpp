@@ -97,7 +97,7 @@ start_job_on_ps(session& s, const train::train_config& c,
                 const std::vector<param_shard>& shards,
                 const std::vector<std::vector<output>>& shard_vars, uint32_t workers,
                 const std::optional<train::checkpoint>& restored,
-                const std::string& restored_path) {
+                const std::string& restored_path, const caf::error& unreadable, ps_found& found) {
   std::chrono::milliseconds timeout{c.step_timeout_ms};
   // Which ps tasks ran the job already: an earlier incarnation of the chief
   // initialized or restored their variables, and they went on with the
@@ -116,6 +116,9 @@ start_job_on_ps(session& s, const train::train_config& c,
       lost_names.push_back(shards[k].task);
       continue;
     }
+    // Known from here on, even if the chief fails below: the job is not
+    // this chief's to stop (programs/train_main.cpp).
+    found = ps_found::running;
     auto stats = ask<aggregator_stats>(s, shards[k].actor, timeout, stats_atom::value);
     if (!stats)
       return std::move(stats.error());
@@ -123,6 +126,29 @@ start_job_on_ps(session& s, const train::train_config& c,
     live_names.push_back(fmt::format("{} at global step {}", shards[k].task, stats->global_step));
   }
   bool taken = !live_names.empty();
+  if (!taken)
+    found = ps_found::new_job;
+  std::string kept = fmt::format("{}", fmt::join(live_names, ", "));
+  if (unreadable) {
+    // The checkpoint is the state of a ps that has none: a job that is not
+    // running needs it, and so does a ps that died with the chief. Live ps
+    // are left as they are either way.
+    if (!taken)
+      return unreadable;
+    if (!lost_names.empty())
+      return make_error(unreadable.category() == error_category
+                          ? static_cast<af_error>(unreadable.code())
+                          : af_error::invalid_argument,
+                        fmt::format("{} lost its state and the job's latest checkpoint cannot be "
+                                    "read: {}; the running job ({}) is left as it is: make the "
+                                    "checkpoint readable (or remove it from `latest`) and start "
+                                    "the chief again",
+                                    fmt::join(lost_names, ", "), describe(unreadable), kept));
+    log::get()->warn("chief: the job's latest checkpoint cannot be read ({}); the running job "
+                     "({}) does not need it: taking it as it is, and the next checkpoint "
+                     "replaces it",
+                     describe(unreadable), kept);
+  }
   if (!taken) {
     // A job that starts, or resumes with every ps new: the checkpoint's
     // state everywhere, else the initializers.
@@ -196,7 +222,6 @@ start_job_on_ps(session& s, const train::train_config& c,
   uint64_t from_position = restored ? restored->data_position : 0;
   out.position = data_position(c.mode, workers, from_step, from_position, out.step - from_step,
                                out.step);
-  std::string kept = fmt::format("{}", fmt::join(live_names, ", "));
   std::string also = lost_names.empty()
                        ? std::string{}
                        : fmt::format("; restored {} (no state) from {} at global step {}",

@@ -13,6 +13,10 @@
 ///     restores a ps that dies while it runs);
 ///   - every ps without state, with a checkpoint: the job resumes from it.
 ///
+/// The latest checkpoint is needed only for a ps without state: a chief
+/// that cannot read it (torn, refused) takes a job whose every ps is live
+/// without it, and says so.
+///
 /// What the other workers need (the global step and the data position the
 /// job starts at) comes back; run_worker_task publishes it.
 
@@ -42,6 +46,13 @@ caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, cons
                                                const std::string& optimizer_kind,
                                                const std::string& aggregator = {});
 
+/// What the chief found on its ps tasks (train_options::found).
+enum class ps_found {
+  unknown, ///< it has not looked yet (it failed before)
+  new_job, ///< no ps held the job's state: the chief started the job (or resumed it) itself
+  running, ///< some ps ran the job already: the job was running before this chief came
+};
+
 /// Where the chief starts the job.
 struct chief_start {
   uint64_t step = 0;     ///< the global step (ps 0's aggregator)
@@ -51,7 +62,10 @@ struct chief_start {
 
 /// Starts the job on `shards` (their variables `shard_vars`, per shard) as
 /// said above. `restored`: the job's latest checkpoint, if any, read from
-/// `restored_path`.
+/// `restored_path`; `unreadable`: why the latest checkpoint could not be
+/// read (none if it was, or the job has none), an error only when a ps needs
+/// it. `found` is set as soon as it knows whether the job was running (also
+/// when it fails after that).
 /// Prints "chief: took the running job at global_step=G ..." when it takes a
 /// live job.
 caf::expected<chief_start>
@@ -60,6 +74,6 @@ start_job_on_ps(session& s, const train::train_config& c,
                 const std::vector<param_shard>& shards,
                 const std::vector<std::vector<output>>& shard_vars, uint32_t workers,
                 const std::optional<train::checkpoint>& restored,
-                const std::string& restored_path);
+                const std::string& restored_path, const caf::error& unreadable, ps_found& found);
 
 } // namespace af

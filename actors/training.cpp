@@ -673,9 +673,9 @@ std::string status_report(const std::string& where, const aggregator_stats& s) {
 
 namespace {
 
-/// run_worker_task; `start_said`: set once the chief published its start (or
-/// why it failed) under start_key, so that a failure before that is
-/// published by run_worker_task.
+/// run_worker_task; `start_said`: set once the chief published its start
+/// under start_key, so that a failure before that is published (as the
+/// reason) by run_worker_task.
 caf::expected<train_outcome> run_task(session& s, const train::train_config& c, uint32_t task,
                                       const train_options& opts, bool& start_said) {
   if (auto bad = train::validate(c); !bad.empty())
@@ -733,30 +733,32 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   // The latest checkpoint, if the job has one: the chief restores it to a
   // ps without state (not to one that runs the job already:
   // start_job_on_ps); in allreduce every worker does, from the shared
-  // directory. A chief with a ps fails once it has told the other workers why (chief_start), not
-  // before: they would wait init_timeout_ms for it.
+  // directory. The checkpoint_key is needed to write checkpoints too: a bad
+  // one fails here. A latest checkpoint that cannot be read fails the chief
+  // only if a ps needs it (start_job_on_ps): a running job whose every ps
+  // is live does not. (A chief that fails before it published its start
+  // tells the others why: run_worker_task.)
   std::optional<train::checkpoint> restored;
   std::string restored_path;
   checkpoint_access checkpoints;
-  caf::error restore_failed;
+  caf::error unreadable;
   if (!c.checkpoint_dir.empty() && (chief || allreduce)) {
-    if (auto access = checkpoint_access_of(c, *params, total, workers); !access) {
-      restore_failed = std::move(access.error());
-    } else {
-      checkpoints = std::move(*access);
-      auto latest = load_latest_checkpoint(checkpoints);
-      if (!latest) {
-        restore_failed = std::move(latest.error());
-      } else if (*latest) {
-        restored = std::move((*latest)->second);
-        restored_path = (*latest)->first;
-        if (allreduce)
-          log::get()->info("worker {}: restoring {} (global step {})", task, restored_path,
-                           restored->global_step);
-      }
+    auto access = checkpoint_access_of(c, *params, total, workers);
+    if (!access)
+      return std::move(access.error());
+    checkpoints = std::move(*access);
+    auto latest = load_latest_checkpoint(checkpoints);
+    if (!latest) {
+      if (allreduce)
+        return std::move(latest.error());
+      unreadable = std::move(latest.error());
+    } else if (*latest) {
+      restored = std::move((*latest)->second);
+      restored_path = (*latest)->first;
+      if (allreduce)
+        log::get()->info("worker {}: restoring {} (global step {})", task, restored_path,
+                         restored->global_step);
     }
-    if (restore_failed && allreduce)
-      return restore_failed;
   }
 
   // 2-3. variables, aggregators, initialization
@@ -815,29 +817,23 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
                                       word->substr(7)));
       published = std::move(*word);
     }
-    auto chief_start = [&]() -> caf::error {
-      if (restore_failed)
-        return restore_failed;
+    if (chief) {
       // A ps that runs the job already (the chief died and came back) is
       // taken as it is; only one without state is restored or initialized.
+      ps_found found_here = ps_found::unknown;
       auto started = start_job_on_ps(s, c, *params, setup.shards, placed->shard_vars, workers,
-                                     restored, restored_path);
+                                     restored, restored_path, unreadable, found_here);
+      if (opts.found)
+        opts.found->store(found_here);
       if (!started)
         return std::move(started.error());
       setup.start_step = started->step;
       setup.start_position = started->position;
-      auto err = client.put(start_key(chief_info->incarnation),
-                            fmt::format("{} {} {}", setup.start_step, setup.start_position, total));
-      start_said = !err;
-      return err;
-    };
-    if (chief) {
-      if (auto err = chief_start()) {
-        // Best effort: a chief that cannot reach its own store has nobody to tell.
-        client.put(start_key(chief_info->incarnation), "failed " + describe(err));
-        start_said = true;
+      if (auto err = client.put(start_key(chief_info->incarnation),
+                                fmt::format("{} {} {}", setup.start_step, setup.start_position,
+                                            total)))
         return err;
-      }
+      start_said = true;
     } else {
       if (auto err = s.wait_initialized(std::chrono::milliseconds{c.init_timeout_ms},
                                         placed->vars))
@@ -1132,7 +1128,8 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
   // A chief that fails before it published its start (the checkpoint does
   // not load, the ps cannot be reached, ...) says so to the workers waiting
   // for that word: they stop at once instead of after init_timeout_ms.
-  // Best effort, as above; allreduce's workers do not wait for it.
+  // Best effort: a chief that cannot reach its own store has nobody to tell.
+  // allreduce's workers do not wait for it.
   if (!out && task == 0 && !start_said && c.mode != "allreduce")
     if (auto chief_info = chief_store_of(s)) {
       kv_client client{s.system(), chief_info->store, std::chrono::milliseconds{5000}};

@@ -32,6 +32,7 @@
 
 #include "caf/expected.hpp"
 
+#include "actors/chief_start.hpp"
 #include "actors/session.hpp"
 #include "actors/worker.hpp"
 #include "train/config.hpp"
@@ -55,6 +56,13 @@ struct train_options {
   std::shared_ptr<const std::atomic<bool>> stop;
   /// Called with every progress report (after printing).
   std::function<void(const worker_progress&)> on_progress;
+  /// Out, the chief of a job with ps tasks: what it found on them, set as
+  /// soon as it knows (start_job_on_ps), so also when it fails after that.
+  /// A chief that fails stops the ps tasks only when it started the job
+  /// itself (ps_found::new_job): a job that ran before this chief came
+  /// (running), or one it did not get to look at (unknown), is not its to
+  /// end (programs/train_main.cpp).
+  std::shared_ptr<std::atomic<ps_found>> found;
 };
 
 struct train_outcome {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -419,12 +420,26 @@ static int main_body(int argc, char** argv) {
         af::train_options topts;
         topts.join = join;
         topts.step_delay = std::chrono::milliseconds{step_delay_ms};
+        topts.found = std::make_shared<std::atomic<af::ps_found>>(af::ps_found::unknown);
         auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task), topts);
         if (!out) {
-          rc = fail(name + ": " + af::describe(out.error()), 1);
-          // The job cannot go on without its chief: stop the ps tasks too, so
-          // that no process of the job is left waiting.
-          if (task == 0)
+          // A job this chief started cannot go on without it: stop the ps
+          // tasks too, so that no process of the job is left waiting. A job
+          // that ran before this chief came (it died and was restarted, or
+          // this is a second chief started by mistake) goes on: its ps are
+          // not this chief's to stop, nor are ps it did not get to look at.
+          auto found = task == 0 && c.mode != "allreduce" ? topts.found->load()
+                                                          : af::ps_found::new_job;
+          std::string left;
+          if (found == af::ps_found::running)
+            left = "; the job was running before this chief started: its ps tasks are left as "
+                   "they are (fix the above and start the chief again to take the job)";
+          else if (found == af::ps_found::unknown)
+            left = "; the ps tasks are left as they are (this chief failed before it saw "
+                   "whether they run the job; they stop once no chief has answered for "
+                   "init_timeout_ms)";
+          rc = fail(name + ": " + af::describe(out.error()) + left, 1);
+          if (task == 0 && found == af::ps_found::new_job)
             for (size_t k = 0; k < cluster->cluster.num_tasks("ps"); ++k)
               if (auto err = s->shutdown("ps", static_cast<int32_t>(k)))
                 af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));

@@ -4,7 +4,10 @@
 // keeps its state; a worker killed and restarted with --join; the chief
 // killed (the job stops, every process says why, and the restarted job
 // resumes); the chief killed in the middle of writing a checkpoint (the torn
-// file never replaces the good one). Every wait is bounded and waits on
+// file never replaces the good one); the chief killed and restarted while
+// the job runs on (it takes the job as it is), also over a checkpoint it
+// cannot read, and a chief that fails on a job that was running (a second
+// one started by mistake) leaves its ps alone. Every wait is bounded and waits on
 // output lines, files or exits (tests/train_job.hpp).
 #define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
 #include <catch2/catch.hpp>
@@ -16,9 +19,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -456,19 +461,29 @@ TEST_CASE("a chief killed with SIGKILL in the middle of writing a checkpoint lea
 
 namespace {
 
-/// The chief of a `mode` job is SIGKILLed a checkpoint interval or more
-/// before the ps (which goes on with worker 1) and restarted.
-void chief_killed_and_restarted(const std::string& mode) {
+/// The chief of a `mode` job is SIGKILLed, the ps goes on with worker 1 a
+/// checkpoint interval or more past the latest checkpoint, and the chief is
+/// restarted. Worker 1 is stopped (SIGSTOP: its connections stay up, and the
+/// ps holds the job as it is) from then until the restarted chief says it
+/// took the job, so that nothing ends the job while the chief comes back,
+/// however long that takes on a loaded machine. With `damaged_latest`, the
+/// latest checkpoint is cut in half before the restart: the running job does
+/// not need it.
+void chief_killed_and_restarted(const std::string& mode, bool damaged_latest = false) {
   temp_dir dir;
   auto ckpt_dir = dir.path + "/ckpt";
   job_spec spec;
-  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n";
+  // connection_timeout_ms: the heartbeat does not drop worker 1 while it is
+  // stopped.
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n\n[node]\nconnection_timeout_ms = "
+                     "120000\n";
   const uint64_t steps = 2000, K = 100;
   spec.sets = {"mode=" + mode, "steps=" + std::to_string(steps),
                "checkpoint_steps=" + std::to_string(K), "log_every=50"};
   // At most 200 pushes/s from worker 1 (sync: it sets the pace of the
-  // rounds), so that it cannot end the job alone while the chief is down
-  // and coming back (about 1 s here: 4 checkpoint intervals to the end).
+  // rounds): once the ps is a checkpoint interval past the chief's last
+  // checkpoint, worker 1 alone would take seconds to end the job, and the
+  // test stops it in one --status call.
   spec.worker_args[1] = {"--step-delay-ms", "5"};
   auto job = train_job::start(dir.path, spec);
   // sync: a checkpoint of step 3K means both have pushed; async: worker 1
@@ -509,20 +524,46 @@ void chief_killed_and_restarted(const std::string& mode) {
                                                          << " within 30 s, or does not say the "
                                                             "chief left:\n"
                                                          << job->describe());
+  job->process("worker", 1).signal(SIGSTOP);
+  // Where the ps holds the job now (a push of worker 1's in flight as it
+  // stopped may still have been applied).
+  auto held = ps_step_without_chief();
+  if (!held)
+    FAIL("no --status of the ps with worker 1 stopped:\n" << job->describe());
+  ps_step = *held;
   REQUIRE(latest_step(ckpt_dir) == checkpointed);
   REQUIRE(ps_step + 4 * K < steps);
+  std::string damaged;
+  if (damaged_latest) {
+    damaged = *train::latest(ckpt_dir);
+    fs::resize_file(damaged, fs::file_size(damaged) / 2);
+  }
   job->restart("worker", 0);
+  static const std::regex took_re{
+    R"(chief: took the running job at global_step=(\d+) data_position=\d+ checkpoint_step=(\d+|none))"};
+  auto took = job->wait_until(
+    [&] {
+      return std::regex_search(job->chief().output(), took_re)
+             || job->chief().exit_code().has_value();
+    },
+    60s);
+  job->process("worker", 1).signal(SIGCONT);
+  if (!took)
+    FAIL("the restarted chief neither took the job nor exited within 60 s:\n" << job->describe());
   check_all_exit_0(*job, 90s);
 
   const auto& out = job->chief().output();
   INFO(out);
-  static const std::regex took_re{
-    R"(chief: took the running job at global_step=(\d+) data_position=\d+ checkpoint_step=(\d+))"};
   std::smatch m;
   REQUIRE(std::regex_search(out, m, took_re));
   auto taken_at = std::stoull(m[1].str());
   // From the ps's step, not the checkpoint's: nothing it applied was lost.
-  CHECK(std::stoull(m[2].str()) == checkpointed);
+  CHECK(m[2].str() == (damaged_latest ? std::string{"none"} : std::to_string(checkpointed)));
+  if (damaged_latest) {
+    CHECK(out.find("the job's latest checkpoint cannot be read") != std::string::npos);
+    CHECK(out.find(damaged) != std::string::npos);
+    CHECK(out.find("does not need it: taking it as it is") != std::string::npos);
+  }
   CHECK(taken_at >= ps_step);
   CHECK(out.find("worker 0: restoring ") == std::string::npos);
   CHECK(out.find("restored to global step") == std::string::npos);
@@ -569,6 +610,131 @@ TEST_CASE("an async job's chief killed with SIGKILL and restarted takes the runn
           "undisturbed run's accuracy",
           "[train][processes][recovery]") {
   chief_killed_and_restarted("async");
+}
+
+// Catches a restarted chief that fails on a latest checkpoint it cannot
+// read (here torn) although every ps is live and the job does not need it,
+// and, as it failed, stopped the ps: the running job died with it (issue
+// 22, 7).
+TEST_CASE("a sync job's chief restarted over a latest checkpoint it cannot read takes the running "
+          "job as it is without it, and every process exits 0",
+          "[train][processes][recovery]") {
+  chief_killed_and_restarted("sync", true);
+}
+
+// Catches a restarted chief that, failing because a ps lost its state and
+// the checkpoint that would restore it cannot be read, stops the live ps
+// too (or restores it, or gives the lost one its initial values): the live
+// ps's state is the job's, for a chief started again once the checkpoint is
+// fixed (issue 22, 7).
+TEST_CASE("a restarted chief that finds one ps live and one without state, and a latest "
+          "checkpoint it cannot read, fails naming the ps and leaves the live one as it is",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  auto ckpt_dir = dir.path + "/ckpt";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.train_table = "checkpoint_dir = \"" + ckpt_dir + "\"\n";
+  spec.sets = {"checkpoint_steps=20", "steps=100000000"};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return latest_step(ckpt_dir) >= 40u; }, 30s))
+    FAIL("no checkpoint of step >= 40 within 30 s:\n" << job->describe());
+  job->chief().signal(SIGKILL);
+  job->process("ps", 1).signal(SIGKILL);
+  job->restart("ps", 1);
+  auto damaged = *train::latest(ckpt_dir);
+  fs::resize_file(damaged, fs::file_size(damaged) / 2);
+  job->restart("worker", 0);
+  auto code = job->chief().wait_exit(60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  REQUIRE(code);
+  CHECK(*code != 0);
+  CHECK(out.find("/job:ps/task:1 lost its state and the job's latest checkpoint cannot be read")
+        != std::string::npos);
+  CHECK(out.find(damaged) != std::string::npos);
+  CHECK(out.find("the running job (/job:ps/task:0 at global step ") != std::string::npos);
+  CHECK(out.find("its ps tasks are left as they are") != std::string::npos);
+  CHECK(out.find("took the running job") == std::string::npos);
+  // ps 0 still holds the job: it answers --status after the chief's exit.
+  auto status = job->client({"--status"}, 10s);
+  INFO(status.output);
+  CHECK(std::regex_search(status.output, std::regex{R"(/job:ps/task:0: mode sync, global step \d+)"}));
+  CHECK(!job->process("ps", 0).exit_code());
+}
+
+// Catches a chief that stops every ps as it fails although the job was
+// running before it came: here a second chief, started by mistake while the
+// first still runs the job, is refused (the ps counts the first as worker
+// 0), and stopped the ps of the healthy job on its way out (issue 22, 7).
+TEST_CASE("a second chief started while the first still runs the job is refused and leaves the "
+          "job's ps alone: the job finishes and every process of it exits 0",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  job_spec spec;
+  // The first chief is stopped (SIGSTOP) while the second one tries, so that
+  // the job cannot end meanwhile (sync: no round closes without the chief);
+  // connection_timeout_ms: the heartbeat does not drop it meanwhile.
+  spec.train_table = "\n[node]\nconnection_timeout_ms = 120000\n";
+  spec.sets = {"steps=1000", "log_every=50"};
+  // At most 200 rounds/s: the job is seconds from its end when the chief
+  // is stopped.
+  spec.worker_args[1] = {"--step-delay-ms", "5"};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return last_progress_step(job->chief().output()) >= 50u; }, 30s))
+    FAIL("the chief printed no progress of step >= 50 within 30 s:\n" << job->describe());
+  job->chief().signal(SIGSTOP);
+  // The same job's config but for worker 0's port: a second process of
+  // worker 0 on this machine cannot bind the first one's.
+  std::string config;
+  {
+    std::ifstream f{job->config()};
+    std::stringstream ss;
+    ss << f.rdbuf();
+    config = ss.str();
+  }
+  auto at = config.find("worker = [\"127.0.0.1:");
+  REQUIRE(at != std::string::npos);
+  at += std::strlen("worker = [\"127.0.0.1:");
+  auto end = config.find('"', at);
+  REQUIRE(end != std::string::npos);
+  config.replace(at, end - at, std::to_string(free_loopback_port()));
+  auto second_config = dir.path + "/second-chief.toml";
+  std::ofstream{second_config} << config;
+  std::vector<std::string> argv{ACTORFLOW_TRAIN_BINARY, "--config", second_config, "--job",
+                                "worker", "--task", "0"};
+  for (const auto& kv : spec.sets) {
+    argv.push_back("--set");
+    argv.push_back(kv);
+  }
+  // It waits this long for the ps to see the first chief gone.
+  argv.push_back("--set");
+  argv.push_back("init_timeout_ms=2000");
+  background_process second{argv};
+  auto ended = job->wait_until(
+    [&] {
+      second.read_output(0ms);
+      return second.exit_code().has_value();
+    },
+    60s);
+  second.read_output(0ms);
+  INFO("the second chief:\n" << second.output());
+  job->chief().signal(SIGCONT);
+  if (!ended) {
+    second.signal(SIGKILL);
+    FAIL("the second chief did not exit within 60 s:\n" << job->describe());
+  }
+  CHECK(*second.exit_code() != 0);
+  CHECK(second.output().find("is another chief of this job running? Stop it")
+        != std::string::npos);
+  CHECK(second.output().find("the job was running before this chief started: its ps tasks are "
+                             "left as they are")
+        != std::string::npos);
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(out.find("train done: mode=sync workers=2 ") != std::string::npos);
+  CHECK(final_global_step(out) == 1000u);
 }
 
 } // namespace af::testing

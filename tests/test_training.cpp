@@ -562,7 +562,10 @@ TEST_CASE("when the chief fails before it starts the job (its latest checkpoint 
   // Catches: a chief that failed before it published its start (here the
   // checkpoint, truncated, does not load; also a ps it cannot reach) while
   // worker 1 waited the whole init_timeout_ms for the word, so that the
-  // embedded program said nothing and exited only then (issue 22, 6).
+  // embedded program said nothing and exited only then (issue 22, 6). The
+  // word is run_worker_task's, the one place that tells the others a chief
+  // failed (with it disabled, this test and the one above fail: worker 1
+  // waits the whole 60 s).
   temp_dir dir;
   auto c = digits("sync");
   c.steps = 4;
