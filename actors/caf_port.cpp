@@ -363,6 +363,7 @@ public:
       if (!tls_expect_host(out->ssl_, host)) // the data plane's check too (tls.hpp)
         return nullptr;
       out->task_ = task;
+      out->outbound_ = true;
     }
     return out;
   }
@@ -408,6 +409,16 @@ private:
         if (err == SSL_ERROR_WANT_WRITE)
           return rw_state::success;
         failure_ = tls_handshake_failure(ssl_, ret);
+        // Not a byte came back to our ClientHello: the node never spoke TLS
+        // to us, so no certificate was judged (a node out of descriptors
+        // accepts and closes at once; one without [security] drops a
+        // handshake it cannot read).
+        if (outbound_ && BIO_number_read(SSL_get_rbio(ssl_)) == 0)
+          failure_ = "the node closed the connection before a byte of its TLS handshake"
+                     + (failure_ == "the peer closed the connection during the TLS handshake"
+                          ? std::string{}
+                          : " (" + failure_ + ")")
+                     + ": it may be out of file descriptors or at its connection limit";
         return rw_state::failure;
       }
       handshaking_ = false;
@@ -437,6 +448,7 @@ private:
   SSL* ssl_ = nullptr;
   bool handshaking_ = true;
   bool wants_read_ = false;
+  bool outbound_ = false; ///< a connection this process opened
   std::string task_;
   std::string failure_;
 };

@@ -113,7 +113,12 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       if (e == caf::sec::disconnect_during_handshake)
         why += tls ? " (TLS: does the node have a certificate of this cluster's CA, and "
                      "is it running with [security]?)"
-                   : " (is the node running with [security]? then this client needs it too)";
+                   // Seen the same from here: a node that accepts and closes
+                   // at once, out of descriptors, and one that drops our
+                   // plaintext as not TLS.
+                   : " (the node closed the connection before its handshake: it may be out of "
+                     "file descriptors or at its connection limit, or run with [security], "
+                     "which this client then needs too)";
       err = make_error(af_error::unreachable, "cannot reach " + key + " at " + conn.address + ": "
                                                 + why + "; is actorflow-node running there?");
     };

@@ -58,8 +58,8 @@ caf::error control_char_error(const std::string& where, const std::string& text)
     }
   }
   return make_error(af_error::invalid_config,
-                    where + ": address '" + shown + "' holds a control character in its host; "
-                    "write a host name or an IP address");
+                    where + ": address '" + shown + "' holds a control character; write "
+                    "host:port with a host name or an IP address and a port 1-65535");
 }
 
 std::string lower(std::string s) {
@@ -360,6 +360,13 @@ std::string task_address::to_string() const {
 }
 
 caf::expected<task_address> parse_address(const std::string& text, const std::string& where) {
+  // A NUL would cut the host short where C sees it ("127.0.0.1\0:44335"
+  // printed as 127.0.0.1); no host, address or port holds a control
+  // character. Checked on the whole text first, so that every message below
+  // may quote it (a DEL after the port was echoed raw as a "bad port").
+  for (char ch : text)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+      return control_char_error(where, text);
   task_address out;
   std::string port_text;
   if (!text.empty() && text.front() == '[') {
@@ -383,11 +390,6 @@ caf::expected<task_address> parse_address(const std::string& text, const std::st
   }
   if (out.host.empty())
     return config_error(where + ": address '" + text + "' has an empty host");
-  // A NUL would cut the host short where C sees it ("127.0.0.1\0:44335"
-  // printed as 127.0.0.1); no host name or address holds a control character.
-  for (char ch : out.host)
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-      return control_char_error(where, text);
   if (port_text.empty() || port_text.size() > 5
       || port_text.find_first_not_of("0123456789") != std::string::npos)
     return config_error(where + ": bad port '" + port_text + "' in '" + text

@@ -27,6 +27,21 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
+/// Wide enough for a literal's exact value (|x| < 2^64) and the sum,
+/// difference or product of two of them checked for overflow.
+__extension__ typedef __int128 wide_int;
+
+std::string wide_text(wide_int x) {
+  bool minus = x < 0;
+  auto m = minus ? -static_cast<unsigned __int128>(x) : static_cast<unsigned __int128>(x);
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(m % 10)));
+    m /= 10;
+  } while (m != 0);
+  return minus ? "-" + digits : digits;
+}
+
 /// An error of one statement: where it points (column 0: nowhere) and why.
 struct repl_error {
   position at;
@@ -53,6 +68,11 @@ struct value {
   kind what = kind::none;
   double number = 0;
   bool integral = false;
+  /// A whole number's exact value, as in expr (`number` is the nearest
+  /// double): what an int32/int64 tensor takes.
+  bool exact = false;
+  bool negative = false;
+  uint64_t magnitude = 0;
   std::string text;
   tensor t;
   output o;
@@ -73,6 +93,22 @@ const char* kind_name(value::kind k) {
     case value::kind::init: return "an initializer";
   }
   return "?";
+}
+
+/// A whole number's exact value, if it has one.
+std::optional<wide_int> exact_of(const value& v) {
+  if (!v.exact)
+    return std::nullopt;
+  auto m = static_cast<wide_int>(v.magnitude);
+  return v.negative ? -m : m;
+}
+
+/// Makes `x` the exact value of `v` when |x| < 2^64 (else `v` has none).
+void set_exact(value& v, wide_int x) {
+  auto m = x < 0 ? -x : x;
+  v.exact = m <= static_cast<wide_int>(UINT64_MAX);
+  v.negative = v.exact && x < 0;
+  v.magnitude = v.exact ? static_cast<uint64_t>(m) : 0;
 }
 
 std::optional<dtype> parse_dtype(const std::string& s) {
@@ -150,6 +186,7 @@ std::string number_text(double x) {
   o << x;
   return o.str();
 }
+
 
 /// "/job:ps/task:0" -> (ps, 0); the message names the word and what to write.
 std::pair<std::string, int32_t> parse_task(const word& w, const cluster_spec& spec) {
@@ -324,14 +361,14 @@ struct interpreter::state {
       return v.t;
     if (v.what == value::kind::number || v.what == value::kind::boolean) {
       tensor t{type, {}};
-      store(t, 0, v.number, at);
+      store(t, 0, v, at);
       return t;
     }
     if (v.what != value::kind::list)
       fail(at, "expected numbers or a [list] of them, got " + std::string{kind_name(v.what)});
     shape_type shape;
     std::vector<bool> rows; ///< per depth: true if it holds lists, false numbers
-    std::vector<double> flat;
+    std::vector<const value*> flat; // into `v`: a number keeps its exact value
     flatten(v, at, 0, shape, rows, flat);
     size_t elements = 1;
     for (auto d : shape)
@@ -340,34 +377,47 @@ struct interpreter::state {
       fail(at, "the list is ragged: its rows have different lengths");
     tensor t{type, shape};
     for (size_t i = 0; i < flat.size(); ++i)
-      store(t, i, flat[i], at);
+      store(t, i, *flat[i], at);
     return t;
   }
 
-  /// t[i] = x, refusing what the dtype cannot hold (a cast would be undefined).
-  static void store(tensor& t, size_t i, double x, position at) {
-    auto whole = [&](double lo, double hi) {
-      if (!(x >= lo && x <= hi) || x != std::floor(x))
+  /// t[i] = v, refusing what the dtype cannot hold (a cast would be
+  /// undefined). An integer tensor takes a whole number's exact value, never
+  /// the double nearest to it (2^53 + 1 is not a double).
+  static void store(tensor& t, size_t i, const value& v, position at) {
+    double x = v.number;
+    auto whole = [&](wide_int lo, wide_int hi) -> wide_int {
+      auto range = " (" + to_string(t.type()) + " holds " + wide_text(lo) + " to " + wide_text(hi) + ")";
+      if (auto exact = exact_of(v)) {
+        if (*exact < lo || *exact > hi)
+          fail(at, "the value " + wide_text(*exact) + " does not fit " + to_string(t.type()) + range);
+        return *exact;
+      }
+      if (x != std::floor(x) || !std::isfinite(x)) // 2.5, inf, nan
         fail(at, "the value " + number_text(x) + " does not fit " + to_string(t.type())
-                   + ": an integer tensor takes whole numbers in its range (write const(" + number_text(x)
+                   + ": an integer tensor takes whole numbers (write const(" + number_text(x)
                    + ", dtype=\"float32\") for a float)");
+      // 2^63 and -2^63 are doubles: the comparison is exact.
+      if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)
+          || static_cast<wide_int>(x) < lo || static_cast<wide_int>(x) > hi)
+        fail(at, "the value " + (v.integral && !v.source.empty() ? printable(v.source) : number_text(x))
+                   + " does not fit " + to_string(t.type()) + range);
+      return static_cast<wide_int>(x);
     };
     switch (t.type()) {
       case dtype::float32: t.mutable_data<float>()[i] = static_cast<float>(x); break;
       case dtype::float64: t.mutable_data<double>()[i] = x; break;
       case dtype::int32:
-        whole(-2147483648.0, 2147483647.0);
-        t.mutable_data<int32_t>()[i] = static_cast<int32_t>(x);
+        t.mutable_data<int32_t>()[i] = static_cast<int32_t>(whole(INT32_MIN, INT32_MAX));
         break;
       case dtype::int64:
-        whole(-9223372036854775808.0, 9223372036854774784.0);
-        t.mutable_data<int64_t>()[i] = static_cast<int64_t>(x);
+        t.mutable_data<int64_t>()[i] = static_cast<int64_t>(whole(INT64_MIN, INT64_MAX));
         break;
     }
   }
 
   void flatten(const value& v, position at, size_t depth, shape_type& shape,
-               std::vector<bool>& rows, std::vector<double>& flat) {
+               std::vector<bool>& rows, std::vector<const value*>& flat) {
     bool is_list = v.what == value::kind::list;
     if (depth > 0) {
       // Every item at one depth is a list, or every one a number.
@@ -397,7 +447,7 @@ struct interpreter::state {
                  + ": to combine graph values use ops (w + b), not a list");
     if (depth != shape.size())
       fail(at, "the list is ragged: a number where a row was expected");
-    flat.push_back(v.number);
+    flat.push_back(&v);
   }
 
   bool is_numeric_list(const value& v) const {
@@ -523,6 +573,8 @@ struct interpreter::state {
       case value::kind::number:
         // A whole number typed as one prints as one; the rest as NumPy
         // prints a float64 scalar (with --precision).
+        if (auto exact = exact_of(v))
+          return wide_text(*exact);
         if (v.integral && std::fabs(v.number) < 9e15)
           return std::to_string(static_cast<int64_t>(v.number));
         if (std::isfinite(v.number) && v.number == std::floor(v.number) && std::fabs(v.number) < 1e16)
@@ -563,6 +615,9 @@ struct interpreter::state {
         v.what = value::kind::number;
         v.number = e.number;
         v.integral = e.integral;
+        v.exact = e.exact;
+        v.negative = e.negative;
+        v.magnitude = e.magnitude;
         return v;
       case expr::kind::boolean:
         v.what = value::kind::boolean;
@@ -591,6 +646,8 @@ struct interpreter::state {
         auto x = eval(*e.items[0]);
         if (x.what == value::kind::number) {
           x.number = -x.number;
+          if (auto exact = exact_of(x))
+            set_exact(x, -*exact);
           x.source = e.source;
           return x;
         }
@@ -635,6 +692,17 @@ struct interpreter::state {
         case '/': v.number = a.number / b.number; break;
       }
       v.integral = a.integral && b.integral && op != '/';
+      auto xa = exact_of(a), xb = exact_of(b);
+      wide_int r = 0;
+      // |a|, |b| < 2^64: a sum or difference fits; a product may not.
+      if (xa && xb && op != '/'
+          && !(op == '*' ? __builtin_mul_overflow(*xa, *xb, &r) : false)) {
+        if (op == '+')
+          r = *xa + *xb;
+        else if (op == '-')
+          r = *xa - *xb;
+        set_exact(v, r);
+      }
       return v;
     }
     // A literal takes the other side's dtype when it is known (TF's k / 2
@@ -846,13 +914,36 @@ struct interpreter::state {
     return *t;
   }
 
+  /// A tensor of `shape` holding the scalar `one`'s element (its dtype's own
+  /// bits, not through a double).
+  static tensor filled_exact(const tensor& one, const shape_type& shape, position at) {
+    auto n = num_elements(shape);
+    if (n > (int64_t{1} << 28))
+      fail(at, "an integer value past 2^53 fills at most 2^28 elements here, not "
+                 + std::to_string(n) + "; give a smaller shape");
+    tensor t{one.type(), shape};
+    if (one.type() == dtype::int64)
+      std::fill_n(t.mutable_data<int64_t>(), n, one.data<int64_t>()[0]);
+    else if (one.type() == dtype::int32)
+      std::fill_n(t.mutable_data<int32_t>(), n, one.data<int32_t>()[0]);
+    else
+      t = tensor::filled(one.type(), shape, one.at(0));
+    return t;
+  }
+
   initializer init_arg(const value& v, position at, shape_type& shape, bool shape_given, dtype type) {
     switch (v.what) {
       case value::kind::number:
       case value::kind::boolean: {
         tensor check{type, {}};
-        store(check, 0, v.number, at); // an int variable takes whole numbers in its range
-        return initializer::constant(v.number);
+        store(check, 0, v, at); // an int variable takes whole numbers in its range
+        auto exact = exact_of(v);
+        if (!exact || static_cast<wide_int>(v.number) == *exact
+            || (type != dtype::int32 && type != dtype::int64))
+          return initializer::constant(v.number);
+        // An int64 past 2^53 that a double (the constant initializer's
+        // value) would round: the tensor itself, of the variable's shape.
+        return initializer::from_tensor(filled_exact(check, shape, at));
       }
       case value::kind::init:
         return v.init;
@@ -941,7 +1032,16 @@ struct interpreter::state {
                            + ")), which its node allocates");
       double fillv = is_fill ? number_arg(a, 1, "value", 0) : fn == "ones" ? 1 : 0;
       v.what = value::kind::tensor;
-      v.t = tensor::filled(dtype_arg(a), shape, fillv);
+      auto type = dtype_arg(a);
+      if (is_fill && (type == dtype::int32 || type == dtype::int64)) {
+        // An integer fill takes the value's exact value, refused if out of range.
+        position value_at = a.at;
+        tensor one{type, {}};
+        store(one, 0, *a.get(1, "value", &value_at), value_at);
+        v.t = filled_exact(one, shape, value_at);
+      } else {
+        v.t = tensor::filled(type, shape, fillv);
+      }
       return v;
     }
     if (fn == "uniform" || fn == "normal") {

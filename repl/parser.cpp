@@ -432,6 +432,7 @@ private:
       if (operand->what == expr::kind::number) {
         auto e = std::make_shared<expr>(*operand);
         e->number = -e->number;
+        e->negative = !e->negative && e->magnitude != 0;
         e->at = pos_of(begin);
         finish(e, begin);
         return e;
@@ -617,6 +618,18 @@ private:
     if (!std::isfinite(e->number))
       error_at(begin, "the number " + digits + " is out of range");
     e->integral = integral;
+    if (integral) {
+      // Exactly, digit by digit: a double has 53 bits, int64 has 63.
+      e->exact = true;
+      for (char c : digits) {
+        auto d = static_cast<uint64_t>(c - '0');
+        if (e->magnitude > (UINT64_MAX - d) / 10) {
+          e->exact = false;
+          break;
+        }
+        e->magnitude = e->magnitude * 10 + d;
+      }
+    }
     finish(e, begin);
     return e;
   }

@@ -60,6 +60,13 @@ struct expr {
   std::string source;  ///< the expression's own text, as typed ("w + b")
   double number = 0;
   bool integral = false;      ///< a NUMBER written without '.', 'e' (an int literal)
+  /// An int literal's exact value, read from its digits (`number` is only
+  /// the nearest double: 2^53 + 1 is not one): `magnitude`, negated when
+  /// `negative` (the minuses before it, so -9223372036854775808 is INT64_MIN).
+  /// False when the digits pass 2^64 - 1 or the literal is not integral.
+  bool exact = false;
+  bool negative = false;
+  uint64_t magnitude = 0;
   std::string text;           ///< name, string, called function, method, or binary op ("+")
   std::vector<expr_ptr> items; ///< list items; binary: lhs, rhs; negate: operand; method: receiver
   std::vector<call_arg> args;  ///< call, method

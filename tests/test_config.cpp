@@ -218,6 +218,32 @@ TEST_CASE("a host with a control character is refused, showing the character", "
   CHECK(err.find("cluster.toml:4: node.bind holds a control character") != std::string::npos);
 }
 
+TEST_CASE("a DEL or another control character anywhere in an address is named escaped, "
+          "before the port is read (issue 22)", "[config]") {
+  // An address with a DEL (0x7f) was refused as "bad port '47301'" with the
+  // raw DEL byte in the message.
+  for (const std::string& text :
+       {std::string{"127.0.0.1\x7f:47301"}, std::string{"127.0.0.1:47301\x7f"},
+        std::string{"127.0.0.1:\x7f" "47301"}, std::string{"[::1\x7f]:47301"},
+        std::string{"[::1]:4730\x7f"}, std::string{"\x7f:47301"}, std::string{"host\x1b:1"}}) {
+    CAPTURE(text);
+    auto addr = parse_address(text, "x");
+    REQUIRE_FALSE(addr);
+    auto err = describe(addr.error());
+    CAPTURE(err);
+    CHECK(err.find("control character") != std::string::npos);
+    CHECK((err.find("\\x7f") != std::string::npos || err.find("\\x1b") != std::string::npos));
+    CHECK(err.find("bad port") == std::string::npos);
+    CHECK(err.find('\x7f') == std::string::npos);
+    CHECK(err.find('\x1b') == std::string::npos);
+  }
+  auto err = json_error("{\"cluster\": {\"ps\": [\"127.0.0.1\\u007f:47301\"]}}");
+  CHECK(err.find("127.0.0.1\\x7f:47301") != std::string::npos);
+  err = toml_error("[cluster]\nps = [\"127.0.0.1:47301\\u007f\"]\n");
+  CHECK(err.find("127.0.0.1:47301\\x7f") != std::string::npos);
+  CHECK(err.find('\x7f') == std::string::npos);
+}
+
 TEST_CASE("a JSON config with a key twice is refused, naming the key", "[config]") {
   // nlohmann kept the last one silently (TOML refuses duplicates).
   auto err = json_error(R"({"cluster": {"ps": ["a:1"], "ps": ["b:2"]}})");

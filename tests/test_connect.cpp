@@ -4,12 +4,14 @@
 // each error's code said once.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include <future>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "caf/all.hpp"
 
@@ -254,6 +257,64 @@ TEST_CASE("a TLS connect to a node that does not answer its handshake does not s
               tls.cpu_ms / std::max(0.1, plain.cpu_ms));
   CHECK(tls.wall_ms >= 1900);
   CHECK(share(tls) < 0.5);
+}
+
+/// A listener on 127.0.0.1 that accepts each connection and closes it at
+/// once, before a byte: what a node out of file descriptors does on its CAF
+/// port (it gives up a spare descriptor to accept and close).
+struct closing_listener {
+  uint16_t port = 0;
+  int listener = listen_on_loopback(port, 16);
+  std::atomic<bool> stop{false};
+  std::thread closer{[this] {
+    while (!stop.load() && listener >= 0) {
+      pollfd p{listener, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0)
+        continue;
+      int fd = ::accept(listener, nullptr, nullptr);
+      if (fd >= 0)
+        ::close(fd);
+    }
+  }};
+  ~closing_listener() {
+    stop = true;
+    closer.join();
+    if (listener >= 0)
+      ::close(listener);
+  }
+};
+
+// Catches (issue 22) the hint of a connect the node closed before any byte
+// of a handshake, as a node out of file descriptors does: "is the node
+// running with [security]?" sent an operator to the wrong place.
+TEST_CASE("a connect the node closes at once says so, not only that it may need [security]",
+          "[connect][tls]") {
+  temp_dir dir;
+  closing_listener closing;
+  REQUIRE(closing.listener >= 0);
+  auto address = "127.0.0.1:" + std::to_string(closing.port);
+  auto config = dir / "cluster.toml";
+  std::string cluster_table = "[cluster]\nps = [\"" + address + "\"]\n";
+  write_file(config, cluster_table);
+  write_file(config, cluster_table + "\n" + make_certs(config));
+  auto loaded = value_of(load_cluster_config(config));
+  auto sec = value_of(security_for(loaded.security, "client"));
+  for (const auto& with : {security_options{}, sec}) {
+    system_config cfg{node_options{}, with};
+    caf::actor_system sys{cfg};
+    auto o = with_connect_timeout(5000ms);
+    o.security = with;
+    auto s = value_of(session::make(sys, one_ps_at(address), "/job:ps/task:0", o));
+    auto [r, took] = ping_timed(s);
+    REQUIRE_FALSE(r);
+    auto text = describe(r.error());
+    INFO(text);
+    CHECK(text.find("cannot reach /job:ps/task:0 at " + address) != std::string::npos);
+    CHECK(text.find("the node closed the connection before") != std::string::npos);
+    CHECK(text.find("out of file descriptors") != std::string::npos);
+    CHECK(text.find("is the node running with [security]?") == std::string::npos);
+    CHECK(took < 4000); // at once, not at connect_timeout
+  }
 }
 
 // Catches a ping's timeout that names the session's request timeout (20 s

@@ -500,6 +500,62 @@ TEST_CASE("ragged lists, mixed depths and values an int tensor cannot hold are r
   CHECK(exec(*in, "print [[1, 2], [3, 4]]").out == "[[1. 2.]\n [3. 4.]]\n");
 }
 
+TEST_CASE("int64 literals are read exactly, and one out of range names itself and the range "
+          "(issue 22)", "[repl][errors]") {
+  // They went through a double: 2^53 + 1 printed as 2^53, INT64_MAX was
+  // refused as "9.223372037e+18 does not fit int64", and a sum near 2^63
+  // was off by hundreds.
+  auto in = embedded({{"ps", 1}, {"worker", 1}});
+  auto out = [&](const std::string& text) {
+    auto r = exec(*in, text);
+    INFO(text << "\n" << r.out << r.err);
+    CHECK(r.ok);
+    return r.out;
+  };
+  CHECK(out("run const(9007199254740993, dtype=\"int64\")") == "9007199254740993\n");
+  CHECK(out("run const([9223372036854775807, 9223372036854775806], dtype=\"int64\")")
+        == "[9223372036854775807 9223372036854775806]\n");
+  CHECK(out("run const(-9223372036854775808, dtype=\"int64\")") == "-9223372036854775808\n");
+  CHECK(out("run const([-9223372036854775808, --9223372036854775807], dtype=\"int64\")")
+        == "[-9223372036854775808  9223372036854775807]\n");
+  CHECK(out("run const(2147483647, dtype=\"int32\")") == "2147483647\n");
+  CHECK(out("run const(-2147483648, dtype=\"int32\")") == "-2147483648\n");
+  CHECK(out("print 9007199254740993") == "9007199254740993\n");
+  CHECK(out("run const(9007199254740992 + 1, dtype=\"int64\")") == "9007199254740993\n");
+  CHECK(out("run fill([2], 9007199254740993, dtype=\"int64\")")
+        == "[9007199254740993 9007199254740993]\n");
+  REQUIRE(exec(*in, "with /job:ps/task:0 { v = variable(\"v\", [2], 5, dtype=\"int64\"); "
+                    "u = variable(\"u\", [], 9007199254740993, dtype=\"int64\") }\ninit").ok);
+  CHECK(out("run v.assign_add(const([9223372036854775000, 1], dtype=\"int64\"))")
+        == "[9223372036854775005                   6]\n");
+  CHECK(out("run u") == "9007199254740993\n");
+
+  // Out of range: the literal itself and the dtype's range, no float hint.
+  for (auto [bad, literal, range] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+         {"print const([9223372036854775808], dtype=\"int64\")", "9223372036854775808",
+          "int64 holds -9223372036854775808 to 9223372036854775807"},
+         {"print const(-9223372036854775809, dtype=\"int64\")", "-9223372036854775809",
+          "int64 holds -9223372036854775808 to 9223372036854775807"},
+         {"print const(18446744073709551616, dtype=\"int64\")", "18446744073709551616",
+          "int64 holds -9223372036854775808 to 9223372036854775807"},
+         {"print const(2147483648, dtype=\"int32\")", "2147483648",
+          "int32 holds -2147483648 to 2147483647"},
+         {"print fill([1], 9223372036854775808, dtype=\"int64\")", "9223372036854775808",
+          "int64 holds"}}) {
+    INFO(bad);
+    auto r = exec(*in, bad);
+    INFO(r.err);
+    CHECK_FALSE(r.ok);
+    CHECK(r.err.find("the value " + literal + " does not fit") != std::string::npos);
+    CHECK(r.err.find(range) != std::string::npos);
+    CHECK(r.err.find("float32") == std::string::npos);
+  }
+  // A fraction still gets the float hint.
+  auto frac = exec(*in, "print const(2.5, dtype=\"int32\")");
+  CHECK(frac.err.find("write const(2.5, dtype=\"float32\")") != std::string::npos);
+}
+
 TEST_CASE("numbers print as typed, with --precision for fractions", "[repl]") {
   repl::options opts;
   opts.print.precision = 3;

@@ -44,6 +44,27 @@ TEST_CASE("statements parse into the tree the interpreter expects", "[repl][pars
     CHECK(row.items[1]->number == 25);
     CHECK_FALSE(row.items[1]->integral);
   }
+  SECTION("an integer literal keeps its exact value beside the double (issue 22)") {
+    auto r = parse("[9007199254740993, -9223372036854775808, --5, 18446744073709551615, "
+                   "18446744073709551616, 2.0, -0]");
+    const auto& items = only(r).value->items;
+    REQUIRE(items.size() == 7);
+    CHECK(items[0]->exact);
+    CHECK(items[0]->magnitude == 9007199254740993u); // the double is 2^53
+    CHECK_FALSE(items[0]->negative);
+    CHECK(items[1]->exact);
+    CHECK(items[1]->negative);
+    CHECK(items[1]->magnitude == 9223372036854775808u);
+    CHECK(items[2]->exact);
+    CHECK_FALSE(items[2]->negative);
+    CHECK(items[2]->magnitude == 5);
+    CHECK(items[3]->exact);
+    CHECK(items[3]->magnitude == UINT64_MAX);
+    CHECK_FALSE(items[4]->exact); // past 2^64 - 1: only its double
+    CHECK_FALSE(items[5]->exact);
+    CHECK(items[6]->exact);
+    CHECK_FALSE(items[6]->negative);
+  }
   SECTION("calls with keywords, methods, unpacking") {
     auto r = parse("a, b = gradients(loss, [w, v]); c = w.assign_add(1.0); matmul(a, b, transpose_b=true)");
     REQUIRE_FALSE(r.error);

@@ -1426,6 +1426,32 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
   CHECK(contains(no_eq.error().what, "--set key=value"));
 }
 
+TEST_CASE("a long --set value is cut in its error; grad_norm_guard's hint is a value it takes "
+          "(issue 22)", "[train][config]") {
+  // --set hidden=<60 KB of brackets> echoed all 60 KB back, and the
+  // grad_norm_guard error suggested 0.01, which it refuses.
+  std::string brackets(60000, '[');
+  std::string long_word(60000, 'x');
+  for (const auto& set : {"hidden=" + brackets, "learning_rate=" + long_word,
+                          "steps=" + long_word, "mode=" + long_word, "data=" + long_word,
+                          "hidden=[1," + long_word + "]", long_word + "=1", long_word}) {
+    CAPTURE(set.substr(0, 20));
+    auto c = apply_overrides(train_config{}, {set});
+    REQUIRE_FALSE(c);
+    CHECK(c.error().what.size() < 1000);
+    CHECK(contains(c.error().what, "... ("));
+    CHECK(contains(c.error().what, " bytes)"));
+  }
+  auto nan = apply_overrides(train_config{}, {"grad_norm_guard=nan"});
+  REQUIRE_FALSE(nan);
+  CHECK(contains(nan.error().what, "0 (off)"));
+  CHECK_FALSE(contains(nan.error().what, "grad_norm_guard=0.01"));
+  // The value the hint suggests is one grad_norm_guard takes.
+  auto hint = nan.error().what.substr(nan.error().what.rfind("--set grad_norm_guard=") + 6);
+  CAPTURE(hint);
+  CHECK(apply_overrides(train_config{}, {hint}));
+}
+
 // Each case below catches one hostile input of issue 22 (item 6): a data
 // file, a generated set or a config that aborted the program with
 // std::bad_alloc, crashed it or blocked it.

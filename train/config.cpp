@@ -30,6 +30,18 @@ graph_error config_error(std::string msg) {
   return graph_error{af_error::invalid_config, std::move(msg)};
 }
 
+/// A value as an error message echoes it: a long one (a --set of 60 KB)
+/// is cut to its first 80 bytes, at a UTF-8 character's start, and its size.
+std::string clipped(std::string_view s) {
+  constexpr size_t keep = 80;
+  if (s.size() <= keep)
+    return std::string{s};
+  size_t cut = keep;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80)
+    --cut;
+  return fmt::format("{}... ({} bytes)", s.substr(0, cut), s.size());
+}
+
 /// Every key of a [train] table, in the order to_toml writes them.
 const std::vector<std::string>& known_keys() {
   static const std::vector<std::string> keys = {
@@ -196,10 +208,10 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   };
   if (!one_of(c.mode, {"sync", "async", "ssp", "average", "allreduce"}))
     return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, ssp, average or "
-                                    "allreduce", c.mode));
+                                    "allreduce", clipped(c.mode)));
   if (!one_of(c.model, {"softmax", "mlp", "linear"}))
     return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp or linear",
-                                     c.model));
+                                     clipped(c.model)));
   for (auto h : c.hidden)
     if (h <= 0)
       return fail("hidden", fmt::format("hidden = [{}]: layer sizes must be positive",
@@ -213,16 +225,17 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     auto rest = d.substr(4);
     auto comma = rest.find(',');
     if (comma == std::string::npos || comma == 0 || comma + 1 == rest.size())
-      return fail("data", fmt::format("data = \"{}\" must name two files: idx:IMAGES,LABELS", d));
+      return fail("data", fmt::format("data = \"{}\" must name two files: idx:IMAGES,LABELS",
+                                      clipped(d)));
   } else if (!one_of(d, {"digits", "synthetic", "synthetic_linear"})) {
     return fail("data", fmt::format("data = \"{}\" is unknown: use digits, synthetic, "
-                                    "synthetic_linear, csv:PATH or idx:IMAGES,LABELS", d));
+                                    "synthetic_linear, csv:PATH or idx:IMAGES,LABELS", clipped(d)));
   }
   if (combinations && (c.model == "linear") != (d == "synthetic_linear"))
     return fail("model", fmt::format("model = \"{}\" with data = \"{}\": the linear model is "
                                      "the regression one, for data = \"synthetic_linear\", and "
                                      "the only one for it",
-                                     c.model, d));
+                                     clipped(c.model), clipped(d)));
   if (!(c.holdout > 0 && c.holdout < 1))
     return fail("holdout", fmt::format("holdout = {}: the held-out fraction must be between 0 "
                                        "and 1, both excluded (e.g. 0.2)", c.holdout));
@@ -242,7 +255,7 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   const auto& o = c.optimizer;
   if (!one_of(o.kind, {"sgd", "momentum", "adam"}))
     return fail("optimizer", fmt::format("optimizer = \"{}\" is unknown: use sgd, momentum or "
-                                         "adam", o.kind));
+                                         "adam", clipped(o.kind)));
   if (!(o.lr > 0) || !std::isfinite(o.lr))
     return fail("learning_rate", fmt::format("learning_rate = {}: it must be a positive number",
                                              o.lr));
@@ -256,7 +269,7 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("epsilon", fmt::format("epsilon = {}: it must be a positive number", o.epsilon));
   if (!one_of(o.schedule.kind, {"constant", "step", "cosine"}))
     return fail("schedule", fmt::format("schedule = \"{}\" is unknown: use constant, step or "
-                                        "cosine", o.schedule.kind));
+                                        "cosine", clipped(o.schedule.kind)));
   if (o.schedule.decay_steps == 0)
     return fail("decay_steps", "decay_steps = 0: it must be at least 1");
   if (!(o.schedule.decay_rate > 0) || !std::isfinite(o.schedule.decay_rate))
@@ -305,7 +318,7 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("checkpoint_key", fmt::format("checkpoint_key = \"{}\" without a checkpoint_dir: "
                                               "the key signs checkpoints, and none are written; "
                                               "set checkpoint_dir too, or drop checkpoint_key",
-                                              c.checkpoint_key));
+                                              clipped(c.checkpoint_key)));
   if (c.max_nonfinite_steps == 0)
     return fail("max_nonfinite_steps", "max_nonfinite_steps = 0: it must be at least 1 (steps in "
                                        "a row a worker may abstain from, its gradient not finite, "
@@ -422,6 +435,8 @@ std::string takes(const std::string& key) {
                          key == "mode" ? "async" : key == "model" ? "softmax"
                          : key == "optimizer" ? "adam" : "cosine");
     case value_kind::number:
+      if (key == "grad_norm_guard") // 0.01 would be refused: 0 or >= 1
+        return "0 (off) or a number >= 1, e.g. --set grad_norm_guard=10";
       return fmt::format("a number (a decimal or with an exponent), e.g. --set {}=0.01 or "
                          "--set {}=1e-3", key, key);
     case value_kind::whole:
@@ -481,13 +496,13 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
     case value_kind::number:
       if (auto x = read_number(value))
         return toml::value(*x);
-      return fmt::format("'{}' is not a number", value);
+      return fmt::format("'{}' is not a number", clipped(value));
     case value_kind::whole:
       if (auto n = read_integer(value))
         return toml::value(*n);
       if (auto x = read_number(value); x && std::isfinite(*x) && std::trunc(*x) == *x)
-        return fmt::format("{} is too large: at most 2^63 - 1", value);
-      return fmt::format("'{}' is not {}", value,
+        return fmt::format("{} is too large: at most 2^63 - 1", clipped(value));
+      return fmt::format("'{}' is not {}", clipped(value),
                          read_number(value) ? "a whole number" : "a number");
     case value_kind::sizes:
       break;
@@ -496,7 +511,7 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
   bool open = !list.empty() && list.front() == '[';
   bool close = !list.empty() && list.back() == ']';
   if (open != close)
-    return fmt::format("'{}' has an unbalanced bracket", value);
+    return fmt::format("'{}' has an unbalanced bracket", clipped(value));
   if (open)
     list = trimmed(list.substr(1, list.size() - 2));
   toml::array sizes;
@@ -510,7 +525,7 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
     auto item = trimmed(list.substr(at, comma - at));
     auto n = read_integer(item);
     if (!n || *n <= 0)
-      return fmt::format("'{}' is not a layer size (a positive integer)", item);
+      return fmt::format("'{}' is not a layer size (a positive integer)", clipped(item));
     sizes.push_back(toml::value(*n));
     at = comma + 1;
   }
@@ -525,15 +540,15 @@ outcome<train_config> apply_overrides(train_config c, const std::vector<std::str
     auto key = std::string{trimmed(std::string_view{kv}.substr(0, std::min(eq, kv.size())))};
     if (eq == std::string::npos || key.empty())
       return config_error(fmt::format("--set {}: write --set key=value, e.g. --set mode=async "
-                                      "(every key is listed in config/train.toml)", kv));
+                                      "(every key is listed in config/train.toml)", clipped(kv)));
     auto value = trimmed(std::string_view{kv}.substr(eq + 1));
     const auto& keys = known_keys();
     if (std::find(keys.begin(), keys.end(), key) == keys.end())
       return config_error(fmt::format("--set {}: unknown key '{}'; did you mean '{}'? (every "
                                       "key is listed in config/train.toml)",
-                                      kv, key, closest_key(key)));
+                                      clipped(kv), clipped(key), closest_key(key)));
     auto refuse = [&](const std::string& why) {
-      return config_error(fmt::format("--set {}: {}; {} takes {}", kv, why, key, takes(key)));
+      return config_error(fmt::format("--set {}: {}; {} takes {}", clipped(kv), why, key, takes(key)));
     };
     auto v = override_value(key, value);
     if (auto* why = std::get_if<std::string>(&v))
