@@ -26,6 +26,7 @@
 #include <thread>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/sinks/base_sink.h>
 
 #include "caf/all.hpp"
@@ -432,8 +433,11 @@ static int main_body(int argc, char** argv) {
                                                           : af::ps_found::new_job;
           std::string left;
           if (found == af::ps_found::running)
-            left = "; the job was running before this chief started: its ps tasks are left as "
-                   "they are (fix the above and start the chief again to take the job)";
+            left = fmt::format("; the job was running before this chief started: its ps tasks "
+                               "are left as they are, and wait init_timeout_ms ({} ms) for a "
+                               "chief: fix the above and start the chief again before then to "
+                               "take the job",
+                               c.init_timeout_ms);
           else if (found == af::ps_found::unknown)
             left = "; the ps tasks are left as they are (this chief failed before it saw "
                    "whether they run the job; they stop once no chief has answered for "
