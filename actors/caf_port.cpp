@@ -721,9 +721,10 @@ public:
     // Nothing taken off the backlog (another thread took the freed
     // descriptor, no spare, ENOBUFS, ENOMEM): the socket stays readable and
     // the multiplexer would call again at once. Back off a little instead
-    // of burning a core until descriptors or memory come back.
+    // of burning a core until descriptors or memory come back: 1 ms, since
+    // this is the multiplexer's thread, which every CAF connection shares.
     if (!shed)
-      std::this_thread::sleep_for(std::chrono::milliseconds{10});
+      std::this_thread::sleep_for(std::chrono::milliseconds{1});
     return false;
   }
 
