@@ -241,8 +241,10 @@ caf::error check_worker(self_pointer self, uint32_t worker, const push_credentia
 /// answered with the parameters and not applied again. 0 is unnumbered.
 bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq) {
   auto& m = member(st, worker);
-  if (seq == 0 || seq > m.seq_taken)
+  if (seq == 0 || seq > m.seq_taken) {
+    m.retries = 0; // a new push: the next episode of retries is logged afresh
     return false;
+  }
   // Logged at the 1st, 2nd, 4th, ... retry of a member: a loop of them
   // (a forged push number) does not flood the log.
   m.retries += 1;
