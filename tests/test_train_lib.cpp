@@ -1163,11 +1163,11 @@ TEST_CASE("a checkpoint whose fields do not fit the job is refused, naming the f
       v.slots = {{"momentum", v.value}};
     CHECK(check_checkpoint(ck, path, want));
     CHECK(slot_mismatch(ck, "adam")
-          == "it was written with other optimizer slots than adam's: m, v start at zeros; "
-             "momentum are not used");
+          == "it was written with other optimizer slots than adam's: these start at zeros: m, "
+             "v; these are not used: momentum");
     CHECK(slot_mismatch(ck, "momentum").empty());
     CHECK(slot_mismatch(fits, "sgd") == "it was written with other optimizer slots than sgd's: "
-                                        "m, v are not used");
+                                        "these are not used: m, v");
   }
 }
 
@@ -1442,6 +1442,11 @@ TEST_CASE("a long --set value is cut in its error; grad_norm_guard's hint is a v
     CHECK(contains(c.error().what, "... ("));
     CHECK(contains(c.error().what, " bytes)"));
   }
+  // A control byte in a value is shown escaped, not sent to the terminal.
+  auto esc = apply_overrides(train_config{}, {"mode=\x1b[2Jsync"});
+  REQUIRE_FALSE(esc);
+  CHECK(contains(esc.error().what, "\\x1b[2Jsync"));
+  CHECK_FALSE(contains(esc.error().what, "\x1b"));
   auto nan = apply_overrides(train_config{}, {"grad_norm_guard=nan"});
   REQUIRE_FALSE(nan);
   CHECK(contains(nan.error().what, "0 (off)"));

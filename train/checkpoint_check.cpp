@@ -167,11 +167,11 @@ std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kin
   std::string out = fmt::format("it was written with other optimizer slots than {}'s:",
                                 optimizer_kind);
   if (!missing.empty())
-    out += fmt::format(" {} start at zeros", fmt::join(missing, ", "));
+    out += fmt::format(" these start at zeros: {}", fmt::join(missing, ", "));
   if (!missing.empty() && !ignored.empty())
     out += ";";
   if (!ignored.empty())
-    out += fmt::format(" {} are not used", fmt::join(ignored, ", "));
+    out += fmt::format(" these are not used: {}", fmt::join(ignored, ", "));
   return out;
 }
 

@@ -34,12 +34,24 @@ graph_error config_error(std::string msg) {
 /// is cut to its first 80 bytes, at a UTF-8 character's start, and its size.
 std::string clipped(std::string_view s) {
   constexpr size_t keep = 80;
-  if (s.size() <= keep)
-    return std::string{s};
-  size_t cut = keep;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80)
-    --cut;
-  return fmt::format("{}... ({} bytes)", s.substr(0, cut), s.size());
+  size_t cut = s.size();
+  if (s.size() > keep) {
+    cut = keep;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80)
+      --cut;
+  }
+  // A control byte (ESC, DEL) is shown, not sent to the terminal.
+  std::string out;
+  for (char ch : s.substr(0, cut)) {
+    auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f)
+      out += fmt::format("\\x{:02x}", u);
+    else
+      out += ch;
+  }
+  if (cut < s.size())
+    out += fmt::format("... ({} bytes)", s.size());
+  return out;
 }
 
 /// Every key of a [train] table, in the order to_toml writes them.
