@@ -409,11 +409,12 @@ private:
         if (err == SSL_ERROR_WANT_WRITE)
           return rw_state::success;
         failure_ = tls_handshake_failure(ssl_, ret);
-        // Not a byte came back to our ClientHello: the node never spoke TLS
-        // to us, so no certificate was judged (a node out of descriptors
-        // accepts and closes at once; one without [security] drops a
-        // handshake it cannot read).
-        if (outbound_ && BIO_number_read(SSL_get_rbio(ssl_)) == 0)
+        // The connection closed and not a byte came back to our
+        // ClientHello: the node never spoke TLS to us, so no certificate was
+        // judged (a node out of descriptors accepts and closes at once). A
+        // failure of our own before any read (SSL_ERROR_SSL) is not that.
+        if (outbound_ && (err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN)
+            && BIO_number_read(SSL_get_rbio(ssl_)) == 0)
           failure_ = "the node closed the connection before a byte of its TLS handshake"
                      + (failure_ == "the peer closed the connection during the TLS handshake"
                           ? std::string{}

@@ -48,10 +48,11 @@ inline const char* file_kind(mode_t mode) {
 /// a FIFO (named pipe), not a regular file", "it is N bytes, more than the
 /// limit of M"; the caller names the path and the key or option that named
 /// it), and `fd` is -1. `follow_links` false: a symbolic link as the last
-/// component is refused too. What is not a regular file is never opened (a
-/// device's open may act: a watchdog arms, a tape rewinds): the path is
-/// looked at first, then opened without blocking and checked to be the file
-/// looked at.
+/// component is refused too. A path that is not a regular file when looked
+/// at is not opened (a device's open may act: a watchdog arms, a tape
+/// rewinds); then it is opened without blocking and must be the file looked
+/// at. (One swapped for a device between the look and the open is opened,
+/// then refused: whoever can swap it can write that directory.)
 inline std::string open_regular_file(const std::string& path, uint64_t max_bytes, int& fd,
                                      bool follow_links = true, uint64_t* size = nullptr) {
   fd = -1;
