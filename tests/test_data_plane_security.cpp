@@ -29,6 +29,7 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
+#include "log_capture.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/log.hpp"
 #include "actors/tls.hpp"
@@ -810,22 +811,7 @@ struct raw_tls_client {
   }
 };
 
-/// The log lines written while it lives (the process's logger, warn and up).
-struct log_capture {
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink =
-    std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  log_capture() { log::get()->sinks().push_back(sink); }
-  ~log_capture() {
-    auto& sinks = log::get()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
-  }
-  bool has(const std::string& a, const std::string& b) const {
-    for (auto& line : sink->last_formatted())
-      if (line.find(a) != std::string::npos && line.find(b) != std::string::npos)
-        return true;
-    return false;
-  }
-};
+using af::test::log_capture;
 
 std::string local_address(int fd) {
   sockaddr_in addr{};

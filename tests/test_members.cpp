@@ -30,28 +30,14 @@
 #include "messages/error.hpp"
 #include "messages/wire.hpp"
 #include "members.hpp"
+#include "log_capture.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
 
 namespace {
 
-/// The log lines written while it lives (the process's logger, warn and up).
-struct log_capture {
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink =
-    std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  log_capture() { log::get()->sinks().push_back(sink); }
-  ~log_capture() {
-    auto& sinks = log::get()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
-  }
-  bool has(const std::string& a, const std::string& b) const {
-    for (auto& line : sink->last_formatted())
-      if (line.find(a) != std::string::npos && line.find(b) != std::string::npos)
-        return true;
-    return false;
-  }
-};
+using af::test::log_capture;
 
 int connect_loopback(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -32,6 +32,7 @@
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "wait.hpp"
+#include "log_capture.hpp"
 #include "actors/data_plane.hpp"
 #include "actors/log.hpp"
 #include "actors/session.hpp"
@@ -130,22 +131,7 @@ std::unique_ptr<data_channel> open_channel(uint16_t port, bool trusts, bool shm 
                                         shm, trusts));
 }
 
-/// The log lines written while it lives (the process's logger).
-struct log_capture {
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink =
-    std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
-  log_capture() { log::get()->sinks().push_back(sink); }
-  ~log_capture() {
-    auto& sinks = log::get()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
-  }
-  bool has(const std::string& a, const std::string& b) const {
-    for (auto& line : sink->last_formatted())
-      if (line.find(a) != std::string::npos && line.find(b) != std::string::npos)
-        return true;
-    return false;
-  }
-};
+using af::test::log_capture;
 
 int raw_connect(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
