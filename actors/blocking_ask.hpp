@@ -1,7 +1,7 @@
 #pragma once
 /// A blocking request from a session's actor system, for the code that runs
-/// a training task on its own thread (actors/training.cpp,
-/// actors/chief_start.cpp).
+/// a training task on its own thread (dist/training.cpp,
+/// dist/chief_start.cpp).
 
 #include <chrono>
 #include <utility>

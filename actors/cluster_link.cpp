@@ -13,12 +13,12 @@
 
 #include <fmt/format.h>
 
-#include "actors/caf_port.hpp"
-#include "actors/log.hpp"
+#include "net/caf_port.hpp"
+#include "core/log.hpp"
 
 #include "actors/node.hpp"
 #include "actors/system.hpp"
-#include "actors/tls.hpp"
+#include "net/tls.hpp"
 #include "messages/error.hpp"
 
 namespace af {

@@ -27,7 +27,7 @@
 #include "caf/expected.hpp"
 #include "caf/scoped_actor.hpp"
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/session.hpp"
 #include "config/cluster_spec.hpp"
 #include "graph/placement.hpp"

@@ -8,10 +8,10 @@
 
 #include "caf/all.hpp"
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/edge_budget.hpp"
 #include "actors/edge_token.hpp"
-#include "actors/log.hpp"
+#include "core/log.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 

@@ -1,6 +1,5 @@
 #include "actors/node.hpp"
 
-#include "actors/aggregator.hpp"
 #include "actors/kv_store.hpp"
 
 #include <arpa/inet.h>
@@ -17,13 +16,13 @@
 #include "caf/all.hpp"
 #include "caf/io/middleman.hpp"
 
-#include "actors/caf_port.hpp"
+#include "net/caf_port.hpp"
 #include "actors/executor.hpp"
-#include "actors/log.hpp"
+#include "core/log.hpp"
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
 #include "kernels/kernels.hpp"
-#include "messages/device_name.hpp"
+#include "core/device_name.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -97,9 +96,10 @@ node_state::find_compatible(const variable_spec& spec) const {
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
                                     std::string job, int32_t task, node_options opts,
                                     std::shared_ptr<variable_directory> directory,
-                                    uint16_t data_port) {
+                                    uint16_t data_port, aggregator_services aggregators) {
   auto& st = self->state;
   st.directory = std::move(directory);
+  st.aggregator_kinds = std::move(aggregators);
   st.request_timeout_ms = opts.request_timeout_ms;
   st.max_variable_bytes = opts.max_variable_bytes;
   st.info.data_port = data_port;
@@ -305,7 +305,9 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       if (it != st.aggregators.end()) {
         // Get-or-create hands back the existing one only for the same
         // updates: another optimizer would silently train with the first's.
-        auto diff = aggregator_spec_difference(it->second.spec, spec);
+        auto diff = st.aggregator_kinds.difference
+                      ? st.aggregator_kinds.difference(it->second.spec, spec)
+                      : std::string{};
         if (!diff.empty())
           return make_error(af_error::already_exists,
                             fmt::format("{} already has aggregator '{}', made with another spec "
@@ -314,6 +316,12 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                                         st.device_prefix, spec.name, diff));
         return it->second.actor;
       }
+      if (!st.aggregator_kinds.spawn)
+        return make_error(af_error::invalid_config,
+                          fmt::format("{} cannot host aggregator '{}': this node was started "
+                                      "without the training layer (start_node's aggregators, "
+                                      "dist/aggregator.hpp node_aggregators())",
+                                      st.device_prefix, spec.name));
       std::vector<variable_directory::entry> vars;
       size_t floats = 0;
       for (const auto& name : spec.variables) {
@@ -326,7 +334,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
         floats += e.cell->value_elements();
         vars.push_back(std::move(e));
       }
-      auto agg = spawn_aggregator(self->system(), spec, std::move(vars));
+      auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars));
       if (!agg)
         return std::move(agg.error());
       st.owned->push_back(agg->address());
@@ -386,7 +394,8 @@ bool is_loopback_host(const std::string& host) {
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
-                                       const security_options& sec) {
+                                       const security_options& sec,
+                                       aggregator_services aggregators) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   // The files are loaded here, before CAF reads them at its first connection.
   // No `sec` given: the system's own (a training task's node and sessions).
@@ -472,7 +481,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
       }
       return out;
     });
-  auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port());
+  auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
+                        std::move(aggregators));
   // Our middleman actor publishes (CAF's would let a stranger's first header
   // size a buffer); it ends with the node.
   caf_port_options port_opts;

@@ -3,6 +3,7 @@
 /// function that brings a node up, shared by actorflow-node and the embedded
 /// cluster.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,12 +14,25 @@
 
 #include "caf/actor_addr.hpp"
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/variable.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/node.hpp"
 
 namespace af {
+
+/// What a node spawns when asked for an aggregator. The aggregators live in
+/// the training layer (dist/aggregator.hpp: node_aggregators()), above this
+/// one, so whoever starts a node hands them in; a node started without them
+/// answers an aggregator request with an error that says so.
+struct aggregator_services {
+  /// Spawns the aggregator `spec.mode` names over `vars` (spec.variables' cells).
+  std::function<caf::expected<aggregator_actor>(caf::actor_system&, aggregator_spec,
+                                                std::vector<variable_directory::entry>)>
+    spawn;
+  /// How `want` differs from `have` in what changes updates ("" if it does not).
+  std::function<std::string(const aggregator_spec& have, const aggregator_spec& want)> difference;
+};
 
 /// The node actor owns its variables' and executors' actors: they end with
 /// it. Executors are linked, so one that fails takes the node down with its
@@ -48,6 +62,7 @@ struct node_state {
   /// Stopped with the node (shared with the functor that stops them).
   std::shared_ptr<std::vector<caf::actor_addr>> owned;
   kv_store_actor kv;
+  aggregator_services aggregator_kinds; ///< from start_node
 
   /// Checks a get-or-create request against the registry: an existing entry
   /// with the same dtype and shape, nullptr if new, or the mismatch error.
@@ -57,7 +72,7 @@ struct node_state {
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
                                     std::string job, int32_t task, node_options opts,
                                     std::shared_ptr<variable_directory> directory,
-                                    uint16_t data_port);
+                                    uint16_t data_port, aggregator_services aggregators);
 
 /// A node that is up: its actor, the port it listens on and its data plane.
 /// Stop the data plane (or destroy this) before the actor system goes away.
@@ -81,11 +96,16 @@ struct running_node {
 /// checked first (check_security). Without it the node refuses an address
 /// that is not loopback (af_error::invalid_config) unless `sec.insecure`.
 /// Either way the CAF port closes a connection whose first message announces
-/// more than opts.max_handshake_bytes (actors/caf_port.hpp).
+/// more than opts.max_handshake_bytes (net/caf_port.hpp).
+///
+/// `aggregators` is what the node spawns for an aggregator request: pass
+/// dist's node_aggregators() for a node that hosts training (actorflow-node,
+/// actorflow-train and the embedded cluster do).
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
-                                       const security_options& sec = {});
+                                       const security_options& sec = {},
+                                       aggregator_services aggregators = {});
 
 /// True when `host` names only loopback addresses ("localhost", 127.0.0.0/8,
 /// ::1, or a name that resolves to nothing else). "" (every address) and

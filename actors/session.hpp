@@ -64,7 +64,7 @@
 #include "config/cluster_spec.hpp"
 #include "config/security.hpp"
 #include "graph/graph.hpp"
-#include "messages/device_name.hpp"
+#include "core/device_name.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/kv_store.hpp"
 #include "messages/node.hpp"
@@ -76,7 +76,7 @@ struct session_options {
   std::chrono::milliseconds connect_timeout{5000}; ///< a whole connect: lookup, TCP, handshakes
   bool soft_placement = true;
   /// Variable ops on other processes' nodes go over the node's tensor data
-  /// plane (actors/data_plane.hpp); false sends them as CAF messages.
+  /// plane (net/data_plane.hpp); false sends them as CAF messages.
   bool data_plane = true;
   /// How long to poll for a data-plane reply before sleeping (0: never).
   /// Polling trades a little CPU of the waiting thread for round trips.

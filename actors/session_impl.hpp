@@ -16,7 +16,7 @@
 #include "caf/all.hpp"
 
 #include "actors/cluster_link.hpp"
-#include "actors/log.hpp"
+#include "core/log.hpp"
 #include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/step_binding.hpp"

@@ -1,5 +1,5 @@
 #include "actors/system.hpp"
-#include "actors/ucx_link.hpp"
+#include "net/ucx_link.hpp"
 
 #include <malloc.h>
 
@@ -11,7 +11,7 @@
 #include "caf/openssl/manager.hpp"
 #include "caf/timestamp.hpp"
 
-#include "actors/tls.hpp"
+#include "net/tls.hpp"
 #include "messages/error.hpp"
 #include "messages/types.hpp"
 
@@ -74,7 +74,7 @@ check_security(caf::actor_system& sys, const security_options& given, const std:
   const auto* own = own_config(sys);
   const auto& sec = !given.enabled() && own != nullptr ? own->security() : given;
   // [security] trusted_fabric (given, or the system's): this process's data
-  // channels offer UCX to nodes of other hosts (actors/ucx_link.hpp).
+  // channels offer UCX to nodes of other hosts (net/ucx_link.hpp).
   // (The system's [security] counts for trust even without certificates:
   // own_config() only returns a config whose TLS is on.)
   const auto* any = dynamic_cast<const system_config*>(&sys.config());

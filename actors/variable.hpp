@@ -36,7 +36,7 @@ caf::expected<size_t> value_bytes(const variable_spec& spec);
 /// Thread safety: every method takes the cell's mutex, so each call is one
 /// atomic step on the state. Two kinds of callers share a cell: the variable
 /// actor (one at a time, on its own thread) and the node's data-plane
-/// connection threads (several at once, actors/data_plane.hpp), which apply
+/// connection threads (several at once, net/data_plane.hpp), which apply
 /// ops here directly instead of sending the actor a message. Values come back
 /// as tensors that share the variable's buffer; the next update writes a copy
 /// (copy on write), so a returned value never changes under its holder. An
@@ -122,7 +122,7 @@ public:
   /// and shape.
   caf::error set_slot(const std::string& name, tensor value);
 
-  // -- training (actors/aggregator.hpp): updates where the variable lives -----
+  // -- training (dist/aggregator.hpp): updates where the variable lives -----
 
   /// One optimizer update of the value with `n` floats of gradient at global
   /// step `step`: value and slots change together under the lock. The slots

@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <toml.hpp>
 
-#include "config/nesting.hpp"
-#include "config/read_file.hpp"
-#include "config/utf8.hpp"
+#include "core/nesting.hpp"
+#include "core/read_file.hpp"
+#include "core/utf8.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -504,7 +504,7 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
 
 caf::expected<cluster_config> parse_cluster_toml(const std::string& text,
                                                  const std::string& source) {
-  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
+  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (core/utf8.hpp)
     return config_error("malformed TOML in " + source + ": " + bad);
   if (auto deep = nesting_problem(text, true); !deep.empty()) // before toml11 recurses
     return config_error(source + ": " + deep);

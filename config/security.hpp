@@ -40,7 +40,7 @@ struct security_options {
   /// Plaintext ports allowed on a non-loopback address, said explicitly.
   bool insecure = false;
   /// The network between hosts is trusted: the data plane may leave TCP/TLS
-  /// for UCX after a connection's first exchange (actors/ucx_link.hpp).
+  /// for UCX after a connection's first exchange (net/ucx_link.hpp).
   bool trusted_fabric = false;
 
   /// True when connections are to be mutual TLS.

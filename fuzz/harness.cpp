@@ -9,10 +9,10 @@
 #include "caf/binary_serializer.hpp"
 
 #include "config/cluster_spec.hpp"
-#include "messages/device_name.hpp"
+#include "core/device_name.hpp"
 #include "messages/error.hpp"
 #include "messages/serialization.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 #include "repl/parser.hpp"
 #include "train/config.hpp"
 

@@ -27,11 +27,11 @@ std::string cluster_json(const uint8_t* data, size_t size);
 /// to_toml and back.
 std::string train_config(const uint8_t* data, size_t size);
 
-/// messages/device_name.hpp: parse; a parsed name prints to text that parses
+/// core/device_name.hpp: parse; a parsed name prints to text that parses
 /// to the same name, and merging keeps it.
 std::string device_name(const uint8_t* data, size_t size);
 
-/// messages/wire.hpp: the first 96 bytes (zero padded) as a frame header;
+/// core/wire_format.hpp: the first 96 bytes (zero padded) as a frame header;
 /// a header that validate() accepts has a shape whose size is its payload.
 std::string wire_header(const uint8_t* data, size_t size);
 
@@ -44,7 +44,7 @@ std::string tensor_decode(const uint8_t* data, size_t size);
 /// repl/parser.hpp: parse, explain an error, bracket_balance, incomplete.
 std::string repl_parser(const uint8_t* data, size_t size);
 
-/// actors/data_plane.hpp: the bytes sent to a real data_plane_server (one
+/// net/data_plane.hpp: the bytes sent to a real data_plane_server (one
 /// per process, started on first use, on 127.0.0.1) on a fresh connection,
 /// which is then closed for writing; the server must close it within a
 /// bound and still answer a well-formed read on a new connection.

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
 #include "config/loopback.hpp"

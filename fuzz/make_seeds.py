@@ -35,7 +35,7 @@ copy("train_config", "config/train.toml")
 put("train_config", "keys_only.toml", 'mode = "async"\nmodel = "softmax"\nbatch_size = 8\nhidden = [4, 4]\n')
 put("train_config", "bad.toml", '[train]\nmode = "sinc"\nlearning_rate = -1\nhidden = [0]\n')
 
-# -- deep nesting near the bound (config/nesting.hpp: 64 levels): the fuzzer
+# -- deep nesting near the bound (core/nesting.hpp: 64 levels): the fuzzer
 # grows them past it; fuzz/regressions/ holds inputs thousands deep.
 def deep(n, open_, close, inner=""):
     return open_ * n + inner + close * n
@@ -55,7 +55,7 @@ for i, name in enumerate(["/job:ps/replica:0/task:1/device:CPU:0", "/cpu:0", "/g
                           "/job:x/task:-1", "/device:TPU:0"]):
     put("device_name", str(i), name)
 
-# -- data-plane frames (messages/wire.hpp): 96-byte header, name, payload
+# -- data-plane frames (core/wire_format.hpp): 96-byte header, name, payload
 MAGIC = 0x50444641
 def header(kind, name_len=0, has_tensor=0, dtype=0, dims=(), payload=0, status=0,
            want=0, version=0, reserved=0):

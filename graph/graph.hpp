@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "graph/outcome.hpp"
-#include "messages/device_name.hpp"
-#include "messages/op_attrs.hpp"
-#include "messages/tensor.hpp"
-#include "messages/variable_spec.hpp"
+#include "core/device_name.hpp"
+#include "core/op_attrs.hpp"
+#include "core/tensor.hpp"
+#include "core/variable_spec.hpp"
 
 namespace af {
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <variant>
 
-#include "messages/error_code.hpp"
+#include "core/error_code.hpp"
 
 namespace af {
 

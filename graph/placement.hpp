@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "graph/outcome.hpp"
-#include "messages/device_name.hpp"
+#include "core/device_name.hpp"
 
 namespace af {
 

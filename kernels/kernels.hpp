@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "messages/op_attrs.hpp"
-#include "messages/tensor.hpp"
+#include "core/op_attrs.hpp"
+#include "core/tensor.hpp"
 
 namespace af::kernels {
 

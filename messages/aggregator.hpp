@@ -1,7 +1,7 @@
 #pragma once
 /// The aggregation actors: where the gradients of data-parallel workers meet.
 /// Choosing sync or async training is choosing which of these a node spawns
-/// (actors/aggregator.hpp); the worker's code is the same for all of them.
+/// (dist/aggregator.hpp); the worker's code is the same for all of them.
 ///
 /// One aggregator serves the variables of one ps node (TF places
 /// SyncReplicasOptimizer's accumulators with their variables); the node spawns
@@ -122,7 +122,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/serialization.hpp"
-#include "messages/tensor.hpp"
+#include "core/tensor.hpp"
 #include "train/optimizer.hpp"
 
 namespace af::train {
@@ -164,7 +164,7 @@ struct aggregator_spec {
   uint64_t staleness = 3;              ///< ssp: steps a worker may run ahead of the slowest
   /// sync, async, ssp: a gradient whose L2 norm is over this many times the
   /// median of the recent ones is scaled down to that bound (0: off;
-  /// actors/norm_guard.hpp).
+  /// dist/norm_guard.hpp).
   double grad_norm_guard = 0;
 };
 

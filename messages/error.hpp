@@ -10,7 +10,7 @@
 #include "caf/error.hpp"
 #include "caf/message.hpp"
 
-#include "messages/error_code.hpp"
+#include "core/error_code.hpp"
 
 namespace af {
 

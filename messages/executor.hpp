@@ -16,7 +16,7 @@
 ///        is sent there as (edge, graph, step, op, tensor, sent_ns, path, token),
 ///        executor to executor, never through the client: on the same node as
 ///        a local message; to another node's executor on that node's data
-///        plane (an edge frame, messages/wire.hpp, sent by a detached sender
+///        plane (an edge frame, core/wire_format.hpp, sent by a detached sender
 ///        per destination node, which stops after a failed send, the death of
 ///        a peer on that node, or a minute unused, and gives up at once when
 ///        the executor exits; its node's server delivers the edge message) when
@@ -53,7 +53,7 @@
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
 
-#include "messages/op_attrs.hpp"
+#include "core/op_attrs.hpp"
 #include "messages/variable.hpp"
 
 namespace af {

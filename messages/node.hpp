@@ -46,7 +46,7 @@ struct node_info {
   int32_t task = 0;
   std::vector<std::string> devices;  ///< "CPU:0", "GPU:0", ...
   int32_t pid = 0;
-  uint16_t data_port = 0;            ///< the tensor data plane (actors/data_plane.hpp); 0 = none
+  uint16_t data_port = 0;            ///< the tensor data plane (net/data_plane.hpp); 0 = none
   uint64_t incarnation = 0;          ///< random per process start: a restarted node has a new one
   int64_t clock_ns = 0;              ///< the node's steady clock when it answered (clock offsets)
   std::vector<std::string> device_errors; ///< devices that failed to come up, with why ("GPU:1: ...")

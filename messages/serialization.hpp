@@ -14,7 +14,7 @@
 #include "caf/meta/type_name.hpp"
 #include "caf/serializer.hpp"
 
-#include "messages/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace af {
 

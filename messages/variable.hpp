@@ -41,8 +41,8 @@
 
 #include "messages/atoms.hpp"
 #include "messages/serialization.hpp"
-#include "messages/tensor.hpp"
-#include "messages/variable_spec.hpp"
+#include "core/tensor.hpp"
+#include "core/variable_spec.hpp"
 
 namespace af {
 

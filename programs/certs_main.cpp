@@ -30,8 +30,8 @@
 #include <openssl/x509v3.h>
 
 #include "config/cluster_spec.hpp"
-#include "config/nesting.hpp"
-#include "config/read_file.hpp"
+#include "core/nesting.hpp"
+#include "core/read_file.hpp"
 #include "messages/error.hpp"
 #include "programs/last_resort.hpp"
 

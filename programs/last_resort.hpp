@@ -1,7 +1,7 @@
 #pragma once
 /// The programs' last resort for running out of memory: std::bad_alloc that
 /// no reader bounded (each input that can ask for memory has its own limit
-/// and error, see config/read_file.hpp and max_data_bytes) would otherwise
+/// and error, see core/read_file.hpp and max_data_bytes) would otherwise
 /// abort the process (SIGABRT, exit 134) with no word of what happened.
 
 #include <unistd.h>

@@ -28,9 +28,10 @@
 
 #include "caf/all.hpp"
 
-#include "actors/aes_gcm.hpp"
-#include "actors/log.hpp"
+#include "net/aes_gcm.hpp"
+#include "core/log.hpp"
 #include "actors/node.hpp"
+#include "dist/aggregator.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
@@ -227,7 +228,7 @@ static int main_body(int argc, char** argv) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
-                             opts, cfg->security);
+                             opts, cfg->security, af::node_aggregators());
   if (!node)
     return fail(af::describe(node.error()));
   if (!node->tls)

@@ -39,7 +39,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "actors/log.hpp"
+#include "core/log.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 #include "repl/interpreter.hpp"

@@ -31,12 +31,13 @@
 
 #include "caf/all.hpp"
 
-#include "actors/embedded_cluster.hpp"
-#include "actors/log.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "core/log.hpp"
 #include "actors/node.hpp"
+#include "dist/aggregator.hpp"
 #include "actors/system.hpp"
-#include "actors/train_client.hpp"
-#include "actors/training.hpp"
+#include "dist/train_client.hpp"
+#include "dist/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
@@ -129,7 +130,7 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
 }
 
 /// The line --status and --switch print for an error of
-/// actors/train_client.hpp: the sentence it carries, which names the ps;
+/// dist/train_client.hpp: the sentence it carries, which names the ps;
 /// when no ps holds an aggregator, the not_found as the node worded it.
 std::string client_error_line(const caf::error& err) {
   const auto& ctx = err.context();
@@ -140,7 +141,7 @@ std::string client_error_line(const caf::error& err) {
 }
 
 /// --status, or --switch `switch_to`: a session of its own on the running
-/// job's cluster asks its ps tasks' aggregators (actors/train_client.hpp).
+/// job's cluster asks its ps tasks' aggregators (dist/train_client.hpp).
 int run_client(const af::cluster_config& cluster, const af::train::train_config& c, bool status,
                const std::string& switch_to) {
   // A mode no running job can take is an argument error, said without a cluster.
@@ -366,7 +367,7 @@ static int main_body(int argc, char** argv) {
   af::system_config sys_cfg{opts, *sec};
   caf::actor_system sys{sys_cfg};
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
-                             opts);
+                             opts, {}, af::node_aggregators());
   if (!node)
     return fail(af::describe(node.error()));
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),

@@ -1,4 +1,4 @@
-// actorflow-tutorial: the distributed-TensorFlow tutorial's examples (actors/tutorial.hpp).
+// actorflow-tutorial: the distributed-TensorFlow tutorial's examples (tutorial/tutorial.hpp).
 //   actorflow-tutorial                      ps + 2 workers on an embedded cluster
 //   actorflow-tutorial single-device        w + b, w * b with a location trace
 //   actorflow-tutorial shared-var           two sessions share `var` by name
@@ -18,10 +18,10 @@
 
 #include "caf/all.hpp"
 
-#include "actors/embedded_cluster.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
-#include "actors/tutorial.hpp"
+#include "tutorial/tutorial.hpp"
 #include "messages/error.hpp"
 #include "programs/last_resort.hpp"
 

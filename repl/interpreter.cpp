@@ -9,14 +9,14 @@
 #include <sstream>
 #include <thread>
 
-#include "actors/embedded_cluster.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
-#include "actors/train_client.hpp"
-#include "actors/training.hpp"
+#include "dist/train_client.hpp"
+#include "dist/training.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
-#include "messages/spelling.hpp"
+#include "core/spelling.hpp"
 #include "repl/parser.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"

@@ -24,7 +24,7 @@
 #include "caf/expected.hpp"
 
 #include "config/cluster_spec.hpp"
-#include "messages/tensor_format.hpp"
+#include "core/tensor_format.hpp"
 
 namespace af::repl {
 

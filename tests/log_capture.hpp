@@ -8,7 +8,7 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 
-#include "actors/log.hpp"
+#include "core/log.hpp"
 
 namespace af::test {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The tutorial's examples (actors/tutorial.hpp) with the checks of what each
+// The tutorial's examples (tutorial/tutorial.hpp) with the checks of what each
 // must do, run against any cluster: an embedded one or real node processes
 // (tests/test_tutorial.cpp, tests/test_compute.cpp).
 
@@ -16,10 +16,10 @@
 
 #include "caf/all.hpp"
 
-#include "actors/embedded_cluster.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
-#include "actors/tutorial.hpp"
+#include "tutorial/tutorial.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
@@ -165,7 +165,7 @@ struct recovery_notes {
   }
 };
 
-// -- the tutorial's examples (actors/tutorial.hpp), checked ---------------------
+// -- the tutorial's examples (tutorial/tutorial.hpp), checked ---------------------
 
 /// 单机单卡: w (2x2 of 2) and b (2x2 of 5) on /cpu:0, add and mul on /gpu:0.
 inline void single_device_example(cluster_under_test& c) {

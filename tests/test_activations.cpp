@@ -24,13 +24,13 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "wait.hpp"
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/edge_token.hpp"
 #include "actors/executor.hpp"
-#include "actors/log.hpp"
-#include "actors/tls.hpp"
+#include "core/log.hpp"
+#include "net/tls.hpp"
 #include "config/loopback.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;

@@ -1,5 +1,5 @@
 // [tls][aes]: the two AES-128-GCM backends of the data plane's records
-// (actors/aes_gcm.hpp) compute the same thing: a record sealed by one opens
+// (net/aes_gcm.hpp) compute the same thing: a record sealed by one opens
 // with the other, with the same ciphertext and tag, however the message is
 // split into updates; and each refuses what was changed.
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 
 #include <openssl/evp.h>
 
-#include "actors/aes_gcm.hpp"
+#include "net/aes_gcm.hpp"
 
 using namespace af;
 

@@ -1,6 +1,6 @@
-// The aggregation actors (actors/aggregator.hpp) on their own: spawned over
+// The aggregation actors (dist/aggregator.hpp) on their own: spawned over
 // variable cells in one actor system and driven by a scoped actor, and their
-// shared round bookkeeping (actors/aggregation_round.hpp) without actors.
+// shared round bookkeeping (dist/aggregation_round.hpp) without actors.
 // Whole training jobs through them are in test_training.cpp.
 #include <catch2/catch.hpp>
 
@@ -14,9 +14,9 @@
 
 #include "caf/all.hpp"
 
-#include "actors/aggregation_round.hpp"
-#include "actors/aggregator.hpp"
-#include "actors/embedded_cluster.hpp"
+#include "dist/aggregation_round.hpp"
+#include "dist/aggregator.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"

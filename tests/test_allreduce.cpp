@@ -1,5 +1,5 @@
 // The rendezvous store (actors/kv_store.hpp) and the all-reduce ring
-// (actors/allreduce.hpp): ranks are threads of this process, each with its
+// (dist/allreduce.hpp): ranks are threads of this process, each with its
 // own group, all meeting through one store actor over loopback.
 #include <catch2/catch.hpp>
 
@@ -15,7 +15,7 @@
 
 #include "caf/all.hpp"
 
-#include "actors/allreduce.hpp"
+#include "dist/allreduce.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "messages/error.hpp"

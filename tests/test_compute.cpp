@@ -1,5 +1,5 @@
 // The tutorial's multi-device data parallelism and model parallelism
-// (actors/tutorial.hpp), on an embedded cluster and across node processes,
+// (tutorial/tutorial.hpp), on an embedded cluster and across node processes,
 // and what the traces of such steps say.
 #include <catch2/catch.hpp>
 

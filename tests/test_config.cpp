@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "config/cluster_spec.hpp"
-#include "config/nesting.hpp"
-#include "config/read_file.hpp"
+#include "core/nesting.hpp"
+#include "core/read_file.hpp"
 #include "messages/error.hpp"
 #include "temp_dir.hpp"
 

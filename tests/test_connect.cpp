@@ -23,7 +23,7 @@
 
 #include "caf/all.hpp"
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"

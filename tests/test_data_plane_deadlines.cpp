@@ -22,10 +22,10 @@
 
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
-#include "actors/data_plane.hpp"
-#include "actors/tls.hpp"
+#include "net/data_plane.hpp"
+#include "net/tls.hpp"
 #include "actors/variable.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;

@@ -30,13 +30,13 @@
 #include "temp_dir.hpp"
 #include "wait.hpp"
 #include "log_capture.hpp"
-#include "actors/data_plane.hpp"
-#include "actors/log.hpp"
-#include "actors/tls.hpp"
-#include "actors/tls_io.hpp"
+#include "net/data_plane.hpp"
+#include "core/log.hpp"
+#include "net/tls.hpp"
+#include "net/tls_io.hpp"
 #include "actors/variable.hpp"
 #include "config/loopback.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;
@@ -652,7 +652,7 @@ TEST_CASE("a TLS socket's read-ahead: bytes taken off the socket count as pendin
   close(sv[1]);
 }
 
-// -- the record layer after the handshake (actors/tls_io.hpp) ----------------------
+// -- the record layer after the handshake (net/tls_io.hpp) ----------------------
 
 namespace {
 

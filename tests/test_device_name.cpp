@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "messages/device_name.hpp"
+#include "core/device_name.hpp"
 
 using af::device_name;
 

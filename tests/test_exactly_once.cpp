@@ -15,7 +15,7 @@
 
 #include "caf/all.hpp"
 
-#include "actors/aggregator.hpp"
+#include "dist/aggregator.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "actors/variable.hpp"

@@ -16,7 +16,7 @@
 #include "caf/binary_serializer.hpp"
 
 #include "config/cluster_spec.hpp"
-#include "config/utf8.hpp"
+#include "core/utf8.hpp"
 #include "fuzz/harness.hpp"
 #include "messages/error.hpp"
 #include "messages/serialization.hpp"

@@ -23,12 +23,12 @@
 
 #include "caf/all.hpp"
 
-#include "actors/data_plane.hpp"
-#include "actors/embedded_cluster.hpp"
-#include "actors/log.hpp"
-#include "actors/training.hpp"
+#include "net/data_plane.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "core/log.hpp"
+#include "dist/training.hpp"
 #include "messages/error.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 #include "members.hpp"
 #include "log_capture.hpp"
 

@@ -11,9 +11,10 @@
 #include "caf/all.hpp"
 
 #include "actors/edge_token.hpp"
-#include "actors/embedded_cluster.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/executor.hpp"
 #include "actors/node.hpp"
+#include "dist/aggregator.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
@@ -438,7 +439,7 @@ namespace {
 struct node_in_process {
   explicit node_in_process(const std::string& job, int32_t task, const node_options& opts)
     : cfg(opts), sys(cfg) {
-    auto started = start_node(sys, job, task, "127.0.0.1", 0, opts);
+    auto started = start_node(sys, job, task, "127.0.0.1", 0, opts, {}, node_aggregators());
     if (started)
       node = std::move(*started);
     else

@@ -28,7 +28,7 @@
 #include "caf/openssl/manager.hpp"
 
 #include "actors/node.hpp"
-#include "actors/tls.hpp"
+#include "net/tls.hpp"
 #include "config/loopback.hpp"
 #include "certs.hpp"
 #include "scenarios.hpp"

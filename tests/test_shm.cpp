@@ -28,12 +28,12 @@
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
 #include "wait.hpp"
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "actors/session.hpp"
-#include "actors/shm_ring.hpp"
-#include "actors/embedded_cluster.hpp"
+#include "net/shm_ring.hpp"
+#include "dist/embedded_cluster.hpp"
 #include "actors/variable.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;

@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/kernels.hpp"
-#include "messages/tensor.hpp"
+#include "core/tensor.hpp"
 
 using af::dtype;
 using af::tensor;

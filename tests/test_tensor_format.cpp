@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "messages/tensor_format.hpp"
+#include "core/tensor_format.hpp"
 
 // Every expected string here is what numpy 2.4 printed for the same array:
 // str(np.array(...)), with np.printoptions where a case sets options.

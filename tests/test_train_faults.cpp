@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "messages/error.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train_job.hpp"

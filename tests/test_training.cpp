@@ -17,10 +17,10 @@
 
 #include "caf/all.hpp"
 
-#include "actors/data_plane.hpp"
-#include "actors/embedded_cluster.hpp"
-#include "actors/train_client.hpp"
-#include "actors/training.hpp"
+#include "net/data_plane.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "dist/train_client.hpp"
+#include "dist/training.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train/local.hpp"

@@ -1,5 +1,5 @@
 // The data plane over UCX between hosts of a trusted fabric (issue 12, part 1,
-// "other hosts"; actors/ucx_link.hpp): the same frames, ops and errors as on
+// "other hosts"; net/ucx_link.hpp): the same frames, ops and errors as on
 // TCP, only when both ends trust the fabric, a peer's death seen as fast as a
 // closed socket, hostile offers refused, nothing leaked. The peers here are
 // on one host: ACTORFLOW_DATA_UCX=force makes them take UCX all the same.
@@ -33,16 +33,16 @@
 #include "scenarios.hpp"
 #include "wait.hpp"
 #include "log_capture.hpp"
-#include "actors/data_plane.hpp"
-#include "actors/log.hpp"
+#include "net/data_plane.hpp"
+#include "core/log.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
-#include "actors/tls.hpp"
+#include "net/tls.hpp"
 #include "config/loopback.hpp"
-#include "actors/ucx_link.hpp"
+#include "net/ucx_link.hpp"
 #include "config/cluster_spec.hpp"
-#include "messages/fnv1a.hpp"
-#include "messages/wire.hpp"
+#include "core/fnv1a.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;

@@ -15,10 +15,10 @@
 
 #include "cells.hpp"
 #include "scenarios.hpp"
-#include "actors/data_plane.hpp"
+#include "net/data_plane.hpp"
 #include "config/loopback.hpp"
 #include "actors/variable.hpp"
-#include "messages/wire.hpp"
+#include "core/wire_format.hpp"
 
 using namespace af;
 using namespace af::testing;

@@ -22,8 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config/read_file.hpp"
-#include "messages/fnv1a.hpp"
+#include "core/read_file.hpp"
+#include "core/fnv1a.hpp"
 
 namespace af::train {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "graph/outcome.hpp"
-#include "messages/tensor.hpp"
+#include "core/tensor.hpp"
 
 namespace af::train {
 

@@ -1,9 +1,9 @@
 #include "train/config.hpp"
 
-#include "config/nesting.hpp"
-#include "config/read_file.hpp"
-#include "config/utf8.hpp"
-#include "messages/spelling.hpp"
+#include "core/nesting.hpp"
+#include "core/read_file.hpp"
+#include "core/utf8.hpp"
+#include "core/spelling.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -591,7 +591,7 @@ std::string validate(const train_config& c) {
 }
 
 outcome<train_config> parse_train_config(const std::string& text, const std::string& origin) {
-  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (config/utf8.hpp)
+  if (auto bad = utf8_problem(text); !bad.empty()) // before toml11 (core/utf8.hpp)
     return config_error(fmt::format("malformed TOML in {}: {}", origin, bad));
   if (auto deep = nesting_problem(text, true); !deep.empty()) // before toml11 recurses
     return config_error(fmt::format("{}: {}", origin, deep));

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
-#include "config/read_file.hpp"
+#include "core/read_file.hpp"
 
 namespace af::train {
 

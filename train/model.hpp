@@ -10,7 +10,7 @@
 
 #include "graph/graph.hpp"
 #include "graph/outcome.hpp"
-#include "messages/variable_spec.hpp"
+#include "core/variable_spec.hpp"
 
 namespace af::train {
 

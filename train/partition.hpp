@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "graph/outcome.hpp"
-#include "messages/tensor.hpp"
+#include "core/tensor.hpp"
 #include "train/checkpoint.hpp"
 #include "train/model.hpp"
 

@@ -1,5 +1,5 @@
 #include "kernels/kernels.hpp"
-#include "messages/int_arith.hpp"
+#include "core/int_arith.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@ namespace af::kernels {
 
 namespace {
 
-// Integers wrap and divide without a trap (messages/int_arith.hpp); for
+// Integers wrap and divide without a trap (core/int_arith.hpp); for
 // floats these are the plain operators.
 using int_arith::total_div;
 using int_arith::wrap_add;

@@ -5,7 +5,7 @@
 // every op against it. Inputs are staged host -> device and results device ->
 // host per op; keeping a step's tensors on the device is future work.
 #include "kernels/kernels.hpp"
-#include "messages/int_arith.hpp"
+#include "core/int_arith.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -358,7 +358,7 @@ private:
   std::map<size_t, std::vector<void*>> free_;
 };
 
-/// A tensor's bytes in this GPU's memory; see messages/tensor.hpp.
+/// A tensor's bytes in this GPU's memory; see core/tensor.hpp.
 class cuda_copy : public device_copy {
 public:
   cuda_copy(void* ptr, size_t bytes, std::shared_ptr<device_pool> pool, const void* owner)

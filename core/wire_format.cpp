@@ -1,0 +1,55 @@
+#include "core/wire_format.hpp"
+
+namespace af::wire {
+
+bool describe_tensor(const tensor& t, header& h) {
+  if (t.shape().size() > max_rank)
+    return false;
+  h.has_tensor = 1;
+  h.dtype = static_cast<uint8_t>(t.type());
+  h.rank = static_cast<uint8_t>(t.shape().size());
+  for (size_t i = 0; i < t.shape().size(); ++i)
+    h.dims[i] = t.shape()[i];
+  h.payload_bytes = t.nbytes();
+  return true;
+}
+
+std::string validate(const header& h) {
+  if (h.magic != magic)
+    return "not an actorflow data-plane frame (bad magic)";
+  auto k = h.kind;
+  if (!valid_var_op(k) && !aggregator_kind(k) && k != static_cast<uint8_t>(kind::reply)
+      && k != static_cast<uint8_t>(kind::shm_offer) && k != static_cast<uint8_t>(kind::edge)
+      && k != static_cast<uint8_t>(kind::ucx_offer))
+    return "unknown frame kind " + std::to_string(k);
+  if (h.name_len > max_name)
+    return "variable name of " + std::to_string(h.name_len) + " bytes (at most "
+           + std::to_string(max_name) + ")";
+  if (!h.has_tensor)
+    return h.payload_bytes > (1u << 20) ? "error text of " + std::to_string(h.payload_bytes) + " bytes"
+                                        : std::string{};
+  if (!valid_dtype(h.dtype))
+    return "unknown dtype code " + std::to_string(h.dtype);
+  if (h.rank > max_rank)
+    return "rank " + std::to_string(h.rank) + " (the data plane carries rank <= 8)";
+  // Count elements without overflow: a forged shape must not wrap around.
+  unsigned __int128 count = 1;
+  for (uint8_t i = 0; i < h.rank; ++i) {
+    if (h.dims[i] < 0)
+      return "negative dimension " + std::to_string(h.dims[i]);
+    count *= static_cast<uint64_t>(h.dims[i]);
+    if (count > (uint64_t{1} << 40))
+      return "a tensor of more than 2^40 elements";
+  }
+  auto expected = static_cast<uint64_t>(count) * dtype_size(static_cast<dtype>(h.dtype));
+  if (h.payload_bytes != expected)
+    return "payload of " + std::to_string(h.payload_bytes) + " bytes for a tensor of "
+           + std::to_string(expected) + " bytes";
+  return {};
+}
+
+shape_type shape_of(const header& h) {
+  return shape_type(h.dims, h.dims + h.rank);
+}
+
+} // namespace af::wire

@@ -1,0 +1,123 @@
+#pragma once
+/// The tensor data plane's frame: how variable ops and their tensors travel
+/// between a session and a remote node, beside CAF's control plane.
+///
+/// A frame is a fixed 96-byte header, then `name_len` bytes of variable name
+/// (requests only), then `payload_bytes` of payload: a tensor's raw bytes, or
+/// on an error reply the error's text. Integers are in host byte order (x86
+/// clusters, like CAF's apply_raw blobs). The header is decoded defensively:
+/// `validate` rejects anything a peer could get wrong or forge.
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.hpp"
+#include "core/variable_spec.hpp"
+
+namespace af::wire {
+
+constexpr uint32_t magic = 0x50444641; // "AFDP"
+constexpr uint8_t max_rank = 8;
+constexpr uint32_t max_name = 4096;
+
+/// A frame's kind byte. A request's is its var_op (core/variable_spec.hpp);
+/// the request names below are those values, for code that builds frames.
+enum class kind : uint8_t {
+  read = 1,
+  assign = 2,
+  assign_add = 3,
+  assign_sub = 4,
+  /// Training (messages/aggregator.hpp): the name is an aggregator's (a
+  /// push's: a push_prefix, then the aggregator's name), `version` the
+  /// worker's step, `reserved` the worker's index, the payload one flat
+  /// float32 tensor (gradients or parameters; none for pull). The reply's
+  /// `version` is the global step, its payload the flat parameters.
+  push = 5,
+  pull = 6,
+  push_params = 7,  ///< as push, the payload parameters (average), not gradients
+  /// The client offers shared memory (net/shm_ring.hpp): the name is the
+  /// segment's, `version` its size, no payload. The reply's `version` is 1
+  /// if the node took it (every later frame goes through its rings), else 0.
+  shm_offer = 8,
+  /// A value for another partition's executor (model parallelism; actors/
+  /// executor.hpp): `version` is the step, the name an edge_prefix (with the
+  /// graph's token) followed by the consumer executor's full device name, the
+  /// payload the tensor.
+  /// The reply is an empty ack, or an error (not_found: no such executor).
+  edge = 9,
+  /// The client offers UCX (net/ucx_link.hpp; a peer on another host of a
+  /// trusted fabric): the payload is its UCP worker's address (in
+  /// ucx_link's envelope, at most 64 KiB), no name. The reply's `version` is
+  /// 1 if the node took it, its payload then the node's worker address
+  /// (every later frame goes over UCX), else 0 and no payload.
+  ucx_offer = 10,
+  reply = 16,
+};
+
+/// True if `k` is a request to an aggregator.
+constexpr bool aggregator_kind(uint8_t k) {
+  return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull)
+         || k == static_cast<uint8_t>(kind::push_params);
+}
+
+static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)
+                && static_cast<uint8_t>(kind::assign) == static_cast<uint8_t>(var_op::assign)
+                && static_cast<uint8_t>(kind::assign_add) == static_cast<uint8_t>(var_op::assign_add)
+                && static_cast<uint8_t>(kind::assign_sub) == static_cast<uint8_t>(var_op::assign_sub),
+              "a request frame's kind byte is its var_op");
+static_assert(!valid_var_op(static_cast<uint8_t>(kind::reply)), "a reply is no var_op");
+
+/// The fixed start of an edge frame's name (then the device name).
+struct edge_prefix {
+  uint64_t graph = 0;
+  int64_t sent_ns = 0; ///< the producer's steady clock as it sent
+  int32_t op = -1;     ///< the producing op's graph id
+  uint32_t reserved = 0;
+  /// The graph's secret (partition::edge_token): the consumer's executor
+  /// takes the value only if it matches the token it registered the graph with.
+  uint8_t token[16] = {};
+};
+static_assert(sizeof(edge_prefix) == 40, "an edge frame's name starts with 40 bytes");
+
+/// The fixed start of a push frame's name (then the aggregator's name): the
+/// token the worker's join was answered with, and the push's number
+/// (messages/aggregator.hpp's push_credentials).
+struct push_prefix {
+  unsigned char token[16] = {};
+  uint64_t seq = 0;
+};
+static_assert(sizeof(push_prefix) == 24, "a push frame's name starts with 24 bytes");
+
+/// The kind byte of a request for `op`.
+constexpr uint8_t request_kind(var_op op) {
+  return static_cast<uint8_t>(op);
+}
+
+struct header {
+  uint32_t magic = wire::magic;
+  uint8_t kind = 0;
+  uint8_t want_value = 0; ///< requests: send the value after the update back
+  uint8_t has_tensor = 0; ///< payload is a tensor of dtype/rank/dims
+  uint8_t dtype = 0;
+  uint8_t rank = 0;
+  uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code (check valid_af_error)
+  uint16_t reserved = 0;  ///< push / pull: the worker's index
+  uint32_t name_len = 0;
+  uint64_t version = 0;   ///< replies: the variable's version; variable-op requests: the
+                          ///< request id (0: none; an update is applied once per id)
+  uint64_t payload_bytes = 0;
+  int64_t dims[max_rank] = {};
+};
+
+static_assert(sizeof(header) == 96, "the frame header is 96 bytes on the wire");
+
+/// Fills dtype/rank/dims/payload_bytes for `t`; false if its rank is too high.
+bool describe_tensor(const tensor& t, header& h);
+
+/// Empty if `h` is well formed, else what is wrong with it.
+std::string validate(const header& h);
+
+/// The shape in `h` (after validate).
+shape_type shape_of(const header& h);
+
+} // namespace af::wire

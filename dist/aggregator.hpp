@@ -1,0 +1,121 @@
+#pragma once
+/// The aggregation actors (protocol: messages/aggregator.hpp). One behavior
+/// per mode; a node spawns the one its spec names (spawn_aggregator), so that
+/// choosing sync, async or averaging is choosing an actor, never a branch in
+/// the worker. They update the variables through their cells
+/// (actors/variable.hpp): optimizer slots live beside the values.
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/actor_addr.hpp"
+#include "caf/actor_system.hpp"
+#include "caf/expected.hpp"
+#include "caf/typed_response_promise.hpp"
+
+#include "actors/node.hpp"
+#include "dist/aggregation_round.hpp"
+#include "net/data_plane.hpp"
+#include "dist/norm_guard.hpp"
+#include "messages/aggregator.hpp"
+
+namespace af {
+
+/// The aggregator's full interface: the protocol plus its timer.
+using aggregator_impl_actor = aggregator_actor::extend<caf::reacts_to<sweep_atom>>;
+
+/// A worker as its aggregator knows it: who, and its counters.
+struct aggregator_member {
+  bool joined = false;         ///< it sent join (name, address, monitor)
+  bool left = false;           ///< its actor went down, or it said done after joining
+  bool fresh = false;          ///< sync after a switch: its next push joins the round at any step
+  bool contributed = false;    ///< its values are in the round in progress
+  bool idle_logged = false;    ///< named as idle since its last push
+  /// sync after a switch: its pushes applied at once while on standby
+  /// (aggregation_round::set_standby), and whether that was named
+  uint64_t standby_pushes = 0;
+  bool standby_logged = false;
+  caf::actor_addr actor;       ///< monitored
+  /// Issued at its join (16 random bytes): its pushes and its done carry it.
+  /// Empty before it joined.
+  std::string token;
+  /// The last push number taken from it (push_credentials::seq), and the
+  /// number of its push in the round in progress (taken once it is released).
+  uint64_t seq_taken = 0;
+  uint64_t round_seq = 0;
+  uint64_t retries = 0; ///< pushes answered as already taken (logged 1st, 2nd, 4th, ...)
+  std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
+  worker_stats stats;
+};
+
+struct aggregator_actor_state {
+  aggregator_spec spec;
+  std::vector<variable_directory::entry> vars;
+  std::vector<size_t> sizes;   ///< elements per variable
+  std::vector<size_t> offsets; ///< where each starts in a flat buffer
+  size_t total = 0;
+  std::vector<std::string> slot_names;
+  uint64_t global_step = 0;
+  aggregator_stats stats;
+
+  /// The parameters as one flat tensor, for the global step they were made at.
+  tensor params;
+  std::optional<uint64_t> params_step;
+
+  /// sync: one step; average: one average (async: only its workers' done
+  /// flags). The tickets are the parked pushes' promises.
+  aggregation_round<caf::typed_response_promise<uint64_t, tensor>> round;
+  /// average: the most a completed round moved the global step (the workers'
+  /// average_every); 0 before the first. Bounds the step of a round's first push.
+  uint64_t average_stride = 0;
+  /// average reached by a live switch: a plain push is a gradient from a
+  /// worker that has not changed its loop yet (an aggregator made as average
+  /// takes a plain push as parameters, as it always has).
+  bool average_by_switch = false;
+  bool sweep_pending = false;
+  /// sync, async, ssp: the gradient-norm guard (off unless the spec's
+  /// grad_norm_guard is set).
+  norm_guard guard;
+  /// Pushes and dones refused for not carrying their worker's token (logged
+  /// at the 1st, 2nd, 4th, ...: a stranger in a loop cannot flood the log).
+  uint64_t strangers = 0;
+  /// sync: deadlines of the round in progress already acted on (a log line each).
+  uint64_t deadline_periods = 0;
+  std::vector<aggregator_member> members; ///< by worker index
+  /// ssp: pushes answered once the slowest member catches up.
+  struct ssp_wait {
+    uint32_t worker;
+    caf::typed_response_promise<uint64_t, tensor> promise;
+    std::chrono::steady_clock::time_point since;
+    bool logged = false;
+  };
+  std::vector<ssp_wait> ssp_waiting;
+
+  static constexpr const char* name = "aggregator";
+};
+
+/// Every mode an aggregator runs (a live switch goes between any two of them
+/// but average).
+bool aggregator_mode(const std::string& mode);
+
+/// Spawns the aggregator `spec.mode` names over `vars` (the cells of
+/// spec.variables, in order), in `sys`. An unknown mode, a variable that is not
+/// float32, or no workers is an error naming it.
+caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
+                                                 std::vector<variable_directory::entry> vars);
+
+/// spawn_aggregator and aggregator_spec_difference, for start_node: what a
+/// node that hosts training spawns when asked for an aggregator.
+aggregator_services node_aggregators();
+
+/// How `want` differs from `have` in what changes an aggregator's updates:
+/// mode, variables, workers and (sync, async) the optimizer with its
+/// schedule. Empty if it does not; else a clause naming each difference,
+/// e.g. "optimizer lr 0.1 vs 0.2". A node's get-or-create refuses a second
+/// spec that differs (already_exists).
+std::string aggregator_spec_difference(const aggregator_spec& have, const aggregator_spec& want);
+
+} // namespace af

@@ -1,0 +1,61 @@
+#pragma once
+/// Several nodes inside one process, each in its own actor system, published on
+/// free loopback ports (TF's create_local_cluster / create_local_server).
+/// Sessions made from a node's system talk to that node directly and to the
+/// others over real TCP, exactly as separate processes would.
+///
+/// Destroy every session before the cluster: a session lives in a node's
+/// actor system.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/actor_system.hpp"
+#include "caf/expected.hpp"
+
+#include "net/data_plane.hpp"
+#include "actors/session.hpp"
+#include "actors/system.hpp"
+#include "config/cluster_spec.hpp"
+
+namespace af {
+
+class embedded_cluster {
+public:
+  /// `jobs`: job name -> number of tasks, e.g. {{"ps", 1}, {"worker", 2}}.
+  static caf::expected<std::unique_ptr<embedded_cluster>>
+  start(const std::map<std::string, int>& jobs, node_options opts = defaults());
+
+  /// Two scheduler threads per node, sharing policy, one CPU device.
+  static node_options defaults();
+
+  ~embedded_cluster();
+
+  const cluster_spec& spec() const { return spec_; }
+
+  /// The actor system of /job:J/task:T (TF's server.target).
+  caf::actor_system& system(const std::string& job, int32_t task);
+
+  /// A session belonging to /job:J/task:T, running in that node's system.
+  caf::expected<session> session_for(const std::string& job, int32_t task,
+                                     session_options opts = {});
+
+private:
+  struct member {
+    std::string job;
+    int32_t task = 0;
+    std::unique_ptr<system_config> cfg;
+    std::unique_ptr<caf::actor_system> sys;
+    node_actor node;
+    std::shared_ptr<data_plane_server> data_plane;
+    std::string address;
+  };
+  embedded_cluster() = default;
+  member* find(const std::string& job, int32_t task);
+  std::vector<member> members_;
+  cluster_spec spec_;
+};
+
+} // namespace af

@@ -1,0 +1,159 @@
+#include "dist/train_client.hpp"
+
+#include "caf/all.hpp"
+
+#include "dist/training.hpp"
+#include "messages/atoms.hpp"
+#include "messages/error.hpp"
+#include "train/checkpoint.hpp"
+#include "train/metrics.hpp"
+
+namespace af {
+
+namespace {
+
+std::string ps_name(int32_t k) {
+  return "/job:ps/task:" + std::to_string(k);
+}
+
+/// The af_error that `err` is, or stands for: callers can still tell a
+/// timeout from a refusal after `about` rewords it.
+af_error code_of(const caf::error& err) {
+  if (err.category() == error_category)
+    return static_cast<af_error>(err.code());
+  return err == caf::sec::request_timeout ? af_error::timeout : af_error::peer_down;
+}
+
+/// `err` with `what` (naming the ps) in front of its sentence.
+caf::error about(const std::string& what, const caf::error& err) {
+  return make_error(code_of(err), what + ": " + describe(err));
+}
+
+} // namespace
+
+caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators(session& s) {
+  auto n_ps = static_cast<int32_t>(s.cluster().num_tasks("ps"));
+  if (n_ps == 0)
+    return make_error(af_error::invalid_config,
+                      "the cluster has no ps job: a job's status and its live switch come "
+                      "from the ps tasks' aggregators (allreduce jobs have none)");
+  std::vector<std::pair<int32_t, aggregator_actor>> out;
+  caf::error missing;
+  for (int32_t k = 0; k < n_ps; ++k) {
+    aggregator_spec lookup;
+    lookup.name = "train/ps" + std::to_string(k);
+    lookup.workers = 0; // as it runs
+    auto agg = s.aggregator("ps", k, lookup);
+    if (!agg && is(agg.error(), af_error::not_found)) {
+      missing = std::move(agg.error());
+      continue;
+    }
+    if (!agg)
+      return about(ps_name(k), agg.error());
+    out.emplace_back(k, std::move(*agg));
+  }
+  if (out.empty())
+    return missing;
+  return out;
+}
+
+caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout) {
+  auto aggs = job_aggregators(s);
+  if (!aggs)
+    return std::move(aggs.error());
+  caf::scoped_actor self{s.system()};
+  std::string text;
+  for (const auto& [k, agg] : *aggs) {
+    caf::error err;
+    auto where = ps_name(k); // (a structured binding cannot be captured in C++17)
+    self->request(agg, timeout, stats_atom::value)
+      .receive([&](aggregator_stats& st) { text += status_report(where, st); },
+               [&](caf::error& e) { err = about(where + ": stats", e); });
+    if (err)
+      return err;
+  }
+  return text;
+}
+
+caf::error check_switch_mode(const std::string& mode) {
+  if (mode == "allreduce")
+    return make_error(af_error::invalid_argument,
+                      "switch to allreduce: an allreduce job has no ps, so a running ps job "
+                      "cannot become one; restart from the checkpoint with mode = \"allreduce\"");
+  if (mode != "sync" && mode != "async" && mode != "ssp" && mode != "average")
+    return make_error(af_error::invalid_argument,
+                      "switch to '" + mode + "': unknown mode; a running job switches to sync, "
+                      "async, ssp or average");
+  return caf::none;
+}
+
+caf::expected<std::string> job_switch(session& s, const train::train_config& c,
+                                      const std::string& mode) {
+  if (auto err = check_switch_mode(mode))
+    return err;
+  auto aggs = job_aggregators(s);
+  if (!aggs)
+    return std::move(aggs.error());
+  aggregator_spec want;
+  want.mode = mode;
+  want.workers = 0;
+  want.optimizer = c.optimizer;
+  want.step_timeout_ms = c.step_timeout_ms;
+  want.replicas_to_aggregate = c.replicas_to_aggregate;
+  want.step_deadline_ms = c.step_deadline_ms;
+  want.min_replicas = c.min_replicas;
+  want.staleness = c.staleness;
+  caf::scoped_actor self{s.system()};
+  std::string text;
+  std::string switched; // the ps that did, for the message of one that then fails
+  for (const auto& [k, agg] : *aggs) {
+    caf::error err;
+    auto where = ps_name(k);
+    self->request(agg, std::chrono::milliseconds{c.step_timeout_ms}, switch_atom::value, want)
+      .receive(
+        [&](uint64_t step) {
+          text += where + ": now " + mode + ", at global step " + std::to_string(step) + "\n";
+          switched += (switched.empty() ? "" : ", ") + where;
+        },
+        [&](caf::error& e) { err = e; });
+    if (!err)
+      continue;
+    auto why = where + ": switch: " + describe(err);
+    if (switched.empty())
+      return make_error(code_of(err), why);
+    // The ps before it run the new mode now: say which, so that the user can
+    // finish the switch or undo it.
+    return make_error(code_of(err), why + "; " + switched + " did switch: run the command again "
+                                      "(a ps already in " + mode + " only takes the settings) "
+                                      "or switch those back");
+  }
+  return text;
+}
+
+std::string job_preflight(const train::train_config& c) {
+  if (!c.checkpoint_dir.empty())
+    if (auto why = train::check_checkpoint_dir(c.checkpoint_dir); !why.empty())
+      return why;
+  if (!c.checkpoint_key.empty())
+    if (auto key = train::load_checkpoint_key(c.checkpoint_key); !key)
+      return key.error().what;
+  if (!c.metrics.empty())
+    if (auto why = train::check_metrics_path(c.metrics); !why.empty())
+      return why;
+  return {};
+}
+
+std::string job_checkpoint_problem(const train::train_config& c, const train_outcome& o) {
+  if (c.checkpoint_dir.empty())
+    return {};
+  const auto& r = o.result;
+  if (!o.checkpoint.empty() && r.checkpoint_failures == 0)
+    return {};
+  std::string what = o.checkpoint.empty()
+                       ? "no checkpoint was written to '" + c.checkpoint_dir + "'"
+                       : std::to_string(r.checkpoint_failures) + " checkpoint(s) of this run failed ("
+                           + r.checkpoint_error + "); the last one written is " + o.checkpoint;
+  return what + ": check the directory (space, permissions) and run again";
+}
+
+} // namespace af

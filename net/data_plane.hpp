@@ -1,0 +1,342 @@
+#pragma once
+/// The tensor data plane: variable ops between a session and a remote node
+/// over plain TCP, beside CAF's control plane.
+///
+/// Why: through BASP a small remote op costs ~10x a raw socket round trip and
+/// a 64 MiB tensor reaches a fraction of the socket's speed (docs/wire.md).
+/// Here a session's thread writes one frame (core/wire_format.hpp) straight from
+/// the tensor's buffer and blocks on the reply; on the node, one thread per
+/// connection reads the payload straight into a fresh tensor, applies the op
+/// to the variable's cell itself (actors/variable.hpp: no actor hop) and
+/// writes the reply straight from the variable's buffer. Only when an op gives
+/// a variable its first value does the variable actor hear of it
+/// (released_atom), to answer its wait_init waiters on its own thread. CAF
+/// still places variables, keeps the registry and watches nodes; the data
+/// plane finds a variable by name in the node's directory. A peer that dies
+/// closes its socket: the waiting side sees it at once instead of at a
+/// timeout. A peer that goes silent is dropped: between frames after the
+/// idle timeout, within a frame after the (short) frame timeout.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+#include "net/shm_ring.hpp"
+#include "net/tls.hpp"
+#include "net/ucx_link.hpp"
+#include "actors/variable.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/executor.hpp"
+#include "core/wire_format.hpp"
+
+namespace af {
+
+class secure_stream; // net/tls_io.hpp
+struct data_link;    // data_plane.cpp: one connection's byte stream
+
+/// Name -> variable of one node: the node actor writes, the data-plane
+/// threads read.
+class variable_directory {
+public:
+  struct entry {
+    variable_cell_actor actor;         ///< told of first values; may be null (tests)
+    std::shared_ptr<variable_cell> cell;
+  };
+  void put(const std::string& name, entry e);
+
+  /// The entry of `name`; an empty one (null cell) if there is none.
+  entry get(const std::string& name) const;
+
+  /// Removes `name` if `actor` is still the one registered under it (a
+  /// variable whose actor ended is no longer served by name).
+  void remove(const std::string& name, const caf::actor_addr& actor);
+
+  /// Removes `name` whatever is registered.
+  void remove(const std::string& name);
+
+  // -- aggregators (messages/aggregator.hpp), reached by push/pull frames ----
+
+  struct aggregator_entry {
+    aggregator_actor actor;
+    size_t floats = 0;                    ///< a push carries exactly this many
+    std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
+  };
+  void put_aggregator(const std::string& name, aggregator_entry e);
+  /// The entry of `name`; an empty one (null actor) if there is none.
+  aggregator_entry get_aggregator(const std::string& name) const;
+  void remove_aggregator(const std::string& name);
+
+  /// How a data-plane thread asks an aggregator and waits for its answer
+  /// (start_node sets it: a blocking request from a scoped actor). Arguments:
+  /// the aggregator, the frame kind (push or pull), worker, step, who sent
+  /// it (a push's token and number, and the connection's peer), the flat
+  /// values (empty for pull or an abstention), the wait.
+  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
+    const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
+    std::chrono::milliseconds)>;
+  void set_aggregator_call(aggregator_call f);
+  aggregator_call aggregator_caller() const;
+
+  // -- executors, reached by edge frames (values between partitions) --------
+
+  /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
+  void put_executor(const std::string& device, executor_actor e);
+  /// The executor of `device`; null if there is none.
+  executor_actor get_executor(const std::string& device) const;
+  void remove_executor(const std::string& device);
+
+private:
+  mutable std::mutex mtx_;
+  std::unordered_map<std::string, entry> vars_;
+  std::unordered_map<std::string, aggregator_entry> aggs_;
+  std::unordered_map<std::string, executor_actor> execs_;
+  aggregator_call call_;
+};
+
+/// What one connection, client or stranger may make the data plane hold
+/// (node_options: data_idle_timeout_ms, data_frame_timeout_ms,
+/// max_message_bytes, max_variable_bytes, max_data_connections).
+struct data_plane_limits {
+  /// Between frames: a client that sends nothing for this long is dropped
+  /// (it reconnects on its next op).
+  std::chrono::milliseconds idle{std::chrono::minutes{10}};
+  /// Within a frame: a peer that stops in the middle of a header, name or
+  /// payload for this long is dropped, so it cannot hold a thread forever.
+  /// Bounds a TLS handshake as well.
+  std::chrono::milliseconds frame{std::chrono::seconds{5}};
+  /// A frame whose payload is larger is refused before anything is allocated
+  /// ([node] max_message_bytes).
+  int64_t max_message_bytes = int64_t{2} << 30;
+  /// An operand that would make a variable larger is refused ([node]
+  /// max_variable_bytes).
+  int64_t max_variable_bytes = int64_t{2} << 30;
+  /// Connections served at once; one more is closed at once ([node]
+  /// max_data_connections).
+  int32_t max_connections = 256;
+  /// Takes a plaintext client's offer of shared memory (a client on this
+  /// host; docs/wire.md "Shared memory"). False: every client stays on TCP,
+  /// as if it were on another host.
+  bool shared_memory = true;
+  /// On shared memory: how long a connection's thread spins for the next
+  /// frame after a reply, and for bytes within one, before it sleeps in poll
+  /// on the socket (then the client's doorbell byte wakes it).
+  std::chrono::microseconds shm_spin{20};
+  /// The most shared memory this server maps for its clients at once, all
+  /// connections together (each takes 8 MiB + 4 KiB by default); an offer
+  /// past it is declined and that client stays on TCP.
+  int64_t max_shm_bytes = int64_t{1} << 30;
+  /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
+  /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
+  /// the client stays on TCP/TLS. Only this decides (never the process's
+  /// flag); the test hook ACTORFLOW_TRUSTED_FABRIC=1 starts it true.
+  bool trusted_fabric = trusted_fabric_from_environment();
+};
+
+/// The old name (timeouts only), for code not yet moved to the limits.
+using data_plane_timeouts = data_plane_limits;
+
+/// The node's side: a listening socket and one thread per connection.
+class data_plane_server {
+public:
+  /// Listens on `bind_host` (empty: all interfaces) at `port` (0: the OS picks).
+  /// `node_name` names the node in errors and logs. With `tls`, every
+  /// connection is mutual TLS: a peer without a certificate of the cluster CA
+  /// is refused (and logged) before it can send a request.
+  static caf::expected<std::unique_ptr<data_plane_server>>
+  start(std::shared_ptr<variable_directory> dir, const std::string& bind_host, uint16_t port,
+        std::string node_name, data_plane_limits limits = {},
+        std::shared_ptr<tls_context> tls = nullptr);
+
+  ~data_plane_server();
+
+  uint16_t port() const { return port_; }
+
+  /// Closes every connection and joins the threads; idempotent. Call before
+  /// the actor system goes away (connections hold variable actors' handles).
+  void stop();
+
+private:
+  data_plane_server(std::shared_ptr<variable_directory> dir, std::string node_name,
+                    data_plane_limits limits, std::shared_ptr<tls_context> tls)
+    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(limits),
+      tls_(std::move(tls)) {}
+  void accept_loop();
+  void serve(int fd, const std::string& peer);
+  /// A push or pull frame (header read, name read); false: drop the connection.
+  bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
+                        const std::string& name);
+  /// An edge frame (header read, name read): the value goes to the named
+  /// executor as a local message; false: drop the connection.
+  bool serve_edge(const data_link& io, const std::string& peer, const wire::header& h,
+                  const std::string& name);
+  /// A TLS connection's handshake (bounded by the frame timeout) and its
+  /// record layer's first record: the stream, or null if the peer was
+  /// refused (logged with why).
+  std::unique_ptr<secure_stream> accept_tls(int fd, const std::string& peer);
+
+  std::shared_ptr<variable_directory> dir_;
+  std::string node_name_;
+  data_plane_limits timeouts_;
+  std::shared_ptr<tls_context> tls_;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> shm_mapped_{0}; ///< bytes of the clients' segments mapped now
+  std::thread acceptor_;
+  std::mutex mtx_;
+  std::vector<std::thread> workers_;
+  std::vector<int> conns_;
+  /// Over TLS: connections still in their handshake, by peer host. A host
+  /// holds at most max_handshakes_per_host of the slots that way, so that
+  /// strangers who connect and say nothing cannot keep members out.
+  std::unordered_map<std::string, int> handshaking_;
+  std::vector<std::thread::id> finished_; ///< workers that returned, to be joined
+};
+
+/// The session's side: one connection to one node's data plane.
+class data_channel {
+public:
+  /// `peer` names the node in errors ("/job:ps/task:0 at h:p").
+  /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
+  /// With `tls`: mutual TLS, the node's certificate checked against the
+  /// cluster CA. `timeout` bounds the whole connect (TCP, TLS handshake and
+  /// the node's first record together). `untrusted` (if given) is set when
+  /// it failed because the node's identity is wrong: a certificate of
+  /// another CA, host or task, or a first record that fails authentication.
+  ///
+  /// `shared_memory`: when the node is on this host (a loopback address, or
+  /// this end's own address), without TLS, and ACTORFLOW_DATA_SHM is not
+  /// "off", the connection moves to shared memory after the node's first
+  /// answer (net/shm_ring.hpp); false: it stays on TCP.
+  ///
+  /// `trusted_fabric` (or the process's own, process_trusted_fabric()): when
+  /// the node is on another host (or ACTORFLOW_DATA_UCX=force), the build has
+  /// UCX and ACTORFLOW_DATA_UCX is not "off", the connection offers UCX after
+  /// the node's first answer (net/ucx_link.hpp; TLS, if configured, still
+  /// authenticates both ends first).
+  static caf::expected<std::unique_ptr<data_channel>>
+  connect(const std::string& host, uint16_t port, std::string peer,
+          std::chrono::milliseconds timeout,
+          std::chrono::microseconds poll = std::chrono::microseconds{0},
+          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr,
+          bool shared_memory = true, bool trusted_fabric = false);
+
+  ~data_channel();
+
+  /// One variable op: the value (empty unless asked for or read) and version.
+  /// Errors are the node's (its af_error and text) or the channel's: any I/O
+  /// failure or malformed reply (an invalid status byte: internal) breaks
+  /// the channel (broken() turns true). `request_id` (0: none) goes in the
+  /// header's version field: the variable applies an update once per id and
+  /// answers a retry with the first result (actors/variable.hpp). `wait`
+  /// (0: the channel's timeout) bounds this call's wait for the reply.
+  caf::expected<std::pair<tensor, uint64_t>> call(var_op op, const std::string& var,
+                                                  const tensor* operand, bool want_value,
+                                                  uint64_t request_id = 0,
+                                                  std::chrono::milliseconds wait = {});
+
+  /// One push (values: the parts, sent as one flat float32 tensor without a
+  /// copy; none: an abstention) or pull to aggregator `name` of the node:
+  /// the global step and the flat parameters. `wait` bounds this call's reply
+  /// (a sync push waits for the other workers).
+  /// A push carries `token` (the one the worker's join was answered with)
+  /// and its number `seq` (push_credentials); a pull neither.
+  caf::expected<std::pair<uint64_t, tensor>> aggregate(wire::kind kind, const std::string& name,
+                                                       uint32_t worker, uint64_t step,
+                                                       const std::vector<tensor>& values,
+                                                       std::chrono::milliseconds wait,
+                                                       const std::string& token = {},
+                                                       uint64_t seq = 0);
+
+  /// One value of step `step` of graph `graph` (produced by op `op`, sent at
+  /// `sent_ns` on this host's steady clock) to the executor of `device` on
+  /// the node: none once the node handed it to the executor. `token` is the
+  /// graph's edge token (16 bytes; the executor drops a value without it).
+  /// Errors as for call(); `wait` (0: the channel's timeout) bounds the send
+  /// and the ack.
+  caf::error send_edge(const std::string& device, uint64_t graph, const std::string& token,
+                       uint64_t step, int32_t op, int64_t sent_ns, const tensor& value,
+                       std::chrono::milliseconds wait = {});
+
+  bool broken() const { return fd_ < 0; }
+
+  /// "TLSv1.3 TLS_AES_128_GCM_SHA256" on a TLS connection, else empty.
+  std::string tls_description() const;
+
+  /// How the frames travel now: "tls", "shared memory", "ucx (tcp)" (UCX and
+  /// its transports) or "tcp".
+  std::string transport() const;
+
+  /// Makes now the move (to shared memory, or UCX) that this connection
+  /// would make before its next op, so that transport() says where its ops
+  /// will go (ping). Nothing if there is none to make; errors as for call().
+  caf::error settle(std::chrono::milliseconds wait = {});
+
+  /// While `cancel` is set, a call() waiting for its reply gives up within
+  /// 20 ms with af_error::cancelled and closes the connection (the reply
+  /// would come on it later); the caller reopens it for its next call.
+  void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) { cancel_ = std::move(cancel); }
+
+private:
+  data_channel(int fd, std::string host, uint16_t port, std::string peer,
+               std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+               std::shared_ptr<tls_context> tls)
+    : fd_(fd), host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
+      poll_(poll), last_reply_(std::chrono::steady_clock::now()), tls_(std::move(tls)) {}
+  /// Closes the connection (and frees its TLS session): broken() turns true.
+  void drop();
+  /// The error of a failed send or read (EAGAIN: a timeout after `waited`,
+  /// 0: the channel's timeout; `sending`: the node stopped reading the
+  /// request; ECANCELED: cancelled); the connection is dropped.
+  caf::error fail(const std::string& what, int err,
+                  std::chrono::milliseconds waited = std::chrono::milliseconds{0},
+                  bool sending = false);
+  /// The reply to the request just sent, by `until` (the try's deadline).
+  caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what,
+                                                        std::chrono::steady_clock::time_point until);
+  void poll_for_reply();
+  void reopen_if_closed_by_peer();
+  /// The connection's byte stream for a request or reply bounded by `deadline`.
+  data_link io(std::chrono::steady_clock::time_point deadline) const;
+  /// After the node's first answer: offers shared memory (once per
+  /// connection). An error only if the connection failed meanwhile.
+  caf::error upgrade_if_due(std::chrono::steady_clock::time_point deadline);
+  /// upgrade_if_due's offer, whether or not the connection was quiet.
+  caf::error make_offer(std::chrono::steady_clock::time_point deadline);
+  /// A fresh connection in place of this one; false (the old one kept) if
+  /// the node cannot be reached.
+  bool reconnect();
+
+  int fd_;
+  std::string host_;
+  uint16_t port_;
+  std::string peer_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::microseconds poll_;
+  std::chrono::steady_clock::time_point last_reply_;
+  std::shared_ptr<const std::atomic<bool>> cancel_;
+  std::shared_ptr<tls_context> tls_; ///< null: plaintext
+  secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned
+  bool shm_wanted_ = true;           ///< connect's `shared_memory`
+  bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
+  bool shm_due_ = false;             ///< the node answered: offer before the next request
+  std::unique_ptr<shm_channel> shm_; ///< the rings, once the node took the offer
+  bool ucx_trusted_ = false;         ///< connect's `trusted_fabric`
+  bool ucx_possible_ = false;        ///< this connection may offer UCX (checked in upgrade_if_due)
+  std::unique_ptr<ucx_channel> ucx_; ///< UCX, once the node took that offer
+  bool ucx_failed_ = false;          ///< UCX could not reach the node: no more offers (across reconnects)
+  bool ucx_carried_ = false;         ///< a reply came over ucx_ (else its failure counts as UCX's)
+  /// upgrade_if_due's offer of UCX.
+  caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
+};
+
+} // namespace af

@@ -1,0 +1,552 @@
+#include "net/shm_ring.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+/// One direction's counters, in the segment: `head` and `writer_waiting`
+/// change on the writer's side, `tail` and `reader_waiting` on the reader's
+/// (each on its own cache line). Counters are bytes since the start, so that
+/// head - tail is what the ring holds and never wraps in practice (2^64).
+struct shm_channel::control {
+  alignas(64) std::atomic<uint64_t> head;
+  std::atomic<uint32_t> reader_waiting; ///< the reader sleeps in poll: ring its bell
+  alignas(64) std::atomic<uint64_t> tail;
+  std::atomic<uint32_t> writer_waiting; ///< the writer sleeps for room: ring its bell
+};
+
+namespace {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the rings' counters are shared between processes: they must be lock-free");
+
+constexpr uint64_t segment_magic = 0x314d485350444641; // "AFDPSHM1"
+constexpr uint64_t header_bytes = 4096;                 // magic, ring size, the two controls
+constexpr uint64_t min_ring = uint64_t{64} << 10;
+/// Bytes copied before the other side is told (counters published): small
+/// enough that the two copies (into the ring, out of it) overlap, large
+/// enough that the doorbells stay few. 64 KiB and 256 KiB measured alike
+/// within the noise of a loaded 2-vCPU VM (64 KiB a little ahead on reads);
+/// a 16 MiB ring was no faster than 4 MiB (docs/wire.md "Shared memory").
+constexpr uint64_t publish_chunk = uint64_t{64} << 10;
+/// A sleeping peer is woken (its doorbell byte) once this much has moved
+/// since its last bell, and whenever this side finishes or must wait itself:
+/// when the two ends share a busy CPU, a wake-up per published chunk cost
+/// ~40 us per 64 KiB (runs of 1.2-1.6 GB/s instead of 4-7 GB/s).
+constexpr uint64_t bell_bytes = uint64_t{1} << 20;
+/// More doorbell bytes than this during one wait: not a peer of ours.
+constexpr size_t max_bells_per_wait = 4096;
+
+struct segment_header {
+  uint64_t magic;
+  uint64_t ring_bytes;
+};
+
+// -- SIGBUS guard -------------------------------------------------------------
+//
+// The peer keeps a descriptor of the segment (or a link to it) and can
+// shrink it (ftruncate) or punch holes in it; a page this process then
+// touches is past the file's end, or cannot be had, and the kernel sends
+// SIGBUS: a dead node for a bad client. So the mapped segments are listed
+// here, and a SIGBUS at an address in one of them maps zero pages over that
+// whole segment (MAP_FIXED, anonymous: the access then goes on) and marks it
+// poisoned; its channel fails as corrupt at its next check. Any other
+// SIGBUS goes to the handler that was there before, or kills the process as
+// it would have. (As Wayland compositors guard their clients' pools.)
+
+struct guarded_segment {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<size_t> bytes{0};
+  std::atomic<bool> poisoned{false};
+};
+
+constexpr int max_guarded = 1024;
+guarded_segment guarded[max_guarded];
+struct sigaction bus_before {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  auto at = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (auto& g : guarded) {
+    uintptr_t base = g.base.load(std::memory_order_acquire);
+    size_t bytes = g.bytes.load(std::memory_order_acquire);
+    if (base != 0 && at >= base && at - base < bytes) {
+      // mmap is async-signal-safe (a system call).
+      void* zero = ::mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (zero != MAP_FAILED) {
+        g.poisoned.store(true, std::memory_order_release);
+        return;
+      }
+      break;
+    }
+  }
+  if ((bus_before.sa_flags & SA_SIGINFO) != 0 && bus_before.sa_sigaction != nullptr) {
+    bus_before.sa_sigaction(sig, info, context);
+    return;
+  }
+  if ((bus_before.sa_flags & SA_SIGINFO) == 0 && bus_before.sa_handler != SIG_DFL
+      && bus_before.sa_handler != SIG_IGN) {
+    bus_before.sa_handler(sig);
+    return;
+  }
+  // The default: returning re-runs the faulting access, which now kills.
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+/// A slot of `guarded` for [base, base + bytes); -1 when all are taken (the
+/// caller then does without shared memory).
+int guard_segment(void* base, size_t bytes) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &bus_before);
+  });
+  // A slot's bytes are 0 while it is free or being taken: the handler
+  // matches no address in it until both are set (the segment is not
+  // touched before this returns).
+  for (int i = 0; i < max_guarded; ++i) {
+    uintptr_t free_slot = 0;
+    if (guarded[i].base.load() == 0
+        && guarded[i].base.compare_exchange_strong(free_slot, reinterpret_cast<uintptr_t>(base))) {
+      guarded[i].poisoned.store(false);
+      guarded[i].bytes.store(bytes, std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void unguard_segment(int slot) {
+  if (slot < 0)
+    return;
+  guarded[slot].bytes.store(0, std::memory_order_release);
+  guarded[slot].base.store(0, std::memory_order_release);
+}
+
+/// A segment's name as a log line may show it: printable, cut short.
+std::string printable(const std::string& name) {
+  std::string out;
+  for (char c : name.substr(0, 80)) {
+    auto u = static_cast<unsigned char>(c);
+    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+  }
+  return name.size() > 80 ? out + "..." : out;
+}
+
+shm_channel::control* control_at(void* base, int which) {
+  return reinterpret_cast<shm_channel::control*>(static_cast<char*>(base) + 128 * (which + 1));
+}
+
+void ring_bell(int fd) {
+  char byte = 1;
+  // Never blocks: at most one byte is in flight per wait (the flag is taken
+  // by exchange), and a full socket would mean a peer that reads none.
+  [[maybe_unused]] auto n = ::send(fd, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/// Removes segments of ours whose creator (its pid is in the name) is gone:
+/// one killed between creating its segment and the node's answer.
+void remove_stale_segments() {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr)
+    return;
+  std::string prefix = shm_channel::name_prefix + 1; // without the '/'
+  while (auto* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0)
+      continue;
+    auto pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      ::shm_unlink(("/" + name).c_str());
+  }
+  ::closedir(d);
+}
+
+} // namespace
+
+bool shm_channel::disabled_by_environment() {
+  const char* v = std::getenv("ACTORFLOW_DATA_SHM");
+  if (v == nullptr)
+    return false;
+  std::string s = v;
+  return s == "off" || s == "0" || s == "no" || s == "false";
+}
+
+bool shm_channel::same_host(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0
+      || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0
+      || local.ss_family != peer.ss_family)
+    return false;
+  if (peer.ss_family == AF_INET) {
+    auto p = reinterpret_cast<sockaddr_in*>(&peer)->sin_addr.s_addr;
+    auto l = reinterpret_cast<sockaddr_in*>(&local)->sin_addr.s_addr;
+    return (ntohl(p) >> 24) == 127 || p == l;
+  }
+  if (peer.ss_family == AF_INET6) {
+    auto& p = reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr;
+    auto& l = reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&p))
+      return true;
+    if (IN6_IS_ADDR_V4MAPPED(&p) && p.s6_addr[12] == 127)
+      return true;
+    return std::memcmp(&p, &l, sizeof(p)) == 0;
+  }
+  return false;
+}
+
+caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_bytes) {
+  if (ring_bytes < min_ring || (ring_bytes & (ring_bytes - 1)) != 0
+      || header_bytes + 2 * ring_bytes > max_segment_bytes)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("a shared-memory ring of {} bytes: it must be a power of two "
+                                  "from {} to {} bytes",
+                                  ring_bytes, min_ring, (max_segment_bytes - header_bytes) / 2));
+  remove_stale_segments();
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  std::unique_ptr<shm_channel> ch{new shm_channel};
+  ch->name_ = fmt::format("{}{}-{}-{:08x}", name_prefix, ::getpid(), counter++, rd());
+  ch->bytes_ = header_bytes + 2 * ring_bytes;
+  int fd = ::shm_open(ch->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("cannot create shared memory {}: {}", ch->name_, std::strerror(errno)));
+  ch->named_ = true;
+  // Reserved now: a full /dev/shm is an error here, not a SIGBUS at the
+  // first touch of a page that cannot be had.
+  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(ch->bytes_));
+  if (rc != 0) {
+    ::close(fd);
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("cannot reserve {} bytes of shared memory in /dev/shm: {}",
+                                  ch->bytes_, std::strerror(rc)));
+  }
+  void* p = ::mmap(nullptr, ch->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED)
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("cannot map {} bytes of shared memory: {}", ch->bytes_,
+                                  std::strerror(errno)));
+  ch->base_ = p;
+  ch->guard_ = guard_segment(p, ch->bytes_);
+  if (ch->guard_ < 0)
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("no room to guard another shared-memory segment ({} at once)",
+                                  max_guarded));
+  ch->ring_ = ring_bytes;
+  auto* h = static_cast<segment_header*>(p);
+  h->magic = segment_magic;
+  h->ring_bytes = ring_bytes;
+  ch->out_ = control_at(p, 0); // to the node
+  ch->in_ = control_at(p, 1);
+  ch->out_data_ = static_cast<char*>(p) + header_bytes;
+  ch->in_data_ = ch->out_data_ + ring_bytes;
+  return ch;
+}
+
+caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string& name, uint64_t bytes) {
+  auto refuse = [&](const std::string& why) {
+    return make_error(af_error::invalid_argument, "shared memory '" + printable(name) + "': " + why);
+  };
+  std::string prefix = name_prefix;
+  bool plain = std::all_of(name.begin() + std::min(name.size(), prefix.size()), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.';
+  });
+  if (name.size() > 200 || name.rfind(prefix, 0) != 0 || !plain)
+    return refuse("not a name of an actorflow segment");
+  uint64_t ring = (bytes - header_bytes) / 2;
+  if (bytes <= header_bytes || bytes > max_segment_bytes || ring < min_ring
+      || (ring & (ring - 1)) != 0 || header_bytes + 2 * ring != bytes)
+    return refuse(fmt::format("{} bytes is no segment of two rings", bytes));
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0)
+    return refuse(fmt::format("cannot open it ({}): is the peer on another host?", std::strerror(errno)));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()
+      || static_cast<uint64_t>(st.st_size) != bytes) {
+    ::close(fd); // (not unlinked: it may not be this user's; its client removes it)
+    return refuse("not a segment of this user of the size offered");
+  }
+  // Its pages must be there (the client reserves them with
+  // posix_fallocate): a sparse segment on a full /dev/shm would fault at
+  // the first touch of a page that cannot be had.
+  if (static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return refuse(fmt::format("only {} of its {} bytes are reserved (the client must "
+                              "posix_fallocate it)",
+                              static_cast<uint64_t>(st.st_blocks) * 512, bytes));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Mapped (or not): the name goes now, so that nothing is left in /dev/shm.
+  ::shm_unlink(name.c_str());
+  // No other name may lead to it: a segment offered on two connections
+  // under two names (a hard link) would have two node threads on one ring.
+  bool linked = ::fstat(fd, &st) != 0 || st.st_nlink != 0;
+  ::close(fd);
+  if (p == MAP_FAILED)
+    return refuse(fmt::format("cannot map it: {}", std::strerror(errno)));
+  std::unique_ptr<shm_channel> ch{new shm_channel};
+  ch->name_ = name;
+  ch->server_ = true;
+  ch->base_ = p;
+  ch->bytes_ = bytes;
+  if (linked)
+    return refuse("it has another name in /dev/shm (a hard link): one segment per connection");
+  ch->guard_ = guard_segment(p, bytes);
+  if (ch->guard_ < 0)
+    return refuse(fmt::format("no room to guard another segment ({} at once)", max_guarded));
+  auto* h = static_cast<segment_header*>(p);
+  if (h->magic != segment_magic || h->ring_bytes != ring)
+    return refuse("its header is not ours");
+  ch->ring_ = ring;
+  ch->out_ = control_at(p, 1); // to the client
+  ch->in_ = control_at(p, 0);
+  ch->in_data_ = static_cast<char*>(p) + header_bytes;
+  ch->out_data_ = ch->in_data_ + ring;
+  return ch;
+}
+
+shm_channel::~shm_channel() {
+  unlink();
+  unguard_segment(guard_);
+  if (base_ != nullptr)
+    ::munmap(base_, bytes_);
+}
+
+bool shm_channel::poisoned() const {
+  return guard_ >= 0 && guarded[guard_].poisoned.load(std::memory_order_acquire);
+}
+
+void shm_channel::unlink() {
+  if (named_)
+    ::shm_unlink(name_.c_str());
+  named_ = false;
+}
+
+template <class Ready>
+shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, int fd,
+                                      const bound& b, bool first,
+                                      std::chrono::steady_clock::time_point last_progress) {
+  using clock = std::chrono::steady_clock;
+  auto now = clock::now();
+  // Spinning with sched_yield, not pause: on a small or busy machine both
+  // ends often share a CPU, and a pause loop then only delays the peer it
+  // waits for (measured: a round trip of 2x the spin). A yield lets the peer
+  // run at once: ~4-5 us round trips against ~17 us for a TCP ping-pong.
+  auto spin_until = now + b.spin;
+  for (;;) {
+    if (ready())
+      return status::done;
+    sched_yield();
+    if (clock::now() >= spin_until)
+      break;
+  }
+  int stall = first && b.first_ms > 0 ? b.first_ms : b.stall_ms;
+  // A peer rings once per sleep of ours (it takes the flag with an
+  // exchange): bytes beyond a few per wait are not bells but a peer that
+  // floods the socket to burn this side's CPU.
+  size_t rung = 0;
+  for (;;) {
+    if (poisoned())
+      return status::corrupt;
+    flag.store(1);
+    if (ready()) {
+      flag.store(0);
+      return status::done;
+    }
+    now = clock::now();
+    auto limit = b.deadline;
+    if (stall > 0)
+      limit = std::min(limit, last_progress + std::chrono::milliseconds{stall});
+    if (now >= limit) {
+      flag.store(0);
+      return first && b.first_ms > 0 ? status::idle : status::timeout;
+    }
+    long long ms = limit == clock::time_point::max()
+                     ? 1000
+                     : std::chrono::duration_cast<std::chrono::milliseconds>(limit - now).count() + 1;
+    ms = std::min<long long>(ms, b.cancel != nullptr ? 20 : 1000);
+    pollfd pfd{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+    int rc = ::poll(&pfd, 1, static_cast<int>(ms));
+    bool closed = false;
+    if (rc > 0) {
+      if (pfd.revents & POLLIN) {
+        char bells[64];
+        for (;;) {
+          auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
+          if (r > 0) {
+            rung += static_cast<size_t>(r);
+            if (rung > max_bells_per_wait) {
+              flag.store(0);
+              return status::corrupt;
+            }
+            continue;
+          }
+          if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            closed = true;
+          if (r == 0 || errno != EINTR)
+            break;
+        }
+      }
+      if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+        closed = true;
+    } else if (rc < 0 && errno != EINTR) {
+      closed = true;
+    }
+    flag.store(0);
+    if (ready())
+      return status::done;
+    if (closed)
+      return status::closed;
+    if (b.cancel != nullptr && b.cancel->load())
+      return status::cancelled;
+  }
+}
+
+shm_channel::status shm_channel::write(const iovec* iov, int count, int fd, const bound& b,
+                                       uint64_t* moved) {
+  using clock = std::chrono::steady_clock;
+  uint64_t head = out_->head.load(std::memory_order_relaxed); // ours alone
+  uint64_t published = head;
+  uint64_t belled = head;
+  uint64_t start = head;
+  auto last_progress = clock::now();
+  bool broken = false;
+  auto publish = [&](bool wake = false) {
+    if (head != published) {
+      out_->head.store(head);
+      published = head;
+    }
+    // (A forced bell also covers what an earlier publish left unbelled.)
+    if (published != belled && (wake || published - belled >= bell_bytes)
+        && out_->reader_waiting.load() != 0 && out_->reader_waiting.exchange(0) != 0) {
+      ring_bell(fd);
+      belled = published;
+    }
+  };
+  auto room = [&]() -> uint64_t {
+    uint64_t used = head - out_->tail.load(std::memory_order_acquire);
+    if (used > ring_) {
+      broken = true;
+      return 1; // "ready": the caller sees `broken`
+    }
+    return ring_ - used;
+  };
+  status st = status::done;
+  for (int i = 0; i < count && st == status::done; ++i) {
+    auto* p = static_cast<const char*>(iov[i].iov_base);
+    uint64_t len = iov[i].iov_len;
+    while (len > 0) {
+      uint64_t free = room();
+      if (broken || poisoned()) {
+        st = status::corrupt;
+        break;
+      }
+      if (free == 0) {
+        publish(true);
+        st = wait([&] { return room() > 0; }, out_->writer_waiting, fd, b, false, last_progress);
+        if (st != status::done)
+          break;
+        last_progress = clock::now();
+        continue;
+      }
+      uint64_t off = head & (ring_ - 1);
+      uint64_t chunk = std::min({len, free, ring_ - off, publish_chunk - (head - published)});
+      std::memcpy(out_data_ + off, p, chunk);
+      head += chunk;
+      p += chunk;
+      len -= chunk;
+      if (head - published >= publish_chunk)
+        publish();
+    }
+  }
+  if (st == status::done && broken)
+    st = status::corrupt;
+  publish(true);
+  if (moved != nullptr)
+    *moved = head - start;
+  return st;
+}
+
+shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved) {
+  using clock = std::chrono::steady_clock;
+  uint64_t tail = in_->tail.load(std::memory_order_relaxed); // ours alone
+  uint64_t published = tail;
+  uint64_t belled = tail;
+  uint64_t start = tail;
+  auto* out = static_cast<char*>(dst);
+  auto last_progress = clock::now();
+  auto publish = [&](bool wake = false) {
+    if (tail != published) {
+      in_->tail.store(tail);
+      published = tail;
+    }
+    // (A forced bell also covers what an earlier publish left unbelled.)
+    if (published != belled && (wake || published - belled >= bell_bytes)
+        && in_->writer_waiting.load() != 0 && in_->writer_waiting.exchange(0) != 0) {
+      ring_bell(fd);
+      belled = published;
+    }
+  };
+  status st = status::done;
+  while (n > 0) {
+    uint64_t avail = in_->head.load(std::memory_order_acquire) - tail;
+    if (avail > ring_ || poisoned()) {
+      st = status::corrupt;
+      break;
+    }
+    if (avail == 0) {
+      publish(true);
+      st = wait([&] { return in_->head.load(std::memory_order_acquire) != tail; }, in_->reader_waiting,
+                fd, b, tail == start, last_progress);
+      if (st != status::done)
+        break;
+      last_progress = clock::now();
+      continue;
+    }
+    uint64_t off = tail & (ring_ - 1);
+    uint64_t chunk = std::min({n, avail, ring_ - off, publish_chunk});
+    if (out != nullptr) {
+      std::memcpy(out, in_data_ + off, chunk);
+      out += chunk;
+    }
+    tail += chunk;
+    n -= chunk;
+    if (tail - published >= publish_chunk)
+      publish();
+  }
+  publish(true);
+  if (moved != nullptr)
+    *moved = tail - start;
+  return st;
+}
+
+} // namespace af

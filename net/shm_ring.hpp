@@ -1,0 +1,129 @@
+#pragma once
+/// The data plane's shared-memory transport between two processes of one
+/// host (issue 12, part 1; docs/wire.md "Shared memory").
+///
+/// One data-plane connection upgrades to it after its first answered op: the
+/// client creates a POSIX shared-memory segment, names it in a `shm_offer`
+/// frame, the node maps it and removes its name, and so does the client on
+/// the answer: from then on nothing of it is left in /dev/shm, whatever
+/// happens to either process, and the kernel frees the memory when both have
+/// unmapped it (or died). The segment holds two byte rings, one per
+/// direction, each written by one side and read by the other; the frames
+/// (core/wire_format.hpp) go through them unchanged, byte for byte as they would
+/// through the socket. The TCP connection stays open beside them as the
+/// doorbell and the liveness channel: a side that waits for bytes or room
+/// first looks for a few microseconds (yielding the CPU), then raises its "waiting" flag and
+/// polls the socket, and the other side sends one byte only when it sees the
+/// flag. A peer that dies closes its socket: the waiting side sees POLLRDHUP
+/// at once, as a closed socket is seen today.
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "caf/expected.hpp"
+
+namespace af {
+
+/// The rings of one connection, mapped.
+class shm_channel {
+public:
+  /// Bytes of each direction's ring (a power of two).
+  static constexpr uint64_t default_ring_bytes = uint64_t{4} << 20;
+  /// The most a peer may ask a node to map for one connection.
+  static constexpr uint64_t max_segment_bytes = uint64_t{256} << 20;
+  /// The names of our segments in /dev/shm start with this (then the pid).
+  static constexpr const char* name_prefix = "/actorflow-dp-";
+
+  /// The client's side: a fresh segment of two rings of `ring_bytes`, named
+  /// (name()) until unlink(). Segments left by dead processes of this user
+  /// (killed in the moment between create and unlink) are removed first.
+  static caf::expected<std::unique_ptr<shm_channel>> create(uint64_t ring_bytes = default_ring_bytes);
+
+  /// The node's side: maps segment `name` of `bytes` (as the offer says),
+  /// checks that it is one of ours, of this user and of that size, and
+  /// removes its name.
+  static caf::expected<std::unique_ptr<shm_channel>> open(const std::string& name, uint64_t bytes);
+
+  ~shm_channel();
+  shm_channel(const shm_channel&) = delete;
+  shm_channel& operator=(const shm_channel&) = delete;
+
+  const std::string& name() const { return name_; }
+  uint64_t segment_bytes() const { return bytes_; }
+
+  /// Removes the segment's name (idempotent): the mapping stays.
+  void unlink();
+
+  /// How long a read or write may wait, and for what.
+  struct bound {
+    /// No progress by then: timeout (max(): none).
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+    /// No byte moved for this long: timeout (0: none). `first_ms` for the
+    /// first byte of a read instead (0: stall_ms).
+    int stall_ms = 0;
+    int first_ms = 0;
+    /// Looked at every 20 ms while waiting; set: cancelled.
+    const std::atomic<bool>* cancel = nullptr;
+    /// Look this long for bytes or room (yielding the CPU between looks)
+    /// before sleeping in poll; at least one look after one yield.
+    std::chrono::microseconds spin{20};
+  };
+
+  enum class status {
+    done,
+    closed,    ///< the peer closed its socket (or died) first
+    idle,      ///< a read's first byte did not come within first_ms
+    timeout,   ///< the deadline passed, or no progress within stall_ms
+    cancelled, ///< bound::cancel was set
+    corrupt,   ///< the peer broke the ring's counters
+  };
+
+  /// Writes all of `iov` into this side's outgoing ring; `fd` is the
+  /// connection's socket (the doorbell). `moved`: bytes written.
+  status write(const iovec* iov, int count, int fd, const bound& b, uint64_t* moved = nullptr);
+
+  /// Reads exactly `n` bytes from the incoming ring into `dst` (nullptr:
+  /// skips them). `moved`: bytes read.
+  status read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved = nullptr);
+
+  /// True if the peer of connected socket `fd` is this host: a loopback
+  /// address, or the address this end of the connection has.
+  static bool same_host(int fd);
+
+  /// ACTORFLOW_DATA_SHM=off (or 0, no, false) in the environment: never offer
+  /// shared memory (a process told to act as if its peers were other hosts).
+  static bool disabled_by_environment();
+
+  struct control; // in the segment, one per direction
+
+private:
+  shm_channel() = default;
+  /// Waits until `ready()` holds, on `fd`'s doorbell.
+  template <class Ready>
+  status wait(Ready ready, std::atomic<uint32_t>& flag, int fd, const bound& b, bool first,
+              std::chrono::steady_clock::time_point last_progress);
+
+  /// The peer shrank or punched the segment and a SIGBUS hit it: zero
+  /// pages now, and the channel is corrupt (net/shm_ring.cpp).
+  bool poisoned() const;
+
+  std::string name_;
+  int guard_ = -1; ///< its slot in the SIGBUS guard
+  bool named_ = false;
+  bool server_ = false;
+  void* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t ring_ = 0;
+  control* out_ = nullptr;
+  control* in_ = nullptr;
+  char* out_data_ = nullptr;
+  char* in_data_ = nullptr;
+};
+
+} // namespace af
