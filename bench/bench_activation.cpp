@@ -1,4 +1,4 @@
-#include "programs/bench_activation.hpp"
+#include "bench/bench_activation.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

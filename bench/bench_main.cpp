@@ -47,8 +47,8 @@
 #include "config/loopback.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
-#include "programs/bench_activation.hpp"
-#include "programs/bench_train.hpp"
+#include "bench/bench_activation.hpp"
+#include "bench/bench_train.hpp"
 #include "programs/last_resort.hpp"
 
 namespace {
@@ -1269,7 +1269,7 @@ static int main_body(int argc, char** argv) {
   if (!train_wanted.empty())
     af::bench::run_train_benches(train_wanted, topts);
 
-  // Two node processes and a session (programs/bench_activation.hpp); the
+  // Two node processes and a session (bench/bench_activation.hpp); the
   // raw peer is forked first, when this process's actor systems are gone.
   if (wanted(activation_metric)) {
     raw_link raw;

@@ -6,7 +6,7 @@
 // before the first step, and the parameter server updating and answering
 // chunk by chunk as gradients stream in (it starts sending parameters before
 // the whole gradient has arrived).
-#include "programs/bench_train.hpp"
+#include "bench/bench_train.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
