@@ -34,6 +34,7 @@
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
 
+#include "messages/fwd.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
 #include "messages/kv_store.hpp"
