@@ -332,8 +332,10 @@ node_state::find_compatible(const variable_spec& spec) const {
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
                                     std::string job, int32_t task, node_options opts,
                                     std::shared_ptr<variable_directory> directory,
-                                    uint16_t data_port, aggregator_services aggregators) {
+                                    uint16_t data_port, aggregator_services aggregators,
+                                    node_clock clock) {
   auto& st = self->state;
+  st.clock = clock;
   st.directory = std::move(directory);
   st.aggregator_kinds = std::move(aggregators);
   st.request_timeout_ms = opts.request_timeout_ms;
@@ -349,7 +351,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   return {
     [self](caf::ping_atom) -> node_info {
       auto info = self->state.info;
-      info.clock_ns = steady_clock_ns();
+      info.clock_ns = self->state.clock ? self->state.clock() : steady_clock_ns();
       return info;
     },
     [self](get_var_atom, variable_spec& spec) -> caf::result<variable_actor> {
@@ -422,7 +424,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
                                        const security_options& sec,
-                                       aggregator_services aggregators) {
+                                       aggregator_services aggregators, node_clock clock) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   // The files are loaded here, before CAF reads them at its first connection.
   // No `sec` given: the system's own (a training task's node and sessions).
@@ -509,7 +511,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
       return out;
     });
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
-                        std::move(aggregators));
+                        std::move(aggregators), clock);
   // Our middleman actor publishes (CAF's would let a stranger's first header
   // size a buffer); it ends with the node.
   caf_port_options port_opts;
