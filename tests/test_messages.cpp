@@ -304,7 +304,7 @@ TEST_CASE_METHOD(fixture, "every field of every message type survives CAF serial
 
   // The four aggregator types, every field of each (and of the optimizer
   // and schedule an aggregator_spec carries): a field that its inspect()
-  // forgets, or reads back in another order, shows as a mismatch.
+  // forgets comes back as its default, a mismatch here.
   SECTION("aggregators: spec, worker stats, stats and saved state, every field") {
     aggregator_spec spec;
     spec.name = "train/ps1";
