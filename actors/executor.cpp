@@ -1,5 +1,5 @@
 #include "actors/executor.hpp"
-#include "actors/system.hpp"
+#include "actors/executor_links.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -8,27 +8,24 @@
 
 #include "caf/all.hpp"
 
-#include "net/data_plane.hpp"
 #include "actors/edge_budget.hpp"
 #include "actors/edge_token.hpp"
 #include "core/log.hpp"
-#include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
 
 namespace af {
 
 namespace {
 
-using self_ptr = executor_actor::stateful_pointer<executor_state>;
+using exec::drop_links_to;
+using exec::link_key;
+using exec::now_ns;
+using exec::release_link;
+using exec::self_ptr;
+using exec::use_link;
 using step_key = std::pair<uint64_t, uint64_t>;
 
 constexpr size_t remembered_steps = 4096;
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-           std::chrono::steady_clock::now().time_since_epoch())
-    .count();
-}
 
 std::string step_name(step_key key) {
   return "step " + std::to_string(key.second) + " of graph " + std::to_string(key.first);
@@ -61,164 +58,6 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
     return make_error(code, "op '" + op.name + "' (" + op.op + "): " + status.error);
   }
   return out;
-}
-
-std::atomic<size_t> senders_alive{0};
-std::atomic<size_t> readers_alive{0};
-
-constexpr int64_t idle_link_ns = int64_t{60} * 1000000000; ///< an unused helper stops after
-
-struct remote_reader_state {
-  remote_reader_state() { ++readers_alive; }
-  ~remote_reader_state() { --readers_alive; }
-  std::unique_ptr<data_channel> channel; ///< to the one node this reader serves
-};
-
-/// Opens a channel to `address` ("host:port") for `peer` ("/job:J/task:T at
-/// host:port": TLS then checks the node's certificate is that task's).
-caf::expected<std::unique_ptr<data_channel>>
-open_channel(caf::actor_system& sys, const std::string& address, const std::string& peer,
-             const std::string& what, std::chrono::milliseconds timeout,
-             const std::shared_ptr<std::atomic<bool>>& cancel) {
-  auto addr = parse_address(address, what);
-  if (!addr)
-    return std::move(addr.error());
-  auto fresh = data_channel::connect(addr->host, addr->port, peer, timeout, {}, system_tls(sys));
-  if (!fresh)
-    return std::move(fresh.error());
-  (*fresh)->set_cancel(cancel);
-  return fresh;
-}
-
-/// Reads variables of one other node over its data plane. Detached: its
-/// blocking socket I/O never stalls the executor.
-caf::behavior remote_reader_impl(caf::stateful_actor<remote_reader_state>* self,
-                                 std::string address, std::string peer,
-                                 std::shared_ptr<std::atomic<bool>> cancel) {
-  return {
-    [self, address, peer, cancel](read_atom, const std::string& var,
-                                  uint32_t timeout_ms) -> caf::result<tensor, uint64_t, std::string> {
-      auto& ch = self->state.channel;
-      if (!ch || ch->broken()) {
-        auto fresh = open_channel(self->system(), address, peer,
-                                  "data plane of variable '" + var + "'",
-                                  std::chrono::milliseconds{timeout_ms}, cancel);
-        if (!fresh)
-          return std::move(fresh.error());
-        ch = std::move(*fresh);
-      }
-      auto r = ch->call(var_op::read, var, nullptr, true);
-      if (!r)
-        return std::move(r.error());
-      // With the way it travelled, for the trace.
-      return {std::move(r->first), r->second,
-              "data plane (" + ch->transport() + ") from " + address};
-    },
-  };
-}
-
-struct edge_sender_state {
-  edge_sender_state() { ++senders_alive; }
-  ~edge_sender_state() { --senders_alive; }
-  std::unique_ptr<data_channel> channel; ///< to the one node this sender serves
-};
-
-/// Sends values of steps to the executors of one other node over its data
-/// plane. Detached: its blocking socket I/O never stalls the executor. A
-/// broken connection is opened again for the next value.
-caf::behavior edge_sender_impl(caf::stateful_actor<edge_sender_state>* self, std::string address,
-                               std::string peer, std::shared_ptr<std::atomic<bool>> cancel) {
-  return {
-    [self, address, peer, cancel](edge_atom, const std::string& device, uint64_t graph,
-                                  uint64_t step, int32_t op, const tensor& value, int64_t sent_ns,
-                                  uint32_t timeout_ms,
-                                  const std::string& token) -> caf::result<caf::ok_atom> {
-      auto& ch = self->state.channel;
-      auto timeout = std::chrono::milliseconds{timeout_ms};
-      if (!ch || ch->broken()) {
-        auto fresh = open_channel(self->system(), address, peer, "data plane of " + device,
-                                  std::min(timeout, std::chrono::milliseconds{10000}), cancel);
-        if (!fresh)
-          return std::move(fresh.error());
-        ch = std::move(*fresh);
-      }
-      if (auto err = ch->send_edge(device, graph, token, step, op, sent_ns, value, timeout))
-        return err;
-      return caf::ok_atom::value;
-    },
-  };
-}
-
-/// The helpers map of an executor: edge senders or remote readers.
-std::map<std::string, executor_state::data_link>& links_of(self_ptr self, bool edges) {
-  return edges ? self->state.edge_senders : self->state.remote_readers;
-}
-
-/// Stops helper `key` (its wait, if any, gives up at once) and forgets it.
-void drop_link(self_ptr self, bool edges, const std::string& key) {
-  auto& links = links_of(self, edges);
-  auto it = links.find(key);
-  if (it == links.end())
-    return;
-  it->second.cancel->store(true);
-  auto& flags = *self->state.link_cancels;
-  flags.erase(std::remove(flags.begin(), flags.end(), it->second.cancel), flags.end());
-  self->unlink_from(it->second.actor);
-  self->send_exit(it->second.actor, caf::exit_reason::user_shutdown);
-  links.erase(it);
-}
-
-/// The helper for `key` ("/job:J/task:T at host:port"; `address`: its data
-/// plane), made if there is none; counts the request about to go to it.
-caf::actor use_link(self_ptr self, bool edges, const std::string& key, const std::string& address) {
-  auto& links = links_of(self, edges);
-  auto now = now_ns();
-  auto it = links.find(key);
-  if (it == links.end()) {
-    // Nodes restart on other (ephemeral) ports: helpers for old addresses
-    // would pile up. Those idle for a while go as a new one comes.
-    std::vector<std::string> idle;
-    for (const auto& [k, l] : links)
-      if (l.in_flight == 0 && now - l.last_used_ns > idle_link_ns)
-        idle.push_back(k);
-    for (const auto& k : idle)
-      drop_link(self, edges, k);
-    executor_state::data_link l;
-    l.cancel = std::make_shared<std::atomic<bool>>(false);
-    self->state.link_cancels->push_back(l.cancel);
-    l.actor = edges ? self->spawn<caf::detached + caf::linked>(edge_sender_impl, address, key, l.cancel)
-                    : self->spawn<caf::detached + caf::linked>(remote_reader_impl, address, key,
-                                                               l.cancel);
-    it = links.emplace(key, std::move(l)).first;
-  }
-  ++it->second.in_flight;
-  it->second.last_used_ns = now;
-  return it->second.actor;
-}
-
-/// A request to helper `a` for `key` was answered (or failed: then, with
-/// no other request in flight, the helper is stopped; the next request
-/// makes a fresh one, on a fresh connection).
-void release_link(self_ptr self, bool edges, const std::string& key, const caf::actor& a,
-                  bool failed) {
-  auto& links = links_of(self, edges);
-  auto it = links.find(key);
-  if (it == links.end() || it->second.actor != a)
-    return; // dropped meanwhile
-  --it->second.in_flight;
-  it->second.last_used_ns = now_ns();
-  if (failed && it->second.in_flight == 0)
-    drop_link(self, edges, key);
-}
-
-/// "/job:J/task:T at `address`" for the data plane of the node of `task`
-/// ("/job:J/task:T", or "/job:J/task:T at host:port"): TLS then checks the
-/// node's certificate is that task's.
-std::string link_key(const std::string& task, const std::string& address) {
-  auto name = task.substr(0, task.find(" at "));
-  if (name.rfind("/job:", 0) != 0)
-    return "the data plane at " + address;
-  return name + " at " + address;
 }
 
 /// Gives back the bytes of edges `s` held before its run_step came.
@@ -665,15 +504,100 @@ void forget_graph(self_ptr self, uint64_t id, const caf::error& why) {
   st.graphs.erase(id);
 }
 
+/// A peer died: an executor or variable a graph needs (its node stopped, or
+/// restarts elsewhere), or the session that registered graphs.
+void on_down(self_ptr self, caf::down_msg& dm) {
+  auto& st = self->state;
+  // A peer on another node died (its node stopped, or restarts elsewhere):
+  // its helpers go, and any wait of theirs gives up.
+  drop_links_to(self, dm.source);
+  std::vector<uint64_t> orphaned;
+  for (auto& [id, g] : st.graphs) {
+    if (g.owner == dm.source) {
+      orphaned.push_back(id);
+      continue;
+    }
+    const auto& peers = g.part.peers;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (peers[i].address() != dm.source)
+        continue;
+      auto why = make_error(af_error::peer_down,
+                            (i < g.part.peer_devices.size() ? g.part.peer_devices[i]
+                                                            : std::string{"a peer"})
+                              + ", which this step needs, died (" + caf::to_string(dm.reason)
+                              + "); did its node stop or lose its network?");
+      std::vector<step_key> affected;
+      for (auto& [key, s] : st.steps)
+        if (key.first == id)
+          affected.push_back(key);
+      for (auto key : affected)
+        fail(self, key, why);
+    }
+  }
+  for (auto id : orphaned)
+    forget_graph(self, id, make_error(af_error::peer_down, "the session that registered it died"));
+}
+
+/// Holds `part` for the session that sends it; refuses a taken graph id.
+caf::result<caf::ok_atom> register_partition(self_ptr self, partition& part) {
+  auto& st = self->state;
+  auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  auto id = part.graph;
+  // Whoever holds it: replacing a partition under open steps would make
+  // them run another graph's ops.
+  if (auto it = st.graphs.find(id); it != st.graphs.end())
+    return make_error(af_error::already_exists,
+                      "graph id " + std::to_string(id) + " is taken on " + st.device
+                        + "; register under another id");
+  if (part.edge_token.size() != edge_token_bytes)
+    return make_error(af_error::invalid_argument,
+                      "graph " + std::to_string(id) + " for " + st.device + " carries an edge "
+                        "token of " + std::to_string(part.edge_token.size()) + " bytes, not "
+                        + std::to_string(edge_token_bytes)
+                        + " (a step runner draws one per graph); is the sender of another "
+                          "actorflow version?");
+  bool known_owner = false;
+  for (const auto& [gid, g] : st.graphs)
+    known_owner = known_owner || g.owner == owner;
+  if (!known_owner && owner)
+    self->monitor(owner);
+  for (const auto& peer : part.peers)
+    if (peer && peer != caf::actor_cast<caf::actor>(self))
+      self->monitor(peer);
+  executor_state::registered reg;
+  reg.part = std::move(part);
+  reg.owner = owner;
+  for (const auto& op : reg.part.ops)
+    for (const auto& in : op.inputs)
+      if (in.kind == op_input::remote)
+        reg.remote_inputs.insert(in.op);
+  st.graphs[id] = std::move(reg);
+  return caf::ok_atom::value;
+}
+
+/// Fails the steps past their deadline; schedules the next sweep.
+void sweep(self_ptr self) {
+  auto& st = self->state;
+  st.sweeping = false;
+  auto now = now_ns();
+  std::vector<step_key> expired;
+  for (const auto& [key, s] : st.steps)
+    if (s.deadline_ns <= now)
+      expired.push_back(key);
+  for (auto key : expired) {
+    auto& s = st.steps.at(key);
+    auto g = st.graphs.find(key.first);
+    auto ms = g == st.graphs.end() ? 0u : g->second.part.step_timeout_ms;
+    fail(self, key,
+         make_error(af_error::timeout, step_name(key) + " on " + st.device + " timed out after "
+                                         + std::to_string(ms) + " ms waiting for "
+                                         + s.waiting_for));
+    remember_done(st, key);
+  }
+  schedule_sweep(self);
+}
+
 } // namespace
-
-size_t live_edge_senders() {
-  return senders_alive.load();
-}
-
-size_t live_remote_readers() {
-  return readers_alive.load();
-}
 
 executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
                                             std::shared_ptr<kernels::backend> backend,
@@ -691,86 +615,10 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
     for (auto& c : *cancels)
       c->store(true);
   });
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& st = self->state;
-    // A peer on another node died (its node stopped, or restarts elsewhere):
-    // its helpers go, and any wait of theirs gives up.
-    std::vector<std::pair<bool, std::string>> dead_links;
-    for (const auto& [id, g] : st.graphs)
-      for (const auto& op : g.part.ops) {
-        for (size_t i = 0; i < op.consumers.size() && i < op.consumer_data_planes.size(); ++i)
-          if (op.consumers[i].address() == dm.source && !op.consumer_data_planes[i].empty())
-            dead_links.emplace_back(
-              true, link_key(i < op.consumer_tasks.size() ? op.consumer_tasks[i] : std::string{},
-                             op.consumer_data_planes[i]));
-        for (const auto& in : op.inputs)
-          if (in.kind == op_input::variable && !in.data_plane.empty() && in.var
-              && in.var.address() == dm.source)
-            dead_links.emplace_back(false, link_key(in.var_node, in.data_plane));
-      }
-    for (const auto& [edges, key] : dead_links)
-      drop_link(self, edges, key);
-    std::vector<uint64_t> orphaned;
-    for (auto& [id, g] : st.graphs) {
-      if (g.owner == dm.source) {
-        orphaned.push_back(id);
-        continue;
-      }
-      const auto& peers = g.part.peers;
-      for (size_t i = 0; i < peers.size(); ++i) {
-        if (peers[i].address() != dm.source)
-          continue;
-        auto why = make_error(af_error::peer_down,
-                              (i < g.part.peer_devices.size() ? g.part.peer_devices[i]
-                                                              : std::string{"a peer"})
-                                + ", which this step needs, died (" + caf::to_string(dm.reason)
-                                + "); did its node stop or lose its network?");
-        std::vector<step_key> affected;
-        for (auto& [key, s] : st.steps)
-          if (key.first == id)
-            affected.push_back(key);
-        for (auto key : affected)
-          fail(self, key, why);
-      }
-    }
-    for (auto id : orphaned)
-      forget_graph(self, id, make_error(af_error::peer_down, "the session that registered it died"));
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   return {
     [self](register_atom, partition& part) -> caf::result<caf::ok_atom> {
-      auto& st = self->state;
-      auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
-      auto id = part.graph;
-      // Whoever holds it: replacing a partition under open steps would make
-      // them run another graph's ops.
-      if (auto it = st.graphs.find(id); it != st.graphs.end())
-        return make_error(af_error::already_exists,
-                          "graph id " + std::to_string(id) + " is taken on " + st.device
-                            + "; register under another id");
-      if (part.edge_token.size() != edge_token_bytes)
-        return make_error(af_error::invalid_argument,
-                          "graph " + std::to_string(id) + " for " + st.device + " carries an edge "
-                            "token of " + std::to_string(part.edge_token.size()) + " bytes, not "
-                            + std::to_string(edge_token_bytes)
-                            + " (a step runner draws one per graph); is the sender of another "
-                              "actorflow version?");
-      bool known_owner = false;
-      for (const auto& [gid, g] : st.graphs)
-        known_owner = known_owner || g.owner == owner;
-      if (!known_owner && owner)
-        self->monitor(owner);
-      for (const auto& peer : part.peers)
-        if (peer && peer != caf::actor_cast<caf::actor>(self))
-          self->monitor(peer);
-      executor_state::registered reg;
-      reg.part = std::move(part);
-      reg.owner = owner;
-      for (const auto& op : reg.part.ops)
-        for (const auto& in : op.inputs)
-          if (in.kind == op_input::remote)
-            reg.remote_inputs.insert(in.op);
-      st.graphs[id] = std::move(reg);
-      return caf::ok_atom::value;
+      return register_partition(self, part);
     },
     [self](run_step_atom, uint64_t graph, uint64_t step,
            std::vector<feed>& feeds) -> caf::result<step_result> {
@@ -813,26 +661,7 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       return {static_cast<uint64_t>(self->state.graphs.size()),
               static_cast<uint64_t>(self->state.steps.size())};
     },
-    [self](sweep_atom) {
-      auto& st = self->state;
-      st.sweeping = false;
-      auto now = now_ns();
-      std::vector<step_key> expired;
-      for (const auto& [key, s] : st.steps)
-        if (s.deadline_ns <= now)
-          expired.push_back(key);
-      for (auto key : expired) {
-        auto& s = st.steps.at(key);
-        auto g = st.graphs.find(key.first);
-        auto ms = g == st.graphs.end() ? 0u : g->second.part.step_timeout_ms;
-        fail(self, key,
-             make_error(af_error::timeout, step_name(key) + " on " + st.device + " timed out after "
-                                             + std::to_string(ms) + " ms waiting for "
-                                             + s.waiting_for));
-        remember_done(st, key);
-      }
-      schedule_sweep(self);
-    },
+    [self](sweep_atom) { sweep(self); },
   };
 }
 

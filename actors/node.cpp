@@ -55,6 +55,242 @@ int64_t steady_clock_ns() {
     .count();
 }
 
+using node_ptr = node_actor::stateful_pointer<node_state>;
+
+/// One executor per device: the configured CPU "devices" share one host
+/// backend; each GPU the CUDA runtime finds gets its own backend (stream).
+void spawn_executors(node_ptr self, const node_options& opts) {
+  auto& st = self->state;
+  std::shared_ptr<kernels::backend> cpu = kernels::make_cpu_backend();
+  for (int32_t i = 0; i < std::max<int32_t>(1, opts.cpu_devices); ++i) {
+    auto local = "CPU:" + std::to_string(i);
+    st.info.devices.push_back(local);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
+                                                   cpu, std::shared_ptr<kernels::backend>{});
+  }
+  int gpus = kernels::cuda_device_count();
+  for (int i = 0; i < gpus; ++i) {
+    std::string why;
+    std::shared_ptr<kernels::backend> gpu = kernels::make_cuda_backend(i, &why);
+    auto local = "GPU:" + std::to_string(i);
+    if (!gpu) {
+      // Said in the ready line and in ping: a GPU that silently went missing
+      // would only show as ops running on the CPU.
+      st.info.device_errors.push_back(local + ": " + (why.empty() ? "failed to initialize" : why));
+      log::get()->warn("{}: {} is not used: {}", st.device_prefix, local,
+                       why.empty() ? "failed to initialize" : why);
+      continue;
+    }
+    st.info.devices.push_back(local);
+    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
+                                                   gpu, cpu);
+  }
+  // Edge frames on the data plane find the executors by full device name;
+  // they leave the directory with the node (an executor's failure ends it).
+  if (st.directory) {
+    std::vector<std::string> devices;
+    for (const auto& [local, exec] : st.executors) {
+      devices.push_back(st.device_prefix + "/device:" + local);
+      st.directory->put_executor(devices.back(), exec);
+    }
+    self->attach_functor([dir = st.directory, devices](const caf::error&) {
+      for (const auto& d : devices)
+        dir->remove_executor(d);
+    });
+  }
+}
+
+/// Variables, aggregators and the kv store end with the node; a variable
+/// that ends alone is forgotten. An executor's failure ends the node.
+void watch_children(node_ptr self) {
+  auto& st = self->state;
+  // Variables end with the node; one that ends alone is forgotten, and the
+  // node serves on. An executor's failure ends the node.
+  st.variable_names = std::make_shared<std::map<caf::actor_addr, std::string>>();
+  st.owned = std::make_shared<std::vector<caf::actor_addr>>();
+  self->attach_functor([vars = st.variable_names, owned = st.owned](const caf::error&) {
+    for (const auto& kvp : *vars)
+      caf::anon_send_exit(kvp.first, caf::exit_reason::user_shutdown);
+    for (const auto& a : *owned)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  });
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.variable_names->find(dm.source);
+    if (it == st.variable_names->end())
+      return;
+    auto name = it->second;
+    st.variable_names->erase(it);
+    auto var = st.variables.find(name);
+    if (var != st.variables.end() && var->second.actor.address() == dm.source)
+      st.variables.erase(var);
+    if (st.directory)
+      st.directory->remove(name, dm.source);
+    log::get()->info("{}: variable '{}' removed: its actor ended ({})", st.device_prefix, name,
+                     describe(dm.reason));
+  });
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    if (!em.reason)
+      return;
+    for (const auto& kvp : self->state.executors)
+      if (kvp.second.address() == em.source)
+        log::get()->error("{}: executor {} failed ({}); stopping the node",
+                          self->state.device_prefix, kvp.first, describe(em.reason));
+    // Else someone told the node to stop (shutdown, a signal): CAF's default.
+    self->quit(std::move(em.reason));
+  });
+}
+
+/// get_var: the variable `spec` names, made here if new (get-or-create).
+caf::result<variable_actor> get_variable(node_ptr self, variable_spec& spec) {
+  auto& st = self->state;
+  if (spec.name.empty())
+    return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
+  if (spec.name.size() > wire::max_name)
+    return make_error(af_error::invalid_argument,
+                      "variable name of " + std::to_string(spec.name.size())
+                        + " bytes (at most " + std::to_string(wire::max_name) + ")");
+  // Negative dimensions, unknown dtypes and sizes that overflow are
+  // refused before anything is allocated for the variable.
+  auto bytes = value_bytes(spec);
+  if (!bytes)
+    return std::move(bytes.error());
+  // The same limit as the data plane's ops, here where the buffer (and
+  // an optimizer's slots of the same size) would be made.
+  if (*bytes > static_cast<uint64_t>(st.max_variable_bytes))
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("variable '{}' of {}{} needs {} bytes, over node {}'s limit "
+                                  "of {} bytes per variable ([node] max_variable_bytes)",
+                                  spec.name, dtype_name(spec.type), shape_string(spec.shape),
+                                  *bytes, st.device_prefix, st.max_variable_bytes));
+  auto dev = device_name::parse(spec.device);
+  if (!dev || !st.executors.count(dev->local_device()))
+    return make_error(af_error::unknown_device,
+                      "variable '" + spec.name + "': node " + st.device_prefix
+                        + " has no device " + spec.device);
+  auto found = st.find_compatible(spec);
+  if (!found)
+    return std::move(found.error());
+  if (*found != nullptr)
+    return variable_actor{(*found)->actor};
+  variable_cell_actor actor;
+  try {
+    auto cell = std::make_shared<variable_cell>(spec);
+    actor = self->spawn(variable_impl, cell);
+    self->monitor(actor);
+    st.variable_names->emplace(actor.address(), spec.name);
+    st.variables.emplace(spec.name, node_state::entry{spec, actor});
+    if (st.directory)
+      st.directory->put(spec.name, {actor, std::move(cell)});
+  } catch (const std::bad_alloc&) {
+    st.variables.erase(spec.name);
+    if (st.directory)
+      st.directory->remove(spec.name);
+    if (actor) {
+      st.variable_names->erase(actor.address());
+      self->send_exit(actor, caf::exit_reason::user_shutdown);
+    }
+    return make_error(af_error::resource_exhausted,
+                      "variable '" + spec.name + "': node " + st.device_prefix
+                        + " has no memory for another variable");
+  }
+  return variable_actor{actor};
+}
+
+/// list: every variable of the node with what its actor says of itself.
+caf::result<std::vector<variable_info>> list_variables(node_ptr self) {
+  auto& vars = self->state.variables;
+  auto rp = self->make_response_promise<std::vector<variable_info>>();
+  if (vars.empty()) {
+    rp.deliver(std::vector<variable_info>{});
+    return rp;
+  }
+  struct gather {
+    std::vector<variable_info> infos;
+    size_t missing;
+  };
+  auto g = std::make_shared<gather>();
+  g->missing = vars.size();
+  for (auto& kvp : vars) {
+    auto spec = kvp.second.spec;
+    self->request(kvp.second.actor, std::chrono::milliseconds{self->state.request_timeout_ms},
+                  info_atom::value)
+      .then(
+        [g, rp](variable_info& info) mutable {
+          g->infos.push_back(std::move(info));
+          if (--g->missing == 0)
+            rp.deliver(std::move(g->infos));
+        },
+        [g, rp, spec](caf::error&) mutable {
+          variable_info unknown; // the actor did not answer: say nothing about it
+          unknown.spec = spec;
+          g->infos.push_back(std::move(unknown));
+          if (--g->missing == 0)
+            rp.deliver(std::move(g->infos));
+        });
+  }
+  return rp;
+}
+
+/// aggregator: a lookup (`spec.workers == 0`), or get-or-create.
+caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spec) {
+  auto& st = self->state;
+  auto it = st.aggregators.find(spec.name);
+  if (spec.workers == 0) {
+    // A lookup (a joining worker, a status or switch client): the
+    // aggregator as it runs now, whatever mode it has switched to.
+    if (it == st.aggregators.end())
+      return make_error(af_error::not_found,
+                        fmt::format("{} has no aggregator '{}': is the job running, and "
+                                    "was it started with this config?",
+                                    st.device_prefix, spec.name));
+    return it->second.actor;
+  }
+  if (it != st.aggregators.end()) {
+    // Get-or-create hands back the existing one only for the same
+    // updates: another optimizer would silently train with the first's.
+    auto diff = st.aggregator_kinds.difference
+                  ? st.aggregator_kinds.difference(it->second.spec, spec)
+                  : std::string{};
+    if (!diff.empty())
+      return make_error(af_error::already_exists,
+                        fmt::format("{} already has aggregator '{}', made with another spec "
+                                    "(existing vs asked: {}); give the new one another name "
+                                    "or ask with the same spec",
+                                    st.device_prefix, spec.name, diff));
+    return it->second.actor;
+  }
+  if (!st.aggregator_kinds.spawn)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{} cannot host aggregator '{}': this node was started "
+                                  "without the training layer (start_node's aggregators, "
+                                  "dist/aggregator.hpp node_aggregators())",
+                                  st.device_prefix, spec.name));
+  std::vector<variable_directory::entry> vars;
+  size_t floats = 0;
+  for (const auto& name : spec.variables) {
+    auto e = st.directory ? st.directory->get(name) : variable_directory::entry{};
+    if (!e.cell)
+      return make_error(af_error::not_found,
+                        fmt::format("aggregator '{}': {} holds no variable '{}'; create the "
+                                    "variables (the chief's session does) first",
+                                    spec.name, st.device_prefix, name));
+    floats += e.cell->value_elements();
+    vars.push_back(std::move(e));
+  }
+  auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars));
+  if (!agg)
+    return std::move(agg.error());
+  st.owned->push_back(agg->address());
+  st.aggregators[spec.name] = {spec, *agg};
+  if (st.directory)
+    st.directory->put_aggregator(
+      spec.name, {*agg, floats, std::chrono::milliseconds{spec.step_timeout_ms} + std::chrono::seconds{2}});
+  log::get()->info("{}: {} aggregator '{}' for {} workers over {} variables", st.device_prefix,
+                   spec.mode, spec.name, spec.workers, spec.variables.size());
+  return *agg;
+}
+
 } // namespace
 
 void register_local_node(const std::string& address, caf::actor_system* sys, node_actor node) {
@@ -96,8 +332,10 @@ node_state::find_compatible(const variable_spec& spec) const {
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
                                     std::string job, int32_t task, node_options opts,
                                     std::shared_ptr<variable_directory> directory,
-                                    uint16_t data_port, aggregator_services aggregators) {
+                                    uint16_t data_port, aggregator_services aggregators,
+                                    node_clock clock) {
   auto& st = self->state;
+  st.clock = clock;
   st.directory = std::move(directory);
   st.aggregator_kinds = std::move(aggregators);
   st.request_timeout_ms = opts.request_timeout_ms;
@@ -108,139 +346,16 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
   st.info.pid = static_cast<int32_t>(::getpid());
   st.info.incarnation = new_incarnation();
   st.device_prefix = "/job:" + job + "/replica:0/task:" + std::to_string(task);
-  // Executors: the configured CPU "devices" share one host backend; each GPU
-  // the CUDA runtime finds gets its own backend (stream).
-  std::shared_ptr<kernels::backend> cpu = kernels::make_cpu_backend();
-  for (int32_t i = 0; i < std::max<int32_t>(1, opts.cpu_devices); ++i) {
-    auto local = "CPU:" + std::to_string(i);
-    st.info.devices.push_back(local);
-    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
-                                                   cpu, std::shared_ptr<kernels::backend>{});
-  }
-  int gpus = kernels::cuda_device_count();
-  for (int i = 0; i < gpus; ++i) {
-    std::string why;
-    std::shared_ptr<kernels::backend> gpu = kernels::make_cuda_backend(i, &why);
-    auto local = "GPU:" + std::to_string(i);
-    if (!gpu) {
-      // Said in the ready line and in ping: a GPU that silently went missing
-      // would only show as ops running on the CPU.
-      st.info.device_errors.push_back(local + ": " + (why.empty() ? "failed to initialize" : why));
-      log::get()->warn("{}: {} is not used: {}", st.device_prefix, local,
-                       why.empty() ? "failed to initialize" : why);
-      continue;
-    }
-    st.info.devices.push_back(local);
-    st.executors[local] = self->spawn<caf::linked>(executor_impl, st.device_prefix + "/device:" + local,
-                                                   gpu, cpu);
-  }
-  // Edge frames on the data plane find the executors by full device name;
-  // they leave the directory with the node (an executor's failure ends it).
-  if (st.directory) {
-    std::vector<std::string> devices;
-    for (const auto& [local, exec] : st.executors) {
-      devices.push_back(st.device_prefix + "/device:" + local);
-      st.directory->put_executor(devices.back(), exec);
-    }
-    self->attach_functor([dir = st.directory, devices](const caf::error&) {
-      for (const auto& d : devices)
-        dir->remove_executor(d);
-    });
-  }
-  // Variables end with the node; one that ends alone is forgotten, and the
-  // node serves on. An executor's failure ends the node.
-  st.variable_names = std::make_shared<std::map<caf::actor_addr, std::string>>();
-  st.owned = std::make_shared<std::vector<caf::actor_addr>>();
-  self->attach_functor([vars = st.variable_names, owned = st.owned](const caf::error&) {
-    for (const auto& kvp : *vars)
-      caf::anon_send_exit(kvp.first, caf::exit_reason::user_shutdown);
-    for (const auto& a : *owned)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  });
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& st = self->state;
-    auto it = st.variable_names->find(dm.source);
-    if (it == st.variable_names->end())
-      return;
-    auto name = it->second;
-    st.variable_names->erase(it);
-    auto var = st.variables.find(name);
-    if (var != st.variables.end() && var->second.actor.address() == dm.source)
-      st.variables.erase(var);
-    if (st.directory)
-      st.directory->remove(name, dm.source);
-    log::get()->info("{}: variable '{}' removed: its actor ended ({})", st.device_prefix, name,
-                     describe(dm.reason));
-  });
-  self->set_exit_handler([self](caf::exit_msg& em) {
-    if (!em.reason)
-      return;
-    for (const auto& kvp : self->state.executors)
-      if (kvp.second.address() == em.source)
-        log::get()->error("{}: executor {} failed ({}); stopping the node",
-                          self->state.device_prefix, kvp.first, describe(em.reason));
-    // Else someone told the node to stop (shutdown, a signal): CAF's default.
-    self->quit(std::move(em.reason));
-  });
+  spawn_executors(self, opts);
+  watch_children(self);
   return {
     [self](caf::ping_atom) -> node_info {
       auto info = self->state.info;
-      info.clock_ns = steady_clock_ns();
+      info.clock_ns = self->state.clock ? self->state.clock() : steady_clock_ns();
       return info;
     },
     [self](get_var_atom, variable_spec& spec) -> caf::result<variable_actor> {
-      auto& st = self->state;
-      if (spec.name.empty())
-        return make_error(af_error::invalid_argument, "a variable needs a non-empty name");
-      if (spec.name.size() > wire::max_name)
-        return make_error(af_error::invalid_argument,
-                          "variable name of " + std::to_string(spec.name.size())
-                            + " bytes (at most " + std::to_string(wire::max_name) + ")");
-      // Negative dimensions, unknown dtypes and sizes that overflow are
-      // refused before anything is allocated for the variable.
-      auto bytes = value_bytes(spec);
-      if (!bytes)
-        return std::move(bytes.error());
-      // The same limit as the data plane's ops, here where the buffer (and
-      // an optimizer's slots of the same size) would be made.
-      if (*bytes > static_cast<uint64_t>(st.max_variable_bytes))
-        return make_error(af_error::resource_exhausted,
-                          fmt::format("variable '{}' of {}{} needs {} bytes, over node {}'s limit "
-                                      "of {} bytes per variable ([node] max_variable_bytes)",
-                                      spec.name, dtype_name(spec.type), shape_string(spec.shape),
-                                      *bytes, st.device_prefix, st.max_variable_bytes));
-      auto dev = device_name::parse(spec.device);
-      if (!dev || !st.executors.count(dev->local_device()))
-        return make_error(af_error::unknown_device,
-                          "variable '" + spec.name + "': node " + st.device_prefix
-                            + " has no device " + spec.device);
-      auto found = st.find_compatible(spec);
-      if (!found)
-        return std::move(found.error());
-      if (*found != nullptr)
-        return variable_actor{(*found)->actor};
-      variable_cell_actor actor;
-      try {
-        auto cell = std::make_shared<variable_cell>(spec);
-        actor = self->spawn(variable_impl, cell);
-        self->monitor(actor);
-        st.variable_names->emplace(actor.address(), spec.name);
-        st.variables.emplace(spec.name, node_state::entry{spec, actor});
-        if (st.directory)
-          st.directory->put(spec.name, {actor, std::move(cell)});
-      } catch (const std::bad_alloc&) {
-        st.variables.erase(spec.name);
-        if (st.directory)
-          st.directory->remove(spec.name);
-        if (actor) {
-          st.variable_names->erase(actor.address());
-          self->send_exit(actor, caf::exit_reason::user_shutdown);
-        }
-        return make_error(af_error::resource_exhausted,
-                          "variable '" + spec.name + "': node " + st.device_prefix
-                            + " has no memory for another variable");
-      }
-      return variable_actor{actor};
+      return get_variable(self, spec);
     },
     [self](lookup_atom, std::string& name) -> caf::result<variable_actor> {
       auto it = self->state.variables.find(name);
@@ -249,39 +364,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
                           "no variable '" + name + "' on " + self->state.device_prefix);
       return variable_actor{it->second.actor};
     },
-    [self](list_atom) -> caf::result<std::vector<variable_info>> {
-      auto& vars = self->state.variables;
-      auto rp = self->make_response_promise<std::vector<variable_info>>();
-      if (vars.empty()) {
-        rp.deliver(std::vector<variable_info>{});
-        return rp;
-      }
-      struct gather {
-        std::vector<variable_info> infos;
-        size_t missing;
-      };
-      auto g = std::make_shared<gather>();
-      g->missing = vars.size();
-      for (auto& kvp : vars) {
-        auto spec = kvp.second.spec;
-        self->request(kvp.second.actor, std::chrono::milliseconds{self->state.request_timeout_ms},
-                      info_atom::value)
-          .then(
-            [g, rp](variable_info& info) mutable {
-              g->infos.push_back(std::move(info));
-              if (--g->missing == 0)
-                rp.deliver(std::move(g->infos));
-            },
-            [g, rp, spec](caf::error&) mutable {
-              variable_info unknown; // the actor did not answer: say nothing about it
-              unknown.spec = spec;
-              g->infos.push_back(std::move(unknown));
-              if (--g->missing == 0)
-                rp.deliver(std::move(g->infos));
-            });
-      }
-      return rp;
-    },
+    [self](list_atom) -> caf::result<std::vector<variable_info>> { return list_variables(self); },
     [self](executor_atom, std::string& device) -> caf::result<executor_actor> {
       auto it = self->state.executors.find(device);
       if (it == self->state.executors.end())
@@ -290,61 +373,7 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
       return it->second;
     },
     [self](aggregator_atom, aggregator_spec& spec) -> caf::result<aggregator_actor> {
-      auto& st = self->state;
-      auto it = st.aggregators.find(spec.name);
-      if (spec.workers == 0) {
-        // A lookup (a joining worker, a status or switch client): the
-        // aggregator as it runs now, whatever mode it has switched to.
-        if (it == st.aggregators.end())
-          return make_error(af_error::not_found,
-                            fmt::format("{} has no aggregator '{}': is the job running, and "
-                                        "was it started with this config?",
-                                        st.device_prefix, spec.name));
-        return it->second.actor;
-      }
-      if (it != st.aggregators.end()) {
-        // Get-or-create hands back the existing one only for the same
-        // updates: another optimizer would silently train with the first's.
-        auto diff = st.aggregator_kinds.difference
-                      ? st.aggregator_kinds.difference(it->second.spec, spec)
-                      : std::string{};
-        if (!diff.empty())
-          return make_error(af_error::already_exists,
-                            fmt::format("{} already has aggregator '{}', made with another spec "
-                                        "(existing vs asked: {}); give the new one another name "
-                                        "or ask with the same spec",
-                                        st.device_prefix, spec.name, diff));
-        return it->second.actor;
-      }
-      if (!st.aggregator_kinds.spawn)
-        return make_error(af_error::invalid_config,
-                          fmt::format("{} cannot host aggregator '{}': this node was started "
-                                      "without the training layer (start_node's aggregators, "
-                                      "dist/aggregator.hpp node_aggregators())",
-                                      st.device_prefix, spec.name));
-      std::vector<variable_directory::entry> vars;
-      size_t floats = 0;
-      for (const auto& name : spec.variables) {
-        auto e = st.directory ? st.directory->get(name) : variable_directory::entry{};
-        if (!e.cell)
-          return make_error(af_error::not_found,
-                            fmt::format("aggregator '{}': {} holds no variable '{}'; create the "
-                                        "variables (the chief's session does) first",
-                                        spec.name, st.device_prefix, name));
-        floats += e.cell->value_elements();
-        vars.push_back(std::move(e));
-      }
-      auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars));
-      if (!agg)
-        return std::move(agg.error());
-      st.owned->push_back(agg->address());
-      st.aggregators[spec.name] = {spec, *agg};
-      if (st.directory)
-        st.directory->put_aggregator(
-          spec.name, {*agg, floats, std::chrono::milliseconds{spec.step_timeout_ms} + std::chrono::seconds{2}});
-      log::get()->info("{}: {} aggregator '{}' for {} workers over {} variables", st.device_prefix,
-                       spec.mode, spec.name, spec.workers, spec.variables.size());
-      return *agg;
+      return get_aggregator(self, spec);
     },
     [self](kv_store_atom) -> caf::result<kv_store_actor> {
       auto& st = self->state;
@@ -395,7 +424,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
                                        const security_options& sec,
-                                       aggregator_services aggregators) {
+                                       aggregator_services aggregators, node_clock clock) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   // The files are loaded here, before CAF reads them at its first connection.
   // No `sec` given: the system's own (a training task's node and sessions).
@@ -482,7 +511,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
       return out;
     });
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
-                        std::move(aggregators));
+                        std::move(aggregators), clock);
   // Our middleman actor publishes (CAF's would let a stranger's first header
   // size a buffer); it ends with the node.
   caf_port_options port_opts;

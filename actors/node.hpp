@@ -34,6 +34,12 @@ struct aggregator_services {
   std::function<std::string(const aggregator_spec& have, const aggregator_spec& want)> difference;
 };
 
+/// What a node reads for node_info::clock_ns (the clock offsets sessions
+/// estimate): its steady clock in nanoseconds when null. Only a caller of
+/// start_node or node_impl passes another (a test that checks the estimate
+/// against a known offset); no config or environment sets it.
+using node_clock = int64_t (*)();
+
 /// The node actor owns its variables' and executors' actors: they end with
 /// it. Executors are linked, so one that fails takes the node down with its
 /// reason. Variables are monitored, not linked (a link would carry a
@@ -63,6 +69,7 @@ struct node_state {
   std::shared_ptr<std::vector<caf::actor_addr>> owned;
   kv_store_actor kv;
   aggregator_services aggregator_kinds; ///< from start_node
+  node_clock clock = nullptr;           ///< for ping's clock_ns; null: the steady clock
 
   /// Checks a get-or-create request against the registry: an existing entry
   /// with the same dtype and shape, nullptr if new, or the mismatch error.
@@ -72,7 +79,8 @@ struct node_state {
 node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> self,
                                     std::string job, int32_t task, node_options opts,
                                     std::shared_ptr<variable_directory> directory,
-                                    uint16_t data_port, aggregator_services aggregators);
+                                    uint16_t data_port, aggregator_services aggregators,
+                                    node_clock clock);
 
 /// A node that is up: its actor, the port it listens on and its data plane.
 /// Stop the data plane (or destroy this) before the actor system goes away.
@@ -100,12 +108,13 @@ struct running_node {
 ///
 /// `aggregators` is what the node spawns for an aggregator request: pass
 /// dist's node_aggregators() for a node that hosts training (actorflow-node,
-/// actorflow-train and the embedded cluster do).
+/// actorflow-train and the embedded cluster do). `clock`: see node_clock.
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
                                        const security_options& sec = {},
-                                       aggregator_services aggregators = {});
+                                       aggregator_services aggregators = {},
+                                       node_clock clock = nullptr);
 
 /// True when `host` names only loopback addresses ("localhost", 127.0.0.0/8,
 /// ::1, or a name that resolves to nothing else). "" (every address) and

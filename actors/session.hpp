@@ -104,6 +104,19 @@ struct clock_estimate {
   int64_t rtt_ns = 0;    ///< the round trip it was measured over: |error| <= rtt / 2
 };
 
+/// The variable calls the sessions of this process made straight from the
+/// client (reads, and updates with a value the client has), by the way each
+/// went: over a node's data plane, or as an actor message (CAF to another
+/// process, or a call into a node of this process). A test checks that a
+/// session with the data plane off sent none over it.
+struct variable_call_counts {
+  uint64_t data_plane = 0;
+  uint64_t actor_messages = 0;
+};
+
+/// Since the process started.
+variable_call_counts variable_calls_in_process();
+
 class session;
 
 /// An active tf.device block; leaving it (destruction or reset()) pops it.

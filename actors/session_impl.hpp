@@ -5,6 +5,7 @@
 /// session_cluster.cpp (ping, lists, shutdown, clocks, executor load).
 /// Not part of the public API.
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,6 +51,10 @@ inline int64_t now_ns() {
            std::chrono::steady_clock::now().time_since_epoch())
     .count();
 }
+
+/// The counter of variable_calls_in_process() for one way (relaxed: one
+/// add per call, nothing waits on it).
+std::atomic<uint64_t>& variable_calls_over(bool data_plane);
 
 inline caf::error to_error(const graph_error& e) {
   return make_error(e.code, e.what);
@@ -281,6 +286,7 @@ struct session::impl {
     auto it = link.conns.find(b.task);
     if (it != link.conns.end() && it->second.channel) {
       over_channel = true;
+      session_detail::variable_calls_over(true).fetch_add(1, std::memory_order_relaxed);
       auto& ch = *it->second.channel;
       if (path) // as the call starts; a call that moves the channel first goes the new way
         *path = "data plane (" + ch.transport() + ")";
@@ -293,6 +299,7 @@ struct session::impl {
         return std::move(r.error());
       return std::move(r->first);
     }
+    session_detail::variable_calls_over(false).fetch_add(1, std::memory_order_relaxed);
     if (path)
       *path = find_local_node(b.address, &sys) ? "local buffer" : "CAF message";
     if (opts.cancel) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <toml.hpp>
 
+#include "core/device_name.hpp"
 #include "core/nesting.hpp"
 #include "core/read_file.hpp"
 #include "core/utf8.hpp"
@@ -31,15 +32,6 @@ af_error code_of(const caf::error& err) {
   if (err.category() == error_category && valid_af_error(err.code()))
     return static_cast<af_error>(err.code());
   return af_error::internal;
-}
-
-bool valid_job_name(const std::string& s) {
-  if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0])))
-    return false;
-  for (char c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
-      return false;
-  return true;
 }
 
 /// "<where>: address '...' holds a control character", the address printed

@@ -27,15 +27,6 @@ bool parse_index(std::string_view s, int32_t& out) {
   return true;
 }
 
-bool valid_job_name(std::string_view s) {
-  if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0])))
-    return false;
-  for (char c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
-      return false;
-  return true;
-}
-
 bool known_type(const std::string& t) {
   return t == "CPU" || t == "GPU";
 }
@@ -47,6 +38,15 @@ bool fail(std::string* why, std::string msg) {
 }
 
 } // namespace
+
+bool valid_job_name(std::string_view s) {
+  if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0])))
+    return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
+      return false;
+  return true;
+}
 
 std::optional<device_name> device_name::parse(std::string_view text, std::string* why) {
   device_name result;

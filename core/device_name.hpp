@@ -13,6 +13,10 @@
 
 namespace af {
 
+/// True for a job name: a letter, then letters, digits and '_' (the rule of
+/// both device names and the cluster spec's jobs).
+bool valid_job_name(std::string_view s);
+
 struct device_name {
   std::optional<std::string> job;
   std::optional<int32_t> replica;

@@ -26,10 +26,16 @@
 
 namespace af {
 
-/// One direction's counters, in the segment: `head` and `writer_waiting`
-/// change on the writer's side, `tail` and `reader_waiting` on the reader's
-/// (each on its own cache line). Counters are bytes since the start, so that
-/// head - tail is what the ring holds and never wraps in practice (2^64).
+/// One direction's counters, in the segment. The writer alone moves `head`,
+/// the reader alone `tail`. Each waiting flag is raised by the side that goes
+/// to sleep and taken down (exchange) by the other, which then rings its
+/// bell: so each cache line holds what one side's copy loop touches, not
+/// what one side writes: `head` with `reader_waiting` (the writer looks at
+/// it as it publishes), `tail` with `writer_waiting` (likewise the reader).
+/// Counters are bytes since the start, so that head - tail is what the ring
+/// holds and never wraps in practice (2^64). Neither side trusts the other's
+/// counter: head - tail over the ring's size (the one checked at open(),
+/// not the header's) fails the channel as corrupt.
 struct shm_channel::control {
   alignas(64) std::atomic<uint64_t> head;
   std::atomic<uint32_t> reader_waiting; ///< the reader sleeps in poll: ring its bell

@@ -100,7 +100,9 @@ public:
   /// shared memory (a process told to act as if its peers were other hosts).
   static bool disabled_by_environment();
 
-  struct control; // in the segment, one per direction
+  /// In the segment, one per direction: its counters and waiting flags
+  /// (net/shm_ring.cpp says who moves which).
+  struct control;
 
 private:
   shm_channel() = default;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include <spdlog/sinks/ringbuffer_sink.h>
@@ -230,6 +231,7 @@ TEST_CASE("a value between partitions on one node stays a local buffer; with the
     REQUIRE(e != nullptr);
     INFO(e->note);
     CHECK(e->note.find("by local buffer") != std::string::npos);
+    // That no copy is made on the way is checked below, executor to executor.
   }
   SECTION("data plane off") {
     session_options so = c.defaults;
@@ -245,6 +247,70 @@ TEST_CASE("a value between partitions on one node stays a local buffer; with the
     // In one process: the nodes' actor systems differ, but no data plane is named.
     CHECK(e->note.find("data plane") == std::string::npos);
   }
+}
+
+// Catches: a value between executors of one process that is copied on its
+// way (serialized, or cloned into a new buffer) while the trace still says
+// "local buffer": the consumer must get the very buffer the producer made.
+// The consumer here records what its edge brings; the producer also fetches
+// the value, so both ends are seen.
+TEST_CASE("a value between executors of one process reaches the consumer as the producer's own "
+          "buffer, not a copy",
+          "[activation]") {
+  system_config cfg{node_options{}};
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto exec = sys.spawn(executor_impl, std::string{"/job:t/replica:0/task:0/device:CPU:0"},
+                        std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()},
+                        std::shared_ptr<kernels::backend>{});
+  struct arrival {
+    tensor value;
+    std::string path;
+  };
+  auto edge = std::make_shared<std::promise<arrival>>();
+  auto arrived = edge->get_future();
+  auto consumer = sys.spawn([edge]() -> caf::behavior {
+    return {[edge](edge_atom, uint64_t, uint64_t, int32_t, tensor& value, int64_t,
+                   std::string& path, const std::string&) {
+      edge->set_value(arrival{value, path});
+    }};
+  });
+  partition part;
+  part.graph = 3;
+  part.edge_token = make_edge_token();
+  partition_op op;
+  op.id = 1;
+  op.op = "mul";
+  op.name = "produce";
+  op_input x;
+  x.kind = op_input::feed;
+  x.op = 0;
+  op_input two;
+  two.kind = op_input::constant;
+  two.value = tensor::filled(dtype::float32, {1024}, 2);
+  op.inputs = {x, two};
+  op.consumers = {consumer};
+  op.consumer_devices = {"/job:t/replica:0/task:0/device:CPU:1"};
+  op.fetch = true;
+  part.ops.push_back(op);
+  self->request(exec, 5s, register_atom::value, part)
+    .receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  step_result result;
+  std::vector<feed> feeds{feed{0, tensor::filled(dtype::float32, {1024}, 3)}};
+  self->request(exec, 10s, run_step_atom::value, uint64_t{3}, uint64_t{1}, feeds)
+    .receive([&](step_result& r) { result = std::move(r); },
+             [](caf::error& e) { FAIL(describe(e)); });
+  REQUIRE(result.fetched.size() == 1);
+  const auto& produced = result.fetched[0].value;
+  REQUIRE(arrived.wait_for(10s) == std::future_status::ready);
+  auto got = arrived.get();
+  CHECK(got.path == "local buffer");
+  CHECK(got.value.at(1023) == 6);
+  // One buffer end to end: the producer's result, its edge and the fetch.
+  CHECK(got.value.shares_buffer_with(produced));
+  CHECK(got.value.bytes() == produced.bytes());
+  caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(consumer, caf::exit_reason::user_shutdown);
 }
 
 // Catches: a send the consumer's node refuses that leaves the consumer

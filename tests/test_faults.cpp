@@ -9,6 +9,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "messages/error.hpp"
@@ -187,6 +188,46 @@ TEST_CASE("each node's clock offset is measured within half a round trip", "[fau
     // must lie within its own error bound.
     CHECK(std::abs(clk.offset_ns) <= clk.rtt_ns / 2 + 1000);
   }
+}
+
+namespace {
+
+/// A node clock 7.25 s ahead of this process's steady clock (node_clock).
+constexpr int64_t injected_offset_ns = 7'250'000'000;
+
+int64_t clock_ahead() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+           .count()
+         + injected_offset_ns;
+}
+
+} // namespace
+
+// Catches: an estimate that is not measured (a constant 0 passes the test
+// above, where the true offset is 0) or measured with the wrong sign or
+// midpoint. The node's clock is handed to start_node: no config or
+// environment can set it.
+TEST_CASE("a node clock with a known offset is measured at that offset, within half a round trip",
+          "[faults]") {
+  node_options opts;
+  opts.threads = 2;
+  system_config node_cfg{opts};
+  caf::actor_system node_sys{node_cfg};
+  auto node = start_node(node_sys, "worker", 0, "127.0.0.1", 0, opts, {}, {}, clock_ahead);
+  REQUIRE(node);
+  auto spec = cluster_spec::from_jobs({{"worker", {node->address}}});
+  REQUIRE(spec);
+  {
+    cluster_client c{opts};
+    auto s = value_of(session::make(*c.sys, *spec, "/job:worker/task:0"));
+    auto clk = value_of(s.clock_of("worker", 0));
+    INFO("offset " << clk.offset_ns << " ns, rtt " << clk.rtt_ns << " ns");
+    CHECK(clk.rtt_ns > 0);
+    CHECK(std::abs(clk.offset_ns - injected_offset_ns) <= clk.rtt_ns / 2 + 1000);
+  }
+  node->data_plane->stop();
+  caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("restarting a peer node twice leaves one graph on the node that stayed up",

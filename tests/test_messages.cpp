@@ -301,6 +301,153 @@ TEST_CASE_METHOD(fixture, "every field of every message type survives CAF serial
     spec.grad_norm_guard = 12.5;
     CHECK(round_trip(spec).grad_norm_guard == 12.5);
   }
+
+  // The four aggregator types, every field of each (and of the optimizer
+  // and schedule an aggregator_spec carries): a field that its inspect()
+  // forgets comes back as its default, a mismatch here.
+  SECTION("aggregators: spec, worker stats, stats and saved state, every field") {
+    aggregator_spec spec;
+    spec.name = "train/ps1";
+    spec.mode = "ssp";
+    spec.variables = {"w", "b"};
+    spec.workers = 5;
+    spec.optimizer.kind = "adam";
+    spec.optimizer.lr = 0.003;
+    spec.optimizer.momentum = 0.5;
+    spec.optimizer.beta1 = 0.8;
+    spec.optimizer.beta2 = 0.99;
+    spec.optimizer.epsilon = 1e-6;
+    spec.optimizer.schedule.kind = "cosine";
+    spec.optimizer.schedule.decay_steps = 77;
+    spec.optimizer.schedule.decay_rate = 0.25;
+    spec.optimizer.schedule.total_steps = 9000;
+    spec.optimizer.schedule.min_lr = 1e-5;
+    spec.step_timeout_ms = 4321;
+    spec.replicas_to_aggregate = 3;
+    spec.step_deadline_ms = 1500;
+    spec.min_replicas = 2;
+    spec.staleness = 11;
+    spec.grad_norm_guard = 6.5;
+    auto sp = round_trip(spec);
+    CHECK(sp.name == "train/ps1");
+    CHECK(sp.mode == "ssp");
+    CHECK(sp.variables == std::vector<std::string>{"w", "b"});
+    CHECK(sp.workers == 5);
+    CHECK(sp.optimizer.kind == "adam");
+    CHECK(sp.optimizer.lr == 0.003);
+    CHECK(sp.optimizer.momentum == 0.5);
+    CHECK(sp.optimizer.beta1 == 0.8);
+    CHECK(sp.optimizer.beta2 == 0.99);
+    CHECK(sp.optimizer.epsilon == 1e-6);
+    CHECK(sp.optimizer.schedule.kind == "cosine");
+    CHECK(sp.optimizer.schedule.decay_steps == 77);
+    CHECK(sp.optimizer.schedule.decay_rate == 0.25);
+    CHECK(sp.optimizer.schedule.total_steps == 9000);
+    CHECK(sp.optimizer.schedule.min_lr == 1e-5);
+    CHECK(sp.step_timeout_ms == 4321);
+    CHECK(sp.replicas_to_aggregate == 3);
+    CHECK(sp.step_deadline_ms == 1500);
+    CHECK(sp.min_replicas == 2);
+    CHECK(sp.staleness == 11);
+    CHECK(sp.grad_norm_guard == 6.5);
+
+    worker_stats ws;
+    ws.worker = 2;
+    ws.task = "/job:worker/task:2";
+    ws.address = "10.0.0.9:3333";
+    ws.status = "held";
+    ws.batch_size = 64;
+    ws.pushes = 101;
+    ws.applied = 99;
+    ws.late = 1;
+    ws.refused = 2;
+    ws.stale = 30;
+    ws.max_staleness = 4;
+    ws.waited_ms = 777;
+    ws.clock = 55;
+    ws.last_step = 100;
+    ws.examples_per_s = 1234.5;
+    ws.idle_s = 0.75;
+    ws.error = "worker 2: boom";
+    ws.guarded = 6;
+    auto check_worker = [](const worker_stats& w) {
+      CHECK(w.worker == 2);
+      CHECK(w.task == "/job:worker/task:2");
+      CHECK(w.address == "10.0.0.9:3333");
+      CHECK(w.status == "held");
+      CHECK(w.batch_size == 64);
+      CHECK(w.pushes == 101);
+      CHECK(w.applied == 99);
+      CHECK(w.late == 1);
+      CHECK(w.refused == 2);
+      CHECK(w.stale == 30);
+      CHECK(w.max_staleness == 4);
+      CHECK(w.waited_ms == 777);
+      CHECK(w.clock == 55);
+      CHECK(w.last_step == 100);
+      CHECK(w.examples_per_s == 1234.5);
+      CHECK(w.idle_s == 0.75);
+      CHECK(w.error == "worker 2: boom");
+      CHECK(w.guarded == 6);
+    };
+    check_worker(round_trip(ws));
+
+    aggregator_stats stats;
+    stats.mode = "async";
+    stats.global_step = 1000;
+    stats.applied = 990;
+    stats.pushes = 1010;
+    stats.dropped_stale = 7;
+    stats.refused = 3;
+    stats.last_refusal = "gradient of 'w' is not finite";
+    stats.staleness = {900, 80, 10};
+    stats.workers_done = 1;
+    stats.active = 4;
+    stats.closed_at_deadline = 12;
+    stats.switches = 2;
+    stats.workers = {ws, worker_stats{}};
+    stats.events = {"worker 2 joined", "mode sync -> async"};
+    stats.events_total = 40;
+    auto st = round_trip(stats);
+    CHECK(st.mode == "async");
+    CHECK(st.global_step == 1000);
+    CHECK(st.applied == 990);
+    CHECK(st.pushes == 1010);
+    CHECK(st.dropped_stale == 7);
+    CHECK(st.refused == 3);
+    CHECK(st.last_refusal == "gradient of 'w' is not finite");
+    CHECK(st.staleness == std::vector<uint64_t>{900, 80, 10});
+    CHECK(st.workers_done == 1);
+    CHECK(st.active == 4);
+    CHECK(st.closed_at_deadline == 12);
+    CHECK(st.switches == 2);
+    REQUIRE(st.workers.size() == 2);
+    check_worker(st.workers[0]);
+    CHECK(st.workers[1].status.empty());
+    CHECK(st.events == std::vector<std::string>{"worker 2 joined", "mode sync -> async"});
+    CHECK(st.events_total == 40);
+
+    aggregator_state saved;
+    saved.global_step = 88;
+    saved.names = {"w", "b"};
+    saved.values = {t32, t64};
+    saved.slots = {{t32, i32}, {}};
+    saved.seq_workers = {0, 4};
+    saved.seq_taken = {5, 6};
+    auto sv = round_trip(saved);
+    CHECK(sv.global_step == 88);
+    CHECK(sv.names == std::vector<std::string>{"w", "b"});
+    REQUIRE(sv.values.size() == 2);
+    CHECK(sv.values[0] == t32);
+    CHECK(sv.values[1] == t64);
+    REQUIRE(sv.slots.size() == 2);
+    REQUIRE(sv.slots[0].size() == 2);
+    CHECK(sv.slots[0][0] == t32);
+    CHECK(sv.slots[0][1] == i32);
+    CHECK(sv.slots[1].empty());
+    CHECK(sv.seq_workers == std::vector<uint32_t>{0, 4});
+    CHECK(sv.seq_taken == std::vector<uint64_t>{5, 6});
+  }
 }
 
 TEST_CASE_METHOD(fixture, "a tensor crosses the wire as one blob of its bytes", "[messages]") {

@@ -7,13 +7,17 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -432,6 +436,251 @@ TEST_CASE("a segment the client shrinks, leaves sparse or links twice fails its 
   }
   ::close(sv[0]);
   ::close(sv[1]);
+}
+
+namespace {
+
+/// A hostile client's own view of a segment it offered: it kept a
+/// descriptor and maps the segment too, so that it can write any counter.
+/// The layout is net/shm_ring.cpp's: a 4096-byte header (magic, ring bytes,
+/// then the control of the client-to-node ring at 128 and of the
+/// node-to-client ring at 256, each `head` at +0 and `tail` at +64).
+struct forger {
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  explicit forger(const shm_channel& client) : bytes(client.segment_bytes()) {
+    int fd = ::open(shm_path(client.name()).c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(base != MAP_FAILED);
+  }
+  ~forger() { ::munmap(base, bytes); }
+  std::atomic<uint64_t>& at(size_t offset) {
+    return *reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(base) + offset);
+  }
+  uint64_t& ring_bytes() { return *reinterpret_cast<uint64_t*>(static_cast<char*>(base) + 8); }
+  std::atomic<uint64_t>& to_node_head() { return at(128); }
+  std::atomic<uint64_t>& to_node_tail() { return at(128 + 64); }
+  std::atomic<uint64_t>& to_client_head() { return at(256); }
+  std::atomic<uint64_t>& to_client_tail() { return at(256 + 64); }
+};
+
+} // namespace
+
+// Bug it catches: a node that trusts the counters a client writes into the
+// segment: a head or tail that says more than the ring holds (or moved
+// backwards) would have the node read or write past its ring, or take
+// garbage as frames. Each forged value must fail the connection as corrupt,
+// at once, with no byte moved beyond what the caller asked.
+TEST_CASE("a peer that forges the shared-memory ring's counters is refused, and nothing is read "
+          "or written out of bounds",
+          "[shm][faults]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  constexpr uint64_t ring = 64 << 10;
+  auto client = value_of(shm_channel::create(ring));
+  forger peer{*client};
+  auto node = value_of(shm_channel::open(client->name(), client->segment_bytes()));
+  shm_channel::bound b;
+  b.deadline = std::chrono::steady_clock::now() + 5s;
+  b.stall_ms = 2000;
+  // The forger's view is the segment the two sides use: 5 honest bytes show
+  // in its head, and reach the node.
+  const char hello[] = "hello";
+  iovec first{const_cast<char*>(hello), 5};
+  REQUIRE(client->write(&first, 1, sv[1], b) == shm_channel::status::done);
+  REQUIRE(peer.to_node_head().load() == 5);
+  char got[5];
+  REQUIRE(node->read(got, 5, sv[0], b) == shm_channel::status::done);
+  REQUIRE(std::string(got, 5) == "hello");
+  REQUIRE(peer.to_node_tail().load() == 5);
+  // The node reads into the middle of a buffer: the bytes around it stay.
+  std::vector<char> buf(3 * ring, 'G');
+  auto guards_intact = [&] {
+    return std::all_of(buf.begin(), buf.begin() + ring, [](char c) { return c == 'G'; })
+           && std::all_of(buf.begin() + 2 * ring, buf.end(), [](char c) { return c == 'G'; });
+  };
+  auto read_ring = [&] {
+    uint64_t moved = 0;
+    auto st = node->read(buf.data() + ring, ring, sv[0], b, &moved);
+    CHECK(moved <= ring);
+    return st;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+
+  SECTION("a head more than a ring ahead of the tail") {
+    peer.to_node_head() = 5 + ring + 1;
+    CHECK(read_ring() == shm_channel::status::corrupt);
+  }
+  SECTION("a head far past anything written") {
+    peer.to_node_head() = uint64_t{1} << 62;
+    CHECK(read_ring() == shm_channel::status::corrupt);
+  }
+  SECTION("a head that went backwards, behind the tail") {
+    peer.to_node_head() = 4;
+    CHECK(read_ring() == shm_channel::status::corrupt);
+  }
+  SECTION("the node's own tail moved by the peer, past the head") {
+    peer.to_node_tail() = 6;
+    CHECK(read_ring() == shm_channel::status::corrupt);
+  }
+  SECTION("a tail on the node's outgoing ring ahead of what the node wrote") {
+    peer.to_client_tail() = 1000;
+    std::vector<char> out(ring / 2, 'x');
+    iovec one{out.data(), out.size()};
+    uint64_t moved = 0;
+    CHECK(node->write(&one, 1, sv[0], b, &moved) == shm_channel::status::corrupt);
+    CHECK(moved <= ring);
+  }
+  SECTION("a tail on the node's outgoing ring far behind its head") {
+    std::vector<char> out(ring, 'x');
+    iovec one{out.data(), 100};
+    REQUIRE(node->write(&one, 1, sv[0], b) == shm_channel::status::done);
+    // 100 bytes written and none taken; a tail of -ring says the ring holds
+    // 100 + ring bytes: more than it can.
+    peer.to_client_tail() = uint64_t{0} - ring;
+    one.iov_len = out.size();
+    CHECK(node->write(&one, 1, sv[0], b) == shm_channel::status::corrupt);
+  }
+  SECTION("a ring size in the header changed after the node mapped it") {
+    // The node keeps the size it checked at open(): a larger one in the
+    // header now makes it read no further.
+    peer.ring_bytes() = ring * 1024;
+    peer.to_node_head() = 5 + 2 * ring;
+    CHECK(read_ring() == shm_channel::status::corrupt);
+  }
+  // Refused at once: not after waiting out the bound.
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(guards_intact());
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
+namespace {
+
+/// Adds IPv4 address `ip` to interface `name` ("lo", or an alias "lo:1")
+/// of this thread's network namespace and brings it up.
+bool add_address(const std::string& name, const char* ip) {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return false;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+  sin->sin_family = AF_INET;
+  bool ok = ::inet_pton(AF_INET, ip, &sin->sin_addr) == 1 && ::ioctl(s, SIOCSIFADDR, &ifr) == 0;
+  ifreq flags{};
+  std::strncpy(flags.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  ok = ok && ::ioctl(s, SIOCGIFFLAGS, &flags) == 0;
+  flags.ifr_flags |= IFF_UP | IFF_RUNNING;
+  ok = ok && ::ioctl(s, SIOCSIFFLAGS, &flags) == 0;
+  ::close(s);
+  return ok;
+}
+
+/// What a node's data plane answered to an offer of shared memory.
+struct offer_outcome {
+  std::string failed;      ///< the test's own setup failed: why
+  int answer = -1;         ///< the reply's version: 1 taken, 0 declined
+  bool still_named = false; ///< the segment's name is still in /dev/shm (not mapped)
+};
+
+/// Offers segment `seg` to the data plane at `server`:`port` over a TCP
+/// connection from `from`, as a client's first frame.
+offer_outcome offer_from(const char* from, const char* server, uint16_t port,
+                         const shm_channel& seg) {
+  offer_outcome out;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(port);
+  ::inet_pton(AF_INET, server, &dst.sin_addr);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0
+      || ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) != 0) {
+    out.failed = std::string{"cannot connect from "} + from + ": " + std::strerror(errno);
+    if (fd >= 0)
+      ::close(fd);
+    return out;
+  }
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::shm_offer);
+  h.name_len = static_cast<uint32_t>(seg.name().size());
+  h.version = seg.segment_bytes();
+  wire::header r;
+  if (::send(fd, &h, sizeof(h), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(h))
+      || ::send(fd, seg.name().data(), seg.name().size(), MSG_NOSIGNAL)
+           != static_cast<ssize_t>(seg.name().size())
+      || ::recv(fd, &r, sizeof(r), MSG_WAITALL) != static_cast<ssize_t>(sizeof(r)))
+    out.failed = std::string{"no answer to the offer: "} + std::strerror(errno);
+  else
+    out.answer = static_cast<int>(r.version);
+  out.still_named = ::access(shm_path(seg.name()).c_str(), F_OK) == 0;
+  ::close(fd);
+  return out;
+}
+
+} // namespace
+
+// Needs root (a network namespace of its own, with two non-loopback
+// addresses: the peer at one is "another host" to the node at the other,
+// as shm_channel::same_host() sees it).
+// Bug it catches: a node that maps whatever segment an offer names, whoever
+// sends it: a peer on another host has no segment here, but can name one of
+// a client of this host (the names are in /dev/shm for a moment) and so take
+// over, or tear down, that client's rings.
+// PENDING (issue 23): the data-plane server does not check where an offer
+// comes from yet (net/data_plane.cpp, serve(), the shm_offer branch); the
+// lead adds the check with the data-plane split. Until then this case is
+// [!mayfail]: drop the tag with the fix.
+TEST_CASE("the data-plane server refuses an offer of shared memory from a peer on another host",
+          "[shm][root][!mayfail]") {
+  if (::geteuid() != 0) {
+    WARN("skipped: needs root for a network namespace of its own");
+    return;
+  }
+  auto seg_remote = value_of(shm_channel::create(64 << 10));
+  auto seg_local = value_of(shm_channel::create(64 << 10));
+  offer_outcome remote, local;
+  std::string setup;
+  // The namespace is this thread's alone: the node and both peers live in it.
+  std::thread in_namespace{[&] {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      setup = std::string{"unshare(CLONE_NEWNET): "} + std::strerror(errno);
+      return;
+    }
+    if (!add_address("lo", "127.0.0.1") || !add_address("lo:1", "10.250.0.1")
+        || !add_address("lo:2", "10.250.0.2")) {
+      setup = std::string{"cannot add addresses: "} + std::strerror(errno);
+      return;
+    }
+    auto dir = std::make_shared<variable_directory>();
+    auto srv = data_plane_server::start(dir, "10.250.0.1", 0, "test node", {});
+    if (!srv) {
+      setup = "the data plane did not start: " + describe(srv.error());
+      return;
+    }
+    remote = offer_from("10.250.0.2", "10.250.0.1", (*srv)->port(), *seg_remote);
+    // The control: the same offer from the node's own address is taken.
+    local = offer_from("10.250.0.1", "10.250.0.1", (*srv)->port(), *seg_local);
+    (*srv)->stop();
+  }};
+  in_namespace.join();
+  if (!setup.empty()) {
+    WARN("skipped: " << setup);
+    return;
+  }
+  INFO(remote.failed << local.failed);
+  REQUIRE(remote.failed.empty());
+  REQUIRE(local.failed.empty());
+  CHECK(local.answer == 1);
+  CHECK(remote.answer == 0);     // declined
+  CHECK(remote.still_named);     // and never mapped (a mapping removes the name)
 }
 
 // Bug it catches (finding F2): doorbell bytes were drained without bound, so

@@ -336,7 +336,7 @@ TEST_CASE("a node forgets a variable whose actor ended and serves on", "[variabl
   caf::scoped_actor self{sys, true};
   auto dir = std::make_shared<variable_directory>();
   auto node = sys.spawn(node_impl, std::string{"ps"}, int32_t{0}, node_options{}, dir, uint16_t{0},
-                        aggregator_services{});
+                        aggregator_services{}, node_clock{});
   auto get_var = [&](variable_spec spec) {
     caf::expected<variable_actor> out{variable_actor{}};
     self->request(node, 5s, get_var_atom::value, std::move(spec))
@@ -374,7 +374,8 @@ TEST_CASE("a node refuses a variable whose size overflows before allocating it",
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys, true};
   auto node = sys.spawn(node_impl, std::string{"ps"}, int32_t{0}, node_options{},
-                        std::make_shared<variable_directory>(), uint16_t{0}, aggregator_services{});
+                        std::make_shared<variable_directory>(), uint16_t{0}, aggregator_services{},
+                        node_clock{});
   for (auto shape : {shape_type{int64_t{1} << 62, 8}, shape_type{3, -1}}) {
     caf::error err;
     self->request(node, 5s, get_var_atom::value, spec_of(shape, dtype::float32, "huge"))
@@ -398,7 +399,8 @@ TEST_CASE("a node tells its incarnation and its clock in every ping", "[node]") 
   };
   auto spawn = [&] {
     return sys.spawn(node_impl, std::string{"ps"}, int32_t{0}, node_options{},
-                     std::make_shared<variable_directory>(), uint16_t{0}, aggregator_services{});
+                     std::make_shared<variable_directory>(), uint16_t{0}, aggregator_services{},
+                     node_clock{});
   };
   auto a = spawn(), b = spawn();
   auto a1 = ping(a), a2 = ping(a), b1 = ping(b);
