@@ -9,7 +9,7 @@
 //   B=build-allreduce
 //   g++ -O3 -std=c++17 -I. bench/allreduce_probe.cpp -o $B/allreduce-probe  (continued)
 //     $B/libactorflow.a $B/libactorflow_train.a $B/libactorflow_graph.a  (continued)
-//     $B/libactorflow_kernels.a $B/libactorflow_base.a -lgloo -lcaf_io -lcaf_core  (continued)
+//     $B/libactorflow_kernels.a $B/libactorflow_core.a -lgloo -lcaf_io -lcaf_core  (continued)
 //     -lspdlog -lfmt -lopenblas -lz -lpthread
 //   $B/allreduce-probe [--floats N] [--reps R]
 //
@@ -50,6 +50,7 @@
 #include "dist/allreduce.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
+#include "core/child_process.hpp"
 #include "messages/error.hpp"
 
 using namespace af;
@@ -336,18 +337,12 @@ int main(int argc, char** argv) {
   auto common = std::vector<std::string>{"--floats", std::to_string(floats), "--reps",
                                          std::to_string(reps)};
   auto start = [&](std::vector<std::string> args) {
-    auto pid = fork();
-    if (pid == 0) {
-      args.insert(args.begin(), argv[0]);
-      args.insert(args.end(), common.begin(), common.end());
-      std::vector<char*> cargs;
-      for (auto& a : args)
-        cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      execv("/proc/self/exe", cargs.data());
-      _exit(127);
-    }
-    return pid;
+    af::child_spec spec;
+    spec.program = "/proc/self/exe";
+    spec.argv = {argv[0]};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.argv.insert(spec.argv.end(), common.begin(), common.end());
+    return af::child_process{spec};
   };
   auto r0 = start({"--rank", "0", "--port-fd", std::to_string(fds[1])});
   close(fds[1]);
@@ -358,10 +353,8 @@ int main(int argc, char** argv) {
   if (port.empty())
     die("rank 0 did not start its store");
   auto r1 = start({"--rank", "1", "--store-port", port});
-  int status0 = 0;
-  int status1 = 0;
-  waitpid(r0, &status0, 0);
-  waitpid(r1, &status1, 0);
+  int status0 = r0.wait();
+  int status1 = r1.wait();
   bool ok = WIFEXITED(status0) && WEXITSTATUS(status0) == 0 && WIFEXITED(status1)
             && WEXITSTATUS(status1) == 0;
   return ok ? 0 : 1;
