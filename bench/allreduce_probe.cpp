@@ -8,9 +8,11 @@
 //
 //   B=build-allreduce
 //   g++ -O3 -std=c++17 -I. bench/allreduce_probe.cpp -o $B/allreduce-probe  (continued)
-//     $B/libactorflow.a $B/libactorflow_train.a $B/libactorflow_graph.a  (continued)
-//     $B/libactorflow_kernels.a $B/libactorflow_core.a -lgloo -lcaf_io -lcaf_core  (continued)
-//     -lspdlog -lfmt -lopenblas -lz -lpthread
+//     $B/libactorflow_dist.a $B/libactorflow_runtime.a $B/libactorflow_net.a  (continued)
+//     $B/libactorflow_config.a $B/libactorflow_messages.a $B/libactorflow_train.a  (continued)
+//     $B/libactorflow_graph.a $B/libactorflow_kernels.a $B/libactorflow_core.a  (continued)
+//     -lgloo -lcaf_openssl -lcaf_io -lcaf_core -lssl -lcrypto -lspdlog -lfmt -lopenblas -lz  (continued)
+//     -lpthread   (and -lIPSec_MB -lucp -lucs when the build found them)
 //   $B/allreduce-probe [--floats N] [--reps R]
 //
 // With no --rank it starts rank 0 (which hosts the store) and rank 1 as child
@@ -51,6 +53,7 @@
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "core/child_process.hpp"
+#include "net/socket.hpp"
 #include "messages/error.hpp"
 
 using namespace af;
@@ -95,11 +98,8 @@ private:
 };
 
 void tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int bytes = 4 * 1024 * 1024;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  sock::set_nodelay(fd);
+  sock::set_buffers(fd, 4 * 1024 * 1024);
 }
 
 [[noreturn]] void die(const std::string& what) {

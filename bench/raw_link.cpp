@@ -5,14 +5,14 @@ namespace af::bench {
 
 /// Serves commands {op, count, size} on one connection until it closes.
 void raw_serve(int fd) {
-  set_nodelay(fd);
+  sock::set_nodelay(fd);
   std::vector<char> buf(1 << 20);
   std::vector<char> whole; // 'W' and 'R': one buffer of the transfer's size, kept
   struct { char op; uint64_t count; uint64_t size; } cmd;
-  while (full_io(fd, &cmd, sizeof(cmd), false)) {
+  while (sock::recv_all(fd, &cmd, sizeof(cmd))) {
     if (cmd.op == 'p') {
       for (uint64_t i = 0; i < cmd.count; ++i)
-        if (!full_io(fd, buf.data(), cmd.size, false) || !full_io(fd, buf.data(), cmd.size, true))
+        if (!sock::recv_all(fd, buf.data(), cmd.size) || !sock::send_all(fd, buf.data(), cmd.size))
           _exit(1);
     } else if (cmd.op == 'w') { // parent writes size bytes, we ack
       for (uint64_t left = cmd.size; left > 0;) {
@@ -22,11 +22,11 @@ void raw_serve(int fd) {
         left -= static_cast<uint64_t>(r);
       }
       char ack = 1;
-      full_io(fd, &ack, 1, true);
+      sock::send_all(fd, &ack, 1);
     } else if (cmd.op == 'r') { // we write size bytes
       for (uint64_t left = cmd.size; left > 0;) {
         auto n = std::min<uint64_t>(left, buf.size());
-        if (!full_io(fd, buf.data(), n, true))
+        if (!sock::send_all(fd, buf.data(), n))
           _exit(1);
         left -= n;
       }
@@ -36,11 +36,13 @@ void raw_serve(int fd) {
       // bytes would; 'W': we receive and ack, 'R': we send.
       if (whole.size() != cmd.size)
         whole.assign(cmd.size, 'b');
-      if (!full_io(fd, whole.data(), whole.size(), cmd.op == 'R'))
+      bool moved = cmd.op == 'R' ? sock::send_all(fd, whole.data(), whole.size())
+                                 : sock::recv_all(fd, whole.data(), whole.size());
+      if (!moved)
         _exit(1);
       if (cmd.op == 'W') {
         char ack = 1;
-        full_io(fd, &ack, 1, true);
+        sock::send_all(fd, &ack, 1);
       }
     }
   }

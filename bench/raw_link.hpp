@@ -2,11 +2,8 @@
 // The raw TCP peer, the baseline of most actorflow-bench metrics: a forked
 // process (no exec: it runs raw_peer) that echoes, sinks and sources bytes on
 // loopback as plain sockets allow, and this process's link to it.
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,27 +15,11 @@
 
 #include "bench/bench_util.hpp"
 #include "config/loopback.hpp"
+#include "net/socket.hpp"
 
 namespace af::bench {
 
-// -- raw TCP peer ---------------------------------------------------------------
-
-inline bool full_io(int fd, void* buf, size_t n, bool write_it) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    auto r = write_it ? ::write(fd, p, n) : ::read(fd, p, n);
-    if (r <= 0)
-      return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-inline void set_nodelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
+// -- raw TCP peer (its bytes move through net/socket.hpp's loops) ---------------
 
 /// Serves commands {op, count, size} on one connection until it closes.
 void raw_serve(int fd);
@@ -63,13 +44,8 @@ struct raw_link {
   }
 
   static int dial(uint16_t port) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(port);
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    set_nodelay(s);
+    int s = af::connect_loopback(port);
+    sock::set_nodelay(s);
     return s;
   }
 
@@ -86,9 +62,9 @@ struct raw_link {
         struct { char op; uint64_t count; uint64_t size; } cmd{'w', 1, bytes};
         char ack;
         for (int r = 0; r < rounds; ++r) {
-          full_io(fdi, &cmd, sizeof(cmd), true);
-          full_io(fdi, buf.data(), bytes, true);
-          full_io(fdi, &ack, 1, false);
+          sock::send_all(fdi, &cmd, sizeof(cmd));
+          sock::send_all(fdi, buf.data(), bytes);
+          sock::recv_all(fdi, &ack, 1);
         }
       });
     for (auto& t : threads)
@@ -101,7 +77,7 @@ struct raw_link {
 
   void command(char op, uint64_t count, uint64_t size) {
     struct { char op; uint64_t count; uint64_t size; } cmd{op, count, size};
-    full_io(fd, &cmd, sizeof(cmd), true);
+    sock::send_all(fd, &cmd, sizeof(cmd));
   }
 
   /// Announces `rounds` echoes of `size` bytes; then call echo_us() that often.
@@ -113,8 +89,8 @@ struct raw_link {
   /// One round trip, in microseconds.
   double echo_us() {
     auto t0 = clock_type::now();
-    full_io(fd, echo_buf.data(), echo_buf.size(), true);
-    full_io(fd, echo_buf.data(), echo_buf.size(), false);
+    sock::send_all(fd, echo_buf.data(), echo_buf.size());
+    sock::recv_all(fd, echo_buf.data(), echo_buf.size());
     return std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
   }
 
@@ -126,9 +102,9 @@ struct raw_link {
     command(upload ? 'w' : 'r', 1, bytes);
     if (upload) {
       for (size_t off = 0; off < bytes; off += buf.size())
-        full_io(fd, buf.data(), std::min(buf.size(), bytes - off), true);
+        sock::send_all(fd, buf.data(), std::min(buf.size(), bytes - off));
       char ack;
-      full_io(fd, &ack, 1, false);
+      sock::recv_all(fd, &ack, 1);
     } else {
       for (size_t off = 0; off < bytes;) {
         auto r = ::read(fd, buf.data(), std::min(buf.size(), bytes - off));
@@ -147,10 +123,13 @@ struct raw_link {
   double buffer_mbps(std::vector<char>& whole, bool upload) {
     auto t0 = clock_type::now();
     command(upload ? 'W' : 'R', 1, whole.size());
-    full_io(fd, whole.data(), whole.size(), upload);
+    if (upload)
+      sock::send_all(fd, whole.data(), whole.size());
+    else
+      sock::recv_all(fd, whole.data(), whole.size());
     if (upload) {
       char ack;
-      full_io(fd, &ack, 1, false);
+      sock::recv_all(fd, &ack, 1);
     }
     return whole.size() / 1e6 / std::chrono::duration<double>(clock_type::now() - t0).count();
   }

@@ -9,10 +9,7 @@
 // the whole gradient has arrived).
 #include "programs/bench_train.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -36,6 +33,7 @@
 #include "bench/train_common.hpp"
 #include "config/loopback.hpp"
 #include "dist/allreduce.hpp"
+#include "net/socket.hpp"
 
 namespace af::bench {
 
@@ -51,55 +49,23 @@ int64_t now_ns() {
 // -- sockets ---------------------------------------------------------------------
 
 void tune_socket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  sock::set_nodelay(fd);
   // Large enough for a whole 4 MiB message in flight; the kernel caps it at
   // net.core.[rw]mem_max and doubles it.
-  int bytes = 8 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  sock::set_buffers(fd, 8 << 20);
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+/// A connection to the helper listening on `port`, which may not listen yet:
+/// tries for 2 s.
 int dial_loopback(uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
   for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
-      return fd;
+    int fd = connect_loopback(port);
     if (fd >= 0)
-      close(fd);
+      return fd;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return -1;
-}
-
-/// Blocking-style write of a small message on a socket (before it is tuned).
-bool write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    auto r = ::write(fd, p, n);
-    if (r <= 0)
-      return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    auto r = ::read(fd, p, n);
-    if (r <= 0)
-      return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
 }
 
 /// What one nonblocking read or write did: moved bytes, would block, or failed
@@ -231,7 +197,7 @@ int raw_ps_main(const helper_args& a) {
   for (size_t i = 0; i < workers; ++i) {
     int fd = accept(lfd, nullptr, nullptr);
     uint32_t rank = 0;
-    if (fd < 0 || !read_all(fd, &rank, sizeof(rank)) || rank >= workers || conns[rank].fd >= 0)
+    if (fd < 0 || !sock::recv_all(fd, &rank, sizeof(rank)) || rank >= workers || conns[rank].fd >= 0)
       return std::fprintf(stderr, "raw ps: bad worker connection\n"), 1;
     tune_socket(fd);
     conns[rank].fd = fd;
@@ -373,7 +339,7 @@ int raw_worker_main(const helper_args& a) {
   auto data = make_linear_data(synthetic_examples, floats, rank + 1);
   std::vector<float> w(floats, 0.0f), grad(floats, 0.0f);
   int fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
-  if (fd < 0 || !write_all(fd, &rank, sizeof(rank)))
+  if (fd < 0 || !sock::send_all(fd, &rank, sizeof(rank)))
     return std::fprintf(stderr, "raw worker %u: cannot reach the ps\n", rank), 1;
   tune_socket(fd);
   int64_t t0 = now_ns();
