@@ -8,9 +8,11 @@
 //
 //   B=build-allreduce
 //   g++ -O3 -std=c++17 -I. bench/allreduce_probe.cpp -o $B/allreduce-probe  (continued)
-//     $B/libactorflow.a $B/libactorflow_train.a $B/libactorflow_graph.a  (continued)
-//     $B/libactorflow_kernels.a $B/libactorflow_base.a -lgloo -lcaf_io -lcaf_core  (continued)
-//     -lspdlog -lfmt -lopenblas -lz -lpthread
+//     $B/libactorflow_dist.a $B/libactorflow_runtime.a $B/libactorflow_net.a  (continued)
+//     $B/libactorflow_config.a $B/libactorflow_messages.a $B/libactorflow_train.a  (continued)
+//     $B/libactorflow_graph.a $B/libactorflow_kernels.a $B/libactorflow_core.a  (continued)
+//     -lgloo -lcaf_openssl -lcaf_io -lcaf_core -lssl -lcrypto -lspdlog -lfmt -lopenblas -lz  (continued)
+//     -lpthread   (and -lIPSec_MB -lucp -lucs when the build found them)
 //   $B/allreduce-probe [--floats N] [--reps R]
 //
 // With no --rank it starts rank 0 (which hosts the store) and rank 1 as child
@@ -50,6 +52,8 @@
 #include "dist/allreduce.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
+#include "core/child_process.hpp"
+#include "net/socket.hpp"
 #include "messages/error.hpp"
 
 using namespace af;
@@ -94,11 +98,8 @@ private:
 };
 
 void tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int bytes = 4 * 1024 * 1024;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  sock::set_nodelay(fd);
+  sock::set_buffers(fd, 4 * 1024 * 1024);
 }
 
 [[noreturn]] void die(const std::string& what) {
@@ -336,18 +337,12 @@ int main(int argc, char** argv) {
   auto common = std::vector<std::string>{"--floats", std::to_string(floats), "--reps",
                                          std::to_string(reps)};
   auto start = [&](std::vector<std::string> args) {
-    auto pid = fork();
-    if (pid == 0) {
-      args.insert(args.begin(), argv[0]);
-      args.insert(args.end(), common.begin(), common.end());
-      std::vector<char*> cargs;
-      for (auto& a : args)
-        cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      execv("/proc/self/exe", cargs.data());
-      _exit(127);
-    }
-    return pid;
+    af::child_spec spec;
+    spec.program = "/proc/self/exe";
+    spec.argv = {argv[0]};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.argv.insert(spec.argv.end(), common.begin(), common.end());
+    return af::child_process{spec};
   };
   auto r0 = start({"--rank", "0", "--port-fd", std::to_string(fds[1])});
   close(fds[1]);
@@ -358,10 +353,8 @@ int main(int argc, char** argv) {
   if (port.empty())
     die("rank 0 did not start its store");
   auto r1 = start({"--rank", "1", "--store-port", port});
-  int status0 = 0;
-  int status1 = 0;
-  waitpid(r0, &status0, 0);
-  waitpid(r1, &status1, 0);
+  int status0 = r0.wait();
+  int status1 = r1.wait();
   bool ok = WIFEXITED(status0) && WEXITSTATUS(status0) == 0 && WIFEXITED(status1)
             && WEXITSTATUS(status1) == 0;
   return ok ? 0 : 1;

@@ -1,8 +1,6 @@
 #include "bench/bench_activation.hpp"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,20 +15,15 @@
 
 #include "actors/session.hpp"
 #include "actors/system.hpp"
+#include "bench/stats.hpp"
 #include "config/cluster_spec.hpp"
 #include "config/loopback.hpp"
+#include "core/child_process.hpp"
 #include "messages/error.hpp"
 
 namespace af::bench {
 
 namespace {
-
-double median_of(std::vector<double> xs) {
-  if (xs.empty())
-    return 0;
-  std::sort(xs.begin(), xs.end());
-  return xs[xs.size() / 2];
-}
 
 void print_metric(const std::string& name, double ours, double baseline, const char* unit) {
   std::printf("metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", name.c_str(), ours, baseline,
@@ -38,9 +31,10 @@ void print_metric(const std::string& name, double ours, double baseline, const c
   std::fflush(stdout);
 }
 
-/// The two node processes of one run, stopped (SIGTERM) when it ends.
+/// The two node processes of one run, stopped (SIGTERM) when it ends (and
+/// killed if the bench dies first).
 struct two_nodes {
-  std::vector<pid_t> pids;
+  std::vector<child_process> nodes;
   std::string config;
 
   bool start(const cluster_spec& spec, bool shm) {
@@ -48,32 +42,25 @@ struct two_nodes {
     std::ofstream{config} << spec.to_toml(node_options{});
     auto bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "actorflow-node";
     for (int task = 0; task < 2; ++task) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        if (!shm)
-          setenv("ACTORFLOW_DATA_SHM", "off", 1);
-        else
-          unsetenv("ACTORFLOW_DATA_SHM");
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        auto t = std::to_string(task);
-        execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), "--job", "local", "--task",
-              t.c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-      }
-      if (pid < 0)
+      child_spec cs;
+      cs.argv = {bin.string(), "--config", config, "--job", "local", "--task", std::to_string(task)};
+      if (!shm)
+        cs.set_env = {{"ACTORFLOW_DATA_SHM", "off"}};
+      else
+        cs.unset_env = {"ACTORFLOW_DATA_SHM"};
+      cs.out = cs.err = child_output::discard;
+      nodes.emplace_back(cs);
+      if (!nodes.back().started())
         return false;
-      pids.push_back(pid);
     }
     return true;
   }
 
   ~two_nodes() {
-    for (auto pid : pids)
-      kill(pid, SIGTERM);
-    for (auto pid : pids)
-      waitpid(pid, nullptr, 0);
+    for (auto& node : nodes)
+      node.signal(SIGTERM);
+    for (auto& node : nodes)
+      node.wait();
     std::filesystem::remove(config);
   }
 };
@@ -145,8 +132,8 @@ bool measure(bool shm, bool data_plane, int reps, const std::function<double()>&
     edge.push_back(n * 4 / 1e6 / secs);
     raw.push_back(b2b_mbps());
   }
-  ours = median_of(edge);
-  base = median_of(raw);
+  ours = median(edge);
+  base = median(raw);
   return true;
 }
 

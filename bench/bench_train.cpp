@@ -1,46 +1,25 @@
 // The training benchmarks of actorflow-bench (issue 8); see bench_train.hpp.
-//
-// The baselines are written to be as fast as plain sockets allow on one
-// machine: persistent connections, TCP_NODELAY, nonblocking sockets driven by
-// poll() so that a process sends and receives at once, every buffer allocated
-// before the first step, and the parameter server updating and answering
-// chunk by chunk as gradients stream in (it starts sending parameters before
-// the whole gradient has arrived).
+// The helper processes (the raw baselines, our all-reduce) are in
+// train_helpers.cpp.
 #include "bench/bench_train.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
-#include <random>
-#include <regex>
 #include <sstream>
 #include <thread>
 
-#include <cblas.h>
-
-#include "caf/all.hpp"
-#include "caf/io/middleman.hpp"
-
-#include "dist/allreduce.hpp"
-#include "actors/kv_store.hpp"
-#include "actors/system.hpp"
+#include "bench/train_common.hpp"
 #include "config/loopback.hpp"
+#include "core/child_process.hpp"
 #include "train/config.hpp"
 #include "train/local.hpp"
 
@@ -48,576 +27,19 @@ namespace af::bench {
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-constexpr size_t model_floats = size_t{1} << 20; // the 1 M-float model; 4 MiB
-constexpr size_t synthetic_examples = 16;        // per worker, ours and raw alike
-constexpr double linear_lr = 1e-7;               // lr * |x|^2 < 1: no divergence
-constexpr size_t chunk_bytes = 64 << 10;         // the raw ps's unit of update
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  return xs.empty() ? 0 : xs[xs.size() / 2];
-}
-
-/// A double as TOML and strtod read it back (std::to_string prints 1e-7 as 0.000000).
-std::string exact(double x, int digits = 9) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.*g", digits, x);
-  return buf;
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch())
-    .count();
-}
-
-// -- sockets ---------------------------------------------------------------------
-
-void tune_socket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
-  // net.core.[rw]mem_max and doubles it.
-  int bytes = 8 << 20;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-int dial_loopback(uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
-      return fd;
-    if (fd >= 0)
-      close(fd);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-/// Blocking-style write of a small message on a socket (before it is tuned).
-bool write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    auto r = ::write(fd, p, n);
-    if (r <= 0)
-      return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    auto r = ::read(fd, p, n);
-    if (r <= 0)
-      return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-/// What one nonblocking read or write did: moved bytes, would block, or failed
-/// (error or end of stream).
-enum class io { moved, blocked, failed };
-
-/// Bytes one read or write moves at most (a helper's slice=N; 0: no limit).
-/// No limit was fastest on the development VM for the ps and the exchange
-/// alike (fewer system calls); 256 KiB and 1 MiB slices were 5-20% slower.
-size_t io_slice = SIZE_MAX;
-
-io try_read(int fd, char* buf, size_t n, size_t& done) {
-  auto r = ::read(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-io try_write(int fd, const char* buf, size_t n, size_t& done) {
-  auto r = ::write(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-/// How long a baseline's socket may make no progress before the helper
-/// gives up (a peer that died or hung): the bench then reports the failure
-/// instead of waiting for its own timeout.
-constexpr int stall_ms = 30000;
-
-/// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
-/// (if `want_in`); the same socket may be both. False on an error or after
-/// stall_ms without either.
-bool wait_sockets(int out_fd, bool want_out, int in_fd, bool want_in) {
-  pollfd p[2] = {{out_fd, static_cast<short>(want_out ? POLLOUT : 0), 0},
-                 {in_fd, static_cast<short>(want_in ? POLLIN : 0), 0}};
-  if (out_fd == in_fd) {
-    p[0].events |= p[1].events;
-    p[1].fd = -1;
-  }
-  int r = poll(p, 2, stall_ms);
-  if (r == 0)
-    std::fprintf(stderr, "bench helper: no progress on its sockets for %d ms\n", stall_ms);
-  return r > 0 || (r < 0 && errno == EINTR);
-}
-
-/// Sends `out` on the nonblocking socket `out_fd` and receives `in` on
-/// `in_fd` (the same socket or another) at once; calls progress(sent,
-/// received) whenever either moved. Polls only when neither can move.
-template <class Progress>
-bool exchange(int out_fd, int in_fd, const void* out, size_t out_n, void* in, size_t in_n,
-              Progress&& progress) {
-  size_t sent = 0, got = 0;
-  while (sent < out_n || got < in_n) {
-    bool moved = false;
-    if (sent < out_n) {
-      auto r = try_write(out_fd, static_cast<const char*>(out), out_n, sent);
-      if (r == io::failed)
-        return false;
-      moved |= r == io::moved;
-    }
-    if (got < in_n) {
-      auto r = try_read(in_fd, static_cast<char*>(in), in_n, got);
-      if (r == io::failed)
-        return false;
-      moved |= r == io::moved;
-    }
-    if (moved) {
-      progress(sent, got);
-      continue;
-    }
-    if (!wait_sockets(out_fd, sent < out_n, in_fd, got < in_n))
-      return false;
-  }
-  return true;
-}
-
-/// Bytes of a message of `total` whose first `have` arrived that may be used:
-/// whole chunks, or everything once complete (keeps the update loops long).
-size_t usable(size_t have, size_t total) {
-  return have == total ? total : have - have % chunk_bytes;
-}
-
-// -- helper processes ----------------------------------------------------------------
-
-/// key=value arguments of a helper.
-struct helper_args {
-  std::map<std::string, std::string> kv;
-
-  std::string str(const std::string& key) const {
-    auto i = kv.find(key);
-    if (i == kv.end()) {
-      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
-      std::exit(2);
-    }
-    return i->second;
-  }
-  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
-  double real(const std::string& key) const { return std::stod(str(key)); }
-};
-
-/// The raw-TCP parameter server: accepts `workers` connections on listen-fd,
-/// each announcing its rank, then serves steps until every worker has closed.
-/// sync: the mean of one gradient from each worker is applied, then every
-/// worker gets the parameters. async: each gradient is applied as it arrives
-/// and answered to its sender. Both update and answer chunk by chunk.
-int raw_ps_main(const helper_args& a) {
-  int lfd = static_cast<int>(a.num("listen-fd"));
-  auto workers = static_cast<size_t>(a.num("workers"));
-  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const bool sync = a.str("mode") == "sync";
-  const auto lr = static_cast<float>(a.real("lr"));
-  struct conn {
-    int fd = -1;
-    std::vector<float> grad;
-    size_t received = 0, applied = 0, sent = 0; // bytes of the current step
-    uint64_t step = 0;
-    bool open = true;
-  };
-  std::vector<conn> conns(workers);
-  for (size_t i = 0; i < workers; ++i) {
-    int fd = accept(lfd, nullptr, nullptr);
-    uint32_t rank = 0;
-    if (fd < 0 || !read_all(fd, &rank, sizeof(rank)) || rank >= workers || conns[rank].fd >= 0)
-      return std::fprintf(stderr, "raw ps: bad worker connection\n"), 1;
-    tune_socket(fd);
-    conns[rank].fd = fd;
-    conns[rank].grad.assign(floats, 0.0f);
-  }
-  close(lfd);
-  std::vector<float> w(floats, 0.0f);
-  auto* wbytes = reinterpret_cast<const char*>(w.data());
-  uint64_t sync_step = 0;
-  size_t sync_applied = 0;
-  std::vector<pollfd> fds(workers);
-  auto any_open = [&] {
-    return std::any_of(conns.begin(), conns.end(), [](const conn& c) { return c.open; });
-  };
-  while (any_open()) {
-    // apply what has arrived
-    if (sync) {
-      bool all_done = true, all_here = true;
-      size_t common = bytes;
-      size_t open = 0;
-      for (auto& c : conns)
-        if (c.open) {
-          ++open;
-          all_done &= c.step > sync_step;
-          all_here &= c.step == sync_step;
-          common = std::min(common, c.received);
-        }
-      if (all_done) {
-        ++sync_step;
-        sync_applied = 0;
-      } else if (all_here) {
-        auto target = usable(common, bytes);
-        if (target > sync_applied) {
-          const float scale = lr / static_cast<float>(open);
-          size_t lo = sync_applied / sizeof(float), hi = target / sizeof(float);
-          for (auto& c : conns)
-            if (c.open) {
-              const float* g = c.grad.data();
-              float* wp = w.data();
-              for (size_t k = lo; k < hi; ++k)
-                wp[k] -= scale * g[k];
-            }
-          sync_applied = target;
-        }
-      }
-    } else {
-      for (auto& c : conns) {
-        auto target = usable(c.received, bytes);
-        if (c.open && target > c.applied) {
-          const float* g = c.grad.data();
-          float* wp = w.data();
-          for (size_t k = c.applied / sizeof(float), hi = target / sizeof(float); k < hi; ++k)
-            wp[k] -= lr * g[k];
-          c.applied = target;
-        }
-      }
-    }
-    // move bytes
-    bool moved = false;
-    for (size_t i = 0; i < workers; ++i) {
-      auto& c = conns[i];
-      fds[i] = pollfd{-1, 0, 0};
-      if (!c.open)
-        continue;
-      short events = 0;
-      if (c.received < bytes) {
-        auto before = c.received;
-        auto r = try_read(c.fd, reinterpret_cast<char*>(c.grad.data()), bytes, c.received);
-        if (r == io::failed) {
-          if (before != 0) // a worker leaves between steps, never within one
-            return std::fprintf(stderr, "raw ps: worker %zu broke off a step\n", i), 1;
-          c.open = false;
-          close(c.fd);
-          continue;
-        }
-        moved |= r == io::moved;
-        events |= c.received < bytes ? POLLIN : 0;
-      }
-      size_t limit = sync ? (c.step == sync_step ? sync_applied : 0) : c.applied;
-      if (c.sent < limit) {
-        auto r = try_write(c.fd, wbytes, limit, c.sent);
-        if (r == io::failed)
-          return std::fprintf(stderr, "raw ps: cannot answer worker %zu\n", i), 1;
-        moved |= r == io::moved;
-        if (c.sent < limit)
-          events |= POLLOUT;
-      }
-      if (c.sent == bytes) { // the step is over for this worker
-        ++c.step;
-        c.received = c.applied = c.sent = 0;
-        moved = true;
-      }
-      fds[i] = pollfd{c.fd, events, 0};
-    }
-    // Nothing moved: wait for a socket, unless only an update is pending
-    // (it needs no socket and runs at the top of the loop).
-    if (!moved) {
-      bool waits_on_socket = std::any_of(fds.begin(), fds.end(),
-                                         [](const pollfd& p) { return p.fd >= 0 && p.events; });
-      if (waits_on_socket) {
-        int r = poll(fds.data(), fds.size(), stall_ms);
-        if (r == 0)
-          return std::fprintf(stderr, "raw ps: no worker moved a byte for %d ms\n", stall_ms), 1;
-        if (r < 0 && errno != EINTR)
-          return 1;
-      }
-    }
-  }
-  return 0;
-}
-
-/// Synthetic linear-regression data of one worker: `examples` rows of
-/// `floats` features in [-1, 1] and their targets (a fixed teacher's).
-struct linear_data {
-  std::vector<float> x, y;
-};
-
-linear_data make_linear_data(size_t examples, size_t floats, uint64_t seed) {
-  linear_data d;
-  d.x.resize(examples * floats);
-  d.y.resize(examples);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : d.x) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = static_cast<float>(static_cast<int64_t>(s >> 11) - (int64_t{1} << 52)) / 4.5e15f;
-  }
-  for (size_t e = 0; e < examples; ++e)
-    d.y[e] = d.x[e * floats] - 0.5f * d.x[e * floats + 1];
-  return d;
-}
-
-/// A raw-TCP worker: per step, the gradient of the squared error of one
-/// example, x^T (x w - y), pushed whole; the parameters pulled whole. Prints
-/// when its measured steps began and ended (steady clock, ns) and how many.
-int raw_worker_main(const helper_args& a) {
-  const auto rank = static_cast<uint32_t>(a.num("rank"));
-  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const uint64_t steps = a.num("steps"), warmup = a.num("warmup");
-  auto data = make_linear_data(synthetic_examples, floats, rank + 1);
-  std::vector<float> w(floats, 0.0f), grad(floats, 0.0f);
-  int fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
-  if (fd < 0 || !write_all(fd, &rank, sizeof(rank)))
-    return std::fprintf(stderr, "raw worker %u: cannot reach the ps\n", rank), 1;
-  tune_socket(fd);
-  int64_t t0 = now_ns();
-  for (uint64_t s = 0; s < warmup + steps; ++s) {
-    if (s == warmup)
-      t0 = now_ns();
-    size_t e = (2 * s + rank) % synthetic_examples;
-    const float* x = data.x.data() + e * floats;
-    float err = cblas_sdot(static_cast<int>(floats), x, 1, w.data(), 1) - data.y[e];
-    const float scale = 2 * err;
-    float* g = grad.data();
-    for (size_t k = 0; k < floats; ++k)
-      g[k] = scale * x[k];
-    if (!exchange(fd, fd, grad.data(), bytes, w.data(), bytes, [](size_t, size_t) {}))
-      return std::fprintf(stderr, "raw worker %u: the ps broke off step %lu\n", rank,
-                          static_cast<unsigned long>(s)), 1;
-  }
-  int64_t t1 = now_ns();
-  close(fd);
-  // w0, w1 tend to the teacher's 1 and -0.5 when floats = 2 (a check of the ps)
-  std::printf("t0_ns %lld\nt1_ns %lld\nsteps %lu\nw0 %g\nw1 %g\n", static_cast<long long>(t0),
-              static_cast<long long>(t1), static_cast<unsigned long>(steps), w[0], w[1]);
-  return 0;
-}
-
-/// The raw-TCP exchange a 2-rank all-reduce must do at least: both ranks send
-/// their buffer to the other over one socket and receive the other's at once,
-/// averaging each chunk into their own buffer once it is both sent and
-/// received. Rank 0 prints the median seconds of one exchange.
-int raw_allreduce_main(const helper_args& a) {
-  const auto rank = a.num("rank");
-  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  // sockets=2: one connection per direction, as a ring has
-  const bool two = a.kv.count("sockets") && a.num("sockets") == 2;
-  int out_fd = -1, in_fd = -1;
-  if (rank == 0) {
-    int lfd = static_cast<int>(a.num("listen-fd"));
-    out_fd = accept(lfd, nullptr, nullptr);
-    in_fd = two ? accept(lfd, nullptr, nullptr) : out_fd;
-    close(lfd);
-  } else {
-    in_fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
-    out_fd = two ? dial_loopback(static_cast<uint16_t>(a.num("port"))) : in_fd;
-  }
-  if (out_fd < 0 || in_fd < 0)
-    return std::fprintf(stderr, "raw allreduce %lu: no connection\n",
-                        static_cast<unsigned long>(rank)), 1;
-  tune_socket(out_fd);
-  if (two)
-    tune_socket(in_fd);
-  std::vector<float> data(floats, static_cast<float>(rank + 1)), theirs(floats);
-  std::vector<double> secs;
-  // scheme=halves (the default): each rank owns half the buffer. It sends the
-  // other half, averages the peer's copy of its own half into it as it
-  // arrives, streams the averaged bytes back, and takes the peer's averaged
-  // half straight into place. The same 4 MiB each way as a plain swap, but
-  // half the additions, and no scratch for the second half.
-  const bool halves = !a.kv.count("scheme") || a.str("scheme") == "halves";
-  const size_t half = floats / 2 * sizeof(float);
-  for (uint64_t r = 0; r < warmup + rounds; ++r) {
-    auto t0 = clock_type::now();
-    if (halves) {
-      char* base = reinterpret_cast<char*>(data.data());
-      char* mine = base + (rank == 0 ? 0 : half);          // averaged here
-      char* other = base + (rank == 0 ? half : 0);         // averaged by the peer
-      const size_t mine_n = rank == 0 ? half : bytes - half;
-      const size_t other_n = bytes - mine_n;
-      char* scratch = reinterpret_cast<char*>(theirs.data());
-      size_t sent = 0, got = 0, averaged = 0; // over the streams [other|mine] and [peer's mine|other]
-      while (sent < bytes || got < bytes) {
-        bool moved = false;
-        // send the other half, then as much of ours as is averaged
-        size_t limit = other_n + averaged;
-        if (sent < limit) {
-          io r;
-          if (sent < other_n) {
-            r = try_write(out_fd, other, other_n, sent);
-          } else {
-            size_t off = sent - other_n;
-            r = try_write(out_fd, mine, averaged, off);
-            sent = other_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (got < bytes) {
-          io r;
-          if (got < mine_n) {
-            r = try_read(in_fd, scratch, mine_n, got);
-            // average what arrived, while it is in cache
-            auto* m = reinterpret_cast<float*>(mine);
-            auto* t = reinterpret_cast<const float*>(scratch);
-            size_t upto = got / sizeof(float);
-            for (size_t k = averaged / sizeof(float); k < upto; ++k)
-              m[k] = 0.5f * (m[k] + t[k]);
-            averaged = upto * sizeof(float);
-          } else {
-            size_t off = got - mine_n;
-            r = try_read(in_fd, other, other_n, off);
-            got = mine_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (moved)
-          continue;
-        if (!wait_sockets(out_fd, sent < limit, in_fd, got < bytes))
-          return 1;
-      }
-    } else {
-      size_t averaged = 0;
-      auto average = [&](size_t sent, size_t got) {
-        auto upto = std::min(usable(sent, bytes), usable(got, bytes)) / sizeof(float);
-        float* d = data.data();
-        const float* t = theirs.data();
-        for (size_t k = averaged; k < upto; ++k)
-          d[k] = 0.5f * (d[k] + t[k]);
-        averaged = std::max(averaged, upto);
-      };
-      if (!exchange(out_fd, in_fd, data.data(), bytes, theirs.data(), bytes, average))
-        return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-      average(bytes, bytes);
-    }
-    if (r >= warmup)
-      secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-  }
-  close(out_fd);
-  if (two)
-    close(in_fd);
-  // every element is the mean, 1.5, after the first exchange (a check of the scheme)
-  auto [lo, hi] = std::minmax_element(data.begin(), data.end());
-  if (*lo != 1.5f || *hi != 1.5f)
-    return std::fprintf(stderr, "raw allreduce %lu: wrong mean (%g..%g)\n",
-                        static_cast<unsigned long>(rank), *lo, *hi), 1;
-  if (rank == 0)
-    std::printf("op_seconds %.9f\n", median(secs));
-  return 0;
-}
-
-/// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
-/// on `port`), both join one allreduce_group and time allreduce_mean of the
-/// same buffer as the raw exchange. Rank 0 prints the median seconds.
-int allreduce_main(const helper_args& a) {
-  const auto rank = static_cast<uint32_t>(a.num("rank"));
-  const size_t floats = a.num("floats");
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  const auto port = static_cast<uint16_t>(a.num("port"));
-  af::system_config cfg;
-  caf::actor_system sys{cfg};
-  kv_store_actor store;
-  if (rank == 0) {
-    store = spawn_kv_store(sys);
-    if (auto p = sys.middleman().publish(store, port, "127.0.0.1", true); !p)
-      return std::fprintf(stderr, "rank 0: cannot publish the store on port %u: %s\n", port,
-                          sys.render(p.error()).c_str()), 1;
-  } else {
-    for (int attempt = 0; attempt < 500 && !store; ++attempt) {
-      if (auto s = sys.middleman().remote_actor<kv_store_actor>("127.0.0.1", port))
-        store = *s;
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!store)
-      return std::fprintf(stderr, "rank 1: no store at 127.0.0.1:%u\n", port), 1;
-  }
-  int rc = 0;
-  {
-    kv_client client{sys, store};
-    auto group = allreduce_group::create(rank, 2, "bench", client, std::chrono::seconds(30),
-                                         "127.0.0.1");
-    if (!group)
-      return std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(group.error()).c_str()), 1;
-    std::vector<float> data(floats, static_cast<float>(rank + 1));
-    std::vector<double> secs;
-    for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
-      auto t0 = clock_type::now();
-      if (auto err = (*group)->allreduce_mean(data.data(), floats)) {
-        std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
-        rc = 1;
-      } else if (r >= warmup) {
-        secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      }
-    }
-    if (rc == 0 && rank == 0)
-      std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
-  }
-  if (rank == 0)
-    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
-  return rc;
-}
-
 // -- running processes -------------------------------------------------------------------
 
 /// A child: `args` exec'd with stdout and stderr into `log`, every other
 /// descriptor closed but `keep`, killed if the bench dies.
-pid_t spawn(const std::vector<std::string>& args, const std::filesystem::path& log, int keep = -1) {
-  std::vector<char*> argv;
-  for (auto& s : args)
-    argv.push_back(const_cast<char*>(s.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  pid_t pid = fork();
-  if (pid != 0)
-    return pid;
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (out >= 0) {
-    dup2(out, 1);
-    dup2(out, 2);
-  }
-  int keep_at = keep >= 0 ? keep : 2;
-  if (keep_at > 3)
-    close_range(3, static_cast<unsigned>(keep_at - 1), 0);
-  close_range(static_cast<unsigned>(keep_at + 1), ~0u, 0);
-  execv(argv[0], argv.data());
-  std::perror("exec");
-  _exit(127);
+child_process spawn(const std::vector<std::string>& args, const std::filesystem::path& log,
+                    int keep = -1) {
+  child_spec spec;
+  spec.argv = args;
+  spec.out = spec.err = child_output::file;
+  spec.log_path = log.string();
+  spec.close_fds = true;
+  spec.keep_fd = keep;
+  return child_process{spec};
 }
 
 /// Why a group of children failed: which one failed first, and how.
@@ -628,38 +50,34 @@ struct group_failure {
 
 /// Waits for every child until `deadline` (sooner once one has failed: its
 /// peers would wait for it in vain) and kills those left.
-std::optional<group_failure> wait_all(const std::vector<pid_t>& pids,
+std::optional<group_failure> wait_all(std::vector<child_process>& kids,
                                       const std::vector<std::string>& names,
                                       clock_type::time_point deadline) {
-  std::vector<bool> done(pids.size(), false);
+  std::vector<bool> done(kids.size(), false);
   std::optional<group_failure> failure;
   for (;;) {
     bool pending = false;
-    for (size_t i = 0; i < pids.size(); ++i) {
+    for (size_t i = 0; i < kids.size(); ++i) {
       if (done[i])
         continue;
-      int status = 0;
-      auto r = waitpid(pids[i], &status, WNOHANG);
-      if (r == 0) {
+      auto status = kids[i].try_wait();
+      if (!status) {
         pending = true;
         continue;
       }
       done[i] = true;
-      bool ok = r == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      bool ok = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
       if (!ok && !failure) {
-        failure = group_failure{i, names[i] + (WIFSIGNALED(status)
-                                                 ? " died of signal " + std::to_string(WTERMSIG(status))
-                                                 : " exited with " + std::to_string(WEXITSTATUS(status)))};
+        failure = group_failure{i, names[i] + " " + child_process::describe(*status)};
         deadline = std::min(deadline, clock_type::now() + std::chrono::seconds(5));
       }
     }
     if (!pending)
       return failure;
     if (clock_type::now() > deadline) {
-      for (size_t i = 0; i < pids.size(); ++i)
+      for (size_t i = 0; i < kids.size(); ++i)
         if (!done[i]) {
-          kill(pids[i], SIGKILL);
-          waitpid(pids[i], nullptr, 0);
+          kids[i].signal(SIGKILL);
           if (!failure)
             failure = group_failure{i, names[i] + " still running after the deadline (killed)"};
         }
@@ -727,7 +145,7 @@ std::optional<double> raw_training(const std::string& mode, const train_bench_op
     return std::nullopt;
   auto self = self_exe();
   auto floats = std::to_string(model_floats);
-  std::vector<pid_t> pids;
+  std::vector<child_process> pids;
   std::vector<std::string> names{"raw ps", "raw worker 0", "raw worker 1"};
   pids.push_back(spawn({self, helper_flag, "raw-ps", "listen-fd=" + std::to_string(lfd),
                         "workers=2", "floats=" + floats, "mode=" + mode,
@@ -770,7 +188,8 @@ std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_
     v.insert(v.end(), common.begin(), common.end());
     return v;
   };
-  std::vector<pid_t> pids{spawn(args(0), dir.path / "raw-ar0.log", lfd)};
+  std::vector<child_process> pids;
+  pids.push_back(spawn(args(0), dir.path / "raw-ar0.log", lfd));
   close(lfd);
   pids.push_back(spawn(args(1), dir.path / "raw-ar1.log"));
   if (auto failure = wait_all(pids, {"raw rank 0", "raw rank 1"}, clock_type::now() + o.timeout)) {
@@ -830,7 +249,7 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     tasks.push_back({"ps", k});
   for (int w = 0; w < workers; ++w)
     tasks.push_back({"worker", w});
-  std::vector<pid_t> pids;
+  std::vector<child_process> pids;
   std::vector<std::string> names;
   std::vector<std::filesystem::path> logs;
   for (auto& t : tasks) {
@@ -1087,7 +506,7 @@ std::optional<double> ours_allreduce(const train_bench_options& o, const scratch
                                      std::string& failure) {
   auto self = self_exe();
   auto port = free_loopback_port();
-  std::vector<pid_t> pids;
+  std::vector<child_process> pids;
   std::vector<std::filesystem::path> logs;
   for (int rank = 0; rank < 2; ++rank) {
     logs.push_back(dir.path / ("ar" + std::to_string(rank) + ".log"));
@@ -1162,334 +581,6 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_straggler(opts, dir);
   if (want("train_sync_1m_2w_shm_vs_tcp"))
     bench_linear_shm(opts, dir);
-}
-
-namespace {
-
-// -- the soak (issue 11 §3) --------------------------------------------------------------
-
-/// One task of the soak's job: an actorflow-train process whose output goes
-/// to a file (one per incarnation), so nothing has to drain a pipe.
-struct soak_task {
-  std::string job;
-  int index = 0;
-  pid_t pid = -1;
-  std::string log;          ///< this incarnation's output
-  int incarnation = 0;
-  double rss_start_mb = -1; ///< this incarnation's, once it trained a while
-  std::chrono::steady_clock::time_point started{};
-};
-
-double rss_mb(pid_t pid) {
-  std::ifstream f{"/proc/" + std::to_string(pid) + "/status"};
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0)
-      return std::stod(line.substr(6)) / 1024.0; // kB
-  return -1;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f{path};
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-size_t occurrences(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
-    ++n;
-  return n;
-}
-
-/// Starts (again) `t`: actorflow-train --config CONFIG --job J --task I [--join].
-void soak_launch(soak_task& t, const std::string& bin, const std::string& config,
-                 const std::string& dir, bool join) {
-  t.incarnation += 1;
-  t.log = dir + "/" + t.job + std::to_string(t.index) + "-" + std::to_string(t.incarnation)
-          + ".log";
-  std::vector<std::string> args{bin, "--config", config, "--job", t.job, "--task",
-                                std::to_string(t.index)};
-  if (join)
-    args.push_back("--join");
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = ::open(t.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  t.pid = pid;
-  t.rss_start_mb = -1;
-  t.started = std::chrono::steady_clock::now();
-}
-
-bool soak_running(soak_task& t) {
-  if (t.pid <= 0)
-    return false;
-  int status = 0;
-  if (waitpid(t.pid, &status, WNOHANG) == t.pid) {
-    t.pid = -1;
-    return false;
-  }
-  return true;
-}
-
-void soak_kill(soak_task& t) {
-  if (t.pid > 0) {
-    ::kill(t.pid, SIGKILL);
-    int status = 0;
-    waitpid(t.pid, &status, 0);
-    t.pid = -1;
-  }
-}
-
-/// Waits up to `timeout` for `cond`, polling every 50 ms.
-template <class Cond>
-bool soak_wait(Cond cond, std::chrono::seconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() >= deadline)
-      return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
-
-/// `actorflow-bench --soak SECONDS [--soak-interval S] [--soak-checkpoint K]`:
-/// a sync job of 2 ps and 2 workers (the digits MLP) on loopback, checkpoint
-/// every K steps; every S seconds one of worker 1, ps 0 and ps 1 (at random,
-/// seeded) is killed with SIGKILL and restarted (a worker with --join, once
-/// the chief has seen it leave; a ps at once: the chief restores it). The
-/// chief is not killed: the job stops without it by design. Prints each
-/// fault and, at the end, the steps done, the faults, the updates lost
-/// (per ps recovery: the steps between the checkpoint it was restored from
-/// and the step it was restored at, as the chief reports them; a killed
-/// worker loses only its gradient in flight, which a sync step closes
-/// without) and the chief's and every current process's RSS at its start
-/// (after 5 s of training) and at the end. Exit 0 if the job kept going and
-/// no recovery lost more than one checkpoint interval.
-int run_soak(int argc, char** argv) {
-  double seconds = std::stod(argv[2]);
-  double interval = 15;
-  uint64_t K = 50;
-  unsigned seed = 1;
-  for (int i = 3; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--soak-interval")
-      interval = std::stod(argv[i + 1]);
-    else if (k == "--soak-checkpoint")
-      K = std::stoull(argv[i + 1]);
-    else if (k == "--soak-seed")
-      seed = static_cast<unsigned>(std::stoul(argv[i + 1]));
-    else
-      return std::fprintf(stderr, "actorflow-bench --soak: unknown option %s\n", k.c_str()), 2;
-  }
-  auto bin = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "actorflow-train")
-               .string();
-  char tmpl[] = "/tmp/actorflow-soak-XXXXXX";
-  if (!mkdtemp(tmpl))
-    return std::fprintf(stderr, "actorflow-bench --soak: mkdtemp: %s\n", std::strerror(errno)), 1;
-  std::string dir = tmpl;
-  auto port = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
-  auto config = dir + "/soak.toml";
-  {
-    std::ofstream f{config};
-    f << "[cluster]\nps = [" << port() << ", " << port() << "]\nworker = [" << port() << ", "
-      << port() << "]\n\n[train]\nmode = \"sync\"\nsteps = 1000000000\ncheckpoint_dir = \""
-      << dir << "/ckpt\"\ncheckpoint_steps = " << K
-      << "\nlog_every = 100\neval_every = 0\nps_recovery_timeout_ms = 60000\n"
-         "step_timeout_ms = 60000\n";
-  }
-  std::printf("soak: %.0f s of sync training, 2 ps + 2 workers, a checkpoint every %llu steps, "
-              "a kill -9 every %.0f s (seed %u); logs in %s\n",
-              seconds, static_cast<unsigned long long>(K), interval, seed, dir.c_str());
-  std::fflush(stdout);
-  auto task = [](const char* job, int index) {
-    soak_task t;
-    t.job = job;
-    t.index = index;
-    return t;
-  };
-  std::vector<soak_task> tasks{task("ps", 0), task("ps", 1), task("worker", 1), task("worker", 0)};
-  for (auto& t : tasks)
-    soak_launch(t, bin, config, dir, false);
-  auto& chief = tasks[3];
-  auto chief_out = [&] { return read_text(chief.log); };
-  auto last_step = [&]() -> uint64_t {
-    auto out = chief_out();
-    auto at = out.rfind("\nstep ");
-    if (at == std::string::npos)
-      return 0;
-    return std::stoull(out.substr(at + 6));
-  };
-  auto fail = [&](const std::string& why) {
-    std::printf("soak FAILED: %s (logs in %s)\n", why.c_str(), dir.c_str());
-    std::fflush(stdout);
-    // Where each live process waits, beside its log, when gdb is there: a
-    // hang seen once in 10 minutes is not seen again on demand.
-    // (mkdtemp's directory has no quote; each gdb is bounded to 30 s.)
-    if (::access("/usr/bin/gdb", X_OK) == 0)
-      for (auto& t : tasks)
-        if (soak_running(t)) {
-          auto out = dir + "/" + t.job + std::to_string(t.index) + "-"
-                     + std::to_string(t.incarnation) + ".stacks";
-          auto cmd = "timeout 30 /usr/bin/gdb -batch -p " + std::to_string(t.pid)
-                     + " -ex 'thread apply all bt' > '" + out + "' 2>&1";
-          int rc = std::system(cmd.c_str());
-          std::printf("soak: stacks of /job:%s/task:%d %s %s\n", t.job.c_str(), t.index,
-                      rc == 0 ? "in" : "not taken (gdb failed: ptrace not allowed?), see",
-                      out.c_str());
-        }
-    for (auto& t : tasks)
-      soak_kill(t);
-    return 1;
-  };
-  if (!soak_wait([&] { return last_step() > 0; }, std::chrono::seconds(60)))
-    return fail("the chief printed no progress line within 60 s");
-  auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto sample_rss = [&] {
-    for (auto& t : tasks)
-      if (t.rss_start_mb < 0 && t.pid > 0
-          && std::chrono::steady_clock::now() - t.started > std::chrono::seconds(5))
-        t.rss_start_mb = rss_mb(t.pid);
-  };
-  std::mt19937 rng{seed};
-  int faults = 0, ps_faults = 0, worker_faults = 0;
-  uint64_t step_start = last_step();
-  double next_fault = interval;
-  while (elapsed() < seconds) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    sample_rss();
-    if (!soak_running(chief))
-      return fail("the chief exited");
-    if (elapsed() < next_fault)
-      continue;
-    next_fault = elapsed() + interval;
-    auto& victim = tasks[std::uniform_int_distribution<size_t>{0, 2}(rng)];
-    auto before = chief_out();
-    auto step = last_step();
-    auto t_kill = std::chrono::steady_clock::now();
-    soak_kill(victim);
-    faults += 1;
-    std::string what;
-    if (victim.job == "ps") {
-      ps_faults += 1;
-      soak_launch(victim, bin, config, dir, false);
-      auto n = occurrences(before, "ps recovered: ");
-      if (!soak_wait([&] { return occurrences(chief_out(), "ps recovered: ") > n; },
-                     std::chrono::seconds(90)))
-        return fail("the chief did not restore /job:ps/task:" + std::to_string(victim.index)
-                    + " within 90 s");
-      auto out = chief_out();
-      auto at = out.rfind("ps recovered: ");
-      what = out.substr(at, out.find('\n', at) - at);
-    } else {
-      worker_faults += 1;
-      auto n = occurrences(before, "(/job:worker/task:1 at ");
-      (void)n;
-      auto left = occurrences(before, ") left at global step");
-      if (!soak_wait([&] { return occurrences(chief_out(), ") left at global step") > left; },
-                     std::chrono::seconds(60)))
-        return fail("the chief did not see worker 1 leave within 60 s");
-      auto joined = occurrences(before, ") joined at global step");
-      soak_launch(victim, bin, config, dir, true);
-      if (!soak_wait([&] { return occurrences(chief_out(), ") joined at global step") > joined; },
-                     std::chrono::seconds(60)))
-        return fail("worker 1 did not rejoin within 60 s");
-      what = "worker 1 rejoined";
-    }
-    std::printf("soak: fault %d at %.1f s (step %llu): kill -9 /job:%s/task:%d; back in %.1f s: "
-                "%s\n",
-                faults, elapsed(), static_cast<unsigned long long>(step), victim.job.c_str(),
-                victim.index,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count(),
-                what.c_str());
-    std::fflush(stdout);
-  }
-  // The figures, then every process is stopped.
-  auto out = chief_out();
-  uint64_t lost = 0, beyond = 0, recoveries = 0;
-  {
-    std::regex re{R"(ps recovered: \S+ from .+ checkpoint_step=\d+ at global_step=\d+ lost=(\d+))"};
-    for (std::sregex_iterator it{out.begin(), out.end(), re}, end; it != end; ++it) {
-      auto l = std::stoull((*it)[1].str());
-      recoveries += 1;
-      lost += l;
-      if (l > K)
-        beyond += l - K;
-    }
-  }
-  auto steps_done = last_step() - step_start;
-  std::printf("soak: %.0f s, %llu steps (%.1f steps/s), %d faults (%d ps, %d worker), %llu ps "
-              "recoveries, %llu updates lost in all, %llu beyond one checkpoint interval (%llu)\n",
-              elapsed(), static_cast<unsigned long long>(steps_done),
-              static_cast<double>(steps_done) / elapsed(), faults, ps_faults, worker_faults,
-              static_cast<unsigned long long>(recoveries), static_cast<unsigned long long>(lost),
-              static_cast<unsigned long long>(beyond), static_cast<unsigned long long>(K));
-  bool flat = true;
-  for (auto& t : tasks) {
-    double end = t.pid > 0 ? rss_mb(t.pid) : -1;
-    double ratio = t.rss_start_mb > 0 && end > 0 ? end / t.rss_start_mb : 0;
-    std::printf("soak: /job:%s/task:%d incarnation %d: RSS %.1f MB at its start, %.1f MB at the "
-                "end (ratio %.3f)\n",
-                t.job.c_str(), t.index, t.incarnation, t.rss_start_mb, end, ratio);
-    if (&t == &chief && (ratio > 1.10 || ratio < 0.90))
-      flat = false;
-  }
-  std::printf("metric soak steps=%llu faults=%d updates_lost=%llu lost_beyond_interval=%llu "
-              "chief_rss_ratio=%.3f\n",
-              static_cast<unsigned long long>(steps_done), faults,
-              static_cast<unsigned long long>(lost), static_cast<unsigned long long>(beyond),
-              chief.rss_start_mb > 0 ? rss_mb(chief.pid) / chief.rss_start_mb : 0.0);
-  std::fflush(stdout);
-  for (auto& t : tasks)
-    soak_kill(t);
-  if (beyond > 0)
-    return std::printf("soak FAILED: a recovery lost more than one checkpoint interval\n"), 1;
-  if (!flat)
-    std::printf("soak: the chief's RSS moved more than 10 %%\n");
-  return flat ? 0 : 1;
-}
-
-} // namespace
-
-int run_helper(int argc, char** argv) {
-  if (argc >= 3 && std::strcmp(argv[1], "--soak") == 0)
-    return run_soak(argc, argv);
-  if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
-    return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
-  std::string role = argv[2];
-  if (a.kv.count("slice")) // 0: unlimited
-    io_slice = a.num("slice") ? a.num("slice") : SIZE_MAX;
-  if (role == "raw-ps")
-    return raw_ps_main(a);
-  if (role == "raw-worker")
-    return raw_worker_main(a);
-  if (role == "raw-allreduce")
-    return raw_allreduce_main(a);
-  if (role == "allreduce")
-    return allreduce_main(a);
-  std::fprintf(stderr, "actorflow-bench: unknown helper %s\n", role.c_str());
-  return 2;
 }
 
 } // namespace af::bench

@@ -51,10 +51,7 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
 constexpr const char* helper_flag = "--bench-role";
 
 /// If argv[1] is helper_flag, runs that helper and returns its exit status;
-/// if it is --soak, runs the soak (`actorflow-bench --soak SECONDS
-/// [--soak-interval S] [--soak-checkpoint K] [--soak-seed N]`: sync training
-/// through periodic kill -9 of a random worker or ps, docs/training.md);
-/// otherwise -1.
+/// otherwise -1. (The soak is its own program, actorflow-soak.)
 int run_helper(int argc, char** argv);
 
 } // namespace af::bench

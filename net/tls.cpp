@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "core/read_file.hpp"
+#include "net/socket.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -570,21 +571,6 @@ uint32_t get_be32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-/// Sends all of [p, p + n): false with errno on an error or timeout.
-bool send_all(int fd, const char* p, size_t n, int flags) {
-  while (n > 0) {
-    auto r = ::send(fd, p, n, MSG_NOSIGNAL | flags);
-    if (r < 0) {
-      if (errno == EINTR)
-        continue;
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
 } // namespace
 
 std::unique_ptr<secure_stream> secure_stream::make(ssl_st* ssl, int fd, bool server,
@@ -705,9 +691,9 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
       if (!enc_->seal(buf + used))
         return fail(tls_errors("AES-GCM refused a record"));
       used += tag_bytes;
-      return send_all(fd_, out_.get(), used, 0);
+      return sock::send_all(fd_, out_.get(), used, 0);
     }
-    if (!send_all(fd_, out_.get(), used, MSG_MORE))
+    if (!sock::send_all(fd_, out_.get(), used, MSG_MORE))
       return false;
     used = 0;
   }
@@ -936,11 +922,7 @@ bool secure_stream::read(void* buf, size_t n, size_t* got) {
 
 std::string secure_stream::wait_hello(int wait_ms) {
   if (raw_pos_ == raw_end_) {
-    pollfd pfd{fd_, POLLIN, 0};
-    int rc;
-    do
-      rc = ::poll(&pfd, 1, wait_ms);
-    while (rc < 0 && errno == EINTR);
+    int rc = sock::poll_one(fd_, POLLIN, wait_ms);
     if (rc == 0)
       return fmt::format("no first record within {} ms after the TLS handshake", wait_ms);
     if (rc < 0)

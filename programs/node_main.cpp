@@ -11,7 +11,6 @@
 // Production: systemd's Restart=on-failure does the same (docs/security.md).
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +28,7 @@
 #include "caf/all.hpp"
 
 #include "net/aes_gcm.hpp"
+#include "core/child_process.hpp"
 #include "core/log.hpp"
 #include "actors/node.hpp"
 #include "dist/aggregator.hpp"
@@ -80,12 +80,15 @@ std::string describe_status(int status) {
 constexpr const char* supervised_env = "ACTORFLOW_SUPERVISED";
 
 int supervise(int argc, char** argv, int max_restarts) {
-  std::vector<char*> args;
+  af::child_spec node_spec;
+  node_spec.program = "/proc/self/exe";
   for (int i = 0; i < argc; ++i)
     if (std::strcmp(argv[i], "--restart-on-failure") != 0
         && std::strncmp(argv[i], "--restart-on-failure=", 21) != 0)
-      args.push_back(argv[i]);
-  args.push_back(nullptr);
+      node_spec.argv.push_back(argv[i]);
+  // A supervisor killed with SIGKILL takes its node along (it would hold the
+  // port, and a new supervisor could not start one).
+  node_spec.death_signal = SIGTERM;
   // The child serves and never supervises, whatever form the flag took.
   ::setenv(supervised_env, "1", 1);
   struct sigaction action {};
@@ -98,28 +101,16 @@ int supervise(int argc, char** argv, int max_restarts) {
   auto backoff = std::chrono::milliseconds{500};
   for (;;) {
     auto started = std::chrono::steady_clock::now();
-    pid_t child = ::fork();
-    if (child < 0) {
-      log->error("supervisor: cannot start the node: fork failed: {}", std::strerror(errno));
+    af::child_process child{node_spec};
+    if (!child.started()) {
+      log->error("supervisor: cannot start the node: {}", child.start_error());
       return 2;
     }
-    if (child == 0) {
-      // A supervisor killed with SIGKILL takes its node along (it would
-      // hold the port, and a new supervisor could not start one).
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() == 1)
-        ::_exit(2);
-      ::execv("/proc/self/exe", args.data());
-      std::fprintf(stderr, "supervisor: cannot run /proc/self/exe: %s\n", std::strerror(errno));
-      ::_exit(2);
-    }
-    supervised_child = child;
-    if (supervisor_stop != 0) // a signal between fork and here
-      ::kill(child, SIGTERM);
-    log->info("supervisor: node started, pid {}", child);
-    int status = 0;
-    while (::waitpid(child, &status, 0) < 0 && errno == EINTR)
-      ; // a signal was forwarded; wait for the child to end
+    supervised_child = child.pid();
+    if (supervisor_stop != 0) // a signal between the start and here
+      ::kill(child.pid(), SIGTERM);
+    log->info("supervisor: node started, pid {}", child.pid());
+    int status = child.wait(); // a signal is forwarded meanwhile
     supervised_child = 0;
     if (supervisor_stop != 0) {
       log->info("supervisor: signal {}: the node {}; stopping", static_cast<int>(supervisor_stop),
@@ -140,7 +131,7 @@ int supervise(int argc, char** argv, int max_restarts) {
       return 1;
     }
     ++restarts;
-    log->warn("supervisor: the node (pid {}) {}; restart {} of {} in {} ms", child,
+    log->warn("supervisor: the node (pid {}) {}; restart {} of {} in {} ms", child.pid(),
               describe_status(status), restarts, max_restarts, backoff.count());
     // Sleeps in steps so that a SIGTERM during the backoff stops at once.
     auto until = std::chrono::steady_clock::now() + backoff;

@@ -1,15 +1,6 @@
 #include "process_cluster.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -26,56 +17,15 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-            int& out_fd) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    // A test process that is killed (a ctest timeout) must not leave nodes behind.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    for (const auto& [k, v] : env)
-      setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::perror("execv");
-    _exit(127);
-  }
-  close(fds[1]);
-  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-  out_fd = fds[0];
-  return pid;
-}
-
-/// Reads what is available on `fd` into `out`, waiting at most `wait` for data.
-/// Returns false at end of file.
-bool read_some(int fd, std::string& out, std::chrono::milliseconds wait) {
-  pollfd pfd{fd, POLLIN, 0};
-  if (poll(&pfd, 1, static_cast<int>(wait.count())) <= 0)
-    return true;
-  char buf[4096];
-  for (;;) {
-    auto n = read(fd, buf, sizeof(buf));
-    if (n > 0) {
-      out.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    return n < 0; // 0 = EOF; <0 = EAGAIN
-  }
-}
-
-int decode(int status) {
-  if (WIFEXITED(status))
-    return WEXITSTATUS(status);
-  return -1;
+/// `argv` started with `env` added, stdout and stderr captured; killed if
+/// the test process is (a ctest timeout must not leave nodes behind).
+child_process spawn(const std::vector<std::string>& argv,
+                    const std::map<std::string, std::string>& env = {}) {
+  child_spec spec;
+  spec.argv = argv;
+  spec.set_env.assign(env.begin(), env.end());
+  spec.out = spec.err = child_output::capture;
+  return child_process{spec};
 }
 
 } // namespace
@@ -83,109 +33,50 @@ int decode(int status) {
 command_result run_command(const std::vector<std::string>& argv, std::chrono::seconds timeout,
                            const std::map<std::string, std::string>& env) {
   command_result res;
-  int fd = -1;
-  pid_t pid = spawn(argv, env, fd);
-  auto deadline = clock_type::now() + timeout;
-  bool open = true;
-  while (open && clock_type::now() < deadline)
-    open = read_some(fd, res.output, std::chrono::milliseconds(100));
-  // The child may close its output before it exits: wait for it, bounded too.
-  int status = 0;
-  bool exited = false;
-  while (!exited && clock_type::now() < deadline) {
-    exited = waitpid(pid, &status, WNOHANG) == pid;
-    if (!exited)
-      read_some(fd, res.output, std::chrono::milliseconds(20));
-  }
-  if (exited) {
-    res.exit_code = decode(status);
+  auto child = spawn(argv, env);
+  // The child may close its output before it exits: the wait is bounded too.
+  if (auto status = child.wait_for(timeout)) {
+    res.exit_code = child_process::exit_code(*status);
   } else {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
+    child.signal(SIGKILL);
     res.exit_code = -1;
   }
-  close(fd);
+  res.output = child.started() ? child.output() : child.start_error();
   return res;
 }
 
-background_process::background_process(const std::vector<std::string>& argv) {
-  pid_ = spawn(argv, {}, out_fd_);
+background_process::background_process(const std::vector<std::string>& argv)
+  : child_(spawn(argv)) {
 }
 
-background_process::~background_process() {
-  signal(SIGKILL);
-  if (out_fd_ >= 0)
-    close(out_fd_);
-}
+background_process::~background_process() = default; // child_process SIGKILLs it
 
 bool background_process::wait_for(const std::string& text, std::chrono::milliseconds timeout) {
   auto deadline = clock_type::now() + timeout;
-  while (output_.find(text) == std::string::npos && clock_type::now() < deadline)
-    if (!read_some(out_fd_, output_, std::chrono::milliseconds(50)))
+  while (output().find(text) == std::string::npos && clock_type::now() < deadline)
+    if (!child_.read_output(std::chrono::milliseconds(50)))
       break;
-  return output_.find(text) != std::string::npos;
+  return output().find(text) != std::string::npos;
 }
 
 void background_process::signal(int sig) {
-  if (pid_ <= 0 || reaped_)
-    return;
-  ::kill(pid_, sig);
-  int status = 0;
-  if (sig == SIGKILL) {
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    exit_code_ = decode(status);
-  } else if (sig == SIGSTOP) {
-    // kill() returns before the process has stopped: wait for the stop itself.
-    if (waitpid(pid_, &status, WUNTRACED) == pid_ && !WIFSTOPPED(status)) {
-      reaped_ = true;
-      exit_code_ = decode(status);
-    }
-  }
+  child_.signal(sig);
 }
 
 bool background_process::read_output(std::chrono::milliseconds wait) {
-  return out_fd_ >= 0 && read_some(out_fd_, output_, wait);
+  return child_.read_output(wait);
 }
 
 std::optional<int> background_process::exit_code() {
-  if (pid_ <= 0)
-    return -1;
-  if (!reaped_) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) != pid_)
-      return std::nullopt;
-    reaped_ = true;
-    exit_code_ = decode(status);
-  }
-  return exit_code_;
+  if (auto status = child_.try_wait())
+    return child_process::exit_code(*status);
+  return std::nullopt;
 }
 
 std::optional<int> background_process::wait_exit(std::chrono::milliseconds timeout) {
-  auto deadline = clock_type::now() + timeout;
-  bool open = true;
-  for (;;) {
-    // Reading comes first: a process blocked on a full pipe never exits.
-    if (open)
-      open = read_output(std::chrono::milliseconds(20));
-    if (auto code = exit_code()) {
-      read_output(std::chrono::milliseconds(0)); // what it printed last
-      return code;
-    }
-    if (clock_type::now() >= deadline)
-      return std::nullopt;
-    if (!open) {
-      // Its output is closed: wait on the exit itself (a pidfd turns readable
-      // when the process ends), bounded by the deadline.
-      int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-      if (pidfd < 0)
-        return exit_code(); // no pidfd (old kernel): say what is known now
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-      pollfd p{pidfd, POLLIN, 0};
-      ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
-      ::close(pidfd);
-    }
-  }
+  if (auto status = child_.wait_for(timeout))
+    return child_process::exit_code(*status);
+  return std::nullopt;
 }
 
 caf::expected<std::unique_ptr<process_cluster>>
@@ -220,7 +111,7 @@ process_cluster::start(const std::map<std::string, int>& jobs, node_options opts
       if (!pc->wait_ready(p, deadline)) {
         all_ready = false;
         last_error = "/job:" + p.job + "/task:" + std::to_string(p.task)
-                     + " did not report ready: " + p.output;
+                     + " did not report ready: " + p.child.output();
         break;
       }
     }
@@ -233,48 +124,38 @@ process_cluster::start(const std::map<std::string, int>& jobs, node_options opts
 
 process_cluster::~process_cluster() {
   for (auto& p : procs_)
-    if (p.exit_code == -2 && p.pid > 0)
-      kill(p.pid, SIGTERM);
+    if (p.exit_code == -2)
+      p.child.signal(SIGTERM);
   for (auto& p : procs_)
-    if (p.exit_code == -2 && p.pid > 0)
+    if (p.exit_code == -2 && p.child.started())
       reap(p, std::chrono::seconds(10));
-  for (auto& p : procs_)
-    if (p.out_fd >= 0)
-      close(p.out_fd);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
 
 void process_cluster::launch(proc& p) {
-  p.output.clear();
   p.exit_code = -2;
-  p.pid = spawn({ACTORFLOW_NODE_BINARY, "--config", config_path_, "--job", p.job, "--task",
-                 std::to_string(p.task)},
-                {}, p.out_fd);
+  p.child = spawn({ACTORFLOW_NODE_BINARY, "--config", config_path_, "--job", p.job, "--task",
+                   std::to_string(p.task)});
 }
 
 bool process_cluster::wait_ready(proc& p, clock_type_point deadline) {
-  while (p.output.find("ready") == std::string::npos && clock_type::now() < deadline)
-    if (!read_some(p.out_fd, p.output, std::chrono::milliseconds(100)))
+  while (p.child.output().find("ready") == std::string::npos && clock_type::now() < deadline)
+    if (!p.child.read_output(std::chrono::milliseconds(100)))
       break; // exited
-  return p.output.find("ready") != std::string::npos;
+  return p.child.output().find("ready") != std::string::npos;
 }
 
 bool process_cluster::signal(const std::string& job, int32_t task, int sig) {
   auto p = find(job, task);
   if (p == nullptr || p->exit_code != -2)
     return false;
-  if (::kill(p->pid, sig) != 0)
+  // SIGKILL also reaps it; SIGSTOP returns once it has stopped (or died).
+  if (!p->child.signal(sig))
     return false;
-  if (sig == SIGKILL)
-    reap(*p, std::chrono::seconds(10));
-  if (sig == SIGSTOP) {
-    // kill() returns before the process has stopped: wait for the stop
-    // itself (SIGSTOP cannot be caught, so it comes, or the process died).
-    int status = 0;
-    if (waitpid(p->pid, &status, WUNTRACED) == p->pid && !WIFSTOPPED(status))
-      p->exit_code = decode(status);
-  }
+  if (sig == SIGKILL || sig == SIGSTOP)
+    if (auto status = p->child.try_wait())
+      p->exit_code = child_process::exit_code(*status);
   return true;
 }
 
@@ -285,8 +166,6 @@ caf::error process_cluster::restart(const std::string& job, int32_t task, std::c
   if (p->exit_code == -2)
     return make_error(af_error::invalid_argument, "/job:" + job + "/task:" + std::to_string(task)
                                                     + " is still running; kill it first");
-  if (p->out_fd >= 0)
-    close(p->out_fd);
   auto deadline = clock_type::now() + timeout;
   // The old process's port may linger for a moment: try until the deadline.
   for (;;) {
@@ -294,17 +173,15 @@ caf::error process_cluster::restart(const std::string& job, int32_t task, std::c
     if (wait_ready(*p, deadline))
       return caf::none;
     reap(*p, std::chrono::seconds(2));
-    close(p->out_fd);
-    p->out_fd = -1;
     if (clock_type::now() >= deadline)
       return make_error(af_error::timeout, "/job:" + job + "/task:" + std::to_string(task)
-                                             + " did not come back: " + p->output);
+                                             + " did not come back: " + p->child.output());
   }
 }
 
 pid_t process_cluster::pid(const std::string& job, int32_t task) {
   auto p = find(job, task);
-  return p && p->exit_code == -2 ? p->pid : -1;
+  return p && p->exit_code == -2 ? p->child.pid() : -1;
 }
 
 process_cluster::proc* process_cluster::find(const std::string& job, int32_t task) {
@@ -314,22 +191,10 @@ process_cluster::proc* process_cluster::find(const std::string& job, int32_t tas
   return nullptr;
 }
 
-void process_cluster::drain(proc& p, std::chrono::milliseconds wait) {
-  if (p.out_fd >= 0)
-    read_some(p.out_fd, p.output, wait);
-}
-
 int process_cluster::reap(proc& p, std::chrono::milliseconds timeout) {
-  auto deadline = clock_type::now() + timeout;
-  int status = 0;
-  while (clock_type::now() < deadline) {
-    drain(p, std::chrono::milliseconds(20));
-    auto r = waitpid(p.pid, &status, WNOHANG);
-    if (r == p.pid)
-      return p.exit_code = decode(status);
-  }
-  kill(p.pid, SIGKILL);
-  waitpid(p.pid, &status, 0);
+  if (auto status = p.child.wait_for(timeout))
+    return p.exit_code = child_process::exit_code(*status);
+  p.child.signal(SIGKILL);
   return p.exit_code = -1;
 }
 
@@ -337,7 +202,7 @@ int process_cluster::stop(const std::string& job, int32_t task, std::chrono::sec
   auto p = find(job, task);
   if (p == nullptr || p->exit_code != -2)
     return p ? p->exit_code : -1;
-  kill(p->pid, SIGTERM);
+  p->child.signal(SIGTERM);
   return reap(*p, timeout);
 }
 
@@ -352,8 +217,8 @@ std::string process_cluster::output(const std::string& job, int32_t task) {
   auto p = find(job, task);
   if (p == nullptr)
     return {};
-  drain(*p, std::chrono::milliseconds(0));
-  return p->output;
+  p->child.read_output(std::chrono::milliseconds(0));
+  return p->child.output();
 }
 
 } // namespace af::testing

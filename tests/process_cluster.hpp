@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "caf/expected.hpp"
+#include "core/child_process.hpp"
 
 #include "config/cluster_spec.hpp"
 
@@ -40,8 +41,8 @@ public:
   /// Sends `sig`; SIGKILL also reaps it; SIGSTOP returns once it has stopped
   /// (or exited).
   void signal(int sig);
-  const std::string& output() const { return output_; }
-  pid_t pid() const { return pid_; }
+  const std::string& output() const { return child_.output(); }
+  pid_t pid() const { return child_.pid(); }
 
   /// Reads what it prints within `wait` (for a test that watches several
   /// processes, none of which may block on a full pipe); false once its
@@ -55,11 +56,7 @@ public:
   std::optional<int> wait_exit(std::chrono::milliseconds timeout);
 
 private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  bool reaped_ = false;
-  int exit_code_ = -1;
-  std::string output_;
+  child_process child_;
 };
 
 class process_cluster {
@@ -101,16 +98,13 @@ private:
   struct proc {
     std::string job;
     int32_t task = 0;
-    pid_t pid = -1;
-    int out_fd = -1;
-    std::string output;
+    child_process child;
     int exit_code = -2; ///< -2: running
   };
   process_cluster() = default;
   proc* find(const std::string& job, int32_t task);
   void launch(proc& p);
   bool wait_ready(proc& p, clock_type_point deadline);
-  void drain(proc& p, std::chrono::milliseconds wait);
   int reap(proc& p, std::chrono::milliseconds timeout);
   std::vector<proc> procs_;
   cluster_spec spec_;

@@ -1244,6 +1244,26 @@ TEST_CASE("plot draws a PNG with gnuplot, or says how to get gnuplot", "[train][
   CHECK(said == "plot: gnuplot not found; apt-get install gnuplot-nox to get " + dir / "other.png");
 }
 
+TEST_CASE("plot says the last line gnuplot wrote on stderr when it cannot draw", "[train][metrics]") {
+  // Catches: gnuplot's stderr not captured (the message would say only the
+  // exit code), or its stdout taken for its complaint.
+  temp_dir dir;
+  auto csv = dir / "metrics.csv";
+  {
+    auto w = metrics_writer::open(csv);
+    REQUIRE(w);
+    w->write({0, 0.1, 2.3, 0.5, "sync", 2, 100});
+  }
+  write_file(dir / "gnuplot", "#!/bin/sh\necho 'stdout noise'\necho 'first complaint' >&2\n"
+                              "echo 'the last complaint' >&2\nexit 1\n");
+  REQUIRE(::chmod((dir / "gnuplot").c_str(), 0755) == 0);
+  std::string old_path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", dir.path.c_str(), 1);
+  auto said = plot(csv, dir / "plot.png");
+  ::setenv("PATH", old_path.c_str(), 1);
+  CHECK(said == "plot: gnuplot could not draw " + dir / "plot.png" + ": the last complaint");
+}
+
 // --- what actorflow-train checks before it trains ---------------------------
 
 TEST_CASE("CSV labels out of [0, max_classes) are refused with file, line and value",

@@ -11,11 +11,10 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-extern char** environ;
+#include "core/child_process.hpp"
 
 namespace af::train {
 
@@ -72,42 +71,20 @@ struct run_result {
 /// stdout discarded, stderr captured.
 run_result run_gnuplot(const std::string& program, const std::string& script) {
   run_result r;
-  int err_pipe[2];
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    r.errors = std::strerror(errno);
+  child_spec spec;
+  spec.argv = {"gnuplot", script};
+  spec.program = program;
+  spec.stdin_null = true;
+  spec.out = child_output::discard;
+  spec.err = child_output::capture;
+  spec.max_output = 65536;
+  child_process gnuplot{spec};
+  if (!gnuplot.started()) {
+    r.errors = gnuplot.start_error();
     return r;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  std::vector<char*> argv = {const_cast<char*>("gnuplot"), const_cast<char*>(script.c_str()),
-                             nullptr};
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(err_pipe[1]);
-  if (rc != 0) {
-    ::close(err_pipe[0]);
-    r.errors = fmt::format("cannot start {}: {}", program, std::strerror(rc));
-    return r;
-  }
-  char buf[4096];
-  for (;;) {
-    auto n = ::read(err_pipe[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    if (r.errors.size() < 65536)
-      r.errors.append(buf, static_cast<size_t>(n));
-  }
-  ::close(err_pipe[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    // nop
-  }
+  int status = gnuplot.wait();
+  r.errors = gnuplot.output();
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }

@@ -1,0 +1,564 @@
+// The helper processes of the training metrics (bench_train.hpp): the raw
+// baselines and our all-reduce, this binary re-executed with helper_flag.
+//
+// The baselines are written to be as fast as plain sockets allow on one
+// machine: persistent connections, TCP_NODELAY, nonblocking sockets driven by
+// poll() so that a process sends and receives at once, every buffer allocated
+// before the first step, and the parameter server updating and answering
+// chunk by chunk as gradients stream in (it starts sending parameters before
+// the whole gradient has arrived).
+#include "bench/bench_train.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <cblas.h>
+
+#include "caf/all.hpp"
+#include "caf/io/middleman.hpp"
+
+#include "actors/kv_store.hpp"
+#include "actors/system.hpp"
+#include "bench/train_common.hpp"
+#include "config/loopback.hpp"
+#include "dist/allreduce.hpp"
+#include "net/socket.hpp"
+
+namespace af::bench {
+
+namespace {
+
+constexpr size_t chunk_bytes = 64 << 10; // the raw ps's unit of update
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch())
+    .count();
+}
+
+// -- sockets ---------------------------------------------------------------------
+
+void tune_socket(int fd) {
+  sock::set_nodelay(fd);
+  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
+  // net.core.[rw]mem_max and doubles it.
+  sock::set_buffers(fd, 8 << 20);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/// A connection to the helper listening on `port`, which may not listen yet:
+/// tries for 2 s.
+int dial_loopback(uint16_t port) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = connect_loopback(port);
+    if (fd >= 0)
+      return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+/// What one nonblocking read or write did: moved bytes, would block, or failed
+/// (error or end of stream).
+enum class io { moved, blocked, failed };
+
+/// Bytes one read or write moves at most (a helper's slice=N; 0: no limit).
+/// No limit was fastest on the development VM for the ps and the exchange
+/// alike (fewer system calls); 256 KiB and 1 MiB slices were 5-20% slower.
+size_t io_slice = SIZE_MAX;
+
+io try_read(int fd, char* buf, size_t n, size_t& done) {
+  auto r = ::read(fd, buf + done, std::min(n - done, io_slice));
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
+io try_write(int fd, const char* buf, size_t n, size_t& done) {
+  auto r = ::write(fd, buf + done, std::min(n - done, io_slice));
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
+/// How long a baseline's socket may make no progress before the helper
+/// gives up (a peer that died or hung): the bench then reports the failure
+/// instead of waiting for its own timeout.
+constexpr int stall_ms = 30000;
+
+/// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
+/// (if `want_in`); the same socket may be both. False on an error or after
+/// stall_ms without either.
+bool wait_sockets(int out_fd, bool want_out, int in_fd, bool want_in) {
+  pollfd p[2] = {{out_fd, static_cast<short>(want_out ? POLLOUT : 0), 0},
+                 {in_fd, static_cast<short>(want_in ? POLLIN : 0), 0}};
+  if (out_fd == in_fd) {
+    p[0].events |= p[1].events;
+    p[1].fd = -1;
+  }
+  int r = poll(p, 2, stall_ms);
+  if (r == 0)
+    std::fprintf(stderr, "bench helper: no progress on its sockets for %d ms\n", stall_ms);
+  return r > 0 || (r < 0 && errno == EINTR);
+}
+
+/// Sends `out` on the nonblocking socket `out_fd` and receives `in` on
+/// `in_fd` (the same socket or another) at once; calls progress(sent,
+/// received) whenever either moved. Polls only when neither can move.
+template <class Progress>
+bool exchange(int out_fd, int in_fd, const void* out, size_t out_n, void* in, size_t in_n,
+              Progress&& progress) {
+  size_t sent = 0, got = 0;
+  while (sent < out_n || got < in_n) {
+    bool moved = false;
+    if (sent < out_n) {
+      auto r = try_write(out_fd, static_cast<const char*>(out), out_n, sent);
+      if (r == io::failed)
+        return false;
+      moved |= r == io::moved;
+    }
+    if (got < in_n) {
+      auto r = try_read(in_fd, static_cast<char*>(in), in_n, got);
+      if (r == io::failed)
+        return false;
+      moved |= r == io::moved;
+    }
+    if (moved) {
+      progress(sent, got);
+      continue;
+    }
+    if (!wait_sockets(out_fd, sent < out_n, in_fd, got < in_n))
+      return false;
+  }
+  return true;
+}
+
+/// Bytes of a message of `total` whose first `have` arrived that may be used:
+/// whole chunks, or everything once complete (keeps the update loops long).
+size_t usable(size_t have, size_t total) {
+  return have == total ? total : have - have % chunk_bytes;
+}
+
+// -- helper processes ----------------------------------------------------------------
+
+/// key=value arguments of a helper.
+struct helper_args {
+  std::map<std::string, std::string> kv;
+
+  std::string str(const std::string& key) const {
+    auto i = kv.find(key);
+    if (i == kv.end()) {
+      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
+      std::exit(2);
+    }
+    return i->second;
+  }
+  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
+  double real(const std::string& key) const { return std::stod(str(key)); }
+};
+
+/// The raw-TCP parameter server: accepts `workers` connections on listen-fd,
+/// each announcing its rank, then serves steps until every worker has closed.
+/// sync: the mean of one gradient from each worker is applied, then every
+/// worker gets the parameters. async: each gradient is applied as it arrives
+/// and answered to its sender. Both update and answer chunk by chunk.
+int raw_ps_main(const helper_args& a) {
+  int lfd = static_cast<int>(a.num("listen-fd"));
+  auto workers = static_cast<size_t>(a.num("workers"));
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const bool sync = a.str("mode") == "sync";
+  const auto lr = static_cast<float>(a.real("lr"));
+  struct conn {
+    int fd = -1;
+    std::vector<float> grad;
+    size_t received = 0, applied = 0, sent = 0; // bytes of the current step
+    uint64_t step = 0;
+    bool open = true;
+  };
+  std::vector<conn> conns(workers);
+  for (size_t i = 0; i < workers; ++i) {
+    int fd = accept(lfd, nullptr, nullptr);
+    uint32_t rank = 0;
+    if (fd < 0 || !sock::recv_all(fd, &rank, sizeof(rank)) || rank >= workers || conns[rank].fd >= 0)
+      return std::fprintf(stderr, "raw ps: bad worker connection\n"), 1;
+    tune_socket(fd);
+    conns[rank].fd = fd;
+    conns[rank].grad.assign(floats, 0.0f);
+  }
+  close(lfd);
+  std::vector<float> w(floats, 0.0f);
+  auto* wbytes = reinterpret_cast<const char*>(w.data());
+  uint64_t sync_step = 0;
+  size_t sync_applied = 0;
+  std::vector<pollfd> fds(workers);
+  auto any_open = [&] {
+    return std::any_of(conns.begin(), conns.end(), [](const conn& c) { return c.open; });
+  };
+  while (any_open()) {
+    // apply what has arrived
+    if (sync) {
+      bool all_done = true, all_here = true;
+      size_t common = bytes;
+      size_t open = 0;
+      for (auto& c : conns)
+        if (c.open) {
+          ++open;
+          all_done &= c.step > sync_step;
+          all_here &= c.step == sync_step;
+          common = std::min(common, c.received);
+        }
+      if (all_done) {
+        ++sync_step;
+        sync_applied = 0;
+      } else if (all_here) {
+        auto target = usable(common, bytes);
+        if (target > sync_applied) {
+          const float scale = lr / static_cast<float>(open);
+          size_t lo = sync_applied / sizeof(float), hi = target / sizeof(float);
+          for (auto& c : conns)
+            if (c.open) {
+              const float* g = c.grad.data();
+              float* wp = w.data();
+              for (size_t k = lo; k < hi; ++k)
+                wp[k] -= scale * g[k];
+            }
+          sync_applied = target;
+        }
+      }
+    } else {
+      for (auto& c : conns) {
+        auto target = usable(c.received, bytes);
+        if (c.open && target > c.applied) {
+          const float* g = c.grad.data();
+          float* wp = w.data();
+          for (size_t k = c.applied / sizeof(float), hi = target / sizeof(float); k < hi; ++k)
+            wp[k] -= lr * g[k];
+          c.applied = target;
+        }
+      }
+    }
+    // move bytes
+    bool moved = false;
+    for (size_t i = 0; i < workers; ++i) {
+      auto& c = conns[i];
+      fds[i] = pollfd{-1, 0, 0};
+      if (!c.open)
+        continue;
+      short events = 0;
+      if (c.received < bytes) {
+        auto before = c.received;
+        auto r = try_read(c.fd, reinterpret_cast<char*>(c.grad.data()), bytes, c.received);
+        if (r == io::failed) {
+          if (before != 0) // a worker leaves between steps, never within one
+            return std::fprintf(stderr, "raw ps: worker %zu broke off a step\n", i), 1;
+          c.open = false;
+          close(c.fd);
+          continue;
+        }
+        moved |= r == io::moved;
+        events |= c.received < bytes ? POLLIN : 0;
+      }
+      size_t limit = sync ? (c.step == sync_step ? sync_applied : 0) : c.applied;
+      if (c.sent < limit) {
+        auto r = try_write(c.fd, wbytes, limit, c.sent);
+        if (r == io::failed)
+          return std::fprintf(stderr, "raw ps: cannot answer worker %zu\n", i), 1;
+        moved |= r == io::moved;
+        if (c.sent < limit)
+          events |= POLLOUT;
+      }
+      if (c.sent == bytes) { // the step is over for this worker
+        ++c.step;
+        c.received = c.applied = c.sent = 0;
+        moved = true;
+      }
+      fds[i] = pollfd{c.fd, events, 0};
+    }
+    // Nothing moved: wait for a socket, unless only an update is pending
+    // (it needs no socket and runs at the top of the loop).
+    if (!moved) {
+      bool waits_on_socket = std::any_of(fds.begin(), fds.end(),
+                                         [](const pollfd& p) { return p.fd >= 0 && p.events; });
+      if (waits_on_socket) {
+        int r = poll(fds.data(), fds.size(), stall_ms);
+        if (r == 0)
+          return std::fprintf(stderr, "raw ps: no worker moved a byte for %d ms\n", stall_ms), 1;
+        if (r < 0 && errno != EINTR)
+          return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+/// Synthetic linear-regression data of one worker: `examples` rows of
+/// `floats` features in [-1, 1] and their targets (a fixed teacher's).
+struct linear_data {
+  std::vector<float> x, y;
+};
+
+linear_data make_linear_data(size_t examples, size_t floats, uint64_t seed) {
+  linear_data d;
+  d.x.resize(examples * floats);
+  d.y.resize(examples);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& v : d.x) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<float>(static_cast<int64_t>(s >> 11) - (int64_t{1} << 52)) / 4.5e15f;
+  }
+  for (size_t e = 0; e < examples; ++e)
+    d.y[e] = d.x[e * floats] - 0.5f * d.x[e * floats + 1];
+  return d;
+}
+
+/// A raw-TCP worker: per step, the gradient of the squared error of one
+/// example, x^T (x w - y), pushed whole; the parameters pulled whole. Prints
+/// when its measured steps began and ended (steady clock, ns) and how many.
+int raw_worker_main(const helper_args& a) {
+  const auto rank = static_cast<uint32_t>(a.num("rank"));
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const uint64_t steps = a.num("steps"), warmup = a.num("warmup");
+  auto data = make_linear_data(synthetic_examples, floats, rank + 1);
+  std::vector<float> w(floats, 0.0f), grad(floats, 0.0f);
+  int fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
+  if (fd < 0 || !sock::send_all(fd, &rank, sizeof(rank)))
+    return std::fprintf(stderr, "raw worker %u: cannot reach the ps\n", rank), 1;
+  tune_socket(fd);
+  int64_t t0 = now_ns();
+  for (uint64_t s = 0; s < warmup + steps; ++s) {
+    if (s == warmup)
+      t0 = now_ns();
+    size_t e = (2 * s + rank) % synthetic_examples;
+    const float* x = data.x.data() + e * floats;
+    float err = cblas_sdot(static_cast<int>(floats), x, 1, w.data(), 1) - data.y[e];
+    const float scale = 2 * err;
+    float* g = grad.data();
+    for (size_t k = 0; k < floats; ++k)
+      g[k] = scale * x[k];
+    if (!exchange(fd, fd, grad.data(), bytes, w.data(), bytes, [](size_t, size_t) {}))
+      return std::fprintf(stderr, "raw worker %u: the ps broke off step %lu\n", rank,
+                          static_cast<unsigned long>(s)), 1;
+  }
+  int64_t t1 = now_ns();
+  close(fd);
+  // w0, w1 tend to the teacher's 1 and -0.5 when floats = 2 (a check of the ps)
+  std::printf("t0_ns %lld\nt1_ns %lld\nsteps %lu\nw0 %g\nw1 %g\n", static_cast<long long>(t0),
+              static_cast<long long>(t1), static_cast<unsigned long>(steps), w[0], w[1]);
+  return 0;
+}
+
+/// The raw-TCP exchange a 2-rank all-reduce must do at least: both ranks send
+/// their buffer to the other over one socket and receive the other's at once,
+/// averaging each chunk into their own buffer once it is both sent and
+/// received. Rank 0 prints the median seconds of one exchange.
+int raw_allreduce_main(const helper_args& a) {
+  const auto rank = a.num("rank");
+  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
+  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
+  // sockets=2: one connection per direction, as a ring has
+  const bool two = a.kv.count("sockets") && a.num("sockets") == 2;
+  int out_fd = -1, in_fd = -1;
+  if (rank == 0) {
+    int lfd = static_cast<int>(a.num("listen-fd"));
+    out_fd = accept(lfd, nullptr, nullptr);
+    in_fd = two ? accept(lfd, nullptr, nullptr) : out_fd;
+    close(lfd);
+  } else {
+    in_fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
+    out_fd = two ? dial_loopback(static_cast<uint16_t>(a.num("port"))) : in_fd;
+  }
+  if (out_fd < 0 || in_fd < 0)
+    return std::fprintf(stderr, "raw allreduce %lu: no connection\n",
+                        static_cast<unsigned long>(rank)), 1;
+  tune_socket(out_fd);
+  if (two)
+    tune_socket(in_fd);
+  std::vector<float> data(floats, static_cast<float>(rank + 1)), theirs(floats);
+  std::vector<double> secs;
+  // scheme=halves (the default): each rank owns half the buffer. It sends the
+  // other half, averages the peer's copy of its own half into it as it
+  // arrives, streams the averaged bytes back, and takes the peer's averaged
+  // half straight into place. The same 4 MiB each way as a plain swap, but
+  // half the additions, and no scratch for the second half.
+  const bool halves = !a.kv.count("scheme") || a.str("scheme") == "halves";
+  const size_t half = floats / 2 * sizeof(float);
+  for (uint64_t r = 0; r < warmup + rounds; ++r) {
+    auto t0 = clock_type::now();
+    if (halves) {
+      char* base = reinterpret_cast<char*>(data.data());
+      char* mine = base + (rank == 0 ? 0 : half);          // averaged here
+      char* other = base + (rank == 0 ? half : 0);         // averaged by the peer
+      const size_t mine_n = rank == 0 ? half : bytes - half;
+      const size_t other_n = bytes - mine_n;
+      char* scratch = reinterpret_cast<char*>(theirs.data());
+      size_t sent = 0, got = 0, averaged = 0; // over the streams [other|mine] and [peer's mine|other]
+      while (sent < bytes || got < bytes) {
+        bool moved = false;
+        // send the other half, then as much of ours as is averaged
+        size_t limit = other_n + averaged;
+        if (sent < limit) {
+          io r;
+          if (sent < other_n) {
+            r = try_write(out_fd, other, other_n, sent);
+          } else {
+            size_t off = sent - other_n;
+            r = try_write(out_fd, mine, averaged, off);
+            sent = other_n + off;
+          }
+          if (r == io::failed)
+            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
+          moved |= r == io::moved;
+        }
+        if (got < bytes) {
+          io r;
+          if (got < mine_n) {
+            r = try_read(in_fd, scratch, mine_n, got);
+            // average what arrived, while it is in cache
+            auto* m = reinterpret_cast<float*>(mine);
+            auto* t = reinterpret_cast<const float*>(scratch);
+            size_t upto = got / sizeof(float);
+            for (size_t k = averaged / sizeof(float); k < upto; ++k)
+              m[k] = 0.5f * (m[k] + t[k]);
+            averaged = upto * sizeof(float);
+          } else {
+            size_t off = got - mine_n;
+            r = try_read(in_fd, other, other_n, off);
+            got = mine_n + off;
+          }
+          if (r == io::failed)
+            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
+          moved |= r == io::moved;
+        }
+        if (moved)
+          continue;
+        if (!wait_sockets(out_fd, sent < limit, in_fd, got < bytes))
+          return 1;
+      }
+    } else {
+      size_t averaged = 0;
+      auto average = [&](size_t sent, size_t got) {
+        auto upto = std::min(usable(sent, bytes), usable(got, bytes)) / sizeof(float);
+        float* d = data.data();
+        const float* t = theirs.data();
+        for (size_t k = averaged; k < upto; ++k)
+          d[k] = 0.5f * (d[k] + t[k]);
+        averaged = std::max(averaged, upto);
+      };
+      if (!exchange(out_fd, in_fd, data.data(), bytes, theirs.data(), bytes, average))
+        return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
+      average(bytes, bytes);
+    }
+    if (r >= warmup)
+      secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  close(out_fd);
+  if (two)
+    close(in_fd);
+  // every element is the mean, 1.5, after the first exchange (a check of the scheme)
+  auto [lo, hi] = std::minmax_element(data.begin(), data.end());
+  if (*lo != 1.5f || *hi != 1.5f)
+    return std::fprintf(stderr, "raw allreduce %lu: wrong mean (%g..%g)\n",
+                        static_cast<unsigned long>(rank), *lo, *hi), 1;
+  if (rank == 0)
+    std::printf("op_seconds %.9f\n", median(secs));
+  return 0;
+}
+
+/// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
+/// on `port`), both join one allreduce_group and time allreduce_mean of the
+/// same buffer as the raw exchange. Rank 0 prints the median seconds.
+int allreduce_main(const helper_args& a) {
+  const auto rank = static_cast<uint32_t>(a.num("rank"));
+  const size_t floats = a.num("floats");
+  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
+  const auto port = static_cast<uint16_t>(a.num("port"));
+  af::system_config cfg;
+  caf::actor_system sys{cfg};
+  kv_store_actor store;
+  if (rank == 0) {
+    store = spawn_kv_store(sys);
+    if (auto p = sys.middleman().publish(store, port, "127.0.0.1", true); !p)
+      return std::fprintf(stderr, "rank 0: cannot publish the store on port %u: %s\n", port,
+                          sys.render(p.error()).c_str()), 1;
+  } else {
+    for (int attempt = 0; attempt < 500 && !store; ++attempt) {
+      if (auto s = sys.middleman().remote_actor<kv_store_actor>("127.0.0.1", port))
+        store = *s;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!store)
+      return std::fprintf(stderr, "rank 1: no store at 127.0.0.1:%u\n", port), 1;
+  }
+  int rc = 0;
+  {
+    kv_client client{sys, store};
+    auto group = allreduce_group::create(rank, 2, "bench", client, std::chrono::seconds(30),
+                                         "127.0.0.1");
+    if (!group)
+      return std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(group.error()).c_str()), 1;
+    std::vector<float> data(floats, static_cast<float>(rank + 1));
+    std::vector<double> secs;
+    for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
+      auto t0 = clock_type::now();
+      if (auto err = (*group)->allreduce_mean(data.data(), floats)) {
+        std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
+        rc = 1;
+      } else if (r >= warmup) {
+        secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      }
+    }
+    if (rc == 0 && rank == 0)
+      std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
+  }
+  if (rank == 0)
+    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+} // namespace
+
+int run_helper(int argc, char** argv) {
+  if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
+    return -1;
+  helper_args a;
+  for (int i = 3; i < argc; ++i) {
+    std::string s = argv[i];
+    auto eq = s.find('=');
+    if (eq != std::string::npos)
+      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  std::string role = argv[2];
+  if (a.kv.count("slice")) // 0: unlimited
+    io_slice = a.num("slice") ? a.num("slice") : SIZE_MAX;
+  if (role == "raw-ps")
+    return raw_ps_main(a);
+  if (role == "raw-worker")
+    return raw_worker_main(a);
+  if (role == "raw-allreduce")
+    return raw_allreduce_main(a);
+  if (role == "allreduce")
+    return allreduce_main(a);
+  std::fprintf(stderr, "actorflow-bench: unknown helper %s\n", role.c_str());
+  return 2;
+}
+
+} // namespace af::bench
