@@ -133,14 +133,15 @@ protected:
 };
 
 /// Runs graph op `op` (by name: add, matmul, sum, softmax_xent, relu_grad,
-/// sum_to, ...) on `backend`; the one place that maps op names to kernels.
+/// sum_to, ...) on `backend`, through the op registry (kernels/op_registry.hpp).
 status run_op(backend& b, const std::string& op, const op_attrs& attrs,
               const std::vector<tensor>& inputs, tensor& out);
 
 /// True if run_op knows `op`.
 bool known_op(const std::string& op);
 
-/// Every op run_op knows, with how many inputs it takes, in table order.
+/// Every op run_op knows, with how many inputs it takes, in table order
+/// (kernels/op_registry.hpp has the rest of each op).
 std::vector<std::pair<std::string, int>> op_list();
 
 /// The reference backend (OpenBLAS for GEMM, loops elsewhere).
