@@ -4,6 +4,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "process_cluster.hpp"
 #include "repl/interpreter.hpp"
@@ -87,6 +89,85 @@ std::unique_ptr<repl::interpreter> embedded(const std::map<std::string, int>& jo
   auto in = repl::interpreter::embedded(jobs, "", opts);
   REQUIRE(in);
   return std::move(*in);
+}
+
+/// One span of a trace: its op, kind and device.
+struct span {
+  std::string name, kind, device;
+  bool operator==(const span& o) const {
+    return name == o.name && kind == o.kind && device == o.device;
+  }
+};
+
+std::ostream& operator<<(std::ostream& os, const span& s) {
+  return os << s.name << " (" << s.kind << ") on " << s.device;
+}
+
+/// The spans of a Chrome trace-event file, checking its structure on the
+/// way: a traceEvents array; each span ("X") with name, cat, ts, dur, pid,
+/// tid and its device, on a thread named for that device in a process
+/// named for its node (the "M" events before it).
+std::vector<span> chrome_spans(const std::string& text) {
+  auto json = nlohmann::json::parse(text, nullptr, false);
+  REQUIRE_FALSE(json.is_discarded());
+  REQUIRE(json.is_object());
+  REQUIRE(json.contains("traceEvents"));
+  REQUIRE(json["traceEvents"].is_array());
+  CHECK(json.value("displayTimeUnit", "") == "ms");
+  std::map<int, std::string> processes;
+  std::map<std::pair<int, int>, std::string> threads;
+  std::vector<span> spans;
+  for (const auto& ev : json["traceEvents"]) {
+    INFO(ev.dump());
+    REQUIRE(ev.is_object());
+    REQUIRE(ev.contains("name"));
+    REQUIRE(ev["name"].is_string());
+    REQUIRE(ev.contains("ph"));
+    REQUIRE(ev.contains("pid"));
+    REQUIRE(ev["pid"].is_number_integer());
+    int pid = ev["pid"].get<int>();
+    if (ev["ph"] == "M") {
+      REQUIRE(ev["args"]["name"].is_string());
+      auto label = ev["args"]["name"].get<std::string>();
+      if (ev["name"] == "process_name") {
+        CHECK(label.rfind("node 127.0.0.1:", 0) == 0);
+        processes[pid] = label;
+      } else {
+        REQUIRE(ev["name"] == "thread_name");
+        REQUIRE(ev["tid"].is_number_integer());
+        threads[{pid, ev["tid"].get<int>()}] = label;
+      }
+      continue;
+    }
+    REQUIRE(ev["ph"] == "X");
+    for (const char* key : {"ts", "dur"}) {
+      REQUIRE(ev.contains(key));
+      REQUIRE(ev[key].is_number());
+      CHECK(ev[key].get<double>() >= 0);
+    }
+    REQUIRE(ev.contains("tid"));
+    REQUIRE(ev["tid"].is_number_integer());
+    REQUIRE(ev["cat"].is_string());
+    REQUIRE(ev["args"]["device"].is_string());
+    auto device = ev["args"]["device"].get<std::string>();
+    CHECK(processes.count(pid) == 1);
+    auto thread = threads.find({pid, ev["tid"].get<int>()});
+    REQUIRE(thread != threads.end());
+    CHECK(thread->second == device);
+    spans.push_back({ev["name"].get<std::string>(), ev["cat"].get<std::string>(), device});
+  }
+  return spans;
+}
+
+/// The spans `trace detail` printed: "OP (KIND): requested R -> DEVICE @ NODE".
+std::vector<span> detail_lines(const std::string& out) {
+  std::vector<span> spans;
+  std::regex line{"^(\\S+) \\((\\w+)\\): requested \\S+ -> (\\S+) @ "};
+  std::istringstream in{out};
+  for (std::string l; std::getline(in, l);)
+    if (std::smatch m; std::regex_search(l, m, line))
+      spans.push_back({m[1], m[2], m[3]});
+  return spans;
 }
 
 const char* examples[] = {"single_device", "shared_variable", "ps_workers", "towers",
@@ -169,7 +250,9 @@ TEST_CASE("errors name what is wrong and the REPL answers the next command",
   SECTION("an unknown device names the job") {
     auto r = exec(*in, "with /job:nope/task:0 { v = variable(\"v\", [1]) }\ninit v");
     CHECK_FALSE(r.ok);
-    CHECK(r.err.find("nope") != std::string::npos);
+    // Not just "nope" (the input has it): that the job is unknown, and the
+    // jobs the cluster has instead.
+    CHECK(r.err.find("job 'nope' is not in the cluster (jobs: ps, worker)") != std::string::npos);
     alive();
   }
   SECTION("a device string that does not parse") {
@@ -181,8 +264,10 @@ TEST_CASE("errors name what is wrong and the REPL answers the next command",
   SECTION("a shape mismatch at run time names the op and both shapes") {
     auto r = exec(*in, "run matmul([[1, 2, 3]], w)");
     CHECK_FALSE(r.ok);
-    CHECK(r.err.find("matmul") != std::string::npos);
-    CHECK(r.err.find("[1,3]") != std::string::npos);
+    INFO(r.err);
+    CHECK(r.err.find("op 'matmul'") != std::string::npos); // the input says only "matmul("
+    CHECK(r.err.find("[1,3]") != std::string::npos);       // the literal's shape
+    CHECK(r.err.find("[2,2]") != std::string::npos);       // w's
     alive();
   }
   SECTION("a wait that times out names the variables still missing") {
@@ -226,6 +311,8 @@ x = placeholder("x"); y = matmul(x, w)
 run y feed x=[[1, 0], [0, 1]]
 g = gradients(reduce_sum(y), w)
 run g feed x=[[1, 2], [3, 4]]
+trace save )" + dir / "grad.json" + R"(
+trace detail
 run w.assign_add(1)
 trace save )" + dir / "t.json");
   INFO(r.out << r.err);
@@ -234,9 +321,20 @@ trace save )" + dir / "t.json");
   CHECK(r.out.find("[[1. 2.]\n [3. 4.]]") != std::string::npos);
   CHECK(r.out.find("[[4. 4.]\n [6. 6.]]") != std::string::npos);
   CHECK(r.out.find("[[2. 3.]\n [4. 5.]]") != std::string::npos);
-  auto json = read_file(dir / "t.json");
-  CHECK(json.find("\"traceEvents\"") != std::string::npos);
-  CHECK(json.find("assign_add") != std::string::npos);
+
+  const std::string worker_cpu = "/job:worker/replica:0/task:0/device:CPU:0";
+  const std::string ps_cpu = "/job:ps/replica:0/task:0/device:CPU:0";
+  // The gradient step: its ops ran on the worker (the session's task), w
+  // came from the ps; the file holds them as `trace detail` lists them.
+  auto grad = chrome_spans(read_file(dir / "grad.json"));
+  CHECK(grad.size() == detail_lines(r.out).size());
+  CHECK(grad == detail_lines(r.out));
+  CHECK(std::count(grad.begin(), grad.end(), span{"matmul", "matmul", worker_cpu}) == 1);
+  CHECK(std::count(grad.begin(), grad.end(), span{"sum", "sum", worker_cpu}) == 1);
+  CHECK(std::count(grad.begin(), grad.end(), span{"w", "transfer", ps_cpu}) == 1);
+  // The last run's file holds that run alone: the one assign on the ps.
+  auto last = chrome_spans(read_file(dir / "t.json"));
+  CHECK(last == std::vector<span>{{"w/assign_add", "assign_add", ps_cpu}});
 }
 
 TEST_CASE("save and restore bring the variables back", "[repl]") {
