@@ -79,6 +79,10 @@ void sqrt_grad(const grad_context& c) {
   c.add(0, c.g.div(c.dy, c.g.add(c.y, c.y)));
 }
 
+void softplus_grad(const grad_context& c) {
+  c.add(0, c.g.mul(c.dy, c.g.sigmoid(c.in(0))));
+}
+
 void matmul_grad(const grad_context& c) {
   auto& g = c.g;
   auto dy = c.dy;
@@ -129,6 +133,7 @@ const std::map<std::string, gradient_rule>& gradient_rules() {
     {"tanh", from_output_grad},
     {"square", square_grad},
     {"sqrt", sqrt_grad},
+    {"softplus", softplus_grad},
     {"matmul", matmul_grad},
     {"sum", sum_mean_grad},
     {"mean", sum_mean_grad},

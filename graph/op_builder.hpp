@@ -51,6 +51,7 @@ public:
   output tanh(output x) { return build("tanh", {x}); }
   output square(output x) { return build("square", {x}); }
   output sqrt(output x) { return build("sqrt", {x}); }
+  output softplus(output x) { return build("softplus", {x}); }
   output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
                 const std::string& name = "matmul") {
     op_attrs attrs;

@@ -35,7 +35,8 @@ struct status {
 /// (dy, y) for sigmoid/tanh, y being the forward output, and need equal shapes.
 enum class binary_op { add, sub, mul, div, relu_grad, sigmoid_grad, tanh_grad };
 
-enum class unary_op { neg, exp, log, relu, sigmoid, tanh, square, sqrt };
+/// softplus is log(1 + e^x), computed without overflow.
+enum class unary_op { neg, exp, log, relu, sigmoid, tanh, square, sqrt, softplus };
 
 enum class reduce_op { sum, mean, max };
 

@@ -265,6 +265,8 @@ const op_def table[] = {
   {"square", "X", none, float_unary_rule, unary_kernel<unary_op::square>, rule, "", "X * X elementwise"},
   {"sqrt", "X", none, float_unary_rule, unary_kernel<unary_op::sqrt>, rule, "",
    "the square root of X, elementwise"},
+  {"softplus", "X", none, float_unary_rule, unary_kernel<unary_op::softplus>, rule, "",
+   "log(1 + e^X) elementwise, computed stably: a smooth relu"},
   {"matmul", "A, B", op_attr_kind::transposes, matmul_rule, matmul_kernel, rule, "",
    "the matrix product of 2-D A and B, either transposed first (also A @ B)"},
   {"sum", "X", reduction, reduce_rule, reduce_kernel<reduce_op::sum>, rule, "reduce_sum",

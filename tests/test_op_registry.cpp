@@ -58,7 +58,7 @@ std::map<std::string, example> examples() {
   };
   for (const char* op : {"add", "sub", "mul", "div"})
     out[op] = {{x, b}, {}};
-  for (const char* op : {"neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt",
+  for (const char* op : {"neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt", "softplus",
                          "softmax", "log_softmax", "ones_like"})
     out[op] = {{x}, {}};
   for (const char* op : {"relu_grad", "sigmoid_grad", "tanh_grad", "softmax_grad",

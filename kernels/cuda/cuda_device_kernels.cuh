@@ -73,7 +73,8 @@ __global__ void unary_kernel(int op, const T* x, T* out, size_t n) {
       case 4: r = T(1) / (T(1) + exp(-v)); break;
       case 5: r = tanh(v); break;
       case 6: r = v * v; break;
-      default: r = sqrt(v); break;
+      case 7: r = sqrt(v); break;
+      default: r = v > T(0) ? v + log1p(exp(-v)) : log1p(exp(v)); break; // softplus
     }
     out[i] = r;
   }
