@@ -135,7 +135,7 @@ private:
   session* owner_;
 };
 
-class session {
+class session : public op_builder<session> {
 public:
   /// `target` is the task this session belongs to ("/job:worker/task:1").
   static caf::expected<session> make(caf::actor_system& sys, cluster_spec spec,
@@ -170,43 +170,12 @@ public:
   /// A value given at run time (tf.placeholder); run() takes it in its feeds.
   output placeholder(const std::string& name = "Placeholder") { return builder().placeholder(name); }
 
-  /// Any kernel op by name (kernels::run_op), e.g. op("relu", {x}).
+  /// Any op of the registry by name (kernels/op_registry.hpp), e.g.
+  /// op("relu", {x}); the typed methods (add, matmul, reduce_sum, ...) come
+  /// from op_builder (graph/op_builder.hpp), as af::graph's do.
   output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
             const std::string& name = "") {
     return builder().op(kind, std::move(inputs), attrs, name);
-  }
-
-  output add(output a, output b, const std::string& name = "add") { return builder().add(a, b, name); }
-  output sub(output a, output b, const std::string& name = "sub") { return builder().sub(a, b, name); }
-  output mul(output a, output b, const std::string& name = "mul") { return builder().mul(a, b, name); }
-  output div(output a, output b, const std::string& name = "div") { return builder().div(a, b, name); }
-  output neg(output x) { return op("neg", {x}); }
-  output exp(output x) { return op("exp", {x}); }
-  output log(output x) { return op("log", {x}); }
-  output relu(output x) { return op("relu", {x}); }
-  output sigmoid(output x) { return op("sigmoid", {x}); }
-  output tanh(output x) { return op("tanh", {x}); }
-  output square(output x) { return op("square", {x}); }
-  output sqrt(output x) { return op("sqrt", {x}); }
-  output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
-                const std::string& name = "matmul") {
-    return builder().matmul(a, b, transpose_a, transpose_b, name);
-  }
-  /// Reductions over all axes, or over `axis` when given (negative: from the end).
-  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
-    return builder().reduce_sum(x, axis, keep_dims);
-  }
-  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
-    return builder().reduce_mean(x, axis, keep_dims);
-  }
-  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false) {
-    return builder().reduce_max(x, axis, keep_dims);
-  }
-  output softmax(output logits) { return op("softmax", {logits}); }
-  output log_softmax(output logits) { return op("log_softmax", {logits}); }
-  /// Per-example loss of logits [batch, classes] and int labels [batch].
-  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent") {
-    return builder().softmax_xent(logits, labels, name);
   }
 
   /// Reverse-mode gradients of the scalar `loss` with respect to `xs`

@@ -1,28 +1,161 @@
 // Reverse-mode differentiation of a graph (tf.gradients): one rule per
-// kernel op, each adding its backward ops to the graph.
+// differentiable op of the registry (kernels/op_registry.hpp), keyed by its
+// name, each adding its backward ops to the graph.
+#include <functional>
 #include <map>
 
 #include "graph/graph.hpp"
+#include "kernels/op_registry.hpp"
 
 namespace af {
 
 namespace {
 
-/// The kernel ops that have a rule in gradients(), with their input counts.
-const std::map<std::string, size_t>& differentiable_ops() {
-  static const std::map<std::string, size_t> ops = {
-    {"add", 2},     {"sub", 2},     {"mul", 2},    {"div", 2},          {"neg", 1},
-    {"exp", 1},     {"log", 1},     {"relu", 1},   {"sigmoid", 1},      {"tanh", 1},
-    {"square", 1},  {"sqrt", 1},    {"matmul", 2}, {"sum", 1},          {"mean", 1},
-    {"max", 1},     {"softmax", 1}, {"log_softmax", 1}, {"softmax_xent", 2},
+/// What a gradient rule sees: the forward op, its output y, the gradient dy
+/// flowing into y, and `add`, which adds to the gradient of input i.
+struct grad_context {
+  graph& g;
+  const graph_node& fwd;
+  output y;
+  output dy;
+  const std::function<void(int32_t, output)>& accumulate;
+
+  output in(size_t i) const { return output{fwd.inputs.at(i)}; }
+  void add(size_t i, output d) const { accumulate(fwd.inputs.at(i), d); }
+};
+
+/// One op's gradient (TF's REGISTER_GRADIENT): adds the backward ops of one
+/// forward op, in its scope.
+using gradient_rule = void (*)(const grad_context&);
+
+void add_grad(const grad_context& c) {
+  c.add(0, c.g.op("sum_to", {c.dy, c.in(0)}));
+  c.add(1, c.g.op("sum_to", {c.dy, c.in(1)}));
+}
+
+void sub_grad(const grad_context& c) {
+  c.add(0, c.g.op("sum_to", {c.dy, c.in(0)}));
+  c.add(1, c.g.op("sum_to", {c.g.neg(c.dy), c.in(1)}));
+}
+
+void mul_grad(const grad_context& c) {
+  auto& g = c.g;
+  c.add(0, g.op("sum_to", {g.mul(c.dy, c.in(1)), c.in(0)}));
+  c.add(1, g.op("sum_to", {g.mul(c.dy, c.in(0)), c.in(1)}));
+}
+
+void div_grad(const grad_context& c) {
+  auto& g = c.g;
+  c.add(0, g.op("sum_to", {g.div(c.dy, c.in(1)), c.in(0)}));
+  c.add(1, g.op("sum_to", {g.neg(g.div(g.mul(c.dy, c.y), c.in(1))), c.in(1)}));
+}
+
+void neg_grad(const grad_context& c) {
+  c.add(0, c.g.neg(c.dy));
+}
+
+void exp_grad(const grad_context& c) {
+  c.add(0, c.g.mul(c.dy, c.y));
+}
+
+void log_grad(const grad_context& c) {
+  c.add(0, c.g.div(c.dy, c.in(0)));
+}
+
+void relu_grad(const grad_context& c) {
+  c.add(0, c.g.op("relu_grad", {c.dy, c.in(0)}));
+}
+
+/// sigmoid, tanh, softmax, log_softmax: OP_grad(dy, y), from the forward output.
+void from_output_grad(const grad_context& c) {
+  c.add(0, c.g.op(c.fwd.op + "_grad", {c.dy, c.y}));
+}
+
+void square_grad(const grad_context& c) {
+  c.add(0, c.g.mul(c.dy, c.g.add(c.in(0), c.in(0))));
+}
+
+void sqrt_grad(const grad_context& c) {
+  c.add(0, c.g.div(c.dy, c.g.add(c.y, c.y)));
+}
+
+void softplus_grad(const grad_context& c) {
+  c.add(0, c.g.mul(c.dy, c.g.sigmoid(c.in(0))));
+}
+
+void matmul_grad(const grad_context& c) {
+  auto& g = c.g;
+  auto dy = c.dy;
+  bool ta = c.fwd.attrs.transpose_a, tb = c.fwd.attrs.transpose_b;
+  auto a = c.in(0), b = c.in(1);
+  if (!ta && !tb) { // y = a b
+    c.add(0, g.matmul(dy, b, false, true));
+    c.add(1, g.matmul(a, dy, true, false));
+  } else if (!ta && tb) { // y = a b^T
+    c.add(0, g.matmul(dy, b, false, false));
+    c.add(1, g.matmul(dy, a, true, false));
+  } else if (ta && !tb) { // y = a^T b
+    c.add(0, g.matmul(b, dy, false, true));
+    c.add(1, g.matmul(a, dy, false, false));
+  } else { // y = a^T b^T
+    c.add(0, g.matmul(b, dy, true, true));
+    c.add(1, g.matmul(dy, a, true, true));
+  }
+}
+
+/// sum, mean: OP_grad(dy, x) with the forward attributes.
+void sum_mean_grad(const grad_context& c) {
+  c.add(0, c.g.op(c.fwd.op + "_grad", {c.dy, c.in(0)}, c.fwd.attrs));
+}
+
+void max_grad(const grad_context& c) {
+  c.add(0, c.g.op("max_grad", {c.dy, c.in(0), c.y}, c.fwd.attrs));
+}
+
+void softmax_xent_grad(const grad_context& c) {
+  c.add(0, c.g.op("softmax_xent_grad", {c.dy, c.in(0), c.in(1)}));
+}
+
+/// The gradient rules, keyed by the op's registry name: every op that the
+/// registry marks op_gradient::rule has one, and nothing else (a test walks
+/// both).
+const std::map<std::string, gradient_rule>& gradient_rules() {
+  static const std::map<std::string, gradient_rule> rules = {
+    {"add", add_grad},
+    {"sub", sub_grad},
+    {"mul", mul_grad},
+    {"div", div_grad},
+    {"neg", neg_grad},
+    {"exp", exp_grad},
+    {"log", log_grad},
+    {"relu", relu_grad},
+    {"sigmoid", from_output_grad},
+    {"tanh", from_output_grad},
+    {"square", square_grad},
+    {"sqrt", sqrt_grad},
+    {"softplus", softplus_grad},
+    {"matmul", matmul_grad},
+    {"sum", sum_mean_grad},
+    {"mean", sum_mean_grad},
+    {"max", max_grad},
+    {"softmax", from_output_grad},
+    {"log_softmax", from_output_grad},
+    {"softmax_xent", softmax_xent_grad},
   };
-  return ops;
+  return rules;
 }
 
 } // namespace
 
 bool has_gradient(const std::string& op) {
-  return differentiable_ops().count(op) > 0;
+  return gradient_rules().count(op) > 0;
+}
+
+std::vector<std::string> gradient_ops() {
+  std::vector<std::string> out;
+  for (const auto& [name, rule] : gradient_rules())
+    out.push_back(name);
+  return out;
 }
 
 outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<output>& xs) {
@@ -38,7 +171,7 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
   } restore{g, g.scopes()};
   auto at = [&](const graph_node& fwd) { g.set_scopes({fwd.requested}); };
   std::map<int32_t, output> grads;
-  auto accumulate = [&](int32_t id, output d) {
+  std::function<void(int32_t, output)> accumulate = [&](int32_t id, output d) {
     auto it = grads.find(id);
     if (it == grads.end())
       grads.emplace(id, d);
@@ -57,71 +190,18 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
     const graph_node fwd = g.at(output{id}); // a copy: the graph grows below
     if (fwd.kind != node_kind::compute)
       continue; // variables, constants and placeholders are leaves; updates stop gradients
-    auto rule = differentiable_ops().find(fwd.op);
-    if (rule == differentiable_ops().end())
+    auto rule = gradient_rules().find(fwd.op);
+    if (rule == gradient_rules().end())
       return graph_error{af_error::unsupported,
                          "gradients(): op '" + fwd.name + "' (" + fwd.op + ") has no gradient"};
-    if (fwd.inputs.size() != rule->second)
+    const auto* def = kernels::find_op_def(fwd.op);
+    if (def != nullptr && static_cast<int>(fwd.inputs.size()) != def->arity())
       return graph_error{af_error::invalid_argument,
                          "gradients(): op '" + fwd.name + "' (" + fwd.op + ") has "
                            + std::to_string(fwd.inputs.size()) + " input(s), needs "
-                           + std::to_string(rule->second)};
+                           + std::to_string(def->arity())};
     at(fwd);
-    auto in = [&](size_t i) { return output{fwd.inputs.at(i)}; };
-    auto arg = [&](size_t i) { return fwd.inputs.at(i); };
-    output y{id};
-    const auto& k = fwd.op;
-    if (k == "add" || k == "sub") {
-      accumulate(arg(0), g.op("sum_to", {dy, in(0)}));
-      accumulate(arg(1), g.op("sum_to", {k == "add" ? dy : g.neg(dy), in(1)}));
-    } else if (k == "mul") {
-      accumulate(arg(0), g.op("sum_to", {g.mul(dy, in(1)), in(0)}));
-      accumulate(arg(1), g.op("sum_to", {g.mul(dy, in(0)), in(1)}));
-    } else if (k == "div") {
-      accumulate(arg(0), g.op("sum_to", {g.div(dy, in(1)), in(0)}));
-      accumulate(arg(1), g.op("sum_to", {g.neg(g.div(g.mul(dy, y), in(1))), in(1)}));
-    } else if (k == "neg") {
-      accumulate(arg(0), g.neg(dy));
-    } else if (k == "exp") {
-      accumulate(arg(0), g.mul(dy, y));
-    } else if (k == "log") {
-      accumulate(arg(0), g.div(dy, in(0)));
-    } else if (k == "relu") {
-      accumulate(arg(0), g.op("relu_grad", {dy, in(0)}));
-    } else if (k == "sigmoid" || k == "tanh") {
-      accumulate(arg(0), g.op(k + "_grad", {dy, y}));
-    } else if (k == "square") {
-      accumulate(arg(0), g.mul(dy, g.add(in(0), in(0))));
-    } else if (k == "sqrt") {
-      accumulate(arg(0), g.div(dy, g.add(y, y)));
-    } else if (k == "matmul") {
-      bool ta = fwd.attrs.transpose_a, tb = fwd.attrs.transpose_b;
-      auto a = in(0), b = in(1);
-      if (!ta && !tb) { // y = a b
-        accumulate(a.id, g.matmul(dy, b, false, true));
-        accumulate(b.id, g.matmul(a, dy, true, false));
-      } else if (!ta && tb) { // y = a b^T
-        accumulate(a.id, g.matmul(dy, b, false, false));
-        accumulate(b.id, g.matmul(dy, a, true, false));
-      } else if (ta && !tb) { // y = a^T b
-        accumulate(a.id, g.matmul(b, dy, false, true));
-        accumulate(b.id, g.matmul(a, dy, false, false));
-      } else { // y = a^T b^T
-        accumulate(a.id, g.matmul(b, dy, true, true));
-        accumulate(b.id, g.matmul(dy, a, true, true));
-      }
-    } else if (k == "sum" || k == "mean") {
-      accumulate(arg(0), g.op(k + "_grad", {dy, in(0)}, fwd.attrs));
-    } else if (k == "max") {
-      accumulate(arg(0), g.op("max_grad", {dy, in(0), y}, fwd.attrs));
-    } else if (k == "softmax" || k == "log_softmax") {
-      accumulate(arg(0), g.op(k + "_grad", {dy, y}));
-    } else if (k == "softmax_xent") {
-      accumulate(arg(0), g.op("softmax_xent_grad", {dy, in(0), in(1)}));
-    } else {
-      return graph_error{af_error::internal, "gradients(): op '" + fwd.name + "' (" + k
-                                               + ") is listed as differentiable but has no rule"};
-    }
+    rule->second(grad_context{g, fwd, output{id}, dy, accumulate});
   }
   std::vector<output> out;
   std::string missing;

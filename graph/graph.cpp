@@ -119,38 +119,6 @@ output graph::op(const std::string& kind, std::vector<output> inputs, op_attrs a
   return output{static_cast<int32_t>(nodes_.size() - 1)};
 }
 
-output graph::matmul(output a, output b, bool transpose_a, bool transpose_b,
-                     const std::string& name) {
-  op_attrs attrs;
-  attrs.transpose_a = transpose_a;
-  attrs.transpose_b = transpose_b;
-  return op("matmul", {a, b}, attrs, name);
-}
-
-namespace {
-
-op_attrs reduction(std::optional<int32_t> axis, bool keep_dims) {
-  op_attrs attrs;
-  attrs.all_axes = !axis.has_value();
-  attrs.axis = axis.value_or(0);
-  attrs.keep_dims = keep_dims;
-  return attrs;
-}
-
-} // namespace
-
-output graph::reduce_sum(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("sum", {x}, reduction(axis, keep_dims));
-}
-
-output graph::reduce_mean(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("mean", {x}, reduction(axis, keep_dims));
-}
-
-output graph::reduce_max(output x, std::optional<int32_t> axis, bool keep_dims) {
-  return op("max", {x}, reduction(axis, keep_dims));
-}
-
 output graph::update(const char* kind, output var, output value, const std::string& name) {
   const auto* v = variable_node(var);
   if (v == nullptr)

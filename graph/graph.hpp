@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/op_builder.hpp"
 #include "graph/outcome.hpp"
 #include "core/device_name.hpp"
 #include "core/op_attrs.hpp"
@@ -29,15 +30,6 @@
 #include "core/variable_spec.hpp"
 
 namespace af {
-
-/// A node of the graph (TF's Tensor / Operation handle).
-struct output {
-  int32_t id = -1;
-  bool valid() const { return id >= 0; }
-  bool operator==(output other) const { return id == other.id; }
-  bool operator!=(output other) const { return id != other.id; }
-  bool operator<(output other) const { return id < other.id; }
-};
 
 enum class node_kind : uint8_t { variable, constant, compute, update, placeholder };
 
@@ -56,7 +48,7 @@ struct graph_node {
   tensor value;
 };
 
-class graph {
+class graph : public op_builder<graph> {
 public:
   // -- device scopes (tf.device) ----------------------------------------------
 
@@ -84,35 +76,11 @@ public:
   /// A value given at run time (tf.placeholder).
   output placeholder(const std::string& name = "Placeholder");
 
-  /// Any kernel op by name (kernels::run_op). Inputs are not checked here;
-  /// validate() (and running) report an invalid one naming the op.
+  /// Any op of the registry by name (kernels/op_registry.hpp); the typed
+  /// methods (add, matmul, reduce_sum, ...) come from op_builder. Inputs are
+  /// not checked here; running reports an invalid one naming the op.
   output op(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
             const std::string& name = "");
-
-  output add(output a, output b, const std::string& name = "add") { return op("add", {a, b}, {}, name); }
-  output sub(output a, output b, const std::string& name = "sub") { return op("sub", {a, b}, {}, name); }
-  output mul(output a, output b, const std::string& name = "mul") { return op("mul", {a, b}, {}, name); }
-  output div(output a, output b, const std::string& name = "div") { return op("div", {a, b}, {}, name); }
-  output neg(output x) { return op("neg", {x}); }
-  output exp(output x) { return op("exp", {x}); }
-  output log(output x) { return op("log", {x}); }
-  output relu(output x) { return op("relu", {x}); }
-  output sigmoid(output x) { return op("sigmoid", {x}); }
-  output tanh(output x) { return op("tanh", {x}); }
-  output square(output x) { return op("square", {x}); }
-  output sqrt(output x) { return op("sqrt", {x}); }
-  output matmul(output a, output b, bool transpose_a = false, bool transpose_b = false,
-                const std::string& name = "matmul");
-  /// Reductions over all axes, or over `axis` when given (negative: from the end).
-  output reduce_sum(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
-  output reduce_mean(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
-  output reduce_max(output x, std::optional<int32_t> axis = std::nullopt, bool keep_dims = false);
-  output softmax(output logits) { return op("softmax", {logits}); }
-  output log_softmax(output logits) { return op("log_softmax", {logits}); }
-  /// Per-example loss of logits [batch, classes] and int labels [batch].
-  output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent") {
-    return op("softmax_xent", {logits, labels}, {}, name);
-  }
 
   /// Updates of a variable node; an invalid output when `var` is not one
   /// (validate() and running name it).
@@ -166,5 +134,8 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
 
 /// True if gradients() knows how to differentiate kernel op `op`.
 bool has_gradient(const std::string& op);
+
+/// Every op gradients() has a rule for (the registry's op_gradient::rule ops).
+std::vector<std::string> gradient_ops();
 
 } // namespace af

@@ -35,7 +35,8 @@ struct status {
 /// (dy, y) for sigmoid/tanh, y being the forward output, and need equal shapes.
 enum class binary_op { add, sub, mul, div, relu_grad, sigmoid_grad, tanh_grad };
 
-enum class unary_op { neg, exp, log, relu, sigmoid, tanh, square, sqrt };
+/// softplus is log(1 + e^x), computed without overflow.
+enum class unary_op { neg, exp, log, relu, sigmoid, tanh, square, sqrt, softplus };
 
 enum class reduce_op { sum, mean, max };
 
@@ -133,14 +134,15 @@ protected:
 };
 
 /// Runs graph op `op` (by name: add, matmul, sum, softmax_xent, relu_grad,
-/// sum_to, ...) on `backend`; the one place that maps op names to kernels.
+/// sum_to, ...) on `backend`, through the op registry (kernels/op_registry.hpp).
 status run_op(backend& b, const std::string& op, const op_attrs& attrs,
               const std::vector<tensor>& inputs, tensor& out);
 
 /// True if run_op knows `op`.
 bool known_op(const std::string& op);
 
-/// Every op run_op knows, with how many inputs it takes, in table order.
+/// Every op run_op knows, with how many inputs it takes, in table order
+/// (kernels/op_registry.hpp has the rest of each op).
 std::vector<std::pair<std::string, int>> op_list();
 
 /// The reference backend (OpenBLAS for GEMM, loops elsewhere).

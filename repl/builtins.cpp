@@ -1,12 +1,12 @@
 // The functions expressions call: variable, const, zeros, gradients,
-// assign, ... and the kernel ops by name.
+// assign, ... and the ops of the registry (kernels/op_registry.hpp) by name.
 
 #include "repl/interpreter_state.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/kernels.hpp"
+#include "kernels/op_registry.hpp"
 
 namespace af::repl {
 
@@ -29,10 +29,6 @@ const std::vector<std::pair<std::string, std::string>>& interpreter::state::buil
     {"assign", "assign(VAR, VALUE) or VAR.assign(VALUE): an op that sets VAR"},
     {"assign_add", "assign_add(VAR, VALUE) or VAR.assign_add(VALUE)"},
     {"assign_sub", "assign_sub(VAR, VALUE) or VAR.assign_sub(VALUE)"},
-    {"matmul", "matmul(A, B, transpose_a=false, transpose_b=false); A @ B"},
-    {"reduce_sum", "reduce_sum(X, axis=all, keep_dims=false)"},
-    {"reduce_mean", "reduce_mean(X, axis=all, keep_dims=false)"},
-    {"reduce_max", "reduce_max(X, axis=all, keep_dims=false)"},
     {"device_of", "device_of(VAR): the full device a variable lives on"},
   };
   return table;
@@ -42,8 +38,11 @@ std::vector<std::string> interpreter::state::function_names() {
   std::vector<std::string> out;
   for (const auto& [n, h] : builtins())
     out.push_back(n);
-  for (const auto& [n, arity] : kernel_ops())
-    out.push_back(n);
+  for (const auto& def : kernels::op_registry()) {
+    out.emplace_back(def.call_name());
+    if (!def.function.empty()) // sum as well as reduce_sum
+      out.emplace_back(def.name);
+  }
   return out;
 }
 
@@ -243,8 +242,6 @@ value interpreter::state::call_builtin(const std::string& fn, const args_view& a
     return call_gradients(a);
   if (fn == "assign" || fn == "assign_add" || fn == "assign_sub")
     return call_assign(fn, a);
-  if (fn == "matmul")
-    return call_matmul(a);
   if (fn == "device_of")
     return call_device_of(a);
   if (auto v = call_op(fn, a))
@@ -393,14 +390,6 @@ value interpreter::state::call_assign(const std::string& fn, const args_view& a)
   return node_value(o, "");
 }
 
-value interpreter::state::call_matmul(const args_view& a) {
-  check_arity(a, 2, 2, {"transpose_a", "transpose_b"});
-  return node_value(sess().matmul(to_node(a.positional[0], a.positional_at[0]),
-                                  to_node(a.positional[1], a.positional_at[1]),
-                                  bool_arg(a, "transpose_a"), bool_arg(a, "transpose_b")),
-                    "");
-}
-
 value interpreter::state::call_device_of(const args_view& a) {
   auto& s = sess();
   check_arity(a, 1, 1, {});
@@ -414,64 +403,64 @@ value interpreter::state::call_device_of(const args_view& a) {
   return v;
 }
 
-// -- kernel ops ----------------------------------------------------------------
-// The ops expressions call by name (add(a, b), relu(x), sum(x, axis=0), ...):
-// what exists and how many inputs each takes comes from kernel_ops() alone;
-// help functions, completion and calls all read it.
-
-std::vector<std::pair<std::string, int>> interpreter::state::kernel_ops() {
-  return kernels::op_list();
-}
+// -- ops ---------------------------------------------------------------------------
+// The ops expressions call by name (add(a, b), relu(x), reduce_sum(x, axis=0),
+// matmul(a, b, transpose_b=true), ...): which exist, their inputs, keywords
+// and help come from the op registry alone (kernels/op_registry.hpp); help
+// functions, completion and calls all read it.
 
 std::string interpreter::state::op_help(const std::string& name) {
-  for (const auto& [n, arity] : kernel_ops())
-    if (n == name)
-      return n + "(" + (arity == 1 ? "X" : arity == 2 ? "A, B" : "A, B, C")
-             + "): the kernel op " + n + (n == "sum" || n == "mean" || n == "max"
-                                            ? " (axis=, keep_dims= as for reduce_sum)"
-                                            : "");
-  return "";
+  const auto* def = kernels::find_op_def(name);
+  if (def == nullptr)
+    return "";
+  return def->signature() + ": " + std::string{def->help}
+         + (def->function.empty() ? "" : "; also " + std::string{def->name} + "(...)");
 }
 
 std::optional<value> interpreter::state::call_op(const std::string& fn, const args_view& a) {
-  auto& s = sess();
-  std::string op = fn;
-  if (fn == "reduce_sum" || fn == "reduce_mean" || fn == "reduce_max")
-    op = fn.substr(7);
-  for (const auto& [name, arity] : kernel_ops()) {
-    if (name != op)
-      continue;
-    bool reduction = op == "sum" || op == "mean" || op == "max";
-    std::vector<std::string> keys;
-    if (reduction)
-      keys = {"axis", "keep_dims"};
-    check_arity(a, static_cast<size_t>(arity), static_cast<size_t>(arity), keys);
-    std::vector<output> in;
-    // Literals take the dtype of the first graph value among the inputs.
-    dtype literal_type = dtype::float32;
-    for (const auto& p : a.positional)
-      if (p.what == value::kind::node) {
-        literal_type = dtype_of(p);
-        break;
-      }
-    if (op == "softmax_xent" && a.positional.size() == 2 && a.positional[1].what != value::kind::node)
-      literal_type = dtype::int32; // its labels
-    for (size_t i = 0; i < a.positional.size(); ++i)
-      in.push_back(to_node(a.positional[i], a.positional_at[i], literal_type));
-    op_attrs attrs;
-    if (reduction) {
-      position at = a.at;
-      if (const auto* axis = a.get(size_t(-1), "axis", &at)) {
-        if (axis->what != value::kind::number || !axis->integral || std::fabs(axis->number) > 32)
-          fail(at, fn + ": axis is a whole number from -32 to 32 (negative counts from the end)");
-        attrs.all_axes = false;
-        attrs.axis = static_cast<int32_t>(axis->number);
-      }
-      attrs.keep_dims = bool_arg(a, "keep_dims");
+  const auto* def = kernels::find_op_def(fn);
+  if (def == nullptr)
+    return std::nullopt;
+  std::vector<std::string> keys;
+  if (def->attrs == kernels::op_attr_kind::transposes)
+    keys = {"transpose_a", "transpose_b"};
+  else if (def->attrs == kernels::op_attr_kind::reduction)
+    keys = {"axis", "keep_dims"};
+  auto arity = static_cast<size_t>(def->arity());
+  check_arity(a, arity, arity, keys);
+  // Literals take the dtype of the first graph value among the inputs, and
+  // labels are int32.
+  dtype literal_type = dtype::float32;
+  for (const auto& p : a.positional)
+    if (p.what == value::kind::node) {
+      literal_type = dtype_of(p);
+      break;
     }
-    return node_value(s.op(op, in, attrs), "");
+  std::vector<output> in;
+  size_t i = 0;
+  for (auto names = def->inputs; i < a.positional.size(); ++i) {
+    auto comma = names.find(',');
+    bool labels = names.substr(0, comma) == "LABELS";
+    names = comma == std::string_view::npos ? std::string_view{} : names.substr(comma + 1);
+    while (!names.empty() && names.front() == ' ')
+      names.remove_prefix(1);
+    in.push_back(to_node(a.positional[i], a.positional_at[i], labels ? dtype::int32 : literal_type));
   }
-  return std::nullopt;
+  op_attrs attrs;
+  if (def->attrs == kernels::op_attr_kind::transposes) {
+    attrs.transpose_a = bool_arg(a, "transpose_a");
+    attrs.transpose_b = bool_arg(a, "transpose_b");
+  } else if (def->attrs == kernels::op_attr_kind::reduction) {
+    position at = a.at;
+    if (const auto* axis = a.get(size_t(-1), "axis", &at)) {
+      if (axis->what != value::kind::number || !axis->integral || std::fabs(axis->number) > 32)
+        fail(at, fn + ": axis is a whole number from -32 to 32 (negative counts from the end)");
+      attrs.all_axes = false;
+      attrs.axis = static_cast<int32_t>(axis->number);
+    }
+    attrs.keep_dims = bool_arg(a, "keep_dims");
+  }
+  return node_value(sess().op(std::string{def->name}, in, attrs), "");
 }
 
 } // namespace af::repl

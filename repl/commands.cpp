@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "kernels/op_registry.hpp"
 #include "train/checkpoint.hpp"
 
 namespace af::repl {
@@ -191,10 +192,9 @@ void interpreter::state::help(const stmt& st) {
   if (topic == "functions") {
     for (const auto& [n, h] : builtins())
       *out << h << "\n";
-    std::string ops;
-    for (const auto& [n, arity] : kernel_ops())
-      ops += (ops.empty() ? "" : ", ") + n;
-    *out << "kernel ops (by name, with their inputs): " << ops << "\n";
+    *out << "ops (docs/ops.md):\n";
+    for (const auto& def : kernels::op_registry())
+      *out << op_help(std::string{def.call_name()}) << "\n";
     return;
   }
   if (const auto* c = find_command(topic)) {

@@ -259,16 +259,14 @@ struct interpreter::state {
   value call_placeholder(const args_view& a);
   value call_gradients(const args_view& a);
   value call_assign(const std::string& fn, const args_view& a); ///< assign, assign_add, assign_sub
-  value call_matmul(const args_view& a);
   value call_device_of(const args_view& a);
 
-  // -- kernel ops (builtins.cpp): the one place that says which ops exist ------
-  /// The kernel ops expressions call by name, with their number of inputs.
-  static std::vector<std::pair<std::string, int>> kernel_ops();
-  /// The help line of the kernel op `name`; "" if there is none.
+  // -- ops (builtins.cpp): read from the op registry (kernels/op_registry.hpp) --
+  /// The help line of the op `name` (its graph name or its function name:
+  /// sum, reduce_sum); "" if there is none.
   static std::string op_help(const std::string& name);
-  /// `fn(a...)` as the kernel op `fn` (reduce_sum: sum); nothing if no op
-  /// has that name.
+  /// `fn(a...)` as the op `fn` (reduce_sum: sum); nothing if no op has that
+  /// name.
   std::optional<value> call_op(const std::string& fn, const args_view& a);
 
   // -- statements (statements.cpp) ---------------------------------------------

@@ -72,6 +72,7 @@ TEST_CASE("every CUDA op matches the CPU backend", "[.][gpu]") {
       {"tanh_grad", {x, pos}, {}}, {"neg", {x}, {}}, {"exp", {x}, {}}, {"log", {pos}, {}},
       {"relu", {x}, {}}, {"sigmoid", {x}, {}}, {"tanh", {x}, {}}, {"square", {x}, {}},
       {"sqrt", {pos}, {}}, {"matmul", {a, b}, {}}, {"matmul", {tensor{}, b}, ta},
+      {"softplus", {x}, {}},
       {"sum", {x}, all}, {"mean", {x}, axis0}, {"max", {x}, last_keep},
       {"sum_grad", {tensor::filled(type, {33}, 1.5), x}, axis0},
       {"max_grad", {tensor::filled(type, {}, 2), x, max_all}, all},

@@ -108,6 +108,7 @@ TEST_CASE("gradients of elementwise ops match finite differences, with broadcast
   c.check("square", {mixed}, [](G& g, const V& x) { return g.square(x[0]); });
   c.check("log", {a}, [](G& g, const V& x) { return g.log(x[0]); });
   c.check("sqrt", {a}, [](G& g, const V& x) { return g.sqrt(x[0]); });
+  c.check("softplus", {mixed}, [](G& g, const V& x) { return g.softplus(x[0]); });
   c.check("x used twice: x * x + x", {mixed},
           [](G& g, const V& x) { return g.add(g.mul(x[0], x[0]), x[0]); });
 }
@@ -147,7 +148,7 @@ TEST_CASE("gradients of reductions, softmax and cross-entropy match finite diffe
 
 TEST_CASE("has_gradient() agrees with the ops gradients() differentiates", "[gradients]") {
   for (const char* op : {"add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh",
-                         "square", "sqrt", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
+                         "square", "sqrt", "softplus", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
                          "softmax_xent"})
     CHECK(has_gradient(op));
   for (const char* op : {"relu_grad", "sum_to", "ones_like", "max_grad", "assign", "conv2d", ""})

@@ -49,6 +49,7 @@ TEST_CASE("unary kernels match std:: math", "[kernels]") {
     {"tanh", [](double v) { return std::tanh(v); }},
     {"square", [](double v) { return v * v; }},
     {"sqrt", [](double v) { return std::sqrt(v); }},
+    {"softplus", [](double v) { return std::log1p(std::exp(v)); }},
   };
   for (auto& [name, f] : cases) {
     INFO(name);
@@ -64,6 +65,17 @@ TEST_CASE("unary kernels match std:: math", "[kernels]") {
   tensor out;
   CHECK(cpu->unary(unary_op::exp, tensor::from_values<int32_t>({2}, {1, 2}), out).error.find("int32")
         != std::string::npos);
+}
+
+TEST_CASE("softplus does not overflow where e^x would", "[kernels]") {
+  // log(1 + e^x) computed as written is inf from x = 89 in float32 and 0
+  // below x = -37 in float64; softplus is x there, and e^x.
+  auto x = tensor::from_values<double>({4}, {-800, -40, 800, 1e300});
+  require_close(run("softplus", {x}), {0, std::exp(-40.0), 800, 1e300}, 1e-12);
+  auto xf = tensor::from_values<float>({2}, {-80, 120});
+  auto got = run("softplus", {xf});
+  CHECK(got.at(0) == Approx(std::exp(-80.0)).epsilon(1e-5));
+  CHECK(got.at(1) == 120);
 }
 
 TEST_CASE("matmul matches the triple loop for every transpose combination", "[kernels]") {
@@ -272,6 +284,7 @@ std::vector<op_case> every_op() {
   unary("tanh", [](double v) { return std::tanh(v); });
   unary("square", [](double v) { return v * v; });
   unary("sqrt", [](double v) { return std::sqrt(v); });
+  unary("softplus", [](double v) { return std::log1p(std::exp(v)); });
   unary("ones_like", [](double) { return 1.0; });
 
   auto m = random({3, 2}, 17);
@@ -343,7 +356,7 @@ std::vector<op_case> every_op() {
 TEST_CASE("run_op runs every op it knows and each matches a plain loop", "[kernels]") {
   // The list the graph's gradients and executors rely on: each is run here.
   const std::vector<std::string> names = {
-    "add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt",
+    "add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt", "softplus",
     "matmul", "sum", "mean", "max", "softmax", "log_softmax", "softmax_xent", "relu_grad",
     "sigmoid_grad", "tanh_grad", "sum_to", "sum_grad", "mean_grad", "max_grad", "softmax_grad",
     "log_softmax_grad", "softmax_xent_grad", "ones_like"};

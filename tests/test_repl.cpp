@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kernels/op_registry.hpp"
 #include "process_cluster.hpp"
 #include "repl/interpreter.hpp"
 #include "repl/parser.hpp"
@@ -369,6 +370,60 @@ TEST_CASE("completion offers commands, names, variables and devices", "[repl]") 
   CHECK(has(in->complete("y = mat", "mat"), "matmul"));
   CHECK_FALSE(has(in->complete("y = mat", "mat"), "run"));
   CHECK(has(in->complete("with /job:p", "/job:p"), "/job:ps/task:0"));
+}
+
+TEST_CASE("every op of the registry is a REPL function: it runs, help and completion know it",
+          "[repl][registry]") {
+  auto in = embedded({{"worker", 1}});
+  REQUIRE(exec(*in, "x = const([[0.5, 1, 1.5], [2, 0.25, 1.25]])").ok);
+  // The arguments of each op by the name users call; an op missing here fails.
+  std::map<std::string, std::string> args = {
+    {"matmul", "x, x, transpose_b=true"},
+    {"reduce_sum", "x, axis=1"},
+    {"reduce_mean", "x, axis=-1, keep_dims=true"},
+    {"reduce_max", "x"},
+    {"softmax_xent", "x, [2, 0]"},
+    {"correct_count", "x, [2, 0]"},
+    {"sum_to", "x, [1, 2, 3]"},
+    {"softmax_xent_grad", "[1, 1], x, [2, 0]"},
+    {"sum_grad", "[1, 2], x, axis=1"},
+    {"mean_grad", "[1, 2], x, axis=1"},
+    {"max_grad", "[1, 2], x, [1.5, 2], axis=1"},
+  };
+  for (const char* op : {"add", "sub", "mul", "div"})
+    args[op] = "x, [1, 2, 0.5]";
+  for (const char* op : {"neg", "exp", "log", "relu", "sigmoid", "tanh", "square", "sqrt",
+                         "softplus", "softmax", "log_softmax", "ones_like"})
+    args[op] = "x";
+  for (const char* op : {"relu_grad", "sigmoid_grad", "tanh_grad", "softmax_grad",
+                         "log_softmax_grad"})
+    args[op] = "x, x";
+  auto has = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  auto functions = exec(*in, "help functions");
+  REQUIRE(functions.ok);
+  for (const auto& def : kernels::op_registry()) {
+    std::string name{def.call_name()};
+    INFO(name);
+    auto it = args.find(name);
+    REQUIRE(it != args.end());
+    auto r = exec(*in, "run " + name + "(" + it->second + ")");
+    CHECK(r.ok);
+    CHECK(r.err == "");
+    auto help = exec(*in, "help " + name);
+    CHECK(help.out.find(std::string{def.help}) != std::string::npos);
+    CHECK(help.out.rfind(def.signature(), 0) == 0);
+    CHECK(functions.out.find(def.signature() + ": " + std::string{def.help}) != std::string::npos);
+    CHECK(has(in->complete(name.substr(0, 4), name.substr(0, 4)), name));
+    args.erase(it);
+  }
+  for (const auto& [name, a] : args)
+    FAIL_CHECK("arguments for '" << name << "', which the registry does not have");
+  // Keywords come from the op's attributes; labels literals are integers.
+  CHECK(exec(*in, "run relu(x, axis=1)").err.find("relu takes no axis=") != std::string::npos);
+  auto count = exec(*in, "run correct_count(x, [2, 0])");
+  CHECK(count.out.find("2") != std::string::npos);
 }
 
 TEST_CASE("train start runs a job on the REPL's cluster, train mode switches it live",

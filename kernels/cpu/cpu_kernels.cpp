@@ -150,6 +150,10 @@ public:
         case unary_op::tanh: for (size_t i = 0; i < n; ++i) o[i] = std::tanh(in[i]); break;
         case unary_op::square: for (size_t i = 0; i < n; ++i) o[i] = in[i] * in[i]; break;
         case unary_op::sqrt: for (size_t i = 0; i < n; ++i) o[i] = std::sqrt(in[i]); break;
+        case unary_op::softplus: // e^x never overflows: x + log(1 + e^-x) for positive x
+          for (size_t i = 0; i < n; ++i)
+            o[i] = in[i] > T{0} ? in[i] + std::log1p(std::exp(-in[i])) : std::log1p(std::exp(in[i]));
+          break;
       }
     });
     out = std::move(result);
@@ -600,7 +604,7 @@ const char* to_string(binary_op op) {
 
 std::optional<unary_op> parse_unary_op(std::string_view name) {
   for (auto op : {unary_op::neg, unary_op::exp, unary_op::log, unary_op::relu, unary_op::sigmoid,
-                  unary_op::tanh, unary_op::square, unary_op::sqrt})
+                  unary_op::tanh, unary_op::square, unary_op::sqrt, unary_op::softplus})
     if (name == to_string(op))
       return op;
   return std::nullopt;
@@ -616,6 +620,7 @@ const char* to_string(unary_op op) {
     case unary_op::tanh: return "tanh";
     case unary_op::square: return "square";
     case unary_op::sqrt: return "sqrt";
+    case unary_op::softplus: return "softplus";
   }
   return "?";
 }
