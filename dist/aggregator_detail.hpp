@@ -31,6 +31,7 @@ constexpr uint32_t max_worker_index = 65535;
 /// "worker 2 (/job:worker/task:2 at 10.0.0.3:3334)", or "worker 2" before it joined.
 std::string worker_name(const aggregator_actor_state& st, uint32_t w);
 
+/// Worker `w`'s entry (made, with those below it, if it has none yet).
 aggregator_member& member(aggregator_actor_state& st, uint32_t w);
 
 /// "3 members push" / "1 member pushes".
@@ -53,6 +54,7 @@ bool holds_token(const aggregator_member& m, const std::string& token);
 caf::error stranger(self_pointer self, uint32_t worker, const char* what,
                     const std::string& from);
 
+/// Whether `worker` may push: it holds its token, is in the job, and is not done.
 caf::error check_worker(self_pointer self, uint32_t worker, const push_credentials& who);
 
 /// True if the aggregator already took `worker`'s push number `seq` (a
@@ -69,6 +71,7 @@ caf::expected<tensor> params(self_pointer self);
 /// The answer "here is where the job stands": the global step and the parameters.
 push_result answer_now(self_pointer self);
 
+/// Drops the cached flat parameters (they changed, or are about to).
 void invalidate(self_pointer self);
 
 /// The pushed values as one pointer per variable, after checking their
@@ -100,22 +103,29 @@ caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const c
 /// A push of a step the aggregator has not reached (sync, async, ssp).
 caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step);
 
+/// Answers every parked push of a released round with the parameters.
 void answer_all(self_pointer self, tickets waiting);
 
 /// "worker 1 (/job:worker/task:1 at h:p, last push 2.1 s ago), worker 3": whom the round waits for.
 std::string missing_names(const aggregator_actor_state& st);
 
+/// Answers every parked push of an abandoned round with `err`.
 void fail_all(aggregator_actor_state& st, tickets waiting, const caf::error& err);
 
+/// `now - t` in milliseconds.
 std::chrono::milliseconds since(clock_type::time_point t, clock_type::time_point now);
 
+/// The next sweep (a timer message), unless one is pending or no timeout is set.
 void schedule_sweep(self_pointer self);
 
+/// ssp's held pushes and the round in progress: named when they wait long,
+/// closed at a deadline (sync), failed at the step timeout.
 void sweep(self_pointer self);
 
 /// Parks the push of `worker` for `step` until the round completes.
 push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq);
 
+/// One pointer per variable into `flat`, at the variables' offsets.
 std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::vector<float>& flat);
 
 /// sync: the mean of the round's gradients, applied once.
@@ -130,6 +140,7 @@ void reconsider(self_pointer self);
 /// The clock of the slowest member still pushing (UINT64_MAX if none).
 uint64_t slowest_clock(const aggregator_actor_state& st);
 
+/// ssp: whether `worker` is at most `staleness` pushes ahead of the slowest member.
 bool within_bound(const aggregator_actor_state& st, uint32_t worker);
 
 /// Answers the held pushes the bound now lets go (all of them when a
@@ -162,6 +173,8 @@ caf::result<uint64_t> restore_state(self_pointer self, aggregator_state& in);
 /// The behavior of `mode` (aggregator.cpp): a live switch becomes it.
 aggregator_impl_actor::behavior_type behavior_of(self_pointer self, const std::string& mode);
 
+/// What makes a spec unusable (an unknown mode, a bad optimizer, guard or
+/// min_replicas), named; none if it is good.
 caf::error check_spec(const aggregator_spec& spec);
 
 } // namespace af::aggregator_detail

@@ -25,6 +25,7 @@
 
 namespace af::training_detail {
 
+/// A graph library error as a caf::error with the same code and text.
 caf::error to_error(const graph_error& e);
 
 /// The config checked as a whole (train::validate), before anything runs.
@@ -73,6 +74,7 @@ struct chief_store {
   uint64_t incarnation = 0;
 };
 
+/// The chief's key-value store, through `s`.
 caf::expected<chief_store> chief_store_of(session& s);
 
 /// Where the job starts, as the chief publishes it in its key-value store for

@@ -59,10 +59,15 @@ const std::vector<tensor>& current(self_pointer self) {
 
 void after_step(self_pointer self) {
   auto& st = self->state;
-  // What is due: worker_loop::after_step.
-  auto plan = st.after_step(st.setup.cfg, st.setup.total_steps, st.setup.index == 0,
-                            static_cast<bool>(st.setup.eval), static_cast<bool>(st.setup.save),
-                            seconds_since(st.last_checkpoint));
+  // What is due: worker_loop::after_step. The clock is read only when a
+  // checkpoint may be due by time (a clock read per step otherwise).
+  bool chief = st.setup.index == 0;
+  bool can_save = static_cast<bool>(st.setup.save);
+  double since = chief && can_save && st.setup.cfg.checkpoint_secs > 0
+                   ? seconds_since(st.last_checkpoint)
+                   : 0.0;
+  auto plan = st.after_step(st.setup.cfg, st.setup.total_steps, chief,
+                            static_cast<bool>(st.setup.eval), can_save, since);
   auto step = plan.step;
   bool last = plan.last;
   bool report = plan.report;

@@ -93,10 +93,14 @@ struct worker_state : worker_loop {
 
 using self_pointer = caf::stateful_actor<worker_state>*;
 
+/// "worker 2": how its log lines and errors name it.
 std::string who(self_pointer self);
 
+/// Ends the worker with `err` (what it was doing: `during`): said to every
+/// aggregator in its done, logged, and handed to `done` with the cause's code.
 void fail(self_pointer self, caf::error err, const std::string& during);
 
+/// Seconds from `t` to now.
 double seconds_since(clock_type::time_point t);
 
 /// The parameters the worker's next step runs with.
@@ -122,6 +126,7 @@ bool ps_gone(const caf::error& err);
 /// before the returned id is dropped (drop_hook).
 uint64_t add_hook(self_pointer self, std::function<void(size_t)> hook);
 
+/// Drops hook `id` (add_hook).
 void drop_hook(self_pointer self, uint64_t id);
 
 /// Runs hook `id` for each shard whose aggregator is known to be down
@@ -178,8 +183,12 @@ void after_step(self_pointer self);
 /// What a step's gradients do in each mode.
 void use_gradients(self_pointer self, std::vector<tensor> grads);
 
+/// The job's steps are done: done to every aggregator, the chief's last
+/// evaluation (and, average and allreduce, its last checkpoint), then `done`.
 void finish(self_pointer self);
 
+/// The next step, unless the worker ended or its client asked it to stop
+/// (after step_delay, if any).
 void run_step(self_pointer self);
 
 } // namespace af::worker_detail
