@@ -59,17 +59,17 @@ caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_sh
                                           const std::function<uint64_t(uint64_t)>& position) {
   train::checkpoint ck;
   std::chrono::milliseconds timeout{c.step_timeout_ms};
+  std::vector<aggregator_state> states;
   for (const auto& shard : shards) {
     auto state = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
     if (!state)
       return std::move(state.error());
-    add_variables(ck, *state, c.optimizer.kind);
-    ck.global_step = std::max(ck.global_step, state->global_step);
     auto& seqs = ck.push_seqs[shard.aggregator];
     for (size_t i = 0; i < state->seq_workers.size() && i < state->seq_taken.size(); ++i)
       seqs[state->seq_workers[i]] = state->seq_taken[i];
+    states.push_back(std::move(*state));
   }
-  if (auto err = assemble_variables(ck, params, shards))
+  if (auto err = add_shard_states(ck, states, params, shards, c.optimizer.kind))
     return err;
   ck.data_position = position(ck.global_step);
   ck.config = train::to_toml(c);
@@ -284,13 +284,14 @@ caf::error average_slots(task_run& t) {
   const auto& c = t.c;
   const auto& params = t.job.params;
   train::checkpoint held;
+  std::vector<aggregator_state> states;
   for (const auto& shard : t.setup.shards) {
     auto state = ask<aggregator_state>(t.s, shard.actor, t.timeout, save_atom::value);
     if (!state)
       return std::move(state.error());
-    add_variables(held, *state, c.optimizer.kind);
+    states.push_back(std::move(*state));
   }
-  if (auto err = assemble_variables(held, params, t.setup.shards))
+  if (auto err = add_shard_states(held, states, params, t.setup.shards, c.optimizer.kind))
     return err;
   auto slot_names = train::slot_names(c.optimizer.kind);
   t.setup.initial_slots.resize(params.size());

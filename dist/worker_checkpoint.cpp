@@ -187,12 +187,8 @@ void collect_shards(self_pointer self, std::shared_ptr<train::checkpoint> ckpt, 
           }
           ckpt->variables.clear();
           ckpt->global_step = 0;
-          for (const auto& state : g->states) {
-            add_variables(*ckpt, state, setup.cfg.optimizer.kind);
-            ckpt->global_step = std::max(ckpt->global_step, state.global_step);
-          }
-          // The checkpoint holds the logical parameters, whatever the pieces.
-          if (auto err = assemble_variables(*ckpt, setup.params, setup.shards)) {
+          if (auto err = add_shard_states(*ckpt, g->states, setup.params, setup.shards,
+                                          setup.cfg.optimizer.kind)) {
             fail(self, std::move(err), "assembling the checkpoint from the shards' pieces");
             return;
           }
@@ -239,6 +235,18 @@ caf::error assemble_variables(train::checkpoint& ckpt, const std::vector<train::
     return make_error(logical.error().code, logical.error().what);
   ckpt.variables = std::move(*logical);
   return caf::none;
+}
+
+caf::error add_shard_states(train::checkpoint& ckpt, const std::vector<aggregator_state>& states,
+                            const std::vector<train::parameter>& params,
+                            const std::vector<param_shard>& shards,
+                            const std::string& optimizer_kind) {
+  for (const auto& state : states) {
+    add_variables(ckpt, state, optimizer_kind);
+    ckpt.global_step = std::max(ckpt.global_step, state.global_step);
+  }
+  // The checkpoint holds the logical parameters, whatever the pieces.
+  return assemble_variables(ckpt, params, shards);
 }
 
 } // namespace af
