@@ -72,16 +72,9 @@ void reporter::operator()(const worker_progress& p) {
     std::printf("%s\n", progress_line(*cfg, total, start, p).c_str());
     // Who joined or left (and mode switches) since the last line.
     const auto& ev = p.stats.events;
-    auto total_events = p.stats.events_total;
-    // Fewer than seen: ps 0 died and its aggregator is a new one (its
-    // count starts again), whose events are all fresh.
-    if (total_events < events_seen)
-      events_seen = 0;
-    auto fresh = std::min<uint64_t>(total_events > events_seen ? total_events - events_seen : 0,
-                                    ev.size());
+    auto fresh = events.take(p.stats.events_total, ev.size());
     for (size_t i = ev.size() - fresh; i < ev.size(); ++i)
       std::printf("  %s\n", ev[i].c_str());
-    events_seen = std::max(events_seen, total_events);
     std::fflush(stdout);
   }
   if (per_worker) {

@@ -4,6 +4,7 @@
 /// beside it. Internal to dist/ (progress_line and status_report are public:
 /// dist/training.hpp).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -19,6 +20,24 @@ namespace af::training_detail {
 /// The metrics CSV's path without ".csv": the plot and the per-worker rows go beside it.
 std::string metrics_stem(const std::string& csv);
 
+/// Which of ps 0's membership and mode events a progress line has not
+/// printed yet: the aggregator keeps its last few (`kept`) and counts all it
+/// had (`total`). Plain data: tests/test_worker_loop.cpp drives it.
+struct event_cursor {
+  uint64_t seen = 0; ///< events printed so far (the aggregator's count)
+
+  /// How many of the last `kept` events are new, and marks them seen. A
+  /// count below what was seen: ps 0 died and its aggregator is a new one
+  /// (its count starts again), whose events are all fresh.
+  size_t take(uint64_t total, size_t kept) {
+    if (total < seen)
+      seen = 0;
+    auto fresh = std::min<uint64_t>(total > seen ? total - seen : 0, kept);
+    seen = std::max(seen, total);
+    return static_cast<size_t>(fresh);
+  }
+};
+
 /// The chief's progress line and metrics rows (the job's, and one per worker
 /// in <metrics stem>.workers.csv).
 struct reporter {
@@ -29,7 +48,7 @@ struct reporter {
   bool print = true;
   std::optional<train::metrics_writer> metrics;
   std::FILE* per_worker = nullptr;
-  uint64_t events_seen = 0;
+  event_cursor events;
   std::function<void(const worker_progress&)> forward;
 
   ~reporter() {

@@ -1,10 +1,12 @@
-// The training worker's step loop decisions (dist/worker_loop.hpp) without
+// The training worker's step loop decisions (dist/worker_loop.hpp) and the
+// chief's event bookkeeping (dist/training_report.hpp) without
 // processes or actors: what is due after a step in each mode (report,
 // evaluate, checkpoint, the end) and when an average worker's round is pushed.
 #include <catch2/catch.hpp>
 
 #include <set>
 
+#include "dist/training_report.hpp"
 #include "dist/worker_loop.hpp"
 
 using namespace af;
@@ -154,4 +156,20 @@ TEST_CASE("a checkpoint is due by time too, and never at the last step", "[worke
   CHECK(p.last);
   CHECK(p.report);
   CHECK_FALSE(p.checkpoint);
+}
+
+TEST_CASE("the chief's progress lines print each of ps 0's events once, the last ones kept when "
+          "more came than the aggregator keeps, and all of a restarted aggregator's",
+          "[worker]") {
+  training_detail::event_cursor cur;
+  CHECK(cur.take(0, 0) == 0);
+  CHECK(cur.take(2, 2) == 2); // joined, joined
+  CHECK(cur.take(2, 2) == 0); // nothing new: printed once
+  CHECK(cur.take(3, 3) == 1);
+  // 40 more while the aggregator keeps its last 32: the 32 it has
+  CHECK(cur.take(43, 32) == 32);
+  CHECK(cur.seen == 43);
+  // ps 0 died and came back: its new aggregator counts from 0 again
+  CHECK(cur.take(1, 1) == 1);
+  CHECK(cur.take(2, 2) == 1);
 }
