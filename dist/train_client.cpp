@@ -2,6 +2,7 @@
 
 #include "caf/all.hpp"
 
+#include "dist/job_setup.hpp"
 #include "dist/training.hpp"
 #include "messages/atoms.hpp"
 #include "messages/error.hpp"
@@ -94,15 +95,9 @@ caf::expected<std::string> job_switch(session& s, const train::train_config& c,
   auto aggs = job_aggregators(s);
   if (!aggs)
     return std::move(aggs.error());
-  aggregator_spec want;
-  want.mode = mode;
-  want.workers = 0;
-  want.optimizer = c.optimizer;
-  want.step_timeout_ms = c.step_timeout_ms;
-  want.replicas_to_aggregate = c.replicas_to_aggregate;
-  want.step_deadline_ms = c.step_deadline_ms;
-  want.min_replicas = c.min_replicas;
-  want.staleness = c.staleness;
+  // The job's spec in the new mode (a switch takes its mode and its
+  // settings; the aggregator keeps its name, workers and optimizer).
+  auto want = training_detail::aggregator_spec_of(c, mode, 0);
   caf::scoped_actor self{s.system()};
   std::string text;
   std::string switched; // the ps that did, for the message of one that then fails

@@ -179,6 +179,15 @@ void add_variables(train::checkpoint& ckpt, const aggregator_state& state,
 caf::error assemble_variables(train::checkpoint& ckpt, const std::vector<train::parameter>& params,
                               const std::vector<param_shard>& shards);
 
+/// Puts the shards' states (one per shard, in shard order, as their
+/// aggregators saved them) into `ckpt`: their variables (add_variables)
+/// assembled into the logical parameters (assemble_variables), and the latest
+/// of their global steps if it is past ckpt's.
+caf::error add_shard_states(train::checkpoint& ckpt, const std::vector<aggregator_state>& states,
+                            const std::vector<train::parameter>& params,
+                            const std::vector<param_shard>& shards,
+                            const std::string& optimizer_kind);
+
 /// Spawns a worker; `done` is called once, on the worker's thread, when it has
 /// run its steps (or failed: the error names the step and what failed).
 caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,

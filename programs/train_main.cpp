@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -241,49 +242,51 @@ int run_in_graph_embedded(af::train::train_config c) {
   return 0;
 }
 
-} // namespace
-
-static int main_body(int argc, char** argv) {
-  CLI::App app{"actorflow-train: data-parallel training (sync, async, average, allreduce)"};
+/// The command line of actorflow-train.
+struct train_args {
   std::string config_path, job;
   int task = -1;
   std::vector<std::string> sets;
   bool in_graph = false, join = false, status = false;
   std::string switch_to;
   int step_delay_ms = 0;
-  app.add_option("-c,--config", config_path,
+};
+
+void add_options(CLI::App& app, train_args& a) {
+  app.add_option("-c,--config", a.config_path,
                  "TOML file with the cluster and a [train] table (none: an embedded cluster)");
-  app.add_option("-j,--job", job, "this process's job: ps or worker");
-  app.add_option("-t,--task", task, "this process's task index")->check(CLI::Range(0, 65535));
-  app.add_option("--set", sets, "override a [train] key: --set mode=async (repeatable)");
-  app.add_flag("--in-graph", in_graph,
+  app.add_option("-j,--job", a.job, "this process's job: ps or worker");
+  app.add_option("-t,--task", a.task, "this process's task index")->check(CLI::Range(0, 65535));
+  app.add_option("--set", a.sets, "override a [train] key: --set mode=async (repeatable)");
+  app.add_flag("--in-graph", a.in_graph,
                "in-graph replication: this one client drives a replica on every worker");
-  app.add_flag("--join", join,
+  app.add_flag("--join", a.join,
                "this worker (--job worker --task I, I a task of the config) joins a running job");
-  app.add_option("--switch", switch_to,
+  app.add_option("--switch", a.switch_to,
                  "tell the running job of --config to go on in this mode: sync, async, ssp or average");
-  app.add_flag("--status", status,
+  app.add_flag("--status", a.status,
                "print the running job's per-worker accounting (from its ps tasks) and exit");
-  app.add_option("--step-delay-ms", step_delay_ms,
+  app.add_option("--step-delay-ms", a.step_delay_ms,
                  "start each of this worker's steps this much later: a straggler for tests and "
                  "benches")
     ->check(CLI::Range(0, 600000));
-  CLI11_PARSE(app, argc, argv);
-  init_log("actorflow-train");
+}
 
-  af::train::train_config c;
-  std::optional<af::cluster_config> cluster;
-  if (!config_path.empty()) {
-    auto tc = af::train::load_train_config(config_path);
+/// The [train] config and the cluster of --config (none: embedded), with the
+/// --set overrides, checked; an exit code if they are not good.
+std::optional<int> load_configs(const train_args& a, af::train::train_config& c,
+                                std::optional<af::cluster_config>& cluster) {
+  if (!a.config_path.empty()) {
+    auto tc = af::train::load_train_config(a.config_path);
     if (!tc)
       return fail(tc.error().what);
     c = std::move(*tc);
-    auto cc = af::load_cluster_config(config_path);
+    auto cc = af::load_cluster_config(a.config_path);
     if (!cc)
       return fail(af::describe(cc.error()));
     cluster = std::move(*cc);
   }
-  auto with_sets = af::train::apply_overrides(c, sets);
+  auto with_sets = af::train::apply_overrides(c, a.sets);
   if (!with_sets)
     return fail(with_sets.error().what);
   c = std::move(*with_sets);
@@ -294,55 +297,141 @@ static int main_body(int argc, char** argv) {
           c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")));
         !bad.empty())
       return fail("training config: " + bad);
-  if ((status || !switch_to.empty()) && !cluster)
-    return fail("--status and --switch talk to a running job: pass its --config");
-  if (status || !switch_to.empty()) {
-    if (!job.empty() || task >= 0 || in_graph || join)
-      return fail("--status and --switch are clients of the job: pass no --job, --task, "
-                  "--in-graph or --join with them");
-    if (status && !switch_to.empty())
-      return fail("--status or --switch: one at a time");
-    init_log("actorflow-train client");
-    return run_client(*cluster, c, status, switch_to);
+  return std::nullopt;
+}
+
+/// --in-graph with --config: this process is the one client of the job.
+int run_in_graph_client(const af::cluster_config& cluster, const af::train::train_config& c) {
+  af::tune_malloc_for_tensors();
+  auto sec = af::security_for(cluster.security, "client");
+  if (!sec)
+    return fail(af::describe(sec.error()));
+  af::system_config sys_cfg{cluster.node, *sec};
+  caf::actor_system sys{sys_cfg};
+  auto s = af::session::make(sys, cluster.cluster, "/job:worker/task:0");
+  if (!s)
+    return fail(af::describe(s.error()), 1);
+  std::chrono::milliseconds wait{c.init_timeout_ms};
+  for (const auto& [name, tasks] : cluster.cluster.jobs())
+    for (size_t t = 0; t < tasks.size(); ++t)
+      if (auto err = s->wait_for_node(name, static_cast<int32_t>(t), wait))
+        return fail(af::describe(err), 1);
+  af::train_options o;
+  auto out = af::run_in_graph(*s, c, o);
+  if (!out)
+    return fail("in-graph client: " + af::describe(out.error()), 1);
+  summary(c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out, test_size(c));
+  return 0;
+}
+
+/// A ps task: serves until the chief stops it at the end of the job. A chief
+/// that dies (kill -9) cannot: the ps watches it and gives up once it has not
+/// answered for init_timeout_ms, so no ps is left behind.
+int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::cluster_config& cluster,
+             const std::string& name, const af::train::train_config& c) {
+  int rc = 0;
+  caf::scoped_actor self{sys, true};
+  self->monitor(node);
+  af::session_options so;
+  so.timeout = std::chrono::milliseconds{2000};
+  so.connect_timeout = std::chrono::milliseconds{2000};
+  auto watch = af::session::make(sys, cluster.cluster, name, so);
+  std::chrono::milliseconds patience{c.init_timeout_ms};
+  auto last_seen = std::chrono::steady_clock::now();
+  bool stopped = false;
+  while (!stopped) {
+    self->receive([&](caf::down_msg&) { stopped = true; },
+                  caf::after(std::chrono::seconds(1)) >> [] {});
+    if (stopped || !watch)
+      break;
+    if (watch->ping("worker", 0))
+      last_seen = std::chrono::steady_clock::now();
+    else if (std::chrono::steady_clock::now() - last_seen > patience) {
+      rc = fail(name + ": the chief /job:worker/task:0 has not answered for "
+                  + std::to_string(patience.count())
+                  + " ms (init_timeout_ms); it died or never started, so nobody will end this "
+                    "job: stopping",
+                1);
+      break;
+    }
   }
-  if (join && (job != "worker" || task <= 0))
-    return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");
-  if (!cluster) {
-    if (!job.empty() || task >= 0)
-      return fail("--job and --task need --config: which cluster is this task part of?");
-    if (!in_graph)
-      if (auto why = af::job_preflight(c); !why.empty())
-        return fail(why);
-    return in_graph ? run_in_graph_embedded(c) : run_embedded(c);
+  if (stopped)
+    std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
+  return rc;
+}
+
+/// A worker task whose training failed: says why and, for a chief that
+/// started the job, stops the ps tasks.
+int worker_failed(af::session& s, const af::cluster_config& cluster, const std::string& name,
+                  int task, const af::train::train_config& c, const af::train_options& topts,
+                  const caf::error& error) {
+  // A job this chief started cannot go on without it: stop the ps
+  // tasks too, so that no process of the job is left waiting. A job
+  // that ran before this chief came (it died and was restarted, or
+  // this is a second chief started by mistake) goes on: its ps are
+  // not this chief's to stop, nor are ps it did not get to look at.
+  auto found = task == 0 && c.mode != "allreduce" ? topts.found->load()
+                                                  : af::ps_found::new_job;
+  std::string left;
+  if (found == af::ps_found::running)
+    left = fmt::format("; the job was running before this chief started: its ps tasks "
+                       "are left as they are, and wait init_timeout_ms ({} ms) for a "
+                       "chief: fix the above and start the chief again before then to "
+                       "take the job",
+                       c.init_timeout_ms);
+  else if (found == af::ps_found::unknown)
+    left = "; the ps tasks are left as they are (this chief failed before it saw "
+           "whether they run the job; they stop once no chief has answered for "
+           "init_timeout_ms)";
+  int rc = fail(name + ": " + af::describe(error) + left, 1);
+  if (task == 0 && found == af::ps_found::new_job)
+    for (size_t k = 0; k < cluster.cluster.num_tasks("ps"); ++k)
+      if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))
+        af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
+  return rc;
+}
+
+/// A worker task: waits for the ps tasks (and the chief), trains, and says
+/// how it ended.
+int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const std::string& name,
+               const train_args& a, const af::train::train_config& c) {
+  auto s = af::session::make(sys, cluster.cluster, name);
+  if (!s)
+    return fail(af::describe(s.error()), 1);
+  caf::error err;
+  std::chrono::milliseconds wait{c.init_timeout_ms};
+  for (size_t k = 0; k < cluster.cluster.num_tasks("ps") && !err && c.mode != "allreduce"; ++k)
+    err = s->wait_for_node("ps", static_cast<int32_t>(k), wait);
+  if (!err && a.task != 0)
+    err = s->wait_for_node("worker", 0, wait);
+  if (err)
+    return fail(af::describe(err), 1);
+  af::train_options topts;
+  topts.join = a.join;
+  topts.step_delay = std::chrono::milliseconds{a.step_delay_ms};
+  topts.found = std::make_shared<std::atomic<af::ps_found>>(af::ps_found::unknown);
+  auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(a.task), topts);
+  if (!out)
+    return worker_failed(*s, cluster, name, a.task, c, topts, out.error());
+  if (a.task == 0) {
+    summary(c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out, test_size(c));
+    if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
+      return fail(name + ": " + why, 1);
+  } else {
+    std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
+                static_cast<unsigned long long>(out->result.local_steps));
   }
-  if (in_graph) {
-    if (!job.empty() || task >= 0)
-      return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
-                  "(or actorflow-train --job J --task I) and pass no --job/--task here");
-    af::tune_malloc_for_tensors();
-    auto sec = af::security_for(cluster->security, "client");
-    if (!sec)
-      return fail(af::describe(sec.error()));
-    af::system_config sys_cfg{cluster->node, *sec};
-    caf::actor_system sys{sys_cfg};
-    auto s = af::session::make(sys, cluster->cluster, "/job:worker/task:0");
-    if (!s)
-      return fail(af::describe(s.error()), 1);
-    std::chrono::milliseconds wait{c.init_timeout_ms};
-    for (const auto& [name, tasks] : cluster->cluster.jobs())
-      for (size_t t = 0; t < tasks.size(); ++t)
-        if (auto err = s->wait_for_node(name, static_cast<int32_t>(t), wait))
-          return fail(af::describe(err), 1);
-    af::train_options o;
-    auto out = af::run_in_graph(*s, c, o);
-    if (!out)
-      return fail("in-graph client: " + af::describe(out.error()), 1);
-    summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
-    return 0;
-  }
+  return 0;
+}
+
+/// --job J --task I with --config: this process's node, and its ps or worker.
+int run_task_process(const train_args& a, const af::cluster_config& cluster,
+                     const af::train::train_config& c) {
+  const auto& job = a.job;
+  auto task = a.task;
   if (job.empty() || task < 0)
     return fail("which task is this process? pass --job ps|worker --task I");
-  auto addr = cluster->cluster.address(job, task);
+  auto addr = cluster.cluster.address(job, task);
   if (!addr)
     return fail(af::describe(addr.error()));
   if (job != "ps" && job != "worker")
@@ -359,9 +448,9 @@ static int main_body(int argc, char** argv) {
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   init_log(name);
   af::tune_malloc_for_tensors();
-  auto opts = cluster->node;
+  auto opts = cluster.node;
   // The task's own certificate: its node and the sessions it makes use it.
-  auto sec = af::security_for(cluster->security, af::security_member_name(job, task));
+  auto sec = af::security_for(cluster.security, af::security_member_name(job, task));
   if (!sec)
     return fail(af::describe(sec.error()));
   af::system_config sys_cfg{opts, *sec};
@@ -373,95 +462,54 @@ static int main_body(int argc, char** argv) {
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);
-  int rc = 0;
-  if (job == "ps") {
-    // Serves until the chief stops it at the end of the job. A chief that
-    // dies (kill -9) cannot: the ps watches it and gives up once it has not
-    // answered for init_timeout_ms, so no ps is left behind.
-    caf::scoped_actor self{sys, true};
-    self->monitor(node->actor);
-    af::session_options so;
-    so.timeout = std::chrono::milliseconds{2000};
-    so.connect_timeout = std::chrono::milliseconds{2000};
-    auto watch = af::session::make(sys, cluster->cluster, name, so);
-    std::chrono::milliseconds patience{c.init_timeout_ms};
-    auto last_seen = std::chrono::steady_clock::now();
-    bool stopped = false;
-    while (!stopped) {
-      self->receive([&](caf::down_msg&) { stopped = true; },
-                    caf::after(std::chrono::seconds(1)) >> [] {});
-      if (stopped || !watch)
-        break;
-      if (watch->ping("worker", 0))
-        last_seen = std::chrono::steady_clock::now();
-      else if (std::chrono::steady_clock::now() - last_seen > patience) {
-        rc = fail(name + ": the chief /job:worker/task:0 has not answered for "
-                    + std::to_string(patience.count())
-                    + " ms (init_timeout_ms); it died or never started, so nobody will end this "
-                      "job: stopping",
-                  1);
-        break;
-      }
-    }
-    if (stopped)
-      std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
-  } else {
-    auto s = af::session::make(sys, cluster->cluster, name);
-    if (!s) {
-      rc = fail(af::describe(s.error()), 1);
-    } else {
-      caf::error err;
-      std::chrono::milliseconds wait{c.init_timeout_ms};
-      for (size_t k = 0; k < cluster->cluster.num_tasks("ps") && !err && c.mode != "allreduce"; ++k)
-        err = s->wait_for_node("ps", static_cast<int32_t>(k), wait);
-      if (!err && task != 0)
-        err = s->wait_for_node("worker", 0, wait);
-      if (err) {
-        rc = fail(af::describe(err), 1);
-      } else {
-        af::train_options topts;
-        topts.join = join;
-        topts.step_delay = std::chrono::milliseconds{step_delay_ms};
-        topts.found = std::make_shared<std::atomic<af::ps_found>>(af::ps_found::unknown);
-        auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(task), topts);
-        if (!out) {
-          // A job this chief started cannot go on without it: stop the ps
-          // tasks too, so that no process of the job is left waiting. A job
-          // that ran before this chief came (it died and was restarted, or
-          // this is a second chief started by mistake) goes on: its ps are
-          // not this chief's to stop, nor are ps it did not get to look at.
-          auto found = task == 0 && c.mode != "allreduce" ? topts.found->load()
-                                                          : af::ps_found::new_job;
-          std::string left;
-          if (found == af::ps_found::running)
-            left = fmt::format("; the job was running before this chief started: its ps tasks "
-                               "are left as they are, and wait init_timeout_ms ({} ms) for a "
-                               "chief: fix the above and start the chief again before then to "
-                               "take the job",
-                               c.init_timeout_ms);
-          else if (found == af::ps_found::unknown)
-            left = "; the ps tasks are left as they are (this chief failed before it saw "
-                   "whether they run the job; they stop once no chief has answered for "
-                   "init_timeout_ms)";
-          rc = fail(name + ": " + af::describe(out.error()) + left, 1);
-          if (task == 0 && found == af::ps_found::new_job)
-            for (size_t k = 0; k < cluster->cluster.num_tasks("ps"); ++k)
-              if (auto err = s->shutdown("ps", static_cast<int32_t>(k)))
-                af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
-        } else if (task == 0) {
-          summary(c, static_cast<uint32_t>(cluster->cluster.num_tasks("worker")), *out, test_size(c));
-          if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
-            rc = fail(name + ": " + why, 1);
-        } else {
-          std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
-                      static_cast<unsigned long long>(out->result.local_steps));
-        }
-      }
-    }
-  }
+  int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c)
+                       : run_worker(sys, cluster, name, a, c);
   node->data_plane->stop();
   caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
   return rc;
+}
+
+} // namespace
+
+static int main_body(int argc, char** argv) {
+  CLI::App app{"actorflow-train: data-parallel training (sync, async, average, allreduce)"};
+  train_args a;
+  add_options(app, a);
+  CLI11_PARSE(app, argc, argv);
+  init_log("actorflow-train");
+
+  af::train::train_config c;
+  std::optional<af::cluster_config> cluster;
+  if (auto rc = load_configs(a, c, cluster))
+    return *rc;
+  if ((a.status || !a.switch_to.empty()) && !cluster)
+    return fail("--status and --switch talk to a running job: pass its --config");
+  if (a.status || !a.switch_to.empty()) {
+    if (!a.job.empty() || a.task >= 0 || a.in_graph || a.join)
+      return fail("--status and --switch are clients of the job: pass no --job, --task, "
+                  "--in-graph or --join with them");
+    if (a.status && !a.switch_to.empty())
+      return fail("--status or --switch: one at a time");
+    init_log("actorflow-train client");
+    return run_client(*cluster, c, a.status, a.switch_to);
+  }
+  if (a.join && (a.job != "worker" || a.task <= 0))
+    return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");
+  if (!cluster) {
+    if (!a.job.empty() || a.task >= 0)
+      return fail("--job and --task need --config: which cluster is this task part of?");
+    if (!a.in_graph)
+      if (auto why = af::job_preflight(c); !why.empty())
+        return fail(why);
+    return a.in_graph ? run_in_graph_embedded(c) : run_embedded(c);
+  }
+  if (a.in_graph) {
+    if (!a.job.empty() || a.task >= 0)
+      return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
+                  "(or actorflow-train --job J --task I) and pass no --job/--task here");
+    return run_in_graph_client(*cluster, c);
+  }
+  return run_task_process(a, *cluster, c);
 }
 
 int main(int argc, char** argv) {

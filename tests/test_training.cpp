@@ -101,26 +101,73 @@ double max_abs_diff(const std::vector<tensor>& a, const std::vector<tensor>& b) 
 
 } // namespace
 
-TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedded cluster",
+TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedded cluster, "
+          "every worker's updates applied and the replicas agreeing at the end",
           "[train]") {
-  // Catches: an aggregator that applies nothing, twice, or with the wrong
-  // sign; workers that train on the same shard; a broken all-reduce.
+  // Catches, in each mode: a mode that does not learn (an aggregator that
+  // applies nothing or with the wrong sign, replicas that never take the
+  // average, an all-reduce that hands back zeros); a worker whose pushes are
+  // silently not applied (the others' still reach 95%); an update counted
+  // without a round (sync: one per step; average: one per round); replicas
+  // that end apart (sync, average: the last answer; allreduce: a reduction
+  // that is not the same on every worker). Not: an update applied twice,
+  // gradients summed instead of averaged, or two workers reading the same
+  // shard: the model still learns with those, and the exactness test below
+  // (sync == one process, average and allreduce == sync) catches them.
   for (std::string mode : {"sync", "async", "average", "allreduce"}) {
     CAPTURE(mode);
-    auto run = run_job(digits(mode));
+    auto c = digits(mode);
+    auto run = run_job(c);
     for (auto& r : run.results)
       REQUIRE(r);
     auto& chief = *run.results[0];
+    auto& other = *run.results[1];
     CHECK(chief.result.accuracy >= 0.95);
     CHECK(chief.result.global_step > 0);
+    // Both workers trained (neither ended at once, nor trained alone).
+    CHECK(chief.result.local_steps > 0);
+    CHECK(other.result.local_steps > 0);
+    if (mode != "async") {
+      // Every step of the job is one step of each replica, in lockstep.
+      CHECK(other.result.local_steps == chief.result.local_steps);
+      // The replicas end with the job's parameters (sync, average: the
+      // last round's answer; allreduce: every update the same everywhere).
+      CHECK(other.result.params == chief.result.params);
+    }
+    if (mode == "allreduce")
+      continue; // no aggregator: the checks above are its accounting
+    const auto& stats = chief.stats;
+    REQUIRE(stats.workers.size() == 2);
+    for (const auto& w : stats.workers) {
+      CAPTURE(w.worker);
+      // Each worker's pushes were used: one whose gradients (or parameters)
+      // were dropped or left out of every round would show none applied.
+      CHECK(w.pushes > 0);
+      CHECK(w.applied == w.pushes);
+      CHECK(w.late == 0);
+      CHECK(w.refused == 0);
+    }
+    if (mode == "sync") {
+      // One update per global step: each round applied once, none skipped.
+      CHECK(stats.applied == stats.global_step);
+      CHECK(stats.workers[0].applied == stats.global_step);
+    }
+    if (mode == "average") {
+      // One average per round of average_every local steps.
+      uint64_t k = c.average_every;
+      CHECK(stats.applied == (chief.result.local_steps + k - 1) / k);
+    }
     if (mode == "async") {
       uint64_t applied = 0;
-      for (auto n : chief.stats.staleness)
+      for (auto n : stats.staleness)
         applied += n;
-      CHECK(applied == chief.stats.applied); // every applied gradient has a staleness
+      CHECK(applied == stats.applied); // every applied gradient has a staleness
       CHECK(applied > 0);
       // two workers interleave: some gradients were computed from older parameters
-      CHECK(applied > chief.stats.staleness[0]);
+      CHECK(applied > stats.staleness[0]);
+      // every push moved the global step by one
+      CHECK(stats.applied == stats.workers[0].applied + stats.workers[1].applied);
+      CHECK(stats.global_step == stats.applied);
     }
   }
 }

@@ -204,20 +204,20 @@ struct key_problem {
   std::string what;
 };
 
-/// The first key whose value makes no sense, with a sentence naming it, its
-/// value and what is allowed. `combinations`: also keys that are each fine
-/// but not together (parsing leaves those to validate(), so that a file and
-/// then --set overrides can be applied one by one).
-std::optional<key_problem> check(const train_config& c, bool combinations) {
-  auto fail = [](std::string key, std::string what) {
-    return std::optional<key_problem>{key_problem{std::move(key), std::move(what)}};
-  };
-  auto one_of = [](const std::string& v, std::initializer_list<const char*> allowed) {
-    for (const char* a : allowed)
-      if (v == a)
-        return true;
-    return false;
-  };
+std::optional<key_problem> fail(std::string key, std::string what) {
+  return std::optional<key_problem>{key_problem{std::move(key), std::move(what)}};
+}
+
+bool one_of(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a)
+      return true;
+  return false;
+}
+
+/// check(): the mode, the model and its data, the held-out split, the batch
+/// and how long to train.
+std::optional<key_problem> check_model_and_data(const train_config& c, bool combinations) {
   if (!one_of(c.mode, {"sync", "async", "ssp", "average", "allreduce"}))
     return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, ssp, average or "
                                     "allreduce", clipped(c.mode)));
@@ -264,7 +264,11 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   if (!std::isfinite(c.epochs) || c.epochs < 0 || (combinations && c.steps == 0 && c.epochs == 0))
     return fail("epochs", fmt::format("epochs = {}: it must be a positive number when steps is 0 "
                                       "(and never negative)", c.epochs));
-  const auto& o = c.optimizer;
+  return std::nullopt;
+}
+
+/// check(): the optimizer and its learning-rate schedule.
+std::optional<key_problem> check_optimizer(const optimizer_spec& o, bool combinations) {
   if (!one_of(o.kind, {"sgd", "momentum", "adam"}))
     return fail("optimizer", fmt::format("optimizer = \"{}\" is unknown: use sgd, momentum or "
                                          "adam", clipped(o.kind)));
@@ -294,6 +298,13 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   if (auto why = combinations ? validate(o) : std::string{}; !why.empty())
     return fail(o.schedule.kind == "cosine" && o.schedule.min_lr > o.lr ? "min_lr" : "",
                 "optimizer: " + why);
+  return std::nullopt;
+}
+
+/// check(): the job's settings: modes, checkpoints, bounds, timeouts,
+/// partitions, and that every integer can be written back as TOML.
+std::optional<key_problem> check_job_settings(const train_config& c, bool combinations) {
+  const auto& o = c.optimizer;
   if (c.average_every == 0)
     return fail("average_every", "average_every = 0: it must be at least 1 (local steps "
                                  "between averages)");
@@ -354,8 +365,13 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return fail("min_slice_bytes", "min_slice_bytes = 0: it must be at least 1");
   if (c.max_data_bytes == 0)
     return fail("max_data_bytes", "max_data_bytes = 0: it must be at least 1");
-  // A generated set is allocated whole: refuse one larger than the bound
-  // before a single byte of it is (2e9 examples aborted with bad_alloc).
+  return std::nullopt;
+}
+
+/// check(): a generated set is allocated whole: refuse one larger than the
+/// bound before a single byte of it is (2e9 examples aborted with bad_alloc).
+std::optional<key_problem> check_data_size(const train_config& c, bool combinations) {
+  const auto& d = c.data;
   if (combinations && (d == "synthetic" || d == "synthetic_linear")) {
     uint64_t outputs = d == "synthetic" ? c.synthetic_classes : 1;
     uint64_t floats = 0, teacher = 0;
@@ -378,6 +394,20 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
                               c.max_data_bytes));
   }
   return std::nullopt;
+}
+
+/// The first key whose value makes no sense, with a sentence naming it, its
+/// value and what is allowed. `combinations`: also keys that are each fine
+/// but not together (parsing leaves those to validate(), so that a file and
+/// then --set overrides can be applied one by one).
+std::optional<key_problem> check(const train_config& c, bool combinations) {
+  if (auto p = check_model_and_data(c, combinations))
+    return p;
+  if (auto p = check_optimizer(c.optimizer, combinations))
+    return p;
+  if (auto p = check_job_settings(c, combinations))
+    return p;
+  return check_data_size(c, combinations);
 }
 
 /// A TOML basic string.

@@ -1,4 +1,5 @@
 #include "train/partition.hpp"
+#include "train/local.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -256,6 +257,27 @@ outcome<saved_variable> piece_of_checkpoint(const piece& p, const std::string& p
     out.slots[sn] = slice_rows(sl->second, p.row_begin, p.row_end);
   }
   return out;
+}
+
+std::vector<tensor> rows_for(const std::vector<piece>& pieces, const std::vector<tensor>& values) {
+  std::vector<tensor> out;
+  for (const auto& p : pieces)
+    out.push_back(slice_rows(values[p.param], p.row_begin, p.row_end));
+  return out;
+}
+
+graph_status take_pieces(const std::vector<piece>& pieces, const tensor& flat,
+                         std::vector<tensor>& into) {
+  std::vector<shape_type> shapes;
+  for (const auto& p : pieces)
+    shapes.push_back(p.shape);
+  auto parts = unflatten(flat, shapes);
+  if (!parts)
+    return parts.error();
+  for (size_t j = 0; j < pieces.size(); ++j)
+    if (auto ok = put_piece(pieces[j], std::move((*parts)[j]), into[pieces[j].param]); !ok)
+      return ok;
+  return std::monostate{};
 }
 
 } // namespace af::train

@@ -84,6 +84,18 @@ outcome<tensor> slice_of(const piece& p, const tensor& logical);
 /// rows are copied in. An error names the piece if `value` has another shape.
 graph_status put_piece(const piece& p, tensor value, tensor& logical);
 
+/// The rows each of `pieces` holds of `values` (one tensor per parameter), in
+/// the pieces' order: what a push to the shard that holds them carries (a
+/// whole parameter goes as it is, sharing its buffer; slice_rows).
+std::vector<tensor> rows_for(const std::vector<piece>& pieces, const std::vector<tensor>& values);
+
+/// Takes `flat`, the values of `pieces` one after another (a shard's answer
+/// to a push or pull), into `into` (one tensor per parameter; put_piece: a
+/// whole parameter is its piece, no copy). `into` is complete once every
+/// shard's answer is in. An error names what does not fit.
+graph_status take_pieces(const std::vector<piece>& pieces, const tensor& flat,
+                         std::vector<tensor>& into);
+
 /// The values of every piece of `plan`, in plan order, cut from the logical
 /// values (one per parameter).
 outcome<std::vector<tensor>> split_into_pieces(const partition_plan& plan,

@@ -1,0 +1,180 @@
+#pragma once
+/// The aggregator actor's parts (dist/aggregator.hpp), shared by its files:
+/// aggregator_members.cpp (who may push: joins, tokens, push numbers),
+/// aggregator_update.cpp (a push applied to every variable or none),
+/// aggregator_rounds.cpp (sync and average rounds, ssp's bound, the sweep),
+/// aggregator_handlers.cpp (stats, done, join, switch, save, restore) and
+/// aggregator.cpp (one behavior per mode). Internal to dist/.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "dist/aggregator.hpp"
+
+namespace af::aggregator_detail {
+
+using self_pointer = aggregator_impl_actor::stateful_pointer<aggregator_actor_state>;
+using clock_type = std::chrono::steady_clock;
+using push_result = caf::result<uint64_t, tensor>;
+using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor>>>;
+
+constexpr size_t staleness_buckets = 16;
+constexpr size_t max_events = 32;
+/// The highest worker index a join may use (a task index is at most 65535).
+constexpr uint32_t max_worker_index = 65535;
+
+/// "worker 2 (/job:worker/task:2 at 10.0.0.3:3334)", or "worker 2" before it joined.
+std::string worker_name(const aggregator_actor_state& st, uint32_t w);
+
+/// Worker `w`'s entry (made, with those below it, if it has none yet).
+aggregator_member& member(aggregator_actor_state& st, uint32_t w);
+
+/// "3 members push" / "1 member pushes".
+std::string members_pushing(uint32_t n);
+
+/// A membership or mode change: logged, and kept for the progress line.
+void add_event(aggregator_actor_state& st, std::string what);
+
+/// Counts a push of `worker` (its time, for its rate and idleness).
+void note_push(aggregator_actor_state& st, uint32_t worker, uint64_t step);
+
+/// A new member token: 128 random bits from OpenSSL's CSPRNG.
+caf::expected<std::string> new_token(const aggregator_actor_state& st);
+
+/// True if `token` is `m`'s (compared in constant time).
+bool holds_token(const aggregator_member& m, const std::string& token);
+
+/// A push, or a done, that does not carry the token `worker` joined with:
+/// refused, logged with where it came from, and nothing changes.
+caf::error stranger(self_pointer self, uint32_t worker, const char* what,
+                    const std::string& from);
+
+/// Whether `worker` may push: it holds its token, is in the job, and is not done.
+caf::error check_worker(self_pointer self, uint32_t worker, const push_credentials& who);
+
+/// True if the aggregator already took `worker`'s push number `seq` (a
+/// retry after its answer was lost, perhaps across a restore): it is
+/// answered with the parameters and not applied again. 0 is unnumbered.
+bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq);
+
+/// A worker that goes away (its actor down, or done after it joined).
+void depart(self_pointer self, uint32_t worker, const std::string& why);
+
+/// The flat parameters of the current global step (made once per step).
+caf::expected<tensor> params(self_pointer self);
+
+/// The answer "here is where the job stands": the global step and the parameters.
+push_result answer_now(self_pointer self);
+
+/// Drops the cached flat parameters (they changed, or are about to).
+void invalidate(self_pointer self);
+
+/// The pushed values as one pointer per variable, after checking their
+/// shapes and that every element is finite. Errors name the worker and the
+/// variable; a value that is not finite is af_error::non_finite.
+caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t worker,
+                                                const std::vector<tensor>& values,
+                                                const char* what);
+
+/// Applies one update, `parts[i]` being variable i's floats: a gradient
+/// (sync, async) or new values (average). Either every variable takes it or,
+/// if prepare_update refuses, none does.
+caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
+                      const std::string& what);
+
+/// The gradient-norm guard (spec.grad_norm_guard): a gradient whose norm is
+/// over the bound is scaled down to it into `scaled`, and `parts` point
+/// there; counted on its worker, and logged at its 1st, 2nd, 4th, ... time.
+void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*>& parts,
+                    std::vector<float>& scaled);
+
+/// A gradient applied at once (async, ssp), with its staleness counted.
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+                     const std::vector<tensor>& grads, bool moves_step);
+
+/// A push of the kind the mode does not take, after a live switch.
+caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const char* sent);
+
+/// A push of a step the aggregator has not reached (sync, async, ssp).
+caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step);
+
+/// Answers every parked push of a released round with the parameters.
+void answer_all(self_pointer self, tickets waiting);
+
+/// "worker 1 (/job:worker/task:1 at h:p, last push 2.1 s ago), worker 3": whom the round waits for.
+std::string missing_names(const aggregator_actor_state& st);
+
+/// Answers every parked push of an abandoned round with `err`.
+void fail_all(aggregator_actor_state& st, tickets waiting, const caf::error& err);
+
+/// `now - t` in milliseconds.
+std::chrono::milliseconds since(clock_type::time_point t, clock_type::time_point now);
+
+/// The next sweep (a timer message), unless one is pending or no timeout is set.
+void schedule_sweep(self_pointer self);
+
+/// ssp's held pushes and the round in progress: named when they wait long,
+/// closed at a deadline (sync), failed at the step timeout.
+void sweep(self_pointer self);
+
+/// Parks the push of `worker` for `step` until the round completes.
+push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq);
+
+/// One pointer per variable into `flat`, at the variables' offsets.
+std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::vector<float>& flat);
+
+/// sync: the mean of the round's gradients, applied once.
+void release_sync(self_pointer self);
+
+/// average: the mean of the round's parameters becomes every variable's value.
+void release_average(self_pointer self);
+
+/// After a member came, went or was done: what its mode may now release.
+void reconsider(self_pointer self);
+
+/// The clock of the slowest member still pushing (UINT64_MAX if none).
+uint64_t slowest_clock(const aggregator_actor_state& st);
+
+/// ssp: whether `worker` is at most `staleness` pushes ahead of the slowest member.
+bool within_bound(const aggregator_actor_state& st, uint32_t worker);
+
+/// Answers the held pushes the bound now lets go (all of them when a
+/// switch drains the mode).
+void release_ssp(self_pointer self, bool all = false);
+
+/// stats: the job's counters, with every member's status and rates now.
+aggregator_stats stats_of(self_pointer self);
+
+/// done: a worker says it finished (or failed, with why); a joiner leaves.
+caf::result<uint32_t> on_done(self_pointer self, uint32_t worker, const std::string& token,
+                              const std::string& error);
+
+/// join: a worker's name, address and actor (monitored), and its token.
+caf::result<uint64_t, std::string, uint64_t> on_join(self_pointer self, uint32_t worker,
+                                                     const std::string& task,
+                                                     const std::string& address,
+                                                     uint32_t batch_size, caf::actor& who);
+
+/// switch: a live switch to `want`'s mode (or only its settings).
+caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want);
+
+/// save: every variable's value and slots, and the push numbers taken.
+caf::result<aggregator_state> save_state(self_pointer self);
+
+/// restore: the state of a checkpoint (all of it or nothing); the round in
+/// progress is abandoned and the counters start over.
+caf::result<uint64_t> restore_state(self_pointer self, aggregator_state& in);
+
+/// The behavior of `mode` (aggregator.cpp): a live switch becomes it.
+aggregator_impl_actor::behavior_type behavior_of(self_pointer self, const std::string& mode);
+
+/// What makes a spec unusable (an unknown mode, a bad optimizer, guard or
+/// min_replicas), named; none if it is good.
+caf::error check_spec(const aggregator_spec& spec);
+
+} // namespace af::aggregator_detail

@@ -1,0 +1,243 @@
+// An update to every variable of an aggregator or to none: a push unpacked
+// and checked, the norm guard, a gradient applied at once (async, ssp).
+#include "dist/aggregator_detail.hpp"
+
+#include <algorithm>
+
+#include "caf/all.hpp"
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+
+namespace af::aggregator_detail {
+
+namespace {
+
+/// Checks, for every variable, what could make the update `what` fail,
+/// before any variable changes: each has a value, and (sync, async) each has
+/// the optimizer's slots (made here, zeros, as apply_gradient would make them
+/// on first use). After it, applying can fail only for want of memory.
+caf::error prepare_update(self_pointer self, const std::string& what) {
+  auto& st = self->state;
+  for (size_t i = 0; i < st.vars.size(); ++i)
+    if (!st.vars[i].cell->info().initialized)
+      return make_error(af_error::uninitialized,
+                        fmt::format("aggregator '{}': variable '{}' has no value yet, so the {} "
+                                    "was applied to no variable; initialize the variables (the "
+                                    "chief's session does) before the workers push",
+                                    st.spec.name, st.spec.variables[i], what));
+  if (st.spec.mode == "average")
+    return caf::none;
+  for (size_t i = 0; i < st.vars.size(); ++i) {
+    auto& cell = *st.vars[i].cell;
+    for (const auto& slot : st.slot_names) {
+      if (cell.slot(slot))
+        continue;
+      std::string why;
+      try {
+        if (auto err = cell.set_slot(slot, tensor::filled(dtype::float32, cell.spec().shape, 0)))
+          why = describe(err);
+      } catch (const std::bad_alloc&) {
+        why = "out of memory";
+      }
+      if (!why.empty())
+        return make_error(af_error::resource_exhausted,
+                          fmt::format("aggregator '{}': making slot '{}' of variable '{}' failed "
+                                      "({}), so the {} was applied to no variable",
+                                      st.spec.name, slot, st.spec.variables[i], why, what));
+    }
+  }
+  return caf::none;
+}
+
+} // namespace
+
+caf::expected<tensor> params(self_pointer self) {
+  auto& st = self->state;
+  if (st.params_step && *st.params_step == st.global_step && !st.params.empty())
+    return st.params;
+  tensor flat;
+  if (st.vars.size() == 1) {
+    // One variable: its value is the flat buffer (shared, copy on write).
+    auto v = st.vars[0].cell->apply(var_op::read, tensor{}, true);
+    if (!v)
+      return std::move(v.error());
+    flat = v->value.reshaped({static_cast<int64_t>(st.total)});
+  } else {
+    flat = tensor{dtype::float32, {static_cast<int64_t>(st.total)}};
+    float* dst = flat.mutable_data<float>();
+    for (size_t i = 0; i < st.vars.size(); ++i)
+      if (auto err = st.vars[i].cell->copy_floats(dst + st.offsets[i], st.sizes[i]))
+        return err;
+  }
+  st.params = flat;
+  st.params_step = st.global_step;
+  return flat;
+}
+
+push_result answer_now(self_pointer self) {
+  auto p = params(self);
+  if (!p)
+    return std::move(p.error());
+  return {self->state.global_step, std::move(*p)};
+}
+
+void invalidate(self_pointer self) {
+  self->state.params_step.reset();
+  self->state.params = tensor{};
+}
+
+caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t worker,
+                                                const std::vector<tensor>& values,
+                                                const char* what) {
+  auto& st = self->state;
+  auto worker_name = [&st](uint32_t w) { return aggregator_detail::worker_name(st, w); };
+  std::vector<const float*> out(st.vars.size());
+  auto var_name = [&](size_t i) { return st.spec.variables[i]; };
+  if (values.size() == 1 && st.vars.size() != 1) {
+    const auto& flat = values[0];
+    if (flat.type() != dtype::float32 || flat.num_elements() != st.total)
+      return make_error(af_error::shape_mismatch,
+                        fmt::format("{} of {} to aggregator '{}': {} flat values, expected {} "
+                                    "floats (the variables {} in order)",
+                                    what, worker_name(worker), st.spec.name, flat.summary(),
+                                    st.total, fmt::join(st.spec.variables, ", ")));
+    for (size_t i = 0; i < st.vars.size(); ++i)
+      out[i] = flat.data<float>() + st.offsets[i];
+  } else {
+    if (values.size() != st.vars.size())
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{} of {} to aggregator '{}': {} tensors for {} variables ({})",
+                                    what, worker_name(worker), st.spec.name, values.size(),
+                                    st.vars.size(), fmt::join(st.spec.variables, ", ")));
+    for (size_t i = 0; i < st.vars.size(); ++i) {
+      const auto& t = values[i];
+      const auto& spec = st.vars[i].cell->spec();
+      bool flat_ok = t.shape().size() == 1 && t.num_elements() == st.sizes[i];
+      if (t.type() != dtype::float32 || (t.shape() != spec.shape && !flat_ok))
+        return make_error(af_error::shape_mismatch,
+                          fmt::format("{} of {} for variable '{}' is {}, the variable is "
+                                      "float32{}",
+                                      what, worker_name(worker), var_name(i),
+                                      t.empty() ? std::string{"empty"} : t.summary(),
+                                      shape_string(spec.shape)));
+      out[i] = t.data<float>();
+    }
+  }
+  for (size_t i = 0; i < st.vars.size(); ++i) {
+    auto bad = train::first_non_finite(out[i], st.sizes[i]);
+    if (bad < st.sizes[i]) {
+      auto msg = fmt::format("{} of {} for variable '{}' is not finite (element {} is {}): "
+                             "refused, the variable keeps its value",
+                             what, worker_name(worker), var_name(i), bad, out[i][bad]);
+      st.stats.refused += 1;
+      member(st, worker).stats.refused += 1;
+      st.stats.last_refusal = msg;
+      log::get()->warn("aggregator '{}': {}", st.spec.name, msg);
+      return make_error(af_error::non_finite, std::move(msg));
+    }
+  }
+  return out;
+}
+
+caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
+                      const std::string& what) {
+  auto& st = self->state;
+  if (auto err = prepare_update(self, what))
+    return err;
+  invalidate(self); // the cached flat parameters would make the update copy (COW)
+  bool average = st.spec.mode == "average";
+  for (size_t i = 0; i < st.vars.size(); ++i) {
+    auto& cell = *st.vars[i].cell;
+    auto err = average ? cell.assign_floats(parts[i], st.sizes[i])
+                       : cell.apply_gradient(st.spec.optimizer, parts[i], st.sizes[i],
+                                             st.global_step);
+    if (err) {
+      // Only an allocation can fail here (prepare_update checked the rest):
+      // say which variables did take the update.
+      std::vector<std::string> took(st.spec.variables.begin(), st.spec.variables.begin() + i);
+      auto msg = fmt::format("aggregator '{}': the {} failed at variable '{}' ({}); the variables "
+                             "before it [{}] took it",
+                             st.spec.name, what, st.spec.variables[i], describe(err),
+                             fmt::join(took, ", "));
+      log::get()->error("{}", msg);
+      return make_error(af_error::resource_exhausted, std::move(msg));
+    }
+  }
+  invalidate(self);
+  return caf::none;
+}
+
+void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*>& parts,
+                    std::vector<float>& scaled) {
+  auto& st = self->state;
+  if (!st.guard.enabled())
+    return;
+  auto n = norm_guard::norm(parts, st.sizes);
+  auto median = st.guard.median();
+  auto factor = st.guard.admit(n);
+  if (factor >= 1)
+    return;
+  scaled.resize(st.total);
+  for (size_t i = 0; i < parts.size(); ++i)
+    for (size_t k = 0; k < st.sizes[i]; ++k)
+      scaled[st.offsets[i] + k] = static_cast<float>(parts[i][k] * factor);
+  parts = parts_of(st, scaled);
+  auto& m = member(st, worker);
+  m.stats.guarded += 1;
+  if ((m.stats.guarded & (m.stats.guarded - 1)) == 0)
+    log::get()->warn("aggregator '{}': the gradient of {} at global step {} has norm {:.4g}, {:.3g} "
+                     "times the median {:.4g} of the recent ones: scaled down to grad_norm_guard "
+                     "= {} times it ({} of its pushes so far)",
+                     st.spec.name, worker_name(st, worker), st.global_step, n,
+                     median > 0 ? n / median : 0.0, median, st.guard.limit(), m.stats.guarded);
+}
+
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+                     const std::vector<tensor>& grads, bool moves_step) {
+  auto& st = self->state;
+  auto& m = member(st, worker);
+  if (grads.empty()) {
+    m.stats.refused += 1;
+    m.seq_taken = std::max(m.seq_taken, seq);
+    return caf::none;
+  }
+  auto parts = unpack(self, worker, grads, "gradient");
+  if (!parts)
+    return std::move(parts.error());
+  std::vector<float> scaled;
+  guard_gradient(self, worker, *parts, scaled);
+  auto what = fmt::format("gradient of {} (step {})", worker_name(st, worker), step);
+  if (auto err = update_all(self, *parts, what))
+    return err;
+  auto staleness = st.global_step - step;
+  st.stats.staleness[std::min<uint64_t>(staleness, staleness_buckets - 1)] += 1;
+  st.stats.applied += 1;
+  m.stats.applied += 1;
+  if (staleness > 0)
+    m.stats.stale += 1;
+  m.stats.max_staleness = std::max(m.stats.max_staleness, staleness);
+  m.seq_taken = std::max(m.seq_taken, seq);
+  if (moves_step)
+    st.global_step += 1;
+  invalidate(self);
+  return caf::none;
+}
+
+caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const char* sent) {
+  return make_error(af_error::mode_changed,
+                    fmt::format("aggregator '{}' runs {} now, and {} pushed {}: its worker "
+                                "changes its loop to the job's mode",
+                                st.spec.name, st.spec.mode, worker_name(st, worker), sent));
+}
+
+caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step) {
+  return make_error(af_error::invalid_argument,
+                    fmt::format("{} pushed a gradient of step {} to aggregator '{}', whose "
+                                "global step is {}",
+                                worker_name(st, worker), step, st.spec.name, st.global_step));
+}
+
+} // namespace af::aggregator_detail

@@ -1,0 +1,482 @@
+// The worker's exchanges with the ps shards: pushes and pulls through the
+// links, joins, a ps that died and came back (recover_ps), and a live switch
+// between average and the other modes.
+#include "dist/worker_state.hpp"
+
+#include <limits>
+
+#include "caf/all.hpp"
+
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+#include "train/partition.hpp"
+
+namespace af::worker_detail {
+
+namespace {
+
+void change_mode(self_pointer self, size_t shard);
+
+/// One exchange's answers, gathered from every shard.
+struct exchange_gather {
+  size_t missing = 0;
+  uint64_t step = UINT64_MAX;
+  std::vector<tensor> params;
+  std::vector<int> tries; ///< per shard: how often it was waited for (a ps that died)
+  bool failed = false;
+};
+
+void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
+                std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
+                std::function<void(uint64_t, std::vector<tensor>)> then, uint64_t seq);
+
+/// Takes shard `k`'s flat answer into `into` (one tensor per parameter): a
+/// whole parameter is its piece (no copy), a partitioned one gets the rows of
+/// this shard's pieces; it is complete once every shard has answered.
+caf::error take(self_pointer self, size_t k, const tensor& flat, std::vector<tensor>& into) {
+  auto& s = self->state.setup.shards[k];
+  if (auto ok = train::take_pieces(s.pieces, flat, into); !ok)
+    return make_error(ok.error().code, "parameters from " + s.task + ": " + ok.error().what);
+  return caf::none;
+}
+
+/// Shard `k`'s answer to this worker's join: the token its pushes carry
+/// from now on, and the last push number it took from this worker's index
+/// (a process that joined again numbers on from there; a retry in flight
+/// keeps its number).
+void take_membership(self_pointer self, size_t k, std::string token, uint64_t last_seq) {
+  auto& st = self->state;
+  st.tokens[k] = std::move(token);
+  st.push_seq[k] = std::max(st.push_seq[k], last_seq);
+}
+
+/// Pushes nothing to every shard for this step (sync, average: the others'
+/// step goes on without this worker's contribution; async: nothing applied),
+/// takes the answer, and goes on with the next step.
+void abstain(self_pointer self, const std::vector<tensor>* values) {
+  exchange(self, values, true, [self](uint64_t step, std::vector<tensor> params) {
+    auto& st = self->state;
+    st.global_step = step;
+    if (st.own)
+      st.own->values = std::move(params);
+    else
+      st.params = std::move(params);
+    // The step is over (without this worker's contribution): the next one
+    // takes the next batch (average counted its local step already).
+    if (st.mode != "average")
+      st.local_step += 1;
+    after_step(self);
+  });
+}
+
+/// Shard `k`'s ps is gone (`why`): asks the recovery link to wait for it
+/// (the chief restores it), takes the shard as it runs again (a new link if
+/// its data plane moved), joins its new aggregator, then `then` with the
+/// step it was restored at; `failed` if it did not come back.
+void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error& why,
+                   std::function<void(uint64_t)> then, std::function<void(caf::error)> failed) {
+  auto& st = self->state;
+  bool held = st.held_round[k];
+  st.held_round[k] = false;
+  self->request(st.recovery, caf::infinite, recover_atom::value, static_cast<uint64_t>(k), step,
+                describe(why), held)
+    .then(
+      [self, k, then, failed](uint64_t restored) {
+        auto& st = self->state;
+        recovered_shard r;
+        {
+          std::lock_guard<std::mutex> guard{st.recovered->mtx};
+          r = st.recovered->done[k];
+        }
+        auto& shard = st.setup.shards[k];
+        if (r.shard.host != shard.host || r.shard.data_port != shard.data_port) {
+          self->unlink_from(st.links[k]);
+          self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
+          st.links[k] = self->spawn<caf::detached + caf::linked>(
+            plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout,
+            before_push_of(st.setup, k));
+        }
+        bool same = r.shard.actor == shard.actor;
+        shard = r.shard;
+        st.shard_down[k] = false;
+        if (same) {
+          then(restored);
+          return;
+        }
+        st.ps_recoveries += 1;
+        self->monitor(shard.actor);
+        // The new aggregator monitors this worker (and counts a worker that
+        // joined the job as a member) from here on.
+        self->request(shard.actor, st.setup.timeout, join_atom::value, st.setup.index,
+                      st.setup.task_name, st.setup.address, examples_per_push(st),
+                      caf::actor_cast<caf::actor>(self))
+          .then(
+            [self, k, then, restored](uint64_t, std::string& token, uint64_t last_seq) {
+              take_membership(self, k, std::move(token), last_seq);
+              then(restored);
+            },
+            [failed](caf::error& e) { failed(std::move(e)); });
+      },
+      [failed](caf::error& e) { failed(std::move(e)); });
+}
+
+/// Pushes `part` (or pulls) to shard `k` through its link; its answer goes
+/// into `g`, and `then` runs once every shard has answered. A ps that died
+/// is waited for (recover_ps) and pushed to again at its restored step, a
+/// few times at most per exchange.
+void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
+                std::vector<tensor> part, uint64_t step, wire::kind kind, bool has_values,
+                std::function<void(uint64_t, std::vector<tensor>)> then, uint64_t seq) {
+  auto& st = self->state;
+  const auto& s = st.setup.shards[k];
+  // Each push gets the next number; its retry (the ps died before it
+  // answered) the same one, so that a ps restored from a checkpoint that
+  // holds it does not apply it twice.
+  if (kind != wire::kind::pull && seq == 0) {
+    // Never past 2^64 - 1 back to 0 (unnumbered): a joiner goes on from
+    // the number its aggregator last took, which a checkpoint bounds.
+    if (st.push_seq[k] == std::numeric_limits<uint64_t>::max()) {
+      if (!g->failed) {
+        g->failed = true;
+        fail(self,
+             make_error(af_error::invalid_argument,
+                        fmt::format("{} has taken push number 2^64 - 1 of this worker: no "
+                                    "number is left (its state is corrupt or forged)",
+                                    s.task)),
+             "numbering a push");
+      }
+      return;
+    }
+    seq = ++st.push_seq[k];
+  }
+  auto wait = static_cast<uint32_t>(st.setup.cfg.step_timeout_ms);
+  // The link answers within its socket's deadlines (the node's step
+  // timeout plus a margin, data_channel::aggregate) and is linked to this
+  // actor: no timer here, which would wake CAF's clock thread every step.
+  // `part` shares its buffers: the copy kept for a retry costs nothing.
+  self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
+                step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
+    .then(
+      [self, g, k, then](uint64_t step, tensor& flat) {
+        if (g->failed)
+          return;
+        if (auto err = take(self, k, flat, g->params)) {
+          g->failed = true;
+          fail(self, std::move(err), "taking the parameters");
+          return;
+        }
+        auto& st = self->state;
+        st.shard_step[k] = step;
+        // It answers: whatever its checkpoint's save saw, it did not die
+        // while this worker held the round.
+        st.held_round[k] = false;
+        g->step = std::min(g->step, step);
+        if (--g->missing == 0)
+          then(g->step, std::move(g->params));
+      },
+      [self, g, k, part, step, kind, has_values, then, seq](caf::error& err) {
+        if (g->failed)
+          return;
+        auto& st = self->state;
+        auto during = [self, k, has_values] {
+          const auto& task = self->state.setup.shards[k].task;
+          return has_values ? "pushing to " + task : "pulling from " + task;
+        };
+        // A live switch between average and the others: the aggregator
+        // takes the other kind of push now. Learn the mode, change loops.
+        if (has_values && err.category() == error_category
+            && err.code() == static_cast<uint8_t>(af_error::mode_changed)) {
+          g->failed = true;
+          // With several ps, shards still in the old mode may have taken
+          // this gradient: it is not applied again to the replica.
+          if (st.setup.shards.size() > 1)
+            st.pending.clear();
+          change_mode(self, k);
+          return;
+        }
+        // The ps's process died: wait for it to come back (the chief
+        // restores its variables), then push this part again at the step
+        // it was restored at (a later one would be ahead of it).
+        if (st.recovery && ps_gone(err) && g->tries[k] < 3) {
+          g->tries[k] += 1;
+          recover_shard(
+            self, k, step, err,
+            [self, g, k, part, step, kind, has_values, then, seq](uint64_t restored) {
+              if (g->failed)
+                return;
+              auto next = std::min(step, restored);
+              self->state.shard_step[k] = next;
+              push_shard(self, g, k, part, next, kind, has_values, then, seq);
+            },
+            [self, g, during](caf::error e) {
+              if (g->failed)
+                return;
+              g->failed = true;
+              fail(self, std::move(e), during());
+            });
+          return;
+        }
+        g->failed = true;
+        // The worker checks every part before it pushes any, with the
+        // aggregators' own test: a non_finite refusal here means the two
+        // disagree, and with several ps the other shards may already have
+        // taken their parts. Not something to abstain past: fail.
+        fail(self, std::move(err), during());
+      });
+}
+
+/// After a live switch between average and the other modes (a push refused
+/// as mode_changed by shard `shard`): asks that shard for the job's mode, pulls
+/// the parameters, and goes on in that mode's loop.
+///   into average: the pulled parameters become its replica (optimizer slots
+///     at zero), and the gradient the switch refused is its first local step;
+///     rounds count from the pulled global step.
+///   out of average: its replica goes (its local steps since the last
+///     average are replaced by the job's parameters, as if it had abstained).
+/// With several ps the shards switch within milliseconds of each other; a
+/// worker that meets the old mode on the next shard changes back and forth
+/// until all have switched.
+void change_mode(self_pointer self, size_t shard) {
+  auto& st = self->state;
+  self->request(st.setup.shards[shard].actor, st.setup.timeout, stats_atom::value)
+    .then(
+      [self](aggregator_stats& s) {
+        auto& st = self->state;
+        log::get()->info("{}: the job runs {} now (this worker ran {}): changing its loop at "
+                         "local step {}",
+                         who(self), s.mode, st.mode, st.local_step);
+        bool to_average = s.mode == "average";
+        st.mode = s.mode;
+        exchange(self, nullptr, false, [self, to_average](uint64_t step, std::vector<tensor> params) {
+          auto& st = self->state;
+          st.global_step = step;
+          if (!to_average) {
+            st.own.reset();
+            st.pending.clear();
+            st.params = std::move(params);
+            after_step(self);
+            return;
+          }
+          auto own = train::replica_state::make(std::move(params), st.setup.cfg.optimizer);
+          if (!own) {
+            fail(self, make_error(own.error().code, own.error().what), "starting its replica");
+            return;
+          }
+          st.own = std::move(*own);
+          st.avg_step0 = step;
+          st.avg_local0 = st.local_step;
+          auto grads = std::move(st.pending);
+          st.pending.clear();
+          if (grads.empty())
+            after_step(self);
+          else
+            use_gradients(self, std::move(grads));
+        });
+      },
+      [self, shard](caf::error& err) {
+        fail(self, std::move(err),
+             "asking " + self->state.setup.shards[shard].task + " for the job's mode after a switch");
+      });
+}
+
+} // namespace
+
+std::string first_non_finite(self_pointer self, const std::vector<tensor>& values,
+                             const char* what) {
+  auto& st = self->state;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& t = values[i];
+    if (t.type() != dtype::float32)
+      continue;
+    auto n = static_cast<size_t>(t.num_elements());
+    auto bad = train::first_non_finite(t.data<float>(), n);
+    if (bad < n)
+      return fmt::format("{} of {} for variable '{}' at local step {} (global step {}) is not "
+                         "finite (element {} is {})",
+                         what, who(self), st.setup.params[i].name, st.local_step, st.global_step,
+                         bad, t.data<float>()[bad]);
+  }
+  return "";
+}
+
+bool note_refusal(self_pointer self, std::string why) {
+  auto& st = self->state;
+  st.refused += 1;
+  st.refused_in_a_row += 1;
+  log::get()->warn("{}", why);
+  st.last_refusal = std::move(why);
+  if (st.refused_in_a_row < std::max<uint64_t>(1, st.setup.cfg.max_nonfinite_steps))
+    return true;
+  fail(self,
+       make_error(af_error::non_finite,
+                  fmt::format("its last {} steps were all not finite (max_nonfinite_steps = {}; "
+                              "the last: {}): the model has diverged or its input is bad; lower "
+                              "learning_rate, check the data, or resume from a checkpoint (a "
+                              "model that recovers by itself may need a larger "
+                              "max_nonfinite_steps in [train])",
+                              st.refused_in_a_row, st.setup.cfg.max_nonfinite_steps,
+                              st.last_refusal)),
+       "training");
+  return false;
+}
+
+void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain_step,
+              std::function<void(uint64_t, std::vector<tensor>)> then) {
+  auto& st = self->state;
+  if (values != nullptr && !abstain_step) {
+    auto bad = first_non_finite(self, *values,
+                                st.mode == "average" ? "parameters" : "gradient");
+    if (!bad.empty()) {
+      if (note_refusal(self, bad + ": abstaining from this step on every ps"))
+        abstain(self, values);
+      return;
+    }
+    st.refused_in_a_row = 0;
+  }
+  if (st.rejoin && values != nullptr) {
+    // A ps switched into sync: join every ps before this step's push (the
+    // ones in sync take this worker into their rounds from it on; until
+    // then they applied its pushes at once). With several ps each one
+    // switches at its own moment: only a join that every ps has before the
+    // same push makes them pair the same steps of the workers.
+    st.rejoin = false;
+    auto keep = std::make_shared<std::vector<tensor>>(*values); // shares the buffers
+    join_all(self, [self, keep, abstain_step, then] {
+      exchange(self, keep.get(), abstain_step, then);
+    });
+    return;
+  }
+  auto g = std::make_shared<exchange_gather>();
+  g->missing = st.setup.shards.size();
+  g->params.resize(st.setup.params.size());
+  g->tries.assign(st.setup.shards.size(), 0);
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    const auto& s = st.setup.shards[k];
+    // A partitioned parameter's rows are copied out; a whole one goes as is.
+    auto part = values != nullptr && !abstain_step ? train::rows_for(s.pieces, *values)
+                                                   : std::vector<tensor>{};
+    // average pushes the round's step (the same local steps on every shard).
+    bool average = st.mode == "average";
+    auto step = average ? st.global_step : st.shard_step[k];
+    auto kind = values == nullptr ? wire::kind::pull
+                : average         ? wire::kind::push_params
+                                  : wire::kind::push;
+    push_shard(self, g, k, std::move(part), step, kind, values != nullptr, then, 0);
+  }
+}
+
+bool ps_gone(const caf::error& err) {
+  return is(err, af_error::peer_down) || is(err, af_error::unreachable);
+}
+
+uint64_t add_hook(self_pointer self, std::function<void(size_t)> hook) {
+  auto id = ++self->state.next_hook;
+  self->state.down_hooks[id] = std::move(hook);
+  return id;
+}
+
+void drop_hook(self_pointer self, uint64_t id) {
+  self->state.down_hooks.erase(id);
+}
+
+void fire_known_down(self_pointer self, uint64_t id) {
+  auto& st = self->state;
+  for (size_t k = 0; k < st.shard_down.size(); ++k) {
+    auto h = st.down_hooks.find(id);
+    if (h == st.down_hooks.end())
+      return; // it dropped itself
+    if (st.shard_down[k]) {
+      auto hook = h->second;
+      hook(k);
+    }
+  }
+}
+
+uint32_t examples_per_push(const worker_state& st) {
+  return static_cast<uint32_t>(
+    st.setup.cfg.batch_size
+    * (st.mode == "average" ? std::max<uint32_t>(1, st.setup.cfg.average_every) : 1));
+}
+
+void join_all(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  struct joins {
+    size_t missing = 0;
+    std::vector<bool> settled; ///< answered, or handed to the recovery
+    uint64_t hook = 0;
+    bool failed = false;
+  };
+  auto j = std::make_shared<joins>();
+  j->missing = st.setup.shards.size();
+  j->settled.assign(st.setup.shards.size(), false);
+  auto examples = examples_per_push(st);
+  auto one_done = [self, j, then] {
+    if (!j->failed && --j->missing == 0) {
+      drop_hook(self, j->hook);
+      then();
+    }
+  };
+  // A ps that dies before it answered (the join request to a dead node is
+  // never answered): wait for it as a push would; recover_shard joins the
+  // new aggregator itself.
+  auto recover = [self, j, one_done](size_t k, caf::error why) {
+    j->settled[k] = true;
+    auto task = self->state.setup.shards[k].task;
+    recover_shard(
+      self, k, self->state.shard_step[k], why,
+      [self, k, one_done](uint64_t restored) {
+        self->state.shard_step[k] = restored;
+        one_done();
+      },
+      [self, j, task](caf::error e) {
+        if (j->failed)
+          return;
+        j->failed = true;
+        drop_hook(self, j->hook);
+        fail(self, std::move(e), "joining the aggregator of " + task);
+      });
+  };
+  if (st.recovery)
+    j->hook = add_hook(self, [j, recover](size_t k) {
+      if (!j->failed && !j->settled[k])
+        recover(k, make_error(af_error::peer_down, "its aggregator went down"));
+    });
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    const auto& s = st.setup.shards[k];
+    if (!s.actor) {
+      j->settled[k] = true;
+      one_done();
+      continue;
+    }
+    self->request(s.actor, st.setup.timeout, join_atom::value, st.setup.index, st.setup.task_name,
+                  st.setup.address, examples, caf::actor_cast<caf::actor>(self))
+      .then(
+        [self, j, k, one_done](uint64_t, std::string& token, uint64_t last_seq) {
+          if (j->settled[k])
+            return;
+          take_membership(self, k, std::move(token), last_seq);
+          j->settled[k] = true;
+          one_done();
+        },
+        [self, j, k, recover, task = s.task](caf::error& err) {
+          if (j->failed || j->settled[k])
+            return;
+          if (self->state.recovery && ps_gone(err)) {
+            recover(k, std::move(err));
+            return;
+          }
+          j->failed = true;
+          drop_hook(self, j->hook);
+          fail(self, std::move(err), "joining the aggregator of " + task);
+        });
+  }
+  if (st.recovery)
+    fire_known_down(self, j->hook);
+  if (st.setup.shards.empty())
+    then();
+}
+
+} // namespace af::worker_detail

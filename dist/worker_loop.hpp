@@ -1,0 +1,100 @@
+#pragma once
+/// The step loop's counters and decisions of a training worker
+/// (dist/worker.hpp), apart from the actor: where the worker is (its local
+/// steps, the job's global step, where its averaging rounds count from), and
+/// what is due after a step (report, evaluate, checkpoint, the end) or after
+/// an average worker's local step (its round's push). Plain data: a test
+/// drives it without processes or actors, as dist/aggregation_round.hpp is
+/// for the aggregator.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "train/config.hpp"
+#include "train/local.hpp"
+
+namespace af {
+
+/// What a worker does after a step (worker_loop::after_step).
+struct step_plan {
+  /// The job's step this step counts as (sync, async, ssp: the global step;
+  /// average, allreduce: worker_loop::average_step).
+  uint64_t step = 0;
+  bool last = false;       ///< the job's steps are done: finish, no next step
+  bool report = false;     ///< a progress report
+  bool eval = false;       ///< the chief evaluates on the held-out set
+  bool checkpoint = false; ///< the chief checkpoints
+};
+
+/// Where a worker is in the job.
+struct worker_loop {
+  /// The mode the job runs: the config's until a live switch changes it.
+  std::string mode;
+  /// average: the global step and local step its rounds count from (the
+  /// job's start, or a switch into average).
+  uint64_t avg_step0 = 0;
+  uint64_t avg_local0 = 0;
+  uint64_t global_step = 0;       ///< the least of the shards' (average: the round's step)
+  uint64_t local_step = 0;        ///< steps this worker ran in this process
+  uint64_t checkpointed_step = 0; ///< global step of the last checkpoint (or the start)
+  uint64_t reported_step = 0;     ///< async: global step of the last progress line (or the start)
+
+  /// average (and allreduce): the job's step of this replica, its local steps
+  /// counted from where its rounds began (the start, or a switch into average).
+  uint64_t average_step() const { return avg_step0 + (local_step - avg_local0); }
+
+  /// What is due after a step of a job of `total_steps` steps under `c`;
+  /// `chief`: worker 0; `can_eval`, `can_save`: it has an evaluation step and
+  /// a checkpoint writer; `since_checkpoint_s`: seconds since its last
+  /// checkpoint (or the start). A report moves reported_step to the global step.
+  step_plan after_step(const train::train_config& c, uint64_t total_steps, bool chief,
+                       bool can_eval, bool can_save, double since_checkpoint_s) {
+    step_plan p;
+    // sync and async count the shared global step; average and allreduce
+    // workers their own steps (the same on every worker).
+    bool shared = mode == "sync" || train::step_per_push(mode);
+    p.step = shared ? global_step : average_step();
+    p.last = p.step >= total_steps;
+    // async: when the global step crossed a multiple of log_every (it moves
+    // by every worker's pushes: counting this worker's steps, a job of 200
+    // steps with log_every 50 printed at 50 and at the end only).
+    bool async = train::step_per_push(mode);
+    p.report = p.last
+               || (c.log_every > 0
+                   && (async ? global_step / c.log_every > reported_step / c.log_every
+                             : local_step % c.log_every == 0));
+    if (p.report)
+      reported_step = global_step;
+    p.eval = chief && can_eval && c.eval_every > 0 && local_step % c.eval_every == 0 && !p.last;
+    // By steps: when the global step crossed a multiple of checkpoint_steps
+    // since the last one (async moves it by other workers' pushes too).
+    // average: only at a round's end, when the chief's replica holds the
+    // job's averaged parameters (mid-round it holds its own, and the step and
+    // data position would not agree).
+    bool round_end = mode != "average"
+                     || (local_step - avg_local0) % std::max<uint32_t>(1, c.average_every) == 0;
+    p.checkpoint = chief && can_save && !p.last && round_end
+                   && ((c.checkpoint_steps > 0
+                        && global_step / c.checkpoint_steps > checkpointed_step / c.checkpoint_steps)
+                       || (c.checkpoint_secs > 0 && since_checkpoint_s >= c.checkpoint_secs));
+    return p;
+  }
+
+  /// average, after a local step was counted: true if the round's push is
+  /// due (every `average_every` local steps, and at the job's last step);
+  /// then the round's global step is the local steps every worker has run.
+  bool round_due(uint32_t average_every, uint64_t total_steps) const {
+    auto k = std::max<uint32_t>(1, average_every);
+    auto locals = local_step - avg_local0;
+    return locals % k == 0 || avg_step0 + locals >= total_steps;
+  }
+
+  /// average: the job's averaging rounds so far.
+  uint64_t rounds(uint32_t average_every) const {
+    uint64_t k = std::max<uint32_t>(1, average_every);
+    return (global_step + k - 1) / k;
+  }
+};
+
+} // namespace af

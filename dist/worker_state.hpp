@@ -1,0 +1,194 @@
+#pragma once
+/// The worker actor's state and the functions its files share:
+/// dist/worker.cpp (the step loop), worker_exchange.cpp (pushes, pulls,
+/// joins, a ps that died, a live switch), worker_checkpoint.cpp (evaluation
+/// and checkpoints) and worker_links.cpp (the detached actors that block for
+/// it). Internal to dist/.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "dist/worker.hpp"
+#include "dist/worker_loop.hpp"
+
+namespace af::worker_detail {
+
+using clock_type = std::chrono::steady_clock;
+using allreduce_atom = caf::atom_constant<caf::atom("allreduce")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using recover_atom = caf::atom_constant<caf::atom("recoverps")>;
+
+/// What the recovery link hands the worker beside its reply (the reply is
+/// the restored step): the shard as it runs again, by index.
+struct recovery_box {
+  std::mutex mtx;
+  std::map<size_t, recovered_shard> done;
+};
+
+/// The worker actor's state: its loop's counters (worker_loop) and the rest.
+struct worker_state : worker_loop {
+  worker_setup setup;
+  std::function<void(caf::expected<worker_result>)> done;
+  step_runner runner;
+  std::vector<caf::actor> links;  ///< per shard
+  caf::actor reducer;             ///< allreduce
+  caf::actor recovery;            ///< waits for a ps that died (recover_ps)
+  std::shared_ptr<recovery_box> recovered = std::make_shared<recovery_box>();
+  uint64_t ps_recoveries = 0;     ///< ps tasks it waited for and went on with
+  /// Called with a shard's index when its aggregator goes down (monitored
+  /// with recover_ps): a control request to it (save, stats) is never
+  /// answered by CAF then, and would wait its whole timeout.
+  std::map<uint64_t, std::function<void(size_t)>> down_hooks;
+  uint64_t next_hook = 0;
+  /// Per shard: its aggregator went down and the shard was not recovered
+  /// yet. CAF drops what is sent to a dead node's proxy without an answer,
+  /// so a control request made after the down message would wait its whole
+  /// timeout (60 s once in the soak): fire_known_down answers it at once.
+  std::vector<bool> shard_down;
+  /// Per shard (chief, sync): it died while this worker held the round (its
+  /// checkpoint's save found it gone), so it cannot have closed a round past
+  /// this worker's step: recover_ps restores it at this worker's step.
+  std::vector<bool> held_round;
+  std::optional<train::batcher> batches;
+  std::vector<tensor> params;     ///< sync / async: as pulled
+  std::optional<train::replica_state> own; ///< average / allreduce
+  /// The gradient being pushed: after a switch into average it becomes the
+  /// replica's first local step instead of being lost.
+  std::vector<tensor> pending;
+  /// Each shard's global step as it last answered: a push to shard k
+  /// carries shard k's own (after a live switch the ps tasks' steps may
+  /// differ for good; the least of them would be late on the others).
+  std::vector<uint64_t> shard_step;
+  /// Per shard: the token its aggregator answered this worker's join with
+  /// (its pushes and done carry it; empty before the join), and the number
+  /// of its last push there (a retry sends the same number again).
+  std::vector<std::string> tokens;
+  std::vector<uint64_t> push_seq;
+  double loss_sum = 0;
+  uint64_t loss_count = 0;
+  double last_loss = 0;
+  uint64_t refused = 0;
+  uint64_t refused_in_a_row = 0;  ///< steps abstained from since the last finite one
+  std::string last_refusal;
+  uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
+  std::string checkpoint_error;     ///< the last one's reason
+  clock_type::time_point started;
+  clock_type::time_point last_checkpoint;
+  bool finished = false;
+  /// A ps switched into sync (it told this actor): the worker joins every
+  /// ps again before its next push, so that its sync rounds begin with the
+  /// same step's push on each (aggregation_round::set_standby).
+  bool rejoin = false;
+  static constexpr const char* name = "worker";
+};
+
+using self_pointer = caf::stateful_actor<worker_state>*;
+
+/// "worker 2": how its log lines and errors name it.
+std::string who(self_pointer self);
+
+/// Ends the worker with `err` (what it was doing: `during`): said to every
+/// aggregator in its done, logged, and handed to `done` with the cause's code.
+void fail(self_pointer self, caf::error err, const std::string& during);
+
+/// Seconds from `t` to now.
+double seconds_since(clock_type::time_point t);
+
+/// The parameters the worker's next step runs with.
+const std::vector<tensor>& current(self_pointer self);
+
+/// A sentence naming the worker, the variable and the element if `values`
+/// (one per parameter) holds a NaN or an infinity; "" if all are finite.
+std::string first_non_finite(self_pointer self, const std::vector<tensor>& values,
+                             const char* what);
+
+/// Counts and logs a step this worker abstains from; false (and the worker
+/// failed) once it has abstained from max_nonfinite_steps steps in a row
+/// (train_config): past that the model has diverged (or was restored
+/// broken), and abstaining for ever would keep an async job from reaching
+/// its step count, or let a job end "done" having applied nothing.
+bool note_refusal(self_pointer self, std::string why);
+
+/// Whether a push's error says the ps's process is gone (its data
+/// connection closed, or it cannot be connected to): worth waiting for it.
+bool ps_gone(const caf::error& err);
+
+/// Runs `hook` with the shard's index if a shard's aggregator goes down
+/// before the returned id is dropped (drop_hook).
+uint64_t add_hook(self_pointer self, std::function<void(size_t)> hook);
+
+/// Drops hook `id` (add_hook).
+void drop_hook(self_pointer self, uint64_t id);
+
+/// Runs hook `id` for each shard whose aggregator is known to be down
+/// already (its down message came before the hook was added). Call it
+/// after the requests the hook guards were sent.
+void fire_known_down(self_pointer self, uint64_t id);
+
+/// Examples behind one push: average pushes after average_every steps.
+uint32_t examples_per_push(const worker_state& st);
+
+/// A detached actor that owns one data-plane connection to a ps node and
+/// makes the blocking push and pull calls there, so the worker never blocks.
+/// `before` (a test hook, may be empty) runs before each push with the
+/// worker's local step.
+caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
+                         std::string peer, std::chrono::milliseconds timeout,
+                         std::function<void(uint64_t)> before);
+
+/// The setup's before_push hook bound to shard `k` (empty without one).
+std::function<void(uint64_t)> before_push_of(const worker_setup& setup, size_t k);
+
+/// A detached actor that waits for a ps that died to come back
+/// (worker_setup::recover_ps blocks: it pings, and on the chief restores).
+caf::behavior recovery_link(caf::event_based_actor*,
+                            std::function<caf::expected<recovered_shard>(
+                              size_t, uint64_t, const std::string&, bool)>
+                              fn,
+                            std::shared_ptr<recovery_box> box);
+
+/// A detached actor that runs the blocking all-reduce of the worker's group.
+caf::behavior reduce_link(caf::event_based_actor*, std::shared_ptr<allreduce_group> group);
+
+/// Evaluates the current parameters on the held-out set (chief), then `then`.
+void evaluate(self_pointer self, std::function<void(double, double)> then);
+
+/// Collects the state to checkpoint (chief), then `then`.
+void checkpoint(self_pointer self, std::function<void()> then);
+
+/// Registers with every shard's aggregator (its name and address for their
+/// messages, a monitor so that its death ends its membership at once, and,
+/// for a worker not in the job's config, membership itself), then `then`.
+void join_all(self_pointer self, std::function<void()> then);
+
+/// Pushes (or pulls, if `values` is null) to every shard; `then` gets the
+/// global step and the parameters once all have answered. Values that are
+/// not finite are pushed to no shard: with several ps, a refusal by one
+/// while the others applied their parts would apply part of a step.
+void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain_step,
+              std::function<void(uint64_t, std::vector<tensor>)> then);
+
+/// After a step: report, evaluate, checkpoint as due; then the next step.
+void after_step(self_pointer self);
+
+/// What a step's gradients do in each mode.
+void use_gradients(self_pointer self, std::vector<tensor> grads);
+
+/// The job's steps are done: done to every aggregator, the chief's last
+/// evaluation (and, average and allreduce, its last checkpoint), then `done`.
+void finish(self_pointer self);
+
+/// The next step, unless the worker ended or its client asked it to stop
+/// (after step_delay, if any).
+void run_step(self_pointer self);
+
+} // namespace af::worker_detail
