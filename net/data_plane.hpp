@@ -33,74 +33,14 @@
 #include "net/shm_ring.hpp"
 #include "net/tls.hpp"
 #include "net/ucx_link.hpp"
-#include "actors/variable.hpp"
-#include "messages/aggregator.hpp"
-#include "messages/executor.hpp"
+#include "net/variable_directory.hpp"
 #include "core/wire_format.hpp"
 
 namespace af {
 
 class secure_stream; // net/tls_io.hpp
-struct data_link;    // data_plane.cpp: one connection's byte stream
-
-/// Name -> variable of one node: the node actor writes, the data-plane
-/// threads read.
-class variable_directory {
-public:
-  struct entry {
-    variable_cell_actor actor;         ///< told of first values; may be null (tests)
-    std::shared_ptr<variable_cell> cell;
-  };
-  void put(const std::string& name, entry e);
-
-  /// The entry of `name`; an empty one (null cell) if there is none.
-  entry get(const std::string& name) const;
-
-  /// Removes `name` if `actor` is still the one registered under it (a
-  /// variable whose actor ended is no longer served by name).
-  void remove(const std::string& name, const caf::actor_addr& actor);
-
-  /// Removes `name` whatever is registered.
-  void remove(const std::string& name);
-
-  // -- aggregators (messages/aggregator.hpp), reached by push/pull frames ----
-
-  struct aggregator_entry {
-    aggregator_actor actor;
-    size_t floats = 0;                    ///< a push carries exactly this many
-    std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
-  };
-  void put_aggregator(const std::string& name, aggregator_entry e);
-  /// The entry of `name`; an empty one (null actor) if there is none.
-  aggregator_entry get_aggregator(const std::string& name) const;
-  void remove_aggregator(const std::string& name);
-
-  /// How a data-plane thread asks an aggregator and waits for its answer
-  /// (start_node sets it: a blocking request from a scoped actor). Arguments:
-  /// the aggregator, the frame kind (push or pull), worker, step, who sent
-  /// it (a push's token and number, and the connection's peer), the flat
-  /// values (empty for pull or an abstention), the wait.
-  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
-    const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
-    std::chrono::milliseconds)>;
-  void set_aggregator_call(aggregator_call f);
-  aggregator_call aggregator_caller() const;
-
-  // -- executors, reached by edge frames (values between partitions) --------
-
-  /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
-  void put_executor(const std::string& device, executor_actor e);
-  /// The executor of `device`; null if there is none.
-  executor_actor get_executor(const std::string& device) const;
-  void remove_executor(const std::string& device);
-
-private:
-  mutable std::mutex mtx_;
-  std::unordered_map<std::string, entry> vars_;
-  std::unordered_map<std::string, aggregator_entry> aggs_;
-  std::unordered_map<std::string, executor_actor> execs_;
-  aggregator_call call_;
-};
+struct data_link;    // net/data_link.hpp: one connection's byte stream
+struct served_connection; // net/data_plane_server.cpp: one connection the server serves
 
 /// What one connection, client or stranger may make the data plane hold
 /// (node_options: data_idle_timeout_ms, data_frame_timeout_ms,
@@ -170,7 +110,20 @@ private:
     : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(limits),
       tls_(std::move(tls)) {}
   void accept_loop();
+  /// accept_loop's admission of an accepted connection `fd` (under the
+  /// limits): a thread serves it, or it is refused. False: the server stops.
+  bool admit(int fd, const std::string& peer, std::vector<std::thread>& done,
+             uint64_t& over_limit, uint64_t& over_handshakes);
   void serve(int fd, const std::string& peer);
+  /// serve()'s frames, one after another, until the connection ends.
+  void serve_frames(served_connection& c);
+  /// A variable op frame (header read, name read); false: drop the connection.
+  bool serve_variable(served_connection& c, const wire::header& h, const std::string& name);
+  /// An offer of shared memory (header read, name read: the segment's); false:
+  /// drop the connection.
+  bool serve_shm_offer(served_connection& c, const wire::header& h, const std::string& name);
+  /// An offer of UCX (header read); false: drop the connection.
+  bool serve_ucx_offer(served_connection& c, const wire::header& h);
   /// A push or pull frame (header read, name read); false: drop the connection.
   bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
                         const std::string& name);

@@ -1,0 +1,45 @@
+#pragma once
+/// One connection a data_plane_server serves (net/data_plane_server.cpp):
+/// its byte stream and what its client moved it to, for the functions that
+/// serve its frames, one per kind. Not for other users.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "net/data_link.hpp"
+#include "net/shm_ring.hpp"
+#include "net/ucx_link.hpp"
+
+namespace af {
+
+struct served_connection {
+  served_connection(std::atomic<int64_t>& shm_total, const std::string& node_name,
+                    const std::string& peer, data_link io, int idle_ms, int frame_ms)
+    : shm_share{shm_total}, node_name(node_name), peer(peer), io(io), idle_ms(idle_ms),
+      frame_ms(frame_ms) {}
+
+  /// Its share of max_shm_bytes, given back when the connection ends (after
+  /// the segment is unmapped: declared first, destroyed last).
+  struct give_back {
+    std::atomic<int64_t>& total;
+    int64_t bytes = 0;
+    ~give_back() { total.fetch_sub(bytes); }
+  } shm_share;
+  const std::string& node_name;
+  const std::string& peer;
+  /// On shared memory (after the client's offer): the rings, bounded as the
+  /// socket's reads and sends are.
+  data_link io;
+  int idle_ms;
+  int frame_ms;
+  std::unique_ptr<shm_channel> shm;
+  std::unique_ptr<ucx_channel> ucx; ///< after a client's offer of UCX (net/ucx_link.hpp)
+  int ucx_refused = 0;              ///< offers refused as not an address: the second closes
+
+  /// True if a read ended the connection; says why in the log if the peer went silent.
+  bool ended(plane_io::read_end how, const char* where) const;
+};
+
+} // namespace af
