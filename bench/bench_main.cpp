@@ -38,6 +38,7 @@
 
 #include "net/aes_gcm.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "net/tls.hpp"
 #include "actors/variable.hpp"

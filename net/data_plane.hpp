@@ -6,13 +6,13 @@
 /// a 64 MiB tensor reaches a fraction of the socket's speed (docs/wire.md).
 /// Here a session's thread writes one frame (core/wire_format.hpp) straight from
 /// the tensor's buffer and blocks on the reply; on the node, one thread per
-/// connection reads the payload straight into a fresh tensor, applies the op
-/// to the variable's cell itself (actors/variable.hpp: no actor hop) and
-/// writes the reply straight from the variable's buffer. Only when an op gives
-/// a variable its first value does the variable actor hear of it
-/// (released_atom), to answer its wait_init waiters on its own thread. CAF
-/// still places variables, keeps the registry and watches nodes; the data
-/// plane finds a variable by name in the node's directory. A peer that dies
+/// connection reads each frame's header and name and hands the request to
+/// the node's plane_handler (net/plane_handler.hpp; the runtime's is
+/// actors/variable_directory.hpp), which reads the payload straight into a
+/// fresh tensor, applies the op to the variable's cell itself (no actor hop)
+/// and writes the reply straight from the variable's buffer. This file knows
+/// the wire, not variables: CAF still places variables, keeps the registry
+/// and watches nodes, and the handler finds a variable by name. A peer that dies
 /// closes its socket: the waiting side sees it at once instead of at a
 /// timeout. A peer that goes silent is dropped: between frames after the
 /// idle timeout, within a frame after the (short) frame timeout.
@@ -33,56 +33,17 @@
 #include "net/shm_ring.hpp"
 #include "net/tls.hpp"
 #include "net/ucx_link.hpp"
-#include "net/variable_directory.hpp"
+#include "net/data_plane_limits.hpp"
+#include "net/plane_handler.hpp"
+#include "core/tensor.hpp"
+#include "core/variable_spec.hpp"
 #include "core/wire_format.hpp"
 
 namespace af {
 
 class secure_stream; // net/tls_io.hpp
 struct data_link;    // net/data_link.hpp: one connection's byte stream
-struct served_connection; // net/data_plane_server.cpp: one connection the server serves
-
-/// What one connection, client or stranger may make the data plane hold
-/// (node_options: data_idle_timeout_ms, data_frame_timeout_ms,
-/// max_message_bytes, max_variable_bytes, max_data_connections).
-struct data_plane_limits {
-  /// Between frames: a client that sends nothing for this long is dropped
-  /// (it reconnects on its next op).
-  std::chrono::milliseconds idle{std::chrono::minutes{10}};
-  /// Within a frame: a peer that stops in the middle of a header, name or
-  /// payload for this long is dropped, so it cannot hold a thread forever.
-  /// Bounds a TLS handshake as well.
-  std::chrono::milliseconds frame{std::chrono::seconds{5}};
-  /// A frame whose payload is larger is refused before anything is allocated
-  /// ([node] max_message_bytes).
-  int64_t max_message_bytes = int64_t{2} << 30;
-  /// An operand that would make a variable larger is refused ([node]
-  /// max_variable_bytes).
-  int64_t max_variable_bytes = int64_t{2} << 30;
-  /// Connections served at once; one more is closed at once ([node]
-  /// max_data_connections).
-  int32_t max_connections = 256;
-  /// Takes a plaintext client's offer of shared memory (a client on this
-  /// host; docs/wire.md "Shared memory"). False: every client stays on TCP,
-  /// as if it were on another host.
-  bool shared_memory = true;
-  /// On shared memory: how long a connection's thread spins for the next
-  /// frame after a reply, and for bytes within one, before it sleeps in poll
-  /// on the socket (then the client's doorbell byte wakes it).
-  std::chrono::microseconds shm_spin{20};
-  /// The most shared memory this server maps for its clients at once, all
-  /// connections together (each takes 8 MiB + 4 KiB by default); an offer
-  /// past it is declined and that client stays on TCP.
-  int64_t max_shm_bytes = int64_t{1} << 30;
-  /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
-  /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
-  /// the client stays on TCP/TLS. Only this decides (never the process's
-  /// flag); the test hook ACTORFLOW_TRUSTED_FABRIC=1 starts it true.
-  bool trusted_fabric = trusted_fabric_from_environment();
-};
-
-/// The old name (timeouts only), for code not yet moved to the limits.
-using data_plane_timeouts = data_plane_limits;
+struct served_connection; // net/served_connection.hpp: one connection the server serves
 
 /// The node's side: a listening socket and one thread per connection.
 class data_plane_server {
@@ -92,7 +53,7 @@ public:
   /// connection is mutual TLS: a peer without a certificate of the cluster CA
   /// is refused (and logged) before it can send a request.
   static caf::expected<std::unique_ptr<data_plane_server>>
-  start(std::shared_ptr<variable_directory> dir, const std::string& bind_host, uint16_t port,
+  start(std::shared_ptr<plane_handler> handler, const std::string& bind_host, uint16_t port,
         std::string node_name, data_plane_limits limits = {},
         std::shared_ptr<tls_context> tls = nullptr);
 
@@ -101,13 +62,13 @@ public:
   uint16_t port() const { return port_; }
 
   /// Closes every connection and joins the threads; idempotent. Call before
-  /// the actor system goes away (connections hold variable actors' handles).
+  /// the actor system goes away (the handler's calls may hold actors' handles).
   void stop();
 
 private:
-  data_plane_server(std::shared_ptr<variable_directory> dir, std::string node_name,
+  data_plane_server(std::shared_ptr<plane_handler> handler, std::string node_name,
                     data_plane_limits limits, std::shared_ptr<tls_context> tls)
-    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(limits),
+    : handler_(std::move(handler)), node_name_(std::move(node_name)), timeouts_(limits),
       tls_(std::move(tls)) {}
   void accept_loop();
   /// accept_loop's admission of an accepted connection `fd` (under the
@@ -117,26 +78,17 @@ private:
   void serve(int fd, const std::string& peer);
   /// serve()'s frames, one after another, until the connection ends.
   void serve_frames(served_connection& c);
-  /// A variable op frame (header read, name read); false: drop the connection.
-  bool serve_variable(served_connection& c, const wire::header& h, const std::string& name);
   /// An offer of shared memory (header read, name read: the segment's); false:
   /// drop the connection.
   bool serve_shm_offer(served_connection& c, const wire::header& h, const std::string& name);
   /// An offer of UCX (header read); false: drop the connection.
   bool serve_ucx_offer(served_connection& c, const wire::header& h);
-  /// A push or pull frame (header read, name read); false: drop the connection.
-  bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
-                        const std::string& name);
-  /// An edge frame (header read, name read): the value goes to the named
-  /// executor as a local message; false: drop the connection.
-  bool serve_edge(const data_link& io, const std::string& peer, const wire::header& h,
-                  const std::string& name);
   /// A TLS connection's handshake (bounded by the frame timeout) and its
   /// record layer's first record: the stream, or null if the peer was
   /// refused (logged with why).
   std::unique_ptr<secure_stream> accept_tls(int fd, const std::string& peer);
 
-  std::shared_ptr<variable_directory> dir_;
+  std::shared_ptr<plane_handler> handler_; ///< what the request frames reach
   std::string node_name_;
   data_plane_limits timeouts_;
   std::shared_ptr<tls_context> tls_;

@@ -1,7 +1,8 @@
 /// The data plane's server: listening, accepting and admitting connections
 /// (under the node's limits), each connection's TLS handshake, and the
-/// frame loop that hands each frame to the function of its kind
-/// (net/data_plane_serve.cpp, net/data_plane_offers.cpp).
+/// frame loop that takes the offers of shared memory and UCX
+/// (net/data_plane_offers.cpp) and hands every other request to the node's
+/// plane_handler (net/plane_handler.hpp).
 #include "net/data_plane.hpp"
 #include "net/data_link.hpp"
 #include "net/served_connection.hpp"
@@ -34,7 +35,7 @@ using namespace plane_io;
 // -- data_plane_server ---------------------------------------------------------
 
 caf::expected<std::unique_ptr<data_plane_server>>
-data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::string& bind_host,
+data_plane_server::start(std::shared_ptr<plane_handler> handler, const std::string& bind_host,
                          uint16_t port, std::string node_name, data_plane_limits timeouts,
                          std::shared_ptr<tls_context> tls) {
   if (timeouts.idle.count() <= 0 || timeouts.frame.count() <= 0
@@ -52,7 +53,7 @@ data_plane_server::start(std::shared_ptr<variable_directory> dir, const std::str
                                   node_name, timeouts.max_message_bytes, timeouts.max_variable_bytes,
                                   timeouts.max_connections));
   std::unique_ptr<data_plane_server> srv{
-    new data_plane_server(std::move(dir), node_name, timeouts, std::move(tls))};
+    new data_plane_server(std::move(handler), node_name, timeouts, std::move(tls))};
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -417,17 +418,12 @@ void data_plane_server::serve_frames(served_connection& c) {
         break;
       continue;
     }
-    if (wire::aggregator_kind(h.kind)) {
-      if (!serve_aggregator(io, peer, h, name))
-        break;
-      continue;
-    }
-    if (edge) {
-      if (!serve_edge(io, peer, h, name))
-        break;
-      continue;
-    }
-    if (!serve_variable(c, h, name))
+    // The rest is the runtime's: one virtual call per frame.
+    plane_request req{c, h, name, timeouts_};
+    bool go_on = wire::aggregator_kind(h.kind) ? handler_->aggregate(req)
+                 : edge                        ? handler_->edge(req)
+                                               : handler_->variable_op(req);
+    if (!go_on)
       break;
   }
 }

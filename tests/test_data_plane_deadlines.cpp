@@ -23,6 +23,7 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "net/tls.hpp"
 #include "actors/variable.hpp"
 #include "core/wire_format.hpp"

@@ -31,6 +31,7 @@
 #include "wait.hpp"
 #include "log_capture.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "core/log.hpp"
 #include "net/tls.hpp"
 #include "net/tls_io.hpp"

@@ -1,4 +1,4 @@
-#include "net/variable_directory.hpp"
+#include "actors/variable_directory.hpp"
 
 namespace af {
 

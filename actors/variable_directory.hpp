@@ -1,7 +1,9 @@
 #pragma once
 /// The node's directory for its data plane (net/data_plane.hpp): variables,
 /// aggregators and executors by name, so that a data-plane thread reaches
-/// them without an actor hop.
+/// them without an actor hop. It is the runtime's plane_handler
+/// (net/plane_handler.hpp): the data-plane server hands it each request
+/// frame (actors/plane_handler.cpp serves them).
 
 #include <chrono>
 #include <functional>
@@ -16,12 +18,13 @@
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
+#include "net/plane_handler.hpp"
 
 namespace af {
 
 /// Name -> variable of one node: the node actor writes, the data-plane
 /// threads read.
-class variable_directory {
+class variable_directory : public plane_handler {
 public:
   struct entry {
     variable_cell_actor actor;         ///< told of first values; may be null (tests)
@@ -69,6 +72,17 @@ public:
   /// The executor of `device`; null if there is none.
   executor_actor get_executor(const std::string& device) const;
   void remove_executor(const std::string& device);
+
+  // -- plane_handler (actors/plane_handler.cpp) ------------------------------
+
+  /// Applied to the variable's cell right here (no actor hop); the variable
+  /// actor hears only of a first value (released_atom).
+  bool variable_op(plane_request& req) override;
+  /// Through aggregator_caller(); the reply carries the step and parameters.
+  bool aggregate(plane_request& req) override;
+  /// To the executor as a local message, within its edge budget
+  /// (actors/edge_budget.hpp).
+  bool edge(plane_request& req) override;
 
 private:
   mutable std::mutex mtx_;
