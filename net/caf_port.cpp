@@ -408,7 +408,8 @@ private:
           return len == 0 && write ? rw_state::indeterminate : rw_state::success;
         if (err == SSL_ERROR_WANT_WRITE)
           return rw_state::success;
-        failure_ = tls_handshake_failure(ssl_, ret);
+        auto kind = tls_failure::none;
+        failure_ = tls_handshake_failure(ssl_, ret, &kind);
         // The connection closed and not a byte came back to our
         // ClientHello: the node never spoke TLS to us, so no certificate was
         // judged (a node out of descriptors accepts and closes at once). A
@@ -416,9 +417,7 @@ private:
         if (outbound_ && (err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN)
             && BIO_number_read(SSL_get_rbio(ssl_)) == 0)
           failure_ = "the node closed the connection before a byte of its TLS handshake"
-                     + (failure_ == "the peer closed the connection during the TLS handshake"
-                          ? std::string{}
-                          : " (" + failure_ + ")")
+                     + (kind == tls_failure::closed ? std::string{} : " (" + failure_ + ")")
                      + ": it may be out of file descriptors or at its connection limit";
         return rw_state::failure;
       }

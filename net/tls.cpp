@@ -10,6 +10,7 @@
 #include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -298,6 +299,34 @@ std::string tls_errors(const std::string& fallback) {
   return out.empty() ? fallback : out;
 }
 
+const char* to_string(tls_failure f) {
+  switch (f) {
+    case tls_failure::none:
+      return "none";
+    case tls_failure::wrong_name:
+      return "wrong_name";
+    case tls_failure::unknown_ca:
+      return "unknown_ca";
+    case tls_failure::forged_record:
+      return "forged_record";
+    case tls_failure::refused:
+      return "refused";
+    case tls_failure::protocol:
+      return "protocol";
+    case tls_failure::handshake:
+      return "handshake";
+    case tls_failure::timeout:
+      return "timeout";
+    case tls_failure::closed:
+      return "closed";
+    case tls_failure::io:
+      return "io";
+    case tls_failure::internal:
+      return "internal";
+  }
+  return "?";
+}
+
 bool tls_expect_host(ssl_st* ssl, const std::string& host) {
   auto* param = SSL_get0_param(ssl);
   // An IP address is checked as one; anything else as a DNS name.
@@ -332,6 +361,54 @@ std::string tls_wrong_task(ssl_st* ssl, const std::string& task) {
 }
 
 namespace {
+
+/// The kind of a socket error of the handshake or the first record.
+tls_failure failure_of_errno(int err) {
+  switch (err) {
+    case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+    case EWOULDBLOCK:
+#endif
+    case ETIMEDOUT:
+      return tls_failure::timeout;
+    case ECONNRESET:
+    case EPIPE:
+    case ENOTCONN:
+      return tls_failure::closed;
+    case ENOMEM:
+    case ENOBUFS:
+      return tls_failure::internal;
+    default:
+      return tls_failure::io;
+  }
+}
+
+/// The kind of what OpenSSL's error queue holds, by its first error (left
+/// in the queue, for tls_errors to say).
+tls_failure failure_of_queue() {
+  unsigned long e = ERR_peek_error();
+  if (e != 0 && ERR_GET_REASON(e) == ERR_GET_REASON(ERR_R_MALLOC_FAILURE))
+    return tls_failure::internal;
+  if (e == 0 || ERR_GET_LIB(e) != ERR_LIB_SSL)
+    return tls_failure::handshake;
+  auto reason = ERR_GET_REASON(e);
+  if (reason >= SSL_AD_REASON_OFFSET)
+    return tls_failure::refused; // an alert the peer sent
+  switch (reason) {
+    case SSL_R_WRONG_VERSION_NUMBER:
+    case SSL_R_PACKET_LENGTH_TOO_LONG:
+    case SSL_R_HTTP_REQUEST:
+    case SSL_R_HTTPS_PROXY_REQUEST:
+#ifdef SSL_R_RECORD_LAYER_FAILURE
+    case SSL_R_RECORD_LAYER_FAILURE:
+#endif
+      return tls_failure::protocol;
+    case SSL_R_UNEXPECTED_EOF_WHILE_READING:
+      return tls_failure::closed;
+    default:
+      return tls_failure::handshake;
+  }
+}
 
 /// The names in `cert`'s subjectAltName ("IP:10.0.0.1, DNS:ps0"), or
 /// "none" if it has none.
@@ -369,9 +446,14 @@ std::string alt_names(X509* cert) {
 
 } // namespace
 
-std::string tls_handshake_failure(ssl_st* ssl, int ret) {
+std::string tls_handshake_failure(ssl_st* ssl, int ret, tls_failure* kind) {
+  auto set = [kind](tls_failure f) {
+    if (kind != nullptr)
+      *kind = f;
+  };
   auto verify = SSL_get_verify_result(ssl);
   if (verify == X509_V_ERR_HOSTNAME_MISMATCH || verify == X509_V_ERR_IP_ADDRESS_MISMATCH) {
+    set(tls_failure::wrong_name);
     ERR_clear_error();
     auto* param = SSL_get0_param(ssl);
     std::string host;
@@ -400,6 +482,7 @@ std::string tls_handshake_failure(ssl_st* ssl, int ret) {
                        cn.empty() ? std::string{} : " (" + cn + ")", host, shown);
   }
   if (verify != X509_V_OK) {
+    set(tls_failure::unknown_ca);
     ERR_clear_error();
     return fmt::format("its certificate was refused ({}): is it signed by this cluster's CA "
                        "([security] ca)?",
@@ -408,12 +491,45 @@ std::string tls_handshake_failure(ssl_st* ssl, int ret) {
   auto err = SSL_get_error(ssl, ret);
   int saved = errno;
   if (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0) {
+    set(saved == 0 ? tls_failure::closed : failure_of_errno(saved));
     if (saved == EAGAIN || saved == EWOULDBLOCK)
       return "the TLS handshake timed out";
     return saved == 0 ? std::string{"the peer closed the connection during the TLS handshake"}
                       : std::string{"TLS handshake: "} + std::strerror(saved);
   }
+  set(err == SSL_ERROR_ZERO_RETURN ? tls_failure::closed : failure_of_queue());
   return "TLS handshake failed: " + tls_errors("no reason given");
+}
+
+std::string tls_handshake(ssl_st* ssl, int fd, bool server, std::chrono::milliseconds limit,
+                          tls_failure* kind) {
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  std::string why;
+  for (;;) {
+    ERR_clear_error();
+    errno = 0;
+    int ret = server ? SSL_accept(ssl) : SSL_connect(ssl);
+    if (ret == 1)
+      break;
+    int err = SSL_get_error(ssl, ret);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      auto left = sock::ms_until(deadline);
+      if (left <= 0) {
+        why = fmt::format("the TLS handshake did not finish within {} ms", limit.count());
+        if (kind != nullptr)
+          *kind = tls_failure::timeout;
+        break;
+      }
+      sock::poll_one(fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, std::min(left, 1000));
+      continue;
+    }
+    why = tls_handshake_failure(ssl, ret, kind);
+    break;
+  }
+  fcntl(fd, F_SETFL, flags);
+  return why;
 }
 
 caf::expected<std::shared_ptr<tls_context>> make_tls_context(const security_options& sec,
@@ -640,8 +756,9 @@ secure_stream::~secure_stream() {
   SSL_free(ssl_);
 }
 
-bool secure_stream::fail(const std::string& why) {
+bool secure_stream::fail(tls_failure kind, const std::string& why) {
   failed_ = true;
+  failure_ = kind;
   reason_ = why;
   errno = EPROTO;
   return false;
@@ -649,23 +766,24 @@ bool secure_stream::fail(const std::string& why) {
 
 bool secure_stream::send_record(const iovec* parts, int, size_t len) {
   if (send_seq_ == UINT64_MAX)
-    return fail("the connection has sent 2^64-1 records; it must be opened again");
+    return fail(tls_failure::internal,
+                "the connection has sent 2^64-1 records; it must be opened again");
   auto need = std::min(len, send_chunk_bytes) + header_bytes + tag_bytes;
   if (out_cap_ < need) {
     out_.reset(new (std::nothrow) char[need]);
     out_cap_ = out_ ? need : 0;
     if (!out_)
-      return fail("no memory for a record's buffer");
+      return fail(tls_failure::internal, "no memory for a record's buffer");
   }
   auto* buf = reinterpret_cast<unsigned char*>(out_.get());
   if (send_seq_ > 0 && send_seq_ % rekey_records == 0
       && !rekey(send_seq_ / rekey_records, true))
-    return fail(tls_errors("cannot derive the next key"));
+    return fail(tls_failure::internal, tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(send_iv_, send_seq_, iv);
   put_be32(static_cast<uint32_t>(len), buf);
   if (!enc_->start(iv, buf, header_bytes))
-    return fail(tls_errors("AES-GCM refused a record"));
+    return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
   ++send_seq_; // the nonce is spent, whatever happens to the record
   // The header goes with the first piece, the tag with the last: pieces
   // of at most send_chunk_bytes, each encrypted into out_ and sent.
@@ -682,14 +800,14 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
       auto n = std::min({parts[part].iov_len - offset, header_bytes + send_chunk_bytes - used, left});
       if (!enc_->update(buf + used, static_cast<const unsigned char*>(parts[part].iov_base) + offset,
                         n))
-        return fail(tls_errors("AES-GCM refused a record"));
+        return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
       used += n;
       offset += n;
       left -= n;
     }
     if (left == 0) {
       if (!enc_->seal(buf + used))
-        return fail(tls_errors("AES-GCM refused a record"));
+        return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
       used += tag_bytes;
       return sock::send_all(fd_, out_.get(), used, 0);
     }
@@ -761,6 +879,7 @@ bool secure_stream::fill_raw(size_t n, bool within_record) {
                               "bytes came): a truncated record",
                               raw_end_, n);
       failed_ = true;
+      failure_ = tls_failure::closed;
       errno = ECONNRESET;
       return false;
     }
@@ -781,12 +900,14 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   // due: a peer that goes on with OpenSSL's records (an older actorflow), a
   // KeyUpdate, a renegotiation or an alert. Said as such, not as a length.
   if (hdr[0] >= 20 && hdr[0] <= 23 && hdr[1] == 3)
-    return fail(fmt::format("a TLS record (content type {}) where the data plane's own records "
+    return fail(tls_failure::protocol,
+                fmt::format("a TLS record (content type {}) where the data plane's own records "
                             "were due: a peer of an older actorflow, or a TLS KeyUpdate, "
                             "renegotiation or alert after the handshake (not supported)",
                             hdr[0]));
   if (len > max_record_bytes)
-    return fail(fmt::format("a record of {} bytes, over the bound of {} bytes: not a data-plane "
+    return fail(tls_failure::forged_record,
+                fmt::format("a record of {} bytes, over the bound of {} bytes: not a data-plane "
                             "record of this version, or a corrupted stream",
                             len, max_record_bytes));
   // An empty record carries nothing: the hello is one, and nothing else of
@@ -794,18 +915,20 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   // comes within the receive timeout, and the read waits on for data).
   empty_run_ = len == 0 ? empty_run_ + 1 : 0;
   if (empty_run_ > max_empty_run)
-    return fail(fmt::format("{} empty records in a row: a peer that holds the connection without "
+    return fail(tls_failure::protocol,
+                fmt::format("{} empty records in a row: a peer that holds the connection without "
                             "sending data",
                             empty_run_));
   if (recv_seq_ == UINT64_MAX)
-    return fail("the connection has read 2^64-1 records; it must be opened again");
+    return fail(tls_failure::internal,
+                "the connection has read 2^64-1 records; it must be opened again");
   if (recv_seq_ > 0 && recv_seq_ % rekey_records == 0
       && !rekey(recv_seq_ / rekey_records, false))
-    return fail(tls_errors("cannot derive the next key"));
+    return fail(tls_failure::internal, tls_errors("cannot derive the next key"));
   unsigned char iv[12];
   nonce_of(recv_iv_, recv_seq_, iv);
   if (!dec_->start(iv, hdr, header_bytes))
-    return fail(tls_errors("AES-GCM refused a record"));
+    return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
   bool direct = dst != nullptr && len > 0 && len <= room;
   char* target = dst;
   if (!direct) {
@@ -814,7 +937,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
       plain_.reset(new (std::nothrow) char[cap]);
       plain_cap_ = plain_ ? cap : 0;
       if (!plain_)
-        return fail(fmt::format("no memory for a record of {} bytes", len));
+        return fail(tls_failure::internal, fmt::format("no memory for a record of {} bytes", len));
     }
     target = plain_.get();
     plain_pos_ = plain_end_ = 0;
@@ -828,7 +951,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   // What was read ahead first (decrypted from there: no copy).
   auto k = std::min(raw_end_ - raw_pos_, len);
   if (k > 0 && !decrypt(t, raw_.get() + raw_pos_, k))
-    return fail(tls_errors("AES-GCM refused a record"));
+    return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
   raw_pos_ += k;
   have = k;
   k = std::min(raw_end_ - raw_pos_, tag_bytes);
@@ -854,6 +977,7 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
       if (errno == EINTR)
         continue;
       failed_ = true; // within a record: the stream cannot go on
+      failure_ = failure_of_errno(errno);
       return false;
     }
     if (r == 0) {
@@ -861,13 +985,14 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
                             "came): a truncated record",
                             header_bytes + have + tag_have, header_bytes + len + tag_bytes);
       failed_ = true;
+      failure_ = tls_failure::closed;
       errno = ECONNRESET;
       return false;
     }
     auto got = static_cast<size_t>(r);
     auto body = std::min(got, len - have);
     if (body > 0 && !decrypt(t + have, target + have, body))
-      return fail(tls_errors("AES-GCM refused a record"));
+      return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
     have += body;
     got -= body;
     auto tg = std::min(got, tag_bytes - tag_have);
@@ -878,7 +1003,8 @@ bool secure_stream::next_record(char* dst, size_t room, size_t& delivered) {
   }
   if (!dec_->open(tag)) {
     ERR_clear_error();
-    return fail(fmt::format("record {} ({} bytes) failed authentication: its tag does not match "
+    return fail(tls_failure::forged_record,
+                fmt::format("record {} ({} bytes) failed authentication: its tag does not match "
                             "(tampered with, replayed, reordered or cut)",
                             recv_seq_, len));
   }
@@ -921,18 +1047,25 @@ bool secure_stream::read(void* buf, size_t n, size_t* got) {
 }
 
 std::string secure_stream::wait_hello(int wait_ms) {
+  auto refuse = [this](tls_failure kind, std::string why) {
+    failure_ = kind;
+    return why;
+  };
   if (raw_pos_ == raw_end_) {
     int rc = sock::poll_one(fd_, POLLIN, wait_ms);
     if (rc == 0)
-      return fmt::format("no first record within {} ms after the TLS handshake", wait_ms);
+      return refuse(tls_failure::timeout,
+                    fmt::format("no first record within {} ms after the TLS handshake", wait_ms));
     if (rc < 0)
-      return std::string{"poll: "} + std::strerror(errno);
+      return refuse(failure_of_errno(errno), std::string{"poll: "} + std::strerror(errno));
     auto r = ::recv(fd_, raw_.get(), raw_bytes, MSG_DONTWAIT);
     if (r == 0)
-      return "the node closed the connection right after the TLS handshake (it refused this "
-             "process, or is stopping)";
+      return refuse(tls_failure::closed,
+                    "the node closed the connection right after the TLS handshake (it refused "
+                    "this process, or is stopping)");
     if (r < 0)
-      return std::string{"right after the TLS handshake: "} + std::strerror(errno);
+      return refuse(failure_of_errno(errno),
+                    std::string{"right after the TLS handshake: "} + std::strerror(errno));
     raw_pos_ = 0;
     raw_end_ = static_cast<size_t>(r);
   }
@@ -957,20 +1090,28 @@ std::string secure_stream::wait_hello(int wait_ms) {
     size_t n = 0;
     int ret = SSL_read_ex(ssl_, &byte, 1, &n);
     if (ret == 1)
-      return "the node sent TLS data where the data plane's first record was expected (a "
-             "node of another version?)";
+      return refuse(tls_failure::protocol,
+                    "the node sent TLS data where the data plane's first record was expected (a "
+                    "node of another version?)");
     if (SSL_get_error(ssl_, ret) == SSL_ERROR_ZERO_RETURN)
-      return "the node closed the TLS session right after the handshake";
-    return tls_errors("the node ended the TLS session right after the handshake");
+      return refuse(tls_failure::closed, "the node closed the TLS session right after the handshake");
+    // Most often its alert: it refused this process's certificate after our
+    // side of the handshake had finished (TLS 1.3).
+    auto kind = failure_of_queue();
+    return refuse(kind == tls_failure::handshake ? tls_failure::refused : kind,
+                  tls_errors("the node ended the TLS session right after the handshake"));
   }
   size_t delivered = 0;
   if (!next_record(nullptr, 0, delivered)) {
+    auto kind = failure_ != tls_failure::none ? failure_ : failure_of_errno(errno);
     if (!reason_.empty())
-      return reason_;
-    return std::string{"reading the node's first record: "} + std::strerror(errno);
+      return refuse(kind, reason_);
+    return refuse(kind, std::string{"reading the node's first record: "} + std::strerror(errno));
   }
   if (plain_end_ != 0)
-    return "the node's first record was not the empty one expected (a node of another version?)";
+    return refuse(tls_failure::forged_record,
+                  "the node's first record was not the empty one expected (a node of another "
+                  "version?)");
   return {};
 }
 
