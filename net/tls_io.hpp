@@ -86,7 +86,9 @@ public:
   secure_stream& operator=(const secure_stream&) = delete;
 
   /// Sends all of `iov` as records. False: errno says why (EAGAIN: the
-  /// send timeout; EPIPE/ECONNRESET: the peer left; EPROTO: reason()).
+  /// send timeout; EPIPE/ECONNRESET: the peer left; EPROTO: reason()). A
+  /// send that fails within a record fails the stream for good (the record
+  /// is cut, its nonce spent): later writes and reads fail with EPROTO.
   bool write(const iovec* iov, int count);
 
   /// Reads exactly `n` bytes. False: errno says why (ECONNRESET: the peer
@@ -135,6 +137,8 @@ private:
   /// Fails the stream for good (later reads and writes fail, EPROTO).
   bool fail(tls_failure kind, const std::string& why);
   bool send_record(const iovec* parts, int count, size_t len);
+  /// A send of a record of `len` bytes failed (errno): fails the stream.
+  bool cut_short(size_t len);
   /// Reads the next record: its plaintext into `dst` if it fits there (and
   /// `dst` is not null), else into plain_. `delivered`: bytes put in dst.
   bool next_record(char* dst, size_t room, size_t& delivered);

@@ -183,12 +183,29 @@ bool secure_stream::send_record(const iovec* parts, int, size_t len) {
       if (!enc_->seal(buf + used))
         return fail(tls_failure::internal, tls_errors("AES-GCM refused a record"));
       used += tag_bytes;
-      return sock::send_all(fd_, out_.get(), used, 0);
+      if (!sock::send_all(fd_, out_.get(), used, 0))
+        return cut_short(len);
+      return true;
     }
     if (!sock::send_all(fd_, out_.get(), used, MSG_MORE))
-      return false;
+      return cut_short(len);
     used = 0;
   }
+}
+
+bool secure_stream::cut_short(size_t len) {
+  // The record's nonce is spent and some of its bytes may be out: the peer
+  // reads whatever comes next as this record's rest, so nothing may follow
+  // on this stream. The send's errno stays the caller's (EAGAIN: the send
+  // timeout; EPIPE: the peer left); later reads and writes fail (EPROTO).
+  int err = errno;
+  failed_ = true;
+  failure_ = tls_detail::failure_of_errno(err);
+  reason_ = fmt::format("a record of {} bytes was cut short by its send ({}): the stream cannot "
+                        "go on",
+                        len, std::strerror(err));
+  errno = err;
+  return false;
 }
 
 bool secure_stream::send_hello() {

@@ -1036,6 +1036,41 @@ TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream 
   });
 }
 
+// The bug it catches: a record whose send stopped part way (the send
+// timeout a bounded call sets, or the peer gone) left the stream usable.
+// Its nonce was spent and part of it was out, so the next write sent a fresh
+// record that the peer read as the torn one's rest (a tag failure blamed on
+// the peer, or a wait for bytes that never come), and a read went on waiting
+// on a connection that could carry nothing more.
+TEST_CASE("a TLS record write that fails part way fails the stream: later writes and reads fail",
+          "[plane][tls][records]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  stream_pair p;
+  connect_pair(p, tls);
+  // The server reads nothing: a record larger than the socket pair's buffers
+  // stops part way when the client's send wait (200 ms) passes.
+  timeval tv{0, 200 * 1000};
+  REQUIRE(setsockopt(p.sv[1], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
+  std::vector<char> big(4 * secure_stream::max_record_bytes, 'x');
+  iovec whole{big.data(), big.size()};
+  CHECK_FALSE(p.client->write(&whole, 1));
+  CHECK(errno == EAGAIN); // the send's own reason, for the caller's message
+  CHECK(p.client->failure() == tls_failure::timeout);
+  CHECK_THAT(p.client->reason(), Catch::Contains("cut short"));
+  // Nothing more goes out: no record after the torn one.
+  auto sent = p.client->records_sent();
+  char c = 'y';
+  iovec one{&c, 1};
+  CHECK_FALSE(p.client->write(&one, 1));
+  CHECK(errno == EPROTO);
+  CHECK(p.client->records_sent() == sent);
+  // And a read fails at once instead of waiting on the connection.
+  CHECK_FALSE(p.client->read(&c, 1));
+  CHECK(errno == EPROTO);
+}
+
 namespace {
 
 /// How a client's TLS connect over a socketpair ended, against a peer that
