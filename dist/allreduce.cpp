@@ -1,10 +1,5 @@
 #include "dist/allreduce.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "net/socket.hpp"
 #include "net/tcp_connect.hpp"
 #include "messages/error.hpp"
 
@@ -49,46 +45,13 @@ std::string key_of(const std::string& group, uint32_t rank) {
 }
 
 void tune_socket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int bytes = socket_buffer;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  sock::set_nodelay(fd);
+  sock::set_buffers(fd, socket_buffer);
 }
 
-int ms_until(clock_type::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, std::numeric_limits<int>::max()));
-}
-
-/// How a bounded transfer ended.
-enum class io_end { done, closed, timed_out, failed };
-
-/// Moves exactly `n` bytes to or from `fd` by `deadline`.
-io_end transfer(int fd, void* buf, size_t n, bool sending, clock_type::time_point deadline) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    auto r = sending ? ::send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) : ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0 && !sending)
-      return io_end::closed;
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-      return errno == EPIPE || errno == ECONNRESET ? io_end::closed : io_end::failed;
-    pollfd pfd{fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0};
-    auto rc = ::poll(&pfd, 1, ms_until(deadline));
-    if (rc == 0)
-      return io_end::timed_out;
-    if (rc < 0 && errno != EINTR)
-      return io_end::failed;
-  }
-  return io_end::done;
-}
+using sock::io_end;
+using sock::ms_until;
+using sock::transfer_by;
 
 /// Splits "host:port" or "[v6]:port".
 bool split_address(const std::string& addr, std::string& host, std::string& port) {
@@ -115,37 +78,14 @@ std::string advertised_host(const std::string& bind_host) {
 
 /// A listening socket on `bind_host` at an OS-picked port.
 caf::expected<std::pair<int, uint16_t>> listen_on(const std::string& bind_host, const std::string& who) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  auto rc = getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), "0", &hints, &res);
-  if (rc != 0)
+  // tune_socket before the bind: accepted sockets inherit the buffer sizes
+  auto l = sock::listen_tcp(bind_host, 0, 16, tune_socket);
+  if (!l.resolved)
     return make_error(af_error::bind_failed,
-                      who + ": cannot resolve '" + bind_host + "' to listen on: " + gai_strerror(rc));
-  std::string why = "no address";
-  for (auto* ai = res; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    tune_socket(fd); // accepted sockets inherit the buffer sizes
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 16) == 0) {
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      auto port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                                   : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-      freeaddrinfo(res);
-      return std::make_pair(fd, static_cast<uint16_t>(port));
-    }
-    why = std::strerror(errno);
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return make_error(af_error::bind_failed, who + ": cannot listen on " + bind_host + " (" + why + ")");
+                      who + ": cannot resolve '" + bind_host + "' to listen on: " + l.why);
+  if (l.fd < 0)
+    return make_error(af_error::bind_failed, who + ": cannot listen on " + bind_host + " (" + l.why + ")");
+  return std::make_pair(l.fd, l.port);
 }
 
 /// A connected socket to `host`:`port` by `deadline` (the end of the
@@ -260,7 +200,7 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
   mine.group_bytes = static_cast<uint32_t>(group.size());
   std::memcpy(intro.data(), &mine, sizeof(mine));
   std::memcpy(intro.data() + sizeof(mine), group.data(), group.size());
-  if (transfer(g->right_fd_, intro.data(), intro.size(), true, deadline) != io_end::done)
+  if (transfer_by(g->right_fd_, intro.data(), intro.size(), true, deadline) != io_end::done)
     return make_error(af_error::unreachable,
                       fmt::format("{}: rank {} at {} took no introduction within {} ms", who,
                                   g->right(), *right_addr, timeout.count()));
@@ -268,10 +208,7 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
   // incarnation, a port scanner) are turned away and we keep waiting.
   std::string refused;
   while (g->left_fd_ < 0) {
-    pollfd pfd{listen_fd, POLLIN, 0};
-    auto rc = ::poll(&pfd, 1, ms_until(deadline));
-    if (rc < 0 && errno == EINTR)
-      continue;
+    auto rc = sock::poll_one(listen_fd, POLLIN, ms_until(deadline));
     if (rc <= 0)
       return make_error(af_error::timeout,
                         fmt::format("{}: waited {} ms for rank {} to connect to {}; did rank {} "
@@ -283,11 +220,11 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
       continue;
     hello theirs;
     std::string their_group;
-    auto got = transfer(fd, &theirs, sizeof(theirs), false, deadline);
+    auto got = transfer_by(fd, &theirs, sizeof(theirs), false, deadline);
     if (got == io_end::done && theirs.magic == hello_magic && theirs.version == hello_version
         && theirs.group_bytes <= kv_store_limits::max_key_bytes) {
       their_group.resize(theirs.group_bytes);
-      got = transfer(fd, their_group.data(), their_group.size(), false, deadline);
+      got = transfer_by(fd, their_group.data(), their_group.size(), false, deadline);
     }
     if (got != io_end::done || theirs.magic != hello_magic || theirs.version != hello_version) {
       refused = "a connection that did not introduce itself as an allreduce rank";
@@ -295,7 +232,7 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
       refused = fmt::format("rank {} of {} of group '{}'", theirs.rank, theirs.size, their_group);
     } else {
       auto ok = hello_accepted;
-      if (transfer(fd, &ok, 1, true, deadline) == io_end::done) {
+      if (transfer_by(fd, &ok, 1, true, deadline) == io_end::done) {
         tune_socket(fd);
         g->left_fd_ = fd;
         break;
@@ -306,7 +243,7 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
   }
   // 3. Wait for the right neighbour to accept us in turn.
   uint8_t answer = 0;
-  auto got = transfer(g->right_fd_, &answer, 1, false, deadline);
+  auto got = transfer_by(g->right_fd_, &answer, 1, false, deadline);
   if (got == io_end::timed_out)
     return make_error(af_error::timeout,
                       fmt::format("{}: waited {} ms for rank {} at {} to accept its connection; did "
@@ -482,7 +419,7 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
   };
   // Our header goes first, before anything we read can fail the call: a
   // peer in another call learns of it from the header, not from our hang-up.
-  switch (transfer(right_fd_, &sent_, sizeof(sent_), true, clock_type::now() + timeout_)) {
+  switch (transfer_by(right_fd_, &sent_, sizeof(sent_), true, clock_type::now() + timeout_)) {
     case io_end::done:
       break;
     case io_end::closed:
