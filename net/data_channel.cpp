@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <fmt/format.h>
@@ -29,13 +30,122 @@ using namespace plane_io;
 
 // -- data_channel ----------------------------------------------------------------
 
+namespace {
+
+/// What became of connect's TLS half: the stream, or why not and its kind,
+/// both set where the failure is found (never read back from the words).
+struct tls_open {
+  std::unique_ptr<secure_stream> stream;
+  std::string why;
+  tls_failure kind = tls_failure::none;
+  bool in_handshake = true; ///< false: the failure came after it (the node's first record)
+};
+
+/// The TLS half of data_channel::connect on connected socket `fd`: the
+/// handshake (a certificate of the cluster CA for `host` and, when `peer`
+/// starts with a task's name, that task's), then the node's first record,
+/// all within `left()`.
+tls_open open_tls(const tls_context& tls, int fd, const std::string& host,
+                  const std::string& peer,
+                  const std::function<std::chrono::milliseconds()>& left) {
+  tls_open out;
+  SSL* ssl = SSL_new(tls.native());
+  // Who must answer (tls.hpp): a certificate for the host dialled and, when
+  // `peer` starts with a task's name (a session's "/job:ps/task:0 at h:p"),
+  // that task's.
+  std::string task = peer.rfind("/job:", 0) == 0 ? peer.substr(0, peer.find(' ')) : std::string{};
+  if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd) || !tls_expect_host(ssl, host)) {
+    out.why = tls_errors("no TLS session (out of memory?)");
+    out.kind = tls_failure::internal;
+  } else {
+    // A certificate this process does not accept (another CA, another
+    // host) comes back as wrong_name or unknown_ca: not the node meant.
+    out.why = tls_handshake(ssl, fd, false, left(), &out.kind);
+  }
+  if (out.why.empty()) {
+    out.why = tls_wrong_task(ssl, task);
+    if (!out.why.empty())
+      out.kind = tls_failure::wrong_name;
+  }
+  if (out.why.empty()) {
+    out.stream = secure_stream::make(ssl, fd, false, out.why);
+    if (!out.stream) {
+      out.kind = tls_failure::internal;
+    } else {
+      ssl = nullptr; // the stream's now
+      out.in_handshake = false;
+      out.why = out.stream->wait_hello(static_cast<int>(
+        std::min<long long>(left().count(), std::numeric_limits<int>::max())));
+      // A first record that fails its tag (or is not one of ours): someone
+      // between this process and the node, or not the node at all
+      // (forged_record, an impostor).
+      if (!out.why.empty())
+        out.kind = out.stream->failure();
+    }
+  }
+  if (!out.why.empty()) {
+    out.stream.reset();
+    SSL_free(ssl);
+    if (out.kind == tls_failure::none)
+      out.kind = tls_failure::handshake;
+  }
+  return out;
+}
+
+/// connect_failure of a TLS failure of kind `k`.
+connect_failure failure_of(tls_failure k) {
+  if (is_impostor(k))
+    return connect_failure::impostor;
+  switch (k) {
+    case tls_failure::refused:
+      return connect_failure::refused;
+    case tls_failure::protocol:
+      return connect_failure::protocol;
+    case tls_failure::timeout:
+      return connect_failure::timeout;
+    case tls_failure::closed:
+    case tls_failure::io:
+      return connect_failure::closed;
+    case tls_failure::internal:
+      return connect_failure::internal;
+    default:
+      return connect_failure::tls_handshake;
+  }
+}
+
+} // namespace
+
+const char* to_string(connect_failure f) {
+  switch (f) {
+    case connect_failure::none:
+      return "none";
+    case connect_failure::unreachable:
+      return "unreachable";
+    case connect_failure::impostor:
+      return "impostor";
+    case connect_failure::refused:
+      return "refused";
+    case connect_failure::protocol:
+      return "protocol";
+    case connect_failure::tls_handshake:
+      return "tls_handshake";
+    case connect_failure::timeout:
+      return "timeout";
+    case connect_failure::closed:
+      return "closed";
+    case connect_failure::internal:
+      return "internal";
+  }
+  return "?";
+}
+
 caf::expected<std::unique_ptr<data_channel>>
 data_channel::connect(const std::string& host, uint16_t port, std::string peer,
                       std::chrono::milliseconds timeout, std::chrono::microseconds poll,
-                      std::shared_ptr<tls_context> tls, bool* untrusted, bool shared_memory,
-                      bool trusted_fabric) {
-  if (untrusted != nullptr)
-    *untrusted = false;
+                      std::shared_ptr<tls_context> tls, connect_failure* failure,
+                      bool shared_memory, bool trusted_fabric) {
+  if (failure != nullptr)
+    *failure = connect_failure::none;
   // One deadline for the TCP connect, the TLS handshake and the node's first
   // record together: `timeout` is the whole connect's.
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -48,10 +158,13 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   auto connected = tcp_connect(host, port, deadline, timeout,
                                "its timeout, for the TCP connect, the TLS handshake and the "
                                "node's first record together");
-  if (!connected)
+  if (!connected) {
+    if (failure != nullptr)
+      *failure = connect_failure::unreachable;
     return make_error(af_error::unreachable, "cannot open the data plane of " + peer + " at " + host
                                                + ":" + std::to_string(port) + ": "
                                                + reason_of(connected.error()));
+  }
   int fd = *connected;
   // The session's sends and receives block, bounded by its timeout.
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
@@ -59,67 +172,30 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   set_timeout(fd, SO_SNDTIMEO, timeout);
   std::unique_ptr<secure_stream> stream;
   if (tls) {
-    SSL* ssl = SSL_new(tls->native());
-    std::string why;
-    // Who must answer (tls.hpp): a certificate for the host dialled and, when
-    // `peer` starts with a task's name (a session's "/job:ps/task:0 at h:p"),
-    // that task's.
-    std::string task = peer.rfind("/job:", 0) == 0 ? peer.substr(0, peer.find(' ')) : std::string{};
-    if (ssl == nullptr || !tls_set_socket_read_ahead(ssl, fd) || !tls_expect_host(ssl, host))
-      why = tls_errors("no TLS session (out of memory?)");
-    else {
-      why = handshake(ssl, fd, false, left());
-      // The node showed a certificate this process does not accept (another
-      // CA, another host): the node answering is not the one meant.
-      if (!why.empty() && SSL_get_verify_result(ssl) != X509_V_OK && untrusted != nullptr)
-        *untrusted = true;
-    }
-    if (why.empty()) {
-      why = tls_wrong_task(ssl, task);
-      if (!why.empty() && untrusted != nullptr)
-        *untrusted = true;
-    }
-    if (why.empty()) {
-      stream = secure_stream::make(ssl, fd, false, why);
-      if (stream) {
-        ssl = nullptr; // the stream's now
-        why = stream->wait_hello(static_cast<int>(
-          std::min<long long>(left().count(), std::numeric_limits<int>::max())));
-        // A first record that fails its tag (or is not one of ours): someone
-        // between this process and the node, or not the node at all.
-        if (!why.empty() && untrusted != nullptr
-            && (why.find("failed authentication") != std::string::npos
-                || why.find("over the bound") != std::string::npos
-                || why.find("not the empty one expected") != std::string::npos))
-          *untrusted = true;
-      }
-    }
-    if (why.rfind("the TLS handshake did not finish within", 0) == 0
-        || why.rfind("no first record within", 0) == 0)
-      why = fmt::format("{} did not finish within {} ms (its timeout, for the TCP connect, the TLS "
-                        "handshake and the node's first record together)",
-                        why[4] == 'T' ? "the TLS handshake" : "the wait for the node's first record",
-                        timeout.count());
-    if (!why.empty()) {
-      stream.reset();
-      SSL_free(ssl);
+    auto opened = open_tls(*tls, fd, host, peer, left);
+    if (!opened.stream) {
       close(fd);
+      auto why = std::move(opened.why);
+      if (opened.kind == tls_failure::timeout)
+        why = fmt::format("{} did not finish within {} ms (its timeout, for the TCP connect, the "
+                          "TLS handshake and the node's first record together)",
+                          opened.in_handshake ? "the TLS handshake"
+                                              : "the wait for the node's first record",
+                          timeout.count());
       std::string hint;
-      if (why.find("wrong version number") != std::string::npos
-          || why.find("packet length too long") != std::string::npos
-          || why.find("record layer failure") != std::string::npos)
+      if (opened.kind == tls_failure::protocol)
         hint = "; it does not speak TLS: is it run without [security]? Every node of a cluster "
                "needs the same [security]";
-      else if (why.find("is not for") == std::string::npos
-               && why.find("another member answers") == std::string::npos
-               && (why.find("certificate") != std::string::npos
-                   || why.find("alert") != std::string::npos))
+      else if (opened.kind == tls_failure::unknown_ca || opened.kind == tls_failure::refused)
         hint = "; are its certificate and this process's signed by the same cluster CA ([security] "
                "ca)?";
+      if (failure != nullptr)
+        *failure = failure_of(opened.kind);
       return make_error(af_error::unreachable,
                         fmt::format("{}: TLS with the data plane of {} at {}:{} failed: {}{}",
                                     tls->who(), peer, host, port, why, hint));
     }
+    stream = std::move(opened.stream);
   }
   std::unique_ptr<data_channel> ch{
     new data_channel(fd, host, port, std::move(peer), timeout, poll, std::move(tls))};
@@ -258,10 +334,12 @@ caf::error data_channel::fail(const std::string& what, int err, std::chrono::mil
   if (err == EPROTO && !last_tls_error.empty()) {
     auto reason = std::move(last_tls_error);
     last_tls_error.clear();
+    auto kind = std::exchange(last_tls_failure, tls_failure::none);
     return make_error(af_error::unreachable,
                       fmt::format("the TLS connection to {} failed during {}: {}{}", peer_, what,
                                   reason,
-                                  reason.find("alert") != std::string::npos
+                                  // (an alert, or a TLS record where ours were due)
+                                  kind == tls_failure::refused || kind == tls_failure::protocol
                                     ? "; did the node refuse this process's certificate (is it "
                                       "signed by the cluster CA of [security] ca)?"
                                     : ""));

@@ -11,8 +11,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <openssl/err.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -30,10 +28,13 @@ void tune_socket(int fd) {
 }
 
 thread_local std::string last_tls_error;
+thread_local tls_failure last_tls_failure = tls_failure::none;
 
 void note_failure(const secure_stream& tls) {
-  if (!tls.reason().empty())
+  if (!tls.reason().empty()) {
     last_tls_error = tls.reason();
+    last_tls_failure = tls.failure();
+  }
 }
 
 namespace {
@@ -411,11 +412,6 @@ void last_words(const link& fd, af_error code, const char* node, const char* tex
   }
 }
 
-void set_timeout(int fd, int option, std::chrono::milliseconds t) {
-  timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
-  setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
-}
-
 skipped skip_payload(const link& fd, uint64_t bytes, int frame_ms, read_end& how) {
   if (bytes > drain_limit)
     return skipped::too_large;
@@ -439,37 +435,6 @@ bool refuse_request(const link& io, af_error code, const std::string& text, uint
       || !drain)
     return false;
   return skip_payload(io, payload, frame_ms, how) == skipped::past;
-}
-
-std::string handshake(SSL* ssl, int fd, bool server, std::chrono::milliseconds limit) {
-  int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  std::string why;
-  for (;;) {
-    ERR_clear_error();
-    errno = 0;
-    int ret = server ? SSL_accept(ssl) : SSL_connect(ssl);
-    if (ret == 1)
-      break;
-    int err = SSL_get_error(ssl, ret);
-    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-      if (left <= 0) {
-        why = fmt::format("the TLS handshake did not finish within {} ms", limit.count());
-        break;
-      }
-      pollfd pfd{fd, static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
-      ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
-      continue;
-    }
-    why = tls_handshake_failure(ssl, ret);
-    break;
-  }
-  fcntl(fd, F_SETFL, flags);
-  return why;
 }
 
 bool looks_like_frame(const unsigned char* p, size_t n) {

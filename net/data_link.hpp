@@ -17,13 +17,13 @@
 #include <cstdint>
 #include <string>
 
-#include <openssl/ssl.h>
-
 #include "caf/error.hpp"
 
 #include "core/error_code.hpp"
 #include "core/wire_format.hpp"
 #include "net/shm_ring.hpp"
+#include "net/socket.hpp"
+#include "net/tls.hpp"
 #include "net/ucx_link.hpp"
 
 namespace af {
@@ -58,10 +58,13 @@ void tune_socket(int fd);
 /// or the log line.
 extern thread_local std::string last_tls_error;
 
+/// The kind of that failure (net/tls.hpp), kept with it.
+extern thread_local tls_failure last_tls_failure;
+
 /// After a failed read or write of `tls`: its reason kept for the message.
 void note_failure(const secure_stream& tls);
 
-void set_timeout(int fd, int option, std::chrono::milliseconds t);
+using sock::set_timeout; // net/socket.hpp
 
 /// A client call's bound on its sends: one deadline for the whole frame (not
 /// a wait per send that each byte moved restarts), and a cancel flag (Ctrl-C)
@@ -135,11 +138,6 @@ skipped skip_payload(const link& fd, uint64_t bytes, int frame_ms, read_end& how
 /// connection goes on; else `how` says whether the peer stalled or left.
 bool refuse_request(const link& io, af_error code, const std::string& text, uint64_t payload,
                     int frame_ms, read_end& how);
-
-/// Runs SSL_accept (server) or SSL_connect on `fd` until it is done or
-/// `limit` has passed, the socket non-blocking meanwhile: a peer that
-/// trickles its handshake cannot stretch it. Empty on success, else why not.
-std::string handshake(SSL* ssl, int fd, bool server, std::chrono::milliseconds limit);
 
 /// The first bytes of a frame header ("AFDP" in host byte order).
 bool looks_like_frame(const unsigned char* p, size_t n);

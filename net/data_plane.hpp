@@ -107,6 +107,28 @@ private:
   std::vector<std::thread::id> finished_; ///< workers that returned, to be joined
 };
 
+/// Why data_channel::connect failed, as a type set where the failure was
+/// found (net/tls.hpp's tls_failure for the TLS half): callers decide what
+/// it means from this, never from the words of the error.
+enum class connect_failure {
+  none,          ///< it did not fail
+  unreachable,   ///< no TCP connection (refused, no route, unknown name, its timeout: the
+                 ///< error says which)
+  impostor,      ///< the node's identity is wrong: a certificate of another CA, host or
+                 ///< task, or a first record not sealed with the session's keys
+  refused,       ///< the node refused this process in the TLS handshake (an alert: most
+                 ///< often this process's certificate is not of the cluster CA)
+  protocol,      ///< the node does not speak TLS (run without [security]) or our records
+  tls_handshake, ///< the TLS handshake failed otherwise (no common version or suite, ...)
+  timeout,       ///< the TLS handshake or the node's first record did not come in time
+  closed,        ///< the node closed (or reset) the connection during the handshake or
+                 ///< right after it
+  internal       ///< this process's own failure (no memory, keys not derived)
+};
+
+/// The enumerator's name ("impostor"), for logs and tests.
+const char* to_string(connect_failure f);
+
 /// The session's side: one connection to one node's data plane.
 class data_channel {
 public:
@@ -114,9 +136,10 @@ public:
   /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
   /// With `tls`: mutual TLS, the node's certificate checked against the
   /// cluster CA. `timeout` bounds the whole connect (TCP, TLS handshake and
-  /// the node's first record together). `untrusted` (if given) is set when
-  /// it failed because the node's identity is wrong: a certificate of
-  /// another CA, host or task, or a first record that fails authentication.
+  /// the node's first record together). `failure` (if given) says why it
+  /// failed (connect_failure::impostor: the node's identity is wrong, a
+  /// certificate of another CA, host or task, or a first record that fails
+  /// authentication), none if it did not.
   ///
   /// `shared_memory`: when the node is on this host (a loopback address, or
   /// this end's own address), without TLS, and ACTORFLOW_DATA_SHM is not
@@ -132,7 +155,7 @@ public:
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
           std::chrono::microseconds poll = std::chrono::microseconds{0},
-          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr,
+          std::shared_ptr<tls_context> tls = nullptr, connect_failure* failure = nullptr,
           bool shared_memory = true, bool trusted_fabric = false);
 
   ~data_channel();

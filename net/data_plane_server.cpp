@@ -301,8 +301,9 @@ std::unique_ptr<secure_stream> data_plane_server::accept_tls(int fd, const std::
   // one frame timeout.
   auto left = timeouts_.frame - std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::steady_clock::now() - start);
-  auto why = handshake(ssl, fd, true, std::max(left, std::chrono::milliseconds{1}));
-  if (why.rfind("the TLS handshake did not finish", 0) == 0) // say the whole limit, not what was left
+  tls_failure kind = tls_failure::none;
+  auto why = tls_handshake(ssl, fd, true, std::max(left, std::chrono::milliseconds{1}), &kind);
+  if (kind == tls_failure::timeout) // say the whole limit, not what was left
     why = fmt::format("the TLS handshake did not finish within {} ms ([node] data_frame_timeout_ms)",
                       timeouts_.frame.count());
   if (!why.empty()) {

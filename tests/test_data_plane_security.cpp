@@ -470,8 +470,11 @@ TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, an
     s.ca_file = dir / "both.pem";
     auto other = context_of(s);
     auto t0 = std::chrono::steady_clock::now();
-    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, other);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, other, &failure);
     REQUIRE_FALSE(ch);
+    // The node refused this process: not an impostor (its certificate was taken).
+    CHECK(failure == connect_failure::refused);
     CHECK(std::chrono::steady_clock::now() - t0 < 4s);
     auto err = ch.error();
     CHECK(err.code() == static_cast<uint8_t>(af_error::unreachable));
@@ -483,12 +486,44 @@ TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, an
     // This process trusts another CA: the node's certificate is refused.
     auto s = options_of(dir, "other-", "other-");
     auto trusting_other = context_of(s);
-    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, trusting_other);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, trusting_other,
+                                    &failure);
     REQUIRE_FALSE(ch);
+    // The node's certificate is not of the CA this process trusts: not the node meant.
+    CHECK(failure == connect_failure::impostor);
     CHECK_THAT(error_text(ch.error()), Catch::Contains("certificate"));
   }
+  {
+    // A node without [security]: it does not speak TLS, said as such.
+    auto plain = serve(directory_with("v", 4, 5), {});
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", plain->port(), "test node", 5s, {}, tls, &failure);
+    REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::protocol);
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("it does not speak TLS"));
+  }
+  {
+    // No one listens (a port bound, never listened on): no TCP connection.
+    int held = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::getsockname(held, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", ntohs(addr.sin_port), "test node", 5s, {}, tls,
+                                    &failure);
+    ::close(held);
+    REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::unreachable);
+  }
   // The node serves its own cluster all the while.
-  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
+  auto failure = connect_failure::impostor;
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls,
+                                           &failure));
+  CHECK(failure == connect_failure::none);
   CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
 }
 
@@ -1319,9 +1354,11 @@ TEST_CASE("the data plane refuses a node whose certificate is another task's or 
   };
   {
     // ps 1's certificate where ps 0 was meant.
+    auto failure = connect_failure::none;
     auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:0 at " + at(ps1), 5s, {},
-                                    client);
+                                    client, &failure);
     REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::impostor);
     CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
     CHECK_THAT(error_text(ch.error()), Catch::Contains("its certificate is /job:ps/task:1's, not "
                                                        "/job:ps/task:0's"));
@@ -1332,9 +1369,11 @@ TEST_CASE("the data plane refuses a node whose certificate is another task's or 
   CHECK(value_of(right->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
   {
     // The right task, but a certificate for another host than the one dialled.
+    auto failure = connect_failure::none;
     auto ch = data_channel::connect("127.0.0.1", far->port(), "/job:ps/task:0 at " + at(far), 5s, {},
-                                    client);
+                                    client, &failure);
     REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::impostor);
     CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
     CHECK_THAT(error_text(ch.error()), Catch::Contains("is not for 127.0.0.1")
                                          && Catch::Contains("IP:127.0.0.2")
