@@ -200,6 +200,10 @@ data_channel::connect(const std::string& host, uint16_t port, std::string peer,
   std::unique_ptr<data_channel> ch{
     new data_channel(fd, host, port, std::move(peer), timeout, poll, std::move(tls))};
   ch->stream_ = stream.release();
+  if (ch->stream_ != nullptr) {
+    ch->stream_bytes_ = tls_bytes(*ch->stream_);
+    ch->bytes_ = ch->stream_bytes_.get();
+  }
   ch->shm_wanted_ = shared_memory;
   // Offered after the node's first answer, not here: what answers first is
   // then known to be a data plane (a port that never answers costs no wait
@@ -255,6 +259,8 @@ bool data_channel::reconnect() {
   drop();
   std::swap(fd_, (*fresh)->fd_);
   std::swap(stream_, (*fresh)->stream_);
+  std::swap(stream_bytes_, (*fresh)->stream_bytes_);
+  std::swap(bytes_, (*fresh)->bytes_);
   shm_possible_ = (*fresh)->shm_possible_;
   ucx_possible_ = (*fresh)->ucx_possible_ && !ucx_failed_;
   shm_due_ = false;
@@ -262,7 +268,7 @@ bool data_channel::reconnect() {
 }
 
 data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const {
-  data_link l{fd_, stream_, shm_.get(), ucx_.get()};
+  data_link l{fd_, bytes_};
   l.deadline = deadline;
   l.cancel = cancel_ ? cancel_.get() : nullptr;
   // A reply is looked for this long before sleeping (as poll_for_reply does
@@ -272,8 +278,13 @@ data_link data_channel::io(std::chrono::steady_clock::time_point deadline) const
   return l;
 }
 
+void data_channel::move_to(std::unique_ptr<byte_channel> b) {
+  moved_bytes_ = std::move(b);
+  bytes_ = moved_bytes_.get();
+}
+
 std::string data_channel::transport() const {
-  return ucx_ ? ucx_->transport() : stream_ != nullptr ? "tls" : shm_ ? "shared memory" : "tcp";
+  return bytes_->name();
 }
 
 void data_channel::poll_for_reply() {
@@ -281,9 +292,9 @@ void data_channel::poll_for_reply() {
   // recv costs a wake-up, and on a small VM a wake-up across CPUs costs
   // ~20 us (measured: 58 us round trips instead of ~20 us): look for the
   // reply for a moment first, then block.
-  if (poll_.count() <= 0 || shm_ || ucx_)
+  if (poll_.count() <= 0 || bytes_->waits_itself())
     return; // on shared memory (UCX) the ring's (worker's) read looks for the reply itself
-  if (stream_ != nullptr && stream_->has_pending())
+  if (bytes_->has_pending())
     return;
   auto until = std::chrono::steady_clock::now() + poll_;
   char byte;
@@ -304,6 +315,9 @@ std::string data_channel::tls_description() const {
 }
 
 void data_channel::drop() {
+  bytes_ = &tcp_bytes();
+  moved_bytes_.reset();
+  stream_bytes_.reset();
   delete stream_;
   stream_ = nullptr;
   shm_.reset();

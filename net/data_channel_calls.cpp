@@ -105,11 +105,11 @@ caf::expected<std::pair<tensor, uint64_t>>
 data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
   wire::header r;
   poll_for_reply();
-  if (cancel_ && !shm_ && !ucx_) { // on shared memory the ring's read looks at cancel_
+  if (cancel_ && !bytes_->waits_itself()) { // on shared memory the ring's read looks at cancel_
     // Wait for the reply in slices, so that a cancel is seen within 20 ms;
     // the deadline is the try's (send and reply together).
     for (;;) {
-      if (stream_ != nullptr && stream_->has_pending())
+      if (bytes_->has_pending())
         break;
       pollfd pfd{fd_, POLLIN, 0};
       int rc = ::poll(&pfd, 1, 20);

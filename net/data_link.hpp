@@ -21,6 +21,7 @@
 
 #include "core/error_code.hpp"
 #include "core/wire_format.hpp"
+#include "net/byte_channel.hpp"
 #include "net/shm_ring.hpp"
 #include "net/socket.hpp"
 #include "net/tls.hpp"
@@ -30,16 +31,14 @@ namespace af {
 
 class secure_stream; // net/tls_io.hpp
 
-/// One connection's byte stream: its socket, and its record layer
-/// (net/tls_io.hpp) when the data plane runs with [security], or its
+/// One connection's byte stream: its socket, and what carries its bytes
+/// (net/byte_channel.hpp): the socket itself, its record layer
+/// (net/tls_io.hpp) when the data plane runs with [security], its
 /// shared-memory rings (net/shm_ring.hpp) once a client on this host has
-/// moved to them. The plaintext path is the socket calls it always was: one
-/// test of `tls` and `shm` per call, none per byte.
+/// moved to them, or UCX. One virtual call per transfer, none per byte.
 struct data_link {
   int fd = -1;
-  secure_stream* tls = nullptr;
-  shm_channel* shm = nullptr;
-  ucx_channel* ucx = nullptr; ///< net/ucx_link.hpp, bounded as shm is
+  byte_channel* bytes = &tcp_bytes();
   // On shared memory (and UCX), what bounds a wait (the socket's timeouts do on TCP):
   int stall_ms = 0; ///< no byte moved for this long (the node's frame timeout)
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();

@@ -33,6 +33,7 @@
 #include "net/shm_ring.hpp"
 #include "net/tls.hpp"
 #include "net/ucx_link.hpp"
+#include "net/byte_channel.hpp"
 #include "net/data_plane_limits.hpp"
 #include "net/plane_handler.hpp"
 #include "core/tensor.hpp"
@@ -254,6 +255,11 @@ private:
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
   secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned
+  /// What carries the bytes now (net/byte_channel.hpp): the socket's,
+  /// stream_bytes_ or moved_bytes_.
+  byte_channel* bytes_ = &tcp_bytes();
+  std::unique_ptr<byte_channel> stream_bytes_; ///< over stream_
+  std::unique_ptr<byte_channel> moved_bytes_;  ///< over shm_ or ucx_, once moved
   bool shm_wanted_ = true;           ///< connect's `shared_memory`
   bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
   bool shm_due_ = false;             ///< the node answered: offer before the next request
@@ -265,6 +271,8 @@ private:
   bool ucx_carried_ = false;         ///< a reply came over ucx_ (else its failure counts as UCX's)
   /// upgrade_if_due's offer of UCX.
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
+  /// From now on the connection's bytes go over `b` (shm_'s or ucx_'s).
+  void move_to(std::unique_ptr<byte_channel> b);
 };
 
 } // namespace af

@@ -36,9 +36,9 @@ bool data_plane_server::serve_ucx_offer(served_connection& c, const wire::header
       && c.ended(read_timed(io, theirs.data(), theirs.size(), frame_ms, frame_ms, false),
                "payload"))
     return false;
-  const char* stays = io.tls != nullptr ? "TLS" : "TCP";
+  const char* stays = c.tls ? "TLS" : "TCP";
   std::unique_ptr<ucx_channel> ch;
-  if (io.shm || io.ucx) {
+  if (c.shm || c.ucx) {
     log::get()->warn("{} data plane: {} offered UCX a second time; declined", node_name_, peer);
   } else if (!timeouts_.trusted_fabric) {
     log::get()->info("{} data plane: {} stays on {}: it offered UCX, but this node does not "
@@ -69,7 +69,7 @@ bool data_plane_server::serve_ucx_offer(served_connection& c, const wire::header
     return false;
   if (ch) {
     ucx = std::move(ch);
-    io.ucx = ucx.get();
+    c.move_to(ucx_bytes(*ucx));
     // Said once per connection: its frames now cross the fabric unencrypted.
     log::get()->info("{} data plane: {} moved to {} ([security] trusted_fabric: no TLS "
                      "from here on)",
@@ -83,7 +83,6 @@ bool data_plane_server::serve_shm_offer(served_connection& c, const wire::header
   auto& io = c.io;
   const auto& peer = c.peer;
   auto& shm = c.shm;
-  auto& shm_bytes = c.shm_share.bytes;
   // A client on this host offers shared memory: taken if this node
   // allows it and the connection is plaintext on TCP still; declined
   // (the client stays on TCP) otherwise, or if the segment is not one
@@ -92,17 +91,17 @@ bool data_plane_server::serve_shm_offer(served_connection& c, const wire::header
   // (More than a segment may be is refused by open(); counted as the
   // most, so the sum cannot overflow.)
   auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, shm_channel::max_segment_bytes + 1));
-  if (!io.shm && !io.ucx && !io.tls && timeouts_.shared_memory
+  if (!shm && !c.ucx && !c.tls && timeouts_.shared_memory
       && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
     shm_mapped_.fetch_sub(offered);
     log::get()->warn("{} data plane: {} stays on TCP: its {} bytes of shared memory would "
                      "take the node past its {} bytes for all clients (max_shm_bytes)",
                      node_name_, peer, offered, timeouts_.max_shm_bytes);
-  } else if (!io.shm && !io.ucx && !io.tls && timeouts_.shared_memory) {
+  } else if (!shm && !c.ucx && !c.tls && timeouts_.shared_memory) {
     auto ch = shm_channel::open(name, h.version);
     if (ch) {
       shm = std::move(*ch);
-      shm_bytes = offered;
+      c.shm_share.bytes = offered;
       took = true;
     } else {
       shm_mapped_.fetch_sub(offered);
@@ -116,7 +115,7 @@ bool data_plane_server::serve_shm_offer(served_connection& c, const wire::header
   if (!send_frame(io, reply, nullptr, nullptr))
     return false;
   if (took) {
-    io.shm = shm.get();
+    c.move_to(shm_bytes(*shm));
     log::get()->debug("{} data plane: {} is on shared memory", node_name_, peer);
   }
   return true;
@@ -153,7 +152,7 @@ caf::error data_channel::make_offer(std::chrono::steady_clock::time_point deadli
   h.name_len = static_cast<uint32_t>((*seg)->name().size());
   h.version = (*seg)->segment_bytes();
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  const link tcp{fd_, stream_};
+  const link tcp{fd_, bytes_};
   if (!send_frame(tcp, h, &(*seg)->name(), nullptr, &bound))
     return fail("an offer of shared memory", errno, timeout_, true);
   wire::header r;
@@ -168,8 +167,10 @@ caf::error data_channel::make_offer(std::chrono::steady_clock::time_point deadli
     drop();
     return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
   }
-  if (r.version == 1)
+  if (r.version == 1) {
     shm_ = std::move(*seg);
+    move_to(shm_bytes(*shm_));
+  }
   return {};
 }
 
@@ -187,7 +188,7 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
   h.kind = static_cast<uint8_t>(wire::kind::ucx_offer);
   h.payload_bytes = (*mine)->address().size();
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  const link tcp{fd_, stream_};
+  const link tcp{fd_, bytes_};
   if (!send_frame(tcp, h, nullptr, (*mine)->address().data(), &bound))
     return fail("an offer of UCX", errno, timeout_, true);
   wire::header r;
@@ -243,6 +244,7 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
                         + "), and the connection on " + stays + " could not be opened again");
   }
   ucx_ = std::move(*mine);
+  move_to(ucx_bytes(*ucx_));
   ucx_carried_ = false;
   return {};
 }

@@ -223,7 +223,7 @@ bool data_plane_server::admit(int fd, const std::string& peer, std::vector<std::
                        "([node] max_data_connections = {}); further refusals are counted",
                        node_name_, peer, open_now, timeouts_.max_connections);
     if (!tls_)
-      last_words(link{fd, nullptr}, af_error::resource_exhausted, node_name_.c_str(),
+      last_words(link{fd}, af_error::resource_exhausted, node_name_.c_str(),
                  fmt::format("{} connections are open, the most this node serves ([node] "
                              "max_data_connections = {}); try again when one has closed",
                              open_now, timeouts_.max_connections)
@@ -285,7 +285,7 @@ std::unique_ptr<secure_stream> data_plane_server::accept_tls(int fd, const std::
     log::get()->warn("{} data plane: refused {}: a plaintext data-plane client (this node's data "
                      "plane is TLS: [security] in the cluster config)",
                      node_name_, peer);
-    last_words(link{fd, nullptr}, af_error::invalid_config, node_name_.c_str(),
+    last_words(link{fd}, af_error::invalid_config, node_name_.c_str(),
                "this data plane is TLS only; a plaintext client was refused (set [security] with "
                "the cluster's CA, certificate and key in this process's cluster config)");
     return nullptr;
@@ -347,7 +347,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     }
     return;
   }
-  served_connection c{shm_mapped_, node_name_, peer, link{fd, stream.get()},
+  served_connection c{shm_mapped_, node_name_, peer, fd, stream.get(),
                       static_cast<int>(timeouts_.idle.count()),
                       static_cast<int>(timeouts_.frame.count())};
   c.io.stall_ms = c.frame_ms;

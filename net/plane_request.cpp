@@ -23,13 +23,9 @@ const std::string& plane_request::node_name() const {
 }
 
 std::string plane_request::transport() const {
-  // UCX first: after its offer the frames go over it, the TLS stream kept
-  // only for liveness.
-  const auto& io = conn_.io;
-  return io.ucx != nullptr   ? io.ucx->transport()
-         : io.shm != nullptr ? std::string{"shared memory"}
-         : io.tls != nullptr ? std::string{"tls"}
-                             : std::string{"tcp"};
+  // After an offer of UCX the frames go over it, the TLS stream kept only
+  // for liveness: what carries them names itself.
+  return conn_.io.bytes->name();
 }
 
 bool plane_request::read_payload(void* dst, bool quiet) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "net/byte_channel.hpp"
 #include "net/data_link.hpp"
 #include "net/shm_ring.hpp"
 #include "net/ucx_link.hpp"
@@ -15,10 +16,16 @@
 namespace af {
 
 struct served_connection {
+  /// On socket `fd`, over `tls`'s records if not null.
   served_connection(std::atomic<int64_t>& shm_total, const std::string& node_name,
-                    const std::string& peer, data_link io, int idle_ms, int frame_ms)
-    : shm_share{shm_total}, node_name(node_name), peer(peer), io(io), idle_ms(idle_ms),
-      frame_ms(frame_ms) {}
+                    const std::string& peer, int fd, secure_stream* tls, int idle_ms,
+                    int frame_ms)
+    : shm_share{shm_total}, node_name(node_name), peer(peer), idle_ms(idle_ms),
+      frame_ms(frame_ms), tls(tls != nullptr) {
+    io.fd = fd;
+    if (tls != nullptr)
+      move_to(tls_bytes(*tls));
+  }
 
   /// Its share of max_shm_bytes, given back when the connection ends (after
   /// the segment is unmapped: declared first, destroyed last).
@@ -34,9 +41,17 @@ struct served_connection {
   data_link io;
   int idle_ms;
   int frame_ms;
+  bool tls; ///< TLS authenticated the client (its records carry the bytes until a move to UCX)
+  std::unique_ptr<byte_channel> bytes; ///< what io.bytes points to, when not the plain socket's
   std::unique_ptr<shm_channel> shm;
   std::unique_ptr<ucx_channel> ucx; ///< after a client's offer of UCX (net/ucx_link.hpp)
   int ucx_refused = 0;              ///< offers refused as not an address: the second closes
+
+  /// From now on the connection's bytes go over `b`.
+  void move_to(std::unique_ptr<byte_channel> b) {
+    bytes = std::move(b);
+    io.bytes = bytes.get();
+  }
 
   /// True if a read ended the connection; says why in the log if the peer went silent.
   bool ended(plane_io::read_end how, const char* where) const;
