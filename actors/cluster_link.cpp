@@ -194,11 +194,11 @@ std::set<std::string> warned_data_planes;
 caf::error open_data_channel(node_conn& conn, const std::string& host,
                              const session_options& opts, const std::shared_ptr<tls_context>& tls,
                              std::chrono::milliseconds timeout) {
-  bool untrusted = false;
+  auto failure = connect_failure::none;
   auto where = fmt::format("{}:{}", host, conn.info.data_port);
   auto ch = data_channel::connect(host, conn.info.data_port, conn.key + " at " + conn.address,
                                   timeout.count() > 0 ? timeout : opts.timeout, opts.reply_poll,
-                                  tls, &untrusted);
+                                  tls, &failure);
   if (ch) {
     (*ch)->set_cancel(opts.cancel);
     conn.channel = std::move(*ch);
@@ -207,7 +207,7 @@ caf::error open_data_channel(node_conn& conn, const std::string& host,
   auto why = describe(ch.error());
   if (auto code = std::string{to_string(af_error::unreachable)} + ": "; why.rfind(code, 0) == 0)
     why = why.substr(code.size()); // the code is this error's own, or none in a log line
-  if (untrusted) {
+  if (failure == connect_failure::impostor) {
     // Its data port shows another identity: whoever answers there is not
     // the node meant, and its CAF port is not to be trusted either.
     return make_error(af_error::unreachable,

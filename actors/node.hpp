@@ -16,6 +16,7 @@
 
 #include "net/data_plane.hpp"
 #include "actors/variable.hpp"
+#include "actors/variable_directory.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/node.hpp"
 

@@ -15,6 +15,7 @@
 #include "core/tensor.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 
 namespace af::bench {
 

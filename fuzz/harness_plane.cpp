@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
 #include "config/loopback.hpp"

@@ -6,13 +6,13 @@
 /// a 64 MiB tensor reaches a fraction of the socket's speed (docs/wire.md).
 /// Here a session's thread writes one frame (core/wire_format.hpp) straight from
 /// the tensor's buffer and blocks on the reply; on the node, one thread per
-/// connection reads the payload straight into a fresh tensor, applies the op
-/// to the variable's cell itself (actors/variable.hpp: no actor hop) and
-/// writes the reply straight from the variable's buffer. Only when an op gives
-/// a variable its first value does the variable actor hear of it
-/// (released_atom), to answer its wait_init waiters on its own thread. CAF
-/// still places variables, keeps the registry and watches nodes; the data
-/// plane finds a variable by name in the node's directory. A peer that dies
+/// connection reads each frame's header and name and hands the request to
+/// the node's plane_handler (net/plane_handler.hpp; the runtime's is
+/// actors/variable_directory.hpp), which reads the payload straight into a
+/// fresh tensor, applies the op to the variable's cell itself (no actor hop)
+/// and writes the reply straight from the variable's buffer. This file knows
+/// the wire, not variables: CAF still places variables, keeps the registry
+/// and watches nodes, and the handler finds a variable by name. A peer that dies
 /// closes its socket: the waiting side sees it at once instead of at a
 /// timeout. A peer that goes silent is dropped: between frames after the
 /// idle timeout, within a frame after the (short) frame timeout.
@@ -33,116 +33,18 @@
 #include "net/shm_ring.hpp"
 #include "net/tls.hpp"
 #include "net/ucx_link.hpp"
-#include "actors/variable.hpp"
-#include "messages/aggregator.hpp"
-#include "messages/executor.hpp"
+#include "net/byte_channel.hpp"
+#include "net/data_plane_limits.hpp"
+#include "net/plane_handler.hpp"
+#include "core/tensor.hpp"
+#include "core/variable_spec.hpp"
 #include "core/wire_format.hpp"
 
 namespace af {
 
 class secure_stream; // net/tls_io.hpp
-struct data_link;    // data_plane.cpp: one connection's byte stream
-
-/// Name -> variable of one node: the node actor writes, the data-plane
-/// threads read.
-class variable_directory {
-public:
-  struct entry {
-    variable_cell_actor actor;         ///< told of first values; may be null (tests)
-    std::shared_ptr<variable_cell> cell;
-  };
-  void put(const std::string& name, entry e);
-
-  /// The entry of `name`; an empty one (null cell) if there is none.
-  entry get(const std::string& name) const;
-
-  /// Removes `name` if `actor` is still the one registered under it (a
-  /// variable whose actor ended is no longer served by name).
-  void remove(const std::string& name, const caf::actor_addr& actor);
-
-  /// Removes `name` whatever is registered.
-  void remove(const std::string& name);
-
-  // -- aggregators (messages/aggregator.hpp), reached by push/pull frames ----
-
-  struct aggregator_entry {
-    aggregator_actor actor;
-    size_t floats = 0;                    ///< a push carries exactly this many
-    std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
-  };
-  void put_aggregator(const std::string& name, aggregator_entry e);
-  /// The entry of `name`; an empty one (null actor) if there is none.
-  aggregator_entry get_aggregator(const std::string& name) const;
-  void remove_aggregator(const std::string& name);
-
-  /// How a data-plane thread asks an aggregator and waits for its answer
-  /// (start_node sets it: a blocking request from a scoped actor). Arguments:
-  /// the aggregator, the frame kind (push or pull), worker, step, who sent
-  /// it (a push's token and number, and the connection's peer), the flat
-  /// values (empty for pull or an abstention), the wait.
-  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
-    const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
-    std::chrono::milliseconds)>;
-  void set_aggregator_call(aggregator_call f);
-  aggregator_call aggregator_caller() const;
-
-  // -- executors, reached by edge frames (values between partitions) --------
-
-  /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
-  void put_executor(const std::string& device, executor_actor e);
-  /// The executor of `device`; null if there is none.
-  executor_actor get_executor(const std::string& device) const;
-  void remove_executor(const std::string& device);
-
-private:
-  mutable std::mutex mtx_;
-  std::unordered_map<std::string, entry> vars_;
-  std::unordered_map<std::string, aggregator_entry> aggs_;
-  std::unordered_map<std::string, executor_actor> execs_;
-  aggregator_call call_;
-};
-
-/// What one connection, client or stranger may make the data plane hold
-/// (node_options: data_idle_timeout_ms, data_frame_timeout_ms,
-/// max_message_bytes, max_variable_bytes, max_data_connections).
-struct data_plane_limits {
-  /// Between frames: a client that sends nothing for this long is dropped
-  /// (it reconnects on its next op).
-  std::chrono::milliseconds idle{std::chrono::minutes{10}};
-  /// Within a frame: a peer that stops in the middle of a header, name or
-  /// payload for this long is dropped, so it cannot hold a thread forever.
-  /// Bounds a TLS handshake as well.
-  std::chrono::milliseconds frame{std::chrono::seconds{5}};
-  /// A frame whose payload is larger is refused before anything is allocated
-  /// ([node] max_message_bytes).
-  int64_t max_message_bytes = int64_t{2} << 30;
-  /// An operand that would make a variable larger is refused ([node]
-  /// max_variable_bytes).
-  int64_t max_variable_bytes = int64_t{2} << 30;
-  /// Connections served at once; one more is closed at once ([node]
-  /// max_data_connections).
-  int32_t max_connections = 256;
-  /// Takes a plaintext client's offer of shared memory (a client on this
-  /// host; docs/wire.md "Shared memory"). False: every client stays on TCP,
-  /// as if it were on another host.
-  bool shared_memory = true;
-  /// On shared memory: how long a connection's thread spins for the next
-  /// frame after a reply, and for bytes within one, before it sleeps in poll
-  /// on the socket (then the client's doorbell byte wakes it).
-  std::chrono::microseconds shm_spin{20};
-  /// The most shared memory this server maps for its clients at once, all
-  /// connections together (each takes 8 MiB + 4 KiB by default); an offer
-  /// past it is declined and that client stays on TCP.
-  int64_t max_shm_bytes = int64_t{1} << 30;
-  /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
-  /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
-  /// the client stays on TCP/TLS. Only this decides (never the process's
-  /// flag); the test hook ACTORFLOW_TRUSTED_FABRIC=1 starts it true.
-  bool trusted_fabric = trusted_fabric_from_environment();
-};
-
-/// The old name (timeouts only), for code not yet moved to the limits.
-using data_plane_timeouts = data_plane_limits;
+struct data_link;    // net/data_link.hpp: one connection's byte stream
+struct served_connection; // net/served_connection.hpp: one connection the server serves
 
 /// The node's side: a listening socket and one thread per connection.
 class data_plane_server {
@@ -152,7 +54,7 @@ public:
   /// connection is mutual TLS: a peer without a certificate of the cluster CA
   /// is refused (and logged) before it can send a request.
   static caf::expected<std::unique_ptr<data_plane_server>>
-  start(std::shared_ptr<variable_directory> dir, const std::string& bind_host, uint16_t port,
+  start(std::shared_ptr<plane_handler> handler, const std::string& bind_host, uint16_t port,
         std::string node_name, data_plane_limits limits = {},
         std::shared_ptr<tls_context> tls = nullptr);
 
@@ -161,29 +63,33 @@ public:
   uint16_t port() const { return port_; }
 
   /// Closes every connection and joins the threads; idempotent. Call before
-  /// the actor system goes away (connections hold variable actors' handles).
+  /// the actor system goes away (the handler's calls may hold actors' handles).
   void stop();
 
 private:
-  data_plane_server(std::shared_ptr<variable_directory> dir, std::string node_name,
+  data_plane_server(std::shared_ptr<plane_handler> handler, std::string node_name,
                     data_plane_limits limits, std::shared_ptr<tls_context> tls)
-    : dir_(std::move(dir)), node_name_(std::move(node_name)), timeouts_(limits),
+    : handler_(std::move(handler)), node_name_(std::move(node_name)), timeouts_(limits),
       tls_(std::move(tls)) {}
   void accept_loop();
+  /// accept_loop's admission of an accepted connection `fd` (under the
+  /// limits): a thread serves it, or it is refused. False: the server stops.
+  bool admit(int fd, const std::string& peer, std::vector<std::thread>& done,
+             uint64_t& over_limit, uint64_t& over_handshakes);
   void serve(int fd, const std::string& peer);
-  /// A push or pull frame (header read, name read); false: drop the connection.
-  bool serve_aggregator(const data_link& io, const std::string& peer, const wire::header& h,
-                        const std::string& name);
-  /// An edge frame (header read, name read): the value goes to the named
-  /// executor as a local message; false: drop the connection.
-  bool serve_edge(const data_link& io, const std::string& peer, const wire::header& h,
-                  const std::string& name);
+  /// serve()'s frames, one after another, until the connection ends.
+  void serve_frames(served_connection& c);
+  /// An offer of shared memory (header read, name read: the segment's); false:
+  /// drop the connection.
+  bool serve_shm_offer(served_connection& c, const wire::header& h, const std::string& name);
+  /// An offer of UCX (header read); false: drop the connection.
+  bool serve_ucx_offer(served_connection& c, const wire::header& h);
   /// A TLS connection's handshake (bounded by the frame timeout) and its
   /// record layer's first record: the stream, or null if the peer was
   /// refused (logged with why).
   std::unique_ptr<secure_stream> accept_tls(int fd, const std::string& peer);
 
-  std::shared_ptr<variable_directory> dir_;
+  std::shared_ptr<plane_handler> handler_; ///< what the request frames reach
   std::string node_name_;
   data_plane_limits timeouts_;
   std::shared_ptr<tls_context> tls_;
@@ -202,6 +108,28 @@ private:
   std::vector<std::thread::id> finished_; ///< workers that returned, to be joined
 };
 
+/// Why data_channel::connect failed, as a type set where the failure was
+/// found (net/tls.hpp's tls_failure for the TLS half): callers decide what
+/// it means from this, never from the words of the error.
+enum class connect_failure {
+  none,          ///< it did not fail
+  unreachable,   ///< no TCP connection (refused, no route, unknown name, its timeout: the
+                 ///< error says which)
+  impostor,      ///< the node's identity is wrong: a certificate of another CA, host or
+                 ///< task, or a first record not sealed with the session's keys
+  refused,       ///< the node refused this process in the TLS handshake (an alert: most
+                 ///< often this process's certificate is not of the cluster CA)
+  protocol,      ///< the node does not speak TLS (run without [security]) or our records
+  tls_handshake, ///< the TLS handshake failed otherwise (no common version or suite, ...)
+  timeout,       ///< the TLS handshake or the node's first record did not come in time
+  closed,        ///< the node closed (or reset) the connection during the handshake or
+                 ///< right after it
+  internal       ///< this process's own failure (no memory, keys not derived)
+};
+
+/// The enumerator's name ("impostor"), for logs and tests.
+const char* to_string(connect_failure f);
+
 /// The session's side: one connection to one node's data plane.
 class data_channel {
 public:
@@ -209,9 +137,10 @@ public:
   /// `poll`: how long to poll for a reply before sleeping in recv (0: never).
   /// With `tls`: mutual TLS, the node's certificate checked against the
   /// cluster CA. `timeout` bounds the whole connect (TCP, TLS handshake and
-  /// the node's first record together). `untrusted` (if given) is set when
-  /// it failed because the node's identity is wrong: a certificate of
-  /// another CA, host or task, or a first record that fails authentication.
+  /// the node's first record together). `failure` (if given) says why it
+  /// failed (connect_failure::impostor: the node's identity is wrong, a
+  /// certificate of another CA, host or task, or a first record that fails
+  /// authentication), none if it did not.
   ///
   /// `shared_memory`: when the node is on this host (a loopback address, or
   /// this end's own address), without TLS, and ACTORFLOW_DATA_SHM is not
@@ -227,7 +156,7 @@ public:
   connect(const std::string& host, uint16_t port, std::string peer,
           std::chrono::milliseconds timeout,
           std::chrono::microseconds poll = std::chrono::microseconds{0},
-          std::shared_ptr<tls_context> tls = nullptr, bool* untrusted = nullptr,
+          std::shared_ptr<tls_context> tls = nullptr, connect_failure* failure = nullptr,
           bool shared_memory = true, bool trusted_fabric = false);
 
   ~data_channel();
@@ -326,6 +255,11 @@ private:
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
   secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned
+  /// What carries the bytes now (net/byte_channel.hpp): the socket's,
+  /// stream_bytes_ or moved_bytes_.
+  byte_channel* bytes_ = &tcp_bytes();
+  std::unique_ptr<byte_channel> stream_bytes_; ///< over stream_
+  std::unique_ptr<byte_channel> moved_bytes_;  ///< over shm_ or ucx_, once moved
   bool shm_wanted_ = true;           ///< connect's `shared_memory`
   bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
   bool shm_due_ = false;             ///< the node answered: offer before the next request
@@ -337,6 +271,8 @@ private:
   bool ucx_carried_ = false;         ///< a reply came over ucx_ (else its failure counts as UCX's)
   /// upgrade_if_due's offer of UCX.
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
+  /// From now on the connection's bytes go over `b` (shm_'s or ucx_'s).
+  void move_to(std::unique_ptr<byte_channel> b);
 };
 
 } // namespace af

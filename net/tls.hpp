@@ -1,14 +1,17 @@
 #pragma once
-/// TLS for the tensor data plane (net/data_plane.hpp): one OpenSSL SSL_CTX
-/// per process, used for both roles. A node's data-plane server and a
-/// session's data channels make mutual TLS 1.3 connections (TLS 1.2 with
-/// AES-GCM where a peer has no 1.3) with the cluster CA of `[security]`
-/// (config/security.hpp): a peer must show a certificate signed by that CA,
-/// or the handshake fails before it can send a request.
+/// TLS for the tensor data plane (net/data_plane.hpp) and the CAF port
+/// (net/caf_port.hpp): one OpenSSL SSL_CTX per process, used for both roles.
+/// Every connection is mutual TLS 1.3 only (make_tls_context sets 1.3 as the
+/// least version: a 1.2 peer is refused, docs/wire.md "TLS") with the cluster
+/// CA of `[security]` (config/security.hpp): a peer must show a certificate
+/// signed by that CA, or the handshake fails before it can send a request.
 ///
-/// The connections stay blocking sockets: SSL_read/SSL_write on the same
-/// file descriptor the plaintext path uses (docs/wire.md, "TLS").
+/// After the handshake the data plane's bytes are records of its own, keyed
+/// from the TLS session (secure_stream, net/tls_io.hpp), on the same blocking
+/// socket the plaintext path uses; the CAF port's go through SSL_read and
+/// SSL_write in CAF's event loop.
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -54,11 +57,54 @@ bool tls_set_socket(ssl_st* ssl, int fd);
 /// The text of OpenSSL's error queue (emptied), or `fallback` if it is empty.
 std::string tls_errors(const std::string& fallback);
 
+/// Why a TLS connection failed before it carried a byte of data (its
+/// handshake, the name checks, the server's first record: net/tls_io.hpp),
+/// as a type, set where the failure is found: callers decide what it means
+/// (an impostor, a node without [security], a timeout) and which hint to
+/// give from this, never from the words of the message that goes with it.
+enum class tls_failure {
+  none,          ///< no failure
+  wrong_name,    ///< impostor: a certificate of the cluster CA, but for another host or task
+                 ///< than the one dialled (tls_expect_host, tls_wrong_task)
+  unknown_ca,    ///< impostor: a certificate that does not verify: not signed by the cluster
+                 ///< CA, expired, not yet valid
+  forged_record, ///< impostor: a record that fails its tag, declares more than the bound, or a
+                 ///< first record that is not the empty one due: not sealed with this
+                 ///< session's keys
+  refused,       ///< the peer ended the handshake with an alert: it refused this process
+                 ///< (most often its certificate: another CA?)
+  protocol,      ///< the peer does not speak TLS here (wrong version number, record layer
+                 ///< failure: a node without [security]) or sends TLS where our records are due
+  handshake,     ///< the handshake failed otherwise (no common version or suite, ...)
+  timeout,       ///< the handshake or the first record did not come within the limit
+  closed,        ///< the peer closed the connection (during the handshake or right after)
+  io,            ///< the socket failed (errno)
+  internal       ///< this process's own failure: no memory, keys not derived
+};
+
+/// Whether `f` says the peer is not who was dialled (a certificate not of
+/// the CA or not for the name; records not sealed with the session's keys).
+constexpr bool is_impostor(tls_failure f) {
+  return f == tls_failure::wrong_name || f == tls_failure::unknown_ca
+         || f == tls_failure::forged_record;
+}
+
+/// The enumerator's name ("wrong_name"), for logs and tests.
+const char* to_string(tls_failure f);
+
 /// Why a handshake's peer was refused: the verification result if it failed
 /// there (for a certificate not for the host of tls_expect_host: the host
 /// dialled and the names the certificate has), else the error queue's text;
-/// empties the error queue.
-std::string tls_handshake_failure(ssl_st* ssl, int ret);
+/// empties the error queue. `kind`, when given, gets its tls_failure.
+std::string tls_handshake_failure(ssl_st* ssl, int ret, tls_failure* kind = nullptr);
+
+/// Runs SSL_accept (`server`) or SSL_connect on `fd` until it is done or
+/// `limit` has passed, the socket non-blocking meanwhile (restored after): a
+/// peer that trickles its handshake cannot stretch it. Empty on success,
+/// else why not, and its kind in `kind` when given (timeout when the limit
+/// passed; else as tls_handshake_failure's).
+std::string tls_handshake(ssl_st* ssl, int fd, bool server, std::chrono::milliseconds limit,
+                          tls_failure* kind = nullptr);
 
 // -- who answers: the name check of both planes' outbound connections --------
 //
@@ -77,7 +123,8 @@ std::string tls_handshake_failure(ssl_st* ssl, int ret);
 bool tls_expect_host(ssl_st* ssl, const std::string& host);
 
 /// Empty if the peer's certificate may be `task`'s (empty `task`: any), else
-/// why not, naming the task meant and the task the certificate names.
+/// why not, naming the task meant and the task the certificate names (a
+/// failure of kind tls_failure::wrong_name).
 std::string tls_wrong_task(ssl_st* ssl, const std::string& task);
 
 /// The task this process's certificate names (its CN, "/job:ps/task:0"), or

@@ -1,8 +1,16 @@
 #pragma once
-/// The TLS read path's read-ahead (net/tls.cpp), for the data plane's own
-/// blocking I/O loops (net/data_plane.cpp). Kept out of tls.hpp, which
-/// much of the project includes.
+/// The data plane's own TLS I/O (net/data_plane.cpp): the read path's
+/// read-ahead and the record layer after the handshake (secure_stream).
+/// Kept out of tls.hpp, which much of the project includes.
 
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "net/aes_gcm.hpp"
 #include "net/tls.hpp"
 
 namespace af {
@@ -20,19 +28,6 @@ bool tls_set_socket_read_ahead(ssl_st* ssl, int fd);
 /// does not see). Before polling the socket for more, ask this: a poll would
 /// wait for bytes already taken off the socket.
 bool tls_has_pending(ssl_st* ssl);
-
-} // namespace af
-
-#include <sys/uio.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-
-#include "net/aes_gcm.hpp"
-
-namespace af {
 
 /// The data plane's record layer after the TLS handshake (docs/wire.md,
 /// "TLS"). The mutual-TLS 1.3 handshake authenticates both ends; then each
@@ -91,7 +86,9 @@ public:
   secure_stream& operator=(const secure_stream&) = delete;
 
   /// Sends all of `iov` as records. False: errno says why (EAGAIN: the
-  /// send timeout; EPIPE/ECONNRESET: the peer left; EPROTO: reason()).
+  /// send timeout; EPIPE/ECONNRESET: the peer left; EPROTO: reason()). A
+  /// send that fails within a record fails the stream for good (the record
+  /// is cut, its nonce spent): later writes and reads fail with EPROTO.
   bool write(const iovec* iov, int count);
 
   /// Reads exactly `n` bytes. False: errno says why (ECONNRESET: the peer
@@ -114,11 +111,18 @@ public:
   /// refused this client's certificate after the client's side of the
   /// handshake had completed (TLS 1.3 sends that alert after the client's
   /// Finished): the alert's reason, read through OpenSSL ("tlsv13 alert
-  /// certificate required").
+  /// certificate required"). failure() then says its kind (timeout,
+  /// closed, refused, forged_record, ...).
   std::string wait_hello(int wait_ms);
 
   /// Why the stream failed (EPROTO), or why the peer's close was early.
   const std::string& reason() const { return reason_; }
+
+  /// The kind of the failure that reason() says (or that wait_hello's text
+  /// says); none while the stream is good. A client takes
+  /// tls_failure::forged_record (a record that fails its tag, or a first
+  /// record not the one due) as an impostor (is_impostor).
+  tls_failure failure() const { return failure_; }
 
   /// The TLS session (version, suite, the peer's certificate).
   ssl_st* ssl() const { return ssl_; }
@@ -130,8 +134,11 @@ public:
 
 private:
   secure_stream() = default;
-  bool fail(const std::string& why);
+  /// Fails the stream for good (later reads and writes fail, EPROTO).
+  bool fail(tls_failure kind, const std::string& why);
   bool send_record(const iovec* parts, int count, size_t len);
+  /// A send of a record of `len` bytes failed (errno): fails the stream.
+  bool cut_short(size_t len);
   /// Reads the next record: its plaintext into `dst` if it fits there (and
   /// `dst` is not null), else into plain_. `delivered`: bytes put in dst.
   bool next_record(char* dst, size_t room, size_t& delivered);
@@ -154,6 +161,7 @@ private:
   static constexpr int max_empty_run = 8;
   int empty_run_ = 0;
   bool failed_ = false;
+  tls_failure failure_ = tls_failure::none;
   std::string reason_;
   std::unique_ptr<char[]> out_; ///< header + ciphertext + tag of the record being sent
   size_t out_cap_ = 0;

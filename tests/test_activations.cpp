@@ -26,6 +26,7 @@
 #include "temp_dir.hpp"
 #include "wait.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "actors/edge_token.hpp"
 #include "actors/executor.hpp"
 #include "core/log.hpp"

@@ -23,6 +23,7 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "net/tls.hpp"
 #include "actors/variable.hpp"
 #include "core/wire_format.hpp"
@@ -187,34 +188,34 @@ TEST_CASE("a data-plane connect says when the node's identity is wrong, and not 
                                                0, "ps 1", {}, context_of(dir, "ps1-")));
   auto client = context_of(dir, "client-");
   {
-    bool untrusted = false;
+    auto failure = connect_failure::none;
     auto at = "127.0.0.1:" + std::to_string(ps1->port());
     auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:0 at " + at, 5s, {},
-                                    client, &untrusted);
+                                    client, &failure);
     REQUIRE_FALSE(ch);
-    CHECK(untrusted);
+    CHECK(failure == connect_failure::impostor);
     CHECK_THAT(describe(ch.error()), Catch::Contains("/job:ps/task:1") && Catch::Contains("/job:ps/task:0"));
   }
   {
     // The task it is: trusted, and served.
-    bool untrusted = true;
+    auto failure = connect_failure::impostor;
     auto at = "127.0.0.1:" + std::to_string(ps1->port());
     auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:1 at " + at, 5s, {},
-                                    client, &untrusted);
+                                    client, &failure);
     REQUIRE(ch);
-    CHECK_FALSE(untrusted);
+    CHECK(failure == connect_failure::none);
   }
   {
     // A port that accepts and says nothing: an error that is not about
     // identity, within the connect's one timeout.
     deaf_port deaf;
-    bool untrusted = true;
+    auto failure = connect_failure::none;
     auto t0 = std::chrono::steady_clock::now();
     auto ch = data_channel::connect("127.0.0.1", deaf.port, "/job:ps/task:0 at the deaf port", 1000ms,
-                                    {}, client, &untrusted);
+                                    {}, client, &failure);
     auto took = since(t0);
     REQUIRE_FALSE(ch);
-    CHECK_FALSE(untrusted);
+    CHECK(failure == connect_failure::timeout);
     CHECK_THAT(describe(ch.error()), Catch::Contains("handshake"));
     CHECK(took < 3000ms);
   }

@@ -31,6 +31,7 @@
 #include "wait.hpp"
 #include "log_capture.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "core/log.hpp"
 #include "net/tls.hpp"
 #include "net/tls_io.hpp"
@@ -469,8 +470,11 @@ TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, an
     s.ca_file = dir / "both.pem";
     auto other = context_of(s);
     auto t0 = std::chrono::steady_clock::now();
-    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, other);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, other, &failure);
     REQUIRE_FALSE(ch);
+    // The node refused this process: not an impostor (its certificate was taken).
+    CHECK(failure == connect_failure::refused);
     CHECK(std::chrono::steady_clock::now() - t0 < 4s);
     auto err = ch.error();
     CHECK(err.code() == static_cast<uint8_t>(af_error::unreachable));
@@ -482,12 +486,44 @@ TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, an
     // This process trusts another CA: the node's certificate is refused.
     auto s = options_of(dir, "other-", "other-");
     auto trusting_other = context_of(s);
-    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, trusting_other);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, trusting_other,
+                                    &failure);
     REQUIRE_FALSE(ch);
+    // The node's certificate is not of the CA this process trusts: not the node meant.
+    CHECK(failure == connect_failure::impostor);
     CHECK_THAT(error_text(ch.error()), Catch::Contains("certificate"));
   }
+  {
+    // A node without [security]: it does not speak TLS, said as such.
+    auto plain = serve(directory_with("v", 4, 5), {});
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", plain->port(), "test node", 5s, {}, tls, &failure);
+    REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::protocol);
+    CHECK_THAT(error_text(ch.error()), Catch::Contains("it does not speak TLS"));
+  }
+  {
+    // No one listens (a port bound, never listened on): no TCP connection.
+    int held = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::getsockname(held, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    auto failure = connect_failure::none;
+    auto ch = data_channel::connect("127.0.0.1", ntohs(addr.sin_port), "test node", 5s, {}, tls,
+                                    &failure);
+    ::close(held);
+    REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::unreachable);
+  }
   // The node serves its own cluster all the while.
-  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls));
+  auto failure = connect_failure::impostor;
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls,
+                                           &failure));
+  CHECK(failure == connect_failure::none);
   CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
 }
 
@@ -1002,6 +1038,8 @@ TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream 
     char c[5];
     CHECK_FALSE(p.server->read(c, 5));
     CHECK_THAT(p.server->reason(), Catch::Contains(reason));
+    // Its kind, for a caller that decides without reading the words.
+    CHECK(p.server->failure() == (shut ? tls_failure::closed : tls_failure::forged_record));
     CHECK_FALSE(p.server->read(c, 1)); // and stays failed
   };
   using recs = std::vector<std::string>;
@@ -1032,6 +1070,195 @@ TEST_CASE("a tampered, replayed, reordered or truncated record fails the stream 
     auto r = seal(key, 1, "world");
     return recs{seal(key, 0, "hello"), r.substr(0, r.size() - 3)};
   });
+}
+
+// The bug it catches: a record whose send stopped part way (the send
+// timeout a bounded call sets, or the peer gone) left the stream usable.
+// Its nonce was spent and part of it was out, so the next write sent a fresh
+// record that the peer read as the torn one's rest (a tag failure blamed on
+// the peer, or a wait for bytes that never come), and a read went on waiting
+// on a connection that could carry nothing more.
+TEST_CASE("a TLS record write that fails part way fails the stream: later writes and reads fail",
+          "[plane][tls][records]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  stream_pair p;
+  connect_pair(p, tls);
+  // The server reads nothing: a record larger than the socket pair's buffers
+  // stops part way when the client's send wait (200 ms) passes.
+  timeval tv{0, 200 * 1000};
+  REQUIRE(setsockopt(p.sv[1], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0);
+  std::vector<char> big(4 * secure_stream::max_record_bytes, 'x');
+  iovec whole{big.data(), big.size()};
+  CHECK_FALSE(p.client->write(&whole, 1));
+  CHECK(errno == EAGAIN); // the send's own reason, for the caller's message
+  CHECK(p.client->failure() == tls_failure::timeout);
+  CHECK_THAT(p.client->reason(), Catch::Contains("cut short"));
+  // Nothing more goes out: no record after the torn one.
+  auto sent = p.client->records_sent();
+  char c = 'y';
+  iovec one{&c, 1};
+  CHECK_FALSE(p.client->write(&one, 1));
+  CHECK(errno == EPROTO);
+  CHECK(p.client->records_sent() == sent);
+  // And a read fails at once instead of waiting on the connection.
+  CHECK_FALSE(p.client->read(&c, 1));
+  CHECK(errno == EPROTO);
+}
+
+namespace {
+
+/// How a client's TLS connect over a socketpair ended, against a peer that
+/// does `peer(fd)` on the other end (in a thread of its own).
+struct connect_outcome {
+  tls_failure kind = tls_failure::none;
+  std::string why;
+};
+
+template <class Peer>
+connect_outcome client_connect(const std::shared_ptr<tls_context>& ctx, const std::string& host,
+                               std::chrono::milliseconds limit, Peer peer) {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  SSL* ssl = SSL_new(ctx->native());
+  REQUIRE(ssl != nullptr);
+  REQUIRE(tls_set_socket_read_ahead(ssl, sv[1]));
+  REQUIRE(tls_expect_host(ssl, host));
+  // Catch2's assertions belong to this thread: the peer's end asserts nothing.
+  std::thread t{[&] { peer(sv[0]); }};
+  connect_outcome out;
+  out.why = tls_handshake(ssl, sv[1], false, limit, &out.kind);
+  if (out.why.empty()) {
+    // The server's first record, as data_channel::connect waits for it.
+    auto stream = secure_stream::make(ssl, sv[1], false, out.why);
+    if (stream) {
+      out.why = stream->wait_hello(static_cast<int>(limit.count()));
+      out.kind = stream->failure();
+    } else {
+      SSL_free(ssl);
+      out.kind = tls_failure::internal;
+    }
+  } else {
+    SSL_free(ssl);
+  }
+  ::shutdown(sv[1], SHUT_RDWR);
+  t.join();
+  close(sv[0]);
+  close(sv[1]);
+  return out;
+}
+
+/// A TLS server's end of client_connect: its handshake, then `after` on
+/// the stream (send the hello, or something else).
+template <class After>
+auto tls_peer(const std::shared_ptr<tls_context>& ctx, After after,
+              int (*verify)(int, X509_STORE_CTX*) = nullptr) {
+  return [ctx, after, verify](int fd) {
+    SSL* ssl = SSL_new(ctx->native());
+    tls_set_socket(ssl, fd);
+    if (verify != nullptr)
+      SSL_set_verify(ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, verify);
+    if (!tls_handshake(ssl, fd, true, 5s).empty()) {
+      SSL_free(ssl);
+      return;
+    }
+    std::string why;
+    auto stream = secure_stream::make(ssl, fd, true, why);
+    if (stream)
+      after(*stream, fd);
+  };
+}
+
+/// Reads until the other end closes: a peer that holds the connection.
+void read_to_end(int fd) {
+  char buf[4096];
+  while (::recv(fd, buf, sizeof(buf), 0) > 0) {
+  }
+}
+
+} // namespace
+
+// The bug it catches: a client that tells an impostor from a node without
+// [security], a timeout or a closed connection by the words of OpenSSL's or
+// our messages (data_channel::connect matched "failed authentication" and a
+// letter of "the TLS handshake"): a reworded message, or another OpenSSL
+// version's, changed what a failure meant. Each failure here is typed where
+// it is found.
+TEST_CASE("a failed TLS connect carries its kind, set where it failed", "[plane][tls]") {
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  make_ca_and_cert(dir, "other-");
+  auto ours = context_of(options_of(dir, "", ""));
+  auto theirs = context_of(options_of(dir, "other-", "other-"));
+  auto hello = [](secure_stream& s, int fd) {
+    s.send_hello();
+    read_to_end(fd);
+  };
+  SECTION("a node that answers: none") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, tls_peer(ours, hello));
+    CHECK(r.why.empty());
+    CHECK(r.kind == tls_failure::none);
+  }
+  SECTION("a certificate of another CA: an impostor") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, tls_peer(theirs, hello));
+    CHECK(r.kind == tls_failure::unknown_ca);
+    CHECK(is_impostor(r.kind));
+  }
+  SECTION("a certificate of the CA for another host: an impostor") {
+    auto r = client_connect(ours, "10.9.8.7", 5000ms, tls_peer(ours, hello));
+    CHECK(r.kind == tls_failure::wrong_name);
+    CHECK(is_impostor(r.kind));
+  }
+  SECTION("a first record that fails its tag: an impostor") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, tls_peer(ours, [](secure_stream&, int fd) {
+      std::string forged(4 + 16, '\x5a');
+      forged[0] = forged[1] = forged[2] = forged[3] = 0; // an empty record, a tag of junk
+      (void)::send(fd, forged.data(), forged.size(), MSG_NOSIGNAL);
+      read_to_end(fd);
+    }));
+    CHECK(r.kind == tls_failure::forged_record);
+    CHECK(is_impostor(r.kind));
+  }
+  SECTION("a first record that is not the empty one: an impostor") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, tls_peer(ours, [](secure_stream& s, int fd) {
+      char x = 'x';
+      iovec one{&x, 1};
+      s.write(&one, 1);
+      read_to_end(fd);
+    }));
+    CHECK(r.kind == tls_failure::forged_record);
+  }
+  SECTION("the node refuses this process's certificate: refused, not an impostor") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms,
+                            tls_peer(ours, hello, [](int, X509_STORE_CTX*) { return 0; }));
+    CHECK(r.kind == tls_failure::refused);
+    CHECK_FALSE(is_impostor(r.kind));
+  }
+  SECTION("a peer that does not speak TLS: protocol") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, [](int fd) {
+      char hello_bytes[64];
+      ::recv(fd, hello_bytes, sizeof(hello_bytes), 0); // some of the ClientHello
+      auto frame = "AFDP" + std::string(60, '\0'); // a data-plane frame's header
+      (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+      read_to_end(fd);
+    });
+    CHECK(r.kind == tls_failure::protocol);
+    CHECK_FALSE(is_impostor(r.kind));
+  }
+  SECTION("a peer that closes at once: closed") {
+    auto r = client_connect(ours, "127.0.0.1", 5000ms, [](int fd) { ::shutdown(fd, SHUT_RDWR); });
+    CHECK(r.kind == tls_failure::closed);
+  }
+  SECTION("a peer that never answers: timeout") {
+    auto r = client_connect(ours, "127.0.0.1", 200ms, read_to_end);
+    CHECK(r.kind == tls_failure::timeout);
+  }
+  SECTION("a node that never sends its first record: timeout") {
+    auto r = client_connect(ours, "127.0.0.1", 300ms,
+                            tls_peer(ours, [](secure_stream&, int fd) { read_to_end(fd); }));
+    CHECK(r.kind == tls_failure::timeout);
+  }
 }
 
 TEST_CASE("a 64 MiB assign over TLS arrives bit-exact and reads back the same", "[plane][tls][records]") {
@@ -1127,9 +1354,11 @@ TEST_CASE("the data plane refuses a node whose certificate is another task's or 
   };
   {
     // ps 1's certificate where ps 0 was meant.
+    auto failure = connect_failure::none;
     auto ch = data_channel::connect("127.0.0.1", ps1->port(), "/job:ps/task:0 at " + at(ps1), 5s, {},
-                                    client);
+                                    client, &failure);
     REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::impostor);
     CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
     CHECK_THAT(error_text(ch.error()), Catch::Contains("its certificate is /job:ps/task:1's, not "
                                                        "/job:ps/task:0's"));
@@ -1140,9 +1369,11 @@ TEST_CASE("the data plane refuses a node whose certificate is another task's or 
   CHECK(value_of(right->call(var_op::read, "v", nullptr, false)).first.at(0) == 5);
   {
     // The right task, but a certificate for another host than the one dialled.
+    auto failure = connect_failure::none;
     auto ch = data_channel::connect("127.0.0.1", far->port(), "/job:ps/task:0 at " + at(far), 5s, {},
-                                    client);
+                                    client, &failure);
     REQUIRE_FALSE(ch);
+    CHECK(failure == connect_failure::impostor);
     CHECK(ch.error().code() == static_cast<uint8_t>(af_error::unreachable));
     CHECK_THAT(error_text(ch.error()), Catch::Contains("is not for 127.0.0.1")
                                          && Catch::Contains("IP:127.0.0.2")

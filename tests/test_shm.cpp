@@ -33,6 +33,7 @@
 #include "scenarios.hpp"
 #include "wait.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "actors/session.hpp"
 #include "net/shm_ring.hpp"
 #include "dist/embedded_cluster.hpp"

@@ -34,6 +34,7 @@
 #include "wait.hpp"
 #include "log_capture.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "core/log.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"

@@ -16,6 +16,7 @@
 #include "cells.hpp"
 #include "scenarios.hpp"
 #include "net/data_plane.hpp"
+#include "actors/variable_directory.hpp"
 #include "config/loopback.hpp"
 #include "actors/variable.hpp"
 #include "core/wire_format.hpp"

@@ -1,0 +1,358 @@
+/// The node's side of the data plane's requests (net/plane_handler.hpp):
+/// variable_directory's plane_handler. A variable op is applied to the
+/// variable's cell right on the connection's thread (no actor hop), a push
+/// or pull goes to its aggregator through the directory's aggregator_call,
+/// an edge value to its executor as a local message. Each checks its frame
+/// before anything is allocated for the payload, and reads the payload
+/// straight into the tensor it hands on.
+#include "actors/variable_directory.hpp"
+#include "actors/edge_budget.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "caf/all.hpp"
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+/// Why a variable op's operand does not fit `found` under `limits` (empty:
+/// it fits), and the code to refuse it with.
+std::string variable_refusal(const plane_request& req, const variable_directory::entry& found,
+                             af_error& refusal_code) {
+  const auto& h = req.header();
+  const auto& name = req.name();
+  const auto& limits = req.limits();
+  const auto& node_name = req.node_name();
+  std::string refusal;
+  refusal_code = af_error::not_found;
+  if (!found.cell) {
+    refusal = "no variable '" + name + "' on " + node_name;
+  } else if (h.payload_bytes > static_cast<uint64_t>(limits.max_message_bytes)) {
+    refusal_code = af_error::resource_exhausted;
+    refusal = fmt::format("{} of '{}': a payload of {} bytes is over {}'s limit of {} bytes per "
+                          "message ([node] max_message_bytes)",
+                          to_string(static_cast<var_op>(h.kind)), name, h.payload_bytes,
+                          node_name, limits.max_message_bytes);
+  } else if (h.has_tensor
+             && h.payload_bytes > static_cast<uint64_t>(limits.max_variable_bytes)) {
+    refusal_code = af_error::resource_exhausted;
+    refusal = fmt::format("{} of '{}': a value of {} bytes is over {}'s limit of {} bytes per "
+                          "variable ([node] max_variable_bytes)",
+                          to_string(static_cast<var_op>(h.kind)), name, h.payload_bytes,
+                          node_name, limits.max_variable_bytes);
+  } else if (h.has_tensor) {
+    const auto& spec = found.cell->spec();
+    auto shape = wire::shape_of(h);
+    bool scalar = num_elements(shape) == 1 && shape.size() <= spec.shape.size();
+    bool update = h.kind == static_cast<uint8_t>(var_op::assign_add)
+                  || h.kind == static_cast<uint8_t>(var_op::assign_sub);
+    if (static_cast<dtype>(h.dtype) != spec.type) {
+      refusal_code = af_error::dtype_mismatch;
+      refusal = fmt::format("{} to '{}': value has dtype {}, variable has {}",
+                            to_string(static_cast<var_op>(h.kind)), name,
+                            dtype_name(static_cast<dtype>(h.dtype)), dtype_name(spec.type));
+    } else if (shape != spec.shape && !(scalar && update)) {
+      refusal_code = af_error::shape_mismatch;
+      refusal = fmt::format("{} to '{}': value has shape {}, variable has {}",
+                            to_string(static_cast<var_op>(h.kind)), name, shape_string(shape),
+                            shape_string(spec.shape));
+    }
+  }
+  return refusal;
+}
+
+} // namespace
+
+bool variable_directory::variable_op(plane_request& req) {
+  const auto& h = req.header();
+  const auto& name = req.name();
+  const auto& node_name = req.node_name();
+  // The variable and the operand's fit are checked before anything is
+  // allocated for the operand: a frame for a variable that does not exist,
+  // or of another shape, or over a limit, cannot make the node take its
+  // memory.
+  auto found = get(name);
+  af_error refusal_code = af_error::not_found;
+  auto refusal = variable_refusal(req, found, refusal_code);
+  if (!refusal.empty())
+    return req.refuse(refusal_code, refusal);
+  // Bytes that are no tensor (validate bounds them): skipped.
+  if (!h.has_tensor && h.payload_bytes > 0 && !req.skip_payload())
+    return false;
+  tensor operand;
+  if (h.has_tensor) {
+    try {
+      operand.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
+    } catch (const std::bad_alloc&) {
+      log::get()->warn("{} data plane: no memory for {} bytes of '{}' from {}", node_name,
+                       h.payload_bytes, name, req.peer());
+      // Answered; the connection goes on if its payload can be skipped.
+      return req.refuse(af_error::resource_exhausted,
+                        fmt::format("{} cannot allocate {} bytes for the operand of '{}' "
+                                    "(out of memory)",
+                                    node_name, h.payload_bytes, name));
+    }
+    // Straight from the connection into the operand's buffer.
+    if (!req.read_payload(operand.mutable_bytes()))
+      return false;
+  }
+  // Applied right here under the cell's lock: no actor hop.
+  caf::expected<variable_cell::applied> r{caf::error{}};
+  try {
+    // A request's version field is its id (0: none): applied once per id.
+    r = found.cell->apply(static_cast<var_op>(h.kind), operand, h.want_value != 0, h.version);
+  } catch (const std::bad_alloc&) {
+    // A copy for want_value, a slot: answered, the connection goes on.
+    r = make_error(af_error::resource_exhausted,
+                   fmt::format("{} ran out of memory applying {} to '{}' ({} bytes)", node_name,
+                               to_string(static_cast<var_op>(h.kind)), name,
+                               num_elements(found.cell->spec().shape)
+                                 * static_cast<int64_t>(dtype_size(found.cell->spec().type))));
+  }
+  if (!r)
+    return req.reply_error(r.error());
+  if (r->first_value && found.actor)
+    caf::anon_send(found.actor, released_atom::value); // its waiters: the actor's job
+  wire::header reply;
+  reply.version = r->version;
+  const auto& value = r->value;
+  if (!value.empty() && !wire::describe_tensor(value, reply))
+    return req.reply_error(af_error::invalid_argument,
+                           "variable '" + name + "' has rank "
+                             + std::to_string(value.shape().size())
+                             + "; the data plane carries rank <= 8");
+  // Straight from the variable's buffer: `value` shares it, no copy.
+  return req.reply(reply, value.empty() ? nullptr : value.bytes());
+}
+
+bool variable_directory::aggregate(plane_request& req) {
+  const auto& h = req.header();
+  const auto& frame_name = req.name();
+  const auto& node_name = req.node_name();
+  const auto& limits = req.limits();
+  bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
+              || h.kind == static_cast<uint8_t>(wire::kind::push_params);
+  // A push's name starts with who it speaks for (wire::push_prefix): the
+  // aggregator checks the token, and names this peer if it is refused.
+  push_credentials who;
+  who.from = "data-plane peer " + req.peer();
+  std::string name = frame_name;
+  bool short_prefix = push && frame_name.size() < sizeof(wire::push_prefix);
+  if (push && !short_prefix) {
+    wire::push_prefix pre;
+    std::memcpy(&pre, frame_name.data(), sizeof(pre));
+    who.token.assign(reinterpret_cast<const char*>(pre.token), sizeof(pre.token));
+    who.seq = pre.seq;
+    name = frame_name.substr(sizeof(pre));
+  }
+  auto agg = get_aggregator(name);
+  auto caller = aggregator_caller();
+  // Checked before anything is allocated: a push for an aggregator that does
+  // not exist, or of another size, cannot make the node take its memory.
+  std::string refusal;
+  af_error code = af_error::invalid_argument;
+  if (short_prefix) {
+    refusal = fmt::format("a push frame whose name of {} bytes is shorter than its {}-byte prefix "
+                          "(the worker's token and push number); is the sender of another "
+                          "actorflow version?",
+                          frame_name.size(), sizeof(wire::push_prefix));
+  } else if (!agg.actor || !caller) {
+    code = af_error::not_found;
+    refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
+                          name, node_name);
+  } else if (h.payload_bytes > static_cast<uint64_t>(limits.max_message_bytes)) {
+    code = af_error::resource_exhausted;
+    refusal = fmt::format("{} to aggregator '{}': a payload of {} bytes is over {}'s limit of {} "
+                          "bytes per message ([node] max_message_bytes)",
+                          push ? "push" : "pull", name, h.payload_bytes, node_name,
+                          limits.max_message_bytes);
+  } else if (h.has_tensor && !push) {
+    // A pull carries no values: saying "float32[650] values, expected
+    // float32[650]" of one that did named the wrong fault.
+    refusal = fmt::format("pull from aggregator '{}' carries {}{} values: a pull sends none (a "
+                          "push sends values)",
+                          name, dtype_name(static_cast<dtype>(h.dtype)),
+                          shape_string(wire::shape_of(h)));
+  } else if (h.has_tensor
+             && (static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
+                 || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
+    code = af_error::shape_mismatch;
+    refusal = fmt::format("push to aggregator '{}': {}{} values, expected float32[{}]",
+                          name, dtype_name(static_cast<dtype>(h.dtype)),
+                          shape_string(wire::shape_of(h)), agg.floats);
+  } else if (!h.has_tensor && h.payload_bytes > 0) {
+    refusal = "a push or pull with a payload that is no tensor";
+  }
+  if (!refusal.empty())
+    return req.refuse(code, refusal);
+  tensor values;
+  if (h.has_tensor) {
+    try {
+      values.reset(dtype::float32, wire::shape_of(h));
+    } catch (const std::bad_alloc&) {
+      return req.refuse(af_error::resource_exhausted,
+                        fmt::format("{} cannot allocate {} bytes for a push to '{}' (out of "
+                                    "memory)",
+                                    node_name, h.payload_bytes, name));
+    }
+    if (!req.read_payload(values.mutable_bytes(), true)) {
+      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
+                       node_name, req.peer(), name);
+      return false;
+    }
+  }
+  auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(who), std::move(values),
+                  agg.wait);
+  if (!r)
+    return req.reply_error(r.error());
+  wire::header reply;
+  reply.version = r->first;
+  const auto& params = r->second;
+  if (!params.empty())
+    wire::describe_tensor(params, reply); // rank 1
+  return req.reply(reply, params.empty() ? nullptr : params.bytes());
+}
+
+namespace {
+
+/// Refusals of edges are logged per connection: the first, then a count
+/// every 10 s (one connection serves on one thread).
+void log_edge_refusal(const plane_request& req, const std::string& why) {
+  thread_local std::string log_peer;
+  thread_local refusal_log refusals;
+  if (log_peer != req.peer()) {
+    log_peer = req.peer();
+    refusals = refusal_log{};
+  }
+  uint64_t skipped = 0;
+  if (refusals.due(skipped))
+    log::get()->warn("{} data plane: refused an edge from {}: {}{}", req.node_name(), req.peer(),
+                     why,
+                     skipped == 0 ? std::string{}
+                                  : fmt::format(" (and {} other edge(s) of it since the last "
+                                                "such line)",
+                                                skipped));
+}
+
+/// Why an edge frame is refused before its executor is asked for room
+/// (empty: it is not); `pre`, `device` and `exec` are set as far as the
+/// frame names them.
+std::string edge_refusal(const variable_directory& dir, const plane_request& req,
+                         wire::edge_prefix& pre, std::string& device, executor_actor& exec,
+                         af_error& code) {
+  const auto& h = req.header();
+  const auto& name = req.name();
+  code = af_error::invalid_argument;
+  if (name.size() < sizeof(pre))
+    return fmt::format("an edge frame whose name of {} bytes is shorter than its {}-byte prefix "
+                       "(graph, sent time, op, token); is the sender of another actorflow "
+                       "version?",
+                       name.size(), sizeof(pre));
+  std::memcpy(&pre, name.data(), sizeof(pre));
+  device = name.substr(sizeof(pre));
+  exec = dir.get_executor(device);
+  if (!exec) {
+    code = af_error::not_found;
+    return fmt::format("no executor '{}' on {}; a value for it was sent to the wrong node, or "
+                       "the node restarted",
+                       device, req.node_name());
+  }
+  if (h.payload_bytes > static_cast<uint64_t>(req.limits().max_message_bytes)) {
+    code = af_error::resource_exhausted;
+    return fmt::format("the value of op {} for '{}': a payload of {} bytes is over {}'s limit "
+                       "of {} bytes per message ([node] max_message_bytes)",
+                       pre.op, device, h.payload_bytes, req.node_name(),
+                       req.limits().max_message_bytes);
+  }
+  if (!h.has_tensor)
+    return fmt::format("the value of op {} for '{}': an edge frame without a tensor "
+                       "(has_tensor = 0); an edge carries the producer's tensor",
+                       pre.op, device);
+  return {};
+}
+
+} // namespace
+
+bool variable_directory::edge(plane_request& req) {
+  const auto& h = req.header();
+  const auto& node_name = req.node_name();
+  const auto& limits = req.limits();
+  // Checked before anything is allocated: a value for an executor this node
+  // does not have, or over the limit, cannot make the node take its memory.
+  af_error code = af_error::invalid_argument;
+  wire::edge_prefix pre;
+  std::string device;
+  executor_actor exec;
+  auto refusal = edge_refusal(*this, req, pre, device, exec, code);
+  if (!refusal.empty()) {
+    log_edge_refusal(req, refusal);
+    return req.refuse(code, refusal);
+  }
+  // The executor's edge bytes not yet taken by a running step (values it
+  // has not handled, values of steps whose run_step has not come) stay
+  // within 2 x max_message_bytes: over it the edge waits up to a frame's
+  // timeout for room (back-pressure on a busy executor), then is refused
+  // before anything is allocated. The executor gives the bytes back.
+  auto held = edge_bytes_of(caf::actor_cast<caf::actor_addr>(exec), false);
+  auto need = static_cast<int64_t>(h.payload_bytes);
+  if (held) {
+    auto budget = 2 * limits.max_message_bytes;
+    auto until = std::chrono::steady_clock::now() + limits.frame;
+    auto pause = std::chrono::milliseconds{1};
+    while (!reserve_edge_bytes(*held, need, budget)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        refusal = fmt::format("the value of op {} for '{}': {} holds {} bytes of values for it "
+                              "that no running step has taken, and {} more would pass its budget "
+                              "of {} bytes (2 x [node] max_message_bytes); the executor is busy, "
+                              "or a sender is ahead of its steps",
+                              pre.op, device, node_name, held->load(), need, budget);
+        log_edge_refusal(req, refusal);
+        return req.refuse(af_error::resource_exhausted, refusal);
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds{20});
+    }
+  }
+  auto give_back = [&] {
+    if (held)
+      release_edge_bytes(*held, need);
+  };
+  tensor value;
+  try {
+    value.reset(static_cast<dtype>(h.dtype), wire::shape_of(h));
+  } catch (const std::bad_alloc&) {
+    give_back();
+    return req.refuse(af_error::resource_exhausted,
+                      fmt::format("{} cannot allocate {} bytes for the value of op {} for "
+                                  "'{}' (out of memory)",
+                                  node_name, h.payload_bytes, pre.op, device));
+  }
+  if (!req.read_payload(value.mutable_bytes(), true)) {
+    give_back();
+    log::get()->warn("{} data plane: dropped {}: it stopped in the middle of the value of op {} "
+                     "for '{}'",
+                     node_name, req.peer(), pre.op, device);
+    return false;
+  }
+  // The receiving executor learns the way the value came, for the trace.
+  std::string path = "data plane (" + req.transport() + ") from " + req.peer();
+  // A local message: the executor shares the buffer just read, no copy.
+  // The executor checks the graph's token (in constant time) before it
+  // takes the value, and logs a wrong one with `path`; the ack below is the
+  // same either way, so a sender learns nothing of the token from it.
+  caf::anon_send(exec, edge_atom::value, pre.graph, h.version, pre.op, std::move(value),
+                 pre.sent_ns, std::move(path),
+                 std::string(reinterpret_cast<const char*>(pre.token), sizeof(pre.token)));
+  wire::header reply;
+  return req.reply(reply, nullptr);
+}
+
+} // namespace af

@@ -1,0 +1,70 @@
+#include "actors/variable_directory.hpp"
+
+namespace af {
+
+void variable_directory::put(const std::string& name, entry e) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  vars_[name] = std::move(e);
+}
+
+variable_directory::entry variable_directory::get(const std::string& name) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = vars_.find(name);
+  return it == vars_.end() ? entry{} : it->second;
+}
+
+void variable_directory::remove(const std::string& name, const caf::actor_addr& actor) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = vars_.find(name);
+  if (it != vars_.end() && it->second.actor.address() == actor)
+    vars_.erase(it);
+}
+
+void variable_directory::remove(const std::string& name) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  vars_.erase(name);
+}
+
+void variable_directory::put_aggregator(const std::string& name, aggregator_entry e) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  aggs_[name] = std::move(e);
+}
+
+variable_directory::aggregator_entry variable_directory::get_aggregator(const std::string& name) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = aggs_.find(name);
+  return it == aggs_.end() ? aggregator_entry{} : it->second;
+}
+
+void variable_directory::remove_aggregator(const std::string& name) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  aggs_.erase(name);
+}
+
+void variable_directory::set_aggregator_call(aggregator_call f) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  call_ = std::move(f);
+}
+
+variable_directory::aggregator_call variable_directory::aggregator_caller() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return call_;
+}
+
+void variable_directory::put_executor(const std::string& device, executor_actor e) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  execs_[device] = std::move(e);
+}
+
+executor_actor variable_directory::get_executor(const std::string& device) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = execs_.find(device);
+  return it == execs_.end() ? executor_actor{} : it->second;
+}
+
+void variable_directory::remove_executor(const std::string& device) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  execs_.erase(device);
+}
+
+} // namespace af

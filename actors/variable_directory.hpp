@@ -1,0 +1,95 @@
+#pragma once
+/// The node's directory for its data plane (net/data_plane.hpp): variables,
+/// aggregators and executors by name, so that a data-plane thread reaches
+/// them without an actor hop. It is the runtime's plane_handler
+/// (net/plane_handler.hpp): the data-plane server hands it each request
+/// frame (actors/plane_handler.cpp serves them).
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "caf/expected.hpp"
+
+#include "actors/variable.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/executor.hpp"
+#include "net/plane_handler.hpp"
+
+namespace af {
+
+/// Name -> variable of one node: the node actor writes, the data-plane
+/// threads read.
+class variable_directory : public plane_handler {
+public:
+  struct entry {
+    variable_cell_actor actor;         ///< told of first values; may be null (tests)
+    std::shared_ptr<variable_cell> cell;
+  };
+  void put(const std::string& name, entry e);
+
+  /// The entry of `name`; an empty one (null cell) if there is none.
+  entry get(const std::string& name) const;
+
+  /// Removes `name` if `actor` is still the one registered under it (a
+  /// variable whose actor ended is no longer served by name).
+  void remove(const std::string& name, const caf::actor_addr& actor);
+
+  /// Removes `name` whatever is registered.
+  void remove(const std::string& name);
+
+  // -- aggregators (messages/aggregator.hpp), reached by push/pull frames ----
+
+  struct aggregator_entry {
+    aggregator_actor actor;
+    size_t floats = 0;                    ///< a push carries exactly this many
+    std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
+  };
+  void put_aggregator(const std::string& name, aggregator_entry e);
+  /// The entry of `name`; an empty one (null actor) if there is none.
+  aggregator_entry get_aggregator(const std::string& name) const;
+  void remove_aggregator(const std::string& name);
+
+  /// How a data-plane thread asks an aggregator and waits for its answer
+  /// (start_node sets it: a blocking request from a scoped actor). Arguments:
+  /// the aggregator, the frame kind (push or pull), worker, step, who sent
+  /// it (a push's token and number, and the connection's peer), the flat
+  /// values (empty for pull or an abstention), the wait.
+  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
+    const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
+    std::chrono::milliseconds)>;
+  void set_aggregator_call(aggregator_call f);
+  aggregator_call aggregator_caller() const;
+
+  // -- executors, reached by edge frames (values between partitions) --------
+
+  /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
+  void put_executor(const std::string& device, executor_actor e);
+  /// The executor of `device`; null if there is none.
+  executor_actor get_executor(const std::string& device) const;
+  void remove_executor(const std::string& device);
+
+  // -- plane_handler (actors/plane_handler.cpp) ------------------------------
+
+  /// Applied to the variable's cell right here (no actor hop); the variable
+  /// actor hears only of a first value (released_atom).
+  bool variable_op(plane_request& req) override;
+  /// Through aggregator_caller(); the reply carries the step and parameters.
+  bool aggregate(plane_request& req) override;
+  /// To the executor as a local message, within its edge budget
+  /// (actors/edge_budget.hpp).
+  bool edge(plane_request& req) override;
+
+private:
+  mutable std::mutex mtx_;
+  std::unordered_map<std::string, entry> vars_;
+  std::unordered_map<std::string, aggregator_entry> aggs_;
+  std::unordered_map<std::string, executor_actor> execs_;
+  aggregator_call call_;
+};
+
+} // namespace af

@@ -1,0 +1,411 @@
+#include "net/byte_channel.hpp"
+#include "net/data_link.hpp"
+#include "net/tls_io.hpp"
+
+#include <limits.h>
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+
+namespace af {
+
+using namespace plane_io;
+
+namespace {
+
+bool write_all(int fd, iovec* iov, int count);
+
+/// How often a bounded send looks at its cancel flag while the peer reads nothing.
+constexpr int cancel_slice_ms = 20;
+
+/// Moves `iov` past the `n` bytes a send took.
+void skip_sent(iovec*& iov, int& count, size_t n) {
+  while (count > 0 && n >= iov->iov_len) {
+    n -= iov->iov_len;
+    ++iov;
+    --count;
+  }
+  if (count > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + n;
+    iov->iov_len -= n;
+  }
+}
+
+/// One sendmsg of `iov`'s first buffers (never a SIGPIPE). sendmsg takes
+/// at most IOV_MAX (1024) buffers: a frame of more parts (a push of a model
+/// cut into many pieces) goes in several calls, not EMSGSIZE.
+ssize_t send_iov(int fd, iovec* iov, int count, int flags) {
+#ifdef IOV_MAX
+  constexpr int max_iov = IOV_MAX;
+#else
+  constexpr int max_iov = 1024;
+#endif
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
+  return ::sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+/// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
+/// for room (at most until the deadline) when the peer's window is full.
+bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
+  while (count > 0) {
+    auto n = send_iov(fd, iov, count, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return false;
+      for (;;) {
+        if (b.cancel != nullptr && b.cancel->load()) {
+          errno = ECANCELED;
+          return false;
+        }
+        auto left = ms_left(b);
+        if (left <= 0) {
+          errno = EAGAIN;
+          return false;
+        }
+        pollfd pfd{fd, POLLOUT, 0};
+        int wait = static_cast<int>(std::min<long long>(
+          left, b.cancel != nullptr ? cancel_slice_ms : std::numeric_limits<int>::max()));
+        int rc = ::poll(&pfd, 1, wait);
+        if (rc > 0)
+          break; // room (or an error, which the next send reports)
+        if (rc < 0 && errno != EINTR)
+          return false;
+      }
+      continue;
+    }
+    skip_sent(iov, count, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+/// errno for a shared-memory transfer that did not finish (0 if it did).
+int shm_errno(shm_channel::status st) {
+  switch (st) {
+    case shm_channel::status::done:
+      return 0;
+    case shm_channel::status::closed:
+      return ECONNRESET;
+    case shm_channel::status::idle:
+    case shm_channel::status::timeout:
+      return EAGAIN;
+    case shm_channel::status::cancelled:
+      return ECANCELED;
+    case shm_channel::status::corrupt:
+      return EBADMSG;
+  }
+  return EIO;
+}
+
+/// The bound of a wait on `io`'s rings: `b`'s deadline and cancel flag (a
+/// client's send), else the link's own.
+shm_channel::bound shm_bound(const link& io, const send_bound* b = nullptr) {
+  shm_channel::bound sb;
+  sb.deadline = b != nullptr ? b->deadline : io.deadline;
+  sb.cancel = b != nullptr ? b->cancel : io.cancel;
+  sb.stall_ms = io.stall_ms;
+  sb.spin = io.spin;
+  return sb;
+}
+
+/// Writes all of `iov` (partial writes continue where they stopped). A peer
+/// that went away is an error here (EPIPE), not a SIGPIPE that ends the process.
+bool write_all(int fd, iovec* iov, int count) {
+  while (count > 0) {
+    auto n = send_iov(fd, iov, count, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return false;
+    }
+    skip_sent(iov, count, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+/// read_timed of a plaintext socket.
+read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                    bool poll_first) {
+  auto* p = static_cast<char*>(buf);
+  bool any = false;
+  bool ready = !poll_first;
+  while (n > 0) {
+    if (ready) {
+      auto r = ::recv(fd, p, n, MSG_DONTWAIT);
+      if (r > 0) {
+        p += r;
+        n -= static_cast<size_t>(r);
+        any = true;
+        continue;
+      }
+      if (r == 0)
+        return read_end::closed;
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return read_end::failed;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
+    if (rc == 0)
+      return any || !poll_first ? read_end::stalled : read_end::idle;
+    if (rc < 0 && errno != EINTR)
+      return read_end::failed;
+    ready = true;
+  }
+  return read_end::done;
+}
+
+/// read_timed over the record layer. Bytes it already holds are taken
+/// without a poll; otherwise the socket is polled for the first byte as in
+/// plaintext, and the record layer's own waits are bounded by the socket's
+/// SO_RCVTIMEO (the frame timeout, set when the connection was accepted).
+read_end tls_read_timed(secure_stream& tls, const link& io, void* buf, size_t n, int first_wait_ms,
+                        bool poll_first) {
+  if (poll_first && !tls.has_pending()) {
+    pollfd pfd{io.fd, POLLIN, 0};
+    int rc;
+    do
+      rc = ::poll(&pfd, 1, first_wait_ms);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0)
+      return read_end::idle;
+    if (rc < 0)
+      return read_end::failed;
+  }
+  size_t got = 0;
+  if (tls.read(buf, n, &got))
+    return read_end::done;
+  int err = errno;
+  note_failure(tls);
+  if (err == ECONNRESET)
+    return got == 0 && tls.reason().empty() ? read_end::closed : read_end::failed;
+  if (err == EAGAIN || err == EWOULDBLOCK)
+    return read_end::stalled;
+  return read_end::failed;
+}
+
+// -- the plain socket -------------------------------------------------------------
+
+class tcp_channel final : public byte_channel {
+public:
+  bool write(const data_link& io, iovec* iov, int count, const send_bound* b) override {
+    if (b != nullptr)
+      return write_bounded(io.fd, iov, count, *b);
+    return write_all(io.fd, iov, count);
+  }
+
+  read_end read_timed(const data_link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                      bool poll_first) override {
+    return af::read_timed(io.fd, buf, n, first_wait_ms, stall_ms, poll_first);
+  }
+
+  bool read_all(const data_link& io, void* buf, size_t n, size_t* got,
+                const std::chrono::steady_clock::time_point* until) override {
+    auto* p = static_cast<char*>(buf);
+    int fd = io.fd;
+    while (n > 0) {
+      auto r = ::recv(fd, p, n, MSG_WAITALL);
+      if (r == 0) {
+        errno = ECONNRESET;
+        return false;
+      }
+      if (r < 0) {
+        if (errno == EINTR)
+          continue;
+        return false;
+      }
+      p += r;
+      n -= static_cast<size_t>(r);
+      if (got != nullptr)
+        *got += static_cast<size_t>(r);
+      if (n > 0 && until != nullptr && std::chrono::steady_clock::now() >= *until) {
+        errno = EAGAIN;
+        return false;
+      }
+    }
+    return true;
+    return true;
+  }
+
+  std::string name() const override { return "tcp"; }
+};
+
+// -- TLS records -------------------------------------------------------------------
+
+class tls_channel final : public byte_channel {
+public:
+  explicit tls_channel(secure_stream& tls) : tls_(tls) {}
+
+  bool write(const data_link& io, iovec* iov, int count, const send_bound* b) override {
+    bool ok = true;
+    if (b == nullptr) {
+      ok = tls_.write(iov, count);
+    } else {
+      // The record layer sends blocking, each wait bounded by SO_SNDTIMEO:
+      // a large part goes in slices of whole records (so the records are the
+      // ones one write would make), the socket's send wait set to what is
+      // left of the deadline before each, and the cancel flag looked at.
+      constexpr size_t slice = 4 * secure_stream::max_record_bytes;
+      int first = 0;
+      auto check = [&]() {
+        if (b->cancel != nullptr && b->cancel->load()) {
+          errno = ECANCELED;
+          return false;
+        }
+        auto left = ms_left(*b);
+        if (left <= 0) {
+          errno = EAGAIN;
+          return false;
+        }
+        set_timeout(io.fd, SO_SNDTIMEO, std::chrono::milliseconds{left});
+        return true;
+      };
+      for (int i = 0; i < count && ok; ++i) {
+        if (iov[i].iov_len <= slice)
+          continue;
+        if (i > first)
+          ok = check() && tls_.write(iov + first, i - first);
+        auto* p = static_cast<char*>(iov[i].iov_base);
+        for (size_t done = 0; ok && done < iov[i].iov_len; done += slice) {
+          iovec part{p + done, std::min(slice, iov[i].iov_len - done)};
+          ok = check() && tls_.write(&part, 1);
+        }
+        first = i + 1;
+      }
+      if (ok && first < count)
+        ok = (first == 0 || check()) && tls_.write(iov + first, count - first);
+    }
+    if (ok)
+      return true;
+    int err = errno;
+    if (err != ECANCELED)
+      note_failure(tls_);
+    errno = err;
+    return false;
+  }
+
+  read_end read_timed(const data_link& io, void* buf, size_t n, int first_wait_ms, int,
+                      bool poll_first) override {
+    return tls_read_timed(tls_, io, buf, n, first_wait_ms, poll_first);
+  }
+
+  bool read_all(const data_link&, void* buf, size_t n, size_t* got,
+                const std::chrono::steady_clock::time_point*) override {
+    if (tls_.read(buf, n, got))
+      return true;
+    int err = errno;
+    note_failure(tls_);
+    errno = err;
+    return false;
+  }
+
+  std::string name() const override { return "tls"; }
+
+  bool has_pending() const override { return tls_.has_pending(); }
+
+private:
+  secure_stream& tls_;
+};
+
+// -- shared-memory rings and UCX ---------------------------------------------------
+
+/// Over `Ring` (shm_channel or ucx_channel: the same calls, bounded by the
+/// link's deadline, stall and cancel flag, with the socket as doorbell).
+template <class Ring>
+class ring_channel final : public byte_channel {
+public:
+  /// `corrupt`: what the node's log says of a peer whose ring went bad.
+  ring_channel(Ring& ring, const char* corrupt) : ring_(ring), corrupt_(corrupt) {}
+
+  bool write(const data_link& io, iovec* iov, int count, const send_bound* b) override {
+    int err = shm_errno(ring_.write(iov, count, io.fd, shm_bound(io, b)));
+    errno = err;
+    return err == 0;
+  }
+
+  read_end read_timed(const data_link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                      bool poll_first) override {
+    auto b = shm_bound(io);
+    b.first_ms = first_wait_ms;
+    b.stall_ms = stall_ms;
+    switch (ring_.read(buf, n, io.fd, b)) {
+      case shm_channel::status::done:
+        return read_end::done;
+      case shm_channel::status::closed:
+        return read_end::closed;
+      case shm_channel::status::idle:
+        return poll_first ? read_end::idle : read_end::stalled;
+      case shm_channel::status::timeout:
+        return read_end::stalled;
+      case shm_channel::status::corrupt:
+        // Said in the node's log as a record layer's failure is.
+        last_tls_error = corrupt_;
+        return read_end::failed;
+      default:
+        return read_end::failed;
+    }
+  }
+
+  bool read_all(const data_link& io, void* buf, size_t n, size_t* got,
+                const std::chrono::steady_clock::time_point* until) override {
+    auto b = shm_bound(io);
+    if (until != nullptr)
+      b.deadline = std::min(b.deadline, *until);
+    uint64_t moved = 0;
+    int err = shm_errno(ring_.read(buf, n, io.fd, b, &moved));
+    if (got != nullptr)
+      *got = moved;
+    errno = err;
+    return err == 0;
+  }
+
+  std::string name() const override;
+
+  bool waits_itself() const override { return true; }
+
+private:
+  Ring& ring_;
+  const char* corrupt_;
+};
+
+template <>
+std::string ring_channel<shm_channel>::name() const {
+  return "shared memory";
+}
+
+template <>
+std::string ring_channel<ucx_channel>::name() const {
+  return ring_.transport();
+}
+
+} // namespace
+
+byte_channel& tcp_bytes() {
+  static tcp_channel tcp;
+  return tcp;
+}
+
+std::unique_ptr<byte_channel> tls_bytes(secure_stream& tls) {
+  return std::make_unique<tls_channel>(tls);
+}
+
+std::unique_ptr<byte_channel> shm_bytes(shm_channel& shm) {
+  return std::make_unique<ring_channel<shm_channel>>(
+    shm, "its shared-memory ring is corrupt (counters out of range, a flood of doorbell bytes, or "
+         "a segment it shrank or punched)");
+}
+
+std::unique_ptr<byte_channel> ucx_bytes(ucx_channel& ucx) {
+  return std::make_unique<ring_channel<ucx_channel>>(
+    ucx, "it sent bytes on the TCP socket of a connection moved to UCX");
+}
+
+} // namespace af

@@ -1,0 +1,335 @@
+/// The data channel's requests: a variable op, a push or pull to an
+/// aggregator, an edge value to an executor, and the reply to each.
+#include "net/data_plane.hpp"
+#include "net/data_link.hpp"
+#include "net/tls_io.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+using namespace plane_io;
+
+caf::expected<std::pair<tensor, uint64_t>>
+data_channel::call(var_op op, const std::string& var, const tensor* operand, bool want_value,
+                   uint64_t request_id, std::chrono::milliseconds wait) {
+  if (!valid_var_op(static_cast<uint8_t>(op)))
+    return make_error(af_error::invalid_argument,
+                      "unknown variable op code " + std::to_string(static_cast<int>(op)) + " for '"
+                        + var + "'");
+  auto what = std::string{to_string(op)} + " of '" + var + "'";
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  if (var.size() > wire::max_name)
+    return make_error(af_error::invalid_argument, "variable name of " + std::to_string(var.size())
+                                                    + " bytes is too long for the data plane");
+  // A connection quiet for a while may be closed by the node's idle timeout
+  // just as this request goes out (the check below sees no EOF yet). The
+  // node then never read it: a read, which changes nothing, is sent again
+  // once on a fresh connection. Other ops are not (after a node's crash
+  // they might have been applied); their caller sees peer_down.
+  bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
+  reopen_if_closed_by_peer();
+  wire::header h;
+  h.kind = wire::request_kind(op);
+  h.want_value = want_value ? 1 : 0;
+  h.name_len = static_cast<uint32_t>(var.size());
+  h.version = request_id; // a request's version field carries its id (core/wire_format.hpp)
+  if (operand != nullptr && !wire::describe_tensor(*operand, h))
+    return make_error(af_error::invalid_argument,
+                      what + ": rank " + std::to_string(operand->shape().size())
+                        + " is more than the data plane carries (8)");
+  // This call's own wait for the reply (a try of a retried update): the
+  // channel's timeout again afterwards.
+  struct wait_scope {
+    data_channel& ch;
+    std::chrono::milliseconds saved;
+    bool touched = false; ///< SO_RCVTIMEO set to what was left of the try
+    ~wait_scope() {
+      if (ch.timeout_ == saved && !touched)
+        return;
+      ch.timeout_ = saved;
+      if (ch.fd_ >= 0) {
+        set_timeout(ch.fd_, SO_RCVTIMEO, saved);
+        set_timeout(ch.fd_, SO_SNDTIMEO, saved);
+      }
+    }
+  } scope{*this, timeout_};
+  if (wait.count() > 0 && wait != timeout_) {
+    timeout_ = wait;
+    set_timeout(fd_, SO_RCVTIMEO, wait);
+    set_timeout(fd_, SO_SNDTIMEO, wait);
+  }
+  // One deadline for the try: the whole send and the reply (a node that
+  // stops reading part way through a large operand is not given a fresh
+  // wait for each piece it took).
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline))
+    return err;
+  for (int attempt = 0;; ++attempt) {
+    bool retry = attempt == 0 && quiet && op == var_op::read;
+    bool large = h.payload_bytes > (std::size_t{1} << 20);
+    if (!send_frame(io(deadline), h, &var, operand ? operand->bytes() : nullptr, &bound)) {
+      auto err = fail(what, errno, timeout_, true);
+      if (retry && reconnect())
+        continue;
+      return err;
+    }
+    if (fd_ >= 0 && (large || ms_left(bound) + 20 < timeout_.count())) {
+      // The send took a while: the reply gets what is left of the try.
+      auto left = std::max<long long>(ms_left(bound), 1);
+      set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{left});
+      if (stream_ != nullptr) // the record layer's slices set SO_SNDTIMEO
+        set_timeout(fd_, SO_SNDTIMEO, timeout_);
+      scope.touched = true;
+    }
+    auto r = read_reply(what, deadline);
+    if (!r && retry && fd_ < 0 && r.error().category() == error_category
+        && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
+      continue;
+    return r;
+  }
+}
+
+caf::expected<std::pair<tensor, uint64_t>>
+data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
+  wire::header r;
+  poll_for_reply();
+  if (cancel_ && !bytes_->waits_itself()) { // on shared memory the ring's read looks at cancel_
+    // Wait for the reply in slices, so that a cancel is seen within 20 ms;
+    // the deadline is the try's (send and reply together).
+    for (;;) {
+      if (bytes_->has_pending())
+        break;
+      pollfd pfd{fd_, POLLIN, 0};
+      int rc = ::poll(&pfd, 1, 20);
+      // EINTR is the Ctrl-C itself (its handler sets the flag checked below).
+      if (rc > 0 || (rc < 0 && errno != EINTR))
+        break;
+      if (std::chrono::steady_clock::now() >= until)
+        return fail(what, EAGAIN);
+      if (cancel_->load()) {
+        drop();
+        return make_error(af_error::cancelled, what + " on " + peer_
+                                                 + " was abandoned; the connection is opened "
+                                                   "again for the next call");
+      }
+    }
+  }
+  const link io = this->io(until);
+  size_t got = 0;
+  if (!read_all(io, &r, sizeof(r), &got)) {
+    if (errno == ECANCELED) {
+      drop();
+      return make_error(af_error::cancelled, what + " on " + peer_
+                                               + " was abandoned; the connection is opened "
+                                                 "again for the next call");
+    }
+    int err = errno;
+    if (stream_ == nullptr && got >= 2
+        && looks_like_tls(reinterpret_cast<const unsigned char*>(&r), got)) {
+      drop();
+      return make_error(af_error::unreachable,
+                        peer_ + " answered " + what + " with TLS: its data plane runs with "
+                          "[security]; this process needs the same [security] (the cluster's CA, "
+                          "a certificate and key) in its cluster config");
+    }
+    return fail(what, err);
+  }
+  auto problem = wire::validate(r);
+  if (problem.empty() && r.kind != static_cast<uint8_t>(wire::kind::reply))
+    problem = "a request frame sent as a reply";
+  if (!problem.empty()) {
+    drop();
+    return make_error(af_error::internal, peer_ + " sent a bad data-plane frame: " + problem);
+  }
+  if (r.status != 0) {
+    if (!valid_af_error(r.status)) {
+      // Not one of our codes: a peer of another version, or not ours at all.
+      drop();
+      return make_error(af_error::internal,
+                        fmt::format("data plane of {}: peer sent an invalid status byte {} in reply "
+                                    "to {}",
+                                    peer_, static_cast<unsigned>(r.status), what));
+    }
+    std::string text(r.payload_bytes, '\0');
+    if (!read_all(io, text.data(), text.size()))
+      return fail(what, errno);
+    // The text is describe() of the node's error: drop its "code: " prefix.
+    auto code = static_cast<af_error>(r.status);
+    auto prefix = std::string{to_string(code)} + ": ";
+    if (text.rfind(prefix, 0) == 0)
+      text = text.substr(prefix.size());
+    return make_error(code, text);
+  }
+  tensor value;
+  if (r.has_tensor) {
+    try {
+      value.reset(static_cast<dtype>(r.dtype), wire::shape_of(r));
+    } catch (const std::bad_alloc&) {
+      drop(); // the payload is still in the stream
+      return make_error(af_error::resource_exhausted, what + ": cannot allocate "
+                                                        + std::to_string(r.payload_bytes)
+                                                        + " bytes for the reply (out of memory)");
+    }
+    if (r.payload_bytes > 0
+        && !read_all(io, value.mutable_bytes(), r.payload_bytes, nullptr, &until))
+      return fail(what, errno);
+  }
+  last_reply_ = std::chrono::steady_clock::now();
+  if (ucx_)
+    ucx_carried_ = true;
+  if ((shm_possible_ && !shm_) || (ucx_possible_ && !ucx_))
+    shm_due_ = true; // a data plane answered: offer shared memory before the next request
+  return std::make_pair(std::move(value), r.version);
+}
+
+caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
+                                   const std::string& token, uint64_t step, int32_t op,
+                                   int64_t sent_ns, const tensor& value,
+                                   std::chrono::milliseconds wait) {
+  auto what = fmt::format("the value of op {} (step {} of graph {}) for {}", op, step, graph, device);
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  if (device.size() + sizeof(wire::edge_prefix) > wire::max_name)
+    return make_error(af_error::invalid_argument, what + ": the device name is too long for the data plane");
+  reopen_if_closed_by_peer();
+  wire::edge_prefix pre;
+  pre.graph = graph;
+  pre.sent_ns = sent_ns;
+  pre.op = op;
+  if (token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      what + ": the graph's edge token has " + std::to_string(token.size())
+                        + " bytes, not " + std::to_string(sizeof(pre.token)));
+  std::memcpy(pre.token, token.data(), sizeof(pre.token));
+  std::string name(sizeof(pre), '\0');
+  std::memcpy(name.data(), &pre, sizeof(pre));
+  name += device;
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::edge);
+  h.name_len = static_cast<uint32_t>(name.size());
+  h.version = step;
+  if (!value.empty() && !wire::describe_tensor(value, h))
+    return make_error(af_error::invalid_argument,
+                      what + ": rank " + std::to_string(value.shape().size())
+                        + " is more than the data plane carries (8)");
+  auto saved = timeout_;
+  if (wait.count() > 0 && wait != timeout_) {
+    timeout_ = wait;
+    set_timeout(fd_, SO_RCVTIMEO, wait);
+    set_timeout(fd_, SO_SNDTIMEO, wait);
+  }
+  auto restore = [&] {
+    timeout_ = saved;
+    if (fd_ >= 0) {
+      set_timeout(fd_, SO_RCVTIMEO, saved);
+      set_timeout(fd_, SO_SNDTIMEO, saved);
+    }
+  };
+  // One deadline for the send and the ack together.
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline)) {
+    restore();
+    return err;
+  }
+  if (!send_frame(io(deadline), h, &name, value.empty() ? nullptr : value.bytes(), &bound)) {
+    auto err = fail(what, errno, timeout_, true);
+    restore();
+    return err;
+  }
+  if (fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{std::max<long long>(ms_left(bound), 1)});
+  auto r = read_reply(what, deadline);
+  restore();
+  if (!r)
+    return std::move(r.error());
+  return {};
+}
+
+caf::expected<std::pair<uint64_t, tensor>>
+data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worker, uint64_t step,
+                        const std::vector<tensor>& values, std::chrono::milliseconds wait,
+                        const std::string& token, uint64_t seq) {
+  bool push = kind == wire::kind::push || kind == wire::kind::push_params;
+  auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
+  if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
+    return make_error(af_error::invalid_argument, what + ": not a push or pull frame");
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  wire::push_prefix pre;
+  if (name.size() + (push ? sizeof(pre) : 0) > wire::max_name || worker > UINT16_MAX)
+    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
+  if (push && token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
+                                  "answered with (join the aggregator before pushing)",
+                                  what, token.size(), sizeof(pre.token)));
+  reopen_if_closed_by_peer();
+  wire::header h;
+  h.kind = static_cast<uint8_t>(kind);
+  h.name_len = static_cast<uint32_t>(name.size() + (push ? sizeof(pre) : 0));
+  h.version = step;
+  h.reserved = static_cast<uint16_t>(worker);
+  std::vector<iovec> iov;
+  iov.reserve(values.size() + 3);
+  iov.push_back({&h, sizeof(h)});
+  if (push) {
+    std::memcpy(pre.token, token.data(), sizeof(pre.token));
+    pre.seq = seq;
+    iov.push_back({&pre, sizeof(pre)});
+  }
+  if (!name.empty())
+    iov.push_back({const_cast<char*>(name.data()), name.size()});
+  if (push && !values.empty()) {
+    uint64_t floats = 0;
+    for (const auto& v : values) {
+      if (v.type() != dtype::float32)
+        return make_error(af_error::dtype_mismatch, what + ": values must be float32, got "
+                                                      + v.summary());
+      floats += v.num_elements();
+      if (v.nbytes() > 0)
+        iov.push_back({const_cast<std::byte*>(v.bytes()), v.nbytes()});
+    }
+    h.has_tensor = 1;
+    h.dtype = static_cast<uint8_t>(dtype::float32);
+    h.rank = 1;
+    h.dims[0] = static_cast<int64_t>(floats);
+    h.payload_bytes = floats * sizeof(float);
+  }
+  // A sync push waits for the other workers: widen this call's receive timeout.
+  // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
+  // wait longer, so that its reason arrives rather than a bare socket timeout.
+  auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
+  set_timeout(fd_, SO_RCVTIMEO, wait_for);
+  auto deadline = std::chrono::steady_clock::now() + wait_for;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline))
+    return err;
+  bool sent = write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound);
+  if (!sent) {
+    auto err = fail(what, errno, wait_for, true);
+    return err;
+  }
+  if (stream_ != nullptr && h.payload_bytes > (std::size_t{1} << 20))
+    set_timeout(fd_, SO_SNDTIMEO, timeout_);
+  auto r = read_reply(what, deadline);
+  if (fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, timeout_);
+  if (!r)
+    return std::move(r.error());
+  return std::make_pair(r->second, std::move(r->first));
+}
+
+} // namespace af

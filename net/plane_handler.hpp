@@ -1,0 +1,111 @@
+#pragma once
+/// What the data plane serves, apart from how it carries it: the request
+/// frames that reach the node's runtime (a variable op, a push or pull to an
+/// aggregator, an edge value for an executor) go to a plane_handler, which
+/// the runtime implements (actors/variable_directory.hpp). The server
+/// (net/data_plane.hpp) reads each frame's header and name, checks the
+/// envelope, takes the offers of shared memory and UCX itself, and hands
+/// every other request over as a plane_request: it knows nothing of
+/// variables, aggregators or executors. TensorFlow's distributed_runtime
+/// keeps its worker interface apart from rpc/ the same way.
+///
+/// The hot path stays as it was: one virtual call per frame, and the payload
+/// read straight into the handler's own buffer (read_payload), the reply
+/// written straight from it (reply): no copy in between.
+
+#include <cstdint>
+#include <string>
+
+#include "caf/error.hpp"
+
+#include "core/error_code.hpp"
+#include "core/wire_format.hpp"
+#include "net/data_plane_limits.hpp"
+
+namespace af {
+
+struct served_connection; // net/served_connection.hpp
+
+/// One request frame whose header and name were read, its payload not yet:
+/// the handler checks it, reads the payload into its own buffer, and
+/// answers, through these calls. Lives on the connection's thread for the
+/// handler's call only.
+class plane_request {
+public:
+  plane_request(served_connection& conn, const wire::header& h, const std::string& name,
+                const data_plane_limits& limits)
+    : conn_(conn), h_(h), name_(name), limits_(limits) {}
+
+  /// The frame's header (validated: core/wire_format.hpp).
+  const wire::header& header() const { return h_; }
+
+  /// The frame's name: a variable's, an aggregator's (after a push's
+  /// wire::push_prefix) or an executor's device (after wire::edge_prefix).
+  const std::string& name() const { return name_; }
+
+  /// "host:port" of the client.
+  const std::string& peer() const;
+
+  /// The serving node's name, for messages and logs.
+  const std::string& node_name() const;
+
+  /// The server's limits ([node] max_message_bytes, ...).
+  const data_plane_limits& limits() const { return limits_; }
+
+  /// How this connection's frames travel: UCX's transport, "shared memory",
+  /// "tls" or "tcp".
+  std::string transport() const;
+
+  /// Reads the frame's payload (header().payload_bytes) into `dst`, within
+  /// the frame timeout. False: the connection is to be dropped; how the read
+  /// ended is said in the node's log, unless `quiet` (the caller says it).
+  bool read_payload(void* dst, bool quiet = false);
+
+  /// Skips a payload that is no tensor. False: the connection is to be
+  /// dropped (one too large to skip is answered first).
+  bool skip_payload();
+
+  /// Refuses the request before its payload is read (a peer that declares a
+  /// payload and never sends it still hears why), then skips the payload so
+  /// that the connection goes on. False: the connection is to be dropped.
+  bool refuse(af_error code, const std::string& text);
+
+  /// The reply: `h` (its kind set to reply here), then its payload_bytes of
+  /// `payload`, written straight from that buffer. False: the connection is
+  /// to be dropped.
+  bool reply(wire::header& h, const void* payload);
+
+  /// An error reply (status `code`, `text` as its payload). False: the
+  /// connection is to be dropped.
+  bool reply_error(af_error code, const std::string& text);
+
+  /// reply_error of `err`'s code (internal if it is not actorflow's) and
+  /// its text.
+  bool reply_error(const caf::error& err);
+
+private:
+  served_connection& conn_;
+  const wire::header& h_;
+  const std::string& name_;
+  const data_plane_limits& limits_;
+};
+
+/// The runtime's side of the data plane: one call per request frame, on the
+/// connection's thread (several connections call at once). Each returns
+/// false when the connection is to be dropped (what it had to say, it said
+/// through the request), true when the next frame may come.
+class plane_handler {
+public:
+  virtual ~plane_handler() = default;
+
+  /// A variable op (the header's kind is a var_op).
+  virtual bool variable_op(plane_request& req) = 0;
+
+  /// A push or pull to an aggregator (wire::aggregator_kind).
+  virtual bool aggregate(plane_request& req) = 0;
+
+  /// A value for an executor (wire::kind::edge).
+  virtual bool edge(plane_request& req) = 0;
+};
+
+} // namespace af
