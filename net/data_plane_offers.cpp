@@ -91,13 +91,21 @@ bool data_plane_server::serve_shm_offer(served_connection& c, const wire::header
   // (More than a segment may be is refused by open(); counted as the
   // most, so the sum cannot overflow.)
   auto offered = static_cast<int64_t>(std::min<uint64_t>(h.version, shm_channel::max_segment_bytes + 1));
-  if (!shm && !c.ucx && !c.tls && timeouts_.shared_memory
-      && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
+  bool may = !shm && !c.ucx && !c.tls && timeouts_.shared_memory;
+  // A peer on another host has no segment here; one it names would be a
+  // segment of a client of this host (its name is in /dev/shm for a moment),
+  // whose rings it could then take over or tear down.
+  if (may && !shm_channel::same_host(io.fd)) {
+    may = false;
+    log::get()->warn("{} data plane: {} stays on TCP: it offered shared memory from another host",
+                     node_name_, peer);
+  }
+  if (may && shm_mapped_.fetch_add(offered) + offered > timeouts_.max_shm_bytes) {
     shm_mapped_.fetch_sub(offered);
     log::get()->warn("{} data plane: {} stays on TCP: its {} bytes of shared memory would "
                      "take the node past its {} bytes for all clients (max_shm_bytes)",
                      node_name_, peer, offered, timeouts_.max_shm_bytes);
-  } else if (!shm && !c.ucx && !c.tls && timeouts_.shared_memory) {
+  } else if (may) {
     auto ch = shm_channel::open(name, h.version);
     if (ch) {
       shm = std::move(*ch);

@@ -635,12 +635,8 @@ offer_outcome offer_from(const char* from, const char* server, uint16_t port,
 // sends it: a peer on another host has no segment here, but can name one of
 // a client of this host (the names are in /dev/shm for a moment) and so take
 // over, or tear down, that client's rings.
-// PENDING (issue 23): the data-plane server does not check where an offer
-// comes from yet (net/data_plane.cpp, serve(), the shm_offer branch); the
-// lead adds the check with the data-plane split. Until then this case is
-// [!mayfail]: drop the tag with the fix.
 TEST_CASE("the data-plane server refuses an offer of shared memory from a peer on another host",
-          "[shm][root][!mayfail]") {
+          "[shm][root]") {
   if (::geteuid() != 0) {
     WARN("skipped: needs root for a network namespace of its own");
     return;
