@@ -17,6 +17,7 @@
 #include "caf/io/middleman.hpp"
 
 #include "net/caf_port.hpp"
+#include "net/testing_hooks.hpp"
 #include "actors/executor.hpp"
 #include "core/log.hpp"
 #include "actors/system.hpp"
@@ -468,10 +469,11 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   limits.max_connections = opts.max_data_connections;
   limits.max_shm_bytes = opts.max_shm_bytes;
   // [security] trusted_fabric: this node takes UCX from clients of other
-  // hosts, and its own data channels (pushes, remote reads) offer it.
-  // (The test hook ACTORFLOW_TRUSTED_FABRIC=1 counts as its config's.)
+  // hosts, and its own data channels (pushes, remote reads) offer it. (A
+  // test binary's hook counts as its config's: net/testing_hooks.hpp; in a
+  // program there is none, and no environment variable does this.)
   limits.trusted_fabric = sec.trusted_fabric || (own != nullptr && own->security().trusted_fabric)
-                          || trusted_fabric_from_environment();
+                          || test_hooks_trust_fabric();
   if (limits.trusted_fabric)
     process_trusted_fabric() = true;
   auto data_plane = data_plane_server::start(directory, bind_host,

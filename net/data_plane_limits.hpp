@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "net/testing_hooks.hpp"
 #include "net/ucx_link.hpp"
 
 namespace af {
@@ -43,8 +44,8 @@ struct data_plane_limits {
   /// Takes a client's offer of UCX ([security] trusted_fabric; docs/wire.md
   /// "UCX"): the frames after it go unencrypted over UCX. False: declined,
   /// the client stays on TCP/TLS. Only this decides (never the process's
-  /// flag); the test hook ACTORFLOW_TRUSTED_FABRIC=1 starts it true.
-  bool trusted_fabric = trusted_fabric_from_environment();
+  /// flag); a test binary's hook (net/testing_hooks.hpp) starts it true.
+  bool trusted_fabric = test_hooks_trust_fabric();
 };
 
 /// The old name (timeouts only), for code not yet moved to the limits.

@@ -5,6 +5,7 @@
 #include "net/data_plane.hpp"
 #include "net/data_link.hpp"
 #include "net/served_connection.hpp"
+#include "net/testing_hooks.hpp"
 #include "net/tls_io.hpp"
 
 #include <algorithm>
@@ -221,17 +222,10 @@ caf::error data_channel::offer_ucx(std::chrono::steady_clock::time_point deadlin
   std::string theirs(r.payload_bytes, '\0');
   if (!read_all(tcp, theirs.data(), theirs.size(), nullptr, &deadline))
     return fail("an offer of UCX", errno);
-  caf::error err;
-  auto& hook = ucx_client_connect_failures_for_testing();
-  int fails = hook.load();
-  while (fails > 0 && !hook.compare_exchange_weak(fails, fails - 1)) {
-  }
-  if (fails > 0)
-    err = make_error(af_error::unreachable, "a test hook failed this connect");
-  else if (auto decoy = take_ucx_decoy_for_testing(); !decoy.empty())
-    err = (*mine)->connect(decoy);
-  else
-    err = (*mine)->connect(theirs);
+  // A test binary may stand in for the connect (net/testing_hooks.hpp).
+  auto* hooks = wire_test_hooks();
+  auto err = hooks != nullptr && hooks->ucx_client_connect ? hooks->ucx_client_connect(**mine, theirs)
+                                                           : (*mine)->connect(theirs);
   if (err) {
     // The node is on UCX now, this end cannot follow: a fresh connection on
     // TCP/TLS carries the op, and this channel offers UCX no more (a path

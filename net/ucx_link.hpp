@@ -35,18 +35,10 @@
 #include "caf/expected.hpp"
 
 #include "net/shm_ring.hpp"
+#include "net/testing_hooks.hpp"
 #include "messages/error.hpp"
 
 namespace af {
-
-/// ACTORFLOW_TRUSTED_FABRIC (1, true, yes): a test hook, so that the
-/// data-plane tests run over UCX (tests/CMakeLists.txt). It starts
-/// process_trusted_fabric() and data_plane_limits::trusted_fabric.
-inline bool trusted_fabric_from_environment() {
-  const char* v = std::getenv("ACTORFLOW_TRUSTED_FABRIC");
-  std::string s = v != nullptr ? v : "";
-  return s == "1" || s == "true" || s == "yes";
-}
 
 /// The process's own `[security] trusted_fabric` (set by start_node and by
 /// a session from their configs): data channels opened by this process's
@@ -54,8 +46,9 @@ inline bool trusted_fabric_from_environment() {
 /// reads) offer UCX when it is set. Only what this process offers: a data
 /// plane takes UCX from its own limits (data_plane_limits::trusted_fabric)
 /// alone, never from this flag, which any part of the process may set.
+/// Starts false; a test binary's hook (net/testing_hooks.hpp) may set it.
 inline std::atomic<bool>& process_trusted_fabric() {
-  static std::atomic<bool> trusted{trusted_fabric_from_environment()};
+  static std::atomic<bool> trusted{test_hooks_trust_fabric()};
   return trusted;
 }
 
@@ -89,28 +82,6 @@ inline bool ucx_failed_recently(const std::string& peer) {
   return false;
 }
 
-/// A test hook: the next offer's UCX connect (the client's side) goes to
-/// this address instead of the node's (a worker nobody drives: the first op
-/// over UCX gets no answer). Taken once.
-inline std::pair<std::mutex, std::string>& ucx_decoy_for_testing() {
-  static std::pair<std::mutex, std::string> d;
-  return d;
-}
-
-inline std::string take_ucx_decoy_for_testing() {
-  auto& [mutex, address] = ucx_decoy_for_testing();
-  std::lock_guard<std::mutex> guard{mutex};
-  return std::exchange(address, std::string{});
-}
-
-/// A test hook: the next `n` UCX connects of a data channel's offer (the
-/// client's side, after the node took it) fail as if the node's worker
-/// address were unreachable (net/data_plane.cpp offer_ucx).
-inline std::atomic<int>& ucx_client_connect_failures_for_testing() {
-  static std::atomic<int> n{0};
-  return n;
-}
-
 /// One connection's UCP worker and endpoint.
 class ucx_channel {
 public:
@@ -129,7 +100,8 @@ public:
 
   /// ACTORFLOW_DATA_UCX=force: offer UCX even to a peer on this host (instead
   /// of shared memory), so that tests run the UCX path on one machine. The
-  /// fabric must still be trusted (ACTORFLOW_TRUSTED_FABRIC for tests).
+  /// fabric must still be trusted ([security] trusted_fabric, or a test
+  /// binary's hook: net/testing_hooks.hpp).
   static bool forced_by_environment();
 
   /// A fresh worker; address() is what the peer needs to reach it.

@@ -10,6 +10,7 @@
 
 #include "config/loopback.hpp"
 #include "messages/error.hpp"
+#include "net/testing_hooks.hpp"
 
 namespace af::testing {
 
@@ -96,7 +97,11 @@ process_cluster::start(const std::map<std::string, int>& jobs, node_options opts
       return std::move(spec.error());
     pc->spec_ = *spec;
     pc->config_path_ = pc->dir_ + "/cluster.toml";
-    std::ofstream{pc->config_path_} << pc->spec_.to_toml(opts);
+    std::ofstream{pc->config_path_}
+      << pc->spec_.to_toml(opts)
+      // The fabric this test binary trusts (its hook: net/testing_hooks.hpp),
+      // the nodes trust through their config, as a program does.
+      << (test_hooks_trust_fabric() ? "\n[security]\ntrusted_fabric = true\n" : "");
     for (const auto& [job, n] : jobs)
       for (int i = 0; i < n; ++i) {
         proc p;

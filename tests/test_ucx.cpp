@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -36,11 +37,13 @@
 #include "net/data_plane.hpp"
 #include "actors/variable_directory.hpp"
 #include "core/log.hpp"
+#include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "net/tls.hpp"
 #include "config/loopback.hpp"
 #include "net/ucx_link.hpp"
+#include "net/testing_hooks.hpp"
 #include "config/cluster_spec.hpp"
 #include "core/fnv1a.hpp"
 #include "core/wire_format.hpp"
@@ -106,6 +109,30 @@ struct scoped_trust {
   bool was = process_trusted_fabric().load();
   explicit scoped_trust(bool on) { process_trusted_fabric() = on; }
   ~scoped_trust() { process_trusted_fabric() = was; }
+};
+
+/// The test hook's trust (net/testing_hooks.hpp) for its lifetime: nodes
+/// started in this process trust the fabric, and process_cluster writes
+/// [security] trusted_fabric = true for the node processes it starts.
+struct scoped_hook_trust {
+  bool was = wire_test_hooks()->trusted_fabric;
+  explicit scoped_hook_trust(bool on) { wire_test_hooks()->trusted_fabric = on; }
+  ~scoped_hook_trust() { wire_test_hooks()->trusted_fabric = was; }
+};
+
+/// A hook for the client's UCX connect of an offer (net/testing_hooks.hpp)
+/// for its lifetime; then none, and no UCX failure remembered.
+struct scoped_connect_hook {
+  explicit scoped_connect_hook(
+    std::function<caf::error(ucx_channel&, const std::string&)> f) {
+    wire_test_hooks()->ucx_client_connect = std::move(f);
+  }
+  ~scoped_connect_hook() {
+    wire_test_hooks()->ucx_client_connect = nullptr;
+    auto& [mutex, map] = ucx_failures();
+    std::lock_guard<std::mutex> guard{mutex};
+    map.clear();
+  }
 };
 
 /// A node's data plane in this process with a scalar `v` (1) and a float32
@@ -487,7 +514,7 @@ TEST_CASE("over UCX a stopped node costs a call its own wait or a cancel, and a 
   // it does not watch the TCP socket, or because UCX does not report the
   // peer's end.
   scoped_env force{"ACTORFLOW_DATA_UCX", "force"};
-  scoped_env trust{"ACTORFLOW_TRUSTED_FABRIC", "1"}; // the node processes inherit it
+  scoped_hook_trust trust{true}; // the node processes get it through their config
   scoped_trust trusted{true};
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
@@ -652,15 +679,14 @@ TEST_CASE("a UCX connect that fails after the node took the offer carries the op
   limits.idle = 300ms; // the node closes the quiet connection: the channel reconnects
   auto srv = value_of(data_plane_server::start(dir, "127.0.0.1", 0, "test node", limits));
   log_capture logs;
-  struct hook_reset {
-    ~hook_reset() {
-      ucx_client_connect_failures_for_testing() = 0;
-      auto& [mutex, map] = ucx_failures();
-      std::lock_guard<std::mutex> guard{mutex};
-      map.clear();
+  int failures = 1; // the next connect fails as if the node's worker were unreachable
+  scoped_connect_hook hook{[&](ucx_channel& mine, const std::string& node_address) {
+    if (failures > 0) {
+      --failures;
+      return make_error(af_error::unreachable, "a test hook failed this connect");
     }
-  } reset;
-  ucx_client_connect_failures_for_testing() = 1;
+    return mine.connect(node_address);
+  }};
   auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 10s, {}, nullptr,
                                            nullptr, false, true));
   REQUIRE(ch->call(var_op::read, "v", nullptr, false)); // TCP; the offer is due
@@ -669,7 +695,7 @@ TEST_CASE("a UCX connect that fails after the node took the offer carries the op
   REQUIRE(r);
   CHECK(r->first.at(0) == 2);
   CHECK(ch->transport() == "tcp");
-  CHECK(ucx_client_connect_failures_for_testing().load() == 0); // the offer was made
+  CHECK(failures == 0); // the offer was made
   CHECK(logs.has("goes on TCP", "UCX_NET_DEVICES"));
   // The node drops the quiet connection; the next ops go on a fresh one,
   // which offers UCX no more (the hook is spent: an offer would now work).
@@ -691,20 +717,13 @@ TEST_CASE("a first op over UCX that gets no answer fails, and fresh channels to 
   scoped_trust untrusted{false};
   local_node node{4, true};
   log_capture logs;
-  struct forget {
-    ~forget() {
-      take_ucx_decoy_for_testing();
-      auto& [mutex, map] = ucx_failures();
-      std::lock_guard<std::mutex> guard{mutex};
-      map.clear();
-    }
-  } cleanup;
   auto decoy = value_of(ucx_channel::create()); // a worker nobody drives
-  {
-    auto& [mutex, address] = ucx_decoy_for_testing();
-    std::lock_guard<std::mutex> guard{mutex};
-    address = decoy->address();
-  }
+  // The next connect goes to the decoy instead of the node's worker; once.
+  std::string decoy_address = decoy->address();
+  scoped_connect_hook hook{[&](ucx_channel& mine, const std::string& node_address) {
+    auto to = std::exchange(decoy_address, std::string{});
+    return mine.connect(to.empty() ? node_address : to);
+  }};
   auto ch = open_channel(node.srv->port(), true);
   REQUIRE(ch->call(var_op::read, "v", nullptr, false)); // TCP; the offer is due
   auto r = ch->call(var_op::read, "v", nullptr, false, 0, 500ms);
@@ -813,4 +832,53 @@ TEST_CASE("a process whose actor system's [security] says trusted_fabric without
   CHECK(*tls == nullptr); // still plaintext
   CHECK(process_trusted_fabric().load());
   process_trusted_fabric() = was;
+}
+
+// Bug it catches: a test switch in the release library (issue 23, item 5):
+// ACTORFLOW_TRUSTED_FABRIC=1 in a node's environment turned on unencrypted
+// UCX on a TLS cluster. Now only [security] trusted_fabric, or a test
+// binary's hook (net/testing_hooks.hpp, which a program does not have),
+// trusts the fabric; the variable is this test binary's to read.
+TEST_CASE("ACTORFLOW_TRUSTED_FABRIC in a node's environment trusts no fabric: the library reads "
+          "no test switch",
+          "[ucx][security]") {
+  auto* hooks = wire_test_hooks();
+  REQUIRE(hooks != nullptr); // this binary has them (tests/wire_test_hooks.cpp)
+  struct restore {
+    bool hook = wire_test_hooks()->trusted_fabric;
+    bool process = process_trusted_fabric().load();
+    const char* env = std::getenv("ACTORFLOW_TRUSTED_FABRIC");
+    std::string was = env != nullptr ? env : "";
+    ~restore() {
+      wire_test_hooks()->trusted_fabric = hook;
+      process_trusted_fabric() = process;
+      if (env != nullptr)
+        setenv("ACTORFLOW_TRUSTED_FABRIC", was.c_str(), 1);
+      else
+        unsetenv("ACTORFLOW_TRUSTED_FABRIC");
+    }
+  } restore;
+  hooks->trusted_fabric = false;
+  process_trusted_fabric() = false;
+  setenv("ACTORFLOW_TRUSTED_FABRIC", "1", 1);
+  // Whether a node started now (plaintext, loopback) trusts the fabric: it
+  // then sets the process's flag for its own channels (node.cpp).
+  auto node_trusts = [] {
+    node_options opts;
+    system_config cfg{opts};
+    caf::actor_system sys{cfg};
+    auto node = start_node(sys, "ps", 0, "127.0.0.1", 0, opts);
+    REQUIRE(node);
+    bool trusted = process_trusted_fabric().load();
+    node->data_plane->stop();
+    unregister_local_node(node->address);
+    caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+    return trusted;
+  };
+  CHECK_FALSE(data_plane_limits{}.trusted_fabric);
+  CHECK_FALSE(node_trusts());
+  // The hook, which tests use instead, does.
+  hooks->trusted_fabric = true;
+  CHECK(data_plane_limits{}.trusted_fabric);
+  CHECK(node_trusts());
 }

@@ -1,0 +1,39 @@
+// The one definition of the wire's test hooks (net/testing_hooks.hpp),
+// compiled into the test binary only: the library refers to it weakly, so a
+// program has none. Tests set its members in code; at the start of the run,
+// this binary (never the library) reads ACTORFLOW_TRUSTED_FABRIC=1, which
+// tests/CMakeLists.txt sets to run the data-plane tests over UCX.
+#define CATCH_CONFIG_EXTERNAL_INTERFACES // Catch::TestEventListenerBase
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+
+#include "net/testing_hooks.hpp"
+#include "net/ucx_link.hpp"
+
+namespace af {
+
+wire_hooks wire_hooks_of_tests;
+
+} // namespace af
+
+namespace {
+
+struct trusted_fabric_from_environment : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+
+  void testRunStarting(const Catch::TestRunInfo& info) override {
+    TestEventListenerBase::testRunStarting(info);
+    const char* v = std::getenv("ACTORFLOW_TRUSTED_FABRIC");
+    std::string s = v != nullptr ? v : "";
+    if (s == "1" || s == "true" || s == "yes") {
+      af::wire_hooks_of_tests.trusted_fabric = true;
+      af::process_trusted_fabric() = true;
+    }
+  }
+};
+
+} // namespace
+
+CATCH_REGISTER_LISTENER(trusted_fabric_from_environment)
