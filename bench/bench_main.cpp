@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -22,6 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/benches.hpp"
+#include "bench/cli_checks.hpp"
 #include "bench/raw_link.hpp"
 #include "config/cluster_spec.hpp"
 #include "bench/bench_activation.hpp"
@@ -71,32 +73,43 @@ int main_body(int argc, char** argv) {
   app.add_option("-m,--metric", only, "run this metric only")->check(CLI::IsMember(all_metrics));
   app.add_option("--only", only_list, "run these metrics only (comma-separated)");
   af::bench::train_bench_options topts;
+  // Every number is checked here, at parse time: a bad one otherwise shows
+  // up late and as something else ("ratio=-nan", a node that did not come up).
+  constexpr long double max_int = std::numeric_limits<int>::max();
+  using af::bench::positive_whole;
   app.add_option("--train-reps", topts.reps, "repetitions of each training metric (median)")
-    ->check(CLI::PositiveNumber);
+    ->check(positive_whole("repetitions", max_int));
   app.add_option("--train-steps", topts.steps_1m,
                  "sync steps of the 1 M-float model per repetition (async: twice, global)")
-    ->check(CLI::PositiveNumber);
+    ->check(positive_whole("steps", 1e18));
   app.add_option("--digits-steps", topts.digits_steps, "sync steps of the digits MLP")
-    ->check(CLI::PositiveNumber);
+    ->check(positive_whole("steps", 1e18));
   app.add_option("--allreduce-rounds", topts.allreduce_rounds,
                  "timed all-reduces per repetition")
-    ->check(CLI::PositiveNumber);
+    ->check(positive_whole("all-reduces", max_int));
   int train_timeout_s = 180;
   app.add_option("--train-timeout", train_timeout_s,
                  "seconds one training cluster may run before it is killed")
-    ->check(CLI::PositiveNumber);
+    ->check(positive_whole("seconds", max_int));
   app.add_option("--train-set", topts.extra_sets,
                  "key=value passed as --set to every actorflow-train process");
   std::string transport = "data-plane";
   app.add_option("--transport", transport, "how sessions reach remote variables")
     ->check(CLI::IsMember({"data-plane", "basp"}));
-  app.add_option("--rounds", rounds, "round trips for the latency figures");
-  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)");
+  app.add_option("--rounds", rounds, "round trips for the latency figures")
+    ->check(positive_whole("round trips", max_int));
+  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)")
+    ->check(positive_whole("repetitions", max_int));
   app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
     ->check(CLI::IsMember({"sharing", "stealing"}));
-  app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)");
+  // The bound of a node's config file's `threads` (config/cluster_spec.cpp).
+  app.add_option("--threads", opts.threads, "scheduler threads of client and node (0 = cores)")
+    ->check(af::bench::number_check(
+      {0, false, 256, true, "0 (one per core) or a positive whole number of threads"}));
   int poll_us = 50;
-  app.add_option("--reply-poll-us", poll_us, "session_options::reply_poll in microseconds");
+  app.add_option("--reply-poll-us", poll_us, "session_options::reply_poll in microseconds")
+    ->check(af::bench::number_check(
+      {0, false, max_int, true, "0 (never poll) or a positive whole number of microseconds"}));
   CLI11_PARSE(app, argc, argv);
   std::set<std::string> chosen;
   if (!only.empty())

@@ -46,6 +46,15 @@ std::vector<std::string> interpreter::state::function_names() {
   return out;
 }
 
+std::string interpreter::state::function_example(const std::string& name) {
+  for (const auto& [n, h] : builtins())
+    if (n == name) // the help starts with the call: "assign(VAR, VALUE) or ..."
+      return h.substr(0, h.find(')') + 1);
+  if (const auto* def = kernels::find_op_def(name))
+    return name + "(" + std::string{def->inputs} + ")";
+  return "";
+}
+
 std::string interpreter::state::function_help(const std::string& name) {
   for (const auto& [n, h] : builtins())
     if (n == name)

@@ -239,6 +239,9 @@ struct interpreter::state {
   static const std::vector<std::pair<std::string, std::string>>& builtins();
   static std::vector<std::string> function_names();
   static std::string function_help(const std::string& name);
+  /// How to call the builtin or op `name` ("softplus(x)"), or "" when no
+  /// function has that name.
+  static std::string function_example(const std::string& name);
   value call(const std::string& fn, const expr& e, std::optional<value> receiver);
   void check_arity(const args_view& a, size_t min, size_t max, const std::vector<std::string>& keys);
   std::string text_arg(const args_view& a, size_t i, const std::string& key, const std::string& what);

@@ -3,6 +3,8 @@
 
 #include "repl/interpreter_state.hpp"
 
+#include <algorithm>
+
 #include "core/spelling.hpp"
 
 namespace af::repl {
@@ -31,10 +33,15 @@ value interpreter::state::eval(const expr& e) {
       return v;
     case expr::kind::name: {
       auto it = current->names.find(e.text);
-      if (it == current->names.end())
+      if (it == current->names.end()) {
+        // A function named without a call: what it is and how to call it,
+        // not "did you mean" (whose nearest name would be the same one).
+        if (auto example = function_example(e.text); !example.empty())
+          fail(e.at, "'" + printable(e.text) + "' is a function: call it, as in " + example);
         fail(e.at, "'" + printable(e.text) + "' is not defined in the session of " + current->target
                      + nearest_name(e.text)
                      + (clients.size() > 1 ? " (each session has its own names)" : ""));
+      }
       v = it->second;
       v.source = e.source;
       return v;
@@ -75,6 +82,9 @@ std::string interpreter::state::nearest_name(const std::string& n) {
     candidates.push_back(std::move(f));
   candidates.push_back("true");
   candidates.push_back("false");
+  // The name typed is never its own suggestion (a function named without a
+  // call, a variable called like a function).
+  candidates.erase(std::remove(candidates.begin(), candidates.end(), n), candidates.end());
   auto best = closest(n, candidates, 2);
   return best.empty() ? "" : "; did you mean '" + best + "'?";
 }

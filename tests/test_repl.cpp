@@ -248,6 +248,27 @@ TEST_CASE("errors name what is wrong and the REPL answers the next command",
           != std::string::npos);
     alive();
   }
+  SECTION("a function named without a call says how to call it") {
+    // Not "did you mean 'softplus'?" about 'softplus' itself.
+    auto r = exec(*in, "run softplus");
+    CHECK_FALSE(r.ok);
+    INFO(r.err);
+    CHECK(r.err.find("error at column 5: 'softplus' is a function: call it, as in softplus(X)")
+          != std::string::npos);
+    CHECK(r.err.find("did you mean") == std::string::npos);
+    r = exec(*in, "run assign_add");
+    CHECK(r.err.find("'assign_add' is a function: call it, as in assign_add(VAR, VALUE)")
+          != std::string::npos);
+    alive();
+  }
+  SECTION("a name is never suggested for itself") {
+    auto r = exec(*in, "run w(1)"); // w is a variable, not a function
+    CHECK_FALSE(r.ok);
+    INFO(r.err);
+    CHECK(r.err.find("unknown function or op 'w'") != std::string::npos);
+    CHECK(r.err.find("did you mean 'w'") == std::string::npos);
+    alive();
+  }
   SECTION("an unknown device names the job") {
     auto r = exec(*in, "with /job:nope/task:0 { v = variable(\"v\", [1]) }\ninit v");
     CHECK_FALSE(r.ok);
