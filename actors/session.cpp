@@ -7,12 +7,6 @@ namespace af {
 
 namespace session_detail {
 
-std::atomic<uint64_t>& variable_calls_over(bool data_plane) {
-  static std::atomic<uint64_t> over_data_plane{0};
-  static std::atomic<uint64_t> as_messages{0};
-  return data_plane ? over_data_plane : as_messages;
-}
-
 caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
                                  std::shared_ptr<node_health> health) {
   self->state.health = std::move(health);
@@ -47,11 +41,6 @@ caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
 }
 
 } // namespace session_detail
-
-variable_call_counts variable_calls_in_process() {
-  return {session_detail::variable_calls_over(true).load(std::memory_order_relaxed),
-          session_detail::variable_calls_over(false).load(std::memory_order_relaxed)};
-}
 
 caf::error session::impl::create_variable(int32_t id) {
   const auto& n = g.at(output{id});

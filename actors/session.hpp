@@ -71,6 +71,17 @@
 
 namespace af {
 
+/// The variable calls made straight from the client (reads, and updates with
+/// a value the client has) by the sessions given it (session_options::
+/// variable_calls), by the way each went: over a node's data plane, or as an
+/// actor message (CAF to another process, or a call into a node of this
+/// process). A test checks that a session with the data plane off sent none
+/// over it.
+struct variable_call_counter {
+  std::atomic<uint64_t> data_plane{0};
+  std::atomic<uint64_t> actor_messages{0};
+};
+
 struct session_options {
   std::chrono::milliseconds timeout{10000};        ///< any one request
   std::chrono::milliseconds connect_timeout{5000}; ///< a whole connect: lookup, TCP, handshakes
@@ -96,6 +107,9 @@ struct session_options {
   /// same (system_config{node_options, security}); the files are checked at
   /// the first connection, with errors naming them.
   security_options security;
+  /// Where this session counts its variable calls (shared by the sessions
+  /// given the same one); none, the default, counts nothing. For tests.
+  std::shared_ptr<variable_call_counter> variable_calls;
 };
 
 /// Where a node's clock stands against this session's (see run_trace).
@@ -103,19 +117,6 @@ struct clock_estimate {
   int64_t offset_ns = 0; ///< node's steady clock minus ours
   int64_t rtt_ns = 0;    ///< the round trip it was measured over: |error| <= rtt / 2
 };
-
-/// The variable calls the sessions of this process made straight from the
-/// client (reads, and updates with a value the client has), by the way each
-/// went: over a node's data plane, or as an actor message (CAF to another
-/// process, or a call into a node of this process). A test checks that a
-/// session with the data plane off sent none over it.
-struct variable_call_counts {
-  uint64_t data_plane = 0;
-  uint64_t actor_messages = 0;
-};
-
-/// Since the process started.
-variable_call_counts variable_calls_in_process();
 
 class session;
 

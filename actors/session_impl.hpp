@@ -52,10 +52,6 @@ inline int64_t now_ns() {
     .count();
 }
 
-/// The counter of variable_calls_in_process() for one way (relaxed: one
-/// add per call, nothing waits on it).
-std::atomic<uint64_t>& variable_calls_over(bool data_plane);
-
 inline caf::error to_error(const graph_error& e) {
   return make_error(e.code, e.what);
 }
@@ -286,7 +282,8 @@ struct session::impl {
     auto it = link.conns.find(b.task);
     if (it != link.conns.end() && it->second.channel) {
       over_channel = true;
-      session_detail::variable_calls_over(true).fetch_add(1, std::memory_order_relaxed);
+      if (opts.variable_calls) // relaxed: one add per call, nothing waits on it
+        opts.variable_calls->data_plane.fetch_add(1, std::memory_order_relaxed);
       auto& ch = *it->second.channel;
       if (path) // as the call starts; a call that moves the channel first goes the new way
         *path = "data plane (" + ch.transport() + ")";
@@ -299,7 +296,8 @@ struct session::impl {
         return std::move(r.error());
       return std::move(r->first);
     }
-    session_detail::variable_calls_over(false).fetch_add(1, std::memory_order_relaxed);
+    if (opts.variable_calls)
+      opts.variable_calls->actor_messages.fetch_add(1, std::memory_order_relaxed);
     if (path)
       *path = find_local_node(b.address, &sys) ? "local buffer" : "CAF message";
     if (opts.cancel) {

@@ -141,10 +141,6 @@ status run_op(backend& b, const std::string& op, const op_attrs& attrs,
 /// True if run_op knows `op`.
 bool known_op(const std::string& op);
 
-/// Every op run_op knows, with how many inputs it takes, in table order
-/// (kernels/op_registry.hpp has the rest of each op).
-std::vector<std::pair<std::string, int>> op_list();
-
 /// The reference backend (OpenBLAS for GEMM, loops elsewhere).
 std::unique_ptr<backend> make_cpu_backend();
 

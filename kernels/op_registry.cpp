@@ -351,13 +351,6 @@ bool known_op(const std::string& op) {
   return find_graph_op(op) != nullptr;
 }
 
-std::vector<std::pair<std::string, int>> op_list() {
-  std::vector<std::pair<std::string, int>> out;
-  for (const auto& e : table)
-    out.emplace_back(std::string{e.name}, e.arity());
-  return out;
-}
-
 status run_op(backend& b, const std::string& op, const op_attrs& attrs,
               const std::vector<tensor>& in, tensor& out) {
   const auto* entry = find_graph_op(op);

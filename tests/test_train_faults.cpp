@@ -425,10 +425,13 @@ TEST_CASE("a chief killed with SIGKILL in the middle of writing a checkpoint lea
   std::string tmp;
   {
     // Inherited by the job's processes only (unset before anything else
-    // starts): the chief pauses halfway through writing the checkpoint of
-    // step 60 (the third) and is killed there.
+    // starts): actorflow-train-pausing's hook (checkpoint_pause_hook.cpp)
+    // pauses the chief halfway through writing the checkpoint of step 60 (the
+    // third), and it is killed there.
     ::setenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE", "60", 1);
-    auto job = train_job::start(dir.path, spec);
+    auto paused = spec;
+    paused.binary = ACTORFLOW_TRAIN_PAUSING_BINARY;
+    auto job = train_job::start(dir.path, paused);
     ::unsetenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE");
     const std::regex pausing{
       R"(test pause \(ACTORFLOW_TEST_CHECKPOINT_PAUSE\) halfway through writing (\S+\.tmp))"};

@@ -240,6 +240,9 @@ struct job_spec {
   /// certificate per task under dir/certs, and its [security] table goes
   /// into the config.
   bool secure = false;
+  /// The program every task runs (tests/CMakeLists.txt: actorflow-train, or
+  /// a test build of it such as actorflow-train-pausing).
+  std::string binary = ACTORFLOW_TRAIN_BINARY;
 };
 
 /// The processes of one actorflow-train job: a config of fresh loopback ports
@@ -458,7 +461,7 @@ private:
 
   void launch(const std::string& job, int index, const std::string& config,
               const std::vector<std::string>& extra) {
-    std::vector<std::string> argv{ACTORFLOW_TRAIN_BINARY, "--config", config, "--job", job,
+    std::vector<std::string> argv{spec_.binary, "--config", config, "--job", job,
                                   "--task", std::to_string(index)};
     for (const auto& kv : spec_.sets) {
       argv.push_back("--set");

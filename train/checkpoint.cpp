@@ -1,17 +1,16 @@
 #include "train/checkpoint.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <string_view>
-#include <thread>
+#include <utility>
 
 #include <cereal/archives/portable_binary.hpp>
 #include <fcntl.h>
@@ -302,23 +301,15 @@ std::string hmac_sha256(const checkpoint_key& key, const char* data, size_t n) {
   return out;
 }
 
-/// Test hook (tests/test_train_faults.cpp): with
-/// ACTORFLOW_TEST_CHECKPOINT_PAUSE=STEP in the environment, the write of a
-/// checkpoint of global step >= STEP stops for a minute halfway through (the
-/// first half written and fsynced, a line on stderr saying so), so that a
-/// test can kill the process in the middle of a write deterministically.
-bool test_pause_at(uint64_t global_step) {
-  const char* v = std::getenv("ACTORFLOW_TEST_CHECKPOINT_PAUSE");
-  if (!v || !*v)
-    return false;
-  char* end = nullptr;
-  auto from = std::strtoull(v, &end, 10);
-  return end && *end == 0 && global_step >= from;
-}
+/// set_checkpoint_write_hook(): none unless a test installs one. Atomic: a
+/// test may install it while another thread saves.
+std::atomic<checkpoint_write_hook> write_hook{nullptr};
 
 /// Writes `path` through `path`.tmp: write, fsync, rename. The directory is
-/// fsynced by the caller. `pause`: the test hook above.
-graph_status write_durably(const std::string& path, const std::string& data, bool pause = false) {
+/// fsynced by the caller. With a `hook` (write_hook above), the first half is
+/// written and fsynced, then the hook called with `global_step`.
+graph_status write_durably(const std::string& path, const std::string& data,
+                           checkpoint_write_hook hook = nullptr, uint64_t global_step = 0) {
   auto tmp = path + ".tmp";
   // A fresh file, never one that is there: a leftover of a crash goes, and
   // a symbolic link planted under that name (by someone else who can write
@@ -330,17 +321,11 @@ graph_status write_durably(const std::string& path, const std::string& data, boo
     return io_error("create checkpoint file", tmp);
   size_t done = 0;
   while (done < data.size()) {
-    if (pause && done >= data.size() / 2) {
-      pause = false;
+    if (hook && done >= data.size() / 2) {
       ::fsync(fd);
-      std::fprintf(stderr,
-                   "checkpoint: test pause (ACTORFLOW_TEST_CHECKPOINT_PAUSE) halfway through "
-                   "writing %s (%zu of %zu bytes written); resuming in 60 s\n",
-                   tmp.c_str(), done, data.size());
-      std::fflush(stderr);
-      std::this_thread::sleep_for(std::chrono::seconds(60));
+      std::exchange(hook, nullptr)(global_step, tmp, done, data.size());
     }
-    auto chunk = pause ? std::min(data.size() / 2 - done, data.size() - done) : data.size() - done;
+    auto chunk = hook ? data.size() / 2 - done : data.size() - done;
     auto n = ::write(fd, data.data() + done, chunk);
     if (n < 0 && errno == EINTR)
       continue;
@@ -470,7 +455,7 @@ outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t
   auto name = fmt::format("ckpt-{}.afck", ckpt.global_step);
   auto path = (fs::path{dir} / name).string();
   // The checkpoint is durable before `latest` names it.
-  if (auto st = write_durably(path, file, test_pause_at(ckpt.global_step)); !st)
+  if (auto st = write_durably(path, file, write_hook.load(std::memory_order_acquire), ckpt.global_step); !st)
     return st.error();
   if (auto st = fsync_dir(dir); !st)
     return st.error();
@@ -480,6 +465,10 @@ outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t
     return st.error();
   prune(dir, name, keep);
   return path;
+}
+
+checkpoint_write_hook set_checkpoint_write_hook(checkpoint_write_hook hook) {
+  return write_hook.exchange(hook, std::memory_order_acq_rel);
 }
 
 std::string check_checkpoint_dir(const std::string& dir) {

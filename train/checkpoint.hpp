@@ -78,6 +78,18 @@ outcome<checkpoint_key> load_checkpoint_key(const std::string& path);
 outcome<std::string> save(const std::string& dir, const checkpoint& ckpt, size_t keep = 3,
                           const checkpoint_key& key = {});
 
+/// Called by save() halfway through writing the checkpoint file of
+/// `global_step`: the first `written` of `total` bytes are in `tmp_path`
+/// (the temporary file, renamed when complete) and fsynced. A seam for
+/// tests (tests/checkpoint_pause_hook.cpp stops a real chief there, to kill
+/// it in the middle of a write); no program installs one.
+using checkpoint_write_hook = void (*)(uint64_t global_step, const std::string& tmp_path,
+                                       size_t written, size_t total);
+
+/// Installs `hook` for every later save() of this process (nullptr: none,
+/// the default); returns the one it replaces.
+checkpoint_write_hook set_checkpoint_write_hook(checkpoint_write_hook hook);
+
 /// Empty if save() can write into `dir`: creates it (and its parents) if
 /// needed, then writes, fsyncs and removes a probe file there. Else a sentence
 /// naming the directory, what failed and what to do, for refusing a job
