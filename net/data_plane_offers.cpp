@@ -59,6 +59,10 @@ bool data_plane_server::serve_ucx_offer(served_connection& c, const wire::header
   } else if (auto err = (*made)->connect(theirs)) {
     log::get()->warn("{} data plane: {} stays on {}: refused its offer of UCX: {}", node_name_,
                      peer, stays, describe(err));
+    // An address UCX itself refused counts as one the check refused: the
+    // next offer of this connection closes it (each costs a worker).
+    if (++ucx_refused > 1)
+      return false;
   } else {
     ch = std::move(*made);
   }

@@ -207,7 +207,7 @@ TEST_CASE("with [security] a value between two node processes comes on the data 
 // Catches: values between executors of one node sent through a socket (or a
 // CAF message) instead of handed over as a shared buffer; and with the data
 // plane off, edges that stop flowing instead of going as CAF messages.
-TEST_CASE("a value between partitions on one node stays a local buffer; with the data plane off, "
+TEST_CASE("a value between partitions on one node stays a local buffer, with the data plane off, "
           "one between nodes goes as a CAF message",
           "[activation]") {
   auto opts = embedded_cluster::defaults();
@@ -602,7 +602,7 @@ TEST_CASE("an edge sender whose destination failed or whose consumer died is sto
 // send that outlives its executor until the step timeout (delaying the
 // node's shutdown by as long).
 TEST_CASE("an edge send to a node that stopped reading fails the step within its timeout, naming "
-          "the edge and the destination; the executor's exit ends the blocked send",
+          "the edge and the destination, the executor's exit ends the blocked send",
           "[activation]") {
   system_config cfg{node_options{}};
   caf::actor_system sys{cfg};
@@ -809,8 +809,8 @@ struct edge_consumer {
 // edge silently replaced the producer's: the step computed with it), an
 // identical resend failing the step, and an edge for an op the partition
 // does not consume opening a step.
-TEST_CASE("an edge never replaces the first value of its op; a different second one fails the "
-          "step, naming it; an op the partition does not consume is dropped",
+TEST_CASE("an edge never replaces the first value of its op, a different second one fails the "
+          "step, naming it, an op the partition does not consume is dropped",
           "[activation]") {
   system_config cfg{node_options{}};
   caf::actor_system sys{cfg};
@@ -925,7 +925,7 @@ TEST_CASE("the bytes of edges an executor holds before their steps start are bou
 // Catches: an edge frame with no tensor (has_tensor = 0, no payload) taken
 // as a value (the step then failed with "input 0 has no value"), and a log
 // line per hostile frame (a stranger's flood of frames was a flood of lines).
-TEST_CASE("an edge frame without a tensor is refused, naming it; refusals of one connection are "
+TEST_CASE("an edge frame without a tensor is refused, naming it, refusals of one connection are "
           "logged once, then counted",
           "[activation]") {
   system_config cfg{node_options{}};

@@ -1161,7 +1161,7 @@ TEST_CASE("a worker joining a running ssp job starts level with the slowest memb
 // -- membership: who a push or a done speaks for ---------------------------------
 
 TEST_CASE("a push that does not carry the token its worker joined with is refused and changes "
-          "nothing; the member's own push of that step goes in",
+          "nothing, the member's own push of that step goes in",
           "[aggregator][members]") {
   // Catches: a push that claims a member's index being taken on the index
   // alone (a forged gradient 10^30 times the others' destroyed the model,

@@ -88,7 +88,7 @@ TEST_CASE("wait_for returns at its timeout while the child runs, and SIGKILL rea
   CHECK_FALSE(c.signal(SIGTERM)); // reaped: nothing to signal
 }
 
-TEST_CASE("SIGSTOP returns once the child has stopped; after SIGCONT it runs on",
+TEST_CASE("SIGSTOP returns once the child has stopped, after SIGCONT it runs on",
           "[process][child_process]") {
   child_process c{shell("exec sleep 60")};
   REQUIRE(c.signal(SIGSTOP));

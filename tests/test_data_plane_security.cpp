@@ -168,7 +168,7 @@ std::shared_ptr<tls_context> context_of(const security_options& sec) {
 
 // -- limits ---------------------------------------------------------------------
 
-TEST_CASE("a payload over max_message_bytes is refused naming the limit; the connection goes on",
+TEST_CASE("a payload over max_message_bytes is refused naming the limit, the connection goes on",
           "[plane][limits]") {
   // The bug it catches: a frame of any declared size is allocated and read.
   data_plane_limits limits;
@@ -219,7 +219,7 @@ TEST_CASE("a missing variable is answered before its operand is read", "[plane][
   close(fd);
 }
 
-TEST_CASE("connections over max_data_connections are closed at once; the acceptor keeps serving",
+TEST_CASE("connections over max_data_connections are closed at once, the acceptor keeps serving",
           "[plane][limits]") {
   data_plane_limits limits;
   limits.max_connections = 2;
@@ -314,7 +314,7 @@ TEST_CASE("out of file descriptors, the data plane sheds new connections and ser
   close(later);
 }
 
-TEST_CASE("an operand the node has no memory for is answered, naming its size; the connection goes on",
+TEST_CASE("an operand the node has no memory for is answered, naming its size, the connection goes on",
           "[plane][exhaustion]") {
   // The bug it catches: std::bad_alloc for an operand closing the connection
   // (or ending the node) instead of answering and skipping the payload.

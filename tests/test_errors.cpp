@@ -227,7 +227,7 @@ TEST_CASE("an op built on an invalid output is an error when run, not a crash", 
 // plane's ops already refused a value over max_variable_bytes, but creating
 // the variable (and its optimizer slots, each of the same size) through CAF
 // was bounded by nothing, so one request of shape [2^40] made the node try.
-TEST_CASE("a variable over max_variable_bytes is refused at creation, naming the limit; one "
+TEST_CASE("a variable over max_variable_bytes is refused at creation, naming the limit, one "
           "within it is made",
           "[errors][limits]") {
   auto opts = embedded_cluster::defaults();

@@ -101,7 +101,7 @@ TEST_CASE("the table of request ids keeps the last 1024 ids of a variable", "[ex
 // Bug caught: kept values pin old copies of a large variable without bound,
 // or a retry whose value was dropped is applied again or answered with a
 // value that is not the one after its try.
-TEST_CASE("values kept for retries are bounded in bytes; a retry whose value was dropped says it "
+TEST_CASE("values kept for retries are bounded in bytes, a retry whose value was dropped says it "
           "was applied",
           "[exactly-once]") {
   // 512 KiB per value: the 4 MiB budget keeps the last 8.

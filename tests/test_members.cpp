@@ -89,7 +89,7 @@ std::pair<uint8_t, std::string> raw_frame(int fd, wire::kind kind, const std::st
 
 } // namespace
 
-TEST_CASE("over the data plane a push is taken only with its worker's token; a forged one is "
+TEST_CASE("over the data plane a push is taken only with its worker's token, a forged one is "
           "refused naming the peer and changes nothing",
           "[members][plane]") {
   // Catches: a data-plane push that claimed worker 1's index with a finite

@@ -104,7 +104,7 @@ TEST_CASE("first_non_finite finds NaN and Inf, and nothing in finite data", "[op
   REQUIRE(train::first_non_finite(v.data(), v.size()) == 1002);
 }
 
-TEST_CASE("flatten and unflatten round trip; one part is not copied", "[optimizer]") {
+TEST_CASE("flatten and unflatten round trip, one part is not copied", "[optimizer]") {
   auto a = ramp(6, 1, 0).reshaped({2, 3});
   auto b = ramp(4, 2, 1);
   auto flat = train::flatten({a, b});

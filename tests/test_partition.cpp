@@ -128,7 +128,7 @@ TEST_CASE("max_partitions = 1 keeps today's placement: variable i on ps i % n_ps
 }
 
 TEST_CASE("splitting logical tensors into their pieces and assembling them again gives the same "
-          "bytes; logical checkpoint variables round-trip through pieces",
+          "bytes, logical checkpoint variables round-trip through pieces",
           "[partition]") {
   // Catches: a row offset off by one, rows of one piece copied from another
   // parameter, slots not assembled with the values, a checkpoint of another

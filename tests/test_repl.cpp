@@ -527,7 +527,7 @@ interrupted interrupt_once_started(repl::interpreter& in, std::atomic<bool>& sta
   return got;
 }
 
-TEST_CASE("interrupt abandons a wait, a sleep and a repeat; the next command runs", "[repl]") {
+TEST_CASE("interrupt abandons a wait, a sleep and a repeat, the next command runs", "[repl]") {
   std::atomic<bool> started{false};
   repl::options opts;
   opts.on_statement = [&](const std::string&) { started = true; };
@@ -843,7 +843,7 @@ TEST_CASE("actorflow-repl --script exits 130 on SIGINT while a command runs", "[
   CHECK(p.output().find("not reached") == std::string::npos);
 }
 
-TEST_CASE("variables as tf.Variable and tf.get_variable make them; a failed one leaves no trace",
+TEST_CASE("variables as tf.Variable and tf.get_variable make them, a failed one leaves no trace",
           "[repl]") {
   auto in = embedded({{"ps", 1}, {"worker", 2}});
   auto r = exec(*in, "s = variable(\"s5\", 5)\nk = variable(\"k\", 7, dtype=\"int32\")\ninit\n"
@@ -934,7 +934,7 @@ TEST_CASE("a script error with an open bracket does not swallow the lines after 
   CHECK(r.output.find("\n4\n") != std::string::npos);
 }
 
-TEST_CASE("at the graph cap only what makes ops is refused; reset starts over", "[repl]") {
+TEST_CASE("at the graph cap only what makes ops is refused, reset starts over", "[repl]") {
   auto in = embedded({{"worker", 1}});
   auto full = exec(*in, "repeat 300000 { y = const(1) + 1 }");
   CHECK_FALSE(full.ok);

@@ -425,7 +425,7 @@ TEST_CASE("without [security] a node warns once and refuses a non-loopback addre
   CHECK(node.output().find("plaintext") != std::string::npos);
 }
 
-TEST_CASE("a node that ends by a failure exits 1 and says why; asked to stop, it exits 0",
+TEST_CASE("a node that ends by a failure exits 1 and says why, asked to stop, it exits 0",
           "[security][node]") {
   test_cluster c{false};
   for (auto [reason, code] : {std::pair<caf::exit_reason, int>{caf::exit_reason::unhandled_exception, 1},

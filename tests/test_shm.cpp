@@ -207,7 +207,7 @@ TEST_CASE("a peer treated as another host never gets shared memory", "[shm]") {
   }
 }
 
-TEST_CASE("[node] max_shm_bytes = 0 keeps a node's clients of this host on TCP; the default gives "
+TEST_CASE("[node] max_shm_bytes = 0 keeps a node's clients of this host on TCP, the default gives "
           "them shared memory, and the session says which",
           "[shm]") {
   // Bugs it catches: the config key read but never handed to the data plane

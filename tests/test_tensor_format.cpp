@@ -211,7 +211,7 @@ TEST_CASE("a 10x10x20 tensor is elided on every axis, its layout from the shown 
   [1090.  1090.5 1091.  ... 1098.5 1099.  1099.5]]])");
 }
 
-TEST_CASE("the threshold decides when to elide; tensor::to_string passes its limit as it",
+TEST_CASE("the threshold decides when to elide, tensor::to_string passes its limit as it",
           "[tensor_format][tensor]") {
   auto zeros = tensor::filled(dtype::float32, {100}, 0);
   CHECK(format_numpy(zeros).find("...") == std::string::npos);

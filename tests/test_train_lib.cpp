@@ -124,7 +124,7 @@ TEST_CASE("load_digits names the folder it looked in when the data is not there"
   CHECK(contains(d.error().what, dir.path));
 }
 
-TEST_CASE("CSV: header, CRLF and scale are handled; bad lines are named", "[train][data]") {
+TEST_CASE("CSV: header, CRLF and scale are handled, bad lines are named", "[train][data]") {
   // Catches: a header parsed as data, '\r' taken into the label, scale not
   // applied, and errors that do not name the file, line and column.
   temp_dir dir;
@@ -340,7 +340,7 @@ TEST_CASE("each epoch is a new permutation, cut into full batches", "[train][dat
   CHECK(ids(bt.at(7)) == std::vector<int>(epochs[1].begin() + 8, epochs[1].begin() + 16));
 }
 
-TEST_CASE("unshuffled batches follow the data; regression batches carry float targets",
+TEST_CASE("unshuffled batches follow the data, regression batches carry float targets",
           "[train][data]") {
   // Catches: shuffle=false ignored; targets dropped or sent as int32.
   auto data = indexed(20);
@@ -575,7 +575,7 @@ TEST_CASE("validate() applies the optimizer's own rules and checks keys together
   CHECK(contains(validate(*no_length), "epochs = 0"));
 }
 
-TEST_CASE("a [train] table is read from a cluster file; the cluster is not its business",
+TEST_CASE("a [train] table is read from a cluster file, the cluster is not its business",
           "[train][config]") {
   // Catches: [cluster] keys reported as unknown training keys, the [train]
   // table ignored, a misspelt [train] table silently giving the defaults.
@@ -1036,7 +1036,7 @@ TEST_CASE("a symbolic link planted as a checkpoint's temporary file is not writt
   CHECK(*latest(dir.path) == *path);
 }
 
-TEST_CASE("with a checkpoint_key a checkpoint needs a valid HMAC; the checksum alone stops no "
+TEST_CASE("with a checkpoint_key a checkpoint needs a valid HMAC, the checksum alone stops no "
           "forger",
           "[train][checkpoint]") {
   // Catches: a forged checkpoint (values or the step changed, the FNV-1a
@@ -1345,7 +1345,7 @@ TEST_CASE("plot says the last line gnuplot wrote on stderr when it cannot draw",
 
 // --- what actorflow-train checks before it trains ---------------------------
 
-TEST_CASE("CSV labels out of [0, max_classes) are refused with file, line and value",
+TEST_CASE("CSV labels below 0 or at max_classes and above are refused with file, line and value",
           "[train][data]") {
   // Catches: a label of 10^12 accepted as class count 10^12 + 1, which the
   // model then tried to allocate (a terabyte-sized layer) after a timeout.
@@ -1437,7 +1437,7 @@ TEST_CASE("a checkpoint_dir that cannot be created or written is refused, naming
   CHECK(fs::is_empty(good));
 }
 
-TEST_CASE("a metrics path that cannot be opened is refused; a good one is left as it was",
+TEST_CASE("a metrics path that cannot be opened is refused, a good one is left as it was",
           "[train][metrics]") {
   // Catches: an unwritable metrics file found only after the job started, and
   // a check that truncates an existing file or leaves an empty one behind.
@@ -1461,7 +1461,7 @@ TEST_CASE("a metrics path that cannot be opened is refused; a good one is left a
   CHECK(read_file(old) == "step,wall_s\n1,2\n");
 }
 
-TEST_CASE("--set reads numbers with exponents, lists without brackets, and strings as written",
+TEST_CASE("the --set option reads numbers with exponents, lists without brackets, and strings as written",
           "[train][config]") {
   // Catches: 1e3 or .5 refused or misread, hidden=64,64 refused with a TOML
   // parser's message, and a bare word not taken as a string.
@@ -1525,7 +1525,7 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
   CHECK(contains(no_eq.error().what, "--set key=value"));
 }
 
-TEST_CASE("a long --set value is cut in its error; grad_norm_guard's hint is a value it takes "
+TEST_CASE("a long --set value is cut in its error, grad_norm_guard's hint is a value it takes "
           "(issue 22)", "[train][config]") {
   // --set hidden=<60 KB of brackets> echoed all 60 KB back, and the
   // grad_norm_guard error suggested 0.01, which it refuses.
@@ -1702,7 +1702,7 @@ TEST_CASE("a training config or a 'latest' that is a FIFO or a device is refused
   CHECK(contains(named.error().what, "FIFO"));
 }
 
-TEST_CASE("a checkpoint keeps each aggregator's push numbers; a format-1 file without them loads",
+TEST_CASE("a checkpoint keeps each aggregator's push numbers, a format-1 file without them loads",
           "[train][checkpoint]") {
   // Catches: the push numbers lost on the way (a push retried after a ps was
   // restored from this checkpoint would be applied twice), and the format

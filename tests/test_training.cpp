@@ -172,7 +172,7 @@ TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedd
   }
 }
 
-TEST_CASE("sync with 2 workers at batch b equals 1 process at batch 2b; average (k=1, sgd) and "
+TEST_CASE("sync with 2 workers at batch b equals 1 process at batch 2b, average (k=1, sgd) and "
           "allreduce equal sync",
           "[train]") {
   // Catches: gradients summed instead of averaged, a worker reading the other's

@@ -367,7 +367,7 @@ TEST_CASE("hostile offers of UCX are refused with a clear log and the node keeps
 }
 
 TEST_CASE("an offer of UCX in a valid envelope whose address is of another format is refused "
-          "before UCX parses it; a second refused offer closes the connection",
+          "before UCX parses it, a second refused offer closes the connection",
           "[ucx][faults]") {
   // Bugs it catches: a node that hands an address of another format to
   // ucp_ep_create, whose parser asserts and aborts the process (the attacker's

@@ -1,5 +1,6 @@
 #include "train/checkpoint.hpp"
 
+#include <charconv>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -374,9 +375,13 @@ std::optional<uint64_t> checkpoint_step(const std::string& name) {
       || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return std::nullopt;
   auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 19)
+  // Up to 2^64 - 1 (20 digits): a file of a step past it is no checkpoint's.
+  uint64_t step = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || ec != std::errc{}
+      || end != digits.data() + digits.size())
     return std::nullopt;
-  return std::stoull(digits);
+  return step;
 }
 
 /// Removes checkpoints beyond the newest `keep` (by step), never `written`,
