@@ -34,7 +34,7 @@
 
 #include "caf/expected.hpp"
 
-#include "net/shm_ring.hpp"
+#include "net/ring_status.hpp"
 #include "net/testing_hooks.hpp"
 #include "messages/error.hpp"
 
@@ -85,8 +85,8 @@ inline bool ucx_failed_recently(const std::string& peer) {
 /// One connection's UCP worker and endpoint.
 class ucx_channel {
 public:
-  using status = shm_channel::status;
-  using bound = shm_channel::bound;
+  using status = ring_status;
+  using bound = ring_bound;
 
   /// An address (in its envelope) longer than this is refused unread.
   static constexpr uint64_t max_address_bytes = uint64_t{64} << 10;
