@@ -99,9 +99,10 @@ public:
   static bool disabled_by_environment();
 
   /// ACTORFLOW_DATA_UCX=force: offer UCX even to a peer on this host (instead
-  /// of shared memory), so that tests run the UCX path on one machine. The
-  /// fabric must still be trusted ([security] trusted_fabric, or a test
-  /// binary's hook: net/testing_hooks.hpp).
+  /// of shared memory): an operator's and the bench's knob (the `_ucx`
+  /// metrics of bench/shm_benches.cpp), which the tests use too. It cannot
+  /// turn off encryption: the fabric must still be trusted ([security]
+  /// trusted_fabric, or a test binary's hook: net/testing_hooks.hpp).
   static bool forced_by_environment();
 
   /// A fresh worker; address() is what the peer needs to reach it.
