@@ -1,8 +1,7 @@
 #include "net/byte_channel.hpp"
 #include "net/data_link.hpp"
+#include "net/socket.hpp"
 #include "net/tls_io.hpp"
-
-#include <limits.h>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,44 +16,14 @@ using namespace plane_io;
 
 namespace {
 
-bool write_all(int fd, iovec* iov, int count);
-
 /// How often a bounded send looks at its cancel flag while the peer reads nothing.
 constexpr int cancel_slice_ms = 20;
-
-/// Moves `iov` past the `n` bytes a send took.
-void skip_sent(iovec*& iov, int& count, size_t n) {
-  while (count > 0 && n >= iov->iov_len) {
-    n -= iov->iov_len;
-    ++iov;
-    --count;
-  }
-  if (count > 0) {
-    iov->iov_base = static_cast<char*>(iov->iov_base) + n;
-    iov->iov_len -= n;
-  }
-}
-
-/// One sendmsg of `iov`'s first buffers (never a SIGPIPE). sendmsg takes
-/// at most IOV_MAX (1024) buffers: a frame of more parts (a push of a model
-/// cut into many pieces) goes in several calls, not EMSGSIZE.
-ssize_t send_iov(int fd, iovec* iov, int count, int flags) {
-#ifdef IOV_MAX
-  constexpr int max_iov = IOV_MAX;
-#else
-  constexpr int max_iov = 1024;
-#endif
-  msghdr msg{};
-  msg.msg_iov = iov;
-  msg.msg_iovlen = static_cast<size_t>(std::min(count, max_iov));
-  return ::sendmsg(fd, &msg, MSG_NOSIGNAL | flags);
-}
 
 /// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
 /// for room (at most until the deadline) when the peer's window is full.
 bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
   while (count > 0) {
-    auto n = send_iov(fd, iov, count, MSG_DONTWAIT);
+    auto n = sock::send_iov(fd, iov, count, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -81,7 +50,7 @@ bool write_bounded(int fd, iovec* iov, int count, const send_bound& b) {
       }
       continue;
     }
-    skip_sent(iov, count, static_cast<size_t>(n));
+    sock::skip_sent(iov, count, static_cast<size_t>(n));
   }
   return true;
 }
@@ -113,21 +82,6 @@ shm_channel::bound shm_bound(const link& io, const send_bound* b = nullptr) {
   sb.stall_ms = io.stall_ms;
   sb.spin = io.spin;
   return sb;
-}
-
-/// Writes all of `iov` (partial writes continue where they stopped). A peer
-/// that went away is an error here (EPIPE), not a SIGPIPE that ends the process.
-bool write_all(int fd, iovec* iov, int count) {
-  while (count > 0) {
-    auto n = send_iov(fd, iov, count, 0);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return false;
-    }
-    skip_sent(iov, count, static_cast<size_t>(n));
-  }
-  return true;
 }
 
 /// read_timed of a plaintext socket.
@@ -199,7 +153,7 @@ public:
   bool write(const data_link& io, iovec* iov, int count, const send_bound* b) override {
     if (b != nullptr)
       return write_bounded(io.fd, iov, count, *b);
-    return write_all(io.fd, iov, count);
+    return sock::send_iov_all(io.fd, iov, count);
   }
 
   read_end read_timed(const data_link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
@@ -209,30 +163,7 @@ public:
 
   bool read_all(const data_link& io, void* buf, size_t n, size_t* got,
                 const std::chrono::steady_clock::time_point* until) override {
-    auto* p = static_cast<char*>(buf);
-    int fd = io.fd;
-    while (n > 0) {
-      auto r = ::recv(fd, p, n, MSG_WAITALL);
-      if (r == 0) {
-        errno = ECONNRESET;
-        return false;
-      }
-      if (r < 0) {
-        if (errno == EINTR)
-          continue;
-        return false;
-      }
-      p += r;
-      n -= static_cast<size_t>(r);
-      if (got != nullptr)
-        *got += static_cast<size_t>(r);
-      if (n > 0 && until != nullptr && std::chrono::steady_clock::now() >= *until) {
-        errno = EAGAIN;
-        return false;
-      }
-    }
-    return true;
-    return true;
+    return sock::recv_all(io.fd, buf, n, got, until);
   }
 
   std::string name() const override { return "tcp"; }

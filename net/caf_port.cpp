@@ -127,7 +127,8 @@ private:
 /// against a limit of 200). This one gives up a spare descriptor for a moment
 /// to accept the pending connection and close it at once (its peer hears
 /// "closed" instead of waiting), then takes the spare again: the data plane's
-/// accept loop does the same (net/data_plane.cpp).
+/// accept loop does the same (data_plane_server::accept_loop,
+/// net/data_plane_server.cpp).
 class shedding_acceptor : public net::acceptor {
 public:
   shedding_acceptor(net::default_multiplexer& mpx, native_socket fd)

@@ -6,7 +6,6 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,11 +20,6 @@
 #include "messages/error.hpp"
 
 namespace af::plane_io {
-
-void tune_socket(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
 
 thread_local std::string last_tls_error;
 thread_local tls_failure last_tls_failure = tls_failure::none;

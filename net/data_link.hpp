@@ -50,8 +50,6 @@ namespace plane_io {
 
 using link = data_link;
 
-void tune_socket(int fd);
-
 /// Why the record layer failed last on this thread (errno is then EPROTO,
 /// or ECONNRESET for a record cut short): the reason for the error message
 /// or the log line.

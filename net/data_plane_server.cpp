@@ -6,10 +6,9 @@
 #include "net/data_plane.hpp"
 #include "net/data_link.hpp"
 #include "net/served_connection.hpp"
+#include "net/socket.hpp"
 #include "net/tls_io.hpp"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -54,37 +53,16 @@ data_plane_server::start(std::shared_ptr<plane_handler> handler, const std::stri
                                   timeouts.max_connections));
   std::unique_ptr<data_plane_server> srv{
     new data_plane_server(std::move(handler), node_name, timeouts, std::move(tls))};
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  auto rc = getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), std::to_string(port).c_str(),
-                        &hints, &res);
-  if (rc != 0)
-    return make_error(af_error::bind_failed, node_name + ": cannot resolve '" + bind_host
-                                               + "' for the data plane: " + gai_strerror(rc));
-  std::string why;
-  for (auto* ai = res; ai != nullptr && srv->listen_fd_ < 0; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
+  auto l = sock::listen_tcp(bind_host, port, 64, [](int fd) {
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      srv->port_ = ntohs(addr.ss_family == AF_INET6
-                           ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-      srv->listen_fd_ = fd;
-    } else {
-      why = std::strerror(errno);
-      close(fd);
-    }
-  }
-  freeaddrinfo(res);
+  });
+  if (!l.resolved)
+    return make_error(af_error::bind_failed, node_name + ": cannot resolve '" + bind_host
+                                               + "' for the data plane: " + l.why);
+  const std::string& why = l.why;
+  srv->listen_fd_ = l.fd;
+  srv->port_ = l.port;
   if (srv->listen_fd_ < 0)
     return make_error(af_error::bind_failed,
                       node_name + ": the data plane cannot listen on " + (bind_host.empty() ? "*" : bind_host)
@@ -173,7 +151,7 @@ void data_plane_server::accept_loop() {
       shed = 0;
       backoff_ms = 10;
     }
-    tune_socket(fd);
+    sock::set_nodelay(fd);
     // A reader that stops taking our reply must not hold this thread either.
     set_timeout(fd, SO_SNDTIMEO, timeouts_.frame);
     // Over TLS, the record layer's waits inside a frame are bounded by the socket.

@@ -42,9 +42,11 @@ struct served_connection {
   int idle_ms;
   int frame_ms;
   bool tls; ///< TLS authenticated the client (its records carry the bytes until a move to UCX)
-  std::unique_ptr<byte_channel> bytes; ///< what io.bytes points to, when not the plain socket's
   std::unique_ptr<shm_channel> shm;
   std::unique_ptr<ucx_channel> ucx; ///< after a client's offer of UCX (net/ucx_link.hpp)
+  /// What io.bytes points to, when not the plain socket's. It points into
+  /// `shm` or `ucx` (or the TLS stream): declared after them, destroyed first.
+  std::unique_ptr<byte_channel> bytes;
   int ucx_refused = 0;              ///< offers refused as not an address: the second closes
 
   /// From now on the connection's bytes go over `b`.

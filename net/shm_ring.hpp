@@ -28,6 +28,8 @@
 
 #include "caf/expected.hpp"
 
+#include "net/ring_status.hpp"
+
 namespace af {
 
 /// The rings of one connection, mapped.
@@ -60,29 +62,10 @@ public:
   /// Removes the segment's name (idempotent): the mapping stays.
   void unlink();
 
-  /// How long a read or write may wait, and for what.
-  struct bound {
-    /// No progress by then: timeout (max(): none).
-    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-    /// No byte moved for this long: timeout (0: none). `first_ms` for the
-    /// first byte of a read instead (0: stall_ms).
-    int stall_ms = 0;
-    int first_ms = 0;
-    /// Looked at every 20 ms while waiting; set: cancelled.
-    const std::atomic<bool>* cancel = nullptr;
-    /// Look this long for bytes or room (yielding the CPU between looks)
-    /// before sleeping in poll; at least one look after one yield.
-    std::chrono::microseconds spin{20};
-  };
-
-  enum class status {
-    done,
-    closed,    ///< the peer closed its socket (or died) first
-    idle,      ///< a read's first byte did not come within first_ms
-    timeout,   ///< the deadline passed, or no progress within stall_ms
-    cancelled, ///< bound::cancel was set
-    corrupt,   ///< the peer broke the ring's counters
-  };
+  /// How long a read or write may wait, and what ended it (net/ring_status.hpp:
+  /// the same for the UCX link).
+  using bound = ring_bound;
+  using status = ring_status;
 
   /// Writes all of `iov` into this side's outgoing ring; `fd` is the
   /// connection's socket (the doorbell). `moved`: bytes written.

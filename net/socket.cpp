@@ -69,7 +69,8 @@ bool send_all(int fd, const void* p, size_t n, int flags) {
   return true;
 }
 
-bool recv_all(int fd, void* p, size_t n, size_t* got) {
+bool recv_all(int fd, void* p, size_t n, size_t* got,
+              const std::chrono::steady_clock::time_point* until) {
   auto* c = static_cast<char*>(p);
   if (got != nullptr)
     *got = 0;
@@ -88,6 +89,10 @@ bool recv_all(int fd, void* p, size_t n, size_t* got) {
     n -= static_cast<size_t>(r);
     if (got != nullptr)
       *got += static_cast<size_t>(r);
+    if (n > 0 && until != nullptr && std::chrono::steady_clock::now() >= *until) {
+      errno = EAGAIN;
+      return false;
+    }
   }
   return true;
 }

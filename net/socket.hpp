@@ -63,8 +63,11 @@ bool send_all(int fd, const void* p, size_t n, int flags = 0);
 
 /// Receives exactly `n` bytes into `p`. False: errno says why (ECONNRESET:
 /// the peer closed before all came; EAGAIN: the receive timeout passed).
-/// `got`, when given: how many came, also on failure.
-bool recv_all(int fd, void* p, size_t n, size_t* got = nullptr);
+/// `got`, when given: how many came, also on failure. `until`, when given:
+/// a receive that stopped part way is not begun again past it (EAGAIN), so a
+/// peer that stalls mid-message costs at most one more wait.
+bool recv_all(int fd, void* p, size_t n, size_t* got = nullptr,
+              const std::chrono::steady_clock::time_point* until = nullptr);
 
 /// One sendmsg of `iov`'s first buffers with MSG_NOSIGNAL | `flags`: at most
 /// IOV_MAX of them (a frame of more parts goes in several calls, not

@@ -1,8 +1,8 @@
 #include "net/tcp_connect.hpp"
+#include "net/socket.hpp"
 
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -129,8 +129,7 @@ caf::expected<int> tcp_connect(const std::string& host, uint16_t port,
         err = n == 0 ? ETIMEDOUT : errno;
     }
     if (err == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      sock::set_nodelay(fd);
       return fd;
     }
     if (err == ETIMEDOUT)

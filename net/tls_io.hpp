@@ -1,5 +1,6 @@
 #pragma once
-/// The data plane's own TLS I/O (net/data_plane.cpp): the read path's
+/// The data plane's own TLS I/O (net/byte_channel.cpp's tls_channel, the
+/// server in net/data_plane_server.cpp, the client in net/data_channel.cpp): the read path's
 /// read-ahead and the record layer after the handshake (secure_stream).
 /// Kept out of tls.hpp, which much of the project includes.
 

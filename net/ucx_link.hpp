@@ -34,7 +34,7 @@
 
 #include "caf/expected.hpp"
 
-#include "net/shm_ring.hpp"
+#include "net/ring_status.hpp"
 #include "net/testing_hooks.hpp"
 #include "messages/error.hpp"
 
@@ -85,8 +85,8 @@ inline bool ucx_failed_recently(const std::string& peer) {
 /// One connection's UCP worker and endpoint.
 class ucx_channel {
 public:
-  using status = shm_channel::status;
-  using bound = shm_channel::bound;
+  using status = ring_status;
+  using bound = ring_bound;
 
   /// An address (in its envelope) longer than this is refused unread.
   static constexpr uint64_t max_address_bytes = uint64_t{64} << 10;
@@ -99,9 +99,10 @@ public:
   static bool disabled_by_environment();
 
   /// ACTORFLOW_DATA_UCX=force: offer UCX even to a peer on this host (instead
-  /// of shared memory), so that tests run the UCX path on one machine. The
-  /// fabric must still be trusted ([security] trusted_fabric, or a test
-  /// binary's hook: net/testing_hooks.hpp).
+  /// of shared memory): an operator's and the bench's knob (the `_ucx`
+  /// metrics of bench/shm_benches.cpp), which the tests use too. It cannot
+  /// turn off encryption: the fabric must still be trusted ([security]
+  /// trusted_fabric, or a test binary's hook: net/testing_hooks.hpp).
   static bool forced_by_environment();
 
   /// A fresh worker; address() is what the peer needs to reach it.
