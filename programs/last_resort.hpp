@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <system_error>
 
 namespace af {
 
@@ -23,8 +24,17 @@ inline void say_out_of_memory(const char* program) {
   std::fflush(stderr);
 }
 
-/// `body()`'s exit status; 1 with a line on stderr if it threw std::bad_alloc,
-/// on this thread or (through std::terminate) on any other.
+/// True for the system_error a thread's start throws when its stack cannot be
+/// mapped (EAGAIN, ENOMEM): memory, as a bad_alloc is. (A CUDA build, whose
+/// runtime reserves more address space, meets a memory cap there first.)
+inline bool out_of_memory(const std::system_error& e) {
+  return e.code() == std::errc::resource_unavailable_try_again
+         || e.code() == std::errc::not_enough_memory;
+}
+
+/// `body()`'s exit status; 1 with a line on stderr if it ran out of memory
+/// (std::bad_alloc, or a thread that could not start for want of it), on this
+/// thread or (through std::terminate) on any other.
 template <class F>
 int last_resort(const char* program, F&& body) {
   static const char* name = program;
@@ -36,6 +46,11 @@ int last_resort(const char* program, F&& body) {
       } catch (const std::bad_alloc&) {
         say_out_of_memory(name);
         std::_Exit(1);
+      } catch (const std::system_error& x) {
+        if (out_of_memory(x)) {
+          say_out_of_memory(name);
+          std::_Exit(1);
+        }
       } catch (...) {
         // another exception: what std::terminate did before
       }
@@ -47,6 +62,11 @@ int last_resort(const char* program, F&& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
+    say_out_of_memory(program);
+    return 1;
+  } catch (const std::system_error& e) {
+    if (!out_of_memory(e))
+      throw;
     say_out_of_memory(program);
     return 1;
   }
