@@ -203,10 +203,21 @@ void interpreter::state::statement(const stmt& st) {
     }
     case stmt::kind::repeat:
       for (int64_t i = 0; i < st.count; ++i) {
-        if (cancelled())
+        auto say_cancelled = [&] {
           fail(st.at, "repeat: cancelled after " + std::to_string(i) + " of "
                         + std::to_string(st.count) + " rounds");
-        run_program(st.body);
+        };
+        if (cancelled())
+          say_cancelled();
+        try {
+          run_program(st.body);
+        } catch (const repl_error&) {
+          // An interrupt seen inside the body (before one of its statements)
+          // is the repeat's: say how far it got, whichever check saw it.
+          if (cancelled())
+            say_cancelled();
+          throw;
+        }
       }
       return;
     case stmt::kind::command:

@@ -541,6 +541,7 @@ TEST_CASE("interrupt abandons a wait, a sleep and a repeat, the next command run
   CHECK(s.r.err.find("cancelled") != std::string::npos);
   auto n = interrupt_once_started(*in, started, "repeat 1000000 { repeat 1000000 { x = 1 } }");
   CHECK(n.took < 30s);
+  CAPTURE(n.r.err);
   CHECK(n.r.err.find("repeat: cancelled after") != std::string::npos);
   CHECK(exec(*in, "print 1").out == "1\n");
 }
