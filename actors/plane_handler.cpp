@@ -18,6 +18,7 @@
 
 #include "core/log.hpp"
 #include "messages/error.hpp"
+#include "train/optimizer.hpp"
 
 namespace af {
 
@@ -194,6 +195,7 @@ bool variable_directory::aggregate(plane_request& req) {
   if (!refusal.empty())
     return req.refuse(code, refusal);
   tensor values;
+  bool finite = true; // every float read so far
   if (h.has_tensor) {
     try {
       values.reset(dtype::float32, wire::shape_of(h));
@@ -203,12 +205,22 @@ bool variable_directory::aggregate(plane_request& req) {
                                     "memory)",
                                     node_name, h.payload_bytes, name));
     }
-    if (!req.read_payload(values.mutable_bytes(), true)) {
+    // Each piece is checked for non-finite floats as it arrives, in cache:
+    // the aggregator then need not read the whole push once more for it.
+    const auto* floats = values.data<float>();
+    auto check = [&](size_t offset, size_t n) {
+      if (finite) {
+        size_t count = n / sizeof(float);
+        finite = train::first_non_finite(floats + offset / sizeof(float), count) == count;
+      }
+    };
+    if (!req.read_payload(values.mutable_bytes(), true, 256 << 10, check)) {
       log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
                        node_name, req.peer(), name);
       return false;
     }
   }
+  who.finite_checked = h.has_tensor && finite;
   auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(who), std::move(values),
                   agg.wait);
   if (!r)

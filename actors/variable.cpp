@@ -277,8 +277,9 @@ caf::error variable_cell::check_floats(size_t n, const char* what) const {
   return caf::none;
 }
 
-caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const float* grad,
-                                         size_t n, uint64_t step) {
+template <class Source>
+caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
+                                       uint64_t step) {
   std::lock_guard<std::mutex> guard{mtx_};
   if (auto err = check_floats(n, "gradient"))
     return err;
@@ -292,12 +293,37 @@ caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const
       slot_ptrs[k] = it->second.mutable_data<float>();
     }
     // In place unless a reader still holds the buffer (then a copy: COW).
-    train::apply(opt, value_.mutable_data<float>(), slot_ptrs, grad, n, step);
+    float* var = value_.mutable_data<float>();
+    float buf[apply_block];
+    for (size_t offset = 0; offset < n; offset += apply_block) {
+      size_t len = std::min(apply_block, n - offset);
+      const float* grad = source(offset, len, buf);
+      float* slots[2] = {slot_ptrs[0] ? slot_ptrs[0] + offset : nullptr,
+                         slot_ptrs[1] ? slot_ptrs[1] + offset : nullptr};
+      train::apply(opt, var + offset, slots, grad, len, step);
+    }
   } catch (const std::bad_alloc&) {
     return out_of_memory(spec_, "gradient");
   }
   ++version_;
   return caf::none;
+}
+
+caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const float* grad,
+                                         size_t n, uint64_t step) {
+  return apply_blocks(
+    opt, [grad](size_t offset, size_t, float*) { return grad + offset; }, n, step);
+}
+
+caf::error variable_cell::apply_gradient_by(const train::optimizer_spec& opt,
+                                            const gradient_fill& fill, size_t n, uint64_t step) {
+  return apply_blocks(
+    opt,
+    [&fill](size_t offset, size_t len, float* buf) -> const float* {
+      fill(offset, len, buf);
+      return buf;
+    },
+    n, step);
 }
 
 caf::error variable_cell::assign_floats(const float* data, size_t n) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -131,6 +132,21 @@ public:
   caf::error apply_gradient(const train::optimizer_spec& opt, const float* grad, size_t n,
                             uint64_t step);
 
+  /// Produces floats [offset, offset + n) of a gradient into `out` (n is at
+  /// most apply_block).
+  using gradient_fill = std::function<void(size_t offset, size_t n, float* out)>;
+
+  /// Floats of gradient apply_gradient_by produces and applies at a time:
+  /// 16 KiB, so that the block is still in the core's cache when applied.
+  static constexpr size_t apply_block = 4096;
+
+  /// apply_gradient of the `n` floats `fill` produces block by block, each
+  /// applied as soon as it is made: a gradient computed from others (a sync
+  /// round's mean) never goes through memory as a whole. The same values as
+  /// apply_gradient of the whole, bit for bit (the optimizers are elementwise).
+  caf::error apply_gradient_by(const train::optimizer_spec& opt, const gradient_fill& fill,
+                               size_t n, uint64_t step);
+
   /// Sets the value from `n` floats (parameter averaging), keeping the slots.
   caf::error assign_floats(const float* data, size_t n);
 
@@ -149,6 +165,11 @@ public:
 
 private:
   caf::error check_floats(size_t n, const char* what) const; // mtx_ held
+  /// The update of apply_gradient(_by): `source(offset, len, buf)` gives the
+  /// gradient's floats [offset, offset + len), in `buf` or elsewhere.
+  template <class Source>
+  caf::error apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
+                          uint64_t step);
   /// Records the result of the update `id` (mtx_ held); evicts the oldest.
   void remember(uint64_t id, const applied& result, bool want_value);
   struct remembered_update {

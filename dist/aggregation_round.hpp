@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -88,11 +89,24 @@ public:
   /// part i go at `offsets[i]` of the sum). Call it before arrive(), only for
   /// a worker that has not arrived; an abstention (a refused value) adds
   /// nothing and only arrives.
+  ///
+  /// With `owner`, the values are kept by reference until release() (owner
+  /// keeps them alive) and summed only when the round is read (mean(),
+  /// mean_into()): the sync round's release sums, averages and applies them
+  /// in one pass over memory instead of a copy, an add, a scale and an apply.
+  /// Without one they are summed now. Either way the sum is the same, bit
+  /// for bit: the values in arrival order, added left to right.
   void add(const std::vector<const float*>& parts, const std::vector<size_t>& offsets,
-           const std::vector<size_t>& sizes) {
+           const std::vector<size_t>& sizes, std::shared_ptr<const void> owner = nullptr) {
+    if (owner) { // after those summed so far: arrival order stays
+      kept_.push_back({parts, offsets, sizes, std::move(owner)});
+      contributions_ += 1;
+      return;
+    }
+    materialize();
     if (sum_.size() != floats_)
       sum_.assign(floats_, 0.0f);
-    bool first = contributions_ == 0;
+    bool first = summed_ == 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       float* dst = sum_.data() + offsets[i];
       const float* src = parts[i];
@@ -103,6 +117,7 @@ public:
           dst[k] += src[k];
     }
     contributions_ += 1;
+    summed_ += 1;
   }
 
   /// Records the push of `worker` for `step`, answered through `ticket` at
@@ -162,12 +177,48 @@ public:
   /// The mean of the values added this round, computed in place: call it
   /// once per round, and only if contributions() > 0.
   const std::vector<float>& mean() {
+    materialize();
     if (contributions_ > 1) {
       float scale = 1.0f / static_cast<float>(contributions_);
       for (auto& x : sum_)
         x *= scale;
     }
     return sum_;
+  }
+
+  /// Floats [offset, offset + n) of the mean into `out`, the same values
+  /// mean() gives; the range lies within one part (the parts of every value
+  /// are the same: the variables). Only if contributions() > 0; any number
+  /// of times, in any order, until release().
+  void mean_into(size_t offset, size_t n, float* out) const {
+    // The sum in arrival order (those in sum_ first), then the scale: the
+    // operations mean() does, fused into as few passes as the values allow.
+    const float scale = contributions_ > 1 ? 1.0f / static_cast<float>(contributions_) : 1.0f;
+    const size_t sources = (summed_ > 0 ? 1 : 0) + kept_.size();
+    auto source = [&](size_t j) -> const float* {
+      if (summed_ > 0 && j-- == 0)
+        return sum_.data() + offset;
+      const auto& v = kept_[j];
+      size_t i = part_of(v, offset);
+      return v.parts[i] + (offset - v.offsets[i]);
+    };
+    if (sources == 1) {
+      const float* a = source(0);
+      for (size_t k = 0; k < n; ++k)
+        out[k] = a[k] * scale; // scale is 1 for one contribution: a copy
+      return;
+    }
+    const float* a = source(0);
+    for (size_t j = 1; j < sources; ++j) {
+      const float* b = source(j);
+      if (j + 1 == sources)
+        for (size_t k = 0; k < n; ++k)
+          out[k] = (a[k] + b[k]) * scale;
+      else
+        for (size_t k = 0; k < n; ++k)
+          out[k] = a[k] + b[k];
+      a = out;
+    }
   }
 
   // -- the end of a round ---------------------------------------------------------
@@ -180,17 +231,47 @@ public:
     tickets_.clear();
     std::fill(arrived_.begin(), arrived_.end(), false);
     contributions_ = 0;
+    summed_ = 0;
+    kept_.clear();
     step_.reset();
     return out;
   }
 
 private:
+  /// One worker's values kept by reference (add() with an owner).
+  struct kept_value {
+    std::vector<const float*> parts;
+    std::vector<size_t> offsets, sizes;
+    std::shared_ptr<const void> owner;
+  };
+
+  /// The part of `v` that holds flat index `offset`.
+  static size_t part_of(const kept_value& v, size_t offset) {
+    for (size_t i = 0; i < v.parts.size(); ++i)
+      if (offset >= v.offsets[i] && offset < v.offsets[i] + v.sizes[i])
+        return i;
+    return 0; // unreachable for an offset within the values
+  }
+
+  /// Adds the values kept by reference into sum_, in arrival order.
+  void materialize() {
+    if (kept_.empty())
+      return;
+    auto kept = std::move(kept_);
+    kept_.clear();
+    contributions_ -= static_cast<uint32_t>(kept.size());
+    for (auto& v : kept)
+      add(v.parts, v.offsets, v.sizes);
+  }
+
   size_t floats_;
   std::vector<bool> arrived_; ///< per worker, this round
   std::vector<bool> done_;    ///< per worker: pushes no more
   std::vector<bool> standby_; ///< per worker: not waited for (set_standby)
   std::vector<float> sum_;
   uint32_t contributions_ = 0;
+  uint32_t summed_ = 0;          ///< contributions already in sum_ (they come first)
+  std::vector<kept_value> kept_; ///< contributions by reference, after those
   std::optional<uint64_t> step_;
   clock_type::time_point started_;
   std::vector<std::pair<uint32_t, Ticket>> tickets_;

@@ -43,17 +43,26 @@ namespace {
 /// releases the round once enough workers have arrived: every member not
 /// done, or (sync) the first replicas_to_aggregate.
 template <class Release>
-push_result join_round(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
-                       const std::vector<tensor>& values, const char* what, Release release) {
+push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
+                       const push_credentials& who, const std::vector<tensor>& values,
+                       const char* what, Release release) {
   auto& st = self->state;
+  const uint64_t seq = who.seq;
   if (!values.empty()) {
-    auto parts = unpack(self, worker, values, what);
+    auto parts = unpack(self, worker, values, what, who.finite_checked);
     if (!parts)
       return std::move(parts.error());
     std::vector<float> scaled;
     if (st.spec.mode != "average")
       guard_gradient(self, worker, *parts, scaled);
-    st.round.add(*parts, st.offsets, st.sizes);
+    // sync keeps the values by reference: its release sums, averages and
+    // applies them in one pass (aggregation_round::add)
+    std::shared_ptr<const void> owner;
+    if (st.spec.mode == "sync")
+      owner = scaled.empty() ? std::shared_ptr<const void>{std::make_shared<std::vector<tensor>>(values)}
+                             : std::shared_ptr<const void>{
+                               std::make_shared<std::vector<float>>(std::move(scaled))};
+    st.round.add(*parts, st.offsets, st.sizes, std::move(owner));
     member(st, worker).contributed = true;
   } else {
     member(st, worker).stats.refused += 1;
@@ -124,7 +133,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         // deadlock.
         if (step > st.global_step)
           return ahead_of(st, worker, step);
-        if (auto err = apply_now(self, worker, step, who.seq, grads, false))
+        if (auto err = apply_now(self, worker, step, who, grads, false))
           return err;
         auto& m = member(st, worker);
         // A worker joins again at its next step: one that does not (it
@@ -156,7 +165,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         return make_error(af_error::already_exists,
                           fmt::format("{} pushed step {} twice to aggregator '{}'",
                                       worker_name(st, worker), step, st.spec.name));
-      return join_round(self, worker, st.global_step, who.seq, grads, "gradient", release_sync);
+      return join_round(self, worker, st.global_step, who, grads, "gradient", release_sync);
     });
 }
 
@@ -181,7 +190,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         return answer_now(self);
       if (auto err = take_gradient(self, worker, step))
         return err;
-      if (auto err = apply_now(self, worker, step, who.seq, grads, true))
+      if (auto err = apply_now(self, worker, step, who, grads, true))
         return err;
       return answer_now(self);
     });
@@ -208,7 +217,7 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
                             fmt::format("{} pushed again to aggregator '{}' while its last push "
                                         "waits for the slowest worker",
                                         worker_name(st, worker), st.spec.name));
-      if (auto err = apply_now(self, worker, step, who.seq, grads, true))
+      if (auto err = apply_now(self, worker, step, who, grads, true))
         return err;
       member(st, worker).stats.clock += 1;
       release_ssp(self); // this push may have been the slowest's
@@ -268,7 +277,7 @@ push_result average_push(self_pointer self, uint32_t worker, uint64_t step,
                                   worker_name(st, worker), st.spec.name));
   if (auto err = check_average_step(st, worker, step))
     return err;
-  return join_round(self, worker, step, who.seq, values, "parameters", release_average);
+  return join_round(self, worker, step, who, values, "parameters", release_average);
 }
 
 aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {

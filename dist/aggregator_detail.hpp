@@ -77,15 +77,22 @@ void invalidate(self_pointer self);
 /// The pushed values as one pointer per variable, after checking their
 /// shapes and that every element is finite. Errors name the worker and the
 /// variable; a value that is not finite is af_error::non_finite.
+/// `finite_checked`: this node's data plane already found every element
+/// finite (push_credentials::finite_checked), so only the shapes are checked.
 caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t worker,
                                                 const std::vector<tensor>& values,
-                                                const char* what);
+                                                const char* what, bool finite_checked = false);
 
 /// Applies one update, `parts[i]` being variable i's floats: a gradient
 /// (sync, async) or new values (average). Either every variable takes it or,
 /// if prepare_update refuses, none does.
 caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
                       const std::string& what);
+
+/// update_all of the round's mean gradient (sync), made and applied block by
+/// block (variable_cell::apply_gradient_by): the same update, bit for bit,
+/// in one pass over the pushed values and the variables.
+caf::error update_all_by_mean(self_pointer self, const std::string& what);
 
 /// The gradient-norm guard (spec.grad_norm_guard): a gradient whose norm is
 /// over the bound is scaled down to it into `scaled`, and `parts` point
@@ -94,7 +101,7 @@ void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*
                     std::vector<float>& scaled);
 
 /// A gradient applied at once (async, ssp), with its staleness counted.
-caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who,
                      const std::vector<tensor>& grads, bool moves_step);
 
 /// A push of the kind the mode does not take, after a live switch.

@@ -224,7 +224,7 @@ void release_sync(self_pointer self) {
   auto& st = self->state;
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
-    if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
+    if (auto err = update_all_by_mean(self, what)) {
       fail_all(st, st.round.release(), err);
       return;
     }

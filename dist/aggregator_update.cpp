@@ -91,7 +91,7 @@ void invalidate(self_pointer self) {
 
 caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t worker,
                                                 const std::vector<tensor>& values,
-                                                const char* what) {
+                                                const char* what, bool finite_checked) {
   auto& st = self->state;
   auto worker_name = [&st](uint32_t w) { return aggregator_detail::worker_name(st, w); };
   std::vector<const float*> out(st.vars.size());
@@ -126,7 +126,7 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
       out[i] = t.data<float>();
     }
   }
-  for (size_t i = 0; i < st.vars.size(); ++i) {
+  for (size_t i = 0; i < st.vars.size() && !finite_checked; ++i) {
     auto bad = train::first_non_finite(out[i], st.sizes[i]);
     if (bad < st.sizes[i]) {
       auto msg = fmt::format("{} of {} for variable '{}' is not finite (element {} is {}): "
@@ -142,19 +142,18 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
   return out;
 }
 
-caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
-                      const std::string& what) {
+namespace {
+
+/// Applies one update to every variable, `apply(i, cell)` doing variable i's:
+/// either every variable takes it or, if prepare_update refuses, none does.
+template <class Apply>
+caf::error update_each(self_pointer self, const std::string& what, Apply apply) {
   auto& st = self->state;
   if (auto err = prepare_update(self, what))
     return err;
   invalidate(self); // the cached flat parameters would make the update copy (COW)
-  bool average = st.spec.mode == "average";
   for (size_t i = 0; i < st.vars.size(); ++i) {
-    auto& cell = *st.vars[i].cell;
-    auto err = average ? cell.assign_floats(parts[i], st.sizes[i])
-                       : cell.apply_gradient(st.spec.optimizer, parts[i], st.sizes[i],
-                                             st.global_step);
-    if (err) {
+    if (auto err = apply(i, *st.vars[i].cell)) {
       // Only an allocation can fail here (prepare_update checked the rest):
       // say which variables did take the update.
       std::vector<std::string> took(st.spec.variables.begin(), st.spec.variables.begin() + i);
@@ -168,6 +167,31 @@ caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
   }
   invalidate(self);
   return caf::none;
+}
+
+} // namespace
+
+caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
+                      const std::string& what) {
+  auto& st = self->state;
+  bool average = st.spec.mode == "average";
+  return update_each(self, what, [&](size_t i, variable_cell& cell) {
+    return average ? cell.assign_floats(parts[i], st.sizes[i])
+                   : cell.apply_gradient(st.spec.optimizer, parts[i], st.sizes[i], st.global_step);
+  });
+}
+
+caf::error update_all_by_mean(self_pointer self, const std::string& what) {
+  auto& st = self->state;
+  return update_each(self, what, [&](size_t i, variable_cell& cell) {
+    auto base = st.offsets[i];
+    return cell.apply_gradient_by(
+      st.spec.optimizer,
+      [&st, base](size_t offset, size_t n, float* out) {
+        st.round.mean_into(base + offset, n, out);
+      },
+      st.sizes[i], st.global_step);
+  });
 }
 
 void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*>& parts,
@@ -195,16 +219,17 @@ void guard_gradient(self_pointer self, uint32_t worker, std::vector<const float*
                      median > 0 ? n / median : 0.0, median, st.guard.limit(), m.stats.guarded);
 }
 
-caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who,
                      const std::vector<tensor>& grads, bool moves_step) {
   auto& st = self->state;
+  const uint64_t seq = who.seq;
   auto& m = member(st, worker);
   if (grads.empty()) {
     m.stats.refused += 1;
     m.seq_taken = std::max(m.seq_taken, seq);
     return caf::none;
   }
-  auto parts = unpack(self, worker, grads, "gradient");
+  auto parts = unpack(self, worker, grads, "gradient", who.finite_checked);
   if (!parts)
     return std::move(parts.error());
   std::vector<float> scaled;

@@ -233,6 +233,10 @@ struct push_credentials {
   std::string token;
   uint64_t seq = 0;
   std::string from;
+  /// This node's data plane found every pushed float finite as it read them
+  /// (while they were in cache), so the aggregator need not look again. Not
+  /// serialized: a push from another node always arrives with false.
+  bool finite_checked = false;
 };
 
 template <class Inspector>

@@ -13,6 +13,7 @@
 /// read straight into the handler's own buffer (read_payload), the reply
 /// written straight from it (reply): no copy in between.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -61,6 +62,22 @@ public:
   /// ended is said in the node's log, unless `quiet` (the caller says it).
   bool read_payload(void* dst, bool quiet = false);
 
+  /// read_payload in pieces of `piece_bytes`, calling `on_piece(offset, n)`
+  /// after each piece [offset, offset + n) of `dst` has arrived: a check of
+  /// the bytes runs while they are still in the core's cache.
+  template <class OnPiece>
+  bool read_payload(void* dst, bool quiet, size_t piece_bytes, OnPiece&& on_piece) {
+    auto* bytes = static_cast<char*>(dst);
+    const size_t total = h_.payload_bytes;
+    for (size_t offset = 0; offset < total; offset += piece_bytes) {
+      size_t n = std::min(piece_bytes, total - offset);
+      if (!read_bytes(bytes + offset, n, quiet))
+        return false;
+      on_piece(offset, n);
+    }
+    return true;
+  }
+
   /// Skips a payload that is no tensor. False: the connection is to be
   /// dropped (one too large to skip is answered first).
   bool skip_payload();
@@ -84,6 +101,9 @@ public:
   bool reply_error(const caf::error& err);
 
 private:
+  /// `n` bytes of the payload into `dst`, within the frame timeout.
+  bool read_bytes(void* dst, size_t n, bool quiet);
+
   served_connection& conn_;
   const wire::header& h_;
   const std::string& name_;

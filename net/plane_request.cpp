@@ -31,7 +31,11 @@ std::string plane_request::transport() const {
 bool plane_request::read_payload(void* dst, bool quiet) {
   if (h_.payload_bytes == 0)
     return true;
-  auto how = read_timed(conn_.io, dst, h_.payload_bytes, conn_.frame_ms, conn_.frame_ms, false);
+  return read_bytes(dst, h_.payload_bytes, quiet);
+}
+
+bool plane_request::read_bytes(void* dst, size_t n, bool quiet) {
+  auto how = read_timed(conn_.io, dst, n, conn_.frame_ms, conn_.frame_ms, false);
   if (quiet)
     return how == read_end::done;
   return !conn_.ended(how, "payload");

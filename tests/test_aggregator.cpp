@@ -218,6 +218,59 @@ TEST_CASE("releasing a round hands back every ticket in arrival order and starts
   CHECK(r.mean() == std::vector<float>{3, 4, 5}); // not added to the last round's sum
 }
 
+TEST_CASE("a round's values kept by reference give the mean of values summed on arrival, bit "
+          "for bit, in blocks and parts",
+          "[aggregator]") {
+  // Catches: the sync release's fused mean (aggregation_round::mean_into,
+  // values kept by reference) adding in another order than arrival, scaling
+  // twice or not at all, reading the wrong part of a block, or losing a
+  // value summed before those kept: each gives other bits than mean() (the
+  // values span magnitudes, so float addition order shows).
+  const std::vector<size_t> offsets{0, 700}, sizes{700, 1301};
+  const size_t total = 2001;
+  std::vector<std::vector<float>> values(3, std::vector<float>(total));
+  uint32_t seed = 12345;
+  for (auto& v : values)
+    for (auto& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = static_cast<float>(static_cast<int32_t>(seed)) * std::pow(2.0f, float(seed % 40) - 20);
+    }
+  auto parts = [&](size_t w) {
+    return std::vector<const float*>{values[w].data(), values[w].data() + 700};
+  };
+  auto owner = [&](size_t w) { return std::make_shared<std::vector<float>>(values[w]); };
+  aggregation_round<int> summed{3, total};
+  for (size_t w = 0; w < 3; ++w)
+    summed.add(parts(w), offsets, sizes);
+  auto expected = summed.mean();
+  auto contributions = GENERATE(1, 2, 3);
+  auto first_summed = GENERATE(false, true);
+  aggregation_round<int> kept{3, total};
+  std::vector<std::shared_ptr<std::vector<float>>> copies;
+  for (size_t w = 0; w < static_cast<size_t>(contributions); ++w) {
+    copies.push_back(owner(w));
+    auto p = std::vector<const float*>{copies.back()->data(), copies.back()->data() + 700};
+    if (w == 0 && first_summed)
+      kept.add(p, offsets, sizes);
+    else
+      kept.add(p, offsets, sizes, copies.back());
+  }
+  if (contributions < 3) {
+    aggregation_round<int> fewer{3, total};
+    for (size_t w = 0; w < static_cast<size_t>(contributions); ++w)
+      fewer.add(parts(w), offsets, sizes);
+    expected = fewer.mean();
+  }
+  std::vector<float> got(total);
+  for (size_t i = 0; i < 2; ++i) // blocks of 256, cut at each part's end
+    for (size_t k = 0; k < sizes[i]; k += 256)
+      kept.mean_into(offsets[i] + k, std::min<size_t>(256, sizes[i] - k), got.data() + offsets[i] + k);
+  CHECK(std::memcmp(got.data(), expected.data(), total * sizeof(float)) == 0);
+  // and mean() of the kept values is the same too (average mode reads it so)
+  auto whole = kept.mean();
+  CHECK(std::memcmp(whole.data(), expected.data(), total * sizeof(float)) == 0);
+}
+
 TEST_CASE("a round expires its timeout after its first push, not before", "[aggregator]") {
   // Catches: a round timed from the aggregator's start (or the last push),
   // an idle aggregator that times out.

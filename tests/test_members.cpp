@@ -218,6 +218,50 @@ TEST_CASE("a pull that carries values is refused saying so, not as a size that m
   ::close(fd);
 }
 
+TEST_CASE("over the data plane a push with a non-finite float in a later piece is refused "
+          "naming it, and the variable keeps its value",
+          "[members][plane]") {
+  // Catches: the data plane's check of each piece as it arrives (which
+  // spares the aggregator its own pass) passing a push whose first piece is
+  // finite and a later one not: the NaN applied, the model destroyed.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  constexpr int64_t n = 200000; // pieces of 64 K floats: the NaN is in the fourth
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("w", {n}, initializer::constant(1)));
+  }
+  REQUIRE_FALSE(s->initialize());
+  aggregator_spec spec;
+  spec.name = "test/nonfinite";
+  spec.mode = GENERATE(as<std::string>{}, "sync", "async");
+  spec.variables = {"w"};
+  spec.workers = 1;
+  spec.optimizer.lr = 1.0;
+  auto agg = s->aggregator("ps", 0, spec);
+  REQUIRE(agg);
+  caf::scoped_actor self{s->system()};
+  auto token = test::join_for_token(self, *agg, 0);
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  auto chan = data_channel::connect("127.0.0.1", info->data_port, "ps", 5s);
+  REQUIRE(chan);
+  auto grad = tensor::filled(dtype::float32, {n}, 0.5f);
+  grad.mutable_data<float>()[199999] = std::numeric_limits<float>::quiet_NaN();
+  auto r = (*chan)->aggregate(wire::kind::push, spec.name, 0, 0, {grad}, 10s, token, 1);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::non_finite));
+  CHECK_THAT(describe(r.error()), Catch::Contains("element 199999"));
+  // a finite push goes through on the same connection, from the value as it was
+  auto ok = (*chan)->aggregate(wire::kind::push, spec.name, 0, 0,
+                               {tensor::filled(dtype::float32, {n}, 0.5f)}, 10s, token, 2);
+  REQUIRE(ok);
+  CHECK(ok->second.at(0) == 0.5);
+  CHECK(ok->second.at(199999) == 0.5);
+}
+
 TEST_CASE("a job whose worker fails fails at its chief, naming the worker and its error",
           "[members][train]") {
   // Catches: the chief printing `train done` and exiting 0 while a worker of

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "actors/variable.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
+#include "train/optimizer.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
@@ -177,6 +180,56 @@ TEST_CASE("optimizer slots live beside the value: kept by updates, reset by init
   CHECK(cell.apply(var_op::read, tensor{}, true)->value.values<float>() == std::vector<float>{4, 4});
   REQUIRE(cell.initialize(initializer::zeros(), false, ""));
   CHECK_FALSE(cell.slot("m"));
+}
+
+TEST_CASE("an update applied block by block is the whole update, bit for bit, for every optimizer",
+          "[variable]") {
+  // Catches: apply_gradient_by (the sync round's fused release) giving other
+  // values than apply_gradient of the whole gradient: a block's slots or
+  // value offset wrong, the last short block dropped, a block applied twice.
+  auto kind = GENERATE(as<std::string>{}, "sgd", "momentum", "adam");
+  train::optimizer_spec opt;
+  opt.kind = kind;
+  opt.lr = 0.01;
+  const int64_t n = 3 * variable_cell::apply_block + 123;
+  std::vector<float> grad(static_cast<size_t>(n));
+  for (size_t i = 0; i < grad.size(); ++i)
+    grad[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  // the reference: train::apply over the whole arrays at once
+  std::vector<float> value(static_cast<size_t>(n)), m(value.size(), 0.0f), v(value.size(), 0.0f);
+  for (size_t i = 0; i < value.size(); ++i)
+    value[i] = std::cos(static_cast<float>(i));
+  variable_cell whole = make({n}), blocks = make({n});
+  tensor start{dtype::float32, {n}};
+  std::memcpy(start.mutable_data<float>(), value.data(), value.size() * sizeof(float));
+  REQUIRE(whole.apply(var_op::assign, start, false));
+  REQUIRE(blocks.apply(var_op::assign, start, false));
+  size_t calls = 0;
+  for (uint64_t step = 0; step < 3; ++step) {
+    float* slots[2] = {m.data(), v.data()};
+    train::apply(opt, value.data(), slots, grad.data(), grad.size(), step);
+    REQUIRE_FALSE(whole.apply_gradient(opt, grad.data(), grad.size(), step));
+    REQUIRE_FALSE(blocks.apply_gradient_by(
+      opt,
+      [&](size_t offset, size_t len, float* out) {
+        ++calls;
+        REQUIRE(len <= variable_cell::apply_block);
+        std::memcpy(out, grad.data() + offset, len * sizeof(float));
+      },
+      grad.size(), step));
+  }
+  CHECK(calls == 3 * 4);
+  for (auto* cell : {&whole, &blocks}) {
+    auto got = cell->apply(var_op::read, tensor{}, true);
+    REQUIRE(got);
+    CHECK(std::memcmp(got->value.data<float>(), value.data(), n * sizeof(float)) == 0);
+    auto names = train::slot_names(kind);
+    for (size_t k = 0; k < names.size(); ++k) {
+      auto slot = cell->slot(names[k]);
+      REQUIRE(slot);
+      CHECK(std::memcmp(slot->data<float>(), (k == 0 ? m : v).data(), n * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("shapes that overflow or cannot be allocated are errors naming the variable, not crashes",

@@ -171,7 +171,15 @@ public:
     const float* pb = b.data<float>();
     auto rows = [](const tensor& t) { return static_cast<int>(t.shape()[0]); };
     auto cols = [](const tensor& t) { return static_cast<int>(t.shape()[1]); };
-    if (k == 1) { // outer product: c[i][j] = a[i] * b[j]
+    if (k == 1 && n == 1) { // a column times a scalar: one pass the compiler vectorizes
+      const float b0 = pb[0];
+      for (size_t i = 0; i < m; ++i)
+        c[i] = pa[i] * b0;
+    } else if (k == 1 && m == 1) { // a scalar times a row
+      const float a0 = pa[0];
+      for (size_t j = 0; j < n; ++j)
+        c[j] = a0 * pb[j];
+    } else if (k == 1) { // outer product: c[i][j] = a[i] * b[j]
       for (size_t i = 0; i < m; ++i) {
         const float ai = pa[i];
         float* ci = c + i * n;
