@@ -257,6 +257,7 @@ void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
       auto step_ms = static_cast<int>(3000.0 / base.back());
       auto with_backup = keys;
       with_backup.push_back("replicas_to_aggregate=2");
+      with_backup.push_back("synthetic_examples=3"); // one example per worker
       auto run = run_cluster(with_backup, o, dir, name, 1, 3,
                              {{2, {"--step-delay-ms", std::to_string(std::max(1, step_ms))}}});
       if (auto x = steps_per_s(run, failure))
