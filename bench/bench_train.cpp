@@ -3,15 +3,20 @@
 // are in train_helpers.cpp; running processes and clusters in train_run.cpp.
 #include "bench/bench_train.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 
+#include "bench/raw_helpers.hpp"
 #include "bench/train_common.hpp"
 #include "bench/train_run.hpp"
 #include "config/loopback.hpp"
@@ -76,6 +81,54 @@ std::optional<raw_run> raw_training(const std::string& mode, bool store,
   return out;
 }
 
+/// The raw shared-memory ps (sync, store-and-forward; raw_shm_ps.cpp) with
+/// 2 raw workers over the timed window, or nothing (why on stderr).
+std::optional<raw_run> raw_shm_training(const train_bench_options& o, const scratch_dir& dir) {
+  static int made = 0;
+  auto name = "/actorflow-bench-raw-" + std::to_string(getpid()) + "-" + std::to_string(made++);
+  const size_t floats = linear_features + 1;
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(raw_shm_segment_bytes(floats, 2))) != 0) {
+    std::fprintf(stderr, "actorflow-bench: raw shm ps: cannot make %s: %s\n", name.c_str(),
+                 std::strerror(errno));
+    if (fd >= 0)
+      close(fd), shm_unlink(name.c_str());
+    return std::nullopt;
+  }
+  close(fd);
+  auto self = self_exe();
+  std::vector<std::string> common{"shm=" + name, "floats=" + std::to_string(floats)};
+  auto args = [&](std::vector<std::string> v) {
+    v.insert(v.begin(), {self, helper_flag});
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  std::vector<child_process> pids;
+  pids.push_back(spawn(args({"raw-shm-ps", "lr=" + exact(linear_lr), "warmup=" + exact(o.warmup_s),
+                             "window=" + exact(o.window_s)}),
+                       dir.path / "raw-shm-ps.log"));
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn(args({"raw-shm-worker", "rank=" + std::to_string(r),
+                               "seed=" + std::to_string(linear_seed)}),
+                         dir.path / ("raw-shm-worker" + std::to_string(r) + ".log")));
+  auto failure = wait_all(pids, {"raw shm ps", "raw shm worker 0", "raw shm worker 1"},
+                          clock_type::now() + o.timeout);
+  shm_unlink(name.c_str());
+  if (failure) {
+    std::fprintf(stderr, "actorflow-bench: raw shm ps: %s\n", failure->why.c_str());
+    return std::nullopt;
+  }
+  auto ps = parse_values(slurp(dir.path / "raw-shm-ps.log"));
+  if (!ps.count("window_seconds") || ps["window_seconds"] <= 0)
+    return std::nullopt;
+  raw_run out;
+  out.steps_per_s = ps["window_steps"] / ps["window_seconds"];
+  for (int r = 0; r < 2; ++r)
+    out.loss[r] =
+      parse_values(slurp(dir.path / ("raw-shm-worker" + std::to_string(r) + ".log")))["loss"];
+  return out;
+}
+
 /// MB/s (of the 4 MiB buffer per exchange) of the raw exchange, rank 0's median.
 std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_dir& dir) {
   uint16_t port = 0;
@@ -106,6 +159,14 @@ std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_
 }
 
 // -- ours -----------------------------------------------------------------------------------
+
+/// " x y z": every repetition, in the order they ran.
+std::string listed(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v)
+    out += " " + exact(x, 4);
+  return out;
+}
 
 /// `key=value` of the [train] table of the 1 M workload (config/linear_1m.toml's)
 /// in `mode`, timed as the options say.
@@ -153,12 +214,12 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
 void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
                        const train_bench_options& o, const scratch_dir& dir) {
   auto keys = linear_keys("sync", o);
-  bool need_raw = tcp_line || shm_line, need_tcp = tcp_line || shm_vs_tcp;
+  bool need_raw = tcp_line, need_tcp = tcp_line || shm_vs_tcp;
   bool need_shm = shm_line || shm_vs_tcp;
-  std::vector<double> tcp, shm, store, piped;
+  std::vector<double> tcp, shm, store, piped, raw_shm;
   std::string tcp_failure, shm_failure;
   double tcp_loss = -1, shm_loss = -1;
-  raw_run last_raw;
+  raw_run last_raw, last_raw_shm;
   for (int rep = 0; rep < o.reps; ++rep) {
     if (need_raw)
       if (auto b = raw_training("sync", true, o, dir)) {
@@ -174,25 +235,33 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
     if (need_shm && shm_failure.empty())
       if (auto x = ours_linear(keys, true, o, dir, "sync-shm", shm_failure, shm_loss))
         shm.push_back(*x);
+    if (shm_line)
+      if (auto b = raw_shm_training(o, dir)) {
+        raw_shm.push_back(b->steps_per_s);
+        last_raw_shm = *b;
+      }
   }
-  if (need_raw)
-    std::printf("# train_sync_1m_2w: final loss (x.w + b - y)^2: raw workers %.3g and %.3g; ours "
-                "(the chief's last report) %.3g on TCP, %.3g on shared memory (-1: not run)\n",
-                last_raw.loss[0], last_raw.loss[1], tcp_loss, shm_loss);
+  std::printf("# train_sync_1m_2w: final loss (x.w + b - y)^2: raw TCP workers %.3g and %.3g, raw "
+              "shared-memory workers %.3g and %.3g; ours (the chief's last report) %.3g on TCP, "
+              "%.3g on shared memory (0 0 or -1: not run)\n",
+              last_raw.loss[0], last_raw.loss[1], last_raw_shm.loss[0], last_raw_shm.loss[1],
+              tcp_loss, shm_loss);
   if (tcp_line) {
     std::printf("# train_sync_1m_2w_tcp: actorflow over TCP (ACTORFLOW_DATA_SHM=off) against the "
                 "raw-TCP store-and-forward ps\n");
     report("train_sync_1m_2w_tcp", tcp, store, "steps/s", tcp_failure);
     if (!piped.empty() && !store.empty())
       std::printf("# train_sync_1m_2w_tcp: the raw-TCP pipelined ps (chunk by chunk): %.3f "
-                  "steps/s, %.3f x the store-and-forward ps; ours %.3f x the pipelined ps\n",
+                  "steps/s, %.3f x the store-and-forward ps; ours %.3f x the pipelined ps; "
+                  "reps:%s\n",
                   median(piped), median(piped) / median(store),
-                  tcp.empty() ? 0.0 : median(tcp) / median(piped));
+                  tcp.empty() ? 0.0 : median(tcp) / median(piped), listed(piped).c_str());
   }
   if (shm_line) {
-    std::printf("# train_sync_1m_2w_shm: actorflow over shared memory against the raw-TCP "
-                "store-and-forward ps (no raw shared-memory ps is written yet)\n");
-    report("train_sync_1m_2w_shm", shm, store, "steps/s", shm_failure);
+    std::printf("# train_sync_1m_2w_shm: actorflow over shared memory against the raw "
+                "shared-memory store-and-forward ps (a pair of regions per worker, futex "
+                "wake-ups)\n");
+    report("train_sync_1m_2w_shm", shm, raw_shm, "steps/s", shm_failure);
   }
   if (shm_vs_tcp) {
     std::printf("# train_sync_1m_2w_shm_vs_tcp: actorflow over shared memory against actorflow "
@@ -229,9 +298,9 @@ void bench_linear_async(const train_bench_options& o, const scratch_dir& dir) {
   report(name, ours, store, "steps/s", failure);
   if (!piped.empty() && !store.empty())
     std::printf("# %s: the raw-TCP pipelined ps: %.3f steps/s, %.3f x the store-and-forward ps; "
-                "ours %.3f x the pipelined ps\n",
+                "ours %.3f x the pipelined ps; reps:%s\n",
                 name.c_str(), median(piped), median(piped) / median(store),
-                ours.empty() ? 0.0 : median(ours) / median(piped));
+                ours.empty() ? 0.0 : median(ours) / median(piped), listed(piped).c_str());
 }
 
 /// Sync with a straggler, over TCP: 3 worker processes, one sleeping 3

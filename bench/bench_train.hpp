@@ -10,8 +10,8 @@
 ///                               over TCP, against the raw-TCP store-and-forward
 ///                               ps (the pipelined raw ps's figure as a # line)
 ///   train_async_1m_2w_tcp       async global steps/s, the same
-///   train_sync_1m_2w_shm        the sync job on shared memory, against the
-///                               raw-TCP ps (no raw shared-memory ps is written)
+///   train_sync_1m_2w_shm        the sync job on shared memory, against a raw
+///                               shared-memory store-and-forward ps (raw_shm_ps.cpp)
 ///   train_sync_1m_2w_shm_vs_tcp the sync job on shared memory against itself on TCP
 ///   allreduce_4mib_2w_tcp       MB/s of one 4 MiB all-reduce between 2 ranks
 ///   train_digits_examples_per_s_tcp, _shm  sync 2-worker digits MLP against one
