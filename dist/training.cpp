@@ -609,11 +609,19 @@ caf::expected<std::unique_ptr<timed_window>> arm_window(task_run& t) {
 /// The worker that the window stopped (cancelled before a step) ended as
 /// the job meant it to: its result, as far as a stopped worker knows it
 /// (the loss: the chief's last progress report's).
-worker_result timed_end(const task_run& t, const window_result& w) {
+worker_result timed_end(task_run& t, const window_result& w) {
   worker_result r;
   r.seconds = w.seconds;
   r.loss = t.rep ? t.rep->last_loss : 0;
   r.shards = t.setup.shards;
+  // Its steps as ps 0 counted its pushes (the worker's own count went with it).
+  if (auto st = ask<aggregator_stats>(t.s, t.setup.shards[0].actor, std::chrono::milliseconds{2000},
+                                      stats_atom::value)) {
+    r.global_step = st->global_step;
+    for (const auto& ws : st->workers)
+      if (ws.worker == t.task)
+        r.local_steps = ws.pushes;
+  }
   return r;
 }
 
