@@ -79,8 +79,14 @@ int main_body(int argc, char** argv) {
   using af::bench::positive_whole;
   app.add_option("--train-reps", topts.reps, "repetitions of each training metric (median)")
     ->check(positive_whole("repetitions", max_int));
+  app.add_option("--train-warmup", topts.warmup_s,
+                 "seconds of the 1 M lines' warm-up, after both workers started (default 5)")
+    ->check(af::bench::number_check({0, false, 3600, false, "a number of seconds in [0, 3600]"}));
+  app.add_option("--train-window", topts.window_s,
+                 "seconds of the 1 M lines' timed window (default 15)")
+    ->check(af::bench::number_check({0, true, 3600, false, "a number of seconds in (0, 3600]"}));
   app.add_option("--train-steps", topts.steps_1m,
-                 "sync steps of the 1 M-float model per repetition (async: twice, global)")
+                 "sync steps of train_sync_partitioned_3ps per repetition")
     ->check(positive_whole("steps", 1e18));
   app.add_option("--digits-steps", topts.digits_steps, "sync steps of the digits MLP")
     ->check(positive_whole("steps", 1e18));

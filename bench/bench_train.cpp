@@ -1,23 +1,24 @@
-// The training benchmarks of actorflow-bench (issue 8); see bench_train.hpp.
-// The helper processes (the raw baselines, our all-reduce) are in
-// train_helpers.cpp.
+// The training benchmarks of actorflow-bench (issues 8 and 24); see
+// bench_train.hpp. The helper processes (the raw baselines, our all-reduce)
+// are in train_helpers.cpp; running processes and clusters in train_run.cpp.
 #include "bench/bench_train.hpp"
 
-#include <signal.h>
-#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
-#include <sstream>
-#include <thread>
 
+#include "bench/raw_helpers.hpp"
 #include "bench/train_common.hpp"
+#include "bench/train_run.hpp"
 #include "config/loopback.hpp"
 #include "core/child_process.hpp"
 #include "train/config.hpp"
@@ -27,150 +28,105 @@ namespace af::bench {
 
 namespace {
 
-// -- running processes -------------------------------------------------------------------
-
-/// A child: `args` exec'd with stdout and stderr into `log`, every other
-/// descriptor closed but `keep`, killed if the bench dies.
-child_process spawn(const std::vector<std::string>& args, const std::filesystem::path& log,
-                    int keep = -1) {
-  child_spec spec;
-  spec.argv = args;
-  spec.out = spec.err = child_output::file;
-  spec.log_path = log.string();
-  spec.close_fds = true;
-  spec.keep_fd = keep;
-  return child_process{spec};
-}
-
-/// Why a group of children failed: which one failed first, and how.
-struct group_failure {
-  size_t who = 0;
-  std::string why;
-};
-
-/// Waits for every child until `deadline` (sooner once one has failed: its
-/// peers would wait for it in vain) and kills those left.
-std::optional<group_failure> wait_all(std::vector<child_process>& kids,
-                                      const std::vector<std::string>& names,
-                                      clock_type::time_point deadline) {
-  std::vector<bool> done(kids.size(), false);
-  std::optional<group_failure> failure;
-  for (;;) {
-    bool pending = false;
-    for (size_t i = 0; i < kids.size(); ++i) {
-      if (done[i])
-        continue;
-      auto status = kids[i].try_wait();
-      if (!status) {
-        pending = true;
-        continue;
-      }
-      done[i] = true;
-      bool ok = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
-      if (!ok && !failure) {
-        failure = group_failure{i, names[i] + " " + child_process::describe(*status)};
-        deadline = std::min(deadline, clock_type::now() + std::chrono::seconds(5));
-      }
-    }
-    if (!pending)
-      return failure;
-    if (clock_type::now() > deadline) {
-      for (size_t i = 0; i < kids.size(); ++i)
-        if (!done[i]) {
-          kids[i].signal(SIGKILL);
-          if (!failure)
-            failure = group_failure{i, names[i] + " still running after the deadline (killed)"};
-        }
-      return failure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in{p};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-/// The last line of `text` that is not empty, for failure messages.
-std::string last_line(const std::string& text) {
-  auto end = text.find_last_not_of("\n\r ");
-  if (end == std::string::npos)
-    return "(no output)";
-  auto nl = text.rfind('\n', end);
-  auto begin = nl == std::string::npos ? 0 : nl + 1;
-  return text.substr(begin, end + 1 - begin);
-}
-
-/// "key value" lines of a helper's output.
-std::map<std::string, double> parse_values(const std::string& text) {
-  std::map<std::string, double> kv;
-  std::istringstream in{text};
-  std::string key;
-  double value;
-  while (in >> key >> value)
-    kv[key] = value;
-  return kv;
-}
-
-/// A scratch folder for configs and logs, removed at the end.
-struct scratch_dir {
-  std::filesystem::path path;
-  scratch_dir() {
-    char name[] = "/tmp/actorflow-bench-train-XXXXXX";
-    if (mkdtemp(name))
-      path = name;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    if (!path.empty())
-      std::filesystem::remove_all(path, ec);
-  }
-};
-
-std::string self_exe() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
-}
+using namespace train_run;
 
 // -- the baselines ------------------------------------------------------------------------
 
-/// Global steps/s of the raw ps with 2 raw workers, or nothing (why on stderr).
-std::optional<double> raw_training(const std::string& mode, const train_bench_options& o,
-                                   const scratch_dir& dir) {
+/// What a raw ps of the 1 M workload and its 2 raw workers gave.
+struct raw_run {
+  double steps_per_s = 0;  ///< global steps/s of the window (the ps's count)
+  double loss[2] = {0, 0}; ///< each worker's last loss
+};
+
+/// The raw-TCP ps (`store`: store-and-forward, else pipelined) with 2 raw
+/// workers over the timed window, or nothing (why on stderr).
+std::optional<raw_run> raw_training(const std::string& mode, bool store,
+                                    const train_bench_options& o, const scratch_dir& dir) {
   uint16_t port = 0;
   int lfd = listen_on_loopback(port, 16);
   if (lfd < 0)
     return std::nullopt;
   auto self = self_exe();
-  auto floats = std::to_string(model_floats);
+  auto floats = std::to_string(linear_features + 1);
   std::vector<child_process> pids;
   std::vector<std::string> names{"raw ps", "raw worker 0", "raw worker 1"};
   pids.push_back(spawn({self, helper_flag, "raw-ps", "listen-fd=" + std::to_string(lfd),
                         "workers=2", "floats=" + floats, "mode=" + mode,
-                        "lr=" + exact(linear_lr)},
+                        "store=" + std::string{store ? "1" : "0"}, "lr=" + exact(linear_lr),
+                        "warmup=" + exact(o.warmup_s), "window=" + exact(o.window_s)},
                        dir.path / "raw-ps.log", lfd));
   close(lfd);
   for (int r = 0; r < 2; ++r)
     pids.push_back(spawn({self, helper_flag, "raw-worker", "rank=" + std::to_string(r),
                           "port=" + std::to_string(port), "floats=" + floats,
-                          "steps=" + std::to_string(o.steps_1m),
-                          "warmup=" + std::to_string(o.warmup_1m)},
+                          "seed=" + std::to_string(linear_seed)},
                          dir.path / ("raw-worker" + std::to_string(r) + ".log")));
+  const char* kind = store ? "store-and-forward" : "pipelined";
   if (auto failure = wait_all(pids, names, clock_type::now() + o.timeout)) {
-    std::fprintf(stderr, "actorflow-bench: raw %s ps: %s\n", mode.c_str(), failure->why.c_str());
+    std::fprintf(stderr, "actorflow-bench: raw %s %s ps: %s: %s\n", mode.c_str(), kind,
+                 failure->why.c_str(),
+                 last_line(slurp(dir.path / (failure->who == 0 ? std::string{"raw-ps.log"}
+                                             : "raw-worker" + std::to_string(failure->who - 1)
+                                                 + ".log")))
+                   .c_str());
     return std::nullopt;
   }
-  auto w0 = parse_values(slurp(dir.path / "raw-worker0.log"));
-  auto w1 = parse_values(slurp(dir.path / "raw-worker1.log"));
-  if (!w0.count("t1_ns") || !w1.count("t1_ns"))
+  auto ps = parse_values(slurp(dir.path / "raw-ps.log"));
+  if (!ps.count("window_seconds") || ps["window_seconds"] <= 0)
     return std::nullopt;
-  if (mode == "sync") // every worker takes every step
-    return w0["steps"] / ((w0["t1_ns"] - w0["t0_ns"]) / 1e9);
-  // async: every push is a global step, over the span both workers measured
-  auto span = std::max(w0["t1_ns"], w1["t1_ns"]) - std::min(w0["t0_ns"], w1["t0_ns"]);
-  return (w0["steps"] + w1["steps"]) / (span / 1e9);
+  raw_run out;
+  out.steps_per_s = ps["window_steps"] / ps["window_seconds"];
+  for (int r = 0; r < 2; ++r)
+    out.loss[r] = parse_values(slurp(dir.path / ("raw-worker" + std::to_string(r) + ".log")))["loss"];
+  return out;
+}
+
+/// The raw shared-memory ps (sync, store-and-forward; raw_shm_ps.cpp) with
+/// 2 raw workers over the timed window, or nothing (why on stderr).
+std::optional<raw_run> raw_shm_training(const train_bench_options& o, const scratch_dir& dir) {
+  static int made = 0;
+  auto name = "/actorflow-bench-raw-" + std::to_string(getpid()) + "-" + std::to_string(made++);
+  const size_t floats = linear_features + 1;
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(raw_shm_segment_bytes(floats, 2))) != 0) {
+    std::fprintf(stderr, "actorflow-bench: raw shm ps: cannot make %s: %s\n", name.c_str(),
+                 std::strerror(errno));
+    if (fd >= 0)
+      close(fd), shm_unlink(name.c_str());
+    return std::nullopt;
+  }
+  close(fd);
+  auto self = self_exe();
+  std::vector<std::string> common{"shm=" + name, "floats=" + std::to_string(floats)};
+  auto args = [&](std::vector<std::string> v) {
+    v.insert(v.begin(), {self, helper_flag});
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  std::vector<child_process> pids;
+  pids.push_back(spawn(args({"raw-shm-ps", "lr=" + exact(linear_lr), "warmup=" + exact(o.warmup_s),
+                             "window=" + exact(o.window_s)}),
+                       dir.path / "raw-shm-ps.log"));
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn(args({"raw-shm-worker", "rank=" + std::to_string(r),
+                               "seed=" + std::to_string(linear_seed)}),
+                         dir.path / ("raw-shm-worker" + std::to_string(r) + ".log")));
+  auto failure = wait_all(pids, {"raw shm ps", "raw shm worker 0", "raw shm worker 1"},
+                          clock_type::now() + o.timeout);
+  shm_unlink(name.c_str());
+  if (failure) {
+    std::fprintf(stderr, "actorflow-bench: raw shm ps: %s\n", failure->why.c_str());
+    return std::nullopt;
+  }
+  auto ps = parse_values(slurp(dir.path / "raw-shm-ps.log"));
+  if (!ps.count("window_seconds") || ps["window_seconds"] <= 0)
+    return std::nullopt;
+  raw_run out;
+  out.steps_per_s = ps["window_steps"] / ps["window_seconds"];
+  for (int r = 0; r < 2; ++r)
+    out.loss[r] =
+      parse_values(slurp(dir.path / ("raw-shm-worker" + std::to_string(r) + ".log")))["loss"];
+  return out;
 }
 
 /// MB/s (of the 4 MiB buffer per exchange) of the raw exchange, rank 0's median.
@@ -204,197 +160,157 @@ std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_
 
 // -- ours -----------------------------------------------------------------------------------
 
-/// What a run of actorflow-train's cluster gave: the chief's `train done:`
-/// fields, or why there are none.
-struct cluster_run {
-  std::map<std::string, double> done;
-  std::string failure;
-};
-
-/// One training job of processes: `ps_tasks` ps and `workers` workers;
-/// `worker_args[i]`: extra arguments of worker i (a straggler's delay).
-cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_bench_options& o,
-                        const scratch_dir& dir, const std::string& tag, int ps_tasks = 1,
-                        int workers = 2,
-                        const std::map<int, std::vector<std::string>>& worker_args = {}) {
-  cluster_run out;
-  auto bin = o.bin_dir / "actorflow-train";
-  if (!std::filesystem::exists(bin)) {
-    out.failure = bin.string() + " not found (build the actorflow-train target)";
-    return out;
-  }
-  std::vector<uint16_t> ports;
-  for (int i = 0; i < ps_tasks + workers; ++i)
-    ports.push_back(free_loopback_port());
-  // The training keys go on the command line (--set), the file holds the
-  // cluster only: the same keys whether or not the cluster loader accepts a
-  // [train] table beside it.
-  auto config = dir.path / (tag + ".toml");
-  {
-    std::ofstream out{config};
-    out << "[cluster]\nps = [";
-    for (int k = 0; k < ps_tasks; ++k)
-      out << (k ? ", " : "") << "\"127.0.0.1:" << ports[k] << "\"";
-    out << "]\nworker = [";
-    for (int w = 0; w < workers; ++w)
-      out << (w ? ", " : "") << "\"127.0.0.1:" << ports[ps_tasks + w] << "\"";
-    out << "]\n";
-  }
-  struct task {
-    std::string job;
-    int index;
-  };
-  std::vector<task> tasks;
-  for (int k = 0; k < ps_tasks; ++k)
-    tasks.push_back({"ps", k});
-  for (int w = 0; w < workers; ++w)
-    tasks.push_back({"worker", w});
-  std::vector<child_process> pids;
-  std::vector<std::string> names;
-  std::vector<std::filesystem::path> logs;
-  for (auto& t : tasks) {
-    std::vector<std::string> args{bin.string(), "--config", config.string(), "--job", t.job,
-                                  "--task", std::to_string(t.index)};
-    for (auto& sets : {train_keys, o.extra_sets})
-      for (auto& kv : sets) {
-        args.push_back("--set");
-        args.push_back(kv);
-      }
-    if (auto extra = worker_args.find(t.index); t.job == "worker" && extra != worker_args.end())
-      args.insert(args.end(), extra->second.begin(), extra->second.end());
-    names.push_back(t.job + " " + std::to_string(t.index));
-    logs.push_back(dir.path / (tag + "-" + t.job + std::to_string(t.index) + ".log"));
-    pids.push_back(spawn(args, logs.back()));
-  }
-  if (auto failure = wait_all(pids, names, clock_type::now() + o.timeout)) {
-    out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
-    return out;
-  }
-  auto chief_log = slurp(logs[static_cast<size_t>(ps_tasks)]);
-  auto at = chief_log.find("train done:");
-  if (at == std::string::npos) {
-    out.failure = "the chief printed no `train done:` line: " + last_line(chief_log);
-    return out;
-  }
-  std::istringstream line{chief_log.substr(at + 11, chief_log.find('\n', at) - at - 11)};
-  std::string field;
-  while (line >> field) {
-    auto eq = field.find('=');
-    if (eq == std::string::npos)
-      continue;
-    try {
-      out.done[field.substr(0, eq)] = std::stod(field.substr(eq + 1));
-    } catch (const std::exception&) {
-      // mode=sync and the like: not a figure
-    }
-  }
+/// " x y z": every repetition, in the order they ran.
+std::string listed(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v)
+    out += " " + exact(x, 4);
   return out;
 }
 
-void report(const std::string& name, const std::vector<double>& ours,
-            const std::vector<double>& base, const char* unit, const std::string& failure) {
-  // every repetition, in the order they ran: how noisy this machine is now
-  std::string reps = "# " + name + " reps: ours";
-  for (double x : ours)
-    reps += " " + exact(x, 4);
-  reps += "; baseline";
-  for (double x : base)
-    reps += " " + exact(x, 4);
-  std::printf("%s\n", reps.c_str());
-  if (base.empty()) {
-    std::printf("metric %s skipped: the baseline failed (see stderr)\n", name.c_str());
-  } else if (!failure.empty() || ours.empty()) {
-    std::printf("metric %s skipped: %s\n# %s baseline=%.3f unit=%s\n", name.c_str(),
-                failure.empty() ? "no figure" : failure.c_str(), name.c_str(), median(base), unit);
-  } else {
-    auto o = median(ours), b = median(base);
-    std::printf("metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", name.c_str(), o, b, unit,
-                o / b);
-  }
-  std::fflush(stdout);
+/// `key=value` of the [train] table of the 1 M workload (config/linear_1m.toml's)
+/// in `mode`, timed as the options say.
+std::vector<std::string> linear_keys(const std::string& mode, const train_bench_options& o) {
+  return {"mode=" + mode,
+          "model=linear_bias",
+          "data=per_worker_linear",
+          "synthetic_examples=2",
+          "synthetic_features=" + std::to_string(linear_features),
+          "seed=" + std::to_string(linear_seed),
+          "batch_size=1",
+          "steps=100000000",
+          "optimizer=sgd",
+          "learning_rate=" + exact(linear_lr),
+          "log_every=100",
+          "eval_every=0",
+          "warmup_secs=" + exact(o.warmup_s),
+          "window_secs=" + exact(o.window_s)};
 }
 
-/// The steps/s of the chief's `train done:` line, or nullopt with `why` set.
-std::optional<double> steps_per_s(const cluster_run& run, std::string& why) {
-  if (!run.failure.empty()) {
-    why = run.failure;
+/// The steps/s of one timed run of ours on shared memory or TCP; `loss`
+/// gets the chief's last reported training loss.
+std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm,
+                                  const train_bench_options& o, const scratch_dir& dir,
+                                  const std::string& tag, std::string& failure, double& loss) {
+  scoped_shm plane{shm};
+  auto run = run_cluster(keys, o, dir, tag);
+  auto x = steps_per_s(run, failure);
+  if (x && run.done.count("window_steps") == 0) {
+    failure = "the chief's `train done:` line has no window_steps (an actorflow-train without "
+              "window_secs?)";
     return std::nullopt;
   }
-  auto it = run.done.find("steps_per_s");
-  if (it == run.done.end()) {
-    why = "no steps_per_s in the chief's `train done:` line";
+  if (x && *x <= 0) {
+    failure = "the job ended before its timed window did";
     return std::nullopt;
   }
-  return it->second;
+  loss = run.done.count("loss") ? run.done["loss"] : -1;
+  return x;
 }
 
-/// `key=value` of the [train] table for the 1 M-float linear regression.
-std::vector<std::string> linear_keys(const std::string& mode, uint64_t steps) {
-  return {"mode=" + mode, "model=linear", "data=synthetic_linear",
-          "synthetic_features=" + std::to_string(model_floats),
-          "synthetic_examples=" + std::to_string(synthetic_examples), "batch_size=1",
-          "steps=" + std::to_string(steps), "learning_rate=" + exact(linear_lr), "log_every=0",
-          "eval_every=0"};
+/// The sync 1 M lines, from one set of alternating runs: ours on TCP and on
+/// shared memory, the raw-TCP ps store-and-forward and pipelined (each run
+/// only if a wanted line needs it).
+void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
+                       const train_bench_options& o, const scratch_dir& dir) {
+  auto keys = linear_keys("sync", o);
+  bool need_raw = tcp_line, need_tcp = tcp_line || shm_vs_tcp;
+  bool need_shm = shm_line || shm_vs_tcp;
+  std::vector<double> tcp, shm, store, piped, raw_shm;
+  std::string tcp_failure, shm_failure;
+  double tcp_loss = -1, shm_loss = -1;
+  raw_run last_raw, last_raw_shm;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (need_raw)
+      if (auto b = raw_training("sync", true, o, dir)) {
+        store.push_back(b->steps_per_s);
+        last_raw = *b;
+      }
+    if (need_tcp && tcp_failure.empty())
+      if (auto x = ours_linear(keys, false, o, dir, "sync-tcp", tcp_failure, tcp_loss))
+        tcp.push_back(*x);
+    if (tcp_line)
+      if (auto b = raw_training("sync", false, o, dir))
+        piped.push_back(b->steps_per_s);
+    if (need_shm && shm_failure.empty())
+      if (auto x = ours_linear(keys, true, o, dir, "sync-shm", shm_failure, shm_loss))
+        shm.push_back(*x);
+    if (shm_line)
+      if (auto b = raw_shm_training(o, dir)) {
+        raw_shm.push_back(b->steps_per_s);
+        last_raw_shm = *b;
+      }
+  }
+  std::printf("# train_sync_1m_2w: final loss (x.w + b - y)^2: raw TCP workers %.3g and %.3g, raw "
+              "shared-memory workers %.3g and %.3g; ours (the chief's last report) %.3g on TCP, "
+              "%.3g on shared memory (0 0 or -1: not run)\n",
+              last_raw.loss[0], last_raw.loss[1], last_raw_shm.loss[0], last_raw_shm.loss[1],
+              tcp_loss, shm_loss);
+  if (tcp_line) {
+    std::printf("# train_sync_1m_2w_tcp: actorflow over TCP (ACTORFLOW_DATA_SHM=off) against the "
+                "raw-TCP store-and-forward ps\n");
+    report("train_sync_1m_2w_tcp", tcp, store, "steps/s", tcp_failure);
+    if (!piped.empty() && !store.empty())
+      std::printf("# train_sync_1m_2w_tcp: the raw-TCP pipelined ps (chunk by chunk): %.3f "
+                  "steps/s, %.3f x the store-and-forward ps; ours %.3f x the pipelined ps; "
+                  "reps:%s\n",
+                  median(piped), median(piped) / median(store),
+                  tcp.empty() ? 0.0 : median(tcp) / median(piped), listed(piped).c_str());
+  }
+  if (shm_line) {
+    std::printf("# train_sync_1m_2w_shm: actorflow over shared memory against the raw "
+                "shared-memory store-and-forward ps (a pair of regions per worker, futex "
+                "wake-ups)\n");
+    report("train_sync_1m_2w_shm", shm, raw_shm, "steps/s", shm_failure);
+  }
+  if (shm_vs_tcp) {
+    std::printf("# train_sync_1m_2w_shm_vs_tcp: actorflow over shared memory against actorflow "
+                "over TCP, the same job (target >= 1.5)\n");
+    report("train_sync_1m_2w_shm_vs_tcp", shm, tcp, "steps/s",
+           !shm_failure.empty() ? shm_failure : tcp_failure.empty() ? "" : "TCP: " + tcp_failure);
+  }
 }
 
-void bench_linear(const std::string& mode, const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "train_" + mode + "_1m_2w";
-  // async counts every push as a global step: 2x the steps, the same work per worker
-  auto keys = linear_keys(mode, mode == "sync" ? o.steps_1m : 2 * o.steps_1m);
-  std::vector<double> ours, base;
+/// train_async_1m_2w_tcp: every push is a global step (the sum of both
+/// workers' steps), ours over TCP against the raw-TCP store-and-forward ps.
+void bench_linear_async(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_async_1m_2w_tcp";
+  auto keys = linear_keys("async", o);
+  std::vector<double> ours, store, piped;
   std::string failure;
+  double loss = -1;
+  raw_run last_raw;
   for (int rep = 0; rep < o.reps; ++rep) {
-    if (auto b = raw_training(mode, o, dir))
-      base.push_back(*b);
-    if (failure.empty())
-      if (auto x = steps_per_s(run_cluster(keys, o, dir, name), failure))
-        ours.push_back(*x);
-  }
-  report(name, ours, base, "steps/s", failure);
-}
-
-/// The same sync job (1 ps + 2 worker processes on this host) with the data
-/// plane on shared memory (the default between processes of one host)
-/// against the same job with ACTORFLOW_DATA_SHM=off in its processes' environment (TCP over
-/// loopback): what shared memory gains a whole job, alternating repetitions.
-void bench_linear_shm(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "train_sync_1m_2w_shm_vs_tcp";
-  auto keys = linear_keys("sync", o.steps_1m);
-  const char* old = std::getenv("ACTORFLOW_DATA_SHM");
-  std::string saved = old ? old : "";
-  auto restore = [&] {
-    if (old)
-      setenv("ACTORFLOW_DATA_SHM", saved.c_str(), 1);
-    else
-      unsetenv("ACTORFLOW_DATA_SHM");
-  };
-  std::vector<double> ours, base;
-  std::string failure, base_failure;
-  for (int rep = 0; rep < o.reps; ++rep) {
-    setenv("ACTORFLOW_DATA_SHM", "off", 1); // the children inherit it
-    if (base_failure.empty()) {
-      if (auto x = steps_per_s(run_cluster(keys, o, dir, name + "-tcp"), base_failure))
-        base.push_back(*x);
-      else
-        std::fprintf(stderr, "actorflow-bench: %s baseline (TCP): %s\n", name.c_str(),
-                     base_failure.c_str());
+    if (auto b = raw_training("async", true, o, dir)) {
+      store.push_back(b->steps_per_s);
+      last_raw = *b;
     }
-    unsetenv("ACTORFLOW_DATA_SHM");
     if (failure.empty())
-      if (auto x = steps_per_s(run_cluster(keys, o, dir, name), failure))
+      if (auto x = ours_linear(keys, false, o, dir, "async-tcp", failure, loss))
         ours.push_back(*x);
+    if (auto b = raw_training("async", false, o, dir))
+      piped.push_back(b->steps_per_s);
   }
-  restore();
-  report(name, ours, base, "steps/s", failure);
+  std::printf("# %s: final loss: raw workers %.3g and %.3g; ours (the chief's last report) "
+              "%.3g\n# %s: actorflow over TCP (ACTORFLOW_DATA_SHM=off) against the raw-TCP "
+              "store-and-forward ps\n",
+              name.c_str(), last_raw.loss[0], last_raw.loss[1], loss, name.c_str());
+  report(name, ours, store, "steps/s", failure);
+  if (!piped.empty() && !store.empty())
+    std::printf("# %s: the raw-TCP pipelined ps: %.3f steps/s, %.3f x the store-and-forward ps; "
+                "ours %.3f x the pipelined ps; reps:%s\n",
+                name.c_str(), median(piped), median(piped) / median(store),
+                ours.empty() ? 0.0 : median(ours) / median(piped), listed(piped).c_str());
 }
 
-/// Sync with a straggler: 3 worker processes, one sleeping 3 steps' time in
-/// each of its steps (4x slower), replicas_to_aggregate = 2, against 2
-/// workers and no straggler (every gradient). Backup workers should make the
-/// straggler cost nothing: the steps go at the speed of the other two.
+/// Sync with a straggler, over TCP: 3 worker processes, one sleeping 3
+/// steps' time in each of its steps (4x slower), replicas_to_aggregate = 2,
+/// against 2 workers and no straggler (every gradient). Backup workers should
+/// make the straggler cost nothing: the steps go at the speed of the other two.
 void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "train_sync_1m_3w_1slow";
-  auto keys = linear_keys("sync", o.steps_1m);
+  const std::string name = "train_sync_1m_3w_1slow_tcp";
+  auto keys = linear_keys("sync", o);
+  scoped_shm plane{false};
   std::vector<double> ours, base;
   std::string failure, base_failure;
   for (int rep = 0; rep < o.reps; ++rep) {
@@ -410,17 +326,23 @@ void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
       auto step_ms = static_cast<int>(3000.0 / base.back());
       auto with_backup = keys;
       with_backup.push_back("replicas_to_aggregate=2");
+      with_backup.push_back("synthetic_examples=3"); // one example per worker
       auto run = run_cluster(with_backup, o, dir, name, 1, 3,
                              {{2, {"--step-delay-ms", std::to_string(std::max(1, step_ms))}}});
       if (auto x = steps_per_s(run, failure))
         ours.push_back(*x);
     }
   }
+  std::printf("# %s: both sides actorflow over TCP (ACTORFLOW_DATA_SHM=off), the 1 M workload's "
+              "timed window\n", name.c_str());
   report(name, ours, base, "steps/s", failure);
 }
 
-void bench_digits(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "train_digits_examples_per_s";
+/// The digits lines, from one set of alternating runs: the sync 2-worker
+/// digits MLP over TCP and over shared memory against one process, and
+/// against each other; held-out accuracies beside.
+void bench_digits(bool tcp_line, bool shm_line, bool shm_vs_tcp, const train_bench_options& o,
+                  const scratch_dir& dir) {
   train::train_config c;
   c.mode = "sync";
   c.model = "mlp";
@@ -435,30 +357,58 @@ void bench_digits(const train_bench_options& o, const scratch_dir& dir) {
                                 "log_every=0",   "eval_every=0"};
   auto data = train::load_data(c);
   if (!data) {
-    std::printf("metric %s skipped: the digits: %s\n", name.c_str(),
+    std::printf("metric train_digits_examples_per_s_tcp skipped: the digits: %s\n",
                 data.error().what.c_str());
     return;
   }
-  std::vector<double> ours, base;
-  std::string failure;
+  bool need_tcp = tcp_line || shm_vs_tcp, need_shm = shm_line || shm_vs_tcp;
+  std::vector<double> tcp, shm, local, tcp_acc, shm_acc, local_acc;
+  std::string tcp_failure, shm_failure;
+  auto ours = [&](bool on_shm, std::vector<double>& out, std::vector<double>& acc,
+                  std::string& failure) {
+    scoped_shm plane{on_shm};
+    auto run = run_cluster(keys, o, dir, on_shm ? "digits-shm" : "digits-tcp");
+    if (!run.failure.empty())
+      failure = run.failure;
+    else if (!run.done.count("examples_per_s"))
+      failure = "no examples_per_s in the chief's `train done:` line";
+    else
+      out.push_back(run.done["examples_per_s"]), acc.push_back(run.accuracy);
+  };
   for (int rep = 0; rep < o.reps; ++rep) {
     // the same examples in one process: one batch of 64 per global step
-    if (auto local = train::train_local(c, *data, o.digits_steps, 64))
-      base.push_back(local->examples_per_s);
-    else
-      std::fprintf(stderr, "actorflow-bench: local digits training: %s\n",
-                   local.error().what.c_str());
-    if (failure.empty()) {
-      auto run = run_cluster(keys, o, dir, "digits");
-      if (!run.failure.empty())
-        failure = run.failure;
-      else if (run.done.count("examples_per_s"))
-        ours.push_back(run.done["examples_per_s"]);
+    if (tcp_line || shm_line) {
+      if (auto l = train::train_local(c, *data, o.digits_steps, 64))
+        local.push_back(l->examples_per_s), local_acc.push_back(l->accuracy);
       else
-        failure = "no examples_per_s in the chief's `train done:` line";
+        std::fprintf(stderr, "actorflow-bench: local digits training: %s\n",
+                     l.error().what.c_str());
     }
+    if (need_tcp && tcp_failure.empty())
+      ours(false, tcp, tcp_acc, tcp_failure);
+    if (need_shm && shm_failure.empty())
+      ours(true, shm, shm_acc, shm_failure);
   }
-  report(name, ours, base, "examples/s", failure);
+  auto acc = [](const std::vector<double>& v) { return v.empty() ? -1.0 : median(v); };
+  std::printf("# train_digits: held-out accuracy (median): ours %.4f over TCP, %.4f over shared "
+              "memory, one process %.4f (-1: not run)\n",
+              acc(tcp_acc), acc(shm_acc), acc(local_acc));
+  if (tcp_line) {
+    std::printf("# train_digits_examples_per_s_tcp: actorflow over TCP (ACTORFLOW_DATA_SHM=off) "
+                "against the same steps in one process (no transport)\n");
+    report("train_digits_examples_per_s_tcp", tcp, local, "examples/s", tcp_failure);
+  }
+  if (shm_line) {
+    std::printf("# train_digits_examples_per_s_shm: actorflow over shared memory against the "
+                "same steps in one process (no transport)\n");
+    report("train_digits_examples_per_s_shm", shm, local, "examples/s", shm_failure);
+  }
+  if (shm_vs_tcp) {
+    std::printf("# train_digits_shm_vs_tcp: actorflow over shared memory against actorflow over "
+                "TCP, the same job (target >= 1.0)\n");
+    report("train_digits_shm_vs_tcp", shm, tcp, "examples/s",
+           !shm_failure.empty() ? shm_failure : tcp_failure.empty() ? "" : "TCP: " + tcp_failure);
+  }
 }
 
 /// Sync steps/s of a softmax regression of 3072 x 1024 (3.1 M floats, 12.6 MB)
@@ -485,6 +435,8 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
   whole.push_back("max_partitions=1");
   std::vector<double> ours, base;
   std::string failure, base_failure;
+  std::printf("# %s: both sides on shared memory (the default between processes of one host)\n",
+              name.c_str());
 
   for (int rep = 0; rep < o.reps; ++rep) {
     if (base_failure.empty()) {
@@ -528,7 +480,7 @@ std::optional<double> ours_allreduce(const train_bench_options& o, const scratch
 }
 
 void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "allreduce_4mib_2w";
+  const std::string name = "allreduce_4mib_2w_tcp";
   std::vector<double> ours, base;
   std::string failure;
   for (int rep = 0; rep < o.reps; ++rep) {
@@ -545,11 +497,12 @@ void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
 } // namespace
 
 const std::vector<std::string>& train_metrics() {
-  static const std::vector<std::string> names{"train_sync_1m_2w", "train_async_1m_2w",
-                                              "allreduce_4mib_2w", "train_digits_examples_per_s",
-                                              "train_sync_partitioned_3ps",
-                                              "train_sync_1m_3w_1slow",
-                                              "train_sync_1m_2w_shm_vs_tcp"};
+  static const std::vector<std::string> names{
+    "train_sync_1m_2w_tcp",          "train_async_1m_2w_tcp",
+    "train_sync_1m_2w_shm",          "train_sync_1m_2w_shm_vs_tcp",
+    "allreduce_4mib_2w_tcp",         "train_digits_examples_per_s_tcp",
+    "train_digits_examples_per_s_shm", "train_digits_shm_vs_tcp",
+    "train_sync_partitioned_3ps",    "train_sync_1m_3w_1slow_tcp"};
   return names;
 }
 
@@ -563,24 +516,28 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     return;
   }
   std::printf("# training: 1 ps + 2 workers (processes) on loopback; %d reps each, alternating "
-              "with the baseline; 1m: %lu sync steps, digits: %lu steps\n",
-              opts.reps, static_cast<unsigned long>(opts.steps_1m),
+              "with the baseline; 1m: the 1 M workload (docs/training.md), %.3g s warm-up then "
+              "a %.3g s window; digits: %lu steps\n",
+              opts.reps, opts.warmup_s, opts.window_s,
               static_cast<unsigned long>(opts.digits_steps));
   std::fflush(stdout);
-  if (want("train_sync_1m_2w"))
-    bench_linear("sync", opts, dir);
-  if (want("train_async_1m_2w"))
-    bench_linear("async", opts, dir);
-  if (want("allreduce_4mib_2w"))
+  bool sync_tcp = want("train_sync_1m_2w_tcp"), sync_shm = want("train_sync_1m_2w_shm");
+  bool sync_ratio = want("train_sync_1m_2w_shm_vs_tcp");
+  if (sync_tcp || sync_shm || sync_ratio)
+    bench_linear_sync(sync_tcp, sync_shm, sync_ratio, opts, dir);
+  if (want("train_async_1m_2w_tcp"))
+    bench_linear_async(opts, dir);
+  if (want("allreduce_4mib_2w_tcp"))
     bench_allreduce(opts, dir);
-  if (want("train_digits_examples_per_s"))
-    bench_digits(opts, dir);
+  bool digits_tcp = want("train_digits_examples_per_s_tcp");
+  bool digits_shm = want("train_digits_examples_per_s_shm");
+  bool digits_ratio = want("train_digits_shm_vs_tcp");
+  if (digits_tcp || digits_shm || digits_ratio)
+    bench_digits(digits_tcp, digits_shm, digits_ratio, opts, dir);
   if (want("train_sync_partitioned_3ps"))
     bench_partitioned(opts, dir);
-  if (want("train_sync_1m_3w_1slow"))
+  if (want("train_sync_1m_3w_1slow_tcp"))
     bench_straggler(opts, dir);
-  if (want("train_sync_1m_2w_shm_vs_tcp"))
-    bench_linear_shm(opts, dir);
 }
 
 } // namespace af::bench

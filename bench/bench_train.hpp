@@ -1,20 +1,31 @@
 #pragma once
-/// The training benchmarks of actorflow-bench (issue 8). Each measures
-/// actorflow-train's processes (1 ps + 2 workers on loopback) or the
-/// all-reduce group against hand-written raw-TCP code in processes of the
-/// same shape, alternating repetitions so that both sample the same stretch
-/// of time, and prints `metric NAME ours=X baseline=Y unit=U ratio=Z`:
+/// The training benchmarks of actorflow-bench (issues 8 and 24). Each
+/// measures actorflow-train's processes (1 ps + 2 workers on loopback) or the
+/// all-reduce group against hand-written raw code in processes of the same
+/// shape, on the transport its name says, alternating repetitions so that
+/// both sample the same stretch of time, and prints `metric NAME ours=X
+/// baseline=Y unit=U ratio=Z` (a `#` line before it says what each side is):
 ///
-///   train_sync_1m_2w            sync steps/s, linear regression of 1 M floats
-///   train_async_1m_2w           async global steps/s, the same model
-///   allreduce_4mib_2w           MB/s of one 4 MiB all-reduce between 2 ranks
-///   train_digits_examples_per_s sync 2-worker digits MLP against one process
+///   train_sync_1m_2w_tcp        sync steps/s of the 1 M workload (docs/training.md)
+///                               over TCP, against the raw-TCP store-and-forward
+///                               ps (the pipelined raw ps's figure as a # line)
+///   train_async_1m_2w_tcp       async global steps/s, the same
+///   train_sync_1m_2w_shm        the sync job on shared memory, against a raw
+///                               shared-memory store-and-forward ps (raw_shm_ps.cpp)
+///   train_sync_1m_2w_shm_vs_tcp the sync job on shared memory against itself on TCP
+///   allreduce_4mib_2w_tcp       MB/s of one 4 MiB all-reduce between 2 ranks
+///   train_digits_examples_per_s_tcp, _shm  sync 2-worker digits MLP against one
+///                               process, with held-out accuracies
+///   train_digits_shm_vs_tcp     the digits job on shared memory against TCP
 ///   train_sync_partitioned_3ps  sync steps/s of a 3 M-float softmax cut into 3
 ///                               pieces over 3 ps processes, against the same
-///                               model whole on 1 ps process
-///   train_sync_1m_2w_shm_vs_tcp train_sync_1m_2w's job with the data plane on
-///                               shared memory (the default on one host)
-///                               against the same job over loopback TCP
+///                               model whole on 1 ps process (shared memory)
+///   train_sync_1m_3w_1slow_tcp  the sync 1 M job with a straggler among 3
+///                               workers (backup workers) against 2 workers
+///
+/// The 1 M lines time a window: warmup seconds after both workers' first
+/// step, then window seconds (actorflow-train's warmup_secs and window_secs;
+/// the raw ps measures the same).
 ///
 /// The helper processes (raw ps, raw workers, all-reduce ranks) are this
 /// binary re-executed with a hidden first argument, so they start clean
@@ -33,8 +44,9 @@ const std::vector<std::string>& train_metrics();
 
 struct train_bench_options {
   int reps = 3;                        ///< repetitions of each side (median)
-  uint64_t steps_1m = 200;             ///< sync steps of the 1 M-float model (async: 2x, global)
-  uint64_t warmup_1m = 20;             ///< raw workers' steps before the clock starts
+  double warmup_s = 5;                 ///< the 1 M lines: seconds after both workers started
+  double window_s = 15;                ///< the 1 M lines: the timed window, in seconds
+  uint64_t steps_1m = 200;             ///< sync steps of train_sync_partitioned_3ps
   uint64_t digits_steps = 6000;        ///< sync steps of the digits MLP (x 64 examples)
   int allreduce_rounds = 50;           ///< timed all-reduces per repetition (after 5 warm-ups)
   std::chrono::seconds timeout{180};   ///< per cluster run; then its processes are killed

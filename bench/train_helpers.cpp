@@ -8,9 +8,11 @@
 // chunk by chunk as gradients stream in (it starts sending parameters before
 // the whole gradient has arrived).
 #include "bench/bench_train.hpp"
+#include "bench/raw_helpers.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,17 +36,13 @@
 #include "config/loopback.hpp"
 #include "dist/allreduce.hpp"
 #include "net/socket.hpp"
+#include "train/data.hpp"
 
 namespace af::bench {
 
 namespace {
 
 constexpr size_t chunk_bytes = 64 << 10; // the raw ps's unit of update
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch())
-    .count();
-}
 
 // -- sockets ---------------------------------------------------------------------
 
@@ -98,11 +96,6 @@ io try_write(int fd, const char* buf, size_t n, size_t& done) {
     return io::blocked;
   return io::failed;
 }
-
-/// How long a baseline's socket may make no progress before the helper
-/// gives up (a peer that died or hung): the bench then reports the failure
-/// instead of waiting for its own timeout.
-constexpr int stall_ms = 30000;
 
 /// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
 /// (if `want_in`); the same socket may be both. False on an error or after
@@ -159,33 +152,30 @@ size_t usable(size_t have, size_t total) {
 
 // -- helper processes ----------------------------------------------------------------
 
-/// key=value arguments of a helper.
-struct helper_args {
-  std::map<std::string, std::string> kv;
-
-  std::string str(const std::string& key) const {
-    auto i = kv.find(key);
-    if (i == kv.end()) {
-      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
-      std::exit(2);
-    }
-    return i->second;
-  }
-  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
-  double real(const std::string& key) const { return std::stod(str(key)); }
-};
-
 /// The raw-TCP parameter server: accepts `workers` connections on listen-fd,
-/// each announcing its rank, then serves steps until every worker has closed.
-/// sync: the mean of one gradient from each worker is applied, then every
-/// worker gets the parameters. async: each gradient is applied as it arrives
-/// and answered to its sender. Both update and answer chunk by chunk.
+/// each announcing its rank, then serves steps until the timed window ends
+/// (raw_window; it closes every connection) or every worker has closed.
+/// sync: the mean of one gradient from each worker is applied (plain SGD,
+/// lr), then every worker gets the parameters. async: each gradient is
+/// applied as it arrives and answered to its sender. store=1 (the issue's
+/// baseline, store-and-forward): a whole gradient (sync: every worker's)
+/// arrives before anything of it is applied, and the whole update is done
+/// before the parameters go back. store=0 (pipelined): update and answer
+/// chunk by chunk as gradients stream in. Prints window_steps and
+/// window_seconds.
 int raw_ps_main(const helper_args& a) {
   int lfd = static_cast<int>(a.num("listen-fd"));
   auto workers = static_cast<size_t>(a.num("workers"));
   const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
   const bool sync = a.str("mode") == "sync";
+  const bool store = a.num("store") != 0;
   const auto lr = static_cast<float>(a.real("lr"));
+  raw_window window;
+  window.warmup_s = a.real("warmup");
+  window.window_s = a.real("window");
+  // What of a message of `have` bytes may be applied: whole chunks as they
+  // come (pipelined), or nothing until all of it is here (store-and-forward).
+  auto ready = [&](size_t have) { return store ? (have == bytes ? bytes : 0) : usable(have, bytes); };
   struct conn {
     int fd = -1;
     std::vector<float> grad;
@@ -206,13 +196,15 @@ int raw_ps_main(const helper_args& a) {
   close(lfd);
   std::vector<float> w(floats, 0.0f);
   auto* wbytes = reinterpret_cast<const char*>(w.data());
-  uint64_t sync_step = 0;
+  uint64_t sync_step = 0, async_steps = 0;
   size_t sync_applied = 0;
   std::vector<pollfd> fds(workers);
   auto any_open = [&] {
     return std::any_of(conns.begin(), conns.end(), [](const conn& c) { return c.open; });
   };
   while (any_open()) {
+    window.tick(sync ? sync_step : async_steps,
+                std::all_of(conns.begin(), conns.end(), [](const conn& c) { return c.step > 0; }));
     // apply what has arrived
     if (sync) {
       bool all_done = true, all_here = true;
@@ -229,7 +221,7 @@ int raw_ps_main(const helper_args& a) {
         ++sync_step;
         sync_applied = 0;
       } else if (all_here) {
-        auto target = usable(common, bytes);
+        auto target = ready(common);
         if (target > sync_applied) {
           const float scale = lr / static_cast<float>(open);
           size_t lo = sync_applied / sizeof(float), hi = target / sizeof(float);
@@ -245,7 +237,7 @@ int raw_ps_main(const helper_args& a) {
       }
     } else {
       for (auto& c : conns) {
-        auto target = usable(c.received, bytes);
+        auto target = ready(c.received);
         if (c.open && target > c.applied) {
           const float* g = c.grad.data();
           float* wp = w.data();
@@ -287,8 +279,14 @@ int raw_ps_main(const helper_args& a) {
       }
       if (c.sent == bytes) { // the step is over for this worker
         ++c.step;
+        async_steps += sync ? 0 : 1;
         c.received = c.applied = c.sent = 0;
         moved = true;
+        if (window.ending) { // the run is over: the worker reads the end of the stream
+          c.open = false;
+          close(c.fd);
+          continue;
+        }
       }
       fds[i] = pollfd{c.fd, events, 0};
     }
@@ -298,70 +296,62 @@ int raw_ps_main(const helper_args& a) {
       bool waits_on_socket = std::any_of(fds.begin(), fds.end(),
                                          [](const pollfd& p) { return p.fd >= 0 && p.events; });
       if (waits_on_socket) {
-        int r = poll(fds.data(), fds.size(), stall_ms);
-        if (r == 0)
+        int r = poll(fds.data(), fds.size(), window.poll_ms());
+        if (r == 0 && window.poll_ms() == stall_ms)
           return std::fprintf(stderr, "raw ps: no worker moved a byte for %d ms\n", stall_ms), 1;
         if (r < 0 && errno != EINTR)
           return 1;
       }
     }
   }
+  if (!window.ending)
+    return std::fprintf(stderr, "raw ps: the workers left before the timed window ended\n"), 1;
+  std::printf("window_steps %lu\nwindow_seconds %.6f\n",
+              static_cast<unsigned long>(window.steps1 - window.steps0),
+              std::chrono::duration<double>(window.t1 - window.t0).count());
   return 0;
 }
 
-/// Synthetic linear-regression data of one worker: `examples` rows of
-/// `floats` features in [-1, 1] and their targets (a fixed teacher's).
-struct linear_data {
-  std::vector<float> x, y;
-};
-
-linear_data make_linear_data(size_t examples, size_t floats, uint64_t seed) {
-  linear_data d;
-  d.x.resize(examples * floats);
-  d.y.resize(examples);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : d.x) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = static_cast<float>(static_cast<int64_t>(s >> 11) - (int64_t{1} << 52)) / 4.5e15f;
-  }
-  for (size_t e = 0; e < examples; ++e)
-    d.y[e] = d.x[e * floats] - 0.5f * d.x[e * floats + 1];
-  return d;
-}
-
-/// A raw-TCP worker: per step, the gradient of the squared error of one
-/// example, x^T (x w - y), pushed whole; the parameters pulled whole. Prints
-/// when its measured steps began and ended (steady clock, ns) and how many.
+/// A raw-TCP worker of the 1 M workload (docs/training.md): its example is
+/// train::per_worker_linear's (the same x as actorflow-train's, y = 1 +
+/// rank); per step, the loss (x.w + b - y)^2 and its gradient 2 err [x, 1]
+/// are computed from the parameters [w, b] it read last, the gradient pushed
+/// whole and the parameters read whole. It runs until the ps ends the
+/// stream between steps, then prints its steps and its last loss.
 int raw_worker_main(const helper_args& a) {
   const auto rank = static_cast<uint32_t>(a.num("rank"));
   const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const uint64_t steps = a.num("steps"), warmup = a.num("warmup");
-  auto data = make_linear_data(synthetic_examples, floats, rank + 1);
+  const size_t features = floats - 1; // and the bias
+  auto data = train::per_worker_linear(rank + 1, features, a.num("seed"));
+  const float* x = data.x.data() + size_t{rank} * features;
+  const float y = data.targets[rank];
   std::vector<float> w(floats, 0.0f), grad(floats, 0.0f);
+  signal(SIGPIPE, SIG_IGN); // the ps may close first: a write then fails, it does not kill
   int fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
   if (fd < 0 || !sock::send_all(fd, &rank, sizeof(rank)))
     return std::fprintf(stderr, "raw worker %u: cannot reach the ps\n", rank), 1;
   tune_socket(fd);
-  int64_t t0 = now_ns();
-  for (uint64_t s = 0; s < warmup + steps; ++s) {
-    if (s == warmup)
-      t0 = now_ns();
-    size_t e = (2 * s + rank) % synthetic_examples;
-    const float* x = data.x.data() + e * floats;
-    float err = cblas_sdot(static_cast<int>(floats), x, 1, w.data(), 1) - data.y[e];
+  uint64_t steps = 0;
+  double loss = 0;
+  for (;; ++steps) {
+    float err = cblas_sdot(static_cast<int>(features), x, 1, w.data(), 1) + w[features] - y;
+    loss = static_cast<double>(err) * err;
     const float scale = 2 * err;
     float* g = grad.data();
-    for (size_t k = 0; k < floats; ++k)
+    for (size_t k = 0; k < features; ++k)
       g[k] = scale * x[k];
-    if (!exchange(fd, fd, grad.data(), bytes, w.data(), bytes, [](size_t, size_t) {}))
+    g[features] = scale;
+    size_t got = 0;
+    if (!exchange(fd, fd, grad.data(), bytes, w.data(), bytes,
+                  [&got](size_t, size_t in) { got = in; })) {
+      if (got == 0 && steps > 0) // the ps ended the run between steps
+        break;
       return std::fprintf(stderr, "raw worker %u: the ps broke off step %lu\n", rank,
-                          static_cast<unsigned long>(s)), 1;
+                          static_cast<unsigned long>(steps)), 1;
+    }
   }
-  int64_t t1 = now_ns();
   close(fd);
-  // w0, w1 tend to the teacher's 1 and -0.5 when floats = 2 (a check of the ps)
-  std::printf("t0_ns %lld\nt1_ns %lld\nsteps %lu\nw0 %g\nw1 %g\n", static_cast<long long>(t0),
-              static_cast<long long>(t1), static_cast<unsigned long>(steps), w[0], w[1]);
+  std::printf("steps %lu\nloss %.9g\n", static_cast<unsigned long>(steps), loss);
   return 0;
 }
 
@@ -553,6 +543,10 @@ int run_helper(int argc, char** argv) {
     return raw_ps_main(a);
   if (role == "raw-worker")
     return raw_worker_main(a);
+  if (role == "raw-shm-ps")
+    return raw_shm_ps_main(a);
+  if (role == "raw-shm-worker")
+    return raw_shm_worker_main(a);
   if (role == "raw-allreduce")
     return raw_allreduce_main(a);
   if (role == "allreduce")

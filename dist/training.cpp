@@ -19,6 +19,7 @@
 #include "dist/chief_start.hpp"
 #include "dist/job_setup.hpp"
 #include "dist/ps_recovery.hpp"
+#include "dist/timed_window.hpp"
 #include "dist/training_report.hpp"
 #include "actors/kv_store.hpp"
 #include "core/log.hpp"
@@ -591,6 +592,39 @@ caf::error finish_ps_job(task_run& t, train_outcome& outcome, const chief_view& 
   return failed_workers(outcome.stats);
 }
 
+/// window_secs > 0 (sync, async, ssp): the watch that ends the job after
+/// its timed window (dist/timed_window.hpp), given to the worker as its stop.
+caf::expected<std::unique_ptr<timed_window>> arm_window(task_run& t) {
+  if (t.c.window_secs <= 0 || t.allreduce || t.setup.shards.empty())
+    return std::unique_ptr<timed_window>{};
+  auto chief_info = chief_store_of(t.s);
+  if (!chief_info)
+    return std::move(chief_info.error());
+  auto w = std::make_unique<timed_window>(t.s, t.c, t.task, t.workers, t.setup.shards[0].actor,
+                                          chief_info->store, chief_info->incarnation, t.opts.stop);
+  t.setup.stop = w->stop();
+  return w;
+}
+
+/// The worker that the window stopped (cancelled before a step) ended as
+/// the job meant it to: its result, as far as a stopped worker knows it
+/// (the loss: the chief's last progress report's).
+worker_result timed_end(task_run& t, const window_result& w) {
+  worker_result r;
+  r.seconds = w.seconds;
+  r.loss = t.rep ? t.rep->last_loss : 0;
+  r.shards = t.setup.shards;
+  // Its steps as ps 0 counted its pushes (the worker's own count went with it).
+  if (auto st = ask<aggregator_stats>(t.s, t.setup.shards[0].actor, std::chrono::milliseconds{2000},
+                                      stats_atom::value)) {
+    r.global_step = st->global_step;
+    for (const auto& ws : st->workers)
+      if (ws.worker == t.task)
+        r.local_steps = ws.pushes;
+  }
+  return r;
+}
+
 /// Sets up this worker task in named phases, trains, and finishes.
 caf::expected<train_outcome> run_task(session& s, const train::train_config& c, uint32_t task,
                                       const train_options& opts, bool& start_said) {
@@ -613,7 +647,19 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   // sync, async, ssp save the aggregators' state once every worker is done.
   chief_view v{t.setup.shards, t.setup.start_step, t.setup.start_position,
                t.allreduce ? nullptr : t.setup.save};
+  auto window = arm_window(t);
+  if (!window)
+    return std::move(window.error());
+  auto shards = t.setup.shards;
   auto r = train_task(t, std::move(t.setup));
+  if (*window) {
+    auto measured = (*window)->close();
+    t.setup.shards = std::move(shards);
+    if (!r && (*window)->ended_by_time() && is(r.error(), af_error::cancelled))
+      r = timed_end(t, measured);
+    outcome.window_steps = measured.steps;
+    outcome.window_seconds = measured.measured ? measured.seconds : 0;
+  }
   if (!r)
     return std::move(r.error());
   outcome.result = std::move(*r);

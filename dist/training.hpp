@@ -72,6 +72,10 @@ struct train_outcome {
   std::string plot;         ///< what became of the plot (chief)
   uint64_t start_step = 0;  ///< the global step it started at (restored)
   uint64_t start_position = 0; ///< the data position it started at (worker_setup)
+  /// window_secs > 0, the chief: ps 0's global steps in the timed window and
+  /// its length (0: the job ended before the window did).
+  uint64_t window_steps = 0;
+  double window_seconds = 0;
 };
 
 /// The chief's progress line: "step S/T ..." where S counts toward the job's

@@ -68,6 +68,7 @@ std::string metrics_stem(const std::string& csv) {
 }
 
 void reporter::operator()(const worker_progress& p) {
+  last_loss = p.loss;
   if (print) {
     std::printf("%s\n", progress_line(*cfg, total, start, p).c_str());
     // Who joined or left (and mode switches) since the last line.

@@ -50,6 +50,7 @@ struct reporter {
   std::FILE* per_worker = nullptr;
   event_cursor events;
   std::function<void(const worker_progress&)> forward;
+  double last_loss = 0; ///< the last report's mean training loss
 
   ~reporter() {
     if (per_worker)

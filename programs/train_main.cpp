@@ -107,10 +107,19 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
   const auto& r = o.result;
   uint64_t steps = r.global_step > o.start_step ? r.global_step - o.start_step : 0;
   double sps = r.seconds > 0 ? static_cast<double>(steps) / r.seconds : 0;
+  // A timed run (window_secs): the figures of its window alone.
+  bool timed = c.window_secs > 0;
+  if (timed)
+    sps = o.window_seconds > 0 ? static_cast<double>(o.window_steps) / o.window_seconds : 0;
   std::printf("train done: mode=%s workers=%u global_step=%llu seconds=%.3f steps_per_s=%.2f "
-              "examples_per_s=%.1f\n",
-              c.mode.c_str(), workers, static_cast<unsigned long long>(r.global_step), r.seconds,
-              sps, sps * examples_per_step(c, workers));
+              "examples_per_s=%.1f",
+              c.mode.c_str(), workers, static_cast<unsigned long long>(r.global_step),
+              timed ? o.window_seconds : r.seconds, sps, sps * examples_per_step(c, workers));
+  if (timed)
+    std::printf(" window_steps=%llu window=%s loss=%.6g",
+                static_cast<unsigned long long>(o.window_steps),
+                o.window_seconds > 0 ? "measured" : "cut_short", r.loss);
+  std::printf("\n");
   if (!o.stats.mode.empty() && o.stats.mode != c.mode)
     std::printf("mode: the job ended in %s after %llu live switch(es) (the config says %s)\n",
                 o.stats.mode.c_str(), static_cast<unsigned long long>(o.stats.switches),
@@ -125,6 +134,8 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
     std::printf("%s\n", o.plot.c_str());
   if (r.accuracy >= 0)
     std::printf("held-out accuracy: %.4f (%zu examples)\n", r.accuracy, test_examples);
+  else if (timed && r.test_loss < 0)
+    std::printf("training loss (the last progress report's): %.6g\n", r.loss);
   else
     std::printf("held-out loss: %.6f (%zu examples)\n", r.test_loss, test_examples);
   std::fflush(stdout);

@@ -352,3 +352,41 @@ TEST_CASE("actorflow-train out of memory says so and exits 1 instead of aborting
   CHECK(r.status == 1);
   CHECK(occurrences(r.err, "actorflow-train: out of memory") == 1);
 }
+
+TEST_CASE("window_secs: the job ends after its warm-up and window, and `train done:` gives the "
+          "window's steps/s", "[train][cli][workload]") {
+  // Catches: a timed job that runs on to `steps` (here 10^8: the timeout
+  // ends it, status 124), workers that do not stop together (a sync worker
+  // left waiting for a round), a stopped job counted as failed, a summary
+  // without the window's figures. Embedded: 1 ps + 2 workers in one process.
+  for (const char* mode : {"sync", "async"}) {
+    DYNAMIC_SECTION(mode) {
+      scratch_dir dir;
+      auto r = train(dir,
+                     {"--set", std::string{"mode="} + mode, "--set", "model=linear_bias", "--set",
+                      "data=per_worker_linear", "--set", "synthetic_examples=2", "--set",
+                      "synthetic_features=1000", "--set", "batch_size=1", "--set",
+                      "steps=100000000", "--set", "optimizer=sgd", "--set", "learning_rate=0.1",
+                      "--set", "log_every=20", "--set", "eval_every=0", "--set",
+                      "warmup_secs=0.2", "--set", "window_secs=0.5"},
+                     "timeout 120 ");
+      INFO(r.out << r.err);
+      REQUIRE(r.status == 0);
+      auto at = r.out.find("train done: ");
+      REQUIRE(at != std::string::npos);
+      auto line = r.out.substr(at, r.out.find('\n', at) - at);
+      CHECK(line.find("window=measured") != std::string::npos);
+      auto field = [&](const std::string& key) {
+        auto k = line.find(" " + key + "=");
+        REQUIRE(k != std::string::npos);
+        return std::stod(line.substr(k + key.size() + 2));
+      };
+      double steps = field("window_steps"), seconds = field("seconds"), rate = field("steps_per_s");
+      CHECK(steps > 0);
+      CHECK(seconds > 0);
+      CHECK(rate == Approx(steps / seconds).epsilon(0.01));
+      // y = 1 + i is learnt: the last reported training loss is small.
+      CHECK(field("loss") < 1e-3);
+    }
+  }
+}

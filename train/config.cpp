@@ -64,7 +64,7 @@ const std::vector<std::string>& known_keys() {
     "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
-    "grad_norm_guard"};
+    "grad_norm_guard", "warmup_secs", "window_secs"};
   return keys;
 }
 
@@ -160,6 +160,8 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "min_lr") return number(o.schedule.min_lr);
   if (key == "checkpoint_secs") return number(c.checkpoint_secs);
   if (key == "grad_norm_guard") return number(c.grad_norm_guard);
+  if (key == "warmup_secs") return number(c.warmup_secs);
+  if (key == "window_secs") return number(c.window_secs);
   if (key == "synthetic_examples") return whole(c.synthetic_examples);
   if (key == "synthetic_features") return whole(c.synthetic_features);
   if (key == "synthetic_classes") return whole(c.synthetic_classes);
@@ -221,9 +223,9 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
   if (!one_of(c.mode, {"sync", "async", "ssp", "average", "allreduce"}))
     return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, ssp, average or "
                                     "allreduce", clipped(c.mode)));
-  if (!one_of(c.model, {"softmax", "mlp", "linear"}))
-    return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp or linear",
-                                     clipped(c.model)));
+  if (!one_of(c.model, {"softmax", "mlp", "linear", "linear_bias"}))
+    return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp, linear or "
+                                     "linear_bias", clipped(c.model)));
   for (auto h : c.hidden)
     if (h <= 0)
       return fail("hidden", fmt::format("hidden = [{}]: layer sizes must be positive",
@@ -239,14 +241,17 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
     if (comma == std::string::npos || comma == 0 || comma + 1 == rest.size())
       return fail("data", fmt::format("data = \"{}\" must name two files: idx:IMAGES,LABELS",
                                       clipped(d)));
-  } else if (!one_of(d, {"digits", "synthetic", "synthetic_linear"})) {
+  } else if (!one_of(d, {"digits", "synthetic", "synthetic_linear", "per_worker_linear"})) {
     return fail("data", fmt::format("data = \"{}\" is unknown: use digits, synthetic, "
-                                    "synthetic_linear, csv:PATH or idx:IMAGES,LABELS", clipped(d)));
+                                    "synthetic_linear, per_worker_linear, csv:PATH or "
+                                    "idx:IMAGES,LABELS", clipped(d)));
   }
-  if (combinations && (c.model == "linear") != (d == "synthetic_linear"))
-    return fail("model", fmt::format("model = \"{}\" with data = \"{}\": the linear model is "
-                                     "the regression one, for data = \"synthetic_linear\", and "
-                                     "the only one for it",
+  bool regression_model = one_of(c.model, {"linear", "linear_bias"});
+  bool regression_data = one_of(d, {"synthetic_linear", "per_worker_linear"});
+  if (combinations && regression_model != regression_data)
+    return fail("model", fmt::format("model = \"{}\" with data = \"{}\": the linear models are "
+                                     "the regression ones, for data = \"synthetic_linear\" or "
+                                     "\"per_worker_linear\", and the only ones for them",
                                      clipped(c.model), clipped(d)));
   if (!(c.holdout > 0 && c.holdout < 1))
     return fail("holdout", fmt::format("holdout = {}: the held-out fraction must be between 0 "
@@ -365,6 +370,23 @@ std::optional<key_problem> check_job_settings(const train_config& c, bool combin
     return fail("min_slice_bytes", "min_slice_bytes = 0: it must be at least 1");
   if (c.max_data_bytes == 0)
     return fail("max_data_bytes", "max_data_bytes = 0: it must be at least 1");
+  for (auto [key, value] : {std::pair<const char*, double>{"warmup_secs", c.warmup_secs},
+                            {"window_secs", c.window_secs}})
+    if (!(value >= 0) || !std::isfinite(value))
+      return fail(key, fmt::format("{} = {}: it must be a number of seconds >= 0 (0: off)", key,
+                                   value));
+  if (combinations && c.window_secs > 0 && !one_of(c.mode, {"sync", "async", "ssp"}))
+    return fail("window_secs", fmt::format("window_secs = {} with mode = \"{}\": a timed window "
+                                           "counts ps 0's global step, so the mode must be sync, "
+                                           "async or ssp", c.window_secs, clipped(c.mode)));
+  if (combinations && c.window_secs > 0 && !c.checkpoint_dir.empty())
+    return fail("window_secs", "window_secs with a checkpoint_dir: a timed run stops its workers "
+                               "where the time ends, not at a step a checkpoint could resume "
+                               "from exactly; drop one of them");
+  if (combinations && c.warmup_secs > 0 && c.window_secs == 0)
+    return fail("warmup_secs", fmt::format("warmup_secs = {} without window_secs: the warm-up "
+                                           "comes before a timed window; set window_secs too",
+                                           c.warmup_secs));
   return std::nullopt;
 }
 
@@ -372,7 +394,7 @@ std::optional<key_problem> check_job_settings(const train_config& c, bool combin
 /// bound before a single byte of it is (2e9 examples aborted with bad_alloc).
 std::optional<key_problem> check_data_size(const train_config& c, bool combinations) {
   const auto& d = c.data;
-  if (combinations && (d == "synthetic" || d == "synthetic_linear")) {
+  if (combinations && one_of(d, {"synthetic", "synthetic_linear", "per_worker_linear"})) {
     uint64_t outputs = d == "synthetic" ? c.synthetic_classes : 1;
     uint64_t floats = 0, teacher = 0;
     bool overflow = __builtin_mul_overflow(uint64_t{c.synthetic_examples},
@@ -471,7 +493,8 @@ std::string takes(const std::string& key) {
       if (key == "metrics")
         return "a file path, e.g. --set metrics=/tmp/metrics.csv";
       if (key == "data")
-        return "digits, synthetic, synthetic_linear, csv:PATH or idx:IMAGES,LABELS, e.g. "
+        return "digits, synthetic, synthetic_linear, per_worker_linear, csv:PATH or "
+               "idx:IMAGES,LABELS, e.g. "
                "--set data=csv:/tmp/train.csv";
       return fmt::format("a name, e.g. --set {}={}", key,
                          key == "mode" ? "async" : key == "model" ? "softmax"
@@ -740,6 +763,8 @@ std::string to_toml(const train_config& c) {
   line("min_slice_bytes", std::to_string(c.min_slice_bytes));
   line("max_data_bytes", std::to_string(c.max_data_bytes));
   line("grad_norm_guard", real(c.grad_norm_guard));
+  line("warmup_secs", real(c.warmup_secs));
+  line("window_secs", real(c.window_secs));
   return out;
 }
 

@@ -14,9 +14,10 @@ namespace af::train {
 
 struct train_config {
   std::string mode = "sync";       ///< sync, async, ssp, average, allreduce
-  std::string model = "mlp";       ///< softmax, mlp
+  std::string model = "mlp";       ///< softmax, mlp, linear, linear_bias
   std::vector<int64_t> hidden = {128}; ///< mlp hidden layer sizes
-  std::string data = "digits";     ///< digits, synthetic, csv:PATH, idx:IMAGES,LABELS
+  std::string data = "digits";     ///< digits, synthetic, synthetic_linear, per_worker_linear,
+                                   ///< csv:PATH, idx:IMAGES,LABELS
   double holdout = 0.2;            ///< fraction held out for evaluation
   size_t synthetic_examples = 4096;///< synthetic
   size_t synthetic_features = 64;  ///< synthetic
@@ -75,6 +76,12 @@ struct train_config {
   /// size instead of aborting the process when memory runs out. Raise it for a
   /// larger data set on a machine with the memory.
   uint64_t max_data_bytes = uint64_t{4} << 30;
+  /// A run for a time (sync, async, ssp; benches): window_secs > 0 ends the
+  /// job warmup_secs + window_secs after every worker's first push (or at
+  /// `steps`, if sooner), and the chief reports the global steps per second
+  /// of the window alone (docs/training.md, "A timed window"). 0: off.
+  double warmup_secs = 0;
+  double window_secs = 0;
 };
 
 /// True for the modes whose global step moves with every worker's push

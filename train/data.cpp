@@ -517,6 +517,28 @@ dataset synthetic_linear(size_t examples, size_t features, uint64_t seed) {
   return out;
 }
 
+dataset per_worker_linear(size_t workers, size_t features, uint64_t seed) {
+  dataset out;
+  out.name = fmt::format("per-worker linear regression ({} workers, {} features, seed {})",
+                         workers, features, seed);
+  out.features = features;
+  out.fixed_order = true;
+  if (features == 0)
+    return out;
+  auto rng = stream(seed, stream_tag::examples);
+  // Uniform in [-1, 1] has variance 1/3: this scale makes E|x|^2 = 1.
+  const double scale = std::sqrt(3.0 / static_cast<double>(features));
+  out.x.resize(workers * features);
+  out.targets.resize(workers);
+  for (size_t i = 0; i < workers; ++i) {
+    float* x = out.x.data() + i * features;
+    for (size_t f = 0; f < features; ++f)
+      x[f] = static_cast<float>((static_cast<double>(rng() >> 11) * 0x1.0p-52 - 1.0) * scale);
+    out.targets[i] = static_cast<float>(1 + i);
+  }
+  return out;
+}
+
 // --- splitting and batching
 
 split holdout(const dataset& all, double fraction, uint64_t seed) {
@@ -576,7 +598,11 @@ batch batcher::at(uint64_t step) const {
     return {};
   const uint64_t epoch = step / per_epoch;
   const uint64_t within = step % per_epoch;
-  if (!shuffle_) {
+  const bool ordered = !shuffle_ || data_->fixed_order;
+  const bool same_every_step = data_->fixed_order && per_epoch == 1;
+  if (same_every_step && same_.x.num_elements() > 0)
+    return same_;
+  if (ordered) {
     if (order_.size() != data_->size()) {
       order_.resize(data_->size());
       std::iota(order_.begin(), order_.end(), 0u);
@@ -594,6 +620,8 @@ batch batcher::at(uint64_t step) const {
   for (size_t i = 0; i < batch_size_; ++i)
     std::memcpy(x + i * f, data_->x.data() + size_t{rows[i]} * f, f * sizeof(float));
   out.y = labels_of(*data_, rows, batch_size_);
+  if (same_every_step)
+    same_ = out;
   return out;
 }
 

@@ -23,6 +23,9 @@ struct dataset {
   std::vector<float> x;
   std::vector<int32_t> y;
   std::vector<float> targets;
+  /// Example k belongs to worker k (k mod the workers): the batcher keeps the
+  /// examples in order instead of shuffling them (per_worker_linear).
+  bool fixed_order = false;
   size_t size() const { return features ? x.size() / features : 0; }
 };
 
@@ -93,6 +96,14 @@ dataset synthetic_classification(size_t examples, size_t features, uint32_t clas
 /// exact solution w is known (synthetic_teacher(features, 1, seed)).
 dataset synthetic_linear(size_t examples, size_t features, uint64_t seed);
 
+/// The 1 M workload's data (docs/training.md, "The 1 M workload"): one
+/// example per worker, `workers` of them, fixed_order. Example i is worker
+/// i's: x of `features` entries uniform in [-1, 1] times sqrt(3 / features),
+/// so that |x|^2 is about 1 (plain SGD at lr 0.1 on (x.w + b - y)^2 then
+/// converges), drawn from `seed` (example i is the same whatever `workers`);
+/// target y = 1 + i.
+dataset per_worker_linear(size_t workers, size_t features, uint64_t seed);
+
 /// Splits off a fixed held-out set: the last `fraction` of a seeded
 /// permutation of the examples (the same seed, the same split).
 struct split {
@@ -132,7 +143,8 @@ public:
 
   /// The batch of local step `step` (0-based; epochs follow each other).
   /// Allocates only the batch's two tensors (the epoch's order is computed
-  /// once per epoch into a buffer that is reused).
+  /// once per epoch into a buffer that is reused); a fixed_order set of one
+  /// step per epoch gives the same batch every step, allocated once.
   batch at(uint64_t step) const;
 
   /// Steps in one epoch (0 if check() is not empty).
@@ -147,6 +159,9 @@ private:
   bool shuffle_;
   mutable uint64_t cached_epoch_ = UINT64_MAX;
   mutable std::vector<uint32_t> order_;
+  /// The batch of a fixed_order set with one step per epoch: every step's
+  /// (a tensor shares its bytes), built once.
+  mutable batch same_;
 };
 
 /// All of `data` as one batch (held-out evaluation).

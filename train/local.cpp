@@ -121,6 +121,11 @@ outcome<split> load_data(const train_config& c) {
                                    c.synthetic_classes, c.seed);
   } else if (c.data == "synthetic_linear") {
     all = synthetic_linear(c.synthetic_examples, c.synthetic_features, c.seed);
+  } else if (c.data == "per_worker_linear") {
+    // One example per worker, all of them trained on: the held-out set is
+    // the same examples (its loss is the job's whole objective).
+    auto all = per_worker_linear(c.synthetic_examples, c.synthetic_features, c.seed);
+    return split{all, all};
   } else if (c.data.rfind("csv:", 0) == 0) {
     all = read_csv(c.data.substr(4), false, 1.0f, default_max_classes, c.max_data_bytes);
   } else if (c.data.rfind("idx:", 0) == 0) {
@@ -133,8 +138,8 @@ outcome<split> load_data(const train_config& c) {
   } else {
     return graph_error{af_error::invalid_argument,
                        "data = \"" + c.data
-                         + "\" is unknown: use digits, synthetic, synthetic_linear, csv:PATH or "
-                           "idx:IMAGES,LABELS"};
+                         + "\" is unknown: use digits, synthetic, synthetic_linear, "
+                           "per_worker_linear, csv:PATH or idx:IMAGES,LABELS"};
   }
   if (!all)
     return all.error();

@@ -48,7 +48,8 @@ outcome<std::vector<tensor>> unflatten(const tensor& flat, const std::vector<sha
 std::vector<std::pair<output, tensor>> feeds(const replica& r, const std::vector<tensor>& params,
                                              const batch& b);
 
-/// The data a config names, split into training and held-out sets.
+/// The data a config names, split into training and held-out sets
+/// (per_worker_linear: both are all of its examples).
 outcome<split> load_data(const train_config& c);
 
 /// Global steps a config asks for: `steps`, or `epochs` over the training set

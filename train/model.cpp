@@ -20,8 +20,10 @@ outcome<std::vector<parameter>> parameters(const std::string& kind, size_t featu
     out.push_back({name + "/b", {units}, initializer::zeros()});
   };
   auto f = static_cast<int64_t>(features);
-  if (kind == "linear") {
+  if (kind == "linear" || kind == "linear_bias") {
     out.push_back({"linear/w", {f, 1}, initializer::zeros()});
+    if (kind == "linear_bias")
+      out.push_back({"linear/b", {1}, initializer::zeros()});
     return out;
   }
   if (classes < 2)
@@ -46,7 +48,8 @@ outcome<std::vector<parameter>> parameters(const std::string& kind, size_t featu
     return out;
   }
   return graph_error{af_error::invalid_argument,
-                     fmt::format("model '{}' is unknown: use softmax, mlp or linear", kind)};
+                     fmt::format("model '{}' is unknown: use softmax, mlp, linear or linear_bias",
+                                 kind)};
 }
 
 outcome<replica> build_replica(graph& g, const std::vector<parameter>& params,
@@ -61,6 +64,12 @@ outcome<replica> build_replica(graph& g, const std::vector<parameter>& params,
     auto pred = g.matmul(r.x, r.params[0], false, false, prefix + "predict");
     auto err = g.sub(pred, r.y, prefix + "error");
     r.loss = g.mul(g.reduce_mean(g.square(err)), g.constant(tensor::scalar(0.5f)), prefix + "loss");
+  } else if (kind == "linear_bias") {
+    // mean((x w + b - y)^2): with one example, the 1 M workload's (x.w + b - y)^2
+    auto pred = g.add(g.matmul(r.x, r.params[0], false, false, prefix + "predict"), r.params[1],
+                      prefix + "predict_b");
+    auto err = g.sub(pred, r.y, prefix + "error");
+    r.loss = g.reduce_mean(g.square(err));
   } else {
     output h = r.x;
     size_t layers = params.size() / 2;

@@ -1,6 +1,8 @@
 #pragma once
 /// The models a training job builds with the graph API (graph/graph.hpp):
-/// softmax regression and an MLP. Their parameters are placeholders, so one
+/// softmax regression, an MLP, and linear regression without a bias
+/// ("linear": 0.5 * mean((x w - y)^2)) or with one ("linear_bias":
+/// mean((x w + b - y)^2), the 1 M workload's model). Their parameters are placeholders, so one
 /// graph serves every mode: a worker feeds the parameters it holds (pulled
 /// from the aggregator, or its own replica) with each batch.
 
@@ -21,7 +23,8 @@ struct parameter {
   initializer init;
 };
 
-/// The parameters of model `kind` ("softmax" or "mlp" with `hidden` sizes)
+/// The parameters of model `kind` ("softmax", "mlp" with `hidden` sizes,
+/// "linear" or "linear_bias": linear/w [features, 1] and linear/b [1] at 0)
 /// for `features` inputs and `classes` outputs; weights start Glorot-uniform
 /// from `seed`, biases at zero (the same seed, the same values everywhere).
 outcome<std::vector<parameter>> parameters(const std::string& kind, size_t features,

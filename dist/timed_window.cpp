@@ -1,0 +1,140 @@
+#include "dist/timed_window.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "actors/blocking_ask.hpp"
+#include "core/log.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/atoms.hpp"
+#include "messages/error.hpp"
+
+namespace af::training_detail {
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+/// How often the watch looks at ps 0 (before the warm-up) and at the user's stop.
+constexpr std::chrono::milliseconds tick{10};
+
+} // namespace
+
+std::string stop_key(uint64_t chief_incarnation) {
+  return fmt::format("train/window-stop/{}", chief_incarnation);
+}
+
+timed_window::timed_window(session& s, const train::train_config& c, uint32_t task,
+                           uint32_t workers, aggregator_actor ps0, kv_store_actor store,
+                           uint64_t incarnation, std::shared_ptr<const std::atomic<bool>> user_stop)
+  : s_(s),
+    c_(c),
+    workers_(workers),
+    ps0_(std::move(ps0)),
+    client_(s.system(), std::move(store), std::chrono::milliseconds{5000}),
+    incarnation_(incarnation),
+    user_stop_(std::move(user_stop)) {
+  if (task == 0)
+    thread_ = std::thread{[this] { run_chief(); }};
+  else
+    thread_ = std::thread{[this] { run_other(); }};
+}
+
+timed_window::~timed_window() {
+  close();
+}
+
+window_result timed_window::close() {
+  {
+    std::lock_guard<std::mutex> guard{mutex_};
+    closing_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable())
+    thread_.join();
+  return result_;
+}
+
+bool timed_window::wait_until(steady::time_point t) {
+  std::unique_lock<std::mutex> lock{mutex_};
+  for (;;) {
+    if (closing_)
+      return false;
+    if (user_stop_ && user_stop_->load())
+      stop_->store(true);
+    auto now = steady::now();
+    if (now >= t)
+      return true;
+    wake_.wait_for(lock, std::min<steady::duration>(t - now, tick));
+  }
+}
+
+void timed_window::say_stop() {
+  by_time_.store(true);
+  stop_->store(true);
+}
+
+void timed_window::run_chief() {
+  auto timeout = std::chrono::milliseconds{std::min<uint32_t>(c_.step_timeout_ms, 5000)};
+  // ps 0's global step, read at the midpoint of the request's round trip.
+  auto sample = [&](uint64_t& step, steady::time_point& at) {
+    auto asked = steady::now();
+    auto st = ask<aggregator_stats>(s_, ps0_, timeout, stats_atom::value);
+    auto answered = steady::now();
+    if (!st)
+      return false;
+    step = st->global_step;
+    at = asked + (answered - asked) / 2;
+    return true;
+  };
+  // 1. every worker has pushed
+  for (;;) {
+    auto st = ask<aggregator_stats>(s_, ps0_, timeout, stats_atom::value);
+    if (st) {
+      auto pushed = std::count_if(st->workers.begin(), st->workers.end(),
+                                  [](const worker_stats& w) { return w.pushes > 0; });
+      if (static_cast<uint32_t>(pushed) >= workers_)
+        break;
+    }
+    if (!wait_until(steady::now() + tick))
+      return;
+  }
+  // 2. the warm-up, 3. the window
+  auto both = steady::now();
+  if (!wait_until(both + std::chrono::duration_cast<steady::duration>(
+                           std::chrono::duration<double>(c_.warmup_secs))))
+    return;
+  uint64_t g0 = 0, g1 = 0;
+  steady::time_point t0, t1;
+  if (!sample(g0, t0))
+    return;
+  if (!wait_until(t0 + std::chrono::duration_cast<steady::duration>(
+                         std::chrono::duration<double>(c_.window_secs))))
+    return;
+  if (!sample(g1, t1))
+    return;
+  result_.measured = true;
+  result_.steps = g1 >= g0 ? g1 - g0 : 0;
+  result_.seconds = std::chrono::duration<double>(t1 - t0).count();
+  // 4. everyone stops: the others through the store, this worker at once
+  if (auto err = client_.put(stop_key(incarnation_), "stop"))
+    log::get()->warn("chief: could not tell the other workers that the timed window ended: {}",
+                     describe(err));
+  say_stop();
+}
+
+void timed_window::run_other() {
+  for (;;) {
+    // The store answers a get once the key is there, or at the get's timeout.
+    auto word = client_.get(stop_key(incarnation_), std::chrono::milliseconds{200});
+    if (word) {
+      say_stop();
+      return;
+    }
+    if (!wait_until(steady::now() + tick))
+      return;
+  }
+}
+
+} // namespace af::training_detail

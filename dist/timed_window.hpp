@@ -1,0 +1,78 @@
+#pragma once
+/// A training job run for a time (train_config warmup_secs, window_secs;
+/// docs/training.md, "A timed window"), for benches that compare steps/s
+/// over the same window: the chief watches ps 0's aggregator until every
+/// worker has pushed, lets warmup_secs pass, counts the global steps of the
+/// next window_secs, then puts the stop word in its key-value store; every
+/// worker (the chief too) stops before its next step. Internal to dist/.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "actors/kv_store.hpp"
+#include "actors/session.hpp"
+#include "dist/worker.hpp"
+#include "train/config.hpp"
+
+namespace af::training_detail {
+
+/// What the chief measured.
+struct window_result {
+  bool measured = false;  ///< the window ran to its end (the job did not end first)
+  uint64_t steps = 0;     ///< ps 0's global steps in the window
+  double seconds = 0;     ///< its length, from the two samples' midpoints
+};
+
+/// The key under which the chief says stop (its store, its incarnation).
+std::string stop_key(uint64_t chief_incarnation);
+
+/// The watch of one worker task: a thread of its own until close().
+class timed_window {
+public:
+  /// Worker `task` of `workers` (0: the chief, which measures) of job `c`,
+  /// whose ps 0 aggregator is `ps0`; `store`: the chief's key-value store.
+  /// `user_stop`, if any, is passed on (the REPL's `train stop`).
+  timed_window(session& s, const train::train_config& c, uint32_t task, uint32_t workers,
+               aggregator_actor ps0, kv_store_actor store, uint64_t incarnation,
+               std::shared_ptr<const std::atomic<bool>> user_stop);
+  ~timed_window();
+  timed_window(const timed_window&) = delete;
+  timed_window& operator=(const timed_window&) = delete;
+
+  /// The flag to give the worker (worker_setup::stop).
+  std::shared_ptr<const std::atomic<bool>> stop() const { return stop_; }
+
+  /// True once the window (not the user) stopped the worker.
+  bool ended_by_time() const { return by_time_.load(); }
+
+  /// Ends the watch (the worker is done) and returns what the chief measured.
+  window_result close();
+
+private:
+  void run_chief();
+  void run_other();
+  /// Waits until `t` (or close()); false if closed.
+  bool wait_until(std::chrono::steady_clock::time_point t);
+  void say_stop();
+
+  session& s_;
+  train::train_config c_;
+  uint32_t workers_;
+  aggregator_actor ps0_;
+  kv_client client_;
+  uint64_t incarnation_;
+  std::shared_ptr<const std::atomic<bool>> user_stop_;
+  std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> by_time_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool closing_ = false;
+  window_result result_;
+  std::thread thread_;
+};
+
+} // namespace af::training_detail
