@@ -443,8 +443,10 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.held_round.assign(s.shards.size(), false);
   st.closed.assign(s.shards.size(), false);
   // Backup workers: a round may close without this worker from the start,
-  // so its first push asks (a worker that keeps up stops at its first answer).
-  st.late_suspect = s.cfg.mode == "sync" && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
+  // so its first pushes ask (a worker that keeps up stops after two
+  // answers in time).
+  st.late_suspect = s.cfg.mode == "sync"
+                    && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {

@@ -380,7 +380,8 @@ bool asks_closed(const worker_state& st) {
 }
 
 bool all_closed(const worker_state& st) {
-  return !st.closed.empty() && std::all_of(st.closed.begin(), st.closed.end(), [](bool c) { return c; });
+  return !st.closed.empty()
+         && std::all_of(st.closed.begin(), st.closed.end(), [](bool c) { return c; });
 }
 
 void ask_closed(self_pointer self, std::function<void()> then) {
