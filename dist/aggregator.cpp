@@ -78,6 +78,10 @@ auto common_handlers(self_pointer self) {
   return std::make_tuple(
     [self](pull_atom) -> push_result { return answer_now(self); },
     [self](stats_atom) -> aggregator_stats { return stats_of(self); },
+    [self](closed_atom, uint32_t worker, uint64_t step,
+           std::string& token) -> caf::result<uint64_t, bool> {
+      return on_closed(self, worker, step, token);
+    },
     [self](done_atom, uint32_t worker, std::string& token,
            std::string& error) -> caf::result<uint32_t> {
       return on_done(self, worker, token, error);

@@ -161,6 +161,11 @@ aggregator_stats stats_of(self_pointer self);
 caf::result<uint32_t> on_done(self_pointer self, uint32_t worker, const std::string& token,
                               const std::string& error);
 
+/// closed: whether a push of `step` from `worker` would be dropped as late
+/// now (sync); a true answer is counted as a step the worker skipped.
+caf::result<uint64_t, bool> on_closed(self_pointer self, uint32_t worker, uint64_t step,
+                                      const std::string& token);
+
 /// join: a worker's name, address and actor (monitored), and its token.
 caf::result<uint64_t, std::string, uint64_t> on_join(self_pointer self, uint32_t worker,
                                                      const std::string& task,

@@ -80,6 +80,24 @@ caf::result<uint32_t> on_done(self_pointer self, uint32_t worker, const std::str
   return st.round.workers() - st.round.active();
 }
 
+caf::result<uint64_t, bool> on_closed(self_pointer self, uint32_t worker, uint64_t step,
+                                      const std::string& token) {
+  auto& st = self->state;
+  if (worker > max_worker_index || worker >= st.members.size()
+      || !holds_token(st.members[worker], token))
+    return stranger(self, worker, "closed query", "");
+  auto& m = st.members[worker];
+  // The sync push handler's rule for a late gradient (aggregator.cpp): a
+  // worker on standby after a switch, or whose next push is fresh, is
+  // taken whatever its step; one that is done is refused, not dropped.
+  bool member_now = worker < st.round.workers() && !st.round.is_done(worker)
+                    && !st.round.is_standby(worker);
+  bool closed = st.spec.mode == "sync" && member_now && !m.fresh && step < st.global_step;
+  if (closed)
+    m.stats.skipped += 1; // told so, the worker does not push this step here
+  return {st.global_step, closed};
+}
+
 caf::result<uint64_t, std::string, uint64_t> on_join(self_pointer self, uint32_t worker,
                                                      const std::string& task,
                                                      const std::string& address,

@@ -434,7 +434,7 @@ caf::error report_and_save(task_run& t) {
                          std::strerror(errno));
       else if (fresh)
         std::fprintf(rep->per_worker, "step,wall_s,worker,task,status,examples_per_s,pushes,"
-                                      "applied,late,refused,stale,waited_ms,clock\n");
+                                      "applied,late,refused,stale,waited_ms,clock,skipped\n");
     }
   }
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };

@@ -36,14 +36,17 @@ std::string staleness_summary(const std::vector<uint64_t>& h) {
                      max + 1 == h.size() ? "+" : "", hist);
 }
 
-/// "  late 2:5  refused 0:1  guarded 1:3": per worker, gradients that came
-/// after their step closed (dropped), values refused or abstained from, and
-/// gradients the norm guard scaled down; "" if none.
+/// "  late 2:5  skipped 2:40  refused 0:1  guarded 1:3": per worker,
+/// gradients that came after their step closed (dropped), steps it did not
+/// send because it was told they had closed, values refused or abstained
+/// from, and gradients the norm guard scaled down; "" if none.
 std::string per_worker_summary(const aggregator_stats& s) {
-  std::string late, refused, guarded;
+  std::string late, skipped, refused, guarded;
   for (const auto& w : s.workers) {
     if (w.late > 0)
       late += fmt::format(" {}:{}", w.worker, w.late);
+    if (w.skipped > 0)
+      skipped += fmt::format(" {}:{}", w.worker, w.skipped);
     if (w.refused > 0)
       refused += fmt::format(" {}:{}", w.worker, w.refused);
     if (w.guarded > 0)
@@ -52,6 +55,8 @@ std::string per_worker_summary(const aggregator_stats& s) {
   std::string out;
   if (!late.empty())
     out += "  late (dropped)" + late;
+  if (!skipped.empty())
+    out += "  skipped (step closed)" + skipped;
   if (!refused.empty())
     out += "  refused" + refused;
   if (!guarded.empty())
@@ -80,7 +85,7 @@ void reporter::operator()(const worker_progress& p) {
   }
   if (per_worker) {
     for (const auto& w : p.stats.workers)
-      std::fprintf(per_worker, "%llu,%.3f,%u,%s,%s,%.1f,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n",
+      std::fprintf(per_worker, "%llu,%.3f,%u,%s,%s,%.1f,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n",
                    static_cast<unsigned long long>(p.step), p.seconds, w.worker, w.task.c_str(),
                    w.status.c_str(), w.examples_per_s, static_cast<unsigned long long>(w.pushes),
                    static_cast<unsigned long long>(w.applied),
@@ -88,7 +93,8 @@ void reporter::operator()(const worker_progress& p) {
                    static_cast<unsigned long long>(w.refused),
                    static_cast<unsigned long long>(w.stale),
                    static_cast<unsigned long long>(w.waited_ms),
-                   static_cast<unsigned long long>(w.clock));
+                   static_cast<unsigned long long>(w.clock),
+                   static_cast<unsigned long long>(w.skipped));
     std::fflush(per_worker);
   }
   if (metrics) {

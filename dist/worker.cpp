@@ -1,6 +1,8 @@
 #include "dist/worker.hpp"
 #include "dist/worker_state.hpp"
 
+#include <algorithm>
+
 #include "caf/all.hpp"
 
 #include <fmt/format.h>
@@ -104,7 +106,9 @@ void after_step(self_pointer self) {
       p.test_loss = test_loss;
       p.evaluated = acc >= 0 || test_loss >= 0;
       p.seconds = seconds_since(st.started);
-      p.examples_per_s = p.seconds > 0 ? static_cast<double>(st.local_step * st.setup.cfg.batch_size)
+      // Skipped steps trained on no example.
+      p.examples_per_s = p.seconds > 0 ? static_cast<double>((st.local_step - st.skipped)
+                                                             * st.setup.cfg.batch_size)
                                            / p.seconds
                                        : 0;
       st.last_loss = p.loss;
@@ -174,6 +178,7 @@ void finish(self_pointer self) {
       r.accuracy = acc;
       r.test_loss = test_loss;
       r.refused = st.refused;
+      r.skipped = st.skipped;
       r.last_refusal = st.last_refusal;
       r.checkpoint_failures = st.checkpoint_failures;
       r.checkpoint_error = st.checkpoint_error;
@@ -201,15 +206,41 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
   auto& st = self->state;
   const auto mode = st.mode;
   if (mode == "sync" || train::step_per_push(mode)) {
-    st.pending = grads; // shares the buffers
-    exchange(self, &grads, false, [self](uint64_t step, std::vector<tensor> params) {
+    auto push = [self](std::vector<tensor> grads) {
       auto& st = self->state;
-      st.pending.clear();
-      st.global_step = step;
-      st.params = std::move(params);
-      st.local_step += 1;
-      after_step(self);
-    });
+      st.pending = grads; // shares the buffers
+      auto pushed = st.global_step;
+      exchange(self, &grads, false, [self, pushed](uint64_t step, std::vector<tensor> params) {
+        auto& st = self->state;
+        st.pending.clear();
+        // sync: a round that closed without this push (the global step
+        // moved more than the one step this push could have closed) makes
+        // it ask before its next pushes; two in time in a row stop that.
+        if (st.mode == "sync") {
+          st.in_time = step > pushed + 1 ? 0 : std::min<uint32_t>(st.in_time + 1, 2);
+          if (st.in_time == 0)
+            st.late_suspect = true;
+          else if (st.in_time >= 2)
+            st.late_suspect = false;
+        }
+        st.global_step = step;
+        st.params = std::move(params);
+        st.local_step += 1;
+        after_step(self);
+      });
+    };
+    // After computing (the slow part), before sending: a step that closed
+    // on every shard meanwhile is not sent.
+    if (asks_closed(st)) {
+      ask_closed(self, [self, push, grads = std::move(grads)]() mutable {
+        if (all_closed(self->state))
+          skip_step(self);
+        else
+          push(std::move(grads));
+      });
+      return;
+    }
+    push(std::move(grads));
     return;
   }
   if (mode == "allreduce") {
@@ -284,7 +315,7 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
 
 namespace {
 
-void run_step_now(self_pointer self);
+void run_step_now(self_pointer self, bool delayed);
 
 /// True (and the worker ended) if its client asked it to stop.
 bool stop_requested(self_pointer self) {
@@ -307,12 +338,13 @@ void run_step(self_pointer self) {
     self->delayed_send(self, st.setup.step_delay, step_atom::value);
     return;
   }
-  run_step_now(self);
+  run_step_now(self, false);
 }
 
 namespace {
 
-void run_step_now(self_pointer self) {
+/// The step's forward and gradients, then use_gradients.
+void compute(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
@@ -336,6 +368,26 @@ void run_step_now(self_pointer self) {
                     st.setup.tamper(st.local_step, grads);
                   use_gradients(self, std::move(grads));
                 });
+}
+
+/// A step; `delayed`: after step_delay (a straggler's slow part, before
+/// its compute): a worker that was late first asks whether this step
+/// closed without it meanwhile, and skips it if so.
+void run_step_now(self_pointer self, bool delayed) {
+  auto& st = self->state;
+  if (st.finished)
+    return;
+  st.closed.assign(st.setup.shards.size(), false);
+  if (delayed && asks_closed(st)) {
+    ask_closed(self, [self] {
+      if (all_closed(self->state))
+        skip_step(self);
+      else
+        compute(self);
+    });
+    return;
+  }
+  compute(self);
 }
 
 caf::behavior worker_impl(self_pointer self, worker_setup setup,
@@ -389,6 +441,12 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.push_seq.assign(s.shards.size(), 0);
   st.shard_down.assign(s.shards.size(), false);
   st.held_round.assign(s.shards.size(), false);
+  st.closed.assign(s.shards.size(), false);
+  // Backup workers: a round may close without this worker from the start,
+  // so its first pushes ask (a worker that keeps up stops after two
+  // answers in time).
+  st.late_suspect = s.cfg.mode == "sync"
+                    && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {
@@ -462,7 +520,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.
       if (!self->state.finished && !stop_requested(self))
-        run_step_now(self);
+        run_step_now(self, true);
     },
     [self](caf::ok_atom) {
       if (self->state.finished) {

@@ -84,6 +84,10 @@ struct worker_result {
   double accuracy = -1;         ///< held-out at the end (chief)
   double test_loss = -1;
   uint64_t refused = 0;         ///< its steps it abstained from (non-finite)
+  /// sync with backup workers: of local_steps, those it neither computed
+  /// nor sent in full because their step had closed without it (it pulled
+  /// the parameters instead)
+  uint64_t skipped = 0;
   std::string last_refusal;     ///< why, naming the worker, the variable and the element
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write (it trains on)
   std::string checkpoint_error; ///< the last one's reason

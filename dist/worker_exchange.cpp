@@ -3,6 +3,7 @@
 // between average and the other modes.
 #include "dist/worker_state.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include "caf/all.hpp"
@@ -343,6 +344,8 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // switches at its own moment: only a join that every ps has before the
     // same push makes them pair the same steps of the workers.
     st.rejoin = false;
+    // A ps in sync again takes this push whatever its step (standby, fresh).
+    st.closed.assign(st.closed.size(), false);
     auto keep = std::make_shared<std::vector<tensor>>(*values); // shares the buffers
     join_all(self, [self, keep, abstain_step, then] {
       exchange(self, keep.get(), abstain_step, then);
@@ -355,17 +358,98 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
   g->tries.assign(st.setup.shards.size(), 0);
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
+    // sync: a shard that said this step closed without this worker gets
+    // no part of it (it would drop it as late): its parameters are pulled.
+    bool sends = values != nullptr
+                 && !(st.mode == "sync" && k < st.closed.size() && st.closed[k]);
     // A partitioned parameter's rows are copied out; a whole one goes as is.
-    auto part = values != nullptr && !abstain_step ? train::rows_for(s.pieces, *values)
-                                                   : std::vector<tensor>{};
+    auto part = sends && !abstain_step ? train::rows_for(s.pieces, *values)
+                                       : std::vector<tensor>{};
     // average pushes the round's step (the same local steps on every shard).
     bool average = st.mode == "average";
     auto step = average ? st.global_step : st.shard_step[k];
-    auto kind = values == nullptr ? wire::kind::pull
-                : average         ? wire::kind::push_params
-                                  : wire::kind::push;
-    push_shard(self, g, k, std::move(part), step, kind, values != nullptr, then, 0);
+    auto kind = !sends   ? wire::kind::pull
+                : average ? wire::kind::push_params
+                          : wire::kind::push;
+    push_shard(self, g, k, std::move(part), step, kind, sends, then, 0);
   }
+}
+
+bool asks_closed(const worker_state& st) {
+  return st.mode == "sync" && st.late_suspect && !st.rejoin && !st.setup.shards.empty();
+}
+
+bool all_closed(const worker_state& st) {
+  return !st.closed.empty()
+         && std::all_of(st.closed.begin(), st.closed.end(), [](bool c) { return c; });
+}
+
+void ask_closed(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  // Once, per shard, whichever comes first: the answer, an error, or its
+  // aggregator going down (a request to a dead node is never answered).
+  struct asks {
+    size_t missing = 0;
+    std::vector<bool> settled;
+    uint64_t hook = 0;
+  };
+  auto a = std::make_shared<asks>();
+  a->settled.assign(st.setup.shards.size(), true);
+  for (size_t k = 0; k < st.setup.shards.size(); ++k)
+    if (st.setup.shards[k].actor && !st.closed[k] && !st.shard_down[k]) {
+      a->settled[k] = false;
+      a->missing += 1;
+    }
+  if (a->missing == 0) {
+    then();
+    return;
+  }
+  auto settle = [self, a, then](size_t k, bool closed) {
+    if (a->settled[k])
+      return;
+    a->settled[k] = true;
+    auto& st = self->state;
+    if (closed && k < st.closed.size())
+      st.closed[k] = true;
+    if (--a->missing == 0) {
+      drop_hook(self, a->hook);
+      if (!st.finished)
+        then();
+    }
+  };
+  if (st.recovery)
+    a->hook = add_hook(self, [settle](size_t k) mutable { settle(k, false); });
+  for (size_t k = 0; k < st.setup.shards.size(); ++k) {
+    if (a->settled[k])
+      continue;
+    self->request(st.setup.shards[k].actor, st.setup.timeout, closed_atom::value, st.setup.index,
+                  st.shard_step[k], st.tokens[k])
+      .then([settle, k](uint64_t, bool closed) mutable { settle(k, closed); },
+            [self, settle, k](caf::error& err) mutable {
+              log::get()->debug("{}: asking {} whether its step closed: {}; pushing as before",
+                                who(self), self->state.setup.shards[k].task, describe(err));
+              settle(k, false);
+            });
+  }
+  if (st.recovery)
+    fire_known_down(self, a->hook);
+}
+
+void skip_step(self_pointer self) {
+  auto& st = self->state;
+  st.skipped += 1;
+  st.in_time = 0;
+  log::get()->debug("{}: global step {} closed without it (its gradient would be dropped as "
+                    "late): not computed or not sent; pulling the parameters ({} skipped so far)",
+                    who(self), st.global_step, st.skipped);
+  exchange(self, nullptr, false, [self](uint64_t step, std::vector<tensor> params) {
+    auto& st = self->state;
+    st.global_step = step;
+    st.params = std::move(params);
+    // Its batch goes, as a late gradient's would: the next step reads the next.
+    st.local_step += 1;
+    after_step(self);
+  });
 }
 
 bool ps_gone(const caf::error& err) {

@@ -77,6 +77,18 @@ struct worker_state : worker_loop {
   uint64_t loss_count = 0;
   double last_loss = 0;
   uint64_t refused = 0;
+  /// sync with backup workers: it was late (a push answered with a global
+  /// step more than one past the one it pushed for, or an aggregator said
+  /// its step had closed), so it asks (closed) after its slow part whether
+  /// its step closed without it; cleared by two pushes in time in a row
+  /// (one may be luck: the others slow to start). A worker that keeps up
+  /// asks nothing (no request on its step's path).
+  bool late_suspect = false;
+  uint32_t in_time = 0;           ///< pushes in time since it was last late
+  /// Per shard, this step: the aggregator said the step closed without this
+  /// worker, so its part is not pushed there (the parameters are pulled).
+  std::vector<bool> closed;
+  uint64_t skipped = 0;           ///< steps it skipped: closed on every shard
   uint64_t refused_in_a_row = 0;  ///< steps abstained from since the last finite one
   std::string last_refusal;
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
@@ -176,6 +188,25 @@ void join_all(self_pointer self, std::function<void()> then);
 /// while the others applied their parts would apply part of a step.
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain_step,
               std::function<void(uint64_t, std::vector<tensor>)> then);
+
+/// Whether this step asks its aggregators if it closed without this worker
+/// (sync, a worker that was late: worker_state::late_suspect).
+bool asks_closed(const worker_state& st);
+
+/// Asks each shard's aggregator not known to have closed this step yet
+/// whether it did (closed), marking worker_state::closed; then `then`. A
+/// shard that is down, or does not answer, counts as open: its part is
+/// pushed as before and a late one is dropped there.
+void ask_closed(self_pointer self, std::function<void()> then);
+
+/// True if every shard closed this step without this worker.
+bool all_closed(const worker_state& st);
+
+/// The step closed on every shard without this worker (a backup worker's,
+/// TF's SyncReplicasOptimizer would drop its gradient): it is not computed
+/// or not sent; the worker pulls the parameters, counts the step as
+/// skipped and goes on with the next one.
+void skip_step(self_pointer self);
 
 /// After a step: report, evaluate, checkpoint as due; then the next step.
 void after_step(self_pointer self);

@@ -69,6 +69,14 @@
 ///        switch into average, a plain push, which is a gradient) is
 ///        mode_changed: the worker learns the mode (stats) and changes its loop.
 ///   (pull)                        -> (uint64 global_step, tensor params)
+///   (closed, uint32 worker, uint64 step, string token) -> (uint64 global_step, bool closed)
+///        sync: whether a push of `step` from the worker would now be
+///        dropped as late (its step closed without it: a backup worker's, or
+///        a straggler's), so that the worker skips computing and sending it
+///        and pulls the parameters instead (dist/worker.hpp). Each `true`
+///        is counted as a step the worker skipped (worker_stats::skipped).
+///        Other modes answer false. The token is its join's (as a push's);
+///        another is invalid_argument.
 ///   (stats)                       -> (aggregator_stats)
 ///   (done, uint32 worker, string token, string error) -> (uint32 workers_done)  the worker
 ///        pushes no more: sync and average stop waiting for it (a worker that
@@ -192,6 +200,9 @@ struct worker_stats {
   /// the chief fails the job when a worker did.
   std::string error;
   uint64_t guarded = 0;        ///< pushes the gradient-norm guard refused or clipped
+  /// sync: its steps it did not push here because this aggregator told it
+  /// (closed) that their step had closed without it (a backup worker's)
+  uint64_t skipped = 0;
 };
 
 struct aggregator_stats {
@@ -250,7 +261,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_stats& x) {
   return f(caf::meta::type_name("worker_stats"), x.worker, x.task, x.address, x.status,
            x.batch_size, x.pushes, x.applied, x.late, x.refused, x.stale, x.max_staleness,
-           x.waited_ms, x.clock, x.last_step, x.examples_per_s, x.idle_s, x.error, x.guarded);
+           x.waited_ms, x.clock, x.last_step, x.examples_per_s, x.idle_s, x.error, x.guarded,
+           x.skipped);
 }
 
 template <class Inspector>
@@ -275,6 +287,7 @@ using aggregator_actor = caf::typed_actor<
   caf::replies_to<push_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
   caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
+  caf::replies_to<closed_atom, uint32_t, uint64_t, std::string>::with<uint64_t, bool>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,
   caf::replies_to<done_atom, uint32_t, std::string, std::string>::with<uint32_t>,
   caf::replies_to<join_atom, uint32_t, std::string, std::string, uint32_t, caf::actor>::with<uint64_t, std::string, uint64_t>,

@@ -35,6 +35,8 @@ using restore_atom = caf::atom_constant<caf::atom("restore")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using switch_atom = caf::atom_constant<caf::atom("switch")>;
+/// A worker asks whether its step closed without it (messages/aggregator.hpp).
+using closed_atom = caf::atom_constant<caf::atom("closed")>;
 /// With push_atom: the values are parameters (average), not gradients.
 using params_atom = caf::atom_constant<caf::atom("params")>;
 using kv_store_atom = caf::atom_constant<caf::atom("kv_store")>;

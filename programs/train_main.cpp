@@ -124,10 +124,15 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
     std::printf("mode: the job ended in %s after %llu live switch(es) (the config says %s)\n",
                 o.stats.mode.c_str(), static_cast<unsigned long long>(o.stats.switches),
                 c.mode.c_str());
-  if (!o.stats.mode.empty() && (o.stats.refused > 0 || o.stats.dropped_stale > 0))
-    std::printf("aggregator: %llu refused (non-finite), %llu stale gradients dropped\n",
+  uint64_t skipped = 0; // steps workers did not send, told that they had closed
+  for (const auto& w : o.stats.workers)
+    skipped += w.skipped;
+  if (!o.stats.mode.empty() && (o.stats.refused > 0 || o.stats.dropped_stale > 0 || skipped > 0))
+    std::printf("aggregator: %llu refused (non-finite), %llu stale gradients dropped, %llu "
+                "steps skipped by workers told they had closed\n",
                 static_cast<unsigned long long>(o.stats.refused),
-                static_cast<unsigned long long>(o.stats.dropped_stale));
+                static_cast<unsigned long long>(o.stats.dropped_stale),
+                static_cast<unsigned long long>(skipped));
   if (!o.checkpoint.empty())
     std::printf("checkpoint: %s\n", o.checkpoint.c_str());
   if (!o.plot.empty())
@@ -429,8 +434,10 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
       return fail(name + ": " + why, 1);
   } else {
-    std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
-                static_cast<unsigned long long>(out->result.local_steps));
+    std::printf("actorflow-train %s: done after %llu local steps (%llu skipped: their step "
+                "closed before it sent its gradient)\n",
+                name.c_str(), static_cast<unsigned long long>(out->result.local_steps),
+                static_cast<unsigned long long>(out->result.skipped));
   }
   return 0;
 }

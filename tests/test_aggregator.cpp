@@ -638,6 +638,69 @@ TEST_CASE("sync with 2 of 3 replicas releases a step with its first two gradient
   CHECK(s.workers[2].pushes == 1);
 }
 
+namespace {
+
+/// Asks `f`'s aggregator whether `worker`'s step `step` closed without it:
+/// (global step, closed), or the refusal.
+caf::expected<std::pair<uint64_t, bool>> ask_closed(aggregator_fixture& f, uint32_t worker,
+                                                    uint64_t step, const std::string& token) {
+  caf::expected<std::pair<uint64_t, bool>> out{make_error(af_error::internal, "no reply")};
+  f.self->request(f.agg, 10s, closed_atom::value, worker, step, token)
+    .receive([&](uint64_t g, bool closed) { out = std::make_pair(g, closed); },
+             [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("sync with 2 of 3 replicas tells a backup worker that its step closed (closed), "
+          "counts it as skipped, and says open for the step in progress",
+          "[aggregator]") {
+  // Catches: a closed step answered as open (the worker would compute and
+  // send a gradient only to have it dropped), the step in progress answered
+  // as closed (a gradient that would count lost), a skip not counted on its
+  // worker (or counted as a push or a late one), a query without the
+  // worker's token believed, and another mode saying closed.
+  aggregator_fixture f;
+  f.spawn("sync", 3, true, [](aggregator_spec& s) {
+    sgd(s);
+    s.replicas_to_aggregate = 2;
+  });
+  REQUIRE(f.join(2));
+  auto before = ask_closed(f, 2, 0, f.tokens[2]);
+  REQUIRE(before);
+  CHECK(*before == std::make_pair(uint64_t{0}, false));
+  auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
+  auto p1 = f.push(1, 0, aggregator_fixture::values(3, 3));
+  REQUIRE(aggregator_fixture::reply(p0));
+  REQUIRE(aggregator_fixture::reply(p1));
+  auto after = ask_closed(f, 2, 0, f.tokens[2]);
+  REQUIRE(after);
+  CHECK(*after == std::make_pair(uint64_t{1}, true));
+  auto now = ask_closed(f, 2, 1, f.tokens[2]);
+  REQUIRE(now);
+  CHECK(*now == std::make_pair(uint64_t{1}, false));
+  auto forged = ask_closed(f, 2, 0, std::string(16, 'x'));
+  REQUIRE_FALSE(forged);
+  CHECK(is(forged.error(), af_error::invalid_argument));
+  auto s = f.stats();
+  REQUIRE(s.workers.size() == 3);
+  CHECK(s.workers[2].skipped == 1);
+  CHECK(s.workers[2].pushes == 0);
+  CHECK(s.workers[2].late == 0);
+  CHECK(s.workers[0].skipped == 0);
+  CHECK(s.dropped_stale == 0);
+  CHECK(f.value(0) == filled(4, 0)); // 1 - 0.5 * mean(1, 3): worker 2 took no part
+
+  aggregator_fixture a;
+  a.spawn("async", 2);
+  REQUIRE(a.push_now(0, 0, aggregator_fixture::values(1, 1)));
+  REQUIRE(a.join(1));
+  auto async_answer = ask_closed(a, 1, 0, a.tokens[1]);
+  REQUIRE(async_answer);
+  CHECK(*async_answer == std::make_pair(uint64_t{1}, false));
+}
+
 TEST_CASE("a sync step closes at its deadline with min_replicas gradients", "[aggregator]") {
   // Catches: a deadline that never fires (the step waits for the missing
   // worker until the timeout), one that closes without applying what

@@ -131,6 +131,7 @@ struct worker_row {
   std::string task, status;
   double examples_per_s = 0;
   uint64_t pushes = 0, applied = 0, late = 0, refused = 0, stale = 0, waited_ms = 0, clock = 0;
+  uint64_t skipped = 0; ///< steps it did not send, told they had closed
 };
 
 /// The complete rows of a workers.csv so far (a line still being written,
@@ -153,7 +154,7 @@ inline std::vector<worker_row> read_worker_rows(const std::string& path) {
     std::stringstream ls{line};
     for (std::string cell; std::getline(ls, cell, ',');)
       f.push_back(cell);
-    if (f.size() != 13)
+    if (f.size() != 14)
       continue;
     worker_row r;
     r.step = std::stoull(f[0]);
@@ -169,6 +170,7 @@ inline std::vector<worker_row> read_worker_rows(const std::string& path) {
     r.stale = std::stoull(f[10]);
     r.waited_ms = std::stoull(f[11]);
     r.clock = std::stoull(f[12]);
+    r.skipped = std::stoull(f[13]);
     rows.push_back(std::move(r));
   }
   return rows;
