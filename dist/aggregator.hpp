@@ -48,6 +48,9 @@ struct aggregator_member {
   uint64_t round_seq = 0;
   uint64_t retries = 0; ///< pushes answered as already taken (logged 1st, 2nd, 4th, ...)
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
+  /// When it was last told its step had closed (a backup worker that skips
+  /// the step is alive, though it pushes nothing).
+  std::chrono::steady_clock::time_point last_skipped;
   worker_stats stats;
 };
 

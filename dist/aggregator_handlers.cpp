@@ -93,8 +93,10 @@ caf::result<uint64_t, bool> on_closed(self_pointer self, uint32_t worker, uint64
   bool member_now = worker < st.round.workers() && !st.round.is_done(worker)
                     && !st.round.is_standby(worker);
   bool closed = st.spec.mode == "sync" && member_now && !m.fresh && step < st.global_step;
-  if (closed)
+  if (closed) {
     m.stats.skipped += 1; // told so, the worker does not push this step here
+    m.last_skipped = clock_type::now();
+  }
   return {st.global_step, closed};
 }
 

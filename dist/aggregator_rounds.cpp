@@ -43,6 +43,7 @@ void name_idle(aggregator_actor_state& st) {
     if (st.round.is_done(w) || m.idle_logged)
       continue;
     auto last = m.stats.pushes > 0 ? m.last_push : m.joined_at;
+    last = std::max(last, m.last_skipped); // a backup worker that skips its steps is alive
     if (last == clock_type::time_point{} || now - last < quiet
         || st.global_step < m.stats.last_step + 2)
       continue;
