@@ -7,7 +7,7 @@
 ///
 ///   train_sync_1m_2w            sync steps/s, linear regression of 1 M floats
 ///   train_async_1m_2w           async global steps/s, the same model
-///   allreduce_4mib_2w           MB/s of one 4 MiB all-reduce between 2 ranks
+///   allreduce_4mib_2w_*         all-reduce metrics: bench/allreduce_bench.hpp
 ///   train_digits_examples_per_s sync 2-worker digits MLP against one process
 ///   train_sync_partitioned_3ps  sync steps/s of a 3 M-float softmax cut into 3
 ///                               pieces over 3 ps processes, against the same
