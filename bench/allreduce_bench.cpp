@@ -1,20 +1,15 @@
-// The all-reduce metrics of actorflow-bench (allreduce_bench.hpp): our ring
-// (dist/allreduce.hpp) against a raw exchange of the same bytes, and the
-// helper processes both run in (this binary, re-executed with helper_flag).
-// Moved here from bench_train.cpp and train_helpers.cpp; the small process
-// and socket helpers below are copies of theirs (spawn, wait_all, the
-// nonblocking reads and writes), so that neither file needs to export them.
+// The all-reduce metrics of actorflow-bench (allreduce_bench.hpp): pairs of
+// rank processes (allreduce_helpers.cpp) that time our ring (dist/allreduce.hpp)
+// and a raw exchange of the same bytes. The small process helpers below are
+// copies of bench_train.cpp's (spawn, wait_all, report), so that it need not
+// export them.
 #include "bench/allreduce_bench.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,16 +20,9 @@
 #include <sstream>
 #include <thread>
 
-#include "caf/all.hpp"
-#include "caf/io/middleman.hpp"
-
-#include "actors/kv_store.hpp"
-#include "actors/system.hpp"
 #include "bench/train_common.hpp"
 #include "config/loopback.hpp"
 #include "core/child_process.hpp"
-#include "dist/allreduce.hpp"
-#include "net/socket.hpp"
 
 namespace af::bench {
 
@@ -170,382 +158,74 @@ void report(const std::string& name, const std::vector<double>& ours,
   std::fflush(stdout);
 }
 
-// -- sockets (as in train_helpers.cpp) ---------------------------------------------------
+// -- the metrics ----------------------------------------------------------------------
 
-constexpr size_t chunk_bytes = 64 << 10; // the raw exchange's unit of averaging (scheme=swap)
-
-void tune_socket(int fd) {
-  sock::set_nodelay(fd);
-  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
-  // net.core.[rw]mem_max and doubles it.
-  sock::set_buffers(fd, 8 << 20);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-/// A connection to the helper listening on `port`, which may not listen yet:
-/// tries for 2 s.
-int dial_loopback(uint16_t port) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = connect_loopback(port);
-    if (fd >= 0)
-      return fd;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-/// What one nonblocking read or write did: moved bytes, would block, or failed
-/// (error or end of stream).
-enum class io { moved, blocked, failed };
-
-/// Bytes one read or write moves at most (a helper's slice=N; 0: no limit).
-/// No limit was fastest on the development VM for the ps and the exchange
-/// alike (fewer system calls); 256 KiB and 1 MiB slices were 5-20% slower.
-size_t io_slice = SIZE_MAX;
-
-io try_read(int fd, char* buf, size_t n, size_t& done) {
-  auto r = ::read(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-io try_write(int fd, const char* buf, size_t n, size_t& done) {
-  auto r = ::write(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-/// How long a baseline's socket may make no progress before the helper
-/// gives up (a peer that died or hung): the bench then reports the failure
-/// instead of waiting for its own timeout.
-constexpr int stall_ms = 30000;
-
-/// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
-/// (if `want_in`); the same socket may be both. False on an error or after
-/// stall_ms without either.
-bool wait_sockets(int out_fd, bool want_out, int in_fd, bool want_in) {
-  pollfd p[2] = {{out_fd, static_cast<short>(want_out ? POLLOUT : 0), 0},
-                 {in_fd, static_cast<short>(want_in ? POLLIN : 0), 0}};
-  if (out_fd == in_fd) {
-    p[0].events |= p[1].events;
-    p[1].fd = -1;
-  }
-  int r = poll(p, 2, stall_ms);
-  if (r == 0)
-    std::fprintf(stderr, "bench helper: no progress on its sockets for %d ms\n", stall_ms);
-  return r > 0 || (r < 0 && errno == EINTR);
-}
-
-/// Sends `out` on the nonblocking socket `out_fd` and receives `in` on
-/// `in_fd` (the same socket or another) at once; calls progress(sent,
-/// received) whenever either moved. Polls only when neither can move.
-template <class Progress>
-bool exchange(int out_fd, int in_fd, const void* out, size_t out_n, void* in, size_t in_n,
-              Progress&& progress) {
-  size_t sent = 0, got = 0;
-  while (sent < out_n || got < in_n) {
-    bool moved = false;
-    if (sent < out_n) {
-      auto r = try_write(out_fd, static_cast<const char*>(out), out_n, sent);
-      if (r == io::failed)
-        return false;
-      moved |= r == io::moved;
-    }
-    if (got < in_n) {
-      auto r = try_read(in_fd, static_cast<char*>(in), in_n, got);
-      if (r == io::failed)
-        return false;
-      moved |= r == io::moved;
-    }
-    if (moved) {
-      progress(sent, got);
-      continue;
-    }
-    if (!wait_sockets(out_fd, sent < out_n, in_fd, got < in_n))
-      return false;
-  }
-  return true;
-}
-
-/// Bytes of a message of `total` whose first `have` arrived that may be used:
-/// whole chunks, or everything once complete (keeps the update loops long).
-size_t usable(size_t have, size_t total) {
-  return have == total ? total : have - have % chunk_bytes;
-}
-
-/// key=value arguments of a helper.
-struct helper_args {
-  std::map<std::string, std::string> kv;
-
-  std::string str(const std::string& key) const {
-    auto i = kv.find(key);
-    if (i == kv.end()) {
-      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
-      std::exit(2);
-    }
-    return i->second;
-  }
-  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
-  double real(const std::string& key) const { return std::stod(str(key)); }
+/// The two figures of one pair of rank processes: our ring's and the raw
+/// exchange's MB/s (of the 4 MiB buffer per all-reduce), rank 0's medians.
+struct pair_figures {
+  double ours = 0;
+  double raw = 0;
 };
 
-// -- the helpers ----------------------------------------------------------------------
-
-/// The raw-TCP exchange a 2-rank all-reduce must do at least: both ranks send
-/// their buffer to the other over one socket and receive the other's at once,
-/// averaging each chunk into their own buffer once it is both sent and
-/// received. Rank 0 prints the median seconds of one exchange.
-int raw_allreduce_main(const helper_args& a) {
-  const auto rank = a.num("rank");
-  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  // sockets=2: one connection per direction, as a ring has
-  const bool two = a.kv.count("sockets") && a.num("sockets") == 2;
-  int out_fd = -1, in_fd = -1;
-  if (rank == 0) {
-    int lfd = static_cast<int>(a.num("listen-fd"));
-    out_fd = accept(lfd, nullptr, nullptr);
-    in_fd = two ? accept(lfd, nullptr, nullptr) : out_fd;
-    close(lfd);
-  } else {
-    in_fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
-    out_fd = two ? dial_loopback(static_cast<uint16_t>(a.num("port"))) : in_fd;
-  }
-  if (out_fd < 0 || in_fd < 0)
-    return std::fprintf(stderr, "raw allreduce %lu: no connection\n",
-                        static_cast<unsigned long>(rank)), 1;
-  tune_socket(out_fd);
-  if (two)
-    tune_socket(in_fd);
-  std::vector<float> data(floats, static_cast<float>(rank + 1)), theirs(floats);
-  std::vector<double> secs;
-  // scheme=halves (the default): each rank owns half the buffer. It sends the
-  // other half, averages the peer's copy of its own half into it as it
-  // arrives, streams the averaged bytes back, and takes the peer's averaged
-  // half straight into place. The same 4 MiB each way as a plain swap, but
-  // half the additions, and no scratch for the second half.
-  const bool halves = !a.kv.count("scheme") || a.str("scheme") == "halves";
-  const size_t half = floats / 2 * sizeof(float);
-  for (uint64_t r = 0; r < warmup + rounds; ++r) {
-    auto t0 = clock_type::now();
-    if (halves) {
-      char* base = reinterpret_cast<char*>(data.data());
-      char* mine = base + (rank == 0 ? 0 : half);          // averaged here
-      char* other = base + (rank == 0 ? half : 0);         // averaged by the peer
-      const size_t mine_n = rank == 0 ? half : bytes - half;
-      const size_t other_n = bytes - mine_n;
-      char* scratch = reinterpret_cast<char*>(theirs.data());
-      size_t sent = 0, got = 0, averaged = 0; // over the streams [other|mine] and [peer's mine|other]
-      while (sent < bytes || got < bytes) {
-        bool moved = false;
-        // send the other half, then as much of ours as is averaged
-        size_t limit = other_n + averaged;
-        if (sent < limit) {
-          io r;
-          if (sent < other_n) {
-            r = try_write(out_fd, other, other_n, sent);
-          } else {
-            size_t off = sent - other_n;
-            r = try_write(out_fd, mine, averaged, off);
-            sent = other_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (got < bytes) {
-          io r;
-          if (got < mine_n) {
-            r = try_read(in_fd, scratch, mine_n, got);
-            // average what arrived, while it is in cache
-            auto* m = reinterpret_cast<float*>(mine);
-            auto* t = reinterpret_cast<const float*>(scratch);
-            size_t upto = got / sizeof(float);
-            for (size_t k = averaged / sizeof(float); k < upto; ++k)
-              m[k] = 0.5f * (m[k] + t[k]);
-            averaged = upto * sizeof(float);
-          } else {
-            size_t off = got - mine_n;
-            r = try_read(in_fd, other, other_n, off);
-            got = mine_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (moved)
-          continue;
-        if (!wait_sockets(out_fd, sent < limit, in_fd, got < bytes))
-          return 1;
-      }
-    } else {
-      size_t averaged = 0;
-      auto average = [&](size_t sent, size_t got) {
-        auto upto = std::min(usable(sent, bytes), usable(got, bytes)) / sizeof(float);
-        float* d = data.data();
-        const float* t = theirs.data();
-        for (size_t k = averaged; k < upto; ++k)
-          d[k] = 0.5f * (d[k] + t[k]);
-        averaged = std::max(averaged, upto);
-      };
-      if (!exchange(out_fd, in_fd, data.data(), bytes, theirs.data(), bytes, average))
-        return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-      average(bytes, bytes);
-    }
-    if (r >= warmup)
-      secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-  }
-  close(out_fd);
-  if (two)
-    close(in_fd);
-  // every element is the mean, 1.5, after the first exchange (a check of the scheme)
-  auto [lo, hi] = std::minmax_element(data.begin(), data.end());
-  if (*lo != 1.5f || *hi != 1.5f)
-    return std::fprintf(stderr, "raw allreduce %lu: wrong mean (%g..%g)\n",
-                        static_cast<unsigned long>(rank), *lo, *hi), 1;
-  if (rank == 0)
-    std::printf("op_seconds %.9f\n", median(secs));
-  return 0;
-}
-
-/// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
-/// on `port`), both join one allreduce_group and time allreduce_mean of the
-/// same buffer as the raw exchange. Rank 0 prints the median seconds.
-int allreduce_main(const helper_args& a) {
-  const auto rank = static_cast<uint32_t>(a.num("rank"));
-  const size_t floats = a.num("floats");
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  const auto port = static_cast<uint16_t>(a.num("port"));
-  af::system_config cfg;
-  caf::actor_system sys{cfg};
-  kv_store_actor store;
-  if (rank == 0) {
-    store = spawn_kv_store(sys);
-    if (auto p = sys.middleman().publish(store, port, "127.0.0.1", true); !p)
-      return std::fprintf(stderr, "rank 0: cannot publish the store on port %u: %s\n", port,
-                          sys.render(p.error()).c_str()), 1;
-  } else {
-    for (int attempt = 0; attempt < 500 && !store; ++attempt) {
-      if (auto s = sys.middleman().remote_actor<kv_store_actor>("127.0.0.1", port))
-        store = *s;
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!store)
-      return std::fprintf(stderr, "rank 1: no store at 127.0.0.1:%u\n", port), 1;
-  }
-  int rc = 0;
-  {
-    kv_client client{sys, store};
-    auto group = allreduce_group::create(rank, 2, "bench", client, std::chrono::seconds(30),
-                                         "127.0.0.1");
-    if (!group)
-      return std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(group.error()).c_str()), 1;
-    std::vector<float> data(floats, static_cast<float>(rank + 1));
-    std::vector<double> secs;
-    for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
-      auto t0 = clock_type::now();
-      if (auto err = (*group)->allreduce_mean(data.data(), floats)) {
-        std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
-        rc = 1;
-      } else if (r >= warmup) {
-        secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      }
-    }
-    if (rc == 0 && rank == 0)
-      std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
-  }
-  if (rank == 0)
-    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
-  return rc;
-}
-
-// -- the metric -----------------------------------------------------------------------
-
-/// MB/s (of the 4 MiB buffer per exchange) of the raw exchange, rank 0's median.
-std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_dir& dir) {
-  uint16_t port = 0;
-  int lfd = listen_on_loopback(port, 4);
-  if (lfd < 0)
-    return std::nullopt;
-  auto self = self_exe();
-  std::vector<std::string> common{"floats=" + std::to_string(model_floats),
-                                  "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"};
-  auto args = [&](int rank) {
-    std::vector<std::string> v{self, helper_flag, "raw-allreduce", "rank=" + std::to_string(rank),
-                               "port=" + std::to_string(port), "listen-fd=" + std::to_string(lfd)};
-    v.insert(v.end(), common.begin(), common.end());
-    return v;
-  };
-  std::vector<child_process> pids;
-  pids.push_back(spawn(args(0), dir.path / "raw-ar0.log", lfd));
-  close(lfd);
-  pids.push_back(spawn(args(1), dir.path / "raw-ar1.log"));
-  if (auto failure = wait_all(pids, {"raw rank 0", "raw rank 1"}, clock_type::now() + o.timeout)) {
-    std::fprintf(stderr, "actorflow-bench: raw all-reduce: %s\n", failure->why.c_str());
+/// One pair of ranks on `transport` ("tcp" or "shm"), or why none.
+std::optional<pair_figures> run_pair(const std::string& transport, const train_bench_options& o,
+                                     const scratch_dir& dir, std::string& failure) {
+  uint16_t raw_port = 0;
+  int lfd = listen_on_loopback(raw_port, 4);
+  if (lfd < 0) {
+    failure = "no loopback port for the raw exchange";
     return std::nullopt;
   }
-  auto r0 = parse_values(slurp(dir.path / "raw-ar0.log"));
-  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0)
-    return std::nullopt;
-  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
-}
-
-/// MB/s of our 2-rank allreduce_mean of the 4 MiB buffer, rank 0's median.
-std::optional<double> ours_allreduce(const train_bench_options& o, const scratch_dir& dir,
-                                     std::string& failure) {
   auto self = self_exe();
   auto port = free_loopback_port();
   std::vector<child_process> pids;
   std::vector<std::filesystem::path> logs;
   for (int rank = 0; rank < 2; ++rank) {
-    logs.push_back(dir.path / ("ar" + std::to_string(rank) + ".log"));
-    pids.push_back(spawn({self, helper_flag, "allreduce", "rank=" + std::to_string(rank),
-                          "port=" + std::to_string(port), "floats=" + std::to_string(model_floats),
-                          "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"},
-                         logs.back()));
+    logs.push_back(dir.path / ("ar-" + transport + std::to_string(rank) + ".log"));
+    std::vector<std::string> args{self, helper_flag, "allreduce-pair", "rank=" + std::to_string(rank),
+                                  "port=" + std::to_string(port), "transport=" + transport,
+                                  "floats=" + std::to_string(model_floats),
+                                  "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"};
+    args.push_back(rank == 0 ? "listen-fd=" + std::to_string(lfd) : "raw-port=" + std::to_string(raw_port));
+    pids.push_back(spawn(args, logs.back(), rank == 0 ? lfd : -1));
+    if (rank == 0)
+      close(lfd);
   }
   if (auto f = wait_all(pids, {"rank 0", "rank 1"}, clock_type::now() + o.timeout)) {
     failure = f->why + ": " + last_line(slurp(logs[f->who]));
     return std::nullopt;
   }
   auto r0 = parse_values(slurp(logs[0]));
-  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0) {
-    failure = "rank 0 printed no op_seconds";
+  if (r0["ours_seconds"] <= 0 || r0["raw_seconds"] <= 0) {
+    failure = "rank 0 printed no figures";
     return std::nullopt;
   }
-  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
+  const double mb = model_floats * sizeof(float) / 1e6;
+  return pair_figures{mb / r0["ours_seconds"], mb / r0["raw_seconds"]};
 }
 
-void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "allreduce_4mib_2w";
+/// allreduce_4mib_2w_tcp or _shm: `reps` pairs of processes, each timing
+/// both sides round by round.
+void bench_allreduce(const std::string& transport, const train_bench_options& o,
+                     const scratch_dir& dir) {
+  const std::string name = "allreduce_4mib_2w_" + transport;
   std::vector<double> ours, base;
   std::string failure;
-  for (int rep = 0; rep < o.reps; ++rep) {
-    if (auto b = raw_allreduce(o, dir))
-      base.push_back(*b);
-    if (failure.empty()) {
-      if (auto r = ours_allreduce(o, dir, failure))
-        ours.push_back(*r);
+  for (int rep = 0; rep < o.reps && failure.empty(); ++rep)
+    if (auto f = run_pair(transport, o, dir, failure)) {
+      ours.push_back(f->ours);
+      base.push_back(f->raw);
     }
-  }
-  report(name, ours, base, "MB/s", failure);
+  if (!failure.empty() && base.empty()) // the pair runs both: no baseline figure either
+    std::printf("metric %s skipped: %s\n", name.c_str(), failure.c_str());
+  else
+    report(name, ours, base, "MB/s", failure);
 }
 
 } // namespace
 
 const std::vector<std::string>& allreduce_metrics() {
-  static const std::vector<std::string> names{"allreduce_4mib_2w"};
+  static const std::vector<std::string> names{"allreduce_4mib_2w_tcp", "allreduce_4mib_2w_shm"};
   return names;
 }
 
@@ -555,26 +235,10 @@ void run_allreduce_benches(const std::vector<std::string>& wanted, const train_b
     std::printf("# all-reduce metrics: skipped (no scratch folder in /tmp)\n");
     return;
   }
-  if (std::find(wanted.begin(), wanted.end(), "allreduce_4mib_2w") != wanted.end())
-    bench_allreduce(opts, dir);
-}
-
-int run_allreduce_helper(int argc, char** argv) {
-  if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
-    return -1;
-  std::string role = argv[2];
-  if (role != "raw-allreduce" && role != "allreduce")
-    return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
-  if (a.kv.count("slice")) // 0: unlimited
-    io_slice = a.num("slice") ? a.num("slice") : SIZE_MAX;
-  return role == "raw-allreduce" ? raw_allreduce_main(a) : allreduce_main(a);
+  for (auto transport : {"tcp", "shm"})
+    if (std::find(wanted.begin(), wanted.end(), std::string{"allreduce_4mib_2w_"} + transport)
+        != wanted.end())
+      bench_allreduce(transport, opts, dir);
 }
 
 } // namespace af::bench

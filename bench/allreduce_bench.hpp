@@ -1,11 +1,21 @@
 #pragma once
 /// The all-reduce metrics of actorflow-bench (listed among the training
 /// metrics, bench_train.hpp): our ring (dist/allreduce.hpp) between 2 rank
-/// processes on this host against a hand-written exchange of the same bytes.
+/// processes on this host against a hand-written exchange of the same bytes
+/// on the same transport:
 ///
-///   allreduce_4mib_2w           MB/s of one 4 MiB all-reduce between 2 ranks
+///   allreduce_4mib_2w_tcp  MB/s of one 4 MiB all-reduce (mean) between 2
+///                          ranks, our ring with ACTORFLOW_DATA_SHM=off
+///                          against the raw-TCP exchange (one socket)
+///   allreduce_4mib_2w_shm  the same with our ring on shared memory against
+///                          a raw shared-memory exchange (a pair of rings,
+///                          the same wake-up rule)
 ///
-/// The ranks are this binary re-executed with helper_flag (bench_train.hpp).
+/// Each repetition is one pair of processes that runs both sides, alternately,
+/// round by round (--allreduce-rounds each, after 5 warm-ups), so that both
+/// sample the same moments of a noisy machine; the figures are rank 0's
+/// medians. The ranks are this binary re-executed with helper_flag
+/// (bench_train.hpp; bench/allreduce_helpers.cpp).
 
 #include <string>
 #include <vector>
