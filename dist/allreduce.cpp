@@ -99,7 +99,7 @@ caf::error allreduce_group::fail(caf::error err) {
   // of waiting for their timeouts.
   if (left_fd_ >= 0)
     ::shutdown(left_fd_, SHUT_RDWR);
-  if (right_fd_ >= 0)
+  if (right_fd_ >= 0 && right_fd_ != left_fd_)
     ::shutdown(right_fd_, SHUT_RDWR);
   return err;
 }

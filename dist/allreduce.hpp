@@ -12,7 +12,9 @@
 ///
 /// Each rank listens on an OS-picked port, publishes "host:port" under
 /// "<group>/addr/<rank>", connects to its right neighbour (rank + 1) and
-/// accepts its left one (rank - 1). A collective call sends a small header
+/// accepts its left one (rank - 1); two ranks then keep one connection
+/// (rank 0's) for both directions, as a raw exchange's one socket, so that
+/// each side's acknowledgements ride on its data. A collective call sends a small header
 /// first, so that ranks in different calls (another op, size or root) fail
 /// with an error instead of mixing their data. The transfer is pipelined:
 /// a rank forwards a piece as soon as it has reduced (or received) it.
@@ -148,8 +150,8 @@ private:
   std::chrono::milliseconds timeout_;
   std::string address_;
   std::string right_address_;
-  int left_fd_ = -1;  ///< we only read from it
-  int right_fd_ = -1; ///< we only write to it (but doorbells, with shared memory)
+  int left_fd_ = -1;  ///< we read from it (and ring doorbells, with shared memory)
+  int right_fd_ = -1; ///< we write to it; two ranks: the same connection as left_fd_
   std::unique_ptr<shm_link> out_shm_; ///< the link to the right in shared memory, if it is
   std::unique_ptr<shm_link> in_shm_;  ///< the link from the left in shared memory, if it is
   std::string out_why_tcp_;           ///< why the link to the right stayed on TCP

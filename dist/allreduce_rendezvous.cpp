@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -243,6 +244,18 @@ allreduce_group::create(uint32_t rank, uint32_t size, const std::string& group, 
   // 4. Shared memory for the links whose two ends are on this host.
   if (auto err = g->negotiate_shm(deadline))
     return err;
+  // 5. Two ranks are each other's left and right: one connection (rank 0's
+  // to rank 1) carries both directions from here, as the raw exchange's
+  // one socket, so that each side's acknowledgements ride on its own data.
+  if (size == 2) {
+    if (rank == 0) {
+      close_fd(g->left_fd_);
+      g->left_fd_ = g->right_fd_;
+    } else {
+      close_fd(g->right_fd_);
+      g->right_fd_ = g->left_fd_;
+    }
+  }
   return g;
 }
 
@@ -332,6 +345,8 @@ std::string allreduce_group::transport() const {
 }
 
 allreduce_group::~allreduce_group() {
+  if (left_fd_ == right_fd_) // two ranks: one connection
+    right_fd_ = -1;
   close_fd(left_fd_);
   close_fd(right_fd_);
 }
