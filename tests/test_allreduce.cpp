@@ -46,6 +46,29 @@ struct store_fixture {
   kv_client client;
 };
 
+/// Sets ACTORFLOW_DATA_SHM for its lifetime (before the ranks' threads
+/// start), then puts back what was.
+struct shm_switch {
+  bool had = false;
+  std::string was;
+  explicit shm_switch(const char* value) {
+    if (const char* v = std::getenv("ACTORFLOW_DATA_SHM")) {
+      had = true;
+      was = v;
+    }
+    if (value != nullptr)
+      setenv("ACTORFLOW_DATA_SHM", value, 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+  }
+  ~shm_switch() {
+    if (had)
+      setenv("ACTORFLOW_DATA_SHM", was.c_str(), 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+  }
+};
+
 /// A gradient whose elements span several orders of magnitude, so that
 /// summing them in another order gives other bits.
 std::vector<float> gradient_of(uint32_t rank, size_t n) {
@@ -327,17 +350,20 @@ TEST_CASE("create() fails after its timeout naming the rank that never joined", 
 }
 
 // Catches a ring that hangs (or waits for its timeout) when a peer goes away,
-// and a failure that does not travel on to the ranks not next to it.
+// and a failure that does not travel on to the ranks not next to it, on
+// shared memory (its doorbell socket closing) and on TCP.
 TEST_CASE("a rank whose peer destroys its group mid-way fails at once, naming the peer",
           "[allreduce]") {
   store_fixture f;
+  for (const char* shm : {static_cast<const char*>(nullptr), "off"})
   for (uint32_t size : {2u, 3u}) {
-    INFO(size << " ranks");
+    shm_switch transport{shm};
+    INFO(size << " ranks, " << (shm == nullptr ? "shared memory" : "TCP"));
     const uint32_t quitter = size - 1;
     const size_t n = (1u << 20) + 3;
     auto start = std::chrono::steady_clock::now();
     auto errors = run_ranks(
-      f, size, "quit/" + std::to_string(size),
+      f, size, std::string{"quit/"} + (shm == nullptr ? "shm/" : "tcp/") + std::to_string(size),
       [&](uint32_t r, allreduce_group& g) -> caf::error {
         std::vector<float> v(n, 1.0f);
         // One call that works, then the quitter leaves while the others
@@ -414,29 +440,6 @@ TEST_CASE("ranks that make different calls both fail instead of mixing their dat
 // -- shared memory -----------------------------------------------------------------
 
 namespace {
-
-/// Sets ACTORFLOW_DATA_SHM for its lifetime (before the ranks' threads
-/// start), then puts back what was.
-struct shm_switch {
-  bool had = false;
-  std::string was;
-  explicit shm_switch(const char* value) {
-    if (const char* v = std::getenv("ACTORFLOW_DATA_SHM")) {
-      had = true;
-      was = v;
-    }
-    if (value != nullptr)
-      setenv("ACTORFLOW_DATA_SHM", value, 1);
-    else
-      unsetenv("ACTORFLOW_DATA_SHM");
-  }
-  ~shm_switch() {
-    if (had)
-      setenv("ACTORFLOW_DATA_SHM", was.c_str(), 1);
-    else
-      unsetenv("ACTORFLOW_DATA_SHM");
-  }
-};
 
 /// What every rank of a group ended with after a mean, a sum and a
 /// broadcast of gradient_of(rank, n), and how its links went.
