@@ -127,7 +127,8 @@ caf::error allreduce_group::reduce(op kind, float* data, size_t n) {
   auto seg_off = [&](uint32_t c) { return c * (n / size_) + std::min<size_t>(c, n % size_); };
   auto seg = [&](int64_t c) { return static_cast<uint32_t>(((c % size_) + size_) % size_); };
   try {
-    if (scratch_.size() < seg_len(0))
+    // (A link from the left in shared memory is added from in place.)
+    if (!in_shm_ && scratch_.size() < seg_len(0))
       scratch_.resize(seg_len(0));
   } catch (const std::bad_alloc&) {
     return make_error(af_error::resource_exhausted,

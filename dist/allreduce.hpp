@@ -14,8 +14,8 @@
 /// "<group>/addr/<rank>", connects to its right neighbour (rank + 1) and
 /// accepts its left one (rank - 1); two ranks then keep one connection
 /// (rank 0's) for both directions, as a raw exchange's one socket, so that
-/// each side's acknowledgements ride on its data. A collective call sends a small header
-/// first, so that ranks in different calls (another op, size or root) fail
+/// each side's acknowledgements ride on its data. A collective call sends a
+/// small header first, so that ranks in different calls (another op, size or root) fail
 /// with an error instead of mixing their data. The transfer is pipelined:
 /// a rank forwards a piece as soon as it has reduced (or received) it.
 ///
@@ -101,7 +101,8 @@ public:
   bool shm_from_left() const { return in_shm_ != nullptr; }
   /// How this rank's two links move their bytes, and why a link that could
   /// not take shared memory stayed on TCP, for the log: "shared memory to
-  /// rank 1 and from rank 2", "TCP to rank 1 (ACTORFLOW_DATA_SHM=off) ...".
+  /// and from rank 1" (two ranks), "shared memory to rank 1, TCP (on another
+  /// host) from rank 2", "TCP (ACTORFLOW_DATA_SHM=off here) to rank 1, ...".
   std::string transport() const;
 
 private:
