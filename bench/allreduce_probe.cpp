@@ -16,7 +16,8 @@
 //   $B/allreduce-probe [--floats N] [--reps R]
 //
 // With no --rank it starts rank 0 (which hosts the store) and rank 1 as child
-// processes and waits for them. Each repetition runs every method once, in
+// processes and waits for them. Our ring runs with ACTORFLOW_DATA_SHM=off, on
+// TCP as the others. Each repetition runs every method once, in
 // turn, after a one-byte barrier; rank 0 prints the medians.
 
 #include <arpa/inet.h>
@@ -30,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -302,6 +304,10 @@ int run_rank(int rank, uint16_t store_port, int port_fd, size_t floats, int reps
 } // namespace
 
 int main(int argc, char** argv) {
+  // Every method here is TCP: our ring too, which would otherwise take
+  // shared memory between these two processes of one host (the bench's
+  // allreduce_4mib_2w_shm measures that).
+  setenv("ACTORFLOW_DATA_SHM", "off", 1);
   int rank = -1;
   uint16_t store_port = 0;
   int port_fd = -1;

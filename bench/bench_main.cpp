@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/allreduce_bench.hpp"
 #include "bench/benches.hpp"
 #include "bench/cli_checks.hpp"
 #include "bench/raw_link.hpp"
@@ -46,6 +47,8 @@ std::string cpu_description() {
 
 int main_body(int argc, char** argv) {
   // The training metrics' helper processes are this binary, re-executed.
+  if (int rc = af::bench::run_allreduce_helper(argc, argv); rc >= 0)
+    return rc;
   if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
     return rc;
   CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};

@@ -1,6 +1,7 @@
 // The training benchmarks of actorflow-bench (issues 8 and 24); see
-// bench_train.hpp. The helper processes (the raw baselines, our all-reduce)
-// are in train_helpers.cpp; running processes and clusters in train_run.cpp.
+// bench_train.hpp. The helper processes (the raw baselines) are in
+// train_helpers.cpp; running processes and clusters in train_run.cpp; the
+// all-reduce metrics and their helpers in allreduce_bench.cpp.
 #include "bench/bench_train.hpp"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <map>
 #include <optional>
 
+#include "bench/allreduce_bench.hpp"
 #include "bench/raw_helpers.hpp"
 #include "bench/train_common.hpp"
 #include "bench/train_run.hpp"
@@ -127,35 +129,6 @@ std::optional<raw_run> raw_shm_training(const train_bench_options& o, const scra
     out.loss[r] =
       parse_values(slurp(dir.path / ("raw-shm-worker" + std::to_string(r) + ".log")))["loss"];
   return out;
-}
-
-/// MB/s (of the 4 MiB buffer per exchange) of the raw exchange, rank 0's median.
-std::optional<double> raw_allreduce(const train_bench_options& o, const scratch_dir& dir) {
-  uint16_t port = 0;
-  int lfd = listen_on_loopback(port, 4);
-  if (lfd < 0)
-    return std::nullopt;
-  auto self = self_exe();
-  std::vector<std::string> common{"floats=" + std::to_string(model_floats),
-                                  "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"};
-  auto args = [&](int rank) {
-    std::vector<std::string> v{self, helper_flag, "raw-allreduce", "rank=" + std::to_string(rank),
-                               "port=" + std::to_string(port), "listen-fd=" + std::to_string(lfd)};
-    v.insert(v.end(), common.begin(), common.end());
-    return v;
-  };
-  std::vector<child_process> pids;
-  pids.push_back(spawn(args(0), dir.path / "raw-ar0.log", lfd));
-  close(lfd);
-  pids.push_back(spawn(args(1), dir.path / "raw-ar1.log"));
-  if (auto failure = wait_all(pids, {"raw rank 0", "raw rank 1"}, clock_type::now() + o.timeout)) {
-    std::fprintf(stderr, "actorflow-bench: raw all-reduce: %s\n", failure->why.c_str());
-    return std::nullopt;
-  }
-  auto r0 = parse_values(slurp(dir.path / "raw-ar0.log"));
-  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0)
-    return std::nullopt;
-  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
 }
 
 // -- ours -----------------------------------------------------------------------------------
@@ -453,56 +426,20 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
   report(name, ours, base, "steps/s", failure);
 }
 
-/// MB/s of our 2-rank allreduce_mean of the 4 MiB buffer, rank 0's median.
-std::optional<double> ours_allreduce(const train_bench_options& o, const scratch_dir& dir,
-                                     std::string& failure) {
-  auto self = self_exe();
-  auto port = free_loopback_port();
-  std::vector<child_process> pids;
-  std::vector<std::filesystem::path> logs;
-  for (int rank = 0; rank < 2; ++rank) {
-    logs.push_back(dir.path / ("ar" + std::to_string(rank) + ".log"));
-    pids.push_back(spawn({self, helper_flag, "allreduce", "rank=" + std::to_string(rank),
-                          "port=" + std::to_string(port), "floats=" + std::to_string(model_floats),
-                          "rounds=" + std::to_string(o.allreduce_rounds), "warmup=5"},
-                         logs.back()));
-  }
-  if (auto f = wait_all(pids, {"rank 0", "rank 1"}, clock_type::now() + o.timeout)) {
-    failure = f->why + ": " + last_line(slurp(logs[f->who]));
-    return std::nullopt;
-  }
-  auto r0 = parse_values(slurp(logs[0]));
-  if (!r0.count("op_seconds") || r0["op_seconds"] <= 0) {
-    failure = "rank 0 printed no op_seconds";
-    return std::nullopt;
-  }
-  return model_floats * sizeof(float) / 1e6 / r0["op_seconds"];
-}
-
-void bench_allreduce(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "allreduce_4mib_2w_tcp";
-  std::vector<double> ours, base;
-  std::string failure;
-  for (int rep = 0; rep < o.reps; ++rep) {
-    if (auto b = raw_allreduce(o, dir))
-      base.push_back(*b);
-    if (failure.empty()) {
-      if (auto r = ours_allreduce(o, dir, failure))
-        ours.push_back(*r);
-    }
-  }
-  report(name, ours, base, "MB/s", failure);
-}
-
 } // namespace
 
 const std::vector<std::string>& train_metrics() {
-  static const std::vector<std::string> names{
-    "train_sync_1m_2w_tcp",          "train_async_1m_2w_tcp",
-    "train_sync_1m_2w_shm",          "train_sync_1m_2w_shm_vs_tcp",
-    "allreduce_4mib_2w_tcp",         "train_digits_examples_per_s_tcp",
-    "train_digits_examples_per_s_shm", "train_digits_shm_vs_tcp",
-    "train_sync_partitioned_3ps",    "train_sync_1m_3w_1slow_tcp"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_async_1m_2w_tcp",
+                               "train_sync_1m_2w_shm", "train_sync_1m_2w_shm_vs_tcp"};
+    for (auto& m : allreduce_metrics()) // bench/allreduce_bench.cpp
+      v.push_back(m);
+    for (auto m : {"train_digits_examples_per_s_tcp", "train_digits_examples_per_s_shm",
+                   "train_digits_shm_vs_tcp", "train_sync_partitioned_3ps",
+                   "train_sync_1m_3w_1slow_tcp"})
+      v.push_back(m);
+    return v;
+  }();
   return names;
 }
 
@@ -527,8 +464,7 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
     bench_linear_sync(sync_tcp, sync_shm, sync_ratio, opts, dir);
   if (want("train_async_1m_2w_tcp"))
     bench_linear_async(opts, dir);
-  if (want("allreduce_4mib_2w_tcp"))
-    bench_allreduce(opts, dir);
+  run_allreduce_benches(wanted, opts); // those of allreduce_metrics() in `wanted`
   bool digits_tcp = want("train_digits_examples_per_s_tcp");
   bool digits_shm = want("train_digits_examples_per_s_shm");
   bool digits_ratio = want("train_digits_shm_vs_tcp");

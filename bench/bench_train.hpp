@@ -13,7 +13,7 @@
 ///   train_sync_1m_2w_shm        the sync job on shared memory, against a raw
 ///                               shared-memory store-and-forward ps (raw_shm_ps.cpp)
 ///   train_sync_1m_2w_shm_vs_tcp the sync job on shared memory against itself on TCP
-///   allreduce_4mib_2w_tcp       MB/s of one 4 MiB all-reduce between 2 ranks
+///   allreduce_4mib_2w_*         all-reduce metrics: bench/allreduce_bench.hpp
 ///   train_digits_examples_per_s_tcp, _shm  sync 2-worker digits MLP against one
 ///                               process, with held-out accuracies
 ///   train_digits_shm_vs_tcp     the digits job on shared memory against TCP

@@ -1,5 +1,6 @@
 // The helper processes of the training metrics (bench_train.hpp): the raw
-// baselines and our all-reduce, this binary re-executed with helper_flag.
+// baselines, this binary re-executed with helper_flag (the all-reduce's are
+// in allreduce_bench.cpp).
 //
 // The baselines are written to be as fast as plain sockets allow on one
 // machine: persistent connections, TCP_NODELAY, nonblocking sockets driven by
@@ -34,7 +35,6 @@
 #include "actors/system.hpp"
 #include "bench/train_common.hpp"
 #include "config/loopback.hpp"
-#include "dist/allreduce.hpp"
 #include "net/socket.hpp"
 #include "train/data.hpp"
 
@@ -355,175 +355,6 @@ int raw_worker_main(const helper_args& a) {
   return 0;
 }
 
-/// The raw-TCP exchange a 2-rank all-reduce must do at least: both ranks send
-/// their buffer to the other over one socket and receive the other's at once,
-/// averaging each chunk into their own buffer once it is both sent and
-/// received. Rank 0 prints the median seconds of one exchange.
-int raw_allreduce_main(const helper_args& a) {
-  const auto rank = a.num("rank");
-  const size_t floats = a.num("floats"), bytes = floats * sizeof(float);
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  // sockets=2: one connection per direction, as a ring has
-  const bool two = a.kv.count("sockets") && a.num("sockets") == 2;
-  int out_fd = -1, in_fd = -1;
-  if (rank == 0) {
-    int lfd = static_cast<int>(a.num("listen-fd"));
-    out_fd = accept(lfd, nullptr, nullptr);
-    in_fd = two ? accept(lfd, nullptr, nullptr) : out_fd;
-    close(lfd);
-  } else {
-    in_fd = dial_loopback(static_cast<uint16_t>(a.num("port")));
-    out_fd = two ? dial_loopback(static_cast<uint16_t>(a.num("port"))) : in_fd;
-  }
-  if (out_fd < 0 || in_fd < 0)
-    return std::fprintf(stderr, "raw allreduce %lu: no connection\n",
-                        static_cast<unsigned long>(rank)), 1;
-  tune_socket(out_fd);
-  if (two)
-    tune_socket(in_fd);
-  std::vector<float> data(floats, static_cast<float>(rank + 1)), theirs(floats);
-  std::vector<double> secs;
-  // scheme=halves (the default): each rank owns half the buffer. It sends the
-  // other half, averages the peer's copy of its own half into it as it
-  // arrives, streams the averaged bytes back, and takes the peer's averaged
-  // half straight into place. The same 4 MiB each way as a plain swap, but
-  // half the additions, and no scratch for the second half.
-  const bool halves = !a.kv.count("scheme") || a.str("scheme") == "halves";
-  const size_t half = floats / 2 * sizeof(float);
-  for (uint64_t r = 0; r < warmup + rounds; ++r) {
-    auto t0 = clock_type::now();
-    if (halves) {
-      char* base = reinterpret_cast<char*>(data.data());
-      char* mine = base + (rank == 0 ? 0 : half);          // averaged here
-      char* other = base + (rank == 0 ? half : 0);         // averaged by the peer
-      const size_t mine_n = rank == 0 ? half : bytes - half;
-      const size_t other_n = bytes - mine_n;
-      char* scratch = reinterpret_cast<char*>(theirs.data());
-      size_t sent = 0, got = 0, averaged = 0; // over the streams [other|mine] and [peer's mine|other]
-      while (sent < bytes || got < bytes) {
-        bool moved = false;
-        // send the other half, then as much of ours as is averaged
-        size_t limit = other_n + averaged;
-        if (sent < limit) {
-          io r;
-          if (sent < other_n) {
-            r = try_write(out_fd, other, other_n, sent);
-          } else {
-            size_t off = sent - other_n;
-            r = try_write(out_fd, mine, averaged, off);
-            sent = other_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (got < bytes) {
-          io r;
-          if (got < mine_n) {
-            r = try_read(in_fd, scratch, mine_n, got);
-            // average what arrived, while it is in cache
-            auto* m = reinterpret_cast<float*>(mine);
-            auto* t = reinterpret_cast<const float*>(scratch);
-            size_t upto = got / sizeof(float);
-            for (size_t k = averaged / sizeof(float); k < upto; ++k)
-              m[k] = 0.5f * (m[k] + t[k]);
-            averaged = upto * sizeof(float);
-          } else {
-            size_t off = got - mine_n;
-            r = try_read(in_fd, other, other_n, off);
-            got = mine_n + off;
-          }
-          if (r == io::failed)
-            return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-          moved |= r == io::moved;
-        }
-        if (moved)
-          continue;
-        if (!wait_sockets(out_fd, sent < limit, in_fd, got < bytes))
-          return 1;
-      }
-    } else {
-      size_t averaged = 0;
-      auto average = [&](size_t sent, size_t got) {
-        auto upto = std::min(usable(sent, bytes), usable(got, bytes)) / sizeof(float);
-        float* d = data.data();
-        const float* t = theirs.data();
-        for (size_t k = averaged; k < upto; ++k)
-          d[k] = 0.5f * (d[k] + t[k]);
-        averaged = std::max(averaged, upto);
-      };
-      if (!exchange(out_fd, in_fd, data.data(), bytes, theirs.data(), bytes, average))
-        return std::fprintf(stderr, "raw allreduce: the peer broke off\n"), 1;
-      average(bytes, bytes);
-    }
-    if (r >= warmup)
-      secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-  }
-  close(out_fd);
-  if (two)
-    close(in_fd);
-  // every element is the mean, 1.5, after the first exchange (a check of the scheme)
-  auto [lo, hi] = std::minmax_element(data.begin(), data.end());
-  if (*lo != 1.5f || *hi != 1.5f)
-    return std::fprintf(stderr, "raw allreduce %lu: wrong mean (%g..%g)\n",
-                        static_cast<unsigned long>(rank), *lo, *hi), 1;
-  if (rank == 0)
-    std::printf("op_seconds %.9f\n", median(secs));
-  return 0;
-}
-
-/// One rank of our all-reduce: rank 0 hosts the rendezvous store (published
-/// on `port`), both join one allreduce_group and time allreduce_mean of the
-/// same buffer as the raw exchange. Rank 0 prints the median seconds.
-int allreduce_main(const helper_args& a) {
-  const auto rank = static_cast<uint32_t>(a.num("rank"));
-  const size_t floats = a.num("floats");
-  const uint64_t rounds = a.num("rounds"), warmup = a.num("warmup");
-  const auto port = static_cast<uint16_t>(a.num("port"));
-  af::system_config cfg;
-  caf::actor_system sys{cfg};
-  kv_store_actor store;
-  if (rank == 0) {
-    store = spawn_kv_store(sys);
-    if (auto p = sys.middleman().publish(store, port, "127.0.0.1", true); !p)
-      return std::fprintf(stderr, "rank 0: cannot publish the store on port %u: %s\n", port,
-                          sys.render(p.error()).c_str()), 1;
-  } else {
-    for (int attempt = 0; attempt < 500 && !store; ++attempt) {
-      if (auto s = sys.middleman().remote_actor<kv_store_actor>("127.0.0.1", port))
-        store = *s;
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!store)
-      return std::fprintf(stderr, "rank 1: no store at 127.0.0.1:%u\n", port), 1;
-  }
-  int rc = 0;
-  {
-    kv_client client{sys, store};
-    auto group = allreduce_group::create(rank, 2, "bench", client, std::chrono::seconds(30),
-                                         "127.0.0.1");
-    if (!group)
-      return std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(group.error()).c_str()), 1;
-    std::vector<float> data(floats, static_cast<float>(rank + 1));
-    std::vector<double> secs;
-    for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
-      auto t0 = clock_type::now();
-      if (auto err = (*group)->allreduce_mean(data.data(), floats)) {
-        std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
-        rc = 1;
-      } else if (r >= warmup) {
-        secs.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      }
-    }
-    if (rc == 0 && rank == 0)
-      std::printf("op_seconds %.9f\ncheck %g\n", median(secs), data[0]);
-  }
-  if (rank == 0)
-    caf::anon_send_exit(store, caf::exit_reason::user_shutdown);
-  return rc;
-}
-
 } // namespace
 
 int run_helper(int argc, char** argv) {
@@ -547,10 +378,6 @@ int run_helper(int argc, char** argv) {
     return raw_shm_ps_main(a);
   if (role == "raw-shm-worker")
     return raw_shm_worker_main(a);
-  if (role == "raw-allreduce")
-    return raw_allreduce_main(a);
-  if (role == "allreduce")
-    return allreduce_main(a);
   std::fprintf(stderr, "actorflow-bench: unknown helper %s\n", role.c_str());
   return 2;
 }

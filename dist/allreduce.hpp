@@ -1,6 +1,7 @@
 #pragma once
 /// All-reduce among the workers of a data-parallel job, with no parameter
-/// server: a ring over plain TCP (reduce-scatter, then allgather), its
+/// server: a ring (reduce-scatter, then allgather) over plain TCP, or over
+/// shared memory between neighbours that are processes of one host, its
 /// rendezvous through the chief's key-value store (actors/kv_store.hpp).
 ///
 /// Why our own ring and not Gloo (libgloo-dev): docs/training.md has the
@@ -11,10 +12,22 @@
 ///
 /// Each rank listens on an OS-picked port, publishes "host:port" under
 /// "<group>/addr/<rank>", connects to its right neighbour (rank + 1) and
-/// accepts its left one (rank - 1). A collective call sends a small header
-/// first, so that ranks in different calls (another op, size or root) fail
+/// accepts its left one (rank - 1); two ranks then keep one connection
+/// (rank 0's) for both directions, as a raw exchange's one socket, so that
+/// each side's acknowledgements ride on its data. A collective call sends a
+/// small header first, so that ranks in different calls (another op, size or root) fail
 /// with an error instead of mixing their data. The transfer is pipelined:
 /// a rank forwards a piece as soon as it has reduced (or received) it.
+///
+/// Shared memory: a link (rank -> rank + 1) whose two ends are on one host
+/// (shm_channel::same_host of its connection) moves its bytes through a
+/// one-way ring in a segment of the writer's (dist/allreduce_shm.hpp), the
+/// TCP connection staying beside it as doorbell and liveness channel; the
+/// reader adds the received floats straight from the segment. Each link
+/// decides for itself during create(): a link stays on TCP when either end
+/// has ACTORFLOW_DATA_SHM=off (the data plane's switch), the ends are on
+/// two hosts, or the segment cannot be made or opened (transport() says
+/// why). The results are the same bits either way.
 ///
 /// Determinism: in the reduce-scatter every element's sum (and its division
 /// by the size) is computed once, by one rank, in ring order; the allgather
@@ -38,6 +51,7 @@
 #include "caf/expected.hpp"
 
 #include "actors/kv_store.hpp"
+#include "dist/allreduce_shm.hpp"
 
 namespace af {
 
@@ -81,8 +95,20 @@ public:
   /// True after a failed call: every later call fails at once.
   bool broken() const { return !broken_.empty(); }
 
+  /// True if the link to the right neighbour (rank + 1) is shared memory.
+  bool shm_to_right() const { return out_shm_ != nullptr; }
+  /// True if the link from the left neighbour (rank - 1) is shared memory.
+  bool shm_from_left() const { return in_shm_ != nullptr; }
+  /// How this rank's two links move their bytes, and why a link that could
+  /// not take shared memory stayed on TCP, for the log: "shared memory to
+  /// and from rank 1" (two ranks), "shared memory to rank 1, TCP (on another
+  /// host) from rank 2", "TCP (ACTORFLOW_DATA_SHM=off here) to rank 1, ...".
+  std::string transport() const;
+
 private:
   enum class op : uint8_t { sum = 1, mean, broadcast };
+
+  struct progress; ///< where a call stands (allreduce.cpp)
 
   /// One piece of a call's outgoing stream, to the right neighbour.
   struct out_part {
@@ -106,6 +132,12 @@ private:
   caf::error reduce(op kind, float* data, size_t n);
   caf::error run(op kind, size_t n, uint32_t root, std::vector<out_part>& outs,
                  std::vector<in_part>& ins);
+  caf::error closed(const progress& p, uint32_t peer, const char* how);
+  caf::error pull(progress& p, bool& moved);
+  caf::error push(progress& p, bool& moved);
+  caf::error absorb(progress& p, const char* src, size_t k);
+  caf::error idle(progress& p);
+  caf::error negotiate_shm(std::chrono::steady_clock::time_point deadline);
   caf::error check_header(op kind, size_t n, uint32_t root);
   caf::error fail(caf::error err);
   std::string who() const;
@@ -119,8 +151,12 @@ private:
   std::chrono::milliseconds timeout_;
   std::string address_;
   std::string right_address_;
-  int left_fd_ = -1;  ///< we only read from it
-  int right_fd_ = -1; ///< we only write to it
+  int left_fd_ = -1;  ///< we read from it (and ring doorbells, with shared memory)
+  int right_fd_ = -1; ///< we write to it; two ranks: the same connection as left_fd_
+  std::unique_ptr<shm_link> out_shm_; ///< the link to the right in shared memory, if it is
+  std::unique_ptr<shm_link> in_shm_;  ///< the link from the left in shared memory, if it is
+  std::string out_why_tcp_;           ///< why the link to the right stayed on TCP
+  std::string in_why_tcp_;            ///< why the link from the left stayed on TCP
   uint64_t calls_ = 0;
   std::string broken_; ///< why the group broke; empty while healthy
   std::vector<float> scratch_;

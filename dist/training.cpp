@@ -370,6 +370,18 @@ caf::error start_allreduce(task_run& t) {
     client, t.timeout, t.s.cluster().address("worker", static_cast<int32_t>(t.task))->host);
   if (!group)
     return std::move(group.error());
+  auto& g = **group;
+  // The ring's links are plain TCP (no TLS) where they are not shared memory
+  // between processes of one host under one user: said loudly with
+  // [security] (docs/security.md).
+  if (system_tls(t.s.system()) != nullptr && !(g.shm_to_right() && g.shm_from_left()))
+    log::get()->warn("worker {}: [security] is set, but the all-reduce ring has no TLS: {}; "
+                     "its TCP links carry gradients unencrypted, and admit a peer by its "
+                     "introduction, not a certificate (docs/security.md): run allreduce jobs "
+                     "only on a network that is the cluster's own",
+                     t.task, g.transport());
+  else
+    log::get()->info("worker {}: all-reduce ring: {}", t.task, g.transport());
   setup.group = std::shared_ptr<allreduce_group>(std::move(*group));
   return caf::none;
 }

@@ -3,9 +3,12 @@
 // own group, all meeting through one store actor over loopback.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
@@ -16,6 +19,7 @@
 #include "caf/all.hpp"
 
 #include "dist/allreduce.hpp"
+#include "dist/allreduce_shm.hpp"
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "messages/error.hpp"
@@ -40,6 +44,29 @@ struct store_fixture {
   caf::actor_system sys;
   kv_store_actor store;
   kv_client client;
+};
+
+/// Sets ACTORFLOW_DATA_SHM for its lifetime (before the ranks' threads
+/// start), then puts back what was.
+struct shm_switch {
+  bool had = false;
+  std::string was;
+  explicit shm_switch(const char* value) {
+    if (const char* v = std::getenv("ACTORFLOW_DATA_SHM")) {
+      had = true;
+      was = v;
+    }
+    if (value != nullptr)
+      setenv("ACTORFLOW_DATA_SHM", value, 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+  }
+  ~shm_switch() {
+    if (had)
+      setenv("ACTORFLOW_DATA_SHM", was.c_str(), 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+  }
 };
 
 /// A gradient whose elements span several orders of magnitude, so that
@@ -323,17 +350,20 @@ TEST_CASE("create() fails after its timeout naming the rank that never joined", 
 }
 
 // Catches a ring that hangs (or waits for its timeout) when a peer goes away,
-// and a failure that does not travel on to the ranks not next to it.
+// and a failure that does not travel on to the ranks not next to it, on
+// shared memory (its doorbell socket closing) and on TCP.
 TEST_CASE("a rank whose peer destroys its group mid-way fails at once, naming the peer",
           "[allreduce]") {
   store_fixture f;
+  for (const char* shm : {static_cast<const char*>(nullptr), "off"})
   for (uint32_t size : {2u, 3u}) {
-    INFO(size << " ranks");
+    shm_switch transport{shm};
+    INFO(size << " ranks, " << (shm == nullptr ? "shared memory" : "TCP"));
     const uint32_t quitter = size - 1;
     const size_t n = (1u << 20) + 3;
     auto start = std::chrono::steady_clock::now();
     auto errors = run_ranks(
-      f, size, "quit/" + std::to_string(size),
+      f, size, std::string{"quit/"} + (shm == nullptr ? "shm/" : "tcp/") + std::to_string(size),
       [&](uint32_t r, allreduce_group& g) -> caf::error {
         std::vector<float> v(n, 1.0f);
         // One call that works, then the quitter leaves while the others
@@ -405,4 +435,115 @@ TEST_CASE("ranks that make different calls both fail instead of mixing their dat
     CHECK(contains(err, "same calls in the same order"));
   }
   CHECK(contains(errors[0], "rank 1's call #1 is allreduce_mean of 8 floats"));
+}
+
+// -- shared memory -----------------------------------------------------------------
+
+namespace {
+
+/// What every rank of a group ended with after a mean, a sum and a
+/// broadcast of gradient_of(rank, n), and how its links went.
+struct ring_results {
+  std::vector<std::vector<float>> mean, sum, bcast;
+  std::vector<bool> shm_out, shm_in;
+  std::vector<std::string> transport;
+};
+
+ring_results run_calls(store_fixture& f, uint32_t size, size_t n, const std::string& group) {
+  ring_results out;
+  out.mean.resize(size);
+  out.sum.resize(size);
+  out.bcast.resize(size);
+  out.shm_out.resize(size);
+  out.shm_in.resize(size);
+  out.transport.resize(size);
+  auto errors = run_ranks(f, size, group, [&](uint32_t r, allreduce_group& g) -> caf::error {
+    out.shm_out[r] = g.shm_to_right();
+    out.shm_in[r] = g.shm_from_left();
+    out.transport[r] = g.transport();
+    out.mean[r] = gradient_of(r, n);
+    if (auto err = g.allreduce_mean(out.mean[r].data(), n))
+      return err;
+    out.sum[r] = gradient_of(r + 7, n);
+    if (auto err = g.allreduce_sum(out.sum[r].data(), n))
+      return err;
+    out.bcast[r] = gradient_of(r + 11, n);
+    return g.broadcast(out.bcast[r].data(), n, size - 1);
+  });
+  for (auto& err : errors)
+    REQUIRE_FALSE(err);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Names of all-reduce segments this process left in /dev/shm.
+size_t segments_left() {
+  size_t count = 0;
+  std::string prefix = std::string{shm_link::name_prefix + 1} + std::to_string(::getpid()) + "-";
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0)
+      ++count;
+  return count;
+}
+
+} // namespace
+
+// Catches a shared-memory ring that is not used on one host, or that adds,
+// divides or copies otherwise than the TCP ring (other bits).
+TEST_CASE("a ring on one host takes shared memory and gives the TCP ring's results, bit for bit",
+          "[allreduce][shm]") {
+  store_fixture f;
+  for (uint32_t size : {2u, 3u}) {
+    // 3,000,001 floats: a call writes more than a link's 8 MiB ring holds,
+    // so the writers wait for room and the rings wrap within the call.
+    for (size_t n : {size_t{1}, size_t{7}, size_t{(1u << 20) + 3}, size_t{3000001}}) {
+      INFO(size << " ranks, " << n << " floats");
+      auto tag = std::to_string(size) + "/" + std::to_string(n);
+      ring_results tcp, shm;
+      {
+        shm_switch off{"off"};
+        tcp = run_calls(f, size, n, "bits-tcp/" + tag);
+      }
+      {
+        shm_switch on{nullptr};
+        shm = run_calls(f, size, n, "bits-shm/" + tag);
+      }
+      for (uint32_t r = 0; r < size; ++r) {
+        INFO("rank " << r << ": " << shm.transport[r]);
+        CHECK_FALSE(tcp.shm_out[r]);
+        CHECK_FALSE(tcp.shm_in[r]);
+        CHECK(shm.shm_out[r]);
+        CHECK(shm.shm_in[r]);
+        CHECK(same_bits(shm.mean[r], tcp.mean[r]));
+        CHECK(same_bits(shm.sum[r], tcp.sum[r]));
+        CHECK(same_bits(shm.bcast[r], tcp.bcast[r]));
+        // and every rank the same as rank 0 (the ring's own determinism)
+        CHECK(same_bits(shm.mean[r], shm.mean[0]));
+        CHECK(same_bits(shm.bcast[r], gradient_of(size - 1 + 11, n)));
+      }
+      // The names went as soon as the neighbours had mapped their segments.
+      CHECK(segments_left() == 0);
+    }
+  }
+}
+
+// Catches a ring that takes shared memory although the data plane's switch
+// says not to, or does not say why it stayed on TCP.
+TEST_CASE("with ACTORFLOW_DATA_SHM=off a ring on one host stays on TCP and says why",
+          "[allreduce][shm]") {
+  store_fixture f;
+  shm_switch off{"off"};
+  auto res = run_calls(f, 3, 1000, "shm-off");
+  for (uint32_t r = 0; r < 3; ++r) {
+    INFO(res.transport[r]);
+    CHECK_FALSE(res.shm_out[r]);
+    CHECK_FALSE(res.shm_in[r]);
+    CHECK(res.transport[r].find("TCP (ACTORFLOW_DATA_SHM=off here) to rank") != std::string::npos);
+    CHECK(same_bits(res.mean[r], res.mean[0]));
+  }
+  CHECK(segments_left() == 0);
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -420,6 +421,51 @@ TEST_CASE("a ps whose chief is killed with SIGKILL stops by itself, naming the c
   REQUIRE(code);
   CHECK(*code != 0);
   CHECK(ps.output().find("/job:worker/task:0 has not answered") != std::string::npos);
+}
+
+
+// Catches an all-reduce ring that stays on plain TCP between worker processes
+// of one host, and a [security] job whose TCP ring (shared memory off) does
+// not say that its gradients go unencrypted (docs/security.md).
+TEST_CASE("allreduce workers with [security] say how their ring moves: shared memory on one host, "
+          "and a warning that TCP has no TLS when shared memory is off",
+          "[train][processes][security]") {
+  for (bool shm : {true, false}) {
+    INFO((shm ? "shared memory" : "ACTORFLOW_DATA_SHM=off"));
+    const char* before = std::getenv("ACTORFLOW_DATA_SHM");
+    std::string was = before != nullptr ? before : "";
+    if (shm)
+      unsetenv("ACTORFLOW_DATA_SHM");
+    else
+      setenv("ACTORFLOW_DATA_SHM", "off", 1); // the tasks inherit it
+    temp_dir dir;
+    job_spec spec;
+    spec.with_ps = false;
+    spec.secure = true;
+    spec.sets = {"mode=allreduce", "steps=50"};
+    auto job = train_job::start(dir.path, spec);
+    auto still_running = job->wait_all_exit(40s);
+    if (before != nullptr)
+      setenv("ACTORFLOW_DATA_SHM", was.c_str(), 1);
+    else
+      unsetenv("ACTORFLOW_DATA_SHM");
+    INFO(job->describe());
+    CHECK(still_running.empty());
+    for (const auto& t : job->tasks()) {
+      INFO(t.name());
+      CHECK(t.process->exit_code() == 0);
+      const auto& out = t.process->output();
+      auto warned = out.find("[security] is set, but the all-reduce ring has no TLS")
+                    != std::string::npos;
+      if (shm) {
+        CHECK(out.find("all-reduce ring: shared memory to and from rank") != std::string::npos);
+        CHECK_FALSE(warned);
+      } else {
+        CHECK(warned);
+        CHECK(out.find("TCP (ACTORFLOW_DATA_SHM=off here)") != std::string::npos);
+      }
+    }
+  }
 }
 
 } // namespace af::testing
