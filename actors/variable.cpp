@@ -279,7 +279,7 @@ caf::error variable_cell::check_floats(size_t n, const char* what) const {
 
 template <class Source>
 caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
-                                       uint64_t step) {
+                                       uint64_t step, const block_updated& updated) {
   std::lock_guard<std::mutex> guard{mtx_};
   if (auto err = check_floats(n, "gradient"))
     return err;
@@ -301,6 +301,8 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
       float* slots[2] = {slot_ptrs[0] ? slot_ptrs[0] + offset : nullptr,
                          slot_ptrs[1] ? slot_ptrs[1] + offset : nullptr};
       train::apply(opt, var + offset, slots, grad, len, step);
+      if (updated)
+        updated(offset, len, var + offset);
     }
   } catch (const std::bad_alloc&) {
     return out_of_memory(spec_, "gradient");
@@ -312,18 +314,19 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
 caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const float* grad,
                                          size_t n, uint64_t step) {
   return apply_blocks(
-    opt, [grad](size_t offset, size_t, float*) { return grad + offset; }, n, step);
+    opt, [grad](size_t offset, size_t, float*) { return grad + offset; }, n, step, nullptr);
 }
 
 caf::error variable_cell::apply_gradient_by(const train::optimizer_spec& opt,
-                                            const gradient_fill& fill, size_t n, uint64_t step) {
+                                            const gradient_fill& fill, size_t n, uint64_t step,
+                                            const block_updated& updated) {
   return apply_blocks(
     opt,
     [&fill](size_t offset, size_t len, float* buf) -> const float* {
       fill(offset, len, buf);
       return buf;
     },
-    n, step);
+    n, step, updated);
 }
 
 caf::error variable_cell::assign_floats(const float* data, size_t n) {

@@ -144,8 +144,12 @@ public:
   /// applied as soon as it is made: a gradient computed from others (a sync
   /// round's mean) never goes through memory as a whole. The same values as
   /// apply_gradient of the whole, bit for bit (the optimizers are elementwise).
+  /// `updated(offset, n, values)`, if given, sees each block's new values
+  /// right after its update, while they are in cache (the sync round copies
+  /// them into the flat parameters it answers with).
+  using block_updated = std::function<void(size_t offset, size_t n, const float* values)>;
   caf::error apply_gradient_by(const train::optimizer_spec& opt, const gradient_fill& fill,
-                               size_t n, uint64_t step);
+                               size_t n, uint64_t step, const block_updated& updated = nullptr);
 
   /// Sets the value from `n` floats (parameter averaging), keeping the slots.
   caf::error assign_floats(const float* data, size_t n);
@@ -169,7 +173,7 @@ private:
   /// gradient's floats [offset, offset + len), in `buf` or elsewhere.
   template <class Source>
   caf::error apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
-                          uint64_t step);
+                          uint64_t step, const block_updated& updated);
   /// Records the result of the update `id` (mtx_ held); evicts the oldest.
   void remember(uint64_t id, const applied& result, bool want_value);
   struct remembered_update {

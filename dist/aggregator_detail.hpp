@@ -92,7 +92,10 @@ caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
 /// update_all of the round's mean gradient (sync), made and applied block by
 /// block (variable_cell::apply_gradient_by): the same update, bit for bit,
 /// in one pass over the pushed values and the variables.
-caf::error update_all_by_mean(self_pointer self, const std::string& what);
+/// With `flat` (and several variables): also the updated parameters, flat,
+/// as params() would make them (empty if there was no memory for them).
+caf::error update_all_by_mean(self_pointer self, const std::string& what,
+                              tensor* flat = nullptr);
 
 /// The gradient-norm guard (spec.grad_norm_guard): a gradient whose norm is
 /// over the bound is scaled down to it into `scaled`, and `parts` point

@@ -223,9 +223,10 @@ std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::
 
 void release_sync(self_pointer self) {
   auto& st = self->state;
+  tensor flat; // the parameters the round answers with, made during the update
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
-    if (auto err = update_all_by_mean(self, what)) {
+    if (auto err = update_all_by_mean(self, what, &flat)) {
       fail_all(st, st.round.release(), err);
       return;
     }
@@ -233,6 +234,10 @@ void release_sync(self_pointer self) {
   }
   st.global_step += 1;
   invalidate(self);
+  if (!flat.empty()) { // params() of this step, without another pass
+    st.params = std::move(flat);
+    st.params_step = st.global_step;
+  }
   answer_all(self, st.round.release());
   name_idle(st);
 }

@@ -3,6 +3,7 @@
 #include "dist/aggregator_detail.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "caf/all.hpp"
 
@@ -181,16 +182,32 @@ caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
   });
 }
 
-caf::error update_all_by_mean(self_pointer self, const std::string& what) {
+caf::error update_all_by_mean(self_pointer self, const std::string& what, tensor* flat) {
   auto& st = self->state;
+  // Several variables answer as one flat buffer: each block is copied there
+  // right after its update, from cache, instead of in a pass of its own.
+  float* dst = nullptr;
+  if (flat != nullptr && st.vars.size() > 1) {
+    try {
+      *flat = tensor{dtype::float32, {static_cast<int64_t>(st.total)}};
+      dst = flat->mutable_data<float>();
+    } catch (const std::bad_alloc&) {
+      *flat = tensor{}; // params() makes it later, or says it cannot
+    }
+  }
   return update_each(self, what, [&](size_t i, variable_cell& cell) {
     auto base = st.offsets[i];
+    variable_cell::block_updated copy;
+    if (dst != nullptr)
+      copy = [to = dst + base](size_t offset, size_t n, const float* values) {
+        std::memcpy(to + offset, values, n * sizeof(float));
+      };
     return cell.apply_gradient_by(
       st.spec.optimizer,
       [&st, base](size_t offset, size_t n, float* out) {
         st.round.mean_into(base + offset, n, out);
       },
-      st.sizes[i], st.global_step);
+      st.sizes[i], st.global_step, copy);
   });
 }
 
