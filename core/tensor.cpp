@@ -240,6 +240,23 @@ tensor tensor::reshaped(shape_type shape) const {
   return out;
 }
 
+tensor tensor::slice(size_t first, shape_type shape) const {
+  auto n = af::num_elements(shape);
+  if (st_ == nullptr || n < 0 || first > count_ || static_cast<size_t>(n) > count_ - first)
+    return tensor{};
+  const std::byte* base = bytes(); // a device tensor's host copy first
+  tensor out;
+  out.type_ = type_;
+  out.shape_ = std::move(shape);
+  out.count_ = static_cast<size_t>(n);
+  out.st_ = std::make_shared<storage>();
+  // Shares the owner of the whole buffer (shared_ptr's aliasing constructor):
+  // mutable_bytes() sees the buffer as shared and copies before a write.
+  out.st_->host = std::shared_ptr<std::byte>(st_->host, const_cast<std::byte*>(base)
+                                                           + first * dtype_size(type_));
+  return out;
+}
+
 tensor tensor::on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev) {
   tensor t;
   auto n = af::num_elements(shape);
@@ -296,7 +313,9 @@ std::byte* tensor::mutable_bytes() {
   if (st_ == nullptr)
     return nullptr;
   const std::byte* current = bytes(); // downloads first if needed
-  if (st_.use_count() > 1) {
+  // Shared: by copies of this tensor (one storage), or by slices (one buffer
+  // owned through several storages).
+  if (st_.use_count() > 1 || st_->host.use_count() > 1) {
     auto fresh = std::make_shared<storage>();
     fresh->host = allocate(nbytes());
     std::memcpy(fresh->host.get(), current, nbytes());

@@ -173,6 +173,12 @@ public:
   /// if the element counts differ.
   tensor reshaped(shape_type shape) const;
 
+  /// Elements [first, first + elements of `shape`) of this tensor as a
+  /// tensor of `shape` that shares its bytes (no copy; the whole buffer stays
+  /// alive while the slice does). Writing to either copies first, as for any
+  /// shared buffer. Empty if the range is not inside this tensor.
+  tensor slice(size_t first, shape_type shape) const;
+
   /// Decoding support: allocates an uninitialized buffer for `shape`.
   void reset(dtype type, shape_type shape);
 

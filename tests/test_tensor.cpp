@@ -101,3 +101,33 @@ TEST_CASE("asking for the CUDA backend without a GPU says why", "[kernels]") {
     CHECK(why.find("1000") != std::string::npos);
   }
 }
+
+TEST_CASE("a slice shares its tensor's bytes, and a write to either copies first", "[tensor]") {
+  // Catches: a slice (the worker's parameters cut out of the flat answer
+  // without a copy) written in place into the buffer it shares: the flat
+  // tensor, or another slice of it, changed behind its holder's back.
+  auto flat = tensor::from_values<float>({5}, {1, 2, 3, 4, 5});
+  auto w = flat.slice(0, {2, 2});
+  auto b = flat.slice(4, {1});
+  REQUIRE(w.shape() == af::shape_type{2, 2});
+  CHECK(w.data<float>() == flat.data<float>()); // no copy
+  CHECK(b.data<float>() == flat.data<float>() + 4);
+  CHECK(b.at(0) == 5);
+  CHECK(flat.slice(4, {2}).empty()); // past the end
+  w.mutable_data<float>()[0] = 10;
+  CHECK(w.at(0) == 10);
+  CHECK(flat.at(0) == 1); // the write copied first
+  flat.mutable_data<float>()[4] = 50;
+  CHECK(b.at(0) == 5);
+  CHECK(flat.at(4) == 50);
+  // alone at last, a slice writes in place
+  tensor last;
+  {
+    auto whole = tensor::from_values<float>({3}, {7, 8, 9});
+    last = whole.slice(1, {2});
+  }
+  const float* before = last.data<float>();
+  last.mutable_data<float>()[0] = 80;
+  CHECK(last.data<float>() == before);
+  CHECK(last.at(0) == 80);
+}

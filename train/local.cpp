@@ -87,13 +87,12 @@ outcome<std::vector<tensor>> unflatten(const tensor& flat, const std::vector<sha
     out.push_back(flat.reshaped(shapes[0]));
     return out;
   }
-  const float* src = flat.data<float>();
+  // Slices of the flat buffer: no copy (a parameter written later, as local
+  // training does, copies then).
+  size_t first = 0;
   for (const auto& s : shapes) {
-    tensor t{dtype::float32, s};
-    if (t.num_elements() > 0)
-      std::memcpy(t.mutable_data<float>(), src, t.nbytes());
-    src += t.num_elements();
-    out.push_back(std::move(t));
+    out.push_back(flat.slice(first, s));
+    first += static_cast<size_t>(num_elements(s));
   }
   return out;
 }
