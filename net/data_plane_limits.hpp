@@ -34,8 +34,9 @@ struct data_plane_limits {
   /// as if it were on another host.
   bool shared_memory = true;
   /// On shared memory: how long a connection's thread spins for the next
-  /// frame after a reply, and for bytes within one, before it sleeps in poll
-  /// on the socket (then the client's doorbell byte wakes it).
+  /// frame after a reply, and for bytes within one, before it sleeps (on the
+  /// ring's futex, which the client wakes; net/shm_ring.hpp). Skipped while
+  /// such spins keep failing.
   std::chrono::microseconds shm_spin{20};
   /// The most shared memory this server maps for its clients at once, all
   /// connections together (each takes 8 MiB + 4 KiB by default); an offer

@@ -20,8 +20,16 @@ struct ring_bound {
   /// Looked at every 20 ms while waiting; set: cancelled.
   const std::atomic<bool>* cancel = nullptr;
   /// Look this long for bytes or room (yielding the CPU between looks)
-  /// before sleeping in poll; at least one look after one yield.
+  /// before sleeping; at least one look after one yield. The shared-memory
+  /// rings skip it while it keeps failing (net/shm_ring.cpp).
   std::chrono::microseconds spin{20};
+  /// Shared memory: a wait sleeps on a futex in the segment for up to
+  /// `futex_ms` (then in poll on the socket's doorbell, so that an idle
+  /// connection costs nothing), looking at the socket (a peer gone) and the
+  /// cancel flag every `check_ms` meanwhile (in poll, at the ring every
+  /// max(check_ms, 1 s)).
+  int futex_ms = 100;
+  int check_ms = 2;
 };
 
 /// How a read or write on a ring ended.

@@ -9,6 +9,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 
 #include <fmt/format.h>
@@ -48,7 +51,9 @@ namespace {
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the rings' counters are shared between processes: they must be lock-free");
 
-constexpr uint64_t segment_magic = 0x314d485350444641; // "AFDPSHM1"
+/// "AFDPSHM2": version 2 wakes a sleeper by a futex in the segment (version
+/// 1, by a doorbell byte only, would sleep through our wake-ups: refused).
+constexpr uint64_t segment_magic = 0x324d485350444641;
 constexpr uint64_t header_bytes = 4096;                 // magic, ring size, the two controls
 constexpr uint64_t min_ring = uint64_t{64} << 10;
 /// Bytes copied before the other side is told (counters published): small
@@ -64,6 +69,16 @@ constexpr uint64_t publish_chunk = uint64_t{64} << 10;
 constexpr uint64_t bell_bytes = uint64_t{1} << 20;
 /// More doorbell bytes than this during one wait: not a peer of ours.
 constexpr size_t max_bells_per_wait = 4096;
+/// A waiting flag: the side is awake, asleep on the flag as a futex, or
+/// asleep in poll on the socket (then it wants a doorbell byte).
+constexpr uint32_t awake = 0;
+constexpr uint32_t on_futex = 1;
+constexpr uint32_t on_socket = 2;
+/// Spins in a row that failed (the wait slept, or a yield came back after
+/// the spin's end) before a direction's waits sleep at once; then one wait
+/// in this many spins again, and one that succeeds in time resumes them.
+constexpr uint32_t spin_misses_to_stop = 4;
+constexpr uint32_t spin_probe_every = 16;
 
 struct segment_header {
   uint64_t magic;
@@ -173,6 +188,31 @@ void ring_bell(int fd) {
   // Never blocks: at most one byte is in flight per wait (the flag is taken
   // by exchange), and a full socket would mean a peer that reads none.
   [[maybe_unused]] auto n = ::send(fd, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// The futex is the waiting flag itself, in the shared segment (so not a
+// FUTEX_PRIVATE one): the waker takes the flag (exchange) and wakes it.
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex is 32 bits");
+
+/// Sleeps while `word` holds `expected`, at most `us`: 0 woken, else -1 and
+/// errno (EAGAIN: it held something else already; ETIMEDOUT; EINTR).
+long futex_wait(std::atomic<uint32_t>& word, uint32_t expected, long long us) {
+  timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &ts,
+                   nullptr, 0);
+}
+
+/// Wakes the peer asleep on `flag`, if it is (by the way it sleeps): true if
+/// it was.
+bool wake_peer(std::atomic<uint32_t>& flag, int fd) {
+  if (flag.load() == awake)
+    return false;
+  uint32_t how = flag.exchange(awake);
+  if (how == on_futex)
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&flag), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+  else if (how != awake)
+    ring_bell(fd);
+  return how != awake;
 }
 
 /// Removes segments of ours whose creator (its pid is in the name) is gone:
@@ -357,24 +397,93 @@ void shm_channel::unlink() {
   named_ = false;
 }
 
+namespace {
+
+/// Reads the doorbell bytes waiting on `fd` (and sees its close): false when
+/// there are more than any peer of ours sends in one wait (`rung` counts them).
+bool take_bells(int fd, size_t& rung, bool& closed) {
+  char bells[64];
+  for (;;) {
+    auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
+    if (r > 0) {
+      rung += static_cast<size_t>(r);
+      if (rung > max_bells_per_wait)
+        return false;
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      closed = true;
+    if (r == 0 || errno != EINTR)
+      return true;
+  }
+}
+
+} // namespace
+
+bool shm_channel::sleep_on(std::atomic<uint32_t>& flag, uint32_t how, int fd, long long us,
+                           size_t& rung, bool& closed) {
+  int poll_ms = 0;
+  if (how == on_futex) {
+    // Woken (0) or the flag already taken (EAGAIN): the peer moved on, so
+    // it lives; only a sleep that ran out looks at the socket.
+    if (futex_wait(flag, on_futex, us) == 0 || errno != ETIMEDOUT)
+      return true;
+  } else {
+    poll_ms = static_cast<int>((us + 999) / 1000);
+  }
+  pollfd pfd{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  int rc = ::poll(&pfd, 1, poll_ms);
+  if (rc > 0) {
+    if ((pfd.revents & POLLIN) && !take_bells(fd, rung, closed))
+      return false;
+    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+      closed = true;
+  } else if (rc < 0 && errno != EINTR) {
+    closed = true;
+  }
+  return true;
+}
+
 template <class Ready>
 shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, int fd,
                                       const bound& b, bool first,
-                                      std::chrono::steady_clock::time_point last_progress) {
+                                      std::chrono::steady_clock::time_point last_progress,
+                                      spin_memo& memo) {
   using clock = std::chrono::steady_clock;
   auto now = clock::now();
   // Spinning with sched_yield, not pause: on a small or busy machine both
   // ends often share a CPU, and a pause loop then only delays the peer it
   // waits for (measured: a round trip of 2x the spin). A yield lets the peer
   // run at once: ~4-5 us round trips against ~17 us for a TCP ping-pong.
-  auto spin_until = now + b.spin;
-  for (;;) {
-    if (ready())
-      return status::done;
-    sched_yield();
-    if (clock::now() >= spin_until)
-      break;
+  // But a yield while a third task is runnable on this CPU (the other
+  // worker, another process) puts this side behind it for its whole slice
+  // (EEVDF: ~1.5 ms on 2 CPUs), long after the peer has answered; and a
+  // spin for what comes only after the peer's own work (the next request
+  // of a training step) is lost time on a CPU the peer needs. So a side
+  // whose spins keep failing (a sleep, or a look that came back later than
+  // the spin) sleeps at once, trying a spin again now and then.
+  bool spin = b.spin.count() > 0
+              && (memo.misses < spin_misses_to_stop || ++memo.skipped % spin_probe_every == 0);
+  if (spin) {
+    auto spin_until = now + b.spin;
+    for (;;) {
+      if (ready()) {
+        // In time: a look after a yield that came back late is not made
+        // (the loop ends first, a miss).
+        memo.misses = 0;
+        memo.skipped = 0;
+        return status::done;
+      }
+      sched_yield();
+      if (clock::now() >= spin_until)
+        break;
+    }
+    ++memo.misses;
   }
+  // A futex wake-up costs the waker one system call and no socket: a
+  // doorbell byte through loopback TCP costs a send, the receive path and
+  // a recv (about as much as the TCP frame it stands in for).
+  auto futex_until = clock::now() + std::chrono::milliseconds{b.futex_ms};
   int stall = first && b.first_ms > 0 ? b.first_ms : b.stall_ms;
   // A peer rings once per sleep of ours (it takes the flag with an
   // exchange): bytes beyond a few per wait are not bells but a peer that
@@ -383,51 +492,34 @@ shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, 
   for (;;) {
     if (poisoned())
       return status::corrupt;
-    flag.store(1);
+    now = clock::now();
+    uint32_t how = now < futex_until ? on_futex : on_socket;
+    flag.store(how);
     if (ready()) {
-      flag.store(0);
+      flag.store(awake);
       return status::done;
     }
-    now = clock::now();
     auto limit = b.deadline;
     if (stall > 0)
       limit = std::min(limit, last_progress + std::chrono::milliseconds{stall});
     if (now >= limit) {
-      flag.store(0);
+      flag.store(awake);
       return first && b.first_ms > 0 ? status::idle : status::timeout;
     }
-    long long ms = limit == clock::time_point::max()
-                     ? 1000
-                     : std::chrono::duration_cast<std::chrono::milliseconds>(limit - now).count() + 1;
-    ms = std::min<long long>(ms, b.cancel != nullptr ? 20 : 1000);
-    pollfd pfd{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
-    int rc = ::poll(&pfd, 1, static_cast<int>(ms));
+    // Asleep on the futex: the socket and the cancel flag are looked at
+    // every check_ms; in poll: the socket wakes it, the ring is looked at
+    // again at least every second (every 20 ms with a cancel flag).
+    int poll_ms = b.cancel != nullptr ? 20 : std::max(b.check_ms, 1000);
+    auto slice = how == on_futex ? std::min<clock::time_point>(
+                                     futex_until, now + std::chrono::milliseconds{b.check_ms})
+                                 : now + std::chrono::milliseconds{poll_ms};
+    auto until = std::min(limit, slice);
+    long long us = std::chrono::duration_cast<std::chrono::microseconds>(until - now).count() + 1;
     bool closed = false;
-    if (rc > 0) {
-      if (pfd.revents & POLLIN) {
-        char bells[64];
-        for (;;) {
-          auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
-          if (r > 0) {
-            rung += static_cast<size_t>(r);
-            if (rung > max_bells_per_wait) {
-              flag.store(0);
-              return status::corrupt;
-            }
-            continue;
-          }
-          if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            closed = true;
-          if (r == 0 || errno != EINTR)
-            break;
-        }
-      }
-      if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
-        closed = true;
-    } else if (rc < 0 && errno != EINTR) {
-      closed = true;
-    }
-    flag.store(0);
+    bool sane = sleep_on(flag, how, fd, us, rung, closed);
+    flag.store(awake);
+    if (!sane)
+      return status::corrupt;
     if (ready())
       return status::done;
     if (closed)
@@ -453,10 +545,8 @@ shm_channel::status shm_channel::write(const iovec* iov, int count, int fd, cons
     }
     // (A forced bell also covers what an earlier publish left unbelled.)
     if (published != belled && (wake || published - belled >= bell_bytes)
-        && out_->reader_waiting.load() != 0 && out_->reader_waiting.exchange(0) != 0) {
-      ring_bell(fd);
+        && wake_peer(out_->reader_waiting, fd))
       belled = published;
-    }
   };
   auto room = [&]() -> uint64_t {
     uint64_t used = head - out_->tail.load(std::memory_order_acquire);
@@ -478,7 +568,8 @@ shm_channel::status shm_channel::write(const iovec* iov, int count, int fd, cons
       }
       if (free == 0) {
         publish(true);
-        st = wait([&] { return room() > 0; }, out_->writer_waiting, fd, b, false, last_progress);
+        st = wait([&] { return room() > 0; }, out_->writer_waiting, fd, b, false, last_progress,
+                  write_spin_);
         if (st != status::done)
           break;
         last_progress = clock::now();
@@ -517,10 +608,8 @@ shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound
     }
     // (A forced bell also covers what an earlier publish left unbelled.)
     if (published != belled && (wake || published - belled >= bell_bytes)
-        && in_->writer_waiting.load() != 0 && in_->writer_waiting.exchange(0) != 0) {
-      ring_bell(fd);
+        && wake_peer(in_->writer_waiting, fd))
       belled = published;
-    }
   };
   status st = status::done;
   while (n > 0) {
@@ -532,7 +621,7 @@ shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound
     if (avail == 0) {
       publish(true);
       st = wait([&] { return in_->head.load(std::memory_order_acquire) != tail; }, in_->reader_waiting,
-                fd, b, tail == start, last_progress);
+                fd, b, tail == start, last_progress, read_spin_);
       if (st != status::done)
         break;
       last_progress = clock::now();

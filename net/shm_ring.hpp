@@ -11,11 +11,13 @@
 /// direction, each written by one side and read by the other; the frames
 /// (core/wire_format.hpp) go through them unchanged, byte for byte as they would
 /// through the socket. The TCP connection stays open beside them as the
-/// doorbell and the liveness channel: a side that waits for bytes or room
-/// first looks for a few microseconds (yielding the CPU), then raises its "waiting" flag and
-/// polls the socket, and the other side sends one byte only when it sees the
-/// flag. A peer that dies closes its socket: the waiting side sees POLLRDHUP
-/// at once, as a closed socket is seen today.
+/// liveness channel: a side that waits for bytes or room first looks for a
+/// few microseconds (yielding the CPU; skipped while such looks keep
+/// failing), then raises its "waiting" flag and sleeps on it (a futex in the
+/// segment, the socket looked at every few ms), and after a while in poll on
+/// the socket; the other side wakes it (futex wake, or one doorbell byte)
+/// only when it sees the flag. A peer that dies closes its socket: the
+/// waiting side sees POLLRDHUP within a few ms.
 
 #include <sys/uio.h>
 
@@ -88,11 +90,22 @@ public:
   struct control;
 
 private:
+  /// What one direction's waits learnt of their spin (one thread uses it).
+  struct spin_memo {
+    uint32_t misses = 0;  ///< spins in a row that ended in a sleep or took longer than the spin
+    uint32_t skipped = 0; ///< waits that slept at once since
+  };
+
   shm_channel() = default;
-  /// Waits until `ready()` holds, on `fd`'s doorbell.
+  /// Waits until `ready()` holds: spins (as `memo` says), then sleeps on
+  /// `flag` (futex, then `fd`'s doorbell).
   template <class Ready>
   status wait(Ready ready, std::atomic<uint32_t>& flag, int fd, const bound& b, bool first,
-              std::chrono::steady_clock::time_point last_progress);
+              std::chrono::steady_clock::time_point last_progress, spin_memo& memo);
+  /// Sleeps on `flag` (raised to `how`) for at most `us`; false: the peer's
+  /// socket closed or sent more doorbell bytes than any peer of ours would.
+  bool sleep_on(std::atomic<uint32_t>& flag, uint32_t how, int fd, long long us, size_t& rung,
+                bool& closed);
 
   /// The peer shrank or punched the segment and a SIGBUS hit it: zero
   /// pages now, and the channel is corrupt (net/shm_ring.cpp).
@@ -109,6 +122,8 @@ private:
   control* in_ = nullptr;
   char* out_data_ = nullptr;
   char* in_data_ = nullptr;
+  spin_memo read_spin_;  ///< waits for bytes
+  spin_memo write_spin_; ///< waits for room
 };
 
 } // namespace af

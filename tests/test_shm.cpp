@@ -736,3 +736,155 @@ TEST_CASE("a node maps at most max_shm_bytes of its clients' segments at once, a
   CHECK(again);
   CHECK(segments_of(getpid()).empty());
 }
+
+namespace {
+
+/// Both ends of one shared-memory channel in this process, each with its own
+/// end of a socketpair per direction as its doorbell (so that a side's read
+/// and write may run on two threads without taking each other's bells).
+struct ring_pair {
+  std::unique_ptr<shm_channel> client, node;
+  int to_node[2] = {-1, -1};   ///< [0]: the client writes, [1]: the node reads
+  int to_client[2] = {-1, -1}; ///< [0]: the node writes, [1]: the client reads
+  ring_pair() {
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, to_node) == 0);
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, to_client) == 0);
+    client = value_of(shm_channel::create(64 << 10));
+    node = value_of(shm_channel::open(client->name(), client->segment_bytes()));
+  }
+  ~ring_pair() {
+    for (int fd : {to_node[0], to_node[1], to_client[0], to_client[1]})
+      ::close(fd);
+  }
+};
+
+/// A bound that never spins (each wait sleeps unless its bytes are there)
+/// and sleeps as `how` says: on the futex alone, or in poll on the doorbell
+/// at once, and never looks again by itself before `deadline` (one for a
+/// whole section): a wake-up the peer forgets leaves that side asleep until
+/// then, and every wait after it times out.
+shm_channel::bound sleeper(const std::string& how, std::chrono::steady_clock::time_point deadline) {
+  shm_channel::bound b;
+  b.deadline = deadline;
+  b.spin = std::chrono::microseconds{0};
+  b.futex_ms = how == "futex" ? 60000 : 0;
+  b.check_ms = 60000;
+  return b;
+}
+
+iovec bytes_of(void* p, size_t n) {
+  return {p, n};
+}
+
+} // namespace
+
+TEST_CASE("a side asleep on shared memory (futex or doorbell) is woken by its peer, and no wake-up "
+          "is lost over many small frames both ways or a stream through a full ring",
+          "[shm]") {
+  // Bugs it catches: a writer that publishes without waking a reader asleep
+  // on the futex (or in poll, without its doorbell byte), a reader that
+  // frees room without waking a writer asleep for it, and a flag raised
+  // after the last look (a wake-up lost between the look and the sleep):
+  // each leaves a side asleep until the section's 20 s deadline (timeout).
+  auto how = GENERATE(as<std::string>{}, "futex", "doorbell");
+  INFO("asleep on the " << how);
+  ring_pair rp;
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+
+  SECTION("a reader asleep before anything is written is woken by the write") {
+    uint64_t got = 0;
+    auto b = sleeper(how, deadline);
+    blocking_call<shm_channel::status> reader{
+      [&] { return rp.node->read(&got, sizeof(got), rp.to_node[1], b); }};
+    REQUIRE(reader.asleep(10s));
+    uint64_t sent = 42;
+    auto iov = bytes_of(&sent, sizeof(sent));
+    REQUIRE(rp.client->write(&iov, 1, rp.to_node[0], sleeper(how, deadline))
+            == shm_channel::status::done);
+    CHECK(reader.join() == shm_channel::status::done);
+    CHECK(got == 42);
+    // Woken by the write, not by its deadline (then it finds the bytes too).
+    CHECK(reader.ended() < b.deadline);
+  }
+
+  SECTION("20000 ping-pongs of 8-byte frames") {
+    constexpr uint64_t rounds = 20000;
+    std::atomic<uint64_t> answered{0};
+    std::thread node{[&] {
+      for (uint64_t i = 0; i < rounds; ++i) {
+        uint64_t x = 0;
+        auto st = rp.node->read(&x, sizeof(x), rp.to_node[1], sleeper(how, deadline));
+        if (st != shm_channel::status::done)
+          return;
+        ++x;
+        auto iov = bytes_of(&x, sizeof(x));
+        st = rp.node->write(&iov, 1, rp.to_client[0], sleeper(how, deadline));
+        if (st != shm_channel::status::done)
+          return;
+        answered = i + 1;
+      }
+    }};
+    uint64_t i = 0;
+    auto st = shm_channel::status::done;
+    for (; i < rounds && st == shm_channel::status::done; ++i) {
+      uint64_t x = i * 2;
+      auto iov = bytes_of(&x, sizeof(x));
+      st = rp.client->write(&iov, 1, rp.to_node[0], sleeper(how, deadline));
+      if (st == shm_channel::status::done)
+        st = rp.client->read(&x, sizeof(x), rp.to_client[1], sleeper(how, deadline));
+      if (st == shm_channel::status::done && x != i * 2 + 1)
+        FAIL("round " << i << ": " << x);
+    }
+    node.join();
+    INFO("round " << i << ", the node answered " << answered.load());
+    CHECK(st == shm_channel::status::done);
+    CHECK(answered.load() == rounds);
+  }
+
+  SECTION("4 MiB each way at once through the 64 KiB rings, in small writes and reads") {
+    constexpr uint64_t words = (uint64_t{4} << 20) / sizeof(uint64_t);
+    // One side streams words 0, 1, 2, ... in writes of 1 to 61 words, the
+    // other reads them in reads of 1 to 37: the rings fill (the writers
+    // sleep for room) and empty (the readers sleep for bytes) many times.
+    auto send = [&](shm_channel& ch, int fd) {
+      std::vector<uint64_t> buf(61);
+      for (uint64_t at = 0, k = 0; at < words; ++k) {
+        uint64_t n = std::min<uint64_t>(words - at, 1 + k % 61);
+        for (uint64_t j = 0; j < n; ++j)
+          buf[j] = at + j;
+        auto iov = bytes_of(buf.data(), n * sizeof(uint64_t));
+        if (ch.write(&iov, 1, fd, sleeper(how, deadline)) != shm_channel::status::done)
+          return false;
+        at += n;
+      }
+      return true;
+    };
+    auto receive = [&](shm_channel& ch, int fd) {
+      std::vector<uint64_t> buf(37);
+      for (uint64_t at = 0, k = 0; at < words; ++k) {
+        uint64_t n = std::min<uint64_t>(words - at, 1 + k % 37);
+        auto st = ch.read(buf.data(), n * sizeof(uint64_t), fd, sleeper(how, deadline));
+        if (st != shm_channel::status::done)
+          return false;
+        for (uint64_t j = 0; j < n; ++j)
+          if (buf[j] != at + j)
+            return false;
+        at += n;
+      }
+      return true;
+    };
+    std::atomic<bool> ok[4] = {false, false, false, false};
+    std::thread t[4] = {
+      std::thread{[&] { ok[0] = send(*rp.client, rp.to_node[0]); }},
+      std::thread{[&] { ok[1] = receive(*rp.node, rp.to_node[1]); }},
+      std::thread{[&] { ok[2] = send(*rp.node, rp.to_client[0]); }},
+      std::thread{[&] { ok[3] = receive(*rp.client, rp.to_client[1]); }},
+    };
+    for (auto& th : t)
+      th.join();
+    CHECK(ok[0]);
+    CHECK(ok[1]);
+    CHECK(ok[2]);
+    CHECK(ok[3]);
+  }
+}
