@@ -68,6 +68,8 @@ int main_body(int argc, char** argv) {
     all_metrics.push_back(m);
   const std::string activation_metric = "model_parallel_64mib_activation";
   all_metrics.push_back(activation_metric);
+  const std::string zerocopy_metric = "tcp_4mib_send_zerocopy";
+  all_metrics.push_back(zerocopy_metric);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
   std::string only, only_list;
@@ -161,6 +163,10 @@ int main_body(int argc, char** argv) {
     setenv("ACTORFLOW_DATA_SHM", saved_shm.c_str(), 1);
   else
     unsetenv("ACTORFLOW_DATA_SHM");
+
+  if (wanted(zerocopy_metric))
+    if (int rc = af::bench::zerocopy_bench(reps))
+      return rc;
 
   // The training metrics start their own processes (fork + exec only).
   std::vector<std::string> train_wanted;
