@@ -207,14 +207,17 @@ bool variable_directory::aggregate(plane_request& req) {
     }
     // Each piece is checked for non-finite floats as it arrives, in cache:
     // the aggregator then need not read the whole push once more for it.
-    const auto* floats = values.data<float>();
+    // The buffer read into: the check reads what arrived there (taken once:
+    // a shared buffer would be copied by mutable_bytes()).
+    auto* dst = values.mutable_bytes();
+    const auto* floats = reinterpret_cast<const float*>(dst);
     auto check = [&](size_t offset, size_t n) {
       if (finite) {
         size_t count = n / sizeof(float);
         finite = train::first_non_finite(floats + offset / sizeof(float), count) == count;
       }
     };
-    if (!req.read_payload(values.mutable_bytes(), true, 256 << 10, check)) {
+    if (!req.read_payload(dst, true, 256 << 10, check)) {
       log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
                        node_name, req.peer(), name);
       return false;

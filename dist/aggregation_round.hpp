@@ -26,9 +26,14 @@ public:
     // nop
   }
 
-  /// A round over `workers` workers whose values have `floats` elements in all.
-  aggregation_round(uint32_t workers, size_t floats)
-    : floats_(floats), arrived_(workers, false), done_(workers, false), standby_(workers, false) {
+  /// Bytes of values a round keeps by reference at most (add()).
+  static constexpr size_t default_kept_limit = size_t{256} << 20;
+
+  /// A round over `workers` workers whose values have `floats` elements in
+  /// all, keeping at most `kept_limit` bytes of them by reference.
+  aggregation_round(uint32_t workers, size_t floats, size_t kept_limit = default_kept_limit)
+    : floats_(floats), kept_limit_(kept_limit), arrived_(workers, false), done_(workers, false),
+      standby_(workers, false) {
     // nop
   }
 
@@ -96,10 +101,18 @@ public:
   /// in one pass over memory instead of a copy, an add, a scale and an apply.
   /// Without one they are summed now. Either way the sum is the same, bit
   /// for bit: the values in arrival order, added left to right.
+  ///
+  /// Values are kept by reference only up to kept_limit bytes in all (a
+  /// round of many workers of a large model would hold workers x model):
+  /// past it they are summed on arrival, those kept before them first.
   void add(const std::vector<const float*>& parts, const std::vector<size_t>& offsets,
            const std::vector<size_t>& sizes, std::shared_ptr<const void> owner = nullptr) {
-    if (owner) { // after those summed so far: arrival order stays
+    size_t bytes = 0;
+    for (auto n : sizes)
+      bytes += n * sizeof(float);
+    if (owner && kept_bytes_ + bytes <= kept_limit_) { // after those summed: arrival order stays
       kept_.push_back({parts, offsets, sizes, std::move(owner)});
+      kept_bytes_ += bytes;
       contributions_ += 1;
       return;
     }
@@ -233,6 +246,7 @@ public:
     contributions_ = 0;
     summed_ = 0;
     kept_.clear();
+    kept_bytes_ = 0;
     step_.reset();
     return out;
   }
@@ -259,12 +273,15 @@ private:
       return;
     auto kept = std::move(kept_);
     kept_.clear();
+    kept_bytes_ = 0;
     contributions_ -= static_cast<uint32_t>(kept.size());
     for (auto& v : kept)
       add(v.parts, v.offsets, v.sizes);
   }
 
   size_t floats_;
+  size_t kept_limit_;
+  size_t kept_bytes_ = 0; ///< of the values in kept_
   std::vector<bool> arrived_; ///< per worker, this round
   std::vector<bool> done_;    ///< per worker: pushes no more
   std::vector<bool> standby_; ///< per worker: not waited for (set_standby)

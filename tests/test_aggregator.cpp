@@ -225,7 +225,8 @@ TEST_CASE("a round's values kept by reference give the mean of values summed on 
   // values kept by reference) adding in another order than arrival, scaling
   // twice or not at all, reading the wrong part of a block, or losing a
   // value summed before those kept: each gives other bits than mean() (the
-  // values span magnitudes, so float addition order shows).
+  // values span magnitudes, so float addition order shows), or, past its cap
+  // on bytes kept by reference, summing out of arrival order.
   const std::vector<size_t> offsets{0, 700}, sizes{700, 1301};
   const size_t total = 2001;
   std::vector<std::vector<float>> values(3, std::vector<float>(total));
@@ -245,7 +246,10 @@ TEST_CASE("a round's values kept by reference give the mean of values summed on 
   auto expected = summed.mean();
   auto contributions = GENERATE(1, 2, 3);
   auto first_summed = GENERATE(false, true);
-  aggregation_round<int> kept{3, total};
+  // the cap on bytes kept by reference: none reached, one value's, none kept
+  auto limit = GENERATE(aggregation_round<int>::default_kept_limit, total * sizeof(float),
+                        size_t{0});
+  aggregation_round<int> kept{3, total, limit};
   std::vector<std::shared_ptr<std::vector<float>>> copies;
   for (size_t w = 0; w < static_cast<size_t>(contributions); ++w) {
     copies.push_back(owner(w));
@@ -269,6 +273,33 @@ TEST_CASE("a round's values kept by reference give the mean of values summed on 
   // and mean() of the kept values is the same too (average mode reads it so)
   auto whole = kept.mean();
   CHECK(std::memcmp(whole.data(), expected.data(), total * sizeof(float)) == 0);
+}
+
+TEST_CASE("a round past its cap on values kept by reference sums the rest on arrival, still in "
+          "arrival order",
+          "[aggregator]") {
+  // Catches: the round keeping workers x model bytes of pushes (no cap), or,
+  // past the cap, a value summed before those kept ahead of it: other bits
+  // than summing on arrival (float addition is not associative).
+  const size_t total = 2001;
+  std::vector<std::vector<float>> v(3, std::vector<float>(total));
+  uint32_t seed = 12345;
+  for (auto& a : v)
+    for (auto& x : a) {
+      seed = seed * 1664525u + 1013904223u;
+      x = static_cast<float>(static_cast<int32_t>(seed)) * std::pow(2.0f, float(seed % 40) - 20);
+    }
+  const std::vector<size_t> offsets{0}, sizes{total};
+  aggregation_round<int> summed{3, total};
+  aggregation_round<int> capped{3, total, total * sizeof(float)}; // one value by reference
+  for (auto& a : v) {
+    summed.add({a.data()}, offsets, sizes);
+    capped.add({a.data()}, offsets, sizes, std::make_shared<int>(0));
+  }
+  std::vector<float> got(total);
+  capped.mean_into(0, total, got.data());
+  const auto& expected = summed.mean();
+  CHECK(std::memcmp(got.data(), expected.data(), total * sizeof(float)) == 0);
 }
 
 TEST_CASE("a round expires its timeout after its first push, not before", "[aggregator]") {
