@@ -5,10 +5,11 @@
 // (written by the worker, read by the ps) and its parameters (written by
 // the ps, read by the worker). Each side computes straight into and out of
 // the segment: a step copies the parameters once per worker (the ps's w
-// into the worker's region) and nothing else. Waits follow our ring's rule
-// (net/shm_ring.hpp): look for a few microseconds, yielding the CPU, then
-// raise a "waiting" flag and sleep on a futex; the other side wakes it only
-// when it sees the flag.
+// into the worker's region) and nothing else: a stronger baseline than our
+// ring, which copies into and out of its segment. Waits look for 20 us,
+// yielding the CPU, then raise a "waiting" flag and sleep on a futex; the
+// other side wakes it only when it sees the flag. (Our ring also stops
+// spinning where spins keep failing: net/shm_ring.hpp.)
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>

@@ -1,5 +1,6 @@
 #pragma once
-/// A dense tensor: dtype + shape + one contiguous, 64-byte aligned buffer.
+/// A dense tensor: dtype + shape + one contiguous buffer (64-byte aligned,
+/// except a slice(), which starts where its elements do in the buffer it shares).
 ///
 /// The buffer is shared and treated as immutable once a tensor has been sent:
 /// copying a tensor copies a pointer, so tensors move between actors of one node
@@ -158,7 +159,8 @@ public:
     return st_ != nullptr && st_ == other.st_;
   }
 
-  /// How many tensors hold this buffer.
+  /// How many copies of this tensor hold its storage (slices of the same
+  /// buffer are not counted: mutable_bytes() counts them itself).
   long use_count() const noexcept { return st_.use_count(); }
 
   /// NumPy's text (core/tensor_format.hpp): "[[7. 7.]\n [7. 7.]]"; elides the middle of
