@@ -216,7 +216,12 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
         // sync: a round that closed without this push (the global step
         // moved more than the one step this push could have closed) makes
         // it ask before its next pushes; two in time in a row stop that.
-        if (st.mode == "sync") {
+        // Not with backup workers or a deadline: there a push dropped as
+        // late is answered with exactly pushed + 1 too (the round it
+        // missed closed, the next is open), the same as one in time, and
+        // one of N + 1 equal workers is usually last: such a job's workers
+        // keep asking (worker_state::late_suspect).
+        if (st.mode == "sync" && !closes_without_all(st.setup.cfg, st.setup.workers)) {
           st.in_time = step > pushed + 1 ? 0 : std::min<uint32_t>(st.in_time + 1, 2);
           if (st.in_time == 0)
             st.late_suspect = true;
@@ -322,6 +327,13 @@ bool stop_requested(self_pointer self) {
   auto& st = self->state;
   if (!st.setup.stop || !st.setup.stop->load())
     return false;
+  if (st.setup.stopped) {
+    auto& c = *st.setup.stopped;
+    c.set = true;
+    c.local_steps = st.local_step;
+    c.global_step = st.global_step;
+    c.skipped = st.skipped;
+  }
   fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
   return true;
 }
@@ -447,6 +459,11 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   // answers in time).
   st.late_suspect = s.cfg.mode == "sync"
                     && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
+  if (closes_without_all(s.cfg, s.workers))
+    log::get()->debug("{}: a step may close without it (replicas_to_aggregate {} of {} "
+                      "workers, step_deadline_ms {}): it asks before each push whether its "
+                      "step closed",
+                      who(self), s.cfg.replicas_to_aggregate, s.workers, s.cfg.step_deadline_ms);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {
