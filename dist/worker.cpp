@@ -216,12 +216,7 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
         // sync: a round that closed without this push (the global step
         // moved more than the one step this push could have closed) makes
         // it ask before its next pushes; two in time in a row stop that.
-        // Not with backup workers or a deadline: there a push dropped as
-        // late is answered with exactly pushed + 1 too (the round it
-        // missed closed, the next is open), the same as one in time, and
-        // one of N + 1 equal workers is usually last: such a job's workers
-        // keep asking (worker_state::late_suspect).
-        if (st.mode == "sync" && !closes_without_all(st.setup.cfg, st.setup.workers)) {
+        if (st.mode == "sync") {
           st.in_time = step > pushed + 1 ? 0 : std::min<uint32_t>(st.in_time + 1, 2);
           if (st.in_time == 0)
             st.late_suspect = true;
@@ -459,11 +454,6 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   // answers in time).
   st.late_suspect = s.cfg.mode == "sync"
                     && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
-  if (closes_without_all(s.cfg, s.workers))
-    log::get()->debug("{}: a step may close without it (replicas_to_aggregate {} of {} "
-                      "workers, step_deadline_ms {}): it asks before each push whether its "
-                      "step closed",
-                      who(self), s.cfg.replicas_to_aggregate, s.workers, s.cfg.step_deadline_ms);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
   for (const auto& shard : s.shards) {

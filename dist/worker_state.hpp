@@ -77,14 +77,12 @@ struct worker_state : worker_loop {
   uint64_t loss_count = 0;
   double last_loss = 0;
   uint64_t refused = 0;
-  /// sync: it was late (a push answered with a global step more than one
-  /// past the one it pushed for, or an aggregator said its step had
-  /// closed), so it asks (closed) after its slow part whether its step
-  /// closed without it; cleared by two pushes in time in a row (one may be
-  /// luck: the others slow to start). In a job whose steps close without
-  /// every worker (closes_without_all) it is never cleared: a dropped push
-  /// answers like one in time there. Otherwise a worker that keeps up asks
-  /// nothing (no request on its step's path).
+  /// sync with backup workers: it was late (a push answered with a global
+  /// step more than one past the one it pushed for, or an aggregator said
+  /// its step had closed), so it asks (closed) after its slow part whether
+  /// its step closed without it; cleared by two pushes in time in a row
+  /// (one may be luck: the others slow to start). A worker that keeps up
+  /// asks nothing (no request on its step's path).
   bool late_suspect = false;
   uint32_t in_time = 0;           ///< pushes in time since it was last late
   /// Per shard, this step: the aggregator said the step closed without this
@@ -190,15 +188,6 @@ void join_all(self_pointer self, std::function<void()> then);
 /// while the others applied their parts would apply part of a step.
 void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain_step,
               std::function<void(uint64_t, std::vector<tensor>)> then);
-
-/// sync: whether a step may close without every worker's gradient
-/// (replicas_to_aggregate below the workers, or a step deadline): a late
-/// push cannot be told from one in time by its answer there.
-inline bool closes_without_all(const train::train_config& c, uint32_t workers) {
-  return c.mode == "sync"
-         && ((c.replicas_to_aggregate > 0 && c.replicas_to_aggregate < workers)
-             || c.step_deadline_ms > 0);
-}
 
 /// Whether this step asks its aggregators if it closed without this worker
 /// (sync, a worker that was late: worker_state::late_suspect).
