@@ -280,6 +280,9 @@ void bench_linear_async(const train_bench_options& o, const scratch_dir& dir) {
 /// steps' time in each of its steps (4x slower), replicas_to_aggregate = 2,
 /// against 2 workers and no straggler (every gradient). Backup workers should
 /// make the straggler cost nothing: the steps go at the speed of the other two.
+/// Its sleep (--step-delay-ms) comes before its compute, so a step that
+/// closed meanwhile costs it neither compute nor send; a straggler slow in
+/// its compute itself would skip only the send.
 void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
   const std::string name = "train_sync_1m_3w_1slow_tcp";
   auto keys = linear_keys("sync", o);
@@ -307,7 +310,9 @@ void bench_straggler(const train_bench_options& o, const scratch_dir& dir) {
     }
   }
   std::printf("# %s: both sides actorflow over TCP (ACTORFLOW_DATA_SHM=off), the 1 M workload's "
-              "timed window\n", name.c_str());
+              "timed window; the straggler sleeps (--step-delay-ms) before computing, so a step "
+              "that closed meanwhile costs it neither compute nor send (one slow in its compute "
+              "would skip only the send)\n", name.c_str());
   report(name, ours, base, "steps/s", failure);
 }
 

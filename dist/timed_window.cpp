@@ -30,6 +30,7 @@ timed_window::timed_window(session& s, const train::train_config& c, uint32_t ta
                            uint64_t incarnation, std::shared_ptr<const std::atomic<bool>> user_stop)
   : s_(s),
     c_(c),
+    task_(task),
     workers_(workers),
     ps0_(std::move(ps0)),
     client_(s.system(), std::move(store), std::chrono::milliseconds{5000}),
@@ -75,6 +76,17 @@ void timed_window::say_stop() {
   stop_->store(true);
 }
 
+void timed_window::stop_for(caf::error why) {
+  failure_ = std::move(why);
+  stop_->store(true);
+}
+
+std::chrono::milliseconds timed_window::start_limit() const {
+  // The others wait up to init_timeout_ms for the chief's start, then join
+  // and take their first step.
+  return std::chrono::milliseconds{uint64_t{c_.init_timeout_ms} + c_.step_timeout_ms};
+}
+
 void timed_window::run_chief() {
   auto timeout = std::chrono::milliseconds{std::min<uint32_t>(c_.step_timeout_ms, 5000)};
   // ps 0's global step, read at the midpoint of the request's round trip.
@@ -88,14 +100,35 @@ void timed_window::run_chief() {
     at = asked + (answered - asked) / 2;
     return true;
   };
-  // 1. every worker has pushed
+  // 1. every worker has taken a step: pushed, or skipped one that closed
+  // without it (a backup worker slower than the others may skip every step
+  // and never push)
+  auto limit = steady::now() + start_limit();
   for (;;) {
     auto st = ask<aggregator_stats>(s_, ps0_, timeout, stats_atom::value);
-    if (st) {
-      auto pushed = std::count_if(st->workers.begin(), st->workers.end(),
-                                  [](const worker_stats& w) { return w.pushes > 0; });
-      if (static_cast<uint32_t>(pushed) >= workers_)
-        break;
+    std::vector<std::string> idle;
+    if (st)
+      for (const auto& w : st->workers)
+        if (w.pushes == 0 && w.skipped == 0)
+          idle.push_back(fmt::format("worker {}{}{}", w.worker, w.task.empty() ? "" : " ",
+                                     w.task));
+    auto stepped = st ? st->workers.size() - idle.size() : 0;
+    if (st && stepped >= workers_)
+      break;
+    if (steady::now() >= limit) {
+      // The window cannot be measured as defined (after every worker's
+      // first step): the job ends cut short (`train done: window=cut_short`).
+      log::get()->error(
+        "chief: timed window: {} of {} workers took a step within {} ms (init_timeout_ms + "
+        "step_timeout_ms) of the job's start{}{}; ending the job without measuring a window: "
+        "check that every worker task was started and reaches /job:ps/task:0",
+        stepped, workers_, start_limit().count(), idle.empty() ? "" : "; none yet from ",
+        fmt::join(idle, ", "));
+      if (!st)
+        log::get()->error("chief: timed window: asking /job:ps/task:0 for its workers: {}",
+                          describe(st.error()));
+      break_off();
+      return;
     }
     if (!wait_until(steady::now() + tick))
       return;
@@ -118,6 +151,10 @@ void timed_window::run_chief() {
   result_.steps = g1 >= g0 ? g1 - g0 : 0;
   result_.seconds = std::chrono::duration<double>(t1 - t0).count();
   // 4. everyone stops: the others through the store, this worker at once
+  break_off();
+}
+
+void timed_window::break_off() {
   if (auto err = client_.put(stop_key(incarnation_), "stop"))
     log::get()->warn("chief: could not tell the other workers that the timed window ended: {}",
                      describe(err));
@@ -125,11 +162,45 @@ void timed_window::run_chief() {
 }
 
 void timed_window::run_other() {
+  // The chief's stop comes after every worker's first step (start_limit),
+  // the warm-up, the window, and a request to ps 0 (a step's timeout).
+  auto waits = std::chrono::duration_cast<steady::duration>(
+    std::chrono::duration<double>(c_.warmup_secs + c_.window_secs));
+  auto limit = steady::now() + start_limit() + waits
+               + std::chrono::milliseconds{c_.step_timeout_ms};
+  std::string last_error;
   for (;;) {
     // The store answers a get once the key is there, or at the get's timeout.
     auto word = client_.get(stop_key(incarnation_), std::chrono::milliseconds{200});
     if (word) {
       say_stop();
+      return;
+    }
+    if (is(word.error(), af_error::peer_down) || is(word.error(), af_error::unreachable)) {
+      auto msg = fmt::format(
+        "worker {}: the chief (/job:worker/task:0), whose key-value store says when the timed "
+        "window ends, is gone ({}): this worker stops; the window's figures are the chief's, "
+        "so this run has none: see the chief's log, and restart every task of the job",
+        task_, describe(word.error()));
+      log::get()->error("{}", msg);
+      stop_for(make_error(af_error::peer_down, msg));
+      return;
+    }
+    last_error = describe(word.error());
+    if (steady::now() >= limit) {
+      auto msg = fmt::format(
+        "worker {}: the chief (/job:worker/task:0) did not say the timed window ended within "
+        "{:.1f} s (init_timeout_ms + step_timeout_ms for every worker's first step, "
+        "warmup_secs {} + window_secs {}, and step_timeout_ms); the last answer of its "
+        "key-value store: {}: this worker stops; see the chief's log (is it alive, stuck?), "
+        "and restart every task of the job",
+        task_,
+        std::chrono::duration<double>(start_limit() + waits
+                                      + std::chrono::milliseconds{c_.step_timeout_ms})
+          .count(),
+        c_.warmup_secs, c_.window_secs, last_error);
+      log::get()->error("{}", msg);
+      stop_for(make_error(af_error::timeout, msg));
       return;
     }
     if (!wait_until(steady::now() + tick))

@@ -4,7 +4,10 @@
 /// over the same window: the chief watches ps 0's aggregator until every
 /// worker has pushed, lets warmup_secs pass, counts the global steps of the
 /// next window_secs, then puts the stop word in its key-value store; every
-/// worker (the chief too) stops before its next step. Internal to dist/.
+/// worker (the chief too) stops before its next step. Every wait is bounded
+/// (start_limit; the others: that, the warm-up, the window and a step's
+/// timeout), and a chief that is gone ends the others' run with an error
+/// that says so. Internal to dist/.
 
 #include <atomic>
 #include <condition_variable>
@@ -49,6 +52,11 @@ public:
   /// True once the window (not the user) stopped the worker.
   bool ended_by_time() const { return by_time_.load(); }
 
+  /// Why the watch stopped the worker without the window's end (the chief
+  /// is gone, or its stop word did not come in time), or none. Valid after
+  /// close().
+  caf::error failure() const { return failure_; }
+
   /// Ends the watch (the worker is done) and returns what the chief measured.
   window_result close();
 
@@ -58,9 +66,16 @@ private:
   /// Waits until `t` (or close()); false if closed.
   bool wait_until(std::chrono::steady_clock::time_point t);
   void say_stop();
+  /// The chief: the stop word for the others, and this worker stops.
+  void break_off();
+  /// Stops the worker for `why` (not the window's end): failure().
+  void stop_for(caf::error why);
+  /// How long the chief waits for every worker's first step.
+  std::chrono::milliseconds start_limit() const;
 
   session& s_;
   train::train_config c_;
+  uint32_t task_;
   uint32_t workers_;
   aggregator_actor ps0_;
   kv_client client_;
@@ -72,6 +87,7 @@ private:
   std::condition_variable wake_;
   bool closing_ = false;
   window_result result_;
+  caf::error failure_; ///< set on the watch's thread, read after close()
   std::thread thread_;
 };
 

@@ -417,6 +417,41 @@ caf::error build_task_replica(task_run& t) {
   return caf::none;
 }
 
+/// The columns of <metrics stem>.workers.csv.
+constexpr const char* worker_rows_header = "step,wall_s,worker,task,status,examples_per_s,pushes,"
+                                           "applied,late,refused,stale,waited_ms,clock,skipped";
+
+/// Whether a resumed job appends to the per-worker rows at `path`: only to
+/// a file with this header. One written with another (an older version's,
+/// without the skipped column) is moved aside to <path>.old, said, so that
+/// no file mixes two layouts; the job then starts a new one.
+bool keep_worker_rows(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return false;
+  std::string first;
+  if (auto* f = std::fopen(path.c_str(), "r")) {
+    char line[512];
+    if (std::fgets(line, sizeof line, f))
+      first = line;
+    std::fclose(f);
+  }
+  while (!first.empty() && (first.back() == '\n' || first.back() == '\r'))
+    first.pop_back();
+  if (first == worker_rows_header)
+    return true;
+  auto aside = path + ".old";
+  std::filesystem::rename(path, aside, ec);
+  log::get()->warn("chief: {} has other columns than this version writes (its header: '{}'); "
+                   "{}; this job writes a new {} with the header '{}'",
+                   path, first,
+                   ec ? fmt::format("it could not be moved aside ({}), and is written over",
+                                    ec.message())
+                      : "its rows were moved to " + aside,
+                   path, worker_rows_header);
+  return false;
+}
+
 /// The progress reports (the chief's lines and metrics rows) and the chief's
 /// checkpoint writer.
 caf::error report_and_save(task_run& t) {
@@ -438,15 +473,13 @@ caf::error report_and_save(task_run& t) {
     if (!t.allreduce) {
       // A resumed job appends (its earlier rows stay, as in the metrics CSV).
       auto path = metrics_stem(c.metrics) + ".workers.csv";
-      std::error_code ec;
-      bool fresh = setup.start_step == 0 || !std::filesystem::exists(path, ec);
+      bool fresh = setup.start_step == 0 || !keep_worker_rows(path);
       rep->per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
       if (!rep->per_worker)
         log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
                          std::strerror(errno));
       else if (fresh)
-        std::fprintf(rep->per_worker, "step,wall_s,worker,task,status,examples_per_s,pushes,"
-                                      "applied,late,refused,stale,waited_ms,clock,skipped\n");
+        std::fprintf(rep->per_worker, "%s\n", worker_rows_header);
     }
   }
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };
@@ -615,24 +648,31 @@ caf::expected<std::unique_ptr<timed_window>> arm_window(task_run& t) {
   auto w = std::make_unique<timed_window>(t.s, t.c, t.task, t.workers, t.setup.shards[0].actor,
                                           chief_info->store, chief_info->incarnation, t.opts.stop);
   t.setup.stop = w->stop();
+  t.setup.stopped = std::make_shared<stopped_counts>();
   return w;
 }
 
 /// The worker that the window stopped (cancelled before a step) ended as
 /// the job meant it to: its result, as far as a stopped worker knows it
 /// (the loss: the chief's last progress report's).
-worker_result timed_end(task_run& t, const window_result& w) {
+worker_result timed_end(task_run& t, const window_result& w, const stopped_counts& own) {
   worker_result r;
   r.seconds = w.seconds;
   r.loss = t.rep ? t.rep->last_loss : 0;
   r.shards = t.setup.shards;
-  // Its steps as ps 0 counted its pushes (the worker's own count went with it).
+  // Its own counts as it stopped: its steps, the skipped ones among them (a
+  // backup worker's), and the global step it last saw.
+  r.local_steps = own.local_steps;
+  r.skipped = own.skipped;
+  r.global_step = own.global_step;
+  // The job's global step, which may have moved past the worker's.
   if (auto st = ask<aggregator_stats>(t.s, t.setup.shards[0].actor, std::chrono::milliseconds{2000},
                                       stats_atom::value)) {
-    r.global_step = st->global_step;
-    for (const auto& ws : st->workers)
-      if (ws.worker == t.task)
-        r.local_steps = ws.pushes;
+    r.global_step = std::max(r.global_step, st->global_step);
+    if (!own.set) // it did not stop at its stop flag: ps 0's count of its pushes
+      for (const auto& ws : st->workers)
+        if (ws.worker == t.task)
+          r.local_steps = ws.pushes;
   }
   return r;
 }
@@ -663,12 +703,17 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
   if (!window)
     return std::move(window.error());
   auto shards = t.setup.shards;
+  auto stopped = t.setup.stopped;
   auto r = train_task(t, std::move(t.setup));
   if (*window) {
     auto measured = (*window)->close();
     t.setup.shards = std::move(shards);
-    if (!r && (*window)->ended_by_time() && is(r.error(), af_error::cancelled))
-      r = timed_end(t, measured);
+    if (!r && is(r.error(), af_error::cancelled)) {
+      if (auto why = (*window)->failure())
+        return why;
+      if ((*window)->ended_by_time())
+        r = timed_end(t, measured, stopped ? *stopped : stopped_counts{});
+    }
     outcome.window_steps = measured.steps;
     outcome.window_seconds = measured.measured ? measured.seconds : 0;
   }

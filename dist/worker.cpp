@@ -322,6 +322,13 @@ bool stop_requested(self_pointer self) {
   auto& st = self->state;
   if (!st.setup.stop || !st.setup.stop->load())
     return false;
+  if (st.setup.stopped) {
+    auto& c = *st.setup.stopped;
+    c.set = true;
+    c.local_steps = st.local_step;
+    c.global_step = st.global_step;
+    c.skipped = st.skipped;
+  }
   fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
   return true;
 }

@@ -98,6 +98,16 @@ struct worker_result {
   uint64_t ps_recoveries = 0;   ///< ps tasks it waited for and went on with
 };
 
+/// What a worker that its client stopped (worker_setup::stop) had done, as
+/// it stopped: it ends with af_error::cancelled, so its own counts come back
+/// here (a timed window's end reports them: training.cpp, timed_end).
+struct stopped_counts {
+  bool set = false;             ///< it stopped through worker_setup::stop
+  uint64_t local_steps = 0;
+  uint64_t global_step = 0;
+  uint64_t skipped = 0;         ///< worker_result::skipped
+};
+
 /// A ps task that came back after it died (worker_setup::recover_ps).
 struct recovered_shard {
   param_shard shard;            ///< its new aggregator, node and data port
@@ -135,6 +145,8 @@ struct worker_setup {
   /// Set by the client to end the job early (the REPL's `train stop`): the
   /// worker checks it before each step and ends with af_error::cancelled.
   std::shared_ptr<const std::atomic<bool>> stop;
+  /// Filled (if given) when the worker ends through `stop`, before `done`.
+  std::shared_ptr<stopped_counts> stopped;
   /// A ps whose data plane broke (its process died: peer_down, unreachable):
   /// called on a thread of its own (it blocks, bounded by the config's
   /// ps_recovery_timeout_ms) with the shard's index, the step being pushed

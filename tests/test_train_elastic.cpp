@@ -211,6 +211,43 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes: a straggle
   INFO("took " << seconds_since(t0) << " s");
 }
 
+// Catches a timed window that never starts because a backup worker slower
+// than the others skips every step and so never pushes (the chief waited for
+// every worker's first push: the job, its ps included, never ended), and a
+// timed end that reports none of the straggler's skipped steps.
+TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes and a timed window: a "
+          "straggler that skips every step does not keep the job from ending",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  auto t0 = clock_type::now();
+  job_spec spec;
+  spec.workers = 3;
+  spec.sets = {"log_every=20", "eval_every=0", "steps=100000000", "warmup_secs=0.3",
+               "window_secs=1"};
+  // The fast two paced (10 ms a step); the straggler's 200 ms before each
+  // step: every one of its steps has closed when it asks.
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "10"};
+  spec.worker_args[2] = {"--step-delay-ms", "200"};
+  spec.train_table = "replicas_to_aggregate = 2\n";
+  auto job = train_job::start(dir.path, spec);
+  check_all_exit_0(*job, 40s);
+  INFO(job->describe());
+  const auto& out = job->chief().output();
+  CHECK(out.find("window=measured") != std::string::npos);
+  std::smatch m;
+  static const std::regex done_line{R"(done after (\d+) local steps \((\d+) skipped: their step )"
+                                    R"(closed before it sent its gradient\))"};
+  const auto straggler_out = job->process("worker", 2).output();
+  REQUIRE(std::regex_search(straggler_out, m, done_line));
+  auto local = std::stoull(m[1].str());
+  auto skipped = std::stoull(m[2].str());
+  INFO("worker 2: " << local << " local steps, " << skipped << " skipped");
+  CHECK(skipped >= 1);
+  CHECK(skipped <= local);
+  INFO("took " << seconds_since(t0) << " s");
+}
+
 // Catches a deadline that does not close a step with the gradients that
 // arrived (min_replicas = 1: the chief would freeze until step_timeout_ms),
 // one that closes steps faster than the deadline (they would not wait for
