@@ -330,9 +330,13 @@ bool shm_channel::sleep_on(std::atomic<uint32_t>& flag, uint32_t how, int fd, lo
   int poll_ms = 0;
   if (how == on_futex) {
     // Woken (0) or the flag already taken (EAGAIN): the peer moved on, so
-    // it lives; only a sleep that ran out looks at the socket.
+    // it lives; only a sleep that ran out looks at the socket. Such a return
+    // is a bell (a peer of ours wakes a sleep once): a peer that keeps
+    // changing the word or waking it would otherwise have this side look
+    // again at once, for ever, without a sleep; past the bells of a wait
+    // it is refused as a flood.
     if (futex_wait(flag, on_futex, us) == 0 || errno != ETIMEDOUT)
-      return true;
+      return ++rung <= max_bells_per_wait;
   } else {
     poll_ms = static_cast<int>((us + 999) / 1000);
   }
@@ -414,9 +418,11 @@ shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, 
     // Asleep on the futex: the socket and the cancel flag are looked at
     // every check_ms; in poll: the socket wakes it, the ring is looked at
     // again at least every second (every 20 ms with a cancel flag).
-    int poll_ms = b.cancel != nullptr ? 20 : std::max(b.check_ms, 1000);
+    // (check_ms under 1: 1, else the futex's sleeps would be a busy loop.)
+    int check_ms = std::max(b.check_ms, 1);
+    int poll_ms = b.cancel != nullptr ? 20 : std::max(check_ms, 1000);
     auto slice = how == on_futex ? std::min<clock::time_point>(
-                                     futex_until, now + std::chrono::milliseconds{b.check_ms})
+                                     futex_until, now + std::chrono::milliseconds{check_ms})
                                  : now + std::chrono::milliseconds{poll_ms};
     auto until = std::min(limit, slice);
     long long us = std::chrono::duration_cast<std::chrono::microseconds>(until - now).count() + 1;
