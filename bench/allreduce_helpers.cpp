@@ -428,13 +428,7 @@ int pair_main(const helper_args& a) {
 int run_allreduce_helper(int argc, char** argv) {
   if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0 || std::strcmp(argv[2], "allreduce-pair") != 0)
     return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
+  auto a = helper_args::parse(argc, argv, 3);
   return pair_main(a);
 }
 

@@ -89,6 +89,18 @@ inline io try_write(int fd, const char* buf, size_t n, size_t& done) {
 struct helper_args {
   std::map<std::string, std::string> kv;
 
+  /// The key=value words of argv from `argv[from]` on (others are passed over).
+  static helper_args parse(int argc, char** argv, int from) {
+    helper_args a;
+    for (int i = from; i < argc; ++i) {
+      std::string s = argv[i];
+      auto eq = s.find('=');
+      if (eq != std::string::npos)
+        a.kv[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+    return a;
+  }
+
   std::string str(const std::string& key) const {
     auto i = kv.find(key);
     if (i == kv.end()) {

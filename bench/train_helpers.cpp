@@ -309,13 +309,7 @@ int raw_worker_main(const helper_args& a) {
 int run_helper(int argc, char** argv) {
   if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
     return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
+  auto a = helper_args::parse(argc, argv, 3);
   std::string role = argv[2];
   if (a.kv.count("slice")) // 0: unlimited
     io_slice = a.num("slice") ? a.num("slice") : SIZE_MAX;
