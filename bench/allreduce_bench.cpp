@@ -1,8 +1,7 @@
 // The all-reduce metrics of actorflow-bench (allreduce_bench.hpp): pairs of
 // rank processes (allreduce_helpers.cpp) that time our ring (dist/allreduce.hpp)
-// and a raw exchange of the same bytes. The small process helpers below are
-// copies of bench_train.cpp's (spawn, wait_all, report), so that it need not
-// export them.
+// and a raw exchange of the same bytes. The processes, their logs and the
+// `metric` lines are train_run.hpp's, as for the training metrics.
 #include "bench/allreduce_bench.hpp"
 
 #include <signal.h>
@@ -21,6 +20,7 @@
 #include <thread>
 
 #include "bench/train_common.hpp"
+#include "bench/train_run.hpp"
 #include "config/loopback.hpp"
 #include "core/child_process.hpp"
 
@@ -28,135 +28,14 @@ namespace af::bench {
 
 namespace {
 
-// -- processes (as in bench_train.cpp) ---------------------------------------------------
-
-/// A child: `args` exec'd with stdout and stderr into `log`, every other
-/// descriptor closed but `keep`, killed if the bench dies.
-child_process spawn(const std::vector<std::string>& args, const std::filesystem::path& log,
-                    int keep = -1) {
-  child_spec spec;
-  spec.argv = args;
-  spec.out = spec.err = child_output::file;
-  spec.log_path = log.string();
-  spec.close_fds = true;
-  spec.keep_fd = keep;
-  return child_process{spec};
-}
-
-/// Why a group of children failed: which one failed first, and how.
-struct group_failure {
-  size_t who = 0;
-  std::string why;
-};
-
-/// Waits for every child until `deadline` (sooner once one has failed: its
-/// peers would wait for it in vain) and kills those left.
-std::optional<group_failure> wait_all(std::vector<child_process>& kids,
-                                      const std::vector<std::string>& names,
-                                      clock_type::time_point deadline) {
-  std::vector<bool> done(kids.size(), false);
-  std::optional<group_failure> failure;
-  for (;;) {
-    bool pending = false;
-    for (size_t i = 0; i < kids.size(); ++i) {
-      if (done[i])
-        continue;
-      auto status = kids[i].try_wait();
-      if (!status) {
-        pending = true;
-        continue;
-      }
-      done[i] = true;
-      bool ok = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
-      if (!ok && !failure) {
-        failure = group_failure{i, names[i] + " " + child_process::describe(*status)};
-        deadline = std::min(deadline, clock_type::now() + std::chrono::seconds(5));
-      }
-    }
-    if (!pending)
-      return failure;
-    if (clock_type::now() > deadline) {
-      for (size_t i = 0; i < kids.size(); ++i)
-        if (!done[i]) {
-          kids[i].signal(SIGKILL);
-          if (!failure)
-            failure = group_failure{i, names[i] + " still running after the deadline (killed)"};
-        }
-      return failure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in{p};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-/// The last line of `text` that is not empty, for failure messages.
-std::string last_line(const std::string& text) {
-  auto end = text.find_last_not_of("\n\r ");
-  if (end == std::string::npos)
-    return "(no output)";
-  auto nl = text.rfind('\n', end);
-  auto begin = nl == std::string::npos ? 0 : nl + 1;
-  return text.substr(begin, end + 1 - begin);
-}
-
-/// "key value" lines of a helper's output.
-std::map<std::string, double> parse_values(const std::string& text) {
-  std::map<std::string, double> kv;
-  std::istringstream in{text};
-  std::string key;
-  double value;
-  while (in >> key >> value)
-    kv[key] = value;
-  return kv;
-}
-
-/// A scratch folder for configs and logs, removed at the end.
-struct scratch_dir {
-  std::filesystem::path path;
-  scratch_dir() {
-    char name[] = "/tmp/actorflow-bench-train-XXXXXX";
-    if (mkdtemp(name))
-      path = name;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    if (!path.empty())
-      std::filesystem::remove_all(path, ec);
-  }
-};
-
-std::string self_exe() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
-}
-
-void report(const std::string& name, const std::vector<double>& ours,
-            const std::vector<double>& base, const char* unit, const std::string& failure) {
-  // every repetition, in the order they ran: how noisy this machine is now
-  std::string reps = "# " + name + " reps: ours";
-  for (double x : ours)
-    reps += " " + exact(x, 4);
-  reps += "; baseline";
-  for (double x : base)
-    reps += " " + exact(x, 4);
-  std::printf("%s\n", reps.c_str());
-  if (base.empty()) {
-    std::printf("metric %s skipped: the baseline failed (see stderr)\n", name.c_str());
-  } else if (!failure.empty() || ours.empty()) {
-    std::printf("metric %s skipped: %s\n# %s baseline=%.3f unit=%s\n", name.c_str(),
-                failure.empty() ? "no figure" : failure.c_str(), name.c_str(), median(base), unit);
-  } else {
-    auto o = median(ours), b = median(base);
-    std::printf("metric %s ours=%.3f baseline=%.3f unit=%s ratio=%.3f\n", name.c_str(), o, b, unit,
-                o / b);
-  }
-  std::fflush(stdout);
-}
+using train_run::last_line;
+using train_run::parse_values;
+using train_run::report;
+using train_run::scratch_dir;
+using train_run::self_exe;
+using train_run::slurp;
+using train_run::spawn;
+using train_run::wait_all;
 
 // -- the metrics ----------------------------------------------------------------------
 

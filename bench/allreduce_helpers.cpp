@@ -11,6 +11,7 @@
 // place as it arrives, streams the averaged bytes back, and takes the peer's
 // averaged half into place: 4 MiB each way, half the additions of a swap.
 #include "bench/allreduce_bench.hpp"
+#include "bench/raw_helpers.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -41,58 +42,7 @@ namespace af::bench {
 
 namespace {
 
-// -- sockets (as in train_helpers.cpp) ---------------------------------------------------
-
-void tune_socket(int fd) {
-  sock::set_nodelay(fd);
-  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
-  // net.core.[rw]mem_max and doubles it.
-  sock::set_buffers(fd, 8 << 20);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-/// A connection to the helper listening on `port`, which may not listen yet:
-/// tries for 2 s.
-int dial_loopback(uint16_t port) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = connect_loopback(port);
-    if (fd >= 0)
-      return fd;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-/// What one nonblocking read or write did: moved bytes, would block, or failed
-/// (error or end of stream).
-enum class io { moved, blocked, failed };
-
-io try_read(int fd, char* buf, size_t n, size_t& done) {
-  auto r = ::read(fd, buf + done, n - done);
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-io try_write(int fd, const char* buf, size_t n, size_t& done) {
-  auto r = ::write(fd, buf + done, n - done);
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-/// How long a baseline's socket may make no progress before the helper
-/// gives up (a peer that died or hung): the bench then reports the failure
-/// instead of waiting for its own timeout.
-constexpr int stall_ms = 30000;
+// -- sockets (tune_socket, dial_loopback, try_read, try_write: raw_helpers.hpp) --
 
 /// Waits until `fd` can take bytes (if `want_out`) or has some (if
 /// `want_in`). False on an error or after stall_ms without either.
@@ -103,21 +53,6 @@ bool wait_socket(int fd, bool want_out, bool want_in) {
     std::fprintf(stderr, "bench helper: no progress on its socket for %d ms\n", stall_ms);
   return r > 0 || (r < 0 && errno == EINTR);
 }
-
-/// key=value arguments of a helper.
-struct helper_args {
-  std::map<std::string, std::string> kv;
-
-  std::string str(const std::string& key) const {
-    auto i = kv.find(key);
-    if (i == kv.end()) {
-      std::fprintf(stderr, "actorflow-bench helper: missing %s=\n", key.c_str());
-      std::exit(2);
-    }
-    return i->second;
-  }
-  uint64_t num(const std::string& key) const { return std::stoull(str(key)); }
-};
 
 /// The halves of rank `rank`'s buffer: the one it averages (mine) and the
 /// one its peer averages (other), as byte spans.
@@ -493,13 +428,7 @@ int pair_main(const helper_args& a) {
 int run_allreduce_helper(int argc, char** argv) {
   if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0 || std::strcmp(argv[2], "allreduce-pair") != 0)
     return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
+  auto a = helper_args::parse(argc, argv, 3);
   return pair_main(a);
 }
 

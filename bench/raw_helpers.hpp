@@ -1,8 +1,13 @@
 #pragma once
-// What the helper processes of the training metrics share
-// (train_helpers.cpp, raw_shm_ps.cpp): their arguments, how long they wait
-// for a peer, and the raw parameter servers' timed window.
+// What the helper processes of the training and all-reduce metrics share
+// (train_helpers.cpp, raw_shm_ps.cpp, allreduce_helpers.cpp): their
+// arguments, their sockets, how long they wait for a peer, and the raw
+// parameter servers' timed window.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +15,11 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "bench/stats.hpp"
+#include "config/loopback.hpp"
+#include "net/socket.hpp"
 
 namespace af::bench {
 
@@ -20,9 +28,78 @@ namespace af::bench {
 /// instead of waiting for its own timeout.
 constexpr int stall_ms = 30000;
 
+/// A raw baseline's socket: no Nagle, buffers for a whole 4 MiB message,
+/// nonblocking.
+inline void tune_socket(int fd) {
+  sock::set_nodelay(fd);
+  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
+  // net.core.[rw]mem_max and doubles it.
+  sock::set_buffers(fd, 8 << 20);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/// A connection to the helper listening on `port`, which may not listen yet:
+/// tries for 2 s.
+inline int dial_loopback(uint16_t port) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = connect_loopback(port);
+    if (fd >= 0)
+      return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+/// What one nonblocking read or write did: moved bytes, would block, or failed
+/// (error or end of stream).
+enum class io { moved, blocked, failed };
+
+/// Bytes one read or write moves at most (a helper's slice=N; 0: no limit).
+/// No limit was fastest on the development VM for the ps and the exchange
+/// alike (fewer system calls); 256 KiB and 1 MiB slices were 5-20% slower.
+inline size_t io_slice = SIZE_MAX;
+
+/// One nonblocking read of bytes [done, n) of `buf` (io_slice at most),
+/// counted into `done`.
+inline io try_read(int fd, char* buf, size_t n, size_t& done) {
+  auto r = ::read(fd, buf + done, std::min(n - done, io_slice));
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
+/// One nonblocking write of bytes [done, n) of `buf` (io_slice at most),
+/// counted into `done`.
+inline io try_write(int fd, const char* buf, size_t n, size_t& done) {
+  auto r = ::write(fd, buf + done, std::min(n - done, io_slice));
+  if (r > 0) {
+    done += static_cast<size_t>(r);
+    return io::moved;
+  }
+  if (r < 0 && (errno == EAGAIN || errno == EINTR))
+    return io::blocked;
+  return io::failed;
+}
+
 /// key=value arguments of a helper.
 struct helper_args {
   std::map<std::string, std::string> kv;
+
+  /// The key=value words of argv from `argv[from]` on (others are passed over).
+  static helper_args parse(int argc, char** argv, int from) {
+    helper_args a;
+    for (int i = from; i < argc; ++i) {
+      std::string s = argv[i];
+      auto eq = s.find('=');
+      if (eq != std::string::npos)
+        a.kv[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+    return a;
+  }
 
   std::string str(const std::string& key) const {
     auto i = kv.find(key);

@@ -44,58 +44,7 @@ namespace {
 
 constexpr size_t chunk_bytes = 64 << 10; // the raw ps's unit of update
 
-// -- sockets ---------------------------------------------------------------------
-
-void tune_socket(int fd) {
-  sock::set_nodelay(fd);
-  // Large enough for a whole 4 MiB message in flight; the kernel caps it at
-  // net.core.[rw]mem_max and doubles it.
-  sock::set_buffers(fd, 8 << 20);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-/// A connection to the helper listening on `port`, which may not listen yet:
-/// tries for 2 s.
-int dial_loopback(uint16_t port) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = connect_loopback(port);
-    if (fd >= 0)
-      return fd;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
-/// What one nonblocking read or write did: moved bytes, would block, or failed
-/// (error or end of stream).
-enum class io { moved, blocked, failed };
-
-/// Bytes one read or write moves at most (a helper's slice=N; 0: no limit).
-/// No limit was fastest on the development VM for the ps and the exchange
-/// alike (fewer system calls); 256 KiB and 1 MiB slices were 5-20% slower.
-size_t io_slice = SIZE_MAX;
-
-io try_read(int fd, char* buf, size_t n, size_t& done) {
-  auto r = ::read(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
-
-io try_write(int fd, const char* buf, size_t n, size_t& done) {
-  auto r = ::write(fd, buf + done, std::min(n - done, io_slice));
-  if (r > 0) {
-    done += static_cast<size_t>(r);
-    return io::moved;
-  }
-  if (r < 0 && (errno == EAGAIN || errno == EINTR))
-    return io::blocked;
-  return io::failed;
-}
+// -- sockets (tune_socket, dial_loopback, try_read, try_write: raw_helpers.hpp) --
 
 /// Waits until `out_fd` can take bytes (if `want_out`) or `in_fd` has some
 /// (if `want_in`); the same socket may be both. False on an error or after
@@ -360,13 +309,7 @@ int raw_worker_main(const helper_args& a) {
 int run_helper(int argc, char** argv) {
   if (argc < 3 || std::strcmp(argv[1], helper_flag) != 0)
     return -1;
-  helper_args a;
-  for (int i = 3; i < argc; ++i) {
-    std::string s = argv[i];
-    auto eq = s.find('=');
-    if (eq != std::string::npos)
-      a.kv[s.substr(0, eq)] = s.substr(eq + 1);
-  }
+  auto a = helper_args::parse(argc, argv, 3);
   std::string role = argv[2];
   if (a.kv.count("slice")) // 0: unlimited
     io_slice = a.num("slice") ? a.num("slice") : SIZE_MAX;

@@ -37,6 +37,8 @@
 
 #include "caf/expected.hpp"
 
+#include "net/shm_segment.hpp"
+
 namespace af {
 
 /// One direction of the ring's link, mapped: the writer's or the reader's end.
@@ -98,7 +100,8 @@ public:
   /// the last bell. Before this end sleeps or ends its call: force.
   void wake_peer(int fd, bool force);
 
-  struct control; ///< in the segment: the counters and flags (allreduce_shm.cpp)
+  /// In the segment: the counters and flags (net/shm_segment.hpp).
+  using control = shm_segment::ring_control;
 
 private:
   shm_link() = default;

@@ -27,7 +27,7 @@ struct ring_bound {
   /// `futex_ms` (then in poll on the socket's doorbell, so that an idle
   /// connection costs nothing), looking at the socket (a peer gone) and the
   /// cancel flag every `check_ms` meanwhile (in poll, at the ring every
-  /// max(check_ms, 1 s)).
+  /// max(check_ms, 1 s)). A check_ms under 1 counts as 1.
   int futex_ms = 100;
   int check_ms = 2;
 };

@@ -1,6 +1,5 @@
 #include "net/shm_ring.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -15,41 +14,23 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <mutex>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <random>
 
 #include <fmt/format.h>
 
 #include "messages/error.hpp"
+#include "net/shm_segment.hpp"
 
 namespace af {
 
-/// One direction's counters, in the segment. The writer alone moves `head`,
-/// the reader alone `tail`. Each waiting flag is raised by the side that goes
-/// to sleep and taken down (exchange) by the other, which then rings its
-/// bell: so each cache line holds what one side's copy loop touches, not
-/// what one side writes: `head` with `reader_waiting` (the writer looks at
-/// it as it publishes), `tail` with `writer_waiting` (likewise the reader).
-/// Counters are bytes since the start, so that head - tail is what the ring
-/// holds and never wraps in practice (2^64). Neither side trusts the other's
-/// counter: head - tail over the ring's size (the one checked at open(),
-/// not the header's) fails the channel as corrupt.
-struct shm_channel::control {
-  alignas(64) std::atomic<uint64_t> head;
-  std::atomic<uint32_t> reader_waiting; ///< the reader sleeps in poll: ring its bell
-  alignas(64) std::atomic<uint64_t> tail;
-  std::atomic<uint32_t> writer_waiting; ///< the writer sleeps for room: ring its bell
-};
+// shm_channel::control: one direction's counters and waiting flags
+// (net/shm_segment.hpp); a flag says how its side sleeps (below).
 
 namespace {
-
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
-              "the rings' counters are shared between processes: they must be lock-free");
 
 /// "AFDPSHM2": version 2 wakes a sleeper by a futex in the segment (version
 /// 1, by a doorbell byte only, would sleep through our wake-ups: refused).
@@ -169,16 +150,6 @@ void unguard_segment(int slot) {
   guarded[slot].base.store(0, std::memory_order_release);
 }
 
-/// A segment's name as a log line may show it: printable, cut short.
-std::string printable(const std::string& name) {
-  std::string out;
-  for (char c : name.substr(0, 80)) {
-    auto u = static_cast<unsigned char>(c);
-    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
-  }
-  return name.size() > 80 ? out + "..." : out;
-}
-
 shm_channel::control* control_at(void* base, int which) {
   return reinterpret_cast<shm_channel::control*>(static_cast<char*>(base) + 128 * (which + 1));
 }
@@ -213,24 +184,6 @@ bool wake_peer(std::atomic<uint32_t>& flag, int fd) {
   else if (how != awake)
     ring_bell(fd);
   return how != awake;
-}
-
-/// Removes segments of ours whose creator (its pid is in the name) is gone:
-/// one killed between creating its segment and the node's answer.
-void remove_stale_segments() {
-  DIR* d = ::opendir("/dev/shm");
-  if (d == nullptr)
-    return;
-  std::string prefix = shm_channel::name_prefix + 1; // without the '/'
-  while (auto* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind(prefix, 0) != 0)
-      continue;
-    auto pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      ::shm_unlink(("/" + name).c_str());
-  }
-  ::closedir(d);
 }
 
 } // namespace
@@ -274,32 +227,14 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
                       fmt::format("a shared-memory ring of {} bytes: it must be a power of two "
                                   "from {} to {} bytes",
                                   ring_bytes, min_ring, (max_segment_bytes - header_bytes) / 2));
-  remove_stale_segments();
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
+  auto seg = shm_segment::create(name_prefix, header_bytes + 2 * ring_bytes);
+  if (!seg)
+    return std::move(seg.error());
   std::unique_ptr<shm_channel> ch{new shm_channel};
-  ch->name_ = fmt::format("{}{}-{}-{:08x}", name_prefix, ::getpid(), counter++, rd());
-  ch->bytes_ = header_bytes + 2 * ring_bytes;
-  int fd = ::shm_open(ch->name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return make_error(af_error::resource_exhausted,
-                      fmt::format("cannot create shared memory {}: {}", ch->name_, std::strerror(errno)));
+  ch->name_ = std::move(seg->name);
   ch->named_ = true;
-  // Reserved now: a full /dev/shm is an error here, not a SIGBUS at the
-  // first touch of a page that cannot be had.
-  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(ch->bytes_));
-  if (rc != 0) {
-    ::close(fd);
-    return make_error(af_error::resource_exhausted,
-                      fmt::format("cannot reserve {} bytes of shared memory in /dev/shm: {}",
-                                  ch->bytes_, std::strerror(rc)));
-  }
-  void* p = ::mmap(nullptr, ch->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED)
-    return make_error(af_error::resource_exhausted,
-                      fmt::format("cannot map {} bytes of shared memory: {}", ch->bytes_,
-                                  std::strerror(errno)));
+  ch->bytes_ = header_bytes + 2 * ring_bytes;
+  void* p = seg->base;
   ch->base_ = p;
   ch->guard_ = guard_segment(p, ch->bytes_);
   if (ch->guard_ < 0)
@@ -318,54 +253,24 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
 }
 
 caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string& name, uint64_t bytes) {
-  auto refuse = [&](const std::string& why) {
-    return make_error(af_error::invalid_argument, "shared memory '" + printable(name) + "': " + why);
-  };
-  std::string prefix = name_prefix;
-  bool plain = std::all_of(name.begin() + std::min(name.size(), prefix.size()), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '_' || c == '.';
-  });
-  if (name.size() > 200 || name.rfind(prefix, 0) != 0 || !plain)
+  auto refuse = [&](const std::string& why) { return shm_segment::refuse(name, why); };
+  if (!shm_segment::plain_name(name, name_prefix))
     return refuse("not a name of an actorflow segment");
   uint64_t ring = (bytes - header_bytes) / 2;
   if (bytes <= header_bytes || bytes > max_segment_bytes || ring < min_ring
       || (ring & (ring - 1)) != 0 || header_bytes + 2 * ring != bytes)
     return refuse(fmt::format("{} bytes is no segment of two rings", bytes));
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
-  if (fd < 0)
-    return refuse(fmt::format("cannot open it ({}): is the peer on another host?", std::strerror(errno)));
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()
-      || static_cast<uint64_t>(st.st_size) != bytes) {
-    ::close(fd); // (not unlinked: it may not be this user's; its client removes it)
-    return refuse("not a segment of this user of the size offered");
-  }
-  // Its pages must be there (the client reserves them with
-  // posix_fallocate): a sparse segment on a full /dev/shm would fault at
-  // the first touch of a page that cannot be had.
-  if (static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
-    ::close(fd);
-    ::shm_unlink(name.c_str());
-    return refuse(fmt::format("only {} of its {} bytes are reserved (the client must "
-                              "posix_fallocate it)",
-                              static_cast<uint64_t>(st.st_blocks) * 512, bytes));
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  // Mapped (or not): the name goes now, so that nothing is left in /dev/shm.
-  ::shm_unlink(name.c_str());
-  // No other name may lead to it: a segment offered on two connections
-  // under two names (a hard link) would have two node threads on one ring.
-  bool linked = ::fstat(fd, &st) != 0 || st.st_nlink != 0;
-  ::close(fd);
-  if (p == MAP_FAILED)
-    return refuse(fmt::format("cannot map it: {}", std::strerror(errno)));
+  auto mapped = shm_segment::open(name, bytes,
+                                  {"is the peer on another host?",
+                                   " (the client must posix_fallocate it)", "connection"});
+  if (!mapped)
+    return std::move(mapped.error());
+  void* p = *mapped;
   std::unique_ptr<shm_channel> ch{new shm_channel};
   ch->name_ = name;
   ch->server_ = true;
   ch->base_ = p;
   ch->bytes_ = bytes;
-  if (linked)
-    return refuse("it has another name in /dev/shm (a hard link): one segment per connection");
   ch->guard_ = guard_segment(p, bytes);
   if (ch->guard_ < 0)
     return refuse(fmt::format("no room to guard another segment ({} at once)", max_guarded));
@@ -425,9 +330,13 @@ bool shm_channel::sleep_on(std::atomic<uint32_t>& flag, uint32_t how, int fd, lo
   int poll_ms = 0;
   if (how == on_futex) {
     // Woken (0) or the flag already taken (EAGAIN): the peer moved on, so
-    // it lives; only a sleep that ran out looks at the socket.
+    // it lives; only a sleep that ran out looks at the socket. Such a return
+    // is a bell (a peer of ours wakes a sleep once): a peer that keeps
+    // changing the word or waking it would otherwise have this side look
+    // again at once, for ever, without a sleep; past the bells of a wait
+    // it is refused as a flood.
     if (futex_wait(flag, on_futex, us) == 0 || errno != ETIMEDOUT)
-      return true;
+      return ++rung <= max_bells_per_wait;
   } else {
     poll_ms = static_cast<int>((us + 999) / 1000);
   }
@@ -509,9 +418,11 @@ shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, 
     // Asleep on the futex: the socket and the cancel flag are looked at
     // every check_ms; in poll: the socket wakes it, the ring is looked at
     // again at least every second (every 20 ms with a cancel flag).
-    int poll_ms = b.cancel != nullptr ? 20 : std::max(b.check_ms, 1000);
+    // (check_ms under 1: 1, else the futex's sleeps would be a busy loop.)
+    int check_ms = std::max(b.check_ms, 1);
+    int poll_ms = b.cancel != nullptr ? 20 : std::max(check_ms, 1000);
     auto slice = how == on_futex ? std::min<clock::time_point>(
-                                     futex_until, now + std::chrono::milliseconds{b.check_ms})
+                                     futex_until, now + std::chrono::milliseconds{check_ms})
                                  : now + std::chrono::milliseconds{poll_ms};
     auto until = std::min(limit, slice);
     long long us = std::chrono::duration_cast<std::chrono::microseconds>(until - now).count() + 1;

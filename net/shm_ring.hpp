@@ -31,6 +31,7 @@
 #include "caf/expected.hpp"
 
 #include "net/ring_status.hpp"
+#include "net/shm_segment.hpp"
 
 namespace af {
 
@@ -86,8 +87,8 @@ public:
   static bool disabled_by_environment();
 
   /// In the segment, one per direction: its counters and waiting flags
-  /// (net/shm_ring.cpp says who moves which).
-  struct control;
+  /// (net/shm_segment.hpp says who moves which).
+  using control = shm_segment::ring_control;
 
 private:
   /// What one direction's waits learnt of their spin (one thread uses it).

@@ -15,6 +15,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <linux/futex.h>
+#include <ctime>
 #include <unistd.h>
 
 #include <algorithm>
@@ -465,6 +467,10 @@ struct forger {
   std::atomic<uint64_t>& to_node_tail() { return at(128 + 64); }
   std::atomic<uint64_t>& to_client_head() { return at(256); }
   std::atomic<uint64_t>& to_client_tail() { return at(256 + 64); }
+  /// The node's waiting flag for bytes on the ring to it (the futex word).
+  std::atomic<uint32_t>& to_node_reader_waiting() {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(base) + 128 + 8);
+  }
 };
 
 } // namespace
@@ -706,6 +712,63 @@ TEST_CASE("a flood of doorbell bytes on a shared-memory connection fails it", "[
   ::shutdown(sv[0], SHUT_RDWR);
   flood.join();
   CHECK(st == shm_channel::status::corrupt);
+  ::close(sv[0]);
+  ::close(sv[1]);
+}
+
+namespace {
+
+/// CPU time this thread has used.
+std::chrono::nanoseconds thread_cpu() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds{ts.tv_sec} + std::chrono::nanoseconds{ts.tv_nsec};
+}
+
+} // namespace
+
+// Bugs it catches: a node asleep on the futex took any return but a timeout
+// (the word changed under it: EAGAIN; a wake-up) as "the peer moved on" and
+// looked again at once, counting nothing, so a client that keeps writing the
+// word (or waking it) kept a node thread spinning until its deadline.
+TEST_CASE("a peer that keeps writing a sleeper's futex word fails the connection, without a busy "
+          "wait until the deadline",
+          "[shm][faults]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  auto client = value_of(shm_channel::create(64 << 10));
+  forger peer{*client};
+  auto node = value_of(shm_channel::open(client->name(), client->segment_bytes()));
+  shm_channel::bound b;
+  b.spin = std::chrono::microseconds{0};
+  b.futex_ms = 60000;
+  char buf[8];
+  {
+    // Asleep on the futex alone, never looking by itself before the deadline.
+    b.check_ms = 60000;
+    b.deadline = std::chrono::steady_clock::now() + 3s;
+    std::atomic<bool> stop{false};
+    std::thread hostile{[&] {
+      auto& word = peer.to_node_reader_waiting();
+      for (uint32_t v = 7; !stop.load(); ++v) {
+        word.store(v | 4); // never a value the node sleeps on
+        ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+      }
+    }};
+    auto cpu0 = thread_cpu();
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = node->read(buf, sizeof(buf), sv[0], b);
+    auto took = std::chrono::steady_clock::now() - t0;
+    auto cpu = thread_cpu() - cpu0;
+    stop = true;
+    hostile.join();
+    INFO("took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                 << " ms, " << std::chrono::duration_cast<std::chrono::milliseconds>(cpu).count()
+                 << " ms of CPU");
+    // Refused as a flood, long before the deadline.
+    CHECK(st == shm_channel::status::corrupt);
+    CHECK(took < 2s);
+  }
   ::close(sv[0]);
   ::close(sv[1]);
 }
