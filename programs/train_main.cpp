@@ -240,6 +240,9 @@ int run_embedded(af::train::train_config c) {
 }
 
 int run_in_graph_embedded(af::train::train_config c) {
+  if (c.window_secs > 0) // the chief's window counts between-graph workers' pushes
+    return fail("window_secs with --in-graph: a timed window measures a between-graph job's "
+                "workers; drop --in-graph, or window_secs (and warmup_secs)");
   auto cluster = af::embedded_cluster::start({{"ps", 1}, {"worker", 2}});
   if (!cluster)
     return fail(af::describe(cluster.error()));

@@ -1867,7 +1867,7 @@ TEST_CASE("the 1 M workload's model and data converge under plain SGD at lr 0.1"
 
 TEST_CASE("the timed-window keys: seconds >= 0, a window for sync, async or ssp only, a warm-up "
           "only with a window", "[train][config][workload]") {
-  // Catches: a negative or infinite window taken, a warm-up that nothing
+  // Catches: a negative, infinite or overflowing window taken, a warm-up that nothing
   // follows, a window for a mode whose global step is not ps 0's.
   auto c = apply_overrides(train_config{}, {"warmup_secs=5", "window_secs=15"});
   REQUIRE(c);
@@ -1879,6 +1879,12 @@ TEST_CASE("the timed-window keys: seconds >= 0, a window for sync, async or ssp 
   check_same(*back, *c);
   CHECK_FALSE(apply_overrides(train_config{}, {"window_secs=-1"}));
   CHECK_FALSE(apply_overrides(train_config{}, {"warmup_secs=inf"}));
+  // past a week: 1e12 s overflowed the clock and made a window of 0 s
+  auto huge = apply_overrides(train_config{}, {"window_secs=1e12"});
+  REQUIRE_FALSE(huge);
+  CHECK_THAT(huge.error().what, Catch::Contains("window_secs") && Catch::Contains("a week"));
+  CHECK_FALSE(apply_overrides(train_config{}, {"warmup_secs=1e10", "window_secs=1"}));
+  CHECK(apply_overrides(train_config{}, {"window_secs=604800"}));
   auto alone = apply_overrides(train_config{}, {"warmup_secs=5"});
   REQUIRE(alone);
   CHECK(contains(validate(*alone), "warmup_secs"));

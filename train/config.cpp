@@ -372,9 +372,10 @@ std::optional<key_problem> check_job_settings(const train_config& c, bool combin
     return fail("max_data_bytes", "max_data_bytes = 0: it must be at least 1");
   for (auto [key, value] : {std::pair<const char*, double>{"warmup_secs", c.warmup_secs},
                             {"window_secs", c.window_secs}})
-    if (!(value >= 0) || !std::isfinite(value))
-      return fail(key, fmt::format("{} = {}: it must be a number of seconds >= 0 (0: off)", key,
-                                   value));
+    if (!(value >= 0) || !std::isfinite(value) || value > train_config::max_window_secs)
+      return fail(key, fmt::format("{} = {}: it must be a number of seconds from 0 (off) to {} "
+                                   "(a week)",
+                                   key, value, train_config::max_window_secs));
   if (combinations && c.window_secs > 0 && !one_of(c.mode, {"sync", "async", "ssp"}))
     return fail("window_secs", fmt::format("window_secs = {} with mode = \"{}\": a timed window "
                                            "counts ps 0's global step, so the mode must be sync, "

@@ -82,6 +82,9 @@ struct train_config {
   /// of the window alone (docs/training.md, "A timed window"). 0: off.
   double warmup_secs = 0;
   double window_secs = 0;
+  /// The most either may be: a week (more would overflow the clock's
+  /// nanoseconds long before it means anything).
+  static constexpr double max_window_secs = 7 * 24 * 3600.0;
 };
 
 /// True for the modes whose global step moves with every worker's push
