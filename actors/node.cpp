@@ -533,6 +533,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   if (!published) {
     plane->stop();
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    if (is(published.error(), af_error::resource_exhausted))
+      return std::move(published.error());
     return make_error(af_error::bind_failed,
                       "/job:" + job + "/task:" + std::to_string(task) + " cannot listen on "
                         + (bind_host.empty() ? std::string{"*"} : bind_host) + ":"

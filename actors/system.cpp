@@ -17,6 +17,15 @@
 
 namespace af {
 
+std::unique_ptr<caf::actor_system> start_actor_system(caf::actor_system_config& cfg) {
+  std::unique_ptr<caf::actor_system> sys;
+  // No try in this lambda, on purpose (see the header): an exception must
+  // find no handler, so that nothing inside CAF is unwound.
+  std::thread starter{[&] { sys = std::make_unique<caf::actor_system>(cfg); }};
+  starter.join();
+  return sys;
+}
+
 size_t default_threads() {
   auto n = std::thread::hardware_concurrency();
   return n == 0 ? 2 : n;

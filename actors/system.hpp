@@ -62,6 +62,17 @@ check_security(caf::actor_system& sys, const security_options& sec, const std::s
 /// whose files fail to load, null too: check_security() at start-up said why.
 std::shared_ptr<tls_context> system_tls(caf::actor_system& sys);
 
+/// Starts an actor system on `cfg`. CAF 0.17's actor_system cannot be
+/// unwound once its scheduler runs: a thread that fails to start (EAGAIN,
+/// ENOMEM under a memory cap) throws out of the constructor, whose cleanup
+/// then waits forever for workers nobody stopped (a hang, not an error). So
+/// the constructor runs on a thread of its own with no handler above it:
+/// such a throw ends in std::terminate with nothing unwound, and the
+/// programs' last_resort says "out of memory" and exits 1
+/// (programs/last_resort.hpp). A failure before CAF starts (this thread
+/// itself) throws here as usual.
+std::unique_ptr<caf::actor_system> start_actor_system(caf::actor_system_config& cfg);
+
 /// One scheduler thread per core (CAF's default starts max(4, cores)).
 size_t default_threads();
 

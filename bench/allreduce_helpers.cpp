@@ -360,7 +360,8 @@ int pair_main(const helper_args& a) {
   tune_socket(fds[0]);
   tune_socket(fds[1]);
   af::system_config cfg;
-  caf::actor_system sys{cfg};
+  auto sys_owner = af::start_actor_system(cfg);
+  caf::actor_system& sys = *sys_owner;
   auto store = join_store(sys, rank, static_cast<uint16_t>(a.num("port")));
   if (!store)
     return 1;

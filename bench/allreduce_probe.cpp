@@ -164,7 +164,8 @@ std::string cpu_model() {
 
 int run_rank(int rank, uint16_t store_port, int port_fd, size_t floats, int reps) {
   system_config cfg;
-  caf::actor_system sys{cfg};
+  auto sys_owner = af::start_actor_system(cfg);
+  caf::actor_system& sys = *sys_owner;
   kv_store_actor store;
   if (rank == 0) {
     store = spawn_kv_store(sys);

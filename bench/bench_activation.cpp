@@ -83,7 +83,8 @@ bool measure(bool shm, bool data_plane, int reps, const std::function<double()>&
   node_options copts;
   copts.threads = 2;
   system_config cfg{copts};
-  caf::actor_system sys{cfg};
+  auto sys_owner = af::start_actor_system(cfg);
+  caf::actor_system& sys = *sys_owner;
   session_options so;
   so.timeout = std::chrono::seconds(120);
   so.data_plane = data_plane;

@@ -346,7 +346,8 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
   node_process ps;
   ps.start(spec, opts);
   af::system_config cfg{opts};
-  caf::actor_system sys{cfg};
+  auto sys_owner = af::start_actor_system(cfg);
+  caf::actor_system& sys = *sys_owner;
   af::session_options sopts;
   sopts.timeout = std::chrono::seconds(60);
   sopts.data_plane = transport == "data-plane";

@@ -29,7 +29,7 @@ embedded_cluster::start(const std::map<std::string, int>& jobs, node_options opt
       m.job = job;
       m.task = t;
       m.cfg = std::make_unique<system_config>(opts);
-      m.sys = std::make_unique<caf::actor_system>(*m.cfg);
+      m.sys = af::start_actor_system(*m.cfg);
       auto node = start_node(*m.sys, job, t, "127.0.0.1", 0, opts, {}, node_aggregators());
       if (!node)
         return std::move(node.error());

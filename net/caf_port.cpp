@@ -206,10 +206,10 @@ private:
 class guarded_doorman : public caf::io::doorman {
 public:
   guarded_doorman(net::default_multiplexer& mpx, native_socket fd,
-                  std::shared_ptr<const caf_port_options> opts)
+                  std::shared_ptr<const caf_port_options> opts,
+                  std::shared_ptr<handshake_deadline> deadline)
     : caf::io::doorman(net::accept_hdl_from_socket(fd)), acceptor_(mpx, fd),
-      opts_(std::move(opts)),
-      deadline_(std::make_shared<handshake_deadline>(opts_->handshake_timeout)) {
+      opts_(std::move(opts)), deadline_(std::move(deadline)) {
     // nop
   }
 
@@ -283,7 +283,23 @@ protected:
     if (!fd)
       return std::move(fd.error());
     auto& mpx = static_cast<net::default_multiplexer&>(system().middleman().backend());
-    return caf::make_counted<guarded_doorman>(mpx, *fd, opts_);
+    // The doorman's handshake deadline is a thread: under a memory cap it may
+    // not start. Say so, instead of an exception that kills this actor and
+    // reads as "cannot listen" (a busy port) to the node. Started before the
+    // doorman takes the socket, so that the socket has one owner to close it.
+    try {
+      auto deadline = std::make_shared<handshake_deadline>(opts_->handshake_timeout);
+      return caf::make_counted<guarded_doorman>(mpx, *fd, opts_, std::move(deadline));
+    } catch (const std::system_error& e) {
+      net::close_socket(*fd);
+      return make_error(af_error::resource_exhausted,
+                        opts_->who + ": out of memory: cannot start the port's handshake thread ("
+                          + e.what() + "); raise the memory limit or lower [node] threads");
+    } catch (const std::bad_alloc&) {
+      net::close_socket(*fd);
+      return make_error(af_error::resource_exhausted,
+                        opts_->who + ": out of memory opening its port; raise the memory limit");
+    }
   }
 
 private:

@@ -9,13 +9,23 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <system_error>
 
 namespace af {
 
-/// The line a program prints when it runs out of memory.
+/// The line a program prints when it runs out of memory: once, however many
+/// threads run out together (a machine with many cores starts many). A
+/// thread that comes second waits until the first has printed: it goes on to
+/// _Exit, which must not end the process before the line is out.
 inline void say_out_of_memory(const char* program) {
+  static std::mutex mtx;
+  static bool said = false;
+  std::lock_guard<std::mutex> guard{mtx};
+  if (said)
+    return;
+  said = true;
   std::fprintf(stderr,
                "%s: out of memory: an input asked for more memory than this machine gives "
                "(check the sizes that the config and the data files ask for, e.g. "

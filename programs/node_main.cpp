@@ -215,13 +215,15 @@ static int main_body(int argc, char** argv) {
 
   af::tune_malloc_for_tensors();
   af::system_config sys_cfg{opts, cfg->security};
-  caf::actor_system sys{sys_cfg};
+  auto sys_owner = af::start_actor_system(sys_cfg);
+  caf::actor_system& sys = *sys_owner;
   auto name = "/job:" + job + "/task:" + std::to_string(task);
   af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, cfg->security, af::node_aggregators());
   if (!node)
-    return fail(af::describe(node.error()));
+    return fail(af::describe(node.error()),
+                af::is(node.error(), af::af_error::resource_exhausted) ? 1 : 2);
   if (!node->tls)
     af::log::get()->warn("no [security]: both ports are unauthenticated and unencrypted; anyone who "
                          "reaches them can read, overwrite or stop any variable (docs/security.md)");

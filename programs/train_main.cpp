@@ -97,6 +97,12 @@ int fail(const std::string& msg, int code = 2) {
   return code;
 }
 
+/// A start that failed for want of memory is a failure to run (1), like the
+/// last resort's; any other is the config's (2).
+int start_status(const caf::error& err) {
+  return af::is(err, af::af_error::resource_exhausted) ? 1 : 2;
+}
+
 double examples_per_step(const af::train::train_config& c, uint32_t workers) {
   // async: one global step is one worker's batch; the others: every worker's.
   return static_cast<double>(c.batch_size) * (c.mode == "async" ? 1 : workers);
@@ -169,7 +175,8 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   if (!sec)
     return fail(af::describe(sec.error()));
   af::system_config sys_cfg{cluster.node, *sec};
-  caf::actor_system sys{sys_cfg};
+  auto sys_owner = af::start_actor_system(sys_cfg);
+  caf::actor_system& sys = *sys_owner;
   af::session_options so;
   so.timeout = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 10000)};
   so.connect_timeout = so.timeout;
@@ -201,7 +208,7 @@ int run_embedded(af::train::train_config c) {
   auto opts = af::embedded_cluster::defaults();
   auto cluster = af::embedded_cluster::start(jobs, opts);
   if (!cluster)
-    return fail(af::describe(cluster.error()));
+    return fail(af::describe(cluster.error()), start_status(cluster.error()));
   std::printf("actorflow-train: embedded cluster (%s2 workers), mode %s, model %s, data %s\n",
               allreduce ? "" : "1 ps + ", c.mode.c_str(), c.model.c_str(), c.data.c_str());
   std::fflush(stdout);
@@ -245,7 +252,7 @@ int run_in_graph_embedded(af::train::train_config c) {
                 "workers; drop --in-graph, or window_secs (and warmup_secs)");
   auto cluster = af::embedded_cluster::start({{"ps", 1}, {"worker", 2}});
   if (!cluster)
-    return fail(af::describe(cluster.error()));
+    return fail(af::describe(cluster.error()), start_status(cluster.error()));
   std::printf("actorflow-train: embedded cluster (1 ps + 2 workers), in-graph: one client, a "
               "replica on each worker\n");
   std::fflush(stdout);
@@ -326,7 +333,8 @@ int run_in_graph_client(const af::cluster_config& cluster, const af::train::trai
   if (!sec)
     return fail(af::describe(sec.error()));
   af::system_config sys_cfg{cluster.node, *sec};
-  caf::actor_system sys{sys_cfg};
+  auto sys_owner = af::start_actor_system(sys_cfg);
+  caf::actor_system& sys = *sys_owner;
   auto s = af::session::make(sys, cluster.cluster, "/job:worker/task:0");
   if (!s)
     return fail(af::describe(s.error()), 1);
@@ -475,7 +483,8 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   if (!sec)
     return fail(af::describe(sec.error()));
   af::system_config sys_cfg{opts, *sec};
-  caf::actor_system sys{sys_cfg};
+  auto sys_owner = af::start_actor_system(sys_cfg);
+  caf::actor_system& sys = *sys_owner;
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, {}, af::node_aggregators());
   if (!node)

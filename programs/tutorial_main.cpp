@@ -106,7 +106,7 @@ static int main_body(int argc, char** argv) {
       return 2;
     }
     client_cfg = std::make_unique<af::system_config>(client_opts, *sec);
-    client_sys = std::make_unique<caf::actor_system>(*client_cfg);
+    client_sys = af::start_actor_system(*client_cfg);
   }
   af::tutorial::session_source sessions = [&](const std::string& job, int32_t task) {
     if (embedded)

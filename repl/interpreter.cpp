@@ -119,7 +119,7 @@ interpreter::connect(const cluster_config& config, const std::string& target, op
   if (!sec)
     return std::move(sec.error());
   st->cfg = std::make_unique<system_config>(client, *sec);
-  st->sys = std::make_unique<caf::actor_system>(*st->cfg);
+  st->sys = af::start_actor_system(*st->cfg);
   st->spec = config.cluster;
   if (auto err = open_first(*st, target))
     return err;
