@@ -81,12 +81,13 @@ TEST_CASE("softplus does not overflow where e^x would", "[kernels]") {
 TEST_CASE("matmul matches the triple loop for every transpose combination", "[kernels]") {
   // 5x7x3 takes sgemm; the others the vector paths (a dot product, a matrix
   // times a vector from either side, an outer product), which pick their
-  // strides by the transposes.
+  // strides by the transposes; k = 300 the dot per row (sdot) where the rows
+  // are contiguous.
   struct dims {
     int64_t m, k, n;
   };
   for (auto [m, k, n] : {dims{5, 7, 3}, dims{1, 7, 1}, dims{5, 7, 1}, dims{1, 7, 3}, dims{5, 1, 3},
-                         dims{1, 1, 1}})
+                         dims{1, 1, 1}, dims{1, 300, 1}, dims{4, 300, 1}, dims{1, 300, 3}})
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       INFO("m=" << m << " k=" << k << " n=" << n << " ta=" << ta << " tb=" << tb);
