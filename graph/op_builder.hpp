@@ -76,6 +76,17 @@ public:
     return build("softmax_xent", {logits, labels}, {}, name);
   }
 
+  /// Rows `indices` (int32 or int64, any rank) of `params` along axis 0
+  /// (tf.gather): indices.shape + params.shape[1:]. An id out of range is an
+  /// error naming it when the step runs.
+  output gather(output params, output indices, const std::string& name = "gather") {
+    return build("gather", {params, indices}, {}, name);
+  }
+  /// tf.nn.embedding_lookup of one (unpartitioned) table: gather by its TF name.
+  output embedding_lookup(output params, output ids, const std::string& name = "embedding_lookup") {
+    return build("gather", {params, ids}, {}, name);
+  }
+
 private:
   output build(const std::string& kind, std::vector<output> inputs, op_attrs attrs = {},
             const std::string& name = "") {

