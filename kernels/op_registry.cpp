@@ -99,6 +99,21 @@ status gather_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& o
   return b.gather(in[0], in[1], out);
 }
 
+/// (data, segment_ids, num_segments): the count is a value, read on the host.
+status unsorted_segment_sum_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  int64_t segments = 0;
+  if (auto st = read_num_segments(in[2], segments); !st.ok())
+    return st;
+  return b.unsorted_segment_sum(in[0], in[1], segments, out);
+}
+
+/// tf.unique's two outputs as two ops, one output each (a graph node has
+/// one): `unique` is y, `unique_idx` is idx. On the host whatever the backend.
+template <bool Inverse>
+status unique_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return Inverse ? host_unique(in[0], nullptr, &out) : host_unique(in[0], &out, nullptr);
+}
+
 // -- shape rules ------------------------------------------------------------------
 
 bool is_float(dtype t) {
@@ -244,6 +259,24 @@ status gather_rule(const op_attrs&, const infos& in, value_info& out) {
   return gather_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
 }
 
+/// (data, segment_ids, num_segments) -> [?] + data.shape[rank(segment_ids):].
+status unsorted_segment_sum_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[1].type) || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
+    return status::dtype("segment_ids must be int32 or int64 and num_segments one int32 or "
+                         "int64, got " + describe(in[1]) + " and " + describe(in[2]));
+  out.type = in[0].type;
+  return segment_sum_shape(in[0].shape, in[1].shape, unknown_dim, out.shape);
+}
+
+/// A 1-D int32 or int64 tensor -> y [?] of its dtype, or idx of its shape in int32.
+template <bool Inverse>
+status unique_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[0].type) || in[0].shape.size() != 1)
+    return status::shape("unique takes a 1-D int32 or int64 tensor, got " + describe(in[0]));
+  out = Inverse ? value_info{dtype::int32, in[0].shape} : value_info{in[0].type, {unknown_dim}};
+  return status::success();
+}
+
 // -- the table ----------------------------------------------------------------------
 
 constexpr auto none = op_attr_kind::none;
@@ -296,6 +329,14 @@ const op_def table[] = {
   {"gather", "PARAMS, INDICES", none, gather_rule, gather_kernel, no_gradient, "",
    "rows INDICES (int32/int64, any rank) of PARAMS along axis 0 (tf.gather, embedding_lookup); "
    "an id out of range is an error naming it"},
+  {"unique", "X", none, unique_rule<false>, unique_kernel<false>, no_gradient, "",
+   "the distinct values of 1-D int X in the order they first occur (tf.unique's y)"},
+  {"unique_idx", "X", none, unique_rule<true>, unique_kernel<true>, no_gradient, "",
+   "int32 idx with X[i] == unique(X)[idx[i]] (tf.unique's idx)"},
+  {"unsorted_segment_sum", "DATA, SEGMENT_IDS, NUM_SEGMENTS", none, unsorted_segment_sum_rule,
+   unsorted_segment_sum_kernel, no_gradient, "",
+   "rows of DATA summed by SEGMENT_IDS into NUM_SEGMENTS rows; negative ids dropped, ids >= "
+   "NUM_SEGMENTS refused"},
   // Gradient ops: what gradients() adds; callable like any op.
   {"relu_grad", "DY, X", none, same_shape_rule, binary_kernel<binary_op::relu_grad>, no_gradient,
    "", "the gradient of relu: DY where X > 0, else 0"},

@@ -26,6 +26,16 @@ tensor table(int64_t rows, int64_t cols) {
   return tensor::from_values<double>({rows, cols}, v);
 }
 
+/// t's elements are `want`, in order.
+template <class T>
+void check_values(const tensor& t, const std::vector<T>& want) {
+  REQUIRE(t.num_elements() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    CHECK(t.data<T>()[i] == want[i]);
+  }
+}
+
 /// Runs `y` of `g` on the CPU; the error's sentence if it fails.
 outcome<tensor> run_one(const graph& g, output y) {
   variable_values vars;
@@ -50,8 +60,7 @@ TEST_CASE("gather of int64 ids of rank 2 takes the rows in the ids' order "
   REQUIRE(y);
   CHECK(y->shape() == shape_type{2, 2, 3});
   std::vector<double> want = {40, 41, 42, 0, 1, 2, 40, 41, 42, 20, 21, 22};
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK(y->data<double>()[i] == want[i]);
+  check_values(*y, want);
   CHECK(g.at(g.embedding_lookup(params, ids)).op == "gather"); // the TF alias builds gather
 }
 
@@ -65,8 +74,7 @@ TEST_CASE("gather of an int32 table by int32 ids copies rows whatever the dtype 
   CHECK(y->type() == dtype::int32);
   CHECK(y->shape() == shape_type{3, 2});
   std::vector<int32_t> want = {5, 6, 5, 6, 1, 2};
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK(y->data<int32_t>()[i] == want[i]);
+  check_values(*y, want);
 }
 
 TEST_CASE("gather refuses an id out of [0, rows) naming the id, its position and the op "
@@ -87,6 +95,72 @@ TEST_CASE("gather refuses an id out of [0, rows) naming the id, its position and
   auto y3 = run_one(g, g.gather(params, g.constant(tensor::scalar(1))));
   REQUIRE_FALSE(y3);
   CHECK(y3.error().what.find("indices must be int32 or int64") != std::string::npos);
+}
+
+// -- unique ------------------------------------------------------------------------
+
+TEST_CASE("unique gives the distinct ids in first-occurrence order and the inverse indices "
+          "(catches sorted output, or idx into the wrong order)", "[sparse][unique]") {
+  graph g;
+  auto x = g.constant(tensor::from_values<int64_t>({7}, {9, 2, 9, 5, 2, 2, -4}));
+  auto u = g.unique(x);
+  auto y = run_one(g, u.y);
+  auto idx = run_one(g, u.idx);
+  REQUIRE(y);
+  REQUIRE(idx);
+  CHECK(y->type() == dtype::int64);
+  REQUIRE(y->shape() == shape_type{4});
+  std::vector<int64_t> want_y = {9, 2, 5, -4};
+  check_values(*y, want_y);
+  CHECK(idx->type() == dtype::int32); // TF's default out_idx
+  REQUIRE(idx->shape() == shape_type{7});
+  std::vector<int32_t> want_idx = {0, 1, 0, 2, 1, 1, 3};
+  check_values(*idx, want_idx);
+  // x == y[idx], the property a lookup of the deduplicated ids relies on.
+  auto back = run_one(g, g.gather(u.y, u.idx));
+  REQUIRE(back);
+  for (size_t i = 0; i < 7; ++i)
+    CHECK(back->data<int64_t>()[i] == kernels::integer_at(*run_one(g, x), i));
+  CHECK_FALSE(run_one(g, g.unique(g.constant(tensor::scalar(1))).y)); // floats refused
+}
+
+// -- unsorted_segment_sum -------------------------------------------------------------
+
+TEST_CASE("unsorted_segment_sum sums rows with the same id, drops negative ids and zeroes "
+          "segments no id names (catches a last-write-wins sum, or a negative id written)",
+          "[sparse][segment_sum]") {
+  graph g;
+  auto data = g.constant(table(4, 2)); // rows (0, 1), (10, 11), (20, 21), (30, 31)
+  auto ids = g.constant(tensor::from_values<int32_t>({4}, {2, -1, 0, 2}));
+  auto n = g.constant(tensor::from_values<int64_t>({}, {3}));
+  auto y = run_one(g, g.unsorted_segment_sum(data, ids, n));
+  REQUIRE(y);
+  REQUIRE(y->shape() == shape_type{3, 2});
+  std::vector<double> want = {20, 21, 0, 0, 30, 32}; // row 2 = data[0] + data[3]; data[1] dropped
+  check_values(*y, want);
+  // segment_ids of rank 2, a prefix of data's shape [2, 2, 3].
+  auto d3 = g.constant(tensor::from_values<double>({2, 2, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  auto ids2 = g.constant(tensor::from_values<int64_t>({2, 2}, {1, 1, 0, 1}));
+  auto y2 = run_one(g, g.unsorted_segment_sum(d3, ids2, g.constant(tensor::from_values<int32_t>({}, {2}))));
+  REQUIRE(y2);
+  REQUIRE(y2->shape() == shape_type{2, 3});
+  std::vector<double> want2 = {7, 8, 9, 1 + 4 + 10, 2 + 5 + 11, 3 + 6 + 12};
+  check_values(*y2, want2);
+}
+
+TEST_CASE("unsorted_segment_sum refuses an id >= num_segments naming it (catches a write out of "
+          "bounds)", "[sparse][segment_sum]") {
+  graph g;
+  auto data = g.constant(table(3, 2));
+  auto ids = g.constant(tensor::from_values<int64_t>({3}, {0, 5, 1}));
+  auto n = g.constant(tensor::from_values<int32_t>({}, {3}));
+  auto y = run_one(g, g.unsorted_segment_sum(data, ids, n));
+  REQUIRE_FALSE(y);
+  INFO(y.error().what);
+  CHECK(y.error().what.find("segment_ids[1] = 5 is not in [0, 3)") != std::string::npos);
+  auto bad_n = run_one(g, g.unsorted_segment_sum(data, ids, g.constant(tensor::scalar(3))));
+  REQUIRE_FALSE(bad_n);
+  CHECK(bad_n.error().what.find("num_segments must be one int32 or int64") != std::string::npos);
 }
 
 // -- the CUDA kernels against the CPU (a GPU machine only) --------------------------
