@@ -56,8 +56,11 @@ status host_unique(const tensor& x, tensor* y, tensor* idx);
 /// The scatter updates of a variable's value `ref`.
 enum class scatter_op { add, sub, update };
 
-/// "scatter_add", "scatter_sub", "scatter_update".
+/// "scatter_add", "scatter_sub", "scatter_update": the graph's update ops.
 const char* to_string(scatter_op op);
+
+/// The scatter_op of a graph op name ("scatter_add"), if it is one.
+std::optional<scatter_op> parse_scatter_op(std::string_view name);
 
 /// ref[indices[i...], ...] (op)= updates[i..., ...], TF's tf.scatter_*:
 /// updates has shape indices.shape + ref.shape[1:] (or is a scalar, applied

@@ -5,6 +5,7 @@
 // under [.][gpu]. Each case says which bug it catches.
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,79 @@ TEST_CASE("unsorted_segment_sum refuses an id >= num_segments naming it (catches
   auto bad_n = run_one(g, g.unsorted_segment_sum(data, ids, g.constant(tensor::scalar(3))));
   REQUIRE_FALSE(bad_n);
   CHECK(bad_n.error().what.find("num_segments must be one int32 or int64") != std::string::npos);
+}
+
+// -- scatter_add / scatter_sub / scatter_update (the one-process evaluator) ---------
+
+namespace {
+
+/// A graph with variable `emb` [rows, 2] set to table(rows, 2).
+struct scatter_graph {
+  graph g;
+  variable_values vars;
+  std::unique_ptr<kernels::backend> cpu = kernels::make_cpu_backend();
+  output emb;
+
+  explicit scatter_graph(int64_t rows) {
+    emb = *g.variable("emb", {rows, 2}, initializer::from_tensor(table(rows, 2)), dtype::float64);
+    REQUIRE(initialize_values(g, vars));
+  }
+  outcome<tensor> run(output y) {
+    auto r = evaluate(g, {y}, {}, vars, *cpu);
+    if (!r)
+      return r.error();
+    return r->front();
+  }
+  const tensor& value() { return vars.at("emb"); }
+};
+
+} // namespace
+
+TEST_CASE("scatter_add sums duplicate ids, scatter_sub subtracts them, scatter_update keeps the "
+          "last (catches duplicates overwritten, or an update order that is not the ids')",
+          "[sparse][scatter]") {
+  scatter_graph s{4};
+  auto ids = s.g.constant(tensor::from_values<int64_t>({3}, {2, 0, 2}));
+  auto ups = s.g.constant(tensor::from_values<double>({3, 2}, {1, 2, 100, 200, 3, 4}));
+  auto added = s.run(s.g.scatter_add(s.emb, ids, ups));
+  REQUIRE(added);
+  // Row 2 gets 1 + 3 and 2 + 4: both updates of id 2, summed (TF).
+  check_values(*added, std::vector<double>{100, 201, 10, 11, 24, 27, 30, 31});
+  auto subbed = s.run(s.g.scatter_sub(s.emb, ids, ups));
+  REQUIRE(subbed);
+  check_values(*subbed, std::vector<double>{0, 1, 10, 11, 20, 21, 30, 31});
+  auto updated = s.run(s.g.scatter_update(s.emb, ids, ups));
+  REQUIRE(updated);
+  check_values(*updated, std::vector<double>{100, 200, 10, 11, 3, 4, 30, 31}); // the last of id 2
+  // int32 ids of rank 2 and a scalar update broadcast to every row named.
+  auto ids2 = s.g.constant(tensor::from_values<int32_t>({1, 2}, {1, 1}));
+  auto one = s.run(s.g.scatter_add(s.emb, ids2, s.g.constant(tensor::from_values<double>({}, {1}))));
+  REQUIRE(one);
+  check_values(*one, std::vector<double>{100, 200, 12, 13, 3, 4, 30, 31});
+}
+
+TEST_CASE("a scatter with an id out of range is refused naming the id and the variable, and the "
+          "variable is unchanged (catches a partial write before the bad id)", "[sparse][scatter]") {
+  scatter_graph s{3};
+  auto before = std::vector<double>(s.value().data<double>(), s.value().data<double>() + 6);
+  // Ids 0 and 1 are fine and come first: a scatter that wrote as it checked
+  // would have changed rows 0 and 1 before refusing id 3.
+  auto ids = s.g.constant(tensor::from_values<int64_t>({3}, {0, 1, 3}));
+  auto ups = s.g.constant(tensor::filled(dtype::float64, {3, 2}, 5));
+  for (auto y : {s.g.scatter_add(s.emb, ids, ups), s.g.scatter_sub(s.emb, ids, ups),
+                 s.g.scatter_update(s.emb, ids, ups)}) {
+    auto r = s.run(y);
+    REQUIRE_FALSE(r);
+    INFO(r.error().what);
+    CHECK(r.error().what.find("variable 'emb'") != std::string::npos);
+    CHECK(r.error().what.find("indices[2] = 3 is not in [0, 3)") != std::string::npos);
+    check_values(s.value(), before);
+  }
+  // Updates of the wrong shape are refused by shape, before anything is written too.
+  auto bad = s.run(s.g.scatter_add(s.emb, ids, s.g.constant(tensor::filled(dtype::float64, {3}, 1))));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == af_error::shape_mismatch);
+  check_values(s.value(), before);
 }
 
 // -- the CUDA kernels against the CPU (a GPU machine only) --------------------------

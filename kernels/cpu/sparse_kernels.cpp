@@ -186,6 +186,13 @@ const char* to_string(scatter_op op) {
   return "scatter";
 }
 
+std::optional<scatter_op> parse_scatter_op(std::string_view name) {
+  for (auto op : {scatter_op::add, scatter_op::sub, scatter_op::update})
+    if (name == to_string(op))
+      return op;
+  return std::nullopt;
+}
+
 status host_scatter(scatter_op op, tensor& ref, const tensor& indices, const tensor& updates) {
   if (ref.empty() || ref.shape().empty())
     return status::shape("the variable must have at least one dimension, got "
