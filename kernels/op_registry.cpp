@@ -107,6 +107,19 @@ status unsorted_segment_sum_kernel(backend& b, const op_attrs&, const op_inputs&
   return b.unsorted_segment_sum(in[0], in[1], segments, out);
 }
 
+/// (dy, params, indices): dy's rows summed into params' rows, densely (rows
+/// no id names get zeros; a sparse gradient value is issue 25's next step).
+status gather_grad_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  const tensor &dy = in[0], &params = in[1], &indices = in[2];
+  shape_type gathered;
+  if (auto st = check_gather(params, indices, gathered); !st.ok())
+    return st;
+  if (dy.shape() != gathered || dy.type() != params.type())
+    return status::shape("gather_grad: dy " + dy.summary() + " is not the gather of "
+                         + params.summary() + " by " + indices.summary());
+  return b.unsorted_segment_sum(dy, indices, params.shape()[0], out);
+}
+
 /// tf.unique's two outputs as two ops, one output each (a graph node has
 /// one): `unique` is y, `unique_idx` is idx. On the host whatever the backend.
 template <bool Inverse>
@@ -259,6 +272,18 @@ status gather_rule(const op_attrs&, const infos& in, value_info& out) {
   return gather_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
 }
 
+/// (dy, params, indices) -> params' dtype and shape.
+status gather_grad_rule(const op_attrs&, const infos& in, value_info& out) {
+  shape_type gathered;
+  if (auto st = gather_shape(in[1].shape, in[1].type, in[2].shape, in[2].type, gathered); !st.ok())
+    return st;
+  if (in[0].shape != gathered || in[0].type != in[1].type)
+    return status::shape("dy " + describe(in[0]) + " is not the gather of " + describe(in[1])
+                         + " by " + describe(in[2]));
+  out = in[1];
+  return status::success();
+}
+
 /// (data, segment_ids, num_segments) -> [?] + data.shape[rank(segment_ids):].
 status unsorted_segment_sum_rule(const op_attrs&, const infos& in, value_info& out) {
   if (!is_integer(in[1].type) || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
@@ -326,7 +351,7 @@ const op_def table[] = {
    "per-example cross-entropy of LOGITS [batch, classes] and int LABELS [batch]"},
   {"correct_count", "LOGITS, LABELS", none, correct_count_rule, correct_count_kernel, no_gradient,
    "", "how many rows of float32 LOGITS have their largest entry at LABELS (a float32 scalar)"},
-  {"gather", "PARAMS, INDICES", none, gather_rule, gather_kernel, no_gradient, "",
+  {"gather", "PARAMS, INDICES", none, gather_rule, gather_kernel, rule, "",
    "rows INDICES (int32/int64, any rank) of PARAMS along axis 0 (tf.gather, embedding_lookup); "
    "an id out of range is an error naming it"},
   {"unique", "X", none, unique_rule<false>, unique_kernel<false>, no_gradient, "",
@@ -359,6 +384,8 @@ const op_def table[] = {
    no_gradient, "", "the gradient of mean: DY / count spread over X's shape"},
   {"max_grad", "DY, X, Y", reduction, reduce_grad_rule, reduce_grad_kernel<reduce_op::max>,
    no_gradient, "", "the gradient of max: DY where X equals the forward output Y"},
+  {"gather_grad", "DY, PARAMS, INDICES", none, gather_grad_rule, gather_grad_kernel, no_gradient,
+   "", "the gradient of gather w.r.t. PARAMS, dense: DY's rows summed into PARAMS' rows by INDICES"},
   {"ones_like", "X", none, like_first_rule, ones_like_kernel, no_gradient, "",
    "ones of X's dtype and shape (the seed of gradients)"},
 };

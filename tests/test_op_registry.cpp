@@ -51,6 +51,7 @@ std::map<std::string, example> examples() {
     {"softmax_xent", {{x, labels}, {}}},
     {"correct_count", {{random({2, 3}, 7, -1, 1, dtype::float32), labels}, {}}},
     {"gather", {{x, tensor::from_values<int64_t>({2, 2}, {1, 0, 1, 1})}, {}}},
+    {"gather_grad", {{random({3, 3}, 8, -1, 1), x, tensor::from_values<int32_t>({3}, {1, 1, 0})}, {}}},
     {"unique", {{tensor::from_values<int64_t>({4}, {7, 3, 7, 1})}, {}}},
     {"unique_idx", {{tensor::from_values<int32_t>({4}, {7, 3, 7, 1})}, {}}},
     {"unsorted_segment_sum",

@@ -407,6 +407,7 @@ TEST_CASE("every op of the registry is a REPL function: it runs, help and comple
     {"correct_count", "x, [2, 0]"},
     {"gather", "x, const([1, 0, 1], dtype=\"int64\")"},
     {"unique", "const([7, 3, 7], dtype=\"int32\")"},
+    {"gather_grad", "x, x, const([1, 1], dtype=\"int32\")"},
     {"unique_idx", "const([7, 3, 7], dtype=\"int64\")"},
     {"unsorted_segment_sum", "x, const([1, 1], dtype=\"int32\"), const(3, dtype=\"int32\")"},
     {"sum_to", "x, [1, 2, 3]"},
