@@ -5,6 +5,7 @@
 // bug it catches.
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <vector>
 
 #include "actors/variable.hpp"
@@ -20,10 +21,10 @@ namespace {
 const char* ps0 = "/job:ps/replica:0/task:0/device:CPU:0";
 
 /// A [4, 2] float32 cell holding 0, 1, ..., 7.
-variable_cell table_cell() {
-  variable_cell cell{variable_spec{"emb", dtype::float32, {4, 2}, ps0}};
+std::unique_ptr<variable_cell> table_cell() {
+  auto cell = std::make_unique<variable_cell>(variable_spec{"emb", dtype::float32, {4, 2}, ps0});
   std::vector<float> v{0, 1, 2, 3, 4, 5, 6, 7};
-  REQUIRE(cell.apply(var_op::assign, tensor::from_values<float>({4, 2}, v), false));
+  REQUIRE(cell->apply(var_op::assign, tensor::from_values<float>({4, 2}, v), false));
   return cell;
 }
 
@@ -35,7 +36,8 @@ std::vector<float> values(variable_cell& cell) {
 
 TEST_CASE("a variable's scatter_add sums duplicate ids and bumps the version once (catches "
           "duplicates overwritten)", "[variable][sparse]") {
-  auto cell = table_cell();
+  auto owned = table_cell();
+  auto& cell = *owned;
   auto ids = tensor::from_values<int32_t>({3}, {3, 1, 3});
   auto ups = tensor::from_values<float>({3, 2}, {1, 1, 10, 10, 100, 100});
   auto r = value_of(cell.apply_scatter(scatter_op::add, ids, ups, true));
@@ -49,7 +51,8 @@ TEST_CASE("a variable's scatter_add sums duplicate ids and bumps the version onc
 
 TEST_CASE("a variable refuses a scatter with an id out of range, naming the id and the "
           "variable, and is unchanged (catches a partial write)", "[variable][sparse]") {
-  auto cell = table_cell();
+  auto owned = table_cell();
+  auto& cell = *owned;
   auto before = values(cell);
   auto snapshot = value_of(cell.apply(var_op::read, tensor{}, true)).value; // a reader's
   auto ids = tensor::from_values<int64_t>({3}, {0, 2, -1});
@@ -75,7 +78,8 @@ TEST_CASE("a variable refuses a scatter with an id out of range, naming the id a
 
 TEST_CASE("a retried scatter_add with the same request id is applied once (catches a retry "
           "counted twice)", "[variable][sparse][exactly-once]") {
-  auto cell = table_cell();
+  auto owned = table_cell();
+  auto& cell = *owned;
   auto ids = tensor::from_values<int32_t>({1}, {0});
   auto ups = tensor::filled(dtype::float32, {1, 2}, 1);
   auto id = new_request_id();
