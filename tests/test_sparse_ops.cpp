@@ -275,4 +275,9 @@ TEST_CASE("CUDA gather matches the CPU and refuses a bad id (catches a GPU read 
   tensor out;
   auto bad = gpu->gather(params, tensor::from_values<int32_t>({2}, {3, 4}), out);
   CHECK(bad.error.find("indices[1] = 4 is not in [0, 4)") != std::string::npos);
+  // An integer table is not this kernel's: `unsupported`, so that the executor
+  // runs it on the CPU rather than failing the step.
+  auto ints = gpu->gather(tensor::from_values<int32_t>({2}, {1, 2}),
+                          tensor::from_values<int32_t>({1}, {0}), out);
+  CHECK(ints.what == kernels::status::kind::unsupported);
 }
