@@ -11,6 +11,7 @@
 #include "actors/edge_budget.hpp"
 #include "actors/edge_token.hpp"
 #include "core/log.hpp"
+#include "kernels/sparse.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -361,6 +362,48 @@ void read_variable(self_ptr self, step_key key, executor_state::step& s, const p
   }
 }
 
+/// Sends update `op` of the step to its variable's actor with its operands
+/// `args` (assign*: the value; scatter_*: indices and updates) and resumes
+/// the step when the answer comes.
+void send_update(self_ptr self, step_key key, executor_state::step& s, const partition_op& op,
+                 const std::vector<tensor>& args, int64_t start, uint64_t bytes_in) {
+  var_op update = var_op::read;
+  parse_var_op(op.op, update);
+  auto scatter = kernels::parse_scatter_op(op.op);
+  if (args.size() != (scatter ? 2u : 1u) || !op.inputs[0].var) {
+    fail(self, key, make_error(af_error::invalid_argument, "op '" + op.name + "' updates no variable"));
+    return;
+  }
+  s.waiting = true;
+  s.waiting_for = "the update of variable '" + op.inputs[0].var_name + "'";
+  auto on_value = [self, key, start, &op, bytes_in](tensor& value, uint64_t) {
+    auto i2 = self->state.steps.find(key);
+    if (i2 == self->state.steps.end())
+      return;
+    i2->second.waiting = false;
+    i2->second.var_reads.erase(op.inputs[0].var_name); // it changed
+    finish_op(self, key, op, std::move(value), start, {}, bytes_in);
+    advance(self, key);
+  };
+  auto on_error = [self, key, name = op.inputs[0].var_name,
+                   where = op.inputs[0].var_node](caf::error& err) {
+    auto what = "updating variable '" + name + "' of " + where;
+    if (err == caf::sec::request_timeout)
+      err = make_error(af_error::timeout, what + " on " + self->state.device + " timed out");
+    else if (err.category() != error_category)
+      err = make_error(af_error::peer_down, what + " failed: " + describe(err));
+    fail(self, key, std::move(err));
+  };
+  auto timeout = std::chrono::milliseconds{s.part->variable_timeout_ms};
+  if (scatter)
+    self->request(op.inputs[0].var, timeout, scatter_atom::value, op.op, args[0], args[1],
+                  op.want_value, uint64_t{0})
+      .then(on_value, on_error);
+  else
+    self->request(op.inputs[0].var, timeout, var_op_atom::value, update, args[0], op.want_value)
+      .then(on_value, on_error);
+}
+
 void advance(self_ptr self, step_key key) {
   auto it = self->state.steps.find(key);
   if (it == self->state.steps.end())
@@ -373,7 +416,7 @@ void advance(self_ptr self, step_key key) {
     const auto& op = ops[s.next];
     var_op update = var_op::read;
     parse_var_op(op.op, update);
-    bool is_update = update != var_op::read;
+    bool is_update = update != var_op::read || kernels::parse_scatter_op(op.op);
     std::vector<tensor> args;
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const auto& in = op.inputs[i];
@@ -432,33 +475,7 @@ void advance(self_ptr self, step_key key) {
     for (const auto& a : args)
       bytes_in += a.empty() ? 0 : a.nbytes();
     if (is_update) {
-      if (args.size() != 1 || !op.inputs[0].var) {
-        fail(self, key, make_error(af_error::invalid_argument, "op '" + op.name + "' updates no variable"));
-        return;
-      }
-      s.waiting = true;
-      s.waiting_for = "the update of variable '" + op.inputs[0].var_name + "'";
-      auto on_value = [self, key, start, &op, bytes_in](tensor& value, uint64_t) {
-        auto i2 = self->state.steps.find(key);
-        if (i2 == self->state.steps.end())
-          return;
-        i2->second.waiting = false;
-        i2->second.var_reads.erase(op.inputs[0].var_name); // it changed
-        finish_op(self, key, op, std::move(value), start, {}, bytes_in);
-        advance(self, key);
-      };
-      auto on_error = [self, key, name = op.inputs[0].var_name,
-                       where = op.inputs[0].var_node](caf::error& err) {
-        auto what = "updating variable '" + name + "' of " + where;
-        if (err == caf::sec::request_timeout)
-          err = make_error(af_error::timeout, what + " on " + self->state.device + " timed out");
-        else if (err.category() != error_category)
-          err = make_error(af_error::peer_down, what + " failed: " + describe(err));
-        fail(self, key, std::move(err));
-      };
-      self->request(op.inputs[0].var, std::chrono::milliseconds{s.part->variable_timeout_ms},
-                    var_op_atom::value, update, args[0], op.want_value)
-        .then(on_value, on_error);
+      send_update(self, key, s, op, args, start, bytes_in);
       return;
     }
     std::string note;

@@ -193,6 +193,16 @@ public:
   output assign_sub(output var, output value, const std::string& name = "") {
     return builder().assign_sub(var, value, name);
   }
+  /// tf.scatter_add / _sub / _update of the variable's rows (graph/graph.hpp).
+  output scatter_add(output var, output indices, output updates, const std::string& name = "") {
+    return builder().scatter_add(var, indices, updates, name);
+  }
+  output scatter_sub(output var, output indices, output updates, const std::string& name = "") {
+    return builder().scatter_sub(var, indices, updates, name);
+  }
+  output scatter_update(output var, output indices, output updates, const std::string& name = "") {
+    return builder().scatter_update(var, indices, updates, name);
+  }
 
   /// The graph's op names, in creation order (graph.get_operations()).
   std::vector<std::string> operations() const;

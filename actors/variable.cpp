@@ -12,6 +12,7 @@
 
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/sparse.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -81,31 +82,9 @@ variable_cell::apply(var_op op, const tensor& operand, bool want_value, uint64_t
                         + std::to_string(static_cast<int>(op)));
   std::lock_guard<std::mutex> guard{mtx_};
   bool deduplicate = request_id != 0 && op != var_op::read;
-  if (deduplicate) {
-    // Checked under the same lock as the update: a retry that overtakes its
-    // first try (which then arrives as the duplicate) is applied once too.
-    auto it = done_.find(request_id);
-    if (it != done_.end()) {
-      const auto& d = it->second;
-      applied out;
-      out.version = d.version;
-      out.replayed = true;
-      if (want_value) {
-        if (d.wanted && !d.value.empty())
-          out.value = d.value;
-        else if (d.version == version_ && initialized_)
-          out.value = value_; // nothing changed it since
-        else
-          return make_error(af_error::aborted,
-                            what() + " was applied already (a retry of request "
-                              + fmt::format("{:016x}", request_id) + ", version "
-                              + std::to_string(d.version) + "); the value after it is no longer "
-                              "kept (the variable changed since and kept values are bounded): "
-                              "read the variable instead of sending the update again");
-      }
-      return out;
-    }
-  }
+  if (deduplicate)
+    if (auto r = replay(request_id, want_value, what()))
+      return std::move(*r);
   if (op == var_op::read) {
     if (!initialized_)
       return make_error(af_error::uninitialized,
@@ -148,6 +127,65 @@ variable_cell::apply(var_op op, const tensor& operand, bool want_value, uint64_t
   if (want_value)
     out.value = value_;
   if (deduplicate)
+    remember(request_id, out, want_value);
+  return out;
+}
+
+std::optional<caf::expected<variable_cell::applied>>
+variable_cell::replay(uint64_t request_id, bool want_value, const std::string& what) const {
+  // Checked under the same lock as the update: a retry that overtakes its
+  // first try (which then arrives as the duplicate) is applied once too.
+  auto it = done_.find(request_id);
+  if (it == done_.end())
+    return std::nullopt;
+  const auto& d = it->second;
+  applied out;
+  out.version = d.version;
+  out.replayed = true;
+  if (want_value) {
+    if (d.wanted && !d.value.empty())
+      out.value = d.value;
+    else if (d.version == version_ && initialized_)
+      out.value = value_; // nothing changed it since
+    else
+      return caf::expected<applied>{make_error(
+        af_error::aborted,
+        what + " was applied already (a retry of request " + fmt::format("{:016x}", request_id)
+          + ", version " + std::to_string(d.version) + "); the value after it is no longer "
+          "kept (the variable changed since and kept values are bounded): "
+          "read the variable instead of sending the update again")};
+  }
+  return caf::expected<applied>{std::move(out)};
+}
+
+caf::expected<variable_cell::applied>
+variable_cell::apply_scatter(kernels::scatter_op op, const tensor& indices, const tensor& updates,
+                             bool want_value, uint64_t request_id) {
+  const auto what = std::string{kernels::to_string(op)} + " to variable " + quoted(spec_);
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (request_id != 0)
+    if (auto r = replay(request_id, want_value, what))
+      return std::move(*r);
+  if (!initialized_)
+    return make_error(af_error::uninitialized,
+                      what + " before it was initialized; run initialize() first");
+  try {
+    // Every id is checked before the first write, so a refused scatter
+    // leaves the value as it was; a buffer a reader holds is copied first.
+    auto st = kernels::host_scatter(op, value_, indices, updates);
+    if (!st.ok())
+      return make_error(st.what == kernels::status::kind::dtype ? af_error::dtype_mismatch
+                        : st.what == kernels::status::kind::shape ? af_error::shape_mismatch
+                                                                   : af_error::invalid_argument,
+                        what + " on " + spec_.device + ": " + st.error);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, kernels::to_string(op)); // the copy of a read value
+  }
+  applied out;
+  out.version = ++version_;
+  if (want_value)
+    out.value = value_;
+  if (request_id != 0)
     remember(request_id, out, want_value);
   return out;
 }
@@ -442,6 +480,17 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
         return std::move(r.error());
       if (r->first_value)
         release_waiters(self);
+      return {std::move(r->value), r->version};
+    },
+    [self](scatter_atom, std::string& op, tensor& indices, tensor& updates, bool want_value,
+           uint64_t request_id) -> caf::result<tensor, uint64_t> {
+      auto kind = kernels::parse_scatter_op(op);
+      if (!kind)
+        return make_error(af_error::invalid_argument, "variable " + quoted(self->state.cell->spec())
+                                                        + ": '" + op + "' is no scatter op");
+      auto r = self->state.cell->apply_scatter(*kind, indices, updates, want_value, request_id);
+      if (!r)
+        return std::move(r.error());
       return {std::move(r->value), r->version};
     },
     [self](init_atom, initializer& init, bool only_if_uninitialized,

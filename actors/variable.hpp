@@ -20,6 +20,7 @@
 #include "caf/typed_response_promise.hpp"
 
 #include "actors/parked.hpp"
+#include "kernels/sparse.hpp"
 #include "messages/variable.hpp"
 #include "train/optimizer.hpp"
 
@@ -81,6 +82,15 @@ public:
   /// try's result (`replayed` set). See the table below for its bound.
   caf::expected<applied> apply(var_op op, const tensor& operand, bool want_value,
                                uint64_t request_id = 0);
+
+  /// A sparse update of the value's rows (tf.scatter_add / _sub / _update,
+  /// kernels/sparse.hpp): duplicate ids accumulate for add and sub, the last
+  /// one wins for update. Every id is checked before the first write: an id
+  /// out of range is an error naming it and the variable, and the value is
+  /// unchanged. Uninitialized if no value; `request_id` as for apply().
+  caf::expected<applied> apply_scatter(kernels::scatter_op op, const tensor& indices,
+                                       const tensor& updates, bool want_value,
+                                       uint64_t request_id = 0);
 
   // -- the table of applied request ids -------------------------------------
   //
@@ -174,6 +184,10 @@ private:
   template <class Source>
   caf::error apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
                           uint64_t step, const block_updated& updated);
+  /// The first try's result if the update `request_id` was applied before
+  /// (mtx_ held), else nullopt; `what` names the update in an error.
+  std::optional<caf::expected<applied>> replay(uint64_t request_id, bool want_value,
+                                               const std::string& what) const;
   /// Records the result of the update `id` (mtx_ held); evicts the oldest.
   void remember(uint64_t id, const applied& result, bool want_value);
   struct remembered_update {

@@ -1,4 +1,5 @@
 #include "graph/evaluate.hpp"
+#include "kernels/sparse.hpp"
 
 #include <limits>
 #include <new>
@@ -180,8 +181,39 @@ public:
   const std::map<int32_t, tensor>& computed() const { return computed_; }
 
 private:
+  /// scatter_add / _sub / _update (var, indices, updates), as the variable
+  /// actor does them: every id checked first, the value unchanged on an error.
+  graph_status scatter(int32_t id, const graph_node& n, kernels::scatter_op op) {
+    const auto* var = n.inputs.size() == 3 ? g_.variable_node(output{n.inputs[0]}) : nullptr;
+    if (var == nullptr)
+      return graph_error{af_error::invalid_argument,
+                         "op " + quoted(n.name) + " (" + n.op + ") does not update a variable"};
+    const auto what = n.op + " to variable " + quoted(var->spec.name);
+    auto indices = input(n.inputs[1]);
+    if (!indices)
+      return indices.error();
+    auto updates = input(n.inputs[2]);
+    if (!updates)
+      return updates.error();
+    auto it = vars_.find(var->spec.name);
+    if (it == vars_.end() || it->second.empty())
+      return graph_error{af_error::uninitialized,
+                         what + " before it was initialized; initialize it first"};
+    // Moved out, the value is written in place unless a fetched result holds
+    // its buffer; a refused scatter wrote nothing and it goes back as it was.
+    tensor value = std::move(it->second);
+    auto st = kernels::host_scatter(op, value, *indices, *updates);
+    it->second = value;
+    if (!st.ok())
+      return graph_error{code_of(st.what), what + ": " + st.error};
+    computed_[id] = std::move(value);
+    return ok();
+  }
+
   /// assign / assign_add / assign_sub, with a variable actor's operand rules.
   graph_status update(int32_t id, const graph_node& n) {
+    if (auto op = kernels::parse_scatter_op(n.op))
+      return scatter(id, n, *op);
     const auto* var = n.inputs.size() == 2 ? g_.variable_node(output{n.inputs[0]}) : nullptr;
     if (var == nullptr)
       return graph_error{af_error::invalid_argument,

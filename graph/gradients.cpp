@@ -116,6 +116,13 @@ void softmax_xent_grad(const grad_context& c) {
   c.add(0, c.g.op("softmax_xent_grad", {c.dy, c.in(0), c.in(1)}));
 }
 
+/// w.r.t. params only: the ids are integers (TF's gradient for them is None).
+/// Dense for now: dy's rows summed into a tensor of params' shape, rows with
+/// no id getting zeros (TF gives IndexedSlices; that value is the next step).
+void gather_grad(const grad_context& c) {
+  c.add(0, c.g.op("gather_grad", {c.dy, c.in(0), c.in(1)}));
+}
+
 /// The gradient rules, keyed by the op's registry name: every op that the
 /// registry marks op_gradient::rule has one, and nothing else (a test walks
 /// both).
@@ -141,6 +148,7 @@ const std::map<std::string, gradient_rule>& gradient_rules() {
     {"softmax", from_output_grad},
     {"log_softmax", from_output_grad},
     {"softmax_xent", softmax_xent_grad},
+    {"gather", gather_grad},
   };
   return rules;
 }

@@ -119,7 +119,8 @@ output graph::op(const std::string& kind, std::vector<output> inputs, op_attrs a
   return output{static_cast<int32_t>(nodes_.size() - 1)};
 }
 
-output graph::update(const char* kind, output var, output value, const std::string& name) {
+output graph::update(const char* kind, output var, std::vector<output> operands,
+                     const std::string& name) {
   const auto* v = variable_node(var);
   if (v == nullptr)
     return output{};
@@ -128,21 +129,35 @@ output graph::update(const char* kind, output var, output value, const std::stri
   n.op = kind;
   n.name = unique_name(name.empty() ? v->name + "/" + kind : name);
   n.requested = v->requested; // runs where its variable lives
-  n.inputs = {var.id, value.id};
+  n.inputs = {var.id};
+  for (auto o : operands)
+    n.inputs.push_back(o.id);
   nodes_.push_back(std::move(n));
   return output{static_cast<int32_t>(nodes_.size() - 1)};
 }
 
 output graph::assign(output var, output value, const std::string& name) {
-  return update("assign", var, value, name);
+  return update("assign", var, {value}, name);
 }
 
 output graph::assign_add(output var, output value, const std::string& name) {
-  return update("assign_add", var, value, name);
+  return update("assign_add", var, {value}, name);
 }
 
 output graph::assign_sub(output var, output value, const std::string& name) {
-  return update("assign_sub", var, value, name);
+  return update("assign_sub", var, {value}, name);
+}
+
+output graph::scatter_add(output var, output indices, output updates, const std::string& name) {
+  return update("scatter_add", var, {indices, updates}, name);
+}
+
+output graph::scatter_sub(output var, output indices, output updates, const std::string& name) {
+  return update("scatter_sub", var, {indices, updates}, name);
+}
+
+output graph::scatter_update(output var, output indices, output updates, const std::string& name) {
+  return update("scatter_update", var, {indices, updates}, name);
 }
 
 const graph_node* graph::variable_node(output o) const {

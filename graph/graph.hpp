@@ -37,6 +37,7 @@ struct graph_node {
   node_kind kind = node_kind::constant;
   std::string name;         ///< unique within the graph ("add", "add_1", ...)
   std::string op;           ///< compute: a kernels::run_op name; update: assign/assign_add/assign_sub
+                            ///< (inputs: var, value) or scatter_add/_sub/_update (var, indices, updates)
   op_attrs attrs;
   std::vector<int32_t> inputs;
   device_name requested;    ///< the scopes merged at creation (may be partial)
@@ -88,6 +89,15 @@ public:
   output assign_add(output var, output value, const std::string& name = "");
   output assign_sub(output var, output value, const std::string& name = "");
 
+  /// Sparse updates of a variable's rows (tf.scatter_add / _sub / _update):
+  /// var[indices[i...]] (op)= updates[i...], updates of shape indices.shape +
+  /// var.shape[1:]. Duplicate ids accumulate for add and sub; for update the
+  /// last in indices' order wins. An id out of range is refused naming it and
+  /// the variable, which is then unchanged (kernels/sparse.hpp).
+  output scatter_add(output var, output indices, output updates, const std::string& name = "");
+  output scatter_sub(output var, output indices, output updates, const std::string& name = "");
+  output scatter_update(output var, output indices, output updates, const std::string& name = "");
+
   // -- inspecting -------------------------------------------------------------
 
   size_t size() const { return nodes_.size(); }
@@ -118,7 +128,7 @@ public:
 
 private:
   std::string unique_name(const std::string& base);
-  output update(const char* kind, output var, output value, const std::string& name);
+  output update(const char* kind, output var, std::vector<output> operands, const std::string& name);
 
   std::vector<graph_node> nodes_;
   std::vector<device_name> scopes_;

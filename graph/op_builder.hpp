@@ -25,6 +25,13 @@ struct output {
   bool operator<(output other) const { return id < other.id; }
 };
 
+/// tf.unique's two outputs: y, the distinct values in the order they first
+/// occur, and idx (int32), with x[i] == y[idx[i]].
+struct unique_outputs {
+  output y;
+  output idx;
+};
+
 /// The attributes of a reduction over all axes, or over `axis` when given.
 inline op_attrs reduction_attrs(std::optional<int32_t> axis, bool keep_dims) {
   op_attrs attrs;
@@ -74,6 +81,24 @@ public:
   /// Per-example loss of logits [batch, classes] and int labels [batch].
   output softmax_xent(output logits, output labels, const std::string& name = "softmax_xent") {
     return build("softmax_xent", {logits, labels}, {}, name);
+  }
+
+  /// Rows `indices` (int32 or int64, any rank) of `params` along axis 0
+  /// (tf.gather): indices.shape + params.shape[1:]. An id out of range is an
+  /// error naming it when the step runs.
+  output gather(output params, output indices, const std::string& name = "gather") {
+    return build("gather", {params, indices}, {}, name);
+  }
+  /// tf.nn.embedding_lookup of one (unpartitioned) table: gather by its TF name.
+  output embedding_lookup(output params, output ids, const std::string& name = "embedding_lookup") {
+    return build("gather", {params, ids}, {}, name);
+  }
+  /// tf.unique of a 1-D int32 or int64 tensor: two ops, one per output.
+  unique_outputs unique(output x) { return {build("unique", {x}), build("unique_idx", {x})}; }
+  /// tf.math.unsorted_segment_sum: rows of `data` summed into `num_segments`
+  /// (an int scalar) rows by `segment_ids`, whose shape is a prefix of data's.
+  output unsorted_segment_sum(output data, output segment_ids, output num_segments) {
+    return build("unsorted_segment_sum", {data, segment_ids, num_segments});
   }
 
 private:

@@ -41,7 +41,7 @@ outcome<step_plan> partition(const graph& g, const std::vector<int32_t>& roots, 
     placed_device where;
     if (n.kind == node_kind::update) {
       // An update runs where its variable lives.
-      if (n.inputs.size() != 2 || g.variable_node(output{n.inputs[0]}) == nullptr)
+      if (n.inputs.size() < 2 || g.variable_node(output{n.inputs[0]}) == nullptr)
         return graph_error{af_error::invalid_argument,
                            "op '" + n.name + "' (" + n.op + ") does not update a variable"};
       auto p = placed_variable(n.inputs[0], n);

@@ -46,6 +46,14 @@ status backend::softmax_xent_grad(const tensor&, const tensor&, const tensor&, t
   return unsupported("softmax_xent_grad");
 }
 
+status backend::gather(const tensor&, const tensor&, tensor&) {
+  return unsupported("gather");
+}
+
+status backend::unsorted_segment_sum(const tensor&, const tensor&, int64_t, tensor&) {
+  return unsupported("unsorted_segment_sum");
+}
+
 status backend::apply_sgd(tensor&, const tensor&, double) {
   return unsupported("apply_sgd");
 }

@@ -118,6 +118,16 @@ public:
   virtual status softmax_xent_grad(const tensor& dy, const tensor& logits, const tensor& labels,
                                    tensor& out);
 
+  /// params[indices] along axis 0 (tf.gather): indices.shape + params.shape[1:].
+  /// An id out of [0, rows) is refused naming it (kernels/sparse.hpp).
+  virtual status gather(const tensor& params, const tensor& indices, tensor& out);
+
+  /// tf.math.unsorted_segment_sum: rows of `data` summed into `num_segments`
+  /// segments by `segment_ids` (negative ids dropped, ids >= num_segments
+  /// refused naming them).
+  virtual status unsorted_segment_sum(const tensor& data, const tensor& segment_ids,
+                                      int64_t num_segments, tensor& out);
+
   /// var -= lr * grad
   virtual status apply_sgd(tensor& var, const tensor& grad, double lr);
 

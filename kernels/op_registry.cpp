@@ -2,6 +2,7 @@
 // run_op / known_op / infer_op, which read it. Each op's backend entry and
 // shape rule are small functions here; the kernel bodies are the backends'.
 #include "kernels/op_registry.hpp"
+#include "kernels/sparse.hpp"
 
 #include <iterator>
 
@@ -92,6 +93,38 @@ status correct_count_kernel(backend&, const op_attrs&, const op_inputs& in, tens
 status ones_like_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   out = tensor::filled(in[0].type(), in[0].shape(), 1);
   return status::success();
+}
+
+status gather_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  return b.gather(in[0], in[1], out);
+}
+
+/// (data, segment_ids, num_segments): the count is a value, read on the host.
+status unsorted_segment_sum_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  int64_t segments = 0;
+  if (auto st = read_num_segments(in[2], segments); !st.ok())
+    return st;
+  return b.unsorted_segment_sum(in[0], in[1], segments, out);
+}
+
+/// (dy, params, indices): dy's rows summed into params' rows, densely (rows
+/// no id names get zeros; a sparse gradient value is issue 25's next step).
+status gather_grad_kernel(backend& b, const op_attrs&, const op_inputs& in, tensor& out) {
+  const tensor &dy = in[0], &params = in[1], &indices = in[2];
+  shape_type gathered;
+  if (auto st = check_gather(params, indices, gathered); !st.ok())
+    return st;
+  if (dy.shape() != gathered || dy.type() != params.type())
+    return status::shape("gather_grad: dy " + dy.summary() + " is not the gather of "
+                         + params.summary() + " by " + indices.summary());
+  return b.unsorted_segment_sum(dy, indices, params.shape()[0], out);
+}
+
+/// tf.unique's two outputs as two ops, one output each (a graph node has
+/// one): `unique` is y, `unique_idx` is idx. On the host whatever the backend.
+template <bool Inverse>
+status unique_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return Inverse ? host_unique(in[0], nullptr, &out) : host_unique(in[0], &out, nullptr);
 }
 
 // -- shape rules ------------------------------------------------------------------
@@ -234,6 +267,41 @@ status correct_count_rule(const op_attrs&, const infos& in, value_info& out) {
   return labelled_rule("correct_count", in[0], in[1], dtype::float32, {}, out);
 }
 
+status gather_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return gather_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
+}
+
+/// (dy, params, indices) -> params' dtype and shape.
+status gather_grad_rule(const op_attrs&, const infos& in, value_info& out) {
+  shape_type gathered;
+  if (auto st = gather_shape(in[1].shape, in[1].type, in[2].shape, in[2].type, gathered); !st.ok())
+    return st;
+  if (in[0].shape != gathered || in[0].type != in[1].type)
+    return status::shape("dy " + describe(in[0]) + " is not the gather of " + describe(in[1])
+                         + " by " + describe(in[2]));
+  out = in[1];
+  return status::success();
+}
+
+/// (data, segment_ids, num_segments) -> [?] + data.shape[rank(segment_ids):].
+status unsorted_segment_sum_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[1].type) || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
+    return status::dtype("segment_ids must be int32 or int64 and num_segments one int32 or "
+                         "int64, got " + describe(in[1]) + " and " + describe(in[2]));
+  out.type = in[0].type;
+  return segment_sum_shape(in[0].shape, in[1].shape, unknown_dim, out.shape);
+}
+
+/// A 1-D int32 or int64 tensor -> y [?] of its dtype, or idx of its shape in int32.
+template <bool Inverse>
+status unique_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[0].type) || in[0].shape.size() != 1)
+    return status::shape("unique takes a 1-D int32 or int64 tensor, got " + describe(in[0]));
+  out = Inverse ? value_info{dtype::int32, in[0].shape} : value_info{in[0].type, {unknown_dim}};
+  return status::success();
+}
+
 // -- the table ----------------------------------------------------------------------
 
 constexpr auto none = op_attr_kind::none;
@@ -283,6 +351,17 @@ const op_def table[] = {
    "per-example cross-entropy of LOGITS [batch, classes] and int LABELS [batch]"},
   {"correct_count", "LOGITS, LABELS", none, correct_count_rule, correct_count_kernel, no_gradient,
    "", "how many rows of float32 LOGITS have their largest entry at LABELS (a float32 scalar)"},
+  {"gather", "PARAMS, INDICES", none, gather_rule, gather_kernel, rule, "",
+   "rows INDICES (int32/int64, any rank) of PARAMS along axis 0 (tf.gather, embedding_lookup); "
+   "an id out of range is an error naming it"},
+  {"unique", "X", none, unique_rule<false>, unique_kernel<false>, no_gradient, "",
+   "the distinct values of 1-D int X in the order they first occur (tf.unique's y)"},
+  {"unique_idx", "X", none, unique_rule<true>, unique_kernel<true>, no_gradient, "",
+   "int32 idx with X[i] == unique(X)[idx[i]] (tf.unique's idx)"},
+  {"unsorted_segment_sum", "DATA, SEGMENT_IDS, NUM_SEGMENTS", none, unsorted_segment_sum_rule,
+   unsorted_segment_sum_kernel, no_gradient, "",
+   "rows of DATA summed by SEGMENT_IDS into NUM_SEGMENTS rows; negative ids dropped, ids >= "
+   "NUM_SEGMENTS refused"},
   // Gradient ops: what gradients() adds; callable like any op.
   {"relu_grad", "DY, X", none, same_shape_rule, binary_kernel<binary_op::relu_grad>, no_gradient,
    "", "the gradient of relu: DY where X > 0, else 0"},
@@ -305,6 +384,8 @@ const op_def table[] = {
    no_gradient, "", "the gradient of mean: DY / count spread over X's shape"},
   {"max_grad", "DY, X, Y", reduction, reduce_grad_rule, reduce_grad_kernel<reduce_op::max>,
    no_gradient, "", "the gradient of max: DY where X equals the forward output Y"},
+  {"gather_grad", "DY, PARAMS, INDICES", none, gather_grad_rule, gather_grad_kernel, no_gradient,
+   "", "the gradient of gather w.r.t. PARAMS, dense: DY's rows summed into PARAMS' rows by INDICES"},
   {"ones_like", "X", none, like_first_rule, ones_like_kernel, no_gradient, "",
    "ones of X's dtype and shape (the seed of gradients)"},
 };

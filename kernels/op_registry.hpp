@@ -20,7 +20,12 @@
 
 namespace af::kernels {
 
-/// What an op's output is, as far as shapes go: its dtype and shape.
+/// A dimension that is known only when the op runs (unique's length,
+/// unsorted_segment_sum's num_segments, a value): TensorFlow's None.
+constexpr int64_t unknown_dim = -1;
+
+/// What an op's output is, as far as shapes go: its dtype and shape (a
+/// dimension may be unknown_dim).
 struct value_info {
   dtype type = dtype::float32;
   shape_type shape;

@@ -6,6 +6,8 @@
 namespace af {
 
 using var_op_atom = caf::atom_constant<caf::atom("var_op")>;
+/// A sparse update of a variable's rows (scatter_add / _sub / _update).
+using scatter_atom = caf::atom_constant<caf::atom("scatter")>;
 using read_atom = caf::atom_constant<caf::atom("read")>;
 /// The data plane gave an uninitialized variable its first value: release waiters.
 using released_atom = caf::atom_constant<caf::atom("released")>;

@@ -20,6 +20,16 @@
 ///        an update whose id the variable applied before is answered with the
 ///        first try's version (and value) and not applied again, within the
 ///        bound of actors/variable.hpp's table (the last 1024 ids).
+///   (scatter, string op, tensor indices, tensor updates, bool want_value, uint64 request_id)
+///        -> (tensor, uint64 version)
+///        op is scatter_add, scatter_sub or scatter_update (tf.scatter_*):
+///        var[indices[i...]] (op)= updates[i...], updates of shape indices.shape
+///        + the variable's shape[1:] (or a scalar). Duplicate ids accumulate
+///        for add and sub; for update the last in indices' order wins. An id
+///        out of [0, rows) is invalid_argument naming the id, its position and
+///        the variable ("scatter_add to variable 'emb' on ...: indices[2] = 17
+///        is not in [0, 10)"), and nothing is written; uninitialized if it has
+///        no value; request_id as for var_op (0: none).
 ///   (init, initializer, bool only_if_uninitialized, string run_id) -> (uint64 version)
 ///        sets the first value; `run_id` (may be empty) names the run that
 ///        initialized it, so that waiters of a run do not take a value left by
@@ -73,6 +83,7 @@ typename Inspector::result_type inspect(Inspector& f, variable_info& x) {
 using variable_actor = caf::typed_actor<
   caf::replies_to<var_op_atom, var_op, tensor, bool>::with<tensor, uint64_t>,
   caf::replies_to<var_op_atom, var_op, tensor, bool, uint64_t>::with<tensor, uint64_t>,
+  caf::replies_to<scatter_atom, std::string, tensor, tensor, bool, uint64_t>::with<tensor, uint64_t>,
   caf::replies_to<init_atom, initializer, bool, std::string>::with<uint64_t>,
   caf::replies_to<info_atom>::with<variable_info>,
   caf::replies_to<wait_init_atom, std::string, uint32_t>::with<uint64_t>>;

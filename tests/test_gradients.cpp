@@ -146,12 +146,44 @@ TEST_CASE("gradients of reductions, softmax and cross-entropy match finite diffe
           });
 }
 
+// Bugs caught: a gather gradient that keeps one of two rows of a repeated id
+// (written, not summed), that puts a row's gradient at the position in ids
+// instead of the id, or that is not zero for rows no id names.
+TEST_CASE("the gradient of gather w.r.t. params matches finite differences, repeated ids summed",
+          "[gradients][sparse]") {
+  grad_check c;
+  auto params = random64({5, 3}, 11, -1, 1);
+  auto ids = tensor::from_values<int64_t>({2, 3}, {3, 0, 3, 1, 3, 0}); // row 2 and row 4: no id
+  c.check("gather", {params}, [&](G& g, const V& v) { return g.gather(v[0], g.constant(ids)); });
+  c.check("embedding_lookup in a model", {params, random64({3, 2}, 12, -1, 1)},
+          [&](G& g, const V& v) {
+            auto rows = g.embedding_lookup(v[0], g.constant(tensor::from_values<int32_t>({4}, {4, 4, 2, 0})));
+            return g.tanh(g.matmul(rows, v[1]));
+          });
+  // The ids get no gradient: they are integers (TF's None).
+  grad_check d;
+  auto p = d.var(params);
+  auto id_node = d.g.constant(ids);
+  auto loss = d.g.reduce_sum(d.g.gather(p, id_node));
+  auto r = gradients(d.g, loss, {id_node});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().what.find("does not depend on") != std::string::npos);
+  // And the dense gradient is the shape of params, zero for rows no id names.
+  auto dp = gradients(d.g, loss, {p});
+  REQUIRE(dp);
+  auto value = d.run({(*dp)[0]}).front();
+  REQUIRE(value.shape() == shape_type{5, 3});
+  std::vector<double> want = {2, 2, 2, 1, 1, 1, 0, 0, 0, 3, 3, 3, 0, 0, 0};
+  CHECK(value.values<double>() == want);
+}
+
 TEST_CASE("has_gradient() agrees with the ops gradients() differentiates", "[gradients]") {
   for (const char* op : {"add", "sub", "mul", "div", "neg", "exp", "log", "relu", "sigmoid", "tanh",
                          "square", "sqrt", "softplus", "matmul", "sum", "mean", "max", "softmax", "log_softmax",
-                         "softmax_xent"})
+                         "softmax_xent", "gather"})
     CHECK(has_gradient(op));
-  for (const char* op : {"relu_grad", "sum_to", "ones_like", "max_grad", "assign", "conv2d", ""})
+  for (const char* op : {"relu_grad", "sum_to", "ones_like", "max_grad", "assign", "conv2d", "",
+                         "gather_grad", "unique", "unsorted_segment_sum", "scatter_add"})
     CHECK_FALSE(has_gradient(op));
 }
 

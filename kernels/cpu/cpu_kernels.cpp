@@ -1,4 +1,5 @@
 #include "kernels/kernels.hpp"
+#include "kernels/sparse.hpp"
 #include "core/int_arith.hpp"
 
 #include <algorithm>
@@ -412,6 +413,16 @@ public:
     });
     loss = std::move(result);
     return status::success();
+  }
+
+  // The sparse ops' loops are kernels/cpu/sparse_kernels.cpp's.
+  status gather(const tensor& params, const tensor& indices, tensor& out) override {
+    return host_gather(params, indices, out);
+  }
+
+  status unsorted_segment_sum(const tensor& data, const tensor& segment_ids, int64_t num_segments,
+                              tensor& out) override {
+    return host_unsorted_segment_sum(data, segment_ids, num_segments, out);
   }
 
   status softmax_xent_grad(const tensor& dy, const tensor& logits, const tensor& labels,

@@ -8,6 +8,7 @@
 // __global__ kernels), cuda_memory.cuh (the buffer pool), cuda_bench.cu (the
 // benchmark baselines).
 #include "kernels/kernels.hpp"
+#include "kernels/sparse.hpp"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_device_kernels.cuh"
 #include "kernels/cuda/cuda_memory.cuh"
@@ -228,6 +229,27 @@ public:
   status softmax_xent_grad(const tensor& dy, const tensor& logits, const tensor& labels,
                            tensor& out) override {
     return xent(logits, labels, &dy, nullptr, &out);
+  }
+
+  /// Float params only (an integer table runs on the CPU, as an op a backend
+  /// lacks does); the ids are checked on the host before the launch.
+  status gather(const tensor& params, const tensor& indices, tensor& out) override {
+    if (params.type() != dtype::float32 && params.type() != dtype::float64)
+      return unsupported("gather of an integer table"); // the executor runs it on the CPU
+    shape_type shape;
+    AF_TRY(check_gather(params, indices, shape));
+    size_t n_ids = indices.num_elements();
+    size_t row = params.shape()[0] == 0 ? 0 : params.num_elements() / params.shape()[0];
+    tensor ids64{dtype::int64, indices.shape()};
+    for (size_t i = 0; i < n_ids; ++i)
+      ids64.mutable_data<int64_t>()[i] = integer_at(indices, i);
+    tensor result{params.type(), shape};
+    return launch(result, {&params, &ids64}, [&](auto zero, const std::vector<void*>& in, void* o) {
+      using T = decltype(zero);
+      gather_kernel<T><<<blocks_for(n_ids * row), threads_per_block, 0, stream_>>>(
+        static_cast<const T*>(in[0]), static_cast<const long long*>(in[1]), static_cast<T*>(o),
+        n_ids, row);
+    }, out);
   }
 
   status apply_sgd(tensor& var, const tensor& grad, double lr) override {

@@ -198,4 +198,14 @@ __global__ void optimizer_kernel(int kind, T* w, T* m, T* v, const T* g, size_t 
   }
 }
 
+/// out[i, k] = params[ids[i], k] (gather along axis 0); the ids were checked
+/// against params' rows on the host, so none reads out of bounds.
+template <class T>
+__global__ void gather_kernel(const T* params, const long long* ids, T* out, size_t n_ids,
+                              size_t row) {
+  GRID_LOOP(i, n_ids * row) {
+    out[i] = params[static_cast<size_t>(ids[i / row]) * row + i % row];
+  }
+}
+
 } // namespace af::kernels::cuda_detail

@@ -1,0 +1,230 @@
+// The sparse ops on the host (kernels/sparse.hpp): gather, unsorted_segment_sum,
+// unique and the scatter updates. Every id is checked before the first
+// byte is read or written, so a bad id is a sentence naming it, never an
+// access out of bounds, and a refused scatter leaves its variable as it was.
+#include "kernels/sparse.hpp"
+#include "core/int_arith.hpp"
+
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+namespace af::kernels {
+
+namespace {
+
+bool is_id_type(dtype t) {
+  return t == dtype::int32 || t == dtype::int64;
+}
+
+/// The product of shape[from:], the elements of one row.
+size_t row_elements(const shape_type& shape, size_t from) {
+  size_t n = 1;
+  for (size_t d = from; d < shape.size(); ++d)
+    n *= static_cast<size_t>(shape[d]);
+  return n;
+}
+
+/// Calls f(T{}) with T the C++ type of a dtype.
+template <class F>
+void with_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: f(float{}); break;
+    case dtype::float64: f(double{}); break;
+    case dtype::int32: f(int32_t{}); break;
+    case dtype::int64: f(int64_t{}); break;
+  }
+}
+
+/// x + y or x - y, integers wrapping as the dense kernels do (core/int_arith.hpp).
+template <class T>
+T accumulate(scatter_op op, T x, T y) {
+  return op == scatter_op::sub ? int_arith::wrap_sub(x, y) : int_arith::wrap_add(x, y);
+}
+
+} // namespace
+
+status check_ids(const tensor& ids, int64_t limit, const char* what, bool skip_negative) {
+  if (!is_id_type(ids.type()))
+    return status::dtype(std::string{what} + " must be int32 or int64, got "
+                         + dtype_name(ids.type()));
+  for (size_t i = 0; i < ids.num_elements(); ++i) {
+    auto id = integer_at(ids, i);
+    if (id >= limit || (id < 0 && !skip_negative))
+      return status::failure(std::string{what} + "[" + std::to_string(i)
+                             + "] = " + std::to_string(id) + " is not in [0, "
+                             + std::to_string(limit) + ")");
+  }
+  return status::success();
+}
+
+status gather_shape(const shape_type& params, dtype, const shape_type& indices,
+                    dtype indices_type, shape_type& out) {
+  if (params.empty())
+    return status::shape("params must have at least one dimension, got a scalar");
+  if (!is_id_type(indices_type))
+    return status::dtype(std::string{"indices must be int32 or int64, got "}
+                         + dtype_name(indices_type));
+  out = indices;
+  out.insert(out.end(), params.begin() + 1, params.end());
+  return status::success();
+}
+
+status check_gather(const tensor& params, const tensor& indices, shape_type& out) {
+  auto st = gather_shape(params.shape(), params.type(), indices.shape(), indices.type(), out);
+  if (st.ok())
+    st = check_ids(indices, params.shape()[0], "indices");
+  if (!st.ok())
+    return status::failure("gather: " + st.error, st.what);
+  return st;
+}
+
+status host_gather(const tensor& params, const tensor& indices, tensor& out) {
+  shape_type shape;
+  if (auto st = check_gather(params, indices, shape); !st.ok())
+    return st;
+  tensor result{params.type(), shape};
+  const size_t row_bytes = row_elements(params.shape(), 1) * dtype_size(params.type());
+  const std::byte* src = params.bytes();
+  std::byte* dst = result.mutable_bytes();
+  for (size_t i = 0; i < indices.num_elements(); ++i)
+    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(integer_at(indices, i)) * row_bytes,
+                row_bytes);
+  out = std::move(result);
+  return status::success();
+}
+
+status segment_sum_shape(const shape_type& data, const shape_type& ids, int64_t num_segments,
+                         shape_type& out) {
+  bool prefix = ids.size() <= data.size();
+  for (size_t d = 0; prefix && d < ids.size(); ++d)
+    prefix = ids[d] == data[d];
+  if (!prefix)
+    return status::shape("unsorted_segment_sum: segment_ids' shape " + shape_string(ids)
+                         + " is not a prefix of data's " + shape_string(data));
+  out = {num_segments};
+  out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(ids.size()), data.end());
+  return status::success();
+}
+
+status read_num_segments(const tensor& t, int64_t& out) {
+  if (!is_id_type(t.type()) || t.num_elements() != 1)
+    return status::failure("unsorted_segment_sum: num_segments must be one int32 or int64, got "
+                           + t.summary());
+  out = integer_at(t, 0);
+  if (out < 0)
+    return status::failure("unsorted_segment_sum: num_segments = " + std::to_string(out)
+                           + " is negative");
+  return status::success();
+}
+
+status host_unsorted_segment_sum(const tensor& data, const tensor& segment_ids,
+                                 int64_t num_segments, tensor& out) {
+  shape_type shape;
+  if (auto st = segment_sum_shape(data.shape(), segment_ids.shape(), num_segments, shape); !st.ok())
+    return st;
+  if (auto st = check_ids(segment_ids, num_segments, "segment_ids", true); !st.ok())
+    return status::failure("unsorted_segment_sum: " + st.error, st.what);
+  tensor result = tensor::filled(data.type(), shape, 0);
+  const size_t row = row_elements(data.shape(), segment_ids.shape().size());
+  with_type(data.type(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = data.data<T>();
+    T* o = result.mutable_data<T>();
+    for (size_t i = 0; i < segment_ids.num_elements(); ++i) {
+      auto s = integer_at(segment_ids, i);
+      if (s < 0)
+        continue; // dropped, as TensorFlow does
+      T* dst = o + static_cast<size_t>(s) * row;
+      for (size_t k = 0; k < row; ++k)
+        dst[k] = accumulate(scatter_op::add, dst[k], in[i * row + k]);
+    }
+  });
+  out = std::move(result);
+  return status::success();
+}
+
+status host_unique(const tensor& x, tensor* y, tensor* idx) {
+  if (!is_id_type(x.type()) || x.shape().size() != 1)
+    return status::shape("unique takes a 1-D int32 or int64 tensor, got " + x.summary());
+  const size_t n = x.num_elements();
+  if (n > static_cast<size_t>(INT32_MAX))
+    return status::failure("unique: " + std::to_string(n)
+                           + " ids do not fit int32 inverse indices");
+  std::unordered_map<int64_t, int32_t> first; // value -> its index in y
+  std::vector<int64_t> values;
+  tensor inverse{dtype::int32, x.shape()};
+  int32_t* inv = inverse.mutable_data<int32_t>();
+  for (size_t i = 0; i < n; ++i) {
+    auto v = integer_at(x, i);
+    auto [it, fresh] = first.emplace(v, static_cast<int32_t>(values.size()));
+    if (fresh)
+      values.push_back(v);
+    inv[i] = it->second;
+  }
+  if (y != nullptr) {
+    tensor distinct{x.type(), {static_cast<int64_t>(values.size())}};
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (x.type() == dtype::int32)
+        distinct.mutable_data<int32_t>()[k] = static_cast<int32_t>(values[k]);
+      else
+        distinct.mutable_data<int64_t>()[k] = values[k];
+    }
+    *y = std::move(distinct);
+  }
+  if (idx != nullptr)
+    *idx = std::move(inverse);
+  return status::success();
+}
+
+const char* to_string(scatter_op op) {
+  switch (op) {
+    case scatter_op::add: return "scatter_add";
+    case scatter_op::sub: return "scatter_sub";
+    case scatter_op::update: return "scatter_update";
+  }
+  return "scatter";
+}
+
+std::optional<scatter_op> parse_scatter_op(std::string_view name) {
+  for (auto op : {scatter_op::add, scatter_op::sub, scatter_op::update})
+    if (name == to_string(op))
+      return op;
+  return std::nullopt;
+}
+
+status host_scatter(scatter_op op, tensor& ref, const tensor& indices, const tensor& updates) {
+  if (ref.empty() || ref.shape().empty())
+    return status::shape("the variable must have at least one dimension, got "
+                         + (ref.empty() ? std::string{"no value"} : ref.summary()));
+  if (updates.type() != ref.type())
+    return status::dtype("updates have dtype " + std::string{dtype_name(updates.type())}
+                         + ", the variable has " + dtype_name(ref.type()));
+  shape_type want;
+  if (auto st = gather_shape(ref.shape(), ref.type(), indices.shape(), indices.type(), want);
+      !st.ok())
+    return st;
+  bool scalar = updates.num_elements() == 1 && updates.shape().empty();
+  if (updates.shape() != want && !scalar)
+    return status::shape("updates have shape " + shape_string(updates.shape()) + ", need "
+                         + shape_string(want) + " (indices' shape + the variable's row shape)");
+  // Every id before the first write: a refused scatter changes nothing.
+  if (auto st = check_ids(indices, ref.shape()[0], "indices"); !st.ok())
+    return st;
+  const size_t row = row_elements(ref.shape(), 1);
+  with_type(ref.type(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = updates.data<T>();
+    T* o = ref.mutable_data<T>(); // copies first if a reader holds the buffer
+    for (size_t i = 0; i < indices.num_elements(); ++i) { // in order: the last update wins
+      T* dst = o + static_cast<size_t>(integer_at(indices, i)) * row;
+      for (size_t k = 0; k < row; ++k) {
+        T v = in[scalar ? 0 : i * row + k];
+        dst[k] = op == scatter_op::update ? v : accumulate(op, dst[k], v);
+      }
+    }
+  });
+  return status::success();
+}
+
+} // namespace af::kernels
