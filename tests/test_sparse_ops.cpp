@@ -78,7 +78,7 @@ TEST_CASE("gather of an int32 table by int32 ids copies rows whatever the dtype 
   check_values(*y, want);
 }
 
-TEST_CASE("gather refuses an id out of [0, rows) naming the id, its position and the op "
+TEST_CASE("gather refuses an id out of range (below 0 or at least rows) naming the id, its position and the op "
           "(catches a read out of bounds)", "[sparse][gather]") {
   graph g;
   auto params = g.constant(table(10, 2));

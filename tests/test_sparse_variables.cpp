@@ -90,7 +90,7 @@ TEST_CASE("a retried scatter_add with the same request id is applied once (catch
   CHECK(values(cell)[0] == 1);
 }
 
-TEST_CASE("scatter_add through a session updates the ps's variable; a bad id comes back naming "
+TEST_CASE("scatter_add through a session updates the ps's variable, and a bad id comes back naming "
           "it and the variable, which is unchanged (catches a scatter the executor or the "
           "variable actor drops)", "[variable][sparse][embedded]") {
   embedded_under_test c{{{"ps", 1}, {"worker", 1}}};
