@@ -17,6 +17,7 @@
 #include <iterator>
 #include <functional>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -426,6 +427,48 @@ TEST_CASE("window_secs: the job ends after its warm-up and window, and `train do
       CHECK(rate == Approx(steps / seconds).epsilon(0.01));
       // y = 1 + i is learnt: the last reported training loss is small.
       CHECK(field("loss") < 1e-3);
+      // The progress lines give the time left in the warm-up or window, not
+      // an estimate from steps = 10^8 (hours of "s left").
+      size_t lines = 0, in_window = 0;
+      for (size_t p = r.out.find("step "); p != std::string::npos; p = r.out.find("\nstep ", p + 1)) {
+        auto from = r.out[p] == '\n' ? p + 1 : p;
+        auto progress = r.out.substr(from, r.out.find('\n', from) - from);
+        if (progress.find("/100000000") == std::string::npos)
+          continue;
+        INFO(progress);
+        lines += 1;
+        static const std::regex left{R"(  (warm-up|window) [0-9.]+ s left$|  waiting for every worker's first step$)"};
+        bool timed = std::regex_search(progress, left);
+        bool estimate = progress.find(" s left") != std::string::npos && !timed;
+        CHECK_FALSE(estimate);
+        if (progress.find("  window ") != std::string::npos)
+          in_window += 1;
+      }
+      CHECK(lines > 0);
+      CHECK(in_window > 0);
     }
   }
+}
+
+TEST_CASE("window_secs with log_every = 0: `train done:` says loss=n/a, not a loss of 0",
+          "[train][cli][workload]") {
+  // Catches: a timed run with no progress report (so no training loss
+  // measured) that printed loss=0, a figure the bench would take as a loss.
+  scratch_dir dir;
+  auto r = train(dir,
+                 {"--set", "mode=sync", "--set", "model=linear_bias", "--set",
+                  "data=per_worker_linear", "--set", "synthetic_examples=2", "--set",
+                  "synthetic_features=1000", "--set", "batch_size=1", "--set", "steps=100000000",
+                  "--set", "optimizer=sgd", "--set", "learning_rate=0.1", "--set", "log_every=0",
+                  "--set", "eval_every=0", "--set", "warmup_secs=0.2", "--set", "window_secs=0.3"},
+                 "timeout 120 ");
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  auto at = r.out.find("train done: ");
+  REQUIRE(at != std::string::npos);
+  auto line = r.out.substr(at, r.out.find('\n', at) - at);
+  CHECK(line.find(" loss=n/a") != std::string::npos);
+  CHECK(line.find(" loss=0") == std::string::npos);
+  CHECK(line.find("window=measured") != std::string::npos);
+  CHECK(r.out.find("training loss: n/a") != std::string::npos);
 }
