@@ -312,7 +312,11 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
          {{"--set", "data=idx:/dev/zero,/dev/zero"}, "'/dev/zero': it is a character device"},
          {{"--set", "hidden="}, "write hidden=[] for no hidden layer"},
          {{"--set", "replicas_to_aggregate=100"},
-          "replicas_to_aggregate = 100 is more than the 2 worker task(s)"}}) {
+          "replicas_to_aggregate = 100 is more than the 2 worker task(s)"},
+         {{"--set", "model=linear_bias", "--set", "data=per_worker_linear", "--set",
+           "batch_size=1", "--set", "synthetic_examples=5"},
+          "synthetic_examples = 5 with data = \"per_worker_linear\", 2 worker task(s) and "
+          "batch_size = 1: its examples are the workers' own"}}) {
     auto args = c.args;
     args.insert(args.end(), {"--set", "steps=2"});
     auto r = train(dir, args, "timeout 60 ");
@@ -331,6 +335,23 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
     CHECK(r.status == 2);
     CHECK(occurrences(r.err, "replicas_to_aggregate = 100 is more than the 2 worker task(s)")
           == 1);
+  }
+  // ... and with per_worker_linear's examples for another number of workers.
+  {
+    std::ofstream{dir / "cluster.toml"} << "[cluster]\nps = [\"127.0.0.1:1\"]\n"
+                                            "worker = [\"127.0.0.1:2\", \"127.0.0.1:3\", "
+                                            "\"127.0.0.1:4\"]\n"
+                                            "[train]\nmodel = \"linear_bias\"\n"
+                                            "data = \"per_worker_linear\"\n"
+                                            "synthetic_examples = 2\nbatch_size = 1\n";
+    auto r = train(dir, {"--config", dir / "cluster.toml", "--job", "worker", "--task", "1"},
+                   "timeout 30 ");
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(occurrences(r.err, "synthetic_examples = 2 with data = \"per_worker_linear\", 3 "
+                             "worker task(s) and batch_size = 1")
+          == 1);
+    CHECK(occurrences(r.err, "set synthetic_examples = 3 (worker tasks x batch_size)") == 1);
   }
   auto fifo = dir / "config.fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
