@@ -33,6 +33,8 @@ std::string changes(const aggregator_stats& from, const aggregator_stats& to) {
     if (fresh < to.events_total - from.events_total)
       what.push_back(fmt::format("{} earlier event(s)", to.events_total - from.events_total - fresh));
   }
+  if (to.events_total < from.events_total) // counts start again: another aggregator
+    what.push_back("ps 0's aggregator is a new one (its ps died and came back)");
   if (to.switches != from.switches && what.empty())
     what.push_back(fmt::format("mode {} -> {}", from.mode, to.mode));
   // A worker the job started with that finishes says so in no event.
