@@ -486,12 +486,15 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   directory->set_aggregator_call(
     [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step,
            push_credentials who, tensor values,
-           std::chrono::milliseconds wait) -> caf::expected<std::pair<uint64_t, tensor>> {
-      caf::expected<std::pair<uint64_t, tensor>> out{
+           std::chrono::milliseconds wait) -> caf::expected<variable_directory::aggregator_answer> {
+      caf::expected<variable_directory::aggregator_answer> out{
         make_error(af_error::internal, "the aggregator did not answer")};
       caf::scoped_actor self{sys};
+      auto on_pushed = [&](uint64_t global_step, tensor& params, bool dropped_late) {
+        out = variable_directory::aggregator_answer{global_step, std::move(params), dropped_late};
+      };
       auto on_value = [&](uint64_t global_step, tensor& params) {
-        out = std::make_pair(global_step, std::move(params));
+        out = variable_directory::aggregator_answer{global_step, std::move(params), false};
       };
       auto on_error = [&](caf::error& err) { out = std::move(err); };
       if (kind == static_cast<uint8_t>(wire::kind::push)
@@ -502,11 +505,11 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
         if (kind == static_cast<uint8_t>(wire::kind::push_params))
           self->request(agg, wait, push_atom::value, params_atom::value, worker, step,
                         std::move(who), std::move(parts))
-            .receive(on_value, on_error);
+            .receive(on_pushed, on_error);
         else
           self->request(agg, wait, push_atom::value, worker, step, std::move(who),
                         std::move(parts))
-            .receive(on_value, on_error);
+            .receive(on_pushed, on_error);
       } else {
         self->request(agg, wait, pull_atom::value).receive(on_value, on_error);
       }

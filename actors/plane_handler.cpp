@@ -229,8 +229,10 @@ bool variable_directory::aggregate(plane_request& req) {
   if (!r)
     return req.reply_error(r.error());
   wire::header reply;
-  reply.version = r->first;
-  const auto& params = r->second;
+  reply.version = r->global_step;
+  if (r->dropped_late)
+    reply.reserved = wire::reply_flags::dropped_late;
+  const auto& params = r->params;
   if (!params.empty())
     wire::describe_tensor(params, reply); // rank 1
   return req.reply(reply, params.empty() ? nullptr : params.bytes());

@@ -59,7 +59,14 @@ public:
   /// the aggregator, the frame kind (push or pull), worker, step, who sent
   /// it (a push's token and number, and the connection's peer), the flat
   /// values (empty for pull or an abstention), the wait.
-  using aggregator_call = std::function<caf::expected<std::pair<uint64_t, tensor>>(
+  /// An aggregator's answer: the global step, the flat parameters, and
+  /// (a sync push) whether the push was dropped as late.
+  struct aggregator_answer {
+    uint64_t global_step = 0;
+    tensor params;
+    bool dropped_late = false;
+  };
+  using aggregator_call = std::function<caf::expected<aggregator_answer>(
     const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,
     std::chrono::milliseconds)>;
   void set_aggregator_call(aggregator_call f);

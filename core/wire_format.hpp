@@ -101,13 +101,21 @@ struct header {
   uint8_t dtype = 0;
   uint8_t rank = 0;
   uint8_t status = 0;     ///< replies: 0 = ok, else an af_error code (check valid_af_error)
-  uint16_t reserved = 0;  ///< push / pull: the worker's index
+  /// push / pull: the worker's index; a push's reply: reply_flags
+  uint16_t reserved = 0;
   uint32_t name_len = 0;
   uint64_t version = 0;   ///< replies: the variable's version; variable-op requests: the
                           ///< request id (0: none; an update is applied once per id)
   uint64_t payload_bytes = 0;
   int64_t dims[max_rank] = {};
 };
+
+/// Bits of a push's reply's `reserved`. A node older than the flag sends 0.
+namespace reply_flags {
+/// sync: the push was dropped as late (its step had closed without it): the
+/// worker asks `closed` before its next pushes (dist/worker.hpp).
+constexpr uint16_t dropped_late = 1;
+} // namespace reply_flags
 
 static_assert(sizeof(header) == 96, "the frame header is 96 bytes on the wire");
 

@@ -76,7 +76,12 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
 /// What every mode answers the same way (aggregator_handlers.cpp).
 auto common_handlers(self_pointer self) {
   return std::make_tuple(
-    [self](pull_atom) -> push_result { return answer_now(self); },
+    [self](pull_atom) -> caf::result<uint64_t, tensor> {
+      auto p = params(self);
+      if (!p)
+        return std::move(p.error());
+      return {self->state.global_step, std::move(*p)};
+    },
     [self](stats_atom) -> aggregator_stats { return stats_of(self); },
     [self](closed_atom, uint32_t worker, uint64_t step,
            std::string& token) -> caf::result<uint64_t, bool> {
@@ -161,7 +166,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         st.stats.dropped_stale += 1;
         m.stats.late += 1;
         m.seq_taken = std::max(m.seq_taken, who.seq);
-        return answer_now(self);
+        return answer_now(self, true);
       }
       if (step > st.global_step)
         return ahead_of(st, worker, step);
@@ -226,7 +231,7 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
       member(st, worker).stats.clock += 1;
       release_ssp(self); // this push may have been the slowest's
       if (!within_bound(st, worker)) {
-        auto promise = self->make_response_promise<uint64_t, tensor>();
+        auto promise = self->make_response_promise<uint64_t, tensor, bool>();
         st.ssp_waiting.push_back({worker, promise, clock_type::now()});
         schedule_sweep(self);
         return promise;
@@ -353,7 +358,7 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
     st.guard = norm_guard{spec.grad_norm_guard};
-    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor>>{spec.workers,
+    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor, bool>>{spec.workers,
                                                                                st.total};
     member(st, spec.workers - 1);
     st.stats.staleness.assign(staleness_buckets, 0);

@@ -70,7 +70,7 @@ struct aggregator_actor_state {
 
   /// sync: one step; average: one average (async: only its workers' done
   /// flags). The tickets are the parked pushes' promises.
-  aggregation_round<caf::typed_response_promise<uint64_t, tensor>> round;
+  aggregation_round<caf::typed_response_promise<uint64_t, tensor, bool>> round;
   /// average: the most a completed round moved the global step (the workers'
   /// average_every); 0 before the first. Bounds the step of a round's first push.
   uint64_t average_stride = 0;
@@ -91,7 +91,7 @@ struct aggregator_actor_state {
   /// ssp: pushes answered once the slowest member catches up.
   struct ssp_wait {
     uint32_t worker;
-    caf::typed_response_promise<uint64_t, tensor> promise;
+    caf::typed_response_promise<uint64_t, tensor, bool> promise;
     std::chrono::steady_clock::time_point since;
     bool logged = false;
   };

@@ -20,8 +20,8 @@ namespace af::aggregator_detail {
 
 using self_pointer = aggregator_impl_actor::stateful_pointer<aggregator_actor_state>;
 using clock_type = std::chrono::steady_clock;
-using push_result = caf::result<uint64_t, tensor>;
-using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor>>>;
+using push_result = caf::result<uint64_t, tensor, bool>;
+using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor, bool>>>;
 
 constexpr size_t staleness_buckets = 16;
 constexpr size_t max_events = 32;
@@ -68,8 +68,9 @@ void depart(self_pointer self, uint32_t worker, const std::string& why);
 /// The flat parameters of the current global step (made once per step).
 caf::expected<tensor> params(self_pointer self);
 
-/// The answer "here is where the job stands": the global step and the parameters.
-push_result answer_now(self_pointer self);
+/// The answer "here is where the job stands": the global step and the
+/// parameters; `dropped_late`: the push answered was dropped as late (sync).
+push_result answer_now(self_pointer self, bool dropped_late = false);
 
 /// Drops the cached flat parameters (they changed, or are about to).
 void invalidate(self_pointer self);

@@ -94,7 +94,7 @@ void answer_all(self_pointer self, tickets waiting) {
   auto p = params(self);
   for (auto& w : waiting) {
     if (p)
-      w.second.deliver(self->state.global_step, *p);
+      w.second.deliver(self->state.global_step, *p, false);
     else
       w.second.deliver(p.error());
   }
@@ -204,7 +204,7 @@ void sweep(self_pointer self) {
 
 push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq) {
   auto& st = self->state;
-  auto promise = self->make_response_promise<uint64_t, tensor>();
+  auto promise = self->make_response_promise<uint64_t, tensor, bool>();
   if (!st.round.in_progress())
     st.deadline_periods = 0;
   member(st, worker).parked_since = clock_type::now();
@@ -308,7 +308,7 @@ void release_ssp(self_pointer self, bool all) {
     }
     member(st, w.worker).stats.waited_ms += static_cast<uint64_t>(since(w.since, now).count());
     if (p)
-      w.promise.deliver(st.global_step, *p);
+      w.promise.deliver(st.global_step, *p, false);
     else
       w.promise.deliver(p.error());
   }

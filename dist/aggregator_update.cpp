@@ -78,11 +78,11 @@ caf::expected<tensor> params(self_pointer self) {
   return flat;
 }
 
-push_result answer_now(self_pointer self) {
+push_result answer_now(self_pointer self, bool dropped_late) {
   auto p = params(self);
   if (!p)
     return std::move(p.error());
-  return {self->state.global_step, std::move(*p)};
+  return {self->state.global_step, std::move(*p), dropped_late};
 }
 
 void invalidate(self_pointer self) {

@@ -19,7 +19,43 @@ using steady = std::chrono::steady_clock;
 /// How often the watch looks at ps 0 (before the warm-up) and at the user's stop.
 constexpr std::chrono::milliseconds tick{10};
 
+/// What changed on ps 0 between `from` (the warm-up's start) and `to` (the
+/// window's end) that makes the window another measurement than the
+/// defined one: workers that joined, left or finished, a mode switch or a
+/// change of its settings. "" if nothing did.
+std::string changes(const aggregator_stats& from, const aggregator_stats& to) {
+  std::vector<std::string> what;
+  if (to.events_total > from.events_total) {
+    // The events since `from` that `to` still holds (it keeps the last 32).
+    auto fresh = std::min<uint64_t>(to.events_total - from.events_total, to.events.size());
+    for (auto i = to.events.size() - fresh; i < to.events.size(); ++i)
+      what.push_back(to.events[i]);
+    if (fresh < to.events_total - from.events_total)
+      what.push_back(fmt::format("{} earlier event(s)", to.events_total - from.events_total - fresh));
+  }
+  if (to.events_total < from.events_total) // counts start again: another aggregator
+    what.push_back("ps 0's aggregator is a new one (its ps died and came back)");
+  if (to.switches != from.switches && what.empty())
+    what.push_back(fmt::format("mode {} -> {}", from.mode, to.mode));
+  // A worker the job started with that finishes says so in no event.
+  if (to.workers_done != from.workers_done || to.active != from.active)
+    what.push_back(fmt::format("workers pushing {} -> {}", from.active, to.active));
+  return fmt::format("{}", fmt::join(what, "; "));
+}
+
 } // namespace
+
+std::string window_phase::left() const {
+  auto phase = now.load();
+  if (phase == starting)
+    return "  waiting for every worker's first step";
+  if (phase == over)
+    return "";
+  auto ns = until_ns.load() - steady::now().time_since_epoch().count();
+  double secs = std::max<double>(0, static_cast<double>(ns) / 1e9);
+  return fmt::format(secs < 10 ? "  {} {:.1f} s left" : "  {} {:.0f} s left",
+                     phase == warm_up ? "warm-up" : "window", secs);
+}
 
 std::string stop_key(uint64_t chief_incarnation) {
   return fmt::format("train/window-stop/{}", chief_incarnation);
@@ -90,6 +126,7 @@ std::chrono::milliseconds timed_window::start_limit() const {
 void timed_window::run_chief() {
   auto timeout = std::chrono::milliseconds{std::min<uint32_t>(c_.step_timeout_ms, 5000)};
   // ps 0's global step, read at the midpoint of the request's round trip.
+  aggregator_stats last;
   auto sample = [&](uint64_t& step, steady::time_point& at) {
     auto asked = steady::now();
     auto st = ask<aggregator_stats>(s_, ps0_, timeout, stats_atom::value);
@@ -98,8 +135,14 @@ void timed_window::run_chief() {
       return false;
     step = st->global_step;
     at = asked + (answered - asked) / 2;
+    last = std::move(*st);
     return true;
   };
+  auto enter = [&](window_phase::phase p, steady::time_point until) {
+    phase_->until_ns.store(until.time_since_epoch().count());
+    phase_->now.store(p);
+  };
+  aggregator_stats began; // ps 0 as the warm-up starts: its workers and mode
   // 1. every worker has taken a step: pushed, or skipped one that closed
   // without it (a backup worker slower than the others may skip every step
   // and never push)
@@ -113,8 +156,10 @@ void timed_window::run_chief() {
           idle.push_back(fmt::format("worker {}{}{}", w.worker, w.task.empty() ? "" : " ",
                                      w.task));
     auto stepped = st ? st->workers.size() - idle.size() : 0;
-    if (st && stepped >= workers_)
+    if (st && stepped >= workers_) {
+      began = std::move(*st);
       break;
+    }
     if (steady::now() >= limit) {
       // The window cannot be measured as defined (after every worker's
       // first step): the job ends cut short (`train done: window=cut_short`).
@@ -135,21 +180,32 @@ void timed_window::run_chief() {
   }
   // 2. the warm-up, 3. the window
   auto both = steady::now();
-  if (!wait_until(both + std::chrono::duration_cast<steady::duration>(
-                           std::chrono::duration<double>(c_.warmup_secs))))
+  auto warm_end = both + std::chrono::duration_cast<steady::duration>(
+                           std::chrono::duration<double>(c_.warmup_secs));
+  enter(window_phase::warm_up, warm_end);
+  if (!wait_until(warm_end))
     return;
   uint64_t g0 = 0, g1 = 0;
   steady::time_point t0, t1;
   if (!sample(g0, t0))
     return;
-  if (!wait_until(t0 + std::chrono::duration_cast<steady::duration>(
-                         std::chrono::duration<double>(c_.window_secs))))
+  auto window_end = t0 + std::chrono::duration_cast<steady::duration>(
+                           std::chrono::duration<double>(c_.window_secs));
+  enter(window_phase::window, window_end);
+  if (!wait_until(window_end))
     return;
   if (!sample(g1, t1))
     return;
-  result_.measured = true;
+  phase_->now.store(window_phase::over);
   result_.steps = g1 >= g0 ? g1 - g0 : 0;
   result_.seconds = std::chrono::duration<double>(t1 - t0).count();
+  // Another set of workers or another mode within the warm-up or the
+  // window: not the defined measurement (its steps/s would mix two jobs).
+  result_.not_measured = changes(began, last);
+  result_.measured = result_.not_measured.empty();
+  if (!result_.measured)
+    log::get()->warn("chief: timed window: not measured: during the warm-up or the window: {}",
+                     result_.not_measured);
   // 4. everyone stops: the others through the store, this worker at once
   break_off();
 }

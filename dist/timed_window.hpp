@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "actors/kv_store.hpp"
@@ -25,9 +26,28 @@ namespace af::training_detail {
 
 /// What the chief measured.
 struct window_result {
-  bool measured = false;  ///< the window ran to its end (the job did not end first)
+  /// The window ran to its end (the job did not end first) with the same
+  /// workers and mode as it began (its warm-up's start).
+  bool measured = false;
   uint64_t steps = 0;     ///< ps 0's global steps in the window
   double seconds = 0;     ///< its length, from the two samples' midpoints
+  /// Why a window that ran to its end is not the defined measurement: a
+  /// worker joined, left or finished, or the mode (or its settings) changed
+  /// during the warm-up or the window ("" if none did).
+  std::string not_measured;
+};
+
+/// Where the chief's watch is, for its progress lines (they show the time
+/// left in the warm-up or the window, not an estimate from `steps`, which a
+/// timed run does not run to). Written by the watch, read by the reporter.
+struct window_phase {
+  enum phase : int { starting = 0, warm_up = 1, window = 2, over = 3 };
+  std::atomic<int> now{starting};
+  std::atomic<int64_t> until_ns{0}; ///< the phase's end, steady clock
+
+  /// "  warm-up 3 s left", "  window 12 s left", "  waiting for every
+  /// worker's first step", or "" once over.
+  std::string left() const;
 };
 
 /// The key under which the chief says stop (its store, its incarnation).
@@ -60,6 +80,9 @@ public:
   /// Ends the watch (the worker is done) and returns what the chief measured.
   window_result close();
 
+  /// Where the watch is (the chief's; the others' stay `starting`).
+  std::shared_ptr<const window_phase> phase() const { return phase_; }
+
 private:
   void run_chief();
   void run_other();
@@ -87,6 +110,7 @@ private:
   std::condition_variable wake_;
   bool closing_ = false;
   window_result result_;
+  std::shared_ptr<window_phase> phase_ = std::make_shared<window_phase>();
   caf::error failure_; ///< set on the watch's thread, read after close()
   std::thread thread_;
 };

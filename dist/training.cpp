@@ -649,6 +649,8 @@ caf::expected<std::unique_ptr<timed_window>> arm_window(task_run& t) {
                                           chief_info->store, chief_info->incarnation, t.opts.stop);
   t.setup.stop = w->stop();
   t.setup.stopped = std::make_shared<stopped_counts>();
+  if (t.chief && t.rep)
+    t.rep->time_left = [phase = w->phase()] { return phase->left(); };
   return w;
 }
 
@@ -658,7 +660,8 @@ caf::expected<std::unique_ptr<timed_window>> arm_window(task_run& t) {
 worker_result timed_end(task_run& t, const window_result& w, const stopped_counts& own) {
   worker_result r;
   r.seconds = w.seconds;
-  r.loss = t.rep ? t.rep->last_loss : 0;
+  r.has_loss = t.rep && t.rep->reports > 0;
+  r.loss = r.has_loss ? t.rep->last_loss : 0;
   r.shards = t.setup.shards;
   // Its own counts as it stopped: its steps, the skipped ones among them (a
   // backup worker's), and the global step it last saw.
@@ -716,6 +719,9 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
     }
     outcome.window_steps = measured.steps;
     outcome.window_seconds = measured.measured ? measured.seconds : 0;
+    outcome.window_not_measured = measured.not_measured;
+    if (t.rep)
+      t.rep->time_left = nullptr; // the watch is closed
   }
   if (!r)
     return std::move(r.error());

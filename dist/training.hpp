@@ -76,6 +76,9 @@ struct train_outcome {
   /// its length (0: the job ended before the window did).
   uint64_t window_steps = 0;
   double window_seconds = 0;
+  /// Why a window that ran to its end is no measurement (window_seconds 0):
+  /// the workers or the mode changed during it (timed_window.hpp).
+  std::string window_not_measured;
 };
 
 /// The chief's progress line: "step S/T ..." where S counts toward the job's
@@ -83,9 +86,11 @@ struct train_outcome {
 /// replica's local steps, average how many averaging rounds), then the loss,
 /// held-out accuracy when evaluated, examples/s, async's staleness (median,
 /// max, the histogram's non-empty buckets as s:count) and the time left
-/// (from `start`, the step the job started at).
+/// (from `start`, the step the job started at). A timed run (window_secs)
+/// runs to its window's end, not to `total`: its line ends with
+/// `timed_left` instead ("  window 12 s left"; empty: nothing).
 std::string progress_line(const train::train_config& c, uint64_t total, uint64_t start,
-                          const worker_progress& p);
+                          const worker_progress& p, const std::string& timed_left = {});
 
 /// What `actorflow-train --status` prints for one ps's aggregator (`where`
 /// names it): the mode, the global step, and a row per worker: examples/s,

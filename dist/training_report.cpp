@@ -74,8 +74,10 @@ std::string metrics_stem(const std::string& csv) {
 
 void reporter::operator()(const worker_progress& p) {
   last_loss = p.loss;
+  reports += 1;
   if (print) {
-    std::printf("%s\n", progress_line(*cfg, total, start, p).c_str());
+    std::printf("%s\n",
+                progress_line(*cfg, total, start, p, time_left ? time_left() : "").c_str());
     // Who joined or left (and mode switches) since the last line.
     const auto& ev = p.stats.events;
     auto fresh = events.take(p.stats.events_total, ev.size());
@@ -115,11 +117,17 @@ void reporter::operator()(const worker_progress& p) {
 } // namespace training_detail
 
 std::string progress_line(const train::train_config& c, uint64_t total, uint64_t start,
-                          const worker_progress& p) {
-  double left = 0;
-  uint64_t done = p.step > start ? p.step - start : 0;
-  if (done > 0 && p.step < total)
-    left = p.seconds * static_cast<double>(total - p.step) / static_cast<double>(done);
+                          const worker_progress& p, const std::string& timed_left) {
+  // A timed run stops at its window's end, not at `total`: the time left
+  // is its warm-up's or window's (timed_left), never an estimate from steps.
+  std::string left = timed_left;
+  if (c.window_secs <= 0) {
+    double secs = 0;
+    uint64_t done = p.step > start ? p.step - start : 0;
+    if (done > 0 && p.step < total)
+      secs = p.seconds * static_cast<double>(total - p.step) / static_cast<double>(done);
+    left = fmt::format("  {:.0f} s left", secs);
+  }
   std::string acc = p.accuracy >= 0 ? fmt::format("  held-out {:.4f}", p.accuracy) : "";
   std::string what;
   if (c.mode == "average")
@@ -127,8 +135,7 @@ std::string progress_line(const train::train_config& c, uint64_t total, uint64_t
                        p.rounds, p.rounds == 1 ? "" : "s", std::max<uint32_t>(1, c.average_every));
   else if (c.mode == "allreduce")
     what = " steps of each replica";
-  return fmt::format("step {}/{}{}  loss {:.4f}{}  {:.0f} examples/s (this worker){}{}  {:.0f} s "
-                     "left",
+  return fmt::format("step {}/{}{}  loss {:.4f}{}  {:.0f} examples/s (this worker){}{}{}",
                      p.step, total, what, p.loss, acc, p.examples_per_s,
                      staleness_summary(p.stats.staleness), per_worker_summary(p.stats), left);
 }

@@ -51,6 +51,10 @@ struct reporter {
   event_cursor events;
   std::function<void(const worker_progress&)> forward;
   double last_loss = 0; ///< the last report's mean training loss
+  uint64_t reports = 0; ///< reports so far (0: no loss was measured)
+  /// A timed run, the chief: where its watch is (the lines show the time
+  /// left in the warm-up or window); null otherwise.
+  std::function<std::string()> time_left;
 
   ~reporter() {
     if (per_worker)

@@ -209,15 +209,15 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
     auto push = [self](std::vector<tensor> grads) {
       auto& st = self->state;
       st.pending = grads; // shares the buffers
-      auto pushed = st.global_step;
-      exchange(self, &grads, false, [self, pushed](uint64_t step, std::vector<tensor> params) {
+      exchange(self, &grads, false, [self](uint64_t step, std::vector<tensor> params) {
         auto& st = self->state;
         st.pending.clear();
-        // sync: a round that closed without this push (the global step
-        // moved more than the one step this push could have closed) makes
-        // it ask before its next pushes; two in time in a row stop that.
+        // sync: a push that an aggregator dropped as late (its answer says
+        // so; the global step cannot: a push dropped just after its round
+        // closed is answered with the step that round made, as one in time)
+        // makes it ask before its next pushes; two in time in a row stop that.
         if (st.mode == "sync") {
-          st.in_time = step > pushed + 1 ? 0 : std::min<uint32_t>(st.in_time + 1, 2);
+          st.in_time = st.answered_late ? 0 : std::min<uint32_t>(st.in_time + 1, 2);
           if (st.in_time == 0)
             st.late_suspect = true;
           else if (st.in_time >= 2)

@@ -81,6 +81,9 @@ struct worker_result {
   uint64_t global_step = 0;
   double seconds = 0;           ///< first step to last
   double loss = 0;              ///< mean of the last report's window
+  /// False: no progress report measured a loss (a timed run stopped before
+  /// its first report, log_every = 0 for one); `loss` is then no figure.
+  bool has_loss = true;
   double accuracy = -1;         ///< held-out at the end (chief)
   double test_loss = -1;
   uint64_t refused = 0;         ///< its steps it abstained from (non-finite)

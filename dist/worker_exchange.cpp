@@ -161,9 +161,11 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
   self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
                 step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
     .then(
-      [self, g, k, then](uint64_t step, tensor& flat) {
+      [self, g, k, then](uint64_t step, tensor& flat, bool dropped_late) {
         if (g->failed)
           return;
+        if (dropped_late)
+          self->state.answered_late = true;
         if (auto err = take(self, k, flat, g->params)) {
           g->failed = true;
           fail(self, std::move(err), "taking the parameters");
@@ -352,6 +354,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     });
     return;
   }
+  st.answered_late = false;
   auto g = std::make_shared<exchange_gather>();
   g->missing = st.setup.shards.size();
   g->params.resize(st.setup.params.size());

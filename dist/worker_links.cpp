@@ -21,7 +21,7 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
         const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind, uint64_t local_step,
-        const std::string& token, uint64_t seq) -> caf::result<uint64_t, tensor> {
+        const std::string& token, uint64_t seq) -> caf::result<uint64_t, tensor, bool> {
       if (before && kind != static_cast<uint8_t>(wire::kind::pull))
         before(local_step);
       if (!*chan || (*chan)->broken()) {
@@ -33,11 +33,12 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
           return std::move(c.error());
         *chan = std::move(*c);
       }
+      bool dropped_late = false;
       auto r = (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
-                                  std::chrono::milliseconds{wait_ms}, token, seq);
+                                  std::chrono::milliseconds{wait_ms}, token, seq, &dropped_late);
       if (!r)
         return std::move(r.error());
-      return {r->first, std::move(r->second)};
+      return {r->first, std::move(r->second), dropped_late};
     },
   };
 }

@@ -77,14 +77,18 @@ struct worker_state : worker_loop {
   uint64_t loss_count = 0;
   double last_loss = 0;
   uint64_t refused = 0;
-  /// sync with backup workers: it was late (a push answered with a global
-  /// step more than one past the one it pushed for, or an aggregator said
-  /// its step had closed), so it asks (closed) after its slow part whether
+  /// sync with backup workers: it was late (a push's answer said it was
+  /// dropped as late, or an aggregator said its step had closed), so it
+  /// asks (closed) after its slow part whether
   /// its step closed without it; cleared by two pushes in time in a row
   /// (one may be luck: the others slow to start). A worker that keeps up
   /// asks nothing (no request on its step's path).
   bool late_suspect = false;
   uint32_t in_time = 0;           ///< pushes in time since it was last late
+  /// This exchange: a shard answered that it dropped the push as late
+  /// (messages/aggregator.hpp's dropped_late; the global step in the answer
+  /// cannot tell: a push of step s dropped just after s closed gets s + 1).
+  bool answered_late = false;
   /// Per shard, this step: the aggregator said the step closed without this
   /// worker, so its part is not pushed there (the parameters are pulled).
   std::vector<bool> closed;

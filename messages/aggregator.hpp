@@ -13,7 +13,7 @@
 ///
 /// Protocol (every reply may instead be an error of messages/error.hpp):
 ///   (push, uint32 worker, uint64 step, push_credentials who, vector<tensor> values)
-///                                 -> (uint64 global_step, tensor params)
+///                                 -> (uint64 global_step, tensor params, bool dropped_late)
 ///        Only the member that joined as `worker` pushes for it: `who.token`
 ///        must be the token its join was answered with (compared in constant
 ///        time); a push with another token, or for an index that has not
@@ -34,9 +34,13 @@
 ///                 have, or at step_deadline_ms with at least min_replicas;
 ///                 the mean is applied once and the global step moves on. A
 ///                 gradient of an older step is dropped, counted as late, and
-///                 answered at once with the current parameters (after a
-///                 switch to sync, a worker's first push joins the round
-///                 whatever its step).
+///                 answered at once with the current parameters and
+///                 `dropped_late` true, the one answer that sets it: the
+///                 worker then asks `closed` before its next pushes (the
+///                 global step alone cannot tell it: a push of step s
+///                 dropped just after step s closed is answered s + 1, as
+///                 one in time is). After a switch to sync, a worker's first
+///                 push joins the round whatever its step.
 ///        async:   a gradient computed from the parameters of global step
 ///                 `step`: applied at once; its staleness (global step now -
 ///                 `step`) goes into the histogram.
@@ -63,7 +67,7 @@
 ///        everything that could refuse it (a variable with no value yet is
 ///        uninitialized naming it) is checked for all of them first.
 ///   (push, params, uint32 worker, uint64 step, push_credentials who, vector<tensor> values)
-///                                 -> as push: values that
+///                                 -> as push (dropped_late false): values that
 ///        are parameters (average workers push these). A push of the kind the
 ///        mode does not take (parameters to sync/async/ssp; after a live
 ///        switch into average, a plain push, which is a gradient) is
@@ -284,8 +288,8 @@ typename Inspector::result_type inspect(Inspector& f, push_credentials& x) {
 }
 
 using aggregator_actor = caf::typed_actor<
-  caf::replies_to<push_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
-  caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor>,
+  caf::replies_to<push_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor, bool>,
+  caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor, bool>,
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
   caf::replies_to<closed_atom, uint32_t, uint64_t, std::string>::with<uint64_t, bool>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,

@@ -146,6 +146,7 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
     }
     return fail(what, err);
   }
+  reply_flags_ = 0;
   auto problem = wire::validate(r);
   if (problem.empty() && r.kind != static_cast<uint8_t>(wire::kind::reply))
     problem = "a request frame sent as a reply";
@@ -187,6 +188,7 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       return fail(what, errno);
   }
   last_reply_ = std::chrono::steady_clock::now();
+  reply_flags_ = r.reserved;
   if (ucx_)
     ucx_carried_ = true;
   if ((shm_possible_ && !shm_) || (ucx_possible_ && !ucx_))
@@ -261,8 +263,10 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
 caf::expected<std::pair<uint64_t, tensor>>
 data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worker, uint64_t step,
                         const std::vector<tensor>& values, std::chrono::milliseconds wait,
-                        const std::string& token, uint64_t seq) {
+                        const std::string& token, uint64_t seq, bool* dropped_late) {
   bool push = kind == wire::kind::push || kind == wire::kind::push_params;
+  if (dropped_late != nullptr)
+    *dropped_late = false;
   auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
   if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
     return make_error(af_error::invalid_argument, what + ": not a push or pull frame");
@@ -329,6 +333,8 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
     set_timeout(fd_, SO_RCVTIMEO, timeout_);
   if (!r)
     return std::move(r.error());
+  if (dropped_late != nullptr)
+    *dropped_late = push && (reply_flags_ & wire::reply_flags::dropped_late) != 0;
   return std::make_pair(r->second, std::move(r->first));
 }
 

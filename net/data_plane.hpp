@@ -178,13 +178,16 @@ public:
   /// the global step and the flat parameters. `wait` bounds this call's reply
   /// (a sync push waits for the other workers).
   /// A push carries `token` (the one the worker's join was answered with)
-  /// and its number `seq` (push_credentials); a pull neither.
+  /// and its number `seq` (push_credentials); a pull neither. `dropped_late`
+  /// (if given) is set to whether the node's reply says the push was dropped
+  /// as late (wire::reply_flags::dropped_late; false from an older node).
   caf::expected<std::pair<uint64_t, tensor>> aggregate(wire::kind kind, const std::string& name,
                                                        uint32_t worker, uint64_t step,
                                                        const std::vector<tensor>& values,
                                                        std::chrono::milliseconds wait,
                                                        const std::string& token = {},
-                                                       uint64_t seq = 0);
+                                                       uint64_t seq = 0,
+                                                       bool* dropped_late = nullptr);
 
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on
@@ -252,6 +255,7 @@ private:
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_reply_;
+  uint16_t reply_flags_ = 0; ///< the last reply's `reserved` (wire::reply_flags)
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
   secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned

@@ -121,11 +121,24 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
               "examples_per_s=%.1f",
               c.mode.c_str(), workers, static_cast<unsigned long long>(r.global_step),
               timed ? o.window_seconds : r.seconds, sps, sps * examples_per_step(c, workers));
-  if (timed)
-    std::printf(" window_steps=%llu window=%s loss=%.6g",
-                static_cast<unsigned long long>(o.window_steps),
-                o.window_seconds > 0 ? "measured" : "cut_short", r.loss);
+  if (timed) {
+    // measured; not_measured: it ran to its end, but the workers or the
+    // mode changed during it; cut_short: the job ended first.
+    const char* window = o.window_seconds > 0                 ? "measured"
+                         : !o.window_not_measured.empty() ? "not_measured"
+                                                          : "cut_short";
+    std::printf(" window_steps=%llu window=%s", static_cast<unsigned long long>(o.window_steps),
+                window);
+    // No progress report (log_every = 0, or none before the stop): no loss to give.
+    if (r.has_loss)
+      std::printf(" loss=%.6g", r.loss);
+    else
+      std::printf(" loss=n/a");
+  }
   std::printf("\n");
+  if (timed && !o.window_not_measured.empty())
+    std::printf("window: not measured: during the warm-up or the window: %s\n",
+                o.window_not_measured.c_str());
   if (!o.stats.mode.empty() && o.stats.mode != c.mode)
     std::printf("mode: the job ended in %s after %llu live switch(es) (the config says %s)\n",
                 o.stats.mode.c_str(), static_cast<unsigned long long>(o.stats.switches),
@@ -145,8 +158,12 @@ void summary(const af::train::train_config& c, uint32_t workers, const af::train
     std::printf("%s\n", o.plot.c_str());
   if (r.accuracy >= 0)
     std::printf("held-out accuracy: %.4f (%zu examples)\n", r.accuracy, test_examples);
-  else if (timed && r.test_loss < 0)
+  else if (timed && r.test_loss < 0 && r.has_loss)
     std::printf("training loss (the last progress report's): %.6g\n", r.loss);
+  else if (timed && r.test_loss < 0)
+    std::printf("training loss: n/a (no progress report before the window ended: log_every = "
+                "%llu)\n",
+                static_cast<unsigned long long>(c.log_every));
   else
     std::printf("held-out loss: %.6f (%zu examples)\n", r.test_loss, test_examples);
   std::fflush(stdout);

@@ -110,11 +110,18 @@ struct aggregator_fixture {
     return self->request(agg, 10s, push_atom::value, worker, step, std::move(who), std::move(v));
   }
 
+  /// The push's answer; `dropped_late` (if given): whether it said the
+  /// push was dropped as late.
   template <class Handle>
-  static push_reply reply(Handle& h) {
+  static push_reply reply(Handle& h, bool* dropped_late = nullptr) {
     push_reply out{make_error(af_error::internal, "no reply")};
-    h.receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
-              [&](caf::error& e) { out = std::move(e); });
+    h.receive(
+      [&](uint64_t g, tensor& p, bool late) {
+        out = std::make_pair(g, std::move(p));
+        if (dropped_late != nullptr)
+          *dropped_late = late;
+      },
+      [&](caf::error& e) { out = std::move(e); });
     return out;
   }
 
@@ -631,11 +638,13 @@ TEST_CASE("a round with replicas_to_aggregate completes with its first arrivals,
 }
 
 TEST_CASE("sync with 2 of 3 replicas releases a step with its first two gradients and drops the "
-          "third as late",
+          "third as late, saying so in its answer",
           "[aggregator]") {
   // Catches: a backup worker's late gradient applied (to the next step, or
   // as a second update), its push parked until the next step closes, the
-  // late count put on the wrong worker, or the step waiting for all three.
+  // late count put on the wrong worker, or the step waiting for all three;
+  // and an answer that does not say the push was dropped (its step, 1, is
+  // the one a push of step 0 in time gets: the worker cannot tell from it).
   aggregator_fixture f;
   f.spawn("sync", 3, true, [](aggregator_spec& s) {
     sgd(s);
@@ -643,16 +652,23 @@ TEST_CASE("sync with 2 of 3 replicas releases a step with its first two gradient
   });
   auto p0 = f.push(0, 0, aggregator_fixture::values(1, 1));
   auto p1 = f.push(1, 0, aggregator_fixture::values(3, 3));
-  auto r0 = aggregator_fixture::reply(p0);
-  auto r1 = aggregator_fixture::reply(p1);
+  bool late0 = true;
+  bool late1 = true;
+  auto r0 = aggregator_fixture::reply(p0, &late0);
+  auto r1 = aggregator_fixture::reply(p1, &late1);
   REQUIRE(r0);
   REQUIRE(r1);
   CHECK(r0->first == 1);
   CHECK(r1->first == 1);
+  CHECK_FALSE(late0);
+  CHECK_FALSE(late1);
   CHECK(floats(r0->second) == filled(7, 0)); // 1 - 0.5 * mean(1, 3)
-  auto late = f.push_now(2, 0, aggregator_fixture::values(100, 100));
+  auto p2 = f.push(2, 0, aggregator_fixture::values(100, 100));
+  bool late2 = false;
+  auto late = aggregator_fixture::reply(p2, &late2);
   REQUIRE(late);
   CHECK(late->first == 1);
+  CHECK(late2);
   CHECK(floats(late->second) == filled(7, 0));
   CHECK(f.value(0) == filled(4, 0));
   auto s = f.stats();
@@ -1324,7 +1340,7 @@ TEST_CASE("a push that does not carry the token its worker joined with is refuse
       ->request(f.agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0},
                 push_credentials{std::move(token), 1, "the forger"},
                 aggregator_fixture::values(1e30f, 1e30f))
-      .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+      .receive([&](uint64_t g, tensor& p, bool) { out = std::make_pair(g, std::move(p)); },
                [&](caf::error& e) { out = std::move(e); });
     return out;
   };
@@ -1344,7 +1360,7 @@ TEST_CASE("a push that does not carry the token its worker joined with is refuse
     f.self
       ->request(f.agg, 10s, push_atom::value, uint32_t{7}, uint64_t{0},
                 push_credentials{f.tokens[1], 1, "the forger"}, aggregator_fixture::values(1, 1))
-      .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+      .receive([&](uint64_t g, tensor& p, bool) { out = std::make_pair(g, std::move(p)); },
                [&](caf::error& e) { out = std::move(e); });
     return out;
   }();
@@ -1455,7 +1471,7 @@ TEST_CASE("an async push retried after its ps was restored from a checkpoint tha
     at.self
       ->request(at.agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0},
                 push_credentials{at.tokens[0], seq, "test"}, aggregator_fixture::values(g, g))
-      .receive([&](uint64_t s, tensor& p) { out = std::make_pair(s, std::move(p)); },
+      .receive([&](uint64_t s, tensor& p, bool) { out = std::make_pair(s, std::move(p)); },
                [&](caf::error& e) { out = std::move(e); });
     return out;
   };

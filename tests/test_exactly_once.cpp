@@ -153,7 +153,7 @@ TEST_CASE("a sync aggregator takes a worker's push of one step once, however oft
   using reply_t = caf::expected<std::pair<uint64_t, tensor>>;
   auto answer = [](auto& handle) {
     reply_t out{make_error(af_error::internal, "no reply")};
-    handle.receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+    handle.receive([&](uint64_t g, tensor& p, bool) { out = std::make_pair(g, std::move(p)); },
                    [&](caf::error& e) { out = std::move(e); });
     return out;
   };

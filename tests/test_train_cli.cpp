@@ -17,6 +17,7 @@
 #include <iterator>
 #include <functional>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -311,7 +312,11 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
          {{"--set", "data=idx:/dev/zero,/dev/zero"}, "'/dev/zero': it is a character device"},
          {{"--set", "hidden="}, "write hidden=[] for no hidden layer"},
          {{"--set", "replicas_to_aggregate=100"},
-          "replicas_to_aggregate = 100 is more than the 2 worker task(s)"}}) {
+          "replicas_to_aggregate = 100 is more than the 2 worker task(s)"},
+         {{"--set", "model=linear_bias", "--set", "data=per_worker_linear", "--set",
+           "batch_size=1", "--set", "synthetic_examples=5"},
+          "synthetic_examples = 5 with data = \"per_worker_linear\", 2 worker task(s) and "
+          "batch_size = 1: its examples are the workers' own"}}) {
     auto args = c.args;
     args.insert(args.end(), {"--set", "steps=2"});
     auto r = train(dir, args, "timeout 60 ");
@@ -330,6 +335,23 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
     CHECK(r.status == 2);
     CHECK(occurrences(r.err, "replicas_to_aggregate = 100 is more than the 2 worker task(s)")
           == 1);
+  }
+  // ... and with per_worker_linear's examples for another number of workers.
+  {
+    std::ofstream{dir / "cluster.toml"} << "[cluster]\nps = [\"127.0.0.1:1\"]\n"
+                                            "worker = [\"127.0.0.1:2\", \"127.0.0.1:3\", "
+                                            "\"127.0.0.1:4\"]\n"
+                                            "[train]\nmodel = \"linear_bias\"\n"
+                                            "data = \"per_worker_linear\"\n"
+                                            "synthetic_examples = 2\nbatch_size = 1\n";
+    auto r = train(dir, {"--config", dir / "cluster.toml", "--job", "worker", "--task", "1"},
+                   "timeout 30 ");
+    INFO(r.err);
+    CHECK(r.status == 2);
+    CHECK(occurrences(r.err, "synthetic_examples = 2 with data = \"per_worker_linear\", 3 "
+                             "worker task(s) and batch_size = 1")
+          == 1);
+    CHECK(occurrences(r.err, "set synthetic_examples = 3 (worker tasks x batch_size)") == 1);
   }
   auto fifo = dir / "config.fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -426,6 +448,48 @@ TEST_CASE("window_secs: the job ends after its warm-up and window, and `train do
       CHECK(rate == Approx(steps / seconds).epsilon(0.01));
       // y = 1 + i is learnt: the last reported training loss is small.
       CHECK(field("loss") < 1e-3);
+      // The progress lines give the time left in the warm-up or window, not
+      // an estimate from steps = 10^8 (hours of "s left").
+      size_t lines = 0, in_window = 0;
+      for (size_t p = r.out.find("step "); p != std::string::npos; p = r.out.find("\nstep ", p + 1)) {
+        auto from = r.out[p] == '\n' ? p + 1 : p;
+        auto progress = r.out.substr(from, r.out.find('\n', from) - from);
+        if (progress.find("/100000000") == std::string::npos)
+          continue;
+        INFO(progress);
+        lines += 1;
+        static const std::regex left{R"(  (warm-up|window) [0-9.]+ s left$|  waiting for every worker's first step$)"};
+        bool timed = std::regex_search(progress, left);
+        bool estimate = progress.find(" s left") != std::string::npos && !timed;
+        CHECK_FALSE(estimate);
+        if (progress.find("  window ") != std::string::npos)
+          in_window += 1;
+      }
+      CHECK(lines > 0);
+      CHECK(in_window > 0);
     }
   }
+}
+
+TEST_CASE("window_secs with log_every = 0: `train done:` says loss=n/a, not a loss of 0",
+          "[train][cli][workload]") {
+  // Catches: a timed run with no progress report (so no training loss
+  // measured) that printed loss=0, a figure the bench would take as a loss.
+  scratch_dir dir;
+  auto r = train(dir,
+                 {"--set", "mode=sync", "--set", "model=linear_bias", "--set",
+                  "data=per_worker_linear", "--set", "synthetic_examples=2", "--set",
+                  "synthetic_features=1000", "--set", "batch_size=1", "--set", "steps=100000000",
+                  "--set", "optimizer=sgd", "--set", "learning_rate=0.1", "--set", "log_every=0",
+                  "--set", "eval_every=0", "--set", "warmup_secs=0.2", "--set", "window_secs=0.3"},
+                 "timeout 120 ");
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  auto at = r.out.find("train done: ");
+  REQUIRE(at != std::string::npos);
+  auto line = r.out.substr(at, r.out.find('\n', at) - at);
+  CHECK(line.find(" loss=n/a") != std::string::npos);
+  CHECK(line.find(" loss=0") == std::string::npos);
+  CHECK(line.find("window=measured") != std::string::npos);
+  CHECK(r.out.find("training loss: n/a") != std::string::npos);
 }

@@ -248,6 +248,36 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes and a timed
   INFO("took " << seconds_since(t0) << " s");
 }
 
+// Catches a timed window reported as measured although the mode switched
+// during it (its steps/s would mix sync and async steps), and a report of
+// it that does not say why. The switch comes once the chief's progress
+// lines say the window runs (its warm-up has begun by then).
+TEST_CASE("a timed window during which the mode switches is reported not measured, with the "
+          "reason",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
+               "window_secs=6"};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "5"};
+  auto job = train_job::start(dir.path, spec);
+  static const std::regex in_window{R"(  (warm-up|window) [0-9.]+ s left)"};
+  if (!job->wait_until(
+        [&] { return std::regex_search(job->chief().output(), in_window); }, 30s))
+    FAIL("no progress line of the warm-up or window within 30 s:\n" << job->describe());
+  auto to_async = job->client({"--switch", "async"}, 15s);
+  INFO("--switch async:\n" << to_async.output);
+  REQUIRE(to_async.exit_code == 0);
+  check_all_exit_0(*job, 40s);
+  INFO(job->describe());
+  const auto& out = job->chief().output();
+  CHECK(out.find("window=measured") == std::string::npos);
+  CHECK(out.find("window=not_measured") != std::string::npos);
+  CHECK(std::regex_search(out, std::regex{R"(window: not measured: during the warm-up or the )"
+                                          R"(window: .*mode sync -> async)"}));
+}
+
 // Catches a deadline that does not close a step with the gradients that
 // arrived (min_replicas = 1: the chief would freeze until step_timeout_ms),
 // one that closes steps faster than the deadline (they would not wait for

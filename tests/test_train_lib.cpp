@@ -1677,6 +1677,36 @@ TEST_CASE("replicas_to_aggregate above the number of workers is refused, naming 
   CHECK(check_workers(c, 1) == "");
 }
 
+TEST_CASE("per_worker_linear with other than workers x batch_size examples is refused, naming "
+          "the key, its value and what to set",
+          "[train][config][workload]") {
+  // Catches: 5 examples for 2 workers at batch 1 accepted (the batcher hands
+  // worker 0 examples 0, 2, 4 in turn: no longer its own fixed one, as the
+  // 1 M workload defines it), and one global batch refused.
+  train_config c;
+  c.model = "linear_bias";
+  c.data = "per_worker_linear";
+  c.batch_size = 1;
+  c.synthetic_examples = 5;
+  auto why = check_workers(c, 2);
+  CHECK(contains(why, "synthetic_examples = 5 with data = \"per_worker_linear\""));
+  CHECK(contains(why, "2 worker task(s) and batch_size = 1"));
+  CHECK(contains(why, "set synthetic_examples = 2 (worker tasks x batch_size)"));
+  c.synthetic_examples = 1; // fewer than a global batch
+  CHECK(contains(check_workers(c, 2), "set synthetic_examples = 2"));
+  c.synthetic_examples = 2;
+  CHECK(check_workers(c, 2) == "");
+  c.batch_size = 3;
+  CHECK(contains(check_workers(c, 2), "set synthetic_examples = 6"));
+  c.synthetic_examples = 6;
+  CHECK(check_workers(c, 2) == "");
+  // Other data: synthetic_examples is any size.
+  c.data = "synthetic_linear";
+  c.model = "linear";
+  c.synthetic_examples = 5;
+  CHECK(check_workers(c, 2) == "");
+}
+
 TEST_CASE("a training config nested thousands deep is refused before toml11 recurses",
           "[train][config]") {
   // actorflow-train crashed with SIGSEGV while parsing it.

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "caf/all.hpp"
 
@@ -284,7 +285,7 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
     caf::expected<std::pair<uint64_t, tensor>> out{make_error(af_error::internal, "none")};
     self->request(*agg, std::chrono::seconds(10), push_atom::value, worker, step,
                   push_credentials{tokens[worker], 0, "test"}, std::move(values))
-      .receive([&](uint64_t g, tensor& p) { out = std::make_pair(g, std::move(p)); },
+      .receive([&](uint64_t g, tensor& p, bool) { out = std::make_pair(g, std::move(p)); },
                [&](caf::error& e) { out = std::move(e); });
     return out;
   };
@@ -328,7 +329,7 @@ TEST_CASE("aggregators refuse a wrong shape naming the variable, time out naming
       caf::scoped_actor me{s->system()};
       me->request(*agg, std::chrono::seconds(10), push_atom::value, uint32_t{1}, uint64_t{0},
                   push_credentials{tokens[1], 0, "test"}, g())
-        .receive([&](uint64_t gs, tensor& p) { first = std::make_pair(gs, std::move(p)); },
+        .receive([&](uint64_t gs, tensor& p, bool) { first = std::make_pair(gs, std::move(p)); },
                  [&](caf::error& e) { first = std::move(e); });
     }};
     auto mine = push(0, 0, g());
@@ -1053,6 +1054,163 @@ TEST_CASE("a live switch async -> sync over 2 ps where each worker's step stradd
         [&](caf::error& err) { FAIL("stats: " << describe(err)); });
   }
   CHECK(held_out(c, results[0]->result.params) >= 0.9);
+}
+
+/// Holds chosen points of chosen workers' steps: a push of local step s at
+/// the link (before_push), or (tamper) the step's gradients before the
+/// worker decides whether to send them; each goes when released. The end
+/// lets everything go (each also gives up after 30 s).
+struct step_gate {
+  enum where { push = 0, compute = 1 };
+  using point = std::tuple<uint32_t, uint64_t, int>; ///< worker, local step, where
+  std::mutex mtx;
+  std::condition_variable cv;
+  std::set<point> hold;
+  std::set<point> held;
+  std::set<point> released;
+  bool open_all = false;
+
+  void at(uint32_t worker, uint64_t step, int w) {
+    point p{worker, step, w};
+    std::unique_lock<std::mutex> lock{mtx};
+    if (hold.count(p) == 0)
+      return;
+    held.insert(p);
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(30),
+                [&] { return open_all || released.count(p) > 0; });
+  }
+  bool is_held(std::vector<point> want) {
+    std::lock_guard<std::mutex> lock{mtx};
+    for (const auto& p : want)
+      if (held.count(p) == 0)
+        return false;
+    return true;
+  }
+  void release(std::vector<point> ps) {
+    std::lock_guard<std::mutex> lock{mtx};
+    for (const auto& p : ps)
+      released.insert(p);
+    cv.notify_all();
+  }
+  void release_all() {
+    std::lock_guard<std::mutex> lock{mtx};
+    open_all = true;
+    cv.notify_all();
+  }
+};
+
+// Catches a backup worker that learns it was late from the global step in
+// its push's answer: a push of step s dropped just after round s closed is
+// answered s + 1, as a push in time is, so the worker took it as in time,
+// stopped asking `closed`, and computed and sent the next step's gradient
+// after that step had closed too (dropped as late once more). The answer
+// says "dropped as late"; the worker asks before its next push, learns the
+// step closed, and skips it. The rounds are ordered by holding each push.
+TEST_CASE("sync with 2 of 3 replicas: a backup worker whose push is dropped as late just after "
+          "its step closed learns it from the answer and skips its next closed step",
+          "[train][backup]") {
+  auto c = digits("sync");
+  c.steps = 200;
+  c.replicas_to_aggregate = 2;
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 3}});
+  REQUIRE(cluster);
+  using P = step_gate::point;
+  const auto push = step_gate::push;
+  step_gate gate;
+  gate.hold = {P{0, 0, push}, P{1, 0, push}, P{2, 0, push}, P{0, 1, push}, P{2, 1, push},
+               P{0, 2, push}, P{2, 2, push}, P{1, 1, push}, P{0, 3, push}, P{1, 2, push},
+               P{2, 3, step_gate::compute}, P{2, 4, step_gate::compute}};
+  std::vector<caf::expected<train_outcome>> results(3, make_error(af_error::internal, "not run"));
+  std::vector<std::thread> threads;
+  struct ending {
+    step_gate& gate;
+    std::vector<std::thread>& threads;
+    ~ending() {
+      gate.release_all();
+      for (auto& t : threads)
+        if (t.joinable())
+          t.join();
+    }
+  } end{gate, threads};
+  for (uint32_t w = 0; w < 3; ++w)
+    threads.emplace_back([&, w] {
+      train_options opts;
+      opts.shutdown_ps = false;
+      opts.print = false;
+      opts.before_push = [&gate, w](size_t, uint64_t local) { gate.at(w, local, step_gate::push); };
+      opts.tamper = [&gate, w](uint64_t local, std::vector<tensor>&) {
+        gate.at(w, local, step_gate::compute);
+      };
+      auto s = (*cluster)->session_for("worker", static_cast<int32_t>(w));
+      if (!s) {
+        results[w] = std::move(s.error());
+        return;
+      }
+      results[w] = run_worker_task(*s, c, w, opts);
+    });
+  auto client = (*cluster)->session_for("ps", 0);
+  REQUIRE(client);
+  auto aggs = aggregators_of(*client, 1);
+  caf::scoped_actor self{client->system()};
+  auto stats = [&] {
+    aggregator_stats out;
+    self->request(aggs[0], std::chrono::seconds(10), stats_atom::value)
+      .receive([&](aggregator_stats& s) { out = std::move(s); },
+               [&](caf::error& err) { FAIL("stats: " << describe(err)); });
+    return out;
+  };
+  auto of = [](const aggregator_stats& s, uint32_t w) {
+    for (const auto& x : s.workers)
+      if (x.worker == w)
+        return x;
+    return worker_stats{};
+  };
+  auto wait_held = [&](std::vector<P> want) {
+    INFO("waiting for " << want.size() << " held points");
+    REQUIRE(eventually([&] { return gate.is_held(want); }, std::chrono::seconds(60)));
+  };
+  // Rounds 0 and 1: workers 0 and 2 (worker 2 in time twice: it stops asking).
+  wait_held({P{0, 0, push}, P{1, 0, push}, P{2, 0, push}});
+  gate.release({P{0, 0, push}, P{2, 0, push}});
+  wait_held({P{0, 1, push}, P{2, 1, push}});
+  gate.release({P{0, 1, push}, P{2, 1, push}});
+  wait_held({P{0, 2, push}, P{2, 2, push}});
+  // Worker 1's push of step 0 is late (global step 2); round 2: workers 0, 1.
+  gate.release({P{1, 0, push}});
+  wait_held({P{1, 1, push}});
+  gate.release({P{0, 2, push}, P{1, 1, push}});
+  wait_held({P{0, 3, push}, P{1, 2, push}});
+  // Worker 2's push of step 2 arrives just after round 2 closed: dropped,
+  // answered with global step 3 = 2 + 1.
+  gate.release({P{2, 2, push}});
+  wait_held({P{2, 3, step_gate::compute}});
+  {
+    auto s = stats();
+    CHECK(s.global_step == 3);
+    CHECK(of(s, 2).late == 1);
+    CHECK(of(s, 2).skipped == 0);
+  }
+  // Round 3 closes (workers 0, 1) while worker 2 computes its step 3.
+  gate.release({P{0, 3, push}, P{1, 2, push}});
+  REQUIRE(eventually([&] { return stats().global_step >= 4; }));
+  // Worker 2 decides about its step 3 (send it, or ask and skip it), then
+  // is held again as it computes its next step.
+  gate.release({P{2, 3, step_gate::compute}});
+  wait_held({P{2, 4, step_gate::compute}});
+  auto w2 = of(stats(), 2);
+  INFO("worker 2 at the ps: pushes " << w2.pushes << " late " << w2.late << " skipped "
+                                      << w2.skipped);
+  CHECK(w2.late == 1);    // its step-3 gradient was not sent ...
+  CHECK(w2.skipped == 1); // ... it asked, and skipped it
+  gate.release_all();
+  for (auto& t : threads)
+    t.join();
+  for (int w = 0; w < 3; ++w) {
+    INFO("worker " << w);
+    REQUIRE(results[w]);
+  }
+  CHECK(results[0]->result.global_step >= 200u);
 }
 
 // Catches a switch into or out of average that the workers do not follow:

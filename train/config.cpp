@@ -630,6 +630,19 @@ outcome<train_config> apply_overrides(train_config c, const std::vector<std::str
 }
 
 std::string check_workers(const train_config& c, uint32_t workers) {
+  // per_worker_linear: example i is worker i's (docs/training.md, "The 1 M
+  // workload"). The batcher gives worker w examples w*b .. w*b+b-1 of each
+  // global batch of workers x b: only a set of exactly one global batch
+  // keeps each worker on its own fixed examples (more would hand worker w
+  // other workers' examples on later steps; fewer is not one batch).
+  uint64_t per_batch = uint64_t{workers} * c.batch_size;
+  if (c.data == "per_worker_linear" && workers > 0 && c.synthetic_examples != per_batch)
+    return fmt::format("synthetic_examples = {} with data = \"per_worker_linear\", {} worker "
+                       "task(s) and batch_size = {}: its examples are the workers' own, each "
+                       "reading the same batch_size of them every step (the 1 M workload: one "
+                       "each, batch_size = 1); set synthetic_examples = {} (worker tasks x "
+                       "batch_size)",
+                       c.synthetic_examples, workers, c.batch_size, per_batch);
   if (c.replicas_to_aggregate <= workers)
     return {};
   return fmt::format("replicas_to_aggregate = {} is more than the {} worker task(s) of the "

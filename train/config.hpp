@@ -111,7 +111,9 @@ std::string validate(const train_config& c);
 
 /// Empty if `c` can train with `workers` worker tasks, else a sentence
 /// naming the key and both numbers: replicas_to_aggregate above the workers
-/// would wait for gradients that no worker sends (each pushes one per step).
+/// would wait for gradients that no worker sends (each pushes one per step);
+/// data = "per_worker_linear" needs synthetic_examples = workers x
+/// batch_size (each worker's own fixed examples, one global batch).
 std::string check_workers(const train_config& c, uint32_t workers);
 
 /// `--set key=value` overrides applied one by one over `c`. The value is
