@@ -173,6 +173,10 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
               "window_secs?)";
     return std::nullopt;
   }
+  if (x && run.window == "not_measured") {
+    failure = "the window was not measured: " + run.window_why;
+    return std::nullopt;
+  }
   if (x && *x <= 0) {
     failure = "the job ended before its timed window did";
     return std::nullopt;

@@ -198,6 +198,8 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     out.failure = "the chief printed no `train done:` line: " + last_line(chief_log);
     return out;
   }
+  if (auto why = chief_log.find("window: not measured: "); why != std::string::npos)
+    out.window_why = chief_log.substr(why + 22, chief_log.find('\n', why) - why - 22);
   if (auto acc = chief_log.find("held-out accuracy: "); acc != std::string::npos)
     out.accuracy = std::stod(chief_log.substr(acc + 19));
   std::istringstream line{chief_log.substr(at + 11, chief_log.find('\n', at) - at - 11)};
@@ -206,6 +208,8 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     auto eq = field.find('=');
     if (eq == std::string::npos)
       continue;
+    if (field.compare(0, eq, "window") == 0)
+      out.window = field.substr(eq + 1);
     try {
       out.done[field.substr(0, eq)] = std::stod(field.substr(eq + 1));
     } catch (const std::exception&) {

@@ -71,6 +71,8 @@ private:
 /// fields, or why there are none.
 struct cluster_run {
   std::map<std::string, double> done;
+  std::string window; ///< `train done:`'s window= (measured, not_measured, cut_short), if any
+  std::string window_why; ///< the chief's `window: not measured: ...` line, if it printed one
   double accuracy = -1; ///< the chief's `held-out accuracy:` line, if it printed one
   std::string failure;
 };
