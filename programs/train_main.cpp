@@ -45,6 +45,7 @@
 #include "train/config.hpp"
 #include "train/metrics.hpp"
 #include "programs/last_resort.hpp"
+#include "programs/teardown_deadline.hpp"
 
 namespace {
 
@@ -368,11 +369,15 @@ int run_in_graph_client(const af::cluster_config& cluster, const af::train::trai
   return 0;
 }
 
+/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
+constexpr std::chrono::milliseconds teardown_limit{8000};
+
 /// A ps task: serves until the chief stops it at the end of the job. A chief
 /// that dies (kill -9) cannot: the ps watches it and gives up once it has not
 /// answered for init_timeout_ms, so no ps is left behind.
 int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::cluster_config& cluster,
-             const std::string& name, const af::train::train_config& c) {
+             const std::string& name, const af::train::train_config& c,
+             af::teardown_deadline& bound) {
   int rc = 0;
   caf::scoped_actor self{sys, true};
   self->monitor(node);
@@ -399,6 +404,8 @@ int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::clust
       break;
     }
   }
+  // From here on, this process only stops (the watch session first).
+  bound.start(name, rc, teardown_limit);
   if (stopped)
     std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
   return rc;
@@ -499,6 +506,7 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   auto sec = af::security_for(cluster.security, af::security_member_name(job, task));
   if (!sec)
     return fail(af::describe(sec.error()));
+  af::teardown_deadline bound; // outlives the system: it bounds its end
   af::system_config sys_cfg{opts, *sec};
   auto sys_owner = af::start_actor_system(sys_cfg);
   caf::actor_system& sys = *sys_owner;
@@ -509,8 +517,9 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);
-  int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c)
+  int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c, bound)
                        : run_worker(sys, cluster, name, a, c);
+  bound.start(name, rc, teardown_limit);
   node->data_plane->stop();
   caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
   return rc;
