@@ -268,6 +268,8 @@ int run_in_graph_embedded(af::train::train_config c) {
   if (c.window_secs > 0) // the chief's window counts between-graph workers' pushes
     return fail("window_secs with --in-graph: a timed window measures a between-graph job's "
                 "workers; drop --in-graph, or window_secs (and warmup_secs)");
+  if (auto bad = af::train::check_workers(c, 2); !bad.empty()) // a replica on each of 2 workers
+    return fail("training config: " + bad);
   auto cluster = af::embedded_cluster::start({{"ps", 1}, {"worker", 2}});
   if (!cluster)
     return fail(af::describe(cluster.error()), start_status(cluster.error()));

@@ -316,7 +316,10 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
          {{"--set", "model=linear_bias", "--set", "data=per_worker_linear", "--set",
            "batch_size=1", "--set", "synthetic_examples=5"},
           "synthetic_examples = 5 with data = \"per_worker_linear\", 2 worker task(s) and "
-          "batch_size = 1: its examples are the workers' own"}}) {
+          "batch_size = 1: its examples are the workers' own"},
+         {{"--in-graph", "--set", "model=linear_bias", "--set", "data=per_worker_linear", "--set",
+           "batch_size=1", "--set", "synthetic_examples=5"},
+          "synthetic_examples = 5 with data = \"per_worker_linear\", 2 worker task(s)"}}) {
     auto args = c.args;
     args.insert(args.end(), {"--set", "steps=2"});
     auto r = train(dir, args, "timeout 60 ");
