@@ -29,7 +29,7 @@ tensor id_table(int64_t rows, int64_t cols) {
 
 } // namespace
 
-TEST_CASE("a table over 3 ps: each shard lives on its ps, each shard's gather runs there, and a "
+TEST_CASE("a table over 3 ps, each shard on its ps, each shard's gather runs there, and a "
           "lookup returns the right rows and the gradient each shard's own (catches shards "
           "pulled whole to the worker, or rows from the wrong shard)", "[partitioned][cluster]") {
   auto ec = embedded_cluster::start({{"ps", 3}, {"worker", 1}});

@@ -106,7 +106,7 @@ void check_close(const tensor& got, const tensor& want, double tol) {
 // -- routing --------------------------------------------------------------------------
 
 TEST_CASE("mod and div route the ids of an uneven table (13 rows over 5 shards) as TF does "
-          "(catches a div that ignores TF's extras: ids past the longer shards on the wrong shard)",
+          "(catches a div that ignores TF's extras, putting ids past the longer shards on the wrong shard)",
           "[partitioned][routing]") {
   // TF's embedding_lookup docstring: 13 ids over 5 partitions, div gives
   // [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10], [11, 12]]; mod gives
