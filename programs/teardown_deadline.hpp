@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 namespace af {
@@ -30,19 +31,12 @@ public:
       return;
     who_ = who;
     status_ = status;
-    watchdog_ = std::thread{[this, limit] {
-      std::unique_lock<std::mutex> guard{mtx_};
-      if (cv_.wait_for(guard, limit, [this] { return done_; }))
-        return;
-      std::fprintf(stderr,
-                   "%s: stopping took more than %lld ms (the data plane's connections, the "
-                   "node and the actor system's actors); exiting with status %d without "
-                   "waiting further\n",
-                   who_.c_str(), static_cast<long long>(limit.count()), status_);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      std::_Exit(status_);
-    }};
+    try {
+      watchdog_ = std::thread{[this, limit] { watch(limit); }};
+    } catch (const std::system_error&) {
+      // No thread for it (a thread limit, a memory cap): stop unbounded
+      // rather than turn a decided status into a failure.
+    }
   }
 
   /// The teardown finished in time.
@@ -58,6 +52,24 @@ public:
   }
 
 private:
+  void watch(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> guard{mtx_};
+    if (cv_.wait_for(guard, limit, [this] { return done_; }))
+      return;
+    std::fprintf(stderr,
+                 "%s: stopping took more than %lld ms (the data plane's connections, the "
+                 "node and the actor system's actors); exiting with status %d without "
+                 "waiting further\n",
+                 who_.c_str(), static_cast<long long>(limit.count()), status_);
+    // stdout's lines (a worker's "done after"), unless a thread stuck in
+    // a write to a full pipe holds its lock: then they stay unwritten.
+    if (::ftrylockfile(stdout) == 0) {
+      std::fflush(stdout);
+      ::funlockfile(stdout);
+    }
+    std::_Exit(status_);
+  }
+
   std::string who_;
   int status_ = 0;
   std::mutex mtx_;

@@ -447,7 +447,13 @@ int worker_failed(af::session& s, const af::cluster_config& cluster, const std::
 /// A worker task: waits for the ps tasks (and the chief), trains, and says
 /// how it ended.
 int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const std::string& name,
-               const train_args& a, const af::train::train_config& c) {
+               const train_args& a, const af::train::train_config& c,
+               af::teardown_deadline& bound) {
+  // Bounds what follows the decided status, this function's session first.
+  auto finish = [&](int rc) {
+    bound.start(name, rc, teardown_limit);
+    return rc;
+  };
   auto s = af::session::make(sys, cluster.cluster, name);
   if (!s)
     return fail(af::describe(s.error()), 1);
@@ -465,18 +471,18 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   topts.found = std::make_shared<std::atomic<af::ps_found>>(af::ps_found::unknown);
   auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(a.task), topts);
   if (!out)
-    return worker_failed(*s, cluster, name, a.task, c, topts, out.error());
+    return finish(worker_failed(*s, cluster, name, a.task, c, topts, out.error()));
   if (a.task == 0) {
     summary(c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out, test_size(c));
     if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
-      return fail(name + ": " + why, 1);
+      return finish(fail(name + ": " + why, 1));
   } else {
     std::printf("actorflow-train %s: done after %llu local steps (%llu skipped: their step "
                 "closed before it sent its gradient)\n",
                 name.c_str(), static_cast<unsigned long long>(out->result.local_steps),
                 static_cast<unsigned long long>(out->result.skipped));
   }
-  return 0;
+  return finish(0);
 }
 
 /// --job J --task I with --config: this process's node, and its ps or worker.
@@ -515,12 +521,12 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, {}, af::node_aggregators());
   if (!node)
-    return fail(af::describe(node.error()));
+    return fail(af::describe(node.error()), start_status(node.error()));
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);
   int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c, bound)
-                       : run_worker(sys, cluster, name, a, c);
+                       : run_worker(sys, cluster, name, a, c, bound);
   bound.start(name, rc, teardown_limit);
   node->data_plane->stop();
   caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
