@@ -131,7 +131,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
       if (auto err = check_worker(self, worker, who))
         return err;
       if (already_taken(st, worker, who.seq))
-        return answer_now(self);
+        return answer_now(self, who.seq != 0 && who.seq == member(st, worker).seq_late);
       note_push(st, worker, step);
       if (st.round.is_standby(worker)) {
         // After a switch into sync, until the worker joins again (at the
@@ -166,6 +166,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
         st.stats.dropped_stale += 1;
         m.stats.late += 1;
         m.seq_taken = std::max(m.seq_taken, who.seq);
+        m.seq_late = who.seq;
         return answer_now(self, true);
       }
       if (step > st.global_step)

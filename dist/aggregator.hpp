@@ -45,6 +45,9 @@ struct aggregator_member {
   /// The last push number taken from it (push_credentials::seq), and the
   /// number of its push in the round in progress (taken once it is released).
   uint64_t seq_taken = 0;
+  /// sync: the number of its last push dropped as late (0: none), so that a
+  /// retry of it (its answer lost) is answered "dropped as late" again.
+  uint64_t seq_late = 0;
   uint64_t round_seq = 0;
   uint64_t retries = 0; ///< pushes answered as already taken (logged 1st, 2nd, 4th, ...)
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;

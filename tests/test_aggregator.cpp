@@ -683,6 +683,22 @@ TEST_CASE("sync with 2 of 3 replicas releases a step with its first two gradient
   CHECK(s.workers[1].applied == 1);
   CHECK(s.workers[2].applied == 0);
   CHECK(s.workers[2].pushes == 1);
+  // Its retry (the same push number: the answer was lost on the way) is
+  // answered "dropped as late" again, not as a push taken in time; a
+  // retry of a push taken in time is not.
+  push_credentials again{f.tokens[2], f.seqs[2], "the test"};
+  auto retry = f.self->request(f.agg, 10s, push_atom::value, uint32_t{2}, uint64_t{0}, again,
+                               aggregator_fixture::values(100, 100));
+  bool late_retry = false;
+  REQUIRE(aggregator_fixture::reply(retry, &late_retry));
+  CHECK(late_retry);
+  push_credentials again0{f.tokens[0], f.seqs[0], "the test"};
+  auto retry0 = f.self->request(f.agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0}, again0,
+                                aggregator_fixture::values(1, 1));
+  bool late_retry0 = true;
+  REQUIRE(aggregator_fixture::reply(retry0, &late_retry0));
+  CHECK_FALSE(late_retry0);
+  CHECK(f.stats().applied == 1);
 }
 
 namespace {
