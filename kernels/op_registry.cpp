@@ -3,6 +3,7 @@
 // shape rule are small functions here; the kernel bodies are the backends'.
 #include "kernels/op_registry.hpp"
 #include "kernels/sparse.hpp"
+#include "kernels/array_ops.hpp"
 
 #include <iterator>
 
@@ -125,6 +126,19 @@ status gather_grad_kernel(backend& b, const op_attrs&, const op_inputs& in, tens
 template <bool Inverse>
 status unique_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   return Inverse ? host_unique(in[0], nullptr, &out) : host_unique(in[0], &out, nullptr);
+}
+
+// The array ops of sparse gradients (kernels/array_ops.hpp), on the host.
+status concat_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_concat(in[0], in[1], out);
+}
+
+status size_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_size(in[0], out);
+}
+
+status flatten_rows_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_flatten_rows(in[0], in[1], out);
 }
 
 // -- shape rules ------------------------------------------------------------------
@@ -302,6 +316,23 @@ status unique_rule(const op_attrs&, const infos& in, value_info& out) {
   return status::success();
 }
 
+/// (a, b) -> a's rows then b's.
+status concat_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return concat_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
+}
+
+status size_rule(const op_attrs&, const infos&, value_info& out) {
+  out = {dtype::int32, {}};
+  return status::success();
+}
+
+/// (x, ids) -> [size(ids)] + x.shape[rank(ids):].
+status flatten_rows_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return flatten_rows_shape(in[0].shape, in[1].shape, out.shape);
+}
+
 // -- the table ----------------------------------------------------------------------
 
 constexpr auto none = op_attr_kind::none;
@@ -362,6 +393,14 @@ const op_def table[] = {
    unsorted_segment_sum_kernel, no_gradient, "",
    "rows of DATA summed by SEGMENT_IDS into NUM_SEGMENTS rows; negative ids dropped, ids >= "
    "NUM_SEGMENTS refused"},
+  // The array ops of sparse gradients (graph/gradients.cpp, docs/sparse.md).
+  {"concat", "A, B", none, concat_rule, concat_kernel, no_gradient, "",
+   "A's rows then B's (tf.concat on axis 0): one dtype, shapes equal after the first dimension"},
+  {"size", "X", none, size_rule, size_kernel, no_gradient, "",
+   "the number of elements of X as an int32 scalar (tf.size)"},
+  {"flatten_rows", "X, IDS", none, flatten_rows_rule, flatten_rows_kernel, no_gradient, "",
+   "X, whose shape starts with IDS', with those dimensions merged into one: [size(IDS)] + "
+   "X.shape[rank(IDS):] (a gather's gradient rows)"},
   // Gradient ops: what gradients() adds; callable like any op.
   {"relu_grad", "DY, X", none, same_shape_rule, binary_kernel<binary_op::relu_grad>, no_gradient,
    "", "the gradient of relu: DY where X > 0, else 0"},
@@ -385,7 +424,7 @@ const op_def table[] = {
   {"max_grad", "DY, X, Y", reduction, reduce_grad_rule, reduce_grad_kernel<reduce_op::max>,
    no_gradient, "", "the gradient of max: DY where X equals the forward output Y"},
   {"gather_grad", "DY, PARAMS, INDICES", none, gather_grad_rule, gather_grad_kernel, no_gradient,
-   "", "the gradient of gather w.r.t. PARAMS, dense: DY's rows summed into PARAMS' rows by INDICES"},
+   "", "gather's sparse gradient densified: DY's rows summed into PARAMS' rows by INDICES"},
   {"ones_like", "X", none, like_first_rule, ones_like_kernel, no_gradient, "",
    "ones of X's dtype and shape (the seed of gradients)"},
 };
