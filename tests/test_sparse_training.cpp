@@ -130,7 +130,8 @@ std::vector<unsigned char> row_bytes(const tensor& t, int64_t r) {
 
 TEST_CASE("a table trained through gather and sparse updates equals the one-hot matmul with "
           "dense updates, for every optimizer (catches a sparse update that differs from the "
-          "dense formula: duplicates lost, a wrong row, Adam's bias correction per row)",
+          "dense formula, such as duplicates lost, a wrong row or Adam's bias correction per "
+          "row)",
           "[variable][sparse][training]") {
   for (const char* kind : {"sgd", "adagrad", "momentum", "adam"}) {
     // Lazy momentum and Adam equal the dense ones only when every row is
@@ -166,8 +167,8 @@ TEST_CASE("a table trained through gather and sparse updates equals the one-hot 
 }
 
 TEST_CASE("lazy momentum, Adagrad and Adam leave untouched rows and their slots bit for bit "
-          "(catches a sparse update applied densely: momentum still moving untouched rows, "
-          "Adam's m and v decaying)", "[variable][sparse][training]") {
+          "(catches a sparse update applied densely, with momentum still moving untouched rows "
+          "and Adam's m and v decaying)", "[variable][sparse][training]") {
   for (const char* kind : {"momentum", "adagrad", "adam"}) {
     INFO(kind);
     auto opt = optimizer(kind);
