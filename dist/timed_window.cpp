@@ -131,8 +131,15 @@ void timed_window::run_chief() {
     auto asked = steady::now();
     auto st = ask<aggregator_stats>(s_, ps0_, timeout, stats_atom::value);
     auto answered = steady::now();
-    if (!st)
+    if (!st) {
+      // No step count, no window: end the job cut short (it ran on towards
+      // `steps`, its progress saying "window 0.0 s left", before).
+      log::get()->error("chief: timed window: asking /job:ps/task:0 for its global step: {}; "
+                        "ending the job without a measured window",
+                        describe(st.error()));
+      break_off();
       return false;
+    }
     step = st->global_step;
     at = asked + (answered - asked) / 2;
     last = std::move(*st);

@@ -158,6 +158,17 @@ const std::map<std::string, gradient_rule>& gradient_rules() {
     {"log_softmax", from_output_grad},
     {"softmax_xent", softmax_xent_grad},
     {"gather", gather_grad},
+    // -- issue 25, partitioned tables (h/part): dynamic_stitch, TF's
+    // _DynamicStitchGrads. Inputs are N indices then N data; data m gets
+    // gather(dy, indices m), the indices none (integers). As in TF, a slice
+    // that a later index overwrote still gets the gradient of the merged row.
+    {"dynamic_stitch",
+     [](const grad_context& c) {
+       const size_t n = c.fwd.inputs.size() / 2;
+       for (size_t m = 0; m < n; ++m)
+         c.add(n + m, c.g.gather(c.dy, c.in(m), "dynamic_stitch_grad"));
+     }},
+    // -- end of h/part's block
   };
   return rules;
 }
@@ -245,7 +256,7 @@ outcome<std::vector<partial>> backprop(graph& g, output loss, const std::vector<
       return graph_error{af_error::unsupported,
                          "gradients(): op '" + fwd.name + "' (" + fwd.op + ") has no gradient"};
     const auto* def = kernels::find_op_def(fwd.op);
-    if (def != nullptr && static_cast<int>(fwd.inputs.size()) != def->arity())
+    if (def != nullptr && !def->takes(fwd.inputs.size())) // variadic: dynamic_stitch
       return graph_error{af_error::invalid_argument,
                          "gradients(): op '" + fwd.name + "' (" + fwd.op + ") has "
                            + std::to_string(fwd.inputs.size()) + " input(s), needs "

@@ -1,9 +1,9 @@
 #pragma once
 /// Array ops that a sparse gradient (graph/graph.hpp, gradient_value) is
 /// built from, TensorFlow's semantics: concat on axis 0 (two sparse
-/// gradients add up by concatenating their ids and their rows), size (the
-/// count of distinct ids that deduplicate's segment sum needs) and
+/// gradients add up by concatenating their ids and their rows) and
 /// flatten_rows (a gather's gradient rows [n, row...] from ids of any rank).
+/// deduplicate's segment count is `size` (kernels/partition_ops.hpp).
 /// On the host whatever the backend, as unique is.
 
 #include <cstdint>
@@ -20,10 +20,6 @@ status concat_shape(const shape_type& a, dtype a_type, const shape_type& b, dtyp
 
 /// tf.concat([a, b], axis=0): a's rows, then b's. Any dtype.
 status host_concat(const tensor& a, const tensor& b, tensor& out);
-
-/// tf.size(x) (out_type int32): x's element count as an int32 scalar; a
-/// count past INT32_MAX is refused, as TF's int32 size is.
-status host_size(const tensor& x, tensor& out);
 
 /// The shape of flatten_rows(x, ids): [elements of ids] + x.shape[rank(ids):],
 /// where x's shape starts with ids' (a gather's output does); unknown_dim

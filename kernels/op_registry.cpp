@@ -2,9 +2,13 @@
 // run_op / known_op / infer_op, which read it. Each op's backend entry and
 // shape rule are small functions here; the kernel bodies are the backends'.
 #include "kernels/op_registry.hpp"
+#include "kernels/partition_ops.hpp"
+#include "kernels/shard_routing.hpp"
 #include "kernels/sparse.hpp"
 #include "kernels/array_ops.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <iterator>
 
 namespace af::kernels {
@@ -133,12 +137,60 @@ status concat_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out
   return host_concat(in[0], in[1], out);
 }
 
+// Partitioned tables (kernels/partition_ops.hpp, kernels/shard_routing.hpp):
+// on the host whatever the backend, as unique is: ids and row copies.
+
+/// (data, partitions, num_partitions, partition): the last two int scalars
+/// (tensors, not attributes, as unsorted_segment_sum's count: op_attrs
+/// travels on the wire and has no field for them).
+status dynamic_partition_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  const char* names[] = {"num_partitions", "partition"};
+  int32_t values[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const tensor& t = in[static_cast<size_t>(2 + k)];
+    if ((t.type() != dtype::int32 && t.type() != dtype::int64) || t.num_elements() != 1)
+      return status::failure(std::string{"dynamic_partition: "} + names[k]
+                             + " must be one int32 or int64, got " + t.summary());
+    auto v = integer_at(t, 0);
+    if (v < 0 || v > INT32_MAX)
+      return status::failure(std::string{"dynamic_partition: "} + names[k] + " = "
+                             + std::to_string(v) + " is not in [0, 2^31)");
+    values[k] = static_cast<int32_t>(v);
+  }
+  return host_dynamic_partition(in[0], in[1], values[0], values[1], out);
+}
+
+/// (indices_0 .. indices_n-1, data_0 .. data_n-1).
+status dynamic_stitch_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  auto half = static_cast<long>(in.size() / 2);
+  return host_dynamic_stitch(std::vector<tensor>(in.begin(), in.begin() + half),
+                             std::vector<tensor>(in.begin() + half, in.end()), out);
+}
+
+/// (ids, shard_rows, strategy): strategy an int scalar, a partition_strategy.
+template <bool Row>
+status route_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  const char* op = Row ? "row_in_shard" : "shard_of";
+  int64_t strategy = -1;
+  if (in[2].type() == dtype::int32 || in[2].type() == dtype::int64)
+    if (in[2].num_elements() == 1)
+      strategy = integer_at(in[2], 0);
+  if (strategy < 0 || strategy > static_cast<int64_t>(partition_strategy::contiguous))
+    return status::failure(std::string{op} + ": STRATEGY must be one int: 0 (mod), 1 (div) or 2 "
+                           "(contiguous), got " + in[2].summary());
+  return host_route(in[0], in[1], static_cast<partition_strategy>(strategy), Row, out);
+}
+
 status size_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   return host_size(in[0], out);
 }
 
 status flatten_rows_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   return host_flatten_rows(in[0], in[1], out);
+}
+
+status range_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_range(in[0], out);
 }
 
 // -- shape rules ------------------------------------------------------------------
@@ -322,6 +374,53 @@ status concat_rule(const op_attrs&, const infos& in, value_info& out) {
   return concat_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
 }
 
+/// (data, partitions, num_partitions, partition) -> [?] + data.shape[rank(partitions):].
+status dynamic_partition_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[1].type) || !is_integer(in[2].type) || !is_integer(in[3].type)
+      || num_elements(in[2].shape) != 1 || num_elements(in[3].shape) != 1)
+    return status::dtype("partitions must be int32 or int64, num_partitions and partition one "
+                         "int each, got " + describe(in[1]) + ", " + describe(in[2]) + " and "
+                         + describe(in[3]));
+  const auto &d = in[0].shape, &p = in[1].shape;
+  if (p.size() > d.size() || !std::equal(p.begin(), p.end(), d.begin()))
+    return status::shape("partitions " + describe(in[1]) + " must have a prefix of data's shape "
+                         + describe(in[0]));
+  out = {in[0].type, {unknown_dim}};
+  out.shape.insert(out.shape.end(), d.begin() + static_cast<long>(p.size()), d.end());
+  return status::success();
+}
+
+/// (indices..., data...) -> [?] + the slice shape, data[0]'s dtype.
+status dynamic_stitch_rule(const op_attrs&, const infos& in, value_info& out) {
+  const size_t n = in.size() / 2;
+  const auto &i0 = in[0].shape, &d0 = in[n].shape;
+  if (i0.size() > d0.size())
+    return status::shape("data[0] " + describe(in[n]) + " does not start with indices[0]'s shape");
+  shape_type slice(d0.begin() + static_cast<long>(i0.size()), d0.end());
+  for (size_t m = 0; m < n; ++m) {
+    auto want = in[m].shape;
+    want.insert(want.end(), slice.begin(), slice.end());
+    if (!is_integer(in[m].type) || in[n + m].type != in[n].type || in[n + m].shape != want)
+      return status::shape("indices[" + std::to_string(m) + "] " + describe(in[m]) + " and data["
+                           + std::to_string(m) + "] " + describe(in[n + m])
+                           + " do not fit (int indices, data = indices' shape + the slice shape)");
+  }
+  out = {in[n].type, {unknown_dim}};
+  out.shape.insert(out.shape.end(), slice.begin(), slice.end());
+  return status::success();
+}
+
+/// (ids, shard_rows) -> int32 shards (Row false) or rows in ids' dtype, ids' shape.
+template <bool Row>
+status route_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[0].type) || !is_integer(in[1].type) || in[1].shape.size() != 1
+      || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
+    return status::dtype("takes int ids, 1-D int SHARD_ROWS and one int STRATEGY, got "
+                         + describe(in[0]) + ", " + describe(in[1]) + " and " + describe(in[2]));
+  out = {Row ? in[0].type : dtype::int32, in[0].shape};
+  return status::success();
+}
+
 status size_rule(const op_attrs&, const infos&, value_info& out) {
   out = {dtype::int32, {}};
   return status::success();
@@ -331,6 +430,13 @@ status size_rule(const op_attrs&, const infos&, value_info& out) {
 status flatten_rows_rule(const op_attrs&, const infos& in, value_info& out) {
   out.type = in[0].type;
   return flatten_rows_shape(in[0].shape, in[1].shape, out.shape);
+}
+
+status range_rule(const op_attrs&, const infos& in, value_info& out) {
+  if (!is_integer(in[0].type) || num_elements(in[0].shape) != 1)
+    return status::dtype("range takes one int32 or int64 limit, got " + describe(in[0]));
+  out = {dtype::int32, {unknown_dim}};
+  return status::success();
 }
 
 // -- the table ----------------------------------------------------------------------
@@ -396,11 +502,27 @@ const op_def table[] = {
   // The array ops of sparse gradients (graph/gradients.cpp, docs/sparse.md).
   {"concat", "A, B", none, concat_rule, concat_kernel, no_gradient, "",
    "A's rows then B's (tf.concat on axis 0): one dtype, shapes equal after the first dimension"},
-  {"size", "X", none, size_rule, size_kernel, no_gradient, "",
-   "the number of elements of X as an int32 scalar (tf.size)"},
   {"flatten_rows", "X, IDS", none, flatten_rows_rule, flatten_rows_kernel, no_gradient, "",
    "X, whose shape starts with IDS', with those dimensions merged into one: [size(IDS)] + "
    "X.shape[rank(IDS):] (a gather's gradient rows)"},
+  // Partitioned tables (graph/embedding.hpp builds them into a lookup).
+  {"dynamic_partition", "DATA, PARTITIONS, NUM_PARTITIONS, PARTITION", none,
+   dynamic_partition_rule, dynamic_partition_kernel, no_gradient, "",
+   "output PARTITION of tf.dynamic_partition: the slices of DATA whose PARTITIONS id is PARTITION, "
+   "in order; ids out of [0, NUM_PARTITIONS) refused"},
+  {"dynamic_stitch", "INDICES, DATA", none, dynamic_stitch_rule, dynamic_stitch_kernel, rule, "",
+   "tf.dynamic_stitch(N indices, then N data): merged[INDICES[m][i]] = DATA[m][i], later ones "
+   "overwrite earlier", true},
+  {"shard_of", "IDS, SHARD_ROWS, STRATEGY", none, route_rule<false>, route_kernel<false>,
+   no_gradient, "",
+   "the shard (int32) of each id of a table of shards SHARD_ROWS rows each, STRATEGY 0 mod, 1 div, "
+   "2 contiguous; an id out of the table refused"},
+  {"row_in_shard", "IDS, SHARD_ROWS, STRATEGY", none, route_rule<true>, route_kernel<true>,
+   no_gradient, "", "the row of each id within its shard (see shard_of)"},
+  {"size", "X", none, size_rule, size_kernel, no_gradient, "",
+   "the number of elements of X, an int32 scalar (tf.size)"},
+  {"range", "LIMIT", none, range_rule, range_kernel, no_gradient, "",
+   "0, 1, ..., LIMIT - 1 as int32 (tf.range of an int scalar LIMIT)"},
   // Gradient ops: what gradients() adds; callable like any op.
   {"relu_grad", "DY, X", none, same_shape_rule, binary_kernel<binary_op::relu_grad>, no_gradient,
    "", "the gradient of relu: DY where X > 0, else 0"},
@@ -433,7 +555,14 @@ const op_def table[] = {
 
 std::string op_def::signature() const {
   std::string out{call_name()};
-  out += "(" + std::string{inputs};
+  std::string names{inputs};
+  if (variadic) { // "INDICES..., DATA...": each input as many times as the others
+    std::string each;
+    for (char c : names)
+      each += c == ',' ? std::string{"...,"} : std::string(1, c);
+    names = each + "...";
+  }
+  out += "(" + names;
   if (attrs == op_attr_kind::transposes)
     out += ", transpose_a=false, transpose_b=false";
   else if (attrs == op_attr_kind::reduction)
@@ -476,8 +605,9 @@ status run_op(backend& b, const std::string& op, const op_attrs& attrs,
   const auto* entry = find_graph_op(op);
   if (entry == nullptr)
     return status::failure("unknown op '" + op + "'");
-  if (static_cast<int>(in.size()) != entry->arity())
-    return status::failure(op + " takes " + std::to_string(entry->arity()) + " input(s), got "
+  if (!entry->takes(in.size()))
+    return status::failure(op + " takes " + std::to_string(entry->arity())
+                           + (entry->variadic ? " input(s) or a multiple" : " input(s)") + ", got "
                            + std::to_string(in.size()));
   for (size_t i = 0; i < in.size(); ++i)
     if (in[i].empty())
@@ -490,8 +620,9 @@ status infer_op(const std::string& op, const op_attrs& attrs, const std::vector<
   const auto* entry = find_graph_op(op);
   if (entry == nullptr)
     return status::failure("unknown op '" + op + "'");
-  if (static_cast<int>(in.size()) != entry->arity())
-    return status::failure(op + " takes " + std::to_string(entry->arity()) + " input(s), got "
+  if (!entry->takes(in.size()))
+    return status::failure(op + " takes " + std::to_string(entry->arity())
+                           + (entry->variadic ? " input(s) or a multiple" : " input(s)") + ", got "
                            + std::to_string(in.size()));
   auto st = entry->shape(attrs, in, out);
   if (!st.ok() && st.error.rfind(op, 0) != 0)

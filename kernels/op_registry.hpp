@@ -72,10 +72,20 @@ struct op_def {
   /// (reduce_sum for sum), else empty. Both names work in the REPL.
   std::string_view function;
   std::string_view help; ///< one line: what it computes
+  /// Whether `inputs` may come several times over (dynamic_stitch's
+  /// "INDICES, DATA" is N indices then N data tensors, N >= 1).
+  bool variadic = false;
   /// How many inputs: counted from `inputs` once, when the table is made.
   int input_count = count_inputs(inputs);
 
+  /// The number of inputs; of a variadic op, the fewest (one group).
   int arity() const { return input_count; }
+  /// Whether the op takes `n` inputs: arity(), or for a variadic op any
+  /// positive multiple of it.
+  bool takes(size_t n) const {
+    auto a = static_cast<size_t>(input_count);
+    return variadic ? (n >= a && n % a == 0) : n == a;
+  }
   /// The name users call: `function` if set, else `name`.
   std::string_view call_name() const { return function.empty() ? name : function; }
   /// "matmul(a, b, transpose_a=false, transpose_b=false)": the call with its inputs and keywords.

@@ -294,7 +294,8 @@ protected:
       net::close_socket(*fd);
       return make_error(af_error::resource_exhausted,
                         opts_->who + ": out of memory: cannot start the port's handshake thread ("
-                          + e.what() + "); raise the memory limit or lower [node] threads");
+                          + e.what() + "; or the process's thread limit, ulimit -u); raise the "
+                          "memory limit or lower [node] threads");
     } catch (const std::bad_alloc&) {
       net::close_socket(*fd);
       return make_error(af_error::resource_exhausted,

@@ -45,6 +45,7 @@
 #include "train/config.hpp"
 #include "train/metrics.hpp"
 #include "programs/last_resort.hpp"
+#include "programs/teardown_deadline.hpp"
 
 namespace {
 
@@ -267,6 +268,8 @@ int run_in_graph_embedded(af::train::train_config c) {
   if (c.window_secs > 0) // the chief's window counts between-graph workers' pushes
     return fail("window_secs with --in-graph: a timed window measures a between-graph job's "
                 "workers; drop --in-graph, or window_secs (and warmup_secs)");
+  if (auto bad = af::train::check_workers(c, 2); !bad.empty()) // a replica on each of 2 workers
+    return fail("training config: " + bad);
   auto cluster = af::embedded_cluster::start({{"ps", 1}, {"worker", 2}});
   if (!cluster)
     return fail(af::describe(cluster.error()), start_status(cluster.error()));
@@ -368,11 +371,15 @@ int run_in_graph_client(const af::cluster_config& cluster, const af::train::trai
   return 0;
 }
 
+/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
+constexpr std::chrono::milliseconds teardown_limit{8000};
+
 /// A ps task: serves until the chief stops it at the end of the job. A chief
 /// that dies (kill -9) cannot: the ps watches it and gives up once it has not
 /// answered for init_timeout_ms, so no ps is left behind.
 int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::cluster_config& cluster,
-             const std::string& name, const af::train::train_config& c) {
+             const std::string& name, const af::train::train_config& c,
+             af::teardown_deadline& bound) {
   int rc = 0;
   caf::scoped_actor self{sys, true};
   self->monitor(node);
@@ -399,6 +406,8 @@ int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::clust
       break;
     }
   }
+  // From here on, this process only stops (the watch session first).
+  bound.start(name, rc, teardown_limit);
   if (stopped)
     std::printf("actorflow-train %s: the chief ended the job; exiting\n", name.c_str());
   return rc;
@@ -438,7 +447,13 @@ int worker_failed(af::session& s, const af::cluster_config& cluster, const std::
 /// A worker task: waits for the ps tasks (and the chief), trains, and says
 /// how it ended.
 int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const std::string& name,
-               const train_args& a, const af::train::train_config& c) {
+               const train_args& a, const af::train::train_config& c,
+               af::teardown_deadline& bound) {
+  // Bounds what follows the decided status, this function's session first.
+  auto finish = [&](int rc) {
+    bound.start(name, rc, teardown_limit);
+    return rc;
+  };
   auto s = af::session::make(sys, cluster.cluster, name);
   if (!s)
     return fail(af::describe(s.error()), 1);
@@ -456,18 +471,18 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   topts.found = std::make_shared<std::atomic<af::ps_found>>(af::ps_found::unknown);
   auto out = af::run_worker_task(*s, c, static_cast<uint32_t>(a.task), topts);
   if (!out)
-    return worker_failed(*s, cluster, name, a.task, c, topts, out.error());
+    return finish(worker_failed(*s, cluster, name, a.task, c, topts, out.error()));
   if (a.task == 0) {
     summary(c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out, test_size(c));
     if (auto why = af::job_checkpoint_problem(c, *out); !why.empty())
-      return fail(name + ": " + why, 1);
+      return finish(fail(name + ": " + why, 1));
   } else {
     std::printf("actorflow-train %s: done after %llu local steps (%llu skipped: their step "
                 "closed before it sent its gradient)\n",
                 name.c_str(), static_cast<unsigned long long>(out->result.local_steps),
                 static_cast<unsigned long long>(out->result.skipped));
   }
-  return 0;
+  return finish(0);
 }
 
 /// --job J --task I with --config: this process's node, and its ps or worker.
@@ -499,18 +514,20 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   auto sec = af::security_for(cluster.security, af::security_member_name(job, task));
   if (!sec)
     return fail(af::describe(sec.error()));
+  af::teardown_deadline bound; // outlives the system: it bounds its end
   af::system_config sys_cfg{opts, *sec};
   auto sys_owner = af::start_actor_system(sys_cfg);
   caf::actor_system& sys = *sys_owner;
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, {}, af::node_aggregators());
   if (!node)
-    return fail(af::describe(node.error()));
+    return fail(af::describe(node.error()), start_status(node.error()));
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);
-  int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c)
-                       : run_worker(sys, cluster, name, a, c);
+  int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c, bound)
+                       : run_worker(sys, cluster, name, a, c, bound);
+  bound.start(name, rc, teardown_limit);
   node->data_plane->stop();
   caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
   return rc;

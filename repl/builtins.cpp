@@ -436,7 +436,10 @@ std::optional<value> interpreter::state::call_op(const std::string& fn, const ar
   else if (def->attrs == kernels::op_attr_kind::reduction)
     keys = {"axis", "keep_dims"};
   auto arity = static_cast<size_t>(def->arity());
-  check_arity(a, arity, arity, keys);
+  check_arity(a, arity, def->variadic ? size_t(-1) : arity, keys);
+  if (!def->takes(a.positional.size())) // variadic: groups of `arity` (N indices, N data)
+    fail(a.at, fn + " takes a multiple of " + std::to_string(arity) + " arguments, got "
+                 + std::to_string(a.positional.size()) + ": " + op_help(fn));
   // Literals take the dtype of the first graph value among the inputs, and
   // labels are int32.
   dtype literal_type = dtype::float32;

@@ -81,8 +81,8 @@ TEST_CASE("softplus does not overflow where e^x would", "[kernels]") {
 TEST_CASE("matmul matches the triple loop for every transpose combination", "[kernels]") {
   // 5x7x3 takes sgemm; the others the vector paths (a dot product, a matrix
   // times a vector from either side, an outer product), which pick their
-  // strides by the transposes; k = 300 the dot per row (sdot) where the rows
-  // are contiguous.
+  // strides by the transposes; 1x300x1 the single dot (sdot), 4x300x1 and
+  // 1x300x3 beside it (sgemv).
   struct dims {
     int64_t m, k, n;
   };

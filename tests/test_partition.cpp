@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "kernels/shard_routing.hpp"
 #include "train/partition.hpp"
 
 using namespace af;
@@ -190,4 +191,28 @@ TEST_CASE("splitting logical tensors into their pieces and assembling them again
   auto missing = logical_variables(params, other->pieces, saved);
   REQUIRE(!missing);
   CHECK(missing.error().what.find("emb/w/part_0") != std::string::npos);
+}
+
+TEST_CASE("a parameter's size-balanced pieces are the shards of a partitioned table, routed as "
+          "contiguous (or div) runs of ids (catches pieces out of part order, or the ps of "
+          "another piece)", "[partition][partitioned]") {
+  // [10, 4] in 3 pieces over 2 ps: rows 4, 3, 3 (TF's sizes); by bytes the
+  // first (largest) goes to ps 0, the next to ps 1, the last to ps 1 (4 > 3 rows).
+  auto plan = plan_partitions({param("small", {3}), param("emb", {10, 4})}, 2, 3, 1);
+  REQUIRE(plan);
+  auto layout = table_layout_of(*plan, 1);
+  CHECK(layout.shard_rows == std::vector<int64_t>{4, 3, 3});
+  std::vector<uint32_t> want_ps;
+  for (const auto& p : plan->pieces)
+    if (p.param == 1)
+      want_ps.push_back(p.ps);
+  CHECK(layout.ps == want_ps);
+  for (auto strategy : {kernels::partition_strategy::contiguous, kernels::partition_strategy::div}) {
+    kernels::shard_router router;
+    REQUIRE(kernels::shard_router::make(strategy, layout.shard_rows, router).ok());
+    CHECK(router.place(3) == kernels::shard_place{0, 3});
+    CHECK(router.place(4) == kernels::shard_place{1, 0});
+    CHECK(router.place(9) == kernels::shard_place{2, 2});
+  }
+  CHECK(table_layout_of(*plan, 7).shard_rows.empty());
 }

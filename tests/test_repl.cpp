@@ -411,8 +411,16 @@ TEST_CASE("every op of the registry is a REPL function: it runs, help and comple
     {"unique_idx", "const([7, 3, 7], dtype=\"int64\")"},
     {"unsorted_segment_sum", "x, const([1, 1], dtype=\"int32\"), const(3, dtype=\"int32\")"},
     {"concat", "x, x"},
-    {"size", "x"},
     {"flatten_rows", "x, const([1, 0], dtype=\"int32\")"},
+    {"dynamic_partition", "x, const([1, 0], dtype=\"int32\"), const(2, dtype=\"int32\"), "
+                          "const(1, dtype=\"int32\")"},
+    {"dynamic_stitch", "const([1, 0], dtype=\"int32\"), x"},
+    {"shard_of", "const([4, 0, 6], dtype=\"int64\"), const([3, 2, 2], dtype=\"int64\"), "
+                 "const(1, dtype=\"int32\")"},
+    {"row_in_shard", "const([4, 0, 6], dtype=\"int64\"), const([3, 2, 2], dtype=\"int64\"), "
+                     "const(0, dtype=\"int32\")"},
+    {"size", "x"},
+    {"range", "const(3, dtype=\"int32\")"},
     {"sum_to", "x, [1, 2, 3]"},
     {"softmax_xent_grad", "[1, 1], x, [2, 0]"},
     {"sum_grad", "[1, 2], x, axis=1"},

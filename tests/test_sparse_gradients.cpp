@@ -7,9 +7,11 @@
 #include <memory>
 #include <vector>
 
+#include "graph/embedding.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/shard_routing.hpp"
 
 using namespace af;
 
@@ -162,4 +164,44 @@ TEST_CASE("concat, size and flatten_rows follow TF and refuse what does not fit 
   REQUIRE(kernels::run_op(*cpu, "flatten_rows", {}, {a, a}, out).ok());
   CHECK(out.shape() == shape_type{4});
   CHECK_FALSE(kernels::run_op(*cpu, "flatten_rows", {}, {b, a}, out).ok());
+}
+
+TEST_CASE("each shard of a partitioned table gets a sparse gradient of its own rows (catches a "
+          "shard's gradient densified, or rows sent to the wrong shard)",
+          "[gradients][sparse][partitioned]") {
+  for (auto s : {kernels::partition_strategy::mod, kernels::partition_strategy::div}) {
+    INFO(kernels::to_string(s));
+    graph g;
+    std::vector<device_name> ps;
+    for (int k = 0; k < 3; ++k)
+      ps.push_back(*device_name::parse("/job:ps/task:" + std::to_string(k)));
+    auto t = partitioned_table(g, "emb", {7, 2}, ps, s, initializer::uniform(-1, 1, 5),
+                               dtype::float64);
+    REQUIRE(t);
+    auto ids = g.constant(tensor::from_values<int64_t>({5}, {6, 1, 6, 0, 4}));
+    auto rows = embedding_lookup(g, *t, ids);
+    REQUIRE(rows);
+    auto loss = g.reduce_sum(g.mul(g.square(*rows), g.constant(random64({5, 2}, 6))));
+    auto sparse = sparse_gradients(g, loss, t->shards);
+    REQUIRE(sparse);
+    auto dense = gradients(g, loss, t->shards);
+    REQUIRE(dense);
+    variable_values vars;
+    REQUIRE(initialize_values(g, vars));
+    auto cpu = kernels::make_cpu_backend();
+    for (size_t k = 0; k < t->shards.size(); ++k) {
+      INFO("shard " << k);
+      const auto& v = (*sparse)[k];
+      REQUIRE(v.is_sparse());
+      auto r = evaluate(g, {v.ids, v.values, densify(g, v), (*dense)[k]}, {}, vars, *cpu);
+      REQUIRE(r);
+      auto shard_rows = g.at(t->shards[k]).spec.shape[0];
+      // The shard's own row ids, never more rows than the batch looked up.
+      for (auto id : (*r)[0].values<int64_t>())
+        CHECK((id >= 0 && id < shard_rows));
+      CHECK((*r)[1].shape().size() == 2);
+      CHECK((*r)[1].shape()[0] <= 5);
+      CHECK((*r)[2].values<double>() == (*r)[3].values<double>());
+    }
+  }
 }

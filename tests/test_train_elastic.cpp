@@ -257,8 +257,10 @@ TEST_CASE("a timed window during which the mode switches is reported not measure
           "[train][processes][elastic]") {
   temp_dir dir;
   job_spec spec;
+  // A window long enough for --switch's client to start and land in it on
+  // a loaded machine.
   spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
-               "window_secs=6"};
+               "window_secs=12"};
   for (int w = 0; w < 2; ++w)
     spec.worker_args[w] = {"--step-delay-ms", "5"};
   auto job = train_job::start(dir.path, spec);
@@ -276,6 +278,39 @@ TEST_CASE("a timed window during which the mode switches is reported not measure
   CHECK(out.find("window=not_measured") != std::string::npos);
   CHECK(std::regex_search(out, std::regex{R"(window: not measured: during the warm-up or the )"
                                           R"(window: .*mode sync -> async)"}));
+}
+
+// Catches a chief whose window's last sample of ps 0 fails (ps 0 stopped,
+// its stats unanswered for 5 s) and then neither measures nor stops: the job
+// ran on towards `steps` (10^8 here), its progress lines saying "window 0.0
+// s left", until the test's timeout.
+TEST_CASE("a timed window whose ps stops answering at its end ends the job cut short, saying so",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
+               "window_secs=2"};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "5"};
+  auto job = train_job::start(dir.path, spec);
+  static const std::regex in_window{R"(  window [0-9.]+ s left)"};
+  if (!job->wait_until(
+        [&] { return std::regex_search(job->chief().output(), in_window); }, 30s))
+    FAIL("no progress line of the window within 30 s:\n" << job->describe());
+  auto& ps = job->process("ps", 0);
+  ps.signal(SIGSTOP);
+  const std::string said = "asking /job:ps/task:0 for its global step";
+  bool failed = job->wait_until(
+    [&] { return job->chief().output().find(said) != std::string::npos; }, 30s);
+  ps.signal(SIGCONT);
+  INFO(job->describe());
+  REQUIRE(failed);
+  auto left = job->wait_all_exit(40s);
+  INFO(job->describe());
+  CHECK(left.empty());
+  const auto& out = job->chief().output();
+  CHECK(out.find("ending the job without a measured window") != std::string::npos);
+  CHECK(out.find("window=measured") == std::string::npos);
 }
 
 // Catches a deadline that does not close a step with the gradients that

@@ -421,8 +421,13 @@ public:
         return true;
       },
       timeout);
-    for (auto& t : tasks_)
+    for (auto& t : tasks_) {
       t.process->read_output(0ms);
+      // A teardown the watchdog cut short (programs/teardown_deadline.hpp):
+      // the task ended in time, but its stop hung; said in every run's log.
+      if (t.process->output().find("stopping took more than") != std::string::npos)
+        WARN(t.name() << "'s teardown hung and was cut short:\n" << t.process->output());
+    }
     std::string running;
     for (auto& t : tasks_)
       if (!t.process->exit_code()) {

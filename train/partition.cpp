@@ -33,6 +33,16 @@ std::vector<size_t> partition_plan::on_ps(uint32_t k) const {
   return out;
 }
 
+table_layout table_layout_of(const partition_plan& plan, size_t param) {
+  table_layout out;
+  for (const auto& p : plan.pieces) // plan order is part order within a parameter
+    if (p.param == param) {
+      out.shard_rows.push_back(p.row_end - p.row_begin);
+      out.ps.push_back(p.ps);
+    }
+  return out;
+}
+
 std::vector<uint64_t> partition_plan::bytes_per_ps() const {
   std::vector<uint64_t> out(ps_tasks, 0);
   for (const auto& p : pieces)

@@ -61,6 +61,17 @@ struct partition_plan {
   std::vector<uint64_t> bytes_per_ps() const;
 };
 
+/// A parameter's pieces as the shards of a partitioned embedding table
+/// (graph/embedding.hpp): the size-balanced cut, strategy `contiguous` (or
+/// `div`, whose sizes the planner's are: the first R % k one row longer).
+struct table_layout {
+  std::vector<int64_t> shard_rows; ///< each piece's rows, in part order
+  std::vector<uint32_t> ps;        ///< the ps task that holds each piece
+};
+
+/// The layout of parameter `param`'s pieces in `plan` (empty if it has none).
+table_layout table_layout_of(const partition_plan& plan, size_t param);
+
 /// k for a parameter of `shape` holding `bytes` bytes (see the file comment).
 uint32_t partitions_for(const shape_type& shape, uint64_t bytes, uint32_t max_partitions,
                         uint64_t min_slice_bytes);

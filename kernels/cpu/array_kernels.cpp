@@ -1,10 +1,9 @@
 // The array ops of sparse gradients on the host (kernels/array_ops.hpp):
-// concat on axis 0, size and flatten_rows.
+// concat on axis 0 and flatten_rows.
 #include "kernels/array_ops.hpp"
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <string>
 
 namespace af::kernels {
@@ -40,13 +39,6 @@ status host_concat(const tensor& a, const tensor& b, tensor& out) {
   if (b.nbytes() > 0)
     std::memcpy(result.mutable_bytes() + a.nbytes(), b.bytes(), b.nbytes());
   out = std::move(result);
-  return status::success();
-}
-
-status host_size(const tensor& x, tensor& out) {
-  if (x.num_elements() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    return status::failure("size: " + x.summary() + " has more elements than an int32 holds");
-  out = tensor::from_values<int32_t>({}, {static_cast<int32_t>(x.num_elements())});
   return status::success();
 }
 

@@ -187,18 +187,13 @@ public:
         for (size_t j = 0; j < n; ++j)
           ci[j] = ai * pb[j];
       }
-    } else if (n == 1 && !ta && k >= 256) { // rows of a times vector b: a dot per row
+    } else if (m == 1 && n == 1) { // a dot product: both vectors are contiguous
       // sdot, not sgemv: where OpenBLAS cannot name the CPU (this VM's
       // "Intel(R) Xeon(R) Processor" falls back to its generic Prescott
       // kernels) sgemv of one row took 2.2x sdot's time (510 against 235 us
-      // for 1 M floats: the 1 M linear model's forward pass).
-      const int kk = static_cast<int>(k);
-      for (size_t i = 0; i < m; ++i)
-        c[i] = cblas_sdot(kk, pa + i * k, 1, pb, 1);
-    } else if (m == 1 && tb && k >= 256) { // vector a times the rows of b^T: a dot per row
-      const int kk = static_cast<int>(k);
-      for (size_t j = 0; j < n; ++j)
-        c[j] = cblas_sdot(kk, pa, 1, pb + j * k, 1);
+      // for 1 M floats: the 1 M linear model's forward pass). Only the single
+      // dot: for several rows sgemv blocks them and threads over them.
+      c[0] = cblas_sdot(static_cast<int>(k), pa, 1, pb, 1);
     } else if (n == 1) { // c = op(a) * vector b
       cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, rows(a), cols(a), 1.0f, pa,
                   cols(a), pb, 1, 0.0f, c, 1);
@@ -222,6 +217,13 @@ public:
     if (k != k2)
       return status::shape("matmul: inner dimensions differ: " + shape_string(a.shape())
                              + (ta ? "^T" : "") + " x " + shape_string(b.shape()) + (tb ? "^T" : ""));
+    // BLAS takes int sizes: a larger one would be cut to a wrong (or
+    // negative, a silent zero) product.
+    for (auto d : {m, n, k})
+      if (d > std::numeric_limits<int>::max())
+        return status::shape("matmul: a dimension of " + shape_string(a.shape()) + " x "
+                             + shape_string(b.shape()) + " is over 2^31 - 1, more than BLAS "
+                             "takes: split the product");
     tensor result{a.type(), {m, n}};
     auto lda = static_cast<int>(a.shape()[1]), ldb = static_cast<int>(b.shape()[1]);
     auto tra = ta ? CblasTrans : CblasNoTrans, trb = tb ? CblasTrans : CblasNoTrans;

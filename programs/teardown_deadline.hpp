@@ -1,0 +1,81 @@
+#pragma once
+/// A bound on a program's teardown: once its work is done and its exit
+/// status known, stopping the data plane, the node and the actor system must
+/// not keep the process (and, through its open connections, its peers)
+/// alive. A ps whose chief died once stayed past its "stopping" line for
+/// more than 20 s in a test under load; this turns such a hang into a line
+/// naming the phase and an exit with the status already decided.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+
+namespace af {
+
+class teardown_deadline {
+public:
+  teardown_deadline() = default;
+  teardown_deadline(const teardown_deadline&) = delete;
+  teardown_deadline& operator=(const teardown_deadline&) = delete;
+
+  /// From now on the process has `limit` to end (this object's destruction
+  /// is the end: declare it before what it bounds); `who` names it in the
+  /// line, `status` is the exit status then. Only the first call counts.
+  void start(const std::string& who, int status, std::chrono::milliseconds limit) {
+    if (watchdog_.joinable())
+      return;
+    who_ = who;
+    status_ = status;
+    try {
+      watchdog_ = std::thread{[this, limit] { watch(limit); }};
+    } catch (const std::system_error&) {
+      // No thread for it (a thread limit, a memory cap): stop unbounded
+      // rather than turn a decided status into a failure.
+    }
+  }
+
+  /// The teardown finished in time.
+  ~teardown_deadline() {
+    if (!watchdog_.joinable())
+      return;
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      done_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+  }
+
+private:
+  void watch(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> guard{mtx_};
+    if (cv_.wait_for(guard, limit, [this] { return done_; }))
+      return;
+    std::fprintf(stderr,
+                 "%s: stopping took more than %lld ms (the data plane's connections, the "
+                 "node and the actor system's actors); exiting with status %d without "
+                 "waiting further\n",
+                 who_.c_str(), static_cast<long long>(limit.count()), status_);
+    // stdout's lines (a worker's "done after"), unless a thread stuck in
+    // a write to a full pipe holds its lock: then they stay unwritten.
+    if (::ftrylockfile(stdout) == 0) {
+      std::fflush(stdout);
+      ::funlockfile(stdout);
+    }
+    std::_Exit(status_);
+  }
+
+  std::string who_;
+  int status_ = 0;
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread watchdog_;
+};
+
+} // namespace af
