@@ -315,21 +315,27 @@ caf::error variable_cell::check_floats(size_t n, const char* what) const {
   return caf::none;
 }
 
+void variable_cell::use_slots(const train::optimizer_spec& opt, float* (&out)[2]) {
+  auto names = train::slot_names(opt.kind);
+  for (size_t k = 0; k < names.size() && k < 2; ++k) {
+    auto it = slots_.find(names[k]);
+    if (it == slots_.end())
+      it = slots_.emplace(names[k], tensor::filled(dtype::float32, spec_.shape,
+                                                   train::slot_initial_value(opt, k)))
+             .first;
+    out[k] = it->second.mutable_data<float>(); // a copy if a checkpoint still holds it
+  }
+}
+
 template <class Source>
 caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
                                        uint64_t step, const block_updated& updated) {
   std::lock_guard<std::mutex> guard{mtx_};
   if (auto err = check_floats(n, "gradient"))
     return err;
-  auto names = train::slot_names(opt.kind);
   float* slot_ptrs[2] = {nullptr, nullptr};
   try {
-    for (size_t k = 0; k < names.size() && k < 2; ++k) {
-      auto it = slots_.find(names[k]);
-      if (it == slots_.end())
-        it = slots_.emplace(names[k], tensor::filled(dtype::float32, spec_.shape, 0)).first;
-      slot_ptrs[k] = it->second.mutable_data<float>();
-    }
+    use_slots(opt, slot_ptrs);
     // In place unless a reader still holds the buffer (then a copy: COW).
     float* var = value_.mutable_data<float>();
     float buf[apply_block];
@@ -365,6 +371,71 @@ caf::error variable_cell::apply_gradient_by(const train::optimizer_spec& opt,
       return buf;
     },
     n, step, updated);
+}
+
+caf::error variable_cell::apply_sparse_gradient(const train::optimizer_spec& opt,
+                                                const tensor& ids, const tensor& rows,
+                                                uint64_t step) {
+  auto refuse = [&](af_error code, const std::string& why) {
+    return make_error(code, "sparse gradient of " + quoted(spec_) + " on " + spec_.device + ": "
+                              + why);
+  };
+  // Everything that does not depend on the value is checked and computed
+  // before the lock: the shape is fixed, so are the ids' bounds.
+  if (spec_.type != dtype::float32 || rows.type() != dtype::float32)
+    return refuse(af_error::dtype_mismatch,
+                  "the variable is " + std::string{dtype_name(spec_.type)} + " and the rows "
+                    + (rows.empty() ? std::string{"empty"} : rows.summary())
+                    + "; training updates float32 variables with float32 rows");
+  shape_type expected;
+  if (auto st = kernels::gather_shape(spec_.shape, spec_.type, ids.shape(), ids.type(), expected);
+      !st.ok())
+    return refuse(af_error::shape_mismatch, st.error);
+  if (rows.shape() != expected)
+    return refuse(af_error::shape_mismatch,
+                  "rows " + rows.summary() + " are not the rows of ids " + ids.summary()
+                    + " (they need " + shape_string(expected) + ")");
+  if (auto st = kernels::check_ids(ids, spec_.shape[0], "indices"); !st.ok())
+    return refuse(af_error::invalid_argument, st.error);
+  const auto n = static_cast<int64_t>(ids.num_elements());
+  const size_t row_size = n == 0 ? 0 : rows.num_elements() / static_cast<size_t>(n);
+  // Duplicates summed first (TF's _deduplicate_indexed_slices), so that each
+  // row is updated once: unique, then the rows summed by their unique index.
+  tensor unique_ids, idx;
+  tensor summed = rows.reshaped({n, static_cast<int64_t>(row_size)});
+  std::vector<int64_t> touched;
+  try {
+    if (auto st = kernels::host_unique(ids.reshaped({n}), &unique_ids, &idx); !st.ok())
+      return refuse(af_error::invalid_argument, st.error);
+    const size_t k = unique_ids.num_elements();
+    if (k != static_cast<size_t>(n)) {
+      tensor out;
+      if (auto st = kernels::host_unsorted_segment_sum(summed, idx, static_cast<int64_t>(k), out);
+          !st.ok())
+        return refuse(af_error::invalid_argument, st.error);
+      summed = std::move(out);
+    }
+    touched.resize(k);
+    for (size_t i = 0; i < k; ++i)
+      touched[i] = kernels::integer_at(unique_ids, i);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "sparse gradient");
+  }
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!initialized_)
+    return refuse(af_error::uninitialized,
+                  "the variable has no value yet; the chief initializes it first");
+  try {
+    float* slot_ptrs[2] = {nullptr, nullptr};
+    use_slots(opt, slot_ptrs);
+    // In place unless a reader still holds the buffer (then a copy: COW).
+    train::apply_rows(opt, value_.mutable_data<float>(), slot_ptrs, row_size, touched.data(),
+                      summed.data<float>(), touched.size(), step);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "sparse gradient");
+  }
+  ++version_;
+  return caf::none;
 }
 
 caf::error variable_cell::assign_floats(const float* data, size_t n) {

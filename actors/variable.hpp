@@ -142,6 +142,20 @@ public:
   caf::error apply_gradient(const train::optimizer_spec& opt, const float* grad, size_t n,
                             uint64_t step);
 
+  /// One sparse optimizer update (TF's sparse apply ops, after
+  /// _deduplicate_indexed_slices; LazyAdamOptimizer for adam): `ids` (int32
+  /// or int64, any rank) name rows of the value and `rows` (float32, shape
+  /// ids.shape + the value's shape[1:]) are their gradients, as
+  /// sparse_gradients() (graph/graph.hpp) gives them. Duplicate ids are
+  /// summed first (in ids' order), then each distinct row is updated once by
+  /// train::apply_rows, value and slots together under the lock; a row no id
+  /// names, and its slots, do not change (lazy momentum and Adam; Adam's bias
+  /// correction counts the global step `step`). Every id is checked before
+  /// anything is created or written: an id out of range is invalid_argument
+  /// naming it and the variable, and value and slots stay as they were.
+  caf::error apply_sparse_gradient(const train::optimizer_spec& opt, const tensor& ids,
+                                   const tensor& rows, uint64_t step);
+
   /// Produces floats [offset, offset + n) of a gradient into `out` (n is at
   /// most apply_block).
   using gradient_fill = std::function<void(size_t offset, size_t n, float* out)>;
@@ -179,6 +193,9 @@ public:
 
 private:
   caf::error check_floats(size_t n, const char* what) const; // mtx_ held
+  /// Pointers to the slots of `opt.kind` (slot_names order), made at
+  /// train::slot_initial_value on first use (mtx_ held; may throw bad_alloc).
+  void use_slots(const train::optimizer_spec& opt, float* (&out)[2]);
   /// The update of apply_gradient(_by): `source(offset, len, buf)` gives the
   /// gradient's floats [offset, offset + len), in `buf` or elsewhere.
   template <class Source>

@@ -12,16 +12,23 @@ namespace af {
 namespace {
 
 /// What a gradient rule sees: the forward op, its output y, the gradient dy
-/// flowing into y, and `add`, which adds to the gradient of input i.
+/// flowing into y, and `add`, which adds to the gradient of input i (dense),
+/// or `add_sparse`, which adds rows of it (gather's rule).
 struct grad_context {
   graph& g;
   const graph_node& fwd;
   output y;
   output dy;
-  const std::function<void(int32_t, output)>& accumulate;
+  const std::function<void(int32_t, gradient_value)>& accumulate;
 
   output in(size_t i) const { return output{fwd.inputs.at(i)}; }
-  void add(size_t i, output d) const { accumulate(fwd.inputs.at(i), d); }
+  void add(size_t i, output d) const {
+    accumulate(fwd.inputs.at(i), gradient_value::dense_value(d));
+  }
+  /// Rows `values` ([n] + row) of the gradient of input i at `ids` ([n]).
+  void add_sparse(size_t i, output ids, output values) const {
+    accumulate(fwd.inputs.at(i), gradient_value::sparse_value(ids, values, in(i)));
+  }
 };
 
 /// One op's gradient (TF's REGISTER_GRADIENT): adds the backward ops of one
@@ -117,10 +124,12 @@ void softmax_xent_grad(const grad_context& c) {
 }
 
 /// w.r.t. params only: the ids are integers (TF's gradient for them is None).
-/// Dense for now: dy's rows summed into a tensor of params' shape, rows with
-/// no id getting zeros (TF gives IndexedSlices; that value is the next step).
+/// Sparse, TF's _GatherGrad: IndexedSlices of dy's rows at the ids, both
+/// flattened to one row per id (flatten_rows: no copy), never params' size;
+/// densify() makes it gather_grad when a dense gradient is asked for.
 void gather_grad(const grad_context& c) {
-  c.add(0, c.g.op("gather_grad", {c.dy, c.in(0), c.in(1)}));
+  auto ids = c.in(1);
+  c.add_sparse(0, c.g.op("flatten_rows", {ids, ids}), c.g.op("flatten_rows", {c.dy, ids}));
 }
 
 /// The gradient rules, keyed by the op's registry name: every op that the
@@ -177,7 +186,29 @@ std::vector<std::string> gradient_ops() {
   return out;
 }
 
-outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<output>& xs) {
+namespace {
+
+/// A gradient being summed: its value and, if sparse, the scopes it was made
+/// in, where its densification goes (gather's device, as a dense gather_grad
+/// went before gradients were sparse).
+struct partial {
+  gradient_value v;
+  std::vector<device_name> scopes;
+};
+
+/// The dense value of `p`, its densification made in p's scopes.
+output dense_of(graph& g, const partial& p) {
+  if (!p.v.is_sparse())
+    return p.v.dense;
+  auto saved = g.scopes();
+  g.set_scopes(p.scopes);
+  auto out = densify(g, p.v);
+  g.set_scopes(std::move(saved));
+  return out;
+}
+
+/// The backward pass: every x's gradient, sparse where gather made it so.
+outcome<std::vector<partial>> backprop(graph& g, output loss, const std::vector<output>& xs) {
   if (!g.contains(loss))
     return graph_error{af_error::invalid_argument,
                        "gradients(): the loss is not an op of this graph"};
@@ -189,23 +220,34 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
     ~scope_guard() { g.set_scopes(std::move(saved)); }
   } restore{g, g.scopes()};
   auto at = [&](const graph_node& fwd) { g.set_scopes({fwd.requested}); };
-  std::map<int32_t, output> grads;
-  std::function<void(int32_t, output)> accumulate = [&](int32_t id, output d) {
+  std::map<int32_t, partial> grads;
+  // Sums as TF's aggregation does: dense + dense adds, sparse + sparse
+  // concatenates ids and rows (IndexedSlices), sparse + dense densifies.
+  std::function<void(int32_t, gradient_value)> accumulate = [&](int32_t id, gradient_value d) {
     auto it = grads.find(id);
-    if (it == grads.end())
-      grads.emplace(id, d);
-    else
-      it->second = g.add(it->second, d, "grad_acc");
+    if (it == grads.end()) {
+      grads.emplace(id, partial{d, g.scopes()});
+      return;
+    }
+    auto& have = it->second;
+    if (have.v.is_sparse() && d.is_sparse()) {
+      have.v.ids = g.op("concat", {have.v.ids, d.ids}, {}, "grad_acc_ids");
+      have.v.values = g.op("concat", {have.v.values, d.values}, {}, "grad_acc_values");
+      have.scopes = g.scopes();
+      return;
+    }
+    auto sum = g.add(dense_of(g, have), dense_of(g, partial{d, g.scopes()}), "grad_acc");
+    have = partial{gradient_value::dense_value(sum), g.scopes()};
   };
   at(g.at(loss));
-  grads.emplace(loss.id, g.op("ones_like", {loss}, {}, "grad_seed"));
+  auto seed = g.op("ones_like", {loss}, {}, "grad_seed");
+  grads.emplace(loss.id, partial{gradient_value::dense_value(seed), {}});
   // Nodes are appended after their inputs, so descending ids visit every
   // consumer of a node before the node itself.
   for (int32_t id = loss.id; id >= 0; --id) {
     auto it = grads.find(id);
     if (it == grads.end())
       continue;
-    auto dy = it->second;
     const graph_node fwd = g.at(output{id}); // a copy: the graph grows below
     if (fwd.kind != node_kind::compute)
       continue; // variables, constants and placeholders are leaves; updates stop gradients
@@ -219,10 +261,11 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
                          "gradients(): op '" + fwd.name + "' (" + fwd.op + ") has "
                            + std::to_string(fwd.inputs.size()) + " input(s), needs "
                            + std::to_string(def->arity())};
+    auto dy = dense_of(g, it->second); // an op's rule takes a dense dy (gather(relu(w), ids))
     at(fwd);
     rule->second(grad_context{g, fwd, output{id}, dy, accumulate});
   }
-  std::vector<output> out;
+  std::vector<partial> out;
   std::string missing;
   for (auto x : xs) {
     auto it = grads.find(x.id);
@@ -236,6 +279,43 @@ outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<
     return graph_error{af_error::invalid_argument,
                        "gradients(): the loss does not depend on " + missing};
   return out;
+}
+
+} // namespace
+
+outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<output>& xs) {
+  auto parts = backprop(g, loss, xs);
+  if (!parts)
+    return parts.error();
+  std::vector<output> out;
+  for (const auto& p : *parts)
+    out.push_back(dense_of(g, p));
+  return out;
+}
+
+outcome<std::vector<gradient_value>> sparse_gradients(graph& g, output loss,
+                                                      const std::vector<output>& xs) {
+  auto parts = backprop(g, loss, xs);
+  if (!parts)
+    return parts.error();
+  std::vector<gradient_value> out;
+  for (const auto& p : *parts)
+    out.push_back(p.v);
+  return out;
+}
+
+output densify(graph& g, const gradient_value& v) {
+  if (!v.is_sparse())
+    return v.dense;
+  return g.op("gather_grad", {v.values, v.dense_like, v.ids});
+}
+
+gradient_value deduplicate(graph& g, const gradient_value& v) {
+  if (!v.is_sparse())
+    return v;
+  auto u = g.unique(v.ids);
+  auto rows = g.unsorted_segment_sum(v.values, u.idx, g.op("size", {u.y}));
+  return gradient_value::sparse_value(u.y, rows, v.dense_like);
 }
 
 } // namespace af

@@ -142,6 +142,52 @@ private:
 /// an error naming it; so is an op on the path that has no gradient.
 outcome<std::vector<output>> gradients(graph& g, output loss, const std::vector<output>& xs);
 
+/// One gradient as sparse_gradients() gives it. Dense: `dense`, a node of
+/// x's shape. Sparse (TF's IndexedSlices), for an x that the loss reads only
+/// through gather (embedding_lookup): `ids`, 1-D int32 or int64 [n], the
+/// rows touched (an id may repeat, in no order), and `values` [n] +
+/// x.shape[1:], row i's gradient being values[i] (a repeated id's rows add
+/// up); `dense_like` is the node whose shape the dense gradient has (the
+/// gathered tensor, x itself for a variable). Nothing of x's size is
+/// computed until densify() is asked for.
+struct gradient_value {
+  output dense;      ///< valid iff the gradient is dense
+  output ids;        ///< sparse: [n]
+  output values;     ///< sparse: [n] + x.shape[1:]
+  output dense_like; ///< sparse: a node of the dense gradient's shape
+  bool is_sparse() const { return ids.valid(); }
+
+  static gradient_value dense_value(output d) {
+    gradient_value v;
+    v.dense = d;
+    return v;
+  }
+  static gradient_value sparse_value(output ids, output values, output dense_like) {
+    gradient_value v;
+    v.ids = ids;
+    v.values = values;
+    v.dense_like = dense_like;
+    return v;
+  }
+};
+
+/// gradients(), but sparse where the gradient is: an x read only through
+/// gather gets the sparse value (two gathers of one x: their ids and values
+/// concatenated, as TF adds IndexedSlices); an x also read densely gets the
+/// dense sum. The dense entry point gradients() is this, densified.
+outcome<std::vector<gradient_value>> sparse_gradients(graph& g, output loss,
+                                                      const std::vector<output>& xs);
+
+/// The dense gradient of `v`: v.dense, or the sparse rows summed into
+/// dense_like's shape (gather_grad: unsorted_segment_sum, untouched rows 0).
+output densify(graph& g, const gradient_value& v);
+
+/// `v` with each id once, its rows summed (TF's _deduplicate_indexed_slices:
+/// unique, then unsorted_segment_sum of the values by the unique index into
+/// size(unique ids) rows); ids in the order they first occur. A dense `v`
+/// comes back as it is.
+gradient_value deduplicate(graph& g, const gradient_value& v);
+
 /// True if gradients() knows how to differentiate kernel op `op`.
 bool has_gradient(const std::string& op);
 

@@ -5,6 +5,7 @@
 #include "kernels/partition_ops.hpp"
 #include "kernels/shard_routing.hpp"
 #include "kernels/sparse.hpp"
+#include "kernels/array_ops.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -131,6 +132,11 @@ status unique_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out
   return Inverse ? host_unique(in[0], nullptr, &out) : host_unique(in[0], &out, nullptr);
 }
 
+// The array ops of sparse gradients (kernels/array_ops.hpp), on the host.
+status concat_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_concat(in[0], in[1], out);
+}
+
 // Partitioned tables (kernels/partition_ops.hpp, kernels/shard_routing.hpp):
 // on the host whatever the backend, as unique is: ids and row copies.
 
@@ -177,6 +183,10 @@ status route_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out)
 
 status size_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   return host_size(in[0], out);
+}
+
+status flatten_rows_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
+  return host_flatten_rows(in[0], in[1], out);
 }
 
 status range_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
@@ -358,6 +368,12 @@ status unique_rule(const op_attrs&, const infos& in, value_info& out) {
   return status::success();
 }
 
+/// (a, b) -> a's rows then b's.
+status concat_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return concat_shape(in[0].shape, in[0].type, in[1].shape, in[1].type, out.shape);
+}
+
 /// (data, partitions, num_partitions, partition) -> [?] + data.shape[rank(partitions):].
 status dynamic_partition_rule(const op_attrs&, const infos& in, value_info& out) {
   if (!is_integer(in[1].type) || !is_integer(in[2].type) || !is_integer(in[3].type)
@@ -408,6 +424,12 @@ status route_rule(const op_attrs&, const infos& in, value_info& out) {
 status size_rule(const op_attrs&, const infos&, value_info& out) {
   out = {dtype::int32, {}};
   return status::success();
+}
+
+/// (x, ids) -> [size(ids)] + x.shape[rank(ids):].
+status flatten_rows_rule(const op_attrs&, const infos& in, value_info& out) {
+  out.type = in[0].type;
+  return flatten_rows_shape(in[0].shape, in[1].shape, out.shape);
 }
 
 status range_rule(const op_attrs&, const infos& in, value_info& out) {
@@ -477,6 +499,12 @@ const op_def table[] = {
    unsorted_segment_sum_kernel, no_gradient, "",
    "rows of DATA summed by SEGMENT_IDS into NUM_SEGMENTS rows; negative ids dropped, ids >= "
    "NUM_SEGMENTS refused"},
+  // The array ops of sparse gradients (graph/gradients.cpp, docs/sparse.md).
+  {"concat", "A, B", none, concat_rule, concat_kernel, no_gradient, "",
+   "A's rows then B's (tf.concat on axis 0): one dtype, shapes equal after the first dimension"},
+  {"flatten_rows", "X, IDS", none, flatten_rows_rule, flatten_rows_kernel, no_gradient, "",
+   "X, whose shape starts with IDS', with those dimensions merged into one: [size(IDS)] + "
+   "X.shape[rank(IDS):] (a gather's gradient rows)"},
   // Partitioned tables (graph/embedding.hpp builds them into a lookup).
   {"dynamic_partition", "DATA, PARTITIONS, NUM_PARTITIONS, PARTITION", none,
    dynamic_partition_rule, dynamic_partition_kernel, no_gradient, "",
@@ -518,7 +546,7 @@ const op_def table[] = {
   {"max_grad", "DY, X, Y", reduction, reduce_grad_rule, reduce_grad_kernel<reduce_op::max>,
    no_gradient, "", "the gradient of max: DY where X equals the forward output Y"},
   {"gather_grad", "DY, PARAMS, INDICES", none, gather_grad_rule, gather_grad_kernel, no_gradient,
-   "", "the gradient of gather w.r.t. PARAMS, dense: DY's rows summed into PARAMS' rows by INDICES"},
+   "", "gather's sparse gradient densified: DY's rows summed into PARAMS' rows by INDICES"},
   {"ones_like", "X", none, like_first_rule, ones_like_kernel, no_gradient, "",
    "ones of X's dtype and shape (the seed of gradients)"},
 };

@@ -160,6 +160,18 @@ TEST_CASE("the gradient of gather w.r.t. params matches finite differences, repe
             auto rows = g.embedding_lookup(v[0], g.constant(tensor::from_values<int32_t>({4}, {4, 4, 2, 0})));
             return g.tanh(g.matmul(rows, v[1]));
           });
+  // Two lookups of one table (their sparse gradients concatenated), one of
+  // them of a table also read densely (densified and added), and a lookup
+  // of a computed table (its sparse gradient densified for relu's rule).
+  c.check("two lookups and a dense read of one table", {params, random64({3, 2}, 13, -1, 1)},
+          [&](G& g, const V& v) {
+            auto a = g.gather(v[0], g.constant(tensor::from_values<int32_t>({3}, {4, 1, 4})));
+            auto b = g.gather(v[0], g.constant(ids));
+            return g.add(g.reduce_sum(g.matmul(a, v[1])),
+                         g.add(g.reduce_sum(g.tanh(b)), g.reduce_sum(g.square(v[0]))));
+          });
+  c.check("gather of a computed table", {params},
+          [&](G& g, const V& v) { return g.gather(g.softplus(v[0]), g.constant(ids)); });
   // The ids get no gradient: they are integers (TF's None).
   grad_check d;
   auto p = d.var(params);

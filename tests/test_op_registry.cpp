@@ -56,6 +56,8 @@ std::map<std::string, example> examples() {
     {"unique_idx", {{tensor::from_values<int32_t>({4}, {7, 3, 7, 1})}, {}}},
     {"unsorted_segment_sum",
      {{x, tensor::from_values<int64_t>({2}, {3, -1}), tensor::from_values<int32_t>({}, {4})}, {}}},
+    {"concat", {{x, random({1, 3}, 9, -1, 1)}, {}}},
+    {"flatten_rows", {{random({2, 2, 3}, 10, -1, 1), tensor::from_values<int32_t>({2, 2}, {0, 1, 1, 0})}, {}}},
     // Partitioned tables (h/part).
     {"dynamic_partition", {{x, tensor::from_values<int32_t>({2}, {1, 0}),
                             tensor::from_values<int32_t>({}, {2}),

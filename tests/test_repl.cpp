@@ -410,6 +410,8 @@ TEST_CASE("every op of the registry is a REPL function: it runs, help and comple
     {"gather_grad", "x, x, const([1, 1], dtype=\"int32\")"},
     {"unique_idx", "const([7, 3, 7], dtype=\"int64\")"},
     {"unsorted_segment_sum", "x, const([1, 1], dtype=\"int32\"), const(3, dtype=\"int32\")"},
+    {"concat", "x, x"},
+    {"flatten_rows", "x, const([1, 0], dtype=\"int32\")"},
     {"dynamic_partition", "x, const([1, 0], dtype=\"int32\"), const(2, dtype=\"int32\"), "
                           "const(1, dtype=\"int32\")"},
     {"dynamic_stitch", "const([1, 0], dtype=\"int32\"), x"},

@@ -31,7 +31,7 @@ outcome<replica_state> replica_state::make(std::vector<tensor> values, const opt
       return graph_error{af_error::dtype_mismatch, "parameters must be float32, got " + v.summary()};
     std::vector<tensor> s;
     for (size_t i = 0; i < names.size(); ++i)
-      s.push_back(tensor::filled(dtype::float32, v.shape(), 0));
+      s.push_back(tensor::filled(dtype::float32, v.shape(), slot_initial_value(opt, i)));
     st.slots.push_back(std::move(s));
   }
   st.values = std::move(values);

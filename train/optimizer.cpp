@@ -8,12 +8,14 @@
 namespace af::train {
 
 std::string validate(const optimizer_spec& s) {
-  if (s.kind != "sgd" && s.kind != "momentum" && s.kind != "adam")
-    return fmt::format("optimizer '{}' is unknown: use sgd, momentum or adam", s.kind);
+  if (s.kind != "sgd" && s.kind != "momentum" && s.kind != "adagrad" && s.kind != "adam")
+    return fmt::format("optimizer '{}' is unknown: use sgd, momentum, adagrad or adam", s.kind);
   if (!(s.lr > 0) || !std::isfinite(s.lr))
     return fmt::format("learning rate {} must be a positive number", s.lr);
   if (s.kind == "momentum" && !(s.momentum >= 0 && s.momentum < 1))
     return fmt::format("momentum {} must be in [0, 1)", s.momentum);
+  if (s.kind == "adagrad" && !(s.initial_accumulator > 0))
+    return fmt::format("adagrad initial_accumulator {} must be positive", s.initial_accumulator);
   if (s.kind == "adam") {
     if (!(s.beta1 >= 0 && s.beta1 < 1) || !(s.beta2 >= 0 && s.beta2 < 1))
       return fmt::format("adam betas {} and {} must be in [0, 1)", s.beta1, s.beta2);
@@ -44,40 +46,94 @@ double learning_rate(const optimizer_spec& s, uint64_t step) {
 std::vector<std::string> slot_names(const std::string& kind) {
   if (kind == "momentum")
     return {"momentum"};
+  if (kind == "adagrad")
+    return {"accumulator"};
   if (kind == "adam")
     return {"m", "v"};
   return {};
 }
 
+float slot_initial_value(const optimizer_spec& s, size_t slot) {
+  return s.kind == "adagrad" && slot == 0 ? static_cast<float>(s.initial_accumulator) : 0.0f;
+}
+
+step_constants constants_at(const optimizer_spec& s, uint64_t step) {
+  using method = step_constants::method;
+  step_constants c;
+  c.kind = s.kind == "momentum" ? method::momentum
+           : s.kind == "adagrad" ? method::adagrad
+           : s.kind == "adam"    ? method::adam
+                                 : method::sgd;
+  c.lr = static_cast<float>(learning_rate(s, step));
+  c.momentum = static_cast<float>(s.momentum);
+  c.beta1 = static_cast<float>(s.beta1);
+  c.beta2 = static_cast<float>(s.beta2);
+  c.epsilon = static_cast<float>(s.epsilon);
+  if (c.kind == method::adam) {
+    // TF's AdamOptimizer: lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)
+    const double t = static_cast<double>(step + 1);
+    c.adam_lr = static_cast<float>(c.lr * std::sqrt(1 - std::pow(s.beta2, t))
+                                   / (1 - std::pow(s.beta1, t)));
+  }
+  return c;
+}
+
+void apply(const step_constants& c, float* var, float* const* slots, const float* grad, size_t n) {
+  const float lr = c.lr;
+  switch (c.kind) {
+    case step_constants::method::momentum: {
+      // TF's MomentumOptimizer: accum = momentum * accum + grad; var -= lr * accum
+      float* acc = slots[0];
+      const float mu = c.momentum;
+      for (size_t i = 0; i < n; ++i) {
+        acc[i] = mu * acc[i] + grad[i];
+        var[i] -= lr * acc[i];
+      }
+      break;
+    }
+    case step_constants::method::adagrad: {
+      // TF's AdagradOptimizer (ApplyAdagrad): accum += grad^2; var -= lr * grad / sqrt(accum)
+      float* acc = slots[0];
+      for (size_t i = 0; i < n; ++i) {
+        acc[i] += grad[i] * grad[i];
+        var[i] -= lr * grad[i] / std::sqrt(acc[i]);
+      }
+      break;
+    }
+    case step_constants::method::adam: {
+      float* m = slots[0];
+      float* v = slots[1];
+      const float b1 = c.beta1, b2 = c.beta2, eps = c.epsilon, lr_t = c.adam_lr;
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = b1 * m[i] + (1 - b1) * grad[i];
+        v[i] = b2 * v[i] + (1 - b2) * grad[i] * grad[i];
+        var[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+      }
+      break;
+    }
+    case step_constants::method::sgd:
+      for (size_t i = 0; i < n; ++i)
+        var[i] -= lr * grad[i];
+      break;
+  }
+}
+
 void apply(const optimizer_spec& s, float* var, float* const* slots, const float* grad, size_t n,
            uint64_t step) {
-  const float lr = static_cast<float>(learning_rate(s, step));
-  if (s.kind == "momentum") {
-    // TF's MomentumOptimizer: accum = momentum * accum + grad; var -= lr * accum
-    float* acc = slots[0];
-    const float mu = static_cast<float>(s.momentum);
-    for (size_t i = 0; i < n; ++i) {
-      acc[i] = mu * acc[i] + grad[i];
-      var[i] -= lr * acc[i];
-    }
-  } else if (s.kind == "adam") {
-    // TF's AdamOptimizer: lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)
-    float* m = slots[0];
-    float* v = slots[1];
-    const double t = static_cast<double>(step + 1);
-    const float b1 = static_cast<float>(s.beta1);
-    const float b2 = static_cast<float>(s.beta2);
-    const float eps = static_cast<float>(s.epsilon);
-    const float lr_t = static_cast<float>(lr * std::sqrt(1 - std::pow(s.beta2, t))
-                                          / (1 - std::pow(s.beta1, t)));
-    for (size_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1 - b1) * grad[i];
-      v[i] = b2 * v[i] + (1 - b2) * grad[i] * grad[i];
-      var[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i)
-      var[i] -= lr * grad[i];
+  apply(constants_at(s, step), var, slots, grad, n);
+}
+
+void apply_rows(const optimizer_spec& s, float* var, float* const* slots, size_t row_size,
+                const int64_t* rows, const float* grads, size_t k, uint64_t step) {
+  // One formula: each touched row gets exactly the dense update of its
+  // floats, with the constants of this step computed once.
+  const auto c = constants_at(s, step);
+  const size_t nslots = slot_names(s.kind).size();
+  for (size_t j = 0; j < k; ++j) {
+    const size_t offset = static_cast<size_t>(rows[j]) * row_size;
+    float* row_slots[2] = {nslots > 0 ? slots[0] + offset : nullptr,
+                           nslots > 1 ? slots[1] + offset : nullptr};
+    apply(c, var + offset, row_slots, grads + j * row_size, row_size);
   }
 }
 
