@@ -19,7 +19,15 @@ namespace af {
 
 class teardown_deadline {
 public:
-  teardown_deadline() = default;
+  /// Starts the watchdog's thread now, before the work, while a thread can
+  /// still start (under a memory cap the teardown's own may not).
+  teardown_deadline() {
+    try {
+      watchdog_ = std::thread{[this] { watch(); }};
+    } catch (const std::system_error&) {
+      // No thread for it: the stop goes unbounded, the status stays.
+    }
+  }
   teardown_deadline(const teardown_deadline&) = delete;
   teardown_deadline& operator=(const teardown_deadline&) = delete;
 
@@ -27,40 +35,40 @@ public:
   /// is the end: declare it before what it bounds); `who` names it in the
   /// line, `status` is the exit status then. Only the first call counts.
   void start(const std::string& who, int status, std::chrono::milliseconds limit) {
-    if (watchdog_.joinable())
-      return;
-    who_ = who;
-    status_ = status;
-    try {
-      watchdog_ = std::thread{[this, limit] { watch(limit); }};
-    } catch (const std::system_error&) {
-      // No thread for it (a thread limit, a memory cap): stop unbounded
-      // rather than turn a decided status into a failure.
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (armed_)
+        return;
+      armed_ = true;
+      who_ = who;
+      status_ = status;
+      limit_ = limit;
     }
+    cv_.notify_all();
   }
 
-  /// The teardown finished in time.
+  /// The teardown finished in time (or never began).
   ~teardown_deadline() {
-    if (!watchdog_.joinable())
-      return;
     {
       std::lock_guard<std::mutex> guard{mtx_};
       done_ = true;
     }
     cv_.notify_all();
-    watchdog_.join();
+    if (watchdog_.joinable())
+      watchdog_.join();
   }
 
 private:
-  void watch(std::chrono::milliseconds limit) {
+  void watch() {
     std::unique_lock<std::mutex> guard{mtx_};
-    if (cv_.wait_for(guard, limit, [this] { return done_; }))
+    cv_.wait(guard, [this] { return armed_ || done_; }); // until the work is done
+    if (cv_.wait_for(guard, limit_, [this] { return done_; }))
       return;
     std::fprintf(stderr,
                  "%s: stopping took more than %lld ms (the data plane's connections, the "
                  "node and the actor system's actors); exiting with status %d without "
                  "waiting further\n",
-                 who_.c_str(), static_cast<long long>(limit.count()), status_);
+                 who_.c_str(), static_cast<long long>(limit_.count()), status_);
     // stdout's lines (a worker's "done after"), unless a thread stuck in
     // a write to a full pipe holds its lock: then they stay unwritten.
     if (::ftrylockfile(stdout) == 0) {
@@ -70,12 +78,14 @@ private:
     std::_Exit(status_);
   }
 
-  std::string who_;
-  int status_ = 0;
   std::mutex mtx_;
   std::condition_variable cv_;
+  bool armed_ = false;
   bool done_ = false;
-  std::thread watchdog_;
+  std::string who_;
+  int status_ = 0;
+  std::chrono::milliseconds limit_{0};
+  std::thread watchdog_; // last: started once the rest is set up
 };
 
 } // namespace af

@@ -218,7 +218,11 @@ size_t test_size(const af::train::train_config& c) {
   return d ? d->test.size() : 0;
 }
 
+/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
+constexpr std::chrono::milliseconds teardown_limit{8000};
+
 int run_embedded(af::train::train_config c) {
+  af::teardown_deadline bound; // outlives the cluster: it bounds its end
   bool allreduce = c.mode == "allreduce";
   std::map<std::string, int> jobs{{"worker", 2}};
   if (!allreduce)
@@ -253,15 +257,20 @@ int run_embedded(af::train::train_config c) {
     });
   for (auto& t : threads)
     t.join();
+  auto finish = [&](int rc) {
+    bound.start("actorflow-train", rc, teardown_limit);
+    return rc;
+  };
   for (int w = 0; w < 2; ++w)
     if (!results[w])
-      return w == 0 && !allreduce
-               ? 1 // said when it happened
-               : fail("worker " + std::to_string(w) + ": " + af::describe(results[w].error()), 1);
+      return finish(w == 0 && !allreduce ? 1 // said when it happened
+                                         : fail("worker " + std::to_string(w) + ": "
+                                                  + af::describe(results[w].error()),
+                                                1));
   summary(c, 2, *results[0], test_size(c));
   if (auto why = af::job_checkpoint_problem(c, *results[0]); !why.empty())
-    return fail(why, 1);
-  return 0;
+    return finish(fail(why, 1));
+  return finish(0);
 }
 
 int run_in_graph_embedded(af::train::train_config c) {
@@ -370,9 +379,6 @@ int run_in_graph_client(const af::cluster_config& cluster, const af::train::trai
   summary(c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out, test_size(c));
   return 0;
 }
-
-/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
-constexpr std::chrono::milliseconds teardown_limit{8000};
 
 /// A ps task: serves until the chief stops it at the end of the job. A chief
 /// that dies (kill -9) cannot: the ps watches it and gives up once it has not
