@@ -50,6 +50,11 @@ caf::expected<tensor> compute(executor_state& st, const partition_op& op,
     return make_error(af_error::resource_exhausted,
                       "op '" + op.name + "' (" + op.op + ") on " + st.device
                         + ": out of memory for its result");
+  } catch (const std::exception& e) {
+    // Any other throw from a kernel (a size tensor::reset refuses, a
+    // library's logic_error) is this op's error, never the node's end.
+    return make_error(af_error::invalid_argument,
+                      "op '" + op.name + "' (" + op.op + ") on " + st.device + ": " + e.what());
   }
   if (!status.ok()) {
     auto code = status.what == kind::shape         ? af_error::shape_mismatch

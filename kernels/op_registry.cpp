@@ -6,6 +6,7 @@
 #include "kernels/shard_routing.hpp"
 #include "kernels/sparse.hpp"
 #include "kernels/array_ops.hpp"
+#include "kernels/host_helpers.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -171,13 +172,14 @@ status dynamic_stitch_kernel(backend&, const op_attrs&, const op_inputs& in, ten
 template <bool Row>
 status route_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out) {
   const char* op = Row ? "row_in_shard" : "shard_of";
-  int64_t strategy = -1;
-  if (in[2].type() == dtype::int32 || in[2].type() == dtype::int64)
-    if (in[2].num_elements() == 1)
-      strategy = integer_at(in[2], 0);
+  const std::string allowed = ": 0 (mod), 1 (div) or 2 (contiguous)";
+  if (!is_id_type(in[2].type()) || in[2].num_elements() != 1)
+    return status::failure(std::string{op} + ": STRATEGY must be one int" + allowed + ", got "
+                           + in[2].summary());
+  const int64_t strategy = integer_at(in[2], 0);
   if (strategy < 0 || strategy > static_cast<int64_t>(partition_strategy::contiguous))
-    return status::failure(std::string{op} + ": STRATEGY must be one int: 0 (mod), 1 (div) or 2 "
-                           "(contiguous), got " + in[2].summary());
+    return status::failure(std::string{op} + ": STRATEGY = " + std::to_string(strategy)
+                           + " is not a partition strategy" + allowed);
   return host_route(in[0], in[1], static_cast<partition_strategy>(strategy), Row, out);
 }
 
@@ -197,10 +199,6 @@ status range_kernel(backend&, const op_attrs&, const op_inputs& in, tensor& out)
 
 bool is_float(dtype t) {
   return t == dtype::float32 || t == dtype::float64;
-}
-
-bool is_integer(dtype t) {
-  return t == dtype::int32 || t == dtype::int64;
 }
 
 std::string describe(const value_info& v) {
@@ -304,7 +302,7 @@ status labelled_rule(const char* op, const value_info& logits, const value_info&
   if (!is_float(logits.type) || logits.shape.size() != 2)
     return status::shape(std::string{op} + " takes float logits [batch, classes], got "
                          + describe(logits));
-  if (!is_integer(labels.type) || labels.shape != shape_type{logits.shape[0]})
+  if (!is_id_type(labels.type) || labels.shape != shape_type{logits.shape[0]})
     return status::shape(std::string{op} + ": labels " + describe(labels)
                          + " must be int32 or int64 [batch] matching logits " + describe(logits));
   out = {type, std::move(shape)};
@@ -352,7 +350,7 @@ status gather_grad_rule(const op_attrs&, const infos& in, value_info& out) {
 
 /// (data, segment_ids, num_segments) -> [?] + data.shape[rank(segment_ids):].
 status unsorted_segment_sum_rule(const op_attrs&, const infos& in, value_info& out) {
-  if (!is_integer(in[1].type) || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
+  if (!is_id_type(in[1].type) || !is_id_type(in[2].type) || num_elements(in[2].shape) != 1)
     return status::dtype("segment_ids must be int32 or int64 and num_segments one int32 or "
                          "int64, got " + describe(in[1]) + " and " + describe(in[2]));
   out.type = in[0].type;
@@ -362,7 +360,7 @@ status unsorted_segment_sum_rule(const op_attrs&, const infos& in, value_info& o
 /// A 1-D int32 or int64 tensor -> y [?] of its dtype, or idx of its shape in int32.
 template <bool Inverse>
 status unique_rule(const op_attrs&, const infos& in, value_info& out) {
-  if (!is_integer(in[0].type) || in[0].shape.size() != 1)
+  if (!is_id_type(in[0].type) || in[0].shape.size() != 1)
     return status::shape("unique takes a 1-D int32 or int64 tensor, got " + describe(in[0]));
   out = Inverse ? value_info{dtype::int32, in[0].shape} : value_info{in[0].type, {unknown_dim}};
   return status::success();
@@ -376,7 +374,7 @@ status concat_rule(const op_attrs&, const infos& in, value_info& out) {
 
 /// (data, partitions, num_partitions, partition) -> [?] + data.shape[rank(partitions):].
 status dynamic_partition_rule(const op_attrs&, const infos& in, value_info& out) {
-  if (!is_integer(in[1].type) || !is_integer(in[2].type) || !is_integer(in[3].type)
+  if (!is_id_type(in[1].type) || !is_id_type(in[2].type) || !is_id_type(in[3].type)
       || num_elements(in[2].shape) != 1 || num_elements(in[3].shape) != 1)
     return status::dtype("partitions must be int32 or int64, num_partitions and partition one "
                          "int each, got " + describe(in[1]) + ", " + describe(in[2]) + " and "
@@ -400,7 +398,7 @@ status dynamic_stitch_rule(const op_attrs&, const infos& in, value_info& out) {
   for (size_t m = 0; m < n; ++m) {
     auto want = in[m].shape;
     want.insert(want.end(), slice.begin(), slice.end());
-    if (!is_integer(in[m].type) || in[n + m].type != in[n].type || in[n + m].shape != want)
+    if (!is_id_type(in[m].type) || in[n + m].type != in[n].type || in[n + m].shape != want)
       return status::shape("indices[" + std::to_string(m) + "] " + describe(in[m]) + " and data["
                            + std::to_string(m) + "] " + describe(in[n + m])
                            + " do not fit (int indices, data = indices' shape + the slice shape)");
@@ -413,8 +411,8 @@ status dynamic_stitch_rule(const op_attrs&, const infos& in, value_info& out) {
 /// (ids, shard_rows) -> int32 shards (Row false) or rows in ids' dtype, ids' shape.
 template <bool Row>
 status route_rule(const op_attrs&, const infos& in, value_info& out) {
-  if (!is_integer(in[0].type) || !is_integer(in[1].type) || in[1].shape.size() != 1
-      || !is_integer(in[2].type) || num_elements(in[2].shape) != 1)
+  if (!is_id_type(in[0].type) || !is_id_type(in[1].type) || in[1].shape.size() != 1
+      || !is_id_type(in[2].type) || num_elements(in[2].shape) != 1)
     return status::dtype("takes int ids, 1-D int SHARD_ROWS and one int STRATEGY, got "
                          + describe(in[0]) + ", " + describe(in[1]) + " and " + describe(in[2]));
   out = {Row ? in[0].type : dtype::int32, in[0].shape};
@@ -433,7 +431,7 @@ status flatten_rows_rule(const op_attrs&, const infos& in, value_info& out) {
 }
 
 status range_rule(const op_attrs&, const infos& in, value_info& out) {
-  if (!is_integer(in[0].type) || num_elements(in[0].shape) != 1)
+  if (!is_id_type(in[0].type) || num_elements(in[0].shape) != 1)
     return status::dtype("range takes one int32 or int64 limit, got " + describe(in[0]));
   out = {dtype::int32, {unknown_dim}};
   return status::success();

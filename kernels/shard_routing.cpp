@@ -3,6 +3,7 @@
 #include "kernels/shard_routing.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace af::kernels {
 
@@ -58,7 +59,10 @@ status shard_router::make(partition_strategy strategy, std::vector<int64_t> shar
     if (shard_rows[i] < 0)
       return status::failure("shard " + std::to_string(i) + " has "
                              + std::to_string(shard_rows[i]) + " rows");
-    total += shard_rows[i];
+    // Sizes from a tensor: a sum past int64 is refused, not wrapped (UB).
+    if (__builtin_add_overflow(total, shard_rows[i], &total))
+      return status::failure("the shard sizes " + sizes_string(shard_rows)
+                             + " add up to more than 2^63 - 1 rows");
   }
   auto n = static_cast<int64_t>(shard_rows.size());
   if (strategy != partition_strategy::contiguous) {
@@ -95,7 +99,8 @@ shard_place shard_router::place(int64_t id) const {
       //   row = id % (ids_per_partition + 1) if p < extras else (id - extras) % ids_per_partition
       // (ids_per_partition is 0 only when there are fewer rows than shards:
       // then every id is in the first `extras` shards, one row each.)
-      int64_t p = floor_div(id, per_ + 1);
+      // per_ + 1 overflows only for one shard of 2^63 - 1 rows: shard 0.
+      int64_t p = per_ == INT64_MAX ? 0 : floor_div(id, per_ + 1);
       if (per_ > 0)
         p = std::max(p, floor_div(id - extras_, per_));
       if (p < extras_)

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,31 @@ TEST_CASE("a table over 3 ps, each shard on its ps, each shard's gather runs the
   CHECK(describe(refused.error()).find("'emb/route") != std::string::npos); // emb/route_1: the second lookup's
   CHECK(describe(refused.error()).find("= 10 is not a row of the table") != std::string::npos);
   CHECK(s->run(*y));
+}
+
+TEST_CASE("unsorted_segment_sum with num_segments 2^63 - 1 on a worker is refused naming it, and "
+          "the worker answers the next run (issue 25 F1: the node stopped)",
+          "[sparse][cluster]") {
+  auto ec = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(ec);
+  auto s = (*ec)->session_for("worker", 0);
+  REQUIRE(s);
+  auto data = s->constant(tensor::from_values<float>({1, 2}, {1, 2}));
+  auto ids = s->constant(tensor::from_values<int64_t>({1}, {0}));
+  auto huge = s->op("unsorted_segment_sum",
+                    {data, ids, s->constant(tensor::from_values<int64_t>({}, {INT64_MAX}))});
+  auto refused = s->run(huge);
+  REQUIRE_FALSE(refused);
+  auto text = describe(refused.error());
+  INFO(text);
+  CHECK(text.find("num_segments = 9223372036854775807 is not in [0, 2^31 - 1)")
+        != std::string::npos);
+  auto fine = s->op("unsorted_segment_sum",
+                    {data, ids, s->constant(tensor::from_values<int64_t>({}, {2}))});
+  auto got = s->run(fine);
+  REQUIRE(got);
+  CHECK(got->shape() == shape_type{2, 2});
+  CHECK(got->data<float>()[1] == 2.0f);
 }
 
 } // namespace af

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,49 @@ TEST_CASE("mod and div refuse shards not of TF's sizes, naming the sizes they ne
   CHECK(st.error.find("needs shards of [3, 3, 2] rows") != std::string::npos);
   CHECK_FALSE(shard_router::make(partition_strategy::mod, {}, r).ok());
   CHECK(shard_router::make(partition_strategy::contiguous, {2, 3, 3}, r).ok());
+}
+
+TEST_CASE("shard sizes that add up past int64 are refused, and one shard of 2^63 - 1 rows "
+          "routes by div (issue 25 F5: a signed overflow garbled the error)",
+          "[partitioned][routing]") {
+  shard_router r;
+  auto st = shard_router::make(partition_strategy::contiguous, {INT64_MAX, INT64_MAX}, r);
+  REQUIRE_FALSE(st.ok());
+  INFO(st.error);
+  CHECK(st.error.find("add up to more than 2^63 - 1 rows") != std::string::npos);
+  CHECK(st.error.find('\0') == std::string::npos);
+  CHECK_FALSE(shard_router::make(partition_strategy::mod, {INT64_MAX, 1}, r).ok());
+  auto one = router_of(partition_strategy::div, {INT64_MAX});
+  CHECK(one.place(INT64_MAX - 1) == shard_place{0, INT64_MAX - 1});
+  CHECK(one.place(5) == shard_place{0, 5});
+}
+
+TEST_CASE("shard_of names a bad STRATEGY's value and the allowed ones, and the sizes that "
+          "overflow", "[partitioned][routing]") {
+  graph g;
+  auto ids = g.constant(tensor::from_values<int64_t>({1}, {INT64_MAX}));
+  auto run = [&](tensor rows, tensor strategy) {
+    variable_values vars;
+    auto cpu = kernels::make_cpu_backend();
+    auto y = g.op("shard_of", {ids, g.constant(std::move(rows)), g.constant(std::move(strategy))});
+    auto r = evaluate(g, {y}, {}, vars, *cpu);
+    REQUIRE_FALSE(r);
+    return r.error().what;
+  };
+  auto rows = tensor::from_values<int64_t>({2}, {3, 3});
+  for (int32_t bad : {-1, 7}) {
+    auto what = run(rows, tensor::from_values<int32_t>({}, {bad}));
+    INFO(what);
+    CHECK(what.find("shard_of: STRATEGY = " + std::to_string(bad)
+                    + " is not a partition strategy: 0 (mod), 1 (div) or 2 (contiguous)")
+          != std::string::npos);
+  }
+  CHECK(run(rows, tensor::scalar(1.0f)).find("STRATEGY must be one int") != std::string::npos);
+  auto what = run(tensor::from_values<int64_t>({2}, {INT64_MAX, INT64_MAX}),
+                  tensor::from_values<int32_t>({}, {0}));
+  INFO(what);
+  CHECK(what.find("shard_of: the shard sizes [9223372036854775807, 9223372036854775807] add up "
+                  "to more than 2^63 - 1 rows") != std::string::npos);
 }
 
 // -- dynamic_partition, dynamic_stitch ------------------------------------------------

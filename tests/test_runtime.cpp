@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "caf/all.hpp"
@@ -335,6 +336,90 @@ TEST_CASE("a runner never registers two steps under one graph id", "[runtime]") 
     got.push_back(r->values.at(2).at(0));
   }
   CHECK(got == std::vector<double>{2, 101, 2}); // not 101 for the third: no graph was replaced
+}
+
+namespace {
+
+/// A backend whose unsorted_segment_sum throws, as a kernel with a bug
+/// might (issue 25 F1: tensor::reset's invalid_argument); every other op
+/// is unsupported, so the executor hands it to the CPU fallback.
+class throwing_backend : public kernels::backend {
+public:
+  std::string name() const override { return "throwing"; }
+  kernels::status binary(kernels::binary_op, const tensor&, const tensor&, tensor&) override {
+    return kernels::status::failure("not here", kernels::status::kind::unsupported);
+  }
+  kernels::status binary_inplace(kernels::binary_op, tensor&, const tensor&) override {
+    return kernels::status::failure("not here", kernels::status::kind::unsupported);
+  }
+  kernels::status unsorted_segment_sum(const tensor&, const tensor&, int64_t, tensor&) override {
+    throw std::invalid_argument("a kernel's own exception");
+  }
+};
+
+/// Graph `id`: one fetched op `kind` of constant inputs.
+partition constant_partition(uint64_t id, const std::string& kind, std::vector<tensor> inputs) {
+  partition p;
+  p.graph = id;
+  p.step_timeout_ms = 5000;
+  p.edge_token = executor_fixture::test_token();
+  partition_op op;
+  op.id = 1;
+  op.op = kind;
+  op.name = "the_" + kind;
+  op.fetch = true;
+  for (auto& t : inputs) {
+    op_input in;
+    in.kind = op_input::constant;
+    in.value = std::move(t);
+    op.inputs.push_back(std::move(in));
+  }
+  p.ops.push_back(op);
+  return p;
+}
+
+/// Registers `p` on `exec` and runs its step 1.
+caf::expected<step_result> register_and_run(caf::scoped_actor& self, const executor_actor& exec,
+                                            const partition& p) {
+  caf::error err;
+  self->request(exec, 5s, register_atom::value, p)
+    .receive([](caf::ok_atom) {}, [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return err;
+  step_result out;
+  self->request(exec, 5s, run_step_atom::value, p.graph, uint64_t{1}, std::vector<feed>{})
+    .receive([&](step_result& r) { out = std::move(r); }, [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return err;
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("an exception from a kernel is an error naming the op, and the executor runs the next "
+          "step (issue 25 F1: it stopped the node)", "[runtime][kernels]") {
+  executor_fixture f;
+  auto exec = f.sys.spawn(executor_impl, std::string{"/job:t/replica:0/task:0/device:CPU:0"},
+                          std::shared_ptr<kernels::backend>{std::make_shared<throwing_backend>()},
+                          std::shared_ptr<kernels::backend>{kernels::make_cpu_backend()});
+  caf::scoped_actor self{f.sys, true};
+  auto bad = register_and_run(
+    self, exec,
+    constant_partition(61, "unsorted_segment_sum",
+                       {tensor::from_values<float>({1, 2}, {1, 2}),
+                        tensor::from_values<int64_t>({1}, {0}), tensor::from_values<int64_t>({}, {2})}));
+  REQUIRE_FALSE(bad);
+  auto text = describe(bad.error());
+  INFO(text);
+  CHECK(is(bad.error(), af_error::invalid_argument));
+  CHECK(text.find("op 'the_unsorted_segment_sum' (unsorted_segment_sum)") != std::string::npos);
+  CHECK(text.find("a kernel's own exception") != std::string::npos);
+  auto good = register_and_run(
+    self, exec, constant_partition(62, "add", {tensor::scalar(1.0f), tensor::scalar(2.0f)}));
+  REQUIRE(good);
+  REQUIRE(good->fetched.size() == 1);
+  CHECK(good->fetched[0].value.at(0) == 3.0);
+  caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a step that an executor cannot finish fails with the executor's reason, through the "

@@ -5,6 +5,7 @@
 // under [.][gpu]. Each case says which bug it catches.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -162,6 +163,36 @@ TEST_CASE("unsorted_segment_sum refuses an id >= num_segments naming it (catches
   auto bad_n = run_one(g, g.unsorted_segment_sum(data, ids, g.constant(tensor::scalar(3))));
   REQUIRE_FALSE(bad_n);
   CHECK(bad_n.error().what.find("num_segments must be one int32 or int64") != std::string::npos);
+}
+
+TEST_CASE("unsorted_segment_sum refuses a num_segments past the bound before allocating, naming "
+          "it, its value and the bound (issue 25 F1/F2: a 1-element input sized a 2^63 or "
+          "19.5 GB result)", "[sparse][segment_sum]") {
+  graph g;
+  auto data = g.constant(tensor::from_values<double>({1, 2}, {1.0, 2.0}));
+  auto ids = g.constant(tensor::from_values<int64_t>({1}, {0}));
+  auto sum_of = [&](int64_t n) {
+    return run_one(g, g.unsorted_segment_sum(data, ids, g.constant(tensor::from_values<int64_t>({}, {n}))));
+  };
+  for (int64_t n : {INT64_MAX, int64_t{5000000000}, int64_t{INT32_MAX}}) {
+    auto y = sum_of(n); // refused by the count's bound, so nothing is allocated
+    REQUIRE_FALSE(y);
+    INFO(y.error().what);
+    CHECK(y.error().what.find("unsorted_segment_sum: num_segments = " + std::to_string(n)
+                              + " is not in [0, 2^31 - 1)")
+          != std::string::npos);
+  }
+  // Under the count's bound but 2^30 rows of 2 float64 (16 GiB) pass the
+  // bytes a tensor may have (max_message_bytes, 2 GiB here): refused too.
+  auto big = sum_of(int64_t{1} << 30);
+  REQUIRE_FALSE(big);
+  INFO(big.error().what);
+  CHECK(big.error().what.find("num_segments = 1073741824 makes a result of more than "
+                              + std::to_string(max_decoded_tensor_bytes()) + " bytes")
+        != std::string::npos);
+  auto fine = sum_of(3);
+  REQUIRE(fine);
+  CHECK(fine->shape() == shape_type{3, 2});
 }
 
 // -- scatter_add / scatter_sub / scatter_update (the one-process evaluator) ---------

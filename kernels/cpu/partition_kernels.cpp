@@ -2,6 +2,7 @@
 // (kernels/partition_ops.hpp): rows are copied as bytes, so every dtype works,
 // and every id is checked before the first byte is written.
 #include "kernels/partition_ops.hpp"
+#include "kernels/host_helpers.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -11,18 +12,6 @@
 namespace af::kernels {
 
 namespace {
-
-bool is_int(dtype t) {
-  return t == dtype::int32 || t == dtype::int64;
-}
-
-/// The elements of shape[from:] (one slice's).
-size_t slice_elements(const shape_type& shape, size_t from) {
-  size_t n = 1;
-  for (size_t d = from; d < shape.size(); ++d)
-    n *= static_cast<size_t>(shape[d]);
-  return n;
-}
 
 /// `prefix` is a prefix of `shape`.
 bool is_prefix(const shape_type& prefix, const shape_type& shape) {
@@ -38,7 +27,7 @@ bool is_prefix(const shape_type& prefix, const shape_type& shape) {
 
 status host_dynamic_partition(const tensor& data, const tensor& partitions,
                               int32_t num_partitions, int32_t index, tensor& out) {
-  if (!is_int(partitions.type()))
+  if (!is_id_type(partitions.type()))
     return status::dtype("dynamic_partition: partitions must be int32 or int64, got "
                          + partitions.summary());
   if (num_partitions < 1 || index < 0 || index >= num_partitions)
@@ -61,7 +50,7 @@ status host_dynamic_partition(const tensor& data, const tensor& partitions,
   shape.insert(shape.end(), data.shape().begin() + static_cast<long>(partitions.shape().size()),
                data.shape().end());
   tensor result{data.type(), shape};
-  const size_t slice_bytes = slice_elements(data.shape(), partitions.shape().size())
+  const size_t slice_bytes = row_elements(data.shape(), partitions.shape().size())
                              * dtype_size(data.type());
   if (count > 0 && slice_bytes > 0) {
     const std::byte* src = data.bytes();
@@ -88,7 +77,7 @@ status host_dynamic_stitch(const std::vector<tensor>& indices, const std::vector
   for (size_t m = 0; m < indices.size(); ++m) {
     const auto &ids = indices[m], &d = data[m];
     auto name = "indices[" + std::to_string(m) + "]";
-    if (!is_int(ids.type()))
+    if (!is_id_type(ids.type()))
       return status::dtype("dynamic_stitch: " + name + " must be int32 or int64, got "
                            + ids.summary());
     shape_type want = ids.shape();
@@ -105,10 +94,14 @@ status host_dynamic_stitch(const std::vector<tensor>& indices, const std::vector
       rows = std::max(rows, id + 1);
     }
   }
+  if (auto st = check_result_rows("dynamic_stitch", "rows", rows, row_elements(slice, 0),
+                                  data[0].type());
+      !st.ok())
+    return st;
   shape_type shape{rows};
   shape.insert(shape.end(), slice.begin(), slice.end());
   tensor merged = tensor::filled(data[0].type(), shape, 0);
-  const size_t slice_bytes = slice_elements(slice, 0) * dtype_size(data[0].type());
+  const size_t slice_bytes = row_elements(slice, 0) * dtype_size(data[0].type());
   if (rows > 0 && slice_bytes > 0) {
     std::byte* dst = merged.mutable_bytes();
     for (size_t m = 0; m < indices.size(); ++m) { // in order: later ones overwrite
@@ -131,11 +124,11 @@ status host_size(const tensor& x, tensor& out) {
 }
 
 status host_range(const tensor& limit, tensor& out) {
-  if (!is_int(limit.type()) || limit.num_elements() != 1)
+  if (!is_id_type(limit.type()) || limit.num_elements() != 1)
     return status::dtype("range: limit must be one int32 or int64, got " + limit.summary());
   auto n = integer_at(limit, 0);
-  if (n < 0 || n > INT32_MAX)
-    return status::failure("range: limit " + std::to_string(n) + " is not in [0, 2^31 - 1]");
+  if (auto st = check_result_rows("range", "limit", n, 1, dtype::int32); !st.ok())
+    return st;
   tensor result{dtype::int32, {n}};
   if (n > 0) {
     int32_t* p = result.mutable_data<int32_t>();

@@ -4,6 +4,7 @@
 // access out of bounds, and a refused scatter leaves its variable as it was.
 #include "kernels/sparse.hpp"
 #include "core/int_arith.hpp"
+#include "kernels/host_helpers.hpp"
 
 #include <cstring>
 #include <string>
@@ -12,18 +13,6 @@
 namespace af::kernels {
 
 namespace {
-
-bool is_id_type(dtype t) {
-  return t == dtype::int32 || t == dtype::int64;
-}
-
-/// The product of shape[from:], the elements of one row.
-size_t row_elements(const shape_type& shape, size_t from) {
-  size_t n = 1;
-  for (size_t d = from; d < shape.size(); ++d)
-    n *= static_cast<size_t>(shape[d]);
-  return n;
-}
 
 /// Calls f(T{}) with T the C++ type of a dtype.
 template <class F>
@@ -123,10 +112,15 @@ status host_unsorted_segment_sum(const tensor& data, const tensor& segment_ids,
   shape_type shape;
   if (auto st = segment_sum_shape(data.shape(), segment_ids.shape(), num_segments, shape); !st.ok())
     return st;
+  const size_t row = row_elements(data.shape(), segment_ids.shape().size());
+  // num_segments is a value: bounded before the result is allocated.
+  if (auto st = check_result_rows("unsorted_segment_sum", "num_segments", num_segments, row,
+                                  data.type());
+      !st.ok())
+    return st;
   if (auto st = check_ids(segment_ids, num_segments, "segment_ids", true); !st.ok())
     return status::failure("unsorted_segment_sum: " + st.error, st.what);
   tensor result = tensor::filled(data.type(), shape, 0);
-  const size_t row = row_elements(data.shape(), segment_ids.shape().size());
   with_type(data.type(), [&](auto zero) {
     using T = decltype(zero);
     const T* in = data.data<T>();
