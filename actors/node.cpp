@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <exception>
 #include <mutex>
 #include <new>
 #include <random>
@@ -517,6 +518,20 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
     });
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
                         std::move(aggregators), clock);
+  // An exception from here on (bad_alloc in a spawn or a scoped_actor) would
+  // unwind into ~actor_system, which waits for this node to end: it never
+  // would. Stop it (and the data plane) on the way out.
+  struct stop_if_thrown {
+    caf::actor node;
+    std::shared_ptr<data_plane_server> plane;
+    int uncaught = std::uncaught_exceptions();
+    ~stop_if_thrown() {
+      if (std::uncaught_exceptions() <= uncaught)
+        return;
+      plane->stop();
+      caf::anon_send_exit(node, caf::exit_reason::kill);
+    }
+  } on_throw{caf::actor_cast<caf::actor>(node), plane};
   // Our middleman actor publishes (CAF's would let a stranger's first header
   // size a buffer); it ends with the node.
   caf_port_options port_opts;
