@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -33,17 +36,25 @@ ended in_child(F body) {
   }
   ::close(fds[1]);
   ended out;
+  // The child gets 10 s: then it is killed (status -1), and the wait ends.
+  std::mutex mtx;
+  std::condition_variable cv;
+  bool reaped = false;
+  std::thread bound{[&] {
+    std::unique_lock<std::mutex> guard{mtx};
+    if (!cv.wait_for(guard, std::chrono::seconds(10), [&] { return reaped; }))
+      ::kill(pid, SIGKILL);
+  }};
   int raw = 0;
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  pid_t got = 0;
-  while ((got = ::waitpid(pid, &raw, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10)); // a bounded poll, not a sync
-  if (got == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &raw, 0);
-  } else if (WIFEXITED(raw)) {
-    out.status = WEXITSTATUS(raw);
+  ::waitpid(pid, &raw, 0);
+  {
+    std::lock_guard<std::mutex> guard{mtx};
+    reaped = true;
   }
+  cv.notify_all();
+  bound.join();
+  if (WIFEXITED(raw))
+    out.status = WEXITSTATUS(raw);
   char buf[4096];
   ssize_t n;
   while ((n = ::read(fds[0], buf, sizeof(buf))) > 0)
