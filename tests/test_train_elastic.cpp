@@ -248,6 +248,26 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes and a timed
   INFO("took " << seconds_since(t0) << " s");
 }
 
+namespace {
+
+/// A paced sync job of 1 ps + 2 workers with a 0.5 s warm-up and a window of
+/// `window_secs`, once the chief printed a progress line matching `phase`.
+std::unique_ptr<train_job> timed_job(const temp_dir& dir, const std::string& window_secs,
+                                     const char* phase) {
+  job_spec spec;
+  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
+               "window_secs=" + window_secs};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "5"};
+  auto job = train_job::start(dir.path, spec);
+  const std::regex line{phase};
+  if (!job->wait_until([&] { return std::regex_search(job->chief().output(), line); }, 30s))
+    FAIL("no progress line matching '" << phase << "' within 30 s:\n" << job->describe());
+  return job;
+}
+
+} // namespace
+
 // Catches a timed window reported as measured although the mode switched
 // during it (its steps/s would mix sync and async steps), and a report of
 // it that does not say why. The switch comes once the chief's progress
@@ -256,18 +276,9 @@ TEST_CASE("a timed window during which the mode switches is reported not measure
           "reason",
           "[train][processes][elastic]") {
   temp_dir dir;
-  job_spec spec;
   // A window long enough for --switch's client to start and land in it on
   // a loaded machine.
-  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
-               "window_secs=12"};
-  for (int w = 0; w < 2; ++w)
-    spec.worker_args[w] = {"--step-delay-ms", "5"};
-  auto job = train_job::start(dir.path, spec);
-  static const std::regex in_window{R"(  (warm-up|window) [0-9.]+ s left)"};
-  if (!job->wait_until(
-        [&] { return std::regex_search(job->chief().output(), in_window); }, 30s))
-    FAIL("no progress line of the warm-up or window within 30 s:\n" << job->describe());
+  auto job = timed_job(dir, "12", R"(  (warm-up|window) [0-9.]+ s left)");
   auto to_async = job->client({"--switch", "async"}, 15s);
   INFO("--switch async:\n" << to_async.output);
   REQUIRE(to_async.exit_code == 0);
@@ -287,16 +298,7 @@ TEST_CASE("a timed window during which the mode switches is reported not measure
 TEST_CASE("a timed window whose ps stops answering at its end ends the job cut short, saying so",
           "[train][processes][elastic]") {
   temp_dir dir;
-  job_spec spec;
-  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
-               "window_secs=2"};
-  for (int w = 0; w < 2; ++w)
-    spec.worker_args[w] = {"--step-delay-ms", "5"};
-  auto job = train_job::start(dir.path, spec);
-  static const std::regex in_window{R"(  window [0-9.]+ s left)"};
-  if (!job->wait_until(
-        [&] { return std::regex_search(job->chief().output(), in_window); }, 30s))
-    FAIL("no progress line of the window within 30 s:\n" << job->describe());
+  auto job = timed_job(dir, "2", R"(  window [0-9.]+ s left)");
   auto& ps = job->process("ps", 0);
   ps.signal(SIGSTOP);
   const std::string said = "asking /job:ps/task:0 for its global step";
