@@ -364,15 +364,22 @@ TEST_CASE("inputs that aborted or blocked actorflow-train are refused with one l
   CHECK(occurrences(r.err, "it is a FIFO (named pipe), not a regular file") == 1);
 }
 
+/// actorflow-train on a generated set of 1.2 GB (within max_data_bytes)
+/// under an address-space cap of `cap_kib`, GPUs hidden (a node's "GPU:0 is
+/// not used: out of memory" is another line than the program's).
+run_result train_capped(const scratch_dir& dir, long cap_kib) {
+  return train(dir, {"--set", "data=synthetic", "--set", "synthetic_examples=1500000", "--set",
+                     "synthetic_features=200", "--set", "steps=2"},
+               "ulimit -v " + std::to_string(cap_kib) + "; CUDA_VISIBLE_DEVICES= timeout 120 ");
+}
+
 TEST_CASE("actorflow-train out of memory says so and exits 1 instead of aborting",
           "[train][cli]") {
   // Catches: std::bad_alloc on a worker's thread ended in std::terminate
   // (SIGABRT, exit 134) with only "terminate called after throwing". The
   // set is within max_data_bytes; the address space limit is not.
   scratch_dir dir;
-  auto r = train(dir, {"--set", "data=synthetic", "--set", "synthetic_examples=1500000", "--set",
-                       "synthetic_features=200", "--set", "steps=2"},
-                 "ulimit -v 2000000; CUDA_VISIBLE_DEVICES= timeout 120 ");
+  auto r = train_capped(dir, 2000000);
   INFO(r.err);
   CHECK(r.status == 1);
   // Once, however many threads ran out (a CI machine with many cores printed
@@ -389,8 +396,7 @@ TEST_CASE("actorflow-train under a memory cap too small for its threads says out
   // workers it had started (status 124 here); the port's handshake thread
   // that could not start read as "cannot listen ... is another process
   // using the port?" (status 2). Caps from where the threads fail to where
-  // the data does, above what the libraries need before main (GPUs hidden:
-  // a node's "GPU:0 is not used: out of memory" is not this line; the CUDA
+  // the data does, above what the libraries need before main (the CUDA
   // build's several times the CPU build's; below it the loader fails, or
   // OpenBLAS's thread spins for its 128 MiB buffer: not this program's).
   // Probed once: Catch runs the case again for each section.
@@ -405,12 +411,9 @@ TEST_CASE("actorflow-train under a memory cap too small for its threads says out
   }();
   REQUIRE(base > 0);
   for (long above : {64L << 10, 192L << 10, 384L << 10, 640L << 10}) {
-    auto cap = std::to_string(base + above);
-    DYNAMIC_SECTION("ulimit -v " << cap) {
+    DYNAMIC_SECTION("ulimit -v " << base + above) {
       scratch_dir dir;
-      auto r = train(dir, {"--set", "data=synthetic", "--set", "synthetic_examples=1500000",
-                           "--set", "synthetic_features=200", "--set", "steps=2"},
-                     "ulimit -v " + cap + "; CUDA_VISIBLE_DEVICES= timeout 60 ");
+      auto r = train_capped(dir, base + above);
       INFO(r.err);
       CHECK(r.status == 1);
       CHECK(occurrences(r.err, "out of memory") == 1);
