@@ -4,6 +4,7 @@
 #include "core/read_file.hpp"
 #include "core/utf8.hpp"
 #include "core/spelling.hpp"
+#include "train/config_model.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +26,9 @@
 namespace af::train {
 
 namespace {
+
+using detail::quoted; // train/config_model.hpp
+using detail::real;
 
 graph_error config_error(std::string msg) {
   return graph_error{af_error::invalid_config, std::move(msg)};
@@ -64,7 +68,8 @@ const std::vector<std::string>& known_keys() {
     "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
-    "grad_norm_guard", "warmup_secs", "window_secs"};
+    "grad_norm_guard", "warmup_secs", "window_secs", "users", "items", "dim", "zipf",
+    "partition_strategy"};
   return keys;
 }
 
@@ -149,6 +154,11 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "checkpoint_dir") return text(c.checkpoint_dir);
   if (key == "checkpoint_key") return text(c.checkpoint_key);
   if (key == "metrics") return text(c.metrics);
+  if (key == "partition_strategy") return text(c.partition_strategy);
+  if (key == "zipf") return number(c.zipf);
+  if (key == "users") return whole(c.users);
+  if (key == "items") return whole(c.items);
+  if (key == "dim") return whole(c.dim);
   if (key == "holdout") return number(c.holdout);
   if (key == "epochs") return number(c.epochs);
   if (key == "learning_rate") return number(o.lr);
@@ -223,9 +233,9 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
   if (!one_of(c.mode, {"sync", "async", "ssp", "average", "allreduce"}))
     return fail("mode", fmt::format("mode = \"{}\" is unknown: use sync, async, ssp, average or "
                                     "allreduce", clipped(c.mode)));
-  if (!one_of(c.model, {"softmax", "mlp", "linear", "linear_bias"}))
-    return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp, linear or "
-                                     "linear_bias", clipped(c.model)));
+  if (!one_of(c.model, {"softmax", "mlp", "linear", "linear_bias", "recommender"}))
+    return fail("model", fmt::format("model = \"{}\" is unknown: use softmax, mlp, linear, "
+                                     "linear_bias or recommender", clipped(c.model)));
   for (auto h : c.hidden)
     if (h <= 0)
       return fail("hidden", fmt::format("hidden = [{}]: layer sizes must be positive",
@@ -430,36 +440,9 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return p;
   if (auto p = check_job_settings(c, combinations))
     return p;
+  if (auto p = recommender_problem(c, combinations)) // train/config_model.cpp
+    return fail(p->first, p->second);
   return check_data_size(c, combinations);
-}
-
-/// A TOML basic string.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    auto u = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (u < 0x20 || u == 0x7f) {
-      out += fmt::format("\\u{:04X}", u);
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-/// A TOML float that reads back as the same double.
-std::string real(double x) {
-  if (std::isnan(x))
-    return "nan";
-  if (std::isinf(x))
-    return x > 0 ? "inf" : "-inf";
-  auto s = fmt::format("{}", x); // shortest text that round-trips
-  if (s.find_first_of(".e") == std::string::npos)
-    s += ".0";
-  return s;
 }
 
 enum class value_kind { text, number, whole, sizes };
@@ -499,7 +482,7 @@ std::string takes(const std::string& key) {
                "--set data=csv:/tmp/train.csv";
       return fmt::format("a name, e.g. --set {}={}", key,
                          key == "mode" ? "async" : key == "model" ? "softmax"
-                         : key == "optimizer" ? "adam" : "cosine");
+                         : key == "optimizer" ? "adam" : key == "schedule" ? "cosine" : "div");
     case value_kind::number:
       if (key == "grad_norm_guard") // 0.01 would be refused: 0 or >= 1
         return "0 (off) or a number >= 1, e.g. --set grad_norm_guard=10";
@@ -779,6 +762,11 @@ std::string to_toml(const train_config& c) {
   line("grad_norm_guard", real(c.grad_norm_guard));
   line("warmup_secs", real(c.warmup_secs));
   line("window_secs", real(c.window_secs));
+  line("users", std::to_string(c.users));
+  line("items", std::to_string(c.items));
+  line("dim", std::to_string(c.dim));
+  line("zipf", real(c.zipf));
+  line("partition_strategy", quoted(c.partition_strategy));
   return out;
 }
 

@@ -14,7 +14,7 @@ namespace af::train {
 
 struct train_config {
   std::string mode = "sync";       ///< sync, async, ssp, average, allreduce
-  std::string model = "mlp";       ///< softmax, mlp, linear, linear_bias
+  std::string model = "mlp";       ///< softmax, mlp, linear, linear_bias, recommender
   std::vector<int64_t> hidden = {128}; ///< mlp hidden layer sizes
   std::string data = "digits";     ///< digits, synthetic, synthetic_linear, per_worker_linear,
                                    ///< csv:PATH, idx:IMAGES,LABELS
@@ -82,6 +82,16 @@ struct train_config {
   /// of the window alone (docs/training.md, "A timed window"). 0: off.
   double warmup_secs = 0;
   double window_secs = 0;
+  /// model = "recommender" (train/recommender.hpp; docs/sparse.md, "The
+  /// recommendation model"): user and item tables of `dim` factors and a
+  /// bias per row, cut over the ps tasks by `partition_strategy` (mod, div);
+  /// data = "synthetic" draws synthetic_examples clicks with Zipf(`zipf`)
+  /// ids from a planted truth, data = "csv:PATH" reads user,item,label rows.
+  int64_t users = 10000;
+  int64_t items = 10000;
+  int64_t dim = 8;
+  double zipf = 1.0;
+  std::string partition_strategy = "mod";
   /// The most either may be: a week (more would overflow the clock's
   /// nanoseconds long before it means anything).
   static constexpr double max_window_secs = 7 * 24 * 3600.0;

@@ -3,11 +3,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
+#include "train/clicks.hpp"
+#include "train/metrics.hpp"
+#include "train/recommender.hpp"
 
 namespace af::train {
 
@@ -237,6 +243,241 @@ outcome<local_result> train_local(const train_config& c, const split& data, uint
   }
   res.params = std::move(st->values);
   return res;
+}
+
+// ---- A sparse model in one process -------------------------------------------
+
+namespace {
+
+/// One table's part of a batch: its distinct ids in the order they first
+/// occur, each example's place among them, and their rows read from the
+/// table. The buffers are kept across steps.
+struct table_batch {
+  std::unordered_map<int64_t, int32_t> seen;
+  std::vector<int64_t> unique;
+  std::vector<int32_t> index;
+};
+
+/// Fills `tb` for examples `picks` of `ids` and returns their rows [u, width].
+outcome<tensor> gather_unique(const tensor& table, const std::string& name,
+                              const std::vector<int64_t>& ids, const std::vector<size_t>& picks,
+                              table_batch& tb) {
+  const int64_t rows = table.shape()[0], width = table.shape()[1];
+  tb.seen.clear();
+  tb.unique.clear();
+  tb.index.clear();
+  for (size_t e : picks) {
+    int64_t id = ids[e];
+    if (id < 0 || id >= rows)
+      return graph_error{af_error::invalid_argument,
+                         fmt::format("example {} looks up row {} of table '{}': not in [0, {})", e,
+                                     id, name, rows)};
+    auto [it, fresh] = tb.seen.emplace(id, static_cast<int32_t>(tb.unique.size()));
+    if (fresh)
+      tb.unique.push_back(id);
+    tb.index.push_back(it->second);
+  }
+  tensor out(dtype::float32, {static_cast<int64_t>(tb.unique.size()), width});
+  float* dst = out.mutable_data<float>();
+  const float* src = table.data<float>();
+  for (size_t r = 0; r < tb.unique.size(); ++r)
+    std::memcpy(dst + r * width, src + tb.unique[r] * width, sizeof(float) * width);
+  return out;
+}
+
+/// Checks that `b` has one id list per table of `m` and one label per example.
+graph_status check_examples(const sparse_model& m, const sparse_batch& b, const char* what) {
+  if (b.ids.size() != m.tables().size())
+    return graph_error{af_error::invalid_argument,
+                       fmt::format("the {} examples have ids of {} tables, the model {}", what,
+                                   b.ids.size(), m.tables().size())};
+  for (const auto& ids : b.ids)
+    if (ids.size() != b.labels.size())
+      return graph_error{af_error::invalid_argument,
+                         fmt::format("the {} examples have {} labels and a table with {} ids",
+                                     what, b.labels.size(), ids.size())};
+  return ok();
+}
+
+/// One forward (and backward, with `want_grads`) pass of `m` on examples
+/// `picks`: their rows gathered per table into `tbs`.
+outcome<sparse_step_result> run_step(sparse_model& m, const sparse_state& st,
+                                     const sparse_batch& data, const std::vector<size_t>& picks,
+                                     std::vector<table_batch>& tbs, std::vector<float>& labels,
+                                     bool want_grads) {
+  auto specs = m.tables();
+  std::vector<tensor> rows;
+  std::vector<std::vector<int32_t>> index;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    auto r = gather_unique(st.tables.values[t], specs[t].name, data.ids[t], picks, tbs[t]);
+    if (!r)
+      return r.error();
+    rows.push_back(std::move(*r));
+    index.push_back(tbs[t].index);
+  }
+  labels.clear();
+  for (size_t e : picks)
+    labels.push_back(data.labels[e]);
+  return m.step(rows, index, st.dense.values, labels, want_grads);
+}
+
+} // namespace
+
+outcome<sparse_state> sparse_state::make(const sparse_model& m, const optimizer_spec& opt) {
+  std::vector<parameter> tables;
+  for (const auto& t : m.tables())
+    tables.push_back(parameter{t.name, {t.rows, t.width}, t.init});
+  auto tv = initial_values(tables);
+  if (!tv)
+    return tv.error();
+  auto dv = initial_values(m.dense_parameters());
+  if (!dv)
+    return dv.error();
+  auto ts = replica_state::make(std::move(*tv), opt);
+  if (!ts)
+    return ts.error();
+  auto ds = replica_state::make(std::move(*dv), opt);
+  if (!ds)
+    return ds.error();
+  return sparse_state{std::move(*ts), std::move(*ds)};
+}
+
+outcome<std::vector<float>> predict_sparse(sparse_model& m, const sparse_state& st,
+                                           const sparse_batch& examples, size_t batch) {
+  if (auto c = check_examples(m, examples, "scored"); !c)
+    return c.error();
+  std::vector<table_batch> tbs(m.tables().size());
+  std::vector<float> labels, out;
+  std::vector<size_t> picks;
+  for (size_t at = 0; at < examples.labels.size(); at += batch) {
+    picks.resize(std::min(batch, examples.labels.size() - at));
+    std::iota(picks.begin(), picks.end(), at);
+    auto r = run_step(m, st, examples, picks, tbs, labels, false);
+    if (!r)
+      return r.error();
+    out.insert(out.end(), r->predictions.begin(), r->predictions.end());
+  }
+  return out;
+}
+
+outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_batch& train,
+                                                const sparse_batch& test,
+                                                const sparse_local_options& o, sparse_state init) {
+  if (auto c = check_examples(m, train, "training"); !c)
+    return c.error();
+  if (train.labels.empty() || o.batch == 0)
+    return graph_error{af_error::invalid_argument, "no training examples, or a batch of 0"};
+  sparse_local_result res;
+  if (init.tables.values.empty()) {
+    auto st = sparse_state::make(m, o.optimizer);
+    if (!st)
+      return st.error();
+    init = std::move(*st);
+  }
+  res.state = std::move(init);
+  auto& st = res.state;
+  const auto specs = m.tables();
+  std::vector<table_batch> tbs(specs.size());
+  std::vector<size_t> order(train.labels.size()), picks;
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937_64 rng(o.seed);
+  size_t pos = order.size(); // shuffle before the first step
+  std::vector<float> labels;
+  double loss_sum = 0;
+  uint64_t loss_count = 0;
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t step = 0; step < o.steps; ++step) {
+    picks.clear();
+    while (picks.size() < o.batch) {
+      if (pos == order.size()) {
+        std::shuffle(order.begin(), order.end(), rng);
+        pos = 0;
+      }
+      picks.push_back(order[pos++]);
+    }
+    auto r = run_step(m, st, train, picks, tbs, labels, true);
+    if (!r)
+      return r.error();
+    for (size_t t = 0; t < specs.size(); ++t) {
+      auto& slots = st.tables.slots[t];
+      float* slot_ptrs[2] = {nullptr, nullptr};
+      for (size_t k = 0; k < slots.size() && k < 2; ++k)
+        slot_ptrs[k] = slots[k].mutable_data<float>();
+      apply_rows(o.optimizer, st.tables.values[t].mutable_data<float>(), slot_ptrs,
+                 static_cast<size_t>(specs[t].width), tbs[t].unique.data(),
+                 r->row_grads[t].data<float>(), tbs[t].unique.size(), step);
+    }
+    if (auto a = st.dense.apply(o.optimizer, r->dense_grads, step); !a)
+      return a.error();
+    loss_sum += r->loss;
+    ++loss_count;
+    res.last_loss = loss_sum / static_cast<double>(loss_count);
+    if (o.log_every > 0 && (step + 1) % o.log_every == 0) {
+      if (o.log)
+        o.log(step + 1, res.last_loss);
+      loss_sum = 0;
+      loss_count = 0;
+    }
+  }
+  res.steps = o.steps;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto p = predict_sparse(m, st, test);
+  if (!p)
+    return p.error();
+  res.auc = auc(*p, test.labels);
+  res.log_loss = log_loss(*p, test.labels);
+  return res;
+}
+
+outcome<recommender_report> train_recommender_local(
+  const train_config& c, std::function<void(uint64_t step, double loss)> log) {
+  recommender_report rep;
+  click_split data;
+  if (c.data == "synthetic") {
+    click_spec cs;
+    cs.users = c.users;
+    cs.items = c.items;
+    cs.dim = c.dim;
+    cs.zipf = c.zipf;
+    cs.examples = c.synthetic_examples;
+    cs.holdout = c.holdout;
+    cs.seed = c.seed;
+    auto s = make_synthetic_clicks(cs);
+    if (!s)
+      return s.error();
+    data = std::move(s->data);
+    rep.has_truth = true;
+    rep.truth_auc = s->truth_auc;
+    rep.truth_log_loss = s->truth_log_loss;
+  } else {
+    auto s = read_clicks_csv(c.data.substr(4), c.users, c.items, c.holdout, c.seed);
+    if (!s)
+      return s.error();
+    data = std::move(*s);
+  }
+  rep.train_examples = data.train.labels.size();
+  rep.test_examples = data.test.labels.size();
+  recommender_spec rs;
+  rs.users = c.users;
+  rs.items = c.items;
+  rs.dim = c.dim;
+  rs.seed = c.seed;
+  auto m = recommender::make(rs);
+  if (!m)
+    return m.error();
+  sparse_local_options o;
+  o.optimizer = c.optimizer;
+  o.batch = c.batch_size;
+  o.steps = total_steps(c, rep.train_examples, 1);
+  o.optimizer.schedule.total_steps = o.steps;
+  o.seed = c.seed;
+  o.log_every = c.log_every;
+  o.log = std::move(log);
+  auto r = train_sparse_local(*m, data.train, data.test, o);
+  if (!r)
+    return r.error();
+  rep.result = std::move(*r);
+  return rep;
 }
 
 } // namespace af::train

@@ -6,6 +6,7 @@
 /// feeds of a step. No CAF.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "train/data.hpp"
 #include "train/model.hpp"
 #include "train/optimizer.hpp"
+#include "train/sparse_model.hpp"
 
 namespace af::train {
 
@@ -75,5 +77,68 @@ outcome<local_result> train_local(const train_config& c, const split& data, uint
 /// Held-out loss and accuracy of `params` on `test` in this process.
 outcome<std::pair<double, double>> evaluate_local(const train_config& c, const dataset& test,
                                                   const std::vector<tensor>& params);
+
+// ---- A sparse model (train/sparse_model.hpp) in one process ----------------
+
+/// A sparse model's tables and dense parameters held in this process, each
+/// with its optimizer slots (a table's slots are tables of its shape).
+struct sparse_state {
+  replica_state tables;
+  replica_state dense;
+
+  /// Both at their initializers, slots at slot_initial_value.
+  static outcome<sparse_state> make(const sparse_model& m, const optimizer_spec& opt);
+};
+
+struct sparse_local_options {
+  optimizer_spec optimizer;
+  size_t batch = 256;
+  uint64_t steps = 0;
+  uint64_t seed = 1;      ///< the examples' order (a fresh shuffle every epoch)
+  uint64_t log_every = 0; ///< call `log` every N steps (0: never)
+  std::function<void(uint64_t step, double loss)> log;
+};
+
+struct sparse_local_result {
+  sparse_state state;
+  uint64_t steps = 0;
+  double seconds = 0;
+  double last_loss = 0;      ///< mean training loss of the last log_every steps (or the last)
+  double auc = 0;            ///< held-out
+  double log_loss = 0;       ///< held-out
+};
+
+/// Trains `m` on `train` as a job's worker does, in one process: each step
+/// takes `batch` examples, deduplicates each table's ids, reads those rows
+/// from the host tables, runs m.step, and updates only those rows with
+/// train::apply_rows (sgd, momentum, adagrad, lazy adam) and the dense
+/// parameters with train::apply. Then scores `test` (AUC, log-loss). An id
+/// outside its table is an error naming the table, the example and the id.
+outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_batch& train,
+                                                const sparse_batch& test,
+                                                const sparse_local_options& o,
+                                                sparse_state init = {});
+
+/// The model's predictions for `examples` with the parameters of `st`
+/// (forward only, in batches of `batch`).
+outcome<std::vector<float>> predict_sparse(sparse_model& m, const sparse_state& st,
+                                           const sparse_batch& examples, size_t batch = 4096);
+
+/// What train_recommender_local reports.
+struct recommender_report {
+  sparse_local_result result;
+  size_t train_examples = 0;
+  size_t test_examples = 0;
+  bool has_truth = false;    ///< synthetic data: the planted truth's own scores below
+  double truth_auc = 0;
+  double truth_log_loss = 0;
+};
+
+/// model = "recommender" in one process: its data (synthetic with a
+/// planted truth, or csv:PATH of user,item,label rows), the model of
+/// users x items x dim, trained for steps (or epochs) of batch_size with
+/// the config's optimizer. `log` as in sparse_local_options.
+outcome<recommender_report> train_recommender_local(
+  const train_config& c, std::function<void(uint64_t step, double loss)> log = {});
 
 } // namespace af::train

@@ -1,6 +1,10 @@
 #include "train/metrics.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <limits>
+#include <numeric>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -260,6 +264,46 @@ std::string plot(const std::string& csv, const std::string& png) {
                        r.errors.empty() ? fmt::format("exit code {}", r.exit_code)
                                         : last_line(r.errors));
   return "plot: " + png;
+}
+
+double auc(const std::vector<float>& scores, const std::vector<float>& labels) {
+  const size_t n = scores.size();
+  if (labels.size() != n)
+    return std::numeric_limits<double>::quiet_NaN();
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  // Sum of the positives' ranks (1-based), each run of tied scores given
+  // its average rank.
+  double rank_sum = 0, positives = 0;
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j < n && scores[order[j]] == scores[order[i]])
+      ++j;
+    double average_rank = (static_cast<double>(i + 1) + static_cast<double>(j)) / 2;
+    for (size_t k = i; k < j; ++k)
+      if (labels[order[k]] > 0.5f) {
+        rank_sum += average_rank;
+        positives += 1;
+      }
+    i = j;
+  }
+  double negatives = static_cast<double>(n) - positives;
+  if (positives == 0 || negatives == 0)
+    return std::numeric_limits<double>::quiet_NaN();
+  double u = rank_sum - positives * (positives + 1) / 2; // pairs a positive wins
+  return u / (positives * negatives);
+}
+
+double log_loss(const std::vector<float>& p, const std::vector<float>& labels, double eps) {
+  if (p.empty() || p.size() != labels.size())
+    return std::numeric_limits<double>::quiet_NaN();
+  double sum = 0;
+  for (size_t e = 0; e < p.size(); ++e) {
+    double q = std::clamp(static_cast<double>(p[e]), eps, 1 - eps);
+    sum -= labels[e] > 0.5f ? std::log(q) : std::log1p(-q);
+  }
+  return sum / static_cast<double>(p.size());
 }
 
 } // namespace af::train

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "graph/outcome.hpp"
 
@@ -51,5 +52,19 @@ std::string check_metrics_path(const std::string& path);
 /// gnuplot. Returns a sentence for the user: where the PNG is, or why there
 /// is none (gnuplot not installed: "apt-get install gnuplot-nox").
 std::string plot(const std::string& csv, const std::string& png);
+
+/// Area under the ROC curve of `scores` for 0/1 `labels` (a label > 0.5 is
+/// a positive): the Mann-Whitney U statistic over positives x negatives, the
+/// chance that a random positive scores above a random negative, a tie
+/// counting one half (ranks of tied scores averaged). NaN when the labels
+/// hold no positive or no negative (the AUC is undefined), or when the
+/// sizes differ. O(n log n).
+double auc(const std::vector<float>& scores, const std::vector<float>& labels);
+
+/// Mean binary cross-entropy of probabilities `p` against 0/1 `labels`,
+/// each p clipped to [eps, 1 - eps] first (sklearn's log_loss: a confident
+/// mistake costs -log(eps), not infinity). NaN for no examples or sizes
+/// that differ.
+double log_loss(const std::vector<float>& p, const std::vector<float>& labels, double eps = 1e-7);
 
 } // namespace af::train
