@@ -9,6 +9,7 @@
 //   actorflow-train --config F --job worker --task 2 --join   # a worker joins a running job
 //   actorflow-train --config F --switch async                # a running job changes mode
 //   actorflow-train --config F --status                      # per-worker accounting of a live job
+//   actorflow-train --config config/embeddings.toml          # the recommender (for now in one process)
 //
 // Between-graph: each process hosts its node and, for a worker, its worker
 // actor; the chief initializes or restores, saves at the end and stops the ps
@@ -43,6 +44,7 @@
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
+#include "train/local.hpp"
 #include "train/metrics.hpp"
 #include "programs/last_resort.hpp"
 #include "programs/teardown_deadline.hpp"
@@ -294,6 +296,34 @@ int run_in_graph_embedded(af::train::train_config c) {
   if (!out)
     return fail("in-graph client: " + af::describe(out.error()), 1);
   summary(c, 2, *out, test_size(c));
+  return 0;
+}
+
+/// model = "recommender" (issue 25): trained in this one process, the
+/// sparse trainer of train/local.hpp, until the sparse job over ps tasks
+/// is wired; prints the held-out AUC and log-loss (and, on synthetic data,
+/// the planted truth's own).
+int run_recommender_local(const af::train::train_config& c) {
+  std::printf("actorflow-train: model recommender in one process (the sparse job over ps tasks "
+              "is not wired yet): users %lld, items %lld, dim %lld, data %s, optimizer %s\n",
+              static_cast<long long>(c.users), static_cast<long long>(c.items),
+              static_cast<long long>(c.dim), c.data.c_str(), c.optimizer.kind.c_str());
+  std::fflush(stdout);
+  auto rep = af::train::train_recommender_local(c, [](uint64_t step, double loss) {
+    std::printf("step %llu: loss %.6f\n", static_cast<unsigned long long>(step), loss);
+    std::fflush(stdout);
+  });
+  if (!rep)
+    return fail(rep.error().what, 1); // its data (a CSV) or the run failed, as a job's worker
+  const auto& r = rep->result;
+  std::printf("held-out: auc=%.4f log_loss=%.4f examples=%zu", r.auc, r.log_loss,
+              rep->test_examples);
+  if (rep->has_truth)
+    std::printf(" (planted truth: auc=%.4f log_loss=%.4f)", rep->truth_auc, rep->truth_log_loss);
+  std::printf("\ntrain done: mode=local workers=1 global_step=%llu seconds=%.3f loss=%.6g "
+              "train_examples=%zu\n", static_cast<unsigned long long>(r.steps), r.seconds,
+              r.last_loss, rep->train_examples);
+  std::fflush(stdout);
   return 0;
 }
 
@@ -562,6 +592,13 @@ static int main_body(int argc, char** argv) {
       return fail("--status or --switch: one at a time");
     init_log("actorflow-train client");
     return run_client(*cluster, c, a.status, a.switch_to);
+  }
+  if (c.model == "recommender") {
+    if (!a.job.empty() || a.task >= 0 || a.in_graph || a.join)
+      return fail("model = \"recommender\": the sparse job over ps tasks (--job, --task, "
+                  "--in-graph, --join) is not wired yet (issue 25); run without them to train it "
+                  "in one process");
+    return run_recommender_local(c);
   }
   if (a.join && (a.job != "worker" || a.task <= 0))
     return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");
