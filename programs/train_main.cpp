@@ -9,7 +9,8 @@
 //   actorflow-train --config F --job worker --task 2 --join   # a worker joins a running job
 //   actorflow-train --config F --switch async                # a running job changes mode
 //   actorflow-train --config F --status                      # per-worker accounting of a live job
-//   actorflow-train --config config/embeddings.toml          # the recommender (for now in one process)
+//   actorflow-train --config config/embeddings.toml          # the sparse recommender, embedded cluster
+//   actorflow-train --config config/embeddings.toml --local  # ... in one process
 //
 // Between-graph: each process hosts its node and, for a worker, its worker
 // actor; the chief initializes or restores, saves at the end and stops the ps
@@ -44,10 +45,10 @@
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
-#include "train/local.hpp"
 #include "train/metrics.hpp"
 #include "programs/last_resort.hpp"
 #include "programs/teardown_deadline.hpp"
+#include "programs/train_sparse.hpp"
 
 namespace {
 
@@ -299,40 +300,12 @@ int run_in_graph_embedded(af::train::train_config c) {
   return 0;
 }
 
-/// model = "recommender" (issue 25): trained in this one process, the
-/// sparse trainer of train/local.hpp, until the sparse job over ps tasks
-/// is wired; prints the held-out AUC and log-loss (and, on synthetic data,
-/// the planted truth's own).
-int run_recommender_local(const af::train::train_config& c) {
-  std::printf("actorflow-train: model recommender in one process (the sparse job over ps tasks "
-              "is not wired yet): users %lld, items %lld, dim %lld, data %s, optimizer %s\n",
-              static_cast<long long>(c.users), static_cast<long long>(c.items),
-              static_cast<long long>(c.dim), c.data.c_str(), c.optimizer.kind.c_str());
-  std::fflush(stdout);
-  auto rep = af::train::train_recommender_local(c, [](uint64_t step, double loss) {
-    std::printf("step %llu: loss %.6f\n", static_cast<unsigned long long>(step), loss);
-    std::fflush(stdout);
-  });
-  if (!rep)
-    return fail(rep.error().what, 1); // its data (a CSV) or the run failed, as a job's worker
-  const auto& r = rep->result;
-  std::printf("held-out: auc=%.4f log_loss=%.4f examples=%zu", r.auc, r.log_loss,
-              rep->test_examples);
-  if (rep->has_truth)
-    std::printf(" (planted truth: auc=%.4f log_loss=%.4f)", rep->truth_auc, rep->truth_log_loss);
-  std::printf("\ntrain done: mode=local workers=1 global_step=%llu seconds=%.3f loss=%.6g "
-              "train_examples=%zu\n", static_cast<unsigned long long>(r.steps), r.seconds,
-              r.last_loss, rep->train_examples);
-  std::fflush(stdout);
-  return 0;
-}
-
 /// The command line of actorflow-train.
 struct train_args {
   std::string config_path, job;
   int task = -1;
   std::vector<std::string> sets;
-  bool in_graph = false, join = false, status = false;
+  bool in_graph = false, join = false, status = false, local = false;
   std::string switch_to;
   int step_delay_ms = 0;
 };
@@ -343,6 +316,8 @@ void add_options(CLI::App& app, train_args& a) {
   app.add_option("-j,--job", a.job, "this process's job: ps or worker");
   app.add_option("-t,--task", a.task, "this process's task index")->check(CLI::Range(0, 65535));
   app.add_option("--set", a.sets, "override a [train] key: --set mode=async (repeatable)");
+  app.add_flag("--local", a.local,
+               "model recommender: train in this one process (no cluster, no ps)");
   app.add_flag("--in-graph", a.in_graph,
                "in-graph replication: this one client drives a replica on every worker");
   app.add_flag("--join", a.join,
@@ -501,6 +476,18 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     err = s->wait_for_node("worker", 0, wait);
   if (err)
     return fail(af::describe(err), 1);
+  if (af::sparse_job(c)) {
+    auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
+    if (!out)
+      return finish(fail(name + ": " + af::describe(out.error()), 1));
+    if (a.task == 0)
+      af::programs::print_sparse_summary(
+        c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out);
+    else
+      std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
+                  static_cast<unsigned long long>(out->local_steps));
+    return finish(0);
+  }
   af::train_options topts;
   topts.join = a.join;
   topts.step_delay = std::chrono::milliseconds{a.step_delay_ms};
@@ -593,12 +580,20 @@ static int main_body(int argc, char** argv) {
     init_log("actorflow-train client");
     return run_client(*cluster, c, a.status, a.switch_to);
   }
-  if (c.model == "recommender") {
-    if (!a.job.empty() || a.task >= 0 || a.in_graph || a.join)
-      return fail("model = \"recommender\": the sparse job over ps tasks (--job, --task, "
-                  "--in-graph, --join) is not wired yet (issue 25); run without them to train it "
-                  "in one process");
-    return run_recommender_local(c);
+  if (af::sparse_job(c)) {
+    if (a.in_graph || a.join || !a.switch_to.empty() || a.status)
+      return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
+                  "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
+                  "the dense models");
+    if (a.local) {
+      if (cluster || !a.job.empty() || a.task >= 0)
+        return fail("--local trains in this one process: no cluster, --job or --task with it");
+      return af::programs::run_sparse_local(c, fail);
+    }
+    if (!cluster)
+      return af::programs::run_sparse_embedded(c, fail);
+  } else if (a.local) {
+    return fail("--local is for a sparse model (model = \"recommender\")");
   }
   if (a.join && (a.job != "worker" || a.task <= 0))
     return fail("--join is for a worker task other than the chief: --job worker --task I (I > 0)");

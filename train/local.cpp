@@ -360,6 +360,19 @@ outcome<std::vector<float>> predict_sparse(sparse_model& m, const sparse_state& 
   return out;
 }
 
+example_order::example_order(size_t n, uint64_t seed) : order_(n), rng_(seed) {
+  std::iota(order_.begin(), order_.end(), size_t{0});
+}
+
+size_t example_order::at(uint64_t pos) {
+  auto n = order_.size();
+  while (pos / n >= epoch_) {
+    std::shuffle(order_.begin(), order_.end(), rng_);
+    ++epoch_;
+  }
+  return order_[pos % n];
+}
+
 outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_batch& train,
                                                 const sparse_batch& test,
                                                 const sparse_local_options& o, sparse_state init) {
@@ -378,23 +391,16 @@ outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_ba
   auto& st = res.state;
   const auto specs = m.tables();
   std::vector<table_batch> tbs(specs.size());
-  std::vector<size_t> order(train.labels.size()), picks;
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::mt19937_64 rng(o.seed);
-  size_t pos = order.size(); // shuffle before the first step
+  example_order order(train.labels.size(), o.seed);
+  std::vector<size_t> picks;
   std::vector<float> labels;
   double loss_sum = 0;
   uint64_t loss_count = 0;
   auto start = std::chrono::steady_clock::now();
   for (uint64_t step = 0; step < o.steps; ++step) {
     picks.clear();
-    while (picks.size() < o.batch) {
-      if (pos == order.size()) {
-        std::shuffle(order.begin(), order.end(), rng);
-        pos = 0;
-      }
-      picks.push_back(order[pos++]);
-    }
+    for (size_t j = 0; j < o.batch; ++j)
+      picks.push_back(order.at(step * o.batch + j));
     auto r = run_step(m, st, train, picks, tbs, labels, true);
     if (!r)
       return r.error();
@@ -429,10 +435,8 @@ outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_ba
   return res;
 }
 
-outcome<recommender_report> train_recommender_local(
-  const train_config& c, std::function<void(uint64_t step, double loss)> log) {
-  recommender_report rep;
-  click_split data;
+outcome<click_data> load_clicks(const train_config& c) {
+  click_data out;
   if (c.data == "synthetic") {
     click_spec cs;
     cs.users = c.users;
@@ -445,24 +449,41 @@ outcome<recommender_report> train_recommender_local(
     auto s = make_synthetic_clicks(cs);
     if (!s)
       return s.error();
-    data = std::move(s->data);
-    rep.has_truth = true;
-    rep.truth_auc = s->truth_auc;
-    rep.truth_log_loss = s->truth_log_loss;
-  } else {
-    auto s = read_clicks_csv(c.data.substr(4), c.users, c.items, c.holdout, c.seed);
-    if (!s)
-      return s.error();
-    data = std::move(*s);
+    out.data = std::move(s->data);
+    out.has_truth = true;
+    out.truth_auc = s->truth_auc;
+    out.truth_log_loss = s->truth_log_loss;
+    return out;
   }
-  rep.train_examples = data.train.labels.size();
-  rep.test_examples = data.test.labels.size();
+  auto s = read_clicks_csv(c.data.substr(4), c.users, c.items, c.holdout, c.seed);
+  if (!s)
+    return s.error();
+  out.data = std::move(*s);
+  return out;
+}
+
+outcome<recommender> recommender_of(const train_config& c) {
   recommender_spec rs;
   rs.users = c.users;
   rs.items = c.items;
   rs.dim = c.dim;
   rs.seed = c.seed;
-  auto m = recommender::make(rs);
+  return recommender::make(rs);
+}
+
+outcome<recommender_report> train_recommender_local(
+  const train_config& c, std::function<void(uint64_t step, double loss)> log) {
+  recommender_report rep;
+  auto clicks = load_clicks(c);
+  if (!clicks)
+    return clicks.error();
+  auto& data = clicks->data;
+  rep.has_truth = clicks->has_truth;
+  rep.truth_auc = clicks->truth_auc;
+  rep.truth_log_loss = clicks->truth_log_loss;
+  rep.train_examples = data.train.labels.size();
+  rep.test_examples = data.test.labels.size();
+  auto m = recommender_of(c);
   if (!m)
     return m.error();
   sparse_local_options o;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "train/data.hpp"
 #include "train/model.hpp"
 #include "train/optimizer.hpp"
+#include "train/clicks.hpp"
+#include "train/recommender.hpp"
 #include "train/sparse_model.hpp"
 
 namespace af::train {
@@ -99,6 +102,24 @@ struct sparse_local_options {
   std::function<void(uint64_t step, double loss)> log;
 };
 
+/// The order a sparse trainer takes examples in: [0, n) shuffled by one
+/// mt19937_64(seed) stream, and shuffled on by it each time it runs out (a
+/// fresh order every epoch). Position p of a job's stream is the same in
+/// every process: a sync worker w of W takes positions [(g W + w) b, + b)
+/// at global step g, so one worker takes what train_sparse_local takes.
+class example_order {
+public:
+  example_order(size_t n, uint64_t seed);
+  /// The example at position `pos`; positions may only move forward (an
+  /// earlier epoch's order is gone once the stream shuffled on).
+  size_t at(uint64_t pos);
+
+private:
+  std::vector<size_t> order_;
+  std::mt19937_64 rng_;
+  uint64_t epoch_ = 0; ///< order_ holds epoch epoch_ - 1 (0: none yet)
+};
+
 struct sparse_local_result {
   sparse_state state;
   uint64_t steps = 0;
@@ -133,6 +154,19 @@ struct recommender_report {
   double truth_auc = 0;
   double truth_log_loss = 0;
 };
+
+/// The click data of a recommender job `c`: synthetic with a planted truth
+/// (its own held-out scores set), or csv:PATH of user,item,label rows.
+struct click_data {
+  click_split data;
+  bool has_truth = false;
+  double truth_auc = 0;
+  double truth_log_loss = 0;
+};
+outcome<click_data> load_clicks(const train_config& c);
+
+/// The recommender of `c` (users x items x dim, seeded).
+outcome<recommender> recommender_of(const train_config& c);
 
 /// model = "recommender" in one process: its data (synthetic with a
 /// planted truth, or csv:PATH of user,item,label rows), the model of

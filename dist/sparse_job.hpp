@@ -1,0 +1,76 @@
+#pragma once
+/// A sparse training job (issue 25, docs/sparse.md "The sparse job"): a
+/// model over embedding tables (train/sparse_model.hpp; model =
+/// "recommender") trained between-graph by the cluster's workers, its tables
+/// cut over the ps tasks and no process holding a whole one.
+///
+/// What one worker task does, from a session of that task:
+///   1. loads the job's click data and makes the model (train/local.hpp);
+///   2. declares each table's shards, shard k on /job:ps/task:k
+///      (<table>/part_<k>, cut by partition_strategy), and the dense
+///      parameters on ps 0; each shard's initializer names its global rows,
+///      so its node computes them (graph/embedding.hpp's shard_initializer);
+///   3. the chief initializes them, the others wait for that (bounded by
+///      init_timeout_ms, naming what is missing);
+///   4. gets the aggregator of each ps over its shards (sparse) and, on ps 0,
+///      the dense parameters, in the job's mode (sync, async or ssp: average
+///      and allreduce cannot take sparse gradients and are refused here),
+///      and joins it;
+///   5. each step: its share of the global batch, each table's ids made
+///      unique and routed, the rows read from their shards, the model's step
+///      on them, each shard sent its rows' gradients (dist/sparse_exchange.hpp);
+///      it ends when the global step reaches the job's steps;
+///   6. says done; the chief then scores the held-out set (AUC, log-loss),
+///      waits for the other workers to be done (bounded) and, with
+///      shutdown_ps, stops the ps tasks.
+
+#include <cstdint>
+#include <functional>
+
+#include "caf/expected.hpp"
+
+#include "actors/session.hpp"
+#include "train/config.hpp"
+
+namespace af {
+
+struct sparse_job_options {
+  bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
+  bool print = true;       ///< the chief's progress lines on stdout
+};
+
+/// What a worker of a sparse job reports.
+struct sparse_outcome {
+  uint64_t global_step = 0;  ///< the aggregators' at its last push
+  uint64_t local_steps = 0;  ///< steps this worker ran
+  uint64_t late = 0;         ///< sync: its pushes dropped as late
+  double seconds = 0;        ///< its training loop
+  double last_loss = 0;      ///< mean training loss of its last log_every steps (or its last)
+  /// Payload bytes this worker's steps moved, per step: ids out and rows
+  /// back (fetch), ids and gradients out (push), counted at the data plane's
+  /// calls; and the touched rows' bytes plus their ids (one copy each way),
+  /// what an ideal exchange moves.
+  double bytes_per_step = 0;
+  double touched_bytes_per_step = 0;
+  /// The chief: held-out AUC and log-loss (NaN for the others), and on
+  /// synthetic data the planted truth's own.
+  double auc = 0;
+  double log_loss = 0;
+  bool has_truth = false;
+  double truth_auc = 0;
+  double truth_log_loss = 0;
+  size_t train_examples = 0;
+  size_t test_examples = 0;
+};
+
+/// True if `c` is a sparse job (its model is one of train/sparse_model.hpp's).
+bool sparse_job(const train::train_config& c);
+
+/// Runs worker `task` of a sparse job `c` through `s`, a session of that
+/// task, and returns when this worker is done (the chief: once every worker
+/// is, with the held-out scores).
+caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::train_config& c,
+                                                     uint32_t task,
+                                                     const sparse_job_options& o = {});
+
+} // namespace af

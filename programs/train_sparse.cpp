@@ -1,0 +1,100 @@
+#include "programs/train_sparse.hpp"
+
+#include <cstdio>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "dist/embedded_cluster.hpp"
+#include "messages/error.hpp"
+#include "train/local.hpp"
+
+namespace af::programs {
+
+namespace {
+
+void print_scores(double auc, double log_loss, size_t test_examples, bool has_truth,
+                  double truth_auc, double truth_log_loss) {
+  std::printf("held-out: auc=%.4f log_loss=%.4f examples=%zu", auc, log_loss, test_examples);
+  if (has_truth)
+    std::printf(" (planted truth: auc=%.4f log_loss=%.4f)", truth_auc, truth_log_loss);
+  std::printf("\n");
+}
+
+} // namespace
+
+int run_sparse_local(const train::train_config& c, fail_fn fail) {
+  std::printf("actorflow-train: model %s in one process: users %lld, items %lld, dim %lld, "
+              "data %s, optimizer %s\n",
+              c.model.c_str(), static_cast<long long>(c.users), static_cast<long long>(c.items),
+              static_cast<long long>(c.dim), c.data.c_str(), c.optimizer.kind.c_str());
+  std::fflush(stdout);
+  auto rep = train::train_recommender_local(c, [](uint64_t step, double loss) {
+    std::printf("step %llu: loss %.6f\n", static_cast<unsigned long long>(step), loss);
+    std::fflush(stdout);
+  });
+  if (!rep)
+    return fail(rep.error().what, 1); // its data (a CSV) or the run failed, as a job's worker
+  const auto& r = rep->result;
+  print_scores(r.auc, r.log_loss, rep->test_examples, rep->has_truth, rep->truth_auc,
+               rep->truth_log_loss);
+  std::printf("train done: mode=local workers=1 global_step=%llu seconds=%.3f loss=%.6g "
+              "train_examples=%zu\n",
+              static_cast<unsigned long long>(r.steps), r.seconds, r.last_loss,
+              rep->train_examples);
+  std::fflush(stdout);
+  return 0;
+}
+
+void print_sparse_summary(const train::train_config& c, uint32_t workers, const sparse_outcome& o) {
+  print_scores(o.auc, o.log_loss, o.test_examples, o.has_truth, o.truth_auc, o.truth_log_loss);
+  std::printf("wire: %.0f bytes per step (ids out, rows back, gradients out), %.2fx the touched "
+              "rows and their ids (%.0f bytes)\n",
+              o.bytes_per_step,
+              o.touched_bytes_per_step > 0 ? o.bytes_per_step / o.touched_bytes_per_step : 0.0,
+              o.touched_bytes_per_step);
+  std::printf("train done: mode=%s workers=%u global_step=%llu seconds=%.3f loss=%.6g "
+              "train_examples=%zu steps_per_s=%.1f\n",
+              c.mode.c_str(), workers, static_cast<unsigned long long>(o.global_step), o.seconds,
+              o.last_loss, o.train_examples,
+              o.seconds > 0 ? static_cast<double>(o.local_steps) / o.seconds : 0.0);
+  std::fflush(stdout);
+}
+
+int run_sparse_embedded(const train::train_config& c, fail_fn fail) {
+  constexpr int workers = 2;
+  constexpr int ps = 2;
+  auto cluster = embedded_cluster::start({{"worker", workers}, {"ps", ps}},
+                                         embedded_cluster::defaults());
+  if (!cluster)
+    return fail(describe(cluster.error()), is(cluster.error(), af_error::resource_exhausted) ? 1 : 2);
+  std::printf("actorflow-train: embedded cluster (%d ps + %d workers), mode %s, model %s "
+              "(users %lld, items %lld, dim %lld, tables cut by %s), data %s\n",
+              ps, workers, c.mode.c_str(), c.model.c_str(), static_cast<long long>(c.users),
+              static_cast<long long>(c.items), static_cast<long long>(c.dim),
+              c.partition_strategy.c_str(), c.data.c_str());
+  std::fflush(stdout);
+  std::vector<caf::expected<sparse_outcome>> results(
+    workers, make_error(af_error::internal, "not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w)
+    threads.emplace_back([&, w] {
+      auto s = (*cluster)->session_for("worker", w);
+      if (!s) {
+        results[w] = std::move(s.error());
+        return;
+      }
+      sparse_job_options o;
+      o.shutdown_ps = false; // the embedded cluster stops its nodes itself
+      results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+    });
+  for (auto& t : threads)
+    t.join();
+  for (int w = 0; w < workers; ++w)
+    if (!results[w])
+      return fail("worker " + std::to_string(w) + ": " + describe(results[w].error()), 1);
+  print_sparse_summary(c, workers, *results[0]);
+  return 0;
+}
+
+} // namespace af::programs

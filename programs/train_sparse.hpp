@@ -1,0 +1,30 @@
+#pragma once
+// actorflow-train's sparse jobs (model = "recommender", issue 25): in one
+// process (--local), on an embedded cluster (the default without a cluster
+// config), and the lines a worker of such a job prints. The between-graph
+// tasks themselves (--job worker --task I) go through train_main's
+// run_worker, which calls af::run_sparse_worker_task for such a config.
+
+#include <cstdint>
+#include <string>
+
+#include "dist/sparse_job.hpp"
+#include "train/config.hpp"
+
+namespace af::programs {
+
+/// How train_main says why it stops: prints `msg` once and returns `code`.
+using fail_fn = int (*)(const std::string& msg, int code);
+
+/// --local: the one-process sparse trainer (train/local.hpp), printing the
+/// held-out AUC and log-loss (and the planted truth's).
+int run_sparse_local(const train::train_config& c, fail_fn fail);
+
+/// The default: an embedded cluster of 2 ps and 2 workers in this process.
+int run_sparse_embedded(const train::train_config& c, fail_fn fail);
+
+/// The chief's closing lines: held-out scores (beside the planted truth's),
+/// bytes per step against the touched rows', and the train-done line.
+void print_sparse_summary(const train::train_config& c, uint32_t workers, const sparse_outcome& o);
+
+} // namespace af::programs
