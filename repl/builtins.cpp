@@ -30,6 +30,17 @@ const std::vector<std::pair<std::string, std::string>>& interpreter::state::buil
     {"assign_add", "assign_add(VAR, VALUE) or VAR.assign_add(VALUE)"},
     {"assign_sub", "assign_sub(VAR, VALUE) or VAR.assign_sub(VALUE)"},
     {"device_of", "device_of(VAR): the full device a variable lives on"},
+    {"partitioned_table", "partitioned_table(NAME, SHAPE, DEVICES, INIT=0, strategy=\"mod\"): "
+                          "a table [rows, dim] cut into one shard variable NAME/part_i per "
+                          "device of DEVICES (the ps tasks), as a list of its shards; strategy "
+                          "mod (id p on shard p % n), div or contiguous (runs of ids)"},
+    {"embedding_lookup", "embedding_lookup(PARAMS, IDS, strategy=): the rows IDS of a table "
+                         "(a gather), or of a partitioned table (its list of shards: each shard "
+                         "sends only its rows, once each)"},
+    {"sparse_gradients", "sparse_gradients(LOSS, [X, ...]): the gradients, each [ids, values] "
+                         "where it is sparse (a table read by a lookup: the rows touched and "
+                         "their gradients, TF's IndexedSlices), else dense; "
+                         "sparse_gradients(LOSS, X): the one"},
   };
   return table;
 }
@@ -253,6 +264,12 @@ value interpreter::state::call_builtin(const std::string& fn, const args_view& a
     return call_assign(fn, a);
   if (fn == "device_of")
     return call_device_of(a);
+  if (fn == "partitioned_table")
+    return call_partitioned_table(a);
+  if (fn == "embedding_lookup")
+    return call_embedding_lookup(a);
+  if (fn == "sparse_gradients")
+    return call_sparse_gradients(a);
   if (auto v = call_op(fn, a))
     return std::move(*v);
   fail(a.at, "unknown function or op '" + printable(fn) + "'" + nearest_name(fn)

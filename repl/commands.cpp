@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "kernels/op_registry.hpp"
 #include "train/checkpoint.hpp"
@@ -84,7 +85,7 @@ void interpreter::state::command(const stmt& st) {
       fail(fresh.error(), "reset");
     auto target = current->target;
     auto& slot = clients[target];
-    slot = std::make_unique<client>(client{target, std::move(*fresh), {}, {}, {}});
+    slot = std::make_unique<client>(client{target, std::move(*fresh), {}, {}, {}, {}});
     current = slot.get();
     *out << "the session of " << target << " starts again: no ops, no names (the cluster's "
          << "variables are kept)\n";
@@ -256,18 +257,20 @@ void interpreter::state::devices_cmd(const stmt& st) {
 void interpreter::state::run_cmd(const stmt& st) {
   std::vector<output> fetches;
   std::vector<std::string> labels;
-  for (const auto& e : st.exprs) {
-    auto v = eval(*e);
+  // A list of nodes (gradients) runs each; nested lists (sparse_gradients'
+  // [ids, values] per table) are walked down.
+  std::function<void(const value&, position, const std::string&)> add;
+  add = [&](const value& v, position at, const std::string& label) {
     if (v.what == value::kind::list && !is_numeric_list(v)) {
-      for (const auto& item : v.items) {
-        fetches.push_back(to_node(item, e->at));
-        labels.push_back(item.source);
-      }
-      continue;
+      for (const auto& item : v.items)
+        add(item, at, item.source);
+      return;
     }
-    fetches.push_back(to_node(v, e->at));
-    labels.push_back(e->source);
-  }
+    fetches.push_back(to_node(v, at));
+    labels.push_back(label);
+  };
+  for (const auto& e : st.exprs)
+    add(eval(*e), e->at, e->source);
   std::vector<std::pair<output, tensor>> feeds;
   for (const auto& [w, e] : st.feeds) {
     auto it = current->names.find(w.text);

@@ -36,7 +36,7 @@ client& interpreter::state::use(const std::string& job, int32_t task) {
     auto s = make_session(job, task);
     if (!s)
       fail(s.error(), "opening a session on " + name);
-    auto c = std::make_unique<client>(client{name, std::move(*s), {}, {}, {}});
+    auto c = std::make_unique<client>(client{name, std::move(*s), {}, {}, {}, {}});
     it = clients.emplace(name, std::move(c)).first;
   }
   current = it->second.get();

@@ -25,6 +25,7 @@
 #include "actors/system.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "dist/training.hpp"
+#include "kernels/shard_routing.hpp"
 #include "messages/error.hpp"
 #include "repl/interpreter.hpp"
 #include "repl/parser.hpp"
@@ -144,6 +145,9 @@ struct client {
   std::multimap<uint64_t, output> constants;
   /// restore's (placeholder, assign) of each variable, made once.
   std::map<std::string, std::pair<output, output>> restore_ops;
+  /// The strategy each partitioned_table of this session was declared with
+  /// (embedding_lookup routes by it unless told otherwise).
+  std::map<std::string, kernels::partition_strategy> table_strategies;
 };
 
 struct interpreter::state {
@@ -263,6 +267,19 @@ struct interpreter::state {
   value call_gradients(const args_view& a);
   value call_assign(const std::string& fn, const args_view& a); ///< assign, assign_add, assign_sub
   value call_device_of(const args_view& a);
+  // -- sparse training (embedding_builtins.cpp) --------------------------------
+  /// strategy= (or partition_strategy=): mod, div or contiguous; `fallback` if not given.
+  kernels::partition_strategy strategy_arg(const args_view& a,
+                                           kernels::partition_strategy fallback);
+  /// partitioned_table(NAME, SHAPE, DEVICES, INIT=0, strategy="mod"): the
+  /// shard variables NAME/part_i, shard i on DEVICES[i], as a list.
+  value call_partitioned_table(const args_view& a);
+  /// embedding_lookup(PARAMS, IDS): a gather of one table, or the
+  /// partitioned lookup (graph/embedding.hpp) over a list of shards.
+  value call_embedding_lookup(const args_view& a);
+  /// sparse_gradients(LOSS, X or [X, ...]): each gradient as [ids, values]
+  /// where it is sparse (a table read through a lookup), else dense.
+  value call_sparse_gradients(const args_view& a);
 
   // -- ops (builtins.cpp): read from the op registry (kernels/op_registry.hpp) --
   /// The help line of the op `name` (its graph name or its function name:

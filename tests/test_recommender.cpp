@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -346,6 +347,9 @@ TEST_CASE("recommender config keys: read, written back, and a bad value named by
   c.data = "digits";
   CHECK(validate(c).find("data = \"digits\" with model = \"recommender\"") == 0);
   c.data = "synthetic";
+  // Clicks are 20 bytes each, not synthetic_features floats: 20 M of them fit.
+  c.synthetic_examples = 20000000;
+  CHECK(validate(c) == "");
   c.users = int64_t{1} << 36;
   CHECK(validate(c).find("more than max_data_bytes") != std::string::npos);
   // --set reads the new keys as their types.
@@ -420,4 +424,76 @@ TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommende
   CHECK(bad.status == 1);
   CHECK(bad.err.find(csv + ":2: column 1 (user) = '600'") != std::string::npos);
   std::remove(csv.c_str());
+}
+
+TEST_CASE("sparse local trainer: a step changes only the rows its batch names, by apply_rows' "
+          "update of their summed gradient; other rows and their slots stay bit for bit "
+          "(catches a dense update, or a repeated id updated twice)", "[recommender][local]") {
+  recommender_spec rs;
+  rs.users = 6;
+  rs.items = 5;
+  rs.dim = 2;
+  auto m = *recommender::make(rs);
+  sparse_batch train;
+  train.ids = {{4, 1, 4}, {0, 0, 3}}; // user 4 and item 0 twice
+  train.labels = {1, 0, 0};
+  for (const char* kind : {"sgd", "momentum", "adam"}) {
+    sparse_local_options o;
+    o.optimizer.kind = kind;
+    o.optimizer.lr = 0.5;
+    o.batch = 3;
+    o.steps = 1;
+    auto start = *sparse_state::make(m, o.optimizer);
+    auto r = train_sparse_local(m, train, train, o, start);
+    REQUIRE(r);
+    const auto& after = r->state.tables;
+    for (size_t t = 0; t < 2; ++t) {
+      const int64_t width = 3;
+      const std::vector<int64_t> touched = t == 0 ? std::vector<int64_t>{4, 1}
+                                                  : std::vector<int64_t>{0, 3};
+      INFO(kind << " table " << t);
+      for (int64_t row = 0; row < (t == 0 ? 6 : 5); ++row) {
+        bool hit = std::find(touched.begin(), touched.end(), row) != touched.end();
+        for (int64_t c = 0; c < width; ++c) {
+          float before = start.tables.values[t].data<float>()[row * width + c];
+          float now = after.values[t].data<float>()[row * width + c];
+          if (hit)
+            CHECK(now != before);
+          else
+            CHECK(std::memcmp(&now, &before, sizeof(float)) == 0);
+          for (const auto& slot : after.slots[t])
+            if (!hit)
+              CHECK(slot.data<float>()[row * width + c] == 0.0f);
+        }
+      }
+    }
+    // The same step by hand: the distinct rows, the model's gradient (a repeated id's
+    // summed), apply_rows once per row; every element equal.
+    std::vector<tensor> rows;
+    std::vector<std::vector<int32_t>> index = {{0, 1, 0}, {0, 0, 1}};
+    const std::vector<std::vector<int64_t>> touched = {{4, 1}, {0, 3}};
+    for (size_t t = 0; t < 2; ++t) {
+      tensor rt{dtype::float32, {2, 3}};
+      for (size_t k = 0; k < 2; ++k)
+        for (int64_t c = 0; c < 3; ++c)
+          rt.mutable_data<float>()[k * 3 + c] =
+            start.tables.values[t].data<float>()[touched[t][k] * 3 + c];
+      rows.push_back(rt);
+    }
+    auto g = m.step(rows, index, start.dense.values, train.labels, true);
+    REQUIRE(g);
+    for (size_t t = 0; t < 2; ++t) {
+      tensor want = start.tables.values[t];
+      std::vector<tensor> slots;
+      float* slot_ptrs[2] = {nullptr, nullptr};
+      for (size_t k = 0; k < slot_names(kind).size(); ++k)
+        slots.push_back(tensor::filled(dtype::float32, want.shape(), 0.0));
+      for (size_t k = 0; k < slots.size(); ++k)
+        slot_ptrs[k] = slots[k].mutable_data<float>();
+      apply_rows(o.optimizer, want.mutable_data<float>(), slot_ptrs, 3, touched[t].data(),
+                 g->row_grads[t].data<float>(), 2, 0);
+      INFO(kind << " table " << t);
+      CHECK(after.values[t].values<float>() == want.values<float>());
+    }
+  }
 }

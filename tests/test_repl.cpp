@@ -961,3 +961,68 @@ TEST_CASE("at the graph cap only what makes ops is refused, reset starts over", 
   CHECK(exec(*in, "reset").ok);
   CHECK(exec(*in, "run const(2) + 1").out == "3.0\n");
 }
+
+TEST_CASE("a partitioned table over two ps, looked up by id, with gradients that stay sparse "
+          "(catches a lookup routed to the wrong shard, or a gradient of the table's shape)",
+          "[repl][sparse]") {
+  auto in = embedded({{"ps", 2}, {"worker", 1}});
+  // mod: shard 0 holds ids 0, 2, 4, shard 1 ids 1, 3, 5; row id i is [i, i].
+  auto r = exec(*in, R"(p0, p1 = partitioned_table("emb", [6, 2], ["/job:ps/task:0", "/job:ps/task:1"])
+init
+run p0.assign([[0, 0], [2, 2], [4, 4]]), p1.assign([[1, 1], [3, 3], [5, 5]])
+rows = embedding_lookup([p0, p1], [5, 0, 5, 2])
+run rows
+g = sparse_gradients(sum(rows * rows), [[p0, p1]])
+run g
+trace
+w = variable("w", [4, 2], 1.0)
+init w
+ids, values = sparse_gradients(sum(embedding_lookup(w, [3, 1, 3])), w)
+run ids, values)");
+  INFO(r.out << r.err);
+  REQUIRE(r.ok);
+  CHECK(r.out.find("[[5. 5.]\n [0. 0.]\n [5. 5.]\n [2. 2.]]") != std::string::npos);
+  // Each shard's gradient names its own rows, once each (the lookup sends
+  // each distinct id once): shard 0 rows 0 and 1 (ids 0, 2), shard 1 row 2
+  // (id 5, looked up twice: 2 x 2 x 5 = 20).
+  CHECK(r.out.find("d(sum(rows * rows))/d(p0) ids = [0 1]") != std::string::npos);
+  CHECK(r.out.find("d(sum(rows * rows))/d(p0) values =\n[[0. 0.]\n [4. 4.]]") != std::string::npos);
+  CHECK(r.out.find("d(sum(rows * rows))/d(p1) ids = [2]") != std::string::npos);
+  CHECK(r.out.find("d(sum(rows * rows))/d(p1) values = [[20. 20.]]") != std::string::npos);
+  // Each shard's gather ran on its own ps.
+  CHECK(std::regex_search(r.out, std::regex{"/job:ps/replica:0/task:1/device:CPU:0\n(   .*\n)*"
+                                            "   \\S*gather"}));
+  // One table: embedding_lookup is gather, its gradient the ids as looked up.
+  CHECK(r.out.find("ids = [3 1 3]") != std::string::npos);
+  CHECK(r.out.find("values =\n[[1. 1.]\n [1. 1.]\n [1. 1.]]") != std::string::npos);
+}
+
+TEST_CASE("partitioned_table: div routing, the declared strategy remembered by the lookup, and "
+          "bad arguments named (catches a lookup that routes a div table by mod)",
+          "[repl][sparse]") {
+  auto in = embedded({{"ps", 2}, {"worker", 1}});
+  auto r = exec(*in, R"(t = partitioned_table("d", [6, 1], ["/job:ps/task:0", "/job:ps/task:1"], strategy="div")
+p0, p1 = t
+init
+run p0.assign([[0], [1], [2]]), p1.assign([[3], [4], [5]])
+run embedding_lookup(t, [4, 1, 3]))");
+  INFO(r.out << r.err);
+  REQUIRE(r.ok);
+  CHECK(r.out.find("[[4.]\n [1.]\n [3.]]") != std::string::npos);
+  struct bad_case {
+    std::string text, want;
+  };
+  for (const auto& b : std::vector<bad_case>{
+         {R"(partitioned_table("x", [4, 2], ["/job:ps/task:0"], strategy="hash"))",
+          "strategy is \"mod\""},
+         {R"(partitioned_table("x", [4, 2], "/job:ps/task:0"))", "devices is a [list]"},
+         {R"(partitioned_table("x", [4, 2], ["/job:ps/task:0"], [[1, 2]]))", "not a tensor"},
+         {R"(embedding_lookup([p0 + 1, p1], [0]))", "the shards of a table are variables"},
+       }) {
+    auto e = exec(*in, b.text);
+    INFO(b.text << "\n" << e.err);
+    CHECK_FALSE(e.ok);
+    CHECK(e.err.find(b.want) != std::string::npos);
+    CHECK(exec(*in, "print 1 + 1").out == "2\n"); // the REPL answers the next command
+  }
+}

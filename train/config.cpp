@@ -405,7 +405,9 @@ std::optional<key_problem> check_job_settings(const train_config& c, bool combin
 /// bound before a single byte of it is (2e9 examples aborted with bad_alloc).
 std::optional<key_problem> check_data_size(const train_config& c, bool combinations) {
   const auto& d = c.data;
-  if (combinations && one_of(d, {"synthetic", "synthetic_linear", "per_worker_linear"})) {
+  // The recommender's synthetic clicks are sized by recommender_problem.
+  if (combinations && one_of(d, {"synthetic", "synthetic_linear", "per_worker_linear"})
+      && c.model != "recommender") {
     uint64_t outputs = d == "synthetic" ? c.synthetic_classes : 1;
     uint64_t floats = 0, teacher = 0;
     bool overflow = __builtin_mul_overflow(uint64_t{c.synthetic_examples},
