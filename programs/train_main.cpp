@@ -590,8 +590,14 @@ static int main_body(int argc, char** argv) {
         return fail("--local trains in this one process: no cluster, --job or --task with it");
       return af::programs::run_sparse_local(c, fail);
     }
-    if (!cluster)
-      return af::programs::run_sparse_embedded(c, fail);
+    if (a.job.empty() && a.task < 0) {
+      // The config's cluster gives the shape (its ps and worker counts); the
+      // tasks run in this process on loopback ports of their own.
+      int ps = cluster ? static_cast<int>(cluster->cluster.num_tasks("ps")) : 0;
+      int workers = cluster ? static_cast<int>(cluster->cluster.num_tasks("worker")) : 0;
+      return af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2, workers > 0 ? workers : 2,
+                                               fail);
+    }
   } else if (a.local) {
     return fail("--local is for a sparse model (model = \"recommender\")");
   }

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/log.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "messages/error.hpp"
 #include "train/local.hpp"
@@ -61,9 +62,7 @@ void print_sparse_summary(const train::train_config& c, uint32_t workers, const 
   std::fflush(stdout);
 }
 
-int run_sparse_embedded(const train::train_config& c, fail_fn fail) {
-  constexpr int workers = 2;
-  constexpr int ps = 2;
+int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_fn fail) {
   auto cluster = embedded_cluster::start({{"worker", workers}, {"ps", ps}},
                                          embedded_cluster::defaults());
   if (!cluster)
@@ -87,12 +86,21 @@ int run_sparse_embedded(const train::train_config& c, fail_fn fail) {
       sparse_job_options o;
       o.shutdown_ps = false; // the embedded cluster stops its nodes itself
       results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+      if (w == 0 && !results[w]) {
+        // Say why now, and stop the ps: the other workers would otherwise
+        // wait init_timeout_ms for a chief that is gone.
+        fail("worker 0: " + describe(results[w].error()), 1);
+        for (int k = 0; k < ps; ++k)
+          if (auto err = s->shutdown("ps", k))
+            log::get()->warn("chief: stopping /job:ps/task:{}: {}", k, describe(err));
+      }
     });
   for (auto& t : threads)
     t.join();
   for (int w = 0; w < workers; ++w)
     if (!results[w])
-      return fail("worker " + std::to_string(w) + ": " + describe(results[w].error()), 1);
+      return w == 0 ? 1 // said when it happened
+                    : fail("worker " + std::to_string(w) + ": " + describe(results[w].error()), 1);
   print_sparse_summary(c, workers, *results[0]);
   return 0;
 }

@@ -20,8 +20,9 @@ using fail_fn = int (*)(const std::string& msg, int code);
 /// held-out AUC and log-loss (and the planted truth's).
 int run_sparse_local(const train::train_config& c, fail_fn fail);
 
-/// The default: an embedded cluster of 2 ps and 2 workers in this process.
-int run_sparse_embedded(const train::train_config& c, fail_fn fail);
+/// The default (no --job): an embedded cluster of `ps` ps and `workers`
+/// workers in this process.
+int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_fn fail);
 
 /// The chief's closing lines: held-out scores (beside the planted truth's),
 /// bytes per step against the touched rows', and the train-done line.
