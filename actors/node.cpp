@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -270,6 +271,7 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
                                   st.device_prefix, spec.name));
   std::vector<variable_directory::entry> vars;
   size_t floats = 0;
+  variable_directory::aggregator_entry plane_entry; // what a push frame must carry
   for (const auto& name : spec.variables) {
     auto e = st.directory ? st.directory->get(name) : variable_directory::entry{};
     if (!e.cell)
@@ -278,6 +280,14 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
                                     "variables (the chief's session does) first",
                                     spec.name, st.device_prefix, name));
     floats += e.cell->value_elements();
+    const auto& shape = e.cell->spec().shape;
+    if (std::find(spec.sparse.begin(), spec.sparse.end(), name) != spec.sparse.end()
+        && !shape.empty()) {
+      plane_entry.table_rows.emplace_back(shape.begin() + 1, shape.end());
+      plane_entry.table_sizes.push_back(shape[0]);
+    } else {
+      plane_entry.dense_floats += e.cell->value_elements();
+    }
     vars.push_back(std::move(e));
   }
   auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars));
@@ -285,12 +295,39 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
     return std::move(agg.error());
   st.owned->push_back(agg->address());
   st.aggregators[spec.name] = {spec, *agg};
-  if (st.directory)
-    st.directory->put_aggregator(
-      spec.name, {*agg, floats, std::chrono::milliseconds{spec.step_timeout_ms} + std::chrono::seconds{2}});
+  if (st.directory) {
+    plane_entry.actor = *agg;
+    plane_entry.floats = floats;
+    plane_entry.wait = std::chrono::milliseconds{spec.step_timeout_ms} + std::chrono::seconds{2};
+    st.directory->put_aggregator(spec.name, std::move(plane_entry));
+  }
   log::get()->info("{}: {} aggregator '{}' for {} workers over {} variables", st.device_prefix,
                    spec.mode, spec.name, spec.workers, spec.variables.size());
   return *agg;
+}
+
+} // namespace
+
+namespace {
+
+/// How a data-plane thread hands a sparse push (wire::kind::push_sparse) to
+/// its aggregator: a blocking request from a scoped actor, as a push's.
+variable_directory::sparse_aggregator_call sparse_push_call(caf::actor_system& sys) {
+  return [&sys](const aggregator_actor& agg, uint32_t worker, uint64_t step, push_credentials who,
+         sparse_push_values values,
+         std::chrono::milliseconds wait) -> caf::expected<variable_directory::aggregator_answer> {
+    caf::expected<variable_directory::aggregator_answer> out{
+      make_error(af_error::internal, "the aggregator did not answer")};
+    caf::scoped_actor self{sys};
+    self->request(agg, wait, push_atom::value, sparse_atom::value, worker, step, std::move(who),
+                  std::move(values))
+      .receive(
+        [&](uint64_t global_step, tensor&, bool dropped_late) {
+          out = variable_directory::aggregator_answer{global_step, tensor{}, dropped_late};
+        },
+        [&](caf::error& err) { out = std::move(err); });
+    return out;
+  };
 }
 
 } // namespace
@@ -516,6 +553,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
       }
       return out;
     });
+  directory->set_sparse_aggregator_call(sparse_push_call(sys));
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
                         std::move(aggregators), clock);
   // An exception from here on (bad_alloc in a spawn or a scoped_actor) would

@@ -134,13 +134,61 @@ bool variable_directory::variable_op(plane_request& req) {
   return req.reply(reply, value.empty() ? nullptr : value.bytes());
 }
 
+bool variable_directory::gather_rows(plane_request& req) {
+  const auto& h = req.header();
+  const auto& name = req.name();
+  const auto& node_name = req.node_name();
+  // Checked before anything is allocated for the ids.
+  auto found = get(name);
+  if (!found.cell)
+    return req.refuse(af_error::not_found, "no variable '" + name + "' on " + node_name);
+  auto type = static_cast<dtype>(h.dtype);
+  if (!h.has_tensor || h.rank != 1 || (type != dtype::int32 && type != dtype::int64))
+    return req.refuse(af_error::invalid_argument,
+                      fmt::format("gather_rows of '{}': the ids are {}, expected a 1-D int32 or "
+                                  "int64 tensor",
+                                  name,
+                                  h.has_tensor ? dtype_name(type) + shape_string(wire::shape_of(h))
+                                               : std::string{"no tensor"}));
+  if (h.payload_bytes > static_cast<uint64_t>(req.limits().max_message_bytes))
+    return req.refuse(af_error::resource_exhausted,
+                      fmt::format("gather_rows of '{}': {} bytes of ids are over {}'s limit of {} "
+                                  "bytes per message ([node] max_message_bytes)",
+                                  name, h.payload_bytes, node_name,
+                                  req.limits().max_message_bytes));
+  tensor ids;
+  try {
+    ids.reset(type, wire::shape_of(h));
+  } catch (const std::bad_alloc&) {
+    return req.refuse(af_error::resource_exhausted,
+                      fmt::format("{} cannot allocate {} bytes for the ids of '{}' (out of memory)",
+                                  node_name, h.payload_bytes, name));
+  }
+  if (!req.read_payload(ids.mutable_bytes()))
+    return false;
+  // Every id checked, then only the rows named copied, under the cell's lock.
+  auto r = found.cell->gather_rows(ids);
+  if (!r)
+    return req.reply_error(r.error());
+  wire::header reply;
+  reply.version = r->second;
+  const auto& rows = r->first;
+  if (!wire::describe_tensor(rows, reply))
+    return req.reply_error(af_error::invalid_argument,
+                           "the rows of '" + name + "' have rank "
+                             + std::to_string(rows.shape().size())
+                             + "; the data plane carries rank <= 8");
+  return req.reply(reply, rows.bytes());
+}
+
 bool variable_directory::aggregate(plane_request& req) {
   const auto& h = req.header();
   const auto& frame_name = req.name();
   const auto& node_name = req.node_name();
   const auto& limits = req.limits();
+  bool sparse = h.kind == static_cast<uint8_t>(wire::kind::push_sparse);
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
-              || h.kind == static_cast<uint8_t>(wire::kind::push_params);
+              || h.kind == static_cast<uint8_t>(wire::kind::push_params) || sparse;
   // A push's name starts with who it speaks for (wire::push_prefix): the
   // aggregator checks the token, and names this peer if it is refused.
   push_credentials who;
@@ -154,6 +202,8 @@ bool variable_directory::aggregate(plane_request& req) {
     who.seq = pre.seq;
     name = frame_name.substr(sizeof(pre));
   }
+  if (sparse && !short_prefix)
+    return push_sparse(req, name, std::move(who));
   auto agg = get_aggregator(name);
   auto caller = aggregator_caller();
   // Checked before anything is allocated: a push for an aggregator that does
@@ -236,6 +286,93 @@ bool variable_directory::aggregate(plane_request& req) {
   if (!params.empty())
     wire::describe_tensor(params, reply); // rank 1
   return req.reply(reply, params.empty() ? nullptr : params.bytes());
+}
+
+bool variable_directory::push_sparse(plane_request& req, const std::string& name,
+                                     push_credentials who) {
+  const auto& h = req.header();
+  const auto& node_name = req.node_name();
+  auto agg = get_aggregator(name);
+  auto caller = sparse_aggregator_caller();
+  if (!agg.actor || !caller)
+    return req.refuse(af_error::not_found,
+                      fmt::format("no aggregator '{}' on {}; the chief creates it when the job "
+                                  "starts",
+                                  name, node_name));
+  if (h.payload_bytes > static_cast<uint64_t>(req.limits().max_message_bytes))
+    return req.refuse(af_error::resource_exhausted,
+                      fmt::format("sparse push to aggregator '{}': a payload of {} bytes is over "
+                                  "{}'s limit of {} bytes per message ([node] max_message_bytes)",
+                                  name, h.payload_bytes, node_name,
+                                  req.limits().max_message_bytes));
+  const size_t tables = agg.table_rows.size();
+  if (tables == 0)
+    return req.refuse(af_error::invalid_argument,
+                      fmt::format("sparse push to aggregator '{}', which has no tables: push its "
+                                  "gradients dense",
+                                  name));
+  sparse_push_values values;
+  if (h.payload_bytes > 0) {
+    // The counts first: with them the payload's size is known exactly, and
+    // checked, before anything is allocated for the rows.
+    std::vector<uint64_t> counts(tables);
+    const uint64_t head = tables * sizeof(uint64_t);
+    if (h.payload_bytes < head)
+      return req.refuse(af_error::invalid_argument,
+                        fmt::format("sparse push to aggregator '{}': a payload of {} bytes is "
+                                    "shorter than its {} tables' counts",
+                                    name, h.payload_bytes, tables));
+    if (!req.read_part(counts.data(), head))
+      return false;
+    unsigned __int128 want = head + agg.dense_floats * sizeof(float);
+    for (size_t t = 0; t < tables; ++t)
+      want += static_cast<unsigned __int128>(counts[t])
+              * (sizeof(int64_t) + sizeof(float) * static_cast<uint64_t>(num_elements(agg.table_rows[t])));
+    if (want != h.payload_bytes)
+      return req.refuse(af_error::shape_mismatch,
+                        fmt::format("sparse push to aggregator '{}': {} payload bytes, but {} "
+                                    "dense floats and the rows its counts [{}] announce take {}",
+                                    name, h.payload_bytes, agg.dense_floats,
+                                    fmt::join(counts, ", "), static_cast<uint64_t>(want)));
+    try {
+      if (agg.dense_floats > 0)
+        values.dense.emplace_back(dtype::float32,
+                                  shape_type{static_cast<int64_t>(agg.dense_floats)});
+      for (size_t t = 0; t < tables; ++t) {
+        auto n = static_cast<int64_t>(counts[t]);
+        shape_type row_shape{n};
+        row_shape.insert(row_shape.end(), agg.table_rows[t].begin(), agg.table_rows[t].end());
+        values.ids.emplace_back(dtype::int64, shape_type{n});
+        values.rows.emplace_back(dtype::float32, std::move(row_shape));
+      }
+    } catch (const std::bad_alloc&) {
+      return req.refuse(af_error::resource_exhausted,
+                        fmt::format("{} cannot allocate {} bytes for a sparse push to '{}' (out "
+                                    "of memory)",
+                                    node_name, h.payload_bytes, name));
+    }
+    // Straight from the connection into each tensor's buffer.
+    bool read = values.dense.empty() || req.read_part(values.dense[0].mutable_bytes(),
+                                                      values.dense[0].nbytes(), true);
+    for (size_t t = 0; read && t < tables; ++t)
+      read = req.read_part(values.ids[t].mutable_bytes(), values.ids[t].nbytes(), true)
+             && req.read_part(values.rows[t].mutable_bytes(), values.rows[t].nbytes(), true);
+    if (!read) {
+      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a sparse push to "
+                       "'{}'",
+                       node_name, req.peer(), name);
+      return false;
+    }
+  }
+  // The aggregator checks every id and every float before anything changes.
+  auto r = caller(agg.actor, h.reserved, h.version, std::move(who), std::move(values), agg.wait);
+  if (!r)
+    return req.reply_error(r.error());
+  wire::header reply;
+  reply.version = r->global_step;
+  if (r->dropped_late)
+    reply.reserved = wire::reply_flags::dropped_late;
+  return req.reply(reply, nullptr);
 }
 
 namespace {

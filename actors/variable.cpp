@@ -438,6 +438,36 @@ caf::error variable_cell::apply_sparse_gradient(const train::optimizer_spec& opt
   return caf::none;
 }
 
+caf::expected<std::pair<tensor, uint64_t>> variable_cell::gather_rows(const tensor& ids) const {
+  auto refuse = [&](af_error code, const std::string& why) {
+    return make_error(code, "gather_rows of " + quoted(spec_) + " on " + spec_.device + ": " + why);
+  };
+  // Checked before the lock (the shape is fixed): a bad request never waits
+  // for an update in progress, and never reads a row.
+  if (ids.empty() || ids.shape().size() != 1)
+    return refuse(af_error::invalid_argument,
+                  "ids " + (ids.empty() ? std::string{"empty"} : ids.summary())
+                    + ": gather_rows takes 1-D int32 or int64 ids");
+  shape_type out_shape;
+  if (auto st = kernels::gather_shape(spec_.shape, spec_.type, ids.shape(), ids.type(), out_shape);
+      !st.ok())
+    return refuse(af_error::invalid_argument, st.error);
+  if (auto st = kernels::check_ids(ids, spec_.shape[0], "ids"); !st.ok())
+    return refuse(af_error::invalid_argument, st.error);
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!initialized_)
+    return refuse(af_error::uninitialized,
+                  "the variable has no value yet; the chief initializes it first");
+  tensor out;
+  try {
+    if (auto st = kernels::host_gather(value_, ids, out); !st.ok())
+      return refuse(af_error::invalid_argument, st.error);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "gather_rows");
+  }
+  return std::make_pair(std::move(out), version_);
+}
+
 caf::error variable_cell::assign_floats(const float* data, size_t n) {
   std::lock_guard<std::mutex> guard{mtx_};
   if (auto err = check_floats(n, "average"))
@@ -563,6 +593,12 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
       if (!r)
         return std::move(r.error());
       return {std::move(r->value), r->version};
+    },
+    [self](gather_atom, tensor& ids) -> caf::result<tensor, uint64_t> {
+      auto r = self->state.cell->gather_rows(ids);
+      if (!r)
+        return std::move(r.error());
+      return {std::move(r->first), r->second};
     },
     [self](init_atom, initializer& init, bool only_if_uninitialized,
            std::string& run_id) -> caf::result<uint64_t> {

@@ -156,6 +156,14 @@ public:
   caf::error apply_sparse_gradient(const train::optimizer_spec& opt, const tensor& ids,
                                    const tensor& rows, uint64_t step);
 
+  /// The rows `ids` (int32 or int64 [n]) name of a table's value: a fresh
+  /// tensor [n] + the value's shape[1:], and the version it was read at
+  /// (TF's embedding_lookup on the variable's own device: only the touched
+  /// rows leave it). Every id is checked before anything is read: an id out
+  /// of [0, rows) is invalid_argument naming it, the variable and its device
+  /// (the node); uninitialized if the variable has no value.
+  caf::expected<std::pair<tensor, uint64_t>> gather_rows(const tensor& ids) const;
+
   /// Produces floats [offset, offset + n) of a gradient into `out` (n is at
   /// most apply_block).
   using gradient_fill = std::function<void(size_t offset, size_t n, float* out)>;

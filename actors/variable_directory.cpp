@@ -51,6 +51,16 @@ variable_directory::aggregator_call variable_directory::aggregator_caller() cons
   return call_;
 }
 
+void variable_directory::set_sparse_aggregator_call(sparse_aggregator_call f) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  sparse_call_ = std::move(f);
+}
+
+variable_directory::sparse_aggregator_call variable_directory::sparse_aggregator_caller() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return sparse_call_;
+}
+
 void variable_directory::put_executor(const std::string& device, executor_actor e) {
   std::lock_guard<std::mutex> guard{mtx_};
   execs_[device] = std::move(e);

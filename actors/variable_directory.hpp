@@ -12,6 +12,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "caf/expected.hpp"
 
@@ -48,6 +49,12 @@ public:
     aggregator_actor actor;
     size_t floats = 0;                    ///< a push carries exactly this many
     std::chrono::milliseconds wait{30000}; ///< how long a push may wait for its step
+    /// With tables (aggregator_spec::sparse): the floats of its dense
+    /// variables (a sparse push carries these), and each table's row shape
+    /// (shape[1:]) and rows, in the spec's order.
+    size_t dense_floats = 0;
+    std::vector<shape_type> table_rows;
+    std::vector<int64_t> table_sizes;
   };
   void put_aggregator(const std::string& name, aggregator_entry e);
   /// The entry of `name`; an empty one (null actor) if there is none.
@@ -72,6 +79,14 @@ public:
   void set_aggregator_call(aggregator_call f);
   aggregator_call aggregator_caller() const;
 
+  /// The same for a sparse push (wire::kind::push_sparse): the aggregator,
+  /// worker, step, who, the values, the wait; the answer's params are empty.
+  using sparse_aggregator_call = std::function<caf::expected<aggregator_answer>(
+    const aggregator_actor&, uint32_t, uint64_t, push_credentials, sparse_push_values,
+    std::chrono::milliseconds)>;
+  void set_sparse_aggregator_call(sparse_aggregator_call f);
+  sparse_aggregator_call sparse_aggregator_caller() const;
+
   // -- executors, reached by edge frames (values between partitions) --------
 
   /// Under its full device name ("/job:J/replica:0/task:T/device:CPU:0").
@@ -87,6 +102,8 @@ public:
   bool variable_op(plane_request& req) override;
   /// Through aggregator_caller(); the reply carries the step and parameters.
   bool aggregate(plane_request& req) override;
+  /// The rows of a table (variable_cell::gather_rows), read right here.
+  bool gather_rows(plane_request& req) override;
   /// To the executor as a local message, within its edge budget
   /// (actors/edge_budget.hpp).
   bool edge(plane_request& req) override;
@@ -97,6 +114,9 @@ private:
   std::unordered_map<std::string, aggregator_entry> aggs_;
   std::unordered_map<std::string, executor_actor> execs_;
   aggregator_call call_;
+  sparse_aggregator_call sparse_call_;
+  /// aggregate()'s sparse push (wire::kind::push_sparse).
+  bool push_sparse(plane_request& req, const std::string& name, push_credentials who);
 };
 
 } // namespace af

@@ -51,13 +51,26 @@ enum class kind : uint8_t {
   /// 1 if the node took it, its payload then the node's worker address
   /// (every later frame goes over UCX), else 0 and no payload.
   ucx_offer = 10,
+  /// The rows of a table (messages/variable.hpp's gather): the name is the
+  /// variable's, the payload its ids (a 1-D int32 or int64 tensor). The
+  /// reply's `version` is the variable's, its payload the rows [n] +
+  /// shape[1:]: only the rows named cross the wire.
+  gather_rows = 11,
+  /// A sparse push (messages/aggregator.hpp's push, sparse): named, numbered
+  /// and addressed as push, the payload (described as int32[payload_bytes /
+  /// 4], so that validate bounds it as a tensor) the dense variables' floats
+  /// and each table's (ids, rows): docs/wire.md ("Sparse push"). No payload:
+  /// an abstention. The reply's `version` is the global step, `reserved`
+  /// reply_flags, and it carries no parameters.
+  push_sparse = 12,
   reply = 16,
 };
 
-/// True if `k` is a request to an aggregator.
+/// True if `k` is a request to an aggregator (push_sparse included).
 constexpr bool aggregator_kind(uint8_t k) {
   return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull)
-         || k == static_cast<uint8_t>(kind::push_params);
+         || k == static_cast<uint8_t>(kind::push_params)
+         || k == static_cast<uint8_t>(kind::push_sparse);
 }
 
 static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)

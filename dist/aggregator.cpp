@@ -1,6 +1,7 @@
 #include "dist/aggregator.hpp"
 #include "dist/aggregator_detail.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "caf/all.hpp"
@@ -122,60 +123,83 @@ auto refuse_parameters(self_pointer self) {
   };
 }
 
+/// sync: a push of either form, `apply_at_once()` applying it outside the
+/// rounds (a worker on standby after a switch) and `join()` taking it into
+/// the round in progress.
+template <class ApplyAtOnce, class Join>
+push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who,
+                      bool sparse, ApplyAtOnce apply_at_once, Join join) {
+  auto& st = self->state;
+  if (auto err = check_worker(self, worker, who))
+    return err;
+  if (already_taken(st, worker, who.seq))
+    return answer_now(self, who.seq != 0 && who.seq == member(st, worker).seq_late);
+  if ((st.tables > 0) != sparse)
+    return wrong_form(st, worker, sparse);
+  note_push(st, worker, step);
+  if (st.round.is_standby(worker)) {
+    // After a switch into sync, until the worker joins again (at the
+    // start of one of its steps, on every ps): applied at once, as the
+    // old mode did, and the global step stays (it counts the rounds).
+    // Parking it could pair its steps with the others' differently on
+    // each ps, and two workers each waiting on another ps would
+    // deadlock.
+    if (step > st.global_step)
+      return ahead_of(st, worker, step);
+    if (auto err = apply_at_once())
+      return err;
+    auto& m = member(st, worker);
+    // A worker joins again at its next step: one that does not (it
+    // missed the message, or an older actorflow) is never waited for.
+    if (++m.standby_pushes >= 100 && !m.standby_logged) {
+      m.standby_logged = true;
+      log::get()->warn("aggregator '{}' (sync): {} has pushed {} times since the switch into "
+                       "sync without joining again, so its gradients are applied at once, "
+                       "outside the rounds (was it told of the switch? an actorflow older "
+                       "than the ps does not join again: restart it)",
+                       st.spec.name, worker_name(st, worker), m.standby_pushes);
+    }
+    return answer_now(self);
+  }
+  auto& m = member(st, worker);
+  bool fresh = m.fresh;
+  m.fresh = false;
+  if (step < st.global_step && !fresh) {
+    // TF's SyncReplicasOptimizer drops a gradient of an old step: its
+    // step closed without it (a backup worker's, or a straggler's).
+    st.stats.dropped_stale += 1;
+    m.stats.late += 1;
+    m.seq_taken = std::max(m.seq_taken, who.seq);
+    m.seq_late = who.seq;
+    return answer_now(self, true);
+  }
+  if (step > st.global_step)
+    return ahead_of(st, worker, step);
+  if (st.round.has_arrived(worker))
+    return make_error(af_error::already_exists,
+                      fmt::format("{} pushed step {} twice to aggregator '{}'",
+                                  worker_name(st, worker), step, st.spec.name));
+  return join();
+}
+
 aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& grads) -> push_result {
-      auto& st = self->state;
-      if (auto err = check_worker(self, worker, who))
-        return err;
-      if (already_taken(st, worker, who.seq))
-        return answer_now(self, who.seq != 0 && who.seq == member(st, worker).seq_late);
-      note_push(st, worker, step);
-      if (st.round.is_standby(worker)) {
-        // After a switch into sync, until the worker joins again (at the
-        // start of one of its steps, on every ps): applied at once, as the
-        // old mode did, and the global step stays (it counts the rounds).
-        // Parking it could pair its steps with the others' differently on
-        // each ps, and two workers each waiting on another ps would
-        // deadlock.
-        if (step > st.global_step)
-          return ahead_of(st, worker, step);
-        if (auto err = apply_now(self, worker, step, who, grads, false))
-          return err;
-        auto& m = member(st, worker);
-        // A worker joins again at its next step: one that does not (it
-        // missed the message, or an older actorflow) is never waited for.
-        if (++m.standby_pushes >= 100 && !m.standby_logged) {
-          m.standby_logged = true;
-          log::get()->warn("aggregator '{}' (sync): {} has pushed {} times since the switch into "
-                           "sync without joining again, so its gradients are applied at once, "
-                           "outside the rounds (was it told of the switch? an actorflow older "
-                           "than the ps does not join again: restart it)",
-                           st.spec.name, worker_name(st, worker), m.standby_pushes);
-        }
-        return answer_now(self);
-      }
-      auto& m = member(st, worker);
-      bool fresh = m.fresh;
-      m.fresh = false;
-      if (step < st.global_step && !fresh) {
-        // TF's SyncReplicasOptimizer drops a gradient of an old step: its
-        // step closed without it (a backup worker's, or a straggler's).
-        st.stats.dropped_stale += 1;
-        m.stats.late += 1;
-        m.seq_taken = std::max(m.seq_taken, who.seq);
-        m.seq_late = who.seq;
-        return answer_now(self, true);
-      }
-      if (step > st.global_step)
-        return ahead_of(st, worker, step);
-      if (st.round.has_arrived(worker))
-        return make_error(af_error::already_exists,
-                          fmt::format("{} pushed step {} twice to aggregator '{}'",
-                                      worker_name(st, worker), step, st.spec.name));
-      return join_round(self, worker, st.global_step, who, grads, "gradient", release_sync);
+      return sync_push(
+        self, worker, step, who, false, [&] { return apply_now(self, worker, step, who, grads, false); },
+        [&] {
+          return join_round(self, worker, self->state.global_step, who, grads, "gradient",
+                            release_sync);
+        });
+    },
+    [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           sparse_push_values& grads) -> push_result {
+      return sync_push(
+        self, worker, step, who, true,
+        [&] { return apply_sparse_now(self, worker, step, who, grads, false); },
+        [&] { return join_round_sparse(self, worker, self->state.global_step, who, grads); });
     });
 }
 
@@ -198,9 +222,25 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         return err;
       if (already_taken(self->state, worker, who.seq))
         return answer_now(self);
+      if (self->state.tables > 0)
+        return wrong_form(self->state, worker, false);
       if (auto err = take_gradient(self, worker, step))
         return err;
       if (auto err = apply_now(self, worker, step, who, grads, true))
+        return err;
+      return answer_now(self);
+    },
+    [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           sparse_push_values& grads) -> push_result {
+      if (auto err = check_worker(self, worker, who))
+        return err;
+      if (already_taken(self->state, worker, who.seq))
+        return answer_now(self);
+      if (self->state.tables == 0)
+        return wrong_form(self->state, worker, true);
+      if (auto err = take_gradient(self, worker, step))
+        return err;
+      if (auto err = apply_sparse_now(self, worker, step, who, grads, true))
         return err;
       return answer_now(self);
     });
@@ -209,35 +249,50 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
 /// ssp: a gradient is applied at once (as async); its answer, the next
 /// parameters, waits while the worker is more than `staleness` pushes ahead
 /// of the slowest member still pushing (Ho et al., NIPS'13).
+/// ssp: a push of either form, `apply()` applying it at once.
+template <class Apply>
+push_result ssp_push(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who,
+                     bool sparse, Apply apply) {
+  auto& st = self->state;
+  if (auto err = check_worker(self, worker, who))
+    return err;
+  if (already_taken(st, worker, who.seq))
+    return answer_now(self);
+  if ((st.tables > 0) != sparse)
+    return wrong_form(st, worker, sparse);
+  if (auto err = take_gradient(self, worker, step))
+    return err;
+  for (const auto& w : st.ssp_waiting)
+    if (w.worker == worker)
+      return make_error(af_error::already_exists,
+                        fmt::format("{} pushed again to aggregator '{}' while its last push "
+                                    "waits for the slowest worker",
+                                    worker_name(st, worker), st.spec.name));
+  if (auto err = apply())
+    return err;
+  member(st, worker).stats.clock += 1;
+  release_ssp(self); // this push may have been the slowest's
+  if (!within_bound(st, worker)) {
+    auto promise = self->make_response_promise<uint64_t, tensor, bool>();
+    st.ssp_waiting.push_back({worker, promise, clock_type::now()});
+    schedule_sweep(self);
+    return promise;
+  }
+  return answer_now(self);
+}
+
 aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
   return make_behavior(
     common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& grads) -> push_result {
-      auto& st = self->state;
-      if (auto err = check_worker(self, worker, who))
-        return err;
-      if (already_taken(st, worker, who.seq))
-        return answer_now(self);
-      if (auto err = take_gradient(self, worker, step))
-        return err;
-      for (const auto& w : st.ssp_waiting)
-        if (w.worker == worker)
-          return make_error(af_error::already_exists,
-                            fmt::format("{} pushed again to aggregator '{}' while its last push "
-                                        "waits for the slowest worker",
-                                        worker_name(st, worker), st.spec.name));
-      if (auto err = apply_now(self, worker, step, who, grads, true))
-        return err;
-      member(st, worker).stats.clock += 1;
-      release_ssp(self); // this push may have been the slowest's
-      if (!within_bound(st, worker)) {
-        auto promise = self->make_response_promise<uint64_t, tensor, bool>();
-        st.ssp_waiting.push_back({worker, promise, clock_type::now()});
-        schedule_sweep(self);
-        return promise;
-      }
-      return answer_now(self);
+      return ssp_push(self, worker, step, who, false,
+                      [&] { return apply_now(self, worker, step, who, grads, true); });
+    },
+    [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
+           sparse_push_values& grads) -> push_result {
+      return ssp_push(self, worker, step, who, true,
+                      [&] { return apply_sparse_now(self, worker, step, who, grads, true); });
     });
 }
 
@@ -300,6 +355,12 @@ aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& values) -> push_result {
       return average_push(self, worker, step, who, values, false);
+    },
+    [self](push_atom, sparse_atom, uint32_t worker, uint64_t, push_credentials& who,
+           sparse_push_values&) -> push_result {
+      if (auto err = check_worker(self, worker, who))
+        return err;
+      return wrong_form(self->state, worker, true); // average has no tables (check_tables)
     });
 }
 
@@ -334,6 +395,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                                   spec.variables.size(), vars.size()));
   if (auto err = check_spec(spec))
     return err;
+  if (auto err = check_tables(spec, vars))
+    return err;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!vars[i].cell)
       return make_error(af_error::not_found,
@@ -351,16 +414,25 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     auto& st = self->state;
     st.spec = spec;
     st.vars = vars;
-    for (auto& v : st.vars) {
+    size_t round_floats = 0; // the round sums the dense variables only
+    for (size_t i = 0; i < st.vars.size(); ++i) {
       st.offsets.push_back(st.total);
-      auto n = static_cast<size_t>(num_elements(v.cell->spec().shape));
+      auto n = static_cast<size_t>(num_elements(st.vars[i].cell->spec().shape));
       st.sizes.push_back(n);
       st.total += n;
+      bool table = std::find(spec.sparse.begin(), spec.sparse.end(), spec.variables[i])
+                   != spec.sparse.end();
+      st.is_table.push_back(table);
+      st.round_offsets.push_back(round_floats);
+      if (table)
+        st.tables += 1;
+      else
+        round_floats += n;
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
     st.guard = norm_guard{spec.grad_norm_guard};
     st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor, bool>>{spec.workers,
-                                                                               st.total};
+                                                                               round_floats};
     member(st, spec.workers - 1);
     st.stats.staleness.assign(staleness_buckets, 0);
     // A member whose actor goes down (its process killed, its worker ended
@@ -388,6 +460,9 @@ std::string aggregator_spec_difference(const aggregator_spec& have, const aggreg
     diffs.push_back(fmt::format("variables [{}] vs [{}]", fmt::join(have.variables, ", "),
                                 fmt::join(want.variables, ", ")));
   differ("workers", have.workers, want.workers);
+  if (have.sparse != want.sparse)
+    diffs.push_back(fmt::format("sparse tables [{}] vs [{}]", fmt::join(have.sparse, ", "),
+                                fmt::join(want.sparse, ", ")));
   differ("grad_norm_guard", have.grad_norm_guard, want.grad_norm_guard);
   if (have.mode == "sync" || want.mode == "sync") {
     differ("replicas_to_aggregate", have.replicas_to_aggregate, want.replicas_to_aggregate);

@@ -49,6 +49,10 @@ struct aggregator_member {
   /// retry of it (its answer lost) is answered "dropped as late" again.
   uint64_t seq_late = 0;
   uint64_t round_seq = 0;
+  /// sync, an aggregator with tables: its (ids, rows) in the round in
+  /// progress, per variable (empty for the dense ones), kept until the
+  /// release applies the round's tables once.
+  std::vector<tensor> round_ids, round_rows;
   uint64_t retries = 0; ///< pushes answered as already taken (logged 1st, 2nd, 4th, ...)
   std::chrono::steady_clock::time_point joined_at, first_push, last_push, parked_since;
   /// When it was last told its step had closed (a backup worker that skips
@@ -63,6 +67,12 @@ struct aggregator_actor_state {
   std::vector<size_t> sizes;   ///< elements per variable
   std::vector<size_t> offsets; ///< where each starts in a flat buffer
   size_t total = 0;
+  /// Per variable: whether it is a table (spec.sparse: its gradients arrive
+  /// as (ids, rows)), and where its gradient goes in the round's sum (the
+  /// round sums only the dense variables: offsets without the tables).
+  std::vector<bool> is_table;
+  std::vector<size_t> round_offsets;
+  size_t tables = 0;
   std::vector<std::string> slot_names;
   uint64_t global_step = 0;
   aggregator_stats stats;

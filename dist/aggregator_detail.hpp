@@ -114,6 +114,59 @@ caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const c
 /// A push of a step the aggregator has not reached (sync, async, ssp).
 caf::error ahead_of(const aggregator_actor_state& st, uint32_t worker, uint64_t step);
 
+// -- sparse pushes (aggregator_sparse.cpp): aggregators with tables --------
+
+/// A sparse push checked: per variable, a dense one's floats (null for a
+/// table) or a table's ids and rows (empty for a dense one).
+struct sparse_parts {
+  std::vector<const float*> dense;
+  std::vector<tensor> ids, rows;
+  std::vector<float> scaled; ///< the norm guard's scaled dense floats (dense points here)
+};
+
+/// The pushed values of a sparse push, checked as unpack checks a dense one
+/// and every id of every table in range (invalid_argument naming the id,
+/// the table and the node), before anything changes.
+caf::expected<sparse_parts> unpack_sparse(self_pointer self, uint32_t worker,
+                                          const sparse_push_values& values);
+
+/// The norm guard over a sparse push: the norm of its dense values and its
+/// rows together; a push over the bound is scaled down (rows copied).
+void guard_sparse(self_pointer self, uint32_t worker, sparse_parts& parts);
+
+/// A sparse push applied at once (async, ssp, sync's standby), counted as apply_now counts.
+caf::error apply_sparse_now(self_pointer self, uint32_t worker, uint64_t step,
+                            const push_credentials& who, const sparse_push_values& values,
+                            bool moves_step);
+
+/// sync: the sparse push of `worker` joins the round (its dense values
+/// summed by the round, its tables' rows kept on its member), parked, and
+/// the round released once complete.
+push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
+                              const push_credentials& who, const sparse_push_values& values);
+
+/// sync's release for table `i`: the members' ids of the round
+/// concatenated, their rows scaled by 1 / contributions, applied once.
+caf::error apply_table_mean(self_pointer self, size_t i, variable_cell& cell);
+
+/// The counters of an applied gradient (async, ssp): staleness, applied,
+/// the push number taken, and the global step moved if `moves_step`.
+void count_applied(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+                   bool moves_step);
+
+/// A push of the form the aggregator does not take: a plain push to one
+/// with tables, a sparse push to one without (or to average).
+caf::error wrong_form(const aggregator_actor_state& st, uint32_t worker, bool sparse_sent);
+
+/// What an answer to a push carries: the parameters, or nothing when the
+/// aggregator has tables (a worker reads the rows it needs).
+caf::expected<tensor> answer_params(self_pointer self);
+
+/// What makes `spec.sparse` unusable over `vars`: a name not among the
+/// variables, a table of rank 0, average mode.
+caf::error check_tables(const aggregator_spec& spec,
+                        const std::vector<variable_directory::entry>& vars);
+
 /// Answers every parked push of a released round with the parameters.
 void answer_all(self_pointer self, tickets waiting);
 

@@ -172,6 +172,12 @@ caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want) {
   if (auto err = check_spec(want))
     return err;
   auto from = st.spec.mode;
+  if (st.tables > 0 && want.mode == "average")
+    return make_error(af_error::invalid_argument,
+                      fmt::format("aggregator '{}': cannot switch to average: its tables [{}] "
+                                  "take sparse gradients, which averaging (like allreduce) "
+                                  "cannot; stay in sync, async or ssp",
+                                  st.spec.name, fmt::join(st.spec.sparse, ", ")));
   if (from == want.mode) {
     // Only the settings: nothing to drain, the round in progress goes on.
     st.spec.replicas_to_aggregate = want.replicas_to_aggregate;

@@ -29,6 +29,8 @@ void account(aggregator_actor_state& st, const tickets& waiting, bool applied) {
       m.seq_taken = std::max(m.seq_taken, m.round_seq);
     m.contributed = false;
     m.round_seq = 0;
+    m.round_ids.clear(); // a sparse push's rows: applied, or abandoned with the round
+    m.round_rows.clear();
   }
 }
 
@@ -91,7 +93,7 @@ void check_deadline(self_pointer self) {
 
 void answer_all(self_pointer self, tickets waiting) {
   account(self->state, waiting, true);
-  auto p = params(self);
+  auto p = answer_params(self);
   for (auto& w : waiting) {
     if (p)
       w.second.deliver(self->state.global_step, *p, false);
@@ -226,7 +228,8 @@ void release_sync(self_pointer self) {
   tensor flat; // the parameters the round answers with, made during the update
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
-    if (auto err = update_all_by_mean(self, what, &flat)) {
+    // With tables the answer carries no parameters: none are made.
+    if (auto err = update_all_by_mean(self, what, st.tables > 0 ? nullptr : &flat)) {
       fail_all(st, st.round.release(), err);
       return;
     }
@@ -296,7 +299,7 @@ void release_ssp(self_pointer self, bool all) {
   auto& st = self->state;
   if (st.ssp_waiting.empty())
     return;
-  auto p = params(self);
+  auto p = answer_params(self);
   auto now = clock_type::now();
   std::vector<aggregator_actor_state::ssp_wait> keep;
   for (auto& w : st.ssp_waiting) {

@@ -79,7 +79,7 @@ caf::expected<tensor> params(self_pointer self) {
 }
 
 push_result answer_now(self_pointer self, bool dropped_late) {
-  auto p = params(self);
+  auto p = answer_params(self);
   if (!p)
     return std::move(p.error());
   return {self->state.global_step, std::move(*p), dropped_late};
@@ -196,7 +196,9 @@ caf::error update_all_by_mean(self_pointer self, const std::string& what, tensor
     }
   }
   return update_each(self, what, [&](size_t i, variable_cell& cell) {
-    auto base = st.offsets[i];
+    if (st.is_table[i]) // the members' rows, once (aggregator_sparse.cpp)
+      return apply_table_mean(self, i, cell);
+    auto base = st.round_offsets[i]; // the round sums only the dense variables
     variable_cell::block_updated copy;
     if (dst != nullptr)
       copy = [to = dst + base](size_t offset, size_t n, const float* values) {
@@ -254,6 +256,44 @@ caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, const pu
   auto what = fmt::format("gradient of {} (step {})", worker_name(st, worker), step);
   if (auto err = update_all(self, *parts, what))
     return err;
+  count_applied(self, worker, step, seq, moves_step);
+  return caf::none;
+}
+
+caf::error apply_sparse_now(self_pointer self, uint32_t worker, uint64_t step,
+                            const push_credentials& who, const sparse_push_values& values,
+                            bool moves_step) {
+  auto& st = self->state;
+  auto& m = member(st, worker);
+  if (values.empty()) {
+    m.stats.refused += 1;
+    m.seq_taken = std::max(m.seq_taken, who.seq);
+    return caf::none;
+  }
+  // Every id of every table checked before any variable changes.
+  auto parts = unpack_sparse(self, worker, values);
+  if (!parts)
+    return std::move(parts.error());
+  guard_sparse(self, worker, *parts);
+  auto what = fmt::format("sparse gradient of {} (step {})", worker_name(st, worker), step);
+  auto err = update_each(self, what, [&](size_t i, variable_cell& cell) -> caf::error {
+    if (!st.is_table[i])
+      return cell.apply_gradient(st.spec.optimizer, parts->dense[i], st.sizes[i], st.global_step);
+    if (parts->ids[i].num_elements() == 0)
+      return caf::none;
+    return cell.apply_sparse_gradient(st.spec.optimizer, parts->ids[i], parts->rows[i],
+                                      st.global_step);
+  });
+  if (err)
+    return err;
+  count_applied(self, worker, step, who.seq, moves_step);
+  return caf::none;
+}
+
+void count_applied(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq,
+                   bool moves_step) {
+  auto& st = self->state;
+  auto& m = member(st, worker);
   auto staleness = st.global_step - step;
   st.stats.staleness[std::min<uint64_t>(staleness, staleness_buckets - 1)] += 1;
   st.stats.applied += 1;
@@ -265,7 +305,6 @@ caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, const pu
   if (moves_step)
     st.global_step += 1;
   invalidate(self);
-  return caf::none;
 }
 
 caf::error other_kind(const aggregator_actor_state& st, uint32_t worker, const char* sent) {

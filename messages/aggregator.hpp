@@ -72,6 +72,25 @@
 ///        mode does not take (parameters to sync/async/ssp; after a live
 ///        switch into average, a plain push, which is a gradient) is
 ///        mode_changed: the worker learns the mode (stats) and changes its loop.
+///   (push, sparse, uint32 worker, uint64 step, push_credentials who, sparse_push_values values)
+///                                 -> (uint64 global_step, tensor (empty), bool dropped_late)
+///        A push to an aggregator with tables (aggregator_spec::sparse): each
+///        table's gradient is the rows the step touched, (ids, rows); the
+///        dense variables' stay dense. Everything said of push holds (tokens,
+///        seq and retries, late drops, backup workers, deadlines, the
+///        non-finite refusal, the norm guard over the dense values and the
+///        rows together); in addition every id is checked before anything
+///        changes: one out of a table's [0, rows) is invalid_argument naming
+///        the id, the table and the node, and no variable changes. async and
+///        ssp apply it at once (variable_cell::apply_sparse_gradient for the
+///        tables: lazy momentum and Adam); sync keeps each member's (ids,
+///        rows) for the round and applies at its release, once, the members'
+///        ids concatenated with their rows scaled by 1 / contributions (the
+///        mean dense sync applies; repeated ids add up). The answer carries
+///        no parameters (a worker reads the rows it needs next step:
+///        messages/variable.hpp's gather). An aggregator with tables refuses
+///        a plain push (a table's dense gradient), one without them a sparse
+///        push (invalid_argument, saying which to send).
 ///   (pull)                        -> (uint64 global_step, tensor params)
 ///   (closed, uint32 worker, uint64 step, string token) -> (uint64 global_step, bool closed)
 ///        sync: whether a push of `step` from the worker would now be
@@ -178,6 +197,29 @@ struct aggregator_spec {
   /// median of the recent ones is scaled down to that bound (0: off;
   /// dist/norm_guard.hpp).
   double grad_norm_guard = 0;
+  /// The variables (of `variables`) that are tables trained sparsely
+  /// (docs/sparse.md): their gradients arrive as (ids, rows), a push is a
+  /// sparse push (push, sparse, ...), and its answer carries no parameters.
+  /// average takes none (refused at the spawn).
+  std::vector<std::string> sparse;
+};
+
+/// A sparse push's gradients (push, sparse): an aggregator with tables
+/// (aggregator_spec::sparse) takes them, its dense variables' gradients
+/// dense and its tables' as the rows a step touched. All three empty: an
+/// abstention.
+struct sparse_push_values {
+  /// The dense variables' gradients, in the spec's order (tables skipped):
+  /// one tensor each (its shape, or flat), or one flat float32 tensor of
+  /// them all (what the data plane carries); none if every variable is a table.
+  std::vector<tensor> dense;
+  /// Per table, in the spec's order: the rows' ids (1-D int32 or int64
+  /// [n], repeats allowed: they add up), and their gradients (float32 [n] +
+  /// the table's shape[1:]).
+  std::vector<tensor> ids;
+  std::vector<tensor> rows;
+
+  bool empty() const noexcept { return dense.empty() && ids.empty() && rows.empty(); }
 };
 
 /// One worker as an aggregator sees it (messages/aggregator.hpp's stats).
@@ -258,7 +300,12 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {
   return f(caf::meta::type_name("aggregator_spec"), x.name, x.mode, x.variables, x.workers,
            x.optimizer, x.step_timeout_ms, x.replicas_to_aggregate, x.step_deadline_ms,
-           x.min_replicas, x.staleness, x.grad_norm_guard);
+           x.min_replicas, x.staleness, x.grad_norm_guard, x.sparse);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sparse_push_values& x) {
+  return f(caf::meta::type_name("sparse_push_values"), x.dense, x.ids, x.rows);
 }
 
 template <class Inspector>
@@ -290,6 +337,7 @@ typename Inspector::result_type inspect(Inspector& f, push_credentials& x) {
 using aggregator_actor = caf::typed_actor<
   caf::replies_to<push_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor, bool>,
   caf::replies_to<push_atom, params_atom, uint32_t, uint64_t, push_credentials, std::vector<tensor>>::with<uint64_t, tensor, bool>,
+  caf::replies_to<push_atom, sparse_atom, uint32_t, uint64_t, push_credentials, sparse_push_values>::with<uint64_t, tensor, bool>,
   caf::replies_to<pull_atom>::with<uint64_t, tensor>,
   caf::replies_to<closed_atom, uint32_t, uint64_t, std::string>::with<uint64_t, bool>,
   caf::replies_to<stats_atom>::with<aggregator_stats>,

@@ -8,6 +8,8 @@ namespace af {
 using var_op_atom = caf::atom_constant<caf::atom("var_op")>;
 /// A sparse update of a variable's rows (scatter_add / _sub / _update).
 using scatter_atom = caf::atom_constant<caf::atom("scatter")>;
+/// A table's rows by id (messages/variable.hpp).
+using gather_atom = caf::atom_constant<caf::atom("gather")>;
 using read_atom = caf::atom_constant<caf::atom("read")>;
 /// The data plane gave an uninitialized variable its first value: release waiters.
 using released_atom = caf::atom_constant<caf::atom("released")>;
@@ -41,6 +43,8 @@ using switch_atom = caf::atom_constant<caf::atom("switch")>;
 using closed_atom = caf::atom_constant<caf::atom("closed")>;
 /// With push_atom: the values are parameters (average), not gradients.
 using params_atom = caf::atom_constant<caf::atom("params")>;
+/// With push_atom: the gradients of the tables are sparse, (ids, rows).
+using sparse_atom = caf::atom_constant<caf::atom("sparse")>;
 using kv_store_atom = caf::atom_constant<caf::atom("kv_store")>;
 using kv_put_atom = caf::atom_constant<caf::atom("kv_put")>;
 using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;

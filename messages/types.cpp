@@ -106,6 +106,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<worker_stats>>("std::vector<af::worker_stats>");
   cfg.add_message_type<aggregator_state>("af::aggregator_state");
   cfg.add_message_type<push_credentials>("af::push_credentials");
+  cfg.add_message_type<sparse_push_values>("af::sparse_push_values");
   cfg.add_message_type<aggregator_actor>("af::aggregator_actor");
   cfg.add_message_type<kv_store_actor>("af::kv_store_actor");
   cfg.add_error_category(error_category,

@@ -30,6 +30,15 @@
 ///        the variable ("scatter_add to variable 'emb' on ...: indices[2] = 17
 ///        is not in [0, 10)"), and nothing is written; uninitialized if it has
 ///        no value; request_id as for var_op (0: none).
+///   (gather, tensor ids) -> (tensor rows, uint64 version)
+///        the rows of a table (a variable of rank >= 1) that `ids` (1-D int32
+///        or int64 [n]) name: rows [n] + the variable's shape[1:], a fresh
+///        tensor (only those rows travel), and the version read. Every id is
+///        checked first: one out of [0, rows) is invalid_argument naming it,
+///        the variable and its device ("gather_rows of variable 'emb' on
+///        /job:ps/...: ids[1] = 9 is not in [0, 6)"); uninitialized if it
+///        has no value. The data plane's gather_rows frame is the same op
+///        (core/wire_format.hpp).
 ///   (init, initializer, bool only_if_uninitialized, string run_id) -> (uint64 version)
 ///        sets the first value; `run_id` (may be empty) names the run that
 ///        initialized it, so that waiters of a run do not take a value left by
@@ -84,6 +93,7 @@ using variable_actor = caf::typed_actor<
   caf::replies_to<var_op_atom, var_op, tensor, bool>::with<tensor, uint64_t>,
   caf::replies_to<var_op_atom, var_op, tensor, bool, uint64_t>::with<tensor, uint64_t>,
   caf::replies_to<scatter_atom, std::string, tensor, tensor, bool, uint64_t>::with<tensor, uint64_t>,
+  caf::replies_to<gather_atom, tensor>::with<tensor, uint64_t>,
   caf::replies_to<init_atom, initializer, bool, std::string>::with<uint64_t>,
   caf::replies_to<info_atom>::with<variable_info>,
   caf::replies_to<wait_init_atom, std::string, uint32_t>::with<uint64_t>>;

@@ -268,8 +268,9 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   if (dropped_late != nullptr)
     *dropped_late = false;
   auto what = fmt::format("{} of worker {} to aggregator '{}'", push ? "push" : "pull", worker, name);
-  if (!wire::aggregator_kind(static_cast<uint8_t>(kind)))
-    return make_error(af_error::invalid_argument, what + ": not a push or pull frame");
+  if (!wire::aggregator_kind(static_cast<uint8_t>(kind)) || kind == wire::kind::push_sparse)
+    return make_error(af_error::invalid_argument,
+                      what + ": not a dense push or pull frame (a sparse push is push_sparse())");
   if (fd_ < 0)
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   wire::push_prefix pre;

@@ -189,6 +189,31 @@ public:
                                                        uint64_t seq = 0,
                                                        bool* dropped_late = nullptr);
 
+  /// The rows `ids` (1-D int32 or int64) name of table `var` on the node
+  /// (messages/variable.hpp's gather): the rows [n] + the table's
+  /// shape[1:] and the table's version. Only the ids go out and only those
+  /// rows come back. An id out of range is the node's invalid_argument
+  /// naming it, the table and the node. Errors otherwise as for call() (a
+  /// read: sent again once on a fresh connection if the node had closed a
+  /// quiet one); `wait` (0: the channel's timeout) bounds the reply.
+  caf::expected<std::pair<tensor, uint64_t>> gather_rows(const std::string& var,
+                                                         const tensor& ids,
+                                                         std::chrono::milliseconds wait = {});
+
+  /// One sparse push (wire::kind::push_sparse) to aggregator `name` of the
+  /// node: `dense` the dense variables' gradients (float32, sent flat
+  /// without a copy), and per table `ids[t]` (1-D int32 or int64; int32 is
+  /// widened to int64 for the wire) and `rows[t]` (float32 [n] + the
+  /// table's shape[1:]); all empty: an abstention. Token, seq, `wait` and
+  /// `dropped_late` as for aggregate(). The global step: the answer carries
+  /// no parameters.
+  caf::expected<uint64_t> push_sparse(const std::string& name, uint32_t worker, uint64_t step,
+                                      const std::vector<tensor>& dense,
+                                      const std::vector<tensor>& ids,
+                                      const std::vector<tensor>& rows,
+                                      std::chrono::milliseconds wait, const std::string& token,
+                                      uint64_t seq, bool* dropped_late = nullptr);
+
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on
   /// the node: none once the node handed it to the executor. `token` is the

@@ -364,8 +364,9 @@ void data_plane_server::serve_frames(served_connection& c) {
     bool offer = h.kind == static_cast<uint8_t>(wire::kind::shm_offer);
     bool edge = h.kind == static_cast<uint8_t>(wire::kind::edge);
     bool ucx_offer = h.kind == static_cast<uint8_t>(wire::kind::ucx_offer);
+    bool gather = h.kind == static_cast<uint8_t>(wire::kind::gather_rows);
     if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer
-        && !edge && !ucx_offer)
+        && !edge && !ucx_offer && !gather)
       problem = "a reply frame sent as a request";
     if (ucx_offer && (h.payload_bytes > ucx_channel::max_address_bytes || h.has_tensor
                       || h.name_len != 0))
@@ -401,6 +402,7 @@ void data_plane_server::serve_frames(served_connection& c) {
     plane_request req{c, h, name, timeouts_};
     bool go_on = wire::aggregator_kind(h.kind) ? handler_->aggregate(req)
                  : edge                        ? handler_->edge(req)
+                 : gather                      ? handler_->gather_rows(req)
                                                : handler_->variable_op(req);
     if (!go_on)
       break;

@@ -78,6 +78,11 @@ public:
     return true;
   }
 
+  /// Reads the next `n` bytes of the payload into `dst` (a payload read in
+  /// parts: a sparse push's counts, then the tensors they size). A later
+  /// refuse() skips only what is left. False: the connection is to be dropped.
+  bool read_part(void* dst, size_t n, bool quiet = false);
+
   /// Skips a payload that is no tensor. False: the connection is to be
   /// dropped (one too large to skip is answered first).
   bool skip_payload();
@@ -108,6 +113,7 @@ private:
   const wire::header& h_;
   const std::string& name_;
   const data_plane_limits& limits_;
+  uint64_t consumed_ = 0; ///< payload bytes read by read_part
 };
 
 /// The runtime's side of the data plane: one call per request frame, on the
@@ -126,6 +132,12 @@ public:
 
   /// A value for an executor (wire::kind::edge).
   virtual bool edge(plane_request& req) = 0;
+
+  /// The rows of a table by id (wire::kind::gather_rows). A handler without
+  /// tables refuses it.
+  virtual bool gather_rows(plane_request& req) {
+    return req.refuse(af_error::invalid_argument, "this data plane serves no table rows");
+  }
 };
 
 } // namespace af

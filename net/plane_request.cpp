@@ -34,6 +34,13 @@ bool plane_request::read_payload(void* dst, bool quiet) {
   return read_bytes(dst, h_.payload_bytes, quiet);
 }
 
+bool plane_request::read_part(void* dst, size_t n, bool quiet) {
+  if (n == 0)
+    return true;
+  consumed_ += n;
+  return read_bytes(dst, n, quiet);
+}
+
 bool plane_request::read_bytes(void* dst, size_t n, bool quiet) {
   auto how = read_timed(conn_.io, dst, n, conn_.frame_ms, conn_.frame_ms, false);
   if (quiet)
@@ -59,7 +66,7 @@ bool plane_request::skip_payload() {
 
 bool plane_request::refuse(af_error code, const std::string& text) {
   read_end how = read_end::done;
-  if (refuse_request(conn_.io, code, text, h_.payload_bytes, conn_.frame_ms, how))
+  if (refuse_request(conn_.io, code, text, h_.payload_bytes - consumed_, conn_.frame_ms, how))
     return true;
   conn_.ended(how, "payload");
   return false;

@@ -25,6 +25,9 @@ variable_actor::behavior_type fake_variable() {
     },
     [](scatter_atom, std::string, tensor, tensor updates, bool, uint64_t)
       -> caf::result<tensor, uint64_t> { return {std::move(updates), uint64_t{0}}; },
+    [](gather_atom, tensor ids) -> caf::result<tensor, uint64_t> {
+      return {std::move(ids), uint64_t{0}};
+    },
     [](init_atom, initializer, bool, std::string) -> caf::result<uint64_t> { return uint64_t{0}; },
     [](info_atom) -> caf::result<variable_info> { return variable_info{}; },
     [](wait_init_atom, std::string, uint32_t) -> caf::result<uint64_t> { return uint64_t{0}; },

@@ -1,0 +1,222 @@
+// One sparse step on a worker (dist/sparse_step.hpp): unique ids per table,
+// routed to their shards, gathered from every ps at once, the model's step,
+// and one sparse push per ps, again at once.
+#include "dist/sparse_step.hpp"
+
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+caf::expected<tensor> data_plane_ps_link::gather_rows(const std::string& var, const tensor& ids) {
+  auto r = channel_->gather_rows(var, ids, wait_);
+  if (!r)
+    return std::move(r.error());
+  return std::move(r->first);
+}
+
+caf::expected<tensor> data_plane_ps_link::read(const std::string& var) {
+  auto r = channel_->call(var_op::read, var, nullptr, true, 0, wait_);
+  if (!r)
+    return std::move(r.error());
+  return std::move(r->first);
+}
+
+caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
+                                                                 const sparse_push_values& values) {
+  bool late = false;
+  // A retry of this push (after a broken connection) would carry the same number.
+  auto r = channel_->push_sparse(aggregator_, worker_, step, values.dense, values.ids, values.rows,
+                                 wait_, token_, ++seq_, &late);
+  if (!r)
+    return std::move(r.error());
+  return std::make_pair(*r, late);
+}
+
+namespace {
+
+/// One shard's part of a step: the rows of its own it must send (the
+/// shard's row ids, each once) and where each goes among the table's
+/// unique ids.
+struct shard_part {
+  std::vector<int64_t> rows;
+  std::vector<int32_t> places;
+};
+
+tensor int64s(const std::vector<int64_t>& v) {
+  tensor t{dtype::int64, {static_cast<int64_t>(v.size())}};
+  if (!v.empty())
+    std::memcpy(t.mutable_data<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+/// `work(p)` for every ps, each on its own thread (the last on this one):
+/// the ps answer in parallel.
+template <class Work>
+void on_every_ps(size_t ps, Work work) {
+  std::vector<std::thread> threads;
+  threads.reserve(ps);
+  for (size_t p = 0; p + 1 < ps; ++p)
+    threads.emplace_back([&work, p] { work(p); });
+  if (ps > 0)
+    work(ps - 1);
+  for (auto& t : threads)
+    t.join();
+}
+
+/// The first error of `errs` (by ps), named after its ps.
+caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
+  for (size_t p = 0; p < errs.size(); ++p)
+    if (errs[p])
+      return make_error(af_error::aborted,
+                        fmt::format("sparse step: {} of ps {} failed: {}", what, p,
+                                    describe(errs[p])));
+  return caf::none;
+}
+
+} // namespace
+
+caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
+                                                  const sparse_layout& layout,
+                                                  const std::vector<sparse_ps_link*>& links,
+                                                  const train::sparse_batch& batch,
+                                                  uint64_t step) {
+  const size_t T = layout.tables.size();
+  const size_t P = links.size();
+  auto specs = model.tables();
+  if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("sparse step: the batch has ids of {} tables, the model {} and "
+                                  "the layout {} (over {} ps, {} links)",
+                                  batch.ids.size(), specs.size(), T, layout.ps_order.size(), P));
+  // 1. Each table's ids once (in order of first occurrence), and each
+  //    unique id's shard and row there. Every id checked before any request.
+  std::vector<std::vector<int32_t>> index(T);
+  std::vector<int64_t> unique(T, 0);
+  std::vector<std::vector<shard_part>> parts(T);
+  for (size_t t = 0; t < T; ++t) {
+    const auto& table = layout.tables[t];
+    parts[t].resize(table.shard_vars.size());
+    std::unordered_map<int64_t, int32_t> seen;
+    index[t].reserve(batch.ids[t].size());
+    for (size_t e = 0; e < batch.ids[t].size(); ++e) {
+      auto id = batch.ids[t][e];
+      if (!table.router.contains(id))
+        return make_error(af_error::invalid_argument,
+                          fmt::format("sparse step: table '{}': ids[{}] = {} is not a row of the "
+                                      "table: not in [0, {})",
+                                      specs[t].name, e, id, table.router.total_rows()));
+      auto [it, fresh] = seen.emplace(id, static_cast<int32_t>(unique[t]));
+      if (fresh) {
+        auto place = table.router.place(id);
+        auto& part = parts[t].at(static_cast<size_t>(place.shard));
+        part.rows.push_back(place.row);
+        part.places.push_back(it->second);
+        unique[t] += 1;
+      }
+      index[t].push_back(it->second);
+    }
+  }
+  // 2. Every ps at once: its shards' rows, its dense parameters' values.
+  std::vector<tensor> rows(T);
+  for (size_t t = 0; t < T; ++t)
+    rows[t] = tensor{dtype::float32, {unique[t], specs[t].width}};
+  std::vector<tensor> dense(layout.dense_vars.size());
+  std::vector<caf::error> errs(P);
+  // Taken before the threads: each writes rows of its own shards only.
+  std::vector<float*> row_ptr(T);
+  for (size_t t = 0; t < T; ++t)
+    row_ptr[t] = rows[t].mutable_data<float>();
+  on_every_ps(P, [&](size_t p) {
+    for (const auto& slot : layout.ps_order[p]) {
+      if (!slot.table) {
+        auto v = links[p]->read(layout.dense_vars[slot.index]);
+        if (!v) {
+          errs[p] = std::move(v.error());
+          return;
+        }
+        dense[slot.index] = std::move(*v);
+        continue;
+      }
+      const auto& part = parts[slot.index][slot.shard];
+      if (part.rows.empty())
+        continue;
+      auto got = links[p]->gather_rows(layout.tables[slot.index].shard_vars[slot.shard],
+                                       int64s(part.rows));
+      if (!got) {
+        errs[p] = std::move(got.error());
+        return;
+      }
+      // Into the table's unique rows (each thread writes rows of its own shards).
+      const auto width = static_cast<size_t>(specs[slot.index].width);
+      float* dst = row_ptr[slot.index];
+      for (size_t j = 0; j < part.places.size(); ++j)
+        std::memcpy(dst + static_cast<size_t>(part.places[j]) * width,
+                    got->data<float>() + j * width, width * sizeof(float));
+    }
+  });
+  if (auto err = first_error(errs, "reading rows"))
+    return err;
+  // 3. The model on those rows.
+  auto r = model.step(rows, index, dense, batch.labels, true);
+  if (!r)
+    return make_error(r.error().code, "sparse step: " + r.error().what);
+  if (r->row_grads.size() != T || r->dense_grads.size() != layout.dense_vars.size())
+    return make_error(af_error::internal,
+                      fmt::format("sparse step: the model gave {} row gradients and {} dense "
+                                  "ones for {} tables and {} dense parameters",
+                                  r->row_grads.size(), r->dense_grads.size(), T,
+                                  layout.dense_vars.size()));
+  // 4. Every ps at once: its shards' row gradients (their own row ids) and
+  //    its dense gradients, in its aggregator's order.
+  sparse_step_report out;
+  out.global_steps.assign(P, 0);
+  std::vector<uint8_t> late(P, 0); // not vector<bool>: the threads write their own elements
+  std::vector<const float*> grad_ptr(T);
+  for (size_t t = 0; t < T; ++t) {
+    if (r->row_grads[t].num_elements() != static_cast<size_t>(unique[t] * specs[t].width))
+      return make_error(af_error::internal,
+                        fmt::format("sparse step: the model's row gradients of table '{}' are "
+                                    "{}, expected [{}, {}]",
+                                    specs[t].name, r->row_grads[t].summary(), unique[t],
+                                    specs[t].width));
+    grad_ptr[t] = r->row_grads[t].data<float>();
+  }
+  on_every_ps(P, [&](size_t p) {
+    sparse_push_values values;
+    for (const auto& slot : layout.ps_order[p]) {
+      if (!slot.table) {
+        values.dense.push_back(r->dense_grads[slot.index]);
+        continue;
+      }
+      const auto& part = parts[slot.index][slot.shard];
+      const auto width = static_cast<size_t>(specs[slot.index].width);
+      tensor g{dtype::float32, {static_cast<int64_t>(part.rows.size()), specs[slot.index].width}};
+      const float* src = grad_ptr[slot.index];
+      for (size_t j = 0; j < part.places.size(); ++j)
+        std::memcpy(g.mutable_data<float>() + j * width,
+                    src + static_cast<size_t>(part.places[j]) * width, width * sizeof(float));
+      values.ids.push_back(int64s(part.rows));
+      values.rows.push_back(std::move(g));
+    }
+    auto pushed = links[p]->push(step, values);
+    if (!pushed) {
+      errs[p] = std::move(pushed.error());
+      return;
+    }
+    out.global_steps[p] = pushed->first;
+    late[p] = pushed->second ? 1 : 0;
+  });
+  if (auto err = first_error(errs, "the push"))
+    return err;
+  out.dropped_late.assign(late.begin(), late.end());
+  out.result = std::move(*r);
+  return out;
+}
+
+} // namespace af

@@ -1,0 +1,106 @@
+#pragma once
+/// One training step of a sparse model (train/sparse_model.hpp) on a
+/// worker, against tables cut into shards over the ps tasks (issue 25): the
+/// batch's ids deduplicated per table, routed to their shards
+/// (kernels/shard_routing.hpp), each shard's rows gathered (the ps answer in
+/// parallel), the model's forward and backward on those rows, and each ps
+/// pushed its shards' row gradients (the shards' own row ids) and its dense
+/// parameters' gradients in one sparse push (messages/aggregator.hpp). No
+/// table ever travels whole. The job (actorflow-train) wires it; this file
+/// does one step.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+#include "kernels/shard_routing.hpp"
+#include "messages/aggregator.hpp"
+#include "net/data_plane.hpp"
+#include "train/sparse_model.hpp"
+
+namespace af {
+
+/// How a worker reaches one ps for a sparse step. One link is used by one
+/// thread at a time (the step gives each ps its own thread).
+class sparse_ps_link {
+public:
+  virtual ~sparse_ps_link() = default;
+  /// The rows `ids` (int64 [n]) name of the shard variable `var`: [n, width].
+  virtual caf::expected<tensor> gather_rows(const std::string& var, const tensor& ids) = 0;
+  /// The value of the dense variable `var`.
+  virtual caf::expected<tensor> read(const std::string& var) = 0;
+  /// This step's sparse push to the ps's aggregator, as the worker of step
+  /// `step`: the global step after it, and whether it was dropped as late.
+  virtual caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
+                                                        const sparse_push_values& values) = 0;
+};
+
+/// A link over the ps's data plane (one data_channel): gather_rows, read
+/// and push_sparse frames. The push numbers count from `last_seq` (the
+/// join's answer) on.
+class data_plane_ps_link : public sparse_ps_link {
+public:
+  data_plane_ps_link(std::unique_ptr<data_channel> channel, std::string aggregator,
+                     uint32_t worker, std::string token, uint64_t last_seq,
+                     std::chrono::milliseconds wait)
+    : channel_(std::move(channel)), aggregator_(std::move(aggregator)), worker_(worker),
+      token_(std::move(token)), seq_(last_seq), wait_(wait) {}
+
+  caf::expected<tensor> gather_rows(const std::string& var, const tensor& ids) override;
+  caf::expected<tensor> read(const std::string& var) override;
+  caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
+                                                const sparse_push_values& values) override;
+
+private:
+  std::unique_ptr<data_channel> channel_;
+  std::string aggregator_;
+  uint32_t worker_;
+  std::string token_;
+  uint64_t seq_;
+  std::chrono::milliseconds wait_;
+};
+
+/// Where a sparse model's parameters live.
+struct sparse_layout {
+  struct table {
+    kernels::shard_router router;       ///< the table's cut (its total rows: the table's)
+    std::vector<std::string> shard_vars; ///< per shard: its variable, "<name>/part_<k>"
+    std::vector<size_t> shard_ps;        ///< per shard: its ps (an index into the links)
+  };
+  std::vector<table> tables;             ///< the model's tables(), in order
+  std::vector<std::string> dense_vars;   ///< the model's dense_parameters(), in order
+  std::vector<size_t> dense_ps;          ///< per dense parameter: its ps
+  /// One variable of a ps's aggregator: a shard of a table, or a dense parameter.
+  struct slot {
+    bool table = false;
+    size_t index = 0; ///< the table, or the dense parameter
+    size_t shard = 0; ///< a table's: its shard
+  };
+  /// Per ps: its aggregator's variables in its spec's order (the order of a
+  /// sparse push's dense values and tables).
+  std::vector<std::vector<slot>> ps_order;
+};
+
+/// What one sparse step did.
+struct sparse_step_report {
+  train::sparse_step_result result;   ///< the model's (loss, predictions, gradients)
+  std::vector<uint64_t> global_steps; ///< per ps: its global step after the push
+  std::vector<bool> dropped_late;     ///< per ps: its push was dropped as late (sync)
+};
+
+/// One step of `model` on `batch` at step `step` over `links` (one per ps,
+/// as `layout` numbers them). An id outside its table is invalid_argument
+/// naming it, its position and the table, before any request goes out; a
+/// ps's error is returned naming the ps (the first one, by ps index).
+caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
+                                                  const sparse_layout& layout,
+                                                  const std::vector<sparse_ps_link*>& links,
+                                                  const train::sparse_batch& batch,
+                                                  uint64_t step);
+
+} // namespace af

@@ -1,0 +1,189 @@
+/// The data channel's sparse requests: a table's rows by id (gather_rows)
+/// and a sparse push to an aggregator (push_sparse). Layouts: docs/wire.md.
+#include "net/data_plane.hpp"
+#include "net/data_link.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "messages/error.hpp"
+
+namespace af {
+
+using namespace plane_io;
+
+caf::expected<std::pair<tensor, uint64_t>>
+data_channel::gather_rows(const std::string& var, const tensor& ids,
+                          std::chrono::milliseconds wait) {
+  auto what = "gather_rows of '" + var + "'";
+  if (ids.empty() || ids.shape().size() != 1
+      || (ids.type() != dtype::int32 && ids.type() != dtype::int64))
+    return make_error(af_error::invalid_argument,
+                      what + ": ids " + (ids.empty() ? std::string{"empty"} : ids.summary())
+                        + ", expected a 1-D int32 or int64 tensor");
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  if (var.size() > wire::max_name)
+    return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
+  // A read: sent again once on a fresh connection if the node closed a
+  // quiet one just as it went out (as call() does for read).
+  bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
+  reopen_if_closed_by_peer();
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::gather_rows);
+  h.name_len = static_cast<uint32_t>(var.size());
+  wire::describe_tensor(ids, h); // rank 1
+  auto saved = timeout_;
+  if (wait.count() > 0 && wait != timeout_) {
+    timeout_ = wait;
+    set_timeout(fd_, SO_RCVTIMEO, wait);
+    set_timeout(fd_, SO_SNDTIMEO, wait);
+  }
+  auto restore = [&] {
+    timeout_ = saved;
+    if (fd_ >= 0) {
+      set_timeout(fd_, SO_RCVTIMEO, saved);
+      set_timeout(fd_, SO_SNDTIMEO, saved);
+    }
+  };
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline)) {
+    restore();
+    return err;
+  }
+  for (int attempt = 0;; ++attempt) {
+    bool retry = attempt == 0 && quiet;
+    if (!send_frame(io(deadline), h, &var, ids.bytes(), &bound)) {
+      auto err = fail(what, errno, timeout_, true);
+      if (retry && reconnect())
+        continue;
+      restore();
+      return err;
+    }
+    auto r = read_reply(what, deadline);
+    if (!r && retry && fd_ < 0 && r.error().category() == error_category
+        && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
+      continue;
+    restore();
+    return r;
+  }
+}
+
+caf::expected<uint64_t> data_channel::push_sparse(const std::string& name, uint32_t worker,
+                                                  uint64_t step, const std::vector<tensor>& dense,
+                                                  const std::vector<tensor>& ids,
+                                                  const std::vector<tensor>& rows,
+                                                  std::chrono::milliseconds wait,
+                                                  const std::string& token, uint64_t seq,
+                                                  bool* dropped_late) {
+  if (dropped_late != nullptr)
+    *dropped_late = false;
+  auto what = fmt::format("sparse push of worker {} to aggregator '{}'", worker, name);
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  wire::push_prefix pre;
+  if (name.size() + sizeof(pre) > wire::max_name || worker > UINT16_MAX)
+    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
+  if (token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
+                                  "answered with (join the aggregator before pushing)",
+                                  what, token.size(), sizeof(pre.token)));
+  if (ids.size() != rows.size())
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: {} ids for {} rows (one of each per table)", what,
+                                  ids.size(), rows.size()));
+  std::memcpy(pre.token, token.data(), sizeof(pre.token));
+  pre.seq = seq;
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::push_sparse);
+  h.name_len = static_cast<uint32_t>(name.size() + sizeof(pre));
+  h.version = step;
+  h.reserved = static_cast<uint16_t>(worker);
+  // The payload (docs/wire.md): the tables' row counts, the dense floats,
+  // then each table's int64 ids and its rows; every piece from its own
+  // buffer (int32 ids are widened first).
+  std::vector<uint64_t> counts(ids.size());
+  std::vector<std::vector<int64_t>> widened(ids.size());
+  std::vector<iovec> iov;
+  iov.reserve(4 + dense.size() + 2 * ids.size());
+  iov.push_back({&h, sizeof(h)});
+  iov.push_back({&pre, sizeof(pre)});
+  iov.push_back({const_cast<char*>(name.data()), name.size()});
+  uint64_t bytes = 0;
+  bool abstain = dense.empty() && ids.empty();
+  if (!abstain && !counts.empty()) {
+    iov.push_back({counts.data(), counts.size() * sizeof(uint64_t)});
+    bytes += counts.size() * sizeof(uint64_t);
+  }
+  for (const auto& d : dense) {
+    if (d.type() != dtype::float32)
+      return make_error(af_error::dtype_mismatch,
+                        what + ": dense values must be float32, got " + d.summary());
+    if (d.nbytes() > 0)
+      iov.push_back({const_cast<std::byte*>(d.bytes()), d.nbytes()});
+    bytes += d.nbytes();
+  }
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const auto& id = ids[t];
+    const auto& row = rows[t];
+    if (id.empty() || id.shape().size() != 1
+        || (id.type() != dtype::int32 && id.type() != dtype::int64))
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{}: ids of table {} are {}, expected 1-D int32 or int64",
+                                    what, t, id.empty() ? std::string{"empty"} : id.summary()));
+    if (row.type() != dtype::float32 || row.shape().empty() || row.shape()[0] != id.shape()[0])
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{}: rows of table {} are {}, expected float32 [{}, ...]",
+                                    what, t, row.empty() ? std::string{"empty"} : row.summary(),
+                                    id.shape()[0]));
+    counts[t] = static_cast<uint64_t>(id.shape()[0]);
+    if (id.type() == dtype::int32) {
+      const auto* src = id.data<int32_t>();
+      widened[t].assign(src, src + id.num_elements());
+      if (!widened[t].empty())
+        iov.push_back({widened[t].data(), widened[t].size() * sizeof(int64_t)});
+    } else if (id.nbytes() > 0) {
+      iov.push_back({const_cast<std::byte*>(id.bytes()), id.nbytes()});
+    }
+    bytes += counts[t] * sizeof(int64_t);
+    if (row.nbytes() > 0)
+      iov.push_back({const_cast<std::byte*>(row.bytes()), row.nbytes()});
+    bytes += row.nbytes();
+  }
+  if (!abstain) {
+    // Described as 4-byte words, so that validate() bounds it as any tensor.
+    h.has_tensor = 1;
+    h.dtype = static_cast<uint8_t>(dtype::int32);
+    h.rank = 1;
+    h.dims[0] = static_cast<int64_t>(bytes / 4);
+    h.payload_bytes = bytes;
+  }
+  reopen_if_closed_by_peer();
+  // As aggregate(): a sync push waits for the other workers, and the node
+  // answers its own timeout by wait + 2 s.
+  auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
+  set_timeout(fd_, SO_RCVTIMEO, wait_for);
+  auto deadline = std::chrono::steady_clock::now() + wait_for;
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (auto err = upgrade_if_due(deadline))
+    return err;
+  if (!write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound))
+    return fail(what, errno, wait_for, true);
+  auto r = read_reply(what, deadline);
+  if (fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, timeout_);
+  if (!r)
+    return std::move(r.error());
+  if (dropped_late != nullptr)
+    *dropped_late = (reply_flags_ & wire::reply_flags::dropped_late) != 0;
+  return r->second;
+}
+
+} // namespace af

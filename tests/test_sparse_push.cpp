@@ -1,0 +1,513 @@
+// Sparse training at the ps (issue 25, section 3): a table's rows read by id
+// (the variable's gather, over CAF and the data plane) and sparse pushes to
+// the aggregators (messages/aggregator.hpp's push, sparse), in each mode.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "actors/system.hpp"
+#include "actors/variable.hpp"
+#include "dist/aggregator.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+
+using namespace af;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A table's distinct starting values: element k is 0.1 * (k + 1).
+tensor ramp(shape_type shape) {
+  tensor t{dtype::float32, std::move(shape)};
+  auto* p = t.mutable_data<float>();
+  for (size_t k = 0; k < t.num_elements(); ++k)
+    p[k] = 0.1f * static_cast<float>(k + 1);
+  return t;
+}
+
+tensor ids64(std::vector<int64_t> v) {
+  tensor t{dtype::int64, {static_cast<int64_t>(v.size())}};
+  std::memcpy(t.mutable_data<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+tensor ids32(std::vector<int32_t> v) {
+  tensor t{dtype::int32, {static_cast<int64_t>(v.size())}};
+  std::memcpy(t.mutable_data<int32_t>(), v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+tensor floats_of(shape_type shape, std::vector<float> v) {
+  tensor t{dtype::float32, std::move(shape)};
+  REQUIRE(t.num_elements() == v.size());
+  std::memcpy(t.mutable_data<float>(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+std::vector<float> floats(const tensor& t) {
+  return std::vector<float>(t.data<float>(), t.data<float>() + t.num_elements());
+}
+
+/// The value of `cell` now.
+tensor value_of_cell(variable_cell& cell) {
+  auto v = cell.apply(var_op::read, tensor{}, true);
+  REQUIRE(v);
+  return v->value;
+}
+
+/// An actor system with a dense "w" [2] (ones) and a table "emb" [6, 3]
+/// (ramp values), and an aggregator over them whose spec names emb as sparse;
+/// requests go out from one scoped actor.
+struct sparse_fixture {
+  sparse_fixture() : sys(cfg), self(sys) {
+    // nop
+  }
+
+  ~sparse_fixture() {
+    if (agg)
+      caf::anon_send_exit(agg, caf::exit_reason::user_shutdown);
+  }
+
+  /// Cells emb and w, fresh.
+  static std::vector<variable_directory::entry> cells() {
+    std::vector<variable_directory::entry> vars;
+    auto emb = std::make_shared<variable_cell>(
+      variable_spec{"emb", dtype::float32, {6, 3}, "/job:ps/replica:0/task:0/device:CPU:0"});
+    REQUIRE(emb->initialize(initializer::from_tensor(ramp({6, 3})), false, "test"));
+    auto w = std::make_shared<variable_cell>(variable_spec{"w", dtype::float32, {2}, ""});
+    REQUIRE(w->initialize(initializer::ones(), false, "test"));
+    // w first: a refused table must leave a dense variable before it unchanged.
+    vars.push_back({variable_cell_actor{}, w});
+    vars.push_back({variable_cell_actor{}, emb});
+    return vars;
+  }
+
+  /// The aggregator of `mode` for `workers`, emb sparse unless `dense`.
+  caf::expected<aggregator_actor> spawn(const std::string& mode, uint32_t workers,
+                                        const std::string& optimizer = "sgd", bool dense = false,
+                                        uint32_t replicas = 0) {
+    auto vars = cells();
+    w = vars[0].cell;
+    emb = vars[1].cell;
+    aggregator_spec spec;
+    spec.name = "test/" + mode;
+    spec.mode = mode;
+    spec.variables = {"w", "emb"};
+    if (!dense)
+      spec.sparse = {"emb"};
+    spec.workers = workers;
+    spec.optimizer.kind = optimizer;
+    spec.optimizer.lr = 0.5;
+    spec.replicas_to_aggregate = replicas;
+    spec.step_timeout_ms = 60000;
+    auto a = spawn_aggregator(sys, spec, vars);
+    if (a)
+      agg = *a;
+    return a;
+  }
+
+  void join(uint32_t worker) {
+    self
+      ->request(agg, 10s, join_atom::value, worker, "/job:worker/task:" + std::to_string(worker),
+                std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+      .receive([&](uint64_t, std::string& token, uint64_t) { tokens[worker] = token; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+  }
+
+  struct answer {
+    uint64_t step = 0;
+    bool dropped_late = false;
+    tensor params;
+  };
+
+  /// A sparse push of `worker` at `step`, numbered `seq` (0: the next number).
+  caf::expected<answer> push(uint32_t worker, uint64_t step, sparse_push_values v,
+                             uint64_t seq = 0) {
+    push_credentials who;
+    who.token = tokens[worker];
+    who.seq = seq == 0 ? ++seqs[worker] : seq;
+    caf::expected<answer> out{make_error(af_error::internal, "no reply")};
+    self->request(agg, 10s, push_atom::value, sparse_atom::value, worker, step, who, std::move(v))
+      .receive([&](uint64_t g, tensor& p, bool late) { out = answer{g, late, p}; },
+               [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  aggregator_stats stats() {
+    aggregator_stats out;
+    self->request(agg, 10s, stats_atom::value)
+      .receive([&](aggregator_stats& s) { out = std::move(s); },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  }
+
+  system_config cfg;
+  caf::actor_system sys;
+  caf::scoped_actor self;
+  aggregator_actor agg;
+  std::shared_ptr<variable_cell> emb, w;
+  std::map<uint32_t, std::string> tokens;
+  std::map<uint32_t, uint64_t> seqs;
+};
+
+sparse_push_values push_of(tensor ids, tensor rows, tensor dense) {
+  sparse_push_values v;
+  v.ids.push_back(std::move(ids));
+  v.rows.push_back(std::move(rows));
+  v.dense.push_back(std::move(dense));
+  return v;
+}
+
+/// Rows of `table` [rows, 3] as floats.
+std::vector<float> row(const tensor& table, int64_t r) {
+  const float* p = table.data<float>() + r * 3;
+  return {p[0], p[1], p[2]};
+}
+
+bool same_bits(const tensor& a, const tensor& b, int64_t r) {
+  return std::memcmp(a.data<float>() + r * 3, b.data<float>() + r * 3, 3 * sizeof(float)) == 0;
+}
+
+} // namespace
+
+// -- reading rows ---------------------------------------------------------------
+
+TEST_CASE("a table's rows are read by id through the variable's cell and its actor, every id "
+          "checked first",
+          "[sparse_push][gather_rows]") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto vars = sparse_fixture::cells();
+  auto cell = vars[1].cell;
+  auto actor = sys.spawn(variable_impl, cell);
+  caf::scoped_actor self{sys};
+  // Repeats and int32 ids: [n] + shape[1:], in the ids' order.
+  for (const auto& ids : {ids64({4, 0, 4}), ids32({4, 0, 4})}) {
+    tensor rows;
+    uint64_t version = 0;
+    self->request(actor, 10s, gather_atom::value, ids)
+      .receive([&](tensor& r, uint64_t v) { rows = std::move(r); version = v; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    REQUIRE(rows.shape() == shape_type{3, 3});
+    auto table = ramp({6, 3});
+    CHECK(row(rows, 0) == row(table, 4));
+    CHECK(row(rows, 1) == row(table, 0));
+    CHECK(row(rows, 2) == row(table, 4));
+    CHECK(version == cell->info().version);
+  }
+  // An id out of range names itself, the table and the node; the table lives on.
+  caf::error err;
+  self->request(actor, 10s, gather_atom::value, ids64({1, 6}))
+    .receive([&](tensor&, uint64_t) { FAIL("a bad id was read"); },
+             [&](caf::error& e) { err = std::move(e); });
+  REQUIRE(err);
+  CHECK(is(err, af_error::invalid_argument));
+  CHECK_THAT(describe(err), Catch::Contains("ids[1] = 6 is not in [0, 6)")
+                              && Catch::Contains("'emb'") && Catch::Contains("/job:ps"));
+  auto again = cell->gather_rows(ids64({5}));
+  REQUIRE(again);
+  CHECK(row(again->first, 0) == row(ramp({6, 3}), 5));
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+}
+
+// -- sparse pushes, one actor system ------------------------------------------------
+
+TEST_CASE("an async sparse push changes only the rows it names, values and slots",
+          "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("async", 1, "momentum"));
+  f.join(0);
+  // The first push makes the slots and moves rows 0..3; the second touches 1 and 4.
+  auto a = f.push(0, 0,
+                  push_of(ids64({0, 1, 2, 3}), floats_of({4, 3}, std::vector<float>(12, 1.0f)),
+                          floats_of({2}, {1, 1})));
+  REQUIRE(a);
+  CHECK(a->step == 1);
+  CHECK(a->params.empty()); // no table comes back
+  auto before = value_of_cell(*f.emb);
+  auto slot_before = *f.emb->slot("momentum");
+  auto b = f.push(0, 1,
+                  push_of(ids32({4, 1}), floats_of({2, 3}, {1, 2, 3, 4, 5, 6}),
+                          floats_of({2}, {0, 0})));
+  REQUIRE(b);
+  CHECK(b->step == 2);
+  auto after = value_of_cell(*f.emb);
+  auto slot_after = *f.emb->slot("momentum");
+  for (int64_t r : {0, 2, 3, 5}) {
+    CHECK(same_bits(before, after, r));
+    CHECK(same_bits(slot_before, slot_after, r));
+  }
+  for (int64_t r : {1, 4}) {
+    CHECK_FALSE(same_bits(before, after, r));
+    CHECK_FALSE(same_bits(slot_before, slot_after, r));
+  }
+  // Row 4 had no momentum: accum = g, value -= lr * g.
+  auto expect4 = row(ramp({6, 3}), 4);
+  CHECK(row(after, 4)[0] == Approx(expect4[0] - 0.5f * 1));
+  CHECK(row(after, 4)[2] == Approx(expect4[2] - 0.5f * 3));
+}
+
+TEST_CASE("sync with two workers whose ids overlap applies one step equal to the dense step of "
+          "their densified gradients",
+          "[sparse_push]") {
+  // The dense twin: the same variables and values, a dense sync aggregator.
+  sparse_fixture dense;
+  REQUIRE(dense.spawn("sync", 2, "sgd", true));
+  dense.join(0);
+  dense.join(1);
+  sparse_fixture f;
+  REQUIRE(f.spawn("sync", 2, "sgd"));
+  f.join(0);
+  f.join(1);
+  // Worker 0: ids [1 3 3]; worker 1: ids [3 5]. Densified, the table's
+  // gradients are each id's rows summed.
+  auto r0 = floats_of({3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+  auto r1 = floats_of({2, 3}, {-1, 0.5f, 2, 3, 3, 3});
+  std::vector<float> g0(18, 0.0f), g1(18, 0.0f);
+  auto add_rows = [](std::vector<float>& g, std::vector<int64_t> ids, const tensor& rows) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int k = 0; k < 3; ++k)
+        g[ids[i] * 3 + k] += rows.data<float>()[i * 3 + k];
+  };
+  add_rows(g0, {1, 3, 3}, r0);
+  add_rows(g1, {3, 5}, r1);
+  auto w0 = floats_of({2}, {1, -2});
+  auto w1 = floats_of({2}, {3, 0.25f});
+  // Both workers' pushes go out at once; the round answers both at its release.
+  auto s0 = dense.self->request(dense.agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0},
+                                push_credentials{dense.tokens[0], 1, ""},
+                                std::vector<tensor>{w0, floats_of({6, 3}, g0)});
+  auto s1 = dense.self->request(dense.agg, 10s, push_atom::value, uint32_t{1}, uint64_t{0},
+                                push_credentials{dense.tokens[1], 1, ""},
+                                std::vector<tensor>{w1, floats_of({6, 3}, g1)});
+  int answered = 0;
+  for (auto* h : {&s0, &s1})
+    h->receive([&](uint64_t g, tensor&, bool) { answered += g == 1; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+  REQUIRE(answered == 2);
+  auto p0 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{0},
+                            uint64_t{0}, push_credentials{f.tokens[0], 1, ""},
+                            push_of(ids64({1, 3, 3}), r0, w0));
+  auto p1 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{1},
+                            uint64_t{0}, push_credentials{f.tokens[1], 1, ""},
+                            push_of(ids32({3, 5}), r1, w1));
+  answered = 0;
+  for (auto* h : {&p0, &p1})
+    h->receive(
+      [&](uint64_t g, tensor& params, bool late) {
+        answered += g == 1 && params.empty() && !late;
+      },
+      [&](caf::error& e) { FAIL(describe(e)); });
+  REQUIRE(answered == 2);
+  auto want = floats(value_of_cell(*dense.emb));
+  auto got = floats(value_of_cell(*f.emb));
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < got.size(); ++k)
+    CHECK(std::fabs(got[k] - want[k]) <= 1e-6f);
+  CHECK(floats(value_of_cell(*f.w)) == floats(value_of_cell(*dense.w)));
+  // Something did move: row 3 got both workers' rows.
+  CHECK(got[9] != ramp({6, 3}).data<float>()[9]);
+  CHECK(f.stats().applied == 1);
+}
+
+TEST_CASE("a late sparse push is dropped, flagged and changes nothing", "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("sync", 2, "sgd", false, 1)); // replicas_to_aggregate 1: a backup worker
+  f.join(0);
+  f.join(1);
+  auto a = f.push(0, 0, push_of(ids64({0}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {0, 0})));
+  REQUIRE(a);
+  CHECK(a->step == 1);
+  CHECK_FALSE(a->dropped_late);
+  auto before = value_of_cell(*f.emb);
+  auto late = f.push(1, 0, push_of(ids64({2}), floats_of({1, 3}, {5, 5, 5}), floats_of({2}, {1, 1})));
+  REQUIRE(late);
+  CHECK(late->dropped_late);
+  CHECK(late->step == 1);
+  CHECK(late->params.empty());
+  CHECK(floats(value_of_cell(*f.emb)) == floats(before));
+  auto s = f.stats();
+  CHECK(s.dropped_stale == 1);
+  CHECK(s.workers.at(1).late == 1);
+}
+
+TEST_CASE("a retried sparse push is answered and counted once", "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("async", 1));
+  f.join(0);
+  auto v = push_of(ids64({2, 2}), floats_of({2, 3}, {1, 1, 1, 1, 1, 1}), floats_of({2}, {1, 1}));
+  auto a = f.push(0, 0, v, 1);
+  REQUIRE(a);
+  auto once = floats(value_of_cell(*f.emb));
+  auto b = f.push(0, 0, v, 1); // the same number: a retry whose answer was lost
+  REQUIRE(b);
+  CHECK(b->step == 1);
+  CHECK(floats(value_of_cell(*f.emb)) == once);
+  // Repeated ids add up: row 2 moved by lr * 2.
+  CHECK(once[6] == Approx(ramp({6, 3}).data<float>()[6] - 0.5f * 2));
+  auto s = f.stats();
+  CHECK(s.applied == 1);
+  CHECK(s.global_step == 1);
+}
+
+TEST_CASE("a sparse push with an id out of range is refused naming it, and the table keeps "
+          "working",
+          "[sparse_push]") {
+  for (auto mode : {"async", "ssp", "sync"}) {
+    DYNAMIC_SECTION(mode) {
+      sparse_fixture f;
+      REQUIRE(f.spawn(mode, 1));
+      f.join(0);
+      auto before_emb = floats(value_of_cell(*f.emb));
+      auto before_w = floats(value_of_cell(*f.w));
+      auto bad = f.push(0, 0, push_of(ids64({1, 9}), floats_of({2, 3}, std::vector<float>(6, 1)),
+                                      floats_of({2}, {1, 1})));
+      REQUIRE_FALSE(bad);
+      CHECK(is(bad.error(), af_error::invalid_argument));
+      CHECK_THAT(describe(bad.error()), Catch::Contains("indices[1] = 9 is not in [0, 6)")
+                                          && Catch::Contains("'emb'")
+                                          && Catch::Contains("/job:ps"));
+      // No variable changed, the dense one included.
+      CHECK(floats(value_of_cell(*f.emb)) == before_emb);
+      CHECK(floats(value_of_cell(*f.w)) == before_w);
+      auto good = f.push(0, 0, push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}),
+                                       floats_of({2}, {1, 1})));
+      REQUIRE(good);
+      CHECK(good->step == 1);
+      CHECK(floats(value_of_cell(*f.emb)) != before_emb);
+    }
+  }
+}
+
+TEST_CASE("an aggregator takes only the push form of its spec", "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("async", 1));
+  f.join(0);
+  caf::error err;
+  f.self
+    ->request(f.agg, 10s, push_atom::value, uint32_t{0}, uint64_t{0},
+              push_credentials{f.tokens[0], 1, ""},
+              std::vector<tensor>{tensor::filled(dtype::float32, {2}, 1),
+                                  tensor::filled(dtype::float32, {6, 3}, 1)})
+    .receive([&](uint64_t, tensor&, bool) { FAIL("a dense push of a table was taken"); },
+             [&](caf::error& e) { err = std::move(e); });
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("sparse") && Catch::Contains("emb"));
+  sparse_fixture d;
+  REQUIRE(d.spawn("async", 1, "sgd", true));
+  d.join(0);
+  auto r = d.push(0, 0, push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
+  REQUIRE_FALSE(r);
+  CHECK_THAT(describe(r.error()), Catch::Contains("no tables"));
+}
+
+TEST_CASE("average refuses sparse tables when the aggregator is spawned, and so does a switch "
+          "into it",
+          "[sparse_push]") {
+  sparse_fixture f;
+  auto a = f.spawn("average", 2);
+  REQUIRE_FALSE(a);
+  CHECK(is(a.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(a.error()), Catch::Contains("average mode cannot take sparse gradients")
+                                    && Catch::Contains("sync, async or ssp"));
+  REQUIRE(f.spawn("async", 1));
+  aggregator_spec want;
+  want.mode = "average";
+  want.variables = {"w", "emb"};
+  caf::error err;
+  f.self->request(f.agg, 10s, switch_atom::value, want)
+    .receive([&](uint64_t) { FAIL("switched into average"); },
+             [&](caf::error& e) { err = std::move(e); });
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("cannot switch to average"));
+}
+
+// -- over the data plane --------------------------------------------------------------
+
+TEST_CASE("rows are read and sparse pushes applied over the data plane", "[sparse_push][data_plane]") {
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  {
+    auto s = (*cluster)->session_for("worker", 0);
+    REQUIRE(s);
+    {
+      auto scope = s->device("/job:ps/task:0");
+      REQUIRE(s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+      REQUIRE(s->variable("w", {2}, initializer::ones()));
+    }
+    REQUIRE_FALSE(s->initialize());
+    aggregator_spec spec;
+    spec.name = "test/sparse_plane";
+    spec.mode = "async";
+    spec.variables = {"emb", "w"};
+    spec.sparse = {"emb"};
+    spec.optimizer.kind = "sgd";
+    spec.optimizer.lr = 0.5;
+    auto agg = s->aggregator("ps", 0, spec);
+    REQUIRE(agg);
+    caf::scoped_actor self{s->system()};
+    std::string token;
+    self
+      ->request(*agg, 10s, join_atom::value, uint32_t{0}, std::string{"/job:worker/task:0"},
+                std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+      .receive([&](uint64_t, std::string& t, uint64_t) { token = t; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    auto info = s->ping("ps", 0);
+    REQUIRE(info);
+    REQUIRE(info->data_port != 0);
+    auto ch = data_channel::connect("127.0.0.1", info->data_port, "/job:ps/task:0", 5s);
+    REQUIRE(ch);
+    auto& c = **ch;
+    // Rows by id: only those come back.
+    auto got = c.gather_rows("emb", ids32({5, 1}));
+    REQUIRE(got);
+    CHECK(got->first.shape() == shape_type{2, 3});
+    CHECK(row(got->first, 0) == row(ramp({6, 3}), 5));
+    // A sparse push: the dense floats flat, the table's ids (int32 widened) and rows.
+    bool late = true;
+    auto step = c.push_sparse(spec.name, 0, 0, {floats_of({2}, {2, 2})}, {ids32({1, 1})},
+                              {floats_of({2, 3}, {1, 1, 1, 1, 1, 1})}, 10s, token, 1, &late);
+    REQUIRE(step);
+    CHECK(*step == 1);
+    CHECK_FALSE(late);
+    auto after = c.gather_rows("emb", ids64({1, 0}));
+    REQUIRE(after);
+    CHECK(row(after->first, 0)[0] == Approx(row(ramp({6, 3}), 1)[0] - 0.5f * 2));
+    CHECK(row(after->first, 1) == row(ramp({6, 3}), 0));
+    auto w = c.call(var_op::read, "w", nullptr, true);
+    REQUIRE(w);
+    CHECK(floats(w->first) == std::vector<float>{0, 0});
+    // A bad id, read or pushed: refused naming it, and the ps lives on.
+    auto bad = c.gather_rows("emb", ids64({0, 7}));
+    REQUIRE_FALSE(bad);
+    CHECK(is(bad.error(), af_error::invalid_argument));
+    CHECK_THAT(describe(bad.error()), Catch::Contains("ids[1] = 7") && Catch::Contains("'emb'")
+                                        && Catch::Contains("/job:ps/replica:0/task:0"));
+    auto bad_push = c.push_sparse(spec.name, 0, 1, {floats_of({2}, {0, 0})}, {ids64({6})},
+                                  {floats_of({1, 3}, {1, 1, 1})}, 10s, token, 2);
+    REQUIRE_FALSE(bad_push);
+    CHECK_THAT(describe(bad_push.error()), Catch::Contains("indices[0] = 6 is not in [0, 6)"));
+    // A payload whose counts do not match its size: refused, the connection goes on.
+    auto short_rows = c.push_sparse(spec.name, 0, 1, {floats_of({2}, {0, 0})}, {ids64({1, 2})},
+                                    {floats_of({2, 2}, {1, 1, 1, 1})}, 10s, token, 3);
+    REQUIRE_FALSE(short_rows);
+    CHECK(is(short_rows.error(), af_error::shape_mismatch));
+    CHECK_FALSE(c.broken());
+    auto still = c.gather_rows("emb", ids64({1}));
+    REQUIRE(still);
+    CHECK(row(still->first, 0) == row(after->first, 0));
+    // An abstention: no payload, counted as refused, the step stays.
+    auto abstain = c.push_sparse(spec.name, 0, 1, {}, {}, {}, 10s, token, 4);
+    REQUIRE(abstain);
+    CHECK(*abstain == 1);
+  }
+}
