@@ -34,17 +34,19 @@ inline double unit(uint64_t bits) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
-/// One element's value.
-inline double element(table_distribution dist, double a, double b, uint64_t key, uint64_t c) {
-  uint64_t bits = element_bits(key, c);
-  if (dist == table_distribution::uniform)
-    return a + (b - a) * unit(bits);
-  // Box-Muller on two uniforms of this element alone (the second from its
-  // bits mixed again), the cosine branch: one normal per element, so no
-  // element depends on its neighbour.
+/// The normals of columns 2p and 2p + 1 of the row keyed `key`: Box-Muller
+/// on two uniforms of (key, p) alone (the second from its bits mixed again),
+/// its cosine and sine branches. A pair shares one log and one sincos; no
+/// pair depends on another, so any row is still computed by itself.
+inline void normal_pair(double mean, double stddev, uint64_t key, uint64_t p, double& z0,
+                        double& z1) {
+  uint64_t bits = element_bits(key, p);
   double u1 = static_cast<double>((bits >> 11) + 1) * 0x1.0p-53; // (0, 1]: log is finite
   double u2 = unit(mix64(bits ^ 0xa0761d6478bd642full));
-  return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  double radius = stddev * std::sqrt(-2.0 * std::log(u1));
+  double angle = 6.283185307179586 * u2;
+  z0 = mean + radius * std::cos(angle);
+  z1 = mean + radius * std::sin(angle);
 }
 
 template <class T>
@@ -53,8 +55,18 @@ void fill_rows(T* out, int64_t row_begin, int64_t row_end, int64_t cols, table_d
   for (int64_t r = row_begin; r < row_end; ++r) {
     auto key = row_key(seed, static_cast<uint64_t>(rows.start + r * rows.stride));
     T* row = out + r * cols;
-    for (int64_t c = 0; c < cols; ++c)
-      row[c] = static_cast<T>(element(dist, a, b, key, static_cast<uint64_t>(c)));
+    if (dist == table_distribution::uniform) {
+      for (int64_t c = 0; c < cols; ++c)
+        row[c] = static_cast<T>(a + (b - a) * unit(element_bits(key, static_cast<uint64_t>(c))));
+      continue;
+    }
+    for (int64_t c = 0; c < cols; c += 2) {
+      double z0 = 0, z1 = 0;
+      normal_pair(a, b, key, static_cast<uint64_t>(c / 2), z0, z1);
+      row[c] = static_cast<T>(z0);
+      if (c + 1 < cols)
+        row[c + 1] = static_cast<T>(z1);
+    }
   }
 }
 
@@ -82,10 +94,6 @@ void fill_all(T* out, int64_t n_rows, int64_t cols, table_distribution dist, dou
 }
 
 } // namespace
-
-double table_unit_uniform(uint64_t seed, uint64_t row, uint64_t column) {
-  return unit(element_bits(row_key(seed, row), column));
-}
 
 status fill_table(tensor& t, table_distribution dist, double a, double b, uint64_t seed,
                   table_rows rows) {

@@ -30,14 +30,12 @@ struct table_rows {
 /// Fills float32 or float64 `t` ([rows, ...], at least rank 1) with
 /// U[a, b) (uniform) or N(a, b) (normal: mean a, stddev b), the element at
 /// local row r and flat column c (of the row's product of the other
-/// dimensions) being the value of (seed, rows.start + r * rows.stride, c).
+/// dimensions) being the value of (seed, rows.start + r * rows.stride, c)
+/// (a normal: of the column pair c / 2, Box-Muller's cosine branch for an
+/// even c, its sine for an odd one).
 /// Refused (nothing written): low >= high, stddev <= 0, rank 0, a negative
 /// start, a stride < 1, a global row past int64, another dtype.
 status fill_table(tensor& t, table_distribution dist, double a, double b, uint64_t seed,
                   table_rows rows);
-
-/// The value at (seed, global row, column) of U[0, 1): 53 random bits. For
-/// tests and tools that compute one element.
-double table_unit_uniform(uint64_t seed, uint64_t row, uint64_t column);
 
 } // namespace af::kernels
