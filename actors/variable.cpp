@@ -490,15 +490,17 @@ caf::error variable_cell::copy_floats(float* dst, size_t n) const {
 }
 
 caf::expected<std::pair<tensor, std::vector<tensor>>>
-variable_cell::snapshot(const std::vector<std::string>& slots) const {
+variable_cell::snapshot(const std::vector<std::string>& slots,
+                        const std::vector<float>& initial) const {
   std::lock_guard<std::mutex> guard{mtx_};
   if (!initialized_)
     return make_error(af_error::uninitialized,
                       "checkpoint of " + quoted(spec_) + ": the variable has no value");
   std::vector<tensor> out;
-  for (const auto& name : slots) {
-    auto it = slots_.find(name);
-    out.push_back(it != slots_.end() ? it->second : tensor::filled(spec_.type, spec_.shape, 0));
+  for (size_t k = 0; k < slots.size(); ++k) {
+    auto it = slots_.find(slots[k]);
+    float fill = k < initial.size() ? initial[k] : 0.0f;
+    out.push_back(it != slots_.end() ? it->second : tensor::filled(spec_.type, spec_.shape, fill));
   }
   return std::make_pair(value_, std::move(out));
 }

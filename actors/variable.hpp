@@ -189,10 +189,11 @@ public:
   /// Copies the value's `n` floats to `dst` (a flat parameter buffer).
   caf::error copy_floats(float* dst, size_t n) const;
 
-  /// The value and the slots named `slots` (zeros where a slot has not been
-  /// made yet), for a checkpoint.
+  /// The value and the slots named `slots` (where a slot has not been made
+  /// yet: filled with `initial[k]`, train::slot_initial_value, else zeros),
+  /// for a checkpoint.
   caf::expected<std::pair<tensor, std::vector<tensor>>>
-  snapshot(const std::vector<std::string>& slots) const;
+  snapshot(const std::vector<std::string>& slots, const std::vector<float>& initial = {}) const;
 
   /// Sets value and slots from a checkpoint (bumps the version, marks it
   /// initialized by `run_id`).

@@ -18,6 +18,14 @@ struct initializer {
   double b = 1;               ///< uniform: high; normal: stddev
   uint64_t seed = 0;          ///< uniform, normal
   tensor from;                ///< tensor
+  /// uniform, normal: the value is drawn per element of a table, from
+  /// (seed, global row, column) alone (kernels/table_init.hpp), so each
+  /// shard of a partitioned table holds the unpartitioned table's rows.
+  /// false (every other variable): one stream of `seed`, element after
+  /// element, as before.
+  bool table = false;
+  int64_t row_start = 0;      ///< table: the global row of local row 0
+  int64_t row_stride = 1;     ///< table: local row r is global row row_start + r * row_stride
 
   static initializer constant(double v) { initializer i; i.kind = "constant"; i.value = v; return i; }
   static initializer zeros() { return constant(0); }

@@ -251,8 +251,12 @@ caf::result<aggregator_state> save_state(self_pointer self) {
   auto& st = self->state;
   aggregator_state out;
   out.global_step = st.global_step;
+  // A slot not made yet is saved at its start (adagrad's accumulator: not 0).
+  std::vector<float> initial;
+  for (size_t k = 0; k < st.slot_names.size(); ++k)
+    initial.push_back(train::slot_initial_value(st.spec.optimizer, k));
   for (size_t i = 0; i < st.vars.size(); ++i) {
-    auto snap = st.vars[i].cell->snapshot(st.slot_names);
+    auto snap = st.vars[i].cell->snapshot(st.slot_names, initial);
     if (!snap)
       return std::move(snap.error());
     out.names.push_back(st.spec.variables[i]);

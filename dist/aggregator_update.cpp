@@ -18,7 +18,7 @@ namespace {
 
 /// Checks, for every variable, what could make the update `what` fail,
 /// before any variable changes: each has a value, and (sync, async) each has
-/// the optimizer's slots (made here, zeros, as apply_gradient would make them
+/// the optimizer's slots (made here, at their starts, as apply_gradient would make them
 /// on first use). After it, applying can fail only for want of memory.
 caf::error prepare_update(self_pointer self, const std::string& what) {
   auto& st = self->state;
@@ -33,12 +33,16 @@ caf::error prepare_update(self_pointer self, const std::string& what) {
     return caf::none;
   for (size_t i = 0; i < st.vars.size(); ++i) {
     auto& cell = *st.vars[i].cell;
-    for (const auto& slot : st.slot_names) {
+    for (size_t k = 0; k < st.slot_names.size(); ++k) {
+      const auto& slot = st.slot_names[k];
       if (cell.slot(slot))
         continue;
       std::string why;
       try {
-        if (auto err = cell.set_slot(slot, tensor::filled(dtype::float32, cell.spec().shape, 0)))
+        // At the slot's start, as apply_gradient makes it (adagrad's accumulator: not 0).
+        auto start = train::slot_initial_value(st.spec.optimizer, k);
+        if (auto err = cell.set_slot(slot, tensor::filled(dtype::float32, cell.spec().shape,
+                                                          start)))
           why = describe(err);
       } catch (const std::bad_alloc&) {
         why = "out of memory";

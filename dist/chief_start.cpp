@@ -16,7 +16,7 @@ namespace af {
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
                                                const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind,
+                                               const train::optimizer_spec& optimizer,
                                                const std::string& aggregator) {
   aggregator_state state;
   state.global_step = ck.global_step;
@@ -27,9 +27,12 @@ caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, cons
       state.seq_workers.push_back(worker);
       state.seq_taken.push_back(seq);
     }
-  auto names = train::slot_names(optimizer_kind);
+  auto names = train::slot_names(optimizer.kind);
+  std::vector<float> starts;
+  for (size_t k = 0; k < names.size(); ++k)
+    starts.push_back(train::slot_initial_value(optimizer, k));
   for (const auto& p : pieces) {
-    auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir);
+    auto v = train::piece_of_checkpoint(p, params[p.param].name, ck, names, dir, starts);
     if (!v)
       return make_error(v.error().code, v.error().what);
     state.names.push_back(p.name);
@@ -157,7 +160,7 @@ start_job_on_ps(session& s, const train::train_config& c,
                        restored->global_step);
       for (const auto& shard : shards) {
         auto state = restored_state(*restored, c.checkpoint_dir, params, shard.pieces,
-                                    c.optimizer.kind, shard.aggregator);
+                                    c.optimizer, shard.aggregator);
         if (!state)
           return std::move(state.error());
         auto r = ask<uint64_t>(s, shard.actor, timeout, restore_atom::value, std::move(*state));
@@ -183,7 +186,7 @@ start_job_on_ps(session& s, const train::train_config& c,
       aggregator_state state;
       if (restored) {
         auto st = restored_state(*restored, c.checkpoint_dir, params, shards[k].pieces,
-                                 c.optimizer.kind, shards[k].aggregator);
+                                 c.optimizer, shards[k].aggregator);
         if (!st)
           return std::move(st.error());
         state = std::move(*st);

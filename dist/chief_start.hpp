@@ -37,13 +37,14 @@
 namespace af {
 
 /// The checkpoint's values and slots (train::slot_names order; a slot it
-/// lacks is zeros) of each of `pieces`: their rows of the logical variables
-/// the checkpoint holds, so a job resumes on any number of ps tasks and
-/// partitions. With its global step.
+/// lacks starts at train::slot_initial_value of `optimizer`) of each of
+/// `pieces`: their rows of the logical variables the checkpoint holds, so a
+/// job resumes on any number of ps tasks and partitions. With its global
+/// step.
 caf::expected<aggregator_state> restored_state(const train::checkpoint& ck, const std::string& dir,
                                                const std::vector<train::parameter>& params,
                                                const std::vector<train::piece>& pieces,
-                                               const std::string& optimizer_kind,
+                                               const train::optimizer_spec& optimizer,
                                                const std::string& aggregator = {});
 
 /// What the chief found on its ps tasks (train_options::found).

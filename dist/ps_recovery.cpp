@@ -142,7 +142,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
       return std::move(latest.error());
     if (*latest) {
       const auto& [path, ck] = **latest;
-      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer.kind,
+      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer,
                                shard.aggregator);
       if (!st)
         return std::move(st.error());

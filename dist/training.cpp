@@ -353,7 +353,7 @@ caf::error start_allreduce(task_run& t) {
     if (!whole)
       return to_error(whole.error());
     auto state = restored_state(*t.restored, c.checkpoint_dir, params, whole->pieces,
-                                c.optimizer.kind);
+                                c.optimizer);
     if (!state)
       return std::move(state.error());
     setup.initial = std::move(state->values);

@@ -63,6 +63,32 @@ std::string shard_name(const std::string& table, size_t i) {
   return table + "/part_" + std::to_string(i);
 }
 
+initializer table_initializer(initializer init) {
+  if (init.kind == "uniform" || init.kind == "normal") {
+    init.table = true;
+    init.row_start = 0;
+    init.row_stride = 1;
+  }
+  return init;
+}
+
+initializer shard_initializer(initializer init, kernels::partition_strategy strategy,
+                              const std::vector<int64_t>& shard_rows, size_t k) {
+  init = table_initializer(std::move(init));
+  if (!init.table)
+    return init;
+  if (strategy == kernels::partition_strategy::mod) {
+    init.row_start = static_cast<int64_t>(k);
+    init.row_stride = static_cast<int64_t>(shard_rows.size());
+  } else {
+    int64_t start = 0;
+    for (size_t i = 0; i < k && i < shard_rows.size(); ++i)
+      start += shard_rows[i];
+    init.row_start = start;
+  }
+  return init;
+}
+
 outcome<embedding_table> embedding_table_of(const graph& g, const std::string& name,
                                             kernels::partition_strategy strategy,
                                             std::vector<output> shards) {
@@ -89,6 +115,20 @@ outcome<embedding_table> embedding_table_of(const graph& g, const std::string& n
   kernels::shard_router router;
   if (auto st = kernels::shard_router::make(strategy, t.shard_rows, router); !st.ok())
     return invalid("table '" + name + "': " + st.error);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const graph_node* v = g.variable_node(shards[i]);
+    if (!v->init.table)
+      continue;
+    auto want = shard_initializer(v->init, strategy, t.shard_rows, i);
+    if (want.row_start != v->init.row_start || want.row_stride != v->init.row_stride)
+      return invalid("table '" + name + "': shard " + std::to_string(i) + " ('" + v->name
+                     + "') is initialized as the table's rows from "
+                     + std::to_string(v->init.row_start) + " by "
+                     + std::to_string(v->init.row_stride) + ", but " + kernels::to_string(strategy)
+                     + " gives it the rows from " + std::to_string(want.row_start) + " by "
+                     + std::to_string(want.row_stride)
+                     + " (make shard k with shard_initializer(init, strategy, sizes, k))");
+  }
   t.shards = std::move(shards);
   return t;
 }
@@ -121,7 +161,8 @@ outcome<embedding_table> partitioned_table(graph& g, const std::string& name, sh
       g.set_scopes({devices[i]});
       auto piece = shape;
       piece[0] = shard_rows[i];
-      auto v = g.variable(shard_name(name, i), piece, init, type);
+      auto v = g.variable(shard_name(name, i), piece,
+                          shard_initializer(init, strategy, shard_rows, i), type);
       if (!v)
         return v.error();
       shards.push_back(*v);

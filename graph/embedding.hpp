@@ -54,11 +54,27 @@ struct embedding_table {
 /// "<table>/part_<i>", the shards' names (TF's, and train/partition.hpp's).
 std::string shard_name(const std::string& table, size_t i);
 
+/// `init` as the initializer of a whole table: a random one (uniform,
+/// normal) drawn per element from (seed, row, column), rows from 0
+/// (kernels/table_init.hpp); any other kind as it is. The one-piece table
+/// whose rows every shard_initializer's shard holds.
+initializer table_initializer(initializer init);
+
+/// The initializer of shard `k` of a table cut by `strategy` into shards of
+/// `shard_rows` rows: table_initializer(init) with the shard's global rows
+/// (mod: k, k + n, ...; div, contiguous: its run). Evaluated on the shard's
+/// node (a session's variable), it gives exactly that shard's rows of the
+/// one-piece table's values, without the table anywhere.
+initializer shard_initializer(initializer init, kernels::partition_strategy strategy,
+                              const std::vector<int64_t>& shard_rows, size_t k);
+
 /// The table `name` over variables that exist already (`shards`, in the
-/// strategy's order; a session creates them on their nodes). Refused: no
-/// shard, a node that is not a variable, shards of different dtypes or row
-/// shapes, or rows that do not fit the strategy (mod and div need TF's
-/// sizes: kernels::balanced_shard_rows).
+/// strategy's order; a session creates them on their nodes, with
+/// shard_initializer). Refused: no shard, a node that is not a variable,
+/// shards of different dtypes or row shapes, rows that do not fit the
+/// strategy (mod and div need TF's sizes: kernels::balanced_shard_rows), or
+/// a shard whose table initializer names other rows than the shard's (shards
+/// out of order: its values would be another shard's).
 outcome<embedding_table> embedding_table_of(const graph& g, const std::string& name,
                                             kernels::partition_strategy strategy,
                                             std::vector<output> shards);
@@ -66,7 +82,9 @@ outcome<embedding_table> embedding_table_of(const graph& g, const std::string& n
 /// Declares table `name` of `shape` ([rows, dim, ...]) cut into one shard
 /// per device of `devices` (shard i on devices[i]: the ps tasks), by
 /// `strategy`; each shard is the variable shard_name(name, i) with the
-/// rows its strategy gives it and `init`. contiguous takes `shard_rows` (the
+/// rows its strategy gives it and shard_initializer(init): a random `init`
+/// gives each shard its rows of the one-piece table's values
+/// (table_initializer(init)). contiguous takes `shard_rows` (the
 /// size-balanced partitioner's cut, summing to the rows), or TF's balanced
 /// sizes when it is empty.
 outcome<embedding_table> partitioned_table(graph& g, const std::string& name, shape_type shape,

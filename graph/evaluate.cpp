@@ -1,5 +1,6 @@
 #include "graph/evaluate.hpp"
 #include "kernels/sparse.hpp"
+#include "kernels/table_init.hpp"
 
 #include <limits>
 #include <new>
@@ -78,8 +79,12 @@ outcome<tensor> initial_value(const variable_spec& spec, const initializer& init
       return tensor::filled(spec.type, spec.shape, 1);
     if (init.kind == "uniform" || init.kind == "normal") {
       tensor fresh{spec.type, spec.shape};
-      auto st = init.kind == "uniform" ? kernels::fill_uniform(fresh, init.a, init.b, init.seed)
-                                       : kernels::fill_normal(fresh, init.a, init.b, init.seed);
+      auto dist = init.kind == "uniform" ? kernels::table_distribution::uniform
+                                         : kernels::table_distribution::normal;
+      auto st = init.table ? kernels::fill_table(fresh, dist, init.a, init.b, init.seed,
+                                                 {init.row_start, init.row_stride})
+                : init.kind == "uniform" ? kernels::fill_uniform(fresh, init.a, init.b, init.seed)
+                                         : kernels::fill_normal(fresh, init.a, init.b, init.seed);
       if (!st.ok())
         return graph_error{af_error::invalid_argument, what + ": " + st.error};
       return fresh;

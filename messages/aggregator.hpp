@@ -168,7 +168,7 @@ typename Inspector::result_type inspect(Inspector& f, schedule_spec& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, optimizer_spec& x) {
   return f(caf::meta::type_name("optimizer_spec"), x.kind, x.lr, x.momentum, x.beta1, x.beta2,
-           x.epsilon, x.schedule);
+           x.epsilon, x.schedule, x.initial_accumulator);
 }
 
 } // namespace af::train

@@ -67,7 +67,8 @@ namespace af {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, initializer& x) {
-  return f(caf::meta::type_name("initializer"), x.kind, x.value, x.a, x.b, x.seed, x.from);
+  return f(caf::meta::type_name("initializer"), x.kind, x.value, x.a, x.b, x.seed, x.from,
+           x.table, x.row_start, x.row_stride);
 }
 
 template <class Inspector>

@@ -180,6 +180,16 @@ TEST_CASE("splitting logical tensors into their pieces and assembling them again
           == ck.variables[i].slots.at("momentum").values<float>());
   }
 
+  // Catches: a slot the checkpoint lacks made at 0 where its optimizer
+  // starts elsewhere (adagrad's accumulator at initial_accumulator).
+  auto fresh = piece_of_checkpoint(other->pieces[0], params[other->pieces[0].param].name, ck,
+                                   {"accumulator", "momentum"}, "/ckpt", {0.25f, 0.0f});
+  REQUIRE(fresh);
+  CHECK(fresh->slots.at("accumulator")
+        == tensor::filled(dtype::float32, other->pieces[0].shape, 0.25));
+  CHECK(fresh->slots.at("momentum").values<float>()
+        == saved[0].slots.at("momentum").values<float>());
+
   // A checkpoint of another model's shape is refused naming the variable.
   ck.variables[0].value = counting({100, 64});
   auto wrong = piece_of_checkpoint(other->pieces[0], "emb/w", ck, {}, "/ckpt");

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -407,4 +409,107 @@ TEST_CASE("the gradient of dynamic_stitch is each data's rows of dy, checked aga
       CHECK(std::fabs((*r)[v].data<double>()[i] - numeric) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("a seeded random table's shards hold, bit for bit, the one-piece table's rows for mod, "
+          "div and contiguous, even and uneven",
+          "[partitioned][table_init]") {
+  // Catches: every shard drawing the same stream of its seed (each shard a
+  // copy of the first rows, the bug this replaces), a shard whose rows are
+  // another's (mod's stride, div's offset), a column or row off by one, a
+  // normal draw that depends on the element before it.
+  for (auto kind : {"uniform", "normal"}) {
+    auto init = std::string{kind} == "uniform" ? initializer::uniform(-0.5, 0.5, 42)
+                                               : initializer::normal(0.0, 1.0, 42);
+    for (auto type : {dtype::float32, dtype::float64}) {
+      graph whole_g;
+      REQUIRE(whole_g.variable("whole", {13, 5}, table_initializer(init), type));
+      variable_values whole_vars;
+      REQUIRE(initialize_values(whole_g, whole_vars));
+      const tensor& whole = whole_vars.at("whole");
+      struct layout_case {
+        partition_strategy s;
+        size_t n;
+        std::vector<int64_t> rows;
+      };
+      for (const auto& lc : {layout_case{partition_strategy::mod, 5, {}},
+                             layout_case{partition_strategy::mod, 1, {}},
+                             layout_case{partition_strategy::div, 5, {}},
+                             layout_case{partition_strategy::div, 4, {}},
+                             layout_case{partition_strategy::contiguous, 3, {1, 10, 2}}}) {
+        CAPTURE(kind, dtype_name(type), kernels::to_string(lc.s), lc.n);
+        graph g;
+        auto t = partitioned_table(g, "emb", {13, 5}, ps_devices(lc.n), lc.s, init, type, lc.rows);
+        REQUIRE(t);
+        variable_values vars;
+        REQUIRE(initialize_values(g, vars));
+        auto ids = ids_of_shards(lc.s, t->shard_rows);
+        for (size_t k = 0; k < lc.n; ++k) {
+          CAPTURE(k);
+          const tensor& shard = vars.at(shard_name("emb", k));
+          REQUIRE(shard.shape() == shape_type{t->shard_rows[k], 5});
+          size_t row_bytes = 5 * dtype_size(type);
+          for (size_t r = 0; r < ids[k].size(); ++r) {
+            auto* got = reinterpret_cast<const char*>(shard.bytes()) + r * row_bytes;
+            auto* want = reinterpret_cast<const char*>(whole.bytes()) + ids[k][r] * row_bytes;
+            CHECK(std::memcmp(got, want, row_bytes) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a table initializer's values spread over their range and differ row by row; a plain "
+          "seeded variable keeps its one stream",
+          "[partitioned][table_init]") {
+  // Catches: a table generator that repeats rows or columns, or that is not
+  // uniform over [low, high); a plain (non-table) variable whose values
+  // changed with the table mode (other tests depend on them).
+  graph g;
+  REQUIRE(g.variable("t", {1000, 64}, table_initializer(initializer::uniform(2, 3, 7))));
+  REQUIRE(g.variable("plain", {4}, initializer::uniform(2, 3, 7)));
+  variable_values vars;
+  REQUIRE(initialize_values(g, vars));
+  const float* p = vars.at("t").data<float>();
+  double sum = 0;
+  std::set<float> distinct;
+  for (size_t i = 0; i < 64000; ++i) {
+    REQUIRE(p[i] >= 2);
+    REQUIRE(p[i] < 3);
+    sum += p[i];
+    distinct.insert(p[i]);
+  }
+  CHECK(std::fabs(sum / 64000 - 2.5) < 0.01);
+  CHECK(distinct.size() > 63000);
+  tensor plain{dtype::float32, {4}};
+  REQUIRE(kernels::fill_uniform(plain, 2, 3, 7).ok());
+  CHECK(vars.at("plain") == plain);
+}
+
+TEST_CASE("a table whose shard initializers name other rows than the shards' is refused naming "
+          "the shard",
+          "[partitioned][table_init]") {
+  // Catches: shards created out of order on a cluster: each would hold
+  // another shard's rows, and lookups would read wrong values silently.
+  graph g;
+  auto sizes = kernels::balanced_shard_rows(7, 2);
+  auto init = initializer::uniform(-1, 1, 3);
+  auto a = g.variable("emb/part_0", {sizes[0], 2},
+                      shard_initializer(init, partition_strategy::mod, sizes, 1));
+  auto b = g.variable("emb/part_1", {sizes[1], 2},
+                      shard_initializer(init, partition_strategy::mod, sizes, 0));
+  REQUIRE(a);
+  REQUIRE(b);
+  auto t = embedding_table_of(g, "emb", partition_strategy::mod, {*a, *b});
+  REQUIRE_FALSE(t);
+  CHECK_THAT(t.error().what, Catch::Contains("shard 0 ('emb/part_0')")
+                               && Catch::Contains("rows from 1 by 2")
+                               && Catch::Contains("rows from 0 by 2"));
+  // in order: accepted
+  auto c = g.variable("e2/part_0", {sizes[0], 2},
+                      shard_initializer(init, partition_strategy::mod, sizes, 0));
+  auto d = g.variable("e2/part_1", {sizes[1], 2},
+                      shard_initializer(init, partition_strategy::mod, sizes, 1));
+  CHECK(embedding_table_of(g, "e2", partition_strategy::mod, {*c, *d}));
 }

@@ -403,6 +403,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.optimizer.beta1 == b.optimizer.beta1);
   CHECK(a.optimizer.beta2 == b.optimizer.beta2);
   CHECK(a.optimizer.epsilon == b.optimizer.epsilon);
+  CHECK(a.optimizer.initial_accumulator == b.optimizer.initial_accumulator);
   CHECK(a.optimizer.schedule.kind == b.optimizer.schedule.kind);
   CHECK(a.optimizer.schedule.decay_steps == b.optimizer.schedule.decay_steps);
   CHECK(a.optimizer.schedule.decay_rate == b.optimizer.schedule.decay_rate);
@@ -435,6 +436,20 @@ TEST_CASE("an empty training config is every default, and the defaults are valid
   CHECK(validate(train_config{}).empty());
 }
 
+TEST_CASE("optimizer = adagrad parses with its initial_accumulator, whose default is TF's 0.1",
+          "[train][config]") {
+  // Catches: a job that cannot select adagrad, or whose initial_accumulator is dropped.
+  auto c = parse_train_config("[train]\noptimizer = \"adagrad\"\ninitial_accumulator = 0.25\n",
+                              "adagrad.toml");
+  REQUIRE(c);
+  CHECK(c->optimizer.kind == "adagrad");
+  CHECK(c->optimizer.initial_accumulator == 0.25);
+  CHECK(validate(*c).empty());
+  auto d = parse_train_config("[train]\noptimizer = \"adagrad\"\n", "adagrad.toml");
+  REQUIRE(d);
+  CHECK(d->optimizer.initial_accumulator == 0.1);
+}
+
 TEST_CASE("to_toml round-trips a config whose every key differs from its default",
           "[train][config]") {
   // Catches: a key to_toml forgets (it would come back as its default), a
@@ -457,6 +472,7 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.optimizer.beta1 = 0.8;
   c.optimizer.beta2 = 0.99;
   c.optimizer.epsilon = 1e-7;
+  c.optimizer.initial_accumulator = 0.3;
   c.optimizer.schedule.kind = "step";
   c.optimizer.schedule.decay_steps = 50;
   c.optimizer.schedule.decay_rate = 0.5;
@@ -516,7 +532,11 @@ TEST_CASE("bad values name the key, the value and what is allowed", "[train][con
     {"epochs = -1", {"epochs = -1"}},
     {"hidden = [64, 0]", {"hidden", "0", "positive"}},
     {"learning_rate = -0.1", {"learning_rate = -0.1", "positive"}},
-    {"optimizer = \"rmsprop\"", {"optimizer = \"rmsprop\"", "sgd, momentum or adam"}},
+    {"optimizer = \"rmsprop\"", {"optimizer = \"rmsprop\"", "sgd, momentum, adagrad or adam"}},
+    {"initial_accumulator = 0.0", {"initial_accumulator = 0", "positive"}},
+    {"initial_accumulator = -0.5", {"initial_accumulator = -0.5", "positive"}},
+    {"initial_accumulator = nan", {"initial_accumulator = nan", "positive"}},
+    {"initial_accumulator = inf", {"initial_accumulator = inf", "positive"}},
     {"schedule = \"linear\"", {"schedule = \"linear\"", "constant, step or cosine"}},
     {"data = \"idx:only-one\"", {"data", "idx:IMAGES,LABELS"}},
     {"step_timeout_ms = 5000000000", {"step_timeout_ms = 5000000000", "at most"}},
@@ -1252,6 +1272,27 @@ TEST_CASE("a checkpoint whose fields do not fit the job is refused, naming the f
     CHECK(slot_mismatch(ck, "momentum").empty());
     CHECK(slot_mismatch(fits, "sgd") == "it was written with other optimizer slots than sgd's: "
                                         "these are not used: m, v");
+    // Catches: an adagrad job told its accumulator starts at zeros (it
+    // starts at initial_accumulator).
+    CHECK(slot_mismatch(fits, "adagrad")
+          == "it was written with other optimizer slots than adagrad's: these start at their "
+             "initial values (the accumulator at initial_accumulator): accumulator; these are "
+             "not used: m, v");
+  }
+  SECTION("an adagrad accumulator is restored only if positive") {
+    // Catches: an accumulator of 0 or less restored into an adagrad job:
+    // its update divides by its square root (inf, NaN from the first step).
+    want.optimizer_kind = "adagrad";
+    auto ck = fits;
+    for (auto& v : ck.variables)
+      v.slots = {{"accumulator", tensor::filled(dtype::float32, v.value.shape(), 0.1)}};
+    CHECK(check_checkpoint(ck, path, want));
+    ck.variables[1].slots["accumulator"].mutable_data<float>()[1] = 0;
+    refused(ck, {"slot 'accumulator' of variable '" + b + "'", "element 1 is 0",
+                 "always positive"});
+    // a job of another optimizer does not use it: only data
+    want.optimizer_kind = "momentum";
+    CHECK(check_checkpoint(ck, path, want));
   }
 }
 

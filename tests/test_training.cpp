@@ -216,6 +216,42 @@ TEST_CASE("sync with 2 workers at batch b equals 1 process at batch 2b, average 
   CHECK(ar.results[0]->result.params == ar.results[1]->result.params);
 }
 
+TEST_CASE("adagrad: sync and allreduce with 2 workers at batch b equal 1 process at batch 2b, "
+          "the accumulator starting at the job's initial_accumulator",
+          "[train][adagrad]") {
+  // Catches: a job that cannot select adagrad; an accumulator made at 0 (the
+  // aggregator's slots, a replica's) instead of initial_accumulator; an
+  // initial_accumulator lost on its way to the ps (not serialized: the ps
+  // would use the default 0.1, not 0.5).
+  auto c = digits("sync");
+  c.optimizer.kind = "adagrad";
+  c.optimizer.lr = 0.2;
+  c.optimizer.initial_accumulator = 0.5;
+  c.steps = 30;
+  c.batch_size = 16;
+  auto data = train::load_data(c);
+  REQUIRE(data);
+  auto local = train::train_local(c, *data, 30, 32);
+  REQUIRE(local);
+  auto init = train::initial_values(*train::parameters(c.model, 64, 10, c.hidden, c.seed));
+  CHECK(max_abs_diff(local->params, *init) > 1e-2);
+  // The same job with the default accumulator ends elsewhere: the key matters.
+  auto other = c;
+  other.optimizer.initial_accumulator = 0.1;
+  auto local_other = train::train_local(other, *data, 30, 32);
+  REQUIRE(local_other);
+  CHECK(max_abs_diff(local->params, local_other->params) > 1e-3);
+  for (const char* mode : {"sync", "allreduce"}) {
+    CAPTURE(mode);
+    auto m = c;
+    m.mode = mode;
+    auto job = run_job(m);
+    REQUIRE(job.results[0]);
+    REQUIRE(job.results[1]);
+    CHECK(max_abs_diff(job.results[0]->result.params, local->params) < 1e-4);
+  }
+}
+
 TEST_CASE("a NaN gradient is refused, counted and named, and never reaches a variable", "[train]") {
   // Catches: a non-finite gradient applied (the tutorial's "one machine's
   // infinite result stops everyone"), or a refusal that stalls the step; in

@@ -37,7 +37,7 @@ std::string shown_name(const std::string& name) {
 const std::set<std::string>& known_slots() {
   static const std::set<std::string> names = [] {
     std::set<std::string> out;
-    for (const char* kind : {"sgd", "momentum", "adam"})
+    for (const char* kind : {"sgd", "momentum", "adagrad", "adam"})
       for (auto& n : slot_names(kind))
         out.insert(n);
     return out;
@@ -51,10 +51,25 @@ std::string field_name(const std::string& var, const std::string& slot) {
                       : fmt::format("slot '{}' of variable '{}'", slot, var);
 }
 
-/// "" if every element of float32 `t` is finite (and, with `non_negative`,
-/// >= 0), else what is wrong with the first one that is not.
+/// What a slot's elements must be besides finite: Adam's second moment is
+/// never negative, Adagrad's accumulator always positive (it starts at
+/// initial_accumulator > 0 and only grows; it is a square root's argument
+/// and a divisor).
+enum class sign_rule { any, non_negative, positive };
+
+/// The sign rule of slot `slot` (element checks of a value: any).
+sign_rule rule_of(const std::string& slot) {
+  if (slot == "v")
+    return sign_rule::non_negative;
+  if (slot == "accumulator")
+    return sign_rule::positive;
+  return sign_rule::any;
+}
+
+/// "" if every element of float32 `t` is finite (and keeps `rule`), else
+/// what is wrong with the first one that is not.
 std::string bad_element(const tensor& t, const std::string& var, const std::string& slot,
-                        bool non_negative) {
+                        sign_rule rule) {
   if (t.type() != dtype::float32)
     return "";
   auto n = static_cast<size_t>(t.num_elements());
@@ -63,11 +78,18 @@ std::string bad_element(const tensor& t, const std::string& var, const std::stri
   if (bad < n)
     return fmt::format("holds {} whose element {} is {}, not finite", field_name(var, slot), bad,
                        data[bad]);
-  if (non_negative)
+  if (rule == sign_rule::non_negative)
     for (size_t i = 0; i < n; ++i)
       if (data[i] < 0)
         return fmt::format("holds {} whose element {} is {}: an Adam second moment is never "
                            "negative (its square root would be NaN)",
+                           field_name(var, slot), i, data[i]);
+  if (rule == sign_rule::positive)
+    for (size_t i = 0; i < n; ++i)
+      if (!(data[i] > 0))
+        return fmt::format("holds {} whose element {} is {}: an Adagrad accumulator is always "
+                           "positive (it starts at initial_accumulator and grows; the update "
+                           "divides by its square root)",
                            field_name(var, slot), i, data[i]);
   return "";
 }
@@ -92,7 +114,7 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
     return refuse(path, fmt::format("has data_position = {}, past this job's end (at most {} "
                                     "global batches: its steps and one push per worker)",
                                     ck.data_position, want.max_step));
-  bool adam = want.optimizer_kind == "adam";
+  bool adam = want.optimizer_kind == "adam", adagrad = want.optimizer_kind == "adagrad";
   std::set<std::string> seen;
   for (const auto& v : ck.variables) {
     auto shown = shown_name(v.name);
@@ -111,21 +133,24 @@ graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
                                       "config it was trained with)",
                                       shown, v.value.summary(), shape_string(p->shape)),
                     af_error::shape_mismatch);
-    if (auto bad = bad_element(v.value, shown, "", false); !bad.empty())
+    if (auto bad = bad_element(v.value, shown, "", sign_rule::any); !bad.empty())
       return refuse(path, bad, af_error::non_finite);
     for (const auto& [slot, t] : v.slots) {
       auto slot_shown = shown_name(slot);
       if (known_slots().count(slot) == 0)
         return refuse(path, fmt::format("holds a slot '{}' of variable '{}', which no optimizer "
-                                        "keeps (momentum keeps \"momentum\", adam \"m\" and "
-                                        "\"v\")",
+                                        "keeps (momentum keeps \"momentum\", adagrad "
+                                        "\"accumulator\", adam \"m\" and \"v\")",
                                         slot_shown, shown));
       if (t.type() != dtype::float32 || t.shape() != p->shape)
         return refuse(path, fmt::format("holds slot '{}' of variable '{}' as {}, but the "
                                         "variable is float32{}: the file is inconsistent",
                                         slot_shown, shown, t.summary(), shape_string(p->shape)),
                       af_error::shape_mismatch);
-      if (auto bad = bad_element(t, shown, slot_shown, adam && slot == "v"); !bad.empty())
+      // Only the job's own optimizer's rule: a slot it does not use is not restored.
+      bool used = (adam && slot == "v") || (adagrad && slot == "accumulator");
+      auto rule = used ? rule_of(slot) : sign_rule::any;
+      if (auto bad = bad_element(t, shown, slot_shown, rule); !bad.empty())
         return refuse(path, bad, af_error::non_finite);
     }
   }
@@ -167,7 +192,11 @@ std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kin
   std::string out = fmt::format("it was written with other optimizer slots than {}'s:",
                                 optimizer_kind);
   if (!missing.empty())
-    out += fmt::format(" these start at zeros: {}", fmt::join(missing, ", "));
+    out += missing.count("accumulator") != 0
+               ? fmt::format(" these start at their initial values (the accumulator at "
+                             "initial_accumulator): {}",
+                             fmt::join(missing, ", "))
+               : fmt::format(" these start at zeros: {}", fmt::join(missing, ", "));
   if (!missing.empty() && !ignored.empty())
     out += ";";
   if (!ignored.empty())
@@ -177,10 +206,11 @@ std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kin
 
 std::string first_non_finite_value(const checkpoint& ck) {
   for (const auto& v : ck.variables) {
-    if (auto bad = bad_element(v.value, shown_name(v.name), "", false); !bad.empty())
+    if (auto bad = bad_element(v.value, shown_name(v.name), "", sign_rule::any); !bad.empty())
       return bad;
     for (const auto& [slot, t] : v.slots)
-      if (auto bad = bad_element(t, shown_name(v.name), shown_name(slot), false); !bad.empty())
+      if (auto bad = bad_element(t, shown_name(v.name), shown_name(slot), sign_rule::any);
+          !bad.empty())
         return bad;
   }
   return "";

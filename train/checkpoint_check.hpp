@@ -36,17 +36,19 @@ uint64_t max_checkpoint_step(uint64_t total_steps, uint32_t workers);
 /// Ok if `ck` (read from `path`) fits: global_step and data_position at
 /// most max_step; every parameter of the model once, as float32 of its
 /// shape, and no other variable; every slot one that an optimizer keeps
-/// (sgd none, momentum "momentum", adam "m" and "v"), of its variable's
-/// shape, float32; every value and slot element finite (Adam's "v" also
-/// >= 0); every push number at most max_push_number. Else an error naming
-/// the file, the field (the variable, the slot, the element's index and
-/// value) and what to do.
+/// (sgd none, momentum "momentum", adagrad "accumulator", adam "m" and
+/// "v"), of its variable's shape, float32; every value and slot element
+/// finite (the job's Adam "v" also >= 0, its Adagrad "accumulator" > 0);
+/// every push number at most max_push_number. Else an error naming the
+/// file, the field (the variable, the slot, the element's index and value)
+/// and what to do.
 graph_status check_checkpoint(const checkpoint& ck, const std::string& path,
                               const checkpoint_expectations& want);
 
 /// "" if the checkpoint's optimizer slots are the ones `optimizer_kind`
-/// keeps, else a sentence for a warning: which start at zeros (the job
-/// changed its optimizer: restored all the same) and which are not used.
+/// keeps, else a sentence for a warning: which start at their initial
+/// values, zeros but Adagrad's accumulator (the job changed its optimizer:
+/// restored all the same) and which are not used.
 std::string slot_mismatch(const checkpoint& ck, const std::string& optimizer_kind);
 
 /// "" if every float value and slot of `ck` is finite, else a sentence naming

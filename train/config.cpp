@@ -63,7 +63,8 @@ const std::vector<std::string>& known_keys() {
   static const std::vector<std::string> keys = {
     "mode", "model", "hidden", "data", "holdout", "synthetic_examples", "synthetic_features",
     "synthetic_classes", "batch_size", "steps", "epochs", "optimizer", "learning_rate",
-    "momentum", "beta1", "beta2", "epsilon", "schedule", "decay_steps", "decay_rate", "min_lr",
+    "momentum", "beta1", "beta2", "epsilon", "initial_accumulator", "schedule", "decay_steps",
+    "decay_rate", "min_lr",
     "average_every", "seed", "checkpoint_dir", "checkpoint_key", "checkpoint_steps",
     "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
@@ -166,6 +167,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "beta1") return number(o.beta1);
   if (key == "beta2") return number(o.beta2);
   if (key == "epsilon") return number(o.epsilon);
+  if (key == "initial_accumulator") return number(o.initial_accumulator);
   if (key == "decay_rate") return number(o.schedule.decay_rate);
   if (key == "min_lr") return number(o.schedule.min_lr);
   if (key == "checkpoint_secs") return number(c.checkpoint_secs);
@@ -284,9 +286,9 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
 
 /// check(): the optimizer and its learning-rate schedule.
 std::optional<key_problem> check_optimizer(const optimizer_spec& o, bool combinations) {
-  if (!one_of(o.kind, {"sgd", "momentum", "adam"}))
-    return fail("optimizer", fmt::format("optimizer = \"{}\" is unknown: use sgd, momentum or "
-                                         "adam", clipped(o.kind)));
+  if (!one_of(o.kind, {"sgd", "momentum", "adagrad", "adam"}))
+    return fail("optimizer", fmt::format("optimizer = \"{}\" is unknown: use sgd, momentum, "
+                                         "adagrad or adam", clipped(o.kind)));
   if (!(o.lr > 0) || !std::isfinite(o.lr))
     return fail("learning_rate", fmt::format("learning_rate = {}: it must be a positive number",
                                              o.lr));
@@ -298,6 +300,12 @@ std::optional<key_problem> check_optimizer(const optimizer_spec& o, bool combina
     return fail("beta2", fmt::format("beta2 = {}: it must be in [0, 1)", o.beta2));
   if (!(o.epsilon > 0) || !std::isfinite(o.epsilon))
     return fail("epsilon", fmt::format("epsilon = {}: it must be a positive number", o.epsilon));
+  // Checked whatever the optimizer: a config that switches to adagrad later keeps it.
+  if (!(o.initial_accumulator > 0) || !std::isfinite(o.initial_accumulator))
+    return fail("initial_accumulator",
+                fmt::format("initial_accumulator = {}: it must be a positive number (adagrad's "
+                            "accumulator starts there; TF's default is 0.1)",
+                            o.initial_accumulator));
   if (!one_of(o.schedule.kind, {"constant", "step", "cosine"}))
     return fail("schedule", fmt::format("schedule = \"{}\" is unknown: use constant, step or "
                                         "cosine", clipped(o.schedule.kind)));
@@ -737,6 +745,7 @@ std::string to_toml(const train_config& c) {
   line("beta1", real(o.beta1));
   line("beta2", real(o.beta2));
   line("epsilon", real(o.epsilon));
+  line("initial_accumulator", real(o.initial_accumulator));
   line("schedule", quoted(o.schedule.kind));
   line("decay_steps", std::to_string(o.schedule.decay_steps));
   line("decay_rate", real(o.schedule.decay_rate));

@@ -26,7 +26,8 @@ struct train_config {
   uint64_t steps = 0;              ///< global steps (0: from epochs)
   double epochs = 30;              ///< used when steps == 0
   optimizer_spec optimizer;        ///< keys: optimizer, learning_rate, momentum, beta1, beta2,
-                                   ///< epsilon, schedule, decay_steps, decay_rate, min_lr
+                                   ///< epsilon, initial_accumulator, schedule, decay_steps,
+                                   ///< decay_rate, min_lr
   uint32_t average_every = 4;      ///< average mode: local steps between averages
   uint64_t seed = 1;
   std::string checkpoint_dir;      ///< empty: no checkpoints

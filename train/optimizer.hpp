@@ -32,8 +32,9 @@ struct optimizer_spec {
   double beta2 = 0.999;     ///< adam
   double epsilon = 1e-8;    ///< adam
   schedule_spec schedule;
-  /// adagrad: the accumulator's first value (TF's default). Not in the job config yet,
-  /// nor in messages/aggregator.hpp's inspect: add it there when a job can set it.
+  /// adagrad: the accumulator's first value (TF's default); the job config's
+  /// `initial_accumulator`. Every slot made where none was (a first update, a
+  /// checkpoint without it) starts here: slot_initial_value.
   double initial_accumulator = 0.1;
 };
 

@@ -234,7 +234,8 @@ outcome<std::vector<saved_variable>> logical_variables(const std::vector<paramet
 outcome<saved_variable> piece_of_checkpoint(const piece& p, const std::string& param_name,
                                             const checkpoint& ck,
                                             const std::vector<std::string>& slot_names,
-                                            const std::string& where) {
+                                            const std::string& where,
+                                            const std::vector<float>& starts) {
   auto it = std::find_if(ck.variables.begin(), ck.variables.end(),
                          [&](const saved_variable& v) { return v.name == param_name; });
   if (it == ck.variables.end())
@@ -252,10 +253,11 @@ outcome<saved_variable> piece_of_checkpoint(const piece& p, const std::string& p
   saved_variable out;
   out.name = p.name;
   out.value = slice_rows(it->value, p.row_begin, p.row_end);
-  for (const auto& sn : slot_names) {
+  for (size_t k = 0; k < slot_names.size(); ++k) {
+    const auto& sn = slot_names[k];
     auto sl = it->slots.find(sn);
     if (sl == it->slots.end()) {
-      out.slots[sn] = tensor::filled(dtype::float32, p.shape, 0);
+      out.slots[sn] = tensor::filled(dtype::float32, p.shape, k < starts.size() ? starts[k] : 0);
       continue;
     }
     if (sl->second.shape() != p.logical_shape)

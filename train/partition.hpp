@@ -127,11 +127,13 @@ outcome<std::vector<saved_variable>> logical_variables(const std::vector<paramet
 
 /// Piece `p`'s part of a checkpoint's logical variable: the rows of its value
 /// and of each slot named in `slot_names` (a slot the checkpoint lacks is
-/// zeros), in that order. An error naming the variable and `where` if the
-/// checkpoint lacks it or its shape is not the parameter's.
+/// filled with `starts[k]`, train::slot_initial_value, else zeros), in that
+/// order. An error naming the variable and `where` if the checkpoint lacks it
+/// or its shape is not the parameter's.
 outcome<saved_variable> piece_of_checkpoint(const piece& p, const std::string& param_name,
                                             const checkpoint& ck,
                                             const std::vector<std::string>& slot_names,
-                                            const std::string& where);
+                                            const std::string& where,
+                                            const std::vector<float>& starts = {});
 
 } // namespace af::train
