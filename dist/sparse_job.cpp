@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <limits>
 #include <thread>
 
@@ -14,7 +15,7 @@
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
-#include "dist/sparse_exchange.hpp"
+#include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
 #include "train/local.hpp"
@@ -32,6 +33,12 @@ std::string aggregator_name(size_t k) {
   return "train/sparse/ps" + std::to_string(k);
 }
 
+/// This worker's membership at one ps's aggregator.
+struct ps_member {
+  aggregator_actor actor;
+  std::string token;
+};
+
 /// Everything a worker of the job holds once it is set up.
 struct sparse_task {
   session& s;
@@ -43,7 +50,10 @@ struct sparse_task {
   train::click_data data;
   std::unique_ptr<train::recommender> model;
   std::vector<output> vars;
-  std::unique_ptr<sparse_exchange> exchange;
+  sparse_layout layout;
+  std::vector<ps_member> members;                     ///< per ps
+  std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
+  std::vector<sparse_ps_link*> link_ptrs;
   /// Keeps this worker a member: every aggregator monitors it (a worker
   /// that goes away stops being waited for).
   std::unique_ptr<caf::scoped_actor> self;
@@ -62,8 +72,7 @@ caf::error refuse_mode(const train::train_config& c) {
 }
 
 /// Steps 1 and 2: the data, the model, the tables' routers and variables.
-caf::error declare(sparse_task& t, std::vector<routed_table>& tables,
-                   std::vector<std::string>& dense_names, uint32_t n_ps) {
+caf::error declare(sparse_task& t, uint32_t n_ps) {
   auto data = train::load_clicks(t.c);
   if (!data)
     return to_error(data.error());
@@ -81,19 +90,23 @@ caf::error declare(sparse_task& t, std::vector<routed_table>& tables,
     return make_error(af_error::invalid_argument,
                       fmt::format("partition_strategy '{}': use mod or div",
                                   t.c.partition_strategy));
-  std::vector<std::vector<output>> per_ps(n_ps);
+  auto& layout = t.layout;
+  layout.ps_order.resize(n_ps);
   for (const auto& spec : t.model->tables()) {
     if (spec.rows < static_cast<int64_t>(n_ps))
       return make_error(af_error::invalid_argument,
                         fmt::format("table '{}' has {} rows, fewer than the {} ps tasks it is cut "
                                     "over: give it more rows or the job fewer ps tasks",
                                     spec.name, spec.rows, n_ps));
-    routed_table rt;
-    rt.spec = spec;
+    sparse_layout::table lt;
     auto sizes = kernels::balanced_shard_rows(spec.rows, n_ps);
-    if (auto st = kernels::shard_router::make(*strategy, sizes, rt.router); !st)
-      return to_error(st.error());
+    if (auto st = kernels::shard_router::make(*strategy, sizes, lt.router); !st.ok())
+      return make_error(af_error::invalid_argument,
+                        fmt::format("table '{}': {}", spec.name, st.error));
     for (uint32_t k = 0; k < n_ps; ++k) {
+      lt.shard_vars.push_back(shard_name(spec.name, k));
+      lt.shard_ps.push_back(k);
+      layout.ps_order[k].push_back({true, layout.tables.size(), k});
       auto scope = t.s.device("/job:ps/task:" + std::to_string(k));
       if (!scope)
         return std::move(scope.error());
@@ -103,7 +116,7 @@ caf::error declare(sparse_task& t, std::vector<routed_table>& tables,
         return std::move(v.error());
       t.vars.push_back(*v);
     }
-    tables.push_back(std::move(rt));
+    layout.tables.push_back(std::move(lt));
   }
   auto scope = t.s.device("/job:ps/task:0");
   if (!scope)
@@ -113,63 +126,69 @@ caf::error declare(sparse_task& t, std::vector<routed_table>& tables,
     if (!v)
       return std::move(v.error());
     t.vars.push_back(*v);
-    dense_names.push_back(p.name);
+    layout.ps_order[0].push_back({false, layout.dense_vars.size(), 0});
+    layout.dense_vars.push_back(p.name);
+    layout.dense_ps.push_back(0);
   }
   return caf::none;
 }
 
-/// Step 4 for ps k: its aggregator (sparse over its shards, dense over the
-/// dense parameters on ps 0), the data-plane link to it and the membership.
-caf::expected<sparse_ps> join_ps(sparse_task& t, uint32_t k, const std::vector<routed_table>& tables,
-                                 const std::vector<std::string>& dense_names) {
+/// Step 4 for ps k: its aggregator (sparse over its shards; on ps 0 dense
+/// over the dense parameters too), the membership, and the data-plane link.
+caf::error join_ps(sparse_task& t, uint32_t k) {
   auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.workers);
   spec.name = aggregator_name(k);
-  for (const auto& rt : tables) {
-    spec.variables.push_back(shard_name(rt.spec.name, k));
-    spec.sparse.push_back(spec.variables.back());
+  for (const auto& slot : t.layout.ps_order[k]) {
+    if (slot.table) {
+      spec.variables.push_back(t.layout.tables[slot.index].shard_vars[slot.shard]);
+      spec.sparse.push_back(spec.variables.back());
+    } else {
+      spec.variables.push_back(t.layout.dense_vars[slot.index]);
+    }
   }
-  if (k == 0)
-    for (const auto& d : dense_names)
-      spec.variables.push_back(d);
   auto task = static_cast<int32_t>(k);
+  auto where = "/job:ps/task:" + std::to_string(k);
   auto agg = t.s.aggregator("ps", task, spec);
   if (!agg)
     return std::move(agg.error());
   auto info = t.s.ping("ps", task);
   if (!info)
     return std::move(info.error());
-  sparse_ps p;
-  p.task = "/job:ps/task:" + std::to_string(k);
-  p.aggregator = spec.name;
-  p.actor = *agg;
-  p.dense = k == 0 && !dense_names.empty();
   if (info->data_port == 0)
-    return make_error(af_error::unavailable,
-                      p.task + " serves no data plane: a sparse job reads rows through it");
+    return make_error(af_error::unreachable,
+                      where + " serves no data plane: a sparse job reads rows through it");
   auto host = t.s.cluster().address("ps", task)->host;
-  auto chan = data_channel::connect(host, info->data_port, p.task, t.timeout, {},
+  auto chan = data_channel::connect(host, info->data_port, where, t.timeout, {},
                                     system_tls(t.s.system()));
   if (!chan)
     return std::move(chan.error());
-  p.chan = std::move(*chan);
   std::string address;
   if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
     address = addr->to_string();
   caf::error err;
+  ps_member m{*agg, {}};
+  uint64_t last_seq = 0;
   (*t.self)
     ->request(*agg, t.timeout, join_atom::value, t.task,
               "/job:worker/task:" + std::to_string(t.task), address,
               static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
     .receive(
-      [&](uint64_t, std::string& token, uint64_t last_seq) {
-        p.token = std::move(token);
-        p.seq = last_seq;
+      [&](uint64_t, std::string& token, uint64_t seq) {
+        m.token = std::move(token);
+        last_seq = seq;
       },
       [&](caf::error& e) { err = std::move(e); });
   if (err)
-    return make_error(af_error::unavailable,
-                      fmt::format("joining the aggregator of {}: {}", p.task, describe(err)));
-  return p;
+    return make_error(af_error::unreachable,
+                      fmt::format("joining the aggregator of {}: {}", where, describe(err)));
+  // A push waits for the round (sync): the aggregator's step timeout, and a
+  // margin for the answer.
+  auto wait = std::chrono::milliseconds{t.c.step_timeout_ms} + t.timeout;
+  t.links.push_back(std::make_unique<data_plane_ps_link>(std::move(*chan), spec.name, t.task,
+                                                         m.token, last_seq, wait));
+  t.link_ptrs.push_back(t.links.back().get());
+  t.members.push_back(std::move(m));
+  return caf::none;
 }
 
 caf::error set_up(sparse_task& t) {
@@ -179,9 +198,7 @@ caf::error set_up(sparse_task& t) {
                       fmt::format("model '{}' needs ps tasks to hold its tables: the cluster has "
                                   "none",
                                   t.c.model));
-  std::vector<routed_table> tables;
-  std::vector<std::string> dense_names;
-  if (auto err = declare(t, tables, dense_names, n_ps))
+  if (auto err = declare(t, n_ps))
     return err;
   // Step 3: the chief initializes, on each shard's node; the others wait.
   if (t.chief) {
@@ -192,60 +209,23 @@ caf::error set_up(sparse_task& t) {
     return err;
   }
   t.self = std::make_unique<caf::scoped_actor>(t.s.system());
-  std::vector<sparse_ps> links;
-  for (uint32_t k = 0; k < n_ps; ++k) {
-    auto p = join_ps(t, k, tables, dense_names);
-    if (!p)
-      return std::move(p.error());
-    links.push_back(std::move(*p));
-  }
-  t.exchange = std::make_unique<sparse_exchange>(std::move(tables), std::move(dense_names),
-                                                 std::move(links), t.timeout);
+  for (uint32_t k = 0; k < n_ps; ++k)
+    if (auto err = join_ps(t, k))
+      return err;
   return caf::none;
 }
 
-/// The ids of examples `picks` of `b`, per table, and their labels.
-void take(const train::sparse_batch& b, const std::vector<size_t>& picks,
-          std::vector<std::vector<int64_t>>& ids, std::vector<float>& labels) {
-  ids.resize(b.ids.size());
+/// Examples `picks` of `b` as a batch of their own.
+void take(const train::sparse_batch& b, const std::vector<size_t>& picks, train::sparse_batch& out) {
+  out.ids.resize(b.ids.size());
   for (size_t t = 0; t < b.ids.size(); ++t) {
-    ids[t].clear();
+    out.ids[t].clear();
     for (auto e : picks)
-      ids[t].push_back(b.ids[t][e]);
+      out.ids[t].push_back(b.ids[t][e]);
   }
-  labels.clear();
+  out.labels.clear();
   for (auto e : picks)
-    labels.push_back(b.labels[e]);
-}
-
-/// One forward (and with `grads`, backward) pass of `picks`: routed, rows
-/// fetched, the model's step.
-caf::expected<train::sparse_step_result>
-forward(sparse_task& t, const train::sparse_batch& b, const std::vector<size_t>& picks,
-        bool grads, std::vector<table_step>& steps, uint64_t* bytes) {
-  std::vector<std::vector<int64_t>> ids;
-  std::vector<float> labels;
-  take(b, picks, ids, labels);
-  const auto& tables = t.exchange->tables();
-  steps.resize(tables.size());
-  for (size_t i = 0; i < tables.size(); ++i) {
-    auto r = route_ids(tables[i], ids[i]);
-    if (!r)
-      return std::move(r.error());
-    steps[i] = std::move(*r);
-  }
-  auto rows = t.exchange->fetch(steps);
-  if (!rows)
-    return std::move(rows.error());
-  if (bytes)
-    *bytes += rows->bytes;
-  std::vector<std::vector<int32_t>> index;
-  for (auto& st : steps)
-    index.push_back(st.index);
-  auto r = t.model->step(rows->rows, index, rows->dense, labels, grads);
-  if (!r)
-    return to_error(r.error());
-  return std::move(*r);
+    out.labels.push_back(b.labels[e]);
 }
 
 /// The held-out set scored with the tables as they are now (the chief, at the end).
@@ -254,20 +234,31 @@ caf::error score(sparse_task& t, sparse_outcome& out) {
   std::vector<float> predictions;
   predictions.reserve(test.labels.size());
   std::vector<size_t> picks;
-  std::vector<table_step> steps;
-  constexpr size_t chunk = 4096;
-  for (size_t begin = 0; begin < test.labels.size(); begin += chunk) {
+  train::sparse_batch chunk;
+  constexpr size_t chunk_size = 4096;
+  for (size_t begin = 0; begin < test.labels.size(); begin += chunk_size) {
     picks.clear();
-    for (size_t e = begin; e < std::min(test.labels.size(), begin + chunk); ++e)
+    for (size_t e = begin; e < std::min(test.labels.size(), begin + chunk_size); ++e)
       picks.push_back(e);
-    auto r = forward(t, test, picks, false, steps, nullptr);
-    if (!r)
-      return std::move(r.error());
-    predictions.insert(predictions.end(), r->predictions.begin(), r->predictions.end());
+    take(test, picks, chunk);
+    auto p = predict_sparse_remote(*t.model, t.layout, t.link_ptrs, chunk);
+    if (!p)
+      return std::move(p.error());
+    predictions.insert(predictions.end(), p->begin(), p->end());
   }
   out.auc = train::auc(predictions, test.labels);
   out.log_loss = train::log_loss(predictions, test.labels);
   return caf::none;
+}
+
+/// The bytes every link sent and received so far.
+uint64_t link_bytes(const sparse_task& t) {
+  uint64_t n = 0;
+  for (const auto* l : t.link_ptrs) {
+    auto [sent, received] = l->bytes();
+    n += sent + received;
+  }
+  return n;
 }
 
 /// Step 5: the training loop, until the global step reaches `total`.
@@ -275,39 +266,38 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
                       sparse_outcome& out) {
   const auto& train_set = t.data.data.train;
   train::example_order order(train_set.labels.size(), t.c.seed);
-  auto batch = static_cast<uint64_t>(t.c.batch_size);
+  auto batch_size = static_cast<uint64_t>(t.c.batch_size);
   bool sync = t.c.mode == "sync";
-  uint64_t global = 0, moved = 0, touched = 0;
+  auto specs = t.model->tables();
+  uint64_t global = 0, touched = 0, bytes0 = link_bytes(t);
   double loss_sum = 0;
   uint64_t loss_count = 0;
   std::vector<size_t> picks;
-  std::vector<table_step> steps;
-  auto wait = std::chrono::milliseconds{t.c.step_timeout_ms} + t.timeout;
+  train::sparse_batch batch;
   auto start = clock_type::now();
   while (global < total) {
     // sync: the global batch of step `global`, this worker's share; async:
     // its own steps' shares (the workers' streams interleave).
     uint64_t g = sync ? global : out.local_steps;
     picks.clear();
-    for (uint64_t j = 0; j < batch; ++j)
-      picks.push_back(order.at((g * t.workers + t.task) * batch + j));
-    auto r = forward(t, train_set, picks, true, steps, &moved);
+    for (uint64_t j = 0; j < batch_size; ++j)
+      picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
+    take(train_set, picks, batch);
+    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global);
     if (!r)
       return std::move(r.error());
-    for (size_t i = 0; i < steps.size(); ++i)
-      touched += 2 * steps[i].unique.size()
-                 * (sizeof(int64_t) + sizeof(float) * t.exchange->tables()[i].spec.width);
-    bool late = false;
-    uint64_t sent = 0;
-    auto next = t.exchange->push(t.task, global, steps, r->row_grads, r->dense_grads, wait, &late,
-                                 &sent);
-    if (!next)
-      return std::move(next.error());
-    moved += sent;
-    out.late += late ? 1 : 0;
-    global = *next;
+    // What an ideal exchange moves: each touched row and its id, out and back.
+    for (size_t i = 0; i < specs.size(); ++i)
+      touched += 2 * static_cast<uint64_t>(r->unique[i])
+                 * (sizeof(int64_t) + sizeof(float) * static_cast<uint64_t>(specs[i].width));
+    global = *std::min_element(r->global_steps.begin(), r->global_steps.end());
+    for (bool late : r->dropped_late)
+      if (late) {
+        ++out.late;
+        break;
+      }
     ++out.local_steps;
-    loss_sum += r->loss;
+    loss_sum += r->result.loss;
     ++loss_count;
     out.last_loss = loss_sum / static_cast<double>(loss_count);
     if (t.c.log_every > 0 && out.local_steps % t.c.log_every == 0) {
@@ -323,8 +313,9 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   out.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   out.global_step = global;
   if (out.local_steps > 0) {
-    out.bytes_per_step = static_cast<double>(moved) / static_cast<double>(out.local_steps);
-    out.touched_bytes_per_step = static_cast<double>(touched) / static_cast<double>(out.local_steps);
+    auto steps = static_cast<double>(out.local_steps);
+    out.bytes_per_step = static_cast<double>(link_bytes(t) - bytes0) / steps;
+    out.touched_bytes_per_step = static_cast<double>(touched) / steps;
   }
   return caf::none;
 }
@@ -333,8 +324,8 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
 /// finished, else why it failed).
 caf::error say_done(sparse_task& t, const std::string& why) {
   caf::error first;
-  for (auto& p : t.exchange->ps()) {
-    auto r = ask<uint32_t>(t.s, p.actor, t.timeout, done_atom::value, t.task, p.token, why);
+  for (auto& m : t.members) {
+    auto r = ask<uint32_t>(t.s, m.actor, t.timeout, done_atom::value, t.task, m.token, why);
     if (!r && !first)
       first = std::move(r.error());
   }
@@ -345,7 +336,7 @@ caf::error say_done(sparse_task& t, const std::string& why) {
 /// job's chief does (dist/training.cpp): bounded by the task's timeout,
 /// then it names who still pushes and goes on.
 caf::error wait_for_workers(sparse_task& t) {
-  const auto& ps0 = t.exchange->ps().front();
+  const auto& ps0 = t.members.front();
   auto deadline = clock_type::now() + t.timeout;
   for (;;) {
     auto stats = ask<aggregator_stats>(t.s, ps0.actor, t.timeout, stats_atom::value);
@@ -406,7 +397,7 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
   if (auto e = score(t, out))
     return e;
   if (o.shutdown_ps)
-    for (size_t k = 0; k < t.exchange->ps().size(); ++k)
+    for (size_t k = 0; k < t.members.size(); ++k)
       if (auto e = s.shutdown("ps", static_cast<int32_t>(k)))
         log::get()->warn("chief: stopping /job:ps/task:{}: {}", k, describe(e));
   return out;

@@ -18,7 +18,7 @@
 ///      and joins it;
 ///   5. each step: its share of the global batch, each table's ids made
 ///      unique and routed, the rows read from their shards, the model's step
-///      on them, each shard sent its rows' gradients (dist/sparse_exchange.hpp);
+///      on them, each shard sent its rows' gradients (dist/sparse_step.hpp);
 ///      it ends when the global step reaches the job's steps;
 ///   6. says done; the chief then scores the held-out set (AUC, log-loss),
 ///      waits for the other workers to be done (bounded) and, with

@@ -13,10 +13,21 @@
 
 namespace af {
 
+namespace {
+
+/// A frame's bytes on the wire: its header, name and payload.
+uint64_t frame_bytes(const std::string& name, uint64_t payload) {
+  return sizeof(wire::header) + name.size() + payload;
+}
+
+} // namespace
+
 caf::expected<tensor> data_plane_ps_link::gather_rows(const std::string& var, const tensor& ids) {
   auto r = channel_->gather_rows(var, ids, wait_);
   if (!r)
     return std::move(r.error());
+  sent_ += frame_bytes(var, ids.nbytes());
+  received_ += frame_bytes({}, r->first.nbytes());
   return std::move(r->first);
 }
 
@@ -24,6 +35,8 @@ caf::expected<tensor> data_plane_ps_link::read(const std::string& var) {
   auto r = channel_->call(var_op::read, var, nullptr, true, 0, wait_);
   if (!r)
     return std::move(r.error());
+  sent_ += frame_bytes(var, 0);
+  received_ += frame_bytes({}, r->first.nbytes());
   return std::move(r->first);
 }
 
@@ -35,18 +48,21 @@ caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
                                  wait_, token_, ++seq_, &late);
   if (!r)
     return std::move(r.error());
+  // docs/wire.md "Sparse tables": the push prefix (token, number), a count
+  // per table, then the parts (ids as int64).
+  uint64_t payload = 24 + 8 * values.ids.size();
+  for (const auto& t : values.dense)
+    payload += t.nbytes();
+  for (const auto& t : values.ids)
+    payload += t.num_elements() * sizeof(int64_t);
+  for (const auto& t : values.rows)
+    payload += t.nbytes();
+  sent_ += frame_bytes(aggregator_, payload);
+  received_ += frame_bytes({}, 0);
   return std::make_pair(*r, late);
 }
 
 namespace {
-
-/// One shard's part of a step: the rows of its own it must send (the
-/// shard's row ids, each once) and where each goes among the table's
-/// unique ids.
-struct shard_part {
-  std::vector<int64_t> rows;
-  std::vector<int32_t> places;
-};
 
 tensor int64s(const std::vector<int64_t>& v) {
   tensor t{dtype::int64, {static_cast<int64_t>(v.size())}};
@@ -81,14 +97,12 @@ caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
 
 } // namespace
 
-caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
-                                                  const sparse_layout& layout,
-                                                  const std::vector<sparse_ps_link*>& links,
-                                                  const train::sparse_batch& batch,
-                                                  uint64_t step) {
+caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
+                                              const sparse_layout& layout,
+                                              const std::vector<sparse_ps_link*>& links,
+                                              const train::sparse_batch& batch) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
-  auto specs = model.tables();
   if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
     return make_error(af_error::invalid_argument,
                       fmt::format("sparse step: the batch has ids of {} tables, the model {} and "
@@ -96,9 +110,13 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                   batch.ids.size(), specs.size(), T, layout.ps_order.size(), P));
   // 1. Each table's ids once (in order of first occurrence), and each
   //    unique id's shard and row there. Every id checked before any request.
-  std::vector<std::vector<int32_t>> index(T);
-  std::vector<int64_t> unique(T, 0);
-  std::vector<std::vector<shard_part>> parts(T);
+  sparse_fetch f;
+  auto& index = f.index;
+  auto& unique = f.unique;
+  auto& parts = f.parts;
+  index.resize(T);
+  unique.assign(T, 0);
+  parts.resize(T);
   for (size_t t = 0; t < T; ++t) {
     const auto& table = layout.tables[t];
     parts[t].resize(table.shard_vars.size());
@@ -123,10 +141,12 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
     }
   }
   // 2. Every ps at once: its shards' rows, its dense parameters' values.
-  std::vector<tensor> rows(T);
+  auto& rows = f.rows;
+  rows.resize(T);
   for (size_t t = 0; t < T; ++t)
     rows[t] = tensor{dtype::float32, {unique[t], specs[t].width}};
-  std::vector<tensor> dense(layout.dense_vars.size());
+  auto& dense = f.dense;
+  dense.resize(layout.dense_vars.size());
   std::vector<caf::error> errs(P);
   // Taken before the threads: each writes rows of its own shards only.
   std::vector<float*> row_ptr(T);
@@ -162,8 +182,38 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
   });
   if (auto err = first_error(errs, "reading rows"))
     return err;
+  return f;
+}
+
+caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
+                                                        const sparse_layout& layout,
+                                                        const std::vector<sparse_ps_link*>& links,
+                                                        const train::sparse_batch& batch) {
+  auto f = fetch_sparse_rows(model.tables(), layout, links, batch);
+  if (!f)
+    return std::move(f.error());
+  auto r = model.step(f->rows, f->index, f->dense, batch.labels, false);
+  if (!r)
+    return make_error(r.error().code, "sparse predictions: " + r.error().what);
+  return std::move(r->predictions);
+}
+
+caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
+                                                  const sparse_layout& layout,
+                                                  const std::vector<sparse_ps_link*>& links,
+                                                  const train::sparse_batch& batch,
+                                                  uint64_t step) {
+  const size_t T = layout.tables.size();
+  const size_t P = links.size();
+  auto specs = model.tables();
+  auto f = fetch_sparse_rows(specs, layout, links, batch);
+  if (!f)
+    return std::move(f.error());
+  const auto& unique = f->unique;
+  const auto& parts = f->parts;
+  std::vector<caf::error> errs(P);
   // 3. The model on those rows.
-  auto r = model.step(rows, index, dense, batch.labels, true);
+  auto r = model.step(f->rows, f->index, f->dense, batch.labels, true);
   if (!r)
     return make_error(r.error().code, "sparse step: " + r.error().what);
   if (r->row_grads.size() != T || r->dense_grads.size() != layout.dense_vars.size())
@@ -215,6 +265,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
   if (auto err = first_error(errs, "the push"))
     return err;
   out.dropped_late.assign(late.begin(), late.end());
+  out.unique = unique;
   out.result = std::move(*r);
   return out;
 }

@@ -38,6 +38,8 @@ public:
   /// `step`: the global step after it, and whether it was dropped as late.
   virtual caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
                                                         const sparse_push_values& values) = 0;
+  /// Bytes this link sent and received so far (0 if it does not count).
+  virtual std::pair<uint64_t, uint64_t> bytes() const { return {0, 0}; }
 };
 
 /// A link over the ps's data plane (one data_channel): gather_rows, read
@@ -55,8 +57,11 @@ public:
   caf::expected<tensor> read(const std::string& var) override;
   caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
                                                 const sparse_push_values& values) override;
+  /// The frames' bytes (header, name, payload) of every call so far, both ways.
+  std::pair<uint64_t, uint64_t> bytes() const override { return {sent_, received_}; }
 
 private:
+  uint64_t sent_ = 0, received_ = 0;
   std::unique_ptr<data_channel> channel_;
   std::string aggregator_;
   uint32_t worker_;
@@ -86,9 +91,43 @@ struct sparse_layout {
   std::vector<std::vector<slot>> ps_order;
 };
 
+/// One shard's part of a step: the rows of its own it must send (the
+/// shard's row ids, each once) and where each goes among the table's
+/// unique ids.
+struct shard_part {
+  std::vector<int64_t> rows;
+  std::vector<int32_t> places;
+};
+
+/// A batch's rows as read from the shards (run_sparse_step's first half).
+struct sparse_fetch {
+  std::vector<std::vector<int32_t>> index; ///< per table, per example: its row in `rows`
+  std::vector<int64_t> unique;             ///< per table: its distinct ids
+  std::vector<std::vector<shard_part>> parts; ///< per table, per shard
+  std::vector<tensor> rows;                ///< per table: [unique, width], first-seen order
+  std::vector<tensor> dense;               ///< the dense parameters' values
+};
+
+/// Deduplicates and routes `batch`'s ids (every id checked before any
+/// request: one outside its table is invalid_argument naming it, its
+/// position and the table) and reads their rows and the dense parameters
+/// from every ps at once.
+caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
+                                              const sparse_layout& layout,
+                                              const std::vector<sparse_ps_link*>& links,
+                                              const train::sparse_batch& batch);
+
+/// The model's predictions for `batch` with the tables as the ps hold them
+/// now (forward only: nothing is pushed).
+caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
+                                                        const sparse_layout& layout,
+                                                        const std::vector<sparse_ps_link*>& links,
+                                                        const train::sparse_batch& batch);
+
 /// What one sparse step did.
 struct sparse_step_report {
   train::sparse_step_result result;   ///< the model's (loss, predictions, gradients)
+  std::vector<int64_t> unique;        ///< per table: the distinct ids the step touched
   std::vector<uint64_t> global_steps; ///< per ps: its global step after the push
   std::vector<bool> dropped_late;     ///< per ps: its push was dropped as late (sync)
 };

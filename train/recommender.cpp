@@ -32,7 +32,13 @@ outcome<recommender> recommender::make(const recommender_spec& spec) {
 
 std::vector<table_spec> recommender::tables() const {
   // Distinct seeds: the two tables must not start as the same numbers.
-  auto init = [&](uint64_t k) { return initializer::normal(0, spec_.init_stddev, spec_.seed * 2 + k); };
+  // A table's initializer (initializer::table): drawn per (row, column), so
+  // a shard on a ps computes exactly its rows of this one-piece table.
+  auto init = [&](uint64_t k) {
+    auto i = initializer::normal(0, spec_.init_stddev, spec_.seed * 2 + k);
+    i.table = true;
+    return i;
+  };
   return {table_spec{"user_emb", spec_.users, spec_.dim + 1, init(0)},
           table_spec{"item_emb", spec_.items, spec_.dim + 1, init(1)}};
 }
