@@ -94,7 +94,7 @@ struct sparse_fixture {
   /// The aggregator of `mode` for `workers`, emb sparse unless `dense`.
   caf::expected<aggregator_actor> spawn(const std::string& mode, uint32_t workers,
                                         const std::string& optimizer = "sgd", bool dense = false,
-                                        uint32_t replicas = 0) {
+                                        uint32_t replicas = 0, double guard = 0) {
     auto vars = cells();
     w = vars[0].cell;
     emb = vars[1].cell;
@@ -108,6 +108,7 @@ struct sparse_fixture {
     spec.optimizer.kind = optimizer;
     spec.optimizer.lr = 0.5;
     spec.replicas_to_aggregate = replicas;
+    spec.grad_norm_guard = guard;
     spec.step_timeout_ms = 60000;
     auto a = spawn_aggregator(sys, spec, vars);
     if (a)
@@ -386,6 +387,33 @@ TEST_CASE("a sparse push with an id out of range is refused naming it, and the t
       CHECK(floats(value_of_cell(*f.emb)) != before_emb);
     }
   }
+}
+
+TEST_CASE("a sparse push with a non-finite row is refused and counted, and the norm guard "
+          "scales rows",
+          "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("async", 1, "sgd", false, 0, 2));
+  f.join(0);
+  auto before = floats(value_of_cell(*f.emb));
+  auto nan = f.push(0, 0, push_of(ids64({2}), floats_of({1, 3}, {1, std::nanf(""), 1}),
+                                  floats_of({2}, {0, 0})));
+  REQUIRE_FALSE(nan);
+  CHECK(is(nan.error(), af_error::non_finite));
+  CHECK_THAT(describe(nan.error()), Catch::Contains("'emb'") && Catch::Contains("element 1"));
+  CHECK(floats(value_of_cell(*f.emb)) == before);
+  CHECK(f.stats().refused == 1);
+  // Eight ordinary pushes of norm 1 (the guard's warm-up), then one of norm
+  // 100: scaled down to 2 x the median, so row 5 moves by lr * 2 in all.
+  for (uint64_t step = 0; step < 8; ++step)
+    REQUIRE(f.push(0, step, push_of(ids64({0}), floats_of({1, 3}, {1, 0, 0}),
+                                    floats_of({2}, {0, 0}))));
+  auto big = f.push(0, 8, push_of(ids64({5}), floats_of({1, 3}, {100, 0, 0}),
+                                  floats_of({2}, {0, 0})));
+  REQUIRE(big);
+  auto after = floats(value_of_cell(*f.emb));
+  CHECK(after[15] == Approx(before[15] - 0.5f * 2));
+  CHECK(f.stats().workers.at(0).guarded == 1);
 }
 
 TEST_CASE("an aggregator takes only the push form of its spec", "[sparse_push]") {
