@@ -586,8 +586,9 @@ static int main_body(int argc, char** argv) {
                   "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
                   "the dense models");
     if (a.local) {
-      if (cluster || !a.job.empty() || a.task >= 0)
-        return fail("--local trains in this one process: no cluster, --job or --task with it");
+      if (!a.job.empty() || a.task >= 0)
+        return fail("--local trains in this one process: no --job or --task with it (the "
+                    "config's [cluster] is not used)");
       return af::programs::run_sparse_local(c, fail);
     }
     if (a.job.empty() && a.task < 0) {

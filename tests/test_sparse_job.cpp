@@ -38,6 +38,21 @@ train::train_config small_job(const std::string& mode, uint32_t steps) {
   return c;
 }
 
+/// A job that learns the planted truth in about 1,000 steps of 2 x 256
+/// (the one-process trainer reaches 0.768 against the truth's 0.781).
+train::train_config planted_job(const std::string& mode) {
+  auto c = small_job(mode, 0);
+  c.users = 300;
+  c.items = 200;
+  c.zipf = 0.8;
+  c.synthetic_examples = 150000;
+  c.batch_size = 256;
+  c.epochs = 4;
+  c.optimizer.kind = "adam";
+  c.optimizer.lr = 0.02;
+  return c;
+}
+
 /// Runs `c` on an embedded cluster of `ps` ps and `workers` workers; the
 /// chief's outcome, and (if asked) each table read back whole from its
 /// shards, in the one-piece table's row order.
@@ -78,7 +93,7 @@ job_run run_job(const train::train_config& c, int ps, int workers, bool read_bac
   for (const auto& spec : model->tables()) {
     auto sizes = kernels::balanced_shard_rows(spec.rows, ps);
     kernels::shard_router router;
-    REQUIRE(kernels::shard_router::make(*strategy, sizes, router));
+    REQUIRE(kernels::shard_router::make(*strategy, sizes, router).ok());
     std::vector<tensor> shards;
     for (int k = 0; k < ps; ++k) {
       auto scope = s->device("/job:ps/task:" + std::to_string(k));
@@ -153,11 +168,7 @@ TEST_CASE("a sync sparse job of 2 workers over 2 ps nears the planted truth's AU
   // Catches: workers that push their gradients to the wrong step, a round
   // that drops one worker's rows, or an exchange that reads stale rows: the
   // model would not learn the planted factors.
-  auto c = small_job("sync", 0);
-  c.epochs = 4;
-  c.synthetic_examples = 20000;
-  c.optimizer.kind = "adam";
-  c.optimizer.lr = 0.02;
+  auto c = planted_job("sync");
   auto run = run_job(c, 2, 2, false);
   REQUIRE(run.results[0]);
   REQUIRE(run.results[1]);
@@ -170,19 +181,15 @@ TEST_CASE("a sync sparse job of 2 workers over 2 ps nears the planted truth's AU
   CHECK(o.bytes_per_step > 0);
 }
 
-TEST_CASE("an async sparse job of 2 workers learns", "[sparse_job]") {
+TEST_CASE("an async sparse job of 2 workers nears the planted truth's AUC", "[sparse_job]") {
   // Catches: async pushes that are not applied (the AUC would stay at
   // chance) and workers that stop before the job's steps are done.
-  auto c = small_job("async", 0);
-  c.epochs = 4;
-  c.synthetic_examples = 20000;
-  c.optimizer.kind = "adagrad";
-  c.optimizer.lr = 0.2;
+  auto c = planted_job("async");
   auto run = run_job(c, 2, 2, false);
   REQUIRE(run.results[0]);
   REQUIRE(run.results[1]);
   INFO("auc " << run.results[0]->auc << " truth " << run.results[0]->truth_auc);
-  CHECK(run.results[0]->auc > run.results[0]->truth_auc - 0.05);
+  CHECK(run.results[0]->auc > run.results[0]->truth_auc - 0.04);
   auto total = train::total_steps(c, run.results[0]->train_examples, 2);
   CHECK(run.results[0]->global_step >= total);
 }
