@@ -41,6 +41,8 @@ struct ps_member {
 
 /// Everything a worker of the job holds once it is set up.
 struct sparse_task {
+  sparse_task(session& session_of_task, const train::train_config& config)
+    : s(session_of_task), c(config) {}
   session& s;
   const train::train_config& c;
   uint32_t task = 0;
@@ -370,7 +372,7 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
     return err;
   if (auto err = training_detail::check_config(c))
     return err;
-  sparse_task t{s, c};
+  sparse_task t(s, c);
   t.task = task;
   t.workers = static_cast<uint32_t>(s.cluster().num_tasks("worker"));
   t.chief = task == 0;
