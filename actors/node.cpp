@@ -23,6 +23,7 @@
 #include "actors/executor.hpp"
 #include "core/log.hpp"
 #include "actors/system.hpp"
+#include "actors/table_shards.hpp"
 #include "actors/variable.hpp"
 #include "kernels/kernels.hpp"
 #include "core/device_name.hpp"
@@ -421,6 +422,22 @@ node_actor::behavior_type node_impl(node_actor::stateful_pointer<node_state> sel
         st.owned->push_back(st.kv.address());
       }
       return st.kv;
+    },
+    [self](save_atom, table_shard_request& req) -> caf::result<std::string> {
+      auto e = self->state.directory->get(req.variable);
+      if (!e.cell)
+        return make_error(af_error::not_found, "table checkpoint: no variable '" + req.variable
+                                                 + "' on " + self->state.device_prefix);
+      return self->delegate(spawn_table_shard_worker(self->system(), e.cell, e.actor),
+                            save_atom::value, std::move(req));
+    },
+    [self](restore_atom, table_shard_request& req) -> caf::result<uint64_t> {
+      auto e = self->state.directory->get(req.variable);
+      if (!e.cell)
+        return make_error(af_error::not_found, "table restore: no variable '" + req.variable
+                                                 + "' on " + self->state.device_prefix);
+      return self->delegate(spawn_table_shard_worker(self->system(), e.cell, e.actor),
+                            restore_atom::value, std::move(req));
     },
     [self](shutdown_atom) -> caf::result<caf::ok_atom> {
       // Answer first, then stop: linked variables and executors stop with us.

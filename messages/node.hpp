@@ -23,6 +23,14 @@
 ///        the data plane by name.
 ///   (kv_store)                  -> (kv_store_actor)  the node's rendezvous store
 ///        (messages/kv_store.hpp)
+///   (save, table_shard_request)  -> (string path)  writes the shard variable it
+///        names, value and slots, as shard `shard` of its table to `dir`
+///        (train/table_checkpoint.hpp), streamed from the variable's buffers
+///        on a thread of its own; not_found if the node does not hold it
+///   (restore, table_shard_request) -> (uint64_t version)  fills the shard
+///        variable it names with its rows of the table checkpoint in `dir`
+///        (any old layout: the manifest says which), value and slots, reading
+///        only the old shard files' chunks that hold them
 /// `devices` are local names: "CPU:0", "CPU:1", "GPU:0".
 
 #include <cstdint>
@@ -59,6 +67,28 @@ typename Inspector::result_type inspect(Inspector& f, node_info& x) {
            x.incarnation, x.clock_ns, x.device_errors);
 }
 
+/// A table shard's checkpoint, saved or restored by the node that holds the
+/// shard (train/table_checkpoint.hpp): the layout is the shard's as it is now
+/// (save) or as it is to be (restore).
+struct table_shard_request {
+  std::string dir;                      ///< the checkpoint directory, on the node's disk
+  std::string variable;                 ///< the shard variable, e.g. "emb/part_1"
+  std::string table;                    ///< e.g. "emb"
+  uint8_t strategy = 0;                 ///< kernels::partition_strategy
+  std::vector<int64_t> shard_rows;      ///< every shard's rows
+  uint64_t shard = 0;                   ///< which of them `variable` is
+  std::vector<std::string> slot_names;  ///< the optimizer's slots (slot_names order)
+  std::vector<float> slot_starts;       ///< each slot's start where none exists
+  uint64_t global_step = 0;             ///< save: written into the files
+  std::string run_id;                   ///< restore: the run that restores it
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, table_shard_request& x) {
+  return f(caf::meta::type_name("table_shard_request"), x.dir, x.variable, x.table, x.strategy,
+           x.shard_rows, x.shard, x.slot_names, x.slot_starts, x.global_step, x.run_id);
+}
+
 using node_actor = caf::typed_actor<
   caf::replies_to<caf::ping_atom>::with<node_info>,
   caf::replies_to<get_var_atom, variable_spec>::with<variable_actor>,
@@ -67,6 +97,8 @@ using node_actor = caf::typed_actor<
   caf::replies_to<executor_atom, std::string>::with<executor_actor>,
   caf::replies_to<shutdown_atom>::with<caf::ok_atom>,
   caf::replies_to<aggregator_atom, aggregator_spec>::with<aggregator_actor>,
-  caf::replies_to<kv_store_atom>::with<kv_store_actor>>;
+  caf::replies_to<kv_store_atom>::with<kv_store_actor>,
+  caf::replies_to<save_atom, table_shard_request>::with<std::string>,
+  caf::replies_to<restore_atom, table_shard_request>::with<uint64_t>>;
 
 } // namespace af

@@ -95,6 +95,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<transfer_timing>("af::transfer_timing");
   cfg.add_message_type<step_result>("af::step_result");
   cfg.add_message_type<node_info>("af::node_info");
+  cfg.add_message_type<table_shard_request>("af::table_shard_request");
   cfg.add_message_type<variable_actor>("af::variable_actor");
   cfg.add_message_type<executor_actor>("af::executor_actor");
   cfg.add_message_type<node_actor>("af::node_actor");

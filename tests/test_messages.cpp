@@ -70,6 +70,8 @@ node_actor::behavior_type fake_node() {
       return aggregator_actor{};
     },
     [](kv_store_atom) -> caf::result<kv_store_actor> { return kv_store_actor{}; },
+    [](save_atom, table_shard_request) -> caf::result<std::string> { return std::string{}; },
+    [](restore_atom, table_shard_request) -> caf::result<uint64_t> { return uint64_t{0}; },
   };
 }
 

@@ -229,9 +229,9 @@ outcome<int> open_for_reading(const std::string& path, const std::string& what,
                               uint64_t& size) {
   int fd = -1;
   auto why = open_regular_file(path, std::numeric_limits<uint64_t>::max(), fd, false, &size);
+  auto code = errno == ENOENT ? af_error::not_found : af_error::invalid_argument;
   if (!why.empty())
-    return invalid(fmt::format("cannot read {} '{}': {}", what, path, why),
-                   errno == ENOENT ? af_error::not_found : af_error::invalid_argument);
+    return invalid(fmt::format("cannot read {} '{}': {}", what, path, why), code);
   return fd;
 }
 
