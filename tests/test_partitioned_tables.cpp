@@ -460,7 +460,7 @@ TEST_CASE("a seeded random table's shards hold, bit for bit, the one-piece table
   }
 }
 
-TEST_CASE("a table initializer's values spread over their range and differ row by row; a plain "
+TEST_CASE("a table initializer's values spread over their range and differ row by row, and a plain "
           "seeded variable keeps its one stream",
           "[partitioned][table_init]") {
   // Catches: a table generator that repeats rows or columns, or that is not

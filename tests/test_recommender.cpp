@@ -402,32 +402,50 @@ cli_result run_train(const std::vector<std::string>& args) {
 
 } // namespace
 
-TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommender in one process "
-          "and prints AUC and log-loss; the distributed modes say not yet (catches the model "
+TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommender on an embedded "
+          "cluster and with --local in one process, printing AUC and log-loss (catches the model "
           "key routed to the dense job)", "[recommender][cli]") {
   auto cfg = std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml";
-  auto r = run_train({"--config", cfg, "--set", "synthetic_examples=50000", "--set", "users=500",
-                      "--set", "items=200"});
+  std::vector<std::string> small{"--set", "synthetic_examples=50000", "--set", "users=500",
+                                 "--set", "items=200"};
+  auto local_args = small;
+  local_args.insert(local_args.begin(), {"--config", cfg, "--local"});
+  auto r = run_train(local_args);
   CAPTURE(r.out, r.err);
   CHECK(r.status == 0);
   CHECK(r.out.find("model recommender in one process") != std::string::npos);
   CHECK(r.out.find("held-out: auc=0.") != std::string::npos);
   CHECK(r.out.find("(planted truth: auc=0.") != std::string::npos);
   CHECK(r.out.find("train done: mode=local") != std::string::npos);
-  auto job = run_train({"--config", cfg, "--job", "ps", "--task", "0"});
-  CHECK(job.status == 2);
-  CHECK(job.err.find("not wired yet") != std::string::npos);
+  auto job_args = small;
+  job_args.insert(job_args.begin(), {"--config", cfg});
+  auto job = run_train(job_args);
+  CAPTURE(job.out, job.err);
+  CHECK(job.status == 0);
+  CHECK(job.out.find("embedded cluster (3 ps + 2 workers), mode sync, model recommender")
+        != std::string::npos);
+  CHECK(job.out.find("held-out: auc=0.") != std::string::npos);
+  CHECK(job.out.find("train done: mode=sync workers=2") != std::string::npos);
+  // What a sparse job cannot do is refused by name.
+  auto in_graph = run_train({"--config", cfg, "--in-graph"});
+  CHECK(in_graph.status == 2);
+  CHECK(in_graph.err.find("a sparse job runs between-graph") != std::string::npos);
+  local_args.push_back("--job");
+  local_args.push_back("worker");
+  auto mixed = run_train(local_args);
+  CHECK(mixed.status == 2);
+  CHECK(mixed.err.find("--local trains in this one process") != std::string::npos);
   // A CSV with an id past the declared users: named, exit 1.
   auto csv = temp_csv("cli", "0,1,1\n600,1,0\n");
-  auto bad = run_train({"--config", cfg, "--set", "data=csv:" + csv, "--set", "users=500",
-                        "--set", "items=200"});
+  auto bad = run_train({"--config", cfg, "--local", "--set", "data=csv:" + csv, "--set",
+                        "users=500", "--set", "items=200"});
   CHECK(bad.status == 1);
   CHECK(bad.err.find(csv + ":2: column 1 (user) = '600'") != std::string::npos);
   std::remove(csv.c_str());
 }
 
 TEST_CASE("sparse local trainer: a step changes only the rows its batch names, by apply_rows' "
-          "update of their summed gradient; other rows and their slots stay bit for bit "
+          "update of their summed gradient, and other rows and their slots stay bit for bit "
           "(catches a dense update, or a repeated id updated twice)", "[recommender][local]") {
   recommender_spec rs;
   rs.users = 6;
