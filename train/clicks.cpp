@@ -41,19 +41,6 @@ private:
   std::vector<double> cdf_;
 };
 
-tensor truth_table(int64_t rows, int64_t dim, double factor_sd, double bias_sd,
-                   std::mt19937_64& rng) {
-  tensor t(dtype::float32, {rows, dim + 1});
-  float* p = t.mutable_data<float>();
-  std::normal_distribution<double> factor(0, factor_sd), bias(0, bias_sd);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t f = 0; f < dim; ++f)
-      p[r * (dim + 1) + f] = static_cast<float>(factor(rng));
-    p[r * (dim + 1) + dim] = static_cast<float>(bias(rng));
-  }
-  return t;
-}
-
 double sigmoid(double z) {
   return z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) / (1 + std::exp(z));
 }
@@ -67,6 +54,26 @@ double unit_hash(uint64_t seed, uint64_t e) {
   return static_cast<double>(z >> 11) * 0x1p-53;
 }
 
+/// The truth's element (t, row, col): a standard normal from the hash of
+/// (seed, t, row, col) (Box-Muller's cosine branch), scaled by its stddev.
+float truth_element(const click_truth& truth, size_t t, int64_t row, int64_t col) {
+  auto width = static_cast<uint64_t>(truth.dim + 1);
+  uint64_t key = (static_cast<uint64_t>(row) * width + static_cast<uint64_t>(col)) * 4 + t * 2;
+  double u1 = std::max(unit_hash(truth.seed, key), 0x1p-60);
+  double u2 = unit_hash(truth.seed, key + 1);
+  double z = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return static_cast<float>(z * (col < truth.dim ? truth.factor_stddev : truth.bias_stddev));
+}
+
+/// The whole table `t` of `rows` rows, computed row by row (cached when small).
+tensor truth_table(const click_truth& truth, size_t t, int64_t rows) {
+  tensor out(dtype::float32, {rows, truth.dim + 1});
+  float* p = out.mutable_data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    truth.row(t, r, p + r * (truth.dim + 1));
+  return out;
+}
+
 void push(sparse_batch& b, int64_t user, int64_t item, float label) {
   b.ids[0].push_back(user);
   b.ids[1].push_back(item);
@@ -75,10 +82,25 @@ void push(sparse_batch& b, int64_t user, int64_t item, float label) {
 
 } // namespace
 
+void click_truth::row(size_t t, int64_t id, float* out) const {
+  const auto& cached = t == recommender::user_table ? user_table : item_table;
+  const int64_t w = dim + 1;
+  if (!cached.empty()) {
+    std::copy_n(cached.data<float>() + id * w, w, out);
+    return;
+  }
+  for (int64_t c = 0; c < w; ++c)
+    out[c] = truth_element(*this, t, id, c);
+}
+
 double truth_probability(const click_truth& t, int64_t user, int64_t item) {
-  const int64_t w = t.dim + 1;
-  return sigmoid(fm_logit(t.user_table.data<float>() + user * w,
-                          t.item_table.data<float>() + item * w, t.dim, t.global_bias));
+  const auto w = static_cast<size_t>(t.dim + 1);
+  thread_local std::vector<float> u, i;
+  u.resize(w);
+  i.resize(w);
+  t.row(recommender::user_table, user, u.data());
+  t.row(recommender::item_table, item, i.data());
+  return sigmoid(fm_logit(u.data(), i.data(), t.dim, t.global_bias));
 }
 
 outcome<synthetic_clicks> make_synthetic_clicks(const click_spec& spec) {
@@ -102,8 +124,13 @@ outcome<synthetic_clicks> make_synthetic_clicks(const click_spec& spec) {
   auto& truth = out.truth;
   truth.dim = spec.dim;
   truth.global_bias = spec.global_bias;
-  truth.user_table = truth_table(spec.users, spec.dim, factor_sd, spec.bias_stddev, rng);
-  truth.item_table = truth_table(spec.items, spec.dim, factor_sd, spec.bias_stddev, rng);
+  truth.seed = rng();
+  truth.factor_stddev = factor_sd;
+  truth.bias_stddev = spec.bias_stddev;
+  if (spec.users <= click_truth::cache_rows)
+    truth.user_table = truth_table(truth, recommender::user_table, spec.users);
+  if (spec.items <= click_truth::cache_rows)
+    truth.item_table = truth_table(truth, recommender::item_table, spec.items);
 
   zipf_ids draw_user(spec.users, spec.zipf), draw_item(spec.items, spec.zipf);
   auto& d = out.data;

@@ -37,13 +37,24 @@ struct click_spec {
   double global_bias = -1;
 };
 
-/// The planted truth: tables in the model's layout ([rows, dim + 1], the
-/// bias last) and the global bias.
+/// The planted truth: tables in the model's layout (a row is dim factors,
+/// then the bias) and the global bias. Each element is a function of
+/// (seed, table, row, column) alone, so a row is computed when it is needed
+/// and a truth of 10 million users is never held whole; a table of at most
+/// `cache_rows` rows is computed once (the same values).
 struct click_truth {
-  tensor user_table;
-  tensor item_table;
   double global_bias = 0;
   int64_t dim = 0;
+  uint64_t seed = 0;
+  double factor_stddev = 0;
+  double bias_stddev = 0;
+  static constexpr int64_t cache_rows = 1 << 20;
+  tensor user_table; ///< [users, dim + 1] when users <= cache_rows, else empty
+  tensor item_table; ///< likewise for the items
+
+  /// Row `id` of table `t` (recommender::user_table or item_table) into
+  /// `out` (dim + 1 floats).
+  void row(size_t t, int64_t id, float* out) const;
 };
 
 /// A data set split into training and held-out examples, each a
