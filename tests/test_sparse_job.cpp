@@ -251,13 +251,14 @@ TEST_CASE("a sparse job's checkpoint over 3 ps is restored over 2 (mod) and 4 (d
     INFO(ps << " ps, " << strategy);
     auto again = c;
     again.partition_strategy = strategy;
+    // Another seed (other initial tables): only the restore makes them equal.
+    again.seed = 7;
     auto run = run_job(again, ps, 1, true);
     REQUIRE(run.results[0]);
     CHECK(run.results[0]->global_step == 20);
     CHECK(run.results[0]->local_steps == 0); // the job's 20 steps were done
     CHECK(table_differences(first, run) == 0);
     CHECK(run.dense == first.dense);
-    CHECK(run.results[0]->auc == Approx(first.results[0]->auc).margin(1e-12));
   }
   // Going on: 5 more steps over 2 ps, from global step 20.
   auto more = c;
