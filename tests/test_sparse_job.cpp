@@ -333,3 +333,37 @@ TEST_CASE("a sparse job refuses a torn shard file of its checkpoint, naming it, 
   CHECK(std::filesystem::path(*latest).filename() == "ckpt-10.afck");
   CHECK_FALSE(std::filesystem::exists(sparse_tables_dir(dir.path, 20)));
 }
+
+TEST_CASE("the workers of a restored sparse job (sync and async, 2 workers) go on from the "
+          "checkpoint's step",
+          "[sparse_job][sparse_checkpoint]") {
+  // Catches: a worker that joins before the chief set the aggregators'
+  // step (it would push step 0 and be dropped as late), or a non-chief
+  // worker that starts its data or its steps over.
+  for (std::string mode : {"sync", "async"}) {
+    INFO(mode);
+    testing::temp_dir dir;
+    auto c = small_job(mode, 20);
+    c.checkpoint_dir = dir.path;
+    auto first = run_job(c, 2, 2, false);
+    REQUIRE(first.results[0]);
+    REQUIRE(first.results[1]);
+    auto saved = first.results[0]->global_step;
+    CHECK(saved >= 20);
+    auto more = c;
+    more.steps = saved + 20;
+    auto run = run_job(more, 3, 2, false);
+    REQUIRE(run.results[0]);
+    REQUIRE(run.results[1]);
+    for (int w = 0; w < 2; ++w) {
+      INFO("worker " << w);
+      const auto& o = *run.results[w];
+      CHECK(o.global_step >= saved + 20);
+      CHECK(o.late == 0);
+      if (mode == "sync")
+        CHECK(o.local_steps == 20);
+      else
+        CHECK(o.local_steps < 20); // the two share the 20 steps
+    }
+  }
+}
