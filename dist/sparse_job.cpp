@@ -459,8 +459,7 @@ caf::error wait_for_workers(sparse_task& t) {
   }
 }
 
-/// The chief stops every ps task, at the end or when the job failed (a ps
-/// left waiting for a job that is over would never exit).
+/// The chief stops every ps task at the end.
 void stop_ps(session& s) {
   auto n = s.cluster().num_tasks("ps");
   for (size_t k = 0; k < n; ++k)
@@ -529,7 +528,9 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
   t.chief = task == 0;
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   auto out = run_task(t, o);
-  if (t.chief && o.shutdown_ps)
+  // A failed job's ps tasks end by themselves when the chief does
+  // (programs/train_main.cpp: "the chief ended the job").
+  if (t.chief && o.shutdown_ps && out)
     stop_ps(s);
   return out;
 }

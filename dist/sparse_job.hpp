@@ -25,8 +25,7 @@
 ///      checkpoints every checkpoint_steps / checkpoint_secs;
 ///   6. says done; the chief then waits for the other workers to be done
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
-///      and, with shutdown_ps, stops the ps tasks (also when the job
-///      failed: a ps would wait for it for ever).
+///      and, with shutdown_ps, stops the ps tasks.
 
 #include <cstdint>
 #include <functional>
@@ -39,7 +38,7 @@
 namespace af {
 
 struct sparse_job_options {
-  bool shutdown_ps = true; ///< the chief stops the ps tasks at the end (or when it failed)
+  bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
   bool print = true;       ///< the chief's progress lines on stdout
 };
 
