@@ -269,7 +269,8 @@ TEST_CASE("a sparse job's checkpoint over 3 ps is restored over 2 (mod) and 4 (d
   CHECK(run.results[0]->global_step == 25);
 }
 
-TEST_CASE("a sparse job of 40 steps equals one of 20 steps, restored, then 20 more, bit for bit",
+TEST_CASE("a sparse job of 40 steps, checkpointing every 10, equals one of 20 steps, restored, "
+          "then 20 more, bit for bit",
           "[sparse_job][sparse_checkpoint]") {
   // Catches: a checkpoint taken at another step than the one it says (the
   // chief saving while a round is applied), optimizer slots not saved or
@@ -283,11 +284,14 @@ TEST_CASE("a sparse job of 40 steps equals one of 20 steps, restored, then 20 mo
     c.optimizer.kind = kind;
     c.optimizer.lr = kind == "sgd" ? 0.5 : 0.3;
     c.checkpoint_dir = straight_dir.path;
-    c.checkpoint_steps = 20;
+    c.checkpoint_steps = 10; // at 10, 20 (among others), 30 and 40
     auto straight = run_job(c, 3, 1, true);
     REQUIRE(straight.results[0]);
-    CHECK(std::filesystem::is_directory(sparse_tables_dir(straight_dir.path, 20)));
-    CHECK(std::filesystem::is_directory(sparse_tables_dir(straight_dir.path, 40)));
+    // The newest 3 are kept, their tables with them; the oldest's go.
+    CHECK_FALSE(std::filesystem::exists(sparse_tables_dir(straight_dir.path, 10)));
+    CHECK_FALSE(std::filesystem::exists(straight_dir.path + "/ckpt-10.afck"));
+    for (uint64_t step : {20, 30, 40})
+      CHECK(std::filesystem::is_directory(sparse_tables_dir(straight_dir.path, step)));
 
     auto half = c;
     half.steps = 20;
