@@ -295,6 +295,11 @@ public:
   /// The rendezvous store of /job:J/task:T (messages/kv_store.hpp).
   caf::expected<kv_store_actor> kv_store(const std::string& job, int32_t task);
 
+  /// The node actor of /job:J/task:T (messages/node.hpp), connecting first
+  /// if needed: for requests the session has no method of its own for (a
+  /// table shard's save or restore), sent by the caller's own actor.
+  caf::expected<node_actor> node(const std::string& job, int32_t task);
+
   /// The actor system the session runs in.
   caf::actor_system& system() const;
 

@@ -114,6 +114,13 @@ caf::expected<kv_store_actor> session::kv_store(const std::string& job, int32_t 
   return out;
 }
 
+caf::expected<node_actor> session::node(const std::string& job, int32_t task) {
+  auto conn = impl_->link.connect(job, task);
+  if (!conn)
+    return std::move(conn.error());
+  return (*conn)->actor;
+}
+
 caf::actor_system& session::system() const {
   return impl_->self->home_system();
 }

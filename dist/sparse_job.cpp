@@ -15,11 +15,13 @@
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
+#include "dist/sparse_checkpoint.hpp"
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
 #include "train/local.hpp"
 #include "train/metrics.hpp"
+#include "train/optimizer.hpp"
 
 namespace af {
 
@@ -56,6 +58,12 @@ struct sparse_task {
   std::vector<ps_member> members;                     ///< per ps
   std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
   std::vector<sparse_ps_link*> link_ptrs;
+  /// The aggregators' global step when this worker joined (the least of
+  /// them): 0, or the step of the checkpoint the chief restored.
+  uint64_t start_step = 0;
+  sparse_checkpoint_job checkpoints;  ///< what a checkpoint of the job holds
+  uint64_t last_saved = 0;            ///< the chief: the step of its last checkpoint
+  bool saved_any = false;
   /// Keeps this worker a member: every aggregator monitors it (a worker
   /// that goes away stops being waited for).
   std::unique_ptr<caf::scoped_actor> self;
@@ -119,6 +127,8 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
       t.vars.push_back(*v);
     }
     layout.tables.push_back(std::move(lt));
+    t.checkpoints.table_names.push_back(spec.name);
+    t.checkpoints.table_rows.push_back({spec.width});
   }
   auto scope = t.s.device("/job:ps/task:0");
   if (!scope)
@@ -131,13 +141,22 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     layout.ps_order[0].push_back({false, layout.dense_vars.size(), 0});
     layout.dense_vars.push_back(p.name);
     layout.dense_ps.push_back(0);
+    t.checkpoints.dense_shapes.push_back(p.shape);
   }
+  auto& ck = t.checkpoints;
+  ck.layout = &t.layout;
+  ck.slot_names = train::slot_names(t.c.optimizer.kind);
+  for (size_t k = 0; k < ck.slot_names.size(); ++k)
+    ck.slot_starts.push_back(train::slot_initial_value(t.c.optimizer, k));
+  // A ps writes or reads each of its shards on a thread of its own: a large
+  // table's shard may take longer than a step.
+  ck.timeout = std::chrono::milliseconds{t.c.init_timeout_ms};
   return caf::none;
 }
 
-/// Step 4 for ps k: its aggregator (sparse over its shards; on ps 0 dense
-/// over the dense parameters too), the membership, and the data-plane link.
-caf::error join_ps(sparse_task& t, uint32_t k) {
+/// The aggregator of ps k: sparse over its shards; on ps 0 dense over the
+/// dense parameters too.
+aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
   auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.workers);
   spec.name = aggregator_name(k);
   for (const auto& slot : t.layout.ps_order[k]) {
@@ -148,6 +167,12 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
       spec.variables.push_back(t.layout.dense_vars[slot.index]);
     }
   }
+  return spec;
+}
+
+/// Step 4 for ps k: its aggregator, the membership, and the data-plane link.
+caf::error join_ps(sparse_task& t, uint32_t k) {
+  auto spec = spec_of(t, k);
   auto task = static_cast<int32_t>(k);
   auto where = "/job:ps/task:" + std::to_string(k);
   auto agg = t.s.aggregator("ps", task, spec);
@@ -175,9 +200,10 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
               "/job:worker/task:" + std::to_string(t.task), address,
               static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
     .receive(
-      [&](uint64_t, std::string& token, uint64_t seq) {
+      [&](uint64_t global_step, std::string& token, uint64_t seq) {
         m.token = std::move(token);
         last_seq = seq;
+        t.start_step = k == 0 ? global_step : std::min(t.start_step, global_step);
       },
       [&](caf::error& e) { err = std::move(e); });
   if (err)
@@ -193,6 +219,42 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
   return caf::none;
 }
 
+/// The chief's step 3: with a checkpoint in checkpoint_dir, every
+/// aggregator is set to its global step first (so that a worker released
+/// by the restored values joins at that step), then every ps restores its
+/// shards and ps 0 the dense parameters; without one, the initializers run.
+caf::error initialize_or_restore(sparse_task& t, uint32_t n_ps) {
+  std::optional<train::checkpoint> restored;
+  if (!t.c.checkpoint_dir.empty()) {
+    if (auto why = train::check_checkpoint_dir(t.c.checkpoint_dir); !why.empty())
+      return make_error(af_error::invalid_config, why);
+    auto latest = latest_sparse_checkpoint(t.c);
+    if (!latest)
+      return std::move(latest.error());
+    restored = std::move(*latest);
+  }
+  if (!restored)
+    return t.s.initialize(t.vars);
+  auto step = restored->global_step;
+  for (uint32_t k = 0; k < n_ps; ++k) {
+    auto agg = t.s.aggregator("ps", static_cast<int32_t>(k), spec_of(t, k));
+    if (!agg)
+      return std::move(agg.error());
+    aggregator_state state; // no variables: the step only (the ps restore those)
+    state.global_step = step;
+    auto r = ask<uint64_t>(t.s, *agg, t.timeout, restore_atom::value, std::move(state));
+    if (!r)
+      return std::move(r.error());
+  }
+  if (auto err = restore_sparse_checkpoint(t.s, t.checkpoints, t.c.checkpoint_dir, step, ""))
+    return err;
+  t.last_saved = step;
+  t.saved_any = true;
+  log::get()->info("chief: restored the checkpoint of global step {} from {}", step,
+                   sparse_tables_dir(t.c.checkpoint_dir, step));
+  return caf::none;
+}
+
 caf::error set_up(sparse_task& t) {
   auto n_ps = static_cast<uint32_t>(t.s.cluster().num_tasks("ps"));
   if (n_ps == 0)
@@ -202,9 +264,10 @@ caf::error set_up(sparse_task& t) {
                                   t.c.model));
   if (auto err = declare(t, n_ps))
     return err;
-  // Step 3: the chief initializes, on each shard's node; the others wait.
+  // Step 3: the chief initializes, on each shard's node, or restores the
+  // latest checkpoint; the others wait.
   if (t.chief) {
-    if (auto err = t.s.initialize(t.vars))
+    if (auto err = initialize_or_restore(t, n_ps))
       return err;
   } else if (auto err = t.s.wait_initialized(
                std::chrono::milliseconds{t.c.init_timeout_ms}, t.vars)) {
@@ -263,7 +326,29 @@ uint64_t link_bytes(const sparse_task& t) {
   return n;
 }
 
-/// Step 5: the training loop, until the global step reaches `total`.
+/// The chief's checkpoint at `global` (once per step).
+caf::error checkpoint(sparse_task& t, uint64_t global, uint64_t data_position, bool print) {
+  if (t.saved_any && t.last_saved == global)
+    return caf::none;
+  auto path = save_sparse_checkpoint(t.s, t.checkpoints, t.c, global, data_position);
+  if (!path)
+    return std::move(path.error());
+  t.last_saved = global;
+  t.saved_any = true;
+  if (print) {
+    std::printf("checkpoint: global step %llu (%s)\n", static_cast<unsigned long long>(global),
+                path->c_str());
+    std::fflush(stdout);
+  }
+  return caf::none;
+}
+
+/// Step 5: the training loop, until the global step reaches `total`. The
+/// chief checkpoints every checkpoint_steps / checkpoint_secs right after
+/// its step returned: in sync every ps has then applied that step's round
+/// and the next round waits for the chief's push, so the shards are saved
+/// at one global step; in async the others go on pushing while each shard
+/// is saved (each shard's file is one moment of it, not all at the same).
 caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& o,
                       sparse_outcome& out) {
   const auto& train_set = t.data.data.train;
@@ -271,7 +356,12 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   auto batch_size = static_cast<uint64_t>(t.c.batch_size);
   bool sync = t.c.mode == "sync";
   auto specs = t.model->tables();
-  uint64_t global = 0, touched = 0, bytes0 = link_bytes(t);
+  uint64_t global = t.start_step, touched = 0, bytes0 = link_bytes(t);
+  // Where this worker's data resumes: sync, the global step's batch; async,
+  // each worker's own stream at the restored step's share of it.
+  uint64_t data_start = sync ? 0 : t.start_step / std::max<uint32_t>(t.workers, 1);
+  bool saving = t.chief && !t.c.checkpoint_dir.empty();
+  auto last_save = clock_type::now();
   double loss_sum = 0;
   uint64_t loss_count = 0;
   std::vector<size_t> picks;
@@ -280,7 +370,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   while (global < total) {
     // sync: the global batch of step `global`, this worker's share; async:
     // its own steps' shares (the workers' streams interleave).
-    uint64_t g = sync ? global : out.local_steps;
+    uint64_t g = sync ? global : data_start + out.local_steps;
     picks.clear();
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
@@ -299,6 +389,15 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
         break;
       }
     ++out.local_steps;
+    if (saving && global < total
+        && ((t.c.checkpoint_steps > 0 && global % t.c.checkpoint_steps == 0)
+            || (t.c.checkpoint_secs > 0
+                && std::chrono::duration<double>(clock_type::now() - last_save).count()
+                     >= t.c.checkpoint_secs))) {
+      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print))
+        return err;
+      last_save = clock_type::now();
+    }
     loss_sum += r->result.loss;
     ++loss_count;
     out.last_loss = loss_sum / static_cast<double>(loss_count);
@@ -360,23 +459,18 @@ caf::error wait_for_workers(sparse_task& t) {
   }
 }
 
-} // namespace
-
-bool sparse_job(const train::train_config& c) {
-  return c.model == "recommender";
+/// The chief stops every ps task at the end.
+void stop_ps(session& s) {
+  auto n = s.cluster().num_tasks("ps");
+  for (size_t k = 0; k < n; ++k)
+    if (auto e = s.shutdown("ps", static_cast<int32_t>(k)))
+      log::get()->warn("chief: stopping /job:ps/task:{}: {}", k, describe(e));
 }
 
-caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::train_config& c,
-                                                     uint32_t task, const sparse_job_options& o) {
-  if (auto err = refuse_mode(c)) // before check_config: it names what a sparse job needs
-    return err;
-  if (auto err = training_detail::check_config(c))
-    return err;
-  sparse_task t(s, c);
-  t.task = task;
-  t.workers = static_cast<uint32_t>(s.cluster().num_tasks("worker"));
-  t.chief = task == 0;
-  t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
+/// Steps 1 to 6 of worker `t.task` (run_sparse_worker_task's).
+caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options& o) {
+  auto& s = t.s;
+  const auto& c = t.c;
   if (auto err = set_up(t))
     return err;
   sparse_outcome out;
@@ -396,12 +490,48 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
     return out;
   if (auto e = wait_for_workers(t))
     return e;
+  if (!c.checkpoint_dir.empty()) {
+    // At the end: the step every ps reached (async: the others' last pushes
+    // too), once every worker is done.
+    uint64_t global = out.global_step;
+    for (size_t k = 0; k < t.members.size(); ++k) {
+      auto stats = ask<aggregator_stats>(s, t.members[k].actor, t.timeout, stats_atom::value);
+      if (!stats)
+        return std::move(stats.error());
+      global = k == 0 ? stats->global_step : std::min(global, stats->global_step);
+    }
+    bool sync = c.mode == "sync";
+    auto data = sync ? global : global / std::max<uint32_t>(t.workers, 1);
+    if (auto e = checkpoint(t, global, data, o.print))
+      return e;
+  }
   if (auto e = score(t, out))
     return e;
-  if (o.shutdown_ps)
-    for (size_t k = 0; k < t.members.size(); ++k)
-      if (auto e = s.shutdown("ps", static_cast<int32_t>(k)))
-        log::get()->warn("chief: stopping /job:ps/task:{}: {}", k, describe(e));
+  return out;
+}
+
+} // namespace
+
+bool sparse_job(const train::train_config& c) {
+  return c.model == "recommender";
+}
+
+caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::train_config& c,
+                                                     uint32_t task, const sparse_job_options& o) {
+  if (auto err = refuse_mode(c)) // before check_config: it names what a sparse job needs
+    return err;
+  if (auto err = training_detail::check_config(c))
+    return err;
+  sparse_task t(s, c);
+  t.task = task;
+  t.workers = static_cast<uint32_t>(s.cluster().num_tasks("worker"));
+  t.chief = task == 0;
+  t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
+  auto out = run_task(t, o);
+  // A failed job's ps tasks end by themselves when the chief does
+  // (programs/train_main.cpp: "the chief ended the job").
+  if (t.chief && o.shutdown_ps && out)
+    stop_ps(s);
   return out;
 }
 

@@ -10,8 +10,10 @@
 ///      (<table>/part_<k>, cut by partition_strategy), and the dense
 ///      parameters on ps 0; each shard's initializer names its global rows,
 ///      so its node computes them (graph/embedding.hpp's shard_initializer);
-///   3. the chief initializes them, the others wait for that (bounded by
-///      init_timeout_ms, naming what is missing);
+///   3. the chief initializes them, or with a checkpoint in checkpoint_dir
+///      restores it (dist/sparse_checkpoint.hpp: each ps its shards, any
+///      old layout; every aggregator at its global step); the others wait
+///      for that (bounded by init_timeout_ms, naming what is missing);
 ///   4. gets the aggregator of each ps over its shards (sparse) and, on ps 0,
 ///      the dense parameters, in the job's mode (sync, async or ssp: average
 ///      and allreduce cannot take sparse gradients and are refused here),
@@ -19,10 +21,11 @@
 ///   5. each step: its share of the global batch, each table's ids made
 ///      unique and routed, the rows read from their shards, the model's step
 ///      on them, each shard sent its rows' gradients (dist/sparse_step.hpp);
-///      it ends when the global step reaches the job's steps;
-///   6. says done; the chief then scores the held-out set (AUC, log-loss),
-///      waits for the other workers to be done (bounded) and, with
-///      shutdown_ps, stops the ps tasks.
+///      it ends when the global step reaches the job's steps; the chief
+///      checkpoints every checkpoint_steps / checkpoint_secs;
+///   6. says done; the chief then waits for the other workers to be done
+///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
+///      and, with shutdown_ps, stops the ps tasks.
 
 #include <cstdint>
 #include <functional>

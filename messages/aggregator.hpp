@@ -135,7 +135,10 @@
 ///        between steps: values, optimizer slots, the global step and the
 ///        last push number taken from each worker
 ///   (restore, aggregator_state)   -> (uint64 global_step)  sets all of it, or
-///        nothing if any part does not fit (shape_mismatch naming it). A round
+///        nothing if any part does not fit (shape_mismatch naming it). A
+///        state without variables (names, values and slots all empty) sets
+///        the global step and push numbers only: the variables were restored
+///        by their node (a sparse job's table shards). A round
 ///        in progress (sync, average) is abandoned: its parked pushes are
 ///        answered with aborted naming the restore, and the next round starts
 ///        from the restored step.
