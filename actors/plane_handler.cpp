@@ -156,6 +156,21 @@ bool variable_directory::gather_rows(plane_request& req) {
                                   "bytes per message ([node] max_message_bytes)",
                                   name, h.payload_bytes, node_name,
                                   req.limits().max_message_bytes));
+  // The reply is n rows: a few bytes of ids must not make the node allocate
+  // (and fill) rows over the limit a frame may carry (8 bytes of id name a
+  // row of kilobytes), nor a reply no peer would accept.
+  const auto& spec = found.cell->spec();
+  unsigned __int128 row_bytes = dtype_size(spec.type);
+  for (size_t d = 1; d < spec.shape.size(); ++d)
+    row_bytes *= static_cast<uint64_t>(std::max<int64_t>(spec.shape[d], 0));
+  const auto reply_bytes = static_cast<unsigned __int128>(h.dims[0]) * row_bytes;
+  if (reply_bytes > static_cast<uint64_t>(req.limits().max_message_bytes))
+    return req.refuse(af_error::resource_exhausted,
+                      fmt::format("gather_rows of '{}': {} rows of {} bytes are over {}'s limit "
+                                  "of {} bytes per message ([node] max_message_bytes); read "
+                                  "them in smaller batches",
+                                  name, h.dims[0], static_cast<uint64_t>(row_bytes), node_name,
+                                  req.limits().max_message_bytes));
   tensor ids;
   try {
     ids.reset(type, wire::shape_of(h));

@@ -43,7 +43,10 @@ caf::expected<tensor> data_plane_ps_link::read(const std::string& var) {
 caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
                                                                  const sparse_push_values& values) {
   bool late = false;
-  // A retry of this push (after a broken connection) would carry the same number.
+  // Each push gets the next number. Nothing retries a sparse push yet (a
+  // broken connection fails the step, docs/sparse.md "Not yet"): a retry
+  // would have to send this same number, so that a ps that took the push
+  // answers it without applying it twice.
   auto r = channel_->push_sparse(aggregator_, worker_, step, values.dense, values.ids, values.rows,
                                  wait_, token_, ++seq_, &late);
   if (!r)

@@ -73,7 +73,10 @@ value interpreter::state::call_partitioned_table(const args_view& a) {
       fail(devices_at, a.fn + ": " + describe(scope.error()));
     auto piece = shape;
     piece[0] = rows[static_cast<size_t>(k)];
-    auto v = s.variable(shard_name(name, static_cast<size_t>(k)), piece, init, type);
+    // A random initializer names the shard's global rows: each shard holds
+    // its rows of the one-piece table, not the same stream of the seed.
+    auto v = s.variable(shard_name(name, static_cast<size_t>(k)), piece,
+                        shard_initializer(init, strategy, rows, static_cast<size_t>(k)), type);
     if (!v)
       fail(a.at, describe(v.error()));
     shards.push_back(*v);

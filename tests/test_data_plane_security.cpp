@@ -202,6 +202,33 @@ TEST_CASE("an operand over max_variable_bytes is refused naming the limit", "[pl
   CHECK(value_of(ch->call(var_op::read, "v", nullptr, false)).first.at(0) == 1);
 }
 
+TEST_CASE("a gather_rows whose rows would be over max_message_bytes is refused before the ids "
+          "are read, the connection goes on",
+          "[plane][limits][gather_rows]") {
+  // The bug it catches: only the ids were held to the limit, and 8 bytes of
+  // id name a row of 256 here: a frame of ids within the limit made the
+  // node allocate and fill 32 times the limit for its reply.
+  data_plane_limits limits;
+  limits.max_message_bytes = 64 << 10;
+  auto dir = std::make_shared<variable_directory>();
+  auto cell = float_cell("emb", {1024, 64}, 1); // rows of 256 bytes
+  REQUIRE(cell);
+  dir->put("emb", {variable_cell_actor{}, cell});
+  auto srv = serve(dir, limits);
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
+  // 512 ids (4 KiB) name 128 KiB of rows.
+  auto many = tensor::filled(dtype::int64, {512}, 3);
+  auto r = ch->gather_rows("emb", many);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::resource_exhausted));
+  CHECK_THAT(error_text(r.error()), Catch::Contains("max_message_bytes")
+                                      && Catch::Contains("512 rows of 256 bytes"));
+  REQUIRE_FALSE(ch->broken());
+  // Within the limit (128 rows, 32 KiB): served on the same connection.
+  auto few = value_of(ch->gather_rows("emb", tensor::filled(dtype::int64, {128}, 3)));
+  CHECK(few.first.shape() == shape_type{128, 64});
+}
+
 TEST_CASE("a missing variable is answered before its operand is read", "[plane][limits]") {
   // The bug it catches: the node reads (and allocates) the operand first and
   // answers only after it: a peer that declares 64 MiB and sends nothing

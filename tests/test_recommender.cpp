@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -76,6 +77,12 @@ TEST_CASE("auc: the Mann-Whitney statistic, ties counted one half (catches a tie
   // Undefined with one class only.
   CHECK(std::isnan(auc({0.1f, 0.9f}, {1, 1})));
   CHECK(std::isnan(auc({0.1f}, {1, 0})));
+  // A diverged model's NaN score makes the AUC undefined too, as it makes
+  // the log-loss NaN (the bug: the tie runs never moved past a NaN, since
+  // NaN equals nothing, and the chief's scoring looped forever).
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(auc({0.1f, nan, 0.9f, 0.3f}, {0, 1, 1, 0})));
+  CHECK(std::isnan(auc({nan, nan}, {0, 1})));
 }
 
 TEST_CASE("log_loss: mean cross-entropy, probabilities clipped (catches an infinite loss for a "

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/op_registry.hpp"
+#include "kernels/table_init.hpp"
 #include "process_cluster.hpp"
 #include "repl/interpreter.hpp"
 #include "repl/parser.hpp"
@@ -1025,4 +1026,31 @@ run embedding_lookup(t, [4, 1, 3]))");
     CHECK(e.err.find(b.want) != std::string::npos);
     CHECK(exec(*in, "print 1 + 1").out == "2\n"); // the REPL answers the next command
   }
+}
+
+TEST_CASE("partitioned_table with a random initializer: each shard holds its own rows of the "
+          "one-piece table (catches every shard drawing the same stream of the seed)",
+          "[repl][sparse]") {
+  auto in = embedded({{"ps", 2}, {"worker", 1}});
+  auto r = exec(*in, R"(p0, p1 = partitioned_table("u", [4, 3], ["/job:ps/task:0", "/job:ps/task:1"], uniform(0, 1, 7))
+init
+run p0
+run p1)");
+  INFO(r.out << r.err);
+  REQUIRE(r.ok);
+  // The one-piece table's values: (seed 7, global row, column) alone.
+  tensor whole{dtype::float32, {4, 3}};
+  REQUIRE(kernels::fill_table(whole, kernels::table_distribution::uniform, 0, 1, 7, {0, 1}).ok());
+  // mod: shard 0 holds global rows 0 and 2, shard 1 rows 1 and 3.
+  std::vector<float> want;
+  for (int64_t row : {0, 2, 1, 3})
+    for (int64_t c = 0; c < 3; ++c)
+      want.push_back(whole.data<float>()[row * 3 + c]);
+  std::vector<float> got;
+  std::regex number{"[0-9]+\\.[0-9]+(e-?[0-9]+)?"};
+  for (std::sregex_iterator it{r.out.begin(), r.out.end(), number}, end; it != end; ++it)
+    got.push_back(std::stof(it->str()));
+  REQUIRE(got.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k)
+    CHECK(got[k] == Approx(want[k]).epsilon(1e-6));
 }

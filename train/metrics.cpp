@@ -270,6 +270,12 @@ double auc(const std::vector<float>& scores, const std::vector<float>& labels) {
   const size_t n = scores.size();
   if (labels.size() != n)
     return std::numeric_limits<double>::quiet_NaN();
+  // A NaN score (a diverged model) has no rank: the AUC is undefined, as
+  // the log-loss is then. It would also break the sort's order and stall
+  // the tie runs below (NaN equals nothing, itself included).
+  for (float s : scores)
+    if (std::isnan(s))
+      return std::numeric_limits<double>::quiet_NaN();
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });

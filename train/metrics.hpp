@@ -57,8 +57,8 @@ std::string plot(const std::string& csv, const std::string& png);
 /// a positive): the Mann-Whitney U statistic over positives x negatives, the
 /// chance that a random positive scores above a random negative, a tie
 /// counting one half (ranks of tied scores averaged). NaN when the labels
-/// hold no positive or no negative (the AUC is undefined), or when the
-/// sizes differ. O(n log n).
+/// hold no positive or no negative (the AUC is undefined), when a score is
+/// NaN, or when the sizes differ. O(n log n).
 double auc(const std::vector<float>& scores, const std::vector<float>& labels);
 
 /// Mean binary cross-entropy of probabilities `p` against 0/1 `labels`,
