@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
+#include "train/config_model.hpp"
 #include "train/local.hpp"
 #include "train/metrics.hpp"
 #include "train/optimizer.hpp"
@@ -58,6 +60,7 @@ struct sparse_task {
   std::vector<ps_member> members;                     ///< per ps
   std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
   std::vector<sparse_ps_link*> link_ptrs;
+  std::unique_ptr<ps_threads> threads; ///< one per ps but the last, for the step's requests
   /// The aggregators' global step when this worker joined (the least of
   /// them): 0, or the step of the checkpoint the chief restored.
   uint64_t start_step = 0;
@@ -91,6 +94,8 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     return make_error(af_error::invalid_argument,
                       fmt::format("model '{}': data '{}' has no training examples", t.c.model,
                                   t.c.data));
+  if (auto why = train::recommender_table_problem(t.c, n_ps); !why.empty())
+    return make_error(af_error::resource_exhausted, why);
   auto m = train::recommender_of(t.c);
   if (!m)
     return to_error(m.error());
@@ -277,6 +282,13 @@ caf::error set_up(sparse_task& t) {
   for (uint32_t k = 0; k < n_ps; ++k)
     if (auto err = join_ps(t, k))
       return err;
+  try {
+    t.threads = std::make_unique<ps_threads>(n_ps);
+  } catch (const std::system_error& e) {
+    return make_error(af_error::resource_exhausted,
+                      fmt::format("cannot start the threads that ask the {} ps at once: {}",
+                                  n_ps, e.what()));
+  }
   return caf::none;
 }
 
@@ -306,7 +318,7 @@ caf::error score(sparse_task& t, sparse_outcome& out) {
     for (size_t e = begin; e < std::min(test.labels.size(), begin + chunk_size); ++e)
       picks.push_back(e);
     take(test, picks, chunk);
-    auto p = predict_sparse_remote(*t.model, t.layout, t.link_ptrs, chunk);
+    auto p = predict_sparse_remote(*t.model, t.layout, t.link_ptrs, chunk, *t.threads);
     if (!p)
       return std::move(p.error());
     predictions.insert(predictions.end(), p->begin(), p->end());
@@ -375,7 +387,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
     take(train_set, picks, batch);
-    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global);
+    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, *t.threads);
     if (!r)
       return std::move(r.error());
     // What an ideal exchange moves: each touched row and its id, out and back.
@@ -480,7 +492,10 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   out.train_examples = t.data.data.train.labels.size();
   out.test_examples = t.data.data.test.labels.size();
   out.auc = out.log_loss = std::numeric_limits<double>::quiet_NaN();
-  auto total = train::total_steps(c, out.train_examples, t.workers);
+  // async, ssp: every push is a global step of one worker's batch (as the
+  // dense job counts them); sync: one step is every worker's batch.
+  auto total = train::total_steps(c, out.train_examples,
+                                  train::step_per_push(c.mode) ? 1 : t.workers);
   auto err = train_loop(t, total, o, out);
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
     err = std::move(done);

@@ -74,20 +74,6 @@ tensor int64s(const std::vector<int64_t>& v) {
   return t;
 }
 
-/// `work(p)` for every ps, each on its own thread (the last on this one):
-/// the ps answer in parallel.
-template <class Work>
-void on_every_ps(size_t ps, Work work) {
-  std::vector<std::thread> threads;
-  threads.reserve(ps);
-  for (size_t p = 0; p + 1 < ps; ++p)
-    threads.emplace_back([&work, p] { work(p); });
-  if (ps > 0)
-    work(ps - 1);
-  for (auto& t : threads)
-    t.join();
-}
-
 /// The first error of `errs` (by ps), named after its ps.
 caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
   for (size_t p = 0; p < errs.size(); ++p)
@@ -103,7 +89,8 @@ caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
 caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
-                                              const train::sparse_batch& batch) {
+                                              const train::sparse_batch& batch,
+                                              ps_threads& threads) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
@@ -155,7 +142,7 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
   std::vector<float*> row_ptr(T);
   for (size_t t = 0; t < T; ++t)
     row_ptr[t] = rows[t].mutable_data<float>();
-  on_every_ps(P, [&](size_t p) {
+  threads.run([&](size_t p) {
     for (const auto& slot : layout.ps_order[p]) {
       if (!slot.table) {
         auto v = links[p]->read(layout.dense_vars[slot.index]);
@@ -191,8 +178,9 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
 caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
-                                                        const train::sparse_batch& batch) {
-  auto f = fetch_sparse_rows(model.tables(), layout, links, batch);
+                                                        const train::sparse_batch& batch,
+                                                        ps_threads& threads) {
+  auto f = fetch_sparse_rows(model.tables(), layout, links, batch, threads);
   if (!f)
     return std::move(f.error());
   auto r = model.step(f->rows, f->index, f->dense, batch.labels, false);
@@ -205,11 +193,11 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step) {
+                                                  uint64_t step, ps_threads& threads) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   auto specs = model.tables();
-  auto f = fetch_sparse_rows(specs, layout, links, batch);
+  auto f = fetch_sparse_rows(specs, layout, links, batch, threads);
   if (!f)
     return std::move(f.error());
   const auto& unique = f->unique;
@@ -240,7 +228,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                     specs[t].width));
     grad_ptr[t] = r->row_grads[t].data<float>();
   }
-  on_every_ps(P, [&](size_t p) {
+  threads.run([&](size_t p) {
     sparse_push_values values;
     for (const auto& slot : layout.ps_order[p]) {
       if (!slot.table) {

@@ -18,6 +18,7 @@
 
 #include "caf/expected.hpp"
 
+#include "dist/ps_threads.hpp"
 #include "kernels/shard_routing.hpp"
 #include "messages/aggregator.hpp"
 #include "net/data_plane.hpp"
@@ -115,14 +116,16 @@ struct sparse_fetch {
 caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
-                                              const train::sparse_batch& batch);
+                                              const train::sparse_batch& batch,
+                                              ps_threads& threads);
 
 /// The model's predictions for `batch` with the tables as the ps hold them
 /// now (forward only: nothing is pushed).
 caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
-                                                        const train::sparse_batch& batch);
+                                                        const train::sparse_batch& batch,
+                                              ps_threads& threads);
 
 /// What one sparse step did.
 struct sparse_step_report {
@@ -140,6 +143,6 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step);
+                                                  uint64_t step, ps_threads& threads);
 
 } // namespace af

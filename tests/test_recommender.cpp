@@ -25,6 +25,7 @@
 #include "train/config.hpp"
 #include "train/local.hpp"
 #include "train/metrics.hpp"
+#include "train/config_model.hpp"
 #include "train/recommender.hpp"
 
 using namespace af;
@@ -359,6 +360,19 @@ TEST_CASE("recommender config keys: read, written back, and a bad value named by
   CHECK(validate(c) == "");
   c.users = int64_t{1} << 36;
   CHECK(validate(c).find("more than max_data_bytes") != std::string::npos);
+  // The tables are held by the ps tasks, a piece each (or, --local, by one
+  // process): 10 M x 64 floats with Adam's two slots is 7.7 GB in one
+  // process, 2.6 GB a ps over 3 (catches the whole tables counted against
+  // every process, which refused the job issue 25 asks for).
+  c.users = 10000000;
+  c.dim = 63;
+  c.optimizer.kind = "adam";
+  CHECK(validate(c) == "");
+  CHECK(recommender_table_problem(c, 1).find("more than max_data_bytes") != std::string::npos);
+  CHECK(recommender_table_problem(c, 1).find("this one process") != std::string::npos);
+  CHECK(recommender_table_problem(c, 3) == "");
+  c.dim = 8;
+  c.users = 1000;
   // --set reads the new keys as their types.
   auto o = apply_overrides(train_config{}, {"users=1e3", "zipf=0.5", "partition_strategy=div"});
   REQUIRE(o);

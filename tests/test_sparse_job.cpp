@@ -195,8 +195,12 @@ TEST_CASE("an async sparse job of 2 workers nears the planted truth's AUC", "[sp
   REQUIRE(run.results[1]);
   INFO("auc " << run.results[0]->auc << " truth " << run.results[0]->truth_auc);
   CHECK(run.results[0]->auc > run.results[0]->truth_auc - 0.04);
-  auto total = train::total_steps(c, run.results[0]->train_examples, 2);
+  // Every push is a global step of one worker's batch: the job's epochs
+  // take total_steps(..., 1) pushes of the two workers together (catches
+  // an async job that stops after 1 / workers of its epochs).
+  auto total = train::total_steps(c, run.results[0]->train_examples, 1);
   CHECK(run.results[0]->global_step >= total);
+  CHECK(run.results[0]->local_steps + run.results[1]->local_steps >= total);
 }
 
 TEST_CASE("a sparse job refuses a mode that cannot take sparse gradients, by name",

@@ -3,6 +3,8 @@
 // the batch's rows, and each shard gets only its rows' gradients.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -12,6 +14,7 @@
 #include "caf/all.hpp"
 
 #include "dist/embedded_cluster.hpp"
+#include "dist/ps_threads.hpp"
 #include "dist/sparse_step.hpp"
 #include "messages/error.hpp"
 
@@ -94,6 +97,7 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   REQUIRE_FALSE(s->initialize());
   std::vector<std::unique_ptr<sparse_ps_link>> owned;
   std::vector<sparse_ps_link*> links;
+  ps_threads threads(2);
   caf::scoped_actor self{s->system()};
   for (int k = 0; k < 2; ++k) {
     aggregator_spec spec;
@@ -135,7 +139,7 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   train::sparse_batch batch;
   batch.ids = {{3, 4, 3, 7}};
   batch.labels = {1, 0, 1, 0};
-  auto r = run_sparse_step(model, layout, links, batch, 0);
+  auto r = run_sparse_step(model, layout, links, batch, 0, threads);
   REQUIRE(r);
   CHECK(r->global_steps == std::vector<uint64_t>{1, 1});
   CHECK(r->dropped_late == std::vector<bool>{false, false});
@@ -168,8 +172,23 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   // An id outside the table: refused naming it, before any request.
   batch.ids = {{1, 12}};
   batch.labels = {0, 0};
-  auto bad = run_sparse_step(model, layout, links, batch, 1);
+  auto bad = run_sparse_step(model, layout, links, batch, 1, threads);
   REQUIRE_FALSE(bad);
   CHECK(is(bad.error(), af_error::invalid_argument));
   CHECK_THAT(describe(bad.error()), Catch::Contains("table 'emb': ids[1] = 12"));
+}
+
+TEST_CASE("ps_threads runs each part of every round exactly once, then returns", "[sparse_step]") {
+  // Catches: a thread that runs a round twice or misses one (a lost
+  // wake-up), a run that returns before its parts are done, and the one-
+  // and zero-part cases.
+  for (size_t ps : {0, 1, 2, 3, 5}) {
+    ps_threads threads(ps);
+    std::vector<std::atomic<int>> runs(ps);
+    for (int round = 1; round <= 2000; ++round) {
+      threads.run([&](size_t p) { runs[p].fetch_add(1); });
+      for (size_t p = 0; p < ps; ++p)
+        REQUIRE(runs[p].load() == round); // every part done, once, when run returns
+    }
+  }
 }

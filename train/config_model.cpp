@@ -1,9 +1,12 @@
 #include "train/config_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include <fmt/format.h>
+
+#include "train/optimizer.hpp"
 
 namespace af::train {
 
@@ -38,19 +41,40 @@ std::optional<std::pair<std::string, std::string>> recommender_problem(const tra
     return fail("data", fmt::format("data = \"{}\" with model = \"recommender\": its data is "
                                     "\"synthetic\" (clicks from a planted truth) or "
                                     "\"csv:PATH\" (user,item,label rows)", c.data.substr(0, 80)));
-  // The tables with up to two optimizer slots each, and the examples (two
-  // ids and a label): refused before a byte is allocated.
-  double bytes = 3.0 * static_cast<double>(c.users + c.items) * static_cast<double>(c.dim + 1) * 4
-               + (c.data == "synthetic" ? 20.0 * static_cast<double>(c.synthetic_examples) : 0);
+  // What every process of the job holds: the examples (two ids and a
+  // label each) and the Zipf draws' cumulative weights (8 bytes an id);
+  // refused before a byte is allocated. The tables are checked where they
+  // are held: recommender_table_problem.
+  double bytes = (c.data == "synthetic" ? 20.0 * static_cast<double>(c.synthetic_examples)
+                                        + 8.0 * static_cast<double>(c.users + c.items)
+                                        : 0);
   if (bytes > static_cast<double>(c.max_data_bytes))
-    return fail(c.users >= c.items ? "users" : "items",
-                fmt::format("users = {} and items = {} at dim = {} (with their optimizer slots) "
-                            "and synthetic_examples = {} need about {:.4g} bytes, more than "
-                            "max_data_bytes = {}: lower them, or raise max_data_bytes on a "
-                            "machine with the memory",
-                            c.users, c.items, c.dim, c.synthetic_examples, bytes,
-                            c.max_data_bytes));
+    return fail("synthetic_examples",
+                fmt::format("synthetic_examples = {} (with users = {} and items = {}) need about "
+                            "{:.4g} bytes in every process, more than max_data_bytes = {}: "
+                            "lower them, or raise max_data_bytes on a machine with the memory",
+                            c.synthetic_examples, c.users, c.items, bytes, c.max_data_bytes));
   return std::nullopt;
+}
+
+std::string recommender_table_problem(const train_config& c, uint32_t parts) {
+  parts = std::max<uint32_t>(parts, 1);
+  double slots = static_cast<double>(slot_names(c.optimizer.kind).size());
+  // A process holds 1 / parts of every table's rows (one more row at most),
+  // each row with its optimizer slots.
+  double rows = std::ceil(static_cast<double>(c.users) / parts)
+                + std::ceil(static_cast<double>(c.items) / parts);
+  double bytes = rows * static_cast<double>(c.dim + 1) * 4 * (1 + slots);
+  if (bytes <= static_cast<double>(c.max_data_bytes))
+    return {};
+  return fmt::format("users = {} and items = {} at dim = {} with optimizer {} ({} slot(s) a row) "
+                     "need about {:.4g} bytes in {}, more than max_data_bytes = {}: lower them, "
+                     "spread the tables over more ps tasks, or raise max_data_bytes on machines "
+                     "with the memory",
+                     c.users, c.items, c.dim, c.optimizer.kind, slots, bytes,
+                     parts == 1 ? std::string{"this one process"}
+                                : fmt::format("each of the {} ps tasks", parts),
+                     c.max_data_bytes);
 }
 
 namespace detail {

@@ -2,8 +2,10 @@
 /// Inside the training config (train/config.cpp): the keys of the sparse
 /// models (model = "recommender": users, items, dim, zipf,
 /// partition_strategy), checked here to keep config.cpp one job, and the
-/// TOML text helpers both files write with. Not for other callers.
+/// TOML text helpers both files write with. recommender_table_problem is
+/// for the sparse job and the one-process trainer.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,6 +20,12 @@ namespace af::train {
 /// against max_data_bytes), as config.cpp's check().
 std::optional<std::pair<std::string, std::string>> recommender_problem(const train_config& c,
                                                                        bool combinations);
+
+/// Empty if the recommender's tables of `c`, cut into `parts` pieces (the
+/// ps tasks; 1: one process), fit max_data_bytes with their optimizer
+/// slots, a piece per process; else a sentence naming the keys and what to
+/// do. The job checks it over its ps tasks, --local over one.
+std::string recommender_table_problem(const train_config& c, uint32_t parts);
 
 namespace detail {
 

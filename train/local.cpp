@@ -12,6 +12,7 @@
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
 #include "train/clicks.hpp"
+#include "train/config_model.hpp"
 #include "train/metrics.hpp"
 #include "train/recommender.hpp"
 
@@ -483,6 +484,8 @@ outcome<recommender_report> train_recommender_local(
   rep.truth_log_loss = clicks->truth_log_loss;
   rep.train_examples = data.train.labels.size();
   rep.test_examples = data.test.labels.size();
+  if (auto why = recommender_table_problem(c, 1); !why.empty())
+    return graph_error{af_error::resource_exhausted, why};
   auto m = recommender_of(c);
   if (!m)
     return m.error();

@@ -1,0 +1,66 @@
+#include "dist/ps_threads.hpp"
+
+namespace af {
+
+ps_threads::ps_threads(size_t ps) : ps_(ps) {
+  try {
+    for (size_t p = 0; p + 1 < ps; ++p)
+      threads_.emplace_back([this, p] { serve(p); });
+  } catch (...) {
+    stop(); // the ones that started
+    throw;
+  }
+}
+
+ps_threads::~ps_threads() {
+  stop();
+}
+
+void ps_threads::stop() {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    stopping_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable())
+      t.join();
+  threads_.clear();
+}
+
+void ps_threads::serve(size_t p) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(size_t)>* work = nullptr;
+    {
+      std::unique_lock<std::mutex> lock{mtx_};
+      start_cv_.wait(lock, [&] { return stopping_ || round_ != seen; });
+      if (stopping_)
+        return;
+      seen = round_;
+      work = work_;
+    }
+    (*work)(p);
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (--pending_ == 0)
+      done_cv_.notify_one();
+  }
+}
+
+void ps_threads::run(const std::function<void(size_t)>& work) {
+  if (ps_ == 0)
+    return;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    work_ = &work;
+    pending_ = threads_.size();
+    ++round_;
+  }
+  start_cv_.notify_all();
+  work(ps_ - 1);
+  std::unique_lock<std::mutex> lock{mtx_};
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  work_ = nullptr;
+}
+
+} // namespace af
