@@ -124,16 +124,6 @@ bool start_ps_nodes(process_group& g, const cluster_spec& spec, const scratch_di
   return true;
 }
 
-/// Shard k of the table, as the raw servers hold it (embed_value).
-tensor shard_value(int64_t k, int64_t rows_k) {
-  tensor t{dtype::float32, {rows_k, dim}};
-  float* p = t.mutable_data<float>();
-  for (int64_t r = 0; r < rows_k; ++r)
-    for (int64_t c = 0; c < dim; ++c)
-      p[r * dim + c] = embed_value(r * shards + k, c, dim);
-  return t;
-}
-
 int fail(const std::string& why) {
   std::cerr << "actorflow-bench: " << metric << ": " << why << std::endl;
   return 1;
@@ -181,7 +171,7 @@ int lookup_bench() {
     for (int k = 0; k < shards; ++k) {
       auto scope = ok(s.device("/job:ps/task:" + std::to_string(k)), "device");
       vars.push_back(ok(s.variable(shard_name("emb", static_cast<size_t>(k)), {sizes[k], dim},
-                                   initializer::from_tensor(shard_value(k, sizes[k]))),
+                                   initializer::uniform(-1, 1, 1)),
                         "shard variable"));
     }
     auto table = embedding_table_of(s.graph_def(), "emb", kernels::partition_strategy::mod, vars);
@@ -207,6 +197,10 @@ int lookup_bench() {
       client.route(b);
       unique_sum += client.unique_count();
     }
+    // What the lookups must give: the shards' values, read once.
+    std::vector<tensor> shard_values;
+    for (auto& v : vars)
+      shard_values.push_back(ok(s.run(v), "read a shard"));
     std::vector<float> raw_rows;
     auto raw_lookup = [&](int b) {
       client.route(ids[b]);
@@ -215,14 +209,24 @@ int lookup_bench() {
       client.assemble(raw_rows);
     };
     auto ours_lookup = [&](int b) { return ok(s.run({*looked_up}, {{ids_in, feeds[b]}}), "lookup"); };
-    // Both give the same rows, bit for bit (and warm up: registration, connections).
+    // Each gives its table's rows, bit for bit (and warms up: registration,
+    // connections): ours the shards' values, the raw one embed_value's.
     for (int b = 0; b < batches; ++b) {
       auto got = ours_lookup(b);
       raw_lookup(b);
-      if (got.at(0).shape() != shape_type{batch, dim} ||
-          std::memcmp(got[0].data<float>(), raw_rows.data(), raw_rows.size() * sizeof(float)) != 0)
-        return fail("actorflow's lookup and the raw one differ for batch " + std::to_string(b));
+      if (got.at(0).shape() != shape_type{batch, dim})
+        return fail("the lookup's shape is not [512, 64]");
+      for (int64_t i = 0; i < batch; ++i) {
+        auto id = ids[b][i];
+        const float* want = shard_values[id % shards].data<float>() + (id / shards) * dim;
+        if (std::memcmp(got[0].data<float>() + i * dim, want, dim * sizeof(float)) != 0)
+          return fail("actorflow's lookup gave a wrong row for id " + std::to_string(id));
+        for (int64_t c = 0; c < dim; ++c)
+          if (raw_rows[i * dim + c] != embed_value(id, c, dim))
+            return fail("the raw lookup gave a wrong row for id " + std::to_string(id));
+      }
     }
+    shard_values.clear();
     side ours, base;
     auto ps_pids = ps.pids(), raw_pids = raw.pids();
     for (int k = 0; k < blocks; ++k) {

@@ -34,9 +34,8 @@ struct embed_header {
   uint64_t step = 0;
 };
 
-/// The value of element `col` of row `id` of the benches' tables: exact in
-/// float32, so that actorflow's lookup and the raw one can be compared bit
-/// for bit.
+/// The value of element `col` of row `id` of the raw shards' tables: exact
+/// in float32, so that the raw lookup's rows are checked bit for bit.
 inline float embed_value(int64_t id, int64_t col, int64_t dim) {
   return static_cast<float>((id * dim + col) % 65521);
 }

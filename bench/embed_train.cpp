@@ -4,6 +4,8 @@
 // it exists.
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -59,16 +61,23 @@ std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sy
     return std::nullopt;
   }
   raw_train_run out;
+  double rates[workers] = {};
   for (int r = 0; r < workers; ++r) {
     auto v = parse_values(slurp(dir.path / ("embed-worker" + std::to_string(r) + ".log")));
     if (v["window_seconds"] <= 0 || v["window_steps"] <= 0)
       return std::nullopt;
-    double rate = v["window_steps"] / v["window_seconds"];
+    double rate = rates[r] = v["window_steps"] / v["window_seconds"];
     // sync: the pair steps together, a step is one of each; async: every
     // worker's step is a global step
     out.steps_per_s += sync ? rate / workers : rate;
     out.bytes_per_step += v["window_bytes"] / v["window_steps"] / workers;
     out.touched_per_step += 2 * v["unique_mean"] * (8 + dim * 4) / workers;
+  }
+  // In step (the barrier works), a sync pair's workers step equally often.
+  if (sync && std::abs(rates[0] - rates[1]) > 0.1 * std::max(rates[0], rates[1])) {
+    std::fprintf(stderr, "actorflow-bench: %s: sync workers at %.0f and %.0f steps/s: not in step\n",
+                 metric, rates[0], rates[1]);
+    return std::nullopt;
   }
   return out;
 }
