@@ -5,7 +5,8 @@
 // ratios, not absolute values.
 // The training metrics (bench_train.hpp) run clusters of actorflow-train
 // against raw-TCP parameter servers; the sparse lines (embed_benches.hpp) a
-// partitioned table over 3 ps against raw-TCP shard servers. `--only a,b` runs some metrics.
+// partitioned table over 3 ps against raw-TCP shard servers. `--only a,b`
+// runs some metrics.
 // The groups of metrics are in bench/benches.hpp; the soak is its own
 // program, actorflow-soak (bench/soak_main.cpp).
 #include <algorithm>
@@ -76,8 +77,8 @@ int main_body(int argc, char** argv) {
   all_metrics.push_back(zerocopy_metric);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
-  for (auto& m : af::bench::embed_metrics())
-    all_metrics.push_back(m);
+  const auto& embed_metrics = af::bench::embed_metrics();
+  all_metrics.insert(all_metrics.end(), embed_metrics.begin(), embed_metrics.end());
   std::string only, only_list;
   int rounds = 2000, reps = 5;
   af::node_options opts;
@@ -181,13 +182,9 @@ int main_body(int argc, char** argv) {
       train_wanted.push_back(m);
   if (!train_wanted.empty())
     af::bench::run_train_benches(train_wanted, topts);
-
-  // The sparse lines (bench/embed_benches.hpp): their processes are started
-  // with fork + exec only; the lookup's worker node lives in this process.
-  const auto& embed = af::bench::embed_metrics();
-  if (std::any_of(embed.begin(), embed.end(), wanted))
-    if (int rc = af::bench::run_embed_benches(wanted))
-      return rc;
+  // The sparse lines (fork + exec only; the lookup's worker node is this process's).
+  if (int rc = af::bench::run_embed_benches(wanted))
+    return rc;
 
   // Two node processes and a session (bench/bench_activation.hpp); the
   // raw peer is forked first, when this process's actor systems are gone.

@@ -124,6 +124,21 @@ bool start_ps_nodes(process_group& g, const cluster_spec& spec, const scratch_di
   return true;
 }
 
+/// Where one lookup's time goes: each op and transfer of a traced run, in
+/// us from the step's first entry, as `#` lines.
+void print_trace(session& s, output looked_up, output ids_in, const tensor& feed) {
+  run_trace trace;
+  ok(s.run({looked_up}, {{ids_in, feed}}, &trace), "traced lookup");
+  int64_t t0 = INT64_MAX;
+  for (const auto& e : trace.entries)
+    t0 = std::min(t0, e.start_ns);
+  std::printf("# %s: one traced lookup (us from its first entry; device; bytes in):\n", metric);
+  for (const auto& e : trace.entries)
+    std::printf("#   %8.1f..%8.1f  %-12s %-40s %s  %llu\n", (e.start_ns - t0) / 1e3,
+                (e.end_ns - t0) / 1e3, e.kind.c_str(), e.op.c_str(), e.device.c_str(),
+                static_cast<unsigned long long>(e.bytes_in));
+}
+
 int fail(const std::string& why) {
   std::cerr << "actorflow-bench: " << metric << ": " << why << std::endl;
   return 1;
@@ -262,6 +277,7 @@ int lookup_bench() {
     } else {
       std::printf("# %s_bytes: not measured (ss did not run)\n", metric);
     }
+    print_trace(s, *looked_up, ids_in, feeds[0]);
     print_rss(metric, "ps (actorflow-node)", ps_pids, mib(sizes[0]));
     print_rss(metric, "raw shard", raw_pids, mib(sizes[0]));
     std::fflush(stdout);

@@ -84,8 +84,10 @@ std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sy
 
 /// actorflow's side of the line: the sparse job (issue 25's embeddings job
 /// in actorflow-train, 3 ps and 2 workers on TCP, the same table, batch and
-/// timed window) once it is wired. HOOK: until then it measures nothing and
-/// says so; the line prints the baseline alone.
+/// timed window) once it is wired: its steps/s, its bytes per worker step at
+/// the ps sockets (socket_bytes_of the ps pids over the window), and
+/// print_rss of its ps beside the raw shards'. HOOK: until then it measures
+/// nothing and says so; the line prints the baseline alone.
 std::optional<raw_train_run> ours_job(bool sync, std::string& why) {
   (void)sync;
   why = "not measured: sparse job not wired yet";
