@@ -139,6 +139,17 @@ void print_trace(session& s, output looked_up, output ids_in, const tensor& feed
                 static_cast<unsigned long long>(e.bytes_in));
 }
 
+/// Stops this process's worker node (its data plane first: its threads hold
+/// actors of the system) before the actor system goes, on every way out.
+struct worker_node_guard {
+  running_node& node;
+  ~worker_node_guard() {
+    node.data_plane->stop();
+    unregister_local_node(node.address);
+    caf::anon_send_exit(node.actor, caf::exit_reason::user_shutdown);
+  }
+};
+
 int fail(const std::string& why) {
   std::cerr << "actorflow-bench: " << metric << ": " << why << std::endl;
   return 1;
@@ -172,8 +183,7 @@ int lookup_bench() {
   auto node = start_node(sys, "worker", 0, "127.0.0.1", waddr->port, wopts);
   if (!node)
     return fail("worker node: " + describe(node.error()));
-  register_local_node(node->address, &sys, node->actor);
-  int rc = 0;
+  worker_node_guard guard{*node};
   {
     session_options so;
     so.timeout = std::chrono::seconds(60);
@@ -282,10 +292,7 @@ int lookup_bench() {
     print_rss(metric, "raw shard", raw_pids, mib(sizes[0]));
     std::fflush(stdout);
   }
-  node->data_plane->stop();
-  unregister_local_node(node->address);
-  caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
-  return rc;
+  return 0;
 }
 
 } // namespace af::bench::embed_detail
