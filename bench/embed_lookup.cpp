@@ -139,6 +139,41 @@ void print_trace(session& s, output looked_up, output ids_in, const tensor& feed
                 static_cast<unsigned long long>(e.bytes_in));
 }
 
+/// The lines of the lookup metric: what was measured and how, the latencies,
+/// the empty step's, and the bytes at the sockets.
+void print_lines(const side& ours, const side& base, const side& empty, double unique_mean) {
+  std::printf("# %s: %lld x %lld float32 table, mod over 3 ps processes (actorflow-node, TCP), "
+              "%lld skewed ids per lookup (%.1f distinct on average) from a session on a worker "
+              "node in this process; baseline: 3 raw-TCP shard processes, the client dedups, "
+              "routes, asks all shards at once, assembles; %d alternating blocks of %d lookups "
+              "each; latency lower is better\n",
+              metric, static_cast<long long>(table_rows), static_cast<long long>(dim),
+              static_cast<long long>(batch), unique_mean, blocks, block);
+  std::printf("# %s noise: block medians us: ours %.1f..%.1f, baseline %.1f..%.1f\n", metric,
+              *std::min_element(ours.block_medians.begin(), ours.block_medians.end()),
+              *std::max_element(ours.block_medians.begin(), ours.block_medians.end()),
+              *std::min_element(base.block_medians.begin(), base.block_medians.end()),
+              *std::max_element(base.block_medians.begin(), base.block_medians.end()));
+  report(metric, median(ours.us), median(base.us), "us");
+  report(std::string{metric} + "_p99", ours.p99(), base.p99(), "us");
+  std::printf("# %s: a step of the same shape with nothing to look up (a scalar through an "
+              "add on each ps): median %.1f us, p99 %.1f us\n",
+              metric, median(empty.us), empty.p99());
+  // Measured at the ps processes' sockets (ss), both directions, all
+  // their connections; against what must cross: the distinct ids out and
+  // their rows back.
+  double touched = unique_mean * (8 + dim * 4);
+  if (ours.bytes_known && base.bytes_known) {
+    report(std::string{metric} + "_bytes", ours.bytes_per_lookup(), base.bytes_per_lookup(), "B");
+    std::printf("# %s_bytes: touched rows + ids %.0f B per lookup: ours/touched %.3f, "
+                "baseline/touched %.3f\n",
+                metric, touched, ours.bytes_per_lookup() / touched,
+                base.bytes_per_lookup() / touched);
+  } else {
+    std::printf("# %s_bytes: not measured (ss did not run)\n", metric);
+  }
+}
+
 /// Stops this process's worker node (its data plane first: its threads hold
 /// actors of the system) before the actor system goes, on every way out.
 struct worker_node_guard {
@@ -252,44 +287,30 @@ int lookup_bench() {
       }
     }
     shard_values.clear();
-    side ours, base;
+    // What any step of this shape costs, with nothing to look up: a scalar
+    // fed on the worker, one add on each ps, the three summed on the worker.
+    auto x = s.placeholder("x");
+    output fan_in;
+    for (int k = 0; k < shards; ++k) {
+      auto scope = ok(s.device("/job:ps/task:" + std::to_string(k)), "device");
+      auto y = s.add(x, s.constant(tensor::scalar(1)), "empty_" + std::to_string(k));
+      scope.reset();
+      fan_in = k == 0 ? y : s.add(fan_in, y);
+    }
+    auto empty_step = [&](int) { ok(s.run({fan_in}, {{x, tensor::scalar(1)}}), "empty step"); };
+    empty_step(0);
+    side ours, base, empty;
     auto ps_pids = ps.pids(), raw_pids = raw.pids();
     for (int k = 0; k < blocks; ++k) {
       ours.run_block(ps_pids, k * block, [&](int b) { ours_lookup(b); });
       base.run_block(raw_pids, k * block, raw_lookup);
+      empty.run_block(ps_pids, k * block, empty_step);
     }
-    auto mib = [](int64_t rows) { return double(rows * dim * 4) / 1048576.0; };
-    double unique_mean = double(unique_sum) / batches;
-    std::printf("# %s: %lld x %lld float32 table, mod over 3 ps processes (actorflow-node, TCP), "
-                "%lld skewed ids per lookup (%.1f distinct on average) from a session on a worker "
-                "node in this process; baseline: 3 raw-TCP shard processes, the client dedups, "
-                "routes, asks all shards at once, assembles; %d alternating blocks of %d lookups "
-                "each; latency lower is better\n",
-                metric, static_cast<long long>(table_rows), static_cast<long long>(dim),
-                static_cast<long long>(batch), unique_mean, blocks, block);
-    std::printf("# %s noise: block medians us: ours %.1f..%.1f, baseline %.1f..%.1f\n", metric,
-                *std::min_element(ours.block_medians.begin(), ours.block_medians.end()),
-                *std::max_element(ours.block_medians.begin(), ours.block_medians.end()),
-                *std::min_element(base.block_medians.begin(), base.block_medians.end()),
-                *std::max_element(base.block_medians.begin(), base.block_medians.end()));
-    report(metric, median(ours.us), median(base.us), "us");
-    report(std::string{metric} + "_p99", ours.p99(), base.p99(), "us");
-    // Measured at the ps processes' sockets (ss), both directions, all
-    // their connections; against what must cross: the distinct ids out and
-    // their rows back.
-    double touched = unique_mean * (8 + dim * 4);
-    if (ours.bytes_known && base.bytes_known) {
-      report(std::string{metric} + "_bytes", ours.bytes_per_lookup(), base.bytes_per_lookup(), "B");
-      std::printf("# %s_bytes: touched rows + ids %.0f B per lookup: ours/touched %.3f, "
-                  "baseline/touched %.3f\n",
-                  metric, touched, ours.bytes_per_lookup() / touched,
-                  base.bytes_per_lookup() / touched);
-    } else {
-      std::printf("# %s_bytes: not measured (ss did not run)\n", metric);
-    }
+    print_lines(ours, base, empty, double(unique_sum) / batches);
     print_trace(s, *looked_up, ids_in, feeds[0]);
-    print_rss(metric, "ps (actorflow-node)", ps_pids, mib(sizes[0]));
-    print_rss(metric, "raw shard", raw_pids, mib(sizes[0]));
+    double shard_mib = double(sizes[0] * dim * 4) / 1048576.0;
+    print_rss(metric, "ps (actorflow-node)", ps_pids, shard_mib);
+    print_rss(metric, "raw shard", raw_pids, shard_mib);
     std::fflush(stdout);
   }
   return 0;
