@@ -133,6 +133,18 @@ int train_bench() {
       bytes[mode].push_back(b->bytes_per_step);
       touched[mode].push_back(b->touched_per_step);
     }
+  // The pushes landed: id 0, in about 2 of every 512 ids, decayed (each
+  // push scales its row by 1 - lr * 0.01).
+  if (!failed) {
+    raw_embed_client check;
+    std::vector<float> row;
+    check.connect(ports, table_rows, dim);
+    check.route({0});
+    if (!check.gather(0) || (check.assemble(row), !(row[1] < embed_value(0, 1, dim)))) {
+      std::fprintf(stderr, "actorflow-bench: %s: the raw shards' row 0 did not change\n", metric);
+      failed = true;
+    }
+  }
   std::vector<pid_t> pids;
   for (auto& s : servers)
     pids.push_back(s.pid());
