@@ -322,6 +322,7 @@ int embed_worker_main(const helper_args& a) {
     ports.push_back(static_cast<uint16_t>(std::stoul(p)));
   const auto rows = static_cast<int64_t>(a.num("rows"));
   const bool sync = a.str("mode") == "sync";
+  const bool uniform = a.str("ids") == "uniform";
   const double warmup_s = a.real("warmup"), window_s = a.real("window");
   raw_embed_client c;
   if (!c.connect(ports, rows, static_cast<int64_t>(a.num("dim")), 2, a.num("run"))) {
@@ -334,7 +335,10 @@ int embed_worker_main(const helper_args& a) {
   using secs = std::chrono::duration<double>;
   clock_type::time_point first{}, t0{};
   for (;; ++step) {
-    skewed_ids(rng, rows, ids);
+    if (uniform)
+      uniform_ids(rng, rows, ids);
+    else
+      skewed_ids(rng, rows, ids);
     c.route(ids);
     unique_sum += c.unique_count();
     if (!c.gather(step) || !c.push(0.01f, sync, step)) {

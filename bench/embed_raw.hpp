@@ -51,6 +51,15 @@ inline void skewed_ids(std::mt19937_64& rng, int64_t rows, std::vector<int64_t>&
   }
 }
 
+/// `batch` ids drawn uniformly from [0, rows): the training line's ids, the
+/// same distribution as the sparse job's at zipf = 0, so that both sides of
+/// train_embed_10m_2w touch as many distinct rows a step (almost all 512).
+inline void uniform_ids(std::mt19937_64& rng, int64_t rows, std::vector<int64_t>& out) {
+  std::uniform_int_distribution<int64_t> u{0, rows - 1};
+  for (auto& id : out)
+    id = u(rng);
+}
+
 /// One client's connections to the shards and its buffers (allocated once,
 /// reused every lookup). Blocking sockets, TCP_NODELAY; every byte it moves is
 /// counted in `bytes` (what its read and write calls returned).
@@ -96,7 +105,7 @@ private:
 /// The helpers of the sparse lines (this binary re-executed with
 /// helper_flag): `embed-shard` (listen-fd= shard= shards= rows= dim= lr=)
 /// serves until killed; `embed-worker` (rank= run= ports=a,b,c rows= dim= batch=
-/// seed= mode=sync|async warmup= window=) trains and prints window_steps,
+/// seed= mode=sync|async ids=skewed|uniform warmup= window=) trains and prints window_steps,
 /// window_seconds, window_bytes and unique_mean.
 int embed_shard_main(const helper_args& a);
 int embed_worker_main(const helper_args& a);
