@@ -12,9 +12,10 @@
 ///                              the bytes at the ps sockets per lookup, and the
 ///                              ps processes' VmRSS
 ///   train_embed_10m_2w         sync and async steps/s of a 10,000,000 x 64
-///                              table over 3 shards with 2 workers of 512 ids;
-///                              the raw ps's figure now, actorflow's once the
-///                              sparse job exists (a marked hook until then)
+///                              table over 3 shards with 2 workers of 512
+///                              uniform ids: actorflow-train's sparse job (3 ps
+///                              + 2 worker processes, TCP) against the raw ps;
+///                              bytes per worker step at the sockets, VmRSS
 
 #include <string>
 #include <vector>
