@@ -4,7 +4,9 @@
 // speaking plain TCP on loopback. Both run now, on this machine, so compare
 // ratios, not absolute values.
 // The training metrics (bench_train.hpp) run clusters of actorflow-train
-// against raw-TCP parameter servers. `--only a,b` runs some metrics.
+// against raw-TCP parameter servers; the sparse lines (embed_benches.hpp) a
+// partitioned table over 3 ps against raw-TCP shard servers. `--only a,b`
+// runs some metrics.
 // The groups of metrics are in bench/benches.hpp; the soak is its own
 // program, actorflow-soak (bench/soak_main.cpp).
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "bench/allreduce_bench.hpp"
 #include "bench/benches.hpp"
 #include "bench/cli_checks.hpp"
+#include "bench/embed_benches.hpp"
 #include "bench/raw_link.hpp"
 #include "config/cluster_spec.hpp"
 #include "bench/bench_activation.hpp"
@@ -49,6 +52,8 @@ int main_body(int argc, char** argv) {
   // The training metrics' helper processes are this binary, re-executed.
   if (int rc = af::bench::run_allreduce_helper(argc, argv); rc >= 0)
     return rc;
+  if (int rc = af::bench::run_embed_helper(argc, argv); rc >= 0)
+    return rc;
   if (int rc = af::bench::run_helper(argc, argv); rc >= 0)
     return rc;
   CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
@@ -72,6 +77,8 @@ int main_body(int argc, char** argv) {
   all_metrics.push_back(zerocopy_metric);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
+  const auto& embed_metrics = af::bench::embed_metrics();
+  all_metrics.insert(all_metrics.end(), embed_metrics.begin(), embed_metrics.end());
   std::string only, only_list;
   int rounds = 2000, reps = 5;
   af::node_options opts;
@@ -175,6 +182,9 @@ int main_body(int argc, char** argv) {
       train_wanted.push_back(m);
   if (!train_wanted.empty())
     af::bench::run_train_benches(train_wanted, topts);
+  // The sparse lines (fork + exec only; the lookup's worker node is this process's).
+  if (int rc = af::bench::run_embed_benches(wanted))
+    return rc;
 
   // Two node processes and a session (bench/bench_activation.hpp); the
   // raw peer is forked first, when this process's actor systems are gone.
