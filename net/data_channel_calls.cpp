@@ -17,7 +17,27 @@
 
 namespace af {
 
+
 using namespace plane_io;
+
+data_channel::wait_scope::wait_scope(data_channel& channel, std::chrono::milliseconds wait)
+  : ch(channel), saved(channel.timeout_) {
+  if (wait.count() > 0 && wait != ch.timeout_) {
+    ch.timeout_ = wait;
+    set_timeout(ch.fd_, SO_RCVTIMEO, wait);
+    set_timeout(ch.fd_, SO_SNDTIMEO, wait);
+  }
+}
+
+data_channel::wait_scope::~wait_scope() {
+  if (ch.timeout_ == saved && !touched)
+    return;
+  ch.timeout_ = saved;
+  if (ch.fd_ >= 0) {
+    set_timeout(ch.fd_, SO_RCVTIMEO, saved);
+    set_timeout(ch.fd_, SO_SNDTIMEO, saved);
+  }
+}
 
 caf::expected<std::pair<tensor, uint64_t>>
 data_channel::call(var_op op, const std::string& var, const tensor* operand, bool want_value,
@@ -50,25 +70,7 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
                         + " is more than the data plane carries (8)");
   // This call's own wait for the reply (a try of a retried update): the
   // channel's timeout again afterwards.
-  struct wait_scope {
-    data_channel& ch;
-    std::chrono::milliseconds saved;
-    bool touched = false; ///< SO_RCVTIMEO set to what was left of the try
-    ~wait_scope() {
-      if (ch.timeout_ == saved && !touched)
-        return;
-      ch.timeout_ = saved;
-      if (ch.fd_ >= 0) {
-        set_timeout(ch.fd_, SO_RCVTIMEO, saved);
-        set_timeout(ch.fd_, SO_SNDTIMEO, saved);
-      }
-    }
-  } scope{*this, timeout_};
-  if (wait.count() > 0 && wait != timeout_) {
-    timeout_ = wait;
-    set_timeout(fd_, SO_RCVTIMEO, wait);
-    set_timeout(fd_, SO_SNDTIMEO, wait);
-  }
+  wait_scope scope{*this, wait};
   // One deadline for the try: the whole send and the reply (a node that
   // stops reading part way through a large operand is not given a fresh
   // wait for each piece it took).
@@ -226,35 +228,19 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
     return make_error(af_error::invalid_argument,
                       what + ": rank " + std::to_string(value.shape().size())
                         + " is more than the data plane carries (8)");
-  auto saved = timeout_;
-  if (wait.count() > 0 && wait != timeout_) {
-    timeout_ = wait;
-    set_timeout(fd_, SO_RCVTIMEO, wait);
-    set_timeout(fd_, SO_SNDTIMEO, wait);
-  }
-  auto restore = [&] {
-    timeout_ = saved;
-    if (fd_ >= 0) {
-      set_timeout(fd_, SO_RCVTIMEO, saved);
-      set_timeout(fd_, SO_SNDTIMEO, saved);
-    }
-  };
+  wait_scope scope{*this, wait};
   // One deadline for the send and the ack together.
   auto deadline = std::chrono::steady_clock::now() + timeout_;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  if (auto err = upgrade_if_due(deadline)) {
-    restore();
+  if (auto err = upgrade_if_due(deadline))
     return err;
-  }
-  if (!send_frame(io(deadline), h, &name, value.empty() ? nullptr : value.bytes(), &bound)) {
-    auto err = fail(what, errno, timeout_, true);
-    restore();
-    return err;
-  }
-  if (fd_ >= 0)
+  if (!send_frame(io(deadline), h, &name, value.empty() ? nullptr : value.bytes(), &bound))
+    return fail(what, errno, timeout_, true);
+  if (fd_ >= 0) {
     set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{std::max<long long>(ms_left(bound), 1)});
+    scope.touched = true;
+  }
   auto r = read_reply(what, deadline);
-  restore();
   if (!r)
     return std::move(r.error());
   return {};

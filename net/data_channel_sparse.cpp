@@ -38,39 +38,23 @@ data_channel::gather_rows(const std::string& var, const tensor& ids,
   h.kind = static_cast<uint8_t>(wire::kind::gather_rows);
   h.name_len = static_cast<uint32_t>(var.size());
   wire::describe_tensor(ids, h); // rank 1
-  auto saved = timeout_;
-  if (wait.count() > 0 && wait != timeout_) {
-    timeout_ = wait;
-    set_timeout(fd_, SO_RCVTIMEO, wait);
-    set_timeout(fd_, SO_SNDTIMEO, wait);
-  }
-  auto restore = [&] {
-    timeout_ = saved;
-    if (fd_ >= 0) {
-      set_timeout(fd_, SO_RCVTIMEO, saved);
-      set_timeout(fd_, SO_SNDTIMEO, saved);
-    }
-  };
+  wait_scope scope{*this, wait};
   auto deadline = std::chrono::steady_clock::now() + timeout_;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  if (auto err = upgrade_if_due(deadline)) {
-    restore();
+  if (auto err = upgrade_if_due(deadline))
     return err;
-  }
   for (int attempt = 0;; ++attempt) {
     bool retry = attempt == 0 && quiet;
     if (!send_frame(io(deadline), h, &var, ids.bytes(), &bound)) {
       auto err = fail(what, errno, timeout_, true);
       if (retry && reconnect())
         continue;
-      restore();
       return err;
     }
     auto r = read_reply(what, deadline);
     if (!r && retry && fd_ < 0 && r.error().category() == error_category
         && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
       continue;
-    restore();
     return r;
   }
 }

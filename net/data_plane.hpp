@@ -244,6 +244,18 @@ public:
   void set_cancel(std::shared_ptr<const std::atomic<bool>> cancel) { cancel_ = std::move(cancel); }
 
 private:
+  /// One call's own wait for its reply (`wait`; 0: the channel's timeout)
+  /// while it lives, the channel's timeout again afterwards.
+  struct wait_scope {
+    wait_scope(data_channel& channel, std::chrono::milliseconds wait);
+    ~wait_scope();
+    wait_scope(const wait_scope&) = delete;
+    wait_scope& operator=(const wait_scope&) = delete;
+    data_channel& ch;
+    std::chrono::milliseconds saved;
+    bool touched = false; ///< SO_RCVTIMEO set to what was left of the call's time
+  };
+
   data_channel(int fd, std::string host, uint16_t port, std::string peer,
                std::chrono::milliseconds timeout, std::chrono::microseconds poll,
                std::shared_ptr<tls_context> tls)
