@@ -390,6 +390,11 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, *t.threads);
     if (!r)
       return std::move(r.error());
+    if (!std::isfinite(r->result.loss))
+      return make_error(af_error::non_finite,
+                        fmt::format("worker {}: the loss of global step {} is {}: the model "
+                                    "diverged (lower learning_rate, or restore a checkpoint)",
+                                    t.task, global, r->result.loss));
     // What an ideal exchange moves: each touched row and its id, out and back.
     for (size_t i = 0; i < specs.size(); ++i)
       touched += 2 * static_cast<uint64_t>(r->unique[i])
@@ -436,6 +441,14 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
 /// Step 6: this worker is done at every aggregator (`why`: empty if it
 /// finished, else why it failed).
 caf::error say_done(sparse_task& t, const std::string& why) {
+  if (!why.empty()) {
+    // A failed worker tells every aggregator at once and waits for none:
+    // one of them may be on the ps that died (a wait for its answer would
+    // hold this worker the whole timeout), and the others need only hear it.
+    for (auto& m : t.members)
+      caf::anon_send(m.actor, done_atom::value, t.task, m.token, why);
+    return caf::none;
+  }
   caf::error first;
   for (auto& m : t.members) {
     auto r = ask<uint32_t>(t.s, m.actor, t.timeout, done_atom::value, t.task, m.token, why);

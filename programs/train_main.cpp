@@ -478,8 +478,16 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     return fail(af::describe(err), 1);
   if (af::sparse_job(c)) {
     auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
-    if (!out)
-      return finish(fail(name + ": " + af::describe(out.error()), 1));
+    if (!out) {
+      int rc = fail(name + ": " + af::describe(out.error()), 1);
+      // The chief's failure ends the job: the ps tasks would otherwise wait
+      // init_timeout_ms for a chief that is gone, and then say so wrongly.
+      if (a.task == 0)
+        for (size_t k = 0; k < cluster.cluster.num_tasks("ps"); ++k)
+          if (auto err = s->shutdown("ps", static_cast<int32_t>(k)))
+            af::log::get()->warn("stopping /job:ps/task:{}: {}", k, af::describe(err));
+      return finish(rc);
+    }
     if (a.task == 0)
       af::programs::print_sparse_summary(
         c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out);
@@ -585,6 +593,10 @@ static int main_body(int argc, char** argv) {
       return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
                   "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
                   "the dense models");
+    if (!c.metrics.empty() && !a.local)
+      std::fprintf(stderr, "actorflow-train: metrics = \"%s\": the sparse job writes no metrics "
+                           "CSV yet (its progress lines and summary are on stdout)\n",
+                   c.metrics.c_str());
     if (a.local) {
       if (!a.job.empty() || a.task >= 0)
         return fail("--local trains in this one process: no --job or --task with it (the "

@@ -25,6 +25,10 @@ void print_scores(double auc, double log_loss, size_t test_examples, bool has_tr
 } // namespace
 
 int run_sparse_local(const train::train_config& c, fail_fn fail) {
+  if (!c.checkpoint_dir.empty() || !c.metrics.empty())
+    std::fprintf(stderr, "actorflow-train: --local writes no checkpoint or metrics CSV for model "
+                         "%s (checkpoint_dir and metrics are for its job: run without --local)\n",
+                 c.model.c_str());
   std::printf("actorflow-train: model %s in one process: users %lld, items %lld, dim %lld, "
               "data %s, optimizer %s\n",
               c.model.c_str(), static_cast<long long>(c.users), static_cast<long long>(c.items),

@@ -405,6 +405,11 @@ outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_ba
     auto r = run_step(m, st, train, picks, tbs, labels, true);
     if (!r)
       return r.error();
+    if (!std::isfinite(r->loss))
+      return graph_error{af_error::non_finite,
+                         fmt::format("step {}: the loss is {}: the model diverged (lower "
+                                     "learning_rate)",
+                                     step, r->loss)};
     for (size_t t = 0; t < specs.size(); ++t) {
       auto& slots = st.tables.slots[t];
       float* slot_ptrs[2] = {nullptr, nullptr};
