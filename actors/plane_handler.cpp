@@ -339,6 +339,17 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
                                     name, h.payload_bytes, tables));
     if (!req.read_part(counts.data(), head))
       return false;
+    // A push carries each row of a table once at most (a worker sums a
+    // repeated id's gradients first): what it may make this node allocate
+    // is bounded by the tables it already holds, whoever sends it (the
+    // token is checked by the aggregator, once the push has been read).
+    for (size_t t = 0; t < tables && t < agg.table_sizes.size(); ++t)
+      if (counts[t] > static_cast<uint64_t>(agg.table_sizes[t]))
+        return req.refuse(af_error::invalid_argument,
+                          fmt::format("sparse push to aggregator '{}': {} rows of its table {}, "
+                                      "which has {}: a push carries each row once at most "
+                                      "(sum a repeated id's gradients first)",
+                                      name, counts[t], t, agg.table_sizes[t]));
     unsigned __int128 want = head + agg.dense_floats * sizeof(float);
     for (size_t t = 0; t < tables; ++t)
       want += static_cast<unsigned __int128>(counts[t])

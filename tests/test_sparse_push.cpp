@@ -524,6 +524,15 @@ TEST_CASE("rows are read and sparse pushes applied over the data plane", "[spars
                                   {floats_of({1, 3}, {1, 1, 1})}, 10s, token, 2);
     REQUIRE_FALSE(bad_push);
     CHECK_THAT(describe(bad_push.error()), Catch::Contains("indices[0] = 6 is not in [0, 6)"));
+    // More rows than the table has (a stranger's way to make the node
+    // allocate up to max_message_bytes): refused before the rows are read.
+    std::vector<int64_t> many(7, 1);
+    auto too_many = c.push_sparse(spec.name, 0, 1, {floats_of({2}, {0, 0})},
+                                  {ids64(many)}, {floats_of({7, 3}, std::vector<float>(21, 1))},
+                                  10s, token, 2);
+    REQUIRE_FALSE(too_many);
+    CHECK_THAT(describe(too_many.error()), Catch::Contains("7 rows of its table 0, which has 6"));
+    CHECK_FALSE(c.broken());
     // A payload whose counts do not match its size: refused, the connection goes on.
     auto short_rows = c.push_sparse(spec.name, 0, 1, {floats_of({2}, {0, 0})}, {ids64({1, 2})},
                                     {floats_of({2, 2}, {1, 1, 1, 1})}, 10s, token, 3);
