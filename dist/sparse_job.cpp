@@ -13,6 +13,7 @@
 #include "caf/all.hpp"
 
 #include "actors/blocking_ask.hpp"
+#include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
@@ -260,6 +261,38 @@ caf::error initialize_or_restore(sparse_task& t, uint32_t n_ps) {
   return caf::none;
 }
 
+/// How this worker cuts and routes the tables: what every worker of the job
+/// must agree on. mod and div cut the same shard sizes, so a worker of
+/// another strategy would find every variable it asks for and update other
+/// ids' rows; the shapes alone cannot tell.
+std::string layout_of(const train::train_config& c, uint32_t n_ps) {
+  return fmt::format("partition_strategy={} users={} items={} dim={} ps={}", c.partition_strategy,
+                     c.users, c.items, c.dim, n_ps);
+}
+
+/// The chief publishes its layout in its key-value store; every other
+/// worker compares its own with it (bounded by init_timeout_ms) and refuses
+/// to train on a different one, naming both.
+caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
+  auto chief = training_detail::chief_store_of(t.s);
+  if (!chief)
+    return std::move(chief.error());
+  kv_client kv{t.s.system(), chief->store, t.timeout};
+  auto key = fmt::format("train/{}/sparse_layout", chief->incarnation);
+  auto mine = layout_of(t.c, n_ps);
+  if (t.chief)
+    return kv.put(key, mine);
+  auto theirs = kv.get(key, std::chrono::milliseconds{t.c.init_timeout_ms});
+  if (!theirs)
+    return std::move(theirs.error());
+  if (*theirs != mine)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("worker {} cuts the tables as '{}', the chief as '{}': run every "
+                                  "task of the job with one config",
+                                  t.task, mine, *theirs));
+  return caf::none;
+}
+
 caf::error set_up(sparse_task& t) {
   auto n_ps = static_cast<uint32_t>(t.s.cluster().num_tasks("ps"));
   if (n_ps == 0)
@@ -278,6 +311,8 @@ caf::error set_up(sparse_task& t) {
                std::chrono::milliseconds{t.c.init_timeout_ms}, t.vars)) {
     return err;
   }
+  if (auto err = agree_on_layout(t, n_ps))
+    return err;
   t.self = std::make_unique<caf::scoped_actor>(t.s.system());
   for (uint32_t k = 0; k < n_ps; ++k)
     if (auto err = join_ps(t, k))

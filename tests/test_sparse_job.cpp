@@ -68,7 +68,8 @@ struct job_run {
   std::vector<float> dense;
 };
 
-job_run run_job(const train::train_config& c, int ps, int workers, bool read_back) {
+job_run run_job(const train::train_config& c, int ps, int workers, bool read_back,
+                const train::train_config* other = nullptr) {
   job_run out;
   auto cluster = embedded_cluster::start({{"ps", ps}, {"worker", workers}});
   REQUIRE(cluster);
@@ -85,7 +86,8 @@ job_run run_job(const train::train_config& c, int ps, int workers, bool read_bac
       sparse_job_options o;
       o.shutdown_ps = false;
       o.print = false;
-      out.results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+      out.results[w] =
+        run_sparse_worker_task(*s, w > 0 && other ? *other : c, static_cast<uint32_t>(w), o);
     });
   for (auto& t : threads)
     t.join();
@@ -397,4 +399,21 @@ TEST_CASE("a diverging sparse job ends at once with an error on every worker", "
   }
   // Well inside the 20 s timeouts the job was given.
   CHECK(took < std::chrono::seconds(10));
+}
+
+TEST_CASE("a worker whose config cuts the tables otherwise than the chief's is refused, naming "
+          "both", "[sparse_job]") {
+  // Catches: a worker with partition_strategy div in a mod job (the same
+  // shard sizes, so every variable it asks for exists) silently reading and
+  // updating other ids' rows.
+  auto c = small_job("async", 20);
+  auto other = c;
+  other.partition_strategy = "div";
+  auto run = run_job(c, 2, 2, false, &other);
+  REQUIRE_FALSE(run.results[1]);
+  auto what = describe(run.results[1].error());
+  INFO(what);
+  CHECK(what.find("partition_strategy=div") != std::string::npos);
+  CHECK(what.find("partition_strategy=mod") != std::string::npos);
+  CHECK(what.find("one config") != std::string::npos);
 }
