@@ -1,5 +1,7 @@
 #include "dist/ps_threads.hpp"
 
+#include <algorithm>
+
 namespace af {
 
 ps_threads::ps_threads(size_t ps) : ps_(ps) {
@@ -47,17 +49,24 @@ void ps_threads::serve(size_t p) {
   }
 }
 
-void ps_threads::run(const std::function<void(size_t)>& work) {
-  if (ps_ == 0)
+void ps_threads::run(size_t n, const std::function<void(size_t)>& work) {
+  n = std::min(n, ps_);
+  if (n == 0)
     return;
+  // Parts 0 .. n - 2 on the threads of those numbers, n - 1 here; the
+  // threads above them sit this round out.
+  std::function<void(size_t)> part = [&](size_t p) {
+    if (p + 1 < n)
+      work(p);
+  };
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    work_ = &work;
+    work_ = &part;
     pending_ = threads_.size();
     ++round_;
   }
   start_cv_.notify_all();
-  work(ps_ - 1);
+  work(n - 1);
   std::unique_lock<std::mutex> lock{mtx_};
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   work_ = nullptr;

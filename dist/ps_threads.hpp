@@ -25,10 +25,10 @@ public:
 
   size_t size() const { return ps_; }
 
-  /// Runs work(p) for every p < size() at once (p = size() - 1 on this
+  /// Runs work(p) for every p < n (n <= size()) at once (p = n - 1 on this
   /// thread) and returns once every one has. `work` must not throw. Not
   /// reentrant: one run at a time.
-  void run(const std::function<void(size_t)>& work);
+  void run(size_t n, const std::function<void(size_t)>& work);
 
 private:
   void serve(size_t p);

@@ -90,7 +90,7 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
                                               const train::sparse_batch& batch,
-                                              ps_threads& threads) {
+                                              ps_threads& threads, const sparse_lanes* lanes) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
@@ -137,39 +137,58 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
     rows[t] = tensor{dtype::float32, {unique[t], specs[t].width}};
   auto& dense = f.dense;
   dense.resize(layout.dense_vars.size());
-  std::vector<caf::error> errs(P);
   // Taken before the threads: each writes rows of its own shards only.
   std::vector<float*> row_ptr(T);
   for (size_t t = 0; t < T; ++t)
     row_ptr[t] = rows[t].mutable_data<float>();
-  threads.run([&](size_t p) {
-    for (const auto& slot : layout.ps_order[p]) {
-      if (!slot.table) {
-        auto v = links[p]->read(layout.dense_vars[slot.index]);
-        if (!v) {
-          errs[p] = std::move(v.error());
+  // Slot `slot` of ps p read through `link`: a dense parameter's value, or
+  // the rows of a shard into the table's unique rows.
+  auto read_slot = [&](sparse_ps_link* link, const sparse_layout::slot& slot) -> caf::error {
+    if (!slot.table) {
+      auto v = link->read(layout.dense_vars[slot.index]);
+      if (!v)
+        return std::move(v.error());
+      dense[slot.index] = std::move(*v);
+      return caf::none;
+    }
+    const auto& part = parts[slot.index][slot.shard];
+    if (part.rows.empty())
+      return caf::none;
+    auto got = link->gather_rows(layout.tables[slot.index].shard_vars[slot.shard],
+                                 int64s(part.rows));
+    if (!got)
+      return std::move(got.error());
+    const auto width = static_cast<size_t>(specs[slot.index].width);
+    float* dst = row_ptr[slot.index];
+    for (size_t j = 0; j < part.places.size(); ++j)
+      std::memcpy(dst + static_cast<size_t>(part.places[j]) * width,
+                  got->data<float>() + j * width, width * sizeof(float));
+    return caf::none;
+  };
+  std::vector<caf::error> errs(P);
+  if (lanes != nullptr) {
+    // One connection per slot: every slot of every ps at once.
+    std::vector<std::pair<size_t, size_t>> work; // (ps, slot)
+    for (size_t p = 0; p < P; ++p)
+      for (size_t i = 0; i < layout.ps_order[p].size(); ++i)
+        work.emplace_back(p, i);
+    std::vector<caf::error> slot_errs(work.size());
+    threads.run(work.size(), [&](size_t k) {
+      auto [p, i] = work[k];
+      slot_errs[k] = read_slot((*lanes)[p][i], layout.ps_order[p][i]);
+    });
+    for (size_t k = 0; k < work.size(); ++k)
+      if (slot_errs[k] && !errs[work[k].first])
+        errs[work[k].first] = std::move(slot_errs[k]);
+  } else {
+    threads.run(P, [&](size_t p) {
+      for (const auto& slot : layout.ps_order[p])
+        if (auto err = read_slot(links[p], slot)) {
+          errs[p] = std::move(err);
           return;
         }
-        dense[slot.index] = std::move(*v);
-        continue;
-      }
-      const auto& part = parts[slot.index][slot.shard];
-      if (part.rows.empty())
-        continue;
-      auto got = links[p]->gather_rows(layout.tables[slot.index].shard_vars[slot.shard],
-                                       int64s(part.rows));
-      if (!got) {
-        errs[p] = std::move(got.error());
-        return;
-      }
-      // Into the table's unique rows (each thread writes rows of its own shards).
-      const auto width = static_cast<size_t>(specs[slot.index].width);
-      float* dst = row_ptr[slot.index];
-      for (size_t j = 0; j < part.places.size(); ++j)
-        std::memcpy(dst + static_cast<size_t>(part.places[j]) * width,
-                    got->data<float>() + j * width, width * sizeof(float));
-    }
-  });
+    });
+  }
   if (auto err = first_error(errs, "reading rows"))
     return err;
   return f;
@@ -179,8 +198,9 @@ caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& mod
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
                                                         const train::sparse_batch& batch,
-                                                        ps_threads& threads) {
-  auto f = fetch_sparse_rows(model.tables(), layout, links, batch, threads);
+                                                        ps_threads& threads,
+                                                        const sparse_lanes* lanes) {
+  auto f = fetch_sparse_rows(model.tables(), layout, links, batch, threads, lanes);
   if (!f)
     return std::move(f.error());
   auto r = model.step(f->rows, f->index, f->dense, batch.labels, false);
@@ -193,11 +213,12 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step, ps_threads& threads) {
+                                                  uint64_t step, ps_threads& threads,
+                                                  const sparse_lanes* lanes) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   auto specs = model.tables();
-  auto f = fetch_sparse_rows(specs, layout, links, batch, threads);
+  auto f = fetch_sparse_rows(specs, layout, links, batch, threads, lanes);
   if (!f)
     return std::move(f.error());
   const auto& unique = f->unique;
@@ -228,7 +249,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                     specs[t].width));
     grad_ptr[t] = r->row_grads[t].data<float>();
   }
-  threads.run([&](size_t p) {
+  threads.run(P, [&](size_t p) {
     sparse_push_values values;
     for (const auto& slot : layout.ps_order[p]) {
       if (!slot.table) {

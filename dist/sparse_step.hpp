@@ -92,6 +92,12 @@ struct sparse_layout {
   std::vector<std::vector<slot>> ps_order;
 };
 
+/// Per ps, per slot of its aggregator (sparse_layout::ps_order): a link of
+/// its own (a connection each), so that every slot of every ps is read at
+/// once instead of one after another on the ps's one connection. `threads`
+/// must then hold as many parts as there are slots in all.
+using sparse_lanes = std::vector<std::vector<sparse_ps_link*>>;
+
 /// One shard's part of a step: the rows of its own it must send (the
 /// shard's row ids, each once) and where each goes among the table's
 /// unique ids.
@@ -117,7 +123,8 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
                                               const train::sparse_batch& batch,
-                                              ps_threads& threads);
+                                              ps_threads& threads,
+                                              const sparse_lanes* lanes = nullptr);
 
 /// The model's predictions for `batch` with the tables as the ps hold them
 /// now (forward only: nothing is pushed).
@@ -125,7 +132,8 @@ caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& mod
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
                                                         const train::sparse_batch& batch,
-                                              ps_threads& threads);
+                                              ps_threads& threads,
+                                              const sparse_lanes* lanes = nullptr);
 
 /// What one sparse step did.
 struct sparse_step_report {
@@ -143,6 +151,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step, ps_threads& threads);
+                                                  uint64_t step, ps_threads& threads,
+                                                  const sparse_lanes* lanes = nullptr);
 
 } // namespace af

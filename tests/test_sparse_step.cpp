@@ -186,9 +186,16 @@ TEST_CASE("ps_threads runs each part of every round exactly once, then returns",
     ps_threads threads(ps);
     std::vector<std::atomic<int>> runs(ps);
     for (int round = 1; round <= 2000; ++round) {
-      threads.run([&](size_t p) { runs[p].fetch_add(1); });
+      threads.run(ps, [&](size_t p) { runs[p].fetch_add(1); });
       for (size_t p = 0; p < ps; ++p)
         REQUIRE(runs[p].load() == round); // every part done, once, when run returns
+    }
+    // A round of fewer parts: only those run.
+    if (ps >= 2) {
+      threads.run(ps - 1, [&](size_t p) { runs[p].fetch_add(1); });
+      for (size_t p = 0; p + 1 < ps; ++p)
+        CHECK(runs[p].load() == 2001);
+      CHECK(runs[ps - 1].load() == 2000);
     }
   }
 }
