@@ -99,6 +99,14 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     return make_error(af_error::invalid_argument,
                       fmt::format("model '{}': data '{}' has no training examples", t.c.model,
                                   t.c.data));
+  // A step takes batch_size examples a worker (sync: every worker's in one
+  // global step); more than the training set repeats examples within a step.
+  auto per_step = static_cast<uint64_t>(t.c.batch_size) * (t.c.mode == "sync" ? t.workers : 1);
+  if (per_step > t.data.data.train.labels.size())
+    return make_error(af_error::invalid_argument,
+                      fmt::format("batch_size = {} ({} examples a step) is more than the {} "
+                                  "training examples: lower batch_size",
+                                  t.c.batch_size, per_step, t.data.data.train.labels.size()));
   if (auto why = train::recommender_table_problem(t.c, n_ps); !why.empty())
     return make_error(af_error::resource_exhausted, why);
   auto m = train::recommender_of(t.c);

@@ -577,6 +577,10 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
+  if (af::sparse_job(c) && (a.in_graph || a.join || !a.switch_to.empty() || a.status))
+    return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
+                "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
+                "the dense models");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {
@@ -589,10 +593,6 @@ static int main_body(int argc, char** argv) {
     return run_client(*cluster, c, a.status, a.switch_to);
   }
   if (af::sparse_job(c)) {
-    if (a.in_graph || a.join || !a.switch_to.empty() || a.status)
-      return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
-                  "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
-                  "the dense models");
     if (!c.metrics.empty() && !a.local)
       std::fprintf(stderr, "actorflow-train: metrics = \"%s\": the sparse job writes no metrics "
                            "CSV yet (its progress lines and summary are on stdout)\n",

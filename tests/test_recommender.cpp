@@ -448,9 +448,12 @@ TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommende
   CHECK(job.out.find("held-out: auc=0.") != std::string::npos);
   CHECK(job.out.find("train done: mode=sync workers=2") != std::string::npos);
   // What a sparse job cannot do is refused by name.
-  auto in_graph = run_train({"--config", cfg, "--in-graph"});
-  CHECK(in_graph.status == 2);
-  CHECK(in_graph.err.find("a sparse job runs between-graph") != std::string::npos);
+  for (std::string flag : {"--in-graph", "--status"}) {
+    // --status used to try to reach the config's cluster instead.
+    auto refused = run_train({"--config", cfg, flag});
+    CHECK(refused.status == 2);
+    CHECK(refused.err.find("a sparse job runs between-graph") != std::string::npos);
+  }
   local_args.push_back("--job");
   local_args.push_back("worker");
   auto mixed = run_train(local_args);

@@ -206,10 +206,20 @@ TEST_CASE("an async sparse job of 2 workers nears the planted truth's AUC", "[sp
   CHECK(run.results[0]->local_steps + run.results[1]->local_steps >= total);
 }
 
-TEST_CASE("a sparse job refuses a mode that cannot take sparse gradients, by name",
+TEST_CASE("a sparse job refuses by name a mode that cannot take sparse gradients, and a batch "
+          "larger than its data",
           "[sparse_job]") {
   // Catches: average silently densifying whole tables (or failing later
   // with an aggregator error that names no mode).
+  {
+    // Catches: a batch larger than the training set run as one step of
+    // repeated examples, without a word.
+    auto c = small_job("sync", 5);
+    c.batch_size = 4000;
+    auto run = run_job(c, 1, 1, false);
+    REQUIRE_FALSE(run.results[0]);
+    CHECK(describe(run.results[0].error()).find("batch_size = 4000") != std::string::npos);
+  }
   for (std::string mode : {"average", "allreduce"}) {
     auto c = small_job(mode, 5);
     auto run = run_job(c, 1, 1, false);
