@@ -5,6 +5,8 @@
 // sparse_gradients shows a lookup's gradient as what it is: the ids touched
 // and their rows (TF's IndexedSlices), never the table's shape.
 
+#include <fmt/format.h>
+
 #include "repl/interpreter_state.hpp"
 
 #include "graph/embedding.hpp"
@@ -109,6 +111,13 @@ value interpreter::state::call_embedding_lookup(const args_view& a) {
   auto known = current->table_strategies.find(name);
   auto strategy = strategy_arg(a, known != current->table_strategies.end()
                                     ? known->second : kernels::partition_strategy::mod);
+  // A table's rows are where its declaration put them: a lookup by another
+  // strategy would route ids to other ids' rows.
+  if (known != current->table_strategies.end() && strategy != known->second)
+    fail(a.at, fmt::format("{}: table '{}' was declared with strategy=\"{}\": a lookup routes "
+                           "by it (pass no strategy, or \"{}\")",
+                           a.fn, name, kernels::to_string(known->second),
+                           kernels::to_string(known->second)));
   auto table = embedding_table_of(s.graph_def(), name, strategy, shards);
   if (!table)
     fail(params_at, a.fn + ": " + table.error().what);

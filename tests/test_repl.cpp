@@ -1019,6 +1019,9 @@ run embedding_lookup(t, [4, 1, 3]))");
          {R"(partitioned_table("x", [4, 2], "/job:ps/task:0"))", "devices is a [list]"},
          {R"(partitioned_table("x", [4, 2], ["/job:ps/task:0"], [[1, 2]]))", "not a tensor"},
          {R"(embedding_lookup([p0 + 1, p1], [0]))", "the shards of a table are variables"},
+         // Routed by mod, ids [0..5] of this div table read other ids' rows.
+         {R"(embedding_lookup(t, [0, 1], strategy="mod"))",
+          "table 'd' was declared with strategy=\"div\""},
        }) {
     auto e = exec(*in, b.text);
     INFO(b.text << "\n" << e.err);
