@@ -189,4 +189,20 @@ load_latest_checkpoint(const checkpoint_access& from) {
   return std::make_optional(std::make_pair(std::move(*latest), std::move(*ck)));
 }
 
+/// An error naming every worker whose done said it failed (a worker that
+/// failed and joined again, and then finished, is not named), or none.
+caf::error failed_workers(const aggregator_stats& stats) {
+  std::vector<std::string> failed;
+  for (const auto& w : stats.workers)
+    if (!w.error.empty())
+      failed.push_back(fmt::format("worker {}{}{}: {}", w.worker, w.task.empty() ? "" : " ",
+                                   w.task, w.error));
+  if (failed.empty())
+    return caf::none;
+  auto msg = fmt::format("the job failed: {} of its workers ended in error: {}", failed.size(),
+                         fmt::join(failed, "; "));
+  log::get()->error("chief: {}", msg);
+  return make_error(af_error::aborted, std::move(msg));
+}
+
 } // namespace af::training_detail

@@ -101,4 +101,8 @@ caf::expected<checkpoint_access> checkpoint_access_of(const train::train_config&
 caf::expected<std::optional<std::pair<std::string, train::checkpoint>>>
 load_latest_checkpoint(const checkpoint_access& from);
 
+/// An error naming every worker whose done said it failed (a worker that
+/// failed and joined again, and then finished, is not named), or none.
+caf::error failed_workers(const aggregator_stats& stats);
+
 } // namespace af::training_detail

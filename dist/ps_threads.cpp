@@ -1,6 +1,7 @@
 #include "dist/ps_threads.hpp"
 
 #include <algorithm>
+#include <exception>
 
 namespace af {
 
@@ -42,7 +43,12 @@ void ps_threads::serve(size_t p) {
       seen = round_;
       work = work_;
     }
-    (*work)(p);
+    try {
+      (*work)(p);
+    } catch (...) {
+      // A part must not throw (run's contract); if one does, the round
+      // still ends rather than wait forever for this thread.
+    }
     std::lock_guard<std::mutex> guard{mtx_};
     if (--pending_ == 0)
       done_cv_.notify_one();
@@ -66,10 +72,19 @@ void ps_threads::run(size_t n, const std::function<void(size_t)>& work) {
     ++round_;
   }
   start_cv_.notify_all();
-  work(n - 1);
+  // The threads read `part` and what `work` captured until they are done:
+  // wait for them even if this thread's part throws, then pass it on.
+  std::exception_ptr thrown;
+  try {
+    work(n - 1);
+  } catch (...) {
+    thrown = std::current_exception();
+  }
   std::unique_lock<std::mutex> lock{mtx_};
   done_cv_.wait(lock, [&] { return pending_ == 0; });
   work_ = nullptr;
+  if (thrown)
+    std::rethrow_exception(thrown);
 }
 
 } // namespace af

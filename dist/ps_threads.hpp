@@ -25,9 +25,11 @@ public:
 
   size_t size() const { return ps_; }
 
-  /// Runs work(p) for every p < n (n <= size()) at once (p = n - 1 on this
-  /// thread) and returns once every one has. `work` must not throw. Not
-  /// reentrant: one run at a time.
+  /// Runs work(p) for every p < n (n <= size(), else only size() parts)
+  /// at once (p = n - 1 on this thread) and returns once every one has.
+  /// An exception of this thread's part is thrown once every other part is
+  /// done; the other parts must not throw (one that does is dropped, its
+  /// part unfinished). Not reentrant: one run at a time.
   void run(size_t n, const std::function<void(size_t)>& work);
 
 private:

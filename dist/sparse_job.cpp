@@ -227,6 +227,8 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
   if (err)
     return make_error(af_error::unreachable,
                       fmt::format("joining the aggregator of {}: {}", where, describe(err)));
+  // A member from here on: whatever fails after this is said to it (done).
+  t.members.push_back(m);
   // A push waits for the round (sync): the aggregator's step timeout, and a
   // margin for the answer.
   auto wait = std::chrono::milliseconds{t.c.step_timeout_ms} + t.timeout;
@@ -246,7 +248,6 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
     lanes.push_back(t.lane_links.back().get());
   }
   t.lanes.push_back(std::move(lanes));
-  t.members.push_back(std::move(m));
   return caf::none;
 }
 
@@ -336,12 +337,14 @@ caf::error set_up(sparse_task& t) {
                std::chrono::milliseconds{t.c.init_timeout_ms}, t.vars)) {
     return err;
   }
-  if (auto err = agree_on_layout(t, n_ps))
-    return err;
   t.self = std::make_unique<caf::scoped_actor>(t.s.system());
   for (uint32_t k = 0; k < n_ps; ++k)
     if (auto err = join_ps(t, k))
       return err;
+  // After the joins: a worker refused here tells the aggregators it is done
+  // with why, and the chief fails the job naming it instead of waiting.
+  if (auto err = agree_on_layout(t, n_ps))
+    return err;
   try {
     size_t slots = 0;
     for (const auto& order : t.layout.ps_order)
@@ -535,8 +538,8 @@ caf::error wait_for_workers(sparse_task& t) {
     auto stats = ask<aggregator_stats>(t.s, ps0.actor, t.timeout, stats_atom::value);
     if (!stats)
       return std::move(stats.error());
-    if (stats->active == 0)
-      return caf::none;
+    if (stats->active == 0) // every member done: did one of them fail?
+      return training_detail::failed_workers(*stats);
     if (clock_type::now() >= deadline) {
       std::vector<std::string> who;
       for (const auto& w : stats->workers)
@@ -563,8 +566,13 @@ void stop_ps(session& s) {
 caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options& o) {
   auto& s = t.s;
   const auto& c = t.c;
-  if (auto err = set_up(t))
+  if (auto err = set_up(t)) {
+    // The aggregators it joined stop waiting for it at once (a sync round
+    // would otherwise wait step_timeout_ms for a worker that never pushes).
+    if (!t.members.empty())
+      say_done(t, describe(err));
     return err;
+  }
   sparse_outcome out;
   out.has_truth = t.data.has_truth;
   out.truth_auc = t.data.truth_auc;

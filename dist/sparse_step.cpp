@@ -169,9 +169,17 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
   if (lanes != nullptr) {
     // One connection per slot: every slot of every ps at once.
     std::vector<std::pair<size_t, size_t>> work; // (ps, slot)
-    for (size_t p = 0; p < P; ++p)
+    bool fits = lanes->size() == P;
+    for (size_t p = 0; p < P && fits; ++p) {
+      fits = (*lanes)[p].size() >= layout.ps_order[p].size();
       for (size_t i = 0; i < layout.ps_order[p].size(); ++i)
         work.emplace_back(p, i);
+    }
+    if (!fits || threads.size() < work.size())
+      return make_error(af_error::invalid_argument,
+                        fmt::format("sparse step: {} lanes for {} ps and {} threads for {} slots: "
+                                    "a lane per slot of every ps, and a thread per lane",
+                                    lanes->size(), P, threads.size(), work.size()));
     std::vector<caf::error> slot_errs(work.size());
     threads.run(work.size(), [&](size_t k) {
       auto [p, i] = work[k];

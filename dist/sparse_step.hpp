@@ -132,8 +132,8 @@ caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& mod
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
                                                         const train::sparse_batch& batch,
-                                              ps_threads& threads,
-                                              const sparse_lanes* lanes = nullptr);
+                                                        ps_threads& threads,
+                                                        const sparse_lanes* lanes = nullptr);
 
 /// What one sparse step did.
 struct sparse_step_report {

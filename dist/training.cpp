@@ -36,22 +36,6 @@ namespace {
 
 using namespace training_detail;
 
-/// An error naming every worker whose done said it failed (a worker that
-/// failed and joined again, and then finished, is not named), or none.
-caf::error failed_workers(const aggregator_stats& stats) {
-  std::vector<std::string> failed;
-  for (const auto& w : stats.workers)
-    if (!w.error.empty())
-      failed.push_back(fmt::format("worker {}{}{}: {}", w.worker, w.task.empty() ? "" : " ",
-                                   w.task, w.error));
-  if (failed.empty())
-    return caf::none;
-  auto msg = fmt::format("the job failed: {} of its workers ended in error: {}", failed.size(),
-                         fmt::join(failed, "; "));
-  log::get()->error("chief: {}", msg);
-  return make_error(af_error::aborted, std::move(msg));
-}
-
 /// The snapshot of every shard's aggregator as one checkpoint (the step: the
 /// latest of theirs), at the data position of `position(step)`.
 caf::expected<train::checkpoint> snapshot(session& s, const std::vector<param_shard>& shards,

@@ -17,7 +17,6 @@
 
 namespace af {
 
-
 using namespace plane_io;
 
 data_channel::wait_scope::wait_scope(data_channel& channel, std::chrono::milliseconds wait)
