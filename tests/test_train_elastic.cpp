@@ -66,7 +66,9 @@ std::string metrics_line(const std::string& dir) {
 // say which worker stopped pushing, late gradients applied to a step they
 // were not computed for (or not counted, dropped or skipped), a straggler
 // that is shut out for good after it comes back (its applied count would
-// stay flat), and --status rows without the workers' task names.
+// stay flat), and --status rows without the workers' task names. Worker 1
+// is held (SIGSTOP) from the --status call until worker 2 is back, so the
+// steps that show worker 2 applied again cannot all have closed before it.
 TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on while one is "
           "stopped, names it, drops (or skips) and counts its late gradients after SIGCONT and "
           "takes it back",
@@ -109,6 +111,13 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on whi
   if (!said)
     FAIL("no progress without worker 2, or the ps did not name it:\n" << job->describe());
 
+  // Worker 1 stopped too: no step closes without worker 2 from here on, so
+  // the job cannot run to its end while --status is slow (a loaded CI
+  // machine) or before worker 2 is back and applied (the check below).
+  auto& holder = job->process("worker", 1);
+  holder.signal(SIGSTOP);
+  REQUIRE(!holder.exit_code());
+
   // --status against the live job: a row per worker, with its task name.
   auto status = job->client({"--status"}, 15s);
   INFO("--status:\n" << status.output);
@@ -145,6 +154,7 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on whi
                                     << after->applied << " late " << after->late << " skipped "
                                     << after->skipped);
   CHECK(back);
+  holder.signal(SIGCONT);
   check_all_exit_0(*job, 25s);
   const auto& out = job->chief().output();
   CHECK(std::regex_search(
