@@ -61,11 +61,6 @@ struct sparse_task {
   std::vector<ps_member> members;                     ///< per ps
   std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
   std::vector<sparse_ps_link*> link_ptrs;
-  std::unique_ptr<ps_threads> threads; ///< one per slot but the last, for the step's requests
-  /// Per ps, per slot of its aggregator: the link that reads it (the first
-  /// is links[k]; the others are lane_links').
-  sparse_lanes lanes;
-  std::vector<std::unique_ptr<data_plane_ps_link>> lane_links;
   /// The aggregators' global step when this worker joined (the least of
   /// them): 0, or the step of the checkpoint the chief restored.
   uint64_t start_step = 0;
@@ -235,19 +230,6 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
   t.links.push_back(std::make_unique<data_plane_ps_link>(std::move(*chan), spec.name, t.task,
                                                          m.token, last_seq, wait));
   t.link_ptrs.push_back(t.links.back().get());
-  // A connection of its own for every other slot of this ps: a step reads
-  // all of them at once (the push still goes through the first).
-  std::vector<sparse_ps_link*> lanes{t.links.back().get()};
-  for (size_t i = 1; i < t.layout.ps_order[k].size(); ++i) {
-    auto more = data_channel::connect(host, info->data_port, where, t.timeout, {},
-                                      system_tls(t.s.system()));
-    if (!more)
-      return std::move(more.error());
-    t.lane_links.push_back(std::make_unique<data_plane_ps_link>(std::move(*more), spec.name,
-                                                                t.task, m.token, last_seq, wait));
-    lanes.push_back(t.lane_links.back().get());
-  }
-  t.lanes.push_back(std::move(lanes));
   return caf::none;
 }
 
@@ -345,16 +327,6 @@ caf::error set_up(sparse_task& t) {
   // with why, and the chief fails the job naming it instead of waiting.
   if (auto err = agree_on_layout(t, n_ps))
     return err;
-  try {
-    size_t slots = 0;
-    for (const auto& order : t.layout.ps_order)
-      slots += order.size();
-    t.threads = std::make_unique<ps_threads>(std::max<size_t>(slots, n_ps));
-  } catch (const std::system_error& e) {
-    return make_error(af_error::resource_exhausted,
-                      fmt::format("cannot start the threads that ask the {} ps at once: {}",
-                                  n_ps, e.what()));
-  }
   return caf::none;
 }
 
@@ -384,7 +356,7 @@ caf::error score(sparse_task& t, sparse_outcome& out) {
     for (size_t e = begin; e < std::min(test.labels.size(), begin + chunk_size); ++e)
       picks.push_back(e);
     take(test, picks, chunk);
-    auto p = predict_sparse_remote(*t.model, t.layout, t.link_ptrs, chunk, *t.threads, &t.lanes);
+    auto p = predict_sparse_remote(*t.model, t.layout, t.link_ptrs, chunk);
     if (!p)
       return std::move(p.error());
     predictions.insert(predictions.end(), p->begin(), p->end());
@@ -398,10 +370,6 @@ caf::error score(sparse_task& t, sparse_outcome& out) {
 uint64_t link_bytes(const sparse_task& t) {
   uint64_t n = 0;
   for (const auto* l : t.link_ptrs) {
-    auto [sent, received] = l->bytes();
-    n += sent + received;
-  }
-  for (const auto& l : t.lane_links) {
     auto [sent, received] = l->bytes();
     n += sent + received;
   }
@@ -457,7 +425,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
     take(train_set, picks, batch);
-    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, *t.threads, &t.lanes);
+    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global);
     if (!r)
       return std::move(r.error());
     if (!std::isfinite(r->result.loss))

@@ -1,10 +1,10 @@
 // One sparse step on a worker (dist/sparse_step.hpp): unique ids per table,
 // routed to their shards, gathered from every ps at once, the model's step,
-// and one sparse push per ps, again at once.
+// and one sparse push per ps, again at once: on one thread, every request
+// out before any answer is read.
 #include "dist/sparse_step.hpp"
 
 #include <cstring>
-#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -22,35 +22,56 @@ uint64_t frame_bytes(const std::string& name, uint64_t payload) {
 
 } // namespace
 
-caf::expected<tensor> data_plane_ps_link::gather_rows(const std::string& var, const tensor& ids) {
-  auto r = channel_->gather_rows(var, ids, wait_);
+caf::expected<tensor> sparse_ps_link::gather_rows(const std::string& var, const tensor& ids) {
+  if (auto err = start_gather_rows(var, ids))
+    return err;
+  auto r = finish();
   if (!r)
     return std::move(r.error());
+  return std::move(r->value);
+}
+
+caf::expected<tensor> sparse_ps_link::read(const std::string& var) {
+  if (auto err = start_read(var))
+    return err;
+  auto r = finish();
+  if (!r)
+    return std::move(r.error());
+  return std::move(r->value);
+}
+
+caf::expected<std::pair<uint64_t, bool>> sparse_ps_link::push(uint64_t step,
+                                                             const sparse_push_values& values) {
+  if (auto err = start_push(step, values))
+    return err;
+  auto r = finish();
+  if (!r)
+    return std::move(r.error());
+  return std::make_pair(r->version, r->dropped_late);
+}
+
+caf::error data_plane_ps_link::start_gather_rows(const std::string& var, const tensor& ids) {
+  if (auto err = channel_->send_gather_rows(var, ids, wait_))
+    return err;
   sent_ += frame_bytes(var, ids.nbytes());
-  received_ += frame_bytes({}, r->first.nbytes());
-  return std::move(r->first);
+  return caf::none;
 }
 
-caf::expected<tensor> data_plane_ps_link::read(const std::string& var) {
-  auto r = channel_->call(var_op::read, var, nullptr, true, 0, wait_);
-  if (!r)
-    return std::move(r.error());
+caf::error data_plane_ps_link::start_read(const std::string& var) {
+  if (auto err = channel_->send_read(var, wait_))
+    return err;
   sent_ += frame_bytes(var, 0);
-  received_ += frame_bytes({}, r->first.nbytes());
-  return std::move(r->first);
+  return caf::none;
 }
 
-caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
-                                                                 const sparse_push_values& values) {
-  bool late = false;
+caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_values& values) {
   // Each push gets the next number. Nothing retries a sparse push yet (a
   // broken connection fails the step, docs/sparse.md "Not yet"): a retry
   // would have to send this same number, so that a ps that took the push
   // answers it without applying it twice.
-  auto r = channel_->push_sparse(aggregator_, worker_, step, values.dense, values.ids, values.rows,
-                                 wait_, token_, ++seq_, &late);
-  if (!r)
-    return std::move(r.error());
+  if (auto err = channel_->send_push_sparse(aggregator_, worker_, step, values.dense, values.ids,
+                                            values.rows, wait_, token_, ++seq_))
+    return err;
   // docs/wire.md "Sparse tables": the push prefix (token, number), a count
   // per table, then the parts (ids as int64).
   uint64_t payload = 24 + 8 * values.ids.size();
@@ -61,8 +82,15 @@ caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
   for (const auto& t : values.rows)
     payload += t.nbytes();
   sent_ += frame_bytes(aggregator_, payload);
-  received_ += frame_bytes({}, 0);
-  return std::make_pair(*r, late);
+  return caf::none;
+}
+
+caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
+  auto r = channel_->next_reply();
+  if (!r)
+    return std::move(r.error());
+  received_ += frame_bytes({}, r->value.nbytes());
+  return answer{std::move(r->value), r->version, r->dropped_late};
 }
 
 namespace {
@@ -89,8 +117,7 @@ caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
 caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
-                                              const train::sparse_batch& batch,
-                                              ps_threads& threads, const sparse_lanes* lanes) {
+                                              const train::sparse_batch& batch) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
@@ -137,65 +164,68 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
     rows[t] = tensor{dtype::float32, {unique[t], specs[t].width}};
   auto& dense = f.dense;
   dense.resize(layout.dense_vars.size());
-  // Taken before the threads: each writes rows of its own shards only.
   std::vector<float*> row_ptr(T);
   for (size_t t = 0; t < T; ++t)
     row_ptr[t] = rows[t].mutable_data<float>();
-  // Slot `slot` of ps p read through `link`: a dense parameter's value, or
-  // the rows of a shard into the table's unique rows.
-  auto read_slot = [&](sparse_ps_link* link, const sparse_layout::slot& slot) -> caf::error {
-    if (!slot.table) {
-      auto v = link->read(layout.dense_vars[slot.index]);
-      if (!v)
-        return std::move(v.error());
-      dense[slot.index] = std::move(*v);
-      return caf::none;
-    }
-    const auto& part = parts[slot.index][slot.shard];
-    if (part.rows.empty())
-      return caf::none;
-    auto got = link->gather_rows(layout.tables[slot.index].shard_vars[slot.shard],
-                                 int64s(part.rows));
-    if (!got)
-      return std::move(got.error());
-    const auto width = static_cast<size_t>(specs[slot.index].width);
-    float* dst = row_ptr[slot.index];
-    for (size_t j = 0; j < part.places.size(); ++j)
-      std::memcpy(dst + static_cast<size_t>(part.places[j]) * width,
-                  got->data<float>() + j * width, width * sizeof(float));
-    return caf::none;
-  };
+  // Every request out first (ps by ps, each ps's slots in its order), then
+  // every answer read: the ps serve them at once, on this one thread.
   std::vector<caf::error> errs(P);
-  if (lanes != nullptr) {
-    // One connection per slot: every slot of every ps at once.
-    std::vector<std::pair<size_t, size_t>> work; // (ps, slot)
-    bool fits = lanes->size() == P;
-    for (size_t p = 0; p < P && fits; ++p) {
-      fits = (*lanes)[p].size() >= layout.ps_order[p].size();
-      for (size_t i = 0; i < layout.ps_order[p].size(); ++i)
-        work.emplace_back(p, i);
-    }
-    if (!fits || threads.size() < work.size())
-      return make_error(af_error::invalid_argument,
-                        fmt::format("sparse step: {} lanes for {} ps and {} threads for {} slots: "
-                                    "a lane per slot of every ps, and a thread per lane",
-                                    lanes->size(), P, threads.size(), work.size()));
-    std::vector<caf::error> slot_errs(work.size());
-    threads.run(work.size(), [&](size_t k) {
-      auto [p, i] = work[k];
-      slot_errs[k] = read_slot((*lanes)[p][i], layout.ps_order[p][i]);
-    });
-    for (size_t k = 0; k < work.size(); ++k)
-      if (slot_errs[k] && !errs[work[k].first])
-        errs[work[k].first] = std::move(slot_errs[k]);
-  } else {
-    threads.run(P, [&](size_t p) {
-      for (const auto& slot : layout.ps_order[p])
-        if (auto err = read_slot(links[p], slot)) {
-          errs[p] = std::move(err);
-          return;
+  std::vector<size_t> started(P, 0); // per ps: the slots whose request went out
+  for (size_t p = 0; p < P; ++p) {
+    for (const auto& slot : layout.ps_order[p]) {
+      caf::error err;
+      if (!slot.table) {
+        err = links[p]->start_read(layout.dense_vars[slot.index]);
+      } else {
+        const auto& part = parts[slot.index][slot.shard];
+        if (part.rows.empty()) {
+          started[p] += 1; // nothing to read: answered below without a request
+          continue;
         }
-    });
+        err = links[p]->start_gather_rows(layout.tables[slot.index].shard_vars[slot.shard],
+                                          int64s(part.rows));
+      }
+      if (err) {
+        errs[p] = std::move(err);
+        break;
+      }
+      started[p] += 1;
+    }
+  }
+  for (size_t p = 0; p < P; ++p) {
+    for (size_t i = 0; i < started[p]; ++i) {
+      const auto& slot = layout.ps_order[p][i];
+      if (slot.table && parts[slot.index][slot.shard].rows.empty())
+        continue;
+      auto got = links[p]->finish(); // read even after an error: the link's next answer
+      if (!got) {
+        if (!errs[p])
+          errs[p] = std::move(got.error());
+        continue;
+      }
+      if (errs[p])
+        continue;
+      if (!slot.table) {
+        dense[slot.index] = std::move(got->value);
+        continue;
+      }
+      const auto& part = parts[slot.index][slot.shard];
+      const auto width = static_cast<size_t>(specs[slot.index].width);
+      if (got->value.type() != dtype::float32
+          || got->value.num_elements() != part.rows.size() * width) {
+        errs[p] = make_error(af_error::internal,
+                             fmt::format("the rows of '{}' came back as {}, expected float32[{}, "
+                                         "{}]",
+                                         layout.tables[slot.index].shard_vars[slot.shard],
+                                         got->value.summary(), part.rows.size(), width));
+        continue;
+      }
+      float* dst = row_ptr[slot.index];
+      const float* src = got->value.data<float>();
+      for (size_t j = 0; j < part.places.size(); ++j)
+        std::memcpy(dst + static_cast<size_t>(part.places[j]) * width, src + j * width,
+                    width * sizeof(float));
+    }
   }
   if (auto err = first_error(errs, "reading rows"))
     return err;
@@ -205,10 +235,8 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
 caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
-                                                        const train::sparse_batch& batch,
-                                                        ps_threads& threads,
-                                                        const sparse_lanes* lanes) {
-  auto f = fetch_sparse_rows(model.tables(), layout, links, batch, threads, lanes);
+                                                        const train::sparse_batch& batch) {
+  auto f = fetch_sparse_rows(model.tables(), layout, links, batch);
   if (!f)
     return std::move(f.error());
   auto r = model.step(f->rows, f->index, f->dense, batch.labels, false);
@@ -221,12 +249,11 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step, ps_threads& threads,
-                                                  const sparse_lanes* lanes) {
+                                                  uint64_t step) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   auto specs = model.tables();
-  auto f = fetch_sparse_rows(specs, layout, links, batch, threads, lanes);
+  auto f = fetch_sparse_rows(specs, layout, links, batch);
   if (!f)
     return std::move(f.error());
   const auto& unique = f->unique;
@@ -246,7 +273,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
   //    its dense gradients, in its aggregator's order.
   sparse_step_report out;
   out.global_steps.assign(P, 0);
-  std::vector<uint8_t> late(P, 0); // not vector<bool>: the threads write their own elements
+  out.dropped_late.assign(P, false);
   std::vector<const float*> grad_ptr(T);
   for (size_t t = 0; t < T; ++t) {
     if (r->row_grads[t].num_elements() != static_cast<size_t>(unique[t] * specs[t].width))
@@ -257,8 +284,14 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                     specs[t].width));
     grad_ptr[t] = r->row_grads[t].data<float>();
   }
-  threads.run(P, [&](size_t p) {
-    sparse_push_values values;
+  // Every ps's push out, then every answer read (a sync push's answer
+  // waits for the round: the ps wait for the other workers at once).
+  std::vector<uint8_t> sent(P, 0);
+  sparse_push_values values;
+  for (size_t p = 0; p < P; ++p) {
+    values.dense.clear();
+    values.ids.clear();
+    values.rows.clear();
     for (const auto& slot : layout.ps_order[p]) {
       if (!slot.table) {
         values.dense.push_back(r->dense_grads[slot.index]);
@@ -268,23 +301,31 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
       const auto width = static_cast<size_t>(specs[slot.index].width);
       tensor g{dtype::float32, {static_cast<int64_t>(part.rows.size()), specs[slot.index].width}};
       const float* src = grad_ptr[slot.index];
+      float* dst = g.mutable_data<float>();
       for (size_t j = 0; j < part.places.size(); ++j)
-        std::memcpy(g.mutable_data<float>() + j * width,
-                    src + static_cast<size_t>(part.places[j]) * width, width * sizeof(float));
+        std::memcpy(dst + j * width, src + static_cast<size_t>(part.places[j]) * width,
+                    width * sizeof(float));
       values.ids.push_back(int64s(part.rows));
       values.rows.push_back(std::move(g));
     }
-    auto pushed = links[p]->push(step, values);
+    if (auto err = links[p]->start_push(step, values))
+      errs[p] = std::move(err);
+    else
+      sent[p] = 1;
+  }
+  for (size_t p = 0; p < P; ++p) {
+    if (!sent[p])
+      continue;
+    auto pushed = links[p]->finish();
     if (!pushed) {
       errs[p] = std::move(pushed.error());
-      return;
+      continue;
     }
-    out.global_steps[p] = pushed->first;
-    late[p] = pushed->second ? 1 : 0;
-  });
+    out.global_steps[p] = pushed->version;
+    out.dropped_late[p] = pushed->dropped_late;
+  }
   if (auto err = first_error(errs, "the push"))
     return err;
-  out.dropped_late.assign(late.begin(), late.end());
   out.unique = unique;
   out.result = std::move(*r);
   return out;

@@ -6,8 +6,9 @@
 /// parallel), the model's forward and backward on those rows, and each ps
 /// pushed its shards' row gradients (the shards' own row ids) and its dense
 /// parameters' gradients in one sparse push (messages/aggregator.hpp). No
-/// table ever travels whole. The job (actorflow-train) wires it; this file
-/// does one step.
+/// table ever travels whole. One thread does it all: each phase sends every
+/// ps its requests, then reads their answers. The job (actorflow-train)
+/// wires it; this file does one step.
 
 #include <chrono>
 #include <cstdint>
@@ -18,7 +19,6 @@
 
 #include "caf/expected.hpp"
 
-#include "dist/ps_threads.hpp"
 #include "kernels/shard_routing.hpp"
 #include "messages/aggregator.hpp"
 #include "net/data_plane.hpp"
@@ -26,26 +26,43 @@
 
 namespace af {
 
-/// How a worker reaches one ps for a sparse step. One link is used by one
-/// thread at a time (the step gives each ps its own thread).
+/// How a worker reaches one ps for a sparse step. Requests go out with
+/// start_*() and their answers come from finish(), in the order the
+/// requests went out, so that one thread has a request out to every ps at
+/// once (as a hand-written client would: no thread per ps, no hand-off).
+/// A link is used by one thread at a time.
 class sparse_ps_link {
 public:
+  /// A request's answer: the rows (gather_rows) or value (read), the
+  /// version (a push: the global step after it) and whether a sync push
+  /// was dropped as late.
+  struct answer {
+    tensor value;
+    uint64_t version = 0;
+    bool dropped_late = false;
+  };
   virtual ~sparse_ps_link() = default;
   /// The rows `ids` (int64 [n]) name of the shard variable `var`: [n, width].
-  virtual caf::expected<tensor> gather_rows(const std::string& var, const tensor& ids) = 0;
+  virtual caf::error start_gather_rows(const std::string& var, const tensor& ids) = 0;
   /// The value of the dense variable `var`.
-  virtual caf::expected<tensor> read(const std::string& var) = 0;
-  /// This step's sparse push to the ps's aggregator, as the worker of step
-  /// `step`: the global step after it, and whether it was dropped as late.
-  virtual caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
-                                                        const sparse_push_values& values) = 0;
+  virtual caf::error start_read(const std::string& var) = 0;
+  /// This step's sparse push to the ps's aggregator, as the worker of step `step`.
+  virtual caf::error start_push(uint64_t step, const sparse_push_values& values) = 0;
+  /// The answer to the oldest request started and not yet finished.
+  virtual caf::expected<answer> finish() = 0;
   /// Bytes this link sent and received so far (0 if it does not count).
   virtual std::pair<uint64_t, uint64_t> bytes() const { return {0, 0}; }
+
+  /// One request and its answer.
+  caf::expected<tensor> gather_rows(const std::string& var, const tensor& ids);
+  caf::expected<tensor> read(const std::string& var);
+  /// The global step after the push, and whether it was dropped as late.
+  caf::expected<std::pair<uint64_t, bool>> push(uint64_t step, const sparse_push_values& values);
 };
 
 /// A link over the ps's data plane (one data_channel): gather_rows, read
-/// and push_sparse frames. The push numbers count from `last_seq` (the
-/// join's answer) on.
+/// and push_sparse frames, pipelined (data_channel::send_*, next_reply).
+/// The push numbers count from `last_seq` (the join's answer) on.
 class data_plane_ps_link : public sparse_ps_link {
 public:
   data_plane_ps_link(std::unique_ptr<data_channel> channel, std::string aggregator,
@@ -54,10 +71,10 @@ public:
     : channel_(std::move(channel)), aggregator_(std::move(aggregator)), worker_(worker),
       token_(std::move(token)), seq_(last_seq), wait_(wait) {}
 
-  caf::expected<tensor> gather_rows(const std::string& var, const tensor& ids) override;
-  caf::expected<tensor> read(const std::string& var) override;
-  caf::expected<std::pair<uint64_t, bool>> push(uint64_t step,
-                                                const sparse_push_values& values) override;
+  caf::error start_gather_rows(const std::string& var, const tensor& ids) override;
+  caf::error start_read(const std::string& var) override;
+  caf::error start_push(uint64_t step, const sparse_push_values& values) override;
+  caf::expected<answer> finish() override;
   /// The frames' bytes (header, name, payload) of every call so far, both ways.
   std::pair<uint64_t, uint64_t> bytes() const override { return {sent_, received_}; }
 
@@ -92,12 +109,6 @@ struct sparse_layout {
   std::vector<std::vector<slot>> ps_order;
 };
 
-/// Per ps, per slot of its aggregator (sparse_layout::ps_order): a link of
-/// its own (a connection each), so that every slot of every ps is read at
-/// once instead of one after another on the ps's one connection. `threads`
-/// must then hold as many parts as there are slots in all.
-using sparse_lanes = std::vector<std::vector<sparse_ps_link*>>;
-
 /// One shard's part of a step: the rows of its own it must send (the
 /// shard's row ids, each once) and where each goes among the table's
 /// unique ids.
@@ -118,22 +129,18 @@ struct sparse_fetch {
 /// Deduplicates and routes `batch`'s ids (every id checked before any
 /// request: one outside its table is invalid_argument naming it, its
 /// position and the table) and reads their rows and the dense parameters
-/// from every ps at once.
+/// from every ps at once: every request out, then every answer read.
 caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
-                                              const train::sparse_batch& batch,
-                                              ps_threads& threads,
-                                              const sparse_lanes* lanes = nullptr);
+                                              const train::sparse_batch& batch);
 
 /// The model's predictions for `batch` with the tables as the ps hold them
 /// now (forward only: nothing is pushed).
 caf::expected<std::vector<float>> predict_sparse_remote(train::sparse_model& model,
                                                         const sparse_layout& layout,
                                                         const std::vector<sparse_ps_link*>& links,
-                                                        const train::sparse_batch& batch,
-                                                        ps_threads& threads,
-                                                        const sparse_lanes* lanes = nullptr);
+                                                        const train::sparse_batch& batch);
 
 /// What one sparse step did.
 struct sparse_step_report {
@@ -151,7 +158,6 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
-                                                  uint64_t step, ps_threads& threads,
-                                                  const sparse_lanes* lanes = nullptr);
+                                                  uint64_t step);
 
 } // namespace af

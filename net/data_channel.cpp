@@ -264,6 +264,10 @@ bool data_channel::reconnect() {
   shm_possible_ = (*fresh)->shm_possible_;
   ucx_possible_ = (*fresh)->ucx_possible_ && !ucx_failed_;
   shm_due_ = false;
+  // Requests out on the old connection are lost with it; the fresh one
+  // waits the channel's timeout.
+  pending_.clear();
+  pending_rcv_ = std::chrono::milliseconds{0};
   return true;
 }
 

@@ -17,60 +17,81 @@ namespace af {
 
 using namespace plane_io;
 
-caf::expected<std::pair<tensor, uint64_t>>
-data_channel::gather_rows(const std::string& var, const tensor& ids,
-                          std::chrono::milliseconds wait) {
+caf::expected<std::chrono::steady_clock::time_point>
+data_channel::begin_request(const std::string& what, std::chrono::milliseconds wait) {
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  if (pending_.empty()) {
+    // Between batches only: a fresh connection, or the move to shared
+    // memory (an offer and its answer), must not come between requests out.
+    reopen_if_closed_by_peer();
+    if (auto err = upgrade_if_due(deadline))
+      return err;
+    if (fd_ < 0)
+      return make_error(af_error::peer_down, what + ": the data connection to " + peer_
+                                               + " is closed");
+  }
+  return deadline;
+}
+
+caf::error data_channel::send_pipelined(std::string what,
+                                        std::chrono::steady_clock::time_point deadline,
+                                        std::chrono::milliseconds wait, std::vector<iovec>& iov) {
+  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
+  if (!write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound))
+    return fail(what, errno, wait, true);
+  pending_.push_back({std::move(what), deadline, wait});
+  return caf::none;
+}
+
+caf::error data_channel::send_gather_rows(const std::string& var, const tensor& ids,
+                                          std::chrono::milliseconds wait) {
   auto what = "gather_rows of '" + var + "'";
   if (ids.empty() || ids.shape().size() != 1
       || (ids.type() != dtype::int32 && ids.type() != dtype::int64))
     return make_error(af_error::invalid_argument,
                       what + ": ids " + (ids.empty() ? std::string{"empty"} : ids.summary())
                         + ", expected a 1-D int32 or int64 tensor");
-  if (fd_ < 0)
-    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   if (var.size() > wire::max_name)
     return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
-  // A read: sent again once on a fresh connection if the node closed a
-  // quiet one just as it went out (as call() does for read).
-  bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
-  reopen_if_closed_by_peer();
+  auto w = wait.count() > 0 ? wait : timeout_;
+  auto deadline = begin_request(what, w);
+  if (!deadline)
+    return std::move(deadline.error());
   wire::header h;
   h.kind = static_cast<uint8_t>(wire::kind::gather_rows);
   h.name_len = static_cast<uint32_t>(var.size());
   wire::describe_tensor(ids, h); // rank 1
-  wait_scope scope{*this, wait};
-  auto deadline = std::chrono::steady_clock::now() + timeout_;
-  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  if (auto err = upgrade_if_due(deadline))
-    return err;
-  for (int attempt = 0;; ++attempt) {
-    bool retry = attempt == 0 && quiet;
-    if (!send_frame(io(deadline), h, &var, ids.bytes(), &bound)) {
-      auto err = fail(what, errno, timeout_, true);
-      if (retry && reconnect())
-        continue;
-      return err;
-    }
-    auto r = read_reply(what, deadline);
-    if (!r && retry && fd_ < 0 && r.error().category() == error_category
-        && r.error().code() == static_cast<uint8_t>(af_error::peer_down) && reconnect())
-      continue;
-    return r;
-  }
+  std::vector<iovec> iov{{&h, sizeof(h)},
+                         {const_cast<char*>(var.data()), var.size()},
+                         {const_cast<std::byte*>(ids.bytes()), ids.nbytes()}};
+  return send_pipelined(std::move(what), *deadline, w, iov);
 }
 
-caf::expected<uint64_t> data_channel::push_sparse(const std::string& name, uint32_t worker,
-                                                  uint64_t step, const std::vector<tensor>& dense,
-                                                  const std::vector<tensor>& ids,
-                                                  const std::vector<tensor>& rows,
-                                                  std::chrono::milliseconds wait,
-                                                  const std::string& token, uint64_t seq,
-                                                  bool* dropped_late) {
-  if (dropped_late != nullptr)
-    *dropped_late = false;
+caf::error data_channel::send_read(const std::string& var, std::chrono::milliseconds wait) {
+  auto what = std::string{to_string(var_op::read)} + " of '" + var + "'";
+  if (var.size() > wire::max_name)
+    return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
+  auto w = wait.count() > 0 ? wait : timeout_;
+  auto deadline = begin_request(what, w);
+  if (!deadline)
+    return std::move(deadline.error());
+  wire::header h;
+  h.kind = wire::request_kind(var_op::read);
+  h.want_value = 1;
+  h.name_len = static_cast<uint32_t>(var.size());
+  std::vector<iovec> iov{{&h, sizeof(h)}, {const_cast<char*>(var.data()), var.size()}};
+  return send_pipelined(std::move(what), *deadline, w, iov);
+}
+
+caf::error data_channel::send_push_sparse(const std::string& name, uint32_t worker, uint64_t step,
+                                          const std::vector<tensor>& dense,
+                                          const std::vector<tensor>& ids,
+                                          const std::vector<tensor>& rows,
+                                          std::chrono::milliseconds wait,
+                                          const std::string& token, uint64_t seq) {
   auto what = fmt::format("sparse push of worker {} to aggregator '{}'", worker, name);
-  if (fd_ < 0)
-    return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   wire::push_prefix pre;
   if (name.size() + sizeof(pre) > wire::max_name || worker > UINT16_MAX)
     return make_error(af_error::invalid_argument, what + ": name or worker index too large");
@@ -149,25 +170,89 @@ caf::expected<uint64_t> data_channel::push_sparse(const std::string& name, uint3
     h.dims[0] = static_cast<int64_t>(bytes / 4);
     h.payload_bytes = bytes;
   }
-  reopen_if_closed_by_peer();
   // As aggregate(): a sync push waits for the other workers, and the node
   // answers its own timeout by wait + 2 s.
-  auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
-  set_timeout(fd_, SO_RCVTIMEO, wait_for);
-  auto deadline = std::chrono::steady_clock::now() + wait_for;
-  send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
-  if (auto err = upgrade_if_due(deadline))
+  auto w = std::max(wait + std::chrono::seconds(5), timeout_);
+  auto deadline = begin_request(what, w);
+  if (!deadline)
+    return std::move(deadline.error());
+  return send_pipelined(std::move(what), *deadline, w, iov);
+}
+
+caf::expected<data_channel::answer> data_channel::next_reply() {
+  if (pending_.empty())
+    return make_error(af_error::internal, "a reply read from " + peer_ + " with no request out");
+  auto req = std::move(pending_.front());
+  pending_.pop_front();
+  if (fd_ < 0)
+    return make_error(af_error::peer_down, req.what + ": the data connection to " + peer_
+                                             + " broke before its answer came");
+  // The reply's wait: set only when it changes (a syscall), and the
+  // channel's own again once no request is out.
+  if (pending_rcv_.count() == 0)
+    pending_rcv_ = timeout_;
+  if (req.wait != pending_rcv_) {
+    set_timeout(fd_, SO_RCVTIMEO, req.wait);
+    pending_rcv_ = req.wait;
+  }
+  auto r = read_reply(req.what, req.deadline);
+  if (pending_.empty() && pending_rcv_ != timeout_) {
+    if (fd_ >= 0)
+      set_timeout(fd_, SO_RCVTIMEO, timeout_);
+    pending_rcv_ = timeout_;
+  }
+  if (!r)
+    return std::move(r.error());
+  answer out;
+  out.value = std::move(r->first);
+  out.version = r->second;
+  out.dropped_late = (reply_flags_ & wire::reply_flags::dropped_late) != 0;
+  return out;
+}
+
+caf::expected<std::pair<tensor, uint64_t>>
+data_channel::gather_rows(const std::string& var, const tensor& ids,
+                          std::chrono::milliseconds wait) {
+  // A read: sent again once on a fresh connection if the node closed a
+  // quiet one just as it went out (as call() does for read).
+  bool quiet = fd_ >= 0
+               && std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
+  for (int attempt = 0;; ++attempt) {
+    bool sent = false;
+    caf::expected<answer> r{caf::error{}};
+    if (auto err = send_gather_rows(var, ids, wait)) {
+      r = std::move(err);
+    } else {
+      sent = true;
+      r = next_reply();
+    }
+    if (!r && attempt == 0 && quiet && fd_ < 0 && r.error().category() == error_category
+        && (!sent || r.error().code() == static_cast<uint8_t>(af_error::peer_down))
+        && reconnect())
+      continue;
+    if (!r)
+      return std::move(r.error());
+    return std::make_pair(std::move(r->value), r->version);
+  }
+}
+
+caf::expected<uint64_t> data_channel::push_sparse(const std::string& name, uint32_t worker,
+                                                  uint64_t step, const std::vector<tensor>& dense,
+                                                  const std::vector<tensor>& ids,
+                                                  const std::vector<tensor>& rows,
+                                                  std::chrono::milliseconds wait,
+                                                  const std::string& token, uint64_t seq,
+                                                  bool* dropped_late) {
+  if (dropped_late != nullptr)
+    *dropped_late = false;
+  if (auto err = send_push_sparse(name, worker, step, dense, ids, rows, wait, token, seq))
     return err;
-  if (!write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound))
-    return fail(what, errno, wait_for, true);
-  auto r = read_reply(what, deadline);
-  if (fd_ >= 0)
-    set_timeout(fd_, SO_RCVTIMEO, timeout_);
+  auto r = next_reply();
   if (!r)
     return std::move(r.error());
   if (dropped_late != nullptr)
-    *dropped_late = (reply_flags_ & wire::reply_flags::dropped_late) != 0;
-  return r->second;
+    *dropped_late = r->dropped_late;
+  return r->version;
 }
 
 } // namespace af

@@ -17,8 +17,11 @@
 /// timeout. A peer that goes silent is dropped: between frames after the
 /// idle timeout, within a frame after the (short) frame timeout.
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -214,6 +217,40 @@ public:
                                       std::chrono::milliseconds wait, const std::string& token,
                                       uint64_t seq, bool* dropped_late = nullptr);
 
+  // -- pipelined requests: one thread with a request out to several nodes --
+
+  /// What next_reply() gives: the value (gather_rows' rows, a read's value;
+  /// none for a sparse push), the version (a push: the global step after
+  /// it) and whether a sync push was dropped as late.
+  struct answer {
+    tensor value;
+    uint64_t version = 0;
+    bool dropped_late = false;
+  };
+  /// Sends gather_rows, a read, or a sparse push (arguments as for
+  /// gather_rows(), call() and push_sparse()) and returns once it is sent:
+  /// its answer comes from next_reply(), in the order the requests went out
+  /// (the node serves one connection's frames in turn). Requests of several
+  /// channels sent before any answer is read travel and are served at once,
+  /// with no thread per channel. While requests are out no other call may
+  /// be made on the channel, and none is sent again on a fresh connection
+  /// (gather_rows()' retry of a quiet one): a broken connection fails every
+  /// request still out. The requests out must fit the connection's buffers
+  /// (a sender blocked on a full one while the node is blocked on its full
+  /// reply ends with the deadline, not a hang).
+  caf::error send_gather_rows(const std::string& var, const tensor& ids,
+                              std::chrono::milliseconds wait = {});
+  caf::error send_read(const std::string& var, std::chrono::milliseconds wait = {});
+  caf::error send_push_sparse(const std::string& name, uint32_t worker, uint64_t step,
+                              const std::vector<tensor>& dense, const std::vector<tensor>& ids,
+                              const std::vector<tensor>& rows, std::chrono::milliseconds wait,
+                              const std::string& token, uint64_t seq);
+  /// The answer to the oldest request out; an error (the node's, or the
+  /// channel's, which drops it) for it otherwise.
+  caf::expected<answer> next_reply();
+  /// Requests sent and not yet answered.
+  size_t in_flight() const { return pending_.size(); }
+
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on
   /// the node: none once the node handed it to the executor. `token` is the
@@ -314,6 +351,25 @@ private:
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
   /// From now on the connection's bytes go over `b` (shm_'s or ucx_'s).
   void move_to(std::unique_ptr<byte_channel> b);
+
+  /// A pipelined request out (send_gather_rows ...): what it is, for
+  /// errors, its deadline and the wait its reply gets.
+  struct pending_request {
+    std::string what;
+    std::chrono::steady_clock::time_point deadline;
+    std::chrono::milliseconds wait;
+  };
+  std::deque<pending_request> pending_;
+  /// SO_RCVTIMEO while requests are out (timeout_ when none are).
+  std::chrono::milliseconds pending_rcv_{0};
+  /// The checks and deadline of a pipelined request about to go out; an
+  /// error if it cannot. `wait`: its reply's (0: the channel's timeout).
+  caf::expected<std::chrono::steady_clock::time_point> begin_request(const std::string& what,
+                                                                     std::chrono::milliseconds wait);
+  /// The frame of `h`, `name` and `iov` (the payload's pieces) sent as a
+  /// pipelined request `what` with deadline `deadline` and reply wait `wait`.
+  caf::error send_pipelined(std::string what, std::chrono::steady_clock::time_point deadline,
+                            std::chrono::milliseconds wait, std::vector<iovec>& iov);
 };
 
 } // namespace af

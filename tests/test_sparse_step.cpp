@@ -3,8 +3,6 @@
 // the batch's rows, and each shard gets only its rows' gradients.
 #include <catch2/catch.hpp>
 
-#include <atomic>
-
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -14,7 +12,6 @@
 #include "caf/all.hpp"
 
 #include "dist/embedded_cluster.hpp"
-#include "dist/ps_threads.hpp"
 #include "dist/sparse_step.hpp"
 #include "messages/error.hpp"
 
@@ -97,7 +94,6 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   REQUIRE_FALSE(s->initialize());
   std::vector<std::unique_ptr<sparse_ps_link>> owned;
   std::vector<sparse_ps_link*> links;
-  ps_threads threads(2);
   caf::scoped_actor self{s->system()};
   for (int k = 0; k < 2; ++k) {
     aggregator_spec spec;
@@ -139,7 +135,7 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   train::sparse_batch batch;
   batch.ids = {{3, 4, 3, 7}};
   batch.labels = {1, 0, 1, 0};
-  auto r = run_sparse_step(model, layout, links, batch, 0, threads);
+  auto r = run_sparse_step(model, layout, links, batch, 0);
   REQUIRE(r);
   CHECK(r->global_steps == std::vector<uint64_t>{1, 1});
   CHECK(r->dropped_late == std::vector<bool>{false, false});
@@ -172,30 +168,80 @@ TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes eac
   // An id outside the table: refused naming it, before any request.
   batch.ids = {{1, 12}};
   batch.labels = {0, 0};
-  auto bad = run_sparse_step(model, layout, links, batch, 1, threads);
+  auto bad = run_sparse_step(model, layout, links, batch, 1);
   REQUIRE_FALSE(bad);
   CHECK(is(bad.error(), af_error::invalid_argument));
   CHECK_THAT(describe(bad.error()), Catch::Contains("table 'emb': ids[1] = 12"));
 }
 
-TEST_CASE("ps_threads runs each part of every round exactly once, then returns", "[sparse_step]") {
-  // Catches: a thread that runs a round twice or misses one (a lost
-  // wake-up), a run that returns before its parts are done, and the one-
-  // and zero-part cases.
-  for (size_t ps : {0, 1, 2, 3, 5}) {
-    ps_threads threads(ps);
-    std::vector<std::atomic<int>> runs(ps);
-    for (int round = 1; round <= 2000; ++round) {
-      threads.run(ps, [&](size_t p) { runs[p].fetch_add(1); });
-      for (size_t p = 0; p < ps; ++p)
-        REQUIRE(runs[p].load() == round); // every part done, once, when run returns
-    }
-    // A round of fewer parts: only those run.
-    if (ps >= 2) {
-      threads.run(ps - 1, [&](size_t p) { runs[p].fetch_add(1); });
-      for (size_t p = 0; p + 1 < ps; ++p)
-        CHECK(runs[p].load() == 2001);
-      CHECK(runs[ps - 1].load() == 2000);
-    }
+TEST_CASE("requests pipelined on one data channel are answered in order, and a refused one "
+          "in between leaves the later answers right",
+          "[sparse_step][data_plane]") {
+  // Catches: answers matched to the wrong request when several are out on
+  // one connection (the sparse step sends every ps all its requests before
+  // it reads any answer), an error answer whose text is left in the stream
+  // (the next answer would be read from the middle of it), a channel left
+  // waiting for an answer to a request that never went out, and a reply
+  // wait (SO_RCVTIMEO) not given back to the channel afterwards.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("emb/part_0", {table_rows / 2, width},
+                        initializer::from_tensor(shard_value(0))));
+    REQUIRE(s->variable("bias", {1}, initializer::constant(0.5)));
   }
+  REQUIRE_FALSE(s->initialize());
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  auto ch = data_channel::connect("127.0.0.1", info->data_port, "ps 0", 5s);
+  REQUIRE(ch);
+  auto& c = **ch;
+  auto ids = [](std::vector<int64_t> v) {
+    tensor t{dtype::int64, {static_cast<int64_t>(v.size())}};
+    std::memcpy(t.mutable_data<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+    return t;
+  };
+  for (int round = 0; round < 50; ++round) {
+    REQUIRE_FALSE(c.send_gather_rows("emb/part_0", ids({4, 0})));
+    REQUIRE_FALSE(c.send_read("bias"));
+    REQUIRE_FALSE(c.send_gather_rows("emb/part_0", ids({1, 99}))); // row 99: refused
+    REQUIRE_FALSE(c.send_gather_rows("no_such_table", ids({0})));  // refused
+    REQUIRE_FALSE(c.send_gather_rows("emb/part_0", ids({2})));
+    CHECK(c.in_flight() == 5);
+    auto a = c.next_reply();
+    REQUIRE(a);
+    REQUIRE(a->value.num_elements() == 2 * width);
+    for (int64_t j = 0; j < width; ++j) {
+      CHECK(a->value.data<float>()[j] == start(8, j)); // row 4 of shard 0: id 8
+      CHECK(a->value.data<float>()[width + j] == start(0, j));
+    }
+    auto b = c.next_reply();
+    REQUIRE(b);
+    REQUIRE(b->value.num_elements() == 1);
+    CHECK(b->value.data<float>()[0] == 0.5f);
+    auto bad = c.next_reply();
+    REQUIRE_FALSE(bad);
+    CHECK(is(bad.error(), af_error::invalid_argument));
+    CHECK_THAT(describe(bad.error()), Catch::Contains("99"));
+    auto missing = c.next_reply();
+    REQUIRE_FALSE(missing);
+    CHECK(is(missing.error(), af_error::not_found));
+    auto last = c.next_reply();
+    REQUIRE(last);
+    REQUIRE(last->value.num_elements() == width);
+    CHECK(last->value.data<float>()[0] == start(4, 0));
+    CHECK(c.in_flight() == 0);
+    CHECK_FALSE(c.broken());
+  }
+  // No request out: an answer asked for is an error, not a wait.
+  auto none = c.next_reply();
+  REQUIRE_FALSE(none);
+  CHECK(is(none.error(), af_error::internal));
+  // The channel's blocking calls go on as before on the same connection.
+  auto v = c.gather_rows("emb/part_0", ids({3}));
+  REQUIRE(v);
+  CHECK(v->first.data<float>()[0] == start(6, 0));
 }
