@@ -291,7 +291,8 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
     }
     vars.push_back(std::move(e));
   }
-  auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars));
+  plane_entry.gate = std::make_shared<push_gate>();
+  auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars), plane_entry.gate);
   if (!agg)
     return std::move(agg.error());
   st.owned->push_back(agg->address());

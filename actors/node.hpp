@@ -27,9 +27,11 @@ namespace af {
 /// one, so whoever starts a node hands them in; a node started without them
 /// answers an aggregator request with an error that says so.
 struct aggregator_services {
-  /// Spawns the aggregator `spec.mode` names over `vars` (spec.variables' cells).
+  /// Spawns the aggregator `spec.mode` names over `vars` (spec.variables' cells),
+  /// admitting its members' tokens into `gate` (its data-plane entry's).
   std::function<caf::expected<aggregator_actor>(caf::actor_system&, aggregator_spec,
-                                                std::vector<variable_directory::entry>)>
+                                                std::vector<variable_directory::entry>,
+                                                std::shared_ptr<push_gate>)>
     spawn;
   /// How `want` differs from `have` in what changes updates ("" if it does not).
   std::function<std::string(const aggregator_spec& have, const aggregator_spec& want)> difference;

@@ -70,6 +70,24 @@ std::string variable_refusal(const plane_request& req, const variable_directory:
   return refusal;
 }
 
+/// Why a push whose token is not its worker's is refused before its payload
+/// is read (empty: the token is its worker's, or the aggregator has no
+/// gate); logged at the 1st, 2nd, 4th, ... refusal.
+std::string gate_refusal(const plane_request& req, const variable_directory::aggregator_entry& agg,
+                         const std::string& name, uint32_t worker, const std::string& token) {
+  if (!agg.gate || agg.gate->holds(worker, token))
+    return {};
+  auto msg = fmt::format("aggregator '{}' refused a push for worker {} from data-plane peer {} "
+                         "before reading its values: it does not carry the token that worker "
+                         "joined with (a worker joins, and is given its token, before it pushes; "
+                         "only the member that joined under an index speaks for it)",
+                         name, worker, req.peer());
+  uint64_t count = 0;
+  if (agg.gate->count_refusal(count))
+    log::get()->warn("{} data plane: {} ({} refused so far)", req.node_name(), msg, count);
+  return msg;
+}
+
 } // namespace
 
 bool variable_directory::variable_op(plane_request& req) {
@@ -256,6 +274,9 @@ bool variable_directory::aggregate(plane_request& req) {
                           shape_string(wire::shape_of(h)), agg.floats);
   } else if (!h.has_tensor && h.payload_bytes > 0) {
     refusal = "a push or pull with a payload that is no tensor";
+  } else if (push) {
+    // A stranger's push is refused before the node allocates for it.
+    refusal = gate_refusal(req, agg, name, h.reserved, who.token);
   }
   if (!refusal.empty())
     return req.refuse(code, refusal);
@@ -314,12 +335,21 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
                       fmt::format("no aggregator '{}' on {}; the chief creates it when the job "
                                   "starts",
                                   name, node_name));
+  // A stranger's push is refused before the node allocates for it.
+  if (auto refusal = gate_refusal(req, agg, name, h.reserved, who.token); !refusal.empty())
+    return req.refuse(af_error::invalid_argument, refusal);
   if (h.payload_bytes > static_cast<uint64_t>(req.limits().max_message_bytes))
     return req.refuse(af_error::resource_exhausted,
                       fmt::format("sparse push to aggregator '{}': a payload of {} bytes is over "
                                   "{}'s limit of {} bytes per message ([node] max_message_bytes)",
                                   name, h.payload_bytes, node_name,
                                   req.limits().max_message_bytes));
+  if (!h.has_tensor && h.payload_bytes > 0)
+    return req.refuse(af_error::invalid_argument,
+                      fmt::format("sparse push to aggregator '{}': a payload of {} bytes that is "
+                                  "no tensor (has_tensor 0); a push's values are described as "
+                                  "int32 words, an abstention carries none",
+                                  name, h.payload_bytes));
   const size_t tables = agg.table_rows.size();
   if (tables == 0)
     return req.refuse(af_error::invalid_argument,
@@ -340,9 +370,9 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
     if (!req.read_part(counts.data(), head))
       return false;
     // A push carries each row of a table once at most (a worker sums a
-    // repeated id's gradients first): what it may make this node allocate
-    // is bounded by the tables it already holds, whoever sends it (the
-    // token is checked by the aggregator, once the push has been read).
+    // repeated id's gradients first): what a member's push may make this
+    // node allocate is bounded by the tables it already holds (a stranger's
+    // was refused above, at the gate).
     for (size_t t = 0; t < tables && t < agg.table_sizes.size(); ++t)
       if (counts[t] > static_cast<uint64_t>(agg.table_sizes[t]))
         return req.refuse(af_error::invalid_argument,

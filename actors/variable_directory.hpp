@@ -16,6 +16,7 @@
 
 #include "caf/expected.hpp"
 
+#include "actors/push_gate.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
@@ -55,6 +56,10 @@ public:
     size_t dense_floats = 0;
     std::vector<shape_type> table_rows;
     std::vector<int64_t> table_sizes;
+    /// Its members' tokens (the aggregator admits each at its join): a
+    /// push without its worker's is refused before its payload is read.
+    /// Null: not checked here (the aggregator still checks).
+    std::shared_ptr<push_gate> gate;
   };
   void put_aggregator(const std::string& name, aggregator_entry e);
   /// The entry of `name`; an empty one (null actor) if there is none.

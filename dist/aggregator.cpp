@@ -385,7 +385,8 @@ bool aggregator_mode(const std::string& mode) {
 }
 
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
-                                                 std::vector<variable_directory::entry> vars) {
+                                                 std::vector<variable_directory::entry> vars,
+                                                 std::shared_ptr<push_gate> gate) {
   if (spec.workers == 0)
     return make_error(af_error::invalid_argument,
                       "aggregator '" + spec.name + "' needs at least one worker");
@@ -410,10 +411,11 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                                     spec.name, spec.variables[i],
                                     dtype_name(vars[i].cell->spec().type)));
   }
-  return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars](aggregator_detail::self_pointer self) {
+  return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     st.spec = spec;
     st.vars = vars;
+    st.gate = gate;
     size_t round_floats = 0; // the round sums the dense variables only
     for (size_t i = 0; i < st.vars.size(); ++i) {
       st.offsets.push_back(st.total);

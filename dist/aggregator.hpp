@@ -101,6 +101,8 @@ struct aggregator_actor_state {
   /// sync: deadlines of the round in progress already acted on (a log line each).
   uint64_t deadline_periods = 0;
   std::vector<aggregator_member> members; ///< by worker index
+  /// The node's data plane's copy of the members' tokens (null: none).
+  std::shared_ptr<push_gate> gate;
   /// ssp: pushes answered once the slowest member catches up.
   struct ssp_wait {
     uint32_t worker;
@@ -121,7 +123,8 @@ bool aggregator_mode(const std::string& mode);
 /// spec.variables, in order), in `sys`. An unknown mode, a variable that is not
 /// float32, or no workers is an error naming it.
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
-                                                 std::vector<variable_directory::entry> vars);
+                                                 std::vector<variable_directory::entry> vars,
+                                                 std::shared_ptr<push_gate> gate = nullptr);
 
 /// spawn_aggregator and aggregator_spec_difference, for start_node: what a
 /// node that hosts training spawns when asked for an aggregator.

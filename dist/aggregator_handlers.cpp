@@ -136,6 +136,8 @@ caf::result<uint64_t, std::string, uint64_t> on_join(self_pointer self, uint32_t
       return std::move(token.error());
     m.token = std::move(*token);
   }
+  if (st.gate)
+    st.gate->admit(worker, m.token);
   if (m.actor && who && m.actor != who.address())
     self->demonitor(m.actor);
   m.joined = true;

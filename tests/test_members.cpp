@@ -185,6 +185,134 @@ TEST_CASE("over the data plane a push is taken only with its worker's token, a f
   CHECK(mine->second.at(0) == -1.0); // w: 1 - mean(1, 3)
 }
 
+TEST_CASE("over the data plane a push without its worker's token is refused before its values "
+          "are read, dense or sparse",
+          "[members][plane][sparse_push]") {
+  // Catches: a node that reads (and allocates for) a stranger's push
+  // before its token is checked: one connection each, a stranger could make
+  // a ps hold a model's (or, sparse, a table's) worth of memory for every
+  // push it starts and never finishes. Here the values never come: only a
+  // refusal made before reading them is answered at all.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("w", {4}, initializer::constant(1)));
+    REQUIRE(s->variable("emb", {1000, 8}, initializer::constant(1)));
+  }
+  REQUIRE_FALSE(s->initialize());
+  aggregator_spec dense;
+  dense.name = "test/gate_dense";
+  dense.mode = "async";
+  dense.variables = {"w"};
+  dense.workers = 1;
+  aggregator_spec sparse = dense;
+  sparse.name = "test/gate_sparse";
+  sparse.variables = {"w", "emb"};
+  sparse.sparse = {"emb"};
+  auto dense_agg = s->aggregator("ps", 0, dense);
+  auto sparse_agg = s->aggregator("ps", 0, sparse);
+  REQUIRE(dense_agg);
+  REQUIRE(sparse_agg);
+  caf::scoped_actor self{s->system()};
+  auto token = test::join_for_token(self, *sparse_agg, 0);
+  REQUIRE(token.size() == 16);
+  REQUIRE(test::join_for_token(self, *dense_agg, 0).size() == 16);
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  log_capture logs;
+  // Worker 0's token with one bit flipped: another member's would do too.
+  auto forged = token;
+  forged[3] = static_cast<char>(forged[3] ^ 0x01);
+  for (bool is_sparse : {false, true}) {
+    INFO((is_sparse ? "sparse" : "dense") << " push");
+    int fd = connect_loopback(info->data_port);
+    REQUIRE(fd >= 0);
+    timeval tv{5, 0}; // a refusal comes at once; without one the node waits for the values
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    wire::push_prefix pre;
+    std::memcpy(pre.token, forged.data(), sizeof(pre.token));
+    pre.seq = 1;
+    std::string name(reinterpret_cast<const char*>(&pre), sizeof(pre));
+    name += is_sparse ? sparse.name : dense.name;
+    wire::header h;
+    h.kind = static_cast<uint8_t>(is_sparse ? wire::kind::push_sparse : wire::kind::push);
+    h.name_len = static_cast<uint32_t>(name.size());
+    h.reserved = 0;
+    h.has_tensor = 1;
+    h.dtype = static_cast<uint8_t>(is_sparse ? dtype::int32 : dtype::float32);
+    h.rank = 1;
+    // sparse: 1000 rows of the table's (the most a push may carry), with
+    // their ids and the dense floats, as 4-byte words
+    uint64_t bytes = is_sparse ? 8 + 4 * 4 + 1000 * (8 + 8 * 4) : 4 * 4;
+    h.dims[0] = static_cast<int64_t>(bytes / 4);
+    h.payload_bytes = bytes;
+    REQUIRE(wire::validate(h).empty());
+    REQUIRE(::write(fd, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(::write(fd, name.data(), name.size()) == static_cast<ssize_t>(name.size()));
+    if (is_sparse) {
+      uint64_t count = 1000; // the counts, and nothing after them
+      REQUIRE(::write(fd, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count)));
+    }
+    wire::header reply;
+    REQUIRE(::recv(fd, &reply, sizeof(reply), MSG_WAITALL) == static_cast<ssize_t>(sizeof(reply)));
+    std::string text(reply.payload_bytes, '\0');
+    REQUIRE(::recv(fd, text.data(), text.size(), MSG_WAITALL) == static_cast<ssize_t>(text.size()));
+    CHECK(reply.status == static_cast<uint8_t>(af_error::invalid_argument));
+    CHECK_THAT(text, Catch::Contains("worker 0") && Catch::Contains("token")
+                       && Catch::Contains("before reading its values"));
+    ::close(fd);
+  }
+  CHECK(logs.has("refused a push for worker 0", "before reading its values"));
+  {
+    // The member's token on a sparse push whose payload is no tensor
+    // (has_tensor 0): refused as such, not parsed as counts and rows.
+    int fd = connect_loopback(info->data_port);
+    REQUIRE(fd >= 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    wire::push_prefix pre;
+    std::memcpy(pre.token, token.data(), sizeof(pre.token));
+    pre.seq = 1;
+    std::string name(reinterpret_cast<const char*>(&pre), sizeof(pre));
+    name += sparse.name;
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::push_sparse);
+    h.name_len = static_cast<uint32_t>(name.size());
+    h.payload_bytes = 8 + 4 * 4 + 8 + 8 * 4; // one row's push, as if it were one
+    std::vector<char> payload(h.payload_bytes, 0);
+    uint64_t one = 1;
+    std::memcpy(payload.data(), &one, sizeof(one));
+    if (wire::validate(h).empty()) { // a node's own check may refuse it first: fine too
+      REQUIRE(::write(fd, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h)));
+      REQUIRE(::write(fd, name.data(), name.size()) == static_cast<ssize_t>(name.size()));
+      REQUIRE(::write(fd, payload.data(), payload.size())
+              == static_cast<ssize_t>(payload.size()));
+      wire::header reply;
+      REQUIRE(::recv(fd, &reply, sizeof(reply), MSG_WAITALL)
+              == static_cast<ssize_t>(sizeof(reply)));
+      std::string text(reply.payload_bytes, '\0');
+      REQUIRE(::recv(fd, text.data(), text.size(), MSG_WAITALL)
+              == static_cast<ssize_t>(text.size()));
+      CHECK(reply.status == static_cast<uint8_t>(af_error::invalid_argument));
+      CHECK_THAT(text, Catch::Contains("no tensor"));
+    }
+    ::close(fd);
+  }
+  // The member's own pushes go on: the gate holds its token.
+  auto chan = data_channel::connect("127.0.0.1", info->data_port, "ps", 5s);
+  REQUIRE(chan);
+  std::vector<int64_t> one_id{7};
+  tensor ids{dtype::int64, {1}};
+  std::memcpy(ids.mutable_data<int64_t>(), one_id.data(), sizeof(int64_t));
+  auto r = (*chan)->push_sparse(sparse.name, 0, 0, {tensor::filled(dtype::float32, {4}, 1)},
+                                {ids}, {tensor::filled(dtype::float32, {1, 8}, 1)}, 5s, token, 1);
+  REQUIRE(r);
+  CHECK(*r == 1);
+}
+
 TEST_CASE("a pull that carries values is refused saying so, not as a size that matches",
           "[members][plane]") {
   // Catches: "pull to aggregator 'x': float32[9] values, expected

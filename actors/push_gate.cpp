@@ -1,0 +1,29 @@
+#include "actors/push_gate.hpp"
+
+#include <openssl/crypto.h>
+
+namespace af {
+
+void push_gate::admit(uint32_t worker, const std::string& token) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (worker >= tokens_.size())
+    tokens_.resize(static_cast<size_t>(worker) + 1);
+  tokens_[worker] = token;
+}
+
+bool push_gate::holds(uint32_t worker, const std::string& token) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (worker >= tokens_.size())
+    return false;
+  const auto& want = tokens_[worker];
+  return !want.empty() && token.size() == want.size()
+         && CRYPTO_memcmp(want.data(), token.data(), want.size()) == 0;
+}
+
+bool push_gate::count_refusal(uint64_t& count) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  count = ++refused_;
+  return (count & (count - 1)) == 0;
+}
+
+} // namespace af
