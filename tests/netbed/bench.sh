@@ -40,8 +40,8 @@ steps_1m=${NB_STEPS_1M:-30}
 steps_3m=${NB_STEPS_3M:-20}
 steps_embed=${NB_STEPS_EMBED:-2000}
 # 2 M rows (512 MB): its initialization on 1 ps (110-160 MB/s here, far less
-# under load) stays within the 10 s a worker's session gives one request;
-# 4 M took over 10 s at a load average of 8
+# under load) stays within the 10 s the chief's session gives the one request
+# that runs a variable's initializer; 4 M took over 10 s at a load average of 8
 embed_users=${NB_EMBED_USERS:-2000000}
 embed_bucket=${NB_EMBED_BUCKET:-32768}
 
@@ -110,7 +110,7 @@ run_job_once() {
     ((rc == 0)) || [[ -n $JOB_FAILED ]] || JOB_FAILED="$n exited $rc: $(tail -n 2 "$NB_DIR/$n.log")"
   done
   if [[ -n $JOB_FAILED ]]; then
-    # A shard's initializer runs within the one request a worker's session
+    # A shard's initializer runs within the one request the chief's session
     # bounds by 10 s: a large shard on a loaded machine can take longer. Such
     # a run is run again, once; any other failure fails the bench.
     if ((attempt == 1)) && grep -q "initialization of .* got no answer within" "$NB_DIR/$name-$run-worker0.log"; then
