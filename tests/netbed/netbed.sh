@@ -12,6 +12,7 @@
 #                            # cleanup trapped on EXIT, INT, TERM
 #   nb_up 3 200mbit          # hosts 0..2 at 198.18.0.1 .. 198.18.0.3; NB_IP[i]
 #   nb_shape 1 400mbit       # one host's link at another rate
+#   nb_shape 1 1gbit 32768   # ... with a 32 KiB bucket (and GSO packets of 16 KiB)
 #   nb_start 0 ps0 CMD...    # CMD in host 0's namespace, output in $NB_DIR/ps0.log; NB_PID[ps0]
 #   nb_wait_log ps0 REGEX SECONDS WHAT; nb_wait_exit ps0 SECONDS; nb_tx_bytes 0
 #
@@ -176,15 +177,33 @@ nb_init() {
   echo "$(nb_starttime $$) $NB_DIR" >"$NB_STATE/$$"
 }
 
-# nb_shape HOST RATE: the host's link at RATE (tc units: 1gbit, 200mbit) both
-# ways: tbf on the host's eth0 (what it sends) and on the bridge-side veth
-# (what it receives). The bucket holds 2 ms of the rate, at least 64 KiB
-# (veths pass 64 KiB GSO packets; a smaller bucket drops them).
+# nb_shape HOST RATE [BUCKET]: the host's link at RATE (tc units: 1gbit,
+# 200mbit) both ways: tbf on the host's eth0 (what it sends) and on the
+# bridge-side veth (what it receives). The bucket holds 2 ms of the rate, at
+# least 128 KiB (veths pass 64 KiB GSO packets; a smaller bucket drops them).
+# With BUCKET (bytes, at least 4096) the bucket holds that, and the host's
+# veths pass GSO packets of at most BUCKET / 2 (gso_max_size), so that they
+# fit: a link then bursts at most BUCKET above its rate, for exchanges whose
+# messages are not much larger than the default bucket (a sparse step's
+# rows: 100-300 KB, which a 250 KB bucket lets through nearly free).
 nb_shape() {
-  local host=$1 rate=$2 bits burst
+  local host=$1 rate=$2 bits burst gso=65536
   bits=$(nb_rate_bits "$rate") || nb_fail "rate '$rate': not a tc rate such as 1gbit or 200mbit"
   burst=$((bits / 8 / 500))
   ((burst < 65536 * 2)) && burst=$((65536 * 2))
+  if [[ -n ${3:-} ]]; then
+    if ! [[ $3 =~ ^[0-9]+$ ]] || (($3 < 4096)); then
+      nb_fail "nb_shape: bucket '$3': a number of bytes, at least 4096"
+    fi
+    burst=$3
+    gso=$((burst / 2))
+  fi
+  # the packets the host sends are cut to gso (its eth0's); the bridge side's
+  # too, for what it would send itself (it only forwards)
+  ip netns exec "$(nb_ns $$ "$host")" ip link set dev eth0 gso_max_size "$gso" ||
+    nb_fail "cannot set host $host's gso_max_size to $gso"
+  ip link set dev "$(nb_veth $$ "$host")" gso_max_size "$gso" ||
+    nb_fail "cannot set $(nb_veth $$ "$host")'s gso_max_size to $gso"
   ip netns exec "$(nb_ns $$ "$host")" tc qdisc replace dev eth0 root tbf rate "$rate" \
     burst "$burst" latency 50ms ||
     nb_fail "tc tbf on host $host's eth0 failed (does this kernel have sch_tbf?)"
