@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
 #include "dist/sparse_checkpoint.hpp"
+#include "dist/sparse_job_detail.hpp"
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
@@ -28,54 +29,10 @@
 
 namespace af {
 
-namespace {
+namespace sparse_job_detail {
 
 using clock_type = std::chrono::steady_clock;
 using training_detail::to_error;
-
-/// The aggregator of ps k of a sparse job (one name per ps for the job's life).
-std::string aggregator_name(size_t k) {
-  return "train/sparse/ps" + std::to_string(k);
-}
-
-/// This worker's membership at one ps's aggregator.
-struct ps_member {
-  aggregator_actor actor;
-  std::string token;
-};
-
-/// Everything a worker of the job holds once it is set up.
-struct sparse_task {
-  sparse_task(session& session_of_task, const train::train_config& config)
-    : s(session_of_task), c(config) {}
-  session& s;
-  const train::train_config& c;
-  uint32_t task = 0;
-  uint32_t workers = 0;
-  bool chief = false;
-  std::chrono::milliseconds timeout{0};
-  train::click_data data;
-  std::unique_ptr<train::recommender> model;
-  std::vector<output> vars;
-  sparse_layout layout;
-  std::vector<ps_member> members;                     ///< per ps
-  std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
-  std::vector<sparse_ps_link*> link_ptrs;
-  std::unique_ptr<ps_threads> threads; ///< one per slot but the last, for the step's requests
-  /// Per ps, per slot of its aggregator: the link that reads it (the first
-  /// is links[k]; the others are lane_links').
-  sparse_lanes lanes;
-  std::vector<std::unique_ptr<data_plane_ps_link>> lane_links;
-  /// The aggregators' global step when this worker joined (the least of
-  /// them): 0, or the step of the checkpoint the chief restored.
-  uint64_t start_step = 0;
-  sparse_checkpoint_job checkpoints;  ///< what a checkpoint of the job holds
-  uint64_t last_saved = 0;            ///< the chief: the step of its last checkpoint
-  bool saved_any = false;
-  /// Keeps this worker a member: every aggregator monitors it (a worker
-  /// that goes away stops being waited for).
-  std::unique_ptr<caf::scoped_actor> self;
-};
 
 caf::error refuse_mode(const train::train_config& c) {
   if (c.mode == "sync" || c.mode == "async" || c.mode == "ssp")
@@ -613,7 +570,9 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   return out;
 }
 
-} // namespace
+} // namespace sparse_job_detail
+
+using namespace sparse_job_detail;
 
 bool sparse_job(const train::train_config& c) {
   return c.model == "recommender";

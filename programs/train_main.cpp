@@ -40,6 +40,7 @@
 #include "dist/aggregator.hpp"
 #include "actors/system.hpp"
 #include "dist/train_client.hpp"
+#include "dist/sparse_in_graph.hpp"
 #include "dist/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
@@ -477,7 +478,8 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   if (err)
     return fail(af::describe(err), 1);
   if (af::sparse_job(c)) {
-    auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
+    auto out = a.in_graph ? af::run_sparse_in_graph(*s, c)
+                          : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
     if (!out) {
       int rc = fail(name + ": " + af::describe(out.error()), 1);
       // The chief's failure ends the job: the ps tasks would otherwise wait
@@ -577,10 +579,10 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
-  if (af::sparse_job(c) && (a.in_graph || a.join || !a.switch_to.empty() || a.status))
-    return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
-                "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
-                "the dense models");
+  if (af::sparse_job(c) && (a.join || !a.switch_to.empty() || a.status))
+    return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task), "
+                "in-graph (--in-graph) or on an embedded cluster; --join, --switch and --status "
+                "are for the dense models");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {
@@ -603,13 +605,18 @@ static int main_body(int argc, char** argv) {
                     "config's [cluster] is not used)");
       return af::programs::run_sparse_local(c, fail);
     }
+    if (a.in_graph && !a.job.empty() && (a.job != "worker" || a.task != 0))
+      return fail("--in-graph with --job: the client runs in the chief's process, --job worker "
+                  "--task 0 (the replicas of the other workers run there too)");
     if (a.job.empty() && a.task < 0) {
       // The config's cluster gives the shape (its ps and worker counts); the
       // tasks run in this process on loopback ports of their own.
       int ps = cluster ? static_cast<int>(cluster->cluster.num_tasks("ps")) : 0;
       int workers = cluster ? static_cast<int>(cluster->cluster.num_tasks("worker")) : 0;
-      return af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2, workers > 0 ? workers : 2,
-                                               fail);
+      return a.in_graph ? af::programs::run_sparse_in_graph_embedded(
+                            c, ps > 0 ? ps : 2, workers > 0 ? workers : 2, fail)
+                        : af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2,
+                                                            workers > 0 ? workers : 2, fail);
     }
   } else if (a.local) {
     return fail("--local is for a sparse model (model = \"recommender\")");
@@ -624,7 +631,7 @@ static int main_body(int argc, char** argv) {
         return fail(why);
     return a.in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
-  if (a.in_graph) {
+  if (a.in_graph && !af::sparse_job(c)) { // a sparse one's client is its chief task's
     if (!a.job.empty() || a.task >= 0)
       return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
                   "(or actorflow-train --job J --task I) and pass no --job/--task here");
