@@ -11,6 +11,7 @@
 //   actorflow-train --config F --status                      # per-worker accounting of a live job
 //   actorflow-train --config config/embeddings.toml          # the sparse recommender, embedded cluster
 //   actorflow-train --config config/embeddings.toml --local  # ... in one process
+//   actorflow-train --config config/embeddings.toml --in-graph  # ... in-graph, a replica per worker
 //
 // Between-graph: each process hosts its node and, for a worker, its worker
 // actor; the chief initializes or restores, saves at the end and stops the ps
