@@ -66,6 +66,10 @@ struct sparse_outcome {
   size_t test_examples = 0;
 };
 
+/// The aggregator of ps k of a sparse job is "<sparse_aggregator_prefix><k>"
+/// for the job's life (--status looks them up by it: dist/train_client.hpp).
+inline constexpr const char sparse_aggregator_prefix[] = "train/sparse/ps";
+
 /// True if `c` is a sparse job (its model is one of train/sparse_model.hpp's).
 bool sparse_job(const train::train_config& c);
 

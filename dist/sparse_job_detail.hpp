@@ -27,7 +27,7 @@ namespace af::sparse_job_detail {
 
 /// The aggregator of ps k of a sparse job (one name per ps for the job's life).
 inline std::string aggregator_name(size_t k) {
-  return "train/sparse/ps" + std::to_string(k);
+  return sparse_aggregator_prefix + std::to_string(k);
 }
 
 /// This worker's membership at one ps's aggregator.

@@ -207,7 +207,10 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   auto s = af::session::make(sys, cluster.cluster, "/job:ps/task:0", so);
   if (!s)
     return fail(af::describe(s.error()), 1);
-  auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms})
+  // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
+  auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms},
+                                           af::sparse_job(c) ? af::sparse_aggregator_prefix
+                                                             : "train/ps")
                      : af::job_switch(*s, c, switch_to);
   if (!text)
     // A config without a ps job is the config's fault (2); the rest, the job's.
@@ -580,10 +583,10 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
-  if (af::sparse_job(c) && (a.join || !a.switch_to.empty() || a.status))
+  if (af::sparse_job(c) && (a.join || !a.switch_to.empty()))
     return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task), "
-                "in-graph (--in-graph) or on an embedded cluster; --join, --switch and --status "
-                "are for the dense models");
+                "in-graph (--in-graph) or on an embedded cluster; --join and --switch are for "
+                "the dense models");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {

@@ -1,0 +1,192 @@
+// A sparse job's accounting (issue 25): `actorflow-train --status` against
+// its aggregators (train/sparse/ps<k>), a row per worker per ps, and the
+// in-graph client's CLI.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "dist/embedded_cluster.hpp"
+#include "dist/sparse_in_graph.hpp"
+#include "dist/sparse_job.hpp"
+#include "dist/train_client.hpp"
+#include "messages/error.hpp"
+#include "train_job.hpp"
+
+using namespace af;
+using namespace af::testing;
+
+namespace {
+
+train::train_config status_job(const std::string& mode) {
+  train::train_config c;
+  c.model = "recommender";
+  c.mode = mode;
+  c.data = "synthetic";
+  c.users = 203;
+  c.items = 101;
+  c.dim = 4;
+  c.synthetic_examples = 4000;
+  c.batch_size = 64;
+  c.steps = 20;
+  c.epochs = 0;
+  c.log_every = 0;
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 0.5;
+  c.init_timeout_ms = 20000;
+  c.step_timeout_ms = 20000;
+  return c;
+}
+
+/// The status_row of `worker` under ps `ps`, if --status printed one.
+const status_row* row_of(const std::vector<status_row>& rows, int ps, uint32_t worker) {
+  for (const auto& r : rows)
+    if (r.ps == ps && r.worker == worker)
+      return &r;
+  return nullptr;
+}
+
+/// The [train] table of a sparse job that runs until it is killed.
+const char* long_sparse_job = R"(model = "recommender"
+data = "synthetic"
+mode = "sync"
+users = 300
+items = 200
+dim = 4
+synthetic_examples = 20000
+batch_size = 32
+steps = 10000000
+epochs = 0
+log_every = 20
+optimizer = "sgd"
+learning_rate = 0.05
+)";
+
+} // namespace
+
+TEST_CASE("job_status_text finds a sparse job's aggregators and gives a row per worker per ps, "
+          "between-graph and in-graph",
+          "[sparse_job][sparse_status]") {
+  // Catches: --status looking for the dense job's aggregators (train/ps<k>)
+  // and finding none, and sparse pushes that the aggregators' per-worker
+  // accounting does not count.
+  for (bool in_graph : {false, true}) {
+    for (std::string mode : {"sync", "async"}) {
+      INFO((in_graph ? "in-graph " : "between-graph ") << mode);
+      auto c = status_job(mode);
+      auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 2}});
+      REQUIRE(cluster);
+      std::vector<caf::expected<sparse_outcome>> results;
+      for (int w = 0; w < 2; ++w)
+        results.emplace_back(make_error(af_error::internal, "not run"));
+      sparse_job_options o;
+      o.shutdown_ps = false;
+      o.print = false;
+      if (in_graph) {
+        auto s = (*cluster)->session_for("worker", 0);
+        REQUIRE(s);
+        results[0] = run_sparse_in_graph(*s, c, o);
+        results[1] = sparse_outcome{};
+      } else {
+        std::vector<std::thread> threads;
+        for (int w = 0; w < 2; ++w)
+          threads.emplace_back([&, w] {
+            auto s = (*cluster)->session_for("worker", w);
+            if (!s) {
+              results[w] = std::move(s.error());
+              return;
+            }
+            results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+          });
+        for (auto& t : threads)
+          t.join();
+      }
+      REQUIRE(results[0]);
+      REQUIRE(results[1]);
+      auto s = (*cluster)->session_for("worker", 0);
+      REQUIRE(s);
+      auto dense = job_status_text(*s, std::chrono::seconds(10));
+      CHECK_FALSE(dense); // no train/ps<k> here
+      auto text = job_status_text(*s, std::chrono::seconds(10), sparse_aggregator_prefix);
+      REQUIRE(text);
+      INFO(*text);
+      CHECK(text->find("/job:ps/task:0: mode " + mode) != std::string::npos);
+      CHECK(text->find("/job:ps/task:1: mode " + mode) != std::string::npos);
+      auto rows = parse_status(*text);
+      // in-graph sync: the client is the one member; otherwise a member per worker.
+      uint32_t members = in_graph && mode == "sync" ? 1 : 2;
+      for (int ps = 0; ps < 2; ++ps) {
+        uint64_t pushes = 0;
+        for (uint32_t w = 0; w < members; ++w) {
+          INFO("ps " << ps << " worker " << w);
+          const auto* r = row_of(rows, ps, w);
+          REQUIRE(r != nullptr);
+          CHECK(r->status == "done");
+          CHECK(r->task == "/job:worker/task:" + std::to_string(w));
+          CHECK(r->refused == 0);
+          if (!in_graph)
+            CHECK(r->pushes == results[w]->local_steps);
+          pushes += r->pushes;
+        }
+        CHECK(row_of(rows, ps, members) == nullptr);
+        // sync: a push per member per global step; async: a push is a global step.
+        auto global = results[0]->global_step;
+        CHECK(pushes == (mode == "sync" ? global * members : global));
+      }
+    }
+  }
+}
+
+TEST_CASE("actorflow-train --status prints a row per worker of a live sparse job, from every ps",
+          "[sparse_job][sparse_status][processes]") {
+  // Catches: a sparse config's --status refused, or looking up the dense
+  // job's aggregators and failing with not_found while the job runs.
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = long_sparse_job;
+  auto job = train_job::start(dir.path, spec);
+  // Running: the chief printed a progress line (a step every worker pushed).
+  bool running = job->wait_until(
+    [&] { return job->chief().output().find("\nstep 20/") != std::string::npos; }, 60s);
+  INFO(job->describe());
+  REQUIRE(running);
+  auto status = job->client({"--status"}, 30s);
+  INFO("--status:\n" << status.output);
+  CHECK(status.exit_code == 0);
+  auto rows = parse_status(status.output);
+  for (int ps = 0; ps < 2; ++ps)
+    for (uint32_t w = 0; w < 2; ++w) {
+      INFO("ps " << ps << " worker " << w);
+      const auto* r = row_of(rows, ps, w);
+      REQUIRE(r != nullptr);
+      CHECK(r->status == "member");
+      CHECK(r->task == "/job:worker/task:" + std::to_string(w));
+      CHECK(r->pushes >= 20);
+    }
+  job->kill_all();
+}
+
+TEST_CASE("actorflow-train --in-graph trains a sparse config on an embedded cluster of its shape",
+          "[sparse_job][sparse_in_graph][processes]") {
+  // Catches: --in-graph refused for a sparse model, or run as the dense
+  // client (which cannot build a recommender), or a replica count other
+  // than the config's workers.
+  temp_dir dir;
+  auto path = dir.path + "/embeddings.toml";
+  {
+    std::ofstream f{path};
+    f << "[cluster]\nps = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n"
+         "worker = [\"127.0.0.1:3\", \"127.0.0.1:4\", \"127.0.0.1:5\"]\n\n[train]\n"
+      << long_sparse_job;
+  }
+  auto r = run_command({ACTORFLOW_TRAIN_BINARY, "--config", path, "--in-graph", "--set",
+                        "steps=60"},
+                       std::chrono::seconds{120});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("embedded cluster (2 ps + 3 workers), in-graph") != std::string::npos);
+  CHECK(r.output.find("(in-graph, 3 replicas)") != std::string::npos);
+  CHECK(r.output.find("train done: mode=sync workers=3 global_step=60 ") != std::string::npos);
+  CHECK(r.output.find("held-out: auc=") != std::string::npos);
+}
