@@ -272,6 +272,9 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
       last_save = clock_type::now();
     }
     if (t.c.log_every > 0 && steps % t.c.log_every == 0) {
+      report_metrics(t, global, g.sync ? out.local_steps : out.local_steps / n, // a replica's
+                     std::chrono::duration<double>(clock_type::now() - start).count(),
+                     out.last_loss);
       if (o.print) {
         std::printf("step %llu/%llu: loss %.6f (in-graph, %u replicas)\n",
                     static_cast<unsigned long long>(global),
@@ -284,6 +287,9 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
   }
   out.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   out.global_step = global;
+  if (t.c.log_every == 0 || steps % t.c.log_every != 0) // the last row
+    report_metrics(t, global, g.sync ? out.local_steps : out.local_steps / n, out.seconds,
+                   out.last_loss);
   if (steps > 0) {
     out.bytes_per_step = static_cast<double>(all_bytes(g) - bytes0) / static_cast<double>(steps);
     out.touched_bytes_per_step = static_cast<double>(touched) / static_cast<double>(steps);
@@ -334,6 +340,8 @@ caf::expected<sparse_outcome> run_client(in_graph_run& g, const sparse_job_optio
   }
   if (!err)
     err = join_replicas(g);
+  if (!err)
+    err = open_metrics(t, g.replicas);
   sparse_outcome out;
   if (!err) {
     out.has_truth = t.data.has_truth;

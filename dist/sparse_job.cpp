@@ -328,6 +328,25 @@ void take(const train::sparse_batch& b, const std::vector<size_t>& picks, train:
     out.labels.push_back(b.labels[e]);
 }
 
+caf::error open_metrics(sparse_task& t, uint32_t workers) {
+  if (!t.chief || t.c.metrics.empty())
+    return caf::none;
+  auto m = sparse_metrics::open(t.c, workers, t.start_step);
+  if (!m)
+    return std::move(m.error());
+  t.metrics = std::move(*m);
+  return caf::none;
+}
+
+void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, double seconds,
+                    double loss) {
+  if (!t.metrics || t.members.empty())
+    return;
+  double examples = static_cast<double>(local_steps) * static_cast<double>(t.c.batch_size);
+  t.metrics->report(t.s, t.members.front().actor, t.timeout, global, seconds, loss,
+                    seconds > 0 ? examples / seconds : 0.0);
+}
+
 /// The held-out set scored with the tables as they are now (the chief, at the end).
 caf::error score(sparse_task& t, sparse_outcome& out) {
   const auto& test = t.data.data.test;
@@ -446,6 +465,9 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     ++loss_count;
     out.last_loss = loss_sum / static_cast<double>(loss_count);
     if (t.c.log_every > 0 && out.local_steps % t.c.log_every == 0) {
+      report_metrics(t, global, out.local_steps,
+                     std::chrono::duration<double>(clock_type::now() - start).count(),
+                     out.last_loss);
       if (t.chief && o.print) {
         std::printf("step %llu/%llu: loss %.6f\n", static_cast<unsigned long long>(global),
                     static_cast<unsigned long long>(total), out.last_loss);
@@ -523,7 +545,10 @@ void stop_ps(session& s) {
 caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options& o) {
   auto& s = t.s;
   const auto& c = t.c;
-  if (auto err = set_up(t)) {
+  auto err = set_up(t);
+  if (!err)
+    err = open_metrics(t, t.workers);
+  if (err) {
     // The aggregators it joined stop waiting for it at once (a sync round
     // would otherwise wait step_timeout_ms for a worker that never pushes).
     if (!t.members.empty())
@@ -541,7 +566,9 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   // dense job counts them); sync: one step is every worker's batch.
   auto total = train::total_steps(c, out.train_examples,
                                   train::step_per_push(c.mode) ? 1 : t.workers);
-  auto err = train_loop(t, total, o, out);
+  err = train_loop(t, total, o, out);
+  if (!err && (c.log_every == 0 || out.local_steps % c.log_every != 0)) // the last row
+    report_metrics(t, out.global_step, out.local_steps, out.seconds, out.last_loss);
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
     err = std::move(done);
   if (err)

@@ -18,6 +18,7 @@
 #include "dist/ps_threads.hpp"
 #include "dist/sparse_checkpoint.hpp"
 #include "dist/sparse_job.hpp"
+#include "dist/sparse_metrics.hpp"
 #include "dist/sparse_step.hpp"
 #include "messages/aggregator.hpp"
 #include "train/local.hpp"
@@ -67,6 +68,8 @@ struct sparse_task {
   /// Keeps this worker a member: every aggregator monitors it (a worker
   /// that goes away stops being waited for).
   std::unique_ptr<caf::scoped_actor> self;
+  /// The chief, with metrics set: the metrics CSV and the per-worker rows.
+  std::unique_ptr<sparse_metrics> metrics;
 };
 
 /// mode must be sync, async or ssp: invalid_argument naming it otherwise.
@@ -87,6 +90,15 @@ caf::error set_up(sparse_task& t);
 /// Examples `picks` of `b` as a batch of their own.
 void take(const train::sparse_batch& b, const std::vector<size_t>& picks,
           train::sparse_batch& out);
+
+/// The chief, with metrics set: opens them (sparse_metrics::open) for
+/// `workers` workers at t.start_step.
+caf::error open_metrics(sparse_task& t, uint32_t workers);
+
+/// The chief's report to its metrics, if any, at global step `global`:
+/// `local_steps` of batch_size examples in `seconds`, `loss` their mean.
+void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, double seconds,
+                    double loss);
 
 /// The held-out set scored with the tables as they are now (out.auc, out.log_loss).
 caf::error score(sparse_task& t, sparse_outcome& out);

@@ -599,10 +599,6 @@ static int main_body(int argc, char** argv) {
     return run_client(*cluster, c, a.status, a.switch_to);
   }
   if (af::sparse_job(c)) {
-    if (!c.metrics.empty() && !a.local)
-      std::fprintf(stderr, "actorflow-train: metrics = \"%s\": the sparse job writes no metrics "
-                           "CSV yet (its progress lines and summary are on stdout)\n",
-                   c.metrics.c_str());
     if (a.local) {
       if (!a.job.empty() || a.task >= 0)
         return fail("--local trains in this one process: no --job or --task with it (the "
