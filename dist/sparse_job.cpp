@@ -132,7 +132,9 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
 /// The aggregator of ps k: sparse over its shards; on ps 0 dense over the
 /// dense parameters too.
 aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
-  auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.workers);
+  // A worker that joins takes the aggregator as it runs (its config counts
+  // more workers than the job started with).
+  auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.join ? 0 : t.workers);
   spec.name = aggregator_name(k);
   for (const auto& slot : t.layout.ps_order[k]) {
     if (slot.table) {
@@ -263,8 +265,14 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   kv_client kv{t.s.system(), chief->store, t.timeout};
   auto key = fmt::format("train/{}/sparse_layout", chief->incarnation);
   auto mine = layout_of(t.c, n_ps);
-  if (t.chief)
+  // The chief's count of steps: a worker that joins with a config of more
+  // workers would count fewer (sync: a global batch per step).
+  auto total_key = fmt::format("train/{}/sparse_total", chief->incarnation);
+  if (t.chief) {
+    if (auto err = kv.put(total_key, std::to_string(t.total)))
+      return err;
     return kv.put(key, mine);
+  }
   auto theirs = kv.get(key, std::chrono::milliseconds{t.c.init_timeout_ms});
   if (!theirs)
     return std::move(theirs.error());
@@ -273,6 +281,12 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
                       fmt::format("worker {} cuts the tables as '{}', the chief as '{}': run every "
                                   "task of the job with one config",
                                   t.task, mine, *theirs));
+  if (t.join) {
+    auto total = kv.get(total_key, t.timeout);
+    if (!total)
+      return std::move(total.error());
+    t.total = std::stoull(*total);
+  }
   return caf::none;
 }
 
@@ -285,6 +299,10 @@ caf::error set_up(sparse_task& t) {
                                   t.c.model));
   if (auto err = declare(t, n_ps))
     return err;
+  // async, ssp: every push is a global step of one worker's batch (as the
+  // dense job counts them); sync: one step is every worker's batch.
+  t.total = train::total_steps(t.c, t.data.data.train.labels.size(),
+                               train::step_per_push(t.c.mode) ? 1 : t.workers);
   // Step 3: the chief initializes, on each shard's node, or restores the
   // latest checkpoint; the others wait.
   if (t.chief) {
@@ -507,18 +525,23 @@ caf::error say_done(sparse_task& t, const std::string& why) {
   return first;
 }
 
-/// The chief waits until every worker is done or gone at ps 0, as the dense
-/// job's chief does (dist/training.cpp): bounded by the task's timeout,
+/// The chief waits until every worker is done or gone at every ps, as the
+/// dense job's chief does at ps 0 (dist/training.cpp): a worker says done
+/// to one ps after another, and the ps stopped once ps 0 heard it would
+/// leave its done to the next unanswered. Bounded by the task's timeout,
 /// then it names who still pushes and goes on.
 caf::error wait_for_workers(sparse_task& t) {
-  const auto& ps0 = t.members.front();
   auto deadline = clock_type::now() + t.timeout;
-  for (;;) {
-    auto stats = ask<aggregator_stats>(t.s, ps0.actor, t.timeout, stats_atom::value);
+  for (size_t k = 0; k < t.members.size();) {
+    auto stats = ask<aggregator_stats>(t.s, t.members[k].actor, t.timeout, stats_atom::value);
     if (!stats)
       return std::move(stats.error());
-    if (stats->active == 0) // every member done: did one of them fail?
-      return training_detail::failed_workers(*stats);
+    if (stats->active == 0) { // every member done here: did one of them fail?
+      if (auto err = training_detail::failed_workers(*stats))
+        return err;
+      ++k;
+      continue;
+    }
     if (clock_type::now() >= deadline) {
       std::vector<std::string> who;
       for (const auto& w : stats->workers)
@@ -531,6 +554,7 @@ caf::error wait_for_workers(sparse_task& t) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20)); // the dense chief's poll
   }
+  return caf::none;
 }
 
 /// The chief stops every ps task at the end.
@@ -562,11 +586,7 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   out.train_examples = t.data.data.train.labels.size();
   out.test_examples = t.data.data.test.labels.size();
   out.auc = out.log_loss = std::numeric_limits<double>::quiet_NaN();
-  // async, ssp: every push is a global step of one worker's batch (as the
-  // dense job counts them); sync: one step is every worker's batch.
-  auto total = train::total_steps(c, out.train_examples,
-                                  train::step_per_push(c.mode) ? 1 : t.workers);
-  err = train_loop(t, total, o, out);
+  err = train_loop(t, t.total, o, out);
   if (!err && (c.log_every == 0 || out.local_steps % c.log_every != 0)) // the last row
     report_metrics(t, out.global_step, out.local_steps, out.seconds, out.last_loss);
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
@@ -615,6 +635,11 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
   t.task = task;
   t.workers = static_cast<uint32_t>(s.cluster().num_tasks("worker"));
   t.chief = task == 0;
+  t.join = o.join;
+  if (t.join && t.chief)
+    return make_error(af_error::invalid_argument,
+                      "--join is for a worker that joins a running job; worker 0 is the chief, "
+                      "which starts it");
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   auto out = run_task(t, o);
   // A failed job's ps tasks end by themselves when the chief does

@@ -40,6 +40,10 @@ namespace af {
 struct sparse_job_options {
   bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
   bool print = true;       ///< the chief's progress lines on stdout
+  /// This worker (not the chief) joins a running job (--join): its config
+  /// lists more workers than the job started with; it takes the job's
+  /// aggregators as they run and the chief's count of steps.
+  bool join = false;
 };
 
 /// What a worker of a sparse job reports.

@@ -46,6 +46,8 @@ struct sparse_task {
   uint32_t task = 0;
   uint32_t workers = 0;
   bool chief = false;
+  bool join = false;   ///< joins a running job (sparse_job_options::join)
+  uint64_t total = 0;  ///< the job's steps (the chief's count: set_up)
   std::chrono::milliseconds timeout{0};
   train::click_data data;
   std::unique_ptr<train::recommender> model;

@@ -482,8 +482,10 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   if (err)
     return fail(af::describe(err), 1);
   if (af::sparse_job(c)) {
+    af::sparse_job_options so;
+    so.join = a.join;
     auto out = a.in_graph ? af::run_sparse_in_graph(*s, c)
-                          : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
+                          : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task), so);
     if (!out) {
       int rc = fail(name + ": " + af::describe(out.error()), 1);
       // The chief's failure ends the job: the ps tasks would otherwise wait
@@ -583,10 +585,9 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
-  if (af::sparse_job(c) && (a.join || !a.switch_to.empty()))
-    return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task), "
-                "in-graph (--in-graph) or on an embedded cluster; --join and --switch are for "
-                "the dense models");
+  if (af::sparse_job(c) && (!a.switch_to.empty() || (a.join && a.in_graph)))
+    return fail("model \"" + c.model + "\": a sparse job cannot switch modes, and its in-graph "
+                "client takes no --join (its replicas are the config's workers)");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {
@@ -608,7 +609,7 @@ static int main_body(int argc, char** argv) {
     if (a.in_graph && !a.job.empty() && (a.job != "worker" || a.task != 0))
       return fail("--in-graph with --job: the client runs in the chief's process, --job worker "
                   "--task 0 (the replicas of the other workers run there too)");
-    if (a.job.empty() && a.task < 0) {
+    if (a.job.empty() && a.task < 0 && !a.join) { // --join alone: refused below
       // The config's cluster gives the shape (its ps and worker counts); the
       // tasks run in this process on loopback ports of their own.
       int ps = cluster ? static_cast<int>(cluster->cluster.num_tasks("ps")) : 0;

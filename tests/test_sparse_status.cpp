@@ -1,6 +1,7 @@
-// A sparse job's accounting (issue 25): `actorflow-train --status` against
-// its aggregators (train/sparse/ps<k>), a row per worker per ps, and the
-// in-graph client's CLI.
+// A sparse job's accounting and its processes (issue 25): `actorflow-train
+// --status` against its aggregators (train/sparse/ps<k>), a row per worker
+// per ps, the metrics CSV, the in-graph client's CLI, and a worker that
+// joins a running job (--join).
 #include <catch2/catch.hpp>
 
 #include <thread>
@@ -289,4 +290,62 @@ TEST_CASE("a sparse job's chief writes the metrics CSV and a row per worker besi
       CHECK(last[w].pushes > 0);
     }
   }
+}
+
+TEST_CASE("a worker process joins a running sparse sync job with --join, its pushes are "
+          "applied, and the job ends at the chief's steps",
+          "[sparse_job][elastic][processes]") {
+  // Catches: --join refused for a sparse model, a joiner that asks for an
+  // aggregator of its own worker count (refused, or a second one), one that
+  // counts the job's steps for its own config's workers (sync: it would
+  // stop early, or push alone after the others ended), and a chief that
+  // ends without waiting for it.
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.spare_workers = 1;
+  // epochs, not steps: the joiner's config (3 workers) would count 2/3 of
+  // the chief's steps. About 7 s at 3,000 steps/s: the job outlasts a
+  // newcomer's start (a process, its data, the chief's word).
+  std::string table = long_sparse_job;
+  table.replace(table.find("steps = 10000000\nepochs = 0"), 27, "steps = 0\nepochs = 80");
+  spec.train_table = table + "metrics = \"" + dir.path + "/m.csv\"\n";
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return job->chief().output().find("\nstep ") != std::string::npos; },
+                       30s))
+    FAIL("no progress line from the chief within 30 s:\n" << job->describe());
+  auto& joined = job->join(2);
+  auto running = job->wait_all_exit(std::chrono::seconds{120});
+  INFO(job->describe());
+  CHECK(running.empty());
+  for (const auto& t : job->tasks())
+    CHECK(t.process->exit_code() == 0);
+  // The chief's count: 80 epochs of 16,000 examples in global batches of 2 x 32.
+  CHECK(job->chief().output().find("train done: mode=sync workers=2 global_step=20000 ")
+        != std::string::npos);
+  static const std::regex done{R"(/job:worker/task:2: done after (\d+) local steps)"};
+  std::smatch m;
+  auto out = joined.output();
+  REQUIRE(std::regex_search(out, m, done));
+  auto local = std::stoull(m[1].str());
+  // It pushed from the step it joined at to the chief's last (sync: every
+  // step after its join is one of its own).
+  static const std::regex at{
+    R"(aggregator 'train/sparse/ps0': worker 2 \(/job:worker/task:2 at [0-9.:]+\) joined at global step (\d+))"};
+  auto ps0 = job->process("ps", 0).output();
+  std::smatch j;
+  REQUIRE(std::regex_search(ps0, j, at));
+  CHECK(std::stoull(j[1].str()) + local == 20000);
+  // ps 0 applied its pushes: its row in the chief's last report.
+  auto reports = reports_of(read_worker_rows(dir.path + "/m.workers.csv"));
+  REQUIRE_FALSE(reports.empty());
+  const worker_row* newcomer = nullptr;
+  for (const auto& r : reports.back())
+    if (r.worker == 2)
+      newcomer = &r;
+  REQUIRE(newcomer != nullptr);
+  CHECK(newcomer->task == "/job:worker/task:2");
+  CHECK(newcomer->applied > 0);
+  CHECK(newcomer->refused == 0);
 }
