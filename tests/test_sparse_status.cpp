@@ -349,3 +349,46 @@ TEST_CASE("a worker process joins a running sparse sync job with --join, its pus
   CHECK(newcomer->applied > 0);
   CHECK(newcomer->refused == 0);
 }
+
+TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per worker of the "
+          "config against ps processes and stops them at the end",
+          "[sparse_job][sparse_in_graph][processes]") {
+  // Catches: the in-graph client refused with --job (the dense client's
+  // rule), run as a between-graph worker instead (the ps would wait for a
+  // worker 1 that never starts), or leaving the ps tasks running.
+  temp_dir dir;
+  auto path = dir.path + "/job.toml";
+  auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
+  {
+    std::ofstream f{path};
+    f << "[cluster]\nps = [" << addr() << ", " << addr() << "]\nworker = [" << addr() << ", "
+      << addr() << "]\n\n[train]\n"
+      << long_sparse_job;
+  }
+  std::vector<std::string> sets{"--set", "steps=200", "--set", "mode=async"};
+  auto argv = [&](const std::string& job, int task, bool in_graph) {
+    std::vector<std::string> a{ACTORFLOW_TRAIN_BINARY, "--config", path, "--job", job,
+                               "--task", std::to_string(task)};
+    a.insert(a.end(), sets.begin(), sets.end());
+    if (in_graph)
+      a.push_back("--in-graph");
+    return a;
+  };
+  background_process ps0{argv("ps", 0, false)};
+  background_process ps1{argv("ps", 1, false)};
+  background_process client{argv("worker", 0, true)};
+  auto code = client.wait_exit(std::chrono::seconds{120});
+  auto ps0_code = ps0.wait_exit(std::chrono::seconds{30});
+  auto ps1_code = ps1.wait_exit(std::chrono::seconds{30});
+  INFO("client:\n" << client.output() << "\nps 0:\n" << ps0.output() << "\nps 1:\n"
+                   << ps1.output());
+  CHECK(code == 0);
+  CHECK(client.output().find("(in-graph, 2 replicas)") != std::string::npos);
+  CHECK(client.output().find("train done: mode=async workers=2 global_step=200 ")
+        != std::string::npos);
+  // async: a member per replica at each ps.
+  CHECK(ps0.output().find("async aggregator 'train/sparse/ps0' for 2 workers") != std::string::npos);
+  CHECK(ps0_code == 0);
+  CHECK(ps1_code == 0);
+  CHECK(ps0.output().find("the chief ended the job") != std::string::npos);
+}
