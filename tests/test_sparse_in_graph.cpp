@@ -13,6 +13,7 @@
 #include "kernels/shard_routing.hpp"
 #include "messages/error.hpp"
 #include "train/local.hpp"
+#include "temp_dir.hpp"
 
 using namespace af;
 
@@ -277,4 +278,34 @@ TEST_CASE("an in-graph sparse job refuses by name a mode that cannot take sparse
   auto what = describe(run.chief.error());
   INFO(what);
   CHECK(what.find("mode 'average'") != std::string::npos);
+}
+
+TEST_CASE("an in-graph sparse job of 40 steps equals one of 20 steps, checkpointed, restored "
+          "and 20 more, bit for bit",
+          "[sparse_job][sparse_in_graph][sparse_checkpoint]") {
+  // Catches: an in-graph client that writes no checkpoint, restores none
+  // (the seed's fresh tables), or resumes its replicas' data at the first
+  // global batch instead of the checkpoint's step.
+  testing::temp_dir straight_dir, split_dir;
+  auto c = small_job("sync", 40);
+  c.optimizer.kind = "adagrad";
+  c.optimizer.lr = 0.3;
+  c.checkpoint_dir = straight_dir.path;
+  auto straight = run_in_graph(c, 2, 2, true);
+  REQUIRE(straight.chief);
+  auto half = c;
+  half.steps = 20;
+  half.checkpoint_dir = split_dir.path;
+  auto first = run_in_graph(half, 2, 2, false);
+  REQUIRE(first.chief);
+  CHECK(first.chief->global_step == 20);
+  auto rest = half;
+  rest.steps = 40;
+  auto second = run_in_graph(rest, 2, 2, true);
+  REQUIRE(second.chief);
+  CHECK(second.chief->local_steps == 20);
+  CHECK(second.chief->global_step == 40);
+  REQUIRE(second.tables.size() == 2);
+  CHECK(differences(straight, second) == 0);
+  CHECK(second.dense == straight.dense);
 }
