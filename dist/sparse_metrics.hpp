@@ -22,6 +22,7 @@ namespace training_detail {
 struct reporter;
 }
 
+/// The chief's metrics files of one sparse job (open, then report at each progress report).
 class sparse_metrics {
 public:
   /// The files of `c.metrics` for a job of `workers` workers (in-graph: its
