@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
 #include "dist/sparse_checkpoint.hpp"
+#include "dist/sparse_job_detail.hpp"
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
@@ -28,49 +29,10 @@
 
 namespace af {
 
-namespace {
+namespace sparse_job_detail {
 
 using clock_type = std::chrono::steady_clock;
 using training_detail::to_error;
-
-/// The aggregator of ps k of a sparse job (one name per ps for the job's life).
-std::string aggregator_name(size_t k) {
-  return "train/sparse/ps" + std::to_string(k);
-}
-
-/// This worker's membership at one ps's aggregator.
-struct ps_member {
-  aggregator_actor actor;
-  std::string token;
-};
-
-/// Everything a worker of the job holds once it is set up.
-struct sparse_task {
-  sparse_task(session& session_of_task, const train::train_config& config)
-    : s(session_of_task), c(config) {}
-  session& s;
-  const train::train_config& c;
-  uint32_t task = 0;
-  uint32_t workers = 0;
-  bool chief = false;
-  std::chrono::milliseconds timeout{0};
-  train::click_data data;
-  std::unique_ptr<train::recommender> model;
-  std::vector<output> vars;
-  sparse_layout layout;
-  std::vector<ps_member> members;                     ///< per ps
-  std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
-  std::vector<sparse_ps_link*> link_ptrs;
-  /// The aggregators' global step when this worker joined (the least of
-  /// them): 0, or the step of the checkpoint the chief restored.
-  uint64_t start_step = 0;
-  sparse_checkpoint_job checkpoints;  ///< what a checkpoint of the job holds
-  uint64_t last_saved = 0;            ///< the chief: the step of its last checkpoint
-  bool saved_any = false;
-  /// Keeps this worker a member: every aggregator monitors it (a worker
-  /// that goes away stops being waited for).
-  std::unique_ptr<caf::scoped_actor> self;
-};
 
 caf::error refuse_mode(const train::train_config& c) {
   if (c.mode == "sync" || c.mode == "async" || c.mode == "ssp")
@@ -170,7 +132,9 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
 /// The aggregator of ps k: sparse over its shards; on ps 0 dense over the
 /// dense parameters too.
 aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
-  auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.workers);
+  // A worker that joins takes the aggregator as it runs (its config counts
+  // more workers than the job started with).
+  auto spec = training_detail::aggregator_spec_of(t.c, t.c.mode, t.join ? 0 : t.workers);
   spec.name = aggregator_name(k);
   for (const auto& slot : t.layout.ps_order[k]) {
     if (slot.table) {
@@ -288,8 +252,14 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   kv_client kv{t.s.system(), chief->store, t.timeout};
   auto key = fmt::format("train/{}/sparse_layout", chief->incarnation);
   auto mine = layout_of(t.c, n_ps);
-  if (t.chief)
+  // The chief's count of steps: a worker that joins with a config of more
+  // workers would count fewer (sync: a global batch per step).
+  auto total_key = fmt::format("train/{}/sparse_total", chief->incarnation);
+  if (t.chief) {
+    if (auto err = kv.put(total_key, std::to_string(t.total)))
+      return err;
     return kv.put(key, mine);
+  }
   auto theirs = kv.get(key, std::chrono::milliseconds{t.c.init_timeout_ms});
   if (!theirs)
     return std::move(theirs.error());
@@ -298,6 +268,12 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
                       fmt::format("worker {} cuts the tables as '{}', the chief as '{}': run every "
                                   "task of the job with one config",
                                   t.task, mine, *theirs));
+  if (t.join) {
+    auto total = kv.get(total_key, t.timeout);
+    if (!total)
+      return std::move(total.error());
+    t.total = std::stoull(*total);
+  }
   return caf::none;
 }
 
@@ -310,6 +286,10 @@ caf::error set_up(sparse_task& t) {
                                   t.c.model));
   if (auto err = declare(t, n_ps))
     return err;
+  // async, ssp: every push is a global step of one worker's batch (as the
+  // dense job counts them); sync: one step is every worker's batch.
+  t.total = train::total_steps(t.c, t.data.data.train.labels.size(),
+                               train::step_per_push(t.c.mode) ? 1 : t.workers);
   // Step 3: the chief initializes, on each shard's node, or restores the
   // latest checkpoint; the others wait.
   if (t.chief) {
@@ -341,6 +321,25 @@ void take(const train::sparse_batch& b, const std::vector<size_t>& picks, train:
   out.labels.clear();
   for (auto e : picks)
     out.labels.push_back(b.labels[e]);
+}
+
+caf::error open_metrics(sparse_task& t, uint32_t workers) {
+  if (!t.chief || t.c.metrics.empty())
+    return caf::none;
+  auto m = sparse_metrics::open(t.c, workers, t.start_step);
+  if (!m)
+    return std::move(m.error());
+  t.metrics = std::move(*m);
+  return caf::none;
+}
+
+void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, double seconds,
+                    double loss) {
+  if (!t.metrics || t.members.empty())
+    return;
+  double examples = static_cast<double>(local_steps) * static_cast<double>(t.c.batch_size);
+  t.metrics->report(t.s, t.members.front().actor, t.timeout, global, seconds, loss,
+                    seconds > 0 ? examples / seconds : 0.0);
 }
 
 /// The held-out set scored with the tables as they are now (the chief, at the end).
@@ -457,6 +456,9 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     ++loss_count;
     out.last_loss = loss_sum / static_cast<double>(loss_count);
     if (t.c.log_every > 0 && out.local_steps % t.c.log_every == 0) {
+      report_metrics(t, global, out.local_steps,
+                     std::chrono::duration<double>(clock_type::now() - start).count(),
+                     out.last_loss);
       if (t.chief && o.print) {
         std::printf("step %llu/%llu: loss %.6f\n", static_cast<unsigned long long>(global),
                     static_cast<unsigned long long>(total), out.last_loss);
@@ -496,18 +498,23 @@ caf::error say_done(sparse_task& t, const std::string& why) {
   return first;
 }
 
-/// The chief waits until every worker is done or gone at ps 0, as the dense
-/// job's chief does (dist/training.cpp): bounded by the task's timeout,
+/// The chief waits until every worker is done or gone at every ps, as the
+/// dense job's chief does at ps 0 (dist/training.cpp): a worker says done
+/// to one ps after another, and the ps stopped once ps 0 heard it would
+/// leave its done to the next unanswered. Bounded by the task's timeout,
 /// then it names who still pushes and goes on.
 caf::error wait_for_workers(sparse_task& t) {
-  const auto& ps0 = t.members.front();
   auto deadline = clock_type::now() + t.timeout;
-  for (;;) {
-    auto stats = ask<aggregator_stats>(t.s, ps0.actor, t.timeout, stats_atom::value);
+  for (size_t k = 0; k < t.members.size();) {
+    auto stats = ask<aggregator_stats>(t.s, t.members[k].actor, t.timeout, stats_atom::value);
     if (!stats)
       return std::move(stats.error());
-    if (stats->active == 0) // every member done: did one of them fail?
-      return training_detail::failed_workers(*stats);
+    if (stats->active == 0) { // every member done here: did one of them fail?
+      if (auto err = training_detail::failed_workers(*stats))
+        return err;
+      ++k;
+      continue;
+    }
     if (clock_type::now() >= deadline) {
       std::vector<std::string> who;
       for (const auto& w : stats->workers)
@@ -520,6 +527,7 @@ caf::error wait_for_workers(sparse_task& t) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20)); // the dense chief's poll
   }
+  return caf::none;
 }
 
 /// The chief stops every ps task at the end.
@@ -534,7 +542,10 @@ void stop_ps(session& s) {
 caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options& o) {
   auto& s = t.s;
   const auto& c = t.c;
-  if (auto err = set_up(t)) {
+  auto err = set_up(t);
+  if (!err)
+    err = open_metrics(t, t.workers);
+  if (err) {
     // The aggregators it joined stop waiting for it at once (a sync round
     // would otherwise wait step_timeout_ms for a worker that never pushes).
     if (!t.members.empty())
@@ -548,11 +559,9 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   out.train_examples = t.data.data.train.labels.size();
   out.test_examples = t.data.data.test.labels.size();
   out.auc = out.log_loss = std::numeric_limits<double>::quiet_NaN();
-  // async, ssp: every push is a global step of one worker's batch (as the
-  // dense job counts them); sync: one step is every worker's batch.
-  auto total = train::total_steps(c, out.train_examples,
-                                  train::step_per_push(c.mode) ? 1 : t.workers);
-  auto err = train_loop(t, total, o, out);
+  err = train_loop(t, t.total, o, out);
+  if (!err && (c.log_every == 0 || out.local_steps % c.log_every != 0)) // the last row
+    report_metrics(t, out.global_step, out.local_steps, out.seconds, out.last_loss);
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
     err = std::move(done);
   if (err)
@@ -581,7 +590,9 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   return out;
 }
 
-} // namespace
+} // namespace sparse_job_detail
+
+using namespace sparse_job_detail;
 
 bool sparse_job(const train::train_config& c) {
   return c.model == "recommender";
@@ -597,6 +608,11 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
   t.task = task;
   t.workers = static_cast<uint32_t>(s.cluster().num_tasks("worker"));
   t.chief = task == 0;
+  t.join = o.join;
+  if (t.join && t.chief)
+    return make_error(af_error::invalid_argument,
+                      "--join is for a worker that joins a running job; worker 0 is the chief, "
+                      "which starts it");
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   auto out = run_task(t, o);
   // A failed job's ps tasks end by themselves when the chief does

@@ -40,6 +40,10 @@ namespace af {
 struct sparse_job_options {
   bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
   bool print = true;       ///< the chief's progress lines on stdout
+  /// This worker (not the chief) joins a running job (--join): its config
+  /// lists more workers than the job started with; it takes the job's
+  /// aggregators as they run and the chief's count of steps.
+  bool join = false;
 };
 
 /// What a worker of a sparse job reports.
@@ -65,6 +69,10 @@ struct sparse_outcome {
   size_t train_examples = 0;
   size_t test_examples = 0;
 };
+
+/// The aggregator of ps k of a sparse job is "<sparse_aggregator_prefix><k>"
+/// for the job's life (--status looks them up by it: dist/train_client.hpp).
+inline constexpr const char sparse_aggregator_prefix[] = "train/sparse/ps";
 
 /// True if `c` is a sparse job (its model is one of train/sparse_model.hpp's).
 bool sparse_job(const train::train_config& c);

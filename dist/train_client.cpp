@@ -32,7 +32,8 @@ caf::error about(const std::string& what, const caf::error& err) {
 
 } // namespace
 
-caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators(session& s) {
+caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>>
+job_aggregators(session& s, const std::string& prefix) {
   auto n_ps = static_cast<int32_t>(s.cluster().num_tasks("ps"));
   if (n_ps == 0)
     return make_error(af_error::invalid_config,
@@ -42,7 +43,7 @@ caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators
   caf::error missing;
   for (int32_t k = 0; k < n_ps; ++k) {
     aggregator_spec lookup;
-    lookup.name = "train/ps" + std::to_string(k);
+    lookup.name = prefix + std::to_string(k);
     lookup.workers = 0; // as it runs
     auto agg = s.aggregator("ps", k, lookup);
     if (!agg && is(agg.error(), af_error::not_found)) {
@@ -58,8 +59,9 @@ caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators
   return out;
 }
 
-caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout) {
-  auto aggs = job_aggregators(s);
+caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout,
+                                           const std::string& prefix) {
+  auto aggs = job_aggregators(s, prefix);
   if (!aggs)
     return std::move(aggs.error());
   caf::scoped_actor self{s.system()};

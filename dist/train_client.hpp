@@ -27,19 +27,22 @@
 
 namespace af {
 
-/// The aggregators "train/ps<k>" of a running job, in ps order, looked up
+/// The aggregators "<prefix><k>" of a running job ("train/ps<k>"; a sparse
+/// job's: dist/sparse_job.hpp's sparse_aggregator_prefix), in ps order, looked up
 /// through `s` (any session on the cluster; each lookup is bounded by its
 /// session_options::timeout). A ps that holds none (a small model may leave
 /// a ps without variables) is skipped. Errors: invalid_config if the cluster
 /// has no ps job; the first ps that fails, as "/job:ps/task:K: <why>" with
 /// that failure's code; if no ps holds one, the last not_found as it came.
-caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>> job_aggregators(session& s);
+caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>>
+job_aggregators(session& s, const std::string& prefix = "train/ps");
 
 /// What `--status` prints: status_report() of every ps's aggregator, in ps
 /// order, each asked for its stats with `timeout`. Errors: job_aggregators'
 /// and "/job:ps/task:K: stats: <why>" (the reports of the ps before it are
 /// not returned).
-caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout);
+caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout,
+                                           const std::string& prefix = "train/ps");
 
 /// invalid_argument naming `mode` and what to do if a running ps job cannot
 /// switch to it (allreduce, or an unknown mode); none for sync, async, ssp

@@ -401,41 +401,6 @@ caf::error build_task_replica(task_run& t) {
   return caf::none;
 }
 
-/// The columns of <metrics stem>.workers.csv.
-constexpr const char* worker_rows_header = "step,wall_s,worker,task,status,examples_per_s,pushes,"
-                                           "applied,late,refused,stale,waited_ms,clock,skipped";
-
-/// Whether a resumed job appends to the per-worker rows at `path`: only to
-/// a file with this header. One written with another (an older version's,
-/// without the skipped column) is moved aside to <path>.old, said, so that
-/// no file mixes two layouts; the job then starts a new one.
-bool keep_worker_rows(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    return false;
-  std::string first;
-  if (auto* f = std::fopen(path.c_str(), "r")) {
-    char line[512];
-    if (std::fgets(line, sizeof line, f))
-      first = line;
-    std::fclose(f);
-  }
-  while (!first.empty() && (first.back() == '\n' || first.back() == '\r'))
-    first.pop_back();
-  if (first == worker_rows_header)
-    return true;
-  auto aside = path + ".old";
-  std::filesystem::rename(path, aside, ec);
-  log::get()->warn("chief: {} has other columns than this version writes (its header: '{}'); "
-                   "{}; this job writes a new {} with the header '{}'",
-                   path, first,
-                   ec ? fmt::format("it could not be moved aside ({}), and is written over",
-                                    ec.message())
-                      : "its rows were moved to " + aside,
-                   path, worker_rows_header);
-  return false;
-}
-
 /// The progress reports (the chief's lines and metrics rows) and the chief's
 /// checkpoint writer.
 caf::error report_and_save(task_run& t) {

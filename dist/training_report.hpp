@@ -20,6 +20,14 @@ namespace af::training_detail {
 /// The metrics CSV's path without ".csv": the plot and the per-worker rows go beside it.
 std::string metrics_stem(const std::string& csv);
 
+/// The columns of <metrics stem>.workers.csv.
+extern const char* const worker_rows_header;
+
+/// Whether a resumed job appends to the per-worker rows at `path`: only to
+/// a file with worker_rows_header (one with another is moved aside to
+/// <path>.old, said).
+bool keep_worker_rows(const std::string& path);
+
 /// Which of ps 0's membership and mode events a progress line has not
 /// printed yet: the aggregator keeps its last few (`kept`) and counts all it
 /// had (`total`). Plain data: tests/test_worker_loop.cpp drives it.

@@ -11,6 +11,7 @@
 //   actorflow-train --config F --status                      # per-worker accounting of a live job
 //   actorflow-train --config config/embeddings.toml          # the sparse recommender, embedded cluster
 //   actorflow-train --config config/embeddings.toml --local  # ... in one process
+//   actorflow-train --config config/embeddings.toml --in-graph  # ... in-graph, a replica per worker
 //
 // Between-graph: each process hosts its node and, for a worker, its worker
 // actor; the chief initializes or restores, saves at the end and stops the ps
@@ -40,6 +41,7 @@
 #include "dist/aggregator.hpp"
 #include "actors/system.hpp"
 #include "dist/train_client.hpp"
+#include "dist/sparse_in_graph.hpp"
 #include "dist/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
@@ -205,7 +207,10 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   auto s = af::session::make(sys, cluster.cluster, "/job:ps/task:0", so);
   if (!s)
     return fail(af::describe(s.error()), 1);
-  auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms})
+  // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
+  auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms},
+                                           af::sparse_job(c) ? af::sparse_aggregator_prefix
+                                                             : "train/ps")
                      : af::job_switch(*s, c, switch_to);
   if (!text)
     // A config without a ps job is the config's fault (2); the rest, the job's.
@@ -477,7 +482,10 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   if (err)
     return fail(af::describe(err), 1);
   if (af::sparse_job(c)) {
-    auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
+    af::sparse_job_options so;
+    so.join = a.join;
+    auto out = a.in_graph ? af::run_sparse_in_graph(*s, c)
+                          : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task), so);
     if (!out) {
       int rc = fail(name + ": " + af::describe(out.error()), 1);
       // The chief's failure ends the job: the ps tasks would otherwise wait
@@ -577,10 +585,9 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
-  if (af::sparse_job(c) && (a.in_graph || a.join || !a.switch_to.empty() || a.status))
-    return fail("model \"" + c.model + "\": a sparse job runs between-graph (--job, --task) "
-                "or on an embedded cluster; --in-graph, --join, --switch and --status are for "
-                "the dense models");
+  if (af::sparse_job(c) && (!a.switch_to.empty() || (a.join && a.in_graph)))
+    return fail("model \"" + c.model + "\": a sparse job cannot switch modes, and its in-graph "
+                "client takes no --join (its replicas are the config's workers)");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {
@@ -593,23 +600,24 @@ static int main_body(int argc, char** argv) {
     return run_client(*cluster, c, a.status, a.switch_to);
   }
   if (af::sparse_job(c)) {
-    if (!c.metrics.empty() && !a.local)
-      std::fprintf(stderr, "actorflow-train: metrics = \"%s\": the sparse job writes no metrics "
-                           "CSV yet (its progress lines and summary are on stdout)\n",
-                   c.metrics.c_str());
     if (a.local) {
       if (!a.job.empty() || a.task >= 0)
         return fail("--local trains in this one process: no --job or --task with it (the "
                     "config's [cluster] is not used)");
       return af::programs::run_sparse_local(c, fail);
     }
-    if (a.job.empty() && a.task < 0) {
+    if (a.in_graph && !a.job.empty() && (a.job != "worker" || a.task != 0))
+      return fail("--in-graph with --job: the client runs in the chief's process, --job worker "
+                  "--task 0 (the replicas of the other workers run there too)");
+    if (a.job.empty() && a.task < 0 && !a.join) { // --join alone: refused below
       // The config's cluster gives the shape (its ps and worker counts); the
       // tasks run in this process on loopback ports of their own.
       int ps = cluster ? static_cast<int>(cluster->cluster.num_tasks("ps")) : 0;
       int workers = cluster ? static_cast<int>(cluster->cluster.num_tasks("worker")) : 0;
-      return af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2, workers > 0 ? workers : 2,
-                                               fail);
+      return a.in_graph ? af::programs::run_sparse_in_graph_embedded(
+                            c, ps > 0 ? ps : 2, workers > 0 ? workers : 2, fail)
+                        : af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2,
+                                                            workers > 0 ? workers : 2, fail);
     }
   } else if (a.local) {
     return fail("--local is for a sparse model (model = \"recommender\")");
@@ -624,7 +632,7 @@ static int main_body(int argc, char** argv) {
         return fail(why);
     return a.in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
-  if (a.in_graph) {
+  if (a.in_graph && !af::sparse_job(c)) { // a sparse one's client is its chief task's
     if (!a.job.empty() || a.task >= 0)
       return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
                   "(or actorflow-train --job J --task I) and pass no --job/--task here");

@@ -7,6 +7,7 @@
 
 #include "core/log.hpp"
 #include "dist/embedded_cluster.hpp"
+#include "dist/sparse_in_graph.hpp"
 #include "messages/error.hpp"
 #include "train/local.hpp"
 
@@ -106,6 +107,31 @@ int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_
       return w == 0 ? 1 // said when it happened
                     : fail("worker " + std::to_string(w) + ": " + describe(results[w].error()), 1);
   print_sparse_summary(c, workers, *results[0]);
+  return 0;
+}
+
+int run_sparse_in_graph_embedded(const train::train_config& c, int ps, int workers,
+                                 fail_fn fail) {
+  auto cluster = embedded_cluster::start({{"worker", workers}, {"ps", ps}},
+                                         embedded_cluster::defaults());
+  if (!cluster)
+    return fail(describe(cluster.error()), is(cluster.error(), af_error::resource_exhausted) ? 1 : 2);
+  std::printf("actorflow-train: embedded cluster (%d ps + %d workers), in-graph: one client, a "
+              "replica per worker, mode %s, model %s (users %lld, items %lld, dim %lld, tables "
+              "cut by %s), data %s\n",
+              ps, workers, c.mode.c_str(), c.model.c_str(), static_cast<long long>(c.users),
+              static_cast<long long>(c.items), static_cast<long long>(c.dim),
+              c.partition_strategy.c_str(), c.data.c_str());
+  std::fflush(stdout);
+  auto s = (*cluster)->session_for("worker", 0);
+  if (!s)
+    return fail(describe(s.error()), 1);
+  sparse_job_options o;
+  o.shutdown_ps = false; // the embedded cluster stops its nodes itself
+  auto out = run_sparse_in_graph(*s, c, o);
+  if (!out)
+    return fail("in-graph client: " + describe(out.error()), 1);
+  print_sparse_summary(c, static_cast<uint32_t>(workers), *out);
   return 0;
 }
 

@@ -447,13 +447,26 @@ TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommende
         != std::string::npos);
   CHECK(job.out.find("held-out: auc=0.") != std::string::npos);
   CHECK(job.out.find("train done: mode=sync workers=2") != std::string::npos);
-  // What a sparse job cannot do is refused by name.
-  for (std::string flag : {"--in-graph", "--status"}) {
-    // --status used to try to reach the config's cluster instead.
-    auto refused = run_train({"--config", cfg, flag});
-    CHECK(refused.status == 2);
-    CHECK(refused.err.find("a sparse job runs between-graph") != std::string::npos);
-  }
+  // In-graph: one client on an embedded cluster of the config's shape, a
+  // replica per worker (it was refused, as for a dense-only flag).
+  auto in_graph_args = small;
+  in_graph_args.insert(in_graph_args.begin(), {"--config", cfg, "--in-graph"});
+  auto in_graph = run_train(in_graph_args);
+  CAPTURE(in_graph.out, in_graph.err);
+  CHECK(in_graph.status == 0);
+  CHECK(in_graph.out.find("embedded cluster (3 ps + 2 workers), in-graph: one client, a replica "
+                          "per worker, mode sync, model recommender")
+        != std::string::npos);
+  CHECK(in_graph.out.find("held-out: auc=0.") != std::string::npos);
+  CHECK(in_graph.out.find("train done: mode=sync workers=2") != std::string::npos);
+  // What a sparse job cannot do is refused by name, before it tries to
+  // reach the config's cluster.
+  auto refused = run_train({"--config", cfg, "--switch", "async"});
+  CHECK(refused.status == 2);
+  CHECK(refused.err.find("a sparse job cannot switch modes") != std::string::npos);
+  auto join = run_train({"--config", cfg, "--join"});
+  CHECK(join.status == 2);
+  CHECK(join.err.find("--join is for a worker task other than the chief") != std::string::npos);
   local_args.push_back("--job");
   local_args.push_back("worker");
   auto mixed = run_train(local_args);

@@ -1,0 +1,112 @@
+#pragma once
+/// The pieces of a sparse job's worker (dist/sparse_job.cpp) that the
+/// in-graph client (dist/sparse_in_graph.cpp) drives too: a task's state,
+/// its set-up (the tables declared, initialized or restored, the
+/// aggregators joined), its checkpoints, its done and the held-out scores.
+/// Internal to dist/: programs use dist/sparse_job.hpp and
+/// dist/sparse_in_graph.hpp.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/scoped_actor.hpp"
+
+#include "actors/session.hpp"
+#include "dist/sparse_checkpoint.hpp"
+#include "dist/sparse_job.hpp"
+#include "dist/sparse_metrics.hpp"
+#include "dist/sparse_step.hpp"
+#include "messages/aggregator.hpp"
+#include "train/local.hpp"
+#include "train/recommender.hpp"
+
+namespace af::sparse_job_detail {
+
+/// The aggregator of ps k of a sparse job (one name per ps for the job's life).
+inline std::string aggregator_name(size_t k) {
+  return sparse_aggregator_prefix + std::to_string(k);
+}
+
+/// This worker's membership at one ps's aggregator.
+struct ps_member {
+  aggregator_actor actor;
+  std::string token;
+};
+
+/// Everything a worker of the job holds once it is set up.
+struct sparse_task {
+  sparse_task(session& session_of_task, const train::train_config& config)
+    : s(session_of_task), c(config) {}
+  session& s;
+  const train::train_config& c;
+  uint32_t task = 0;
+  uint32_t workers = 0;
+  bool chief = false;
+  bool join = false;   ///< joins a running job (sparse_job_options::join)
+  uint64_t total = 0;  ///< the job's steps (the chief's count: set_up)
+  std::chrono::milliseconds timeout{0};
+  train::click_data data;
+  std::unique_ptr<train::recommender> model;
+  std::vector<output> vars;
+  sparse_layout layout;
+  std::vector<ps_member> members;                     ///< per ps
+  std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
+  std::vector<sparse_ps_link*> link_ptrs;
+  /// The aggregators' global step when this worker joined (the least of
+  /// them): 0, or the step of the checkpoint the chief restored.
+  uint64_t start_step = 0;
+  sparse_checkpoint_job checkpoints;  ///< what a checkpoint of the job holds
+  uint64_t last_saved = 0;            ///< the chief: the step of its last checkpoint
+  bool saved_any = false;
+  /// Keeps this worker a member: every aggregator monitors it (a worker
+  /// that goes away stops being waited for).
+  std::unique_ptr<caf::scoped_actor> self;
+  /// The chief, with metrics set: the metrics CSV and the per-worker rows.
+  std::unique_ptr<sparse_metrics> metrics;
+};
+
+/// mode must be sync, async or ssp: invalid_argument naming it otherwise.
+caf::error refuse_mode(const train::train_config& c);
+
+/// The aggregator spec of ps k for `t` (t.workers members).
+aggregator_spec spec_of(const sparse_task& t, uint32_t k);
+
+/// Joins ps k's aggregator as worker t.task (a membership, its token and
+/// its link); t.layout must be set.
+caf::error join_ps(sparse_task& t, uint32_t k);
+
+/// Steps 1 to 4 of the task (dist/sparse_job.hpp): the data and model, the
+/// tables declared, initialized or restored (t.chief) or waited for, every
+/// aggregator joined, the layout agreed on with the chief.
+caf::error set_up(sparse_task& t);
+
+/// Examples `picks` of `b` as a batch of their own.
+void take(const train::sparse_batch& b, const std::vector<size_t>& picks,
+          train::sparse_batch& out);
+
+/// The chief, with metrics set: opens them (sparse_metrics::open) for
+/// `workers` workers at t.start_step.
+caf::error open_metrics(sparse_task& t, uint32_t workers);
+
+/// The chief's report to its metrics, if any, at global step `global`:
+/// `local_steps` of batch_size examples in `seconds`, `loss` their mean.
+void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, double seconds,
+                    double loss);
+
+/// The held-out set scored with the tables as they are now (out.auc, out.log_loss).
+caf::error score(sparse_task& t, sparse_outcome& out);
+
+/// The bytes every link of `t` sent and received so far.
+uint64_t link_bytes(const sparse_task& t);
+
+/// The chief's checkpoint at global step `global` (once per step).
+caf::error checkpoint(sparse_task& t, uint64_t global, uint64_t data_position, bool print);
+
+/// This worker is done at every aggregator (`why`: empty if it finished,
+/// else why it failed).
+caf::error say_done(sparse_task& t, const std::string& why);
+
+} // namespace af::sparse_job_detail

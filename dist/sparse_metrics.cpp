@@ -1,0 +1,63 @@
+// The sparse job's metrics CSV and per-worker rows (dist/sparse_metrics.hpp),
+// written by the dense job's reporter (dist/training_report.hpp).
+#include "dist/sparse_metrics.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "actors/blocking_ask.hpp"
+#include "core/log.hpp"
+#include "dist/job_setup.hpp"
+#include "dist/training_report.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+using namespace training_detail;
+
+caf::expected<std::unique_ptr<sparse_metrics>>
+sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t start_step) {
+  std::unique_ptr<sparse_metrics> out{new sparse_metrics};
+  out->rep_ = std::make_unique<reporter>();
+  auto& rep = *out->rep_;
+  rep.cfg = &c;
+  rep.workers = workers;
+  rep.start = start_step;
+  rep.print = false; // the sparse job prints its own progress lines
+  auto m = train::metrics_writer::open(c.metrics, start_step);
+  if (!m)
+    return to_error(m.error());
+  rep.metrics.emplace(std::move(*m));
+  // A resumed job appends (its earlier rows stay, as in the metrics CSV).
+  auto path = metrics_stem(c.metrics) + ".workers.csv";
+  bool fresh = start_step == 0 || !keep_worker_rows(path);
+  rep.per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
+  if (!rep.per_worker)
+    log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
+                     std::strerror(errno));
+  else if (fresh)
+    std::fprintf(rep.per_worker, "%s\n", worker_rows_header);
+  return out;
+}
+
+sparse_metrics::~sparse_metrics() = default;
+
+void sparse_metrics::report(session& s, const aggregator_actor& ps0,
+                            std::chrono::milliseconds timeout, uint64_t step, double seconds,
+                            double loss, double examples_per_s) {
+  worker_progress p;
+  p.step = p.global_step = step;
+  p.seconds = seconds;
+  p.loss = loss;
+  p.examples_per_s = examples_per_s;
+  if (auto stats = ask<aggregator_stats>(s, ps0, timeout, stats_atom::value))
+    p.stats = std::move(*stats);
+  else
+    log::get()->warn("chief: the stats of ps 0's aggregator at global step {}: {}; the "
+                     "per-worker rows of this report are left out",
+                     step, describe(stats.error()));
+  (*rep_)(p);
+}
+
+} // namespace af

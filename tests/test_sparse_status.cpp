@@ -1,0 +1,394 @@
+// A sparse job's accounting and its processes (issue 25): `actorflow-train
+// --status` against its aggregators (train/sparse/ps<k>), a row per worker
+// per ps, the metrics CSV, the in-graph client's CLI, and a worker that
+// joins a running job (--join).
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "dist/embedded_cluster.hpp"
+#include "dist/sparse_in_graph.hpp"
+#include "dist/sparse_job.hpp"
+#include "dist/train_client.hpp"
+#include "messages/error.hpp"
+#include "train_job.hpp"
+
+using namespace af;
+using namespace af::testing;
+
+namespace {
+
+train::train_config status_job(const std::string& mode) {
+  train::train_config c;
+  c.model = "recommender";
+  c.mode = mode;
+  c.data = "synthetic";
+  c.users = 203;
+  c.items = 101;
+  c.dim = 4;
+  c.synthetic_examples = 4000;
+  c.batch_size = 64;
+  c.steps = 20;
+  c.epochs = 0;
+  c.log_every = 0;
+  c.optimizer.kind = "sgd";
+  c.optimizer.lr = 0.5;
+  c.init_timeout_ms = 20000;
+  c.step_timeout_ms = 20000;
+  return c;
+}
+
+/// The status_row of `worker` under ps `ps`, if --status printed one.
+const status_row* row_of(const std::vector<status_row>& rows, int ps, uint32_t worker) {
+  for (const auto& r : rows)
+    if (r.ps == ps && r.worker == worker)
+      return &r;
+  return nullptr;
+}
+
+/// The [train] table of a sparse job that runs until it is killed.
+const char* long_sparse_job = R"(model = "recommender"
+data = "synthetic"
+mode = "sync"
+users = 300
+items = 200
+dim = 4
+synthetic_examples = 20000
+batch_size = 32
+steps = 10000000
+epochs = 0
+log_every = 20
+optimizer = "sgd"
+learning_rate = 0.05
+)";
+
+} // namespace
+
+TEST_CASE("job_status_text finds a sparse job's aggregators and gives a row per worker per ps, "
+          "between-graph and in-graph",
+          "[sparse_job][sparse_status]") {
+  // Catches: --status looking for the dense job's aggregators (train/ps<k>)
+  // and finding none, and sparse pushes that the aggregators' per-worker
+  // accounting does not count.
+  for (bool in_graph : {false, true}) {
+    for (std::string mode : {"sync", "async"}) {
+      INFO((in_graph ? "in-graph " : "between-graph ") << mode);
+      auto c = status_job(mode);
+      auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 2}});
+      REQUIRE(cluster);
+      std::vector<caf::expected<sparse_outcome>> results;
+      for (int w = 0; w < 2; ++w)
+        results.emplace_back(make_error(af_error::internal, "not run"));
+      sparse_job_options o;
+      o.shutdown_ps = false;
+      o.print = false;
+      if (in_graph) {
+        auto s = (*cluster)->session_for("worker", 0);
+        REQUIRE(s);
+        results[0] = run_sparse_in_graph(*s, c, o);
+        results[1] = sparse_outcome{};
+      } else {
+        std::vector<std::thread> threads;
+        for (int w = 0; w < 2; ++w)
+          threads.emplace_back([&, w] {
+            auto s = (*cluster)->session_for("worker", w);
+            if (!s) {
+              results[w] = std::move(s.error());
+              return;
+            }
+            results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+          });
+        for (auto& t : threads)
+          t.join();
+      }
+      REQUIRE(results[0]);
+      REQUIRE(results[1]);
+      auto s = (*cluster)->session_for("worker", 0);
+      REQUIRE(s);
+      auto dense = job_status_text(*s, std::chrono::seconds(10));
+      CHECK_FALSE(dense); // no train/ps<k> here
+      auto text = job_status_text(*s, std::chrono::seconds(10), sparse_aggregator_prefix);
+      REQUIRE(text);
+      INFO(*text);
+      CHECK(text->find("/job:ps/task:0: mode " + mode) != std::string::npos);
+      CHECK(text->find("/job:ps/task:1: mode " + mode) != std::string::npos);
+      auto rows = parse_status(*text);
+      // in-graph sync: the client is the one member; otherwise a member per worker.
+      uint32_t members = in_graph && mode == "sync" ? 1 : 2;
+      for (int ps = 0; ps < 2; ++ps) {
+        uint64_t pushes = 0;
+        for (uint32_t w = 0; w < members; ++w) {
+          INFO("ps " << ps << " worker " << w);
+          const auto* r = row_of(rows, ps, w);
+          REQUIRE(r != nullptr);
+          CHECK(r->status == "done");
+          CHECK(r->task == "/job:worker/task:" + std::to_string(w));
+          CHECK(r->refused == 0);
+          if (!in_graph)
+            CHECK(r->pushes == results[w]->local_steps);
+          pushes += r->pushes;
+        }
+        CHECK(row_of(rows, ps, members) == nullptr);
+        // In-graph, the client saw every push: sync, one merged push a
+        // global step; async, a push is a global step.
+        if (in_graph)
+          CHECK(pushes == results[0]->global_step);
+      }
+    }
+  }
+}
+
+TEST_CASE("actorflow-train --status prints a row per worker of a live sparse job, from every ps",
+          "[sparse_job][sparse_status][processes]") {
+  // Catches: a sparse config's --status refused, or looking up the dense
+  // job's aggregators and failing with not_found while the job runs.
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = long_sparse_job;
+  auto job = train_job::start(dir.path, spec);
+  // Running: the chief printed a progress line (a step every worker pushed).
+  bool running = job->wait_until(
+    [&] { return job->chief().output().find("\nstep 20/") != std::string::npos; }, 60s);
+  INFO(job->describe());
+  REQUIRE(running);
+  auto status = job->client({"--status"}, 30s);
+  INFO("--status:\n" << status.output);
+  CHECK(status.exit_code == 0);
+  auto rows = parse_status(status.output);
+  for (int ps = 0; ps < 2; ++ps)
+    for (uint32_t w = 0; w < 2; ++w) {
+      INFO("ps " << ps << " worker " << w);
+      const auto* r = row_of(rows, ps, w);
+      REQUIRE(r != nullptr);
+      CHECK(r->status == "member");
+      CHECK(r->task == "/job:worker/task:" + std::to_string(w));
+      CHECK(r->pushes >= 20);
+    }
+  job->kill_all();
+}
+
+TEST_CASE("actorflow-train --in-graph trains a sparse config on an embedded cluster of its shape",
+          "[sparse_job][sparse_in_graph][processes]") {
+  // Catches: --in-graph refused for a sparse model, or run as the dense
+  // client (which cannot build a recommender), or a replica count other
+  // than the config's workers.
+  temp_dir dir;
+  auto path = dir.path + "/embeddings.toml";
+  {
+    std::ofstream f{path};
+    f << "[cluster]\nps = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n"
+         "worker = [\"127.0.0.1:3\", \"127.0.0.1:4\", \"127.0.0.1:5\"]\n\n[train]\n"
+      << long_sparse_job;
+  }
+  auto r = run_command({ACTORFLOW_TRAIN_BINARY, "--config", path, "--in-graph", "--set",
+                        "steps=60"},
+                       std::chrono::seconds{120});
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("embedded cluster (2 ps + 3 workers), in-graph") != std::string::npos);
+  CHECK(r.output.find("(in-graph, 3 replicas)") != std::string::npos);
+  CHECK(r.output.find("train done: mode=sync workers=3 global_step=60 ") != std::string::npos);
+  CHECK(r.output.find("held-out: auc=") != std::string::npos);
+}
+
+namespace {
+
+/// The metrics CSV's rows: (step, mode, workers) of each, after its header.
+struct metrics_line {
+  uint64_t step = 0;
+  std::string mode;
+  uint32_t workers = 0;
+  double loss = 0;
+};
+
+std::vector<metrics_line> read_metrics(const std::string& path, std::string& header) {
+  std::ifstream f{path};
+  std::vector<metrics_line> out;
+  std::getline(f, header);
+  for (std::string line; std::getline(f, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls{line};
+    for (std::string cell; std::getline(ls, cell, ',');)
+      cells.push_back(cell);
+    if (cells.size() != 7)
+      continue;
+    out.push_back({std::stoull(cells[0]), cells[4],
+                   static_cast<uint32_t>(std::stoul(cells[5])), std::stod(cells[2])});
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a sparse job's chief writes the metrics CSV and a row per worker beside it, "
+          "between-graph and in-graph",
+          "[sparse_job][sparse_status]") {
+  // Catches: metrics = "..." ignored by a sparse job (no file, as before),
+  // rows at other steps than every log_every, per-worker rows without the
+  // sparse members' pushes.
+  for (bool in_graph : {false, true}) {
+    INFO((in_graph ? "in-graph" : "between-graph"));
+    temp_dir dir;
+    auto c = status_job(in_graph ? "async" : "sync");
+    c.steps = 20;
+    c.log_every = 5;
+    c.metrics = dir.path + "/m.csv";
+    auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 2}});
+    REQUIRE(cluster);
+    sparse_job_options o;
+    o.shutdown_ps = false;
+    o.print = false;
+    std::vector<caf::expected<sparse_outcome>> results;
+    for (int w = 0; w < 2; ++w)
+      results.emplace_back(make_error(af_error::internal, "not run"));
+    if (in_graph) {
+      auto s = (*cluster)->session_for("worker", 0);
+      REQUIRE(s);
+      results[0] = run_sparse_in_graph(*s, c, o);
+      results[1] = sparse_outcome{};
+    } else {
+      std::vector<std::thread> threads;
+      for (int w = 0; w < 2; ++w)
+        threads.emplace_back([&, w] {
+          auto s = (*cluster)->session_for("worker", w);
+          if (!s) {
+            results[w] = std::move(s.error());
+            return;
+          }
+          results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+        });
+      for (auto& t : threads)
+        t.join();
+    }
+    REQUIRE(results[0]);
+    REQUIRE(results[1]);
+    std::string header;
+    auto rows = read_metrics(c.metrics, header);
+    CHECK(header == "step,wall_s,loss,accuracy,mode,workers,examples_per_s");
+    REQUIRE_FALSE(rows.empty());
+    std::vector<uint64_t> steps;
+    for (const auto& r : rows) {
+      steps.push_back(r.step);
+      CHECK(r.mode == c.mode);
+      CHECK(r.workers == 2);
+      CHECK(r.loss > 0);
+    }
+    // Between-graph sync: a report every 5 global steps. In-graph async:
+    // every 5 turns of the two replicas, a push each (10 global steps).
+    CHECK(steps == (in_graph ? std::vector<uint64_t>{10, 20} : std::vector<uint64_t>{5, 10, 15, 20}));
+    auto workers = read_worker_rows(dir.path + "/m.workers.csv");
+    auto reports = reports_of(workers);
+    REQUIRE(reports.size() == rows.size());
+    const auto& last = reports.back();
+    REQUIRE(last.size() == 2);
+    for (uint32_t w = 0; w < 2; ++w) {
+      INFO("worker " << w);
+      CHECK(last[w].worker == w);
+      CHECK(last[w].task == "/job:worker/task:" + std::to_string(w));
+      CHECK(last[w].pushes > 0);
+    }
+  }
+}
+
+TEST_CASE("a worker process joins a running sparse sync job with --join, its pushes are "
+          "applied, and the job ends at the chief's steps",
+          "[sparse_job][elastic][processes]") {
+  // Catches: --join refused for a sparse model, a joiner that asks for an
+  // aggregator of its own worker count (refused, or a second one), one that
+  // counts the job's steps for its own config's workers (sync: it would
+  // stop early, or push alone after the others ended), and a chief that
+  // ends without waiting for it.
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.spare_workers = 1;
+  // epochs, not steps: the joiner's config (3 workers) would count 2/3 of
+  // the chief's steps. About 7 s at 3,000 steps/s: the job outlasts a
+  // newcomer's start (a process, its data, the chief's word).
+  std::string table = long_sparse_job;
+  table.replace(table.find("steps = 10000000\nepochs = 0"), 27, "steps = 0\nepochs = 80");
+  spec.train_table = table + "metrics = \"" + dir.path + "/m.csv\"\n";
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return job->chief().output().find("\nstep ") != std::string::npos; },
+                       30s))
+    FAIL("no progress line from the chief within 30 s:\n" << job->describe());
+  auto& joined = job->join(2);
+  auto running = job->wait_all_exit(std::chrono::seconds{120});
+  INFO(job->describe());
+  CHECK(running.empty());
+  for (const auto& t : job->tasks())
+    CHECK(t.process->exit_code() == 0);
+  // The chief's count: 80 epochs of 16,000 examples in global batches of 2 x 32.
+  CHECK(job->chief().output().find("train done: mode=sync workers=2 global_step=20000 ")
+        != std::string::npos);
+  static const std::regex done{R"(/job:worker/task:2: done after (\d+) local steps)"};
+  std::smatch m;
+  auto out = joined.output();
+  REQUIRE(std::regex_search(out, m, done));
+  auto local = std::stoull(m[1].str());
+  // It pushed from the step it joined at to the chief's last (sync: every
+  // step after its join is one of its own).
+  static const std::regex at{
+    R"(aggregator 'train/sparse/ps0': worker 2 \(/job:worker/task:2 at [0-9.:]+\) joined at global step (\d+))"};
+  auto ps0 = job->process("ps", 0).output();
+  std::smatch j;
+  REQUIRE(std::regex_search(ps0, j, at));
+  CHECK(std::stoull(j[1].str()) + local == 20000);
+  // ps 0 applied its pushes: its row in the chief's last report.
+  auto reports = reports_of(read_worker_rows(dir.path + "/m.workers.csv"));
+  REQUIRE_FALSE(reports.empty());
+  const worker_row* newcomer = nullptr;
+  for (const auto& r : reports.back())
+    if (r.worker == 2)
+      newcomer = &r;
+  REQUIRE(newcomer != nullptr);
+  CHECK(newcomer->task == "/job:worker/task:2");
+  CHECK(newcomer->applied > 0);
+  CHECK(newcomer->refused == 0);
+}
+
+TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per worker of the "
+          "config against ps processes and stops them at the end",
+          "[sparse_job][sparse_in_graph][processes]") {
+  // Catches: the in-graph client refused with --job (the dense client's
+  // rule), run as a between-graph worker instead (the ps would wait for a
+  // worker 1 that never starts), or leaving the ps tasks running.
+  temp_dir dir;
+  auto path = dir.path + "/job.toml";
+  auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
+  {
+    std::ofstream f{path};
+    f << "[cluster]\nps = [" << addr() << ", " << addr() << "]\nworker = [" << addr() << ", "
+      << addr() << "]\n\n[train]\n"
+      << long_sparse_job;
+  }
+  std::vector<std::string> sets{"--set", "steps=200", "--set", "mode=async"};
+  auto argv = [&](const std::string& job, int task, bool in_graph) {
+    std::vector<std::string> a{ACTORFLOW_TRAIN_BINARY, "--config", path, "--job", job,
+                               "--task", std::to_string(task)};
+    a.insert(a.end(), sets.begin(), sets.end());
+    if (in_graph)
+      a.push_back("--in-graph");
+    return a;
+  };
+  background_process ps0{argv("ps", 0, false)};
+  background_process ps1{argv("ps", 1, false)};
+  background_process client{argv("worker", 0, true)};
+  auto code = client.wait_exit(std::chrono::seconds{120});
+  auto ps0_code = ps0.wait_exit(std::chrono::seconds{30});
+  auto ps1_code = ps1.wait_exit(std::chrono::seconds{30});
+  INFO("client:\n" << client.output() << "\nps 0:\n" << ps0.output() << "\nps 1:\n"
+                   << ps1.output());
+  CHECK(code == 0);
+  CHECK(client.output().find("(in-graph, 2 replicas)") != std::string::npos);
+  CHECK(client.output().find("train done: mode=async workers=2 global_step=200 ")
+        != std::string::npos);
+  // async: a member per replica at each ps.
+  CHECK(ps0.output().find("async aggregator 'train/sparse/ps0' for 2 workers") != std::string::npos);
+  CHECK(ps0_code == 0);
+  CHECK(ps1_code == 0);
+  CHECK(ps0.output().find("the chief ended the job") != std::string::npos);
+}
