@@ -1,6 +1,7 @@
 // A sparse job's checkpoints, shard by shard on the ps (dist/sparse_checkpoint.hpp).
 #include "dist/sparse_checkpoint.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -200,8 +201,12 @@ latest_sparse_checkpoint(const train::train_config& c) {
 
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
                                      const std::string& checkpoint_dir, uint64_t step,
-                                     const std::string& run_id) {
+                                     const std::string& run_id, std::optional<size_t> only_ps) {
   auto jobs = shard_jobs(j, sparse_tables_dir(checkpoint_dir, step), step, run_id);
+  if (only_ps)
+    jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
+                              [&](const shard_job& job) { return job.ps != *only_ps; }),
+               jobs.end());
   return ask_every_ps<restore_atom, uint64_t>(s, jobs, j.timeout, restore_atom::value);
 }
 

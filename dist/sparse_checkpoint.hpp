@@ -68,9 +68,12 @@ latest_sparse_checkpoint(const train::train_config& c);
 
 /// Every ps restores its shards of every table, and ps 0 the dense
 /// parameters, from the checkpoint at `step` (any old layout), all at once;
-/// `run_id` marks the values (wait_initialized). Errors name the file.
+/// `run_id` marks the values (wait_initialized). With `only_ps`, that ps
+/// alone (one that died and came back: the others keep their live state).
+/// Errors name the file.
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
                                      const std::string& checkpoint_dir, uint64_t step,
-                                     const std::string& run_id);
+                                     const std::string& run_id,
+                                     std::optional<size_t> only_ps = std::nullopt);
 
 } // namespace af

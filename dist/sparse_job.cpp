@@ -17,7 +17,9 @@
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
+#include "dist/ps_recovery.hpp"
 #include "dist/sparse_checkpoint.hpp"
+#include "dist/sparse_recovery.hpp"
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
@@ -57,6 +59,7 @@ struct sparse_task {
   train::click_data data;
   std::unique_ptr<train::recommender> model;
   std::vector<output> vars;
+  std::vector<std::vector<output>> ps_vars; ///< per ps: its variables (a recovery re-creates them)
   sparse_layout layout;
   std::vector<ps_member> members;                     ///< per ps
   std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
@@ -66,6 +69,13 @@ struct sparse_task {
   /// is links[k]; the others are lane_links').
   sparse_lanes lanes;
   std::vector<std::unique_ptr<data_plane_ps_link>> lane_links;
+  /// Per ps as joined: its node and aggregator (a recovery's starting point).
+  std::vector<param_shard> shards;
+  /// With ps_recovery_timeout_ms: the links above wrapped, so that a ps
+  /// that dies is waited for and its shards restored (sparse_recovery.hpp).
+  std::shared_ptr<training_detail::recovery_context> recovery;
+  std::unique_ptr<sparse_recovery> recovering;
+  std::vector<std::unique_ptr<recovering_ps_link>> wrapped;
   /// The aggregators' global step when this worker joined (the least of
   /// them): 0, or the step of the checkpoint the chief restored.
   uint64_t start_step = 0;
@@ -148,6 +158,9 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     t.checkpoints.table_names.push_back(spec.name);
     t.checkpoints.table_rows.push_back({spec.width});
   }
+  t.ps_vars.resize(n_ps);
+  for (size_t i = 0; i < t.vars.size(); ++i) // n_ps shards of each table, in order
+    t.ps_vars[i % n_ps].push_back(t.vars[i]);
   auto scope = t.s.device("/job:ps/task:0");
   if (!scope)
     return std::move(scope.error());
@@ -156,6 +169,7 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     if (!v)
       return std::move(v.error());
     t.vars.push_back(*v);
+    t.ps_vars[0].push_back(*v);
     layout.ps_order[0].push_back({false, layout.dense_vars.size(), 0});
     layout.dense_vars.push_back(p.name);
     layout.dense_ps.push_back(0);
@@ -188,6 +202,54 @@ aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
   return spec;
 }
 
+/// What an aggregator answers a join: its global step, the worker's token
+/// and the number of the last push it took from it.
+struct joined {
+  uint64_t global_step = 0;
+  std::string token;
+  uint64_t last_seq = 0;
+};
+
+/// Joins `agg`, ps k's aggregator, as this worker (`t.self` the member it
+/// monitors). From a step's thread too (a recovery): a scoped actor of its own asks.
+caf::expected<joined> join_aggregator(sparse_task& t, uint32_t k, const aggregator_actor& agg) {
+  std::string address;
+  if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
+    address = addr->to_string();
+  caf::scoped_actor self{t.s.system()};
+  caf::error err;
+  joined out;
+  self
+    ->request(agg, t.timeout, join_atom::value, t.task,
+              "/job:worker/task:" + std::to_string(t.task), address,
+              static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
+    .receive(
+      [&](uint64_t global_step, std::string& token, uint64_t seq) {
+        out = {global_step, std::move(token), seq};
+      },
+      [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return make_error(af_error::unreachable,
+                      fmt::format("joining the aggregator of /job:ps/task:{}: {}", k,
+                                  describe(err)));
+  return out;
+}
+
+/// How long a link waits for a ps's answer: a read comes at once, a sync
+/// push when its round closes (the aggregator's step_timeout_ms at most;
+/// data_channel::push_sparse adds 5 s for the node's own answer then). So
+/// a stopped ps (SIGSTOP) is found within that, and then waited for as one
+/// that died (sparse_recovery.hpp).
+std::chrono::milliseconds link_wait(const sparse_task& t) {
+  return std::chrono::milliseconds{t.c.step_timeout_ms};
+}
+
+/// A link's connect bound, which is also its connection's own timeout (a
+/// push waits at least that long): the push's wait, not init_timeout_ms.
+std::chrono::milliseconds connect_wait(const sparse_task& t) {
+  return std::min(t.timeout, link_wait(t) + std::chrono::milliseconds{5000});
+}
+
 /// Step 4 for ps k: its aggregator, the membership, and the data-plane link.
 caf::error join_ps(sparse_task& t, uint32_t k) {
   auto spec = spec_of(t, k);
@@ -203,35 +265,20 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
     return make_error(af_error::unreachable,
                       where + " serves no data plane: a sparse job reads rows through it");
   auto host = t.s.cluster().address("ps", task)->host;
-  auto chan = data_channel::connect(host, info->data_port, where, t.timeout, {},
+  auto chan = data_channel::connect(host, info->data_port, where, connect_wait(t), {},
                                     system_tls(t.s.system()));
   if (!chan)
     return std::move(chan.error());
-  std::string address;
-  if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
-    address = addr->to_string();
-  caf::error err;
-  ps_member m{*agg, {}};
-  uint64_t last_seq = 0;
-  (*t.self)
-    ->request(*agg, t.timeout, join_atom::value, t.task,
-              "/job:worker/task:" + std::to_string(t.task), address,
-              static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
-    .receive(
-      [&](uint64_t global_step, std::string& token, uint64_t seq) {
-        m.token = std::move(token);
-        last_seq = seq;
-        t.start_step = k == 0 ? global_step : std::min(t.start_step, global_step);
-      },
-      [&](caf::error& e) { err = std::move(e); });
-  if (err)
-    return make_error(af_error::unreachable,
-                      fmt::format("joining the aggregator of {}: {}", where, describe(err)));
+  auto j = join_aggregator(t, k, *agg);
+  if (!j)
+    return std::move(j.error());
+  ps_member m{*agg, std::move(j->token)};
+  auto last_seq = j->last_seq;
+  t.start_step = k == 0 ? j->global_step : std::min(t.start_step, j->global_step);
   // A member from here on: whatever fails after this is said to it (done).
   t.members.push_back(m);
-  // A push waits for the round (sync): the aggregator's step timeout, and a
-  // margin for the answer.
-  auto wait = std::chrono::milliseconds{t.c.step_timeout_ms} + t.timeout;
+  t.shards.push_back({where, spec.name, *agg, host, info->data_port, info->incarnation, {}});
+  auto wait = link_wait(t);
   t.links.push_back(std::make_unique<data_plane_ps_link>(std::move(*chan), spec.name, t.task,
                                                          m.token, last_seq, wait));
   t.link_ptrs.push_back(t.links.back().get());
@@ -239,7 +286,7 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
   // all of them at once (the push still goes through the first).
   std::vector<sparse_ps_link*> lanes{t.links.back().get()};
   for (size_t i = 1; i < t.layout.ps_order[k].size(); ++i) {
-    auto more = data_channel::connect(host, info->data_port, where, t.timeout, {},
+    auto more = data_channel::connect(host, info->data_port, where, connect_wait(t), {},
                                       system_tls(t.s.system()));
     if (!more)
       return std::move(more.error());
@@ -319,6 +366,93 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   return caf::none;
 }
 
+/// The chief's restore of ps k's part of the job once it came back
+/// (recovery_context::restore): the ps reads its shards of every table, and
+/// ps 0 the dense parameters, from the latest checkpoint's files (values and
+/// slots); the other ps keep their live state. Without a checkpoint yet, the
+/// values it was just initialized with.
+caf::expected<training_detail::restored_ps> restore_ps_shards(sparse_task& t, size_t k) {
+  training_detail::restored_ps out;
+  std::vector<std::string> names;
+  for (const auto& slot : t.layout.ps_order[k])
+    names.push_back(slot.table ? t.layout.tables[slot.index].shard_vars[slot.shard]
+                               : t.layout.dense_vars[slot.index]);
+  if (!t.c.checkpoint_dir.empty()) {
+    auto latest = latest_sparse_checkpoint(t.c);
+    if (!latest)
+      return std::move(latest.error());
+    if (*latest) {
+      auto step = (**latest).global_step;
+      if (auto err = restore_sparse_checkpoint(t.s, t.checkpoints, t.c.checkpoint_dir, step, "",
+                                               k))
+        return err;
+      out.from = sparse_tables_dir(t.c.checkpoint_dir, step);
+      out.from_step = step;
+    }
+  }
+  out.what = fmt::format("its shards {} (rows and optimizer slots)", fmt::join(names, ", "));
+  return out;
+}
+
+/// With ps_recovery_timeout_ms: every link of the step goes through the
+/// ps recovery (sparse_recovery.hpp, ps_recovery.hpp), the chief's
+/// restoring the ps's shards (restore_ps_shards).
+caf::error arm_recovery(sparse_task& t) {
+  if (t.c.ps_recovery_timeout_ms == 0)
+    return caf::none;
+  auto chief = training_detail::chief_store_of(t.s);
+  if (!chief)
+    return std::move(chief.error());
+  auto ctx = std::make_shared<training_detail::recovery_context>();
+  ctx->s = &t.s;
+  ctx->c = t.c;
+  ctx->shards = t.shards;
+  ctx->vars = t.ps_vars;
+  for (uint32_t k = 0; k < t.shards.size(); ++k)
+    ctx->specs.push_back(spec_of(t, k));
+  ctx->store = chief->store;
+  ctx->chief_incarnation = chief->incarnation;
+  ctx->task = t.task;
+  ctx->restore = [&t](size_t k, const param_shard&) { return restore_ps_shards(t, k); };
+  t.recovery = ctx;
+  auto join = [&t](size_t k, const aggregator_actor& agg)
+    -> caf::expected<std::pair<std::string, uint64_t>> {
+    auto j = join_aggregator(t, static_cast<uint32_t>(k), agg);
+    if (!j)
+      return std::move(j.error());
+    return std::make_pair(std::move(j->token), j->last_seq);
+  };
+  auto connect = [&t](const param_shard& shard) {
+    return data_channel::connect(shard.host, shard.data_port, shard.task, connect_wait(t), {},
+                                 system_tls(t.s.system()));
+  };
+  t.recovering = std::make_unique<sparse_recovery>(training_detail::recover_ps_of(ctx), join,
+                                                   connect, t.shards);
+  // The step's links become the recovering ones (the plain ones count the bytes).
+  for (size_t k = 0; k < t.links.size(); ++k) {
+    for (auto& lane : t.lanes[k]) {
+      t.wrapped.push_back(std::make_unique<recovering_ps_link>(
+        *static_cast<data_plane_ps_link*>(lane), k, *t.recovering));
+      if (lane == t.link_ptrs[k])
+        t.link_ptrs[k] = t.wrapped.back().get();
+      lane = t.wrapped.back().get();
+    }
+  }
+  return caf::none;
+}
+
+/// After the loop: each ps's aggregator and this worker's token there as
+/// they are now (a recovered ps has a new one), for done and the stats.
+void take_recovered(sparse_task& t) {
+  if (!t.recovering)
+    return;
+  for (size_t k = 0; k < t.members.size(); ++k) {
+    auto now = t.recovering->current(k);
+    if (!now.token.empty())
+      t.members[k] = {now.shard.actor, now.token};
+  }
+}
+
 caf::error set_up(sparse_task& t) {
   auto n_ps = static_cast<uint32_t>(t.s.cluster().num_tasks("ps"));
   if (n_ps == 0)
@@ -355,7 +489,7 @@ caf::error set_up(sparse_task& t) {
                       fmt::format("cannot start the threads that ask the {} ps at once: {}",
                                   n_ps, e.what()));
   }
-  return caf::none;
+  return arm_recovery(t);
 }
 
 /// Examples `picks` of `b` as a batch of their own.
@@ -457,9 +591,15 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
     take(train_set, picks, batch);
+    if (t.recovering)
+      t.recovering->step.store(global);
     auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, *t.threads, &t.lanes);
-    if (!r)
+    if (!r) {
+      if (t.recovering) // a ps that did not come back: the cause of what else failed
+        if (auto gone = t.recovering->failure())
+          return gone;
       return std::move(r.error());
+    }
     if (!std::isfinite(r->result.loss))
       return make_error(af_error::non_finite,
                         fmt::format("worker {}: the loss of global step {} is {}: the model "
@@ -481,8 +621,15 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
-      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print))
-        return err;
+      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print)) {
+        // A ps may be down (its save failed): with recovery, the job goes
+        // on and the next step waits for it; the latest checkpoint stays.
+        if (!t.recovering)
+          return err;
+        log::get()->warn("chief: the checkpoint of global step {} is skipped: {}; the latest "
+                         "one stays",
+                         global, describe(err));
+      }
       last_save = clock_type::now();
     }
     loss_sum += r->result.loss;
@@ -531,15 +678,20 @@ caf::error say_done(sparse_task& t, const std::string& why) {
 /// The chief waits until every worker is done or gone at ps 0, as the dense
 /// job's chief does (dist/training.cpp): bounded by the task's timeout,
 /// then it names who still pushes and goes on.
-caf::error wait_for_workers(sparse_task& t) {
+caf::error wait_for_workers(sparse_task& t, sparse_outcome& out) {
   const auto& ps0 = t.members.front();
   auto deadline = clock_type::now() + t.timeout;
   for (;;) {
     auto stats = ask<aggregator_stats>(t.s, ps0.actor, t.timeout, stats_atom::value);
     if (!stats)
       return std::move(stats.error());
-    if (stats->active == 0) // every member done: did one of them fail?
+    if (stats->active == 0) { // every member done: did one of them fail?
+      // The workers that finished (a worker that died left).
+      out.workers = static_cast<uint32_t>(
+        std::count_if(stats->workers.begin(), stats->workers.end(),
+                      [](const auto& w) { return w.status == "done"; }));
       return training_detail::failed_workers(*stats);
+    }
     if (clock_type::now() >= deadline) {
       std::vector<std::string> who;
       for (const auto& w : stats->workers)
@@ -574,6 +726,7 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
     return err;
   }
   sparse_outcome out;
+  out.workers = t.workers;
   out.has_truth = t.data.has_truth;
   out.truth_auc = t.data.truth_auc;
   out.truth_log_loss = t.data.truth_log_loss;
@@ -585,13 +738,16 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   auto total = train::total_steps(c, out.train_examples,
                                   train::step_per_push(c.mode) ? 1 : t.workers);
   auto err = train_loop(t, total, o, out);
+  take_recovered(t);
+  if (t.recovering)
+    out.ps_recoveries = t.recovering->recoveries.load();
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
     err = std::move(done);
   if (err)
     return err;
   if (!t.chief)
     return out;
-  if (auto e = wait_for_workers(t))
+  if (auto e = wait_for_workers(t, out))
     return e;
   if (!c.checkpoint_dir.empty()) {
     // At the end: the step every ps reached (async: the others' last pushes
@@ -631,6 +787,9 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
   t.chief = task == 0;
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   auto out = run_task(t, o);
+  // A recovery's sessions go before the job's (its pinger is one).
+  if (t.recovery)
+    training_detail::close_recovery(*t.recovery);
   // A failed job's ps tasks end by themselves when the chief does
   // (programs/train_main.cpp: "the chief ended the job").
   if (t.chief && o.shutdown_ps && out)

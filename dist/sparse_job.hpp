@@ -23,6 +23,9 @@
 ///      on them, each shard sent its rows' gradients (dist/sparse_step.hpp);
 ///      it ends when the global step reaches the job's steps; the chief
 ///      checkpoints every checkpoint_steps / checkpoint_secs;
+///   A ps that dies meanwhile is waited for (ps_recovery_timeout_ms) and,
+///   once it runs again, its shards restored by the chief from the latest
+///   checkpoint (dist/sparse_recovery.hpp, dist/ps_recovery.hpp);
 ///   6. says done; the chief then waits for the other workers to be done
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
 ///      and, with shutdown_ps, stops the ps tasks.
@@ -64,6 +67,10 @@ struct sparse_outcome {
   double truth_log_loss = 0;
   size_t train_examples = 0;
   size_t test_examples = 0;
+  /// The chief: the workers that finished the job (one that died is not
+  /// counted); the others: the job's.
+  uint32_t workers = 0;
+  uint64_t ps_recoveries = 0; ///< ps processes this worker waited for and went on with
 };
 
 /// True if `c` is a sparse job (its model is one of train/sparse_model.hpp's).

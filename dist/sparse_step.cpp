@@ -43,14 +43,17 @@ caf::expected<tensor> data_plane_ps_link::read(const std::string& var) {
 caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
                                                                  const sparse_push_values& values) {
   bool late = false;
-  // Each push gets the next number. Nothing retries a sparse push yet (a
-  // broken connection fails the step, docs/sparse.md "Not yet"): a retry
-  // would have to send this same number, so that a ps that took the push
-  // answers it without applying it twice.
+  // Each push gets the next number; one sent again after reconnect() (its
+  // connection broke before the answer) keeps its own, so that a ps that
+  // took it answers without applying it twice.
+  auto seq = resend_ ? seq_ : ++seq_;
+  resend_ = false;
+  unanswered_ = true;
   auto r = channel_->push_sparse(aggregator_, worker_, step, values.dense, values.ids, values.rows,
-                                 wait_, token_, ++seq_, &late);
+                                 wait_, token_, seq, &late);
   if (!r)
     return std::move(r.error());
+  unanswered_ = false;
   // docs/wire.md "Sparse tables": the push prefix (token, number), a count
   // per table, then the parts (ids as int64).
   uint64_t payload = 24 + 8 * values.ids.size();
@@ -63,6 +66,18 @@ caf::expected<std::pair<uint64_t, bool>> data_plane_ps_link::push(uint64_t step,
   sent_ += frame_bytes(aggregator_, payload);
   received_ += frame_bytes({}, 0);
   return std::make_pair(*r, late);
+}
+
+void data_plane_ps_link::reconnect(std::unique_ptr<data_channel> channel, std::string token,
+                                   uint64_t last_seq) {
+  channel_ = std::move(channel);
+  if (!token.empty()) {
+    token_ = std::move(token);
+    seq_ = last_seq;
+    unanswered_ = resend_ = false;
+  } else {
+    resend_ = unanswered_;
+  }
 }
 
 namespace {

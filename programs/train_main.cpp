@@ -489,8 +489,7 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
       return finish(rc);
     }
     if (a.task == 0)
-      af::programs::print_sparse_summary(
-        c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out);
+      af::programs::print_sparse_summary(c, out->workers, *out); // those that finished
     else
       std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
                   static_cast<unsigned long long>(out->local_steps));
