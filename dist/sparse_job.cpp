@@ -591,6 +591,8 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
     take(train_set, picks, batch);
+    if (o.step_delay.count() > 0)
+      std::this_thread::sleep_for(o.step_delay);
     if (t.recovering)
       t.recovering->step.store(global);
     auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, *t.threads, &t.lanes);

@@ -30,6 +30,7 @@
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
 ///      and, with shutdown_ps, stops the ps tasks.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -43,6 +44,8 @@ namespace af {
 struct sparse_job_options {
   bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
   bool print = true;       ///< the chief's progress lines on stdout
+  /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later.
+  std::chrono::milliseconds step_delay{0};
 };
 
 /// What a worker of a sparse job reports.

@@ -477,7 +477,9 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   if (err)
     return fail(af::describe(err), 1);
   if (af::sparse_job(c)) {
-    auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task));
+    af::sparse_job_options so;
+    so.step_delay = std::chrono::milliseconds{a.step_delay_ms};
+    auto out = af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task), so);
     if (!out) {
       int rc = fail(name + ": " + af::describe(out.error()), 1);
       // The chief's failure ends the job: the ps tasks would otherwise wait

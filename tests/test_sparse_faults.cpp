@@ -124,6 +124,10 @@ void ps_killed_and_restarted(const std::string& mode) {
     sparse_table(ck, steps, mode,
                  "ps_recovery_timeout_ms = 15000\n[node]\nconnection_timeout_ms = 120000\n");
   spec.sets = {"step_timeout_ms=10000"};
+  // 2 ms a step on each worker: the job lasts seconds, so that the kill
+  // lands while it trains (without, async ran its 1500 steps in 0.3 s, and
+  // a test process that waited for the CPU killed the ps after its end).
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
   auto job = train_job::start(dir.path, spec);
   auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
   if (!job->wait_until(saved, 30s))
@@ -348,6 +352,7 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_rec
   // step, as any round that waits that long does.
   spec.train_table = sparse_table(ck, steps, "async", "ps_recovery_timeout_ms = 20000\n");
   spec.sets = {"step_timeout_ms=1000"};
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
   auto job = train_job::start(dir.path, spec);
   auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
   if (!job->wait_until(saved, 60s))
@@ -371,6 +376,35 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_rec
   REQUIRE(final_step);
   CHECK(*final_step >= steps);
   CHECK(*final_step <= steps + 1);
+}
+
+// Catches a chief that counts the workers the job started with, not those
+// that finished (it said workers=2 after worker 1 had died).
+TEST_CASE("a worker of a sync sparse job killed with SIGKILL: the chief finishes the job and "
+          "says one worker finished",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  const uint64_t steps = 1500;
+  spec.train_table = sparse_table(ck, steps);
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 60s))
+    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
+  job->process("worker", 1).signal(SIGKILL);
+  auto code = job->chief().wait_exit(60s);
+  INFO(job->describe());
+  REQUIRE(code);
+  CHECK(*code == 0);
+  const auto& out = job->chief().output();
+  CHECK(final_global_step(out) == steps);
+  CHECK(out.find("workers=1 ") != std::string::npos);
+  for (int k = 0; k < 2; ++k)
+    CHECK(job->process("ps", k).wait_exit(20s) == 0);
 }
 
 } // namespace af::testing
