@@ -314,11 +314,14 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP ends the job within step_ti
   spec.ps_tasks = 2;
   spec.workers = 2;
   spec.train_table = sparse_table(ck, 100000000, "sync", "ps_recovery_timeout_ms = 1500\n");
-  spec.sets = {"step_timeout_ms=1000", "init_timeout_ms=30000"};
+  // No checkpoint while ps 1 is stopped: a save waits init_timeout_ms for
+  // the ps's answer (a large shard may take that long to write).
+  spec.sets = {"step_timeout_ms=1000", "init_timeout_ms=30000", "checkpoint_steps=100000000"};
   auto job = train_job::start(dir.path, spec);
-  auto saved = [&] { return last_checkpoint_step(job->chief().output()).has_value(); };
-  if (!job->wait_until(saved, 60s))
-    FAIL("no checkpoint within 60 s:\n" << job->describe());
+  static const std::regex progress{R"((?:^|\n)step (\d+)/\d+:)"};
+  auto trains = [&] { return std::regex_search(job->chief().output(), progress); };
+  if (!job->wait_until(trains, 60s))
+    FAIL("no progress line within 60 s:\n" << job->describe());
   job->process("ps", 1).signal(SIGSTOP);
   // Within 1 s (a read) or 6 s (a push: 1 s, and 5 s for the node's own
   // answer) the chief's request times out, then it pings ps 1 for 1.5 s (a
