@@ -366,37 +366,9 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   return caf::none;
 }
 
-/// The chief's restore of ps k's part of the job once it came back
-/// (recovery_context::restore): the ps reads its shards of every table, and
-/// ps 0 the dense parameters, from the latest checkpoint's files (values and
-/// slots); the other ps keep their live state. Without a checkpoint yet, the
-/// values it was just initialized with.
-caf::expected<training_detail::restored_ps> restore_ps_shards(sparse_task& t, size_t k) {
-  training_detail::restored_ps out;
-  std::vector<std::string> names;
-  for (const auto& slot : t.layout.ps_order[k])
-    names.push_back(slot.table ? t.layout.tables[slot.index].shard_vars[slot.shard]
-                               : t.layout.dense_vars[slot.index]);
-  if (!t.c.checkpoint_dir.empty()) {
-    auto latest = latest_sparse_checkpoint(t.c);
-    if (!latest)
-      return std::move(latest.error());
-    if (*latest) {
-      auto step = (**latest).global_step;
-      if (auto err = restore_sparse_checkpoint(t.s, t.checkpoints, t.c.checkpoint_dir, step, "",
-                                               k))
-        return err;
-      out.from = sparse_tables_dir(t.c.checkpoint_dir, step);
-      out.from_step = step;
-    }
-  }
-  out.what = fmt::format("its shards {} (rows and optimizer slots)", fmt::join(names, ", "));
-  return out;
-}
-
 /// With ps_recovery_timeout_ms: every link of the step goes through the
 /// ps recovery (sparse_recovery.hpp, ps_recovery.hpp), the chief's
-/// restoring the ps's shards (restore_ps_shards).
+/// restoring the ps's shards (restore_lost_ps).
 caf::error arm_recovery(sparse_task& t) {
   if (t.c.ps_recovery_timeout_ms == 0)
     return caf::none;
@@ -413,7 +385,9 @@ caf::error arm_recovery(sparse_task& t) {
   ctx->store = chief->store;
   ctx->chief_incarnation = chief->incarnation;
   ctx->task = t.task;
-  ctx->restore = [&t](size_t k, const param_shard&) { return restore_ps_shards(t, k); };
+  ctx->restore = [&t](size_t k, const param_shard&) {
+    return restore_lost_ps(t.s, t.checkpoints, t.c, k);
+  };
   t.recovery = ctx;
   auto join = [&t](size_t k, const aggregator_actor& agg)
     -> caf::expected<std::pair<std::string, uint64_t>> {
