@@ -104,6 +104,37 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
   }
 }
 
+/// The dense job's restore of a ps (recovery_context::restore empty): the
+/// latest checkpoint's rows of its pieces, else (none yet) the values it was
+/// just initialized with, for its new aggregator `shard.actor`.
+caf::expected<restored_ps> dense_restore(recovery_context& ctx, const param_shard& shard) {
+  auto& s = *ctx.s;
+  const auto& c = ctx.c;
+  restored_ps out;
+  if (!c.checkpoint_dir.empty()) {
+    auto latest = load_latest_checkpoint(ctx.checkpoints);
+    if (!latest)
+      return std::move(latest.error());
+    if (*latest) {
+      const auto& [path, ck] = **latest;
+      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer,
+                               shard.aggregator);
+      if (!st)
+        return std::move(st.error());
+      out.state = std::move(*st);
+      out.from = path;
+      out.from_step = ck.global_step;
+      return out;
+    }
+  }
+  auto st = ask<aggregator_state>(s, shard.actor, std::chrono::milliseconds{c.step_timeout_ms},
+                                  save_atom::value);
+  if (!st)
+    return std::move(st.error());
+  out.state = std::move(*st);
+  return out;
+}
+
 /// The chief: ps `k` died; waits for it, re-creates its variables and its
 /// aggregator, restores them (values, optimizer slots) from the latest
 /// checkpoint at global step `step` (the step the job pushes to it; the
@@ -130,34 +161,12 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   if (!agg)
     return std::move(agg.error());
   auto shard = renewed(ctx.shards[k], *agg, info);
-  // Its state: the latest checkpoint's rows of its pieces, else (none yet)
-  // the values it was just initialized with.
-  aggregator_state state;
-  std::string from = "its initial values (no checkpoint yet)";
-  uint64_t from_step = 0;
-  bool have = false;
-  if (!c.checkpoint_dir.empty()) {
-    auto latest = load_latest_checkpoint(ctx.checkpoints);
-    if (!latest)
-      return std::move(latest.error());
-    if (*latest) {
-      const auto& [path, ck] = **latest;
-      auto st = restored_state(ck, c.checkpoint_dir, ctx.params, shard.pieces, c.optimizer,
-                               shard.aggregator);
-      if (!st)
-        return std::move(st.error());
-      state = std::move(*st);
-      from = path;
-      from_step = ck.global_step;
-      have = true;
-    }
-  }
-  if (!have) {
-    auto st = ask<aggregator_state>(s, shard.actor, timeout, save_atom::value);
-    if (!st)
-      return std::move(st.error());
-    state = std::move(*st);
-  }
+  auto got = ctx.restore ? ctx.restore(k, shard) : dense_restore(ctx, shard);
+  if (!got)
+    return std::move(got.error());
+  auto& state = got->state;
+  const auto& from = got->from;
+  auto from_step = got->from_step;
   // A surviving shard knows the workers that finished or left (the new
   // aggregator must not wait for them) and where the job's step is.
   //   async, ssp: every push moves it, so the chief's last view of this
@@ -206,12 +215,15 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
     return err;
   ctx.shards[k] = shard;
   auto lost = step > from_step ? step - from_step : 0;
-  log::get()->warn("chief: restored {} from {} (global step {}) at global step {}: its "
-                   "variables lost {} update(s); the other ps kept theirs",
-                   shard.task, from, from_step, step, lost);
-  std::printf("ps recovered: %s from %s checkpoint_step=%llu at global_step=%llu lost=%llu\n",
+  log::get()->warn("chief: restored {} of {} from {} (global step {}) at global step {}: "
+                   "they lost the {} update(s) since, as in TF when a ps restarts; the other "
+                   "ps kept theirs",
+                   got->what, shard.task, from, from_step, step, lost);
+  std::printf("ps recovered: %s from %s checkpoint_step=%llu at global_step=%llu lost=%llu "
+              "(restored: %s; they lost the updates since the checkpoint)\n",
               shard.task.c_str(), from.c_str(), static_cast<unsigned long long>(from_step),
-              static_cast<unsigned long long>(step), static_cast<unsigned long long>(lost));
+              static_cast<unsigned long long>(step), static_cast<unsigned long long>(lost),
+              got->what.c_str());
   std::fflush(stdout);
   return recovered_shard{shard, step};
 }

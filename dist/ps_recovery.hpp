@@ -3,10 +3,13 @@
 /// for (bounded by ps_recovery_timeout_ms); the chief re-creates its
 /// variables and aggregator on the new process and restores them from the
 /// latest checkpoint, and says so in its key-value store, where the other
-/// workers wait for that word before they push to it again. The worker actor
-/// calls it through worker_setup::recover_ps. Internal to dist/.
+/// workers wait for that word before they push to it again. The dense job's
+/// worker actor calls it through worker_setup::recover_ps; a sparse job's
+/// links through dist/sparse_recovery.hpp, its chief restoring the ps's
+/// table shards its own way (recovery_context::restore). Internal to dist/.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +26,17 @@
 
 namespace af::training_detail {
 
+/// What the chief restored a ps's state from (recovery_context::restore).
+struct restored_ps {
+  /// For the new aggregator's restore: its variables' values and slots, or
+  /// none (the step only: the ps restored its variables itself).
+  aggregator_state state;
+  std::string from = "its initial values (no checkpoint yet)"; ///< the checkpoint's path
+  uint64_t from_step = 0;                                       ///< its global step
+  /// What was restored, for the chief's lines.
+  std::string what = "its variables and their optimizer slots";
+};
+
 /// What waiting for a ps that died needs (worker_setup::recover_ps): the
 /// session (used on the recovery link's thread while run_worker_task waits
 /// for the worker), and, on the chief, what re-creates and restores the ps.
@@ -37,6 +51,12 @@ struct recovery_context {
   checkpoint_access checkpoints;              ///< the chief's
   uint64_t chief_incarnation = 0;
   uint32_t task = 0;
+  /// The chief: restores ps `k` (its variables just re-created and
+  /// initialized, its new aggregator `shard.actor`) from the latest
+  /// checkpoint the job's own way. Empty: the dense job's, the checkpoint's
+  /// rows of the ps's pieces through `params` and `checkpoints`, handed to
+  /// the aggregator (a sparse job's ps reads its own table shards instead).
+  std::function<caf::expected<restored_ps>(size_t k, const param_shard& shard)> restore;
   /// A session of short timeouts for the pings while waiting: the first
   /// ping after a kill may go to the dead node's proxy, which CAF does not
   /// answer; the job's session would wait its whole request timeout.

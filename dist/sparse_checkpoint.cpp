@@ -1,6 +1,7 @@
 // A sparse job's checkpoints, shard by shard on the ps (dist/sparse_checkpoint.hpp).
 #include "dist/sparse_checkpoint.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -200,9 +201,39 @@ latest_sparse_checkpoint(const train::train_config& c) {
 
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
                                      const std::string& checkpoint_dir, uint64_t step,
-                                     const std::string& run_id) {
+                                     const std::string& run_id, std::optional<size_t> only_ps) {
   auto jobs = shard_jobs(j, sparse_tables_dir(checkpoint_dir, step), step, run_id);
+  if (only_ps)
+    jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
+                              [&](const shard_job& job) { return job.ps != *only_ps; }),
+               jobs.end());
   return ask_every_ps<restore_atom, uint64_t>(s, jobs, j.timeout, restore_atom::value);
+}
+
+caf::expected<training_detail::restored_ps> restore_lost_ps(session& s,
+                                                            const sparse_checkpoint_job& j,
+                                                            const train::train_config& c,
+                                                            size_t k) {
+  training_detail::restored_ps out;
+  std::vector<std::string> names;
+  const auto& l = *j.layout;
+  for (const auto& slot : l.ps_order.at(k))
+    names.push_back(slot.table ? l.tables[slot.index].shard_vars[slot.shard]
+                               : l.dense_vars[slot.index]);
+  if (!c.checkpoint_dir.empty()) {
+    auto latest = latest_sparse_checkpoint(c);
+    if (!latest)
+      return std::move(latest.error());
+    if (*latest) {
+      auto step = (**latest).global_step;
+      if (auto err = restore_sparse_checkpoint(s, j, c.checkpoint_dir, step, "", k))
+        return err;
+      out.from = sparse_tables_dir(c.checkpoint_dir, step);
+      out.from_step = step;
+    }
+  }
+  out.what = fmt::format("its shards {} (rows and optimizer slots)", fmt::join(names, ", "));
+  return out;
 }
 
 } // namespace af

@@ -31,6 +31,7 @@
 #include "caf/expected.hpp"
 
 #include "actors/session.hpp"
+#include "dist/ps_recovery.hpp"
 #include "dist/sparse_step.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
@@ -68,9 +69,22 @@ latest_sparse_checkpoint(const train::train_config& c);
 
 /// Every ps restores its shards of every table, and ps 0 the dense
 /// parameters, from the checkpoint at `step` (any old layout), all at once;
-/// `run_id` marks the values (wait_initialized). Errors name the file.
+/// `run_id` marks the values (wait_initialized). With `only_ps`, that ps
+/// alone (one that died and came back: the others keep their live state).
+/// Errors name the file.
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
                                      const std::string& checkpoint_dir, uint64_t step,
-                                     const std::string& run_id);
+                                     const std::string& run_id,
+                                     std::optional<size_t> only_ps = std::nullopt);
+
+/// The chief's restore of ps `k` once it came back after it died
+/// (training_detail::recovery_context::restore): that ps alone reads its
+/// shards of every table, and ps 0 the dense parameters, from the latest
+/// checkpoint's files (values and slots); the other ps keep their live
+/// state. Without a checkpoint yet, the values it was just initialized with.
+caf::expected<training_detail::restored_ps> restore_lost_ps(session& s,
+                                                            const sparse_checkpoint_job& j,
+                                                            const train::train_config& c,
+                                                            size_t k);
 
 } // namespace af

@@ -366,6 +366,7 @@ caf::expected<sparse_outcome> run_client(in_graph_run& g, const sparse_job_optio
   if (!err)
     err = open_metrics(t, g.replicas);
   sparse_outcome out;
+  out.workers = g.replicas; // the replicas, all in this process: they finish together
   if (!err) {
     out.has_truth = t.data.has_truth;
     out.truth_auc = t.data.truth_auc;

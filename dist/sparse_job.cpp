@@ -17,8 +17,10 @@
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
+#include "dist/ps_recovery.hpp"
 #include "dist/sparse_checkpoint.hpp"
 #include "dist/sparse_job_detail.hpp"
+#include "dist/sparse_recovery.hpp"
 #include "dist/sparse_step.hpp"
 #include "graph/embedding.hpp"
 #include "messages/error.hpp"
@@ -105,6 +107,9 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     t.checkpoints.table_names.push_back(spec.name);
     t.checkpoints.table_rows.push_back({spec.width});
   }
+  t.ps_vars.resize(n_ps);
+  for (size_t i = 0; i < t.vars.size(); ++i) // n_ps shards of each table, in order
+    t.ps_vars[i % n_ps].push_back(t.vars[i]);
   auto scope = t.s.device("/job:ps/task:0");
   if (!scope)
     return std::move(scope.error());
@@ -113,6 +118,7 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
     if (!v)
       return std::move(v.error());
     t.vars.push_back(*v);
+    t.ps_vars[0].push_back(*v);
     layout.ps_order[0].push_back({false, layout.dense_vars.size(), 0});
     layout.dense_vars.push_back(p.name);
     layout.dense_ps.push_back(0);
@@ -147,6 +153,54 @@ aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
   return spec;
 }
 
+/// What an aggregator answers a join: its global step, the worker's token
+/// and the number of the last push it took from it.
+struct joined {
+  uint64_t global_step = 0;
+  std::string token;
+  uint64_t last_seq = 0;
+};
+
+/// Joins `agg`, ps k's aggregator, as this worker (`t.self` the member it
+/// monitors). From a step's thread too (a recovery): a scoped actor of its own asks.
+caf::expected<joined> join_aggregator(sparse_task& t, uint32_t k, const aggregator_actor& agg) {
+  std::string address;
+  if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
+    address = addr->to_string();
+  caf::scoped_actor self{t.s.system()};
+  caf::error err;
+  joined out;
+  self
+    ->request(agg, t.timeout, join_atom::value, t.task,
+              "/job:worker/task:" + std::to_string(t.task), address,
+              static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
+    .receive(
+      [&](uint64_t global_step, std::string& token, uint64_t seq) {
+        out = {global_step, std::move(token), seq};
+      },
+      [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return make_error(af_error::unreachable,
+                      fmt::format("joining the aggregator of /job:ps/task:{}: {}", k,
+                                  describe(err)));
+  return out;
+}
+
+/// How long a link waits for a ps's answer: a read comes at once, a sync
+/// push when its round closes (the aggregator's step_timeout_ms at most;
+/// data_channel::push_sparse adds 5 s for the node's own answer then). So
+/// a stopped ps (SIGSTOP) is found within that, and then waited for as one
+/// that died (sparse_recovery.hpp).
+std::chrono::milliseconds link_wait(const sparse_task& t) {
+  return std::chrono::milliseconds{t.c.step_timeout_ms};
+}
+
+/// A link's connect bound, which is also its connection's own timeout (a
+/// push waits at least that long): the push's wait, not init_timeout_ms.
+std::chrono::milliseconds connect_wait(const sparse_task& t) {
+  return std::min(t.timeout, link_wait(t) + std::chrono::milliseconds{5000});
+}
+
 /// Step 4 for ps k: its aggregator, the membership, and the data-plane link.
 caf::error join_ps(sparse_task& t, uint32_t k) {
   auto spec = spec_of(t, k);
@@ -162,35 +216,20 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
     return make_error(af_error::unreachable,
                       where + " serves no data plane: a sparse job reads rows through it");
   auto host = t.s.cluster().address("ps", task)->host;
-  auto chan = data_channel::connect(host, info->data_port, where, t.timeout, {},
+  auto chan = data_channel::connect(host, info->data_port, where, connect_wait(t), {},
                                     system_tls(t.s.system()));
   if (!chan)
     return std::move(chan.error());
-  std::string address;
-  if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
-    address = addr->to_string();
-  caf::error err;
-  ps_member m{*agg, {}};
-  uint64_t last_seq = 0;
-  (*t.self)
-    ->request(*agg, t.timeout, join_atom::value, t.task,
-              "/job:worker/task:" + std::to_string(t.task), address,
-              static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
-    .receive(
-      [&](uint64_t global_step, std::string& token, uint64_t seq) {
-        m.token = std::move(token);
-        last_seq = seq;
-        t.start_step = k == 0 ? global_step : std::min(t.start_step, global_step);
-      },
-      [&](caf::error& e) { err = std::move(e); });
-  if (err)
-    return make_error(af_error::unreachable,
-                      fmt::format("joining the aggregator of {}: {}", where, describe(err)));
+  auto j = join_aggregator(t, k, *agg);
+  if (!j)
+    return std::move(j.error());
+  ps_member m{*agg, std::move(j->token)};
+  auto last_seq = j->last_seq;
+  t.start_step = k == 0 ? j->global_step : std::min(t.start_step, j->global_step);
   // A member from here on: whatever fails after this is said to it (done).
   t.members.push_back(m);
-  // A push waits for the round (sync): the aggregator's step timeout, and a
-  // margin for the answer.
-  auto wait = std::chrono::milliseconds{t.c.step_timeout_ms} + t.timeout;
+  t.shards.push_back({where, spec.name, *agg, host, info->data_port, info->incarnation, {}});
+  auto wait = link_wait(t);
   t.links.push_back(std::make_unique<data_plane_ps_link>(std::move(*chan), spec.name, t.task,
                                                          m.token, last_seq, wait));
   t.link_ptrs.push_back(t.links.back().get());
@@ -277,6 +316,62 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   return caf::none;
 }
 
+/// With ps_recovery_timeout_ms: every link of the step goes through the
+/// ps recovery (sparse_recovery.hpp, ps_recovery.hpp), the chief's
+/// restoring the ps's shards (restore_lost_ps).
+caf::error arm_recovery(sparse_task& t) {
+  if (t.c.ps_recovery_timeout_ms == 0)
+    return caf::none;
+  auto chief = training_detail::chief_store_of(t.s);
+  if (!chief)
+    return std::move(chief.error());
+  auto ctx = std::make_shared<training_detail::recovery_context>();
+  ctx->s = &t.s;
+  ctx->c = t.c;
+  ctx->shards = t.shards;
+  ctx->vars = t.ps_vars;
+  for (uint32_t k = 0; k < t.shards.size(); ++k)
+    ctx->specs.push_back(spec_of(t, k));
+  ctx->store = chief->store;
+  ctx->chief_incarnation = chief->incarnation;
+  ctx->task = t.task;
+  ctx->restore = [&t](size_t k, const param_shard&) {
+    return restore_lost_ps(t.s, t.checkpoints, t.c, k);
+  };
+  t.recovery = ctx;
+  auto join = [&t](size_t k, const aggregator_actor& agg)
+    -> caf::expected<std::pair<std::string, uint64_t>> {
+    auto j = join_aggregator(t, static_cast<uint32_t>(k), agg);
+    if (!j)
+      return std::move(j.error());
+    return std::make_pair(std::move(j->token), j->last_seq);
+  };
+  auto connect = [&t](const param_shard& shard) {
+    return data_channel::connect(shard.host, shard.data_port, shard.task, connect_wait(t), {},
+                                 system_tls(t.s.system()));
+  };
+  t.recovering = std::make_unique<sparse_recovery>(training_detail::recover_ps_of(ctx), join,
+                                                   connect, t.shards);
+  // The step's links become the recovering ones (the plain ones count the bytes).
+  for (size_t k = 0; k < t.links.size(); ++k) {
+    t.wrapped.push_back(std::make_unique<recovering_ps_link>(*t.links[k], k, *t.recovering));
+    t.link_ptrs[k] = t.wrapped.back().get();
+  }
+  return caf::none;
+}
+
+/// After the loop: each ps's aggregator and this worker's token there as
+/// they are now (a recovered ps has a new one), for done and the stats.
+void take_recovered(sparse_task& t) {
+  if (!t.recovering)
+    return;
+  for (size_t k = 0; k < t.members.size(); ++k) {
+    auto now = t.recovering->current(k);
+    if (!now.token.empty())
+      t.members[k] = {now.shard.actor, now.token};
+  }
+}
+
 caf::error set_up(sparse_task& t) {
   auto n_ps = static_cast<uint32_t>(t.s.cluster().num_tasks("ps"));
   if (n_ps == 0)
@@ -307,7 +402,7 @@ caf::error set_up(sparse_task& t) {
   // with why, and the chief fails the job naming it instead of waiting.
   if (auto err = agree_on_layout(t, n_ps))
     return err;
-  return caf::none;
+  return arm_recovery(t);
 }
 
 /// Examples `picks` of `b` as a batch of their own.
@@ -424,9 +519,17 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
     take(train_set, picks, batch);
+    if (o.step_delay.count() > 0)
+      std::this_thread::sleep_for(o.step_delay);
+    if (t.recovering)
+      t.recovering->step.store(global);
     auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global);
-    if (!r)
+    if (!r) {
+      if (t.recovering) // a ps that did not come back: the cause of what else failed
+        if (auto gone = t.recovering->failure())
+          return gone;
       return std::move(r.error());
+    }
     if (!std::isfinite(r->result.loss))
       return make_error(af_error::non_finite,
                         fmt::format("worker {}: the loss of global step {} is {}: the model "
@@ -448,8 +551,15 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
-      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print))
-        return err;
+      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print)) {
+        // A ps may be down (its save failed): with recovery, the job goes
+        // on and the next step waits for it; the latest checkpoint stays.
+        if (!t.recovering)
+          return err;
+        log::get()->warn("chief: the checkpoint of global step {} is skipped: {}; the latest "
+                         "one stays",
+                         global, describe(err));
+      }
       last_save = clock_type::now();
     }
     loss_sum += r->result.loss;
@@ -503,7 +613,7 @@ caf::error say_done(sparse_task& t, const std::string& why) {
 /// to one ps after another, and the ps stopped once ps 0 heard it would
 /// leave its done to the next unanswered. Bounded by the task's timeout,
 /// then it names who still pushes and goes on.
-caf::error wait_for_workers(sparse_task& t) {
+caf::error wait_for_workers(sparse_task& t, sparse_outcome& out) {
   auto deadline = clock_type::now() + t.timeout;
   for (size_t k = 0; k < t.members.size();) {
     auto stats = ask<aggregator_stats>(t.s, t.members[k].actor, t.timeout, stats_atom::value);
@@ -512,6 +622,11 @@ caf::error wait_for_workers(sparse_task& t) {
     if (stats->active == 0) { // every member done here: did one of them fail?
       if (auto err = training_detail::failed_workers(*stats))
         return err;
+      // The workers that finished (a worker that died left), as ps 0 saw them.
+      if (k == 0)
+        out.workers = static_cast<uint32_t>(
+          std::count_if(stats->workers.begin(), stats->workers.end(),
+                        [](const auto& w) { return w.status == "done"; }));
       ++k;
       continue;
     }
@@ -553,6 +668,7 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
     return err;
   }
   sparse_outcome out;
+  out.workers = t.workers;
   out.has_truth = t.data.has_truth;
   out.truth_auc = t.data.truth_auc;
   out.truth_log_loss = t.data.truth_log_loss;
@@ -560,6 +676,9 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
   out.test_examples = t.data.data.test.labels.size();
   out.auc = out.log_loss = std::numeric_limits<double>::quiet_NaN();
   err = train_loop(t, t.total, o, out);
+  take_recovered(t);
+  if (t.recovering)
+    out.ps_recoveries = t.recovering->recoveries.load();
   if (!err && (c.log_every == 0 || out.local_steps % c.log_every != 0)) // the last row
     report_metrics(t, out.global_step, out.local_steps, out.seconds, out.last_loss);
   if (auto done = say_done(t, err ? describe(err) : std::string{}); done && !err)
@@ -568,7 +687,7 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
     return err;
   if (!t.chief)
     return out;
-  if (auto e = wait_for_workers(t))
+  if (auto e = wait_for_workers(t, out))
     return e;
   if (!c.checkpoint_dir.empty()) {
     // At the end: the step every ps reached (async: the others' last pushes
@@ -615,6 +734,9 @@ caf::expected<sparse_outcome> run_sparse_worker_task(session& s, const train::tr
                       "which starts it");
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   auto out = run_task(t, o);
+  // A recovery's sessions go before the job's (its pinger is one).
+  if (t.recovery)
+    training_detail::close_recovery(*t.recovery);
   // A failed job's ps tasks end by themselves when the chief does
   // (programs/train_main.cpp: "the chief ended the job").
   if (t.chief && o.shutdown_ps && out)

@@ -23,10 +23,14 @@
 ///      on them, each shard sent its rows' gradients (dist/sparse_step.hpp);
 ///      it ends when the global step reaches the job's steps; the chief
 ///      checkpoints every checkpoint_steps / checkpoint_secs;
+///   A ps that dies meanwhile is waited for (ps_recovery_timeout_ms) and,
+///   once it runs again, its shards restored by the chief from the latest
+///   checkpoint (dist/sparse_recovery.hpp, dist/ps_recovery.hpp);
 ///   6. says done; the chief then waits for the other workers to be done
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
 ///      and, with shutdown_ps, stops the ps tasks.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -44,6 +48,8 @@ struct sparse_job_options {
   /// lists more workers than the job started with; it takes the job's
   /// aggregators as they run and the chief's count of steps.
   bool join = false;
+  /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later.
+  std::chrono::milliseconds step_delay{0};
 };
 
 /// What a worker of a sparse job reports.
@@ -68,6 +74,10 @@ struct sparse_outcome {
   double truth_log_loss = 0;
   size_t train_examples = 0;
   size_t test_examples = 0;
+  /// The chief: the workers that finished the job (one that died is not
+  /// counted); the others: the job's.
+  uint32_t workers = 0;
+  uint64_t ps_recoveries = 0; ///< ps processes this worker waited for and went on with
 };
 
 /// The aggregator of ps k of a sparse job is "<sparse_aggregator_prefix><k>"

@@ -18,6 +18,7 @@
 #include "dist/sparse_checkpoint.hpp"
 #include "dist/sparse_job.hpp"
 #include "dist/sparse_metrics.hpp"
+#include "dist/sparse_recovery.hpp"
 #include "dist/sparse_step.hpp"
 #include "messages/aggregator.hpp"
 #include "train/local.hpp"
@@ -51,10 +52,18 @@ struct sparse_task {
   train::click_data data;
   std::unique_ptr<train::recommender> model;
   std::vector<output> vars;
+  std::vector<std::vector<output>> ps_vars; ///< per ps: its variables (a recovery re-creates them)
   sparse_layout layout;
   std::vector<ps_member> members;                     ///< per ps
   std::vector<std::unique_ptr<data_plane_ps_link>> links; ///< per ps
   std::vector<sparse_ps_link*> link_ptrs;
+  /// Per ps as joined: its node and aggregator (a recovery's starting point).
+  std::vector<param_shard> shards;
+  /// With ps_recovery_timeout_ms: the links above wrapped, so that a ps
+  /// that dies is waited for and its shards restored (sparse_recovery.hpp).
+  std::shared_ptr<training_detail::recovery_context> recovery;
+  std::unique_ptr<sparse_recovery> recovering;
+  std::vector<std::unique_ptr<recovering_ps_link>> wrapped;
   /// The aggregators' global step when this worker joined (the least of
   /// them): 0, or the step of the checkpoint the chief restored.
   uint64_t start_step = 0;

@@ -5,6 +5,7 @@
 #include "dist/sparse_step.hpp"
 
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -53,6 +54,7 @@ caf::expected<std::pair<uint64_t, bool>> sparse_ps_link::push(uint64_t step,
 caf::error data_plane_ps_link::start_gather_rows(const std::string& var, const tensor& ids) {
   if (auto err = channel_->send_gather_rows(var, ids, wait_))
     return err;
+  kinds_.push_back(false);
   sent_ += frame_bytes(var, ids.nbytes());
   return caf::none;
 }
@@ -60,18 +62,22 @@ caf::error data_plane_ps_link::start_gather_rows(const std::string& var, const t
 caf::error data_plane_ps_link::start_read(const std::string& var) {
   if (auto err = channel_->send_read(var, wait_))
     return err;
+  kinds_.push_back(false);
   sent_ += frame_bytes(var, 0);
   return caf::none;
 }
 
 caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_values& values) {
-  // Each push gets the next number. Nothing retries a sparse push yet (a
-  // broken connection fails the step, docs/sparse.md "Not yet"): a retry
-  // would have to send this same number, so that a ps that took the push
-  // answers it without applying it twice.
+  // Each push gets the next number; one sent again after reconnect() (its
+  // connection broke before the answer) keeps its own, so that a ps that
+  // took it answers without applying it twice.
+  auto seq = resend_ ? seq_ : ++seq_;
+  resend_ = false;
+  unanswered_ = true;
   if (auto err = channel_->send_push_sparse(aggregator_, worker_, step, values.dense, values.ids,
-                                            values.rows, wait_, token_, ++seq_))
+                                            values.rows, wait_, token_, seq))
     return err;
+  kinds_.push_back(true);
   // docs/wire.md "Sparse tables": the push prefix (token, number), a count
   // per table, then the parts (ids as int64).
   uint64_t payload = 24 + 8 * values.ids.size();
@@ -86,11 +92,29 @@ caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_value
 }
 
 caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
+  bool push = !kinds_.empty() && kinds_.front();
+  if (!kinds_.empty())
+    kinds_.pop_front();
   auto r = channel_->next_reply();
   if (!r)
     return std::move(r.error());
+  if (push)
+    unanswered_ = false;
   received_ += frame_bytes({}, r->value.nbytes());
   return answer{std::move(r->value), r->version, r->dropped_late};
+}
+
+void data_plane_ps_link::reconnect(std::unique_ptr<data_channel> channel, std::string token,
+                                   uint64_t last_seq) {
+  channel_ = std::move(channel);
+  kinds_.clear(); // requests out on the old connection are lost with it
+  if (!token.empty()) {
+    token_ = std::move(token);
+    seq_ = last_seq;
+    unanswered_ = resend_ = false;
+  } else {
+    resend_ = unanswered_;
+  }
 }
 
 namespace {

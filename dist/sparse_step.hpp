@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,8 +79,23 @@ public:
   /// The frames' bytes (header, name, payload) of every call so far, both ways.
   std::pair<uint64_t, uint64_t> bytes() const override { return {sent_, received_}; }
 
+  /// `channel` in place of the old connection (the ps came back, or its
+  /// connection broke: dist/sparse_recovery.hpp). With a `token`, the ps's
+  /// aggregator is a new one that this worker joined: its pushes count
+  /// from `last_seq` on. Without, it is the same aggregator, and a push
+  /// that got no answer is sent again under its own number, so that an
+  /// aggregator that took it answers without applying it twice.
+  void reconnect(std::unique_ptr<data_channel> channel, std::string token = {},
+                 uint64_t last_seq = 0);
+  /// Its connection failed (I/O, or no answer in time): an error the ps
+  /// answered leaves it whole.
+  bool broken() const { return !channel_ || channel_->broken(); }
+
 private:
   uint64_t sent_ = 0, received_ = 0;
+  bool unanswered_ = false; ///< the last push got no answer (its number is seq_)
+  bool resend_ = false;     ///< the next push goes under seq_ again
+  std::deque<bool> kinds_;  ///< per request out, in order: whether it is a push
   std::unique_ptr<data_channel> channel_;
   std::string aggregator_;
   uint32_t worker_;

@@ -484,6 +484,7 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
   if (af::sparse_job(c)) {
     af::sparse_job_options so;
     so.join = a.join;
+    so.step_delay = std::chrono::milliseconds{a.step_delay_ms};
     auto out = a.in_graph ? af::run_sparse_in_graph(*s, c)
                           : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task), so);
     if (!out) {
@@ -497,8 +498,7 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
       return finish(rc);
     }
     if (a.task == 0)
-      af::programs::print_sparse_summary(
-        c, static_cast<uint32_t>(cluster.cluster.num_tasks("worker")), *out);
+      af::programs::print_sparse_summary(c, out->workers, *out); // those that finished
     else
       std::printf("actorflow-train %s: done after %llu local steps\n", name.c_str(),
                   static_cast<unsigned long long>(out->local_steps));

@@ -1,13 +1,23 @@
-// A ps of a between-graph sparse job (dist/sparse_job.hpp) killed with
-// SIGKILL: real actorflow-train processes, one per task (tests/train_job.hpp).
+// A between-graph sparse job (dist/sparse_job.hpp) through kill -9: real
+// actorflow-train processes, one per task (tests/train_job.hpp). A ps killed
+// and restarted gets its shards back from the latest checkpoint while the
+// job runs (sync and async), one not restarted ends the job after
+// ps_recovery_timeout_ms naming it (and the job started again resumes from
+// its checkpoint), and a chief killed stops the other tasks naming it.
+#define CATCH_CONFIG_ENABLE_OPTIONAL_STRINGMAKER
 #include <catch2/catch.hpp>
 
 #include <signal.h>
 
 #include <chrono>
+#include <cstring>
 #include <regex>
 #include <string>
+#include <vector>
 
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+#include "train/table_checkpoint.hpp"
 #include "train_job.hpp"
 
 using namespace std::chrono_literals;
@@ -16,14 +26,16 @@ namespace af::testing {
 
 namespace {
 
-/// The [train] table of a small recommender job that checkpoints into `ck`
-/// every 50 steps, running `steps` global steps.
-std::string sparse_table(const std::string& ck, uint64_t steps) {
-  return "model = \"recommender\"\ndata = \"synthetic\"\nmode = \"sync\"\nusers = 400\nitems = 200\ndim = 4\n"
-         "synthetic_examples = 40000\nbatch_size = 64\noptimizer = \"sgd\"\n"
-         "learning_rate = 0.5\nlog_every = 10\ninit_timeout_ms = 3000\n"
-         "step_timeout_ms = 3000\ncheckpoint_steps = 50\ncheckpoint_dir = \""
-         + ck + "\"\nsteps = " + std::to_string(steps) + "\n";
+/// The [train] table of a small recommender job in `mode` that checkpoints
+/// into `ck` every 50 steps, running `steps` global steps.
+std::string sparse_table(const std::string& ck, uint64_t steps, const std::string& mode = "sync",
+                         const std::string& more = "") {
+  return "model = \"recommender\"\ndata = \"synthetic\"\nmode = \"" + mode
+         + "\"\nusers = 400\nitems = 200\ndim = 4\n"
+           "synthetic_examples = 40000\nbatch_size = 64\noptimizer = \"sgd\"\n"
+           "learning_rate = 0.5\nlog_every = 10\ninit_timeout_ms = 3000\n"
+           "step_timeout_ms = 3000\ncheckpoint_steps = 50\ncheckpoint_dir = \""
+         + ck + "\"\nsteps = " + std::to_string(steps) + "\n" + more;
 }
 
 /// The step of the last "checkpoint: global step S" line of the chief.
@@ -35,34 +47,212 @@ std::optional<uint64_t> last_checkpoint_step(const std::string& out) {
   return found;
 }
 
+/// The chief's "ps recovered: TASK from DIR checkpoint_step=S at
+/// global_step=T lost=L (restored: WHAT; they lost the updates since the
+/// checkpoint)" lines (dist/ps_recovery.cpp).
+struct recovery_line {
+  std::string task, from;
+  uint64_t checkpoint_step = 0, step = 0, lost = 0;
+  std::string what;
+};
+std::vector<recovery_line> recoveries(const std::string& out) {
+  static const std::regex re{R"(ps recovered: (\S+) from (\S+) checkpoint_step=(\d+) )"
+                             R"(at global_step=(\d+) lost=(\d+) \(restored: ([^;\n]*); they lost the updates )"
+                             R"(since the checkpoint\))"};
+  std::vector<recovery_line> found;
+  for (std::sregex_iterator it{out.begin(), out.end(), re}, end; it != end; ++it)
+    found.push_back({(*it)[1].str(), (*it)[2].str(), std::stoull((*it)[3].str()),
+                     std::stoull((*it)[4].str()), std::stoull((*it)[5].str()), (*it)[6].str()});
+  return found;
+}
+
+void check_all_exit_0(train_job& job, std::chrono::milliseconds timeout) {
+  auto still_running = job.wait_all_exit(timeout);
+  INFO(job.describe());
+  CHECK(still_running.empty());
+  for (const auto& t : job.tasks()) {
+    INFO(t.name());
+    CHECK(t.process->exit_code() == 0);
+  }
+}
+
+/// Reads table `table`'s shard k from ps k's data plane (ps 1: its
+/// restarted process's) and compares it with shard k of the checkpoint in
+/// `tables_dir` (the job cuts the tables as it was saved: 2 ps, mod): true if
+/// they are equal bit for bit.
+bool shard_equals_checkpoint(train_job& job, int k, const std::string& tables_dir,
+                             const std::string& table) {
+  static const std::regex port_re{R"(data plane port (\d+))"};
+  std::smatch m;
+  const auto& out = job.process("ps", k).output();
+  REQUIRE(std::regex_search(out, m, port_re));
+  auto port = static_cast<uint16_t>(std::stoul(m[1].str()));
+  auto saved = train::read_table_manifest(tables_dir, table);
+  INFO(tables_dir << " " << table << " shard " << k);
+  REQUIRE(saved);
+  REQUIRE(saved->shard_rows.size() == 2u);
+  std::vector<float> want(static_cast<size_t>(saved->shard_rows[k] * saved->row_floats()));
+  REQUIRE(!want.empty());
+  train::table_shard_target target;
+  target.strategy = saved->strategy;
+  target.shard_rows = saved->shard_rows;
+  target.k = static_cast<size_t>(k);
+  target.row_shape = saved->row_shape;
+  target.value = want.data();
+  REQUIRE(train::read_table_shard(tables_dir, *saved, target));
+  auto ch = data_channel::connect("127.0.0.1", port, "ps's data plane", 10s);
+  INFO((ch ? std::string{} : describe(ch.error())));
+  REQUIRE(ch);
+  auto got = (*ch)->call(var_op::read, table + "/part_" + std::to_string(k), nullptr, true);
+  INFO((got ? std::string{} : describe(got.error())));
+  REQUIRE(got);
+  REQUIRE(got->first.nbytes() == want.size() * sizeof(float));
+  return std::memcmp(got->first.bytes(), want.data(), got->first.nbytes()) == 0;
+}
+
+/// Two ps, two workers; ps 1 is SIGKILLed once a checkpoint of step >= 100
+/// exists, and restarted once the chief has said it lost it.
+void ps_killed_and_restarted(const std::string& mode) {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  const uint64_t steps = 1500;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  // Worker 1 is stopped for a while below (sync): the heartbeat must not
+  // drop it, nor the restored ps's round expire meanwhile.
+  spec.train_table =
+    sparse_table(ck, steps, mode,
+                 "ps_recovery_timeout_ms = 15000\n[node]\nconnection_timeout_ms = 120000\n");
+  spec.sets = {"step_timeout_ms=10000"};
+  // 2 ms a step on each worker: the job lasts seconds, so that the kill
+  // lands while it trains (without, async ran its 1500 steps in 0.3 s, and
+  // a test process that waited for the CPU killed the ps after its end).
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 30s))
+    FAIL("no checkpoint of step >= 100 within 30 s:\n" << job->describe());
+  auto seen = *last_checkpoint_step(job->chief().output());
+  job->process("ps", 1).signal(SIGKILL);
+  const std::string gone = "/job:ps/task:1 at 127.0.0.1:";
+  auto noticed = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find(gone);
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos
+             && out.find("ps_recovery_timeout_ms", at) != std::string::npos;
+    },
+    10s);
+  if (!noticed)
+    FAIL("the chief did not say within 10 s that it lost ps 1:\n" << job->describe());
+  // sync: ps 1's restored rows are read back and compared with the
+  // checkpoint the chief names. Race-free: worker 1 is stopped (SIGSTOP)
+  // before ps 1 comes back, so it cannot join the new aggregator, whose
+  // first round then cannot close (it waits for worker 1's part): nothing
+  // is applied on ps 1 until SIGCONT. (async applies the chief's next push
+  // at once.)
+  const bool check_values = mode == "sync";
+  if (check_values)
+    job->process("worker", 1).signal(SIGSTOP);
+  job->restart("ps", 1);
+  if (check_values) {
+    auto recovered =
+      job->wait_until([&] { return !recoveries(job->chief().output()).empty(); }, 15s);
+    if (!recovered) {
+      job->process("worker", 1).signal(SIGCONT);
+      FAIL("the chief did not print 'ps recovered:' within 15 s of ps 1's restart:\n"
+           << job->describe());
+    }
+    auto rec = recoveries(job->chief().output()).front();
+    CHECK(shard_equals_checkpoint(*job, 1, rec.from, "user_emb"));
+    CHECK(shard_equals_checkpoint(*job, 1, rec.from, "item_emb"));
+    // ps 0 kept its live state: the rounds since the checkpoint moved the
+    // rows they touched (none if the restore is at the checkpoint's step).
+    if (rec.step > rec.checkpoint_step)
+      CHECK_FALSE(shard_equals_checkpoint(*job, 0, rec.from, "user_emb"));
+    job->process("worker", 1).signal(SIGCONT);
+  }
+  check_all_exit_0(*job, 60s);
+
+  const auto& out = job->chief().output();
+  INFO(out);
+  auto recs = recoveries(out);
+  REQUIRE(recs.size() == 1);
+  const auto& r = recs[0];
+  CHECK(r.task == "/job:ps/task:1");
+  // From the latest checkpoint: at least the one seen before the kill, its
+  // table files, and the restore at or past it.
+  CHECK(r.checkpoint_step >= seen);
+  if (mode == "sync")
+    CHECK(r.checkpoint_step % 50 == 0);
+  CHECK(r.from == ck + "/tables-" + std::to_string(r.checkpoint_step));
+  CHECK(r.checkpoint_step <= r.step);
+  CHECK(r.lost == r.step - r.checkpoint_step);
+  // Its shards only (ps 0 holds the dense parameters), and what they lost.
+  CHECK(r.what.find("user_emb/part_1, item_emb/part_1") != std::string::npos);
+  CHECK(r.what.find("part_0") == std::string::npos);
+  // Worker 1 waited for the chief's restore, then went on.
+  CHECK(job->process("worker", 1).output().find("/job:ps/task:1 is back, restored by the chief")
+        != std::string::npos);
+  auto final_step = final_global_step(out);
+  REQUIRE(final_step);
+  CHECK(*final_step >= steps);
+  CHECK(*final_step <= (mode == "sync" ? steps : steps + 1));
+  CHECK(out.find("workers=2 ") != std::string::npos);
+}
+
 } // namespace
 
-TEST_CASE("a ps of a sparse job killed with SIGKILL ends every task within a bounded time, "
-          "naming the ps, and the job started again resumes from its checkpoint",
-          "[sparse_job][processes][sparse_checkpoint]") {
-  // Catches: workers (or the other ps) left waiting for ever on a dead
-  // ps, an error that does not say which ps, and a job started again
-  // that does not restore the last checkpoint.
+// Catches: a sparse job that fails (or hangs) when a ps dies instead of
+// waiting for it; workers whose links do not reconnect to the restarted ps
+// or do not join its new aggregator; a restore from something other than
+// the latest checkpoint, of another ps's shards, or of its initial values
+// (the rows read back from the restarted ps are the checkpoint's, bit for
+// bit); a restore of the other ps too (sync: ps 0's rows moved on since).
+TEST_CASE("a ps of a sync sparse job killed with SIGKILL and restarted gets its shards back from "
+          "the latest checkpoint while the job runs, and every process exits 0",
+          "[sparse_job][processes][recovery]") {
+  ps_killed_and_restarted("sync");
+}
+
+TEST_CASE("a ps of an async sparse job killed with SIGKILL and restarted gets its shards back "
+          "from the latest checkpoint while the job runs, and every process exits 0",
+          "[sparse_job][processes][recovery]") {
+  ps_killed_and_restarted("async");
+}
+
+// Catches: workers (or the other ps) left waiting for ever on a dead ps, a
+// wait not bounded by ps_recovery_timeout_ms, an error that does not say
+// which ps, and a job started again that does not restore the last
+// checkpoint.
+TEST_CASE("a ps of a sparse job killed with SIGKILL and not restarted ends every task after "
+          "ps_recovery_timeout_ms, naming the ps, and the job started again resumes from its "
+          "checkpoint",
+          "[sparse_job][processes][sparse_checkpoint][recovery]") {
   temp_dir dir;
   auto ck = dir.path + "/ck";
   job_spec spec;
   spec.ps_tasks = 2;
   spec.workers = 2;
-  spec.train_table = sparse_table(ck, 100000000);
+  spec.train_table = sparse_table(ck, 100000000, "sync", "ps_recovery_timeout_ms = 1500\n");
   auto job = train_job::start(dir.path, spec);
   auto saved = [&] { return last_checkpoint_step(job->chief().output()).has_value(); };
   if (!job->wait_until(saved, 60s))
     FAIL("no checkpoint within 60 s:\n" << job->describe());
   auto killed_after = *last_checkpoint_step(job->chief().output());
   job->process("ps", 1).signal(SIGKILL);
-  // Every task ends by itself: the workers' next push or read fails, the
-  // chief stops ps 0 (the step and init timeouts are 3 s).
+  // Every task ends by itself: the chief after ps_recovery_timeout_ms, then
+  // it stops ps 0, and worker 1 finds the chief gone.
   auto left = job->wait_all_exit(30s);
   INFO(job->describe());
   CHECK(left.empty());
   CHECK(job->chief().exit_code() != 0);
   CHECK(job->process("worker", 1).exit_code() != 0);
-  CHECK(job->chief().output().find("/job:ps/task:1") != std::string::npos);
+  const auto& chief_out = job->chief().output();
+  CHECK(chief_out.find("/job:ps/task:1 at 127.0.0.1:") != std::string::npos);
+  CHECK(chief_out.find("did not come back within 1500 ms (ps_recovery_timeout_ms)")
+        != std::string::npos);
 
   // Started again, over 3 ps: it restores the latest checkpoint (at or
   // after the one seen before the kill) and runs to its end.
@@ -80,6 +270,150 @@ TEST_CASE("a ps of a sparse job killed with SIGKILL ends every task within a bou
   CHECK(out.find("restored the checkpoint of global step " + std::to_string(last))
         != std::string::npos);
   CHECK(last_checkpoint_step(out) == last + 30);
+}
+
+// Catches a sparse job that goes on (or hangs) without its chief, and a
+// worker that fails without saying the chief is gone and what to do.
+TEST_CASE("a chief of a sparse job killed with SIGKILL stops the job: the ps and the other worker "
+          "exit non-zero naming the chief",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = sparse_table(ck, 100000000, "sync", "ps_recovery_timeout_ms = 10000\n");
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()).has_value(); };
+  if (!job->wait_until(saved, 60s))
+    FAIL("no checkpoint within 60 s:\n" << job->describe());
+  job->chief().signal(SIGKILL);
+  auto left = job->wait_all_exit(20s);
+  INFO(job->describe());
+  CHECK(left.empty());
+  for (int k = 0; k < 2; ++k) {
+    auto& ps = job->process("ps", k);
+    CHECK(ps.exit_code() != 0);
+    CHECK(ps.output().find("/job:worker/task:0 has not answered") != std::string::npos);
+  }
+  auto& w1 = job->process("worker", 1);
+  CHECK(w1.exit_code() != 0);
+  CHECK(w1.output().find("the chief /job:worker/task:0 at 127.0.0.1:") != std::string::npos);
+  CHECK(w1.output().find("restart every task of the job") != std::string::npos);
+}
+
+// Catches a stopped ps (SIGSTOP) found only when a request's long timeout
+// (step_timeout_ms plus init_timeout_ms: 90 s by default) ran out, and a
+// wait for it that does not say which ps and what was waited for.
+TEST_CASE("a ps of a sparse job stopped with SIGSTOP ends the job within step_timeout_ms and "
+          "ps_recovery_timeout_ms, naming the ps and what was waited for",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = sparse_table(ck, 100000000, "sync", "ps_recovery_timeout_ms = 1500\n");
+  // No checkpoint while ps 1 is stopped: a save waits init_timeout_ms for
+  // the ps's answer (a large shard may take that long to write).
+  spec.sets = {"step_timeout_ms=1000", "init_timeout_ms=30000", "checkpoint_steps=100000000"};
+  auto job = train_job::start(dir.path, spec);
+  static const std::regex progress{R"((?:^|\n)step (\d+)/\d+:)"};
+  auto trains = [&] { return std::regex_search(job->chief().output(), progress); };
+  if (!job->wait_until(trains, 60s))
+    FAIL("no progress line within 60 s:\n" << job->describe());
+  job->process("ps", 1).signal(SIGSTOP);
+  // Within 1 s (a read) or 6 s (a push: 1 s, and 5 s for the node's own
+  // answer) the chief's request times out, then it pings ps 1 for 1.5 s (a
+  // first ping's connection to a stopped node waits up to 5 s): the chief
+  // fails well before the 30 s init_timeout_ms that bounded its pushes
+  // before.
+  const std::string gave_up = "did not come back within 1500 ms (ps_recovery_timeout_ms)";
+  auto failed =
+    job->wait_until([&] { return job->chief().output().find(gave_up) != std::string::npos; }, 20s);
+  // Its stop of the ps tasks at the end needs ps 1 to answer.
+  job->process("ps", 1).signal(SIGCONT);
+  INFO(job->describe());
+  REQUIRE(failed);
+  const auto& out = job->chief().output();
+  auto at = out.find(gave_up);
+  CHECK(out.rfind("/job:ps/task:1 at 127.0.0.1:", at) != std::string::npos);
+  CHECK(out.find("waiting for /job:ps/task:1 to answer", at) != std::string::npos);
+  CHECK(job->wait_all_exit(40s).empty());
+  CHECK(job->chief().exit_code() != 0);
+  CHECK(job->process("worker", 1).exit_code() != 0);
+}
+
+// Catches a request timed out on a stopped ps taken for the end of the job
+// instead of a wait for it, and links that do not open their connections
+// again to a ps that answers again as the same process. (That a push sent
+// again keeps its number is not seen here: async applies either.)
+TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_recovery_timeout_ms "
+          "is taken as it is: the job finishes and every process exits 0",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  const uint64_t steps = 1500;
+  // async: a sync round held past step_timeout_ms by the stop fails its
+  // step, as any round that waits that long does.
+  spec.train_table = sparse_table(ck, steps, "async", "ps_recovery_timeout_ms = 20000\n");
+  spec.sets = {"step_timeout_ms=1000"};
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 60s))
+    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
+  job->process("ps", 1).signal(SIGSTOP);
+  auto noticed = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find("/job:ps/task:1 at 127.0.0.1:");
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
+    },
+    15s);
+  job->process("ps", 1).signal(SIGCONT);
+  if (!noticed)
+    FAIL("the chief did not say within 15 s that ps 1 does not answer:\n" << job->describe());
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(recoveries(out).empty()); // the same process: nothing restored
+  auto final_step = final_global_step(out);
+  REQUIRE(final_step);
+  CHECK(*final_step >= steps);
+  CHECK(*final_step <= steps + 1);
+}
+
+// Catches a chief that counts the workers the job started with, not those
+// that finished (it said workers=2 after worker 1 had died).
+TEST_CASE("a worker of a sync sparse job killed with SIGKILL: the chief finishes the job and "
+          "says one worker finished",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  const uint64_t steps = 1500;
+  spec.train_table = sparse_table(ck, steps);
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 60s))
+    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
+  job->process("worker", 1).signal(SIGKILL);
+  auto code = job->chief().wait_exit(60s);
+  INFO(job->describe());
+  REQUIRE(code);
+  CHECK(*code == 0);
+  const auto& out = job->chief().output();
+  CHECK(final_global_step(out) == steps);
+  CHECK(out.find("workers=1 ") != std::string::npos);
+  for (int k = 0; k < 2; ++k)
+    CHECK(job->process("ps", k).wait_exit(20s) == 0);
 }
 
 } // namespace af::testing

@@ -1,0 +1,184 @@
+// A sparse worker's links through the death of a ps (dist/sparse_recovery.hpp).
+#include "dist/sparse_recovery.hpp"
+
+#include <algorithm>
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+bool ps_may_be_gone(const caf::error& err, bool broken) {
+  return is(err, af_error::peer_down) || is(err, af_error::unreachable)
+         || (broken && is(err, af_error::timeout));
+}
+
+sparse_recovery::sparse_recovery(recover_fn recover, join_fn join, connect_fn connect,
+                                 std::vector<param_shard> shards)
+  : recover_(std::move(recover)), join_(std::move(join)), connect_(std::move(connect)) {
+  for (auto& shard : shards) {
+    mtx_.push_back(std::make_unique<std::mutex>());
+    gens_.push_back(std::make_unique<std::atomic<uint64_t>>(0));
+    endpoint e;
+    e.shard = std::move(shard);
+    now_.push_back(std::move(e));
+  }
+}
+
+sparse_recovery::endpoint sparse_recovery::current(size_t k) {
+  std::lock_guard<std::mutex> guard{*mtx_[k]};
+  return now_[k];
+}
+
+caf::expected<sparse_recovery::endpoint> sparse_recovery::recover(size_t k, uint64_t seen,
+                                                                  const caf::error& why) {
+  std::lock_guard<std::mutex> guard{*mtx_[k]};
+  auto& now = now_[k];
+  if (now.generation != seen)
+    return now; // another link of this ps recovered it meanwhile
+  if (auto err = failure())
+    return err; // a recovery failed: the worker ends with it, no link waits again
+  auto r = recover_(k, step.load(), describe(why), false);
+  if (!r) {
+    std::lock_guard<std::mutex> failed{failure_mtx_};
+    if (!failure_)
+      failure_ = r.error();
+    return std::move(r.error());
+  }
+  if (!(r->shard.actor == now.shard.actor)) {
+    // A new process: its aggregator is new, and this worker joins it once
+    // (it monitors the worker from then on, as the first one did).
+    auto joined = join_(k, r->shard.actor);
+    if (!joined)
+      return std::move(joined.error());
+    now.token = std::move(joined->first);
+    now.last_seq = joined->second;
+    recoveries += 1;
+  }
+  now.shard = r->shard;
+  now.restored_step = r->global_step;
+  now.generation += 1;
+  gens_[k]->store(now.generation, std::memory_order_release);
+  return now;
+}
+
+caf::error sparse_recovery::failure() {
+  std::lock_guard<std::mutex> guard{failure_mtx_};
+  return failure_;
+}
+
+caf::error recovering_ps_link::catch_up() {
+  auto now = r_.current(k_);
+  auto chan = r_.connect(now.shard);
+  if (!chan)
+    return std::move(chan.error());
+  generation_ = now.generation;
+  restored_ = now.restored_step;
+  if (!now.token.empty() && !(now.shard.actor == joined_)) {
+    joined_ = now.shard.actor;
+    moved_ = true;
+    inner_->reconnect(std::move(*chan), now.token, now.last_seq);
+  } else {
+    inner_->reconnect(std::move(*chan));
+  }
+  return caf::none;
+}
+
+caf::error recovering_ps_link::send(request& r) {
+  r.unsent = caf::none;
+  caf::error err;
+  switch (r.kind) {
+    case request::gather:
+      err = inner_->start_gather_rows(r.var, r.ids);
+      break;
+    case request::read:
+      err = inner_->start_read(r.var);
+      break;
+    case request::push: {
+      // To a new aggregator: at the step it was restored at if that is
+      // earlier (async: the chief's view of the step may lag this worker's);
+      // a later one is dropped as late and answered at once (sync).
+      auto at = moved_ ? std::min(r.step, restored_) : r.step;
+      moved_ = false;
+      err = inner_->start_push(at, r.values);
+      break;
+    }
+  }
+  if (err && ps_may_be_gone(err, inner_->broken())) {
+    r.unsent = std::move(err); // its answer recovers the ps and sends it again
+    return caf::none;
+  }
+  return err;
+}
+
+caf::error recovering_ps_link::start(request r) {
+  if (out_.empty() && generation_ != r_.generation(k_))
+    if (auto err = catch_up(); err && !ps_may_be_gone(err, true))
+      return err;
+  if (auto err = send(r))
+    return err;
+  out_.push_back(std::move(r));
+  return caf::none;
+}
+
+caf::error recovering_ps_link::start_gather_rows(const std::string& var, const tensor& ids) {
+  request r;
+  r.kind = request::gather;
+  r.var = var;
+  r.ids = ids;
+  return start(std::move(r));
+}
+
+caf::error recovering_ps_link::start_read(const std::string& var) {
+  request r;
+  r.kind = request::read;
+  r.var = var;
+  return start(std::move(r));
+}
+
+caf::error recovering_ps_link::start_push(uint64_t step, const sparse_push_values& values) {
+  request r;
+  r.kind = request::push;
+  r.step = step;
+  r.values = values;
+  return start(std::move(r));
+}
+
+caf::expected<sparse_ps_link::answer> recovering_ps_link::finish() {
+  if (out_.empty())
+    return make_error(af_error::internal, "an answer asked of a ps link with no request out");
+  for (int tries = 0;; ++tries) {
+    auto& front = out_.front();
+    caf::error err = front.unsent;
+    if (!err) {
+      auto a = inner_->finish();
+      if (a) {
+        out_.pop_front();
+        return a;
+      }
+      err = std::move(a.error());
+    }
+    if (!ps_may_be_gone(err, inner_->broken()) || tries == 3) {
+      out_.pop_front();
+      return err;
+    }
+    auto now = r_.recover(k_, generation_, err);
+    if (!now) {
+      out_.pop_front();
+      return std::move(now.error());
+    }
+    // Every request still out, again, in order, on a connection to the ps
+    // as it runs now (the old one's requests are lost with it).
+    if (auto caught = catch_up()) {
+      front.unsent = std::move(caught);
+      continue;
+    }
+    for (auto& r : out_)
+      if (auto fatal = send(r)) {
+        out_.pop_front();
+        return fatal;
+      }
+  }
+}
+
+} // namespace af
