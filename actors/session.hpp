@@ -226,8 +226,12 @@ public:
   /// empty), like global_variables_initializer. `run_id` names this run, so
   /// that wait_initialized(…, run_id) of other clients waits for this run's
   /// values and not for those an earlier run left on the nodes. A variable
-  /// that its restarted node lost is created again first.
-  caf::error initialize(const std::vector<output>& vars = {}, const std::string& run_id = "");
+  /// that its restarted node lost is created again first. Every variable's
+  /// initializer is asked for at once (on its own node: the nodes fill
+  /// their shards in parallel), each answer waited for up to `timeout` (0:
+  /// the session's timeout; a large table's may need more).
+  caf::error initialize(const std::vector<output>& vars = {}, const std::string& run_id = "",
+                        std::chrono::milliseconds timeout = {});
 
   /// Names of the variables that have no value yet (report_uninitialized_variables).
   caf::expected<std::vector<std::string>> uninitialized(const std::vector<output>& vars = {});

@@ -3,11 +3,17 @@
 
 namespace af {
 
-caf::error session::initialize(const std::vector<output>& vars, const std::string& run_id) {
+caf::error session::initialize(const std::vector<output>& vars, const std::string& run_id,
+                               std::chrono::milliseconds timeout) {
   auto& im = *impl_;
   auto list = im.variables_of(vars);
   if (!list)
     return std::move(list.error());
+  auto wait = timeout.count() > 0 ? timeout : im.opts.timeout;
+  // Every request out first, then every answer: each node runs its
+  // initializers while the others run theirs.
+  using binding_ref = decltype(im.binding_of(list->front()));
+  std::vector<std::pair<output, binding_ref>> targets;
   for (auto v : *list) {
     auto b = im.binding_of(v);
     if (!b && is(b.error(), af_error::gone)) {
@@ -17,17 +23,29 @@ caf::error session::initialize(const std::vector<output>& vars, const std::strin
     }
     if (!b)
       return std::move(b.error());
-    const auto& n = im.g.at(v);
-    caf::error err;
-    im.self->request((*b)->actor, im.opts.timeout, init_atom::value, n.init, false, run_id)
-      .receive([](uint64_t) {},
-               [&](caf::error& e) {
-                 err = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
-               });
-    if (err)
-      return err;
+    targets.emplace_back(v, std::move(b));
   }
-  return caf::none;
+  auto ask = [&](const auto& target) {
+    return im.self->request((*target.second)->actor, wait, init_atom::value,
+                            im.g.at(target.first).init, false, run_id);
+  };
+  if (targets.empty())
+    return caf::none;
+  std::vector<decltype(ask(targets.front()))> asked;
+  asked.reserve(targets.size());
+  for (const auto& target : targets)
+    asked.push_back(ask(target));
+  caf::error first;
+  for (size_t i = 0; i < asked.size(); ++i) {
+    const auto& name = im.g.at(targets[i].first).spec.name;
+    asked[i].receive([](uint64_t) {},
+                     [&](caf::error& e) {
+                       if (!first)
+                         first = im.link.explain(std::move(e), "initialization of '" + name + "'",
+                                                 nullptr);
+                     });
+  }
+  return first;
 }
 
 caf::expected<std::vector<std::string>> session::uninitialized(const std::vector<output>& vars) {

@@ -250,8 +250,10 @@ caf::error initialize_or_restore(sparse_task& t, uint32_t n_ps) {
       return std::move(latest.error());
     restored = std::move(*latest);
   }
+  // A table's initializer fills its shard on its node; a large one takes
+  // longer than one request's timeout: init_timeout_ms bounds them all.
   if (!restored)
-    return t.s.initialize(t.vars);
+    return t.s.initialize(t.vars, {}, std::chrono::milliseconds{t.c.init_timeout_ms});
   auto step = restored->global_step;
   for (uint32_t k = 0; k < n_ps; ++k) {
     auto agg = t.s.aggregator("ps", static_cast<int32_t>(k), spec_of(t, k));
