@@ -314,6 +314,12 @@ private:
   caf::error offer_ucx(std::chrono::steady_clock::time_point deadline);
   /// From now on the connection's bytes go over `b` (shm_'s or ucx_'s).
   void move_to(std::unique_ptr<byte_channel> b);
+  /// On shared memory, where a frame's payload (after `before_payload`
+  /// bytes of header and name) would not start at a multiple of
+  /// shm_channel::payload_alignment of the ring: true, and `pad` the
+  /// padding frame (wire::kind::shm_pad) to send first, so that the node
+  /// can read the payload in place.
+  bool pad_before(wire::header& pad, uint64_t before_payload) const;
 };
 
 } // namespace af
