@@ -247,6 +247,9 @@ TEST_CASE("pushes on shared memory reach the handler in place, whole across the 
   CHECK(r->first == 1u);
   auto next = ch->aggregate(wire::kind::push, "sum", 0, 10, {push_values(floats, 1)}, 5s, token, 10);
   CHECK_FALSE(next);
+  // (Had its room gone back, these would have written over the held push.)
+  for (uint64_t k = 11; k < 15; ++k)
+    (void)ch->aggregate(wire::kind::push, "sum", 0, k, {push_values(floats, 2)}, 5s, token, k);
   auto held = handler->take_held();
   REQUIRE(held != nullptr);
   CHECK(std::memcmp(held.get(), held_values.bytes(), held_values.nbytes()) == 0);
