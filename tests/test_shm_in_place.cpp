@@ -4,6 +4,8 @@
 // handler. Built into actorflow-net-tests (actorflow_net alone).
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -259,5 +261,60 @@ TEST_CASE("pushes on shared memory reach the handler in place, whole across the 
   auto values = push_values(floats, 3);
   auto fresh = value_of(again->aggregate(wire::kind::push, "sum", 0, 11, {values}, 5s, token, 11));
   CHECK(static_cast<double>(fresh.second.values<float>()[0]) == sum_of(values));
+  srv->stop();
+}
+
+TEST_CASE("a padding frame is skipped without an answer, and one that is not padding is refused",
+          "[shm][in_place][wire]") {
+  // Catches: a node that answers padding (the client reads an answer it
+  // never asked for), reads past it wrong (the next frame misread), or
+  // takes a large "padding" frame (a peer's way to make it skip megabytes).
+  auto handler = std::make_shared<in_place_handler>();
+  auto srv = value_of(data_plane_server::start(handler, "127.0.0.1", 0, "fake node"));
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(srv->port());
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  timeval bound{10, 0}; // a bound on the test, not the behaviour's timing
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof(bound));
+  auto reply = [&](std::string& text) {
+    wire::header r;
+    REQUIRE(::recv(fd, &r, sizeof(r), MSG_WAITALL) == static_cast<ssize_t>(sizeof(r)));
+    text.assign(r.payload_bytes, '\0');
+    if (!text.empty())
+      REQUIRE(::recv(fd, text.data(), text.size(), MSG_WAITALL) == static_cast<ssize_t>(text.size()));
+    return r;
+  };
+  // 37 bytes of padding, then a pull: the one answer is the pull's.
+  wire::header pad;
+  pad.kind = static_cast<uint8_t>(wire::kind::shm_pad);
+  pad.payload_bytes = 37;
+  std::vector<char> frames(sizeof(pad) + 37, '\0');
+  std::memcpy(frames.data(), &pad, sizeof(pad));
+  wire::header pull;
+  pull.kind = static_cast<uint8_t>(wire::kind::pull);
+  pull.name_len = 3;
+  frames.insert(frames.end(), reinterpret_cast<char*>(&pull),
+                reinterpret_cast<char*>(&pull) + sizeof(pull));
+  frames.insert(frames.end(), {'a', 'g', 'g'});
+  REQUIRE(::send(fd, frames.data(), frames.size(), MSG_NOSIGNAL)
+          == static_cast<ssize_t>(frames.size()));
+  std::string text;
+  auto r = reply(text);
+  CHECK(r.status == 0);
+  CHECK(r.kind == static_cast<uint8_t>(wire::kind::reply));
+  CHECK(r.version == 0); // the handler's answer: no payload read in place
+  // 64 bytes or more of "padding": refused, and the connection closed.
+  pad.payload_bytes = 64;
+  REQUIRE(::send(fd, &pad, sizeof(pad), MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(pad)));
+  r = reply(text);
+  CHECK(r.status != 0);
+  CHECK_THAT(text, Catch::Contains("padding of 64 bytes"));
+  char byte;
+  CHECK(::recv(fd, &byte, 1, 0) == 0);
+  ::close(fd);
   srv->stop();
 }
