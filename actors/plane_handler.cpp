@@ -283,6 +283,28 @@ bool variable_directory::aggregate(plane_request& req) {
   tensor values;
   bool finite = true; // every float read so far
   if (h.has_tensor) {
+    // On shared memory the push is read in place, without a copy: each
+    // piece checked as it arrives, then the aggregator reads the ring's
+    // bytes (the connection takes its next frame once the push is dropped).
+    bool ok = true;
+    auto in_place = req.payload_in_place(true, sizeof(float), 256 << 10,
+                                         [&](const std::byte* piece, size_t n) {
+                                           if (finite) {
+                                             size_t count = n / sizeof(float);
+                                             const auto* f = reinterpret_cast<const float*>(piece);
+                                             finite = train::first_non_finite(f, count) == count;
+                                           }
+                                         },
+                                         ok);
+    if (!ok) {
+      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
+                       node_name, req.peer(), name);
+      return false;
+    }
+    if (in_place)
+      values = tensor::over(dtype::float32, wire::shape_of(h), std::move(in_place));
+  }
+  if (h.has_tensor && values.empty()) {
     try {
       values.reset(dtype::float32, wire::shape_of(h));
     } catch (const std::bad_alloc&) {

@@ -257,6 +257,20 @@ tensor tensor::slice(size_t first, shape_type shape) const {
   return out;
 }
 
+tensor tensor::over(dtype type, shape_type shape, std::shared_ptr<std::byte> host) {
+  tensor t;
+  auto n = af::num_elements(shape);
+  if (n < 0)
+    throw std::invalid_argument("tensor shape " + shape_string(shape) + " has a negative dimension");
+  t.type_ = type;
+  t.shape_ = std::move(shape);
+  t.count_ = static_cast<size_t>(n);
+  t.st_ = std::make_shared<storage>();
+  t.st_->host = std::move(host);
+  t.st_->host_ready.store(true);
+  return t;
+}
+
 tensor tensor::on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev) {
   tensor t;
   auto n = af::num_elements(shape);

@@ -109,6 +109,12 @@ public:
   template <class T>
   static tensor from_values(shape_type shape, const std::vector<T>& values);
 
+  /// A tensor over `host`'s bytes, which another owner shares (a payload
+  /// read in place from a shared-memory ring: net/plane_handler.hpp): no
+  /// copy. While that owner keeps its copy of `host`, a write copies first,
+  /// as for any shared buffer.
+  static tensor over(dtype type, shape_type shape, std::shared_ptr<std::byte> host);
+
   /// A tensor whose bytes are on a device; the host copy is made on first use.
   static tensor on_device(dtype type, shape_type shape, std::shared_ptr<const device_copy> dev);
 

@@ -20,7 +20,8 @@ std::string validate(const header& h) {
   auto k = h.kind;
   if (!valid_var_op(k) && !aggregator_kind(k) && k != static_cast<uint8_t>(kind::reply)
       && k != static_cast<uint8_t>(kind::shm_offer) && k != static_cast<uint8_t>(kind::edge)
-      && k != static_cast<uint8_t>(kind::ucx_offer) && k != static_cast<uint8_t>(kind::gather_rows))
+      && k != static_cast<uint8_t>(kind::ucx_offer) && k != static_cast<uint8_t>(kind::gather_rows)
+      && k != static_cast<uint8_t>(kind::shm_pad))
     return "unknown frame kind " + std::to_string(k);
   if (h.name_len > max_name)
     return "variable name of " + std::to_string(h.name_len) + " bytes (at most "

@@ -63,6 +63,12 @@ enum class kind : uint8_t {
   /// an abstention. The reply's `version` is the global step, `reserved`
   /// reply_flags, and it carries no parameters.
   push_sparse = 12,
+  /// Padding on a shared-memory connection (net/shm_ring.hpp): no name, no
+  /// tensor, a payload of fewer than 64 bytes that the reader skips, and no
+  /// reply. A writer puts one before a frame whose tensor payload would
+  /// otherwise not start at a multiple of 64 bytes of the ring, so that the
+  /// reader can use the payload in place (docs/wire.md "Shared memory").
+  shm_pad = 13,
   reply = 16,
 };
 

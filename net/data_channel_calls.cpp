@@ -307,6 +307,11 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
   if (auto err = upgrade_if_due(deadline))
     return err;
+  wire::header pad;
+  if (h.payload_bytes > 0 && pad_before(pad, sizeof(h) + h.name_len)) {
+    static const char zeros[shm_channel::payload_alignment] = {};
+    iov.insert(iov.begin(), {{&pad, sizeof(pad)}, {const_cast<char*>(zeros), pad.payload_bytes}});
+  }
   bool sent = write_all(io(deadline), iov.data(), static_cast<int>(iov.size()), &bound);
   if (!sent) {
     auto err = fail(what, errno, wait_for, true);
@@ -322,6 +327,19 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   if (dropped_late != nullptr)
     *dropped_late = push && (reply_flags_ & wire::reply_flags::dropped_late) != 0;
   return std::make_pair(r->second, std::move(r->first));
+}
+
+bool data_channel::pad_before(wire::header& pad, uint64_t before_payload) const {
+  if (shm_ == nullptr || bytes_ != moved_bytes_.get())
+    return false;
+  constexpr uint64_t align = shm_channel::payload_alignment;
+  if ((shm_->written() + before_payload) % align == 0)
+    return false;
+  // The pad frame's own header moves the payload too: its padding is what
+  // is left to the boundary after both.
+  pad.kind = static_cast<uint8_t>(wire::kind::shm_pad);
+  pad.payload_bytes = (align - (shm_->written() + sizeof(pad) + before_payload) % align) % align;
+  return true;
 }
 
 } // namespace af

@@ -370,6 +370,13 @@ private:
   /// pipelined request `what` with deadline `deadline` and reply wait `wait`.
   caf::error send_pipelined(std::string what, std::chrono::steady_clock::time_point deadline,
                             std::chrono::milliseconds wait, std::vector<iovec>& iov);
+
+  /// On shared memory, where a frame's payload (after `before_payload`
+  /// bytes of header and name) would not start at a multiple of
+  /// shm_channel::payload_alignment of the ring: true, and `pad` the
+  /// padding frame (wire::kind::shm_pad) to send first, so that the node
+  /// can read the payload in place.
+  bool pad_before(wire::header& pad, uint64_t before_payload) const;
 };
 
 } // namespace af

@@ -365,9 +365,14 @@ void data_plane_server::serve_frames(served_connection& c) {
     bool edge = h.kind == static_cast<uint8_t>(wire::kind::edge);
     bool ucx_offer = h.kind == static_cast<uint8_t>(wire::kind::ucx_offer);
     bool gather = h.kind == static_cast<uint8_t>(wire::kind::gather_rows);
+    bool pad = h.kind == static_cast<uint8_t>(wire::kind::shm_pad);
     if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer
-        && !edge && !ucx_offer && !gather)
+        && !edge && !ucx_offer && !gather && !pad)
       problem = "a reply frame sent as a request";
+    if (pad && (h.payload_bytes >= shm_channel::payload_alignment || h.has_tensor
+                || h.name_len != 0))
+      problem = fmt::format("padding of {} bytes with a tensor or a name: not one of actorflow's",
+                            h.payload_bytes);
     if (ucx_offer && (h.payload_bytes > ucx_channel::max_address_bytes || h.has_tensor
                       || h.name_len != 0))
       problem = fmt::format("an offer of UCX with a worker address of {} bytes (at most {}), a "
@@ -383,6 +388,15 @@ void data_plane_server::serve_frames(served_connection& c) {
       log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, problem);
       send_error(io, af_error::invalid_argument, node_name_ + " data plane: " + problem);
       break;
+    }
+    if (pad) {
+      // Skipped, unanswered: the next frame's payload starts aligned in
+      // the ring, for its reader to use in place (plane_request::payload_in_place).
+      char skip[shm_channel::payload_alignment];
+      if (h.payload_bytes > 0
+          && c.ended(read_timed(io, skip, h.payload_bytes, frame_ms, frame_ms, false), "padding"))
+        break;
+      continue;
     }
     name.resize(h.name_len);
     if (h.name_len > 0 && c.ended(read_timed(io, name.data(), name.size(), frame_ms, frame_ms, false),
@@ -404,7 +418,7 @@ void data_plane_server::serve_frames(served_connection& c) {
                  : edge                        ? handler_->edge(req)
                  : gather                      ? handler_->gather_rows(req)
                                                : handler_->variable_op(req);
-    if (!go_on)
+    if (!go_on || !c.take_back_lent())
       break;
   }
 }

@@ -14,7 +14,9 @@
 /// written straight from it (reply): no copy in between.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "caf/error.hpp"
@@ -78,6 +80,42 @@ public:
     return true;
   }
 
+  /// The payload in place, without a copy, where the connection holds it in
+  /// this process's memory: on shared memory (net/shm_ring.hpp), a payload
+  /// no larger than the ring that starts at a multiple of `alignment` (its
+  /// elements' size; the frames before it decide). `on_piece(piece, n)` runs as each piece of
+  /// `piece_bytes` has arrived (a check of the bytes while they are in the
+  /// core's cache, as read_payload's), then the payload comes back as a
+  /// buffer that shares the ring's bytes (core/tensor.hpp's tensor::over).
+  /// Its bytes stay the frame's: the connection reads its next frame only
+  /// once every copy of the buffer but its own is dropped (it waits up to
+  /// the frame timeout for that after the handler's call, then closes; the
+  /// memory stays mapped while a copy lives). Null with `ok` true: not on
+  /// this connection, or no payload (read_payload then); null with `ok`
+  /// false: the connection is to be dropped (said in the log unless `quiet`).
+  template <class OnPiece>
+  std::shared_ptr<std::byte> payload_in_place(bool quiet, size_t alignment, size_t piece_bytes,
+                                              OnPiece&& on_piece, bool& ok) {
+    ok = true;
+    const size_t total = h_.payload_bytes;
+    if (total == 0 || consumed_ != 0 || !in_place_possible())
+      return nullptr;
+    // Where the payload starts in the ring depends on the frames before it:
+    // one not aligned for its elements is read (copied) as usual.
+    const std::byte* at = nullptr;
+    if (!peek_bytes(0, quiet, &at) || reinterpret_cast<uintptr_t>(at) % alignment != 0)
+      return nullptr;
+    for (size_t offset = 0; offset < total; offset += piece_bytes) {
+      size_t n = std::min(piece_bytes, total - offset);
+      if (!peek_bytes(offset + n, quiet, &at)) {
+        ok = false;
+        return nullptr;
+      }
+      on_piece(at + offset, n);
+    }
+    return lend_payload(at);
+  }
+
   /// Reads the next `n` bytes of the payload into `dst` (a payload read in
   /// parts: a sparse push's counts, then the tensors they size). A later
   /// refuse() skips only what is left. False: the connection is to be dropped.
@@ -108,6 +146,12 @@ public:
 private:
   /// `n` bytes of the payload into `dst`, within the frame timeout.
   bool read_bytes(void* dst, size_t n, bool quiet);
+  /// payload_in_place's parts: whether this connection can, the first `n`
+  /// bytes of the payload once they are there (`at`: its start), and the
+  /// buffer lent (the connection keeps a copy, served_connection::lent).
+  bool in_place_possible() const;
+  bool peek_bytes(size_t n, bool quiet, const std::byte** at);
+  std::shared_ptr<std::byte> lend_payload(const std::byte* at);
 
   served_connection& conn_;
   const wire::header& h_;

@@ -5,7 +5,12 @@
 #include "net/data_link.hpp"
 #include "net/served_connection.hpp"
 
+#include <sched.h>
+
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 
 #include "core/log.hpp"
 #include "messages/error.hpp"
@@ -46,6 +51,73 @@ bool plane_request::read_bytes(void* dst, size_t n, bool quiet) {
   if (quiet)
     return how == read_end::done;
   return !conn_.ended(how, "payload");
+}
+
+bool plane_request::in_place_possible() const {
+  // (A connection moved to UCX has no rings; the payload must fit the ring.)
+  return conn_.shm != nullptr && conn_.ucx == nullptr && conn_.lent == nullptr
+         && conn_.shm->peekable() && h_.payload_bytes <= conn_.shm->ring_bytes();
+}
+
+bool plane_request::peek_bytes(size_t n, bool quiet, const std::byte** at) {
+  // As read_timed's reads of a payload on the rings (byte_channel.cpp's
+  // shm_bound): the frame timeout for each wait.
+  shm_channel::bound b;
+  b.deadline = conn_.io.deadline;
+  b.cancel = conn_.io.cancel;
+  b.spin = conn_.io.spin;
+  b.first_ms = conn_.frame_ms;
+  b.stall_ms = conn_.frame_ms;
+  auto st = conn_.shm->peek(n, conn_.io.fd, b, at);
+  if (st == shm_channel::status::done)
+    return true;
+  auto how = st == shm_channel::status::closed    ? read_end::closed
+             : st == shm_channel::status::timeout ? read_end::stalled
+             : st == shm_channel::status::idle    ? read_end::stalled
+                                                  : read_end::failed;
+  if (how == read_end::failed)
+    last_tls_error = "its shared-memory ring is corrupt (counters out of range, a flood of "
+                     "doorbell bytes, or a segment it shrank or punched)";
+  if (!quiet)
+    conn_.ended(how, "payload");
+  return false;
+}
+
+std::shared_ptr<std::byte> plane_request::lend_payload(const std::byte* at) {
+  conn_.lent = conn_.shm->lend(at);
+  conn_.lent_bytes = h_.payload_bytes;
+  consumed_ = h_.payload_bytes; // a refusal now skips nothing: the bytes are lent, not read
+  return conn_.lent;
+}
+
+bool served_connection::take_back_lent() {
+  if (lent == nullptr)
+    return true;
+  // The handler's call is over; a holder (an aggregator's round, a message
+  // still being destroyed on its thread) drops its copy at once or soon:
+  // yield a little, then look every 50 us, up to the frame timeout.
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds{frame_ms};
+  for (int looks = 0; lent.use_count() > 1; ++looks) {
+    if (looks < 64) {
+      sched_yield();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= until) {
+      log::get()->warn("{} data plane: dropped {}: a payload it sent, read in place from "
+                       "shared memory, was still in use {} ms after its answer",
+                       node_name, peer, frame_ms);
+      lent.reset(); // the mapping lives on while it is held
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds{50});
+  }
+  // The holders' last reads of the bytes happen before the writer reuses
+  // them (their decrement is a release; this load's fence, an acquire).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  lent.reset();
+  shm->release(lent_bytes, io.fd);
+  lent_bytes = 0;
+  return true;
 }
 
 bool plane_request::skip_payload() {

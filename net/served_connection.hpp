@@ -48,6 +48,15 @@ struct served_connection {
   /// `shm` or `ucx` (or the TLS stream): declared after them, destroyed first.
   std::unique_ptr<byte_channel> bytes;
   int ucx_refused = 0;              ///< offers refused as not an address: the second closes
+  /// A payload lent in place (plane_request::payload_in_place): the
+  /// connection's own copy of the buffer, and its bytes in the ring.
+  std::shared_ptr<std::byte> lent;
+  uint64_t lent_bytes = 0;
+
+  /// After the handler's call: waits until `lent` is the last copy of the
+  /// payload lent (if any), then gives its room in the ring back. False:
+  /// still held after the frame timeout (logged; the connection closes).
+  bool take_back_lent();
 
   /// From now on the connection's bytes go over `b`.
   void move_to(std::unique_ptr<byte_channel> b) {

@@ -32,9 +32,11 @@ namespace af {
 
 namespace {
 
-/// "AFDPSHM2": version 2 wakes a sleeper by a futex in the segment (version
-/// 1, by a doorbell byte only, would sleep through our wake-ups: refused).
-constexpr uint64_t segment_magic = 0x324d485350444641;
+/// "AFDPSHM3": version 3 may send wire::kind::shm_pad frames (a version-2
+/// node would refuse them: it refuses the segment instead, and the client
+/// stays on TCP); version 2 wakes a sleeper by a futex in the segment
+/// (version 1, by a doorbell byte only, would sleep through our wake-ups).
+constexpr uint64_t segment_magic = 0x334d485350444641;
 constexpr uint64_t header_bytes = 4096;                 // magic, ring size, the two controls
 constexpr uint64_t min_ring = uint64_t{64} << 10;
 /// Bytes copied before the other side is told (counters published): small
@@ -188,6 +190,37 @@ bool wake_peer(std::atomic<uint32_t>& flag, int fd) {
 
 } // namespace
 
+/// Unguarded and unmapped when the channel and every buffer it lent
+/// (lend()) are gone: a holder of a payload read in place never touches
+/// unmapped memory, whatever became of the connection.
+struct shm_channel::mapping {
+  void* base = nullptr; ///< the segment
+  uint64_t bytes = 0;
+  int guard = -1; ///< its slot in the SIGBUS guard
+  void* twice = nullptr; ///< the incoming ring, twice in a row (map_incoming_twice)
+  uint64_t twice_bytes = 0;
+  int twice_guard = -1;
+
+  mapping() = default;
+  mapping(const mapping&) = delete;
+  mapping& operator=(const mapping&) = delete;
+  ~mapping() {
+    unguard_segment(twice_guard);
+    if (twice != nullptr)
+      ::munmap(twice, twice_bytes);
+    unguard_segment(guard);
+    if (base != nullptr)
+      ::munmap(base, bytes);
+  }
+
+  bool poisoned() const {
+    for (int slot : {guard, twice_guard})
+      if (slot >= 0 && guarded[slot].poisoned.load(std::memory_order_acquire))
+        return true;
+    return false;
+  }
+};
+
 bool shm_channel::disabled_by_environment() {
   const char* v = std::getenv("ACTORFLOW_DATA_SHM");
   if (v == nullptr)
@@ -236,8 +269,11 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
   ch->bytes_ = header_bytes + 2 * ring_bytes;
   void* p = seg->base;
   ch->base_ = p;
-  ch->guard_ = guard_segment(p, ch->bytes_);
-  if (ch->guard_ < 0)
+  ch->map_ = std::make_shared<mapping>();
+  ch->map_->base = p;
+  ch->map_->bytes = ch->bytes_;
+  ch->map_->guard = guard_segment(p, ch->bytes_);
+  if (ch->map_->guard < 0)
     return make_error(af_error::resource_exhausted,
                       fmt::format("no room to guard another shared-memory segment ({} at once)",
                                   max_guarded));
@@ -249,6 +285,7 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
   ch->in_ = control_at(p, 1);
   ch->out_data_ = static_cast<char*>(p) + header_bytes;
   ch->in_data_ = ch->out_data_ + ring_bytes;
+  ch->map_incoming_twice(); // else reads copy (peekable() false)
   return ch;
 }
 
@@ -271,8 +308,11 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   ch->server_ = true;
   ch->base_ = p;
   ch->bytes_ = bytes;
-  ch->guard_ = guard_segment(p, bytes);
-  if (ch->guard_ < 0)
+  ch->map_ = std::make_shared<mapping>();
+  ch->map_->base = p;
+  ch->map_->bytes = bytes;
+  ch->map_->guard = guard_segment(p, bytes);
+  if (ch->map_->guard < 0)
     return refuse(fmt::format("no room to guard another segment ({} at once)", max_guarded));
   auto* h = static_cast<segment_header*>(p);
   if (h->magic != segment_magic || h->ring_bytes != ring)
@@ -282,18 +322,43 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   ch->in_ = control_at(p, 0);
   ch->in_data_ = static_cast<char*>(p) + header_bytes;
   ch->out_data_ = ch->in_data_ + ring;
+  ch->map_incoming_twice(); // else reads copy (peekable() false)
   return ch;
+}
+
+bool shm_channel::map_incoming_twice() {
+  // Address space for two rings, then the incoming ring's pages mapped
+  // into both halves (mremap of a shared mapping with old size 0 makes a
+  // second mapping of the same pages): the byte after the ring's last is
+  // its first again, so a frame that wraps around the end reads as one.
+  const uint64_t two = 2 * ring_;
+  void* area = ::mmap(nullptr, two, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (area == MAP_FAILED)
+    return false;
+  map_->twice = area;
+  map_->twice_bytes = two;
+  for (uint64_t half = 0; half < 2; ++half) {
+    void* at = static_cast<char*>(area) + half * ring_;
+    // The system call itself: UCX's memory hooks (libucm) replace mremap()
+    // with one that drops the new address (it mapped the ring at 0).
+    auto got = ::syscall(SYS_mremap, in_data_, 0, ring_, MREMAP_MAYMOVE | MREMAP_FIXED, at);
+    if (got == -1 || reinterpret_cast<void*>(got) != at)
+      return false;
+  }
+  map_->twice_guard = guard_segment(area, two);
+  if (map_->twice_guard < 0)
+    return false;
+  in_twice_ = static_cast<const std::byte*>(area);
+  return true;
 }
 
 shm_channel::~shm_channel() {
   unlink();
-  unguard_segment(guard_);
-  if (base_ != nullptr)
-    ::munmap(base_, bytes_);
+  map_.reset(); // unmapped now, unless a buffer lent from it lives on
 }
 
 bool shm_channel::poisoned() const {
-  return guard_ >= 0 && guarded[guard_].poisoned.load(std::memory_order_acquire);
+  return map_ != nullptr && map_->poisoned();
 }
 
 void shm_channel::unlink() {
@@ -553,6 +618,42 @@ shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound
   if (moved != nullptr)
     *moved = tail - start;
   return st;
+}
+
+shm_channel::status shm_channel::peek(uint64_t n, int fd, const bound& b, const std::byte** at) {
+  if (in_twice_ == nullptr || n > ring_)
+    return status::corrupt; // (callers ask peekable() and ring_bytes() first)
+  const uint64_t tail = in_->tail.load(std::memory_order_relaxed); // ours alone
+  auto last_progress = std::chrono::steady_clock::now();
+  for (;;) {
+    uint64_t avail = in_->head.load(std::memory_order_acquire) - tail;
+    if (avail > ring_ || poisoned())
+      return status::corrupt;
+    if (avail >= n)
+      break;
+    // Nothing is taken, so the writer is not woken for room: it has room
+    // for all n bytes (n fits the ring, and everything before them is taken).
+    auto st = wait([&] { return in_->head.load(std::memory_order_acquire) - tail != avail; },
+                   in_->reader_waiting, fd, b, false, last_progress, read_spin_);
+    if (st != status::done)
+      return st;
+    last_progress = std::chrono::steady_clock::now();
+  }
+  *at = in_twice_ + (tail & (ring_ - 1));
+  return status::done;
+}
+
+void shm_channel::release(uint64_t n, int fd) {
+  if (n == 0)
+    return;
+  in_->tail.store(in_->tail.load(std::memory_order_relaxed) + n);
+  wake_peer(in_->writer_waiting, fd);
+}
+
+std::shared_ptr<std::byte> shm_channel::lend(const std::byte* at) const {
+  // A count of its own (the connection tells from it when every holder is
+  // done: plane_request::payload_in_place), and a share of the mapping.
+  return std::shared_ptr<std::byte>(const_cast<std::byte*>(at), [keep = map_](std::byte*) {});
 }
 
 } // namespace af

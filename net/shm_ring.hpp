@@ -78,6 +78,41 @@ public:
   /// skips them). `moved`: bytes read.
   status read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved = nullptr);
 
+  /// Where a payload starts in the ring for the reader to use it in place
+  /// (a multiple of this many bytes from the ring's first): the writer pads
+  /// before a frame to get there (wire::kind::shm_pad).
+  static constexpr uint64_t payload_alignment = 64;
+
+  /// The bytes written to the outgoing ring so far (where the next byte
+  /// goes, counted from the ring's first): the writer's own counter.
+  uint64_t written() const { return out_->head.load(std::memory_order_relaxed); }
+
+  /// Bytes of each direction's ring: the most peek() shows at once.
+  uint64_t ring_bytes() const { return ring_; }
+
+  /// Whether peek() can show bytes in place (the incoming ring could be
+  /// mapped twice: it can, short of address space or guard slots).
+  bool peekable() const { return in_twice_ != nullptr; }
+
+  /// Zero-copy reads: waits until the incoming ring holds the next `n` bytes
+  /// (n <= ring_bytes()) and points `at` to them, in place and contiguous
+  /// (the ring is mapped twice in a row: bytes that wrap around its end
+  /// follow one another). They stay the ring's: the writer gets their room
+  /// back only at release(). Between a peek and its release, no read():
+  /// a later peek of more bytes (from the same start) may follow, to look
+  /// at a payload piece by piece as it arrives.
+  status peek(uint64_t n, int fd, const bound& b, const std::byte** at);
+
+  /// Takes the first `n` bytes that peek() showed (the writer may reuse
+  /// their room, and is woken if it waits for it).
+  void release(uint64_t n, int fd);
+
+  /// A buffer at `at` (inside this channel's mapping: a peek's bytes) that
+  /// keeps the mapping alive while any copy of it lives, even after the
+  /// channel is gone (a holder never touches unmapped memory). Its copies
+  /// are counted apart from other buffers' (use_count()).
+  std::shared_ptr<std::byte> lend(const std::byte* at) const;
+
   /// True if the peer of connected socket `fd` is this host: a loopback
   /// address, or the address this end of the connection has.
   static bool same_host(int fd);
@@ -112,8 +147,15 @@ private:
   /// pages now, and the channel is corrupt (net/shm_ring.cpp).
   bool poisoned() const;
 
+  /// The segment's mapping and the incoming ring's second view of itself
+  /// (twice in a row), each in the SIGBUS guard: unmapped when the channel
+  /// and every buffer lent from it are gone (net/shm_ring.cpp).
+  struct mapping;
+  /// Maps the incoming ring (in_data_) twice in a row: false if it cannot.
+  bool map_incoming_twice();
+
   std::string name_;
-  int guard_ = -1; ///< its slot in the SIGBUS guard
+  std::shared_ptr<mapping> map_;
   bool named_ = false;
   bool server_ = false;
   void* base_ = nullptr;
@@ -123,6 +165,7 @@ private:
   control* in_ = nullptr;
   char* out_data_ = nullptr;
   char* in_data_ = nullptr;
+  const std::byte* in_twice_ = nullptr; ///< in_data_'s bytes, then the same bytes again
   spin_memo read_spin_;  ///< waits for bytes
   spin_memo write_spin_; ///< waits for room
 };

@@ -1,0 +1,80 @@
+// A push read in place from the shared-memory ring (issue 24), end to end:
+// the aggregator gets the ring's bytes, the piece-by-piece non-finite check
+// still runs on them, and the round's answer is the same as a copied push's.
+// The ring alone is in test_shm_in_place.cpp (actorflow-net-tests).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <string>
+
+#include "caf/all.hpp"
+
+#include "core/wire_format.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "dist/training.hpp"
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+#include "members.hpp"
+
+using namespace af;
+using namespace std::chrono_literals;
+
+TEST_CASE("on shared memory a push read in place with a non-finite float in a later piece is "
+          "refused naming it, and finite pushes across the ring's end update every float",
+          "[shm][members][plane]") {
+  // Catches: the in-place read skipping the piece-by-piece check (the NaN
+  // applied), and a payload that wraps around the ring's end read wrong.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  constexpr int64_t n = 300000; // 1.2 MB: pieces of 64 K floats, the NaN in the fifth
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("w", {n - 3}, initializer::constant(1)));
+    REQUIRE(s->variable("b", {3}, initializer::constant(1)));
+  }
+  REQUIRE_FALSE(s->initialize());
+  aggregator_spec spec;
+  spec.name = "test/in_place";
+  spec.mode = GENERATE(as<std::string>{}, "sync", "async");
+  spec.variables = {"w", "b"};
+  spec.workers = 1;
+  spec.optimizer.lr = 1.0;
+  auto agg = s->aggregator("ps", 0, spec);
+  REQUIRE(agg);
+  caf::scoped_actor self{s->system()};
+  auto token = test::join_for_token(self, *agg, 0);
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  auto chan = data_channel::connect("127.0.0.1", info->data_port, "ps", 5s);
+  REQUIRE(chan);
+  // A pull first: the connection moves to shared memory after an answer.
+  REQUIRE((*chan)->aggregate(wire::kind::pull, spec.name, 0, 0, {}, 10s));
+  REQUIRE_FALSE((*chan)->settle());
+  if ((*chan)->transport() != "shared memory") {
+    WARN("on " << (*chan)->transport() << " (ACTORFLOW_DATA_SHM=off?): nothing is read in place");
+    return;
+  }
+  auto grad = tensor::filled(dtype::float32, {n}, 0.5f);
+  grad.mutable_data<float>()[n - 1] = std::numeric_limits<float>::quiet_NaN();
+  auto r = (*chan)->aggregate(wire::kind::push, spec.name, 0, 0, {grad}, 10s, token, 1);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::non_finite));
+  CHECK_THAT(describe(r.error()), Catch::Contains("'b'") && Catch::Contains("element 2 "));
+  // Finite pushes on the same connection: 4 MiB of ring, 1.2 MB a push, so
+  // the fourth wraps around its end. Each takes 1/8 off every float.
+  for (int k = 1; k <= 6; ++k) {
+    INFO("push " << k);
+    auto ok = (*chan)->aggregate(wire::kind::push, spec.name, 0, static_cast<uint64_t>(k - 1),
+                                 {tensor::filled(dtype::float32, {n}, 0.125f)}, 10s, token,
+                                 static_cast<uint64_t>(k + 1));
+    REQUIRE(ok);
+    REQUIRE(ok->second.num_elements() == static_cast<size_t>(n));
+    const float* p = ok->second.data<float>();
+    CHECK(std::count(p, p + n, 1.0f - 0.125f * static_cast<float>(k)) == n);
+  }
+  CHECK((*chan)->transport() == "shared memory");
+}
