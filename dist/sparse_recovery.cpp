@@ -173,11 +173,12 @@ caf::expected<sparse_ps_link::answer> recovering_ps_link::finish() {
       front.unsent = std::move(caught);
       continue;
     }
+    // One refused (not the ps's death) answers with that error in its own
+    // turn, without reading the inner link; the rest still go out, so that
+    // the inner link's answers stay with the requests in out_.
     for (auto& r : out_)
-      if (auto fatal = send(r)) {
-        out_.pop_front();
-        return fatal;
-      }
+      if (auto fatal = send(r))
+        r.unsent = std::move(fatal);
   }
 }
 
