@@ -417,3 +417,60 @@ TEST_CASE("a worker of a sync sparse job killed with SIGKILL: the chief finishes
 }
 
 } // namespace af::testing
+
+namespace af::testing {
+
+// Catches: the chief's metrics asking ps 0's aggregator that died for its
+// stats at every report after ps 0 was restored (a new aggregator): each
+// report's per-worker rows were left out (or waited the whole timeout),
+// the rows after the recovery missing from <stem>.workers.csv.
+TEST_CASE("a ps 0 of an async sparse job killed and restarted: the chief's per-worker metrics "
+          "rows go on from its new aggregator",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  auto metrics = dir.path + "/metrics.csv";
+  const uint64_t steps = 1500;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 1;
+  spec.train_table = sparse_table(ck, steps, "async",
+                                  "metrics = \"" + metrics
+                                    + "\"\nps_recovery_timeout_ms = 15000\n[node]\n"
+                                      "connection_timeout_ms = 120000\n");
+  spec.sets = {"step_timeout_ms=10000"};
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 30s))
+    FAIL("no checkpoint of step >= 100 within 30 s:\n" << job->describe());
+  job->process("ps", 0).signal(SIGKILL);
+  auto noticed = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find("/job:ps/task:0 at 127.0.0.1:");
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
+    },
+    10s);
+  if (!noticed)
+    FAIL("the chief did not say within 10 s that it lost ps 0:\n" << job->describe());
+  job->restart("ps", 0);
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  auto recs = recoveries(out);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].task == "/job:ps/task:0");
+  // A report while ps 0 was down may leave its rows out; none after its recovery.
+  auto recovered_at = out.find("ps recovered: /job:ps/task:0");
+  REQUIRE(recovered_at != std::string::npos);
+  CHECK(out.find("per-worker rows of this report are left out", recovered_at)
+        == std::string::npos);
+  // ps 0's new aggregator counted the chief's pushes since the recovery:
+  // its rows go on past the recovery's step.
+  auto rows = read_worker_rows(dir.path + "/metrics.workers.csv");
+  REQUIRE_FALSE(rows.empty());
+  CHECK(rows.back().step > recs[0].step);
+}
+
+} // namespace af::testing
