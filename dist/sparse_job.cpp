@@ -360,8 +360,6 @@ caf::error arm_recovery(sparse_task& t) {
   return caf::none;
 }
 
-/// After the loop: each ps's aggregator and this worker's token there as
-/// they are now (a recovered ps has a new one), for done and the stats.
 void take_recovered(sparse_task& t) {
   if (!t.recovering)
     return;
