@@ -101,3 +101,38 @@ TEST_CASE("a request refused when the requests out are sent again after a recove
   CHECK(c->version == 'c');
   CHECK(inner.out.empty());
 }
+
+TEST_CASE("a ps that cannot be reached right after its recovery is waited for again, not given "
+          "up on",
+          "[sparse_recovery]") {
+  // Catches: a link whose new connection failed (the ps died again just
+  // after its recovery) asking the recovery for the generation it knew
+  // before: that one had moved on, so the recovery answered at once, and
+  // three tries later the link failed without ever waiting for the ps.
+  param_shard shard;
+  shard.task = "/job:ps/task:0";
+  int recoveries = 0;
+  sparse_recovery rec{
+    [&](size_t, uint64_t, const std::string&, bool) -> caf::expected<recovered_shard> {
+      ++recoveries; // the wait for the ps: it is back after the second
+      return recovered_shard{shard, 0};
+    },
+    [](size_t, const aggregator_actor&) -> caf::expected<std::pair<std::string, uint64_t>> {
+      return make_error(af_error::internal, "no join expected");
+    },
+    [&](const param_shard&) -> caf::expected<std::unique_ptr<data_channel>> {
+      if (recoveries < 2)
+        return make_error(af_error::unreachable, "connection refused");
+      return std::unique_ptr<data_channel>{};
+    },
+    {shard}};
+  scripted_link inner;
+  recovering_ps_link link{inner, 0, rec};
+  REQUIRE_FALSE(link.start_read("a"));
+  inner.break_next = true;
+  auto a = link.finish();
+  INFO((a ? std::string{} : describe(a.error())));
+  REQUIRE(a);
+  CHECK(a->version == 'a');
+  CHECK(recoveries == 2);
+}
