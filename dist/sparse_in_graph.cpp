@@ -251,10 +251,16 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
       picks.push_back(order.at((data_step * n + r) * batch_size + j));
     take(train_set, picks, batch);
     auto* m = g.members[g.sync ? 0 : r];
+    if (t.recovering) // the step a ps that died is restored at (the job's, not 0)
+      t.recovering->step.store(global);
     auto rep = run_sparse_step(*t.model, t.layout, g.sync ? g.merging_ptrs : m->link_ptrs, batch,
                                global);
-    if (!rep)
+    if (!rep) {
+      if (t.recovering) // a ps that did not come back: the cause of what else failed
+        if (auto gone = t.recovering->failure())
+          return gone;
       return rep;
+    }
     if (!std::isfinite(rep->result.loss))
       return make_error(af_error::non_finite,
                         fmt::format("replica {}: the loss of global step {} is {}: the model "
@@ -377,6 +383,11 @@ caf::expected<sparse_outcome> run_client(in_graph_run& g, const sparse_job_optio
     auto total = train::total_steps(c, out.train_examples,
                                     train::step_per_push(c.mode) ? 1 : g.replicas);
     err = train_replicas(g, total, o, out);
+    // A ps recovered on the way has a new aggregator: done, the stats and
+    // the last checkpoint go to it, not to the one that died.
+    take_recovered(t);
+    if (t.recovering)
+      out.ps_recoveries = t.recovering->recoveries.load();
   }
   if (err) {
     // The aggregators stop waiting for this client's members at once.

@@ -362,8 +362,6 @@ caf::error arm_recovery(sparse_task& t) {
   return caf::none;
 }
 
-/// After the loop: each ps's aggregator and this worker's token there as
-/// they are now (a recovered ps has a new one), for done and the stats.
 void take_recovered(sparse_task& t) {
   if (!t.recovering)
     return;
@@ -435,7 +433,10 @@ void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, doubl
   if (!t.metrics || t.members.empty())
     return;
   double examples = static_cast<double>(local_steps) * static_cast<double>(t.c.batch_size);
-  t.metrics->report(t.s, t.members.front().actor, t.timeout, global, seconds, loss,
+  // ps 0's aggregator as it runs now: a recovered ps 0 has a new one (the
+  // old one's stats would fail, or wait the whole timeout, every report).
+  auto ps0 = t.recovering ? t.recovering->current(0).shard.actor : t.members.front().actor;
+  t.metrics->report(t.s, ps0, t.timeout, global, seconds, loss,
                     seconds > 0 ? examples / seconds : 0.0);
 }
 

@@ -105,6 +105,11 @@ caf::error open_metrics(sparse_task& t, uint32_t workers);
 void report_metrics(sparse_task& t, uint64_t global, uint64_t local_steps, double seconds,
                     double loss);
 
+/// After the training loop: each ps's aggregator and this worker's token
+/// there as they are now (a recovered ps has a new one), for done, the
+/// stats and the last checkpoint.
+void take_recovered(sparse_task& t);
+
 /// The held-out set scored with the tables as they are now (out.auc, out.log_loss).
 caf::error score(sparse_task& t, sparse_outcome& out);
 

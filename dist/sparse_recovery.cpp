@@ -69,10 +69,13 @@ caf::error sparse_recovery::failure() {
 
 caf::error recovering_ps_link::catch_up() {
   auto now = r_.current(k_);
+  // Seen even if the connection fails: a ps that died again right after
+  // its recovery is then waited for again (recover() with the generation
+  // as it is now), not given up on after three tries that wait for nothing.
+  generation_ = now.generation;
   auto chan = r_.connect(now.shard);
   if (!chan)
     return std::move(chan.error());
-  generation_ = now.generation;
   restored_ = now.restored_step;
   if (!now.token.empty() && !(now.shard.actor == joined_)) {
     joined_ = now.shard.actor;
@@ -173,11 +176,12 @@ caf::expected<sparse_ps_link::answer> recovering_ps_link::finish() {
       front.unsent = std::move(caught);
       continue;
     }
+    // One refused (not the ps's death) answers with that error in its own
+    // turn, without reading the inner link; the rest still go out, so that
+    // the inner link's answers stay with the requests in out_.
     for (auto& r : out_)
-      if (auto fatal = send(r)) {
-        out_.pop_front();
-        return fatal;
-      }
+      if (auto fatal = send(r))
+        r.unsent = std::move(fatal);
   }
 }
 

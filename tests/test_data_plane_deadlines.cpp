@@ -156,6 +156,54 @@ TEST_CASE("a reply that stops part way fails within the try's wait, not a wait p
   CHECK(took < 4500ms); // one wait and a margin, not two (5 s)
 }
 
+TEST_CASE("after a pipelined request of a longer wait is answered, the channel's next call "
+          "waits its own timeout again",
+          "[data-plane][deadlines][sparse_step]") {
+  // Bug it catches: next_reply() sets the socket's reply wait (SO_RCVTIMEO)
+  // to the pipelined request's (a sparse push waits its round and 5 s); not
+  // set back once no request is out, the channel's next blocking call to a
+  // node that stopped answering waited that long instead of its timeout.
+  deaf_port srv; // used as a listening socket: this test accepts and answers once
+  std::atomic<bool> done{false};
+  std::thread node{[&] {
+    int fd = ::accept(srv.fd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    char buf[4096];
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) > 0) // the pipelined read
+      (void)::recv(fd, buf, sizeof(buf), 0);
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::reply);
+    float one = 1.0f;
+    tensor v{dtype::float32, {1}};
+    wire::describe_tensor(v, h);
+    (void)::send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+    (void)::send(fd, &one, sizeof(one), MSG_NOSIGNAL);
+    // Then no answer, until the client gives up (closes) or 20 s pass.
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof(buf), 0) <= 0)
+        break;
+    ::close(fd);
+  }};
+  // No shared memory: an offer before the second call would go unanswered.
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv.port, "the silent node", 800ms, {},
+                                           nullptr, nullptr, false));
+  REQUIRE_FALSE(ch->send_read("v", 6000ms));
+  auto a = ch->next_reply();
+  REQUIRE(a);
+  CHECK(a->value.num_elements() == 1);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->call(var_op::read, "v", nullptr, true);
+  auto took = since(t0);
+  done = true;
+  node.join();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::timeout));
+  CHECK(took < 4000ms); // the channel's 800 ms and a margin, far below the 6 s
+}
+
 TEST_CASE("a cancel stops a data-plane send that the node does not read",
           "[data-plane][deadlines]") {
   // Bug it catches: the cancel flag (Ctrl-C in the REPL) was looked at only

@@ -417,3 +417,124 @@ TEST_CASE("a worker of a sync sparse job killed with SIGKILL: the chief finishes
 }
 
 } // namespace af::testing
+
+namespace af::testing {
+
+// Catches: the chief's metrics asking ps 0's aggregator that died for its
+// stats at every report after ps 0 was restored (a new aggregator): each
+// report's per-worker rows were left out (or waited the whole timeout),
+// the rows after the recovery missing from <stem>.workers.csv.
+TEST_CASE("a ps 0 of an async sparse job killed and restarted: the chief's per-worker metrics "
+          "rows go on from its new aggregator",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  auto metrics = dir.path + "/metrics.csv";
+  const uint64_t steps = 1500;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 1;
+  spec.train_table = sparse_table(ck, steps, "async",
+                                  "metrics = \"" + metrics
+                                    + "\"\nps_recovery_timeout_ms = 15000\n[node]\n"
+                                      "connection_timeout_ms = 120000\n");
+  spec.sets = {"step_timeout_ms=10000"};
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 30s))
+    FAIL("no checkpoint of step >= 100 within 30 s:\n" << job->describe());
+  job->process("ps", 0).signal(SIGKILL);
+  auto noticed = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find("/job:ps/task:0 at 127.0.0.1:");
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
+    },
+    10s);
+  if (!noticed)
+    FAIL("the chief did not say within 10 s that it lost ps 0:\n" << job->describe());
+  job->restart("ps", 0);
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  auto recs = recoveries(out);
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].task == "/job:ps/task:0");
+  // A report while ps 0 was down may leave its rows out; none after its recovery.
+  auto recovered_at = out.find("ps recovered: /job:ps/task:0");
+  REQUIRE(recovered_at != std::string::npos);
+  CHECK(out.find("per-worker rows of this report are left out", recovered_at)
+        == std::string::npos);
+  // ps 0's new aggregator counted the chief's pushes since the recovery:
+  // its rows go on past the recovery's step.
+  auto rows = read_worker_rows(dir.path + "/metrics.workers.csv");
+  REQUIRE_FALSE(rows.empty());
+  CHECK(rows.back().step > recs[0].step);
+}
+
+} // namespace af::testing
+
+namespace af::testing {
+
+// Catches: an in-graph client that, after a ps was restored mid-job (a new
+// aggregator), says done to and asks the stats of the aggregator that died
+// (its members not taken from the recovery): it failed at the end, or
+// waited init_timeout_ms for each; and one that has the ps restored at
+// global step 0 (the recovery never told the job's step): the job went
+// back to its first steps.
+TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted and finishes "
+          "its steps",
+          "[sparse_job][sparse_in_graph][processes][recovery]") {
+  temp_dir dir;
+  auto path = dir.path + "/job.toml";
+  auto ck = dir.path + "/ck";
+  const uint64_t steps = 6000;
+  auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
+  {
+    std::ofstream f{path};
+    f << "[cluster]\nps = [" << addr() << ", " << addr() << "]\nworker = [" << addr() << ", "
+      << addr() << "]\n\n[train]\n"
+      << sparse_table(ck, steps, "sync",
+                      "ps_recovery_timeout_ms = 15000\n[node]\nconnection_timeout_ms = 120000\n");
+  }
+  auto argv = [&](const std::string& job, int task, bool in_graph) {
+    std::vector<std::string> a{ACTORFLOW_TRAIN_BINARY, "--config", path, "--job", job,
+                               "--task", std::to_string(task), "--set", "step_timeout_ms=10000"};
+    if (in_graph)
+      a.push_back("--in-graph");
+    return a;
+  };
+  auto ps0 = std::make_unique<background_process>(argv("ps", 0, false));
+  auto ps1 = std::make_unique<background_process>(argv("ps", 1, false));
+  background_process client{argv("worker", 0, true)};
+  auto describe = [&] {
+    return "client:\n" + client.output() + "\nps 0:\n" + ps0->output() + "\nps 1:\n"
+           + ps1->output();
+  };
+  if (!client.wait_for("checkpoint: global step 100 ", 60s))
+    FAIL("no checkpoint of step 100 within 60 s:\n" << describe());
+  ps1->signal(SIGKILL);
+  if (!client.wait_for("ps_recovery_timeout_ms", 10s))
+    FAIL("the client did not say within 10 s that it lost ps 1:\n" << describe());
+  ps1 = std::make_unique<background_process>(argv("ps", 1, false));
+  auto code = client.wait_exit(120s);
+  auto ps0_code = ps0->wait_exit(30s);
+  auto ps1_code = ps1->wait_exit(30s);
+  INFO(describe());
+  CHECK(code == 0);
+  auto recs = recoveries(client.output());
+  REQUIRE(recs.size() == 1);
+  CHECK(recs[0].task == "/job:ps/task:1");
+  // Restored at the job's step (at least the checkpoint's), not at 0: the
+  // job does not go back and train its first steps again.
+  CHECK(recs[0].step >= recs[0].checkpoint_step);
+  CHECK(recs[0].checkpoint_step >= 100u);
+  CHECK(client.output().find("train done: mode=sync workers=2 global_step="
+                             + std::to_string(steps) + " ")
+        != std::string::npos);
+  CHECK(ps0_code == 0);
+  CHECK(ps1_code == 0);
+}
+
+} // namespace af::testing

@@ -180,9 +180,10 @@ TEST_CASE("requests pipelined on one data channel are answered in order, and a r
   // Catches: answers matched to the wrong request when several are out on
   // one connection (the sparse step sends every ps all its requests before
   // it reads any answer), an error answer whose text is left in the stream
-  // (the next answer would be read from the middle of it), a channel left
-  // waiting for an answer to a request that never went out, and a reply
-  // wait (SO_RCVTIMEO) not given back to the channel afterwards.
+  // (the next answer would be read from the middle of it) and a channel left
+  // waiting for an answer to a request that never went out. (Every request
+  // here waits the channel's timeout: the reply wait given back afterwards
+  // is tests/test_data_plane_deadlines.cpp's.)
   auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
   REQUIRE(cluster);
   auto s = (*cluster)->session_for("worker", 0);
