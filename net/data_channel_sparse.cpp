@@ -18,7 +18,10 @@ namespace af {
 using namespace plane_io;
 
 caf::expected<std::chrono::steady_clock::time_point>
-data_channel::begin_request(const std::string& what, std::chrono::milliseconds wait) {
+data_channel::begin_request(const std::string& what, size_t name_bytes,
+                            std::chrono::milliseconds wait) {
+  if (name_bytes > wire::max_name)
+    return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
   if (fd_ < 0)
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   auto deadline = std::chrono::steady_clock::now() + wait;
@@ -53,10 +56,8 @@ caf::error data_channel::send_gather_rows(const std::string& var, const tensor& 
     return make_error(af_error::invalid_argument,
                       what + ": ids " + (ids.empty() ? std::string{"empty"} : ids.summary())
                         + ", expected a 1-D int32 or int64 tensor");
-  if (var.size() > wire::max_name)
-    return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
   auto w = wait.count() > 0 ? wait : timeout_;
-  auto deadline = begin_request(what, w);
+  auto deadline = begin_request(what, var.size(), w);
   if (!deadline)
     return std::move(deadline.error());
   wire::header h;
@@ -71,10 +72,8 @@ caf::error data_channel::send_gather_rows(const std::string& var, const tensor& 
 
 caf::error data_channel::send_read(const std::string& var, std::chrono::milliseconds wait) {
   auto what = std::string{to_string(var_op::read)} + " of '" + var + "'";
-  if (var.size() > wire::max_name)
-    return make_error(af_error::invalid_argument, what + ": the name is too long for the data plane");
   auto w = wait.count() > 0 ? wait : timeout_;
-  auto deadline = begin_request(what, w);
+  auto deadline = begin_request(what, var.size(), w);
   if (!deadline)
     return std::move(deadline.error());
   wire::header h;
@@ -173,7 +172,7 @@ caf::error data_channel::send_push_sparse(const std::string& name, uint32_t work
   // As aggregate(): a sync push waits for the other workers, and the node
   // answers its own timeout by wait + 2 s.
   auto w = std::max(wait + std::chrono::seconds(5), timeout_);
-  auto deadline = begin_request(what, w);
+  auto deadline = begin_request(what, name.size() + sizeof(pre), w);
   if (!deadline)
     return std::move(deadline.error());
   return send_pipelined(std::move(what), *deadline, w, iov);

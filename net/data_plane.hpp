@@ -362,10 +362,11 @@ private:
   std::deque<pending_request> pending_;
   /// SO_RCVTIMEO while requests are out (timeout_ when none are).
   std::chrono::milliseconds pending_rcv_{0};
-  /// The checks and deadline of a pipelined request about to go out; an
-  /// error if it cannot. `wait`: its reply's (0: the channel's timeout).
-  caf::expected<std::chrono::steady_clock::time_point> begin_request(const std::string& what,
-                                                                     std::chrono::milliseconds wait);
+  /// The checks (a name of `name_bytes` the frame can carry, an open
+  /// connection) and the deadline of a pipelined request `what` about to go
+  /// out, whose reply waits `wait`; an error if it cannot go.
+  caf::expected<std::chrono::steady_clock::time_point>
+  begin_request(const std::string& what, size_t name_bytes, std::chrono::milliseconds wait);
   /// The frame of `h`, `name` and `iov` (the payload's pieces) sent as a
   /// pipelined request `what` with deadline `deadline` and reply wait `wait`.
   caf::error send_pipelined(std::string what, std::chrono::steady_clock::time_point deadline,
