@@ -65,6 +65,18 @@ caf::expected<uint64_t> restore_shard(variable_cell& cell, const table_shard_req
   auto saved = train::read_table_manifest(req.dir, req.table);
   if (!saved)
     return to_error(saved.error(), req);
+  // The shard files are all of the manifest's step (read_table_shard checks
+  // each header against it); the manifest must be of the step the chief
+  // restores (its signed state file's), else a tables-<step> directory
+  // holding another checkpoint's files is restored as that step.
+  if (saved->global_step != req.global_step)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("table shard '{}': the table manifest of '{}' in '{}' is of "
+                                  "global step {}, the checkpoint being restored of step {}: "
+                                  "that directory holds another checkpoint's files; restore "
+                                  "the right ones there, or move that checkpoint away",
+                                  req.variable, req.table, req.dir, saved->global_step,
+                                  req.global_step));
   tensor value{dtype::float32, cell.spec().shape};
   std::vector<tensor> slots;
   train::table_shard_target target;
