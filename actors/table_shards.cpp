@@ -2,11 +2,13 @@
 #include "actors/table_shards.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "caf/all.hpp"
 
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
+#include "train/optimizer.hpp"
 #include "train/table_checkpoint.hpp"
 
 namespace af {
@@ -30,6 +32,17 @@ caf::expected<train::table_checkpoint_layout> layout_of(const table_shard_reques
                                   req.shard, req.shard_rows.size(),
                                   req.shard < req.shard_rows.size() ? req.shard_rows[req.shard] : 0,
                                   req.strategy));
+  // The slots of one optimizer, as its aggregator keeps them: a request
+  // naming others (or the same one many times) would make the node allocate
+  // a shard's worth per name, filled at its start value, to write or fill.
+  bool known = false;
+  for (const char* kind : {"sgd", "momentum", "adagrad", "adam"})
+    known = known || req.slot_names == train::slot_names(kind);
+  if (!known)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("table checkpoint of '{}': the slots [{}] are not an "
+                                  "optimizer's (none; momentum; accumulator; m, v)",
+                                  req.variable, fmt::join(req.slot_names, ", ")));
   train::table_checkpoint_layout l;
   l.table = req.table;
   l.strategy = static_cast<kernels::partition_strategy>(req.strategy);
