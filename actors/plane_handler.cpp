@@ -265,6 +265,14 @@ bool variable_directory::aggregate(plane_request& req) {
                           "push sends values)",
                           name, dtype_name(static_cast<dtype>(h.dtype)),
                           shape_string(wire::shape_of(h)));
+  } else if (push && !agg.table_rows.empty()) {
+    // Its flat size counts the tables whole: "expected float32[N]" would
+    // ask for the push it refuses.
+    refusal = fmt::format("a dense {} to aggregator '{}', whose {} table(s) take sparse "
+                          "gradients: send push_sparse (kind 12)",
+                          h.kind == static_cast<uint8_t>(wire::kind::push) ? "push" : "push of "
+                                                                                  "parameters",
+                          name, agg.table_rows.size());
   } else if (h.has_tensor
              && (static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
                  || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {

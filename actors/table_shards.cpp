@@ -2,11 +2,13 @@
 #include "actors/table_shards.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "caf/all.hpp"
 
 #include "actors/variable.hpp"
 #include "messages/error.hpp"
+#include "train/optimizer.hpp"
 #include "train/table_checkpoint.hpp"
 
 namespace af {
@@ -30,6 +32,17 @@ caf::expected<train::table_checkpoint_layout> layout_of(const table_shard_reques
                                   req.shard, req.shard_rows.size(),
                                   req.shard < req.shard_rows.size() ? req.shard_rows[req.shard] : 0,
                                   req.strategy));
+  // The slots of one optimizer, as its aggregator keeps them: a request
+  // naming others (or the same one many times) would make the node allocate
+  // a shard's worth per name, filled at its start value, to write or fill.
+  bool known = false;
+  for (const char* kind : {"sgd", "momentum", "adagrad", "adam"})
+    known = known || req.slot_names == train::slot_names(kind);
+  if (!known)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("table checkpoint of '{}': the slots [{}] are not an "
+                                  "optimizer's (none; momentum; accumulator; m, v)",
+                                  req.variable, fmt::join(req.slot_names, ", ")));
   train::table_checkpoint_layout l;
   l.table = req.table;
   l.strategy = static_cast<kernels::partition_strategy>(req.strategy);
@@ -65,6 +78,18 @@ caf::expected<uint64_t> restore_shard(variable_cell& cell, const table_shard_req
   auto saved = train::read_table_manifest(req.dir, req.table);
   if (!saved)
     return to_error(saved.error(), req);
+  // The shard files are all of the manifest's step (read_table_shard checks
+  // each header against it); the manifest must be of the step the chief
+  // restores (its signed state file's), else a tables-<step> directory
+  // holding another checkpoint's files is restored as that step.
+  if (saved->global_step != req.global_step)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("table shard '{}': the table manifest of '{}' in '{}' is of "
+                                  "global step {}, the checkpoint being restored of step {}: "
+                                  "that directory holds another checkpoint's files; restore "
+                                  "the right ones there, or move that checkpoint away",
+                                  req.variable, req.table, req.dir, saved->global_step,
+                                  req.global_step));
   tensor value{dtype::float32, cell.spec().shape};
   std::vector<tensor> slots;
   train::table_shard_target target;

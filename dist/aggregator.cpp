@@ -78,6 +78,15 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
 auto common_handlers(self_pointer self) {
   return std::make_tuple(
     [self](pull_atom) -> caf::result<uint64_t, tensor> {
+      // A table does not travel whole: a pull would copy every shard this
+      // ps holds (and keep the copy until the step moves), for anyone who
+      // reaches the port, since a pull carries no token.
+      if (self->state.tables > 0)
+        return make_error(af_error::invalid_argument,
+                          fmt::format("aggregator '{}' holds tables [{}], which are not pulled "
+                                      "whole: read their rows by id (gather_rows)",
+                                      self->state.spec.name,
+                                      fmt::join(self->state.spec.sparse, ", ")));
       auto p = params(self);
       if (!p)
         return std::move(p.error());

@@ -4,6 +4,7 @@
 // out before any answer is read.
 #include "dist/sparse_step.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
@@ -287,6 +288,15 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
   auto r = model.step(f->rows, f->index, f->dense, batch.labels, true);
   if (!r)
     return make_error(r.error().code, "sparse step: " + r.error().what);
+  // A loss gone to inf or NaN gives gradients the aggregators refuse as
+  // "not finite", which says nothing of why nor what to do: said here,
+  // before anything is pushed.
+  if (!std::isfinite(r->loss))
+    return make_error(af_error::non_finite,
+                      fmt::format("sparse step at global step {}: the loss is {}: the model "
+                                  "diverged (lower learning_rate, or restore a checkpoint); "
+                                  "nothing pushed",
+                                  step, r->loss));
   if (r->row_grads.size() != T || r->dense_grads.size() != layout.dense_vars.size())
     return make_error(af_error::internal,
                       fmt::format("sparse step: the model gave {} row gradients and {} dense "

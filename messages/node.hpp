@@ -79,7 +79,7 @@ struct table_shard_request {
   uint64_t shard = 0;                   ///< which of them `variable` is
   std::vector<std::string> slot_names;  ///< the optimizer's slots (slot_names order)
   std::vector<float> slot_starts;       ///< each slot's start where none exists
-  uint64_t global_step = 0;             ///< save: written into the files
+  uint64_t global_step = 0;             ///< save: written into the files; restore: theirs
   std::string run_id;                   ///< restore: the run that restores it
 };
 

@@ -438,6 +438,24 @@ TEST_CASE("an aggregator takes only the push form of its spec", "[sparse_push]")
   CHECK_THAT(describe(r.error()), Catch::Contains("no tables"));
 }
 
+TEST_CASE("an aggregator with tables refuses a pull, which would copy its tables whole",
+          "[sparse_push]") {
+  sparse_fixture f;
+  REQUIRE(f.spawn("async", 1));
+  caf::error err;
+  f.self->request(f.agg, 10s, pull_atom::value)
+    .receive([&](uint64_t, tensor&) { FAIL("a pull copied the tables whole"); },
+             [&](caf::error& e) { err = std::move(e); });
+  REQUIRE(err);
+  CHECK(is(err, af_error::invalid_argument));
+  CHECK_THAT(describe(err), Catch::Contains("[emb]") && Catch::Contains("gather_rows"));
+  sparse_fixture d;
+  REQUIRE(d.spawn("async", 1, "sgd", true));
+  d.self->request(d.agg, 10s, pull_atom::value)
+    .receive([&](uint64_t, tensor& p) { CHECK(p.num_elements() == 2 + 6 * 3); },
+             [&](caf::error& e) { FAIL(describe(e)); });
+}
+
 TEST_CASE("average refuses sparse tables when the aggregator is spawned, and so does a switch "
           "into it",
           "[sparse_push]") {
@@ -546,5 +564,15 @@ TEST_CASE("rows are read and sparse pushes applied over the data plane", "[spars
     auto abstain = c.push_sparse(spec.name, 0, 1, {}, {}, {}, 10s, token, 4);
     REQUIRE(abstain);
     CHECK(*abstain == 1);
+    // A pull (no token needed) would copy the tables whole: refused, naming
+    // them; a dense push is told to send push_sparse, not "float32[N]".
+    auto pulled = c.aggregate(wire::kind::pull, spec.name, 0, 0, {}, 10s);
+    REQUIRE_FALSE(pulled);
+    CHECK_THAT(describe(pulled.error()), Catch::Contains("[emb]") && Catch::Contains("gather_rows"));
+    auto dense = c.aggregate(wire::kind::push, spec.name, 0, 1,
+                             {tensor::filled(dtype::float32, {6 * 3 + 2}, 0)}, 10s, token, 5);
+    REQUIRE_FALSE(dense);
+    CHECK_THAT(describe(dense.error()), Catch::Contains("push_sparse"));
+    CHECK_FALSE(c.broken());
   }
 }

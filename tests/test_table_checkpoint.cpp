@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -218,6 +221,39 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
     testing::write_file(shard1, "hello, not a table");
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "' is not a table checkpoint shard file"));
+  }
+  // A forger rewrites a float and that chunk's checksum (FNV-1a over 8-byte
+  // words, the file's own): every size and checksum still holds.
+  auto forge = [&](size_t float_in_chunk0, float x) {
+    std::ifstream in{shard1, std::ios::binary};
+    std::string bytes{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    uint32_t header_len = 0;
+    std::memcpy(&header_len, bytes.data() + 8, 4);
+    size_t data = 8 + 4 + header_len + 8, chunk = 2 * dim * 4 * 3;
+    uint64_t chunks = 0;
+    std::memcpy(&chunks, bytes.data() + bytes.size() - 16, 8);
+    std::memcpy(bytes.data() + data + float_in_chunk0 * 4, &x, 4);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i + 8 <= chunk; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes.data() + data + i, 8);
+      h = (h ^ w) * 0x100000001b3ULL;
+    }
+    std::memcpy(bytes.data() + bytes.size() - 16 - 8 * chunks, &h, 8);
+    std::ofstream{shard1, std::ios::binary | std::ios::trunc} << bytes;
+  };
+  SECTION("forged: a NaN value with its chunk's checksum recomputed") {
+    // Catches: a NaN restored (the job then fails at every start, in a
+    // worker's push, naming no file).
+    forge(1, std::numeric_limits<float>::quiet_NaN());
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
+    CHECK_THAT(why, Catch::Contains("'" + shard1 + "'") && Catch::Contains("the value of row 0")
+                      && Catch::Contains("nan at element 1"));
+  }
+  SECTION("forged: a negative Adam second moment") {
+    forge(2 * dim + 3, -1.0f);
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
+    CHECK_THAT(why, Catch::Contains("'" + shard1 + "'") && Catch::Contains("slot 'v' of row 0"));
   }
   SECTION("mismatched dims") {
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim + 1});

@@ -165,6 +165,23 @@ TEST_CASE("3 ps each save the table shard they hold and 2 other ps each restore 
                              static_cast<size_t>(1 - k)))
       .receive([&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
     CHECK(why.find("'" + name + "'") != std::string::npos);
+    // slots no optimizer has (a shard's worth allocated per name): refused
+    why.clear();
+    auto many = request_of(dir.path, name, partition_strategy::div, new_sizes,
+                           static_cast<size_t>(k));
+    many.slot_names.assign(1000, "x");
+    self->request(n.actor, 30s, save_atom::value, many)
+      .receive([&](std::string&) {}, [&](caf::error& e) { why = describe(e); });
+    CHECK_THAT(why, Catch::Contains("are not an optimizer's"));
+    // files of another step than the checkpoint restored (a tables-<step>
+    // directory holding an older checkpoint's): refused, naming both steps
+    why.clear();
+    auto other = request_of(dir.path, name, partition_strategy::div, new_sizes,
+                            static_cast<size_t>(k));
+    other.global_step = 6;
+    self->request(n.actor, 30s, restore_atom::value, other)
+      .receive([&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+    CHECK_THAT(why, Catch::Contains("of global step 5") && Catch::Contains("of step 6"));
     caf::anon_send_exit(n.actor, caf::exit_reason::user_shutdown);
   }
 }

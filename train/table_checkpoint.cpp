@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -566,6 +567,36 @@ struct shard_source {
     return ok();
   }
 
+  /// Every float of the `n` records loaded from local row `first` on is
+  /// finite, an Adam `v` not negative and an Adagrad `accumulator` positive,
+  /// as a job's checkpoint is checked (train/checkpoint_check.cpp): the
+  /// checksums find accidents, not forgery, and a NaN restored would fail
+  /// the job at every start, in a worker's push, naming no file.
+  graph_status check_values(uint64_t first, uint64_t n) const {
+    auto floats = static_cast<size_t>(header.layout.row_floats());
+    const auto& slots = header.layout.slots;
+    for (uint64_t r = 0; r < n; ++r)
+      for (size_t part = 0; part <= slots.size(); ++part) {
+        const char* at = chunk.data() + (r * (1 + slots.size()) + part) * floats * 4;
+        const std::string field = part == 0 ? "value" : "slot '" + slots[part - 1] + "'";
+        for (size_t e = 0; e < floats; ++e) {
+          float x;
+          std::memcpy(&x, at + e * 4, 4);
+          bool bad = !std::isfinite(x) || (part > 0 && slots[part - 1] == "v" && x < 0)
+                     || (part > 0 && slots[part - 1] == "accumulator" && !(x > 0));
+          if (bad)
+            return invalid(fmt::format("table checkpoint file '{}': the {} of row {} of shard {} "
+                                       "holds {} at element {} (not finite, or a slot of the "
+                                       "wrong sign): the file was altered; restore an older "
+                                       "checkpoint (move this tables-<step> directory and its "
+                                       "ckpt-<step>.afck away)",
+                                       path, field, first + r, header.shard, x, e),
+                           af_error::non_finite);
+        }
+      }
+    return ok();
+  }
+
   /// The record (value floats, then each slot's) of local row `r`.
   outcome<const char*> row(uint64_t r) {
     auto per = header.rows_per_chunk;
@@ -581,6 +612,8 @@ struct shard_source {
         return invalid(fmt::format("table checkpoint file '{}' fails the checksum of chunk {} "
                                    "(rows {} to {} of shard {}): the file is corrupt",
                                    path, c, first, first + n - 1, header.shard));
+      if (auto st = check_values(first, n); !st)
+        return st.error();
       loaded = c;
     }
     return chunk.data() + (r % per) * record;
