@@ -1,8 +1,8 @@
 #!/bin/bash
 # ps 1 of a sparse sync job killed, restarted, and killed again KILL2_AFTER seconds after its
 # restart (during or right after its restore), then restarted again: the job must finish.
-# usage: [KILL2_AFTER=S] attack/ps_kill_twice.sh BUILD_DIR WORKDIR
-B=$(cd "${1:-build-cpu}" && pwd); W=${2:-/tmp/s4atk/twice}; C=$(cd "$(dirname "$0")/.." && pwd)/config/embeddings.toml
+# usage: [KILL2_AFTER=S] tests/attack/ps_kill_twice.sh BUILD_DIR WORKDIR
+B=$(cd "${1:-build-cpu}" && pwd); W=${2:-/tmp/s4atk/twice}; C=$(cd "$(dirname "$0")/../.." && pwd)/config/embeddings.toml
 rm -rf "$W.ck"
 EXTRA="--set checkpoint_dir=$W.ck --set checkpoint_steps=2000 --set ps_recovery_timeout_ms=20000" EPOCHS=8 \
   "$(dirname "$0")/start_job.sh" "$B" "$W"

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Absurd [train] values for the sparse job (embedded cluster of config/embeddings.toml's shape):
 # each must be refused naming its key, or run; never crash, hang or allocate without bound.
-# usage: attack/config_absurd.sh BUILD_DIR
-B=$(cd "${1:-build-cpu}" && pwd); C=$(cd "$(dirname "$0")/.." && pwd)/config/embeddings.toml
+# usage: tests/attack/config_absurd.sh BUILD_DIR
+B=$(cd "${1:-build-cpu}" && pwd); C=$(cd "$(dirname "$0")/../.." && pwd)/config/embeddings.toml
 S="--set synthetic_examples=20000 --set epochs=1 --set log_every=0"
 while read -r args; do
   out=$(cd /tmp && ulimit -v 8000000; timeout 60 $B/actorflow-train --config $C $S $args 2>&1 | grep -v "aggregator '\|restored\|^step" | tail -2)

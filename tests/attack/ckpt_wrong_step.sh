@@ -2,8 +2,8 @@
 # A sparse checkpoint's tables-<step> directory replaced by an older, consistent one (its files
 # say step 100, ckpt-200.afck and `latest` say 200), and a torn shard file, a manifest of
 # another table, a missing tables dir: each restore must be refused naming the file.
-# usage: attack/ckpt_wrong_step.sh BUILD_DIR WORKDIR
-B=$(cd "${1:-build-cpu}" && pwd); W=${2:-/tmp/s4atk/wstep}; C=$(cd "$(dirname "$0")/.." && pwd)/config/embeddings.toml
+# usage: tests/attack/ckpt_wrong_step.sh BUILD_DIR WORKDIR
+B=$(cd "${1:-build-cpu}" && pwd); W=${2:-/tmp/s4atk/wstep}; C=$(cd "$(dirname "$0")/../.." && pwd)/config/embeddings.toml
 O="--set synthetic_examples=200000 --set checkpoint_dir=$W/ck --set checkpoint_steps=100 --set log_every=0"
 rm -rf "$W"; mkdir -p "$W"; cd "$W"
 run() { $B/actorflow-train --config $C $O "$@" 2>&1 | grep -v "aggregator '" | grep -i "restored\|error\|refused\|invalid\|not_found\|: .*:" | head -3 | cut -c1-400; }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The chief (worker 0) of a sparse sync job killed with SIGKILL (or SIG=STOP: stopped and never
 # continued) mid-job: every other task must exit, naming the chief, within init_timeout_ms.
-# usage: attack/chief_kill.sh BUILD_DIR WORKDIR
+# usage: tests/attack/chief_kill.sh BUILD_DIR WORKDIR
 set -u
 B=$(cd "${1:-build-cpu}" && pwd); W=${2:-/tmp/s4atk/chief}; SIG=${SIG:-KILL}
 EXTRA="--set init_timeout_ms=5000 --set step_timeout_ms=3000 --set ps_recovery_timeout_ms=5000 ${EXTRA:-}" \

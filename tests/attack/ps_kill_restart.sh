@@ -1,10 +1,10 @@
 #!/bin/bash
 # A sparse sync job of 3 ps + 2 workers (one process per task); ps 1 is killed with SIGKILL
 # mid-job (or stopped with SIGSTOP when SIG=STOP) and started again; the job must finish.
-# usage: [PS=K] [DOWN=S] [DELAY=S] [EXTRA=...] attack/ps_kill_restart.sh BUILD_DIR WORKDIR [SIG]
+# usage: [PS=K] [DOWN=S] [DELAY=S] [EXTRA=...] tests/attack/ps_kill_restart.sh BUILD_DIR WORKDIR [SIG]
 set -u
 B=${1:-build-cpu}; W=${2:-/tmp/s4atk/kill}; SIG=${3:-KILL}
-B=$(cd "$B" && pwd); C=$(cd "$(dirname "$0")/.." && pwd)/config/embeddings.toml
+B=$(cd "$B" && pwd); C=$(cd "$(dirname "$0")/../.." && pwd)/config/embeddings.toml
 rm -rf "$W"; mkdir -p "$W"; cd "$W"
 O="--set epochs=8 --set checkpoint_dir=$W/ck --set checkpoint_steps=2000 --set ps_recovery_timeout_ms=20000 ${EXTRA:-}"
 for k in 0 1 2; do $B/actorflow-train --config $C --job ps --task $k $O > ps$k.log 2>&1 & echo $! > ps$k.pid; done
