@@ -381,6 +381,13 @@ TEST_CASE("recommender config keys: read, written back, and a bad value named by
   auto wrong = apply_overrides(train_config{}, {"partition_strategy=x"});
   REQUIRE_FALSE(wrong);
   CHECK(wrong.error().what.find("--set partition_strategy=div") != std::string::npos);
+  // A value out of its range is told the range, and nothing that says 0 is
+  // allowed ("users = 0: a table has from 1 ...; users takes a non-negative
+  // integer" said both).
+  auto none = apply_overrides(train_config{}, {"users=0"});
+  REQUIRE_FALSE(none);
+  CHECK(none.error().what.find("from 1 to 2^40 rows") != std::string::npos);
+  CHECK(none.error().what.find("non-negative") == std::string::npos);
 }
 
 TEST_CASE("config/embeddings.toml is the recommender on synthetic clicks, valid as it is",

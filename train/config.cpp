@@ -499,7 +499,7 @@ std::string takes(const std::string& key) {
       return fmt::format("a number (a decimal or with an exponent), e.g. --set {}=0.01 or "
                          "--set {}=1e-3", key, key);
     case value_kind::whole:
-      return fmt::format("a non-negative integer, e.g. --set {}=100", key);
+      return fmt::format("a whole number, e.g. --set {}=100", key);
     case value_kind::sizes:
       break;
   }
