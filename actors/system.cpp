@@ -127,4 +127,9 @@ void tune_malloc_for_tensors() {
   mallopt(M_TOP_PAD, 64 << 20);
 }
 
+const char* plaintext_warning() {
+  return "no [security]: both ports are unauthenticated and unencrypted; anyone who reaches them "
+         "can read, overwrite or stop any variable (docs/security.md)";
+}
+
 } // namespace af

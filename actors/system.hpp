@@ -76,6 +76,10 @@ std::unique_ptr<caf::actor_system> start_actor_system(caf::actor_system_config& 
 /// One scheduler thread per core (CAF's default starts max(4, cores)).
 size_t default_threads();
 
+/// The one warning line a node's program logs when it runs without
+/// [security] (actorflow-node, actorflow-train's tasks).
+const char* plaintext_warning();
+
 /// Keeps glibc from returning large buffers to the OS after every message:
 /// without it each buffer over 32 MiB is a fresh mmap that is page-faulted again
 /// on every tensor (the same as GLIBC_TUNABLES mmap_max=0, trim_threshold=max).

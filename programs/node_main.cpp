@@ -225,8 +225,7 @@ static int main_body(int argc, char** argv) {
     return fail(af::describe(node.error()),
                 af::is(node.error(), af::af_error::resource_exhausted) ? 1 : 2);
   if (!node->tls)
-    af::log::get()->warn("no [security]: both ports are unauthenticated and unencrypted; anyone who "
-                         "reaches them can read, overwrite or stop any variable (docs/security.md)");
+    af::log::get()->warn("{}", af::plaintext_warning());
 
   std::string devices;
   for (const auto& d : node->devices)

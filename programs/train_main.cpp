@@ -564,6 +564,8 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);
+  if (!sec->enabled())
+    af::log::get()->warn("{}", af::plaintext_warning());
   int rc = job == "ps" ? serve_ps(sys, node->actor, cluster, name, c, bound)
                        : run_worker(sys, cluster, name, a, c, bound);
   bound.start(name, rc, teardown_limit);

@@ -78,6 +78,12 @@ void trains_to_accuracy(const std::string& mode) {
   auto acc = held_out_accuracy(out);
   REQUIRE(acc);
   CHECK(*acc >= 0.95);
+  // Without [security] every task says once that its ports are plaintext
+  // (README "Security"; actorflow-train's tasks said nothing).
+  for (const auto& t : job->tasks()) {
+    INFO(t.name());
+    CHECK(t.process->output().find("no [security]: both ports are unauthenticated") != std::string::npos);
+  }
 }
 
 } // namespace
@@ -122,6 +128,8 @@ TEST_CASE("sync training across processes with [security] runs over mutual TLS a
   auto acc = held_out_accuracy(job->chief().output());
   REQUIRE(acc);
   CHECK(*acc >= 0.95);
+  for (const auto& t : job->tasks())
+    CHECK(t.process->output().find("no [security]") == std::string::npos);
 }
 
 // Catches: a data-plane push that claims a worker's index without the token
