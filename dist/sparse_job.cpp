@@ -343,18 +343,7 @@ caf::error arm_recovery(sparse_task& t) {
   t.recovery = ctx;
   auto join = [&t](size_t k, const aggregator_actor& agg)
     -> caf::expected<std::pair<std::string, uint64_t>> {
-    // No handle: the same process's aggregator, looked up again through
-    // the session (which opens its broken link again first: a handle of
-    // the old link reaches nothing).
-    auto target = agg;
-    if (!target) {
-      auto found = t.s.aggregator("ps", static_cast<int32_t>(k),
-                                  spec_of(t, static_cast<uint32_t>(k)));
-      if (!found)
-        return std::move(found.error());
-      target = *found;
-    }
-    auto j = join_aggregator(t, static_cast<uint32_t>(k), target);
+    auto j = join_aggregator(t, static_cast<uint32_t>(k), agg);
     if (!j)
       return std::move(j.error());
     return std::make_pair(std::move(j->token), j->last_seq);
@@ -378,16 +367,8 @@ void take_recovered(sparse_task& t) {
     return;
   for (size_t k = 0; k < t.members.size(); ++k) {
     auto now = t.recovering->current(k);
-    if (!now.rejoin_token.empty()) {
-      // The same process joined again: its aggregator's handle of the old
-      // link reaches nothing, so it is looked up again.
-      auto found = t.s.aggregator("ps", static_cast<int32_t>(k),
-                                  spec_of(t, static_cast<uint32_t>(k)));
-      if (found)
-        t.members[k] = {*found, now.rejoin_token};
-    } else if (!now.token.empty()) {
+    if (!now.token.empty())
       t.members[k] = {now.shard.actor, now.token};
-    }
   }
 }
 

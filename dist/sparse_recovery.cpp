@@ -53,19 +53,7 @@ caf::expected<sparse_recovery::endpoint> sparse_recovery::recover(size_t k, uint
       return std::move(joined.error());
     now.token = std::move(joined->first);
     now.last_seq = joined->second;
-    now.rejoin_token.clear();
     recoveries += 1;
-  } else {
-    // The same process (it was stopped, or slow): if it was gone long enough
-    // for its CAF link to this worker to break (connection_timeout_ms), its
-    // aggregator took the worker as left, and refuses its pushes until it
-    // joins again. Joined again, the worker's push numbers go on: a push
-    // that got no answer is sent again under its own number, and taken once.
-    // The handle is looked up again (null): the old link's reaches nothing.
-    auto joined = join_(k, aggregator_actor{});
-    if (!joined)
-      return std::move(joined.error());
-    now.rejoin_token = std::move(joined->first);
   }
   now.shard = r->shard;
   now.restored_step = r->global_step;
@@ -96,8 +84,6 @@ caf::error recovering_ps_link::catch_up() {
   } else {
     inner_->reconnect(std::move(*chan));
   }
-  if (!now.rejoin_token.empty())
-    inner_->set_token(now.rejoin_token); // the same aggregator: its numbers go on
   return caf::none;
 }
 

@@ -33,9 +33,8 @@ public:
   /// recover_ps_of's function (dist/ps_recovery.hpp).
   using recover_fn =
     std::function<caf::expected<recovered_shard>(size_t, uint64_t, const std::string&, bool)>;
-  /// Joins ps `k`'s aggregator `agg` (a new one; null: the one ps k runs
-  /// now, looked up again) as this worker: its token and the number of the
-  /// last push it took from it.
+  /// Joins ps `k`'s aggregator `agg` (a new one) as this worker: its token
+  /// and the number of the last push it took from it.
   using join_fn =
     std::function<caf::expected<std::pair<std::string, uint64_t>>(size_t k, const aggregator_actor&)>;
   /// Opens a data-plane connection to `shard`'s node.
@@ -53,9 +52,6 @@ public:
     uint64_t last_seq = 0;
     uint64_t generation = 0;   ///< 0 as joined; each recovery adds one
     uint64_t restored_step = 0; ///< the step it was restored at (the last recovery)
-    /// The same process's aggregator joined again (it took this worker as
-    /// left): the token it answered; the push numbers go on.
-    std::string rejoin_token;
   };
 
   /// Ps `k` failed a request of a link that knew it at `seen` (`why`): the
