@@ -13,6 +13,7 @@
 #include "dist/sparse_job.hpp"
 #include "dist/train_client.hpp"
 #include "messages/error.hpp"
+#include "sparse_jobs.hpp"
 #include "train_job.hpp"
 
 using namespace af;
@@ -20,24 +21,38 @@ using namespace af::testing;
 
 namespace {
 
-train::train_config status_job(const std::string& mode) {
-  train::train_config c;
-  c.model = "recommender";
-  c.mode = mode;
-  c.data = "synthetic";
-  c.users = 203;
-  c.items = 101;
-  c.dim = 4;
-  c.synthetic_examples = 4000;
-  c.batch_size = 64;
-  c.steps = 20;
-  c.epochs = 0;
-  c.log_every = 0;
-  c.optimizer.kind = "sgd";
-  c.optimizer.lr = 0.5;
-  c.init_timeout_ms = 20000;
-  c.step_timeout_ms = 20000;
-  return c;
+/// Runs `c` on `cluster`: workers 0 and 1 between-graph, each on its own
+/// thread, or (`in_graph`) one client with a replica each; their outcomes
+/// (in-graph: the client's, and an empty one for worker 1).
+std::vector<caf::expected<sparse_outcome>> run_two(embedded_cluster& cluster,
+                                                   const train::train_config& c,
+                                                   const sparse_job_options& o, bool in_graph) {
+  std::vector<caf::expected<sparse_outcome>> results;
+  for (int w = 0; w < 2; ++w)
+    results.emplace_back(make_error(af_error::internal, "not run"));
+  if (in_graph) {
+    auto s = cluster.session_for("worker", 0);
+    if (!s) {
+      results[0] = std::move(s.error());
+      return results;
+    }
+    results[0] = run_sparse_in_graph(*s, c, o);
+    results[1] = sparse_outcome{};
+    return results;
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w)
+    threads.emplace_back([&, w] {
+      auto s = cluster.session_for("worker", w);
+      if (!s) {
+        results[w] = std::move(s.error());
+        return;
+      }
+      results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+    });
+  for (auto& t : threads)
+    t.join();
+  return results;
 }
 
 /// The status_row of `worker` under ps `ps`, if --status printed one.
@@ -75,34 +90,13 @@ TEST_CASE("job_status_text finds a sparse job's aggregators and gives a row per 
   for (bool in_graph : {false, true}) {
     for (std::string mode : {"sync", "async"}) {
       INFO((in_graph ? "in-graph " : "between-graph ") << mode);
-      auto c = status_job(mode);
+      auto c = small_job(mode, 20);
       auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 2}});
       REQUIRE(cluster);
-      std::vector<caf::expected<sparse_outcome>> results;
-      for (int w = 0; w < 2; ++w)
-        results.emplace_back(make_error(af_error::internal, "not run"));
       sparse_job_options o;
       o.shutdown_ps = false;
       o.print = false;
-      if (in_graph) {
-        auto s = (*cluster)->session_for("worker", 0);
-        REQUIRE(s);
-        results[0] = run_sparse_in_graph(*s, c, o);
-        results[1] = sparse_outcome{};
-      } else {
-        std::vector<std::thread> threads;
-        for (int w = 0; w < 2; ++w)
-          threads.emplace_back([&, w] {
-            auto s = (*cluster)->session_for("worker", w);
-            if (!s) {
-              results[w] = std::move(s.error());
-              return;
-            }
-            results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
-          });
-        for (auto& t : threads)
-          t.join();
-      }
+      auto results = run_two(**cluster, c, o, in_graph);
       REQUIRE(results[0]);
       REQUIRE(results[1]);
       auto s = (*cluster)->session_for("worker", 0);
@@ -233,7 +227,7 @@ TEST_CASE("a sparse job's chief writes the metrics CSV and a row per worker besi
   for (bool in_graph : {false, true}) {
     INFO((in_graph ? "in-graph" : "between-graph"));
     temp_dir dir;
-    auto c = status_job(in_graph ? "async" : "sync");
+    auto c = small_job(in_graph ? "async" : "sync", 20);
     c.steps = 20;
     c.log_every = 5;
     c.metrics = dir.path + "/m.csv";
@@ -242,28 +236,7 @@ TEST_CASE("a sparse job's chief writes the metrics CSV and a row per worker besi
     sparse_job_options o;
     o.shutdown_ps = false;
     o.print = false;
-    std::vector<caf::expected<sparse_outcome>> results;
-    for (int w = 0; w < 2; ++w)
-      results.emplace_back(make_error(af_error::internal, "not run"));
-    if (in_graph) {
-      auto s = (*cluster)->session_for("worker", 0);
-      REQUIRE(s);
-      results[0] = run_sparse_in_graph(*s, c, o);
-      results[1] = sparse_outcome{};
-    } else {
-      std::vector<std::thread> threads;
-      for (int w = 0; w < 2; ++w)
-        threads.emplace_back([&, w] {
-          auto s = (*cluster)->session_for("worker", w);
-          if (!s) {
-            results[w] = std::move(s.error());
-            return;
-          }
-          results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
-        });
-      for (auto& t : threads)
-        t.join();
-    }
+    auto results = run_two(**cluster, c, o, in_graph);
     REQUIRE(results[0]);
     REQUIRE(results[1]);
     std::string header;
