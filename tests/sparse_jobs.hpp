@@ -1,9 +1,13 @@
 #pragma once
 // The small sparse jobs the sparse tests train (test_sparse_job.cpp,
-// test_sparse_in_graph.cpp): one config each, so that the between-graph and
-// in-graph cases compare the same job.
+// test_sparse_in_graph.cpp, test_sparse_status.cpp): one config each, so that
+// the between-graph and in-graph cases compare the same job; and how two
+// runs' tables are compared.
+#include <catch2/catch.hpp>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "train/config.hpp"
 
@@ -42,6 +46,20 @@ inline train::train_config planted_job(const std::string& mode) {
   c.optimizer.kind = "adam";
   c.optimizer.lr = 0.02;
   return c;
+}
+
+/// Values that differ, bit for bit, between two runs' tables read back
+/// whole ([table][row * width + col]).
+inline size_t table_differences(const std::vector<std::vector<float>>& a,
+                                const std::vector<std::vector<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  size_t differ = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    REQUIRE(a[t].size() == b[t].size());
+    for (size_t i = 0; i < a[t].size(); ++i)
+      differ += a[t][i] != b[t][i];
+  }
+  return differ;
 }
 
 } // namespace af::testing

@@ -22,6 +22,7 @@ namespace {
 
 using af::testing::planted_job;
 using af::testing::small_job;
+using af::testing::table_differences;
 
 /// A job's outcome and its tables read back whole from their shards, in the
 /// one-piece table's row order, and the dense parameter.
@@ -122,18 +123,6 @@ job_run run_between_graph(const train::train_config& c, int ps, int workers) {
   return out;
 }
 
-/// Values that differ, bit for bit, between two runs' tables.
-size_t differences(const job_run& a, const job_run& b) {
-  REQUIRE(a.tables.size() == b.tables.size());
-  size_t differ = 0;
-  for (size_t t = 0; t < a.tables.size(); ++t) {
-    REQUIRE(a.tables[t].size() == b.tables[t].size());
-    for (size_t i = 0; i < a.tables[t].size(); ++i)
-      differ += a.tables[t][i] != b.tables[t][i];
-  }
-  return differ;
-}
-
 } // namespace
 
 TEST_CASE("an in-graph sparse job of one replica over 3 ps trains exactly what one process "
@@ -197,7 +186,7 @@ TEST_CASE("an in-graph sync sparse job of 2 replicas applies what a sync round o
     CHECK(in_graph.chief->global_step == 20);
     CHECK(in_graph.chief->local_steps == 20);
     REQUIRE(in_graph.tables.size() == 2); // the user and item tables, read back
-    CHECK(differences(between, in_graph) == 0);
+    CHECK(table_differences(between.tables, in_graph.tables) == 0);
     CHECK(in_graph.dense == between.dense);
     CHECK(in_graph.chief->auc == between.chief->auc);
   }
@@ -275,6 +264,6 @@ TEST_CASE("an in-graph sparse job of 40 steps equals one of 20 steps, checkpoint
   CHECK(second.chief->local_steps == 20);
   CHECK(second.chief->global_step == 40);
   REQUIRE(second.tables.size() == 2);
-  CHECK(differences(straight, second) == 0);
+  CHECK(table_differences(straight.tables, second.tables) == 0);
   CHECK(second.dense == straight.dense);
 }

@@ -27,6 +27,7 @@ namespace {
 
 using af::testing::planted_job;
 using af::testing::small_job;
+using af::testing::table_differences;
 
 /// Runs `c` on an embedded cluster of `ps` ps and `workers` workers; the
 /// chief's outcome, and (if asked) each table read back whole from its
@@ -200,22 +201,6 @@ TEST_CASE("a sparse job refuses by name a mode that cannot take sparse gradients
   }
 }
 
-namespace {
-
-/// Values that differ between two read-back jobs (bit for bit), per table.
-size_t table_differences(const job_run& a, const job_run& b) {
-  REQUIRE(a.tables.size() == b.tables.size());
-  size_t differ = 0;
-  for (size_t t = 0; t < a.tables.size(); ++t) {
-    REQUIRE(a.tables[t].size() == b.tables[t].size());
-    for (size_t i = 0; i < a.tables[t].size(); ++i)
-      differ += a.tables[t][i] != b.tables[t][i];
-  }
-  return differ;
-}
-
-} // namespace
-
 TEST_CASE("a sparse job's checkpoint over 3 ps is restored over 2 (mod) and 4 (div) ps bit for "
           "bit, and the job goes on from its step",
           "[sparse_job][sparse_checkpoint]") {
@@ -243,7 +228,7 @@ TEST_CASE("a sparse job's checkpoint over 3 ps is restored over 2 (mod) and 4 (d
     REQUIRE(run.results[0]);
     CHECK(run.results[0]->global_step == 20);
     CHECK(run.results[0]->local_steps == 0); // the job's 20 steps were done
-    CHECK(table_differences(first, run) == 0);
+    CHECK(table_differences(first.tables, run.tables) == 0);
     CHECK(run.dense == first.dense);
   }
   // Going on: 5 more steps over 2 ps, from global step 20.
@@ -291,7 +276,7 @@ TEST_CASE("a sparse job of 40 steps, checkpointing every 10, equals one of 20 st
     REQUIRE(second.results[0]);
     CHECK(second.results[0]->local_steps == 20);
     CHECK(second.results[0]->global_step == 40);
-    CHECK(table_differences(straight, second) == 0);
+    CHECK(table_differences(straight.tables, second.tables) == 0);
     CHECK(second.dense == straight.dense);
   }
 }
