@@ -75,7 +75,7 @@ caf::expected<uint64_t> restore_shard(variable_cell& cell, const table_shard_req
   auto layout = layout_of(req, cell.spec());
   if (!layout)
     return std::move(layout.error());
-  auto saved = train::read_table_manifest(req.dir, req.table);
+  auto saved = train::read_table_manifest(req.dir, req.table, req.manifest_sha256);
   if (!saved)
     return to_error(saved.error(), req);
   // The shard files are all of the manifest's step (read_table_shard checks

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -151,7 +152,7 @@ caf::expected<std::string> save_sparse_checkpoint(session& s, const sparse_check
     l.row_shape = std::move(row_shape);
     l.slots = j.slot_names;
     l.global_step = global_step;
-    if (auto m = train::write_table_manifest(dir, l); !m)
+    if (auto m = train::write_table_manifest(dir, l, *key); !m)
       return to_error(m.error());
     return caf::none;
   };
@@ -200,13 +201,30 @@ latest_sparse_checkpoint(const train::train_config& c) {
 }
 
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
-                                     const std::string& checkpoint_dir, uint64_t step,
+                                     const train::train_config& c, uint64_t step,
                                      const std::string& run_id, std::optional<size_t> only_ps) {
-  auto jobs = shard_jobs(j, sparse_tables_dir(checkpoint_dir, step), step, run_id);
+  auto key = key_of(c);
+  if (!key)
+    return std::move(key.error());
+  auto dir = sparse_tables_dir(c.checkpoint_dir, step);
+  auto jobs = shard_jobs(j, dir, step, run_id);
   if (only_ps)
     jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
                               [&](const shard_job& job) { return job.ps != *only_ps; }),
                jobs.end());
+  // Each table's manifest checked here (its HMAC under the key), and its
+  // SHA-256 handed to the ps, which check the manifest they read against it.
+  std::map<std::string, std::string> digests;
+  for (auto& job : jobs) {
+    auto& digest = digests[job.req.table];
+    if (digest.empty()) {
+      auto d = train::verify_table_manifest(dir, job.req.table, *key);
+      if (!d)
+        return to_error(d.error());
+      digest = *d;
+    }
+    job.req.manifest_sha256 = digest;
+  }
   return ask_every_ps<restore_atom, uint64_t>(s, jobs, j.timeout, restore_atom::value);
 }
 
@@ -226,7 +244,7 @@ caf::expected<training_detail::restored_ps> restore_lost_ps(session& s,
       return std::move(latest.error());
     if (*latest) {
       auto step = (**latest).global_step;
-      if (auto err = restore_sparse_checkpoint(s, j, c.checkpoint_dir, step, "", k))
+      if (auto err = restore_sparse_checkpoint(s, j, c, step, "", k))
         return err;
       out.from = sparse_tables_dir(c.checkpoint_dir, step);
       out.from_step = step;

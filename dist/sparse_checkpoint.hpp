@@ -68,12 +68,14 @@ caf::expected<std::optional<train::checkpoint>>
 latest_sparse_checkpoint(const train::train_config& c);
 
 /// Every ps restores its shards of every table, and ps 0 the dense
-/// parameters, from the checkpoint at `step` (any old layout), all at once;
-/// `run_id` marks the values (wait_initialized). With `only_ps`, that ps
-/// alone (one that died and came back: the others keep their live state).
-/// Errors name the file.
+/// parameters, from the checkpoint at `step` in c.checkpoint_dir (any old
+/// layout), all at once; `run_id` marks the values (wait_initialized). With
+/// `only_ps`, that ps alone (one that died and came back: the others keep
+/// their live state). With c.checkpoint_key, each table's manifest must
+/// carry its HMAC, and through it every shard file's rows are checked
+/// (train/table_checkpoint.hpp). Errors name the file.
 caf::error restore_sparse_checkpoint(session& s, const sparse_checkpoint_job& j,
-                                     const std::string& checkpoint_dir, uint64_t step,
+                                     const train::train_config& c, uint64_t step,
                                      const std::string& run_id,
                                      std::optional<size_t> only_ps = std::nullopt);
 

@@ -265,7 +265,7 @@ caf::error initialize_or_restore(sparse_task& t, uint32_t n_ps) {
     if (!r)
       return std::move(r.error());
   }
-  if (auto err = restore_sparse_checkpoint(t.s, t.checkpoints, t.c.checkpoint_dir, step, ""))
+  if (auto err = restore_sparse_checkpoint(t.s, t.checkpoints, t.c, step, ""))
     return err;
   t.last_saved = step;
   t.saved_any = true;

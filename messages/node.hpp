@@ -81,12 +81,17 @@ struct table_shard_request {
   std::vector<float> slot_starts;       ///< each slot's start where none exists
   uint64_t global_step = 0;             ///< save: written into the files; restore: theirs
   std::string run_id;                   ///< restore: the run that restores it
+  /// restore: the SHA-256 (hex) of the table's manifest, as the chief
+  /// checked it (its HMAC under checkpoint_key): the node refuses another
+  /// manifest. Empty: not checked.
+  std::string manifest_sha256;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, table_shard_request& x) {
   return f(caf::meta::type_name("table_shard_request"), x.dir, x.variable, x.table, x.strategy,
-           x.shard_rows, x.shard, x.slot_names, x.slot_starts, x.global_step, x.run_id);
+           x.shard_rows, x.shard, x.slot_names, x.slot_starts, x.global_step, x.run_id,
+           x.manifest_sha256);
 }
 
 using node_actor = caf::typed_actor<

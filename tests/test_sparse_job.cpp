@@ -309,6 +309,45 @@ TEST_CASE("a sparse job refuses a torn shard file of its checkpoint, naming it, 
   CHECK_FALSE(std::filesystem::exists(sparse_tables_dir(dir.path, 20)));
 }
 
+TEST_CASE("a sparse job with a checkpoint_key restores its tables, and refuses tables whose "
+          "manifest was rewritten without the key, naming it, and trains nothing",
+          "[sparse_job][sparse_checkpoint]") {
+  // Catches: the key's HMAC covering only the job's state file, so that a
+  // shard file forged with finite rows, and its manifest rewritten to match,
+  // were restored; and the chief's check of the manifest not reaching the ps
+  // that read it.
+  testing::temp_dir dir, keys;
+  auto key = keys.path + "/checkpoint.key";
+  testing::write_file(key, "0123456789abcdef0123456789abcdef");
+  auto c = small_job("sync", 10);
+  c.checkpoint_dir = dir.path;
+  c.checkpoint_key = key;
+  REQUIRE(run_job(c, 3, 1, false).results[0]);
+  auto tables = sparse_tables_dir(dir.path, 10);
+  SECTION("as written, it restores and trains on") {
+    auto again = c;
+    again.steps = 20;
+    auto run = run_job(again, 3, 1, false);
+    INFO((run.results[0] ? std::string{} : describe(run.results[0].error())));
+    REQUIRE(run.results[0]);
+    CHECK(std::filesystem::exists(sparse_tables_dir(dir.path, 20)));
+  }
+  SECTION("its manifest rewritten without the key") {
+    auto layout = train::read_table_manifest(tables, "item_emb");
+    REQUIRE(layout);
+    REQUIRE(train::write_table_manifest(tables, *layout));
+    auto again = c;
+    again.steps = 20;
+    auto run = run_job(again, 3, 1, false);
+    REQUIRE_FALSE(run.results[0]);
+    auto what = describe(run.results[0].error());
+    INFO(what);
+    CHECK(what.find(train::table_manifest_path(tables, "item_emb") + "' has no HMAC")
+          != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(sparse_tables_dir(dir.path, 20)));
+  }
+}
+
 TEST_CASE("the workers of a restored sparse job (sync and async, 2 workers) go on from the "
           "checkpoint's step",
           "[sparse_job][sparse_checkpoint]") {

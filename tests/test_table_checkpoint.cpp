@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/shard_routing.hpp"
+#include "train/digest.hpp"
 #include "train/table_checkpoint.hpp"
 #include "temp_dir.hpp"
 
@@ -64,7 +65,7 @@ std::vector<float> rows_of(const std::vector<float>& full, const std::vector<int
 /// Saves `ref` as `n` shards of `s` in `dir` (chunks of 2 rows: several per
 /// shard), each shard written from its own buffers, then the manifest.
 table_checkpoint_layout save(const std::string& dir, const reference& ref, partition_strategy s,
-                             size_t n) {
+                             size_t n, const std::string& key = {}) {
   table_checkpoint_layout l;
   l.table = "emb/w";
   l.strategy = s;
@@ -80,17 +81,27 @@ table_checkpoint_layout save(const std::string& dir, const reference& ref, parti
     INFO((path ? std::string{} : path.error().what));
     REQUIRE(path);
   }
-  auto manifest = train::write_table_manifest(dir, l);
+  auto manifest = train::write_table_manifest(dir, l, key);
   INFO((manifest ? std::string{} : manifest.error().what));
   REQUIRE(manifest);
   return l;
 }
 
 /// Restores shard k of `sizes` by `s`, slots {"m", "v"}, or an error's text.
+/// With a `key`, as a job with checkpoint_key does: the chief's check of the
+/// manifest (verify_table_manifest), then the ps's read against its SHA-256.
 std::string restore(const std::string& dir, partition_strategy s, const std::vector<int64_t>& sizes,
                     size_t k, std::vector<float>& value, std::vector<float>& m,
-                    std::vector<float>& v, shape_type row_shape = {dim}) {
-  auto saved = train::read_table_manifest(dir, "emb/w");
+                    std::vector<float>& v, shape_type row_shape = {dim},
+                    const std::string& key = {}) {
+  std::string digest;
+  if (!key.empty()) {
+    auto d = train::verify_table_manifest(dir, "emb/w", key);
+    if (!d)
+      return d.error().what;
+    digest = *d;
+  }
+  auto saved = train::read_table_manifest(dir, "emb/w", digest);
   if (!saved)
     return saved.error().what;
   value.assign(static_cast<size_t>(sizes[k] * dim), 0);
@@ -106,6 +117,24 @@ std::string restore(const std::string& dir, partition_strategy s, const std::vec
   t.slots = {m.data(), v.data()};
   auto st = train::read_table_shard(dir, *saved, t);
   return st ? std::string{} : st.error().what;
+}
+
+/// What a forger without the key can do to shard file `path`: write `x` as
+/// float `float_in_chunk0` of its first chunk (chunks of 2 rows) and put
+/// that chunk's new SHA-256 in the trailer, so the file's own digests hold.
+void forge_chunk0(const std::string& path, size_t float_in_chunk0, float x) {
+  std::ifstream in{path, std::ios::binary};
+  std::string bytes{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+  in.close();
+  uint32_t header_len = 0;
+  std::memcpy(&header_len, bytes.data() + 8, 4);
+  size_t data = 8 + 4 + header_len + train::digest_size, chunk = 2 * dim * 4 * 3;
+  uint64_t chunks = 0;
+  std::memcpy(&chunks, bytes.data() + bytes.size() - 16, 8);
+  std::memcpy(bytes.data() + data + float_in_chunk0 * 4, &x, 4);
+  auto digest = train::sha256(bytes.data() + data, chunk);
+  bytes.replace(bytes.size() - 16 - train::digest_size * chunks, train::digest_size, digest);
+  std::ofstream{path, std::ios::binary | std::ios::trunc} << bytes;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -204,11 +233,13 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
   SECTION("a flipped byte in a chunk") {
     auto size = std::filesystem::file_size(shard1);
     std::fstream f{shard1, std::ios::in | std::ios::out | std::ios::binary};
-    f.seekp(static_cast<std::streamoff>(size - 40 - 4 * 8));
+    // into the last of its 2 chunks' data, before the trailer (2 digests,
+    // the count, the end magic)
+    f.seekp(static_cast<std::streamoff>(size - 16 - 2 * train::digest_size - 4 * 8));
     f.put('\x7f');
     f.close();
     auto why = restore(dir.path, partition_strategy::mod, sizes, 1, value, m, v);
-    CHECK_THAT(why, Catch::Contains("'" + shard1 + "' fails the checksum of chunk"));
+    CHECK_THAT(why, Catch::Contains("'" + shard1 + "' fails the digest of chunk 1"));
   }
   SECTION("foreign: another shard's file in its place") {
     std::filesystem::copy_file(train::table_shard_path(dir.path, "emb/w", 2, 3), shard1,
@@ -222,38 +253,38 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "' is not a table checkpoint shard file"));
   }
-  // A forger rewrites a float and that chunk's checksum (FNV-1a over 8-byte
-  // words, the file's own): every size and checksum still holds.
-  auto forge = [&](size_t float_in_chunk0, float x) {
-    std::ifstream in{shard1, std::ios::binary};
-    std::string bytes{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
-    uint32_t header_len = 0;
-    std::memcpy(&header_len, bytes.data() + 8, 4);
-    size_t data = 8 + 4 + header_len + 8, chunk = 2 * dim * 4 * 3;
-    uint64_t chunks = 0;
-    std::memcpy(&chunks, bytes.data() + bytes.size() - 16, 8);
-    std::memcpy(bytes.data() + data + float_in_chunk0 * 4, &x, 4);
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i + 8 <= chunk; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, bytes.data() + data + i, 8);
-      h = (h ^ w) * 0x100000001b3ULL;
-    }
-    std::memcpy(bytes.data() + bytes.size() - 16 - 8 * chunks, &h, 8);
-    std::ofstream{shard1, std::ios::binary | std::ios::trunc} << bytes;
+  SECTION("forged: a value with its chunk's digest recomputed") {
+    // Catches: a restore that trusts a chunk's digest without the file's
+    // digest in the manifest (the trailer is the forger's to rewrite).
+    forge_chunk0(shard1, 1, 123.0f);
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
+    CHECK_THAT(why, Catch::Contains("'" + shard1 + "' does not match the digest its manifest"));
+  }
+  // Without a key, a forger who rewrites the manifest too passes every
+  // digest: the values are still checked.
+  auto forge_all = [&](size_t float_in_chunk0, float x) {
+    forge_chunk0(shard1, float_in_chunk0, x);
+    REQUIRE(train::write_table_manifest(dir.path, *train::read_table_manifest(dir.path, "emb/w")));
   };
-  SECTION("forged: a NaN value with its chunk's checksum recomputed") {
+  SECTION("forged with its manifest: a NaN value") {
     // Catches: a NaN restored (the job then fails at every start, in a
     // worker's push, naming no file).
-    forge(1, std::numeric_limits<float>::quiet_NaN());
+    forge_all(1, std::numeric_limits<float>::quiet_NaN());
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "'") && Catch::Contains("the value of row 0")
                       && Catch::Contains("nan at element 1"));
   }
-  SECTION("forged: a negative Adam second moment") {
-    forge(2 * dim + 3, -1.0f);
+  SECTION("forged with its manifest: a negative Adam second moment") {
+    forge_all(2 * dim + 3, -1.0f);
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "'") && Catch::Contains("slot 'v' of row 0"));
+  }
+  SECTION("the first format's files are refused by name") {
+    std::fstream f{shard1, std::ios::in | std::ios::out | std::ios::binary};
+    f.write("AFTAB001", 8);
+    f.close();
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
+    CHECK_THAT(why, Catch::Contains("'" + shard1 + "' is of the first format"));
   }
   SECTION("mismatched dims") {
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim + 1});
@@ -271,5 +302,48 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
     auto manifest = train::write_table_manifest(dir.path, l);
     REQUIRE_FALSE(manifest);
     CHECK_THAT(manifest.error().what, Catch::Contains("'" + shard1 + "' is torn"));
+  }
+}
+
+TEST_CASE("with a checkpoint_key, a table's manifest carries its HMAC and a forger who rewrites "
+          "a shard and its manifest without the key is refused",
+          "[table_checkpoint]") {
+  // Catches: the HMAC covering only the job's state file, so that finite
+  // forged rows (which no value check can tell) were restored; and a ps
+  // reading another manifest than the one the chief checked.
+  testing::temp_dir dir;
+  reference ref;
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  auto layout = save(dir.path, ref, partition_strategy::mod, 3, key);
+  auto sizes = kernels::balanced_shard_rows(rows, 2);
+  auto shard1 = train::table_shard_path(dir.path, "emb/w", 1, 3);
+  auto manifest = train::table_manifest_path(dir.path, "emb/w");
+  std::vector<float> value, m, v;
+  SECTION("as written, it restores") {
+    CHECK(restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key).empty());
+    auto ids = ids_of(partition_strategy::mod, sizes, 0);
+    CHECK(same_bits(value, rows_of(ref.value, ids)));
+  }
+  SECTION("a finite forged row with the manifest rewritten without the key") {
+    forge_chunk0(shard1, 1, 123.0f);
+    REQUIRE(train::write_table_manifest(dir.path, layout));
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
+    CHECK_THAT(why, Catch::Contains("'" + manifest + "' has no HMAC"));
+  }
+  SECTION("the manifest rewritten under another key") {
+    forge_chunk0(shard1, 1, 123.0f);
+    REQUIRE(train::write_table_manifest(dir.path, layout, "another key, 32 bytes long......"));
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
+    CHECK_THAT(why, Catch::Contains("'" + manifest + "' fails its HMAC"));
+  }
+  SECTION("the manifest replaced after the chief checked it") {
+    auto digest = train::verify_table_manifest(dir.path, "emb/w", key);
+    REQUIRE(digest);
+    forge_chunk0(shard1, 1, 123.0f);
+    REQUIRE(train::write_table_manifest(dir.path, layout));
+    auto read = train::read_table_manifest(dir.path, "emb/w", *digest);
+    REQUIRE_FALSE(read);
+    CHECK_THAT(read.error().what, Catch::Contains("'" + manifest + "' is not the one the chief "
+                                                  "checked"));
   }
 }

@@ -17,13 +17,12 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/read_file.hpp"
 #include "core/fnv1a.hpp"
+#include "train/digest.hpp"
 
 namespace af::train {
 
@@ -33,7 +32,7 @@ namespace fs = std::filesystem;
 
 constexpr char magic[8] = {'A', 'F', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr size_t header_size = 32;
-constexpr size_t mac_size = 32; ///< HMAC-SHA256, after the body (checkpoint_flag_hmac)
+constexpr size_t mac_size = digest_size; ///< HMAC-SHA256, after the body (checkpoint_flag_hmac)
 constexpr size_t min_key_bytes = 16;
 constexpr size_t max_key_bytes = 4096;
 
@@ -287,18 +286,6 @@ std::string read_up_to(int fd, size_t n) {
     done += static_cast<size_t>(got);
   }
   out.resize(done);
-  return out;
-}
-
-/// HMAC-SHA256 (32 bytes) of `n` bytes under `key`; empty if OpenSSL failed.
-std::string hmac_sha256(const checkpoint_key& key, const char* data, size_t n) {
-  std::string out(mac_size, '\0');
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-            reinterpret_cast<const unsigned char*>(data), n,
-            reinterpret_cast<unsigned char*>(out.data()), &len)
-      || len != mac_size)
-    return {};
   return out;
 }
 

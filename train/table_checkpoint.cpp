@@ -15,18 +15,21 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <openssl/crypto.h>
 
 #include "core/read_file.hpp"
+#include "train/digest.hpp"
 
 namespace af::train {
 
 namespace {
 
-constexpr char shard_magic[] = "AFTAB001";
+constexpr char shard_magic[] = "AFTAB002";
+constexpr char old_shard_magic[] = "AFTAB001"; ///< FNV-1a checksums, before the digests
 constexpr char trailer_magic[] = "AFTABEND";
 constexpr size_t magic_size = 8;
 constexpr uint32_t max_header_bytes = 64u << 20; ///< n shard sizes and names: far below this
-constexpr char manifest_first_line[] = "actorflow table checkpoint 1";
+constexpr char manifest_first_line[] = "actorflow table checkpoint 2";
 
 graph_error invalid(std::string what, af_error code = af_error::invalid_argument) {
   return graph_error{code, std::move(what)};
@@ -34,22 +37,6 @@ graph_error invalid(std::string what, af_error code = af_error::invalid_argument
 
 graph_error io_error(const std::string& what, const std::string& path) {
   return invalid(fmt::format("cannot {} '{}': {}", what, path, std::strerror(errno)));
-}
-
-/// FNV-1a over 8-byte words (then the last bytes one by one): the same
-/// accident-finding checksum as core/fnv1a.hpp, about 8 times faster on a
-/// table's gigabytes.
-uint64_t checksum(const char* data, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, data + i, 8);
-    h = (h ^ w) * 0x100000001b3ULL;
-  }
-  for (; i < n; ++i)
-    h = (h ^ static_cast<unsigned char>(data[i])) * 0x100000001b3ULL;
-  return h;
 }
 
 void put_le(std::string& out, uint64_t v, int bytes) {
@@ -101,16 +88,18 @@ struct shard_header {
   table_checkpoint_layout layout;
   uint64_t shard = 0;
   uint64_t rows_per_chunk = 1;
-  uint64_t header_checksum = 0;
-  uint64_t data_offset = 0; ///< where the first row starts
+  std::string header_digest; ///< SHA-256 of the header's bytes (raw)
+  uint64_t data_offset = 0;  ///< where the first row starts
 
   uint64_t record_bytes() const {
     return static_cast<uint64_t>(layout.row_floats()) * 4 * (1 + layout.slots.size());
   }
   uint64_t rows() const { return static_cast<uint64_t>(layout.shard_rows[shard]); }
   uint64_t chunks() const { return (rows() + rows_per_chunk - 1) / rows_per_chunk; }
+  /// Bytes of the trailer: a digest per chunk, the count, the end magic.
+  uint64_t trailer_size() const { return chunks() * digest_size + 16; }
   /// The size a whole file of this header has.
-  uint64_t file_size() const { return data_offset + rows() * record_bytes() + chunks() * 8 + 16; }
+  uint64_t file_size() const { return data_offset + rows() * record_bytes() + trailer_size(); }
 };
 
 std::string encode_header(const table_checkpoint_layout& l, size_t k, uint64_t rows_per_chunk) {
@@ -279,30 +268,61 @@ outcome<shard_header> decode_header(const std::string& h, const std::string& pat
 /// checksum, fields); the file's size in `size`.
 outcome<shard_header> read_header(int fd, const std::string& path, uint64_t size) {
   char head[magic_size + 4];
+  if (size >= sizeof head && pread_exact(fd, head, sizeof head, 0)
+      && std::memcmp(head, old_shard_magic, magic_size) == 0)
+    return invalid(fmt::format("table checkpoint file '{}' is of the first format (\"{}\", "
+                               "checksums without digests), which this build no longer "
+                               "reads: restore it with the actorflow that wrote it, or train "
+                               "afresh",
+                               path, old_shard_magic),
+                   af_error::unsupported);
   if (size < sizeof head || !pread_exact(fd, head, sizeof head, 0)
       || std::memcmp(head, shard_magic, magic_size) != 0)
     return invalid(fmt::format("'{}' is not a table checkpoint shard file (it does not start "
                                "with \"{}\"): a foreign file",
                                path, shard_magic));
   auto len = static_cast<uint32_t>(get_le(head + magic_size, 4));
-  if (len > max_header_bytes || size < sizeof head + len + 8)
+  if (len > max_header_bytes || size < sizeof head + len + digest_size)
     return invalid(fmt::format("table checkpoint file '{}' is torn: {} bytes cannot hold its "
                                "header of {} bytes",
                                path, size, len));
   std::string h(len, '\0');
-  char sum[8];
-  if (!pread_exact(fd, h.data(), len, sizeof head) || !pread_exact(fd, sum, 8, sizeof head + len))
+  std::string sum(digest_size, '\0');
+  if (!pread_exact(fd, h.data(), len, sizeof head)
+      || !pread_exact(fd, sum.data(), digest_size, sizeof head + len))
     return io_error("read the header of table checkpoint file", path);
-  if (get_le(sum, 8) != checksum(h.data(), h.size()))
-    return invalid(fmt::format("table checkpoint file '{}' fails its header checksum: the file "
+  if (sum != sha256(h.data(), h.size()))
+    return invalid(fmt::format("table checkpoint file '{}' fails its header digest: the file "
                                "is corrupt",
                                path));
   auto out = decode_header(h, path);
   if (!out)
     return out;
-  out->header_checksum = get_le(sum, 8);
-  out->data_offset = sizeof head + len + 8;
+  out->header_digest = std::move(sum);
+  out->data_offset = sizeof head + len + digest_size;
   return out;
+}
+
+/// The trailer of the shard file at `path` (whose header is `h`, whose
+/// size is `size`, already checked to be h.file_size()): its bytes, checked
+/// for the end magic and the chunk count.
+outcome<std::string> read_trailer(int fd, const std::string& path, const shard_header& h,
+                                  uint64_t size) {
+  std::string tail(h.trailer_size(), '\0');
+  if (!pread_exact(fd, tail.data(), tail.size(), size - tail.size()))
+    return io_error("read the trailer of table checkpoint file", path);
+  if (tail.compare(tail.size() - magic_size, magic_size, trailer_magic) != 0
+      || get_le(tail.data() + h.chunks() * digest_size, 8) != h.chunks())
+    return invalid(fmt::format("table checkpoint file '{}' is torn: its trailer is not there",
+                               path));
+  return tail;
+}
+
+/// What the manifest lists of a shard file: SHA-256 of its header's digest
+/// and its trailer (every chunk's digest), so the manifest vouches for every
+/// byte of the file through the chunks' digests.
+std::string file_digest(const shard_header& h, const std::string& tail) {
+  return sha256((h.header_digest + tail).data(), h.header_digest.size() + tail.size());
 }
 
 } // namespace
@@ -355,7 +375,7 @@ outcome<std::string> write_table_shard(const std::string& dir,
   std::string head(shard_magic, magic_size);
   put_le(head, header.size(), 4);
   head += header;
-  put_le(head, checksum(header.data(), header.size()), 8);
+  head += sha256(header.data(), header.size());
 
   durable_file file{path};
   if (auto st = file.open(); !st)
@@ -378,7 +398,7 @@ outcome<std::string> write_table_shard(const std::string& dir,
       }
     }
     auto bytes = static_cast<size_t>(n) * record;
-    put_le(trailer, checksum(chunk.data(), bytes), 8);
+    trailer += sha256(chunk.data(), bytes);
     if (auto st = file.write(chunk.data(), bytes); !st)
       return st.error();
   }
@@ -392,7 +412,8 @@ outcome<std::string> write_table_shard(const std::string& dir,
 }
 
 outcome<std::string> write_table_manifest(const std::string& dir,
-                                          const table_checkpoint_layout& layout) {
+                                          const table_checkpoint_layout& layout,
+                                          const std::string& key) {
   auto path = table_manifest_path(dir, layout.table);
   if (auto st = check_layout(layout, "table manifest '" + path + "'"); !st)
     return st.error();
@@ -410,9 +431,13 @@ outcome<std::string> write_table_manifest(const std::string& dir,
     if (!fd)
       return fd.error();
     auto h = read_header(*fd, file, size);
+    auto tail = h && size == h->file_size() ? read_trailer(*fd, file, *h, size)
+                                            : outcome<std::string>{std::string{}};
     ::close(*fd);
     if (!h)
       return h.error();
+    if (!tail)
+      return tail.error();
     const auto& l = h->layout;
     if (l.table != layout.table || h->shard != k || l.strategy != layout.strategy
         || l.shard_rows != layout.shard_rows || l.row_shape != layout.row_shape
@@ -427,9 +452,16 @@ outcome<std::string> write_table_manifest(const std::string& dir,
                                  file, size, h->file_size()));
     auto slash = file.rfind('/');
     text += fmt::format("shard {} {} {} {}\n", k, file.substr(slash + 1), size,
-                        h->header_checksum);
+                        to_hex(file_digest(*h, *tail)));
   }
-  text += fmt::format("checksum {}\n", checksum(text.data(), text.size()));
+  if (!key.empty()) {
+    auto mac = hmac_sha256(key, text.data(), text.size());
+    if (mac.empty())
+      return invalid("table manifest '" + path + "': cannot compute its HMAC-SHA256 (OpenSSL "
+                     "failed)", af_error::internal);
+    text += "hmac " + to_hex(mac) + "\n";
+  }
+  text += "checksum " + to_hex(sha256(text.data(), text.size())) + "\n";
   durable_file out{path};
   if (auto st = out.open(); !st)
     return st.error();
@@ -449,9 +481,15 @@ outcome<table_checkpoint_layout> parse_manifest(const std::string& text, const s
     return invalid(fmt::format("table manifest '{}' {}", path, why));
   };
   auto sum_at = text.rfind("checksum ");
+  if (text.rfind("actorflow table checkpoint 1\n", 0) == 0)
+    return invalid(fmt::format("table manifest '{}' is of the first format, which this build no "
+                               "longer reads: restore it with the actorflow that wrote it, or "
+                               "train afresh",
+                               path),
+                   af_error::unsupported);
   if (text.rfind(std::string{manifest_first_line} + "\n", 0) != 0 || sum_at == std::string::npos)
     return bad("is not a table manifest (or is torn: no first line or no checksum line)");
-  auto want = std::to_string(checksum(text.data(), sum_at));
+  auto want = to_hex(sha256(text.data(), sum_at));
   if (text.compare(sum_at, std::string::npos, "checksum " + want + "\n") != 0)
     return bad("fails its checksum: the file is torn or corrupt");
   table_checkpoint_layout l;
@@ -484,14 +522,14 @@ outcome<table_checkpoint_layout> parse_manifest(const std::string& text, const s
       words >> l.global_step;
     } else if (key == "shard") {
       size_t k = 0;
-      std::string file;
-      uint64_t bytes = 0, sum = 0;
-      words >> k >> file >> bytes >> sum;
+      std::string file, digest;
+      uint64_t bytes = 0;
+      words >> k >> file >> bytes >> digest;
       if (k != l.shard_bytes.size())
         return bad(fmt::format("lists shard {} where shard {} belongs", k, l.shard_bytes.size()));
       l.shard_bytes.push_back(bytes);
-      l.shard_header_sums.push_back(sum);
-    } else if (key != "dtype") {
+      l.shard_digests.push_back(digest);
+    } else if (key != "dtype" && key != "hmac") { // hmac: verify_table_manifest's
       return bad("has an unknown line '" + line + "'");
     }
   }
@@ -511,7 +549,7 @@ struct shard_source {
   std::string path;
   int fd = -1;
   shard_header header;
-  std::vector<uint64_t> sums; ///< each chunk's checksum (the trailer)
+  std::string tail;          ///< the trailer: each chunk's digest first
   int64_t loaded = -1;        ///< the chunk in `chunk`
   std::vector<char> chunk;
 
@@ -543,8 +581,7 @@ struct shard_source {
                                  shape_string(saved.row_shape), fmt::join(saved.slots, ", ")),
                      af_error::shape_mismatch);
     if (l.table != saved.table || header.shard != k || l.strategy != saved.strategy
-        || l.shard_rows != saved.shard_rows || l.global_step != saved.global_step
-        || header.header_checksum != saved.shard_header_sums[k])
+        || l.shard_rows != saved.shard_rows || l.global_step != saved.global_step)
       return invalid(fmt::format("table checkpoint file '{}' is not shard {} of the manifest's "
                                  "checkpoint of table '{}' at step {} (it holds shard {} of "
                                  "table '{}' at step {}): a foreign file",
@@ -554,16 +591,17 @@ struct shard_source {
       return invalid(fmt::format("table checkpoint file '{}' is torn: it is {} bytes, its header "
                                  "gives {} (the manifest {})",
                                  path, size, header.file_size(), saved.shard_bytes[k]));
-    auto chunks = header.chunks();
-    std::string tail(chunks * 8 + 16, '\0');
-    if (!pread_exact(fd, tail.data(), tail.size(), size - tail.size()))
-      return io_error("read the trailer of table checkpoint file", path);
-    if (tail.compare(tail.size() - magic_size, magic_size, trailer_magic) != 0
-        || get_le(tail.data() + chunks * 8, 8) != chunks)
-      return invalid(fmt::format("table checkpoint file '{}' is torn: its trailer is not there",
+    auto t = read_trailer(fd, path, header, size);
+    if (!t)
+      return t.error();
+    tail = std::move(*t);
+    if (to_hex(file_digest(header, tail)) != saved.shard_digests[k])
+      return invalid(fmt::format("table checkpoint file '{}' does not match the digest its "
+                                 "manifest lists: its rows were altered or it was replaced "
+                                 "after the manifest was written; restore an older checkpoint "
+                                 "(move this tables-<step> directory and its ckpt-<step>.afck "
+                                 "away)",
                                  path));
-    for (uint64_t c = 0; c < chunks; ++c)
-      sums.push_back(get_le(tail.data() + c * 8, 8));
     return ok();
   }
 
@@ -608,8 +646,10 @@ struct shard_source {
       chunk.resize(n * record);
       if (!pread_exact(fd, chunk.data(), chunk.size(), header.data_offset + first * record))
         return io_error("read table checkpoint file", path);
-      if (checksum(chunk.data(), chunk.size()) != sums[static_cast<size_t>(c)])
-        return invalid(fmt::format("table checkpoint file '{}' fails the checksum of chunk {} "
+      if (tail.compare(static_cast<size_t>(c) * digest_size, digest_size,
+                       sha256(chunk.data(), chunk.size()))
+          != 0)
+        return invalid(fmt::format("table checkpoint file '{}' fails the digest of chunk {} "
                                    "(rows {} to {} of shard {}): the file is corrupt",
                                    path, c, first, first + n - 1, header.shard));
       if (auto st = check_values(first, n); !st)
@@ -622,9 +662,10 @@ struct shard_source {
 
 } // namespace
 
-outcome<table_checkpoint_layout> read_table_manifest(const std::string& dir,
-                                                     const std::string& table) {
-  auto path = table_manifest_path(dir, table);
+namespace {
+
+/// The bytes of manifest `path`.
+outcome<std::string> read_manifest_text(const std::string& path) {
   uint64_t size = 0;
   auto fd = open_for_reading(path, "table manifest", size);
   if (!fd)
@@ -638,7 +679,58 @@ outcome<table_checkpoint_layout> read_table_manifest(const std::string& dir,
   ::close(*fd);
   if (!read)
     return io_error("read table manifest", path);
-  return parse_manifest(text, path, table);
+  return text;
+}
+
+} // namespace
+
+outcome<table_checkpoint_layout> read_table_manifest(const std::string& dir,
+                                                     const std::string& table,
+                                                     const std::string& want_sha256) {
+  auto path = table_manifest_path(dir, table);
+  auto text = read_manifest_text(path);
+  if (!text)
+    return text.error();
+  if (!want_sha256.empty() && to_hex(sha256(text->data(), text->size())) != want_sha256)
+    return invalid(fmt::format("table manifest '{}' is not the one the chief checked (its "
+                               "SHA-256 differs): it was replaced after the restore began, or "
+                               "the chief and this node see different files at that path",
+                               path));
+  return parse_manifest(*text, path, table);
+}
+
+outcome<std::string> verify_table_manifest(const std::string& dir, const std::string& table,
+                                           const std::string& key) {
+  auto path = table_manifest_path(dir, table);
+  auto text = read_manifest_text(path);
+  if (!text)
+    return text.error();
+  if (auto l = parse_manifest(*text, path, table); !l)
+    return l.error();
+  if (!key.empty()) {
+    // The line before the checksum's: "hmac " and 64 hex digits, the HMAC of
+    // every byte before it.
+    auto sum_at = text->rfind("checksum ");
+    constexpr size_t line = 5 + 2 * digest_size + 1;
+    bool has = sum_at >= line && text->compare(sum_at - line, 5, "hmac ") == 0
+               && (*text)[sum_at - 1] == '\n';
+    if (!has)
+      return invalid(fmt::format("table manifest '{}' has no HMAC, but checkpoint_key is set: "
+                                 "it was written without the key (by a job without "
+                                 "checkpoint_key, or by someone who does not hold the key), so "
+                                 "its tables are not restored; restore an older checkpoint, or "
+                                 "restore it by a job without checkpoint_key if you know who "
+                                 "wrote it",
+                                 path));
+    auto want = to_hex(hmac_sha256(key, text->data(), sum_at - line));
+    if (want.size() != 2 * digest_size
+        || CRYPTO_memcmp(want.data(), text->data() + sum_at - line + 5, want.size()) != 0)
+      return invalid(fmt::format("table manifest '{}' fails its HMAC: it was not written with "
+                                 "this job's checkpoint_key (another key, or altered since); "
+                                 "its tables are not restored",
+                                 path));
+  }
+  return to_hex(sha256(text->data(), text->size()));
 }
 
 graph_status read_table_shard(const std::string& dir, const table_checkpoint_layout& saved,

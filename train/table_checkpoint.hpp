@@ -16,26 +16,36 @@
 ///
 /// Shard file `<dir>/<table>.shard-<k>-of-<n>.aftab` ('/' in a table name
 /// written as "%2F", '%' as "%25"), integers little-endian:
-///   header:  8 bytes magic "AFTAB001", u32 header length H, then H bytes:
+///   header:  8 bytes magic "AFTAB002", u32 header length H, then H bytes:
 ///            the table name, shard k, shards n, strategy (u8), every
 ///            shard's rows (n x i64: with the strategy, which global rows
 ///            this shard holds), the row shape (the dims after the first),
 ///            the dtype (float32), the slot names, the global step, rows per
-///            chunk; then u64 the checksum of those H bytes.
+///            chunk; then the SHA-256 of those H bytes (32 bytes).
 ///   data:    the shard's rows in order, in chunks of `rows per chunk` rows
 ///            (the last shorter); a row is its value's floats then each
 ///            slot's floats, in the slot names' order (one read gives a row
 ///            and its slots).
-///   trailer: one u64 checksum per chunk, then u64 the chunk count and 8
-///            bytes "AFTABEND".
+///   trailer: the SHA-256 of each chunk (32 bytes each), then u64 the chunk
+///            count and 8 bytes "AFTABEND".
 /// Its size follows from the header: a file of another size is torn.
-/// The checksums (a 64-bit FNV-1a over 8-byte words) find accidents (a torn
-/// write, a flipped byte), not forgery.
+/// The file's digest is the SHA-256 of its header's digest followed by its
+/// trailer: through the chunks' digests it covers every byte of the file,
+/// yet a restore that reads some chunks checks just those.
 ///
 /// Manifest `<dir>/<table>.manifest`: text, one `key value...` per line
-/// (table, strategy, shard_rows, row_shape, dtype, slots, global_step, one
-/// `shard <k> <file> <bytes> <header checksum>` per shard), ending with
-/// `checksum <FNV-1a of the lines before>`.
+/// (first line "actorflow table checkpoint 2"; table, strategy, shard_rows,
+/// row_shape, dtype, slots, global_step, one `shard <k> <file> <bytes>
+/// <file digest, hex>` per shard), then, written with a checkpoint_key,
+/// `hmac <HMAC-SHA256 of the lines before, hex>`, and last `checksum
+/// <SHA-256 of the lines before, hex>`.
+///
+/// So a key's HMAC on the manifest vouches for every row: the manifest
+/// lists each file's digest, the file's trailer each chunk's. The chief
+/// checks the HMAC (verify_table_manifest) and hands each ps the manifest's
+/// SHA-256, which the ps checks of the manifest it reads. Without a key the
+/// digests find accidents (a torn write, a flipped byte, a file of another
+/// checkpoint), not forgery; a restore then still refuses non-finite rows.
 
 #include <cstdint>
 #include <string>
@@ -56,10 +66,11 @@ struct table_checkpoint_layout {
   shape_type row_shape;                                              ///< dims after the first
   std::vector<std::string> slots;                                    ///< optimizer slot names
   uint64_t global_step = 0;
-  /// read_table_manifest: each shard file's size and header checksum, so a
+  /// read_table_manifest: each shard file's size and digest (hex), so a
   /// restore refuses a file that is not the one the manifest lists (empty
   /// when writing).
-  std::vector<uint64_t> shard_bytes, shard_header_sums;
+  std::vector<uint64_t> shard_bytes;
+  std::vector<std::string> shard_digests;
 
   /// The table's rows (the sum of shard_rows).
   int64_t rows() const;
@@ -93,15 +104,26 @@ outcome<std::string> write_table_shard(const std::string& dir,
                                        size_t chunk_bytes = size_t{1} << 20);
 
 /// Writes the manifest of `layout` once every shard file is written: reads
-/// each file's header (not its data) to check it is that shard of this table
-/// and layout, and lists its size and header checksum. Atomic.
+/// each file's header and trailer (not its data) to check it is that shard
+/// of this table and layout, and lists its size and digest; with a `key`
+/// (train::checkpoint_key's bytes), an HMAC line. Atomic.
 outcome<std::string> write_table_manifest(const std::string& dir,
-                                          const table_checkpoint_layout& layout);
+                                          const table_checkpoint_layout& layout,
+                                          const std::string& key = {});
 
 /// The manifest of table `table` in `dir`, checked (its checksum, its
-/// fields). An error names the file and what is wrong.
+/// fields; with `want_sha256`, hex, that its bytes have that SHA-256: the
+/// one the chief checked). An error names the file and what is wrong.
 outcome<table_checkpoint_layout> read_table_manifest(const std::string& dir,
-                                                     const std::string& table);
+                                                     const std::string& table,
+                                                     const std::string& want_sha256 = {});
+
+/// The chief's check of the manifest of `table` in `dir` before a restore:
+/// its checksum and fields, and with a `key` its HMAC (a manifest without
+/// one, or with another key's, is refused). Returns the SHA-256 of its
+/// bytes, hex, for each ps's read_table_manifest.
+outcome<std::string> verify_table_manifest(const std::string& dir, const std::string& table,
+                                           const std::string& key);
 
 /// Where a restore puts one new shard: shard `k` of the table cut by
 /// `strategy` into `shard_rows`, into `value` and `slots` (`slot_names`
