@@ -101,6 +101,29 @@ TEST_CASE("gather refuses an id out of range (below 0 or at least rows) naming t
 
 // -- unique ------------------------------------------------------------------------
 
+TEST_CASE("gather refuses ids whose rows would pass the bytes a tensor may have, before "
+          "allocating, naming the op and the bound (a few bytes of ids sized gigabytes, also "
+          "through a variable's gather over CAF)",
+          "[sparse][gather]") {
+  graph g;
+  // 2 rows of 2^16 float32 (512 KiB); 2^14 ids of row 0 ask for 4 GiB of
+  // rows, past the bound (2 GiB here).
+  auto params = g.constant(tensor{dtype::float32, {2, int64_t{1} << 16}});
+  auto many = g.constant(tensor::from_values<int64_t>({int64_t{1} << 14},
+                                                     std::vector<int64_t>(size_t{1} << 14, 0)));
+  auto y = run_one(g, g.gather(params, many));
+  REQUIRE_FALSE(y);
+  INFO(y.error().what);
+  CHECK(y.error().what.find("gather: ids = 16384 makes a result of more than "
+                            + std::to_string(max_decoded_tensor_bytes()) + " bytes")
+        != std::string::npos);
+  graph small;
+  auto few = run_one(small, small.gather(small.constant(tensor{dtype::float32, {2, int64_t{1} << 16}}),
+                                         small.constant(tensor::from_values<int64_t>({4}, {0, 1, 1, 0}))));
+  REQUIRE(few);
+  CHECK(few->shape() == shape_type{4, int64_t{1} << 16});
+}
+
 TEST_CASE("unique gives the distinct ids in first-occurrence order and the inverse indices "
           "(catches sorted output, or idx into the wrong order)", "[sparse][unique]") {
   graph g;

@@ -47,13 +47,22 @@ status check_ids(const tensor& ids, int64_t limit, const char* what, bool skip_n
   return status::success();
 }
 
-status gather_shape(const shape_type& params, dtype, const shape_type& indices,
+status gather_shape(const shape_type& params, dtype type, const shape_type& indices,
                     dtype indices_type, shape_type& out) {
   if (params.empty())
     return status::shape("params must have at least one dimension, got a scalar");
   if (!is_id_type(indices_type))
     return status::dtype(std::string{"indices must be int32 or int64, got "}
                          + dtype_name(indices_type));
+  // A few bytes of ids name rows of kilobytes: the result is bounded as any
+  // op's (max_message_bytes) before it is allocated, whoever asks (a graph,
+  // a variable's gather over CAF).
+  int64_t count = 1;
+  for (auto d : indices)
+    count = d < 0 || (d > 0 && count > INT32_MAX / d) ? INT32_MAX : count * d;
+  if (auto st = check_result_rows("gather", "ids", count, row_elements(params, 1), type);
+      !st.ok())
+    return st;
   out = indices;
   out.insert(out.end(), params.begin() + 1, params.end());
   return status::success();
@@ -63,7 +72,7 @@ status check_gather(const tensor& params, const tensor& indices, shape_type& out
   auto st = gather_shape(params.shape(), params.type(), indices.shape(), indices.type(), out);
   if (st.ok())
     st = check_ids(indices, params.shape()[0], "indices");
-  if (!st.ok())
+  if (!st.ok() && st.error.rfind("gather: ", 0) != 0) // the result's bound names it already
     return status::failure("gather: " + st.error, st.what);
   return st;
 }
