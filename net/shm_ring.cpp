@@ -218,6 +218,10 @@ struct shm_channel::mapping {
   void* twice = nullptr; ///< the incoming ring, twice in a row (map_incoming_twice)
   uint64_t twice_bytes = 0;
   int twice_guard = -1;
+  /// The client's own note of the answer slots it has lent (take_answer):
+  /// a node that names a slot again before it was given back is refused,
+  /// whatever the slot's word in the segment says.
+  std::atomic<bool> answer_lent[answer_slots] = {};
 
   mapping() = default;
   mapping(const mapping&) = delete;
@@ -722,13 +726,15 @@ int shm_channel::put_answer(const void* src, uint64_t n) {
 
 std::shared_ptr<std::byte> shm_channel::take_answer(int k, uint64_t n) {
   if (k < 0 || k >= answer_slots || n > slot_
-      || slot_state_[k]->load(std::memory_order_acquire) != slot_taken)
+      || slot_state_[k]->load(std::memory_order_acquire) != slot_taken
+      || map_->answer_lent[k].exchange(true))
     return nullptr;
   auto* word = slot_state_[k];
   // The last copy's drop hands the slot back (its reads happen before: the
   // release); the mapping lives until then.
   return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(slots_ + k * slot_),
-                                    [keep = map_, word](std::byte*) {
+                                    [keep = map_, word, k](std::byte*) {
+                                      keep->answer_lent[k].store(false);
                                       word->store(slot_free, std::memory_order_release);
                                     });
 }

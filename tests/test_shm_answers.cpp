@@ -95,6 +95,7 @@ TEST_CASE("an answer slot is the client's until its last copy is dropped; with b
   CHECK(client->take_answer(2, bytes) == nullptr);  // no such slot
   auto first = client->take_answer(0, bytes);
   REQUIRE(first != nullptr);
+  CHECK(client->take_answer(0, bytes) == nullptr); // named again while lent
   auto copy = first; // a second holder (a slice of it, say)
   REQUIRE(node->put_answer(two.data(), bytes) == 1);
   auto second = client->take_answer(1, bytes);
