@@ -314,7 +314,11 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
-  set_timeout(fd_, SO_RCVTIMEO, wait_for);
+  // (On shared memory or UCX the reads go by the deadline, not the socket's
+  // timeout: two system calls a push fewer.)
+  const bool socket_waits = !bytes_->waits_itself();
+  if (socket_waits)
+    set_timeout(fd_, SO_RCVTIMEO, wait_for);
   auto deadline = std::chrono::steady_clock::now() + wait_for;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
   if (auto err = upgrade_if_due(deadline))
@@ -332,7 +336,7 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   if (stream_ != nullptr && h.payload_bytes > (std::size_t{1} << 20))
     set_timeout(fd_, SO_SNDTIMEO, timeout_);
   auto r = read_reply(what, deadline);
-  if (fd_ >= 0)
+  if (socket_waits && fd_ >= 0)
     set_timeout(fd_, SO_RCVTIMEO, timeout_);
   if (!r)
     return std::move(r.error());
