@@ -175,7 +175,17 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
     return make_error(code, text);
   }
   tensor value;
-  if (r.has_tensor) {
+  if (r.has_tensor && (r.reserved & shm_channel::reply_in_slot) != 0 && shm_
+      && bytes_ == moved_bytes_.get()) {
+    // The node put the payload in an answer slot (net/shm_ring.hpp): used
+    // in place, no copy; the slot goes back when the last copy is dropped.
+    int k = (r.reserved & shm_channel::reply_slot_one) != 0 ? 1 : 0;
+    auto held = shm_->take_answer(k, r.payload_bytes);
+    if (!held)
+      return fail(what, EBADMSG);
+    value = tensor::over(static_cast<dtype>(r.dtype), wire::shape_of(r), std::move(held));
+    answers_in_place_ += 1;
+  } else if (r.has_tensor) {
     try {
       value.reset(static_cast<dtype>(r.dtype), wire::shape_of(r));
     } catch (const std::bad_alloc&) {
@@ -190,6 +200,8 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
   }
   last_reply_ = std::chrono::steady_clock::now();
   reply_flags_ = r.reserved;
+  if (r.has_tensor)
+    largest_answer_ = std::max<uint64_t>(largest_answer_, r.payload_bytes);
   if (ucx_)
     ucx_carried_ = true;
   if ((shm_possible_ && !shm_) || (ucx_possible_ && !ucx_))
@@ -302,7 +314,11 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
-  set_timeout(fd_, SO_RCVTIMEO, wait_for);
+  // (On shared memory or UCX the reads go by the deadline, not the socket's
+  // timeout: two system calls a push fewer.)
+  const bool socket_waits = !bytes_->waits_itself();
+  if (socket_waits)
+    set_timeout(fd_, SO_RCVTIMEO, wait_for);
   auto deadline = std::chrono::steady_clock::now() + wait_for;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
   if (auto err = upgrade_if_due(deadline))
@@ -320,7 +336,7 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   if (stream_ != nullptr && h.payload_bytes > (std::size_t{1} << 20))
     set_timeout(fd_, SO_SNDTIMEO, timeout_);
   auto r = read_reply(what, deadline);
-  if (fd_ >= 0)
+  if (socket_waits && fd_ >= 0)
     set_timeout(fd_, SO_RCVTIMEO, timeout_);
   if (!r)
     return std::move(r.error());

@@ -263,6 +263,11 @@ public:
 
   bool broken() const { return fd_ < 0; }
 
+  /// Answers read in place from a shared-memory answer slot so far (the
+  /// others were copied out of the ring or the socket): for tests and
+  /// benches.
+  uint64_t answers_in_place() const { return answers_in_place_; }
+
   /// "TLSv1.3 TLS_AES_128_GCM_SHA256" on a TLS connection, else empty.
   std::string tls_description() const;
 
@@ -342,6 +347,8 @@ private:
   bool shm_possible_ = false;        ///< this connection may offer it (same host, no TLS)
   bool shm_due_ = false;             ///< the node answered: offer before the next request
   std::unique_ptr<shm_channel> shm_; ///< the rings, once the node took the offer
+  uint64_t largest_answer_ = 0;      ///< the largest tensor answer so far: sizes the offer's slots
+  uint64_t answers_in_place_ = 0;    ///< answers_in_place()
   bool ucx_trusted_ = false;         ///< connect's `trusted_fabric`
   bool ucx_possible_ = false;        ///< this connection may offer UCX (checked in upgrade_if_due)
   std::unique_ptr<ucx_channel> ucx_; ///< UCX, once the node took that offer

@@ -155,7 +155,13 @@ caf::error data_channel::make_offer(std::chrono::steady_clock::time_point deadli
     return {};
   shm_due_ = false;
   shm_possible_ = false; // offered once per connection
-  auto seg = shm_channel::create();
+  // Answer slots as large as the largest answer so far (a worker's first
+  // pull is its parameters: each step's answer is that large), so that the
+  // answers can be used in place; none for small answers or huge ones.
+  uint64_t slot = 0;
+  if (largest_answer_ >= shm_channel::min_slot_answer && largest_answer_ <= shm_channel::max_slot_bytes)
+    slot = (largest_answer_ + 4095) / 4096 * 4096;
+  auto seg = shm_channel::create(shm_channel::default_ring_bytes, slot);
   if (!seg) {
     log::get()->info("the data connection to {} stays on TCP: {}", peer_, describe(seg.error()));
     return {};

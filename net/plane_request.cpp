@@ -144,9 +144,31 @@ bool plane_request::refuse(af_error code, const std::string& text) {
   return false;
 }
 
+namespace {
+
+/// A reply's frame on `conn`: on shared memory with answer slots
+/// (net/shm_ring.hpp), a tensor payload goes into a free slot (the same
+/// copy as into the ring) and only the header, naming the slot, into the
+/// ring: the client uses the payload in place. With no slot free (the
+/// client holds both) it goes through the ring as before.
+bool send_reply(served_connection& conn, wire::header& h, const void* payload) {
+  if (h.has_tensor != 0 && h.payload_bytes >= shm_channel::min_slot_answer && conn.shm != nullptr
+      && conn.ucx == nullptr && h.payload_bytes <= conn.shm->slot_bytes()) {
+    if (int k = conn.shm->put_answer(payload, h.payload_bytes); k >= 0) {
+      wire::header slotted = h;
+      slotted.reserved |= shm_channel::reply_in_slot | (k == 1 ? shm_channel::reply_slot_one : 0);
+      iovec iov{&slotted, sizeof(slotted)};
+      return write_all(conn.io, &iov, 1);
+    }
+  }
+  return send_frame(conn.io, h, nullptr, payload);
+}
+
+} // namespace
+
 bool plane_request::reply(wire::header& h, const void* payload) {
   h.kind = static_cast<uint8_t>(wire::kind::reply);
-  if (send_frame(conn_.io, h, nullptr, payload))
+  if (send_reply(conn_, h, payload))
     return true;
   if (errno == EAGAIN || errno == EWOULDBLOCK)
     log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <cerrno>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <ctime>
 
@@ -32,12 +33,24 @@ namespace af {
 
 namespace {
 
-/// "AFDPSHM3": version 3 may send wire::kind::shm_pad frames (a version-2
-/// node would refuse them: it refuses the segment instead, and the client
-/// stays on TCP); version 2 wakes a sleeper by a futex in the segment
-/// (version 1, by a doorbell byte only, would sleep through our wake-ups).
-constexpr uint64_t segment_magic = 0x334d485350444641;
-constexpr uint64_t header_bytes = 4096;                 // magic, ring size, the two controls
+/// "AFDPSHM4": version 4 has answer slots after the rings (its size is no
+/// longer 4 KiB + two rings, and replies may name a slot: an older node
+/// refuses the segment, an older client's is refused here, saying so, and
+/// the client stays on TCP); version 3 may send wire::kind::shm_pad frames;
+/// version 2 wakes a sleeper by a futex in the segment (version 1, by a
+/// doorbell byte only, would sleep through our wake-ups).
+constexpr uint64_t segment_magic = 0x344d485350444641;
+/// The magic's first 7 bytes, "AFDPSHM": a segment of another version.
+constexpr uint64_t magic_family = 0x004d485350444641;
+constexpr uint64_t magic_family_mask = 0x00ffffffffffffff;
+/// magic, ring and slot sizes, the two controls (128, 256), the slots'
+/// words (384, 448)
+constexpr uint64_t header_bytes = 4096;
+constexpr uint64_t slot_alignment = 4096;
+/// A slot's word: the node may write it, or it is the client's (from the
+/// reply that names it until the last copy of its buffer is dropped).
+constexpr uint32_t slot_free = 0;
+constexpr uint32_t slot_taken = 1;
 constexpr uint64_t min_ring = uint64_t{64} << 10;
 /// Bytes copied before the other side is told (counters published): small
 /// enough that the two copies (into the ring, out of it) overlap, large
@@ -66,6 +79,7 @@ constexpr uint32_t spin_probe_every = 16;
 struct segment_header {
   uint64_t magic;
   uint64_t ring_bytes;
+  uint64_t slot_bytes; ///< each answer slot's (0: none)
 };
 
 // -- SIGBUS guard -------------------------------------------------------------
@@ -156,6 +170,10 @@ shm_channel::control* control_at(void* base, int which) {
   return reinterpret_cast<shm_channel::control*>(static_cast<char*>(base) + 128 * (which + 1));
 }
 
+std::atomic<uint32_t>* slot_word_at(void* base, int k) {
+  return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(base) + 384 + 64 * k);
+}
+
 void ring_bell(int fd) {
   char byte = 1;
   // Never blocks: at most one byte is in flight per wait (the flag is taken
@@ -200,6 +218,10 @@ struct shm_channel::mapping {
   void* twice = nullptr; ///< the incoming ring, twice in a row (map_incoming_twice)
   uint64_t twice_bytes = 0;
   int twice_guard = -1;
+  /// The client's own note of the answer slots it has lent (take_answer):
+  /// a node that names a slot again before it was given back is refused,
+  /// whatever the slot's word in the segment says.
+  std::atomic<bool> answer_lent[answer_slots] = {};
 
   mapping() = default;
   mapping(const mapping&) = delete;
@@ -253,20 +275,28 @@ bool shm_channel::same_host(int fd) {
   return false;
 }
 
-caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_bytes) {
+caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_bytes,
+                                                                uint64_t slot_bytes) {
   if (ring_bytes < min_ring || (ring_bytes & (ring_bytes - 1)) != 0
       || header_bytes + 2 * ring_bytes > max_segment_bytes)
     return make_error(af_error::invalid_argument,
                       fmt::format("a shared-memory ring of {} bytes: it must be a power of two "
                                   "from {} to {} bytes",
                                   ring_bytes, min_ring, (max_segment_bytes - header_bytes) / 2));
-  auto seg = shm_segment::create(name_prefix, header_bytes + 2 * ring_bytes);
+  if (slot_bytes % slot_alignment != 0 || slot_bytes > max_segment_bytes
+      || header_bytes + 2 * ring_bytes + answer_slots * slot_bytes > max_segment_bytes)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("shared-memory answer slots of {} bytes: a multiple of {} bytes "
+                                  "that keeps the segment within {} bytes",
+                                  slot_bytes, slot_alignment, max_segment_bytes));
+  auto seg = shm_segment::create(name_prefix,
+                                 header_bytes + 2 * ring_bytes + answer_slots * slot_bytes);
   if (!seg)
     return std::move(seg.error());
   std::unique_ptr<shm_channel> ch{new shm_channel};
   ch->name_ = std::move(seg->name);
   ch->named_ = true;
-  ch->bytes_ = header_bytes + 2 * ring_bytes;
+  ch->bytes_ = header_bytes + 2 * ring_bytes + answer_slots * slot_bytes;
   void* p = seg->base;
   ch->base_ = p;
   ch->map_ = std::make_shared<mapping>();
@@ -281,10 +311,12 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::create(uint64_t ring_by
   auto* h = static_cast<segment_header*>(p);
   h->magic = segment_magic;
   h->ring_bytes = ring_bytes;
+  h->slot_bytes = slot_bytes;
   ch->out_ = control_at(p, 0); // to the node
   ch->in_ = control_at(p, 1);
   ch->out_data_ = static_cast<char*>(p) + header_bytes;
   ch->in_data_ = ch->out_data_ + ring_bytes;
+  ch->set_slots(slot_bytes); // (fresh pages: every slot's word says free)
   ch->map_incoming_twice(); // else reads copy (peekable() false)
   return ch;
 }
@@ -293,9 +325,7 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   auto refuse = [&](const std::string& why) { return shm_segment::refuse(name, why); };
   if (!shm_segment::plain_name(name, name_prefix))
     return refuse("not a name of an actorflow segment");
-  uint64_t ring = (bytes - header_bytes) / 2;
-  if (bytes <= header_bytes || bytes > max_segment_bytes || ring < min_ring
-      || (ring & (ring - 1)) != 0 || header_bytes + 2 * ring != bytes)
+  if (bytes < header_bytes + 2 * min_ring || bytes > max_segment_bytes)
     return refuse(fmt::format("{} bytes is no segment of two rings", bytes));
   auto mapped = shm_segment::open(name, bytes,
                                   {"is the peer on another host?",
@@ -314,16 +344,43 @@ caf::expected<std::unique_ptr<shm_channel>> shm_channel::open(const std::string&
   ch->map_->guard = guard_segment(p, bytes);
   if (ch->map_->guard < 0)
     return refuse(fmt::format("no room to guard another segment ({} at once)", max_guarded));
-  auto* h = static_cast<segment_header*>(p);
-  if (h->magic != segment_magic || h->ring_bytes != ring)
+  // The sizes are read once, here: the client may rewrite its header, but
+  // this side goes by what it checked.
+  auto* h = static_cast<const volatile segment_header*>(p);
+  const uint64_t magic = h->magic, ring = h->ring_bytes, slot = h->slot_bytes;
+  if (magic != segment_magic && (magic & magic_family_mask) == magic_family) {
+    auto version = static_cast<char>(magic >> 56);
+    return refuse(fmt::format("it is of another actorflow version (layout AFDPSHM{}, this node's is "
+                              "AFDPSHM{}): the connection stays on TCP; run the same build on "
+                              "both ends for shared memory",
+                              std::isprint(static_cast<unsigned char>(version)) ? version : '?',
+                              static_cast<char>(segment_magic >> 56)));
+  }
+  if (magic != segment_magic)
     return refuse("its header is not ours");
+  if (ring < min_ring || ring > max_segment_bytes || (ring & (ring - 1)) != 0
+      || slot % slot_alignment != 0 || slot > max_segment_bytes
+      || header_bytes + 2 * ring + answer_slots * slot != bytes)
+    return refuse(fmt::format("{} bytes is no segment of two rings of {} bytes and {} answer slots "
+                              "of {} bytes",
+                              bytes, ring, answer_slots, slot));
   ch->ring_ = ring;
   ch->out_ = control_at(p, 1); // to the client
   ch->in_ = control_at(p, 0);
   ch->in_data_ = static_cast<char*>(p) + header_bytes;
   ch->out_data_ = ch->in_data_ + ring;
+  ch->set_slots(slot);
   ch->map_incoming_twice(); // else reads copy (peekable() false)
   return ch;
+}
+
+void shm_channel::set_slots(uint64_t slot_bytes) {
+  slot_ = slot_bytes;
+  if (slot_ == 0)
+    return;
+  slots_ = static_cast<char*>(base_) + header_bytes + 2 * ring_;
+  for (int k = 0; k < answer_slots; ++k)
+    slot_state_[k] = slot_word_at(base_, k);
 }
 
 bool shm_channel::map_incoming_twice() {
@@ -648,6 +705,38 @@ void shm_channel::release(uint64_t n, int fd) {
     return;
   in_->tail.store(in_->tail.load(std::memory_order_relaxed) + n);
   wake_peer(in_->writer_waiting, fd);
+}
+
+int shm_channel::put_answer(const void* src, uint64_t n) {
+  if (n > slot_ || poisoned())
+    return -1;
+  for (int k = 0; k < answer_slots; ++k) {
+    // The client's last holder stored `free` after its last read of the
+    // slot (a release): this acquire orders the copy after it.
+    if (slot_state_[k]->load(std::memory_order_acquire) != slot_free)
+      continue;
+    std::memcpy(slots_ + k * slot_, src, n);
+    // Published with the reply that names the slot (the ring's head is
+    // stored after it, and the client loads the head before the bytes).
+    slot_state_[k]->store(slot_taken, std::memory_order_relaxed);
+    return k;
+  }
+  return -1;
+}
+
+std::shared_ptr<std::byte> shm_channel::take_answer(int k, uint64_t n) {
+  if (k < 0 || k >= answer_slots || n > slot_
+      || slot_state_[k]->load(std::memory_order_acquire) != slot_taken
+      || map_->answer_lent[k].exchange(true))
+    return nullptr;
+  auto* word = slot_state_[k];
+  // The last copy's drop hands the slot back (its reads happen before: the
+  // release); the mapping lives until then.
+  return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(slots_ + k * slot_),
+                                    [keep = map_, word, k](std::byte*) {
+                                      keep->answer_lent[k].store(false);
+                                      word->store(slot_free, std::memory_order_release);
+                                    });
 }
 
 std::shared_ptr<std::byte> shm_channel::lend(const std::byte* at) const {

@@ -45,14 +45,18 @@ public:
   /// The names of our segments in /dev/shm start with this (then the pid).
   static constexpr const char* name_prefix = "/actorflow-dp-";
 
-  /// The client's side: a fresh segment of two rings of `ring_bytes`, named
-  /// (name()) until unlink(). Segments left by dead processes of this user
-  /// (killed in the moment between create and unlink) are removed first.
-  static caf::expected<std::unique_ptr<shm_channel>> create(uint64_t ring_bytes = default_ring_bytes);
+  /// The client's side: a fresh segment of two rings of `ring_bytes` and
+  /// answer_slots answer slots of `slot_bytes` each (0: none; else a
+  /// multiple of 4096), named (name()) until unlink(). Segments left by dead
+  /// processes of this user (killed in the moment between create and
+  /// unlink) are removed first.
+  static caf::expected<std::unique_ptr<shm_channel>> create(uint64_t ring_bytes = default_ring_bytes,
+                                                            uint64_t slot_bytes = 0);
 
   /// The node's side: maps segment `name` of `bytes` (as the offer says),
-  /// checks that it is one of ours, of this user and of that size, and
-  /// removes its name.
+  /// checks that it is one of ours (of this layout: a segment of another
+  /// actorflow version is refused saying so), of this user and of that size,
+  /// and removes its name.
   static caf::expected<std::unique_ptr<shm_channel>> open(const std::string& name, uint64_t bytes);
 
   ~shm_channel();
@@ -89,6 +93,49 @@ public:
 
   /// Bytes of each direction's ring: the most peek() shows at once.
   uint64_t ring_bytes() const { return ring_; }
+
+  // -- answers in place (docs/wire.md "An answer is read in place") --------
+  //
+  // Beside the rings, the segment may hold answer_slots slots for the node's
+  // answers. A slot is the node's to write while its word in the segment
+  // says free, the client's from the answer that names it until every copy
+  // of the buffer take_answer() lent is dropped (the last one frees it): a
+  // client may hold an answer (a worker's parameters) while the next one is
+  // written into the other slot. When none is free, or an answer does not
+  // fit, it goes through the ring as before: never a wait for a slot.
+
+  /// Answer slots in a segment with slot_bytes() > 0.
+  static constexpr int answer_slots = 2;
+  /// Answers smaller than this go through the ring (a copy this small costs
+  /// less than the slot's bookkeeping saves); a client offers slots only
+  /// after an answer of at least this size.
+  static constexpr uint64_t min_slot_answer = uint64_t{16} << 10;
+  /// In a reply's `reserved`, on shared memory: its payload is not in the
+  /// ring but in answer slot 0 (reply_in_slot) or 1 (both bits). The other
+  /// bits stay wire::reply_flags'.
+  static constexpr uint16_t reply_in_slot = 0x8000;
+  static constexpr uint16_t reply_slot_one = 0x4000;
+
+  /// The largest answer slot a client offers (a larger answer goes through
+  /// the ring): two of them stay within a few connections of the node's
+  /// max_shm_bytes.
+  static constexpr uint64_t max_slot_bytes = uint64_t{32} << 20;
+
+  /// Bytes of each answer slot (0: the segment has none).
+  uint64_t slot_bytes() const { return slot_; }
+
+  /// The node's side: copies the `n` bytes at `src` into a free slot and
+  /// hands the slot to the client: its index, or -1 (no slot free, none
+  /// that large, or none at all: the ring carries the answer). The reply
+  /// that names the slot must follow in the ring.
+  int put_answer(const void* src, uint64_t n);
+
+  /// The client's side, for a reply that names slot `k` with `n` bytes: the
+  /// slot's bytes, lent (as lend(): the mapping lives while a copy does);
+  /// dropping the last copy gives the slot back to the node. Null: no such
+  /// slot, too many bytes, or one the node did not hand over (a broken
+  /// peer: the connection is corrupt).
+  std::shared_ptr<std::byte> take_answer(int k, uint64_t n);
 
   /// Whether peek() can show bytes in place (the incoming ring could be
   /// mapped twice: it can, short of address space or guard slots).
@@ -153,6 +200,8 @@ private:
   struct mapping;
   /// Maps the incoming ring (in_data_) twice in a row: false if it cannot.
   bool map_incoming_twice();
+  /// The answer slots of `slot_bytes` each after the rings (0: none).
+  void set_slots(uint64_t slot_bytes);
 
   std::string name_;
   std::shared_ptr<mapping> map_;
@@ -161,6 +210,9 @@ private:
   void* base_ = nullptr;
   uint64_t bytes_ = 0;
   uint64_t ring_ = 0;
+  uint64_t slot_ = 0;                   ///< bytes of each answer slot (0: none)
+  char* slots_ = nullptr;               ///< the first slot (the others follow)
+  std::atomic<uint32_t>* slot_state_[answer_slots] = {}; ///< free (the node's) or the client's
   control* out_ = nullptr;
   control* in_ = nullptr;
   char* out_data_ = nullptr;

@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "caf/all.hpp"
 
@@ -77,4 +80,78 @@ TEST_CASE("on shared memory a push read in place with a non-finite float in a la
     CHECK(std::count(p, p + n, 1.0f - 0.125f * static_cast<float>(k)) == n);
   }
   CHECK((*chan)->transport() == "shared memory");
+}
+
+TEST_CASE("sync answers read in place from shared memory's answer slots are the bits a TCP "
+          "connection gets, while the worker holds the last ones",
+          "[shm][members][plane]") {
+  // Catches: answers never used in place (answers_in_place stays 0), and an
+  // answer in a slot that differs from the one the ring or socket carries
+  // (a slot written while held, a wrong slot named).
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  constexpr int64_t n = 300000;
+  {
+    auto scope = s->device("/job:ps/task:0");
+    for (const char* v : {"w_shm", "w_tcp"})
+      REQUIRE(s->variable(v, {n - 1}, initializer::constant(1)));
+    for (const char* v : {"b_shm", "b_tcp"})
+      REQUIRE(s->variable(v, {1}, initializer::constant(1)));
+  }
+  REQUIRE_FALSE(s->initialize());
+  caf::scoped_actor self{s->system()};
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  struct side {
+    std::string name;
+    std::unique_ptr<data_channel> chan;
+    std::string token;
+  };
+  std::vector<side> sides;
+  for (bool shm : {true, false}) {
+    aggregator_spec spec;
+    spec.name = shm ? "test/answers_shm" : "test/answers_tcp";
+    spec.mode = "sync";
+    spec.variables = {shm ? "w_shm" : "w_tcp", shm ? "b_shm" : "b_tcp"};
+    spec.workers = 1;
+    spec.optimizer.lr = 0.1;
+    auto agg = s->aggregator("ps", 0, spec);
+    REQUIRE(agg);
+    auto token = test::join_for_token(self, *agg, 0);
+    auto chan = data_channel::connect("127.0.0.1", info->data_port, "ps", 5s, {}, nullptr,
+                                      nullptr, shm);
+    REQUIRE(chan);
+    REQUIRE((*chan)->aggregate(wire::kind::pull, spec.name, 0, 0, {}, 10s));
+    REQUIRE_FALSE((*chan)->settle());
+    sides.push_back({spec.name, std::move(*chan), token});
+  }
+  if (sides[0].chan->transport() != "shared memory") {
+    WARN("on " << sides[0].chan->transport() << " (ACTORFLOW_DATA_SHM=off?): nothing in place");
+    return;
+  }
+  REQUIRE(sides[1].chan->transport() == "tcp");
+  std::vector<tensor> held; // a worker's parameters: the last answer, kept while the next comes
+  for (int k = 1; k <= 6; ++k) {
+    INFO("push " << k);
+    auto grad = tensor::filled(dtype::float32, {n}, 0.0f);
+    float* g = grad.mutable_data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      g[i] = static_cast<float>((i * k) % 97) * 0.013f - 0.6f;
+    std::vector<tensor> answers;
+    for (auto& sd : sides) {
+      auto r = sd.chan->aggregate(wire::kind::push, sd.name, 0, static_cast<uint64_t>(k - 1),
+                                  {grad}, 10s, sd.token, static_cast<uint64_t>(k + 1));
+      REQUIRE(r);
+      REQUIRE(r->second.nbytes() == static_cast<size_t>(n) * sizeof(float));
+      answers.push_back(std::move(r->second));
+    }
+    CHECK(std::memcmp(answers[0].bytes(), answers[1].bytes(), answers[0].nbytes()) == 0);
+    if (!held.empty()) // the answer held meanwhile did not change
+      CHECK(std::memcmp(held[0].bytes(), held[1].bytes(), held[0].nbytes()) == 0);
+    held = std::move(answers);
+  }
+  CHECK(sides[0].chan->answers_in_place() == 6);
+  CHECK(sides[1].chan->answers_in_place() == 0);
 }
