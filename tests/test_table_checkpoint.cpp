@@ -336,6 +336,28 @@ TEST_CASE("with a checkpoint_key, a table's manifest carries its HMAC and a forg
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
     CHECK_THAT(why, Catch::Contains("'" + manifest + "' fails its HMAC"));
   }
+  SECTION("a finite forged row with only its digest changed in the keyed manifest") {
+    // Catches: an HMAC over less than every line before it (the shard lines
+    // with their digests): the forger keeps the genuine HMAC line, puts the
+    // forged file's digest in shard 1's line and recomputes the checksum.
+    auto read_text = [&]() {
+      std::ifstream in{manifest, std::ios::binary};
+      return std::string{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    };
+    auto genuine = read_text();
+    auto before = train::read_table_manifest(dir.path, "emb/w")->shard_digests.at(1);
+    forge_chunk0(shard1, 1, 123.0f);
+    REQUIRE(train::write_table_manifest(dir.path, layout)); // the forged file's digest, keyless
+    auto forged = train::read_table_manifest(dir.path, "emb/w")->shard_digests.at(1);
+    REQUIRE(forged != before);
+    auto text = genuine.substr(0, genuine.rfind("checksum "));
+    REQUIRE(text.find(before) != std::string::npos);
+    text.replace(text.find(before), before.size(), forged);
+    text += "checksum " + train::to_hex(train::sha256(text.data(), text.size())) + "\n";
+    std::ofstream{manifest, std::ios::binary | std::ios::trunc} << text;
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
+    CHECK_THAT(why, Catch::Contains("'" + manifest + "' fails its HMAC"));
+  }
   SECTION("the manifest replaced after the chief checked it") {
     auto digest = train::verify_table_manifest(dir.path, "emb/w", key);
     REQUIRE(digest);
