@@ -286,6 +286,20 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "' is of the first format"));
   }
+  SECTION("the first format's manifest is refused by name, as unsupported") {
+    // Catches: a first-format manifest (FNV-1a checksum line) reported as
+    // "not a table manifest (or is torn)", which tells its owner nothing.
+    auto manifest = train::table_manifest_path(dir.path, "emb/w");
+    std::ofstream{manifest, std::ios::binary | std::ios::trunc}
+      << "actorflow table checkpoint 1\ntable emb/w\nchecksum 12345\n";
+    auto read = train::read_table_manifest(dir.path, "emb/w");
+    REQUIRE_FALSE(read);
+    CHECK(read.error().code == af_error::unsupported);
+    CHECK_THAT(read.error().what, Catch::Contains("'" + manifest + "' is of the first format"));
+    auto checked = train::verify_table_manifest(dir.path, "emb/w", "0123456789abcdef");
+    REQUIRE_FALSE(checked);
+    CHECK_THAT(checked.error().what, Catch::Contains("is of the first format"));
+  }
   SECTION("mismatched dims") {
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim + 1});
     CHECK_THAT(why, Catch::Contains("mismatched dims") && Catch::Contains("[5]"));
