@@ -22,7 +22,8 @@ status check_ids(const tensor& ids, int64_t limit, const char* what, bool skip_n
 
 /// The shape of params[indices]: indices.shape + params.shape[1:], or why
 /// they do not fit (params needs at least one dimension, indices an
-/// integer dtype).
+/// integer dtype, and the result, where no dim is unknown_dim, at most
+/// max_decoded_tensor_bytes(): check_result_rows, "gather: ids = ...").
 status gather_shape(const shape_type& params, dtype params_type, const shape_type& indices,
                     dtype indices_type, shape_type& out);
 

@@ -280,6 +280,35 @@ TEST_CASE_METHOD(fixture, "every field of every message type survives CAF serial
     CHECK(sys.render(err).find("[2,2] vs [3]") != std::string::npos);
   }
 
+  SECTION("a table shard's save or restore") {
+    // Catches: the manifest's SHA-256 the chief checked not reaching a ps in
+    // another process (then it reads whatever manifest is there unchecked).
+    table_shard_request req;
+    req.dir = "/ck/tables-10";
+    req.variable = "emb/part_1";
+    req.table = "emb";
+    req.strategy = 2;
+    req.shard_rows = {3, 4};
+    req.shard = 1;
+    req.slot_names = {"m", "v"};
+    req.slot_starts = {0.5f, 0.25f};
+    req.global_step = 10;
+    req.run_id = "run-7";
+    req.manifest_sha256 = std::string(64, 'e');
+    auto r = round_trip(req);
+    CHECK(r.dir == req.dir);
+    CHECK(r.variable == req.variable);
+    CHECK(r.table == req.table);
+    CHECK(r.strategy == req.strategy);
+    CHECK(r.shard_rows == req.shard_rows);
+    CHECK(r.shard == req.shard);
+    CHECK(r.slot_names == req.slot_names);
+    CHECK(r.slot_starts == req.slot_starts);
+    CHECK(r.global_step == req.global_step);
+    CHECK(r.run_id == req.run_id);
+    CHECK(r.manifest_sha256 == req.manifest_sha256);
+  }
+
   SECTION("training: who a push speaks for, and what an aggregator saves") {
     push_credentials who{std::string("\x00\x01token\xff-16-bytes", 16), 0x1234567890ULL,
                          "data-plane peer 10.0.0.7:51234"};

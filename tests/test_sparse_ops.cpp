@@ -13,6 +13,7 @@
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/op_registry.hpp"
 #include "kernels/sparse.hpp"
 
 using namespace af;
@@ -97,6 +98,66 @@ TEST_CASE("gather refuses an id out of range (below 0 or at least rows) naming t
   auto y3 = run_one(g, g.gather(params, g.constant(tensor::scalar(1))));
   REQUIRE_FALSE(y3);
   CHECK(y3.error().what.find("indices must be int32 or int64") != std::string::npos);
+}
+
+TEST_CASE("gather's shape rule takes ids or rows whose size is known only at run time "
+          "(unique's output), bounding only a result it can size (catches an unknown dim read "
+          "as a count past the bound)",
+          "[sparse][gather][registry]") {
+  using kernels::unknown_dim;
+  kernels::value_info out;
+  // gather(params, unique(ids).y): the ids' length is unknown_dim.
+  auto st = kernels::infer_op("gather", {}, {{dtype::float32, {10, 3}}, {dtype::int64, {unknown_dim}}},
+                              out);
+  INFO(st.error);
+  REQUIRE(st.ok());
+  CHECK(out.shape == shape_type{unknown_dim, 3});
+  // A row dim unknown too (params of an op whose output is sized at run time).
+  st = kernels::infer_op("gather", {}, {{dtype::float32, {10, unknown_dim}}, {dtype::int64, {4}}},
+                         out);
+  INFO(st.error);
+  REQUIRE(st.ok());
+  CHECK(out.shape == shape_type{4, unknown_dim});
+  kernels::value_info grad;
+  st = kernels::infer_op("gather_grad", {},
+                         {{dtype::float32, {unknown_dim, 3}}, {dtype::float32, {10, 3}},
+                          {dtype::int64, {unknown_dim}}},
+                         grad);
+  INFO(st.error);
+  REQUIRE(st.ok());
+  CHECK(grad.shape == shape_type{10, 3});
+  // Known dims past the bound are still refused by the rule.
+  st = kernels::infer_op("gather", {}, {{dtype::float32, {2, int64_t{1} << 16}},
+                                        {dtype::int64, {int64_t{1} << 14}}},
+                         out);
+  CHECK_FALSE(st.ok());
+}
+
+TEST_CASE("a scatter is not bounded as a gather's result: it allocates none (catches a scalar "
+          "update of many rows refused as \"gather: ids = ...\")",
+          "[sparse][scatter]") {
+  // The bound lowered to 1 KiB (as a node with a small max_message_bytes
+  // would set it): 256 ids of rows of 2 float64 name 4 KiB of rows, but a
+  // scalar update allocates nothing of that size.
+  struct cap {
+    uint64_t before = max_decoded_tensor_bytes();
+    cap() { set_max_decoded_tensor_bytes(1024); }
+    ~cap() { set_max_decoded_tensor_bytes(before); }
+  } small;
+  graph g;
+  variable_values vars;
+  auto cpu = kernels::make_cpu_backend();
+  auto emb = *g.variable("emb", {4, 2}, initializer::from_tensor(table(4, 2)), dtype::float64);
+  REQUIRE(initialize_values(g, vars));
+  std::vector<int64_t> ids(256);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int64_t>(i % 4);
+  auto y = g.scatter_update(emb, g.constant(tensor::from_values<int64_t>({256}, ids)),
+                            g.constant(tensor::from_values<double>({}, {7})));
+  auto r = evaluate(g, {y}, {}, vars, *cpu);
+  INFO((r ? std::string{} : r.error().what));
+  REQUIRE(r);
+  check_values(vars.at("emb"), std::vector<double>(8, 7.0));
 }
 
 // -- unique ------------------------------------------------------------------------

@@ -286,6 +286,20 @@ TEST_CASE("torn, corrupt, foreign and mismatched table checkpoint files are refu
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v);
     CHECK_THAT(why, Catch::Contains("'" + shard1 + "' is of the first format"));
   }
+  SECTION("the first format's manifest is refused by name, as unsupported") {
+    // Catches: a first-format manifest (FNV-1a checksum line) reported as
+    // "not a table manifest (or is torn)", which tells its owner nothing.
+    auto manifest = train::table_manifest_path(dir.path, "emb/w");
+    std::ofstream{manifest, std::ios::binary | std::ios::trunc}
+      << "actorflow table checkpoint 1\ntable emb/w\nchecksum 12345\n";
+    auto read = train::read_table_manifest(dir.path, "emb/w");
+    REQUIRE_FALSE(read);
+    CHECK(read.error().code == af_error::unsupported);
+    CHECK_THAT(read.error().what, Catch::Contains("'" + manifest + "' is of the first format"));
+    auto checked = train::verify_table_manifest(dir.path, "emb/w", "0123456789abcdef");
+    REQUIRE_FALSE(checked);
+    CHECK_THAT(checked.error().what, Catch::Contains("is of the first format"));
+  }
   SECTION("mismatched dims") {
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim + 1});
     CHECK_THAT(why, Catch::Contains("mismatched dims") && Catch::Contains("[5]"));
@@ -333,6 +347,28 @@ TEST_CASE("with a checkpoint_key, a table's manifest carries its HMAC and a forg
   SECTION("the manifest rewritten under another key") {
     forge_chunk0(shard1, 1, 123.0f);
     REQUIRE(train::write_table_manifest(dir.path, layout, "another key, 32 bytes long......"));
+    auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
+    CHECK_THAT(why, Catch::Contains("'" + manifest + "' fails its HMAC"));
+  }
+  SECTION("a finite forged row with only its digest changed in the keyed manifest") {
+    // Catches: an HMAC over less than every line before it (the shard lines
+    // with their digests): the forger keeps the genuine HMAC line, puts the
+    // forged file's digest in shard 1's line and recomputes the checksum.
+    auto read_text = [&]() {
+      std::ifstream in{manifest, std::ios::binary};
+      return std::string{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
+    };
+    auto genuine = read_text();
+    auto before = train::read_table_manifest(dir.path, "emb/w")->shard_digests.at(1);
+    forge_chunk0(shard1, 1, 123.0f);
+    REQUIRE(train::write_table_manifest(dir.path, layout)); // the forged file's digest, keyless
+    auto forged = train::read_table_manifest(dir.path, "emb/w")->shard_digests.at(1);
+    REQUIRE(forged != before);
+    auto text = genuine.substr(0, genuine.rfind("checksum "));
+    REQUIRE(text.find(before) != std::string::npos);
+    text.replace(text.find(before), before.size(), forged);
+    text += "checksum " + train::to_hex(train::sha256(text.data(), text.size())) + "\n";
+    std::ofstream{manifest, std::ios::binary | std::ios::trunc} << text;
     auto why = restore(dir.path, partition_strategy::mod, sizes, 0, value, m, v, {dim}, key);
     CHECK_THAT(why, Catch::Contains("'" + manifest + "' fails its HMAC"));
   }

@@ -182,6 +182,23 @@ TEST_CASE("3 ps each save the table shard they hold and 2 other ps each restore 
     self->request(n.actor, 30s, restore_atom::value, other)
       .receive([&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
     CHECK_THAT(why, Catch::Contains("of global step 5") && Catch::Contains("of step 6"));
+    // a manifest other than the one the chief checked (its SHA-256 in the
+    // request, as restore_sparse_checkpoint sends it): refused, naming it
+    why.clear();
+    auto checked = request_of(dir.path, name, partition_strategy::div, new_sizes,
+                              static_cast<size_t>(k));
+    checked.manifest_sha256 = std::string(64, '0');
+    self->request(n.actor, 30s, restore_atom::value, checked)
+      .receive([&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+    CHECK_THAT(why, Catch::Contains("'" + train::table_manifest_path(dir.path, "emb") + "'")
+                      && Catch::Contains("is not the one the chief checked"));
+    auto digest = train::verify_table_manifest(dir.path, "emb", "");
+    REQUIRE(digest);
+    checked.manifest_sha256 = *digest;
+    why.clear();
+    self->request(n.actor, 30s, restore_atom::value, checked)
+      .receive([&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+    CHECK(why.empty());
     caf::anon_send_exit(n.actor, caf::exit_reason::user_shutdown);
   }
 }

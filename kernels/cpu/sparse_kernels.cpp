@@ -47,24 +47,52 @@ status check_ids(const tensor& ids, int64_t limit, const char* what, bool skip_n
   return status::success();
 }
 
-status gather_shape(const shape_type& params, dtype type, const shape_type& indices,
-                    dtype indices_type, shape_type& out) {
+namespace {
+
+/// indices.shape + params.shape[1:], or why they do not fit: gather_shape
+/// without the result's bound, for a scatter, whose updates of that shape
+/// are given to it (a scalar broadcast to every row named), not allocated.
+status gather_dims(const shape_type& params, const shape_type& indices, dtype indices_type,
+                   shape_type& out) {
   if (params.empty())
     return status::shape("params must have at least one dimension, got a scalar");
   if (!is_id_type(indices_type))
     return status::dtype(std::string{"indices must be int32 or int64, got "}
                          + dtype_name(indices_type));
-  // A few bytes of ids name rows of kilobytes: the result is bounded as any
-  // op's (max_message_bytes) before it is allocated, whoever asks (a graph,
-  // a variable's gather over CAF).
-  int64_t count = 1;
-  for (auto d : indices)
-    count = d < 0 || (d > 0 && count > INT32_MAX / d) ? INT32_MAX : count * d;
-  if (auto st = check_result_rows("gather", "ids", count, row_elements(params, 1), type);
-      !st.ok())
-    return st;
   out = indices;
   out.insert(out.end(), params.begin() + 1, params.end());
+  return status::success();
+}
+
+/// No dimension of `s` is unknown (a shape rule's unknown_dim, -1: unique's
+/// length), so the size it gives is the size the op will have.
+bool all_known(const shape_type& s) {
+  for (auto d : s)
+    if (d < 0)
+      return false;
+  return true;
+}
+
+} // namespace
+
+status gather_shape(const shape_type& params, dtype type, const shape_type& indices,
+                    dtype indices_type, shape_type& out) {
+  shape_type shape;
+  if (auto st = gather_dims(params, indices, indices_type, shape); !st.ok())
+    return st;
+  // A few bytes of ids name rows of kilobytes: the result is bounded as any
+  // op's (max_message_bytes) before it is allocated, whoever asks (a graph,
+  // a variable's gather over CAF). A shape rule may not know a dim yet (ids
+  // from unique): then the kernel, which knows it, bounds the result.
+  if (all_known(indices) && all_known(params)) {
+    int64_t count = 1;
+    for (auto d : indices)
+      count = d > 0 && count > INT32_MAX / d ? INT32_MAX : count * d;
+    if (auto st = check_result_rows("gather", "ids", count, row_elements(params, 1), type);
+        !st.ok())
+      return st;
+  }
+  out = std::move(shape);
   return status::success();
 }
 
@@ -203,9 +231,8 @@ status host_scatter(scatter_op op, tensor& ref, const tensor& indices, const ten
   if (updates.type() != ref.type())
     return status::dtype("updates have dtype " + std::string{dtype_name(updates.type())}
                          + ", the variable has " + dtype_name(ref.type()));
-  shape_type want;
-  if (auto st = gather_shape(ref.shape(), ref.type(), indices.shape(), indices.type(), want);
-      !st.ok())
+  shape_type want; // the updates' shape: given, not allocated, so not bounded as a gather's
+  if (auto st = gather_dims(ref.shape(), indices.shape(), indices.type(), want); !st.ok())
     return st;
   bool scalar = updates.num_elements() == 1 && updates.shape().empty();
   if (updates.shape() != want && !scalar)
