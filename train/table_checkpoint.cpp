@@ -474,9 +474,10 @@ outcome<std::string> write_table_manifest(const std::string& dir,
 
 namespace {
 
-/// The fields of manifest `path`'s text, checked line by line.
-outcome<table_checkpoint_layout> parse_manifest(const std::string& text, const std::string& path,
-                                     const std::string& table) {
+/// Where manifest `path`'s checksum line starts, once its first line and
+/// its checksum are checked (a torn or corrupt file is refused here, before
+/// any of it is believed).
+outcome<size_t> manifest_checksum_at(const std::string& text, const std::string& path) {
   auto bad = [&](const std::string& why) {
     return invalid(fmt::format("table manifest '{}' {}", path, why));
   };
@@ -492,6 +493,19 @@ outcome<table_checkpoint_layout> parse_manifest(const std::string& text, const s
   auto want = to_hex(sha256(text.data(), sum_at));
   if (text.compare(sum_at, std::string::npos, "checksum " + want + "\n") != 0)
     return bad("fails its checksum: the file is torn or corrupt");
+  return sum_at;
+}
+
+/// The fields of manifest `path`'s text, checked line by line.
+outcome<table_checkpoint_layout> parse_manifest(const std::string& text, const std::string& path,
+                                     const std::string& table) {
+  auto bad = [&](const std::string& why) {
+    return invalid(fmt::format("table manifest '{}' {}", path, why));
+  };
+  auto at = manifest_checksum_at(text, path);
+  if (!at)
+    return at.error();
+  auto sum_at = *at;
   table_checkpoint_layout l;
   std::istringstream in{text.substr(0, sum_at)};
   std::string line;
@@ -650,7 +664,9 @@ struct shard_source {
                        sha256(chunk.data(), chunk.size()))
           != 0)
         return invalid(fmt::format("table checkpoint file '{}' fails the digest of chunk {} "
-                                   "(rows {} to {} of shard {}): the file is corrupt",
+                                   "(rows {} to {} of shard {}): the file is corrupt; restore "
+                                   "an older checkpoint (move this tables-<step> directory and "
+                                   "its ckpt-<step>.afck away)",
                                    path, c, first, first + n - 1, header.shard));
       if (auto st = check_values(first, n); !st)
         return st.error();
@@ -705,15 +721,18 @@ outcome<std::string> verify_table_manifest(const std::string& dir, const std::st
   auto text = read_manifest_text(path);
   if (!text)
     return text.error();
-  if (auto l = parse_manifest(*text, path, table); !l)
-    return l.error();
+  // Its checksum, then (with a key) its HMAC, then its fields: under a key,
+  // nothing of a forged manifest is read beyond the refusal.
+  auto at = manifest_checksum_at(*text, path);
+  if (!at)
+    return at.error();
   if (!key.empty()) {
     // The line before the checksum's: "hmac " and 64 hex digits, the HMAC of
     // every byte before it.
-    auto sum_at = text->rfind("checksum ");
+    auto sum_at = *at;
     constexpr size_t line = 5 + 2 * digest_size + 1;
-    bool has = sum_at >= line && text->compare(sum_at - line, 5, "hmac ") == 0
-               && (*text)[sum_at - 1] == '\n';
+    bool has = sum_at > line && (*text)[sum_at - line - 1] == '\n'
+               && text->compare(sum_at - line, 5, "hmac ") == 0 && (*text)[sum_at - 1] == '\n';
     if (!has)
       return invalid(fmt::format("table manifest '{}' has no HMAC, but checkpoint_key is set: "
                                  "it was written without the key (by a job without "
@@ -727,9 +746,14 @@ outcome<std::string> verify_table_manifest(const std::string& dir, const std::st
         || CRYPTO_memcmp(want.data(), text->data() + sum_at - line + 5, want.size()) != 0)
       return invalid(fmt::format("table manifest '{}' fails its HMAC: it was not written with "
                                  "this job's checkpoint_key (another key, or altered since); "
-                                 "its tables are not restored",
+                                 "its tables are not restored. Check that every task's "
+                                 "checkpoint_key names the same key file, or restore an older "
+                                 "checkpoint (move this tables-<step> directory and its "
+                                 "ckpt-<step>.afck away)",
                                  path));
   }
+  if (auto l = parse_manifest(*text, path, table); !l)
+    return l.error();
   return to_hex(sha256(text->data(), text->size()));
 }
 
