@@ -139,11 +139,13 @@ plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane) {
     // actor's deadline or timeout, a switch or a departure release the round.
     if (!plane->answered.wait_for(lock, wait, [&] { return waiting->answered; })) {
       waiting->generation.fetch_add(1); // a late answer is not taken for the next push's
+      // The state may be gone meanwhile (the actor ended): named only if not.
       return caf::expected<plane_push_answer>{make_error(
         af_error::timeout,
         fmt::format("aggregator '{}' did not answer the push of worker {} at global step {} "
                     "within {} ms",
-                    st.spec.name, worker, global_step, wait.count()))};
+                    plane->self ? plane->self->state.spec.name : std::string{"(stopped)"},
+                    worker, global_step, wait.count()))};
     }
     if (waiting->error)
       return caf::expected<plane_push_answer>{waiting->error};
