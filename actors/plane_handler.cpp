@@ -1,14 +1,17 @@
 /// The node's side of the data plane's requests (net/plane_handler.hpp):
 /// variable_directory's plane_handler. A variable op is applied to the
 /// variable's cell right on the connection's thread (no actor hop), a push
-/// or pull goes to its aggregator through the directory's aggregator_call,
-/// an edge value to its executor as a local message. Each checks its frame
+/// or pull goes to its aggregator through the directory's aggregator_call
+/// (a sparse push, in the common case, is taken right here by the
+/// aggregator's own path, push_gate::sparse_push), an edge value to its
+/// executor as a local message. Each checks its frame
 /// before anything is allocated for the payload, and reads the payload
 /// straight into the tensor it hands on.
 #include "actors/variable_directory.hpp"
 #include "actors/edge_budget.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <thread>
 
@@ -225,18 +228,19 @@ bool variable_directory::aggregate(plane_request& req) {
   // A push's name starts with who it speaks for (wire::push_prefix): the
   // aggregator checks the token, and names this peer if it is refused.
   push_credentials who;
-  who.from = "data-plane peer " + req.peer();
-  std::string name = frame_name;
   bool short_prefix = push && frame_name.size() < sizeof(wire::push_prefix);
-  if (push && !short_prefix) {
+  bool prefixed = push && !short_prefix;
+  std::string name = prefixed ? frame_name.substr(sizeof(wire::push_prefix)) : frame_name;
+  if (prefixed) {
     wire::push_prefix pre;
     std::memcpy(&pre, frame_name.data(), sizeof(pre));
     who.token.assign(reinterpret_cast<const char*>(pre.token), sizeof(pre.token));
     who.seq = pre.seq;
-    name = frame_name.substr(sizeof(pre));
   }
+  // A sparse push names its peer only if it goes to the actor (push_sparse).
   if (sparse && !short_prefix)
     return push_sparse(req, name, std::move(who));
+  who.from = "data-plane peer " + req.peer();
   auto agg = get_aggregator(name);
   auto caller = aggregator_caller();
   // Checked before anything is allocated: a push for an aggregator that does
@@ -390,14 +394,17 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
   if (h.payload_bytes > 0) {
     // The counts first: with them the payload's size is known exactly, and
     // checked, before anything is allocated for the rows.
-    std::vector<uint64_t> counts(tables);
+    // On the stack for the usual few tables: no allocation per push.
+    std::array<uint64_t, 8> few{};
+    std::vector<uint64_t> many(tables > few.size() ? tables : 0);
+    uint64_t* counts = tables > few.size() ? many.data() : few.data();
     const uint64_t head = tables * sizeof(uint64_t);
     if (h.payload_bytes < head)
       return req.refuse(af_error::invalid_argument,
                         fmt::format("sparse push to aggregator '{}': a payload of {} bytes is "
                                     "shorter than its {} tables' counts",
                                     name, h.payload_bytes, tables));
-    if (!req.read_part(counts.data(), head))
+    if (!req.read_part(counts, head))
       return false;
     // A push carries each row of a table once at most (a worker sums a
     // repeated id's gradients first): what a member's push may make this
@@ -419,7 +426,8 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
                         fmt::format("sparse push to aggregator '{}': {} payload bytes, but {} "
                                     "dense floats and the rows its counts [{}] announce take {}",
                                     name, h.payload_bytes, agg.dense_floats,
-                                    fmt::join(counts, ", "), static_cast<uint64_t>(want)));
+                                    fmt::join(counts, counts + tables, ", "),
+                                    static_cast<uint64_t>(want)));
     try {
       if (agg.dense_floats > 0)
         values.dense.emplace_back(dtype::float32,
@@ -450,7 +458,21 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
       return false;
     }
   }
-  // The aggregator checks every id and every float before anything changes.
+  // The aggregator checks every id and every float before anything changes:
+  // the common push right here, under its lock (push_gate::sparse_push),
+  // any other in its actor.
+  if (agg.gate && agg.gate->sparse_push()) {
+    if (auto direct = agg.gate->sparse_push()(h.reserved, h.version, who, values, agg.wait)) {
+      if (!*direct)
+        return req.reply_error(direct->error());
+      wire::header reply;
+      reply.version = (*direct)->global_step;
+      if ((*direct)->dropped_late)
+        reply.reserved = wire::reply_flags::dropped_late;
+      return req.reply(reply, nullptr);
+    }
+  }
+  who.from = "data-plane peer " + req.peer();
   auto r = caller(agg.actor, h.reserved, h.version, std::move(who), std::move(values), agg.wait);
   if (!r)
     return req.reply_error(r.error());

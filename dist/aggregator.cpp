@@ -78,6 +78,7 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
 auto common_handlers(self_pointer self) {
   return std::make_tuple(
     [self](pull_atom) -> caf::result<uint64_t, tensor> {
+      auto lock = hold(self);
       // A table does not travel whole: a pull would copy every shard this
       // ps holds (and keep the copy until the step moves), for anyone who
       // reaches the port, since a pull carries no token.
@@ -92,27 +93,41 @@ auto common_handlers(self_pointer self) {
         return std::move(p.error());
       return {self->state.global_step, std::move(*p)};
     },
-    [self](stats_atom) -> aggregator_stats { return stats_of(self); },
+    [self](stats_atom) -> aggregator_stats {
+      auto lock = hold(self);
+      return stats_of(self);
+    },
     [self](closed_atom, uint32_t worker, uint64_t step,
            std::string& token) -> caf::result<uint64_t, bool> {
+      auto lock = hold(self);
       return on_closed(self, worker, step, token);
     },
     [self](done_atom, uint32_t worker, std::string& token,
            std::string& error) -> caf::result<uint32_t> {
+      auto lock = hold(self);
       return on_done(self, worker, token, error);
     },
     [self](join_atom, uint32_t worker, std::string& task, std::string& address,
            uint32_t batch_size, caf::actor& who) -> caf::result<uint64_t, std::string, uint64_t> {
+      auto lock = hold(self);
       return on_join(self, worker, task, address, batch_size, who);
     },
     [self](switch_atom, aggregator_spec& want) -> caf::result<uint64_t> {
+      auto lock = hold(self);
       return on_switch(self, want);
     },
-    [self](save_atom) -> caf::result<aggregator_state> { return save_state(self); },
+    [self](save_atom) -> caf::result<aggregator_state> {
+      auto lock = hold(self);
+      return save_state(self);
+    },
     [self](restore_atom, aggregator_state& in) -> caf::result<uint64_t> {
+      auto lock = hold(self);
       return restore_state(self, in);
     },
-    [self](sweep_atom) { sweep(self); });
+    [self](sweep_atom) {
+      auto lock = hold(self);
+      sweep(self);
+    });
 }
 
 template <class Tuple, class... Ts>
@@ -126,6 +141,7 @@ aggregator_impl_actor::behavior_type make_behavior(Tuple common, Ts... more) {
 auto refuse_parameters(self_pointer self) {
   return [self](push_atom, params_atom, uint32_t worker, uint64_t, push_credentials& who,
                 std::vector<tensor>&) -> push_result {
+      auto lock = hold(self);
     if (auto err = check_worker(self, worker, who))
       return err;
     return other_kind(self->state, worker, "parameters");
@@ -196,6 +212,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
     common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& grads) -> push_result {
+      auto lock = hold(self);
       return sync_push(
         self, worker, step, who, false, [&] { return apply_now(self, worker, step, who, grads, false); },
         [&] {
@@ -205,6 +222,7 @@ aggregator_impl_actor::behavior_type sync_aggregator(self_pointer self) {
     },
     [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
            sparse_push_values& grads) -> push_result {
+      auto lock = hold(self);
       return sync_push(
         self, worker, step, who, true,
         [&] { return apply_sparse_now(self, worker, step, who, grads, false); },
@@ -227,6 +245,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
     common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& grads) -> push_result {
+      auto lock = hold(self);
       if (auto err = check_worker(self, worker, who))
         return err;
       if (already_taken(self->state, worker, who.seq))
@@ -241,6 +260,7 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
     },
     [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
            sparse_push_values& grads) -> push_result {
+      auto lock = hold(self);
       if (auto err = check_worker(self, worker, who))
         return err;
       if (already_taken(self->state, worker, who.seq))
@@ -295,11 +315,13 @@ aggregator_impl_actor::behavior_type ssp_aggregator(self_pointer self) {
     common_handlers(self), refuse_parameters(self),
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& grads) -> push_result {
+      auto lock = hold(self);
       return ssp_push(self, worker, step, who, false,
                       [&] { return apply_now(self, worker, step, who, grads, true); });
     },
     [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
            sparse_push_values& grads) -> push_result {
+      auto lock = hold(self);
       return ssp_push(self, worker, step, who, true,
                       [&] { return apply_sparse_now(self, worker, step, who, grads, true); });
     });
@@ -359,14 +381,17 @@ aggregator_impl_actor::behavior_type average_aggregator(self_pointer self) {
     common_handlers(self),
     [self](push_atom, params_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& values) -> push_result {
+      auto lock = hold(self);
       return average_push(self, worker, step, who, values, true);
     },
     [self](push_atom, uint32_t worker, uint64_t step, push_credentials& who,
            std::vector<tensor>& values) -> push_result {
+      auto lock = hold(self);
       return average_push(self, worker, step, who, values, false);
     },
     [self](push_atom, sparse_atom, uint32_t worker, uint64_t, push_credentials& who,
            sparse_push_values&) -> push_result {
+      auto lock = hold(self);
       if (auto err = check_worker(self, worker, who))
         return err;
       return wrong_form(self->state, worker, true); // average has no tables (check_tables)
@@ -420,8 +445,18 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                                     spec.name, spec.variables[i],
                                     dtype_name(vars[i].cell->spec().type)));
   }
-  return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate](aggregator_detail::self_pointer self) {
+  auto plane = std::make_shared<aggregator_plane>();
+  // Its data plane takes the common sparse push itself, under the lock
+  // (aggregator_plane.cpp); until the actor's state is up it finds no
+  // actor there and hands the push over, as before.
+  if (gate && !spec.sparse.empty())
+    gate->set_sparse_push(plane_path(plane));
+  return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
+    auto lock = std::unique_lock<std::mutex>{plane->mtx};
+    st.plane = plane;
+    plane->self = self;
+    plane->addr = self->address();
     st.spec = spec;
     st.vars = vars;
     st.gate = gate;
@@ -442,13 +477,13 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
     st.guard = norm_guard{spec.grad_norm_guard};
-    st.round = aggregation_round<caf::typed_response_promise<uint64_t, tensor, bool>>{spec.workers,
-                                                                               round_floats};
+    st.round = aggregation_round<push_ticket>{spec.workers, round_floats};
     member(st, spec.workers - 1);
     st.stats.staleness.assign(staleness_buckets, 0);
     // A member whose actor goes down (its process killed, its worker ended
     // without saying done) leaves the job at once: no step waits for it.
     self->set_down_handler([self](caf::down_msg& dm) {
+      auto lock = hold(self);
       auto& st = self->state;
       for (uint32_t w = 0; w < st.members.size(); ++w)
         if (st.members[w].actor && st.members[w].actor == dm.source) {

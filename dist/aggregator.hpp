@@ -5,7 +5,9 @@
 /// the worker. They update the variables through their cells
 /// (actors/variable.hpp): optimizer slots live beside the values.
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +19,7 @@
 #include "caf/typed_response_promise.hpp"
 
 #include "actors/node.hpp"
+#include "actors/push_gate.hpp"
 #include "dist/aggregation_round.hpp"
 #include "net/data_plane.hpp"
 #include "dist/norm_guard.hpp"
@@ -26,6 +29,37 @@ namespace af {
 
 /// The aggregator's full interface: the protocol plus its timer.
 using aggregator_impl_actor = aggregator_actor::extend<caf::reacts_to<sweep_atom>>;
+
+/// What an aggregator's actor and its node's data-plane threads share: the
+/// lock under which either touches the aggregator's state, so that a sparse
+/// push is taken on the data plane's thread that read it (its own path,
+/// dist/aggregator_plane.cpp) while joins, departures, switches, deadlines
+/// and status stay the actor's. Defined in dist/aggregator_detail.hpp.
+struct aggregator_plane;
+
+/// A data-plane thread's wait for its parked sync push (push_ticket::plane).
+struct plane_wait {
+  /// The push the thread waits for now (read by a ticket's deliver under
+  /// another aggregator's lock than the one its thread waits under).
+  std::atomic<uint64_t> generation{0};
+  bool answered = false;
+  uint64_t global_step = 0;
+  bool dropped_late = false;
+  caf::error error;
+};
+
+/// A push parked in a round: answered through its actor's promise, or, for
+/// a push a data-plane thread took (dist/aggregator_plane.cpp), through
+/// `plane`, on which that thread waits. Delivered under the aggregator's lock.
+struct push_ticket {
+  caf::typed_response_promise<uint64_t, tensor, bool> promise;
+  std::shared_ptr<plane_wait> plane; ///< null: a CAF push
+  uint64_t generation = 0;           ///< plane's push this ticket answers
+  std::condition_variable* answered = nullptr; ///< what the waiting thread sleeps on
+
+  void deliver(uint64_t global_step, const tensor& params, bool dropped_late);
+  void deliver(const caf::error& err);
+};
 
 /// A worker as its aggregator knows it: who, and its counters.
 struct aggregator_member {
@@ -62,6 +96,10 @@ struct aggregator_member {
 };
 
 struct aggregator_actor_state {
+  /// Detaches the data plane's path from the state (dist/aggregator_plane.cpp):
+  /// a push that comes after goes to the actor, which is gone.
+  ~aggregator_actor_state();
+
   aggregator_spec spec;
   std::vector<variable_directory::entry> vars;
   std::vector<size_t> sizes;   ///< elements per variable
@@ -82,8 +120,12 @@ struct aggregator_actor_state {
   std::optional<uint64_t> params_step;
 
   /// sync: one step; average: one average (async: only its workers' done
-  /// flags). The tickets are the parked pushes' promises.
-  aggregation_round<caf::typed_response_promise<uint64_t, tensor, bool>> round;
+  /// flags). The tickets answer the parked pushes.
+  aggregation_round<push_ticket> round;
+  /// Tickets of the round in progress that are CAF promises: the data
+  /// plane's path releases only a round without them (a promise is
+  /// delivered from the actor's own thread).
+  uint32_t round_promises = 0;
   /// average: the most a completed round moved the global step (the workers'
   /// average_every); 0 before the first. Bounds the step of a round's first push.
   uint64_t average_stride = 0;
@@ -103,6 +145,8 @@ struct aggregator_actor_state {
   std::vector<aggregator_member> members; ///< by worker index
   /// The node's data plane's copy of the members' tokens (null: none).
   std::shared_ptr<push_gate> gate;
+  /// The lock shared with the data plane's path (never null once spawned).
+  std::shared_ptr<aggregator_plane> plane;
   /// ssp: pushes answered once the slowest member catches up.
   struct ssp_wait {
     uint32_t worker;

@@ -7,7 +7,9 @@
 /// aggregator.cpp (one behavior per mode). Internal to dist/.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,12 +18,44 @@
 
 #include "dist/aggregator.hpp"
 
+namespace af {
+
+/// The aggregator's lock and what its data-plane path needs besides the
+/// state (dist/aggregator.hpp, aggregator_plane).
+struct aggregator_plane {
+  /// Held by every handler of the actor and by the data plane's path for
+  /// all they do to the state: members, tokens, push numbers, the round,
+  /// the global step, stats, and the variables' rows and slots (an update
+  /// to several variables is one step under it).
+  std::mutex mtx;
+  /// Where a data-plane thread waits for its parked sync push.
+  std::condition_variable answered;
+  /// The actor, while it runs (set by its first behavior, cleared when its
+  /// state goes); only its state is touched from a data-plane thread.
+  aggregator_impl_actor::stateful_pointer<aggregator_actor_state> self = nullptr;
+  /// The actor's address, for the timer a data-plane thread arms (sweep).
+  caf::actor_addr addr;
+};
+
+} // namespace af
+
 namespace af::aggregator_detail {
 
 using self_pointer = aggregator_impl_actor::stateful_pointer<aggregator_actor_state>;
 using clock_type = std::chrono::steady_clock;
 using push_result = caf::result<uint64_t, tensor, bool>;
-using tickets = std::vector<std::pair<uint32_t, caf::typed_response_promise<uint64_t, tensor, bool>>>;
+using tickets = std::vector<std::pair<uint32_t, push_ticket>>;
+
+/// The aggregator's lock, held by each of its actor's handlers.
+std::unique_lock<std::mutex> hold(self_pointer self);
+
+/// The data plane's path for `plane`'s sparse pushes (push_gate::sparse_push):
+/// async applies the push at once; sync takes it into the round, and the
+/// last push of a round applies it and answers every waiting member. Any
+/// other case (a retry, a late or early step, a worker on standby, a round
+/// that holds CAF promises, ssp, a push that is not its member's) is left
+/// to the actor untouched.
+plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane);
 
 constexpr size_t staleness_buckets = 16;
 constexpr size_t max_events = 32;
@@ -143,7 +177,12 @@ caf::error apply_sparse_now(self_pointer self, uint32_t worker, uint64_t step,
 /// summed by the round, its tables' rows kept on its member), parked, and
 /// the round released once complete.
 push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
-                              const push_credentials& who, const sparse_push_values& values);
+                              const push_credentials& who, sparse_push_values& values);
+
+/// join_round_sparse's first half, both paths': the values checked and
+/// added to the round (or an abstention counted), not yet parked. The round
+/// takes `values` (moved from).
+caf::error add_to_round_sparse(self_pointer self, uint32_t worker, sparse_push_values& values);
 
 /// sync's release for table `i`: the members' ids of the round
 /// concatenated, their rows scaled by 1 / contributions, applied once.
@@ -188,6 +227,14 @@ void sweep(self_pointer self);
 
 /// Parks the push of `worker` for `step` until the round completes.
 push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq);
+
+/// park's part that both paths share: `ticket` into the round, the member's
+/// push number and park time noted.
+void park_ticket(aggregator_actor_state& st, uint32_t worker, uint64_t step, uint64_t seq,
+                 push_ticket ticket);
+
+/// schedule_sweep from any thread: the timer message goes to the actor at `addr`.
+void schedule_sweep(aggregator_actor_state& st, const caf::actor_addr& addr);
 
 /// One pointer per variable into `flat`, at the variables' offsets.
 std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::vector<float>& flat);

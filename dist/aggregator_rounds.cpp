@@ -32,6 +32,7 @@ void account(aggregator_actor_state& st, const tickets& waiting, bool applied) {
     m.round_ids.clear(); // a sparse push's rows: applied, or abandoned with the round
     m.round_rows.clear();
   }
+  st.round_promises = 0; // `waiting` is the whole round, released
 }
 
 /// sync with backup workers: steps go on without a member that stopped
@@ -127,7 +128,10 @@ std::chrono::milliseconds since(clock_type::time_point t, clock_type::time_point
 }
 
 void schedule_sweep(self_pointer self) {
-  auto& st = self->state;
+  schedule_sweep(self->state, self->address());
+}
+
+void schedule_sweep(aggregator_actor_state& st, const caf::actor_addr& addr) {
   if (st.sweep_pending || st.spec.step_timeout_ms == 0)
     return;
   st.sweep_pending = true;
@@ -140,7 +144,11 @@ void schedule_sweep(self_pointer self) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(due - clock_type::now());
     every = std::max(std::chrono::milliseconds{1}, std::min(every, left));
   }
-  self->delayed_send(self, every, sweep_atom::value);
+  // From the actor or a data-plane thread: the clock is the system's.
+  if (auto me = caf::actor_cast<aggregator_impl_actor>(addr))
+    caf::delayed_anon_send(me, every, sweep_atom::value);
+  else
+    st.sweep_pending = false; // the actor is gone: nothing to sweep
 }
 
 void sweep(self_pointer self) {
@@ -204,14 +212,22 @@ void sweep(self_pointer self) {
   fail_all(st, st.round.release(), err);
 }
 
-push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq) {
-  auto& st = self->state;
-  auto promise = self->make_response_promise<uint64_t, tensor, bool>();
+void park_ticket(aggregator_actor_state& st, uint32_t worker, uint64_t step, uint64_t seq,
+                 push_ticket ticket) {
   if (!st.round.in_progress())
     st.deadline_periods = 0;
   member(st, worker).parked_since = clock_type::now();
   member(st, worker).round_seq = seq;
-  st.round.arrive(worker, step, promise);
+  st.round.arrive(worker, step, std::move(ticket));
+}
+
+push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq) {
+  auto& st = self->state;
+  auto promise = self->make_response_promise<uint64_t, tensor, bool>();
+  push_ticket ticket;
+  ticket.promise = promise;
+  park_ticket(st, worker, step, seq, std::move(ticket));
+  st.round_promises += 1;
   schedule_sweep(self);
   return promise;
 }

@@ -187,8 +187,7 @@ void guard_sparse(self_pointer self, uint32_t worker, sparse_parts& parts) {
                      m.stats.guarded);
 }
 
-push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
-                              const push_credentials& who, const sparse_push_values& values) {
+caf::error add_to_round_sparse(self_pointer self, uint32_t worker, sparse_push_values& values) {
   auto& st = self->state;
   auto& m = member(st, worker);
   if (!values.empty()) {
@@ -206,8 +205,10 @@ push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
         offsets.push_back(st.round_offsets[i]);
         sizes.push_back(st.sizes[i]);
       }
+    // Moved, not copied: a moved tensor or vector keeps its buffer, so
+    // `dense` (and the rows kept below) stay valid.
     auto owner = std::make_shared<std::pair<sparse_push_values, std::vector<float>>>(
-      values, std::move(parts->scaled)); // a moved vector keeps its buffer: dense stays valid
+      std::move(values), std::move(parts->scaled));
     st.round.add(dense, offsets, sizes, std::move(owner));
     m.round_ids = std::move(parts->ids);
     m.round_rows = std::move(parts->rows);
@@ -215,6 +216,14 @@ push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
   } else {
     m.stats.refused += 1;
   }
+  return caf::none;
+}
+
+push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
+                              const push_credentials& who, sparse_push_values& values) {
+  auto& st = self->state;
+  if (auto err = add_to_round_sparse(self, worker, values))
+    return err;
   auto r = park(self, worker, step, who.seq);
   if (st.round.complete(st.spec.replicas_to_aggregate))
     release_sync(self);

@@ -3,12 +3,14 @@
 // the aggregators (messages/aggregator.hpp's push, sparse), in each mode.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -575,4 +577,246 @@ TEST_CASE("rows are read and sparse pushes applied over the data plane", "[spars
     CHECK_THAT(describe(dense.error()), Catch::Contains("push_sparse"));
     CHECK_FALSE(c.broken());
   }
+}
+
+// -- pushes taken on the data plane's thread ------------------------------------
+//
+// The common sparse push is applied on the data-plane thread that read it,
+// under the aggregator's lock (dist/aggregator_plane.cpp), while the actor
+// goes on serving joins, saves, switches and the other pushes: each of
+// these races one against the other.
+
+namespace {
+
+/// An embedded cluster of one ps (and one worker node for the session)
+/// holding "emb" [rows, dim] and "w" [dim], both zeros, and an aggregator of
+/// `mode` over them (emb sparse, sgd at lr 0.5) for `workers` workers, each
+/// joined (tokens[w]); `ch` is a data-plane connection to the ps.
+struct plane_fixture {
+  plane_fixture(const std::string& mode, uint32_t workers, int64_t rows, int64_t dim)
+    : rows(rows), dim(dim) {
+    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+    REQUIRE(c);
+    cluster = std::move(*c);
+    auto s = cluster->session_for("worker", 0);
+    REQUIRE(s);
+    sess = std::make_unique<session>(std::move(*s));
+    {
+      auto scope = sess->device("/job:ps/task:0");
+      REQUIRE(sess->variable("emb", {rows, dim}, initializer::zeros()));
+      REQUIRE(sess->variable("w", {dim}, initializer::zeros()));
+    }
+    REQUIRE_FALSE(sess->initialize());
+    spec.name = "test/plane_" + mode;
+    spec.mode = mode;
+    spec.variables = {"emb", "w"};
+    spec.sparse = {"emb"};
+    spec.workers = workers;
+    spec.optimizer.kind = "sgd";
+    spec.optimizer.lr = 0.5;
+    spec.step_timeout_ms = 60000;
+    auto a = sess->aggregator("ps", 0, spec);
+    REQUIRE(a);
+    agg = *a;
+    self = std::make_unique<caf::scoped_actor>(sess->system());
+    for (uint32_t w = 0; w < workers; ++w)
+      join(w);
+    auto info = sess->ping("ps", 0);
+    REQUIRE(info);
+    auto ch = data_channel::connect("127.0.0.1", info->data_port, "/job:ps/task:0", 5s);
+    REQUIRE(ch);
+    plane = std::move(*ch);
+  }
+
+  void join(uint32_t worker) {
+    (*self)
+      ->request(agg, 10s, join_atom::value, worker, "/job:worker/task:" + std::to_string(worker),
+                std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+      .receive([&](uint64_t, std::string& token, uint64_t) { tokens[worker] = token; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+  }
+
+  /// Every row of emb, and w, with gradient `g`.
+  std::vector<int64_t> all_ids() const {
+    std::vector<int64_t> v(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      v[static_cast<size_t>(r)] = r;
+    return v;
+  }
+  tensor all_rows(float g) const {
+    return tensor::filled(dtype::float32, {rows, dim}, g);
+  }
+
+  /// A push of every row over the data plane (this fixture's connection).
+  caf::expected<uint64_t> push_plane(data_channel& c, uint32_t worker, uint64_t step,
+                                     uint64_t seq, float g) {
+    return c.push_sparse(spec.name, worker, step, {tensor::filled(dtype::float32, {dim}, g)},
+                         {ids64(all_ids())}, {all_rows(g)}, 30s, tokens[worker], seq);
+  }
+
+  /// The same push through the actor (CAF), from `from`.
+  caf::expected<uint64_t> push_caf(caf::scoped_actor& from, uint32_t worker, uint64_t step,
+                                   uint64_t seq, float g) {
+    push_credentials who;
+    who.token = tokens[worker];
+    who.seq = seq;
+    sparse_push_values v;
+    v.dense.push_back(tensor::filled(dtype::float32, {dim}, g));
+    v.ids.push_back(ids64(all_ids()));
+    v.rows.push_back(all_rows(g));
+    caf::expected<uint64_t> out{make_error(af_error::internal, "no reply")};
+    from->request(agg, 30s, push_atom::value, sparse_atom::value, worker, step, who, std::move(v))
+      .receive([&](uint64_t g2, tensor&, bool) { out = g2; },
+               [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+
+  aggregator_stats stats() {
+    aggregator_stats out;
+    (*self)
+      ->request(agg, 10s, stats_atom::value)
+      .receive([&](aggregator_stats& s) { out = std::move(s); },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  }
+
+  int64_t rows, dim;
+  std::unique_ptr<embedded_cluster> cluster;
+  std::unique_ptr<session> sess;
+  aggregator_spec spec;
+  aggregator_actor agg;
+  std::unique_ptr<caf::scoped_actor> self;
+  std::map<uint32_t, std::string> tokens;
+  std::unique_ptr<data_channel> plane;
+};
+
+} // namespace
+
+TEST_CASE("a save taken while async sparse pushes are applied on the data plane holds one "
+          "global step, every variable at it",
+          "[sparse_push][data_plane]") {
+  // Each push moves every element of emb and w by -0.5 * 2^-9 = -2^-10
+  // (exact in float): a state at global step k holds -k * 2^-10 everywhere.
+  // A save that read the step while a push was between its variables, or
+  // between its update and its count, would hold another value.
+  plane_fixture f("async", 1, 4096, 32);
+  const float g = 1.0f / 512;
+  constexpr uint64_t pushes = 400;
+  std::atomic<bool> stop{false};
+  std::string failure;
+  std::thread pusher([&] {
+    for (uint64_t k = 1; k <= pushes && !stop; ++k) {
+      auto r = f.push_plane(*f.plane, 0, k - 1, k, g);
+      if (!r) {
+        failure = describe(r.error());
+        return;
+      }
+    }
+  });
+  uint64_t saves = 0, inconsistent = 0, step_seen = 0;
+  while (step_seen < pushes && failure.empty()) {
+    aggregator_state saved;
+    (*f.self)
+      ->request(f.agg, 10s, save_atom::value)
+      .receive([&](aggregator_state& s) { saved = std::move(s); },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    ++saves;
+    step_seen = saved.global_step;
+    const float want = -static_cast<float>(saved.global_step) / 1024;
+    for (const auto& v : saved.values) {
+      const float* p = v.data<float>();
+      for (size_t k = 0; k < v.num_elements(); ++k)
+        if (p[k] != want) {
+          ++inconsistent;
+          break;
+        }
+    }
+  }
+  stop = true;
+  pusher.join();
+  REQUIRE(failure.empty());
+  INFO(saves << " saves");
+  CHECK(inconsistent == 0);
+  auto s = f.stats();
+  CHECK(s.global_step == pushes);
+  CHECK(s.applied == pushes);
+}
+
+TEST_CASE("async sparse pushes on the data plane and through the actor, with joins meanwhile, "
+          "are each applied once",
+          "[sparse_push][data_plane]") {
+  // Worker 0 pushes over the data plane (the plane's path), worker 1 through
+  // the actor, while new workers join (each join grows the members the
+  // plane's path reads): no push is lost or counted twice.
+  plane_fixture f("async", 2, 512, 16);
+  const float g = 1.0f / 512;
+  constexpr uint64_t pushes = 300;
+  std::string failure;
+  std::thread pusher([&] {
+    for (uint64_t k = 1; k <= pushes; ++k)
+      if (auto r = f.push_plane(*f.plane, 0, 0, k, g); !r) {
+        failure = describe(r.error());
+        return;
+      }
+  });
+  caf::scoped_actor other{f.sess->system()};
+  for (uint64_t k = 1; k <= pushes; ++k) {
+    auto r = f.push_caf(other, 1, 0, k, g);
+    REQUIRE(r);
+    if (k % 10 == 0)
+      f.join(static_cast<uint32_t>(1 + k / 10)); // workers 2..31 join
+  }
+  pusher.join();
+  REQUIRE(failure.empty());
+  auto s = f.stats();
+  CHECK(s.global_step == 2 * pushes);
+  CHECK(s.applied == 2 * pushes);
+  CHECK(s.pushes == 2 * pushes);
+  auto v = f.plane->call(var_op::read, "emb", nullptr, true);
+  REQUIRE(v);
+  const float want = -static_cast<float>(2 * pushes) / 1024;
+  CHECK(v->first.data<float>()[0] == want);
+  CHECK(v->first.data<float>()[v->first.num_elements() - 1] == want);
+}
+
+TEST_CASE("sync rounds whose pushes come over the data plane and through the actor close once "
+          "each, and every member is answered",
+          "[sparse_push][data_plane]") {
+  // Worker 0 over the data plane, worker 1 through the actor: a round is
+  // released by whichever arrives last, on the plane's thread (it answers
+  // the actor's promise through the actor: the round holds one) or in the
+  // actor (it wakes the plane's thread). Each round applies the mean once.
+  plane_fixture f("sync", 2, 256, 8);
+  const float g = 1.0f / 512;
+  constexpr uint64_t rounds = 200;
+  std::string failure;
+  std::vector<uint64_t> answered;
+  std::thread pusher([&] {
+    for (uint64_t k = 1; k <= rounds; ++k) {
+      auto r = f.push_plane(*f.plane, 0, k - 1, k, g);
+      if (!r) {
+        failure = describe(r.error());
+        return;
+      }
+      answered.push_back(*r);
+    }
+  });
+  caf::scoped_actor other{f.sess->system()};
+  for (uint64_t k = 1; k <= rounds; ++k) {
+    auto r = f.push_caf(other, 1, k - 1, k, g);
+    REQUIRE(r);
+    CHECK(*r == k);
+  }
+  pusher.join();
+  REQUIRE(failure.empty());
+  REQUIRE(answered.size() == rounds);
+  for (uint64_t k = 1; k <= rounds; ++k)
+    CHECK(answered[k - 1] == k);
+  auto s = f.stats();
+  CHECK(s.global_step == rounds);
+  CHECK(s.applied == rounds);
+  auto v = f.plane->call(var_op::read, "emb", nullptr, true);
+  REQUIRE(v);
+  // The mean of two equal gradients, once a round.
+  CHECK(v->first.data<float>()[0] == -static_cast<float>(rounds) / 1024);
 }
