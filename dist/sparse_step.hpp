@@ -87,6 +87,9 @@ public:
   /// aggregator that took it answers without applying it twice.
   void reconnect(std::unique_ptr<data_channel> channel, std::string token = {},
                  uint64_t last_seq = 0);
+  /// The token its aggregator answered a join again with (the same
+  /// aggregator, which had taken this worker as left: the numbers go on).
+  void set_token(std::string token) { token_ = std::move(token); }
   /// Its connection failed (I/O, or no answer in time): an error the ps
   /// answered leaves it whole.
   bool broken() const { return !channel_ || channel_->broken(); }
