@@ -407,13 +407,23 @@ int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::clust
   auto last_seen = std::chrono::steady_clock::now();
   bool stopped = false;
   while (!stopped) {
+    auto began = std::chrono::steady_clock::now();
     self->receive([&](caf::down_msg&) { stopped = true; },
                   caf::after(std::chrono::seconds(1)) >> [] {});
     if (stopped || !watch)
       break;
-    if (watch->ping("worker", 0))
-      last_seen = std::chrono::steady_clock::now();
-    else if (std::chrono::steady_clock::now() - last_seen > patience) {
+    bool answered = static_cast<bool>(watch->ping("worker", 0));
+    auto now = std::chrono::steady_clock::now();
+    // A turn far longer than its wait and ping (1 s + 2 s) is this process
+    // that did not run (SIGSTOP, then SIGCONT; or starved): no silence of
+    // the chief. Without this, a ps stopped past init_timeout_ms gave up
+    // on the chief at its first ping after SIGCONT, which its broken CAF
+    // link fails, and left the job it was taken back into.
+    if (now - began > std::chrono::seconds(5))
+      last_seen = now;
+    if (answered)
+      last_seen = now;
+    else if (now - last_seen > patience) {
       rc = fail(name + ": the chief /job:worker/task:0 has not answered for "
                   + std::to_string(patience.count())
                   + " ms (init_timeout_ms); it died or never started, so nobody will end this "
