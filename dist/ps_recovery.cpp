@@ -40,13 +40,18 @@ param_shard renewed(const param_shard& old, const aggregator_actor& agg, const n
 /// nodes' connection_timeout_ms broke this node's CAF link to it, and the
 /// old handle went with it (its requests reach nothing: stats, done). If
 /// the lookup fails the old handle stays: the pushes go by the data plane.
-recovered_shard same_process(recovery_context& ctx, size_t k, uint64_t step) {
+caf::expected<aggregator_actor> look_up_again(recovery_context& ctx, size_t k) {
   aggregator_spec lookup;
   lookup.name = ctx.shards[k].aggregator;
   lookup.workers = 0;
   auto agg = ctx.s->aggregator("ps", static_cast<int32_t>(k), lookup);
   if (agg)
     ctx.shards[k].actor = *agg;
+  return agg;
+}
+
+recovered_shard same_process(recovery_context& ctx, size_t k, uint64_t step) {
+  look_up_again(ctx, k);
   return recovered_shard{ctx.shards[k], step};
 }
 
@@ -292,6 +297,16 @@ recover_ps_of(std::shared_ptr<recovery_context> ctx) {
       return make_error(af_error::cancelled, "the worker task is over");
     return ctx->task == 0 ? chief_recover_ps(*ctx, k, step, why, held)
                           : worker_recover_ps(*ctx, k, step, why);
+  };
+}
+
+std::function<caf::expected<aggregator_actor>(size_t)>
+find_aggregator_of(std::shared_ptr<recovery_context> ctx) {
+  return [ctx](size_t k) -> caf::expected<aggregator_actor> {
+    std::lock_guard<std::mutex> guard{ctx->mtx};
+    if (ctx->closed)
+      return make_error(af_error::cancelled, "the worker task is over");
+    return look_up_again(*ctx, k);
   };
 }
 

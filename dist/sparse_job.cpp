@@ -352,16 +352,9 @@ caf::error arm_recovery(sparse_task& t) {
     return data_channel::connect(shard.host, shard.data_port, shard.task, connect_wait(t), {},
                                  system_tls(t.s.system()));
   };
-  // A lookup, creating none (workers = 0): a ps that restarted meanwhile
-  // has no aggregator until the chief's recovery makes one.
-  auto find = [&t](size_t k) {
-    aggregator_spec lookup;
-    lookup.name = aggregator_name(k);
-    lookup.workers = 0;
-    return t.s.aggregator("ps", static_cast<int32_t>(k), lookup);
-  };
   t.recovering = std::make_unique<sparse_recovery>(training_detail::recover_ps_of(ctx), join,
-                                                   connect, t.shards, find);
+                                                   connect, t.shards,
+                                                   training_detail::find_aggregator_of(ctx));
   t.recovering->rejoin_window = std::chrono::milliseconds{t.c.ps_recovery_timeout_ms};
   // The step's links become the recovering ones (the plain ones count the bytes).
   for (size_t k = 0; k < t.links.size(); ++k) {
