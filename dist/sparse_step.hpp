@@ -95,6 +95,10 @@ public:
   bool broken() const { return !channel_ || channel_->broken(); }
 
 private:
+  /// A read's (gather_rows, read) timeout `err`, named with the read's own
+  /// wait (step_timeout_ms) and what to do.
+  caf::error read_timed_out(const caf::error& err) const;
+
   uint64_t sent_ = 0, received_ = 0;
   bool unanswered_ = false; ///< the last push got no answer (its number is seq_)
   bool resend_ = false;     ///< the next push goes under seq_ again
