@@ -480,7 +480,13 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     bound.start(name, rc, teardown_limit);
     return rc;
   };
-  auto s = af::session::make(sys, cluster.cluster, name);
+  af::session_options opts;
+  // A ps that restarts is the job's to restore (the chief's ps recovery):
+  // the session's reconnect line must not ask the user to.
+  if (c.ps_recovery_timeout_ms > 0)
+    opts.lost_hint = "the chief restores them from the latest checkpoint (ps recovery, within "
+                     "ps_recovery_timeout_ms)";
+  auto s = af::session::make(sys, cluster.cluster, name, opts);
   if (!s)
     return fail(af::describe(s.error()), 1);
   caf::error err;

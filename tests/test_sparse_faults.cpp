@@ -201,6 +201,10 @@ void ps_killed_and_restarted(const std::string& mode) {
   CHECK(*final_step >= steps);
   CHECK(*final_step <= (mode == "sync" ? steps : steps + 1));
   CHECK(out.find("workers=2 ") != std::string::npos);
+  // The session's line of the restarted ps names who restores what it
+  // lost (the chief, here), not what a user should do.
+  CHECK(out.find("variable(s) are gone: the chief restores them") != std::string::npos);
+  CHECK(out.find("initialize() or restore them") == std::string::npos);
 }
 
 } // namespace
