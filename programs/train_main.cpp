@@ -208,9 +208,11 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   if (!s)
     return fail(af::describe(s.error()), 1);
   // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
+  size_t unanswered = 0;
   auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms},
                                            af::sparse_job(c) ? af::sparse_aggregator_prefix
-                                                             : "train/ps")
+                                                             : "train/ps",
+                                           &unanswered)
                      : af::job_switch(*s, c, switch_to);
   if (!text)
     // A config without a ps job is the config's fault (2); the rest, the job's.
@@ -218,7 +220,7 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
                 af::is(text.error(), af::af_error::invalid_config) ? 2 : 1);
   std::printf("%s", text->c_str());
   std::fflush(stdout);
-  return 0;
+  return unanswered > 0 ? 1 : 0; // printed what the others said; one did not answer
 }
 
 size_t test_size(const af::train::train_config& c) {
