@@ -2,7 +2,8 @@
 # A dense sync job (config/train.toml: 1 ps + 2 workers, one process per task) whose ps is
 # stopped with SIGSTOP for DOWN seconds, past the nodes' connection_timeout_ms (shortened to
 # 2000 ms here: TIMEOUT_MS=...), and continued; the job must finish.
-# usage: [DOWN=S] [MODE=sync|async] [EXTRA=...] tests/attack/dense_ps_stop.sh BUILD_DIR WORKDIR
+# WHO=w1 stops worker 1 instead (it leaves the job, and joins again when continued).
+# usage: [WHO=ps0|w0|w1] [DOWN=S] [MODE=sync|async] [EXTRA=...] tests/attack/dense_ps_stop.sh BUILD_DIR WORKDIR
 set -u
 B=${1:-build-cpu}; W=${2:-/tmp/s5atk/dense_stop}
 B=$(cd "$B" && pwd); C=$(cd "$(dirname "$0")/../.." && pwd)/config/train.toml
@@ -13,7 +14,7 @@ $B/actorflow-train --config job.toml --job ps --task 0 $O > ps0.log 2>&1 & echo 
 $B/actorflow-train --config job.toml --job worker --task 1 $O --step-delay-ms 2 > w1.log 2>&1 & echo $! > w1.pid
 $B/actorflow-train --config job.toml --job worker --task 0 $O --step-delay-ms 2 > w0.log 2>&1 & echo $! > w0.pid
 for i in $(seq 1 300); do grep -q "^step [0-9]*/" w0.log && break; sleep 0.1; done; sleep 1
-kill -STOP $(cat ps0.pid); sleep ${DOWN:-5}; kill -CONT $(cat ps0.pid)
+kill -STOP $(cat ${WHO:-ps0}.pid); sleep ${DOWN:-5}; kill -CONT $(cat ${WHO:-ps0}.pid)
 for p in w0 w1; do timeout 180 tail --pid=$(cat $p.pid) -f /dev/null; done
 for p in w0 w1 ps0; do wait $(cat $p.pid) 2>/dev/null; echo "$p rc=$?"; done
 grep -h "left\|gone\|train done\|error\|joined" *.log | head -20
