@@ -102,6 +102,10 @@ struct session_options {
   /// found again ("reconnected to /job:ps/task:0 at h:p (restarted)"). For
   /// programs that show them to a user, and for tests.
   std::function<void(const std::string&)> on_recovery;
+  /// What the line of a restarted node says of the variables it lost (its
+  /// "N variable(s) are gone: ..."): by default what a user does; a
+  /// training job whose chief restores them itself (ps recovery) says so.
+  std::string lost_hint = "initialize() or restore them";
   /// The cluster's [security]: with it, connections to nodes (CAF's and the
   /// data plane's) are mutual TLS. The actor system must be made with the
   /// same (system_config{node_options, security}); the files are checked at

@@ -131,8 +131,7 @@ struct session::impl {
     }
     note("reconnected to " + conn.key + " at " + conn.address + " ("
          + (restarted ? "restarted" : "same process") + ")"
-         + (lost > 0 ? "; " + std::to_string(lost)
-                         + " variable(s) are gone: initialize() or restore them"
+         + (lost > 0 ? "; " + std::to_string(lost) + " variable(s) are gone: " + opts.lost_hint
                      : std::string{}));
   }
 

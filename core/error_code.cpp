@@ -27,6 +27,7 @@ const char* to_string(af_error x) {
     case af_error::non_finite: return "non_finite";
     case af_error::mode_changed: return "mode_changed";
     case af_error::cancelled: return "cancelled";
+    case af_error::left: return "left";
   }
   return "unknown";
 }

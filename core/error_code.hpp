@@ -30,10 +30,11 @@ enum class af_error : uint8_t {
   non_finite,             ///< a NaN or infinity refused before it reached a variable
   mode_changed,           ///< a push of the other kind (gradients vs parameters) after a live switch
   cancelled,              ///< the caller gave up (Ctrl-C in the REPL); the request was abandoned
+  left,                   ///< a worker its aggregator took as left when its link went down: it joins again
 };
 
 /// The largest code: a status byte from a peer above it is not an af_error.
-constexpr uint8_t af_error_max = static_cast<uint8_t>(af_error::cancelled);
+constexpr uint8_t af_error_max = static_cast<uint8_t>(af_error::left);
 
 /// True if `code` is one of af_error's values (checks bytes from the wire).
 constexpr bool valid_af_error(uint8_t code) {

@@ -482,13 +482,19 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     st.stats.staleness.assign(staleness_buckets, 0);
     // A member whose actor goes down (its process killed, its worker ended
     // without saying done) leaves the job at once: no step waits for it.
+    // So does one whose link broke while it lives (a ps stopped past the
+    // nodes' connection_timeout_ms): its pushes are refused as
+    // af_error::left and it joins again, which monitors it again. That
+    // holds whenever the down comes, even after it joined again (the join
+    // may have reached this node through the old link's proxy, whose down
+    // comes later): the next push is refused, and it joins once more.
     self->set_down_handler([self](caf::down_msg& dm) {
       auto lock = hold(self);
       auto& st = self->state;
       for (uint32_t w = 0; w < st.members.size(); ++w)
         if (st.members[w].actor && st.members[w].actor == dm.source) {
           st.members[w].actor = caf::actor_addr{};
-          depart(self, w, dm.reason ? "down: " + describe(dm.reason) : "its actor ended");
+          depart(self, w, dm.reason ? "down: " + describe(dm.reason) : "its actor ended", true);
         }
     });
     return behavior_of(self, spec.mode);

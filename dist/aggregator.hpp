@@ -65,6 +65,13 @@ struct push_ticket {
 struct aggregator_member {
   bool joined = false;         ///< it sent join (name, address, monitor)
   bool left = false;           ///< its actor went down, or it said done after joining
+  /// With `left`: it left because its actor went down (a killed process,
+  /// or a link that broke: a process stopped past connection_timeout_ms),
+  /// not by saying done; its pushes are refused as af_error::left (it
+  /// joins again), at global step `left_at` for `left_why`.
+  bool link_down = false;
+  uint64_t left_at = 0;
+  std::string left_why;
   bool fresh = false;          ///< sync after a switch: its next push joins the round at any step
   bool contributed = false;    ///< its values are in the round in progress
   bool idle_logged = false;    ///< named as idle since its last push

@@ -96,8 +96,9 @@ caf::error check_worker(self_pointer self, uint32_t worker, const push_credentia
 /// answered with the parameters and not applied again. 0 is unnumbered.
 bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq);
 
-/// A worker that goes away (its actor down, or done after it joined).
-void depart(self_pointer self, uint32_t worker, const std::string& why);
+/// A worker that goes away (its actor down, or done after it joined);
+/// `link_down`: its actor went down (aggregator_member::link_down).
+void depart(self_pointer self, uint32_t worker, const std::string& why, bool link_down = false);
 
 /// The flat parameters of the current global step (made once per step).
 caf::expected<tensor> params(self_pointer self);

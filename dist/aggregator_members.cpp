@@ -118,6 +118,14 @@ caf::error check_worker(self_pointer self, uint32_t worker, const push_credentia
                                   "push from worker {}: a worker that is not in the job's config "
                                   "joins first (actorflow-train --join)",
                                   st.spec.name, st.spec.workers - 1, worker));
+  if (st.round.is_done(worker) && st.members[worker].left && st.members[worker].link_down)
+    return make_error(af_error::left,
+                      fmt::format("aggregator '{}' took {} as left at global step {}, when its "
+                                  "link went down ({}); it joins again to push (a worker "
+                                  "whose ps was stopped past connection_timeout_ms does so "
+                                  "by itself)",
+                                  st.spec.name, worker_name(st, worker),
+                                  st.members[worker].left_at, st.members[worker].left_why));
   if (st.round.is_done(worker))
     return make_error(af_error::invalid_argument,
                       fmt::format("aggregator '{}': {} said it was done (or left) and pushes "
@@ -142,12 +150,15 @@ bool already_taken(aggregator_actor_state& st, uint32_t worker, uint64_t seq) {
   return true;
 }
 
-void depart(self_pointer self, uint32_t worker, const std::string& why) {
+void depart(self_pointer self, uint32_t worker, const std::string& why, bool link_down) {
   auto& st = self->state;
   auto& m = member(st, worker);
   if (m.left || worker >= st.round.workers() || st.round.is_done(worker))
     return;
   m.left = true;
+  m.link_down = link_down;
+  m.left_at = st.global_step;
+  m.left_why = why;
   st.round.mark_done(worker);
   add_event(st, fmt::format("{} left at global step {} ({}); {} on", worker_name(st, worker),
                             st.global_step, why, members_pushing(st.round.active())));

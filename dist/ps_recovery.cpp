@@ -34,6 +34,27 @@ param_shard renewed(const param_shard& old, const aggregator_actor& agg, const n
   return shard;
 }
 
+/// Shard `k`'s ps answered again as the same process (it was stopped, or
+/// its connection broke), which the job pushes to again at `step`: its
+/// aggregator looked up anew (creating none), for a stop that outlasted the
+/// nodes' connection_timeout_ms broke this node's CAF link to it, and the
+/// old handle went with it (its requests reach nothing: stats, done). If
+/// the lookup fails the old handle stays: the pushes go by the data plane.
+caf::expected<aggregator_actor> look_up_again(recovery_context& ctx, size_t k) {
+  aggregator_spec lookup;
+  lookup.name = ctx.shards[k].aggregator;
+  lookup.workers = 0;
+  auto agg = ctx.s->aggregator("ps", static_cast<int32_t>(k), lookup);
+  if (agg)
+    ctx.shards[k].actor = *agg;
+  return agg;
+}
+
+recovered_shard same_process(recovery_context& ctx, size_t k, uint64_t step) {
+  look_up_again(ctx, k);
+  return recovered_shard{ctx.shards[k], step};
+}
+
 /// Waits (bounded by ps_recovery_timeout_ms) until shard `k`'s ps answers
 /// as a new process; nullopt if the same process answers (its connection
 /// broke, not the process). A non-chief gives up at once when the chief is
@@ -150,7 +171,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   if (!back)
     return std::move(back.error());
   if (!*back)
-    return recovered_shard{ctx.shards[k], step}; // the same process: push again
+    return same_process(ctx, k, step); // push again
   auto info = **back;
   auto task = static_cast<int32_t>(k);
   log::get()->info("chief: {} is back (incarnation {}); re-creating its variables and aggregator",
@@ -237,7 +258,7 @@ caf::expected<recovered_shard> worker_recover_ps(recovery_context& ctx, size_t k
   if (!back)
     return std::move(back.error());
   if (!*back)
-    return recovered_shard{ctx.shards[k], step};
+    return same_process(ctx, k, step);
   auto info = **back;
   auto ms = std::chrono::milliseconds{ctx.c.ps_recovery_timeout_ms};
   kv_client client{s.system(), ctx.store, std::chrono::milliseconds{5000}};
@@ -276,6 +297,16 @@ recover_ps_of(std::shared_ptr<recovery_context> ctx) {
       return make_error(af_error::cancelled, "the worker task is over");
     return ctx->task == 0 ? chief_recover_ps(*ctx, k, step, why, held)
                           : worker_recover_ps(*ctx, k, step, why);
+  };
+}
+
+std::function<caf::expected<aggregator_actor>(size_t)>
+find_aggregator_of(std::shared_ptr<recovery_context> ctx) {
+  return [ctx](size_t k) -> caf::expected<aggregator_actor> {
+    std::lock_guard<std::mutex> guard{ctx->mtx};
+    if (ctx->closed)
+      return make_error(af_error::cancelled, "the worker task is over");
+    return look_up_again(*ctx, k);
   };
 }
 

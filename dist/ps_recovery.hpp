@@ -72,6 +72,15 @@ struct recovery_context {
 std::function<caf::expected<recovered_shard>(size_t, uint64_t, const std::string&, bool)>
 recover_ps_of(std::shared_ptr<recovery_context> ctx);
 
+/// Shard k's aggregator looked up anew through `ctx`'s session (creating
+/// none; under its lock), kept in ctx.shards: a worker whose aggregator
+/// took it as left (af_error::left: a ps stopped past the nodes'
+/// connection_timeout_ms) joins it again through this handle, the old one
+/// having gone with the broken link. af_error::cancelled once
+/// close_recovery ran.
+std::function<caf::expected<aggregator_actor>(size_t)>
+find_aggregator_of(std::shared_ptr<recovery_context> ctx);
+
 /// Ends `ctx`'s recoveries (under its lock): a recovery that starts later
 /// fails as cancelled, and its pinger session goes now, before the job's
 /// session and the actor system.

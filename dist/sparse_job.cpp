@@ -353,7 +353,9 @@ caf::error arm_recovery(sparse_task& t) {
                                  system_tls(t.s.system()));
   };
   t.recovering = std::make_unique<sparse_recovery>(training_detail::recover_ps_of(ctx), join,
-                                                   connect, t.shards);
+                                                   connect, t.shards,
+                                                   training_detail::find_aggregator_of(ctx));
+  t.recovering->rejoin_window = std::chrono::milliseconds{t.c.ps_recovery_timeout_ms};
   // The step's links become the recovering ones (the plain ones count the bytes).
   for (size_t k = 0; k < t.links.size(); ++k) {
     t.wrapped.push_back(std::make_unique<recovering_ps_link>(*t.links[k], k, *t.recovering));
@@ -369,6 +371,8 @@ void take_recovered(sparse_task& t) {
     auto now = t.recovering->current(k);
     if (!now.token.empty())
       t.members[k] = {now.shard.actor, now.token};
+    else
+      t.members[k].actor = now.shard.actor; // looked up anew after a stop (ps_recovery.cpp)
   }
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/log.hpp"
 #include "messages/error.hpp"
 
@@ -14,8 +16,9 @@ bool ps_may_be_gone(const caf::error& err, bool broken) {
 }
 
 sparse_recovery::sparse_recovery(recover_fn recover, join_fn join, connect_fn connect,
-                                 std::vector<param_shard> shards)
-  : recover_(std::move(recover)), join_(std::move(join)), connect_(std::move(connect)) {
+                                 std::vector<param_shard> shards, find_fn find)
+  : recover_(std::move(recover)), join_(std::move(join)), connect_(std::move(connect)),
+    find_(std::move(find)) {
   for (auto& shard : shards) {
     mtx_.push_back(std::make_unique<std::mutex>());
     gens_.push_back(std::make_unique<std::atomic<uint64_t>>(0));
@@ -53,12 +56,44 @@ caf::expected<sparse_recovery::endpoint> sparse_recovery::recover(size_t k, uint
       return std::move(joined.error());
     now.token = std::move(joined->first);
     now.last_seq = joined->second;
+    now.moves += 1;
     recoveries += 1;
   }
   now.shard = r->shard;
   now.restored_step = r->global_step;
   now.generation += 1;
   gens_[k]->store(now.generation, std::memory_order_release);
+  return now;
+}
+
+caf::expected<sparse_recovery::endpoint> sparse_recovery::rejoin(size_t k, uint64_t seen,
+                                                                 const caf::error& why) {
+  std::lock_guard<std::mutex> guard{*mtx_[k]};
+  auto& now = now_[k];
+  if (now.generation != seen)
+    return now; // another link of this ps joined again (or recovered it) meanwhile
+  if (auto err = failure())
+    return err;
+  if (!find_)
+    return why;
+  // Looked up anew: this worker's handle of the aggregator went with the
+  // broken link (a request through it reaches nothing).
+  auto agg = find_(k);
+  if (!agg)
+    return make_error(af_error::left, fmt::format("{}; joining it again failed: {}",
+                                                  reason_of(why), describe(agg.error())));
+  auto joined = join_(k, *agg);
+  if (!joined)
+    return make_error(af_error::left, fmt::format("{}; joining it again failed: {}",
+                                                  reason_of(why), describe(joined.error())));
+  log::get()->info("{} took this worker as left ({}); joined it again", now.shard.task,
+                   reason_of(why));
+  now.shard.actor = *agg;
+  now.token = std::move(joined->first);
+  now.rejoins += 1;
+  now.generation += 1;
+  gens_[k]->store(now.generation, std::memory_order_release);
+  rejoined += 1;
   return now;
 }
 
@@ -77,13 +112,43 @@ caf::error recovering_ps_link::catch_up() {
   if (!chan)
     return std::move(chan.error());
   restored_ = now.restored_step;
-  if (!now.token.empty() && !(now.shard.actor == joined_)) {
-    joined_ = now.shard.actor;
+  if (now.moves != moves_) {
     moved_ = true;
     inner_->reconnect(std::move(*chan), now.token, now.last_seq);
   } else {
     inner_->reconnect(std::move(*chan));
+    if (now.rejoins != rejoins_)
+      inner_->set_token(now.token); // the same aggregator: its numbers go on
   }
+  moves_ = now.moves;
+  rejoins_ = now.rejoins;
+  return caf::none;
+}
+
+caf::error recovering_ps_link::rejoin(caf::error why) {
+  auto now = std::chrono::steady_clock::now();
+  if (refused_left_ == 0)
+    rejoin_deadline_ = now + r_.rejoin_window;
+  else if (now >= rejoin_deadline_)
+    return make_error(af_error::left,
+                      fmt::format("{} (this worker joined it again {} time(s) within {} ms, and "
+                                  "was taken as left each time)",
+                                  reason_of(why), refused_left_, r_.rejoin_window.count()));
+  refused_left_ += 1;
+  auto e = r_.rejoin(k_, generation_, why);
+  if (!e)
+    return std::move(e.error());
+  // Every request still out, again, in order, on a new connection with the
+  // new token (the old connection's answers are dropped with it).
+  if (auto caught = catch_up()) {
+    if (!ps_may_be_gone(caught, true))
+      return caught;
+    out_.front().unsent = std::move(caught); // the ps went meanwhile: recovered next
+    return caf::none;
+  }
+  for (auto& r : out_)
+    if (auto fatal = send(r))
+      r.unsent = std::move(fatal);
   return caf::none;
 }
 
@@ -156,10 +221,23 @@ caf::expected<sparse_ps_link::answer> recovering_ps_link::finish() {
     if (!err) {
       auto a = inner_->finish();
       if (a) {
+        if (front.kind == request::push)
+          refused_left_ = 0; // the next refusal as left starts a window of its own
         out_.pop_front();
         return a;
       }
       err = std::move(a.error());
+    }
+    if (is(err, af_error::left) && front.kind == request::push) {
+      // The ps's aggregator took this worker as left (its CAF link broke
+      // while the ps was stopped): joined again, the push goes again. Not
+      // one of the three tries: the ps is there, it answered.
+      if (auto failed = rejoin(std::move(err))) {
+        out_.pop_front();
+        return failed;
+      }
+      --tries;
+      continue;
     }
     if (!ps_may_be_gone(err, inner_->broken()) || tries == 3) {
       out_.pop_front();

@@ -6,7 +6,11 @@
 /// aggregator and restores its shards from the latest checkpoint, the
 /// others wait for its word), join its new aggregator once for the worker,
 /// open their connections again and repeat the request that failed. The
-/// other ps are not touched. Internal to dist/.
+/// other ps are not touched. A ps stopped long enough for its CAF links to
+/// break (SIGSTOP past the nodes' connection_timeout_ms) comes back as the
+/// same process, but its aggregator took this worker as left and refuses
+/// its pushes (af_error::left): the worker joins it again, and again if a
+/// late down of the old link makes it leave once more. Internal to dist/.
 
 #include <atomic>
 #include <chrono>
@@ -40,18 +44,24 @@ public:
   /// Opens a data-plane connection to `shard`'s node.
   using connect_fn =
     std::function<caf::expected<std::unique_ptr<data_channel>>(const param_shard& shard)>;
+  /// Looks up ps `k`'s aggregator anew (the handle of a link that broke
+  /// reaches nothing), creating none.
+  using find_fn = std::function<caf::expected<aggregator_actor>(size_t k)>;
 
-  /// `shards`: each ps as this worker joined it.
+  /// `shards`: each ps as this worker joined it. Without `find`, a worker
+  /// refused as left is not joined again (rejoin fails).
   sparse_recovery(recover_fn recover, join_fn join, connect_fn connect,
-                  std::vector<param_shard> shards);
+                  std::vector<param_shard> shards, find_fn find = {});
 
   /// Ps `k` as it runs now, and the membership this worker holds there.
   struct endpoint {
     param_shard shard;
     std::string token;         ///< empty: the aggregator this worker joined first
     uint64_t last_seq = 0;
-    uint64_t generation = 0;   ///< 0 as joined; each recovery adds one
+    uint64_t generation = 0;   ///< 0 as joined; each recovery or join again adds one
     uint64_t restored_step = 0; ///< the step it was restored at (the last recovery)
+    uint64_t moves = 0;   ///< new aggregators joined (new processes): the numbers start over
+    uint64_t rejoins = 0; ///< the same aggregator joined again: a new token, the numbers go on
   };
 
   /// Ps `k` failed a request of a link that knew it at `seen` (`why`): the
@@ -61,6 +71,13 @@ public:
   /// or the chief is gone (the worker fails with it, and every later call
   /// at once).
   caf::expected<endpoint> recover(size_t k, uint64_t seen, const caf::error& why);
+
+  /// Ps `k`'s aggregator refused a push of a link that knew it at `seen`
+  /// as from a worker that left (`why`: af_error::left, its link broke):
+  /// the first link to ask joins it again, looked up anew (a new token; the
+  /// push numbers go on, so a push it took is not applied twice); a link
+  /// that asks after that gets the ps as it runs now at once.
+  caf::expected<endpoint> rejoin(size_t k, uint64_t seen, const caf::error& why);
 
   /// Ps `k` as it runs now.
   endpoint current(size_t k);
@@ -78,6 +95,13 @@ public:
 
   /// The global step the worker is at: the step a recovery pushes to.
   std::atomic<uint64_t> step{0};
+  /// How long a push refused as left is joined again and sent again (from
+  /// the first refusal; the job's ps_recovery_timeout_ms): a join that is
+  /// itself taken as left (a late down of the old link) is followed by
+  /// another, until then.
+  std::chrono::milliseconds rejoin_window{30000};
+  /// Joins again after a refusal as left (rejoin).
+  std::atomic<uint64_t> rejoined{0};
   /// ps processes this worker waited for and went on with.
   std::atomic<uint64_t> recoveries{0};
 
@@ -85,6 +109,7 @@ private:
   recover_fn recover_;
   join_fn join_;
   connect_fn connect_;
+  find_fn find_;
   std::vector<std::unique_ptr<std::mutex>> mtx_;
   std::vector<std::unique_ptr<std::atomic<uint64_t>>> gens_;
   std::vector<endpoint> now_; ///< under mtx_[k]
@@ -128,15 +153,23 @@ private:
   caf::error start(request r);
   /// A new connection to the ps as it runs now (its generation moved).
   caf::error catch_up();
+  /// The front push was refused as from a worker that left (`why`): joins
+  /// again (sparse_recovery::rejoin) and sends every request out again on
+  /// a new connection, until rejoin_window after the first such refusal.
+  caf::error rejoin(caf::error why);
 
   data_plane_ps_link* inner_;
   size_t k_;
   sparse_recovery& r_;
   std::deque<request> out_;
   uint64_t generation_ = 0;
-  aggregator_actor joined_;  ///< the aggregator its numbers are of (null: the first)
+  uint64_t moves_ = 0;       ///< endpoint::moves caught up with (its numbers are that aggregator's)
+  uint64_t rejoins_ = 0;     ///< endpoint::rejoins caught up with (its token is that join's)
   uint64_t restored_ = 0;    ///< the step of the last recovery it caught up with
   bool moved_ = false;       ///< its aggregator is a new one since the last push
+  /// Joins again since the last push answered, and until when they go on.
+  uint64_t refused_left_ = 0;
+  std::chrono::steady_clock::time_point rejoin_deadline_;
 };
 
 /// True for an error that says the ps may be gone (a recovery decides):

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <regex>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -97,12 +98,30 @@ caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
   if (!kinds_.empty())
     kinds_.pop_front();
   auto r = channel_->next_reply();
-  if (!r)
+  if (!r) {
+    if (!push && is(r.error(), af_error::timeout))
+      return read_timed_out(r.error());
     return std::move(r.error());
+  }
   if (push)
     unanswered_ = false;
   received_ += frame_bytes({}, r->value.nbytes());
   return answer{std::move(r->value), r->version, r->dropped_late};
+}
+
+caf::error data_plane_ps_link::read_timed_out(const caf::error& err) const {
+  // The channel names its own timeout (the connection's: the push's wait
+  // of step_timeout_ms + 5 s), not the read's: a stopped ps's read said
+  // "timed out after 7000 ms" when it had waited step_timeout_ms (2000).
+  static const std::regex waited{R"(timed out after \d+ ms)"};
+  auto what = std::regex_replace(reason_of(err), waited,
+                                 fmt::format("timed out after {} ms (step_timeout_ms)",
+                                             wait_.count()),
+                                 std::regex_constants::format_first_only);
+  return make_error(af_error::timeout,
+                    what + " (a ps stopped with SIGSTOP, hung or overloaded answers no read: "
+                           "continue it, or with ps_recovery_timeout_ms the job waits for it "
+                           "as for one that died)");
 }
 
 void data_plane_ps_link::reconnect(std::unique_ptr<data_channel> channel, std::string token,

@@ -87,11 +87,18 @@ public:
   /// aggregator that took it answers without applying it twice.
   void reconnect(std::unique_ptr<data_channel> channel, std::string token = {},
                  uint64_t last_seq = 0);
+  /// The token its aggregator answered a join again with (the same
+  /// aggregator, which had taken this worker as left: the numbers go on).
+  void set_token(std::string token) { token_ = std::move(token); }
   /// Its connection failed (I/O, or no answer in time): an error the ps
   /// answered leaves it whole.
   bool broken() const { return !channel_ || channel_->broken(); }
 
 private:
+  /// A read's (gather_rows, read) timeout `err`, named with the read's own
+  /// wait (step_timeout_ms) and what to do.
+  caf::error read_timed_out(const caf::error& err) const;
+
   uint64_t sent_ = 0, received_ = 0;
   bool unanswered_ = false; ///< the last push got no answer (its number is seq_)
   bool resend_ = false;     ///< the next push goes under seq_ again

@@ -60,21 +60,52 @@ job_aggregators(session& s, const std::string& prefix) {
 }
 
 caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout,
-                                           const std::string& prefix) {
-  auto aggs = job_aggregators(s, prefix);
-  if (!aggs)
-    return std::move(aggs.error());
+                                           const std::string& prefix, size_t* unanswered) {
+  auto n_ps = static_cast<int32_t>(s.cluster().num_tasks("ps"));
+  if (n_ps == 0)
+    return job_aggregators(s, prefix).error(); // the cluster's fault, said there
   caf::scoped_actor self{s.system()};
   std::string text;
-  for (const auto& [k, agg] : *aggs) {
+  caf::error missing, first_failed;
+  size_t reports = 0, failed = 0;
+  // Each ps on its own: one that does not answer (stopped, hung, gone) is
+  // named after the others' reports, its wait bounded by the session's
+  // timeout (the lookup) and `timeout` (the stats).
+  for (int32_t k = 0; k < n_ps; ++k) {
+    auto where = ps_name(k);
+    aggregator_spec lookup;
+    lookup.name = prefix + std::to_string(k);
+    lookup.workers = 0; // as it runs
+    auto agg = s.aggregator("ps", k, lookup);
     caf::error err;
-    auto where = ps_name(k); // (a structured binding cannot be captured in C++17)
-    self->request(agg, timeout, stats_atom::value)
-      .receive([&](aggregator_stats& st) { text += status_report(where, st); },
-               [&](caf::error& e) { err = about(where + ": stats", e); });
-    if (err)
-      return err;
+    if (!agg && is(agg.error(), af_error::not_found)) {
+      missing = std::move(agg.error());
+      continue;
+    }
+    if (!agg)
+      err = about(where, agg.error());
+    else
+      self->request(*agg, timeout, stats_atom::value)
+        .receive(
+          [&](aggregator_stats& st) {
+            text += status_report(where, st);
+            ++reports;
+          },
+          [&](caf::error& e) { err = about(where + ": stats", e); });
+    if (!err)
+      continue;
+    ++failed;
+    text += describe(err) + " (no report from it: is it stopped, hung or gone? the job waits "
+                            "for it within ps_recovery_timeout_ms, if set)\n";
+    if (!first_failed)
+      first_failed = std::move(err);
   }
+  if (unanswered)
+    *unanswered = failed;
+  if (reports == 0 && failed > 0)
+    return first_failed; // nothing to show: the first failure, as before
+  if (reports == 0)
+    return missing;
   return text;
 }
 

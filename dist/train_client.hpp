@@ -38,11 +38,16 @@ caf::expected<std::vector<std::pair<int32_t, aggregator_actor>>>
 job_aggregators(session& s, const std::string& prefix = "train/ps");
 
 /// What `--status` prints: status_report() of every ps's aggregator, in ps
-/// order, each asked for its stats with `timeout`. Errors: job_aggregators'
-/// and "/job:ps/task:K: stats: <why>" (the reports of the ps before it are
-/// not returned).
+/// order, each asked for its stats with `timeout` (its lookup bounded by the
+/// session's timeout). A ps that does not answer (stopped, hung, gone) gets
+/// a line naming it and why, "/job:ps/task:K: ...", in its place, and the
+/// others' reports still come (`unanswered`, if given: how many such ps).
+/// Errors: job_aggregators' when no ps reports: invalid_config without a ps
+/// job, the first ps's failure when every ps failed, the last not_found
+/// when none holds an aggregator.
 caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds timeout,
-                                           const std::string& prefix = "train/ps");
+                                           const std::string& prefix = "train/ps",
+                                           size_t* unanswered = nullptr);
 
 /// invalid_argument naming `mode` and what to do if a running ps job cannot
 /// switch to it (allreduce, or an unknown mode); none for sync, async, ssp

@@ -195,6 +195,7 @@ void arm_recovery(task_run& t, const ps_placement& placed, const chief_store& ch
   ctx->chief_incarnation = chief_info.incarnation;
   ctx->task = t.task;
   t.setup.recover_ps = recover_ps_of(ctx);
+  t.setup.find_ps = find_aggregator_of(ctx);
 }
 
 /// The chief: starts the job on the ps tasks and publishes where it starts.

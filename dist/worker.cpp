@@ -464,7 +464,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   }
   if (s.recover_ps && !s.shards.empty())
     st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
-                                                          st.recovered);
+                                                          s.find_ps, st.recovered);
   if (st.recovery)
     for (const auto& shard : s.shards)
       if (shard.actor)

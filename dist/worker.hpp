@@ -163,6 +163,10 @@ struct worker_setup {
   std::function<caf::expected<recovered_shard>(size_t shard, uint64_t step,
                                                const std::string& why, bool held)>
     recover_ps;
+  /// With recover_ps: ps `shard`'s aggregator looked up anew (called on the
+  /// same thread), for a worker it took as left when their link broke (a
+  /// ps stopped past connection_timeout_ms), which joins it again.
+  std::function<caf::expected<aggregator_actor>(size_t shard)> find_ps;
   /// Test hook: changes the gradients of a step before they are pushed.
   std::function<void(uint64_t local_step, std::vector<tensor>& grads)> tamper;
   /// Test hook: called on shard `shard`'s link thread just before this

@@ -27,6 +27,7 @@ struct exchange_gather {
   uint64_t step = UINT64_MAX;
   std::vector<tensor> params;
   std::vector<int> tries; ///< per shard: how often it was waited for (a ps that died)
+  std::vector<int> rejoins; ///< per shard: how often it was joined again (refused as left)
   bool failed = false;
 };
 
@@ -124,6 +125,33 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
       [failed](caf::error& e) { failed(std::move(e)); });
 }
 
+/// Shard `k`'s aggregator took this worker as left (af_error::left: their
+/// CAF link broke while the ps was stopped): looks it up anew on the
+/// recovery link (the old handle went with the link), joins it again (a
+/// new token; the push numbers go on), then `then`.
+void rejoin_shard(self_pointer self, size_t k, std::function<void()> then,
+                  std::function<void(caf::error)> failed) {
+  auto& st = self->state;
+  self->request(st.recovery, caf::infinite, aggregator_atom::value, static_cast<uint64_t>(k))
+    .then(
+      [self, k, then, failed](aggregator_actor& agg) {
+        auto& st = self->state;
+        st.setup.shards[k].actor = agg;
+        self->request(agg, st.setup.timeout, join_atom::value, st.setup.index,
+                      st.setup.task_name, st.setup.address, examples_per_push(st),
+                      caf::actor_cast<caf::actor>(self))
+          .then(
+            [self, k, then](uint64_t, std::string& token, uint64_t last_seq) {
+              log::get()->info("worker {}: {} took it as left; joined it again",
+                               self->state.setup.index, self->state.setup.shards[k].task);
+              take_membership(self, k, std::move(token), last_seq);
+              then();
+            },
+            [failed](caf::error& e) { failed(std::move(e)); });
+      },
+      [failed](caf::error& e) { failed(std::move(e)); });
+}
+
 /// Pushes `part` (or pulls) to shard `k` through its link; its answer goes
 /// into `g`, and `then` runs once every shard has answered. A ps that died
 /// is waited for (recover_ps) and pushed to again at its restored step, a
@@ -198,6 +226,28 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
           if (st.setup.shards.size() > 1)
             st.pending.clear();
           change_mode(self, k);
+          return;
+        }
+        // The ps's aggregator took this worker as left (their link broke
+        // while the ps was stopped; the ps kept its state): join it again
+        // and push again under the same number. Again if a down of the old
+        // link reaches it after the join (it came through that link's
+        // proxy): each such refusal is one more down, so a few suffice.
+        if (has_values && st.recovery && is(err, af_error::left) && g->rejoins[k] < 8) {
+          g->rejoins[k] += 1;
+          rejoin_shard(
+            self, k,
+            [self, g, k, part, step, kind, has_values, then, seq] {
+              if (!g->failed)
+                push_shard(self, g, k, part, step, kind, has_values, then, seq);
+            },
+            [self, g, during](caf::error e) {
+              if (g->failed)
+                return;
+              g->failed = true;
+              fail(self, std::move(e), during() + " (joining it again: it took this worker "
+                                                  "as left)");
+            });
           return;
         }
         // The ps's process died: wait for it to come back (the chief
@@ -359,6 +409,7 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
   g->missing = st.setup.shards.size();
   g->params.resize(st.setup.params.size());
   g->tries.assign(st.setup.shards.size(), 0);
+  g->rejoins.assign(st.setup.shards.size(), 0);
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     const auto& s = st.setup.shards[k];
     // sync: a shard that said this step closed without this worker gets

@@ -54,8 +54,17 @@ caf::behavior recovery_link(caf::event_based_actor*,
                             std::function<caf::expected<recovered_shard>(
                               size_t, uint64_t, const std::string&, bool)>
                               fn,
+                            std::function<caf::expected<aggregator_actor>(size_t)> find,
                             std::shared_ptr<recovery_box> box) {
   return {
+    [=](aggregator_atom, uint64_t k) -> caf::result<aggregator_actor> {
+      if (!find)
+        return make_error(af_error::unsupported, "no lookup of a ps's aggregator");
+      auto agg = find(static_cast<size_t>(k));
+      if (!agg)
+        return std::move(agg.error());
+      return std::move(*agg);
+    },
     [=](recover_atom, uint64_t k, uint64_t step, const std::string& why,
         bool held) -> caf::result<uint64_t> {
       auto r = fn(static_cast<size_t>(k), step, why, held);

@@ -165,11 +165,13 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
 std::function<void(uint64_t)> before_push_of(const worker_setup& setup, size_t k);
 
 /// A detached actor that waits for a ps that died to come back
-/// (worker_setup::recover_ps blocks: it pings, and on the chief restores).
+/// (worker_setup::recover_ps blocks: it pings, and on the chief restores),
+/// and looks a ps's aggregator up anew (worker_setup::find_ps).
 caf::behavior recovery_link(caf::event_based_actor*,
                             std::function<caf::expected<recovered_shard>(
                               size_t, uint64_t, const std::string&, bool)>
                               fn,
+                            std::function<caf::expected<aggregator_actor>(size_t)> find,
                             std::shared_ptr<recovery_box> box);
 
 /// A detached actor that runs the blocking all-reduce of the worker's group.

@@ -208,9 +208,11 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   if (!s)
     return fail(af::describe(s.error()), 1);
   // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
+  size_t unanswered = 0;
   auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms},
                                            af::sparse_job(c) ? af::sparse_aggregator_prefix
-                                                             : "train/ps")
+                                                             : "train/ps",
+                                           &unanswered)
                      : af::job_switch(*s, c, switch_to);
   if (!text)
     // A config without a ps job is the config's fault (2); the rest, the job's.
@@ -218,7 +220,7 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
                 af::is(text.error(), af::af_error::invalid_config) ? 2 : 1);
   std::printf("%s", text->c_str());
   std::fflush(stdout);
-  return 0;
+  return unanswered > 0 ? 1 : 0; // printed what the others said; one did not answer
 }
 
 size_t test_size(const af::train::train_config& c) {
@@ -407,13 +409,23 @@ int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::clust
   auto last_seen = std::chrono::steady_clock::now();
   bool stopped = false;
   while (!stopped) {
+    auto began = std::chrono::steady_clock::now();
     self->receive([&](caf::down_msg&) { stopped = true; },
                   caf::after(std::chrono::seconds(1)) >> [] {});
     if (stopped || !watch)
       break;
-    if (watch->ping("worker", 0))
-      last_seen = std::chrono::steady_clock::now();
-    else if (std::chrono::steady_clock::now() - last_seen > patience) {
+    bool answered = static_cast<bool>(watch->ping("worker", 0));
+    auto now = std::chrono::steady_clock::now();
+    // A turn far longer than its wait and ping (1 s + 2 s) is this process
+    // that did not run (SIGSTOP, then SIGCONT; or starved): no silence of
+    // the chief. Without this, a ps stopped past init_timeout_ms gave up
+    // on the chief at its first ping after SIGCONT, which its broken CAF
+    // link fails, and left the job it was taken back into.
+    if (now - began > std::chrono::seconds(5))
+      last_seen = now;
+    if (answered)
+      last_seen = now;
+    else if (now - last_seen > patience) {
       rc = fail(name + ": the chief /job:worker/task:0 has not answered for "
                   + std::to_string(patience.count())
                   + " ms (init_timeout_ms); it died or never started, so nobody will end this "
@@ -470,7 +482,13 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     bound.start(name, rc, teardown_limit);
     return rc;
   };
-  auto s = af::session::make(sys, cluster.cluster, name);
+  af::session_options opts;
+  // A ps that restarts is the job's to restore (the chief's ps recovery):
+  // the session's reconnect line must not ask the user to.
+  if (c.ps_recovery_timeout_ms > 0)
+    opts.lost_hint = "the chief restores them from the latest checkpoint (ps recovery, within "
+                     "ps_recovery_timeout_ms)";
+  auto s = af::session::make(sys, cluster.cluster, name, opts);
   if (!s)
     return fail(af::describe(s.error()), 1);
   caf::error err;

@@ -3,6 +3,11 @@
 // the requests still out are sent again.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -135,4 +140,49 @@ TEST_CASE("a ps that cannot be reached right after its recovery is waited for ag
   REQUIRE(a);
   CHECK(a->version == 'a');
   CHECK(recoveries == 2);
+}
+
+// Catches a read of a stopped ps whose error named the connection's timeout
+// (the push's wait: step_timeout_ms + 5 s, "timed out after 7000 ms") when
+// it had waited the read's own (step_timeout_ms: 2000 there), so that the
+// user took the read to wait 7 s; and one that does not say what to do.
+TEST_CASE("a read of a ps that does not answer fails within the read's wait, naming that wait "
+          "and what to do",
+          "[sparse_step][recovery]") {
+  // A loopback port that accepts (the kernel does, from its backlog) and
+  // never answers: a stopped ps.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  // The connection's own timeout 3000 ms (as the job's: the push's wait),
+  // the link's 300 ms (step_timeout_ms). No shared memory: its offer waits
+  // for an answer too.
+  auto ch = data_channel::connect("127.0.0.1", ntohs(addr.sin_port), "/job:ps/task:1", 3000ms, {},
+                                  nullptr, nullptr, false);
+  REQUIRE(ch);
+  data_plane_ps_link link{std::move(*ch), "agg", 0, std::string(16, 't'), 0, 300ms};
+  tensor ids{dtype::int64, {1}};
+  ids.mutable_data<int64_t>()[0] = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_FALSE(link.start_gather_rows("user_emb/part_1", ids));
+  auto r = link.finish();
+  auto took = std::chrono::steady_clock::now() - t0;
+  ::close(fd);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::timeout));
+  auto what = describe(r.error());
+  INFO(what);
+  CHECK(what.find("timed out after 300 ms (step_timeout_ms) waiting for /job:ps/task:1 to answer "
+                  "gather_rows of 'user_emb/part_1'")
+        != std::string::npos);
+  CHECK(what.find("3000 ms") == std::string::npos);
+  CHECK(what.find("continue it, or with ps_recovery_timeout_ms") != std::string::npos);
+  CHECK(took < 2500ms); // the read's 300 ms and a margin, below the connection's 3000
+  CHECK(ps_may_be_gone(r.error(), link.broken())); // a recovery still takes it for a gone ps
 }

@@ -4,7 +4,10 @@
 // joins a running job (--join).
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -162,6 +165,46 @@ TEST_CASE("actorflow-train --status prints a row per worker of a live sparse job
       CHECK(r->task == "/job:worker/task:" + std::to_string(w));
       CHECK(r->pushes >= 20);
     }
+  job->kill_all();
+}
+
+// Catches a --status that fails whole when one ps does not answer (it
+// printed only that ps's error, or waited on it past its bound), and one
+// that does not name that ps (the attack's new-user pass).
+TEST_CASE("actorflow-train --status with one ps stopped prints the other ps's rows and names the "
+          "stopped one, within a bounded wait",
+          "[sparse_job][sparse_status][processes]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = long_sparse_job;
+  spec.sets = {"step_timeout_ms=2000"};
+  auto job = train_job::start(dir.path, spec);
+  bool running = job->wait_until(
+    [&] { return job->chief().output().find("\nstep 20/") != std::string::npos; }, 60s);
+  INFO(job->describe());
+  REQUIRE(running);
+  job->process("ps", 1).signal(SIGSTOP);
+  auto t0 = std::chrono::steady_clock::now();
+  auto status = job->client({"--status"}, 60s);
+  auto took = std::chrono::steady_clock::now() - t0;
+  job->process("ps", 1).signal(SIGCONT);
+  INFO("--status:\n" << status.output);
+  CHECK(status.exit_code == 1); // one ps did not answer
+  auto rows = parse_status(status.output);
+  for (uint32_t w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    CHECK(row_of(rows, 0, w) != nullptr);
+    CHECK(row_of(rows, 1, w) == nullptr);
+  }
+  auto named = status.output.find("/job:ps/task:1");
+  CHECK(named != std::string::npos);
+  CHECK(status.output.find("no report from it: is it stopped, hung or gone?", named)
+        != std::string::npos);
+  // Its lookup and its stats, each bounded by step_timeout_ms (2 s), and
+  // the client's start: far below the 60 s this waits.
+  CHECK(took < std::chrono::seconds(20));
   job->kill_all();
 }
 

@@ -25,6 +25,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "net/data_plane.hpp"
@@ -308,6 +309,50 @@ TEST_CASE("a ps killed with SIGKILL and not restarted ends the job after ps_reco
   auto left = job->wait_all_exit(20s);
   CHECK(left.empty());
   CHECK(job->process("worker", 1).exit_code() != 0);
+}
+
+// Catches a dense worker that, once a ps stopped past the nodes'
+// connection_timeout_ms answers again, pushes to an aggregator that took it
+// as left (its CAF link broke, so the ps saw both workers go down): the
+// pushes were refused ("said it was done (or left) and pushes again") and
+// both workers failed, though the ps was the same process with its state
+// whole. (The sparse job's case: tests/test_sparse_faults.cpp.)
+TEST_CASE("a ps of a dense sync job stopped past connection_timeout_ms and continued takes its "
+          "workers back; the job runs every step and every process exits 0",
+          "[train][processes][recovery]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.train_table = "\n[node]\nheartbeat_ms = 200\nconnection_timeout_ms = 2000\n";
+  const uint64_t steps = 3000;
+  spec.sets = {"mode=sync", "steps=" + std::to_string(steps), "log_every=20",
+               "ps_recovery_timeout_ms=30000"};
+  // 2 ms a step: the job lasts seconds, so that the stop lands while it trains.
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto trains = [&] { return last_progress_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(trains, 30s))
+    FAIL("no progress line of step >= 100 within 30 s:\n" << job->describe());
+  job->process("ps", 0).signal(SIGSTOP);
+  // Stopped twice connection_timeout_ms, so that its links to the workers
+  // break: the fault's length, not a synchronization (that they broke is
+  // checked below, in the ps's own words).
+  std::this_thread::sleep_for(4s);
+  job->process("ps", 0).signal(SIGCONT);
+  check_all_exit_0(*job, 90s);
+  INFO(job->describe());
+  const auto& ps = job->process("ps", 0).output();
+  for (int w = 0; w < 2; ++w) {
+    INFO("worker " << w);
+    CHECK(std::regex_search(ps, std::regex{"worker " + std::to_string(w)
+                                           + R"( \([^)]*\) left at global step \d+ \(down: )"}));
+    CHECK(job->process("worker", w).output().find("/job:ps/task:0 took it as left; joined it "
+                                                  "again")
+          != std::string::npos);
+  }
+  // sync: every step is one round, none lost or taken twice.
+  auto final_step = final_global_step(job->chief().output());
+  REQUIRE(final_step);
+  CHECK(*final_step == steps);
 }
 
 namespace {

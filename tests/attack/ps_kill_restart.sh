@@ -13,12 +13,12 @@ $B/actorflow-train --config $C --job worker --task 0 $O > w0.log 2>&1 & echo $! 
 # wait for the first checkpoint, then hit ps 1
 for i in $(seq 1 300); do grep -q "checkpoint: global step" w0.log && break; sleep 0.1; done
 sleep ${DELAY:-0.5}
-kill -$SIG $(cat ps${PS:-1}.pid)
+kill -$SIG $(cat ps${PS:-1}.pid); echo "$(date +%T.%3N) kill -$SIG ps${PS:-1}" > signals.log
 if [ "$SIG" = KILL ]; then
   sleep ${DOWN:-1}
   $B/actorflow-train --config $C --job ps --task ${PS:-1} $O > ps1b.log 2>&1 & echo $! > ps1b.pid
 else
-  sleep ${DOWN:-1}; kill -CONT $(cat ps1.pid)
+  sleep ${DOWN:-1}; kill -CONT $(cat ps${PS:-1}.pid); echo "$(date +%T.%3N) kill -CONT ps${PS:-1}" >> signals.log
 fi
 for p in w0 w1; do timeout 120 tail --pid=$(cat $p.pid) -f /dev/null; done
 for p in w0 w1 ps0 ps2 ps1b ps1; do [ -f $p.pid ] && { wait $(cat $p.pid) 2>/dev/null; echo "$p rc=$?"; }; done
