@@ -122,8 +122,15 @@ def test_server_join_returns_after_stop():
     spec = af.train.ClusterSpec({"ps": ["127.0.0.1:" + port]})  # the port just freed
     server = af.train.Server(spec, "ps", 0)
     assert server.target == "actorflow://127.0.0.1:" + port
-    stopper = threading.Thread(target=server.stop)
+    joining = threading.Event()
+
+    def stop_when_joining():
+        joining.wait()  # runs once join() lets go of the GIL
+        server.stop()
+
+    stopper = threading.Thread(target=stop_when_joining)
     stopper.start()
+    joining.set()
     server.join()
     stopper.join()
 
