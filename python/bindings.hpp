@@ -123,8 +123,11 @@ struct target_entry {
 
 /// The entry of `target` ("actorflow://127.0.0.1:PORT", a Server's .target);
 /// "" is the process's local one-task cluster, started when first asked for.
-/// Unknown: NotFoundError naming it.
-std::shared_ptr<target_entry> resolve_target(const std::string& target);
+/// With `cluster` (a ClusterSpec or a dict), the task of `cluster` at that
+/// address, reached as a client of its own actor system (the nodes may run
+/// in other processes). Unknown: NotFoundError naming it.
+std::shared_ptr<target_entry> resolve_target(const std::string& target,
+                                             py::handle cluster = py::none());
 
 void register_session(py::module_& m);
 void register_cluster(py::module_& m);

@@ -263,9 +263,49 @@ void register_local_cluster(py::module_& train) {
      "(workers, ps_servers): Servers of a new cluster of this process (tf.test.create_local_cluster)");
 }
 
+/// A client of a cluster whose nodes may run elsewhere: an actor system of
+/// its own (as actorflow-repl --config has), shared by the sessions made
+/// with it.
+struct client_host {
+  std::unique_ptr<system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+};
+
+/// The task of `spec` whose address `target` names ("actorflow://H:P",
+/// "grpc://H:P" or "H:P"), reached from a client system of its own.
+std::shared_ptr<target_entry> client_target(const std::string& target, spec_ptr spec) {
+  auto address = target;
+  for (const char* scheme : {"actorflow://", "grpc://"})
+    if (address.rfind(scheme, 0) == 0)
+      address = address.substr(std::string(scheme).size());
+  for (const auto& [job, tasks] : spec->jobs())
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      if (tasks[t].to_string() != address)
+        continue;
+      auto host = std::make_shared<client_host>();
+      {
+        py::gil_scoped_release unlocked;
+        host->cfg = std::make_unique<system_config>(node_options{});
+        host->sys = start_actor_system(*host->cfg);
+      }
+      auto e = std::make_shared<target_entry>();
+      e->system = host->sys.get();
+      e->owner = host;
+      e->job = job;
+      e->task = static_cast<int32_t>(t);
+      e->address = address;
+      e->spec = spec;
+      return e;
+    }
+  raise(af_error::not_found, "no task of the cluster " + spec->to_json() + " is at '" + address
+                               + "'; give the address of one of its tasks");
+}
+
 } // namespace
 
-std::shared_ptr<target_entry> resolve_target(const std::string& target) {
+std::shared_ptr<target_entry> resolve_target(const std::string& target, py::handle cluster) {
+  if (!cluster.is_none())
+    return client_target(target, to_spec(cluster));
   if (target.empty()) {
     // tf.Session() with no target: a one-task cluster of this process,
     // shared by the sessions that use it and stopped after the last.
@@ -308,6 +348,13 @@ void register_cluster(py::module_& m) {
         raise(a.error());
       return a->to_string();
     })
+    .def_static("from_tf_config", [] {
+      auto config = cluster_config_from_env();
+      if (!config)
+        raise(config.error());
+      return std::make_shared<cluster_spec>(config->cluster);
+    }, "the cluster of the TF_CONFIG environment variable (TensorFlow's JSON); its task is "
+       "json.loads(os.environ[\"TF_CONFIG\"])[\"task\"]")
     .def("__repr__", [](const cluster_spec& s) { return "ClusterSpec(" + s.to_json() + ")"; });
   register_server(train);
   register_local_cluster(train);

@@ -335,8 +335,8 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
 }
 
 std::shared_ptr<py_session> make_session(const std::string& target, const py::object& g,
-                                         const py::object& timeout) {
-  auto entry = resolve_target(target);
+                                         const py::object& timeout, const py::object& cluster) {
+  auto entry = resolve_target(target, cluster);
   auto graph = g.is_none() ? default_graph() : g.cast<graph_ptr>();
   session_options opts;
   if (!timeout.is_none())
@@ -358,10 +358,12 @@ void register_session(py::module_& m) {
   py::class_<py_session, std::shared_ptr<py_session>>(m, "Session",
     "A client of one task of a cluster (tf.Session(target, graph)): runs the graph's nodes there.")
     .def(py::init(&make_session), py::arg("target") = "", py::arg("graph") = py::none(),
-         py::arg("timeout") = py::none(),
+         py::arg("timeout") = py::none(), py::arg("cluster") = py::none(),
          "target: a Server's .target (\"actorflow://127.0.0.1:PORT\"), or \"\" for a one-task "
          "cluster of this process; graph: the default graph when None; timeout: seconds any one "
-         "request may take (10 when None)")
+         "request may take (10 when None); cluster: the ClusterSpec of nodes that run in other "
+         "processes (actorflow-node), `target` the address of one of its tasks: the session is "
+         "then a client of its own actor system")
     .def("run", &py_session::run, py::arg("fetches"), py::arg("feed_dict") = py::none(),
          "run(fetches, feed_dict=None): the values of `fetches` (a Tensor, an initializer, or "
          "lists, tuples and dicts of them) in the same structure, as NumPy arrays over the "
