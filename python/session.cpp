@@ -7,6 +7,9 @@
 // everything that waits on the cluster.
 #include "python/bindings.hpp"
 
+#include <signal.h>
+
+#include <atomic>
 #include <deque>
 #include <mutex>
 
@@ -17,11 +20,66 @@ namespace af::python {
 
 namespace {
 
+/// Ctrl-C during a run. While the run waits with the GIL released,
+/// Python's SIGINT handler cannot run (it only marks the signal for later),
+/// so on the main thread, while Python's handler is its default (raise
+/// KeyboardInterrupt), a handler of ours replaces it for the wait: it sets
+/// the session's cancel flag (session_options::cancel) and the run ends
+/// with af_error::cancelled, raised as KeyboardInterrupt.
+std::atomic<std::atomic<bool>*> sigint_cancels{nullptr};
+std::atomic<bool> sigint_seen{false};
+static_assert(std::atomic<std::atomic<bool>*>::is_always_lock_free);
+
+extern "C" void cancel_on_sigint(int) {
+  sigint_seen.store(true);
+  if (auto* flag = sigint_cancels.load())
+    flag->store(true);
+}
+
+class interruptible_wait {
+public:
+  /// GIL held: decides whether this wait takes Ctrl-C.
+  explicit interruptible_wait(std::atomic<bool>& cancel) {
+    cancel.store(false);
+    auto threading = py::module_::import("threading");
+    auto signal = py::module_::import("signal");
+    py::object main_ident = threading.attr("main_thread")().attr("ident");
+    py::object my_ident = threading.attr("get_ident")();
+    py::object handler = signal.attr("getsignal")(signal.attr("SIGINT"));
+    if (!main_ident.equal(my_ident) || !handler.is(signal.attr("default_int_handler")))
+      return;
+    sigint_seen.store(false);
+    sigint_cancels.store(&cancel);
+    struct sigaction ours {};
+    ours.sa_handler = cancel_on_sigint;
+    sigemptyset(&ours.sa_mask);
+    installed_ = ::sigaction(SIGINT, &ours, &previous_) == 0;
+  }
+  interruptible_wait(const interruptible_wait&) = delete;
+  interruptible_wait& operator=(const interruptible_wait&) = delete;
+
+  /// GIL held: puts Python's handler back; true if Ctrl-C came meanwhile.
+  bool finish() {
+    if (!installed_)
+      return false;
+    ::sigaction(SIGINT, &previous_, nullptr);
+    installed_ = false;
+    sigint_cancels.store(nullptr);
+    return sigint_seen.exchange(false);
+  }
+  ~interruptible_wait() { finish(); }
+
+private:
+  bool installed_ = false;
+  struct sigaction previous_ {};
+};
+
 class py_session {
 public:
-  py_session(std::shared_ptr<target_entry> target, graph_ptr g, session s)
+  py_session(std::shared_ptr<target_entry> target, graph_ptr g, session s,
+             std::shared_ptr<std::atomic<bool>> cancel)
     : target_(std::move(target)), graph_(std::move(g)), s_(std::move(s)),
-      task_(s_->target()) {}
+      task_(s_->target()), cancel_(std::move(cancel)) {}
 
   ~py_session() {
     if (Py_IsInitialized() && PyGILState_Check()) {
@@ -118,6 +176,7 @@ private:
   std::mutex pending_mtx_;
   std::deque<graph_node> pending_;
   std::string task_;
+  std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
 
 void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
@@ -292,10 +351,15 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
   snapshot();
   std::vector<result> results;
   caf::error err;
+  interruptible_wait ctrl_c{*cancel_};
   {
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> guard{mtx_};
     err = run_locked(leaves, feeds, results);
+  }
+  if (ctrl_c.finish() && (!err || is(err, af_error::cancelled))) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
   }
   if (err)
     raise(err);
@@ -339,6 +403,8 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   auto entry = resolve_target(target, cluster);
   auto graph = g.is_none() ? default_graph() : g.cast<graph_ptr>();
   session_options opts;
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  opts.cancel = cancel;
   if (!timeout.is_none())
     opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout.cast<double>() * 1000));
   caf::expected<session> s{caf::error{}};
@@ -349,7 +415,8 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   }
   if (!s)
     raise(s.error());
-  return std::make_shared<py_session>(std::move(entry), std::move(graph), std::move(*s));
+  return std::make_shared<py_session>(std::move(entry), std::move(graph), std::move(*s),
+                                      std::move(cancel));
 }
 
 } // namespace
