@@ -6,6 +6,8 @@ import os
 import pathlib
 import signal
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -84,3 +86,40 @@ def test_cluster_spec_from_tf_config(monkeypatch):
     monkeypatch.delenv("TF_CONFIG")
     with pytest.raises(af.errors.NotFoundError):
         af.train.ClusterSpec.from_tf_config()
+
+
+def test_ctrl_c_interrupts_a_waiting_run(ps_process):
+    # Catches: Ctrl-C ignored while run waits with the GIL released (Python's
+    # handler runs only after the run gives up, at the session's timeout),
+    # or a session left unusable by the interrupt. The ps is SIGSTOPped, so
+    # the run waits; SIGINT comes while it does.
+    spec, proc = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    timeout = 6.0
+    try:
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="var")
+        inc = var.assign_add(1.0)
+        with af.Session(worker.target, timeout=timeout) as sess:
+            sess.run(af.global_variables_initializer())
+            assert sess.run(inc) == 1.0
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+                interrupt.start()
+                began = time.monotonic()
+                with pytest.raises(KeyboardInterrupt):
+                    sess.run(inc)
+                waited = time.monotonic() - began
+                interrupt.join()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # Well before the session's timeout: on TCP within the 20 ms cancel
+            # poll of the signal at 0.5 s; on the shared-memory ring (this
+            # host's default) about 2 s later (the ring's wait, net/, sees
+            # the cancel flag that late).
+            assert waited < timeout / 2, waited
+            assert float(sess.run(var)) in (1.0, 2.0)  # the abandoned update may have landed
+    finally:
+        worker.stop()
+        worker.join()
