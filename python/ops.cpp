@@ -90,6 +90,29 @@ void register_ops(py::module_& m) {
       return build(*d, args, py::dict(kwargs));
     }, doc.c_str());
   }
+  // tf.nn's names for the same ops.
+  auto nn = m.def_submodule("nn", "tf.nn's names for the registry's ops");
+  for (const char* name : {"relu", "sigmoid", "tanh", "softmax", "log_softmax", "softplus"})
+    if (py::hasattr(m, name))
+      nn.attr(name) = m.attr(name);
+  const kernels::op_def* gather = kernels::find_op_def("gather");
+  const kernels::op_def* xent = kernels::find_op_def("softmax_xent");
+  if (gather != nullptr)
+    nn.def("embedding_lookup", [gather](py::handle params, py::handle ids, const py::object& name) {
+      py::dict kwargs;
+      kwargs["name"] = name;
+      return build(*gather, py::make_tuple(params, ids), kwargs);
+    }, py::arg("params"), py::arg("ids"), py::arg("name") = py::none(),
+       "rows `ids` of one (unpartitioned) table: af.gather(params, ids)");
+  if (xent != nullptr)
+    nn.def("sparse_softmax_cross_entropy_with_logits",
+           [xent](py::handle labels, py::handle logits, const py::object& name) {
+      py::dict kwargs;
+      kwargs["name"] = name;
+      return build(*xent, py::make_tuple(logits, labels), kwargs);
+    }, py::kw_only(), py::arg("labels"), py::arg("logits"), py::arg("name") = py::none(),
+       "per-example loss of logits [batch, classes] and int labels [batch]: af.softmax_xent(logits, labels)");
+  py::module_::import("sys").attr("modules")["actorflow.nn"] = nn;
 }
 
 } // namespace af::python

@@ -110,3 +110,21 @@ def test_assign_add_needs_a_variable():
     with pytest.raises(af.errors.InvalidArgumentError) as e:
         c.assign_add(1.0)
     assert "not_a_var" in e.value.message
+
+
+def test_nn_names(local):
+    # Catches: tf.nn's keyword-only sparse_softmax_cross_entropy_with_logits
+    # passing labels and logits to the op in the wrong order.
+    logits = np.array([[2.0, 1.0, 0.1], [0.5, 2.5, 0.3]], np.float32)
+    labels = np.array([0, 2], np.int32)
+    loss = af.nn.sparse_softmax_cross_entropy_with_logits(labels=af.constant(labels),
+                                                          logits=af.constant(logits))
+    table = af.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+    rows = af.nn.embedding_lookup(table, af.constant(np.array([2, 0], np.int32)))
+    assert af.nn.relu is af.relu
+    with af.Session(local.target("local", 0)) as sess:
+        got_loss, got_rows = sess.run([loss, rows])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    want = -(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))[[0, 1], labels]
+    np.testing.assert_allclose(got_loss, want, rtol=1e-5)
+    np.testing.assert_array_equal(got_rows, [[4, 5], [0, 1]])
