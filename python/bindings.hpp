@@ -88,6 +88,13 @@ struct py_variables_op {
   std::vector<output> vars;
 };
 
+/// af.group(...) and an optimizer's minimize(): nodes run for their effect
+/// (TF's Operation); fetched, it gives None.
+struct py_group {
+  graph_ptr owner;
+  std::vector<output> members;
+};
+
 /// The graph new nodes go to: the innermost `with g.as_default()`, else
 /// the process's default graph.
 graph_ptr default_graph();
@@ -128,6 +135,9 @@ struct target_entry {
 /// in other processes). Unknown: NotFoundError naming it.
 std::shared_ptr<target_entry> resolve_target(const std::string& target,
                                              py::handle cluster = py::none());
+
+/// af.group and af.train's optimizers (python/optimizers.cpp); after register_cluster.
+void register_optimizers(py::module_& m);
 
 void register_session(py::module_& m);
 void register_cluster(py::module_& m);

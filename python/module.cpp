@@ -12,5 +12,6 @@ PYBIND11_MODULE(actorflow, m) {
   ap::register_ops(m);      // every op of the registry; the explicit builders below may refine
   ap::register_graph(m);
   ap::register_cluster(m);
+  ap::register_optimizers(m);
   ap::register_session(m);
 }

@@ -132,6 +132,7 @@ private:
   struct leaf {
     output node;                                     ///< a node of graph_
     const py_variables_op* request = nullptr;        ///< or this
+    bool target = false;                             ///< run for its effect (an Operation's)
   };
   /// What a leaf gave.
   struct result {
@@ -187,6 +188,12 @@ void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
                                           + "' is not of this session's graph; build it in the graph "
                                             "given to af.Session (the default graph when none was)");
     leaves.push_back({t.out, nullptr});
+  } else if (py::isinstance<py_group>(f)) {
+    const auto& g = f.cast<const py_group&>();
+    if (g.owner != graph_)
+      raise(af_error::invalid_argument, "this Operation is of another graph than the session's");
+    for (auto o : g.members)
+      leaves.push_back({o, nullptr, true});
   } else if (py::isinstance<py_variables_op>(f)) {
     const auto& r = f.cast<const py_variables_op&>();
     if (r.owner != graph_)
@@ -205,6 +212,10 @@ void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
 }
 
 py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_t& next) const {
+  if (py::isinstance<py_group>(f)) {
+    next += f.cast<const py_group&>().members.size();
+    return py::none();
+  }
   if (py::isinstance<py_tensor>(f) || py::isinstance<py_variables_op>(f)) {
     auto& r = results[next++];
     if (r.is_names) {
@@ -323,6 +334,11 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   }
   if (fetches.empty())
     return caf::none;
+  bool only_targets = mapped_feeds.empty();
+  for (const auto& l : leaves)
+    only_targets = only_targets && (l.request != nullptr || l.target);
+  if (only_targets) // a train op: its updates' values do not travel back
+    return s_->run_targets(fetches);
   auto values = s_->run(fetches, mapped_feeds);
   if (!values)
     return std::move(values.error());

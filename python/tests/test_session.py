@@ -144,3 +144,30 @@ def test_cluster_spec():
     assert spec.as_dict()["worker"][1] == "127.0.0.1:2224"
     with pytest.raises(af.errors.InvalidArgumentError):
         af.train.ClusterSpec({"ps": ["no-port"]})
+
+
+def test_gradient_descent_minimize_trains(ps_workers):
+    # Catches: minimize() updating with the wrong sign or not every variable
+    # (the loss would not fall to the planted fit), or an Operation fetch
+    # that returns values instead of None.
+    rng = np.random.RandomState(0)
+    xs = rng.randn(64, 3).astype(np.float32)
+    ys = xs @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.25
+    with af.device("/job:ps/task:0"):
+        w = af.get_variable("w", [3, 1])
+        b = af.get_variable("b", [1])
+    x = af.placeholder(af.float32, name="x")
+    y = af.placeholder(af.float32, name="y")
+    loss = af.reduce_mean(af.square(x @ w + b - y))
+    train_op = af.train.GradientDescentOptimizer(0.1).minimize(loss)
+    assert train_op.size == 2
+    with af.Session(ps_workers.target("worker", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        first = float(sess.run(loss, feed_dict={x: xs, y: ys}))
+        for _ in range(200):
+            assert sess.run(train_op, feed_dict={x: xs, y: ys}) is None
+        last = float(sess.run(loss, feed_dict={x: xs, y: ys}))
+        assert sess.run(af.group(w.assign_add(np.zeros((3, 1), np.float32)))) is None
+        np.testing.assert_allclose(sess.run(w).ravel(), [1.0, -2.0, 0.5], atol=1e-3)
+        np.testing.assert_allclose(sess.run(b), [0.25], atol=1e-3)
+    assert last < first * 1e-4
