@@ -95,7 +95,7 @@ def test_ctrl_c_interrupts_a_waiting_run(ps_process):
     # the run waits; SIGINT comes while it does.
     spec, proc = ps_process
     worker = af.train.Server(spec, "worker", 0)
-    timeout = 6.0
+    timeout = 10.0
     try:
         with af.device("/job:ps/task:0"):
             var = af.Variable(0.0, name="var")
