@@ -1,0 +1,145 @@
+#pragma once
+/// The pieces of the `actorflow` Python module (python/module.cpp) and what
+/// they share: one file per area (errors, tensors, graph building, the
+/// registry's ops, sessions, clusters), each with its register_*() that
+/// module.cpp calls in order. The module is a binding over the library as it
+/// is: graphs are af::graph (graph/graph.hpp), runs are af::session's
+/// (actors/session.hpp), clusters are af::embedded_cluster's and start_node's
+/// nodes (dist/, actors/). docs/python.md maps TensorFlow 1.x to it.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/error.hpp"
+
+#include "config/cluster_spec.hpp"
+#include "core/error_code.hpp"
+#include "core/tensor.hpp"
+#include "graph/graph.hpp"
+
+namespace af::python {
+
+namespace py = pybind11;
+
+// -- errors (python/errors.cpp) ----------------------------------------------
+
+/// Raises the af.errors exception of `code` with `message` (throws
+/// py::error_already_set; the GIL must be held).
+[[noreturn]] void raise(af_error code, const std::string& message);
+
+/// Raises the af.errors exception of any caf::error (CAF's own errors, such
+/// as a request timeout, as theirs), carrying af::describe()'s sentence.
+[[noreturn]] void raise(const caf::error& err);
+
+void register_errors(py::module_& m);
+
+// -- tensors and NumPy (python/tensors.cpp) ----------------------------------
+
+/// The af::dtype of anything np.dtype() takes (np.float32, "int64", af.int32);
+/// a dtype actorflow lacks raises TypeError naming it and the four it has.
+dtype to_dtype(py::handle spec);
+
+/// The NumPy dtype of `t`.
+py::dtype numpy_dtype(dtype t);
+
+/// A NumPy array over the tensor's own buffer (no copy): the array holds the
+/// tensor, so the buffer lives as long as the array. Writable only when no
+/// one else holds the buffer (the library treats a shared buffer as
+/// immutable). An empty tensor is None.
+py::object to_numpy(tensor&& t);
+
+/// A tensor holding `value` (an array, a number, nested lists), converted to
+/// `want` when given (as TF converts a feed to its placeholder's dtype).
+/// Without `want`, Python floats become float32 and ints int32, as in TF;
+/// a NumPy array keeps its dtype. One copy into the tensor's buffer.
+tensor from_python(py::handle value, std::optional<dtype> want = std::nullopt);
+
+void register_tensors(py::module_& m);
+
+// -- graph building (python/graph.cpp) ---------------------------------------
+
+/// af.Graph: an af::graph plus what Python needs that the graph does not
+/// keep (placeholders' dtypes). Built under the GIL only.
+struct py_graph {
+  graph g;
+  std::map<int32_t, dtype> placeholder_types;
+};
+using graph_ptr = std::shared_ptr<py_graph>;
+
+/// af.Tensor: one node of a graph (TF's Tensor, and Variable for a variable node).
+struct py_tensor {
+  graph_ptr owner;
+  output out;
+};
+
+/// af.global_variables_initializer() / report_uninitialized_variables():
+/// session requests rather than graph nodes; `vars` are the graph's
+/// variables when it was made (as TF's captures them).
+struct py_variables_op {
+  enum class kind : uint8_t { initialize, report_uninitialized };
+  kind what = kind::initialize;
+  graph_ptr owner;
+  std::vector<output> vars;
+};
+
+/// af.group(...) and an optimizer's minimize(): nodes run for their effect
+/// (TF's Operation); fetched, it gives None.
+struct py_group {
+  graph_ptr owner;
+  std::vector<output> members;
+};
+
+/// The graph new nodes go to: the innermost `with g.as_default()`, else
+/// the process's default graph.
+graph_ptr default_graph();
+
+/// The dtype `o` has, as far as the graph says (variables, constants,
+/// placeholders, and ops through the registry's shape rules); float32 when
+/// it cannot tell.
+dtype dtype_hint(const py_graph& g, output o);
+
+/// `value` as a node of `g`: a Tensor of g as it is, anything else as a
+/// constant (of dtype `like` when given). A Tensor of another graph raises.
+output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like = std::nullopt);
+
+void register_graph(py::module_& m);
+
+// -- the registry's ops (python/ops.cpp) ---------------------------------------
+
+void register_ops(py::module_& m);
+
+// -- sessions (python/session.cpp) and clusters (python/cluster.cpp) -----------
+
+/// Where a session runs: a node's actor system in this process (a Server's,
+/// a LocalCluster's task) or a client system of its own, the cluster, the
+/// task it belongs to. `owner` keeps that system alive while sessions use it.
+struct target_entry {
+  caf::actor_system* system = nullptr;
+  std::shared_ptr<void> owner;
+  std::string job;
+  int32_t task = 0;
+  std::string address; ///< host:port of the task
+  std::shared_ptr<const cluster_spec> spec;
+};
+
+/// The entry of `target` ("actorflow://127.0.0.1:PORT", a Server's .target);
+/// "" is the process's local one-task cluster, started when first asked for.
+/// With `cluster` (a ClusterSpec or a dict), the task of `cluster` at that
+/// address, reached as a client of its own actor system (the nodes may run
+/// in other processes). Unknown: NotFoundError naming it.
+std::shared_ptr<target_entry> resolve_target(const std::string& target,
+                                             py::handle cluster = py::none());
+
+/// af.group and af.train's optimizers (python/optimizers.cpp); after register_cluster.
+void register_optimizers(py::module_& m);
+
+void register_session(py::module_& m);
+void register_cluster(py::module_& m);
+
+} // namespace af::python

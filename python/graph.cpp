@@ -1,0 +1,358 @@
+// Graph building the TF 1.x way: af.Graph and the default graph,
+// af.Tensor (TF's Tensor and Variable) with + - * / @ and assign_add,
+// with af.device(...) scopes (nesting merges, as TF's), af.constant,
+// af.placeholder, af.Variable, af.get_variable with TF's initializers,
+// af.gradients, af.global_variables_initializer(). Everything here builds
+// an af::graph (graph/graph.hpp) and talks to no cluster: a session
+// (python/session.cpp) creates the variables when it first runs the graph.
+#include "python/bindings.hpp"
+
+#include <pybind11/stl.h>
+
+#include "core/device_name.hpp"
+#include "kernels/op_registry.hpp"
+
+namespace af::python {
+
+namespace {
+
+graph_ptr& process_graph() {
+  static graph_ptr g = std::make_shared<py_graph>();
+  return g;
+}
+
+/// `with g.as_default():` blocks, innermost last (the GIL guards it).
+std::vector<graph_ptr>& graph_stack() {
+  static std::vector<graph_ptr> stack;
+  return stack;
+}
+
+[[noreturn]] void raise(const graph_error& err) {
+  python::raise(err.code, err.what);
+}
+
+py_tensor make(const graph_ptr& g, output o) {
+  return py_tensor{g, o};
+}
+
+std::string name_or(const py::object& name, const char* fallback) {
+  return name.is_none() ? std::string(fallback) : name.cast<std::string>();
+}
+
+const graph_node& node_of(const py_tensor& t) {
+  return t.owner->g.at(t.out);
+}
+
+/// A binary operator: `x op y` or, reflected, `y op x`.
+py_tensor binary(const py_tensor& x, py::handle other, const char* op, bool reflected) {
+  auto y = as_node(x.owner, other, dtype_hint(*x.owner, x.out));
+  auto a = reflected ? y : x.out;
+  auto b = reflected ? x.out : y;
+  return make(x.owner, x.owner->g.op(op, {a, b}));
+}
+
+/// assign / assign_add / assign_sub of a variable Tensor.
+py_tensor update(const py_tensor& var, py::handle value, const char* kind, const py::object& name) {
+  const auto* v = var.owner->g.variable_node(var.out);
+  if (v == nullptr)
+    python::raise(af_error::invalid_argument,
+                  std::string(kind) + " needs a variable; '" + node_of(var).name
+                    + "' is not one (make it with af.Variable or af.get_variable)");
+  auto value_node = as_node(var.owner, value, v->spec.type);
+  auto& g = var.owner->g;
+  auto n = name.is_none() ? std::string{} : name.cast<std::string>();
+  std::string k = kind;
+  auto o = k == "assign" ? g.assign(var.out, value_node, n)
+           : k == "assign_add" ? g.assign_add(var.out, value_node, n)
+                               : g.assign_sub(var.out, value_node, n);
+  return make(var.owner, o);
+}
+
+/// A variable node of the default graph; raises the graph's error.
+py_tensor add_variable(const std::string& name, shape_type shape, initializer init, dtype type) {
+  auto g = default_graph();
+  auto o = g->g.variable(name, std::move(shape), std::move(init), type);
+  if (!o)
+    raise(o.error());
+  return make(g, *o);
+}
+
+/// TF's initializer argument: an af initializer, a number (constant), or
+/// an array-like (the value itself).
+initializer to_initializer(py::handle init, const shape_type& shape, dtype type) {
+  if (init.is_none())
+    return initializer::zeros();
+  if (py::isinstance<initializer>(init))
+    return init.cast<initializer>();
+  if (py::isinstance<py::float_>(init) || py::isinstance<py::int_>(init))
+    return initializer::constant(init.cast<double>());
+  auto value = from_python(init, type);
+  if (value.shape() != shape)
+    python::raise(af_error::shape_mismatch, "the initial value has shape " + shape_string(value.shape())
+                                              + ", the variable " + shape_string(shape));
+  return initializer::from_tensor(std::move(value));
+}
+
+/// af.Variable's name: TF uniquifies it in the graph ("Variable_1").
+std::string fresh_variable_name(const graph& g, const std::string& base) {
+  if (!g.find_variable(base).valid())
+    return base;
+  for (int i = 1;; ++i) {
+    auto candidate = base + "_" + std::to_string(i);
+    if (!g.find_variable(candidate).valid())
+      return candidate;
+  }
+}
+
+/// `with af.device(name):` on the graph that is the default when it is entered.
+struct device_block {
+  device_name name;
+  graph_ptr entered;
+};
+
+void register_tensor_class(py::module_& m) {
+  py::class_<py_tensor>(m, "Tensor",
+                        "A node of a graph (TF's Tensor; a variable node is also TF's Variable).")
+    .def_property_readonly("name", [](const py_tensor& t) { return node_of(t).name + ":0"; })
+    .def_property_readonly("op_name", [](const py_tensor& t) {
+      const auto& n = node_of(t);
+      return n.kind == node_kind::compute || n.kind == node_kind::update ? n.op : std::string{};
+    })
+    .def_property_readonly("device", [](const py_tensor& t) { return node_of(t).requested.to_string(); },
+                           "the device requested for it (the merged af.device scopes)")
+    .def_property_readonly("dtype", [](const py_tensor& t) { return numpy_dtype(dtype_hint(*t.owner, t.out)); })
+    .def_property_readonly("graph", [](const py_tensor& t) { return t.owner; })
+    .def_property_readonly("is_variable", [](const py_tensor& t) {
+      return t.owner->g.variable_node(t.out) != nullptr;
+    })
+    .def("assign", [](const py_tensor& t, py::handle v, const py::object& n) {
+      return update(t, v, "assign", n);
+    }, py::arg("value"), py::arg("name") = py::none(),
+         "var = value when run (TF's Variable.assign); fetched, its value is the new one")
+    .def("assign_add", [](const py_tensor& t, py::handle v, const py::object& n) {
+      return update(t, v, "assign_add", n);
+    }, py::arg("value"), py::arg("name") = py::none(), "var += value when run; fetched, the new value")
+    .def("assign_sub", [](const py_tensor& t, py::handle v, const py::object& n) {
+      return update(t, v, "assign_sub", n);
+    }, py::arg("value"), py::arg("name") = py::none(), "var -= value when run; fetched, the new value")
+    .def("__add__", [](const py_tensor& x, py::handle y) { return binary(x, y, "add", false); })
+    .def("__radd__", [](const py_tensor& x, py::handle y) { return binary(x, y, "add", true); })
+    .def("__sub__", [](const py_tensor& x, py::handle y) { return binary(x, y, "sub", false); })
+    .def("__rsub__", [](const py_tensor& x, py::handle y) { return binary(x, y, "sub", true); })
+    .def("__mul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "mul", false); })
+    .def("__rmul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "mul", true); })
+    .def("__truediv__", [](const py_tensor& x, py::handle y) { return binary(x, y, "div", false); })
+    .def("__rtruediv__", [](const py_tensor& x, py::handle y) { return binary(x, y, "div", true); })
+    .def("__matmul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "matmul", false); })
+    .def("__rmatmul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "matmul", true); })
+    .def("__neg__", [](const py_tensor& x) { return make(x.owner, x.owner->g.neg(x.out)); })
+    .def("__hash__", [](const py_tensor& t) {
+      return py::hash(py::make_tuple(reinterpret_cast<uintptr_t>(t.owner.get()), t.out.id));
+    })
+    .def("__eq__", [](const py_tensor& a, py::handle b) {
+      // Identity, as TF 1.x's Tensor.__eq__: tensors are dict keys (feed_dict).
+      if (!py::isinstance<py_tensor>(b))
+        return false;
+      const auto& o = b.cast<const py_tensor&>();
+      return a.owner == o.owner && a.out == o.out;
+    })
+    .def("__repr__", [](const py_tensor& t) {
+      const auto& n = node_of(t);
+      auto dev = n.requested.to_string();
+      return "<af.Tensor '" + n.name + ":0' dtype=" + dtype_name(dtype_hint(*t.owner, t.out))
+             + (dev.empty() ? "" : " device=" + dev) + ">";
+    });
+}
+
+void register_graph_class(py::module_& m) {
+  py::class_<py_graph, graph_ptr>(m, "Graph", "An op graph (tf.Graph): what a Session runs.")
+    .def(py::init<>())
+    .def("get_operations", [](const py_graph& g) { return g.g.operations(); },
+         "the names of its nodes, in creation order")
+    .def("as_default", [](const graph_ptr& g) { return g; },
+         "`with g.as_default():` makes new nodes go to this graph")
+    .def("__enter__", [](const graph_ptr& g) {
+      graph_stack().push_back(g);
+      return g;
+    })
+    .def("__exit__", [](const graph_ptr&, py::args) { graph_stack().pop_back(); })
+    .def("__str__", [](const py_graph& g) { return g.g.to_string(); });
+  m.def("get_default_graph", &default_graph);
+  m.def("reset_default_graph", [] { process_graph() = std::make_shared<py_graph>(); },
+        "a fresh process default graph (tf.reset_default_graph)");
+}
+
+void register_device(py::module_& m) {
+  py::class_<device_block>(m, "_DeviceBlock")
+    .def("__enter__", [](device_block& d) {
+      d.entered = default_graph();
+      d.entered->g.push_scope(d.name);
+    })
+    .def("__exit__", [](device_block& d, py::args) {
+      if (d.entered)
+        d.entered->g.pop_scope();
+      d.entered.reset();
+    });
+  m.def("device", [](const std::string& name) {
+    std::string why;
+    auto d = device_name::parse(name, &why);
+    if (!d)
+      python::raise(af_error::invalid_device, "device '" + name + "': " + why);
+    return device_block{*d, nullptr};
+  }, py::arg("device_name"),
+        "`with af.device(\"/job:ps/task:0\"):` places what is built inside it (tf.device); "
+        "nested blocks merge, inner fields winning");
+}
+
+void register_initializers(py::module_& m) {
+  py::class_<initializer>(m, "Initializer", "How a variable gets its first value (TF's initializers).")
+    .def_readonly("kind", &initializer::kind)
+    .def("__repr__", [](const initializer& i) { return "<af.Initializer " + i.kind + ">"; });
+  m.def("constant_initializer", [](double v) { return initializer::constant(v); }, py::arg("value") = 0.0);
+  m.def("zeros_initializer", [] { return initializer::zeros(); });
+  m.def("ones_initializer", [] { return initializer::ones(); });
+  m.def("random_uniform_initializer", [](double lo, double hi, uint64_t seed) {
+    return initializer::uniform(lo, hi, seed);
+  }, py::arg("minval") = 0.0, py::arg("maxval") = 1.0, py::arg("seed") = 0);
+  m.def("random_normal_initializer", [](double mean, double stddev, uint64_t seed) {
+    return initializer::normal(mean, stddev, seed);
+  }, py::arg("mean") = 0.0, py::arg("stddev") = 1.0, py::arg("seed") = 0);
+}
+
+void register_builders(py::module_& m) {
+  m.def("constant", [](py::handle value, const py::object& type, const py::object& name) {
+    auto g = default_graph();
+    std::optional<dtype> want;
+    if (!type.is_none())
+      want = to_dtype(type);
+    return make(g, g->g.constant(from_python(value, want), name_or(name, "Const")));
+  }, py::arg("value"), py::arg("dtype") = py::none(), py::arg("name") = py::none(),
+        "a constant node (tf.constant); Python floats are float32, ints int32");
+  m.def("placeholder", [](const py::object& type, const py::object& shape, const py::object& name) {
+    (void)shape; // shapes are checked when the step runs
+    auto g = default_graph();
+    auto o = g->g.placeholder(name_or(name, "Placeholder"));
+    g->placeholder_types[o.id] = type.is_none() ? dtype::float32 : to_dtype(type);
+    return make(g, o);
+  }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::arg("name") = py::none(),
+        "a value given at run time in feed_dict (tf.placeholder); feeds are converted to its dtype");
+  m.def("get_variable", [](const std::string& name, const py::object& shape, const py::object& type,
+                           const py::object& init) {
+    auto t = type.is_none() ? dtype::float32 : to_dtype(type);
+    auto s = shape.is_none() ? shape_type{} : shape.cast<shape_type>();
+    return add_variable(name, s, to_initializer(init, s, t), t);
+  }, py::arg("name"), py::arg("shape") = py::none(), py::arg("dtype") = py::none(),
+        py::arg("initializer") = py::none(),
+        "the variable `name` (tf.get_variable): the same name is the same variable, in this graph "
+        "and across the cluster; no initializer means zeros");
+  m.def("Variable", [](py::handle initial_value, const py::object& name, const py::object& type) {
+    std::optional<dtype> want;
+    if (!type.is_none())
+      want = to_dtype(type);
+    auto value = from_python(initial_value, want);
+    auto g = default_graph();
+    auto n = fresh_variable_name(g->g, name_or(name, "Variable"));
+    auto t = value.type();
+    auto shape = value.shape();
+    return add_variable(n, shape, initializer::from_tensor(std::move(value)), t);
+  }, py::arg("initial_value"), py::arg("name") = py::none(), py::arg("dtype") = py::none(),
+        "a variable holding `initial_value` once initialized (tf.Variable); a name this graph "
+        "has already gets a suffix, as in TF");
+  m.def("gradients", [](const py_tensor& loss, py::handle xs) {
+    bool single = py::isinstance<py_tensor>(xs);
+    std::vector<output> outs;
+    py::list items = single ? py::list(py::make_tuple(xs)) : py::list(py::reinterpret_borrow<py::object>(xs));
+    for (auto x : items) {
+      const auto& t = x.cast<const py_tensor&>();
+      if (t.owner != loss.owner)
+        python::raise(af_error::invalid_argument, "af.gradients: '" + node_of(t).name
+                                                    + "' is of another graph than the loss");
+      outs.push_back(t.out);
+    }
+    auto r = af::gradients(loss.owner->g, loss.out, outs);
+    if (!r)
+      raise(r.error());
+    py::list result;
+    for (auto o : *r)
+      result.append(make(loss.owner, o));
+    return result;
+  }, py::arg("ys"), py::arg("xs"),
+        "d(ys)/d(xs) for a scalar ys (tf.gradients): backward ops on the forward ops' devices");
+}
+
+void register_variable_ops(py::module_& m) {
+  py::class_<py_variables_op>(m, "_VariablesOp");
+  auto all = [](py_variables_op::kind k) {
+    auto g = default_graph();
+    return py_variables_op{k, g, g->g.variables()};
+  };
+  m.def("global_variables_initializer", [all] { return all(py_variables_op::kind::initialize); },
+        "run it to initialize every variable the default graph has now");
+  m.def("initialize_all_variables", [all] { return all(py_variables_op::kind::initialize); },
+        "the old name of global_variables_initializer");
+  m.def("report_uninitialized_variables",
+        [all] { return all(py_variables_op::kind::report_uninitialized); },
+        "run it to get the names of the variables that have no value yet (a NumPy array)");
+  m.def("global_variables", [] {
+    auto g = default_graph();
+    py::list out;
+    for (auto v : g->g.variables())
+      out.append(make(g, v));
+    return out;
+  });
+}
+
+} // namespace
+
+graph_ptr default_graph() {
+  auto& stack = graph_stack();
+  return stack.empty() ? process_graph() : stack.back();
+}
+
+dtype dtype_hint(const py_graph& pg, output o) {
+  const auto& g = pg.g;
+  if (!g.contains(o))
+    return dtype::float32;
+  const auto& n = g.at(o);
+  switch (n.kind) {
+    case node_kind::variable: return n.spec.type;
+    case node_kind::constant: return n.value.type();
+    case node_kind::placeholder: {
+      auto it = pg.placeholder_types.find(o.id);
+      return it == pg.placeholder_types.end() ? dtype::float32 : it->second;
+    }
+    case node_kind::update: return n.inputs.empty() ? dtype::float32 : dtype_hint(pg, output{n.inputs[0]});
+    case node_kind::compute: break;
+  }
+  // The registry's rule knows an op's dtype from its inputs' (shapes here
+  // are unknown, so only the dtype of its answer is used).
+  std::vector<kernels::value_info> in;
+  for (auto i : n.inputs)
+    in.push_back({dtype_hint(pg, output{i}), {}});
+  kernels::value_info out;
+  if (kernels::infer_op(n.op, n.attrs, in, out).ok())
+    return out.type;
+  return in.empty() ? dtype::float32 : in.front().type;
+}
+
+output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like) {
+  if (py::isinstance<py_tensor>(value)) {
+    const auto& t = value.cast<const py_tensor&>();
+    if (t.owner != g)
+      python::raise(af_error::invalid_argument,
+                    "'" + node_of(t).name + "' is of another graph: use tensors of one graph in one op");
+    return t.out;
+  }
+  return g->g.constant(from_python(value, like));
+}
+
+void register_graph(py::module_& m) {
+  register_graph_class(m);
+  register_tensor_class(m);
+  register_device(m);
+  register_initializers(m);
+  register_builders(m);
+  register_variable_ops(m);
+}
+
+} // namespace af::python

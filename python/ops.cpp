@@ -1,0 +1,118 @@
+// Every op of the registry (kernels/op_registry.hpp) as a function of the
+// module, made from the registry's table when the module loads: af.relu(x),
+// af.matmul(a, b, transpose_b=True), af.reduce_sum(x, axis=1,
+// keep_dims=True), ... An op added to the registry is a Python function
+// with no change here; its docstring is the registry's signature and help.
+#include "python/bindings.hpp"
+
+#include "kernels/op_registry.hpp"
+
+namespace af::python {
+
+namespace {
+
+/// The attributes `def` reads, from the call's keywords; a keyword the op
+/// does not take raises TypeError naming the op's signature.
+op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
+  op_attrs attrs;
+  auto take = [&](const char* key) -> py::object {
+    if (!kwargs.contains(key))
+      return py::none();
+    py::object v = kwargs[key];
+    PyDict_DelItemString(kwargs.ptr(), key);
+    return v;
+  };
+  if (def.attrs == kernels::op_attr_kind::transposes) {
+    if (auto v = take("transpose_a"); !v.is_none())
+      attrs.transpose_a = v.cast<bool>();
+    if (auto v = take("transpose_b"); !v.is_none())
+      attrs.transpose_b = v.cast<bool>();
+  } else if (def.attrs == kernels::op_attr_kind::reduction) {
+    auto axis = take("axis");
+    if (axis.is_none())
+      axis = take("reduction_indices"); // TF 1.x's older name
+    attrs.all_axes = axis.is_none();
+    attrs.axis = axis.is_none() ? 0 : axis.cast<int32_t>();
+    auto keep = take("keep_dims");
+    if (keep.is_none())
+      keep = take("keepdims");
+    attrs.keep_dims = !keep.is_none() && keep.cast<bool>();
+  }
+  return attrs;
+}
+
+/// Builds `def` on the graph of its first Tensor input (else the default
+/// graph); Python values among the inputs become constants of that
+/// input's dtype.
+py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwargs) {
+  std::string fn{def.call_name()};
+  if (!def.takes(args.size()))
+    throw py::type_error("af." + fn + " takes " + def.signature() + "; given "
+                         + std::to_string(args.size()) + " input(s)");
+  auto attrs = attrs_of(def, kwargs);
+  std::string name;
+  if (kwargs.contains("name")) {
+    py::object n = kwargs["name"];
+    if (!n.is_none())
+      name = n.cast<std::string>();
+    PyDict_DelItemString(kwargs.ptr(), "name");
+  }
+  if (!kwargs.empty())
+    throw py::type_error("af." + fn + " does not take " + py::str(kwargs.attr("keys")()).cast<std::string>()
+                         + "; it is " + def.signature());
+  graph_ptr g;
+  std::optional<dtype> like;
+  for (auto a : args)
+    if (py::isinstance<py_tensor>(a)) {
+      const auto& t = a.cast<const py_tensor&>();
+      g = t.owner;
+      like = dtype_hint(*g, t.out);
+      break;
+    }
+  if (!g)
+    g = default_graph();
+  std::vector<output> inputs;
+  for (auto a : args)
+    inputs.push_back(as_node(g, a, like));
+  return py_tensor{g, g->g.op(std::string(def.name), std::move(inputs), attrs, name)};
+}
+
+} // namespace
+
+void register_ops(py::module_& m) {
+  for (const auto& def : kernels::op_registry()) {
+    const kernels::op_def* d = &def; // the registry lives as long as the process
+    std::string fn{d->call_name()};
+    std::string doc = "af." + d->signature() + "\n\n" + std::string(d->help)
+                      + "\n\nOne node of the registry's op '" + std::string(d->name)
+                      + "'; inputs may be Tensors or values (made constants); name= names the node.";
+    m.def(fn.c_str(), [d](py::args args, py::kwargs kwargs) {
+      return build(*d, args, py::dict(kwargs));
+    }, doc.c_str());
+  }
+  // tf.nn's names for the same ops.
+  auto nn = m.def_submodule("nn", "tf.nn's names for the registry's ops");
+  for (const char* name : {"relu", "sigmoid", "tanh", "softmax", "log_softmax", "softplus"})
+    if (py::hasattr(m, name))
+      nn.attr(name) = m.attr(name);
+  const kernels::op_def* gather = kernels::find_op_def("gather");
+  const kernels::op_def* xent = kernels::find_op_def("softmax_xent");
+  if (gather != nullptr)
+    nn.def("embedding_lookup", [gather](py::handle params, py::handle ids, const py::object& name) {
+      py::dict kwargs;
+      kwargs["name"] = name;
+      return build(*gather, py::make_tuple(params, ids), kwargs);
+    }, py::arg("params"), py::arg("ids"), py::arg("name") = py::none(),
+       "rows `ids` of one (unpartitioned) table: af.gather(params, ids)");
+  if (xent != nullptr)
+    nn.def("sparse_softmax_cross_entropy_with_logits",
+           [xent](py::handle labels, py::handle logits, const py::object& name) {
+      py::dict kwargs;
+      kwargs["name"] = name;
+      return build(*xent, py::make_tuple(logits, labels), kwargs);
+    }, py::kw_only(), py::arg("labels"), py::arg("logits"), py::arg("name") = py::none(),
+       "per-example loss of logits [batch, classes] and int labels [batch]: af.softmax_xent(logits, labels)");
+  py::module_::import("sys").attr("modules")["actorflow.nn"] = nn;
+}
+
+} // namespace af::python

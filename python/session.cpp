@@ -1,0 +1,469 @@
+// af.Session: tf.Session(target, graph) over af::session
+// (actors/session.hpp). A Python graph is built with no cluster at hand, so
+// a session hands the graph's nodes to its af::session the first time it
+// runs them, in creation order (variables are then created on their nodes,
+// as session::variable does for the REPL and C++ programs), and remembers
+// which node of its own graph each one became. The GIL is released for
+// everything that waits on the cluster.
+#include "python/bindings.hpp"
+
+#include <signal.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+
+#include "actors/session.hpp"
+#include "messages/error.hpp"
+
+namespace af::python {
+
+namespace {
+
+/// Ctrl-C during a run. While the run waits with the GIL released,
+/// Python's SIGINT handler cannot run (it only marks the signal for later),
+/// so on the main thread, while Python's handler is its default (raise
+/// KeyboardInterrupt), a handler of ours replaces it for the wait: it sets
+/// the session's cancel flag (session_options::cancel) and the run ends
+/// with af_error::cancelled, raised as KeyboardInterrupt.
+std::atomic<std::atomic<bool>*> sigint_cancels{nullptr};
+std::atomic<bool> sigint_seen{false};
+static_assert(std::atomic<std::atomic<bool>*>::is_always_lock_free);
+
+extern "C" void cancel_on_sigint(int) {
+  sigint_seen.store(true);
+  if (auto* flag = sigint_cancels.load())
+    flag->store(true);
+}
+
+class interruptible_wait {
+public:
+  /// GIL held: decides whether this wait takes Ctrl-C.
+  explicit interruptible_wait(std::atomic<bool>& cancel) {
+    cancel.store(false);
+    auto threading = py::module_::import("threading");
+    auto signal = py::module_::import("signal");
+    py::object main_ident = threading.attr("main_thread")().attr("ident");
+    py::object my_ident = threading.attr("get_ident")();
+    py::object handler = signal.attr("getsignal")(signal.attr("SIGINT"));
+    if (!main_ident.equal(my_ident) || !handler.is(signal.attr("default_int_handler")))
+      return;
+    sigint_seen.store(false);
+    sigint_cancels.store(&cancel);
+    struct sigaction ours {};
+    ours.sa_handler = cancel_on_sigint;
+    sigemptyset(&ours.sa_mask);
+    installed_ = ::sigaction(SIGINT, &ours, &previous_) == 0;
+  }
+  interruptible_wait(const interruptible_wait&) = delete;
+  interruptible_wait& operator=(const interruptible_wait&) = delete;
+
+  /// GIL held: puts Python's handler back; true if Ctrl-C came meanwhile.
+  bool finish() {
+    if (!installed_)
+      return false;
+    ::sigaction(SIGINT, &previous_, nullptr);
+    installed_ = false;
+    sigint_cancels.store(nullptr);
+    return sigint_seen.exchange(false);
+  }
+  ~interruptible_wait() { finish(); }
+
+private:
+  bool installed_ = false;
+  struct sigaction previous_ {};
+};
+
+class py_session {
+public:
+  py_session(std::shared_ptr<target_entry> target, graph_ptr g, session s,
+             std::shared_ptr<std::atomic<bool>> cancel)
+    : target_(std::move(target)), graph_(std::move(g)), s_(std::move(s)),
+      task_(s_->target()), cancel_(std::move(cancel)) {}
+
+  ~py_session() {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release unlocked;
+      close_locked();
+    } else {
+      close_locked();
+    }
+  }
+
+  const graph_ptr& graph() const { return graph_; }
+  /// "/job:J/replica:0/task:T", the task it belongs to.
+  const std::string& task() const { return task_; }
+
+  /// Ends the session (its graphs are dropped by the executors); the
+  /// cluster it ran on may stop once nothing else holds it.
+  void close() {
+    py::gil_scoped_release unlocked;
+    close_locked();
+  }
+
+  py::object run(py::handle fetches, py::handle feed_dict);
+
+  /// Waits until the graph's variables (or `vars`) have values, as a
+  /// tutorial worker waits for its chief; the GIL is released meanwhile.
+  void wait_initialized(double timeout_s, py::handle vars);
+
+  /// The full device `var` lives on (after the session placed it).
+  std::string device_of(const py_tensor& var) {
+    if (var.owner != graph_ || graph_->g.variable_node(var.out) == nullptr)
+      raise(af_error::invalid_argument, "device_of: '" + var.owner->g.at(var.out).name
+                                          + "' is not a variable of this session's graph");
+    snapshot();
+    caf::error err;
+    std::string device;
+    {
+      py::gil_scoped_release unlocked;
+      std::lock_guard<std::mutex> guard{mtx_};
+      err = s_ ? replay() : make_error(af_error::invalid_argument, "this session is closed");
+      if (!err)
+        device = s_->device_of(mapped(var.out));
+    }
+    if (err)
+      raise(err);
+    return device;
+  }
+
+private:
+  /// One thing run() fetches: a node, or a request about variables.
+  struct leaf {
+    output node;                                     ///< a node of graph_
+    const py_variables_op* request = nullptr;        ///< or this
+    bool target = false;                             ///< run for its effect (an Operation's)
+  };
+  /// What a leaf gave.
+  struct result {
+    tensor value;
+    std::vector<std::string> names;                  ///< report_uninitialized_variables
+    bool is_names = false;
+  };
+
+  void close_locked() {
+    std::lock_guard<std::mutex> guard{mtx_};
+    s_.reset();
+    target_.reset();
+  }
+
+  void collect(py::handle f, std::vector<leaf>& leaves) const;
+  py::object rebuild(py::handle f, std::vector<result>& results, size_t& next) const;
+
+  /// Queues the graph's nodes that the session has not seen (GIL held: the
+  /// graph only grows under the GIL, so the queue is in creation order).
+  void snapshot() {
+    const auto& nodes = graph_->g.nodes();
+    std::lock_guard<std::mutex> guard{pending_mtx_};
+    for (; seen_ < nodes.size(); ++seen_)
+      pending_.push_back(nodes[seen_]);
+  }
+
+  /// Hands the queued nodes to the session (mtx_ held, GIL released).
+  caf::error replay();
+  caf::expected<output> replay_one(const graph_node& n);
+  output mapped(output o) const { return output{ids_.at(static_cast<size_t>(o.id))}; }
+
+  caf::error run_locked(const std::vector<leaf>& leaves,
+                        const std::vector<std::pair<output, tensor>>& feeds,
+                        std::vector<result>& results);
+
+  std::shared_ptr<target_entry> target_;
+  graph_ptr graph_;
+  std::mutex mtx_; ///< one thread at a time in the session (af::session's rule)
+  std::optional<session> s_;
+  std::vector<int32_t> ids_; ///< graph_'s node id -> the session graph's (mtx_)
+  size_t seen_ = 0;          ///< nodes of graph_ queued so far (GIL)
+  std::mutex pending_mtx_;
+  std::deque<graph_node> pending_;
+  std::string task_;
+  std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
+};
+
+void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
+  if (py::isinstance<py_tensor>(f)) {
+    const auto& t = f.cast<const py_tensor&>();
+    if (t.owner != graph_)
+      raise(af_error::invalid_argument, "fetch '" + t.owner->g.at(t.out).name
+                                          + "' is not of this session's graph; build it in the graph "
+                                            "given to af.Session (the default graph when none was)");
+    leaves.push_back({t.out, nullptr});
+  } else if (py::isinstance<py_group>(f)) {
+    const auto& g = f.cast<const py_group&>();
+    if (g.owner != graph_)
+      raise(af_error::invalid_argument, "this Operation is of another graph than the session's");
+    for (auto o : g.members)
+      leaves.push_back({o, nullptr, true});
+  } else if (py::isinstance<py_variables_op>(f)) {
+    const auto& r = f.cast<const py_variables_op&>();
+    if (r.owner != graph_)
+      raise(af_error::invalid_argument, "this initializer is of another graph than the session's");
+    leaves.push_back({{}, &r});
+  } else if (py::isinstance<py::list>(f) || py::isinstance<py::tuple>(f)) {
+    for (auto item : f)
+      collect(item, leaves);
+  } else if (py::isinstance<py::dict>(f)) {
+    for (auto item : py::reinterpret_borrow<py::dict>(f))
+      collect(item.second, leaves);
+  } else {
+    throw py::type_error("cannot fetch " + py::repr(f).cast<std::string>().substr(0, 80)
+                         + ": fetch af.Tensors, initializers, or lists, tuples and dicts of them");
+  }
+}
+
+py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_t& next) const {
+  if (py::isinstance<py_group>(f)) {
+    next += f.cast<const py_group&>().members.size();
+    return py::none();
+  }
+  if (py::isinstance<py_tensor>(f) || py::isinstance<py_variables_op>(f)) {
+    auto& r = results[next++];
+    if (r.is_names) {
+      py::list names;
+      for (auto& n : r.names)
+        names.append(py::bytes(n)); // TF gives the names as bytes
+      return py::module_::import("numpy").attr("array")(names, "object");
+    }
+    return to_numpy(std::move(r.value));
+  }
+  if (py::isinstance<py::list>(f)) {
+    py::list out;
+    for (auto item : f)
+      out.append(rebuild(item, results, next));
+    return std::move(out);
+  }
+  if (py::isinstance<py::tuple>(f)) {
+    py::list out;
+    for (auto item : f)
+      out.append(rebuild(item, results, next));
+    return py::tuple(out);
+  }
+  py::dict out;
+  for (auto item : py::reinterpret_borrow<py::dict>(f))
+    out[item.first] = rebuild(item.second, results, next);
+  return std::move(out);
+}
+
+caf::expected<output> py_session::replay_one(const graph_node& n) {
+  auto& b = s_->builder();
+  std::vector<output> in;
+  for (auto i : n.inputs)
+    in.push_back(mapped(output{i}));
+  b.set_scopes({n.requested}); // the node's own merged scope, as it was built
+  switch (n.kind) {
+    case node_kind::variable:
+      return s_->variable(n.spec.name, n.spec.shape, n.init, n.spec.type);
+    case node_kind::constant:
+      return b.constant(n.value, n.name);
+    case node_kind::placeholder:
+      return b.placeholder(n.name);
+    case node_kind::compute:
+      return b.op(n.op, in, n.attrs, n.name);
+    case node_kind::update:
+      if (n.op == "assign" && in.size() == 2)
+        return b.assign(in[0], in[1], n.name);
+      if (n.op == "assign_add" && in.size() == 2)
+        return b.assign_add(in[0], in[1], n.name);
+      if (n.op == "assign_sub" && in.size() == 2)
+        return b.assign_sub(in[0], in[1], n.name);
+      if (n.op == "scatter_add" && in.size() == 3)
+        return b.scatter_add(in[0], in[1], in[2], n.name);
+      if (n.op == "scatter_sub" && in.size() == 3)
+        return b.scatter_sub(in[0], in[1], in[2], n.name);
+      if (n.op == "scatter_update" && in.size() == 3)
+        return b.scatter_update(in[0], in[1], in[2], n.name);
+      break;
+  }
+  return make_error(af_error::internal, "node '" + n.name + "' of kind " + n.op
+                                          + " cannot be handed to the session");
+}
+
+caf::error py_session::replay() {
+  for (;;) {
+    graph_node n;
+    {
+      std::lock_guard<std::mutex> guard{pending_mtx_};
+      if (pending_.empty())
+        break;
+      n = pending_.front();
+    }
+    auto o = replay_one(n);
+    s_->builder().set_scopes({});
+    if (!o)
+      return std::move(o.error()); // the node stays queued: the next run tries it again
+    ids_.push_back(o->id);
+    std::lock_guard<std::mutex> guard{pending_mtx_};
+    pending_.pop_front();
+  }
+  return caf::none;
+}
+
+caf::error py_session::run_locked(const std::vector<leaf>& leaves,
+                                  const std::vector<std::pair<output, tensor>>& feeds,
+                                  std::vector<result>& results) {
+  if (!s_)
+    return make_error(af_error::invalid_argument,
+                      "this session is closed; make a new af.Session to run more");
+  if (auto err = replay())
+    return err;
+  std::vector<output> fetches;
+  std::vector<std::pair<output, tensor>> mapped_feeds;
+  for (const auto& [node, value] : feeds)
+    mapped_feeds.emplace_back(mapped(node), value);
+  results.resize(leaves.size());
+  // Requests about variables first, in their order, then one step for every node fetched.
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const auto* r = leaves[i].request;
+    if (r == nullptr) {
+      fetches.push_back(mapped(leaves[i].node));
+      continue;
+    }
+    std::vector<output> vars;
+    for (auto v : r->vars)
+      vars.push_back(mapped(v));
+    if (r->what == py_variables_op::kind::initialize) {
+      if (auto err = s_->initialize(vars))
+        return err;
+    } else {
+      auto names = s_->uninitialized(vars);
+      if (!names)
+        return std::move(names.error());
+      results[i].names = std::move(*names);
+      results[i].is_names = true;
+    }
+  }
+  if (fetches.empty())
+    return caf::none;
+  bool only_targets = mapped_feeds.empty();
+  for (const auto& l : leaves)
+    only_targets = only_targets && (l.request != nullptr || l.target);
+  if (only_targets) // a train op: its updates' values do not travel back
+    return s_->run_targets(fetches);
+  auto values = s_->run(fetches, mapped_feeds);
+  if (!values)
+    return std::move(values.error());
+  size_t k = 0;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (leaves[i].request == nullptr)
+      results[i].value = std::move((*values)[k++]);
+  return caf::none;
+}
+
+py::object py_session::run(py::handle fetches, py::handle feed_dict) {
+  std::vector<leaf> leaves;
+  collect(fetches, leaves);
+  std::vector<std::pair<output, tensor>> feeds;
+  if (!feed_dict.is_none())
+    for (auto item : py::reinterpret_borrow<py::dict>(feed_dict)) {
+      if (!py::isinstance<py_tensor>(item.first))
+        throw py::type_error("feed_dict's keys are af.placeholder Tensors; got "
+                             + py::repr(item.first).cast<std::string>().substr(0, 80));
+      const auto& key = item.first.cast<const py_tensor&>();
+      if (key.owner != graph_)
+        raise(af_error::invalid_argument, "feed '" + key.owner->g.at(key.out).name
+                                            + "' is not of this session's graph");
+      feeds.emplace_back(key.out, from_python(item.second, dtype_hint(*graph_, key.out)));
+    }
+  snapshot();
+  std::vector<result> results;
+  caf::error err;
+  interruptible_wait ctrl_c{*cancel_};
+  {
+    py::gil_scoped_release unlocked;
+    std::lock_guard<std::mutex> guard{mtx_};
+    err = run_locked(leaves, feeds, results);
+  }
+  if (ctrl_c.finish() && (!err || is(err, af_error::cancelled))) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  if (err)
+    raise(err);
+  size_t next = 0;
+  return rebuild(fetches, results, next);
+}
+
+void py_session::wait_initialized(double timeout_s, py::handle vars) {
+  std::vector<output> wanted;
+  if (!vars.is_none())
+    for (auto v : vars) {
+      const auto& t = v.cast<const py_tensor&>();
+      if (t.owner != graph_ || t.owner->g.variable_node(t.out) == nullptr)
+        raise(af_error::invalid_argument, "wait_initialized: '" + t.owner->g.at(t.out).name
+                                            + "' is not a variable of this session's graph");
+      wanted.push_back(t.out);
+    }
+  snapshot();
+  caf::error err;
+  {
+    py::gil_scoped_release unlocked;
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (!s_)
+      err = make_error(af_error::invalid_argument, "this session is closed");
+    else
+      err = replay();
+    std::vector<output> mapped_vars;
+    if (!err)
+      for (auto v : wanted)
+        mapped_vars.push_back(mapped(v));
+    if (!err)
+      err = s_->wait_initialized(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+                                 mapped_vars);
+  }
+  if (err)
+    raise(err);
+}
+
+std::shared_ptr<py_session> make_session(const std::string& target, const py::object& g,
+                                         const py::object& timeout, const py::object& cluster) {
+  auto entry = resolve_target(target, cluster);
+  auto graph = g.is_none() ? default_graph() : g.cast<graph_ptr>();
+  session_options opts;
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  opts.cancel = cancel;
+  if (!timeout.is_none())
+    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout.cast<double>() * 1000));
+  caf::expected<session> s{caf::error{}};
+  {
+    py::gil_scoped_release unlocked;
+    s = session::make(*entry->system, *entry->spec,
+                      "/job:" + entry->job + "/task:" + std::to_string(entry->task), opts);
+  }
+  if (!s)
+    raise(s.error());
+  return std::make_shared<py_session>(std::move(entry), std::move(graph), std::move(*s),
+                                      std::move(cancel));
+}
+
+} // namespace
+
+void register_session(py::module_& m) {
+  py::class_<py_session, std::shared_ptr<py_session>>(m, "Session",
+    "A client of one task of a cluster (tf.Session(target, graph)): runs the graph's nodes there.")
+    .def(py::init(&make_session), py::arg("target") = "", py::arg("graph") = py::none(),
+         py::arg("timeout") = py::none(), py::arg("cluster") = py::none(),
+         "target: a Server's .target (\"actorflow://127.0.0.1:PORT\"), or \"\" for a one-task "
+         "cluster of this process; graph: the default graph when None; timeout: seconds any one "
+         "request may take (10 when None); cluster: the ClusterSpec of nodes that run in other "
+         "processes (actorflow-node), `target` the address of one of its tasks: the session is "
+         "then a client of its own actor system")
+    .def("run", &py_session::run, py::arg("fetches"), py::arg("feed_dict") = py::none(),
+         "run(fetches, feed_dict=None): the values of `fetches` (a Tensor, an initializer, or "
+         "lists, tuples and dicts of them) in the same structure, as NumPy arrays over the "
+         "fetched buffers (no copy); feed_dict maps placeholders to values. The GIL is released "
+         "while it waits.")
+    .def("wait_initialized", &py_session::wait_initialized, py::arg("timeout") = 30.0,
+         py::arg("var_list") = py::none(),
+         "waits until the graph's variables (or var_list) have values, set by any client (as "
+         "a tutorial worker waits for its chief); DeadlineExceededError after `timeout` seconds "
+         "names those still missing. The GIL is released while it waits.")
+    .def("device_of", &py_session::device_of, py::arg("variable"),
+         "the full device a variable lives on, after placement (as log_device_placement shows)")
+    .def("close", &py_session::close)
+    .def_property_readonly("graph", &py_session::graph)
+    .def_property_readonly("task", &py_session::task, "the task the session belongs to")
+    .def("__enter__", [](std::shared_ptr<py_session> s) { return s; })
+    .def("__exit__", [](py_session& s, py::args) { s.close(); });
+}
+
+} // namespace af::python

@@ -1,0 +1,130 @@
+"""Graph building the TF 1.x way: default graph, device scopes, operators,
+variables, gradients, and the registry's ops as functions."""
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+def test_device_scopes_merge_as_tf():
+    # Catches: an inner af.device replacing the outer one instead of merging
+    # (TF keeps the outer job when the inner names only a device), or a
+    # scope not popped on leaving the block.
+    with af.device("/job:ps"):
+        with af.device("/task:1"):
+            a = af.constant(1.0)
+        with af.device("/job:worker/cpu:0"):
+            b = af.constant(1.0)
+        c = af.constant(1.0)
+    d = af.constant(1.0)
+    assert a.device == "/job:ps/task:1"
+    assert b.device == "/job:worker/device:CPU:0"
+    assert c.device == "/job:ps"
+    assert d.device == ""
+
+
+def test_graph_as_default_collects_nodes():
+    # Catches: nodes going to the process graph inside `with g.as_default()`.
+    g = af.Graph()
+    with g.as_default():
+        x = af.constant(1.0, name="in_g")
+    assert x.graph is g or x.graph == g
+    assert "in_g" in g.get_operations()
+    assert "in_g" not in af.get_default_graph().get_operations()
+
+
+def test_operators_and_registry_functions(local):
+    # Catches: an operator bound to the wrong op (reflected - and / swapped),
+    # or registry functions missing their attributes (axis, transpose_b).
+    a = af.constant(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    b = af.constant(np.array([[5.0, 6.0], [7.0, 8.0]], np.float32))
+    fetches = {
+        "add": a + b, "sub": a - b, "rsub": 10.0 - a, "mul": a * b, "div": a / b,
+        "rdiv": 1.0 / a, "matmul": a @ b, "neg": -a,
+        "mt": af.matmul(a, b, transpose_b=True), "sum1": af.reduce_sum(a, axis=1),
+        "mean": af.reduce_mean(a), "keep": af.reduce_max(a, axis=0, keep_dims=True),
+        "relu": af.relu(-a),
+    }
+    an, bn = np.array([[1, 2], [3, 4]], np.float32), np.array([[5, 6], [7, 8]], np.float32)
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(fetches)
+    np.testing.assert_allclose(got["add"], an + bn)
+    np.testing.assert_allclose(got["sub"], an - bn)
+    np.testing.assert_allclose(got["rsub"], 10 - an)
+    np.testing.assert_allclose(got["mul"], an * bn)
+    np.testing.assert_allclose(got["div"], an / bn, rtol=1e-6)
+    np.testing.assert_allclose(got["rdiv"], 1 / an, rtol=1e-6)
+    np.testing.assert_allclose(got["matmul"], an @ bn)
+    np.testing.assert_allclose(got["neg"], -an)
+    np.testing.assert_allclose(got["mt"], an @ bn.T)
+    np.testing.assert_allclose(got["sum1"], an.sum(axis=1))
+    np.testing.assert_allclose(got["mean"], an.mean())
+    np.testing.assert_allclose(got["keep"], an.max(axis=0, keepdims=True))
+    np.testing.assert_allclose(got["relu"], np.zeros((2, 2)))
+
+
+def test_every_registry_op_is_a_function():
+    # Catches: ops of the registry with no Python function (the list is read
+    # from the docstrings the registry generates, so a new op is checked too).
+    for name in ["add", "matmul", "relu", "reduce_sum", "reduce_mean", "softmax", "gather",
+                 "unsorted_segment_sum", "softmax_xent"]:
+        fn = getattr(af, name)
+        assert "registry's op" in fn.__doc__, name
+    with pytest.raises(TypeError) as e:
+        af.relu(af.constant(1.0), af.constant(2.0))
+    assert "relu(" in str(e.value)
+    with pytest.raises(TypeError) as e:
+        af.relu(af.constant(1.0), axis=1)
+    assert "axis" in str(e.value)
+
+
+def test_get_variable_shares_and_variable_uniquifies():
+    # Catches: get_variable making a second variable for the same name (TF
+    # shares it), or tf.Variable reusing a name (TF appends _1).
+    a = af.get_variable("w", [2])
+    b = af.get_variable("w", [2])
+    assert a == b
+    with pytest.raises(af.errors.InvalidArgumentError):
+        af.get_variable("w", [3])
+    v1 = af.Variable(0.0, name="v")
+    v2 = af.Variable(0.0, name="v")
+    assert v1.name == "v:0" and v2.name == "v_1:0"
+
+
+def test_gradients(local):
+    # Catches: af.gradients not adding the backward ops to the graph the
+    # session runs (the replay of nodes built after the first run).
+    w = af.Variable(np.array([1.0, -2.0, 3.0], np.float32), name="w")
+    loss = af.reduce_sum(w * w)
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        assert sess.run(loss) == pytest.approx(14.0)
+        (grad,) = af.gradients(loss, [w])  # built after the session first ran
+        np.testing.assert_allclose(sess.run(grad), [2.0, -4.0, 6.0])
+
+
+def test_assign_add_needs_a_variable():
+    # Catches: assign_add on a computed tensor building a node that fails
+    # only when run, without naming the tensor.
+    c = af.constant(1.0, name="not_a_var")
+    with pytest.raises(af.errors.InvalidArgumentError) as e:
+        c.assign_add(1.0)
+    assert "not_a_var" in e.value.message
+
+
+def test_nn_names(local):
+    # Catches: tf.nn's keyword-only sparse_softmax_cross_entropy_with_logits
+    # passing labels and logits to the op in the wrong order.
+    logits = np.array([[2.0, 1.0, 0.1], [0.5, 2.5, 0.3]], np.float32)
+    labels = np.array([0, 2], np.int32)
+    loss = af.nn.sparse_softmax_cross_entropy_with_logits(labels=af.constant(labels),
+                                                          logits=af.constant(logits))
+    table = af.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+    rows = af.nn.embedding_lookup(table, af.constant(np.array([2, 0], np.int32)))
+    assert af.nn.relu is af.relu
+    with af.Session(local.target("local", 0)) as sess:
+        got_loss, got_rows = sess.run([loss, rows])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    want = -(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))[[0, 1], labels]
+    np.testing.assert_allclose(got_loss, want, rtol=1e-5)
+    np.testing.assert_array_equal(got_rows, [[4, 5], [0, 1]])

@@ -1,0 +1,125 @@
+"""Clusters of processes: a ps run by actorflow-node in a process of its
+own, used from this process as TensorFlow's between-graph scripts use a
+remote ps; a session as a client of its own actor system; TF_CONFIG."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import actorflow as af
+from conftest import free_ports
+
+
+def node_binary():
+    # The module is <build>/python/actorflow*.so; actorflow-node is <build>/actorflow-node.
+    return pathlib.Path(af.__file__).resolve().parents[1] / "actorflow-node"
+
+
+@pytest.fixture
+def ps_process(tmp_path):
+    """An actorflow-node process serving /job:ps/task:0 and a ClusterSpec
+    with it and a free worker address; stopped with SIGTERM at the end."""
+    binary = node_binary()
+    if not binary.exists():
+        pytest.skip("%s is not built (ninja actorflow-node)" % binary)
+    ps_port, worker_port = free_ports(2)
+    jobs = {"ps": ["127.0.0.1:%d" % ps_port], "worker": ["127.0.0.1:%d" % worker_port]}
+    config = tmp_path / "cluster.json"
+    config.write_text(json.dumps({"cluster": jobs}))
+    proc = subprocess.Popen([str(binary), "--config", str(config), "--job", "ps", "--task", "0",
+                             "--threads", "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # the node prints its ready line once it serves
+        assert "actorflow-node ready" in line, line
+        yield af.train.ClusterSpec(jobs), proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        proc.stdout.close()
+
+
+def test_worker_server_uses_a_ps_process(ps_process):
+    # Catches: a Server of this process that cannot reach a node of another
+    # process (the between-graph script: a worker here, the ps elsewhere).
+    spec, _ = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    try:
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="var")
+        with af.Session(worker.target) as sess:
+            sess.run(af.global_variables_initializer())
+            assert [float(sess.run(var.assign_add(1.0))) for _ in range(3)] == [1.0, 2.0, 3.0]
+            assert sess.device_of(var) == "/job:ps/replica:0/task:0/device:CPU:0"
+    finally:
+        worker.stop()
+        worker.join()
+
+
+def test_client_session_of_a_cluster_elsewhere(ps_process):
+    # Catches: af.Session(target, cluster=spec) not reaching a node no
+    # Server of this process runs (it must connect as a client of its own
+    # actor system), or not finding the task by its address.
+    spec, _ = ps_process
+    ps_target = "actorflow://" + spec.task_address("ps", 0)
+    v = af.get_variable("w", [2, 2], initializer=af.constant_initializer(2))
+    with af.Session(ps_target, cluster=spec) as sess:
+        sess.run(af.global_variables_initializer())
+        assert sess.run(v * 3.0).tolist() == [[6.0, 6.0], [6.0, 6.0]]
+    with pytest.raises(af.errors.NotFoundError) as e:
+        af.Session("actorflow://127.0.0.1:1", cluster=spec)
+    assert "127.0.0.1:1" in e.value.message
+
+
+def test_cluster_spec_from_tf_config(monkeypatch):
+    # Catches: TF_CONFIG's cluster read wrongly (TensorFlow's JSON shape).
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"ps": ["127.0.0.1:3335"], "worker": ["127.0.0.1:3333", "127.0.0.1:3334"]},
+        "task": {"type": "worker", "index": 1}}))
+    spec = af.train.ClusterSpec.from_tf_config()
+    assert spec.as_dict() == {"ps": ["127.0.0.1:3335"],
+                              "worker": ["127.0.0.1:3333", "127.0.0.1:3334"]}
+    monkeypatch.delenv("TF_CONFIG")
+    with pytest.raises(af.errors.NotFoundError):
+        af.train.ClusterSpec.from_tf_config()
+
+
+def test_ctrl_c_interrupts_a_waiting_run(ps_process):
+    # Catches: Ctrl-C ignored while run waits with the GIL released (Python's
+    # handler runs only after the run gives up, at the session's timeout),
+    # or a session left unusable by the interrupt. The ps is SIGSTOPped, so
+    # the run waits; SIGINT comes while it does.
+    spec, proc = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    timeout = 10.0
+    try:
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="var")
+        inc = var.assign_add(1.0)
+        with af.Session(worker.target, timeout=timeout) as sess:
+            sess.run(af.global_variables_initializer())
+            assert sess.run(inc) == 1.0
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+                interrupt.start()
+                began = time.monotonic()
+                with pytest.raises(KeyboardInterrupt):
+                    sess.run(inc)
+                waited = time.monotonic() - began
+                interrupt.join()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # Well before the session's timeout: on TCP within the 20 ms cancel
+            # poll of the signal at 0.5 s; on the shared-memory ring (this
+            # host's default) about 2 s later (the ring's wait, net/, sees
+            # the cancel flag that late).
+            assert waited < timeout / 2, waited
+            assert float(sess.run(var)) in (1.0, 2.0)  # the abandoned update may have landed
+    finally:
+        worker.stop()
+        worker.join()

@@ -1,0 +1,173 @@
+"""Sessions and clusters: fetch structures, feeds, the tutorial's ps and
+two workers, the GIL released while a session waits."""
+import threading
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+def test_fetch_structures(local):
+    # Catches: a fetch structure flattened or reordered (TF returns the same
+    # lists, tuples and dicts, nested, with the values in place).
+    a = af.constant(1.0)
+    b = af.constant(2.0)
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run({"x": [a, (b, a)], "y": b})
+        single = sess.run(a)
+    assert set(got) == {"x", "y"}
+    assert isinstance(got["x"], list) and isinstance(got["x"][1], tuple)
+    assert got["x"][0] == 1.0 and got["x"][1] == (2.0, 1.0) and got["y"] == 2.0
+    assert single == 1.0 and isinstance(single, np.ndarray)
+
+
+def test_session_without_target_runs_locally():
+    # Catches: af.Session() (TF's local session) needing a cluster.
+    with af.device("/cpu:0"):
+        w = af.get_variable("w", (2, 2), af.float32, initializer=af.constant_initializer(2))
+        b = af.get_variable("b", (2, 2), af.float32, initializer=af.constant_initializer(5))
+    with af.device("/gpu:0"):  # soft placement: the CPU when there is no GPU
+        addwb = w + b
+    with af.Session() as sess:
+        sess.run(af.initialize_all_variables())
+        np.testing.assert_array_equal(sess.run(addwb), np.full((2, 2), 7, np.float32))
+
+
+def test_uninitialized_report(local):
+    # Catches: report_uninitialized_variables listing initialized variables.
+    a = af.get_variable("a", [1])
+    b = af.get_variable("b", [1])
+    with af.Session(local.target("local", 0)) as sess:
+        assert sorted(sess.run(af.report_uninitialized_variables())) == [b"a", b"b"]
+        sess.run(af.global_variables_initializer())
+        assert list(sess.run(af.report_uninitialized_variables())) == []
+
+
+def test_ps_and_two_workers_share_the_variable(ps_workers):
+    # Catches: each worker's session getting a variable of its own (the
+    # variable must live once on the ps, found by name from each worker).
+    with af.device("/job:ps/task:0"):
+        var = af.Variable(0.0, name="var")
+    inc = var.assign_add(1.0)
+    s0 = af.Session(ps_workers.target("worker", 0))
+    s1 = af.Session(ps_workers.target("worker", 1))
+    try:
+        s0.run(af.global_variables_initializer())
+        s1.wait_initialized(timeout=10)
+        values = []
+        for _ in range(5):
+            values.append(float(s0.run(inc)))
+            values.append(float(s1.run(inc)))
+        assert values == [float(i) for i in range(1, 11)]
+    finally:
+        s0.close()
+        s1.close()
+
+
+def test_wait_releases_the_gil(ps_workers):
+    # Catches: a session that holds the GIL while it waits on the cluster.
+    # The worker waits for the variable that only another Python thread
+    # initializes, and that thread can run only if the wait let go of the GIL
+    # (else the wait ends in DeadlineExceededError).
+    with af.device("/job:ps/task:0"):
+        var = af.Variable(1.0, name="gil_var")
+    init = af.global_variables_initializer()
+    chief = af.Session(ps_workers.target("worker", 0))
+    worker = af.Session(ps_workers.target("worker", 1))
+    started = threading.Event()
+
+    def initialize():
+        started.wait()
+        chief.run(init)
+
+    t = threading.Thread(target=initialize)
+    t.start()
+    try:
+        started.set()
+        worker.wait_initialized(timeout=5)
+        assert worker.run(var) == 1.0
+    finally:
+        started.set()
+        t.join()
+        chief.close()
+        worker.close()
+
+
+def test_two_threads_share_a_session(local):
+    # Catches: a session used by two threads at once without its lock (the
+    # library's session is one thread at a time): corrupt or lost results.
+    v = af.get_variable("counter", [], initializer=af.constant_initializer(0))
+    inc = v.assign_add(1.0)
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+
+        def work():
+            for _ in range(50):
+                sess.run(inc)
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sess.run(v) == 100.0
+
+
+def test_server_join_returns_after_stop():
+    # Catches: Server.join() not returning once its node stops (or holding
+    # the GIL so stop() from another thread could not run).
+    with af.train.LocalCluster({"local": 1}) as cluster:
+        port = cluster.cluster_spec.task_address("local", 0).rsplit(":", 1)[1]
+    spec = af.train.ClusterSpec({"ps": ["127.0.0.1:" + port]})  # the port just freed
+    server = af.train.Server(spec, "ps", 0)
+    assert server.target == "actorflow://127.0.0.1:" + port
+    joining = threading.Event()
+
+    def stop_when_joining():
+        joining.wait()  # runs once join() lets go of the GIL
+        server.stop()
+
+    stopper = threading.Thread(target=stop_when_joining)
+    stopper.start()
+    joining.set()
+    server.join()
+    stopper.join()
+
+
+def test_cluster_spec():
+    # Catches: a malformed ClusterSpec accepted (it would fail later, far
+    # from the typo).
+    spec = af.train.ClusterSpec({"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]})
+    assert spec.jobs == ["ps", "worker"]
+    assert spec.num_tasks("worker") == 2
+    assert spec.as_dict()["worker"][1] == "127.0.0.1:2224"
+    with pytest.raises(af.errors.InvalidArgumentError):
+        af.train.ClusterSpec({"ps": ["no-port"]})
+
+
+def test_gradient_descent_minimize_trains(ps_workers):
+    # Catches: minimize() updating with the wrong sign or not every variable
+    # (the loss would not fall to the planted fit), or an Operation fetch
+    # that returns values instead of None.
+    rng = np.random.RandomState(0)
+    xs = rng.randn(64, 3).astype(np.float32)
+    ys = xs @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.25
+    with af.device("/job:ps/task:0"):
+        w = af.get_variable("w", [3, 1])
+        b = af.get_variable("b", [1])
+    x = af.placeholder(af.float32, name="x")
+    y = af.placeholder(af.float32, name="y")
+    loss = af.reduce_mean(af.square(x @ w + b - y))
+    train_op = af.train.GradientDescentOptimizer(0.1).minimize(loss)
+    assert train_op.size == 2
+    with af.Session(ps_workers.target("worker", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        first = float(sess.run(loss, feed_dict={x: xs, y: ys}))
+        for _ in range(200):
+            assert sess.run(train_op, feed_dict={x: xs, y: ys}) is None
+        last = float(sess.run(loss, feed_dict={x: xs, y: ys}))
+        assert sess.run(af.group(w.assign_add(np.zeros((3, 1), np.float32)))) is None
+        np.testing.assert_allclose(sess.run(w).ravel(), [1.0, -2.0, 0.5], atol=1e-3)
+        np.testing.assert_allclose(sess.run(b), [0.25], atol=1e-3)
+    assert last < first * 1e-4

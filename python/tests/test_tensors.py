@@ -1,0 +1,93 @@
+"""Tensors to and from NumPy: dtypes both ways, no copy on fetch, a clear
+error for what cannot map."""
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32, np.int64])
+def test_dtype_round_trip(local, dt):
+    # Catches: a dtype mapped to another on the way in or out (int64 fetched
+    # as int32, float64 narrowed), or values garbled by wrong strides.
+    value = (np.arange(12).reshape(3, 4) * 3 - 7).astype(dt)
+    c = af.constant(value)
+    assert c.dtype == np.dtype(dt)
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(c)
+    assert got.dtype == np.dtype(dt)
+    assert got.shape == (3, 4)
+    np.testing.assert_array_equal(got, value)
+
+
+def test_python_numbers_convert_as_tf():
+    # Catches: Python floats becoming float64 and ints int64 (TF makes them
+    # float32 and int32; a float64 constant added to a float32 variable fails).
+    assert af.constant(1.5).dtype == np.float32
+    assert af.constant([1, 2]).dtype == np.int32
+    assert af.constant(np.float64(1.5)).dtype == np.float64
+
+
+def test_unmappable_dtype_is_a_clear_type_error():
+    # Catches: float16/bool/complex silently converted or a cryptic failure.
+    for bad in [np.zeros(3, np.float16), np.zeros(2, np.complex64), np.zeros(2, np.uint8)]:
+        with pytest.raises(TypeError) as e:
+            af.constant(bad)
+        assert str(bad.dtype) in str(e.value)
+        assert "astype" in str(e.value)
+    with pytest.raises(TypeError):
+        af.placeholder(np.float16)
+
+
+def test_fetch_is_zero_copy(local):
+    # Catches: an extra copy of a fetched tensor into NumPy. The array must be
+    # a view over the tensor's buffer (its base the tensor's holder, not data
+    # of its own), and a variable of this process fetched twice gives two
+    # arrays over the one buffer the variable holds.
+    v = af.get_variable("big", [256, 1024], initializer=af.constant_initializer(3))
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        a, b = sess.run([v, v])
+        c = sess.run(v)
+    assert not a.flags.owndata
+    assert np.shares_memory(a, c)
+    assert np.shares_memory(a, b)
+    # The variable still holds that buffer: the arrays are read-only views.
+    assert not a.flags.writeable
+    with pytest.raises(ValueError):
+        a[0, 0] = 1
+    assert float(c[0, 0]) == 3.0
+
+
+def test_fetched_array_outlives_session_and_cluster():
+    # Catches: an array whose buffer is freed with the session or the cluster
+    # (the array must keep the tensor alive).
+    with af.train.LocalCluster({"local": 1}) as cluster:
+        c = af.constant(np.full((64, 64), 7, np.float32)) * 2.0
+        with af.Session(cluster.target("local", 0)) as sess:
+            got = sess.run(c)
+    del cluster, sess
+    junk = [np.ones((64, 64), np.float32) for _ in range(64)]  # reuse freed memory
+    assert float(got.sum()) == 14.0 * 64 * 64
+    del junk
+
+
+def test_computed_value_is_writable(local):
+    # Catches: every fetch made read-only, where nothing else holds the buffer
+    # (a computed value is the array's alone, as in TF).
+    c = af.constant(np.ones((4,), np.float32)) + 1.0
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(c)
+    got[0] = 5
+    assert got[0] == 5.0
+
+
+def test_feed_converts_to_placeholder_dtype(local):
+    # Catches: a feed kept at its own dtype (float64 from a Python list) and
+    # refused by a float32 op.
+    x = af.placeholder(af.float32, name="x")
+    y = x * 2.0
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(y, feed_dict={x: [[1, 2], [3, 4]]})
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, [[2, 4], [6, 8]])
