@@ -52,7 +52,8 @@ class UnimplementedError(OpError):
 class InternalError(OpError):
     """A bug in actorflow: please report it with the message."""
 class AbortedError(OpError):
-    """A step stopped because another part of it failed, or a mode switch."""
+    """A step stopped because another part of it failed, a mode switch, or a
+    worker its ps took as left when their link broke (it joins again)."""
 class CancelledError(OpError):
     """The caller gave up on the request (interrupt)."""
 class UnknownError(OpError):
@@ -95,6 +96,7 @@ const char* class_of(af_error code) {
       return "InternalError";
     case af_error::aborted:
     case af_error::mode_changed:
+    case af_error::left: // the worker joins again and retries, as after a switch
       return "AbortedError";
     case af_error::cancelled:
       return "CancelledError";
@@ -134,6 +136,16 @@ void register_errors(py::module_& m) {
     if (name.size() > 5 && name.compare(name.size() - 5, 5, "Error") == 0)
       errors.attr(name.c_str()) = item.second;
   }
+  // For tests: raises the class of af_error `code` (1..af_error_max), so
+  // that every code is seen to have its class (a code added to the library
+  // without one here would be an UnknownError, which says "not one of
+  // actorflow's codes").
+  errors.def("_raise_code", [](uint8_t code, const std::string& message) {
+    if (!valid_af_error(code))
+      throw py::value_error("no af_error has code " + std::to_string(code));
+    raise(static_cast<af_error>(code), message);
+  });
+  errors.attr("_max_code") = af_error_max;
   errors_module = errors.release(); // its reference is kept for the interpreter's life
   // `import actorflow.errors` and `from actorflow.errors import X` find it.
   py::module_::import("sys").attr("modules")["actorflow.errors"] = errors_module;

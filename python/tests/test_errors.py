@@ -18,6 +18,21 @@ def test_hierarchy_is_tf_errors():
     assert issubclass(errors.PeerDownError, errors.UnavailableError)
 
 
+def test_every_library_code_has_its_class():
+    # Catches: a code added to the library (af_error::left, a worker its ps
+    # took as left) without its class here, raised as UnknownError, which
+    # says the error is not one of actorflow's.
+    classes = {}
+    for code in range(1, errors._max_code + 1):
+        with pytest.raises(errors.OpError) as e:
+            errors._raise_code(code, "the sentence")
+        assert type(e.value) is not errors.UnknownError, e.value.code
+        assert e.value.message == "the sentence"
+        classes[e.value.code] = type(e.value)
+    # A worker taken as left joins again and retries: TF's AbortedError.
+    assert classes["left"] is errors.AbortedError
+
+
 def test_bad_device_is_invalid_argument_with_the_sentence():
     # Catches: a parse error raised as a generic exception, or without the
     # library's reason (the user must see what is wrong with the name).
