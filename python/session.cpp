@@ -12,6 +12,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <stdexcept>
 
 #include "actors/session.hpp"
 #include "messages/error.hpp"
@@ -211,13 +212,34 @@ void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
   }
 }
 
+namespace {
+
+/// rebuild() walks the fetches a second time (collect() was the first): a
+/// structure that changed meanwhile (a list another thread grew while the
+/// run waited with the GIL released, an __iter__ of its own) must not index
+/// past the run's values.
+std::runtime_error fetches_changed() {
+  return std::runtime_error("the fetches changed while Session.run ran (a list or dict of them "
+                            "changed by another thread, or an __iter__ that yields other items "
+                            "the second time); fetch a structure that stays the same, e.g. a "
+                            "tuple");
+}
+
+} // namespace
+
 py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_t& next) const {
+  auto take = [&](size_t n) {
+    if (n > results.size() - next)
+      throw fetches_changed();
+    next += n;
+  };
   if (py::isinstance<py_group>(f)) {
-    next += f.cast<const py_group&>().members.size();
+    take(f.cast<const py_group&>().members.size());
     return py::none();
   }
   if (py::isinstance<py_tensor>(f) || py::isinstance<py_variables_op>(f)) {
-    auto& r = results[next++];
+    take(1);
+    auto& r = results[next - 1];
     if (r.is_names) {
       py::list names;
       for (auto& n : r.names)
@@ -380,7 +402,10 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
   if (err)
     raise(err);
   size_t next = 0;
-  return rebuild(fetches, results, next);
+  auto out = rebuild(fetches, results, next);
+  if (next != results.size()) // it shrank: values the structure no longer has a place for
+    throw fetches_changed();
+  return out;
 }
 
 void py_session::wait_initialized(double timeout_s, py::handle vars) {

@@ -22,6 +22,27 @@ def test_fetch_structures(local):
     assert single == 1.0 and isinstance(single, np.ndarray)
 
 
+def test_fetches_that_change_during_run_raise(local):
+    # Catches: the fetch structure walked twice (once for what to run, once
+    # to put the values back) trusting that it stays the same: a list that
+    # grows meanwhile (another thread, while the run waits with the GIL
+    # released, or an __iter__ of its own) was read past the values the run
+    # made (memory that is not a value: a crash, or garbage as an array).
+    a = af.constant(1.0)
+
+    class Growing(list):
+        walks = 0
+
+        def __iter__(self):
+            Growing.walks += 1
+            return iter([a] * (1 if Growing.walks == 1 else 64))
+
+    with af.Session(local.target("local", 0)) as sess:
+        with pytest.raises(RuntimeError, match="changed while Session.run ran"):
+            sess.run(Growing([a]))
+        assert sess.run([a]) == [1.0]  # the session goes on
+
+
 def test_session_without_target_runs_locally():
     # Catches: af.Session() (TF's local session) needing a cluster.
     with af.device("/cpu:0"):
