@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <regex>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -110,18 +109,13 @@ caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
 }
 
 caf::error data_plane_ps_link::read_timed_out(const caf::error& err) const {
-  // The channel names its own timeout (the connection's: the push's wait
-  // of step_timeout_ms + 5 s), not the read's: a stopped ps's read said
-  // "timed out after 7000 ms" when it had waited step_timeout_ms (2000).
-  static const std::regex waited{R"(timed out after \d+ ms)"};
-  auto what = std::regex_replace(reason_of(err), waited,
-                                 fmt::format("timed out after {} ms (step_timeout_ms)",
-                                             wait_.count()),
-                                 std::regex_constants::format_first_only);
+  // The channel names the read's own wait (step_timeout_ms); what a user
+  // can do about it is this layer's to say.
   return make_error(af_error::timeout,
-                    what + " (a ps stopped with SIGSTOP, hung or overloaded answers no read: "
-                           "continue it, or with ps_recovery_timeout_ms the job waits for it "
-                           "as for one that died)");
+                    reason_of(err)
+                      + " (the read's wait is step_timeout_ms; a ps stopped with SIGSTOP, hung "
+                        "or overloaded answers no read: continue it, or with "
+                        "ps_recovery_timeout_ms the job waits for it as for one that died)");
 }
 
 void data_plane_ps_link::reconnect(std::unique_ptr<data_channel> channel, std::string token,

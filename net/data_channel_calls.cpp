@@ -103,7 +103,8 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
 }
 
 caf::expected<std::pair<tensor, uint64_t>>
-data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until) {
+data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until,
+                         std::chrono::milliseconds wait) {
   wire::header r;
   poll_for_reply();
   if (cancel_ && !bytes_->waits_itself()) { // on shared memory the ring's read looks at cancel_
@@ -118,7 +119,7 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
       if (rc > 0 || (rc < 0 && errno != EINTR))
         break;
       if (std::chrono::steady_clock::now() >= until)
-        return fail(what, EAGAIN);
+        return fail(what, EAGAIN, wait);
       if (cancel_->load()) {
         drop();
         return make_error(af_error::cancelled, what + " on " + peer_
@@ -145,7 +146,7 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
                           "[security]; this process needs the same [security] (the cluster's CA, "
                           "a certificate and key) in its cluster config");
     }
-    return fail(what, err);
+    return fail(what, err, wait);
   }
   reply_flags_ = 0;
   auto problem = wire::validate(r);

@@ -194,7 +194,7 @@ caf::expected<data_channel::answer> data_channel::next_reply() {
     set_timeout(fd_, SO_RCVTIMEO, req.wait);
     pending_rcv_ = req.wait;
   }
-  auto r = read_reply(req.what, req.deadline);
+  auto r = read_reply(req.what, req.deadline, req.wait);
   if (pending_.empty() && pending_rcv_ != timeout_) {
     if (fd_ >= 0)
       set_timeout(fd_, SO_RCVTIMEO, timeout_);

@@ -311,9 +311,11 @@ private:
   caf::error fail(const std::string& what, int err,
                   std::chrono::milliseconds waited = std::chrono::milliseconds{0},
                   bool sending = false);
-  /// The reply to the request just sent, by `until` (the try's deadline).
+  /// The reply to the request just sent, by `until` (the try's deadline);
+  /// a timeout names `wait`, the request's own (0: the channel's).
   caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what,
-                                                        std::chrono::steady_clock::time_point until);
+                                                        std::chrono::steady_clock::time_point until,
+                                                        std::chrono::milliseconds wait = {});
   void poll_for_reply();
   void reopen_if_closed_by_peer();
   /// The connection's byte stream for a request or reply bounded by `deadline`.
