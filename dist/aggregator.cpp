@@ -141,7 +141,7 @@ aggregator_impl_actor::behavior_type make_behavior(Tuple common, Ts... more) {
 auto refuse_parameters(self_pointer self) {
   return [self](push_atom, params_atom, uint32_t worker, uint64_t, push_credentials& who,
                 std::vector<tensor>&) -> push_result {
-      auto lock = hold(self);
+    auto lock = hold(self);
     if (auto err = check_worker(self, worker, who))
       return err;
     return other_kind(self->state, worker, "parameters");

@@ -37,7 +37,7 @@ using aggregator_impl_actor = aggregator_actor::extend<caf::reacts_to<sweep_atom
 /// and status stay the actor's. Defined in dist/aggregator_detail.hpp.
 struct aggregator_plane;
 
-/// A data-plane thread's wait for its parked sync push (push_ticket::plane).
+/// A data-plane thread's wait for its parked sync push (push_ticket::wait).
 struct plane_wait {
   /// The push the thread waits for now (read by a ticket's deliver under
   /// another aggregator's lock than the one its thread waits under).
@@ -50,11 +50,11 @@ struct plane_wait {
 
 /// A push parked in a round: answered through its actor's promise, or, for
 /// a push a data-plane thread took (dist/aggregator_plane.cpp), through
-/// `plane`, on which that thread waits. Delivered under the aggregator's lock.
+/// `wait`, on which that thread waits. Delivered under the aggregator's lock.
 struct push_ticket {
   caf::typed_response_promise<uint64_t, tensor, bool> promise;
-  std::shared_ptr<plane_wait> plane; ///< null: a CAF push
-  uint64_t generation = 0;           ///< plane's push this ticket answers
+  std::shared_ptr<plane_wait> wait;  ///< null: a CAF push
+  uint64_t generation = 0;           ///< the push of `wait` this ticket answers
   std::condition_variable* answered = nullptr; ///< what the waiting thread sleeps on
 
   void deliver(uint64_t global_step, const tensor& params, bool dropped_late);

@@ -143,6 +143,7 @@ caf::result<uint64_t, std::string, uint64_t> on_join(self_pointer self, uint32_t
   m.joined = true;
   m.stats.error.clear();
   m.left = false;
+  m.link_down = false;
   m.joined_at = clock_type::now();
   m.stats.task = task;
   m.stats.address = address;

@@ -23,37 +23,39 @@ aggregator_actor_state::~aggregator_actor_state() {
   std::lock_guard<std::mutex> guard{plane->mtx};
   plane->self = nullptr;
   // A data-plane thread waiting on a parked push hears that the actor is
-  // gone (a CAF requester hears it from CAF: its promise is dropped).
+  // gone. (A CAF requester hears nothing: in CAF 0.17 a destroyed
+  // response_promise sends no error, so it waits for its own timeout; the
+  // worker's links then name the ps.)
   auto err = make_error(af_error::aborted,
                         fmt::format("aggregator '{}' stopped while a push waited for its round",
                                     spec.name));
   for (auto& t : round.release())
-    if (t.second.plane)
+    if (t.second.wait)
       t.second.deliver(err);
 }
 
 void push_ticket::deliver(uint64_t global_step, const tensor& params, bool dropped_late) {
-  if (!plane) {
+  if (!wait) {
     promise.deliver(global_step, params, dropped_late);
     return;
   }
-  if (plane->generation.load() != generation)
+  if (wait->generation.load() != generation)
     return; // its thread gave up waiting for it (a timeout), and waits for another
-  plane->answered = true;
-  plane->global_step = global_step;
-  plane->dropped_late = dropped_late;
+  wait->answered = true;
+  wait->global_step = global_step;
+  wait->dropped_late = dropped_late;
   answered->notify_all();
 }
 
 void push_ticket::deliver(const caf::error& err) {
-  if (!plane) {
+  if (!wait) {
     promise.deliver(err);
     return;
   }
-  if (plane->generation.load() != generation)
+  if (wait->generation.load() != generation)
     return;
-  plane->answered = true;
-  plane->error = err;
+  wait->answered = true;
+  wait->error = err;
   answered->notify_all();
 }
 
@@ -115,6 +117,7 @@ plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane) {
     // What the actor's handler does for such a push, in its order.
     member(st, worker).retries = 0; // already_taken: a new push
     note_push(st, worker, step);
+    st.stats.pushes_on_plane += 1;
     if (!sync) {
       if (auto err = apply_sparse_now(self, worker, step, who, values, true))
         return caf::expected<plane_push_answer>{std::move(err)};
@@ -125,7 +128,7 @@ plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane) {
       return caf::expected<plane_push_answer>{std::move(err)};
     auto waiting = thread_wait();
     push_ticket ticket;
-    ticket.plane = waiting;
+    ticket.wait = waiting;
     ticket.generation = waiting->generation.fetch_add(1) + 1;
     ticket.answered = &plane->answered;
     waiting->answered = false;

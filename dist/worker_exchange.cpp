@@ -277,7 +277,12 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
         // aggregators' own test: a non_finite refusal here means the two
         // disagree, and with several ps the other shards may already have
         // taken their parts. Not something to abstain past: fail.
-        fail(self, std::move(err), during());
+        if (is(err, af_error::left) && g->rejoins[k] >= 8)
+          fail(self, std::move(err),
+               during() + " (joined it again 8 times, taken as left each time: its links "
+                          "keep breaking; check the ps's load and connection_timeout_ms)");
+        else
+          fail(self, std::move(err), during());
       });
 }
 

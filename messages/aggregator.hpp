@@ -259,6 +259,8 @@ struct aggregator_stats {
   uint64_t global_step = 0;
   uint64_t applied = 0;          ///< updates applied to the variables
   uint64_t pushes = 0;           ///< pushes received
+  uint64_t pushes_on_plane = 0;  ///< of them, sparse pushes taken on the data plane's thread
+                                 ///< (dist/aggregator_plane.cpp), not through the actor
   uint64_t dropped_stale = 0;    ///< sync: gradients of an old step (late)
   uint64_t refused = 0;          ///< non-finite values refused
   std::string last_refusal;      ///< the error of the last refusal
@@ -323,7 +325,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_stats& x) {
   return f(caf::meta::type_name("aggregator_stats"), x.mode, x.global_step, x.applied, x.pushes,
            x.dropped_stale, x.refused, x.last_refusal, x.staleness, x.workers_done, x.active,
-           x.closed_at_deadline, x.switches, x.workers, x.events, x.events_total);
+           x.closed_at_deadline, x.switches, x.workers, x.events, x.events_total,
+           x.pushes_on_plane);
 }
 
 template <class Inspector>

@@ -380,8 +380,9 @@ caf::error data_channel::fail(const std::string& what, int err, std::chrono::mil
   if (err == EBADMSG && shm_)
     return make_error(af_error::peer_down,
                       "the shared-memory ring with " + peer_ + " is corrupt (found during " + what
-                        + "): counters out of range, a flood of doorbell bytes, or a segment "
-                          "shrunk or punched by another process; the connection is opened "
+                        + "): counters out of range, a flood of doorbell bytes, a reply "
+                          "naming an answer slot the node had not handed over (or one still "
+                          "lent), or a segment shrunk or punched by another process; the connection is opened "
                           "again for the next call (ACTORFLOW_DATA_SHM=off keeps it on TCP)");
   return make_error(af_error::peer_down, peer_ + " closed the data connection during " + what + " ("
                                            + (cut.empty() ? std::string{std::strerror(err)} : cut)

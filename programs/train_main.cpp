@@ -414,14 +414,17 @@ int serve_ps(caf::actor_system& sys, const af::node_actor& node, const af::clust
                   caf::after(std::chrono::seconds(1)) >> [] {});
     if (stopped || !watch)
       break;
+    auto waited = std::chrono::steady_clock::now();
     bool answered = static_cast<bool>(watch->ping("worker", 0));
     auto now = std::chrono::steady_clock::now();
-    // A turn far longer than its wait and ping (1 s + 2 s) is this process
-    // that did not run (SIGSTOP, then SIGCONT; or starved): no silence of
-    // the chief. Without this, a ps stopped past init_timeout_ms gave up
-    // on the chief at its first ping after SIGCONT, which its broken CAF
-    // link fails, and left the job it was taken back into.
-    if (now - began > std::chrono::seconds(5))
+    // A wait far longer than its 1 s, or a ping far longer than its own
+    // bound (a connect and a request of 2 s each), is this process that did
+    // not run (SIGSTOP, then SIGCONT; or starved): no silence of the chief.
+    // Without this, a ps stopped past init_timeout_ms gave up on the chief
+    // at its first ping after SIGCONT, which its broken CAF link fails, and
+    // left the job it was taken back into. (Each part is timed alone, with
+    // a margin: pings that fail at their bound never pass for a stop.)
+    if (waited - began > std::chrono::seconds(3) || now - waited > std::chrono::seconds(7))
       last_seen = now;
     if (answered)
       last_seen = now;

@@ -37,17 +37,29 @@ extern "C" void cancel_on_sigint(int) {
     flag->store(true);
 }
 
+/// One run's Ctrl-C, in three steps: decided with the GIL held (the main
+/// thread, Python's default handler), armed and disarmed with the session's
+/// lock held (the GIL released), so that the session's one cancel flag is
+/// reset and watched only by the run that holds the session: a run of
+/// another thread neither clears a Ctrl-C meant for this one nor gets it.
 class interruptible_wait {
 public:
   /// GIL held: decides whether this wait takes Ctrl-C.
-  explicit interruptible_wait(std::atomic<bool>& cancel) {
-    cancel.store(false);
+  interruptible_wait() {
     auto threading = py::module_::import("threading");
     auto signal = py::module_::import("signal");
     py::object main_ident = threading.attr("main_thread")().attr("ident");
     py::object my_ident = threading.attr("get_ident")();
     py::object handler = signal.attr("getsignal")(signal.attr("SIGINT"));
-    if (!main_ident.equal(my_ident) || !handler.is(signal.attr("default_int_handler")))
+    eligible_ = main_ident.equal(my_ident) && handler.is(signal.attr("default_int_handler"));
+  }
+  interruptible_wait(const interruptible_wait&) = delete;
+  interruptible_wait& operator=(const interruptible_wait&) = delete;
+
+  /// The session's lock held: a fresh `cancel`, and Ctrl-C sets it.
+  void arm(std::atomic<bool>& cancel) {
+    cancel.store(false);
+    if (!eligible_)
       return;
     sigint_seen.store(false);
     sigint_cancels.store(&cancel);
@@ -56,22 +68,23 @@ public:
     sigemptyset(&ours.sa_mask);
     installed_ = ::sigaction(SIGINT, &ours, &previous_) == 0;
   }
-  interruptible_wait(const interruptible_wait&) = delete;
-  interruptible_wait& operator=(const interruptible_wait&) = delete;
 
-  /// GIL held: puts Python's handler back; true if Ctrl-C came meanwhile.
-  bool finish() {
+  /// The session's lock still held: Python's handler back; whether Ctrl-C came.
+  void disarm() {
     if (!installed_)
-      return false;
+      return;
     ::sigaction(SIGINT, &previous_, nullptr);
     installed_ = false;
     sigint_cancels.store(nullptr);
-    return sigint_seen.exchange(false);
+    seen_ = sigint_seen.exchange(false);
   }
-  ~interruptible_wait() { finish(); }
+
+  /// Whether Ctrl-C came during the run.
+  bool seen() const { return seen_; }
+  ~interruptible_wait() { disarm(); }
 
 private:
-  bool installed_ = false;
+  bool eligible_ = false, installed_ = false, seen_ = false;
   struct sigaction previous_ {};
 };
 
@@ -389,13 +402,15 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
   snapshot();
   std::vector<result> results;
   caf::error err;
-  interruptible_wait ctrl_c{*cancel_};
+  interruptible_wait ctrl_c;
   {
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> guard{mtx_};
+    ctrl_c.arm(*cancel_);
     err = run_locked(leaves, feeds, results);
+    ctrl_c.disarm();
   }
-  if (ctrl_c.finish() && (!err || is(err, af_error::cancelled))) {
+  if (ctrl_c.seen() && (!err || is(err, af_error::cancelled))) {
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();
   }

@@ -702,19 +702,20 @@ TEST_CASE("a save taken while async sparse pushes are applied on the data plane 
   plane_fixture f("async", 1, 4096, 32);
   const float g = 1.0f / 512;
   constexpr uint64_t pushes = 400;
-  std::atomic<bool> stop{false};
-  std::string failure;
+  std::atomic<bool> stop{false}, failed{false};
+  std::string failure; // written before `failed` is set, read after the join
   std::thread pusher([&] {
     for (uint64_t k = 1; k <= pushes && !stop; ++k) {
       auto r = f.push_plane(*f.plane, 0, k - 1, k, g);
       if (!r) {
         failure = describe(r.error());
+        failed = true;
         return;
       }
     }
   });
   uint64_t saves = 0, inconsistent = 0, step_seen = 0;
-  while (step_seen < pushes && failure.empty()) {
+  while (step_seen < pushes && !failed) {
     aggregator_state saved;
     (*f.self)
       ->request(f.agg, 10s, save_atom::value)
@@ -772,6 +773,7 @@ TEST_CASE("async sparse pushes on the data plane and through the actor, with joi
   CHECK(s.global_step == 2 * pushes);
   CHECK(s.applied == 2 * pushes);
   CHECK(s.pushes == 2 * pushes);
+  CHECK(s.pushes_on_plane == pushes); // worker 0's, every one on the plane's path
   auto v = f.plane->call(var_op::read, "emb", nullptr, true);
   REQUIRE(v);
   const float want = -static_cast<float>(2 * pushes) / 1024;
@@ -818,5 +820,46 @@ TEST_CASE("sync rounds whose pushes come over the data plane and through the act
   auto v = f.plane->call(var_op::read, "emb", nullptr, true);
   REQUIRE(v);
   // The mean of two equal gradients, once a round.
+  CHECK(v->first.data<float>()[0] == -static_cast<float>(rounds) / 1024);
+}
+
+TEST_CASE("sync rounds whose every push comes over the data plane are taken on the plane's "
+          "threads: the last push of a round releases it and wakes the other's thread",
+          "[sparse_push][data_plane]") {
+  // Catches: a plane path that never takes a push (every push through the
+  // actor would pass the tests above), and a release on one plane thread
+  // that does not wake the other waiting one (it would time out).
+  plane_fixture f("sync", 2, 256, 8);
+  const float g = 1.0f / 512;
+  constexpr uint64_t rounds = 200;
+  auto info = f.sess->ping("ps", 0);
+  REQUIRE(info);
+  auto second = data_channel::connect("127.0.0.1", info->data_port, "/job:ps/task:0", 5s);
+  REQUIRE(second);
+  std::atomic<bool> failed{false};
+  std::string failure;
+  std::thread pusher([&] {
+    for (uint64_t k = 1; k <= rounds; ++k)
+      if (auto r = f.push_plane(**second, 1, k - 1, k, g); !r || *r != k) {
+        failure = r ? "answered step " + std::to_string(*r) : describe(r.error());
+        failed = true;
+        return;
+      }
+  });
+  for (uint64_t k = 1; k <= rounds && !failed; ++k) {
+    auto r = f.push_plane(*f.plane, 0, k - 1, k, g);
+    INFO((r ? std::string{} : describe(r.error())));
+    REQUIRE(r);
+    CHECK(*r == k);
+  }
+  pusher.join();
+  INFO(failure);
+  REQUIRE_FALSE(failed);
+  auto s = f.stats();
+  CHECK(s.global_step == rounds);
+  CHECK(s.applied == rounds);
+  CHECK(s.pushes_on_plane == 2 * rounds);
+  auto v = f.plane->call(var_op::read, "emb", nullptr, true);
+  REQUIRE(v);
   CHECK(v->first.data<float>()[0] == -static_cast<float>(rounds) / 1024);
 }
