@@ -401,7 +401,7 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_rec
 // the aggregator after that join (it came through the old link's proxy)
 // takes it as left again (1 run in 3 under load, with such a fix).
 TEST_CASE("a ps of a sparse job stopped past connection_timeout_ms and continued takes its "
-          "workers back; the job runs its steps and every process exits 0",
+          "workers back: the job runs its steps and every process exits 0",
           "[sparse_job][processes][recovery]") {
   temp_dir dir;
   auto ck = dir.path + "/ck";

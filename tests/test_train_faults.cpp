@@ -318,7 +318,7 @@ TEST_CASE("a ps killed with SIGKILL and not restarted ends the job after ps_reco
 // both workers failed, though the ps was the same process with its state
 // whole. (The sparse job's case: tests/test_sparse_faults.cpp.)
 TEST_CASE("a ps of a dense sync job stopped past connection_timeout_ms and continued takes its "
-          "workers back; the job runs every step and every process exits 0",
+          "workers back: the job runs every step and every process exits 0",
           "[train][processes][recovery]") {
   temp_dir dir;
   job_spec spec;
