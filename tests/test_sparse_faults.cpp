@@ -349,6 +349,53 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP ends the job within step_ti
   CHECK(job->process("worker", 1).exit_code() != 0);
 }
 
+namespace {
+
+/// The steps of stopped_ps_job's job.
+constexpr uint64_t stopped_steps = 1500;
+
+/// An async sparse job of 2 ps and 2 workers (stopped_steps steps, a
+/// checkpoint every so often, ps recovery on; `extra` appended to its
+/// config) whose ps 1 is stopped with SIGSTOP once a checkpoint of step
+/// >= 100 is written, until the chief says it is gone and `longer` more
+/// (the fault's length, not a synchronization), then continued. async: a
+/// sync round that a worker stuck on the stopped ps never pushes to expires
+/// after step_timeout_ms and fails the other worker's step (a limit of sync
+/// rounds, not of the links).
+std::unique_ptr<train_job> stopped_ps_job(const temp_dir& dir, uint32_t recovery_ms,
+                                          const std::string& extra,
+                                          std::chrono::seconds longer) {
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = sparse_table(dir.path + "/ck", stopped_steps, "async",
+                                  "ps_recovery_timeout_ms = " + std::to_string(recovery_ms)
+                                    + "\n")
+                     + extra;
+  spec.sets = {"step_timeout_ms=1000"};
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
+  if (!job->wait_until(saved, 60s))
+    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
+  job->process("ps", 1).signal(SIGSTOP);
+  auto gone = job->wait_until(
+    [&] {
+      const auto& out = job->chief().output();
+      auto at = out.find("/job:ps/task:1 at 127.0.0.1:");
+      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
+    },
+    20s);
+  if (longer.count() > 0)
+    std::this_thread::sleep_for(longer);
+  job->process("ps", 1).signal(SIGCONT);
+  if (!gone)
+    FAIL("the chief did not say within 20 s that ps 1 does not answer:\n" << job->describe());
+  return job;
+}
+
+} // namespace
+
 // Catches a request timed out on a stopped ps taken for the end of the job
 // instead of a wait for it, and links that do not open their connections
 // again to a ps that answers again as the same process. (That a push sent
@@ -357,31 +404,8 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_rec
           "is taken as it is: the job finishes and every process exits 0",
           "[sparse_job][processes][recovery]") {
   temp_dir dir;
-  auto ck = dir.path + "/ck";
-  job_spec spec;
-  spec.ps_tasks = 2;
-  spec.workers = 2;
-  const uint64_t steps = 1500;
-  // async: a sync round held past step_timeout_ms by the stop fails its
-  // step, as any round that waits that long does.
-  spec.train_table = sparse_table(ck, steps, "async", "ps_recovery_timeout_ms = 20000\n");
-  spec.sets = {"step_timeout_ms=1000"};
-  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
-  auto job = train_job::start(dir.path, spec);
-  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
-  if (!job->wait_until(saved, 60s))
-    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
-  job->process("ps", 1).signal(SIGSTOP);
-  auto noticed = job->wait_until(
-    [&] {
-      const auto& out = job->chief().output();
-      auto at = out.find("/job:ps/task:1 at 127.0.0.1:");
-      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
-    },
-    15s);
-  job->process("ps", 1).signal(SIGCONT);
-  if (!noticed)
-    FAIL("the chief did not say within 15 s that ps 1 does not answer:\n" << job->describe());
+  auto job = stopped_ps_job(dir, 20000, "", 0s);
+  const auto steps = stopped_steps;
   check_all_exit_0(*job, 60s);
   const auto& out = job->chief().output();
   INFO(out);
@@ -404,38 +428,12 @@ TEST_CASE("a ps of a sparse job stopped past connection_timeout_ms and continued
           "workers back: the job runs its steps and every process exits 0",
           "[sparse_job][processes][recovery]") {
   temp_dir dir;
-  auto ck = dir.path + "/ck";
-  job_spec spec;
-  spec.ps_tasks = 2;
-  spec.workers = 2;
-  const uint64_t steps = 1500;
-  // async: a sync round on ps 0 that a worker stuck on the stopped ps
-  // never pushes to expires after step_timeout_ms and fails the step of
-  // the other worker, which did push (a limit of sync rounds, not of the
-  // link: it failed 2 runs in 5 so, at step 100, before the links broke).
-  spec.train_table = sparse_table(ck, steps, "async", "ps_recovery_timeout_ms = 30000\n")
-                     + "\n[node]\nheartbeat_ms = 200\nconnection_timeout_ms = 2000\n";
-  spec.sets = {"step_timeout_ms=1000"};
-  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
-  auto job = train_job::start(dir.path, spec);
-  auto saved = [&] { return last_checkpoint_step(job->chief().output()) >= 100u; };
-  if (!job->wait_until(saved, 60s))
-    FAIL("no checkpoint of step >= 100 within 60 s:\n" << job->describe());
-  job->process("ps", 1).signal(SIGSTOP);
-  auto gone = job->wait_until(
-    [&] {
-      const auto& out = job->chief().output();
-      auto at = out.find("/job:ps/task:1 at 127.0.0.1:");
-      return at != std::string::npos && out.find("is gone", at) != std::string::npos;
-    },
-    20s);
-  // Stopped twice connection_timeout_ms in all, so that its links to the
-  // workers break: the fault's length, not a synchronization (that they
-  // broke is checked below, in ps 1's own words).
-  std::this_thread::sleep_for(4s);
-  job->process("ps", 1).signal(SIGCONT);
-  if (!gone)
-    FAIL("the chief did not say within 20 s that ps 1 does not answer:\n" << job->describe());
+  // Stopped twice connection_timeout_ms in all (4 s past the chief's
+  // notice), so that its links to the workers break: that they broke is
+  // checked below, in ps 1's own words.
+  auto job = stopped_ps_job(dir, 30000,
+                            "\n[node]\nheartbeat_ms = 200\nconnection_timeout_ms = 2000\n", 4s);
+  const auto steps = stopped_steps;
   check_all_exit_0(*job, 90s);
   const auto& out = job->chief().output();
   INFO(job->describe());
