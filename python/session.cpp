@@ -362,7 +362,9 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
       if (key.owner != graph_)
         raise(af_error::invalid_argument, "feed '" + key.owner->g.at(key.out).name
                                             + "' is not of this session's graph");
-      feeds.emplace_back(key.out, from_python(item.second, dtype_hint(*graph_, key.out)));
+      auto value = from_python(item.second, dtype_hint(*graph_, key.out));
+      check_feed_shape(*graph_, key.out, value);
+      feeds.emplace_back(key.out, std::move(value));
     }
   snapshot();
   std::vector<result> results;

@@ -171,3 +171,31 @@ def test_gradient_descent_minimize_trains(ps_workers):
         np.testing.assert_allclose(sess.run(w).ravel(), [1.0, -2.0, 0.5], atol=1e-3)
         np.testing.assert_allclose(sess.run(b), [0.25], atol=1e-3)
     assert last < first * 1e-4
+
+
+def test_a_feed_of_another_shape_than_its_placeholder_is_refused():
+    # Catches: a placeholder's shape ignored (docs/python.md promises that it
+    # is checked; a feed of [3] ran through a placeholder of shape [2]).
+    p = af.placeholder(af.float32, [2])
+    q = af.placeholder(af.float32, [None, 3])
+    r = af.placeholder(af.float32)  # no shape: any
+    y, z, w = p * 2.0, q + 0.0, r + 0.0
+    with af.Session() as sess:
+        np.testing.assert_array_equal(sess.run(y, {p: [1, 2]}), [2, 4])
+        assert sess.run(z, {q: np.zeros([4, 3])}).shape == (4, 3)
+        assert sess.run(w, {r: np.zeros([1, 2, 3])}).shape == (1, 2, 3)
+        with pytest.raises(ValueError, match=r"shape \(3,\) for Tensor 'Placeholder:0', which has shape \(2,\)"):
+            sess.run(y, {p: [1, 2, 3]})
+        with pytest.raises(ValueError, match=r"shape \(1, 2\) .* which has shape \(None, 3\)"):
+            sess.run(z, {q: [[1, 2]]})
+        with pytest.raises(ValueError, match=r"shape \(1, 2\) .* which has shape \(2,\)"):
+            sess.run(y, {p: [[1, 2]]})
+
+
+def test_a_placeholder_shape_that_is_not_one_is_refused():
+    # Catches: a negative size, a float or a string taken as a shape.
+    for bad in ([-5], [1.5], "ab", [True], [2**63]):
+        with pytest.raises(ValueError, match="is not a shape"):
+            af.placeholder(af.float32, bad)
+    af.placeholder(af.float32, (np.int64(2), None, -1))
+    af.placeholder(af.float32, 3)
