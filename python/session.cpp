@@ -9,7 +9,9 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <deque>
 #include <mutex>
 
@@ -73,6 +75,18 @@ private:
   bool installed_ = false;
   struct sigaction previous_ {};
 };
+
+/// A timeout given in seconds, as the library's milliseconds: positive and
+/// finite (a NaN, a negative or 1e300 became an undefined cast, and a wait
+/// that gave up at once "after -9223372036854775808 ms"); at most a year.
+std::chrono::milliseconds seconds_arg(const char* what, double seconds) {
+  constexpr double most = 365.0 * 24 * 3600;
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > most)
+    throw py::value_error(std::string(what) + " is " + py::repr(py::float_(seconds)).cast<std::string>()
+                          + " seconds: give a positive number of seconds, at most a year (" +
+                          std::to_string(static_cast<int64_t>(most)) + ")");
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
+}
 
 class py_session {
 public:
@@ -180,7 +194,22 @@ private:
   std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
 
+/// Python's own bound on a recursion in C (RecursionError, as Python
+/// code nesting that deep gets): a fetch of lists nested 200,000 deep
+/// overflowed the C stack (SIGSEGV).
+class recursion_guard {
+public:
+  explicit recursion_guard(const char* where) {
+    if (Py_EnterRecursiveCall(where) != 0)
+      throw py::error_already_set();
+  }
+  ~recursion_guard() { Py_LeaveRecursiveCall(); }
+  recursion_guard(const recursion_guard&) = delete;
+  recursion_guard& operator=(const recursion_guard&) = delete;
+};
+
 void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
+  recursion_guard guard{" in the structure of Session.run's fetches"};
   if (py::isinstance<py_tensor>(f)) {
     const auto& t = f.cast<const py_tensor&>();
     if (t.owner != graph_)
@@ -212,6 +241,7 @@ void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
 }
 
 py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_t& next) const {
+  recursion_guard guard{" in the structure of Session.run's fetches"};
   if (py::isinstance<py_group>(f)) {
     next += f.cast<const py_group&>().members.size();
     return py::none();
@@ -353,6 +383,9 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
   std::vector<leaf> leaves;
   collect(fetches, leaves);
   std::vector<std::pair<output, tensor>> feeds;
+  if (!feed_dict.is_none() && !py::isinstance<py::dict>(feed_dict))
+    throw py::type_error("feed_dict is a dict of placeholder: value; got "
+                         + py::repr(feed_dict).cast<std::string>().substr(0, 80));
   if (!feed_dict.is_none())
     for (auto item : py::reinterpret_borrow<py::dict>(feed_dict)) {
       if (!py::isinstance<py_tensor>(item.first))
@@ -389,12 +422,16 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
   std::vector<output> wanted;
   if (!vars.is_none())
     for (auto v : vars) {
+      if (!py::isinstance<py_tensor>(v))
+        throw py::type_error("wait_initialized: var_list holds variables (af.Variable, "
+                             "af.get_variable); got " + py::repr(v).cast<std::string>().substr(0, 80));
       const auto& t = v.cast<const py_tensor&>();
       if (t.owner != graph_ || t.owner->g.variable_node(t.out) == nullptr)
         raise(af_error::invalid_argument, "wait_initialized: '" + t.owner->g.at(t.out).name
                                             + "' is not a variable of this session's graph");
       wanted.push_back(t.out);
     }
+  auto wait = seconds_arg("wait_initialized: timeout", timeout_s);
   snapshot();
   caf::error err;
   {
@@ -409,8 +446,7 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
       for (auto v : wanted)
         mapped_vars.push_back(mapped(v));
     if (!err)
-      err = s_->wait_initialized(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
-                                 mapped_vars);
+      err = s_->wait_initialized(wait, mapped_vars);
   }
   if (err)
     raise(err);
@@ -424,7 +460,7 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   opts.cancel = cancel;
   if (!timeout.is_none())
-    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout.cast<double>() * 1000));
+    opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
   caf::expected<session> s{caf::error{}};
   {
     py::gil_scoped_release unlocked;

@@ -199,3 +199,42 @@ def test_a_placeholder_shape_that_is_not_one_is_refused():
             af.placeholder(af.float32, bad)
     af.placeholder(af.float32, (np.int64(2), None, -1))
     af.placeholder(af.float32, 3)
+
+
+def test_feed_dict_that_is_not_a_dict_is_a_type_error():
+    # Catches: a list of pairs iterated as a dict (nothing fed, and the run
+    # then said the placeholder needs a value, which it had been given).
+    p = af.placeholder(af.float32, [2])
+    with af.Session() as sess:
+        with pytest.raises(TypeError, match="feed_dict is a dict"):
+            sess.run(p + 1.0, feed_dict=[(p, [1, 2])])
+
+
+def test_fetches_nested_too_deep_raise_recursion_error():
+    # Catches: the fetch structure walked recursively in C++ without a bound
+    # (200,000 nested lists overflowed the stack: SIGSEGV of the interpreter).
+    c = af.constant(1.0)
+    deep = c
+    for _ in range(200000):
+        deep = [deep]
+    with af.Session() as sess:
+        with pytest.raises(RecursionError):
+            sess.run(deep)
+        assert sess.run([[[c]]]) == [[[1.0]]]
+
+
+def test_timeouts_must_be_positive_seconds(local):
+    # Catches: NaN, negative or huge timeouts cast to milliseconds unchecked
+    # (a wait that gave up at once "after -9223372036854775808 ms").
+    v = af.get_variable("v", [1])
+    for bad in (float("nan"), -1.0, 0.0, 1e300, float("inf")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            af.Session(local.target("local", 0), timeout=bad)
+    with af.Session(local.target("local", 0), timeout=5) as sess:
+        sess.run(af.global_variables_initializer())
+        for bad in (float("nan"), -1.0, 1e300):
+            with pytest.raises(ValueError, match="positive number of seconds"):
+                sess.wait_initialized(bad)
+        sess.wait_initialized(5, [v])
+        with pytest.raises(TypeError, match="var_list holds variables"):
+            sess.wait_initialized(5, [3])
