@@ -95,6 +95,7 @@ const char* class_of(af_error code) {
       return "InternalError";
     case af_error::aborted:
     case af_error::mode_changed:
+    case af_error::left: // an aggregator took the worker as left: it joins again (TF: Aborted)
       return "AbortedError";
     case af_error::cancelled:
       return "CancelledError";
