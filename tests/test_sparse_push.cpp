@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -438,6 +439,50 @@ TEST_CASE("an aggregator takes only the push form of its spec", "[sparse_push]")
   auto r = d.push(0, 0, push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
   REQUIRE_FALSE(r);
   CHECK_THAT(describe(r.error()), Catch::Contains("no tables"));
+}
+
+TEST_CASE("worker index 2^32 - 1 over CAF is refused by every handler, and the aggregator grows "
+          "nothing for it", "[sparse_push]") {
+  // The data plane's frame carries a worker index in 16 bits; a CAF message
+  // carries 32. A handler that sized its members by the index before the
+  // bound (member() resizes to index + 1) would make a ps allocate 2^32
+  // members for one message of a stranger.
+  sparse_fixture f;
+  REQUIRE(f.spawn("sync", 2));
+  f.join(0);
+  f.join(1);
+  const uint32_t huge = std::numeric_limits<uint32_t>::max();
+  std::vector<std::string> refusals;
+  auto refused = [&](caf::error& e) { refusals.push_back(describe(e)); };
+  f.self
+    ->request(f.agg, 10s, join_atom::value, huge, std::string{"/job:worker/task:9"},
+              std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+    .receive([&](uint64_t, std::string&, uint64_t) { FAIL("a join of index 2^32 - 1 was taken"); },
+             refused);
+  f.self
+    ->request(f.agg, 10s, push_atom::value, sparse_atom::value, huge, uint64_t{0},
+              push_credentials{f.tokens[0], 1, ""},
+              push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})))
+    .receive([&](uint64_t, tensor&, bool) { FAIL("a push of index 2^32 - 1 was taken"); }, refused);
+  f.self->request(f.agg, 10s, closed_atom::value, huge, uint64_t{0}, f.tokens[0])
+    .receive([&](uint64_t, bool) { FAIL("a closed query of index 2^32 - 1 was answered"); }, refused);
+  f.self->request(f.agg, 10s, done_atom::value, huge, f.tokens[0], std::string{})
+    .receive([&](uint32_t) { FAIL("a done of index 2^32 - 1 was taken"); }, refused);
+  REQUIRE(refusals.size() == 4);
+  for (const auto& r : refusals)
+    CHECK_THAT(r, Catch::Contains("4294967295"));
+  // Nothing was made for it: two members, both still pushing, and a round
+  // of theirs closes.
+  CHECK(f.stats().workers.size() == 2);
+  auto p0 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{0},
+                            uint64_t{0}, push_credentials{f.tokens[0], 1, ""},
+                            push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
+  auto p1 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{1},
+                            uint64_t{0}, push_credentials{f.tokens[1], 1, ""},
+                            push_of(ids64({2}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
+  for (auto* p : {&p0, &p1})
+    p->receive([&](uint64_t g, tensor&, bool late) { CHECK(g == 1); CHECK_FALSE(late); },
+               [&](caf::error& e) { FAIL(describe(e)); });
 }
 
 TEST_CASE("an aggregator with tables refuses a pull, which would copy its tables whole",
