@@ -574,9 +574,9 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
     const auto& spec = self->state.cell->spec();
     self->state.waiters.fail_all([&](const auto&) {
       return make_error(af_error::gone, "variable " + quoted(spec) + " on " + spec.device
-                                          + " stopped (its node shut down: "
-                                          + caf::to_string(em.reason)
-                                          + ") while this request waited for its initialization");
+                                          + " stopped (" + caf::to_string(em.reason)
+                                          + ": its node shut down, or it was deleted) while "
+                                            "this request waited for its initialization");
     });
     self->quit(em.reason);
   });
