@@ -319,8 +319,17 @@ caf::error py_session::replay() {
     }
     auto o = replay_one(n);
     s_->builder().set_scopes({});
-    if (!o)
-      return std::move(o.error()); // the node stays queued: the next run tries it again
+    if (!o) { // the node stays queued: the next run tries it again
+      if (o.error().category() != error_category)
+        return std::move(o.error());
+      // Said, since the fetches may not need it (a constant run after a
+      // variable of /job:ps was made in the default graph): TF prunes first.
+      return make_error(static_cast<af_error>(o.error().code()),
+                        reason_of(o.error())
+                          + " (a session hands every node of its graph to the cluster at its "
+                            "first run, needed or not: build nodes meant for another cluster in "
+                            "an af.Graph() of their own, or call af.reset_default_graph())");
+    }
     ids_.push_back(o->id);
     std::lock_guard<std::mutex> guard{pending_mtx_};
     pending_.pop_front();
