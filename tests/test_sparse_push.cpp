@@ -624,6 +624,70 @@ TEST_CASE("rows are read and sparse pushes applied over the data plane", "[spars
   }
 }
 
+TEST_CASE("a push with the token its index had before it was joined again is refused saying "
+          "so", "[sparse_push][data_plane]") {
+  // A worker stopped past connection_timeout_ms is taken as left; another
+  // process with its --task may then join the index. When the first one is
+  // continued, its push was refused as a stranger's ("it does not carry the
+  // token that worker joined with"), which did not say what happened.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+    REQUIRE(s->variable("w", {2}, initializer::ones()));
+  }
+  REQUIRE_FALSE(s->initialize());
+  aggregator_spec spec;
+  spec.name = "test/sparse_rejoined";
+  spec.mode = "async";
+  spec.variables = {"emb", "w"};
+  spec.sparse = {"emb"};
+  spec.optimizer.kind = "sgd";
+  spec.optimizer.lr = 0.5;
+  spec.workers = 1;
+  auto agg = s->aggregator("ps", 0, spec);
+  REQUIRE(agg);
+  caf::scoped_actor self{s->system()};
+  auto join = [&] {
+    std::string token;
+    self
+      ->request(*agg, 10s, join_atom::value, uint32_t{0}, std::string{"/job:worker/task:0"},
+                std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+      .receive([&](uint64_t, std::string& t, uint64_t) { token = t; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    return token;
+  };
+  auto first = join();
+  // The first process's index is given up (here by its done; in the field by
+  // its link's timeout), and another join takes it.
+  self->request(*agg, 10s, done_atom::value, uint32_t{0}, first, std::string{})
+    .receive([](uint32_t) {}, [&](caf::error& e) { FAIL(describe(e)); });
+  auto second = join();
+  REQUIRE(second != first);
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  auto ch = data_channel::connect("127.0.0.1", info->data_port, "/job:ps/task:0", 5s);
+  REQUIRE(ch);
+  auto push = [&](const std::string& token, uint64_t seq) {
+    return (*ch)->push_sparse(spec.name, 0, 0, {floats_of({2}, {1, 1})}, {ids64({1})},
+                              {floats_of({1, 3}, {1, 1, 1})}, 10s, token, seq);
+  };
+  auto old = push(first, 1);
+  REQUIRE_FALSE(old);
+  CHECK(is(old.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(old.error()), Catch::Contains("before its index was joined again")
+                                      && Catch::Contains("one process runs per --task"));
+  std::string stranger(first.size(), 'x');
+  auto forged = push(stranger, 1);
+  REQUIRE_FALSE(forged);
+  CHECK_THAT(describe(forged.error()), Catch::Contains("does not carry the token"));
+  auto now = push(second, 1);
+  REQUIRE(now);
+}
+
 // -- pushes taken on the data plane's thread ------------------------------------
 //
 // The common sparse push is applied on the data-plane thread that read it,
