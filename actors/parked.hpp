@@ -11,6 +11,7 @@
 ///   waiters.release(self, [&](auto& run) { return ...; }, [&](auto&) { return v; });
 ///   [self](sweep_atom) { self->state.waiters.sweep(self, why); }
 ///   down handler: self->state.waiters.drop(dm.source);
+///   exit handler: self->state.waiters.fail_all(why); self->quit(em.reason);
 ///
 /// The owner's interface must accept `sweep_atom`.
 
@@ -109,6 +110,16 @@ public:
       forget(self, who);
     if (next)
       schedule_sweep(self, *next);
+  }
+
+  /// Fails every request with `why(entry)` at once: the owner is stopping
+  /// (CAF 0.17 answers nothing for a promise its actor drops, so each
+  /// requester would otherwise wait out its whole timeout).
+  template <class Why>
+  void fail_all(Why why) {
+    for (auto& e : items_)
+      e.promise.deliver(why(e));
+    items_.clear();
   }
 
   /// Drops the requests of a requester that died: nobody is left to answer.

@@ -80,11 +80,20 @@ std::string gate_refusal(const plane_request& req, const variable_directory::agg
                          const std::string& name, uint32_t worker, const std::string& token) {
   if (!agg.gate || agg.gate->holds(worker, token))
     return {};
-  auto msg = fmt::format("aggregator '{}' refused a push for worker {} from data-plane peer {} "
-                         "before reading its values: it does not carry the token that worker "
-                         "joined with (a worker joins, and is given its token, before it pushes; "
-                         "only the member that joined under an index speaks for it)",
-                         name, worker, req.peer());
+  auto msg =
+    agg.gate->replaced(worker, token)
+      ? fmt::format("aggregator '{}' refused a push for worker {} from data-plane peer {} "
+                    "before reading its values: it carries the token worker {} had before its "
+                    "index was joined again, by another process (a process taken as left while "
+                    "it was stopped or cut off past connection_timeout_ms, whose --task another "
+                    "one then took: this one no longer speaks for the index; check that one "
+                    "process runs per --task) or by this one on another connection",
+                    name, worker, req.peer(), worker)
+      : fmt::format("aggregator '{}' refused a push for worker {} from data-plane peer {} "
+                    "before reading its values: it does not carry the token that worker "
+                    "joined with (a worker joins, and is given its token, before it pushes; "
+                    "only the member that joined under an index speaks for it)",
+                    name, worker, req.peer());
   uint64_t count = 0;
   if (agg.gate->count_refusal(count))
     log::get()->warn("{} data plane: {} ({} refused so far)", req.node_name(), msg, count);

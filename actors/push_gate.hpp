@@ -50,6 +50,12 @@ public:
   /// time: a wrong token's timing says nothing of the right one).
   bool holds(uint32_t worker, const std::string& token) const;
 
+  /// True if `token` is the one `worker`'s latest join replaced: the index
+  /// was joined again (by another process while this one was taken as left,
+  /// or by this one on a new connection), so a push with it is refused
+  /// saying that, not as a stranger's.
+  bool replaced(uint32_t worker, const std::string& token) const;
+
   /// Counts a refusal; true for the 1st, 2nd, 4th, ... (the ones worth a
   /// log line: a stranger in a loop cannot flood the log), with the count.
   bool count_refusal(uint64_t& count);
@@ -65,6 +71,7 @@ private:
   /// then only read: no lock.
   plane_sparse_push sparse_push_;
   std::vector<std::string> tokens_; ///< by worker index; empty: not joined
+  std::vector<std::string> replaced_; ///< by worker index: the token the latest join replaced
   uint64_t refused_ = 0;
 };
 

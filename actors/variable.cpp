@@ -567,6 +567,19 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
   self->state.cell = std::move(cell);
   // A requester that dies takes its waiters with it: nobody is left to answer.
   self->set_down_handler([self](caf::down_msg& dm) { self->state.waiters.drop(dm.source); });
+  // Stopped (its node shut down or ended): its waiters hear it now, not at
+  // their deadline (a worker waiting init_timeout_ms for a chief whose
+  // failure had stopped the ps).
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    const auto& spec = self->state.cell->spec();
+    self->state.waiters.fail_all([&](const auto&) {
+      return make_error(af_error::gone, "variable " + quoted(spec) + " on " + spec.device
+                                          + " stopped (" + caf::to_string(em.reason)
+                                          + ": its node shut down, or it was deleted) while "
+                                            "this request waited for its initialization");
+    });
+    self->quit(em.reason);
+  });
   return {
     [self](var_op_atom, var_op op, tensor& operand, bool want_value) -> caf::result<tensor, uint64_t> {
       auto r = self->state.cell->apply(op, operand, want_value);

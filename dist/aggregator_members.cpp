@@ -43,7 +43,9 @@ std::string worker_name(const aggregator_actor_state& st, uint32_t w) {
 
 aggregator_member& member(aggregator_actor_state& st, uint32_t w) {
   if (w >= st.members.size()) {
-    st.members.resize(w + 1);
+    // size_t: w + 1 in 32 bits is 0 for index 2^32 - 1 (a resize to nothing,
+    // then a write past the end); the handlers bound w first all the same.
+    st.members.resize(static_cast<size_t>(w) + 1);
     for (size_t i = 0; i < st.members.size(); ++i)
       st.members[i].stats.worker = static_cast<uint32_t>(i);
   }

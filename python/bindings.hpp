@@ -69,7 +69,15 @@ void register_tensors(py::module_& m);
 struct py_graph {
   graph g;
   std::map<int32_t, dtype> placeholder_types;
+  /// A placeholder's shape as given (-1: any size on that axis); none given:
+  /// any shape. A feed is checked against it before the step runs (TF's
+  /// "Cannot feed value of shape ...").
+  std::map<int32_t, std::vector<int64_t>> placeholder_shapes;
 };
+
+/// Raises ValueError when `value` does not fit placeholder `o`'s shape
+/// (its rank, and each axis the placeholder fixes), naming both shapes.
+void check_feed_shape(const py_graph& g, output o, const tensor& value);
 using graph_ptr = std::shared_ptr<py_graph>;
 
 /// af.Tensor: one node of a graph (TF's Tensor, and Variable for a variable node).

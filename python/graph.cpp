@@ -43,6 +43,54 @@ const graph_node& node_of(const py_tensor& t) {
   return t.owner->g.at(t.out);
 }
 
+/// TF's shape of a placeholder (`shape=`): None is any shape; a list or
+/// tuple whose entries are sizes, or None / -1 for an axis of any size; an
+/// int n is (n,). Anything else (a negative size, a float, a string)
+/// raises ValueError naming it.
+std::optional<std::vector<int64_t>> placeholder_shape(const py::object& shape) {
+  if (shape.is_none())
+    return std::nullopt;
+  auto bad = [&] {
+    return py::value_error("placeholder shape " + py::repr(shape).cast<std::string>().substr(0, 80)
+                           + " is not a shape: a list of sizes, None or -1 for an axis of any "
+                             "size, or shape=None for any shape");
+  };
+  auto size = [&](py::handle d) -> int64_t {
+    if (d.is_none())
+      return -1;
+    if (!PyIndex_Check(d.ptr()) || py::isinstance<py::bool_>(d))
+      throw bad(); // an int, NumPy's too (not a float, not a bool)
+    int64_t v = 0;
+    try {
+      v = py::int_(py::reinterpret_borrow<py::object>(d)).cast<int64_t>();
+    } catch (py::cast_error&) {
+      throw bad(); // beyond int64
+    }
+    if (v < -1)
+      throw bad();
+    return v;
+  };
+  if (PyIndex_Check(shape.ptr()))
+    return std::vector<int64_t>{size(shape)}; // TF's shape=3: one axis of 3
+  if (!py::isinstance<py::sequence>(shape) || py::isinstance<py::str>(shape)
+      || py::isinstance<py::bytes>(shape))
+    throw bad();
+  std::vector<int64_t> dims;
+  for (auto d : shape)
+    dims.push_back(size(d));
+  return dims;
+}
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string out = "(";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    out += dims[i] < 0 ? std::string("None") : std::to_string(dims[i]);
+    if (i + 1 < dims.size() || dims.size() == 1)
+      out += i + 1 < dims.size() ? ", " : ",";
+  }
+  return out + ")";
+}
+
 /// A binary operator: `x op y` or, reflected, `y op x`.
 py_tensor binary(const py_tensor& x, py::handle other, const char* op, bool reflected) {
   auto y = as_node(x.owner, other, dtype_hint(*x.owner, x.out));
@@ -229,10 +277,13 @@ void register_builders(py::module_& m) {
   }, py::arg("value"), py::arg("dtype") = py::none(), py::arg("name") = py::none(),
         "a constant node (tf.constant); Python floats are float32, ints int32");
   m.def("placeholder", [](const py::object& type, const py::object& shape, const py::object& name) {
-    (void)shape; // shapes are checked when the step runs
+    auto t = type.is_none() ? dtype::float32 : to_dtype(type);
+    auto dims = placeholder_shape(shape);
     auto g = default_graph();
     auto o = g->g.placeholder(name_or(name, "Placeholder"));
-    g->placeholder_types[o.id] = type.is_none() ? dtype::float32 : to_dtype(type);
+    g->placeholder_types[o.id] = t;
+    if (dims)
+      g->placeholder_shapes[o.id] = std::move(*dims);
     return make(g, o);
   }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::arg("name") = py::none(),
         "a value given at run time in feed_dict (tf.placeholder); feeds are converted to its dtype");
@@ -333,6 +384,20 @@ dtype dtype_hint(const py_graph& pg, output o) {
   if (kernels::infer_op(n.op, n.attrs, in, out).ok())
     return out.type;
   return in.empty() ? dtype::float32 : in.front().type;
+}
+
+void check_feed_shape(const py_graph& pg, output o, const tensor& value) {
+  auto it = pg.placeholder_shapes.find(o.id);
+  if (it == pg.placeholder_shapes.end())
+    return;
+  const auto& want = it->second;
+  const auto& got = value.shape();
+  bool fits = got.size() == want.size();
+  for (size_t i = 0; fits && i < want.size(); ++i)
+    fits = want[i] < 0 || want[i] == got[i];
+  if (!fits)
+    throw py::value_error("Cannot feed value of shape " + shape_text(got) + " for Tensor '"
+                          + pg.g.at(o).name + ":0', which has shape " + shape_text(want));
 }
 
 output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like) {

@@ -9,7 +9,9 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -87,6 +89,18 @@ private:
   bool eligible_ = false, installed_ = false, seen_ = false;
   struct sigaction previous_ {};
 };
+
+/// A timeout given in seconds, as the library's milliseconds: positive and
+/// finite (a NaN, a negative or 1e300 became an undefined cast, and a wait
+/// that gave up at once "after -9223372036854775808 ms"); at most a year.
+std::chrono::milliseconds seconds_arg(const char* what, double seconds) {
+  constexpr double most = 365.0 * 24 * 3600;
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > most)
+    throw py::value_error(std::string(what) + " is " + py::repr(py::float_(seconds)).cast<std::string>()
+                          + " seconds: give a positive number of seconds, at most a year (" +
+                          std::to_string(static_cast<int64_t>(most)) + ")");
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
+}
 
 class py_session {
 public:
@@ -194,7 +208,22 @@ private:
   std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
 
+/// Python's own bound on a recursion in C (RecursionError, as Python
+/// code nesting that deep gets): a fetch of lists nested 200,000 deep
+/// overflowed the C stack (SIGSEGV).
+class recursion_guard {
+public:
+  explicit recursion_guard(const char* where) {
+    if (Py_EnterRecursiveCall(where) != 0)
+      throw py::error_already_set();
+  }
+  ~recursion_guard() { Py_LeaveRecursiveCall(); }
+  recursion_guard(const recursion_guard&) = delete;
+  recursion_guard& operator=(const recursion_guard&) = delete;
+};
+
 void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
+  recursion_guard guard{" in the structure of Session.run's fetches"};
   if (py::isinstance<py_tensor>(f)) {
     const auto& t = f.cast<const py_tensor&>();
     if (t.owner != graph_)
@@ -241,6 +270,7 @@ std::runtime_error fetches_changed() {
 } // namespace
 
 py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_t& next) const {
+  recursion_guard guard{" in the structure of Session.run's fetches"};
   auto take = [&](size_t n) {
     if (n > results.size() - next)
       throw fetches_changed();
@@ -324,8 +354,17 @@ caf::error py_session::replay() {
     }
     auto o = replay_one(n);
     s_->builder().set_scopes({});
-    if (!o)
-      return std::move(o.error()); // the node stays queued: the next run tries it again
+    if (!o) { // the node stays queued: the next run tries it again
+      if (o.error().category() != error_category)
+        return std::move(o.error());
+      // Said, since the fetches may not need it (a constant run after a
+      // variable of /job:ps was made in the default graph): TF prunes first.
+      return make_error(static_cast<af_error>(o.error().code()),
+                        reason_of(o.error())
+                          + " (a session hands every node of its graph to the cluster at its "
+                            "first run, needed or not: build nodes meant for another cluster in "
+                            "an af.Graph() of their own, or call af.reset_default_graph())");
+    }
     ids_.push_back(o->id);
     std::lock_guard<std::mutex> guard{pending_mtx_};
     pending_.pop_front();
@@ -388,6 +427,9 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
   std::vector<leaf> leaves;
   collect(fetches, leaves);
   std::vector<std::pair<output, tensor>> feeds;
+  if (!feed_dict.is_none() && !py::isinstance<py::dict>(feed_dict))
+    throw py::type_error("feed_dict is a dict of placeholder: value; got "
+                         + py::repr(feed_dict).cast<std::string>().substr(0, 80));
   if (!feed_dict.is_none())
     for (auto item : py::reinterpret_borrow<py::dict>(feed_dict)) {
       if (!py::isinstance<py_tensor>(item.first))
@@ -397,7 +439,9 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
       if (key.owner != graph_)
         raise(af_error::invalid_argument, "feed '" + key.owner->g.at(key.out).name
                                             + "' is not of this session's graph");
-      feeds.emplace_back(key.out, from_python(item.second, dtype_hint(*graph_, key.out)));
+      auto value = from_python(item.second, dtype_hint(*graph_, key.out));
+      check_feed_shape(*graph_, key.out, value);
+      feeds.emplace_back(key.out, std::move(value));
     }
   snapshot();
   std::vector<result> results;
@@ -427,12 +471,16 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
   std::vector<output> wanted;
   if (!vars.is_none())
     for (auto v : vars) {
+      if (!py::isinstance<py_tensor>(v))
+        throw py::type_error("wait_initialized: var_list holds variables (af.Variable, "
+                             "af.get_variable); got " + py::repr(v).cast<std::string>().substr(0, 80));
       const auto& t = v.cast<const py_tensor&>();
       if (t.owner != graph_ || t.owner->g.variable_node(t.out) == nullptr)
         raise(af_error::invalid_argument, "wait_initialized: '" + t.owner->g.at(t.out).name
                                             + "' is not a variable of this session's graph");
       wanted.push_back(t.out);
     }
+  auto wait = seconds_arg("wait_initialized: timeout", timeout_s);
   snapshot();
   caf::error err;
   {
@@ -447,8 +495,7 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
       for (auto v : wanted)
         mapped_vars.push_back(mapped(v));
     if (!err)
-      err = s_->wait_initialized(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
-                                 mapped_vars);
+      err = s_->wait_initialized(wait, mapped_vars);
   }
   if (err)
     raise(err);
@@ -462,7 +509,7 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   opts.cancel = cancel;
   if (!timeout.is_none())
-    opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout.cast<double>() * 1000));
+    opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
   caf::expected<session> s{caf::error{}};
   {
     py::gil_scoped_release unlocked;

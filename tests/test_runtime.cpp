@@ -160,6 +160,60 @@ TEST_CASE("an executor forgets the graphs of an owner that terminates", "[runtim
   (void) owner;
 }
 
+TEST_CASE("a wait for initialization ends when the variable's node shuts down, not at its "
+          "deadline", "[runtime]") {
+  // CAF 0.17 answers nothing for the promise of an actor that stops: the
+  // waiter of a variable whose ps was shut down waited out its whole timeout
+  // (an embedded sparse job whose chief failed its restore: 60 s).
+  auto ec = embedded_cluster::start({{"ps", 1}, {"worker", 2}});
+  REQUIRE(ec);
+  auto chief = (*ec)->session_for("worker", 0);
+  auto other = (*ec)->session_for("worker", 1);
+  REQUIRE(chief);
+  REQUIRE(other);
+  output v;
+  {
+    auto d = other->device("/job:ps/task:0");
+    v = *other->variable("v", {}, initializer::constant(2));
+  }
+  std::mutex mtx;
+  std::condition_variable cv;
+  bool waiting = false;
+  caf::error got;
+  bool ended = false;
+  std::thread waiter([&] {
+    {
+      std::lock_guard<std::mutex> g{mtx};
+      waiting = true;
+    }
+    cv.notify_all();
+    auto err = other->wait_initialized(60s, {v});
+    std::lock_guard<std::mutex> g{mtx};
+    got = std::move(err);
+    ended = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock{mtx};
+    cv.wait(lock, [&] { return waiting; });
+  }
+  // Parked at the variable (its info counts the waiter), then the ps goes.
+  REQUIRE(eventually([&] {
+    auto vars = chief->list_variables("ps", 0);
+    return vars && vars->size() == 1 && vars->front().waiters == 1;
+  }));
+  REQUIRE_FALSE(chief->shutdown("ps", 0));
+  bool in_time = false;
+  {
+    std::unique_lock<std::mutex> lock{mtx};
+    in_time = cv.wait_for(lock, 20s, [&] { return ended; });
+  }
+  waiter.join();
+  CHECK(in_time);
+  REQUIRE(got);
+  CHECK_THAT(describe(got), Catch::Contains("'v'") && Catch::Contains("stopped"));
+}
+
 TEST_CASE("a session that ends leaves no graphs on the executors", "[runtime]") {
   auto ec = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
   REQUIRE(ec);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -440,6 +441,50 @@ TEST_CASE("an aggregator takes only the push form of its spec", "[sparse_push]")
   CHECK_THAT(describe(r.error()), Catch::Contains("no tables"));
 }
 
+TEST_CASE("worker index 2^32 - 1 over CAF is refused by every handler, and the aggregator grows "
+          "nothing for it", "[sparse_push]") {
+  // The data plane's frame carries a worker index in 16 bits; a CAF message
+  // carries 32. A handler that sized its members by the index before the
+  // bound (member() resizes to index + 1) would make a ps allocate 2^32
+  // members for one message of a stranger.
+  sparse_fixture f;
+  REQUIRE(f.spawn("sync", 2));
+  f.join(0);
+  f.join(1);
+  const uint32_t huge = std::numeric_limits<uint32_t>::max();
+  std::vector<std::string> refusals;
+  auto refused = [&](caf::error& e) { refusals.push_back(describe(e)); };
+  f.self
+    ->request(f.agg, 10s, join_atom::value, huge, std::string{"/job:worker/task:9"},
+              std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+    .receive([&](uint64_t, std::string&, uint64_t) { FAIL("a join of index 2^32 - 1 was taken"); },
+             refused);
+  f.self
+    ->request(f.agg, 10s, push_atom::value, sparse_atom::value, huge, uint64_t{0},
+              push_credentials{f.tokens[0], 1, ""},
+              push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})))
+    .receive([&](uint64_t, tensor&, bool) { FAIL("a push of index 2^32 - 1 was taken"); }, refused);
+  f.self->request(f.agg, 10s, closed_atom::value, huge, uint64_t{0}, f.tokens[0])
+    .receive([&](uint64_t, bool) { FAIL("a closed query of index 2^32 - 1 was answered"); }, refused);
+  f.self->request(f.agg, 10s, done_atom::value, huge, f.tokens[0], std::string{})
+    .receive([&](uint32_t) { FAIL("a done of index 2^32 - 1 was taken"); }, refused);
+  REQUIRE(refusals.size() == 4);
+  for (const auto& r : refusals)
+    CHECK_THAT(r, Catch::Contains("4294967295"));
+  // Nothing was made for it: two members, both still pushing, and a round
+  // of theirs closes.
+  CHECK(f.stats().workers.size() == 2);
+  auto p0 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{0},
+                            uint64_t{0}, push_credentials{f.tokens[0], 1, ""},
+                            push_of(ids64({1}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
+  auto p1 = f.self->request(f.agg, 10s, push_atom::value, sparse_atom::value, uint32_t{1},
+                            uint64_t{0}, push_credentials{f.tokens[1], 1, ""},
+                            push_of(ids64({2}), floats_of({1, 3}, {1, 1, 1}), floats_of({2}, {1, 1})));
+  for (auto* p : {&p0, &p1})
+    p->receive([&](uint64_t g, tensor&, bool late) { CHECK(g == 1); CHECK_FALSE(late); },
+               [&](caf::error& e) { FAIL(describe(e)); });
+}
+
 TEST_CASE("an aggregator with tables refuses a pull, which would copy its tables whole",
           "[sparse_push]") {
   sparse_fixture f;
@@ -577,6 +622,70 @@ TEST_CASE("rows are read and sparse pushes applied over the data plane", "[spars
     CHECK_THAT(describe(dense.error()), Catch::Contains("push_sparse"));
     CHECK_FALSE(c.broken());
   }
+}
+
+TEST_CASE("a push with the token its index had before it was joined again is refused saying "
+          "so", "[sparse_push][data_plane]") {
+  // A worker stopped past connection_timeout_ms is taken as left; another
+  // process with its --task may then join the index. When the first one is
+  // continued, its push was refused as a stranger's ("it does not carry the
+  // token that worker joined with"), which did not say what happened.
+  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  {
+    auto scope = s->device("/job:ps/task:0");
+    REQUIRE(s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+    REQUIRE(s->variable("w", {2}, initializer::ones()));
+  }
+  REQUIRE_FALSE(s->initialize());
+  aggregator_spec spec;
+  spec.name = "test/sparse_rejoined";
+  spec.mode = "async";
+  spec.variables = {"emb", "w"};
+  spec.sparse = {"emb"};
+  spec.optimizer.kind = "sgd";
+  spec.optimizer.lr = 0.5;
+  spec.workers = 1;
+  auto agg = s->aggregator("ps", 0, spec);
+  REQUIRE(agg);
+  caf::scoped_actor self{s->system()};
+  auto join = [&] {
+    std::string token;
+    self
+      ->request(*agg, 10s, join_atom::value, uint32_t{0}, std::string{"/job:worker/task:0"},
+                std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+      .receive([&](uint64_t, std::string& t, uint64_t) { token = t; },
+               [&](caf::error& e) { FAIL(describe(e)); });
+    return token;
+  };
+  auto first = join();
+  // The first process's index is given up (here by its done; in the field by
+  // its link's timeout), and another join takes it.
+  self->request(*agg, 10s, done_atom::value, uint32_t{0}, first, std::string{})
+    .receive([](uint32_t) {}, [&](caf::error& e) { FAIL(describe(e)); });
+  auto second = join();
+  REQUIRE(second != first);
+  auto info = s->ping("ps", 0);
+  REQUIRE(info);
+  auto ch = data_channel::connect("127.0.0.1", info->data_port, "/job:ps/task:0", 5s);
+  REQUIRE(ch);
+  auto push = [&](const std::string& token, uint64_t seq) {
+    return (*ch)->push_sparse(spec.name, 0, 0, {floats_of({2}, {1, 1})}, {ids64({1})},
+                              {floats_of({1, 3}, {1, 1, 1})}, 10s, token, seq);
+  };
+  auto old = push(first, 1);
+  REQUIRE_FALSE(old);
+  CHECK(is(old.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(old.error()), Catch::Contains("before its index was joined again")
+                                      && Catch::Contains("one process runs per --task"));
+  std::string stranger(first.size(), 'x');
+  auto forged = push(stranger, 1);
+  REQUIRE_FALSE(forged);
+  CHECK_THAT(describe(forged.error()), Catch::Contains("does not carry the token"));
+  auto now = push(second, 1);
+  REQUIRE(now);
 }
 
 // -- pushes taken on the data plane's thread ------------------------------------

@@ -86,3 +86,14 @@ def test_shape_mismatch_is_invalid_argument(local):
         with pytest.raises(errors.InvalidArgumentError) as e:
             sess.run(a @ b)
     assert "matmul" in e.value.message
+
+
+def test_import_without_numpy_says_what_to_do():
+    # Catches: "ImportError: initialization failed" alone, what a pyenv
+    # python3 of Debian's version (no NumPy) got for `import actorflow`.
+    import subprocess
+    import sys
+    code = "import sys; sys.modules['numpy'] = None; import actorflow"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "actorflow needs NumPy" in r.stderr and "built for" in r.stderr

@@ -192,3 +192,81 @@ def test_gradient_descent_minimize_trains(ps_workers):
         np.testing.assert_allclose(sess.run(w).ravel(), [1.0, -2.0, 0.5], atol=1e-3)
         np.testing.assert_allclose(sess.run(b), [0.25], atol=1e-3)
     assert last < first * 1e-4
+
+
+def test_a_feed_of_another_shape_than_its_placeholder_is_refused():
+    # Catches: a placeholder's shape ignored (docs/python.md promises that it
+    # is checked; a feed of [3] ran through a placeholder of shape [2]).
+    p = af.placeholder(af.float32, [2])
+    q = af.placeholder(af.float32, [None, 3])
+    r = af.placeholder(af.float32)  # no shape: any
+    y, z, w = p * 2.0, q + 0.0, r + 0.0
+    with af.Session() as sess:
+        np.testing.assert_array_equal(sess.run(y, {p: [1, 2]}), [2, 4])
+        assert sess.run(z, {q: np.zeros([4, 3])}).shape == (4, 3)
+        assert sess.run(w, {r: np.zeros([1, 2, 3])}).shape == (1, 2, 3)
+        with pytest.raises(ValueError, match=r"shape \(3,\) for Tensor 'Placeholder:0', which has shape \(2,\)"):
+            sess.run(y, {p: [1, 2, 3]})
+        with pytest.raises(ValueError, match=r"shape \(1, 2\) .* which has shape \(None, 3\)"):
+            sess.run(z, {q: [[1, 2]]})
+        with pytest.raises(ValueError, match=r"shape \(1, 2\) .* which has shape \(2,\)"):
+            sess.run(y, {p: [[1, 2]]})
+
+
+def test_a_placeholder_shape_that_is_not_one_is_refused():
+    # Catches: a negative size, a float or a string taken as a shape.
+    for bad in ([-5], [1.5], "ab", [True], [2**63]):
+        with pytest.raises(ValueError, match="is not a shape"):
+            af.placeholder(af.float32, bad)
+    af.placeholder(af.float32, (np.int64(2), None, -1))
+    af.placeholder(af.float32, 3)
+
+
+def test_feed_dict_that_is_not_a_dict_is_a_type_error():
+    # Catches: a list of pairs iterated as a dict (nothing fed, and the run
+    # then said the placeholder needs a value, which it had been given).
+    p = af.placeholder(af.float32, [2])
+    with af.Session() as sess:
+        with pytest.raises(TypeError, match="feed_dict is a dict"):
+            sess.run(p + 1.0, feed_dict=[(p, [1, 2])])
+
+
+def test_fetches_nested_too_deep_raise_recursion_error():
+    # Catches: the fetch structure walked recursively in C++ without a bound
+    # (200,000 nested lists overflowed the stack: SIGSEGV of the interpreter).
+    c = af.constant(1.0)
+    deep = c
+    for _ in range(200000):
+        deep = [deep]
+    with af.Session() as sess:
+        with pytest.raises(RecursionError):
+            sess.run(deep)
+        assert sess.run([[[c]]]) == [[[1.0]]]
+
+
+def test_timeouts_must_be_positive_seconds(local):
+    # Catches: NaN, negative or huge timeouts cast to milliseconds unchecked
+    # (a wait that gave up at once "after -9223372036854775808 ms").
+    v = af.get_variable("v", [1])
+    for bad in (float("nan"), -1.0, 0.0, 1e300, float("inf")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            af.Session(local.target("local", 0), timeout=bad)
+    with af.Session(local.target("local", 0), timeout=5) as sess:
+        sess.run(af.global_variables_initializer())
+        for bad in (float("nan"), -1.0, 1e300):
+            with pytest.raises(ValueError, match="positive number of seconds"):
+                sess.wait_initialized(bad)
+        sess.wait_initialized(5, [v])
+        with pytest.raises(TypeError, match="var_list holds variables"):
+            sess.wait_initialized(5, [3])
+
+
+def test_a_node_for_another_cluster_says_that_every_node_is_handed_over(local):
+    # Catches: the refusal of a variable the fetches do not need, with no word
+    # of why a run of a constant touched it (TF prunes the graph first).
+    with af.device("/job:ps/task:0"):
+        af.Variable(1.0, name="var")
+    with af.Session(local.target("local", 0)) as sess:
+        with pytest.raises(af.errors.InvalidArgumentError, match="every node of its graph") as e:
+            sess.run(af.constant(3))
+    assert "job 'ps' is not in the cluster" in str(e.value) and e.value.code == "unknown_device"
