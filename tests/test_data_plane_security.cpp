@@ -580,7 +580,7 @@ TEST_CASE("a peer that never finishes its TLS handshake is dropped after the fra
     10s));
 }
 
-TEST_CASE("a stranger's sockets that never finish a TLS handshake cannot take every slot: a "
+TEST_CASE("a stranger's sockets that never finish a TLS handshake cannot take every slot, a "
           "member on another host is still served",
           "[plane][tls]") {
   // The bug it catches: connections in their handshake counted toward

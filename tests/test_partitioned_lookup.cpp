@@ -107,7 +107,7 @@ TEST_CASE("a table over 3 ps, each shard on its ps, each shard's gather runs the
 }
 
 TEST_CASE("unsorted_segment_sum with num_segments 2^63 - 1 on a worker is refused naming it, and "
-          "the worker answers the next run (issue 25 F1: the node stopped)",
+          "the worker answers the next run (issue 25 F1, the node stopped)",
           "[sparse][cluster]") {
   auto ec = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
   REQUIRE(ec);

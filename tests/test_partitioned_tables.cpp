@@ -156,7 +156,7 @@ TEST_CASE("mod and div refuse shards not of TF's sizes, naming the sizes they ne
 }
 
 TEST_CASE("shard sizes that add up past int64 are refused, and one shard of 2^63 - 1 rows "
-          "routes by div (issue 25 F5: a signed overflow garbled the error)",
+          "routes by div (issue 25 F5, a signed overflow garbled the error)",
           "[partitioned][routing]") {
   shard_router r;
   auto st = shard_router::make(partition_strategy::contiguous, {INT64_MAX, INT64_MAX}, r);

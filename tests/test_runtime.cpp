@@ -451,7 +451,7 @@ caf::expected<step_result> register_and_run(caf::scoped_actor& self, const execu
 } // namespace
 
 TEST_CASE("an exception from a kernel is an error naming the op, and the executor runs the next "
-          "step (issue 25 F1: it stopped the node)", "[runtime][kernels]") {
+          "step (issue 25 F1, it stopped the node)", "[runtime][kernels]") {
   executor_fixture f;
   auto exec = f.sys.spawn(executor_impl, std::string{"/job:t/replica:0/task:0/device:CPU:0"},
                           std::shared_ptr<kernels::backend>{std::make_shared<throwing_backend>()},

@@ -118,7 +118,7 @@ TEST_CASE("an answer slot is the client's until its last copy is dropped: with b
 // a slot written while the client holds its answer (the held values
 // change), a slot the client never gives back, an answer larger than the
 // slots not carried by the ring.
-TEST_CASE("answers held in place by a client on shared memory do not change as the next come: a "
+TEST_CASE("answers held in place by a client on shared memory do not change as the next come, a "
           "third, or a larger one, goes through the ring",
           "[shm][in_place][wire]") {
   auto srv = value_of(data_plane_server::start(std::make_shared<step_handler>(), "127.0.0.1", 0,

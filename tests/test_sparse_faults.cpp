@@ -401,7 +401,7 @@ std::unique_ptr<train_job> stopped_ps_job(const temp_dir& dir, uint32_t recovery
 // again to a ps that answers again as the same process. (That a push sent
 // again keeps its number is not seen here: async applies either.)
 TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_recovery_timeout_ms "
-          "is taken as it is: the job finishes and every process exits 0",
+          "is taken as it is, the job finishes and every process exits 0",
           "[sparse_job][processes][recovery]") {
   temp_dir dir;
   auto job = stopped_ps_job(dir, 20000, "", 0s);
@@ -425,7 +425,7 @@ TEST_CASE("a ps of a sparse job stopped with SIGSTOP and continued within ps_rec
 // the aggregator after that join (it came through the old link's proxy)
 // takes it as left again (1 run in 3 under load, with such a fix).
 TEST_CASE("a ps of a sparse job stopped past connection_timeout_ms and continued takes its "
-          "workers back: the job runs its steps and every process exits 0",
+          "workers back, the job runs its steps and every process exits 0",
           "[sparse_job][processes][recovery]") {
   temp_dir dir;
   // Stopped twice connection_timeout_ms in all (4 s past the chief's

@@ -134,7 +134,7 @@ TEST_CASE("gather's shape rule takes ids or rows whose size is known only at run
 }
 
 TEST_CASE("a scatter is not bounded as a gather's result: it allocates none (catches a scalar "
-          "update of many rows refused as \"gather: ids = ...\")",
+          "update of many rows refused as \"gather, ids = ...\")",
           "[sparse][scatter]") {
   // The bound lowered to 1 KiB (as a node with a small max_message_bytes
   // would set it): 256 ids of rows of 2 float64 name 4 KiB of rows, but a
@@ -250,7 +250,7 @@ TEST_CASE("unsorted_segment_sum refuses an id >= num_segments naming it (catches
 }
 
 TEST_CASE("unsorted_segment_sum refuses a num_segments past the bound before allocating, naming "
-          "it, its value and the bound (issue 25 F1/F2: a 1-element input sized a 2^63 or "
+          "it, its value and the bound (issue 25 F1/F2, a 1-element input sized a 2^63 or "
           "19.5 GB result)", "[sparse][segment_sum]") {
   graph g;
   auto data = g.constant(tensor::from_values<double>({1, 2}, {1.0, 2.0}));

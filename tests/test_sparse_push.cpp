@@ -933,7 +933,7 @@ TEST_CASE("sync rounds whose pushes come over the data plane and through the act
 }
 
 TEST_CASE("sync rounds whose every push comes over the data plane are taken on the plane's "
-          "threads: the last push of a round releases it and wakes the other's thread",
+          "threads, the last push of a round releases it and wakes the other's thread",
           "[sparse_push][data_plane]") {
   // Catches: a plane path that never takes a push (every push through the
   // actor would pass the tests above), and a release on one plane thread

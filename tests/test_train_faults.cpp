@@ -318,7 +318,7 @@ TEST_CASE("a ps killed with SIGKILL and not restarted ends the job after ps_reco
 // both workers failed, though the ps was the same process with its state
 // whole. (The sparse job's case: tests/test_sparse_faults.cpp.)
 TEST_CASE("a ps of a dense sync job stopped past connection_timeout_ms and continued takes its "
-          "workers back: the job runs every step and every process exits 0",
+          "workers back, the job runs every step and every process exits 0",
           "[train][processes][recovery]") {
   temp_dir dir;
   job_spec spec;
@@ -716,7 +716,7 @@ TEST_CASE("a restarted chief that finds one ps live and one without state, and a
 // first still runs the job, is refused (the ps counts the first as worker
 // 0), and stopped the ps of the healthy job on its way out (issue 22, 7).
 TEST_CASE("a second chief started while the first still runs the job is refused and leaves the "
-          "job's ps alone: the job finishes and every process of it exits 0",
+          "job's ps alone, the job finishes and every process of it exits 0",
           "[train][processes][recovery]") {
   temp_dir dir;
   job_spec spec;
