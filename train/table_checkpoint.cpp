@@ -17,8 +17,8 @@
 #include <fmt/ranges.h>
 #include <openssl/crypto.h>
 
-#include "core/read_file.hpp"
 #include "train/digest.hpp"
+#include "train/table_files.hpp"
 
 namespace af::train {
 
@@ -137,93 +137,6 @@ graph_status check_layout(const table_checkpoint_layout& l, const std::string& w
   return ok();
 }
 
-/// A file being written through `<path>.tmp`: removed unless committed.
-class durable_file {
-public:
-  explicit durable_file(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
-  durable_file(const durable_file&) = delete;
-  durable_file& operator=(const durable_file&) = delete;
-  ~durable_file() {
-    if (fd_ >= 0)
-      ::close(fd_);
-    if (!committed_)
-      ::unlink(tmp_.c_str());
-  }
-
-  graph_status open() {
-    // A fresh file: a leftover of a crash goes, a planted link is not followed.
-    if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT)
-      return io_error("remove the leftover temporary file", tmp_);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      return io_error("create table checkpoint file", tmp_);
-    return ok();
-  }
-
-  graph_status write(const char* data, size_t n) {
-    while (n > 0) {
-      auto got = ::write(fd_, data, n);
-      if (got < 0 && errno == EINTR)
-        continue;
-      if (got < 0)
-        return io_error("write table checkpoint file", tmp_);
-      data += got;
-      n -= static_cast<size_t>(got);
-    }
-    return ok();
-  }
-
-  /// fsync, close, rename into place, fsync the directory `dir`.
-  graph_status commit(const std::string& dir) {
-    if (::fsync(fd_) != 0)
-      return io_error("fsync table checkpoint file", tmp_);
-    int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0)
-      return io_error("close table checkpoint file", tmp_);
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      return io_error("rename the table checkpoint into", path_);
-    committed_ = true;
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-      return io_error("open checkpoint directory", dir);
-    int rc = ::fsync(dfd);
-    ::close(dfd);
-    if (rc != 0)
-      return io_error("fsync checkpoint directory", dir);
-    return ok();
-  }
-
-private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-/// Reads exactly `n` bytes at `offset`; false if the file ends first.
-bool pread_exact(int fd, char* out, size_t n, uint64_t offset) {
-  while (n > 0) {
-    auto got = ::pread(fd, out, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got <= 0)
-      return false;
-    out += got;
-    n -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return true;
-}
-
-/// Opens a regular file (never a FIFO or device) to read; its size in `size`.
-outcome<int> open_for_reading(const std::string& path, const std::string& what,
-                              uint64_t& size) {
-  int fd = -1;
-  auto why = open_regular_file(path, std::numeric_limits<uint64_t>::max(), fd, false, &size);
-  auto code = errno == ENOENT ? af_error::not_found : af_error::invalid_argument;
-  if (!why.empty())
-    return invalid(fmt::format("cannot read {} '{}': {}", what, path, why), code);
-  return fd;
-}
 
 /// The fields of a header's bytes `h` (without magic, length and checksum).
 outcome<shard_header> decode_header(const std::string& h, const std::string& path) {
