@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -526,27 +527,54 @@ TEST_CASE("average refuses sparse tables when the aggregator is spawned, and so 
 
 // -- over the data plane --------------------------------------------------------------
 
-TEST_CASE("rows are read and sparse pushes applied over the data plane", "[sparse_push][data_plane]") {
-  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
-  REQUIRE(cluster);
+namespace {
+
+/// A small job on one ps of an embedded cluster: a 6 x 3 table "emb" (the
+/// ramp) and "w" (ones), initialized, and an async aggregator `name` of
+/// them (emb sparse, SGD at 0.5; `workers` of them, 0: the spec's own).
+struct small_plane_job {
+  std::unique_ptr<embedded_cluster> cluster;
+  std::optional<session> s; ///< a worker's, on the cluster (ended before it)
+  aggregator_spec spec;
+  aggregator_actor agg;
+};
+
+small_plane_job start_small_plane_job(const std::string& name, uint32_t workers = 0) {
+  small_plane_job j;
+  auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  REQUIRE(c);
+  j.cluster = std::move(*c);
+  auto s = j.cluster->session_for("worker", 0);
+  REQUIRE(s);
+  j.s.emplace(std::move(*s));
   {
-    auto s = (*cluster)->session_for("worker", 0);
-    REQUIRE(s);
-    {
-      auto scope = s->device("/job:ps/task:0");
-      REQUIRE(s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
-      REQUIRE(s->variable("w", {2}, initializer::ones()));
-    }
-    REQUIRE_FALSE(s->initialize());
-    aggregator_spec spec;
-    spec.name = "test/sparse_plane";
-    spec.mode = "async";
-    spec.variables = {"emb", "w"};
-    spec.sparse = {"emb"};
-    spec.optimizer.kind = "sgd";
-    spec.optimizer.lr = 0.5;
-    auto agg = s->aggregator("ps", 0, spec);
-    REQUIRE(agg);
+    auto scope = j.s->device("/job:ps/task:0");
+    REQUIRE(j.s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+    REQUIRE(j.s->variable("w", {2}, initializer::ones()));
+  }
+  REQUIRE_FALSE(j.s->initialize());
+  j.spec.name = name;
+  j.spec.mode = "async";
+  j.spec.variables = {"emb", "w"};
+  j.spec.sparse = {"emb"};
+  j.spec.optimizer.kind = "sgd";
+  j.spec.optimizer.lr = 0.5;
+  if (workers > 0)
+    j.spec.workers = workers;
+  auto agg = j.s->aggregator("ps", 0, j.spec);
+  REQUIRE(agg);
+  j.agg = *agg;
+  return j;
+}
+
+} // namespace
+
+TEST_CASE("rows are read and sparse pushes applied over the data plane", "[sparse_push][data_plane]") {
+  auto job = start_small_plane_job("test/sparse_plane");
+  {
+    auto& s = job.s;
+    const auto& spec = job.spec;
+    auto* agg = &job.agg;
     caf::scoped_actor self{s->system()};
     std::string token;
     self
@@ -630,26 +658,10 @@ TEST_CASE("a push with the token its index had before it was joined again is ref
   // process with its --task may then join the index. When the first one is
   // continued, its push was refused as a stranger's ("it does not carry the
   // token that worker joined with"), which did not say what happened.
-  auto cluster = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
-  REQUIRE(cluster);
-  auto s = (*cluster)->session_for("worker", 0);
-  REQUIRE(s);
-  {
-    auto scope = s->device("/job:ps/task:0");
-    REQUIRE(s->variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
-    REQUIRE(s->variable("w", {2}, initializer::ones()));
-  }
-  REQUIRE_FALSE(s->initialize());
-  aggregator_spec spec;
-  spec.name = "test/sparse_rejoined";
-  spec.mode = "async";
-  spec.variables = {"emb", "w"};
-  spec.sparse = {"emb"};
-  spec.optimizer.kind = "sgd";
-  spec.optimizer.lr = 0.5;
-  spec.workers = 1;
-  auto agg = s->aggregator("ps", 0, spec);
-  REQUIRE(agg);
+  auto job = start_small_plane_job("test/sparse_rejoined", 1);
+  auto& s = job.s;
+  const auto& spec = job.spec;
+  auto* agg = &job.agg;
   caf::scoped_actor self{s->system()};
   auto join = [&] {
     std::string token;
