@@ -23,6 +23,7 @@
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 #include "process_cluster.hpp"
+#include "value_of.hpp"
 
 namespace af::testing {
 
@@ -107,13 +108,6 @@ private:
   std::unique_ptr<system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;
 };
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
 
 inline void require_ok(const caf::error& err) {
   if (err)

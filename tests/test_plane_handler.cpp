@@ -14,20 +14,14 @@
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
 #include "net/plane_handler.hpp"
+#include "value_of.hpp"
 #include "core/wire_format.hpp"
 
 using namespace af;
+using af::testing::value_of;
 using namespace std::chrono_literals;
 
 namespace {
-
-/// The value of `x`, or the test fails with its error.
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
 
 /// Echoes a variable op's operand (version 1000 + the request's), answers a
 /// pull with step 77 and three floats, refuses edges and the variable

@@ -17,20 +17,15 @@
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
 #include "net/plane_handler.hpp"
+#include "value_of.hpp"
 #include "net/shm_ring.hpp"
 #include "net/shm_segment.hpp"
 
 using namespace af;
+using af::testing::value_of;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
 
 /// `n` floats, all `v`.
 std::vector<float> all(size_t n, float v) {

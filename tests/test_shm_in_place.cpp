@@ -21,19 +21,14 @@
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
 #include "net/plane_handler.hpp"
+#include "value_of.hpp"
 #include "net/shm_ring.hpp"
 
 using namespace af;
+using af::testing::value_of;
 using namespace std::chrono_literals;
 
 namespace {
-
-template <class T>
-T value_of(caf::expected<T> x) {
-  if (!x)
-    FAIL(describe(x.error()));
-  return std::move(*x);
-}
 
 /// `n` bytes that differ from frame to frame (`frame`) and byte to byte.
 std::vector<char> pattern(size_t n, int frame) {
