@@ -132,27 +132,35 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on whi
     CHECK(it->status == "member");
   }
 
+  // Its applied count before SIGCONT, read while no step can close (workers
+  // 1 and 2 stopped). Its late and skipped counts from the last row before
+  // its SIGSTOP: a skip counted at the ps after that row and before the
+  // stop leaves it fresh (the parameters it then pulls are read after
+  // SIGCONT), and its next push is rightly applied.
   auto cont_at = *last_progress_step(job->chief().output());
+  auto held = last_row(read_worker_rows(workers_csv), 2);
+  auto before = row_at(read_worker_rows(workers_csv), 2, stopped_at);
+  REQUIRE(held);
+  REQUIRE(before);
   straggler.signal(SIGCONT);
   // Its first step after SIGCONT is for a step long closed: dropped as late
   // (or, had it been late before the stop, skipped: it asks first); then it
   // takes part again. Both show in the chief's per-worker rows.
-  auto before = row_at(read_worker_rows(workers_csv), 2, cont_at);
-  REQUIRE(before);
   bool back = job->wait_until(
     [&] {
       auto now = last_row(read_worker_rows(workers_csv), 2);
       return now && now->late + now->skipped > before->late + before->skipped
-             && now->applied > before->applied;
+             && now->applied > held->applied;
     },
     15s);
   auto after = last_row(read_worker_rows(workers_csv), 2);
   REQUIRE(after);
-  INFO("worker 2 at SIGCONT (step " << cont_at << "): applied " << before->applied << " late "
-                                    << before->late << " skipped " << before->skipped
-                                    << "; later (step " << after->step << "): applied "
-                                    << after->applied << " late " << after->late << " skipped "
-                                    << after->skipped);
+  INFO("worker 2 at SIGSTOP (step " << stopped_at << "): late " << before->late << " skipped "
+                                    << before->skipped << "; at SIGCONT (step " << cont_at
+                                    << "): applied " << held->applied << " late " << held->late
+                                    << " skipped " << held->skipped << "; later (step "
+                                    << after->step << "): applied " << after->applied << " late "
+                                    << after->late << " skipped " << after->skipped);
   CHECK(back);
   holder.signal(SIGCONT);
   check_all_exit_0(*job, 25s);
