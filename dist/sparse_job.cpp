@@ -517,6 +517,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   uint64_t loss_count = 0;
   std::vector<size_t> picks;
   train::sparse_batch batch;
+  sparse_fetch scratch; // the step's buffers, reused from step to step
   auto start = clock_type::now();
   while (global < total) {
     // sync: the global batch of step `global`, this worker's share; async:
@@ -530,7 +531,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
       std::this_thread::sleep_for(o.step_delay);
     if (t.recovering)
       t.recovering->step.store(global);
-    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global);
+    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, scratch);
     if (!r) {
       if (t.recovering) // a ps that did not come back: the cause of what else failed
         if (auto gone = t.recovering->failure())

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -152,10 +151,9 @@ caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
 
 } // namespace
 
-caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
-                                              const sparse_layout& layout,
-                                              const std::vector<sparse_ps_link*>& links,
-                                              const train::sparse_batch& batch) {
+caf::error fetch_sparse_rows(const std::vector<train::table_spec>& specs,
+                             const sparse_layout& layout, const std::vector<sparse_ps_link*>& links,
+                             const train::sparse_batch& batch, sparse_fetch& f) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   if (batch.ids.size() != T || specs.size() != T || layout.ps_order.size() != P)
@@ -165,7 +163,7 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                                   batch.ids.size(), specs.size(), T, layout.ps_order.size(), P));
   // 1. Each table's ids once (in order of first occurrence), and each
   //    unique id's shard and row there. Every id checked before any request.
-  sparse_fetch f;
+  //    f's buffers from the last step are reused (cleared, not freed).
   auto& index = f.index;
   auto& unique = f.unique;
   auto& parts = f.parts;
@@ -175,8 +173,12 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
   for (size_t t = 0; t < T; ++t) {
     const auto& table = layout.tables[t];
     parts[t].resize(table.shard_vars.size());
-    std::unordered_map<int64_t, int32_t> seen;
-    index[t].reserve(batch.ids[t].size());
+    for (auto& part : parts[t]) {
+      part.rows.clear();
+      part.places.clear();
+    }
+    index[t].clear();
+    f.seen.reset(batch.ids[t].size());
     for (size_t e = 0; e < batch.ids[t].size(); ++e) {
       auto id = batch.ids[t][e];
       if (!table.router.contains(id))
@@ -184,15 +186,15 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                           fmt::format("sparse step: table '{}': ids[{}] = {} is not a row of the "
                                       "table: not in [0, {})",
                                       specs[t].name, e, id, table.router.total_rows()));
-      auto [it, fresh] = seen.emplace(id, static_cast<int32_t>(unique[t]));
+      auto [at, fresh] = f.seen.insert(id);
       if (fresh) {
         auto place = table.router.place(id);
         auto& part = parts[t].at(static_cast<size_t>(place.shard));
         part.rows.push_back(place.row);
-        part.places.push_back(it->second);
+        part.places.push_back(at);
         unique[t] += 1;
       }
-      index[t].push_back(it->second);
+      index[t].push_back(at);
     }
   }
   // 2. Every ps at once: its shards' rows, its dense parameters' values.
@@ -265,7 +267,15 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                     width * sizeof(float));
     }
   }
-  if (auto err = first_error(errs, "reading rows"))
+  return first_error(errs, "reading rows");
+}
+
+caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spec>& specs,
+                                              const sparse_layout& layout,
+                                              const std::vector<sparse_ps_link*>& links,
+                                              const train::sparse_batch& batch) {
+  sparse_fetch f;
+  if (auto err = fetch_sparse_rows(specs, layout, links, batch, f))
     return err;
   return f;
 }
@@ -288,17 +298,25 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
                                                   uint64_t step) {
+  sparse_fetch scratch;
+  return run_sparse_step(model, layout, links, batch, step, scratch);
+}
+
+caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
+                                                  const sparse_layout& layout,
+                                                  const std::vector<sparse_ps_link*>& links,
+                                                  const train::sparse_batch& batch, uint64_t step,
+                                                  sparse_fetch& f) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
   auto specs = model.tables();
-  auto f = fetch_sparse_rows(specs, layout, links, batch);
-  if (!f)
-    return std::move(f.error());
-  const auto& unique = f->unique;
-  const auto& parts = f->parts;
+  if (auto err = fetch_sparse_rows(specs, layout, links, batch, f))
+    return err;
+  const auto& unique = f.unique;
+  const auto& parts = f.parts;
   std::vector<caf::error> errs(P);
   // 3. The model on those rows.
-  auto r = model.step(f->rows, f->index, f->dense, batch.labels, true);
+  auto r = model.step(f.rows, f.index, f.dense, batch.labels, true);
   if (!r)
     return make_error(r.error().code, "sparse step: " + r.error().what);
   // A loss gone to inf or NaN gives gradients the aggregators refuse as

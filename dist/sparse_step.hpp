@@ -20,6 +20,7 @@
 
 #include "caf/expected.hpp"
 
+#include "kernels/id_dedup.hpp"
 #include "kernels/shard_routing.hpp"
 #include "messages/aggregator.hpp"
 #include "net/data_plane.hpp"
@@ -147,6 +148,7 @@ struct sparse_fetch {
   std::vector<std::vector<shard_part>> parts; ///< per table, per shard
   std::vector<tensor> rows;                ///< per table: [unique, width], first-seen order
   std::vector<tensor> dense;               ///< the dense parameters' values
+  kernels::id_dedup seen;                  ///< the dedup's buffers, kept for the next batch
 };
 
 /// Deduplicates and routes `batch`'s ids (every id checked before any
@@ -157,6 +159,12 @@ caf::expected<sparse_fetch> fetch_sparse_rows(const std::vector<train::table_spe
                                               const sparse_layout& layout,
                                               const std::vector<sparse_ps_link*>& links,
                                               const train::sparse_batch& batch);
+
+/// The same into `f`, whose buffers (of a previous batch) are reused: a
+/// worker's steps allocate no index, part or dedup buffer once warm.
+caf::error fetch_sparse_rows(const std::vector<train::table_spec>& specs,
+                             const sparse_layout& layout, const std::vector<sparse_ps_link*>& links,
+                             const train::sparse_batch& batch, sparse_fetch& f);
 
 /// The model's predictions for `batch` with the tables as the ps hold them
 /// now (forward only: nothing is pushed).
@@ -182,5 +190,13 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch,
                                                   uint64_t step);
+
+/// The same with `scratch` for the fetch's buffers, kept by a worker's step
+/// loop from one step to the next (fetch_sparse_rows).
+caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
+                                                  const sparse_layout& layout,
+                                                  const std::vector<sparse_ps_link*>& links,
+                                                  const train::sparse_batch& batch, uint64_t step,
+                                                  sparse_fetch& scratch);
 
 } // namespace af

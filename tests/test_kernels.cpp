@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <unordered_map>
 
+#include "kernels/id_dedup.hpp"
 #include "kernels/kernels.hpp"
 
 using namespace af;
@@ -502,5 +505,33 @@ TEST_CASE("an int64 label near 2^63 is refused as out of range, exactly", "[kern
     auto st = cpu->softmax_xent(logits, labels, out);
     CHECK(st.error.find("label " + std::to_string(bad) + " of example 1 is out of range")
           != std::string::npos);
+  }
+}
+
+// Catches a dedup that loses or merges ids: two ids that share a slot (ids
+// of a stride, as a mod-sharded table's rows are; negative ones), a reset()
+// that still remembers the last batch's ids, or buffers that do not grow
+// with a larger batch. Against std::unordered_map over the same batches.
+TEST_CASE("id_dedup gives each id its index of first occurrence, as a hash map does, across "
+          "resets and batch sizes",
+          "[kernels][sparse]") {
+  kernels::id_dedup dedup;
+  std::mt19937_64 rng{7};
+  for (size_t n : {size_t{1}, size_t{5}, size_t{512}, size_t{64}, size_t{4096}, size_t{512}}) {
+    std::vector<int64_t> ids(n);
+    for (auto& id : ids) {
+      auto r = static_cast<int64_t>(rng() % (n / 2 + 1));
+      id = (r % 3 == 0 ? -r : r) * 1024; // a stride of 1024, some negative
+    }
+    dedup.reset(n);
+    std::unordered_map<int64_t, int32_t> want;
+    for (size_t e = 0; e < n; ++e) {
+      auto [it, fresh_want] = want.emplace(ids[e], static_cast<int32_t>(want.size()));
+      auto [at, fresh] = dedup.insert(ids[e]);
+      INFO("batch of " << n << ", ids[" << e << "] = " << ids[e]);
+      REQUIRE(fresh == fresh_want);
+      REQUIRE(at == it->second);
+    }
+    CHECK(dedup.size() == want.size());
   }
 }
