@@ -5,10 +5,10 @@
 #include "kernels/sparse.hpp"
 #include "core/int_arith.hpp"
 #include "kernels/host_helpers.hpp"
+#include "kernels/id_dedup.hpp"
 
 #include <cstring>
 #include <string>
-#include <unordered_map>
 
 namespace af::kernels {
 
@@ -182,16 +182,24 @@ status host_unique(const tensor& x, tensor* y, tensor* idx) {
   if (n > static_cast<size_t>(INT32_MAX))
     return status::failure("unique: " + std::to_string(n)
                            + " ids do not fit int32 inverse indices");
-  std::unordered_map<int64_t, int32_t> first; // value -> its index in y
+  // A ps dedups every sparse gradient it applies (actors/variable.cpp): a
+  // thread's table is kept for its next call (no allocation per id, nor
+  // per call once warm), unless the call is too large to keep its table.
+  constexpr size_t kept_ids = size_t{1} << 16;
+  thread_local id_dedup kept;
+  id_dedup once;
+  id_dedup& first = n <= kept_ids ? kept : once; // value -> its index in y
+  first.reset(n);
   std::vector<int64_t> values;
+  values.reserve(n);
   tensor inverse{dtype::int32, x.shape()};
   int32_t* inv = inverse.mutable_data<int32_t>();
   for (size_t i = 0; i < n; ++i) {
     auto v = integer_at(x, i);
-    auto [it, fresh] = first.emplace(v, static_cast<int32_t>(values.size()));
+    auto [at, fresh] = first.insert(v);
     if (fresh)
       values.push_back(v);
-    inv[i] = it->second;
+    inv[i] = at;
   }
   if (y != nullptr) {
     tensor distinct{x.type(), {static_cast<int64_t>(values.size())}};
