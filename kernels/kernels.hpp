@@ -53,6 +53,27 @@ inline int64_t integer_at(const tensor& t, size_t i) {
   return t.type() == dtype::int32 ? t.data<int32_t>()[i] : t.data<int64_t>()[i];
 }
 
+/// Calls `f(i, id)` for every element of an int32 or int64 tensor, in order,
+/// until it returns false; false if it did. The loop of integer_at without
+/// its per-element look at the tensor's buffer (a ps checks and dedups
+/// every id of every sparse push and gather).
+template <class F>
+bool each_id(const tensor& t, F&& f) {
+  const size_t n = t.num_elements();
+  if (t.type() == dtype::int32) {
+    const int32_t* p = t.data<int32_t>();
+    for (size_t i = 0; i < n; ++i)
+      if (!f(i, static_cast<int64_t>(p[i])))
+        return false;
+    return true;
+  }
+  const int64_t* p = t.data<int64_t>();
+  for (size_t i = 0; i < n; ++i)
+    if (!f(i, p[i]))
+      return false;
+  return true;
+}
+
 /// The shape a reduction over `attrs` leaves of `shape`, or the reason it cannot.
 status reduced_shape(const shape_type& shape, const op_attrs& attrs, shape_type& out);
 

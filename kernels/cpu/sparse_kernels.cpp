@@ -37,13 +37,19 @@ status check_ids(const tensor& ids, int64_t limit, const char* what, bool skip_n
   if (!is_id_type(ids.type()))
     return status::dtype(std::string{what} + " must be int32 or int64, got "
                          + dtype_name(ids.type()));
-  for (size_t i = 0; i < ids.num_elements(); ++i) {
-    auto id = integer_at(ids, i);
-    if (id >= limit || (id < 0 && !skip_negative))
-      return status::failure(std::string{what} + "[" + std::to_string(i)
-                             + "] = " + std::to_string(id) + " is not in [0, "
-                             + std::to_string(limit) + ")");
-  }
+  size_t bad = 0;
+  int64_t bad_id = 0;
+  bool ok = each_id(ids, [&](size_t i, int64_t id) {
+    if (id < limit && (id >= 0 || skip_negative))
+      return true;
+    bad = i;
+    bad_id = id;
+    return false;
+  });
+  if (!ok)
+    return status::failure(std::string{what} + "[" + std::to_string(bad) + "] = "
+                           + std::to_string(bad_id) + " is not in [0, " + std::to_string(limit)
+                           + ")");
   return status::success();
 }
 
@@ -113,9 +119,10 @@ status host_gather(const tensor& params, const tensor& indices, tensor& out) {
   const size_t row_bytes = row_elements(params.shape(), 1) * dtype_size(params.type());
   const std::byte* src = params.bytes();
   std::byte* dst = result.mutable_bytes();
-  for (size_t i = 0; i < indices.num_elements(); ++i)
-    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(integer_at(indices, i)) * row_bytes,
-                row_bytes);
+  each_id(indices, [&](size_t i, int64_t id) {
+    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(id) * row_bytes, row_bytes);
+    return true;
+  });
   out = std::move(result);
   return status::success();
 }
@@ -194,13 +201,13 @@ status host_unique(const tensor& x, tensor* y, tensor* idx) {
   values.reserve(n);
   tensor inverse{dtype::int32, x.shape()};
   int32_t* inv = inverse.mutable_data<int32_t>();
-  for (size_t i = 0; i < n; ++i) {
-    auto v = integer_at(x, i);
+  each_id(x, [&](size_t i, int64_t v) {
     auto [at, fresh] = first.insert(v);
     if (fresh)
       values.push_back(v);
     inv[i] = at;
-  }
+    return true;
+  });
   if (y != nullptr) {
     tensor distinct{x.type(), {static_cast<int64_t>(values.size())}};
     for (size_t k = 0; k < values.size(); ++k) {
@@ -254,13 +261,14 @@ status host_scatter(scatter_op op, tensor& ref, const tensor& indices, const ten
     using T = decltype(zero);
     const T* in = updates.data<T>();
     T* o = ref.mutable_data<T>(); // copies first if a reader holds the buffer
-    for (size_t i = 0; i < indices.num_elements(); ++i) { // in order: the last update wins
-      T* dst = o + static_cast<size_t>(integer_at(indices, i)) * row;
+    each_id(indices, [&](size_t i, int64_t id) { // in order: the last update wins
+      T* dst = o + static_cast<size_t>(id) * row;
       for (size_t k = 0; k < row; ++k) {
         T v = in[scalar ? 0 : i * row + k];
         dst[k] = op == scatter_op::update ? v : accumulate(op, dst[k], v);
       }
-    }
+      return true;
+    });
   });
   return status::success();
 }
