@@ -1,5 +1,9 @@
 #include "dist/training_summary.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -22,6 +26,23 @@ summary::histogram histogram_of(const tensor& t) {
 }
 
 } // namespace
+
+std::string job_summary::check_logdir(const std::string& logdir) {
+  auto refuse = [&](const std::string& what) {
+    return fmt::format("TensorBoard logdir '{}': {}; choose a folder this user can write "
+                       "(logdir in [train], or --logdir DIR)",
+                       logdir, what);
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(logdir, ec);
+  if (ec)
+    return refuse("cannot create it: " + ec.message());
+  if (!std::filesystem::is_directory(logdir, ec))
+    return refuse("it is not a folder");
+  if (::access(logdir.c_str(), W_OK | X_OK) != 0)
+    return refuse(std::string{"cannot write in it: "} + std::strerror(errno));
+  return {};
+}
 
 std::string job_summary::job_run(const std::string& logdir) {
   return (std::filesystem::path{logdir} / "train").string();

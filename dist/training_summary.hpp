@@ -36,6 +36,10 @@ public:
   /// The events of one progress report of a job of `workers` workers, flushed.
   void report(const worker_progress& p, uint32_t workers);
 
+  /// Empty if `logdir` can hold the runs (it is made if needed, and this
+  /// user can write it), else a sentence naming it, why and what to do.
+  static std::string check_logdir(const std::string& logdir);
+
   /// The run folder of the job's scalars, and of worker `w`'s.
   static std::string job_run(const std::string& logdir);
   static std::string worker_run(const std::string& logdir, uint32_t w);
