@@ -93,8 +93,9 @@ void job_summary::flush(std::unique_ptr<summary::event_file>& f) {
 }
 
 void job_summary::report(const worker_progress& p, uint32_t workers) {
-  // Later steps only: a resumed job's first reports may be at or before its
-  // checkpoint's step, and two reports of one step would be two points.
+  // Later steps only, whatever a report says: past the last one written
+  // and, in a resumed job, past its checkpoint's step (the worker's loop
+  // reports so; this keeps a run's files free of a step written twice).
   if (p.step <= last_step_)
     return;
   auto step = static_cast<int64_t>(p.step);

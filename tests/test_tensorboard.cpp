@@ -94,6 +94,7 @@ struct read_back {
     uint64_t step = 0;
     std::string tag;
     double value = 0;
+    size_t order = 0; ///< its place in what was read
   };
   struct histo {
     std::string run, tag;
@@ -103,7 +104,23 @@ struct read_back {
   std::vector<scalar> scalars;
   std::vector<histo> histos;
   std::vector<std::tuple<std::string, int, uint64_t>> starts;
+  std::vector<size_t> start_order; ///< parallel to starts
   std::map<std::string, int> files; ///< per run
+
+  /// The scalars TensorBoard keeps: a SessionLog START at step S drops
+  /// what the run's earlier records hold at S and after.
+  std::vector<scalar> kept() const {
+    std::vector<scalar> out;
+    for (const auto& s : scalars) {
+      bool dropped = false;
+      for (size_t i = 0; i < starts.size(); ++i)
+        dropped = dropped || (std::get<0>(starts[i]) == s.run && start_order[i] > s.order
+                              && s.step >= std::get<2>(starts[i]));
+      if (!dropped)
+        out.push_back(s);
+    }
+    return out;
+  }
 
   /// The (step, value) of `tag` in `run`, in the order read.
   std::vector<std::pair<uint64_t, double>> series(const std::string& run,
@@ -129,6 +146,7 @@ read_back read_logdir(const scratch_dir& dir, const std::string& logdir) {
     if (kind == "scalar") {
       read_back::scalar s;
       in >> s.run >> s.file >> s.step >> s.tag >> s.value;
+      s.order = b.scalars.size() + b.starts.size();
       b.scalars.push_back(s);
     } else if (kind == "histo") {
       read_back::histo h;
@@ -141,6 +159,7 @@ read_back read_logdir(const scratch_dir& dir, const std::string& logdir) {
       int file = 0;
       uint64_t step = 0;
       in >> run >> file >> step;
+      b.start_order.push_back(b.scalars.size() + b.starts.size());
       b.starts.emplace_back(run, file, step);
     } else if (kind == "file") {
       std::string run, name;
@@ -303,6 +322,50 @@ TEST_CASE("a resumed job appends to its TensorBoard runs without writing a step 
                                                                      uint64_t{11})) == 1);
   CHECK(std::count(b.starts.begin(), b.starts.end(),
                    std::make_tuple(std::string{"worker_0"}, 1, uint64_t{11})) == 1);
+}
+
+TEST_CASE("a job resumed from a checkpoint before its last report leaves TensorBoard one value "
+          "per step",
+          "[train][cli][tensorboard]") {
+  // Catches: a resumed job whose new file gives TensorBoard no START to drop
+  // what the run wrote past the checkpoint it resumes from (a chief that
+  // died after step 20 had saved only step 10): two values of steps 15 and 20.
+  scratch_dir dir;
+  auto logdir = dir / "tb";
+  auto ckpt = dir / "ckpt";
+  auto first = train(dir, logdir, 20, {"checkpoint_dir=" + ckpt, "checkpoint_steps=10"});
+  CAPTURE(first.out, first.err);
+  REQUIRE(first.status == 0);
+  // As if it had died before its checkpoint of step 20.
+  auto latest = slurp(ckpt + "/latest");
+  REQUIRE(latest.find("ckpt-20.afck") != std::string::npos);
+  fs::remove(ckpt + "/ckpt-20.afck");
+  latest.replace(latest.find("ckpt-20.afck"), 12, "ckpt-10.afck");
+  std::ofstream{ckpt + "/latest", std::ios::trunc} << latest;
+  auto resumed = train(dir, logdir, 20, {"checkpoint_dir=" + ckpt, "checkpoint_steps=10"});
+  CAPTURE(resumed.out, resumed.err);
+  REQUIRE(resumed.status == 0);
+  auto printed = printed_reports(resumed.out);
+  auto b = read_logdir(dir, logdir);
+  CAPTURE(b.err);
+  REQUIRE(b.status == 0);
+  // The files hold steps 15 and 20 twice; what TensorBoard keeps, once, the
+  // resumed job's.
+  std::set<std::tuple<std::string, std::string, uint64_t>> seen;
+  std::vector<uint64_t> loss_steps;
+  for (const auto& s : b.kept()) {
+    CAPTURE(s.run, s.tag, s.step);
+    CHECK(seen.insert({s.run, s.tag, s.step}).second);
+    if (s.run == "train" && s.tag == "loss") {
+      loss_steps.push_back(s.step);
+      if (s.step > 10) {
+        CHECK(s.file == 1);
+        CHECK(std::abs(s.value - printed[s.step].first) <= 5.1e-5);
+      }
+    }
+  }
+  CHECK(loss_steps == std::vector<uint64_t>{5, 10, 15, 20});
+  CHECK(b.series("train", "loss").size() == 6);
 }
 
 TEST_CASE("the independent reader refuses an event file with a wrong CRC",
