@@ -368,6 +368,45 @@ TEST_CASE("a job resumed from a checkpoint before its last report leaves TensorB
   CHECK(b.series("train", "loss").size() == 6);
 }
 
+TEST_CASE("the sparse job (config/embeddings.toml) writes the same TensorBoard runs",
+          "[train][cli][tensorboard]") {
+  // Catches: logdir honoured by the dense job only (the sparse chief's
+  // reporter opened only for a metrics CSV).
+  scratch_dir dir;
+  auto logdir = dir / "tb";
+  auto job = run(dir, ACTORFLOW_TRAIN_BINARY,
+                 {"--config", std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml",
+                  "--logdir", logdir, "--set", "synthetic_examples=50000", "--set", "users=500",
+                  "--set", "items=200", "--set", "steps=30", "--set", "log_every=10"});
+  CAPTURE(job.out, job.err);
+  REQUIRE(job.status == 0);
+  // Its lines: "step 10/30: loss 0.683153".
+  std::map<uint64_t, double> printed;
+  std::regex line{R"(^step (\d+)/\d+: loss ([0-9.]+))"};
+  std::istringstream in{job.out};
+  for (std::string l; std::getline(in, l);) {
+    std::smatch m;
+    if (std::regex_search(l, m, line))
+      printed[std::stoull(m[1])] = std::stod(m[2]);
+  }
+  REQUIRE(printed.size() == 3);
+  auto b = read_logdir(dir, logdir);
+  CAPTURE(b.err);
+  REQUIRE(b.status == 0);
+  auto loss = b.series("train", "loss");
+  REQUIRE(loss.size() == printed.size());
+  for (const auto& [step, value] : loss) {
+    CAPTURE(step);
+    CHECK(std::abs(value - printed[step]) <= 1e-6);
+  }
+  for (std::string w : {"worker_0", "worker_1"}) {
+    CAPTURE(w);
+    auto pushes = b.series(w, "pushes");
+    REQUIRE(pushes.size() == printed.size());
+    CHECK(pushes.back().second >= 29);
+  }
+}
+
 TEST_CASE("the independent reader refuses an event file with a wrong CRC",
           "[train][cli][tensorboard]") {
   // Catches: a reader that does not check what it reads (then the cases
