@@ -423,7 +423,7 @@ void take(const train::sparse_batch& b, const std::vector<size_t>& picks, train:
 }
 
 caf::error open_metrics(sparse_task& t, uint32_t workers) {
-  if (!t.chief || t.c.metrics.empty())
+  if (!t.chief || (t.c.metrics.empty() && t.c.logdir.empty()))
     return caf::none;
   auto m = sparse_metrics::open(t.c, workers, t.start_step);
   if (!m)

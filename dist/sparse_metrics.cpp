@@ -25,6 +25,16 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
   rep.workers = workers;
   rep.start = start_step;
   rep.print = false; // the sparse job prints its own progress lines
+  if (!c.logdir.empty()) {
+    // Scalars only: its reports carry no parameters (histogram_every is
+    // the dense job's).
+    auto runs = job_summary::open(c, start_step, {});
+    if (!runs)
+      return std::move(runs.error());
+    rep.summary = std::move(*runs);
+  }
+  if (c.metrics.empty())
+    return out;
   auto m = train::metrics_writer::open(c.metrics, start_step);
   if (!m)
     return to_error(m.error());

@@ -4,7 +4,9 @@
 /// per progress report: step, wall_s, loss, mode, workers, examples_per_s;
 /// accuracy empty, the held-out AUC is in the job's summary) and beside it
 /// <stem>.workers.csv, a row per worker of ps 0's aggregator at each report.
-/// A job resumed from a checkpoint keeps the rows up to its step.
+/// A job resumed from a checkpoint keeps the rows up to its step. With
+/// logdir, the same reports go to TensorBoard runs as the dense job's
+/// (dist/training_summary.hpp; scalars, no histograms).
 
 #include <chrono>
 #include <cstdint>
@@ -25,8 +27,9 @@ struct reporter;
 /// The chief's metrics files of one sparse job (open, then report at each progress report).
 class sparse_metrics {
 public:
-  /// The files of `c.metrics` for a job of `workers` workers (in-graph: its
-  /// replicas) starting at global step `start_step`; an error names the path.
+  /// The files of `c.metrics` and the runs under `c.logdir` (either may be
+  /// empty) for a job of `workers` workers (in-graph: its replicas) starting
+  /// at global step `start_step`; an error names the path.
   static caf::expected<std::unique_ptr<sparse_metrics>>
   open(const train::train_config& c, uint32_t workers, uint64_t start_step);
   ~sparse_metrics();

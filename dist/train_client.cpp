@@ -4,6 +4,7 @@
 
 #include "dist/job_setup.hpp"
 #include "dist/training.hpp"
+#include "dist/training_summary.hpp"
 #include "messages/atoms.hpp"
 #include "messages/error.hpp"
 #include "train/checkpoint.hpp"
@@ -167,6 +168,9 @@ std::string job_preflight(const train::train_config& c) {
       return key.error().what;
   if (!c.metrics.empty())
     if (auto why = train::check_metrics_path(c.metrics); !why.empty())
+      return why;
+  if (!c.logdir.empty())
+    if (auto why = training_detail::job_summary::check_logdir(c.logdir); !why.empty())
       return why;
   return {};
 }

@@ -67,9 +67,10 @@ caf::error check_switch_mode(const std::string& mode);
 caf::expected<std::string> job_switch(session& s, const train::train_config& c,
                                       const std::string& mode);
 
-/// What must hold before a chief trains: its checkpoint directory and its
-/// metrics file can be written (else it would fail, or lose its work, at the
-/// first checkpoint or metrics row). Empty if they can, else why not.
+/// What must hold before a chief trains: its checkpoint directory, its
+/// metrics file and its TensorBoard logdir can be written (else it would
+/// fail, or lose its work, at the first checkpoint or metrics row). Empty if
+/// they can, else why not.
 std::string job_preflight(const train::train_config& c);
 
 /// Empty if every checkpoint the chief attempted was written, else why not.

@@ -432,6 +432,15 @@ caf::error report_and_save(task_run& t) {
         std::fprintf(rep->per_worker, "%s\n", worker_rows_header);
     }
   }
+  if (t.chief && !c.logdir.empty()) {
+    std::vector<std::string> names;
+    for (const auto& param : setup.params)
+      names.push_back(param.name);
+    auto runs = job_summary::open(c, setup.start_step, std::move(names));
+    if (!runs)
+      return std::move(runs.error());
+    rep->summary = std::move(*runs);
+  }
   setup.on_progress = [rep](const worker_progress& p) { (*rep)(p); };
   auto last_checkpoint = t.last_checkpoint;
   if (t.chief && !c.checkpoint_dir.empty())

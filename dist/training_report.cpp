@@ -147,6 +147,8 @@ void reporter::operator()(const worker_progress& p) {
     row.examples_per_s = p.examples_per_s * workers;
     metrics->write(row);
   }
+  if (summary)
+    summary->report(p, workers);
   if (forward)
     forward(p);
 }

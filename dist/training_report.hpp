@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "dist/training_summary.hpp"
 #include "dist/worker.hpp"
 #include "train/config.hpp"
 #include "train/metrics.hpp"
@@ -47,7 +48,7 @@ struct event_cursor {
 };
 
 /// The chief's progress line and metrics rows (the job's, and one per worker
-/// in <metrics stem>.workers.csv).
+/// in <metrics stem>.workers.csv), and its TensorBoard events.
 struct reporter {
   const train::train_config* cfg = nullptr;
   uint32_t workers = 0;
@@ -56,6 +57,8 @@ struct reporter {
   bool print = true;
   std::optional<train::metrics_writer> metrics;
   std::FILE* per_worker = nullptr;
+  /// The TensorBoard runs (train_config::logdir); null: none.
+  std::unique_ptr<job_summary> summary;
   event_cursor events;
   std::function<void(const worker_progress&)> forward;
   double last_loss = 0; ///< the last report's mean training loss

@@ -54,6 +54,12 @@ double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
+/// Whether this worker's reports carry its parameters and gradients: the
+/// chief of a job that writes TensorBoard histograms.
+bool wants_histograms(const worker_setup& setup) {
+  return setup.index == 0 && setup.cfg.histogram_every > 0 && !setup.cfg.logdir.empty();
+}
+
 const std::vector<tensor>& current(self_pointer self) {
   auto& st = self->state;
   return st.own ? st.own->values : st.params;
@@ -111,6 +117,10 @@ void after_step(self_pointer self) {
                                                              * st.setup.cfg.batch_size)
                                            / p.seconds
                                        : 0;
+      if (wants_histograms(st.setup)) {
+        p.values = current(self);
+        p.gradients = st.last_grads;
+      }
       st.last_loss = p.loss;
       st.loss_sum = 0;
       st.loss_count = 0;
@@ -373,6 +383,8 @@ void compute(self_pointer self) {
                     grads.push_back(std::move(out->values[g.id]));
                   if (st.setup.tamper)
                     st.setup.tamper(st.local_step, grads);
+                  if (wants_histograms(st.setup))
+                    st.last_grads = grads; // shares the buffers
                   use_gradients(self, std::move(grads));
                 });
 }

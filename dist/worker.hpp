@@ -74,6 +74,11 @@ struct worker_progress {
   aggregator_stats stats;       ///< of shard 0 (per worker, events; async, ssp: staleness)
   bool evaluated = false;
   bool final = false;
+  /// The chief with logdir and histogram_every: its parameters at this
+  /// report and the gradients of its last step (shared buffers, read before
+  /// the next step runs), in worker_setup::params' order; empty otherwise.
+  std::vector<tensor> values;
+  std::vector<tensor> gradients;
 };
 
 struct worker_result {

@@ -64,6 +64,9 @@ struct worker_state : worker_loop {
   /// The gradient being pushed: after a switch into average it becomes the
   /// replica's first local step instead of being lost.
   std::vector<tensor> pending;
+  /// The last step's gradients (shared buffers), kept only by a chief that
+  /// writes histograms (train_config::histogram_every): its reports carry them.
+  std::vector<tensor> last_grads;
   /// Each shard's global step as it last answered: a push to shard k
   /// carries shard k's own (after a live switch the ps tasks' steps may
   /// differ for good; the least of them would be late on the others).
@@ -121,6 +124,9 @@ double seconds_since(clock_type::time_point t);
 
 /// The parameters the worker's next step runs with.
 const std::vector<tensor>& current(self_pointer self);
+/// Whether this worker's reports carry its parameters and gradients (the
+/// chief of a job that writes TensorBoard histograms, worker_progress::values).
+bool wants_histograms(const worker_setup& setup);
 
 /// A sentence naming the worker, the variable and the element if `values`
 /// (one per parameter) holds a NaN or an infinity; "" if all are finite.

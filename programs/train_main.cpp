@@ -6,6 +6,7 @@
 //   actorflow-train --config config/train.toml --job worker --task 0   # the chief
 //   actorflow-train --config config/train.toml --job worker --task 1
 //   actorflow-train --set mode=async --set steps=500   # any [train] key
+//   actorflow-train --logdir /tmp/tb                  # TensorBoard event files: tensorboard --logdir /tmp/tb
 //   actorflow-train --config F --job worker --task 2 --join   # a worker joins a running job
 //   actorflow-train --config F --switch async                # a running job changes mode
 //   actorflow-train --config F --status                      # per-worker accounting of a live job
@@ -315,6 +316,7 @@ struct train_args {
   bool in_graph = false, join = false, status = false, local = false;
   std::string switch_to;
   int step_delay_ms = 0;
+  std::string logdir; ///< --logdir: as --set logdir=DIR (after the --set ones)
 };
 
 void add_options(CLI::App& app, train_args& a) {
@@ -323,6 +325,9 @@ void add_options(CLI::App& app, train_args& a) {
   app.add_option("-j,--job", a.job, "this process's job: ps or worker");
   app.add_option("-t,--task", a.task, "this process's task index")->check(CLI::Range(0, 65535));
   app.add_option("--set", a.sets, "override a [train] key: --set mode=async (repeatable)");
+  app.add_option("--logdir", a.logdir,
+                 "write TensorBoard event files under this folder (as --set logdir=DIR): "
+                 "tensorboard --logdir DIR");
   app.add_flag("--local", a.local,
                "model recommender: train in this one process (no cluster, no ps)");
   app.add_flag("--in-graph", a.in_graph,
@@ -353,7 +358,10 @@ std::optional<int> load_configs(const train_args& a, af::train::train_config& c,
       return fail(af::describe(cc.error()));
     cluster = std::move(*cc);
   }
-  auto with_sets = af::train::apply_overrides(c, a.sets);
+  auto sets = a.sets;
+  if (!a.logdir.empty())
+    sets.push_back("logdir=" + a.logdir);
+  auto with_sets = af::train::apply_overrides(c, sets);
   if (!with_sets)
     return fail(with_sets.error().what);
   c = std::move(*with_sets);

@@ -414,6 +414,8 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.checkpoint_steps == b.checkpoint_steps);
   CHECK(a.checkpoint_secs == b.checkpoint_secs);
   CHECK(a.metrics == b.metrics);
+  CHECK(a.logdir == b.logdir);
+  CHECK(a.histogram_every == b.histogram_every);
   CHECK(a.log_every == b.log_every);
   CHECK(a.eval_every == b.eval_every);
   CHECK(a.step_timeout_ms == b.step_timeout_ms);
@@ -483,6 +485,8 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.checkpoint_steps = 10;
   c.checkpoint_secs = 1.5;
   c.metrics = "m.csv";
+  c.logdir = "tb";
+  c.histogram_every = 5;
   c.log_every = 3;
   c.eval_every = 4;
   c.step_timeout_ms = 1000;

@@ -66,7 +66,7 @@ const std::vector<std::string>& known_keys() {
     "momentum", "beta1", "beta2", "epsilon", "initial_accumulator", "schedule", "decay_steps",
     "decay_rate", "min_lr",
     "average_every", "seed", "checkpoint_dir", "checkpoint_key", "checkpoint_steps",
-    "checkpoint_secs", "metrics", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
+    "checkpoint_secs", "metrics", "logdir", "histogram_every", "log_every", "eval_every", "step_timeout_ms", "init_timeout_ms",
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
     "grad_norm_guard", "warmup_secs", "window_secs", "users", "items", "dim", "zipf",
@@ -155,6 +155,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "checkpoint_dir") return text(c.checkpoint_dir);
   if (key == "checkpoint_key") return text(c.checkpoint_key);
   if (key == "metrics") return text(c.metrics);
+  if (key == "logdir") return text(c.logdir);
   if (key == "partition_strategy") return text(c.partition_strategy);
   if (key == "zipf") return number(c.zipf);
   if (key == "users") return whole(c.users);
@@ -184,6 +185,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "seed") return whole(c.seed);
   if (key == "checkpoint_steps") return whole(c.checkpoint_steps);
   if (key == "log_every") return whole(c.log_every);
+  if (key == "histogram_every") return whole(c.histogram_every);
   if (key == "eval_every") return whole(c.eval_every);
   if (key == "step_timeout_ms") return whole(c.step_timeout_ms);
   if (key == "init_timeout_ms") return whole(c.init_timeout_ms);
@@ -486,6 +488,8 @@ std::string takes(const std::string& key) {
         return "a file path, e.g. --set checkpoint_key=/etc/actorflow/checkpoint.key";
       if (key == "metrics")
         return "a file path, e.g. --set metrics=/tmp/metrics.csv";
+      if (key == "logdir")
+        return "a directory path, e.g. --set logdir=/tmp/tb (or --logdir /tmp/tb)";
       if (key == "data")
         return "digits, synthetic, synthetic_linear, per_worker_linear, csv:PATH or "
                "idx:IMAGES,LABELS, e.g. "
@@ -757,6 +761,8 @@ std::string to_toml(const train_config& c) {
   line("checkpoint_steps", std::to_string(c.checkpoint_steps));
   line("checkpoint_secs", real(c.checkpoint_secs));
   line("metrics", quoted(c.metrics));
+  line("logdir", quoted(c.logdir));
+  line("histogram_every", std::to_string(c.histogram_every));
   line("log_every", std::to_string(c.log_every));
   line("eval_every", std::to_string(c.eval_every));
   line("step_timeout_ms", std::to_string(c.step_timeout_ms));

@@ -38,6 +38,13 @@ struct train_config {
   uint64_t checkpoint_steps = 0;   ///< every N global steps (0: only at the end)
   double checkpoint_secs = 0;      ///< or every N seconds (0: not by time)
   std::string metrics;             ///< metrics CSV path (empty: none); the PNG goes beside it
+  /// TensorBoard event files (docs/watching.md, "TensorBoard"; empty: none):
+  /// the chief writes the job's scalars in <logdir>/train and each worker's
+  /// accounting in <logdir>/worker_<i>, one event per progress report.
+  std::string logdir;
+  /// With logdir: histograms of each variable's values and gradients every
+  /// N progress reports (0: never; a large table makes big files).
+  uint64_t histogram_every = 0;
   uint64_t log_every = 50;         ///< progress line every N steps (0: never)
   uint64_t eval_every = 100;       ///< held-out accuracy every N steps (0: only at the end)
   uint32_t step_timeout_ms = 30000;///< how long an aggregator waits for a step's workers

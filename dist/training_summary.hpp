@@ -1,0 +1,65 @@
+#pragma once
+/// The chief's TensorBoard runs of a training job (train_config::logdir;
+/// docs/watching.md, "TensorBoard"): <logdir>/train holds the job's scalars
+/// (loss, held-out accuracy and loss, learning rate, examples/s, steps/s) and,
+/// every histogram_every reports, a histogram of each variable's values and
+/// gradients; <logdir>/worker_<i> holds worker i's accounting from ps 0's
+/// aggregator (pushes, applied, late, refused, stale, skipped, time waited,
+/// examples/s), so TensorBoard draws the workers as lines of one chart.
+/// Internal to dist/ (the reporter of dist/training_report.hpp writes it).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/expected.hpp"
+
+#include "dist/worker.hpp"
+#include "summary/event_file.hpp"
+#include "train/config.hpp"
+
+namespace af::training_detail {
+
+class job_summary {
+public:
+  /// Opens the job's run <c.logdir>/train (a new event file; the folders
+  /// are made). A job resumed at global step `start_step` (> 0) appends to
+  /// its runs: new files that begin with a SessionLog START at start_step +
+  /// 1 (TensorBoard then drops what an earlier run wrote past the
+  /// checkpoint) and hold only later steps, so no step is written twice.
+  /// `names`: the variables' names, in the order of worker_progress::values.
+  static caf::expected<std::unique_ptr<job_summary>>
+  open(const train::train_config& c, uint64_t start_step, std::vector<std::string> names);
+
+  /// The events of one progress report of a job of `workers` workers, flushed.
+  void report(const worker_progress& p, uint32_t workers);
+
+  /// Empty if `logdir` can hold the runs (it is made if needed, and this
+  /// user can write it), else a sentence naming it, why and what to do.
+  static std::string check_logdir(const std::string& logdir);
+
+  /// The run folder of the job's scalars, and of worker `w`'s.
+  static std::string job_run(const std::string& logdir);
+  static std::string worker_run(const std::string& logdir, uint32_t w);
+
+private:
+  job_summary() = default;
+  /// Worker `w`'s file, opened at its first report (null: it cannot be written, said once).
+  summary::event_file* worker_file(uint32_t w);
+  void histograms(const worker_progress& p, int64_t step);
+  /// Flushes `f`; a file that fails is said once and written no more.
+  void flush(std::unique_ptr<summary::event_file>& f);
+
+  train::train_config cfg_;
+  uint64_t start_step_ = 0;
+  std::vector<std::string> names_;
+  std::unique_ptr<summary::event_file> job_;
+  std::map<uint32_t, std::unique_ptr<summary::event_file>> workers_;
+  uint64_t reports_ = 0;
+  uint64_t last_step_ = 0;     ///< the last step written (or the start): later ones only
+  double last_seconds_ = 0;
+};
+
+} // namespace af::training_detail
