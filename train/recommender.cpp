@@ -86,8 +86,10 @@ outcome<sparse_step_result> recommender::step(const std::vector<tensor>& rows,
     const float* v = item + index[item_table][e] * width;
     double z = fm_logit(u, v, spec_.dim, w0);
     double y = labels[e];
-    loss += std::max(z, 0.0) - z * y + std::log1p(std::exp(-std::fabs(z)));
-    double p = z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) / (1 + std::exp(z));
+    // One exp: e^-|z| is exp(-z) for z >= 0 and exp(z) below.
+    double a = std::exp(-std::fabs(z));
+    loss += std::max(z, 0.0) - z * y + std::log1p(a);
+    double p = z >= 0 ? 1 / (1 + a) : a / (1 + a);
     out.predictions[e] = static_cast<float>(p);
     dz[e] = (p - y) / static_cast<double>(n);
   }

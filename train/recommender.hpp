@@ -73,10 +73,17 @@ private:
 /// generator's truth and the model share it.
 inline double fm_logit(const float* user_row, const float* item_row, int64_t dim,
                        double global_bias) {
-  double z = global_bias + double{user_row[dim]} + double{item_row[dim]};
-  for (int64_t f = 0; f < dim; ++f)
-    z += double{user_row[f]} * double{item_row[f]};
-  return z;
+  // Four partial sums: one chain of dim dependent adds was the worker's
+  // largest cost in the 10 M-row bench (64 adds of 4 cycles per example).
+  double part[4] = {0, 0, 0, 0};
+  int64_t f = 0;
+  for (; f + 4 <= dim; f += 4)
+    for (int k = 0; k < 4; ++k)
+      part[k] += double{user_row[f + k]} * double{item_row[f + k]};
+  for (; f < dim; ++f)
+    part[0] += double{user_row[f]} * double{item_row[f]};
+  return global_bias + double{user_row[dim]} + double{item_row[dim]}
+         + ((part[0] + part[1]) + (part[2] + part[3]));
 }
 
 } // namespace af::train
