@@ -129,7 +129,8 @@ public:
     close_locked();
   }
 
-  py::object run(py::handle fetches, py::handle feed_dict);
+  py::object run(py::handle fetches, py::handle feed_dict, py::handle options = py::none(),
+                 py::handle run_metadata = py::none());
 
   /// Waits until the graph's variables (or `vars`) have values, as a
   /// tutorial worker waits for its chief; the GIL is released meanwhile.
@@ -194,7 +195,7 @@ private:
 
   caf::error run_locked(const std::vector<leaf>& leaves,
                         const std::vector<std::pair<output, tensor>>& feeds,
-                        std::vector<result>& results);
+                        std::vector<result>& results, run_trace* trace);
 
   std::shared_ptr<target_entry> target_;
   graph_ptr graph_;
@@ -374,7 +375,7 @@ caf::error py_session::replay() {
 
 caf::error py_session::run_locked(const std::vector<leaf>& leaves,
                                   const std::vector<std::pair<output, tensor>>& feeds,
-                                  std::vector<result>& results) {
+                                  std::vector<result>& results, run_trace* trace) {
   if (!s_)
     return make_error(af_error::invalid_argument,
                       "this session is closed; make a new af.Session to run more");
@@ -412,8 +413,8 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   for (const auto& l : leaves)
     only_targets = only_targets && (l.request != nullptr || l.target);
   if (only_targets) // a train op: its updates' values do not travel back
-    return s_->run_targets(fetches);
-  auto values = s_->run(fetches, mapped_feeds);
+    return s_->run_targets(fetches, trace);
+  auto values = s_->run(fetches, mapped_feeds, trace);
   if (!values)
     return std::move(values.error());
   size_t k = 0;
@@ -423,7 +424,29 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   return caf::none;
 }
 
-py::object py_session::run(py::handle fetches, py::handle feed_dict) {
+namespace {
+
+/// The run_trace Session.run's run_metadata gets, when its options ask for
+/// one (TF: run_metadata is filled only under FULL_TRACE).
+run_trace* trace_of(py::handle options, py::handle run_metadata) {
+  if (!options.is_none() && !py::isinstance<py_run_options>(options))
+    throw py::type_error("options is an af.RunOptions; got "
+                         + py::repr(options).cast<std::string>().substr(0, 80));
+  if (!run_metadata.is_none() && !py::isinstance<py_run_metadata>(run_metadata))
+    throw py::type_error("run_metadata is an af.RunMetadata; got "
+                         + py::repr(run_metadata).cast<std::string>().substr(0, 80));
+  if (options.is_none() || !options.cast<const py_run_options&>().trace || run_metadata.is_none())
+    return nullptr;
+  auto& md = run_metadata.cast<py_run_metadata&>();
+  md.trace.entries.clear();
+  return &md.trace;
+}
+
+} // namespace
+
+py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle options,
+                           py::handle run_metadata) {
+  auto* trace = trace_of(options, run_metadata);
   std::vector<leaf> leaves;
   collect(fetches, leaves);
   std::vector<std::pair<output, tensor>> feeds;
@@ -451,7 +474,7 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> guard{mtx_};
     ctrl_c.arm(*cancel_);
-    err = run_locked(leaves, feeds, results);
+    err = run_locked(leaves, feeds, results, trace);
     ctrl_c.disarm();
   }
   if (ctrl_c.seen() && (!err || is(err, af_error::cancelled))) {
@@ -535,10 +558,12 @@ void register_session(py::module_& m) {
          "processes (actorflow-node), `target` the address of one of its tasks: the session is "
          "then a client of its own actor system")
     .def("run", &py_session::run, py::arg("fetches"), py::arg("feed_dict") = py::none(),
-         "run(fetches, feed_dict=None): the values of `fetches` (a Tensor, an initializer, or "
+         py::arg("options") = py::none(), py::arg("run_metadata") = py::none(),
+         "the values of `fetches` (a Tensor, an initializer, or "
          "lists, tuples and dicts of them) in the same structure, as NumPy arrays over the "
-         "fetched buffers (no copy); feed_dict maps placeholders to values. The GIL is released "
-         "while it waits.")
+         "fetched buffers (no copy); feed_dict maps placeholders to values. With "
+         "options=af.RunOptions(trace=True), run_metadata (an af.RunMetadata) gets the step's "
+         "trace: where each op ran, and when. The GIL is released while it waits.")
     .def("wait_initialized", &py_session::wait_initialized, py::arg("timeout") = 30.0,
          py::arg("var_list") = py::none(),
          "waits until the graph's variables (or var_list) have values, set by any client (as "
