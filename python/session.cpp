@@ -7,6 +7,8 @@
 // everything that waits on the cluster.
 #include "python/bindings.hpp"
 
+#include <pybind11/stl.h>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -39,6 +41,41 @@ extern "C" void cancel_on_sigint(int) {
     flag->store(true);
 }
 
+/// What interruptible_wait asks Python at every run, looked up once: the
+/// imports and attribute lookups cost a few microseconds a run
+/// (python_run_overhead, docs/python.md). Made under the GIL; never
+/// destroyed, as the interpreter's modules outlive every run.
+struct sigint_probe {
+  py::object main_thread, getsignal, sigint, default_handler;
+};
+
+/// threading.main_thread().ident, asked once (a Python call and an attribute
+/// a run); a fork forgets it, since the child's main thread is the one that forked.
+std::atomic<unsigned long> main_thread_ident{0};
+
+const sigint_probe& probe() {
+  static const auto* p = [] {
+    auto threading = py::module_::import("threading");
+    // _signal's getsignal, not signal's: that one wraps it in Python that
+    // tries Handlers(handler) and catches the ValueError, ~3 us a run.
+    auto signal = py::module_::import("_signal");
+    py::module_::import("os").attr("register_at_fork")(
+      py::arg("after_in_child") = py::cpp_function([] { main_thread_ident.store(0); }));
+    return new sigint_probe{threading.attr("main_thread"), signal.attr("getsignal"),
+                            signal.attr("SIGINT"), signal.attr("default_int_handler")};
+  }();
+  return *p;
+}
+
+unsigned long main_ident() {
+  auto ident = main_thread_ident.load();
+  if (ident == 0) {
+    ident = probe().main_thread().attr("ident").cast<unsigned long>();
+    main_thread_ident.store(ident);
+  }
+  return ident;
+}
+
 /// One run's Ctrl-C, in three steps: decided with the GIL held (the main
 /// thread, Python's default handler), armed and disarmed with the session's
 /// lock held (the GIL released), so that the session's one cancel flag is
@@ -48,12 +85,9 @@ class interruptible_wait {
 public:
   /// GIL held: decides whether this wait takes Ctrl-C.
   interruptible_wait() {
-    auto threading = py::module_::import("threading");
-    auto signal = py::module_::import("signal");
-    py::object main_ident = threading.attr("main_thread")().attr("ident");
-    py::object my_ident = threading.attr("get_ident")();
-    py::object handler = signal.attr("getsignal")(signal.attr("SIGINT"));
-    eligible_ = main_ident.equal(my_ident) && handler.is(signal.attr("default_int_handler"));
+    const auto& p = probe();
+    py::object handler = p.getsignal(p.sigint);
+    eligible_ = handler.is(p.default_handler) && PyThread_get_thread_ident() == main_ident();
   }
   interruptible_wait(const interruptible_wait&) = delete;
   interruptible_wait& operator=(const interruptible_wait&) = delete;
@@ -156,6 +190,32 @@ public:
     return device;
   }
 
+  /// For python/bench only (Session._bench_cpp_runs): runs `fetch` `n` times
+  /// straight through the af::session, as a C++ program does, and gives
+  /// each run's seconds: the baseline of the bench's Python runs, measured
+  /// on the same session and cluster in the same process.
+  std::vector<double> bench_cpp_runs(const py_tensor& fetch, int n) {
+    std::vector<py::object> one{py::cast(fetch)};
+    run(py::cast(one), py::none()); // hands the graph over, as the first Python run does
+    std::vector<double> seconds;
+    caf::error err;
+    {
+      py::gil_scoped_release unlocked;
+      std::lock_guard<std::mutex> guard{mtx_};
+      std::vector<output> fetches{mapped(fetch.out)};
+      for (int i = 0; i < n && !err; ++i) {
+        auto start = std::chrono::steady_clock::now();
+        auto values = s_->run(fetches);
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        if (!values)
+          err = std::move(values.error());
+      }
+    }
+    if (err)
+      raise(err);
+    return seconds;
+  }
+
 private:
   /// One thing run() fetches: a node, or a request about variables.
   struct leaf {
@@ -209,6 +269,14 @@ private:
   std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
 
+/// py::isinstance<T> for the classes a run checks at every fetch, with the
+/// type looked up once (pybind11 looks it up by its C++ type's name each time).
+template <class T>
+bool is_a(py::handle h) {
+  static auto* type = reinterpret_cast<PyTypeObject*>(py::type::of<T>().ptr());
+  return PyObject_TypeCheck(h.ptr(), type);
+}
+
 /// Python's own bound on a recursion in C (RecursionError, as Python
 /// code nesting that deep gets): a fetch of lists nested 200,000 deep
 /// overflowed the C stack (SIGSEGV).
@@ -225,20 +293,20 @@ public:
 
 void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
   recursion_guard guard{" in the structure of Session.run's fetches"};
-  if (py::isinstance<py_tensor>(f)) {
+  if (is_a<py_tensor>(f)) {
     const auto& t = f.cast<const py_tensor&>();
     if (t.owner != graph_)
       raise(af_error::invalid_argument, "fetch '" + t.owner->g.at(t.out).name
                                           + "' is not of this session's graph; build it in the graph "
                                             "given to af.Session (the default graph when none was)");
     leaves.push_back({t.out, nullptr});
-  } else if (py::isinstance<py_group>(f)) {
+  } else if (is_a<py_group>(f)) {
     const auto& g = f.cast<const py_group&>();
     if (g.owner != graph_)
       raise(af_error::invalid_argument, "this Operation is of another graph than the session's");
     for (auto o : g.members)
       leaves.push_back({o, nullptr, true});
-  } else if (py::isinstance<py_variables_op>(f)) {
+  } else if (is_a<py_variables_op>(f)) {
     const auto& r = f.cast<const py_variables_op&>();
     if (r.owner != graph_)
       raise(af_error::invalid_argument, "this initializer is of another graph than the session's");
@@ -277,11 +345,11 @@ py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_
       throw fetches_changed();
     next += n;
   };
-  if (py::isinstance<py_group>(f)) {
+  if (is_a<py_group>(f)) {
     take(f.cast<const py_group&>().members.size());
     return py::none();
   }
-  if (py::isinstance<py_tensor>(f) || py::isinstance<py_variables_op>(f)) {
+  if (is_a<py_tensor>(f) || is_a<py_variables_op>(f)) {
     take(1);
     auto& r = results[next - 1];
     if (r.is_names) {
@@ -572,6 +640,8 @@ void register_session(py::module_& m) {
     .def("device_of", &py_session::device_of, py::arg("variable"),
          "the full device a variable lives on, after placement (as log_device_placement shows)")
     .def("close", &py_session::close)
+    .def("_bench_cpp_runs", &py_session::bench_cpp_runs, py::arg("fetch"), py::arg("n"),
+         "for python/bench: runs `fetch` n times from C++ on this session; each run's seconds")
     .def_property_readonly("graph", &py_session::graph)
     .def_property_readonly("task", &py_session::task, "the task the session belongs to")
     .def("__enter__", [](std::shared_ptr<py_session> s) { return s; })
