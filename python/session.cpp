@@ -28,17 +28,45 @@ namespace {
 /// Ctrl-C during a run. While the run waits with the GIL released,
 /// Python's SIGINT handler cannot run (it only marks the signal for later),
 /// so on the main thread, while Python's handler is its default (raise
-/// KeyboardInterrupt), a handler of ours replaces it for the wait: it sets
-/// the session's cancel flag (session_options::cancel) and the run ends
-/// with af_error::cancelled, raised as KeyboardInterrupt.
+/// KeyboardInterrupt), a handler of ours takes SIGINT during the wait: it
+/// sets the session's cancel flag (session_options::cancel) and the run
+/// ends with af_error::cancelled, raised as KeyboardInterrupt. Ours stays
+/// installed between runs and hands the signal to Python's C handler then
+/// (`python_sigint`), so a run costs one sigaction (whether ours is still
+/// there: signal.signal() puts Python's back) instead of two.
 std::atomic<std::atomic<bool>*> sigint_cancels{nullptr};
 std::atomic<bool> sigint_seen{false};
 static_assert(std::atomic<std::atomic<bool>*>::is_always_lock_free);
+/// The handler ours replaced (Python's): written before ours is installed.
+struct sigaction python_sigint {};
 
-extern "C" void cancel_on_sigint(int) {
-  sigint_seen.store(true);
-  if (auto* flag = sigint_cancels.load())
+extern "C" void cancel_on_sigint(int sig) {
+  if (auto* flag = sigint_cancels.load()) {
+    sigint_seen.store(true);
     flag->store(true);
+    return;
+  }
+  if (python_sigint.sa_flags & SA_SIGINFO) {
+    if (python_sigint.sa_sigaction != nullptr)
+      python_sigint.sa_sigaction(sig, nullptr, nullptr);
+  } else if (python_sigint.sa_handler != SIG_DFL && python_sigint.sa_handler != SIG_IGN) {
+    python_sigint.sa_handler(sig);
+  }
+}
+
+/// Installs ours unless it is installed (the main thread, in arm()); whether it is.
+bool sigint_handler_installed() {
+  struct sigaction now {};
+  if (::sigaction(SIGINT, nullptr, &now) != 0)
+    return false;
+  if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == cancel_on_sigint)
+    return true;
+  python_sigint = now;
+  struct sigaction ours {};
+  ours.sa_handler = cancel_on_sigint;
+  ours.sa_flags = SA_ONSTACK; // as Python installs its own
+  sigemptyset(&ours.sa_mask);
+  return ::sigaction(SIGINT, &ours, nullptr) == 0;
 }
 
 /// What interruptible_wait asks Python at every run, looked up once: the
@@ -98,18 +126,15 @@ public:
     if (!eligible_)
       return;
     sigint_seen.store(false);
-    sigint_cancels.store(&cancel);
-    struct sigaction ours {};
-    ours.sa_handler = cancel_on_sigint;
-    sigemptyset(&ours.sa_mask);
-    installed_ = ::sigaction(SIGINT, &ours, &previous_) == 0;
+    installed_ = sigint_handler_installed();
+    if (installed_)
+      sigint_cancels.store(&cancel);
   }
 
-  /// The session's lock still held: Python's handler back; whether Ctrl-C came.
+  /// The session's lock still held: Ctrl-C goes to Python again; whether it came.
   void disarm() {
     if (!installed_)
       return;
-    ::sigaction(SIGINT, &previous_, nullptr);
     installed_ = false;
     sigint_cancels.store(nullptr);
     seen_ = sigint_seen.exchange(false);
@@ -121,7 +146,6 @@ public:
 
 private:
   bool eligible_ = false, installed_ = false, seen_ = false;
-  struct sigaction previous_ {};
 };
 
 /// A timeout given in seconds, as the library's milliseconds: positive and
