@@ -114,9 +114,9 @@ def main():
     parser.add_argument("--ps", choices=["process", "inproc"],
                         default="process" if default_node.exists() else "inproc")
     parser.add_argument("--node", default=str(default_node), help="the actorflow-node binary")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--runs", type=int, default=300, help="scalar runs per round and side")
-    parser.add_argument("--fetches", type=int, default=5, help="64 MiB fetches per round and side")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=2000, help="scalar runs per round and side")
+    parser.add_argument("--fetches", type=int, default=10, help="64 MiB fetches per round and side")
     args = parser.parse_args()
 
     ps = ProcessPs(args.node) if args.ps == "process" else InprocPs()
