@@ -26,7 +26,7 @@ def test_pip_install_builds_and_installs_the_module(tmp_path):
     env.pop("PYTHONPATH", None)
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
                           "--no-deps", "--no-index", "--target", str(site), str(SOURCE)],
-                         env=env, capture_output=True, text=True, timeout=900)
+                         env=env, capture_output=True, text=True, timeout=240)
     assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
     modules = list(site.glob("actorflow.*.so"))
     assert len(modules) == 1
