@@ -499,15 +499,14 @@ void advance(self_ptr self, step_key key) {
     s.waiting_for += ")";
     return; // the last ack resumes it
   }
-  s.result.device = self->state.device;
   // The step's values go before the answer does: a fetched value's buffer
   // is then the client's alone when it arrives (a Python fetch is writable
-  // only then; with the step dropped after the answer, the client raced
+  // only then; dropped with the step after the answer, the client raced
   // this thread's erase and saw a second holder now and then).
-  auto rp = std::move(s.rp);
-  auto result = std::move(s.result);
+  s.values.clear();
+  s.result.device = self->state.device;
+  s.rp.deliver(std::move(s.result));
   remember_done(self->state, key);
-  rp.deliver(std::move(result));
 }
 
 /// True if graph `id` is held here for the sender of the current message.
