@@ -499,6 +499,11 @@ void advance(self_ptr self, step_key key) {
     s.waiting_for += ")";
     return; // the last ack resumes it
   }
+  // The step's values go before the answer does: a fetched value's buffer
+  // is then the client's alone when it arrives (a Python fetch is writable
+  // only then; dropped with the step after the answer, the client raced
+  // this thread's erase and saw a second holder now and then).
+  s.values.clear();
   s.result.device = self->state.device;
   s.rp.deliver(std::move(s.result));
   remember_done(self->state, key);

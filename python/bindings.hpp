@@ -18,6 +18,7 @@
 
 #include "caf/error.hpp"
 
+#include "actors/trace.hpp"
 #include "config/cluster_spec.hpp"
 #include "core/error_code.hpp"
 #include "core/tensor.hpp"
@@ -121,6 +122,24 @@ void register_graph(py::module_& m);
 // -- the registry's ops (python/ops.cpp) ---------------------------------------
 
 void register_ops(py::module_& m);
+
+// -- traces and checkpoints (python/trace.cpp, python/saver.cpp) ---------------
+
+/// af.RunOptions: what one Session.run is asked to do besides running.
+struct py_run_options {
+  bool trace = false; ///< fill the run_metadata's trace (TF's FULL_TRACE)
+};
+
+/// af.RunMetadata: the trace of the last traced run it was given to.
+struct py_run_metadata {
+  run_trace trace;
+};
+
+/// af.RunOptions, af.RunMetadata, af.TraceEntry; before register_session.
+void register_trace(py::module_& m);
+
+/// af.train.Saver and af.train.latest_checkpoint; after register_cluster (af.train).
+void register_saver(py::module_& m);
 
 // -- sessions (python/session.cpp) and clusters (python/cluster.cpp) -----------
 

@@ -341,13 +341,13 @@ void register_cluster(py::module_& m) {
       if (!s.has_job(job))
         raise(af_error::unknown_job, "the cluster has no job '" + job + "'");
       return s.num_tasks(job);
-    })
+    }, py::arg("job_name"))
     .def("task_address", [](const cluster_spec& s, const std::string& job, int32_t task) {
       auto a = s.address(job, task);
       if (!a)
         raise(a.error());
       return a->to_string();
-    })
+    }, py::arg("job_name"), py::arg("task_index"))
     .def_static("from_tf_config", [] {
       auto config = cluster_config_from_env();
       if (!config)

@@ -38,5 +38,7 @@ PYBIND11_MODULE(actorflow, m) {
   ap::register_graph(m);
   ap::register_cluster(m);
   ap::register_optimizers(m);
+  ap::register_saver(m);
+  ap::register_trace(m);
   ap::register_session(m);
 }

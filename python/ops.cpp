@@ -77,18 +77,36 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   return py_tensor{g, g->g.op(std::string(def.name), std::move(inputs), attrs, name)};
 }
 
+/// The Python signature of `def`'s function, as pybind11 writes one (the
+/// first line of its docstring, which help() and the type stubs show):
+/// inputs positional (the registry's names), attributes and name= keywords.
+std::string python_signature(const kernels::op_def& def) {
+  std::string out{def.call_name()};
+  out += "(";
+  out += def.variadic ? std::string{"*inputs"} : std::string{def.inputs} + ", /, *";
+  if (def.attrs == kernels::op_attr_kind::transposes)
+    out += ", transpose_a: bool = False, transpose_b: bool = False";
+  else if (def.attrs == kernels::op_attr_kind::reduction)
+    out += ", axis: Optional[int] = None, keep_dims: bool = False";
+  return out + ", name: Optional[str] = None) -> actorflow.Tensor";
+}
+
 } // namespace
 
 void register_ops(py::module_& m) {
+  { // our signature line instead of pybind11's "(*args, **kwargs)"
+  py::options only_ours;
+  only_ours.disable_function_signatures();
   for (const auto& def : kernels::op_registry()) {
     const kernels::op_def* d = &def; // the registry lives as long as the process
     std::string fn{d->call_name()};
-    std::string doc = "af." + d->signature() + "\n\n" + std::string(d->help)
+    std::string doc = python_signature(*d) + "\n\naf." + d->signature() + ": " + std::string(d->help)
                       + "\n\nOne node of the registry's op '" + std::string(d->name)
                       + "'; inputs may be Tensors or values (made constants); name= names the node.";
     m.def(fn.c_str(), [d](py::args args, py::kwargs kwargs) {
       return build(*d, args, py::dict(kwargs));
     }, doc.c_str());
+  }
   }
   // tf.nn's names for the same ops.
   auto nn = m.def_submodule("nn", "tf.nn's names for the registry's ops");

@@ -7,6 +7,8 @@
 // everything that waits on the cluster.
 #include "python/bindings.hpp"
 
+#include <pybind11/stl.h>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -26,17 +28,80 @@ namespace {
 /// Ctrl-C during a run. While the run waits with the GIL released,
 /// Python's SIGINT handler cannot run (it only marks the signal for later),
 /// so on the main thread, while Python's handler is its default (raise
-/// KeyboardInterrupt), a handler of ours replaces it for the wait: it sets
-/// the session's cancel flag (session_options::cancel) and the run ends
-/// with af_error::cancelled, raised as KeyboardInterrupt.
+/// KeyboardInterrupt), a handler of ours takes SIGINT during the wait: it
+/// sets the session's cancel flag (session_options::cancel) and the run
+/// ends with af_error::cancelled, raised as KeyboardInterrupt. Ours stays
+/// installed between runs and hands the signal to Python's C handler then
+/// (`python_sigint`), so a run costs one sigaction (whether ours is still
+/// there: signal.signal() puts Python's back) instead of two.
 std::atomic<std::atomic<bool>*> sigint_cancels{nullptr};
 std::atomic<bool> sigint_seen{false};
 static_assert(std::atomic<std::atomic<bool>*>::is_always_lock_free);
+/// The handler ours replaced (Python's): written before ours is installed.
+struct sigaction python_sigint {};
 
-extern "C" void cancel_on_sigint(int) {
-  sigint_seen.store(true);
-  if (auto* flag = sigint_cancels.load())
+extern "C" void cancel_on_sigint(int sig) {
+  if (auto* flag = sigint_cancels.load()) {
+    sigint_seen.store(true);
     flag->store(true);
+    return;
+  }
+  if (python_sigint.sa_flags & SA_SIGINFO) {
+    if (python_sigint.sa_sigaction != nullptr)
+      python_sigint.sa_sigaction(sig, nullptr, nullptr);
+  } else if (python_sigint.sa_handler != SIG_DFL && python_sigint.sa_handler != SIG_IGN) {
+    python_sigint.sa_handler(sig);
+  }
+}
+
+/// Installs ours unless it is installed (the main thread, in arm()); whether it is.
+bool sigint_handler_installed() {
+  struct sigaction now {};
+  if (::sigaction(SIGINT, nullptr, &now) != 0)
+    return false;
+  if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == cancel_on_sigint)
+    return true;
+  python_sigint = now;
+  struct sigaction ours {};
+  ours.sa_handler = cancel_on_sigint;
+  ours.sa_flags = SA_ONSTACK; // as Python installs its own
+  sigemptyset(&ours.sa_mask);
+  return ::sigaction(SIGINT, &ours, nullptr) == 0;
+}
+
+/// What interruptible_wait asks Python at every run, looked up once: the
+/// imports and attribute lookups cost a few microseconds a run
+/// (python_run_overhead, docs/python.md). Made under the GIL; never
+/// destroyed, as the interpreter's modules outlive every run.
+struct sigint_probe {
+  py::object main_thread, getsignal, sigint, default_handler;
+};
+
+/// threading.main_thread().ident, asked once (a Python call and an attribute
+/// a run); a fork forgets it, since the child's main thread is the one that forked.
+std::atomic<unsigned long> main_thread_ident{0};
+
+const sigint_probe& probe() {
+  static const auto* p = [] {
+    auto threading = py::module_::import("threading");
+    // _signal's getsignal, not signal's: that one wraps it in Python that
+    // tries Handlers(handler) and catches the ValueError, ~3 us a run.
+    auto signal = py::module_::import("_signal");
+    py::module_::import("os").attr("register_at_fork")(
+      py::arg("after_in_child") = py::cpp_function([] { main_thread_ident.store(0); }));
+    return new sigint_probe{threading.attr("main_thread"), signal.attr("getsignal"),
+                            signal.attr("SIGINT"), signal.attr("default_int_handler")};
+  }();
+  return *p;
+}
+
+unsigned long main_ident() {
+  auto ident = main_thread_ident.load();
+  if (ident == 0) {
+    ident = probe().main_thread().attr("ident").cast<unsigned long>();
+    main_thread_ident.store(ident);
+  }
+  return ident;
 }
 
 /// One run's Ctrl-C, in three steps: decided with the GIL held (the main
@@ -48,12 +113,9 @@ class interruptible_wait {
 public:
   /// GIL held: decides whether this wait takes Ctrl-C.
   interruptible_wait() {
-    auto threading = py::module_::import("threading");
-    auto signal = py::module_::import("signal");
-    py::object main_ident = threading.attr("main_thread")().attr("ident");
-    py::object my_ident = threading.attr("get_ident")();
-    py::object handler = signal.attr("getsignal")(signal.attr("SIGINT"));
-    eligible_ = main_ident.equal(my_ident) && handler.is(signal.attr("default_int_handler"));
+    const auto& p = probe();
+    py::object handler = p.getsignal(p.sigint);
+    eligible_ = handler.is(p.default_handler) && PyThread_get_thread_ident() == main_ident();
   }
   interruptible_wait(const interruptible_wait&) = delete;
   interruptible_wait& operator=(const interruptible_wait&) = delete;
@@ -64,18 +126,15 @@ public:
     if (!eligible_)
       return;
     sigint_seen.store(false);
-    sigint_cancels.store(&cancel);
-    struct sigaction ours {};
-    ours.sa_handler = cancel_on_sigint;
-    sigemptyset(&ours.sa_mask);
-    installed_ = ::sigaction(SIGINT, &ours, &previous_) == 0;
+    installed_ = sigint_handler_installed();
+    if (installed_)
+      sigint_cancels.store(&cancel);
   }
 
-  /// The session's lock still held: Python's handler back; whether Ctrl-C came.
+  /// The session's lock still held: Ctrl-C goes to Python again; whether it came.
   void disarm() {
     if (!installed_)
       return;
-    ::sigaction(SIGINT, &previous_, nullptr);
     installed_ = false;
     sigint_cancels.store(nullptr);
     seen_ = sigint_seen.exchange(false);
@@ -87,7 +146,6 @@ public:
 
 private:
   bool eligible_ = false, installed_ = false, seen_ = false;
-  struct sigaction previous_ {};
 };
 
 /// A timeout given in seconds, as the library's milliseconds: positive and
@@ -129,7 +187,8 @@ public:
     close_locked();
   }
 
-  py::object run(py::handle fetches, py::handle feed_dict);
+  py::object run(py::handle fetches, py::handle feed_dict, py::handle options = py::none(),
+                 py::handle run_metadata = py::none());
 
   /// Waits until the graph's variables (or `vars`) have values, as a
   /// tutorial worker waits for its chief; the GIL is released meanwhile.
@@ -153,6 +212,32 @@ public:
     if (err)
       raise(err);
     return device;
+  }
+
+  /// For python/bench only (Session._bench_cpp_runs): runs `fetch` `n` times
+  /// straight through the af::session, as a C++ program does, and gives
+  /// each run's seconds: the baseline of the bench's Python runs, measured
+  /// on the same session and cluster in the same process.
+  std::vector<double> bench_cpp_runs(const py_tensor& fetch, int n) {
+    std::vector<py::object> one{py::cast(fetch)};
+    run(py::cast(one), py::none()); // hands the graph over, as the first Python run does
+    std::vector<double> seconds;
+    caf::error err;
+    {
+      py::gil_scoped_release unlocked;
+      std::lock_guard<std::mutex> guard{mtx_};
+      std::vector<output> fetches{mapped(fetch.out)};
+      for (int i = 0; i < n && !err; ++i) {
+        auto start = std::chrono::steady_clock::now();
+        auto values = s_->run(fetches);
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        if (!values)
+          err = std::move(values.error());
+      }
+    }
+    if (err)
+      raise(err);
+    return seconds;
   }
 
 private:
@@ -194,7 +279,7 @@ private:
 
   caf::error run_locked(const std::vector<leaf>& leaves,
                         const std::vector<std::pair<output, tensor>>& feeds,
-                        std::vector<result>& results);
+                        std::vector<result>& results, run_trace* trace);
 
   std::shared_ptr<target_entry> target_;
   graph_ptr graph_;
@@ -207,6 +292,14 @@ private:
   std::string task_;
   std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
+
+/// py::isinstance<T> for the classes a run checks at every fetch, with the
+/// type looked up once (pybind11 looks it up by its C++ type's name each time).
+template <class T>
+bool is_a(py::handle h) {
+  static auto* type = reinterpret_cast<PyTypeObject*>(py::type::of<T>().ptr());
+  return PyObject_TypeCheck(h.ptr(), type);
+}
 
 /// Python's own bound on a recursion in C (RecursionError, as Python
 /// code nesting that deep gets): a fetch of lists nested 200,000 deep
@@ -224,20 +317,20 @@ public:
 
 void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
   recursion_guard guard{" in the structure of Session.run's fetches"};
-  if (py::isinstance<py_tensor>(f)) {
+  if (is_a<py_tensor>(f)) {
     const auto& t = f.cast<const py_tensor&>();
     if (t.owner != graph_)
       raise(af_error::invalid_argument, "fetch '" + t.owner->g.at(t.out).name
                                           + "' is not of this session's graph; build it in the graph "
                                             "given to af.Session (the default graph when none was)");
     leaves.push_back({t.out, nullptr});
-  } else if (py::isinstance<py_group>(f)) {
+  } else if (is_a<py_group>(f)) {
     const auto& g = f.cast<const py_group&>();
     if (g.owner != graph_)
       raise(af_error::invalid_argument, "this Operation is of another graph than the session's");
     for (auto o : g.members)
       leaves.push_back({o, nullptr, true});
-  } else if (py::isinstance<py_variables_op>(f)) {
+  } else if (is_a<py_variables_op>(f)) {
     const auto& r = f.cast<const py_variables_op&>();
     if (r.owner != graph_)
       raise(af_error::invalid_argument, "this initializer is of another graph than the session's");
@@ -276,11 +369,11 @@ py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_
       throw fetches_changed();
     next += n;
   };
-  if (py::isinstance<py_group>(f)) {
+  if (is_a<py_group>(f)) {
     take(f.cast<const py_group&>().members.size());
     return py::none();
   }
-  if (py::isinstance<py_tensor>(f) || py::isinstance<py_variables_op>(f)) {
+  if (is_a<py_tensor>(f) || is_a<py_variables_op>(f)) {
     take(1);
     auto& r = results[next - 1];
     if (r.is_names) {
@@ -374,7 +467,7 @@ caf::error py_session::replay() {
 
 caf::error py_session::run_locked(const std::vector<leaf>& leaves,
                                   const std::vector<std::pair<output, tensor>>& feeds,
-                                  std::vector<result>& results) {
+                                  std::vector<result>& results, run_trace* trace) {
   if (!s_)
     return make_error(af_error::invalid_argument,
                       "this session is closed; make a new af.Session to run more");
@@ -412,8 +505,8 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   for (const auto& l : leaves)
     only_targets = only_targets && (l.request != nullptr || l.target);
   if (only_targets) // a train op: its updates' values do not travel back
-    return s_->run_targets(fetches);
-  auto values = s_->run(fetches, mapped_feeds);
+    return s_->run_targets(fetches, trace);
+  auto values = s_->run(fetches, mapped_feeds, trace);
   if (!values)
     return std::move(values.error());
   size_t k = 0;
@@ -423,7 +516,29 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   return caf::none;
 }
 
-py::object py_session::run(py::handle fetches, py::handle feed_dict) {
+namespace {
+
+/// The run_trace Session.run's run_metadata gets, when its options ask for
+/// one (TF: run_metadata is filled only under FULL_TRACE).
+run_trace* trace_of(py::handle options, py::handle run_metadata) {
+  if (!options.is_none() && !py::isinstance<py_run_options>(options))
+    throw py::type_error("options is an af.RunOptions; got "
+                         + py::repr(options).cast<std::string>().substr(0, 80));
+  if (!run_metadata.is_none() && !py::isinstance<py_run_metadata>(run_metadata))
+    throw py::type_error("run_metadata is an af.RunMetadata; got "
+                         + py::repr(run_metadata).cast<std::string>().substr(0, 80));
+  if (options.is_none() || !options.cast<const py_run_options&>().trace || run_metadata.is_none())
+    return nullptr;
+  auto& md = run_metadata.cast<py_run_metadata&>();
+  md.trace.entries.clear();
+  return &md.trace;
+}
+
+} // namespace
+
+py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle options,
+                           py::handle run_metadata) {
+  auto* trace = trace_of(options, run_metadata);
   std::vector<leaf> leaves;
   collect(fetches, leaves);
   std::vector<std::pair<output, tensor>> feeds;
@@ -451,7 +566,7 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict) {
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> guard{mtx_};
     ctrl_c.arm(*cancel_);
-    err = run_locked(leaves, feeds, results);
+    err = run_locked(leaves, feeds, results, trace);
     ctrl_c.disarm();
   }
   if (ctrl_c.seen() && (!err || is(err, af_error::cancelled))) {
@@ -535,10 +650,12 @@ void register_session(py::module_& m) {
          "processes (actorflow-node), `target` the address of one of its tasks: the session is "
          "then a client of its own actor system")
     .def("run", &py_session::run, py::arg("fetches"), py::arg("feed_dict") = py::none(),
-         "run(fetches, feed_dict=None): the values of `fetches` (a Tensor, an initializer, or "
+         py::arg("options") = py::none(), py::arg("run_metadata") = py::none(),
+         "the values of `fetches` (a Tensor, an initializer, or "
          "lists, tuples and dicts of them) in the same structure, as NumPy arrays over the "
-         "fetched buffers (no copy); feed_dict maps placeholders to values. The GIL is released "
-         "while it waits.")
+         "fetched buffers (no copy); feed_dict maps placeholders to values. With "
+         "options=af.RunOptions(trace=True), run_metadata (an af.RunMetadata) gets the step's "
+         "trace: where each op ran, and when. The GIL is released while it waits.")
     .def("wait_initialized", &py_session::wait_initialized, py::arg("timeout") = 30.0,
          py::arg("var_list") = py::none(),
          "waits until the graph's variables (or var_list) have values, set by any client (as "
@@ -547,6 +664,8 @@ void register_session(py::module_& m) {
     .def("device_of", &py_session::device_of, py::arg("variable"),
          "the full device a variable lives on, after placement (as log_device_placement shows)")
     .def("close", &py_session::close)
+    .def("_bench_cpp_runs", &py_session::bench_cpp_runs, py::arg("fetch"), py::arg("n"),
+         "for python/bench: runs `fetch` n times from C++ on this session; each run's seconds")
     .def_property_readonly("graph", &py_session::graph)
     .def_property_readonly("task", &py_session::task, "the task the session belongs to")
     .def("__enter__", [](std::shared_ptr<py_session> s) { return s; })

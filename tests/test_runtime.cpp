@@ -236,6 +236,31 @@ TEST_CASE("a session that ends leaves no graphs on the executors", "[runtime]") 
   CHECK(eventually([&] { return probe->executor_load("worker", 0)->first == 0; }));
 }
 
+TEST_CASE("a computed value fetched is the client's alone once run returns", "[runtime]") {
+  // Catches: the executor dropping its step's values only after the answer
+  // went out, so that the client raced that erase and now and then found
+  // the buffer still shared (the Python module then handed the fetch back
+  // read-only, as it does a variable's buffer). With and without a cancel
+  // flag: Python's sessions take the cancellable path.
+  auto ec = embedded_cluster::start({{"local", 1}});
+  REQUIRE(ec);
+  session_options cancellable;
+  cancellable.cancel = std::make_shared<std::atomic<bool>>(false);
+  for (const auto& opts : {session_options{}, cancellable}) {
+    auto s = (*ec)->session_for("local", 0, opts);
+    REQUIRE(s);
+    auto sum = s->add(s->constant(tensor::filled(dtype::float32, {4}, 1)),
+                      s->constant(tensor::filled(dtype::float32, {4}, 2)));
+    int shared = 0;
+    for (int i = 0; i < 3000; ++i) {
+      auto r = s->run(sum);
+      REQUIRE(r);
+      shared += r->use_count() != 1 ? 1 : 0;
+    }
+    CHECK(shared == 0);
+  }
+}
+
 namespace {
 
 /// A prepared step of one partition on `exec`: y = 1 + x (x fed).

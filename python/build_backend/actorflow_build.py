@@ -1,0 +1,133 @@
+"""The PEP 517 build backend of `pip install .` (pyproject.toml): it drives
+the project's own CMake (the same build as `ninja -C build actorflow_python`,
+docs/python.md) and packs the module it builds, with its type stubs
+(python/stubs/actorflow-stubs, PEP 561), into a wheel. Standard library
+only: Debian 12 has no scikit-build-core, and `pip install
+--no-build-isolation --no-index .` must work with no network.
+
+Where it builds, first found:
+  pip's --config-settings build-dir=DIR, or $ACTORFLOW_BUILD_DIR: an existing
+    CMake build directory of this source tree is reused (only the module
+    target is built, a no-op when it is up to date); a new one is configured;
+  else build-pip/ in the source tree (configured once, then reused).
+A new build directory is configured for the Python running pip
+(-DPython3_EXECUTABLE), Release, without the tests, with Ninja and ccache
+when they are installed; $ACTORFLOW_CMAKE_ARGS (or config setting
+cmake-args) adds arguments, e.g. "-DACTORFLOW_WITH_CUDA=OFF".
+"""
+import base64
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[2]
+STUBS = SOURCE / "python" / "stubs" / "actorflow-stubs"
+TARGET = "actorflow_python"
+
+
+def _project():
+    with open(SOURCE / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    cmake = (SOURCE / "CMakeLists.txt").read_text()
+    version = re.search(r"project\(actorflow VERSION ([0-9.]+)", cmake).group(1)
+    return project, version
+
+
+def _setting(config_settings, key, env):
+    value = (config_settings or {}).get(key)
+    return value if value else os.environ.get(env, "")
+
+
+def _build_dir(config_settings):
+    given = _setting(config_settings, "build-dir", "ACTORFLOW_BUILD_DIR")
+    return Path(given).resolve() if given else SOURCE / "build-pip"
+
+
+def _run(cmd):
+    print("actorflow build:", " ".join(shlex.quote(str(c)) for c in cmd), file=sys.stderr, flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, stdout=sys.stderr)
+
+
+def _configure(build, config_settings):
+    cmd = ["cmake", "-S", SOURCE, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+           "-DACTORFLOW_BUILD_TESTS=OFF", "-DPython3_EXECUTABLE=" + sys.executable]
+    if shutil.which("ninja"):
+        cmd += ["-G", "Ninja"]
+    if shutil.which("ccache"):
+        cmd.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+    cmd += shlex.split(_setting(config_settings, "cmake-args", "ACTORFLOW_CMAKE_ARGS"))
+    _run(cmd)
+
+
+def _build_module(config_settings):
+    """The module's path, built (or found up to date) by CMake."""
+    build = _build_dir(config_settings)
+    if not (build / "CMakeCache.txt").exists():
+        _configure(build, config_settings)
+    _run(["cmake", "--build", build, "--target", TARGET])
+    module = build / "python" / ("actorflow" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not module.exists():
+        built = sorted(p.name for p in (build / "python").glob("actorflow*.so"))
+        raise RuntimeError(
+            "%s has no %s after building %s: it is configured for another Python (it built %s) "
+            "or without the module (pybind11-dev, python3-dev and NumPy for %s, see its CMake "
+            "output); give pip another build-dir, or remove %s/CMakeCache.txt"
+            % (build, module.name, TARGET, built or "nothing", sys.executable, build))
+    return module
+
+
+def _wheel_tag():
+    impl = "cp%d%d" % sys.version_info[:2]
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return "%s-%s-%s" % (impl, impl, platform)
+
+
+def _metadata(project, version):
+    lines = ["Metadata-Version: 2.1", "Name: " + project["name"], "Version: " + version,
+             "Summary: " + project.get("description", "")]
+    if "requires-python" in project:
+        lines.append("Requires-Python: " + project["requires-python"])
+    lines += ["Requires-Dist: " + d for d in project.get("dependencies", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _record_line(name, data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return "%s,sha256=%s,%d" % (name, digest, len(data))
+
+
+# -- PEP 517 hooks -------------------------------------------------------------
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    project, version = _project()
+    module = _build_module(config_settings)
+    tag = _wheel_tag()
+    dist_info = "%s-%s.dist-info" % (project["name"], version)
+    files = [(module.name, module.read_bytes())]
+    for stub in sorted(STUBS.glob("*.pyi")):
+        files.append(("actorflow-stubs/" + stub.name, stub.read_bytes()))
+    files.append((dist_info + "/METADATA", _metadata(project, version).encode()))
+    wheel_meta = ("Wheel-Version: 1.0\nGenerator: actorflow_build\nRoot-Is-Purelib: false\n"
+                  "Tag: %s\n" % tag)
+    files.append((dist_info + "/WHEEL", wheel_meta.encode()))
+    record = [_record_line(name, data) for name, data in files] + [dist_info + "/RECORD,,"]
+    files.append((dist_info + "/RECORD", ("\n".join(record) + "\n").encode()))
+    name = "%s-%s-%s.whl" % (project["name"], version, tag)
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w", zipfile.ZIP_DEFLATED) as whl:
+        for arcname, data in files:
+            info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (0o755 if arcname.endswith(".so") else 0o644) << 16
+            whl.writestr(info, data, zipfile.ZIP_DEFLATED)
+    return name
