@@ -292,7 +292,10 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
     vars.push_back(std::move(e));
   }
   plane_entry.gate = std::make_shared<push_gate>();
-  auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars), plane_entry.gate);
+  auto paths = std::make_shared<plane_push_paths>();
+  auto agg = st.aggregator_kinds.spawn(self->system(), spec, std::move(vars), plane_entry.gate,
+                                       paths);
+  plane_entry.paths = std::move(paths); // set by now: only read from here on
   if (!agg)
     return std::move(agg.error());
   st.owned->push_back(agg->address());

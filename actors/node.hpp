@@ -28,10 +28,11 @@ namespace af {
 /// answers an aggregator request with an error that says so.
 struct aggregator_services {
   /// Spawns the aggregator `spec.mode` names over `vars` (spec.variables' cells),
-  /// admitting its members' tokens into `gate` (its data-plane entry's).
-  std::function<caf::expected<aggregator_actor>(caf::actor_system&, aggregator_spec,
-                                                std::vector<variable_directory::entry>,
-                                                std::shared_ptr<push_gate>)>
+  /// admitting its members' tokens into `gate` and setting its data-plane
+  /// paths into `paths` (both its data-plane entry's).
+  std::function<caf::expected<aggregator_actor>(
+    caf::actor_system&, aggregator_spec, std::vector<variable_directory::entry>,
+    std::shared_ptr<push_gate>, std::shared_ptr<plane_push_paths>)>
     spawn;
   /// How `want` differs from `have` in what changes updates ("" if it does not).
   std::function<std::string(const aggregator_spec& have, const aggregator_spec& want)> difference;

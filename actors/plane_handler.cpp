@@ -3,7 +3,7 @@
 /// variable's cell right on the connection's thread (no actor hop), a push
 /// or pull goes to its aggregator through the directory's aggregator_call
 /// (a sparse push, in the common case, is taken right here by the
-/// aggregator's own path, push_gate::sparse_push), an edge value to its
+/// aggregator's own path, plane_push_paths::sparse), an edge value to its
 /// executor as a local message. Each checks its frame
 /// before anything is allocated for the payload, and reads the payload
 /// straight into the tensor it hands on.
@@ -470,8 +470,8 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
   // The aggregator checks every id and every float before anything changes:
   // the common push right here, under its lock (push_gate::sparse_push),
   // any other in its actor.
-  if (agg.gate && agg.gate->sparse_push()) {
-    if (auto direct = agg.gate->sparse_push()(h.reserved, h.version, who, values, agg.wait)) {
+  if (agg.paths && agg.paths->sparse) {
+    if (auto direct = agg.paths->sparse(h.reserved, h.version, who, values, agg.wait)) {
       if (!*direct)
         return req.reply_error(direct->error());
       wire::header reply;

@@ -40,8 +40,4 @@ bool push_gate::count_refusal(uint64_t& count) {
   return (count & (count - 1)) == 0;
 }
 
-void push_gate::set_sparse_push(plane_sparse_push f) {
-  sparse_push_ = std::move(f);
-}
-
 } // namespace af

@@ -16,6 +16,7 @@
 
 #include "caf/expected.hpp"
 
+#include "actors/plane_push.hpp"
 #include "actors/push_gate.hpp"
 #include "actors/variable.hpp"
 #include "messages/aggregator.hpp"
@@ -60,6 +61,9 @@ public:
     /// push without its worker's is refused before its payload is read.
     /// Null: not checked here (the aggregator still checks).
     std::shared_ptr<push_gate> gate;
+    /// Its own ways of taking a push on the data plane's thread (set when
+    /// it is spawned; null or empty: every push goes to its actor).
+    std::shared_ptr<const plane_push_paths> paths;
   };
   void put_aggregator(const std::string& name, aggregator_entry e);
   /// The entry of `name`; an empty one (null actor) if there is none.

@@ -420,7 +420,8 @@ bool aggregator_mode(const std::string& mode) {
 
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
                                                  std::vector<variable_directory::entry> vars,
-                                                 std::shared_ptr<push_gate> gate) {
+                                                 std::shared_ptr<push_gate> gate,
+                                                 std::shared_ptr<plane_push_paths> paths) {
   if (spec.workers == 0)
     return make_error(af_error::invalid_argument,
                       "aggregator '" + spec.name + "' needs at least one worker");
@@ -449,8 +450,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
   // Its data plane takes the common sparse push itself, under the lock
   // (aggregator_plane.cpp); until the actor's state is up it finds no
   // actor there and hands the push over, as before.
-  if (gate && !spec.sparse.empty())
-    gate->set_sparse_push(plane_path(plane));
+  if (paths && !spec.sparse.empty())
+    paths->sparse = plane_path(plane);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     auto lock = std::unique_lock<std::mutex>{plane->mtx};

@@ -19,6 +19,7 @@
 #include "caf/typed_response_promise.hpp"
 
 #include "actors/node.hpp"
+#include "actors/plane_push.hpp"
 #include "actors/push_gate.hpp"
 #include "dist/aggregation_round.hpp"
 #include "net/data_plane.hpp"
@@ -175,7 +176,8 @@ bool aggregator_mode(const std::string& mode);
 /// float32, or no workers is an error naming it.
 caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggregator_spec spec,
                                                  std::vector<variable_directory::entry> vars,
-                                                 std::shared_ptr<push_gate> gate = nullptr);
+                                                 std::shared_ptr<push_gate> gate = nullptr,
+                                                 std::shared_ptr<plane_push_paths> paths = nullptr);
 
 /// spawn_aggregator and aggregator_spec_difference, for start_node: what a
 /// node that hosts training spawns when asked for an aggregator.
