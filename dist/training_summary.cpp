@@ -65,10 +65,14 @@ job_summary::open(const train::train_config& c, uint64_t start_step,
   if (!out->job_)
     return make_error(af_error::invalid_argument,
                       why + "; choose a logdir this user can write ([train] logdir, or --logdir DIR)");
-  if (start_step > 0) {
-    out->job_->start_at(static_cast<int64_t>(start_step + 1));
-    out->flush(out->job_);
-  }
+  // Every job, fresh or resumed, begins its files with a START: TensorBoard
+  // then drops what the run's earlier files hold from that step on (a run
+  // that died past its checkpoint; or, for a fresh job, an earlier job of
+  // the same logdir, whose steps would otherwise be drawn as a second line
+  // zigzagging through this one's: with file_version 2 TensorBoard purges
+  // on a START only, never on steps that go back).
+  out->job_->start_at(static_cast<int64_t>(start_step + 1));
+  out->flush(out->job_);
   return out;
 }
 
@@ -80,8 +84,8 @@ summary::event_file* job_summary::worker_file(uint32_t w) {
   auto f = summary::event_file::open(worker_run(cfg_.logdir, w), why);
   if (!f)
     log::get()->warn("chief: worker {}'s TensorBoard run is not written: {}", w, why);
-  else if (start_step_ > 0)
-    f->start_at(static_cast<int64_t>(start_step_ + 1));
+  else
+    f->start_at(static_cast<int64_t>(start_step_ + 1)); // as the job's run (open)
   return workers_.emplace(w, std::move(f)).first->second.get();
 }
 

@@ -25,10 +25,11 @@ namespace af::training_detail {
 class job_summary {
 public:
   /// Opens the job's run <c.logdir>/train (a new event file; the folders
-  /// are made). A job resumed at global step `start_step` (> 0) appends to
-  /// its runs: new files that begin with a SessionLog START at start_step +
-  /// 1 (TensorBoard then drops what an earlier run wrote past the
-  /// checkpoint) and hold only later steps, so no step is written twice.
+  /// are made). A job at global step `start_step` (0: fresh; > 0: resumed)
+  /// appends to its runs: new files that begin with a SessionLog START at
+  /// start_step + 1 (TensorBoard then drops what an earlier job wrote past
+  /// the checkpoint, or all of it for a fresh job) and hold only later
+  /// steps, so no step is shown twice.
   /// `names`: the variables' names, in the order of worker_progress::values.
   static caf::expected<std::unique_ptr<job_summary>>
   open(const train::train_config& c, uint64_t start_step, std::vector<std::string> names);

@@ -368,6 +368,42 @@ TEST_CASE("a job resumed from a checkpoint before its last report leaves TensorB
   CHECK(b.series("train", "loss").size() == 6);
 }
 
+TEST_CASE("a fresh job into a logdir an earlier job wrote leaves TensorBoard its own values only",
+          "[train][cli][tensorboard]") {
+  // Catches: a fresh job (no checkpoint) whose files begin with no START:
+  // TensorBoard (file_version 2 purges on a START only) would keep the
+  // earlier job's steps 5..20 beside this one's, two values per step drawn
+  // as one zigzag line; and a START that drops the new job's own values.
+  scratch_dir dir;
+  auto logdir = dir / "tb";
+  auto first = train(dir, logdir, 20);
+  CAPTURE(first.out, first.err);
+  REQUIRE(first.status == 0);
+  auto again = train(dir, logdir, 20, {"learning_rate=0.01"});
+  CAPTURE(again.out, again.err);
+  REQUIRE(again.status == 0);
+  auto printed = printed_reports(again.out);
+  auto b = read_logdir(dir, logdir);
+  CAPTURE(b.err);
+  REQUIRE(b.status == 0);
+  CHECK(b.files["train"] == 2);
+  std::set<std::tuple<std::string, std::string, uint64_t>> seen;
+  std::set<std::string> runs;
+  size_t losses = 0;
+  for (const auto& s : b.kept()) {
+    CAPTURE(s.run, s.tag, s.step);
+    CHECK(seen.insert({s.run, s.tag, s.step}).second);
+    CHECK(s.file == 1);
+    runs.insert(s.run);
+    if (s.run == "train" && s.tag == "loss") {
+      losses += 1;
+      CHECK(std::abs(s.value - printed[s.step].first) <= 5.1e-5);
+    }
+  }
+  CHECK(losses == printed.size());
+  CHECK(runs == std::set<std::string>{"train", "worker_0", "worker_1"});
+}
+
 TEST_CASE("the sparse job (config/embeddings.toml) writes the same TensorBoard runs",
           "[train][cli][tensorboard]") {
   // Catches: logdir honoured by the dense job only (the sparse chief's
