@@ -1,5 +1,7 @@
 #include "dist/training_summary.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +54,36 @@ std::string job_summary::worker_run(const std::string& logdir, uint32_t w) {
   return (std::filesystem::path{logdir} / fmt::format("worker_{}", w)).string();
 }
 
+std::string job_summary::lock_file(const std::string& logdir) {
+  return (std::filesystem::path{logdir} / ".actorflow-tensorboard.lock").string();
+}
+
+job_summary::~job_summary() {
+  if (lock_fd_ >= 0)
+    ::close(lock_fd_); // releases the flock
+}
+
+void job_summary::lock_logdir() {
+  auto path = lock_file(cfg_.logdir);
+  std::error_code ec;
+  std::filesystem::create_directories(cfg_.logdir, ec);
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0)
+    return; // the event files say if the folder cannot be written
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0)
+    return;
+  bool held = errno == EWOULDBLOCK;
+  ::close(lock_fd_);
+  lock_fd_ = -1;
+  // A warning, not a refusal: the lock is advisory (a folder on NFS may not
+  // hold it), and the job itself trains as well either way.
+  if (held)
+    log::get()->warn("chief: another job is writing TensorBoard runs in '{}' now (it holds {}); "
+                     "both jobs' steps mix in its runs and TensorBoard draws neither well: "
+                     "give each job its own logdir ([train] logdir, or --logdir DIR)",
+                     cfg_.logdir, path);
+}
+
 caf::expected<std::unique_ptr<job_summary>>
 job_summary::open(const train::train_config& c, uint64_t start_step,
                   std::vector<std::string> names) {
@@ -60,6 +92,7 @@ job_summary::open(const train::train_config& c, uint64_t start_step,
   out->start_step_ = start_step;
   out->last_step_ = start_step;
   out->names_ = std::move(names);
+  out->lock_logdir();
   std::string why;
   out->job_ = summary::event_file::open(job_run(c.logdir), why);
   if (!out->job_)

@@ -44,9 +44,19 @@ public:
   /// The run folder of the job's scalars, and of worker `w`'s.
   static std::string job_run(const std::string& logdir);
   static std::string worker_run(const std::string& logdir, uint32_t w);
+  /// The file a job holds an advisory lock (flock) on while it writes
+  /// `logdir`, so that a second job writing it at once is told.
+  static std::string lock_file(const std::string& logdir);
+
+  ~job_summary();
+  job_summary(const job_summary&) = delete;
+  job_summary& operator=(const job_summary&) = delete;
 
 private:
   job_summary() = default;
+  /// Takes the logdir's lock (lock_file) for the job's life; if another
+  /// job holds it, says so (both jobs' steps would mix in the runs).
+  void lock_logdir();
   /// Worker `w`'s file, opened at its first report (null: it cannot be written, said once).
   summary::event_file* worker_file(uint32_t w);
   void histograms(const worker_progress& p, int64_t step);
@@ -61,6 +71,7 @@ private:
   uint64_t reports_ = 0;
   uint64_t last_step_ = 0;     ///< the last step written (or the start): later ones only
   double last_seconds_ = 0;
+  int lock_fd_ = -1; ///< lock_file's, held while the job writes
 };
 
 } // namespace af::training_detail

@@ -5,6 +5,8 @@
 // reader. Each case names the bug it is there to catch.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -402,6 +404,32 @@ TEST_CASE("a fresh job into a logdir an earlier job wrote leaves TensorBoard its
   }
   CHECK(losses == printed.size());
   CHECK(runs == std::set<std::string>{"train", "worker_0", "worker_1"});
+}
+
+TEST_CASE("a job told that another job writes its logdir at once",
+          "[train][cli][tensorboard]") {
+  // Catches: two jobs writing one logdir at once in silence (their steps
+  // interleave in each run, and each one's START drops the other's), and a
+  // warning where no other job is.
+  scratch_dir dir;
+  auto logdir = dir / "tb";
+  fs::create_directories(logdir);
+  // The other job: this process holds the logdir's lock as a job would.
+  auto lock = logdir + "/.actorflow-tensorboard.lock";
+  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  auto job = train(dir, logdir, 5);
+  ::close(fd);
+  CAPTURE(job.out, job.err);
+  REQUIRE(job.status == 0);
+  std::string said = "another job is writing TensorBoard runs in '" + logdir + "'";
+  CHECK((job.out + job.err).find(said) != std::string::npos);
+  // Alone, it is not told.
+  auto alone = train(dir, logdir, 5);
+  CAPTURE(alone.out, alone.err);
+  REQUIRE(alone.status == 0);
+  CHECK((alone.out + alone.err).find(said) == std::string::npos);
 }
 
 TEST_CASE("the sparse job (config/embeddings.toml) writes the same TensorBoard runs",
