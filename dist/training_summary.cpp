@@ -36,11 +36,13 @@ std::string job_summary::check_logdir(const std::string& logdir) {
                        logdir, what);
   };
   std::error_code ec;
+  // Before creating it: create_directories on a file says only "Not a
+  // directory" (or "File exists"), which does not say which is the file.
+  if (std::filesystem::exists(logdir, ec) && !std::filesystem::is_directory(logdir, ec))
+    return refuse("it is a file, not a folder");
   std::filesystem::create_directories(logdir, ec);
   if (ec)
     return refuse("cannot create it: " + ec.message());
-  if (!std::filesystem::is_directory(logdir, ec))
-    return refuse("it is not a folder");
   if (::access(logdir.c_str(), W_OK | X_OK) != 0)
     return refuse(std::string{"cannot write in it: "} + std::strerror(errno));
   return {};

@@ -505,4 +505,10 @@ TEST_CASE("actorflow-train refuses a logdir it cannot write before it trains",
   CHECK(r.status == 2);
   CHECK(r.err.find("TensorBoard logdir '" + logdir + "'") != std::string::npos);
   CHECK(r.out.find("embedded cluster") == std::string::npos); // nothing was started
+  // A logdir that is a file is called one (not "cannot create it: Not a directory").
+  auto file = train(dir, dir / "file", 5);
+  CAPTURE(file.out, file.err);
+  CHECK(file.status == 2);
+  CHECK(file.err.find("TensorBoard logdir '" + dir / "file" + "': it is a file, not a folder")
+        != std::string::npos);
 }
