@@ -152,6 +152,7 @@ void job_summary::report(const worker_progress& p, uint32_t workers) {
     double dt = p.seconds - last_seconds_;
     if (dt > 0)
       s.emplace_back("steps_per_s", static_cast<double>(p.step - last_step_) / dt);
+    last_evaluated_ = p.accuracy >= 0 || p.test_loss >= 0;
     job_->scalars(step, s);
     if (cfg_.histogram_every > 0 && reports_ % cfg_.histogram_every == 0)
       histograms(p, step);
@@ -173,6 +174,22 @@ void job_summary::report(const worker_progress& p, uint32_t workers) {
                       {"examples_per_s", w.examples_per_s}});
     flush(workers_[w.worker]);
   }
+}
+
+void job_summary::final_eval(uint64_t global_step, double accuracy, double test_loss) {
+  // The dense job's last report does not evaluate (its end does), but a
+  // report that did is not written twice.
+  if (!job_ || last_evaluated_ || (accuracy < 0 && test_loss < 0))
+    return;
+  auto step = static_cast<int64_t>(reports_ > 0 ? last_step_ : global_step);
+  std::vector<std::pair<std::string, double>> s;
+  if (accuracy >= 0)
+    s.emplace_back("heldout/accuracy", accuracy);
+  if (test_loss >= 0)
+    s.emplace_back("heldout/loss", test_loss);
+  job_->scalars(step, s);
+  last_evaluated_ = true;
+  flush(job_);
 }
 
 void job_summary::histograms(const worker_progress& p, int64_t step) {

@@ -37,6 +37,12 @@ public:
   /// The events of one progress report of a job of `workers` workers, flushed.
   void report(const worker_progress& p, uint32_t workers);
 
+  /// The job's held-out accuracy and loss after its last step (negative:
+  /// not evaluated), at its last report's step (else `global_step`), unless
+  /// that report carried them: the figure the job prints last is the run's
+  /// last point.
+  void final_eval(uint64_t global_step, double accuracy, double test_loss);
+
   /// Empty if `logdir` can hold the runs (it is made if needed, and this
   /// user can write it), else a sentence naming it, why and what to do.
   static std::string check_logdir(const std::string& logdir);
@@ -70,6 +76,7 @@ private:
   std::map<uint32_t, std::unique_ptr<summary::event_file>> workers_;
   uint64_t reports_ = 0;
   uint64_t last_step_ = 0;     ///< the last step written (or the start): later ones only
+  bool last_evaluated_ = false; ///< the report of last_step_ carried held-out figures
   double last_seconds_ = 0;
   int lock_fd_ = -1; ///< lock_file's, held while the job writes
 };
