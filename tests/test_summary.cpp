@@ -280,3 +280,33 @@ TEST_CASE("event_file writes TensorFlow's field numbers of Event, Summary, Histo
   CHECK(field(log, 1)->type == 0);
   CHECK(field(log, 1)->integer == 1);
 }
+
+TEST_CASE("an event file removed while the job runs is started again at the next flush",
+          "[summary]") {
+  // Catches: a writer that goes on into a removed file (its run folder
+  // cleaned while the job runs): nothing more of the job reaches TensorBoard.
+  auto dir = std::filesystem::temp_directory_path()
+             / ("actorflow-summary-removed-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string error;
+  auto f = event_file::open((dir / "train").string(), error);
+  REQUIRE(f);
+  f->scalars(1, {{"loss", 1.0}});
+  REQUIRE(f->flush());
+  std::filesystem::remove_all(dir);
+  f->scalars(2, {{"loss", 2.0}});
+  CHECK(f->flush());
+  CHECK(f->error().empty());
+  REQUIRE(std::filesystem::exists(f->path()));
+  CHECK(std::filesystem::path{f->path()}.parent_path() == dir / "train");
+  f->scalars(3, {{"loss", 3.0}});
+  REQUIRE(f->flush());
+  auto records = file_records(f->path());
+  f.reset();
+  std::filesystem::remove_all(dir);
+  // file_version, then step 3 (step 2 went with the removed file).
+  REQUIRE(records.size() == 2);
+  CHECK(field(decode(records[0]), 3)->bytes == "brain.Event:2");
+  REQUIRE(field(decode(records[1]), 2));
+  CHECK(field(decode(records[1]), 2)->integer == 3);
+}
