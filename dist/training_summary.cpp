@@ -69,7 +69,9 @@ void job_summary::lock_logdir() {
   auto path = lock_file(cfg_.logdir);
   std::error_code ec;
   std::filesystem::create_directories(cfg_.logdir, ec);
-  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Read-only, no symlink followed: the lock is all this file is for, and
+  // a link planted in a shared logdir opens nothing elsewhere.
+  lock_fd_ = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (lock_fd_ < 0)
     return; // the event files say if the folder cannot be written
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0)
