@@ -25,16 +25,23 @@ namespace af::training_detail {
 class job_summary {
 public:
   /// Opens the job's run <c.logdir>/train (a new event file; the folders
-  /// are made). A job resumed at global step `start_step` (> 0) appends to
-  /// its runs: new files that begin with a SessionLog START at start_step +
-  /// 1 (TensorBoard then drops what an earlier run wrote past the
-  /// checkpoint) and hold only later steps, so no step is written twice.
+  /// are made). A job at global step `start_step` (0: fresh; > 0: resumed)
+  /// appends to its runs: new files that begin with a SessionLog START at
+  /// start_step + 1 (TensorBoard then drops what an earlier job wrote past
+  /// the checkpoint, or all of it for a fresh job) and hold only later
+  /// steps, so no step is shown twice.
   /// `names`: the variables' names, in the order of worker_progress::values.
   static caf::expected<std::unique_ptr<job_summary>>
   open(const train::train_config& c, uint64_t start_step, std::vector<std::string> names);
 
   /// The events of one progress report of a job of `workers` workers, flushed.
   void report(const worker_progress& p, uint32_t workers);
+
+  /// The job's held-out accuracy and loss after its last step (negative:
+  /// not evaluated), at its last report's step (else `global_step`), unless
+  /// that report carried them: the figure the job prints last is the run's
+  /// last point.
+  void final_eval(uint64_t global_step, double accuracy, double test_loss);
 
   /// Empty if `logdir` can hold the runs (it is made if needed, and this
   /// user can write it), else a sentence naming it, why and what to do.
@@ -43,9 +50,19 @@ public:
   /// The run folder of the job's scalars, and of worker `w`'s.
   static std::string job_run(const std::string& logdir);
   static std::string worker_run(const std::string& logdir, uint32_t w);
+  /// The file a job holds an advisory lock (flock) on while it writes
+  /// `logdir`, so that a second job writing it at once is told.
+  static std::string lock_file(const std::string& logdir);
+
+  ~job_summary();
+  job_summary(const job_summary&) = delete;
+  job_summary& operator=(const job_summary&) = delete;
 
 private:
   job_summary() = default;
+  /// Takes the logdir's lock (lock_file) for the job's life; if another
+  /// job holds it, says so (both jobs' steps would mix in the runs).
+  void lock_logdir();
   /// Worker `w`'s file, opened at its first report (null: it cannot be written, said once).
   summary::event_file* worker_file(uint32_t w);
   void histograms(const worker_progress& p, int64_t step);
@@ -59,7 +76,9 @@ private:
   std::map<uint32_t, std::unique_ptr<summary::event_file>> workers_;
   uint64_t reports_ = 0;
   uint64_t last_step_ = 0;     ///< the last step written (or the start): later ones only
+  bool last_evaluated_ = false; ///< the report of last_step_ carried held-out figures
   double last_seconds_ = 0;
+  int lock_fd_ = -1; ///< lock_file's, held while the job writes
 };
 
 } // namespace af::training_detail

@@ -1,5 +1,6 @@
 #include "summary/event_file.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -154,6 +155,21 @@ void event_file::start_at(int64_t step) {
 bool event_file::flush() {
   if (std::fflush(f_) != 0 && error_.empty())
     error_ = fmt::format("cannot write to '{}': {}", path_, std::strerror(errno));
+  // As TensorFlow's EventsWriter: a file removed while the job runs (its
+  // run folder cleaned for a fresh look in TensorBoard) is started again in
+  // its folder, else the rest of the job would go to a file no one can
+  // read. What was written since the last flush went with the old one.
+  struct stat st {};
+  if (error_.empty() && ::stat(path_.c_str(), &st) != 0 && errno == ENOENT) {
+    std::string why;
+    auto fresh = open(fs::path{path_}.parent_path().string(), why);
+    if (!fresh) {
+      error_ = fmt::format("'{}' was removed, and {}", path_, why);
+      return false;
+    }
+    std::swap(f_, fresh->f_); // `fresh` closes the removed file
+    std::swap(path_, fresh->path_);
+  }
   return error_.empty();
 }
 

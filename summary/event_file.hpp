@@ -43,8 +43,9 @@ public:
   /// A SessionLog START at `step`: TensorBoard drops the events of the run's
   /// earlier files at `step` and after (a resumed job runs them again).
   void start_at(int64_t step);
-  /// Writes what is buffered to the file. False (and error() says why) if
-  /// a write failed since the file was opened.
+  /// Writes what is buffered to the file; if the file was removed, starts
+  /// a new one in its folder (path() changes), as TensorFlow does. False
+  /// (and error() says why) if a write failed since the file was opened.
   bool flush();
 
   const std::string& path() const { return path_; }

@@ -43,7 +43,7 @@ struct train_config {
   /// accounting in <logdir>/worker_<i>, one event per progress report.
   std::string logdir;
   /// With logdir: histograms of each variable's values and gradients every
-  /// N progress reports (0: never; a large table makes big files).
+  /// N progress reports (0: never; the chief buckets every value on its step loop).
   uint64_t histogram_every = 0;
   uint64_t log_every = 50;         ///< progress line every N steps (0: never)
   uint64_t eval_every = 100;       ///< held-out accuracy every N steps (0: only at the end)
