@@ -39,4 +39,5 @@ PYBIND11_MODULE(actorflow, m) {
   ap::register_cluster(m);
   ap::register_optimizers(m);
   ap::register_session(m);
+  ap::register_train_job(m);
 }
