@@ -306,15 +306,16 @@ struct py_job {
                     + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(timeout < 0 ? 1e9 : timeout));
     for (;;) {
+      // First: a job whose records keep coming never waits here.
+      if (PyErr_CheckSignals() != 0) {
+        run->stop->store(true); // the job ends; the exception goes up
+        throw py::error_already_set();
+      }
       {
         py::gil_scoped_release unlocked;
         std::unique_lock<std::mutex> lock{run->mutex};
         if (run->changed.wait_for(lock, 50ms, ready))
           return true;
-      }
-      if (PyErr_CheckSignals() != 0) {
-        run->stop->store(true); // the job ends; the exception goes up
-        throw py::error_already_set();
       }
       if (std::chrono::steady_clock::now() >= deadline)
         return false;
