@@ -55,6 +55,20 @@ def model(task_index):
                 x=x, labels=labels, logits=logits, loss=loss)
 
 
+def until_reachable(what, timeout):
+    """what() once every task it needs listens: the processes start in any
+    order, so the first call may find the ps not up yet (TF's session
+    retried its connection the same way)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return what()
+        except af.errors.UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def run_ps(cluster, server, num_workers, timeout):
     # The ps's own session reads the workers' counter (TF's ps only joined).
     with af.device("/job:ps/task:0"):
@@ -81,10 +95,10 @@ def run_worker(args, server, num_workers):
     is_chief = args.task_index == 0
     with af.Session(server.target) as sess:
         if is_chief:
-            sess.run(af.global_variables_initializer())
+            until_reachable(lambda: sess.run(af.global_variables_initializer()), args.timeout)
             print("worker 0 (chief): initialized the variables")
         else:
-            sess.wait_initialized(timeout=args.timeout)
+            until_reachable(lambda: sess.wait_initialized(timeout=args.timeout), args.timeout)
             print("worker %d: the chief initialized the variables" % args.task_index)
         # Each worker its own shard of a seeded order of the examples.
         rng = np.random.default_rng(1000 + args.task_index)

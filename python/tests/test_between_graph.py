@@ -29,7 +29,9 @@ def test_mnist_replica_trains_across_processes(tmp_path):
         [str(pathlib.Path(af.__file__).resolve().parent)] + env.get("PYTHONPATH", "").split(os.pathsep))
     procs = {}
     try:
-        for job, task in (("ps", 0), ("worker", 0), ("worker", 1)):
+        # The workers first: a task must wait for the ps to come up, as the
+        # processes of a cluster start in any order.
+        for job, task in (("worker", 0), ("worker", 1), ("ps", 0)):
             procs[(job, task)] = subprocess.Popen(
                 [sys.executable, str(SCRIPT), *hosts, "--job_name=" + job, "--task_index=%d" % task],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
