@@ -196,3 +196,25 @@ def test_ctrl_c_while_waiting_stops_the_job():
     assert time.monotonic() - began < 10  # the signal at 0.3 s, seen within 50 ms
     res = job.result(timeout=60)
     assert res["stopped"] is True
+
+
+def test_other_threads_run_while_result_waits():
+    # Catches: result() holding the GIL while it waits (the other thread,
+    # which ends the job, would never run: the bounded wait fails).
+    job = af.train.Job(ENDLESS).start()
+    job.next(timeout=120)
+    ran = []
+
+    def other():
+        for i in range(20):
+            ran.append(i)
+            time.sleep(0.005)
+        job.stop()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        res = job.result(timeout=60)
+    finally:
+        thread.join()
+    assert res["stopped"] is True and len(ran) == 20
