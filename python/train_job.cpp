@@ -288,6 +288,11 @@ struct py_job {
 
   bool started() const { return began; }
 
+  bool run_finished() {
+    std::lock_guard<std::mutex> guard{run->mutex};
+    return run->finished;
+  }
+
   void start() {
     if (started())
       raise(af_error::already_exists, "this af.train.Job was started already; make a new one "
@@ -435,8 +440,15 @@ py::dict py_job::stopped_result() {
 /// The final metrics: what actorflow-train's summary line says, as numbers.
 py::dict py_job::result(double timeout) {
   require_started("result");
+  // One bound for the whole wait: records that keep coming do not extend it.
+  auto since = std::chrono::steady_clock::now();
   for (;;) { // every record to the callback, then the end
-    if (!wait([this] { return !run->records.empty() || run->finished; }, timeout))
+    double left = timeout;
+    if (timeout >= 0)
+      left = std::max(0.0, timeout - std::chrono::duration<double>(
+                                       std::chrono::steady_clock::now() - since).count());
+    if (!wait([this] { return !run->records.empty() || run->finished; }, left)
+        || (timeout >= 0 && left <= 0 && !run_finished()))
       raise(af_error::timeout, "af.train.Job.result: the job did not end within "
                                  + std::to_string(timeout) + " s");
     if (next_record(0).is_none())

@@ -214,7 +214,19 @@ def test_other_threads_run_while_result_waits():
     thread = threading.Thread(target=other)
     thread.start()
     try:
-        res = job.result(timeout=60)
+        res = job.result(timeout=20)
     finally:
         thread.join()
     assert res["stopped"] is True and len(ran) == 20
+
+
+def test_result_timeout_bounds_the_whole_wait():
+    # Catches: a timeout that only bounds each wait for the next record (a
+    # job whose records keep coming made result(timeout) wait for ever).
+    job = af.train.Job(ENDLESS).start()
+    began = time.monotonic()
+    with pytest.raises(af.errors.DeadlineExceededError):
+        job.result(timeout=1.0)
+    assert time.monotonic() - began < 10
+    job.stop()
+    assert job.result(timeout=60)["stopped"] is True
