@@ -169,4 +169,10 @@ void register_optimizers(py::module_& m);
 void register_session(py::module_& m);
 void register_cluster(py::module_& m);
 
+// -- training jobs (python/train_job.cpp) ------------------------------------
+
+/// af.train.Job, af.train.run, af.train.Progress, af.train.load_digits;
+/// after register_cluster (af.train).
+void register_train_job(py::module_& m);
+
 } // namespace af::python

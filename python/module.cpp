@@ -41,4 +41,5 @@ PYBIND11_MODULE(actorflow, m) {
   ap::register_saver(m);
   ap::register_trace(m);
   ap::register_session(m);
+  ap::register_train_job(m);
 }

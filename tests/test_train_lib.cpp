@@ -28,6 +28,7 @@
 #include "train/config.hpp"
 #include "train/data.hpp"
 #include "train/local.hpp"
+#include "train/memory_data.hpp"
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
 #include "train/metrics.hpp"
@@ -1988,4 +1989,60 @@ TEST_CASE("config/linear_1m.toml is the 1 M workload of docs/training.md", "[tra
   CHECK(c->optimizer.lr == 0.1);
   CHECK(c->warmup_secs == 5);
   CHECK(c->window_secs == 15);
+}
+
+// Catches: data = "memory:NAME" refused by the config's check, loaded from
+// anywhere but the registered set (its examples must be the ones given), a
+// float-target set taken for labels (the linear models refused with it), or
+// a name nobody registered (or one dropped) passing for a set.
+TEST_CASE("data = memory:NAME is the set the process registered under NAME",
+          "[train][data][memory]") {
+  auto set = std::make_shared<dataset>();
+  set->name = "arrays";
+  set->features = 2;
+  set->classes = 3;
+  for (int i = 0; i < 10; ++i) {
+    set->x.push_back(static_cast<float>(i));
+    set->x.push_back(static_cast<float>(100 + i));
+    set->y.push_back(i % 3);
+  }
+  put_memory_dataset("test-labels", set);
+  train_config c;
+  c.data = "memory:test-labels";
+  c.holdout = 0.2;
+  CHECK(validate(c).empty());
+  auto s = load_data(c);
+  REQUIRE(s);
+  CHECK(s->train.size() == 8);
+  CHECK(s->test.size() == 2);
+  CHECK(s->train.classes == 3);
+  std::set<float> firsts;
+  for (const auto* part : {&s->train, &s->test})
+    for (size_t k = 0; k < part->size(); ++k) {
+      auto first = part->x[2 * k];
+      CHECK(part->x[2 * k + 1] == first + 100); // rows kept whole
+      CHECK(part->y[k] == static_cast<int32_t>(first) % 3);
+      firsts.insert(first);
+    }
+  CHECK(firsts.size() == 10);
+  c.model = "linear";
+  CHECK_THAT(validate(c), Catch::Contains("linear")); // labels: no regression model
+
+  auto reg = std::make_shared<dataset>(*set);
+  reg->y.clear();
+  reg->classes = 0;
+  reg->targets.assign(10, 1.5f);
+  put_memory_dataset("test-targets", reg);
+  c.data = "memory:test-targets";
+  CHECK(validate(c).empty());
+
+  c.data = "memory:nobody";
+  auto none = load_data(c);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == af_error::not_found);
+  CHECK_THAT(none.error().what, Catch::Contains("memory:nobody"));
+  drop_memory_dataset("test-labels");
+  c.data = "memory:test-labels";
+  CHECK_FALSE(load_data(c));
+  drop_memory_dataset("test-targets");
 }

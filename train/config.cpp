@@ -5,6 +5,7 @@
 #include "core/utf8.hpp"
 #include "core/spelling.hpp"
 #include "train/config_model.hpp"
+#include "train/memory_data.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -255,6 +256,7 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
     if (comma == std::string::npos || comma == 0 || comma + 1 == rest.size())
       return fail("data", fmt::format("data = \"{}\" must name two files: idx:IMAGES,LABELS",
                                       clipped(d)));
+  } else if (has_prefix(memory_data_prefix)) { // a process's own set, looked up at load
   } else if (!one_of(d, {"digits", "synthetic", "synthetic_linear", "per_worker_linear"})) {
     return fail("data", fmt::format("data = \"{}\" is unknown: use digits, synthetic, "
                                     "synthetic_linear, per_worker_linear, csv:PATH or "
@@ -262,6 +264,9 @@ std::optional<key_problem> check_model_and_data(const train_config& c, bool comb
   }
   bool regression_model = one_of(c.model, {"linear", "linear_bias"});
   bool regression_data = one_of(d, {"synthetic_linear", "per_worker_linear"});
+  if (has_prefix(memory_data_prefix)) // regression: float targets, no labels
+    if (auto held = find_memory_dataset(d.substr(std::strlen(memory_data_prefix))))
+      regression_data = held->y.empty();
   if (combinations && regression_model != regression_data)
     return fail("model", fmt::format("model = \"{}\" with data = \"{}\": the linear models are "
                                      "the regression ones, for data = \"synthetic_linear\" or "

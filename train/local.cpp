@@ -13,6 +13,7 @@
 #include "kernels/kernels.hpp"
 #include "train/clicks.hpp"
 #include "train/config_model.hpp"
+#include "train/memory_data.hpp"
 #include "train/metrics.hpp"
 #include "train/recommender.hpp"
 
@@ -132,6 +133,15 @@ outcome<split> load_data(const train_config& c) {
     // the same examples (its loss is the job's whole objective).
     auto all = per_worker_linear(c.synthetic_examples, c.synthetic_features, c.seed);
     return split{all, all};
+  } else if (c.data.rfind(memory_data_prefix, 0) == 0) {
+    auto name = c.data.substr(std::strlen(memory_data_prefix));
+    auto held = find_memory_dataset(name);
+    if (!held)
+      return graph_error{af_error::not_found,
+                         "data = \"" + c.data + "\": this process holds no data set \"" + name
+                           + "\" (a Python program's af.train.Job(..., data=(x, y)) registers "
+                             "one for its job)"};
+    return holdout(*held, c.holdout, c.seed); // the one copy every set gets: the split
   } else if (c.data.rfind("csv:", 0) == 0) {
     all = read_csv(c.data.substr(4), false, 1.0f, default_max_classes, c.max_data_bytes);
   } else if (c.data.rfind("idx:", 0) == 0) {

@@ -12,16 +12,25 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+# The examples whose REPL twin's `trace` lists the ops that ran on each
+# device (a device line, its ops indented): those lines are left to the
+# REPL's test until the module gives a run's trace (af.RunOptions(trace=True)).
+TRACED_OPS = {"towers", "model_parallel"}
+
+
 def expected_lines(name):
     lines = []
     for line in (ROOT / "examples" / (name + ".expected")).read_text().splitlines():
         if line.startswith("#") or line.startswith("~ ") or not line.strip():
             continue
+        if name in TRACED_OPS and (line.startswith("/job:") or line.startswith("   ")):
+            continue
         lines.append(line)
     return lines
 
 
-@pytest.mark.parametrize("name", ["single_device", "shared_variable", "ps_workers"])
+@pytest.mark.parametrize("name", ["single_device", "shared_variable", "ps_workers", "towers",
+                                  "model_parallel"])
 def test_example_prints_the_tutorials_lines(name):
     # Catches: an example whose values or order differ from the tutorial's
     # (a worker's increment lost, a shared variable not shared).
