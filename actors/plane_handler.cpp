@@ -250,7 +250,9 @@ bool variable_directory::aggregate(plane_request& req) {
   if (sparse && !short_prefix)
     return push_sparse(req, name, std::move(who));
   who.from = "data-plane peer " + req.peer();
-  auto agg = get_aggregator(name);
+  static const aggregator_entry none; // no aggregator of that name: a null actor
+  auto found = get_aggregator(name);
+  const auto& agg = found ? *found : none;
   auto caller = aggregator_caller();
   // Checked before anything is allocated: a push for an aggregator that does
   // not exist, or of another size, cannot make the node take its memory.
@@ -371,7 +373,9 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
                                      push_credentials who) {
   const auto& h = req.header();
   const auto& node_name = req.node_name();
-  auto agg = get_aggregator(name);
+  static const aggregator_entry none; // no aggregator of that name: a null actor
+  auto found = get_aggregator(name);
+  const auto& agg = found ? *found : none;
   auto caller = sparse_aggregator_caller();
   if (!agg.actor || !caller)
     return req.refuse(af_error::not_found,

@@ -27,13 +27,14 @@ void variable_directory::remove(const std::string& name) {
 
 void variable_directory::put_aggregator(const std::string& name, aggregator_entry e) {
   std::lock_guard<std::mutex> guard{mtx_};
-  aggs_[name] = std::move(e);
+  aggs_[name] = std::make_shared<const aggregator_entry>(std::move(e));
 }
 
-variable_directory::aggregator_entry variable_directory::get_aggregator(const std::string& name) const {
+std::shared_ptr<const variable_directory::aggregator_entry>
+variable_directory::get_aggregator(const std::string& name) const {
   std::lock_guard<std::mutex> guard{mtx_};
   auto it = aggs_.find(name);
-  return it == aggs_.end() ? aggregator_entry{} : it->second;
+  return it == aggs_.end() ? nullptr : it->second;
 }
 
 void variable_directory::remove_aggregator(const std::string& name) {

@@ -66,8 +66,10 @@ public:
     std::shared_ptr<const plane_push_paths> paths;
   };
   void put_aggregator(const std::string& name, aggregator_entry e);
-  /// The entry of `name`; an empty one (null actor) if there is none.
-  aggregator_entry get_aggregator(const std::string& name) const;
+  /// The entry of `name`; null if there is none. Shared, not copied: a
+  /// data-plane thread looks its aggregator up for every push, and the
+  /// entry's shapes were copied each time.
+  std::shared_ptr<const aggregator_entry> get_aggregator(const std::string& name) const;
   void remove_aggregator(const std::string& name);
 
   /// How a data-plane thread asks an aggregator and waits for its answer
@@ -120,7 +122,7 @@ public:
 private:
   mutable std::mutex mtx_;
   std::unordered_map<std::string, entry> vars_;
-  std::unordered_map<std::string, aggregator_entry> aggs_;
+  std::unordered_map<std::string, std::shared_ptr<const aggregator_entry>> aggs_;
   std::unordered_map<std::string, executor_actor> execs_;
   aggregator_call call_;
   sparse_aggregator_call sparse_call_;
