@@ -619,6 +619,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.actor = node;
   out.port = *published;
   out.data_plane = std::move(plane);
+  out.directory = directory;
   out.tls = *tls != nullptr;
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};
