@@ -35,6 +35,7 @@
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "metrics/node_metrics.hpp"
 #include "programs/last_resort.hpp"
 
 namespace {
@@ -151,7 +152,7 @@ int supervise(int argc, char** argv, int max_restarts) {
 static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-node: runs one task (ps or worker) of an actorflow cluster"};
   std::string config_path, job, bind, scheduler;
-  int task = -1, cpu_devices = 0, threads = -1, data_port = -1;
+  int task = -1, cpu_devices = 0, threads = -1, data_port = -1, metrics_port = -1;
   app.add_option("-c,--config", config_path, "cluster config file (TOML or JSON); default: $TF_CONFIG");
   app.add_option("-j,--job", job, "job name of this task (default: TF_CONFIG's task.type)");
   auto* task_flag =
@@ -160,6 +161,10 @@ static int main_body(int argc, char** argv) {
   app.add_option("--cpu-devices", cpu_devices, "number of CPU devices (cpu:0..cpu:N-1)")->check(CLI::Range(1, 64));
   app.add_option("--threads", threads, "scheduler threads (0 = one per core)")->check(CLI::Range(0, 256));
   app.add_option("--data-port", data_port, "port of the tensor data plane (0 = any free one)")
+    ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-port", metrics_port,
+                 "serve /metrics (Prometheus) and /healthz on this port of metrics_bind, "
+                 "loopback by default (as [node] metrics_port; 0 = none)")
     ->check(CLI::Range(0, 65535));
   app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
   bool insecure = false, restart_on_failure = false;
@@ -194,6 +199,7 @@ static int main_body(int argc, char** argv) {
   if (cpu_devices > 0) opts.cpu_devices = cpu_devices;
   if (threads >= 0) opts.threads = threads;
   if (data_port >= 0) opts.data_port = data_port;
+  if (metrics_port >= 0) opts.metrics_port = metrics_port;
   if (!scheduler.empty()) opts.scheduler = scheduler;
   if (insecure) {
     if (cfg->security.enabled())
@@ -226,6 +232,17 @@ static int main_body(int argc, char** argv) {
                 af::is(node.error(), af::af_error::resource_exhausted) ? 1 : 2);
   if (!node->tls)
     af::log::get()->warn("{}", af::plaintext_warning());
+  // /metrics and /healthz: stopped before the node's system goes (declared after it).
+  std::unique_ptr<af::node_metrics> metrics;
+  if (opts.metrics_port != 0) {
+    auto m = af::start_node_metrics(sys, *node, name, opts, cfg->security);
+    if (!m) {
+      node->data_plane->stop();
+      caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+      return fail(af::describe(m.error()));
+    }
+    metrics = std::move(*m);
+  }
 
   std::string devices;
   for (const auto& d : node->devices)
@@ -239,6 +256,8 @@ static int main_body(int argc, char** argv) {
   // task's address (0.0.0.0: every interface, which an operator must know).
   if (!opts.bind.empty() && opts.bind != addr->host)
     broken += "; listening on " + opts.bind;
+  if (metrics)
+    broken += "; metrics on " + opts.metrics_bind + ":" + std::to_string(metrics->port());
   std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
@@ -255,6 +274,8 @@ static int main_body(int argc, char** argv) {
     if (sig != 0) { // 0: main's wake-up after the node stopped by itself
       std::printf("actorflow-node %s: signal %d, shutting down\n", name.c_str(), sig);
       std::fflush(stdout);
+      if (metrics)
+        metrics->shutting_down("signal " + std::to_string(sig));
       caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
     }
   }};
