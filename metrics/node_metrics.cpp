@@ -19,6 +19,7 @@
 #include "core/log.hpp"
 #include "messages/error.hpp"
 #include "metrics/node_collector.hpp"
+#include "metrics/thread_stack.hpp"
 #include "net/data_plane.hpp"
 
 namespace af {
@@ -144,6 +145,9 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
     c.begin_request = answer_health;
     return c;
   }();
+  // civetweb's threads must have room for the process's TLS (metrics/thread_stack.hpp).
+  if (metrics_thread_stack_floor() == 0)
+    return make_error(af_error::internal, "no thread stack floor");
   {
     // Registered before the server starts: its first /healthz finds it.
     std::lock_guard<std::mutex> guard{servers_mutex()};

@@ -39,14 +39,12 @@ struct http_answer {
   std::string body;
 };
 
-/// GET `path` from 127.0.0.1:`port` with a plain socket (HTTP/1.0: the
-/// server closes after its answer).
-http_answer http_get(uint16_t port, const std::string& path) {
+/// Sends `request` to 127.0.0.1:`port` and reads until the server closes.
+std::string raw_request(uint16_t port, const std::string& request) {
   int fd = connect_loopback(port);
   REQUIRE(fd >= 0);
   timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL)
           == static_cast<ssize_t>(request.size()));
   std::string raw;
@@ -58,6 +56,13 @@ http_answer http_get(uint16_t port, const std::string& path) {
     raw.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
+  return raw;
+}
+
+/// GET `path` from 127.0.0.1:`port` with a plain socket (HTTP/1.0: the
+/// server closes after its answer).
+http_answer http_get(uint16_t port, const std::string& path) {
+  auto raw = raw_request(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   http_answer out;
   INFO(raw);
   REQUIRE(raw.rfind("HTTP/1.", 0) == 0);
@@ -285,6 +290,15 @@ TEST_CASE("/healthz answers 200 ok while the node serves, 503 naming the limit w
   auto ok = http_get(metrics->port(), "/healthz");
   CHECK(ok.status == 200);
   CHECK(ok.body == "ok\n");
+  // Another path, another method, a request that is not HTTP: refused, and
+  // the node serves on (civetweb's error path once overflowed its thread's
+  // stack and killed the node: metrics/thread_stack.hpp).
+  CHECK(http_get(metrics->port(), "/nothing").status == 404);
+  CHECK(raw_request(metrics->port(), "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+          .rfind("HTTP/1.0 404", 0)
+        == 0);
+  raw_request(metrics->port(), "GARBAGE\r\n\r\n");
+  CHECK(http_get(metrics->port(), "/healthz").status == 200);
   // One connection is all it serves: the next would be refused.
   int fd = connect_loopback(node.data_plane->port());
   REQUIRE(fd >= 0);
