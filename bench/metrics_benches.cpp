@@ -104,6 +104,8 @@ void train_sync(const train_bench_options& o) {
               "serving /metrics scraped every %d ms (%llu scrapes answered) against none; %d "
               "reps, alternating\n",
               o.scrape_ms, static_cast<unsigned long long>(scrapes), o.reps);
+  if (!failure.empty())
+    std::fprintf(stderr, "actorflow-bench: metrics_train_sync_1m_2w_tcp: %s\n", failure.c_str());
   train_run::report("metrics_train_sync_1m_2w_tcp", on, off, "steps/s", failure);
 }
 

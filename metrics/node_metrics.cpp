@@ -26,7 +26,7 @@ namespace af {
 
 /// What /healthz reads: set from the node's end (attach_functor) and from
 /// shutting_down(), read by civetweb's threads.
-struct node_health {
+struct metrics_health {
   std::mutex mtx;
   std::string stopping; ///< why it stops; "" while it serves
   std::shared_ptr<data_plane_server> plane;
@@ -53,7 +53,7 @@ struct node_health {
 
 class node_metrics_server {
 public:
-  std::shared_ptr<node_health> health = std::make_shared<node_health>();
+  std::shared_ptr<metrics_health> health = std::make_shared<metrics_health>();
   std::shared_ptr<node_collector> collector;
   std::unique_ptr<prometheus::Exposer> exposer;
   uint16_t port = 0;
@@ -68,8 +68,8 @@ std::mutex& servers_mutex() {
   return m;
 }
 
-std::map<int, std::shared_ptr<node_health>>& servers() {
-  static std::map<int, std::shared_ptr<node_health>> m;
+std::map<int, std::shared_ptr<metrics_health>>& servers() {
+  static std::map<int, std::shared_ptr<metrics_health>> m;
   return m;
 }
 
@@ -79,7 +79,7 @@ int answer_health(mg_connection* conn) {
   const mg_request_info* req = mg_get_request_info(conn);
   if (req == nullptr || req->local_uri == nullptr || std::strcmp(req->local_uri, "/healthz") != 0)
     return 0;
-  std::shared_ptr<node_health> health;
+  std::shared_ptr<metrics_health> health;
   {
     std::lock_guard<std::mutex> guard{servers_mutex()};
     auto it = servers().find(req->server_port);
