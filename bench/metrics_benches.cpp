@@ -64,6 +64,13 @@ int remote_assign_add(int rounds, int reps, int scrape_ms) {
     }
   }
   watcher.stop();
+  // Each repetition's on / off, its two blocks side by side: the machine's
+  // drift (other processes come and go) cancels within a pair.
+  std::vector<double> paired;
+  for (size_t k = 0; k < on.size() && k < off.size(); ++k)
+    paired.push_back(on[k] / off[k]);
+  std::printf("# metrics_remote_assign_add_rtt: the median of the repetitions' own on/off: %.3f\n",
+              median(paired));
   std::printf("# metrics_remote_assign_add_rtt: embedded 2 ps + 1 worker over TCP; ps 0 serves "
               "/metrics, scraped every %d ms (%llu scrapes answered), ps 1 does not; %d reps of "
               "%d round trips each, alternating; median round trip on %.2f us, off %.2f us\n",

@@ -117,9 +117,8 @@ void node_metrics::shutting_down(const std::string& why) {
     impl_->health->stopping = why.empty() ? "asked to" : why;
 }
 
-caf::expected<std::unique_ptr<node_metrics>>
-start_node_metrics(caf::actor_system& sys, const running_node& node, const std::string& name,
-                   const node_options& opts, const security_options& sec) {
+caf::error check_metrics_options(const node_options& opts, const security_options& sec,
+                                const std::string& name) {
   if (opts.metrics_port <= 0 || opts.metrics_port > 65535)
     return make_error(af_error::invalid_config,
                       fmt::format("{}: [node] metrics_port = {} is not a port to serve /metrics "
@@ -133,6 +132,15 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
                                   "set [security] metrics_public = true to serve them there, or "
                                   "bind 127.0.0.1 and scrape through a proxy",
                                   name, host));
+  return caf::none;
+}
+
+caf::expected<std::unique_ptr<node_metrics>>
+start_node_metrics(caf::actor_system& sys, const running_node& node, const std::string& name,
+                   const node_options& opts, const security_options& sec) {
+  if (auto err = check_metrics_options(opts, sec, name))
+    return err;
+  const auto& host = opts.metrics_bind;
   auto where = (host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host)
                + ":" + std::to_string(opts.metrics_port);
   std::unique_ptr<node_metrics> out{new node_metrics};

@@ -52,6 +52,12 @@ private:
   std::unique_ptr<node_metrics_server> impl_;
 };
 
+/// What start_node_metrics checks before it binds: a port in 1..65535 and a
+/// metrics_bind that is loopback or allowed by [security]; the error names
+/// the option. A program calls it before it starts the node.
+caf::error check_metrics_options(const node_options& opts, const security_options& sec,
+                                 const std::string& name);
+
 /// Serves `node`'s /metrics and /healthz on opts.metrics_bind:opts.metrics_port
 /// ([node] metrics_port must be 1..65535). `name` ("/job:ps/task:0") names it in
 /// errors. An address other than loopback needs sec.metrics_public (or

@@ -211,6 +211,10 @@ static int main_body(int argc, char** argv) {
     return fail(af::describe(security.error()));
   cfg->security = std::move(*security);
 
+  if (opts.metrics_port != 0)
+    if (auto err = af::check_metrics_options(opts, cfg->security, "/job:" + job + "/task:"
+                                                                    + std::to_string(task)))
+      return fail(af::describe(err));
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0)
     return fail("cannot create the signal pipe");
   struct sigaction action {};
