@@ -147,6 +147,15 @@ int supervise(int argc, char** argv, int max_restarts) {
   }
 }
 
+/// [node] metrics_port's /metrics and /healthz beside `node`; null when it is 0.
+caf::expected<std::unique_ptr<af::node_metrics>>
+start_metrics(caf::actor_system& sys, const af::running_node& node, const std::string& name,
+              const af::node_options& opts, const af::security_options& sec) {
+  if (opts.metrics_port == 0)
+    return std::unique_ptr<af::node_metrics>{};
+  return af::start_node_metrics(sys, node, name, opts, sec);
+}
+
 } // namespace
 
 static int main_body(int argc, char** argv) {
@@ -211,10 +220,10 @@ static int main_body(int argc, char** argv) {
     return fail(af::describe(security.error()));
   cfg->security = std::move(*security);
 
-  if (opts.metrics_port != 0)
-    if (auto err = af::check_metrics_options(opts, cfg->security, "/job:" + job + "/task:"
-                                                                    + std::to_string(task)))
-      return fail(af::describe(err));
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  if (auto err = opts.metrics_port == 0 ? caf::error{}
+                                         : af::check_metrics_options(opts, cfg->security, name))
+    return fail(af::describe(err)); // before the node's ports open
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0)
     return fail("cannot create the signal pipe");
   struct sigaction action {};
@@ -227,7 +236,6 @@ static int main_body(int argc, char** argv) {
   af::system_config sys_cfg{opts, cfg->security};
   auto sys_owner = af::start_actor_system(sys_cfg);
   caf::actor_system& sys = *sys_owner;
-  auto name = "/job:" + job + "/task:" + std::to_string(task);
   af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, cfg->security, af::node_aggregators());
@@ -237,15 +245,11 @@ static int main_body(int argc, char** argv) {
   if (!node->tls)
     af::log::get()->warn("{}", af::plaintext_warning());
   // /metrics and /healthz: stopped before the node's system goes (declared after it).
-  std::unique_ptr<af::node_metrics> metrics;
-  if (opts.metrics_port != 0) {
-    auto m = af::start_node_metrics(sys, *node, name, opts, cfg->security);
-    if (!m) {
-      node->data_plane->stop();
-      caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
-      return fail(af::describe(m.error()));
-    }
-    metrics = std::move(*m);
+  auto metrics = start_metrics(sys, *node, name, opts, cfg->security);
+  if (!metrics) {
+    node->data_plane->stop();
+    caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+    return fail(af::describe(metrics.error()));
   }
 
   std::string devices;
@@ -260,8 +264,8 @@ static int main_body(int argc, char** argv) {
   // task's address (0.0.0.0: every interface, which an operator must know).
   if (!opts.bind.empty() && opts.bind != addr->host)
     broken += "; listening on " + opts.bind;
-  if (metrics)
-    broken += "; metrics on " + opts.metrics_bind + ":" + std::to_string(metrics->port());
+  if (*metrics)
+    broken += "; metrics on " + opts.metrics_bind + ":" + std::to_string((*metrics)->port());
   std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
@@ -278,8 +282,8 @@ static int main_body(int argc, char** argv) {
     if (sig != 0) { // 0: main's wake-up after the node stopped by itself
       std::printf("actorflow-node %s: signal %d, shutting down\n", name.c_str(), sig);
       std::fflush(stdout);
-      if (metrics)
-        metrics->shutting_down("signal " + std::to_string(sig));
+      if (*metrics)
+        (*metrics)->shutting_down("signal " + std::to_string(sig));
       caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
     }
   }};
