@@ -16,12 +16,14 @@
 #include "caf/expected.hpp"
 
 #include "net/data_plane.hpp"
-#include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 
 namespace af {
+
+struct running_node;       // actors/node.hpp (not included: its names would crowd every includer)
+class variable_directory;  // actors/variable_directory.hpp
 
 class embedded_cluster {
 public:
