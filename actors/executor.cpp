@@ -505,6 +505,8 @@ void advance(self_ptr self, step_key key) {
   // this thread's erase and saw a second holder now and then).
   s.values.clear();
   s.result.device = self->state.device;
+  if (self->state.step_latency && s.run_ns != 0)
+    self->state.step_latency->observe(now_ns() - s.run_ns);
   s.rp.deliver(std::move(s.result));
   remember_done(self->state, key);
 }
@@ -637,8 +639,10 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
   auto cancels = std::make_shared<std::vector<std::shared_ptr<std::atomic<bool>>>>();
   self->state.link_cancels = cancels;
   self->state.edge_bytes = edge_bytes_of(self->address(), true);
+  self->state.step_latency = step_latency_of(self->address(), true);
   self->attach_functor([cancels, addr = self->address()] {
     forget_edge_bytes(addr);
+    forget_step_latency(addr);
     for (auto& c : *cancels)
       c->store(true);
   });
@@ -661,6 +665,7 @@ executor_actor::behavior_type executor_impl(self_ptr self, std::string device,
       g->second.newest_step = std::max(g->second.newest_step, step);
       auto s = open_step(self, key);
       s->part = &g->second.part;
+      s->run_ns = now_ns();
       release_early(st, *s); // its edges are now the running step's
       for (auto& f : feeds)
         s->values[f.op] = std::move(f.value);

@@ -17,6 +17,7 @@
 #include "caf/typed_response_promise.hpp"
 
 #include "actors/edge_budget.hpp"
+#include "actors/node_watch.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/executor.hpp"
 
@@ -77,12 +78,15 @@ struct executor_state {
     caf::typed_response_promise<step_result> rp;
     step_result result;
     int64_t early_bytes = 0; ///< of edges held before run_step, counted in edge_bytes
+    int64_t run_ns = 0;      ///< steady clock at its run_step, for step_latency
   };
   std::map<std::pair<uint64_t, uint64_t>, step> steps;
   bool sweeping = false; ///< a sweep message is scheduled
 
   /// Edge bytes held and not yet taken by a running step (actors/edge_budget.hpp).
   std::shared_ptr<std::atomic<int64_t>> edge_bytes;
+  /// Its steps' latencies, run_step to reply (actors/node_watch.hpp: the metrics read them).
+  std::shared_ptr<latency_histogram> step_latency;
   refusal_log edge_refusals; ///< the log of dropped edges: the first, then a count every 10 s
 
   /// Recently finished or aborted steps: late edges for them are dropped.

@@ -480,6 +480,22 @@ bool is_loopback_host(const std::string& host) {
   return all_loopback;
 }
 
+namespace {
+
+/// The data plane's limits from [node].
+data_plane_limits plane_limits(const node_options& opts) {
+  data_plane_limits limits;
+  limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
+  limits.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
+  limits.max_message_bytes = opts.max_message_bytes;
+  limits.max_variable_bytes = opts.max_variable_bytes;
+  limits.max_connections = opts.max_data_connections;
+  limits.max_shm_bytes = opts.max_shm_bytes;
+  return limits;
+}
+
+} // namespace
+
 caf::expected<running_node> start_node(caf::actor_system& sys, const std::string& job,
                                        int32_t task, const std::string& bind_host,
                                        uint16_t port, const node_options& opts,
@@ -518,15 +534,9 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
                           "makes the files), bind a loopback address, or set [security] "
                           "insecure = true (or --insecure) to run plaintext on purpose");
   auto directory = std::make_shared<variable_directory>();
-  data_plane_limits limits;
-  limits.idle = std::chrono::milliseconds{opts.data_idle_timeout_ms};
-  limits.frame = std::chrono::milliseconds{opts.data_frame_timeout_ms};
-  limits.max_message_bytes = opts.max_message_bytes;
-  // ... and for tensors that come through CAF (messages/types.cpp's decoder), until it stops
+  auto limits = plane_limits(opts);
+  // max_message_bytes for tensors that come through CAF too (messages/types.cpp's decoder), until it stops
   auto decode_cap = hold_max_decoded_tensor_bytes(static_cast<uint64_t>(opts.max_message_bytes));
-  limits.max_variable_bytes = opts.max_variable_bytes;
-  limits.max_connections = opts.max_data_connections;
-  limits.max_shm_bytes = opts.max_shm_bytes;
   // [security] trusted_fabric: this node takes UCX from clients of other
   // hosts, and its own data channels (pushes, remote reads) offer it. (A
   // test binary's hook counts as its config's: net/testing_hooks.hpp; in a
@@ -622,6 +632,7 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   out.actor = node;
   out.port = *published;
   out.data_plane = std::move(plane);
+  out.directory = directory;
   out.tls = *tls != nullptr;
   out.address = (bind_host.empty() ? std::string{"0.0.0.0"} : bind_host) + ":" + std::to_string(out.port);
   caf::scoped_actor self{sys, true};

@@ -95,6 +95,9 @@ struct running_node {
   std::vector<std::string> devices;
   std::vector<std::string> device_errors; ///< devices that failed to come up ("GPU:1: why")
   std::shared_ptr<data_plane_server> data_plane;
+  /// Its variables, aggregators and executors by name (shared with the data
+  /// plane): whoever watches the node reads them (metrics/node_metrics.hpp).
+  std::shared_ptr<variable_directory> directory;
   bool tls = false; ///< both ports are mutual TLS
 };
 

@@ -10,6 +10,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/node_watch.hpp"
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/sparse.hpp"
@@ -550,6 +551,13 @@ void release_waiters(self_pointer self) {
              [&](const std::string&) { return info.version; });
 }
 
+/// Counts a variable op that came as a CAF message (actors/node_watch.hpp):
+/// the bytes of its operand and of the value it answers with.
+void count_caf_op(const tensor& operand, const tensor& value) {
+  caf_variable_ops().count(operand.empty() ? 0 : operand.nbytes(),
+                           value.empty() ? 0 : value.nbytes());
+}
+
 void sweep(self_pointer self) {
   const auto& spec = self->state.cell->spec();
   self->state.waiters.sweep(self, [&](const auto& w) {
@@ -585,6 +593,7 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
       auto r = self->state.cell->apply(op, operand, want_value);
       if (!r)
         return std::move(r.error());
+      count_caf_op(operand, r->value);
       if (r->first_value)
         release_waiters(self);
       return {std::move(r->value), r->version};
@@ -594,6 +603,7 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
       auto r = self->state.cell->apply(op, operand, want_value, request_id);
       if (!r)
         return std::move(r.error());
+      count_caf_op(operand, r->value);
       if (r->first_value)
         release_waiters(self);
       return {std::move(r->value), r->version};
@@ -613,6 +623,7 @@ variable_cell_actor::behavior_type variable_impl(self_pointer self, std::shared_
       auto r = self->state.cell->gather_rows(ids);
       if (!r)
         return std::move(r.error());
+      count_caf_op(ids, r->first);
       return {std::move(r->first), r->second};
     },
     [self](init_atom, initializer& init, bool only_if_uninitialized,

@@ -78,4 +78,18 @@ void variable_directory::remove_executor(const std::string& device) {
   execs_.erase(device);
 }
 
+std::vector<std::pair<std::string, executor_actor>> variable_directory::executors() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return {execs_.begin(), execs_.end()};
+}
+
+std::vector<std::pair<std::string, aggregator_actor>> variable_directory::aggregators() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  std::vector<std::pair<std::string, aggregator_actor>> out;
+  out.reserve(aggs_.size());
+  for (const auto& [name, e] : aggs_)
+    out.emplace_back(name, e.actor);
+  return out;
+}
+
 } // namespace af

@@ -106,6 +106,13 @@ public:
   executor_actor get_executor(const std::string& device) const;
   void remove_executor(const std::string& device);
 
+  // -- for whoever watches the node (metrics/node_metrics.hpp, at a scrape) ---
+
+  /// Its executors now, by full device name.
+  std::vector<std::pair<std::string, executor_actor>> executors() const;
+  /// Its aggregators now, by name.
+  std::vector<std::pair<std::string, aggregator_actor>> aggregators() const;
+
   // -- plane_handler (actors/plane_handler.cpp) ------------------------------
 
   /// Applied to the variable's cell right here (no actor hop); the variable

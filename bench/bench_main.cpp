@@ -28,6 +28,7 @@
 #include "bench/benches.hpp"
 #include "bench/cli_checks.hpp"
 #include "bench/embed_benches.hpp"
+#include "bench/metrics_benches.hpp"
 #include "bench/raw_link.hpp"
 #include "config/cluster_spec.hpp"
 #include "bench/bench_activation.hpp"
@@ -46,6 +47,36 @@ std::string cpu_description() {
       break;
     }
   return model + " x" + std::to_string(std::thread::hardware_concurrency());
+}
+
+/// The training lines' options (and the metrics_* lines' scrape interval).
+void add_train_options(CLI::App& app, af::bench::train_bench_options& topts, int& train_timeout_s) {
+  constexpr long double max_int = std::numeric_limits<int>::max();
+  using af::bench::positive_whole;
+  app.add_option("--train-reps", topts.reps, "repetitions of each training metric (median)")
+    ->check(positive_whole("repetitions", max_int));
+  app.add_option("--train-warmup", topts.warmup_s,
+                 "seconds of the 1 M lines' warm-up, after both workers started (default 5)")
+    ->check(af::bench::number_check({0, false, 3600, false, "a number of seconds in [0, 3600]"}));
+  app.add_option("--train-window", topts.window_s,
+                 "seconds of the 1 M lines' timed window (default 15)")
+    ->check(af::bench::number_check({0, true, 3600, false, "a number of seconds in (0, 3600]"}));
+  app.add_option("--train-steps", topts.steps_1m,
+                 "sync steps of train_sync_partitioned_3ps per repetition")
+    ->check(positive_whole("steps", 1e18));
+  app.add_option("--digits-steps", topts.digits_steps, "sync steps of the digits MLP")
+    ->check(positive_whole("steps", 1e18));
+  app.add_option("--allreduce-rounds", topts.allreduce_rounds,
+                 "timed all-reduces per repetition")
+    ->check(positive_whole("all-reduces", max_int));
+  app.add_option("--train-timeout", train_timeout_s,
+                 "seconds one training cluster may run before it is killed")
+    ->check(positive_whole("seconds", max_int));
+  app.add_option("--train-set", topts.extra_sets,
+                 "key=value passed as --set to every actorflow-train process");
+  app.add_option("--scrape-ms", topts.scrape_ms,
+                 "the metrics_* lines: milliseconds between scrapes of /metrics (default 1000)")
+    ->check(positive_whole("milliseconds", max_int));
 }
 
 int main_body(int argc, char** argv) {
@@ -77,6 +108,8 @@ int main_body(int argc, char** argv) {
   all_metrics.push_back(zerocopy_metric);
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
+  for (auto& m : af::bench::metrics_cost_metrics())
+    all_metrics.push_back(m);
   const auto& embed_metrics = af::bench::embed_metrics();
   all_metrics.insert(all_metrics.end(), embed_metrics.begin(), embed_metrics.end());
   std::string only, only_list;
@@ -89,28 +122,8 @@ int main_body(int argc, char** argv) {
   // up late and as something else ("ratio=-nan", a node that did not come up).
   constexpr long double max_int = std::numeric_limits<int>::max();
   using af::bench::positive_whole;
-  app.add_option("--train-reps", topts.reps, "repetitions of each training metric (median)")
-    ->check(positive_whole("repetitions", max_int));
-  app.add_option("--train-warmup", topts.warmup_s,
-                 "seconds of the 1 M lines' warm-up, after both workers started (default 5)")
-    ->check(af::bench::number_check({0, false, 3600, false, "a number of seconds in [0, 3600]"}));
-  app.add_option("--train-window", topts.window_s,
-                 "seconds of the 1 M lines' timed window (default 15)")
-    ->check(af::bench::number_check({0, true, 3600, false, "a number of seconds in (0, 3600]"}));
-  app.add_option("--train-steps", topts.steps_1m,
-                 "sync steps of train_sync_partitioned_3ps per repetition")
-    ->check(positive_whole("steps", 1e18));
-  app.add_option("--digits-steps", topts.digits_steps, "sync steps of the digits MLP")
-    ->check(positive_whole("steps", 1e18));
-  app.add_option("--allreduce-rounds", topts.allreduce_rounds,
-                 "timed all-reduces per repetition")
-    ->check(positive_whole("all-reduces", max_int));
   int train_timeout_s = 180;
-  app.add_option("--train-timeout", train_timeout_s,
-                 "seconds one training cluster may run before it is killed")
-    ->check(positive_whole("seconds", max_int));
-  app.add_option("--train-set", topts.extra_sets,
-                 "key=value passed as --set to every actorflow-train process");
+  add_train_options(app, topts, train_timeout_s);
   std::string transport = "data-plane";
   app.add_option("--transport", transport, "how sessions reach remote variables")
     ->check(CLI::IsMember({"data-plane", "basp"}));
@@ -174,6 +187,10 @@ int main_body(int argc, char** argv) {
   if (wanted(zerocopy_metric))
     if (int rc = af::bench::zerocopy_bench(reps))
       return rc;
+
+  // What watching a node costs: an embedded cluster, then processes (fork + exec only).
+  if (int rc = af::bench::run_metrics_benches(wanted, rounds, reps, topts))
+    return rc;
 
   // The training metrics start their own processes (fork + exec only).
   std::vector<std::string> train_wanted;

@@ -141,8 +141,8 @@ std::string listed(const std::vector<double>& v) {
   return out;
 }
 
-/// `key=value` of the [train] table of the 1 M workload (config/linear_1m.toml's)
-/// in `mode`, timed as the options say.
+} // namespace
+
 std::vector<std::string> linear_keys(const std::string& mode, const train_bench_options& o) {
   return {"mode=" + mode,
           "model=linear_bias",
@@ -159,6 +159,8 @@ std::vector<std::string> linear_keys(const std::string& mode, const train_bench_
           "warmup_secs=" + exact(o.warmup_s),
           "window_secs=" + exact(o.window_s)};
 }
+
+namespace {
 
 /// The steps/s of one timed run of ours on shared memory or TCP; `loss`
 /// gets the chief's last reported training loss.

@@ -52,7 +52,15 @@ struct train_bench_options {
   std::chrono::seconds timeout{180};   ///< per cluster run; then its processes are killed
   std::vector<std::string> extra_sets; ///< more `--set key=value` for every actorflow-train run
   std::filesystem::path bin_dir;       ///< where actorflow-train is
+  /// Each task serves /metrics (--metrics-port), scraped every scrape_ms
+  /// while the job runs (bench/metrics_benches.cpp: the cost of watching).
+  bool metrics = false;
+  int scrape_ms = 1000;
 };
+
+/// `key=value` of the [train] table of the 1 M workload (config/linear_1m.toml's)
+/// in `mode`, timed as the options say.
+std::vector<std::string> linear_keys(const std::string& mode, const train_bench_options& o);
 
 /// Runs the metrics of `wanted` that are training metrics, one line each, or
 /// `metric NAME skipped: <why>` when ours cannot run (the baseline's figure

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/scraper.hpp"
 #include "bench/train_common.hpp"
 #include "config/loopback.hpp"
 
@@ -167,6 +168,7 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     int index;
   };
   std::vector<task> tasks;
+  std::vector<uint16_t> metrics_ports; // o.metrics: each task's /metrics, scraped meanwhile
   for (int k = 0; k < ps_tasks; ++k)
     tasks.push_back({"ps", k});
   for (int w = 0; w < workers; ++w)
@@ -182,13 +184,21 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
         args.push_back("--set");
         args.push_back(kv);
       }
+    if (o.metrics) {
+      metrics_ports.push_back(free_loopback_port());
+      args.insert(args.end(), {"--metrics-port", std::to_string(metrics_ports.back())});
+    }
     if (auto extra = worker_args.find(t.index); t.job == "worker" && extra != worker_args.end())
       args.insert(args.end(), extra->second.begin(), extra->second.end());
     names.push_back(t.job + " " + std::to_string(t.index));
     logs.push_back(dir.path / (tag + "-" + t.job + std::to_string(t.index) + ".log"));
     pids.push_back(spawn(args, logs.back()));
   }
-  if (auto failure = wait_all(pids, names, clock_type::now() + o.timeout)) {
+  scraper watcher{metrics_ports, std::chrono::milliseconds{o.scrape_ms}};
+  auto failure = wait_all(pids, names, clock_type::now() + o.timeout);
+  watcher.stop();
+  out.scrapes = watcher.answered();
+  if (failure) {
     out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
     return out;
   }

@@ -74,6 +74,7 @@ struct cluster_run {
   std::string window; ///< `train done:`'s window= (measured, not_measured, cut_short), if any
   std::string window_why; ///< the chief's `window: not measured: ...` line, if it printed one
   double accuracy = -1; ///< the chief's `held-out accuracy:` line, if it printed one
+  uint64_t scrapes = 0; ///< train_bench_options::metrics: /metrics answers while it ran
   std::string failure;
 };
 

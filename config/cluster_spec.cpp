@@ -100,6 +100,16 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
       err = int_field(out.connection_timeout_ms, 0, 3600000);
     } else if (key == "data_port") {
       err = int_field(out.data_port, 0, 65535);
+    } else if (key == "metrics_port") {
+      err = int_field(out.metrics_port, 0, 65535); // 0: no /metrics
+    } else if (key == "metrics_bind") {
+      if (!v.is_string() || v.as_string().str.empty()
+          || std::any_of(v.as_string().str.begin(), v.as_string().str.end(),
+                         [](char ch) { return static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f; }))
+        err = config_error(where + " must be an address to listen on (a host name or an IP "
+                                   "address, no spaces)");
+      else
+        out.metrics_bind = v.as_string().str;
     } else if (key == "data_idle_timeout_ms") {
       err = int_field(out.data_idle_timeout_ms, 1, 86400000);
     } else if (key == "data_frame_timeout_ms") {
@@ -138,7 +148,7 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
         out.bind = v.as_string().str;
     } else {
       err = config_error(where + ": unknown option (known: cpu_devices, threads, scheduler, "
-                                 "bind, data_port, heartbeat_ms, connection_timeout_ms, "
+                                 "bind, data_port, metrics_port, metrics_bind, heartbeat_ms, connection_timeout_ms, "
                                  "data_idle_timeout_ms, data_frame_timeout_ms, request_timeout_ms, "
                                  "max_variable_bytes, max_message_bytes, max_data_connections, "
                                  "max_shm_bytes, max_handshake_bytes, handshake_timeout_ms)");
@@ -153,15 +163,17 @@ caf::error read_node_options_toml(const toml::value& node, node_options& out,
 /// found after parsing (a file that cannot be read, a missing partner key).
 using key_places = std::map<std::string, std::string>;
 
-const char* const security_keys = "ca, certificate, key, passphrase_file, insecure, trusted_fabric";
+const char* const security_keys =
+  "ca, certificate, key, passphrase_file, insecure, trusted_fabric, metrics_public";
 
 /// Sets one [security] key; `where` names it for errors.
 caf::error set_security_key(security_options& out, const std::string& key, const std::string* text,
                             const bool* flag, const std::string& where) {
-  if (key == "insecure" || key == "trusted_fabric") {
+  if (key == "insecure" || key == "trusted_fabric" || key == "metrics_public") {
     if (flag == nullptr)
       return config_error(where + " must be true or false");
-    (key == "insecure" ? out.insecure : out.trusted_fabric) = *flag;
+    (key == "insecure" ? out.insecure : key == "trusted_fabric" ? out.trusted_fabric
+                                                                : out.metrics_public) = *flag;
     return caf::none;
   }
   std::string* field = key == "ca"                ? &out.ca_file
@@ -490,6 +502,9 @@ std::string cluster_spec::to_toml(const std::optional<node_options>& opts) const
       out << "data_port = " << opts->data_port << "\n";
     if (!opts->bind.empty())
       out << "bind = \"" << opts->bind << "\"\n";
+    if (opts->metrics_port != 0)
+      out << "metrics_port = " << opts->metrics_port << "\nmetrics_bind = \"" << opts->metrics_bind
+          << "\"\n";
   }
   return out.str();
 }

@@ -65,6 +65,13 @@ struct node_options {
   /// How long a CAF peer may take to finish its handshake (TLS, then BASP's)
   /// before its connection is closed.
   int32_t handshake_timeout_ms = 10000;
+
+  // -- watching: Prometheus metrics and health (docs/watching.md) ------------
+  /// Where the node serves /metrics and /healthz (plain HTTP); 0 = not at all.
+  int32_t metrics_port = 0;
+  /// The address metrics_port listens on: loopback unless [security]
+  /// metrics_public (or insecure) allows another.
+  std::string metrics_bind = "127.0.0.1";
 };
 
 class cluster_spec {

@@ -24,6 +24,14 @@
 /// record still authenticate both ends; only the frames after them go by UCX
 /// unencrypted (docs/security.md "Trusted fabric").
 ///
+/// A node's /metrics and /healthz ([node] metrics_port) are plain HTTP
+/// without authentication: they listen on loopback unless
+///
+///   [security]
+///   metrics_public = true   # default false; insecure = true allows it too
+///
+/// lets [node] metrics_bind name another address (docs/watching.md).
+///
 /// Relative paths are relative to the config file's folder. `actorflow-certs`
 /// makes a CA and one certificate per task of a config.
 
@@ -42,6 +50,8 @@ struct security_options {
   /// The network between hosts is trusted: the data plane may leave TCP/TLS
   /// for UCX after a connection's first exchange (net/ucx_link.hpp).
   bool trusted_fabric = false;
+  /// [node] metrics_bind may be an address other than loopback.
+  bool metrics_public = false;
 
   /// True when connections are to be mutual TLS.
   bool enabled() const { return !cert_file.empty(); }

@@ -35,6 +35,8 @@ embedded_cluster::start(const std::map<std::string, int>& jobs, node_options opt
         return std::move(node.error());
       m.node = node->actor;
       m.data_plane = node->data_plane;
+      m.directory = node->directory;
+      m.port = node->port;
       m.address = "127.0.0.1:" + std::to_string(node->port);
       register_local_node(m.address, m.sys.get(), m.node);
       addresses[job].push_back(m.address);
@@ -75,6 +77,18 @@ caf::actor_system& embedded_cluster::system(const std::string& job, int32_t task
   if (m == nullptr)
     throw std::out_of_range("embedded cluster has no /job:" + job + "/task:" + std::to_string(task));
   return *m->sys;
+}
+
+running_node embedded_cluster::node(const std::string& job, int32_t task) {
+  system(job, task); // throws if there is no such task
+  auto m = find(job, task);
+  running_node out;
+  out.actor = m->node;
+  out.port = m->port;
+  out.address = m->address;
+  out.data_plane = m->data_plane;
+  out.directory = m->directory;
+  return out;
 }
 
 caf::expected<session> embedded_cluster::session_for(const std::string& job, int32_t task,

@@ -22,6 +22,9 @@
 
 namespace af {
 
+struct running_node;       // actors/node.hpp (not included: its names would crowd every includer)
+class variable_directory;  // actors/variable_directory.hpp
+
 class embedded_cluster {
 public:
   /// `jobs`: job name -> number of tasks, e.g. {{"ps", 1}, {"worker", 2}}.
@@ -42,6 +45,11 @@ public:
   caf::expected<session> session_for(const std::string& job, int32_t task,
                                      session_options opts = {});
 
+  /// /job:J/task:T's node as started (its actor, port, data plane and
+  /// directory), for whoever watches it (metrics/node_metrics.hpp); throws
+  /// std::out_of_range if the cluster has no such task.
+  running_node node(const std::string& job, int32_t task);
+
 private:
   struct member {
     std::string job;
@@ -50,6 +58,8 @@ private:
     std::unique_ptr<caf::actor_system> sys;
     node_actor node;
     std::shared_ptr<data_plane_server> data_plane;
+    std::shared_ptr<variable_directory> directory;
+    uint16_t port = 0;
     std::string address;
   };
   embedded_cluster() = default;

@@ -37,6 +37,7 @@
 #include "net/tls.hpp"
 #include "net/ucx_link.hpp"
 #include "net/byte_channel.hpp"
+#include "net/data_plane_counters.hpp"
 #include "net/data_plane_limits.hpp"
 #include "net/plane_handler.hpp"
 #include "core/tensor.hpp"
@@ -64,6 +65,16 @@ public:
   ~data_plane_server();
 
   uint16_t port() const { return port_; }
+
+  /// What it has served and refused so far (relaxed atomics: read them at
+  /// any time, from any thread; metrics/node_metrics.hpp does at each scrape).
+  const data_plane_counters& counters() const { return counters_; }
+
+  /// Bytes of its clients' shared-memory segments mapped now ([node] max_shm_bytes bounds them).
+  int64_t shm_bytes_mapped() const { return shm_mapped_.load(std::memory_order_relaxed); }
+
+  /// Its limits ([node] max_data_connections, ...).
+  const data_plane_limits& limits() const { return timeouts_; }
 
   /// Closes every connection and joins the threads; idempotent. Call before
   /// the actor system goes away (the handler's calls may hold actors' handles).
@@ -100,6 +111,7 @@ private:
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> shm_mapped_{0}; ///< bytes of the clients' segments mapped now
+  data_plane_counters counters_;
   std::thread acceptor_;
   std::mutex mtx_;
   std::vector<std::thread> workers_;

@@ -196,6 +196,7 @@ bool data_plane_server::admit(int fd, const std::string& peer, std::vector<std::
     // client retrying in a loop must not flood the log), counted after.
     auto open_now = conns_.size();
     guard.unlock();
+    counters_.count_refusal(plane_refusal::max_connections);
     if (over_limit++ == 0)
       log::get()->warn("{} data plane: refused {}: {} connections are open, the most it serves "
                        "([node] max_data_connections = {}); further refusals are counted",
@@ -215,6 +216,7 @@ bool data_plane_server::admit(int fd, const std::string& peer, std::vector<std::
     auto& pending = handshaking_[host_of(peer)];
     if (pending >= max_handshakes_per_host) {
       guard.unlock();
+      counters_.count_refusal(plane_refusal::handshakes);
       if (over_handshakes++ == 0)
         log::get()->warn("{} data plane: refused {}: {} connections from its host are still in "
                          "their TLS handshake; further refusals are counted",
@@ -235,10 +237,13 @@ bool data_plane_server::admit(int fd, const std::string& peer, std::vector<std::
                      node_name_, over_limit - 1, timeouts_.max_connections);
   over_limit = 0;
   conns_.push_back(fd);
+  counters_.open.store(static_cast<int64_t>(conns_.size()), std::memory_order_relaxed);
   try {
     workers_.emplace_back([this, fd, peer] { serve(fd, peer); });
+    counters_.accepted.fetch_add(1, std::memory_order_relaxed);
   } catch (...) {
     conns_.pop_back();
+    counters_.open.store(static_cast<int64_t>(conns_.size()), std::memory_order_relaxed);
     if (tls_) {
       auto it = handshaking_.find(host_of(peer));
       if (it != handshaking_.end() && --it->second <= 0)
@@ -315,8 +320,10 @@ void data_plane_server::serve(int fd, const std::string& peer) {
       handshaking_.erase(it);
   }
   if (tls_ && !stream) {
+    counters_.count_refusal(plane_refusal::tls);
     std::lock_guard<std::mutex> guard{mtx_};
     conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
+    counters_.open.store(static_cast<int64_t>(conns_.size()), std::memory_order_relaxed);
     close_refused(fd);
     try {
       finished_.push_back(std::this_thread::get_id());
@@ -341,6 +348,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
   }
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
+  counters_.open.store(static_cast<int64_t>(conns_.size()), std::memory_order_relaxed);
   stream.reset(); // no close_notify: the peer sees the socket close, as in plaintext
   close(fd);
   try {
@@ -386,6 +394,7 @@ void data_plane_server::serve_frames(served_connection& c) {
     if (!problem.empty()) {
       // The stream cannot be trusted past a bad header: answer and hang up.
       log::get()->warn("{} data plane: refused {}: {}", node_name_, peer, problem);
+      counters_.count_refusal(plane_refusal::bad_frame);
       send_error(io, af_error::invalid_argument, node_name_ + " data plane: " + problem);
       break;
     }
@@ -412,6 +421,18 @@ void data_plane_server::serve_frames(served_connection& c) {
         break;
       continue;
     }
+    // Counted where the frame came (relaxed increments: no lock), its
+    // reply by plane_request::reply.
+    auto& counted = counters_.of(c.ucx   ? plane_transport::ucx
+                                 : c.shm ? plane_transport::shm
+                                 : c.tls ? plane_transport::tls
+                                         : plane_transport::tcp);
+    c.counted = &counted;
+    counted.requests.fetch_add(1, std::memory_order_relaxed);
+    counted.bytes_received.fetch_add(sizeof(h) + h.name_len + h.payload_bytes,
+                                     std::memory_order_relaxed);
+    if (gather || valid_var_op(h.kind))
+      counted.variable_ops.fetch_add(1, std::memory_order_relaxed);
     // The rest is the runtime's: one virtual call per frame.
     plane_request req{c, h, name, timeouts_};
     bool go_on = wire::aggregator_kind(h.kind) ? handler_->aggregate(req)

@@ -168,8 +168,11 @@ bool send_reply(served_connection& conn, wire::header& h, const void* payload) {
 
 bool plane_request::reply(wire::header& h, const void* payload) {
   h.kind = static_cast<uint8_t>(wire::kind::reply);
-  if (send_reply(conn_, h, payload))
+  if (send_reply(conn_, h, payload)) {
+    if (conn_.counted != nullptr)
+      conn_.counted->bytes_sent.fetch_add(sizeof(h) + h.payload_bytes, std::memory_order_relaxed);
     return true;
+  }
   if (errno == EAGAIN || errno == EWOULDBLOCK)
     log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",
                      conn_.node_name, conn_.peer, conn_.frame_ms);

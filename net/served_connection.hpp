@@ -9,6 +9,7 @@
 #include <string>
 
 #include "net/byte_channel.hpp"
+#include "net/data_plane_counters.hpp"
 #include "net/data_link.hpp"
 #include "net/shm_ring.hpp"
 #include "net/ucx_link.hpp"
@@ -52,6 +53,9 @@ struct served_connection {
   /// connection's own copy of the buffer, and its bytes in the ring.
   std::shared_ptr<std::byte> lent;
   uint64_t lent_bytes = 0;
+  /// The server's counters of the transport the frame being served came by
+  /// (serve_frames sets it per frame); plane_request::reply counts its bytes there.
+  data_plane_counters::per_transport* counted = nullptr;
 
   /// After the handler's call: waits until `lent` is the last copy of the
   /// payload lent (if any), then gives its room in the ring back. False:

@@ -35,6 +35,7 @@
 #include "actors/system.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "metrics/node_metrics.hpp"
 #include "programs/last_resort.hpp"
 
 namespace {
@@ -146,12 +147,21 @@ int supervise(int argc, char** argv, int max_restarts) {
   }
 }
 
+/// [node] metrics_port's /metrics and /healthz beside `node`; null when it is 0.
+caf::expected<std::unique_ptr<af::node_metrics>>
+start_metrics(caf::actor_system& sys, const af::running_node& node, const std::string& name,
+              const af::node_options& opts, const af::security_options& sec) {
+  if (opts.metrics_port == 0)
+    return std::unique_ptr<af::node_metrics>{};
+  return af::start_node_metrics(sys, node, name, opts, sec);
+}
+
 } // namespace
 
 static int main_body(int argc, char** argv) {
   CLI::App app{"actorflow-node: runs one task (ps or worker) of an actorflow cluster"};
   std::string config_path, job, bind, scheduler;
-  int task = -1, cpu_devices = 0, threads = -1, data_port = -1;
+  int task = -1, cpu_devices = 0, threads = -1, data_port = -1, metrics_port = -1;
   app.add_option("-c,--config", config_path, "cluster config file (TOML or JSON); default: $TF_CONFIG");
   app.add_option("-j,--job", job, "job name of this task (default: TF_CONFIG's task.type)");
   auto* task_flag =
@@ -160,6 +170,10 @@ static int main_body(int argc, char** argv) {
   app.add_option("--cpu-devices", cpu_devices, "number of CPU devices (cpu:0..cpu:N-1)")->check(CLI::Range(1, 64));
   app.add_option("--threads", threads, "scheduler threads (0 = one per core)")->check(CLI::Range(0, 256));
   app.add_option("--data-port", data_port, "port of the tensor data plane (0 = any free one)")
+    ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-port", metrics_port,
+                 "serve /metrics (Prometheus) and /healthz on this port of metrics_bind, "
+                 "loopback by default (as [node] metrics_port; 0 = none)")
     ->check(CLI::Range(0, 65535));
   app.add_option("--scheduler", scheduler, "CAF scheduler policy")->check(CLI::IsMember({"sharing", "stealing"}));
   bool insecure = false, restart_on_failure = false;
@@ -194,6 +208,7 @@ static int main_body(int argc, char** argv) {
   if (cpu_devices > 0) opts.cpu_devices = cpu_devices;
   if (threads >= 0) opts.threads = threads;
   if (data_port >= 0) opts.data_port = data_port;
+  if (metrics_port >= 0) opts.metrics_port = metrics_port;
   if (!scheduler.empty()) opts.scheduler = scheduler;
   if (insecure) {
     if (cfg->security.enabled())
@@ -205,6 +220,10 @@ static int main_body(int argc, char** argv) {
     return fail(af::describe(security.error()));
   cfg->security = std::move(*security);
 
+  auto name = "/job:" + job + "/task:" + std::to_string(task);
+  if (auto err = opts.metrics_port == 0 ? caf::error{}
+                                         : af::check_metrics_options(opts, cfg->security, name))
+    return fail(af::describe(err)); // before the node's ports open
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0)
     return fail("cannot create the signal pipe");
   struct sigaction action {};
@@ -217,7 +236,6 @@ static int main_body(int argc, char** argv) {
   af::system_config sys_cfg{opts, cfg->security};
   auto sys_owner = af::start_actor_system(sys_cfg);
   caf::actor_system& sys = *sys_owner;
-  auto name = "/job:" + job + "/task:" + std::to_string(task);
   af::log::init(name);
   auto node = af::start_node(sys, job, task, opts.bind.empty() ? addr->host : opts.bind, addr->port,
                              opts, cfg->security, af::node_aggregators());
@@ -226,6 +244,13 @@ static int main_body(int argc, char** argv) {
                 af::is(node.error(), af::af_error::resource_exhausted) ? 1 : 2);
   if (!node->tls)
     af::log::get()->warn("{}", af::plaintext_warning());
+  // /metrics and /healthz: stopped before the node's system goes (declared after it).
+  auto metrics = start_metrics(sys, *node, name, opts, cfg->security);
+  if (!metrics) {
+    node->data_plane->stop();
+    caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+    return fail(af::describe(metrics.error()));
+  }
 
   std::string devices;
   for (const auto& d : node->devices)
@@ -239,6 +264,8 @@ static int main_body(int argc, char** argv) {
   // task's address (0.0.0.0: every interface, which an operator must know).
   if (!opts.bind.empty() && opts.bind != addr->host)
     broken += "; listening on " + opts.bind;
+  if (*metrics)
+    broken += "; metrics on " + opts.metrics_bind + ":" + std::to_string((*metrics)->port());
   std::printf("actorflow-node ready: %s at %s (devices %s; data plane port %u; scheduler %s x%zu; %s; pid %d%s)\n",
               name.c_str(), addr->to_string().c_str(), devices.c_str(),
               static_cast<unsigned>(node->data_plane->port()), opts.scheduler.c_str(), sys_cfg.threads(),
@@ -255,6 +282,8 @@ static int main_body(int argc, char** argv) {
     if (sig != 0) { // 0: main's wake-up after the node stopped by itself
       std::printf("actorflow-node %s: signal %d, shutting down\n", name.c_str(), sig);
       std::fflush(stdout);
+      if (*metrics)
+        (*metrics)->shutting_down("signal " + std::to_string(sig));
       caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
     }
   }};

@@ -46,6 +46,7 @@
 #include "dist/training.hpp"
 #include "config/cluster_spec.hpp"
 #include "messages/error.hpp"
+#include "metrics/node_metrics.hpp"
 #include "train/checkpoint.hpp"
 #include "train/config.hpp"
 #include "train/metrics.hpp"
@@ -316,7 +317,8 @@ struct train_args {
   bool in_graph = false, join = false, status = false, local = false;
   std::string switch_to;
   int step_delay_ms = 0;
-  std::string logdir; ///< --logdir: as --set logdir=DIR (after the --set ones)
+  std::string logdir;    ///< --logdir: as --set logdir=DIR (after the --set ones)
+  int metrics_port = -1; ///< --metrics-port: overrides [node] metrics_port
 };
 
 void add_options(CLI::App& app, train_args& a) {
@@ -342,6 +344,10 @@ void add_options(CLI::App& app, train_args& a) {
                  "start each of this worker's steps this much later: a straggler for tests and "
                  "benches")
     ->check(CLI::Range(0, 600000));
+  app.add_option("--metrics-port", a.metrics_port,
+                 "with --job/--task: serve /metrics (Prometheus) and /healthz of this task's node "
+                 "on this port (as [node] metrics_port; 0 = none)")
+    ->check(CLI::Range(0, 65535));
 }
 
 /// The [train] config and the cluster of --config (none: embedded), with the
@@ -578,6 +584,8 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
   init_log(name);
   af::tune_malloc_for_tensors();
   auto opts = cluster.node;
+  if (a.metrics_port >= 0)
+    opts.metrics_port = a.metrics_port;
   // The task's own certificate: its node and the sessions it makes use it.
   auto sec = af::security_for(cluster.security, af::security_member_name(job, task));
   if (!sec)
@@ -590,6 +598,16 @@ int run_task_process(const train_args& a, const af::cluster_config& cluster,
                              opts, {}, af::node_aggregators());
   if (!node)
     return fail(af::describe(node.error()), start_status(node.error()));
+  std::unique_ptr<af::node_metrics> metrics; // [node] metrics_port (docs/watching.md)
+  if (opts.metrics_port != 0) {
+    auto m = af::start_node_metrics(sys, *node, name, opts, *sec);
+    if (!m) {
+      node->data_plane->stop();
+      caf::anon_send_exit(node->actor, caf::exit_reason::user_shutdown);
+      return fail(af::describe(m.error()));
+    }
+    metrics = std::move(*m);
+  }
   std::printf("actorflow-train %s: node up at %s (data plane port %u)\n", name.c_str(),
               addr->to_string().c_str(), static_cast<unsigned>(node->data_plane->port()));
   std::fflush(stdout);

@@ -177,7 +177,8 @@ TEST_CASE("[security] and its JSON twin: keys, files and where an error is", "[c
   CHECK(missing.find("cluster.toml:4: security.ca: cannot read '/nonexistent/ca.pem'") != std::string::npos);
   auto unknown = toml_error("[cluster]\nps = [\"a:1\"]\n[security]\ncafile = \"x\"\n");
   CHECK(unknown.find("cluster.toml:4: security.cafile: unknown option (known: ca, certificate, key, "
-                     "passphrase_file, insecure, trusted_fabric)") != std::string::npos);
+                     "passphrase_file, insecure, trusted_fabric, metrics_public)")
+        != std::string::npos);
   CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[security]\ninsecure = \"yes\"\n")
           .find("security.insecure must be true or false") != std::string::npos);
   CHECK(toml_error("[cluster]\nps = [\"a:1\"]\n[securty]\n").find("known: cluster, node, security, train")

@@ -1,0 +1,242 @@
+/// What a node's /metrics says (metrics/node_collector.hpp). Names follow
+/// Prometheus' conventions: actorflow_..._total for counters, _seconds and
+/// _bytes for units; labels for transport, reason, executor, aggregator, worker.
+#include "metrics/node_collector.hpp"
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+
+#include "caf/all.hpp"
+
+#include "actors/node_watch.hpp"
+#include "actors/variable_directory.hpp"
+#include "messages/aggregator.hpp"
+#include "messages/executor.hpp"
+#include "messages/node.hpp"
+#include "net/data_plane.hpp"
+
+namespace af {
+
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using labels = std::vector<ClientMetric::Label>;
+
+/// A new family at the end of `out` (a deque: the families made before stay
+/// where they are while their metrics are added).
+MetricFamily& family(families& out, std::string name, std::string help, MetricType type) {
+  out.push_back(MetricFamily{std::move(name), std::move(help), type, {}});
+  return out.back();
+}
+
+void add_counter(MetricFamily& f, double value, labels l = {}) {
+  ClientMetric m;
+  m.label = std::move(l);
+  m.counter.value = value;
+  f.metric.push_back(std::move(m));
+}
+
+void add_gauge(MetricFamily& f, double value, labels l = {}) {
+  ClientMetric m;
+  m.label = std::move(l);
+  m.gauge.value = value;
+  f.metric.push_back(std::move(m));
+}
+
+void add_histogram(MetricFamily& f, const latency_histogram::snapshot& s, labels l) {
+  ClientMetric m;
+  m.label = std::move(l);
+  m.histogram.sample_count = s.count;
+  m.histogram.sample_sum = s.sum_s;
+  uint64_t cumulative = 0;
+  const auto& bounds = latency_histogram::bounds();
+  for (size_t k = 0; k < bounds.size(); ++k) {
+    cumulative += s.counts[k];
+    m.histogram.bucket.push_back({cumulative, bounds[k]});
+  }
+  m.histogram.bucket.push_back({s.count, std::numeric_limits<double>::infinity()});
+  f.metric.push_back(std::move(m));
+}
+
+double as_double(uint64_t x) {
+  return static_cast<double>(x);
+}
+
+} // namespace
+
+void process_usage(int64_t& rss_bytes, int64_t& threads) {
+  rss_bytes = -1;
+  threads = -1;
+  std::ifstream in{"/proc/self/status"};
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields{line};
+    std::string key;
+    int64_t value = 0;
+    fields >> key >> value;
+    if (key == "VmRSS:" && fields)
+      rss_bytes = value * 1024; // the file says kB
+    else if (key == "Threads:" && fields)
+      threads = value;
+  }
+}
+
+std::vector<MetricFamily> node_collector::Collect() const {
+  families out;
+  collect_data_plane(out);
+  collect_runtime(out);
+  collect_aggregators(out);
+  int64_t rss = 0, threads = 0;
+  process_usage(rss, threads);
+  if (rss >= 0)
+    add_gauge(family(out, "actorflow_process_resident_memory_bytes",
+                     "Resident memory of the node's process", MetricType::Gauge),
+              static_cast<double>(rss));
+  if (threads >= 0)
+    add_gauge(family(out, "actorflow_process_threads", "Threads of the node's process",
+                     MetricType::Gauge),
+              static_cast<double>(threads));
+  return {std::make_move_iterator(out.begin()), std::make_move_iterator(out.end())};
+}
+
+void node_collector::collect_data_plane(families& out) const {
+  auto& ops = family(out, "actorflow_variable_ops_total",
+                     "Variable ops served, by how they came: the data plane's tcp, tls, shm or "
+                     "ucx, or caf (messages to the variable's actor; counted per process)",
+                     MetricType::Counter);
+  auto& bytes = family(out, "actorflow_transport_bytes_total",
+                       "Bytes moved, by transport and direction: every data-plane frame (ops, "
+                       "pushes, edges; received requests, sent replies), and the tensors of "
+                       "variable ops over caf (per process)",
+                       MetricType::Counter);
+  auto& requests = family(out, "actorflow_data_plane_requests_total",
+                          "Request frames the data plane served (variable ops, aggregator pushes "
+                          "and pulls, edges), by transport",
+                          MetricType::Counter);
+  if (const auto* plane = node_.data_plane.get()) {
+    const auto& c = plane->counters();
+    for (auto t : {plane_transport::tcp, plane_transport::tls, plane_transport::shm,
+                   plane_transport::ucx}) {
+      const auto& p = c.of(t);
+      std::string name = to_string(t);
+      add_counter(ops, as_double(p.variable_ops.load(std::memory_order_relaxed)),
+                  {{"transport", name}});
+      add_counter(bytes, as_double(p.bytes_received.load(std::memory_order_relaxed)),
+                  {{"direction", "received"}, {"transport", name}});
+      add_counter(bytes, as_double(p.bytes_sent.load(std::memory_order_relaxed)),
+                  {{"direction", "sent"}, {"transport", name}});
+      add_counter(requests, as_double(p.requests.load(std::memory_order_relaxed)),
+                  {{"transport", name}});
+    }
+    add_counter(family(out, "actorflow_data_plane_connections_accepted_total",
+                       "Data-plane connections admitted", MetricType::Counter),
+                as_double(c.accepted.load(std::memory_order_relaxed)));
+    add_gauge(family(out, "actorflow_data_plane_connections",
+                     "Data-plane connections served now", MetricType::Gauge),
+              static_cast<double>(c.open.load(std::memory_order_relaxed)));
+    add_gauge(family(out, "actorflow_data_plane_connections_limit",
+                     "[node] max_data_connections", MetricType::Gauge),
+              static_cast<double>(plane->limits().max_connections));
+    auto& refused = family(out, "actorflow_data_plane_refused_total",
+                           "Data-plane connections refused or dropped, by reason",
+                           MetricType::Counter);
+    for (auto r : {plane_refusal::max_connections, plane_refusal::handshakes, plane_refusal::tls,
+                   plane_refusal::bad_frame})
+      add_counter(refused, as_double(c.refused[static_cast<size_t>(r)].load(std::memory_order_relaxed)),
+                  {{"reason", to_string(r)}});
+    add_gauge(family(out, "actorflow_shm_bytes",
+                     "Shared memory the data plane maps for its clients now", MetricType::Gauge),
+              static_cast<double>(plane->shm_bytes_mapped()));
+  }
+  const auto& caf_ops = caf_variable_ops();
+  add_counter(ops, as_double(caf_ops.ops.load(std::memory_order_relaxed)), {{"transport", "caf"}});
+  add_counter(bytes, as_double(caf_ops.bytes_received.load(std::memory_order_relaxed)),
+              {{"direction", "received"}, {"transport", "caf"}});
+  add_counter(bytes, as_double(caf_ops.bytes_sent.load(std::memory_order_relaxed)),
+              {{"direction", "sent"}, {"transport", "caf"}});
+}
+
+void node_collector::collect_runtime(families& out) const {
+  auto& latency = family(out, "actorflow_step_latency_seconds",
+                         "Steps of registered graphs, run_step to reply, per executor",
+                         MetricType::Histogram);
+  auto& graphs = family(out, "actorflow_graphs", "Graphs registered on each executor now",
+                        MetricType::Gauge);
+  auto& steps = family(out, "actorflow_open_steps", "Steps open on each executor now",
+                       MetricType::Gauge);
+  caf::scoped_actor self{sys_};
+  auto timeout = std::chrono::milliseconds{timeout_ms_};
+  if (node_.directory)
+    for (const auto& [device, exec] : node_.directory->executors()) {
+      if (auto h = step_latency_of(caf::actor_cast<caf::actor_addr>(exec), false))
+        add_histogram(latency, h->read(), {{"executor", device}});
+      self->request(exec, timeout, info_atom::value)
+        .receive(
+          [&](uint64_t g, uint64_t s) {
+            add_gauge(graphs, as_double(g), {{"executor", device}});
+            add_gauge(steps, as_double(s), {{"executor", device}});
+          },
+          [](caf::error&) { /* it ended meanwhile: not there */ });
+    }
+  uint64_t parked = 0;
+  bool listed = false;
+  self->request(node_.actor, timeout, list_atom::value)
+    .receive(
+      [&](std::vector<variable_info>& vars) {
+        listed = true;
+        for (const auto& v : vars)
+          parked += v.waiters;
+      },
+      [](caf::error&) {});
+  if (listed)
+    add_gauge(family(out, "actorflow_parked_waiters",
+                     "Requests parked on the node's variables, waiting for their initialization",
+                     MetricType::Gauge),
+              as_double(parked));
+}
+
+void node_collector::collect_aggregators(families& out) const {
+  auto& rounds = family(out, "actorflow_aggregator_rounds_total",
+                        "Updates an aggregator applied to its variables (its global step)",
+                        MetricType::Counter);
+  auto& pushes = family(out, "actorflow_aggregator_pushes_total",
+                        "Pushes an aggregator received, per worker", MetricType::Counter);
+  auto& late = family(out, "actorflow_aggregator_late_pushes_total",
+                      "sync: pushes that came after their step closed (dropped), per worker",
+                      MetricType::Counter);
+  auto& refused = family(out, "actorflow_aggregator_refused_pushes_total",
+                         "Pushes refused (not finite, abstained), per worker",
+                         MetricType::Counter);
+  auto& stale = family(out, "actorflow_aggregator_stale_pushes_total",
+                       "async, ssp: pushes applied with staleness > 0, per worker",
+                       MetricType::Counter);
+  auto& members = family(out, "actorflow_aggregator_active_workers",
+                         "Members still pushing", MetricType::Gauge);
+  if (!node_.directory)
+    return;
+  caf::scoped_actor self{sys_};
+  auto timeout = std::chrono::milliseconds{timeout_ms_};
+  for (const auto& [name, agg] : node_.directory->aggregators()) {
+    self->request(agg, timeout, stats_atom::value)
+      .receive(
+        [&, name = name](aggregator_stats& s) {
+          add_counter(rounds, as_double(s.applied), {{"aggregator", name}});
+          add_gauge(members, as_double(s.active), {{"aggregator", name}});
+          for (const auto& w : s.workers) {
+            labels l{{"aggregator", name}, {"worker", std::to_string(w.worker)}};
+            add_counter(pushes, as_double(w.pushes), l);
+            add_counter(late, as_double(w.late), l);
+            add_counter(refused, as_double(w.refused), l);
+            add_counter(stale, as_double(w.stale), l);
+          }
+        },
+        [](caf::error&) { /* it ended meanwhile: not there */ });
+  }
+}
+
+} // namespace af

@@ -1,0 +1,194 @@
+/// A node's /metrics and /healthz (metrics/node_metrics.hpp): prometheus-cpp's
+/// Exposer serves /metrics from node_collector; /healthz is answered in
+/// civetweb's begin_request callback, which the Exposer hands to its server.
+#include "metrics/node_metrics.hpp"
+
+#include <CivetServer.h>
+#include <civetweb.h>
+
+#include <prometheus/exposer.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "caf/all.hpp"
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+#include "metrics/node_collector.hpp"
+#include "metrics/thread_stack.hpp"
+#include "net/data_plane.hpp"
+
+namespace af {
+
+/// What /healthz reads: set from the node's end (attach_functor) and from
+/// shutting_down(), read by civetweb's threads.
+struct metrics_health {
+  std::mutex mtx;
+  std::string stopping; ///< why it stops; "" while it serves
+  std::shared_ptr<data_plane_server> plane;
+
+  /// 200 "ok", or 503 and why not.
+  std::pair<int, std::string> check() {
+    {
+      std::lock_guard<std::mutex> guard{mtx};
+      if (!stopping.empty())
+        return {503, "shutting down: " + stopping};
+    }
+    if (plane) {
+      const auto& c = plane->counters();
+      auto open = c.open.load(std::memory_order_relaxed);
+      auto most = plane->limits().max_connections;
+      if (open >= most)
+        return {503, fmt::format("refusing work: the data plane serves {} connections, the most "
+                                 "it may ([node] max_data_connections = {}); new ones are refused",
+                                 open, most)};
+    }
+    return {200, "ok"};
+  }
+};
+
+class node_metrics_server {
+public:
+  std::shared_ptr<metrics_health> health = std::make_shared<metrics_health>();
+  std::shared_ptr<node_collector> collector;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  uint16_t port = 0;
+};
+
+namespace {
+
+/// The servers of this process by port: civetweb's callback has no user data
+/// of its own (the Exposer's CivetServer takes it), only the port it came on.
+std::mutex& servers_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<int, std::shared_ptr<metrics_health>>& servers() {
+  static std::map<int, std::shared_ptr<metrics_health>> m;
+  return m;
+}
+
+/// civetweb's begin_request: answers /healthz; 0 leaves every other request
+/// (/metrics) to the Exposer's handlers.
+int answer_health(mg_connection* conn) {
+  const mg_request_info* req = mg_get_request_info(conn);
+  if (req == nullptr || req->local_uri == nullptr || std::strcmp(req->local_uri, "/healthz") != 0)
+    return 0;
+  std::shared_ptr<metrics_health> health;
+  {
+    std::lock_guard<std::mutex> guard{servers_mutex()};
+    auto it = servers().find(req->server_port);
+    if (it != servers().end())
+      health = it->second;
+  }
+  auto [code, text] = health ? health->check() : std::pair<int, std::string>{503, "not serving"};
+  text += "\n";
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
+            "%zu\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n%s",
+            code, code == 200 ? "OK" : "Service Unavailable", text.size(), text.c_str());
+  return code;
+}
+
+} // namespace
+
+node_metrics::~node_metrics() {
+  if (!impl_)
+    return;
+  {
+    std::lock_guard<std::mutex> guard{servers_mutex()};
+    servers().erase(impl_->port);
+  }
+  impl_->exposer.reset(); // joins civetweb's threads: no scrape runs after this
+}
+
+uint16_t node_metrics::port() const {
+  return impl_->port;
+}
+
+void node_metrics::shutting_down(const std::string& why) {
+  std::lock_guard<std::mutex> guard{impl_->health->mtx};
+  if (impl_->health->stopping.empty())
+    impl_->health->stopping = why.empty() ? "asked to" : why;
+}
+
+caf::error check_metrics_options(const node_options& opts, const security_options& sec,
+                                const std::string& name) {
+  if (opts.metrics_port <= 0 || opts.metrics_port > 65535)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] metrics_port = {} is not a port to serve /metrics "
+                                  "on: pass 1..65535 (0 serves none)",
+                                  name, opts.metrics_port));
+  const auto& host = opts.metrics_bind;
+  if (!is_loopback_host(host) && !sec.metrics_public && !sec.insecure)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] metrics_bind = \"{}\" is not a loopback address, and "
+                                  "/metrics and /healthz are plain HTTP without authentication: "
+                                  "set [security] metrics_public = true to serve them there, or "
+                                  "bind 127.0.0.1 and scrape through a proxy",
+                                  name, host));
+  return caf::none;
+}
+
+caf::expected<std::unique_ptr<node_metrics>>
+start_node_metrics(caf::actor_system& sys, const running_node& node, const std::string& name,
+                   const node_options& opts, const security_options& sec) {
+  if (auto err = check_metrics_options(opts, sec, name))
+    return err;
+  const auto& host = opts.metrics_bind;
+  auto where = (host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host)
+               + ":" + std::to_string(opts.metrics_port);
+  std::unique_ptr<node_metrics> out{new node_metrics};
+  out->impl_ = std::make_unique<node_metrics_server>();
+  auto& impl = *out->impl_;
+  impl.health->plane = node.data_plane;
+  impl.collector = std::make_shared<node_collector>(sys, node, opts.request_timeout_ms);
+  static const CivetCallbacks callbacks = [] {
+    CivetCallbacks c; // all null
+    c.begin_request = answer_health;
+    return c;
+  }();
+  // civetweb's threads must have room for the process's TLS (metrics/thread_stack.hpp).
+  if (metrics_thread_stack_floor() == 0)
+    return make_error(af_error::internal, "no thread stack floor");
+  {
+    // Registered before the server starts: its first /healthz finds it.
+    std::lock_guard<std::mutex> guard{servers_mutex()};
+    if (servers().count(opts.metrics_port) > 0)
+      return make_error(af_error::bind_failed,
+                        fmt::format("{}: [node] metrics_port = {} is taken by another node of this "
+                                    "process; give each node its own",
+                                    name, opts.metrics_port));
+    servers()[opts.metrics_port] = impl.health;
+  }
+  try {
+    impl.exposer = std::make_unique<prometheus::Exposer>(
+      std::vector<std::string>{"listening_ports", where, "num_threads", "2"}, &callbacks);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> guard{servers_mutex()};
+    servers().erase(opts.metrics_port);
+    return make_error(af_error::bind_failed,
+                      fmt::format("{}: cannot serve /metrics on {} ([node] metrics_port = {}, "
+                                  "metrics_bind = \"{}\"): {}; is another process using the "
+                                  "port? Pick another metrics_port",
+                                  name, where, opts.metrics_port, host, e.what()));
+  }
+  impl.port = static_cast<uint16_t>(opts.metrics_port);
+  impl.exposer->RegisterCollectable(impl.collector);
+  // A node that ends (a failure, a shutdown request) says so at once.
+  caf::actor_cast<caf::abstract_actor*>(node.actor)
+    ->attach_functor([health = impl.health](const caf::error& reason) {
+      std::lock_guard<std::mutex> guard{health->mtx};
+      if (health->stopping.empty())
+        health->stopping = "the node stopped (" + caf::to_string(reason) + ")";
+    });
+  log::get()->info("{}: /metrics and /healthz on http://{}", name, where);
+  return out;
+}
+
+} // namespace af
