@@ -88,7 +88,7 @@ std::vector<std::pair<std::string, aggregator_actor>> variable_directory::aggreg
   std::vector<std::pair<std::string, aggregator_actor>> out;
   out.reserve(aggs_.size());
   for (const auto& [name, e] : aggs_)
-    out.emplace_back(name, e.actor);
+    out.emplace_back(name, e->actor);
   return out;
 }
 
