@@ -55,7 +55,18 @@ struct job_run {
   std::unique_ptr<embedded_cluster> cluster;
   std::string memory_name; ///< the registered data set ("": none)
   std::thread runner;
+  /// Held while a Python thread joins the runner: two threads' joins of one
+  /// std::thread (__exit__ from two threads) are undefined, and hung.
+  std::mutex join_mutex;
 };
+
+/// Stops the job and waits for its runner (the caller has released the GIL).
+void stop_and_join(job_run& j) {
+  j.stop->store(true);
+  std::lock_guard<std::mutex> guard{j.join_mutex};
+  if (j.runner.joinable())
+    j.runner.join();
+}
 
 /// The chief that failed, or that the job's stop ended, stops the ps tasks:
 /// a worker in a sync round with it would otherwise wait step_timeout_ms
@@ -125,8 +136,16 @@ void run_job(job_run& j) {
 std::string toml_value(const std::string& key, py::handle v) {
   if (py::isinstance<py::bool_>(v))
     return v.cast<bool>() ? "true" : "false";
-  if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v))
-    return py::repr(v).cast<std::string>(); // inf and nan as TOML writes them
+  // By value, not by the object's repr: NumPy's scalars (np.int64,
+  // np.float32) and int subclasses (IntEnum) are numbers whose repr is no
+  // TOML ("<E.B: 2>").
+  // builtins' int() and float() give the exact types (py::int_ keeps a subclass).
+  auto numbers = py::module_::import("numbers");
+  auto builtins = py::module_::import("builtins");
+  if (py::isinstance(v, numbers.attr("Integral")))
+    return py::repr(builtins.attr("int")(v)).cast<std::string>();
+  if (py::isinstance(v, numbers.attr("Real"))) // inf and nan as TOML writes them
+    return py::repr(builtins.attr("float")(v)).cast<std::string>();
   if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike")))
     // JSON's string escapes are TOML's basic string's.
     return py::module_::import("json").attr("dumps")(py::str(v)).cast<std::string>();
@@ -171,6 +190,10 @@ train::train_config config_of(py::handle config, py::handle overrides) {
                          "a TOML file's path, not "
                          + py::type::handle_of(config).attr("__name__").cast<std::string>());
   }
+  if (!overrides.is_none() && !py::isinstance<py::dict>(overrides))
+    // A list or a string would iterate as an empty dict: ignored in silence.
+    throw py::type_error("af.train.Job: overrides is a dict of key: value (as --set KEY=VALUE), "
+                         "not " + py::type::handle_of(overrides).attr("__name__").cast<std::string>());
   if (!overrides.is_none()) {
     std::vector<std::string> sets;
     for (auto item : py::reinterpret_borrow<py::dict>(overrides)) {
@@ -279,10 +302,9 @@ struct py_job {
   ~py_job() {
     if (run && !began && !run->memory_name.empty())
       train::drop_memory_dataset(run->memory_name); // the runner drops it otherwise
-    if (run && run->runner.joinable()) {
-      run->stop->store(true);
+    if (run && began) {
       py::gil_scoped_release unlocked;
-      run->runner.join();
+      stop_and_join(*run);
     }
   }
 
@@ -350,8 +372,16 @@ struct py_job {
     }
     last = p;
     auto record = py::cast(py_progress{p, static_cast<uint32_t>(run->workers)});
-    if (!callback.is_none())
-      callback(record);
+    if (!callback.is_none()) {
+      try {
+        callback(record);
+      } catch (py::error_already_set&) {
+        // As Ctrl-C does: the exception ends the wait that called it, and
+        // the job, which would otherwise train on unwatched in its threads.
+        run->stop->store(true);
+        throw;
+      }
+    }
     return record;
   }
 
@@ -596,10 +626,8 @@ void register_train_job(py::module_& m) {
     .def("__exit__", [](py_job& j, py::args) {
       if (!j.started())
         return;
-      j.run->stop->store(true);
       py::gil_scoped_release unlocked;
-      if (j.run->runner.joinable())
-        j.run->runner.join();
+      stop_and_join(*j.run);
     });
   train.def("run", [](py::handle config, int workers, int ps, py::handle data,
                       py::object callback, bool verbose, py::handle overrides) {

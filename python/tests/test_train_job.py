@@ -230,3 +230,52 @@ def test_result_timeout_bounds_the_whole_wait():
     assert time.monotonic() - began < 10
     job.stop()
     assert job.result(timeout=60)["stopped"] is True
+
+
+def test_overrides_must_be_a_dict():
+    # Catches: a list or a string of overrides iterated as an empty dict,
+    # so that the job ran with none of them and said nothing.
+    for bad in ([("steps", 5)], "steps=5"):
+        with pytest.raises(TypeError, match="overrides is a dict"):
+            af.train.Job(SMALL, overrides=bad)
+
+
+def test_numpy_scalars_and_int_subclasses_are_numbers_in_a_config():
+    # Catches: values written into the config's TOML by their repr, which
+    # for an IntEnum is "<E.B: 2>" (a TOML syntax error) and for NumPy's
+    # scalars was refused as "a value of type float32".
+    import enum
+    every = enum.IntEnum("Every", "ONE TWO")
+    job = af.train.Job(dict(SMALL, steps=np.int64(70), learning_rate=np.float32(0.25),
+                            log_every=every.TWO), overrides={"eval_every": np.uint8(7)})
+    lines = job.config.splitlines()
+    assert "steps = 70" in lines and "learning_rate = 0.25" in lines
+    assert "log_every = 2" in lines and "eval_every = 7" in lines
+
+
+def test_a_callback_that_raises_stops_the_job():
+    # Catches: the callback's exception leaving result() while the job
+    # trained on unwatched in its threads (running, until collected).
+    def cb(record):
+        raise ValueError("from the callback")
+    job = af.train.Job(ENDLESS, callback=cb).start()
+    with pytest.raises(ValueError, match="from the callback"):
+        job.result(timeout=120)
+    res = job.result(timeout=120)
+    assert res["stopped"] is True and not job.running
+
+
+def test_exit_from_several_threads_at_once():
+    # Catches: two threads joining the job's runner thread at once
+    # (undefined for std::thread; it hung), as __exit__ from two threads
+    # does.
+    job = af.train.Job(ENDLESS).start()
+    job.next(timeout=120)
+    threads = [threading.Thread(target=job.__exit__, args=(None, None, None), daemon=True)
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not job.running
