@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -325,13 +326,16 @@ struct py_job {
   }
 
   /// Waits (the GIL released, in slices of 50 ms so that Ctrl-C is seen)
-  /// until `ready()` (under the job's mutex) or `timeout` seconds (< 0: no
-  /// bound). Ctrl-C stops the job and raises KeyboardInterrupt.
+  /// until `ready()` (under the job's mutex) or `timeout` seconds (< 0 or
+  /// inf: no bound). Ctrl-C stops the job and raises KeyboardInterrupt.
   template <class Ready>
   bool wait(Ready ready, double timeout) {
+    // Over a year (inf, 1e300) is no bound: converted to the clock's
+    // integer ticks it overflowed, and the wait ended at once.
+    bool bounded = timeout >= 0 && timeout < 365 * 86400.0;
     auto deadline = std::chrono::steady_clock::now()
                     + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(timeout < 0 ? 1e9 : timeout));
+                      std::chrono::duration<double>(bounded ? timeout : 0));
     for (;;) {
       // First: a job whose records keep coming never waits here.
       if (PyErr_CheckSignals() != 0) {
@@ -344,9 +348,16 @@ struct py_job {
         if (run->changed.wait_for(lock, 50ms, ready))
           return true;
       }
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (bounded && std::chrono::steady_clock::now() >= deadline)
         return false;
     }
+  }
+
+  /// `timeout` as given to next() and result(): NaN bounds nothing.
+  static void check_timeout(const char* what, double timeout) {
+    if (std::isnan(timeout))
+      throw py::value_error(std::string{"af.train.Job."} + what + ": timeout is NaN: give "
+                            "seconds, or a negative number (or inf) for no bound");
   }
 
   void require_started(const char* what) {
@@ -359,6 +370,7 @@ struct py_job {
   /// taken), handed to the callback first.
   py::object next_record(double timeout) {
     require_started("next");
+    check_timeout("next", timeout);
     if (!wait([this] { return !run->records.empty() || run->finished; }, timeout))
       raise(af_error::timeout, "af.train.Job: no progress report within " + std::to_string(timeout)
                                  + " s");
@@ -470,6 +482,7 @@ py::dict py_job::stopped_result() {
 /// The final metrics: what actorflow-train's summary line says, as numbers.
 py::dict py_job::result(double timeout) {
   require_started("result");
+  check_timeout("result", timeout);
   // One bound for the whole wait: records that keep coming do not extend it.
   auto since = std::chrono::steady_clock::now();
   for (;;) { // every record to the callback, then the end

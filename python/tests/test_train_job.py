@@ -279,3 +279,19 @@ def test_exit_from_several_threads_at_once():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert not job.running
+
+
+def test_an_infinite_timeout_is_no_bound():
+    # Catches: inf (or 1e300) seconds converted to the clock's integer
+    # ticks, which overflowed: next() and result() raised
+    # DeadlineExceededError after 50 ms instead of waiting.
+    quiet = dict(ENDLESS, log_every=10**7)
+    for forever in (float("inf"), 1e300):
+        job = af.train.Job(quiet).start()
+        stopper = threading.Timer(0.3, job.stop)
+        stopper.start()
+        job.next(timeout=forever)             # the stopped job's last record, or None
+        assert job.result(timeout=forever)["stopped"] is True
+        stopper.join()
+    with pytest.raises(ValueError, match="NaN"):
+        job.next(timeout=float("nan"))
