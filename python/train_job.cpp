@@ -11,6 +11,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -67,6 +68,43 @@ void stop_and_join(job_run& j) {
   std::lock_guard<std::mutex> guard{j.join_mutex};
   if (j.runner.joinable())
     j.runner.join();
+}
+
+/// The jobs started in this process, so that the interpreter's exit stops
+/// and joins those Python never collected (a job in a reference cycle with
+/// its callback, `callback=lambda r: job...`): a runner still training while
+/// the process's static destructors ran crashed it (SIGSEGV at exit).
+struct started_jobs {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<job_run>> jobs;
+};
+
+started_jobs& started_registry() {
+  static auto* jobs = new started_jobs; // never destroyed: used at exit
+  return *jobs;
+}
+
+void remember_started(const std::shared_ptr<job_run>& j) {
+  auto& r = started_registry();
+  std::lock_guard<std::mutex> guard{r.mutex};
+  r.jobs.erase(std::remove_if(r.jobs.begin(), r.jobs.end(),
+                              [](const auto& w) { return w.expired(); }),
+               r.jobs.end());
+  r.jobs.push_back(j);
+}
+
+/// atexit's: every job still held somewhere, stopped and joined.
+void stop_every_job() {
+  std::vector<std::shared_ptr<job_run>> held;
+  {
+    auto& r = started_registry();
+    std::lock_guard<std::mutex> guard{r.mutex};
+    for (const auto& w : r.jobs)
+      if (auto j = w.lock())
+        held.push_back(std::move(j));
+  }
+  for (const auto& j : held)
+    stop_and_join(*j);
 }
 
 /// The chief that failed, or that the job's stop ended, stops the ps tasks:
@@ -323,6 +361,7 @@ struct py_job {
     began = true;
     auto j = run;
     j->runner = std::thread([j] { run_job(*j); });
+    remember_started(j);
   }
 
   /// Waits (the GIL released, in slices of 50 ms so that Ctrl-C is seen)
@@ -601,6 +640,10 @@ void register_progress(py::module_& train) {
 void register_train_job(py::module_& m) {
   auto train = m.attr("train").cast<py::module_>();
   register_progress(train);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release unlocked;
+    stop_every_job();
+  }));
   py::class_<py_job, std::shared_ptr<py_job>>(train, "Job",
     "A training job with actorflow-train's options, its tasks in this process (docs/python.md, "
     "\"Training from Python\").")

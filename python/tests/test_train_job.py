@@ -295,3 +295,25 @@ def test_an_infinite_timeout_is_no_bound():
         stopper.join()
     with pytest.raises(ValueError, match="NaN"):
         job.next(timeout=float("nan"))
+
+
+def test_a_job_python_never_collects_is_stopped_at_exit():
+    # Catches: a job kept alive by a cycle with its callback (never
+    # collected, so never stopped by its destructor) still training while
+    # the process's static destructors ran: SIGSEGV at exit now and then.
+    # atexit now stops and joins every job still held; the script runs
+    # Python's exit functions itself to see that the job is stopped then.
+    import subprocess
+    import sys
+    script = (
+        "import atexit\n"
+        "import actorflow as af\n"
+        "job = af.train.Job(%r, callback=lambda r: job)\n"
+        "job.start()\n"
+        "job.next(timeout=120)\n"
+        "atexit._run_exitfuncs()\n"
+        "print('running', job.running, flush=True)\n" % (ENDLESS,))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == "running False\n"
