@@ -17,6 +17,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -181,8 +182,17 @@ std::string toml_value(const std::string& key, py::handle v) {
   // builtins' int() and float() give the exact types (py::int_ keeps a subclass).
   auto numbers = py::module_::import("numbers");
   auto builtins = py::module_::import("builtins");
-  if (py::isinstance(v, numbers.attr("Integral")))
-    return py::repr(builtins.attr("int")(v)).cast<std::string>();
+  if (py::isinstance(v, numbers.attr("Integral"))) {
+    auto n = builtins.attr("int")(v);
+    // TOML's integers are 64-bit; toml11 reads a longer one as the
+    // largest (steps = 10**30 ran as 2**63 - 1), so it stops here.
+    if (n < py::int_(std::numeric_limits<int64_t>::min())
+        || n > py::int_(std::numeric_limits<int64_t>::max()))
+      raise(af_error::invalid_config, "af.train.Job config: " + key + " = "
+                                        + py::str(n).cast<std::string>()
+                                        + " is out of a 64-bit integer's range");
+    return py::repr(n).cast<std::string>();
+  }
   if (py::isinstance(v, numbers.attr("Real"))) // inf and nan as TOML writes them
     return py::repr(builtins.attr("float")(v)).cast<std::string>();
   if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike")))

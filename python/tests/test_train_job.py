@@ -251,6 +251,10 @@ def test_numpy_scalars_and_int_subclasses_are_numbers_in_a_config():
     lines = job.config.splitlines()
     assert "steps = 70" in lines and "learning_rate = 0.25" in lines
     assert "log_every = 2" in lines and "eval_every = 7" in lines
+    # Past TOML's 64 bits: toml11 read 10**30 as 2**63 - 1, in silence.
+    for huge in (10**30, -2**64):
+        with pytest.raises(af.errors.InvalidArgumentError, match="64-bit"):
+            af.train.Job(dict(SMALL, steps=huge))
 
 
 def test_a_callback_that_raises_stops_the_job():
