@@ -171,6 +171,14 @@ void run_job(job_run& j) {
   j.changed.notify_all();
 }
 
+/// A path (or a string that may become one: metrics, checkpoint_dir) with a
+/// NUL byte names another file to the system than to Python: the config
+/// 'a.toml\0x' read a.toml. Refused as open() refuses it.
+void no_nul(const std::string& what, const py::str& text) {
+  if (text.cast<std::string>().find('\0') != std::string::npos)
+    throw py::value_error("af.train.Job: " + what + ": embedded null byte");
+}
+
 /// A TOML value of a config dict's entry; a type TOML cannot take raises
 /// TypeError naming the key.
 std::string toml_value(const std::string& key, py::handle v) {
@@ -195,9 +203,12 @@ std::string toml_value(const std::string& key, py::handle v) {
   }
   if (py::isinstance(v, numbers.attr("Real"))) // inf and nan as TOML writes them
     return py::repr(builtins.attr("float")(v)).cast<std::string>();
-  if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike")))
+  if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike"))) {
+    auto text = py::str(v);
+    no_nul(key, text);
     // JSON's string escapes are TOML's basic string's.
-    return py::module_::import("json").attr("dumps")(py::str(v)).cast<std::string>();
+    return py::module_::import("json").attr("dumps")(text).cast<std::string>();
+  }
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
     std::string out = "[";
     for (auto item : v)
@@ -229,7 +240,9 @@ train::train_config config_of(py::handle config, py::handle overrides) {
     c = std::move(*parsed);
   } else if (py::isinstance<py::str>(config)
              || py::isinstance(config, py::module_::import("os").attr("PathLike"))) {
-    auto path = py::str(py::module_::import("os").attr("fspath")(config)).cast<std::string>();
+    auto text = py::str(py::module_::import("os").attr("fspath")(config));
+    no_nul("config path", text);
+    auto path = text.cast<std::string>();
     auto loaded = train::load_train_config(path);
     if (!loaded)
       raise(loaded.error().code, loaded.error().what);
@@ -248,6 +261,8 @@ train::train_config config_of(py::handle config, py::handle overrides) {
     for (auto item : py::reinterpret_borrow<py::dict>(overrides)) {
       auto key = py::str(item.first).cast<std::string>();
       // --set takes a string as written, and lists as 64,64.
+      if (py::isinstance<py::str>(item.second))
+        no_nul(key, py::reinterpret_borrow<py::str>(item.second));
       auto value = py::isinstance<py::str>(item.second) ? item.second.cast<std::string>()
                                                         : toml_value(key, item.second);
       sets.push_back(key + "=" + value);

@@ -321,3 +321,18 @@ def test_a_job_python_never_collects_is_stopped_at_exit():
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout == "running False\n"
+
+
+def test_a_null_byte_in_a_path_or_a_string_value_is_refused(tmp_path):
+    # Catches: a NUL byte cutting the path short where the system reads it:
+    # Job("a.toml\0x") trained with a.toml's config, and a metrics or
+    # checkpoint_dir value with one named another file than Python's.
+    config = tmp_path / "job.toml"
+    config.write_text("[train]\nsteps = 5\n")
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(str(config) + "\0x")
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(dict(SMALL, metrics=str(tmp_path / "m.csv\0x")))
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(SMALL, overrides={"metrics": str(tmp_path / "m.csv\0x")})
+    assert not list(tmp_path.glob("m.csv*"))
