@@ -186,8 +186,8 @@ std::string toml_value(const std::string& key, py::handle v) {
     return v.cast<bool>() ? "true" : "false";
   // By value, not by the object's repr: NumPy's scalars (np.int64,
   // np.float32) and int subclasses (IntEnum) are numbers whose repr is no
-  // TOML ("<E.B: 2>").
-  // builtins' int() and float() give the exact types (py::int_ keeps a subclass).
+  // TOML ("<E.B: 2>"). builtins' int() and float() give the exact types
+  // (py::int_ keeps a subclass).
   auto numbers = py::module_::import("numbers");
   auto builtins = py::module_::import("builtins");
   if (py::isinstance(v, numbers.attr("Integral"))) {
