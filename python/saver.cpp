@@ -11,6 +11,7 @@
 
 #include <sys/stat.h>
 
+#include <limits>
 #include <map>
 
 #include "train/checkpoint.hpp"
@@ -29,6 +30,13 @@ std::string shape_text(const shape_type& s) {
 bool is_directory(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/// A path with a NUL byte names another file to the system than to
+/// Python (save made the directory before the NUL): refused as open() does.
+void no_nul(const char* what, const std::string& path) {
+  if (path.find('\0') != std::string::npos)
+    throw py::value_error(std::string{what} + ": embedded null byte in the path");
 }
 
 class py_saver {
@@ -54,12 +62,13 @@ public:
 
   std::string save(const py::object& sess, const std::string& dir, const py::object& step) {
     check_graph(sess);
+    no_nul("Saver.save", dir);
     py::list fetches;
     for (const auto& v : vars_)
       fetches.append(py_tensor{graph_, v.node});
     py::list values = sess.attr("run")(fetches);
     train::checkpoint ck;
-    ck.global_step = step.is_none() ? 0 : step.cast<uint64_t>();
+    ck.global_step = step_of(sess, step);
     for (size_t i = 0; i < vars_.size(); ++i)
       ck.variables.push_back({vars_[i].name, from_python(values[i], vars_[i].type), {}});
     outcome<std::string> path{std::string{}};
@@ -74,6 +83,7 @@ public:
 
   void restore(const py::object& sess, const std::string& save_path) {
     check_graph(sess);
+    no_nul("Saver.restore", save_path);
     auto path = resolve(save_path);
     outcome<train::checkpoint> ck{train::checkpoint{}};
     {
@@ -148,6 +158,27 @@ private:
     vars_.push_back({o, name.empty() ? n->spec.name : name, n->spec.shape, n->spec.type, {}, {}});
   }
 
+  /// The checkpoint's global step: None (0), a whole number >= 0, or a
+  /// tensor (the global step variable, as TF's Saver takes) read through
+  /// sess. pybind11's cast gave "Unable to cast Python instance" for -1.
+  static uint64_t step_of(const py::object& sess, const py::object& step) {
+    if (step.is_none())
+      return 0;
+    auto value = py::isinstance<py_tensor>(step) ? sess.attr("run")(step) : step;
+    auto numbers = py::module_::import("numbers");
+    if (py::isinstance(value, py::module_::import("numpy").attr("ndarray"))
+        && value.attr("ndim").cast<int>() == 0)
+      value = value.attr("item")();
+    if (!py::isinstance(value, numbers.attr("Integral")))
+      throw py::type_error("Saver.save: global_step is a whole number or a tensor of one; got "
+                           + py::repr(value).cast<std::string>().substr(0, 80));
+    auto n = py::int_(value);
+    if (n < py::int_(0) || n > py::int_(std::numeric_limits<uint64_t>::max()))
+      throw py::value_error("Saver.save: global_step = " + py::str(n).cast<std::string>()
+                            + " is not a step (0 to 2**64 - 1)");
+    return n.cast<uint64_t>();
+  }
+
   void check_graph(const py::object& sess) const {
     if (sess.attr("graph").cast<graph_ptr>() != graph_)
       raise(af_error::invalid_argument, "Saver: the session runs another graph than the saver's "
@@ -198,6 +229,7 @@ void register_saver(py::module_& m) {
   train.def(
     "latest_checkpoint",
     [](const std::string& dir) -> py::object {
+      no_nul("latest_checkpoint", dir);
       auto path = train::latest(dir);
       if (!path)
         raise(af_error::invalid_argument, "latest_checkpoint: " + path.error().what);

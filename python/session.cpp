@@ -519,7 +519,10 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
 namespace {
 
 /// The run_trace Session.run's run_metadata gets, when its options ask for
-/// one (TF: run_metadata is filled only under FULL_TRACE).
+/// one (TF: run_metadata is filled only under FULL_TRACE). The run traces
+/// into a run_trace of its own, handed over with the GIL once it returns:
+/// written by the run without the GIL, this one raced Python's reads of it
+/// and another session's traced run into the same metadata.
 run_trace* trace_of(py::handle options, py::handle run_metadata) {
   if (!options.is_none() && !py::isinstance<py_run_options>(options))
     throw py::type_error("options is an af.RunOptions; got "
@@ -529,16 +532,16 @@ run_trace* trace_of(py::handle options, py::handle run_metadata) {
                          + py::repr(run_metadata).cast<std::string>().substr(0, 80));
   if (options.is_none() || !options.cast<const py_run_options&>().trace || run_metadata.is_none())
     return nullptr;
-  auto& md = run_metadata.cast<py_run_metadata&>();
-  md.trace.entries.clear();
-  return &md.trace;
+  return &run_metadata.cast<py_run_metadata&>().trace;
 }
 
 } // namespace
 
 py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle options,
                            py::handle run_metadata) {
-  auto* trace = trace_of(options, run_metadata);
+  auto* md_trace = trace_of(options, run_metadata);
+  run_trace own_trace;
+  auto* trace = md_trace ? &own_trace : nullptr;
   std::vector<leaf> leaves;
   collect(fetches, leaves);
   std::vector<std::pair<output, tensor>> feeds;
@@ -569,6 +572,8 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle 
     err = run_locked(leaves, feeds, results, trace);
     ctrl_c.disarm();
   }
+  if (md_trace) // a traced run replaces what the metadata held, failed or not
+    *md_trace = std::move(own_trace);
   if (ctrl_c.seen() && (!err || is(err, af_error::cancelled))) {
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();

@@ -11,10 +11,13 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -55,7 +58,55 @@ struct job_run {
   std::unique_ptr<embedded_cluster> cluster;
   std::string memory_name; ///< the registered data set ("": none)
   std::thread runner;
+  /// Held while a Python thread joins the runner: two threads' joins of one
+  /// std::thread (__exit__ from two threads) are undefined, and hung.
+  std::mutex join_mutex;
 };
+
+/// Stops the job and waits for its runner (the caller has released the GIL).
+void stop_and_join(job_run& j) {
+  j.stop->store(true);
+  std::lock_guard<std::mutex> guard{j.join_mutex};
+  if (j.runner.joinable())
+    j.runner.join();
+}
+
+/// The jobs started in this process, so that the interpreter's exit stops
+/// and joins those Python never collected (a job in a reference cycle with
+/// its callback, `callback=lambda r: job...`): a runner still training while
+/// the process's static destructors ran crashed it (SIGSEGV at exit).
+struct started_jobs {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<job_run>> jobs;
+};
+
+started_jobs& started_registry() {
+  static auto* jobs = new started_jobs; // never destroyed: used at exit
+  return *jobs;
+}
+
+void remember_started(const std::shared_ptr<job_run>& j) {
+  auto& r = started_registry();
+  std::lock_guard<std::mutex> guard{r.mutex};
+  r.jobs.erase(std::remove_if(r.jobs.begin(), r.jobs.end(),
+                              [](const auto& w) { return w.expired(); }),
+               r.jobs.end());
+  r.jobs.push_back(j);
+}
+
+/// atexit's: every job still held somewhere, stopped and joined.
+void stop_every_job() {
+  std::vector<std::shared_ptr<job_run>> held;
+  {
+    auto& r = started_registry();
+    std::lock_guard<std::mutex> guard{r.mutex};
+    for (const auto& w : r.jobs)
+      if (auto j = w.lock())
+        held.push_back(std::move(j));
+  }
+  for (const auto& j : held)
+    stop_and_join(*j);
+}
 
 /// The chief that failed, or that the job's stop ended, stops the ps tasks:
 /// a worker in a sync round with it would otherwise wait step_timeout_ms
@@ -120,16 +171,44 @@ void run_job(job_run& j) {
   j.changed.notify_all();
 }
 
+/// A path (or a string that may become one: metrics, checkpoint_dir) with a
+/// NUL byte names another file to the system than to Python: the config
+/// 'a.toml\0x' read a.toml. Refused as open() refuses it.
+void no_nul(const std::string& what, const py::str& text) {
+  if (text.cast<std::string>().find('\0') != std::string::npos)
+    throw py::value_error("af.train.Job: " + what + ": embedded null byte");
+}
+
 /// A TOML value of a config dict's entry; a type TOML cannot take raises
 /// TypeError naming the key.
 std::string toml_value(const std::string& key, py::handle v) {
   if (py::isinstance<py::bool_>(v))
     return v.cast<bool>() ? "true" : "false";
-  if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v))
-    return py::repr(v).cast<std::string>(); // inf and nan as TOML writes them
-  if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike")))
+  // By value, not by the object's repr: NumPy's scalars (np.int64,
+  // np.float32) and int subclasses (IntEnum) are numbers whose repr is no
+  // TOML ("<E.B: 2>"). builtins' int() and float() give the exact types
+  // (py::int_ keeps a subclass).
+  auto numbers = py::module_::import("numbers");
+  auto builtins = py::module_::import("builtins");
+  if (py::isinstance(v, numbers.attr("Integral"))) {
+    auto n = builtins.attr("int")(v);
+    // TOML's integers are 64-bit; toml11 reads a longer one as the
+    // largest (steps = 10**30 ran as 2**63 - 1), so it stops here.
+    if (n < py::int_(std::numeric_limits<int64_t>::min())
+        || n > py::int_(std::numeric_limits<int64_t>::max()))
+      raise(af_error::invalid_config, "af.train.Job config: " + key + " = "
+                                        + py::str(n).cast<std::string>()
+                                        + " is out of a 64-bit integer's range");
+    return py::repr(n).cast<std::string>();
+  }
+  if (py::isinstance(v, numbers.attr("Real"))) // inf and nan as TOML writes them
+    return py::repr(builtins.attr("float")(v)).cast<std::string>();
+  if (py::isinstance<py::str>(v) || py::isinstance(v, py::module_::import("os").attr("PathLike"))) {
+    auto text = py::str(v);
+    no_nul(key, text);
     // JSON's string escapes are TOML's basic string's.
-    return py::module_::import("json").attr("dumps")(py::str(v)).cast<std::string>();
+    return py::module_::import("json").attr("dumps")(text).cast<std::string>();
+  }
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
     std::string out = "[";
     for (auto item : v)
@@ -161,7 +240,9 @@ train::train_config config_of(py::handle config, py::handle overrides) {
     c = std::move(*parsed);
   } else if (py::isinstance<py::str>(config)
              || py::isinstance(config, py::module_::import("os").attr("PathLike"))) {
-    auto path = py::str(py::module_::import("os").attr("fspath")(config)).cast<std::string>();
+    auto text = py::str(py::module_::import("os").attr("fspath")(config));
+    no_nul("config path", text);
+    auto path = text.cast<std::string>();
     auto loaded = train::load_train_config(path);
     if (!loaded)
       raise(loaded.error().code, loaded.error().what);
@@ -171,11 +252,17 @@ train::train_config config_of(py::handle config, py::handle overrides) {
                          "a TOML file's path, not "
                          + py::type::handle_of(config).attr("__name__").cast<std::string>());
   }
+  if (!overrides.is_none() && !py::isinstance<py::dict>(overrides))
+    // A list or a string would iterate as an empty dict: ignored in silence.
+    throw py::type_error("af.train.Job: overrides is a dict of key: value (as --set KEY=VALUE), "
+                         "not " + py::type::handle_of(overrides).attr("__name__").cast<std::string>());
   if (!overrides.is_none()) {
     std::vector<std::string> sets;
     for (auto item : py::reinterpret_borrow<py::dict>(overrides)) {
       auto key = py::str(item.first).cast<std::string>();
       // --set takes a string as written, and lists as 64,64.
+      if (py::isinstance<py::str>(item.second))
+        no_nul(key, py::reinterpret_borrow<py::str>(item.second));
       auto value = py::isinstance<py::str>(item.second) ? item.second.cast<std::string>()
                                                         : toml_value(key, item.second);
       sets.push_back(key + "=" + value);
@@ -279,10 +366,9 @@ struct py_job {
   ~py_job() {
     if (run && !began && !run->memory_name.empty())
       train::drop_memory_dataset(run->memory_name); // the runner drops it otherwise
-    if (run && run->runner.joinable()) {
-      run->stop->store(true);
+    if (run && began) {
       py::gil_scoped_release unlocked;
-      run->runner.join();
+      stop_and_join(*run);
     }
   }
 
@@ -300,16 +386,20 @@ struct py_job {
     began = true;
     auto j = run;
     j->runner = std::thread([j] { run_job(*j); });
+    remember_started(j);
   }
 
   /// Waits (the GIL released, in slices of 50 ms so that Ctrl-C is seen)
-  /// until `ready()` (under the job's mutex) or `timeout` seconds (< 0: no
-  /// bound). Ctrl-C stops the job and raises KeyboardInterrupt.
+  /// until `ready()` (under the job's mutex) or `timeout` seconds (< 0 or
+  /// inf: no bound). Ctrl-C stops the job and raises KeyboardInterrupt.
   template <class Ready>
   bool wait(Ready ready, double timeout) {
+    // Over a year (inf, 1e300) is no bound: converted to the clock's
+    // integer ticks it overflowed, and the wait ended at once.
+    bool bounded = timeout >= 0 && timeout < 365 * 86400.0;
     auto deadline = std::chrono::steady_clock::now()
                     + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                      std::chrono::duration<double>(timeout < 0 ? 1e9 : timeout));
+                      std::chrono::duration<double>(bounded ? timeout : 0));
     for (;;) {
       // First: a job whose records keep coming never waits here.
       if (PyErr_CheckSignals() != 0) {
@@ -322,9 +412,16 @@ struct py_job {
         if (run->changed.wait_for(lock, 50ms, ready))
           return true;
       }
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (bounded && std::chrono::steady_clock::now() >= deadline)
         return false;
     }
+  }
+
+  /// `timeout` as given to next() and result(): NaN bounds nothing.
+  static void check_timeout(const char* what, double timeout) {
+    if (std::isnan(timeout))
+      throw py::value_error(std::string{"af.train.Job."} + what + ": timeout is NaN: give "
+                            "seconds, or a negative number (or inf) for no bound");
   }
 
   void require_started(const char* what) {
@@ -337,6 +434,7 @@ struct py_job {
   /// taken), handed to the callback first.
   py::object next_record(double timeout) {
     require_started("next");
+    check_timeout("next", timeout);
     if (!wait([this] { return !run->records.empty() || run->finished; }, timeout))
       raise(af_error::timeout, "af.train.Job: no progress report within " + std::to_string(timeout)
                                  + " s");
@@ -350,8 +448,16 @@ struct py_job {
     }
     last = p;
     auto record = py::cast(py_progress{p, static_cast<uint32_t>(run->workers)});
-    if (!callback.is_none())
-      callback(record);
+    if (!callback.is_none()) {
+      try {
+        callback(record);
+      } catch (py::error_already_set&) {
+        // As Ctrl-C does: the exception ends the wait that called it, and
+        // the job, which would otherwise train on unwatched in its threads.
+        run->stop->store(true);
+        throw;
+      }
+    }
     return record;
   }
 
@@ -440,6 +546,7 @@ py::dict py_job::stopped_result() {
 /// The final metrics: what actorflow-train's summary line says, as numbers.
 py::dict py_job::result(double timeout) {
   require_started("result");
+  check_timeout("result", timeout);
   // One bound for the whole wait: records that keep coming do not extend it.
   auto since = std::chrono::steady_clock::now();
   for (;;) { // every record to the callback, then the end
@@ -558,6 +665,10 @@ void register_progress(py::module_& train) {
 void register_train_job(py::module_& m) {
   auto train = m.attr("train").cast<py::module_>();
   register_progress(train);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release unlocked;
+    stop_every_job();
+  }));
   py::class_<py_job, std::shared_ptr<py_job>>(train, "Job",
     "A training job with actorflow-train's options, its tasks in this process (docs/python.md, "
     "\"Training from Python\").")
@@ -596,10 +707,8 @@ void register_train_job(py::module_& m) {
     .def("__exit__", [](py_job& j, py::args) {
       if (!j.started())
         return;
-      j.run->stop->store(true);
       py::gil_scoped_release unlocked;
-      if (j.run->runner.joinable())
-        j.run->runner.join();
+      stop_and_join(*j.run);
     });
   train.def("run", [](py::handle config, int workers, int ps, py::handle data,
                       py::object callback, bool verbose, py::handle overrides) {

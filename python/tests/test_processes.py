@@ -123,3 +123,49 @@ def test_ctrl_c_interrupts_a_waiting_run(ps_process):
     finally:
         worker.stop()
         worker.join()
+
+
+def test_a_traced_run_leaves_its_metadata_alone_until_it_returns(ps_process):
+    # Catches: the run's trace written into the RunMetadata by the run's
+    # own thread, without the GIL, while Python may read the same object
+    # (or another session's traced run may write it): a data race. The
+    # metadata was emptied at the start; now the run traces into its own
+    # and hands it over once it returns, with the GIL. The ps is
+    # SIGSTOPped so that the run waits while this thread reads.
+    spec, proc = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    try:
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="var")
+        inc = var.assign_add(1.0)
+        with af.Session(worker.target, timeout=2.0) as sess:
+            sess.run(af.global_variables_initializer())
+            md, traced = af.RunMetadata(), af.RunOptions(trace=True)
+            sess.run(inc, options=traced, run_metadata=md)
+            before = len(md.trace)
+            assert before > 0
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                began, failed = threading.Event(), []
+
+                def waiting_run():
+                    began.set()
+                    try:
+                        sess.run(inc, options=traced, run_metadata=md)
+                    except af.errors.OpError as e:
+                        failed.append(e)
+
+                thread = threading.Thread(target=waiting_run)
+                thread.start()
+                began.wait()
+                seen = []
+                while thread.is_alive():
+                    seen.append(len(md.trace))
+                    time.sleep(0.01)
+                thread.join()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            assert failed and seen and set(seen) == {before}, (failed, set(seen))
+    finally:
+        worker.stop()
+        worker.join()

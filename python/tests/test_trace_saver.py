@@ -118,3 +118,30 @@ def test_saver_refuses_what_does_not_fit(tmp_path, local):
             af.train.Saver().restore(sess, path)
     with pytest.raises(ValueError, match="No variables to save"):
         af.train.Saver(var_list=[])
+
+
+def test_saver_global_step_is_a_whole_number_or_the_step_tensor(tmp_path, local):
+    # Catches: global_step cast straight to uint64 (RuntimeError "Unable to
+    # cast Python instance" for -1 or 2**70, and for TF's idiom of passing
+    # the global step variable itself), and a path with a NUL byte that
+    # made the directory before the NUL and failed on a confusing sentence.
+    with af.device("/job:local/task:0"):
+        v = af.Variable(np.zeros(3, np.float32), name="v")
+        step = af.Variable(np.int64(42), name="global_step")
+    saver = af.train.Saver([v])
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        assert saver.save(sess, str(tmp_path), global_step=step).endswith("ckpt-42.afck")
+        assert saver.save(sess, str(tmp_path), global_step=np.int32(7)).endswith("ckpt-7.afck")
+        for bad in (-1, 2**70):
+            with pytest.raises(ValueError, match="is not a step"):
+                saver.save(sess, str(tmp_path), global_step=bad)
+        with pytest.raises(TypeError, match="whole number"):
+            saver.save(sess, str(tmp_path), global_step=1.5)
+        with pytest.raises(ValueError, match="null byte"):
+            saver.save(sess, str(tmp_path / "a\0b"), global_step=1)
+        assert not (tmp_path / "a").exists()
+        with pytest.raises(ValueError, match="null byte"):
+            saver.restore(sess, str(tmp_path) + "\0x")
+        with pytest.raises(ValueError, match="null byte"):
+            af.train.latest_checkpoint(str(tmp_path) + "\0x")

@@ -230,3 +230,109 @@ def test_result_timeout_bounds_the_whole_wait():
     assert time.monotonic() - began < 10
     job.stop()
     assert job.result(timeout=60)["stopped"] is True
+
+
+def test_overrides_must_be_a_dict():
+    # Catches: a list or a string of overrides iterated as an empty dict,
+    # so that the job ran with none of them and said nothing.
+    for bad in ([("steps", 5)], "steps=5"):
+        with pytest.raises(TypeError, match="overrides is a dict"):
+            af.train.Job(SMALL, overrides=bad)
+
+
+def test_numpy_scalars_and_int_subclasses_are_numbers_in_a_config():
+    # Catches: values written into the config's TOML by their repr, which
+    # for an IntEnum is "<E.B: 2>" (a TOML syntax error) and for NumPy's
+    # scalars was refused as "a value of type float32".
+    import enum
+    every = enum.IntEnum("Every", "ONE TWO")
+    job = af.train.Job(dict(SMALL, steps=np.int64(70), learning_rate=np.float32(0.25),
+                            log_every=every.TWO), overrides={"eval_every": np.uint8(7)})
+    lines = job.config.splitlines()
+    assert "steps = 70" in lines and "learning_rate = 0.25" in lines
+    assert "log_every = 2" in lines and "eval_every = 7" in lines
+    # Past TOML's 64 bits: toml11 read 10**30 as 2**63 - 1, in silence.
+    for huge in (10**30, -2**64):
+        with pytest.raises(af.errors.InvalidArgumentError, match="64-bit"):
+            af.train.Job(dict(SMALL, steps=huge))
+
+
+def test_a_callback_that_raises_stops_the_job():
+    # Catches: the callback's exception leaving result() while the job
+    # trained on unwatched in its threads (running, until collected).
+    def cb(record):
+        raise ValueError("from the callback")
+    job = af.train.Job(ENDLESS, callback=cb).start()
+    with pytest.raises(ValueError, match="from the callback"):
+        job.result(timeout=120)
+    res = job.result(timeout=120)
+    assert res["stopped"] is True and not job.running
+
+
+def test_exit_from_several_threads_at_once():
+    # Catches: two threads joining the job's runner thread at once
+    # (undefined for std::thread; it hung), as __exit__ from two threads
+    # does.
+    job = af.train.Job(ENDLESS).start()
+    job.next(timeout=120)
+    threads = [threading.Thread(target=job.__exit__, args=(None, None, None), daemon=True)
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not job.running
+
+
+def test_an_infinite_timeout_is_no_bound():
+    # Catches: inf (or 1e300) seconds converted to the clock's integer
+    # ticks, which overflowed: next() and result() raised
+    # DeadlineExceededError after 50 ms instead of waiting.
+    quiet = dict(ENDLESS, log_every=10**7)
+    for forever in (float("inf"), 1e300):
+        job = af.train.Job(quiet).start()
+        stopper = threading.Timer(0.3, job.stop)
+        stopper.start()
+        job.next(timeout=forever)             # the stopped job's last record, or None
+        assert job.result(timeout=forever)["stopped"] is True
+        stopper.join()
+    with pytest.raises(ValueError, match="NaN"):
+        job.next(timeout=float("nan"))
+
+
+def test_a_job_python_never_collects_is_stopped_at_exit():
+    # Catches: a job kept alive by a cycle with its callback (never
+    # collected, so never stopped by its destructor) still training while
+    # the process's static destructors ran: SIGSEGV at exit now and then.
+    # atexit now stops and joins every job still held; the script runs
+    # Python's exit functions itself to see that the job is stopped then.
+    import subprocess
+    import sys
+    script = (
+        "import atexit\n"
+        "import actorflow as af\n"
+        "job = af.train.Job(%r, callback=lambda r: job)\n"
+        "job.start()\n"
+        "job.next(timeout=120)\n"
+        "atexit._run_exitfuncs()\n"
+        "print('running', job.running, flush=True)\n" % (ENDLESS,))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout == "running False\n"
+
+
+def test_a_null_byte_in_a_path_or_a_string_value_is_refused(tmp_path):
+    # Catches: a NUL byte cutting the path short where the system reads it:
+    # Job("a.toml\0x") trained with a.toml's config, and a metrics or
+    # checkpoint_dir value with one named another file than Python's.
+    config = tmp_path / "job.toml"
+    config.write_text("[train]\nsteps = 5\n")
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(str(config) + "\0x")
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(dict(SMALL, metrics=str(tmp_path / "m.csv\0x")))
+    with pytest.raises(ValueError, match="null byte"):
+        af.train.Job(SMALL, overrides={"metrics": str(tmp_path / "m.csv\0x")})
+    assert not list(tmp_path.glob("m.csv*"))
