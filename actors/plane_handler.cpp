@@ -472,7 +472,7 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
     }
   }
   // The aggregator checks every id and every float before anything changes:
-  // the common push right here, under its lock (push_gate::sparse_push),
+  // the common push right here, under its lock (plane_push_paths::sparse),
   // any other in its actor.
   if (agg.paths && agg.paths->sparse) {
     if (auto direct = agg.paths->sparse(h.reserved, h.version, who, values, agg.wait)) {

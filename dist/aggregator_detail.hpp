@@ -49,7 +49,7 @@ using tickets = std::vector<std::pair<uint32_t, push_ticket>>;
 /// The aggregator's lock, held by each of its actor's handlers.
 std::unique_lock<std::mutex> hold(self_pointer self);
 
-/// The data plane's path for `plane`'s sparse pushes (push_gate::sparse_push):
+/// The data plane's path for `plane`'s sparse pushes (plane_push_paths::sparse):
 /// async applies the push at once; sync takes it into the round, and the
 /// last push of a round applies it and answers every waiting member. Any
 /// other case (a retry, a late or early step, a worker on standby, a round
