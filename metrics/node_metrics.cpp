@@ -193,8 +193,13 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
     return c;
   }();
   // civetweb's threads must have room for the process's TLS (metrics/thread_stack.hpp).
-  if (metrics_thread_stack_floor() == 0)
-    return make_error(af_error::internal, "no thread stack floor");
+  if (!metrics_thread_stack_active())
+    return make_error(af_error::internal,
+                      fmt::format("{}: cannot serve /metrics: civetweb's threads would get its "
+                                  "100 KiB stacks, too small beside this process's TLS "
+                                  "(metrics/thread_stack.hpp); link actorflow_metrics into the "
+                                  "executable",
+                                  name));
   {
     // Registered before the server starts: its first /healthz finds it.
     std::lock_guard<std::mutex> guard{servers_mutex()};

@@ -25,6 +25,7 @@
 #include "dist/training.hpp"
 #include "messages/error.hpp"
 #include "metrics/node_metrics.hpp"
+#include "metrics/thread_stack.hpp"
 #include "value_of.hpp"
 #include "wait.hpp"
 
@@ -290,6 +291,9 @@ TEST_CASE("/healthz answers 200 ok while the node serves, 503 naming the limit w
   auto ok = http_get(metrics->port(), "/healthz");
   CHECK(ok.status == 200);
   CHECK(ok.body == "ok\n");
+  // civetweb's threads get room for the process's TLS: this process's
+  // pthread_attr_setstacksize is metrics/thread_stack.cpp's.
+  CHECK(metrics_thread_stack_active());
   // Another path, another method, a request that is not HTTP: refused, and
   // the node serves on (civetweb's error path once overflowed its thread's
   // stack and killed the node: metrics/thread_stack.hpp).
