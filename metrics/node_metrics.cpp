@@ -8,6 +8,11 @@
 
 #include <prometheus/exposer.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <arpa/inet.h>
+
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -95,7 +100,30 @@ int answer_health(mg_connection* conn) {
   return code;
 }
 
+/// civetweb's listening address for `host`: an IPv4 host (a name, or "127.1")
+/// as the dotted quad it resolves to, which every civetweb parses; an IPv6
+/// literal in brackets. "" if it names no address civetweb can serve.
+std::string listening_host(const std::string& host) {
+  if (host.find(':') != std::string::npos)
+    return host.front() == '[' ? host : "[" + host + "]";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+    return "";
+  char text[INET_ADDRSTRLEN] = {};
+  auto* in = reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  bool ok = ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr;
+  ::freeaddrinfo(found);
+  return ok ? std::string{text} : std::string{};
+}
+
 } // namespace
+
+bool metrics_serve_ipv6() {
+  return mg_check_feature(8) != 0; // 8: IPv6 (civetweb.h)
+}
 
 node_metrics::~node_metrics() {
   if (!impl_)
@@ -132,6 +160,12 @@ caf::error check_metrics_options(const node_options& opts, const security_option
                                   "set [security] metrics_public = true to serve them there, or "
                                   "bind 127.0.0.1 and scrape through a proxy",
                                   name, host));
+  if (host.find(':') != std::string::npos && !metrics_serve_ipv6())
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] metrics_bind = \"{}\" is an IPv6 address, and this "
+                                  "system's civetweb (the HTTP server of /metrics) serves IPv4 "
+                                  "only: bind 127.0.0.1 or another IPv4 address",
+                                  name, host));
   return caf::none;
 }
 
@@ -141,8 +175,13 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
   if (auto err = check_metrics_options(opts, sec, name))
     return err;
   const auto& host = opts.metrics_bind;
-  auto where = (host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host)
-               + ":" + std::to_string(opts.metrics_port);
+  auto listen_host = listening_host(host);
+  if (listen_host.empty())
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] metrics_bind = \"{}\" does not resolve to an IPv4 "
+                                  "address to serve /metrics on",
+                                  name, host));
+  auto where = listen_host + ":" + std::to_string(opts.metrics_port);
   std::unique_ptr<node_metrics> out{new node_metrics};
   out->impl_ = std::make_unique<node_metrics_server>();
   auto& impl = *out->impl_;
@@ -154,8 +193,13 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
     return c;
   }();
   // civetweb's threads must have room for the process's TLS (metrics/thread_stack.hpp).
-  if (metrics_thread_stack_floor() == 0)
-    return make_error(af_error::internal, "no thread stack floor");
+  if (!metrics_thread_stack_active())
+    return make_error(af_error::internal,
+                      fmt::format("{}: cannot serve /metrics: civetweb's threads would get its "
+                                  "100 KiB stacks, too small beside this process's TLS "
+                                  "(metrics/thread_stack.hpp); link actorflow_metrics into the "
+                                  "executable",
+                                  name));
   {
     // Registered before the server starts: its first /healthz finds it.
     std::lock_guard<std::mutex> guard{servers_mutex()};
@@ -167,8 +211,16 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
     servers()[opts.metrics_port] = impl.health;
   }
   try {
+    // civetweb serves one connection per thread, and a connection that sends
+    // no request holds its thread for request_timeout_ms (civetweb's default:
+    // 30 s): two idle connections kept /healthz from answering a probe for
+    // that long. Four threads and 5 s bound what a slow or idle client holds;
+    // a scraper sends its request at once.
     impl.exposer = std::make_unique<prometheus::Exposer>(
-      std::vector<std::string>{"listening_ports", where, "num_threads", "2"}, &callbacks);
+      std::vector<std::string>{"listening_ports", where, "num_threads",
+                               std::to_string(metrics_server_threads), "request_timeout_ms",
+                               std::to_string(metrics_request_timeout_ms)},
+      &callbacks);
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> guard{servers_mutex()};
     servers().erase(opts.metrics_port);

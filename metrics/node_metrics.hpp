@@ -28,6 +28,18 @@ namespace af {
 
 class node_metrics_server;
 
+/// civetweb's threads for /metrics and /healthz: each serves one connection
+/// at a time.
+constexpr int metrics_server_threads = 4;
+
+/// How long a connection may take to send its request (and to take its
+/// answer) before civetweb closes it and its thread serves the next.
+constexpr int metrics_request_timeout_ms = 5000;
+
+/// Whether this system's civetweb serves IPv6 (Debian's does not: an IPv6
+/// metrics_bind is refused by check_metrics_options).
+bool metrics_serve_ipv6();
+
 /// /metrics and /healthz of one node, while this lives. Destroy it before
 /// the node's actor system.
 class node_metrics {

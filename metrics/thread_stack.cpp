@@ -26,3 +26,13 @@ extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) noex
     return 0; // no other definition: leave the default stack size (8 MiB)
   return real(attr, std::max(size, af::metrics_thread_stack_floor()));
 }
+
+/// The definition above by an address of this module's own: `&pthread_attr_setstacksize`
+/// in a shared object would be whichever comes first in lookup, libc's too.
+extern "C" int af_own_pthread_attr_setstacksize(pthread_attr_t*, size_t) noexcept
+  __attribute__((alias("pthread_attr_setstacksize"), visibility("hidden"), nonnull(1)));
+
+bool af::metrics_thread_stack_active() {
+  void* first = ::dlsym(RTLD_DEFAULT, "pthread_attr_setstacksize");
+  return first == reinterpret_cast<void*>(&af_own_pthread_attr_setstacksize);
+}

@@ -19,4 +19,13 @@ namespace af {
 /// The least stack a thread made with an explicit size gets: 1 MiB.
 size_t metrics_thread_stack_floor();
 
+/// Whether the definition above is the one the process's libraries call:
+/// true in an executable that links this library (the executable comes
+/// first in symbol lookup, and exports it because libcivetweb uses it);
+/// false where this library was linked into a module loaded later (a
+/// Python extension: libc's definition comes first there) or the symbol
+/// was not exported. start_node_metrics refuses to serve then, rather than
+/// let the first 404 crash the process.
+bool metrics_thread_stack_active();
+
 } // namespace af

@@ -25,6 +25,7 @@
 #include "dist/training.hpp"
 #include "messages/error.hpp"
 #include "metrics/node_metrics.hpp"
+#include "metrics/thread_stack.hpp"
 #include "value_of.hpp"
 #include "wait.hpp"
 
@@ -64,7 +65,7 @@ std::string raw_request(uint16_t port, const std::string& request) {
 http_answer http_get(uint16_t port, const std::string& path) {
   auto raw = raw_request(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   http_answer out;
-  INFO(raw);
+  INFO("the answer: " << raw);
   REQUIRE(raw.rfind("HTTP/1.", 0) == 0);
   out.status = std::stoi(raw.substr(raw.find(' ') + 1, 3));
   auto end = raw.find("\r\n\r\n");
@@ -290,6 +291,9 @@ TEST_CASE("/healthz answers 200 ok while the node serves, 503 naming the limit w
   auto ok = http_get(metrics->port(), "/healthz");
   CHECK(ok.status == 200);
   CHECK(ok.body == "ok\n");
+  // civetweb's threads get room for the process's TLS: this process's
+  // pthread_attr_setstacksize is metrics/thread_stack.cpp's.
+  CHECK(metrics_thread_stack_active());
   // Another path, another method, a request that is not HTTP: refused, and
   // the node serves on (civetweb's error path once overflowed its thread's
   // stack and killed the node: metrics/thread_stack.hpp).
@@ -380,4 +384,58 @@ TEST_CASE("a bad [node] metrics_port or metrics_bind is refused with an error th
   REQUIRE(!open_to_all);
   CHECK(describe(open_to_all.error()).find("[node] metrics_bind = \"0.0.0.0\"") != std::string::npos);
   CHECK(describe(open_to_all.error()).find("[security] metrics_public = true") != std::string::npos);
+}
+
+TEST_CASE("idle connections to the metrics port hold its threads only for the request timeout: "
+          "/healthz answers a probe behind them",
+          "[metrics]") {
+  // Bug it catches: civetweb's defaults (a thread per connection, 30 s for
+  // a request to come) let two connections that send nothing keep /healthz
+  // from answering for 30 s, and a probe behind them failed; a client that
+  // keeps doing so kept the node "unhealthy". The probe here waits 10 s
+  // (raw_request's receive timeout): twice the request timeout.
+  auto opts = with_metrics();
+  auto cluster = value_of(embedded_cluster::start({{"ps", 1}}, opts));
+  auto node = cluster->node("ps", 0);
+  auto metrics = value_of(start_node_metrics(cluster->system("ps", 0), node, "/job:ps/task:0", opts));
+  std::vector<int> idle;
+  for (int k = 0; k < metrics_server_threads; ++k) {
+    int fd = connect_loopback(metrics->port());
+    REQUIRE(fd >= 0);
+    std::string partial = "GET /metrics HTTP/1.1\r\n"; // and never the rest
+    REQUIRE(::send(fd, partial.data(), partial.size(), MSG_NOSIGNAL) > 0);
+    idle.push_back(fd);
+  }
+  auto probe = http_get(metrics->port(), "/healthz");
+  CHECK(probe.status == 200);
+  for (int fd : idle)
+    ::close(fd);
+}
+
+TEST_CASE("[node] metrics_bind takes any IPv4 spelling of an address, and an IPv6 one only where "
+          "civetweb serves IPv6",
+          "[metrics]") {
+  // Bugs it catches: "127.1" (loopback, allowed) passed the check but civetweb
+  // could not parse it and the node stopped with "is another process using
+  // the port?"; "::1" on Debian's civetweb (no IPv6) failed the same way
+  // instead of saying why.
+  auto opts = embedded_cluster::defaults();
+  auto cluster = value_of(embedded_cluster::start({{"ps", 1}}, opts));
+  auto& sys = cluster->system("ps", 0);
+  auto node = cluster->node("ps", 0);
+  opts.metrics_port = free_loopback_port();
+  opts.metrics_bind = "127.1";
+  {
+    auto short_form = value_of(start_node_metrics(sys, node, "/job:ps/task:0", opts));
+    CHECK(http_get(short_form->port(), "/healthz").status == 200);
+  }
+  opts.metrics_bind = "::1";
+  auto v6 = check_metrics_options(opts, {}, "/job:ps/task:0");
+  if (metrics_serve_ipv6()) {
+    CHECK(!v6);
+  } else {
+    REQUIRE(v6);
+    CHECK(describe(v6).find("serves IPv4 only") != std::string::npos);
+    CHECK(describe(v6).find("metrics_bind = \"::1\"") != std::string::npos);
+  }
 }
