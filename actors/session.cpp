@@ -331,6 +331,8 @@ caf::expected<session> session::make(caf::actor_system& sys, cluster_spec spec,
   auto ptr = std::make_unique<impl>(sys, std::move(spec), opts);
   ptr->job = *d->job;
   ptr->task = d->task.value_or(0);
+  // The session may be used and destroyed on another thread than this one.
+  release_thread_logger(sys);
   return session{std::move(ptr)};
 }
 

@@ -21,6 +21,7 @@
 #include "actors/node.hpp"
 #include "actors/session.hpp"
 #include "actors/step_binding.hpp"
+#include "actors/system.hpp"
 #include "graph/partition.hpp"
 #include "graph/placement.hpp"
 #include "messages/error.hpp"
@@ -83,6 +84,9 @@ struct session::impl {
   ~impl() {
     // The executors watch the session actor: its exit drops every graph it registered.
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    // This thread spawned in `sys` (the session's calls did): it must not
+    // keep the system from ending when another thread destroys it.
+    release_thread_logger(sys);
   }
 
   /// Drops a cached step and its registration on the executors.

@@ -8,6 +8,7 @@
 
 #include "caf/atom.hpp"
 #include "caf/io/middleman.hpp"
+#include "caf/logger.hpp"
 #include "caf/openssl/manager.hpp"
 #include "caf/timestamp.hpp"
 
@@ -24,6 +25,11 @@ std::unique_ptr<caf::actor_system> start_actor_system(caf::actor_system_config& 
   std::thread starter{[&] { sys = std::make_unique<caf::actor_system>(cfg); }};
   starter.join();
   return sys;
+}
+
+void release_thread_logger(caf::actor_system& sys) {
+  if (caf::logger::current_logger() == &sys.logger())
+    caf::logger::set_current_actor_system(nullptr);
 }
 
 size_t default_threads() {

@@ -73,6 +73,30 @@ std::shared_ptr<tls_context> system_tls(caf::actor_system& sys);
 /// itself) throws here as usual.
 std::unique_ptr<caf::actor_system> start_actor_system(caf::actor_system_config& cfg);
 
+/// CAF 0.17 keeps, in each thread that makes a system or spawns an actor
+/// in one (a scoped_actor included), a reference to that system's logger,
+/// until the thread spawns in another system or ends; and ~actor_system
+/// waits, without a bound, until its logger is gone. A client's thread that
+/// lives on (Python's, a test's) and last spawned in a system that another
+/// thread then destroys (an embedded cluster's node) kept that destructor
+/// waiting for ever. Drops the calling thread's reference if it is `sys`'s
+/// (CAF logs nothing through it at the QUIET level it is built with); code
+/// that spawns in a system on a caller's thread calls it when done.
+void release_thread_logger(caf::actor_system& sys);
+
+/// release_thread_logger(sys) when it ends: declared before a client call's
+/// scoped_actor, it lets go of the system after the actor is gone.
+class thread_logger_release {
+public:
+  explicit thread_logger_release(caf::actor_system& sys) : sys_(sys) {}
+  thread_logger_release(const thread_logger_release&) = delete;
+  thread_logger_release& operator=(const thread_logger_release&) = delete;
+  ~thread_logger_release() { release_thread_logger(sys_); }
+
+private:
+  caf::actor_system& sys_;
+};
+
 /// One scheduler thread per core (CAF's default starts max(4, cores)).
 size_t default_threads();
 

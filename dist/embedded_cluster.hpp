@@ -5,14 +5,17 @@
 /// others over real TCP, exactly as separate processes would.
 ///
 /// Destroy every session before the cluster: a session lives in a node's
-/// actor system.
+/// actor system. A session may be made and used on any thread (a client's,
+/// Python's) while another thread ends the cluster.
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "caf/actor_system.hpp"
+#include "caf/error.hpp"
 #include "caf/expected.hpp"
 
 #include "net/data_plane.hpp"
@@ -34,14 +37,27 @@ public:
   /// Two scheduler threads per node, sharing policy, one CPU device.
   static node_options defaults();
 
+  /// shutdown(default_shutdown_timeout), its error logged.
   ~embedded_cluster();
+
+  /// How long shutdown() waits, by default, for each node's actor system.
+  static constexpr std::chrono::milliseconds default_shutdown_timeout{60000};
+
+  /// Stops every node and ends their actor systems, each system's end
+  /// bounded by `timeout` (CAF waits without a bound for a system's actors,
+  /// and for each thread that last spawned an actor in it, to let go). A
+  /// system that does not end in time is left to end in the background,
+  /// named in the error (timeout). The cluster has no nodes afterwards;
+  /// calling it again does nothing.
+  caf::error shutdown(std::chrono::milliseconds timeout = default_shutdown_timeout);
 
   const cluster_spec& spec() const { return spec_; }
 
   /// The actor system of /job:J/task:T (TF's server.target).
   caf::actor_system& system(const std::string& job, int32_t task);
 
-  /// A session belonging to /job:J/task:T, running in that node's system.
+  /// A session belonging to /job:J/task:T, running in that node's system
+  /// (af_error::unreachable after shutdown()).
   caf::expected<session> session_for(const std::string& job, int32_t task,
                                      session_options opts = {});
 

@@ -2,6 +2,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/system.hpp"
 #include "dist/job_setup.hpp"
 #include "dist/training.hpp"
 #include "dist/training_summary.hpp"
@@ -65,6 +66,7 @@ caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds
   auto n_ps = static_cast<int32_t>(s.cluster().num_tasks("ps"));
   if (n_ps == 0)
     return job_aggregators(s, prefix).error(); // the cluster's fault, said there
+  thread_logger_release done{s.system()}; // this thread may outlive the cluster
   caf::scoped_actor self{s.system()};
   std::string text;
   caf::error missing, first_failed;
@@ -132,6 +134,7 @@ caf::expected<std::string> job_switch(session& s, const train::train_config& c,
   // The job's spec in the new mode (a switch takes its mode and its
   // settings; the aggregator keeps its name, workers and optimizer).
   auto want = training_detail::aggregator_spec_of(c, mode, 0);
+  thread_logger_release done{s.system()}; // this thread may outlive the cluster
   caf::scoped_actor self{s.system()};
   std::string text;
   std::string switched; // the ps that did, for the message of one that then fails

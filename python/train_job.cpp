@@ -23,7 +23,6 @@
 
 #include "caf/all.hpp"
 
-#include "actors/system.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "dist/sparse_job.hpp"
 #include "dist/train_client.hpp"
@@ -484,18 +483,14 @@ struct py_job {
                                        + ": the job is not running (it has not begun yet, "
                                          "or it ended)");
     }
-    // A client of its own, as actorflow-train --switch and --status are: a
-    // session in one of the job's own systems kept its end from coming
-    // (the system's destructor waited for it).
-    system_config client_cfg{node_options{}};
-    auto client_sys = start_actor_system(client_cfg);
+    // A session in ps 0's own system, ended on this thread before the
+    // runner may end the cluster (it lets go of the system as it ends:
+    // dist/embedded_cluster.hpp).
     session_options so;
     so.timeout = std::chrono::milliseconds{std::min<uint32_t>(run->c.step_timeout_ms, 10000)};
     so.connect_timeout = so.timeout;
-    auto s = session::make(*client_sys, run->cluster->spec(), "/job:ps/task:0", so);
-    auto out = use(s);
-    s = make_error(af_error::cancelled, "done"); // the session ends before its system
-    return out;
+    auto s = run->cluster->session_for("ps", 0, so);
+    return use(s);
   }
 
   std::string switch_mode(const std::string& mode) {
