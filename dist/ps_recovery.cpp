@@ -1,5 +1,6 @@
 #include "dist/ps_recovery.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -50,6 +51,15 @@ caf::expected<aggregator_actor> look_up_again(recovery_context& ctx, size_t k) {
   return agg;
 }
 
+/// Cancelled, naming the ps waited for, if the job's client asked it to stop.
+caf::error stopped(const recovery_context& ctx, const std::string& ps) {
+  if (!ctx.stop || !ctx.stop->load())
+    return caf::none;
+  return make_error(af_error::cancelled,
+                    fmt::format("its client stopped the job while worker {} waited for {}",
+                                ctx.task, ps));
+}
+
 recovered_shard same_process(recovery_context& ctx, size_t k, uint64_t step) {
   look_up_again(ctx, k);
   return recovered_shard{ctx.shards[k], step};
@@ -92,6 +102,8 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
                      "and for the chief to restore it",
                      ctx.task, shard.task, where, why, ms);
   for (;;) {
+    if (auto err = stopped(ctx, shard.task))
+      return err;
     if (ctx.task != 0) {
       auto chief = pinger.ping("worker", 0);
       if (!chief || chief->incarnation != ctx.chief_incarnation) {
@@ -263,7 +275,16 @@ caf::expected<recovered_shard> worker_recover_ps(recovery_context& ctx, size_t k
   auto ms = std::chrono::milliseconds{ctx.c.ps_recovery_timeout_ms};
   kv_client client{s.system(), ctx.store, std::chrono::milliseconds{5000}};
   auto key = restored_key(ctx.chief_incarnation, k, info.incarnation);
-  auto word = client.get(key, ms);
+  // In slices, so that a stop of the job ends the wait.
+  auto until = std::chrono::steady_clock::now() + ms;
+  auto word = client.get(key, std::chrono::milliseconds{0});
+  while (!word && is(word.error(), af_error::timeout) && std::chrono::steady_clock::now() < until) {
+    if (auto err = stopped(ctx, ctx.shards[k].task))
+      return err;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      until - std::chrono::steady_clock::now());
+    word = client.get(key, std::min(left, std::chrono::milliseconds{200}));
+  }
   if (!word)
     return make_error(af_error::timeout,
                       fmt::format("{} came back, but the chief did not say it restored it within "

@@ -8,6 +8,7 @@
 /// links through dist/sparse_recovery.hpp, its chief restoring the ps's
 /// table shards its own way (recovery_context::restore). Internal to dist/.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,10 @@ struct recovery_context {
   checkpoint_access checkpoints;              ///< the chief's
   uint64_t chief_incarnation = 0;
   uint32_t task = 0;
+  /// The job's client asked it to stop (null: never): the waits for a ps
+  /// end then, as the worker's steps do, instead of running out their
+  /// ps_recovery_timeout_ms (a job stopped while its ps went away with it).
+  std::shared_ptr<const std::atomic<bool>> stop;
   /// The chief: restores ps `k` (its variables just re-created and
   /// initialized, its new aggregator `shard.actor`) from the latest
   /// checkpoint the job's own way. Empty: the dense job's, the checkpoint's

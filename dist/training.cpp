@@ -194,6 +194,7 @@ void arm_recovery(task_run& t, const ps_placement& placed, const chief_store& ch
   ctx->checkpoints = t.checkpoints;
   ctx->chief_incarnation = chief_info.incarnation;
   ctx->task = t.task;
+  ctx->stop = t.opts.stop;
   t.setup.recover_ps = recover_ps_of(ctx);
   t.setup.find_ps = find_aggregator_of(ctx);
 }

@@ -137,6 +137,17 @@ def test_switch_refuses_what_cannot_switch():
     job.result(timeout=60)
 
 
+def test_a_job_stopped_as_it_starts_ends_at_once():
+    # Catches: a worker still joining when the chief stopped took the ps's
+    # aggregator, gone with the stopped job, for a dead ps and waited its
+    # ps_recovery_timeout_ms (60 s) for it to come back (about 1 run in 2).
+    for _ in range(5):
+        job = af.train.Job(ENDLESS).start()
+        job.stop()
+        res = job.result(timeout=20)
+        assert res["stopped"], res
+
+
 def test_a_job_fed_from_numpy_arrays_learns_them():
     # Catches: arrays not reaching the job (it would train on the config's
     # data), labels or rows mixed up (no learning), regression targets
