@@ -48,15 +48,6 @@ std::optional<uint64_t> last_checkpoint_step(const std::string& out) {
   return found;
 }
 
-/// The most global steps an async sparse job of `steps` steps and `workers`
-/// workers may end at: every push counted once, and each worker pushes
-/// once more if the step it read was below `steps` (it reads the least of
-/// the ps' steps, and two workers' pushes may reach two ps in opposite
-/// orders, so that both read steps - 1).
-uint64_t async_end_bound(uint64_t steps, uint32_t workers) {
-  return steps + workers;
-}
-
 /// The chief's "ps recovered: TASK from DIR checkpoint_step=S at
 /// global_step=T lost=L (restored: WHAT; they lost the updates since the
 /// checkpoint)" lines (dist/ps_recovery.cpp).

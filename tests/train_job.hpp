@@ -108,6 +108,15 @@ inline std::optional<uint64_t> final_global_step(const std::string& out) {
   return s ? std::optional<uint64_t>{std::stoull(*s)} : std::nullopt;
 }
 
+/// The most global steps an async job of `steps` steps and `workers`
+/// workers may end at, with every push counted once: each worker pushes
+/// once more if the step it read was below `steps`. With several ps it
+/// reads the least of their steps, and two workers' pushes may reach two
+/// ps in opposite orders, so that both read steps - 1.
+inline uint64_t async_end_bound(uint64_t steps, uint32_t workers) {
+  return steps + workers;
+}
+
 /// The total of the chief's progress lines ("step S/T ...").
 inline std::optional<uint64_t> progress_total(const std::string& out) {
   static const std::regex re{R"((?:^|\n)step \d+/(\d+) )"};
