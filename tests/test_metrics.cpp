@@ -386,8 +386,8 @@ TEST_CASE("a bad [node] metrics_port or metrics_bind is refused with an error th
   CHECK(describe(open_to_all.error()).find("[security] metrics_public = true") != std::string::npos);
 }
 
-TEST_CASE("idle connections to the metrics port hold its threads only for the request timeout: "
-          "/healthz answers a probe behind them",
+TEST_CASE("idle connections to the metrics port hold its threads only for the request timeout, "
+          "and /healthz answers a probe behind them",
           "[metrics]") {
   // Bug it catches: civetweb's defaults (a thread per connection, 30 s for
   // a request to come) let two connections that send nothing keep /healthz
