@@ -26,53 +26,23 @@
 #include <tuple>
 #include <vector>
 
+#include "program_run.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct scratch_dir {
-  fs::path path;
-  scratch_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path()
-           / ("actorflow-tensorboard-" + std::to_string(::getpid()) + "-"
-              + std::to_string(counter++) + "-"
-              + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    fs::create_directories(path);
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+using af::test::run_result;
+using af::test::slurp;
+
+/// af::test::scratch_dir named after this file.
+struct scratch_dir : af::test::scratch_dir {
+  scratch_dir() : af::test::scratch_dir("tensorboard") {}
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in{path, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
-}
-
-struct run_result {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-/// Runs `program` with `args` (each single-quoted) and waits for it.
 run_result run(const scratch_dir& dir, const std::string& program,
                const std::vector<std::string>& args) {
-  std::string cmd = "'" + program + "'";
-  for (const auto& a : args)
-    cmd += " '" + a + "'";
-  auto out = dir / "stdout.txt";
-  auto err = dir / "stderr.txt";
-  cmd += " >'" + out + "' 2>'" + err + "' </dev/null";
-  run_result r;
-  int raw = std::system(cmd.c_str());
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return af::test::run_program(dir, program, args);
 }
 
 /// A small sync job of the embedded cluster (1 ps, 2 workers) to `steps`.

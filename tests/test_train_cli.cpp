@@ -23,55 +23,25 @@
 
 #include "train/checkpoint.hpp"
 
+#include "program_run.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct scratch_dir {
-  fs::path path;
-  scratch_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path()
-           / ("actorflow-train-cli-" + std::to_string(::getpid()) + "-"
-              + std::to_string(counter++) + "-"
-              + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    fs::create_directories(path);
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+using af::test::run_result;
+using af::test::slurp;
+
+/// af::test::scratch_dir named after this file.
+struct scratch_dir : af::test::scratch_dir {
+  scratch_dir() : af::test::scratch_dir("train-cli") {}
 };
 
-struct run_result {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in{path, std::ios::binary};
-  return {std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
-}
-
-/// Runs actorflow-train with `args` (each single-quoted for the shell) and
-/// waits for it to exit; `prefix`: shell text before it ("ulimit -v N; ",
-/// "timeout 30 ").
+/// Runs actorflow-train with `args` and waits for it to exit; `prefix`:
+/// shell text before it ("ulimit -v N; ", "timeout 30 ").
 run_result train(const scratch_dir& dir, const std::vector<std::string>& args,
                  const std::string& prefix = "") {
-  std::string cmd = prefix + "'" + ACTORFLOW_TRAIN_BINARY + "'";
-  for (const auto& a : args)
-    cmd += " '" + a + "'";
-  auto out = dir / "stdout.txt";
-  auto err = dir / "stderr.txt";
-  cmd += " >'" + out + "' 2>'" + err + "' </dev/null";
-  run_result r;
-  int raw = std::system(cmd.c_str());
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return af::test::run_program(dir, ACTORFLOW_TRAIN_BINARY, args, prefix);
 }
 
 size_t occurrences(const std::string& text, const std::string& part) {
