@@ -10,9 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <map>
 
+#include "actors/per_actor.hpp"
 #include "caf/actor_addr.hpp"
 
 namespace af {
@@ -31,13 +30,9 @@ constexpr size_t max_early_steps_per_graph = 4;
 using edge_bytes_counter = std::atomic<int64_t>;
 
 namespace detail {
-inline std::mutex& edge_budget_mutex() {
-  static std::mutex m;
-  return m;
-}
-inline std::map<caf::actor_addr, std::weak_ptr<edge_bytes_counter>>& edge_budgets() {
-  static std::map<caf::actor_addr, std::weak_ptr<edge_bytes_counter>> m;
-  return m;
+inline per_actor<edge_bytes_counter>& edge_budgets() {
+  static per_actor<edge_bytes_counter> table;
+  return table;
 }
 } // namespace detail
 
@@ -45,22 +40,11 @@ inline std::map<caf::actor_addr, std::weak_ptr<edge_bytes_counter>>& edge_budget
 /// id: a process may run several actor systems); the executor keeps
 /// it, forget_edge_bytes drops it from the registry at its exit.
 inline std::shared_ptr<edge_bytes_counter> edge_bytes_of(const caf::actor_addr& id, bool make) {
-  std::lock_guard<std::mutex> guard{detail::edge_budget_mutex()};
-  auto& m = detail::edge_budgets();
-  auto it = m.find(id);
-  if (it != m.end())
-    if (auto p = it->second.lock())
-      return p;
-  if (!make)
-    return nullptr;
-  auto p = std::make_shared<edge_bytes_counter>(0);
-  m[id] = p;
-  return p;
+  return detail::edge_budgets().get(id, make);
 }
 
 inline void forget_edge_bytes(const caf::actor_addr& id) {
-  std::lock_guard<std::mutex> guard{detail::edge_budget_mutex()};
-  detail::edge_budgets().erase(id);
+  detail::edge_budgets().forget(id);
 }
 
 /// Takes `n` bytes of `budget` unless that goes over it (a value alone over

@@ -2,8 +2,7 @@
 /// (actors/node_watch.hpp).
 #include "actors/node_watch.hpp"
 
-#include <map>
-#include <mutex>
+#include "actors/per_actor.hpp"
 
 namespace af {
 
@@ -38,35 +37,19 @@ latency_histogram::snapshot latency_histogram::read() const {
 
 namespace {
 
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::map<caf::actor_addr, std::weak_ptr<latency_histogram>>& registry() {
-  static std::map<caf::actor_addr, std::weak_ptr<latency_histogram>> m;
-  return m;
+per_actor<latency_histogram>& histograms() {
+  static per_actor<latency_histogram> table;
+  return table;
 }
 
 } // namespace
 
 std::shared_ptr<latency_histogram> step_latency_of(const caf::actor_addr& id, bool make) {
-  std::lock_guard<std::mutex> guard{registry_mutex()};
-  auto& m = registry();
-  auto it = m.find(id);
-  if (it != m.end())
-    if (auto p = it->second.lock())
-      return p;
-  if (!make)
-    return nullptr;
-  auto p = std::make_shared<latency_histogram>();
-  m[id] = p;
-  return p;
+  return histograms().get(id, make);
 }
 
 void forget_step_latency(const caf::actor_addr& id) {
-  std::lock_guard<std::mutex> guard{registry_mutex()};
-  registry().erase(id);
+  histograms().forget(id);
 }
 
 caf_variable_counters& caf_variable_ops() {
