@@ -596,9 +596,15 @@ std::shared_ptr<py_job> make_job(py::handle config, int workers, int ps, py::han
                                  py::object callback, bool verbose, py::handle overrides) {
   auto j = std::make_shared<job_run>();
   j->c = config_of(config, overrides);
-  if (workers < 1 || ps < 1)
-    raise(af_error::invalid_argument, "af.train.Job: workers and ps must be at least 1 (workers="
-                                        + std::to_string(workers) + ", ps=" + std::to_string(ps) + ")");
+  // Every task is a node of this process (its own actor system and
+  // threads): workers=10**6 would try to start a million of them.
+  constexpr int most_tasks = 64;
+  if (workers < 1 || ps < 1 || workers > most_tasks || ps > most_tasks)
+    raise(af_error::invalid_argument,
+          "af.train.Job: workers and ps must be from 1 to " + std::to_string(most_tasks)
+            + " (workers=" + std::to_string(workers) + ", ps=" + std::to_string(ps)
+            + "): each task is a node in this process; for more, run actorflow-train "
+              "--config F --job J --task T per task");
   j->workers = workers;
   j->ps = ps;
   j->verbose = verbose;

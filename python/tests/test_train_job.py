@@ -87,6 +87,10 @@ def test_a_bad_option_names_it():
     with pytest.raises(TypeError) as e:
         af.train.Job({"hidden": {"a": 1}})
     assert "hidden" in str(e.value)
+    # A task count no process can hold: refused before any node starts.
+    with pytest.raises(af.errors.InvalidArgumentError) as e:
+        af.train.Job(SMALL, workers=10**6)
+    assert "workers=1000000" in str(e.value) and "actorflow-train" in str(e.value)
     with pytest.raises(af.errors.InvalidArgumentError) as e:   # two keys that do not go together
         af.train.Job({"model": "linear", "data": "digits"})
     assert "linear" in str(e.value)
