@@ -439,7 +439,7 @@ caf::error variable_cell::apply_sparse_gradient(const train::optimizer_spec& opt
   return caf::none;
 }
 
-caf::expected<std::pair<tensor, uint64_t>> variable_cell::gather_rows(const tensor& ids) const {
+caf::error variable_cell::check_gather(const tensor& ids, shape_type& out_shape) const {
   auto refuse = [&](af_error code, const std::string& why) {
     return make_error(code, "gather_rows of " + quoted(spec_) + " on " + spec_.device + ": " + why);
   };
@@ -449,12 +449,45 @@ caf::expected<std::pair<tensor, uint64_t>> variable_cell::gather_rows(const tens
     return refuse(af_error::invalid_argument,
                   "ids " + (ids.empty() ? std::string{"empty"} : ids.summary())
                     + ": gather_rows takes 1-D int32 or int64 ids");
-  shape_type out_shape;
   if (auto st = kernels::gather_shape(spec_.shape, spec_.type, ids.shape(), ids.type(), out_shape);
       !st.ok())
     return refuse(af_error::invalid_argument, st.error);
   if (auto st = kernels::check_ids(ids, spec_.shape[0], "ids"); !st.ok())
     return refuse(af_error::invalid_argument, st.error);
+  return caf::none;
+}
+
+caf::expected<uint64_t> variable_cell::gather_rows_into(const tensor& ids, std::byte* dst,
+                                                        size_t dst_bytes) const {
+  shape_type out_shape;
+  if (auto err = check_gather(ids, out_shape))
+    return err;
+  const size_t row_bytes = static_cast<size_t>(num_elements(out_shape)) / ids.num_elements()
+                           * dtype_size(spec_.type);
+  if (row_bytes * ids.num_elements() != dst_bytes)
+    return make_error(af_error::internal,
+                      fmt::format("gather_rows of {}: {} bytes of room for {} rows of {} bytes",
+                                  quoted(spec_), dst_bytes, ids.num_elements(), row_bytes));
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!initialized_)
+    return make_error(af_error::uninitialized,
+                      "gather_rows of " + quoted(spec_) + " on " + spec_.device
+                        + ": the variable has no value yet; the chief initializes it first");
+  const std::byte* src = value_.bytes();
+  kernels::each_id(ids, [&](size_t i, int64_t id) {
+    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(id) * row_bytes, row_bytes);
+    return true;
+  });
+  return version_;
+}
+
+caf::expected<std::pair<tensor, uint64_t>> variable_cell::gather_rows(const tensor& ids) const {
+  auto refuse = [&](af_error code, const std::string& why) {
+    return make_error(code, "gather_rows of " + quoted(spec_) + " on " + spec_.device + ": " + why);
+  };
+  shape_type out_shape;
+  if (auto err = check_gather(ids, out_shape))
+    return err;
   std::lock_guard<std::mutex> guard{mtx_};
   if (!initialized_)
     return refuse(af_error::uninitialized,

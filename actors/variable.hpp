@@ -164,6 +164,12 @@ public:
   /// (the node); uninitialized if the variable has no value.
   caf::expected<std::pair<tensor, uint64_t>> gather_rows(const tensor& ids) const;
 
+  /// gather_rows written to `dst` (`dst_bytes` of room: exactly the rows')
+  /// instead of a fresh tensor (a gather_many reply's part), with the same
+  /// checks and errors; the version the rows were read at.
+  caf::expected<uint64_t> gather_rows_into(const tensor& ids, std::byte* dst,
+                                           size_t dst_bytes) const;
+
   /// Produces floats [offset, offset + n) of a gradient into `out` (n is at
   /// most apply_block).
   using gradient_fill = std::function<void(size_t offset, size_t n, float* out)>;
@@ -202,6 +208,8 @@ public:
 
 private:
   caf::error check_floats(size_t n, const char* what) const; // mtx_ held
+  /// gather_rows' checks of `ids` (no lock: the shape is fixed); the rows' shape.
+  caf::error check_gather(const tensor& ids, shape_type& out_shape) const;
   /// Pointers to the slots of `opt.kind` (slot_names order), made at
   /// train::slot_initial_value on first use (mtx_ held; may throw bad_alloc).
   void use_slots(const train::optimizer_spec& opt, float* (&out)[2]);

@@ -122,6 +122,8 @@ public:
   bool aggregate(plane_request& req) override;
   /// The rows of a table (variable_cell::gather_rows), read right here.
   bool gather_rows(plane_request& req) override;
+  /// Every part's rows or value into one answer (actors/plane_gather.cpp).
+  bool gather_many(plane_request& req) override;
   /// To the executor as a local message, within its edge budget
   /// (actors/edge_budget.hpp).
   bool edge(plane_request& req) override;

@@ -21,7 +21,7 @@ std::string validate(const header& h) {
   if (!valid_var_op(k) && !aggregator_kind(k) && k != static_cast<uint8_t>(kind::reply)
       && k != static_cast<uint8_t>(kind::shm_offer) && k != static_cast<uint8_t>(kind::edge)
       && k != static_cast<uint8_t>(kind::ucx_offer) && k != static_cast<uint8_t>(kind::gather_rows)
-      && k != static_cast<uint8_t>(kind::shm_pad))
+      && k != static_cast<uint8_t>(kind::shm_pad) && k != static_cast<uint8_t>(kind::gather_many))
     return "unknown frame kind " + std::to_string(k);
   if (h.name_len > max_name)
     return "variable name of " + std::to_string(h.name_len) + " bytes (at most "
@@ -47,6 +47,19 @@ std::string validate(const header& h) {
     return "payload of " + std::to_string(h.payload_bytes) + " bytes for a tensor of "
            + std::to_string(expected) + " bytes";
   return {};
+}
+
+std::vector<uint64_t> gather_many_offsets(const std::vector<uint64_t>& bytes) {
+  auto up = [](uint64_t n, uint64_t to) { return (n + to - 1) / to * to; };
+  std::vector<uint64_t> at;
+  at.reserve(bytes.size() + 1);
+  uint64_t end = 8 + sizeof(gathered_part) * bytes.size();
+  for (auto b : bytes) {
+    at.push_back(up(end, 64));
+    end = at.back() + b;
+  }
+  at.push_back(up(end, 8)); // the payload is int32 words: whole ones
+  return at;
 }
 
 shape_type shape_of(const header& h) {

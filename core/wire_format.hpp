@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 #include "core/variable_spec.hpp"
@@ -69,6 +70,14 @@ enum class kind : uint8_t {
   /// otherwise not start at a multiple of 64 bytes of the ring, so that the
   /// reader can use the payload in place (docs/wire.md "Shared memory").
   shm_pad = 13,
+  /// Several reads of one node's variables in one frame (a sparse step's
+  /// phase to one ps: every shard's rows and every dense value it needs):
+  /// no name, the payload (described as int32[payload_bytes / 4], as
+  /// push_sparse's) a gather_many_request, then the parts' names, then
+  /// their ids. The reply's payload is a gather_many_reply, then each
+  /// part's bytes at a multiple of 64 bytes of the payload. Any part
+  /// refused refuses the frame, naming the part (docs/wire.md "gather_many").
+  gather_many = 14,
   reply = 16,
 };
 
@@ -106,6 +115,48 @@ struct push_prefix {
   uint64_t seq = 0;
 };
 static_assert(sizeof(push_prefix) == 24, "a push frame's name starts with 24 bytes");
+
+/// A gather_many frame's parts: at most this many (a step asks one ps for a
+/// part per table shard and dense variable it holds).
+constexpr uint32_t max_gather_parts = 256;
+
+/// What one part of a gather_many asks for.
+enum class gather_part_kind : uint32_t {
+  rows = 0,  ///< the rows of a table by id (as gather_rows): `count` int64 ids
+  value = 1, ///< the whole value of a variable (as read): `count` 0
+};
+
+/// One part of a gather_many request, after the payload's first 8 bytes
+/// (uint32 parts, uint32 0): then the names, then zero bytes to a multiple
+/// of 8, then each rows part's int64 ids, in the parts' order.
+struct gather_part {
+  uint32_t name_len = 0;
+  uint32_t what = 0; ///< a gather_part_kind
+  uint64_t count = 0;
+};
+static_assert(sizeof(gather_part) == 16, "a gather_many part is described in 16 bytes");
+
+/// One part of a gather_many reply, after the payload's first 8 bytes
+/// (uint32 parts, uint32 0): its tensor and the variable's version. The
+/// parts' bytes follow the descriptions, each at the next multiple of 64
+/// bytes of the payload (gather_many_offsets), so that a reader can use
+/// them in place.
+struct gathered_part {
+  uint8_t dtype = 0;
+  uint8_t rank = 0;
+  uint8_t reserved[6] = {};
+  uint64_t version = 0;
+  uint64_t bytes = 0;
+  int64_t dims[max_rank] = {};
+};
+static_assert(sizeof(gathered_part) == 88, "a gather_many reply part is described in 88 bytes");
+
+/// Where a gather_many reply's part bytes start: the first at the first
+/// multiple of 64 after the descriptions, each next one at the multiple of
+/// 64 after the one before. `bytes[i]` the parts' sizes; the last entry of
+/// the result is the payload's size (the last part's end, up to a multiple
+/// of 8).
+std::vector<uint64_t> gather_many_offsets(const std::vector<uint64_t>& bytes);
 
 /// The kind byte of a request for `op`.
 constexpr uint8_t request_kind(var_op op) {

@@ -132,6 +132,7 @@ public:
     }
     return forward(link_.start_push(step, round_.take()));
   }
+  void flush() override { link_.flush(); }
   caf::expected<answer> finish() override {
     if (held_.empty())
       return make_error(af_error::internal, "an answer asked of a merging link with no request");

@@ -135,6 +135,7 @@ public:
   caf::error start_read(const std::string& var) override;
   caf::error start_push(uint64_t step, const sparse_push_values& values) override;
   caf::expected<answer> finish() override;
+  void flush() override { inner_->flush(); }
   std::pair<uint64_t, uint64_t> bytes() const override { return inner_->bytes(); }
 
 private:

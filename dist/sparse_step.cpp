@@ -52,32 +52,57 @@ caf::expected<std::pair<uint64_t, bool>> sparse_ps_link::push(uint64_t step,
 }
 
 caf::error data_plane_ps_link::start_gather_rows(const std::string& var, const tensor& ids) {
-  if (auto err = channel_->send_gather_rows(var, ids, wait_))
-    return err;
-  kinds_.push_back(false);
-  sent_ += frame_bytes(var, ids.nbytes());
+  asks_.push_back({var, ids});
+  kinds_.push_back(kind::part);
   return caf::none;
 }
 
 caf::error data_plane_ps_link::start_read(const std::string& var) {
-  if (auto err = channel_->send_read(var, wait_))
-    return err;
-  kinds_.push_back(false);
-  sent_ += frame_bytes(var, 0);
+  asks_.push_back({var, tensor{}});
+  kinds_.push_back(kind::part);
   return caf::none;
+}
+
+void data_plane_ps_link::flush() {
+  if (asks_.empty())
+    return;
+  const auto n = asks_.size();
+  caf::error err;
+  uint64_t payload = 0;
+  if (n == 1) {
+    const auto& a = asks_.front();
+    err = a.ids.empty() ? channel_->send_read(a.var, wait_)
+                        : channel_->send_gather_rows(a.var, a.ids, wait_);
+    sent_ += frame_bytes(a.var, a.ids.nbytes());
+  } else {
+    err = channel_->send_gather_many(asks_, wait_);
+    payload = 8 + sizeof(wire::gather_part) * n;
+    for (const auto& a : asks_)
+      payload += a.var.size() + a.ids.nbytes();
+    sent_ += frame_bytes({}, (payload + 7) / 8 * 8);
+  }
+  asks_.clear();
+  if (err) {
+    // Each held read's finish() gives the send's failure, in turn.
+    for (size_t i = 0; i < n; ++i)
+      ready_.push_back(err);
+    return;
+  }
+  batches_.push_back(n);
 }
 
 caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_values& values) {
   // Each push gets the next number; one sent again after reconnect() (its
   // connection broke before the answer) keeps its own, so that a ps that
   // took it answers without applying it twice.
+  flush(); // the reads started before it go first
   auto seq = resend_ ? seq_ : ++seq_;
   resend_ = false;
   unanswered_ = true;
   if (auto err = channel_->send_push_sparse(aggregator_, worker_, step, values.dense, values.ids,
                                             values.rows, wait_, token_, seq))
     return err;
-  kinds_.push_back(true);
+  kinds_.push_back(kind::push);
   // docs/wire.md "Sparse tables": the push prefix (token, number), a count
   // per table, then the parts (ids as int64).
   uint64_t payload = 24 + 8 * values.ids.size();
@@ -92,9 +117,38 @@ caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_value
 }
 
 caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
-  bool push = !kinds_.empty() && kinds_.front();
+  flush();
+  bool push = !kinds_.empty() && kinds_.front() == kind::push;
   if (!kinds_.empty())
     kinds_.pop_front();
+  if (!push && ready_.empty() && !batches_.empty()) {
+    // The next frame of reads: its answer, split into one per read.
+    auto n = batches_.front();
+    batches_.pop_front();
+    auto r = channel_->next_reply();
+    if (r)
+      received_ += frame_bytes({}, r->value.nbytes());
+    if (r && n > 1) {
+      auto parts = data_channel::split_gather_many(r->value, n);
+      if (!parts)
+        r = std::move(parts.error());
+      else
+        for (auto& a : *parts)
+          ready_.push_back(answer{std::move(a.value), a.version, false});
+    } else if (r) {
+      ready_.push_back(answer{std::move(r->value), r->version, false});
+    }
+    if (!r)
+      for (size_t i = 0; i < n; ++i)
+        ready_.push_back(r.error());
+  }
+  if (!push && !ready_.empty()) {
+    auto a = std::move(ready_.front());
+    ready_.pop_front();
+    if (!a && is(a.error(), af_error::timeout))
+      return read_timed_out(a.error());
+    return a;
+  }
   auto r = channel_->next_reply();
   if (!r) {
     if (!push && is(r.error(), af_error::timeout))
@@ -120,7 +174,12 @@ caf::error data_plane_ps_link::read_timed_out(const caf::error& err) const {
 void data_plane_ps_link::reconnect(std::unique_ptr<data_channel> channel, std::string token,
                                    uint64_t last_seq) {
   channel_ = std::move(channel);
-  kinds_.clear(); // requests out on the old connection are lost with it
+  // Requests out on the old connection are lost with it (and reads held
+  // back: the caller starts again what it still needs).
+  kinds_.clear();
+  asks_.clear();
+  batches_.clear();
+  ready_.clear();
   if (!token.empty()) {
     token_ = std::move(token);
     seq_ = last_seq;
@@ -232,6 +291,8 @@ caf::error fetch_sparse_rows(const std::vector<train::table_spec>& specs,
       started[p] += 1;
     }
   }
+  for (auto* link : links) // reads held back to go as one frame: out now, all of them
+    link->flush();
   for (size_t p = 0; p < P; ++p) {
     for (size_t i = 0; i < started[p]; ++i) {
       const auto& slot = layout.ps_order[p][i];

@@ -52,6 +52,11 @@ public:
   virtual caf::error start_push(uint64_t step, const sparse_push_values& values) = 0;
   /// The answer to the oldest request started and not yet finished.
   virtual caf::expected<answer> finish() = 0;
+  /// Sends what start_*() may have held back to send together (a link that
+  /// batches a phase's reads: data_plane_ps_link); finish() does it too.
+  /// A phase calls it on every link before it reads any answer, so that the
+  /// ps work at once. A failure comes from finish(), as any request's.
+  virtual void flush() {}
   /// Bytes this link sent and received so far (0 if it does not count).
   virtual std::pair<uint64_t, uint64_t> bytes() const { return {0, 0}; }
 
@@ -73,10 +78,15 @@ public:
     : channel_(std::move(channel)), aggregator_(std::move(aggregator)), worker_(worker),
       token_(std::move(token)), seq_(last_seq), wait_(wait) {}
 
+  /// A gather or read is held back until flush() (or the next push, or
+  /// finish()) sends every one held as one gather_many (docs/wire.md), or
+  /// alone as gather_rows or read: a phase then costs one request and one
+  /// answer per ps, not one per variable.
   caf::error start_gather_rows(const std::string& var, const tensor& ids) override;
   caf::error start_read(const std::string& var) override;
   caf::error start_push(uint64_t step, const sparse_push_values& values) override;
   caf::expected<answer> finish() override;
+  void flush() override;
   /// The frames' bytes (header, name, payload) of every call so far, both ways.
   std::pair<uint64_t, uint64_t> bytes() const override { return {sent_, received_}; }
 
@@ -100,10 +110,18 @@ private:
   /// wait (step_timeout_ms) and what to do.
   caf::error read_timed_out(const caf::error& err) const;
 
+  /// A request started and not finished: a push, or a read (gather_rows
+  /// or read) held in asks_ or sent.
+  enum class kind : uint8_t { push, part };
   uint64_t sent_ = 0, received_ = 0;
   bool unanswered_ = false; ///< the last push got no answer (its number is seq_)
   bool resend_ = false;     ///< the next push goes under seq_ again
-  std::deque<bool> kinds_;  ///< per request out, in order: whether it is a push
+  std::deque<kind> kinds_;  ///< per request started, in order
+  std::vector<data_channel::gather_ask> asks_; ///< reads held back for flush()
+  std::deque<size_t> batches_; ///< per frame of reads sent, in order: its reads
+  /// Answers of reads whose frame has been read (or failed) and that no
+  /// finish() has given yet, in order.
+  std::deque<caf::expected<answer>> ready_;
   std::unique_ptr<data_channel> channel_;
   std::string aggregator_;
   uint32_t worker_;

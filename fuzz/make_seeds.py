@@ -85,6 +85,20 @@ for n, f in [("read", read_v), ("assign_read", assign_v + read_v), ("add", add_v
              ("unknown_var", frame(1, b"nope")), ("half_header", read_v[:40]),
              ("bad_magic", b"XXXX" + read_v[4:]), ("pipelined", read_v * 3)]:
     put("data_plane", n, f)
+# gather_many (kind 14): parts, their 16-byte descriptions, the names padded
+# to 8, then the ids; the payload described as int32 words.
+def gather_many(parts):
+    desc = b"".join(struct.pack("<IIQ", len(nm), what, len(ids)) for nm, what, ids in parts)
+    names = b"".join(nm for nm, _, _ in parts)
+    names += b"\0" * (-len(names) % 8)
+    ids = b"".join(struct.pack("<q", i) for _, _, idl in parts for i in idl)
+    payload = struct.pack("<II", len(parts), 0) + desc + names + ids
+    return header(14, 0, 1, 2, [len(payload) // 4], len(payload)) + payload
+for n, f in [("gather_many_value", gather_many([(b"v", 1, [])])),
+             ("gather_many_two", gather_many([(b"v", 1, []), (b"v", 1, [])])),
+             ("gather_many_rows_of_scalar", gather_many([(b"v", 0, [0])])),
+             ("gather_many_missing", gather_many([(b"nope", 1, []), (b"v", 1, [])]))]:
+    put("data_plane", n, f)
 
 # -- tensors as CAF's binary_serializer writes them (messages/types.cpp):
 # has_value u8, dtype u8, shape (varbyte count, big-endian int64s), then the

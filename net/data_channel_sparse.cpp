@@ -1,5 +1,6 @@
-/// The data channel's sparse requests: a table's rows by id (gather_rows)
-/// and a sparse push to an aggregator (push_sparse). Layouts: docs/wire.md.
+/// The data channel's sparse requests: a table's rows by id (gather_rows),
+/// several variables' rows and values at once (gather_many) and a sparse
+/// push to an aggregator (push_sparse). Layouts: docs/wire.md.
 #include "net/data_plane.hpp"
 #include "net/data_link.hpp"
 
@@ -82,6 +83,118 @@ caf::error data_channel::send_read(const std::string& var, std::chrono::millisec
   h.name_len = static_cast<uint32_t>(var.size());
   std::vector<iovec> iov{{&h, sizeof(h)}, {const_cast<char*>(var.data()), var.size()}};
   return send_pipelined(std::move(what), *deadline, w, iov);
+}
+
+caf::error data_channel::send_gather_many(const std::vector<gather_ask>& parts,
+                                          std::chrono::milliseconds wait) {
+  std::string what = fmt::format("gather_many of {} parts", parts.size());
+  if (!parts.empty())
+    what += fmt::format(" ('{}'{})", parts.front().var, parts.size() > 1 ? ", ..." : "");
+  if (parts.empty() || parts.size() > wire::max_gather_parts)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: 1 to {} parts", what, wire::max_gather_parts));
+  // The payload (docs/wire.md): the parts' count, their descriptions, the
+  // names, zeros to a multiple of 8, then each rows part's ids from its
+  // own buffer.
+  const auto n = static_cast<uint32_t>(parts.size());
+  std::vector<wire::gather_part> desc(n);
+  uint64_t names = 0, bytes = 8 + sizeof(wire::gather_part) * uint64_t{n};
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto& p = parts[i];
+    if (p.var.empty() || p.var.size() > wire::max_name)
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{}: part {} names a variable of {} bytes (1 to {})", what, i,
+                                    p.var.size(), wire::max_name));
+    desc[i].name_len = static_cast<uint32_t>(p.var.size());
+    names += p.var.size();
+    if (p.ids.empty()) {
+      desc[i].what = static_cast<uint32_t>(wire::gather_part_kind::value);
+      continue;
+    }
+    if (p.ids.type() != dtype::int64 || p.ids.shape().size() != 1 || p.ids.num_elements() == 0)
+      return make_error(af_error::invalid_argument,
+                        fmt::format("{}: the ids of part {} ('{}') are {}, expected 1-D int64",
+                                    what, i, p.var, p.ids.summary()));
+    desc[i].what = static_cast<uint32_t>(wire::gather_part_kind::rows);
+    desc[i].count = static_cast<uint64_t>(p.ids.num_elements());
+    bytes += p.ids.nbytes();
+  }
+  static const std::byte zeros[8] = {};
+  const uint64_t pad = (8 - names % 8) % 8;
+  bytes += names + pad;
+  auto w = wait.count() > 0 ? wait : timeout_;
+  auto deadline = begin_request(what, 0, w);
+  if (!deadline)
+    return std::move(deadline.error());
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::gather_many);
+  h.has_tensor = 1;
+  h.dtype = static_cast<uint8_t>(dtype::int32);
+  h.rank = 1;
+  h.dims[0] = static_cast<int64_t>(bytes / 4);
+  h.payload_bytes = bytes;
+  const uint32_t head[2] = {n, 0};
+  std::vector<iovec> iov;
+  iov.reserve(4 + 2 * parts.size());
+  iov.push_back({&h, sizeof(h)});
+  iov.push_back({const_cast<uint32_t*>(head), sizeof(head)});
+  iov.push_back({desc.data(), desc.size() * sizeof(wire::gather_part)});
+  for (const auto& p : parts)
+    iov.push_back({const_cast<char*>(p.var.data()), p.var.size()});
+  if (pad > 0)
+    iov.push_back({const_cast<std::byte*>(zeros), pad});
+  for (const auto& p : parts)
+    if (!p.ids.empty())
+      iov.push_back({const_cast<std::byte*>(p.ids.bytes()), p.ids.nbytes()});
+  return send_pipelined(std::move(what), *deadline, w, iov);
+}
+
+caf::expected<std::vector<data_channel::answer>>
+data_channel::split_gather_many(const tensor& payload, size_t parts) {
+  auto bad = [&](const std::string& why) {
+    return make_error(af_error::internal, "a gather_many answer of " + payload.summary()
+                                            + " for " + std::to_string(parts) + " parts: " + why);
+  };
+  const auto bytes = payload.nbytes();
+  if (bytes < 8 || payload.empty())
+    return bad("shorter than its count");
+  const std::byte* p = payload.bytes();
+  uint32_t n = 0;
+  std::memcpy(&n, p, sizeof(n));
+  if (n != parts || 8 + sizeof(wire::gathered_part) * uint64_t{n} > bytes)
+    return bad(fmt::format("it describes {} parts", n));
+  std::vector<wire::gathered_part> desc(n);
+  std::vector<uint64_t> sizes(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::memcpy(&desc[i], p + 8 + sizeof(wire::gathered_part) * i, sizeof(wire::gathered_part));
+    sizes[i] = desc[i].bytes;
+  }
+  auto at = wire::gather_many_offsets(sizes);
+  if (at.back() != bytes)
+    return bad(fmt::format("its parts end at byte {}", at.back()));
+  // Each part a tensor over the payload's buffer: the whole payload lives
+  // while any part does.
+  auto whole = std::make_shared<tensor>(payload);
+  std::vector<answer> out(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto& d = desc[i];
+    if (!valid_dtype(d.dtype) || d.rank > wire::max_rank)
+      return bad(fmt::format("part {} has dtype code {} and rank {}", i, d.dtype, d.rank));
+    shape_type shape(d.dims, d.dims + d.rank);
+    unsigned __int128 count = 1;
+    for (auto dim : shape) {
+      if (dim < 0)
+        return bad(fmt::format("part {} has a negative dimension", i));
+      count *= static_cast<uint64_t>(dim);
+    }
+    if (count * dtype_size(static_cast<dtype>(d.dtype)) != d.bytes)
+      return bad(fmt::format("part {} is {} bytes for its shape {}", i, d.bytes,
+                             shape_string(shape)));
+    std::shared_ptr<std::byte> at_part(whole, const_cast<std::byte*>(whole->bytes() + at[i]));
+    out[i].value = tensor::over(static_cast<dtype>(d.dtype), std::move(shape), std::move(at_part));
+    out[i].version = d.version;
+  }
+  return out;
 }
 
 caf::error data_channel::send_push_sparse(const std::string& name, uint32_t worker, uint64_t step,

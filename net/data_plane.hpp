@@ -253,6 +253,25 @@ public:
   caf::error send_gather_rows(const std::string& var, const tensor& ids,
                               std::chrono::milliseconds wait = {});
   caf::error send_read(const std::string& var, std::chrono::milliseconds wait = {});
+  /// One part of send_gather_many: the rows `ids` (1-D int64) name of table
+  /// `var`, or, with `ids` empty, the value of variable `var`.
+  struct gather_ask {
+    std::string var;
+    tensor ids;
+  };
+  /// Every part's rows or value from the node in one frame
+  /// (wire::kind::gather_many; docs/wire.md "gather_many"): one request
+  /// and one answer instead of a gather_rows or read per variable. Its
+  /// answer's value is the reply's payload: split_gather_many() cuts it
+  /// into the parts' tensors. A part the node refuses refuses them all
+  /// (the error names the part).
+  caf::error send_gather_many(const std::vector<gather_ask>& parts,
+                              std::chrono::milliseconds wait = {});
+  /// The `parts` tensors of a gather_many answer's payload, in the order
+  /// they were asked, each over the payload's buffer (no copy) and with
+  /// the version its variable was read at; internal if the payload is not
+  /// a well-formed answer of that many parts.
+  static caf::expected<std::vector<answer>> split_gather_many(const tensor& payload, size_t parts);
   caf::error send_push_sparse(const std::string& name, uint32_t worker, uint64_t step,
                               const std::vector<tensor>& dense, const std::vector<tensor>& ids,
                               const std::vector<tensor>& rows, std::chrono::milliseconds wait,

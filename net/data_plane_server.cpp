@@ -373,9 +373,10 @@ void data_plane_server::serve_frames(served_connection& c) {
     bool edge = h.kind == static_cast<uint8_t>(wire::kind::edge);
     bool ucx_offer = h.kind == static_cast<uint8_t>(wire::kind::ucx_offer);
     bool gather = h.kind == static_cast<uint8_t>(wire::kind::gather_rows);
+    bool many = h.kind == static_cast<uint8_t>(wire::kind::gather_many);
     bool pad = h.kind == static_cast<uint8_t>(wire::kind::shm_pad);
     if (problem.empty() && !valid_var_op(h.kind) && !wire::aggregator_kind(h.kind) && !offer
-        && !edge && !ucx_offer && !gather && !pad)
+        && !edge && !ucx_offer && !gather && !many && !pad)
       problem = "a reply frame sent as a request";
     if (pad && (h.payload_bytes >= shm_channel::payload_alignment || h.has_tensor
                 || h.name_len != 0))
@@ -431,13 +432,14 @@ void data_plane_server::serve_frames(served_connection& c) {
     counted.requests.fetch_add(1, std::memory_order_relaxed);
     counted.bytes_received.fetch_add(sizeof(h) + h.name_len + h.payload_bytes,
                                      std::memory_order_relaxed);
-    if (gather || valid_var_op(h.kind))
+    if (gather || many || valid_var_op(h.kind))
       counted.variable_ops.fetch_add(1, std::memory_order_relaxed);
     // The rest is the runtime's: one virtual call per frame.
     plane_request req{c, h, name, timeouts_};
     bool go_on = wire::aggregator_kind(h.kind) ? handler_->aggregate(req)
                  : edge                        ? handler_->edge(req)
                  : gather                      ? handler_->gather_rows(req)
+                 : many                        ? handler_->gather_many(req)
                                                : handler_->variable_op(req);
     if (!go_on || !c.take_back_lent())
       break;

@@ -182,6 +182,12 @@ public:
   virtual bool gather_rows(plane_request& req) {
     return req.refuse(af_error::invalid_argument, "this data plane serves no table rows");
   }
+
+  /// Several rows and values in one frame (wire::kind::gather_many). A
+  /// handler without variables refuses it.
+  virtual bool gather_many(plane_request& req) {
+    return req.refuse(af_error::invalid_argument, "this data plane serves no variables");
+  }
 };
 
 } // namespace af
