@@ -50,7 +50,9 @@ void forget_step_latency(const caf::actor_addr& id);
 /// the node's own actor system, an executor's reads and updates, a peer over
 /// CAF's port) in this process, and the bytes of their operands and values.
 /// The data plane's ops are its own counters' (net/data_plane_counters.hpp).
-struct caf_variable_counters {
+/// A cache line of its own (as the data plane's per transport), not shared
+/// with the process's other statics.
+struct alignas(64) caf_variable_counters {
   std::atomic<uint64_t> ops{0};
   std::atomic<uint64_t> bytes_received{0}; ///< the operands' (and gather's ids')
   std::atomic<uint64_t> bytes_sent{0};     ///< the values answered

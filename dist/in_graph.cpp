@@ -13,6 +13,7 @@
 #include "actors/system.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
+#include "dist/sparse_metrics.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
 #include "train/local.hpp"
@@ -140,11 +141,20 @@ struct in_graph_exchange {
   }
 };
 
+/// Where the loop's reports go: the chief's metrics CSV and TensorBoard
+/// runs (null: neither is asked for), with ps 0's aggregator's accounting.
+struct in_graph_reports {
+  sparse_metrics* metrics = nullptr;
+  aggregator_actor ps0;
+};
+
 /// The loop: run every tower on its shard of the global batch, push the
-/// mean, take the next parameters; until the job's steps are done.
+/// mean, take the next parameters; until the job's steps are done. Every
+/// log_every steps a report: the progress line, and the metrics' rows.
 caf::expected<train_outcome> train_towers(session& s, const train::train_config& c,
                                           const train_options& opts, const job_data& job,
-                                          const towers_graph& model, in_graph_exchange& exchange) {
+                                          const towers_graph& model, in_graph_exchange& exchange,
+                                          const in_graph_reports& reports) {
   auto towers = static_cast<uint32_t>(model.reps.size());
   std::vector<train::batcher> batches;
   for (uint32_t t = 0; t < towers; ++t)
@@ -156,6 +166,7 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
   double loss_sum = 0;
   uint64_t loss_n = 0;
   const auto total = job.total;
+  const auto first = exchange.global_step;
   while (exchange.global_step < total) {
     std::vector<std::pair<output, tensor>> feeds;
     for (uint32_t t = 0; t < towers; ++t) {
@@ -171,12 +182,23 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
     if (auto err = exchange(false, &grads))
       return err;
     auto global_step = exchange.global_step;
-    if (opts.print && c.log_every > 0 && (global_step % c.log_every == 0 || global_step == total)) {
-      std::printf("step %llu/%llu  loss %.4f  (in-graph, %u replicas)\n",
-                  static_cast<unsigned long long>(global_step),
-                  static_cast<unsigned long long>(total), loss_sum / static_cast<double>(loss_n),
-                  towers);
-      std::fflush(stdout);
+    if (c.log_every > 0 && (global_step % c.log_every == 0 || global_step == total)) {
+      double loss = loss_sum / static_cast<double>(loss_n);
+      if (opts.print) {
+        std::printf("step %llu/%llu  loss %.4f  (in-graph, %u replicas)\n",
+                    static_cast<unsigned long long>(global_step),
+                    static_cast<unsigned long long>(total), loss, towers);
+        std::fflush(stdout);
+      }
+      if (reports.metrics) {
+        double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // One replica's examples/s (the CSV's and TensorBoard's are the
+        // job's: times the replicas), as a between-graph worker reports.
+        double examples = static_cast<double>(global_step - first) * c.batch_size;
+        reports.metrics->report(s, reports.ps0, exchange.timeout, global_step, seconds, loss,
+                                seconds > 0 ? examples / seconds : 0.0);
+      }
       loss_sum = 0;
       loss_n = 0;
     }
@@ -195,9 +217,9 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
                                           const train_options& opts) {
   if (auto err = check_config(c))
     return err;
-  if (!c.checkpoint_dir.empty() || !c.metrics.empty())
-    log::get()->warn("in-graph: checkpoint_dir and metrics are not written in-graph yet (only "
-                     "between-graph jobs write them); this run trains without them");
+  if (!c.checkpoint_dir.empty())
+    log::get()->warn("in-graph: checkpoint_dir is not written in-graph yet (only between-graph "
+                     "jobs write checkpoints); this run trains without them");
   if (c.mode != "sync")
     return make_error(af_error::invalid_argument,
                       "in-graph replication averages in the graph: mode must be sync, not '"
@@ -211,6 +233,15 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   auto job = load_job(c, towers, towers);
   if (!job)
     return std::move(job.error());
+  // The metrics CSV and TensorBoard runs, as a between-graph job's chief
+  // writes them (refused here, before the ps hold anything, if they cannot be).
+  std::unique_ptr<sparse_metrics> metrics;
+  if (!c.metrics.empty() || !c.logdir.empty()) {
+    auto m = sparse_metrics::open(c, towers, 0);
+    if (!m)
+      return std::move(m.error());
+    metrics = std::move(*m);
+  }
 
   // Variables on the ps tasks, initialized by this client (it is the chief),
   // and a sync aggregator of one worker (this client) on each.
@@ -230,7 +261,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
   // The parameters, then the loop: run, push the mean, take the next parameters.
   in_graph_exchange exchange{std::move(*shards), std::chrono::milliseconds{c.step_timeout_ms},
                              std::vector<tensor>(job->params.size()), 0};
-  auto outcome = train_towers(s, c, opts, *job, *model, exchange);
+  in_graph_reports reports{metrics.get(), placed->shards.front().actor};
+  auto outcome = train_towers(s, c, opts, *job, *model, exchange, reports);
   if (!outcome)
     return outcome;
   auto ev = train::evaluate_local(c, job->data->test, exchange.current);
@@ -238,6 +270,8 @@ caf::expected<train_outcome> run_in_graph(session& s, const train::train_config&
     return to_error(ev.error());
   outcome->result.test_loss = ev->first;
   outcome->result.accuracy = ev->second;
+  if (metrics)
+    outcome->plot = metrics->finish(exchange.global_step, ev->second, ev->first, true);
   if (opts.shutdown_ps)
     for (uint32_t k = 0; k < n_ps; ++k)
       if (auto err = s.shutdown("ps", static_cast<int32_t>(k)))

@@ -53,6 +53,20 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
 
 sparse_metrics::~sparse_metrics() = default;
 
+std::string sparse_metrics::finish(uint64_t global_step, double accuracy, double test_loss,
+                                   bool plot) {
+  auto& rep = *rep_;
+  if (rep.summary) {
+    rep.summary->final_eval(global_step, accuracy, test_loss);
+    rep.summary->close();
+  }
+  if (!rep.metrics)
+    return "";
+  auto csv = rep.metrics->path();
+  rep.metrics.reset(); // closed: its rows are in the file
+  return plot ? train::plot(csv, metrics_stem(csv) + ".png") : "";
+}
+
 void sparse_metrics::report(session& s, const aggregator_actor& ps0,
                             std::chrono::milliseconds timeout, uint64_t step, double seconds,
                             double loss, double examples_per_s) {

@@ -7,6 +7,10 @@
 /// A job resumed from a checkpoint keeps the rows up to its step. With
 /// logdir, the same reports go to TensorBoard runs as the dense job's
 /// (dist/training_summary.hpp; scalars, no histograms).
+///
+/// The dense in-graph job (dist/in_graph.cpp) writes its metrics through it
+/// too: like the sparse job, its chief runs its own loop rather than the
+/// worker actor whose reports feed the between-graph job's reporter.
 
 #include <chrono>
 #include <cstdint>
@@ -41,6 +45,13 @@ public:
   /// job's row without the workers').
   void report(session& s, const aggregator_actor& ps0, std::chrono::milliseconds timeout,
               uint64_t step, double seconds, double loss, double examples_per_s);
+
+  /// The job's end: its held-out accuracy and loss (negative: none) as the
+  /// runs' last point (at the last report's step, else `global_step`), the
+  /// runs synced and closed, and the metrics CSV closed and, with `plot`,
+  /// drawn beside it (<stem>.png). What became of the plot (as
+  /// train::plot says; "" without one).
+  std::string finish(uint64_t global_step, double accuracy, double test_loss, bool plot);
 
 private:
   sparse_metrics() = default;

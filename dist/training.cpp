@@ -695,9 +695,11 @@ caf::expected<train_outcome> run_task(session& s, const train::train_config& c, 
     if (auto err = finish_ps_job(t, outcome, v))
       return err;
   outcome.checkpoint = *t.last_checkpoint;
-  if (t.rep->summary)
+  if (t.rep->summary) {
     t.rep->summary->final_eval(outcome.result.global_step, outcome.result.accuracy,
                                outcome.result.test_loss);
+    t.rep->summary->close();
+  }
   if (t.rep->metrics) {
     auto csv = t.rep->metrics->path();
     t.rep->metrics.reset();

@@ -133,11 +133,23 @@ void job_summary::flush(std::unique_ptr<summary::event_file>& f) {
   }
 }
 
+void job_summary::close() {
+  auto close_one = [](std::unique_ptr<summary::event_file>& f) {
+    if (f && !f->close())
+      log::get()->warn("chief: {}; the end of its TensorBoard run may be lost", f->error());
+    f.reset();
+  };
+  closed_ = true;
+  close_one(job_);
+  for (auto& [w, f] : workers_)
+    close_one(f);
+}
+
 void job_summary::report(const worker_progress& p, uint32_t workers) {
   // Later steps only, whatever a report says: past the last one written
   // and, in a resumed job, past its checkpoint's step (the worker's loop
   // reports so; this keeps a run's files free of a step written twice).
-  if (p.step <= last_step_)
+  if (p.step <= last_step_ || closed_)
     return;
   auto step = static_cast<int64_t>(p.step);
   reports_ += 1;
@@ -181,7 +193,7 @@ void job_summary::report(const worker_progress& p, uint32_t workers) {
 void job_summary::final_eval(uint64_t global_step, double accuracy, double test_loss) {
   // The dense job's last report does not evaluate (its end does), but a
   // report that did is not written twice.
-  if (!job_ || last_evaluated_ || (accuracy < 0 && test_loss < 0))
+  if (!job_ || closed_ || last_evaluated_ || (accuracy < 0 && test_loss < 0))
     return;
   auto step = static_cast<int64_t>(reports_ > 0 ? last_step_ : global_step);
   std::vector<std::pair<std::string, double>> s;

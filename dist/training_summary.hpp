@@ -43,6 +43,11 @@ public:
   /// last point.
   void final_eval(uint64_t global_step, double accuracy, double test_loss);
 
+  /// The end of the job: every run's file flushed, synced to its disk
+  /// (fsync) and closed, so that a finished job's runs survive a crash of
+  /// the machine; a file that fails is said. Events after it are dropped.
+  void close();
+
   /// Empty if `logdir` can hold the runs (it is made if needed, and this
   /// user can write it), else a sentence naming it, why and what to do.
   static std::string check_logdir(const std::string& logdir);
@@ -79,6 +84,7 @@ private:
   bool last_evaluated_ = false; ///< the report of last_step_ carried held-out figures
   double last_seconds_ = 0;
   int lock_fd_ = -1; ///< lock_file's, held while the job writes
+  bool closed_ = false; ///< close() was called: later reports are dropped
 };
 
 } // namespace af::training_detail

@@ -3,8 +3,10 @@
 /// _bytes for units; labels for transport, reason, executor, aggregator, worker.
 #include "metrics/node_collector.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include "caf/all.hpp"
 
 #include "actors/node_watch.hpp"
+#include "core/log.hpp"
 #include "actors/variable_directory.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/executor.hpp"
@@ -69,6 +72,45 @@ double as_double(uint64_t x) {
 
 } // namespace
 
+/// One scrape's requests to the node's actors. Each is sent when asked for,
+/// with the scrape's budget as its timeout, and awaited only when all are
+/// sent: they run side by side and all end by one deadline (the first
+/// send plus the budget), whatever answers and whatever hangs. An answer
+/// that comes while another is awaited waits in the mailbox for its turn.
+class scrape_requests {
+public:
+  scrape_requests(caf::actor_system& sys, std::chrono::milliseconds budget)
+    : self_(sys), budget_(budget) {}
+
+  /// Asks `dest` for `msg...`; `on_value` takes the answer. `part` names
+  /// what did not answer by the deadline ("executor /job:ps/...").
+  template <class Dest, class OnValue, class... Ts>
+  void ask(const Dest& dest, std::string part, OnValue on_value, Ts&&... msg) {
+    auto h = self_->request(dest, budget_, std::forward<Ts>(msg)...);
+    awaits_.push_back([this, h, part = std::move(part), on_value]() mutable {
+      h.receive(on_value, [&](caf::error& e) {
+        // Any other error: it ended meanwhile, and is not there.
+        if (e == caf::sec::request_timeout)
+          skipped.push_back(part);
+      });
+    });
+  }
+
+  /// Awaits every answer (or its timeout), in the order asked.
+  void await_all() {
+    for (auto& f : awaits_)
+      f();
+    awaits_.clear();
+  }
+
+  std::vector<std::string> skipped; ///< the parts that did not answer in time
+
+private:
+  caf::scoped_actor self_;
+  std::chrono::milliseconds budget_;
+  std::vector<std::function<void()>> awaits_;
+};
+
 void process_usage(int64_t& rss_bytes, int64_t& threads) {
   rss_bytes = -1;
   threads = -1;
@@ -89,8 +131,12 @@ void process_usage(int64_t& rss_bytes, int64_t& threads) {
 std::vector<MetricFamily> node_collector::Collect() const {
   families out;
   collect_data_plane(out);
-  collect_runtime(out);
-  collect_aggregators(out);
+  auto budget = std::max(1, std::min(budget_ms_, timeout_ms_));
+  scrape_requests rq{sys_, std::chrono::milliseconds{budget}};
+  collect_runtime(out, rq);
+  collect_aggregators(out, rq);
+  rq.await_all();
+  report_skipped(out, rq.skipped);
   int64_t rss = 0, threads = 0;
   process_usage(rss, threads);
   if (rss >= 0)
@@ -161,7 +207,37 @@ void node_collector::collect_data_plane(families& out) const {
               {{"direction", "sent"}, {"transport", "caf"}});
 }
 
-void node_collector::collect_runtime(families& out) const {
+void node_collector::report_skipped(families& out, std::vector<std::string> skipped) const {
+  std::sort(skipped.begin(), skipped.end()); // the same parts, the same sentence
+  add_gauge(family(out, "actorflow_scrape_incomplete",
+                   "Parts of the node (executors, aggregators, the node's variables) that did "
+                   "not answer this scrape within its budget; their figures are left out",
+                   MetricType::Gauge),
+            static_cast<double>(skipped.size()));
+  auto& named = family(out, "actorflow_scrape_skipped",
+                       "1 for each part of the node that did not answer this scrape in time",
+                       MetricType::Gauge);
+  std::string parts;
+  for (const auto& p : skipped) {
+    add_gauge(named, 1, {{"part", p}});
+    parts += (parts.empty() ? "" : ", ") + p;
+  }
+  // Said once while the same parts hang, not at every scrape.
+  std::lock_guard<std::mutex> guard{said_mtx_};
+  if (parts == said_)
+    return;
+  if (parts.empty())
+    log::get()->info("/metrics of {}: every part of the node answers the scrape again",
+                     node_.address);
+  else
+    log::get()->warn("/metrics of {}: {} did not answer within the scrape's budget of {} ms; "
+                     "the scrape leaves out their figures (actorflow_scrape_skipped) and is "
+                     "said again only when what does not answer changes",
+                     node_.address, parts, std::min(budget_ms_, timeout_ms_));
+  said_ = parts;
+}
+
+void node_collector::collect_runtime(families& out, scrape_requests& rq) const {
   auto& latency = family(out, "actorflow_step_latency_seconds",
                          "Steps of registered graphs, run_step to reply, per executor",
                          MetricType::Histogram);
@@ -169,38 +245,33 @@ void node_collector::collect_runtime(families& out) const {
                         MetricType::Gauge);
   auto& steps = family(out, "actorflow_open_steps", "Steps open on each executor now",
                        MetricType::Gauge);
-  caf::scoped_actor self{sys_};
-  auto timeout = std::chrono::milliseconds{timeout_ms_};
   if (node_.directory)
     for (const auto& [device, exec] : node_.directory->executors()) {
       if (auto h = step_latency_of(caf::actor_cast<caf::actor_addr>(exec), false))
         add_histogram(latency, h->read(), {{"executor", device}});
-      self->request(exec, timeout, info_atom::value)
-        .receive(
-          [&](uint64_t g, uint64_t s) {
-            add_gauge(graphs, as_double(g), {{"executor", device}});
-            add_gauge(steps, as_double(s), {{"executor", device}});
-          },
-          [](caf::error&) { /* it ended meanwhile: not there */ });
+      rq.ask(
+        exec, "executor " + device,
+        [&graphs = graphs, &steps = steps, device = device](uint64_t g, uint64_t s) {
+          add_gauge(graphs, as_double(g), {{"executor", device}});
+          add_gauge(steps, as_double(s), {{"executor", device}});
+        },
+        info_atom::value);
     }
-  uint64_t parked = 0;
-  bool listed = false;
-  self->request(node_.actor, timeout, list_atom::value)
-    .receive(
-      [&](std::vector<variable_info>& vars) {
-        listed = true;
-        for (const auto& v : vars)
-          parked += v.waiters;
-      },
-      [](caf::error&) {});
-  if (listed)
-    add_gauge(family(out, "actorflow_parked_waiters",
-                     "Requests parked on the node's variables, waiting for their initialization",
-                     MetricType::Gauge),
-              as_double(parked));
+  rq.ask(
+    node_.actor, "the node's variables",
+    [&out = out](std::vector<variable_info>& vars) {
+      uint64_t parked = 0;
+      for (const auto& v : vars)
+        parked += v.waiters;
+      add_gauge(family(out, "actorflow_parked_waiters",
+                       "Requests parked on the node's variables, waiting for their initialization",
+                       MetricType::Gauge),
+                as_double(parked));
+    },
+    list_atom::value);
 }
 
-void node_collector::collect_aggregators(families& out) const {
+void node_collector::collect_aggregators(families& out, scrape_requests& rq) const {
   auto& rounds = family(out, "actorflow_aggregator_rounds_total",
                         "Updates an aggregator applied to its variables (its global step)",
                         MetricType::Counter);
@@ -219,23 +290,24 @@ void node_collector::collect_aggregators(families& out) const {
                          "Members still pushing", MetricType::Gauge);
   if (!node_.directory)
     return;
-  caf::scoped_actor self{sys_};
-  auto timeout = std::chrono::milliseconds{timeout_ms_};
   for (const auto& [name, agg] : node_.directory->aggregators()) {
-    self->request(agg, timeout, stats_atom::value)
-      .receive(
-        [&, name = name](aggregator_stats& s) {
-          add_counter(rounds, as_double(s.applied), {{"aggregator", name}});
-          add_gauge(members, as_double(s.active), {{"aggregator", name}});
-          for (const auto& w : s.workers) {
-            labels l{{"aggregator", name}, {"worker", std::to_string(w.worker)}};
-            add_counter(pushes, as_double(w.pushes), l);
-            add_counter(late, as_double(w.late), l);
-            add_counter(refused, as_double(w.refused), l);
-            add_counter(stale, as_double(w.stale), l);
-          }
-        },
-        [](caf::error&) { /* it ended meanwhile: not there */ });
+    // The families by init-captured references: they live in `out` (a
+    // deque), the answer comes after this function returned.
+    rq.ask(
+      agg, "aggregator " + name,
+      [&rounds = rounds, &members = members, &pushes = pushes, &late = late,
+       &refused = refused, &stale = stale, name = name](aggregator_stats& s) {
+        add_counter(rounds, as_double(s.applied), {{"aggregator", name}});
+        add_gauge(members, as_double(s.active), {{"aggregator", name}});
+        for (const auto& w : s.workers) {
+          labels l{{"aggregator", name}, {"worker", std::to_string(w.worker)}};
+          add_counter(pushes, as_double(w.pushes), l);
+          add_counter(late, as_double(w.late), l);
+          add_counter(refused, as_double(w.refused), l);
+          add_counter(stale, as_double(w.stale), l);
+        }
+      },
+      stats_atom::value);
   }
 }
 

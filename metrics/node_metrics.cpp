@@ -169,6 +169,20 @@ caf::error check_metrics_options(const node_options& opts, const security_option
   return caf::none;
 }
 
+std::string metrics_exposure_warning(const node_options& opts, const security_options& sec,
+                                     const std::string& name) {
+  const auto& host = opts.metrics_bind;
+  if (is_loopback_host(host))
+    return {};
+  return fmt::format("{}: /metrics and /healthz listen on {} port {} ([node] metrics_bind = "
+                     "\"{}\", allowed by [security] {}): plain HTTP without authentication, so "
+                     "anyone who can reach that port reads this node's metrics (its variables' "
+                     "traffic, its workers, its aggregators) and its health; keep the port behind "
+                     "a firewall, or bind 127.0.0.1 and scrape through a proxy",
+                     name, host, opts.metrics_port, host,
+                     sec.metrics_public ? "metrics_public = true" : "insecure = true");
+}
+
 caf::expected<std::unique_ptr<node_metrics>>
 start_node_metrics(caf::actor_system& sys, const running_node& node, const std::string& name,
                    const node_options& opts, const security_options& sec) {
@@ -186,7 +200,8 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
   out->impl_ = std::make_unique<node_metrics_server>();
   auto& impl = *out->impl_;
   impl.health->plane = node.data_plane;
-  impl.collector = std::make_shared<node_collector>(sys, node, opts.request_timeout_ms);
+  impl.collector = std::make_shared<node_collector>(sys, node, opts.request_timeout_ms,
+                                                    metrics_scrape_budget_ms);
   static const CivetCallbacks callbacks = [] {
     CivetCallbacks c; // all null
     c.begin_request = answer_health;
@@ -240,6 +255,8 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
         health->stopping = "the node stopped (" + caf::to_string(reason) + ")";
     });
   log::get()->info("{}: /metrics and /healthz on http://{}", name, where);
+  if (auto open = metrics_exposure_warning(opts, sec, name); !open.empty())
+    log::get()->warn("{}", open);
   return out;
 }
 

@@ -7,7 +7,8 @@
 /// counts (the data plane's counters, the step latency histograms, the CAF
 /// variable ops: relaxed atomics) and asks the node's actors for the rest
 /// (its executors' graphs, its variables' parked waiters, its aggregators'
-/// stats: one request each, as a client would). The paths that serve work
+/// stats: one request each, as a client would, all of one scrape under one
+/// deadline, metrics_scrape_budget_ms). The paths that serve work
 /// take no lock and do no more than a relaxed increment for it.
 ///
 /// This layer sits above dist/ and actors/ and reads them; the programs that
@@ -35,6 +36,13 @@ constexpr int metrics_server_threads = 4;
 /// How long a connection may take to send its request (and to take its
 /// answer) before civetweb closes it and its thread serves the next.
 constexpr int metrics_request_timeout_ms = 5000;
+
+/// How long one scrape of /metrics waits for the node's actors, all its
+/// requests together (node_collector): an executor or aggregator that does
+/// not answer by then is left out of that scrape and named in
+/// actorflow_scrape_skipped, well within a Prometheus scrape_timeout (10 s
+/// by default). [node] request_timeout_ms bounds it too, if less.
+constexpr int metrics_scrape_budget_ms = 2000;
 
 /// Whether this system's civetweb serves IPv6 (Debian's does not: an IPv6
 /// metrics_bind is refused by check_metrics_options).
@@ -69,6 +77,13 @@ private:
 /// the option. A program calls it before it starts the node.
 caf::error check_metrics_options(const node_options& opts, const security_options& sec,
                                  const std::string& name);
+
+/// The warning start_node_metrics logs when it serves on an address other
+/// than loopback (allowed by [security] metrics_public or insecure): it names
+/// the address and port, and says that anyone who can reach them reads the
+/// node's metrics. Empty for a loopback metrics_bind.
+std::string metrics_exposure_warning(const node_options& opts, const security_options& sec,
+                                     const std::string& name);
 
 /// Serves `node`'s /metrics and /healthz on opts.metrics_bind:opts.metrics_port
 /// ([node] metrics_port must be 1..65535). `name` ("/job:ps/task:0") names it in

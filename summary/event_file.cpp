@@ -1,5 +1,6 @@
 #include "summary/event_file.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,11 +105,12 @@ std::unique_ptr<event_file> event_file::open(const std::string& dir, std::string
 }
 
 event_file::~event_file() {
-  if (f_)
-    std::fclose(f_);
+  close();
 }
 
 void event_file::write(const std::string& event) {
+  if (!f_)
+    return; // closed
   auto record = frame_record(event);
   if (std::fwrite(record.data(), 1, record.size(), f_) != record.size() && error_.empty())
     error_ = fmt::format("cannot write to '{}': {}", path_, std::strerror(errno));
@@ -152,7 +154,33 @@ void event_file::start_at(int64_t step) {
   write(e.SerializeAsString());
 }
 
+bool event_file::sync() {
+  if (!f_ || !flush())
+    return false;
+  if (::fsync(::fileno(f_)) != 0 && error_.empty())
+    error_ = fmt::format("cannot sync '{}' to its disk: {}", path_, std::strerror(errno));
+  return error_.empty();
+}
+
+bool event_file::close() {
+  if (!f_)
+    return error_.empty();
+  sync();
+  if (std::fclose(f_) != 0 && error_.empty())
+    error_ = fmt::format("cannot close '{}': {}", path_, std::strerror(errno));
+  f_ = nullptr;
+  // The file's name in its folder: durable once the folder is synced too.
+  int dir = ::open(fs::path{path_}.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir); // best effort: some file systems refuse a folder's fsync
+    ::close(dir);
+  }
+  return error_.empty();
+}
+
 bool event_file::flush() {
+  if (!f_)
+    return error_.empty();
   if (std::fflush(f_) != 0 && error_.empty())
     error_ = fmt::format("cannot write to '{}': {}", path_, std::strerror(errno));
   // As TensorFlow's EventsWriter: a file removed while the job runs (its

@@ -47,6 +47,14 @@ public:
   /// a new one in its folder (path() changes), as TensorFlow does. False
   /// (and error() says why) if a write failed since the file was opened.
   bool flush();
+  /// flush(), then fsync: what was written survives a crash of the machine,
+  /// not only of the process. For the end of a job (close() does it), not
+  /// for every record: an fsync waits for the disk. False (error()) if it failed.
+  bool sync();
+  /// sync(), then closes the file (and fsyncs its folder, so that a new
+  /// file's name is durable too); events written after it are dropped. The
+  /// destructor closes a file that is still open. False (error()) if it failed.
+  bool close();
 
   const std::string& path() const { return path_; }
   /// Why the last write failed; empty if none did.

@@ -310,3 +310,38 @@ TEST_CASE("an event file removed while the job runs is started again at the next
   REQUIRE(field(decode(records[1]), 2));
   CHECK(field(decode(records[1]), 2)->integer == 3);
 }
+
+TEST_CASE("an event file closed leaves every event written before, readable, and drops later "
+          "ones",
+          "[summary]") {
+  // Catches: a close that loses what is still buffered (the job's last
+  // steps), and writes after it into a closed file. That the events reach
+  // the disk (fsync) cannot be seen from here: the test would need the
+  // machine to lose power; close() syncs the file and its folder.
+  auto dir = std::filesystem::temp_directory_path()
+             / ("actorflow-summary-closed-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string error;
+  auto f = event_file::open(dir.string(), error);
+  REQUIRE(f);
+  for (int step = 1; step <= 100; ++step)
+    f->scalars(step, {{"loss", 1.0 / step}}); // buffered: no flush between them
+  CHECK(f->sync());
+  f->scalars(101, {{"loss", 0.5}});
+  REQUIRE(f->close());
+  CHECK(f->error().empty());
+  CHECK(f->close()); // twice: nothing more to do
+  f->scalars(102, {{"loss", 0.25}});
+  CHECK(f->flush());
+  auto records = file_records(f->path());
+  f.reset();
+  std::filesystem::remove_all(dir);
+  // file_version, then steps 1..101, none after the close.
+  REQUIRE(records.size() == 102);
+  CHECK(field(decode(records[0]), 3)->bytes == "brain.Event:2");
+  for (int step = 1; step <= 101; ++step) {
+    CAPTURE(step);
+    REQUIRE(field(decode(records[static_cast<size_t>(step)]), 2));
+    CHECK(field(decode(records[static_cast<size_t>(step)]), 2)->integer == step);
+  }
+}

@@ -471,6 +471,82 @@ TEST_CASE("the sparse job (config/embeddings.toml) writes the same TensorBoard r
   }
 }
 
+TEST_CASE("the dense in-graph job (--in-graph) writes the same TensorBoard runs and metrics "
+          "CSV as a between-graph job",
+          "[train][cli][tensorboard]") {
+  // Catches: logdir and metrics honoured by the between-graph job only (the
+  // in-graph client runs its own loop, not the worker actor that feeds the
+  // chief's reporter, and wrote neither), a run or CSV whose losses are not
+  // the printed ones, and the held-out figure the job prints last missing.
+  scratch_dir dir;
+  auto logdir = dir / "tb";
+  auto csv = dir / "metrics.csv";
+  auto job = run(dir, ACTORFLOW_TRAIN_BINARY,
+                 {"--in-graph", "--logdir", logdir, "--set", "metrics=" + csv, "--set",
+                  "steps=20", "--set", "log_every=5", "--set", "learning_rate=0.05", "--set",
+                  "hidden=[16]"});
+  CAPTURE(job.out, job.err);
+  REQUIRE(job.status == 0);
+  CHECK(job.err.find("not written in-graph") == std::string::npos);
+  auto printed = printed_reports(job.out); // "step 5/20  loss 0.6931  (in-graph, 2 replicas)"
+  REQUIRE(printed.size() == 4);
+  std::smatch m;
+  std::regex last{R"(held-out accuracy: ([0-9.]+) \()"};
+  REQUIRE(std::regex_search(job.out, m, last));
+  auto b = read_logdir(dir, logdir);
+  CAPTURE(b.err);
+  REQUIRE(b.status == 0);
+  CHECK(b.files["train"] == 1);
+  auto loss = b.series("train", "loss");
+  REQUIRE(loss.size() == printed.size());
+  for (const auto& [step, value] : loss) {
+    CAPTURE(step);
+    REQUIRE(printed.count(step) == 1);
+    CHECK(std::abs(value - printed[step].first) <= 5.1e-5);
+  }
+  for (std::string tag : {"learning_rate", "examples_per_s", "steps_per_s"}) {
+    CAPTURE(tag);
+    auto series = b.series("train", tag);
+    CHECK(series.size() == printed.size());
+    for (const auto& [step, value] : series)
+      CHECK(value > 0);
+  }
+  for (const auto& [step, value] : b.series("train", "learning_rate"))
+    CHECK(value == Approx(0.05));
+  // Evaluated at its end only: one point, the printed one, at step 20.
+  auto accuracy = b.series("train", "heldout/accuracy");
+  REQUIRE(accuracy.size() == 1);
+  CHECK(accuracy.back().first == 20);
+  CHECK(std::abs(accuracy.back().second - std::stod(m[1])) <= 5.1e-5);
+  CHECK(b.series("train", "heldout/loss").size() == 1);
+  // The client pushes for worker 0: its run counts its pushes.
+  auto pushes = b.series("worker_0", "pushes");
+  REQUIRE(pushes.size() == printed.size());
+  CHECK(pushes.back().second >= 19);
+  // The CSV: a row per report, the printed loss, sync, 2 replicas.
+  std::istringstream rows{slurp(csv)};
+  std::string header, row;
+  REQUIRE(std::getline(rows, header));
+  CHECK(header == "step,wall_s,loss,accuracy,mode,workers,examples_per_s");
+  size_t n = 0;
+  while (std::getline(rows, row)) {
+    CAPTURE(row);
+    std::vector<std::string> cols;
+    std::istringstream fields{row};
+    for (std::string col; std::getline(fields, col, ',');)
+      cols.push_back(col);
+    REQUIRE(cols.size() == 7);
+    auto step = std::stoull(cols[0]);
+    REQUIRE(printed.count(step) == 1);
+    CHECK(std::abs(std::stod(cols[2]) - printed[step].first) <= 5.1e-5);
+    CHECK(cols[4] == "sync");
+    CHECK(cols[5] == "2");
+    n += 1;
+  }
+  CHECK(n == printed.size());
+  CHECK(fs::exists(dir / "metrics.workers.csv"));
+}
+
 TEST_CASE("the independent reader refuses an event file with a wrong CRC",
           "[train][cli][tensorboard]") {
   // Catches: a reader that does not check what it reads (then the cases
