@@ -242,6 +242,8 @@ void take_recovered_replicas(in_graph_run& g) {
   if (!t.recovering)
     return;
   for (auto& m : g.others) {
+    if (!m->recovering)
+      continue;
     for (size_t k = 0; k < m->shards.size(); ++k) {
       auto mine = m->recovering->current(k);
       if (mine.shard.incarnation == t.recovering->current(k).shard.incarnation)
