@@ -11,6 +11,7 @@
 #include <deque>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -172,6 +173,33 @@ struct in_graph_run {
   std::vector<sparse_ps_link*> merging_ptrs;
 };
 
+/// Replica `m`'s links through the death of a ps (async, ssp; the
+/// client's own, replica 0's, are armed by set_up): the ps is waited for
+/// and restored once, by the client's recovery (`chief`'s), whichever
+/// replica saw it go first; every other replica then joins its new
+/// aggregator as itself and its links go on there (sparse_recovery's
+/// recover). A replica that took the client's view of ps k as it is now
+/// waits through the client's recovery; one behind it (the client's
+/// recovered the ps since) takes the ps as the client has it at once.
+caf::error arm_replica_recovery(sparse_task& m, sparse_task& chief) {
+  auto& client = *chief.recovering;
+  // Per ps: the client's generation this replica last took.
+  auto seen = std::make_shared<std::vector<uint64_t>>(chief.shards.size(), 0);
+  auto recover = [&client, seen](size_t k, uint64_t, const std::string& why,
+                                 bool) -> caf::expected<recovered_shard> {
+    auto now = client.current(k);
+    if (now.generation == (*seen)[k]) {
+      auto r = client.recover(k, now.generation, why);
+      if (!r)
+        return std::move(r.error());
+      now = std::move(*r);
+    }
+    (*seen)[k] = now.generation;
+    return recovered_shard{now.shard, now.restored_step};
+  };
+  return wrap_links(m, std::move(recover), training_detail::find_aggregator_of(chief.recovery));
+}
+
 /// The memberships and links of replicas 1.. (async, ssp), the chief's
 /// layout shared (the replicas step one after another).
 caf::error join_replicas(in_graph_run& g) {
@@ -198,8 +226,35 @@ caf::error join_replicas(in_graph_run& g) {
     for (uint32_t k = 0; k < n_ps; ++k)
       if (auto err = join_ps(*g.members.back(), k))
         return err;
+    if (t.recovering)
+      if (auto err = arm_replica_recovery(*g.members.back(), t))
+        return err;
   }
   return caf::none;
+}
+
+/// After the training loop (async, ssp): a replica that did not step again
+/// after the client's recovery of a ps (the job's steps ran out first)
+/// joins that ps's new aggregator now, so that its done goes there; then
+/// every replica's membership is taken as the recoveries left it.
+void take_recovered_replicas(in_graph_run& g) {
+  auto& t = g.chief;
+  take_recovered(t);
+  if (!t.recovering)
+    return;
+  for (auto& m : g.others) {
+    if (!m->recovering)
+      continue;
+    for (size_t k = 0; k < m->shards.size(); ++k) {
+      auto mine = m->recovering->current(k);
+      if (mine.shard.incarnation == t.recovering->current(k).shard.incarnation)
+        continue;
+      if (auto r = m->recovering->recover(k, mine.generation, "the client recovered it"); !r)
+        log::get()->warn("in-graph client: replica {} could not join {} again: {}", m->task,
+                         mine.shard.task, describe(r.error()));
+    }
+    take_recovered(*m);
+  }
 }
 
 /// Every member's links' bytes so far.
@@ -251,6 +306,8 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
     for (uint64_t j = 0; j < batch_size; ++j)
       picks.push_back(order.at((data_step * n + r) * batch_size + j));
     take(train_set, picks, batch);
+    if (o.step_delay.count() > 0) // tests: a job that lasts long enough to kill a ps in
+      std::this_thread::sleep_for(o.step_delay);
     auto* m = g.members[g.sync ? 0 : r];
     if (t.recovering) // the step a ps that died is restored at (the job's, not 0)
       t.recovering->step.store(global);
@@ -297,8 +354,15 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
-      if (auto err = checkpoint(t, global, position, o.print))
-        return err;
+      if (auto err = checkpoint(t, global, position, o.print)) {
+        // A ps may be down (its save failed): with recovery, the job goes
+        // on and the next step waits for it; the latest checkpoint stays.
+        if (!t.recovering)
+          return err;
+        log::get()->warn("in-graph client: the checkpoint of global step {} is skipped: {}; "
+                         "the latest one stays",
+                         global, describe(err));
+      }
       last_save = clock_type::now();
     }
     if (t.c.log_every > 0 && steps % t.c.log_every == 0) {
@@ -386,7 +450,7 @@ caf::expected<sparse_outcome> run_client(in_graph_run& g, const sparse_job_optio
     err = train_replicas(g, total, o, out);
     // A ps recovered on the way has a new aggregator: done, the stats and
     // the last checkpoint go to it, not to the one that died.
-    take_recovered(t);
+    take_recovered_replicas(g);
     if (t.recovering)
       out.ps_recoveries = t.recovering->recoveries.load();
   }

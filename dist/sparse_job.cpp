@@ -341,6 +341,12 @@ caf::error arm_recovery(sparse_task& t) {
     return restore_lost_ps(t.s, t.checkpoints, t.c, k);
   };
   t.recovery = ctx;
+  return wrap_links(t, training_detail::recover_ps_of(ctx),
+                    training_detail::find_aggregator_of(ctx));
+}
+
+caf::error wrap_links(sparse_task& t, sparse_recovery::recover_fn recover,
+                      sparse_recovery::find_fn find) {
   auto join = [&t](size_t k, const aggregator_actor& agg)
     -> caf::expected<std::pair<std::string, uint64_t>> {
     auto j = join_aggregator(t, static_cast<uint32_t>(k), agg);
@@ -352,9 +358,8 @@ caf::error arm_recovery(sparse_task& t) {
     return data_channel::connect(shard.host, shard.data_port, shard.task, connect_wait(t), {},
                                  system_tls(t.s.system()));
   };
-  t.recovering = std::make_unique<sparse_recovery>(training_detail::recover_ps_of(ctx), join,
-                                                   connect, t.shards,
-                                                   training_detail::find_aggregator_of(ctx));
+  t.recovering = std::make_unique<sparse_recovery>(std::move(recover), join, connect, t.shards,
+                                                   std::move(find));
   t.recovering->rejoin_window = std::chrono::milliseconds{t.c.ps_recovery_timeout_ms};
   // The step's links become the recovering ones (the plain ones count the bytes).
   for (size_t k = 0; k < t.links.size(); ++k) {

@@ -48,7 +48,8 @@ struct sparse_job_options {
   /// lists more workers than the job started with; it takes the job's
   /// aggregators as they run and the chief's count of steps.
   bool join = false;
-  /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later.
+  /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later
+  /// (in-graph: each replica's step).
   std::chrono::milliseconds step_delay{0};
 };
 

@@ -92,6 +92,15 @@ caf::error join_ps(sparse_task& t, uint32_t k);
 /// aggregator joined, the layout agreed on with the chief.
 caf::error set_up(sparse_task& t);
 
+/// `t`'s links (its joins done) wrapped in recovering_ps_links over a
+/// sparse_recovery of its own (t.recovering): `recover` waits for a ps that
+/// died, and a new aggregator is joined as worker t.task; `find` looks up
+/// an aggregator anew for a join again after a refusal as left. set_up
+/// does it with the job's ps recovery (ps_recovery_timeout_ms > 0); the
+/// in-graph client for each replica's membership, through its own.
+caf::error wrap_links(sparse_task& t, sparse_recovery::recover_fn recover,
+                      sparse_recovery::find_fn find);
+
 /// Examples `picks` of `b` as a batch of their own.
 void take(const train::sparse_batch& b, const std::vector<size_t>& picks,
           train::sparse_batch& out);

@@ -35,13 +35,18 @@ sparse_recovery::endpoint sparse_recovery::current(size_t k) {
 
 caf::expected<sparse_recovery::endpoint> sparse_recovery::recover(size_t k, uint64_t seen,
                                                                   const caf::error& why) {
+  return recover(k, seen, describe(why));
+}
+
+caf::expected<sparse_recovery::endpoint> sparse_recovery::recover(size_t k, uint64_t seen,
+                                                                  const std::string& why) {
   std::lock_guard<std::mutex> guard{*mtx_[k]};
   auto& now = now_[k];
   if (now.generation != seen)
     return now; // another link of this ps recovered it meanwhile
   if (auto err = failure())
     return err; // a recovery failed: the worker ends with it, no link waits again
-  auto r = recover_(k, step.load(), describe(why), false);
+  auto r = recover_(k, step.load(), why, false);
   if (!r) {
     std::lock_guard<std::mutex> failed{failure_mtx_};
     if (!failure_)

@@ -71,6 +71,9 @@ public:
   /// or the chief is gone (the worker fails with it, and every later call
   /// at once).
   caf::expected<endpoint> recover(size_t k, uint64_t seen, const caf::error& why);
+  /// recover() with `why` said in words (another worker's recovery of the
+  /// same ps that drives this one: an in-graph client's replicas).
+  caf::expected<endpoint> recover(size_t k, uint64_t seen, const std::string& why);
 
   /// Ps `k`'s aggregator refused a push of a link that knew it at `seen`
   /// as from a worker that left (`why`: af_error::left, its link broke):

@@ -520,7 +520,7 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
     af::sparse_job_options so;
     so.join = a.join;
     so.step_delay = std::chrono::milliseconds{a.step_delay_ms};
-    auto out = a.in_graph ? af::run_sparse_in_graph(*s, c)
+    auto out = a.in_graph ? af::run_sparse_in_graph(*s, c, so)
                           : af::run_sparse_worker_task(*s, c, static_cast<uint32_t>(a.task), so);
     if (!out) {
       int rc = fail(name + ": " + af::describe(out.error()), 1);

@@ -546,25 +546,26 @@ TEST_CASE("a ps 0 of an async sparse job killed and restarted: the chief's per-w
 
 namespace af::testing {
 
-// Catches: an in-graph client that, after a ps was restored mid-job (a new
-// aggregator), says done to and asks the stats of the aggregator that died
-// (its members not taken from the recovery): it failed at the end, or
-// waited init_timeout_ms for each; and one that has the ps restored at
-// global step 0 (the recovery never told the job's step): the job went
-// back to its first steps.
-TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted and finishes "
-          "its steps",
-          "[sparse_job][sparse_in_graph][processes][recovery]") {
+namespace {
+
+/// An in-graph client (--in-graph, mode `mode`, 2 replicas) against two ps
+/// processes; ps 1 is SIGKILLed once the checkpoint of step 100 exists and
+/// restarted once the client said it lost it. The job finishes its steps
+/// and every process exits 0. async and ssp: each replica steps 1 ms later
+/// (--step-delay-ms), so that the kill lands while the job trains.
+void in_graph_ps_killed_and_restarted(const std::string& mode) {
   temp_dir dir;
   auto path = dir.path + "/job.toml";
   auto ck = dir.path + "/ck";
   const uint64_t steps = 6000;
+  const uint32_t replicas = 2;
+  const bool sync = mode == "sync";
   auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
   {
     std::ofstream f{path};
     f << "[cluster]\nps = [" << addr() << ", " << addr() << "]\nworker = [" << addr() << ", "
       << addr() << "]\n\n[train]\n"
-      << sparse_table(ck, steps, "sync",
+      << sparse_table(ck, steps, mode,
                       "ps_recovery_timeout_ms = 15000\n[node]\nconnection_timeout_ms = 120000\n");
   }
   auto argv = [&](const std::string& job, int task, bool in_graph) {
@@ -572,6 +573,10 @@ TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted
                                "--task", std::to_string(task), "--set", "step_timeout_ms=10000"};
     if (in_graph)
       a.push_back("--in-graph");
+    if (in_graph && !sync) {
+      a.push_back("--step-delay-ms");
+      a.push_back("1");
+    }
     return a;
   };
   auto ps0 = std::make_unique<background_process>(argv("ps", 0, false));
@@ -599,11 +604,44 @@ TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted
   // job does not go back and train its first steps again.
   CHECK(recs[0].step >= recs[0].checkpoint_step);
   CHECK(recs[0].checkpoint_step >= 100u);
-  CHECK(client.output().find("train done: mode=sync workers=2 global_step="
-                             + std::to_string(steps) + " ")
-        != std::string::npos);
+  CHECK(client.output().find("train done: mode=" + mode + " workers=2 ") != std::string::npos);
+  auto final_step = final_global_step(client.output());
+  REQUIRE(final_step);
+  CHECK(*final_step >= steps);
+  CHECK(*final_step <= (sync ? steps : async_end_bound(steps, replicas)));
   CHECK(ps0_code == 0);
   CHECK(ps1_code == 0);
+}
+
+} // namespace
+
+// Catches: an in-graph client that, after a ps was restored mid-job (a new
+// aggregator), says done to and asks the stats of the aggregator that died
+// (its members not taken from the recovery): it failed at the end, or
+// waited init_timeout_ms for each; and one that has the ps restored at
+// global step 0 (the recovery never told the job's step): the job went
+// back to its first steps.
+TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted and finishes "
+          "its steps",
+          "[sparse_job][sparse_in_graph][processes][recovery]") {
+  in_graph_ps_killed_and_restarted("sync");
+}
+
+// Catches: an in-graph async or ssp client whose replicas other than the
+// first do not go through the recovery (their links broke with the ps and
+// their memberships stayed at the aggregator that died): the job ended when
+// a ps was killed and restarted, where it should go on at its step; and
+// one that says done to the dead aggregator for a replica at the end.
+TEST_CASE("an in-graph async sparse client goes through a ps killed and restarted: every "
+          "replica joins the restored ps's aggregator and the job finishes its steps",
+          "[sparse_job][sparse_in_graph][processes][recovery]") {
+  in_graph_ps_killed_and_restarted("async");
+}
+
+TEST_CASE("an in-graph ssp sparse client goes through a ps killed and restarted: every "
+          "replica joins the restored ps's aggregator and the job finishes its steps",
+          "[sparse_job][sparse_in_graph][processes][recovery]") {
+  in_graph_ps_killed_and_restarted("ssp");
 }
 
 } // namespace af::testing
