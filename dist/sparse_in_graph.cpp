@@ -302,9 +302,7 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
   // One replica's step: sync through the merging links (the last one's
   // push sends the merged one), async through its own membership.
   auto step_of = [&](uint32_t r, uint64_t data_step) -> caf::expected<sparse_step_report> {
-    picks.clear();
-    for (uint64_t j = 0; j < batch_size; ++j)
-      picks.push_back(order.at((data_step * n + r) * batch_size + j));
+    order.positions((data_step * n + r) * batch_size, batch_size, picks);
     take(train_set, picks, batch);
     if (o.step_delay.count() > 0) // tests: a job that lasts long enough to kill a ps in
       std::this_thread::sleep_for(o.step_delay);

@@ -416,15 +416,20 @@ caf::error set_up(sparse_task& t) {
 
 /// Examples `picks` of `b` as a batch of their own.
 void take(const train::sparse_batch& b, const std::vector<size_t>& picks, train::sparse_batch& out) {
+  // Indexed writes into buffers kept from the last batch: the reads, at
+  // random places of the set, overlap (a push_back's size update chained them).
+  const size_t n = picks.size();
   out.ids.resize(b.ids.size());
   for (size_t t = 0; t < b.ids.size(); ++t) {
-    out.ids[t].clear();
-    for (auto e : picks)
-      out.ids[t].push_back(b.ids[t][e]);
+    out.ids[t].resize(n);
+    const int64_t* src = b.ids[t].data();
+    int64_t* dst = out.ids[t].data();
+    for (size_t j = 0; j < n; ++j)
+      dst[j] = src[picks[j]];
   }
-  out.labels.clear();
-  for (auto e : picks)
-    out.labels.push_back(b.labels[e]);
+  out.labels.resize(n);
+  for (size_t j = 0; j < n; ++j)
+    out.labels[j] = b.labels[picks[j]];
 }
 
 caf::error open_metrics(sparse_task& t, uint32_t workers) {
@@ -528,9 +533,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
     // sync: the global batch of step `global`, this worker's share; async:
     // its own steps' shares (the workers' streams interleave).
     uint64_t g = sync ? global : data_start + out.local_steps;
-    picks.clear();
-    for (uint64_t j = 0; j < batch_size; ++j)
-      picks.push_back(order.at((g * t.workers + t.task) * batch_size + j));
+    order.positions((g * t.workers + t.task) * batch_size, batch_size, picks);
     take(train_set, picks, batch);
     if (o.step_delay.count() > 0)
       std::this_thread::sleep_for(o.step_delay);

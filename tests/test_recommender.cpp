@@ -559,3 +559,21 @@ TEST_CASE("sparse local trainer: a step changes only the rows its batch names, b
     }
   }
 }
+
+TEST_CASE("example_order::positions gives the examples at() gives, across epochs", "[recommender]") {
+  // Catches: a batch that wraps past the set's end read from the old order
+  // (or not reshuffled), and an off-by-one at the wrap: a worker's batch
+  // would differ from the one-process trainer's.
+  for (uint64_t first : {0, 5, 6, 7, 13, 20, 69}) {
+    af::train::example_order by_one(7, 42), by_batch(7, 42);
+    std::vector<size_t> want;
+    for (uint64_t j = 0; j < 10; ++j)
+      want.push_back(by_one.at(first + j));
+    std::vector<size_t> got{99}; // cleared first
+    by_batch.positions(first, 10, got);
+    INFO("first " << first);
+    CHECK(got == want);
+    // Both go on alike: the stream's later positions are the same.
+    CHECK(by_batch.at(first + 11) == by_one.at(first + 11));
+  }
+}

@@ -384,6 +384,24 @@ size_t example_order::at(uint64_t pos) {
   return order_[pos % n];
 }
 
+void example_order::positions(uint64_t first, size_t count, std::vector<size_t>& out) {
+  out.clear();
+  const auto n = order_.size();
+  uint64_t epoch = first / n;
+  size_t i = static_cast<size_t>(first % n);
+  for (size_t j = 0; j < count; ++j) {
+    while (epoch >= epoch_) {
+      std::shuffle(order_.begin(), order_.end(), rng_);
+      ++epoch_;
+    }
+    out.push_back(order_[i]);
+    if (++i == n) {
+      i = 0;
+      ++epoch;
+    }
+  }
+}
+
 outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_batch& train,
                                                 const sparse_batch& test,
                                                 const sparse_local_options& o, sparse_state init) {
@@ -409,9 +427,7 @@ outcome<sparse_local_result> train_sparse_local(sparse_model& m, const sparse_ba
   uint64_t loss_count = 0;
   auto start = std::chrono::steady_clock::now();
   for (uint64_t step = 0; step < o.steps; ++step) {
-    picks.clear();
-    for (size_t j = 0; j < o.batch; ++j)
-      picks.push_back(order.at(step * o.batch + j));
+    order.positions(step * o.batch, o.batch, picks);
     auto r = run_step(m, st, train, picks, tbs, labels, true);
     if (!r)
       return r.error();

@@ -113,6 +113,9 @@ public:
   /// The example at position `pos`; positions may only move forward (an
   /// earlier epoch's order is gone once the stream shuffled on).
   size_t at(uint64_t pos);
+  /// The examples at positions [first, first + count), as at() of each, in
+  /// `out` (cleared first): one division for the batch, not two per example.
+  void positions(uint64_t first, size_t count, std::vector<size_t>& out);
 
 private:
   std::vector<size_t> order_;
