@@ -44,9 +44,24 @@ class LocalCluster:
 
 def create_local_cluster(num_workers: int, num_ps: int) -> Tuple[List[Server], List[Server]]: ...
 
-class GradientDescentOptimizer:
+class Optimizer:
+    """tf.train.Optimizer: each variable's update in the graph, on its device, slots beside it."""
+    def compute_gradients(self, loss: Tensor,
+                          var_list: Optional[Sequence[Tensor]] = None) -> List[Tuple[Tensor, Tensor]]: ...
+    def apply_gradients(self, grads_and_vars: Sequence[Tuple[Any, Tensor]],
+                        global_step: Optional[Tensor] = None, name: Optional[str] = None) -> Operation: ...
+    def minimize(self, loss: Tensor, global_step: Optional[Tensor] = None,
+                 var_list: Optional[Sequence[Tensor]] = None, name: Optional[str] = None) -> Operation: ...
+
+class GradientDescentOptimizer(Optimizer):
     def __init__(self, learning_rate: float) -> None: ...
-    def minimize(self, loss: Tensor, var_list: Optional[Sequence[Tensor]] = None) -> Operation: ...
+
+class MomentumOptimizer(Optimizer):
+    def __init__(self, learning_rate: float, momentum: float, use_nesterov: bool = False) -> None: ...
+
+class AdamOptimizer(Optimizer):
+    def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8) -> None: ...
 
 class Saver:
     def __init__(self, var_list: Union[Sequence[Tensor], Mapping[str, Tensor], None] = None,
