@@ -157,6 +157,8 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
   uint64_t loss_n = 0;
   const auto total = job.total;
   while (exchange.global_step < total) {
+    if (opts.stop && opts.stop->load()) // one client: no peer waits on its push
+      break;
     std::vector<std::pair<output, tensor>> feeds;
     for (uint32_t t = 0; t < towers; ++t) {
       auto f = train::feeds(model.reps[t], exchange.current, batches[t].at(exchange.global_step));
@@ -171,12 +173,23 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
     if (auto err = exchange(false, &grads))
       return err;
     auto global_step = exchange.global_step;
-    if (opts.print && c.log_every > 0 && (global_step % c.log_every == 0 || global_step == total)) {
-      std::printf("step %llu/%llu  loss %.4f  (in-graph, %u replicas)\n",
-                  static_cast<unsigned long long>(global_step),
-                  static_cast<unsigned long long>(total), loss_sum / static_cast<double>(loss_n),
-                  towers);
-      std::fflush(stdout);
+    if (c.log_every > 0 && (global_step % c.log_every == 0 || global_step == total)) {
+      double loss = loss_sum / static_cast<double>(loss_n);
+      if (opts.print) {
+        std::printf("step %llu/%llu  loss %.4f  (in-graph, %u replicas)\n",
+                    static_cast<unsigned long long>(global_step),
+                    static_cast<unsigned long long>(total), loss, towers);
+        std::fflush(stdout);
+      }
+      if (opts.on_progress) { // a tower's figures, as a between-graph worker's
+        worker_progress p;
+        p.local_step = p.global_step = p.step = global_step;
+        p.loss = loss;
+        p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        p.examples_per_s = p.seconds > 0 ? static_cast<double>(global_step * c.batch_size) / p.seconds : 0;
+        p.final = global_step == total;
+        opts.on_progress(p);
+      }
       loss_sum = 0;
       loss_n = 0;
     }

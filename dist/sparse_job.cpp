@@ -582,6 +582,10 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
                     static_cast<unsigned long long>(total), out.last_loss);
         std::fflush(stdout);
       }
+      if (t.chief && o.on_progress)
+        o.on_progress(global, out.local_steps,
+                      std::chrono::duration<double>(clock_type::now() - start).count(),
+                      out.last_loss);
       loss_sum = 0;
       loss_count = 0;
     }

@@ -30,9 +30,11 @@
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
 ///      and, with shutdown_ps, stops the ps tasks.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "caf/expected.hpp"
 
@@ -50,6 +52,15 @@ struct sparse_job_options {
   bool join = false;
   /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later.
   std::chrono::milliseconds step_delay{0};
+  /// The chief's (the in-graph client's) log_every reports, beside its
+  /// progress line: the global step, its own steps, seconds since its
+  /// first step, the mean loss since the last report (af.train.Job's records).
+  std::function<void(uint64_t global_step, uint64_t local_steps, double seconds, double loss)>
+    on_progress;
+  /// In-graph only (run_sparse_in_graph, one client: no peer waits on its
+  /// push): set to end the loop before its next step; the client then
+  /// checkpoints and scores as at the end.
+  std::shared_ptr<const std::atomic<bool>> stop;
 };
 
 /// What a worker of a sparse job reports.
