@@ -341,26 +341,38 @@ struct py_job {
   py::dict sparse_result();
 
   /// A client of the running job's cluster (switch, status): `use` gets a
-  /// session of its own on it.
-  template <class Use>
-  auto with_client(const char* what, Use use) {
+  /// session of its own on it, in a thread of its own; this thread waits
+  /// in slices of 50 ms, the GIL released, so that Ctrl-C raises
+  /// KeyboardInterrupt at once and the job runs on, usable.
+  std::string with_client(const char* what, client_use use) {
     require_started(what);
-    py::gil_scoped_release unlocked;
-    std::lock_guard<std::mutex> guard{run->cluster_mutex};
-    if (!run->cluster) {
-      py::gil_scoped_acquire locked;
+    auto call = start_client_call(run, std::move(use));
+    for (;;) {
+      if (PyErr_CheckSignals() != 0) { // the call ends on its own; its answer is dropped
+        std::lock_guard<std::mutex> guard{call->mutex};
+        call->cancelled = true;
+        throw py::error_already_set();
+      }
+      py::gil_scoped_release unlocked;
+      std::unique_lock<std::mutex> lock{call->mutex};
+      if (call->answered.wait_for(lock, 50ms, [&] { return call->done; }))
+        break;
+    }
+    std::lock_guard<std::mutex> guard{call->mutex}; // done: no one writes it any more
+    if (call->no_cluster)
       raise(af_error::uninitialized, std::string{"af.train.Job."} + what
                                        + ": the job is not running (it has not begun yet, "
                                          "or it ended)");
-    }
-    // A session in ps 0's own system, ended on this thread before the
-    // runner may end the cluster (it lets go of the system as it ends:
-    // dist/embedded_cluster.hpp).
-    session_options so;
-    so.timeout = std::chrono::milliseconds{std::min<uint32_t>(run->c.step_timeout_ms, 10000)};
-    so.connect_timeout = so.timeout;
-    auto s = run->cluster->session_for("ps", 0, so);
-    return use(s);
+    if (!call->text)
+      raise(call->text.error());
+    return *call->text;
+  }
+
+  /// The test hook of job_run::hold_clients.
+  void hold_clients(bool hold) {
+    std::lock_guard<std::mutex> guard{run->mutex};
+    run->hold_clients = hold;
+    run->changed.notify_all();
   }
 
   std::string switch_mode(const std::string& mode) {
@@ -377,29 +389,22 @@ struct py_job {
                                    "switch live");
     if (auto err = check_switch_mode(mode))
       raise(err);
-    auto text = with_client("switch", [&](caf::expected<session>& s) {
-      return s ? job_switch(*s, run->c, mode) : caf::expected<std::string>{s.error()};
+    auto c = run->c; // copies: an interrupted call outlives this frame
+    return with_client("switch", [c, mode](caf::expected<session>& s) {
+      return s ? job_switch(*s, c, mode) : caf::expected<std::string>{s.error()};
     });
-    if (!text)
-      raise(text.error());
-    return *text;
   }
 
   std::string status() {
     if (run->c.mode == "allreduce")
       raise(af_error::unsupported, "af.train.Job.status: an allreduce job has no ps aggregators "
                                    "to report");
-    size_t unanswered = 0;
-    auto text = with_client("status", [&](caf::expected<session>& s) {
-      // The aggregators' names: dist/sparse_job.hpp's, dist/in_graph.cpp's, the worker's.
-      const char* prefix = run->sparse ? sparse_aggregator_prefix
-                                       : run->in_graph ? "train/in-graph/ps" : "train/ps";
-      return s ? job_status_text(*s, 10s, prefix, &unanswered)
-               : caf::expected<std::string>{s.error()};
+    // The aggregators' names: dist/sparse_job.hpp's, dist/in_graph.cpp's, the worker's.
+    std::string prefix = run->sparse ? sparse_aggregator_prefix
+                                     : run->in_graph ? "train/in-graph/ps" : "train/ps";
+    return with_client("status", [prefix](caf::expected<session>& s) {
+      return s ? job_status_text(*s, 10s, prefix) : caf::expected<std::string>{s.error()};
     });
-    if (!text)
-      raise(text.error());
-    return *text;
   }
 };
 
@@ -617,6 +622,8 @@ void register_train_job(py::module_& m) {
     .def("switch", &py_job::switch_mode, py::arg("mode"),
          "switches the running job to sync, async, ssp or average (actorflow-train --switch)")
     .def("status", &py_job::status, "what actorflow-train --status prints, of the running job")
+    .def("_hold_clients", &py_job::hold_clients, py::arg("hold"),
+         "test hook: switch and status calls wait before asking the cluster while held")
     .def("stop", [](py_job& j) { j.run->stop->store(true); },
          "asks the workers to stop before their next step; result() then says stopped")
     .def("result", &py_job::result, py::arg("timeout") = -1.0,

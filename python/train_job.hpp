@@ -10,10 +10,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "caf/error.hpp"
@@ -26,6 +28,31 @@
 #include "train/config.hpp"
 
 namespace af::python {
+
+/// One switch or status call of a Python thread on a running job: run in a
+/// thread of its own (start_client_call) while the caller waits for it in
+/// slices of 50 ms, the GIL released, so that Ctrl-C interrupts the wait;
+/// an interrupted call ends on its own (bounded by its session's timeout)
+/// and its answer is dropped.
+struct client_call {
+  std::mutex mutex; ///< guards what follows
+  std::condition_variable answered;
+  bool done = false;
+  bool no_cluster = false; ///< the job was not running: no session was made
+  /// The caller was interrupted: a call that has not asked the cluster
+  /// yet does not (one that has may still take effect, as an RPC would).
+  bool cancelled = false;
+  caf::expected<std::string> text{std::string{}};
+};
+
+/// What a call does with a session of ps 0's node (it may not touch the
+/// caller's stack: the caller may be gone, interrupted).
+using client_use = std::function<caf::expected<std::string>(caf::expected<session>&)>;
+
+struct job_run;
+
+/// Starts `use` in a client thread of `j` (joined by stop_and_join).
+std::shared_ptr<client_call> start_client_call(const std::shared_ptr<job_run>& j, client_use use);
 
 /// What a job's threads share with Python: the reports not taken yet, how
 /// the workers ended, and the cluster while it runs (for switch, status).
@@ -55,9 +82,16 @@ struct job_run {
   /// Held while a Python thread joins the runner: two threads' joins of one
   /// std::thread (__exit__ from two threads) are undefined, and hung.
   std::mutex join_mutex;
+  /// Test hook (af.train.Job._hold_clients): while set (under `mutex`), a
+  /// client call waits before it asks the cluster, as one to a ps that does
+  /// not answer would; the runner's end lets it go on.
+  bool hold_clients = false;
+  std::mutex clients_mutex; ///< guards clients
+  std::vector<std::pair<std::thread, std::shared_ptr<client_call>>> clients;
 };
 
-/// Stops the job and waits for its runner (the caller has released the GIL).
+/// Stops the job and waits for its runner and its client calls (the caller
+/// has released the GIL).
 void stop_and_join(job_run& j);
 
 /// Keeps `j` so that the interpreter's exit stops and joins it (stop_every_job).

@@ -4,6 +4,7 @@
 #include "python/train_job.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "messages/error.hpp"
@@ -144,6 +145,68 @@ void stop_and_join(job_run& j) {
   std::lock_guard<std::mutex> guard{j.join_mutex};
   if (j.runner.joinable())
     j.runner.join();
+  // The runner has ended: a held client call goes on, finds no cluster.
+  std::vector<std::pair<std::thread, std::shared_ptr<client_call>>> clients;
+  {
+    std::lock_guard<std::mutex> held{j.clients_mutex};
+    clients.swap(j.clients);
+  }
+  for (auto& c : clients)
+    c.first.join();
+}
+
+std::shared_ptr<client_call> start_client_call(const std::shared_ptr<job_run>& j, client_use use) {
+  auto call = std::make_shared<client_call>();
+  std::lock_guard<std::mutex> held{j->clients_mutex};
+  // The calls that have answered: joined now (their threads are ending).
+  for (auto it = j->clients.begin(); it != j->clients.end();) {
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> guard{it->second->mutex};
+      done = it->second->done;
+    }
+    if (done) {
+      it->first.join();
+      it = j->clients.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::thread t([j, call, use = std::move(use)] {
+    {
+      std::unique_lock<std::mutex> lock{j->mutex};
+      j->changed.wait(lock, [&] { return !j->hold_clients || j->finished; });
+    }
+    caf::expected<std::string> text{std::string{}};
+    bool no_cluster = false;
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> guard{call->mutex};
+      cancelled = call->cancelled;
+    }
+    if (!cancelled) {
+      std::lock_guard<std::mutex> guard{j->cluster_mutex};
+      if (j->cluster) {
+        // A session in ps 0's own system, ended on this thread before the
+        // runner may end the cluster (it lets go of the system as it ends:
+        // dist/embedded_cluster.hpp).
+        session_options so;
+        so.timeout = std::chrono::milliseconds{std::min<uint32_t>(j->c.step_timeout_ms, 10000)};
+        so.connect_timeout = so.timeout;
+        auto s = j->cluster->session_for("ps", 0, so);
+        text = use(s);
+      } else {
+        no_cluster = true;
+      }
+    }
+    std::lock_guard<std::mutex> guard{call->mutex};
+    call->text = std::move(text);
+    call->no_cluster = no_cluster;
+    call->done = true;
+    call->answered.notify_all();
+  });
+  j->clients.emplace_back(std::move(t), call);
+  return call;
 }
 
 void remember_started(const std::shared_ptr<job_run>& j) {
