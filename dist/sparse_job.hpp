@@ -57,9 +57,10 @@ struct sparse_job_options {
   /// first step, the mean loss since the last report (af.train.Job's records).
   std::function<void(uint64_t global_step, uint64_t local_steps, double seconds, double loss)>
     on_progress;
-  /// In-graph only (run_sparse_in_graph, one client: no peer waits on its
-  /// push): set to end the loop before its next step; the client then
-  /// checkpoints and scores as at the end.
+  /// Set to end the training loop before its next step (af.train.Job's
+  /// stop): a worker then says done as at the end (a sync round goes on
+  /// without it), and the chief (the in-graph client) waits for the
+  /// others, checkpoints and scores as at the end.
   std::shared_ptr<const std::atomic<bool>> stop;
 };
 

@@ -436,7 +436,7 @@ py::dict py_job::sparse_result() {
       raise(run->sparse_results[w].error());
   const auto& o = *chief;
   py::dict d;
-  d["stopped"] = run->in_graph && run->stop->load();
+  d["stopped"] = run->stop->load(); // it ended well, short of its steps
   d["in_graph"] = run->in_graph;
   d["sparse"] = true;
   d["mode"] = run->c.mode;

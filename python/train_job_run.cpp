@@ -91,7 +91,7 @@ sparse_job_options sparse_options(job_run& j) {
   sparse_job_options o;
   o.shutdown_ps = false; // the cluster stops its nodes itself
   o.print = j.verbose;
-  o.stop = j.stop; // in-graph only
+  o.stop = j.stop;
   o.on_progress = [&j](uint64_t global, uint64_t local, double seconds, double loss) {
     worker_progress p;
     p.global_step = p.step = global;

@@ -107,3 +107,15 @@ def test_in_graph_jobs_stop_and_report_status(tmp_path):
     assert res["stopped"] is True and 0 < res["global_step"] < 10**8
     with pytest.raises(af.errors.InvalidArgumentError, match="mode must be sync"):
         af.train.Job(dict(DENSE, mode="async"), in_graph=True)
+
+
+def test_stop_ends_a_sparse_between_graph_job():
+    # Catches: the sparse workers' loop deaf to stop() (it would train 10**8
+    # steps: the bounded wait fails), or a stopped sync job whose other
+    # worker waits for the stopped one's share.
+    job = af.train.Job(dict(SPARSE, steps=10**8, log_every=10), ps=2).start()
+    assert job.next(timeout=60) is not None
+    job.stop()
+    res = job.result(timeout=60)
+    assert res["stopped"] is True and 0 < res["global_step"] < 10**8
+    assert 0 < res["auc"] <= 1  # scored as at the end
