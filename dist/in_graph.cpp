@@ -168,6 +168,8 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
   const auto total = job.total;
   const auto first = exchange.global_step;
   while (exchange.global_step < total) {
+    if (opts.stop && opts.stop->load()) // one client: no peer waits on its push
+      break;
     std::vector<std::pair<output, tensor>> feeds;
     for (uint32_t t = 0; t < towers; ++t) {
       auto f = train::feeds(model.reps[t], exchange.current, batches[t].at(exchange.global_step));
@@ -190,14 +192,23 @@ caf::expected<train_outcome> train_towers(session& s, const train::train_config&
                     static_cast<unsigned long long>(total), loss, towers);
         std::fflush(stdout);
       }
-      if (reports.metrics) {
-        double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        // One replica's examples/s (the CSV's and TensorBoard's are the
-        // job's: times the replicas), as a between-graph worker reports.
-        double examples = static_cast<double>(global_step - first) * c.batch_size;
+      double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // One replica's examples/s (the CSV's and TensorBoard's are the job's:
+      // times the replicas), as a between-graph worker reports.
+      double examples = static_cast<double>(global_step - first) * c.batch_size;
+      double examples_per_s = seconds > 0 ? examples / seconds : 0.0;
+      if (reports.metrics)
         reports.metrics->report(s, reports.ps0, exchange.timeout, global_step, seconds, loss,
-                                seconds > 0 ? examples / seconds : 0.0);
+                                examples_per_s);
+      if (opts.on_progress) { // a tower's figures, as a between-graph worker's
+        worker_progress p;
+        p.local_step = p.global_step = p.step = global_step;
+        p.loss = loss;
+        p.seconds = seconds;
+        p.examples_per_s = examples_per_s;
+        p.final = global_step == total;
+        opts.on_progress(p);
       }
       loss_sum = 0;
       loss_n = 0;

@@ -327,7 +327,7 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
     ++loss_count;
     return rep;
   };
-  while (global < total) {
+  while (global < total && !(o.stop && o.stop->load())) {
     caf::expected<sparse_step_report> last = make_error(af_error::internal, "no replica");
     for (uint32_t r = 0; r < n && global < total; ++r) {
       last = step_of(r, g.sync ? global : data_start + local[r]);
@@ -373,6 +373,10 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
                     static_cast<unsigned long long>(total), out.last_loss, g.replicas);
         std::fflush(stdout);
       }
+      if (o.on_progress)
+        o.on_progress(global, out.local_steps,
+                      std::chrono::duration<double>(clock_type::now() - start).count(),
+                      out.last_loss);
       loss_sum = 0;
       loss_count = 0;
     }

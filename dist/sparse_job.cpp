@@ -529,7 +529,9 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   train::sparse_batch batch;
   sparse_fetch scratch; // the step's buffers, reused from step to step
   auto start = clock_type::now();
-  while (global < total) {
+  // A stop ends this worker before its next step; it then says done, so a
+  // sync round in which it has no share goes on without it.
+  while (global < total && !(o.stop && o.stop->load())) {
     // sync: the global batch of step `global`, this worker's share; async:
     // its own steps' shares (the workers' streams interleave).
     uint64_t g = sync ? global : data_start + out.local_steps;
@@ -590,6 +592,10 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
                     static_cast<unsigned long long>(total), out.last_loss);
         std::fflush(stdout);
       }
+      if (t.chief && o.on_progress)
+        o.on_progress(global, out.local_steps,
+                      std::chrono::duration<double>(clock_type::now() - start).count(),
+                      out.last_loss);
       loss_sum = 0;
       loss_count = 0;
     }

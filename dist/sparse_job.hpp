@@ -30,9 +30,11 @@
 ///      (bounded), checkpoints, scores the held-out set (AUC, log-loss)
 ///      and, with shutdown_ps, stops the ps tasks.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "caf/expected.hpp"
 
@@ -51,6 +53,16 @@ struct sparse_job_options {
   /// A straggler on purpose (tests: --step-delay-ms): each step starts this much later
   /// (in-graph: each replica's step).
   std::chrono::milliseconds step_delay{0};
+  /// The chief's (the in-graph client's) log_every reports, beside its
+  /// progress line: the global step, its own steps, seconds since its
+  /// first step, the mean loss since the last report (af.train.Job's records).
+  std::function<void(uint64_t global_step, uint64_t local_steps, double seconds, double loss)>
+    on_progress;
+  /// Set to end the training loop before its next step (af.train.Job's
+  /// stop): a worker then says done as at the end (a sync round goes on
+  /// without it), and the chief (the in-graph client) waits for the
+  /// others, checkpoints and scores as at the end.
+  std::shared_ptr<const std::atomic<bool>> stop;
 };
 
 /// What a worker of a sparse job reports.

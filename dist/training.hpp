@@ -109,7 +109,9 @@ caf::expected<train_outcome> run_worker_task(session& s, const train::train_conf
 /// Each replica is fed its own shard of every global batch, so the result
 /// equals sync between-graph training with as many workers. The nodes are
 /// plain actorflow-node (or actorflow-train --job) processes; with
-/// opts.shutdown_ps the client stops the ps tasks at the end.
+/// opts.shutdown_ps the client stops the ps tasks at the end. opts.stop
+/// ends the loop before its next step (the outcome then says how far it
+/// got); opts.on_progress gets each log_every report (a tower's figures).
 caf::expected<train_outcome> run_in_graph(session& s, const train::train_config& c,
                                           const train_options& opts = {});
 

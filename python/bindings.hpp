@@ -169,7 +169,7 @@ void register_optimizers(py::module_& m);
 void register_session(py::module_& m);
 void register_cluster(py::module_& m);
 
-// -- training jobs (python/train_job.cpp) ------------------------------------
+// -- training jobs (python/train_job.cpp, python/train_job_run.cpp) ----------
 
 /// af.train.Job, af.train.run, af.train.Progress, af.train.load_digits;
 /// after register_cluster (af.train).

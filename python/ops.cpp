@@ -3,7 +3,11 @@
 // af.matmul(a, b, transpose_b=True), af.reduce_sum(x, axis=1,
 // keep_dims=True), ... An op added to the registry is a Python function
 // with no change here; its docstring is the registry's signature and help.
+// af.nn and af.math (and tf.subtract & co.) give TF 1.x's names to the
+// same functions.
 #include "python/bindings.hpp"
+
+#include <utility>
 
 #include "kernels/op_registry.hpp"
 
@@ -91,6 +95,30 @@ std::string python_signature(const kernels::op_def& def) {
   return out + ", name: Optional[str] = None) -> actorflow.Tensor";
 }
 
+/// TF 1.x's names for the registry's ops: af.math (tf.math), and
+/// tf.subtract, tf.multiply, tf.divide, tf.negative at the top, each the
+/// registry op's own function (an op the registry lacks has no alias).
+/// TF's names whose signature differs from the registry op's (tf.concat's
+/// list and axis, tf.dynamic_partition's) are not aliased.
+void register_aliases(py::module_& m) {
+  static const std::pair<const char*, const char*> top[] = {
+    {"subtract", "sub"}, {"multiply", "mul"}, {"divide", "div"}, {"negative", "neg"}};
+  for (const auto& [alias, op] : top)
+    if (py::hasattr(m, op))
+      m.attr(alias) = m.attr(op);
+  auto math = m.def_submodule("math", "tf.math's names for the registry's ops");
+  static const std::pair<const char*, const char*> in_math[] = {
+    {"add", "add"}, {"subtract", "sub"}, {"multiply", "mul"}, {"divide", "div"},
+    {"negative", "neg"}, {"exp", "exp"}, {"log", "log"}, {"sqrt", "sqrt"},
+    {"square", "square"}, {"tanh", "tanh"}, {"sigmoid", "sigmoid"}, {"softplus", "softplus"},
+    {"reduce_sum", "reduce_sum"}, {"reduce_mean", "reduce_mean"}, {"reduce_max", "reduce_max"},
+    {"unsorted_segment_sum", "unsorted_segment_sum"}};
+  for (const auto& [alias, op] : in_math)
+    if (py::hasattr(m, op))
+      math.attr(alias) = m.attr(op);
+  py::module_::import("sys").attr("modules")["actorflow.math"] = math;
+}
+
 } // namespace
 
 void register_ops(py::module_& m) {
@@ -131,6 +159,7 @@ void register_ops(py::module_& m) {
     }, py::kw_only(), py::arg("labels"), py::arg("logits"), py::arg("name") = py::none(),
        "per-example loss of logits [batch, classes] and int labels [batch]: af.softmax_xent(logits, labels)");
   py::module_::import("sys").attr("modules")["actorflow.nn"] = nn;
+  register_aliases(m);
 }
 
 } // namespace af::python

@@ -1,9 +1,10 @@
 // af.Session: tf.Session(target, graph) over af::session
 // (actors/session.hpp). A Python graph is built with no cluster at hand, so
-// a session hands the graph's nodes to its af::session the first time it
-// runs them, in creation order (variables are then created on their nodes,
-// as session::variable does for the REPL and C++ programs), and remembers
-// which node of its own graph each one became. The GIL is released for
+// a session hands the graph's nodes to its af::session the first time a
+// run needs them (the closure of its fetches, feeds and requests, as TF
+// prunes a run), in creation order (variables are then created on their
+// nodes, as session::variable does for the REPL and C++ programs), and
+// remembers which node of its own graph each one became. The GIL is released for
 // everything that waits on the cluster.
 #include "python/bindings.hpp"
 
@@ -14,9 +15,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <deque>
+#include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "actors/session.hpp"
 #include "messages/error.hpp"
@@ -205,7 +208,7 @@ public:
     {
       py::gil_scoped_release unlocked;
       std::lock_guard<std::mutex> guard{mtx_};
-      err = s_ ? replay() : make_error(af_error::invalid_argument, "this session is closed");
+      err = s_ ? replay({var.out}) : make_error(af_error::invalid_argument, "this session is closed");
       if (!err)
         device = s_->device_of(mapped(var.out));
     }
@@ -220,7 +223,7 @@ public:
   /// on the same session and cluster in the same process.
   std::vector<double> bench_cpp_runs(const py_tensor& fetch, int n) {
     std::vector<py::object> one{py::cast(fetch)};
-    run(py::cast(one), py::none()); // hands the graph over, as the first Python run does
+    run(py::cast(one), py::none()); // hands what `fetch` needs over, as the first Python run does
     std::vector<double> seconds;
     caf::error err;
     {
@@ -264,18 +267,20 @@ private:
   py::object rebuild(py::handle f, std::vector<result>& results, size_t& next) const;
 
   /// Queues the graph's nodes that the session has not seen (GIL held: the
-  /// graph only grows under the GIL, so the queue is in creation order).
+  /// graph only grows under the GIL).
   void snapshot() {
     const auto& nodes = graph_->g.nodes();
     std::lock_guard<std::mutex> guard{pending_mtx_};
     for (; seen_ < nodes.size(); ++seen_)
-      pending_.push_back(nodes[seen_]);
+      pending_.emplace(static_cast<int32_t>(seen_), nodes[seen_]);
   }
 
-  /// Hands the queued nodes to the session (mtx_ held, GIL released).
-  caf::error replay();
+  /// Hands the queued nodes that `needed` depends on to the session, in
+  /// creation order (mtx_ held, GIL released); the others stay queued until
+  /// a run needs them, as TF prunes a run to what its fetches need.
+  caf::error replay(const std::vector<output>& needed);
   caf::expected<output> replay_one(const graph_node& n);
-  output mapped(output o) const { return output{ids_.at(static_cast<size_t>(o.id))}; }
+  output mapped(output o) const { return output{ids_.at(o.id)}; }
 
   caf::error run_locked(const std::vector<leaf>& leaves,
                         const std::vector<std::pair<output, tensor>>& feeds,
@@ -285,10 +290,10 @@ private:
   graph_ptr graph_;
   std::mutex mtx_; ///< one thread at a time in the session (af::session's rule)
   std::optional<session> s_;
-  std::vector<int32_t> ids_; ///< graph_'s node id -> the session graph's (mtx_)
+  std::unordered_map<int32_t, int32_t> ids_; ///< graph_'s node id -> the session graph's (mtx_)
   size_t seen_ = 0;          ///< nodes of graph_ queued so far (GIL)
   std::mutex pending_mtx_;
-  std::deque<graph_node> pending_;
+  std::map<int32_t, graph_node> pending_; ///< by graph_'s node id: not handed over yet
   std::string task_;
   std::shared_ptr<std::atomic<bool>> cancel_; ///< the session's session_options::cancel
 };
@@ -436,31 +441,31 @@ caf::expected<output> py_session::replay_one(const graph_node& n) {
                                           + " cannot be handed to the session");
 }
 
-caf::error py_session::replay() {
-  for (;;) {
-    graph_node n;
-    {
-      std::lock_guard<std::mutex> guard{pending_mtx_};
-      if (pending_.empty())
-        break;
-      n = pending_.front();
-    }
+caf::error py_session::replay(const std::vector<output>& needed) {
+  std::vector<std::pair<int32_t, graph_node>> todo;
+  {
+    std::lock_guard<std::mutex> guard{pending_mtx_};
+    // Inputs are older than their node: one pass down the ids finds what
+    // `needed` depends on.
+    std::set<int32_t> want;
+    for (auto o : needed)
+      if (ids_.count(o.id) == 0)
+        want.insert(o.id);
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it)
+      if (want.count(it->first) > 0)
+        want.insert(it->second.inputs.begin(), it->second.inputs.end());
+    for (const auto& [id, n] : pending_)
+      if (want.count(id) > 0)
+        todo.emplace_back(id, n);
+  }
+  for (const auto& [id, n] : todo) {
     auto o = replay_one(n);
     s_->builder().set_scopes({});
-    if (!o) { // the node stays queued: the next run tries it again
-      if (o.error().category() != error_category)
-        return std::move(o.error());
-      // Said, since the fetches may not need it (a constant run after a
-      // variable of /job:ps was made in the default graph): TF prunes first.
-      return make_error(static_cast<af_error>(o.error().code()),
-                        reason_of(o.error())
-                          + " (a session hands every node of its graph to the cluster at its "
-                            "first run, needed or not: build nodes meant for another cluster in "
-                            "an af.Graph() of their own, or call af.reset_default_graph())");
-    }
-    ids_.push_back(o->id);
+    if (!o) // the node stays queued: the next run that needs it tries it again
+      return std::move(o.error());
+    ids_[id] = o->id;
     std::lock_guard<std::mutex> guard{pending_mtx_};
-    pending_.pop_front();
+    pending_.erase(id);
   }
   return caf::none;
 }
@@ -471,7 +476,16 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   if (!s_)
     return make_error(af_error::invalid_argument,
                       "this session is closed; make a new af.Session to run more");
-  if (auto err = replay())
+  std::vector<output> needed; // what this run reads: its fetches, requests and feeds
+  for (const auto& l : leaves) {
+    if (l.request == nullptr)
+      needed.push_back(l.node);
+    else
+      needed.insert(needed.end(), l.request->vars.begin(), l.request->vars.end());
+  }
+  for (const auto& f : feeds)
+    needed.push_back(f.first);
+  if (auto err = replay(needed))
     return err;
   std::vector<output> fetches;
   std::vector<std::pair<output, tensor>> mapped_feeds;
@@ -601,6 +615,7 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
       wanted.push_back(t.out);
     }
   auto wait = seconds_arg("wait_initialized: timeout", timeout_s);
+  auto graph_vars = graph_->g.variables();
   snapshot();
   caf::error err;
   {
@@ -609,7 +624,7 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
     if (!s_)
       err = make_error(af_error::invalid_argument, "this session is closed");
     else
-      err = replay();
+      err = replay(wanted.empty() ? graph_vars : wanted); // none given: the graph's, as before a prune
     std::vector<output> mapped_vars;
     if (!err)
       for (auto v : wanted)

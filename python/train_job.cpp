@@ -1,13 +1,15 @@
 // af.train.Job: a training job with actorflow-train's options (a dict, or a
 // TOML path with its [train] table), run from Python on a cluster of this
 // process, as `actorflow-train` with no --config cluster runs one
-// (programs/train_main.cpp's run_embedded): each worker task trains in a
-// thread of its own through dist/training.hpp's run_worker_task. Python
+// (programs/train_main.cpp's run_embedded; dense or sparse, between-graph
+// or in-graph: python/train_job_run.cpp runs it through the same dist/
+// calls). Python
 // watches it (progress records, a callback), switches its mode
 // (dist/train_client.hpp's job_switch, as --switch), stops it, and takes
 // its final metrics. A job may be fed from NumPy arrays: they become a data
 // set of the process (train/memory_data.hpp), data = "memory:NAME".
 #include "python/bindings.hpp"
+#include "python/train_job.hpp"
 
 #include <pybind11/stl.h>
 
@@ -36,139 +38,6 @@ namespace af::python {
 namespace {
 
 using namespace std::chrono_literals;
-
-/// What a job's threads share with Python: the reports not taken yet, how
-/// the workers ended, and the cluster while it runs (for switch, status).
-struct job_run {
-  train::train_config c;
-  int workers = 2;
-  int ps = 1;
-  bool verbose = false;
-  std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
-  std::mutex mutex; ///< guards what follows, up to cluster_mutex
-  std::condition_variable changed;
-  std::deque<worker_progress> records;
-  bool finished = false; ///< every thread of the job has ended, the cluster too
-  caf::error start_error;
-  std::vector<caf::expected<train_outcome>> results;
-  /// Held while a client (switch, status) uses the cluster, and by the
-  /// runner when it stops the cluster.
-  std::mutex cluster_mutex;
-  std::unique_ptr<embedded_cluster> cluster;
-  std::string memory_name; ///< the registered data set ("": none)
-  std::thread runner;
-  /// Held while a Python thread joins the runner: two threads' joins of one
-  /// std::thread (__exit__ from two threads) are undefined, and hung.
-  std::mutex join_mutex;
-};
-
-/// Stops the job and waits for its runner (the caller has released the GIL).
-void stop_and_join(job_run& j) {
-  j.stop->store(true);
-  std::lock_guard<std::mutex> guard{j.join_mutex};
-  if (j.runner.joinable())
-    j.runner.join();
-}
-
-/// The jobs started in this process, so that the interpreter's exit stops
-/// and joins those Python never collected (a job in a reference cycle with
-/// its callback, `callback=lambda r: job...`): a runner still training while
-/// the process's static destructors ran crashed it (SIGSEGV at exit).
-struct started_jobs {
-  std::mutex mutex;
-  std::vector<std::weak_ptr<job_run>> jobs;
-};
-
-started_jobs& started_registry() {
-  static auto* jobs = new started_jobs; // never destroyed: used at exit
-  return *jobs;
-}
-
-void remember_started(const std::shared_ptr<job_run>& j) {
-  auto& r = started_registry();
-  std::lock_guard<std::mutex> guard{r.mutex};
-  r.jobs.erase(std::remove_if(r.jobs.begin(), r.jobs.end(),
-                              [](const auto& w) { return w.expired(); }),
-               r.jobs.end());
-  r.jobs.push_back(j);
-}
-
-/// atexit's: every job still held somewhere, stopped and joined.
-void stop_every_job() {
-  std::vector<std::shared_ptr<job_run>> held;
-  {
-    auto& r = started_registry();
-    std::lock_guard<std::mutex> guard{r.mutex};
-    for (const auto& w : r.jobs)
-      if (auto j = w.lock())
-        held.push_back(std::move(j));
-  }
-  for (const auto& j : held)
-    stop_and_join(*j);
-}
-
-/// The chief that failed, or that the job's stop ended, stops the ps tasks:
-/// a worker in a sync round with it would otherwise wait step_timeout_ms
-/// for its gradient (run_embedded does so for a failed chief).
-void stop_ps(session& s, const job_run& j) {
-  for (int k = 0; k < j.ps; ++k)
-    if (auto err = s.shutdown("ps", k))
-      (void) err; // gone already: what was asked for
-}
-
-void train_worker(job_run& j, int w, caf::expected<train_outcome>& out) {
-  auto s = j.cluster->session_for("worker", w);
-  if (!s) {
-    out = std::move(s.error());
-    return;
-  }
-  train_options o;
-  o.shutdown_ps = false; // the cluster stops its nodes itself
-  o.print = j.verbose;
-  o.stop = j.stop;
-  if (w == 0) // the chief's reports: the job's step and loss, every worker's stats
-    o.on_progress = [&j](const worker_progress& p) {
-      std::lock_guard<std::mutex> guard{j.mutex};
-      j.records.push_back(p);
-      j.changed.notify_all();
-    };
-  out = run_worker_task(*s, j.c, static_cast<uint32_t>(w), o);
-  if (w == 0 && (!out || j.stop->load()) && j.c.mode != "allreduce")
-    stop_ps(*s, j);
-}
-
-/// The runner thread: the cluster, a thread per worker, then the cluster's end.
-void run_job(job_run& j) {
-  std::map<std::string, int> jobs{{"worker", j.workers}};
-  if (j.c.mode != "allreduce")
-    jobs["ps"] = j.ps;
-  auto ec = embedded_cluster::start(jobs);
-  std::vector<caf::expected<train_outcome>> results;
-  caf::error start_error;
-  if (ec) {
-    {
-      std::lock_guard<std::mutex> guard{j.cluster_mutex};
-      j.cluster = std::move(*ec);
-    }
-    results.resize(static_cast<size_t>(j.workers), make_error(af_error::internal, "not run"));
-    std::vector<std::thread> threads;
-    for (int w = 0; w < j.workers; ++w)
-      threads.emplace_back([&j, &results, w] { train_worker(j, w, results[static_cast<size_t>(w)]); });
-    for (auto& t : threads)
-      t.join();
-    std::lock_guard<std::mutex> guard{j.cluster_mutex};
-    j.cluster.reset();
-  } else {
-    start_error = std::move(ec.error());
-  }
-  if (!j.memory_name.empty())
-    train::drop_memory_dataset(j.memory_name); // every worker has its split
-  std::lock_guard<std::mutex> guard{j.mutex};
-  j.results = std::move(results);
-  j.start_error = std::move(start_error);
-  j.finished = true;
-  j.changed.notify_all();
-}
 
 /// A path (or a string that may become one: metrics, checkpoint_dir) with a
 /// NUL byte names another file to the system than to Python: the config
@@ -469,60 +338,73 @@ struct py_job {
 
   py::dict result(double timeout);
   py::dict stopped_result();
+  py::dict sparse_result();
 
   /// A client of the running job's cluster (switch, status): `use` gets a
-  /// session of its own on it.
-  template <class Use>
-  auto with_client(const char* what, Use use) {
+  /// session of its own on it, in a thread of its own; this thread waits
+  /// in slices of 50 ms, the GIL released, so that Ctrl-C raises
+  /// KeyboardInterrupt at once and the job runs on, usable.
+  std::string with_client(const char* what, client_use use) {
     require_started(what);
-    py::gil_scoped_release unlocked;
-    std::lock_guard<std::mutex> guard{run->cluster_mutex};
-    if (!run->cluster) {
-      py::gil_scoped_acquire locked;
+    auto call = start_client_call(run, std::move(use));
+    for (;;) {
+      if (PyErr_CheckSignals() != 0) { // the call ends on its own; its answer is dropped
+        std::lock_guard<std::mutex> guard{call->mutex};
+        call->cancelled = true;
+        throw py::error_already_set();
+      }
+      py::gil_scoped_release unlocked;
+      std::unique_lock<std::mutex> lock{call->mutex};
+      if (call->answered.wait_for(lock, 50ms, [&] { return call->done; }))
+        break;
+    }
+    std::lock_guard<std::mutex> guard{call->mutex}; // done: no one writes it any more
+    if (call->no_cluster)
       raise(af_error::uninitialized, std::string{"af.train.Job."} + what
                                        + ": the job is not running (it has not begun yet, "
                                          "or it ended)");
-    }
-    // A session in ps 0's own system, ended on this thread before the
-    // runner may end the cluster (it lets go of the system as it ends:
-    // dist/embedded_cluster.hpp).
-    session_options so;
-    so.timeout = std::chrono::milliseconds{std::min<uint32_t>(run->c.step_timeout_ms, 10000)};
-    so.connect_timeout = so.timeout;
-    auto s = run->cluster->session_for("ps", 0, so);
-    return use(s);
+    if (!call->text)
+      raise(call->text.error());
+    return *call->text;
+  }
+
+  /// The test hook of job_run::hold_clients.
+  void hold_clients(bool hold) {
+    std::lock_guard<std::mutex> guard{run->mutex};
+    run->hold_clients = hold;
+    run->changed.notify_all();
   }
 
   std::string switch_mode(const std::string& mode) {
     if (sparse_job(run->c))
       raise(af_error::unsupported, "af.train.Job.switch: a sparse job (model \"" + run->c.model
                                      + "\") cannot switch modes");
+    if (run->in_graph)
+      raise(af_error::unsupported, "af.train.Job.switch: an in-graph job's one client averages "
+                                   "its replicas in the graph and pushes in sync rounds; it "
+                                   "cannot switch modes");
     if (run->c.mode == "allreduce")
       raise(af_error::unsupported, "af.train.Job.switch: an allreduce job has no ps, so no "
                                    "aggregators to switch; run sync, async, ssp or average to "
                                    "switch live");
     if (auto err = check_switch_mode(mode))
       raise(err);
-    auto text = with_client("switch", [&](caf::expected<session>& s) {
-      return s ? job_switch(*s, run->c, mode) : caf::expected<std::string>{s.error()};
+    auto c = run->c; // copies: an interrupted call outlives this frame
+    return with_client("switch", [c, mode](caf::expected<session>& s) {
+      return s ? job_switch(*s, c, mode) : caf::expected<std::string>{s.error()};
     });
-    if (!text)
-      raise(text.error());
-    return *text;
   }
 
   std::string status() {
     if (run->c.mode == "allreduce")
       raise(af_error::unsupported, "af.train.Job.status: an allreduce job has no ps aggregators "
                                    "to report");
-    size_t unanswered = 0;
-    auto text = with_client("status", [&](caf::expected<session>& s) {
-      return s ? job_status_text(*s, 10s, "train/ps", &unanswered)
-               : caf::expected<std::string>{s.error()};
+    // The aggregators' names: dist/sparse_job.hpp's, dist/in_graph.cpp's, the worker's.
+    std::string prefix = run->sparse ? sparse_aggregator_prefix
+                                     : run->in_graph ? "train/in-graph/ps" : "train/ps";
+    return with_client("status", [prefix](caf::expected<session>& s) {
+      return s ? job_status_text(*s, 10s, prefix) : caf::expected<std::string>{s.error()};
     });
-    if (!text)
-      raise(text.error());
-    return *text;
   }
 };
 
@@ -535,6 +417,44 @@ py::dict py_job::stopped_result() {
   d["loss"] = last ? py::object(py::float_(last->loss)) : py::none();
   d["accuracy"] = last ? maybe(last->accuracy) : py::none();
   d["workers"] = last ? worker_rows(last->stats) : py::list();
+  return d;
+}
+
+/// A sparse job's final metrics: what actorflow-train's closing lines say
+/// (programs/train_sparse.cpp's print_sparse_summary), as numbers.
+py::dict py_job::sparse_result() {
+  const auto& chief = run->sparse_results.front();
+  if (!chief) {
+    const auto& err = chief.error();
+    std::string who = run->in_graph ? "the in-graph client: " : "worker 0 (the chief): ";
+    if (err.category() == error_category)
+      raise(static_cast<af_error>(err.code()), who + describe(err));
+    raise(err);
+  }
+  for (size_t w = 1; w < run->sparse_results.size(); ++w)
+    if (!run->sparse_results[w])
+      raise(run->sparse_results[w].error());
+  const auto& o = *chief;
+  py::dict d;
+  d["stopped"] = run->stop->load(); // it ended well, short of its steps
+  d["in_graph"] = run->in_graph;
+  d["sparse"] = true;
+  d["mode"] = run->c.mode;
+  d["workers_count"] = static_cast<uint32_t>(run->workers);
+  d["global_step"] = o.global_step;
+  d["local_steps"] = o.local_steps;
+  d["seconds"] = o.seconds;
+  d["steps_per_s"] = o.seconds > 0 ? static_cast<double>(o.local_steps) / o.seconds : 0.0;
+  d["loss"] = o.last_loss;
+  d["auc"] = o.auc;
+  d["log_loss"] = o.log_loss;
+  d["truth_auc"] = o.has_truth ? py::object(py::float_(o.truth_auc)) : py::none();
+  d["truth_log_loss"] = o.has_truth ? py::object(py::float_(o.truth_log_loss)) : py::none();
+  d["bytes_per_step"] = o.bytes_per_step;
+  d["touched_bytes_per_step"] = o.touched_bytes_per_step;
+  d["train_examples"] = o.train_examples;
+  d["test_examples"] = o.test_examples;
+  d["late"] = o.late;
   return d;
 }
 
@@ -558,6 +478,8 @@ py::dict py_job::result(double timeout) {
   }
   if (run->start_error)
     raise(run->start_error);
+  if (run->sparse)
+    return sparse_result();
   const auto& chief = run->results.front();
   if (!chief) {
     if (run->stop->load())
@@ -574,7 +496,9 @@ py::dict py_job::result(double timeout) {
   double sps = r.seconds > 0 ? static_cast<double>(steps) / r.seconds : 0;
   double per_step = static_cast<double>(run->c.batch_size) * (run->c.mode == "async" ? 1 : workers);
   py::dict d;
-  d["stopped"] = false;
+  // An in-graph client stopped ends well, short of its steps.
+  d["stopped"] = run->in_graph && run->stop->load();
+  d["in_graph"] = run->in_graph;
   d["mode"] = o.stats.mode.empty() ? run->c.mode : o.stats.mode;
   d["switches"] = o.stats.switches;
   d["workers_count"] = workers;
@@ -593,7 +517,8 @@ py::dict py_job::result(double timeout) {
 }
 
 std::shared_ptr<py_job> make_job(py::handle config, int workers, int ps, py::handle data,
-                                 py::object callback, bool verbose, py::handle overrides) {
+                                 py::object callback, bool verbose, py::handle overrides,
+                                 bool in_graph) {
   auto j = std::make_shared<job_run>();
   j->c = config_of(config, overrides);
   // Every task is a node of this process (its own actor system and
@@ -608,10 +533,15 @@ std::shared_ptr<py_job> make_job(py::handle config, int workers, int ps, py::han
   j->workers = workers;
   j->ps = ps;
   j->verbose = verbose;
-  if (sparse_job(j->c))
-    raise(af_error::unsupported, "af.train.Job: model \"" + j->c.model + "\" is a sparse job, "
-                                   "which af.train.Job does not run yet: use actorflow-train "
-                                   "--config (docs/sparse.md)");
+  j->in_graph = in_graph;
+  j->sparse = sparse_job(j->c);
+  if (in_graph && !j->sparse && j->c.window_secs > 0) // as actorflow-train --in-graph says
+    raise(af_error::invalid_config, "af.train.Job: window_secs with in_graph: a timed window "
+                                    "measures a between-graph job's workers; drop in_graph, or "
+                                    "window_secs (and warmup_secs)");
+  if (in_graph && !j->sparse && j->c.mode != "sync")
+    raise(af_error::invalid_config, "af.train.Job: in_graph averages the replicas in the graph: "
+                                    "mode must be sync, not '" + j->c.mode + "'");
   if (!data.is_none()) {
     static std::atomic<uint64_t> next{0};
     j->memory_name = "python-" + std::to_string(++next);
@@ -676,11 +606,13 @@ void register_train_job(py::module_& m) {
     .def(py::init(&make_job), py::arg("config") = py::none(), py::kw_only(),
          py::arg("workers") = 2, py::arg("ps") = 1, py::arg("data") = py::none(),
          py::arg("callback") = py::none(), py::arg("verbose") = false,
-         py::arg("overrides") = py::none(),
+         py::arg("overrides") = py::none(), py::arg("in_graph") = false,
          "config: a dict of actorflow-train's [train] keys, or a TOML file's path; overrides: "
          "a dict applied after it as --set; data: (x, y) NumPy arrays to train on; callback: "
          "called with every Progress, in the thread that waits (result(), iteration); "
-         "verbose: the chief's progress lines on stdout")
+         "verbose: the chief's progress lines on stdout; in_graph: one client drives a replica per "
+         "worker (actorflow-train --in-graph). A sparse model (model = \"recommender\") runs "
+         "as actorflow-train runs it")
     .def("start", [](py_job& j) -> py_job& { j.start(); return j; },
          py::return_value_policy::reference_internal, "starts the job in the background")
     .def("__iter__", [](py_job& j) -> py_job& { return j; }, py::return_value_policy::reference_internal)
@@ -690,6 +622,8 @@ void register_train_job(py::module_& m) {
     .def("switch", &py_job::switch_mode, py::arg("mode"),
          "switches the running job to sync, async, ssp or average (actorflow-train --switch)")
     .def("status", &py_job::status, "what actorflow-train --status prints, of the running job")
+    .def("_hold_clients", &py_job::hold_clients, py::arg("hold"),
+         "test hook: switch and status calls wait before asking the cluster while held")
     .def("stop", [](py_job& j) { j.run->stop->store(true); },
          "asks the workers to stop before their next step; result() then says stopped")
     .def("result", &py_job::result, py::arg("timeout") = -1.0,
@@ -712,13 +646,14 @@ void register_train_job(py::module_& m) {
       stop_and_join(*j.run);
     });
   train.def("run", [](py::handle config, int workers, int ps, py::handle data,
-                      py::object callback, bool verbose, py::handle overrides) {
-    auto job = make_job(config, workers, ps, data, std::move(callback), verbose, overrides);
+                      py::object callback, bool verbose, py::handle overrides, bool in_graph) {
+    auto job = make_job(config, workers, ps, data, std::move(callback), verbose, overrides, in_graph);
     job->start();
     return job->result(-1);
   }, py::arg("config") = py::none(), py::kw_only(), py::arg("workers") = 2, py::arg("ps") = 1,
      py::arg("data") = py::none(), py::arg("callback") = py::none(), py::arg("verbose") = false,
-     py::arg("overrides") = py::none(), "Job(...).start().result(): trains and gives the final metrics");
+     py::arg("overrides") = py::none(), py::arg("in_graph") = false,
+     "Job(...).start().result(): trains and gives the final metrics");
   train.def("load_digits", [] {
     auto d = train::load_digits();
     if (!d)

@@ -15,7 +15,7 @@ import actorflow as af
 STUBS = Path(__file__).resolve().parents[1] / "stubs" / "actorflow-stubs"
 # Names of the stubs only: type aliases for annotations.
 STUB_ONLY = {"TensorLike", "DTypeLike", "Fetches"}
-MODULES = {"__init__": af, "train": af.train, "errors": af.errors, "nn": af.nn}
+MODULES = {"__init__": af, "train": af.train, "errors": af.errors, "nn": af.nn, "math": af.math}
 
 
 def public(names):

@@ -213,6 +213,37 @@ def test_ctrl_c_while_waiting_stops_the_job():
     assert res["stopped"] is True
 
 
+def test_ctrl_c_during_switch_and_status_leaves_the_job_usable():
+    # Catches: switch() and status() waiting for the cluster's answer with
+    # no look at signals (the KeyboardInterrupt only once the held call is
+    # let go, at 5 s), and a job left unusable by the interrupted call.
+    job = af.train.Job(ENDLESS).start()
+    job.next(timeout=120)
+    for call in (job.status, lambda: job.switch("async")):
+        job._hold_clients(True)  # the call waits before asking, as on a ps that does not answer
+        interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        release = threading.Timer(5.0, job._hold_clients, (False,))
+        interrupt.start()
+        release.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                call()
+            interrupted = time.monotonic() - began
+        finally:
+            interrupt.join()
+            release.cancel()
+        assert interrupted < 3  # the signal at 0.3 s, seen within 50 ms
+        job._hold_clients(False)
+        assert job.running
+    # The interrupted switch had not asked yet: it never does.
+    assert "mode sync" in job.status()
+    assert "async" in job.switch("async")
+    assert "mode async" in job.status()
+    job.stop()
+    assert job.result(timeout=60)["stopped"] is True
+
+
 def test_other_threads_run_while_result_waits():
     # Catches: result() holding the GIL while it waits (the other thread,
     # which ends the job, would never run: the bounded wait fails).
