@@ -50,12 +50,14 @@ void release_parts(answer_parts& parts) {
 /// Why the bytes cannot change while they are written: each part shares
 /// its variable's buffer, and a variable's update writes in place only when
 /// no one else holds that buffer (variable_cell::apply_gradient_by: copy on
-/// write). The parts are let go only after the last byte went into the slot
-/// or the socket, so an update meanwhile (async: another worker's push; a
-/// sync round released without this worker) writes a new buffer, and in
-/// the common case (the next sync round needs this worker's next push, which
-/// comes after its answer) the update finds the buffer free and writes in
-/// place, as before.
+/// write). The parts are let go only after their last byte went into the
+/// slot or the socket, so an update meanwhile (async: another worker's
+/// push; a sync round released without this worker) writes a new buffer.
+/// In a sync round the next update needs this worker's next push, which
+/// comes after its answer: on shared memory the parts are let go before the
+/// header that tells the worker its answer is in the slot, so that update
+/// always finds the buffer free and writes in place, as before (over TCP,
+/// almost always: the thread lets go as its last send returns).
 bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
   thread_local std::vector<iovec> pieces; // one per variable, reused: no allocation per reply
   pieces.clear();
@@ -74,7 +76,10 @@ bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
     reply.rank = 1;
     reply.dims[0] = static_cast<int64_t>(floats);
     reply.payload_bytes = floats * sizeof(float);
-    ok = req.reply(reply, pieces.data(), pieces.size());
+    // On shared memory the parts are let go once they are in the slot,
+    // before the worker is told of its answer (plane_request::reply).
+    ok = req.reply(reply, pieces.data(), pieces.size(),
+                   [](void* p) { release_parts(*static_cast<answer_parts*>(p)); }, &parts);
   }
   release_parts(parts);
   return ok;

@@ -140,8 +140,13 @@ public:
   /// The reply with its payload gathered from `count` pieces, written one
   /// after the other (their sizes add up to h.payload_bytes) straight into
   /// the answer slot, the ring or the socket: no copy of their own
-  /// (an aggregator's answer from its variables' buffers).
-  bool reply(wire::header& h, const iovec* pieces, size_t count);
+  /// (an aggregator's answer from its variables' buffers). `copied(context)`,
+  /// if given, runs as soon as the pieces are no longer read: on shared
+  /// memory once they are in the answer slot, before the header that hands
+  /// the slot over goes into the ring (so their holder lets them go before
+  /// the client can read its answer, compute and push again).
+  bool reply(wire::header& h, const iovec* pieces, size_t count, void (*copied)(void*) = nullptr,
+             void* context = nullptr);
 
   /// An error reply (status `code`, `text` as its payload). False: the
   /// connection is to be dropped.

@@ -153,10 +153,13 @@ namespace {
 /// client holds both) it goes through the ring as before.
 ///
 /// The payload is `count` pieces, one after the other.
-bool send_reply(served_connection& conn, wire::header& h, const iovec* pieces, size_t count) {
+bool send_reply(served_connection& conn, wire::header& h, const iovec* pieces, size_t count,
+                void (*copied)(void*) = nullptr, void* context = nullptr) {
   if (h.has_tensor != 0 && h.payload_bytes >= shm_channel::min_slot_answer && conn.shm != nullptr
       && conn.ucx == nullptr && h.payload_bytes <= conn.shm->slot_bytes()) {
     if (int k = conn.shm->put_answer(pieces, count, h.payload_bytes); k >= 0) {
+      if (copied != nullptr)
+        copied(context);
       wire::header slotted = h;
       slotted.reserved |= shm_channel::reply_in_slot | (k == 1 ? shm_channel::reply_slot_one : 0);
       iovec iov{&slotted, sizeof(slotted)};
@@ -192,9 +195,10 @@ bool plane_request::reply(wire::header& h, const void* payload) {
   return sent(send_reply(conn_, h, payload), h);
 }
 
-bool plane_request::reply(wire::header& h, const iovec* pieces, size_t count) {
+bool plane_request::reply(wire::header& h, const iovec* pieces, size_t count,
+                          void (*copied)(void*), void* context) {
   h.kind = static_cast<uint8_t>(wire::kind::reply);
-  return sent(send_reply(conn_, h, pieces, count), h);
+  return sent(send_reply(conn_, h, pieces, count, copied, context), h);
 }
 
 bool plane_request::sent(bool ok, const wire::header& h) {
