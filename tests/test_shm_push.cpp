@@ -213,10 +213,12 @@ TEST_CASE("a push's answer written from the variables' own buffers is the flat a
     }
     sides.push_back({spec.name, std::move(chan), *agg, token});
   }
+  // The second side is never on shared memory; both are on UCX where the
+  // ctest forces it (the same answers through its gather writes).
   bool on_shm = sides[0].chan->transport() == "shared memory";
   if (!on_shm)
-    WARN("on " << sides[0].chan->transport() << " (ACTORFLOW_DATA_SHM=off?): both sides on TCP");
-  REQUIRE(sides[1].chan->transport() == "tcp");
+    WARN("on " << sides[0].chan->transport() << " (ACTORFLOW_DATA_SHM=off?): both sides on it");
+  REQUIRE(sides[1].chan->transport() != "shared memory");
   std::vector<tensor> held; // the last answers, kept while the next come (a worker's parameters)
   constexpr int steps = 12;
   for (int k = 1; k <= steps; ++k) {
