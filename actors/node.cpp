@@ -315,6 +315,52 @@ caf::result<aggregator_actor> get_aggregator(node_ptr self, aggregator_spec& spe
 
 namespace {
 
+/// How a data-plane thread hands a push or pull frame to its aggregator: a
+/// blocking request from a scoped actor; the thread waits, the aggregator
+/// does not.
+variable_directory::aggregator_call push_call(caf::actor_system& sys) {
+  return [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step,
+         push_credentials who, tensor values,
+         std::chrono::milliseconds wait) -> caf::expected<variable_directory::aggregator_answer> {
+    caf::expected<variable_directory::aggregator_answer> out{
+      make_error(af_error::internal, "the aggregator did not answer")};
+    caf::scoped_actor self{sys};
+    // The answer's parameters as the variables hold them (no flat copy):
+    // one answer_parts per thread, reused while no aggregator holds it
+    // (one that still does, after a push that timed out or failed, may
+    // fill it later: this thread then takes a new one).
+    thread_local auto sink = std::make_shared<answer_parts>();
+    if (sink.use_count() > 1)
+      sink = std::make_shared<answer_parts>();
+    auto on_pushed = [&](uint64_t global_step, tensor& params, bool dropped_late) {
+      out = variable_directory::aggregator_answer{global_step, std::move(params), dropped_late,
+                                                  sink};
+    };
+    auto on_value = [&](uint64_t global_step, tensor& params) {
+      out = variable_directory::aggregator_answer{global_step, std::move(params), false, nullptr};
+    };
+    auto on_error = [&](caf::error& err) { out = std::move(err); };
+    if (kind == static_cast<uint8_t>(wire::kind::push)
+        || kind == static_cast<uint8_t>(wire::kind::push_params)) {
+      std::vector<tensor> parts;
+      if (!values.empty())
+        parts.push_back(std::move(values));
+      who.parts = sink;
+      if (kind == static_cast<uint8_t>(wire::kind::push_params))
+        self->request(agg, wait, push_atom::value, params_atom::value, worker, step,
+                      std::move(who), std::move(parts))
+          .receive(on_pushed, on_error);
+      else
+        self->request(agg, wait, push_atom::value, worker, step, std::move(who),
+                      std::move(parts))
+          .receive(on_pushed, on_error);
+    } else {
+      self->request(agg, wait, pull_atom::value).receive(on_value, on_error);
+    }
+    return out;
+  };
+}
+
 /// How a data-plane thread hands a sparse push (wire::kind::push_sparse) to
 /// its aggregator: a blocking request from a scoped actor, as a push's.
 variable_directory::sparse_aggregator_call sparse_push_call(caf::actor_system& sys) {
@@ -328,7 +374,7 @@ variable_directory::sparse_aggregator_call sparse_push_call(caf::actor_system& s
                   std::move(values))
       .receive(
         [&](uint64_t global_step, tensor&, bool dropped_late) {
-          out = variable_directory::aggregator_answer{global_step, tensor{}, dropped_late};
+          out = variable_directory::aggregator_answer{global_step, tensor{}, dropped_late, nullptr};
         },
         [&](caf::error& err) { out = std::move(err); });
     return out;
@@ -550,40 +596,8 @@ caf::expected<running_node> start_node(caf::actor_system& sys, const std::string
   if (!data_plane)
     return std::move(data_plane.error());
   std::shared_ptr<data_plane_server> plane = std::move(*data_plane);
-  // A push or pull frame reaches its aggregator from the data-plane thread
-  // through a blocking request; the thread waits, the aggregator does not.
-  directory->set_aggregator_call(
-    [&sys](const aggregator_actor& agg, uint8_t kind, uint32_t worker, uint64_t step,
-           push_credentials who, tensor values,
-           std::chrono::milliseconds wait) -> caf::expected<variable_directory::aggregator_answer> {
-      caf::expected<variable_directory::aggregator_answer> out{
-        make_error(af_error::internal, "the aggregator did not answer")};
-      caf::scoped_actor self{sys};
-      auto on_pushed = [&](uint64_t global_step, tensor& params, bool dropped_late) {
-        out = variable_directory::aggregator_answer{global_step, std::move(params), dropped_late};
-      };
-      auto on_value = [&](uint64_t global_step, tensor& params) {
-        out = variable_directory::aggregator_answer{global_step, std::move(params), false};
-      };
-      auto on_error = [&](caf::error& err) { out = std::move(err); };
-      if (kind == static_cast<uint8_t>(wire::kind::push)
-          || kind == static_cast<uint8_t>(wire::kind::push_params)) {
-        std::vector<tensor> parts;
-        if (!values.empty())
-          parts.push_back(std::move(values));
-        if (kind == static_cast<uint8_t>(wire::kind::push_params))
-          self->request(agg, wait, push_atom::value, params_atom::value, worker, step,
-                        std::move(who), std::move(parts))
-            .receive(on_pushed, on_error);
-        else
-          self->request(agg, wait, push_atom::value, worker, step, std::move(who),
-                        std::move(parts))
-            .receive(on_pushed, on_error);
-      } else {
-        self->request(agg, wait, pull_atom::value).receive(on_value, on_error);
-      }
-      return out;
-    });
+  // Push and pull frames reach their aggregators through blocking requests.
+  directory->set_aggregator_call(push_call(sys));
   directory->set_sparse_aggregator_call(sparse_push_call(sys));
   auto node = sys.spawn(node_impl, job, task, opts, directory, plane->port(),
                         std::move(aggregators), clock);

@@ -14,6 +14,9 @@
 #include <array>
 #include <cstring>
 #include <thread>
+#include <vector>
+
+#include <sys/uio.h>
 
 #include <fmt/format.h>
 
@@ -26,6 +29,61 @@
 namespace af {
 
 namespace {
+
+/// Lets go of the variables' buffers that `parts` shares (their next update
+/// then writes in place), keeping the tensors' shapes' storage (a
+/// copy-assignment of an empty tensor): no allocation when they are filled
+/// again.
+void release_parts(answer_parts& parts) {
+  static const tensor none;
+  for (auto& t : parts.values)
+    t = none;
+}
+
+/// A push's reply whose parameters are the variables' own tensors
+/// (answer_parts, filled by the aggregator): written one after the other
+/// into the answer slot or the socket, the same bytes as the flat tensor
+/// (rank 1, the variables in the spec's order), with no copy of its own.
+/// Parts that hold nothing (an aggregator with tables answers no
+/// parameters) make a reply without a payload.
+///
+/// Why the bytes cannot change while they are written: each part shares
+/// its variable's buffer, and a variable's update writes in place only when
+/// no one else holds that buffer (variable_cell::apply_gradient_by: copy on
+/// write). The parts are let go only after their last byte went into the
+/// slot or the socket, so an update meanwhile (async: another worker's
+/// push; a sync round released without this worker) writes a new buffer.
+/// In a sync round the next update needs this worker's next push, which
+/// comes after its answer: on shared memory the parts are let go before the
+/// header that tells the worker its answer is in the slot, so that update
+/// always finds the buffer free and writes in place, as before (over TCP,
+/// almost always: the thread lets go as its last send returns).
+bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
+  thread_local std::vector<iovec> pieces; // one per variable, reused: no allocation per reply
+  pieces.clear();
+  uint64_t floats = 0;
+  for (const auto& t : parts.values)
+    if (!t.empty() && t.nbytes() > 0) {
+      pieces.push_back({const_cast<std::byte*>(t.bytes()), t.nbytes()});
+      floats += t.num_elements();
+    }
+  bool ok;
+  if (floats == 0) {
+    ok = req.reply(reply, nullptr);
+  } else {
+    reply.has_tensor = 1;
+    reply.dtype = static_cast<uint8_t>(dtype::float32);
+    reply.rank = 1;
+    reply.dims[0] = static_cast<int64_t>(floats);
+    reply.payload_bytes = floats * sizeof(float);
+    // On shared memory the parts are let go once they are in the slot,
+    // before the worker is told of its answer (plane_request::reply).
+    ok = req.reply(reply, pieces.data(), pieces.size(),
+                   [](void* p) { release_parts(*static_cast<answer_parts*>(p)); }, &parts);
+  }
+  release_parts(parts);
+  return ok;
+}
 
 /// Why a variable op's operand does not fit `found` under `limits` (empty:
 /// it fits), and the code to refuse it with.
@@ -364,6 +422,10 @@ bool variable_directory::aggregate(plane_request& req) {
   if (r->dropped_late)
     reply.reserved = wire::reply_flags::dropped_late;
   const auto& params = r->params;
+  if (params.empty() && r->parts)
+    return reply_parts(req, reply, *r->parts);
+  if (r->parts)
+    release_parts(*r->parts); // a flat answer: any parts shared are let go
   if (!params.empty())
     wire::describe_tensor(params, reply); // rank 1
   return req.reply(reply, params.empty() ? nullptr : params.bytes());

@@ -523,6 +523,14 @@ caf::error variable_cell::copy_floats(float* dst, size_t n) const {
   return caf::none;
 }
 
+caf::error variable_cell::share_value(tensor& into, size_t n) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto err = check_floats(n, "read"))
+    return err;
+  into = value_; // a copy-assignment: the shape's vector keeps its storage
+  return caf::none;
+}
+
 caf::expected<std::pair<tensor, std::vector<tensor>>>
 variable_cell::snapshot(const std::vector<std::string>& slots,
                         const std::vector<float>& initial) const {

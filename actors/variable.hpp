@@ -195,6 +195,12 @@ public:
   /// Copies the value's `n` floats to `dst` (a flat parameter buffer).
   caf::error copy_floats(float* dst, size_t n) const;
 
+  /// The float32 value of `n` elements into `into`, shared (no copy: the
+  /// next update writes a copy while `into` holds it); `into`'s shape keeps
+  /// its storage (no allocation once it has held the value). As copy_floats,
+  /// an error if there is no such value.
+  caf::error share_value(tensor& into, size_t n) const;
+
   /// The value and the slots named `slots` (where a slot has not been made
   /// yet: filled with `initial[k]`, train::slot_initial_value, else zeros),
   /// for a checkpoint.

@@ -78,11 +78,15 @@ public:
   /// it (a push's token and number, and the connection's peer), the flat
   /// values (empty for pull or an abstention), the wait.
   /// An aggregator's answer: the global step, the flat parameters, and
-  /// (a sync push) whether the push was dropped as late.
+  /// (a sync push) whether the push was dropped as late. A push's answer
+  /// may instead carry its parameters in `parts` (params empty): the
+  /// variables' own tensors, which the reply writes one after the other
+  /// (push_credentials::parts). The caller clears them once written.
   struct aggregator_answer {
     uint64_t global_step = 0;
     tensor params;
     bool dropped_late = false;
+    std::shared_ptr<answer_parts> parts;
   };
   using aggregator_call = std::function<caf::expected<aggregator_answer>(
     const aggregator_actor&, uint8_t, uint32_t, uint64_t, push_credentials, tensor,

@@ -48,7 +48,6 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const push_credentials& who, const std::vector<tensor>& values,
                        const char* what, Release release) {
   auto& st = self->state;
-  const uint64_t seq = who.seq;
   if (!values.empty()) {
     auto parts = unpack(self, worker, values, what, who.finite_checked);
     if (!parts)
@@ -68,7 +67,7 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
   } else {
     member(st, worker).stats.refused += 1;
   }
-  auto r = park(self, worker, step, seq);
+  auto r = park(self, worker, step, who);
   if (st.round.complete(st.spec.mode == "sync" ? st.spec.replicas_to_aggregate : 0))
     release(self);
   return r;
@@ -158,7 +157,7 @@ push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const p
   if (auto err = check_worker(self, worker, who))
     return err;
   if (already_taken(st, worker, who.seq))
-    return answer_now(self, who.seq != 0 && who.seq == member(st, worker).seq_late);
+    return answer_now(self, who, who.seq != 0 && who.seq == member(st, worker).seq_late);
   if ((st.tables > 0) != sparse)
     return wrong_form(st, worker, sparse);
   note_push(st, worker, step);
@@ -184,7 +183,7 @@ push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const p
                        "than the ps does not join again: restart it)",
                        st.spec.name, worker_name(st, worker), m.standby_pushes);
     }
-    return answer_now(self);
+    return answer_now(self, who);
   }
   auto& m = member(st, worker);
   bool fresh = m.fresh;
@@ -196,7 +195,7 @@ push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const p
     m.stats.late += 1;
     m.seq_taken = std::max(m.seq_taken, who.seq);
     m.seq_late = who.seq;
-    return answer_now(self, true);
+    return answer_now(self, who, true);
   }
   if (step > st.global_step)
     return ahead_of(st, worker, step);
@@ -249,14 +248,14 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
       if (auto err = check_worker(self, worker, who))
         return err;
       if (already_taken(self->state, worker, who.seq))
-        return answer_now(self);
+        return answer_now(self, who);
       if (self->state.tables > 0)
         return wrong_form(self->state, worker, false);
       if (auto err = take_gradient(self, worker, step))
         return err;
       if (auto err = apply_now(self, worker, step, who, grads, true))
         return err;
-      return answer_now(self);
+      return answer_now(self, who);
     },
     [self](push_atom, sparse_atom, uint32_t worker, uint64_t step, push_credentials& who,
            sparse_push_values& grads) -> push_result {

@@ -57,6 +57,9 @@ struct push_ticket {
   std::shared_ptr<plane_wait> wait;  ///< null: a CAF push
   uint64_t generation = 0;           ///< the push of `wait` this ticket answers
   std::condition_variable* answered = nullptr; ///< what the waiting thread sleeps on
+  /// A CAF push from this node's data plane that takes the answer's
+  /// parameters as the variables hold them (push_credentials::parts).
+  std::shared_ptr<answer_parts> parts;
 
   void deliver(uint64_t global_step, const tensor& params, bool dropped_late);
   void deliver(const caf::error& err);
@@ -134,6 +137,10 @@ struct aggregator_actor_state {
   /// plane's path releases only a round without them (a promise is
   /// delivered from the actor's own thread).
   uint32_t round_promises = 0;
+  /// Of them, tickets that take the answer as one flat tensor (no
+  /// push_ticket::parts): the round's release builds it during the update
+  /// only if there are any.
+  uint32_t round_flat = 0;
   /// average: the most a completed round moved the global step (the workers'
   /// average_every); 0 before the first. Bounds the step of a round's first push.
   uint64_t average_stride = 0;

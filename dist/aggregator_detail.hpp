@@ -107,6 +107,17 @@ caf::expected<tensor> params(self_pointer self);
 /// parameters; `dropped_late`: the push answered was dropped as late (sync).
 push_result answer_now(self_pointer self, bool dropped_late = false);
 
+/// answer_now for the push `who`: where its data plane wants the parameters
+/// as the variables hold them (push_credentials::parts), they go there and
+/// the answer's params tensor is empty (no flat copy is made).
+push_result answer_now(self_pointer self, const push_credentials& who, bool dropped_late = false);
+
+/// Shares every variable's value into `out` (answer_parts): true if it did;
+/// false where the answer carries the flat tensor instead (an aggregator
+/// with tables answers no parameters; a variable without a float32 value:
+/// params() says why).
+bool fill_parts(self_pointer self, answer_parts& out);
+
 /// Drops the cached flat parameters (they changed, or are about to).
 void invalidate(self_pointer self);
 
@@ -227,7 +238,8 @@ void schedule_sweep(self_pointer self);
 void sweep(self_pointer self);
 
 /// Parks the push of `worker` for `step` until the round completes.
-push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq);
+/// Where `who` wants its answer as answer_parts, the ticket holds them.
+push_result park(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who);
 
 /// park's part that both paths share: `ticket` into the round, the member's
 /// push number and park time noted.

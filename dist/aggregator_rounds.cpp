@@ -3,6 +3,7 @@
 #include "dist/aggregator_detail.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "caf/all.hpp"
 
@@ -33,6 +34,7 @@ void account(aggregator_actor_state& st, const tickets& waiting, bool applied) {
     m.round_rows.clear();
   }
   st.round_promises = 0; // `waiting` is the whole round, released
+  st.round_flat = 0;
 }
 
 /// sync with backup workers: steps go on without a member that stopped
@@ -94,12 +96,22 @@ void check_deadline(self_pointer self) {
 
 void answer_all(self_pointer self, tickets waiting) {
   account(self->state, waiting, true);
-  auto p = answer_params(self);
+  static const tensor none; // the params of an answer that went into its parts
+  std::optional<caf::expected<tensor>> p; // the flat parameters, made only if a ticket takes them
   for (auto& w : waiting) {
-    if (p)
-      w.second.deliver(self->state.global_step, *p, false);
+    // The ticket's pointer is dropped before the answer goes: the data
+    // plane's thread finds its answer_parts its own again, and reuses them.
+    if (auto parts = std::move(w.second.parts); parts && fill_parts(self, *parts)) {
+      parts.reset();
+      w.second.deliver(self->state.global_step, none, false);
+      continue;
+    }
+    if (!p)
+      p = answer_params(self);
+    if (*p)
+      w.second.deliver(self->state.global_step, **p, false);
     else
-      w.second.deliver(p.error());
+      w.second.deliver(p->error());
   }
 }
 
@@ -221,12 +233,15 @@ void park_ticket(aggregator_actor_state& st, uint32_t worker, uint64_t step, uin
   st.round.arrive(worker, step, std::move(ticket));
 }
 
-push_result park(self_pointer self, uint32_t worker, uint64_t step, uint64_t seq) {
+push_result park(self_pointer self, uint32_t worker, uint64_t step, const push_credentials& who) {
   auto& st = self->state;
   auto promise = self->make_response_promise<uint64_t, tensor, bool>();
   push_ticket ticket;
   ticket.promise = promise;
-  park_ticket(st, worker, step, seq, std::move(ticket));
+  ticket.parts = std::move(who.parts); // the message keeps no copy: see answer_all
+  if (!ticket.parts)
+    st.round_flat += 1;
+  park_ticket(st, worker, step, who.seq, std::move(ticket));
   st.round_promises += 1;
   schedule_sweep(self);
   return promise;
@@ -244,8 +259,12 @@ void release_sync(self_pointer self) {
   tensor flat; // the parameters the round answers with, made during the update
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
-    // With tables the answer carries no parameters: none are made.
-    if (auto err = update_all_by_mean(self, what, st.tables > 0 ? nullptr : &flat)) {
+    // With tables the answer carries no parameters: none are made. Nor
+    // where every ticket takes the variables' own tensors (answer_parts:
+    // this node's data plane writes them straight into the answer slot or
+    // the socket), which saves a copy of the whole model a round.
+    bool make_flat = st.tables == 0 && st.round_flat > 0;
+    if (auto err = update_all_by_mean(self, what, make_flat ? &flat : nullptr)) {
       fail_all(st, st.round.release(), err);
       return;
     }

@@ -224,7 +224,7 @@ push_result join_round_sparse(self_pointer self, uint32_t worker, uint64_t step,
   auto& st = self->state;
   if (auto err = add_to_round_sparse(self, worker, values))
     return err;
-  auto r = park(self, worker, step, who.seq);
+  auto r = park(self, worker, step, who);
   if (st.round.complete(st.spec.replicas_to_aggregate))
     release_sync(self);
   return r;

@@ -89,6 +89,27 @@ push_result answer_now(self_pointer self, bool dropped_late) {
   return {self->state.global_step, std::move(*p), dropped_late};
 }
 
+bool fill_parts(self_pointer self, answer_parts& out) {
+  auto& st = self->state;
+  if (st.tables > 0)
+    return false;
+  out.values.resize(st.vars.size()); // no allocation once it has held them
+  for (size_t i = 0; i < st.vars.size(); ++i)
+    if (st.vars[i].cell->share_value(out.values[i], st.sizes[i]))
+      return false; // the flat path's params() names the variable
+  return true;
+}
+
+push_result answer_now(self_pointer self, const push_credentials& who, bool dropped_late) {
+  // Dropped before the answer goes (the message keeps no copy): the data
+  // plane's thread then finds its answer_parts its own again.
+  if (auto parts = std::move(who.parts); parts && fill_parts(self, *parts)) {
+    parts.reset();
+    return {self->state.global_step, tensor{}, dropped_late};
+  }
+  return answer_now(self, dropped_late);
+}
+
 void invalidate(self_pointer self) {
   self->state.params_step.reset();
   self->state.params = tensor{};

@@ -146,6 +146,7 @@
 /// fails for those waiting with af_error::timeout naming the missing workers.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,18 @@ struct aggregator_state {
   std::vector<uint64_t> seq_taken;
 };
 
+/// The parameters of a push's answer as the variables hold them, for this
+/// node's data plane (push_credentials::parts): one tensor per variable, in
+/// the spec's order, each sharing its variable's buffer (no copy is made:
+/// the data plane writes them straight into the answer slot or the socket,
+/// one after the other, the bytes of the flat tensor a push answers
+/// otherwise). Read-only while held: the aggregator's next update of a
+/// variable whose buffer a holder still shares writes a copy (copy on
+/// write, actors/variable.hpp), so the bytes held never change.
+struct answer_parts {
+  std::vector<tensor> values;
+};
+
 /// Who a push speaks for (messages/aggregator.hpp's push): the token its
 /// worker's join was answered with, the number of this push, and where it
 /// came from for the log (the data plane fills in the peer's address).
@@ -299,6 +312,15 @@ struct push_credentials {
   /// (while they were in cache), so the aggregator need not look again. Not
   /// serialized: a push from another node always arrives with false.
   bool finite_checked = false;
+  /// Set by this node's data plane: the aggregator fills it with the
+  /// answer's parameters (answer_parts) and answers an empty params tensor
+  /// instead of building the flat one, where it can (a dense push answered
+  /// with the parameters; a ticket of a sync round). It fills it before it
+  /// answers, and the data plane's thread reads it only once the answer has
+  /// come (the mailbox orders the two). Not serialized; mutable: the
+  /// aggregator takes it out of the message (its copy is dropped before
+  /// the answer goes, so the thread finds it its own again).
+  mutable std::shared_ptr<answer_parts> parts = nullptr;
 };
 
 template <class Inspector>

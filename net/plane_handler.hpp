@@ -19,6 +19,8 @@
 #include <memory>
 #include <string>
 
+#include <sys/uio.h>
+
 #include "caf/error.hpp"
 
 #include "core/error_code.hpp"
@@ -135,6 +137,17 @@ public:
   /// to be dropped.
   bool reply(wire::header& h, const void* payload);
 
+  /// The reply with its payload gathered from `count` pieces, written one
+  /// after the other (their sizes add up to h.payload_bytes) straight into
+  /// the answer slot, the ring or the socket: no copy of their own
+  /// (an aggregator's answer from its variables' buffers). `copied(context)`,
+  /// if given, runs as soon as the pieces are no longer read: on shared
+  /// memory once they are in the answer slot, before the header that hands
+  /// the slot over goes into the ring (so their holder lets them go before
+  /// the client can read its answer, compute and push again).
+  bool reply(wire::header& h, const iovec* pieces, size_t count, void (*copied)(void*) = nullptr,
+             void* context = nullptr);
+
   /// An error reply (status `code`, `text` as its payload). False: the
   /// connection is to be dropped.
   bool reply_error(af_error code, const std::string& text);
@@ -144,6 +157,8 @@ public:
   bool reply_error(const caf::error& err);
 
 private:
+  /// A reply's end: counts its bytes (ok) or says why the connection drops.
+  bool sent(bool ok, const wire::header& h);
   /// `n` bytes of the payload into `dst`, within the frame timeout.
   bool read_bytes(void* dst, size_t n, bool quiet);
   /// payload_in_place's parts: whether this connection can, the first `n`

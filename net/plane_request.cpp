@@ -151,24 +151,58 @@ namespace {
 /// copy as into the ring) and only the header, naming the slot, into the
 /// ring: the client uses the payload in place. With no slot free (the
 /// client holds both) it goes through the ring as before.
-bool send_reply(served_connection& conn, wire::header& h, const void* payload) {
+///
+/// The payload is `count` pieces, one after the other.
+bool send_reply(served_connection& conn, wire::header& h, const iovec* pieces, size_t count,
+                void (*copied)(void*) = nullptr, void* context = nullptr) {
   if (h.has_tensor != 0 && h.payload_bytes >= shm_channel::min_slot_answer && conn.shm != nullptr
       && conn.ucx == nullptr && h.payload_bytes <= conn.shm->slot_bytes()) {
-    if (int k = conn.shm->put_answer(payload, h.payload_bytes); k >= 0) {
+    if (int k = conn.shm->put_answer(pieces, count, h.payload_bytes); k >= 0) {
+      if (copied != nullptr)
+        copied(context);
       wire::header slotted = h;
       slotted.reserved |= shm_channel::reply_in_slot | (k == 1 ? shm_channel::reply_slot_one : 0);
       iovec iov{&slotted, sizeof(slotted)};
       return write_all(conn.io, &iov, 1);
     }
   }
-  return send_frame(conn.io, h, nullptr, payload);
+  // The header and the pieces in as few writes as the batch allows (one
+  // for the usual few pieces: a gather write, no copy of its own).
+  constexpr size_t batch = 64;
+  iovec iov[batch];
+  size_t n = 0, next = 0;
+  iov[n++] = {&h, sizeof(h)};
+  do {
+    for (; next < count && n < batch; ++next)
+      if (pieces[next].iov_len > 0)
+        iov[n++] = pieces[next];
+    if (!write_all(conn.io, iov, static_cast<int>(n)))
+      return false;
+    n = 0;
+  } while (next < count);
+  return true;
+}
+
+bool send_reply(served_connection& conn, wire::header& h, const void* payload) {
+  iovec piece{const_cast<void*>(payload), h.payload_bytes};
+  return send_reply(conn, h, &piece, h.payload_bytes > 0 ? 1 : 0);
 }
 
 } // namespace
 
 bool plane_request::reply(wire::header& h, const void* payload) {
   h.kind = static_cast<uint8_t>(wire::kind::reply);
-  if (send_reply(conn_, h, payload)) {
+  return sent(send_reply(conn_, h, payload), h);
+}
+
+bool plane_request::reply(wire::header& h, const iovec* pieces, size_t count,
+                          void (*copied)(void*), void* context) {
+  h.kind = static_cast<uint8_t>(wire::kind::reply);
+  return sent(send_reply(conn_, h, pieces, count, copied, context), h);
+}
+
+bool plane_request::sent(bool ok, const wire::header& h) {
+  if (ok) {
     if (conn_.counted != nullptr)
       conn_.counted->bytes_sent.fetch_add(sizeof(h) + h.payload_bytes, std::memory_order_relaxed);
     return true;

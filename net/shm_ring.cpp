@@ -708,6 +708,11 @@ void shm_channel::release(uint64_t n, int fd) {
 }
 
 int shm_channel::put_answer(const void* src, uint64_t n) {
+  iovec piece{const_cast<void*>(src), n};
+  return put_answer(&piece, 1, n);
+}
+
+int shm_channel::put_answer(const iovec* pieces, size_t count, uint64_t n) {
   if (n > slot_ || poisoned())
     return -1;
   for (int k = 0; k < answer_slots; ++k) {
@@ -715,7 +720,12 @@ int shm_channel::put_answer(const void* src, uint64_t n) {
     // slot (a release): this acquire orders the copy after it.
     if (slot_state_[k]->load(std::memory_order_acquire) != slot_free)
       continue;
-    std::memcpy(slots_ + k * slot_, src, n);
+    auto* to = slots_ + k * slot_;
+    for (size_t i = 0, at = 0; i < count && at < n; ++i) {
+      size_t len = std::min<uint64_t>(pieces[i].iov_len, n - at); // never past the slot
+      std::memcpy(to + at, pieces[i].iov_base, len);
+      at += len;
+    }
     // Published with the reply that names the slot (the ring's head is
     // stored after it, and the client loads the head before the bytes).
     slot_state_[k]->store(slot_taken, std::memory_order_relaxed);

@@ -130,6 +130,10 @@ public:
   /// that names the slot must follow in the ring.
   int put_answer(const void* src, uint64_t n);
 
+  /// put_answer of `n` bytes gathered from `count` pieces, copied one after
+  /// the other into the slot (an answer from its variables' own buffers).
+  int put_answer(const iovec* pieces, size_t count, uint64_t n);
+
   /// The client's side, for a reply that names slot `k` with `n` bytes: the
   /// slot's bytes, lent (as lend(): the mapping lives while a copy does);
   /// dropping the last copy gives the slot back to the node. Null: no such
