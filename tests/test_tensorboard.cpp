@@ -587,4 +587,14 @@ TEST_CASE("actorflow-train refuses a logdir it cannot write before it trains",
   CHECK(file.status == 2);
   CHECK(file.err.find("TensorBoard logdir '" + dir / "file" + "': it is a file, not a folder")
         != std::string::npos);
+  // A file where its run folder goes: refused before the cluster starts
+  // (the chief refused it once it ran, and the job waited a minute for it).
+  fs::create_directories(dir / "runs");
+  std::ofstream{dir / "runs/train"} << "x";
+  auto run = train(dir, dir / "runs", 5);
+  CAPTURE(run.out, run.err);
+  CHECK(run.status == 2);
+  CHECK(run.err.find("'" + dir / "runs/train" + "', its job's run folder, is a file")
+        != std::string::npos);
+  CHECK(run.out.find("embedded cluster") == std::string::npos);
 }
