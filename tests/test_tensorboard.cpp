@@ -591,10 +591,26 @@ TEST_CASE("actorflow-train refuses a logdir it cannot write before it trains",
   // (the chief refused it once it ran, and the job waited a minute for it).
   fs::create_directories(dir / "runs");
   std::ofstream{dir / "runs/train"} << "x";
-  auto run = train(dir, dir / "runs", 5);
-  CAPTURE(run.out, run.err);
-  CHECK(run.status == 2);
-  CHECK(run.err.find("'" + dir / "runs/train" + "', its job's run folder, is a file")
+  auto runs = train(dir, dir / "runs", 5);
+  CAPTURE(runs.out, runs.err);
+  CHECK(runs.status == 2);
+  CHECK(runs.err.find("'" + dir / "runs/train" + "', its job's run folder, is a file")
         != std::string::npos);
-  CHECK(run.out.find("embedded cluster") == std::string::npos);
+  CHECK(runs.out.find("embedded cluster") == std::string::npos);
+  // The in-graph and sparse jobs check it too, before their clusters start
+  // (they wrote runs once their chiefs ran, and said "cannot create the
+  // run folder '.../train': Not a directory" for a logdir that is a file).
+  auto file_says = "TensorBoard logdir '" + dir / "file" + "': it is a file, not a folder";
+  auto in_graph = run(dir, ACTORFLOW_TRAIN_BINARY,
+                      {"--in-graph", "--logdir", dir / "file", "--set", "steps=5"});
+  CAPTURE(in_graph.out, in_graph.err);
+  CHECK(in_graph.status == 2);
+  CHECK(in_graph.err.find(file_says) != std::string::npos);
+  CHECK(in_graph.out.find("embedded cluster") == std::string::npos);
+  auto sparse = run(dir, ACTORFLOW_TRAIN_BINARY,
+                    {"--config", std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml",
+                     "--logdir", dir / "file", "--set", "steps=5"});
+  CAPTURE(sparse.out, sparse.err);
+  CHECK(sparse.status == 2);
+  CHECK(sparse.err.find(file_says) != std::string::npos);
 }
