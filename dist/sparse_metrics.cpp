@@ -2,10 +2,6 @@
 // written by the dense job's reporter (dist/training_report.hpp).
 #include "dist/sparse_metrics.hpp"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-
 #include "actors/blocking_ask.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
@@ -39,15 +35,7 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
   if (!m)
     return to_error(m.error());
   rep.metrics.emplace(std::move(*m));
-  // A resumed job appends (its earlier rows stay, as in the metrics CSV).
-  auto path = metrics_stem(c.metrics) + ".workers.csv";
-  bool fresh = start_step == 0 || !keep_worker_rows(path);
-  rep.per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
-  if (!rep.per_worker)
-    log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
-                     std::strerror(errno));
-  else if (fresh)
-    std::fprintf(rep.per_worker, "%s\n", worker_rows_header);
+  rep.open_worker_rows(c.metrics, start_step);
   return out;
 }
 
