@@ -23,7 +23,12 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
   rep.print = false; // the sparse job prints its own progress lines
   if (!c.logdir.empty()) {
     // Scalars only: its reports carry no parameters (histogram_every is
-    // the dense job's).
+    // the dense between-graph job's), said rather than ignored.
+    if (c.histogram_every > 0)
+      log::get()->warn("chief: histogram_every = {} is not written by this job (a sparse or "
+                       "in-graph job's TensorBoard runs hold scalars only; the dense "
+                       "between-graph job writes the histograms)",
+                       c.histogram_every);
     auto runs = job_summary::open(c, start_step, {});
     if (!runs)
       return std::move(runs.error());

@@ -484,10 +484,12 @@ TEST_CASE("the dense in-graph job (--in-graph) writes the same TensorBoard runs 
   auto job = run(dir, ACTORFLOW_TRAIN_BINARY,
                  {"--in-graph", "--logdir", logdir, "--set", "metrics=" + csv, "--set",
                   "steps=20", "--set", "log_every=5", "--set", "learning_rate=0.05", "--set",
-                  "hidden=[16]"});
+                  "hidden=[16]", "--set", "histogram_every=1"});
   CAPTURE(job.out, job.err);
   REQUIRE(job.status == 0);
   CHECK(job.err.find("not written in-graph") == std::string::npos);
+  // histogram_every, which it does not write, is said, not silently dropped.
+  CHECK(job.err.find("histogram_every = 1 is not written by this job") != std::string::npos);
   auto printed = printed_reports(job.out); // "step 5/20  loss 0.6931  (in-graph, 2 replicas)"
   REQUIRE(printed.size() == 4);
   std::smatch m;
