@@ -2,10 +2,6 @@
 // written by the dense job's reporter (dist/training_report.hpp).
 #include "dist/sparse_metrics.hpp"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-
 #include "actors/blocking_ask.hpp"
 #include "core/log.hpp"
 #include "dist/job_setup.hpp"
@@ -27,7 +23,12 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
   rep.print = false; // the sparse job prints its own progress lines
   if (!c.logdir.empty()) {
     // Scalars only: its reports carry no parameters (histogram_every is
-    // the dense job's).
+    // the dense between-graph job's), said rather than ignored.
+    if (c.histogram_every > 0)
+      log::get()->warn("chief: histogram_every = {} is not written by this job (a sparse or "
+                       "in-graph job's TensorBoard runs hold scalars only; the dense "
+                       "between-graph job writes the histograms)",
+                       c.histogram_every);
     auto runs = job_summary::open(c, start_step, {});
     if (!runs)
       return std::move(runs.error());
@@ -39,15 +40,7 @@ sparse_metrics::open(const train::train_config& c, uint32_t workers, uint64_t st
   if (!m)
     return to_error(m.error());
   rep.metrics.emplace(std::move(*m));
-  // A resumed job appends (its earlier rows stay, as in the metrics CSV).
-  auto path = metrics_stem(c.metrics) + ".workers.csv";
-  bool fresh = start_step == 0 || !keep_worker_rows(path);
-  rep.per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
-  if (!rep.per_worker)
-    log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
-                     std::strerror(errno));
-  else if (fresh)
-    std::fprintf(rep.per_worker, "%s\n", worker_rows_header);
+  rep.open_worker_rows(c.metrics, start_step);
   return out;
 }
 

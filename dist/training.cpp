@@ -421,17 +421,8 @@ caf::error report_and_save(task_run& t) {
     if (!m)
       return to_error(m.error());
     rep->metrics.emplace(std::move(*m));
-    if (!t.allreduce) {
-      // A resumed job appends (its earlier rows stay, as in the metrics CSV).
-      auto path = metrics_stem(c.metrics) + ".workers.csv";
-      bool fresh = setup.start_step == 0 || !keep_worker_rows(path);
-      rep->per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
-      if (!rep->per_worker)
-        log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
-                         std::strerror(errno));
-      else if (fresh)
-        std::fprintf(rep->per_worker, "%s\n", worker_rows_header);
-    }
+    if (!t.allreduce)
+      rep->open_worker_rows(c.metrics, setup.start_step);
   }
   if (t.chief && !c.logdir.empty()) {
     std::vector<std::string> names;

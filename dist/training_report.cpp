@@ -1,6 +1,8 @@
 #include "dist/training_report.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -103,6 +105,18 @@ bool keep_worker_rows(const std::string& path) {
                       : "its rows were moved to " + aside,
                    path, worker_rows_header);
   return false;
+}
+
+void reporter::open_worker_rows(const std::string& metrics_csv, uint64_t start_step) {
+  // A resumed job appends (its earlier rows stay, as in the metrics CSV).
+  auto path = metrics_stem(metrics_csv) + ".workers.csv";
+  bool fresh = start_step == 0 || !keep_worker_rows(path);
+  per_worker = std::fopen(path.c_str(), fresh ? "w" : "a");
+  if (!per_worker)
+    log::get()->warn("chief: cannot write {} ({}); the per-worker rows are not kept", path,
+                     std::strerror(errno));
+  else if (fresh)
+    std::fprintf(per_worker, "%s\n", worker_rows_header);
 }
 
 std::string metrics_stem(const std::string& csv) {

@@ -72,6 +72,12 @@ struct reporter {
       std::fclose(per_worker);
   }
 
+  /// Opens per_worker, <stem of `metrics_csv`>.workers.csv, for a job at
+  /// `start_step`: a resumed job appends to rows it can keep, a fresh one
+  /// starts the file with worker_rows_header; one that cannot be written is
+  /// said, and the rows are not kept.
+  void open_worker_rows(const std::string& metrics_csv, uint64_t start_step);
+
   /// Prints the line (chief), writes the rows, forwards the report.
   void operator()(const worker_progress& p);
 };

@@ -45,6 +45,12 @@ std::string job_summary::check_logdir(const std::string& logdir) {
     return refuse("cannot create it: " + ec.message());
   if (::access(logdir.c_str(), W_OK | X_OK) != 0)
     return refuse(std::string{"cannot write in it: "} + std::strerror(errno));
+  // The job's run folder: a file in its place is found by the chief only
+  // once the cluster runs, and the other workers then wait out their
+  // ps_recovery_timeout_ms for a chief that has gone.
+  auto run = job_run(logdir);
+  if (std::filesystem::exists(run, ec) && !std::filesystem::is_directory(run, ec))
+    return refuse("'" + run + "', its job's run folder, is a file, not a folder");
   return {};
 }
 

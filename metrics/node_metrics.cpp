@@ -91,12 +91,24 @@ int answer_health(mg_connection* conn) {
     if (it != servers().end())
       health = it->second;
   }
+  // A probe asks with GET, or HEAD for the status alone: HEAD's answer has
+  // no body (a client that keeps the connection would read the body as
+  // its next answer); a method that asks to change something is refused.
+  const char* method = req->request_method != nullptr ? req->request_method : "";
+  bool head = std::strcmp(method, "HEAD") == 0;
+  if (!head && std::strcmp(method, "GET") != 0) {
+    mg_printf(conn, "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Type: "
+                    "text/plain; charset=utf-8\r\nContent-Length: 27\r\nConnection: "
+                    "close\r\n\r\n/healthz takes GET or HEAD\n");
+    return 405;
+  }
   auto [code, text] = health ? health->check() : std::pair<int, std::string>{503, "not serving"};
   text += "\n";
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: "
             "%zu\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n%s",
-            code, code == 200 ? "OK" : "Service Unavailable", text.size(), text.c_str());
+            code, code == 200 ? "OK" : "Service Unavailable", text.size(),
+            head ? "" : text.c_str());
   return code;
 }
 

@@ -285,6 +285,15 @@ int run_embedded(af::train::train_config c) {
   return finish(0);
 }
 
+/// The dense in-graph job's checks before any node starts: its metrics and
+/// logdir, as a between-graph chief's (job_preflight); not its checkpoint
+/// settings, which it does not use yet (run_in_graph warns).
+std::string in_graph_preflight(af::train::train_config c) {
+  c.checkpoint_dir.clear();
+  c.checkpoint_key.clear();
+  return af::job_preflight(c);
+}
+
 int run_in_graph_embedded(af::train::train_config c) {
   if (c.window_secs > 0) // the chief's window counts between-graph workers' pushes
     return fail("window_secs with --in-graph: a timed window measures a between-graph job's "
@@ -663,6 +672,8 @@ static int main_body(int argc, char** argv) {
       // tasks run in this process on loopback ports of their own.
       int ps = cluster ? static_cast<int>(cluster->cluster.num_tasks("ps")) : 0;
       int workers = cluster ? static_cast<int>(cluster->cluster.num_tasks("worker")) : 0;
+      if (auto why = af::job_preflight(c); !why.empty())
+        return fail(why);
       return a.in_graph ? af::programs::run_sparse_in_graph_embedded(
                             c, ps > 0 ? ps : 2, workers > 0 ? workers : 2, fail)
                         : af::programs::run_sparse_embedded(c, ps > 0 ? ps : 2,
@@ -676,15 +687,16 @@ static int main_body(int argc, char** argv) {
   if (!cluster) {
     if (!a.job.empty() || a.task >= 0)
       return fail("--job and --task need --config: which cluster is this task part of?");
-    if (!a.in_graph)
-      if (auto why = af::job_preflight(c); !why.empty())
-        return fail(why);
+    if (auto why = a.in_graph ? in_graph_preflight(c) : af::job_preflight(c); !why.empty())
+      return fail(why);
     return a.in_graph ? run_in_graph_embedded(c) : run_embedded(c);
   }
   if (a.in_graph && !af::sparse_job(c)) { // a sparse one's client is its chief task's
     if (!a.job.empty() || a.task >= 0)
       return fail("--in-graph is the one client of the job: start the tasks with actorflow-node "
                   "(or actorflow-train --job J --task I) and pass no --job/--task here");
+    if (auto why = in_graph_preflight(c); !why.empty())
+      return fail(why);
     return run_in_graph_client(*cluster, c);
   }
   return run_task_process(a, *cluster, c);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -195,8 +196,13 @@ bool event_file::flush() {
       error_ = fmt::format("'{}' was removed, and {}", path_, why);
       return false;
     }
-    std::swap(f_, fresh->f_); // `fresh` closes the removed file
-    std::swap(path_, fresh->path_);
+    // The removed file is closed here, not handed to `fresh` to close: its
+    // close() would flush, find the file gone and start yet another one,
+    // whose own close would do the same (a thousand empty event files and
+    // as many fsyncs, until the names of that second ran out).
+    std::fclose(f_);
+    f_ = std::exchange(fresh->f_, nullptr);
+    path_ = fresh->path_;
   }
   return error_.empty();
 }

@@ -72,7 +72,12 @@ def main():
         raise ValueError("the reader's own CRC-32C is wrong")
     proto_dir, logdir = sys.argv[1], sys.argv[2]
     sys.path.insert(0, proto_dir)
-    from summary import event_pb2  # generated at build time by protoc --python_out
+    try:
+        from summary import event_pb2  # generated at build time by protoc --python_out
+    except ImportError as e:
+        raise ValueError(f'cannot import summary/event_pb2.py from {proto_dir} ({e}): pass the '
+                         'build folder\'s summary_py, made by the build (`cmake --build BUILD`, '
+                         'or its target actorflow-summary-py), with python3-protobuf installed')
 
     runs = []
     for base, _, names in os.walk(logdir):

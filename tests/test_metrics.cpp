@@ -308,6 +308,16 @@ TEST_CASE("/healthz answers 200 ok while the node serves, 503 naming the limit w
         == 0);
   raw_request(metrics->port(), "GARBAGE\r\n\r\n");
   CHECK(http_get(metrics->port(), "/healthz").status == 200);
+  // HEAD: the status and headers alone (a body would be read by a client
+  // that keeps the connection as its next answer); a method that would
+  // change something is not answered as if it were a probe.
+  auto head = raw_request(metrics->port(), "HEAD /healthz HTTP/1.0\r\n\r\n");
+  CHECK(head.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(head.size() >= 4);
+  CHECK(head.substr(head.size() - 4) == "\r\n\r\n");
+  auto post = raw_request(metrics->port(), "POST /healthz HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+  CHECK(post.rfind("HTTP/1.1 405", 0) == 0);
+  CHECK(post.find("Allow: GET, HEAD\r\n") != std::string::npos);
   // One connection is all it serves: the next would be refused.
   int fd = connect_loopback(node.data_plane->port());
   REQUIRE(fd >= 0);

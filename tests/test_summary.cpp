@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <cfloat>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "summary/crc32c.hpp"
@@ -284,7 +286,8 @@ TEST_CASE("event_file writes TensorFlow's field numbers of Event, Summary, Histo
 TEST_CASE("an event file removed while the job runs is started again at the next flush",
           "[summary]") {
   // Catches: a writer that goes on into a removed file (its run folder
-  // cleaned while the job runs): nothing more of the job reaches TensorBoard.
+  // cleaned while the job runs): nothing more of the job reaches TensorBoard;
+  // and a restart that leaves stray empty event files behind.
   auto dir = std::filesystem::temp_directory_path()
              / ("actorflow-summary-removed-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -294,6 +297,16 @@ TEST_CASE("an event file removed while the job runs is started again at the next
   f->scalars(1, {{"loss", 1.0}});
   REQUIRE(f->flush());
   std::filesystem::remove_all(dir);
+  // The new file is named by a later second than the removed one (as in a
+  // job that runs a while), so its name is not the removed file's: wait
+  // for the clock's next second (a condition, at most a second).
+  auto second = [] {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+  };
+  for (auto opened = second(); second() == opened;)
+    std::this_thread::yield();
   f->scalars(2, {{"loss", 2.0}});
   CHECK(f->flush());
   CHECK(f->error().empty());
@@ -303,6 +316,13 @@ TEST_CASE("an event file removed while the job runs is started again at the next
   REQUIRE(f->flush());
   auto records = file_records(f->path());
   f.reset();
+  // One file in the run, the new one: the removed file's close started no
+  // other (each such close found its file gone and began another, a
+  // thousand empty event files in all).
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "train"))
+    files += e.path().filename().string().find("tfevents") != std::string::npos ? 1 : 0;
+  CHECK(files == 1);
   std::filesystem::remove_all(dir);
   // file_version, then step 3 (step 2 went with the removed file).
   REQUIRE(records.size() == 2);

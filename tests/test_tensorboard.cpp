@@ -484,10 +484,12 @@ TEST_CASE("the dense in-graph job (--in-graph) writes the same TensorBoard runs 
   auto job = run(dir, ACTORFLOW_TRAIN_BINARY,
                  {"--in-graph", "--logdir", logdir, "--set", "metrics=" + csv, "--set",
                   "steps=20", "--set", "log_every=5", "--set", "learning_rate=0.05", "--set",
-                  "hidden=[16]"});
+                  "hidden=[16]", "--set", "histogram_every=1"});
   CAPTURE(job.out, job.err);
   REQUIRE(job.status == 0);
   CHECK(job.err.find("not written in-graph") == std::string::npos);
+  // histogram_every, which it does not write, is said, not silently dropped.
+  CHECK(job.err.find("histogram_every = 1 is not written by this job") != std::string::npos);
   auto printed = printed_reports(job.out); // "step 5/20  loss 0.6931  (in-graph, 2 replicas)"
   REQUIRE(printed.size() == 4);
   std::smatch m;
@@ -587,4 +589,30 @@ TEST_CASE("actorflow-train refuses a logdir it cannot write before it trains",
   CHECK(file.status == 2);
   CHECK(file.err.find("TensorBoard logdir '" + dir / "file" + "': it is a file, not a folder")
         != std::string::npos);
+  // A file where its run folder goes: refused before the cluster starts
+  // (the chief refused it once it ran, and the job waited a minute for it).
+  fs::create_directories(dir / "runs");
+  std::ofstream{dir / "runs/train"} << "x";
+  auto runs = train(dir, dir / "runs", 5);
+  CAPTURE(runs.out, runs.err);
+  CHECK(runs.status == 2);
+  CHECK(runs.err.find("'" + dir / "runs/train" + "', its job's run folder, is a file")
+        != std::string::npos);
+  CHECK(runs.out.find("embedded cluster") == std::string::npos);
+  // The in-graph and sparse jobs check it too, before their clusters start
+  // (they wrote runs once their chiefs ran, and said "cannot create the
+  // run folder '.../train': Not a directory" for a logdir that is a file).
+  auto file_says = "TensorBoard logdir '" + dir / "file" + "': it is a file, not a folder";
+  auto in_graph = run(dir, ACTORFLOW_TRAIN_BINARY,
+                      {"--in-graph", "--logdir", dir / "file", "--set", "steps=5"});
+  CAPTURE(in_graph.out, in_graph.err);
+  CHECK(in_graph.status == 2);
+  CHECK(in_graph.err.find(file_says) != std::string::npos);
+  CHECK(in_graph.out.find("embedded cluster") == std::string::npos);
+  auto sparse = run(dir, ACTORFLOW_TRAIN_BINARY,
+                    {"--config", std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml",
+                     "--logdir", dir / "file", "--set", "steps=5"});
+  CAPTURE(sparse.out, sparse.err);
+  CHECK(sparse.status == 2);
+  CHECK(sparse.err.find(file_says) != std::string::npos);
 }
