@@ -134,8 +134,11 @@ void tune_malloc_for_tensors() {
 }
 
 const char* plaintext_warning() {
-  return "no [security]: both ports are unauthenticated and unencrypted; anyone who reaches them "
-         "can read, overwrite or stop any variable (docs/security.md)";
+  // "no TLS", not "no [security]": a [security] table may hold only
+  // metrics_public, and still leave both ports plaintext.
+  return "no TLS ([security] names no certificate): both ports are unauthenticated and "
+         "unencrypted; anyone who reaches them can read, overwrite or stop any variable "
+         "(docs/security.md)";
 }
 
 } // namespace af

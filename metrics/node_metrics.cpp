@@ -3,6 +3,7 @@
 /// civetweb's begin_request callback, which the Exposer hands to its server.
 #include "metrics/node_metrics.hpp"
 
+#include <algorithm>
 #include <CivetServer.h>
 #include <civetweb.h>
 
@@ -13,6 +14,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -157,6 +159,17 @@ void node_metrics::shutting_down(const std::string& why) {
     impl_->health->stopping = why.empty() ? "asked to" : why;
 }
 
+namespace {
+
+/// A library's message without its closing full stop, for the middle of ours.
+std::string trimmed_reason(std::string why) {
+  while (!why.empty() && (why.back() == '.' || why.back() == ' '))
+    why.pop_back();
+  return why;
+}
+
+} // namespace
+
 caf::error check_metrics_options(const node_options& opts, const security_options& sec,
                                 const std::string& name) {
   if (opts.metrics_port <= 0 || opts.metrics_port > 65535)
@@ -165,6 +178,15 @@ caf::error check_metrics_options(const node_options& opts, const security_option
                                   "on: pass 1..65535 (0 serves none)",
                                   name, opts.metrics_port));
   const auto& host = opts.metrics_bind;
+  // An address with its port or in brackets is no host: said so, rather
+  // than "not a loopback address" (the port is metrics_port's).
+  auto colons = std::count(host.begin(), host.end(), ':');
+  if (host.empty() || host.front() == '[' || colons == 1)
+    return make_error(af_error::invalid_config,
+                      fmt::format("{}: [node] metrics_bind = \"{}\" is not a host name or address: "
+                                  "give it without brackets or a port (the port is "
+                                  "metrics_port), as \"127.0.0.1\" or \"::1\"",
+                                  name, host));
   if (!is_loopback_host(host) && !sec.metrics_public && !sec.insecure)
     return make_error(af_error::invalid_config,
                       fmt::format("{}: [node] metrics_bind = \"{}\" is not a loopback address, and "
@@ -255,7 +277,8 @@ start_node_metrics(caf::actor_system& sys, const running_node& node, const std::
                       fmt::format("{}: cannot serve /metrics on {} ([node] metrics_port = {}, "
                                   "metrics_bind = \"{}\"): {}; is another process using the "
                                   "port? Pick another metrics_port",
-                                  name, where, opts.metrics_port, host, e.what()));
+                                  name, where, opts.metrics_port, host,
+                                  trimmed_reason(e.what())));
   }
   impl.port = static_cast<uint16_t>(opts.metrics_port);
   impl.exposer->RegisterCollectable(impl.collector);

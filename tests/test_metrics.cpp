@@ -455,6 +455,26 @@ TEST_CASE("[node] metrics_bind takes any IPv4 spelling of an address, and an IPv
   }
 }
 
+TEST_CASE("[node] metrics_bind with a port or in brackets is refused as no host, not as a public "
+          "address",
+          "[metrics]") {
+  // Bug it catches: "127.0.0.1:80" and "[::1]" were refused as "not a
+  // loopback address", which sends a user to [security] metrics_public
+  // for what is a misspelt host (the port belongs in metrics_port).
+  auto opts = embedded_cluster::defaults();
+  opts.metrics_port = 9100;
+  for (const char* host : {"127.0.0.1:80", "[::1]", "localhost:9100", ""}) {
+    INFO(host);
+    opts.metrics_bind = host;
+    auto err = check_metrics_options(opts, {}, "/job:ps/task:0");
+    REQUIRE(err);
+    CHECK(describe(err).find("is not a host name or address") != std::string::npos);
+    CHECK(describe(err).find("metrics_public") == std::string::npos);
+  }
+  opts.metrics_bind = "127.0.0.1";
+  CHECK_FALSE(check_metrics_options(opts, {}, "/job:ps/task:0"));
+}
+
 TEST_CASE("a scrape waits for the node's actors at most its budget, all of them together, and "
           "names the parts that did not answer",
           "[metrics]") {
