@@ -127,3 +127,30 @@ TEST_CASE("a ps link sends a phase of more reads than a gather_many's parts as s
   }
   CHECK(requests_of(*srv) == before + 2);
 }
+
+TEST_CASE("a gather_many answer whose parts claim more bytes than it holds is refused",
+          "[plane][gather_many][limits]") {
+  // Catches: part sizes near 2^64 summed into offsets that wrap back onto
+  // the payload's end, so that the parts become tensors far past its
+  // buffer (a ps's answer is read as untrusted as a request).
+  tensor payload{dtype::int32, {64}}; // 256 bytes: 8 + 2 * 88, up to 192, then 64
+  std::memset(payload.mutable_data<int32_t>(), 0, payload.nbytes());
+  auto* p = reinterpret_cast<std::byte*>(payload.mutable_data<int32_t>());
+  uint32_t parts = 2;
+  std::memcpy(p, &parts, sizeof(parts));
+  wire::gathered_part d[2];
+  d[0].dtype = d[1].dtype = static_cast<uint8_t>(dtype::float32);
+  d[0].rank = 1;
+  d[0].dims[0] = int64_t{1} << 61; // 2^63 bytes
+  d[0].bytes = uint64_t{1} << 63;
+  // The second at 2^63 + 192; 2^63 + 64 bytes end it at 256, mod 2^64.
+  d[1].rank = 2;
+  d[1].dims[0] = 2;
+  d[1].dims[1] = (int64_t{1} << 60) + 8;
+  d[1].bytes = (uint64_t{1} << 63) + 64;
+  REQUIRE(wire::gather_many_offsets({d[0].bytes, d[1].bytes}).back() == payload.nbytes());
+  std::memcpy(p + 8, d, sizeof(d));
+  auto split = data_channel::split_gather_many(payload, 2);
+  REQUIRE_FALSE(split);
+  CHECK(is(split.error(), af_error::internal));
+}
