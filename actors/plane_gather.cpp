@@ -175,6 +175,15 @@ bool variable_directory::gather_many(plane_request& req) {
     sizes[i] = static_cast<uint64_t>(part);
   }
   auto at = wire::gather_many_offsets(sizes);
+  // The whole answer, its descriptions and alignment too (up to 152 bytes
+  // a part more than the parts' bytes checked above).
+  if (at.back() > static_cast<uint64_t>(limits.max_message_bytes))
+    return req.reply_error(af_error::resource_exhausted,
+                           fmt::format("gather_many: the answer of {} parts is {} bytes, over "
+                                       "{}'s limit of {} bytes per message ([node] "
+                                       "max_message_bytes); ask in smaller batches",
+                                       asks.size(), at.back(), node_name,
+                                       limits.max_message_bytes));
   try {
     buf.out.resize(at.back());
   } catch (const std::bad_alloc&) {

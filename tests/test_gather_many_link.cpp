@@ -345,3 +345,26 @@ TEST_CASE("a ps link's gather_many answers on shared memory stay whole while the
     CHECK(held[2 * round + 1].value.data<float>()[0] == 0.5f);
   }
 }
+
+TEST_CASE("a gather_many answer over the node's max_message_bytes with its descriptions is "
+          "refused, not only one whose parts' bytes are",
+          "[plane][gather_many][limits]") {
+  // Catches: the answer checked by its parts' bytes alone (20 here), then
+  // sent with its 88-byte descriptions and 64-byte alignment (264 bytes)
+  // past a limit of 200.
+  data_plane_limits limits;
+  limits.max_message_bytes = 200;
+  auto srv = value_of(data_plane_server::start(small_ps(), "127.0.0.1", 0, "ps 0", limits));
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "ps", 5s));
+  tensor two{dtype::int64, {2}};
+  two.mutable_data<int64_t>()[0] = 1;
+  two.mutable_data<int64_t>()[1] = 2;
+  REQUIRE_FALSE(ch->send_gather_many({{"emb", two}, {"bias", tensor{}}}));
+  auto r = ch->next_reply();
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::resource_exhausted));
+  CHECK_THAT(describe(r.error()), Catch::Contains("264 bytes"));
+  // A smaller one (one part: 136 bytes) still goes.
+  REQUIRE_FALSE(ch->send_gather_many({{"bias", tensor{}}}));
+  CHECK(ch->next_reply());
+}
