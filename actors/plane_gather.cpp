@@ -98,6 +98,27 @@ struct gather_buffers {
   }
 };
 
+/// A value part: `cell`'s value copied to `dst` (`size` bytes, as its
+/// spec says); the version it was read at.
+caf::expected<uint64_t> read_value_into(variable_cell& cell, std::byte* dst, uint64_t size,
+                                        const std::string& node_name) {
+  caf::expected<variable_cell::applied> r{caf::error{}};
+  try {
+    r = cell.apply(var_op::read, tensor{}, true, 0);
+  } catch (const std::bad_alloc&) {
+    r = make_error(af_error::resource_exhausted, node_name + " ran out of memory");
+  }
+  if (!r)
+    return std::move(r.error());
+  if (r->value.nbytes() != size)
+    return make_error(af_error::internal,
+                      fmt::format("the value of '{}' is {}, expected {} bytes",
+                                  cell.spec().name, r->value.summary(), size));
+  if (size > 0)
+    std::memcpy(dst, r->value.bytes(), size);
+  return r->version;
+}
+
 } // namespace
 
 bool variable_directory::gather_many(plane_request& req) {
@@ -175,6 +196,15 @@ bool variable_directory::gather_many(plane_request& req) {
     sizes[i] = static_cast<uint64_t>(part);
   }
   auto at = wire::gather_many_offsets(sizes);
+  // The whole answer, its descriptions and alignment too (up to 152 bytes
+  // a part more than the parts' bytes checked above).
+  if (at.back() > static_cast<uint64_t>(limits.max_message_bytes))
+    return req.reply_error(af_error::resource_exhausted,
+                           fmt::format("gather_many: the answer of {} parts is {} bytes, over "
+                                       "{}'s limit of {} bytes per message ([node] "
+                                       "max_message_bytes); ask in smaller batches",
+                                       asks.size(), at.back(), node_name,
+                                       limits.max_message_bytes));
   try {
     buf.out.resize(at.back());
   } catch (const std::bad_alloc&) {
@@ -213,23 +243,11 @@ bool variable_directory::gather_many(plane_request& req) {
       d.version = *v;
       shape[0] = static_cast<int64_t>(asks[i].count);
     } else {
-      caf::expected<variable_cell::applied> r{caf::error{}};
-      try {
-        r = found[i].cell->apply(var_op::read, tensor{}, true, 0);
-      } catch (const std::bad_alloc&) {
-        r = make_error(af_error::resource_exhausted, node_name + " ran out of memory");
-      }
-      if (!r)
-        return req.reply_error(plane_io::wire_code(r.error()),
-                               fmt::format("gather_many part {}: {}", i, describe(r.error())));
-      if (r->value.nbytes() != sizes[i])
-        return req.reply_error(af_error::internal,
-                               fmt::format("gather_many part {}: the value of '{}' is {}, "
-                                           "expected {} bytes",
-                                           i, asks[i].name, r->value.summary(), sizes[i]));
-      if (sizes[i] > 0)
-        std::memcpy(out + at[i], r->value.bytes(), sizes[i]);
-      d.version = r->version;
+      auto v = read_value_into(*found[i].cell, out + at[i], sizes[i], node_name);
+      if (!v)
+        return req.reply_error(plane_io::wire_code(v.error()),
+                               fmt::format("gather_many part {}: {}", i, describe(v.error())));
+      d.version = *v;
     }
     if (shape.size() > wire::max_rank)
       return req.reply_error(af_error::invalid_argument,

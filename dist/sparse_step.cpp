@@ -64,31 +64,44 @@ caf::error data_plane_ps_link::start_read(const std::string& var) {
 }
 
 void data_plane_ps_link::flush() {
-  if (asks_.empty())
-    return;
-  const auto n = asks_.size();
-  caf::error err;
-  uint64_t payload = 0;
-  if (n == 1) {
-    const auto& a = asks_.front();
-    err = a.ids.empty() ? channel_->send_read(a.var, wait_)
-                        : channel_->send_gather_rows(a.var, a.ids, wait_);
-    sent_ += frame_bytes(a.var, a.ids.nbytes());
+  // A frame carries at most wire::max_gather_parts reads: a phase with more
+  // (a ps holding many dense variables) sends several.
+  constexpr size_t most = wire::max_gather_parts;
+  if (asks_.size() <= most) {
+    send_batch(asks_);
   } else {
-    err = channel_->send_gather_many(asks_, wait_);
-    payload = 8 + sizeof(wire::gather_part) * n;
-    for (const auto& a : asks_)
-      payload += a.var.size() + a.ids.nbytes();
-    sent_ += frame_bytes({}, (payload + 7) / 8 * 8);
+    for (size_t from = 0; from < asks_.size(); from += most) {
+      auto to = std::min(asks_.size(), from + most);
+      send_batch({asks_.begin() + static_cast<std::ptrdiff_t>(from),
+                  asks_.begin() + static_cast<std::ptrdiff_t>(to)});
+    }
   }
   asks_.clear();
-  if (err) {
-    // Each held read's finish() gives the send's failure, in turn.
-    for (size_t i = 0; i < n; ++i)
-      ready_.push_back(err);
+}
+
+void data_plane_ps_link::send_batch(const std::vector<data_channel::gather_ask>& asks) {
+  if (asks.empty())
     return;
+  const auto n = asks.size();
+  caf::error err;
+  uint64_t bytes = 0;
+  if (n == 1) {
+    const auto& a = asks.front();
+    err = a.ids.empty() ? channel_->send_read(a.var, wait_)
+                        : channel_->send_gather_rows(a.var, a.ids, wait_);
+    bytes = frame_bytes(a.var, a.ids.nbytes());
+  } else {
+    err = channel_->send_gather_many(asks, wait_);
+    uint64_t payload = 8 + sizeof(wire::gather_part) * n;
+    for (const auto& a : asks)
+      payload += a.var.size() + a.ids.nbytes();
+    bytes = frame_bytes({}, (payload + 7) / 8 * 8);
   }
-  batches_.push_back(n);
+  // A frame that failed to go is not counted, and its reads answer with
+  // the failure in their own turn: after the frames sent before it.
+  if (!err)
+    sent_ += bytes;
+  batches_.push_back({n, std::move(err)});
 }
 
 caf::error data_plane_ps_link::start_push(uint64_t step, const sparse_push_values& values) {
@@ -123,9 +136,11 @@ caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
     kinds_.pop_front();
   if (!push && ready_.empty() && !batches_.empty()) {
     // The next frame of reads: its answer, split into one per read.
-    auto n = batches_.front();
+    auto n = batches_.front().reads;
+    auto unsent = std::move(batches_.front().unsent);
     batches_.pop_front();
-    auto r = channel_->next_reply();
+    auto r = unsent ? caf::expected<data_channel::answer>{std::move(unsent)}
+                    : channel_->next_reply();
     if (r)
       received_ += frame_bytes({}, r->value.nbytes());
     if (r && n > 1) {

@@ -109,6 +109,9 @@ private:
   /// A read's (gather_rows, read) timeout `err`, named with the read's own
   /// wait (step_timeout_ms) and what to do.
   caf::error read_timed_out(const caf::error& err) const;
+  /// Sends `asks` (at most wire::max_gather_parts) as one frame and notes
+  /// it in batches_.
+  void send_batch(const std::vector<data_channel::gather_ask>& asks);
 
   /// A request started and not finished: a push, or a read (gather_rows
   /// or read) held in asks_ or sent.
@@ -118,7 +121,13 @@ private:
   bool resend_ = false;     ///< the next push goes under seq_ again
   std::deque<kind> kinds_;  ///< per request started, in order
   std::vector<data_channel::gather_ask> asks_; ///< reads held back for flush()
-  std::deque<size_t> batches_; ///< per frame of reads sent, in order: its reads
+  /// A frame of reads flush() sent, or failed to send (`unsent`: each of
+  /// its reads answers with it, in its turn).
+  struct batch {
+    size_t reads = 0;
+    caf::error unsent;
+  };
+  std::deque<batch> batches_; ///< per frame of reads flushed, in order
   /// Answers of reads whose frame has been read (or failed) and that no
   /// finish() has given yet, in order.
   std::deque<caf::expected<answer>> ready_;

@@ -168,6 +168,10 @@ data_channel::split_gather_many(const tensor& payload, size_t parts) {
   for (uint32_t i = 0; i < n; ++i) {
     std::memcpy(&desc[i], p + 8 + sizeof(wire::gathered_part) * i, sizeof(wire::gathered_part));
     sizes[i] = desc[i].bytes;
+    // Each part within the payload before the offsets are summed: sizes
+    // near 2^64 would wrap them back onto the payload's end.
+    if (sizes[i] > bytes)
+      return bad(fmt::format("part {} claims {} bytes", i, sizes[i]));
   }
   auto at = wire::gather_many_offsets(sizes);
   if (at.back() != bytes)
