@@ -59,3 +59,15 @@ def test_local_cluster_with_too_many_tasks_is_refused_before_starting():
         af.train.LocalCluster({"worker": 100000})
     with pytest.raises(af.errors.InvalidArgumentError, match="at most 128"):
         af.train.LocalCluster({"ps": 64, "worker": 65})
+
+
+def test_a_feed_of_none_is_a_type_error_not_nan(local):
+    # Catches: np.asarray(None, float32) is NaN, so a placeholder fed None
+    # silently ran on a NaN.
+    x = af.placeholder(af.float32)
+    with af.Session(local.target("local", 0)) as sess:
+        with pytest.raises(TypeError, match="None"):
+            sess.run(x * 2.0, {x: None})
+        assert float(sess.run(x * 2.0, {x: 1.5})) == 3.0
+    with pytest.raises(TypeError, match="None"):
+        af.constant(None)
