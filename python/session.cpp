@@ -662,6 +662,11 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   session_options opts;
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   opts.cancel = cancel;
+  // A string was pybind11's RuntimeError "Unable to cast Python instance".
+  if (!timeout.is_none() && !PyFloat_Check(timeout.ptr()) && !PyLong_Check(timeout.ptr())
+      && !PyObject_HasAttrString(timeout.ptr(), "__float__"))
+    throw py::type_error("Session: timeout is seconds (a number) or None; got "
+                         + py::repr(timeout).cast<std::string>().substr(0, 80));
   if (!timeout.is_none())
     opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
   caf::expected<session> s{caf::error{}};

@@ -71,3 +71,18 @@ def test_a_feed_of_none_is_a_type_error_not_nan(local):
         assert float(sess.run(x * 2.0, {x: 1.5})) == 3.0
     with pytest.raises(TypeError, match="None"):
         af.constant(None)
+
+
+def test_session_and_saver_arguments_of_the_wrong_type_name_themselves(local):
+    # Catches: Session(timeout="x") raised pybind11's RuntimeError "Unable to
+    # cast Python instance to C++ type", and Saver.save(5, ...) an
+    # AttributeError about 'graph'; neither said which argument was wrong.
+    with pytest.raises(TypeError, match="timeout"):
+        af.Session(local.target("local", 0), timeout="x")
+    with af.device("/job:local/task:0"):
+        af.Variable(1.0, name="v")
+    saver = af.train.Saver()
+    with pytest.raises(TypeError, match="af.Session"):
+        saver.save(5, "/tmp/never-written", global_step=1)
+    with pytest.raises(TypeError, match="af.Session"):
+        saver.restore("sess", "/tmp/never-written")
