@@ -86,3 +86,10 @@ def test_session_and_saver_arguments_of_the_wrong_type_name_themselves(local):
         saver.save(5, "/tmp/never-written", global_step=1)
     with pytest.raises(TypeError, match="af.Session"):
         saver.restore("sess", "/tmp/never-written")
+
+
+def test_a_job_callback_that_cannot_be_called_is_refused_at_once():
+    # Catches: callback=5 taken, the job started, and stopped at its first
+    # record with "'int' object is not callable".
+    with pytest.raises(TypeError, match="callback"):
+        af.train.Job({"mode": "async", "model": "softmax", "steps": 10}, callback=5)
