@@ -7,6 +7,8 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include "caf/all.hpp"
 
 #include "actors/node.hpp"
@@ -67,16 +69,36 @@ std::shared_ptr<target_entry> add_target(std::shared_ptr<target_entry> e) {
   return e;
 }
 
+std::string short_repr(py::handle h) {
+  auto r = py::repr(h).cast<std::string>();
+  return r.size() > 80 ? r.substr(0, 77) + "..." : r;
+}
+
 spec_ptr to_spec(py::handle cluster) {
   if (py::isinstance<spec_ptr::element_type>(cluster))
     return cluster.cast<spec_ptr>();
+  // A list or a string was read as a dict with no jobs, and a job's value
+  // of the wrong type was pybind11's "Unable to cast Python instance to C++
+  // type": the TypeError says which job and what it takes.
+  if (!py::isinstance<py::dict>(cluster))
+    throw py::type_error("ClusterSpec: the cluster is a dict of job name: [\"host:port\", ...] "
+                         "(or a ClusterSpec); got " + short_repr(cluster));
   std::map<std::string, std::vector<std::string>> jobs;
   for (auto item : py::reinterpret_borrow<py::dict>(cluster)) {
+    if (!py::isinstance<py::str>(item.first))
+      throw py::type_error("ClusterSpec: a job name is a string; got " + short_repr(item.first));
     auto job = item.first.cast<std::string>();
     if (py::isinstance<py::dict>(item.second)) {
       // TF's sparse form {index: address}: every index from 0 must be there.
-      auto tasks = item.second.cast<std::map<int, std::string>>();
-      int next = 0;
+      std::map<int64_t, std::string> tasks;
+      for (auto task : py::reinterpret_borrow<py::dict>(item.second)) {
+        if (!py::isinstance<py::int_>(task.first) || !py::isinstance<py::str>(task.second))
+          throw py::type_error("ClusterSpec: job '" + job + "' as a dict maps task indexes (ints) "
+                               "to \"host:port\" strings; got " + short_repr(task.first) + ": "
+                               + short_repr(task.second));
+        tasks[task.first.cast<int64_t>()] = task.second.cast<std::string>();
+      }
+      int64_t next = 0;
       for (auto& [index, address] : tasks) {
         if (index != next++)
           raise(af_error::invalid_config, "ClusterSpec: job '" + job + "' has no task "
@@ -84,6 +106,14 @@ spec_ptr to_spec(py::handle cluster) {
         jobs[job].push_back(address);
       }
     } else {
+      bool addresses = py::isinstance<py::list>(item.second) || py::isinstance<py::tuple>(item.second);
+      if (addresses)
+        for (auto a : item.second)
+          addresses = addresses && py::isinstance<py::str>(a);
+      if (!addresses)
+        throw py::type_error("ClusterSpec: job '" + job + "' is a list of \"host:port\" strings "
+                             "(or a dict of task index: \"host:port\"); got "
+                             + short_repr(item.second));
       jobs[job] = item.second.cast<std::vector<std::string>>();
     }
   }
@@ -158,6 +188,18 @@ struct py_local_cluster {
 };
 
 py_local_cluster start_local(const std::map<std::string, int>& jobs) {
+  // Every task is a node of this process (an actor system, its threads and
+  // sockets): {"worker": 100000} started nodes until the process ran out of
+  // file descriptors, for seconds, and then failed or exited.
+  constexpr int64_t most_tasks = 128;
+  int64_t tasks = 0;
+  for (const auto& kv : jobs)
+    tasks += std::max(kv.second, 0);
+  if (tasks > most_tasks)
+    raise(af_error::invalid_argument,
+          "LocalCluster: " + std::to_string(tasks) + " tasks, at most " + std::to_string(most_tasks)
+            + " in one process (each is a node with its own threads and sockets); for more, "
+              "run actorflow-node per task and af.Session(target, cluster=spec)");
   caf::expected<std::unique_ptr<embedded_cluster>> ec{caf::error{}};
   {
     py::gil_scoped_release unlocked;

@@ -106,7 +106,14 @@ const char* class_of(af_error code) {
 
 [[noreturn]] void raise_as(const char* cls_name, const std::string& message, py::object code) {
   auto cls = errors_module.attr(cls_name);
-  PyErr_SetObject(cls.ptr(), cls(message, code).ptr());
+  // A message may quote bytes of outside input (TF_CONFIG's JSON parser
+  // quotes the byte it stopped at, half of a UTF-8 character): py::str()
+  // raised UnicodeDecodeError instead of the error. Such bytes show as \xNN.
+  auto text = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
+    message.data(), static_cast<Py_ssize_t>(message.size()), "backslashreplace"));
+  if (!text)
+    throw py::error_already_set();
+  PyErr_SetObject(cls.ptr(), cls(text, code).ptr());
   throw py::error_already_set();
 }
 

@@ -223,7 +223,13 @@ void register_graph_class(py::module_& m) {
       graph_stack().push_back(g);
       return g;
     })
-    .def("__exit__", [](const graph_ptr&, py::args) { graph_stack().pop_back(); })
+    .def("__exit__", [](const graph_ptr&, py::args) {
+      // An __exit__ with no __enter__ popped an empty vector (SIGSEGV).
+      if (graph_stack().empty())
+        throw py::value_error("Graph.__exit__ without its __enter__: no graph was made the "
+                              "default; use `with g.as_default():`");
+      graph_stack().pop_back();
+    })
     .def("__str__", [](const py_graph& g) { return g.g.to_string(); });
   m.def("get_default_graph", &default_graph);
   m.def("reset_default_graph", [] { process_graph() = std::make_shared<py_graph>(); },

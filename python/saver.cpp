@@ -180,6 +180,11 @@ private:
   }
 
   void check_graph(const py::object& sess) const {
+    // Anything else gave "AttributeError: 'int' object has no attribute 'graph'".
+    auto session_type = py::module_::import("actorflow").attr("Session");
+    if (!py::isinstance(sess, session_type))
+      throw py::type_error("Saver: sess is an af.Session; got "
+                           + py::repr(sess).cast<std::string>().substr(0, 80));
     if (sess.attr("graph").cast<graph_ptr>() != graph_)
       raise(af_error::invalid_argument, "Saver: the session runs another graph than the saver's "
                                         "variables are of");

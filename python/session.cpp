@@ -588,8 +588,27 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle 
   }
   if (md_trace) // a traced run replaces what the metadata held, failed or not
     *md_trace = std::move(own_trace);
-  if (ctrl_c.seen() && (!err || is(err, af_error::cancelled))) {
+  if (ctrl_c.seen()) {
+    // Ctrl-C wins over the run's own end: a wait that does not watch the
+    // cancel flag (the shared-memory offer to a stopped ps) ended in
+    // DeadlineExceededError seconds later, and the Ctrl-C was lost. The
+    // run's error, if any, is the KeyboardInterrupt's __context__.
+    py::object why;
+    if (err && !is(err, af_error::cancelled)) {
+      try {
+        raise(err);
+      } catch (py::error_already_set& e) {
+        why = e.value();
+      }
+    }
     PyErr_SetNone(PyExc_KeyboardInterrupt);
+    if (why) {
+      PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+      PyErr_Fetch(&type, &value, &tb);
+      PyErr_NormalizeException(&type, &value, &tb);
+      PyException_SetContext(value, why.release().ptr());
+      PyErr_Restore(type, value, tb);
+    }
     throw py::error_already_set();
   }
   if (err)
@@ -643,6 +662,11 @@ std::shared_ptr<py_session> make_session(const std::string& target, const py::ob
   session_options opts;
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   opts.cancel = cancel;
+  // A string was pybind11's RuntimeError "Unable to cast Python instance".
+  if (!timeout.is_none() && !PyFloat_Check(timeout.ptr()) && !PyLong_Check(timeout.ptr())
+      && !PyObject_HasAttrString(timeout.ptr(), "__float__"))
+    throw py::type_error("Session: timeout is seconds (a number) or None; got "
+                         + py::repr(timeout).cast<std::string>().substr(0, 80));
   if (!timeout.is_none())
     opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
   caf::expected<session> s{caf::error{}};

@@ -89,6 +89,11 @@ py::object to_numpy(tensor&& t) {
 }
 
 tensor from_python(py::handle value, std::optional<dtype> want) {
+  // np.asarray(None, float32) is NaN: a feed of None ran on a NaN.
+  if (value.is_none())
+    throw py::type_error(std::string("cannot convert None to a tensor")
+                         + (want ? std::string(" of ") + dtype_name(*want) : "")
+                         + "; give a number or an array (a feed_dict's value, a constant)");
   auto np = py::module_::import("numpy");
   bool is_array = py::isinstance<py::array>(value) || py::isinstance(value, np.attr("generic"));
   py::object arr;

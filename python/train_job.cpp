@@ -519,6 +519,11 @@ py::dict py_job::result(double timeout) {
 std::shared_ptr<py_job> make_job(py::handle config, int workers, int ps, py::handle data,
                                  py::object callback, bool verbose, py::handle overrides,
                                  bool in_graph) {
+  // Else the job ran until its first record, then stopped with
+  // "'int' object is not callable".
+  if (!callback.is_none() && !PyCallable_Check(callback.ptr()))
+    throw py::type_error("af.train.Job: callback is a function of one af.train.Progress (or "
+                         "None); got " + py::repr(callback).cast<std::string>().substr(0, 80));
   auto j = std::make_shared<job_run>();
   j->c = config_of(config, overrides);
   // Every task is a node of this process (its own actor system and

@@ -125,6 +125,38 @@ def test_ctrl_c_interrupts_a_waiting_run(ps_process):
         worker.join()
 
 
+def test_ctrl_c_is_not_lost_when_the_run_ends_in_another_error(ps_process):
+    # Catches: a Ctrl-C taken by the run's handler, then dropped because the
+    # run ended in an error of its own (a wait that does not watch the
+    # cancel flag: here making a new variable on the SIGSTOPped ps, which
+    # runs out at the session's timeout): the user got DeadlineExceededError
+    # instead of KeyboardInterrupt.
+    spec, proc = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    try:
+        with af.device("/job:ps/task:0"):
+            af.Variable(0.0, name="a")
+        with af.Session(worker.target, timeout=2.0) as sess:
+            sess.run(af.global_variables_initializer())
+            with af.device("/job:ps/task:0"):
+                af.Variable(0.0, name="b")           # made on the ps at the next run
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+                interrupt.start()
+                with pytest.raises(KeyboardInterrupt) as e:
+                    sess.run(af.global_variables_initializer())
+                interrupt.join()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # The run's own end, when it was not the cancel, rides along.
+            assert e.value.__context__ is None or isinstance(e.value.__context__, af.errors.OpError)
+            sess.run(af.global_variables_initializer())  # usable after it
+    finally:
+        worker.stop()
+        worker.join()
+
+
 def test_a_traced_run_leaves_its_metadata_alone_until_it_returns(ps_process):
     # Catches: the run's trace written into the RunMetadata by the run's
     # own thread, without the GIL, while Python may read the same object

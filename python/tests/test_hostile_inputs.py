@@ -1,0 +1,95 @@
+"""Hostile inputs a new user (or an attacker) gives the module: each must be a
+Python exception that names the thing and what to do, never a crash."""
+import subprocess
+import sys
+
+import pytest
+
+import actorflow as af
+
+
+@pytest.mark.parametrize("cluster, names", [
+    (["127.0.0.1:2222"], "dict of job name"),
+    ("ps", "dict of job name"),
+    ({1: ["127.0.0.1:2222"]}, "job name is a string"),
+    ({"ps": "127.0.0.1:2222"}, "job 'ps' is a list"),
+    ({"ps": [2222]}, "job 'ps' is a list"),
+    ({"ps": {"0": "127.0.0.1:2222"}}, "job 'ps' as a dict"),
+    ({"ps": {0: 2222}}, "job 'ps' as a dict"),
+])
+def test_cluster_spec_of_the_wrong_types_is_a_type_error(cluster, names):
+    # Catches: a list or string taken as a dict with no jobs ("the cluster
+    # has no jobs"), and a job's value of the wrong type raised as pybind11's
+    # RuntimeError "Unable to cast Python instance to C++ type", which names
+    # neither the job nor what it takes.
+    with pytest.raises(TypeError, match=names):
+        af.train.ClusterSpec(cluster)
+    assert af.train.ClusterSpec({"ps": ("127.0.0.1:2222",), "worker": {0: "127.0.0.1:2223"}}).as_dict() \
+        == {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}
+
+
+def test_tf_config_with_non_ascii_garbage_is_invalid_argument(monkeypatch):
+    # Catches: the JSON parser's sentence quoting half of a UTF-8 character
+    # ("last read: '\xc3'"), turned into UnicodeDecodeError instead of the
+    # library's error.
+    monkeypatch.setenv("TF_CONFIG", "\u00ff")
+    with pytest.raises(af.errors.InvalidArgumentError, match="TF_CONFIG"):
+        af.train.ClusterSpec.from_tf_config()
+
+
+def test_graph_exit_without_enter_is_an_error_not_a_crash():
+    # Catches: Graph.__exit__ popping an empty stack of default graphs
+    # (SIGSEGV). In a child process, so that a crash fails the test only.
+    code = ("import actorflow as af\n"
+            "try:\n"
+            "    af.Graph().__exit__(None, None, None)\n"
+            "except ValueError as e:\n"
+            "    print('ValueError', e)\n"
+            "print(af.get_default_graph() is not None)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ValueError Graph.__exit__ without its __enter__" in r.stdout
+    assert r.stdout.strip().endswith("True")
+
+
+def test_local_cluster_with_too_many_tasks_is_refused_before_starting():
+    # Catches: {"worker": 100000} starting nodes until the process ran out
+    # of file descriptors (seconds, then UnavailableError or an exit).
+    with pytest.raises(af.errors.InvalidArgumentError, match="at most 128"):
+        af.train.LocalCluster({"worker": 100000})
+    with pytest.raises(af.errors.InvalidArgumentError, match="at most 128"):
+        af.train.LocalCluster({"ps": 64, "worker": 65})
+
+
+def test_a_feed_of_none_is_a_type_error_not_nan(local):
+    # Catches: np.asarray(None, float32) is NaN, so a placeholder fed None
+    # silently ran on a NaN.
+    x = af.placeholder(af.float32)
+    with af.Session(local.target("local", 0)) as sess:
+        with pytest.raises(TypeError, match="None"):
+            sess.run(x * 2.0, {x: None})
+        assert float(sess.run(x * 2.0, {x: 1.5})) == 3.0
+    with pytest.raises(TypeError, match="None"):
+        af.constant(None)
+
+
+def test_session_and_saver_arguments_of_the_wrong_type_name_themselves(local):
+    # Catches: Session(timeout="x") raised pybind11's RuntimeError "Unable to
+    # cast Python instance to C++ type", and Saver.save(5, ...) an
+    # AttributeError about 'graph'; neither said which argument was wrong.
+    with pytest.raises(TypeError, match="timeout"):
+        af.Session(local.target("local", 0), timeout="x")
+    with af.device("/job:local/task:0"):
+        af.Variable(1.0, name="v")
+    saver = af.train.Saver()
+    with pytest.raises(TypeError, match="af.Session"):
+        saver.save(5, "/tmp/never-written", global_step=1)
+    with pytest.raises(TypeError, match="af.Session"):
+        saver.restore("sess", "/tmp/never-written")
+
+
+def test_a_job_callback_that_cannot_be_called_is_refused_at_once():
+    # Catches: callback=5 taken, the job started, and stopped at its first
+    # record with "'int' object is not callable".
+    with pytest.raises(TypeError, match="callback"):
+        af.train.Job({"mode": "async", "model": "softmax", "steps": 10}, callback=5)
