@@ -6,6 +6,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -201,3 +202,51 @@ def test_a_traced_run_leaves_its_metadata_alone_until_it_returns(ps_process):
     finally:
         worker.stop()
         worker.join()
+
+
+def test_ctrl_c_interrupts_a_run_whose_offer_of_shared_memory_waits(tmp_path):
+    # Catches: the answer to an offer of shared memory read without looking
+    # at the cancel flag. With the ps an af.train.Server of another Python
+    # process, the run after SIGSTOP makes that offer, and a Ctrl-C then
+    # came only when the offer's wait ran out (about 10 s), past the 50 ms
+    # the module promises.
+    ps_port, worker_port = free_ports(2)
+    jobs = {"ps": ["127.0.0.1:%d" % ps_port], "worker": ["127.0.0.1:%d" % worker_port]}
+    code = ("import actorflow as af; s = af.train.Server(%r, 'ps', 0); print('up', flush=True); "
+            "s.join()" % jobs)
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(af.__file__).resolve().parent))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    worker = None
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        worker = af.train.Server(af.train.ClusterSpec(jobs), "worker", 0)
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="var")
+        inc = var.assign_add(1.0)
+        timeout = 30.0
+        with af.Session(worker.target, timeout=timeout) as sess:
+            sess.run(af.global_variables_initializer())
+            assert sess.run(inc) == 1.0
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+                interrupt.start()
+                began = time.monotonic()
+                with pytest.raises(KeyboardInterrupt):
+                    sess.run(inc)
+                waited = time.monotonic() - began
+                interrupt.join()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # The shared-memory ring sees the flag within about 2 s (net/);
+            # the offer's wait, which did not, is the channel's 10 s.
+            assert waited < 6.0, waited
+            assert float(sess.run(var)) in (1.0, 2.0)
+    finally:
+        if worker is not None:
+            worker.stop()
+            worker.join()
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
