@@ -57,7 +57,8 @@ py::object to_numpy(tensor&& t);
 
 /// A tensor holding `value` (an array, a number, nested lists), converted to
 /// `want` when given (as TF converts a feed to its placeholder's dtype).
-/// Without `want`, Python floats become float32 and ints int32, as in TF;
+/// Without `want`, Python floats become float32 and ints int32 (int64 when
+/// one does not fit), as in TF;
 /// a NumPy array keeps its dtype. One copy into the tensor's buffer.
 tensor from_python(py::handle value, std::optional<dtype> want = std::nullopt);
 
