@@ -21,9 +21,13 @@ graph_ptr& process_graph() {
   return g;
 }
 
-/// `with g.as_default():` blocks, innermost last (the GIL guards it).
+/// `with g.as_default():` blocks, innermost last: each thread's own, as
+/// TF's default graph stack is thread-local (one shared stack let a block
+/// in one thread send another thread's nodes to its graph, and its exit pop
+/// the other thread's graph). Holds no Python object: a thread's ends
+/// without the GIL.
 std::vector<graph_ptr>& graph_stack() {
-  static std::vector<graph_ptr> stack;
+  thread_local std::vector<graph_ptr> stack;
   return stack;
 }
 
