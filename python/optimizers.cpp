@@ -68,6 +68,8 @@ struct py_optimizer {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double epsilon = 1e-8;
+  /// The slots' suffix ("<var>/<name>", Adam's second "<var>/<name>_1"), TF's `name`.
+  std::string name = "GradientDescent";
 };
 struct py_sgd : py_optimizer {};
 struct py_momentum : py_optimizer {};
@@ -138,15 +140,15 @@ output update_of(graph& g, const py_optimizer& o, output var, output grad, outpu
       break;
     case py_optimizer::method::momentum: { // accum = accum * momentum + grad
       auto mom = scalar(g, t, o.momentum, "momentum");
-      auto accum = make_slot(g, v, "Momentum", 0);
+      auto accum = make_slot(g, v, o.name, 0);
       auto a = g.assign(accum, g.add(g.mul(accum, mom), grad));
       // var -= lr * accum, or with Nesterov lr * grad + lr * momentum * accum
       step = o.nesterov ? g.add(g.mul(grad, lr), g.mul(g.mul(a, mom), lr)) : g.mul(a, lr);
       break;
     }
     case py_optimizer::method::adam: { // m += (g - m) (1 - beta1); v += (g^2 - v) (1 - beta2)
-      auto m = make_slot(g, v, "Adam", 0);
-      auto s = make_slot(g, v, "Adam_1", 0);
+      auto m = make_slot(g, v, o.name, 0);
+      auto s = make_slot(g, v, o.name + "_1", 0);
       auto one = scalar(g, t, 1, "one");
       auto m1 = g.assign(m, g.add(m, g.mul(g.sub(grad, m), g.sub(one, scalar(g, t, o.beta1, "beta1")))));
       auto v1 = g.assign(s, g.add(s, g.mul(g.sub(g.square(grad), s),
@@ -254,28 +256,37 @@ void register_optimizers(py::module_& m) {
        py::arg("name") = py::none(), "compute_gradients then apply_gradients: the training Operation");
   py::class_<py_sgd, py_optimizer>(train, "GradientDescentOptimizer",
     "tf.train.GradientDescentOptimizer: var -= learning_rate * grad.")
-    .def(py::init([](double lr) {
+    .def(py::init([](double lr, bool, const std::string& name) {
       py_sgd o;
       o.learning_rate = lr;
+      o.name = name;
       return o;
-    }), py::arg("learning_rate"));
+    }), py::arg("learning_rate"), py::arg("use_locking") = false,
+       py::arg("name") = "GradientDescent");
   py::class_<py_momentum, py_optimizer>(train, "MomentumOptimizer",
     "tf.train.MomentumOptimizer: accum = accum * momentum + grad; var -= learning_rate * accum "
-    "(Nesterov: var -= learning_rate * (grad + momentum * accum)); slot '<var>/Momentum'.")
-    .def(py::init([](double lr, double momentum, bool nesterov) {
+    "(Nesterov: var -= learning_rate * (grad + momentum * accum)); slot '<var>/Momentum' ('<var>/<name>').")
+    // TF 1.x's argument order (use_locking third, name fourth), so that a
+    // TF script's MomentumOptimizer(lr, m, True) locks (a no-op here: each
+    // update runs in its variable's actor) rather than turning on Nesterov.
+    .def(py::init([](double lr, double momentum, bool, const std::string& name, bool nesterov) {
       py_momentum o;
       o.kind = py_optimizer::method::momentum;
       o.learning_rate = lr;
       o.momentum = momentum;
       o.nesterov = nesterov;
+      o.name = name;
       return o;
-    }), py::arg("learning_rate"), py::arg("momentum"), py::arg("use_nesterov") = false);
+    }), py::arg("learning_rate"), py::arg("momentum"), py::arg("use_locking") = false,
+       py::arg("name") = "Momentum", py::arg("use_nesterov") = false);
   py::class_<py_adam, py_optimizer>(train, "AdamOptimizer",
     "tf.train.AdamOptimizer: m += (grad - m)(1 - beta1); v += (grad^2 - v)(1 - beta2); var -= "
     "lr_t * m / (sqrt(v) + epsilon), lr_t = learning_rate * sqrt(1 - beta2^t) / (1 - beta1^t); "
-    "slots '<var>/Adam' and '<var>/Adam_1', beta1_power and beta2_power beside the first variable.")
-    .def(py::init([](double lr, double beta1, double beta2, double epsilon) {
+    "slots '<var>/Adam' and '<var>/Adam_1' ('<var>/<name>', '<var>/<name>_1'), beta1_power and beta2_power beside the first variable.")
+    .def(py::init([](double lr, double beta1, double beta2, double epsilon, bool,
+                     const std::string& name) {
       py_adam o;
+      o.name = name;
       o.kind = py_optimizer::method::adam;
       o.learning_rate = lr;
       o.beta1 = beta1;
@@ -283,7 +294,7 @@ void register_optimizers(py::module_& m) {
       o.epsilon = epsilon;
       return o;
     }), py::arg("learning_rate") = 0.001, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999,
-       py::arg("epsilon") = 1e-8);
+       py::arg("epsilon") = 1e-8, py::arg("use_locking") = false, py::arg("name") = "Adam");
 }
 
 } // namespace af::python

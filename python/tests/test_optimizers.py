@@ -168,3 +168,23 @@ def test_apply_gradients_takes_gradients_given_by_the_caller(local):
         af.train.AdamOptimizer().apply_gradients([(1.0, w + 1.0)])
     with pytest.raises(af.errors.InvalidArgumentError, match="no \\(gradient, variable\\)"):
         af.train.AdamOptimizer().apply_gradients([])
+
+
+def test_optimizers_take_tf_argument_order_and_name(local):
+    # Catches: use_nesterov as MomentumOptimizer's third positional argument
+    # (TF's is use_locking: MomentumOptimizer(lr, m, True) is not Nesterov),
+    # and name= refused or not naming the slots, as TF's does.
+    w = af.Variable(np.ones(2, np.float32), name="w")
+    op = af.train.MomentumOptimizer(0.5, 0.5, True, "Mom").apply_gradients(
+        [(np.array([1.0, 2.0], np.float32), w)])
+    af.train.AdamOptimizer(0.1, 0.9, 0.999, 1e-8, False, "MyAdam").apply_gradients(
+        [(np.array([1.0, 2.0], np.float32), w)])
+    af.train.GradientDescentOptimizer(0.1, use_locking=True, name="sgd")
+    names = {v.name[:-2] for v in af.global_variables()}
+    assert {"w/Mom", "w/MyAdam", "w/MyAdam_1"} <= names
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(op)
+        sess.run(op)
+        np.testing.assert_allclose(sess.run(w), [-0.25, -1.5])  # plain momentum, not Nesterov
+
