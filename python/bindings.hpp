@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,9 @@ struct py_graph {
   /// any shape. A feed is checked against it before the step runs (TF's
   /// "Cannot feed value of shape ...").
   std::map<int32_t, std::vector<int64_t>> placeholder_shapes;
+  /// Variables made with trainable=False (TF's global_step idiom): left out
+  /// of trainable_variables() and of an optimizer's default var_list.
+  std::set<int32_t> untrainable;
 };
 
 /// Raises ValueError when `value` does not fit placeholder `o`'s shape

@@ -23,6 +23,8 @@ std::vector<output> variables_of(const py_graph& g, output loss) {
     needed.insert(closure->begin(), closure->end());
   std::vector<output> vars;
   for (auto v : g.g.variables()) {
+    if (g.untrainable.count(v.id) > 0)
+      continue; // trainable=False
     bool used = false; // an input of a node of the closure
     for (auto id : needed)
       for (auto in : g.g.nodes()[static_cast<size_t>(id)].inputs)

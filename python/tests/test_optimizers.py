@@ -188,3 +188,21 @@ def test_optimizers_take_tf_argument_order_and_name(local):
         sess.run(op)
         np.testing.assert_allclose(sess.run(w), [-0.25, -1.5])  # plain momentum, not Nesterov
 
+
+def test_trainable_false_is_not_trained(local):
+    # Catches: trainable= refused (TF's global_step idiom,
+    # af.Variable(0, trainable=False, name="global_step")), or a
+    # non-trainable variable on the loss's path updated by minimize().
+    w = af.Variable(np.float32(1), name="w")
+    scale = af.Variable(np.float32(2), trainable=False, name="scale")
+    frozen = af.get_variable("frozen", [], initializer=3.0, trainable=False)
+    global_step = af.Variable(0, trainable=False, name="global_step")
+    loss = af.square(w * scale * frozen)
+    assert [v.name for v in af.trainable_variables()] == ["w:0"]
+    assert len(af.global_variables()) == 4
+    train_op = af.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=global_step)
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(train_op)
+        assert sess.run(scale) == 2 and sess.run(frozen) == 3
+        assert sess.run(w) < 1 and sess.run(global_step) == 1
