@@ -16,14 +16,15 @@ namespace {
 /// The variables `loss` depends on, in creation order (TF's default var_list:
 /// the trainable variables, of which those not on the loss's path would
 /// make tf.gradients give None).
-std::vector<output> variables_of(const py_graph& g, output loss) {
+/// With `trainable_only` false: every variable the loss depends on.
+std::vector<output> variables_of(const py_graph& g, output loss, bool trainable_only = true) {
   auto closure = g.g.closure({loss.id});
   std::set<int32_t> needed;
   if (closure)
     needed.insert(closure->begin(), closure->end());
   std::vector<output> vars;
   for (auto v : g.g.variables()) {
-    if (g.untrainable.count(v.id) > 0)
+    if (trainable_only && g.untrainable.count(v.id) > 0)
       continue; // trainable=False
     bool used = false; // an input of a node of the closure
     for (auto id : needed)
@@ -164,15 +165,33 @@ output update_of(graph& g, const py_optimizer& o, output var, output grad, outpu
   return g.assign_sub(var, step);
 }
 
-/// tf.train.Optimizer.compute_gradients: [(gradient, variable)].
+/// tf.train.Optimizer.compute_gradients: [(gradient, variable)], the
+/// gradient None for a variable of var_list the loss does not depend on
+/// (as TF's; apply_gradients skips it).
 py::list compute_gradients(const py_tensor& loss, const py::object& var_list) {
   auto vars = train_variables(loss, var_list);
-  auto grads = af::gradients(loss.owner->g, loss.out, vars);
-  if (!grads)
-    raise(grads.error().code, grads.error().what);
+  std::set<int32_t> on_path;
+  for (auto v : variables_of(*loss.owner, loss.out, false))
+    on_path.insert(v.id);
+  std::vector<output> reached;
+  for (auto v : vars)
+    if (on_path.count(v.id) > 0)
+      reached.push_back(v);
+  std::vector<output> grads;
+  if (!reached.empty()) {
+    auto got = af::gradients(loss.owner->g, loss.out, reached);
+    if (!got)
+      raise(got.error().code, got.error().what);
+    grads = std::move(*got);
+  }
   py::list out;
-  for (size_t i = 0; i < vars.size(); ++i)
-    out.append(py::make_tuple(py_tensor{loss.owner, (*grads)[i]}, py_tensor{loss.owner, vars[i]}));
+  size_t k = 0;
+  for (auto v : vars) {
+    py::object grad = py::none();
+    if (on_path.count(v.id) > 0)
+      grad = py::cast(py_tensor{loss.owner, grads[k++]});
+    out.append(py::make_tuple(grad, py_tensor{loss.owner, v}));
+  }
   return out;
 }
 
@@ -193,11 +212,16 @@ py_group apply_gradients(const py_optimizer& o, const py::object& grads_and_vars
     if (owner->g.variable_node(var.out) == nullptr)
       raise(af_error::invalid_argument, "apply_gradients: '" + owner->g.at(var.out).name
                                           + "' is not a variable");
+    if (pair[0].is_none()) // TF's compute_gradients gives None for a variable off the loss's path
+      continue;
     vars.push_back(var.out);
     grads.push_back(as_node(owner, pair[0], dtype_hint(*owner, var.out)));
   }
   if (!owner)
     raise(af_error::invalid_argument, "apply_gradients: no (gradient, variable) pairs given");
+  if (vars.empty())
+    throw py::value_error("apply_gradients: no gradients provided for any variable (each "
+                          "gradient is None: the loss depends on none of them)");
   auto& g = owner->g;
   output adam_lr;
   if (o.kind == py_optimizer::method::adam)

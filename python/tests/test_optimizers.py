@@ -206,3 +206,21 @@ def test_trainable_false_is_not_trained(local):
         sess.run(train_op)
         assert sess.run(scale) == 2 and sess.run(frozen) == 3
         assert sess.run(w) < 1 and sess.run(global_step) == 1
+
+
+def test_a_variable_off_the_loss_path_gets_a_none_gradient(local):
+    # Catches: compute_gradients raising for a var_list variable the loss
+    # does not depend on (TF gives (None, var)), and apply_gradients
+    # refusing the None that TF skips.
+    w = af.Variable(np.float32(1), name="w")
+    other = af.Variable(np.float32(5), name="other")
+    opt = af.train.GradientDescentOptimizer(0.25)
+    gv = opt.compute_gradients(af.square(w), var_list=[w, other])
+    assert gv[1][0] is None and gv[1][1].name == "other:0"
+    op = opt.apply_gradients(gv)
+    with pytest.raises(ValueError, match="no gradients provided"):
+        opt.apply_gradients([(None, other)])
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(op)
+        assert sess.run(w) == 0.5 and sess.run(other) == 5
