@@ -102,32 +102,38 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   }
 }
 
+caf::error data_channel::await_readable(const std::string& what,
+                                        std::chrono::steady_clock::time_point until,
+                                        std::chrono::milliseconds wait) {
+  // In slices, so that a cancel is seen within 20 ms; the deadline is the
+  // try's (send and reply together).
+  for (;;) {
+    if (bytes_->has_pending())
+      return {};
+    pollfd pfd{fd_, POLLIN, 0};
+    int rc = ::poll(&pfd, 1, 20);
+    // EINTR is the Ctrl-C itself (its handler sets the flag checked below).
+    if (rc > 0 || (rc < 0 && errno != EINTR))
+      return {};
+    if (std::chrono::steady_clock::now() >= until)
+      return fail(what, EAGAIN, wait);
+    if (cancel_->load()) {
+      drop();
+      return make_error(af_error::cancelled, what + " on " + peer_
+                                               + " was abandoned; the connection is opened "
+                                                 "again for the next call");
+    }
+  }
+}
+
 caf::expected<std::pair<tensor, uint64_t>>
 data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until,
                          std::chrono::milliseconds wait) {
   wire::header r;
   poll_for_reply();
-  if (cancel_ && !bytes_->waits_itself()) { // on shared memory the ring's read looks at cancel_
-    // Wait for the reply in slices, so that a cancel is seen within 20 ms;
-    // the deadline is the try's (send and reply together).
-    for (;;) {
-      if (bytes_->has_pending())
-        break;
-      pollfd pfd{fd_, POLLIN, 0};
-      int rc = ::poll(&pfd, 1, 20);
-      // EINTR is the Ctrl-C itself (its handler sets the flag checked below).
-      if (rc > 0 || (rc < 0 && errno != EINTR))
-        break;
-      if (std::chrono::steady_clock::now() >= until)
-        return fail(what, EAGAIN, wait);
-      if (cancel_->load()) {
-        drop();
-        return make_error(af_error::cancelled, what + " on " + peer_
-                                                 + " was abandoned; the connection is opened "
-                                                   "again for the next call");
-      }
-    }
-  }
+  if (cancel_ && !bytes_->waits_itself()) // on shared memory the ring's read looks at cancel_
+    if (auto err = await_readable(what, until, wait))
+      return err;
   const link io = this->io(until);
   size_t got = 0;
   if (!read_all(io, &r, sizeof(r), &got)) {

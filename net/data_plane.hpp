@@ -347,6 +347,11 @@ private:
   caf::expected<std::pair<tensor, uint64_t>> read_reply(const std::string& what,
                                                         std::chrono::steady_clock::time_point until,
                                                         std::chrono::milliseconds wait = {});
+  /// With a cancel flag, on a socket: waits until the socket has bytes,
+  /// looking at the flag every 20 ms (set: the connection dropped,
+  /// af_error::cancelled); past `until`: fail(what, EAGAIN, wait).
+  caf::error await_readable(const std::string& what, std::chrono::steady_clock::time_point until,
+                            std::chrono::milliseconds wait = {});
   void poll_for_reply();
   void reopen_if_closed_by_peer();
   /// The connection's byte stream for a request or reply bounded by `deadline`.

@@ -175,6 +175,12 @@ caf::error data_channel::make_offer(std::chrono::steady_clock::time_point deadli
   if (!send_frame(tcp, h, &(*seg)->name(), nullptr, &bound))
     return fail("an offer of shared memory", errno, timeout_, true);
   wire::header r;
+  // A Ctrl-C while a stopped node does not answer the offer (a call's
+  // first op on a fresh connection) ends the wait within 20 ms, not at
+  // the deadline (seconds), as the call's own reply does.
+  if (cancel_)
+    if (auto err = await_readable("an offer of shared memory", deadline))
+      return err;
   if (!read_all(tcp, &r, sizeof(r), nullptr, &deadline))
     return fail("an offer of shared memory", errno);
   (*seg)->unlink(); // the node has mapped it (or never will): nothing left in /dev/shm

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,8 @@ py::object to_numpy(tensor&& t);
 
 /// A tensor holding `value` (an array, a number, nested lists), converted to
 /// `want` when given (as TF converts a feed to its placeholder's dtype).
-/// Without `want`, Python floats become float32 and ints int32, as in TF;
+/// Without `want`, Python floats become float32 and ints int32 (int64 when
+/// one does not fit), as in TF;
 /// a NumPy array keeps its dtype. One copy into the tensor's buffer.
 tensor from_python(py::handle value, std::optional<dtype> want = std::nullopt);
 
@@ -74,6 +76,9 @@ struct py_graph {
   /// any shape. A feed is checked against it before the step runs (TF's
   /// "Cannot feed value of shape ...").
   std::map<int32_t, std::vector<int64_t>> placeholder_shapes;
+  /// Variables made with trainable=False (TF's global_step idiom): left out
+  /// of trainable_variables() and of an optimizer's default var_list.
+  std::set<int32_t> untrainable;
 };
 
 /// Raises ValueError when `value` does not fit placeholder `o`'s shape

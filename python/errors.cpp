@@ -58,6 +58,14 @@ class CancelledError(OpError):
     """The caller gave up on the request (interrupt)."""
 class UnknownError(OpError):
     """An error of the actor framework itself (not one of actorflow's codes)."""
+class OutOfRangeError(OpError):
+    """tf.errors' name; the library raises none (a TF script's `except` finds it)."""
+class PermissionDeniedError(OpError):
+    """tf.errors' name; the library raises none (a TF script's `except` finds it)."""
+class UnauthenticatedError(OpError):
+    """tf.errors' name; the library raises none (a TF script's `except` finds it)."""
+class DataLossError(OpError):
+    """tf.errors' name; the library raises none (a TF script's `except` finds it)."""
 )";
 
 /// The class name of each code (TF's names where TF has the case).

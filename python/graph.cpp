@@ -21,9 +21,13 @@ graph_ptr& process_graph() {
   return g;
 }
 
-/// `with g.as_default():` blocks, innermost last (the GIL guards it).
+/// `with g.as_default():` blocks, innermost last: each thread's own, as
+/// TF's default graph stack is thread-local (one shared stack let a block
+/// in one thread send another thread's nodes to its graph, and its exit pop
+/// the other thread's graph). Holds no Python object: a thread's ends
+/// without the GIL.
 std::vector<graph_ptr>& graph_stack() {
-  static std::vector<graph_ptr> stack;
+  thread_local std::vector<graph_ptr> stack;
   return stack;
 }
 
@@ -117,11 +121,14 @@ py_tensor update(const py_tensor& var, py::handle value, const char* kind, const
 }
 
 /// A variable node of the default graph; raises the graph's error.
-py_tensor add_variable(const std::string& name, shape_type shape, initializer init, dtype type) {
+py_tensor add_variable(const std::string& name, shape_type shape, initializer init, dtype type,
+                       bool trainable) {
   auto g = default_graph();
   auto o = g->g.variable(name, std::move(shape), std::move(init), type);
   if (!o)
     raise(o.error());
+  if (!trainable)
+    g->untrainable.insert(o->id);
   return make(g, *o);
 }
 
@@ -294,15 +301,20 @@ void register_builders(py::module_& m) {
   }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::arg("name") = py::none(),
         "a value given at run time in feed_dict (tf.placeholder); feeds are converted to its dtype");
   m.def("get_variable", [](const std::string& name, const py::object& shape, const py::object& type,
-                           const py::object& init) {
+                           const py::object& init, const py::object& trainable) {
     auto t = type.is_none() ? dtype::float32 : to_dtype(type);
     auto s = shape.is_none() ? shape_type{} : shape.cast<shape_type>();
-    return add_variable(name, s, to_initializer(init, s, t), t);
+    return add_variable(name, s, to_initializer(init, s, t), t,
+                        trainable.is_none() || trainable.cast<bool>());
   }, py::arg("name"), py::arg("shape") = py::none(), py::arg("dtype") = py::none(),
-        py::arg("initializer") = py::none(),
+        py::arg("initializer") = py::none(), py::kw_only(), py::arg("trainable") = py::none(),
         "the variable `name` (tf.get_variable): the same name is the same variable, in this graph "
         "and across the cluster; no initializer means zeros");
-  m.def("Variable", [](py::handle initial_value, const py::object& name, const py::object& type) {
+  // TF's order: trainable second (tf.Variable(0, trainable=False, name="global_step")); the
+  // rest by keyword, so that TF's positional collections, validate_shape, ... are refused
+  // rather than taken as the name.
+  m.def("Variable", [](py::handle initial_value, bool trainable, const py::object& name,
+                       const py::object& type) {
     std::optional<dtype> want;
     if (!type.is_none())
       want = to_dtype(type);
@@ -311,10 +323,12 @@ void register_builders(py::module_& m) {
     auto n = fresh_variable_name(g->g, name_or(name, "Variable"));
     auto t = value.type();
     auto shape = value.shape();
-    return add_variable(n, shape, initializer::from_tensor(std::move(value)), t);
-  }, py::arg("initial_value"), py::arg("name") = py::none(), py::arg("dtype") = py::none(),
+    return add_variable(n, shape, initializer::from_tensor(std::move(value)), t, trainable);
+  }, py::arg("initial_value"), py::arg("trainable") = true, py::kw_only(),
+        py::arg("name") = py::none(), py::arg("dtype") = py::none(),
         "a variable holding `initial_value` once initialized (tf.Variable); a name this graph "
-        "has already gets a suffix, as in TF");
+        "has already gets a suffix, as in TF; trainable=False keeps it out of "
+        "trainable_variables() and of an optimizer's default var_list");
   m.def("gradients", [](const py_tensor& loss, py::handle xs) {
     bool single = py::isinstance<py_tensor>(xs);
     std::vector<output> outs;
@@ -357,6 +371,14 @@ void register_variable_ops(py::module_& m) {
       out.append(make(g, v));
     return out;
   });
+  m.def("trainable_variables", [] {
+    auto g = default_graph();
+    py::list out;
+    for (auto v : g->g.variables())
+      if (g->untrainable.count(v.id) == 0)
+        out.append(make(g, v));
+    return out;
+  }, "the default graph's variables made without trainable=False (tf.trainable_variables)");
 }
 
 } // namespace

@@ -16,13 +16,16 @@ namespace {
 /// The variables `loss` depends on, in creation order (TF's default var_list:
 /// the trainable variables, of which those not on the loss's path would
 /// make tf.gradients give None).
-std::vector<output> variables_of(const py_graph& g, output loss) {
+/// With `trainable_only` false: every variable the loss depends on.
+std::vector<output> variables_of(const py_graph& g, output loss, bool trainable_only = true) {
   auto closure = g.g.closure({loss.id});
   std::set<int32_t> needed;
   if (closure)
     needed.insert(closure->begin(), closure->end());
   std::vector<output> vars;
   for (auto v : g.g.variables()) {
+    if (trainable_only && g.untrainable.count(v.id) > 0)
+      continue; // trainable=False
     bool used = false; // an input of a node of the closure
     for (auto id : needed)
       for (auto in : g.g.nodes()[static_cast<size_t>(id)].inputs)
@@ -68,6 +71,8 @@ struct py_optimizer {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double epsilon = 1e-8;
+  /// The slots' suffix ("<var>/<name>", Adam's second "<var>/<name>_1"), TF's `name`.
+  std::string name = "GradientDescent";
 };
 struct py_sgd : py_optimizer {};
 struct py_momentum : py_optimizer {};
@@ -138,15 +143,15 @@ output update_of(graph& g, const py_optimizer& o, output var, output grad, outpu
       break;
     case py_optimizer::method::momentum: { // accum = accum * momentum + grad
       auto mom = scalar(g, t, o.momentum, "momentum");
-      auto accum = make_slot(g, v, "Momentum", 0);
+      auto accum = make_slot(g, v, o.name, 0);
       auto a = g.assign(accum, g.add(g.mul(accum, mom), grad));
       // var -= lr * accum, or with Nesterov lr * grad + lr * momentum * accum
       step = o.nesterov ? g.add(g.mul(grad, lr), g.mul(g.mul(a, mom), lr)) : g.mul(a, lr);
       break;
     }
     case py_optimizer::method::adam: { // m += (g - m) (1 - beta1); v += (g^2 - v) (1 - beta2)
-      auto m = make_slot(g, v, "Adam", 0);
-      auto s = make_slot(g, v, "Adam_1", 0);
+      auto m = make_slot(g, v, o.name, 0);
+      auto s = make_slot(g, v, o.name + "_1", 0);
       auto one = scalar(g, t, 1, "one");
       auto m1 = g.assign(m, g.add(m, g.mul(g.sub(grad, m), g.sub(one, scalar(g, t, o.beta1, "beta1")))));
       auto v1 = g.assign(s, g.add(s, g.mul(g.sub(g.square(grad), s),
@@ -160,15 +165,33 @@ output update_of(graph& g, const py_optimizer& o, output var, output grad, outpu
   return g.assign_sub(var, step);
 }
 
-/// tf.train.Optimizer.compute_gradients: [(gradient, variable)].
+/// tf.train.Optimizer.compute_gradients: [(gradient, variable)], the
+/// gradient None for a variable of var_list the loss does not depend on
+/// (as TF's; apply_gradients skips it).
 py::list compute_gradients(const py_tensor& loss, const py::object& var_list) {
   auto vars = train_variables(loss, var_list);
-  auto grads = af::gradients(loss.owner->g, loss.out, vars);
-  if (!grads)
-    raise(grads.error().code, grads.error().what);
+  std::set<int32_t> on_path;
+  for (auto v : variables_of(*loss.owner, loss.out, false))
+    on_path.insert(v.id);
+  std::vector<output> reached;
+  for (auto v : vars)
+    if (on_path.count(v.id) > 0)
+      reached.push_back(v);
+  std::vector<output> grads;
+  if (!reached.empty()) {
+    auto got = af::gradients(loss.owner->g, loss.out, reached);
+    if (!got)
+      raise(got.error().code, got.error().what);
+    grads = std::move(*got);
+  }
   py::list out;
-  for (size_t i = 0; i < vars.size(); ++i)
-    out.append(py::make_tuple(py_tensor{loss.owner, (*grads)[i]}, py_tensor{loss.owner, vars[i]}));
+  size_t k = 0;
+  for (auto v : vars) {
+    py::object grad = py::none();
+    if (on_path.count(v.id) > 0)
+      grad = py::cast(py_tensor{loss.owner, grads[k++]});
+    out.append(py::make_tuple(grad, py_tensor{loss.owner, v}));
+  }
   return out;
 }
 
@@ -189,11 +212,16 @@ py_group apply_gradients(const py_optimizer& o, const py::object& grads_and_vars
     if (owner->g.variable_node(var.out) == nullptr)
       raise(af_error::invalid_argument, "apply_gradients: '" + owner->g.at(var.out).name
                                           + "' is not a variable");
+    if (pair[0].is_none()) // TF's compute_gradients gives None for a variable off the loss's path
+      continue;
     vars.push_back(var.out);
     grads.push_back(as_node(owner, pair[0], dtype_hint(*owner, var.out)));
   }
   if (!owner)
     raise(af_error::invalid_argument, "apply_gradients: no (gradient, variable) pairs given");
+  if (vars.empty())
+    throw py::value_error("apply_gradients: no gradients provided for any variable (each "
+                          "gradient is None: the loss depends on none of them)");
   auto& g = owner->g;
   output adam_lr;
   if (o.kind == py_optimizer::method::adam)
@@ -254,28 +282,37 @@ void register_optimizers(py::module_& m) {
        py::arg("name") = py::none(), "compute_gradients then apply_gradients: the training Operation");
   py::class_<py_sgd, py_optimizer>(train, "GradientDescentOptimizer",
     "tf.train.GradientDescentOptimizer: var -= learning_rate * grad.")
-    .def(py::init([](double lr) {
+    .def(py::init([](double lr, bool, const std::string& name) {
       py_sgd o;
       o.learning_rate = lr;
+      o.name = name;
       return o;
-    }), py::arg("learning_rate"));
+    }), py::arg("learning_rate"), py::arg("use_locking") = false,
+       py::arg("name") = "GradientDescent");
   py::class_<py_momentum, py_optimizer>(train, "MomentumOptimizer",
     "tf.train.MomentumOptimizer: accum = accum * momentum + grad; var -= learning_rate * accum "
-    "(Nesterov: var -= learning_rate * (grad + momentum * accum)); slot '<var>/Momentum'.")
-    .def(py::init([](double lr, double momentum, bool nesterov) {
+    "(Nesterov: var -= learning_rate * (grad + momentum * accum)); slot '<var>/Momentum' ('<var>/<name>').")
+    // TF 1.x's argument order (use_locking third, name fourth), so that a
+    // TF script's MomentumOptimizer(lr, m, True) locks (a no-op here: each
+    // update runs in its variable's actor) rather than turning on Nesterov.
+    .def(py::init([](double lr, double momentum, bool, const std::string& name, bool nesterov) {
       py_momentum o;
       o.kind = py_optimizer::method::momentum;
       o.learning_rate = lr;
       o.momentum = momentum;
       o.nesterov = nesterov;
+      o.name = name;
       return o;
-    }), py::arg("learning_rate"), py::arg("momentum"), py::arg("use_nesterov") = false);
+    }), py::arg("learning_rate"), py::arg("momentum"), py::arg("use_locking") = false,
+       py::arg("name") = "Momentum", py::arg("use_nesterov") = false);
   py::class_<py_adam, py_optimizer>(train, "AdamOptimizer",
     "tf.train.AdamOptimizer: m += (grad - m)(1 - beta1); v += (grad^2 - v)(1 - beta2); var -= "
     "lr_t * m / (sqrt(v) + epsilon), lr_t = learning_rate * sqrt(1 - beta2^t) / (1 - beta1^t); "
-    "slots '<var>/Adam' and '<var>/Adam_1', beta1_power and beta2_power beside the first variable.")
-    .def(py::init([](double lr, double beta1, double beta2, double epsilon) {
+    "slots '<var>/Adam' and '<var>/Adam_1' ('<var>/<name>', '<var>/<name>_1'), beta1_power and beta2_power beside the first variable.")
+    .def(py::init([](double lr, double beta1, double beta2, double epsilon, bool,
+                     const std::string& name) {
       py_adam o;
+      o.name = name;
       o.kind = py_optimizer::method::adam;
       o.learning_rate = lr;
       o.beta1 = beta1;
@@ -283,7 +320,7 @@ void register_optimizers(py::module_& m) {
       o.epsilon = epsilon;
       return o;
     }), py::arg("learning_rate") = 0.001, py::arg("beta1") = 0.9, py::arg("beta2") = 0.999,
-       py::arg("epsilon") = 1e-8);
+       py::arg("epsilon") = 1e-8, py::arg("use_locking") = false, py::arg("name") = "Adam");
 }
 
 } // namespace af::python

@@ -399,12 +399,22 @@ py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_
     py::list out;
     for (auto item : f)
       out.append(rebuild(item, results, next));
-    return py::tuple(out);
+    py::tuple values(out);
+    if (Py_TYPE(f.ptr()) != &PyTuple_Type && py::hasattr(f, "_fields")) // a namedtuple, as TF gives it
+      return py::type::of(f)(*values);
+    return std::move(values);
   }
-  py::dict out;
+  // A dict's own type (an OrderedDict, a defaultdict with its factory), as TF's fetch mapper keeps it.
+  py::object out;
+  if (Py_TYPE(f.ptr()) == &PyDict_Type)
+    out = py::dict();
+  else if (py::hasattr(f, "default_factory"))
+    out = py::type::of(f)(f.attr("default_factory"));
+  else
+    out = py::type::of(f)();
   for (auto item : py::reinterpret_borrow<py::dict>(f))
     out[item.first] = rebuild(item.second, results, next);
-  return std::move(out);
+  return out;
 }
 
 caf::expected<output> py_session::replay_one(const graph_node& n) {

@@ -5,6 +5,7 @@
 // and a NumPy array stays writable by its owner.
 #include "python/bindings.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 namespace af::python {
@@ -37,6 +38,16 @@ std::optional<dtype> from_numpy_dtype(const py::dtype& dt) {
 [[noreturn]] void unmappable(const py::dtype& dt) {
   throw py::type_error("actorflow has no dtype for NumPy's " + numpy_name(dt) + " (its dtypes: "
                        + mapped_names + "); convert the value first, e.g. with .astype(np.float32)");
+}
+
+/// Whether every value of the int64 array `a` fits an int32.
+bool fits_int32(const py::array& a) {
+  auto c = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  const auto* v = c.data();
+  for (py::ssize_t i = 0; i < c.size(); ++i)
+    if (v[i] < INT32_MIN || v[i] > INT32_MAX)
+      return false;
+  return true;
 }
 
 } // namespace
@@ -108,10 +119,12 @@ tensor from_python(py::handle value, std::optional<dtype> want) {
   auto dt = a.dtype();
   std::optional<dtype> type = from_numpy_dtype(dt);
   if (!want && !is_array && type) {
-    // TF's conversion of Python numbers: floats to float32, ints to int32.
+    // TF's conversion of Python numbers: floats to float32, ints to int32
+    // unless one does not fit (TF's make_tensor_proto keeps int64 then:
+    // 2**40 as int32 was 0).
     if (*type == dtype::float64)
       type = dtype::float32;
-    else if (*type == dtype::int64)
+    else if (*type == dtype::int64 && fits_int32(a))
       type = dtype::int32;
   }
   if (!type)

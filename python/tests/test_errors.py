@@ -18,6 +18,24 @@ def test_hierarchy_is_tf_errors():
     assert issubclass(errors.PeerDownError, errors.UnavailableError)
 
 
+def test_every_tf_errors_class_exists():
+    # Catches: a tf.errors name missing: a TF script's
+    # `except af.errors.OutOfRangeError:` raised AttributeError while an
+    # actorflow error went by, hiding it.
+    caught = None
+    try:
+        try:
+            af.device("/job:ps/task:x")
+        except errors.OutOfRangeError:
+            caught = "wrong"
+    except errors.InvalidArgumentError as e:
+        caught = e
+    assert isinstance(caught, errors.InvalidArgumentError)
+    for name in ["OutOfRangeError", "PermissionDeniedError", "UnauthenticatedError",
+                 "DataLossError"]:
+        assert issubclass(getattr(errors, name), errors.OpError), name
+
+
 def test_every_library_code_has_its_class():
     # Catches: a code added to the library (af_error::left, a worker its ps
     # took as left) without its class here, raised as UnknownError, which

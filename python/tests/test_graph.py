@@ -1,5 +1,7 @@
 """Graph building the TF 1.x way: default graph, device scopes, operators,
 variables, gradients, and the registry's ops as functions."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,31 @@ def test_graph_as_default_collects_nodes():
     assert x.graph is g or x.graph == g
     assert "in_g" in g.get_operations()
     assert "in_g" not in af.get_default_graph().get_operations()
+
+
+def test_graph_as_default_is_per_thread():
+    # Catches: one process-wide stack of as_default() blocks (TF's is
+    # thread-local): another thread's block sent this thread's nodes to its
+    # graph.
+    g = af.Graph()
+    entered, built = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with g.as_default():
+            entered.set()
+            built.wait(30)
+            seen["there"] = af.get_default_graph() is g
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert entered.wait(30)
+    x = af.constant(1.0, name="main_thread")
+    here = af.get_default_graph()
+    built.set()
+    t.join(30)
+    assert here is not g and "main_thread" not in g.get_operations()
+    assert "main_thread" in x.graph.get_operations() and seen["there"]
 
 
 def test_operators_and_registry_functions(local):

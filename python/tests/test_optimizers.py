@@ -168,3 +168,59 @@ def test_apply_gradients_takes_gradients_given_by_the_caller(local):
         af.train.AdamOptimizer().apply_gradients([(1.0, w + 1.0)])
     with pytest.raises(af.errors.InvalidArgumentError, match="no \\(gradient, variable\\)"):
         af.train.AdamOptimizer().apply_gradients([])
+
+
+def test_optimizers_take_tf_argument_order_and_name(local):
+    # Catches: use_nesterov as MomentumOptimizer's third positional argument
+    # (TF's is use_locking: MomentumOptimizer(lr, m, True) is not Nesterov),
+    # and name= refused or not naming the slots, as TF's does.
+    w = af.Variable(np.ones(2, np.float32), name="w")
+    op = af.train.MomentumOptimizer(0.5, 0.5, True, "Mom").apply_gradients(
+        [(np.array([1.0, 2.0], np.float32), w)])
+    af.train.AdamOptimizer(0.1, 0.9, 0.999, 1e-8, False, "MyAdam").apply_gradients(
+        [(np.array([1.0, 2.0], np.float32), w)])
+    af.train.GradientDescentOptimizer(0.1, use_locking=True, name="sgd")
+    names = {v.name[:-2] for v in af.global_variables()}
+    assert {"w/Mom", "w/MyAdam", "w/MyAdam_1"} <= names
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(op)
+        sess.run(op)
+        np.testing.assert_allclose(sess.run(w), [-0.25, -1.5])  # plain momentum, not Nesterov
+
+
+def test_trainable_false_is_not_trained(local):
+    # Catches: trainable= refused (TF's global_step idiom,
+    # af.Variable(0, trainable=False, name="global_step")), or a
+    # non-trainable variable on the loss's path updated by minimize().
+    w = af.Variable(np.float32(1), name="w")
+    scale = af.Variable(np.float32(2), trainable=False, name="scale")
+    frozen = af.get_variable("frozen", [], initializer=3.0, trainable=False)
+    global_step = af.Variable(0, trainable=False, name="global_step")
+    loss = af.square(w * scale * frozen)
+    assert [v.name for v in af.trainable_variables()] == ["w:0"]
+    assert len(af.global_variables()) == 4
+    train_op = af.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=global_step)
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(train_op)
+        assert sess.run(scale) == 2 and sess.run(frozen) == 3
+        assert sess.run(w) < 1 and sess.run(global_step) == 1
+
+
+def test_a_variable_off_the_loss_path_gets_a_none_gradient(local):
+    # Catches: compute_gradients raising for a var_list variable the loss
+    # does not depend on (TF gives (None, var)), and apply_gradients
+    # refusing the None that TF skips.
+    w = af.Variable(np.float32(1), name="w")
+    other = af.Variable(np.float32(5), name="other")
+    opt = af.train.GradientDescentOptimizer(0.25)
+    gv = opt.compute_gradients(af.square(w), var_list=[w, other])
+    assert gv[1][0] is None and gv[1][1].name == "other:0"
+    op = opt.apply_gradients(gv)
+    with pytest.raises(ValueError, match="no gradients provided"):
+        opt.apply_gradients([(None, other)])
+    with af.Session(local.target("local", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        sess.run(op)
+        assert sess.run(w) == 0.5 and sess.run(other) == 5

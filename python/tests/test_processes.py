@@ -115,11 +115,11 @@ def test_ctrl_c_interrupts_a_waiting_run(ps_process):
                 interrupt.join()
             finally:
                 proc.send_signal(signal.SIGCONT)
-            # Well before the session's timeout: on TCP within the 20 ms cancel
-            # poll of the signal at 0.5 s; on the shared-memory ring (this
-            # host's default) about 2 s later (the ring's wait, net/, sees
-            # the cancel flag that late).
-            assert waited < timeout / 2, waited
+            # Within the 20 ms cancel poll of the signal at 0.5 s (on TCP, on
+            # the shared-memory ring, and in the offer of shared memory that
+            # the call's fresh connection makes first, which waited its 3.3 s
+            # deadline), with a second's margin for a loaded machine.
+            assert waited < 1.5, waited
             assert float(sess.run(var)) in (1.0, 2.0)  # the abandoned update may have landed
     finally:
         worker.stop()

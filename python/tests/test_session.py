@@ -1,5 +1,6 @@
 """Sessions and clusters: fetch structures, feeds, the tutorial's ps and
 two workers, the GIL released while a session waits."""
+import collections
 import threading
 
 import numpy as np
@@ -20,6 +21,22 @@ def test_fetch_structures(local):
     assert isinstance(got["x"], list) and isinstance(got["x"][1], tuple)
     assert got["x"][0] == 1.0 and got["x"][1] == (2.0, 1.0) and got["y"] == 2.0
     assert single == 1.0 and isinstance(single, np.ndarray)
+
+
+def test_fetch_structures_keep_namedtuple_and_dict_types(local):
+    # Catches: a namedtuple given back as a plain tuple (no .field access),
+    # an OrderedDict or defaultdict as a plain dict; TF 1.x keeps each type.
+    pair = collections.namedtuple("Pair", ["first", "second"])
+    a = af.constant(1.0)
+    b = af.constant(2.0)
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(pair(a, [b]))
+        ordered = sess.run(collections.OrderedDict([("b", b), ("a", a)]))
+        default = sess.run(collections.defaultdict(list, {"a": a}))
+    assert isinstance(got, pair) and got.first == 1.0 and got.second == [2.0]
+    assert isinstance(ordered, collections.OrderedDict) and list(ordered) == ["b", "a"]
+    assert isinstance(default, collections.defaultdict) and default.default_factory is list
+    assert default["a"] == 1.0
 
 
 def test_fetches_that_change_during_run_raise(local):

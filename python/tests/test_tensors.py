@@ -28,6 +28,16 @@ def test_python_numbers_convert_as_tf():
     assert af.constant(np.float64(1.5)).dtype == np.float64
 
 
+def test_python_ints_past_int32_stay_int64(local):
+    # Catches: 2**40 narrowed to int32 (silently 0), where TF keeps int64
+    # when a value does not fit.
+    big = af.constant([1, 2**40])
+    assert big.dtype == np.int64
+    assert af.constant(-2**31).dtype == np.int32
+    with af.Session(local.target("local", 0)) as sess:
+        np.testing.assert_array_equal(sess.run(big), [1, 2**40])
+
+
 def test_unmappable_dtype_is_a_clear_type_error():
     # Catches: float16/bool/complex silently converted or a cryptic failure.
     for bad in [np.zeros(3, np.float16), np.zeros(2, np.complex64), np.zeros(2, np.uint8)]:
