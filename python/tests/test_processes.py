@@ -89,19 +89,17 @@ def test_cluster_spec_from_tf_config(monkeypatch):
         af.train.ClusterSpec.from_tf_config()
 
 
-def test_ctrl_c_interrupts_a_waiting_run(ps_process):
-    # Catches: Ctrl-C ignored while run waits with the GIL released (Python's
-    # handler runs only after the run gives up, at the session's timeout),
-    # or a session left unusable by the interrupt. The ps is SIGSTOPped, so
-    # the run waits; SIGINT comes while it does.
-    spec, proc = ps_process
+def interrupt_a_stopped_run(spec, proc, bound):
+    """A worker Server of this process runs assign_add on the ps of `spec`
+    (process `proc`), SIGSTOPs it, runs again and sends itself SIGINT 0.5 s
+    later: the run must raise KeyboardInterrupt within `bound` seconds and
+    the session work again once the ps is continued."""
     worker = af.train.Server(spec, "worker", 0)
-    timeout = 10.0
     try:
         with af.device("/job:ps/task:0"):
             var = af.Variable(0.0, name="var")
         inc = var.assign_add(1.0)
-        with af.Session(worker.target, timeout=timeout) as sess:
+        with af.Session(worker.target, timeout=30.0) as sess:
             sess.run(af.global_variables_initializer())
             assert sess.run(inc) == 1.0
             proc.send_signal(signal.SIGSTOP)
@@ -115,15 +113,24 @@ def test_ctrl_c_interrupts_a_waiting_run(ps_process):
                 interrupt.join()
             finally:
                 proc.send_signal(signal.SIGCONT)
-            # Within the 20 ms cancel poll of the signal at 0.5 s (on TCP, on
-            # the shared-memory ring, and in the offer of shared memory that
-            # the call's fresh connection makes first, which waited its 3.3 s
-            # deadline), with a second's margin for a loaded machine.
-            assert waited < 1.5, waited
+            assert waited < bound, waited
             assert float(sess.run(var)) in (1.0, 2.0)  # the abandoned update may have landed
     finally:
         worker.stop()
         worker.join()
+
+
+def test_ctrl_c_interrupts_a_waiting_run(ps_process):
+    # Catches: Ctrl-C ignored while run waits with the GIL released (Python's
+    # handler runs only after the run gives up, at the session's timeout),
+    # or a session left unusable by the interrupt. The ps is SIGSTOPped, so
+    # the run waits; SIGINT comes while it does.
+    spec, proc = ps_process
+    # Within the 20 ms cancel poll of the signal at 0.5 s (on TCP, on the
+    # shared-memory ring, and in the offer of shared memory that the call's
+    # fresh connection makes first, which waited its 3.3 s deadline), with a
+    # second's margin for a loaded machine.
+    interrupt_a_stopped_run(spec, proc, bound=1.5)
 
 
 def test_ctrl_c_is_not_lost_when_the_run_ends_in_another_error(ps_process):
@@ -204,7 +211,7 @@ def test_a_traced_run_leaves_its_metadata_alone_until_it_returns(ps_process):
         worker.join()
 
 
-def test_ctrl_c_interrupts_a_run_whose_offer_of_shared_memory_waits(tmp_path):
+def test_ctrl_c_interrupts_a_run_whose_offer_of_shared_memory_waits():
     # Catches: the answer to an offer of shared memory read without looking
     # at the cancel flag. With the ps an af.train.Server of another Python
     # process, the run after SIGSTOP makes that offer, and a Ctrl-C then
@@ -217,36 +224,12 @@ def test_ctrl_c_interrupts_a_run_whose_offer_of_shared_memory_waits(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(af.__file__).resolve().parent))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env=env)
-    worker = None
     try:
         assert proc.stdout.readline().strip() == "up"
-        worker = af.train.Server(af.train.ClusterSpec(jobs), "worker", 0)
-        with af.device("/job:ps/task:0"):
-            var = af.Variable(0.0, name="var")
-        inc = var.assign_add(1.0)
-        timeout = 30.0
-        with af.Session(worker.target, timeout=timeout) as sess:
-            sess.run(af.global_variables_initializer())
-            assert sess.run(inc) == 1.0
-            proc.send_signal(signal.SIGSTOP)
-            try:
-                interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-                interrupt.start()
-                began = time.monotonic()
-                with pytest.raises(KeyboardInterrupt):
-                    sess.run(inc)
-                waited = time.monotonic() - began
-                interrupt.join()
-            finally:
-                proc.send_signal(signal.SIGCONT)
-            # The shared-memory ring sees the flag within about 2 s (net/);
-            # the offer's wait, which did not, is the channel's 10 s.
-            assert waited < 6.0, waited
-            assert float(sess.run(var)) in (1.0, 2.0)
+        # The shared-memory ring sees the flag within about 2 s (net/); the
+        # offer's wait, which did not, is the channel's 10 s.
+        interrupt_a_stopped_run(af.train.ClusterSpec(jobs), proc, bound=6.0)
     finally:
-        if worker is not None:
-            worker.stop()
-            worker.join()
         proc.kill()
         proc.wait(timeout=30)
         proc.stdout.close()
