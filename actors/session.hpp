@@ -243,6 +243,8 @@ public:
   /// Waits until every variable has a value (set by run `run_id` if not
   /// empty). Gives up after `timeout` with an af_error::timeout that names
   /// each variable still missing; the variables drop the wait then too.
+  /// With a cancel flag (session_options::cancel), its setting ends the
+  /// wait within 20 ms with af_error::cancelled (Python's Ctrl-C).
   caf::error wait_initialized(std::chrono::milliseconds timeout,
                               const std::vector<output>& vars = {},
                               const std::string& run_id = "");

@@ -1,5 +1,6 @@
 // af::session: initializing variables and waiting for them.
 #include "actors/session_impl.hpp"
+#include "actors/pending_reply.hpp"
 
 namespace af {
 
@@ -83,34 +84,51 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
   auto list = im.variables_of(vars);
   if (!list)
     return std::move(list.error());
-  auto& self = im.self;
   // All requests are in flight at once and share one deadline; each variable
-  // drops its waiter at the same deadline, so nothing is left parked.
-  using handle = decltype(self->request(variable_actor{}, timeout, wait_init_atom::value,
-                                        std::string{}, uint32_t{}));
-  std::vector<handle> pending;
-  std::vector<output> asked;
+  // drops its waiter at the same deadline, so nothing is left parked. A
+  // helper actor makes them and collects the answers, so that the wait can
+  // watch the session's cancel flag (Ctrl-C) in 20 ms slices.
+  std::vector<variable_actor> actors;
   for (auto v : *list) {
     auto b = im.binding_of(v);
     if (!b)
       return std::move(b.error());
-    pending.push_back(self->request((*b)->actor, timeout + std::chrono::milliseconds{200},
-                                    wait_init_atom::value, run_id,
-                                    static_cast<uint32_t>(timeout.count())));
-    asked.push_back(v);
+    actors.push_back((*b)->actor);
   }
+  using answers = std::vector<caf::error>; // per variable: none, or why not
+  auto r = std::make_shared<pending_reply<answers>>();
+  auto got = std::make_shared<answers>(actors.size());
+  auto left = std::make_shared<size_t>(actors.size());
+  auto helper = im.sys.spawn([r, got, left, actors, timeout, run_id](caf::event_based_actor* a) {
+    if (actors.empty())
+      return r->settle(*got);
+    for (size_t i = 0; i < actors.size(); ++i) {
+      auto one = [r, got, left, i](caf::error e) {
+        (*got)[i] = std::move(e);
+        if (--*left == 0)
+          r->settle(*got);
+      };
+      a->request(actors[i], timeout + std::chrono::milliseconds{200}, wait_init_atom::value,
+                 run_id, static_cast<uint32_t>(timeout.count()))
+        .then([one](uint64_t) { one(caf::none); }, [one](caf::error& e) { one(std::move(e)); });
+    }
+  });
+  static const std::atomic<bool> never{false};
+  auto all = r->wait(im.opts.cancel ? *im.opts.cancel : never, helper,
+                     "the wait for initialization");
+  if (!all)
+    return std::move(all.error());
   std::vector<std::string> missing;
   caf::error other;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    const auto& n = im.g.at(asked[i]);
-    pending[i].receive([](uint64_t) {},
-                       [&](caf::error& e) {
-                         if (e == caf::sec::request_timeout || is(e, af_error::timeout))
-                           missing.push_back(n.spec.name + " (on " + n.spec.device + ")");
-                         else if (!other)
-                           other = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'",
-                                              nullptr);
-                       });
+  for (size_t i = 0; i < list->size(); ++i) {
+    auto& e = (*all)[i];
+    if (!e)
+      continue;
+    const auto& n = im.g.at((*list)[i]);
+    if (e == caf::sec::request_timeout || is(e, af_error::timeout))
+      missing.push_back(n.spec.name + " (on " + n.spec.device + ")");
+    else if (!other)
+      other = im.link.explain(std::move(e), "initialization of '" + n.spec.name + "'", nullptr);
   }
   if (!missing.empty()) {
     std::string names;

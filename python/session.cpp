@@ -647,9 +647,11 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
   auto graph_vars = graph_->g.variables();
   snapshot();
   caf::error err;
+  interruptible_wait ctrl_c;
   {
     py::gil_scoped_release unlocked;
     std::lock_guard<std::mutex> guard{mtx_};
+    ctrl_c.arm(*cancel_);
     if (!s_)
       err = make_error(af_error::invalid_argument, "this session is closed");
     else
@@ -660,6 +662,13 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
         mapped_vars.push_back(mapped(v));
     if (!err)
       err = s_->wait_initialized(wait, mapped_vars);
+    ctrl_c.disarm();
+  }
+  // Ctrl-C wins over the wait's own end, as in run() (the wait itself ends
+  // on it within 20 ms, af_error::cancelled).
+  if (ctrl_c.seen()) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
   }
   if (err)
     raise(err);

@@ -233,3 +233,30 @@ def test_ctrl_c_interrupts_a_run_whose_offer_of_shared_memory_waits():
         proc.kill()
         proc.wait(timeout=30)
         proc.stdout.close()
+
+
+def test_ctrl_c_interrupts_wait_initialized(ps_process):
+    # Catches: Session.wait_initialized blocking on each variable's answer
+    # without looking at the cancel flag: a Ctrl-C came only at its timeout.
+    # Nobody initializes the variable, so the wait lasts; SIGINT comes at 0.5 s.
+    spec, _ = ps_process
+    worker = af.train.Server(spec, "worker", 0)
+    try:
+        with af.device("/job:ps/task:0"):
+            var = af.Variable(0.0, name="never_initialized")
+        with af.Session(worker.target, timeout=30.0) as sess:
+            interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+            interrupt.start()
+            began = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                sess.wait_initialized(timeout=10.0)
+            waited = time.monotonic() - began
+            interrupt.join()
+            assert waited < 1.5, waited  # the wait was 10 s
+            # The session works on: the variable is made and initialized now.
+            sess.run(af.global_variables_initializer())
+            sess.wait_initialized(timeout=10.0)
+            assert float(sess.run(var)) == 0.0
+    finally:
+        worker.stop()
+        worker.join()
