@@ -386,10 +386,12 @@ void interpreter::state::wait_cmd(const stmt& st) {
       *out << "initialized\n";
       return;
     }
+    // Interrupted: the session's wait ends on the cancel flag itself
+    // (cancelled), or the slice ran out as it came.
+    if (is(err, af_error::cancelled) || cancelled())
+      fail(st.at, "wait: cancelled");
     if (!is(err, af_error::timeout))
       fail(err);
-    if (cancelled())
-      fail(st.at, "wait: cancelled");
     if (std::chrono::steady_clock::now() - start >= total) {
       // The last slice's error names what it waited for; asking the
       // variables again could block on a node that does not answer.
