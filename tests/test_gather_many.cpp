@@ -23,6 +23,7 @@
 #include "dist/sparse_step.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "plane_fixtures.hpp"
 #include "scenarios.hpp"
 
 using namespace af;
@@ -38,13 +39,6 @@ float at(int64_t r, int64_t j) {
   return 0.25f * static_cast<float>(r * width + j) + 1.0f;
 }
 
-std::shared_ptr<variable_cell> cell_of(const std::string& name, tensor value) {
-  auto cell = std::make_shared<variable_cell>(
-    variable_spec{name, value.type(), value.shape(), "/job:ps/replica:0/task:0/device:CPU:0"});
-  REQUIRE(cell->initialize(initializer::from_tensor(value), false, ""));
-  return cell;
-}
-
 /// A directory with the table "emb" [rows, width] and the scalar-ish "bias" [1].
 std::shared_ptr<variable_directory> table_and_bias() {
   tensor t{dtype::float32, {rows, width}};
@@ -57,22 +51,9 @@ std::shared_ptr<variable_directory> table_and_bias() {
   return dir;
 }
 
-tensor ids(std::vector<int64_t> v) {
-  tensor t{dtype::int64, {static_cast<int64_t>(v.size())}};
-  std::memcpy(t.mutable_data<int64_t>(), v.data(), v.size() * sizeof(int64_t));
-  return t;
-}
-
 bool same_bytes(const tensor& a, const tensor& b) {
   return a.type() == b.type() && a.shape() == b.shape()
          && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
-}
-
-uint64_t requests_of(const data_plane_server& srv) {
-  uint64_t n = 0;
-  for (const auto& t : srv.counters().transports)
-    n += t.requests.load();
-  return n;
 }
 
 } // namespace
@@ -87,15 +68,15 @@ TEST_CASE("gather_many answers each part with the bytes gather_rows and read giv
   auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
   auto before = requests_of(*srv);
   std::vector<data_channel::gather_ask> asks{
-    {"emb", ids({4, 0, 4})}, {"bias", tensor{}}, {"emb", ids({7})}};
+    {"emb", int64s({4, 0, 4})}, {"bias", tensor{}}, {"emb", int64s({7})}};
   REQUIRE_FALSE(ch->send_gather_many(asks));
   auto a = value_of(ch->next_reply());
   CHECK(requests_of(*srv) == before + 1);
   auto parts = value_of(data_channel::split_gather_many(a.value, asks.size()));
   REQUIRE(parts.size() == 3);
-  auto first = value_of(ch->gather_rows("emb", ids({4, 0, 4})));
+  auto first = value_of(ch->gather_rows("emb", int64s({4, 0, 4})));
   auto bias = value_of(ch->call(var_op::read, "bias", nullptr, true));
-  auto last = value_of(ch->gather_rows("emb", ids({7})));
+  auto last = value_of(ch->gather_rows("emb", int64s({7})));
   CHECK(same_bytes(parts[0].value, first.first));
   CHECK(parts[0].version == first.second);
   CHECK(same_bytes(parts[1].value, bias.first));
@@ -115,24 +96,24 @@ TEST_CASE("a refused gather_many part names itself and the connection goes on",
   // of step.
   auto srv = value_of(data_plane_server::start(table_and_bias(), "127.0.0.1", 0, "test node"));
   auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s));
-  REQUIRE_FALSE(ch->send_gather_many({{"emb", ids({1})}, {"no_such", tensor{}}}));
+  REQUIRE_FALSE(ch->send_gather_many({{"emb", int64s({1})}, {"no_such", tensor{}}}));
   auto missing = ch->next_reply();
   REQUIRE_FALSE(missing);
   CHECK(is(missing.error(), af_error::not_found));
   CHECK_THAT(describe(missing.error()), Catch::Contains("part 1") && Catch::Contains("'no_such'"));
-  REQUIRE_FALSE(ch->send_gather_many({{"emb", ids({1, 99})}, {"bias", tensor{}}}));
+  REQUIRE_FALSE(ch->send_gather_many({{"emb", int64s({1, 99})}, {"bias", tensor{}}}));
   auto bad = ch->next_reply();
   REQUIRE_FALSE(bad);
   CHECK(is(bad.error(), af_error::invalid_argument));
   CHECK_THAT(describe(bad.error()), Catch::Contains("part 0") && Catch::Contains("ids[1] = 99"));
-  REQUIRE_FALSE(ch->send_gather_many({{"bias", ids({0})}, {"emb", ids({2})}}));
+  REQUIRE_FALSE(ch->send_gather_many({{"bias", int64s({0})}, {"emb", int64s({2})}}));
   auto one_row = ch->next_reply(); // bias [1] has one row: its float
   REQUIRE(one_row);
   auto split = value_of(data_channel::split_gather_many(one_row->value, 2));
   CHECK(split[0].value.data<float>()[0] == 0.5f);
   CHECK(split[1].value.data<float>()[0] == at(2, 0));
   REQUIRE_FALSE(ch->broken());
-  auto ok = value_of(ch->gather_rows("emb", ids({5})));
+  auto ok = value_of(ch->gather_rows("emb", int64s({5})));
   CHECK(ok.first.data<float>()[0] == at(5, 0));
 }
 
@@ -218,7 +199,7 @@ TEST_CASE("a forged gather_many is refused by what is wrong with it, and the nod
     CHECK(r.status == 0);
     close(fd);
     // And the node serves others.
-    CHECK(ch->gather_rows("emb", ids({3})));
+    CHECK(ch->gather_rows("emb", int64s({3})));
   }
 }
 
@@ -240,9 +221,9 @@ TEST_CASE("a sparse step sends each ps one frame of reads, however many of its v
     links.push_back(owned.back().get());
   }
   // Two reads of ps 0 (a shard's rows, the bias) and one of ps 1.
-  REQUIRE_FALSE(links[0]->start_gather_rows("emb", ids({6, 1})));
+  REQUIRE_FALSE(links[0]->start_gather_rows("emb", int64s({6, 1})));
   REQUIRE_FALSE(links[0]->start_read("bias"));
-  REQUIRE_FALSE(links[1]->start_gather_rows("emb", ids({2})));
+  REQUIRE_FALSE(links[1]->start_gather_rows("emb", int64s({2})));
   auto r0 = requests_of(*srv0), r1 = requests_of(*srv1);
   for (auto* l : links)
     l->flush();
@@ -258,7 +239,7 @@ TEST_CASE("a sparse step sends each ps one frame of reads, however many of its v
   CHECK(rows1.value.data<float>()[1] == at(2, 1));
   // finish() sends what was held if no flush() came first.
   REQUIRE_FALSE(links[1]->start_read("bias"));
-  REQUIRE_FALSE(links[1]->start_gather_rows("emb", ids({0})));
+  REQUIRE_FALSE(links[1]->start_gather_rows("emb", int64s({0})));
   auto b1 = value_of(links[1]->finish());
   CHECK(b1.value.data<float>()[0] == 0.5f);
   auto e1 = value_of(links[1]->finish());

@@ -25,6 +25,7 @@
 #include "dist/sparse_step.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "plane_fixtures.hpp"
 #include "scenarios.hpp"
 
 using namespace af;
@@ -35,12 +36,6 @@ namespace {
 
 /// A directory with "emb" float32 [4, 2] (row r: r, r) and "bias" [1] (0.5).
 std::shared_ptr<variable_directory> small_ps() {
-  auto cell_of = [](const std::string& name, tensor value) {
-    auto cell = std::make_shared<variable_cell>(
-      variable_spec{name, value.type(), value.shape(), "/job:ps/replica:0/task:0/device:CPU:0"});
-    REQUIRE(cell->initialize(initializer::from_tensor(value), false, ""));
-    return cell;
-  };
   tensor t{dtype::float32, {4, 2}};
   for (int64_t i = 0; i < 8; ++i)
     t.mutable_data<float>()[i] = static_cast<float>(i / 2);
@@ -55,20 +50,6 @@ tensor one_id(int64_t id) {
   tensor t{dtype::int64, {1}};
   t.mutable_data<int64_t>()[0] = id;
   return t;
-}
-
-uint64_t requests_of(const data_plane_server& srv) {
-  uint64_t n = 0;
-  for (const auto& t : srv.counters().transports)
-    n += t.requests.load();
-  return n;
-}
-
-uint64_t variable_ops_of(const data_plane_server& srv) {
-  uint64_t n = 0;
-  for (const auto& t : srv.counters().transports)
-    n += t.variable_ops.load();
-  return n;
 }
 
 } // namespace
