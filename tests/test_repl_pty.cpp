@@ -50,16 +50,20 @@ public:
     struct winsize size {};
     size.ws_row = 50;
     size.ws_col = 200; // no line wraps in what is checked
+    // The program's path and argv, made before the fork: built_path takes a
+    // lock, which another thread may hold at the fork.
+    const char* repl = ACTORFLOW_REPL_BINARY;
+    std::vector<char*> argv{const_cast<char*>(repl)};
+    for (const auto& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const std::string failed = std::string{"exec "} + repl;
     pid_ = ::forkpty(&master_, nullptr, nullptr, &size);
     if (pid_ == 0) {
       ::setenv("HOME", home.c_str(), 1);
       ::setenv("TERM", "xterm", 1);
-      std::vector<char*> argv{const_cast<char*>(ACTORFLOW_REPL_BINARY)};
-      for (const auto& a : args)
-        argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(ACTORFLOW_REPL_BINARY, argv.data());
-      std::perror("exec " ACTORFLOW_REPL_BINARY);
+      ::execv(repl, argv.data());
+      std::perror(failed.c_str());
       ::_exit(127);
     }
     REQUIRE(pid_ > 0);
