@@ -538,8 +538,9 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
       << addr() << "]\n\n[train]\n"
       << long_sparse_job;
   }
-  // About 4 s (2 ms a replica's step): --switch's client lands in it.
-  std::vector<std::string> sets{"--set", "steps=2000", "--set", "mode=async"};
+  // About 10 s (2 ms a replica's step): --switch's client lands in it, on
+  // a loaded machine too.
+  std::vector<std::string> sets{"--set", "steps=5000", "--set", "mode=async"};
   auto argv = [&](const std::string& job, int task, bool in_graph) {
     std::vector<std::string> a{ACTORFLOW_TRAIN_BINARY, "--config", path, "--job", job,
                                "--task", std::to_string(task)};
@@ -571,7 +572,7 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
                    << ps1.output());
   CHECK(code == 0);
   CHECK(client.output().find("(in-graph, 2 replicas)") != std::string::npos);
-  CHECK(client.output().find("train done: mode=async workers=2 global_step=2000 ")
+  CHECK(client.output().find("train done: mode=async workers=2 global_step=5000 ")
         != std::string::npos);
   // async: a member per replica at each ps.
   CHECK(ps0.output().find("async aggregator 'train/sparse/ps0' for 2 workers") != std::string::npos);
