@@ -221,21 +221,25 @@ caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want) {
   // step, and its rounds begin with that step's push everywhere.
   // Meanwhile its pushes are applied at once (no push waits for
   // another ps's worker). A member without an actor (never joined)
-  // takes part at once, as before.
+  // takes part at once, as before. Every member with an actor is told of
+  // every switch (a sparse worker's data stream follows the mode it runs
+  // in: dist/worker_loop.hpp's data_cursor); only one into sync asks
+  // something of it.
   st.round.clear_standby();
-  if (want.mode == "sync")
-    for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w) {
-      auto& m = st.members[w];
-      if (!m.actor || st.round.is_done(w))
-        continue;
-      auto who = caf::actor_cast<caf::actor>(m.actor);
-      if (!who)
-        continue;
+  for (uint32_t w = 0; w < st.members.size() && w < st.round.workers(); ++w) {
+    auto& m = st.members[w];
+    if (!m.actor || st.round.is_done(w))
+      continue;
+    auto who = caf::actor_cast<caf::actor>(m.actor);
+    if (!who)
+      continue;
+    if (want.mode == "sync") {
       st.round.set_standby(w, true);
       m.standby_pushes = 0;
       m.standby_logged = false;
-      caf::anon_send(who, switch_atom::value, st.spec.name, want.mode, st.global_step);
     }
+    caf::anon_send(who, switch_atom::value, st.spec.name, want.mode, st.global_step);
+  }
   for (auto& m : st.members) {
     // sync: each worker's first push after the switch was computed from
     // the parameters it last got, which async may have moved on from:

@@ -483,6 +483,7 @@ caf::expected<sparse_outcome> run_sparse_in_graph(session& s, const train::train
   sparse_task t(s, c);
   t.task = 0;
   t.chief = true;
+  t.in_graph = true;
   t.timeout = std::chrono::milliseconds{c.init_timeout_ms};
   in_graph_run g{t, replicas, c.mode == "sync", {}, {}, {}, {}, {}};
   // sync: the client is the one member of each aggregator (it pushes the

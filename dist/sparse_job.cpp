@@ -153,39 +153,6 @@ aggregator_spec spec_of(const sparse_task& t, uint32_t k) {
   return spec;
 }
 
-/// What an aggregator answers a join: its global step, the worker's token
-/// and the number of the last push it took from it.
-struct joined {
-  uint64_t global_step = 0;
-  std::string token;
-  uint64_t last_seq = 0;
-};
-
-/// Joins `agg`, ps k's aggregator, as this worker (`t.self` the member it
-/// monitors). From a step's thread too (a recovery): a scoped actor of its own asks.
-caf::expected<joined> join_aggregator(sparse_task& t, uint32_t k, const aggregator_actor& agg) {
-  std::string address;
-  if (auto addr = t.s.cluster().address("worker", static_cast<int32_t>(t.task)))
-    address = addr->to_string();
-  caf::scoped_actor self{t.s.system()};
-  caf::error err;
-  joined out;
-  self
-    ->request(agg, t.timeout, join_atom::value, t.task,
-              "/job:worker/task:" + std::to_string(t.task), address,
-              static_cast<uint32_t>(t.c.batch_size), caf::actor_cast<caf::actor>(*t.self))
-    .receive(
-      [&](uint64_t global_step, std::string& token, uint64_t seq) {
-        out = {global_step, std::move(token), seq};
-      },
-      [&](caf::error& e) { err = std::move(e); });
-  if (err)
-    return make_error(af_error::unreachable,
-                      fmt::format("joining the aggregator of /job:ps/task:{}: {}", k,
-                                  describe(err)));
-  return out;
-}
-
 /// How long a link waits for a ps's answer: a read comes at once, a sync
 /// push when its round closes (the aggregator's step_timeout_ms at most;
 /// data_channel::push_sparse adds 5 s for the node's own answer then). So
@@ -226,6 +193,7 @@ caf::error join_ps(sparse_task& t, uint32_t k) {
   ps_member m{*agg, std::move(j->token)};
   auto last_seq = j->last_seq;
   t.start_step = k == 0 ? j->global_step : std::min(t.start_step, j->global_step);
+  t.ps_steps.push_back(j->global_step);
   // A member from here on: whatever fails after this is said to it (done).
   t.members.push_back(m);
   t.shards.push_back({where, spec.name, *agg, host, info->data_port, info->incarnation, {}});
@@ -269,6 +237,7 @@ caf::error initialize_or_restore(sparse_task& t, uint32_t n_ps) {
     return err;
   t.last_saved = step;
   t.saved_any = true;
+  t.start_position = restored->data_position;
   log::get()->info("chief: restored the checkpoint of global step {} from {}", step,
                    sparse_tables_dir(t.c.checkpoint_dir, step));
   return caf::none;
@@ -296,8 +265,16 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
   // The chief's count of steps: a worker that joins with a config of more
   // workers would count fewer (sync: a global batch per step).
   auto total_key = fmt::format("train/{}/sparse_total", chief->incarnation);
+  // Where the data resumes: the restored checkpoint's position (after a
+  // live switch the global step no longer tells it).
+  auto position_key = fmt::format("train/{}/sparse_data_position", chief->incarnation);
   if (t.chief) {
     if (auto err = kv.put(total_key, std::to_string(t.total)))
+      return err;
+    if (auto err = kv.put(position_key, std::to_string(t.start_position)))
+      return err;
+    if (auto err = kv.put(sparse_client_key(chief->incarnation),
+                          t.in_graph ? "in-graph" : "between-graph"))
       return err;
     return kv.put(key, mine);
   }
@@ -309,12 +286,22 @@ caf::error agree_on_layout(sparse_task& t, uint32_t n_ps) {
                       fmt::format("worker {} cuts the tables as '{}', the chief as '{}': run every "
                                   "task of the job with one config",
                                   t.task, mine, *theirs));
-  if (t.join) {
-    auto total = kv.get(total_key, t.timeout);
-    if (!total)
-      return std::move(total.error());
-    t.total = std::stoull(*total);
+  if (!t.join) { // put before the layout: there now
+    auto position = kv.get(position_key, t.timeout);
+    if (!position)
+      return std::move(position.error());
+    t.start_position = std::stoull(*position);
+    return caf::none;
   }
+  auto total = kv.get(total_key, t.timeout);
+  if (!total)
+    return std::move(total.error());
+  t.total = std::stoull(*total);
+  // A worker that joins a running job starts at the job's step's share
+  // (sync: the global batch of that step; async: each worker's stream).
+  t.start_position = train::step_per_push(t.c.mode)
+                       ? t.start_step / std::max<uint32_t>(t.workers, 1)
+                       : t.start_step;
   return caf::none;
 }
 
@@ -515,12 +502,11 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   const auto& train_set = t.data.data.train;
   train::example_order order(train_set.labels.size(), t.c.seed);
   auto batch_size = static_cast<uint64_t>(t.c.batch_size);
-  bool sync = t.c.mode == "sync";
   auto specs = t.model->tables();
   uint64_t global = t.start_step, touched = 0, bytes0 = link_bytes(t);
-  // Where this worker's data resumes: sync, the global step's batch; async,
-  // each worker's own stream at the restored step's share of it.
-  uint64_t data_start = sync ? 0 : t.start_step / std::max<uint32_t>(t.workers, 1);
+  // Where this worker's data resumes: sync follows the global step's batch;
+  // async and ssp each worker's own stream (data_cursor).
+  t.cursor = data_cursor::start(t.c.mode == "sync", t.start_position, t.start_step);
   bool saving = t.chief && !t.c.checkpoint_dir.empty();
   auto last_save = clock_type::now();
   double loss_sum = 0;
@@ -532,16 +518,19 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   // A stop ends this worker before its next step; it then says done, so a
   // sync round in which it has no share goes on without it.
   while (global < total && !(o.stop && o.stop->load())) {
-    // sync: the global batch of step `global`, this worker's share; async:
-    // its own steps' shares (the workers' streams interleave).
-    uint64_t g = sync ? global : data_start + out.local_steps;
-    order.positions((g * t.workers + t.task) * batch_size, batch_size, picks);
+    // A live switch told meanwhile: into sync, every ps joined again first.
+    if (auto err = take_switches(t))
+      return err;
+    // This worker's share of global batch t.cursor.next (the workers' streams
+    // interleave in async).
+    order.positions((t.cursor.next * t.workers + t.task) * batch_size, batch_size, picks);
     take(train_set, picks, batch);
     if (o.step_delay.count() > 0)
       std::this_thread::sleep_for(o.step_delay);
     if (t.recovering)
       t.recovering->step.store(global);
-    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, scratch);
+    auto r = run_sparse_step(*t.model, t.layout, t.link_ptrs, batch, global, scratch,
+                             &t.ps_steps);
     if (!r) {
       if (t.recovering) // a ps that did not come back: the cause of what else failed
         if (auto gone = t.recovering->failure())
@@ -558,6 +547,8 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
       touched += 2 * static_cast<uint64_t>(r->unique[i])
                  * (sizeof(int64_t) + sizeof(float) * static_cast<uint64_t>(specs[i].width));
     global = *std::min_element(r->global_steps.begin(), r->global_steps.end());
+    t.ps_steps = r->global_steps;
+    t.cursor.stepped(global);
     for (bool late : r->dropped_late)
       if (late) {
         ++out.late;
@@ -569,7 +560,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
-      if (auto err = checkpoint(t, global, sync ? global : data_start + out.local_steps, o.print)) {
+      if (auto err = checkpoint(t, global, t.cursor.next, o.print)) {
         // A ps may be down (its save failed): with recovery, the job goes
         // on and the next step waits for it; the latest checkpoint stays.
         if (!t.recovering)
@@ -721,8 +712,11 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
         return std::move(stats.error());
       global = k == 0 ? stats->global_step : std::min(global, stats->global_step);
     }
-    bool sync = c.mode == "sync";
-    auto data = sync ? global : global / std::max<uint32_t>(t.workers, 1);
+    // Unswitched, the step's share (async: of every worker's pushes);
+    // after a live switch the step no longer tells it: the chief's own.
+    auto data = t.cursor.switched                ? t.cursor.next
+                : train::step_per_push(c.mode) ? global / std::max<uint32_t>(t.workers, 1)
+                                               : global;
     if (auto e = checkpoint(t, global, data, o.print))
       return e;
   }
@@ -734,6 +728,10 @@ caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options&
 } // namespace sparse_job_detail
 
 using namespace sparse_job_detail;
+
+std::string sparse_client_key(uint64_t chief_incarnation) {
+  return fmt::format("train/{}/sparse_client", chief_incarnation);
+}
 
 bool sparse_job(const train::train_config& c) {
   return c.model == "recommender";

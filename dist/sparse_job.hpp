@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "caf/expected.hpp"
 
@@ -96,6 +97,12 @@ struct sparse_outcome {
 /// The aggregator of ps k of a sparse job is "<sparse_aggregator_prefix><k>"
 /// for the job's life (--status looks them up by it: dist/train_client.hpp).
 inline constexpr const char sparse_aggregator_prefix[] = "train/sparse/ps";
+
+/// The key under which a sparse job's chief says, in its key-value store,
+/// how the job runs ("between-graph", or "in-graph": one client, its
+/// replicas taking turns on one thread), so that a live switch
+/// (dist/train_client.hpp's job_switch) can refuse what the job cannot do.
+std::string sparse_client_key(uint64_t chief_incarnation);
 
 /// True if `c` is a sparse job (its model is one of train/sparse_model.hpp's).
 bool sparse_job(const train::train_config& c);

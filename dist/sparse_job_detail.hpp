@@ -20,6 +20,7 @@
 #include "dist/sparse_metrics.hpp"
 #include "dist/sparse_recovery.hpp"
 #include "dist/sparse_step.hpp"
+#include "dist/worker_loop.hpp"
 #include "messages/aggregator.hpp"
 #include "train/local.hpp"
 #include "train/recommender.hpp"
@@ -47,6 +48,9 @@ struct sparse_task {
   uint32_t workers = 0;
   bool chief = false;
   bool join = false;   ///< joins a running job (sparse_job_options::join)
+  /// The in-graph client (dist/sparse_in_graph.hpp): the chief says so in
+  /// its key-value store, and a live switch of the job is refused.
+  bool in_graph = false;
   uint64_t total = 0;  ///< the job's steps (the chief's count: set_up)
   std::chrono::milliseconds timeout{0};
   train::click_data data;
@@ -67,6 +71,18 @@ struct sparse_task {
   /// The aggregators' global step when this worker joined (the least of
   /// them): 0, or the step of the checkpoint the chief restored.
   uint64_t start_step = 0;
+  /// Per ps: its global step when this worker joined, then as its last
+  /// push's answer left it (each ps's push carries its own step).
+  std::vector<uint64_t> ps_steps;
+  /// Where this worker's data resumes (data_cursor::next at the start): the
+  /// restored checkpoint's data_position (the chief's, told the others in
+  /// its key-value store), or for a worker that joins a running job the
+  /// job's step's share.
+  uint64_t start_position = 0;
+  /// The live switches the aggregators told this worker of (rejoin) and
+  /// where its data stream is (its checkpoints' data_position).
+  switch_notice switches;
+  data_cursor cursor;
   sparse_checkpoint_job checkpoints;  ///< what a checkpoint of the job holds
   uint64_t last_saved = 0;            ///< the chief: the step of its last checkpoint
   bool saved_any = false;
@@ -86,6 +102,27 @@ aggregator_spec spec_of(const sparse_task& t, uint32_t k);
 /// Joins ps k's aggregator as worker t.task (a membership, its token and
 /// its link); t.layout must be set.
 caf::error join_ps(sparse_task& t, uint32_t k);
+
+/// What an aggregator answers a join: its global step, the worker's token
+/// and the number of the last push it took from it.
+struct joined {
+  uint64_t global_step = 0;
+  std::string token;
+  uint64_t last_seq = 0;
+};
+
+/// Joins `agg`, ps k's aggregator, as this worker (`t.self` the member it
+/// monitors). From a step's thread too (a recovery): a scoped actor of its
+/// own asks. (dist/sparse_members.cpp)
+caf::expected<joined> join_aggregator(sparse_task& t, uint32_t k, const aggregator_actor& agg);
+
+/// The live switches the aggregators told this worker's member actor
+/// (t.self) of since its last step (switch, aggregator, mode, step: read
+/// without waiting), noted in t.switches and t.cursor; into sync, every ps is
+/// joined again before the next push, as the dense worker does
+/// (dist/worker_exchange.cpp's exchange). With recovery, a ps that cannot
+/// be joined is left to the step's recovery; without, its error.
+caf::error take_switches(sparse_task& t);
 
 /// Steps 1 to 4 of the task (dist/sparse_job.hpp): the data and model, the
 /// tables declared, initialized or restored (t.chief) or waited for, every

@@ -382,9 +382,13 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch, uint64_t step,
-                                                  sparse_fetch& f) {
+                                                  sparse_fetch& f,
+                                                  const std::vector<uint64_t>* ps_steps) {
   const size_t T = layout.tables.size();
   const size_t P = links.size();
+  if (ps_steps && ps_steps->size() != P)
+    return make_error(af_error::internal,
+                      fmt::format("sparse step: {} steps for {} ps", ps_steps->size(), P));
   auto specs = model.tables();
   if (auto err = fetch_sparse_rows(specs, layout, links, batch, f))
     return err;
@@ -449,7 +453,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
       values.ids.push_back(int64s(part.rows));
       values.rows.push_back(std::move(g));
     }
-    if (auto err = links[p]->start_push(step, values))
+    if (auto err = links[p]->start_push(ps_steps ? (*ps_steps)[p] : step, values))
       errs[p] = std::move(err);
     else
       sent[p] = 1;

@@ -219,11 +219,15 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   uint64_t step);
 
 /// The same with `scratch` for the fetch's buffers, kept by a worker's step
-/// loop from one step to the next (fetch_sparse_rows).
+/// loop from one step to the next (fetch_sparse_rows). With `ps_steps` (one
+/// per ps), ps p's push carries ps_steps[p] instead of `step`: after a live
+/// switch the ps tasks' steps may differ for good (async counts pushes,
+/// sync rounds), and the least of them would be late on the others.
 caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const sparse_layout& layout,
                                                   const std::vector<sparse_ps_link*>& links,
                                                   const train::sparse_batch& batch, uint64_t step,
-                                                  sparse_fetch& scratch);
+                                                  sparse_fetch& scratch,
+                                                  const std::vector<uint64_t>* ps_steps = nullptr);
 
 } // namespace af

@@ -2,8 +2,10 @@
 
 #include "caf/all.hpp"
 
+#include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "dist/job_setup.hpp"
+#include "dist/sparse_job.hpp"
 #include "dist/training.hpp"
 #include "dist/training_summary.hpp"
 #include "messages/atoms.hpp"
@@ -112,7 +114,12 @@ caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds
   return text;
 }
 
-caf::error check_switch_mode(const std::string& mode) {
+caf::error check_switch_mode(const std::string& mode, bool sparse) {
+  if (sparse && mode == "average")
+    return make_error(af_error::invalid_argument,
+                      "switch to average: a sparse job's tables take sparse gradients, which "
+                      "averaging cannot (it would move whole tables); a sparse job switches "
+                      "between sync, async and ssp");
   if (mode == "allreduce")
     return make_error(af_error::invalid_argument,
                       "switch to allreduce: an allreduce job has no ps, so a running ps job "
@@ -124,11 +131,50 @@ caf::error check_switch_mode(const std::string& mode) {
   return caf::none;
 }
 
+namespace {
+
+/// A sparse job switches only between-graph: its chief says how it runs
+/// (sparse_client_key). In-graph, the replicas take turns on one thread, so
+/// a sync round of theirs could never fill (the first replica's push would
+/// wait for the next one's), and its sync is the client's one merged push.
+caf::error refuse_in_graph_switch(session& s, const train::train_config& c,
+                                  const std::string& mode) {
+  auto chief = training_detail::chief_store_of(s);
+  auto wait = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 2000)};
+  caf::expected<std::string> client = make_error(af_error::internal, "not asked");
+  if (chief)
+    client = kv_client{s.system(), chief->store, wait}.get(sparse_client_key(chief->incarnation),
+                                                           wait);
+  else
+    client = std::move(chief.error());
+  if (!client)
+    return make_error(code_of(client.error()),
+                      "switch to " + mode + ": the sparse job's chief (/job:worker/task:0) did "
+                      "not say how the job runs (" + describe(client.error()) + "): a sparse "
+                      "job switches once its chief trains; run the command again then");
+  if (*client != "in-graph")
+    return caf::none;
+  return make_error(af_error::invalid_argument,
+                    "switch to " + mode + ": this sparse job runs in-graph (one client whose "
+                    "replicas take turns on one thread): a sync round of its replicas could "
+                    "never fill (the first replica's push would wait for the next one's), and "
+                    "its sync is the client's one merged push, not members' rounds; a live "
+                    "switch is for between-graph jobs (a process per worker). To change its "
+                    "mode, stop it and start it again from its checkpoint with --set mode=" + mode);
+}
+
+} // namespace
+
 caf::expected<std::string> job_switch(session& s, const train::train_config& c,
                                       const std::string& mode) {
-  if (auto err = check_switch_mode(mode))
+  // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
+  bool sparse = sparse_job(c);
+  if (auto err = check_switch_mode(mode, sparse))
     return err;
-  auto aggs = job_aggregators(s);
+  if (sparse)
+    if (auto err = refuse_in_graph_switch(s, c, mode))
+      return err;
+  auto aggs = job_aggregators(s, sparse ? sparse_aggregator_prefix : "train/ps");
   if (!aggs)
     return std::move(aggs.error());
   // The job's spec in the new mode (a switch takes its mode and its

@@ -50,10 +50,10 @@ caf::expected<std::string> job_status_text(session& s, std::chrono::milliseconds
                                            size_t* unanswered = nullptr);
 
 /// invalid_argument naming `mode` and what to do if a running ps job cannot
-/// switch to it (allreduce, or an unknown mode); none for sync, async, ssp
-/// and average. job_switch checks it first; a client checks it before it
-/// connects to say so without a cluster.
-caf::error check_switch_mode(const std::string& mode);
+/// switch to it (allreduce, or an unknown mode; a `sparse` job average
+/// too); none for sync, async, ssp and (dense) average. job_switch checks it
+/// first; a client checks it before it connects to say so without a cluster.
+caf::error check_switch_mode(const std::string& mode, bool sparse = false);
 
 /// The live switch of every ps's aggregator to `mode` with `c`'s
 /// replicas_to_aggregate, step_deadline_ms, min_replicas, staleness,
@@ -63,7 +63,10 @@ caf::error check_switch_mode(const std::string& mode);
 /// "/job:ps/task:K: now MODE, at global step N\n". Errors: check_switch_mode's
 /// (before anything is looked up), job_aggregators' (before any ps switched),
 /// and "/job:ps/task:K: switch: <why>", which, when ps before it did switch,
-/// names them and says to run the command again or switch them back.
+/// names them and says to run the command again or switch them back. A
+/// sparse job's (sparse_job(c)) aggregators are train/sparse/ps<k>; one
+/// that runs in-graph is refused (invalid_argument saying why and what to
+/// do), and so is one whose chief does not say how it runs (not set up yet).
 caf::expected<std::string> job_switch(session& s, const train::train_config& c,
                                       const std::string& mode);
 

@@ -529,12 +529,12 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   }
   return {
     [self](switch_atom, const std::string& aggregator, const std::string& mode, uint64_t step) {
-      // Told by an aggregator that it switched (only into sync, for now).
-      log::get()->debug("{}: aggregator '{}' switched to {} at global step {}: joining every ps "
-                        "again before the next push",
-                        who(self), aggregator, mode, step);
-      if (mode == "sync")
-        self->state.rejoin = true;
+      // Told by an aggregator that it switched: into sync it joins every ps
+      // again before its next push (worker_loop::told_of_switch).
+      if (self->state.told_of_switch(mode))
+        log::get()->debug("{}: aggregator '{}' switched to {} at global step {}: joining every "
+                          "ps again before the next push",
+                          who(self), aggregator, mode, step);
     },
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.

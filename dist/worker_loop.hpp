@@ -27,8 +27,27 @@ struct step_plan {
   bool checkpoint = false; ///< the chief checkpoints
 };
 
+/// What a live switch asks of a worker, told by an aggregator (switch,
+/// aggregator, mode, step: messages/aggregator.hpp). The dense worker actor
+/// (dist/worker.cpp) and the sparse worker's loop (dist/sparse_job.cpp)
+/// both go through it.
+struct switch_notice {
+  /// A ps switched into sync: the worker joins every ps again before its
+  /// next push, so that its sync rounds begin with the same step's push on
+  /// each (aggregation_round::set_standby); cleared once it has.
+  bool rejoin = false;
+
+  /// An aggregator said it switched to `to`: true if the worker must join
+  /// every ps again before its next push (into sync).
+  bool told_of_switch(const std::string& to) {
+    if (to == "sync")
+      rejoin = true;
+    return rejoin;
+  }
+};
+
 /// Where a worker is in the job.
-struct worker_loop {
+struct worker_loop : switch_notice {
   /// The mode the job runs: the config's until a live switch changes it.
   std::string mode;
   /// average: the global step and local step its rounds count from (the
@@ -94,6 +113,58 @@ struct worker_loop {
   uint64_t rounds(uint32_t average_every) const {
     uint64_t k = std::max<uint32_t>(1, average_every);
     return (global_step + k - 1) / k;
+  }
+};
+
+/// Where a sparse worker's data stream is (dist/sparse_job.cpp): the next
+/// step reads its share of global batch `next` (examples (next * workers +
+/// task) * batch_size on, train::example_order). While the job runs sync
+/// the position follows the global step at an offset (a round closed
+/// without this worker is skipped, as the others moved on; a ps restored
+/// from a checkpoint takes it back with the step); in async and ssp it
+/// counts this worker's own steps. A live switch keeps the position going
+/// on by one a step: the global step counts rounds in sync and pushes in
+/// async, so followed through a switch it would jump. Into sync, the first
+/// step's answer sets the offset. A checkpoint records `next` as its
+/// data_position.
+struct data_cursor {
+  bool follows_global = false; ///< the job runs sync (as this worker was last told)
+  bool anchored = true;        ///< the offset is set (false: the first sync step after a switch)
+  int64_t offset = 0;          ///< next - the global step, while it follows it
+  uint64_t next = 0;           ///< the global batch of the next step's share
+  bool switched = false;       ///< a switch was seen (the position is no longer the step's)
+
+  /// At the start: `sync` the job's mode, `position` where its data resumes
+  /// (a checkpoint's data_position, or 0), `global` the aggregators' step.
+  static data_cursor start(bool sync, uint64_t position, uint64_t global) {
+    data_cursor d;
+    d.follows_global = sync;
+    d.next = position;
+    d.offset = static_cast<int64_t>(position) - static_cast<int64_t>(global);
+    return d;
+  }
+
+  /// An aggregator said it switched to `mode`.
+  void told_of_switch(const std::string& mode) {
+    bool sync = mode == "sync";
+    if (sync == follows_global)
+      return;
+    switched = true;
+    follows_global = sync;
+    anchored = !sync;
+  }
+
+  /// After a step whose answers left the job's step at `global`.
+  void stepped(uint64_t global) {
+    if (!follows_global || !anchored) {
+      next += 1;
+      if (follows_global) { // the first sync step after a switch
+        offset = static_cast<int64_t>(next) - static_cast<int64_t>(global);
+        anchored = true;
+      }
+      return;
+    }
+    next = static_cast<uint64_t>(std::max<int64_t>(static_cast<int64_t>(global) + offset, 0));
   }
 };
 

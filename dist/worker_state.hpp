@@ -103,10 +103,6 @@ struct worker_state : worker_loop {
   clock_type::time_point started;
   clock_type::time_point last_checkpoint;
   bool finished = false;
-  /// A ps switched into sync (it told this actor): the worker joins every
-  /// ps again before its next push, so that its sync rounds begin with the
-  /// same step's push on each (aggregation_round::set_standby).
-  bool rejoin = false;
   static constexpr const char* name = "worker";
 };
 

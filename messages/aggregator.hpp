@@ -125,9 +125,10 @@
 ///        step_deadline_ms, min_replicas and staleness, keeping the step,
 ///        the variables, the members and every counter. Between average and
 ///        the others the workers change their loop when a push of the other
-///        kind is refused as mode_changed. Into sync: every member that
-///        joined with an actor is told (switch, string aggregator, string
-///        mode, uint64 step) and is on standby until it joins again (its
+///        kind is refused as mode_changed. Every member that joined with an
+///        actor (and is not done) is told (switch, string aggregator, string
+///        mode, uint64 step) of a switch to another mode. Into sync, it is
+///        also on standby until it joins again (its
 ///        pushes are applied at once, the step staying; no round waits for
 ///        it); the worker joins every ps before its next push, so that its
 ///        rounds begin with the same step's push on each ps.

@@ -194,7 +194,7 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
                const std::string& switch_to) {
   // A mode no running job can take is an argument error, said without a cluster.
   if (!status)
-    if (auto err = af::check_switch_mode(switch_to))
+    if (auto err = af::check_switch_mode(switch_to, af::sparse_job(c)))
       return fail(client_error_line(err));
   auto sec = af::security_for(cluster.security, "client");
   if (!sec)
@@ -643,9 +643,9 @@ static int main_body(int argc, char** argv) {
   std::optional<af::cluster_config> cluster;
   if (auto rc = load_configs(a, c, cluster))
     return *rc;
-  if (af::sparse_job(c) && (!a.switch_to.empty() || (a.join && a.in_graph)))
-    return fail("model \"" + c.model + "\": a sparse job cannot switch modes, and its in-graph "
-                "client takes no --join (its replicas are the config's workers)");
+  if (af::sparse_job(c) && a.join && a.in_graph)
+    return fail("model \"" + c.model + "\": a sparse job's in-graph client takes no --join (its "
+                "replicas are the config's workers)");
   if ((a.status || !a.switch_to.empty()) && !cluster)
     return fail("--status and --switch talk to a running job: pass its --config");
   if (a.status || !a.switch_to.empty()) {

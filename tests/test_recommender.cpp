@@ -468,9 +468,10 @@ TEST_CASE("actorflow-train --config config/embeddings.toml trains the recommende
   CHECK(in_graph.out.find("train done: mode=sync workers=2") != std::string::npos);
   // What a sparse job cannot do is refused by name, before it tries to
   // reach the config's cluster.
-  auto refused = run_train({"--config", cfg, "--switch", "async"});
+  auto refused = run_train({"--config", cfg, "--switch", "average"});
   CHECK(refused.status == 2);
-  CHECK(refused.err.find("a sparse job cannot switch modes") != std::string::npos);
+  CHECK(refused.err.find("switch to average: a sparse job's tables take sparse gradients")
+        != std::string::npos);
   auto join = run_train({"--config", cfg, "--join"});
   CHECK(join.status == 2);
   CHECK(join.err.find("--join is for a worker task other than the chief") != std::string::npos);

@@ -1,7 +1,8 @@
 // A sparse job's accounting and its processes (issue 25): `actorflow-train
 // --status` against its aggregators (train/sparse/ps<k>), a row per worker
-// per ps, the metrics CSV, the in-graph client's CLI, and a worker that
-// joins a running job (--join).
+// per ps, the metrics CSV, the in-graph client's CLI, a worker that joins a
+// running job (--join), and a live switch (--switch: between-graph it
+// switches, in-graph it is refused).
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -9,6 +10,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <regex>
+#include <string>
 #include <thread>
 
 #include "dist/embedded_cluster.hpp"
@@ -81,6 +86,31 @@ log_every = 20
 optimizer = "sgd"
 learning_rate = 0.05
 )";
+
+/// One ps's report in a --status output: its header line's counts.
+struct ps_report {
+  std::string mode;
+  uint64_t global_step = 0, applied = 0, pushes = 0;
+};
+
+/// The header of ps `ps`'s report ("/job:ps/task:K: mode M, global step G,
+/// A update(s) applied, P push(es), ...").
+std::optional<ps_report> ps_header(const std::string& out, int ps) {
+  std::regex re{"/job:ps/task:" + std::to_string(ps)
+                + R"(: mode (\w+), global step (\d+), (\d+) update\(s\) applied, (\d+) push\(es\))"};
+  std::smatch m;
+  if (!std::regex_search(out, m, re))
+    return std::nullopt;
+  return ps_report{m[1].str(), std::stoull(m[2].str()), std::stoull(m[3].str()),
+                   std::stoull(m[4].str())};
+}
+
+/// The global step of the sparse chief's last progress line ("step G/T: loss ...").
+std::optional<uint64_t> sparse_progress(const std::string& out) {
+  static const std::regex re{R"((?:^|\n)step (\d+)/\d+: )"};
+  auto s = last_match(out, re);
+  return s ? std::optional<uint64_t>{std::stoull(*s)} : std::nullopt;
+}
 
 } // namespace
 
@@ -373,12 +403,132 @@ TEST_CASE("a worker process joins a running sparse sync job with --join, its pus
   CHECK(newcomer->refused == 0);
 }
 
+// Catches: --switch refused for a sparse job (it was, by name), or looking
+// up the dense job's aggregators; a sparse worker that never joins the
+// rounds again after a switch into sync (its member a scoped actor that read
+// no message: on standby at every ps, its pushes applied at once and the
+// global step still, sync in name only, the job never ending); a round that
+// applies each worker's rows apart instead of once merged; pushes lost or
+// applied twice across the switches.
+TEST_CASE("a between-graph sparse job of 2 ps and 2 worker processes switched async -> sync -> "
+          "async with --switch applies one merged update per sync round on each ps and ends "
+          "with every worker's pushes counted",
+          "[sparse_job][sparse_switch][processes]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  std::string table = long_sparse_job;
+  table.replace(table.find("mode = \"sync\""), 13, "mode = \"async\"");
+  // Paced (2 ms a step: at most ~1,000 async steps/s, ~500 sync rounds/s):
+  // the job outlasts three clients' starts, and ends seconds after them.
+  table.replace(table.find("steps = 10000000"), 16, "steps = 8000");
+  spec.train_table = table + "metrics = \"" + dir.path + "/m.csv\"\n";
+  spec.worker_args = {{0, {"--step-delay-ms", "2"}}, {1, {"--step-delay-ms", "2"}}};
+  auto job = train_job::start(dir.path, spec);
+  if (!job->wait_until([&] { return sparse_progress(job->chief().output()).has_value(); }, 30s))
+    FAIL("no progress line from the chief within 30 s:\n" << job->describe());
+
+  auto to_sync = job->client({"--switch", "sync"}, 30s);
+  INFO("--switch sync:\n" << to_sync.output);
+  REQUIRE(to_sync.exit_code == 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(to_sync.output, m,
+                            std::regex{R"(/job:ps/task:0: now sync, at global step (\d+))"}));
+  auto switched_at = std::stoull(m[1].str());
+  CHECK(to_sync.output.find("/job:ps/task:1: now sync, at global step") != std::string::npos);
+  // In sync the global step moves by one a round of both workers' pushes:
+  // a worker left on standby would leave it where the switch found it.
+  auto rounds = [&](uint64_t past) {
+    return job->wait_until(
+      [&] { return sparse_progress(job->chief().output()).value_or(0) >= past; }, 30s);
+  };
+  if (!rounds(switched_at + 40))
+    FAIL("the global step did not move 40 rounds past the switch into sync (at "
+         << switched_at << ") within 30 s:\n" << job->describe());
+  // Two snapshots in sync (each ps's stats are one consistent answer): every
+  // round between them applied one merged update and took one push of each
+  // worker (a push may wait in the round in progress at either snapshot).
+  auto first = job->client({"--status"}, 30s);
+  INFO("--status 1:\n" << first.output);
+  REQUIRE(first.exit_code == 0);
+  auto at_first = ps_header(first.output, 0);
+  REQUIRE(at_first);
+  if (!rounds(at_first->global_step + 40))
+    FAIL("the global step did not move 40 rounds in sync within 30 s:\n" << job->describe());
+  auto second = job->client({"--status"}, 30s);
+  INFO("--status 2:\n" << second.output);
+  REQUIRE(second.exit_code == 0);
+  auto rows1 = parse_status(first.output);
+  auto rows2 = parse_status(second.output);
+  for (int ps = 0; ps < 2; ++ps) {
+    INFO("ps " << ps);
+    auto a = ps_header(first.output, ps);
+    auto b = ps_header(second.output, ps);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->mode == "sync");
+    CHECK(b->mode == "sync");
+    auto rounds_between = static_cast<int64_t>(b->global_step - a->global_step);
+    CHECK(rounds_between >= 20);
+    CHECK(b->applied - a->applied == b->global_step - a->global_step); // one update a round
+    auto pushes = static_cast<int64_t>(b->pushes - a->pushes);
+    CHECK(std::abs(pushes - 2 * rounds_between) <= 2);
+    for (uint32_t w = 0; w < 2; ++w) {
+      INFO("worker " << w);
+      const auto* r1 = row_of(rows1, ps, w);
+      const auto* r2 = row_of(rows2, ps, w);
+      REQUIRE(r1 != nullptr);
+      REQUIRE(r2 != nullptr);
+      CHECK(r2->status == "member");
+      auto own = static_cast<int64_t>(r2->pushes - r1->pushes);
+      CHECK(std::abs(own - rounds_between) <= 1);
+      CHECK(r2->late == 0);
+    }
+  }
+
+  auto to_async = job->client({"--switch", "async"}, 30s);
+  INFO("--switch async:\n" << to_async.output);
+  REQUIRE(to_async.exit_code == 0);
+  CHECK(to_async.output.find("/job:ps/task:1: now async, at global step") != std::string::npos);
+  auto running = job->wait_all_exit(std::chrono::seconds{120});
+  INFO(job->describe());
+  CHECK(running.empty());
+  for (const auto& t : job->tasks())
+    CHECK(t.process->exit_code() == 0);
+  const auto& out = job->chief().output();
+  CHECK(out.find("train done: mode=async workers=2 global_step=") != std::string::npos);
+  for (int ps = 0; ps < 2; ++ps)
+    CHECK(job->process("ps", ps).output().find("without joining again") == std::string::npos);
+  static const std::regex done{R"(/job:worker/task:1: done after (\d+) local steps)"};
+  auto w1 = job->process("worker", 1).output();
+  REQUIRE(std::regex_search(w1, m, done));
+  CHECK(std::stoull(m[1].str()) > 0);
+  // ps 0's last report, in async: each worker's pushes applied once, none
+  // lost, late or refused across the two switches.
+  auto reports = reports_of(read_worker_rows(dir.path + "/m.workers.csv"));
+  REQUIRE_FALSE(reports.empty());
+  REQUIRE(reports.back().size() == 2);
+  for (const auto& r : reports.back()) {
+    INFO("worker " << r.worker << ": pushes " << r.pushes << " applied " << r.applied << " late "
+                   << r.late << " refused " << r.refused);
+    CHECK(r.pushes > 0);
+    CHECK(r.pushes == r.applied + r.late + r.refused);
+    CHECK(r.late == 0);
+    CHECK(r.refused == 0);
+  }
+}
+
 TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per worker of the "
-          "config against ps processes and stops them at the end",
-          "[sparse_job][sparse_in_graph][processes]") {
+          "config against ps processes, refuses a live switch naming why, and stops them at "
+          "the end",
+          "[sparse_job][sparse_in_graph][sparse_switch][processes]") {
   // Catches: the in-graph client refused with --job (the dense client's
   // rule), run as a between-graph worker instead (the ps would wait for a
-  // worker 1 that never starts), or leaving the ps tasks running.
+  // worker 1 that never starts), or leaving the ps tasks running; and a
+  // --switch that switches an in-graph job (into sync its replicas, taking
+  // turns on one thread, would each wait for the next one's push: the job
+  // would hang until step_timeout_ms) or is refused without saying why.
   temp_dir dir;
   auto path = dir.path + "/job.toml";
   auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
@@ -388,18 +538,33 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
       << addr() << "]\n\n[train]\n"
       << long_sparse_job;
   }
-  std::vector<std::string> sets{"--set", "steps=200", "--set", "mode=async"};
+  // About 10 s (2 ms a replica's step): --switch's client lands in it, on
+  // a loaded machine too.
+  std::vector<std::string> sets{"--set", "steps=5000", "--set", "mode=async"};
   auto argv = [&](const std::string& job, int task, bool in_graph) {
     std::vector<std::string> a{ACTORFLOW_TRAIN_BINARY, "--config", path, "--job", job,
                                "--task", std::to_string(task)};
     a.insert(a.end(), sets.begin(), sets.end());
-    if (in_graph)
+    if (in_graph) {
       a.push_back("--in-graph");
+      a.push_back("--step-delay-ms");
+      a.push_back("2");
+    }
     return a;
   };
   background_process ps0{argv("ps", 0, false)};
   background_process ps1{argv("ps", 1, false)};
   background_process client{argv("worker", 0, true)};
+  REQUIRE(client.wait_for("\nstep ", std::chrono::seconds{60}));
+  background_process to_sync{{ACTORFLOW_TRAIN_BINARY, "--config", path, "--switch", "sync"}};
+  auto switch_code = to_sync.wait_exit(std::chrono::seconds{30});
+  INFO("--switch sync:\n" << to_sync.output());
+  CHECK(switch_code == 1);
+  CHECK(to_sync.output().find("switch to sync: this sparse job runs in-graph (one client whose "
+                              "replicas take turns on one thread): a sync round of its replicas "
+                              "could never fill")
+        != std::string::npos);
+  CHECK(to_sync.output().find("--set mode=sync") != std::string::npos);
   auto code = client.wait_exit(std::chrono::seconds{120});
   auto ps0_code = ps0.wait_exit(std::chrono::seconds{30});
   auto ps1_code = ps1.wait_exit(std::chrono::seconds{30});
@@ -407,7 +572,7 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
                    << ps1.output());
   CHECK(code == 0);
   CHECK(client.output().find("(in-graph, 2 replicas)") != std::string::npos);
-  CHECK(client.output().find("train done: mode=async workers=2 global_step=200 ")
+  CHECK(client.output().find("train done: mode=async workers=2 global_step=5000 ")
         != std::string::npos);
   // async: a member per replica at each ps.
   CHECK(ps0.output().find("async aggregator 'train/sparse/ps0' for 2 workers") != std::string::npos);

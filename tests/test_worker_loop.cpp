@@ -1,7 +1,8 @@
 // The training worker's step loop decisions (dist/worker_loop.hpp) and the
 // chief's event bookkeeping (dist/training_report.hpp) without
 // processes or actors: what is due after a step in each mode (report,
-// evaluate, checkpoint, the end) and when an average worker's round is pushed.
+// evaluate, checkpoint, the end), when an average worker's round is pushed,
+// and what a live switch asks of a worker (switch_notice, data_cursor).
 #include <catch2/catch.hpp>
 
 #include <set>
@@ -172,4 +173,53 @@ TEST_CASE("the chief's progress lines print each of ps 0's events once, the last
   // ps 0 died and came back: its new aggregator counts from 0 again
   CHECK(cur.take(1, 1) == 1);
   CHECK(cur.take(2, 2) == 1);
+}
+
+// Catches a worker that joins every ps again at a switch out of sync (or not
+// at one into sync), and a sparse worker's data stream that follows the
+// global step through a switch (async counts pushes, sync rounds: it would
+// skip or repeat batches) or stops following it in sync (a round closed
+// without the worker, a ps restored to an older step).
+TEST_CASE("a live switch asks a worker to join again only into sync, and a sparse worker's data "
+          "position goes on by one a step across switches",
+          "[worker][sparse_switch]") {
+  switch_notice n;
+  CHECK_FALSE(n.told_of_switch("async"));
+  CHECK_FALSE(n.told_of_switch("ssp"));
+  CHECK(n.told_of_switch("sync"));
+  CHECK(n.rejoin);
+
+  // sync from a checkpoint at step 10 (data position 10): the step's batch.
+  auto d = data_cursor::start(true, 10, 10);
+  CHECK(d.next == 10);
+  d.stepped(11);
+  CHECK(d.next == 11);
+  d.stepped(13); // rounds 11 and 12 closed without this worker
+  CHECK(d.next == 13);
+  d.stepped(12); // a ps restored to an older step: its batches again
+  CHECK(d.next == 12);
+  CHECK_FALSE(d.switched);
+  // Into async: the global step now moves by every worker's pushes.
+  d.told_of_switch("async");
+  CHECK(d.switched);
+  d.stepped(40);
+  d.stepped(47);
+  CHECK(d.next == 14);
+  d.told_of_switch("ssp"); // neither follows the step
+  d.stepped(60);
+  CHECK(d.next == 15);
+  // Back into sync: the first step's answer sets the offset, then a round a step.
+  d.told_of_switch("sync");
+  d.told_of_switch("sync"); // the second ps's word
+  d.stepped(61);
+  CHECK(d.next == 16);
+  d.stepped(62);
+  CHECK(d.next == 17);
+  d.stepped(64);
+  CHECK(d.next == 19);
+
+  // async from a checkpoint whose position is 7: its own steps from there.
+  auto a = data_cursor::start(false, 7, 30);
+  a.stepped(33);
+  CHECK(a.next == 8);
 }
