@@ -40,9 +40,36 @@ std::string invalid_shape(const shape_type& shape, dtype type) {
 
 } // namespace
 
+void graph::push_scope(device_name d) {
+  scopes_[std::this_thread::get_id()].push_back(std::move(d));
+}
+
+void graph::pop_scope() {
+  auto it = scopes_.find(std::this_thread::get_id());
+  if (it == scopes_.end())
+    return;
+  if (!it->second.empty())
+    it->second.pop_back();
+  if (it->second.empty()) // a thread id may be reused by a later thread
+    scopes_.erase(it);
+}
+
+const std::vector<device_name>& graph::scopes() const {
+  static const std::vector<device_name> none;
+  auto it = scopes_.find(std::this_thread::get_id());
+  return it == scopes_.end() ? none : it->second;
+}
+
+void graph::set_scopes(std::vector<device_name> s) {
+  if (s.empty())
+    scopes_.erase(std::this_thread::get_id());
+  else
+    scopes_[std::this_thread::get_id()] = std::move(s);
+}
+
 device_name graph::current_scope() const {
   device_name d;
-  for (const auto& s : scopes_) // inner scopes win over outer ones
+  for (const auto& s : scopes()) // inner scopes win over outer ones
     d = s.merged_into(d);
   return d;
 }
@@ -103,6 +130,14 @@ output graph::placeholder(const std::string& name) {
   n.requested = current_scope();
   nodes_.push_back(std::move(n));
   return output{static_cast<int32_t>(nodes_.size() - 1)};
+}
+
+output graph::placeholder(const std::string& name, dtype type, std::optional<shape_type> shape) {
+  auto o = placeholder(name);
+  auto& n = nodes_.back();
+  n.feed_type = type;
+  n.feed_shape = std::move(shape);
+  return o;
 }
 
 output graph::op(const std::string& kind, std::vector<output> inputs, op_attrs attrs,

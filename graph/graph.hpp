@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "graph/op_builder.hpp"
@@ -47,21 +48,28 @@ struct graph_node {
   std::string placement_note; ///< e.g. why soft placement moved it
   // -- constants
   tensor value;
+  // -- placeholders
+  std::optional<dtype> feed_type;       ///< as declared (tf.placeholder's dtype), if it was
+  std::optional<shape_type> feed_shape; ///< as declared, -1 for an axis of any size; none: any shape
 };
 
 class graph : public op_builder<graph> {
 public:
   // -- device scopes (tf.device) ----------------------------------------------
+  //
+  // Each thread has its own stack of scopes on each graph (TF's
+  // Graph._thread_local device stack): two threads building on one graph
+  // under different scopes do not see each other's. A thread's stack is
+  // dropped when it is emptied. The graph is otherwise not thread-safe:
+  // threads take turns building it (Python's GIL does).
 
-  void push_scope(device_name d) { scopes_.push_back(std::move(d)); }
-  void pop_scope() {
-    if (!scopes_.empty())
-      scopes_.pop_back();
-  }
-  /// The merged device of the open scopes (empty if none).
+  void push_scope(device_name d);
+  void pop_scope();
+  /// The merged device of this thread's open scopes (empty if none).
   device_name current_scope() const;
-  const std::vector<device_name>& scopes() const { return scopes_; }
-  void set_scopes(std::vector<device_name> s) { scopes_ = std::move(s); }
+  /// This thread's open scopes, outermost first.
+  const std::vector<device_name>& scopes() const;
+  void set_scopes(std::vector<device_name> s);
 
   // -- building ---------------------------------------------------------------
 
@@ -76,6 +84,9 @@ public:
 
   /// A value given at run time (tf.placeholder).
   output placeholder(const std::string& name = "Placeholder");
+  /// One of a declared dtype and shape (-1: any size on that axis; no
+  /// shape: any): what its static shape (graph/shapes.hpp) starts from.
+  output placeholder(const std::string& name, dtype type, std::optional<shape_type> shape);
 
   /// Any op of the registry by name (kernels/op_registry.hpp); the typed
   /// methods (add, matmul, reduce_sum, ...) come from op_builder. Inputs are
@@ -131,7 +142,7 @@ private:
   output update(const char* kind, output var, std::vector<output> operands, const std::string& name);
 
   std::vector<graph_node> nodes_;
-  std::vector<device_name> scopes_;
+  std::map<std::thread::id, std::vector<device_name>> scopes_; ///< each thread's
   std::map<std::string, int> name_counts_;
   std::set<std::string> used_names_; ///< every node name, so that "add_1" is never handed out twice
 };

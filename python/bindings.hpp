@@ -24,6 +24,7 @@
 #include "core/error_code.hpp"
 #include "core/tensor.hpp"
 #include "graph/graph.hpp"
+#include "graph/shapes.hpp"
 
 namespace af::python {
 
@@ -68,21 +69,20 @@ void register_tensors(py::module_& m);
 // -- graph building (python/graph.cpp) ---------------------------------------
 
 /// af.Graph: an af::graph plus what Python needs that the graph does not
-/// keep (placeholders' dtypes). Built under the GIL only.
+/// keep. Built under the GIL only.
 struct py_graph {
   graph g;
-  std::map<int32_t, dtype> placeholder_types;
-  /// A placeholder's shape as given (-1: any size on that axis); none given:
-  /// any shape. A feed is checked against it before the step runs (TF's
-  /// "Cannot feed value of shape ...").
-  std::map<int32_t, std::vector<int64_t>> placeholder_shapes;
+  /// Each node's static dtype and shape (Tensor.shape), filled as asked.
+  mutable static_shapes shapes;
   /// Variables made with trainable=False (TF's global_step idiom): left out
   /// of trainable_variables() and of an optimizer's default var_list.
   std::set<int32_t> untrainable;
 };
 
-/// Raises ValueError when `value` does not fit placeholder `o`'s shape
-/// (its rank, and each axis the placeholder fixes), naming both shapes.
+/// Raises ValueError when `value` does not fit placeholder `o`'s declared
+/// shape (its rank, and each axis the placeholder fixes), naming both
+/// shapes as TF does ("Cannot feed value of shape (2, 4) for Tensor 'x:0',
+/// which has shape '(?, 3)'").
 void check_feed_shape(const py_graph& g, output o, const tensor& value);
 using graph_ptr = std::shared_ptr<py_graph>;
 
@@ -117,6 +117,12 @@ graph_ptr default_graph();
 /// placeholders, and ops through the registry's shape rules); float32 when
 /// it cannot tell.
 dtype dtype_hint(const py_graph& g, output o);
+
+/// Op `kind` of the registry on `inputs`, added to `g` once its static
+/// shapes fit (graph/shapes.hpp); ValueError with TF's sentence, naming the
+/// op and its input shapes, when they cannot.
+output checked_op(const graph_ptr& g, const std::string& kind, std::vector<output> inputs,
+                  const op_attrs& attrs = {}, const std::string& name = "");
 
 /// `value` as a node of `g`: a Tensor of g as it is, anything else as a
 /// constant (of dtype `like` when given). A Tensor of another graph raises.

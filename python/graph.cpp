@@ -1,6 +1,8 @@
 // Graph building the TF 1.x way: af.Graph and the default graph,
-// af.Tensor (TF's Tensor and Variable) with + - * / @ and assign_add,
-// with af.device(...) scopes (nesting merges, as TF's), af.constant,
+// af.Tensor (TF's Tensor and Variable) with + - * / @ and assign_add and
+// its static shape (af.TensorShape, graph/shapes.hpp: an op whose known
+// shapes cannot fit is a ValueError when built), with af.device(...)
+// scopes (nesting merges, each thread's own, as TF's), af.constant,
 // af.placeholder, af.Variable, af.get_variable with TF's initializers,
 // af.gradients, af.global_variables_initializer(). Everything here builds
 // an af::graph (graph/graph.hpp) and talks to no cluster: a session
@@ -8,6 +10,8 @@
 #include "python/bindings.hpp"
 
 #include <pybind11/stl.h>
+
+#include <algorithm>
 
 #include "core/device_name.hpp"
 #include "kernels/op_registry.hpp"
@@ -85,10 +89,11 @@ std::optional<std::vector<int64_t>> placeholder_shape(const py::object& shape) {
   return dims;
 }
 
+/// A shape as TF 1.x prints one: "(?, 3)", "(2,)", "()".
 std::string shape_text(const std::vector<int64_t>& dims) {
   std::string out = "(";
   for (size_t i = 0; i < dims.size(); ++i) {
-    out += dims[i] < 0 ? std::string("None") : std::to_string(dims[i]);
+    out += dims[i] < 0 ? std::string("?") : std::to_string(dims[i]);
     if (i + 1 < dims.size() || dims.size() == 1)
       out += i + 1 < dims.size() ? ", " : ",";
   }
@@ -100,7 +105,7 @@ py_tensor binary(const py_tensor& x, py::handle other, const char* op, bool refl
   auto y = as_node(x.owner, other, dtype_hint(*x.owner, x.out));
   auto a = reflected ? y : x.out;
   auto b = reflected ? x.out : y;
-  return make(x.owner, x.owner->g.op(op, {a, b}));
+  return make(x.owner, checked_op(x.owner, op, {a, b}));
 }
 
 /// assign / assign_add / assign_sub of a variable Tensor.
@@ -159,6 +164,92 @@ std::string fresh_variable_name(const graph& g, const std::string& base) {
   }
 }
 
+/// af.TensorShape: a static shape (TF's TensorShape): nullopt for an
+/// unknown rank, -1 for a dimension of any size (None in Python).
+struct py_shape {
+  std::optional<shape_type> dims;
+};
+
+py::object dim_object(int64_t d) {
+  return d < 0 ? py::object(py::none()) : py::object(py::int_(d));
+}
+
+py::list shape_list(const py_shape& s) {
+  if (!s.dims)
+    throw py::value_error("as_list() is not defined on an unknown TensorShape.");
+  py::list out;
+  for (auto d : *s.dims)
+    out.append(dim_object(d));
+  return out;
+}
+
+/// Whether `a` and `b` may be the same shape (TF's is_compatible_with).
+bool compatible(const py_shape& a, const py_shape& b) {
+  if (!a.dims || !b.dims)
+    return true;
+  if (a.dims->size() != b.dims->size())
+    return false;
+  for (size_t i = 0; i < a.dims->size(); ++i)
+    if ((*a.dims)[i] >= 0 && (*b.dims)[i] >= 0 && (*a.dims)[i] != (*b.dims)[i])
+      return false;
+  return true;
+}
+
+/// A TensorShape, or a list / tuple of sizes and None, as a py_shape.
+py_shape to_shape(py::handle other) {
+  if (py::isinstance<py_shape>(other))
+    return other.cast<py_shape>();
+  if (other.is_none())
+    return {};
+  shape_type dims;
+  for (auto d : other)
+    dims.push_back(d.is_none() ? -1 : d.cast<int64_t>());
+  return {dims};
+}
+
+void register_shape_class(py::module_& m) {
+  py::class_<py_shape>(m, "TensorShape",
+                       "A static shape (TF's TensorShape): what the graph knows of a tensor's "
+                       "shape before it runs; None for a dimension of any size")
+    .def(py::init([](py::handle dims) { return to_shape(dims); }), py::arg("dims"))
+    .def_property_readonly("ndims", [](const py_shape& s) -> py::object {
+      return s.dims ? py::object(py::int_(s.dims->size())) : py::object(py::none());
+    }, "the rank, or None when not known")
+    .def_property_readonly("rank", [](const py_shape& s) -> py::object {
+      return s.dims ? py::object(py::int_(s.dims->size())) : py::object(py::none());
+    }, "the rank, or None when not known")
+    .def_property_readonly("dims", [](const py_shape& s) -> py::object {
+      return s.dims ? py::object(shape_list(s)) : py::object(py::none());
+    }, "the sizes (None where not known), or None when the rank is not known")
+    .def("as_list", &shape_list, "the sizes, None where not known; ValueError for an unknown rank")
+    .def("is_fully_defined", [](const py_shape& s) {
+      return s.dims && std::none_of(s.dims->begin(), s.dims->end(), [](int64_t d) { return d < 0; });
+    })
+    .def("is_compatible_with", [](const py_shape& s, py::handle o) { return compatible(s, to_shape(o)); },
+         py::arg("other"))
+    .def("__len__", [](const py_shape& s) {
+      if (!s.dims)
+        throw py::value_error("Cannot take the length of Shape with unknown rank.");
+      return s.dims->size();
+    })
+    .def("__iter__", [](const py_shape& s) { return py::iter(shape_list(s)); })
+    .def("__getitem__", [](const py_shape& s, py::handle key) -> py::object {
+      return shape_list(s)[key];
+    })
+    .def("__eq__", [](const py_shape& s, py::handle o) {
+      if (!py::isinstance<py_shape>(o) && !py::isinstance<py::list>(o) && !py::isinstance<py::tuple>(o))
+        return false;
+      return s.dims == to_shape(o).dims;
+    })
+    .def("__repr__", [](const py_shape& s) {
+      return s.dims ? "TensorShape(" + py::repr(shape_list(s)).cast<std::string>() + ")"
+                    : std::string("TensorShape(None)");
+    })
+    .def("__str__", [](const py_shape& s) {
+      return s.dims ? shape_text(*s.dims) : std::string("<unknown>");
+    });
+}
+
 /// `with af.device(name):` on the graph that is the default when it is entered.
 struct device_block {
   device_name name;
@@ -177,6 +268,12 @@ void register_tensor_class(py::module_& m) {
                            "the device requested for it (the merged af.device scopes)")
     .def_property_readonly("dtype", [](const py_tensor& t) { return numpy_dtype(dtype_hint(*t.owner, t.out)); })
     .def_property_readonly("graph", [](const py_tensor& t) { return t.owner; })
+    .def_property_readonly("shape", [](const py_tensor& t) {
+      return py_shape{t.owner->shapes.of(t.owner->g, t.out).shape};
+    }, "the static shape (af.TensorShape): what the graph knows before it runs, None where not known")
+    .def("get_shape", [](const py_tensor& t) {
+      return py_shape{t.owner->shapes.of(t.owner->g, t.out).shape};
+    }, "the static shape (Tensor.shape)")
     .def_property_readonly("is_variable", [](const py_tensor& t) {
       return t.owner->g.variable_node(t.out) != nullptr;
     })
@@ -200,7 +297,7 @@ void register_tensor_class(py::module_& m) {
     .def("__rtruediv__", [](const py_tensor& x, py::handle y) { return binary(x, y, "div", true); })
     .def("__matmul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "matmul", false); })
     .def("__rmatmul__", [](const py_tensor& x, py::handle y) { return binary(x, y, "matmul", true); })
-    .def("__neg__", [](const py_tensor& x) { return make(x.owner, x.owner->g.neg(x.out)); })
+    .def("__neg__", [](const py_tensor& x) { return make(x.owner, checked_op(x.owner, "neg", {x.out})); })
     .def("__hash__", [](const py_tensor& t) {
       return py::hash(py::make_tuple(reinterpret_cast<uintptr_t>(t.owner.get()), t.out.id));
     })
@@ -293,13 +390,14 @@ void register_builders(py::module_& m) {
     auto t = type.is_none() ? dtype::float32 : to_dtype(type);
     auto dims = placeholder_shape(shape);
     auto g = default_graph();
-    auto o = g->g.placeholder(name_or(name, "Placeholder"));
-    g->placeholder_types[o.id] = t;
+    std::optional<shape_type> declared;
     if (dims)
-      g->placeholder_shapes[o.id] = std::move(*dims);
-    return make(g, o);
+      declared = shape_type(dims->begin(), dims->end());
+    return make(g, g->g.placeholder(name_or(name, "Placeholder"), t, std::move(declared)));
   }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::arg("name") = py::none(),
-        "a value given at run time in feed_dict (tf.placeholder); feeds are converted to its dtype");
+        "a value given at run time in feed_dict (tf.placeholder); feeds are converted to its "
+        "dtype and must fit its shape (None or -1: any size on that axis; no shape: any), which "
+        "is its static shape (Tensor.shape)");
   m.def("get_variable", [](const std::string& name, const py::object& shape, const py::object& type,
                            const py::object& init, const py::object& trainable) {
     auto t = type.is_none() ? dtype::float32 : to_dtype(type);
@@ -392,19 +490,14 @@ dtype dtype_hint(const py_graph& pg, output o) {
   const auto& g = pg.g;
   if (!g.contains(o))
     return dtype::float32;
+  if (const auto& info = pg.shapes.of(g, o); info.type)
+    return *info.type;
   const auto& n = g.at(o);
-  switch (n.kind) {
-    case node_kind::variable: return n.spec.type;
-    case node_kind::constant: return n.value.type();
-    case node_kind::placeholder: {
-      auto it = pg.placeholder_types.find(o.id);
-      return it == pg.placeholder_types.end() ? dtype::float32 : it->second;
-    }
-    case node_kind::update: return n.inputs.empty() ? dtype::float32 : dtype_hint(pg, output{n.inputs[0]});
-    case node_kind::compute: break;
-  }
-  // The registry's rule knows an op's dtype from its inputs' (shapes here
-  // are unknown, so only the dtype of its answer is used).
+  if (n.kind != node_kind::compute)
+    return n.kind == node_kind::update && !n.inputs.empty() ? dtype_hint(pg, output{n.inputs[0]})
+                                                            : dtype::float32;
+  // No static dtype (an op whose rule refused its inputs' dtypes): the
+  // registry's rule on scalars, else the first input's.
   std::vector<kernels::value_info> in;
   for (auto i : n.inputs)
     in.push_back({dtype_hint(pg, output{i}), {}});
@@ -415,17 +508,27 @@ dtype dtype_hint(const py_graph& pg, output o) {
 }
 
 void check_feed_shape(const py_graph& pg, output o, const tensor& value) {
-  auto it = pg.placeholder_shapes.find(o.id);
-  if (it == pg.placeholder_shapes.end())
+  if (!pg.g.contains(o) || pg.g.at(o).kind != node_kind::placeholder || !pg.g.at(o).feed_shape)
     return;
-  const auto& want = it->second;
+  const auto& want = *pg.g.at(o).feed_shape;
   const auto& got = value.shape();
   bool fits = got.size() == want.size();
   for (size_t i = 0; fits && i < want.size(); ++i)
     fits = want[i] < 0 || want[i] == got[i];
   if (!fits)
     throw py::value_error("Cannot feed value of shape " + shape_text(got) + " for Tensor '"
-                          + pg.g.at(o).name + ":0', which has shape " + shape_text(want));
+                          + pg.g.at(o).name + ":0', which has shape '" + shape_text(want) + "'");
+}
+
+output checked_op(const graph_ptr& g, const std::string& kind, std::vector<output> inputs,
+                  const op_attrs& attrs, const std::string& name) {
+  std::vector<static_info> in;
+  for (auto i : inputs)
+    in.push_back(g->shapes.of(g->g, i));
+  auto r = infer_static(kind, attrs, in, name.empty() ? kind : name);
+  if (!r)
+    throw py::value_error(r.error().what);
+  return g->g.op(kind, std::move(inputs), attrs, name);
 }
 
 output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like) {
@@ -440,6 +543,7 @@ output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like) 
 }
 
 void register_graph(py::module_& m) {
+  register_shape_class(m);
   register_graph_class(m);
   register_tensor_class(m);
   register_device(m);

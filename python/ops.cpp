@@ -78,7 +78,7 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   std::vector<output> inputs;
   for (auto a : args)
     inputs.push_back(as_node(g, a, like));
-  return py_tensor{g, g->g.op(std::string(def.name), std::move(inputs), attrs, name)};
+  return py_tensor{g, checked_op(g, std::string(def.name), std::move(inputs), attrs, name)};
 }
 
 /// The Python signature of `def`'s function, as pybind11 writes one (the

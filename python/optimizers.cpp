@@ -66,6 +66,9 @@ struct py_optimizer {
   enum class method : uint8_t { sgd, momentum, adam };
   method kind = method::sgd;
   double learning_rate = 0.01;
+  /// A scalar Tensor given as the learning rate (a placeholder fed each
+  /// step, a decayed variable): read by every update instead of the number.
+  std::optional<py_tensor> rate_tensor;
   double momentum = 0;
   bool nesterov = false;
   double beta1 = 0.9;
@@ -101,6 +104,43 @@ output scalar(graph& g, dtype t, double v, const char* name) {
   return g.constant(tensor::filled(t, {}, v), name);
 }
 
+/// The learning rate as a node: the Tensor given, or a constant of `t`.
+output rate_node(graph& g, const py_optimizer& o, dtype t) {
+  return o.rate_tensor ? o.rate_tensor->out : scalar(g, t, o.learning_rate, "learning_rate");
+}
+
+/// TF's learning_rate: a number (a Python or NumPy scalar, a 0-d array), or
+/// a scalar float Tensor (a placeholder, a variable). Anything else is a
+/// TypeError naming it; a Tensor that is not a scalar, a ValueError.
+void set_learning_rate(py_optimizer& o, py::handle lr, const char* cls) {
+  std::string where = std::string("af.train.") + cls + ": learning_rate ";
+  if (py::isinstance<py_tensor>(lr)) {
+    const auto& t = lr.cast<const py_tensor&>();
+    const auto& info = t.owner->shapes.of(t.owner->g, t.out);
+    if (info.shape && !info.shape->empty())
+      throw py::value_error(where + "must be a scalar Tensor; '" + t.owner->g.at(t.out).name
+                            + ":0' has shape " + static_shape_string(info.shape));
+    auto type = dtype_hint(*t.owner, t.out);
+    if (type != dtype::float32 && type != dtype::float64)
+      throw py::type_error(where + "must be a float32 or float64 Tensor; '"
+                           + t.owner->g.at(t.out).name + ":0' is " + dtype_name(type));
+    o.rate_tensor = t;
+    return;
+  }
+  auto numbers = py::module_::import("numbers");
+  bool number = !py::isinstance<py::bool_>(lr) && py::isinstance(lr, numbers.attr("Real"));
+  if (!number && py::isinstance<py::array>(lr)) {
+    auto a = py::reinterpret_borrow<py::array>(lr);
+    auto kind = a.dtype().kind();
+    number = a.ndim() == 0 && (kind == 'f' || kind == 'i' || kind == 'u');
+  }
+  if (!number)
+    throw py::type_error(where + "must be a number (a Python or NumPy scalar, a 0-d array) or a "
+                         "scalar float Tensor (af.placeholder(af.float32, []), a variable); got "
+                         + py::repr(lr).cast<std::string>().substr(0, 80));
+  o.learning_rate = py::float_(py::reinterpret_borrow<py::object>(lr)).cast<double>();
+}
+
 /// Adam's bias-corrected rate lr * sqrt(1 - beta2^t) / (1 - beta1^t) at
 /// the run's step t: the powers are variables (TF's beta1_power and
 /// beta2_power, beside the first variable by name) holding beta^t after t
@@ -123,7 +163,7 @@ output adam_rate(graph& g, const py_optimizer& o, const std::vector<output>& var
   auto t1 = g.assign(p1, g.mul(p1, scalar(g, t, o.beta1, "beta1")));
   auto t2 = g.assign(p2, g.mul(p2, scalar(g, t, o.beta2, "beta2")));
   auto one = scalar(g, t, 1, "one");
-  auto rate = g.div(g.mul(scalar(g, t, o.learning_rate, "learning_rate"), g.sqrt(g.sub(one, t2))),
+  auto rate = g.div(g.mul(rate_node(g, o, t), g.sqrt(g.sub(one, t2))),
                     g.sub(one, t1), "adam_learning_rate");
   g.pop_scope();
   return rate;
@@ -135,7 +175,7 @@ output update_of(graph& g, const py_optimizer& o, output var, output grad, outpu
   const graph_node v = *g.variable_node(var); // a copy: new nodes move the graph's
   auto t = v.spec.type;
   g.push_scope(v.requested);
-  auto lr = scalar(g, t, o.learning_rate, "learning_rate");
+  auto lr = rate_node(g, o, t);
   output step;
   switch (o.kind) {
     case py_optimizer::method::sgd: // var -= lr * grad
@@ -219,10 +259,21 @@ py_group apply_gradients(const py_optimizer& o, const py::object& grads_and_vars
   }
   if (!owner)
     raise(af_error::invalid_argument, "apply_gradients: no (gradient, variable) pairs given");
+  if (o.rate_tensor && o.rate_tensor->owner != owner)
+    raise(af_error::invalid_argument, "apply_gradients: the learning rate '"
+                                        + o.rate_tensor->owner->g.at(o.rate_tensor->out).name
+                                        + ":0' is a Tensor of another graph than the variables");
   if (vars.empty())
     throw py::value_error("apply_gradients: no gradients provided for any variable (each "
                           "gradient is None: the loss depends on none of them)");
   auto& g = owner->g;
+  if (o.rate_tensor)
+    for (auto v : vars)
+      if (auto t = g.variable_node(v)->spec.type; t != dtype_hint(*owner, o.rate_tensor->out))
+        throw py::type_error("apply_gradients: the learning rate '"
+                             + g.at(o.rate_tensor->out).name + ":0' is "
+                             + dtype_name(dtype_hint(*owner, o.rate_tensor->out)) + ", variable '"
+                             + g.at(v).name + "' " + dtype_name(t) + "; give one of its dtype");
   output adam_lr;
   if (o.kind == py_optimizer::method::adam)
     adam_lr = adam_rate(g, o, vars);
@@ -282,9 +333,9 @@ void register_optimizers(py::module_& m) {
        py::arg("name") = py::none(), "compute_gradients then apply_gradients: the training Operation");
   py::class_<py_sgd, py_optimizer>(train, "GradientDescentOptimizer",
     "tf.train.GradientDescentOptimizer: var -= learning_rate * grad.")
-    .def(py::init([](double lr, bool, const std::string& name) {
+    .def(py::init([](py::handle lr, bool, const std::string& name) {
       py_sgd o;
-      o.learning_rate = lr;
+      set_learning_rate(o, lr, "GradientDescentOptimizer");
       o.name = name;
       return o;
     }), py::arg("learning_rate"), py::arg("use_locking") = false,
@@ -295,10 +346,10 @@ void register_optimizers(py::module_& m) {
     // TF 1.x's argument order (use_locking third, name fourth), so that a
     // TF script's MomentumOptimizer(lr, m, True) locks (a no-op here: each
     // update runs in its variable's actor) rather than turning on Nesterov.
-    .def(py::init([](double lr, double momentum, bool, const std::string& name, bool nesterov) {
+    .def(py::init([](py::handle lr, double momentum, bool, const std::string& name, bool nesterov) {
       py_momentum o;
       o.kind = py_optimizer::method::momentum;
-      o.learning_rate = lr;
+      set_learning_rate(o, lr, "MomentumOptimizer");
       o.momentum = momentum;
       o.nesterov = nesterov;
       o.name = name;
@@ -309,12 +360,12 @@ void register_optimizers(py::module_& m) {
     "tf.train.AdamOptimizer: m += (grad - m)(1 - beta1); v += (grad^2 - v)(1 - beta2); var -= "
     "lr_t * m / (sqrt(v) + epsilon), lr_t = learning_rate * sqrt(1 - beta2^t) / (1 - beta1^t); "
     "slots '<var>/Adam' and '<var>/Adam_1' ('<var>/<name>', '<var>/<name>_1'), beta1_power and beta2_power beside the first variable.")
-    .def(py::init([](double lr, double beta1, double beta2, double epsilon, bool,
+    .def(py::init([](py::handle lr, double beta1, double beta2, double epsilon, bool,
                      const std::string& name) {
       py_adam o;
       o.name = name;
       o.kind = py_optimizer::method::adam;
-      o.learning_rate = lr;
+      set_learning_rate(o, lr, "AdamOptimizer");
       o.beta1 = beta1;
       o.beta2 = beta2;
       o.epsilon = epsilon;

@@ -113,8 +113,7 @@ public:
     for (auto& v : vars_) {
       if (!v.assign.valid()) {
         auto& g = graph_->g;
-        v.value = g.placeholder("save/restore_" + v.name);
-        graph_->placeholder_types[v.value.id] = v.type;
+        v.value = g.placeholder("save/restore_" + v.name, v.type, v.shape);
         v.assign = g.assign(v.node, v.value, "save/assign_" + v.name);
       }
       targets.append(py_tensor{graph_, v.assign});

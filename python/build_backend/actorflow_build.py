@@ -14,9 +14,17 @@ A new build directory is configured for the Python running pip
 (-DPython3_EXECUTABLE), Release, without the tests, with Ninja and ccache
 when they are installed; $ACTORFLOW_CMAKE_ARGS (or config setting
 cmake-args) adds arguments, e.g. "-DACTORFLOW_WITH_CUDA=OFF".
+
+`python -m build --sdist` (or this module's build_sdist hook) packs the
+source tree into dist/actorflow-VERSION.tar.gz: the files git tracks or would (untracked, not ignored) when
+the tree is a git work tree, else every file but build directories (an
+unpacked sdist packs itself again), with PKG-INFO. `pip install
+--no-build-isolation --no-index DIR` of the unpacked sdist builds the
+module as from the git tree.
 """
 import base64
 import hashlib
+import io
 import os
 import re
 import shlex
@@ -24,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -104,7 +113,63 @@ def _record_line(name, data):
     return "%s,sha256=%s,%d" % (name, digest, len(data))
 
 
+def _is_git_top(path):
+    try:
+        top = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return bool(top) and Path(top).resolve() == path.resolve()
+
+
+# Not packed when the tree is not a git work tree: what building and testing leave.
+_SKIPPED_DIRS = {".git", "__pycache__", ".pytest_cache", "venv", ".venv"}
+
+
+def _sdist_files():
+    """The source files to pack, relative to SOURCE, sorted."""
+    if _is_git_top(SOURCE):
+        out = subprocess.run(["git", "-C", str(SOURCE), "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard"], capture_output=True,
+                             check=True).stdout.decode()
+        return sorted(f for f in out.split("\0") if f and (SOURCE / f).is_file())
+    files = []
+    for root, dirs, names in os.walk(SOURCE):
+        rel = Path(root).relative_to(SOURCE)
+        dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS
+                   and not (rel == Path(".") and d.startswith("build"))]
+        files += [str(rel / n) if rel != Path(".") else n for n in names
+                  if not n.endswith(".pyc") and n != "PKG-INFO"]
+    return sorted(files)
+
+
 # -- PEP 517 hooks -------------------------------------------------------------
+
+def get_requires_for_build_sdist(config_settings=None):
+    return []
+
+
+def build_sdist(sdist_directory, config_settings=None):
+    project, version = _project()
+    base = "%s-%s" % (project["name"], version)
+    name = base + ".tar.gz"
+
+    def normalized(info):
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.mode & 0o111 else 0o644
+        return info
+
+    with tarfile.open(os.path.join(sdist_directory, name), "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for rel in _sdist_files():
+            tar.add(str(SOURCE / rel), arcname=base + "/" + rel, recursive=False, filter=normalized)
+        pkg_info = _metadata(project, version).encode()
+        info = tarfile.TarInfo(base + "/PKG-INFO")
+        info.size = len(pkg_info)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(pkg_info))
+    return name
+
 
 def get_requires_for_build_wheel(config_settings=None):
     return []

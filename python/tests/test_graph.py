@@ -60,6 +60,48 @@ def test_graph_as_default_is_per_thread():
     assert "main_thread" in x.graph.get_operations() and seen["there"]
 
 
+def test_device_scopes_are_per_thread_on_one_graph():
+    # Catches: one process-wide stack of af.device blocks per graph (TF's is
+    # per thread): two threads inside blocks at once merged each other's
+    # scopes into their nodes, and one's exit popped the other's scope.
+    g = af.Graph()
+    step = threading.Barrier(2, timeout=30)
+    nodes, failed = {}, []
+
+    def build(job, name, leaves_first):
+        try:
+            with g.as_default():
+                with af.device("/job:%s" % job):
+                    step.wait()  # both blocks open
+                    nodes[name] = af.constant(1.0, name=name)
+                    step.wait()  # both built inside their blocks
+                    if not leaves_first:
+                        step.wait()  # the other has left its block
+                        step.wait()  # ... and built outside it
+                        nodes[name + "_still"] = af.constant(1.0, name=name + "_still")
+                if leaves_first:
+                    step.wait()
+                    nodes[name + "_after"] = af.constant(1.0, name=name + "_after")
+                    step.wait()
+        except Exception as e:  # reported by the main thread
+            failed.append(e)
+            step.abort()
+
+    threads = [threading.Thread(target=build, args=("ps", "a", True)),
+               threading.Thread(target=build, args=("worker", "b", False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failed and not any(t.is_alive() for t in threads)
+    assert nodes["a"].device == "/job:ps"
+    assert nodes["b"].device == "/job:worker"
+    assert nodes["a_after"].device == ""
+    assert nodes["b_still"].device == "/job:worker"
+    with g.as_default():
+        assert af.constant(1.0).device == ""
+
+
 def test_operators_and_registry_functions(local):
     # Catches: an operator bound to the wrong op (reflected - and / swapped),
     # or registry functions missing their attributes (axis, transpose_b).

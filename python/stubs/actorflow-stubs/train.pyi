@@ -53,16 +53,20 @@ class Optimizer:
     def minimize(self, loss: Tensor, global_step: Optional[Tensor] = None,
                  var_list: Optional[Sequence[Tensor]] = None, name: Optional[str] = None) -> Operation: ...
 
+# learning_rate: a number (NumPy's scalars and 0-d arrays too) or a scalar float Tensor, as TF's.
 class GradientDescentOptimizer(Optimizer):
-    def __init__(self, learning_rate: float, use_locking: bool = False,
+    def __init__(self, learning_rate: Union[float, np.number[Any], np.ndarray[Any, Any], Tensor],
+                 use_locking: bool = False,
                  name: str = "GradientDescent") -> None: ...
 
 class MomentumOptimizer(Optimizer):
-    def __init__(self, learning_rate: float, momentum: float, use_locking: bool = False,
+    def __init__(self, learning_rate: Union[float, np.number[Any], np.ndarray[Any, Any], Tensor],
+                 momentum: float, use_locking: bool = False,
                  name: str = "Momentum", use_nesterov: bool = False) -> None: ...
 
 class AdamOptimizer(Optimizer):
-    def __init__(self, learning_rate: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+    def __init__(self, learning_rate: Union[float, np.number[Any], np.ndarray[Any, Any], Tensor] = 0.001,
+                 beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, use_locking: bool = False, name: str = "Adam") -> None: ...
 
 class Saver:
