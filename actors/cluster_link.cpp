@@ -332,14 +332,15 @@ caf::expected<executor_actor> cluster_link::executor(node_conn& conn, const std:
   auto it = conn.executors.find(local);
   if (it != conn.executors.end())
     return it->second;
-  caf::error err;
-  executor_actor exec;
-  self->request(conn.actor, opts.timeout, executor_atom::value, local)
-    .receive([&](executor_actor& e) { exec = std::move(e); },
-             [&](caf::error& e) { err = explain(std::move(e), "executor " + local, &conn); });
-  if (err)
-    return err;
-  conn.executors.emplace(local, exec);
+  // Cancellable (Ctrl-C): the first step on a stopped node waits here.
+  auto exec = ask_cancellable<executor_actor>(
+    sys, cancel_flag(opts), "asking for the node's executor", conn.actor, opts.timeout,
+    [](executor_actor& e) { return std::move(e); }, executor_atom::value, local);
+  if (!exec)
+    return is(exec.error(), af_error::cancelled)
+             ? std::move(exec.error())
+             : explain(std::move(exec.error()), "executor " + local, &conn);
+  conn.executors.emplace(local, *exec);
   return exec;
 }
 

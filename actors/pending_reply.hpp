@@ -28,8 +28,11 @@ struct pending_reply {
   bool done = false;
   caf::expected<T> value{caf::error{}};
 
+  /// The first answer wins (a helper that stopped after it settles nothing).
   void settle(caf::expected<T> v) {
     std::lock_guard<std::mutex> g{m};
+    if (done)
+      return;
     value = std::move(v);
     done = true;
     cv.notify_all();
@@ -111,6 +114,12 @@ caf::expected<T> ask_cancellable(caf::actor_system& sys, const std::atomic<bool>
                 [r](caf::error& e) { r->settle(std::move(e)); });
       },
       msg);
+  });
+  // A helper stopped before its answer (the actor system shutting down)
+  // ends the wait too, which would otherwise wait for it for good.
+  helper->attach_functor([r, what = std::string{what}] {
+    r->settle(make_error(af_error::aborted,
+                         what + ": stopped before its answer (the actor system is shutting down)"));
   });
   return r->wait(cancel, helper, what);
 }

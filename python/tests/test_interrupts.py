@@ -131,6 +131,21 @@ def test_ctrl_c_interrupts_the_first_connect_to_a_stopped_ps(worker):
         assert sess.run(a) == 1.0
 
 
+def test_ctrl_c_interrupts_the_first_step_on_a_stopped_ps(worker):
+    # Catches: a step's first run asking the ps for its executor (binding the
+    # step) with a blocking request: Ctrl-C came at the session's timeout.
+    server, proc = worker
+    with af.device("/job:ps/task:0"):
+        a = af.Variable(2.0, name="a")
+        doubled = a * 2.0                           # runs on the ps, in a step
+    with af.Session(server.target, timeout=30.0) as sess:
+        sess.run(af.global_variables_initializer())
+        with stopped(proc):
+            waited, _ = interrupted(lambda: sess.run(doubled))
+        assert waited < BOUND, waited
+        assert sess.run(doubled) == 4.0
+
+
 def test_ctrl_c_interrupts_device_of_a_variable_not_made_yet(worker):
     # Catches: device_of, which makes the variable on its node first,
     # waiting without Ctrl-C at all (not even armed, as run is).
