@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 
 #include "actors/node.hpp"
+#include "actors/pending_reply.hpp"
 #include "actors/system.hpp"
 #include "net/tls.hpp"
 #include "messages/error.hpp"
@@ -129,16 +130,25 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
       auto left = std::max(std::chrono::milliseconds{1},
                            std::chrono::ceil<std::chrono::milliseconds>(
                              deadline - std::chrono::steady_clock::now()));
-      bool answered = false;
+      // From a helper actor, so that a cancel (Ctrl-C) ends the wait on a
+      // stopped node within 20 ms instead of at connect_timeout.
+      using handshake = std::tuple<caf::node_id, caf::strong_actor_ptr, std::set<std::string>>;
+      auto got = ask_cancellable<handshake>(
+        sys, cancel_flag(opts), "the connect", sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")),
+        left,
+        [](caf::node_id& nid, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
+          return handshake{std::move(nid), std::move(ptr), std::move(ifs)};
+        },
+        caf::connect_atom::value, std::move(opened->scribe), addr->port);
+      bool answered = static_cast<bool>(got);
       caf::error failed;
-      self->request(sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")), left,
-                    caf::connect_atom::value, std::move(opened->scribe), addr->port)
-        .receive(
-          [&](caf::node_id& nid, caf::strong_actor_ptr& ptr, std::set<std::string>& ifs) {
-            answered = true;
-            on_answer(nid, ptr, ifs);
-          },
-          [&](caf::error& e) { failed = std::move(e); });
+      if (answered)
+        on_answer(std::get<0>(*got), std::get<1>(*got), std::get<2>(*got));
+      else if (is(got.error(), af_error::cancelled)) {
+        opened->settle(false);
+        return std::move(got.error());
+      } else
+        failed = std::move(got.error());
       // Our TLS check's reason, when it was that, instead of a guess.
       auto why = opened->settle(answered);
       if (!answered && why.empty())
@@ -157,17 +167,37 @@ caf::expected<node_conn> cluster_link::open(const std::string& j, int32_t t) {
   conn.clock.rtt_ns = -1;
   for (int i = 0; i < 4 && !err; ++i) {
     auto t0 = now_ns();
-    self->request(conn.actor, opts.timeout, caf::ping_atom::value)
-      .receive(
-        [&](node_info& info) {
-          auto t1 = now_ns();
-          if (conn.clock.rtt_ns < 0 || t1 - t0 < conn.clock.rtt_ns) {
-            conn.clock.rtt_ns = t1 - t0;
-            conn.clock.offset_ns = info.clock_ns - (t0 + (t1 - t0) / 2);
-          }
-          conn.info = std::move(info);
-        },
-        [&](caf::error& e) { err = explain(std::move(e), "ping", &conn); });
+    int64_t t1 = 0;
+    caf::expected<node_info> info{caf::error{}};
+    if (opts.cancel) {
+      // Cancellable (Ctrl-C), as the handshake: a stopped node never
+      // answers. The answer's time is taken in the helper, as it arrives.
+      using timed = std::pair<node_info, int64_t>;
+      auto got = ask_cancellable<timed>(sys, *opts.cancel, "the connect's ping", conn.actor,
+                                        opts.timeout,
+                                        [](node_info& i) { return timed{std::move(i), now_ns()}; },
+                                        caf::ping_atom::value);
+      if (got) {
+        info = std::move(got->first);
+        t1 = got->second;
+      } else {
+        info = std::move(got.error());
+      }
+    } else {
+      self->request(conn.actor, opts.timeout, caf::ping_atom::value)
+        .receive([&](node_info& i) { t1 = now_ns(); info = std::move(i); },
+                 [&](caf::error& e) { info = std::move(e); });
+    }
+    if (!info) {
+      err = is(info.error(), af_error::cancelled) ? std::move(info.error())
+                                                  : explain(std::move(info.error()), "ping", &conn);
+      break;
+    }
+    if (conn.clock.rtt_ns < 0 || t1 - t0 < conn.clock.rtt_ns) {
+      conn.clock.rtt_ns = t1 - t0;
+      conn.clock.offset_ns = info->clock_ns - (t0 + (t1 - t0) / 2);
+    }
+    conn.info = std::move(*info);
   }
   if (err)
     return err;
@@ -302,14 +332,15 @@ caf::expected<executor_actor> cluster_link::executor(node_conn& conn, const std:
   auto it = conn.executors.find(local);
   if (it != conn.executors.end())
     return it->second;
-  caf::error err;
-  executor_actor exec;
-  self->request(conn.actor, opts.timeout, executor_atom::value, local)
-    .receive([&](executor_actor& e) { exec = std::move(e); },
-             [&](caf::error& e) { err = explain(std::move(e), "executor " + local, &conn); });
-  if (err)
-    return err;
-  conn.executors.emplace(local, exec);
+  // Cancellable (Ctrl-C): the first step on a stopped node waits here.
+  auto exec = ask_cancellable<executor_actor>(
+    sys, cancel_flag(opts), "asking for the node's executor", conn.actor, opts.timeout,
+    [](executor_actor& e) { return std::move(e); }, executor_atom::value, local);
+  if (!exec)
+    return is(exec.error(), af_error::cancelled)
+             ? std::move(exec.error())
+             : explain(std::move(exec.error()), "executor " + local, &conn);
+  conn.executors.emplace(local, *exec);
   return exec;
 }
 

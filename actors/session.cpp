@@ -51,14 +51,17 @@ caf::error session::impl::create_variable(int32_t id) {
   auto conn = link.connect(dev->job, dev->task);
   if (!conn)
     return std::move(conn.error());
-  caf::error err;
-  variable_actor handle;
-  self->request((*conn)->actor, opts.timeout, get_var_atom::value, n.spec)
-    .receive([&](variable_actor& v) { handle = std::move(v); },
-             [&](caf::error& e) { err = link.explain(std::move(e), "variable '" + n.spec.name + "'", *conn); });
-  if (err)
-    return err;
-  bindings[id] = var_binding{handle, (*conn)->key, (*conn)->address, false};
+  // Through a helper actor, so that a cancel (Ctrl-C) ends the wait on a
+  // stopped node within 20 ms instead of at the timeout.
+  auto handle = ask_cancellable<variable_actor>(
+    sys, cancel_flag(opts), "making the variable", (*conn)->actor, opts.timeout,
+    [](variable_actor& v) { return std::move(v); }, get_var_atom::value, n.spec);
+  if (!handle) {
+    if (is(handle.error(), af_error::cancelled))
+      return std::move(handle.error());
+    return link.explain(std::move(handle.error()), "variable '" + n.spec.name + "'", *conn);
+  }
+  bindings[id] = var_binding{std::move(*handle), (*conn)->key, (*conn)->address, false};
   return caf::none;
 }
 

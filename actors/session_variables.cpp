@@ -26,26 +26,37 @@ caf::error session::initialize(const std::vector<output>& vars, const std::strin
       return std::move(b.error());
     targets.emplace_back(v, std::move(b));
   }
-  auto ask = [&](const auto& target) {
-    return im.self->request((*target.second)->actor, wait, init_atom::value,
-                            im.g.at(target.first).init, false, run_id);
-  };
   if (targets.empty())
     return caf::none;
-  std::vector<decltype(ask(targets.front()))> asked;
-  asked.reserve(targets.size());
+  // A helper actor sends every request and collects the answers, so that
+  // the wait watches the session's cancel flag (Ctrl-C) in 20 ms slices.
+  std::vector<std::pair<variable_actor, initializer>> asks;
   for (const auto& target : targets)
-    asked.push_back(ask(target));
+    asks.emplace_back((*target.second)->actor, im.g.at(target.first).init);
+  using answers = std::vector<caf::error>; // per variable: none, or why not
+  auto r = std::make_shared<pending_reply<answers>>();
+  auto got = std::make_shared<answers>(asks.size());
+  auto left = std::make_shared<size_t>(asks.size());
+  auto helper = im.sys.spawn([r, got, left, asks, wait, run_id](caf::event_based_actor* a) {
+    for (size_t i = 0; i < asks.size(); ++i) {
+      auto one = [r, got, left, i](caf::error e) {
+        (*got)[i] = std::move(e);
+        if (--*left == 0)
+          r->settle(*got);
+      };
+      a->request(asks[i].first, wait, init_atom::value, asks[i].second, false, run_id)
+        .then([one](uint64_t) { one(caf::none); }, [one](caf::error& e) { one(std::move(e)); });
+    }
+  });
+  auto all = r->wait(cancel_flag(im.opts), helper, "the initialization");
+  if (!all)
+    return std::move(all.error());
   caf::error first;
-  for (size_t i = 0; i < asked.size(); ++i) {
-    const auto& name = im.g.at(targets[i].first).spec.name;
-    asked[i].receive([](uint64_t) {},
-                     [&](caf::error& e) {
-                       if (!first)
-                         first = im.link.explain(std::move(e), "initialization of '" + name + "'",
-                                                 nullptr);
-                     });
-  }
+  for (size_t i = 0; i < all->size() && !first; ++i)
+    if ((*all)[i])
+      first = im.link.explain(std::move((*all)[i]),
+                              "initialization of '" + im.g.at(targets[i].first).spec.name + "'",
+                              nullptr);
   return first;
 }
 
@@ -64,16 +75,16 @@ caf::expected<std::vector<std::string>> session::uninitialized(const std::vector
     }
     if (!b)
       return std::move(b.error());
-    caf::error err;
-    im.self->request((*b)->actor, im.opts.timeout, info_atom::value)
-      .receive(
-        [&](variable_info& info) {
-          if (!info.initialized)
-            out.push_back(n.spec.name);
-        },
-        [&](caf::error& e) { err = im.link.explain(std::move(e), "state of '" + n.spec.name + "'", nullptr); });
-    if (err)
-      return err;
+    // Cancellable (Ctrl-C) as the session's other waits on a node.
+    auto info = ask_cancellable<variable_info>(
+      im.sys, cancel_flag(im.opts), "the report of uninitialized variables", (*b)->actor,
+      im.opts.timeout, [](variable_info& i) { return std::move(i); }, info_atom::value);
+    if (!info && is(info.error(), af_error::cancelled))
+      return std::move(info.error());
+    if (!info)
+      return im.link.explain(std::move(info.error()), "state of '" + n.spec.name + "'", nullptr);
+    if (!info->initialized)
+      out.push_back(n.spec.name);
   }
   return out;
 }
@@ -113,8 +124,7 @@ caf::error session::wait_initialized(std::chrono::milliseconds timeout,
         .then([one](uint64_t) { one(caf::none); }, [one](caf::error& e) { one(std::move(e)); });
     }
   });
-  static const std::atomic<bool> never{false};
-  auto all = r->wait(im.opts.cancel ? *im.opts.cancel : never, helper,
+  auto all = r->wait(cancel_flag(im.opts), helper,
                      "the wait for initialization");
   if (!all)
     return std::move(all.error());

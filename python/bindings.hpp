@@ -42,6 +42,18 @@ namespace py = pybind11;
 
 void register_errors(py::module_& m);
 
+/// Argument checks of the module's public calls (python/errors.cpp), for
+/// the arguments pybind11 would refuse with "incompatible function
+/// arguments": the TypeError or ValueError names the argument (`what`,
+/// e.g. "Server: task_index") and what to pass.
+/// A whole number: an int or anything with __index__ (NumPy's ints), not a
+/// bool, a float or a str; from `lo` to `hi` (else ValueError).
+int64_t int_arg(py::handle value, const std::string& what, int64_t lo, int64_t hi);
+/// A str.
+std::string str_arg(py::handle value, const std::string& what);
+/// A number of seconds (an int or a float, or what has __float__; not a str).
+double number_arg(py::handle value, const std::string& what);
+
 // -- tensors and NumPy (python/tensors.cpp) ----------------------------------
 
 /// The af::dtype of anything np.dtype() takes (np.float32, "int64", af.int32);

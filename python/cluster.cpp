@@ -8,10 +8,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "caf/all.hpp"
 
 #include "actors/node.hpp"
+#include "actors/pending_reply.hpp"
 #include "actors/system.hpp"
 #include "dist/aggregator.hpp"
 #include "dist/embedded_cluster.hpp"
@@ -134,8 +136,17 @@ py::dict as_dict(const cluster_spec& spec) {
   return out;
 }
 
-py_server start_server(py::handle cluster, const std::string& job, int32_t task, int32_t threads) {
+/// A task index argument (`what`: "Server: task_index").
+int32_t task_arg(py::handle task, const std::string& what) {
+  return static_cast<int32_t>(int_arg(task, what, 0, std::numeric_limits<int32_t>::max()));
+}
+
+py_server start_server(py::handle cluster, py::handle job_name, py::handle task_index,
+                       py::handle thread_count) {
   auto spec = to_spec(cluster);
+  auto job = str_arg(job_name, "Server: job_name");
+  auto task = task_arg(task_index, "Server: task_index");
+  auto threads = static_cast<int32_t>(int_arg(thread_count, "Server: threads", 0, 1024));
   auto address = spec->address(job, task);
   if (!address)
     raise(address.error());
@@ -177,7 +188,9 @@ struct py_local_cluster {
   spec_ptr spec;
   std::vector<py_server> servers;
 
-  const py_server& server(const std::string& job, int32_t task) const {
+  const py_server& server(py::handle job_name, py::handle task_index) const {
+    auto job = str_arg(job_name, "LocalCluster: job_name");
+    auto task = task_arg(task_index, "LocalCluster: task_index");
     for (const auto& s : servers)
       if (s.entry->job == job && s.entry->task == task)
         return s;
@@ -186,6 +199,22 @@ struct py_local_cluster {
     raise(af_error::not_found, "this LocalCluster was stopped");
   }
 };
+
+/// LocalCluster's jobs argument: {"ps": 1, "worker": 2}; a count that is
+/// not a whole number (2.5, "2") was pybind11's "incompatible constructor
+/// arguments".
+std::map<std::string, int> jobs_arg(py::handle value, const std::string& what) {
+  if (!py::isinstance<py::dict>(value))
+    throw py::type_error(what + ": jobs is a dict of job name: task count, {\"ps\": 1, "
+                                "\"worker\": 2}; got " + short_repr(value));
+  std::map<std::string, int> jobs;
+  for (auto item : py::reinterpret_borrow<py::dict>(value)) {
+    auto job = str_arg(item.first, what + ": a job name");
+    jobs[job] = static_cast<int>(int_arg(item.second, what + ": the task count of job '" + job + "'",
+                                         0, 1 << 20));
+  }
+  return jobs;
+}
 
 py_local_cluster start_local(const std::map<std::string, int>& jobs) {
   // Every task is a node of this process (an actor system, its threads and
@@ -225,17 +254,44 @@ py_local_cluster start_local(const std::map<std::string, int>& jobs) {
   return lc;
 }
 
-/// Waits (GIL released) until the server's node stops: asked to (stop(), a
-/// client's shutdown) or failed. Then its data plane stops too, as
-/// actorflow-node's does: nothing of the task answers any more.
+/// Waits until the server's node stops: asked to (stop(), a client's
+/// shutdown) or failed. Then its data plane stops too, as actorflow-node's
+/// does: nothing of the task answers any more. The wait goes in slices of
+/// 20 ms with the GIL released, Python's signal handlers run between them:
+/// Ctrl-C raises KeyboardInterrupt (TF's join blocked it for good) and the
+/// node runs on.
 void join(const py_server& s) {
   auto sys = s.entry->system;
-  py::gil_scoped_release unlocked;
-  if (auto node = find_local_node(s.entry->address, sys)) {
-    caf::scoped_actor self{*sys, true};
-    self->monitor(node);
-    self->receive([](caf::down_msg&) {});
+  auto stopped = std::make_shared<pending_reply<bool>>();
+  caf::actor helper;
+  {
+    py::gil_scoped_release unlocked;
+    if (auto node = find_local_node(s.entry->address, sys))
+      helper = sys->spawn([stopped, node](caf::event_based_actor* a) -> caf::behavior {
+        a->set_down_handler([stopped, a](caf::down_msg&) {
+          stopped->settle(true);
+          a->quit();
+        });
+        a->monitor(node);
+        return {[](caf::unit_t) {}}; // waits for the down message only
+      });
+    else
+      stopped->settle(true);
   }
+  for (;;) {
+    bool done = false;
+    {
+      py::gil_scoped_release unlocked;
+      done = stopped->wait_for(std::chrono::milliseconds{20});
+    }
+    if (done)
+      break;
+    if (PyErr_CheckSignals() != 0) {
+      caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+      throw py::error_already_set();
+    }
+  }
+  py::gil_scoped_release unlocked;
   if (s.host && s.host->node.data_plane)
     s.host->node.data_plane->stop();
 }
@@ -273,10 +329,11 @@ void register_server(py::module_& train) {
 void register_local_cluster(py::module_& train) {
   py::class_<py_local_cluster>(train, "LocalCluster",
     "Every task of a cluster as a node of this process, on free loopback ports (tests, scripts).")
-    .def(py::init(&start_local), py::arg("jobs"), "jobs: job name -> task count, {\"ps\": 1, \"worker\": 2}")
+    .def(py::init([](py::handle jobs) { return start_local(jobs_arg(jobs, "LocalCluster")); }),
+         py::arg("jobs"), "jobs: job name -> task count, {\"ps\": 1, \"worker\": 2}")
     .def_readonly("cluster_spec", &py_local_cluster::spec)
     .def("server", &py_local_cluster::server, py::arg("job_name"), py::arg("task_index") = 0)
-    .def("target", [](const py_local_cluster& lc, const std::string& job, int32_t task) {
+    .def("target", [](const py_local_cluster& lc, py::handle job, py::handle task) {
       return lc.server(job, task).target;
     }, py::arg("job_name"), py::arg("task_index") = 0)
     .def("stop", [](py_local_cluster& lc) {
@@ -292,7 +349,9 @@ void register_local_cluster(py::module_& train) {
       lc.servers.clear();
       lc.cluster.reset();
     });
-  train.def("create_local_cluster", [](int num_workers, int num_ps) {
+  train.def("create_local_cluster", [](py::handle worker_count, py::handle ps_tasks) {
+    auto num_workers = static_cast<int>(int_arg(worker_count, "create_local_cluster: num_workers", 0, 1 << 20));
+    auto num_ps = static_cast<int>(int_arg(ps_tasks, "create_local_cluster: num_ps", 0, 1 << 20));
     std::map<std::string, int> jobs{{"worker", num_workers}};
     if (num_ps > 0)
       jobs["ps"] = num_ps;
@@ -379,13 +438,15 @@ void register_cluster(py::module_& m) {
         jobs.push_back(kv.first);
       return jobs;
     })
-    .def("num_tasks", [](const cluster_spec& s, const std::string& job) {
+    .def("num_tasks", [](const cluster_spec& s, py::handle job_name) {
+      auto job = str_arg(job_name, "ClusterSpec.num_tasks: job_name");
       if (!s.has_job(job))
         raise(af_error::unknown_job, "the cluster has no job '" + job + "'");
       return s.num_tasks(job);
     }, py::arg("job_name"))
-    .def("task_address", [](const cluster_spec& s, const std::string& job, int32_t task) {
-      auto a = s.address(job, task);
+    .def("task_address", [](const cluster_spec& s, py::handle job_name, py::handle task_index) {
+      auto a = s.address(str_arg(job_name, "ClusterSpec.task_address: job_name"),
+                         task_arg(task_index, "ClusterSpec.task_address: task_index"));
       if (!a)
         raise(a.error());
       return a->to_string();

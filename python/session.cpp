@@ -7,10 +7,9 @@
 // remembers which node of its own graph each one became. The GIL is released for
 // everything that waits on the cluster.
 #include "python/bindings.hpp"
+#include "python/interrupt.hpp"
 
 #include <pybind11/stl.h>
-
-#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,129 +26,6 @@
 namespace af::python {
 
 namespace {
-
-/// Ctrl-C during a run. While the run waits with the GIL released,
-/// Python's SIGINT handler cannot run (it only marks the signal for later),
-/// so on the main thread, while Python's handler is its default (raise
-/// KeyboardInterrupt), a handler of ours takes SIGINT during the wait: it
-/// sets the session's cancel flag (session_options::cancel) and the run
-/// ends with af_error::cancelled, raised as KeyboardInterrupt. Ours stays
-/// installed between runs and hands the signal to Python's C handler then
-/// (`python_sigint`), so a run costs one sigaction (whether ours is still
-/// there: signal.signal() puts Python's back) instead of two.
-std::atomic<std::atomic<bool>*> sigint_cancels{nullptr};
-std::atomic<bool> sigint_seen{false};
-static_assert(std::atomic<std::atomic<bool>*>::is_always_lock_free);
-/// The handler ours replaced (Python's): written before ours is installed.
-struct sigaction python_sigint {};
-
-extern "C" void cancel_on_sigint(int sig) {
-  if (auto* flag = sigint_cancels.load()) {
-    sigint_seen.store(true);
-    flag->store(true);
-    return;
-  }
-  if (python_sigint.sa_flags & SA_SIGINFO) {
-    if (python_sigint.sa_sigaction != nullptr)
-      python_sigint.sa_sigaction(sig, nullptr, nullptr);
-  } else if (python_sigint.sa_handler != SIG_DFL && python_sigint.sa_handler != SIG_IGN) {
-    python_sigint.sa_handler(sig);
-  }
-}
-
-/// Installs ours unless it is installed (the main thread, in arm()); whether it is.
-bool sigint_handler_installed() {
-  struct sigaction now {};
-  if (::sigaction(SIGINT, nullptr, &now) != 0)
-    return false;
-  if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == cancel_on_sigint)
-    return true;
-  python_sigint = now;
-  struct sigaction ours {};
-  ours.sa_handler = cancel_on_sigint;
-  ours.sa_flags = SA_ONSTACK; // as Python installs its own
-  sigemptyset(&ours.sa_mask);
-  return ::sigaction(SIGINT, &ours, nullptr) == 0;
-}
-
-/// What interruptible_wait asks Python at every run, looked up once: the
-/// imports and attribute lookups cost a few microseconds a run
-/// (python_run_overhead, docs/python.md). Made under the GIL; never
-/// destroyed, as the interpreter's modules outlive every run.
-struct sigint_probe {
-  py::object main_thread, getsignal, sigint, default_handler;
-};
-
-/// threading.main_thread().ident, asked once (a Python call and an attribute
-/// a run); a fork forgets it, since the child's main thread is the one that forked.
-std::atomic<unsigned long> main_thread_ident{0};
-
-const sigint_probe& probe() {
-  static const auto* p = [] {
-    auto threading = py::module_::import("threading");
-    // _signal's getsignal, not signal's: that one wraps it in Python that
-    // tries Handlers(handler) and catches the ValueError, ~3 us a run.
-    auto signal = py::module_::import("_signal");
-    py::module_::import("os").attr("register_at_fork")(
-      py::arg("after_in_child") = py::cpp_function([] { main_thread_ident.store(0); }));
-    return new sigint_probe{threading.attr("main_thread"), signal.attr("getsignal"),
-                            signal.attr("SIGINT"), signal.attr("default_int_handler")};
-  }();
-  return *p;
-}
-
-unsigned long main_ident() {
-  auto ident = main_thread_ident.load();
-  if (ident == 0) {
-    ident = probe().main_thread().attr("ident").cast<unsigned long>();
-    main_thread_ident.store(ident);
-  }
-  return ident;
-}
-
-/// One run's Ctrl-C, in three steps: decided with the GIL held (the main
-/// thread, Python's default handler), armed and disarmed with the session's
-/// lock held (the GIL released), so that the session's one cancel flag is
-/// reset and watched only by the run that holds the session: a run of
-/// another thread neither clears a Ctrl-C meant for this one nor gets it.
-class interruptible_wait {
-public:
-  /// GIL held: decides whether this wait takes Ctrl-C.
-  interruptible_wait() {
-    const auto& p = probe();
-    py::object handler = p.getsignal(p.sigint);
-    eligible_ = handler.is(p.default_handler) && PyThread_get_thread_ident() == main_ident();
-  }
-  interruptible_wait(const interruptible_wait&) = delete;
-  interruptible_wait& operator=(const interruptible_wait&) = delete;
-
-  /// The session's lock held: a fresh `cancel`, and Ctrl-C sets it.
-  void arm(std::atomic<bool>& cancel) {
-    cancel.store(false);
-    if (!eligible_)
-      return;
-    sigint_seen.store(false);
-    installed_ = sigint_handler_installed();
-    if (installed_)
-      sigint_cancels.store(&cancel);
-  }
-
-  /// The session's lock still held: Ctrl-C goes to Python again; whether it came.
-  void disarm() {
-    if (!installed_)
-      return;
-    installed_ = false;
-    sigint_cancels.store(nullptr);
-    seen_ = sigint_seen.exchange(false);
-  }
-
-  /// Whether Ctrl-C came during the run.
-  bool seen() const { return seen_; }
-  ~interruptible_wait() { disarm(); }
-
-private:
-  bool eligible_ = false, installed_ = false, seen_ = false;
-};
 
 /// A timeout given in seconds, as the library's milliseconds: positive and
 /// finite (a NaN, a negative or 1e300 became an undefined cast, and a wait
@@ -186,8 +62,17 @@ public:
   /// Ends the session (its graphs are dropped by the executors); the
   /// cluster it ran on may stop once nothing else holds it.
   void close() {
-    py::gil_scoped_release unlocked;
-    close_locked();
+    interruptible_wait ctrl_c; // a run of another thread may hold the session
+    {
+      py::gil_scoped_release unlocked;
+      auto guard = ctrl_c.lock(mtx_);
+      if (guard.owns_lock()) {
+        s_.reset();
+        target_.reset();
+      }
+    }
+    if (ctrl_c.seen())
+      raise_interrupt(caf::none);
   }
 
   py::object run(py::handle fetches, py::handle feed_dict, py::handle options = py::none(),
@@ -195,7 +80,7 @@ public:
 
   /// Waits until the graph's variables (or `vars`) have values, as a
   /// tutorial worker waits for its chief; the GIL is released meanwhile.
-  void wait_initialized(double timeout_s, py::handle vars);
+  void wait_initialized(py::handle timeout, py::handle vars);
 
   /// The full device `var` lives on (after the session placed it).
   std::string device_of(const py_tensor& var) {
@@ -205,13 +90,20 @@ public:
     snapshot();
     caf::error err;
     std::string device;
+    interruptible_wait ctrl_c; // placing it may make the variable on its node
     {
       py::gil_scoped_release unlocked;
-      std::lock_guard<std::mutex> guard{mtx_};
-      err = s_ ? replay({var.out}) : make_error(af_error::invalid_argument, "this session is closed");
-      if (!err)
-        device = s_->device_of(mapped(var.out));
+      auto guard = ctrl_c.lock(mtx_);
+      if (guard.owns_lock()) {
+        ctrl_c.arm(*cancel_);
+        err = s_ ? replay({var.out}) : make_error(af_error::invalid_argument, "this session is closed");
+        if (!err)
+          device = s_->device_of(mapped(var.out));
+        ctrl_c.disarm();
+      }
     }
+    if (ctrl_c.seen())
+      raise_interrupt(err);
     if (err)
       raise(err);
     return device;
@@ -228,7 +120,7 @@ public:
     caf::error err;
     {
       py::gil_scoped_release unlocked;
-      std::lock_guard<std::mutex> guard{mtx_};
+      std::lock_guard<std::timed_mutex> guard{mtx_};
       std::vector<output> fetches{mapped(fetch.out)};
       for (int i = 0; i < n && !err; ++i) {
         auto start = std::chrono::steady_clock::now();
@@ -258,7 +150,7 @@ private:
   };
 
   void close_locked() {
-    std::lock_guard<std::mutex> guard{mtx_};
+    std::lock_guard<std::timed_mutex> guard{mtx_};
     s_.reset();
     target_.reset();
   }
@@ -288,7 +180,9 @@ private:
 
   std::shared_ptr<target_entry> target_;
   graph_ptr graph_;
-  std::mutex mtx_; ///< one thread at a time in the session (af::session's rule)
+  /// One thread at a time in the session (af::session's rule); timed, so
+  /// that a wait for it takes Ctrl-C (interruptible_wait::lock).
+  std::timed_mutex mtx_;
   std::optional<session> s_;
   std::unordered_map<int32_t, int32_t> ids_; ///< graph_'s node id -> the session graph's (mtx_)
   size_t seen_ = 0;          ///< nodes of graph_ queued so far (GIL)
@@ -591,36 +485,17 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle 
   interruptible_wait ctrl_c;
   {
     py::gil_scoped_release unlocked;
-    std::lock_guard<std::mutex> guard{mtx_};
-    ctrl_c.arm(*cancel_);
-    err = run_locked(leaves, feeds, results, trace);
-    ctrl_c.disarm();
+    auto guard = ctrl_c.lock(mtx_);
+    if (guard.owns_lock()) {
+      ctrl_c.arm(*cancel_);
+      err = run_locked(leaves, feeds, results, trace);
+      ctrl_c.disarm();
+    }
   }
-  if (md_trace) // a traced run replaces what the metadata held, failed or not
+  if (md_trace && !ctrl_c.seen()) // a traced run replaces what the metadata held, failed or not
     *md_trace = std::move(own_trace);
-  if (ctrl_c.seen()) {
-    // Ctrl-C wins over the run's own end: a wait that does not watch the
-    // cancel flag (the shared-memory offer to a stopped ps) ended in
-    // DeadlineExceededError seconds later, and the Ctrl-C was lost. The
-    // run's error, if any, is the KeyboardInterrupt's __context__.
-    py::object why;
-    if (err && !is(err, af_error::cancelled)) {
-      try {
-        raise(err);
-      } catch (py::error_already_set& e) {
-        why = e.value();
-      }
-    }
-    PyErr_SetNone(PyExc_KeyboardInterrupt);
-    if (why) {
-      PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
-      PyErr_Fetch(&type, &value, &tb);
-      PyErr_NormalizeException(&type, &value, &tb);
-      PyException_SetContext(value, why.release().ptr());
-      PyErr_Restore(type, value, tb);
-    }
-    throw py::error_already_set();
-  }
+  if (ctrl_c.seen())
+    raise_interrupt(err);
   if (err)
     raise(err);
   size_t next = 0;
@@ -630,7 +505,8 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle 
   return out;
 }
 
-void py_session::wait_initialized(double timeout_s, py::handle vars) {
+void py_session::wait_initialized(py::handle timeout, py::handle vars) {
+  auto timeout_s = number_arg(timeout, "wait_initialized: timeout");
   std::vector<output> wanted;
   if (!vars.is_none())
     for (auto v : vars) {
@@ -650,32 +526,36 @@ void py_session::wait_initialized(double timeout_s, py::handle vars) {
   interruptible_wait ctrl_c;
   {
     py::gil_scoped_release unlocked;
-    std::lock_guard<std::mutex> guard{mtx_};
-    ctrl_c.arm(*cancel_);
-    if (!s_)
-      err = make_error(af_error::invalid_argument, "this session is closed");
-    else
-      err = replay(wanted.empty() ? graph_vars : wanted); // none given: the graph's, as before a prune
-    std::vector<output> mapped_vars;
-    if (!err)
-      for (auto v : wanted)
-        mapped_vars.push_back(mapped(v));
-    if (!err)
-      err = s_->wait_initialized(wait, mapped_vars);
-    ctrl_c.disarm();
+    auto guard = ctrl_c.lock(mtx_);
+    if (guard.owns_lock()) {
+      ctrl_c.arm(*cancel_);
+      if (!s_)
+        err = make_error(af_error::invalid_argument, "this session is closed");
+      else
+        err = replay(wanted.empty() ? graph_vars : wanted); // none given: the graph's, as before a prune
+      std::vector<output> mapped_vars;
+      if (!err)
+        for (auto v : wanted)
+          mapped_vars.push_back(mapped(v));
+      if (!err)
+        err = s_->wait_initialized(wait, mapped_vars);
+      ctrl_c.disarm();
+    }
   }
   // Ctrl-C wins over the wait's own end, as in run() (the wait itself ends
   // on it within 20 ms, af_error::cancelled).
-  if (ctrl_c.seen()) {
-    PyErr_SetNone(PyExc_KeyboardInterrupt);
-    throw py::error_already_set();
-  }
+  if (ctrl_c.seen())
+    raise_interrupt(err);
   if (err)
     raise(err);
 }
 
-std::shared_ptr<py_session> make_session(const std::string& target, const py::object& g,
+std::shared_ptr<py_session> make_session(py::handle target_arg, const py::object& g,
                                          const py::object& timeout, const py::object& cluster) {
+  auto target = str_arg(target_arg, "Session: target");
+  if (!g.is_none() && !py::isinstance<py_graph>(g))
+    throw py::type_error("Session: graph is an af.Graph (or None: the default graph); got "
+                         + py::repr(g).cast<std::string>().substr(0, 80));
   auto entry = resolve_target(target, cluster);
   auto graph = g.is_none() ? default_graph() : g.cast<graph_ptr>();
   session_options opts;

@@ -516,9 +516,13 @@ py::dict py_job::result(double timeout) {
   return d;
 }
 
-std::shared_ptr<py_job> make_job(py::handle config, int workers, int ps, py::handle data,
-                                 py::object callback, bool verbose, py::handle overrides,
-                                 bool in_graph) {
+std::shared_ptr<py_job> make_job(py::handle config, py::handle workers_arg, py::handle ps_arg,
+                                 py::handle data, py::object callback, bool verbose,
+                                 py::handle overrides, bool in_graph) {
+  // 2.5 or "2" was pybind11's "incompatible constructor arguments".
+  constexpr int64_t int32_most = std::numeric_limits<int32_t>::max();
+  auto workers = static_cast<int>(int_arg(workers_arg, "af.train.Job: workers", -int32_most, int32_most));
+  auto ps = static_cast<int>(int_arg(ps_arg, "af.train.Job: ps", -int32_most, int32_most));
   // Else the job ran until its first record, then stopped with
   // "'int' object is not callable".
   if (!callback.is_none() && !PyCallable_Check(callback.ptr()))
@@ -622,7 +626,9 @@ void register_train_job(py::module_& m) {
          py::return_value_policy::reference_internal, "starts the job in the background")
     .def("__iter__", [](py_job& j) -> py_job& { return j; }, py::return_value_policy::reference_internal)
     .def("__next__", &py_job::iter_next)
-    .def("next", &py_job::next_record, py::arg("timeout") = -1.0,
+    .def("next", [](py_job& j, py::handle timeout) {
+      return j.next_record(number_arg(timeout, "af.train.Job.next: timeout"));
+    }, py::arg("timeout") = -1.0,
          "the next Progress, or None once the job ended and every record was taken")
     .def("switch", &py_job::switch_mode, py::arg("mode"),
          "switches the running job to sync, async, ssp or average (actorflow-train --switch)")
@@ -631,7 +637,9 @@ void register_train_job(py::module_& m) {
          "test hook: switch and status calls wait before asking the cluster while held")
     .def("stop", [](py_job& j) { j.run->stop->store(true); },
          "asks the workers to stop before their next step; result() then says stopped")
-    .def("result", &py_job::result, py::arg("timeout") = -1.0,
+    .def("result", [](py_job& j, py::handle timeout) {
+      return j.result(number_arg(timeout, "af.train.Job.result: timeout"));
+    }, py::arg("timeout") = -1.0,
          "waits for the end (the GIL released; Ctrl-C stops the job) and gives the final metrics")
     .def_property_readonly("config", [](const py_job& j) { return train::to_toml(j.run->c); },
                            "the job's [train] config as TOML")
@@ -650,7 +658,7 @@ void register_train_job(py::module_& m) {
       py::gil_scoped_release unlocked;
       stop_and_join(*j.run);
     });
-  train.def("run", [](py::handle config, int workers, int ps, py::handle data,
+  train.def("run", [](py::handle config, py::handle workers, py::handle ps, py::handle data,
                       py::object callback, bool verbose, py::handle overrides, bool in_graph) {
     auto job = make_job(config, workers, ps, data, std::move(callback), verbose, overrides, in_graph);
     job->start();

@@ -580,10 +580,14 @@ TEST_CASE("against node processes: Ctrl-C abandons runs on a stopped ps, a kille
                      "inc = w.assign_add(1)\nrun y").ok);
 
   // SIGSTOP: each request reaches a ps that takes it and never answers. A
-  // step (y), a read of the variable by the client (w) and an update with a
-  // value the client has (inc) each go their own way to the ps.
+  // step (y), a read of the variable by the client (w), an update with a
+  // value the client has (inc), the initializer's requests (init) and the
+  // request that makes a variable on its node (z) each go their own way to
+  // the ps (the last two ended at the 20 s timeout before they went
+  // through actors/pending_reply.hpp's ask_cancellable).
   REQUIRE((*cluster)->signal("ps", 0, SIGSTOP));
-  for (const char* what : {"run y", "run w", "run inc"}) {
+  for (const char* what : {"run y", "run w", "run inc", "init",
+                           "with /job:ps/task:0 { z = variable(\"z\", [2], 1) }"}) {
     INFO(what);
     auto got = interrupt_once_started(repl, started, what);
     INFO(got.r.out << got.r.err);

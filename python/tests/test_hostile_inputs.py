@@ -93,3 +93,56 @@ def test_a_job_callback_that_cannot_be_called_is_refused_at_once():
     # record with "'int' object is not callable".
     with pytest.raises(TypeError, match="callback"):
         af.train.Job({"mode": "async", "model": "softmax", "steps": 10}, callback=5)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: af.train.LocalCluster({"worker": 2.5}), "task count of job 'worker'"),
+    (lambda: af.train.LocalCluster({"worker": "2"}), "task count of job 'worker'"),
+    (lambda: af.train.LocalCluster({1: 2}), "job name"),
+    (lambda: af.train.LocalCluster([("worker", 2)]), "jobs"),
+    (lambda: af.train.create_local_cluster(2.5, 1), "num_workers"),
+    (lambda: af.train.create_local_cluster(1, "1"), "num_ps"),
+    (lambda: af.train.Server({"ps": ["127.0.0.1:1"]}, "ps", "0"), "task_index"),
+    (lambda: af.train.Server({"ps": ["127.0.0.1:1"]}, "ps", 0.0), "task_index"),
+    (lambda: af.train.Server({"ps": ["127.0.0.1:1"]}, 0, 0), "job_name"),
+    (lambda: af.train.Server({"ps": ["127.0.0.1:1"]}, "ps", 0, threads=1.5), "threads"),
+    (lambda: af.train.ClusterSpec({"ps": ["127.0.0.1:1"]}).task_address("ps", "0"), "task_index"),
+    (lambda: af.train.ClusterSpec({"ps": ["127.0.0.1:1"]}).num_tasks(1), "job_name"),
+    (lambda: af.train.Job({"model": "softmax"}, workers=2.5), "workers"),
+    (lambda: af.train.Job({"model": "softmax"}, ps="1"), "ps"),
+    (lambda: af.Session(1), "target"),
+    (lambda: af.Session("", graph="g"), "graph"),
+])
+def test_arguments_that_are_not_whole_numbers_or_strs_name_themselves(call, names):
+    # Catches: pybind11's "incompatible constructor arguments" (a TypeError
+    # listing C++ signatures) for a count of 2.5 or a task_index of "1": the
+    # error must name the argument and say what to pass.
+    with pytest.raises(TypeError) as e:
+        call()
+    text = str(e.value)
+    assert names in text, text
+    assert "incompatible" not in text, text
+    assert "give a" in text or "is a dict" in text or "is an af.Graph" in text, text
+
+
+def test_a_whole_number_out_of_range_is_a_value_error_and_numpy_ints_are_taken():
+    # Catches: a negative task count taken (it started no task), and NumPy's
+    # integers refused where Python's are taken.
+    import numpy as np
+    with pytest.raises(ValueError, match="task count of job 'worker' is -1"):
+        af.train.LocalCluster({"worker": -1})
+    with af.train.LocalCluster({"worker": np.int64(1)}) as cluster:
+        assert cluster.target("worker", np.int32(0)).startswith("actorflow://")
+
+
+def test_wait_and_job_timeouts_of_the_wrong_type_name_themselves(local):
+    # Catches: wait_initialized(timeout="1") and Job.result(timeout="1"),
+    # pybind11's "incompatible function arguments".
+    with pytest.raises(TypeError, match="wait_initialized: timeout"):
+        with af.Session(local.target("local", 0)) as sess:
+            sess.wait_initialized(timeout="1")
+    job = af.train.Job({"mode": "async", "model": "softmax", "steps": 10})
+    with pytest.raises(TypeError, match="Job.result: timeout"):
+        job.result(timeout="1")
+    with pytest.raises(TypeError, match="Job.next: timeout"):
+        job.next(timeout=None)

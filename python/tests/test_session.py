@@ -288,4 +288,4 @@ def test_a_node_for_another_cluster_fails_only_the_runs_that_need_it(local):
         assert sess.run(af.constant(3)) == 3
         with pytest.raises(af.errors.InvalidArgumentError) as e:
             sess.run(var)
-    assert "job 'ps' is not in the cluster" in str(e.value) and e.value.code == "unknown_device"
+    assert "job 'ps' is not in the cluster" in str(e.value) and e.value.af_code == "unknown_device"

@@ -1,10 +1,36 @@
 """actorflow's errors, as tf.errors names them (python/errors.cpp)."""
-from typing import Optional
+from typing import Any, Optional, Type
+
+OK: int
+CANCELLED: int
+UNKNOWN: int
+INVALID_ARGUMENT: int
+DEADLINE_EXCEEDED: int
+NOT_FOUND: int
+ALREADY_EXISTS: int
+PERMISSION_DENIED: int
+RESOURCE_EXHAUSTED: int
+FAILED_PRECONDITION: int
+ABORTED: int
+OUT_OF_RANGE: int
+UNIMPLEMENTED: int
+INTERNAL: int
+UNAVAILABLE: int
+DATA_LOSS: int
+UNAUTHENTICATED: int
 
 class OpError(Exception):
     message: str
-    code: Optional[str]
-    def __init__(self, message: str, code: Optional[str] = None) -> None: ...
+    error_code: int
+    af_code: Optional[str]
+    op: Any
+    node_def: Any
+    @property
+    def code(self) -> int: ...
+    def __init__(self, *args: Any, af_code: Optional[str] = None) -> None: ...
+
+def exception_type_from_error_code(error_code: int) -> Type[OpError]: ...
+def error_code_from_exception_type(cls: Type[OpError]) -> int: ...
 
 class InvalidArgumentError(OpError): ...
 class NotFoundError(OpError): ...
