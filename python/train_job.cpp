@@ -376,9 +376,6 @@ struct py_job {
   }
 
   std::string switch_mode(const std::string& mode) {
-    if (sparse_job(run->c))
-      raise(af_error::unsupported, "af.train.Job.switch: a sparse job (model \"" + run->c.model
-                                     + "\") cannot switch modes");
     if (run->in_graph)
       raise(af_error::unsupported, "af.train.Job.switch: an in-graph job's one client averages "
                                    "its replicas in the graph and pushes in sync rounds; it "
@@ -387,7 +384,7 @@ struct py_job {
       raise(af_error::unsupported, "af.train.Job.switch: an allreduce job has no ps, so no "
                                    "aggregators to switch; run sync, async, ssp or average to "
                                    "switch live");
-    if (auto err = check_switch_mode(mode))
+    if (auto err = check_switch_mode(mode, sparse_job(run->c))) // a sparse job: not average
       raise(err);
     auto c = run->c; // copies: an interrupted call outlives this frame
     return with_client("switch", [c, mode](caf::expected<session>& s) {

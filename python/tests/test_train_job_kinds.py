@@ -119,3 +119,25 @@ def test_stop_ends_a_sparse_between_graph_job():
     res = job.result(timeout=60)
     assert res["stopped"] is True and 0 < res["global_step"] < 10**8
     assert 0 < res["auc"] <= 1  # scored as at the end
+
+
+def test_a_sparse_between_graph_job_switches_live():
+    # Catches: switch() refusing sparse jobs (it did, UnimplementedError,
+    # before the sparse workers could join a round again), the switch asking
+    # the dense aggregators' names (not_found), average let through to a
+    # sparse job, or a job that no longer reports after a switch into sync.
+    job = af.train.Job(dict(SPARSE, steps=10**8, log_every=10), ps=2).start()
+    assert job.next(timeout=60) is not None
+    said = job.switch("async")
+    assert "/job:ps/task:0: now async" in said and "/job:ps/task:1: now async" in said
+    assert "/job:ps/task:1: mode async" in job.status()
+    with pytest.raises(af.errors.InvalidArgumentError, match="average"):
+        job.switch("average")
+    said = job.switch("sync")
+    assert "/job:ps/task:0: now sync" in said and "/job:ps/task:1: now sync" in said
+    at_switch = job.next(timeout=60).step
+    assert job.next(timeout=60).step > at_switch  # the round fills: both workers joined again
+    assert "/job:ps/task:0: mode sync" in job.status()
+    job.stop()
+    res = job.result(timeout=60)
+    assert res["stopped"] is True and 0 < res["global_step"] < 10**8
