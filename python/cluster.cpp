@@ -89,7 +89,7 @@ spec_ptr to_spec(py::handle cluster) {
   for (auto item : py::reinterpret_borrow<py::dict>(cluster)) {
     if (!py::isinstance<py::str>(item.first))
       throw py::type_error("ClusterSpec: a job name is a string; got " + short_repr(item.first));
-    auto job = item.first.cast<std::string>();
+    auto job = str_arg(item.first, "ClusterSpec: a job name");
     if (py::isinstance<py::dict>(item.second)) {
       // TF's sparse form {index: address}: every index from 0 must be there.
       std::map<int64_t, std::string> tasks;
@@ -98,7 +98,7 @@ spec_ptr to_spec(py::handle cluster) {
           throw py::type_error("ClusterSpec: job '" + job + "' as a dict maps task indexes (ints) "
                                "to \"host:port\" strings; got " + short_repr(task.first) + ": "
                                + short_repr(task.second));
-        tasks[task.first.cast<int64_t>()] = task.second.cast<std::string>();
+        tasks[task.first.cast<int64_t>()] = str_arg(task.second, "ClusterSpec: job '" + job + "': an address");
       }
       int64_t next = 0;
       for (auto& [index, address] : tasks) {
@@ -116,7 +116,8 @@ spec_ptr to_spec(py::handle cluster) {
         throw py::type_error("ClusterSpec: job '" + job + "' is a list of \"host:port\" strings "
                              "(or a dict of task index: \"host:port\"); got "
                              + short_repr(item.second));
-      jobs[job] = item.second.cast<std::vector<std::string>>();
+      for (auto a : item.second)
+        jobs[job].push_back(str_arg(a, "ClusterSpec: job '" + job + "': an address"));
     }
   }
   auto spec = cluster_spec::from_jobs(jobs, "ClusterSpec");

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "core/device_name.hpp"
 #include "kernels/op_registry.hpp"
@@ -44,7 +45,7 @@ py_tensor make(const graph_ptr& g, output o) {
 }
 
 std::string name_or(const py::object& name, const char* fallback) {
-  return name.is_none() ? std::string(fallback) : name.cast<std::string>();
+  return name.is_none() ? std::string(fallback) : str_arg(name, "name");
 }
 
 const graph_node& node_of(const py_tensor& t) {
@@ -117,7 +118,7 @@ py_tensor update(const py_tensor& var, py::handle value, const char* kind, const
                     + "' is not one (make it with af.Variable or af.get_variable)");
   auto value_node = as_node(var.owner, value, v->spec.type);
   auto& g = var.owner->g;
-  auto n = name.is_none() ? std::string{} : name.cast<std::string>();
+  auto n = name.is_none() ? std::string{} : str_arg(name, std::string(kind) + ": name");
   std::string k = kind;
   auto o = k == "assign" ? g.assign(var.out, value_node, n)
            : k == "assign_add" ? g.assign_add(var.out, value_node, n)
@@ -401,7 +402,16 @@ void register_builders(py::module_& m) {
   m.def("get_variable", [](const std::string& name, const py::object& shape, const py::object& type,
                            const py::object& init, const py::object& trainable) {
     auto t = type.is_none() ? dtype::float32 : to_dtype(type);
-    auto s = shape.is_none() ? shape_type{} : shape.cast<shape_type>();
+    shape_type s;
+    if (!shape.is_none()) {
+      // A number or a string was pybind11's RuntimeError "Unable to cast Python instance".
+      if (PyUnicode_Check(shape.ptr()) || PyBytes_Check(shape.ptr()) || !PySequence_Check(shape.ptr()))
+        throw py::type_error("get_variable '" + name + "': shape is " + py::repr(shape).cast<std::string>().substr(0, 80)
+                             + "; give a list of sizes, e.g. [3, 4]");
+      for (auto d : shape)
+        s.push_back(int_arg(d, "get_variable '" + name + "': a dimension of shape",
+                            std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+    }
     return add_variable(name, s, to_initializer(init, s, t), t,
                         trainable.is_none() || trainable.cast<bool>());
   }, py::arg("name"), py::arg("shape") = py::none(), py::arg("dtype") = py::none(),

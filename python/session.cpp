@@ -567,7 +567,7 @@ std::shared_ptr<py_session> make_session(py::handle target_arg, const py::object
     throw py::type_error("Session: timeout is seconds (a number) or None; got "
                          + py::repr(timeout).cast<std::string>().substr(0, 80));
   if (!timeout.is_none())
-    opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
+    opts.timeout = seconds_arg("Session: timeout", number_arg(timeout, "Session: timeout"));
   caf::expected<session> s{caf::error{}};
   {
     py::gil_scoped_release unlocked;
