@@ -278,6 +278,12 @@ void register_tensor_class(py::module_& m) {
     .def_property_readonly("is_variable", [](const py_tensor& t) {
       return t.owner->g.variable_node(t.out) != nullptr;
     })
+    .def_property_readonly("initializer", [](const py_tensor& t) {
+      if (t.owner->g.variable_node(t.out) == nullptr)
+        throw py::attribute_error("'" + node_of(t).name + "' is not a variable: only a variable "
+                                  "(af.Variable, af.get_variable) has an initializer");
+      return py_variables_op{py_variables_op::kind::initialize, t.owner, {t.out}};
+    }, "run it to initialize this variable alone (TF's Variable.initializer)")
     .def("assign", [](const py_tensor& t, py::handle v, const py::object& n) {
       return update(t, v, "assign", n);
     }, py::arg("value"), py::arg("name") = py::none(),
@@ -469,6 +475,30 @@ void register_variable_ops(py::module_& m) {
         "run it to initialize every variable the default graph has now");
   m.def("initialize_all_variables", [all] { return all(py_variables_op::kind::initialize); },
         "the old name of global_variables_initializer");
+  m.def("variables_initializer", [](py::handle var_list, const py::object& name) {
+    if (!name.is_none())
+      str_arg(name, "variables_initializer: name"); // TF names the op; here it is no node
+    if (PyUnicode_Check(var_list.ptr()) || !PySequence_Check(var_list.ptr()))
+      throw py::type_error("variables_initializer: var_list is a list of variables; got "
+                           + py::repr(var_list).cast<std::string>().substr(0, 80));
+    py_variables_op op{py_variables_op::kind::initialize, default_graph(), {}};
+    bool first = true;
+    for (auto v : var_list) {
+      if (!py::isinstance<py_tensor>(v)
+          || v.cast<const py_tensor&>().owner->g.variable_node(v.cast<const py_tensor&>().out) == nullptr)
+        throw py::type_error("variables_initializer: var_list holds variables (af.Variable, "
+                             "af.get_variable); got " + py::repr(v).cast<std::string>().substr(0, 80));
+      const auto& t = v.cast<const py_tensor&>();
+      if (!first && t.owner != op.owner)
+        throw py::value_error("variables_initializer: the variables are of two graphs; give "
+                              "those of one");
+      op.owner = t.owner;
+      op.vars.push_back(t.out);
+      first = false;
+    }
+    return op;
+  }, py::arg("var_list"), py::arg("name") = "init",
+        "run it to initialize the variables of var_list (tf.variables_initializer)");
   m.def("report_uninitialized_variables",
         [all] { return all(py_variables_op::kind::report_uninitialized); },
         "run it to get the names of the variables that have no value yet (a NumPy array)");

@@ -406,6 +406,12 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
     std::vector<output> vars;
     for (auto v : r->vars)
       vars.push_back(mapped(v));
+    if (vars.empty()) {
+      // The library's empty list means every variable of the session; a request made when
+      // its graph had none (or variables_initializer([])) is TF's no-op.
+      results[i].is_names = r->what == py_variables_op::kind::report_uninitialized;
+      continue;
+    }
     if (r->what == py_variables_op::kind::initialize) {
       if (auto err = s_->initialize(vars))
         return err;
