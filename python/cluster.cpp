@@ -302,8 +302,11 @@ void join(const py_server& s) {
 void stop(const py_server& s) {
   if (!s.host)
     raise(af_error::invalid_argument,
-          "a LocalCluster's task stops with its cluster (LocalCluster.stop()); start an "
-          "af.train.Server to stop one task alone");
+          "this Server is a task of a cluster of this process (a LocalCluster's, or made by "
+          "Server.create_local_server() or create_local_cluster()), which stops as a whole: "
+          "LocalCluster.stop(), or, for the others, once no Server and no Session of that "
+          "cluster is left (del them); start an af.train.Server(spec, job, task) to stop one "
+          "task alone");
   caf::anon_send_exit(s.host->node.actor, caf::exit_reason::user_shutdown);
 }
 

@@ -212,3 +212,16 @@ def test_saver_max_to_keep_takes_none_as_tf_does_and_refuses_negatives(tmp_path)
             for step in range(7):
                 saver.save(sess, str(tmp_path), global_step=step)
     assert len(list(tmp_path.glob("ckpt-*.afck"))) == 7
+
+
+def test_stopping_a_server_of_create_local_server_says_how_it_stops():
+    # Catches: Server.create_local_server().stop() said "a LocalCluster's task
+    # stops with its cluster (LocalCluster.stop())" to a user who made no
+    # LocalCluster and has none to stop.
+    server = af.train.Server.create_local_server()
+    with pytest.raises(af.errors.InvalidArgumentError) as e:
+        server.stop()
+    assert "create_local_server()" in str(e.value) and "del them" in str(e.value), str(e.value)
+    workers, _ = af.train.create_local_cluster(1, 0)
+    with pytest.raises(af.errors.InvalidArgumentError, match="create_local_cluster"):
+        workers[0].stop()
