@@ -328,6 +328,14 @@ void register_graph_class(py::module_& m) {
     .def(py::init<>())
     .def("get_operations", [](const py_graph& g) { return g.g.operations(); },
          "the names of its nodes, in creation order")
+    .def("get_tensor_by_name", [](const graph_ptr& g, py::handle name) {
+      bool is_tensor = false;
+      auto o = node_by_name(*g, str_arg(name, "get_tensor_by_name: name"), &is_tensor);
+      if (!is_tensor)
+        throw py::value_error("The name '" + name.cast<std::string>() + "' refers to an Operation, "
+                              "not a Tensor; Tensor names are '<op_name>:0'");
+      return make(g, o);
+    }, py::arg("name"), "the Tensor named 'op_name:0' (TF's Graph.get_tensor_by_name)")
     .def("as_default", [](const graph_ptr& g) { return g; },
          "`with g.as_default():` makes new nodes go to this graph")
     .def("__enter__", [](const graph_ptr& g) {
@@ -590,6 +598,22 @@ void register_graph(py::module_& m) {
   register_initializers(m);
   register_builders(m);
   register_variable_ops(m);
+}
+
+output node_by_name(const py_graph& g, const std::string& name, bool* is_tensor) {
+  auto colon = name.rfind(':');
+  auto op = colon == std::string::npos ? name : name.substr(0, colon);
+  *is_tensor = colon != std::string::npos;
+  if (*is_tensor && name.substr(colon + 1) != "0")
+    throw py::key_error("The name '" + name + "' refers to a Tensor which does not exist: each "
+                        "node of an actorflow graph has one output, '" + op + ":0'");
+  const auto& nodes = g.g.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].name == op)
+      return output{static_cast<int32_t>(i)};
+  throw py::key_error("The name '" + name + "' refers to " + (*is_tensor ? "a Tensor" : "an Operation")
+                      + " which does not exist: the graph has no node '" + op
+                      + "' (graph.get_operations() lists its names)");
 }
 
 } // namespace af::python

@@ -325,3 +325,33 @@ def test_variables_initializer_and_variable_initializer_initialize_only_theirs(l
         other = af.Variable(1.0, name="elsewhere")
     with pytest.raises(ValueError, match="two graphs"):
         af.variables_initializer([a, other])
+
+
+def test_fetches_and_feeds_by_tf_name(local):
+    # Catches: TF 1.x scripts feed and fetch by name (feed_dict={"x:0": ...},
+    # sess.run("loss:0"), sess.run("train"), graph.get_tensor_by_name); each
+    # was a TypeError.
+    with af.Graph().as_default() as g:
+        x = af.placeholder(af.float32, [None], name="x")
+        with af.device("/job:local/task:0"):
+            v = af.Variable(0.0, name="v")
+        loss = af.reduce_sum(x * 2.0, name="loss")
+        bump = v.assign_add(1.0, name="bump")
+        assert g.get_tensor_by_name("loss:0").name == "loss:0"
+        with af.Session(local.target("local", 0)) as sess:
+            sess.run(af.global_variables_initializer())
+            feed = {"x:0": np.array([1.0, 2.0], np.float32)}
+            assert sess.run("loss:0", feed) == 6.0
+            assert sess.run({"l": ["loss:0"], "t": loss}, feed_dict=feed) == {"l": [6.0], "t": 6.0}
+            assert sess.run("bump") is None                 # an operation: run, nothing back
+            assert sess.run("v:0") == 1.0
+            with pytest.raises(KeyError, match="no node 'lost'"):
+                sess.run("lost:0")
+            with pytest.raises(KeyError, match="one output"):
+                sess.run("loss:1")
+            with pytest.raises(TypeError, match="refers to an Operation"):
+                sess.run(loss, feed_dict={"x": [1.0]})
+            with pytest.raises(KeyError, match="no node 'y'"):
+                sess.run(loss, feed_dict={"y:0": [1.0]})
+        with pytest.raises(ValueError, match="refers to an Operation"):
+            g.get_tensor_by_name("loss")
