@@ -252,9 +252,12 @@ void register_shape_class(py::module_& m) {
 }
 
 /// `with af.device(name):` on the graph that is the default when it is entered.
+/// One `af.device(...)` object; `entered` has, for each `with` of it still
+/// open, the graph it pushed its scope on and the depth of that thread's
+/// scopes after the push (a block may be re-entered, nested in itself).
 struct device_block {
   device_name name;
-  graph_ptr entered;
+  std::vector<std::pair<graph_ptr, size_t>> entered;
 };
 
 void register_tensor_class(py::module_& m) {
@@ -358,20 +361,30 @@ void register_graph_class(py::module_& m) {
 void register_device(py::module_& m) {
   py::class_<device_block>(m, "_DeviceBlock")
     .def("__enter__", [](device_block& d) {
-      d.entered = default_graph();
-      d.entered->g.push_scope(d.name);
+      auto g = default_graph();
+      g->g.push_scope(d.name);
+      d.entered.emplace_back(g, g->g.scopes().size());
     })
     .def("__exit__", [](device_block& d, py::args) {
-      if (d.entered)
-        d.entered->g.pop_scope();
-      d.entered.reset();
+      // Re-entering one block (`with dev: with dev:`) left its first scope open for
+      // good, and a block closed before one opened inside it popped that one's:
+      // every node built after was placed on a device no open block named.
+      if (d.entered.empty())
+        return;
+      auto [g, depth] = d.entered.back();
+      if (g->g.scopes().size() != depth)
+        throw py::value_error("af.device(\"" + d.name.to_string() + "\").__exit__: a device "
+                              "block opened inside it (or on another thread) is still open; "
+                              "close blocks in the reverse order of opening (`with` does)");
+      d.entered.pop_back();
+      g->g.pop_scope();
     });
   m.def("device", [](const std::string& name) {
     std::string why;
     auto d = device_name::parse(name, &why);
     if (!d)
       python::raise(af_error::invalid_device, "device '" + name + "': " + why);
-    return device_block{*d, nullptr};
+    return device_block{*d, {}};
   }, py::arg("device_name"),
         "`with af.device(\"/job:ps/task:0\"):` places what is built inside it (tf.device); "
         "nested blocks merge, inner fields winning");
