@@ -91,6 +91,10 @@ struct py_graph {
   std::set<int32_t> untrainable;
 };
 
+/// The node of `g` a TF name names: "x:0" (a tensor; *is_tensor true) or
+/// "x" (its operation); KeyError naming it when `g` has no such node.
+output node_by_name(const py_graph& g, const std::string& name, bool* is_tensor);
+
 /// Raises ValueError when `value` does not fit placeholder `o`'s declared
 /// shape (its rank, and each axis the placeholder fixes), naming both
 /// shapes as TF does ("Cannot feed value of shape (2, 4) for Tensor 'x:0',

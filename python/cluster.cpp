@@ -89,7 +89,7 @@ spec_ptr to_spec(py::handle cluster) {
   for (auto item : py::reinterpret_borrow<py::dict>(cluster)) {
     if (!py::isinstance<py::str>(item.first))
       throw py::type_error("ClusterSpec: a job name is a string; got " + short_repr(item.first));
-    auto job = item.first.cast<std::string>();
+    auto job = str_arg(item.first, "ClusterSpec: a job name");
     if (py::isinstance<py::dict>(item.second)) {
       // TF's sparse form {index: address}: every index from 0 must be there.
       std::map<int64_t, std::string> tasks;
@@ -98,7 +98,7 @@ spec_ptr to_spec(py::handle cluster) {
           throw py::type_error("ClusterSpec: job '" + job + "' as a dict maps task indexes (ints) "
                                "to \"host:port\" strings; got " + short_repr(task.first) + ": "
                                + short_repr(task.second));
-        tasks[task.first.cast<int64_t>()] = task.second.cast<std::string>();
+        tasks[task.first.cast<int64_t>()] = str_arg(task.second, "ClusterSpec: job '" + job + "': an address");
       }
       int64_t next = 0;
       for (auto& [index, address] : tasks) {
@@ -116,7 +116,8 @@ spec_ptr to_spec(py::handle cluster) {
         throw py::type_error("ClusterSpec: job '" + job + "' is a list of \"host:port\" strings "
                              "(or a dict of task index: \"host:port\"); got "
                              + short_repr(item.second));
-      jobs[job] = item.second.cast<std::vector<std::string>>();
+      for (auto a : item.second)
+        jobs[job].push_back(str_arg(a, "ClusterSpec: job '" + job + "': an address"));
     }
   }
   auto spec = cluster_spec::from_jobs(jobs, "ClusterSpec");
@@ -301,8 +302,11 @@ void join(const py_server& s) {
 void stop(const py_server& s) {
   if (!s.host)
     raise(af_error::invalid_argument,
-          "a LocalCluster's task stops with its cluster (LocalCluster.stop()); start an "
-          "af.train.Server to stop one task alone");
+          "this Server is a task of a cluster of this process (a LocalCluster's, or made by "
+          "Server.create_local_server() or create_local_cluster()), which stops as a whole: "
+          "LocalCluster.stop(), or, for the others, once no Server and no Session of that "
+          "cluster is left (del them); start an af.train.Server(spec, job, task) to stop one "
+          "task alone");
   caf::anon_send_exit(s.host->node.actor, caf::exit_reason::user_shutdown);
 }
 

@@ -266,7 +266,17 @@ int64_t int_arg(py::handle value, const std::string& what, int64_t lo, int64_t h
 std::string str_arg(py::handle value, const std::string& what) {
   if (!PyUnicode_Check(value.ptr()))
     throw py::type_error(what + " is " + shown(value) + "; give a str");
-  return value.cast<std::string>();
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (text == nullptr) {
+    // A lone surrogate (os.fsdecode of bytes that are not UTF-8) has no UTF-8 form: without
+    // this it was pybind11's RuntimeError "Unable to cast Python instance to C++ type".
+    PyErr_Clear();
+    throw py::value_error(what + " is " + shown(value)
+                          + ", which is not valid Unicode text (a lone surrogate, as os.fsdecode "
+                            "makes of bytes that are not UTF-8); give a str of real characters");
+  }
+  return std::string(text, static_cast<size_t>(size));
 }
 
 double number_arg(py::handle value, const std::string& what) {

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "core/device_name.hpp"
 #include "kernels/op_registry.hpp"
@@ -44,7 +45,7 @@ py_tensor make(const graph_ptr& g, output o) {
 }
 
 std::string name_or(const py::object& name, const char* fallback) {
-  return name.is_none() ? std::string(fallback) : name.cast<std::string>();
+  return name.is_none() ? std::string(fallback) : str_arg(name, "name");
 }
 
 const graph_node& node_of(const py_tensor& t) {
@@ -117,7 +118,7 @@ py_tensor update(const py_tensor& var, py::handle value, const char* kind, const
                     + "' is not one (make it with af.Variable or af.get_variable)");
   auto value_node = as_node(var.owner, value, v->spec.type);
   auto& g = var.owner->g;
-  auto n = name.is_none() ? std::string{} : name.cast<std::string>();
+  auto n = name.is_none() ? std::string{} : str_arg(name, std::string(kind) + ": name");
   std::string k = kind;
   auto o = k == "assign" ? g.assign(var.out, value_node, n)
            : k == "assign_add" ? g.assign_add(var.out, value_node, n)
@@ -251,9 +252,12 @@ void register_shape_class(py::module_& m) {
 }
 
 /// `with af.device(name):` on the graph that is the default when it is entered.
+/// One `af.device(...)` object; `entered` has, for each `with` of it still
+/// open, the graph it pushed its scope on and the depth of that thread's
+/// scopes after the push (a block may be re-entered, nested in itself).
 struct device_block {
   device_name name;
-  graph_ptr entered;
+  std::vector<std::pair<graph_ptr, size_t>> entered;
 };
 
 void register_tensor_class(py::module_& m) {
@@ -277,6 +281,12 @@ void register_tensor_class(py::module_& m) {
     .def_property_readonly("is_variable", [](const py_tensor& t) {
       return t.owner->g.variable_node(t.out) != nullptr;
     })
+    .def_property_readonly("initializer", [](const py_tensor& t) {
+      if (t.owner->g.variable_node(t.out) == nullptr)
+        throw py::attribute_error("'" + node_of(t).name + "' is not a variable: only a variable "
+                                  "(af.Variable, af.get_variable) has an initializer");
+      return py_variables_op{py_variables_op::kind::initialize, t.owner, {t.out}};
+    }, "run it to initialize this variable alone (TF's Variable.initializer)")
     .def("assign", [](const py_tensor& t, py::handle v, const py::object& n) {
       return update(t, v, "assign", n);
     }, py::arg("value"), py::arg("name") = py::none(),
@@ -321,6 +331,14 @@ void register_graph_class(py::module_& m) {
     .def(py::init<>())
     .def("get_operations", [](const py_graph& g) { return g.g.operations(); },
          "the names of its nodes, in creation order")
+    .def("get_tensor_by_name", [](const graph_ptr& g, py::handle name) {
+      bool is_tensor = false;
+      auto o = node_by_name(*g, str_arg(name, "get_tensor_by_name: name"), &is_tensor);
+      if (!is_tensor)
+        throw py::value_error("The name '" + name.cast<std::string>() + "' refers to an Operation, "
+                              "not a Tensor; Tensor names are '<op_name>:0'");
+      return make(g, o);
+    }, py::arg("name"), "the Tensor named 'op_name:0' (TF's Graph.get_tensor_by_name)")
     .def("as_default", [](const graph_ptr& g) { return g; },
          "`with g.as_default():` makes new nodes go to this graph")
     .def("__enter__", [](const graph_ptr& g) {
@@ -343,20 +361,30 @@ void register_graph_class(py::module_& m) {
 void register_device(py::module_& m) {
   py::class_<device_block>(m, "_DeviceBlock")
     .def("__enter__", [](device_block& d) {
-      d.entered = default_graph();
-      d.entered->g.push_scope(d.name);
+      auto g = default_graph();
+      g->g.push_scope(d.name);
+      d.entered.emplace_back(g, g->g.scopes().size());
     })
     .def("__exit__", [](device_block& d, py::args) {
-      if (d.entered)
-        d.entered->g.pop_scope();
-      d.entered.reset();
+      // Re-entering one block (`with dev: with dev:`) left its first scope open for
+      // good, and a block closed before one opened inside it popped that one's:
+      // every node built after was placed on a device no open block named.
+      if (d.entered.empty())
+        return;
+      auto [g, depth] = d.entered.back();
+      if (g->g.scopes().size() != depth)
+        throw py::value_error("af.device(\"" + d.name.to_string() + "\").__exit__: a device "
+                              "block opened inside it (or on another thread) is still open; "
+                              "close blocks in the reverse order of opening (`with` does)");
+      d.entered.pop_back();
+      g->g.pop_scope();
     });
   m.def("device", [](const std::string& name) {
     std::string why;
     auto d = device_name::parse(name, &why);
     if (!d)
       python::raise(af_error::invalid_device, "device '" + name + "': " + why);
-    return device_block{*d, nullptr};
+    return device_block{*d, {}};
   }, py::arg("device_name"),
         "`with af.device(\"/job:ps/task:0\"):` places what is built inside it (tf.device); "
         "nested blocks merge, inner fields winning");
@@ -401,7 +429,16 @@ void register_builders(py::module_& m) {
   m.def("get_variable", [](const std::string& name, const py::object& shape, const py::object& type,
                            const py::object& init, const py::object& trainable) {
     auto t = type.is_none() ? dtype::float32 : to_dtype(type);
-    auto s = shape.is_none() ? shape_type{} : shape.cast<shape_type>();
+    shape_type s;
+    if (!shape.is_none()) {
+      // A number or a string was pybind11's RuntimeError "Unable to cast Python instance".
+      if (PyUnicode_Check(shape.ptr()) || PyBytes_Check(shape.ptr()) || !PySequence_Check(shape.ptr()))
+        throw py::type_error("get_variable '" + name + "': shape is " + py::repr(shape).cast<std::string>().substr(0, 80)
+                             + "; give a list of sizes, e.g. [3, 4]");
+      for (auto d : shape)
+        s.push_back(int_arg(d, "get_variable '" + name + "': a dimension of shape",
+                            std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+    }
     return add_variable(name, s, to_initializer(init, s, t), t,
                         trainable.is_none() || trainable.cast<bool>());
   }, py::arg("name"), py::arg("shape") = py::none(), py::arg("dtype") = py::none(),
@@ -459,6 +496,30 @@ void register_variable_ops(py::module_& m) {
         "run it to initialize every variable the default graph has now");
   m.def("initialize_all_variables", [all] { return all(py_variables_op::kind::initialize); },
         "the old name of global_variables_initializer");
+  m.def("variables_initializer", [](py::handle var_list, const py::object& name) {
+    if (!name.is_none())
+      str_arg(name, "variables_initializer: name"); // TF names the op; here it is no node
+    if (PyUnicode_Check(var_list.ptr()) || !PySequence_Check(var_list.ptr()))
+      throw py::type_error("variables_initializer: var_list is a list of variables; got "
+                           + py::repr(var_list).cast<std::string>().substr(0, 80));
+    py_variables_op op{py_variables_op::kind::initialize, default_graph(), {}};
+    bool first = true;
+    for (auto v : var_list) {
+      if (!py::isinstance<py_tensor>(v)
+          || v.cast<const py_tensor&>().owner->g.variable_node(v.cast<const py_tensor&>().out) == nullptr)
+        throw py::type_error("variables_initializer: var_list holds variables (af.Variable, "
+                             "af.get_variable); got " + py::repr(v).cast<std::string>().substr(0, 80));
+      const auto& t = v.cast<const py_tensor&>();
+      if (!first && t.owner != op.owner)
+        throw py::value_error("variables_initializer: the variables are of two graphs; give "
+                              "those of one");
+      op.owner = t.owner;
+      op.vars.push_back(t.out);
+      first = false;
+    }
+    return op;
+  }, py::arg("var_list"), py::arg("name") = "init",
+        "run it to initialize the variables of var_list (tf.variables_initializer)");
   m.def("report_uninitialized_variables",
         [all] { return all(py_variables_op::kind::report_uninitialized); },
         "run it to get the names of the variables that have no value yet (a NumPy array)");
@@ -550,6 +611,22 @@ void register_graph(py::module_& m) {
   register_initializers(m);
   register_builders(m);
   register_variable_ops(m);
+}
+
+output node_by_name(const py_graph& g, const std::string& name, bool* is_tensor) {
+  auto colon = name.rfind(':');
+  auto op = colon == std::string::npos ? name : name.substr(0, colon);
+  *is_tensor = colon != std::string::npos;
+  if (*is_tensor && name.substr(colon + 1) != "0")
+    throw py::key_error("The name '" + name + "' refers to a Tensor which does not exist: each "
+                        "node of an actorflow graph has one output, '" + op + ":0'");
+  const auto& nodes = g.g.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].name == op)
+      return output{static_cast<int32_t>(i)};
+  throw py::key_error("The name '" + name + "' refers to " + (*is_tensor ? "a Tensor" : "an Operation")
+                      + " which does not exist: the graph has no node '" + op
+                      + "' (graph.get_operations() lists its names)");
 }
 
 } // namespace af::python

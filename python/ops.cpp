@@ -36,7 +36,8 @@ op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
     if (axis.is_none())
       axis = take("reduction_indices"); // TF 1.x's older name
     attrs.all_axes = axis.is_none();
-    attrs.axis = axis.is_none() ? 0 : axis.cast<int32_t>();
+    attrs.axis = axis.is_none() ? 0
+                                 : static_cast<int32_t>(int_arg(axis, "af." + std::string(def.call_name()) + ": axis", INT32_MIN, INT32_MAX));
     auto keep = take("keep_dims");
     if (keep.is_none())
       keep = take("keepdims");
@@ -58,7 +59,7 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   if (kwargs.contains("name")) {
     py::object n = kwargs["name"];
     if (!n.is_none())
-      name = n.cast<std::string>();
+      name = str_arg(n, "af." + fn + ": name");
     PyDict_DelItemString(kwargs.ptr(), "name");
   }
   if (!kwargs.empty())

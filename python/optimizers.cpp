@@ -306,6 +306,9 @@ void register_optimizers(py::module_& m) {
         g.owner = inner.owner;
         g.members.insert(g.members.end(), inner.members.begin(), inner.members.end());
       } else {
+        if (!py::isinstance<py_tensor>(in))
+          throw py::type_error("af.group: an input is " + py::repr(in).cast<std::string>().substr(0, 80)
+                               + "; give af.Tensors, Operations (af.group, minimize) or variables");
         const auto& t = in.cast<const py_tensor&>();
         g.owner = t.owner;
         g.members.push_back(t.out);

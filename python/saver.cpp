@@ -215,10 +215,15 @@ void register_saver(py::module_& m) {
     "Saves and restores variables (tf.train.Saver) as the library's checkpoints "
     "(train/checkpoint.hpp): DIR/ckpt-<step>.afck and DIR/latest, what actorflow-train and the "
     "REPL's save/restore write and read.")
-    .def(py::init<const py::object&, size_t>(), py::arg("var_list") = py::none(),
-         py::arg("max_to_keep") = 5,
+    .def(py::init([](const py::object& var_list, const py::object& keep) {
+           // None keeps every file, as in TF; -1 was pybind11's "incompatible constructor
+           // arguments", which did not say what max_to_keep takes.
+           auto k = keep.is_none() ? 0 : int_arg(keep, "Saver: max_to_keep", 0, INT32_MAX);
+           return new py_saver(var_list, static_cast<size_t>(k));
+         }), py::arg("var_list") = py::none(), py::arg("max_to_keep") = 5,
          "var_list: None (every variable of the default graph now), a list of variables, or a "
-         "dict of name: variable; max_to_keep: checkpoint files kept in the directory (0: all)")
+         "dict of name: variable; max_to_keep: checkpoint files kept in the directory (0 or "
+         "None: all)")
     .def("save", &py_saver::save, py::arg("sess"), py::arg("save_path"),
          py::arg("global_step") = py::none(),
          "writes the variables' values, read through sess, as save_path/ckpt-<global_step>.afck "

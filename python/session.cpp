@@ -234,6 +234,10 @@ void py_session::collect(py::handle f, std::vector<leaf>& leaves) const {
     if (r.owner != graph_)
       raise(af_error::invalid_argument, "this initializer is of another graph than the session's");
     leaves.push_back({{}, &r});
+  } else if (PyUnicode_Check(f.ptr())) { // TF's "loss:0", or "train" run for its effect
+    bool is_tensor = false;
+    auto o = node_by_name(*graph_, str_arg(f, "a fetch's name"), &is_tensor);
+    leaves.push_back({o, nullptr, !is_tensor});
   } else if (py::isinstance<py::list>(f) || py::isinstance<py::tuple>(f)) {
     for (auto item : f)
       collect(item, leaves);
@@ -272,7 +276,11 @@ py::object py_session::rebuild(py::handle f, std::vector<result>& results, size_
     take(f.cast<const py_group&>().members.size());
     return py::none();
   }
-  if (is_a<py_tensor>(f) || is_a<py_variables_op>(f)) {
+  if (PyUnicode_Check(f.ptr()) && f.cast<std::string>().find(':') == std::string::npos) {
+    take(1); // an operation's name: run, nothing fetched (TF gives None)
+    return py::none();
+  }
+  if (is_a<py_tensor>(f) || is_a<py_variables_op>(f) || PyUnicode_Check(f.ptr())) {
     take(1);
     auto& r = results[next - 1];
     if (r.is_names) {
@@ -406,6 +414,12 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
     std::vector<output> vars;
     for (auto v : r->vars)
       vars.push_back(mapped(v));
+    if (vars.empty()) {
+      // The library's empty list means every variable of the session; a request made when
+      // its graph had none (or variables_initializer([])) is TF's no-op.
+      results[i].is_names = r->what == py_variables_op::kind::report_uninitialized;
+      continue;
+    }
     if (r->what == py_variables_op::kind::initialize) {
       if (auto err = s_->initialize(vars))
         return err;
@@ -468,10 +482,21 @@ py::object py_session::run(py::handle fetches, py::handle feed_dict, py::handle 
                          + py::repr(feed_dict).cast<std::string>().substr(0, 80));
   if (!feed_dict.is_none())
     for (auto item : py::reinterpret_borrow<py::dict>(feed_dict)) {
-      if (!py::isinstance<py_tensor>(item.first))
-        throw py::type_error("feed_dict's keys are af.placeholder Tensors; got "
-                             + py::repr(item.first).cast<std::string>().substr(0, 80));
-      const auto& key = item.first.cast<const py_tensor&>();
+      py_tensor named;
+      if (PyUnicode_Check(item.first.ptr())) { // TF's feed_dict={"x:0": ...}
+        bool is_tensor = false;
+        auto name = str_arg(item.first, "a feed_dict key");
+        named = {graph_, node_by_name(*graph_, name, &is_tensor)};
+        if (!is_tensor)
+          throw py::type_error("Cannot interpret feed_dict key as Tensor: the name '" + name
+                               + "' refers to an Operation, not a Tensor; Tensor names are "
+                                 "'<op_name>:0'");
+      } else if (!py::isinstance<py_tensor>(item.first)) {
+        throw py::type_error("feed_dict's keys are af.placeholder Tensors (or their names, "
+                             "'x:0'); got " + py::repr(item.first).cast<std::string>().substr(0, 80));
+      }
+      const auto& key = PyUnicode_Check(item.first.ptr()) ? named
+                                                          : item.first.cast<const py_tensor&>();
       if (key.owner != graph_)
         raise(af_error::invalid_argument, "feed '" + key.owner->g.at(key.out).name
                                             + "' is not of this session's graph");
@@ -567,7 +592,7 @@ std::shared_ptr<py_session> make_session(py::handle target_arg, const py::object
     throw py::type_error("Session: timeout is seconds (a number) or None; got "
                          + py::repr(timeout).cast<std::string>().substr(0, 80));
   if (!timeout.is_none())
-    opts.timeout = seconds_arg("Session: timeout", timeout.cast<double>());
+    opts.timeout = seconds_arg("Session: timeout", number_arg(timeout, "Session: timeout"));
   caf::expected<session> s{caf::error{}};
   {
     py::gil_scoped_release unlocked;

@@ -99,6 +99,44 @@ py::object to_numpy(tensor&& t) {
   return std::move(array);
 }
 
+namespace {
+
+/// NumPy's cast to an integer dtype wraps what does not fit (2**40 as int32
+/// was 0) and makes NaN and inf the lowest integer, in silence: a feed of
+/// ids or labels then ran on other values than the caller's. Refused, as TF
+/// refuses such a constant; a fraction still truncates, as in NumPy and TF.
+void check_fits_integer(const py::module_& np, py::handle value, dtype want) {
+  py::object src;
+  try {
+    src = np.attr("asarray")(value);
+  } catch (py::error_already_set&) {
+    return; // from_python's own conversion says what is wrong
+  }
+  py::object dt = src.attr("dtype");
+  auto kind = dt.attr("kind").cast<std::string>();
+  if ((kind != "f" && kind != "i" && kind != "u") || dt.equal(py::object(numpy_dtype(want)))
+      || src.attr("size").cast<int64_t>() == 0)
+    return;
+  auto info = np.attr("iinfo")(numpy_dtype(want));
+  py::object lo = info.attr("min"), end = -lo; // [min, -min): max + 1 is exact in a float
+  std::string what = "cannot convert " + py::repr(value).cast<std::string>().substr(0, 80)
+                     + " to a tensor of " + dtype_name(want) + ": ";
+  if (kind == "f" && !np.attr("isfinite")(src).attr("all")().cast<bool>())
+    throw py::value_error(what + "it holds NaN or inf, which " + dtype_name(want)
+                          + " has no value for; clean the array first (np.nan_to_num, a mask)");
+  py::object min = src.attr("min")(), max = src.attr("max")();
+  if (kind == "u")
+    min = py::int_(min), max = py::int_(max); // uint64 against a Python int, exactly
+  if (min < lo || !(max < end))
+    throw py::value_error(what + "it holds " + py::str(min < lo ? min : max).cast<std::string>()
+                          + ", outside " + dtype_name(want) + "'s range ["
+                          + py::str(lo).cast<std::string>() + ", "
+                          + py::str(info.attr("max")).cast<std::string>()
+                          + "]; feed a wider dtype's placeholder, or wrap it yourself (.astype)");
+}
+
+} // namespace
+
 tensor from_python(py::handle value, std::optional<dtype> want) {
   // np.asarray(None, float32) is NaN: a feed of None ran on a NaN.
   if (value.is_none())
@@ -107,6 +145,8 @@ tensor from_python(py::handle value, std::optional<dtype> want) {
                          + "; give a number or an array (a feed_dict's value, a constant)");
   auto np = py::module_::import("numpy");
   bool is_array = py::isinstance<py::array>(value) || py::isinstance(value, np.attr("generic"));
+  if (want && (*want == dtype::int32 || *want == dtype::int64))
+    check_fits_integer(np, value, *want);
   py::object arr;
   try {
     arr = want ? np.attr("asarray")(value, numpy_dtype(*want)) : np.attr("asarray")(value);

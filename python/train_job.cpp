@@ -43,7 +43,7 @@ using namespace std::chrono_literals;
 /// NUL byte names another file to the system than to Python: the config
 /// 'a.toml\0x' read a.toml. Refused as open() refuses it.
 void no_nul(const std::string& what, const py::str& text) {
-  if (text.cast<std::string>().find('\0') != std::string::npos)
+  if (str_arg(text, "af.train.Job: " + what).find('\0') != std::string::npos)
     throw py::value_error("af.train.Job: " + what + ": embedded null byte");
 }
 
@@ -98,7 +98,7 @@ train::train_config config_of(py::handle config, py::handle overrides) {
   if (py::isinstance<py::dict>(config)) {
     std::string text;
     for (auto item : py::reinterpret_borrow<py::dict>(config)) {
-      auto key = py::str(item.first).cast<std::string>();
+      auto key = str_arg(py::str(item.first), "af.train.Job: a config key");
       text += py::module_::import("json").attr("dumps")(key).cast<std::string>() + " = "
               + toml_value(key, item.second) + "\n";
     }
@@ -110,7 +110,7 @@ train::train_config config_of(py::handle config, py::handle overrides) {
              || py::isinstance(config, py::module_::import("os").attr("PathLike"))) {
     auto text = py::str(py::module_::import("os").attr("fspath")(config));
     no_nul("config path", text);
-    auto path = text.cast<std::string>();
+    auto path = str_arg(text, "af.train.Job: config path");
     auto loaded = train::load_train_config(path);
     if (!loaded)
       raise(loaded.error().code, loaded.error().what);
@@ -127,7 +127,7 @@ train::train_config config_of(py::handle config, py::handle overrides) {
   if (!overrides.is_none()) {
     std::vector<std::string> sets;
     for (auto item : py::reinterpret_borrow<py::dict>(overrides)) {
-      auto key = py::str(item.first).cast<std::string>();
+      auto key = str_arg(py::str(item.first), "af.train.Job: a config key");
       // --set takes a string as written, and lists as 64,64.
       if (py::isinstance<py::str>(item.second))
         no_nul(key, py::reinterpret_borrow<py::str>(item.second));

@@ -197,3 +197,25 @@ def test_nn_names(local):
     want = -(shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)))[[0, 1], labels]
     np.testing.assert_allclose(got_loss, want, rtol=1e-5)
     np.testing.assert_array_equal(got_rows, [[4, 5], [0, 1]])
+
+
+def test_a_device_block_entered_twice_or_closed_out_of_order_leaves_no_scope_open():
+    # Catches: `dev = af.device(...)` entered inside itself kept its first
+    # scope open for good, and closing an outer block before an inner one
+    # popped the inner one's: every node built after was placed on a device
+    # no open block named, in silence.
+    dev = af.device("/job:ps/task:0")
+    with dev:
+        with dev:
+            assert af.constant(1.0).device == "/job:ps/task:0"
+        assert af.constant(1.0).device == "/job:ps/task:0"
+    assert af.constant(1.0).device == ""
+    outer, inner = af.device("/job:ps/task:0"), af.device("/job:worker/task:1")
+    outer.__enter__()
+    inner.__enter__()
+    with pytest.raises(ValueError, match="reverse order"):
+        outer.__exit__(None, None, None)
+    assert af.constant(1.0).device == "/job:worker/task:1"
+    inner.__exit__(None, None, None)
+    outer.__exit__(None, None, None)
+    assert af.constant(1.0).device == ""

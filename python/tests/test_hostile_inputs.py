@@ -146,3 +146,82 @@ def test_wait_and_job_timeouts_of_the_wrong_type_name_themselves(local):
         job.result(timeout="1")
     with pytest.raises(TypeError, match="Job.next: timeout"):
         job.next(timeout=None)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: af.Variable(1.0, name="w\ud800"), "name"),
+    (lambda: af.constant(1.0, name="c\udcff"), "name"),
+    (lambda: af.Session("actorflow://\ud800:1"), "Session: target"),
+    (lambda: af.train.LocalCluster({"\udcff": 1}), "job name"),
+    (lambda: af.train.ClusterSpec({"ps": ["\ud800:1"]}), "job 'ps': an address"),
+    (lambda: af.train.ClusterSpec({"ps": {0: "\ud800:1"}}), "job 'ps': an address"),
+    (lambda: af.train.Job({"mode": "\udcff"}), "mode"),
+    (lambda: af.train.Job("\udcff.toml"), "config path"),
+])
+def test_a_str_that_is_not_unicode_text_names_itself(call, names):
+    # Catches: a lone surrogate (os.fsdecode of bytes that are not UTF-8) was
+    # pybind11's RuntimeError "Unable to cast Python instance to C++ type",
+    # which names neither the argument nor what to pass.
+    with pytest.raises(ValueError) as e:
+        call()
+    text = str(e.value)
+    assert names in text and "not valid Unicode text" in text, text
+
+
+@pytest.mark.parametrize("call, error, names", [
+    (lambda: af.group(5), TypeError, "af.group: an input is 5"),
+    (lambda: af.get_variable("hostile_shape", 3), TypeError, "get_variable 'hostile_shape': shape"),
+    (lambda: af.reduce_sum(af.constant([[1.0]]), axis=2**40), ValueError, "af.reduce_sum: axis"),
+    (lambda: af.reduce_sum(af.constant([[1.0]]), axis=[0, 1]), TypeError, "af.reduce_sum: axis"),
+    (lambda: af.Session(timeout=object()), TypeError, "Session: timeout"),
+])
+def test_arguments_pybind11_could_not_cast_name_themselves(call, error, names):
+    # Catches: each was RuntimeError "Unable to cast Python instance to C++ type".
+    with pytest.raises(error) as e:
+        call()
+    assert names in str(e.value), str(e.value)
+
+
+def test_an_index_or_float_that_raises_is_that_error_not_a_cast_error(local):
+    # Catches: an object whose __index__ / __float__ raises was swallowed into
+    # pybind11's "Unable to cast": the caller's own exception must come through.
+    class Hostile:
+        def __index__(self):
+            raise LookupError("hostile __index__")
+
+        def __float__(self):
+            raise LookupError("hostile __float__")
+
+    for call in (lambda: af.get_variable("hostile_dim", [Hostile()]),
+                 lambda: af.reduce_sum(af.constant([[1.0]]), axis=Hostile()),
+                 lambda: af.Session(timeout=Hostile())):
+        with pytest.raises(LookupError, match="hostile"):
+            call()
+
+
+def test_saver_max_to_keep_takes_none_as_tf_does_and_refuses_negatives(tmp_path):
+    # Catches: max_to_keep=None (TF: keep every file) and -1 were pybind11's
+    # "incompatible constructor arguments".
+    with af.Graph().as_default():
+        v = af.Variable(1.0, name="kept")
+        saver = af.train.Saver([v], max_to_keep=None)
+        with pytest.raises(ValueError, match="Saver: max_to_keep is -1"):
+            af.train.Saver([v], max_to_keep=-1)
+        with af.Session() as sess:
+            sess.run(af.global_variables_initializer())
+            for step in range(7):
+                saver.save(sess, str(tmp_path), global_step=step)
+    assert len(list(tmp_path.glob("ckpt-*.afck"))) == 7
+
+
+def test_stopping_a_server_of_create_local_server_says_how_it_stops():
+    # Catches: Server.create_local_server().stop() said "a LocalCluster's task
+    # stops with its cluster (LocalCluster.stop())" to a user who made no
+    # LocalCluster and has none to stop.
+    server = af.train.Server.create_local_server()
+    with pytest.raises(af.errors.InvalidArgumentError) as e:
+        server.stop()
+    assert "create_local_server()" in str(e.value) and "del them" in str(e.value), str(e.value)
+    workers, _ = af.train.create_local_cluster(1, 0)
+    with pytest.raises(af.errors.InvalidArgumentError, match="create_local_cluster"):
+        workers[0].stop()

@@ -289,3 +289,69 @@ def test_a_node_for_another_cluster_fails_only_the_runs_that_need_it(local):
         with pytest.raises(af.errors.InvalidArgumentError) as e:
             sess.run(var)
     assert "job 'ps' is not in the cluster" in str(e.value) and e.value.af_code == "unknown_device"
+
+
+def test_variables_initializer_and_variable_initializer_initialize_only_theirs(local):
+    # Catches: TF 1.x's tf.variables_initializer(var_list) and
+    # sess.run(v.initializer) were AttributeErrors, so a script that
+    # initializes its variables one set at a time could not run.
+    with af.Graph().as_default():
+        # Made while the graph has no variable: TF's no-ops, not "every variable" (the
+        # library's empty list), so the variables made after them stay uninitialized.
+        early_init = af.global_variables_initializer()
+        early_report = af.report_uninitialized_variables()
+        a = af.Variable(1.0, name="only_a")
+        b = af.Variable(2.0, name="only_b")
+        c = af.Variable(3.0, name="only_c")
+        with af.Session(local.target("local", 0)) as sess:
+            assert sess.run(early_init) is None
+            assert list(sess.run(early_report)) == []
+            assert len(sess.run(af.report_uninitialized_variables())) == 3
+            assert sess.run(af.variables_initializer([a])) is None
+            assert sorted(sess.run(af.report_uninitialized_variables())) == [b"only_b", b"only_c"]
+            sess.run(b.initializer)
+            assert sess.run([a, b]) == [1.0, 2.0]
+            assert list(sess.run(af.report_uninitialized_variables())) == [b"only_c"]
+            sess.run(af.variables_initializer([]))
+            with pytest.raises(af.errors.FailedPreconditionError, match="only_c"):
+                sess.run(c)
+        with pytest.raises(TypeError, match="var_list holds variables"):
+            af.variables_initializer([a, a + 1.0])
+        with pytest.raises(TypeError, match="var_list is a list of variables"):
+            af.variables_initializer(a)
+        with pytest.raises(AttributeError, match="is not a variable"):
+            (a * 2.0).initializer
+    with af.Graph().as_default():
+        other = af.Variable(1.0, name="elsewhere")
+    with pytest.raises(ValueError, match="two graphs"):
+        af.variables_initializer([a, other])
+
+
+def test_fetches_and_feeds_by_tf_name(local):
+    # Catches: TF 1.x scripts feed and fetch by name (feed_dict={"x:0": ...},
+    # sess.run("loss:0"), sess.run("train"), graph.get_tensor_by_name); each
+    # was a TypeError.
+    with af.Graph().as_default() as g:
+        x = af.placeholder(af.float32, [None], name="x")
+        with af.device("/job:local/task:0"):
+            v = af.Variable(0.0, name="v")
+        loss = af.reduce_sum(x * 2.0, name="loss")
+        bump = v.assign_add(1.0, name="bump")
+        assert g.get_tensor_by_name("loss:0").name == "loss:0"
+        with af.Session(local.target("local", 0)) as sess:
+            sess.run(af.global_variables_initializer())
+            feed = {"x:0": np.array([1.0, 2.0], np.float32)}
+            assert sess.run("loss:0", feed) == 6.0
+            assert sess.run({"l": ["loss:0"], "t": loss}, feed_dict=feed) == {"l": [6.0], "t": 6.0}
+            assert sess.run("bump") is None                 # an operation: run, nothing back
+            assert sess.run("v:0") == 1.0
+            with pytest.raises(KeyError, match="no node 'lost'"):
+                sess.run("lost:0")
+            with pytest.raises(KeyError, match="one output"):
+                sess.run("loss:1")
+            with pytest.raises(TypeError, match="refers to an Operation"):
+                sess.run(loss, feed_dict={"x": [1.0]})
+            with pytest.raises(KeyError, match="no node 'y'"):
+                sess.run(loss, feed_dict={"y:0": [1.0]})
+        with pytest.raises(ValueError, match="refers to an Operation"):
+            g.get_tensor_by_name("loss")

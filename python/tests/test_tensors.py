@@ -101,3 +101,28 @@ def test_feed_converts_to_placeholder_dtype(local):
         got = sess.run(y, feed_dict={x: [[1, 2], [3, 4]]})
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, [[2, 4], [6, 8]])
+
+
+def test_a_feed_that_does_not_fit_an_integer_placeholder_is_refused_not_wrapped():
+    # Catches: NumPy's cast wrapped 2**40 fed to an int32 placeholder to 0 and
+    # made NaN the lowest int32, in silence: the step ran on other ids and
+    # labels than the caller's.
+    with af.Graph().as_default():
+        ids = af.placeholder(af.int32, [None], name="ids")
+        wide = af.placeholder(af.int64, [None], name="wide")
+        out, out_wide = ids + 0, wide + 0
+        with af.Session() as sess:
+            for value, says in ((np.array([1, 2**40]), "holds 1099511627776, outside int32's range"),
+                                ([2**31], "outside int32's range"),
+                                (np.array([1.0, np.nan]), "NaN or inf"),
+                                (np.array([np.inf]), "NaN or inf"),
+                                (np.array([2**63], np.uint64), "outside int32's range")):
+                with pytest.raises(ValueError, match=says):
+                    sess.run(out, {ids: value})
+            with pytest.raises(ValueError, match="outside int64's range"):
+                sess.run(out_wide, {wide: np.array([2.0**63])})
+            # What fits still converts, fractions truncating as in NumPy and TF.
+            assert sess.run(out, {ids: np.array([-2**31, 7], np.int64)}).tolist() == [-2**31, 7]
+            assert sess.run(out, {ids: [1.7, -2.0]}).tolist() == [1, -2]
+            assert sess.run(out_wide, {wide: np.array([2**40])}).tolist() == [2**40]
+            assert sess.run(out, {ids: np.zeros(0)}).tolist() == []
