@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "caf/error.hpp"
@@ -82,8 +83,20 @@ void register_tensors(py::module_& m);
 
 /// af.Graph: an af::graph plus what Python needs that the graph does not
 /// keep. Built under the GIL only.
+struct replica_setter;
+
+/// An open af.train.replica_device_setter block on one thread (python/device.cpp):
+/// the setter (null for af.device(None), which hides those outside it) and
+/// the depth of the thread's device scopes with its own scope pushed.
+struct replica_block {
+  std::shared_ptr<replica_setter> setter;
+  size_t depth = 0;
+};
+
 struct py_graph {
   graph g;
+  /// Each thread's open replica_device_setter blocks, innermost last.
+  std::map<std::thread::id, std::vector<replica_block>> replica_blocks;
   /// Each node's static dtype and shape (Tensor.shape), filled as asked.
   mutable static_shapes shapes;
   /// Variables made with trainable=False (TF's global_step idiom): left out
@@ -145,6 +158,24 @@ output checked_op(const graph_ptr& g, const std::string& kind, std::vector<outpu
 output as_node(const graph_ptr& g, py::handle value, std::optional<dtype> like = std::nullopt);
 
 void register_graph(py::module_& m);
+/// af.device (names, None, af.train.replica_device_setter); after register_cluster.
+void register_device(py::module_& m);
+
+/// While alive: this thread's device scopes with its innermost
+/// replica_device_setter's own scope swapped for the ps task a new variable
+/// `name` of `g` goes to (round robin, as TF's); nothing if no setter is
+/// open or `name` exists already (get_variable's reuse makes no variable).
+class replica_placement {
+public:
+  replica_placement(py_graph& g, const std::string& name);
+  ~replica_placement();
+  replica_placement(const replica_placement&) = delete;
+  replica_placement& operator=(const replica_placement&) = delete;
+
+private:
+  py_graph& g_;
+  std::optional<std::vector<device_name>> saved_;
+};
 
 // -- the registry's ops (python/ops.cpp) ---------------------------------------
 

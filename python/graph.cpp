@@ -130,6 +130,8 @@ py_tensor update(const py_tensor& var, py::handle value, const char* kind, const
 py_tensor add_variable(const std::string& name, shape_type shape, initializer init, dtype type,
                        bool trainable) {
   auto g = default_graph();
+  // A new variable under af.train.replica_device_setter goes to its next ps task.
+  replica_placement placed{*g, name};
   auto o = g->g.variable(name, std::move(shape), std::move(init), type);
   if (!o)
     raise(o.error());
@@ -251,15 +253,6 @@ void register_shape_class(py::module_& m) {
     });
 }
 
-/// `with af.device(name):` on the graph that is the default when it is entered.
-/// One `af.device(...)` object; `entered` has, for each `with` of it still
-/// open, the graph it pushed its scope on and the depth of that thread's
-/// scopes after the push (a block may be re-entered, nested in itself).
-struct device_block {
-  device_name name;
-  std::vector<std::pair<graph_ptr, size_t>> entered;
-};
-
 void register_tensor_class(py::module_& m) {
   py::class_<py_tensor>(m, "Tensor",
                         "A node of a graph (TF's Tensor; a variable node is also TF's Variable).")
@@ -356,38 +349,6 @@ void register_graph_class(py::module_& m) {
   m.def("get_default_graph", &default_graph);
   m.def("reset_default_graph", [] { process_graph() = std::make_shared<py_graph>(); },
         "a fresh process default graph (tf.reset_default_graph)");
-}
-
-void register_device(py::module_& m) {
-  py::class_<device_block>(m, "_DeviceBlock")
-    .def("__enter__", [](device_block& d) {
-      auto g = default_graph();
-      g->g.push_scope(d.name);
-      d.entered.emplace_back(g, g->g.scopes().size());
-    })
-    .def("__exit__", [](device_block& d, py::args) {
-      // Re-entering one block (`with dev: with dev:`) left its first scope open for
-      // good, and a block closed before one opened inside it popped that one's:
-      // every node built after was placed on a device no open block named.
-      if (d.entered.empty())
-        return;
-      auto [g, depth] = d.entered.back();
-      if (g->g.scopes().size() != depth)
-        throw py::value_error("af.device(\"" + d.name.to_string() + "\").__exit__: a device "
-                              "block opened inside it (or on another thread) is still open; "
-                              "close blocks in the reverse order of opening (`with` does)");
-      d.entered.pop_back();
-      g->g.pop_scope();
-    });
-  m.def("device", [](const std::string& name) {
-    std::string why;
-    auto d = device_name::parse(name, &why);
-    if (!d)
-      python::raise(af_error::invalid_device, "device '" + name + "': " + why);
-    return device_block{*d, {}};
-  }, py::arg("device_name"),
-        "`with af.device(\"/job:ps/task:0\"):` places what is built inside it (tf.device); "
-        "nested blocks merge, inner fields winning");
 }
 
 void register_initializers(py::module_& m) {
@@ -607,7 +568,6 @@ void register_graph(py::module_& m) {
   register_shape_class(m);
   register_graph_class(m);
   register_tensor_class(m);
-  register_device(m);
   register_initializers(m);
   register_builders(m);
   register_variable_ops(m);

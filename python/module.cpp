@@ -37,6 +37,7 @@ PYBIND11_MODULE(actorflow, m) {
   ap::register_ops(m);      // every op of the registry; the explicit builders below may refine
   ap::register_graph(m);
   ap::register_cluster(m);
+  ap::register_device(m);   // af.train.replica_device_setter reads af.train.ClusterSpec
   ap::register_optimizers(m);
   ap::register_saver(m);
   ap::register_trace(m);

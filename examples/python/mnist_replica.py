@@ -37,15 +37,17 @@ def parse_args():
     return p.parse_args()
 
 
-def model(task_index):
-    """The graph every worker builds: the parameters on the ps, the step on
-    this worker (TF: tf.train.replica_device_setter)."""
-    with af.device("/job:ps/task:0"):
+def model(cluster, task_index):
+    """The graph every worker builds, placed as TF's mnist_replica.py places
+    it: each variable on the next ps task, round robin, the step on this
+    worker."""
+    with af.device(af.train.replica_device_setter(
+            worker_device="/job:worker/task:%d" % task_index, cluster=cluster)):
         weights = af.get_variable("softmax/w", [64, 10], initializer=af.zeros_initializer())
         bias = af.get_variable("softmax/b", [10], initializer=af.zeros_initializer())
         global_step = af.get_variable("global_step", [], initializer=af.zeros_initializer())
-        workers_done = af.get_variable("workers_done", [], initializer=af.zeros_initializer())
-    with af.device("/job:worker/task:%d" % task_index):
+        with af.device("/job:ps/task:0"):  # where run_ps reads it
+            workers_done = af.get_variable("workers_done", [], initializer=af.zeros_initializer())
         x = af.placeholder(af.float32, [None, 64], name="x")
         labels = af.placeholder(af.int32, [None], name="labels")
         logits = x @ weights + bias
@@ -85,11 +87,11 @@ def run_ps(cluster, server, num_workers, timeout):
     return 0
 
 
-def run_worker(args, server, num_workers):
+def run_worker(args, cluster, server, num_workers):
     xs, ys = af.train.load_digits()
     train_x, train_y = xs[:1500], ys[:1500]
     test_x, test_y = xs[1500:], ys[1500:]
-    m = model(args.task_index)
+    m = model(cluster, args.task_index)
     opt = af.train.GradientDescentOptimizer(args.learning_rate)
     train_op = af.group(opt.minimize(m["loss"]), m["global_step"].assign_add(1.0))
     is_chief = args.task_index == 0
@@ -128,7 +130,7 @@ def main():
     try:
         if args.job_name == "ps":
             return run_ps(cluster, server, num_workers, args.timeout)
-        return run_worker(args, server, num_workers)
+        return run_worker(args, cluster, server, num_workers)
     finally:
         server.stop()
         server.join()

@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import Graph, Operation, Session, Tensor
+from . import Graph, Operation, Session, Tensor, _ReplicaDeviceSetter
 
 class ClusterSpec:
     def __init__(self, cluster: Union[Mapping[str, Any], ClusterSpec]) -> None: ...
@@ -43,6 +43,11 @@ class LocalCluster:
     def __exit__(self, *args: Any) -> None: ...
 
 def create_local_cluster(num_workers: int, num_ps: int) -> Tuple[List[Server], List[Server]]: ...
+def replica_device_setter(ps_tasks: int = 0, ps_device: str = "/job:ps",
+                          worker_device: Optional[str] = None, merge_devices: bool = True,
+                          cluster: Union[ClusterSpec, Mapping[str, Any], None] = None,
+                          ps_ops: None = None, ps_strategy: None = None
+                          ) -> Optional[_ReplicaDeviceSetter]: ...
 
 class Optimizer:
     """tf.train.Optimizer: each variable's update in the graph, on its device, slots beside it."""
