@@ -19,12 +19,6 @@ namespace af::training_detail {
 
 namespace {
 
-/// The key under which the chief says it restored ps `k` in its new
-/// incarnation: "<global step> <checkpoint step>".
-std::string restored_key(uint64_t chief_incarnation, size_t k, uint64_t ps_incarnation) {
-  return fmt::format("train/{}/ps{}/restored/{}", chief_incarnation, k, ps_incarnation);
-}
-
 /// `old` as it runs again: its new aggregator `agg`, on the node that came
 /// back (`info`: its data port and incarnation).
 param_shard renewed(const param_shard& old, const aggregator_actor& agg, const node_info& info) {
@@ -65,12 +59,10 @@ recovered_shard same_process(recovery_context& ctx, size_t k, uint64_t step) {
   return recovered_shard{ctx.shards[k], step};
 }
 
-/// Waits (bounded by ps_recovery_timeout_ms) until shard `k`'s ps answers
-/// as a new process; nullopt if the same process answers (its connection
-/// broke, not the process). A non-chief gives up at once when the chief is
-/// gone: the job stops then (docs/training.md).
+} // namespace
+
 caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_t k,
-                                                    const std::string& why) {
+                                                    const std::string& why, bool announce) {
   auto& s = *ctx.s;
   const auto& shard = ctx.shards[k];
   auto ms = ctx.c.ps_recovery_timeout_ms;
@@ -90,14 +82,15 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{ms};
   auto addr = s.cluster().address("ps", static_cast<int32_t>(k));
   auto where = addr ? addr->to_string() : std::string{"?"};
-  if (ctx.task == 0)
+  // !announce: the caller said why it waits (dist/sparse_set_up.cpp).
+  if (announce && ctx.task == 0)
     log::get()->warn("chief: {} at {} is gone ({}); waiting up to {} ms (ps_recovery_timeout_ms) "
                      "for it to come back: a supervisor restarts it (systemd "
                      "Restart=on-failure, actorflow-node --restart-on-failure), or start "
                      "`actorflow-train --config F --job ps --task {}` again; then its variables "
                      "are restored from the latest checkpoint",
                      shard.task, where, why, ms, k);
-  else
+  else if (announce)
     log::get()->warn("worker {}: {} at {} is gone ({}); waiting up to {} ms for it to come back "
                      "and for the chief to restore it",
                      ctx.task, shard.task, where, why, ms);
@@ -136,6 +129,12 @@ caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
+
+std::string restored_key(uint64_t chief_incarnation, size_t k, uint64_t ps_incarnation) {
+  return fmt::format("train/{}/ps{}/restored/{}", chief_incarnation, k, ps_incarnation);
+}
+
+namespace {
 
 /// The dense job's restore of a ps (recovery_context::restore empty): the
 /// latest checkpoint's rows of its pieces, else (none yet) the values it was
@@ -179,7 +178,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
   auto& s = *ctx.s;
   const auto& c = ctx.c;
   std::chrono::milliseconds timeout{c.step_timeout_ms};
-  auto back = wait_for_ps(ctx, k, why);
+  auto back = wait_for_ps(ctx, k, why, true);
   if (!back)
     return std::move(back.error());
   if (!*back)
@@ -266,7 +265,7 @@ caf::expected<recovered_shard> chief_recover_ps(recovery_context& ctx, size_t k,
 caf::expected<recovered_shard> worker_recover_ps(recovery_context& ctx, size_t k, uint64_t step,
                                                  const std::string& why) {
   auto& s = *ctx.s;
-  auto back = wait_for_ps(ctx, k, why);
+  auto back = wait_for_ps(ctx, k, why, true);
   if (!back)
     return std::move(back.error());
   if (!*back)

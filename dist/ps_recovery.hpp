@@ -72,6 +72,20 @@ struct recovery_context {
   bool closed = false;
 };
 
+/// Waits (bounded by ps_recovery_timeout_ms) until ctx.shards[k]'s ps
+/// answers as a new process (pings of 500 ms through ctx.pinger, made here
+/// if none yet); nullopt if the same process answers (its connection broke,
+/// not the process). A non-chief gives up at once when the chief is gone:
+/// the job stops then (docs/training.md). `announce`: log the recovery's
+/// line first (false: the caller logged its own, as a set-up does).
+caf::expected<std::optional<node_info>> wait_for_ps(recovery_context& ctx, size_t k,
+                                                    const std::string& why, bool announce);
+
+/// The key under which the chief says it restored ps `k` in its new
+/// incarnation: "<global step> <checkpoint step>" (another worker's recovery
+/// waits for it).
+std::string restored_key(uint64_t chief_incarnation, size_t k, uint64_t ps_incarnation);
+
 /// worker_setup::recover_ps over `ctx`: the chief's recovery on task 0, the
 /// other workers' elsewhere; af_error::cancelled once close_recovery ran.
 std::function<caf::expected<recovered_shard>(size_t, uint64_t, const std::string&, bool)>

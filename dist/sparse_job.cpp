@@ -390,7 +390,9 @@ caf::error set_up(sparse_task& t) {
                std::chrono::milliseconds{t.c.init_timeout_ms}, t.vars)) {
     return err;
   }
-  t.self = std::make_unique<caf::scoped_actor>(t.s.system());
+  run_set_up_hook(t);
+  if (!t.self) // kept when set up again: a join again keeps its token
+    t.self = std::make_unique<caf::scoped_actor>(t.s.system());
   for (uint32_t k = 0; k < n_ps; ++k)
     if (auto err = join_ps(t, k))
       return err;
@@ -670,7 +672,7 @@ void stop_ps(session& s) {
 caf::expected<sparse_outcome> run_task(sparse_task& t, const sparse_job_options& o) {
   auto& s = t.s;
   const auto& c = t.c;
-  auto err = set_up(t);
+  auto err = set_up_with_recovery(t);
   if (!err)
     err = open_metrics(t, t.workers);
   if (err) {

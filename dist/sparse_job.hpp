@@ -44,6 +44,14 @@
 
 namespace af {
 
+/// A test build's pause in a sparse task's set-up (actorflow-train-pausing,
+/// tests/checkpoint_pause_hook.cpp): called with the worker task and its
+/// set-up pass (1 first; more after a ps that died during it came back)
+/// once the tables are initialized or waited for, before any aggregator is
+/// joined. The library installs none and reads no switch of its own.
+using sparse_set_up_hook = void (*)(uint32_t task, uint32_t pass);
+void set_sparse_set_up_hook(sparse_set_up_hook hook);
+
 struct sparse_job_options {
   bool shutdown_ps = true; ///< the chief stops the ps tasks at the end
   bool print = true;       ///< the chief's progress lines on stdout

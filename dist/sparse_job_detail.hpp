@@ -52,6 +52,9 @@ struct sparse_task {
   /// its key-value store, and a live switch of the job is refused.
   bool in_graph = false;
   uint64_t total = 0;  ///< the job's steps (the chief's count: set_up)
+  /// 1 on the first set-up, one more each time it runs again after a ps
+  /// that died during it came back (set_up_with_recovery).
+  uint32_t set_up_pass = 0;
   std::chrono::milliseconds timeout{0};
   train::click_data data;
   std::unique_ptr<train::recommender> model;
@@ -128,6 +131,19 @@ caf::error take_switches(sparse_task& t);
 /// tables declared, initialized or restored (t.chief) or waited for, every
 /// aggregator joined, the layout agreed on with the chief.
 caf::error set_up(sparse_task& t);
+
+/// set_up, and with ps_recovery_timeout_ms, again while a ps went away
+/// during it (its ping fails, or a new process answers): that ps waited
+/// for (ps_recovery_timeout_ms), the set-up's state dropped (the member
+/// actor kept), the set-up run again; the chief then says in its key-value
+/// store that it restored each ps that came back (restored_key), for the
+/// workers already waiting in their own ps recovery. Any other failure, or
+/// none of the ps gone, is set_up's error. (dist/sparse_set_up.cpp)
+caf::error set_up_with_recovery(sparse_task& t);
+
+/// The test hook (set_sparse_set_up_hook), if any, for `t` at its set-up
+/// pass: once the tables are initialized or waited for, before the joins.
+void run_set_up_hook(const sparse_task& t);
 
 /// `t`'s links (its joins done) wrapped in recovering_ps_links over a
 /// sparse_recovery of its own (t.recovering): `recover` waits for a ps that

@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <thread>
@@ -642,6 +644,63 @@ TEST_CASE("an in-graph ssp sparse client goes through a ps killed and restarted:
           "replica joins the restored ps's aggregator and the job finishes its steps",
           "[sparse_job][sparse_in_graph][processes][recovery]") {
   in_graph_ps_killed_and_restarted("ssp");
+}
+
+// Catches a sparse job that ends naming a ps that died while its workers
+// set up (before their first step) although ps_recovery_timeout_ms is set:
+// the chief, held in its set-up by actorflow-train-pausing's hook (its tables
+// initialized, no aggregator joined) while ps 1 is killed, must wait for ps
+// 1, set up again (initializing it anew: nothing has trained) and say so for
+// worker 1, which may already wait for that word in its own ps recovery.
+TEST_CASE("a ps of a sparse job killed while the chief sets up: the job waits for its restart, "
+          "sets up again and finishes, every process exits 0",
+          "[sparse_job][processes][recovery]") {
+  temp_dir dir;
+  auto ck = dir.path + "/ck";
+  auto go = dir.path + "/go";
+  const uint64_t steps = 200;
+  job_spec spec;
+  spec.ps_tasks = 2;
+  spec.workers = 2;
+  spec.train_table = sparse_table(ck, steps, "sync", "ps_recovery_timeout_ms = 15000\n");
+  // Worker 1's first request to ps 1's dead proxy may go unanswered for
+  // the session's 10 s before it sets up again: the chief's first round
+  // waits for it meanwhile.
+  spec.sets = {"step_timeout_ms=30000"};
+  spec.binary = ACTORFLOW_TRAIN_PAUSING_BINARY;
+  ::setenv("ACTORFLOW_TEST_SETUP_PAUSE", ("0:" + go).c_str(), 1);
+  auto job = train_job::start(dir.path, spec);
+  ::unsetenv("ACTORFLOW_TEST_SETUP_PAUSE");
+  auto paused = [&] {
+    return job->chief().output().find("test pause (ACTORFLOW_TEST_SETUP_PAUSE)")
+           != std::string::npos;
+  };
+  if (!job->wait_until(paused, 30s))
+    FAIL("the chief did not pause in its set-up within 30 s:\n" << job->describe());
+  job->process("ps", 1).signal(SIGKILL);
+  {
+    std::ofstream f{go};
+    f << "go\n";
+  }
+  auto waiting = [&] {
+    return job->chief().output().find("/job:ps/task:1 went away during set-up")
+           != std::string::npos;
+  };
+  if (!job->wait_until(waiting, 20s))
+    FAIL("the chief did not say within 20 s that ps 1 went away during its set-up:\n"
+         << job->describe());
+  job->restart("ps", 1);
+  check_all_exit_0(*job, 60s);
+  const auto& out = job->chief().output();
+  INFO(out);
+  CHECK(out.find("waiting up to 15000 ms (ps_recovery_timeout_ms) for it to come back, then "
+                 "setting up again")
+        != std::string::npos);
+  CHECK(out.find("/job:ps/task:1 came back during set-up") != std::string::npos);
+  auto final_step = final_global_step(out);
+  REQUIRE(final_step);
+  CHECK(*final_step == steps);
+  CHECK(out.find("workers=2 ") != std::string::npos);
 }
 
 } // namespace af::testing
