@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,14 @@ def interrupted(call):
         interrupt.join()
 
 
+def _state(stat):
+    """A thread's state letter from its /proc stat file (T: stopped)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "T"  # a thread that ended stops nothing
+
+
 class stopped:
     """SIGSTOPs the ps process for the block; SIGCONT at its end."""
 
@@ -45,6 +54,13 @@ class stopped:
 
     def __enter__(self):
         self.proc.send_signal(signal.SIGSTOP)
+        # kill() returns before every thread of the ps has stopped: a request
+        # sent at once was sometimes still answered (the call under test
+        # returned in 0.3 ms, and the test failed: no KeyboardInterrupt).
+        deadline = time.monotonic() + 10
+        while not all(_state(stat) == "T" for stat in Path("/proc/%d/task" % self.proc.pid).glob("*/stat")):
+            assert time.monotonic() < deadline, "the ps did not stop within 10 s"
+            time.sleep(0.001)
         return self
 
     def __exit__(self, *exc):
