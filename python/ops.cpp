@@ -7,6 +7,8 @@
 // same functions.
 #include "python/bindings.hpp"
 
+#include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "kernels/op_registry.hpp"
@@ -45,6 +47,23 @@ op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
   return attrs;
 }
 
+/// Whether input `i` of `def` is an index or a count (its name in the
+/// registry: INDICES, IDS, LABELS, NUM_SEGMENTS, PARTITIONS, ...), whose
+/// Python values are integers of their own (int32, as TF makes them).
+bool is_index_input(const kernels::op_def& def, size_t i) {
+  std::string_view names = def.inputs;
+  auto k = i % static_cast<size_t>(std::max(1, def.arity())); // a variadic op's groups repeat
+  for (size_t at = 0; k > 0 && at != std::string_view::npos; --k) {
+    at = names.find(',');
+    names = at == std::string_view::npos ? std::string_view{} : names.substr(at + 1);
+  }
+  auto name = names.substr(0, names.find(','));
+  for (const char* word : {"INDICES", "IDS", "LABELS", "NUM_", "PARTITION", "SHARD_ROWS", "STRATEGY"})
+    if (name.find(word) != std::string_view::npos)
+      return true;
+  return false;
+}
+
 /// Builds `def` on the graph of its first Tensor input (else the default
 /// graph); Python values among the inputs become constants of that
 /// input's dtype.
@@ -64,20 +83,27 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   if (!kwargs.empty())
     throw py::type_error("af." + fn + " does not take " + py::str(kwargs.attr("keys")()).cast<std::string>()
                          + "; it is " + def.signature());
+  // Python values take the dtype of the op's first Tensor of data, except
+  // at an index input (gather's ids, unsorted_segment_sum's ids and count):
+  // af.gather(params, [0, 2]) made float32 ids, refused when it ran.
+  auto index_input = [&](size_t i) { return is_index_input(def, i); };
   graph_ptr g;
   std::optional<dtype> like;
-  for (auto a : args)
-    if (py::isinstance<py_tensor>(a)) {
-      const auto& t = a.cast<const py_tensor&>();
-      g = t.owner;
-      like = dtype_hint(*g, t.out);
-      break;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (py::isinstance<py_tensor>(args[i])) {
+      const auto& t = args[i].cast<const py_tensor&>();
+      if (!g)
+        g = t.owner;
+      if (!index_input(i)) {
+        like = dtype_hint(*t.owner, t.out);
+        break;
+      }
     }
   if (!g)
     g = default_graph();
   std::vector<output> inputs;
-  for (auto a : args)
-    inputs.push_back(as_node(g, a, like));
+  for (size_t i = 0; i < args.size(); ++i)
+    inputs.push_back(as_node(g, args[i], index_input(i) ? std::nullopt : like));
   return py_tensor{g, checked_op(g, std::string(def.name), std::move(inputs), attrs, name)};
 }
 

@@ -132,6 +132,29 @@ def test_operators_and_registry_functions(local):
     np.testing.assert_allclose(got["relu"], np.zeros((2, 2)))
 
 
+def test_python_ids_and_counts_are_integers(local):
+    # Catches: a Python value given as an op's ids, labels or count took the
+    # dtype of the op's first Tensor (float32 params): af.gather(params,
+    # [0, 2]) and af.unsorted_segment_sum(data, ids, 3), as TF programs
+    # write them, failed when they ran ("indices must be int32 or int64").
+    params = af.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+    logits = af.constant(np.array([[2.0, 0.0], [0.0, 2.0]], np.float32))
+    fetches = {
+        "gather": af.gather(params, [2, 0]),
+        "segments": af.unsorted_segment_sum(params, np.array([1, 0, 1], np.int32), 2),
+        "xent": af.softmax_xent(logits, [0, 1]),
+        "plus": params + 1,   # a data input still takes the Tensor's dtype
+    }
+    assert fetches["gather"].dtype == np.float32 and fetches["plus"].dtype == np.float32
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(fetches)
+    p = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_allclose(got["gather"], p[[2, 0]])
+    np.testing.assert_allclose(got["segments"], [p[1], p[0] + p[2]])
+    np.testing.assert_allclose(got["xent"], np.full(2, np.log(1 + np.exp(-2.0))), rtol=1e-5)
+    np.testing.assert_allclose(got["plus"], p + 1)
+
+
 def test_every_registry_op_is_a_function():
     # Catches: ops of the registry with no Python function (the list is read
     # from the docstrings the registry generates, so a new op is checked too).
