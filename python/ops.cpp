@@ -8,6 +8,7 @@
 #include "python/bindings.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string_view>
 #include <utility>
 
@@ -38,7 +39,21 @@ op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
     if (axis.is_none())
       axis = take("reduction_indices"); // TF 1.x's older name
     attrs.all_axes = axis.is_none();
-    attrs.axis = axis.is_none() ? 0 : axis.cast<int32_t>();
+    std::string what = "af." + std::string(def.call_name()) + ": axis";
+    // TF's axis=[1] (its MNIST tutorial's reduction_indices=[1]) was
+    // pybind11's "Unable to cast Python instance"; one axis in a list is
+    // that axis, several are refused by name (the kernels reduce one).
+    if (py::isinstance<py::list>(axis) || py::isinstance<py::tuple>(axis)
+        || py::isinstance<py::array>(axis)) {
+      auto axes = py::list(axis);
+      if (axes.size() != 1)
+        throw py::value_error(what + " is " + py::repr(axis).cast<std::string>().substr(0, 60)
+                              + "; give one axis (an int, or a list of one), or none for all "
+                                "axes: the reductions take one axis at a time");
+      axis = axes[0];
+    }
+    constexpr int64_t most = std::numeric_limits<int32_t>::max();
+    attrs.axis = axis.is_none() ? 0 : static_cast<int32_t>(int_arg(axis, what, -most, most));
     auto keep = take("keep_dims");
     if (keep.is_none())
       keep = take("keepdims");

@@ -155,6 +155,23 @@ def test_python_ids_and_counts_are_integers(local):
     np.testing.assert_allclose(got["plus"], p + 1)
 
 
+def test_a_reduction_takes_tfs_axis_lists(local):
+    # Catches: axis=[1] or reduction_indices=[1] (TF 1.x's MNIST tutorial)
+    # raising pybind11's "Unable to cast Python instance to C++ type".
+    a = af.constant(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    fetches = [af.reduce_sum(a, axis=[1]), af.reduce_mean(a, reduction_indices=[0]),
+               af.reduce_max(a, axis=(-1,), keep_dims=True)]
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(fetches)
+    np.testing.assert_allclose(got[0], [3.0, 7.0])
+    np.testing.assert_allclose(got[1], [2.0, 3.0])
+    np.testing.assert_allclose(got[2], [[2.0], [4.0]])
+    with pytest.raises(ValueError, match=r"af.reduce_sum: axis is \[0, 1\]; give one axis"):
+        af.reduce_sum(a, axis=[0, 1])
+    with pytest.raises(TypeError, match="af.reduce_sum: axis is '1' \\(str\\)"):
+        af.reduce_sum(a, axis="1")
+
+
 def test_every_registry_op_is_a_function():
     # Catches: ops of the registry with no Python function (the list is read
     # from the docstrings the registry generates, so a new op is checked too).
