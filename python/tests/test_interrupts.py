@@ -11,13 +11,12 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 import actorflow as af
 from conftest import free_ports
-from test_processes import ps_process  # noqa: F401 (the fixture)
+from test_processes import ps_process, stop_process  # noqa: F401 (the fixture)
 
 SIGNAL_AT = 0.3
 BOUND = 1.5
@@ -38,14 +37,6 @@ def interrupted(call):
         interrupt.join()
 
 
-def _state(stat):
-    """A thread's state letter from its /proc stat file (T: stopped)."""
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "T"  # a thread that ended stops nothing
-
-
 class stopped:
     """SIGSTOPs the ps process for the block; SIGCONT at its end."""
 
@@ -53,14 +44,7 @@ class stopped:
         self.proc = proc
 
     def __enter__(self):
-        self.proc.send_signal(signal.SIGSTOP)
-        # kill() returns before every thread of the ps has stopped: a request
-        # sent at once was sometimes still answered (the call under test
-        # returned in 0.3 ms, and the test failed: no KeyboardInterrupt).
-        deadline = time.monotonic() + 10
-        while not all(_state(stat) == "T" for stat in Path("/proc/%d/task" % self.proc.pid).glob("*/stat")):
-            assert time.monotonic() < deadline, "the ps did not stop within 10 s"
-            time.sleep(0.001)
+        stop_process(self.proc)  # every thread stopped: none answers a request
         return self
 
     def __exit__(self, *exc):
