@@ -65,9 +65,12 @@ op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
 /// Whether input `i` of `def` is an index or a count (its name in the
 /// registry: INDICES, IDS, LABELS, NUM_SEGMENTS, PARTITIONS, ...), whose
 /// Python values are integers of their own (int32, as TF makes them).
-bool is_index_input(const kernels::op_def& def, size_t i) {
+bool is_index_input(const kernels::op_def& def, size_t i, size_t count) {
   std::string_view names = def.inputs;
-  auto k = i % static_cast<size_t>(std::max(1, def.arity())); // a variadic op's groups repeat
+  // A variadic op's inputs come name by name, each `count / arity` times
+  // (dynamic_stitch: N INDICES, then N DATA).
+  auto each = std::max<size_t>(1, count / static_cast<size_t>(std::max(1, def.arity())));
+  auto k = def.variadic ? i / each : i;
   for (size_t at = 0; k > 0 && at != std::string_view::npos; --k) {
     at = names.find(',');
     names = at == std::string_view::npos ? std::string_view{} : names.substr(at + 1);
@@ -101,7 +104,7 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   // Python values take the dtype of the op's first Tensor of data, except
   // at an index input (gather's ids, unsorted_segment_sum's ids and count):
   // af.gather(params, [0, 2]) made float32 ids, refused when it ran.
-  auto index_input = [&](size_t i) { return is_index_input(def, i); };
+  auto index_input = [&](size_t i) { return is_index_input(def, i, args.size()); };
   graph_ptr g;
   std::optional<dtype> like;
   for (size_t i = 0; i < args.size(); ++i)

@@ -144,6 +144,9 @@ def test_python_ids_and_counts_are_integers(local):
         "segments": af.unsorted_segment_sum(params, np.array([1, 0, 1], np.int32), 2),
         "xent": af.softmax_xent(logits, [0, 1]),
         "plus": params + 1,   # a data input still takes the Tensor's dtype
+        # N indices, then N data: the second data's Python values are data
+        "stitch": af.dynamic_stitch(af.constant(np.array([0], np.int32)), [1],
+                                    af.constant(np.array([5.0], np.float32)), [7.0]),
     }
     assert fetches["gather"].dtype == np.float32 and fetches["plus"].dtype == np.float32
     with af.Session(local.target("local", 0)) as sess:
@@ -153,6 +156,7 @@ def test_python_ids_and_counts_are_integers(local):
     np.testing.assert_allclose(got["segments"], [p[1], p[0] + p[2]])
     np.testing.assert_allclose(got["xent"], np.full(2, np.log(1 + np.exp(-2.0))), rtol=1e-5)
     np.testing.assert_allclose(got["plus"], p + 1)
+    np.testing.assert_allclose(got["stitch"], [5.0, 7.0])
 
 
 def test_a_reduction_takes_tfs_axis_lists(local):
