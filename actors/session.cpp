@@ -397,5 +397,12 @@ caf::error session::run_targets(const std::vector<output>& targets, run_trace* t
   return v ? caf::none : std::move(v.error());
 }
 
+caf::error session::run_targets(const std::vector<output>& targets,
+                                const std::vector<std::pair<output, tensor>>& feeds,
+                                run_trace* trace) {
+  auto v = impl_->execute(targets, false, feeds, trace);
+  return v ? caf::none : std::move(v.error());
+}
+
 
 } // namespace af

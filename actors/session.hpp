@@ -225,6 +225,11 @@ public:
   /// Runs `targets` for their effect and fetches nothing (TF's target ops):
   /// an assign of a large tensor does not send the value back.
   caf::error run_targets(const std::vector<output>& targets, run_trace* trace = nullptr);
+  /// With values for placeholders: a training step fed its batch or its
+  /// learning rate sends no updated value back either.
+  caf::error run_targets(const std::vector<output>& targets,
+                         const std::vector<std::pair<output, tensor>>& feeds,
+                         run_trace* trace = nullptr);
 
   /// Runs the initializers of `vars` (all of this session's variables if
   /// empty), like global_variables_initializer. `run_id` names this run, so

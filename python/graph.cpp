@@ -237,7 +237,13 @@ void register_shape_class(py::module_& m) {
     })
     .def("__iter__", [](const py_shape& s) { return py::iter(shape_list(s)); })
     .def("__getitem__", [](const py_shape& s, py::handle key) -> py::object {
-      return shape_list(s)[key];
+      // As TF's: a slice is a TensorShape (x.shape[1:].as_list()), and an
+      // unknown rank has unknown dimensions and slices.
+      bool slice = PySlice_Check(key.ptr());
+      if (!s.dims)
+        return slice ? py::cast(py_shape{}) : py::object(py::none());
+      py::object got = shape_list(s)[key];
+      return slice ? py::cast(to_shape(got)) : got;
     })
     .def("__eq__", [](const py_shape& s, py::handle o) {
       if (!py::isinstance<py_shape>(o) && !py::isinstance<py::list>(o) && !py::isinstance<py::tuple>(o))

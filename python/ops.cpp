@@ -7,6 +7,9 @@
 // same functions.
 #include "python/bindings.hpp"
 
+#include <algorithm>
+#include <limits>
+#include <string_view>
 #include <utility>
 
 #include "kernels/op_registry.hpp"
@@ -36,14 +39,47 @@ op_attrs attrs_of(const kernels::op_def& def, py::dict& kwargs) {
     if (axis.is_none())
       axis = take("reduction_indices"); // TF 1.x's older name
     attrs.all_axes = axis.is_none();
-    attrs.axis = axis.is_none() ? 0
-                                 : static_cast<int32_t>(int_arg(axis, "af." + std::string(def.call_name()) + ": axis", INT32_MIN, INT32_MAX));
+    std::string what = "af." + std::string(def.call_name()) + ": axis";
+    // TF's axis=[1] (its MNIST tutorial's reduction_indices=[1]) was
+    // pybind11's "Unable to cast Python instance"; one axis in a list is
+    // that axis, several are refused by name (the kernels reduce one).
+    if (py::isinstance<py::list>(axis) || py::isinstance<py::tuple>(axis)
+        || py::isinstance<py::array>(axis)) {
+      auto axes = py::list(axis);
+      if (axes.size() != 1)
+        throw py::value_error(what + " is " + py::repr(axis).cast<std::string>().substr(0, 60)
+                              + "; give one axis (an int, or a list of one), or none for all "
+                                "axes: the reductions take one axis at a time");
+      axis = axes[0];
+    }
+    constexpr int64_t most = std::numeric_limits<int32_t>::max();
+    attrs.axis = axis.is_none() ? 0 : static_cast<int32_t>(int_arg(axis, what, -most, most));
     auto keep = take("keep_dims");
     if (keep.is_none())
       keep = take("keepdims");
     attrs.keep_dims = !keep.is_none() && keep.cast<bool>();
   }
   return attrs;
+}
+
+/// Whether input `i` of `def` is an index or a count (its name in the
+/// registry: INDICES, IDS, LABELS, NUM_SEGMENTS, PARTITIONS, ...), whose
+/// Python values are integers of their own (int32, as TF makes them).
+bool is_index_input(const kernels::op_def& def, size_t i, size_t count) {
+  std::string_view names = def.inputs;
+  // A variadic op's inputs come name by name, each `count / arity` times
+  // (dynamic_stitch: N INDICES, then N DATA).
+  auto each = std::max<size_t>(1, count / static_cast<size_t>(std::max(1, def.arity())));
+  auto k = def.variadic ? i / each : i;
+  for (size_t at = 0; k > 0 && at != std::string_view::npos; --k) {
+    at = names.find(',');
+    names = at == std::string_view::npos ? std::string_view{} : names.substr(at + 1);
+  }
+  auto name = names.substr(0, names.find(','));
+  for (const char* word : {"INDICES", "IDS", "LABELS", "NUM_", "PARTITION", "SHARD_ROWS", "STRATEGY"})
+    if (name.find(word) != std::string_view::npos)
+      return true;
+  return false;
 }
 
 /// Builds `def` on the graph of its first Tensor input (else the default
@@ -65,20 +101,27 @@ py_tensor build(const kernels::op_def& def, const py::args& args, py::dict kwarg
   if (!kwargs.empty())
     throw py::type_error("af." + fn + " does not take " + py::str(kwargs.attr("keys")()).cast<std::string>()
                          + "; it is " + def.signature());
+  // Python values take the dtype of the op's first Tensor of data, except
+  // at an index input (gather's ids, unsorted_segment_sum's ids and count):
+  // af.gather(params, [0, 2]) made float32 ids, refused when it ran.
+  auto index_input = [&](size_t i) { return is_index_input(def, i, args.size()); };
   graph_ptr g;
   std::optional<dtype> like;
-  for (auto a : args)
-    if (py::isinstance<py_tensor>(a)) {
-      const auto& t = a.cast<const py_tensor&>();
-      g = t.owner;
-      like = dtype_hint(*g, t.out);
-      break;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (py::isinstance<py_tensor>(args[i])) {
+      const auto& t = args[i].cast<const py_tensor&>();
+      if (!g)
+        g = t.owner;
+      if (!index_input(i)) {
+        like = dtype_hint(*t.owner, t.out);
+        break;
+      }
     }
   if (!g)
     g = default_graph();
   std::vector<output> inputs;
-  for (auto a : args)
-    inputs.push_back(as_node(g, a, like));
+  for (size_t i = 0; i < args.size(); ++i)
+    inputs.push_back(as_node(g, args[i], index_input(i) ? std::nullopt : like));
   return py_tensor{g, checked_op(g, std::string(def.name), std::move(inputs), attrs, name)};
 }
 

@@ -433,11 +433,11 @@ caf::error py_session::run_locked(const std::vector<leaf>& leaves,
   }
   if (fetches.empty())
     return caf::none;
-  bool only_targets = mapped_feeds.empty();
+  bool only_targets = true;
   for (const auto& l : leaves)
     only_targets = only_targets && (l.request != nullptr || l.target);
-  if (only_targets) // a train op: its updates' values do not travel back
-    return s_->run_targets(fetches, trace);
+  if (only_targets) // a train op, fed or not: its updates' values do not travel back
+    return s_->run_targets(fetches, mapped_feeds, trace);
   auto values = s_->run(fetches, mapped_feeds, trace);
   if (!values)
     return std::move(values.error());

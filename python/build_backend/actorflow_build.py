@@ -126,20 +126,29 @@ def _is_git_top(path):
 _SKIPPED_DIRS = {".git", "__pycache__", ".pytest_cache", "venv", ".venv"}
 
 
+def _earlier_sdist(rel):
+    """Whether `rel` is an sdist an earlier build_sdist left in dist/ (where
+    `python -m build --sdist` writes them; dist/ also holds sources): not
+    packed, or each sdist held the ones before it."""
+    return re.fullmatch(r"dist/[^/]+\.tar\.gz", rel) is not None
+
+
 def _sdist_files():
     """The source files to pack, relative to SOURCE, sorted."""
     if _is_git_top(SOURCE):
         out = subprocess.run(["git", "-C", str(SOURCE), "ls-files", "-z", "--cached", "--others",
                               "--exclude-standard"], capture_output=True,
                              check=True).stdout.decode()
-        return sorted(f for f in out.split("\0") if f and (SOURCE / f).is_file())
+        return sorted(f for f in out.split("\0")
+                      if f and (SOURCE / f).is_file() and not _earlier_sdist(f))
     files = []
     for root, dirs, names in os.walk(SOURCE):
         rel = Path(root).relative_to(SOURCE)
         dirs[:] = [d for d in dirs if d not in _SKIPPED_DIRS
                    and not (rel == Path(".") and d.startswith("build"))]
         files += [str(rel / n) if rel != Path(".") else n for n in names
-                  if not n.endswith(".pyc") and n != "PKG-INFO"]
+                  if not n.endswith(".pyc") and n != "PKG-INFO"
+                  and not _earlier_sdist(str(rel / n))]
     return sorted(files)
 
 

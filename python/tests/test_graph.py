@@ -132,6 +132,50 @@ def test_operators_and_registry_functions(local):
     np.testing.assert_allclose(got["relu"], np.zeros((2, 2)))
 
 
+def test_python_ids_and_counts_are_integers(local):
+    # Catches: a Python value given as an op's ids, labels or count took the
+    # dtype of the op's first Tensor (float32 params): af.gather(params,
+    # [0, 2]) and af.unsorted_segment_sum(data, ids, 3), as TF programs
+    # write them, failed when they ran ("indices must be int32 or int64").
+    params = af.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
+    logits = af.constant(np.array([[2.0, 0.0], [0.0, 2.0]], np.float32))
+    fetches = {
+        "gather": af.gather(params, [2, 0]),
+        "segments": af.unsorted_segment_sum(params, np.array([1, 0, 1], np.int32), 2),
+        "xent": af.softmax_xent(logits, [0, 1]),
+        "plus": params + 1,   # a data input still takes the Tensor's dtype
+        # N indices, then N data: the second data's Python values are data
+        "stitch": af.dynamic_stitch(af.constant(np.array([0], np.int32)), [1],
+                                    af.constant(np.array([5.0], np.float32)), [7.0]),
+    }
+    assert fetches["gather"].dtype == np.float32 and fetches["plus"].dtype == np.float32
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(fetches)
+    p = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_allclose(got["gather"], p[[2, 0]])
+    np.testing.assert_allclose(got["segments"], [p[1], p[0] + p[2]])
+    np.testing.assert_allclose(got["xent"], np.full(2, np.log(1 + np.exp(-2.0))), rtol=1e-5)
+    np.testing.assert_allclose(got["plus"], p + 1)
+    np.testing.assert_allclose(got["stitch"], [5.0, 7.0])
+
+
+def test_a_reduction_takes_tfs_axis_lists(local):
+    # Catches: axis=[1] or reduction_indices=[1] (TF 1.x's MNIST tutorial)
+    # raising pybind11's "Unable to cast Python instance to C++ type".
+    a = af.constant(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    fetches = [af.reduce_sum(a, axis=[1]), af.reduce_mean(a, reduction_indices=[0]),
+               af.reduce_max(a, axis=(-1,), keep_dims=True)]
+    with af.Session(local.target("local", 0)) as sess:
+        got = sess.run(fetches)
+    np.testing.assert_allclose(got[0], [3.0, 7.0])
+    np.testing.assert_allclose(got[1], [2.0, 3.0])
+    np.testing.assert_allclose(got[2], [[2.0], [4.0]])
+    with pytest.raises(ValueError, match=r"af.reduce_sum: axis is \[0, 1\]; give one axis"):
+        af.reduce_sum(a, axis=[0, 1])
+    with pytest.raises(TypeError, match="af.reduce_sum: axis is '1' \\(str\\)"):
+        af.reduce_sum(a, axis="1")
+
+
 def test_every_registry_op_is_a_function():
     # Catches: ops of the registry with no Python function (the list is read
     # from the docstrings the registry generates, so a new op is checked too).

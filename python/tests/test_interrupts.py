@@ -16,7 +16,7 @@ import pytest
 
 import actorflow as af
 from conftest import free_ports
-from test_processes import ps_process  # noqa: F401 (the fixture)
+from test_processes import ps_process, stop_process  # noqa: F401 (the fixture)
 
 SIGNAL_AT = 0.3
 BOUND = 1.5
@@ -44,7 +44,7 @@ class stopped:
         self.proc = proc
 
     def __enter__(self):
-        self.proc.send_signal(signal.SIGSTOP)
+        stop_process(self.proc)  # every thread stopped: none answers a request
         return self
 
     def __exit__(self, *exc):

@@ -84,3 +84,24 @@ def test_adam_takes_a_tensor_learning_rate():
         assert float(sess.run(w)) == pytest.approx(0.9, abs=1e-5)
         sess.run(train, {lr: 0.0})
         assert float(sess.run(w)) == pytest.approx(0.9, abs=1e-5)
+
+
+def test_a_fed_train_op_sends_no_updated_value_back(ps_workers):
+    # Catches: a train op run with a feed (its learning rate, a batch: every
+    # TF training loop) fetched each update's new value to the client, as a
+    # fetched tensor is: a [1M] variable on the ps came back (4 MiB, the
+    # trace's bytes_out of its assign_sub) at every step, 3.5x the step's
+    # time. Without a feed it was run as a target and sent nothing back.
+    with af.device("/job:ps/task:0"):
+        w = af.Variable(np.ones(1 << 20, np.float32), name="w")
+    lr = af.placeholder(af.float32, [], name="lr")
+    with af.device("/job:worker/task:0"):
+        loss = af.reduce_sum(w)
+    train = af.train.GradientDescentOptimizer(lr).minimize(loss)
+    with af.Session(ps_workers.target("worker", 0)) as sess:
+        sess.run(af.global_variables_initializer())
+        md = af.RunMetadata()
+        assert sess.run(train, {lr: 0.5}, options=af.RunOptions(trace=True), run_metadata=md) is None
+        updates = [e for e in md.trace if e.kind == "assign_sub"]
+        assert [(e.op, e.bytes_out) for e in updates] == [("w/assign_sub", 0)]
+        assert float(sess.run(w)[0]) == pytest.approx(0.5)  # the step did run: 1 - 0.5 * 1

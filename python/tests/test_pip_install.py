@@ -117,6 +117,24 @@ def test_the_sdist_holds_the_tree_and_configures(tmp_path):
     assert "actorflow: the Python module for" in cfg.stdout
 
 
+def test_an_sdist_does_not_pack_the_sdists_before_it(tmp_path):
+    # Catches: `python -m build --sdist` writes into dist/ of the tree (which
+    # holds sources too), and the next sdist packed the one before it: each
+    # sdist held every earlier one. The tree is an unpacked sdist (not a git
+    # work tree), built from as the docs say.
+    tree, files = _unpacked_sdist(tmp_path)
+    (tree / "dist" / "actorflow-0.0.1.tar.gz").write_bytes(b"an earlier sdist")
+    again = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'python/build_backend'); "
+         "import actorflow_build as b; print(b.build_sdist('dist'))"],
+        cwd=str(tree), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    with tarfile.open(tree / "dist" / again.stdout.strip()) as tar:
+        top = again.stdout.strip()[:-len(".tar.gz")] + "/"
+        packed = {m[len(top):] for m in tar.getnames()}
+    assert packed == files, sorted(packed ^ files)
+
+
 @pytest.mark.skipif(os.environ.get("ACTORFLOW_TEST_SDIST_BUILD") != "1",
                     reason="a whole build of the library: ACTORFLOW_TEST_SDIST_BUILD=1 runs it")
 def test_pip_install_of_the_unpacked_sdist_builds_the_module(tmp_path):

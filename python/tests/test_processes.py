@@ -16,6 +16,26 @@ import actorflow as af
 from conftest import free_ports
 
 
+def stop_process(proc):
+    """SIGSTOPs `proc` and waits (10 s at most) until every thread of it has
+    stopped: kill() returns before they have, and a request sent at once
+    was sometimes still answered (a test then saw no KeyboardInterrupt)."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all(_thread_state(stat) == "T"
+                  for stat in pathlib.Path("/proc/%d/task" % proc.pid).glob("*/stat")):
+        assert time.monotonic() < deadline, "process %d did not stop within 10 s" % proc.pid
+        time.sleep(0.001)
+
+
+def _thread_state(stat):
+    """A thread's state letter from its /proc stat file (T: stopped)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "T"  # a thread that ended answers nothing
+
+
 def node_binary():
     # The module is <build>/python/actorflow*.so; actorflow-node is <build>/actorflow-node.
     return pathlib.Path(af.__file__).resolve().parents[1] / "actorflow-node"
@@ -102,7 +122,7 @@ def interrupt_a_stopped_run(spec, proc, bound):
         with af.Session(worker.target, timeout=30.0) as sess:
             sess.run(af.global_variables_initializer())
             assert sess.run(inc) == 1.0
-            proc.send_signal(signal.SIGSTOP)
+            stop_process(proc)
             try:
                 interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
                 interrupt.start()
@@ -148,7 +168,7 @@ def test_ctrl_c_is_not_lost_when_the_run_ends_in_another_error(ps_process):
             sess.run(af.global_variables_initializer())
             with af.device("/job:ps/task:0"):
                 af.Variable(0.0, name="b")           # made on the ps at the next run
-            proc.send_signal(signal.SIGSTOP)
+            stop_process(proc)
             try:
                 interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
                 interrupt.start()
@@ -184,7 +204,7 @@ def test_a_traced_run_leaves_its_metadata_alone_until_it_returns(ps_process):
             sess.run(inc, options=traced, run_metadata=md)
             before = len(md.trace)
             assert before > 0
-            proc.send_signal(signal.SIGSTOP)
+            stop_process(proc)
             try:
                 began, failed = threading.Event(), []
 

@@ -92,3 +92,16 @@ def test_a_feed_that_does_not_fit_its_placeholder_is_refused_by_run():
         with pytest.raises(ValueError, match=r"shape \(3,\) for Tensor 'x:0'"):
             sess.run(y, {x: np.ones(3)})
         assert float(sess.run(y, {x: np.ones((5, 3))})) == 30.0
+
+
+def test_a_slice_of_a_shape_is_a_shape_as_in_tf():
+    # Catches: x.shape[1:] a list (x.shape[1:].as_list(), TF's idiom, raised
+    # AttributeError), and an unknown rank's x.shape[0] raising "as_list()
+    # is not defined" where TF gives an unknown dimension.
+    x = af.placeholder(af.float32, shape=[None, 3, 4])
+    assert isinstance(x.shape[1:], af.TensorShape)
+    assert x.shape[1:].as_list() == [3, 4] and x.shape[:-1] == [None, 3]
+    assert x.shape[0] is None and x.shape[-1] == 4
+    free = af.placeholder(af.float32)
+    assert free.shape[0] is None
+    assert free.shape[1:].ndims is None
