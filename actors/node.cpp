@@ -325,13 +325,8 @@ variable_directory::aggregator_call push_call(caf::actor_system& sys) {
     caf::expected<variable_directory::aggregator_answer> out{
       make_error(af_error::internal, "the aggregator did not answer")};
     caf::scoped_actor self{sys};
-    // The answer's parameters as the variables hold them (no flat copy):
-    // one answer_parts per thread, reused while no aggregator holds it
-    // (one that still does, after a push that timed out or failed, may
-    // fill it later: this thread then takes a new one).
-    thread_local auto sink = std::make_shared<answer_parts>();
-    if (sink.use_count() > 1)
-      sink = std::make_shared<answer_parts>();
+    // The answer's parameters as the variables hold them (no flat copy).
+    auto sink = thread_answer_parts();
     auto on_pushed = [&](uint64_t global_step, tensor& params, bool dropped_late) {
       out = variable_directory::aggregator_answer{global_step, std::move(params), dropped_late,
                                                   sink};

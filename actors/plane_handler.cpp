@@ -413,6 +413,28 @@ bool variable_directory::aggregate(plane_request& req) {
     }
   }
   who.finite_checked = h.has_tensor && finite;
+  // The common push right here, under the aggregator's lock
+  // (plane_push_paths::dense), any other in its actor.
+  if (h.kind == static_cast<uint8_t>(wire::kind::push) && agg.paths && agg.paths->dense) {
+    auto sink = thread_answer_parts();
+    who.parts = sink;
+    if (auto direct = agg.paths->dense(h.reserved, h.version, who, values, agg.wait)) {
+      who.parts = nullptr; // the sink is this thread's again: reply_parts reads it
+      if (!*direct)
+        return req.reply_error(direct->error());
+      wire::header reply;
+      reply.version = (*direct)->global_step;
+      if ((*direct)->dropped_late)
+        reply.reserved = wire::reply_flags::dropped_late;
+      auto& params = (*direct)->params;
+      if (params.empty())
+        return reply_parts(req, reply, *sink);
+      release_parts(*sink);
+      wire::describe_tensor(params, reply); // rank 1
+      return req.reply(reply, params.bytes());
+    }
+    who.parts = nullptr; // the actor's caller lends its own
+  }
   auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(who), std::move(values),
                   agg.wait);
   if (!r)

@@ -39,34 +39,16 @@ caf::error check_spec(const aggregator_spec& spec) {
 
 namespace {
 
-/// Takes `worker`'s push of `step` into the round (an empty push is an
-/// abstention after a refused value: it only arrives), parks it, and
-/// releases the round once enough workers have arrived: every member not
-/// done, or (sync) the first replicas_to_aggregate.
+/// Takes `worker`'s push of `step` into the round (add_to_round), parks
+/// it, and releases the round once enough workers have arrived: every
+/// member not done, or (sync) the first replicas_to_aggregate.
 template <class Release>
 push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const push_credentials& who, const std::vector<tensor>& values,
                        const char* what, Release release) {
   auto& st = self->state;
-  if (!values.empty()) {
-    auto parts = unpack(self, worker, values, what, who.finite_checked);
-    if (!parts)
-      return std::move(parts.error());
-    std::vector<float> scaled;
-    if (st.spec.mode != "average")
-      guard_gradient(self, worker, *parts, scaled);
-    // sync keeps the values by reference: its release sums, averages and
-    // applies them in one pass (aggregation_round::add)
-    std::shared_ptr<const void> owner;
-    if (st.spec.mode == "sync")
-      owner = scaled.empty() ? std::shared_ptr<const void>{std::make_shared<std::vector<tensor>>(values)}
-                             : std::shared_ptr<const void>{
-                               std::make_shared<std::vector<float>>(std::move(scaled))};
-    st.round.add(*parts, st.offsets, st.sizes, std::move(owner));
-    member(st, worker).contributed = true;
-  } else {
-    member(st, worker).stats.refused += 1;
-  }
+  if (auto err = add_to_round(self, worker, who, values, what))
+    return err;
   auto r = park(self, worker, step, who);
   if (st.round.complete(st.spec.mode == "sync" ? st.spec.replicas_to_aggregate : 0))
     release(self);
@@ -446,11 +428,13 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
                                     dtype_name(vars[i].cell->spec().type)));
   }
   auto plane = std::make_shared<aggregator_plane>();
-  // Its data plane takes the common sparse push itself, under the lock
+  // Its data plane takes the common push itself, under the lock
   // (aggregator_plane.cpp); until the actor's state is up it finds no
   // actor there and hands the push over, as before.
   if (paths && !spec.sparse.empty())
     paths->sparse = plane_path(plane);
+  if (paths && spec.sparse.empty())
+    paths->dense = plane_dense_path(plane);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     auto lock = std::unique_lock<std::mutex>{plane->mtx};

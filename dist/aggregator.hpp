@@ -47,6 +47,9 @@ struct plane_wait {
   uint64_t global_step = 0;
   bool dropped_late = false;
   caf::error error;
+  /// A dense push's flat parameters, where its ticket's answer_parts could
+  /// not take them (otherwise empty: they are in the parts).
+  tensor params;
 };
 
 /// A push parked in a round: answered through its actor's promise, or, for

@@ -57,6 +57,10 @@ std::unique_lock<std::mutex> hold(self_pointer self);
 /// to the actor untouched.
 plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane);
 
+/// The same for `plane`'s dense pushes (plane_push_paths::dense), sync and
+/// async, with the answer's parameters in the push's answer_parts.
+plane_dense_push plane_dense_path(std::shared_ptr<aggregator_plane> plane);
+
 constexpr size_t staleness_buckets = 16;
 constexpr size_t max_events = 32;
 /// The highest worker index a join may use (a task index is at most 65535).
@@ -236,6 +240,13 @@ void schedule_sweep(self_pointer self);
 /// ssp's held pushes and the round in progress: named when they wait long,
 /// closed at a deadline (sync), failed at the step timeout.
 void sweep(self_pointer self);
+
+/// A dense push's values checked (unpack), guarded (not in average) and
+/// added to the round (sync keeps them by reference), or an abstention
+/// (no values) counted; not yet parked. Both paths' (join_round's, the
+/// data plane's).
+caf::error add_to_round(self_pointer self, uint32_t worker, const push_credentials& who,
+                        const std::vector<tensor>& values, const char* what);
 
 /// Parks the push of `worker` for `step` until the round completes.
 /// Where `who` wants its answer as answer_parts, the ticket holds them.

@@ -224,6 +224,31 @@ void sweep(self_pointer self) {
   fail_all(st, st.round.release(), err);
 }
 
+caf::error add_to_round(self_pointer self, uint32_t worker, const push_credentials& who,
+                        const std::vector<tensor>& values, const char* what) {
+  auto& st = self->state;
+  if (values.empty()) { // an abstention after a refused value: it only arrives
+    member(st, worker).stats.refused += 1;
+    return caf::none;
+  }
+  auto parts = unpack(self, worker, values, what, who.finite_checked);
+  if (!parts)
+    return std::move(parts.error());
+  std::vector<float> scaled;
+  if (st.spec.mode != "average")
+    guard_gradient(self, worker, *parts, scaled);
+  // sync keeps the values by reference: its release sums, averages and
+  // applies them in one pass (aggregation_round::add)
+  std::shared_ptr<const void> owner;
+  if (st.spec.mode == "sync")
+    owner = scaled.empty()
+              ? std::shared_ptr<const void>{std::make_shared<std::vector<tensor>>(values)}
+              : std::shared_ptr<const void>{std::make_shared<std::vector<float>>(std::move(scaled))};
+  st.round.add(*parts, st.offsets, st.sizes, std::move(owner));
+  member(st, worker).contributed = true;
+  return caf::none;
+}
+
 void park_ticket(aggregator_actor_state& st, uint32_t worker, uint64_t step, uint64_t seq,
                  push_ticket ticket) {
   if (!st.round.in_progress())
