@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <limits>
 #include <new>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -337,11 +338,24 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
   float* slot_ptrs[2] = {nullptr, nullptr};
   try {
     use_slots(opt, slot_ptrs);
-    // In place unless a reader still holds the buffer (then a copy: COW).
+    // In place unless a reader still holds the buffer (an answer being
+    // written from it: copy on write). Then the update goes to a fresh
+    // buffer, each block copied there just before it is updated, while it
+    // is in cache: one pass over the old value instead of a whole copy
+    // first (async, where another worker's answer is still being sent).
+    tensor before;
+    const float* old = nullptr;
+    if (value_.buffer_shared() && value_.on_host()) {
+      tensor fresh{value_.type(), value_.shape()}; // uninitialized; value_ kept if it throws
+      before = std::exchange(value_, std::move(fresh));
+      old = before.data<float>();
+    }
     float* var = value_.mutable_data<float>();
     float buf[apply_block];
     for (size_t offset = 0; offset < n; offset += apply_block) {
       size_t len = std::min(apply_block, n - offset);
+      if (old != nullptr)
+        std::memcpy(var + offset, old + offset, len * sizeof(float));
       const float* grad = source(offset, len, buf);
       float* slots[2] = {slot_ptrs[0] ? slot_ptrs[0] + offset : nullptr,
                          slot_ptrs[1] ? slot_ptrs[1] + offset : nullptr};

@@ -329,7 +329,7 @@ std::byte* tensor::mutable_bytes() {
   const std::byte* current = bytes(); // downloads first if needed
   // Shared: by copies of this tensor (one storage), or by slices (one buffer
   // owned through several storages).
-  if (st_.use_count() > 1 || st_->host.use_count() > 1) {
+  if (buffer_shared()) {
     auto fresh = std::make_shared<storage>();
     fresh->host = allocate(nbytes());
     std::memcpy(fresh->host.get(), current, nbytes());

@@ -169,6 +169,12 @@ public:
   /// buffer are not counted: mutable_bytes() counts them itself).
   long use_count() const noexcept { return st_.use_count(); }
 
+  /// True if mutable_bytes() would copy the buffer first: another tensor
+  /// or a slice shares it (copy on write).
+  bool buffer_shared() const noexcept {
+    return st_ != nullptr && (st_.use_count() > 1 || st_->host.use_count() > 1);
+  }
+
   /// NumPy's text (core/tensor_format.hpp): "[[7. 7.]\n [7. 7.]]"; elides the middle of
   /// tensors of more than `max_elements`.
   std::string to_string(size_t max_elements = 64) const;
