@@ -40,6 +40,16 @@ void release_parts(answer_parts& parts) {
     t = none;
 }
 
+/// The reply header of a push: the global step after it, and whether a
+/// sync push was dropped as late.
+wire::header push_reply(uint64_t global_step, bool dropped_late) {
+  wire::header reply;
+  reply.version = global_step;
+  if (dropped_late)
+    reply.reserved = wire::reply_flags::dropped_late;
+  return reply;
+}
+
 /// A push's reply whose parameters are the variables' own tensors
 /// (answer_parts, filled by the aggregator): written one after the other
 /// into the answer slot or the socket, the same bytes as the flat tensor
@@ -422,10 +432,7 @@ bool variable_directory::aggregate(plane_request& req) {
       who.parts = nullptr; // the sink is this thread's again: reply_parts reads it
       if (!*direct)
         return req.reply_error(direct->error());
-      wire::header reply;
-      reply.version = (*direct)->global_step;
-      if ((*direct)->dropped_late)
-        reply.reserved = wire::reply_flags::dropped_late;
+      auto reply = push_reply((*direct)->global_step, (*direct)->dropped_late);
       auto& params = (*direct)->params;
       if (params.empty())
         return reply_parts(req, reply, *sink);
@@ -439,10 +446,7 @@ bool variable_directory::aggregate(plane_request& req) {
                   agg.wait);
   if (!r)
     return req.reply_error(r.error());
-  wire::header reply;
-  reply.version = r->global_step;
-  if (r->dropped_late)
-    reply.reserved = wire::reply_flags::dropped_late;
+  auto reply = push_reply(r->global_step, r->dropped_late);
   const auto& params = r->params;
   if (params.empty() && r->parts)
     return reply_parts(req, reply, *r->parts);
@@ -562,10 +566,7 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
     if (auto direct = agg.paths->sparse(h.reserved, h.version, who, values, agg.wait)) {
       if (!*direct)
         return req.reply_error(direct->error());
-      wire::header reply;
-      reply.version = (*direct)->global_step;
-      if ((*direct)->dropped_late)
-        reply.reserved = wire::reply_flags::dropped_late;
+      auto reply = push_reply((*direct)->global_step, (*direct)->dropped_late);
       return req.reply(reply, nullptr);
     }
   }
@@ -573,10 +574,7 @@ bool variable_directory::push_sparse(plane_request& req, const std::string& name
   auto r = caller(agg.actor, h.reserved, h.version, std::move(who), std::move(values), agg.wait);
   if (!r)
     return req.reply_error(r.error());
-  wire::header reply;
-  reply.version = r->global_step;
-  if (r->dropped_late)
-    reply.reserved = wire::reply_flags::dropped_late;
+  auto reply = push_reply(r->global_step, r->dropped_late);
   return req.reply(reply, nullptr);
 }
 
