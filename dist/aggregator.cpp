@@ -203,6 +203,12 @@ push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const p
     return make_error(af_error::already_exists,
                       fmt::format("{} pushed step {} twice to aggregator '{}'",
                                   worker_name(st, worker), step, st.spec.name));
+  if (st.pipelined)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("aggregator '{}': {} pushed step {} store-and-forward while the "
+                                  "round's other members stream theirs (a pipelined round): "
+                                  "every worker of a job sets [train] pipeline_sync alike",
+                                  st.spec.name, worker_name(st, worker), step));
   return join();
 }
 
@@ -451,6 +457,7 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
   // actor there and hands the push over, as before.
   if (paths && !spec.sparse.empty())
     paths->sparse = plane_path(plane);
+    paths->streamed = streamed_path(plane);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     auto lock = std::unique_lock<std::mutex>{plane->mtx};

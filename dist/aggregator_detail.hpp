@@ -57,6 +57,28 @@ std::unique_lock<std::mutex> hold(self_pointer self);
 /// to the actor untouched.
 plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane);
 
+/// Whether a push is one the data plane takes itself (its member's, a new
+/// push number, the step the aggregator is at, and in sync a round it has
+/// not pushed to, no worker on standby, no CAF promise parked): everything
+/// the actor's push handlers check before they change anything.
+bool common_case(const aggregator_actor_state& st, uint32_t worker, uint64_t step,
+                 const push_credentials& who, bool sync);
+
+/// A data-plane thread's wait for its pushes of sync rounds: one at a time
+/// per thread, reused (no allocation per push).
+std::shared_ptr<plane_wait> thread_wait();
+
+/// The data plane's path for `plane`'s streamed dense pushes
+/// (plane_push_paths::streamed, dist/aggregator_pipelined.cpp): a sync push
+/// in the common case joins the pipelined round (started by the round's
+/// first push); any other is left to the actor.
+plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane);
+
+/// The pipelined round's commit, once its last chunk is applied: the new
+/// values installed, then the store-and-forward release's bookkeeping
+/// (applied, global step, every member's ticket answered).
+void commit_pipelined(self_pointer self);
+
 constexpr size_t staleness_buckets = 16;
 constexpr size_t max_events = 32;
 /// The highest worker index a join may use (a task index is at most 65535).

@@ -65,8 +65,6 @@ std::unique_lock<std::mutex> hold(self_pointer self) {
   return std::unique_lock<std::mutex>{self->state.plane->mtx};
 }
 
-namespace {
-
 /// Whether the push is one the data plane takes itself: its member's (token,
 /// in the job, not done), a new push number, a step the aggregator is at (or,
 /// sync after a switch, its first push), and in sync a round it has not
@@ -92,14 +90,10 @@ bool common_case(const aggregator_actor_state& st, uint32_t worker, uint64_t ste
          && !st.round.has_arrived(worker) && st.round_promises == 0;
 }
 
-/// A data-plane thread's wait for its pushes of sync rounds: one at a time
-/// per thread, reused (no allocation per push).
 std::shared_ptr<plane_wait> thread_wait() {
   thread_local auto wait = std::make_shared<plane_wait>();
   return wait;
 }
-
-} // namespace
 
 plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane) {
   return [plane](uint32_t worker, uint64_t step, const push_credentials& who,

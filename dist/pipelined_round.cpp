@@ -178,6 +178,14 @@ void pipelined_round::abort(caf::error why) {
   sum_.release();
 }
 
+std::string pipelined_round::behind() const {
+  std::vector<std::string> out;
+  for (size_t m = 0; m < members_.size(); ++m)
+    if (arrived_[m] < total_)
+      out.push_back(fmt::format("worker {} ({} of {} floats)", members_[m], arrived_[m], total_));
+  return fmt::format("{}", fmt::join(out, ", "));
+}
+
 std::string pipelined_round::where(size_t index) const {
   for (const auto& s : vars_)
     if (index >= s.v.offset && index < s.v.offset + s.v.size)

@@ -35,6 +35,7 @@
 
 #include "caf/error.hpp"
 
+#include "actors/plane_push.hpp"
 #include "actors/variable.hpp"
 #include "dist/aggregation_round.hpp"
 #include "train/optimizer.hpp"
@@ -44,7 +45,7 @@ namespace af {
 class pipelined_round {
 public:
   /// Floats per chunk: a chunk is applied, and streamed back, as a whole.
-  static constexpr size_t default_chunk_floats = 16384; // 64 KiB
+  static constexpr size_t default_chunk_floats = pipelined_chunk_floats; // 64 KiB
 
   /// One variable of the round: its cell, and where its floats lie in the
   /// flat push and answer.
@@ -86,6 +87,10 @@ public:
   /// in order); every chunk every member now has is averaged and applied.
   /// The number of chunks applied.
   size_t arrived(uint32_t worker, size_t floats);
+
+  /// Members whose push has not fully arrived, and how far each has: "worker
+  /// 1 (40960 of 300001 floats)", for a message of whom the round waits for.
+  std::string behind() const;
 
   /// The answer's floats [from, to) (within ready_floats()) as pieces of
   /// the new values, appended to `out`.
