@@ -48,6 +48,8 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const push_credentials& who, const std::vector<tensor>& values,
                        const char* what, Release release) {
   auto& st = self->state;
+  if (st.pipelined) // sync: its members stream their pushes (dist/aggregator_pipelined.cpp)
+    return join_pipelined(self, worker, step, who, values.empty());
   if (!values.empty()) {
     auto parts = unpack(self, worker, values, what, who.finite_checked);
     if (!parts)
@@ -203,12 +205,6 @@ push_result sync_push(self_pointer self, uint32_t worker, uint64_t step, const p
     return make_error(af_error::already_exists,
                       fmt::format("{} pushed step {} twice to aggregator '{}'",
                                   worker_name(st, worker), step, st.spec.name));
-  if (st.pipelined)
-    return make_error(af_error::invalid_argument,
-                      fmt::format("aggregator '{}': {} pushed step {} store-and-forward while the "
-                                  "round's other members stream theirs (a pipelined round): "
-                                  "every worker of a job sets [train] pipeline_sync alike",
-                                  st.spec.name, worker_name(st, worker), step));
   return join();
 }
 
@@ -455,8 +451,11 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
   // Its data plane takes the common sparse push itself, under the lock
   // (aggregator_plane.cpp); until the actor's state is up it finds no
   // actor there and hands the push over, as before.
+  // A dense sync push streamed joins its pipelined round the same way
+  // (aggregator_pipelined.cpp).
   if (paths && !spec.sparse.empty())
     paths->sparse = plane_path(plane);
+  if (paths && spec.sparse.empty())
     paths->streamed = streamed_path(plane);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;

@@ -74,6 +74,13 @@ std::shared_ptr<plane_wait> thread_wait();
 /// first push); any other is left to the actor.
 plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane);
 
+/// sync, a pipelined round in progress: a push that came to the actor. An
+/// abstention (`abstains`: no values) of a member that has not streamed yet
+/// is parked in it, the round going on without it; any other is refused,
+/// naming why (every worker of a job sets [train] pipeline_sync alike).
+push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
+                           const push_credentials& who, bool abstains);
+
 /// The pipelined round's commit, once its last chunk is applied: the new
 /// values installed, then the store-and-forward release's bookkeeping
 /// (applied, global step, every member's ticket answered).
@@ -242,6 +249,10 @@ caf::error check_tables(const aggregator_spec& spec,
 
 /// Answers every parked push of a released round with the parameters.
 void answer_all(self_pointer self, tickets waiting);
+
+/// answer_all's answers without its accounting: a data-plane thread's
+/// ticket with the step, a promise with the parameters.
+void answer_tickets(self_pointer self, tickets& waiting);
 
 /// "worker 1 (/job:worker/task:1 at h:p, last push 2.1 s ago), worker 3": whom the round waits for.
 std::string missing_names(const aggregator_actor_state& st);

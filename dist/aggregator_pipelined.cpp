@@ -149,12 +149,36 @@ private:
 /// gradient first), and the common case.
 bool pipelinable(const aggregator_actor_state& st, uint32_t worker, uint64_t step,
                  const push_credentials& who) {
-  return st.spec.mode == "sync" && st.tables == 0 && !st.guard.enabled()
-         && st.spec.replicas_to_aggregate == 0 && st.spec.step_deadline_ms == 0
-         && common_case(st, worker, step, who, true);
+  if (st.spec.mode != "sync" || st.tables > 0 || st.guard.enabled()
+      || st.spec.replicas_to_aggregate > 0 || st.spec.step_deadline_ms > 0
+      || !common_case(st, worker, step, who, false))
+    return false;
+  // common_case's sync rules but one: a pipelined round may hold a CAF
+  // promise (a member's abstention, parked by the actor: join_round).
+  return !st.round.is_standby(worker) && (step == st.global_step || st.members[worker].fresh)
+         && !st.round.has_arrived(worker);
 }
 
 } // namespace
+
+push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
+                           const push_credentials& who, bool abstains) {
+  auto& st = self->state;
+  auto round = st.pipelined;
+  if (!abstains || !round->abstain(worker))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("aggregator '{}': {} pushed step {} store-and-forward while the "
+                                  "round's other members stream theirs (a pipelined round): "
+                                  "every worker of a job sets [train] pipeline_sync alike",
+                                  st.spec.name, worker_name(st, worker), step));
+  member(st, worker).stats.refused += 1; // an abstention, counted as join_round counts it
+  auto r = park(self, worker, step, who);
+  // Without it, chunks the others all sent are applied now; the last one commits.
+  if (round->applied() == round->chunks() && st.pipelined == round)
+    commit_pipelined(self);
+  st.plane->answered.notify_all();
+  return r;
+}
 
 plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane) {
   return [plane](uint32_t worker, uint64_t step, const push_credentials& who)
@@ -189,6 +213,7 @@ plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane) {
     } else if (!st.pipelined->is_member(worker)) {
       return std::nullopt;
     }
+    st.pipelined->joined(worker);
     // What the actor's handler does for such a push, in its order (as the
     // sparse path: dist/aggregator_plane.cpp).
     member(st, worker).retries = 0;

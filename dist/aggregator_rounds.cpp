@@ -96,6 +96,10 @@ void check_deadline(self_pointer self) {
 
 void answer_all(self_pointer self, tickets waiting) {
   account(self->state, waiting, true);
+  answer_tickets(self, waiting);
+}
+
+void answer_tickets(self_pointer self, tickets& waiting) {
   static const tensor none; // the params of an answer that went into its parts
   std::optional<caf::expected<tensor>> p; // the flat parameters, made only if a ticket takes them
   for (auto& w : waiting) {
@@ -312,13 +316,19 @@ void commit_pipelined(self_pointer self) {
   st.stats.applied += 1;
   st.global_step += 1;
   invalidate(self);
-  // The members' answers are the round's new values, which they stream
-  // themselves: the tickets only learn the step.
+  // The streaming members' answers are the round's new values, which they
+  // write themselves: their tickets only learn the step. An abstention's
+  // promise takes the parameters, as answer_all gives them.
   static const tensor none;
   auto waiting = st.round.release();
   account(st, waiting, true);
+  tickets promised;
   for (auto& w : waiting)
-    w.second.deliver(st.global_step, none, false);
+    if (w.second.wait)
+      w.second.deliver(st.global_step, none, false);
+    else
+      promised.push_back(std::move(w));
+  answer_tickets(self, promised);
   name_idle(st);
 }
 

@@ -55,6 +55,12 @@ caf::error pipelined_round::begin(std::vector<variable> vars, const train::optim
                                   total_, members_.size()));
   }
   arrived_.assign(members_.size(), 0);
+  joined_.assign(members_.size(), false);
+  sum_members();
+  return caf::none;
+}
+
+void pipelined_round::sum_members() {
   // Every member's push by reference, in members_ order: mean_into reads
   // only the chunks that have arrived. No cap on what is kept by reference
   // (the round holds the pushes anyway).
@@ -72,7 +78,30 @@ caf::error pipelined_round::begin(std::vector<variable> vars, const train::optim
       parts.push_back(push.data<float>() + s.v.offset);
     sum_.add(parts, offsets, sizes, held);
   }
-  return caf::none;
+}
+
+void pipelined_round::joined(uint32_t worker) {
+  auto it = std::find(members_.begin(), members_.end(), worker);
+  if (it != members_.end())
+    joined_[static_cast<size_t>(it - members_.begin())] = true;
+}
+
+bool pipelined_round::abstain(uint32_t worker) {
+  auto it = std::find(members_.begin(), members_.end(), worker);
+  if (phase_ != phase::running || it == members_.end())
+    return false;
+  auto m = static_cast<size_t>(it - members_.begin());
+  // A member that has not joined has sent nothing, so no chunk was applied
+  // (each needs every member's): the mean can still leave it out.
+  if (joined_[m] || members_.size() == 1)
+    return false;
+  members_.erase(it);
+  pushes_.erase(pushes_.begin() + static_cast<std::ptrdiff_t>(m));
+  arrived_.erase(arrived_.begin() + static_cast<std::ptrdiff_t>(m));
+  joined_.erase(joined_.begin() + static_cast<std::ptrdiff_t>(m));
+  sum_members();
+  apply_ready();
+  return true;
 }
 
 bool pipelined_round::is_member(uint32_t worker) const {
@@ -92,11 +121,15 @@ size_t pipelined_round::arrived(uint32_t worker, size_t floats) {
     return applied_;
   auto& got = arrived_[static_cast<size_t>(it - members_.begin())];
   got = std::max(got, std::min(floats, total_));
+  apply_ready();
+  return applied_;
+}
+
+void pipelined_round::apply_ready() {
   size_t all = *std::min_element(arrived_.begin(), arrived_.end());
   size_t ready = all == total_ ? chunks() : all / chunk_;
   for (; applied_ < ready; ++applied_)
     apply_range(applied_ * chunk_, std::min((applied_ + 1) * chunk_, total_));
-  return applied_;
 }
 
 void pipelined_round::apply_range(size_t from, size_t to) {

@@ -92,6 +92,16 @@ public:
   /// 1 (40960 of 300001 floats)", for a message of whom the round waits for.
   std::string behind() const;
 
+  /// `worker`'s push joined the round (its pieces will come).
+  void joined(uint32_t worker);
+
+  /// `worker` abstains from the round (its gradient was not finite, so its
+  /// worker pushed no values): the round goes on without it, as the
+  /// store-and-forward round counts an abstention, and chunks the others
+  /// all have are applied. False (nothing changed) if it is no member, or
+  /// its push joined already.
+  bool abstain(uint32_t worker);
+
   /// The answer's floats [from, to) (within ready_floats()) as pieces of
   /// the new values, appended to `out`.
   void answer_pieces(size_t from, size_t to, std::vector<iovec>& out) const;
@@ -113,6 +123,10 @@ public:
 private:
   /// Averages and updates the flat floats [from, to).
   void apply_range(size_t from, size_t to);
+  /// The members' pushes into sum_, by reference, in members_ order.
+  void sum_members();
+  /// Applies every chunk all members have.
+  void apply_ready();
 
   struct var_state {
     variable v;
@@ -130,6 +144,7 @@ private:
   std::vector<uint32_t> members_;
   std::vector<tensor> pushes_;      ///< per member, in members_ order
   std::vector<size_t> arrived_;     ///< per member: floats arrived
+  std::vector<bool> joined_;        ///< per member: its push joined (joined())
   aggregation_round<int> sum_;      ///< the members' pushes, by reference, in order
   size_t applied_ = 0;
   phase phase_ = phase::running;

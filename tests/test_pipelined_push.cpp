@@ -404,3 +404,48 @@ TEST_CASE("a streamed push reads its answer while it still sends, so a node that
   const float* p = r->second.data<float>();
   CHECK((p[0] == 1.5f && p[n / 2] == 1.5f && p[n - 1] == 1.5f));
 }
+
+TEST_CASE("a worker's abstention joins a pipelined round, which goes on without it as the "
+          "store-and-forward round does",
+          "[pipeline][plane][members]") {
+  // Catches: an abstention (a worker whose gradient was not finite pushes no
+  // values, store-and-forward) refused by a pipelined round its peer has
+  // started, which fails that worker and the job, or a round that still
+  // waits for the abstainer's chunks, or counts it in the mean.
+  const size_t n = 300000;
+  bed b;
+  auto sf = b.make("sfa", n, 2, "momentum");
+  auto pl = b.make("pla", n, 2, "momentum");
+  for (uint64_t step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    auto g = gradient(n + 1, static_cast<uint32_t>(step + 40));
+    std::vector<push_result> got;
+    for (auto* t : {&sf, &pl}) {
+      bool streamed = t == &pl;
+      auto pushes = b.stats(*t).pushes;
+      push_result zero{make_error(af_error::internal, "")};
+      std::thread t0{[&] {
+        zero = streamed ? t->chans[0]->push_streamed(t->name, 0, step, {g}, 20s, t->tokens[0],
+                                                     step + 1)
+                        : t->chans[0]->aggregate(wire::kind::push, t->name, 0, step, {g}, 20s,
+                                                 t->tokens[0], step + 1);
+      }};
+      // Worker 0's push is in (a pipelined round started) before worker 1 abstains.
+      REQUIRE(eventually([&] { return b.stats(*t).pushes > pushes; }));
+      auto one = t->chans[1]->aggregate(wire::kind::push, t->name, 1, step, {}, 20s,
+                                        t->tokens[1], step + 1);
+      t0.join();
+      REQUIRE(one);
+      REQUIRE(zero);
+      CHECK(zero->first == step + 1);
+      CHECK(std::memcmp(one->second.bytes(), zero->second.bytes(), zero->second.nbytes()) == 0);
+      got.push_back(std::move(zero));
+    }
+    CHECK(std::memcmp(got[0]->second.bytes(), got[1]->second.bytes(), got[0]->second.nbytes())
+          == 0);
+    auto a = b.saved(sf), c = b.saved(pl);
+    CHECK(a.second == c.second);
+    CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  }
+  CHECK(b.stats(pl).pushes_on_plane == 2);
+}
