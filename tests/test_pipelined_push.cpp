@@ -3,7 +3,9 @@
 // embedded cluster, against the store-and-forward round of a twin
 // aggregator; a round aborted by a member that stops mid-push or sends a NaN
 // late; and the worker's client, which must read its answer while it sends.
-// The round's core alone is in test_pipelined_round.cpp.
+// The round's core alone is in test_pipelined_round.cpp. Plain TCP only: not
+// tagged [plane], whose tests run once more over UCX (where a streamed push
+// goes store-and-forward by design).
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
@@ -188,7 +190,7 @@ struct raw_peer {
 
 TEST_CASE("pipelined sync rounds over TCP give the store-and-forward rounds' parameters bit for "
           "bit at every step, 2 and 3 workers, sgd and momentum",
-          "[pipeline][plane][members]") {
+          "[pipeline][members]") {
   // Catches: a streamed answer that is not the parameters the round made
   // (a chunk sent before it was applied, pieces out of order, a float cut
   // by a partial write sent twice), a round that differs from the
@@ -228,7 +230,7 @@ TEST_CASE("pipelined sync rounds over TCP give the store-and-forward rounds' par
 
 TEST_CASE("a pipelined round aborted by a NaN in a late chunk or a member that stops mid-push "
           "changes no value or slot, tells the others why, and the next round works",
-          "[pipeline][plane][members]") {
+          "[pipeline][members]") {
   // Catches: a round that applied its early chunks to the variables before
   // it was aborted (a half-updated model), an abort that the other member
   // does not hear (it waits for its step's timeout, or takes a half answer
@@ -311,7 +313,7 @@ TEST_CASE("a pipelined round aborted by a NaN in a late chunk or a member that s
 
 TEST_CASE("a streamed push reads its answer while it still sends, so a node that answers as it "
           "reads never waits on a full socket",
-          "[pipeline][plane]") {
+          "[pipeline]") {
   // Catches: a client that writes the whole push before it reads (as a
   // store-and-forward push does): against a node that writes each piece's
   // answer as it reads the piece, both ends block on full socket buffers
@@ -407,7 +409,7 @@ TEST_CASE("a streamed push reads its answer while it still sends, so a node that
 
 TEST_CASE("a worker's abstention joins a pipelined round, which goes on without it as the "
           "store-and-forward round does",
-          "[pipeline][plane][members]") {
+          "[pipeline][members]") {
   // Catches: an abstention (a worker whose gradient was not finite pushes no
   // values, store-and-forward) refused by a pipelined round its peer has
   // started, which fails that worker and the job, or a round that still
