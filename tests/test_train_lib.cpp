@@ -424,6 +424,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.checkpoint_key == b.checkpoint_key);
   CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
   CHECK(a.max_data_bytes == b.max_data_bytes);
+  CHECK(a.pipeline_sync == b.pipeline_sync);
   CHECK(a.warmup_secs == b.warmup_secs);
   CHECK(a.window_secs == b.window_secs);
 }
@@ -495,6 +496,7 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.checkpoint_key = "/etc/ck.key";
   c.max_nonfinite_steps = 7;
   c.max_data_bytes = 12345678;
+  c.pipeline_sync = true;
   REQUIRE(validate(c).empty());
   auto text = to_toml(c);
   auto back = parse_train_config(text, "round-trip");
