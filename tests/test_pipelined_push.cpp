@@ -451,3 +451,42 @@ TEST_CASE("a worker's abstention joins a pipelined round, which goes on without 
   }
   CHECK(b.stats(pl).pushes_on_plane == 2);
 }
+
+TEST_CASE("a live switch out of sync during a pipelined round abandons it, changing no variable, "
+          "and its members hear the new mode",
+          "[pipeline][members]") {
+  // Catches: a switch's drain that leaves a pipelined round running (it
+  // would commit later in the new mode, moving the step twice), or that
+  // applies a partial round.
+  const size_t n = 300000;
+  bed b;
+  auto pl = b.make("sw", n, 2, "sgd");
+  auto before = b.saved(pl);
+  auto pushes = b.stats(pl).pushes;
+  push_result zero{make_error(af_error::internal, "")};
+  std::thread t0{[&] {
+    zero = pl.chans[0]->push_streamed(pl.name, 0, 0, {gradient(n + 1, 1)}, 20s, pl.tokens[0], 1);
+  }};
+  REQUIRE(eventually([&] { return b.stats(pl).pushes > pushes; }));
+  aggregator_spec want;
+  want.mode = "async";
+  want.variables = {"w_sw", "b_sw"};
+  want.workers = 2;
+  want.optimizer.lr = 0.1;
+  want.step_timeout_ms = 20000;
+  std::string why;
+  (*b.self)->request(pl.agg, 10s, switch_atom::value, want).receive(
+    [&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+  t0.join();
+  CHECK(why.empty());
+  REQUIRE_FALSE(zero);
+  CHECK(is(zero.error(), af_error::mode_changed));
+  CHECK_THAT(describe(zero.error()), Catch::Contains("no variable changed"));
+  auto after = b.saved(pl);
+  CHECK(after.second == before.second);
+  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+  // async from here: a push is applied at once (a streamed one goes store-and-forward).
+  auto r = pl.chans[1]->push_streamed(pl.name, 1, 0, {gradient(n + 1, 2)}, 20s, pl.tokens[1], 1);
+  REQUIRE(r);
+  CHECK(r->first == 1);
+}
