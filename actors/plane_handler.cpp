@@ -95,6 +95,29 @@ bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
   return ok;
 }
 
+/// The answer to a push or pull (a streamed push's too: header and
+/// parameters, then the trailer that says it committed).
+bool answer_push(plane_request& req, variable_directory::aggregator_answer& r, bool streamed) {
+  auto reply = push_reply(r.global_step, r.dropped_late);
+  const auto& params = r.params;
+  bool ok;
+  if (params.empty() && r.parts) {
+    ok = reply_parts(req, reply, *r.parts);
+  } else {
+    if (r.parts)
+      release_parts(*r.parts); // a flat answer: any parts shared are let go
+    if (!params.empty())
+      wire::describe_tensor(params, reply); // rank 1
+    ok = req.reply(reply, params.empty() ? nullptr : params.bytes());
+  }
+  if (!ok || !streamed)
+    return ok;
+  wire::header trailer;
+  trailer.version = r.global_step;
+  trailer.reserved = reply.reserved;
+  return req.reply(trailer, nullptr);
+}
+
 /// Why a variable op's operand does not fit `found` under `limits` (empty:
 /// it fits), and the code to refuse it with.
 std::string variable_refusal(const plane_request& req, const variable_directory::entry& found,
@@ -300,8 +323,9 @@ bool variable_directory::aggregate(plane_request& req) {
   const auto& node_name = req.node_name();
   const auto& limits = req.limits();
   bool sparse = h.kind == static_cast<uint8_t>(wire::kind::push_sparse);
+  bool streamed = h.kind == static_cast<uint8_t>(wire::kind::push_streamed);
   bool push = h.kind == static_cast<uint8_t>(wire::kind::push)
-              || h.kind == static_cast<uint8_t>(wire::kind::push_params) || sparse;
+              || h.kind == static_cast<uint8_t>(wire::kind::push_params) || sparse || streamed;
   // A push's name starts with who it speaks for (wire::push_prefix): the
   // aggregator checks the token, and names this peer if it is refused.
   push_credentials who;
@@ -335,6 +359,11 @@ bool variable_directory::aggregate(plane_request& req) {
     code = af_error::not_found;
     refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
                           name, node_name);
+  } else if (streamed && !req.plain_tcp()) {
+    refusal = fmt::format("a streamed push (kind 15, [train] pipeline_sync) to aggregator '{}' "
+                          "over {}: it is served on a plaintext TCP data plane only; push "
+                          "store-and-forward (kind 5) on this connection",
+                          name, req.transport());
   } else if (h.payload_bytes > static_cast<uint64_t>(limits.max_message_bytes)) {
     code = af_error::resource_exhausted;
     refusal = fmt::format("{} to aggregator '{}': a payload of {} bytes is over {}'s limit of {} "
@@ -371,6 +400,12 @@ bool variable_directory::aggregate(plane_request& req) {
   }
   if (!refusal.empty())
     return req.refuse(code, refusal);
+  // A streamed push in the common case joins the pipelined round; any other
+  // is read whole and answered in the streamed reply's form below.
+  if (streamed && h.has_tensor && agg.paths && agg.paths->streamed) {
+    if (auto taken = agg.paths->streamed(h.reserved, h.version, who))
+      return *taken ? stream_push(req, ***taken, name, agg.wait) : req.refuse(taken->error());
+  }
   tensor values;
   bool finite = true; // every float read so far
   if (h.has_tensor) {
@@ -428,33 +463,26 @@ bool variable_directory::aggregate(plane_request& req) {
   if (h.kind == static_cast<uint8_t>(wire::kind::push) && agg.paths && agg.paths->dense) {
     auto sink = thread_answer_parts();
     who.parts = sink;
-    if (auto direct = agg.paths->dense(h.reserved, h.version, who, values, agg.wait)) {
-      who.parts = nullptr; // the sink is this thread's again: reply_parts reads it
+    auto direct = agg.paths->dense(h.reserved, h.version, who, values, agg.wait);
+    who.parts = nullptr; // the sink is this thread's again (the actor's caller lends its own)
+    if (direct) {
       if (!*direct)
         return req.reply_error(direct->error());
-      auto reply = push_reply((*direct)->global_step, (*direct)->dropped_late);
-      auto& params = (*direct)->params;
-      if (params.empty())
-        return reply_parts(req, reply, *sink);
-      release_parts(*sink);
-      wire::describe_tensor(params, reply); // rank 1
-      return req.reply(reply, params.bytes());
+      auto& d = **direct;
+      bool in_parts = d.params.empty(); // else flat: the parts could not take them
+      variable_directory::aggregator_answer a{d.global_step, std::move(d.params), d.dropped_late,
+                                              in_parts ? sink : nullptr};
+      if (!in_parts)
+        release_parts(*sink);
+      return answer_push(req, a, false);
     }
-    who.parts = nullptr; // the actor's caller lends its own
   }
-  auto r = caller(agg.actor, h.kind, h.reserved, h.version, std::move(who), std::move(values),
+  auto kind = streamed ? static_cast<uint8_t>(wire::kind::push) : h.kind;
+  auto r = caller(agg.actor, kind, h.reserved, h.version, std::move(who), std::move(values),
                   agg.wait);
   if (!r)
     return req.reply_error(r.error());
-  auto reply = push_reply(r->global_step, r->dropped_late);
-  const auto& params = r->params;
-  if (params.empty() && r->parts)
-    return reply_parts(req, reply, *r->parts);
-  if (r->parts)
-    release_parts(*r->parts); // a flat answer: any parts shared are let go
-  if (!params.empty())
-    wire::describe_tensor(params, reply); // rank 1
-  return req.reply(reply, params.empty() ? nullptr : params.bytes());
+  return answer_push(req, *r, streamed);
 }
 
 bool variable_directory::push_sparse(plane_request& req, const std::string& name,

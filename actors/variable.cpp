@@ -561,6 +561,45 @@ variable_cell::snapshot(const std::vector<std::string>& slots,
   return std::make_pair(value_, std::move(out));
 }
 
+caf::expected<variable_cell::update_base>
+variable_cell::begin_update(const std::vector<std::string>& slots, const std::vector<float>& initial,
+                            size_t n) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto err = check_floats(n, "gradient"))
+    return err;
+  update_base out;
+  out.value = value_;
+  out.version = version_;
+  try {
+    for (size_t k = 0; k < slots.size(); ++k) {
+      auto it = slots_.find(slots[k]);
+      float fill = k < initial.size() ? initial[k] : 0.0f;
+      out.slots.push_back(it != slots_.end() ? it->second
+                                             : tensor::filled(spec_.type, spec_.shape, fill));
+    }
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(spec_, "gradient");
+  }
+  return out;
+}
+
+caf::error variable_cell::install_update(uint64_t base_version, tensor value,
+                                         const std::vector<std::string>& slot_names,
+                                         std::vector<tensor> slots) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (version_ != base_version)
+    return make_error(af_error::aborted,
+                      "the update of " + quoted(spec_) + " was made from version "
+                        + std::to_string(base_version) + ", but the variable is at version "
+                        + std::to_string(version_)
+                        + " now (it was assigned meanwhile): not installed");
+  value_ = std::move(value);
+  for (size_t i = 0; i < slot_names.size() && i < slots.size(); ++i)
+    slots_[slot_names[i]] = std::move(slots[i]);
+  ++version_;
+  return caf::none;
+}
+
 caf::error variable_cell::restore(tensor value, const std::vector<std::string>& slot_names,
                                   std::vector<tensor> slots, const std::string& run_id) {
   auto bad = [&](const tensor& t) { return t.type() != spec_.type || t.shape() != spec_.shape; };

@@ -207,6 +207,27 @@ public:
   caf::expected<std::pair<tensor, std::vector<tensor>>>
   snapshot(const std::vector<std::string>& slots, const std::vector<float>& initial = {}) const;
 
+  /// What an update made off the cell starts from (a pipelined sync round,
+  /// dist/pipelined_round.hpp): the value and the slots `slots` (shared, no
+  /// copy; a slot not made yet: filled with `initial[k]`), and the version
+  /// they are of. Errors as apply_gradient's for a value that is not `n`
+  /// initialized floats.
+  struct update_base {
+    tensor value;
+    std::vector<tensor> slots;
+    uint64_t version = 0;
+  };
+  caf::expected<update_base> begin_update(const std::vector<std::string>& slots,
+                                          const std::vector<float>& initial, size_t n) const;
+
+  /// Installs an update made off the cell from `base_version`: the value and
+  /// the slots `slot_names` become `value` and `slots` together, and the
+  /// version moves by one, as apply_gradient's would. If the cell changed
+  /// since `base_version` (an assign meanwhile), nothing changes and the
+  /// error (aborted) says so.
+  caf::error install_update(uint64_t base_version, tensor value,
+                            const std::vector<std::string>& slot_names, std::vector<tensor> slots);
+
   /// Sets value and slots from a checkpoint (bumps the version, marks it
   /// initialized by `run_id`).
   caf::error restore(tensor value, const std::vector<std::string>& slot_names,

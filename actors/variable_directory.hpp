@@ -141,6 +141,11 @@ private:
   sparse_aggregator_call sparse_call_;
   /// aggregate()'s sparse push (wire::kind::push_sparse).
   bool push_sparse(plane_request& req, const std::string& name, push_credentials who);
+  /// aggregate()'s streamed push that a pipelined round took
+  /// (actors/plane_streamed.cpp): read piece by piece while the answer's
+  /// chunks go back as they are ready, then the trailer.
+  bool stream_push(plane_request& req, streamed_push& push, const std::string& name,
+                   std::chrono::milliseconds wait);
 };
 
 } // namespace af

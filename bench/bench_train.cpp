@@ -190,14 +190,16 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
 /// The sync 1 M lines, from one set of alternating runs: ours on TCP and on
 /// shared memory, the raw-TCP ps store-and-forward and pipelined (each run
 /// only if a wanted line needs it).
-void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
+void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped_line,
                        const train_bench_options& o, const scratch_dir& dir) {
   auto keys = linear_keys("sync", o);
-  bool need_raw = tcp_line, need_tcp = tcp_line || shm_vs_tcp;
+  auto piped_keys = keys;
+  piped_keys.push_back("pipeline_sync=true");
+  bool need_raw = tcp_line || piped_line, need_tcp = tcp_line || shm_vs_tcp;
   bool need_shm = shm_line || shm_vs_tcp;
-  std::vector<double> tcp, shm, store, piped, raw_shm;
-  std::string tcp_failure, shm_failure;
-  double tcp_loss = -1, shm_loss = -1;
+  std::vector<double> tcp, shm, store, piped, raw_shm, ours_piped;
+  std::string tcp_failure, shm_failure, piped_failure;
+  double tcp_loss = -1, shm_loss = -1, piped_loss = -1;
   raw_run last_raw, last_raw_shm;
   for (int rep = 0; rep < o.reps; ++rep) {
     if (need_raw)
@@ -208,7 +210,11 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
     if (need_tcp && tcp_failure.empty())
       if (auto x = ours_linear(keys, false, o, dir, "sync-tcp", tcp_failure, tcp_loss))
         tcp.push_back(*x);
-    if (tcp_line)
+    if (piped_line && piped_failure.empty())
+      if (auto x = ours_linear(piped_keys, false, o, dir, "sync-tcp-piped", piped_failure,
+                               piped_loss))
+        ours_piped.push_back(*x);
+    if (tcp_line || piped_line)
       if (auto b = raw_training("sync", false, o, dir))
         piped.push_back(b->steps_per_s);
     if (need_shm && shm_failure.empty())
@@ -235,6 +241,19 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp,
                   "reps:%s\n",
                   median(piped), median(piped) / median(store),
                   tcp.empty() ? 0.0 : median(tcp) / median(piped), listed(piped).c_str());
+  }
+  if (piped_line) {
+    std::printf("# train_sync_1m_2w_tcp_pipelined: actorflow over TCP with pipeline_sync "
+                "(ACTORFLOW_DATA_SHM=off; final loss %.3g) against the raw-TCP store-and-forward "
+                "ps (target >= 1.2)\n",
+                piped_loss);
+    report("train_sync_1m_2w_tcp_pipelined", ours_piped, store, "steps/s", piped_failure);
+    if (!piped.empty() && !store.empty())
+      std::printf("# train_sync_1m_2w_tcp_pipelined: the raw-TCP pipelined ps: %.3f steps/s, "
+                  "%.3f x the store-and-forward ps; ours pipelined %.3f x it; reps:%s\n",
+                  median(piped), median(piped) / median(store),
+                  ours_piped.empty() ? 0.0 : median(ours_piped) / median(piped),
+                  listed(piped).c_str());
   }
   if (shm_line) {
     std::printf("# train_sync_1m_2w_shm: actorflow over shared memory against the raw "
@@ -441,8 +460,9 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
 
 const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_async_1m_2w_tcp",
-                               "train_sync_1m_2w_shm", "train_sync_1m_2w_shm_vs_tcp"};
+    std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_sync_1m_2w_tcp_pipelined",
+                               "train_async_1m_2w_tcp", "train_sync_1m_2w_shm",
+                               "train_sync_1m_2w_shm_vs_tcp"};
     for (auto& m : allreduce_metrics()) // bench/allreduce_bench.cpp
       v.push_back(m);
     for (auto m : {"train_digits_examples_per_s_tcp", "train_digits_examples_per_s_shm",
@@ -471,8 +491,9 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
   std::fflush(stdout);
   bool sync_tcp = want("train_sync_1m_2w_tcp"), sync_shm = want("train_sync_1m_2w_shm");
   bool sync_ratio = want("train_sync_1m_2w_shm_vs_tcp");
-  if (sync_tcp || sync_shm || sync_ratio)
-    bench_linear_sync(sync_tcp, sync_shm, sync_ratio, opts, dir);
+  bool sync_piped = want("train_sync_1m_2w_tcp_pipelined");
+  if (sync_tcp || sync_shm || sync_ratio || sync_piped)
+    bench_linear_sync(sync_tcp, sync_shm, sync_ratio, sync_piped, opts, dir);
   if (want("train_async_1m_2w_tcp"))
     bench_linear_async(opts, dir);
   run_allreduce_benches(wanted, opts); // those of allreduce_metrics() in `wanted`

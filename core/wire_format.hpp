@@ -78,6 +78,15 @@ enum class kind : uint8_t {
   /// part's bytes at a multiple of 64 bytes of the payload. Any part
   /// refused refuses the frame, naming the part (docs/wire.md "gather_many").
   gather_many = 14,
+  /// A dense sync push streamed (docs/wire.md "A pipelined sync round"):
+  /// framed, named and numbered as push, but the node may answer while it
+  /// still reads: a reply header (status ok, payload the parameters' size,
+  /// version the round's new global step), the parameters chunk by chunk,
+  /// then a trailer: a reply without a payload if the round committed, else
+  /// an error reply naming why (the worker drops what it read). A push
+  /// refused before its answer started gets one error reply, no trailer.
+  /// Plain TCP only ([train] pipeline_sync).
+  push_streamed = 15,
   reply = 16,
 };
 
@@ -85,7 +94,8 @@ enum class kind : uint8_t {
 constexpr bool aggregator_kind(uint8_t k) {
   return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull)
          || k == static_cast<uint8_t>(kind::push_params)
-         || k == static_cast<uint8_t>(kind::push_sparse);
+         || k == static_cast<uint8_t>(kind::push_sparse)
+         || k == static_cast<uint8_t>(kind::push_streamed);
 }
 
 static_assert(static_cast<uint8_t>(kind::read) == static_cast<uint8_t>(var_op::read)

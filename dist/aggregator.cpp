@@ -47,6 +47,8 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const push_credentials& who, const std::vector<tensor>& values,
                        const char* what, Release release) {
   auto& st = self->state;
+  if (st.pipelined) // sync: its members stream their pushes (dist/aggregator_pipelined.cpp)
+    return join_pipelined(self, worker, step, who, values.empty());
   if (auto err = add_to_round(self, worker, who, values, what))
     return err;
   auto r = park(self, worker, step, who);
@@ -431,10 +433,14 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
   // Its data plane takes the common push itself, under the lock
   // (aggregator_plane.cpp); until the actor's state is up it finds no
   // actor there and hands the push over, as before.
+  // A dense sync push streamed joins its pipelined round the same way
+  // (aggregator_pipelined.cpp).
   if (paths && !spec.sparse.empty())
     paths->sparse = plane_path(plane);
   if (paths && spec.sparse.empty())
     paths->dense = plane_dense_path(plane);
+  if (paths && spec.sparse.empty())
+    paths->streamed = streamed_path(plane);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     auto lock = std::unique_lock<std::mutex>{plane->mtx};

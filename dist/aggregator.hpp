@@ -22,6 +22,7 @@
 #include "actors/plane_push.hpp"
 #include "actors/push_gate.hpp"
 #include "dist/aggregation_round.hpp"
+#include "dist/pipelined_round.hpp"
 #include "net/data_plane.hpp"
 #include "dist/norm_guard.hpp"
 #include "messages/aggregator.hpp"
@@ -136,6 +137,10 @@ struct aggregator_actor_state {
   /// sync: one step; average: one average (async: only its workers' done
   /// flags). The tickets answer the parked pushes.
   aggregation_round<push_ticket> round;
+  /// sync: the round in progress when its members stream their pushes
+  /// (wire::kind::push_streamed): null otherwise. Its tickets are the
+  /// round's (`round`), which holds no values then.
+  std::shared_ptr<pipelined_round> pipelined;
   /// Tickets of the round in progress that are CAF promises: the data
   /// plane's path releases only a round without them (a promise is
   /// delivered from the actor's own thread).

@@ -61,6 +61,35 @@ plane_sparse_push plane_path(std::shared_ptr<aggregator_plane> plane);
 /// async, with the answer's parameters in the push's answer_parts.
 plane_dense_push plane_dense_path(std::shared_ptr<aggregator_plane> plane);
 
+/// Whether a push is one the data plane takes itself (its member's, a new
+/// push number, the step the aggregator is at, and in sync a round it has
+/// not pushed to, no worker on standby, no CAF promise parked): everything
+/// the actor's push handlers check before they change anything.
+bool common_case(const aggregator_actor_state& st, uint32_t worker, uint64_t step,
+                 const push_credentials& who, bool sync);
+
+/// A data-plane thread's wait for its pushes of sync rounds: one at a time
+/// per thread, reused (no allocation per push).
+std::shared_ptr<plane_wait> thread_wait();
+
+/// The data plane's path for `plane`'s streamed dense pushes
+/// (plane_push_paths::streamed, dist/aggregator_pipelined.cpp): a sync push
+/// in the common case joins the pipelined round (started by the round's
+/// first push); any other is left to the actor.
+plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane);
+
+/// sync, a pipelined round in progress: a push that came to the actor. An
+/// abstention (`abstains`: no values) of a member that has not streamed yet
+/// is parked in it, the round going on without it; any other is refused,
+/// naming why (every worker of a job sets [train] pipeline_sync alike).
+push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
+                           const push_credentials& who, bool abstains);
+
+/// The pipelined round's commit, once its last chunk is applied: the new
+/// values installed, then the store-and-forward release's bookkeeping
+/// (applied, global step, every member's ticket answered).
+void commit_pipelined(self_pointer self);
+
 constexpr size_t staleness_buckets = 16;
 constexpr size_t max_events = 32;
 /// The highest worker index a join may use (a task index is at most 65535).
@@ -224,6 +253,10 @@ caf::error check_tables(const aggregator_spec& spec,
 
 /// Answers every parked push of a released round with the parameters.
 void answer_all(self_pointer self, tickets waiting);
+
+/// answer_all's answers without its accounting: a data-plane thread's
+/// ticket with the step, a promise with the parameters.
+void answer_tickets(self_pointer self, tickets& waiting);
 
 /// "worker 1 (/job:worker/task:1 at h:p, last push 2.1 s ago), worker 3": whom the round waits for.
 std::string missing_names(const aggregator_actor_state& st);

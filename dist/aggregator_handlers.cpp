@@ -195,8 +195,20 @@ caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want) {
   // Drain: what the old mode holds is answered before the new one runs.
   // A round in progress closes with what arrived (none of it is lost);
   // pushes ssp held back are let go.
-  if (from == "sync" && st.round.in_progress())
+  if (from == "sync" && st.pipelined) {
+    // A pipelined round cannot close with what arrived (its chunks need
+    // every member's): it is abandoned, no variable changed, and its members
+    // hear the new mode, as a push of the other kind does.
+    auto err = make_error(af_error::mode_changed,
+                          fmt::format("aggregator '{}' switched from sync to {} during the "
+                                      "pipelined round of global step {}: the round is "
+                                      "abandoned, no variable changed",
+                                      st.spec.name, want.mode, st.global_step));
+    fail_all(st, st.round.release(), err);
+    st.plane->answered.notify_all();
+  } else if (from == "sync" && st.round.in_progress()) {
     release_sync(self);
+  }
   else if (from == "average" && st.round.in_progress())
     release_average(self);
   if (from == "ssp")

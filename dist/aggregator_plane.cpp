@@ -66,8 +66,6 @@ std::unique_lock<std::mutex> hold(self_pointer self) {
   return std::unique_lock<std::mutex>{self->state.plane->mtx};
 }
 
-namespace {
-
 /// Whether the push is one the data plane takes itself: its member's (token,
 /// in the job, not done), a new push number, a step the aggregator is at (or,
 /// sync after a switch, its first push), and in sync a round it has not
@@ -93,12 +91,12 @@ bool common_case(const aggregator_actor_state& st, uint32_t worker, uint64_t ste
          && !st.round.has_arrived(worker) && st.round_promises == 0;
 }
 
-/// A data-plane thread's wait for its pushes of sync rounds: one at a time
-/// per thread, reused (no allocation per push).
 std::shared_ptr<plane_wait> thread_wait() {
   thread_local auto wait = std::make_shared<plane_wait>();
   return wait;
 }
+
+namespace {
 
 /// What the two paths share: the lock, the common case's checks, the
 /// counts, and in sync the wait for the round. `apply_at_once()` applies
@@ -116,7 +114,9 @@ take_push(aggregator_plane& plane, uint32_t worker, uint64_t step, const push_cr
     return std::nullopt; // not started, or gone: the actor's path says so
   auto& st = self->state;
   bool sync = st.spec.mode == "sync";
-  if ((!sync && st.spec.mode != "async") || (st.tables > 0) != sparse
+  // A pipelined round in progress takes streamed pushes only: the actor
+  // refuses a plain one, or parks an abstention (join_pipelined).
+  if ((!sync && st.spec.mode != "async") || (st.tables > 0) != sparse || st.pipelined
       || !common_case(st, worker, step, who, sync))
     return std::nullopt;
   // What the actor's handler does for such a push, in its order.

@@ -96,6 +96,10 @@ void check_deadline(self_pointer self) {
 
 void answer_all(self_pointer self, tickets waiting) {
   account(self->state, waiting, true);
+  answer_tickets(self, waiting);
+}
+
+void answer_tickets(self_pointer self, tickets& waiting) {
   static const tensor none; // the params of an answer that went into its parts
   std::optional<caf::expected<tensor>> p; // the flat parameters, made only if a ticket takes them
   for (auto& w : waiting) {
@@ -130,6 +134,10 @@ std::string missing_names(const aggregator_actor_state& st) {
 }
 
 void fail_all(aggregator_actor_state& st, tickets waiting, const caf::error& err) {
+  if (st.pipelined) { // its tickets are the round's: it ends with them, changing nothing
+    st.pipelined->abort(err);
+    st.pipelined = nullptr;
+  }
   account(st, waiting, false);
   for (auto& w : waiting)
     w.second.deliver(err);
@@ -281,6 +289,22 @@ std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::
 
 void release_sync(self_pointer self) {
   auto& st = self->state;
+  if (st.pipelined) {
+    // A pipelined round is released by its last chunk (commit_pipelined);
+    // one whose member left cannot complete.
+    for (auto w : st.pipelined->members())
+      if (st.round.is_done(w)) {
+        auto err = make_error(af_error::aborted,
+                              fmt::format("aggregator '{}': {} left during the pipelined round "
+                                          "of global step {}; the step is abandoned, no "
+                                          "variable changed",
+                                          st.spec.name, worker_name(st, w), st.global_step));
+        log::get()->warn("{}", describe(err));
+        fail_all(st, st.round.release(), err);
+        return;
+      }
+    return;
+  }
   tensor flat; // the parameters the round answers with, made during the update
   if (st.round.contributions() > 0) {
     auto what = fmt::format("mean gradient of global step {}", st.global_step);
@@ -302,6 +326,34 @@ void release_sync(self_pointer self) {
     st.params_step = st.global_step;
   }
   answer_all(self, st.round.release());
+  name_idle(st);
+}
+
+void commit_pipelined(self_pointer self) {
+  auto& st = self->state;
+  if (auto err = st.pipelined->commit()) {
+    log::get()->warn("aggregator '{}': the pipelined round of global step {} is abandoned: {}",
+                     st.spec.name, st.global_step, describe(err));
+    fail_all(st, st.round.release(), err);
+    return;
+  }
+  st.pipelined = nullptr;
+  st.stats.applied += 1;
+  st.global_step += 1;
+  invalidate(self);
+  // The streaming members' answers are the round's new values, which they
+  // write themselves: their tickets only learn the step. An abstention's
+  // promise takes the parameters, as answer_all gives them.
+  static const tensor none;
+  auto waiting = st.round.release();
+  account(st, waiting, true);
+  tickets promised;
+  for (auto& w : waiting)
+    if (w.second.wait)
+      w.second.deliver(st.global_step, none, false);
+    else
+      promised.push_back(std::move(w));
+  answer_tickets(self, promised);
   name_idle(st);
 }
 

@@ -427,9 +427,14 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // average pushes the round's step (the same local steps on every shard).
     bool average = st.mode == "average";
     auto step = average ? st.global_step : st.shard_step[k];
-    auto kind = !sends   ? wire::kind::pull
-                : average ? wire::kind::push_params
-                          : wire::kind::push;
+    // [train] pipeline_sync: a sync gradient streamed (the ps answers in
+    // chunks as every worker's arrive: dist/pipelined_round.hpp); an
+    // abstention, or any other mode, goes as before.
+    bool streamed = st.mode == "sync" && st.setup.cfg.pipeline_sync && !part.empty();
+    auto kind = !sends     ? wire::kind::pull
+                : average  ? wire::kind::push_params
+                : streamed ? wire::kind::push_streamed
+                           : wire::kind::push;
     push_shard(self, g, k, std::move(part), step, kind, sends, then, 0);
   }
 }

@@ -34,8 +34,15 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
         *chan = std::move(*c);
       }
       bool dropped_late = false;
-      auto r = (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
-                                  std::chrono::milliseconds{wait_ms}, token, seq, &dropped_late);
+      // [train] pipeline_sync: streamed where the connection is plain TCP
+      // (data_channel::push_streamed goes store-and-forward elsewhere).
+      auto r = kind == static_cast<uint8_t>(wire::kind::push_streamed)
+                 ? (*chan)->push_streamed(name, worker, step, values,
+                                          std::chrono::milliseconds{wait_ms}, token, seq,
+                                          &dropped_late)
+                 : (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
+                                      std::chrono::milliseconds{wait_ms}, token, seq,
+                                      &dropped_late);
       if (!r)
         return std::move(r.error());
       return {r->first, std::move(r->second), dropped_late};

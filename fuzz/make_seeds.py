@@ -74,14 +74,17 @@ add_v = frame(3, b"v", [], [1.0])
 sub_2x2 = frame(4, b"v", [2, 2], [1, 2, 3, 4])
 push = frame(5, b"agg", [2], [0.5, 0.5])
 pull = frame(6, b"agg")
+pushed = frame(15, b"\0" * 24 + b"agg", [2], [0.5, 0.5])  # push_streamed: prefix, name, floats
 reply = header(16, 0, 1, 0, [1], 4) + struct.pack("<f", 2.0)
 for n, h in [("read", read_v[:96]), ("assign", assign_v[:96]), ("push", push[:96]),
+             ("push_streamed", pushed[:96]),
              ("reply", reply[:96]), ("rank8", header(2, 1, 1, 3, [1] * 8, 8)),
              ("huge", header(2, 1, 1, 1, [1 << 31, 1 << 31], 0)),
              ("error_reply", header(16, 0, 0, 0, (), 12, status=3))]:
     put("wire_header", n, h)
 for n, f in [("read", read_v), ("assign_read", assign_v + read_v), ("add", add_v),
              ("sub_wrong_shape", sub_2x2), ("push", push), ("pull", pull),
+             ("push_streamed", pushed),
              ("unknown_var", frame(1, b"nope")), ("half_header", read_v[:40]),
              ("bad_magic", b"XXXX" + read_v[4:]), ("pipelined", read_v * 3)]:
     put("data_plane", n, f)

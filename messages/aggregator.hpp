@@ -261,8 +261,9 @@ struct aggregator_stats {
   uint64_t global_step = 0;
   uint64_t applied = 0;          ///< updates applied to the variables
   uint64_t pushes = 0;           ///< pushes received
-  uint64_t pushes_on_plane = 0;  ///< of them, pushes (sparse or dense) taken on the data plane's thread
-                                 ///< (dist/aggregator_plane.cpp), not through the actor
+  uint64_t pushes_on_plane = 0;  ///< of them, pushes (sparse, dense, streamed) taken on the data
+                                 ///< plane's thread (dist/aggregator_plane.cpp,
+                                 ///< aggregator_pipelined.cpp), not through the actor
   uint64_t dropped_stale = 0;    ///< sync: gradients of an old step (late)
   uint64_t refused = 0;          ///< non-finite values refused
   std::string last_refusal;      ///< the error of the last refusal

@@ -204,6 +204,24 @@ public:
                                                        uint64_t seq = 0,
                                                        bool* dropped_late = nullptr);
 
+  /// A dense sync push streamed (wire::kind::push_streamed, [train]
+  /// pipeline_sync): arguments and answer as aggregate()'s push. The node
+  /// may answer while the push is still going out (a pipelined round), so
+  /// the push is written without blocking and the answer read as it comes
+  /// (poll on both): a client that wrote first and read after would wait
+  /// on a full socket buffer while the node waits on its own. The answer
+  /// counts only once its trailer says the round committed; an error
+  /// trailer drops what was read and is the call's error. Only on a plain
+  /// TCP connection: on another transport (TLS, shared memory, UCX), or
+  /// with no values (an abstention), this is aggregate()'s plain push.
+  caf::expected<std::pair<uint64_t, tensor>>
+  push_streamed(const std::string& name, uint32_t worker, uint64_t step,
+                const std::vector<tensor>& values, std::chrono::milliseconds wait,
+                const std::string& token, uint64_t seq, bool* dropped_late = nullptr);
+
+  /// True if this connection's frames go straight over its TCP socket.
+  bool plain_tcp() const;
+
   /// The rows `ids` (1-D int32 or int64) name of table `var` on the node
   /// (messages/variable.hpp's gather): the rows [n] + the table's
   /// shape[1:] and the table's version. Only the ids go out and only those

@@ -132,6 +132,9 @@ public:
   /// that the connection goes on. False: the connection is to be dropped.
   bool refuse(af_error code, const std::string& text);
 
+  /// refuse() of `err`'s code (internal if it is not actorflow's) and its text.
+  bool refuse(const caf::error& err);
+
   /// The reply: `h` (its kind set to reply here), then its payload_bytes of
   /// `payload`, written straight from that buffer. False: the connection is
   /// to be dropped.
@@ -147,6 +150,25 @@ public:
   /// the client can read its answer, compute and push again).
   bool reply(wire::header& h, const iovec* pieces, size_t count, void (*copied)(void*) = nullptr,
              void* context = nullptr);
+
+  // -- a streamed reply (wire::kind::push_streamed): plain TCP only --------
+
+  /// True if this connection's bytes go straight over a TCP socket (no TLS,
+  /// shared memory or UCX): the only one a streamed reply is written on.
+  bool plain_tcp() const;
+
+  /// The reply header `h` alone (its kind set to reply here); its
+  /// payload_bytes follow through send_some() and send_all(). False: the
+  /// connection is to be dropped.
+  bool reply_head(wire::header& h);
+
+  /// Writes what the socket takes now of `pieces`, without waiting: the
+  /// bytes written (0: its buffer is full); -1: the connection is to be dropped.
+  long send_some(const iovec* pieces, size_t count);
+
+  /// Writes all of `pieces`, waiting as a reply's write does (the socket's
+  /// send timeout). False: the connection is to be dropped.
+  bool send_all(const iovec* pieces, size_t count);
 
   /// An error reply (status `code`, `text` as its payload). False: the
   /// connection is to be dropped.

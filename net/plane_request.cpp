@@ -6,6 +6,8 @@
 #include "net/served_connection.hpp"
 
 #include <sched.h>
+#include <sys/socket.h>
+#include <algorithm>
 
 #include <atomic>
 #include <cerrno>
@@ -211,6 +213,67 @@ bool plane_request::sent(bool ok, const wire::header& h) {
     log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",
                      conn_.node_name, conn_.peer, conn_.frame_ms);
   return false;
+}
+
+bool plane_request::refuse(const caf::error& err) {
+  return refuse(wire_code(err), describe(err));
+}
+
+bool plane_request::plain_tcp() const {
+  return conn_.io.bytes == &tcp_bytes() && conn_.shm == nullptr && conn_.ucx == nullptr
+         && !conn_.tls;
+}
+
+bool plane_request::reply_head(wire::header& h) {
+  h.kind = static_cast<uint8_t>(wire::kind::reply);
+  iovec iov{&h, sizeof(h)};
+  if (!write_all(conn_.io, &iov, 1))
+    return sent(false, h); // says why
+  if (conn_.counted != nullptr) // the payload is counted as it goes
+    conn_.counted->bytes_sent.fetch_add(sizeof(h), std::memory_order_relaxed);
+  return true;
+}
+
+long plane_request::send_some(const iovec* pieces, size_t count) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(pieces);
+  msg.msg_iovlen = std::min<size_t>(count, 64);
+  for (;;) {
+    auto n = ::sendmsg(conn_.io.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) {
+      if (conn_.counted != nullptr)
+        conn_.counted->bytes_sent.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      return static_cast<long>(n);
+    }
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      return 0;
+    return -1;
+  }
+}
+
+bool plane_request::send_all(const iovec* pieces, size_t count) {
+  constexpr size_t batch = 64;
+  iovec iov[batch];
+  uint64_t bytes = 0;
+  for (size_t next = 0; next < count;) {
+    size_t n = 0;
+    for (; next < count && n < batch; ++next)
+      if (pieces[next].iov_len > 0) {
+        iov[n++] = pieces[next];
+        bytes += pieces[next].iov_len;
+      }
+    if (n > 0 && !write_all(conn_.io, iov, static_cast<int>(n))) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        log::get()->warn("{} data plane: dropped {}: it took nothing of its reply for {} ms",
+                         conn_.node_name, conn_.peer, conn_.frame_ms);
+      return false;
+    }
+  }
+  if (conn_.counted != nullptr)
+    conn_.counted->bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
 }
 
 bool plane_request::reply_error(af_error code, const std::string& text) {

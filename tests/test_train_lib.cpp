@@ -424,6 +424,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.checkpoint_key == b.checkpoint_key);
   CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
   CHECK(a.max_data_bytes == b.max_data_bytes);
+  CHECK(a.pipeline_sync == b.pipeline_sync);
   CHECK(a.warmup_secs == b.warmup_secs);
   CHECK(a.window_secs == b.window_secs);
 }
@@ -495,6 +496,7 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.checkpoint_key = "/etc/ck.key";
   c.max_nonfinite_steps = 7;
   c.max_data_bytes = 12345678;
+  c.pipeline_sync = true;
   REQUIRE(validate(c).empty());
   auto text = to_toml(c);
   auto back = parse_train_config(text, "round-trip");
@@ -1535,6 +1537,15 @@ TEST_CASE("the --set option reads numbers with exponents, lists without brackets
   auto one = apply_overrides(train_config{}, {"hidden=16"});
   REQUIRE(one);
   CHECK(one->hidden == std::vector<int64_t>{16});
+  // A boolean ([train] pipeline_sync): off by default, true from --set or
+  // the file (a key without a boolean kind took "true" as a bad number).
+  CHECK_FALSE(train_config{}.pipeline_sync);
+  auto piped = apply_overrides(train_config{}, {"pipeline_sync=true"});
+  REQUIRE(piped);
+  CHECK(piped->pipeline_sync);
+  auto file = parse_train_config("[train]\npipeline_sync = true\n", "test");
+  REQUIRE(file);
+  CHECK(file->pipeline_sync);
 }
 
 TEST_CASE("every --set error names the key, the value and the type the key takes",
@@ -1557,7 +1568,8 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
          {"hidden=[64,0]", "hidden", "0", "hidden=[64,64]"},
          {"hidden=[64", "hidden", "[64", "hidden=[64,64]"},
          {"mode=fast", "mode", "fast", "a name"},
-         {"holdout=2", "holdout", "2", "a number"}}) {
+         {"holdout=2", "holdout", "2", "a number"},
+         {"pipeline_sync=yes", "pipeline_sync", "yes", "true or false"}}) {
     CAPTURE(b.set);
     auto c = apply_overrides(train_config{}, {b.set});
     REQUIRE_FALSE(c);

@@ -26,6 +26,9 @@
 
 namespace af::train {
 
+using detail::read_integer;
+using detail::read_number;
+
 namespace {
 
 using detail::quoted; // train/config_model.hpp
@@ -71,7 +74,7 @@ const std::vector<std::string>& known_keys() {
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
     "grad_norm_guard", "warmup_secs", "window_secs", "users", "items", "dim", "zipf",
-    "partition_strategy"};
+    "partition_strategy", "pipeline_sync"};
   return keys;
 }
 
@@ -148,6 +151,12 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
     return std::nullopt;
   };
   auto& o = c.optimizer;
+  if (key == "pipeline_sync") {
+    if (!v.is_boolean())
+      return bad(fmt::format("must be true or false, not {}", type_name(v)));
+    c.pipeline_sync = v.as_boolean();
+    return std::nullopt;
+  }
   if (key == "mode") return text(c.mode);
   if (key == "model") return text(c.model);
   if (key == "data") return text(c.data);
@@ -462,7 +471,7 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
   return check_data_size(c, combinations);
 }
 
-enum class value_kind { text, number, whole, sizes };
+enum class value_kind { text, number, whole, sizes, boolean };
 
 /// The type `key` has in the config's TOML: read from what to_toml writes
 /// for the defaults, so a key added there needs no second list here.
@@ -479,6 +488,7 @@ value_kind kind_of(const std::string& key) {
     case toml::value_t::string: return value_kind::text;
     case toml::value_t::floating: return value_kind::number;
     case toml::value_t::array: return value_kind::sizes;
+    case toml::value_t::boolean: return value_kind::boolean;
     default: return value_kind::whole;
   }
 }
@@ -509,6 +519,8 @@ std::string takes(const std::string& key) {
                          "--set {}=1e-3", key, key);
     case value_kind::whole:
       return fmt::format("a whole number, e.g. --set {}=100", key);
+    case value_kind::boolean:
+      return fmt::format("true or false, e.g. --set {}=true", key);
     case value_kind::sizes:
       break;
   }
@@ -521,34 +533,6 @@ std::string_view trimmed(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
     s.remove_suffix(1);
   return s;
-}
-
-/// A decimal number as C's strtod reads it in the "C" locale, whole text
-/// only ("1e3", ".5", "+2", "inf"); nullopt if it is not one.
-std::optional<double> read_number(std::string_view s) {
-  if (!s.empty() && s.front() == '+')
-    s.remove_prefix(1);
-  double x = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
-  if (s.empty() || ec != std::errc{} || p != s.data() + s.size())
-    return std::nullopt;
-  return x;
-}
-
-/// An integer, also written as a number with an exponent ("1e3"); nullopt if
-/// the text is not a whole number that fits in 64 signed bits.
-std::optional<int64_t> read_integer(std::string_view s) {
-  if (!s.empty() && s.front() == '+')
-    s.remove_prefix(1);
-  int64_t n = 0;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-  if (!s.empty() && ec == std::errc{} && p == s.data() + s.size())
-    return n;
-  auto x = read_number(s);
-  // 2^63 is exactly representable; anything at or above it does not fit.
-  if (!x || !std::isfinite(*x) || std::trunc(*x) != *x || std::fabs(*x) >= 0x1p63)
-    return std::nullopt;
-  return static_cast<int64_t>(*x);
 }
 
 /// The override's value as a TOML value of the key's type, or why it is not one.
@@ -572,6 +556,10 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
         return fmt::format("{} is too large: at most 2^63 - 1", clipped(value));
       return fmt::format("'{}' is not {}", clipped(value),
                          read_number(value) ? "a whole number" : "a number");
+    case value_kind::boolean:
+      if (value == "true" || value == "false")
+        return toml::value(value == "true");
+      return fmt::format("'{}' is not true or false", clipped(value));
     case value_kind::sizes:
       break;
   }
@@ -789,6 +777,7 @@ std::string to_toml(const train_config& c) {
   line("dim", std::to_string(c.dim));
   line("zipf", real(c.zipf));
   line("partition_strategy", quoted(c.partition_strategy));
+  line("pipeline_sync", c.pipeline_sync ? "true" : "false");
   return out;
 }
 

@@ -100,6 +100,12 @@ struct train_config {
   int64_t dim = 8;
   double zipf = 1.0;
   std::string partition_strategy = "mod";
+  /// sync over a plaintext TCP data plane: each worker streams its push
+  /// (wire::kind::push_streamed) and the ps averages, applies and answers
+  /// it chunk by chunk as every member's copy arrives (docs/training.md
+  /// "A pipelined sync round"), the same bits as without. Elsewhere (shared
+  /// memory, TLS, other modes) pushes go store-and-forward. Off by default.
+  bool pipeline_sync = false;
   /// The most either may be: a week (more would overflow the clock's
   /// nanoseconds long before it means anything).
   static constexpr double max_window_secs = 7 * 24 * 3600.0;

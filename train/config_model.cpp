@@ -1,5 +1,7 @@
 #include "train/config_model.hpp"
 
+#include <charconv>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -104,6 +106,34 @@ std::string real(double x) {
   if (s.find_first_of(".e") == std::string::npos)
     s += ".0";
   return s;
+}
+
+/// A decimal number as C's strtod reads it in the "C" locale, whole text
+/// only ("1e3", ".5", "+2", "inf"); nullopt if it is not one.
+std::optional<double> read_number(std::string_view s) {
+  if (!s.empty() && s.front() == '+')
+    s.remove_prefix(1);
+  double x = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (s.empty() || ec != std::errc{} || p != s.data() + s.size())
+    return std::nullopt;
+  return x;
+}
+
+/// An integer, also written as a number with an exponent ("1e3"); nullopt if
+/// the text is not a whole number that fits in 64 signed bits.
+std::optional<int64_t> read_integer(std::string_view s) {
+  if (!s.empty() && s.front() == '+')
+    s.remove_prefix(1);
+  int64_t n = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (!s.empty() && ec == std::errc{} && p == s.data() + s.size())
+    return n;
+  auto x = read_number(s);
+  // 2^63 is exactly representable; anything at or above it does not fit.
+  if (!x || !std::isfinite(*x) || std::trunc(*x) != *x || std::fabs(*x) >= 0x1p63)
+    return std::nullopt;
+  return static_cast<int64_t>(*x);
 }
 
 } // namespace detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "train/config.hpp"
@@ -34,6 +35,14 @@ std::string quoted(const std::string& s);
 
 /// A TOML float that reads back as the same double.
 std::string real(double x);
+
+/// A decimal number as C's strtod reads it in the "C" locale, whole text
+/// only ("1e3", ".5", "+2", "inf"); nullopt if it is not one.
+std::optional<double> read_number(std::string_view s);
+
+/// An integer, also written as a number with an exponent ("1e3"); nullopt if
+/// the text is not a whole number that fits in 64 signed bits.
+std::optional<int64_t> read_integer(std::string_view s);
 
 } // namespace detail
 

@@ -7,6 +7,10 @@
 #                                limit: the ps link's rate / the bytes a step moves through it (2
 #                                gradients in, then 2 parameter sets out: the release waits for
 #                                every push, so the two phases cannot overlap)
+#   netbed_train_sync_1m_2w_pipelined
+#                                the same with [train] pipeline_sync (docs/wire.md "A pipelined
+#                                sync round"), against the same store-and-forward limit: its own
+#                                limit is twice that (both directions of the ps link at once)
 #   netbed_train_sync_3m_2w_3ps  sync steps/s of a 3072 x 1024 softmax (3.1 M floats, 12.6 MB) cut
 #                                in 3 over 3 ps hosts, against the same job whole on 1 ps host;
 #                                every link at RATE
@@ -155,6 +159,25 @@ if want netbed_train_sync_1m_2w; then
     echo "# sync1m rep $i: $STEPS_PER_S steps/s; the ps link carried $((PS_RX[0] / steps_1m)) bytes in and $((PS_TX[0] / steps_1m)) out per step (payload $((2 * model_bytes)) each way)"
   done
   report netbed_train_sync_1m_2w steps/s
+fi
+
+if want netbed_train_sync_1m_2w_pipelined; then
+  # The same job with [train] pipeline_sync: gradients in and parameters out
+  # overlap on the ps's link (full duplex), so its limit is twice the
+  # store-and-forward one; the baseline stays the store-and-forward limit.
+  keys=(mode='"sync"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
+        synthetic_examples=16 batch_size=1 "steps=$steps_1m" learning_rate=1e-7 log_every=0 eval_every=0
+        pipeline_sync=true)
+  model_bytes=$((1048576 * 4 + 4))
+  limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.4f", r / 8 / (4 * m)}')
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job sync1mp 0 "${keys[@]}"
+    OURS+=("$STEPS_PER_S")
+    BASE+=("$limit")
+    echo "# sync1m pipelined rep $i: $STEPS_PER_S steps/s (the pipelined link limit: $(awk -v l="$limit" 'BEGIN {printf "%.2f", 2 * l}'))"
+  done
+  report netbed_train_sync_1m_2w_pipelined steps/s
 fi
 
 keys3=(mode='"sync"' model='"softmax"' data='"synthetic"' synthetic_features=3072 synthetic_classes=1024

@@ -1,0 +1,492 @@
+// The pipelined sync round end to end (issue 24, section 3): streamed pushes
+// (wire::kind::push_streamed) over a TCP data plane into an aggregator on an
+// embedded cluster, against the store-and-forward round of a twin
+// aggregator; a round aborted by a member that stops mid-push or sends a NaN
+// late; and the worker's client, which must read its answer while it sends.
+// The round's core alone is in test_pipelined_round.cpp. Plain TCP only: not
+// tagged [plane], whose tests run once more over UCX (where a streamed push
+// goes store-and-forward by design).
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "core/wire_format.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "dist/training.hpp"
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+#include "members.hpp"
+#include "wait.hpp"
+
+using namespace af;
+using namespace std::chrono_literals;
+
+namespace {
+
+using push_result = caf::expected<std::pair<uint64_t, tensor>>;
+
+/// One member's gradient of one step: floats spanning magnitudes, so that
+/// the order of additions shows in the bits.
+tensor gradient(size_t n, uint32_t seed) {
+  tensor t{dtype::float32, {static_cast<int64_t>(n)}};
+  float* g = t.mutable_data<float>();
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    g[i] = static_cast<float>(static_cast<int32_t>(seed)) * std::ldexp(1.0f, int(seed % 24) - 40);
+  }
+  return t;
+}
+
+/// An aggregator over its own w [n] and b [1] with `workers` members, each
+/// joined and with a TCP data channel of its own.
+struct twin {
+  std::string name;
+  aggregator_actor agg;
+  std::vector<std::string> tokens;
+  std::vector<std::unique_ptr<data_channel>> chans;
+};
+
+struct bed {
+  std::unique_ptr<embedded_cluster> cluster;
+  std::optional<session> s;
+  std::unique_ptr<caf::scoped_actor> self;
+  uint16_t port = 0;
+
+  bed() {
+    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+    REQUIRE(c);
+    cluster = std::move(*c);
+    auto ss = cluster->session_for("worker", 0);
+    REQUIRE(ss);
+    s.emplace(std::move(*ss));
+    self = std::make_unique<caf::scoped_actor>(s->system());
+    auto info = s->ping("ps", 0);
+    REQUIRE(info);
+    port = info->data_port;
+  }
+
+  twin make(const std::string& name, size_t n, int workers, const std::string& optimizer) {
+    {
+      auto scope = s->device("/job:ps/task:0");
+      REQUIRE(s->variable("w_" + name, {static_cast<int64_t>(n)}, initializer::constant(0.25f)));
+      REQUIRE(s->variable("b_" + name, {1}, initializer::constant(-0.5f)));
+    }
+    REQUIRE_FALSE(s->initialize());
+    aggregator_spec spec;
+    spec.name = "test/" + name;
+    spec.mode = "sync";
+    spec.variables = {"w_" + name, "b_" + name};
+    spec.workers = static_cast<uint32_t>(workers);
+    spec.optimizer.kind = optimizer;
+    spec.optimizer.lr = 0.1;
+    spec.step_timeout_ms = 20000;
+    auto agg = s->aggregator("ps", 0, spec);
+    REQUIRE(agg);
+    twin t{spec.name, *agg, {}, {}};
+    for (int w = 0; w < workers; ++w) {
+      t.tokens.push_back(test::join_for_token(*self, *agg, static_cast<uint32_t>(w)));
+      auto chan = data_channel::connect("127.0.0.1", port, "ps", 5s, {}, nullptr, nullptr,
+                                        false); // TCP: a streamed push is plain TCP's
+      REQUIRE(chan);
+      REQUIRE((*chan)->aggregate(wire::kind::pull, t.name, 0, 0, {}, 10s));
+      REQUIRE((*chan)->plain_tcp());
+      t.chans.push_back(std::move(*chan));
+    }
+    return t;
+  }
+
+  aggregator_stats stats(const twin& t) {
+    aggregator_stats out;
+    (*self)->request(t.agg, 10s, stats_atom::value).receive(
+      [&](aggregator_stats& st) { out = std::move(st); }, [&](caf::error&) {});
+    return out;
+  }
+
+  /// Every variable's value and slots, as bytes, and the global step.
+  std::pair<std::vector<std::byte>, uint64_t> saved(const twin& t) {
+    std::vector<std::byte> out;
+    uint64_t step = 0;
+    (*self)->request(t.agg, 10s, save_atom::value).receive(
+      [&](aggregator_state& st) {
+        step = st.global_step;
+        auto add = [&](const tensor& x) { out.insert(out.end(), x.bytes(), x.bytes() + x.nbytes()); };
+        for (const auto& v : st.values)
+          add(v);
+        for (const auto& per : st.slots)
+          for (const auto& x : per)
+            add(x);
+      },
+      [&](caf::error& e) { FAIL(describe(e)); });
+    return {out, step};
+  }
+};
+
+/// Pushes of every member of `t` at `step`, each on a thread of its own:
+/// streamed or store-and-forward, in worker order (each next push starts
+/// once the one before it reached the aggregator, so that the
+/// store-and-forward round sums in worker order too).
+std::vector<push_result> push_all(bed& b, twin& t, const std::vector<tensor>& grads,
+                                  uint64_t step, bool streamed) {
+  std::vector<push_result> out(grads.size(), push_result{make_error(af_error::internal, "")});
+  std::vector<std::thread> threads;
+  auto before = b.stats(t).pushes;
+  for (size_t w = 0; w < grads.size(); ++w) {
+    threads.emplace_back([&, w] {
+      auto seq = step + 1;
+      out[w] = streamed ? t.chans[w]->push_streamed(t.name, static_cast<uint32_t>(w), step,
+                                                    {grads[w]}, 20s, t.tokens[w], seq)
+                        : t.chans[w]->aggregate(wire::kind::push, t.name,
+                                                static_cast<uint32_t>(w), step, {grads[w]}, 20s,
+                                                t.tokens[w], seq);
+    });
+    if (w + 1 < grads.size())
+      REQUIRE(eventually([&] { return b.stats(t).pushes >= before + w + 1; }));
+  }
+  for (auto& th : threads)
+    th.join();
+  return out;
+}
+
+/// A TCP connection to the data plane, written by hand.
+struct raw_peer {
+  int fd = -1;
+  explicit raw_peer(uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~raw_peer() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+  void send_all(const void* p, size_t n) {
+    auto* c = static_cast<const char*>(p);
+    while (n > 0) {
+      auto k = ::send(fd, c, n, MSG_NOSIGNAL);
+      REQUIRE(k > 0);
+      c += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+};
+
+} // namespace
+
+TEST_CASE("pipelined sync rounds over TCP give the store-and-forward rounds' parameters bit for "
+          "bit at every step, 2 and 3 workers, sgd and momentum",
+          "[pipeline][members]") {
+  // Catches: a streamed answer that is not the parameters the round made
+  // (a chunk sent before it was applied, pieces out of order, a float cut
+  // by a partial write sent twice), a round that differs from the
+  // store-and-forward one in any bit of a value or slot, and streamed
+  // pushes that silently went store-and-forward (pushes_on_plane stays 0).
+  const int workers = GENERATE(2, 3);
+  const auto kind = GENERATE(std::string{"sgd"}, std::string{"momentum"});
+  CAPTURE(workers, kind);
+  const size_t n = 300000; // the 1 M job's shape, scaled down: w [n] and b [1]
+  bed b;
+  auto sf = b.make("sf", n, workers, kind);
+  auto pl = b.make("pl", n, workers, kind);
+  for (uint64_t step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    std::vector<tensor> grads;
+    for (int w = 0; w < workers; ++w)
+      grads.push_back(gradient(n + 1, static_cast<uint32_t>(1000 * step + 17 * w + 1)));
+    auto want = push_all(b, sf, grads, step, false);
+    auto got = push_all(b, pl, grads, step, true);
+    for (int w = 0; w < workers; ++w) {
+      REQUIRE(want[w]);
+      REQUIRE(got[w]);
+      CHECK(got[w]->first == step + 1);
+      REQUIRE(got[w]->second.nbytes() == want[w]->second.nbytes());
+      CHECK(std::memcmp(got[w]->second.bytes(), want[w]->second.bytes(),
+                        want[w]->second.nbytes()) == 0);
+    }
+    auto a = b.saved(sf), c = b.saved(pl);
+    CHECK(a.second == c.second);
+    REQUIRE(a.first.size() == c.first.size());
+    CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  }
+  auto st = b.stats(pl);
+  CHECK(st.pushes_on_plane == static_cast<uint64_t>(4 * workers));
+  CHECK(st.applied == 4);
+}
+
+TEST_CASE("a pipelined round aborted by a NaN in a late chunk or a member that stops mid-push "
+          "changes no value or slot, tells the others why, and the next round works",
+          "[pipeline][members]") {
+  // Catches: a round that applied its early chunks to the variables before
+  // it was aborted (a half-updated model), an abort that the other member
+  // does not hear (it waits for its step's timeout, or takes a half answer
+  // as parameters), and an aggregator that cannot run the next round.
+  const bool nan = GENERATE(true, false);
+  CAPTURE(nan);
+  const size_t n = 300000;
+  bed b;
+  auto pl = b.make("ab", n, 2, "momentum");
+  std::vector<tensor> first{gradient(n + 1, 1), gradient(n + 1, 2)};
+  auto ok = push_all(b, pl, first, 0, true); // slots made: the abort must keep them too
+  REQUIRE(ok[0]);
+  REQUIRE(ok[1]);
+  auto before = b.saved(pl);
+  push_result other{make_error(af_error::internal, "")};
+  auto pushes = b.stats(pl).pushes;
+  std::thread t0{[&] {
+    other = pl.chans[0]->push_streamed(pl.name, 0, 1, {gradient(n + 1, 3)}, 20s, pl.tokens[0], 2);
+  }};
+  // Worker 0 is in the round before worker 1 breaks it (else worker 1's
+  // abort would come first, and worker 0 would start the next round alone).
+  REQUIRE(eventually([&] { return b.stats(pl).pushes > pushes; }));
+  if (nan) {
+    auto g = gradient(n + 1, 4);
+    g.mutable_data<float>()[n - 10] = std::numeric_limits<float>::quiet_NaN(); // the last chunk
+    auto r = pl.chans[1]->push_streamed(pl.name, 1, 1, {g}, 20s, pl.tokens[1], 2);
+    REQUIRE_FALSE(r);
+    CHECK(is(r.error(), af_error::non_finite));
+    CHECK_THAT(describe(r.error()), Catch::Contains("'w_ab' element 299990"));
+  } else {
+    // Worker 1 by hand: its header, prefix, name and half its floats, then it hangs up.
+    raw_peer p{b.port};
+    wire::header h;
+    wire::push_prefix pre;
+    std::memcpy(pre.token, pl.tokens[1].data(), sizeof(pre.token));
+    pre.seq = 2;
+    h.kind = static_cast<uint8_t>(wire::kind::push_streamed);
+    h.name_len = static_cast<uint32_t>(sizeof(pre) + pl.name.size());
+    h.version = 1;
+    h.reserved = 1;
+    h.has_tensor = 1;
+    h.dtype = static_cast<uint8_t>(dtype::float32);
+    h.rank = 1;
+    h.dims[0] = static_cast<int64_t>(n + 1);
+    h.payload_bytes = (n + 1) * sizeof(float);
+    auto g = gradient(n + 1, 4);
+    p.send_all(&h, sizeof(h));
+    p.send_all(&pre, sizeof(pre));
+    p.send_all(pl.name.data(), pl.name.size());
+    p.send_all(g.bytes(), g.nbytes() / 2);
+  }
+  t0.join();
+  REQUIRE_FALSE(other);
+  CHECK_THAT(describe(other.error()),
+             Catch::Contains(nan ? "is not finite" : "stopped in the middle of its streamed push"));
+  CHECK_THAT(describe(other.error()), Catch::Contains("no variable changed"));
+  auto after = b.saved(pl);
+  CHECK(after.second == before.second);
+  REQUIRE(after.first.size() == before.first.size());
+  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+  // The next round: both members again (worker 1 on a fresh connection if it hung up).
+  if (!nan) {
+    auto chan = data_channel::connect("127.0.0.1", b.port, "ps", 5s, {}, nullptr, nullptr, false);
+    REQUIRE(chan);
+    pl.chans[1] = std::move(*chan);
+  }
+  REQUIRE(pl.chans[0]->plain_tcp());
+  std::vector<push_result> next(2, push_result{make_error(af_error::internal, "")});
+  std::thread t1{[&] {
+    next[1] = pl.chans[1]->push_streamed(pl.name, 1, 1, {gradient(n + 1, 6)}, 20s, pl.tokens[1], 3);
+  }};
+  next[0] = pl.chans[0]->push_streamed(pl.name, 0, 1, {gradient(n + 1, 5)}, 20s, pl.tokens[0], 3);
+  t1.join();
+  REQUIRE(next[0]);
+  REQUIRE(next[1]);
+  CHECK(next[0]->first == 2);
+  CHECK(std::memcmp(next[0]->second.bytes(), next[1]->second.bytes(), next[0]->second.nbytes())
+        == 0);
+}
+
+TEST_CASE("a streamed push reads its answer while it still sends, so a node that answers as it "
+          "reads never waits on a full socket",
+          "[pipeline]") {
+  // Catches: a client that writes the whole push before it reads (as a
+  // store-and-forward push does): against a node that writes each piece's
+  // answer as it reads the piece, both ends block on full socket buffers
+  // and the push ends only at its deadline (an error here), never by its
+  // answer. 64 MiB is many times what loopback's buffers hold.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const size_t n = size_t{16} << 20; // floats: 64 MiB
+  std::atomic<bool> served{false};
+  std::thread node{[&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    timeval tv{15, 0}; // a node that waits no longer than this on either direction
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    auto read_n = [&](void* p, size_t k) {
+      auto* c = static_cast<char*>(p);
+      while (k > 0) {
+        auto got = ::recv(fd, c, k, 0);
+        if (got <= 0)
+          return false;
+        c += got;
+        k -= static_cast<size_t>(got);
+      }
+      return true;
+    };
+    auto write_n = [&](const void* p, size_t k) {
+      auto* c = static_cast<const char*>(p);
+      while (k > 0) {
+        auto put = ::send(fd, c, k, MSG_NOSIGNAL);
+        if (put <= 0)
+          return false;
+        c += put;
+        k -= static_cast<size_t>(put);
+      }
+      return true;
+    };
+    wire::header h;
+    std::string name;
+    bool ok = read_n(&h, sizeof(h));
+    name.resize(h.name_len);
+    ok = ok && read_n(name.data(), name.size());
+    wire::header r;
+    r.kind = static_cast<uint8_t>(wire::kind::reply);
+    r.has_tensor = 1;
+    r.dtype = static_cast<uint8_t>(dtype::float32);
+    r.rank = 1;
+    r.dims[0] = h.dims[0];
+    r.payload_bytes = h.payload_bytes;
+    r.version = 1;
+    ok = ok && write_n(&r, sizeof(r));
+    // Each 64 KiB piece answered (its floats halved) before the next is read.
+    std::vector<float> piece(16384);
+    for (uint64_t at = 0; ok && at < h.payload_bytes; at += piece.size() * sizeof(float)) {
+      ok = read_n(piece.data(), piece.size() * sizeof(float));
+      for (auto& x : piece)
+        x *= 0.5f;
+      ok = ok && write_n(piece.data(), piece.size() * sizeof(float));
+    }
+    wire::header trailer;
+    trailer.kind = static_cast<uint8_t>(wire::kind::reply);
+    trailer.version = 1;
+    ok = ok && write_n(&trailer, sizeof(trailer));
+    served = ok;
+    ::close(fd);
+  }};
+  auto chan = data_channel::connect("127.0.0.1", ntohs(a.sin_port), "a node", 5s, {}, nullptr,
+                                    nullptr, false);
+  bool connected = static_cast<bool>(chan);
+  push_result r{make_error(af_error::internal, "not connected")};
+  if (connected)
+    r = (*chan)->push_streamed("agg", 0, 0, {tensor::filled(dtype::float32,
+                                                             {static_cast<int64_t>(n)}, 3.0f)},
+                               5s, std::string(16, 'k'), 1);
+  if (!connected)
+    ::shutdown(lfd, SHUT_RDWR); // the node's accept returns
+  node.join();
+  ::close(lfd);
+  REQUIRE(connected);
+  REQUIRE(r);
+  CHECK(served);
+  REQUIRE(r->second.num_elements() == n);
+  const float* p = r->second.data<float>();
+  CHECK((p[0] == 1.5f && p[n / 2] == 1.5f && p[n - 1] == 1.5f));
+}
+
+TEST_CASE("a worker's abstention joins a pipelined round, which goes on without it as the "
+          "store-and-forward round does",
+          "[pipeline][members]") {
+  // Catches: an abstention (a worker whose gradient was not finite pushes no
+  // values, store-and-forward) refused by a pipelined round its peer has
+  // started, which fails that worker and the job, or a round that still
+  // waits for the abstainer's chunks, or counts it in the mean.
+  const size_t n = 300000;
+  bed b;
+  auto sf = b.make("sfa", n, 2, "momentum");
+  auto pl = b.make("pla", n, 2, "momentum");
+  for (uint64_t step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    auto g = gradient(n + 1, static_cast<uint32_t>(step + 40));
+    std::vector<push_result> got;
+    for (auto* t : {&sf, &pl}) {
+      bool streamed = t == &pl;
+      auto pushes = b.stats(*t).pushes;
+      push_result zero{make_error(af_error::internal, "")};
+      std::thread t0{[&] {
+        zero = streamed ? t->chans[0]->push_streamed(t->name, 0, step, {g}, 20s, t->tokens[0],
+                                                     step + 1)
+                        : t->chans[0]->aggregate(wire::kind::push, t->name, 0, step, {g}, 20s,
+                                                 t->tokens[0], step + 1);
+      }};
+      // Worker 0's push is in (a pipelined round started) before worker 1 abstains.
+      REQUIRE(eventually([&] { return b.stats(*t).pushes > pushes; }));
+      auto one = t->chans[1]->aggregate(wire::kind::push, t->name, 1, step, {}, 20s,
+                                        t->tokens[1], step + 1);
+      t0.join();
+      REQUIRE(one);
+      REQUIRE(zero);
+      CHECK(zero->first == step + 1);
+      CHECK(std::memcmp(one->second.bytes(), zero->second.bytes(), zero->second.nbytes()) == 0);
+      got.push_back(std::move(zero));
+    }
+    CHECK(std::memcmp(got[0]->second.bytes(), got[1]->second.bytes(), got[0]->second.nbytes())
+          == 0);
+    auto a = b.saved(sf), c = b.saved(pl);
+    CHECK(a.second == c.second);
+    CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  }
+  CHECK(b.stats(pl).pushes_on_plane == 2);
+}
+
+TEST_CASE("a live switch out of sync during a pipelined round abandons it, changing no variable, "
+          "and its members hear the new mode",
+          "[pipeline][members]") {
+  // Catches: a switch's drain that leaves a pipelined round running (it
+  // would commit later in the new mode, moving the step twice), or that
+  // applies a partial round.
+  const size_t n = 300000;
+  bed b;
+  auto pl = b.make("sw", n, 2, "sgd");
+  auto before = b.saved(pl);
+  auto pushes = b.stats(pl).pushes;
+  push_result zero{make_error(af_error::internal, "")};
+  std::thread t0{[&] {
+    zero = pl.chans[0]->push_streamed(pl.name, 0, 0, {gradient(n + 1, 1)}, 20s, pl.tokens[0], 1);
+  }};
+  REQUIRE(eventually([&] { return b.stats(pl).pushes > pushes; }));
+  aggregator_spec want;
+  want.mode = "async";
+  want.variables = {"w_sw", "b_sw"};
+  want.workers = 2;
+  want.optimizer.lr = 0.1;
+  want.step_timeout_ms = 20000;
+  std::string why;
+  (*b.self)->request(pl.agg, 10s, switch_atom::value, want).receive(
+    [&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+  t0.join();
+  CHECK(why.empty());
+  REQUIRE_FALSE(zero);
+  CHECK(is(zero.error(), af_error::mode_changed));
+  CHECK_THAT(describe(zero.error()), Catch::Contains("no variable changed"));
+  auto after = b.saved(pl);
+  CHECK(after.second == before.second);
+  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+  // async from here: a push is applied at once (a streamed one goes store-and-forward).
+  auto r = pl.chans[1]->push_streamed(pl.name, 1, 0, {gradient(n + 1, 2)}, 20s, pl.tokens[1], 1);
+  REQUIRE(r);
+  CHECK(r->first == 1);
+}
