@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,33 @@ bool answer_push(plane_request& req, variable_directory::aggregator_answer& r, b
   trailer.version = r.global_step;
   trailer.reserved = reply.reserved;
   return req.reply(trailer, nullptr);
+}
+
+/// A dense push (wire::kind::push) taken on this thread, under the
+/// aggregator's lock (plane_push_paths::dense), and answered: whether the
+/// connection goes on. Nothing, and `values` untouched, where the push is
+/// the actor's.
+std::optional<bool> dense_on_plane(plane_request& req,
+                                   const variable_directory::aggregator_entry& agg,
+                                   push_credentials& who, tensor& values) {
+  const auto& h = req.header();
+  if (h.kind != static_cast<uint8_t>(wire::kind::push) || !agg.paths || !agg.paths->dense)
+    return std::nullopt;
+  auto sink = thread_answer_parts();
+  who.parts = sink;
+  auto direct = agg.paths->dense(h.reserved, h.version, who, values, agg.wait);
+  who.parts = nullptr; // the sink is this thread's again (the actor's caller lends its own)
+  if (!direct)
+    return std::nullopt;
+  if (!*direct)
+    return req.reply_error(direct->error());
+  auto& d = **direct;
+  bool in_parts = d.params.empty(); // else flat: the parts could not take them
+  variable_directory::aggregator_answer a{d.global_step, std::move(d.params), d.dropped_late,
+                                          in_parts ? sink : nullptr};
+  if (!in_parts)
+    release_parts(*sink);
+  return answer_push(req, a, false);
 }
 
 /// Why a variable op's operand does not fit `found` under `limits` (empty:
@@ -458,25 +486,8 @@ bool variable_directory::aggregate(plane_request& req) {
     }
   }
   who.finite_checked = h.has_tensor && finite;
-  // The common push right here, under the aggregator's lock
-  // (plane_push_paths::dense), any other in its actor.
-  if (h.kind == static_cast<uint8_t>(wire::kind::push) && agg.paths && agg.paths->dense) {
-    auto sink = thread_answer_parts();
-    who.parts = sink;
-    auto direct = agg.paths->dense(h.reserved, h.version, who, values, agg.wait);
-    who.parts = nullptr; // the sink is this thread's again (the actor's caller lends its own)
-    if (direct) {
-      if (!*direct)
-        return req.reply_error(direct->error());
-      auto& d = **direct;
-      bool in_parts = d.params.empty(); // else flat: the parts could not take them
-      variable_directory::aggregator_answer a{d.global_step, std::move(d.params), d.dropped_late,
-                                              in_parts ? sink : nullptr};
-      if (!in_parts)
-        release_parts(*sink);
-      return answer_push(req, a, false);
-    }
-  }
+  if (auto answered = dense_on_plane(req, agg, who, values)) // else the actor's
+    return *answered;
   auto kind = streamed ? static_cast<uint8_t>(wire::kind::push) : h.kind;
   auto r = caller(agg.actor, kind, h.reserved, h.version, std::move(who), std::move(values),
                   agg.wait);
