@@ -21,22 +21,21 @@
 #include "dist/training.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "dense_pushes.hpp"
 #include "members.hpp"
 #include "wait.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
 
+using test::same_bytes;
+
 namespace {
 
 constexpr int64_t floats = 20000;
 
 tensor gradient(uint32_t w, int k) {
-  auto g = tensor::filled(dtype::float32, {floats}, 0.0f);
-  float* p = g.mutable_data<float>();
-  for (int64_t i = 0; i < floats; ++i)
-    p[i] = static_cast<float>((i * (k + 3) + 11 * w + 5 * i) % 103) * 0.0125f - 0.6f;
-  return g;
+  return test::dense_gradient(floats, w, k);
 }
 
 /// One ps with w and b (momentum) under aggregator "test/edge" of `mode`
@@ -108,10 +107,6 @@ struct rig {
   std::vector<std::string> tokens;
   std::vector<std::unique_ptr<data_channel>> chans;
 };
-
-bool same_bytes(const tensor& a, const tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
-}
 
 } // namespace
 

@@ -19,22 +19,20 @@
 #include "dist/training.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "dense_pushes.hpp"
 #include "members.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
 
+using test::same_bytes;
+
 namespace {
 
 constexpr int64_t floats = 50000; // w and b together
 
-/// Worker `w`'s gradient of round `k`: different per worker and round.
 tensor gradient(uint32_t w, int k) {
-  auto g = tensor::filled(dtype::float32, {floats}, 0.0f);
-  float* p = g.mutable_data<float>();
-  for (int64_t i = 0; i < floats; ++i)
-    p[i] = static_cast<float>((i * (k + 3) + 11 * w + 5 * i) % 103) * 0.0125f - 0.6f;
-  return g;
+  return test::dense_gradient(floats, w, k);
 }
 
 /// Two twin aggregators of one ps (w and b each, momentum): "plane" takes
@@ -116,10 +114,6 @@ struct twins {
   std::vector<std::vector<std::string>> tokens;
   std::vector<std::unique_ptr<data_channel>> chans;
 };
-
-bool same_bytes(const tensor& a, const tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
-}
 
 } // namespace
 
