@@ -278,13 +278,12 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   if (fd_ < 0)
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   wire::push_prefix pre;
-  if (name.size() + (push ? sizeof(pre) : 0) > wire::max_name || worker > UINT16_MAX)
+  if (push) {
+    if (auto err = check_push_prefix(what, name.size(), worker, token))
+      return err;
+  } else if (name.size() > wire::max_name || worker > UINT16_MAX) {
     return make_error(af_error::invalid_argument, what + ": name or worker index too large");
-  if (push && token.size() != sizeof(pre.token))
-    return make_error(af_error::invalid_argument,
-                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
-                                  "answered with (join the aggregator before pushing)",
-                                  what, token.size(), sizeof(pre.token)));
+  }
   reopen_if_closed_by_peer();
   wire::header h;
   h.kind = static_cast<uint8_t>(kind);
@@ -301,22 +300,9 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   }
   if (!name.empty())
     iov.push_back({const_cast<char*>(name.data()), name.size()});
-  if (push && !values.empty()) {
-    uint64_t floats = 0;
-    for (const auto& v : values) {
-      if (v.type() != dtype::float32)
-        return make_error(af_error::dtype_mismatch, what + ": values must be float32, got "
-                                                      + v.summary());
-      floats += v.num_elements();
-      if (v.nbytes() > 0)
-        iov.push_back({const_cast<std::byte*>(v.bytes()), v.nbytes()});
-    }
-    h.has_tensor = 1;
-    h.dtype = static_cast<uint8_t>(dtype::float32);
-    h.rank = 1;
-    h.dims[0] = static_cast<int64_t>(floats);
-    h.payload_bytes = floats * sizeof(float);
-  }
+  if (push && !values.empty())
+    if (auto err = append_float_values(what, values, iov, h))
+      return err;
   // A sync push waits for the other workers: widen this call's receive timeout.
   // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
   // wait longer, so that its reason arrives rather than a bare socket timeout.

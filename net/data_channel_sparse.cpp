@@ -208,14 +208,9 @@ caf::error data_channel::send_push_sparse(const std::string& name, uint32_t work
                                           std::chrono::milliseconds wait,
                                           const std::string& token, uint64_t seq) {
   auto what = fmt::format("sparse push of worker {} to aggregator '{}'", worker, name);
+  if (auto err = check_push_prefix(what, name.size(), worker, token))
+    return err;
   wire::push_prefix pre;
-  if (name.size() + sizeof(pre) > wire::max_name || worker > UINT16_MAX)
-    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
-  if (token.size() != sizeof(pre.token))
-    return make_error(af_error::invalid_argument,
-                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
-                                  "answered with (join the aggregator before pushing)",
-                                  what, token.size(), sizeof(pre.token)));
   if (ids.size() != rows.size())
     return make_error(af_error::invalid_argument,
                       fmt::format("{}: {} ids for {} rows (one of each per table)", what,

@@ -156,14 +156,9 @@ data_channel::push_streamed(const std::string& name, uint32_t worker, uint64_t s
   if (!plain_tcp() || values.empty())
     return aggregate(wire::kind::push, name, worker, step, values, wait, token, seq,
                      dropped_late);
+  if (auto err = check_push_prefix(what, name.size(), worker, token))
+    return err;
   wire::push_prefix pre;
-  if (name.size() + sizeof(pre) > wire::max_name || worker > UINT16_MAX)
-    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
-  if (token.size() != sizeof(pre.token))
-    return make_error(af_error::invalid_argument,
-                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
-                                  "answered with (join the aggregator before pushing)",
-                                  what, token.size(), sizeof(pre.token)));
   wire::header h;
   h.kind = static_cast<uint8_t>(wire::kind::push_streamed);
   h.name_len = static_cast<uint32_t>(name.size() + sizeof(pre));
@@ -174,20 +169,8 @@ data_channel::push_streamed(const std::string& name, uint32_t worker, uint64_t s
   std::vector<iovec> iov{{&h, sizeof(h)}, {&pre, sizeof(pre)}};
   if (!name.empty())
     iov.push_back({const_cast<char*>(name.data()), name.size()});
-  uint64_t floats = 0;
-  for (const auto& v : values) {
-    if (v.type() != dtype::float32)
-      return make_error(af_error::dtype_mismatch,
-                        what + ": values must be float32, got " + v.summary());
-    floats += v.num_elements();
-    if (v.nbytes() > 0)
-      iov.push_back({const_cast<std::byte*>(v.bytes()), v.nbytes()});
-  }
-  h.has_tensor = 1;
-  h.dtype = static_cast<uint8_t>(dtype::float32);
-  h.rank = 1;
-  h.dims[0] = static_cast<int64_t>(floats);
-  h.payload_bytes = floats * sizeof(float);
+  if (auto err = append_float_values(what, values, iov, h))
+    return err;
   // Sends and reads on one poll until the request is out and the reply in.
   size_t next = 0; // the first iovec not wholly sent
   streamed_reply r;

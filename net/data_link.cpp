@@ -144,4 +144,36 @@ void close_refused(int fd) {
   close(fd);
 }
 
+caf::error check_push_prefix(const std::string& what, size_t name_size, uint32_t worker,
+                             const std::string& token) {
+  wire::push_prefix pre;
+  if (name_size + sizeof(pre) > wire::max_name || worker > UINT16_MAX)
+    return make_error(af_error::invalid_argument, what + ": name or worker index too large");
+  if (token.size() != sizeof(pre.token))
+    return make_error(af_error::invalid_argument,
+                      fmt::format("{}: a token of {} bytes, expected the {} its join was "
+                                  "answered with (join the aggregator before pushing)",
+                                  what, token.size(), sizeof(pre.token)));
+  return caf::none;
+}
+
+caf::error append_float_values(const std::string& what, const std::vector<tensor>& values,
+                               std::vector<iovec>& iov, wire::header& h) {
+  uint64_t floats = 0;
+  for (const auto& v : values) {
+    if (v.type() != dtype::float32)
+      return make_error(af_error::dtype_mismatch,
+                        what + ": values must be float32, got " + v.summary());
+    floats += v.num_elements();
+    if (v.nbytes() > 0)
+      iov.push_back({const_cast<std::byte*>(v.bytes()), v.nbytes()});
+  }
+  h.has_tensor = 1;
+  h.dtype = static_cast<uint8_t>(dtype::float32);
+  h.rank = 1;
+  h.dims[0] = static_cast<int64_t>(floats);
+  h.payload_bytes = floats * sizeof(float);
+  return caf::none;
+}
+
 } // namespace af::plane_io

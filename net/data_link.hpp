@@ -16,10 +16,12 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "caf/error.hpp"
 
 #include "core/error_code.hpp"
+#include "core/tensor.hpp"
 #include "core/wire_format.hpp"
 #include "net/byte_channel.hpp"
 #include "net/shm_ring.hpp"
@@ -147,6 +149,19 @@ std::string host_of(const std::string& peer);
 
 /// The first bytes of a TLS record (handshake or alert, version 3.x).
 bool looks_like_tls(const unsigned char* p, size_t n);
+
+/// Why a push (`what`, for the message) to an aggregator whose name has
+/// `name_size` bytes cannot carry its prefix (wire::push_prefix): a name
+/// too long with it, a worker index over 16 bits, a token not of the
+/// join's size. None: it can.
+caf::error check_push_prefix(const std::string& what, size_t name_size, uint32_t worker,
+                             const std::string& token);
+
+/// Appends `values` to `iov` (one flat float32 tensor, sent from their own
+/// buffers: no copy) and describes it in `h`. An error names a value that
+/// is not float32.
+caf::error append_float_values(const std::string& what, const std::vector<tensor>& values,
+                               std::vector<iovec>& iov, wire::header& h);
 
 /// Closes a connection refused before it was served: what it sent is read
 /// (a little, without waiting) so that the close is a FIN, not a reset that
