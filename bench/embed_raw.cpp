@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
+#include "bench/embed_raw_model.hpp"
 #include "config/loopback.hpp"
 #include "net/socket.hpp"
 
@@ -100,13 +102,30 @@ void raw_embed_client::assemble(std::vector<float>& out) const {
   }
 }
 
+void raw_embed_client::assemble_unique(float* out) const {
+  const auto dim = static_cast<size_t>(dim_);
+  const auto shards = static_cast<int64_t>(fds_.size());
+  for (size_t j = 0; j < unique_.size(); ++j)
+    std::memcpy(out + j * dim, got_[static_cast<size_t>(unique_[j] % shards)].data() + place_[j] * dim,
+                dim * sizeof(float));
+}
+
+void raw_embed_client::set_gradients(const float* by_unique) {
+  const auto dim = static_cast<size_t>(dim_);
+  const auto shards = static_cast<int64_t>(fds_.size());
+  for (size_t j = 0; j < unique_.size(); ++j)
+    std::memcpy(got_[static_cast<size_t>(unique_[j] % shards)].data() + place_[j] * dim,
+                by_unique + j * dim, dim * sizeof(float));
+}
+
 bool raw_embed_client::push(float scale, bool sync, uint64_t step) {
   for (size_t k = 0; k < fds_.size(); ++k) {
     auto& r = req_[k];
     auto ids_bytes = r.size() - sizeof(embed_header);
     auto& g = got_[k];
-    for (auto& x : g)
-      x *= scale; // the gradient of these rows: the rows scaled
+    if (scale != 1.0f)
+      for (auto& x : g)
+        x *= scale; // the gradient of these rows: the rows scaled
     embed_header h{static_cast<uint32_t>(sync ? embed_op::push_sync : embed_op::push_async),
                    static_cast<uint32_t>(ids_bytes / sizeof(int64_t)), step};
     std::memcpy(r.data(), &h, sizeof(h));
@@ -277,11 +296,13 @@ int embed_shard_main(const helper_args& a) {
   shard_server s;
   s.dim = static_cast<int64_t>(a.num("dim"));
   s.lr = static_cast<float>(a.kv.count("lr") ? a.real("lr") : 0.1);
+  // scale=: the training line's rows, small as a model's (2^-20: still exact)
+  const float scale = static_cast<float>(a.kv.count("scale") ? a.real("scale") : 1.0);
   s.rows = total / shards + (shard < total % shards ? 1 : 0);
   s.table.resize(static_cast<size_t>(s.rows * s.dim));
   for (int64_t r = 0; r < s.rows; ++r)
     for (int64_t c = 0; c < s.dim; ++c)
-      s.table[static_cast<size_t>(r * s.dim + c)] = embed_value(r * shards + shard, c, s.dim);
+      s.table[static_cast<size_t>(r * s.dim + c)] = scale * embed_value(r * shards + shard, c, s.dim);
   std::printf("embed-shard %lld: %lld rows of %lld\n", static_cast<long long>(shard),
               static_cast<long long>(s.rows), static_cast<long long>(s.dim));
   std::fflush(stdout);
@@ -331,17 +352,43 @@ int embed_worker_main(const helper_args& a) {
   }
   std::mt19937_64 rng{a.num("seed") * 1000 + a.num("rank")};
   std::vector<int64_t> ids(a.num("batch"));
+  // model=fm: the sparse job's data and model step (embed_raw_model.hpp);
+  // else the rows scaled are their gradient.
+  std::optional<raw_fm_trainer> fm;
+  if (a.kv.count("model") && a.str("model") == "fm") {
+    raw_fm_trainer::spec s;
+    s.users = rows;
+    s.width = static_cast<int64_t>(a.num("dim"));
+    s.examples = a.num("examples");
+    s.seed = a.num("seed");
+    s.batch = ids.size();
+    s.rank = static_cast<uint32_t>(a.num("rank"));
+    s.workers = 2;
+    if (!(fm = raw_fm_trainer::make(s)))
+      return 1;
+  }
+  std::vector<float> rows_in, grads;
   uint64_t step = 0, steps0 = 0, bytes0 = 0, unique_sum = 0;
   using secs = std::chrono::duration<double>;
   clock_type::time_point first{}, t0{};
   for (;; ++step) {
-    if (uniform)
+    if (fm)
+      ids = fm->batch_ids(step);
+    else if (uniform)
       uniform_ids(rng, rows, ids);
     else
       skewed_ids(rng, rows, ids);
     c.route(ids);
     unique_sum += c.unique_count();
-    if (!c.gather(step) || !c.push(0.01f, sync, step)) {
+    bool ok = c.gather(step);
+    if (ok && fm) {
+      rows_in.resize(c.unique_count() * a.num("dim"));
+      c.assemble_unique(rows_in.data());
+      ok = fm->step(rows_in.data(), c.unique_count(), c.example_rows(), grads);
+      if (ok)
+        c.set_gradients(grads.data());
+    }
+    if (!ok || !c.push(fm ? 1.0f : 0.01f, sync, step)) {
       std::fprintf(stderr, "embed-worker: step %llu failed\n", static_cast<unsigned long long>(step));
       return 1;
     }
@@ -355,6 +402,8 @@ int embed_worker_main(const helper_args& a) {
                   static_cast<unsigned long long>(step + 1 - steps0), secs(now - t0).count(),
                   static_cast<unsigned long long>(c.bytes - bytes0),
                   static_cast<double>(unique_sum) / static_cast<double>(step + 1));
+      if (fm)
+        std::printf("loss %.6f\n", fm->last_loss);
       return 0;
     }
   }

@@ -78,9 +78,17 @@ public:
   bool gather(uint64_t step);
   /// The looked-up rows in the batch's order into `out` ([ids, dim]).
   void assemble(std::vector<float>& out) const;
-  /// Pushes each shard `scale` times its rows as their gradient (a trivial
-  /// model: what a worker computes does not matter here) and waits for every
-  /// shard's ack.
+  /// The distinct ids' rows, one each in the order example_rows() refers
+  /// to (after gather()), into `out` ([unique_count(), dim]).
+  void assemble_unique(float* out) const;
+  /// Example i's row among assemble_unique()'s: ids[i] of route()'s batch.
+  const std::vector<uint32_t>& example_rows() const { return unique_idx_; }
+  /// The gradients push() sends: one row per distinct id, in
+  /// assemble_unique()'s order, instead of the rows scaled.
+  void set_gradients(const float* by_unique);
+  /// Pushes each shard `scale` times what its part holds as the rows'
+  /// gradients (the rows gather() got: a trivial model; or set_gradients()'s,
+  /// scale 1) and waits for every shard's ack.
   bool push(float scale, bool sync, uint64_t step);
 
   /// The distinct ids of the last route().
@@ -103,10 +111,12 @@ private:
 };
 
 /// The helpers of the sparse lines (this binary re-executed with
-/// helper_flag): `embed-shard` (listen-fd= shard= shards= rows= dim= lr=)
-/// serves until killed; `embed-worker` (rank= run= ports=a,b,c rows= dim= batch=
-/// seed= mode=sync|async ids=skewed|uniform warmup= window=) trains and prints window_steps,
-/// window_seconds, window_bytes and unique_mean.
+/// helper_flag): `embed-shard` (listen-fd= shard= shards= rows= dim= lr=
+/// [scale=: of embed_value]) serves until killed; `embed-worker` (rank= run=
+/// ports=a,b,c rows= dim= batch= seed= mode=sync|async ids=skewed|uniform
+/// warmup= window= [model=fm examples=: the sparse job's data and model,
+/// embed_raw_model.hpp]) trains and prints window_steps, window_seconds,
+/// window_bytes, unique_mean (and with the model its last loss).
 int embed_shard_main(const helper_args& a);
 int embed_worker_main(const helper_args& a);
 

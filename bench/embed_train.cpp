@@ -34,18 +34,25 @@ constexpr int64_t table_rows = 10000000, dim = 64, batch = 512;
 constexpr int shards = 3, workers = 2, reps = 3;
 constexpr double warmup_s = 1, window_s = 4;
 constexpr int log_every = 10; ///< the sparse job's progress lines: its window's ticks
+constexpr int64_t examples = 262144; ///< the synthetic clicks of both sides' model
+/// The raw shards' rows: embed_value scaled to a model's size (exact in float32).
+constexpr double value_scale = 1.0 / (1 << 20);
 
 /// What one run of the raw job gave.
 struct raw_train_run {
   double steps_per_s = 0;      ///< sync: steps of the pair; async: both workers' steps
   double bytes_per_step = 0;   ///< at the workers' sockets, per worker step
   double touched_per_step = 0; ///< the distinct ids and their rows, out and back, per worker step
+  double loss = 0;             ///< with the model: worker 0's last step's
 };
 
 /// Two raw workers against the shard servers on `ports`, one timed window
 /// (run `run`: the shards tell runs apart), or nothing (why on stderr).
+/// `model`: the workers run the sparse job's data and model step
+/// (embed_raw_model.hpp: the line's baseline); else their rows scaled are
+/// the gradient (the transport alone).
 std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sync, uint64_t run,
-                                     const scratch_dir& dir) {
+                                     bool model, const scratch_dir& dir) {
   std::string list;
   for (auto p : ports)
     list += (list.empty() ? "" : ",") + std::to_string(p);
@@ -57,7 +64,9 @@ std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sy
                           "rows=" + std::to_string(table_rows), "dim=" + std::to_string(dim),
                           "batch=" + std::to_string(batch), "seed=" + std::to_string(run),
                           "mode=" + std::string{sync ? "sync" : "async"}, "ids=uniform",
-                          "warmup=" + exact(warmup_s), "window=" + exact(window_s)},
+                          "warmup=" + exact(warmup_s), "window=" + exact(window_s),
+                          model ? "model=fm" : "model=none",
+                          "examples=" + std::to_string(examples)},
                          dir.path / ("embed-worker" + std::to_string(r) + ".log")));
     names.push_back("raw embed worker " + std::to_string(r));
   }
@@ -78,6 +87,8 @@ std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sy
     out.steps_per_s += sync ? rate / workers : rate;
     out.bytes_per_step += v["window_bytes"] / v["window_steps"] / workers;
     out.touched_per_step += 2 * v["unique_mean"] * (8 + dim * 4) / workers;
+    if (r == 0)
+      out.loss = v["loss"];
   }
   // In step (the barrier works), a sync pair's workers step equally often.
   if (sync && std::abs(rates[0] - rates[1]) > 0.1 * std::max(rates[0], rates[1])) {
@@ -113,7 +124,7 @@ std::filesystem::path write_job_config(const std::vector<uint16_t>& ports, bool 
   out << "]\n\n[train]\nmode = \"" << (sync ? "sync" : "async") << "\"\n"
       << "model = \"recommender\"\nusers = " << table_rows << "\nitems = 3\ndim = " << dim - 1
       << "\nzipf = 0\npartition_strategy = \"mod\"\ndata = \"synthetic\"\n"
-      << "synthetic_examples = 262144\nholdout = 0.2\nbatch_size = " << batch
+      << "synthetic_examples = " << examples << "\nholdout = 0.2\nbatch_size = " << batch
       << "\nsteps = 100000000\noptimizer = \"sgd\"\nlearning_rate = 0.1\nseed = " << run
       << "\nlog_every = " << log_every
       // its check counts two optimizer slots (Adam) in one process: SGD has none,
@@ -235,12 +246,13 @@ int train_bench() {
                              "listen-fd=" + std::to_string(lfd), "shard=" + std::to_string(k),
                              "shards=" + std::to_string(shards),
                              "rows=" + std::to_string(table_rows), "dim=" + std::to_string(dim),
-                             "lr=0.1"},
+                             "lr=0.1", "scale=" + exact(value_scale)},
                             dir.path / ("embed-shard" + std::to_string(k) + ".log"), lfd));
     close(lfd);
     ports.push_back(port);
   }
   std::vector<double> ours[2], base[2], bytes[2], touched[2], ours_bytes[2];
+  std::vector<double> transport[2], raw_loss[2]; // the raw ps without the model
   std::vector<double> ours_rss[2];
   std::string why[2];
   uint64_t run = 0;
@@ -259,18 +271,20 @@ int train_bench() {
         why[mode] = w; // the line's reason if no rep measured
         std::fprintf(stderr, "actorflow-bench: %s: sparse job: %s\n", metric, w.c_str());
       }
-      auto b = raw_job(ports, mode == 0, ++run, dir);
-      if (!b) {
+      auto b = raw_job(ports, mode == 0, ++run, true, dir);
+      auto t = b ? raw_job(ports, mode == 0, ++run, false, dir) : std::nullopt;
+      if (!b || !t) {
         failed = true;
         break;
       }
       base[mode].push_back(b->steps_per_s);
       bytes[mode].push_back(b->bytes_per_step);
       touched[mode].push_back(b->touched_per_step);
+      raw_loss[mode].push_back(b->loss);
+      transport[mode].push_back(t->steps_per_s);
     }
   // The pushes landed: of rows 0..999 (each drawn about once per 10 M ids,
-  // some 10 M ids a run), some decayed (each push scales its row by
-  // 1 - lr * 0.01).
+  // some 10 M ids a run), some changed.
   if (!failed) {
     raw_embed_client check;
     std::vector<float> rows;
@@ -283,7 +297,8 @@ int train_bench() {
     if (check.gather(0)) {
       check.assemble(rows);
       for (int64_t i = 0; i < 1000; ++i)
-        changed += rows[static_cast<size_t>(i * dim + 1)] < embed_value(i, 1, dim);
+        changed += rows[static_cast<size_t>(i * dim + 1)]
+                   != static_cast<float>(value_scale * embed_value(i, 1, dim));
     }
     if (changed == 0) {
       std::fprintf(stderr, "actorflow-bench: %s: none of the raw shards' rows 0..999 changed\n",
@@ -304,7 +319,10 @@ int train_bench() {
               "sparse job (model recommender, users %lld, dim %lld: the user table is this "
               "table; items 3, a table of 3 rows, negligible), its window taken from the "
               "chief's progress lines (every %d global steps) as they appear; baseline: the "
-              "raw-TCP ps (bench/embed_raw.hpp), its rows scaled as their gradient\n",
+              "raw-TCP ps (bench/embed_raw.hpp) whose workers run the same data and model "
+              "step by hand (bench/embed_raw_model.hpp: the same clicks, "
+              "train::recommender::step, the item table and bias kept by the worker); "
+              "'transport only': the same raw ps, its workers' rows scaled as their gradient\n",
               metric, static_cast<long long>(table_rows), static_cast<long long>(dim),
               static_cast<long long>(batch), window_s, warmup_s,
               static_cast<long long>(table_rows), static_cast<long long>(dim - 1), log_every);
@@ -321,6 +339,12 @@ int train_bench() {
   for (int mode = 0; mode < 2; ++mode) {
     auto name = std::string{metric} + "_" + modes[mode];
     report(name, ours[mode], base[mode], "steps/s", why[mode]);
+    if (!transport[mode].empty())
+      std::printf("# %s transport only (raw workers without the model): %.1f steps/s; ours / "
+                  "it %.3f; the raw model's last loss %.4f (log 2 = 0.6931 at the start)\n",
+                  name.c_str(), median(transport[mode]),
+                  ours[mode].empty() ? 0.0 : median(ours[mode]) / median(transport[mode]),
+                  median(raw_loss[mode]));
     if (!bytes[mode].empty())
       std::printf("# %s bytes per worker step at the baseline's workers' sockets (payload): %.0f; "
                   "touched rows + ids (out and back): %.0f; ratio %.3f\n",

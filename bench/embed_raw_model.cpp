@@ -1,0 +1,81 @@
+// The raw workers' model of train_embed_10m_2w (embed_raw_model.hpp).
+#include "bench/embed_raw_model.hpp"
+
+#include <cstdio>
+#include <cstring>
+
+namespace af::bench {
+
+std::optional<raw_fm_trainer> raw_fm_trainer::make(const spec& s) {
+  train::click_spec c;
+  c.users = s.users;
+  c.items = 3;
+  c.dim = s.width - 1;
+  c.zipf = 0;
+  c.examples = s.examples;
+  c.holdout = 0.2;
+  c.seed = s.seed;
+  auto data = train::make_synthetic_clicks(c);
+  if (!data) {
+    std::fprintf(stderr, "embed-worker: the synthetic clicks: %s\n", data.error().what.c_str());
+    return std::nullopt;
+  }
+  auto m = train::recommender::make({s.users, 3, s.width - 1, 0.1, s.seed});
+  if (!m) {
+    std::fprintf(stderr, "embed-worker: the model: %s\n", m.error().what.c_str());
+    return std::nullopt;
+  }
+  return raw_fm_trainer{s, std::move(*m), std::move(data->data)};
+}
+
+raw_fm_trainer::raw_fm_trainer(const spec& s, train::recommender m, train::click_split data)
+  : s_(s),
+    model_(std::move(m)),
+    data_(std::move(data)),
+    order_(data_.train.labels.size(), s.seed),
+    index_(2),
+    items_(tensor::filled(dtype::float32, {3, s.width}, 0.01)),
+    bias_(tensor::filled(dtype::float32, {1}, 0.0)) {
+}
+
+const std::vector<int64_t>& raw_fm_trainer::batch_ids(uint64_t step) {
+  order_.positions((step * s_.workers + s_.rank) * s_.batch, s_.batch, picks_);
+  const auto& t = data_.train;
+  users_.resize(picks_.size());
+  labels_.resize(picks_.size());
+  index_[1].resize(picks_.size());
+  for (size_t j = 0; j < picks_.size(); ++j) {
+    users_[j] = t.ids[train::recommender::user_table][picks_[j]];
+    index_[1][j] = static_cast<int32_t>(t.ids[train::recommender::item_table][picks_[j]]);
+    labels_[j] = t.labels[picks_[j]];
+  }
+  return users_;
+}
+
+bool raw_fm_trainer::step(const float* rows, size_t unique,
+                          const std::vector<uint32_t>& example_row, std::vector<float>& grads) {
+  const auto width = static_cast<size_t>(s_.width);
+  tensor user_rows{dtype::float32, {static_cast<int64_t>(unique), s_.width}};
+  std::memcpy(user_rows.mutable_bytes(), rows, unique * width * sizeof(float));
+  index_[0].assign(example_row.begin(), example_row.end());
+  auto r = model_.step({user_rows, items_}, index_, {bias_}, labels_, true);
+  if (!r) {
+    std::fprintf(stderr, "embed-worker: the model's step: %s\n", r.error().what.c_str());
+    return false;
+  }
+  last_loss = r->loss;
+  const float* g = r->row_grads[train::recommender::user_table].data<float>();
+  grads.assign(g, g + unique * width);
+  // The small dense part, here: SGD on the item rows and the bias.
+  auto sgd = [&](tensor& v, const tensor& grad) {
+    float* p = v.mutable_data<float>();
+    const float* d = grad.data<float>();
+    for (size_t i = 0; i < v.num_elements(); ++i)
+      p[i] -= s_.lr * d[i];
+  };
+  sgd(items_, r->row_grads[train::recommender::item_table]);
+  sgd(bias_, r->dense_grads[0]);
+  return true;
+}
+
+} // namespace af::bench
