@@ -487,11 +487,7 @@ caf::expected<uint64_t> variable_cell::gather_rows_into(const tensor& ids, std::
     return make_error(af_error::uninitialized,
                       "gather_rows of " + quoted(spec_) + " on " + spec_.device
                         + ": the variable has no value yet; the chief initializes it first");
-  const std::byte* src = value_.bytes();
-  kernels::each_id(ids, [&](size_t i, int64_t id) {
-    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(id) * row_bytes, row_bytes);
-    return true;
-  });
+  kernels::copy_rows(ids, value_.bytes(), dst, row_bytes);
   return version_;
 }
 

@@ -13,6 +13,8 @@
 #include <set>
 #include <unordered_map>
 
+#include <sys/mman.h>
+
 namespace af {
 
 namespace {
@@ -69,6 +71,27 @@ buffer_pool& pool() {
   return *instance;
 }
 
+/// Buffers at least this big ask for transparent huge pages.
+constexpr size_t huge_page_min = size_t{32} << 20;
+
+/// A big table (an embedding shard of hundreds of MiB) is read and updated a
+/// few hundred random rows at a time: on 4 KiB pages each row is a TLB miss
+/// as well as a cache miss. madvise(MADV_HUGEPAGE) on the buffer's 2 MiB-
+/// aligned interior, before its pages are first touched, lets the kernel back
+/// it with 2 MiB pages where transparent huge pages are on "madvise" (Debian's
+/// default) or "always"; elsewhere it does nothing. On the 2-vCPU Xeon, 340
+/// random rows of 64 floats out of 3.3 M: gather 40 -> 20 us, an SGD update
+/// 50 -> 23 us (both with core/prefetch.hpp). Buffers this big come from mmap
+/// (glibc's threshold is at most 32 MiB), so the advice never reaches memory
+/// malloc hands out again for small blocks.
+void advise_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t huge = uintptr_t{2} << 20;
+  auto begin = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  auto end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(huge - 1);
+  if (end > begin)
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE); // a hint: failure is fine
+}
+
 std::shared_ptr<std::byte> allocate(size_t nbytes) {
   // malloc (or the pool) and align by hand: glibc's aligned_alloc asks for
   // more than the size, so equal-sized buffers would not reuse each other.
@@ -76,6 +99,8 @@ std::shared_ptr<std::byte> allocate(size_t nbytes) {
   void* raw = pool().take(bytes);
   if (raw == nullptr)
     throw std::bad_alloc{};
+  if (bytes >= huge_page_min)
+    advise_huge_pages(raw, bytes);
   auto addr = reinterpret_cast<uintptr_t>(raw);
   auto aligned = (addr + buffer_alignment) & ~(uintptr_t{buffer_alignment} - 1);
   return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned),

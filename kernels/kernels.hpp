@@ -4,6 +4,7 @@
 /// nvcc was found and a GPU is present. Failures come back as a sentence in
 /// `status`, never as a crash.
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/op_attrs.hpp"
+#include "core/prefetch.hpp"
 #include "core/tensor.hpp"
 
 namespace af::kernels {
@@ -72,6 +74,26 @@ bool each_id(const tensor& t, F&& f) {
     if (!f(i, p[i]))
       return false;
   return true;
+}
+
+/// Rows `ids` of `src` (rows of `row_bytes`, ids checked by the caller)
+/// copied in the ids' order to `dst`, each row prefetched rows_ahead ids
+/// before it is copied (core/prefetch.hpp): a gather from a big table.
+template <class Id>
+void copy_rows(const Id* ids, size_t n, const std::byte* src, std::byte* dst, size_t row_bytes) {
+  for (size_t i = 0; i < n; ++i) {
+    if (i + rows_ahead < n)
+      prefetch_row(src + static_cast<size_t>(ids[i + rows_ahead]) * row_bytes, row_bytes);
+    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(ids[i]) * row_bytes, row_bytes);
+  }
+}
+
+/// copy_rows of an id tensor (int32 or int64).
+inline void copy_rows(const tensor& ids, const std::byte* src, std::byte* dst, size_t row_bytes) {
+  if (ids.type() == dtype::int32)
+    copy_rows(ids.data<int32_t>(), ids.num_elements(), src, dst, row_bytes);
+  else
+    copy_rows(ids.data<int64_t>(), ids.num_elements(), src, dst, row_bytes);
 }
 
 /// The shape a reduction over `attrs` leaves of `shape`, or the reason it cannot.

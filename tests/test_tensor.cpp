@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 #include "kernels/kernels.hpp"
 #include "core/tensor.hpp"
 
@@ -130,4 +134,35 @@ TEST_CASE("a slice shares its tensor's bytes, and a write to either copies first
   last.mutable_data<float>()[0] = 80;
   CHECK(last.data<float>() == before);
   CHECK(last.at(0) == 80);
+}
+
+namespace {
+
+/// The VmFlags of the mapping of /proc/self/smaps that holds `p`, or "".
+std::string vm_flags_of(const void* p) {
+  std::ifstream in{"/proc/self/smaps"};
+  auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-'))
+      inside = at >= lo && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line;
+  }
+  return {};
+}
+
+} // namespace
+
+// The bug: a big embedding shard on 4 KiB pages, a TLB miss per random row
+// (core/tensor.cpp advise_huge_pages). Fails without the madvise: no "hg".
+TEST_CASE("a buffer of 32 MiB or more is advised transparent huge pages, a small one is not",
+          "[tensor]") {
+  tensor big{dtype::float32, {int64_t{40} << 20 >> 2}}; // 40 MiB
+  auto flags = vm_flags_of(big.bytes() + (big.nbytes() / 2));
+  REQUIRE_FALSE(flags.empty());
+  CHECK(flags.find(" hg") != std::string::npos);
+  tensor small{dtype::float32, {1024}};
+  CHECK(vm_flags_of(small.bytes()).find(" hg") == std::string::npos);
 }

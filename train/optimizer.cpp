@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "core/prefetch.hpp"
+
 namespace af::train {
 
 std::string validate(const optimizer_spec& s) {
@@ -130,6 +132,12 @@ void apply_rows(const optimizer_spec& s, float* var, float* const* slots, size_t
   const auto c = constants_at(s, step);
   const size_t nslots = slot_names(s.kind).size();
   for (size_t j = 0; j < k; ++j) {
+    if (j + rows_ahead < k) { // the rows are misses of a big table: overlap them
+      const size_t ahead = static_cast<size_t>(rows[j + rows_ahead]) * row_size;
+      prefetch_row(var + ahead, row_size * sizeof(float), true);
+      for (size_t q = 0; q < nslots && q < 2; ++q)
+        prefetch_row(slots[q] + ahead, row_size * sizeof(float), true);
+    }
     const size_t offset = static_cast<size_t>(rows[j]) * row_size;
     float* row_slots[2] = {nslots > 0 ? slots[0] + offset : nullptr,
                            nslots > 1 ? slots[1] + offset : nullptr};

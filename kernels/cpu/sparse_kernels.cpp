@@ -117,12 +117,7 @@ status host_gather(const tensor& params, const tensor& indices, tensor& out) {
     return st;
   tensor result{params.type(), shape};
   const size_t row_bytes = row_elements(params.shape(), 1) * dtype_size(params.type());
-  const std::byte* src = params.bytes();
-  std::byte* dst = result.mutable_bytes();
-  each_id(indices, [&](size_t i, int64_t id) {
-    std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(id) * row_bytes, row_bytes);
-    return true;
-  });
+  copy_rows(indices, params.bytes(), result.mutable_bytes(), row_bytes);
   out = std::move(result);
   return status::success();
 }
