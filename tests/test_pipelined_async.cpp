@@ -245,3 +245,53 @@ TEST_CASE("two workers streaming async pushes at once to one aggregator both com
   check_same_state(b, pl, sf);
   CHECK(b.stats(pl).pushes_on_plane == 8);
 }
+
+TEST_CASE("a live switch out of async abandons the streamed pushes in line, changing no variable, "
+          "and their workers hear the new mode",
+          "[pipeline][members]") {
+  // Catches: a switch that leaves streamed async pushes in line (they would
+  // commit later in the new mode, moving the step outside its rounds), or
+  // that lets one that started reach the variables half applied.
+  const size_t n = 300000;
+  bed b;
+  auto pl = b.make("asw", n, 2, "momentum", "async");
+  auto before = b.saved(pl);
+  auto pushes = b.stats(pl).pushes;
+  // Worker 0 (by hand) is half way through its push, worker 1's waits behind it.
+  raw_peer p{b.port};
+  auto g = gradient(n + 1, 3);
+  p.send_streamed_head(pl.name, pl.tokens[0], 0, 0, 1, n + 1);
+  p.send_all(g.bytes(), g.nbytes() / 2);
+  REQUIRE(eventually([&] { return b.stats(pl).pushes > pushes; }));
+  push_result behind{make_error(af_error::internal, "")};
+  std::thread t1{[&] { behind = push_one(pl, 1, 0, gradient(n + 1, 4), 1, true); }};
+  bool queued = eventually([&] { return b.stats(pl).pushes > pushes + 1; });
+  aggregator_spec want;
+  want.mode = "sync";
+  want.variables = {"w_asw", "b_asw"};
+  want.workers = 2;
+  want.optimizer.kind = "momentum";
+  want.optimizer.lr = 0.1;
+  want.step_timeout_ms = 20000;
+  std::string why;
+  (*b.self)->request(pl.agg, 10s, switch_atom::value, want).receive(
+    [&](uint64_t) {}, [&](caf::error& e) { why = describe(e); });
+  t1.join();
+  REQUIRE(queued);
+  CHECK(why.empty());
+  REQUIRE_FALSE(behind);
+  CHECK(is(behind.error(), af_error::mode_changed));
+  CHECK_THAT(describe(behind.error()), Catch::Contains("switched from async to sync"));
+  // Worker 0's trailer says so too, once the rest of its push is sent.
+  p.send_all(g.bytes() + g.nbytes() / 2, g.nbytes() - g.nbytes() / 2);
+  wire::header head, trailer;
+  tensor zeros{dtype::float32, {static_cast<int64_t>(n + 1)}};
+  REQUIRE(p.recv_all(&head, sizeof(head)));
+  REQUIRE(p.recv_all(zeros.mutable_bytes(), zeros.nbytes()));
+  REQUIRE(p.recv_all(&trailer, sizeof(trailer)));
+  CHECK(trailer.status == static_cast<uint8_t>(af_error::mode_changed));
+  auto after = b.saved(pl);
+  CHECK(after.second == before.second);
+  REQUIRE(after.first.size() == before.first.size());
+  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+}
