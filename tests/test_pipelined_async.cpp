@@ -295,3 +295,37 @@ TEST_CASE("a live switch out of async abandons the streamed pushes in line, chan
   REQUIRE(after.first.size() == before.first.size());
   CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
 }
+
+TEST_CASE("while streamed async pushes are in line a store-and-forward push with values is refused "
+          "naming pipeline_async, and an abstention is taken",
+          "[pipeline][members]") {
+  // Catches: a store-and-forward push applied under a streamed push whose
+  // answer is partly sent (the streamed push's commit would then be refused
+  // as an assign, or install over it), a refusal that does not say what to
+  // set, and an abstention (no values) refused with it.
+  const size_t n = 300000;
+  bed b;
+  auto pl = b.make("amx", n, 2, "sgd", "async");
+  auto pushes = b.stats(pl).pushes;
+  raw_peer p{b.port};
+  auto g = gradient(n + 1, 3);
+  p.send_streamed_head(pl.name, pl.tokens[0], 0, 0, 1, n + 1);
+  p.send_all(g.bytes(), g.nbytes() / 2);
+  REQUIRE(eventually([&] { return b.stats(pl).pushes > pushes; }));
+  auto plain = push_one(pl, 1, 0, gradient(n + 1, 4), 1, false);
+  REQUIRE_FALSE(plain);
+  CHECK(is(plain.error(), af_error::invalid_argument));
+  CHECK_THAT(describe(plain.error()), Catch::Contains("[train] pipeline_async alike"));
+  auto abstain = pl.chans[1]->aggregate(wire::kind::push, pl.name, 1, 0, {}, 20s, pl.tokens[1], 2);
+  CHECK(abstain);
+  // The streamed push goes on and commits.
+  p.send_all(g.bytes() + g.nbytes() / 2, g.nbytes() - g.nbytes() / 2);
+  wire::header head, trailer;
+  tensor answer{dtype::float32, {static_cast<int64_t>(n + 1)}};
+  REQUIRE(p.recv_all(&head, sizeof(head)));
+  REQUIRE(p.recv_all(answer.mutable_bytes(), answer.nbytes()));
+  REQUIRE(p.recv_all(&trailer, sizeof(trailer)));
+  CHECK(trailer.status == 0);
+  CHECK(trailer.version == 1);
+  CHECK(b.stats(pl).applied == 1);
+}
