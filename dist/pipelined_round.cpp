@@ -184,8 +184,14 @@ void pipelined_round::apply_range(size_t from, size_t to) {
         slots[k] = s.slots[k].mutable_data<float>() + local;
         std::memcpy(slots[k], s.base.slots[k].data<float>() + local, len * sizeof(float));
       }
-      sum_.mean_into(at, len, buf);
-      train::apply(opt_, var, slots, buf, len, step_);
+      // One member (an async push, or a round the others abstained from):
+      // its gradient as it is, which is its mean (times 1: the same bits).
+      const float* grad = buf;
+      if (pushes_.size() == 1)
+        grad = pushes_[0].data<float>() + at;
+      else
+        sum_.mean_into(at, len, buf);
+      train::apply(opt_, var, slots, grad, len, step_);
     }
   }
 }
