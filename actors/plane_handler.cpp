@@ -388,9 +388,9 @@ bool variable_directory::aggregate(plane_request& req) {
     refusal = fmt::format("no aggregator '{}' on {}; the chief creates it when the job starts",
                           name, node_name);
   } else if (streamed && !req.plain_tcp()) {
-    refusal = fmt::format("a streamed push (kind 15, [train] pipeline_sync) to aggregator '{}' "
-                          "over {}: it is served on a plaintext TCP data plane only; push "
-                          "store-and-forward (kind 5) on this connection",
+    refusal = fmt::format("a streamed push (kind 15, [train] pipeline_sync or pipeline_async) "
+                          "to aggregator '{}' over {}: it is served on a plaintext TCP data "
+                          "plane only; push store-and-forward (kind 5) on this connection",
                           name, req.transport());
   } else if (h.payload_bytes > static_cast<uint64_t>(limits.max_message_bytes)) {
     code = af_error::resource_exhausted;

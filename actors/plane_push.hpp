@@ -51,8 +51,9 @@ using plane_dense_push = std::function<std::optional<caf::expected<plane_push_an
 /// applied and answered 64 KiB at a time.
 constexpr size_t pipelined_chunk_floats = 16384;
 
-/// A dense sync push streamed (wire::kind::push_streamed) that a pipelined
-/// round took (dist/pipelined_round.hpp): the data-plane thread that reads
+/// A dense push streamed (wire::kind::push_streamed) that a pipelined
+/// round took (dist/pipelined_round.hpp; sync: the round of every member,
+/// async: a round of this push alone): the data-plane thread that reads
 /// it reads its floats into buffer(), says how far they arrived, and writes
 /// the answer's chunks as they are ready, from answer_pieces(). Every call
 /// takes the aggregator's lock but answer_pieces (chunks ready do not change).
@@ -61,8 +62,12 @@ public:
   virtual ~streamed_push() = default;
   /// Floats of the push and of the answer (the aggregator's flat order).
   virtual size_t total() const = 0;
-  /// The global step the round makes (the answer header's version).
+  /// The global step the round makes (the answer header's version; async:
+  /// the one it makes if every push ahead of it commits).
   virtual uint64_t next_step() const = 0;
+  /// What an abort abandons, for its error: "the round of global step 7 is
+  /// abandoned" (sync), "the push is abandoned" (async).
+  virtual std::string abandoned() const = 0;
   /// "variable 'w' element 17": where flat float `index` lies.
   virtual std::string where(size_t index) const = 0;
   /// Where the push's floats are read into.

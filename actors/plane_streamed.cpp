@@ -111,10 +111,9 @@ bool variable_directory::stream_push(plane_request& req, streamed_push& push,
   auto stopped = [&](const char* what, uint64_t at) {
     push.fail(make_error(af_error::peer_down,
                          fmt::format("worker {} ({}) {} its streamed push to aggregator '{}' "
-                                     "({} of its {} bytes had arrived); the round of global step "
-                                     "{} is abandoned, no variable changed",
+                                     "({} of its {} bytes had arrived); {}, no variable changed",
                                      worker, req.peer(), what, name, at, head.payload_bytes,
-                                     head.version - 1)));
+                                     push.abandoned())));
     log::get()->warn("{} data plane: dropped {}: it {} a streamed push to '{}'", req.node_name(),
                      req.peer(), what, name);
     return false;
@@ -134,9 +133,9 @@ bool variable_directory::stream_push(plane_request& req, streamed_push& push,
       if (bad < count) {
         out.failed = make_error(
           af_error::non_finite,
-          fmt::format("the gradient of worker {} for {} is not finite ({}): refused, the round "
-                      "of global step {} is abandoned and no variable changed",
-                      worker, push.where(first + bad), floats[first + bad], head.version - 1));
+          fmt::format("the gradient of worker {} for {} is not finite ({}): refused, {} and "
+                      "no variable changed",
+                      worker, push.where(first + bad), floats[first + bad], push.abandoned()));
         push.fail(out.failed);
       } else if (auto r = push.arrived(first + count); !r) {
         out.failed = r.error();

@@ -269,36 +269,53 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
   }
 }
 
-/// train_async_1m_2w_tcp: every push is a global step (the sum of both
-/// workers' steps), ours over TCP against the raw-TCP store-and-forward ps.
-void bench_linear_async(const train_bench_options& o, const scratch_dir& dir) {
-  const std::string name = "train_async_1m_2w_tcp";
+/// train_async_1m_2w_tcp(_pipelined): every push is a global step (the sum
+/// of both workers' steps), ours over TCP (store-and-forward, and with
+/// pipeline_async) against the raw-TCP store-and-forward ps.
+void bench_linear_async(bool tcp_line, bool piped_line, const train_bench_options& o,
+                        const scratch_dir& dir) {
+  const std::string name = "train_async_1m_2w_tcp", piped_name = name + "_pipelined";
   auto keys = linear_keys("async", o);
-  std::vector<double> ours, store, piped;
-  std::string failure;
-  double loss = -1;
+  auto piped_keys = keys;
+  piped_keys.push_back("pipeline_async=true");
+  std::vector<double> ours, ours_piped, store, piped;
+  std::string failure, piped_failure;
+  double loss = -1, piped_loss = -1;
   raw_run last_raw;
   for (int rep = 0; rep < o.reps; ++rep) {
     if (auto b = raw_training("async", true, o, dir)) {
       store.push_back(b->steps_per_s);
       last_raw = *b;
     }
-    if (failure.empty())
+    if (tcp_line && failure.empty())
       if (auto x = ours_linear(keys, false, o, dir, "async-tcp", failure, loss))
         ours.push_back(*x);
+    if (piped_line && piped_failure.empty())
+      if (auto x = ours_linear(piped_keys, false, o, dir, "async-tcp-piped", piped_failure,
+                               piped_loss))
+        ours_piped.push_back(*x);
     if (auto b = raw_training("async", false, o, dir))
       piped.push_back(b->steps_per_s);
   }
   std::printf("# %s: final loss: raw workers %.3g and %.3g; ours (the chief's last report) "
-              "%.3g\n# %s: actorflow over TCP (ACTORFLOW_DATA_SHM=off) against the raw-TCP "
-              "store-and-forward ps\n",
-              name.c_str(), last_raw.loss[0], last_raw.loss[1], loss, name.c_str());
-  report(name, ours, store, "steps/s", failure);
-  if (!piped.empty() && !store.empty())
-    std::printf("# %s: the raw-TCP pipelined ps: %.3f steps/s, %.3f x the store-and-forward ps; "
-                "ours %.3f x the pipelined ps; reps:%s\n",
-                name.c_str(), median(piped), median(piped) / median(store),
-                ours.empty() ? 0.0 : median(ours) / median(piped), listed(piped).c_str());
+              "%.3g store-and-forward, %.3g pipelined (-1: not run)\n",
+              name.c_str(), last_raw.loss[0], last_raw.loss[1], loss, piped_loss);
+  auto lines = [&](const std::string& line, const char* how, const std::vector<double>& x,
+                   const std::string& why) {
+    std::printf("# %s: actorflow over TCP%s (ACTORFLOW_DATA_SHM=off) against the raw-TCP "
+                "store-and-forward ps\n",
+                line.c_str(), how);
+    report(line, x, store, "steps/s", why);
+    if (!piped.empty() && !store.empty())
+      std::printf("# %s: the raw-TCP pipelined ps: %.3f steps/s, %.3f x the store-and-forward "
+                  "ps; ours %.3f x the pipelined ps; reps:%s\n",
+                  line.c_str(), median(piped), median(piped) / median(store),
+                  x.empty() ? 0.0 : median(x) / median(piped), listed(piped).c_str());
+  };
+  if (tcp_line)
+    lines(name, "", ours, failure);
+  if (piped_line)
+    lines(piped_name, " with pipeline_async", ours_piped, piped_failure);
 }
 
 /// Sync with a straggler, over TCP: 3 worker processes, one sleeping 3
@@ -461,7 +478,8 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
 const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_sync_1m_2w_tcp_pipelined",
-                               "train_async_1m_2w_tcp", "train_sync_1m_2w_shm",
+                               "train_async_1m_2w_tcp", "train_async_1m_2w_tcp_pipelined",
+                               "train_sync_1m_2w_shm",
                                "train_sync_1m_2w_shm_vs_tcp"};
     for (auto& m : allreduce_metrics()) // bench/allreduce_bench.cpp
       v.push_back(m);
@@ -494,8 +512,10 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
   bool sync_piped = want("train_sync_1m_2w_tcp_pipelined");
   if (sync_tcp || sync_shm || sync_ratio || sync_piped)
     bench_linear_sync(sync_tcp, sync_shm, sync_ratio, sync_piped, opts, dir);
-  if (want("train_async_1m_2w_tcp"))
-    bench_linear_async(opts, dir);
+  bool async_tcp = want("train_async_1m_2w_tcp");
+  bool async_piped = want("train_async_1m_2w_tcp_pipelined");
+  if (async_tcp || async_piped)
+    bench_linear_async(async_tcp, async_piped, opts, dir);
   run_allreduce_benches(wanted, opts); // those of allreduce_metrics() in `wanted`
   bool digits_tcp = want("train_digits_examples_per_s_tcp");
   bool digits_shm = want("train_digits_examples_per_s_shm");

@@ -235,6 +235,8 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         return answer_now(self, who);
       if (self->state.tables > 0)
         return wrong_form(self->state, worker, false);
+      if (auto err = grads.empty() ? caf::none : mixed_async_push(self->state, worker))
+        return err;
       if (auto err = take_gradient(self, worker, step))
         return err;
       if (auto err = apply_now(self, worker, step, who, grads, true))
@@ -434,7 +436,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
   // (aggregator_plane.cpp); until the actor's state is up it finds no
   // actor there and hands the push over, as before.
   // A dense sync push streamed joins its pipelined round the same way
-  // (aggregator_pipelined.cpp).
+  // (aggregator_pipelined.cpp); a dense async one is applied chunk by chunk
+  // (aggregator_pipelined_async.cpp).
   if (paths && !spec.sparse.empty())
     paths->sparse = plane_path(plane);
   if (paths && spec.sparse.empty())

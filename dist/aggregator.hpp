@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -141,6 +142,20 @@ struct aggregator_actor_state {
   /// (wire::kind::push_streamed): null otherwise. Its tickets are the
   /// round's (`round`), which holds no values then.
   std::shared_ptr<pipelined_round> pipelined;
+  /// async: a streamed push applied chunk by chunk (a pipelined round of
+  /// one member; dist/aggregator_pipelined_async.cpp), with what its commit
+  /// counts as apply_now does.
+  struct streamed_async {
+    std::shared_ptr<pipelined_round> round;
+    uint32_t worker = 0;
+    uint64_t step = 0; ///< the step the worker pushed
+    uint64_t seq = 0;
+  };
+  /// async: the streamed pushes in the order they apply. The first applies
+  /// its chunks as they arrive; the others read theirs meanwhile and start,
+  /// one after the other, once the one before commits or is aborted (so the
+  /// variables take the same bits as store-and-forward pushes in that order).
+  std::deque<streamed_async> pipelined_async;
   /// Tickets of the round in progress that are CAF promises: the data
   /// plane's path releases only a round without them (a promise is
   /// delivered from the actor's own thread).

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,52 @@ std::shared_ptr<plane_wait> thread_wait();
 /// in the common case joins the pipelined round (started by the round's
 /// first push); any other is left to the actor.
 plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane);
+
+/// What a streamed push's side of a pipelined round shares, sync's and
+/// async's: the round, its buffer and its answer's pieces.
+class round_member : public streamed_push {
+public:
+  round_member(std::shared_ptr<aggregator_plane> plane, std::shared_ptr<pipelined_round> round,
+               uint32_t worker)
+    : plane_(std::move(plane)), round_(std::move(round)), worker_(worker),
+      buffer_(round_->buffer(worker)) {
+    // nop
+  }
+  size_t total() const override { return round_->total(); }
+  std::string where(size_t index) const override { return round_->where(index); }
+  float* buffer() override { return buffer_; }
+  void answer_pieces(size_t from, size_t to, std::vector<iovec>& out) const override {
+    round_->answer_pieces(from, to, out);
+  }
+
+protected:
+  std::shared_ptr<aggregator_plane> plane_;
+  std::shared_ptr<pipelined_round> round_;
+  uint32_t worker_;
+  float* buffer_;
+};
+
+/// The aggregator's variables as a pipelined round takes them (flat order).
+std::vector<pipelined_round::variable> round_variables(const aggregator_actor_state& st);
+
+/// async: a dense push streamed in the common case (the plane's lock held):
+/// it joins the aggregator's line of streamed pushes
+/// (aggregator_actor_state::pipelined_async; dist/aggregator_pipelined_async.cpp)
+/// and is applied chunk by chunk once it is first in line. Nothing when it
+/// is not the common case (or a norm guard needs the whole gradient first):
+/// the actor takes it store-and-forward.
+std::optional<caf::expected<std::unique_ptr<streamed_push>>>
+join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, uint64_t step,
+                    const push_credentials& who);
+
+/// async: ends every streamed push in line for `why` (a switch, a restore,
+/// the actor's end): none of them changes a variable; their threads hear it.
+void abort_streamed_async(aggregator_actor_state& st, const caf::error& why);
+
+/// async: a push with values that came store-and-forward while streamed
+/// pushes are in line is refused, naming why (it would change the variables
+/// under them); none if there are none.
+caf::error mixed_async_push(const aggregator_actor_state& st, uint32_t worker);
 
 /// sync, a pipelined round in progress: a push that came to the actor. An
 /// abstention (`abstains`: no values) of a member that has not streamed yet

@@ -209,6 +209,12 @@ caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want) {
   } else if (from == "sync" && st.round.in_progress()) {
     release_sync(self);
   }
+  if (from == "async")
+    abort_streamed_async(st, make_error(af_error::mode_changed,
+                                        fmt::format("aggregator '{}' switched from async to {} "
+                                                    "while the push was streamed: the push is "
+                                                    "abandoned, no variable changed",
+                                                    st.spec.name, want.mode)));
   else if (from == "average" && st.round.in_progress())
     release_average(self);
   if (from == "ssp")
@@ -360,6 +366,7 @@ caf::result<uint64_t> restore_state(self_pointer self, aggregator_state& in) {
     log::get()->warn("{}", describe(err));
     fail_all(st, st.round.release(), err);
   }
+  abort_streamed_async(st, abandon("the rest of a streamed push"));
   if (!st.ssp_waiting.empty()) {
     auto err = abandon("the slowest worker");
     for (auto& w : st.ssp_waiting)

@@ -24,22 +24,20 @@ namespace {
 
 /// One member's streamed push in the pipelined round, as its data-plane
 /// thread sees it. Every call but answer_pieces takes the aggregator's lock.
-class streamed_member final : public streamed_push {
+class streamed_member final : public round_member {
 public:
   streamed_member(std::shared_ptr<aggregator_plane> plane, std::shared_ptr<pipelined_round> round,
                   std::shared_ptr<plane_wait> wait, uint64_t generation, uint32_t worker)
-    : plane_(std::move(plane)), round_(std::move(round)), wait_(std::move(wait)),
-      generation_(generation), worker_(worker), buffer_(round_->buffer(worker)) {
+    : round_member(std::move(plane), std::move(round), worker), wait_(std::move(wait)),
+      generation_(generation) {
     // nop
   }
 
-  size_t total() const override { return round_->total(); }
-
   uint64_t next_step() const override { return round_->step() + 1; }
 
-  std::string where(size_t index) const override { return round_->where(index); }
-
-  float* buffer() override { return buffer_; }
+  std::string abandoned() const override {
+    return fmt::format("the round of global step {} is abandoned", round_->step());
+  }
 
   caf::expected<size_t> arrived(size_t floats) override {
     std::unique_lock<std::mutex> lock{plane_->mtx};
@@ -82,10 +80,6 @@ public:
     if (auto err = ended())
       return err;
     return round_->ready_floats();
-  }
-
-  void answer_pieces(size_t from, size_t to, std::vector<iovec>& out) const override {
-    round_->answer_pieces(from, to, out);
   }
 
   caf::expected<uint64_t> outcome(std::chrono::milliseconds wait) override {
@@ -135,12 +129,8 @@ private:
     plane_->answered.notify_all();
   }
 
-  std::shared_ptr<aggregator_plane> plane_;
-  std::shared_ptr<pipelined_round> round_;
   std::shared_ptr<plane_wait> wait_;
   uint64_t generation_;
-  uint32_t worker_;
-  float* buffer_;
 };
 
 /// Whether a streamed push of `worker` may join a pipelined round: sync
@@ -160,6 +150,13 @@ bool pipelinable(const aggregator_actor_state& st, uint32_t worker, uint64_t ste
 }
 
 } // namespace
+
+std::vector<pipelined_round::variable> round_variables(const aggregator_actor_state& st) {
+  std::vector<pipelined_round::variable> vars;
+  for (size_t i = 0; i < st.vars.size(); ++i)
+    vars.push_back({st.vars[i].cell.get(), st.spec.variables[i], st.offsets[i], st.sizes[i]});
+  return vars;
+}
 
 push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
                            const push_credentials& who, bool abstains) {
@@ -189,6 +186,8 @@ plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane) {
     if (!self)
       return std::nullopt; // not started, or gone: the actor's path says so
     auto& st = self->state;
+    if (st.spec.mode == "async")
+      return join_streamed_async(plane, worker, step, who);
     if (!pipelinable(st, worker, step, who))
       return std::nullopt;
     if (!st.pipelined) {
@@ -202,11 +201,8 @@ plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane) {
           members.push_back(w);
       if (std::find(members.begin(), members.end(), worker) == members.end())
         return std::nullopt;
-      std::vector<pipelined_round::variable> vars;
-      for (size_t i = 0; i < st.vars.size(); ++i)
-        vars.push_back({st.vars[i].cell.get(), st.spec.variables[i], st.offsets[i], st.sizes[i]});
       auto round = std::make_shared<pipelined_round>();
-      if (auto err = round->begin(std::move(vars), st.spec.optimizer, st.slot_names,
+      if (auto err = round->begin(round_variables(st), st.spec.optimizer, st.slot_names,
                                   st.global_step, std::move(members)))
         return result{std::move(err)};
       st.pipelined = std::move(round);

@@ -32,6 +32,7 @@ aggregator_actor_state::~aggregator_actor_state() {
   for (auto& t : round.release())
     if (t.second.wait)
       t.second.deliver(err);
+  aggregator_detail::abort_streamed_async(*this, err);
 }
 
 void push_ticket::deliver(uint64_t global_step, const tensor& params, bool dropped_late) {
@@ -115,9 +116,10 @@ take_push(aggregator_plane& plane, uint32_t worker, uint64_t step, const push_cr
   auto& st = self->state;
   bool sync = st.spec.mode == "sync";
   // A pipelined round in progress takes streamed pushes only: the actor
-  // refuses a plain one, or parks an abstention (join_pipelined).
+  // refuses a plain one, or parks an abstention (join_pipelined); async
+  // refuses one while streamed pushes are in line (mixed_async_push).
   if ((!sync && st.spec.mode != "async") || (st.tables > 0) != sparse || st.pipelined
-      || !common_case(st, worker, step, who, sync))
+      || !st.pipelined_async.empty() || !common_case(st, worker, step, who, sync))
     return std::nullopt;
   // What the actor's handler does for such a push, in its order.
   member(st, worker).retries = 0; // already_taken: a new push

@@ -17,47 +17,81 @@ namespace af {
 caf::error pipelined_round::begin(std::vector<variable> vars, const train::optimizer_spec& opt,
                                   const std::vector<std::string>& slot_names, uint64_t step,
                                   std::vector<uint32_t> members, size_t chunk_floats) {
+  if (auto err = prepare(std::move(vars), opt, slot_names, std::move(members), chunk_floats))
+    return err;
+  return start(step);
+}
+
+caf::error pipelined_round::prepare(std::vector<variable> vars, const train::optimizer_spec& opt,
+                                    const std::vector<std::string>& slot_names,
+                                    std::vector<uint32_t> members, size_t chunk_floats) {
   vars_.clear();
   pushes_.clear();
   opt_ = opt;
   slot_names_ = slot_names;
-  step_ = step;
+  step_ = 0;
   chunk_ = std::max<size_t>(chunk_floats, 1);
   members_ = std::move(members);
   applied_ = 0;
+  started_ = false;
   phase_ = phase::running;
   why_ = caf::error{};
   total_ = 0;
-  std::vector<float> initial;
-  for (size_t k = 0; k < slot_names_.size(); ++k)
-    initial.push_back(train::slot_initial_value(opt_, k));
+  for (auto& v : vars) {
+    total_ = std::max(total_, v.offset + v.size);
+    var_state s;
+    s.v = std::move(v);
+    vars_.push_back(std::move(s));
+  }
   try {
-    for (auto& v : vars) {
-      var_state s;
-      auto base = v.cell->begin_update(slot_names_, initial, v.size);
-      if (!base)
-        return std::move(base.error());
-      s.base = std::move(*base);
-      s.value = tensor{dtype::float32, s.base.value.shape()};
-      for (const auto& slot : s.base.slots)
-        s.slots.emplace_back(dtype::float32, slot.shape());
-      total_ = std::max(total_, v.offset + v.size);
-      s.v = std::move(v);
-      vars_.push_back(std::move(s));
-    }
     for (size_t m = 0; m < members_.size(); ++m)
       pushes_.emplace_back(dtype::float32, shape_type{static_cast<int64_t>(total_)});
   } catch (const std::bad_alloc&) {
     vars_.clear();
     pushes_.clear();
-    return make_error(af_error::resource_exhausted,
-                      fmt::format("a pipelined round of {} floats and {} members: out of memory",
-                                  total_, members_.size()));
+    return out_of_memory();
   }
   arrived_.assign(members_.size(), 0);
   joined_.assign(members_.size(), false);
   sum_members();
   return caf::none;
+}
+
+caf::error pipelined_round::start(uint64_t step) {
+  if (started_ || phase_ != phase::running)
+    return caf::none;
+  step_ = step;
+  std::vector<float> initial;
+  for (size_t k = 0; k < slot_names_.size(); ++k)
+    initial.push_back(train::slot_initial_value(opt_, k));
+  try {
+    for (auto& s : vars_) {
+      auto base = s.v.cell->begin_update(slot_names_, initial, s.v.size);
+      if (!base) {
+        for (auto& t : vars_)
+          t = var_state{std::move(t.v), {}, {}, {}};
+        return std::move(base.error());
+      }
+      s.base = std::move(*base);
+      s.value = tensor{dtype::float32, s.base.value.shape()};
+      s.slots.clear();
+      for (const auto& slot : s.base.slots)
+        s.slots.emplace_back(dtype::float32, slot.shape());
+    }
+  } catch (const std::bad_alloc&) {
+    for (auto& t : vars_)
+      t = var_state{std::move(t.v), {}, {}, {}};
+    return out_of_memory();
+  }
+  started_ = true;
+  apply_ready();
+  return caf::none;
+}
+
+caf::error pipelined_round::out_of_memory() const {
+  return make_error(af_error::resource_exhausted,
+                    fmt::format("a pipelined round of {} floats and {} members: out of memory",
+                                total_, members_.size()));
 }
 
 void pipelined_round::sum_members() {
@@ -126,6 +160,8 @@ size_t pipelined_round::arrived(uint32_t worker, size_t floats) {
 }
 
 void pipelined_round::apply_ready() {
+  if (!started_)
+    return; // chunks are kept until start()
   size_t all = *std::min_element(arrived_.begin(), arrived_.end());
   size_t ready = all == total_ ? chunks() : all / chunk_;
   for (; applied_ < ready; ++applied_)
@@ -148,8 +184,14 @@ void pipelined_round::apply_range(size_t from, size_t to) {
         slots[k] = s.slots[k].mutable_data<float>() + local;
         std::memcpy(slots[k], s.base.slots[k].data<float>() + local, len * sizeof(float));
       }
-      sum_.mean_into(at, len, buf);
-      train::apply(opt_, var, slots, buf, len, step_);
+      // One member (an async push, or a round the others abstained from):
+      // its gradient as it is, which is its mean (times 1: the same bits).
+      const float* grad = buf;
+      if (pushes_.size() == 1)
+        grad = pushes_[0].data<float>() + at;
+      else
+        sum_.mean_into(at, len, buf);
+      train::apply(opt_, var, slots, grad, len, step_);
     }
   }
 }

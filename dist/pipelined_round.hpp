@@ -68,6 +68,19 @@ public:
                    const std::vector<std::string>& slot_names, uint64_t step,
                    std::vector<uint32_t> members, size_t chunk_floats = default_chunk_floats);
 
+  /// begin() in two halves, for a push that must wait its turn (an async
+  /// push behind another: dist/aggregator_pipelined_async.cpp). prepare()
+  /// allocates the members' push buffers: pieces may arrive (arrived()),
+  /// nothing is applied. start() snapshots every variable's value and slots
+  /// at global step `step` and applies every chunk that arrived meanwhile.
+  /// Errors as begin()'s; nothing changed.
+  caf::error prepare(std::vector<variable> vars, const train::optimizer_spec& opt,
+                     const std::vector<std::string>& slot_names, std::vector<uint32_t> members,
+                     size_t chunk_floats = default_chunk_floats);
+  caf::error start(uint64_t step);
+  /// Whether start() (or begin()) took the variables' snapshot.
+  bool started() const noexcept { return started_; }
+
   phase state() const noexcept { return phase_; }
   uint64_t step() const noexcept { return step_; }
   size_t total() const noexcept { return total_; }
@@ -84,8 +97,8 @@ public:
   float* buffer(uint32_t worker);
 
   /// `worker`'s push has arrived up to `floats` (a prefix: its pieces come
-  /// in order); every chunk every member now has is averaged and applied.
-  /// The number of chunks applied.
+  /// in order); every chunk every member now has is averaged and applied
+  /// (once started). The number of chunks applied.
   size_t arrived(uint32_t worker, size_t floats);
 
   /// Members whose push has not fully arrived, and how far each has: "worker
@@ -125,8 +138,9 @@ private:
   void apply_range(size_t from, size_t to);
   /// The members' pushes into sum_, by reference, in members_ order.
   void sum_members();
-  /// Applies every chunk all members have.
+  /// Applies every chunk all members have (once started).
   void apply_ready();
+  caf::error out_of_memory() const;
 
   struct var_state {
     variable v;
@@ -147,6 +161,7 @@ private:
   std::vector<bool> joined_;        ///< per member: its push joined (joined())
   aggregation_round<int> sum_;      ///< the members' pushes, by reference, in order
   size_t applied_ = 0;
+  bool started_ = false;
   phase phase_ = phase::running;
   caf::error why_;
 };

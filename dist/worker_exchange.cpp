@@ -427,10 +427,14 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
     // average pushes the round's step (the same local steps on every shard).
     bool average = st.mode == "average";
     auto step = average ? st.global_step : st.shard_step[k];
-    // [train] pipeline_sync: a sync gradient streamed (the ps answers in
-    // chunks as every worker's arrive: dist/pipelined_round.hpp); an
-    // abstention, or any other mode, goes as before.
-    bool streamed = st.mode == "sync" && st.setup.cfg.pipeline_sync && !part.empty();
+    // [train] pipeline_sync, pipeline_async: a sync or async gradient
+    // streamed (the ps answers in chunks as they are applied:
+    // dist/pipelined_round.hpp); an abstention, or any other mode, goes as
+    // before.
+    const auto& cfg = st.setup.cfg;
+    bool streamed = ((st.mode == "sync" && cfg.pipeline_sync)
+                     || (st.mode == "async" && cfg.pipeline_async))
+                    && !part.empty();
     auto kind = !sends     ? wire::kind::pull
                 : average  ? wire::kind::push_params
                 : streamed ? wire::kind::push_streamed

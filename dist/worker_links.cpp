@@ -34,7 +34,7 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
         *chan = std::move(*c);
       }
       bool dropped_late = false;
-      // [train] pipeline_sync: streamed where the connection is plain TCP
+      // [train] pipeline_sync, pipeline_async: streamed where the connection is plain TCP
       // (data_channel::push_streamed goes store-and-forward elsewhere).
       auto r = kind == static_cast<uint8_t>(wire::kind::push_streamed)
                  ? (*chan)->push_streamed(name, worker, step, values,

@@ -29,110 +29,14 @@
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
 #include "members.hpp"
+#include "pipelined_bed.hpp"
 #include "wait.hpp"
 
 using namespace af;
+using namespace af::test;
 using namespace std::chrono_literals;
 
 namespace {
-
-using push_result = caf::expected<std::pair<uint64_t, tensor>>;
-
-/// One member's gradient of one step: floats spanning magnitudes, so that
-/// the order of additions shows in the bits.
-tensor gradient(size_t n, uint32_t seed) {
-  tensor t{dtype::float32, {static_cast<int64_t>(n)}};
-  float* g = t.mutable_data<float>();
-  for (size_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    g[i] = static_cast<float>(static_cast<int32_t>(seed)) * std::ldexp(1.0f, int(seed % 24) - 40);
-  }
-  return t;
-}
-
-/// An aggregator over its own w [n] and b [1] with `workers` members, each
-/// joined and with a TCP data channel of its own.
-struct twin {
-  std::string name;
-  aggregator_actor agg;
-  std::vector<std::string> tokens;
-  std::vector<std::unique_ptr<data_channel>> chans;
-};
-
-struct bed {
-  std::unique_ptr<embedded_cluster> cluster;
-  std::optional<session> s;
-  std::unique_ptr<caf::scoped_actor> self;
-  uint16_t port = 0;
-
-  bed() {
-    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
-    REQUIRE(c);
-    cluster = std::move(*c);
-    auto ss = cluster->session_for("worker", 0);
-    REQUIRE(ss);
-    s.emplace(std::move(*ss));
-    self = std::make_unique<caf::scoped_actor>(s->system());
-    auto info = s->ping("ps", 0);
-    REQUIRE(info);
-    port = info->data_port;
-  }
-
-  twin make(const std::string& name, size_t n, int workers, const std::string& optimizer) {
-    {
-      auto scope = s->device("/job:ps/task:0");
-      REQUIRE(s->variable("w_" + name, {static_cast<int64_t>(n)}, initializer::constant(0.25f)));
-      REQUIRE(s->variable("b_" + name, {1}, initializer::constant(-0.5f)));
-    }
-    REQUIRE_FALSE(s->initialize());
-    aggregator_spec spec;
-    spec.name = "test/" + name;
-    spec.mode = "sync";
-    spec.variables = {"w_" + name, "b_" + name};
-    spec.workers = static_cast<uint32_t>(workers);
-    spec.optimizer.kind = optimizer;
-    spec.optimizer.lr = 0.1;
-    spec.step_timeout_ms = 20000;
-    auto agg = s->aggregator("ps", 0, spec);
-    REQUIRE(agg);
-    twin t{spec.name, *agg, {}, {}};
-    for (int w = 0; w < workers; ++w) {
-      t.tokens.push_back(test::join_for_token(*self, *agg, static_cast<uint32_t>(w)));
-      auto chan = data_channel::connect("127.0.0.1", port, "ps", 5s, {}, nullptr, nullptr,
-                                        false); // TCP: a streamed push is plain TCP's
-      REQUIRE(chan);
-      REQUIRE((*chan)->aggregate(wire::kind::pull, t.name, 0, 0, {}, 10s));
-      REQUIRE((*chan)->plain_tcp());
-      t.chans.push_back(std::move(*chan));
-    }
-    return t;
-  }
-
-  aggregator_stats stats(const twin& t) {
-    aggregator_stats out;
-    (*self)->request(t.agg, 10s, stats_atom::value).receive(
-      [&](aggregator_stats& st) { out = std::move(st); }, [&](caf::error&) {});
-    return out;
-  }
-
-  /// Every variable's value and slots, as bytes, and the global step.
-  std::pair<std::vector<std::byte>, uint64_t> saved(const twin& t) {
-    std::vector<std::byte> out;
-    uint64_t step = 0;
-    (*self)->request(t.agg, 10s, save_atom::value).receive(
-      [&](aggregator_state& st) {
-        step = st.global_step;
-        auto add = [&](const tensor& x) { out.insert(out.end(), x.bytes(), x.bytes() + x.nbytes()); };
-        for (const auto& v : st.values)
-          add(v);
-        for (const auto& per : st.slots)
-          for (const auto& x : per)
-            add(x);
-      },
-      [&](caf::error& e) { FAIL(describe(e)); });
-    return {out, step};
-  }
-};
 
 /// Pushes of every member of `t` at `step`, each on a thread of its own:
 /// streamed or store-and-forward, in worker order (each next push starts
@@ -159,32 +63,6 @@ std::vector<push_result> push_all(bed& b, twin& t, const std::vector<tensor>& gr
     th.join();
   return out;
 }
-
-/// A TCP connection to the data plane, written by hand.
-struct raw_peer {
-  int fd = -1;
-  explicit raw_peer(uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  }
-  ~raw_peer() {
-    if (fd >= 0)
-      ::close(fd);
-  }
-  void send_all(const void* p, size_t n) {
-    auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      auto k = ::send(fd, c, n, MSG_NOSIGNAL);
-      REQUIRE(k > 0);
-      c += k;
-      n -= static_cast<size_t>(k);
-    }
-  }
-};
 
 } // namespace
 
@@ -263,23 +141,8 @@ TEST_CASE("a pipelined round aborted by a NaN in a late chunk or a member that s
   } else {
     // Worker 1 by hand: its header, prefix, name and half its floats, then it hangs up.
     raw_peer p{b.port};
-    wire::header h;
-    wire::push_prefix pre;
-    std::memcpy(pre.token, pl.tokens[1].data(), sizeof(pre.token));
-    pre.seq = 2;
-    h.kind = static_cast<uint8_t>(wire::kind::push_streamed);
-    h.name_len = static_cast<uint32_t>(sizeof(pre) + pl.name.size());
-    h.version = 1;
-    h.reserved = 1;
-    h.has_tensor = 1;
-    h.dtype = static_cast<uint8_t>(dtype::float32);
-    h.rank = 1;
-    h.dims[0] = static_cast<int64_t>(n + 1);
-    h.payload_bytes = (n + 1) * sizeof(float);
     auto g = gradient(n + 1, 4);
-    p.send_all(&h, sizeof(h));
-    p.send_all(&pre, sizeof(pre));
-    p.send_all(pl.name.data(), pl.name.size());
+    p.send_streamed_head(pl.name, pl.tokens[1], 1, 1, 2, n + 1);
     p.send_all(g.bytes(), g.nbytes() / 2);
   }
   t0.join();

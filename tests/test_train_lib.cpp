@@ -425,6 +425,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
   CHECK(a.max_data_bytes == b.max_data_bytes);
   CHECK(a.pipeline_sync == b.pipeline_sync);
+  CHECK(a.pipeline_async == b.pipeline_async);
   CHECK(a.warmup_secs == b.warmup_secs);
   CHECK(a.window_secs == b.window_secs);
 }
@@ -497,6 +498,7 @@ TEST_CASE("to_toml round-trips a config whose every key differs from its default
   c.max_nonfinite_steps = 7;
   c.max_data_bytes = 12345678;
   c.pipeline_sync = true;
+  c.pipeline_async = true;
   REQUIRE(validate(c).empty());
   auto text = to_toml(c);
   auto back = parse_train_config(text, "round-trip");
@@ -1546,6 +1548,15 @@ TEST_CASE("the --set option reads numbers with exponents, lists without brackets
   auto file = parse_train_config("[train]\npipeline_sync = true\n", "test");
   REQUIRE(file);
   CHECK(file->pipeline_sync);
+  // [train] pipeline_async likewise, apart from pipeline_sync.
+  CHECK_FALSE(train_config{}.pipeline_async);
+  auto async_piped = apply_overrides(train_config{}, {"pipeline_async=true"});
+  REQUIRE(async_piped);
+  CHECK(async_piped->pipeline_async);
+  CHECK_FALSE(async_piped->pipeline_sync);
+  auto async_file = parse_train_config("[train]\npipeline_async = true\n", "test");
+  REQUIRE(async_file);
+  CHECK(async_file->pipeline_async);
 }
 
 TEST_CASE("every --set error names the key, the value and the type the key takes",
@@ -1569,7 +1580,8 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
          {"hidden=[64", "hidden", "[64", "hidden=[64,64]"},
          {"mode=fast", "mode", "fast", "a name"},
          {"holdout=2", "holdout", "2", "a number"},
-         {"pipeline_sync=yes", "pipeline_sync", "yes", "true or false"}}) {
+         {"pipeline_sync=yes", "pipeline_sync", "yes", "true or false"},
+         {"pipeline_async=1", "pipeline_async", "1", "true or false"}}) {
     CAPTURE(b.set);
     auto c = apply_overrides(train_config{}, {b.set});
     REQUIRE_FALSE(c);

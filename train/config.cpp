@@ -74,7 +74,7 @@ const std::vector<std::string>& known_keys() {
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
     "grad_norm_guard", "warmup_secs", "window_secs", "users", "items", "dim", "zipf",
-    "partition_strategy", "pipeline_sync"};
+    "partition_strategy", "pipeline_sync", "pipeline_async"};
   return keys;
 }
 
@@ -151,10 +151,10 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
     return std::nullopt;
   };
   auto& o = c.optimizer;
-  if (key == "pipeline_sync") {
+  if (key == "pipeline_sync" || key == "pipeline_async") {
     if (!v.is_boolean())
       return bad(fmt::format("must be true or false, not {}", type_name(v)));
-    c.pipeline_sync = v.as_boolean();
+    (key == "pipeline_sync" ? c.pipeline_sync : c.pipeline_async) = v.as_boolean();
     return std::nullopt;
   }
   if (key == "mode") return text(c.mode);
@@ -778,6 +778,7 @@ std::string to_toml(const train_config& c) {
   line("zipf", real(c.zipf));
   line("partition_strategy", quoted(c.partition_strategy));
   line("pipeline_sync", c.pipeline_sync ? "true" : "false");
+  line("pipeline_async", c.pipeline_async ? "true" : "false");
   return out;
 }
 

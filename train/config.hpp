@@ -106,6 +106,12 @@ struct train_config {
   /// "A pipelined sync round"), the same bits as without. Elsewhere (shared
   /// memory, TLS, other modes) pushes go store-and-forward. Off by default.
   bool pipeline_sync = false;
+  /// async over a plaintext TCP data plane: each worker streams its push and
+  /// the ps applies and answers it chunk by chunk as it arrives, a push
+  /// waiting for the one before it to commit (docs/training.md "Pipelined
+  /// async pushes"), the same bits as store-and-forward pushes in that
+  /// order. Elsewhere pushes go store-and-forward. Off by default.
+  bool pipeline_async = false;
   /// The most either may be: a week (more would overflow the clock's
   /// nanoseconds long before it means anything).
   static constexpr double max_window_secs = 7 * 24 * 3600.0;

@@ -11,6 +11,13 @@
 #                                the same with [train] pipeline_sync (docs/wire.md "A pipelined
 #                                sync round"), against the same store-and-forward limit: its own
 #                                limit is twice that (both directions of the ps link at once)
+#   netbed_train_async_1m_2w     async steps/s (every push a global step) of the same job, against
+#                                the link limit: the ps link's rate / the model's bytes (each push
+#                                moves one gradient in and one parameter set out, and two workers'
+#                                pushes can use the two directions at once even store-and-forward)
+#   netbed_train_async_1m_2w_pipelined
+#                                the same with [train] pipeline_async (docs/training.md "Pipelined
+#                                async pushes"), against the same limit
 #   netbed_train_sync_3m_2w_3ps  sync steps/s of a 3072 x 1024 softmax (3.1 M floats, 12.6 MB) cut
 #                                in 3 over 3 ps hosts, against the same job whole on 1 ps host;
 #                                every link at RATE
@@ -179,6 +186,25 @@ if want netbed_train_sync_1m_2w_pipelined; then
   done
   report netbed_train_sync_1m_2w_pipelined steps/s
 fi
+
+for piped in false true; do
+  name=netbed_train_async_1m_2w
+  [[ $piped == true ]] && name=${name}_pipelined
+  want "$name" || continue
+  keys=(mode='"async"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
+        synthetic_examples=16 batch_size=1 "steps=$((2 * steps_1m))" learning_rate=1e-7 log_every=0
+        eval_every=0 "pipeline_async=$piped")
+  model_bytes=$((1048576 * 4 + 4))
+  limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.4f", r / 8 / m}')
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job "async1m-$piped" 0 "${keys[@]}"
+    OURS+=("$STEPS_PER_S")
+    BASE+=("$limit")
+    echo "# async1m pipeline_async=$piped rep $i: $STEPS_PER_S steps/s; the ps link carried $((PS_RX[0] / (2 * steps_1m))) bytes in and $((PS_TX[0] / (2 * steps_1m))) out per step (payload $model_bytes each way)"
+  done
+  report "$name" steps/s
+done
 
 keys3=(mode='"sync"' model='"softmax"' data='"synthetic"' synthetic_features=3072 synthetic_classes=1024
        synthetic_examples=256 batch_size=4 "steps=$steps_3m" optimizer='"sgd"' learning_rate=0.001

@@ -1,0 +1,228 @@
+// The data plane's path for streamed dense async pushes (wire::kind::
+// push_streamed, [train] pipeline_async): each push is a pipelined round of
+// one member (dist/pipelined_round.hpp). Its chunks are applied into the
+// round's own copy of the values and slots as they arrive, and stream back
+// while later ones still arrive; the variables take the update at its
+// commit, under the aggregator's lock, with apply_now's bookkeeping
+// (count_applied: staleness, applied, the push number, the global step). An
+// aborted push (a NaN in a late chunk, a worker that hangs up half way, a
+// timeout) changes nothing, as a store-and-forward push refused whole.
+//
+// Pushes of several workers are put in a line (aggregator_actor_state::
+// pipelined_async) in the order they came: only the first applies its
+// chunks; the others read theirs meanwhile, and each starts (its snapshot
+// of the variables taken at the global step then) once the one before it
+// committed or was aborted. So the variables take, bit for bit, what
+// store-and-forward pushes applied in that order give them.
+#include "dist/aggregator_detail.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "caf/all.hpp"
+
+#include "core/log.hpp"
+#include "messages/error.hpp"
+
+namespace af::aggregator_detail {
+
+namespace {
+
+/// One streamed async push, as its data-plane thread sees it. Every call but
+/// answer_pieces takes the aggregator's lock.
+class async_push final : public round_member {
+public:
+  async_push(std::shared_ptr<aggregator_plane> plane, std::shared_ptr<pipelined_round> round,
+             uint32_t worker, uint64_t expected_step)
+    : round_member(std::move(plane), std::move(round), worker), expected_(expected_step) {
+    // nop
+  }
+
+  uint64_t next_step() const override { return expected_; }
+
+  std::string abandoned() const override { return "the push is abandoned"; }
+
+  caf::expected<size_t> arrived(size_t floats) override {
+    std::unique_lock<std::mutex> lock{plane_->mtx};
+    round_->arrived(worker_, floats); // applied at once if it is first in line
+    advance();
+    if (auto err = ended())
+      return err;
+    return round_->ready_floats();
+  }
+
+  void fail(caf::error why) override {
+    std::unique_lock<std::mutex> lock{plane_->mtx};
+    end(std::move(why));
+  }
+
+  caf::expected<size_t> wait_ready(size_t have, std::chrono::milliseconds wait) override {
+    std::unique_lock<std::mutex> lock{plane_->mtx};
+    auto deadline = clock_type::now() + wait;
+    for (bool timed_out = false;; timed_out = plane_->answered.wait_until(lock, deadline)
+                                             == std::cv_status::timeout) {
+      advance(); // its turn may have come: the push before it committed or was aborted
+      if (auto err = ended())
+        return err;
+      if (round_->ready_floats() > have || round_->state() == pipelined_round::phase::committed)
+        return round_->ready_floats();
+      if (timed_out) {
+        end(waited_too_long(wait));
+        return round_->abort_reason();
+      }
+    }
+  }
+
+  caf::expected<uint64_t> outcome(std::chrono::milliseconds) override {
+    std::unique_lock<std::mutex> lock{plane_->mtx};
+    if (auto err = ended())
+      return err;
+    if (round_->state() != pipelined_round::phase::committed)
+      return make_error(af_error::internal,
+                        "a streamed async push asked for its outcome before its commit");
+    return made_;
+  }
+
+private:
+  caf::error ended() const {
+    if (round_->state() == pipelined_round::phase::aborted)
+      return round_->abort_reason();
+    return caf::none;
+  }
+
+  /// First in line: starts the push (its snapshot of the variables, at the
+  /// global step now) and commits it once every chunk is applied (lock held).
+  void advance() {
+    if (round_->state() != pipelined_round::phase::running)
+      return;
+    auto self = plane_->self;
+    if (!self) {
+      round_->abort(make_error(af_error::aborted, "the aggregator stopped while a streamed push "
+                                                  "was being applied; no variable changed"));
+      return;
+    }
+    auto& st = self->state;
+    if (st.pipelined_async.empty() || st.pipelined_async.front().round != round_)
+      return; // its turn has not come
+    if (!round_->started()) {
+      if (auto err = round_->start(st.global_step)) {
+        end(std::move(err));
+        return;
+      }
+    }
+    if (round_->applied() == round_->chunks())
+      commit(self);
+  }
+
+  /// The variables take the update, counted as apply_now counts it.
+  void commit(self_pointer self) {
+    auto& st = self->state;
+    auto entry = st.pipelined_async.front();
+    st.pipelined_async.pop_front();
+    if (auto err = round_->commit()) {
+      log::get()->warn("aggregator '{}': the streamed push of {} (its step {}) is abandoned: {}",
+                       st.spec.name, worker_name(st, worker_), entry.step, describe(err));
+    } else {
+      count_applied(self, worker_, entry.step, entry.seq, true);
+      made_ = st.global_step;
+    }
+    plane_->answered.notify_all(); // the next in line starts
+  }
+
+  /// Aborts the push for `why` and takes it out of the line (lock held).
+  void end(caf::error why) {
+    round_->abort(why);
+    auto self = plane_->self;
+    if (!self)
+      return;
+    auto& st = self->state;
+    auto& line = st.pipelined_async;
+    auto it = std::find_if(line.begin(), line.end(),
+                           [&](const auto& e) { return e.round == round_; });
+    if (it == line.end())
+      return; // ended already (a switch, a restore)
+    log::get()->warn("aggregator '{}': the streamed push of {} (its step {}) is abandoned: {}",
+                     st.spec.name, worker_name(st, worker_), it->step, describe(why));
+    if (why.code() == static_cast<uint8_t>(af_error::non_finite)) {
+      st.stats.refused += 1; // as unpack counts a store-and-forward push's
+      member(st, worker_).stats.refused += 1;
+      st.stats.last_refusal = describe(why);
+    }
+    line.erase(it);
+    plane_->answered.notify_all(); // the next in line starts
+  }
+
+  /// The timeout of a push that waited its turn (lock held).
+  caf::error waited_too_long(std::chrono::milliseconds wait) const {
+    auto self = plane_->self;
+    if (!self)
+      return make_error(af_error::aborted, "the aggregator stopped while a streamed push waited "
+                                           "its turn; no variable changed");
+    auto& st = self->state;
+    std::string ahead = "none";
+    if (!st.pipelined_async.empty() && st.pipelined_async.front().round != round_)
+      ahead = st.pipelined_async.front().round->behind();
+    return make_error(af_error::timeout,
+                      fmt::format("aggregator '{}': the streamed push of {} waited {} ms for its "
+                                  "turn behind the streamed push of {}; the push is abandoned, "
+                                  "no variable changed",
+                                  st.spec.name, worker_name(st, worker_), wait.count(), ahead));
+  }
+
+  uint64_t expected_; ///< the global step it makes if every push ahead commits
+  uint64_t made_ = 0; ///< the global step its commit made
+};
+
+} // namespace
+
+std::optional<caf::expected<std::unique_ptr<streamed_push>>>
+join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, uint64_t step,
+                    const push_credentials& who) {
+  using result = caf::expected<std::unique_ptr<streamed_push>>;
+  auto self = plane->self;
+  auto& st = self->state;
+  // The norm guard scales by the whole gradient's norm: it needs all of it first.
+  if (st.tables > 0 || st.guard.enabled() || !common_case(st, worker, step, who, false))
+    return std::nullopt;
+  auto round = std::make_shared<pipelined_round>();
+  if (auto err = round->prepare(round_variables(st), st.spec.optimizer, st.slot_names, {worker}))
+    return result{std::move(err)};
+  round->joined(worker);
+  if (st.pipelined_async.empty()) { // first in line: applied as it arrives
+    if (auto err = round->start(st.global_step))
+      return result{std::move(err)};
+  }
+  // What the actor's handler (and take_push) does for such a push, in its order.
+  member(st, worker).retries = 0;
+  note_push(st, worker, step);
+  st.stats.pushes_on_plane += 1;
+  uint64_t expected = st.global_step + st.pipelined_async.size() + 1;
+  st.pipelined_async.push_back({round, worker, step, who.seq});
+  return result{std::unique_ptr<streamed_push>{new async_push(plane, round, worker, expected)}};
+}
+
+void abort_streamed_async(aggregator_actor_state& st, const caf::error& why) {
+  if (st.pipelined_async.empty())
+    return;
+  log::get()->warn("aggregator '{}': {} streamed push(es) in line abandoned: {}", st.spec.name,
+                   st.pipelined_async.size(), describe(why));
+  for (auto& e : st.pipelined_async)
+    e.round->abort(why);
+  st.pipelined_async.clear();
+  if (st.plane)
+    st.plane->answered.notify_all();
+}
+
+caf::error mixed_async_push(const aggregator_actor_state& st, uint32_t worker) {
+  if (st.pipelined_async.empty())
+    return caf::none;
+  return make_error(af_error::invalid_argument,
+                    fmt::format("aggregator '{}': {} pushed store-and-forward while {} streamed "
+                                "push(es) are being applied (it would change the variables under "
+                                "them): every worker of a job sets [train] pipeline_async alike",
+                                st.spec.name, worker_name(st, worker),
+                                st.pipelined_async.size()));
+}
+
+} // namespace af::aggregator_detail
