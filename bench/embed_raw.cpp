@@ -352,11 +352,13 @@ int embed_worker_main(const helper_args& a) {
   }
   std::mt19937_64 rng{a.num("seed") * 1000 + a.num("rank")};
   std::vector<int64_t> ids(a.num("batch"));
-  // model=fm: the sparse job's data and model step (embed_raw_model.hpp);
-  // else the rows scaled are their gradient.
+  // ids=clicks: the sparse job's batches (embed_raw_model.hpp); model=fm
+  // (its batches too) its model step, else the rows scaled are the gradient.
   std::optional<raw_fm_trainer> fm;
-  if (a.kv.count("model") && a.str("model") == "fm") {
-    raw_fm_trainer::spec s;
+  std::optional<click_batches> clicks;
+  const bool want_fm = a.kv.count("model") && a.str("model") == "fm";
+  if (want_fm || a.str("ids") == "clicks") {
+    click_batches::spec s;
     s.users = rows;
     s.width = static_cast<int64_t>(a.num("dim"));
     s.examples = a.num("examples");
@@ -364,8 +366,14 @@ int embed_worker_main(const helper_args& a) {
     s.batch = ids.size();
     s.rank = static_cast<uint32_t>(a.num("rank"));
     s.workers = 2;
-    if (!(fm = raw_fm_trainer::make(s)))
+    if (want_fm) {
+      raw_fm_trainer::spec f;
+      f.data = s;
+      if (!(fm = raw_fm_trainer::make(f)))
+        return 1;
+    } else if (!(clicks = click_batches::make(s))) {
       return 1;
+    }
   }
   std::vector<float> rows_in, grads;
   uint64_t step = 0, steps0 = 0, bytes0 = 0, unique_sum = 0;
@@ -374,6 +382,8 @@ int embed_worker_main(const helper_args& a) {
   for (;; ++step) {
     if (fm)
       ids = fm->batch_ids(step);
+    else if (clicks)
+      ids = clicks->users(step);
     else if (uniform)
       uniform_ids(rng, rows, ids);
     else

@@ -113,8 +113,9 @@ private:
 /// The helpers of the sparse lines (this binary re-executed with
 /// helper_flag): `embed-shard` (listen-fd= shard= shards= rows= dim= lr=
 /// [scale=: of embed_value]) serves until killed; `embed-worker` (rank= run=
-/// ports=a,b,c rows= dim= batch= seed= mode=sync|async ids=skewed|uniform
-/// warmup= window= [model=fm examples=: the sparse job's data and model,
+/// ports=a,b,c rows= dim= batch= seed= mode=sync|async
+/// ids=skewed|uniform|clicks warmup= window= [examples=: ids=clicks, the
+/// sparse job's batches of seed seed=; model=fm: on them, its model step,
 /// embed_raw_model.hpp]) trains and prints window_steps, window_seconds,
 /// window_bytes, unique_mean (and with the model its last loss).
 int embed_shard_main(const helper_args& a);

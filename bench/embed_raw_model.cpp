@@ -6,7 +6,7 @@
 
 namespace af::bench {
 
-std::optional<raw_fm_trainer> raw_fm_trainer::make(const spec& s) {
+std::optional<click_batches> click_batches::make(const spec& s) {
   train::click_spec c;
   c.users = s.users;
   c.items = 3;
@@ -20,45 +20,64 @@ std::optional<raw_fm_trainer> raw_fm_trainer::make(const spec& s) {
     std::fprintf(stderr, "embed-worker: the synthetic clicks: %s\n", data.error().what.c_str());
     return std::nullopt;
   }
-  auto m = train::recommender::make({s.users, 3, s.width - 1, 0.1, s.seed});
-  if (!m) {
-    std::fprintf(stderr, "embed-worker: the model: %s\n", m.error().what.c_str());
-    return std::nullopt;
-  }
-  return raw_fm_trainer{s, std::move(*m), std::move(data->data)};
+  return click_batches{s, std::move(data->data)};
 }
 
-raw_fm_trainer::raw_fm_trainer(const spec& s, train::recommender m, train::click_split data)
-  : s_(s),
-    model_(std::move(m)),
-    data_(std::move(data)),
-    order_(data_.train.labels.size(), s.seed),
-    index_(2),
-    items_(tensor::filled(dtype::float32, {3, s.width}, 0.01)),
-    bias_(tensor::filled(dtype::float32, {1}, 0.0)) {
+click_batches::click_batches(const spec& s, train::click_split data)
+  : s_(s), data_(std::move(data)), order_(data_.train.labels.size(), s.seed) {
 }
 
-const std::vector<int64_t>& raw_fm_trainer::batch_ids(uint64_t step) {
+const std::vector<int64_t>& click_batches::users(uint64_t step) {
   order_.positions((step * s_.workers + s_.rank) * s_.batch, s_.batch, picks_);
   const auto& t = data_.train;
   users_.resize(picks_.size());
+  items_.resize(picks_.size());
   labels_.resize(picks_.size());
-  index_[1].resize(picks_.size());
   for (size_t j = 0; j < picks_.size(); ++j) {
     users_[j] = t.ids[train::recommender::user_table][picks_[j]];
-    index_[1][j] = static_cast<int32_t>(t.ids[train::recommender::item_table][picks_[j]]);
+    items_[j] = static_cast<int32_t>(t.ids[train::recommender::item_table][picks_[j]]);
     labels_[j] = t.labels[picks_[j]];
   }
   return users_;
 }
 
+std::vector<std::string> raw_train_worker_args(int rank, uint64_t run, uint64_t job_seed,
+                                               bool model, size_t examples) {
+  return {"rank=" + std::to_string(rank), "run=" + std::to_string(run),
+          "seed=" + std::to_string(job_seed), "ids=clicks",
+          model ? "model=fm" : "model=none", "examples=" + std::to_string(examples)};
+}
+
+std::optional<raw_fm_trainer> raw_fm_trainer::make(const spec& s) {
+  auto b = click_batches::make(s.data);
+  if (!b)
+    return std::nullopt;
+  const auto& d = s.data;
+  auto m = train::recommender::make({d.users, 3, d.width - 1, 0.1, d.seed});
+  if (!m) {
+    std::fprintf(stderr, "embed-worker: the model: %s\n", m.error().what.c_str());
+    return std::nullopt;
+  }
+  return raw_fm_trainer{s, std::move(*m), std::move(*b)};
+}
+
+raw_fm_trainer::raw_fm_trainer(const spec& s, train::recommender m, click_batches b)
+  : s_(s),
+    model_(std::move(m)),
+    batches_(std::move(b)),
+    index_(2),
+    items_(tensor::filled(dtype::float32, {3, s.data.width}, 0.01)),
+    bias_(tensor::filled(dtype::float32, {1}, 0.0)) {
+}
+
 bool raw_fm_trainer::step(const float* rows, size_t unique,
                           const std::vector<uint32_t>& example_row, std::vector<float>& grads) {
-  const auto width = static_cast<size_t>(s_.width);
-  tensor user_rows{dtype::float32, {static_cast<int64_t>(unique), s_.width}};
+  const auto width = static_cast<size_t>(s_.data.width);
+  tensor user_rows{dtype::float32, {static_cast<int64_t>(unique), s_.data.width}};
   std::memcpy(user_rows.mutable_bytes(), rows, unique * width * sizeof(float));
   index_[0].assign(example_row.begin(), example_row.end());
-  auto r = model_.step({user_rows, items_}, index_, {bias_}, labels_, true);
+  index_[1] = batches_.items();
+  auto r = model_.step({user_rows, items_}, index_, {bias_}, batches_.labels(), true);
   if (!r) {
     std::fprintf(stderr, "embed-worker: the model's step: %s\n", r.error().what.c_str());
     return false;

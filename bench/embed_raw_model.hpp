@@ -11,6 +11,7 @@
 // data plane, no tensors kept between steps beyond the model's own.
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -20,7 +21,13 @@
 
 namespace af::bench {
 
-class raw_fm_trainer {
+/// One worker's batches of the sparse job: its synthetic clicks (items 3,
+/// zipf 0, holdout 0.2) in its order (train::example_order, the job's seed),
+/// worker `rank`'s share of global batch `step` being positions
+/// (step * workers + rank) * batch on (dist/sparse_job.cpp's rule). Both raw
+/// runs of the line read these: with the model (the baseline) and without it
+/// (transport only), so that they touch the rows the job touches.
+class click_batches {
 public:
   struct spec {
     int64_t users = 0;
@@ -29,16 +36,50 @@ public:
     uint64_t seed = 1;     ///< the job's: the same clicks, the same order
     size_t batch = 0;
     uint32_t rank = 0, workers = 1;
+  };
+
+  /// The job's data, or nothing with why on stderr.
+  static std::optional<click_batches> make(const spec& s);
+
+  /// Batch `step`: the user ids (returned), item ids and labels of this
+  /// worker's share.
+  const std::vector<int64_t>& users(uint64_t step);
+  const std::vector<int32_t>& items() const { return items_; }
+  const std::vector<float>& labels() const { return labels_; }
+
+private:
+  click_batches(const spec& s, train::click_split data);
+
+  spec s_;
+  train::click_split data_;
+  train::example_order order_;
+  std::vector<size_t> picks_;
+  std::vector<int64_t> users_;
+  std::vector<int32_t> items_;
+  std::vector<float> labels_;
+};
+
+/// The key=value words of raw worker `rank` of one raw run of the line, after
+/// the common ones (ports, rows, dim, batch, mode, warmup, window): `run` the
+/// run's number (the shards tell runs apart by it), `job_seed` the seed of the
+/// rep's sparse job (both raw runs read its clicks in its order), `model`:
+/// the workers run the model step (the baseline), else they push their rows
+/// scaled (transport only, on the same ids).
+std::vector<std::string> raw_train_worker_args(int rank, uint64_t run, uint64_t job_seed,
+                                               bool model, size_t examples);
+
+class raw_fm_trainer {
+public:
+  struct spec {
+    click_batches::spec data;
     float lr = 0.1f;       ///< of the item table and the global bias
   };
 
-  /// The job's data and model (items 3, zipf 0, holdout 0.2), or nothing
-  /// with why on stderr.
+  /// The job's data and model, or nothing with why on stderr.
   static std::optional<raw_fm_trainer> make(const spec& s);
 
-  /// The user ids of this worker's share of batch `step` (the job's rule:
-  /// positions (step * workers + rank) * batch of the shuffled order).
-  const std::vector<int64_t>& batch_ids(uint64_t step);
+  /// The user ids of this worker's share of batch `step` (click_batches).
+  const std::vector<int64_t>& batch_ids(uint64_t step) { return batches_.users(step); }
 
   /// The step on the batch batch_ids() chose: `rows` the distinct users'
   /// rows ([unique, width], in the order `example_row` refers to them),
@@ -51,15 +92,11 @@ public:
   double last_loss = 0;
 
 private:
-  raw_fm_trainer(const spec& s, train::recommender m, train::click_split data);
+  raw_fm_trainer(const spec& s, train::recommender m, click_batches b);
 
   spec s_;
   train::recommender model_;
-  train::click_split data_;
-  train::example_order order_;
-  std::vector<size_t> picks_;
-  std::vector<int64_t> users_;
-  std::vector<float> labels_;
+  click_batches batches_;
   std::vector<std::vector<int32_t>> index_; ///< [user, item][example]
   tensor items_, bias_;
 };

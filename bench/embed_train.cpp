@@ -18,6 +18,7 @@
 #include "bench/bench_train.hpp"
 #include "bench/embed_benches.hpp"
 #include "bench/embed_raw.hpp"
+#include "bench/embed_raw_model.hpp"
 #include "bench/proc_stats.hpp"
 #include "bench/train_common.hpp"
 #include "bench/train_run.hpp"
@@ -48,26 +49,26 @@ struct raw_train_run {
 
 /// Two raw workers against the shard servers on `ports`, one timed window
 /// (run `run`: the shards tell runs apart), or nothing (why on stderr).
-/// `model`: the workers run the sparse job's data and model step
+/// Their ids are the batches of the sparse job of seed `job_seed` (its
+/// clicks in its order). `model`: the workers run the job's model step
 /// (embed_raw_model.hpp: the line's baseline); else their rows scaled are
-/// the gradient (the transport alone).
+/// the gradient (the transport alone, on the same rows).
 std::optional<raw_train_run> raw_job(const std::vector<uint16_t>& ports, bool sync, uint64_t run,
-                                     bool model, const scratch_dir& dir) {
+                                     uint64_t job_seed, bool model, const scratch_dir& dir) {
   std::string list;
   for (auto p : ports)
     list += (list.empty() ? "" : ",") + std::to_string(p);
   std::vector<child_process> kids;
   std::vector<std::string> names;
   for (int r = 0; r < workers; ++r) {
-    kids.push_back(spawn({self_exe(), helper_flag, "embed-worker", "rank=" + std::to_string(r),
-                          "run=" + std::to_string(run), "ports=" + list,
-                          "rows=" + std::to_string(table_rows), "dim=" + std::to_string(dim),
-                          "batch=" + std::to_string(batch), "seed=" + std::to_string(run),
-                          "mode=" + std::string{sync ? "sync" : "async"}, "ids=uniform",
-                          "warmup=" + exact(warmup_s), "window=" + exact(window_s),
-                          model ? "model=fm" : "model=none",
-                          "examples=" + std::to_string(examples)},
-                         dir.path / ("embed-worker" + std::to_string(r) + ".log")));
+    std::vector<std::string> argv{self_exe(), helper_flag, "embed-worker", "ports=" + list,
+                                  "rows=" + std::to_string(table_rows),
+                                  "dim=" + std::to_string(dim), "batch=" + std::to_string(batch),
+                                  "mode=" + std::string{sync ? "sync" : "async"},
+                                  "warmup=" + exact(warmup_s), "window=" + exact(window_s)};
+    for (auto& w : raw_train_worker_args(r, run, job_seed, model, examples))
+      argv.push_back(std::move(w));
+    kids.push_back(spawn(argv, dir.path / ("embed-worker" + std::to_string(r) + ".log")));
     names.push_back("raw embed worker " + std::to_string(r));
   }
   if (auto failure = wait_all(kids, names, clock_type::now() + std::chrono::seconds(60))) {
@@ -263,7 +264,8 @@ int train_bench() {
   for (int rep = 0; rep < reps && !failed; ++rep)
     for (int mode = 0; mode < 2 && !failed; ++mode) { // 0: sync, 1: async
       std::string w;
-      if (auto o = ours_job(mode == 0, ++run, dir, w)) {
+      const uint64_t job_seed = ++run; // the job's seed: its clicks, which both raw runs read
+      if (auto o = ours_job(mode == 0, job_seed, dir, w)) {
         ours[mode].push_back(o->r.steps_per_s);
         ours_bytes[mode].push_back(o->r.bytes_per_step);
         ours_rss[mode] = o->ps_rss_mib;
@@ -271,8 +273,8 @@ int train_bench() {
         why[mode] = w; // the line's reason if no rep measured
         std::fprintf(stderr, "actorflow-bench: %s: sparse job: %s\n", metric, w.c_str());
       }
-      auto b = raw_job(ports, mode == 0, ++run, true, dir);
-      auto t = b ? raw_job(ports, mode == 0, ++run, false, dir) : std::nullopt;
+      auto b = raw_job(ports, mode == 0, ++run, job_seed, true, dir);
+      auto t = b ? raw_job(ports, mode == 0, ++run, job_seed, false, dir) : std::nullopt;
       if (!b || !t) {
         failed = true;
         break;
@@ -283,8 +285,8 @@ int train_bench() {
       raw_loss[mode].push_back(b->loss);
       transport[mode].push_back(t->steps_per_s);
     }
-  // The pushes landed: of rows 0..999 (each drawn about once per 10 M ids,
-  // some 10 M ids a run), some changed.
+  // The pushes landed: of rows 0..999 some changed (about 21 of them are
+  // users of the clicks, each touched every data epoch of a run).
   if (!failed) {
     raw_embed_client check;
     std::vector<float> rows;
@@ -313,8 +315,18 @@ int train_bench() {
   for (auto& s : servers)
     pids.push_back(s.pid());
   const double shard_mib = double(table_rows / shards * dim * 4) / 1048576.0;
-  std::printf("# %s: %lld x %lld float32 table (mod, 3 shards), 2 workers of %lld uniform ids a "
-              "step, SGD at the shard, TCP on loopback; timed window %.0f s after %.0f s; sync "
+  // The clicks' training examples name uniform users: the distinct ones,
+  // the rows a data epoch touches (all three runs touch only these).
+  const double train_examples = 0.8 * static_cast<double>(examples);
+  const double epoch_rows = static_cast<double>(table_rows)
+                            * -std::expm1(-train_examples / static_cast<double>(table_rows));
+  std::printf("# %s: %lld x %lld float32 table (mod, 3 shards), 2 workers of %lld ids a step: "
+              "the users of the sparse job's synthetic clicks (%lld examples, a fifth held "
+              "out, uniform users: about %.0f distinct rows, %.0f MiB, touched again every "
+              "data epoch of %.0f global steps), the same batches on both sides; ours' ps tables on "
+              "huge pages with their rows prefetched (core/tensor.cpp, core/prefetch.hpp), "
+              "the raw shard's a std::vector on 4 KiB pages; "
+              "SGD at the shard, TCP on loopback; timed window %.0f s after %.0f s; sync "
               "steps/s counts the pair's steps, async every worker's. ours: actorflow-train's "
               "sparse job (model recommender, users %lld, dim %lld: the user table is this "
               "table; items 3, a table of 3 rows, negligible), its window taken from the "
@@ -322,9 +334,12 @@ int train_bench() {
               "raw-TCP ps (bench/embed_raw.hpp) whose workers run the same data and model "
               "step by hand (bench/embed_raw_model.hpp: the same clicks, "
               "train::recommender::step, the item table and bias kept by the worker); "
-              "'transport only': the same raw ps, its workers' rows scaled as their gradient\n",
+              "'transport only': the same raw ps and ids, its workers' rows scaled as their "
+              "gradient\n",
               metric, static_cast<long long>(table_rows), static_cast<long long>(dim),
-              static_cast<long long>(batch), window_s, warmup_s,
+              static_cast<long long>(batch), static_cast<long long>(examples), epoch_rows,
+              epoch_rows * dim * 4 / 1048576.0, train_examples / (workers * batch), window_s,
+              warmup_s,
               static_cast<long long>(table_rows), static_cast<long long>(dim - 1), log_every);
   print_rss(metric, "raw shard", pids, shard_mib);
   for (int mode = 0; mode < 2; ++mode)
