@@ -5,12 +5,16 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 
@@ -175,11 +179,29 @@ struct shard_conn {
   std::vector<float> grads;
 };
 
+/// A shard's rows on 2 MiB pages where the kernel allows it (madvise before
+/// the first touch), as actorflow's big tensors are (core/tensor.cpp): the
+/// page size is the machine's choice, not the runtime's, so both sides of a
+/// sparse line get the same one. (Row prefetching stays ours alone: that is code.)
+struct page_advised_rows {
+  std::unique_ptr<float, void (*)(void*)> rows{nullptr, &std::free};
+
+  void allocate(size_t floats) {
+    constexpr size_t huge = size_t{2} << 20;
+    const size_t bytes = (floats * sizeof(float) + huge - 1) & ~(huge - 1);
+    rows.reset(static_cast<float*>(std::aligned_alloc(huge, bytes)));
+    if (!rows)
+      throw std::bad_alloc{};
+    madvise(rows.get(), bytes, MADV_HUGEPAGE); // a hint: without it, 4 KiB pages
+  }
+  float* data() const { return rows.get(); }
+};
+
 /// One shard of a table and the connections it serves.
 struct shard_server {
   int64_t rows = 0, dim = 0;
   float lr = 0;
-  std::vector<float> table;
+  page_advised_rows table;
   std::vector<shard_conn> conns;
   std::vector<float> out;
 
@@ -299,10 +321,10 @@ int embed_shard_main(const helper_args& a) {
   // scale=: the training line's rows, small as a model's (2^-20: still exact)
   const float scale = static_cast<float>(a.kv.count("scale") ? a.real("scale") : 1.0);
   s.rows = total / shards + (shard < total % shards ? 1 : 0);
-  s.table.resize(static_cast<size_t>(s.rows * s.dim));
+  s.table.allocate(static_cast<size_t>(s.rows * s.dim));
   for (int64_t r = 0; r < s.rows; ++r)
     for (int64_t c = 0; c < s.dim; ++c)
-      s.table[static_cast<size_t>(r * s.dim + c)] = scale * embed_value(r * shards + shard, c, s.dim);
+      s.table.data()[static_cast<size_t>(r * s.dim + c)] = scale * embed_value(r * shards + shard, c, s.dim);
   std::printf("embed-shard %lld: %lld rows of %lld\n", static_cast<long long>(shard),
               static_cast<long long>(s.rows), static_cast<long long>(s.dim));
   std::fflush(stdout);
