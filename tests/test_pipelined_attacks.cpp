@@ -81,6 +81,49 @@ void check_same_state(bed& b, const twin& got, const twin& want) {
 
 } // namespace
 
+TEST_CASE("a streamed async push sent again under its number while the first is in line is "
+          "refused by name, and its gradient is applied once",
+          "[pipeline][members]") {
+  // Catches: a line of streamed async pushes that checks a push's number
+  // only against the pushes already committed (seq_taken), so that a
+  // retry of a push still in line (its answer lost, its worker joined
+  // again) joins the line too, and the gradient is applied twice.
+  const size_t n = 40000; // three chunks
+  bed b;
+  auto sf = b.make("dupsf", n, 2, "sgd", "async");
+  auto pl = b.make("duppl", n, 2, "sgd", "async");
+  auto g0 = gradient(n + 1, 1), g1 = gradient(n + 1, 2);
+  REQUIRE(sf.chans[0]->aggregate(wire::kind::push, sf.name, 0, 0, {g0}, 20s, sf.tokens[0], 1));
+  REQUIRE(sf.chans[1]->aggregate(wire::kind::push, sf.name, 1, 0, {g1}, 20s, sf.tokens[1], 1));
+  auto pushes = b.stats(pl).pushes;
+  raw_peer p0{b.port}, p1{b.port}, again{b.port};
+  // Worker 0 first in line, half sent: the others wait behind it.
+  p0.send_streamed_head(pl.name, pl.tokens[0], 0, 0, 1, n + 1);
+  p0.send_all(g0.bytes(), g0.nbytes() / 2);
+  REQUIRE(eventually([&] { return b.stats(pl).pushes == pushes + 1; }));
+  p1.send_streamed_head(pl.name, pl.tokens[1], 1, 0, 1, n + 1);
+  p1.send_all(g1.bytes(), g1.nbytes());
+  REQUIRE(eventually([&] { return b.stats(pl).pushes == pushes + 2; }));
+  // Worker 1's push 1 once more, on another connection.
+  again.send_streamed_head(pl.name, pl.tokens[1], 1, 0, 1, n + 1);
+  again.send_all(g1.bytes(), g1.nbytes());
+  REQUIRE(eventually([&] { return readable(again) || b.stats(pl).pushes == pushes + 3; }));
+  p0.send_all(g0.bytes() + g0.nbytes() / 2, g0.nbytes() - g0.nbytes() / 2);
+  auto a0 = read_answer(p0), a1 = read_answer(p1), a2 = read_answer(again);
+  REQUIRE(a0.read);
+  REQUIRE(a1.read);
+  REQUIRE(a2.read);
+  CHECK(a0.status == 0);
+  CHECK(a1.status == 0);
+  CHECK(a1.version == 2);
+  CHECK(a2.status == static_cast<uint8_t>(af_error::already_exists));
+  CHECK_THAT(a2.text, Catch::Contains("worker 1"));
+  CHECK_THAT(a2.text, Catch::Contains("push 1"));
+  CHECK_THAT(a2.text, Catch::Contains("in line"));
+  CHECK(b.stats(pl).applied == 2);
+  check_same_state(b, pl, sf);
+}
+
 namespace {
 
 /// A streamed push's header with `change` applied, then its prefix and
