@@ -323,3 +323,55 @@ TEST_CASE("a streamed push over shared memory is refused by name and the connect
   REQUIRE(ok);
   CHECK(ok->first == 1);
 }
+
+TEST_CASE("a store-and-forward push joins a pipelined round its worker is a member of, and the "
+          "round gives the store-and-forward round's bits",
+          "[pipeline][members]") {
+  // Catches: a pipelined round that refuses a member's push sent
+  // store-and-forward. A worker with pipeline_sync on sends one wherever
+  // its connection is not plain TCP (shared memory on the ps's host, TLS,
+  // UCX) and over CAF: a job with one worker on the ps's host and one
+  // elsewhere failed every step the remote worker's push began.
+  const size_t n = 300000;
+  const auto kind = GENERATE(std::string{"sgd"}, std::string{"momentum"});
+  CAPTURE(kind);
+  bed b;
+  auto sf = b.make("mixsf", n, 2, kind);
+  auto pl = b.make("mixpl", n, 2, kind);
+  for (uint64_t step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    auto g0 = gradient(n + 1, static_cast<uint32_t>(10 * step + 1));
+    auto g1 = gradient(n + 1, static_cast<uint32_t>(10 * step + 2));
+    const uint64_t seq = step + 1;
+    std::vector<push_result> want(2, push_result{make_error(af_error::internal, "")});
+    std::thread t{[&] {
+      want[1] = sf.chans[1]->aggregate(wire::kind::push, sf.name, 1, step, {g1}, 20s,
+                                       sf.tokens[1], seq);
+    }};
+    want[0] = sf.chans[0]->aggregate(wire::kind::push, sf.name, 0, step, {g0}, 20s, sf.tokens[0],
+                                     seq);
+    t.join();
+    REQUIRE(want[0]);
+    // Worker 0 streams (the pipelined round begins with it), worker 1's push
+    // comes whole.
+    auto pushes = b.stats(pl).pushes;
+    push_result streamed{make_error(af_error::internal, "")};
+    std::thread t0{[&] {
+      streamed = pl.chans[0]->push_streamed(pl.name, 0, step, {g0}, 20s, pl.tokens[0], seq);
+    }};
+    REQUIRE(eventually([&] { return b.stats(pl).pushes == pushes + 1; }));
+    auto whole = pl.chans[1]->aggregate(wire::kind::push, pl.name, 1, step, {g1}, 20s,
+                                        pl.tokens[1], seq);
+    t0.join();
+    REQUIRE(whole);
+    REQUIRE(streamed);
+    CHECK(whole->first == step + 1);
+    CHECK(streamed->first == step + 1);
+    for (const auto* got : {&*whole, &*streamed}) {
+      REQUIRE(got->second.nbytes() == want[0]->second.nbytes());
+      CHECK(std::memcmp(got->second.bytes(), want[0]->second.bytes(), want[0]->second.nbytes())
+            == 0);
+    }
+    check_same_state(b, pl, sf);
+  }
+}
