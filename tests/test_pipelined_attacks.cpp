@@ -228,7 +228,7 @@ TEST_CASE("streamed pushes that lie in their header are refused by name while a 
   check_same_state(b, pl, sf);
 }
 
-TEST_CASE("a member that stops reading its streamed answer holds only its own connection: the "
+TEST_CASE("a member that stops reading its streamed answer holds only its own connection, the "
           "round commits and the other member's answer is whole",
           "[pipeline][members]") {
   // Catches: a ps thread that writes a member's answer while it holds the
