@@ -31,6 +31,13 @@ constexpr size_t piece_bytes = pipelined_chunk_floats * sizeof(float);
 /// the answer's floats up to `ready` are applied (or, after the round
 /// ended without committing, the rest of the payload is zeros).
 struct answer_stream {
+  /// (A constructor, not an aggregate's braces: -Wmissing-field-initializers
+  /// named every member the braces left to their defaults.)
+  answer_stream(plane_request& r, streamed_push& p, uint64_t bytes)
+    : req(r), push(p), total_bytes(bytes) {
+    // nop
+  }
+
   plane_request& req;
   streamed_push& push;
   uint64_t total_bytes = 0;

@@ -48,7 +48,7 @@ push_result join_round(self_pointer self, uint32_t worker, uint64_t step,
                        const char* what, Release release) {
   auto& st = self->state;
   if (st.pipelined) // sync: its members stream their pushes (dist/aggregator_pipelined.cpp)
-    return join_pipelined(self, worker, step, who, values.empty());
+    return join_pipelined(self, worker, step, who, values, what);
   if (auto err = add_to_round(self, worker, who, values, what))
     return err;
   auto r = park(self, worker, step, who);

@@ -125,12 +125,16 @@ void abort_streamed_async(aggregator_actor_state& st, const caf::error& why);
 /// under them); none if there are none.
 caf::error mixed_async_push(const aggregator_actor_state& st, uint32_t worker);
 
-/// sync, a pipelined round in progress: a push that came to the actor. An
-/// abstention (`abstains`: no values) of a member that has not streamed yet
-/// is parked in it, the round going on without it; any other is refused,
-/// naming why (every worker of a job sets [train] pipeline_sync alike).
+/// sync, a pipelined round in progress: a push that came to the actor (over
+/// CAF, or store-and-forward on a data plane: a worker with pipeline_sync on
+/// sends one wherever its connection is not plain TCP). A member that has
+/// not streamed yet joins it: its values (`values`, checked as unpack
+/// checks them; `what` names them) are copied into the round whole, or, an
+/// abstention (no values), the round goes on without it. Any other is
+/// refused, naming why.
 push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
-                           const push_credentials& who, bool abstains);
+                           const push_credentials& who, const std::vector<tensor>& values,
+                           const char* what);
 
 /// The pipelined round's commit, once its last chunk is applied: the new
 /// values installed, then the store-and-forward release's bookkeeping

@@ -159,18 +159,41 @@ std::vector<pipelined_round::variable> round_variables(const aggregator_actor_st
 }
 
 push_result join_pipelined(self_pointer self, uint32_t worker, uint64_t step,
-                           const push_credentials& who, bool abstains) {
+                           const push_credentials& who, const std::vector<tensor>& values,
+                           const char* what) {
   auto& st = self->state;
   auto round = st.pipelined;
-  if (!abstains || !round->abstain(worker))
+  if (!round->is_member(worker) || st.round.has_arrived(worker))
     return make_error(af_error::invalid_argument,
-                      fmt::format("aggregator '{}': {} pushed step {} store-and-forward while the "
-                                  "round's other members stream theirs (a pipelined round): "
-                                  "every worker of a job sets [train] pipeline_sync alike",
-                                  st.spec.name, worker_name(st, worker), step));
-  member(st, worker).stats.refused += 1; // an abstention, counted as join_round counts it
+                      fmt::format("aggregator '{}': {} pushed step {} into the pipelined round of "
+                                  "global step {}, {}",
+                                  st.spec.name, worker_name(st, worker), step, st.global_step,
+                                  round->is_member(worker)
+                                    ? "which its streamed push joined already"
+                                    : "which began without it (it was no member then)"));
+  if (values.empty()) {
+    if (!round->abstain(worker))
+      return make_error(af_error::invalid_argument,
+                        fmt::format("aggregator '{}': {} abstained from the pipelined round of "
+                                    "global step {}, of which it is the last member",
+                                    st.spec.name, worker_name(st, worker), st.global_step));
+    member(st, worker).stats.refused += 1; // an abstention, counted as join_round counts it
+  } else {
+    // Its values whole, as a streamed push's pieces that all arrived at once
+    // (the mean sums the members in the same order either way).
+    auto parts = unpack(self, worker, values, what, who.finite_checked);
+    if (!parts)
+      return std::move(parts.error());
+    float* dst = round->buffer(worker);
+    for (size_t i = 0; i < st.vars.size(); ++i)
+      std::copy((*parts)[i], (*parts)[i] + st.sizes[i], dst + st.offsets[i]);
+    round->joined(worker);
+    member(st, worker).contributed = true;
+  }
   auto r = park(self, worker, step, who);
-  // Without it, chunks the others all sent are applied now; the last one commits.
+  // Chunks every member now has are applied; the last one commits.
+  if (!values.empty())
+    round->arrived(worker, round->total());
   if (round->applied() == round->chunks() && st.pipelined == round)
     commit_pipelined(self);
   st.plane->answered.notify_all();

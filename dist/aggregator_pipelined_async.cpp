@@ -185,6 +185,17 @@ join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, ui
   // The norm guard scales by the whole gradient's norm: it needs all of it first.
   if (st.tables > 0 || st.guard.enabled() || !common_case(st, worker, step, who, false))
     return std::nullopt;
+  // The push numbers taken (seq_taken) count only the pushes committed: a
+  // push sent again while the first is still in line (its answer lost, its
+  // worker joined again) would join the line too, and be applied twice.
+  for (const auto& e : st.pipelined_async)
+    if (who.seq != 0 && e.worker == worker && e.seq >= who.seq)
+      return result{make_error(
+        af_error::already_exists,
+        fmt::format("aggregator '{}': {} sent its push {} again while its streamed push {} is "
+                    "still in line to be applied ([train] pipeline_async): refused, not applied "
+                    "twice; the first one's answer says whether it was applied",
+                    st.spec.name, worker_name(st, worker), who.seq, e.seq))};
   auto round = std::make_shared<pipelined_round>();
   if (auto err = round->prepare(round_variables(st), st.spec.optimizer, st.slot_names, {worker}))
     return result{std::move(err)};

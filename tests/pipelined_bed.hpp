@@ -61,8 +61,10 @@ struct bed {
   std::unique_ptr<caf::scoped_actor> self;
   uint16_t port = 0;
 
-  bed() {
-    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+  /// `opts`: the nodes' options (a short data_frame_timeout_ms for a test
+  /// of a peer that stalls).
+  explicit bed(node_options opts = embedded_cluster::defaults()) {
+    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}}, opts);
     REQUIRE(c);
     cluster = std::move(*c);
     auto ss = cluster->session_for("worker", 0);
