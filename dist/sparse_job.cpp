@@ -94,6 +94,7 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
       lt.shard_vars.push_back(shard_name(spec.name, k));
       lt.shard_ps.push_back(k);
       layout.ps_order[k].push_back({true, layout.tables.size(), k});
+      t.asked_ps = true;
       auto scope = t.s.device("/job:ps/task:" + std::to_string(k));
       if (!scope)
         return std::move(scope.error());
