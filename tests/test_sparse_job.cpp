@@ -468,3 +468,25 @@ TEST_CASE("a worker whose click data is refused says why at once, waiting for no
   CHECK(what.find("clicks.csv:3: column 3 (label) = '2'") != std::string::npos);
   CHECK(what.find("ps_recovery_timeout_ms") == std::string::npos);
 }
+
+TEST_CASE("a sparse job whose tables are too large for its ps is refused before its data is "
+          "loaded, between-graph and in one process", "[sparse_job]") {
+  // Catches: the tables' size checked only after the clicks were drawn
+  // (users = 400000000 in the embedded job: a minute and 6 GB of Zipf
+  // weights and clicks, then the refusal). The data here cannot be read:
+  // refused first, the error would name the file instead.
+  auto c = small_job("sync", 5);
+  c.data = "csv:/nonexistent/actorflow-clicks.csv";
+  c.max_data_bytes = 1000; // the tables' ~4 KB a ps, over 2 ps
+  auto run = run_job(c, 2, 1, false);
+  REQUIRE_FALSE(run.results[0]);
+  auto what = describe(run.results[0].error());
+  INFO(what);
+  CHECK(is(run.results[0].error(), af_error::resource_exhausted));
+  CHECK(what.find("more than max_data_bytes = 1000") != std::string::npos);
+  auto local = train::train_recommender_local(c, nullptr);
+  REQUIRE_FALSE(local);
+  INFO(local.error().what);
+  CHECK(local.error().code == af_error::resource_exhausted);
+  CHECK(local.error().what.find("this one process") != std::string::npos);
+}
