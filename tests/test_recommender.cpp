@@ -281,6 +281,10 @@ TEST_CASE("click CSV: rows read, ids bounded by the declared sizes, errors namin
   CHECK(read_clicks_csv(wide, 7, 5, 0.3, 1).error().what.find("more than 3 columns")
         != std::string::npos);
   CHECK(read_clicks_csv("/nonexistent/x.csv", 7, 5, 0.3, 1).error().code == af_error::not_found);
+  // Catches: a directory read as a file of no rows ("0 example(s) leave no training").
+  auto dir = read_clicks_csv("/tmp", 7, 5, 0.3, 1);
+  REQUIRE_FALSE(dir);
+  CHECK(dir.error().what.find("'/tmp' is a directory") != std::string::npos);
   for (const auto& p : {path, bad, label, wide})
     std::remove(p.c_str());
 }
