@@ -50,6 +50,10 @@ caf::error refuse_mode(const train::train_config& c) {
 
 /// Steps 1 and 2: the data, the model, the tables' routers and variables.
 caf::error declare(sparse_task& t, uint32_t n_ps) {
+  // Before the data: drawing millions of clicks and the Zipf weights of a
+  // table too large to hold took a minute and gigabytes, then was refused.
+  if (auto why = train::recommender_table_problem(t.c, n_ps); !why.empty())
+    return make_error(af_error::resource_exhausted, why);
   auto data = train::load_clicks(t.c);
   if (!data)
     return to_error(data.error());
@@ -66,8 +70,6 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
                       fmt::format("batch_size = {} ({} examples a step) is more than the {} "
                                   "training examples: lower batch_size",
                                   t.c.batch_size, per_step, t.data.data.train.labels.size()));
-  if (auto why = train::recommender_table_problem(t.c, n_ps); !why.empty())
-    return make_error(af_error::resource_exhausted, why);
   auto m = train::recommender_of(t.c);
   if (!m)
     return to_error(m.error());
@@ -94,6 +96,7 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
       lt.shard_vars.push_back(shard_name(spec.name, k));
       lt.shard_ps.push_back(k);
       layout.ps_order[k].push_back({true, layout.tables.size(), k});
+      t.asked_ps = true;
       auto scope = t.s.device("/job:ps/task:" + std::to_string(k));
       if (!scope)
         return std::move(scope.error());

@@ -55,6 +55,10 @@ struct sparse_task {
   /// 1 on the first set-up, one more each time it runs again after a ps
   /// that died during it came back (set_up_with_recovery).
   uint32_t set_up_pass = 0;
+  /// Set once a set-up pass first asks a ps for something (declare): an
+  /// error before it (the data, the model, the config) is no ps's doing,
+  /// and set_up_with_recovery returns it without waiting for any ps.
+  bool asked_ps = false;
   std::chrono::milliseconds timeout{0};
   train::click_data data;
   std::unique_ptr<train::recommender> model;

@@ -92,6 +92,7 @@ void reset_set_up(sparse_task& t) {
   t.start_position = 0;
   t.last_saved = 0;
   t.saved_any = false;
+  t.asked_ps = false;
 }
 
 /// Waits for ps `k` (gone: `why`) to answer as a new process, bounded by
@@ -180,6 +181,11 @@ caf::error set_up_with_recovery(sparse_task& t) {
       std::this_thread::sleep_for(std::chrono::milliseconds{100});
       continue;
     }
+    // A bad CSV, a table too large, a config refused: no ps was asked yet,
+    // so none is waited for (a ps that another worker's same refusal
+    // already stopped would otherwise hold this one ps_recovery_timeout_ms).
+    if (!t.asked_ps)
+      return err;
     auto lost = lost_ps(t, before);
     if (!lost)
       return err;

@@ -90,7 +90,12 @@ int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_
       }
       sparse_job_options o;
       o.shutdown_ps = false; // the embedded cluster stops its nodes itself
-      results[w] = run_sparse_worker_task(*s, c, static_cast<uint32_t>(w), o);
+      // Its ps live and end with this process: one that is gone was stopped
+      // below (worker 0 failed) and never comes back, so no worker waits
+      // ps_recovery_timeout_ms (60 s) for it before it says why it ends.
+      auto mine = c;
+      mine.ps_recovery_timeout_ms = 0;
+      results[w] = run_sparse_worker_task(*s, mine, static_cast<uint32_t>(w), o);
       if (w == 0 && !results[w]) {
         // Say why now, and stop the ps: the other workers would otherwise
         // wait init_timeout_ms for a chief that is gone.

@@ -3,6 +3,7 @@
 
 #include "repl/interpreter_state.hpp"
 
+#include "dist/sparse_job.hpp"
 #include "dist/train_client.hpp"
 
 namespace af::repl {
@@ -91,6 +92,13 @@ void interpreter::state::train_start(const stmt& st) {
     fail(st.words.size() > 2 ? st.words[2].at : st.words[1].at, cfg.error().what);
   if (auto why = train::validate(*cfg); !why.empty())
     fail(st.words[1].at, why);
+  // Its workers run the dense job, which knows no sparse model: each
+  // worker failed with "model 'recommender' is unknown".
+  if (sparse_job(*cfg))
+    fail(st.words[1].at, "train start: model '" + cfg->model + "' is a sparse job "
+                         "(docs/sparse.md), which the REPL does not run yet: run actorflow-train "
+                         "--config FILE (embedded, or --job for this cluster's tasks); the REPL "
+                         "declares tables with partitioned_table");
   auto workers = spec.num_tasks("worker");
   if (workers == 0)
     fail(st.words[0].at, "train start: the cluster has no worker job to train on");

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "train/metrics.hpp"
 #include "train/config_model.hpp"
 #include "train/recommender.hpp"
+#include "temp_dir.hpp"
 
 using namespace af;
 using namespace af::train;
@@ -279,6 +281,10 @@ TEST_CASE("click CSV: rows read, ids bounded by the declared sizes, errors namin
   CHECK(read_clicks_csv(wide, 7, 5, 0.3, 1).error().what.find("more than 3 columns")
         != std::string::npos);
   CHECK(read_clicks_csv("/nonexistent/x.csv", 7, 5, 0.3, 1).error().code == af_error::not_found);
+  // Catches: a directory read as a file of no rows ("0 example(s) leave no training").
+  auto dir = read_clicks_csv("/tmp", 7, 5, 0.3, 1);
+  REQUIRE_FALSE(dir);
+  CHECK(dir.error().what.find("'/tmp' is a directory") != std::string::npos);
   for (const auto& p : {path, bad, label, wide})
     std::remove(p.c_str());
 }
@@ -577,4 +583,31 @@ TEST_CASE("example_order::positions gives the examples at() gives, across epochs
     // Both go on alike: the stream's later positions are the same.
     CHECK(by_batch.at(first + 11) == by_one.at(first + 11));
   }
+}
+
+TEST_CASE("actorflow-train's embedded sparse job whose chief refuses the checkpoint ends at once, "
+          "naming it (catches the other worker waiting ps_recovery_timeout_ms for the ps the "
+          "chief's failure stopped)", "[recommender][cli]") {
+  af::testing::temp_dir dir;
+  REQUIRE_FALSE(dir.path.empty());
+  auto cfg = std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml";
+  std::vector<std::string> args{"--config", cfg, "--set", "synthetic_examples=20000",
+                                "--set", "users=300", "--set", "items=100", "--set", "steps=20",
+                                "--set", "log_every=0", "--set", "checkpoint_dir=" + dir.path};
+  auto first = run_train(args);
+  CAPTURE(first.out, first.err);
+  REQUIRE(first.status == 0);
+  // The same checkpoint directory with other dims: the chief refuses the
+  // checkpoint while worker 1 waits in its set-up for the tables' values.
+  args.insert(args.end(), {"--set", "dim=3"});
+  auto start = std::chrono::steady_clock::now();
+  auto second = run_train(args);
+  auto took = std::chrono::steady_clock::now() - start;
+  CAPTURE(second.out, second.err);
+  CHECK(second.status == 1);
+  CHECK(second.err.find("mismatched dims") != std::string::npos);
+  CHECK(second.err.find("ps_recovery_timeout_ms") == std::string::npos);
+  // A bound for a hang, not a speed: it ends within seconds, where worker 1
+  // waited the 60 s of ps_recovery_timeout_ms.
+  CHECK(took < std::chrono::seconds(40));
 }

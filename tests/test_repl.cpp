@@ -499,6 +499,13 @@ TEST_CASE("train start runs a job on the REPL's cluster, train mode switches it 
   auto missing = exec(*in, "train start " + dir / "nope.toml");
   CHECK_FALSE(missing.ok);
   CHECK(missing.err.find("nope.toml") != std::string::npos);
+  // Catches: a sparse config started as a dense job, each worker failing
+  // with "model 'recommender' is unknown".
+  auto sparse = exec(*in, "train start " + std::string{ACTORFLOW_SOURCE_DIR}
+                            + "/config/embeddings.toml");
+  CHECK_FALSE(sparse.ok);
+  CHECK(sparse.err.find("model 'recommender' is a sparse job") != std::string::npos);
+  CHECK(sparse.err.find("actorflow-train --config") != std::string::npos);
 }
 
 /// The interpreter a signal interrupts, as actorflow-repl's SIGINT handler

@@ -437,3 +437,56 @@ TEST_CASE("a worker whose config cuts the tables otherwise than the chief's is r
   CHECK(chief.find("worker 1") != std::string::npos);
   CHECK(chief.find("partition_strategy=div") != std::string::npos);
 }
+
+TEST_CASE("a worker whose click data is refused says why at once, waiting for no ps, even with "
+          "a ps down", "[sparse_job]") {
+  // Catches: a bad CSV row (or any refusal before a ps is asked) taken for a
+  // ps lost during the set-up when some ps does not answer, as in an
+  // embedded job whose other worker's same refusal already stopped the
+  // cluster: the worker waited ps_recovery_timeout_ms (60 s by default) and
+  // then failed naming the ps, not the file.
+  af::testing::temp_dir dir;
+  REQUIRE_FALSE(dir.path.empty());
+  auto csv = dir / "clicks.csv";
+  af::testing::write_file(csv, "user,item,label\n1,2,1\n3,4,2\n");
+  auto c = small_job("sync", 5);
+  c.data = "csv:" + csv;
+  c.ps_recovery_timeout_ms = 1500;
+  auto cluster = embedded_cluster::start({{"ps", 2}, {"worker", 1}});
+  REQUIRE(cluster);
+  auto s = (*cluster)->session_for("worker", 0);
+  REQUIRE(s);
+  REQUIRE_FALSE(s->shutdown("ps", 1)); // down before the set-up begins
+  sparse_job_options o;
+  o.shutdown_ps = false;
+  o.print = false;
+  auto r = run_sparse_worker_task(*s, c, 0, o);
+  REQUIRE_FALSE(r);
+  auto what = describe(r.error());
+  INFO(what);
+  CHECK(is(r.error(), af_error::invalid_argument));
+  CHECK(what.find("clicks.csv:3: column 3 (label) = '2'") != std::string::npos);
+  CHECK(what.find("ps_recovery_timeout_ms") == std::string::npos);
+}
+
+TEST_CASE("a sparse job whose tables are too large for its ps is refused before its data is "
+          "loaded, between-graph and in one process", "[sparse_job]") {
+  // Catches: the tables' size checked only after the clicks were drawn
+  // (users = 400000000 in the embedded job: a minute and 6 GB of Zipf
+  // weights and clicks, then the refusal). The data here cannot be read:
+  // refused first, the error would name the file instead.
+  auto c = small_job("sync", 5);
+  c.data = "csv:/nonexistent/actorflow-clicks.csv";
+  c.max_data_bytes = 1000; // the tables' ~4 KB a ps, over 2 ps
+  auto run = run_job(c, 2, 1, false);
+  REQUIRE_FALSE(run.results[0]);
+  auto what = describe(run.results[0].error());
+  INFO(what);
+  CHECK(is(run.results[0].error(), af_error::resource_exhausted));
+  CHECK(what.find("more than max_data_bytes = 1000") != std::string::npos);
+  auto local = train::train_recommender_local(c, nullptr);
+  REQUIRE_FALSE(local);
+  INFO(local.error().what);
+  CHECK(local.error().code == af_error::resource_exhausted);
+  CHECK(local.error().what.find("this one process") != std::string::npos);
+}

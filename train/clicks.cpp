@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -159,6 +160,11 @@ outcome<click_split> read_clicks_csv(const std::string& path, int64_t users, int
   if (!in)
     return graph_error{af_error::not_found,
                        fmt::format("cannot open click data '{}' (check the path)", path)};
+  // A directory opens, then reads as no rows: say what it is.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return bad(fmt::format("click data '{}' is a directory: data = \"csv:PATH\" names a file of "
+                           "user,item,label rows", path));
   click_split out;
   out.users = users;
   out.items = items;

@@ -506,6 +506,8 @@ outcome<recommender> recommender_of(const train_config& c) {
 outcome<recommender_report> train_recommender_local(
   const train_config& c, std::function<void(uint64_t step, double loss)> log) {
   recommender_report rep;
+  if (auto why = recommender_table_problem(c, 1); !why.empty()) // before the data is drawn
+    return graph_error{af_error::resource_exhausted, why};
   auto clicks = load_clicks(c);
   if (!clicks)
     return clicks.error();
@@ -515,8 +517,6 @@ outcome<recommender_report> train_recommender_local(
   rep.truth_log_loss = clicks->truth_log_loss;
   rep.train_examples = data.train.labels.size();
   rep.test_examples = data.test.labels.size();
-  if (auto why = recommender_table_problem(c, 1); !why.empty())
-    return graph_error{af_error::resource_exhausted, why};
   auto m = recommender_of(c);
   if (!m)
     return m.error();
