@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "dist/embedded_cluster.hpp"
 #include "dist/sparse_in_graph.hpp"
 #include "messages/error.hpp"
+#include "train/config_model.hpp"
 #include "train/local.hpp"
 
 namespace af::programs {
@@ -67,7 +69,16 @@ void print_sparse_summary(const train::train_config& c, uint32_t workers, const 
   std::fflush(stdout);
 }
 
+/// The embedded cluster's ps are all in this one process: its tables must
+/// fit max_data_bytes whole, not a ps's share of them (each ps checks only its
+/// own share, so 3 ps of an embedded job could hold 3x the limit between them).
+std::string embedded_tables_problem(const train::train_config& c) {
+  return train::recommender_table_problem(c, 1);
+}
+
 int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_fn fail) {
+  if (auto why = embedded_tables_problem(c); !why.empty())
+    return fail(why, 1);
   auto cluster = embedded_cluster::start({{"worker", workers}, {"ps", ps}},
                                          embedded_cluster::defaults());
   if (!cluster)
@@ -117,6 +128,8 @@ int run_sparse_embedded(const train::train_config& c, int ps, int workers, fail_
 
 int run_sparse_in_graph_embedded(const train::train_config& c, int ps, int workers,
                                  fail_fn fail) {
+  if (auto why = embedded_tables_problem(c); !why.empty())
+    return fail(why, 1);
   auto cluster = embedded_cluster::start({{"worker", workers}, {"ps", ps}},
                                          embedded_cluster::defaults());
   if (!cluster)

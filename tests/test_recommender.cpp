@@ -611,3 +611,19 @@ TEST_CASE("actorflow-train's embedded sparse job whose chief refuses the checkpo
   // waited the 60 s of ps_recovery_timeout_ms.
   CHECK(took < std::chrono::seconds(40));
 }
+
+TEST_CASE("actorflow-train's embedded sparse job refuses tables that fit each ps's share of "
+          "max_data_bytes but not the one process that holds every ps (catches the check per ps "
+          "letting 3 embedded ps hold 3x the limit)", "[recommender][cli]") {
+  // users x (dim + 1) x 4 bytes = 3000 x 65 x 4 = 780,000 bytes with sgd:
+  // a third each (260,000) is under the limit, the whole is not.
+  auto cfg = std::string{ACTORFLOW_SOURCE_DIR} + "/config/embeddings.toml";
+  auto r = run_train({"--config", cfg, "--set", "users=3000", "--set", "items=3", "--set",
+                      "dim=64", "--set", "optimizer=sgd", "--set", "max_data_bytes=500000",
+                      "--set", "synthetic_examples=2000", "--set", "steps=5", "--set",
+                      "log_every=0"});
+  CAPTURE(r.out, r.err);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("this one process") != std::string::npos);
+  CHECK(r.err.find("max_data_bytes") != std::string::npos);
+}
