@@ -77,9 +77,10 @@ constexpr size_t huge_page_min = size_t{32} << 20;
 /// A big table (an embedding shard of hundreds of MiB) is read and updated a
 /// few hundred random rows at a time: on 4 KiB pages each row is a TLB miss
 /// as well as a cache miss. madvise(MADV_HUGEPAGE) on the buffer's 2 MiB-
-/// aligned interior, before its pages are first touched, lets the kernel back
-/// it with 2 MiB pages where transparent huge pages are on "madvise" (Debian's
-/// default) or "always"; elsewhere it does nothing. On the 2-vCPU Xeon, 340
+/// aligned interior, before its pages are first touched (a buffer the pool
+/// hands out again is advised again: harmless), lets the kernel back it with
+/// 2 MiB pages where transparent huge pages are "madvise" or "always"
+/// (/sys/kernel/mm/transparent_hugepage/enabled); elsewhere it does nothing. On the 2-vCPU Xeon, 340
 /// random rows of 64 floats out of 3.3 M: gather 40 -> 20 us, an SGD update
 /// 50 -> 23 us (both with core/prefetch.hpp). Buffers this big come from mmap
 /// (glibc's threshold is at most 32 MiB), so the advice never reaches memory
