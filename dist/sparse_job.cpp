@@ -54,6 +54,23 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
   // table too large to hold took a minute and gigabytes, then was refused.
   if (auto why = train::recommender_table_problem(t.c, n_ps); !why.empty())
     return make_error(af_error::resource_exhausted, why);
+  // The model, the strategy and each table's rows against the ps count need
+  // the config alone: refused before the data is drawn or read, too.
+  auto m = train::recommender_of(t.c);
+  if (!m)
+    return to_error(m.error());
+  t.model = std::make_unique<train::recommender>(std::move(*m));
+  auto strategy = kernels::parse_partition_strategy(t.c.partition_strategy);
+  if (!strategy)
+    return make_error(af_error::invalid_argument,
+                      fmt::format("partition_strategy '{}': use mod or div",
+                                  t.c.partition_strategy));
+  for (const auto& spec : t.model->tables())
+    if (spec.rows < static_cast<int64_t>(n_ps))
+      return make_error(af_error::invalid_argument,
+                        fmt::format("table '{}' has {} rows, fewer than the {} ps tasks it is cut "
+                                    "over: give it more rows or the job fewer ps tasks",
+                                    spec.name, spec.rows, n_ps));
   auto data = train::load_clicks(t.c);
   if (!data)
     return to_error(data.error());
@@ -70,23 +87,9 @@ caf::error declare(sparse_task& t, uint32_t n_ps) {
                       fmt::format("batch_size = {} ({} examples a step) is more than the {} "
                                   "training examples: lower batch_size",
                                   t.c.batch_size, per_step, t.data.data.train.labels.size()));
-  auto m = train::recommender_of(t.c);
-  if (!m)
-    return to_error(m.error());
-  t.model = std::make_unique<train::recommender>(std::move(*m));
-  auto strategy = kernels::parse_partition_strategy(t.c.partition_strategy);
-  if (!strategy)
-    return make_error(af_error::invalid_argument,
-                      fmt::format("partition_strategy '{}': use mod or div",
-                                  t.c.partition_strategy));
   auto& layout = t.layout;
   layout.ps_order.resize(n_ps);
   for (const auto& spec : t.model->tables()) {
-    if (spec.rows < static_cast<int64_t>(n_ps))
-      return make_error(af_error::invalid_argument,
-                        fmt::format("table '{}' has {} rows, fewer than the {} ps tasks it is cut "
-                                    "over: give it more rows or the job fewer ps tasks",
-                                    spec.name, spec.rows, n_ps));
     sparse_layout::table lt;
     auto sizes = kernels::balanced_shard_rows(spec.rows, n_ps);
     if (auto st = kernels::shard_router::make(*strategy, sizes, lt.router); !st.ok())

@@ -490,3 +490,19 @@ TEST_CASE("a sparse job whose tables are too large for its ps is refused before 
   CHECK(local.error().code == af_error::resource_exhausted);
   CHECK(local.error().what.find("this one process") != std::string::npos);
 }
+
+TEST_CASE("a sparse job whose table has fewer rows than its ps tasks is refused naming the table "
+          "before its data is loaded", "[sparse_job]") {
+  // Catches: the rows against the ps count checked only after the clicks
+  // were drawn or read (items = 1 over 3 ps: seconds of data, then the
+  // refusal). The data here cannot be read: refused first, the error would
+  // name the file instead.
+  auto c = small_job("sync", 5);
+  c.data = "csv:/nonexistent/actorflow-clicks.csv";
+  c.items = 1;
+  auto run = run_job(c, 2, 1, false);
+  REQUIRE_FALSE(run.results[0]);
+  auto what = describe(run.results[0].error());
+  INFO(what);
+  CHECK(what.find("table 'item_emb' has 1 rows, fewer than the 2 ps tasks") != std::string::npos);
+}
