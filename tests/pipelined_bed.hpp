@@ -191,4 +191,28 @@ struct raw_peer {
   }
 };
 
+/// An answer and its global step equal to another's, bit for bit.
+inline void check_same(const push_result& got, const push_result& want) {
+  REQUIRE(got);
+  REQUIRE(want);
+  CHECK(got->first == want->first);
+  REQUIRE(got->second.nbytes() == want->second.nbytes());
+  CHECK(std::memcmp(got->second.bytes(), want->second.bytes(), want->second.nbytes()) == 0);
+}
+
+/// What bed::saved gave: every value and slot byte, and the global step.
+using saved_state = std::pair<std::vector<std::byte>, uint64_t>;
+
+/// Two saved states equal, bit for bit.
+inline void check_same_saved(const saved_state& got, const saved_state& want) {
+  CHECK(got.second == want.second);
+  REQUIRE(got.first.size() == want.first.size());
+  CHECK(std::memcmp(got.first.data(), want.first.data(), want.first.size()) == 0);
+}
+
+/// The aggregator `got`'s variables, slots and global step equal `want`'s.
+inline void check_same_state(bed& b, const twin& got, const twin& want) {
+  check_same_saved(b.saved(got), b.saved(want));
+}
+
 } // namespace af::test

@@ -36,22 +36,6 @@ push_result push_one(twin& t, uint32_t worker, uint64_t step, const tensor& g, u
                                                t.tokens[worker], seq);
 }
 
-/// The same bytes: two answers' parameters, or two saved states.
-void check_same(const push_result& got, const push_result& want) {
-  REQUIRE(got);
-  REQUIRE(want);
-  CHECK(got->first == want->first);
-  REQUIRE(got->second.nbytes() == want->second.nbytes());
-  CHECK(std::memcmp(got->second.bytes(), want->second.bytes(), want->second.nbytes()) == 0);
-}
-
-void check_same_state(bed& b, const twin& got, const twin& want) {
-  auto a = b.saved(want), c = b.saved(got);
-  CHECK(a.second == c.second);
-  REQUIRE(a.first.size() == c.first.size());
-  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
-}
-
 } // namespace
 
 TEST_CASE("pipelined async pushes over TCP give the store-and-forward pushes' answers, values "
@@ -161,9 +145,7 @@ TEST_CASE("a pipelined async push waits its turn behind another no longer than t
              Catch::Contains("for its turn behind the streamed push of worker 0 ("));
   CHECK_THAT(describe(r.error()), Catch::Contains("of 300001 floats)"));
   CHECK_THAT(describe(r.error()), Catch::Contains("no variable changed"));
-  auto after = b.saved(pl);
-  CHECK(after.second == before.second);
-  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+  check_same_saved(b.saved(pl), before);
 }
 
 TEST_CASE("two workers streaming async pushes at once to one aggregator both complete, and the "
@@ -290,10 +272,7 @@ TEST_CASE("a live switch out of async abandons the streamed pushes in line, chan
   REQUIRE(p.recv_all(zeros.mutable_bytes(), zeros.nbytes()));
   REQUIRE(p.recv_all(&trailer, sizeof(trailer)));
   CHECK(trailer.status == static_cast<uint8_t>(af_error::mode_changed));
-  auto after = b.saved(pl);
-  CHECK(after.second == before.second);
-  REQUIRE(after.first.size() == before.first.size());
-  CHECK(std::memcmp(after.first.data(), before.first.data(), before.first.size()) == 0);
+  check_same_saved(b.saved(pl), before);
 }
 
 TEST_CASE("while streamed async pushes are in line a store-and-forward push with values is refused "

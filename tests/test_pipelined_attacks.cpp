@@ -72,13 +72,6 @@ bool readable(const raw_peer& p) {
   return ::poll(&q, 1, 0) == 1;
 }
 
-void check_same_state(bed& b, const twin& got, const twin& want) {
-  auto a = b.saved(want), c = b.saved(got);
-  CHECK(a.second == c.second);
-  REQUIRE(a.first.size() == c.first.size());
-  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
-}
-
 } // namespace
 
 TEST_CASE("a streamed async push sent again under its number while the first is in line is "
