@@ -397,7 +397,6 @@ int embed_worker_main(const helper_args& a) {
       return 1;
     }
   }
-  std::vector<float> rows_in, grads;
   uint64_t step = 0, steps0 = 0, bytes0 = 0, unique_sum = 0;
   using secs = std::chrono::duration<double>;
   clock_type::time_point first{}, t0{};
@@ -414,11 +413,11 @@ int embed_worker_main(const helper_args& a) {
     unique_sum += c.unique_count();
     bool ok = c.gather(step);
     if (ok && fm) {
-      rows_in.resize(c.unique_count() * a.num("dim"));
-      c.assemble_unique(rows_in.data());
-      ok = fm->step(rows_in.data(), c.unique_count(), c.example_rows(), grads);
+      c.assemble_unique(fm->rows_for(c.unique_count()));
+      const float* grads = fm->step(c.example_rows());
+      ok = grads != nullptr;
       if (ok)
-        c.set_gradients(grads.data());
+        c.set_gradients(grads);
     }
     if (!ok || !c.push(fm ? 1.0f : 0.01f, sync, step)) {
       std::fprintf(stderr, "embed-worker: step %llu failed\n", static_cast<unsigned long long>(step));

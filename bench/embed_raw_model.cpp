@@ -2,7 +2,6 @@
 #include "bench/embed_raw_model.hpp"
 
 #include <cstdio>
-#include <cstring>
 
 namespace af::bench {
 
@@ -70,21 +69,21 @@ raw_fm_trainer::raw_fm_trainer(const spec& s, train::recommender m, click_batche
     bias_(tensor::filled(dtype::float32, {1}, 0.0)) {
 }
 
-bool raw_fm_trainer::step(const float* rows, size_t unique,
-                          const std::vector<uint32_t>& example_row, std::vector<float>& grads) {
-  const auto width = static_cast<size_t>(s_.data.width);
-  tensor user_rows{dtype::float32, {static_cast<int64_t>(unique), s_.data.width}};
-  std::memcpy(user_rows.mutable_bytes(), rows, unique * width * sizeof(float));
+float* raw_fm_trainer::rows_for(size_t unique) {
+  user_rows_ = tensor{dtype::float32, {static_cast<int64_t>(unique), s_.data.width}};
+  return user_rows_.mutable_data<float>();
+}
+
+const float* raw_fm_trainer::step(const std::vector<uint32_t>& example_row) {
   index_[0].assign(example_row.begin(), example_row.end());
   index_[1] = batches_.items();
-  auto r = model_.step({user_rows, items_}, index_, {bias_}, batches_.labels(), true);
+  auto r = model_.step({user_rows_, items_}, index_, {bias_}, batches_.labels(), true);
   if (!r) {
     std::fprintf(stderr, "embed-worker: the model's step: %s\n", r.error().what.c_str());
-    return false;
+    return nullptr;
   }
   last_loss = r->loss;
-  const float* g = r->row_grads[train::recommender::user_table].data<float>();
-  grads.assign(g, g + unique * width);
+  user_grads_ = r->row_grads[train::recommender::user_table];
   // The small dense part, here: SGD on the item rows and the bias.
   auto sgd = [&](tensor& v, const tensor& grad) {
     float* p = v.mutable_data<float>();
@@ -94,7 +93,7 @@ bool raw_fm_trainer::step(const float* rows, size_t unique,
   };
   sgd(items_, r->row_grads[train::recommender::item_table]);
   sgd(bias_, r->dense_grads[0]);
-  return true;
+  return user_grads_.data<float>();
 }
 
 } // namespace af::bench

@@ -81,13 +81,16 @@ public:
   /// The user ids of this worker's share of batch `step` (click_batches).
   const std::vector<int64_t>& batch_ids(uint64_t step) { return batches_.users(step); }
 
-  /// The step on the batch batch_ids() chose: `rows` the distinct users'
-  /// rows ([unique, width], in the order `example_row` refers to them),
-  /// `example_row[e]` example e's row. The user rows' gradients land in
-  /// `grads` ([unique, width]); the item rows and the bias are updated here.
-  /// False, with why on stderr, if the model refused the batch.
-  bool step(const float* rows, size_t unique, const std::vector<uint32_t>& example_row,
-            std::vector<float>& grads);
+  /// Where the caller writes the distinct users' rows of the next step
+  /// ([unique, width], in the order step()'s `example_row` refers to them).
+  float* rows_for(size_t unique);
+
+  /// The step on the batch batch_ids() chose and the rows written to
+  /// rows_for(): `example_row[e]` is example e's row. Gives the user rows'
+  /// gradients ([unique, width], valid until the next step); the item rows
+  /// and the bias are updated here. Null, with why on stderr, if the model
+  /// refused the batch.
+  const float* step(const std::vector<uint32_t>& example_row);
 
   double last_loss = 0;
 
@@ -99,6 +102,8 @@ private:
   click_batches batches_;
   std::vector<std::vector<int32_t>> index_; ///< [user, item][example]
   tensor items_, bias_;
+  tensor user_rows_;  ///< the step's rows, written by the caller
+  tensor user_grads_; ///< the last step's gradients of them
 };
 
 } // namespace af::bench
