@@ -10,6 +10,7 @@
 
 #include "actors/edge_budget.hpp"
 #include "actors/edge_token.hpp"
+#include "actors/op_compute.hpp"
 #include "core/log.hpp"
 #include "kernels/sparse.hpp"
 #include "messages/error.hpp"
@@ -35,35 +36,7 @@ std::string step_name(step_key key) {
 /// Runs one kernel op; a GPU backend that lacks it hands it to the CPU.
 caf::expected<tensor> compute(executor_state& st, const partition_op& op,
                               const std::vector<tensor>& args, std::string& note) {
-  if (!kernels::known_op(op.op))
-    return make_error(af_error::invalid_argument, "op '" + op.name + "': unknown kind '" + op.op + "'");
-  tensor out;
-  kernels::status status;
-  using kind = kernels::status::kind;
-  try {
-    status = kernels::run_op(*st.backend, op.op, op.attrs, args, out);
-    if (status.what == kind::unsupported && st.fallback) {
-      note = status.error + "; ran on the node's CPU";
-      status = kernels::run_op(*st.fallback, op.op, op.attrs, args, out);
-    }
-  } catch (const std::bad_alloc&) {
-    return make_error(af_error::resource_exhausted,
-                      "op '" + op.name + "' (" + op.op + ") on " + st.device
-                        + ": out of memory for its result");
-  } catch (const std::exception& e) {
-    // Any other throw from a kernel (a size tensor::reset refuses, a
-    // library's logic_error) is this op's error, never the node's end.
-    return make_error(af_error::invalid_argument,
-                      "op '" + op.name + "' (" + op.op + ") on " + st.device + ": " + e.what());
-  }
-  if (!status.ok()) {
-    auto code = status.what == kind::shape         ? af_error::shape_mismatch
-                : status.what == kind::dtype       ? af_error::dtype_mismatch
-                : status.what == kind::unsupported ? af_error::unsupported
-                                                   : af_error::invalid_argument;
-    return make_error(code, "op '" + op.name + "' (" + op.op + "): " + status.error);
-  }
-  return out;
+  return compute_op(*st.backend, st.fallback.get(), st.device, op, args, note);
 }
 
 /// Gives back the bytes of edges `s` held before its run_step came.

@@ -189,6 +189,7 @@ void finish(self_pointer self) {
       r.test_loss = test_loss;
       r.refused = st.refused;
       r.skipped = st.skipped;
+      r.steps_here = st.here ? st.here->runs() : 0;
       r.last_refusal = st.last_refusal;
       r.checkpoint_failures = st.checkpoint_failures;
       r.checkpoint_error = st.checkpoint_error;
@@ -360,7 +361,28 @@ void run_step(self_pointer self) {
 
 namespace {
 
-/// The step's forward and gradients, then use_gradients.
+/// The step's outputs: its loss counted, its gradients used.
+void took_step(self_pointer self, caf::expected<step_outputs> out) {
+  auto& st = self->state;
+  if (!out) {
+    fail(self, std::move(out.error()), "running the step");
+    return;
+  }
+  st.loss_sum += out->values[st.setup.model.loss.id].at(0);
+  st.loss_count += 1;
+  std::vector<tensor> grads;
+  for (auto g : st.setup.model.grads)
+    grads.push_back(std::move(out->values[g.id]));
+  if (st.setup.tamper)
+    st.setup.tamper(st.local_step, grads);
+  if (wants_histograms(st.setup))
+    st.last_grads = grads; // shares the buffers
+  use_gradients(self, std::move(grads));
+}
+
+/// The step's forward and gradients, then use_gradients: on this actor's
+/// thread where the step allows (actors/step_here.hpp), else through the
+/// executor.
 void compute(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
@@ -369,24 +391,12 @@ void compute(self_pointer self) {
   std::map<int32_t, tensor> feeds;
   for (auto& f : train::feeds(st.setup.model, current(self), b))
     feeds[f.first.id] = std::move(f.second);
+  if (st.here) {
+    took_step(self, st.here->run(feeds));
+    return;
+  }
   st.runner.run(self, st.setup.step, std::move(feeds), false,
-                [self](caf::expected<step_outputs> out) {
-                  auto& st = self->state;
-                  if (!out) {
-                    fail(self, std::move(out.error()), "running the step");
-                    return;
-                  }
-                  st.loss_sum += out->values[st.setup.model.loss.id].at(0);
-                  st.loss_count += 1;
-                  std::vector<tensor> grads;
-                  for (auto g : st.setup.model.grads)
-                    grads.push_back(std::move(out->values[g.id]));
-                  if (st.setup.tamper)
-                    st.setup.tamper(st.local_step, grads);
-                  if (wants_histograms(st.setup))
-                    st.last_grads = grads; // shares the buffers
-                  use_gradients(self, std::move(grads));
-                });
+                [self](caf::expected<step_outputs> out) { took_step(self, std::move(out)); });
 }
 
 /// A step; `delayed`: after step_delay (a straggler's slow part, before
@@ -451,6 +461,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   });
   const auto& s = st.setup;
   st.batches.emplace(s.data->train, s.cfg.batch_size, s.index, s.workers, s.cfg.seed);
+  // A step wholly on this process's CPU runs on this actor's thread.
+  st.here = step_here::make(s.step, self->node());
   st.mode = s.cfg.mode;
   st.avg_step0 = s.start_step;
   st.avg_local0 = 0;

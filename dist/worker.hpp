@@ -29,6 +29,7 @@
 #include "caf/expected.hpp"
 
 #include "dist/allreduce.hpp"
+#include "actors/step_here.hpp"
 #include "actors/step_runner.hpp"
 #include "messages/aggregator.hpp"
 #include "train/checkpoint.hpp"
@@ -96,6 +97,9 @@ struct worker_result {
   /// nor sent in full because their step had closed without it (it pulled
   /// the parameters instead)
   uint64_t skipped = 0;
+  /// Of local_steps, those run on the worker's own thread (actors/step_here.hpp)
+  /// rather than sent to its executor.
+  uint64_t steps_here = 0;
   std::string last_refusal;     ///< why, naming the worker, the variable and the element
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write (it trains on)
   std::string checkpoint_error; ///< the last one's reason

@@ -39,6 +39,9 @@ struct worker_state : worker_loop {
   worker_setup setup;
   std::function<void(caf::expected<worker_result>)> done;
   step_runner runner;
+  /// The step on this actor's thread, when it can run there (else null:
+  /// through `runner` and the executor).
+  std::unique_ptr<step_here> here;
   std::vector<caf::actor> links;  ///< per shard
   caf::actor reducer;             ///< allreduce
   caf::actor recovery;            ///< waits for a ps that died (recover_ps)

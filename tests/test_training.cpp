@@ -128,6 +128,10 @@ TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedd
     // Both workers trained (neither ended at once, nor trained alone).
     CHECK(chief.result.local_steps > 0);
     CHECK(other.result.local_steps > 0);
+    // Each worker's step is on its own CPU: every one ran on the worker's
+    // thread (actors/step_here.hpp), none through its executor.
+    CHECK(chief.result.steps_here == chief.result.local_steps);
+    CHECK(other.result.steps_here == other.result.local_steps);
     if (mode != "async") {
       // Every step of the job is one step of each replica, in lockstep.
       CHECK(other.result.local_steps == chief.result.local_steps);

@@ -1,0 +1,100 @@
+#include "actors/step_here.hpp"
+
+#include <utility>
+#include <vector>
+
+#include "actors/op_compute.hpp"
+#include "core/variable_spec.hpp"
+#include "kernels/sparse.hpp"
+#include "messages/error.hpp"
+
+namespace af {
+
+namespace {
+
+/// True if `op` is a kernel op whose inputs are all in its own partition
+/// (earlier ops, feeds, constants) and whose value goes nowhere else.
+bool kernel_only(const partition_op& op) {
+  var_op update = var_op::read;
+  if (parse_var_op(op.op, update) || kernels::parse_scatter_op(op.op))
+    return false;
+  if (!op.consumers.empty())
+    return false;
+  for (const auto& in : op.inputs)
+    if (in.kind != op_input::local && in.kind != op_input::feed && in.kind != op_input::constant)
+      return false;
+  return true;
+}
+
+} // namespace
+
+step_here::step_here(std::shared_ptr<prepared_step> step)
+  : step_(std::move(step)), backend_(kernels::make_cpu_backend()) {
+}
+
+std::unique_ptr<step_here> step_here::make(std::shared_ptr<prepared_step> step,
+                                           const caf::node_id& here) {
+  if (!step || step->partitions.size() != 1)
+    return nullptr;
+  const auto& p = step->partitions.front();
+  if (!p.exec || p.exec->node() != here || p.device.find("/device:CPU:") == std::string::npos)
+    return nullptr;
+  for (const auto& op : p.part.ops)
+    if (!kernel_only(op))
+      return nullptr;
+  return std::unique_ptr<step_here>{new step_here(std::move(step))};
+}
+
+const std::string& step_here::device() const {
+  return step_->partitions.front().device;
+}
+
+caf::expected<step_outputs> step_here::run(const std::map<int32_t, tensor>& feeds) {
+  const auto& p = step_->partitions.front();
+  // As step_runner::dispatch: every feed is checked before anything runs.
+  for (auto ph : p.feeds) {
+    auto it = feeds.find(ph);
+    if (it == feeds.end()) {
+      auto n = step_->nodes.find(ph);
+      return make_error(af_error::invalid_argument,
+                        "placeholder '"
+                          + (n == step_->nodes.end() ? std::to_string(ph) : n->second.name)
+                          + "' needs a value: pass it in run()'s feeds");
+    }
+    values_[ph] = it->second;
+  }
+  step_outputs out;
+  std::vector<tensor> args;
+  std::string note;
+  for (const auto& op : p.part.ops) {
+    args.clear();
+    for (const auto& in : op.inputs) {
+      if (in.kind == op_input::constant) {
+        args.push_back(in.value);
+        continue;
+      }
+      auto v = values_.find(in.op);
+      if (v == values_.end()) {
+        values_.clear();
+        return make_error(af_error::invalid_argument,
+                          in.kind == op_input::feed
+                            ? "op '" + op.name + "' needs a placeholder that was not fed"
+                            : "op '" + op.name + "': an input is missing (a bug)");
+      }
+      args.push_back(v->second);
+    }
+    auto value = compute_op(*backend_, nullptr, p.device, op, args, note);
+    if (!value) {
+      values_.clear();
+      return std::move(value.error());
+    }
+    if (op.fetch)
+      out.values[op.id] = *value;
+    values_[op.id] = std::move(*value);
+  }
+  values_.clear();
+  runs_ += 1;
+  return out;
+}
+
+} // namespace af
