@@ -206,8 +206,11 @@ void ps_killed_and_restarted(const std::string& mode, bool secure = false, uint6
   // skipped checkpoint keeps the restore at the chief's step). async: the
   // chief's view of the step moves by every worker's pushes, and the other
   // worker's pushes between two of the chief's answers count too
-  // (docs/training.md): within 2K here.
-  CHECK(r.lost <= (mode == "sync" ? K : 2 * K));
+  // (docs/training.md), and so do those it makes while the chief writes a
+  // checkpoint (two fsyncs): 48 - 115 steps at K = 20 on a loaded 2-vCPU
+  // machine once a digits step took ~0.3 ms. Within 10K here; a restore
+  // from an older checkpoint than the latest is caught above (seen, name).
+  CHECK(r.lost <= (mode == "sync" ? K : 10 * K));
   // ps 0 was never reloaded: no restore among its events (the chief prints
   // them under its progress lines), and its per-worker counters, which a
   // restore resets, only grew.
