@@ -1,5 +1,6 @@
 #include "dist/worker.hpp"
 #include "dist/worker_state.hpp"
+#include "actors/system.hpp"
 
 #include <algorithm>
 
@@ -480,12 +481,19 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
                     && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
-  for (const auto& shard : s.shards) {
-    auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
-                                                        shard.task, s.timeout,
-                                                        before_push_of(s, st.links.size()));
-    st.links.push_back(link);
-  }
+  // One shard: the worker (detached) pushes on its own thread, waking no
+  // other thread for it. Several: a link each, so that they go at once.
+  if (s.shards.size() == 1)
+    st.direct = std::make_unique<plane_pusher>(s.shards[0].host, s.shards[0].data_port,
+                                               s.shards[0].task, s.timeout, before_push_of(s, 0),
+                                               system_tls(self->system()));
+  else
+    for (const auto& shard : s.shards) {
+      auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host,
+                                                          shard.data_port, shard.task, s.timeout,
+                                                          before_push_of(s, st.links.size()));
+      st.links.push_back(link);
+    }
   if (s.recover_ps && !s.shards.empty())
     st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
                                                           s.find_ps, st.recovered);
@@ -547,6 +555,12 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
         log::get()->debug("{}: aggregator '{}' switched to {} at global step {}: joining every "
                           "ps again before the next push",
                           who(self), aggregator, mode, step);
+    },
+    [self](pushed_atom) {
+      auto f = std::move(self->state.pushed);
+      self->state.pushed = nullptr;
+      if (f)
+        f();
     },
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.

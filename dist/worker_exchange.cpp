@@ -2,6 +2,7 @@
 // links, joins, a ps that died and came back (recover_ps), and a live switch
 // between average and the other modes.
 #include "dist/worker_state.hpp"
+#include "actors/system.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -95,11 +96,18 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
         }
         auto& shard = st.setup.shards[k];
         if (r.shard.host != shard.host || r.shard.data_port != shard.data_port) {
-          self->unlink_from(st.links[k]);
-          self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
-          st.links[k] = self->spawn<caf::detached + caf::linked>(
-            plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout,
-            before_push_of(st.setup, k));
+          if (st.direct) {
+            st.direct = std::make_unique<plane_pusher>(r.shard.host, r.shard.data_port,
+                                                       r.shard.task, st.setup.timeout,
+                                                       before_push_of(st.setup, k),
+                                                       system_tls(self->system()));
+          } else {
+            self->unlink_from(st.links[k]);
+            self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
+            st.links[k] = self->spawn<caf::detached + caf::linked>(
+              plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout,
+              before_push_of(st.setup, k));
+          }
         }
         bool same = r.shard.actor == shard.actor;
         shard = r.shard;
@@ -186,10 +194,7 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
   // timeout plus a margin, data_channel::aggregate) and is linked to this
   // actor: no timer here, which would wake CAF's clock thread every step.
   // `part` shares its buffers: the copy kept for a retry costs nothing.
-  self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
-    .then(
-      [self, g, k, then](uint64_t step, tensor& flat, bool dropped_late) {
+  auto answered = [self, g, k, then](uint64_t step, tensor& flat, bool dropped_late) {
         if (g->failed)
           return;
         if (dropped_late)
@@ -207,8 +212,8 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
         g->step = std::min(g->step, step);
         if (--g->missing == 0)
           then(g->step, std::move(g->params));
-      },
-      [self, g, k, part, step, kind, has_values, then, seq](caf::error& err) {
+      };
+  auto failed = [self, g, k, part, step, kind, has_values, then, seq](caf::error& err) {
         if (g->failed)
           return;
         auto& st = self->state;
@@ -283,7 +288,22 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
                           "keep breaking; check the ps's load and connection_timeout_ms)");
         else
           fail(self, std::move(err), during());
-      });
+      };
+  if (st.direct) {
+    auto r = st.direct->push(s.aggregator, st.setup.index, step, part, wait,
+                             static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq);
+    st.pushed = [answered, failed, r = std::move(r)]() mutable {
+      if (r)
+        answered(std::get<0>(*r), std::get<1>(*r), std::get<2>(*r));
+      else
+        failed(r.error());
+    };
+    self->send(self, pushed_atom::value);
+    return;
+  }
+  self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
+                step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
+    .then(answered, failed);
 }
 
 /// After a live switch between average and the other modes (a push refused

@@ -1,5 +1,7 @@
-// The worker's detached actors: each blocks (a data-plane push, a ps
-// recovery, an all-reduce) so that the worker actor never does.
+// The worker's connection to a ps's data plane (plane_pusher: its own,
+// with one shard; in a detached link actor each, with several) and its
+// other detached actors, each of which blocks (a ps recovery, an
+// all-reduce) so that the worker actor does not.
 #include "dist/worker_state.hpp"
 #include "actors/system.hpp"
 
@@ -13,39 +15,56 @@
 
 namespace af::worker_detail {
 
+plane_pusher::plane_pusher(std::string host, uint16_t port, std::string peer,
+                           std::chrono::milliseconds timeout, std::function<void(uint64_t)> before,
+                           std::shared_ptr<tls_context> tls)
+  : host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
+    before_(std::move(before)), tls_(std::move(tls)) {
+}
+
+plane_pusher::~plane_pusher() = default;
+
+caf::expected<std::tuple<uint64_t, tensor, bool>>
+plane_pusher::push(const std::string& name, uint32_t worker, uint64_t step,
+                   const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind,
+                   uint64_t local_step, const std::string& token, uint64_t seq) {
+  if (before_ && kind != static_cast<uint8_t>(wire::kind::pull))
+    before_(local_step);
+  if (!chan_ || chan_->broken()) {
+    // No spinning for the reply: a push waits for the other workers'
+    // steps, and on a small machine the spin takes the CPU they need
+    // (spinning 50 us cost the digits job up to 10 %, 200 us 30 %).
+    auto c = data_channel::connect(host_, port_, peer_, timeout_, {}, tls_);
+    if (!c)
+      return std::move(c.error());
+    chan_ = std::move(*c);
+  }
+  bool dropped_late = false;
+  // [train] pipeline_sync, pipeline_async: streamed where the connection is plain TCP
+  // (data_channel::push_streamed goes store-and-forward elsewhere).
+  auto r = kind == static_cast<uint8_t>(wire::kind::push_streamed)
+             ? chan_->push_streamed(name, worker, step, values, std::chrono::milliseconds{wait_ms},
+                                    token, seq, &dropped_late)
+             : chan_->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
+                                std::chrono::milliseconds{wait_ms}, token, seq, &dropped_late);
+  if (!r)
+    return std::move(r.error());
+  return std::make_tuple(r->first, std::move(r->second), dropped_late);
+}
+
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout,
                          std::function<void(uint64_t)> before) {
-  auto chan = std::make_shared<std::unique_ptr<data_channel>>();
-  auto tls = system_tls(self->system()); // the process's [security], if any
+  auto pusher = std::make_shared<plane_pusher>(std::move(host), port, std::move(peer), timeout,
+                                               std::move(before), system_tls(self->system()));
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
         const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind, uint64_t local_step,
         const std::string& token, uint64_t seq) -> caf::result<uint64_t, tensor, bool> {
-      if (before && kind != static_cast<uint8_t>(wire::kind::pull))
-        before(local_step);
-      if (!*chan || (*chan)->broken()) {
-        // No spinning for the reply: a push waits for the other workers'
-        // steps, and on a small machine the spin takes the CPU they need
-        // (spinning 50 us cost the digits job up to 10 %, 200 us 30 %).
-        auto c = data_channel::connect(host, port, peer, timeout, {}, tls);
-        if (!c)
-          return std::move(c.error());
-        *chan = std::move(*c);
-      }
-      bool dropped_late = false;
-      // [train] pipeline_sync, pipeline_async: streamed where the connection is plain TCP
-      // (data_channel::push_streamed goes store-and-forward elsewhere).
-      auto r = kind == static_cast<uint8_t>(wire::kind::push_streamed)
-                 ? (*chan)->push_streamed(name, worker, step, values,
-                                          std::chrono::milliseconds{wait_ms}, token, seq,
-                                          &dropped_late)
-                 : (*chan)->aggregate(static_cast<wire::kind>(kind), name, worker, step, values,
-                                      std::chrono::milliseconds{wait_ms}, token, seq,
-                                      &dropped_late);
+      auto r = pusher->push(name, worker, step, values, wait_ms, kind, local_step, token, seq);
       if (!r)
         return std::move(r.error());
-      return {r->first, std::move(r->second), dropped_late};
+      return {std::get<0>(*r), std::move(std::get<1>(*r)), std::get<2>(*r)};
     },
   };
 }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -20,12 +21,19 @@
 #include "dist/worker.hpp"
 #include "dist/worker_loop.hpp"
 
+namespace af {
+class data_channel;
+class tls_context;
+} // namespace af
+
 namespace af::worker_detail {
 
 using clock_type = std::chrono::steady_clock;
 using allreduce_atom = caf::atom_constant<caf::atom("allreduce")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using recover_atom = caf::atom_constant<caf::atom("recoverps")>;
+/// To itself: the answer of a push made on its own thread (worker_state::pushed).
+using pushed_atom = caf::atom_constant<caf::atom("pushed")>;
 
 /// What the recovery link hands the worker beside its reply (the reply is
 /// the restored step): the shard as it runs again, by index.
@@ -33,6 +41,8 @@ struct recovery_box {
   std::mutex mtx;
   std::map<size_t, recovered_shard> done;
 };
+
+class plane_pusher;
 
 /// The worker actor's state: its loop's counters (worker_loop) and the rest.
 struct worker_state : worker_loop {
@@ -42,7 +52,15 @@ struct worker_state : worker_loop {
   /// The step on this actor's thread, when it can run there (else null:
   /// through `runner` and the executor).
   std::unique_ptr<step_here> here;
-  std::vector<caf::actor> links;  ///< per shard
+  std::vector<caf::actor> links;  ///< per shard (none: `direct`)
+  /// One shard: its connection, called on this actor's own thread (the
+  /// worker is detached; a push has nothing to wait beside). Several shards
+  /// push through their links at once.
+  std::unique_ptr<plane_pusher> direct;
+  /// A push made through `direct`, answered: taken at the next message
+  /// (pushed_atom), not at once, which would run the next step (and push)
+  /// inside this one's call, deeper each step.
+  std::function<void()> pushed;
   caf::actor reducer;             ///< allreduce
   caf::actor recovery;            ///< waits for a ps that died (recover_ps)
   std::shared_ptr<recovery_box> recovered = std::make_shared<recovery_box>();
@@ -158,10 +176,36 @@ void fire_known_down(self_pointer self, uint64_t id);
 /// Examples behind one push: average pushes after average_every steps.
 uint32_t examples_per_push(const worker_state& st);
 
-/// A detached actor that owns one data-plane connection to a ps node and
-/// makes the blocking push and pull calls there, so the worker never blocks.
+/// One data-plane connection to a ps node and the blocking push and pull
+/// calls on it (connected at the first call, again after it broke).
 /// `before` (a test hook, may be empty) runs before each push with the
-/// worker's local step.
+/// worker's local step. Used from one thread at a time.
+class plane_pusher {
+public:
+  plane_pusher(std::string host, uint16_t port, std::string peer, std::chrono::milliseconds timeout,
+               std::function<void(uint64_t)> before, std::shared_ptr<tls_context> tls);
+  ~plane_pusher();
+  plane_pusher(const plane_pusher&) = delete;
+  plane_pusher& operator=(const plane_pusher&) = delete;
+
+  /// The ps's global step, the parameters it answered with (one flat
+  /// tensor) and whether it dropped the push as late; or why not.
+  caf::expected<std::tuple<uint64_t, tensor, bool>>
+  push(const std::string& name, uint32_t worker, uint64_t step, const std::vector<tensor>& values,
+       uint32_t wait_ms, uint8_t kind, uint64_t local_step, const std::string& token, uint64_t seq);
+
+private:
+  std::string host_;
+  uint16_t port_;
+  std::string peer_;
+  std::chrono::milliseconds timeout_;
+  std::function<void(uint64_t)> before_;
+  std::shared_ptr<tls_context> tls_;
+  std::unique_ptr<data_channel> chan_;
+};
+
+/// A detached actor around a plane_pusher, so that a worker with several ps
+/// shards pushes to all of them at once and never blocks.
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout,
                          std::function<void(uint64_t)> before);
