@@ -1,0 +1,189 @@
+// [train] wire_dtype = "bf16" (docs/training.md "bf16 on the wire"): the
+// rounding against a reference, the error feedback's bound, the frame's
+// checks, the ps refusing a malformed bf16 frame by name, a bf16 push and
+// its bf16 answer, the config's refusals, and jobs in bf16 against the same
+// jobs in float32 (the 1 M linear workload, scaled down, and the digits MLP).
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "caf/all.hpp"
+
+#include "core/bf16.hpp"
+#include "core/wire_format.hpp"
+#include "dist/embedded_cluster.hpp"
+#include "dist/training.hpp"
+#include "messages/error.hpp"
+#include "net/data_plane.hpp"
+#include "train/config.hpp"
+#include "members.hpp"
+
+using namespace af;
+using namespace std::chrono_literals;
+
+namespace {
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+
+/// The reference: the two bf16 values around `x` (its top 16 bits, and the
+/// next one away from zero), the nearer by exact (double) distance, the
+/// even one on a tie. Finite `x` only.
+uint16_t reference_round(float x) {
+  uint32_t u = bits_of(x);
+  uint16_t down = static_cast<uint16_t>(u >> 16);
+  uint16_t up = static_cast<uint16_t>(down + 1);
+  double dx = x;
+  double d_down = std::abs(dx - static_cast<double>(bf16::to_float(down)));
+  // `up` may be the infinity: its distance is then that of the value
+  // 2^128 it stands for (as IEEE rounding does).
+  double up_value = (up & 0x7fff) == 0x7f80 ? std::copysign(std::ldexp(1.0, 128), dx)
+                                            : static_cast<double>(bf16::to_float(up));
+  double d_up = std::abs(up_value - dx);
+  if (d_down < d_up)
+    return down;
+  if (d_up < d_down)
+    return up;
+  return (down & 1) == 0 ? down : up;
+}
+
+} // namespace
+
+TEST_CASE("bf16 rounding: to nearest, ties to even, NaN stays NaN, infinity stays infinity, "
+          "against a reference",
+          "[bf16]") {
+  // Ties: the low 16 bits exactly 0x8000. Even kept (down), odd rounded up.
+  CHECK(bf16::from_float(from_bits(0x3f808000)) == 0x3f80); // 1 + 2^-8: 0x3f80 is even
+  CHECK(bf16::from_float(from_bits(0x3f818000)) == 0x3f82); // 0x3f81 is odd: up
+  CHECK(bf16::from_float(from_bits(0xbf818000)) == 0xbf82); // the same below zero
+  // Just past and just under a tie.
+  CHECK(bf16::from_float(from_bits(0x3f808001)) == 0x3f81);
+  CHECK(bf16::from_float(from_bits(0x3f817fff)) == 0x3f81);
+  // Infinities stay; NaNs stay NaN (a truncation of 0x7f800001 would be +inf).
+  float inf = std::numeric_limits<float>::infinity();
+  CHECK(bf16::from_float(inf) == 0x7f80);
+  CHECK(bf16::from_float(-inf) == 0xff80);
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu}) {
+    CAPTURE(nan);
+    CHECK(std::isnan(bf16::round(from_bits(nan))));
+    CHECK(std::signbit(bf16::round(from_bits(nan))) == ((nan >> 31) != 0));
+  }
+  // The largest float32 is past bf16's largest finite value by more than
+  // half a step: it rounds to infinity, as rounding does.
+  CHECK(bf16::from_float(std::numeric_limits<float>::max()) == 0x7f80);
+  CHECK(bf16::round(0.0f) == 0.0f);
+  CHECK(std::signbit(bf16::round(-0.0f)));
+  // Every exponent, random mantissas, subnormals included: the reference.
+  std::mt19937 rng{7};
+  std::uniform_int_distribution<uint32_t> any;
+  size_t checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = any(rng);
+    if ((u & 0x7f800000u) == 0x7f800000u)
+      continue; // infinities and NaNs: above
+    if (i % 4 == 0)
+      u = (u & 0xffff0000u) | 0x8000u; // a tie
+    float x = from_bits(u);
+    CAPTURE(u);
+    REQUIRE(bf16::from_float(x) == reference_round(x));
+    checked += 1;
+  }
+  CHECK(checked > 190000);
+  // narrow and widen are the same elementwise.
+  std::vector<float> in{1.0f, from_bits(0x3f818000), -3.5e-40f, 1e38f};
+  std::vector<uint16_t> mid(in.size());
+  std::vector<float> out(in.size());
+  bf16::narrow(in.data(), mid.data(), in.size());
+  bf16::widen(mid.data(), out.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    CHECK(bits_of(out[i]) == bits_of(bf16::round(in[i])));
+}
+
+TEST_CASE("bf16 error feedback: what was sent over N steps sums to the true gradients' sum up "
+          "to one bf16 rounding",
+          "[bf16]") {
+  constexpr size_t n = 64;
+  constexpr int steps = 1000;
+  std::mt19937 rng{11};
+  std::normal_distribution<float> normal{0.0f, 1.0f};
+  std::vector<float> residual(n, 0.0f);
+  std::vector<double> sent_sum(n, 0.0), true_sum(n, 0.0), plain_sum(n, 0.0);
+  std::vector<float> last_v(n, 0.0f);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) {
+      // Small steady parts that bf16 alone keeps losing: 1 + 1e-3 rounds to 1.
+      g[i] = (i % 2 == 0 ? 1.0f + 1e-3f : 1e-3f * normal(rng));
+      true_sum[i] += g[i];
+      plain_sum[i] += bf16::round(g[i]);
+      last_v[i] = g[i] + residual[i];
+    }
+    bf16::round_with_feedback(g.data(), residual.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      CHECK(bf16::round(g[i]) == g[i]); // what goes on the wire is exact in bf16
+      sent_sum[i] += g[i];
+    }
+  }
+  double worst_plain = 0;
+  for (size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    // The sums differ by the last residual, at most half a bf16 step of the
+    // last value rounded (2^-8 of it), plus float32's own rounding of
+    // g + residual at each step (2^-24 of it, far below a bf16 step).
+    double err = std::abs(sent_sum[i] - true_sum[i]);
+    double one_rounding = std::ldexp(std::abs(last_v[i]), -8);
+    CHECK(std::abs(residual[i]) <= one_rounding);
+    CHECK(err <= one_rounding + steps * std::ldexp(1.1, -24));
+    worst_plain = std::max(worst_plain, std::abs(plain_sum[i] - true_sum[i]));
+  }
+  // Without the feedback the even elements lose 1e-3 a step: about 1 in all.
+  CHECK(worst_plain > 0.5);
+}
+
+TEST_CASE("a bf16 frame is well formed only on a push or a reply with 2 bytes an element, and "
+          "named when it is not",
+          "[bf16][wire]") {
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::push);
+  h.has_tensor = 1;
+  h.dtype = wire::bf16_dtype;
+  h.rank = 1;
+  h.dims[0] = 1000;
+  h.payload_bytes = 2000;
+  CHECK(wire::validate(h).empty());
+  h.kind = static_cast<uint8_t>(wire::kind::reply);
+  CHECK(wire::validate(h).empty());
+  h.kind = static_cast<uint8_t>(wire::kind::push);
+  h.payload_bytes = 4000; // float32's size: a sender that did not narrow
+  CHECK_THAT(wire::validate(h), Catch::Contains("bf16 payload of 4000 bytes")
+                                  && Catch::Contains("1000 elements of 2 bytes"));
+  h.payload_bytes = 2000;
+  for (auto k : {wire::kind::assign_add, wire::kind::push_params, wire::kind::push_streamed,
+                 wire::kind::push_sparse, wire::kind::edge}) {
+    h.kind = static_cast<uint8_t>(k);
+    CAPTURE(static_cast<int>(k));
+    CHECK_THAT(wire::validate(h), Catch::Contains("bf16 values (dtype code 14)")
+                                    && Catch::Contains("only a dense push (kind 5)"));
+  }
+  CHECK(wire::element_bytes(wire::bf16_dtype) == 2);
+  CHECK(wire::element_bytes(static_cast<uint8_t>(dtype::float32)) == 4);
+}
