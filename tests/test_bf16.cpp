@@ -187,3 +187,151 @@ TEST_CASE("a bf16 frame is well formed only on a push or a reply with 2 bytes an
   CHECK(wire::element_bytes(wire::bf16_dtype) == 2);
   CHECK(wire::element_bytes(static_cast<uint8_t>(dtype::float32)) == 4);
 }
+
+namespace {
+
+int connect_loopback(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// One ps holding w [n - 1] (1.0) and b [1] (0.5) under an async
+/// aggregator "test/bf16" (sgd, lr 0.5) of one member, joined.
+struct bf16_rig {
+  static constexpr int64_t n = 40000;
+  bf16_rig() {
+    auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
+    REQUIRE(c);
+    cluster = std::move(*c);
+    auto s = cluster->session_for("worker", 0);
+    REQUIRE(s);
+    sess = std::make_unique<session>(std::move(*s));
+    {
+      auto scope = sess->device("/job:ps/task:0");
+      REQUIRE(sess->variable("w", {n - 1}, initializer::constant(1)));
+      REQUIRE(sess->variable("b", {1}, initializer::constant(0.5)));
+    }
+    REQUIRE_FALSE(sess->initialize());
+    self = std::make_unique<caf::scoped_actor>(sess->system());
+    spec.name = "test/bf16";
+    spec.mode = "async";
+    spec.variables = {"w", "b"};
+    spec.workers = 1;
+    spec.optimizer.kind = "sgd";
+    spec.optimizer.lr = 0.5;
+    auto a = sess->aggregator("ps", 0, spec);
+    REQUIRE(a);
+    agg = *a;
+    token = test::join_for_token(*self, agg, 0);
+    REQUIRE(!token.empty());
+    auto info = sess->ping("ps", 0);
+    REQUIRE(info);
+    port = info->data_port;
+  }
+
+  std::unique_ptr<embedded_cluster> cluster;
+  std::unique_ptr<session> sess;
+  std::unique_ptr<caf::scoped_actor> self;
+  aggregator_spec spec;
+  aggregator_actor agg;
+  std::string token;
+  uint16_t port = 0;
+};
+
+} // namespace
+
+TEST_CASE("the ps takes a bf16 push widened and answers it in bf16, over TCP and shared memory, "
+          "and refuses a malformed bf16 frame by name",
+          "[bf16][plane][push]") {
+  bf16_rig r;
+  const int64_t n = bf16_rig::n;
+  {
+    // Half the bytes a float32 push of that shape has would be right: this
+    // one declares float32's (a sender that forgot to narrow). The node's
+    // header check refuses it, naming bf16, and closes the connection.
+    int fd = connect_loopback(r.port);
+    REQUIRE(fd >= 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    wire::push_prefix pre;
+    std::memcpy(pre.token, r.token.data(), sizeof(pre.token));
+    pre.seq = 1;
+    std::string name(reinterpret_cast<const char*>(&pre), sizeof(pre));
+    name += r.spec.name;
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::push);
+    h.name_len = static_cast<uint32_t>(name.size());
+    h.has_tensor = 1;
+    h.dtype = wire::bf16_dtype;
+    h.rank = 1;
+    h.dims[0] = n;
+    h.payload_bytes = 4 * n;
+    REQUIRE(::write(fd, &h, sizeof(h)) == static_cast<ssize_t>(sizeof(h)));
+    REQUIRE(::write(fd, name.data(), name.size()) == static_cast<ssize_t>(name.size()));
+    wire::header reply;
+    REQUIRE(::recv(fd, &reply, sizeof(reply), MSG_WAITALL) == static_cast<ssize_t>(sizeof(reply)));
+    std::string text(reply.payload_bytes, '\0');
+    REQUIRE(::recv(fd, text.data(), text.size(), MSG_WAITALL) == static_cast<ssize_t>(text.size()));
+    CHECK(reply.status == static_cast<uint8_t>(af_error::invalid_argument));
+    CHECK_THAT(text, Catch::Contains("bf16 payload of " + std::to_string(4 * n) + " bytes"));
+    ::close(fd);
+  }
+  auto chan = data_channel::connect("127.0.0.1", r.port, "/job:ps/task:0", 5s);
+  REQUIRE(chan);
+  auto& ch = **chan;
+  ch.set_wire_bf16(true);
+  {
+    // A bf16 push of the wrong length is refused by the aggregator's
+    // check, naming both forms.
+    auto bad = ch.aggregate(wire::kind::push, r.spec.name, 0, 0,
+                            {tensor::filled(dtype::float32, {n - 1}, 0.25)}, 10s, r.token, 1);
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(describe(bad.error()), Catch::Contains("bf16[" + std::to_string(n - 1) + "]")
+                                        && Catch::Contains("expected float32[" + std::to_string(n)));
+  }
+  // The ps holds float32; the worker sees it rounded. Three pushes: the
+  // first over TCP, the next ones on shared memory (the channel moves there
+  // after the node's first answer), their answers read out of the slot.
+  std::vector<float> truth(static_cast<size_t>(n), 1.0f);
+  truth.back() = 0.5f;
+  for (uint64_t step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    tensor g{dtype::float32, {n}};
+    auto* p = g.mutable_data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = 0.001f * static_cast<float>((i * 7 + step * 13) % 101) + 1e-6f; // not bf16-exact
+    auto got = ch.aggregate(wire::kind::push, r.spec.name, 0, step, {g}, 10s, r.token, step + 2);
+    INFO((got ? std::string{} : describe(got.error())));
+    REQUIRE(got);
+    CHECK(got->first == step + 1);
+    const auto& params = got->second;
+    REQUIRE(params.type() == dtype::float32);
+    REQUIRE(params.num_elements() == static_cast<size_t>(n));
+    size_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      auto k = static_cast<size_t>(i);
+      truth[k] -= 0.5f * bf16::round(p[i]); // the ps applies the widened bf16 in float32
+      if (bits_of(params.data<float>()[i]) != bits_of(bf16::round(truth[k])))
+        wrong += 1;
+    }
+    CHECK(wrong == 0);
+  }
+  CHECK(ch.transport() == "shared memory");
+  CHECK(ch.answers_in_place() >= 1);
+  // A pull is answered in float32: the ps's own values.
+  auto pulled = ch.aggregate(wire::kind::pull, r.spec.name, 0, 0, {}, 10s);
+  REQUIRE(pulled);
+  size_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (bits_of(pulled->second.data<float>()[i]) != bits_of(truth[static_cast<size_t>(i)]))
+      wrong += 1;
+  CHECK(wrong == 0);
+}
