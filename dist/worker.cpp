@@ -471,7 +471,8 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   for (const auto& shard : s.shards) {
     auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host, shard.data_port,
                                                         shard.task, s.timeout,
-                                                        before_push_of(s, st.links.size()));
+                                                        before_push_of(s, st.links.size()),
+                                                        s.cfg.wire_dtype == "bf16");
     st.links.push_back(link);
   }
   if (s.recover_ps && !s.shards.empty())

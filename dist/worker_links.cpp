@@ -15,7 +15,7 @@ namespace af::worker_detail {
 
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout,
-                         std::function<void(uint64_t)> before) {
+                         std::function<void(uint64_t)> before, bool bf16) {
   auto chan = std::make_shared<std::unique_ptr<data_channel>>();
   auto tls = system_tls(self->system()); // the process's [security], if any
   return {
@@ -32,6 +32,7 @@ caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_
         if (!c)
           return std::move(c.error());
         *chan = std::move(*c);
+        (*chan)->set_wire_bf16(bf16); // [train] wire_dtype
       }
       bool dropped_late = false;
       // [train] pipeline_sync, pipeline_async: streamed where the connection is plain TCP
