@@ -480,3 +480,56 @@ TEST_CASE("wire_dtype takes float32 or bf16, refuses fp16 and unknown names with
   c.data = "synthetic";
   CHECK_THAT(train::validate(c), Catch::Contains("with model = \"recommender\""));
 }
+
+TEST_CASE("a ps of a build before bf16 refuses a bf16 push as an unknown dtype, and the worker's "
+          "error names the older build and what to set",
+          "[bf16][plane][push]") {
+  // The older node, as its data plane answers a header it cannot validate
+  // (net/data_plane_server.cpp before dtype 14: valid_dtype fails, so
+  // "unknown dtype code 14"): an invalid_argument reply, then it hangs up
+  // without reading the payload.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  uint8_t seen_dtype = 0;
+  std::thread old_node([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0)
+      return;
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    wire::header h;
+    if (::recv(fd, &h, sizeof(h), MSG_WAITALL) == static_cast<ssize_t>(sizeof(h))) {
+      seen_dtype = h.dtype;
+      std::string text = "old ps data plane: unknown dtype code " + std::to_string(h.dtype);
+      wire::header reply;
+      reply.kind = static_cast<uint8_t>(wire::kind::reply);
+      reply.status = static_cast<uint8_t>(af_error::invalid_argument);
+      reply.payload_bytes = text.size();
+      (void) !::write(fd, &reply, sizeof(reply));
+      (void) !::write(fd, text.data(), text.size());
+    }
+    ::close(fd);
+  });
+  auto chan = data_channel::connect("127.0.0.1", ntohs(addr.sin_port), "/job:ps/task:0", 5s, {},
+                                    nullptr, nullptr, false);
+  REQUIRE(chan);
+  (*chan)->set_wire_bf16(true);
+  auto r = (*chan)->aggregate(wire::kind::push, "train/ps0", 0, 0,
+                              {tensor::filled(dtype::float32, {1000}, 0.5)}, 5s,
+                              std::string(16, 'k'), 1);
+  old_node.join();
+  ::close(lfd);
+  CHECK(seen_dtype == wire::bf16_dtype);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), af_error::unsupported));
+  CHECK_THAT(describe(r.error()), Catch::Contains("unknown dtype code 14")
+                                    && Catch::Contains("runs a build older than [train] wire_dtype")
+                                    && Catch::Contains("wire_dtype = \"float32\""));
+}
