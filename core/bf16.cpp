@@ -14,7 +14,7 @@ void widen(const uint16_t* src, float* dst, size_t n) {
     dst[i] = to_float(src[i]);
 }
 
-void round_with_feedback(float* g, float* residual, size_t n) {
+void round_with_feedback(const float* g, float* sent, float* residual, size_t n) {
   // Branch-free (selects only), so that the compiler vectorizes it: this
   // runs over every gradient element of every step.
   for (size_t i = 0; i < n; ++i) {
@@ -36,7 +36,7 @@ void round_with_feedback(float* g, float* residual, size_t n) {
     std::memcpy(&r, &rf, sizeof(r));
     r &= 0u - static_cast<uint32_t>((u & 0x7f800000u) != 0x7f800000u);
     std::memcpy(&residual[i], &r, sizeof(r));
-    g[i] = qf;
+    sent[i] = qf;
   }
 }
 

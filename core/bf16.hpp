@@ -45,14 +45,14 @@ void narrow(const float* src, uint16_t* dst, size_t n);
 void widen(const uint16_t* src, float* dst, size_t n);
 
 /// Error feedback over `n` elements: each `g[i] + residual[i]` is rounded to
-/// bf16, `g[i]` becomes that rounded value (what goes on the wire, exact in
-/// bf16) and `residual[i]` what the rounding left out, which the next call
-/// adds back. So the sum of what was sent over N calls differs from the sum
+/// bf16, `sent[i]` becomes that rounded value (what goes on the wire, exact
+/// in bf16; `sent` may be `g`) and `residual[i]` what the rounding left out,
+/// which the next call adds back. So the sum of what was sent over N calls differs from the sum
 /// of the true values by the last residual alone: one bf16 rounding, not N.
 /// A finite value that would round past bf16's largest finite one is sent
 /// as that largest (its excess kept in the residual): the worker checked
 /// its float32 gradient, and the ps must not see an infinity it never had.
 /// NaN and infinity in `g` are the caller's to have refused first.
-void round_with_feedback(float* g, float* residual, size_t n);
+void round_with_feedback(const float* g, float* sent, float* residual, size_t n);
 
 } // namespace af::bf16

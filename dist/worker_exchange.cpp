@@ -376,8 +376,8 @@ std::vector<tensor> with_feedback(worker_state& st, const std::vector<tensor>& v
     auto n = static_cast<size_t>(g.num_elements());
     auto& r = st.wire_residual[i];
     r.resize(n, 0.0f); // zero at the first push (and for a parameter that changed size)
-    tensor q = g; // shares the buffer: the copy happens on the write below
-    bf16::round_with_feedback(q.mutable_data<float>(), r.data(), n);
+    tensor q{dtype::float32, g.shape()}; // written once: no copy of g first
+    bf16::round_with_feedback(g.data<float>(), q.mutable_data<float>(), r.data(), n);
     sent.push_back(std::move(q));
   }
   return sent;

@@ -138,7 +138,7 @@ TEST_CASE("bf16 error feedback: what was sent over N steps sums to the true grad
       plain_sum[i] += bf16::round(g[i]);
       last_v[i] = g[i] + residual[i];
     }
-    bf16::round_with_feedback(g.data(), residual.data(), n);
+    bf16::round_with_feedback(g.data(), g.data(), residual.data(), n);
     for (size_t i = 0; i < n; ++i) {
       CHECK(bf16::round(g[i]) == g[i]); // what goes on the wire is exact in bf16
       sent_sum[i] += g[i];
