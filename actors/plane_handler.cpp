@@ -9,6 +9,7 @@
 /// straight into the tensor it hands on.
 #include "actors/variable_directory.hpp"
 #include "actors/edge_budget.hpp"
+#include "actors/plane_bf16.hpp"
 
 #include <algorithm>
 #include <array>
@@ -81,6 +82,9 @@ bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
   bool ok;
   if (floats == 0) {
     ok = req.reply(reply, nullptr);
+  } else if (plane_bf16::asked(req)) { // narrowed into a buffer of its own first
+    ok = plane_bf16::reply(req, reply, pieces.data(), pieces.size(), floats,
+                           [](void* p) { release_parts(*static_cast<answer_parts*>(p)); }, &parts);
   } else {
     reply.has_tensor = 1;
     reply.dtype = static_cast<uint8_t>(dtype::float32);
@@ -107,9 +111,14 @@ bool answer_push(plane_request& req, variable_directory::aggregator_answer& r, b
   } else {
     if (r.parts)
       release_parts(*r.parts); // a flat answer: any parts shared are let go
-    if (!params.empty())
-      wire::describe_tensor(params, reply); // rank 1
-    ok = req.reply(reply, params.empty() ? nullptr : params.bytes());
+    if (!params.empty() && plane_bf16::asked(req)) {
+      iovec flat{const_cast<std::byte*>(params.bytes()), params.nbytes()};
+      ok = plane_bf16::reply(req, reply, &flat, 1, params.num_elements());
+    } else if (!params.empty() && wire::describe_tensor(params, reply)) { // rank 1
+      ok = req.reply(reply, params.bytes());
+    } else {
+      ok = req.reply(reply, nullptr);
+    }
   }
   if (!ok || !streamed)
     return ok;
@@ -414,12 +423,12 @@ bool variable_directory::aggregate(plane_request& req) {
                                                                                   "parameters",
                           name, agg.table_rows.size());
   } else if (h.has_tensor
-             && (static_cast<dtype>(h.dtype) != dtype::float32 || h.rank != 1
-                 || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
+             && ((static_cast<dtype>(h.dtype) != dtype::float32 && !plane_bf16::asked(req))
+                 || h.rank != 1 || static_cast<uint64_t>(h.dims[0]) != agg.floats)) {
     code = af_error::shape_mismatch;
-    refusal = fmt::format("push to aggregator '{}': {}{} values, expected float32[{}]",
-                          name, dtype_name(static_cast<dtype>(h.dtype)),
-                          shape_string(wire::shape_of(h)), agg.floats);
+    refusal = fmt::format("push to aggregator '{}': {}{} values, expected float32[{}]{}", name,
+                          plane_bf16::dtype_text(h.dtype), shape_string(wire::shape_of(h)),
+                          agg.floats, plane_bf16::or_bf16(h.dtype));
   } else if (!h.has_tensor && h.payload_bytes > 0) {
     refusal = "a push or pull with a payload that is no tensor";
   } else if (push) {
@@ -436,7 +445,12 @@ bool variable_directory::aggregate(plane_request& req) {
   }
   tensor values;
   bool finite = true; // every float read so far
-  if (h.has_tensor) {
+  auto stopped = [&] { // the peer stopped mid-push: the connection is dropped
+    log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
+                     node_name, req.peer(), name);
+    return false;
+  };
+  if (h.has_tensor && !plane_bf16::asked(req)) { // bf16 is widened as read: never in place
     // On shared memory the push is read in place, without a copy: each
     // piece checked as it arrives, then the aggregator reads the ring's
     // bytes (the connection takes its next frame once the push is dropped).
@@ -450,11 +464,8 @@ bool variable_directory::aggregate(plane_request& req) {
                                            }
                                          },
                                          ok);
-    if (!ok) {
-      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
-                       node_name, req.peer(), name);
-      return false;
-    }
+    if (!ok)
+      return stopped();
     if (in_place)
       values = tensor::over(dtype::float32, wire::shape_of(h), std::move(in_place));
   }
@@ -479,11 +490,9 @@ bool variable_directory::aggregate(plane_request& req) {
         finite = train::first_non_finite(floats + offset / sizeof(float), count) == count;
       }
     };
-    if (!req.read_payload(dst, true, 256 << 10, check)) {
-      log::get()->warn("{} data plane: dropped {}: it stopped in the middle of a push to '{}'",
-                       node_name, req.peer(), name);
-      return false;
-    }
+    if (!(plane_bf16::asked(req) ? plane_bf16::read_push(req, values, finite)
+               : req.read_payload(dst, true, 256 << 10, check)))
+      return stopped();
   }
   who.finite_checked = h.has_tensor && finite;
   if (auto answered = dense_on_plane(req, agg, who, values)) // else the actor's

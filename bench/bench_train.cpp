@@ -269,6 +269,56 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
   }
 }
 
+/// train_sync_1m_2w_tcp_bf16 ([train] wire_dtype = "bf16"): the sync 1 M job
+/// over TCP with its gradients and parameters in bf16 against the same job in
+/// float32, alternating, with both final losses; then the digits MLP over TCP
+/// both ways, for its held-out accuracy (docs/training.md "bf16 on the wire").
+void bench_linear_bf16(const train_bench_options& o, const scratch_dir& dir) {
+  const std::string name = "train_sync_1m_2w_tcp_bf16";
+  auto keys = linear_keys("sync", o);
+  auto bf16_keys = keys;
+  bf16_keys.push_back("wire_dtype=bf16");
+  std::vector<double> f32, bf16;
+  std::string failure, f32_failure;
+  double f32_loss = -1, bf16_loss = -1;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    if (f32_failure.empty())
+      if (auto x = ours_linear(keys, false, o, dir, "sync-tcp-f32", f32_failure, f32_loss))
+        f32.push_back(*x);
+    if (failure.empty())
+      if (auto x = ours_linear(bf16_keys, false, o, dir, "sync-tcp-bf16", failure, bf16_loss))
+        bf16.push_back(*x);
+  }
+  std::printf("# %s: actorflow over TCP (ACTORFLOW_DATA_SHM=off) with wire_dtype = \"bf16\" "
+              "against the same job in float32 (train_sync_1m_2w_tcp's side), this run; final "
+              "loss (the chief's last report) %.3g in bf16, %.3g in float32\n",
+              name.c_str(), bf16_loss, f32_loss);
+  report(name, bf16, f32, "steps/s",
+         !failure.empty() ? failure : f32_failure.empty() ? "" : "float32: " + f32_failure);
+  std::vector<std::string> digits{"mode=sync",     "model=mlp",     "hidden=[128]", "data=digits",
+                                  "batch_size=32", "steps=" + std::to_string(o.digits_steps),
+                                  "log_every=0",   "eval_every=0"};
+  scoped_shm plane{false};
+  double acc[2] = {-1, -1}, examples[2] = {-1, -1};
+  for (int b = 0; b < 2; ++b) {
+    auto k = digits;
+    if (b == 1)
+      k.push_back("wire_dtype=bf16");
+    auto run = run_cluster(k, o, dir, b == 1 ? "digits-tcp-bf16" : "digits-tcp-f32");
+    if (run.failure.empty()) {
+      acc[b] = run.accuracy;
+      examples[b] = run.done.count("examples_per_s") ? run.done["examples_per_s"] : -1;
+    } else {
+      std::fprintf(stderr, "actorflow-bench: %s digits (%s): %s\n", name.c_str(),
+                   b == 1 ? "bf16" : "float32", run.failure.c_str());
+    }
+  }
+  std::printf("# %s: the digits MLP over TCP, %lu steps, one run each: held-out accuracy %.4f in "
+              "bf16, %.4f in float32; %.0f and %.0f examples/s (-1: failed)\n",
+              name.c_str(), static_cast<unsigned long>(o.digits_steps), acc[1], acc[0],
+              examples[1], examples[0]);
+}
+
 /// train_async_1m_2w_tcp(_pipelined): every push is a global step (the sum
 /// of both workers' steps), ours over TCP (store-and-forward, and with
 /// pipeline_async) against the raw-TCP store-and-forward ps.
@@ -480,7 +530,7 @@ const std::vector<std::string>& train_metrics() {
     std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_sync_1m_2w_tcp_pipelined",
                                "train_async_1m_2w_tcp", "train_async_1m_2w_tcp_pipelined",
                                "train_sync_1m_2w_shm",
-                               "train_sync_1m_2w_shm_vs_tcp"};
+                               "train_sync_1m_2w_shm_vs_tcp", "train_sync_1m_2w_tcp_bf16"};
     for (auto& m : allreduce_metrics()) // bench/allreduce_bench.cpp
       v.push_back(m);
     for (auto m : {"train_digits_examples_per_s_tcp", "train_digits_examples_per_s_shm",
@@ -512,6 +562,8 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
   bool sync_piped = want("train_sync_1m_2w_tcp_pipelined");
   if (sync_tcp || sync_shm || sync_ratio || sync_piped)
     bench_linear_sync(sync_tcp, sync_shm, sync_ratio, sync_piped, opts, dir);
+  if (want("train_sync_1m_2w_tcp_bf16"))
+    bench_linear_bf16(opts, dir);
   bool async_tcp = want("train_async_1m_2w_tcp");
   bool async_piped = want("train_async_1m_2w_tcp_pipelined");
   if (async_tcp || async_piped)

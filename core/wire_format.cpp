@@ -29,7 +29,12 @@ std::string validate(const header& h) {
   if (!h.has_tensor)
     return h.payload_bytes > (1u << 20) ? "error text of " + std::to_string(h.payload_bytes) + " bytes"
                                         : std::string{};
-  if (!valid_dtype(h.dtype))
+  const bool bf16 = h.dtype == bf16_dtype;
+  if (bf16 && h.kind != static_cast<uint8_t>(kind::push)
+      && h.kind != static_cast<uint8_t>(kind::reply))
+    return "bf16 values (dtype code 14) on a frame of kind " + std::to_string(k)
+           + ": only a dense push (kind 5) and a reply carry bf16";
+  if (!bf16 && !valid_dtype(h.dtype))
     return "unknown dtype code " + std::to_string(h.dtype);
   if (h.rank > max_rank)
     return "rank " + std::to_string(h.rank) + " (the data plane carries rank <= 8)";
@@ -42,7 +47,11 @@ std::string validate(const header& h) {
     if (count > (uint64_t{1} << 40))
       return "a tensor of more than 2^40 elements";
   }
-  auto expected = static_cast<uint64_t>(count) * dtype_size(static_cast<dtype>(h.dtype));
+  auto expected = static_cast<uint64_t>(count) * element_bytes(h.dtype);
+  if (h.payload_bytes != expected && bf16)
+    return "a bf16 payload of " + std::to_string(h.payload_bytes) + " bytes for "
+           + std::to_string(static_cast<uint64_t>(count)) + " elements of 2 bytes ("
+           + std::to_string(expected) + " bytes)";
   if (h.payload_bytes != expected)
     return "payload of " + std::to_string(h.payload_bytes) + " bytes for a tensor of "
            + std::to_string(expected) + " bytes";
@@ -60,6 +69,12 @@ std::vector<uint64_t> gather_many_offsets(const std::vector<uint64_t>& bytes) {
   }
   at.push_back(up(end, 8)); // the payload is int32 words: whole ones
   return at;
+}
+
+size_t element_bytes(uint8_t code) {
+  if (code == bf16_dtype)
+    return 2;
+  return valid_dtype(code) ? dtype_size(static_cast<dtype>(code)) : 0;
 }
 
 shape_type shape_of(const header& h) {

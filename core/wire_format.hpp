@@ -90,6 +90,16 @@ enum class kind : uint8_t {
   reply = 16,
 };
 
+/// The dtype byte of a tensor sent as bfloat16 (core/bf16.hpp; [train]
+/// wire_dtype = "bf16"): 2 bytes an element. A wire-only code, not one of
+/// core/tensor.hpp's dtypes (14 is TensorFlow's DT_BFLOAT16; the runtime's
+/// own codes stay 0 to 3 and may grow from 4). Only a dense push (kind
+/// push: the gradients) and a reply (the parameters, to a push that came in
+/// bf16) may carry it: validate refuses it on any other frame. A node of a
+/// build before it refuses the frame as "unknown dtype code 14", never
+/// reads 2-byte elements as 4-byte ones.
+constexpr uint8_t bf16_dtype = 14;
+
 /// True if `k` is a request to an aggregator (push_sparse included).
 constexpr bool aggregator_kind(uint8_t k) {
   return k == static_cast<uint8_t>(kind::push) || k == static_cast<uint8_t>(kind::pull)
@@ -202,8 +212,13 @@ static_assert(sizeof(header) == 96, "the frame header is 96 bytes on the wire");
 /// Fills dtype/rank/dims/payload_bytes for `t`; false if its rank is too high.
 bool describe_tensor(const tensor& t, header& h);
 
-/// Empty if `h` is well formed, else what is wrong with it.
+/// Empty if `h` is well formed, else what is wrong with it. A bf16 tensor
+/// (bf16_dtype) is well formed only on a push or a reply, its payload 2
+/// bytes per element of its shape.
 std::string validate(const header& h);
+
+/// Bytes per element of dtype byte `code` (2 for bf16_dtype; 0 if unknown).
+size_t element_bytes(uint8_t code);
 
 /// The shape in `h` (after validate).
 shape_type shape_of(const header& h);

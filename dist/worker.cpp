@@ -486,12 +486,14 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   if (s.shards.size() == 1)
     st.direct = std::make_unique<plane_pusher>(s.shards[0].host, s.shards[0].data_port,
                                                s.shards[0].task, s.timeout, before_push_of(s, 0),
-                                               system_tls(self->system()));
+                                               system_tls(self->system()),
+                                               s.cfg.wire_dtype == "bf16");
   else
     for (const auto& shard : s.shards) {
       auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host,
                                                           shard.data_port, shard.task, s.timeout,
-                                                          before_push_of(s, st.links.size()));
+                                                          before_push_of(s, st.links.size()),
+                                                          s.cfg.wire_dtype == "bf16");
       st.links.push_back(link);
     }
   if (s.recover_ps && !s.shards.empty())

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bf16.hpp"
 #include "core/log.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
@@ -100,13 +101,14 @@ void recover_shard(self_pointer self, size_t k, uint64_t step, const caf::error&
             st.direct = std::make_unique<plane_pusher>(r.shard.host, r.shard.data_port,
                                                        r.shard.task, st.setup.timeout,
                                                        before_push_of(st.setup, k),
-                                                       system_tls(self->system()));
+                                                       system_tls(self->system()),
+                                                       st.setup.cfg.wire_dtype == "bf16");
           } else {
             self->unlink_from(st.links[k]);
             self->send_exit(st.links[k], caf::exit_reason::user_shutdown);
             st.links[k] = self->spawn<caf::detached + caf::linked>(
               plane_link, r.shard.host, r.shard.data_port, r.shard.task, st.setup.timeout,
-              before_push_of(st.setup, k));
+              before_push_of(st.setup, k), st.setup.cfg.wire_dtype == "bf16");
           }
         }
         bool same = r.shard.actor == shard.actor;
@@ -380,6 +382,28 @@ std::string first_non_finite(self_pointer self, const std::vector<tensor>& value
   return "";
 }
 
+std::vector<tensor> with_feedback(worker_state& st, const std::vector<tensor>& values) {
+  if (st.setup.cfg.wire_dtype != "bf16" || st.mode == "average" || st.mode == "allreduce")
+    return values;
+  st.wire_residual.resize(values.size());
+  std::vector<tensor> sent;
+  sent.reserve(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& g = values[i];
+    if (g.type() != dtype::float32 || g.empty()) {
+      sent.push_back(g);
+      continue;
+    }
+    auto n = static_cast<size_t>(g.num_elements());
+    auto& r = st.wire_residual[i];
+    r.resize(n, 0.0f); // zero at the first push (and for a parameter that changed size)
+    tensor q{dtype::float32, g.shape()}; // written once: no copy of g first
+    bf16::round_with_feedback(g.data<float>(), q.mutable_data<float>(), r.data(), n);
+    sent.push_back(std::move(q));
+  }
+  return sent;
+}
+
 bool note_refusal(self_pointer self, std::string why) {
   auto& st = self->state;
   st.refused += 1;
@@ -428,6 +452,13 @@ void exchange(self_pointer self, const std::vector<tensor>* values, bool abstain
       exchange(self, keep.get(), abstain_step, then);
     });
     return;
+  }
+  // [train] wire_dtype = "bf16": what goes on the wire, rounded with error
+  // feedback once per step (a retry of a push sends the same values).
+  std::vector<tensor> rounded;
+  if (values != nullptr && !abstain_step && st.setup.cfg.wire_dtype == "bf16") {
+    rounded = with_feedback(st, *values);
+    values = &rounded;
   }
   st.answered_late = false;
   auto g = std::make_shared<exchange_gather>();

@@ -17,9 +17,9 @@ namespace af::worker_detail {
 
 plane_pusher::plane_pusher(std::string host, uint16_t port, std::string peer,
                            std::chrono::milliseconds timeout, std::function<void(uint64_t)> before,
-                           std::shared_ptr<tls_context> tls)
+                           std::shared_ptr<tls_context> tls, bool bf16)
   : host_(std::move(host)), port_(port), peer_(std::move(peer)), timeout_(timeout),
-    before_(std::move(before)), tls_(std::move(tls)) {
+    before_(std::move(before)), tls_(std::move(tls)), bf16_(bf16) {
 }
 
 plane_pusher::~plane_pusher() = default;
@@ -38,6 +38,7 @@ plane_pusher::push(const std::string& name, uint32_t worker, uint64_t step,
     if (!c)
       return std::move(c.error());
     chan_ = std::move(*c);
+    chan_->set_wire_bf16(bf16_); // [train] wire_dtype
   }
   bool dropped_late = false;
   // [train] pipeline_sync, pipeline_async: streamed where the connection is plain TCP
@@ -54,9 +55,10 @@ plane_pusher::push(const std::string& name, uint32_t worker, uint64_t step,
 
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout,
-                         std::function<void(uint64_t)> before) {
+                         std::function<void(uint64_t)> before, bool bf16) {
   auto pusher = std::make_shared<plane_pusher>(std::move(host), port, std::move(peer), timeout,
-                                               std::move(before), system_tls(self->system()));
+                                               std::move(before), system_tls(self->system()),
+                                               bf16);
   return {
     [=](push_atom, const std::string& name, uint32_t worker, uint64_t step,
         const std::vector<tensor>& values, uint32_t wait_ms, uint8_t kind, uint64_t local_step,

@@ -85,6 +85,9 @@ struct worker_state : worker_loop {
   /// The gradient being pushed: after a switch into average it becomes the
   /// replica's first local step instead of being lost.
   std::vector<tensor> pending;
+  /// [train] wire_dtype = "bf16": per parameter, what rounding its
+  /// gradients to bf16 left out so far (with_feedback adds it to the next).
+  std::vector<std::vector<float>> wire_residual;
   /// The last step's gradients (shared buffers), kept only by a chief that
   /// writes histograms (train_config::histogram_every): its reports carry them.
   std::vector<tensor> last_grads;
@@ -179,11 +182,12 @@ uint32_t examples_per_push(const worker_state& st);
 /// One data-plane connection to a ps node and the blocking push and pull
 /// calls on it (connected at the first call, again after it broke).
 /// `before` (a test hook, may be empty) runs before each push with the
-/// worker's local step. Used from one thread at a time.
+/// worker's local step. `bf16`: [train] wire_dtype = "bf16" (its pushes go
+/// in bf16: data_channel::set_wire_bf16). Used from one thread at a time.
 class plane_pusher {
 public:
   plane_pusher(std::string host, uint16_t port, std::string peer, std::chrono::milliseconds timeout,
-               std::function<void(uint64_t)> before, std::shared_ptr<tls_context> tls);
+               std::function<void(uint64_t)> before, std::shared_ptr<tls_context> tls, bool bf16);
   ~plane_pusher();
   plane_pusher(const plane_pusher&) = delete;
   plane_pusher& operator=(const plane_pusher&) = delete;
@@ -201,6 +205,7 @@ private:
   std::chrono::milliseconds timeout_;
   std::function<void(uint64_t)> before_;
   std::shared_ptr<tls_context> tls_;
+  bool bf16_;
   std::unique_ptr<data_channel> chan_;
 };
 
@@ -208,7 +213,13 @@ private:
 /// shards pushes to all of them at once and never blocks.
 caf::behavior plane_link(caf::event_based_actor* self, std::string host, uint16_t port,
                          std::string peer, std::chrono::milliseconds timeout,
-                         std::function<void(uint64_t)> before);
+                         std::function<void(uint64_t)> before, bool bf16);
+
+/// [train] wire_dtype = "bf16", a gradient push (sync, async, ssp): `values`
+/// (float32, one per parameter) rounded to bf16 with error feedback
+/// (core/bf16.hpp's round_with_feedback over the worker's residuals, one
+/// per parameter, kept from push to push). Else `values` as they are.
+std::vector<tensor> with_feedback(worker_state& st, const std::vector<tensor>& values);
 
 /// The setup's before_push hook bound to shard `k` (empty without one).
 std::function<void(uint64_t)> before_push_of(const worker_setup& setup, size_t k);

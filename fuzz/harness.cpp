@@ -115,7 +115,7 @@ std::string wire_header(const uint8_t* data, size_t size) {
   auto n = num_elements(shape);
   if (n < 0)
     return "validate accepted shape " + shape_string(shape) + " whose element count is invalid";
-  if (static_cast<uint64_t>(n) * dtype_size(static_cast<dtype>(h.dtype)) != h.payload_bytes)
+  if (static_cast<uint64_t>(n) * wire::element_bytes(h.dtype) != h.payload_bytes)
     return "validate accepted a payload of " + std::to_string(h.payload_bytes)
            + " bytes for shape " + shape_string(shape);
   return {};

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bf16.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -190,8 +191,21 @@ data_channel::read_reply(const std::string& what, std::chrono::steady_clock::tim
     auto held = shm_->take_answer(k, r.payload_bytes);
     if (!held)
       return fail(what, EBADMSG);
-    value = tensor::over(static_cast<dtype>(r.dtype), wire::shape_of(r), std::move(held));
+    if (r.dtype == wire::bf16_dtype) { // widened out of the slot, which goes back at once
+      value.reset(dtype::float32, wire::shape_of(r));
+      bf16::widen(reinterpret_cast<const uint16_t*>(held.get()), value.mutable_data<float>(),
+                  static_cast<size_t>(value.num_elements()));
+    } else {
+      value = tensor::over(static_cast<dtype>(r.dtype), wire::shape_of(r), std::move(held));
+    }
     answers_in_place_ += 1;
+  } else if (r.has_tensor && r.dtype == wire::bf16_dtype) {
+    // Parameters in bf16 (the answer to a push in bf16): widened to float32.
+    value.reset(dtype::float32, wire::shape_of(r));
+    bf16_in_.resize(static_cast<size_t>(value.num_elements()));
+    if (r.payload_bytes > 0 && !read_all(io, bf16_in_.data(), r.payload_bytes, nullptr, &until))
+      return fail(what, errno);
+    bf16::widen(bf16_in_.data(), value.mutable_data<float>(), bf16_in_.size());
   } else if (r.has_tensor) {
     try {
       value.reset(static_cast<dtype>(r.dtype), wire::shape_of(r));
@@ -300,9 +314,26 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   }
   if (!name.empty())
     iov.push_back({const_cast<char*>(name.data()), name.size()});
+  const size_t first_value = iov.size();
   if (push && !values.empty())
     if (auto err = append_float_values(what, values, iov, h))
       return err;
+  // [train] wire_dtype = "bf16": the floats rounded into one buffer of
+  // bf16, sent in their place (the node answers in bf16 too).
+  const bool bf16 = wire_bf16_ && kind == wire::kind::push && h.has_tensor != 0;
+  if (bf16) {
+    bf16_out_.resize(static_cast<size_t>(h.dims[0]));
+    size_t at = 0;
+    for (size_t i = first_value; i < iov.size(); ++i) {
+      size_t n = iov[i].iov_len / sizeof(float);
+      bf16::narrow(static_cast<const float*>(iov[i].iov_base), bf16_out_.data() + at, n);
+      at += n;
+    }
+    iov.resize(first_value);
+    iov.push_back({bf16_out_.data(), bf16_out_.size() * sizeof(uint16_t)});
+    h.dtype = wire::bf16_dtype;
+    h.payload_bytes = bf16_out_.size() * sizeof(uint16_t);
+  }
   // A sync push waits for the other workers: widen this call's receive timeout.
   // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
   // wait longer, so that its reason arrives rather than a bare socket timeout.
@@ -331,6 +362,12 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   auto r = read_reply(what, deadline);
   if (socket_waits && fd_ >= 0)
     set_timeout(fd_, SO_RCVTIMEO, timeout_);
+  if (!r && bf16 && is(r.error(), af_error::invalid_argument)
+      && describe(r.error()).find("unknown dtype code 14") != std::string::npos)
+    return make_error(af_error::unsupported,
+                      describe(r.error()) + ": " + peer_ + " runs a build older than [train] "
+                        "wire_dtype = \"bf16\" and cannot read a push in bf16; run one build "
+                        "across the job, or set wire_dtype = \"float32\"");
   if (!r)
     return std::move(r.error());
   if (dropped_late != nullptr)

@@ -222,6 +222,14 @@ public:
   /// True if this connection's frames go straight over its TCP socket.
   bool plain_tcp() const;
 
+  /// [train] wire_dtype = "bf16": aggregate()'s pushes (wire::kind::push
+  /// with values) send their floats rounded to bf16 (to nearest even;
+  /// core/bf16.hpp), half the bytes, and the node answers them with the
+  /// parameters in bf16, which the answer widens back to float32. The
+  /// caller keeps the error feedback (dist/worker.cpp). Pulls, pushes of
+  /// parameters (average) and streamed or sparse pushes stay float32.
+  void set_wire_bf16(bool on) { wire_bf16_ = on; }
+
   /// The rows `ids` (1-D int32 or int64) name of table `var` on the node
   /// (messages/variable.hpp's gather): the rows [n] + the table's
   /// shape[1:] and the table's version. Only the ids go out and only those
@@ -391,6 +399,8 @@ private:
   std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_reply_;
   uint16_t reply_flags_ = 0; ///< the last reply's `reserved` (wire::reply_flags)
+  bool wire_bf16_ = false;   ///< set_wire_bf16
+  std::vector<uint16_t> bf16_out_, bf16_in_; ///< a push narrowed, an answer before it is widened
   std::shared_ptr<const std::atomic<bool>> cancel_;
   std::shared_ptr<tls_context> tls_; ///< null: plaintext
   secure_stream* stream_ = nullptr;  ///< the connection's record layer (with tls_), owned

@@ -74,7 +74,7 @@ const std::vector<std::string>& known_keys() {
     "ps_recovery_timeout_ms", "max_nonfinite_steps", "replicas_to_aggregate", "step_deadline_ms",
     "min_replicas", "staleness", "max_partitions", "min_slice_bytes", "max_data_bytes",
     "grad_norm_guard", "warmup_secs", "window_secs", "users", "items", "dim", "zipf",
-    "partition_strategy", "pipeline_sync", "pipeline_async"};
+    "partition_strategy", "pipeline_sync", "pipeline_async", "wire_dtype"};
   return keys;
 }
 
@@ -167,6 +167,7 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   if (key == "metrics") return text(c.metrics);
   if (key == "logdir") return text(c.logdir);
   if (key == "partition_strategy") return text(c.partition_strategy);
+  if (key == "wire_dtype") return text(c.wire_dtype);
   if (key == "zipf") return number(c.zipf);
   if (key == "users") return whole(c.users);
   if (key == "items") return whole(c.items);
@@ -468,6 +469,8 @@ std::optional<key_problem> check(const train_config& c, bool combinations) {
     return p;
   if (auto p = recommender_problem(c, combinations)) // train/config_model.cpp
     return fail(p->first, p->second);
+  if (auto p = wire_dtype_problem(c, combinations)) // train/config_model.cpp
+    return fail(p->first, p->second);
   return check_data_size(c, combinations);
 }
 
@@ -511,7 +514,8 @@ std::string takes(const std::string& key) {
                "--set data=csv:/tmp/train.csv";
       return fmt::format("a name, e.g. --set {}={}", key,
                          key == "mode" ? "async" : key == "model" ? "softmax"
-                         : key == "optimizer" ? "adam" : key == "schedule" ? "cosine" : "div");
+                         : key == "optimizer" ? "adam" : key == "schedule" ? "cosine"
+                         : key == "wire_dtype" ? "bf16" : "div");
     case value_kind::number:
       if (key == "grad_norm_guard") // 0.01 would be refused: 0 or >= 1
         return "0 (off) or a number >= 1, e.g. --set grad_norm_guard=10";
@@ -779,6 +783,7 @@ std::string to_toml(const train_config& c) {
   line("partition_strategy", quoted(c.partition_strategy));
   line("pipeline_sync", c.pipeline_sync ? "true" : "false");
   line("pipeline_async", c.pipeline_async ? "true" : "false");
+  line("wire_dtype", quoted(c.wire_dtype));
   return out;
 }
 

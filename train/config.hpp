@@ -112,6 +112,15 @@ struct train_config {
   /// async pushes"), the same bits as store-and-forward pushes in that
   /// order. Elsewhere pushes go store-and-forward. Off by default.
   bool pipeline_async = false;
+  /// How a dense gradient push and its answer's parameters cross the data
+  /// plane: "float32" (the default), or "bf16": each gradient rounded to
+  /// bf16 with error feedback (the worker keeps what rounding left out and
+  /// adds it to its next gradient), the parameters answered in bf16 (the
+  /// worker computes on them rounded; the ps keeps float32): half the bytes
+  /// each way (docs/training.md "bf16 on the wire"). sync, async and ssp
+  /// store-and-forward pushes only: refused with pipeline_sync,
+  /// pipeline_async, average, allreduce and model = "recommender".
+  std::string wire_dtype = "float32";
   /// The most either may be: a week (more would overflow the clock's
   /// nanoseconds long before it means anything).
   static constexpr double max_window_secs = 7 * 24 * 3600.0;

@@ -20,6 +20,38 @@ std::optional<std::pair<std::string, std::string>> fail(std::string key, std::st
 
 } // namespace
 
+std::optional<std::pair<std::string, std::string>> wire_dtype_problem(const train_config& c,
+                                                                      bool combinations) {
+  const auto& w = c.wire_dtype;
+  if (w == "fp16" || w == "float16" || w == "half")
+    return fail("wire_dtype", fmt::format("wire_dtype = \"{}\": fp16 is not offered (its range "
+                                          "ends at 65504: gradients would need loss scaling); "
+                                          "use \"float32\" or \"bf16\"", w));
+  if (w != "float32" && w != "bf16")
+    return fail("wire_dtype", fmt::format("wire_dtype = \"{}\" is unknown: use \"float32\" "
+                                          "(the default) or \"bf16\"", w.substr(0, 80)));
+  if (!combinations || w != "bf16")
+    return std::nullopt;
+  auto only = [](const char* key, const std::string& what) {
+    return fail(key, fmt::format("wire_dtype = \"bf16\" with {}: bf16 goes on dense gradient "
+                                 "pushes store-and-forward only (mode sync, async or ssp); set "
+                                 "wire_dtype = \"float32\" for it",
+                                 what));
+  };
+  if (c.pipeline_sync || c.pipeline_async)
+    return only(c.pipeline_sync ? "pipeline_sync" : "pipeline_async",
+                std::string{c.pipeline_sync ? "pipeline_sync" : "pipeline_async"}
+                  + " = true (a streamed push stays float32)");
+  if (c.mode == "average" || c.mode == "allreduce")
+    return only("mode", fmt::format("mode = \"{}\" (it sends parameters or reduces "
+                                    "gradients among the workers, not through a push)",
+                                    c.mode));
+  if (c.model == "recommender")
+    return only("model", "model = \"recommender\" (its sparse tables' rows go as "
+                         "push_sparse, float32)");
+  return std::nullopt;
+}
+
 std::optional<std::pair<std::string, std::string>> recommender_problem(const train_config& c,
                                                                        bool combinations) {
   constexpr int64_t max_rows = int64_t{1} << 40; // far past any table one job can hold

@@ -22,6 +22,13 @@ namespace af::train {
 std::optional<std::pair<std::string, std::string>> recommender_problem(const train_config& c,
                                                                        bool combinations);
 
+/// [train] wire_dtype: {key, sentence} if its value is not "float32" or
+/// "bf16" (fp16 is named as not offered); with `combinations`, if it is
+/// "bf16" where it cannot apply (pipeline_sync, pipeline_async, mode
+/// average or allreduce, model recommender: the key that conflicts named).
+std::optional<std::pair<std::string, std::string>> wire_dtype_problem(const train_config& c,
+                                                                      bool combinations);
+
 /// Empty if the recommender's tables of `c`, cut into `parts` pieces (the
 /// ps tasks; 1: one process), fit max_data_bytes with their optimizer
 /// slots, a piece per process; else a sentence naming the keys and what to
