@@ -235,10 +235,11 @@ aggregator_impl_actor::behavior_type async_aggregator(self_pointer self) {
         return answer_now(self, who);
       if (self->state.tables > 0)
         return wrong_form(self->state, worker, false);
-      if (auto err = grads.empty() ? caf::none : mixed_async_push(self->state, worker))
-        return err;
       if (auto err = take_gradient(self, worker, step))
         return err;
+      // Streamed pushes in line: a push with values takes its place there.
+      if (!grads.empty() && !self->state.pipelined_async.empty())
+        return queue_whole_async(self, worker, step, who, grads);
       if (auto err = apply_now(self, worker, step, who, grads, true))
         return err;
       return answer_now(self, who);

@@ -144,17 +144,29 @@ struct aggregator_actor_state {
   std::shared_ptr<pipelined_round> pipelined;
   /// async: a streamed push applied chunk by chunk (a pipelined round of
   /// one member; dist/aggregator_pipelined_async.cpp), with what its commit
-  /// counts as apply_now does.
+  /// counts as apply_now does; or a push that came whole (store and
+  /// forward: shared memory, TLS, CAF) while streamed ones were in line,
+  /// applied by apply_now when its turn comes and answered through `whole`.
   struct streamed_async {
-    std::shared_ptr<pipelined_round> round;
+    std::shared_ptr<pipelined_round> round; ///< null: a whole push
     uint32_t worker = 0;
     uint64_t step = 0; ///< the step the worker pushed
     uint64_t seq = 0;
+    /// A streamed push: when its last chunk arrived, or it became the head
+    /// of the line if later (a head that sends nothing for a while holds
+    /// the pushes behind it: stalled_head_bound).
+    std::chrono::steady_clock::time_point progressed;
+    /// A whole push: its values (checked), who sent it, and its answer.
+    std::vector<tensor> grads;
+    push_credentials who;
+    std::optional<push_ticket> whole;
   };
-  /// async: the streamed pushes in the order they apply. The first applies
-  /// its chunks as they arrive; the others read theirs meanwhile and start,
-  /// one after the other, once the one before commits or is aborted (so the
-  /// variables take the same bits as store-and-forward pushes in that order).
+  /// async: the streamed pushes in the order they apply, and whole pushes
+  /// that came while there were any. The first applies its chunks as they
+  /// arrive; the others read theirs meanwhile and start, one after the
+  /// other, once the one before commits or is aborted (so the variables
+  /// take the same bits as store-and-forward pushes in that order). A whole
+  /// push is never first: it is applied as soon as it would be.
   std::deque<streamed_async> pipelined_async;
   /// Tickets of the round in progress that are CAF promises: the data
   /// plane's path releases only a round without them (a promise is

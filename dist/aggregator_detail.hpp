@@ -116,14 +116,44 @@ std::optional<caf::expected<std::unique_ptr<streamed_push>>>
 join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, uint64_t step,
                     const push_credentials& who);
 
-/// async: ends every streamed push in line for `why` (a switch, a restore,
-/// the actor's end): none of them changes a variable; their threads hear it.
-void abort_streamed_async(aggregator_actor_state& st, const caf::error& why);
+/// async: ends every push in the line of streamed pushes for `why` (a
+/// switch, a restore, the actor's end): none of them changes a variable,
+/// each is counted as refused; their threads hear it, and so do the whole
+/// pushes' promises if `answer_whole` (not from the state's destructor).
+void abort_streamed_async(aggregator_actor_state& st, const caf::error& why,
+                          bool answer_whole = true);
 
-/// async: a push with values that came store-and-forward while streamed
-/// pushes are in line is refused, naming why (it would change the variables
-/// under them); none if there are none.
-caf::error mixed_async_push(const aggregator_actor_state& st, uint32_t worker);
+/// async: a refusal if `worker`'s push `seq` is one it already has in the
+/// line (sent again: applied once); none otherwise.
+caf::error resent_in_line(const aggregator_actor_state& st, uint32_t worker, uint64_t seq);
+
+/// async: a push with values that came whole (store and forward: shared
+/// memory, TLS, CAF) while pushes are in the line of streamed ones
+/// (counted and checked by take_gradient): its values are checked as
+/// apply_now checks them, and it takes its place in the line; the answer
+/// (a promise) comes when it is applied, by apply_now, in its turn.
+push_result queue_whole_async(self_pointer self, uint32_t worker, uint64_t step,
+                              const push_credentials& who, std::vector<tensor>& grads);
+
+/// async, the actor's sweep: applies the whole pushes at the head of the
+/// line, refuses a stalled head (stalled_head), and sweeps again while the
+/// line holds any push.
+void sweep_async_line(self_pointer self);
+
+/// How long a streamed push at the head of the line may send nothing while
+/// others wait behind it: a quarter of the step timeout. It scales with
+/// what the job allows a step (a fixed bound would refuse an honest sender
+/// on a slow link, or let a stalled one hold a fast job for long), and
+/// leaves the pushes behind it most of their own step timeout; a head
+/// stalled for it is refused by the sweep, which runs as often.
+constexpr uint32_t stalled_head_bound(uint32_t step_timeout_ms) {
+  return step_timeout_ms / 4;
+}
+
+/// async: refuses the head of the line if it is a streamed push that sent
+/// nothing for stalled_head_bound while another waits behind it (lock
+/// held); true if it did (the next one's turn has come).
+bool stalled_head(aggregator_actor_state& st);
 
 /// sync, a pipelined round in progress: a push that came to the actor (over
 /// CAF, or store-and-forward on a data plane: a worker with pipeline_sync on

@@ -14,6 +14,14 @@
 // of the variables taken at the global step then) once the one before it
 // committed or was aborted. So the variables take, bit for bit, what
 // store-and-forward pushes applied in that order give them.
+//
+// A push that comes whole while streamed ones are in line (store and
+// forward: a worker over shared memory or TLS, or over CAF) takes its place
+// in the line too, and is applied by apply_now, on the actor's thread, when
+// its turn comes (a data-plane thread that ends the push ahead of it sends
+// the actor a sweep). A streamed push at the head of the line that sends
+// nothing for stalled_head_bound while others wait behind it is refused
+// (the actor's sweep): the slow sender pays, not the pushes behind it.
 #include "dist/aggregator_detail.hpp"
 
 #include <algorithm>
@@ -28,6 +36,30 @@
 namespace af::aggregator_detail {
 
 namespace {
+
+/// Counts a push taken into the line that ended without its commit as
+/// refused (on the aggregator and its worker), as unpack counts a
+/// store-and-forward push it refuses: every push counted is applied or
+/// refused (lock held).
+void count_abandoned(aggregator_actor_state& st, uint32_t worker, const caf::error& why) {
+  st.stats.refused += 1;
+  member(st, worker).stats.refused += 1;
+  st.stats.last_refusal = describe(why);
+}
+
+/// The head of the line was taken out (committed, aborted, applied): the
+/// next one's turn. A streamed one's stall is timed from now; a whole one
+/// is applied by the actor (its promise is answered on its own thread), so
+/// it is sent a sweep (lock held).
+void next_in_line(aggregator_actor_state& st, aggregator_plane& plane) {
+  auto& line = st.pipelined_async;
+  if (!line.empty() && line.front().round)
+    line.front().progressed = clock_type::now();
+  else if (!line.empty())
+    if (auto me = caf::actor_cast<aggregator_impl_actor>(plane.addr))
+      caf::anon_send(me, sweep_atom::value);
+  plane.answered.notify_all();
+}
 
 /// One streamed async push, as its data-plane thread sees it. Every call but
 /// answer_pieces takes the aggregator's lock.
@@ -46,6 +78,8 @@ public:
   caf::expected<size_t> arrived(size_t floats) override {
     std::unique_lock<std::mutex> lock{plane_->mtx};
     round_->arrived(worker_, floats); // applied at once if it is first in line
+    if (auto* e = place())
+      e->progressed = clock_type::now();
     advance();
     if (auto err = ended())
       return err;
@@ -85,6 +119,17 @@ public:
   }
 
 private:
+  /// Its place in the line; null once it left it (lock held).
+  aggregator_actor_state::streamed_async* place() const {
+    auto self = plane_->self;
+    if (!self)
+      return nullptr;
+    for (auto& e : self->state.pipelined_async)
+      if (e.round == round_)
+        return &e;
+    return nullptr;
+  }
+
   caf::error ended() const {
     if (round_->state() == pipelined_round::phase::aborted)
       return round_->abort_reason();
@@ -123,11 +168,12 @@ private:
     if (auto err = round_->commit()) {
       log::get()->warn("aggregator '{}': the streamed push of {} (its step {}) is abandoned: {}",
                        st.spec.name, worker_name(st, worker_), entry.step, describe(err));
+      count_abandoned(st, worker_, err);
     } else {
       count_applied(self, worker_, entry.step, entry.seq, true);
       made_ = st.global_step;
     }
-    plane_->answered.notify_all(); // the next in line starts
+    next_in_line(st, *plane_); // the next in line starts
   }
 
   /// Aborts the push for `why` and takes it out of the line (lock held).
@@ -144,13 +190,13 @@ private:
       return; // ended already (a switch, a restore)
     log::get()->warn("aggregator '{}': the streamed push of {} (its step {}) is abandoned: {}",
                      st.spec.name, worker_name(st, worker_), it->step, describe(why));
-    if (why.code() == static_cast<uint8_t>(af_error::non_finite)) {
-      st.stats.refused += 1; // as unpack counts a store-and-forward push's
-      member(st, worker_).stats.refused += 1;
-      st.stats.last_refusal = describe(why);
-    }
+    count_abandoned(st, worker_, why);
+    bool first = it == line.begin();
     line.erase(it);
-    plane_->answered.notify_all(); // the next in line starts
+    if (first)
+      next_in_line(st, *plane_); // the next in line starts
+    else
+      plane_->answered.notify_all();
   }
 
   /// The timeout of a push that waited its turn (lock held).
@@ -161,7 +207,8 @@ private:
                                            "its turn; no variable changed");
     auto& st = self->state;
     std::string ahead = "none";
-    if (!st.pipelined_async.empty() && st.pipelined_async.front().round != round_)
+    if (!st.pipelined_async.empty() && st.pipelined_async.front().round
+        && st.pipelined_async.front().round != round_)
       ahead = st.pipelined_async.front().round->behind();
     return make_error(af_error::timeout,
                       fmt::format("aggregator '{}': the streamed push of {} waited {} ms for its "
@@ -188,14 +235,8 @@ join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, ui
   // The push numbers taken (seq_taken) count only the pushes committed: a
   // push sent again while the first is still in line (its answer lost, its
   // worker joined again) would join the line too, and be applied twice.
-  for (const auto& e : st.pipelined_async)
-    if (who.seq != 0 && e.worker == worker && e.seq >= who.seq)
-      return result{make_error(
-        af_error::already_exists,
-        fmt::format("aggregator '{}': {} sent its push {} again while its streamed push {} is "
-                    "still in line to be applied ([train] pipeline_async): refused, not applied "
-                    "twice; the first one's answer says whether it was applied",
-                    st.spec.name, worker_name(st, worker), who.seq, e.seq))};
+  if (auto err = resent_in_line(st, worker, who.seq))
+    return result{std::move(err)};
   auto round = std::make_shared<pipelined_round>();
   if (auto err = round->prepare(round_variables(st), st.spec.optimizer, st.slot_names, {worker}))
     return result{std::move(err)};
@@ -209,31 +250,128 @@ join_streamed_async(std::shared_ptr<aggregator_plane> plane, uint32_t worker, ui
   note_push(st, worker, step);
   st.stats.pushes_on_plane += 1;
   uint64_t expected = st.global_step + st.pipelined_async.size() + 1;
-  st.pipelined_async.push_back({round, worker, step, who.seq});
+  aggregator_actor_state::streamed_async e;
+  e.round = round;
+  e.worker = worker;
+  e.step = step;
+  e.seq = who.seq;
+  e.progressed = clock_type::now();
+  st.pipelined_async.push_back(std::move(e));
+  if (st.pipelined_async.size() > 1)
+    schedule_sweep(st, plane->addr); // a head that stalls is refused (sweep_async_line)
   return result{std::unique_ptr<streamed_push>{new async_push(plane, round, worker, expected)}};
 }
 
-void abort_streamed_async(aggregator_actor_state& st, const caf::error& why) {
+caf::error resent_in_line(const aggregator_actor_state& st, uint32_t worker, uint64_t seq) {
+  // The push numbers taken (seq_taken) count only the pushes applied: a
+  // push sent again while the first is still in line (its answer lost, its
+  // worker joined again) would join the line too, and be applied twice.
+  for (const auto& e : st.pipelined_async)
+    if (seq != 0 && e.worker == worker && e.seq >= seq)
+      return make_error(
+        af_error::already_exists,
+        fmt::format("aggregator '{}': {} sent its push {} again while its {} push {} is still "
+                    "in line to be applied ([train] pipeline_async): refused, not applied "
+                    "twice; the first one's answer says whether it was applied",
+                    st.spec.name, worker_name(st, worker), seq, e.round ? "streamed" : "whole",
+                    e.seq));
+  return caf::none;
+}
+
+void abort_streamed_async(aggregator_actor_state& st, const caf::error& why, bool answer_whole) {
   if (st.pipelined_async.empty())
     return;
-  log::get()->warn("aggregator '{}': {} streamed push(es) in line abandoned: {}", st.spec.name,
-                   st.pipelined_async.size(), describe(why));
-  for (auto& e : st.pipelined_async)
-    e.round->abort(why);
+  log::get()->warn("aggregator '{}': {} push(es) in the line of streamed pushes abandoned: {}",
+                   st.spec.name, st.pipelined_async.size(), describe(why));
+  for (auto& e : st.pipelined_async) {
+    if (e.round)
+      e.round->abort(why);
+    else if (answer_whole)
+      e.whole->deliver(why);
+    count_abandoned(st, e.worker, why);
+  }
   st.pipelined_async.clear();
   if (st.plane)
     st.plane->answered.notify_all();
 }
 
-caf::error mixed_async_push(const aggregator_actor_state& st, uint32_t worker) {
-  if (st.pipelined_async.empty())
-    return caf::none;
-  return make_error(af_error::invalid_argument,
-                    fmt::format("aggregator '{}': {} pushed store-and-forward while {} streamed "
-                                "push(es) are being applied (it would change the variables under "
-                                "them): every worker of a job sets [train] pipeline_async alike",
-                                st.spec.name, worker_name(st, worker),
-                                st.pipelined_async.size()));
+push_result queue_whole_async(self_pointer self, uint32_t worker, uint64_t step,
+                              const push_credentials& who, std::vector<tensor>& grads) {
+  auto& st = self->state;
+  if (auto err = resent_in_line(st, worker, who.seq))
+    return err;
+  // Checked now, as apply_now would (a refusal counted as its): a push in
+  // line is one that will apply.
+  if (auto parts = unpack(self, worker, grads, "gradient", who.finite_checked); !parts)
+    return std::move(parts.error());
+  aggregator_actor_state::streamed_async e;
+  e.worker = worker;
+  e.step = step;
+  e.seq = who.seq;
+  e.grads = std::move(grads);
+  e.who = who;
+  e.who.finite_checked = true;
+  e.whole.emplace();
+  e.whole->promise = self->make_response_promise<uint64_t, tensor, bool>();
+  e.whole->parts = std::move(who.parts); // the message keeps no copy: see answer_tickets
+  e.who.parts = nullptr;
+  auto promise = e.whole->promise;
+  st.pipelined_async.push_back(std::move(e));
+  sweep_async_line(self); // applied now if nothing streamed is ahead of it
+  return promise;
+}
+
+void sweep_async_line(self_pointer self) {
+  auto& st = self->state;
+  auto& line = st.pipelined_async;
+  for (;;) {
+    bool moved = false;
+    while (!line.empty() && !line.front().round) { // whole pushes: applied in their turn
+      auto e = std::move(line.front());
+      line.pop_front();
+      moved = true;
+      tickets answer;
+      answer.emplace_back(e.worker, std::move(*e.whole));
+      if (auto err = apply_now(self, e.worker, e.step, e.who, e.grads, true))
+        answer[0].second.deliver(err);
+      else
+        answer_tickets(self, answer);
+    }
+    if (moved)
+      next_in_line(st, *st.plane);
+    if (!stalled_head(st))
+      break;
+  }
+  if (!line.empty())
+    schedule_sweep(self);
+}
+
+bool stalled_head(aggregator_actor_state& st) {
+  auto& line = st.pipelined_async;
+  if (line.size() < 2 || st.spec.step_timeout_ms == 0)
+    return false; // a slow push that holds no other up is the frame timeout's
+  auto& e = line.front();
+  const std::chrono::milliseconds bound{stalled_head_bound(st.spec.step_timeout_ms)};
+  auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now()
+                                                                     - e.progressed);
+  if (!e.round || e.round->state() != pipelined_round::phase::running || e.round->all_arrived()
+      || quiet < bound)
+    return false;
+  auto why = make_error(
+    af_error::timeout,
+    fmt::format("aggregator '{}': the streamed push of {} sent nothing for {} ms at the head of "
+                "the line of streamed pushes ([train] pipeline_async; the bound: {} ms, a "
+                "quarter of the step timeout) while {} push(es) waited behind it (where it "
+                "stands: {}): refused, the pushes behind it go on, no variable changed; a worker this "
+                "slow to send pushes store-and-forward (pipeline_async = false)",
+                st.spec.name, worker_name(st, e.worker), quiet.count(), bound.count(),
+                line.size() - 1, e.round->behind()));
+  log::get()->warn("{}", describe(why));
+  e.round->abort(why);
+  count_abandoned(st, e.worker, why);
+  line.pop_front();
+  next_in_line(st, *st.plane);
+  return true;
 }
 
 } // namespace af::aggregator_detail

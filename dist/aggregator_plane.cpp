@@ -32,7 +32,7 @@ aggregator_actor_state::~aggregator_actor_state() {
   for (auto& t : round.release())
     if (t.second.wait)
       t.second.deliver(err);
-  aggregator_detail::abort_streamed_async(*this, err);
+  aggregator_detail::abort_streamed_async(*this, err, false);
 }
 
 void push_ticket::deliver(uint64_t global_step, const tensor& params, bool dropped_late) {
@@ -117,7 +117,7 @@ take_push(aggregator_plane& plane, uint32_t worker, uint64_t step, const push_cr
   bool sync = st.spec.mode == "sync";
   // A pipelined round in progress takes streamed pushes only: the actor
   // refuses a plain one, or parks an abstention (join_pipelined); async
-  // refuses one while streamed pushes are in line (mixed_async_push).
+  // takes one into the line while streamed pushes are in it (queue_whole_async).
   if ((!sync && st.spec.mode != "async") || (st.tables > 0) != sparse || st.pipelined
       || !st.pipelined_async.empty() || !common_case(st, worker, step, who, sync))
     return std::nullopt;

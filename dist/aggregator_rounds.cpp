@@ -215,6 +215,8 @@ void sweep(self_pointer self) {
       schedule_sweep(self);
     return;
   }
+  if (st.spec.mode == "async")
+    sweep_async_line(self);
   if (!st.round.in_progress())
     return;
   if (!st.round.expired(timeout)) {

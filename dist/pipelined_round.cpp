@@ -253,6 +253,10 @@ void pipelined_round::abort(caf::error why) {
   sum_.release();
 }
 
+bool pipelined_round::all_arrived() const {
+  return std::all_of(arrived_.begin(), arrived_.end(), [&](size_t a) { return a == total_; });
+}
+
 std::string pipelined_round::behind() const {
   std::vector<std::string> out;
   for (size_t m = 0; m < members_.size(); ++m)

@@ -101,6 +101,9 @@ public:
   /// (once started). The number of chunks applied.
   size_t arrived(uint32_t worker, size_t floats);
 
+  /// Whether every member's push has fully arrived.
+  bool all_arrived() const;
+
   /// Members whose push has not fully arrived, and how far each has: "worker
   /// 1 (40960 of 300001 floats)", for a message of whom the round waits for.
   std::string behind() const;

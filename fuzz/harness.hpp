@@ -44,10 +44,12 @@ std::string tensor_decode(const uint8_t* data, size_t size);
 /// repl/parser.hpp: parse, explain an error, bracket_balance, incomplete.
 std::string repl_parser(const uint8_t* data, size_t size);
 
-/// net/data_plane.hpp: the bytes sent to a real data_plane_server (one
-/// per process, started on first use, on 127.0.0.1) on a fresh connection,
-/// which is then closed for writing; the server must close it within a
-/// bound and still answer a well-formed read on a new connection.
+/// net/data_plane.hpp: the bytes sent to a ps node's data plane (one per
+/// process, started on first use, on 127.0.0.1, with a sync and an async
+/// aggregator whose workers joined: harness_plane.cpp) on a fresh
+/// connection, which is then closed for writing; the server must close it
+/// within a bound, still answer a well-formed read on a new connection, and
+/// its aggregators their stats.
 std::string data_plane(const uint8_t* data, size_t size);
 
 } // namespace af::fuzz

@@ -88,6 +88,28 @@ for n, f in [("read", read_v), ("assign_read", assign_v + read_v), ("add", add_v
              ("unknown_var", frame(1, b"nope")), ("half_header", read_v[:40]),
              ("bad_magic", b"XXXX" + read_v[4:]), ("pipelined", read_v * 3)]:
     put("data_plane", n, f)
+# Pushes to the harness's aggregators (fuzz/harness_plane.cpp): it writes
+# the worker's token into the prefix and makes a step of 0 the global step,
+# so that these reach a pipelined round (sync) and the async line.
+def to_agg(kind, agg, worker, values, seq=0):
+    name = b"\0" * 16 + struct.pack("<Q", seq) + agg
+    payload = b"".join(struct.pack("<f", v) for v in values)
+    dims = [len(values)] if values else []
+    return header(kind, len(name), 1 if values else 0, 0, dims, len(payload),
+                  reserved=worker) + name + payload
+g5 = [0.5, -0.25, 1e-3, 3.0, -1.0]
+for agg in (b"agg_sync", b"agg_async"):
+    tag = agg.decode()
+    for n, f in [("streamed_w0", to_agg(15, agg, 0, g5)),
+                 ("streamed_both", to_agg(15, agg, 0, g5) + to_agg(15, agg, 1, g5)),
+                 ("streamed_nan", to_agg(15, agg, 1, g5[:3] + [float("nan")] + g5[4:])),
+                 ("streamed_half", to_agg(15, agg, 0, g5)[:-8]),
+                 ("streamed_short", to_agg(15, agg, 0, g5[:4])),
+                 ("whole_then_streamed", to_agg(5, agg, 1, g5) + to_agg(15, agg, 0, g5)),
+                 ("abstain_then_streamed", to_agg(5, agg, 1, []) + to_agg(15, agg, 0, g5)),
+                 ("streamed_numbered", to_agg(15, agg, 0, g5, seq=7) + to_agg(15, agg, 0, g5, seq=7)),
+                 ("pull", frame(6, agg))]:
+        put("data_plane", tag + "_" + n, f)
 # gather_many (kind 14): parts, their 16-byte descriptions, the names padded
 # to 8, then the ids; the payload described as int32 words.
 def gather_many(parts):

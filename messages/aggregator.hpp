@@ -239,7 +239,7 @@ struct worker_stats {
   uint64_t pushes = 0;         ///< gradients (average: parameters) it sent
   uint64_t applied = 0;        ///< of those, used in an update
   uint64_t late = 0;           ///< sync: arrived after their step closed: dropped
-  uint64_t refused = 0;        ///< not finite, or it abstained
+  uint64_t refused = 0;        ///< not finite, or it abstained, or (pipeline_async) abandoned
   uint64_t stale = 0;          ///< async, ssp: applied with staleness > 0
   uint64_t max_staleness = 0;
   uint64_t waited_ms = 0;      ///< time its pushes waited for others (a round, ssp's bound)
@@ -265,7 +265,8 @@ struct aggregator_stats {
                                  ///< plane's thread (dist/aggregator_plane.cpp,
                                  ///< aggregator_pipelined.cpp), not through the actor
   uint64_t dropped_stale = 0;    ///< sync: gradients of an old step (late)
-  uint64_t refused = 0;          ///< non-finite values refused
+  uint64_t refused = 0;          ///< non-finite values refused, and streamed async pushes
+                                 ///< abandoned (a hang-up, a timeout, a stalled head, a switch)
   std::string last_refusal;      ///< the error of the last refusal
   std::vector<uint64_t> staleness; ///< async, ssp: [s] = gradients applied with staleness s
                                    ///< (the last bucket: s or more)

@@ -28,44 +28,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// A streamed push's answer as a raw peer reads it: one error reply (the
-/// push refused before its answer began), or the header, the parameters and
-/// the trailer (its status: whether the push committed).
-struct raw_answer {
-  bool read = false; ///< the whole answer arrived
-  uint8_t status = 0;
-  std::string text;
-  uint64_t version = 0;
-  std::vector<float> values;
-};
-
-/// Reads `p`'s answer, each wait bounded by 30 s (SO_RCVTIMEO).
-raw_answer read_answer(raw_peer& p) {
-  timeval tv{30, 0};
-  ::setsockopt(p.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  raw_answer a;
-  wire::header h;
-  if (!p.recv_all(&h, sizeof(h)))
-    return a;
-  if (h.status != 0) {
-    a.status = h.status;
-    a.text.resize(h.payload_bytes);
-    a.read = p.recv_all(a.text.data(), a.text.size());
-    return a;
-  }
-  a.values.resize(h.payload_bytes / sizeof(float));
-  if (!p.recv_all(a.values.data(), h.payload_bytes))
-    return a;
-  wire::header t;
-  if (!p.recv_all(&t, sizeof(t)))
-    return a;
-  a.status = t.status;
-  a.version = t.version;
-  a.text.resize(t.payload_bytes);
-  a.read = p.recv_all(a.text.data(), a.text.size());
-  return a;
-}
-
 /// Whether `p` has bytes to read now.
 bool readable(const raw_peer& p) {
   pollfd q{p.fd, POLLIN, 0};
