@@ -388,12 +388,20 @@ void compute(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
+  if (st.in_here) {
+    // The last step ended with nothing asked (worker_state::in_here): this
+    // one starts from the mailbox, not inside that one's call.
+    self->send(self, here_atom::value);
+    return;
+  }
   auto b = st.batches->at(st.setup.start_position + st.local_step);
   std::map<int32_t, tensor> feeds;
   for (auto& f : train::feeds(st.setup.model, current(self), b))
     feeds[f.first.id] = std::move(f.second);
   if (st.here) {
+    st.in_here = true;
     took_step(self, st.here->run(feeds));
+    st.in_here = false;
     return;
   }
   st.runner.run(self, st.setup.step, std::move(feeds), false,
@@ -563,6 +571,9 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
       self->state.pushed = nullptr;
       if (f)
         f();
+    },
+    [self](here_atom) {
+      compute(self);
     },
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.
