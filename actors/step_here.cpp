@@ -1,8 +1,10 @@
 #include "actors/step_here.hpp"
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
+#include "actors/node_watch.hpp"
 #include "actors/op_compute.hpp"
 #include "core/variable_spec.hpp"
 #include "kernels/sparse.hpp"
@@ -42,7 +44,10 @@ std::unique_ptr<step_here> step_here::make(std::shared_ptr<prepared_step> step,
   for (const auto& op : p.part.ops)
     if (!kernel_only(op))
       return nullptr;
-  return std::unique_ptr<step_here>{new step_here(std::move(step))};
+  auto exec = caf::actor_cast<caf::actor_addr>(p.exec);
+  std::unique_ptr<step_here> out{new step_here(std::move(step))};
+  out->latency_ = step_latency_of(exec, false);
+  return out;
 }
 
 const std::string& step_here::device() const {
@@ -51,6 +56,7 @@ const std::string& step_here::device() const {
 
 caf::expected<step_outputs> step_here::run(const std::map<int32_t, tensor>& feeds) {
   const auto& p = step_->partitions.front();
+  auto started = std::chrono::steady_clock::now();
   // As step_runner::dispatch: every feed is checked before anything runs.
   for (auto ph : p.feeds) {
     auto it = feeds.find(ph);
@@ -94,6 +100,10 @@ caf::expected<step_outputs> step_here::run(const std::map<int32_t, tensor>& feed
   }
   values_.clear();
   runs_ += 1;
+  if (latency_)
+    latency_->observe(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - started)
+                        .count());
   return out;
 }
 

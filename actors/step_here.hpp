@@ -27,6 +27,8 @@
 
 namespace af {
 
+class latency_histogram;
+
 class step_here {
 public:
   /// Null unless `step` can run on the thread of an actor of node `here`.
@@ -50,6 +52,9 @@ private:
   std::shared_ptr<prepared_step> step_;
   std::unique_ptr<kernels::backend> backend_;
   std::unordered_map<int32_t, tensor> values_; ///< this run's; emptied after it
+  /// The executor's actorflow_step_latency_seconds (null if it keeps none):
+  /// a run here is a step of its device, counted there as its run_step was.
+  std::shared_ptr<latency_histogram> latency_;
   uint64_t runs_ = 0;
 };
 

@@ -388,12 +388,20 @@ void compute(self_pointer self) {
   auto& st = self->state;
   if (st.finished)
     return;
+  if (st.in_here) {
+    // The last step ended with nothing asked (worker_state::in_here): this
+    // one starts from the mailbox, not inside that one's call.
+    self->send(self, here_atom::value);
+    return;
+  }
   auto b = st.batches->at(st.setup.start_position + st.local_step);
   std::map<int32_t, tensor> feeds;
   for (auto& f : train::feeds(st.setup.model, current(self), b))
     feeds[f.first.id] = std::move(f.second);
   if (st.here) {
+    st.in_here = true;
     took_step(self, st.here->run(feeds));
+    st.in_here = false;
     return;
   }
   st.runner.run(self, st.setup.step, std::move(feeds), false,
@@ -418,6 +426,35 @@ void run_step_now(self_pointer self, bool delayed) {
     return;
   }
   compute(self);
+}
+
+/// The worker's ways to its ps shards: one shard, pushed to on this actor's
+/// own thread (it is detached: nothing else wakes for a push); several, a
+/// detached link each, so that their pushes go at once. With recover_ps,
+/// the recovery link, and a watch on each aggregator.
+void connect_shards(self_pointer self) {
+  auto& st = self->state;
+  const auto& s = st.setup;
+  if (s.shards.size() == 1)
+    st.direct = std::make_unique<plane_pusher>(s.shards[0].host, s.shards[0].data_port,
+                                               s.shards[0].task, s.timeout, before_push_of(s, 0),
+                                               system_tls(self->system()),
+                                               s.cfg.wire_dtype == "bf16");
+  else
+    for (const auto& shard : s.shards) {
+      auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host,
+                                                          shard.data_port, shard.task, s.timeout,
+                                                          before_push_of(s, st.links.size()),
+                                                          s.cfg.wire_dtype == "bf16");
+      st.links.push_back(link);
+    }
+  if (s.recover_ps && !s.shards.empty())
+    st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
+                                                          s.find_ps, st.recovered);
+  if (st.recovery)
+    for (const auto& shard : s.shards)
+      if (shard.actor)
+        self->monitor(shard.actor);
 }
 
 caf::behavior worker_impl(self_pointer self, worker_setup setup,
@@ -481,28 +518,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
                     && (s.cfg.replicas_to_aggregate > 0 || s.cfg.step_deadline_ms > 0);
   st.checkpointed_step = s.start_step;
   st.reported_step = s.start_step;
-  // One shard: the worker (detached) pushes on its own thread, waking no
-  // other thread for it. Several: a link each, so that they go at once.
-  if (s.shards.size() == 1)
-    st.direct = std::make_unique<plane_pusher>(s.shards[0].host, s.shards[0].data_port,
-                                               s.shards[0].task, s.timeout, before_push_of(s, 0),
-                                               system_tls(self->system()),
-                                               s.cfg.wire_dtype == "bf16");
-  else
-    for (const auto& shard : s.shards) {
-      auto link = self->spawn<caf::detached + caf::linked>(plane_link, shard.host,
-                                                          shard.data_port, shard.task, s.timeout,
-                                                          before_push_of(s, st.links.size()),
-                                                          s.cfg.wire_dtype == "bf16");
-      st.links.push_back(link);
-    }
-  if (s.recover_ps && !s.shards.empty())
-    st.recovery = self->spawn<caf::detached + caf::linked>(recovery_link, s.recover_ps,
-                                                          s.find_ps, st.recovered);
-  if (st.recovery)
-    for (const auto& shard : s.shards)
-      if (shard.actor)
-        self->monitor(shard.actor);
+  connect_shards(self);
   if (s.cfg.mode == "allreduce") {
     st.reducer = self->spawn<caf::detached + caf::linked>(reduce_link, s.group);
     auto own = train::replica_state::make(s.initial, s.cfg.optimizer);
@@ -563,6 +579,9 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
       self->state.pushed = nullptr;
       if (f)
         f();
+    },
+    [self](here_atom) {
+      compute(self);
     },
     [self](step_atom) {
       // After a step_delay: the stop may have come meanwhile.

@@ -34,6 +34,9 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 using recover_atom = caf::atom_constant<caf::atom("recoverps")>;
 /// To itself: the answer of a push made on its own thread (worker_state::pushed).
 using pushed_atom = caf::atom_constant<caf::atom("pushed")>;
+/// To itself: the next step on its own thread, after one that ended without
+/// a message between (worker_state::in_here).
+using here_atom = caf::atom_constant<caf::atom("stephere")>;
 
 /// What the recovery link hands the worker beside its reply (the reply is
 /// the restored step): the shard as it runs again, by index.
@@ -52,6 +55,11 @@ struct worker_state : worker_loop {
   /// The step on this actor's thread, when it can run there (else null:
   /// through `runner` and the executor).
   std::unique_ptr<step_here> here;
+  /// Inside a step run by `here`, until its use_gradients returns. A step
+  /// begun then (average's local steps between rounds: nothing is asked)
+  /// goes through the mailbox (here_atom): run at once, each would nest in
+  /// the last one's call, ~900 bytes of stack a step, until it overflowed.
+  bool in_here = false;
   std::vector<caf::actor> links;  ///< per shard (none: `direct`)
   /// One shard: its connection, called on this actor's own thread (the
   /// worker is detached; a push has nothing to wait beside). Several shards

@@ -8,6 +8,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/node_watch.hpp"
 #include "actors/step_here.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "messages/error.hpp"
@@ -177,4 +178,30 @@ TEST_CASE("a step run on the caller's thread says which placeholder it lacks, an
   CHECK(here->runs() == 0);
   auto good = here->run(m.feeds);
   CHECK(good);
+}
+
+TEST_CASE("a step run on the caller's thread counts in its executor's step latency",
+          "[runtime][step-here]") {
+  // Catches the worker's steps missing from actorflow_step_latency_seconds
+  // (docs/watching.md): run here, they never reach the executor, whose
+  // histogram a training node's dashboard reads; a failed run is not a step.
+  auto ec = embedded_cluster::start({{"worker", 1}});
+  REQUIRE(ec);
+  auto s = (*ec)->session_for("worker", 0);
+  REQUIRE(s);
+  auto m = prepare_mlp(*s, "/job:worker/task:0");
+  auto here = step_here::make(m.step, (*ec)->system("worker", 0).node());
+  REQUIRE(here != nullptr);
+  auto exec = caf::actor_cast<caf::actor_addr>(m.step->partitions.front().exec);
+  auto latency = step_latency_of(exec, false);
+  REQUIRE(latency != nullptr);
+  auto before = latency->read().count;
+  REQUIRE(here->run(m.feeds));
+  REQUIRE(here->run(m.feeds));
+  auto partial = m.feeds;
+  partial.erase(partial.begin());
+  REQUIRE(!here->run(partial));
+  auto after = latency->read();
+  CHECK(after.count == before + 2);
+  CHECK(after.sum_s > 0);
 }

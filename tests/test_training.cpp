@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <thread>
 #include <condition_variable>
 #include <mutex>
@@ -174,6 +175,42 @@ TEST_CASE("each mode trains the digits MLP to 95% held-out accuracy on an embedd
       CHECK(stats.applied == stats.workers[0].applied + stats.workers[1].applied);
       CHECK(stats.global_step == stats.applied);
     }
+  }
+}
+
+TEST_CASE("average mode's local steps between rounds do not nest on the worker's stack",
+          "[train][step-here]") {
+  // Catches a local step that runs the next one inside its own call: a step
+  // on the worker's thread (actors/step_here.hpp) answers at once and,
+  // between averages, nothing else is asked, so after_step -> run_step ->
+  // compute -> use_gradients -> after_step went one level deeper per local
+  // step, some 900 bytes each: average_every = 20000 overflowed the worker
+  // thread's 8 MiB stack (SIGSEGV). The tamper hook sees every local step's
+  // stack: it must not move with them.
+  auto c = digits("average");
+  c.steps = 1500;
+  c.average_every = 1500; // one round, at the end
+  std::mutex mtx;
+  std::map<std::thread::id, std::pair<uintptr_t, uintptr_t>> span; // lowest, highest
+  train_options opts;
+  opts.tamper = [&](uint64_t, std::vector<tensor>&) {
+    volatile char here = 0;
+    auto at = reinterpret_cast<uintptr_t>(&here);
+    std::lock_guard<std::mutex> guard{mtx};
+    auto [it, fresh] = span.try_emplace(std::this_thread::get_id(), at, at);
+    it->second.first = std::min(it->second.first, at);
+    it->second.second = std::max(it->second.second, at);
+  };
+  auto run = run_job(c, opts);
+  for (auto& r : run.results) {
+    REQUIRE(r);
+    CHECK(r->result.local_steps == c.steps);
+    CHECK(r->result.steps_here == r->result.local_steps);
+  }
+  REQUIRE(span.size() == 2); // each worker on a thread of its own
+  for (const auto& [thread, s] : span) {
+    CAPTURE(s.second - s.first);
+    CHECK(s.second - s.first < 64 * 1024); // nested: 1.3 MiB over these 1500 steps
   }
 }
 
