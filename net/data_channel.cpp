@@ -228,6 +228,7 @@ void data_channel::reopen_if_closed_by_peer() {
   // channel that has been quiet for a while checks for that EOF before
   // sending, so that the next op goes on a fresh connection instead of
   // failing. Back-to-back ops skip the check (a syscall each).
+  restore_timeouts(); // every op passes here first: a call's wait left on the socket goes
   if (fd_ < 0 || std::chrono::steady_clock::now() - last_reply_ < std::chrono::milliseconds{100})
     return;
   if (stream_ != nullptr && stream_->has_pending())
@@ -268,6 +269,9 @@ bool data_channel::reconnect() {
   // waits the channel's timeout.
   pending_.clear();
   pending_rcv_ = std::chrono::milliseconds{0};
+  // Its socket has timeout_ (a wait_scope's own while one is open).
+  if (!in_scope_)
+    call_wait_ = std::chrono::milliseconds{0};
   return true;
 }
 

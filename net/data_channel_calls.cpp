@@ -20,22 +20,55 @@ namespace af {
 
 using namespace plane_io;
 
+namespace {
+
+/// Whether a socket wait of `have` serves a call that wants `want`: within
+/// 1/64 (a retried update's share of what is left moves by a few ms from
+/// one call to the next; a wait that much longer or shorter changes nothing
+/// a caller can tell).
+bool near_enough(std::chrono::milliseconds have, std::chrono::milliseconds want) {
+  auto diff = have > want ? have - want : want - have;
+  return diff <= want / 64;
+}
+
+} // namespace
+
 data_channel::wait_scope::wait_scope(data_channel& channel, std::chrono::milliseconds wait)
   : ch(channel), saved(channel.timeout_) {
-  if (wait.count() > 0 && wait != ch.timeout_) {
-    ch.timeout_ = wait;
-    set_timeout(ch.fd_, SO_RCVTIMEO, wait);
-    set_timeout(ch.fd_, SO_SNDTIMEO, wait);
-  }
+  ch.in_scope_ = true;
+  auto want = wait.count() > 0 ? wait : ch.timeout_;
+  auto have = ch.call_wait_.count() > 0 ? ch.call_wait_ : ch.timeout_;
+  ch.timeout_ = want;
+  if (ch.fd_ < 0 || have == want || (ch.stream_ == nullptr && near_enough(have, want)))
+    return;
+  set_timeout(ch.fd_, SO_RCVTIMEO, want);
+  set_timeout(ch.fd_, SO_SNDTIMEO, want);
+  ch.call_wait_ = want == saved ? std::chrono::milliseconds{0} : want;
 }
 
 data_channel::wait_scope::~wait_scope() {
-  if (ch.timeout_ == saved && !touched)
-    return;
+  ch.in_scope_ = false;
   ch.timeout_ = saved;
+  // SO_RCVTIMEO set to what was left of the call, or TLS after a wait of
+  // its own: the channel's timeout again now. Else the call's wait stays
+  // until an op of another kind (restore_timeouts) or a call that wants a
+  // different one.
+  if (!touched && (ch.stream_ == nullptr || ch.call_wait_.count() == 0))
+    return;
+  ch.call_wait_ = std::chrono::milliseconds{0};
   if (ch.fd_ >= 0) {
     set_timeout(ch.fd_, SO_RCVTIMEO, saved);
     set_timeout(ch.fd_, SO_SNDTIMEO, saved);
+  }
+}
+
+void data_channel::restore_timeouts() {
+  if (in_scope_ || call_wait_.count() == 0)
+    return;
+  call_wait_ = std::chrono::milliseconds{0};
+  if (fd_ >= 0) {
+    set_timeout(fd_, SO_RCVTIMEO, timeout_);
+    set_timeout(fd_, SO_SNDTIMEO, timeout_);
   }
 }
 
@@ -58,6 +91,11 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
   // once on a fresh connection. Other ops are not (after a node's crash
   // they might have been applied); their caller sees peer_down.
   bool quiet = std::chrono::steady_clock::now() - last_reply_ >= std::chrono::milliseconds{100};
+  // This call's own wait for the reply (a try of a retried update): the
+  // channel's timeout again afterwards. Opened first, so that the socket's
+  // timeouts are set (if they must be) once for the call, not reset by
+  // reopen_if_closed_by_peer and set again.
+  wait_scope scope{*this, wait};
   reopen_if_closed_by_peer();
   wire::header h;
   h.kind = wire::request_kind(op);
@@ -68,9 +106,6 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
     return make_error(af_error::invalid_argument,
                       what + ": rank " + std::to_string(operand->shape().size())
                         + " is more than the data plane carries (8)");
-  // This call's own wait for the reply (a try of a retried update): the
-  // channel's timeout again afterwards.
-  wait_scope scope{*this, wait};
   // One deadline for the try: the whole send and the reply (a node that
   // stops reading part way through a large operand is not given a fresh
   // wait for each piece it took).
@@ -239,6 +274,7 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
     return make_error(af_error::peer_down, "the data connection to " + peer_ + " is closed");
   if (device.size() + sizeof(wire::edge_prefix) > wire::max_name)
     return make_error(af_error::invalid_argument, what + ": the device name is too long for the data plane");
+  wait_scope scope{*this, wait}; // before reopen_if_closed_by_peer, as in call()
   reopen_if_closed_by_peer();
   wire::edge_prefix pre;
   pre.graph = graph;
@@ -260,7 +296,6 @@ caf::error data_channel::send_edge(const std::string& device, uint64_t graph,
     return make_error(af_error::invalid_argument,
                       what + ": rank " + std::to_string(value.shape().size())
                         + " is more than the data plane carries (8)");
-  wait_scope scope{*this, wait};
   // One deadline for the send and the ack together.
   auto deadline = std::chrono::steady_clock::now() + timeout_;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};

@@ -344,7 +344,13 @@ public:
 
 private:
   /// One call's own wait for its reply (`wait`; 0: the channel's timeout)
-  /// while it lives, the channel's timeout again afterwards.
+  /// while it lives, the channel's timeout again afterwards. On plaintext
+  /// TCP and shared memory the socket keeps the call's wait after it
+  /// (call_wait_), so that back-to-back calls with about the same wait (a
+  /// session's retried updates: a third of what is left) make no system
+  /// call for it; the next op of another kind sets the channel's timeout
+  /// again first (restore_timeouts). Over TLS, whose record layer sets the
+  /// send wait itself, both go back at once as before.
   struct wait_scope {
     wait_scope(data_channel& channel, std::chrono::milliseconds wait);
     ~wait_scope();
@@ -354,6 +360,13 @@ private:
     std::chrono::milliseconds saved;
     bool touched = false; ///< SO_RCVTIMEO set to what was left of the call's time
   };
+  /// The wait the socket's SO_RCVTIMEO and SO_SNDTIMEO hold between calls
+  /// instead of timeout_ (0: timeout_), and whether a wait_scope is open.
+  std::chrono::milliseconds call_wait_{0};
+  bool in_scope_ = false;
+  /// Sets the socket's timeouts back to timeout_ if a call left its own wait
+  /// there (outside a wait_scope only).
+  void restore_timeouts();
 
   data_channel(int fd, std::string host, uint16_t port, std::string peer,
                std::chrono::milliseconds timeout, std::chrono::microseconds poll,

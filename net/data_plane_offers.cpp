@@ -271,6 +271,7 @@ caf::error data_channel::settle(std::chrono::milliseconds wait) {
   if (fd_ < 0 || shm_ || ucx_ || !(shm_possible_ || ucx_possible_))
     return {};
   shm_due_ = true; // as after a first answer: offer before the next request
+  restore_timeouts(); // the offer's answer waits the channel's timeout, not a call's
   return upgrade_if_due(std::chrono::steady_clock::now()
                         + (wait.count() > 0 ? wait : timeout_));
 }

@@ -23,6 +23,7 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "net/data_plane.hpp"
+#include "net/testing_hooks.hpp"
 #include "actors/variable_directory.hpp"
 #include "net/tls.hpp"
 #include "actors/variable.hpp"
@@ -89,6 +90,31 @@ std::shared_ptr<tls_context> context_of(const temp_dir& dir, const std::string& 
   sec.cert_file = dir / (name + "node.pem");
   sec.key_file = dir / (name + "node.key");
   return value_of(make_tls_context(sec, "test"));
+}
+
+/// A node on `srv`'s port that answers the first request with a float32[1]
+/// and then nothing, until the client closes, `done` is set or 20 s pass.
+void answer_once(const deaf_port& srv, const std::atomic<bool>& done) {
+  int fd = ::accept(srv.fd, nullptr, nullptr);
+  if (fd < 0)
+    return;
+  char buf[4096];
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 10000) > 0) // the first request
+    (void)::recv(fd, buf, sizeof(buf), 0);
+  wire::header h;
+  h.kind = static_cast<uint8_t>(wire::kind::reply);
+  float one = 1.0f;
+  tensor v{dtype::float32, {1}};
+  wire::describe_tensor(v, h);
+  (void)::send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+  (void)::send(fd, &one, sizeof(one), MSG_NOSIGNAL);
+  // Then no answer, until the client gives up (closes) or 20 s pass.
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!done && std::chrono::steady_clock::now() < deadline)
+    if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof(buf), 0) <= 0)
+      break;
+  ::close(fd);
 }
 
 } // namespace
@@ -165,28 +191,7 @@ TEST_CASE("after a pipelined request of a longer wait is answered, the channel's
   // node that stopped answering waited that long instead of its timeout.
   deaf_port srv; // used as a listening socket: this test accepts and answers once
   std::atomic<bool> done{false};
-  std::thread node{[&] {
-    int fd = ::accept(srv.fd, nullptr, nullptr);
-    if (fd < 0)
-      return;
-    char buf[4096];
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 10000) > 0) // the pipelined read
-      (void)::recv(fd, buf, sizeof(buf), 0);
-    wire::header h;
-    h.kind = static_cast<uint8_t>(wire::kind::reply);
-    float one = 1.0f;
-    tensor v{dtype::float32, {1}};
-    wire::describe_tensor(v, h);
-    (void)::send(fd, &h, sizeof(h), MSG_NOSIGNAL);
-    (void)::send(fd, &one, sizeof(one), MSG_NOSIGNAL);
-    // Then no answer, until the client gives up (closes) or 20 s pass.
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (!done && std::chrono::steady_clock::now() < deadline)
-      if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof(buf), 0) <= 0)
-        break;
-    ::close(fd);
-  }};
+  std::thread node{[&] { answer_once(srv, done); }};
   // No shared memory: an offer before the second call would go unanswered.
   auto ch = value_of(data_channel::connect("127.0.0.1", srv.port, "the silent node", 800ms, {},
                                            nullptr, nullptr, false));
@@ -196,6 +201,35 @@ TEST_CASE("after a pipelined request of a longer wait is answered, the channel's
   CHECK(a->value.num_elements() == 1);
   auto t0 = std::chrono::steady_clock::now();
   auto r = ch->call(var_op::read, "v", nullptr, true);
+  auto took = since(t0);
+  done = true;
+  node.join();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == static_cast<uint8_t>(af_error::timeout));
+  CHECK(took < 4000ms); // the channel's 800 ms and a margin, far below the 6 s
+}
+
+TEST_CASE("after a call with a longer wait is answered, the channel's next request of another "
+          "kind waits the channel's timeout again",
+          "[data-plane][deadlines]") {
+  // Bug it catches: a call's own wait stays on the socket after it (so that
+  // a session's back-to-back updates set no timeout each); an op of another
+  // kind must set the channel's timeout back first. Without that, a
+  // pipelined read after a call that waited 6 s waited 6 s for a node that
+  // stopped answering, instead of the channel's 800 ms.
+  if (test_hooks_trust_fabric())
+    return; // the run over UCX: the channel offers UCX first, which this node does not answer
+  deaf_port srv;
+  std::atomic<bool> done{false};
+  std::thread node{[&] { answer_once(srv, done); }};
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv.port, "the silent node", 800ms, {},
+                                           nullptr, nullptr, false));
+  auto first = ch->call(var_op::read, "v", nullptr, true, 0, 6000ms);
+  REQUIRE(first);
+  CHECK(first->first.num_elements() == 1);
+  REQUIRE_FALSE(ch->send_read("v", 800ms));
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->next_reply();
   auto took = since(t0);
   done = true;
   node.join();
