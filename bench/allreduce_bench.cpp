@@ -44,6 +44,10 @@ using train_run::wait_all;
 struct pair_figures {
   double ours = 0;
   double raw = 0;
+  // per call, both ranks together: CPU time (us) and context switches
+  double ours_cpu_us = 0, ours_switches = 0, raw_cpu_us = 0, raw_switches = 0;
+  // per call, both ranks together: sends and receives on TCP, and sleeps
+  double ours_io = 0, ours_sleeps = 0, raw_io = 0, raw_sleeps = 0;
 };
 
 /// One pair of ranks on `transport` ("tcp" or "shm"), or why none.
@@ -79,8 +83,18 @@ std::optional<pair_figures> run_pair(const std::string& transport, const train_b
     failure = "rank 0 printed no figures";
     return std::nullopt;
   }
+  auto r1 = parse_values(slurp(logs[1]));
   const double mb = model_floats * sizeof(float) / 1e6;
-  return pair_figures{mb / r0["ours_seconds"], mb / r0["raw_seconds"]};
+  pair_figures f{mb / r0["ours_seconds"], mb / r0["raw_seconds"]};
+  f.ours_cpu_us = r0["ours_cpu_us"] + r1["ours_cpu_us"];
+  f.ours_switches = r0["ours_switches"] + r1["ours_switches"];
+  f.raw_cpu_us = r0["raw_cpu_us"] + r1["raw_cpu_us"];
+  f.raw_switches = r0["raw_switches"] + r1["raw_switches"];
+  f.ours_io = r0["ours_io"] + r1["ours_io"];
+  f.ours_sleeps = r0["ours_sleeps"] + r1["ours_sleeps"];
+  f.raw_io = r0["raw_io"] + r1["raw_io"];
+  f.raw_sleeps = r0["raw_sleeps"] + r1["raw_sleeps"];
+  return f;
 }
 
 /// allreduce_4mib_2w_tcp or _shm: `reps` pairs of processes, each timing
@@ -88,17 +102,36 @@ std::optional<pair_figures> run_pair(const std::string& transport, const train_b
 void bench_allreduce(const std::string& transport, const train_bench_options& o,
                      const scratch_dir& dir) {
   const std::string name = "allreduce_4mib_2w_" + transport;
-  std::vector<double> ours, base;
+  std::vector<double> ours, base, cpu[2], switches[2], io[2], sleeps[2]; // [0]: ours, [1]: raw
   std::string failure;
   for (int rep = 0; rep < o.reps && failure.empty(); ++rep)
     if (auto f = run_pair(transport, o, dir, failure)) {
       ours.push_back(f->ours);
       base.push_back(f->raw);
+      cpu[0].push_back(f->ours_cpu_us);
+      cpu[1].push_back(f->raw_cpu_us);
+      switches[0].push_back(f->ours_switches);
+      switches[1].push_back(f->raw_switches);
+      io[0].push_back(f->ours_io);
+      io[1].push_back(f->raw_io);
+      sleeps[0].push_back(f->ours_sleeps);
+      sleeps[1].push_back(f->raw_sleeps);
     }
-  if (!failure.empty() && base.empty()) // the pair runs both: no baseline figure either
+  if (!failure.empty() && base.empty()) { // the pair runs both: no baseline figure either
     std::printf("metric %s skipped: %s\n", name.c_str(), failure.c_str());
-  else
-    report(name, ours, base, "MB/s", failure);
+    return;
+  }
+  report(name, ours, base, "MB/s", failure);
+  // What a call costs the two ranks, steadier than its time on a busy machine.
+  if (cpu[0].empty())
+    return;
+  std::printf("# %s per call, both ranks: ours %.0f us CPU, %.1f context switches; baseline "
+              "%.0f us CPU, %.1f context switches (medians of the reps)\n",
+              name.c_str(), median(cpu[0]), median(switches[0]), median(cpu[1]),
+              median(switches[1]));
+  std::printf("# %s per call, both ranks: ours %.1f sends and receives on TCP, %.1f sleeps; "
+              "baseline %.1f, %.1f (medians of the reps)\n",
+              name.c_str(), median(io[0]), median(sleeps[0]), median(io[1]), median(sleeps[1]));
 }
 
 } // namespace

@@ -14,8 +14,11 @@
 /// Each repetition is one pair of processes that runs both sides, alternately,
 /// round by round (--allreduce-rounds each, after 5 warm-ups), so that both
 /// sample the same moments of a noisy machine; the figures are rank 0's
-/// medians. The ranks are this binary re-executed with helper_flag
-/// (bench_train.hpp; bench/allreduce_helpers.cpp).
+/// medians. A comment line gives each side's CPU time and context switches
+/// per call (both ranks), steadier than the MB/s on a shared machine. The
+/// ranks are this binary re-executed with helper_flag (bench_train.hpp;
+/// bench/allreduce_helpers.cpp); ACTORFLOW_BENCH_AR_ONLY=ours or raw makes
+/// them run one side only (no figures), for perf stat over the pair.
 
 #include <string>
 #include <vector>

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -71,6 +72,15 @@ struct halves {
   }
 };
 
+/// The raw exchange's system calls, as our ring's last_call() counts its
+/// own: reads and writes on TCP (those that moved nothing too), and sleeps
+/// (polls). The barrier's are not counted.
+struct raw_counts {
+  uint64_t io = 0;
+  uint64_t sleeps = 0;
+};
+raw_counts raw_calls;
+
 // -- the raw-TCP exchange ------------------------------------------------------------
 
 /// One all-reduce (mean) of `data` with the peer over one socket: the other
@@ -86,6 +96,7 @@ bool raw_tcp_round(int fd, uint64_t rank, float* data, size_t floats, float* scr
     size_t limit = h.other_n + averaged;
     if (sent < limit) {
       io r;
+      ++raw_calls.io;
       if (sent < h.other_n) {
         r = try_write(fd, h.other, h.other_n, sent);
       } else {
@@ -99,6 +110,7 @@ bool raw_tcp_round(int fd, uint64_t rank, float* data, size_t floats, float* scr
     }
     if (got < bytes) {
       io r;
+      ++raw_calls.io;
       if (got < h.mine_n) {
         r = try_read(fd, scratch, h.mine_n, got);
         auto* m = reinterpret_cast<float*>(h.mine);
@@ -116,7 +128,7 @@ bool raw_tcp_round(int fd, uint64_t rank, float* data, size_t floats, float* scr
         return false;
       moved |= r == io::moved;
     }
-    if (!moved && !wait_socket(fd, sent < limit, got < bytes))
+    if (!moved && (++raw_calls.sleeps, !wait_socket(fd, sent < limit, got < bytes)))
       return false;
   }
   return true;
@@ -221,6 +233,7 @@ bool raw_shm_wait(raw_shm& s, bool want_in, bool want_room) {
   raw_bell(s.in->writer_waiting, s.tail, s.in_belled, s.fd, true);
   bool ok = true;
   if (!ready()) {
+    ++raw_calls.sleeps;
     pollfd p{s.fd, POLLIN, 0};
     ok = ::poll(&p, 1, stall_ms) > 0;
     char bells[64];
@@ -286,6 +299,21 @@ bool raw_shm_round(raw_shm& s, uint64_t rank, float* data, size_t floats) {
 }
 
 // -- the pair -----------------------------------------------------------------------
+
+/// This thread's CPU time (user and system, us) and context switches
+/// (voluntary and not) so far: a call's own cost, steadier than its wall time
+/// on a shared machine (the ring runs on the caller's thread, as the raw
+/// exchange does).
+struct thread_usage {
+  double cpu_us = 0;
+  double switches = 0;
+  static thread_usage now() {
+    rusage u{};
+    ::getrusage(RUSAGE_THREAD, &u);
+    auto us = [](const timeval& t) { return t.tv_sec * 1e6 + static_cast<double>(t.tv_usec); };
+    return {us(u.ru_utime) + us(u.ru_stime), static_cast<double>(u.ru_nvcsw + u.ru_nivcsw)};
+  }
+};
 
 /// Both ranks send a byte on `fd` and wait for the other's: the rounds start
 /// together (not timed).
@@ -379,9 +407,12 @@ int pair_main(const helper_args& a) {
     std::vector<float> ours(floats, static_cast<float>(rank + 1));
     std::vector<float> raw(floats, static_cast<float>(rank + 1)), scratch(floats);
     std::vector<double> ours_s, raw_s;
+    thread_usage ours_u, raw_u; // summed over the timed rounds
+    raw_counts ours_calls;      // our ring's, as raw_calls
     auto timed = [&](bool which_ours) {
       if (!barrier(fds[0]))
         return false;
+      auto u0 = thread_usage::now();
       auto t0 = clock_type::now();
       bool ok = true;
       if (which_ours) {
@@ -389,6 +420,9 @@ int pair_main(const helper_args& a) {
           std::fprintf(stderr, "rank %u: %s\n", rank, sys.render(err).c_str());
           ok = false;
         }
+        const auto& c = g.last_call();
+        ours_calls.io += c.sends + c.receives + c.empty;
+        ours_calls.sleeps += c.sleeps;
       } else {
         ok = shm ? raw_shm_round(rs, rank, raw.data(), floats)
                  : raw_tcp_round(fds[0], rank, raw.data(), floats, scratch.data());
@@ -396,14 +430,30 @@ int pair_main(const helper_args& a) {
           std::fprintf(stderr, "rank %u: the raw exchange broke off\n", rank);
       }
       auto secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+      auto u1 = thread_usage::now();
       (which_ours ? ours_s : raw_s).push_back(secs);
+      auto& u = which_ours ? ours_u : raw_u;
+      u.cpu_us += u1.cpu_us - u0.cpu_us;
+      u.switches += u1.switches - u0.switches;
       return ok;
     };
+    // For profiling one side alone (perf stat over the pair's processes):
+    // ACTORFLOW_BENCH_AR_ONLY=ours or raw; the bench then prints no figures.
+    const char* only_env = std::getenv("ACTORFLOW_BENCH_AR_ONLY");
+    const std::string only = only_env ? only_env : "";
+    const bool run_ours = only != "raw", run_raw = only != "ours";
     for (uint64_t r = 0; r < warmup + rounds && rc == 0; ++r) {
       if (r == warmup)
-        ours_s.clear(), raw_s.clear();
-      if (!timed(r % 2 == 0) || !timed(r % 2 != 0))
+        ours_s.clear(), raw_s.clear(), ours_u = raw_u = {}, ours_calls = raw_calls = {};
+      bool first = r % 2 == 0;
+      if (((first ? run_ours : run_raw) && !timed(first))
+          || ((first ? run_raw : run_ours) && !timed(!first)))
         rc = 1;
+    }
+    if (!run_ours || !run_raw) {
+      std::fprintf(stderr, "rank %u: one side only (ACTORFLOW_BENCH_AR_ONLY=%s)\n", rank,
+                   only.c_str());
+      rc = rc == 0 ? 3 : rc; // no figures, no check
     }
     // every element is the mean, 1.5, after the first round (a check of both)
     for (auto* v : {&ours, &raw}) {
@@ -416,6 +466,14 @@ int pair_main(const helper_args& a) {
     }
     if (rc == 0 && rank == 0)
       std::printf("ours_seconds %.9f\nraw_seconds %.9f\n", median(ours_s), median(raw_s));
+    if (rc == 0 && rounds > 0) // per call, each rank's own
+      std::printf("ours_cpu_us %.1f\nours_switches %.2f\nraw_cpu_us %.1f\nraw_switches %.2f\n"
+                  "ours_io %.2f\nours_sleeps %.2f\nraw_io %.2f\nraw_sleeps %.2f\n",
+                  ours_u.cpu_us / rounds, ours_u.switches / rounds, raw_u.cpu_us / rounds,
+                  raw_u.switches / rounds, static_cast<double>(ours_calls.io) / rounds,
+                  static_cast<double>(ours_calls.sleeps) / rounds,
+                  static_cast<double>(raw_calls.io) / rounds,
+                  static_cast<double>(raw_calls.sleeps) / rounds);
   }
   if (rank == 0)
     caf::anon_send_exit(store, caf::exit_reason::user_shutdown);

@@ -92,6 +92,20 @@ public:
   /// "host:port" this rank published.
   const std::string& address() const { return address_; }
 
+  /// The system calls of the last call (for the bench and the tests): its
+  /// sends and receives of data and headers on TCP (a link on shared memory
+  /// counts none; its doorbells neither) and its sleeps. A 2-rank all-reduce
+  /// of 4 MiB on TCP makes a few sends and receives a rank, not one per
+  /// 256 KiB, and its header rides in the send of its first data.
+  struct call_stats {
+    uint64_t sends = 0;        ///< send calls that moved bytes
+    uint64_t receives = 0;     ///< receive calls that moved bytes
+    uint64_t empty = 0;        ///< send or receive calls that moved nothing
+    uint64_t sleeps = 0;       ///< polls
+    size_t largest_send = 0;   ///< the most bytes one send moved
+  };
+  const call_stats& last_call() const { return stats_; }
+
   /// True after a failed call: every later call fails at once.
   bool broken() const { return !broken_.empty(); }
 
@@ -141,7 +155,7 @@ private:
   caf::error check_header(op kind, size_t n, uint32_t root);
   caf::error fail(caf::error err);
   std::string who() const;
-  std::string describe_call(op kind, size_t n, uint32_t root) const;
+  static std::string describe_call(op kind, size_t n, uint32_t root);
   uint32_t left() const { return (rank_ + size_ - 1) % size_; }
   uint32_t right() const { return (rank_ + 1) % size_; }
 
@@ -172,6 +186,10 @@ private:
   };
   call_header sent_;
   call_header received_;
+  call_stats stats_;
+  /// A call's parts, kept between calls so that a call allocates nothing.
+  std::vector<out_part> outs_;
+  std::vector<in_part> ins_;
 };
 
 } // namespace af
