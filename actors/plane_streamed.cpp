@@ -26,6 +26,9 @@ namespace {
 
 /// Bytes of a push read at a time: a pipelined round's chunk.
 constexpr size_t piece_bytes = pipelined_chunk_floats * sizeof(float);
+/// The most bytes of a push read at a time, when more than a piece has
+/// arrived already.
+constexpr size_t batch_bytes = 16 * piece_bytes; // 1 MiB
 
 /// What a streamed answer still has to write: `sent` of its bytes are out;
 /// the answer's floats up to `ready` are applied (or, after the round
@@ -130,28 +133,43 @@ bool variable_directory::stream_push(plane_request& req, streamed_push& push,
   answer_stream out{req, push, head.payload_bytes};
   auto* dst = reinterpret_cast<char*>(push.buffer());
   const auto* floats = push.buffer();
-  for (uint64_t offset = 0; offset < head.payload_bytes; offset += piece_bytes) {
+  // The push is read a piece at a time, waiting for it, and with it what
+  // else has arrived already, up to batch_bytes: where the link is the
+  // limit the pieces are small and the answer overlaps the push finely;
+  // where the CPU is (loopback), the bytes pile up while the thread works,
+  // and taking them in one go saves the calls, locks and wake-ups of a
+  // piece each (docs/performance.md "Pipelining the sync round").
+  size_t checked = 0; // floats checked and handed to the round
+  for (uint64_t offset = 0; offset < head.payload_bytes;) {
     auto n = static_cast<size_t>(std::min<uint64_t>(piece_bytes, head.payload_bytes - offset));
     if (!req.read_part(dst + offset, n, true))
       return stopped("stopped in the middle of", offset);
-    if (!out.failed) {
-      size_t first = static_cast<size_t>(offset / sizeof(float)), count = n / sizeof(float);
-      auto bad = train::first_non_finite(floats + first, count);
-      if (bad < count) {
+    offset += n;
+    auto more = req.read_some(
+      dst + offset, static_cast<size_t>(std::min<uint64_t>(batch_bytes - n, head.payload_bytes - offset)));
+    if (more < 0)
+      return stopped("stopped in the middle of", offset);
+    offset += static_cast<uint64_t>(more);
+    const size_t upto = static_cast<size_t>(offset / sizeof(float));
+    if (!out.failed && upto > checked) {
+      auto bad = train::first_non_finite(floats + checked, upto - checked);
+      if (bad < upto - checked) {
         out.failed = make_error(
           af_error::non_finite,
           fmt::format("the gradient of worker {} for {} is not finite ({}): refused, {} and "
                       "no variable changed",
-                      worker, push.where(first + bad), floats[first + bad], push.abandoned()));
+                      worker, push.where(checked + bad), floats[checked + bad],
+                      push.abandoned()));
         push.fail(out.failed);
-      } else if (auto r = push.arrived(first + count); !r) {
+      } else if (auto r = push.arrived(upto); !r) {
         out.failed = r.error();
       } else {
         out.ready = *r;
       }
     }
+    checked = upto;
     if (!out.some()) // a write that does not wait fails only on a broken connection
-      return stopped("stopped in the middle of", offset + n);
+      return stopped("stopped in the middle of", offset);
   }
   // The push is read: the rest of the answer as the other members' pushes
   // complete its chunks.

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "messages/error.hpp"
+#include "train/optimizer_into.hpp"
 
 namespace af {
 
@@ -83,6 +84,7 @@ caf::error pipelined_round::start(uint64_t step) {
       t = var_state{std::move(t.v), {}, {}, {}};
     return out_of_memory();
   }
+  consts_ = train::constants_at(opt_, step_);
   started_ = true;
   apply_ready();
   return caf::none;
@@ -169,8 +171,9 @@ void pipelined_round::apply_ready() {
 }
 
 void pipelined_round::apply_range(size_t from, size_t to) {
-  // variable_cell::apply_blocks' operations, on the round's copy: the old
-  // block copied in (in cache), then the optimizer in place.
+  // variable_cell::apply_blocks' operations, written into the round's copy
+  // in one pass: the old value and slots read where they lie
+  // (train::apply_into: apply()'s formulas, so the same bits).
   float buf[variable_cell::apply_block];
   for (auto& s : vars_) {
     size_t lo = std::max(from, s.v.offset), hi = std::min(to, s.v.offset + s.v.size);
@@ -178,11 +181,12 @@ void pipelined_round::apply_range(size_t from, size_t to) {
       size_t len = std::min(variable_cell::apply_block, hi - at);
       size_t local = at - s.v.offset;
       float* var = s.value.mutable_data<float>() + local;
-      std::memcpy(var, s.base.value.data<float>() + local, len * sizeof(float));
+      const float* old_var = s.base.value.data<float>() + local;
       float* slots[2] = {nullptr, nullptr};
+      const float* old_slots[2] = {nullptr, nullptr};
       for (size_t k = 0; k < s.slots.size() && k < 2; ++k) {
         slots[k] = s.slots[k].mutable_data<float>() + local;
-        std::memcpy(slots[k], s.base.slots[k].data<float>() + local, len * sizeof(float));
+        old_slots[k] = s.base.slots[k].data<float>() + local;
       }
       // One member (an async push, or a round the others abstained from):
       // its gradient as it is, which is its mean (times 1: the same bits).
@@ -191,7 +195,7 @@ void pipelined_round::apply_range(size_t from, size_t to) {
         grad = pushes_[0].data<float>() + at;
       else
         sum_.mean_into(at, len, buf);
-      train::apply(opt_, var, slots, grad, len, step_);
+      train::apply_into(consts_, old_var, old_slots, var, slots, grad, len);
     }
   }
 }

@@ -4,10 +4,10 @@
 /// averaged and updated as soon as every member's copy of it is there, so
 /// that its answer can stream back while later chunks still arrive.
 ///
-/// The update is made off the variables: each block of the old value and
-/// slots is copied into buffers of the round's own (in cache) and the
-/// optimizer runs there, in place, with the same operations as
-/// variable_cell::apply_gradient_by (so the same bits). The variables
+/// The update is made off the variables: the optimizer reads each block of
+/// the old value and slots where it lies and writes the new one into
+/// buffers of the round's own, in one pass (train::apply_into: the same
+/// operations as variable_cell::apply_gradient_by, so the same bits). The variables
 /// change only at commit(), all of them at once (variable_cell::
 /// install_update); an aborted round (a member that stopped mid-push, a
 /// non-finite chunk) leaves every value and slot as it was. The answer's
@@ -154,6 +154,7 @@ private:
 
   std::vector<var_state> vars_;
   train::optimizer_spec opt_;
+  train::step_constants consts_; ///< opt_'s at step_ (set by start())
   std::vector<std::string> slot_names_;
   uint64_t step_ = 0;
   size_t total_ = 0;

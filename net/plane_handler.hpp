@@ -162,6 +162,13 @@ public:
   /// connection is to be dropped.
   bool reply_head(wire::header& h);
 
+  /// Reads into `dst` up to `max` more bytes of the payload that have
+  /// arrived already, without waiting (a streamed push read in batches as
+  /// large as what is there: fewer calls when the CPU, not the link, is the
+  /// limit). The bytes read (0: none there yet, or not plain_tcp()); -1:
+  /// the peer closed or the connection broke (the caller says it).
+  long read_some(void* dst, size_t max);
+
   /// Writes what the socket takes now of `pieces`, without waiting: the
   /// bytes written (0: its buffer is full); -1: the connection is to be dropped.
   long send_some(const iovec* pieces, size_t count);

@@ -224,6 +224,23 @@ bool plane_request::plain_tcp() const {
          && !conn_.tls;
 }
 
+long plane_request::read_some(void* dst, size_t max) {
+  if (max == 0 || !plain_tcp())
+    return 0;
+  for (;;) {
+    auto n = ::recv(conn_.io.fd, dst, max, MSG_DONTWAIT);
+    if (n > 0) {
+      consumed_ += static_cast<uint64_t>(n);
+      return static_cast<long>(n);
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return 0;
+    return -1; // closed (0) or broken
+  }
+}
+
 bool plane_request::reply_head(wire::header& h) {
   h.kind = static_cast<uint8_t>(wire::kind::reply);
   iovec iov{&h, sizeof(h)};

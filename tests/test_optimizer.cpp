@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels/kernels.hpp"
 #include "train/local.hpp"
 #include "train/optimizer.hpp"
+#include "train/optimizer_into.hpp"
 
 using namespace af;
 
@@ -194,4 +196,63 @@ TEST_CASE("a replica's state updates with its slots", "[optimizer]") {
   REQUIRE(st->apply(opt, {g}, 1));
   REQUIRE(st->values[0].at(0) == Approx(-0.25)); // accum 1.5
   REQUIRE_FALSE(st->apply(opt, {tensor::filled(dtype::float32, {3}, 1)}, 2));
+}
+
+TEST_CASE("apply_into writes apply's bits out of place and in place", "[optimizer]") {
+  // Catches: a formula of apply_into (train/optimizer_into.hpp, the
+  // pipelined round's update) that is not apply()'s term for term: its
+  // rounding would differ, and a pipelined round would no longer give the
+  // store-and-forward round's bits.
+  const size_t n = 1001;
+  for (std::string kind : {"sgd", "momentum", "adagrad", "adam"}) {
+    CAPTURE(kind);
+    train::optimizer_spec opt;
+    opt.kind = kind;
+    opt.lr = 0.037;
+    const size_t nslots = train::slot_names(kind).size();
+    auto values = [&](float scale, float offset) {
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i)
+        v[i] = offset + scale * std::sin(0.37f * static_cast<float>(i)) + 1e-7f * static_cast<float>(i);
+      return v;
+    };
+    // apply()'s reference in place; apply_into from the old buffers into
+    // new ones, and in place on a third copy.
+    std::vector<float> ref = values(0.7f, 0.1f), into_old = ref, in_place = ref;
+    std::vector<std::vector<float>> ref_slots, old_slots, place_slots;
+    for (size_t k = 0; k < nslots; ++k) {
+      ref_slots.push_back(values(0.2f, 0.5f + static_cast<float>(k))); // positive: adagrad's sqrt
+      old_slots.push_back(ref_slots.back());
+      place_slots.push_back(ref_slots.back());
+    }
+    for (uint64_t step = 0; step < 4; ++step) {
+      CAPTURE(step);
+      auto grad = values(0.3f + 0.1f * static_cast<float>(step), -0.05f);
+      auto c = train::constants_at(opt, step);
+      float* rs[2] = {nullptr, nullptr};
+      float* ps[2] = {nullptr, nullptr};
+      float* ns[2] = {nullptr, nullptr};
+      const float* os[2] = {nullptr, nullptr};
+      std::vector<std::vector<float>> new_slots(nslots, std::vector<float>(n, -1.0f));
+      for (size_t k = 0; k < nslots; ++k) {
+        rs[k] = ref_slots[k].data();
+        ps[k] = place_slots[k].data();
+        ns[k] = new_slots[k].data();
+        os[k] = old_slots[k].data();
+      }
+      std::vector<float> out(n, -1.0f);
+      train::apply(opt, ref.data(), rs, grad.data(), n, step);
+      train::apply_into(c, into_old.data(), os, out.data(), ns, grad.data(), n);
+      const float* pos[2] = {ps[0], ps[1]};
+      train::apply_into(c, in_place.data(), pos, in_place.data(), ps, grad.data(), n);
+      CHECK(std::memcmp(out.data(), ref.data(), n * sizeof(float)) == 0);
+      CHECK(std::memcmp(in_place.data(), ref.data(), n * sizeof(float)) == 0);
+      for (size_t k = 0; k < nslots; ++k) {
+        CHECK(std::memcmp(new_slots[k].data(), ref_slots[k].data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(place_slots[k].data(), ref_slots[k].data(), n * sizeof(float)) == 0);
+      }
+      into_old = out;
+      old_slots = new_slots;
+    }
+  }
 }

@@ -1,4 +1,5 @@
 #include "train/optimizer.hpp"
+#include "train/optimizer_into.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -116,6 +117,51 @@ void apply(const step_constants& c, float* var, float* const* slots, const float
     case step_constants::method::sgd:
       for (size_t i = 0; i < n; ++i)
         var[i] -= lr * grad[i];
+      break;
+  }
+}
+
+void apply_into(const step_constants& c, const float* old_var, const float* const* old_slots,
+                float* var, float* const* slots, const float* grad, size_t n) {
+  // apply()'s formulas, term for term (train/optimizer_into.hpp): each
+  // element's old value read, then its new one written.
+  const float lr = c.lr;
+  switch (c.kind) {
+    case step_constants::method::momentum: {
+      const float* old_acc = old_slots[0];
+      float* acc = slots[0];
+      const float mu = c.momentum;
+      for (size_t i = 0; i < n; ++i) {
+        acc[i] = mu * old_acc[i] + grad[i];
+        var[i] = old_var[i] - lr * acc[i];
+      }
+      break;
+    }
+    case step_constants::method::adagrad: {
+      const float* old_acc = old_slots[0];
+      float* acc = slots[0];
+      for (size_t i = 0; i < n; ++i) {
+        acc[i] = old_acc[i] + grad[i] * grad[i];
+        var[i] = old_var[i] - lr * grad[i] / std::sqrt(acc[i]);
+      }
+      break;
+    }
+    case step_constants::method::adam: {
+      const float* old_m = old_slots[0];
+      const float* old_v = old_slots[1];
+      float* m = slots[0];
+      float* v = slots[1];
+      const float b1 = c.beta1, b2 = c.beta2, eps = c.epsilon, lr_t = c.adam_lr;
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = b1 * old_m[i] + (1 - b1) * grad[i];
+        v[i] = b2 * old_v[i] + (1 - b2) * grad[i] * grad[i];
+        var[i] = old_var[i] - lr_t * m[i] / (std::sqrt(v[i]) + eps);
+      }
+      break;
+    }
+    case step_constants::method::sgd:
+      for (size_t i = 0; i < n; ++i)
+        var[i] = old_var[i] - lr * grad[i];
       break;
   }
 }
