@@ -373,15 +373,17 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
   // The node answers (its own timeout, naming the missing workers) by wait + 2 s:
   // wait longer, so that its reason arrives rather than a bare socket timeout.
   auto wait_for = std::max(wait + std::chrono::seconds(5), timeout_);
-  // (On shared memory or UCX the reads go by the deadline, not the socket's
-  // timeout: two system calls a push fewer.)
-  const bool socket_waits = !bytes_->waits_itself();
-  if (socket_waits)
-    set_timeout(fd_, SO_RCVTIMEO, wait_for);
   auto deadline = std::chrono::steady_clock::now() + wait_for;
   send_bound bound{deadline, cancel_ ? cancel_.get() : nullptr};
   if (auto err = upgrade_if_due(deadline))
     return err;
+  // Set after the offer, on the socket the push goes on: an offer that met
+  // the node's idle close opens a fresh connection, which has the channel's
+  // timeout. (On shared memory or UCX the reads go by the deadline, not the
+  // socket's timeout: two system calls a push fewer.)
+  const bool socket_waits = !bytes_->waits_itself();
+  if (socket_waits && fd_ >= 0)
+    set_timeout(fd_, SO_RCVTIMEO, wait_for);
   wire::header pad;
   if (h.payload_bytes > 0 && pad_before(pad, sizeof(h) + h.name_len)) {
     static const char zeros[shm_channel::payload_alignment] = {};

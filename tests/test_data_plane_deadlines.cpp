@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
 #include "net/data_plane.hpp"
+#include "net/shm_ring.hpp"
 #include "net/testing_hooks.hpp"
 #include "actors/variable_directory.hpp"
 #include "net/tls.hpp"
@@ -115,6 +117,29 @@ void answer_once(const deaf_port& srv, const std::atomic<bool>& done) {
     if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof(buf), 0) <= 0)
       break;
   ::close(fd);
+}
+
+/// accept() on `listening` within 10 s; -1 if no client came.
+int accept_within(int listening) {
+  pollfd p{listening, POLLIN, 0};
+  if (::poll(&p, 1, 10000) <= 0)
+    return -1;
+  return ::accept(listening, nullptr, nullptr);
+}
+
+/// The kind of the next request frame on `fd`, which is read and dropped
+/// (a small frame, whole in one receive), or -1 if none came within 10 s.
+int take_frame(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 10000) <= 0)
+    return -1;
+  char buf[4096];
+  auto n = ::recv(fd, buf, sizeof(buf), 0);
+  if (n < static_cast<long>(sizeof(wire::header)))
+    return -1;
+  wire::header h;
+  std::memcpy(&h, buf, sizeof(h));
+  return h.kind;
 }
 
 } // namespace
@@ -236,6 +261,68 @@ TEST_CASE("after a call with a longer wait is answered, the channel's next reque
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == static_cast<uint8_t>(af_error::timeout));
   CHECK(took < 4000ms); // the channel's 800 ms and a margin, far below the 6 s
+}
+
+TEST_CASE("a sync push whose shared-memory offer meets the node's idle close waits its own wait "
+          "on the fresh connection",
+          "[data-plane][deadlines]") {
+  // Bug it catches: aggregate() widened the socket's receive wait to the
+  // push's (wait + 5 s) before the offer of shared memory; when the offer
+  // met a connection the node had just closed, upgrade_if_due opened a
+  // fresh one, whose socket had the channel's timeout: a sync push whose
+  // answer takes longer than that (the other workers' pushes) failed after
+  // the channel's 800 ms instead of waiting its own 6 s.
+  if (test_hooks_trust_fabric() || shm_channel::disabled_by_environment())
+    return; // the offer this needs is one of shared memory
+  deaf_port srv; // used as a listening socket: this test plays the node
+  std::atomic<bool> offered{false};
+  std::thread node{[&] {
+    int first = accept_within(srv.fd);
+    if (first < 0)
+      return;
+    take_frame(first); // the read
+    wire::header h;
+    h.kind = static_cast<uint8_t>(wire::kind::reply);
+    float one = 1.0f;
+    tensor v{dtype::float32, {1}};
+    wire::describe_tensor(v, h);
+    (void)::send(first, &h, sizeof(h), MSG_NOSIGNAL);
+    (void)::send(first, &one, sizeof(one), MSG_NOSIGNAL);
+    // The offer of shared memory, met by the node's idle close.
+    offered = take_frame(first) == static_cast<int>(wire::kind::shm_offer);
+    ::close(first);
+    int second = accept_within(srv.fd);
+    if (second < 0)
+      return;
+    take_frame(second); // the push
+    // Answered 1.5 s later (the other workers' pushes), unless the client
+    // gave up (closed) first.
+    pollfd p{second, POLLIN, 0};
+    if (::poll(&p, 1, 1500) == 0) {
+      wire::header answer;
+      answer.kind = static_cast<uint8_t>(wire::kind::reply);
+      answer.version = 7;
+      (void)::send(second, &answer, sizeof(answer), MSG_NOSIGNAL);
+      (void)::poll(&p, 1, 10000); // until the client closes
+    }
+    ::close(second);
+  }};
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv.port, "the slow node", 800ms));
+  REQUIRE(ch->call(var_op::read, "v", nullptr, true));
+  // Quiet for a while (not a synchronization): upgrade_if_due opens a fresh
+  // connection only for a connection quiet long enough to have been closed
+  // by the node's idle timeout (100 ms).
+  std::this_thread::sleep_for(150ms);
+  tensor grad{dtype::float32, {4}};
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = ch->aggregate(wire::kind::push, "agg", 0, 1, {grad}, 1000ms, std::string(16, 't'), 1);
+  auto took = since(t0);
+  ch.reset(); // closes the connection: the node stops waiting
+  node.join();
+  REQUIRE(offered);
+  INFO((r ? std::string{"answered"} : describe(r.error())) << " after " << took.count() << " ms");
+  REQUIRE(r);
+  CHECK(r->first == 7);
 }
 
 TEST_CASE("a cancel stops a data-plane send that the node does not read",
