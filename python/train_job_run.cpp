@@ -45,7 +45,15 @@ void record(job_run& j, worker_progress p) {
 }
 
 void train_worker(job_run& j, int w, caf::expected<train_outcome>& out) {
-  auto s = j.cluster->session_for("worker", w);
+  // A worker other than the chief gives up its session's waits (a connect
+  // to the ps, a ping, the chief's initialization) once the job is stopped:
+  // a worker still joining when the chief stops the ps would otherwise wait
+  // its whole timeout on a node that is going away. The chief's session is
+  // not cancelled: it stops the ps tasks after the stop (stop_ps).
+  session_options so;
+  if (w != 0)
+    so.cancel = j.stop;
+  auto s = j.cluster->session_for("worker", w, so);
   if (!s) {
     out = std::move(s.error());
     return;
