@@ -199,10 +199,12 @@ TEST_CASE("a replica's state updates with its slots", "[optimizer]") {
 }
 
 TEST_CASE("apply_into writes apply's bits out of place and in place", "[optimizer]") {
-  // Catches: a formula of apply_into (train/optimizer_into.hpp, the
-  // pipelined round's update) that is not apply()'s term for term: its
-  // rounding would differ, and a pipelined round would no longer give the
-  // store-and-forward round's bits.
+  // Catches: an update out of place (the pipelined round's) that differs
+  // from the same update in place (apply(), the store-and-forward round's):
+  // a formula that reads a value it has already written (the new
+  // accumulator where the old one belongs) gives other bits out of place,
+  // and a pipelined round would no longer give the store-and-forward
+  // round's bits.
   const size_t n = 1001;
   for (std::string kind : {"sgd", "momentum", "adagrad", "adam"}) {
     CAPTURE(kind);

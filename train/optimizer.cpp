@@ -82,52 +82,17 @@ step_constants constants_at(const optimizer_spec& s, uint64_t step) {
 }
 
 void apply(const step_constants& c, float* var, float* const* slots, const float* grad, size_t n) {
-  const float lr = c.lr;
-  switch (c.kind) {
-    case step_constants::method::momentum: {
-      // TF's MomentumOptimizer: accum = momentum * accum + grad; var -= lr * accum
-      float* acc = slots[0];
-      const float mu = c.momentum;
-      for (size_t i = 0; i < n; ++i) {
-        acc[i] = mu * acc[i] + grad[i];
-        var[i] -= lr * acc[i];
-      }
-      break;
-    }
-    case step_constants::method::adagrad: {
-      // TF's AdagradOptimizer (ApplyAdagrad): accum += grad^2; var -= lr * grad / sqrt(accum)
-      float* acc = slots[0];
-      for (size_t i = 0; i < n; ++i) {
-        acc[i] += grad[i] * grad[i];
-        var[i] -= lr * grad[i] / std::sqrt(acc[i]);
-      }
-      break;
-    }
-    case step_constants::method::adam: {
-      float* m = slots[0];
-      float* v = slots[1];
-      const float b1 = c.beta1, b2 = c.beta2, eps = c.epsilon, lr_t = c.adam_lr;
-      for (size_t i = 0; i < n; ++i) {
-        m[i] = b1 * m[i] + (1 - b1) * grad[i];
-        v[i] = b2 * v[i] + (1 - b2) * grad[i] * grad[i];
-        var[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-      }
-      break;
-    }
-    case step_constants::method::sgd:
-      for (size_t i = 0; i < n; ++i)
-        var[i] -= lr * grad[i];
-      break;
-  }
+  apply_into(c, var, slots, var, slots, grad, n); // in place: the old values are the new ones' buffers
 }
 
 void apply_into(const step_constants& c, const float* old_var, const float* const* old_slots,
                 float* var, float* const* slots, const float* grad, size_t n) {
-  // apply()'s formulas, term for term (train/optimizer_into.hpp): each
+  // The optimizers' formulas (apply() is this one in place): each
   // element's old value read, then its new one written.
   const float lr = c.lr;
   switch (c.kind) {
     case step_constants::method::momentum: {
+      // TF's MomentumOptimizer: accum = momentum * accum + grad; var -= lr * accum
       const float* old_acc = old_slots[0];
       float* acc = slots[0];
       const float mu = c.momentum;
@@ -138,6 +103,7 @@ void apply_into(const step_constants& c, const float* old_var, const float* cons
       break;
     }
     case step_constants::method::adagrad: {
+      // TF's AdagradOptimizer (ApplyAdagrad): accum += grad^2; var -= lr * grad / sqrt(accum)
       const float* old_acc = old_slots[0];
       float* acc = slots[0];
       for (size_t i = 0; i < n; ++i) {

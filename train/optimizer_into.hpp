@@ -1,7 +1,7 @@
 #pragma once
-/// The optimizers' update written into buffers of its own: apply()'s
-/// formulas (train/optimizer.hpp), reading the old value and slots from one
-/// place and writing the new ones to another, in one pass. A pipelined
+/// The optimizers' update written into buffers of its own, reading the old
+/// value and slots from one place and writing the new ones to another, in
+/// one pass. apply() (train/optimizer.hpp) is this one in place. A pipelined
 /// round (dist/pipelined_round.hpp) updates into copies of its own, so
 /// that an aborted round leaves the variables as they were: with apply()
 /// it copied each block in first, a pass over memory the store-and-forward
