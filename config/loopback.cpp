@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <random>
 
 namespace af {
 
@@ -83,7 +85,49 @@ int connect_loopback(uint16_t port) {
   return fd;
 }
 
+namespace {
+
+/// The start of the kernel's ephemeral range (net.ipv4.ip_local_port_range),
+/// where it picks a port for a bind to port 0 and an outgoing connection.
+int ephemeral_low() {
+  std::ifstream f{"/proc/sys/net/ipv4/ip_local_port_range"};
+  int low = 32768; // Linux's default
+  if (!(f >> low) || low < 1 || low > 65535)
+    return 32768;
+  return low;
+}
+
+/// Whether 127.0.0.1:`port` can be bound now (no listener, no connection,
+/// no TIME_WAIT on it).
+bool bindable(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  auto addr = loopback_address(port);
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+} // namespace
+
 uint16_t free_loopback_port() {
+  // Below the ephemeral range where there is room: a port the kernel picks
+  // there (another server's port 0, any process's outgoing connection) could
+  // take this one between now and the caller's bind, which a node started
+  // with it would then fail (a flaky test of several processes).
+  int low = ephemeral_low();
+  constexpr int first = 10000; // above the well-known and registered servers most hosts run
+  if (low - first >= 4096) {
+    static thread_local std::mt19937 rng{std::random_device{}()
+                                         ^ static_cast<unsigned>(getpid() * 2654435761u)};
+    std::uniform_int_distribution<int> pick{first, low - 1};
+    for (int tries = 0; tries < 256; ++tries) {
+      auto port = static_cast<uint16_t>(pick(rng));
+      if (bindable(port))
+        return port;
+    }
+  }
   uint16_t port = 0;
   int fd = listen_on_loopback(port, 1);
   if (fd >= 0)

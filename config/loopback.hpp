@@ -16,8 +16,11 @@ bool connect_to_loopback(int fd, uint16_t port);
 /// connection is refused (errno says why).
 int connect_loopback(uint16_t port);
 
-/// A port on 127.0.0.1 that was free a moment ago (another process may take
-/// it before you bind it: retry on bind_failed).
+/// A port on 127.0.0.1 that was free a moment ago, picked at random below
+/// the kernel's ephemeral range (net.ipv4.ip_local_port_range) where that
+/// leaves room, so that no port 0 bind or outgoing connection of any process
+/// can be given it before you bind it. Another caller of this may still
+/// pick it: retry on bind_failed.
 uint16_t free_loopback_port();
 
 } // namespace af

@@ -3,6 +3,7 @@
 
 Every cluster is one of this process on free loopback ports, stopped by
 the fixture that started it."""
+import random
 import socket
 
 import pytest
@@ -33,8 +34,32 @@ def local():
 
 
 def free_ports(n):
-    """n ports the OS says are free on 127.0.0.1 now (for af.train.Server,
-    which listens on its ClusterSpec's address)."""
+    """n distinct ports free on 127.0.0.1 now (for af.train.Server, which
+    listens on its ClusterSpec's address), drawn below the kernel's ephemeral
+    range where there is room, as config/loopback.cpp's free_loopback_port:
+    there no bind to port 0 or outgoing connection of any process can be
+    given one before its server binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports = []
+    rng = random.SystemRandom()
+    for _ in range(256 * n):
+        if len(ports) == n or low - 10000 < 4096:
+            break
+        port = rng.randrange(10000, low)
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    if len(ports) == n:
+        return ports
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
