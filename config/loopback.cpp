@@ -7,8 +7,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <fstream>
+#include <mutex>
 #include <random>
 
 namespace af {
@@ -116,16 +119,24 @@ uint16_t free_loopback_port() {
   // there (another server's port 0, any process's outgoing connection) could
   // take this one between now and the caller's bind, which a node started
   // with it would then fail (a flaky test of several processes).
+  // Nor twice in a row of this process's last picks: nothing holds a port
+  // between the pick and the bind, so a test's four picks for one config
+  // would otherwise repeat one about once in 4,000 runs.
+  static std::mutex mtx;
+  static std::array<uint16_t, 256> recent{};
+  static size_t next = 0;
   int low = ephemeral_low();
   constexpr int first = 10000; // above the well-known and registered servers most hosts run
   if (low - first >= 4096) {
-    static thread_local std::mt19937 rng{std::random_device{}()
-                                         ^ static_cast<unsigned>(getpid() * 2654435761u)};
+    std::lock_guard<std::mutex> guard{mtx};
+    static std::mt19937 rng{std::random_device{}() ^ static_cast<unsigned>(getpid() * 2654435761u)};
     std::uniform_int_distribution<int> pick{first, low - 1};
     for (int tries = 0; tries < 256; ++tries) {
       auto port = static_cast<uint16_t>(pick(rng));
-      if (bindable(port))
-        return port;
+      if (std::find(recent.begin(), recent.end(), port) != recent.end() || !bindable(port))
+        continue;
+      recent[next++ % recent.size()] = port;
+      return port;
     }
   }
   uint16_t port = 0;
