@@ -140,11 +140,18 @@ namespace {
 caf::error refuse_in_graph_switch(session& s, const train::train_config& c,
                                   const std::string& mode) {
   auto chief = training_detail::chief_store_of(s);
+  // Two bounds: `wait` for the key to be put (a chief that has not trained
+  // yet; at once when it has), and `answer` for the chief's store to answer
+  // at all, as long as --switch's other requests to it (its session's
+  // timeout, programs/train_main.cpp's run_client). With `wait` for both, a
+  // chief busy or stalled for 4 s (a loaded machine) refused the switch as
+  // one that "did not say how the job runs".
   auto wait = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 2000)};
+  auto answer = std::chrono::milliseconds{std::min<uint32_t>(c.step_timeout_ms, 10000)};
   caf::expected<std::string> client = make_error(af_error::internal, "not asked");
   if (chief)
-    client = kv_client{s.system(), chief->store, wait}.get(sparse_client_key(chief->incarnation),
-                                                           wait);
+    client = kv_client{s.system(), chief->store, answer}.get(
+      sparse_client_key(chief->incarnation), wait);
   else
     client = std::move(chief.error());
   if (!client)

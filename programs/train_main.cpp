@@ -188,6 +188,9 @@ std::string client_error_line(const caf::error& err) {
   return af::describe(err);
 }
 
+/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
+constexpr std::chrono::milliseconds teardown_limit{8000};
+
 /// --status, or --switch `switch_to`: a session of its own on the running
 /// job's cluster asks its ps tasks' aggregators (dist/train_client.hpp).
 int run_client(const af::cluster_config& cluster, const af::train::train_config& c, bool status,
@@ -199,6 +202,14 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   auto sec = af::security_for(cluster.security, "client");
   if (!sec)
     return fail(af::describe(sec.error()));
+  // Outlives the system: its stop (the session's connections, the actor
+  // system's) is bounded as a task's is, so that a client whose answer is
+  // printed never hangs its caller (a script, a test's wait) in teardown.
+  af::teardown_deadline bound;
+  auto finish = [&](int rc) {
+    bound.start("actorflow-train client", rc, teardown_limit);
+    return rc;
+  };
   af::system_config sys_cfg{cluster.node, *sec};
   auto sys_owner = af::start_actor_system(sys_cfg);
   caf::actor_system& sys = *sys_owner;
@@ -208,7 +219,7 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
   // The target only sets where unplaced ops would go; this client places none.
   auto s = af::session::make(sys, cluster.cluster, "/job:ps/task:0", so);
   if (!s)
-    return fail(af::describe(s.error()), 1);
+    return finish(fail(af::describe(s.error()), 1));
   // A sparse job's aggregators have names of their own (dist/sparse_job.hpp).
   size_t unanswered = 0;
   auto text = status ? af::job_status_text(*s, std::chrono::milliseconds{c.step_timeout_ms},
@@ -218,20 +229,17 @@ int run_client(const af::cluster_config& cluster, const af::train::train_config&
                      : af::job_switch(*s, c, switch_to);
   if (!text)
     // A config without a ps job is the config's fault (2); the rest, the job's.
-    return fail(client_error_line(text.error()),
-                af::is(text.error(), af::af_error::invalid_config) ? 2 : 1);
+    return finish(fail(client_error_line(text.error()),
+                       af::is(text.error(), af::af_error::invalid_config) ? 2 : 1));
   std::printf("%s", text->c_str());
   std::fflush(stdout);
-  return unanswered > 0 ? 1 : 0; // printed what the others said; one did not answer
+  return finish(unanswered > 0 ? 1 : 0); // printed what the others said; one did not answer
 }
 
 size_t test_size(const af::train::train_config& c) {
   auto d = af::train::load_data(c);
   return d ? d->test.size() : 0;
 }
-
-/// How long a task may take to stop once its work is done (programs/teardown_deadline.hpp).
-constexpr std::chrono::milliseconds teardown_limit{8000};
 
 int run_embedded(af::train::train_config c) {
   af::teardown_deadline bound; // outlives the cluster: it bounds its end

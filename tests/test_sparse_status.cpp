@@ -531,11 +531,18 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
   // would hang until step_timeout_ms) or is refused without saying why.
   temp_dir dir;
   auto path = dir.path + "/job.toml";
-  auto addr = [] { return "\"127.0.0.1:" + std::to_string(free_loopback_port()) + "\""; };
+  // Four ports, none twice: free_loopback_port can give one port again (it
+  // holds none), and a config with an address twice is refused by every
+  // process (the client then never prints a step).
+  std::vector<uint16_t> ports;
+  while (ports.size() < 4)
+    if (auto p = free_loopback_port(); std::find(ports.begin(), ports.end(), p) == ports.end())
+      ports.push_back(p);
+  auto addr = [&](size_t i) { return "\"127.0.0.1:" + std::to_string(ports[i]) + "\""; };
   {
     std::ofstream f{path};
-    f << "[cluster]\nps = [" << addr() << ", " << addr() << "]\nworker = [" << addr() << ", "
-      << addr() << "]\n\n[train]\n"
+    f << "[cluster]\nps = [" << addr(0) << ", " << addr(1) << "]\nworker = [" << addr(2) << ", "
+      << addr(3) << "]\n\n[train]\n"
       << long_sparse_job;
   }
   // About 10 s (2 ms a replica's step): --switch's client lands in it, on
@@ -555,17 +562,36 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
   background_process ps0{argv("ps", 0, false)};
   background_process ps1{argv("ps", 1, false)};
   background_process client{argv("worker", 0, true)};
-  REQUIRE(client.wait_for("\nstep ", std::chrono::seconds{60}));
+  // Every process's output, for any check that fails (CI keeps only what
+  // the test printed).
+  auto all_output = [&] {
+    ps0.read_output(std::chrono::milliseconds{0});
+    ps1.read_output(std::chrono::milliseconds{0});
+    return "client:\n" + client.output() + "\nps 0:\n" + ps0.output() + "\nps 1:\n"
+           + ps1.output();
+  };
+  if (!client.wait_for("\nstep ", std::chrono::seconds{60}))
+    FAIL("no progress line from the in-graph client within 60 s:\n" << all_output());
   background_process to_sync{{ACTORFLOW_TRAIN_BINARY, "--config", path, "--switch", "sync"}};
   auto switch_code = to_sync.wait_exit(std::chrono::seconds{30});
   INFO("--switch sync:\n" << to_sync.output());
+  INFO("when --switch ended, " << all_output());
   CHECK(switch_code == 1);
   CHECK(to_sync.output().find("switch to sync: this sparse job runs in-graph (one client whose "
                               "replicas take turns on one thread): a sync round of its replicas "
                               "could never fill")
         != std::string::npos);
   CHECK(to_sync.output().find("--set mode=sync") != std::string::npos);
-  auto code = client.wait_exit(std::chrono::seconds{120});
+  // The ps tasks' output is read meanwhile too: one blocked on a full pipe
+  // would hold the client's steps.
+  std::optional<int> code;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
+  while (!(code = client.exit_code()) && std::chrono::steady_clock::now() < deadline) {
+    client.read_output(std::chrono::milliseconds{50});
+    ps0.read_output(std::chrono::milliseconds{0});
+    ps1.read_output(std::chrono::milliseconds{0});
+  }
+  client.read_output(std::chrono::milliseconds{0}); // what it printed last
   auto ps0_code = ps0.wait_exit(std::chrono::seconds{30});
   auto ps1_code = ps1.wait_exit(std::chrono::seconds{30});
   INFO("client:\n" << client.output() << "\nps 0:\n" << ps0.output() << "\nps 1:\n"
