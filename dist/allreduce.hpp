@@ -24,10 +24,14 @@
 /// one-way ring in a segment of the writer's (dist/allreduce_shm.hpp), the
 /// TCP connection staying beside it as doorbell and liveness channel; the
 /// reader adds the received floats straight from the segment. Each link
-/// decides for itself during create(): a link stays on TCP when either end
-/// has ACTORFLOW_DATA_SHM=off (the data plane's switch), the ends are on
-/// two hosts, or the segment cannot be made or opened (transport() says
-/// why). The results are the same bits either way.
+/// decides during create(), its two ends together (the reader's answer to
+/// the writer's offer): a link stays on TCP when either end has
+/// ACTORFLOW_DATA_SHM=off (the data plane's switch), the ends are on two
+/// hosts, or the segment cannot be made or opened (transport() says why).
+/// Two ranks share one connection, which carries either TCP data or bells,
+/// never both: if either of their links stays on TCP, both do (both ranks
+/// know how both went), and transport() says it fell back and why. The
+/// results are the same bits either way.
 ///
 /// Determinism: in the reduce-scatter every element's sum (and its division
 /// by the size) is computed once, by one rank, in ring order; the allgather
@@ -116,7 +120,9 @@ public:
   /// How this rank's two links move their bytes, and why a link that could
   /// not take shared memory stayed on TCP, for the log: "shared memory to
   /// and from rank 1" (two ranks), "shared memory to rank 1, TCP (on another
-  /// host) from rank 2", "TCP (ACTORFLOW_DATA_SHM=off here) to rank 1, ...".
+  /// host) from rank 2", "TCP (ACTORFLOW_DATA_SHM=off here) to rank 1, ...",
+  /// "TCP to and from rank 1: shared memory fell back to TCP, as the link
+  /// to rank 1 is on TCP (...) and both directions share one connection".
   std::string transport() const;
 
 private:
@@ -152,6 +158,7 @@ private:
   caf::error absorb(progress& p, const char* src, size_t k);
   caf::error idle(progress& p);
   caf::error negotiate_shm(std::chrono::steady_clock::time_point deadline);
+  void one_transport_for_two();
   caf::error check_header(op kind, size_t n, uint32_t root);
   caf::error fail(caf::error err);
   std::string who() const;
@@ -171,6 +178,9 @@ private:
   std::unique_ptr<shm_link> in_shm_;  ///< the link from the left in shared memory, if it is
   std::string out_why_tcp_;           ///< why the link to the right stayed on TCP
   std::string in_why_tcp_;            ///< why the link from the left stayed on TCP
+  /// Two ranks: why a link that took shared memory fell back to TCP with the
+  /// other (one_transport_for_two); empty if none did.
+  std::string fell_back_;
   uint64_t calls_ = 0;
   std::string broken_; ///< why the group broke; empty while healthy
   std::vector<float> scratch_;

@@ -17,6 +17,7 @@
 #include "net/shm_ring.hpp"
 #include "net/socket.hpp"
 #include "net/tcp_connect.hpp"
+#include "net/testing_hooks.hpp"
 #include "messages/error.hpp"
 
 namespace af {
@@ -117,6 +118,15 @@ int connect_to(const std::string& host, const std::string& port, clock_type::tim
     return -1;
   }
   return *fd;
+}
+
+/// A test's failure of this rank's end of a shared-memory link
+/// (net/testing_hooks.hpp: never in a program), or none.
+caf::error test_hook_failure(const std::string& group, uint32_t rank, const char* end) {
+  auto* hooks = wire_test_hooks();
+  if (hooks == nullptr || !hooks->allreduce_shm_setup)
+    return caf::none;
+  return hooks->allreduce_shm_setup(group, rank, end);
 }
 
 void close_fd(int& fd) {
@@ -268,6 +278,8 @@ caf::error allreduce_group::negotiate_shm(clock_type::time_point deadline) {
     out_why_tcp_ = "ACTORFLOW_DATA_SHM=off here";
   } else if (!shm_channel::same_host(right_fd_)) {
     out_why_tcp_ = "on another host";
+  } else if (auto hooked = test_hook_failure(group_, rank_, "create")) {
+    out_why_tcp_ = describe(hooked);
   } else if (auto l = shm_link::create()) {
     mine = std::move(*l);
   } else {
@@ -305,6 +317,8 @@ caf::error allreduce_group::negotiate_shm(clock_type::time_point deadline) {
     in_why_tcp_ = "ACTORFLOW_DATA_SHM=off here";
   } else if (!shm_channel::same_host(left_fd_)) {
     in_why_tcp_ = "on another host";
+  } else if (auto hooked = test_hook_failure(group_, rank_, "open")) {
+    in_why_tcp_ = describe(hooked);
   } else if (auto l = shm_link::open(name, theirs.segment_bytes)) {
     in_shm_ = std::move(*l);
     answer = offer_taken;
@@ -329,7 +343,29 @@ caf::error allreduce_group::negotiate_shm(clock_type::time_point deadline) {
     else
       out_why_tcp_ = fmt::format("rank {} declined it", right());
   }
+  one_transport_for_two();
   return caf::none;
+}
+
+void allreduce_group::one_transport_for_two() {
+  // Two ranks keep one connection for both directions (create()'s step 5).
+  // A link in shared memory rings its bells on it, a link on TCP streams its
+  // data on it: a direction on each would put the one's bells inside the
+  // other's data (corrupt frames, or a hang). Both ranks know how both links
+  // went (each offer's answer says whether its reader mapped it), so both
+  // take this same decision without another exchange: if either link is on
+  // TCP, both are.
+  if (size_ != 2 || (out_shm_ != nullptr) == (in_shm_ != nullptr))
+    return;
+  if (out_shm_) {
+    fell_back_ = fmt::format("the link from rank {} is on TCP ({})", left(), in_why_tcp_);
+    out_shm_.reset();
+    out_why_tcp_ = "fell back with the link from rank " + std::to_string(left());
+  } else {
+    fell_back_ = fmt::format("the link to rank {} is on TCP ({})", right(), out_why_tcp_);
+    in_shm_.reset();
+    in_why_tcp_ = "fell back with the link to rank " + std::to_string(right());
+  }
 }
 
 std::string allreduce_group::transport() const {
@@ -340,6 +376,10 @@ std::string allreduce_group::transport() const {
   };
   if (size_ == 2 && out_shm_ && in_shm_)
     return fmt::format("shared memory to and from rank {}", right());
+  if (size_ == 2 && !fell_back_.empty())
+    return fmt::format("TCP to and from rank {}: shared memory fell back to TCP, as {} and both "
+                       "directions share one connection",
+                       right(), fell_back_);
   return fmt::format("{} to rank {}, {} from rank {}", link(out_shm_ != nullptr, out_why_tcp_),
                      right(), link(in_shm_ != nullptr, in_why_tcp_), left());
 }

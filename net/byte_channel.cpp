@@ -5,6 +5,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +19,39 @@ namespace {
 
 /// How often a bounded send looks at its cancel flag while the peer reads nothing.
 constexpr int cancel_slice_ms = 20;
+
+/// The socket's SO_SNDTIMEO as it was before a bounded TLS write first set
+/// it to what is left of its deadline, put back when the write returns, on
+/// every path (done, failed, cancelled): the channel's own send wait is the
+/// socket's again, so that a later blocking send into a full buffer waits
+/// that long, not what was left of an earlier call. Read from the socket
+/// (not passed in), so that it is whatever its owner set, to the tick.
+class send_wait_kept {
+public:
+  explicit send_wait_kept(int fd) : fd_(fd) {}
+  ~send_wait_kept() {
+    if (!saved_)
+      return;
+    int err = errno;
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &was_, sizeof(was_));
+    errno = err;
+  }
+  send_wait_kept(const send_wait_kept&) = delete;
+  send_wait_kept& operator=(const send_wait_kept&) = delete;
+
+  /// Before the first change of the socket's send wait.
+  void save() {
+    if (saved_)
+      return;
+    socklen_t len = sizeof(was_);
+    saved_ = ::getsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &was_, &len) == 0;
+  }
+
+private:
+  int fd_;
+  bool saved_ = false;
+  timeval was_{};
+};
 
 /// write_all of a plaintext socket within `b`: non-blocking sends, and a poll
 /// for room (at most until the deadline) when the peer's window is full.
@@ -183,9 +217,11 @@ public:
       // The record layer sends blocking, each wait bounded by SO_SNDTIMEO:
       // a large part goes in slices of whole records (so the records are the
       // ones one write would make), the socket's send wait set to what is
-      // left of the deadline before each, and the cancel flag looked at.
+      // left of the deadline before each, and the cancel flag looked at;
+      // the socket's own send wait again when this returns.
       constexpr size_t slice = 4 * secure_stream::max_record_bytes;
       int first = 0;
+      send_wait_kept kept{io.fd};
       auto check = [&]() {
         if (b->cancel != nullptr && b->cancel->load()) {
           errno = ECANCELED;
@@ -196,6 +232,7 @@ public:
           errno = EAGAIN;
           return false;
         }
+        kept.save();
         set_timeout(io.fd, SO_SNDTIMEO, std::chrono::milliseconds{left});
         return true;
       };

@@ -126,8 +126,7 @@ data_channel::call(var_op op, const std::string& var, const tensor* operand, boo
       // The send took a while: the reply gets what is left of the try.
       auto left = std::max<long long>(ms_left(bound), 1);
       set_timeout(fd_, SO_RCVTIMEO, std::chrono::milliseconds{left});
-      if (stream_ != nullptr) // the record layer's slices set SO_SNDTIMEO
-        set_timeout(fd_, SO_SNDTIMEO, timeout_);
+      // (SO_SNDTIMEO: the record layer's slices put back what they changed.)
       scope.touched = true;
     }
     auto r = read_reply(what, deadline);
@@ -394,8 +393,6 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
     auto err = fail(what, errno, wait_for, true);
     return err;
   }
-  if (stream_ != nullptr && h.payload_bytes > (std::size_t{1} << 20))
-    set_timeout(fd_, SO_SNDTIMEO, timeout_);
   auto r = read_reply(what, deadline);
   if (socket_waits && fd_ >= 0)
     set_timeout(fd_, SO_RCVTIMEO, timeout_);

@@ -9,6 +9,7 @@
 /// on. A test binary sets the hooks in code; its own startup may read the
 /// environment to do so (tests/CMakeLists.txt's run over UCX).
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -31,6 +32,16 @@ struct wire_hooks {
   /// `node_address`: the address the node answered with). A test fails the
   /// connect or sends it to a decoy address with it.
   std::function<caf::error(ucx_channel& mine, const std::string& node_address)> ucx_client_connect;
+
+  /// When set: asked by an all-reduce rank (dist/allreduce_rendezvous.cpp)
+  /// before it sets up one end of a shared-memory link: its `group`, its
+  /// `rank`, and `end`: "create" (the segment it offers its right
+  /// neighbour) or "open" (the one its left neighbour offered). An error
+  /// fails that set-up as a full /dev/shm or a segment it cannot map would,
+  /// so that a test makes shared memory fail on one rank's side alone.
+  /// Called from the ranks' threads at once: it must be thread-safe.
+  std::function<caf::error(const std::string& group, uint32_t rank, const char* end)>
+    allreduce_shm_setup;
 };
 
 /// The hooks object, defined only by the test-support code (weak here: absent

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -23,6 +24,7 @@
 #include "actors/kv_store.hpp"
 #include "actors/system.hpp"
 #include "messages/error.hpp"
+#include "net/testing_hooks.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
@@ -499,7 +501,8 @@ struct ring_results {
   std::vector<std::string> transport;
 };
 
-ring_results run_calls(store_fixture& f, uint32_t size, size_t n, const std::string& group) {
+ring_results run_calls(store_fixture& f, uint32_t size, size_t n, const std::string& group,
+                       std::chrono::milliseconds timeout = 10s) {
   ring_results out;
   out.mean.resize(size);
   out.sum.resize(size);
@@ -519,9 +522,11 @@ ring_results run_calls(store_fixture& f, uint32_t size, size_t n, const std::str
       return err;
     out.bcast[r] = gradient_of(r + 11, n);
     return g.broadcast(out.bcast[r].data(), n, size - 1);
-  });
-  for (auto& err : errors)
+  }, timeout);
+  for (auto& err : errors) {
+    INFO((err ? describe(err) : std::string{}));
     REQUIRE_FALSE(err);
+  }
   return out;
 }
 
@@ -596,4 +601,106 @@ TEST_CASE("with ACTORFLOW_DATA_SHM=off a ring on one host stays on TCP and says 
     CHECK(same_bits(res.mean[r], res.mean[0]));
   }
   CHECK(segments_left() == 0);
+}
+
+namespace {
+
+/// Fails the shared-memory set-up of `rank`'s end `end` ("create" or "open")
+/// of every group while it lives (net/testing_hooks.hpp), as a full
+/// /dev/shm or a segment that rank cannot map would.
+struct shm_setup_fails {
+  shm_setup_fails(uint32_t rank, std::string end) {
+    REQUIRE(wire_test_hooks() != nullptr); // this binary has them (tests/wire_test_hooks.cpp)
+    wire_test_hooks()->allreduce_shm_setup = [rank, end](const std::string&, uint32_t r,
+                                                         const char* e) -> caf::error {
+      if (r != rank || end != e)
+        return caf::none;
+      return make_error(af_error::resource_exhausted,
+                        "the test hook failed rank " + std::to_string(r) + "'s " + e);
+    };
+  }
+  ~shm_setup_fails() { wire_test_hooks()->allreduce_shm_setup = nullptr; }
+  shm_setup_fails(const shm_setup_fails&) = delete;
+  shm_setup_fails& operator=(const shm_setup_fails&) = delete;
+};
+
+} // namespace
+
+// Catches two ranks whose links took different transports: one direction in
+// shared memory, the other on TCP, on the one connection they share. The
+// shared-memory link's bells then land inside the TCP link's data (3,000,001
+// floats overfill the 8 MiB ring, so a writer waits for room and is rung):
+// wrong bits, a call header that does not match, or a hang until the
+// group's timeout. Both must fall back to TCP both ways and say so.
+TEST_CASE("two ranks whose shared memory fails on one side only both take TCP both ways and say "
+          "why",
+          "[allreduce][shm]") {
+  store_fixture f;
+  const size_t n = 3000001;
+  ring_results tcp;
+  {
+    shm_switch off{"off"};
+    tcp = run_calls(f, 2, n, "fallback-tcp", 5s);
+  }
+  shm_switch on{nullptr};
+  for (uint32_t rank : {0u, 1u})
+    for (const char* end : {"create", "open"}) {
+      INFO("rank " << rank << "'s " << end << " fails");
+      auto group = std::string{"fallback/"} + end + "/" + std::to_string(rank);
+      ring_results res;
+      {
+        shm_setup_fails fails{rank, end};
+        res = run_calls(f, 2, n, group, 5s);
+      }
+      for (uint32_t r = 0; r < 2; ++r) {
+        INFO("rank " << r << ": " << res.transport[r]);
+        CHECK_FALSE(res.shm_out[r]);
+        CHECK_FALSE(res.shm_in[r]);
+        CHECK(res.transport[r].rfind("TCP to and from rank " + std::to_string(1 - r)
+                                       + ": shared memory fell back to TCP, as the link ",
+                                     0)
+              == 0);
+        CHECK(same_bits(res.mean[r], tcp.mean[r]));
+        CHECK(same_bits(res.sum[r], tcp.sum[r]));
+        CHECK(same_bits(res.bcast[r], tcp.bcast[r]));
+      }
+      // The rank whose set-up failed names the hook's reason; the other, its answer.
+      CHECK(res.transport[rank].find("the test hook failed rank " + std::to_string(rank) + "'s "
+                                     + end)
+            != std::string::npos);
+      CHECK(segments_left() == 0);
+    }
+}
+
+// Catches a ring of three whose links cannot differ: each link has its own
+// connection, so one link on TCP leaves the others in shared memory, and the
+// results are the TCP ring's bits.
+TEST_CASE("in a ring of three, a link whose shared memory fails on one side stays on TCP alone",
+          "[allreduce][shm]") {
+  store_fixture f;
+  const size_t n = 3000001;
+  ring_results tcp;
+  {
+    shm_switch off{"off"};
+    tcp = run_calls(f, 3, n, "fallback3-tcp", 5s);
+  }
+  shm_switch on{nullptr};
+  // rank 1's create fails: the link 1 -> 2; rank 0's open fails: the link 2 -> 0.
+  for (auto [rank, end, writer] : {std::tuple{1u, "create", 1u}, std::tuple{0u, "open", 2u}}) {
+    INFO("rank " << rank << "'s " << end << " fails");
+    ring_results res;
+    {
+      shm_setup_fails fails{rank, end};
+      res = run_calls(f, 3, n, std::string{"fallback3/"} + end, 5s);
+    }
+    for (uint32_t r = 0; r < 3; ++r) {
+      INFO("rank " << r << ": " << res.transport[r]);
+      CHECK(res.shm_out[r] == (r != writer));
+      CHECK(res.shm_in[r] == (r != (writer + 1) % 3));
+      CHECK(same_bits(res.mean[r], tcp.mean[r]));
+      CHECK(same_bits(res.sum[r], tcp.sum[r]));
+      CHECK(same_bits(res.bcast[r], tcp.bcast[r]));
+    }
+    CHECK(segments_left() == 0);
+  }
 }

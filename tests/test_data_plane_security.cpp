@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "cells.hpp"
 #include "scenarios.hpp"
 #include "temp_dir.hpp"
+#include "net/testing_hooks.hpp"
 #include "wait.hpp"
 #include "log_capture.hpp"
 #include "net/data_plane.hpp"
@@ -466,6 +468,76 @@ TEST_CASE("the data plane carries variable ops over mutual TLS", "[plane][tls]")
   REQUIRE_FALSE(missing);
   CHECK(missing.error().code() == static_cast<uint8_t>(af_error::not_found));
   CHECK_FALSE(ch->broken());
+}
+
+namespace {
+
+/// This process's socket connected to 127.0.0.1:`port` (a client's: the
+/// node's accepted sockets have the client's port as their peer), or -1.
+int client_socket_to(uint16_t port) {
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = std::atoi(e.path().filename().c_str());
+    sockaddr_in peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0
+        && peer.sin_family == AF_INET && ntohs(peer.sin_port) == port)
+      return fd;
+  }
+  return -1;
+}
+
+/// The socket's SO_SNDTIMEO: the longest one blocking send waits for room.
+std::chrono::milliseconds send_wait_of(int fd) {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  REQUIRE(getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &len) == 0);
+  return std::chrono::milliseconds{tv.tv_sec * 1000 + tv.tv_usec / 1000};
+}
+
+} // namespace
+
+TEST_CASE("after a TLS push, sparse push or assign the socket's send wait is the channel's again",
+          "[plane][tls]") {
+  // Bug it catches: the record layer sends a part over 1 MiB (4 records)
+  // in slices, the socket's SO_SNDTIMEO set to what is left of the
+  // request's deadline before each (a push's: its wait and 5 s), and left
+  // it there; call() and aggregate() put the channel's back, a pipelined
+  // request (a sparse push) did not. A later blocking send into a full
+  // buffer then waited that long instead of the channel's timeout.
+  if (test_hooks_trust_fabric())
+    return; // the run over UCX: the pushes would not go through the record layer
+  temp_dir dir;
+  make_ca_and_cert(dir, "");
+  auto tls = context_of(options_of(dir, "", ""));
+  auto srv = serve(directory_with("w", 1 << 16, 1), {}, tls); // 256 KiB
+  auto ch = value_of(data_channel::connect("127.0.0.1", srv->port(), "test node", 5s, {}, tls,
+                                           nullptr, false));
+  int fd = client_socket_to(srv->port());
+  REQUIRE(fd >= 0);
+  REQUIRE(send_wait_of(fd) == 5000ms);
+  const std::string token(sizeof(wire::push_prefix{}.token), 't');
+  // Pushes (no aggregator: refused, their payloads read all the same) of
+  // 256 KiB and of 2 MiB, whose deadlines are their wait (2 s) and 5 s.
+  for (int64_t floats : {int64_t{1} << 16, int64_t{1} << 19}) {
+    INFO("a push of " << floats * 4 << " bytes");
+    std::vector<tensor> values{tensor::filled(dtype::float32, {floats}, 1)};
+    auto pushed = ch->aggregate(wire::kind::push, "nope", 0, 1, values, 2000ms, token, 1);
+    REQUIRE_FALSE(pushed);
+    CHECK(pushed.error().code() == static_cast<uint8_t>(af_error::not_found));
+    REQUIRE_FALSE(ch->broken());
+    CHECK(send_wait_of(fd) == 5000ms);
+    auto sparse = ch->push_sparse("nope", 0, 1, values, {}, {}, 2000ms, token, 2);
+    REQUIRE_FALSE(sparse);
+    CHECK(sparse.error().code() == static_cast<uint8_t>(af_error::not_found));
+    REQUIRE_FALSE(ch->broken());
+    CHECK(send_wait_of(fd) == 5000ms);
+  }
+  // An assign of 256 KiB taken by the node, whose deadline is the channel's timeout.
+  auto value = tensor::filled(dtype::float32, {1 << 16}, 3);
+  REQUIRE(ch->call(var_op::assign, "w", &value, false));
+  CHECK(send_wait_of(fd) == 5000ms);
+  CHECK(ch->transport() == "tls");
 }
 
 TEST_CASE("a TLS data plane refuses a plaintext client and one of another CA, and keeps serving",
