@@ -115,34 +115,49 @@ bool bindable(uint16_t port) {
 } // namespace
 
 uint16_t free_loopback_port() {
+  return detail::free_loopback_port(ephemeral_low());
+}
+
+uint16_t detail::free_loopback_port(int low) {
   // Below the ephemeral range where there is room: a port the kernel picks
   // there (another server's port 0, any process's outgoing connection) could
   // take this one between now and the caller's bind, which a node started
   // with it would then fail (a flaky test of several processes).
   // Nor twice in a row of this process's last picks: nothing holds a port
   // between the pick and the bind, so a test's four picks for one config
-  // would otherwise repeat one about once in 4,000 runs.
+  // would otherwise repeat one about once in 4,000 runs. That holds where
+  // the kernel picks too (no room below its range): its binds to port 0
+  // repeat as often (21 in 1,000 picks, each within 256 of the other).
   static std::mutex mtx;
   static std::array<uint16_t, 256> recent{};
   static size_t next = 0;
-  int low = ephemeral_low();
   constexpr int first = 10000; // above the well-known and registered servers most hosts run
+  std::lock_guard<std::mutex> guard{mtx};
+  auto seen = [&](uint16_t port) {
+    return std::find(recent.begin(), recent.end(), port) != recent.end();
+  };
+  auto keep = [&](uint16_t port) {
+    recent[next++ % recent.size()] = port;
+    return port;
+  };
   if (low - first >= 4096) {
-    std::lock_guard<std::mutex> guard{mtx};
     static std::mt19937 rng{std::random_device{}() ^ static_cast<unsigned>(getpid() * 2654435761u)};
     std::uniform_int_distribution<int> pick{first, low - 1};
     for (int tries = 0; tries < 256; ++tries) {
       auto port = static_cast<uint16_t>(pick(rng));
-      if (std::find(recent.begin(), recent.end(), port) != recent.end() || !bindable(port))
-        continue;
-      recent[next++ % recent.size()] = port;
-      return port;
+      if (!seen(port) && bindable(port))
+        return keep(port);
     }
   }
   uint16_t port = 0;
-  int fd = listen_on_loopback(port, 1);
-  if (fd >= 0)
-    close(fd);
+  for (int tries = 0; tries < 256; ++tries) {
+    port = 0;
+    int fd = listen_on_loopback(port, 1);
+    if (fd >= 0)
+      close(fd);
+    if (port != 0 && !seen(port))
+      return keep(port);
+  }
   return port;
 }
 

@@ -23,4 +23,10 @@ int connect_loopback(uint16_t port);
 /// pick it: retry on bind_failed.
 uint16_t free_loopback_port();
 
+namespace detail {
+/// free_loopback_port on a host whose ephemeral range starts at `ephemeral_low`
+/// (for a test of the hosts where the kernel must pick).
+uint16_t free_loopback_port(int ephemeral_low);
+} // namespace detail
+
 } // namespace af
