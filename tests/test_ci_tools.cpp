@@ -58,4 +58,14 @@ TEST_CASE("tools/ctest-failures lists the failed tests of a run with their outpu
   CHECK(r.output.find("===== failed: times out\nstarted") != std::string::npos);
   CHECK(r.output.find("a Timeout of the session") == std::string::npos);
   CHECK(r.output.find("TimeoutTests") == std::string::npos);
+
+  // Catches: a stdout that cannot encode what it prints (a CI with a
+  // Latin-1 or ASCII locale; the log's bad bytes read as U+FFFD) ended the
+  // tool in a UnicodeEncodeError, and .ci/run (set -e) with it, before the
+  // rerun's verdict.
+  auto ascii = run_command({ACTORFLOW_SOURCE_DIR "/tools/ctest-failures", dir.path},
+                           std::chrono::seconds{30}, {{"PYTHONIOENCODING", "ascii"}});
+  INFO(ascii.output);
+  CHECK(ascii.exit_code == 0);
+  CHECK(ascii.output.find("x.cpp:3: FAILED:") != std::string::npos);
 }
