@@ -557,6 +557,16 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
   background_process ps0{argv("ps", 0, false)};
   background_process ps1{argv("ps", 1, false)};
   background_process client{argv("worker", 0, true)};
+  // One bound for all the waits below, within ctest's 120 s for this case
+  // (tests/CMakeLists.txt): a hang ends in the checks, which print every
+  // process's output, not in ctest's kill, which prints none of it (the
+  // waits alone once added up to 270 s).
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds{100};
+  auto left = [&](std::chrono::milliseconds most) {
+    auto now = std::chrono::steady_clock::now();
+    using ms = std::chrono::milliseconds;
+    return std::min(most, now < end ? std::chrono::duration_cast<ms>(end - now) : ms{0});
+  };
   // Every process's output, for any check that fails (CI keeps only what
   // the test printed).
   auto all_output = [&] {
@@ -565,10 +575,10 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
     return "client:\n" + client.output() + "\nps 0:\n" + ps0.output() + "\nps 1:\n"
            + ps1.output();
   };
-  if (!client.wait_for("\nstep ", std::chrono::seconds{60}))
+  if (!client.wait_for("\nstep ", left(std::chrono::seconds{60})))
     FAIL("no progress line from the in-graph client within 60 s:\n" << all_output());
   background_process to_sync{{ACTORFLOW_TRAIN_BINARY, "--config", path, "--switch", "sync"}};
-  auto switch_code = to_sync.wait_exit(std::chrono::seconds{30});
+  auto switch_code = to_sync.wait_exit(left(std::chrono::seconds{30}));
   INFO("--switch sync:\n" << to_sync.output());
   INFO("when --switch ended, " << all_output());
   CHECK(switch_code == 1);
@@ -580,15 +590,14 @@ TEST_CASE("actorflow-train --job worker --task 0 --in-graph drives a replica per
   // The ps tasks' output is read meanwhile too: one blocked on a full pipe
   // would hold the client's steps.
   std::optional<int> code;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
-  while (!(code = client.exit_code()) && std::chrono::steady_clock::now() < deadline) {
+  while (!(code = client.exit_code()) && std::chrono::steady_clock::now() < end) {
     client.read_output(std::chrono::milliseconds{50});
     ps0.read_output(std::chrono::milliseconds{0});
     ps1.read_output(std::chrono::milliseconds{0});
   }
   client.read_output(std::chrono::milliseconds{0}); // what it printed last
-  auto ps0_code = ps0.wait_exit(std::chrono::seconds{30});
-  auto ps1_code = ps1.wait_exit(std::chrono::seconds{30});
+  auto ps0_code = ps0.wait_exit(left(std::chrono::seconds{30}));
+  auto ps1_code = ps1.wait_exit(left(std::chrono::seconds{30}));
   INFO("client:\n" << client.output() << "\nps 0:\n" << ps0.output() << "\nps 1:\n"
                    << ps1.output());
   CHECK(code == 0);
