@@ -145,7 +145,7 @@ void ps_killed_and_restarted(const std::string& mode) {
   // reading ps 0's answer, whose round waits for worker 1's push, while
   // worker 1, which met the dead ps 1 in its lookup, waits for the chief to
   // restore it; the chief sees ps 1 once that round ends, at step_timeout_ms
-  // at most (docs/sparse.md "A ps that dies"). With 10 s this failed in one
+  // and 2 s at most (docs/sparse.md "A ps that dies"). With 10 s this failed in one
   // full run of the twelfth session, the chief's output stopped at step 100.
   auto noticed = job->wait_until(
     [&] {
