@@ -1,6 +1,7 @@
 #include "actors/step_here.hpp"
 
 #include <chrono>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,16 @@ bool kernel_only(const partition_op& op) {
 
 step_here::step_here(std::shared_ptr<prepared_step> step)
   : step_(std::move(step)), backend_(kernels::make_cpu_backend()) {
+  const auto& ops = step_->partitions.front().part.ops;
+  last_read_.resize(ops.size());
+  std::unordered_set<int32_t> read_later;
+  for (size_t i = ops.size(); i-- > 0;) {
+    const auto& inputs = ops[i].inputs;
+    last_read_[i].assign(inputs.size(), false);
+    for (size_t j = inputs.size(); j-- > 0;)
+      if (inputs[j].kind != op_input::constant)
+        last_read_[i][j] = read_later.insert(inputs[j].op).second;
+  }
 }
 
 std::unique_ptr<step_here> step_here::make(std::shared_ptr<prepared_step> step,
@@ -67,44 +78,62 @@ caf::expected<step_outputs> step_here::run(const std::map<int32_t, tensor>& feed
                           + (n == step_->nodes.end() ? std::to_string(ph) : n->second.name)
                           + "' needs a value: pass it in run()'s feeds");
     }
-    values_[ph] = it->second;
+    auto& slot = values_[ph];
+    slot.value = it->second;
+    slot.set = true;
   }
   step_outputs out;
-  std::vector<tensor> args;
+  auto& args = args_; // its memory kept between runs
   std::string note;
-  for (const auto& op : p.part.ops) {
+  for (size_t i = 0; i < p.part.ops.size(); ++i) {
+    const auto& op = p.part.ops[i];
     args.clear();
-    for (const auto& in : op.inputs) {
+    for (size_t j = 0; j < op.inputs.size(); ++j) {
+      const auto& in = op.inputs[j];
       if (in.kind == op_input::constant) {
         args.push_back(in.value);
         continue;
       }
       auto v = values_.find(in.op);
-      if (v == values_.end()) {
-        values_.clear();
+      if (v == values_.end() || !v->second.set) {
+        forget();
         return make_error(af_error::invalid_argument,
                           in.kind == op_input::feed
                             ? "op '" + op.name + "' needs a placeholder that was not fed"
                             : "op '" + op.name + "': an input is missing (a bug)");
       }
-      args.push_back(v->second);
+      // Its last read moves it (no copy of its shape); it is not read again.
+      if (last_read_[i][j])
+        args.push_back(std::move(v->second.value));
+      else
+        args.push_back(v->second.value);
     }
     auto value = compute_op(*backend_, nullptr, p.device, op, args, note);
     if (!value) {
-      values_.clear();
+      forget();
       return std::move(value.error());
     }
     if (op.fetch)
       out.values[op.id] = *value;
-    values_[op.id] = std::move(*value);
+    auto& slot = values_[op.id];
+    slot.value = std::move(*value);
+    slot.set = true;
   }
-  values_.clear();
+  forget();
   runs_ += 1;
   if (latency_)
     latency_->observe(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - started)
                         .count());
   return out;
+}
+
+void step_here::forget() {
+  args_.clear();
+  for (auto& entry : values_) {
+    entry.second.value = tensor{};
+    entry.second.set = false;
+  }
 }
 
 } // namespace af

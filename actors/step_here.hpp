@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "caf/expected.hpp"
 #include "caf/node_id.hpp"
@@ -51,7 +52,21 @@ private:
 
   std::shared_ptr<prepared_step> step_;
   std::unique_ptr<kernels::backend> backend_;
-  std::unordered_map<int32_t, tensor> values_; ///< this run's; emptied after it
+  /// A value of this run, by op id: `set` while it holds one. The entries
+  /// stay between runs (emptied: no value kept), so a run allocates no node.
+  struct value_slot {
+    tensor value;
+    bool set = false;
+  };
+  std::unordered_map<int32_t, value_slot> values_;
+
+  /// Per op (in order), per input: true at the last read of that value in
+  /// a run, which then moves it into the op's arguments instead of copying.
+  std::vector<std::vector<bool>> last_read_;
+  std::vector<tensor> args_; ///< an op's arguments (emptied after each run)
+
+  /// Empties every entry of values_ (after a run, or when it fails).
+  void forget();
   /// The executor's actorflow_step_latency_seconds (null if it keeps none):
   /// a run here is a step of its device, counted there as its run_step was.
   std::shared_ptr<latency_histogram> latency_;

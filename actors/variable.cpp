@@ -281,6 +281,16 @@ variable_info variable_cell::info() const {
   return out;
 }
 
+bool variable_cell::initialized() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return initialized_;
+}
+
+bool variable_cell::has_slot(const std::string& name) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return slots_.find(name) != slots_.end();
+}
+
 std::optional<tensor> variable_cell::slot(const std::string& name) const {
   std::lock_guard<std::mutex> guard{mtx_};
   auto it = slots_.find(name);

@@ -126,8 +126,14 @@ public:
   /// A snapshot; `waiters` is 0 (the actor, which holds them, fills it in).
   variable_info info() const;
 
+  /// info().initialized, without copying the spec (an update checks it).
+  bool initialized() const;
+
   /// The slot `name`, if an optimizer created it.
   std::optional<tensor> slot(const std::string& name) const;
+
+  /// slot(name) has a value, without copying it.
+  bool has_slot(const std::string& name) const;
 
   /// Creates or replaces the slot `name`; it must have the variable's dtype
   /// and shape.

@@ -169,6 +169,10 @@ public:
   /// buffer are not counted: mutable_bytes() counts them itself).
   long use_count() const noexcept { return st_.use_count(); }
 
+  /// Keeps this tensor's buffer alive as a copy of it would (and counts as
+  /// one for buffer_shared()), without copying the shape; null if empty.
+  std::shared_ptr<const void> buffer_owner() const noexcept { return st_; }
+
   /// True if mutable_bytes() would copy the buffer first: another tensor
   /// or a slice shares it (copy on write).
   bool buffer_shared() const noexcept {

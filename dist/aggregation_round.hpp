@@ -111,7 +111,18 @@ public:
     for (auto n : sizes)
       bytes += n * sizeof(float);
     if (owner && kept_bytes_ + bytes <= kept_limit_) { // after those summed: arrival order stays
-      kept_.push_back({parts, offsets, sizes, std::move(owner)});
+      // Into a kept_value of an earlier round (spare_): its vectors' memory
+      // is reused, no allocation a push.
+      kept_value v;
+      if (!spare_.empty()) {
+        v = std::move(spare_.back());
+        spare_.pop_back();
+      }
+      v.parts.assign(parts.begin(), parts.end());
+      v.offsets.assign(offsets.begin(), offsets.end());
+      v.sizes.assign(sizes.begin(), sizes.end());
+      v.owner = std::move(owner);
+      kept_.push_back(std::move(v));
       kept_bytes_ += bytes;
       contributions_ += 1;
       return;
@@ -245,6 +256,10 @@ public:
     std::fill(arrived_.begin(), arrived_.end(), false);
     contributions_ = 0;
     summed_ = 0;
+    for (auto& v : kept_) { // their values go now; their vectors' memory is kept
+      v.owner.reset();
+      spare_.push_back(std::move(v));
+    }
     kept_.clear();
     kept_bytes_ = 0;
     step_.reset();
@@ -289,6 +304,7 @@ private:
   uint32_t contributions_ = 0;
   uint32_t summed_ = 0;          ///< contributions already in sum_ (they come first)
   std::vector<kept_value> kept_; ///< contributions by reference, after those
+  std::vector<kept_value> spare_; ///< kept_ of earlier rounds, emptied (no owner)
   std::optional<uint64_t> step_;
   clock_type::time_point started_;
   std::vector<std::pair<uint32_t, Ticket>> tickets_;

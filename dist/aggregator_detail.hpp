@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -244,18 +245,40 @@ caf::expected<std::vector<const float*>> unpack(self_pointer self, uint32_t work
                                                 const std::vector<tensor>& values,
                                                 const char* what, bool finite_checked = false);
 
+/// What an update is ("mean gradient of global step 7"), for its error
+/// messages only: made when one is, not on every update. Refers to a string
+/// or to a callable returning one, which must outlive it (pass a named
+/// lambda, or a temporary in the call's own arguments).
+class update_what {
+public:
+  update_what(const std::string& text) // NOLINT: a plain text converts
+    : obj_(&text), make_([](const void* o) { return *static_cast<const std::string*>(o); }) {
+  }
+  template <class F,
+            class = std::enable_if_t<std::is_invocable_r_v<std::string, const F&>
+                                     && !std::is_convertible_v<const F&, std::string>>>
+  update_what(const F& make) // NOLINT: a callable converts
+    : obj_(&make), make_([](const void* o) { return (*static_cast<const F*>(o))(); }) {
+  }
+  std::string str() const { return make_(obj_); }
+
+private:
+  const void* obj_;
+  std::string (*make_)(const void*);
+};
+
 /// Applies one update, `parts[i]` being variable i's floats: a gradient
 /// (sync, async) or new values (average). Either every variable takes it or,
 /// if prepare_update refuses, none does.
 caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
-                      const std::string& what);
+                      const update_what& what);
 
 /// update_all of the round's mean gradient (sync), made and applied block by
 /// block (variable_cell::apply_gradient_by): the same update, bit for bit,
 /// in one pass over the pushed values and the variables.
 /// With `flat` (and several variables): also the updated parameters, flat,
 /// as params() would make them (empty if there was no memory for them).
-caf::error update_all_by_mean(self_pointer self, const std::string& what,
+caf::error update_all_by_mean(self_pointer self, const update_what& what,
                               tensor* flat = nullptr);
 
 /// The gradient-norm guard (spec.grad_norm_guard): a gradient whose norm is

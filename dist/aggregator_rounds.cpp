@@ -249,8 +249,12 @@ caf::error add_to_round(self_pointer self, uint32_t worker, const push_credentia
     guard_gradient(self, worker, *parts, scaled);
   // sync keeps the values by reference: its release sums, averages and
   // applies them in one pass (aggregation_round::add)
+  // (One tensor, as the data plane's push: its buffer, without a copy of the
+  // vector and the shape.)
   std::shared_ptr<const void> owner;
-  if (st.spec.mode == "sync")
+  if (st.spec.mode == "sync" && scaled.empty() && values.size() == 1)
+    owner = values[0].buffer_owner();
+  if (st.spec.mode == "sync" && !owner)
     owner = scaled.empty()
               ? std::shared_ptr<const void>{std::make_shared<std::vector<tensor>>(values)}
               : std::shared_ptr<const void>{std::make_shared<std::vector<float>>(std::move(scaled))};
@@ -309,7 +313,8 @@ void release_sync(self_pointer self) {
   }
   tensor flat; // the parameters the round answers with, made during the update
   if (st.round.contributions() > 0) {
-    auto what = fmt::format("mean gradient of global step {}", st.global_step);
+    // Formatted only for an error message (not once a round).
+    auto what = [&st] { return fmt::format("mean gradient of global step {}", st.global_step); };
     // With tables the answer carries no parameters: none are made. Nor
     // where every ticket takes the variables' own tensors (answer_parts:
     // this node's data plane writes them straight into the answer slot or
@@ -363,7 +368,7 @@ void release_average(self_pointer self) {
   auto& st = self->state;
   if (st.round.contributions() > 0) {
     auto step = st.round.step().value_or(st.global_step);
-    auto what = fmt::format("average of the round at step {}", step);
+    auto what = [step] { return fmt::format("average of the round at step {}", step); };
     if (auto err = update_all(self, parts_of(st, st.round.mean()), what)) {
       fail_all(st, st.round.release(), err);
       return;

@@ -20,22 +20,22 @@ namespace {
 /// before any variable changes: each has a value, and (sync, async) each has
 /// the optimizer's slots (made here, at their starts, as apply_gradient would make them
 /// on first use). After it, applying can fail only for want of memory.
-caf::error prepare_update(self_pointer self, const std::string& what) {
+caf::error prepare_update(self_pointer self, const update_what& what) {
   auto& st = self->state;
   for (size_t i = 0; i < st.vars.size(); ++i)
-    if (!st.vars[i].cell->info().initialized)
+    if (!st.vars[i].cell->initialized())
       return make_error(af_error::uninitialized,
                         fmt::format("aggregator '{}': variable '{}' has no value yet, so the {} "
                                     "was applied to no variable; initialize the variables (the "
                                     "chief's session does) before the workers push",
-                                    st.spec.name, st.spec.variables[i], what));
+                                    st.spec.name, st.spec.variables[i], what.str()));
   if (st.spec.mode == "average")
     return caf::none;
   for (size_t i = 0; i < st.vars.size(); ++i) {
     auto& cell = *st.vars[i].cell;
     for (size_t k = 0; k < st.slot_names.size(); ++k) {
       const auto& slot = st.slot_names[k];
-      if (cell.slot(slot))
+      if (cell.has_slot(slot))
         continue;
       std::string why;
       try {
@@ -51,7 +51,7 @@ caf::error prepare_update(self_pointer self, const std::string& what) {
         return make_error(af_error::resource_exhausted,
                           fmt::format("aggregator '{}': making slot '{}' of variable '{}' failed "
                                       "({}), so the {} was applied to no variable",
-                                      st.spec.name, slot, st.spec.variables[i], why, what));
+                                      st.spec.name, slot, st.spec.variables[i], why, what.str()));
     }
   }
   return caf::none;
@@ -173,7 +173,7 @@ namespace {
 /// Applies one update to every variable, `apply(i, cell)` doing variable i's:
 /// either every variable takes it or, if prepare_update refuses, none does.
 template <class Apply>
-caf::error update_each(self_pointer self, const std::string& what, Apply apply) {
+caf::error update_each(self_pointer self, const update_what& what, Apply apply) {
   auto& st = self->state;
   if (auto err = prepare_update(self, what))
     return err;
@@ -185,7 +185,7 @@ caf::error update_each(self_pointer self, const std::string& what, Apply apply) 
       std::vector<std::string> took(st.spec.variables.begin(), st.spec.variables.begin() + i);
       auto msg = fmt::format("aggregator '{}': the {} failed at variable '{}' ({}); the variables "
                              "before it [{}] took it",
-                             st.spec.name, what, st.spec.variables[i], describe(err),
+                             st.spec.name, what.str(), st.spec.variables[i], describe(err),
                              fmt::join(took, ", "));
       log::get()->error("{}", msg);
       return make_error(af_error::resource_exhausted, std::move(msg));
@@ -198,7 +198,7 @@ caf::error update_each(self_pointer self, const std::string& what, Apply apply) 
 } // namespace
 
 caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
-                      const std::string& what) {
+                      const update_what& what) {
   auto& st = self->state;
   bool average = st.spec.mode == "average";
   return update_each(self, what, [&](size_t i, variable_cell& cell) {
@@ -207,7 +207,7 @@ caf::error update_all(self_pointer self, const std::vector<const float*>& parts,
   });
 }
 
-caf::error update_all_by_mean(self_pointer self, const std::string& what, tensor* flat) {
+caf::error update_all_by_mean(self_pointer self, const update_what& what, tensor* flat) {
   auto& st = self->state;
   // Several variables answer as one flat buffer: each block is copied there
   // right after its update, from cache, instead of in a pass of its own.
@@ -278,7 +278,7 @@ caf::error apply_now(self_pointer self, uint32_t worker, uint64_t step, const pu
     return std::move(parts.error());
   std::vector<float> scaled;
   guard_gradient(self, worker, *parts, scaled);
-  auto what = fmt::format("gradient of {} (step {})", worker_name(st, worker), step);
+  auto what = [&] { return fmt::format("gradient of {} (step {})", worker_name(st, worker), step); };
   if (auto err = update_all(self, *parts, what))
     return err;
   count_applied(self, worker, step, seq, moves_step);
@@ -300,7 +300,9 @@ caf::error apply_sparse_now(self_pointer self, uint32_t worker, uint64_t step,
   if (!parts)
     return std::move(parts.error());
   guard_sparse(self, worker, *parts);
-  auto what = fmt::format("sparse gradient of {} (step {})", worker_name(st, worker), step);
+  auto what = [&] {
+    return fmt::format("sparse gradient of {} (step {})", worker_name(st, worker), step);
+  };
   auto err = update_each(self, what, [&](size_t i, variable_cell& cell) -> caf::error {
     if (!st.is_table[i])
       return cell.apply_gradient(st.spec.optimizer, parts->dense[i], st.sizes[i], st.global_step);

@@ -195,8 +195,14 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
   // The link answers within its socket's deadlines (the node's step
   // timeout plus a margin, data_channel::aggregate) and is linked to this
   // actor: no timer here, which would wake CAF's clock thread every step.
-  // `part` shares its buffers: the copy kept for a retry costs nothing.
-  auto answered = [self, g, k, then](uint64_t step, tensor& flat, bool dropped_late) {
+  // `part` and `then`, kept for the answer and a retry: shared by both
+  // callbacks, not copied into each (a copy of a tensor copies its shape).
+  struct kept_push {
+    std::vector<tensor> part;
+    std::function<void(uint64_t, std::vector<tensor>)> then;
+  };
+  auto kept = std::make_shared<const kept_push>(kept_push{std::move(part), std::move(then)});
+  auto answered = [self, g, k, kept](uint64_t step, tensor& flat, bool dropped_late) {
         if (g->failed)
           return;
         if (dropped_late)
@@ -213,9 +219,9 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
         st.held_round[k] = false;
         g->step = std::min(g->step, step);
         if (--g->missing == 0)
-          then(g->step, std::move(g->params));
+          kept->then(g->step, std::move(g->params));
       };
-  auto failed = [self, g, k, part, step, kind, has_values, then, seq](caf::error& err) {
+  auto failed = [self, g, k, kept, step, kind, has_values, seq](caf::error& err) {
         if (g->failed)
           return;
         auto& st = self->state;
@@ -244,9 +250,9 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
           g->rejoins[k] += 1;
           rejoin_shard(
             self, k,
-            [self, g, k, part, step, kind, has_values, then, seq] {
+            [self, g, k, kept, step, kind, has_values, seq] {
               if (!g->failed)
-                push_shard(self, g, k, part, step, kind, has_values, then, seq);
+                push_shard(self, g, k, kept->part, step, kind, has_values, kept->then, seq);
             },
             [self, g, during](caf::error e) {
               if (g->failed)
@@ -264,12 +270,12 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
           g->tries[k] += 1;
           recover_shard(
             self, k, step, err,
-            [self, g, k, part, step, kind, has_values, then, seq](uint64_t restored) {
+            [self, g, k, kept, step, kind, has_values, seq](uint64_t restored) {
               if (g->failed)
                 return;
               auto next = std::min(step, restored);
               self->state.shard_step[k] = next;
-              push_shard(self, g, k, part, next, kind, has_values, then, seq);
+              push_shard(self, g, k, kept->part, next, kind, has_values, kept->then, seq);
             },
             [self, g, during](caf::error e) {
               if (g->failed)
@@ -292,9 +298,10 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
           fail(self, std::move(err), during());
       };
   if (st.direct) {
-    auto r = st.direct->push(s.aggregator, st.setup.index, step, part, wait,
+    auto r = st.direct->push(s.aggregator, st.setup.index, step, kept->part, wait,
                              static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq);
-    st.pushed = [answered, failed, r = std::move(r)]() mutable {
+    st.pushed = [answered = std::move(answered), failed = std::move(failed),
+                 r = std::move(r)]() mutable {
       if (r)
         answered(std::get<0>(*r), std::get<1>(*r), std::get<2>(*r));
       else
@@ -304,8 +311,9 @@ void push_shard(self_pointer self, std::shared_ptr<exchange_gather> g, size_t k,
     return;
   }
   self->request(st.links[k], caf::infinite, push_atom::value, s.aggregator, st.setup.index,
-                step, part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k], seq)
-    .then(answered, failed);
+                step, kept->part, wait, static_cast<uint8_t>(kind), st.local_step, st.tokens[k],
+                seq)
+    .then(std::move(answered), std::move(failed));
 }
 
 /// After a live switch between average and the other modes (a push refused

@@ -273,6 +273,7 @@ outcome<saved_variable> piece_of_checkpoint(const piece& p, const std::string& p
 
 std::vector<tensor> rows_for(const std::vector<piece>& pieces, const std::vector<tensor>& values) {
   std::vector<tensor> out;
+  out.reserve(pieces.size());
   for (const auto& p : pieces)
     out.push_back(slice_rows(values[p.param], p.row_begin, p.row_end));
   return out;
@@ -280,15 +281,25 @@ std::vector<tensor> rows_for(const std::vector<piece>& pieces, const std::vector
 
 graph_status take_pieces(const std::vector<piece>& pieces, const tensor& flat,
                          std::vector<tensor>& into) {
-  std::vector<shape_type> shapes;
+  // unflatten(flat, the pieces' shapes), each part put as it is cut: no
+  // vector of shapes nor of parts a step (a worker takes its answer so).
+  size_t total = 0;
   for (const auto& p : pieces)
-    shapes.push_back(p.shape);
-  auto parts = unflatten(flat, shapes);
-  if (!parts)
-    return parts.error();
-  for (size_t j = 0; j < pieces.size(); ++j)
-    if (auto ok = put_piece(pieces[j], std::move((*parts)[j]), into[pieces[j].param]); !ok)
+    total += static_cast<size_t>(num_elements(p.shape));
+  if (flat.type() != dtype::float32 || flat.num_elements() != total) {
+    std::vector<shape_type> shapes; // unflatten's own refusal
+    for (const auto& p : pieces)
+      shapes.push_back(p.shape);
+    auto parts = unflatten(flat, shapes);
+    return parts ? graph_status{std::monostate{}} : graph_status{parts.error()};
+  }
+  size_t first = 0;
+  for (const auto& p : pieces) {
+    auto part = pieces.size() == 1 ? flat.reshaped(p.shape) : flat.slice(first, p.shape);
+    first += static_cast<size_t>(num_elements(p.shape));
+    if (auto ok = put_piece(p, std::move(part), into[p.param]); !ok)
       return ok;
+  }
   return std::monostate{};
 }
 
