@@ -624,6 +624,12 @@ struct shm_setup_fails {
   shm_setup_fails& operator=(const shm_setup_fails&) = delete;
 };
 
+/// The same calls with every link on TCP: the bits the others must give.
+ring_results tcp_reference(store_fixture& f, uint32_t ranks, size_t n, const std::string& group) {
+  shm_switch off{"off"};
+  return run_calls(f, ranks, n, group, 5s);
+}
+
 } // namespace
 
 // Catches two ranks whose links took different transports: one direction in
@@ -637,11 +643,7 @@ TEST_CASE("two ranks whose shared memory fails on one side only both take TCP bo
           "[allreduce][shm]") {
   store_fixture f;
   const size_t n = 3000001;
-  ring_results tcp;
-  {
-    shm_switch off{"off"};
-    tcp = run_calls(f, 2, n, "fallback-tcp", 5s);
-  }
+  auto tcp = tcp_reference(f, 2, n, "fallback-tcp");
   shm_switch on{nullptr};
   for (uint32_t rank : {0u, 1u})
     for (const char* end : {"create", "open"}) {
@@ -679,11 +681,7 @@ TEST_CASE("in a ring of three, a link whose shared memory fails on one side stay
           "[allreduce][shm]") {
   store_fixture f;
   const size_t n = 3000001;
-  ring_results tcp;
-  {
-    shm_switch off{"off"};
-    tcp = run_calls(f, 3, n, "fallback3-tcp", 5s);
-  }
+  auto tcp = tcp_reference(f, 3, n, "fallback3-tcp");
   shm_switch on{nullptr};
   // rank 1's create fails: the link 1 -> 2; rank 0's open fails: the link 2 -> 0.
   for (auto [rank, end, writer] : {std::tuple{1u, "create", 1u}, std::tuple{0u, "open", 2u}}) {
