@@ -497,7 +497,9 @@ namespace {
 /// broadcast of gradient_of(rank, n), and how its links went.
 struct ring_results {
   std::vector<std::vector<float>> mean, sum, bcast;
-  std::vector<bool> shm_out, shm_in;
+  // One byte per rank, not std::vector<bool>: each rank's thread writes its
+  // own, and vector<bool>'s packed bits in one word lost some of them.
+  std::vector<uint8_t> shm_out, shm_in;
   std::vector<std::string> transport;
 };
 
