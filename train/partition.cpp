@@ -281,25 +281,32 @@ std::vector<tensor> rows_for(const std::vector<piece>& pieces, const std::vector
 
 graph_status take_pieces(const std::vector<piece>& pieces, const tensor& flat,
                          std::vector<tensor>& into) {
-  // unflatten(flat, the pieces' shapes), each part put as it is cut: no
-  // vector of shapes nor of parts a step (a worker takes its answer so).
+  // The common case as unflatten(flat, the pieces' shapes) would cut it,
+  // each part put as it is cut: no vector of shapes nor of parts a step (a
+  // worker takes its answer so).
   size_t total = 0;
   for (const auto& p : pieces)
     total += static_cast<size_t>(num_elements(p.shape));
-  if (flat.type() != dtype::float32 || flat.num_elements() != total) {
-    std::vector<shape_type> shapes; // unflatten's own refusal
-    for (const auto& p : pieces)
-      shapes.push_back(p.shape);
-    auto parts = unflatten(flat, shapes);
-    return parts ? graph_status{std::monostate{}} : graph_status{parts.error()};
+  if (flat.type() == dtype::float32 && flat.num_elements() == total) {
+    size_t first = 0;
+    for (const auto& p : pieces) {
+      auto part = pieces.size() == 1 ? flat.reshaped(p.shape) : flat.slice(first, p.shape);
+      first += static_cast<size_t>(num_elements(p.shape));
+      if (auto ok = put_piece(p, std::move(part), into[p.param]); !ok)
+        return ok;
+    }
+    return std::monostate{};
   }
-  size_t first = 0;
-  for (const auto& p : pieces) {
-    auto part = pieces.size() == 1 ? flat.reshaped(p.shape) : flat.slice(first, p.shape);
-    first += static_cast<size_t>(num_elements(p.shape));
-    if (auto ok = put_piece(p, std::move(part), into[p.param]); !ok)
+  // Anything else goes through unflatten, which names what arrived.
+  std::vector<shape_type> shapes;
+  for (const auto& p : pieces)
+    shapes.push_back(p.shape);
+  auto parts = unflatten(flat, shapes);
+  if (!parts)
+    return parts.error();
+  for (size_t j = 0; j < pieces.size(); ++j)
+    if (auto ok = put_piece(pieces[j], std::move((*parts)[j]), into[pieces[j].param]); !ok)
       return ok;
-  }
   return std::monostate{};
 }
 
