@@ -12,6 +12,7 @@
 #include "caf/all.hpp"
 
 #include "actors/node_watch.hpp"
+#include "core/parallel_ranges.hpp"
 #include "graph/evaluate.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/sparse.hpp"
@@ -361,18 +362,23 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
       old = before.data<float>();
     }
     float* var = value_.mutable_data<float>();
-    float buf[apply_block];
-    for (size_t offset = 0; offset < n; offset += apply_block) {
-      size_t len = std::min(apply_block, n - offset);
-      if (old != nullptr)
-        std::memcpy(var + offset, old + offset, len * sizeof(float));
-      const float* grad = source(offset, len, buf);
-      float* slots[2] = {slot_ptrs[0] ? slot_ptrs[0] + offset : nullptr,
-                         slot_ptrs[1] ? slot_ptrs[1] + offset : nullptr};
-      train::apply(opt, var + offset, slots, grad, len, step);
-      if (updated)
-        updated(offset, len, var + offset);
-    }
+    // A large variable's blocks are split across the cores: in a sync
+    // round every member waits for this pass (core/parallel_ranges.hpp).
+    // The blocks are independent, so the values are those of one pass.
+    parallel_ranges(n, apply_block, split_floats, [&](size_t from, size_t to) {
+      float buf[apply_block];
+      for (size_t offset = from; offset < to; offset += apply_block) {
+        size_t len = std::min(apply_block, to - offset);
+        if (old != nullptr)
+          std::memcpy(var + offset, old + offset, len * sizeof(float));
+        const float* grad = source(offset, len, buf);
+        float* slots[2] = {slot_ptrs[0] ? slot_ptrs[0] + offset : nullptr,
+                           slot_ptrs[1] ? slot_ptrs[1] + offset : nullptr};
+        train::apply(opt, var + offset, slots, grad, len, step);
+        if (updated)
+          updated(offset, len, var + offset);
+      }
+    });
   } catch (const std::bad_alloc&) {
     return out_of_memory(spec_, "gradient");
   }

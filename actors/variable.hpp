@@ -184,13 +184,20 @@ public:
   /// 16 KiB, so that the block is still in the core's cache when applied.
   static constexpr size_t apply_block = 4096;
 
+  /// Floats from which an update is split across the cores, per range
+  /// (core/parallel_ranges.hpp): 512 KiB, so a 1 M-float variable's update
+  /// runs on two threads or more and a small one's never pays a wake-up.
+  static constexpr size_t split_floats = size_t{1} << 17;
+
   /// apply_gradient of the `n` floats `fill` produces block by block, each
   /// applied as soon as it is made: a gradient computed from others (a sync
   /// round's mean) never goes through memory as a whole. The same values as
   /// apply_gradient of the whole, bit for bit (the optimizers are elementwise).
   /// `updated(offset, n, values)`, if given, sees each block's new values
   /// right after its update, while they are in cache (the sync round copies
-  /// them into the flat parameters it answers with).
+  /// them into the flat parameters it answers with). From split_floats x 2
+  /// floats on, both are called on several threads at once, each for its
+  /// own blocks: they must only read shared state and write their blocks.
   using block_updated = std::function<void(size_t offset, size_t n, const float* values)>;
   caf::error apply_gradient_by(const train::optimizer_spec& opt, const gradient_fill& fill,
                                size_t n, uint64_t step, const block_updated& updated = nullptr);

@@ -15,6 +15,7 @@
 #include "actors/node.hpp"
 #include "actors/system.hpp"
 #include "actors/variable.hpp"
+#include "core/parallel_ranges.hpp"
 #include "kernels/kernels.hpp"
 #include "messages/error.hpp"
 #include "train/optimizer.hpp"
@@ -271,6 +272,66 @@ TEST_CASE("an update while a reader holds the value goes to a fresh buffer: the 
     REQUIRE(y);
     CHECK(std::memcmp(x->data<float>(), y->data<float>(), n * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("a large variable's update split across the cores has the bits of one pass over it, "
+          "with or without a reader holding the value",
+          "[variable][parallel]") {
+  // Catches: a split update (core/parallel_ranges, from 2 x split_floats)
+  // skipping or doubling blocks at a range's edge, a range's short last
+  // block, the slots or the copy on write taken per range wrongly, or the
+  // fill and the block callback given another range's offsets. The
+  // reference is train::apply over the whole array in one call.
+  auto kind = GENERATE(as<std::string>{}, "sgd", "momentum", "adam");
+  const bool held_by_reader = GENERATE(false, true);
+  CAPTURE(kind, held_by_reader);
+  train::optimizer_spec opt;
+  opt.kind = kind;
+  opt.lr = 0.01;
+  const size_t n = 2 * variable_cell::split_floats + 3 * variable_cell::apply_block + 5;
+  std::vector<float> grad(n), ref(n);
+  for (size_t i = 0; i < n; ++i) {
+    grad[i] = std::sin(static_cast<float>(i) * 0.3f);
+    ref[i] = std::cos(static_cast<float>(i) * 0.1f);
+  }
+  variable_cell cell = make({static_cast<int64_t>(n)});
+  tensor start{dtype::float32, {static_cast<int64_t>(n)}};
+  std::memcpy(start.mutable_data<float>(), ref.data(), n * sizeof(float));
+  REQUIRE(cell.apply(var_op::assign, start, false));
+  auto names = train::slot_names(kind);
+  std::vector<std::vector<float>> slots;
+  for (size_t k = 0; k < names.size(); ++k)
+    slots.emplace_back(n, train::slot_initial_value(opt, k));
+  std::vector<float*> slot_ptrs;
+  for (auto& s : slots)
+    slot_ptrs.push_back(s.data());
+  std::vector<float> copied(n, -1.0f); // what the block callback saw
+  const size_t splits_before = parallel_splits();
+  for (uint64_t step = 0; step < 3; ++step) {
+    tensor held;
+    if (held_by_reader)
+      REQUIRE_FALSE(cell.share_value(held, n));
+    REQUIRE_FALSE(cell.apply_gradient_by(
+      opt, [&](size_t offset, size_t len, float* out) {
+        std::memcpy(out, grad.data() + offset, len * sizeof(float));
+      },
+      n, step,
+      [&](size_t offset, size_t len, const float* values) {
+        std::memcpy(copied.data() + offset, values, len * sizeof(float));
+      }));
+    train::apply(opt, ref.data(), slot_ptrs.data(), grad.data(), n, step);
+  }
+  auto after = cell.apply(var_op::read, tensor{}, true);
+  REQUIRE(after);
+  CHECK(std::memcmp(after->value.data<float>(), ref.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(copied.data(), ref.data(), n * sizeof(float)) == 0);
+  for (size_t k = 0; k < names.size(); ++k) {
+    auto s = cell.slot(names[k]);
+    REQUIRE(s);
+    CHECK(std::memcmp(s->data<float>(), slots[k].data(), n * sizeof(float)) == 0);
+  }
+  if (parallel_threads() > 1)
+    CHECK(parallel_splits() == splits_before + 3); // each update was split
 }
 
 TEST_CASE("shapes that overflow or cannot be allocated are errors naming the variable, not crashes",

@@ -1,0 +1,56 @@
+#pragma once
+/// A large elementwise pass (a ps's update of a 1 M-float variable: the
+/// round's mean, the optimizer, the copy into the answer) split across the
+/// cores. In a sync round every member waits for that pass, so on one core
+/// it is the round's critical path while the others idle: on the 2-vCPU Xeon
+/// the 1 M sync job ran about 10 % more steps a second with the pass halved
+/// (docs/performance.md, "The update split across the cores").
+///
+/// A few helper threads, made on first use and kept for the process, each
+/// take one contiguous range; the caller takes the first. One split runs at a
+/// time: a caller that finds the helpers busy (another variable's update on
+/// another thread) runs its whole range itself, so nothing ever waits for a
+/// helper that is not working for it. Results cannot depend on the split when
+/// `fn`'s ranges are independent (elementwise work): the callers' own tests
+/// hold them to the one-range result bit for bit.
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+namespace af {
+
+/// Threads a split uses, the caller's included: ACTORFLOW_UPDATE_THREADS if
+/// set (1 turns splitting off; at most 8), else the hardware's cores, at most
+/// 4. Read once per process.
+size_t parallel_threads();
+
+/// Calls `fn(from, to)` on ranges that cover [0, n) once each, on up to
+/// parallel_threads() threads, at most n / min_range of them (so n below
+/// 2 x min_range is one call on the caller's thread): the ranges are of
+/// equal length, a multiple of `grain`, but the last. `fn` is called on
+/// several threads at once, each with its own range. Returns once every
+/// range is done; an exception from a range is thrown here, after every
+/// range has ended (one of them, if several threw).
+template <class Fn>
+void parallel_ranges(size_t n, size_t grain, size_t min_range, Fn&& fn);
+
+/// parallel_ranges' untyped form (no allocation per call, as a
+/// std::function of a capturing lambda would make): `call(context, from, to)`.
+using range_call = void (*)(void* context, size_t from, size_t to);
+void parallel_ranges_of(size_t n, size_t grain, size_t min_range, range_call call,
+                        void* context);
+
+/// How many splits parallel_ranges ran on more than one thread, in this
+/// process so far (tests and benches see whether a pass was split).
+size_t parallel_splits();
+
+template <class Fn>
+void parallel_ranges(size_t n, size_t grain, size_t min_range, Fn&& fn) {
+  using F = std::remove_reference_t<Fn>;
+  parallel_ranges_of(
+    n, grain, min_range,
+    [](void* context, size_t from, size_t to) { (*static_cast<F*>(context))(from, to); },
+    const_cast<void*>(static_cast<const void*>(std::addressof(fn))));
+}
+
+} // namespace af
