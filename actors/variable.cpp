@@ -342,7 +342,7 @@ void variable_cell::use_slots(const train::optimizer_spec& opt, float* (&out)[2]
 
 template <class Source>
 caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
-                                       uint64_t step, const block_updated& updated) {
+                                       uint64_t step, const block_updated& updated, bool spread) {
   std::lock_guard<std::mutex> guard{mtx_};
   if (auto err = check_floats(n, "gradient"))
     return err;
@@ -362,10 +362,11 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
       old = before.data<float>();
     }
     float* var = value_.mutable_data<float>();
-    // A large variable's blocks are split across the cores: in a sync
-    // round every member waits for this pass (core/parallel_ranges.hpp).
+    // Spread: a large variable's blocks split across the cores, since every
+    // member of a sync round waits for this pass (core/parallel_ranges.hpp).
     // The blocks are independent, so the values are those of one pass.
-    parallel_ranges(n, apply_block, split_floats, [&](size_t from, size_t to) {
+    constexpr size_t no_split = std::numeric_limits<size_t>::max();
+    parallel_ranges(n, apply_block, spread ? split_floats : no_split, [&](size_t from, size_t to) {
       float buf[apply_block];
       for (size_t offset = from; offset < to; offset += apply_block) {
         size_t len = std::min(apply_block, to - offset);
@@ -389,19 +390,20 @@ caf::error variable_cell::apply_blocks(const train::optimizer_spec& opt, Source&
 caf::error variable_cell::apply_gradient(const train::optimizer_spec& opt, const float* grad,
                                          size_t n, uint64_t step) {
   return apply_blocks(
-    opt, [grad](size_t offset, size_t, float*) { return grad + offset; }, n, step, nullptr);
+    opt, [grad](size_t offset, size_t, float*) { return grad + offset; }, n, step, nullptr,
+    false);
 }
 
 caf::error variable_cell::apply_gradient_by(const train::optimizer_spec& opt,
                                             const gradient_fill& fill, size_t n, uint64_t step,
-                                            const block_updated& updated) {
+                                            const block_updated& updated, bool spread) {
   return apply_blocks(
     opt,
     [&fill](size_t offset, size_t len, float* buf) -> const float* {
       fill(offset, len, buf);
       return buf;
     },
-    n, step, updated);
+    n, step, updated, spread);
 }
 
 caf::error variable_cell::apply_sparse_gradient(const train::optimizer_spec& opt,

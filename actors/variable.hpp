@@ -184,9 +184,10 @@ public:
   /// 16 KiB, so that the block is still in the core's cache when applied.
   static constexpr size_t apply_block = 4096;
 
-  /// Floats from which an update is split across the cores, per range
-  /// (core/parallel_ranges.hpp): 512 KiB, so a 1 M-float variable's update
-  /// runs on two threads or more and a small one's never pays a wake-up.
+  /// Floats from which a spread update is split across the cores, per
+  /// range (core/parallel_ranges.hpp): 512 KiB, so a 1 M-float variable's
+  /// update runs on two threads or more and a small one's never pays a
+  /// wake-up.
   static constexpr size_t split_floats = size_t{1} << 17;
 
   /// apply_gradient of the `n` floats `fill` produces block by block, each
@@ -195,12 +196,17 @@ public:
   /// apply_gradient of the whole, bit for bit (the optimizers are elementwise).
   /// `updated(offset, n, values)`, if given, sees each block's new values
   /// right after its update, while they are in cache (the sync round copies
-  /// them into the flat parameters it answers with). From split_floats x 2
-  /// floats on, both are called on several threads at once, each for its
+  /// them into the flat parameters it answers with). With `spread` (a sync
+  /// round's update, which every member waits for) a variable of
+  /// split_floats x 2 floats or more is updated on several threads at once
+  /// (core/parallel_ranges.hpp), `fill` and `updated` called on each for its
   /// own blocks: they must only read shared state and write their blocks.
+  /// Not in async, where the workers compute meanwhile: there a helper's
+  /// core is a worker's (on 2 vCPUs async ran slower split).
   using block_updated = std::function<void(size_t offset, size_t n, const float* values)>;
   caf::error apply_gradient_by(const train::optimizer_spec& opt, const gradient_fill& fill,
-                               size_t n, uint64_t step, const block_updated& updated = nullptr);
+                               size_t n, uint64_t step, const block_updated& updated = nullptr,
+                               bool spread = false);
 
   /// Sets the value from `n` floats (parameter averaging), keeping the slots.
   caf::error assign_floats(const float* data, size_t n);
@@ -257,7 +263,7 @@ private:
   /// gradient's floats [offset, offset + len), in `buf` or elsewhere.
   template <class Source>
   caf::error apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
-                          uint64_t step, const block_updated& updated);
+                          uint64_t step, const block_updated& updated, bool spread);
   /// The first try's result if the update `request_id` was applied before
   /// (mtx_ held), else nullopt; `what` names the update in an error.
   std::optional<caf::expected<applied>> replay(uint64_t request_id, bool want_value,

@@ -229,12 +229,14 @@ caf::error update_all_by_mean(self_pointer self, const update_what& what, tensor
       copy = [to = dst + base](size_t offset, size_t n, const float* values) {
         std::memcpy(to + offset, values, n * sizeof(float));
       };
+    // Spread across the cores: every member of the round waits for it.
+    // mean_into only reads the round, and `copy` writes its own blocks.
     return cell.apply_gradient_by(
       st.spec.optimizer,
       [&st, base](size_t offset, size_t n, float* out) {
         st.round.mean_into(base + offset, n, out);
       },
-      st.sizes[i], st.global_step, copy);
+      st.sizes[i], st.global_step, copy, true);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -52,11 +53,10 @@ TEST_CASE("parallel_ranges covers every index once, in at most one range per thr
   // for a third range no helper took: the caller waited for good), and a
   // split that never reaches a second thread.
   const size_t threads = parallel_threads();
+  using sizes = std::tuple<size_t, size_t, size_t>; // n, grain, min_range
   auto [n, grain, min_range] =
-    GENERATE(std::tuple<size_t, size_t, size_t>{11, 1, 1}, std::tuple<size_t, size_t, size_t>{7, 1, 1},
-             std::tuple<size_t, size_t, size_t>{1'000'003, 4096, 1 << 17},
-             std::tuple<size_t, size_t, size_t>{(1 << 18) + 1, 4096, 1 << 17},
-             std::tuple<size_t, size_t, size_t>{12'289, 4096, 1});
+    GENERATE(sizes{11, 1, 1}, sizes{7, 1, 1}, sizes{1'000'003, 4096, 1 << 17},
+             sizes{(1 << 18) + 1, 4096, 1 << 17}, sizes{12'289, 4096, 1});
   CAPTURE(n, grain, min_range, threads);
   seen_ranges seen;
   const size_t before = parallel_splits();
@@ -79,9 +79,10 @@ TEST_CASE("parallel_ranges runs a pass below two ranges' worth as one call on th
   // split), or a split into ranges shorter than asked for.
   seen_ranges seen;
   const size_t before = parallel_splits();
-  parallel_ranges((1 << 18) - 1, 4096, 1 << 17, [&](size_t from, size_t to) { seen.add(from, to); });
+  const size_t n = (1 << 18) - 1;
+  parallel_ranges(n, 4096, 1 << 17, [&](size_t from, size_t to) { seen.add(from, to); });
   REQUIRE(seen.ranges.size() == 1);
-  CHECK(seen.ranges[0] == std::pair<size_t, size_t>{0, (1 << 18) - 1});
+  CHECK(seen.ranges[0] == std::pair<size_t, size_t>{0, n});
   CHECK(*seen.threads.begin() == std::this_thread::get_id());
   CHECK(parallel_splits() == before);
   parallel_ranges(0, 4096, 1, [&](size_t, size_t) { seen.add(0, 0); });

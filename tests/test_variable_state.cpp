@@ -274,8 +274,9 @@ TEST_CASE("an update while a reader holds the value goes to a fresh buffer: the 
   }
 }
 
-TEST_CASE("a large variable's update split across the cores has the bits of one pass over it, "
-          "with or without a reader holding the value",
+TEST_CASE("a large variable's spread update (a sync round's) split across the cores has the "
+          "bits of one pass over it, with or without a reader holding the value, and async's is "
+          "not split",
           "[variable][parallel]") {
   // Catches: a split update (core/parallel_ranges, from 2 x split_floats)
   // skipping or doubling blocks at a range's edge, a range's short last
@@ -318,7 +319,8 @@ TEST_CASE("a large variable's update split across the cores has the bits of one 
       n, step,
       [&](size_t offset, size_t len, const float* values) {
         std::memcpy(copied.data() + offset, values, len * sizeof(float));
-      }));
+      },
+      true));
     train::apply(opt, ref.data(), slot_ptrs.data(), grad.data(), n, step);
   }
   auto after = cell.apply(var_op::read, tensor{}, true);
@@ -332,6 +334,9 @@ TEST_CASE("a large variable's update split across the cores has the bits of one 
   }
   if (parallel_threads() > 1)
     CHECK(parallel_splits() == splits_before + 3); // each update was split
+  // Not spread (async's apply_gradient, while the workers compute): one pass.
+  REQUIRE_FALSE(cell.apply_gradient(opt, grad.data(), n, 3));
+  CHECK(parallel_splits() == splits_before + 3);
 }
 
 TEST_CASE("shapes that overflow or cannot be allocated are errors naming the variable, not crashes",
