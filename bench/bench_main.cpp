@@ -89,9 +89,9 @@ int main_body(int argc, char** argv) {
     return rc;
   CLI::App app{"actorflow-bench: actorflow against the raw socket, measured in the same run"};
   const std::vector<std::string> core_metrics{
-    "remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read", "fanin_8x4mib",
-    "node_rss_64mib",        "local_read_rtt",      "gemm_2048_cpu",     "gemm_4096_gpu",
-    "elementwise_gpu"};
+    "remote_assign_add_rtt", "tensor_64mib_assign", "tensor_64mib_read",  "fanin_8x4mib",
+    "node_rss_64mib",        "local_read_rtt",      "gemm_2048_cpu",      "nonfinite_check_1m",
+    "gemm_4096_gpu",         "elementwise_gpu"};
   const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls",
                                              "event_loop_prototype"};
   const std::vector<std::string> local_metrics{"remote_assign_add_rtt_local",

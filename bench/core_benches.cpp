@@ -3,7 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -22,6 +24,7 @@
 #include "core/child_process.hpp"
 #include "dist/embedded_cluster.hpp"
 #include "kernels/kernels.hpp"
+#include "train/optimizer.hpp"
 
 namespace af::bench {
 
@@ -256,6 +259,51 @@ int gemm_2048_cpu(ps_bench& c) {
   return 0;
 }
 
+/// The non-finite check as written by hand for the baseline ISA (SSE2 on
+/// x86-64): train::first_non_finite's loop, without its AVX2 version.
+size_t first_non_finite_baseline(const float* data, size_t n) {
+  uint32_t carry = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data + i, sizeof(bits));
+    carry |= (bits & 0x7f800000u) + 0x00800000u;
+  }
+  return (carry & 0x80000000u) == 0 ? n : 0;
+}
+
+int nonfinite_check_1m(ps_bench& c) {
+  // The check every push gets twice (worker and ps): 1 M floats (a 1 M
+  // push, in cache as a push just written is), train::first_non_finite (its
+  // AVX2 version where the CPU has it) against the same loop built for the
+  // baseline ISA, alternating, median GB/s of each.
+  const size_t n = 1'000'000;
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(i % 1000) * 0.001f - 0.5f;
+  std::vector<double> ours, base;
+  size_t found = 0;
+  auto gbs = [&](auto&& check) {
+    constexpr int passes = 50;
+    auto t0 = clock_type::now();
+    for (int k = 0; k < passes; ++k) {
+      asm volatile("" : : "r"(v.data()) : "memory"); // each pass reads the floats again
+      found += check(v.data(), n);
+    }
+    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    return passes * n * sizeof(float) / 1e9 / s;
+  };
+  for (int i = 0; i < std::max(c.reps, 5); ++i) {
+    ours.push_back(gbs(af::train::first_non_finite));
+    base.push_back(gbs(first_non_finite_baseline));
+  }
+  if (found != 2 * n * 50 * ours.size())
+    return std::cerr << "actorflow-bench: the checks found a non-finite float in finite data"
+                     << std::endl,
+           1;
+  report("nonfinite_check_1m", median(ours), median(base), "GB/s");
+  return 0;
+}
+
 int gpu_benches(ps_bench& c) {
   auto& opts = c.opts;
   auto& wanted = c.wanted;
@@ -374,6 +422,9 @@ int core_benches(const std::function<bool(const std::string&)>& wanted, af::node
       return rc;
   if (wanted("gemm_2048_cpu"))
     if (int rc = gemm_2048_cpu(c))
+      return rc;
+  if (wanted("nonfinite_check_1m"))
+    if (int rc = nonfinite_check_1m(c))
       return rc;
 
   bool gpu_metrics = wanted("gemm_4096_gpu") || wanted("elementwise_gpu");

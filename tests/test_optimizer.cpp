@@ -164,6 +164,17 @@ TEST_CASE("first_non_finite finds NaN and Inf, and nothing in finite data", "[op
   REQUIRE(train::first_non_finite(v.data(), v.size()) == v.size());
   v[1002] = std::numeric_limits<float>::infinity();
   REQUIRE(train::first_non_finite(v.data(), v.size()) == 1002);
+  // Every position of short arrays at every start alignment: the version
+  // the CPU runs (AVX2 or SSE2, chosen at load time) has a vector body and a
+  // tail, and a NaN at their seam or in a 1-float tail must be found.
+  std::vector<float> w(80, 0.5f);
+  for (size_t start = 0; start < 8; ++start)
+    for (size_t n = 1; n + start <= 72; ++n)
+      for (size_t bad = 0; bad < n; bad += (n > 20 ? 7 : 1)) {
+        w[start + bad] = std::numeric_limits<float>::quiet_NaN();
+        CHECK(train::first_non_finite(w.data() + start, n) == bad);
+        w[start + bad] = 0.5f;
+      }
 }
 
 TEST_CASE("flatten and unflatten round trip, one part is not copied", "[optimizer]") {
