@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "train/elementwise.hpp"
+
 namespace af {
 
 template <class Ticket>
@@ -226,21 +228,18 @@ public:
       size_t i = part_of(v, offset);
       return v.parts[i] + (offset - v.offsets[i]);
     };
+    // The loops are train/elementwise's (built for AVX2 too, the same bits).
     if (sources == 1) {
-      const float* a = source(0);
-      for (size_t k = 0; k < n; ++k)
-        out[k] = a[k] * scale; // scale is 1 for one contribution: a copy
+      train::scaled_into(source(0), scale, out, n); // scale is 1 for one contribution: a copy
       return;
     }
     const float* a = source(0);
     for (size_t j = 1; j < sources; ++j) {
       const float* b = source(j);
       if (j + 1 == sources)
-        for (size_t k = 0; k < n; ++k)
-          out[k] = (a[k] + b[k]) * scale;
+        train::add_scaled_into(a, b, scale, out, n);
       else
-        for (size_t k = 0; k < n; ++k)
-          out[k] = a[k] + b[k];
+        train::add_into(a, b, out, n);
       a = out;
     }
   }

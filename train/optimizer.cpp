@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/prefetch.hpp"
+#include "core/simd_clones.hpp"
 
 namespace af::train {
 
@@ -85,8 +86,10 @@ void apply(const step_constants& c, float* var, float* const* slots, const float
   apply_into(c, var, slots, var, slots, grad, n); // in place: the old values are the new ones' buffers
 }
 
-void apply_into(const step_constants& c, const float* old_var, const float* const* old_slots,
-                float* var, float* const* slots, const float* grad, size_t n) {
+// Built for AVX2 as well, without FMA (core/simd_clones.hpp): the same bits.
+AF_SIMD_CLONES void apply_into(const step_constants& c, const float* old_var,
+                               const float* const* old_slots, float* var, float* const* slots,
+                               const float* grad, size_t n) {
   // The optimizers' formulas (apply() is this one in place): each
   // element's old value read, then its new one written.
   const float lr = c.lr;
@@ -159,17 +162,10 @@ void apply_rows(const optimizer_spec& s, float* var, float* const* slots, size_t
 
 // The check reads every float of every push twice a step (the worker's own
 // gradient, then the ps's copy): 18 % of a worker's and 24 % of the ps's CPU
-// in the 1 M sync job. Built for AVX2 as well, chosen at load time where the
-// CPU has it (8 floats an instruction instead of SSE2's 4): about a quarter
-// faster on the 2-vCPU Xeon (docs/performance.md, "The non-finite check in
-// AVX2"). Integer operations only, so every version gives the same answer.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define AF_CHECK_CLONES __attribute__((target_clones("default", "avx2")))
-#else
-#define AF_CHECK_CLONES
-#endif
-
-AF_CHECK_CLONES size_t first_non_finite(const float* data, size_t n) {
+// in the 1 M sync job. Built for AVX2 as well (core/simd_clones.hpp): 1.7x
+// the SSE2 loop's speed on the 2-vCPU Xeon (docs/performance.md, "The
+// non-finite check in AVX2"). Integer operations: every version agrees.
+AF_SIMD_CLONES size_t first_non_finite(const float* data, size_t n) {
   // A float is non-finite iff its exponent bits are all ones; adding one to
   // that exponent carries into the sign bit then, and only then. Integer
   // and/add/or vectorize (a float sum would not: its order is fixed), so the
