@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -80,26 +81,37 @@ struct pool {
   }
 
   /// Starts the helpers once (turn held); false if the system would not.
+  /// Allocates nothing once they run (ranges reserved here): a split cannot
+  /// fail for want of memory after its caller began writing (apply_blocks'
+  /// fresh buffer, copy on write, would be left unwritten).
   bool started(size_t wanted) {
     if (helpers >= wanted)
       return true;
     if (start_failed)
       return false;
     try {
+      {
+        std::lock_guard<std::mutex> lock{mtx}; // a helper reads ranges meanwhile
+        ranges.reserve(wanted + 1);
+      }
       while (helpers < wanted) {
         std::thread{[this, index = helpers + 1] { serve(index); }}.detach();
         ++helpers;
       }
     } catch (const std::system_error&) {
       start_failed = true; // out of threads: every split runs on its caller
+    } catch (const std::bad_alloc&) {
+      return false; // this split runs on its caller; a later one tries again
     }
     return helpers >= wanted;
   }
 };
 
 pool& the_pool() {
+  // In static storage, not from new: making it cannot throw bad_alloc.
+  alignas(pool) static unsigned char storage[sizeof(pool)];
   static pool& p = [] () -> pool& {
-    auto* made = new pool;
+    auto* made = new (storage) pool;
     pthread_atfork(nullptr, nullptr, [] { the_pool().forked = true; });
     return *made;
   }();

@@ -3,7 +3,8 @@
 /// round's mean, the optimizer, the copy into the answer) split across the
 /// cores. In a sync round every member waits for that pass, so on one core
 /// it is the round's critical path while the others idle: on the 2-vCPU Xeon
-/// the 1 M sync job ran about 10 % more steps a second with the pass halved
+/// the 1 M sync job ran about 11 % (shared memory) and 4 % (TCP) more steps a
+/// second with the pass halved
 /// (docs/performance.md, "The update split across the cores").
 ///
 /// A few helper threads, made on first use and kept for the process, each

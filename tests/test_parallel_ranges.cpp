@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -10,6 +11,11 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/parallel_ranges.hpp"
 
@@ -139,4 +145,54 @@ TEST_CASE("parallel_ranges from several threads at once: each call covers its ow
     CAPTURE(c);
     CHECK(std::all_of(hits[c].begin(), hits[c].end(), [](unsigned char h) { return h == rounds; }));
   }
+}
+
+TEST_CASE("a child of fork() after a split runs its own splits on its caller, not waiting for the "
+          "parent's helpers, which it does not have",
+          "[parallel]") {
+  // Catches: the pthread_atfork mark lost, so that the child hands ranges to
+  // helpers that exist only in the parent and waits for them for good.
+  ::setenv("ACTORFLOW_UPDATE_THREADS", "2", 0); // a helper even on one core, if read first here
+  if (parallel_threads() < 2) {
+    WARN("ACTORFLOW_UPDATE_THREADS=1: no helpers, nothing to check");
+    return;
+  }
+  const size_t n = 1 << 19;
+  std::vector<unsigned char> hits(n);
+  auto pass = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i)
+      hits[i] += 1;
+  };
+  const size_t before = parallel_splits();
+  parallel_ranges(n, 4096, 1 << 17, pass); // the parent's helpers now exist
+  REQUIRE(parallel_splits() == before + 1);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) { // only what is safe after fork: no allocation, no Catch
+    ::close(fds[0]);
+    parallel_ranges(n, 4096, 1 << 17, pass);
+    char ok = std::all_of(hits.begin(), hits.end(), [](unsigned char h) { return h == 2; }) ? 'y'
+                                                                                           : 'n';
+    ssize_t w = ::write(fds[1], &ok, 1);
+    ::_exit(w == 1 ? 0 : 1);
+  }
+  ::close(fds[1]);
+  pollfd pfd{fds[0], POLLIN, 0};
+  int ready = ::poll(&pfd, 1, 20000); // the child's pass takes milliseconds
+  char got = 0;
+  if (ready == 1)
+    REQUIRE(::read(fds[0], &got, 1) >= 0);
+  else
+    ::kill(child, SIGKILL);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(ready == 1); // else the child waited for helpers it does not have
+  CHECK(got == 'y');
+  // The parent's helpers still work.
+  parallel_ranges(n, 4096, 1 << 17, pass);
+  CHECK(parallel_splits() == before + 2);
+  CHECK(std::all_of(hits.begin(), hits.end(), [](unsigned char h) { return h == 2; }));
 }

@@ -83,7 +83,7 @@ void store_and_forward(model& m, const train::optimizer_spec& opt,
     size_t n = cell->spec().shape[0];
     REQUIRE_FALSE(cell->apply_gradient_by(
       opt, [&](size_t offset, size_t k, float* out) { round.mean_into(base + offset, k, out); },
-      n, step));
+      n, step, nullptr, true)); // spread, as update_all_by_mean: w is split across the cores
     base += n;
   }
 }
