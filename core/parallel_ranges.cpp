@@ -37,6 +37,9 @@ size_t threads_from_environment() {
   return static_cast<size_t>(k);
 }
 
+/// Set in a child of fork(): it has none of its parent's helpers.
+std::atomic<bool> forked_child{false};
+
 /// The helpers and the one split they work on. Never destroyed: a helper
 /// may still sleep in it while the process exits.
 struct pool {
@@ -52,7 +55,6 @@ struct pool {
   size_t pending = 0;
   std::exception_ptr error;
   std::atomic<size_t> splits{0};
-  std::atomic<bool> forked{false}; // a child of fork() has none of the helpers
 
   void serve(size_t index) {
     uint64_t seen = 0;
@@ -112,7 +114,11 @@ pool& the_pool() {
   alignas(pool) static unsigned char storage[sizeof(pool)];
   static pool& p = [] () -> pool& {
     auto* made = new (storage) pool;
-    pthread_atfork(nullptr, nullptr, [] { the_pool().forked = true; });
+    // The child's handler touches only an atomic (not the_pool(), whose
+    // one-time setup another thread may be in at the fork). Without the
+    // handler a child could wait for helpers it does not have: no splits.
+    if (pthread_atfork(nullptr, nullptr, [] { forked_child.store(true); }) != 0)
+      made->start_failed = true;
     return *made;
   }();
   return p;
@@ -141,7 +147,7 @@ void parallel_ranges_of(size_t n, size_t grain, size_t min_range, range_call cal
   }
   auto& p = the_pool();
   std::unique_lock<std::mutex> turn{p.turn, std::defer_lock};
-  if (p.forked.load() || !turn.try_lock() || !p.started(parts - 1)) {
+  if (forked_child.load() || !turn.try_lock() || !p.started(parts - 1)) {
     fn(0, n); // the helpers work for another caller, or are not there
     return;
   }
