@@ -14,13 +14,24 @@
 #include <vector>
 
 #include <pthread.h>
+#include <sched.h>
 
 namespace af {
 
 namespace {
 
+/// The cores this process may run on (its affinity mask: taskset, a
+/// container's cpuset), else the machine's.
+size_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return static_cast<size_t>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 size_t threads_from_environment() {
-  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t cores = usable_cores();
   const size_t automatic = std::min<size_t>(cores, 4);
   const char* v = std::getenv("ACTORFLOW_UPDATE_THREADS");
   if (v == nullptr || *v == '\0')

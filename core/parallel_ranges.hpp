@@ -21,7 +21,8 @@
 namespace af {
 
 /// Threads a split uses, the caller's included: ACTORFLOW_UPDATE_THREADS if
-/// set (1 turns splitting off; at most 8), else the hardware's cores, at most
+/// set (1 turns splitting off; at most 8), else the cores this process may
+/// run on (its affinity: taskset, a container's cpuset), at most
 /// 4. Read once per process.
 size_t parallel_threads();
 
