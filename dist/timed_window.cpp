@@ -6,6 +6,7 @@
 
 #include "actors/blocking_ask.hpp"
 #include "core/log.hpp"
+#include "dist/job_setup.hpp"
 #include "messages/aggregator.hpp"
 #include "messages/atoms.hpp"
 #include "messages/error.hpp"
@@ -18,6 +19,9 @@ using steady = std::chrono::steady_clock;
 
 /// How often the watch looks at ps 0 (before the warm-up) and at the user's stop.
 constexpr std::chrono::milliseconds tick{10};
+
+/// How long a request to the chief's store waits for any answer.
+constexpr std::chrono::milliseconds kv_wait{5000};
 
 /// What changed on ps 0 between `from` (the warm-up's start) and `to` (the
 /// window's end) that makes the window another measurement than the
@@ -69,7 +73,7 @@ timed_window::timed_window(session& s, const train::train_config& c, uint32_t ta
     task_(task),
     workers_(workers),
     ps0_(std::move(ps0)),
-    client_(s.system(), std::move(store), std::chrono::milliseconds{5000}),
+    client_(std::in_place, s.system(), std::move(store), kv_wait),
     incarnation_(incarnation),
     user_stop_(std::move(user_stop)) {
   if (task == 0)
@@ -218,10 +222,28 @@ void timed_window::run_chief() {
 }
 
 void timed_window::break_off() {
-  if (auto err = client_.put(stop_key(incarnation_), "stop"))
+  if (auto err = client_->put(stop_key(incarnation_), "stop"))
     log::get()->warn("chief: could not tell the other workers that the timed window ended: {}",
                      describe(err));
   say_stop();
+}
+
+bool timed_window::look_up_store() {
+  if (!relink_) {
+    session_options so;
+    so.timeout = kv_wait;
+    so.connect_timeout = kv_wait;
+    auto own = session::make(s_.system(), s_.cluster(), "/job:worker/task:" + std::to_string(task_),
+                             so);
+    if (!own)
+      return false;
+    relink_.emplace(std::move(*own));
+  }
+  auto chief = chief_store_of(*relink_);
+  if (!chief || chief->incarnation != incarnation_)
+    return false; // gone, stuck, or another chief: the callers say so
+  client_.emplace(s_.system(), chief->store, kv_wait);
+  return true;
 }
 
 void timed_window::run_other() {
@@ -234,12 +256,24 @@ void timed_window::run_other() {
   std::string last_error;
   for (;;) {
     // The store answers a get once the key is there, or at the get's timeout.
-    auto word = client_.get(stop_key(incarnation_), std::chrono::milliseconds{200});
+    auto asked = steady::now();
+    auto word = client_->get(stop_key(incarnation_), std::chrono::milliseconds{200});
     if (word) {
       say_stop();
       return;
     }
-    if (is(word.error(), af_error::peer_down) || is(word.error(), af_error::unreachable)) {
+    bool down = is(word.error(), af_error::peer_down) || is(word.error(), af_error::unreachable);
+    // No answer at all (not the store's own "not yet" after 200 ms): the
+    // handle may reach nothing, as a down one. This worker's CAF link to the
+    // chief breaks when it is stopped past connection_timeout_ms, the chief
+    // living on; the old handle went with the link (its requests then fail,
+    // or go unanswered), so the store is looked up anew, once per failure.
+    if ((down || steady::now() - asked >= kv_wait) && look_up_store()) {
+      log::get()->info("worker {}: looked the chief's key-value store up again ({})", task_,
+                       describe(word.error()));
+      continue;
+    }
+    if (down) {
       auto msg = fmt::format(
         "worker {}: the chief (/job:worker/task:0), whose key-value store says when the timed "
         "window ends, is gone ({}): this worker stops; the window's figures are the chief's, "

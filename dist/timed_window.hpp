@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -95,13 +96,18 @@ private:
   void stop_for(caf::error why);
   /// How long the chief waits for every worker's first step.
   std::chrono::milliseconds start_limit() const;
+  /// The others: the chief's store looked up anew (client_), through a
+  /// session of this thread's own; false if the chief does not answer, or
+  /// answers as another process.
+  bool look_up_store();
 
   session& s_;
   train::train_config c_;
   uint32_t task_;
   uint32_t workers_;
   aggregator_actor ps0_;
-  kv_client client_;
+  std::optional<kv_client> client_; ///< replaced by look_up_store()
+  std::optional<session> relink_;    ///< look_up_store()'s, made on its first use
   uint64_t incarnation_;
   std::shared_ptr<const std::atomic<bool>> user_stop_;
   std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);

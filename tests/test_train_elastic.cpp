@@ -333,6 +333,38 @@ TEST_CASE("a timed window whose ps stops answering at its end ends the job cut s
   CHECK(out.find("window=measured") == std::string::npos);
 }
 
+// Catches a worker whose CAF link to the chief broke while it was stopped
+// past connection_timeout_ms during a timed window, and that, woken, took
+// the chief's key-value store (its old handle went with the link) for a
+// chief that is gone: it exited 1, telling the user to restart every task,
+// while the chief and the ps ran on (docs/training.md: such a worker joins
+// the aggregator again and goes on).
+TEST_CASE("a worker stopped past connection_timeout_ms during a timed window goes on after "
+          "SIGCONT and every task exits 0",
+          "[train][processes][elastic]") {
+  temp_dir dir;
+  job_spec spec;
+  spec.sets = {"log_every=10", "eval_every=0", "steps=100000000", "warmup_secs=0.5",
+               "window_secs=12"};
+  for (int w = 0; w < 2; ++w)
+    spec.worker_args[w] = {"--step-delay-ms", "5"};
+  spec.train_table = "[node]\nheartbeat_ms = 200\nconnection_timeout_ms = 1500\n";
+  auto job = train_job::start(dir.path, spec);
+  const std::regex window{R"(  window [0-9.]+ s left)"};
+  if (!job->wait_until([&] { return std::regex_search(job->chief().output(), window); }, 30s))
+    FAIL("no progress line of the window within 30 s:\n" << job->describe());
+  auto& w1 = job->process("worker", 1);
+  w1.signal(SIGSTOP);
+  const std::regex left{R"(worker 1 \(/job:worker/task:1 at [0-9.:]+\) left at global step)"};
+  bool seen = job->wait_until([&] { return std::regex_search(job->chief().output(), left); }, 20s);
+  w1.signal(SIGCONT);
+  INFO(job->describe());
+  REQUIRE(seen);
+  check_all_exit_0(*job, 40s);
+  CHECK(w1.output().find("joined it again") != std::string::npos);
+  CHECK(w1.output().find("is gone") == std::string::npos);
+}
+
 // Catches a deadline that does not close a step with the gradients that
 // arrived (min_replicas = 1: the chief would freeze until step_timeout_ms),
 // one that closes steps faster than the deadline (they would not wait for
