@@ -1,14 +1,17 @@
 #include "net/byte_channel.hpp"
+#include "net/adaptive_spin.hpp"
 #include "net/data_link.hpp"
 #include "net/socket.hpp"
 #include "net/tls_io.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <limits>
 
 namespace af {
@@ -200,7 +203,145 @@ public:
     return sock::recv_all(io.fd, buf, n, got, until);
   }
 
+  long read_some(const data_link& io, void* dst, size_t max) override {
+    for (;;) {
+      auto n = ::recv(io.fd, dst, max, MSG_DONTWAIT);
+      if (n > 0)
+        return static_cast<long>(n);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+      return -1; // closed (0) or broken
+    }
+  }
+
   std::string name() const override { return "tcp"; }
+
+  bool plain_tcp() const override { return true; }
+};
+
+/// A served plaintext connection's (net/served_connection.hpp): a read that
+/// waits for a new frame sleeps in recv itself (the socket's SO_RCVTIMEO is
+/// the idle timeout: no poll before it), and small reads take whatever has
+/// come into a buffer of the connection's, so that a small request (its
+/// header, name and payload sent together) costs one recv, not a poll and
+/// three. A read of the buffer's size or more goes straight to the caller's
+/// memory. Within a frame the reads stay non-blocking, a poll bounded by the
+/// frame timeout between them, as af::read_timed's.
+class tcp_read_ahead_channel final : public byte_channel {
+public:
+  tcp_read_ahead_channel(int fd, int idle_ms)
+    : blocking_wait_((::fcntl(fd, F_GETFL) & O_NONBLOCK) == 0
+                     && set_timeout(fd, SO_RCVTIMEO, std::chrono::milliseconds{idle_ms})) {}
+
+  bool write(const data_link& io, iovec* iov, int count, const send_bound* b) override {
+    return tcp_bytes().write(io, iov, count, b);
+  }
+
+  read_end read_timed(const data_link& io, void* buf, size_t n, int first_wait_ms, int stall_ms,
+                      bool poll_first) override {
+    auto* p = static_cast<char*>(buf);
+    bool any = take(p, n);
+    if (n > 0 && poll_first && !any) {
+      // A client in a loop of small ops sends its next request moments after
+      // our reply: looked for before sleeping (a wake-up costs more).
+      ssize_t r = -1;
+      int err = 0;
+      if (spin_.spin(io.spin, [&] {
+            r = ::recv(io.fd, ahead_, sizeof(ahead_), MSG_DONTWAIT);
+            err = errno;
+            return r >= 0 || (err != EAGAIN && err != EWOULDBLOCK && err != EINTR);
+          })) {
+        if (r == 0)
+          return read_end::closed;
+        if (r < 0)
+          return read_end::failed;
+        begin_ = 0;
+        end_ = static_cast<size_t>(r);
+        any = take(p, n);
+      }
+    }
+    while (n > 0) {
+      // At a frame's start the wait is recv's own (bounded by SO_RCVTIMEO);
+      // part way, a non-blocking recv and a poll when nothing is there.
+      bool sleep_in_recv = poll_first && !any && blocking_wait_;
+      bool direct = n >= sizeof(ahead_);
+      auto r = ::recv(io.fd, direct ? p : ahead_, direct ? n : sizeof(ahead_),
+                      sleep_in_recv ? 0 : MSG_DONTWAIT);
+      if (r > 0) {
+        any = true;
+        if (direct) {
+          p += r;
+          n -= static_cast<size_t>(r);
+        } else {
+          begin_ = 0;
+          end_ = static_cast<size_t>(r);
+          take(p, n);
+        }
+        continue;
+      }
+      if (r == 0)
+        return read_end::closed;
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return read_end::failed;
+      if (sleep_in_recv)
+        return read_end::idle; // SO_RCVTIMEO passed with nothing
+      pollfd pfd{io.fd, POLLIN, 0};
+      auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
+      if (rc == 0)
+        return any || !poll_first ? read_end::stalled : read_end::idle;
+      if (rc < 0 && errno != EINTR)
+        return read_end::failed;
+    }
+    return read_end::done;
+  }
+
+  bool read_all(const data_link& io, void* buf, size_t n, size_t* got,
+                const std::chrono::steady_clock::time_point* until) override {
+    auto* p = static_cast<char*>(buf);
+    size_t had = n;
+    take(p, n);
+    size_t more = 0;
+    bool ok = n == 0 || sock::recv_all(io.fd, p, n, &more, until);
+    if (got != nullptr)
+      *got = had - n + more;
+    return ok;
+  }
+
+  long read_some(const data_link& io, void* dst, size_t max) override {
+    auto* p = static_cast<char*>(dst);
+    size_t left = max;
+    if (take(p, left))
+      return static_cast<long>(max - left);
+    return tcp_bytes().read_some(io, dst, max);
+  }
+
+  std::string name() const override { return "tcp"; }
+
+  bool has_pending() const override { return end_ > begin_; }
+
+  bool plain_tcp() const override { return true; }
+
+private:
+  /// Moves what the buffer holds (up to `n`) to `p`, advancing both; true if any.
+  bool take(char*& p, size_t& n) {
+    auto k = std::min(n, end_ - begin_);
+    if (k == 0)
+      return false;
+    std::memcpy(p, ahead_ + begin_, k);
+    begin_ += k;
+    p += k;
+    n -= k;
+    return true;
+  }
+
+  bool blocking_wait_; ///< SO_RCVTIMEO is set: a wait for a frame may sleep in recv
+  adaptive_spin spin_; ///< for the next frame
+  char ahead_[4096];
+  size_t begin_ = 0, end_ = 0;
 };
 
 // -- TLS records -------------------------------------------------------------------
@@ -359,6 +500,10 @@ std::string ring_channel<ucx_channel>::name() const {
 byte_channel& tcp_bytes() {
   static tcp_channel tcp;
   return tcp;
+}
+
+std::unique_ptr<byte_channel> tcp_read_ahead_bytes(int fd, int idle_ms) {
+  return std::make_unique<tcp_read_ahead_channel>(fd, idle_ms);
 }
 
 std::unique_ptr<byte_channel> tls_bytes(secure_stream& tls) {

@@ -51,6 +51,13 @@ public:
   /// ask before polling the socket.
   virtual bool has_pending() const { return false; }
 
+  /// Bytes that are there now, up to `max`, without waiting: 0 if none
+  /// (or not a plain socket's channel), -1 if the connection closed or broke.
+  virtual long read_some(const data_link&, void*, size_t) { return 0; }
+
+  /// The bytes go over the plain socket (no TLS, rings or UCX).
+  virtual bool plain_tcp() const { return false; }
+
   /// Whether its reads look for the reply and the cancel flag themselves
   /// (the rings and UCX spin, then sleep on the socket's doorbell), so that
   /// a client polls the socket for it only when this is false.
@@ -59,6 +66,13 @@ public:
 
 /// The plain socket's: stateless, one for every connection.
 byte_channel& tcp_bytes();
+
+/// A served plaintext connection's on socket `fd`, with a read-ahead
+/// buffer of its own: a small frame costs one recv, and the wait for the
+/// next frame sleeps in recv, bounded by `idle_ms` (set as the socket's
+/// SO_RCVTIMEO). Reads of its buffer's size or more go straight to the
+/// caller's memory.
+std::unique_ptr<byte_channel> tcp_read_ahead_bytes(int fd, int idle_ms);
 
 /// Over `tls`'s records; the caller keeps `tls` alive while it is used.
 std::unique_ptr<byte_channel> tls_bytes(secure_stream& tls);

@@ -45,7 +45,9 @@ struct data_link {
   int stall_ms = 0; ///< no byte moved for this long (the node's frame timeout)
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   const std::atomic<bool>* cancel = nullptr;
-  std::chrono::microseconds spin{0}; ///< spin before sleeping in poll
+  /// Spin before sleeping: on the rings, and on a served TCP connection
+  /// for its next frame (net/adaptive_spin.hpp).
+  std::chrono::microseconds spin{0};
 };
 
 namespace plane_io {

@@ -33,11 +33,12 @@ struct data_plane_limits {
   /// host; docs/wire.md "Shared memory"). False: every client stays on TCP,
   /// as if it were on another host.
   bool shared_memory = true;
-  /// On shared memory: how long a connection's thread spins for the next
-  /// frame after a reply, and for bytes within one, before it sleeps (on the
-  /// ring's futex, which the client wakes; net/shm_ring.hpp). Skipped while
-  /// such spins keep failing.
-  std::chrono::microseconds shm_spin{20};
+  /// How long a connection's thread spins for the next frame after a reply
+  /// before it sleeps (in recv on TCP; on the ring's futex, which the
+  /// client wakes, on shared memory: net/shm_ring.hpp), and on shared memory
+  /// for bytes within one. Skipped while such spins keep failing
+  /// (net/adaptive_spin.hpp). Not over TLS.
+  std::chrono::microseconds spin{20};
   /// The most shared memory this server maps for its clients at once, all
   /// connections together (each takes 8 MiB + 4 KiB by default); an offer
   /// past it is declined and that client stays on TCP.

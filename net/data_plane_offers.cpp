@@ -22,6 +22,23 @@ using namespace plane_io;
 
 // -- the node's side -------------------------------------------------------------
 
+namespace {
+
+/// A client that sent more after its offer, before the answer: a client of
+/// ours waits for it, and the move would leave those bytes behind. Told
+/// why, then closed.
+bool refuse_past_offer(served_connection& c, const char* what) {
+  log::get()->warn("{} data plane: refused {}: it sent bytes after its offer of {}, before the "
+                   "answer (not a client of ours)",
+                   c.node_name, c.peer, what);
+  send_error(c.io, af_error::invalid_argument,
+             c.node_name + " data plane: bytes after an offer of " + what
+               + ", before its answer (a client waits for the answer)");
+  return false;
+}
+
+} // namespace
+
 bool data_plane_server::serve_ucx_offer(served_connection& c, const wire::header& h) {
   auto& io = c.io;
   const auto& peer = c.peer;
@@ -37,6 +54,8 @@ bool data_plane_server::serve_ucx_offer(served_connection& c, const wire::header
       && c.ended(read_timed(io, theirs.data(), theirs.size(), frame_ms, frame_ms, false),
                "payload"))
     return false;
+  if (c.bytes_past_offer())
+    return refuse_past_offer(c, "UCX");
   const char* stays = c.tls ? "TLS" : "TCP";
   std::unique_ptr<ucx_channel> ch;
   if (c.shm || c.ucx) {
@@ -92,6 +111,8 @@ bool data_plane_server::serve_shm_offer(served_connection& c, const wire::header
   // allows it and the connection is plaintext on TCP still; declined
   // (the client stays on TCP) otherwise, or if the segment is not one
   // this process can map (another host, another user).
+  if (c.bytes_past_offer())
+    return refuse_past_offer(c, "shared memory");
   bool took = false;
   // (More than a segment may be is refused by open(); counted as the
   // most, so the sum cannot overflow.)

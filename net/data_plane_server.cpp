@@ -336,7 +336,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
                       static_cast<int>(timeouts_.idle.count()),
                       static_cast<int>(timeouts_.frame.count())};
   c.io.stall_ms = c.frame_ms;
-  c.io.spin = timeouts_.shm_spin;
+  c.io.spin = timeouts_.spin;
   try {
     serve_frames(c);
   } catch (const std::bad_alloc&) {

@@ -220,25 +220,17 @@ bool plane_request::refuse(const caf::error& err) {
 }
 
 bool plane_request::plain_tcp() const {
-  return conn_.io.bytes == &tcp_bytes() && conn_.shm == nullptr && conn_.ucx == nullptr
+  return conn_.io.bytes->plain_tcp() && conn_.shm == nullptr && conn_.ucx == nullptr
          && !conn_.tls;
 }
 
 long plane_request::read_some(void* dst, size_t max) {
   if (max == 0 || !plain_tcp())
     return 0;
-  for (;;) {
-    auto n = ::recv(conn_.io.fd, dst, max, MSG_DONTWAIT);
-    if (n > 0) {
-      consumed_ += static_cast<uint64_t>(n);
-      return static_cast<long>(n);
-    }
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return 0;
-    return -1; // closed (0) or broken
-  }
+  auto n = conn_.io.bytes->read_some(conn_.io, dst, max);
+  if (n > 0)
+    consumed_ += static_cast<uint64_t>(n);
+  return n;
 }
 
 bool plane_request::reply_head(wire::header& h) {

@@ -24,8 +24,7 @@ struct served_connection {
     : shm_share{shm_total}, node_name(node_name), peer(peer), idle_ms(idle_ms),
       frame_ms(frame_ms), tls(tls != nullptr) {
     io.fd = fd;
-    if (tls != nullptr)
-      move_to(tls_bytes(*tls));
+    move_to(tls != nullptr ? tls_bytes(*tls) : tcp_read_ahead_bytes(fd, idle_ms));
   }
 
   /// Its share of max_shm_bytes, given back when the connection ends (after
@@ -61,6 +60,11 @@ struct served_connection {
   /// payload lent (if any), then gives its room in the ring back. False:
   /// still held after the frame timeout (logged; the connection closes).
   bool take_back_lent();
+
+  /// Bytes the client sent past an offer before its answer (taken off the
+  /// socket with it): a client of ours waits for the answer, so these say
+  /// the stream is not one of ours, and a move would lose them.
+  bool bytes_past_offer() const { return io.bytes->plain_tcp() && io.bytes->has_pending(); }
 
   /// From now on the connection's bytes go over `b`.
   void move_to(std::unique_ptr<byte_channel> b) {

@@ -70,12 +70,6 @@ constexpr size_t max_bells_per_wait = 4096;
 constexpr uint32_t awake = 0;
 constexpr uint32_t on_futex = 1;
 constexpr uint32_t on_socket = 2;
-/// Spins in a row that failed (the wait slept, or a yield came back after
-/// the spin's end) before a direction's waits sleep at once; then one wait
-/// in this many spins again, and one that succeeds in time resumes them.
-constexpr uint32_t spin_misses_to_stop = 4;
-constexpr uint32_t spin_probe_every = 16;
-
 struct segment_header {
   uint64_t magic;
   uint64_t ring_bytes;
@@ -479,42 +473,16 @@ template <class Ready>
 shm_channel::status shm_channel::wait(Ready ready, std::atomic<uint32_t>& flag, int fd,
                                       const bound& b, bool first,
                                       std::chrono::steady_clock::time_point last_progress,
-                                      spin_memo& memo) {
+                                      adaptive_spin& memo) {
   using clock = std::chrono::steady_clock;
-  auto now = clock::now();
-  // Spinning with sched_yield, not pause: on a small or busy machine both
-  // ends often share a CPU, and a pause loop then only delays the peer it
-  // waits for (measured: a round trip of 2x the spin). A yield lets the peer
-  // run at once: ~4-5 us round trips against ~17 us for a TCP ping-pong.
-  // But a yield while a third task is runnable on this CPU (the other
-  // worker, another process) puts this side behind it for its whole slice
-  // (EEVDF: ~1.5 ms on 2 CPUs), long after the peer has answered; and a
-  // spin for what comes only after the peer's own work (the next request
-  // of a training step) is lost time on a CPU the peer needs. So a side
-  // whose spins keep failing (a sleep, or a look that came back later than
-  // the spin) sleeps at once, trying a spin again now and then.
-  bool spin = b.spin.count() > 0
-              && (memo.misses < spin_misses_to_stop || ++memo.skipped % spin_probe_every == 0);
-  if (spin) {
-    auto spin_until = now + b.spin;
-    for (;;) {
-      if (ready()) {
-        // In time: a look after a yield that came back late is not made
-        // (the loop ends first, a miss).
-        memo.misses = 0;
-        memo.skipped = 0;
-        return status::done;
-      }
-      sched_yield();
-      if (clock::now() >= spin_until)
-        break;
-    }
-    ++memo.misses;
-  }
+  // A short spin first, while spins pay (net/adaptive_spin.hpp).
+  if (memo.spin(b.spin, ready))
+    return status::done;
   // A futex wake-up costs the waker one system call and no socket: a
   // doorbell byte through loopback TCP costs a send, the receive path and
   // a recv (about as much as the TCP frame it stands in for).
-  auto futex_until = clock::now() + std::chrono::milliseconds{b.futex_ms};
+  auto now = clock::now();
+  auto futex_until = now + std::chrono::milliseconds{b.futex_ms};
   int stall = first && b.first_ms > 0 ? b.first_ms : b.stall_ms;
   // A peer rings once per sleep of ours (it takes the flag with an
   // exchange): bytes beyond a few per wait are not bells but a peer that

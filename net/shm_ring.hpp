@@ -30,6 +30,7 @@
 
 #include "caf/expected.hpp"
 
+#include "net/adaptive_spin.hpp"
 #include "net/ring_status.hpp"
 #include "net/shm_segment.hpp"
 
@@ -177,18 +178,12 @@ public:
   using control = shm_segment::ring_control;
 
 private:
-  /// What one direction's waits learnt of their spin (one thread uses it).
-  struct spin_memo {
-    uint32_t misses = 0;  ///< spins in a row that ended in a sleep or took longer than the spin
-    uint32_t skipped = 0; ///< waits that slept at once since
-  };
-
   shm_channel() = default;
   /// Waits until `ready()` holds: spins (as `memo` says), then sleeps on
   /// `flag` (futex, then `fd`'s doorbell).
   template <class Ready>
   status wait(Ready ready, std::atomic<uint32_t>& flag, int fd, const bound& b, bool first,
-              std::chrono::steady_clock::time_point last_progress, spin_memo& memo);
+              std::chrono::steady_clock::time_point last_progress, adaptive_spin& memo);
   /// Sleeps on `flag` (raised to `how`) for at most `us`; false: the peer's
   /// socket closed or sent more doorbell bytes than any peer of ours would.
   bool sleep_on(std::atomic<uint32_t>& flag, uint32_t how, int fd, long long us, size_t& rung,
@@ -222,8 +217,8 @@ private:
   char* out_data_ = nullptr;
   char* in_data_ = nullptr;
   const std::byte* in_twice_ = nullptr; ///< in_data_'s bytes, then the same bytes again
-  spin_memo read_spin_;  ///< waits for bytes
-  spin_memo write_spin_; ///< waits for room
+  adaptive_spin read_spin_;  ///< waits for bytes
+  adaptive_spin write_spin_; ///< waits for room
 };
 
 } // namespace af

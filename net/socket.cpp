@@ -27,9 +27,9 @@ void set_buffers(int fd, int bytes) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
-void set_timeout(int fd, int option, std::chrono::milliseconds t) {
+bool set_timeout(int fd, int option, std::chrono::milliseconds t) {
   timeval tv{static_cast<time_t>(t.count() / 1000), static_cast<suseconds_t>((t.count() % 1000) * 1000)};
-  setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
+  return setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv)) == 0;
 }
 
 int ms_until(std::chrono::steady_clock::time_point deadline) {

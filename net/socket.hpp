@@ -39,8 +39,8 @@ void set_nodelay(int fd);
 void set_buffers(int fd, int bytes);
 
 /// SO_RCVTIMEO or SO_SNDTIMEO (`option`) to `t`: the bound of each blocking
-/// wait on `fd` (0: none).
-void set_timeout(int fd, int option, std::chrono::milliseconds t);
+/// wait on `fd` (0: none). False: the socket refused it (errno says why).
+bool set_timeout(int fd, int option, std::chrono::milliseconds t);
 
 // -- time ---------------------------------------------------------------------
 
