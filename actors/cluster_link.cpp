@@ -257,7 +257,11 @@ caf::error open_data_channel(node_conn& conn, const std::string& host,
 } // namespace
 
 caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t) {
-  auto key = task_name(j, t);
+  return connect(task_name(j, t), j, t);
+}
+
+caf::expected<node_conn*> cluster_link::connect(const std::string& key, const std::string& j,
+                                                int32_t t) {
   auto it = conns.find(key);
   std::string why;
   bool dead = health->is_dead(key, &why);

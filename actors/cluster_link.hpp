@@ -110,6 +110,9 @@ public:
   /// The connection to /job:J/task:T; after the node died, one attempt to
   /// reconnect, and an error saying it died when that fails.
   caf::expected<node_conn*> connect(const std::string& j, int32_t t);
+  /// The same, for a caller that holds the task's name (`key`: task_name(j, t))
+  /// already: an op's hot path formats nothing.
+  caf::expected<node_conn*> connect(const std::string& key, const std::string& j, int32_t t);
 
   /// A fresh data channel for `conn` (none: its ops go as CAF messages); an
   /// error if the node's data port showed a wrong identity. `timeout` (0:

@@ -61,7 +61,8 @@ caf::error session::impl::create_variable(int32_t id) {
       return std::move(handle.error());
     return link.explain(std::move(handle.error()), "variable '" + n.spec.name + "'", *conn);
   }
-  bindings[id] = var_binding{std::move(*handle), (*conn)->key, (*conn)->address, false};
+  bindings[id] = var_binding{std::move(*handle), (*conn)->key, (*conn)->address, false, dev->job,
+                             dev->task};
   return caf::none;
 }
 
@@ -130,7 +131,9 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
         || (n.kind == node_kind::variable && want_values)) {
       auto start = now_ns();
       std::string path;
-      auto v = n.kind == node_kind::variable ? variable_call(o, var_op::read, tensor{}, true, &path)
+      // (The path is said only in a trace: not formatted for every op.)
+      auto v = n.kind == node_kind::variable
+                 ? variable_call(o, var_op::read, tensor{}, true, trace ? &path : nullptr)
                                              : client_value(o);
       if (!v)
         return std::move(v.error());
@@ -160,7 +163,7 @@ session::impl::execute(const std::vector<output>& outs, bool want_values,
         auto start = now_ns();
         auto bytes = value->empty() ? 0 : value->nbytes();
         std::string path;
-        auto updated = variable_call(var, op, std::move(*value), want_values, &path);
+        auto updated = variable_call(var, op, std::move(*value), want_values, trace ? &path : nullptr);
         if (!updated)
           return std::move(updated.error());
         if (trace) {

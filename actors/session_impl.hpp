@@ -6,6 +6,7 @@
 /// Not part of the public API.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -152,10 +153,10 @@ struct session::impl {
     if (it == bindings.end())
       return make_error(af_error::invalid_argument,
                         "output " + std::to_string(var.id) + " is not a variable of this session");
-    auto dev = placed_from_full(g.at(var).spec.device);
-    if (dev) {
-      // A node seen dead is reconnected (or reported) first.
-      auto conn = link.connect(dev->job, dev->task);
+    {
+      // A node seen dead is reconnected (or reported) first. (Its job and
+      // task were parsed from the variable's device when it was bound.)
+      auto conn = link.connect(it->second.task, it->second.job, it->second.task_index);
       if (!conn) {
         auto& e = conn.error();
         auto code = e.category() == error_category ? static_cast<af_error>(e.code())
@@ -208,8 +209,11 @@ struct session::impl {
     bool update = op != var_op::read;
     uint64_t id = update ? new_request_id() : 0;
     int tries = update && (operand.empty() || operand.nbytes() <= retried_bytes) ? update_tries : 1;
-    auto what = std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
-                + node.spec.device;
+    // Said only in errors and notes: not formatted for every op.
+    std::function<std::string()> what = [&op, &node] {
+      return std::string{to_string(op)} + " of variable '" + node.spec.name + "' on "
+             + node.spec.device;
+    };
     auto deadline = std::chrono::steady_clock::now() + opts.timeout;
     for (int attempt = 0;; ++attempt) {
       auto wait = opts.timeout;
@@ -232,7 +236,7 @@ struct session::impl {
         if (attempt == 0)
           return r;
         return make_error(is(r.error(), af_error::timeout) ? af_error::timeout : af_error::peer_down,
-                          "no answer to " + what + " within " + std::to_string(opts.timeout.count())
+                          "no answer to " + what() + " within " + std::to_string(opts.timeout.count())
                             + " ms after " + std::to_string(attempt + 1)
                             + " tries with one request id, so it was applied at most once (last: "
                             + describe(r.error()) + ")");
@@ -256,7 +260,7 @@ struct session::impl {
           return r;
         }
       }
-      note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what, attempt + 2,
+      note(fmt::format("retry: {} (try {} of {}, request id {:016x}): {}", what(), attempt + 2,
                        tries, id, describe(r.error())));
     }
   }
@@ -279,7 +283,8 @@ struct session::impl {
 
   /// One try of variable_call, waiting `wait` for the answer.
   caf::expected<tensor> variable_try(const var_binding& b, const std::string& name,
-                                     const std::string& what, var_op op, const tensor& operand,
+                                     const std::function<std::string()>& what, var_op op,
+                                     const tensor& operand,
                                      bool want_value, uint64_t id, std::chrono::milliseconds wait,
                                      std::string* path, bool& over_channel) {
     auto it = link.conns.find(b.task);
@@ -307,17 +312,17 @@ struct session::impl {
       auto r = var_op_cancellable(b.actor, op, operand, want_value, id, wait);
       if (r || is(r.error(), af_error::cancelled))
         return r;
-      return link.explain(std::move(r.error()), what, nullptr);
+      return link.explain(std::move(r.error()), what(), nullptr);
     }
     tensor result;
     caf::error err;
     auto on_error = [&](caf::error& e) {
       if (e == caf::sec::request_timeout)
         err = make_error(af_error::timeout, "timed out after " + std::to_string(wait.count())
-                                              + " ms waiting for " + what
+                                              + " ms waiting for " + what()
                                               + "; is the node alive and reachable?");
       else
-        err = link.explain(std::move(e), what, nullptr);
+        err = link.explain(std::move(e), what(), nullptr);
     };
     if (id == 0)
       self->request(b.actor, wait, var_op_atom::value, op, operand, want_value)

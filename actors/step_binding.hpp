@@ -24,6 +24,8 @@ struct var_binding {
   std::string task;    ///< /job:J/task:T of its node
   std::string address; ///< host:port of its node
   bool gone = false;   ///< its node restarted without it
+  std::string job;     ///< J and T of `task`, kept so that an op need not parse its device
+  int32_t task_index = 0;
 };
 
 /// `binding_of(node id)` gives a variable node's binding (or why there is none).

@@ -95,6 +95,7 @@ int main_body(int argc, char** argv) {
   const std::vector<std::string> tls_metrics{"tensor_64mib_assign_tls", "remote_assign_add_rtt_tls",
                                              "event_loop_prototype"};
   const std::vector<std::string> local_metrics{"remote_assign_add_rtt_local",
+                                               "remote_assign_add_rtt_channel_tcp",
                                                "tensor_64mib_assign_local", "tensor_64mib_read_local",
                                                "tensor_64mib_assign_ucx", "remote_assign_add_rtt_ucx"};
   std::vector<std::string> all_metrics = core_metrics;

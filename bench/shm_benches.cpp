@@ -194,6 +194,13 @@ int shm_benches(const std::function<bool(const std::string&)>& wanted, int round
       raw, rounds, [&] { call(**local, af::var_op::assign_add, "counter", &one); });
     report("remote_assign_add_rtt_local", ours, base, "us");
   }
+  if (wanted("remote_assign_add_rtt_channel_tcp")) {
+    // remote_assign_add_rtt's op without the session: what the TCP data
+    // plane costs alone (the rest of that line's time is the session's).
+    auto [ours, base] = rtt_against_echo(
+      raw, rounds, [&] { call(**tcp, af::var_op::assign_add, "counter", &one); });
+    report("remote_assign_add_rtt_channel_tcp", ours, base, "us");
+  }
   if (ucx && wanted("remote_assign_add_rtt_ucx")) {
     auto [ours, base] = rtt_against_echo(
       raw, rounds, [&] { call(*ucx, af::var_op::assign_add, "counter", &one); });
