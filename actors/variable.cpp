@@ -86,7 +86,7 @@ variable_cell::apply(var_op op, const tensor& operand, bool want_value, uint64_t
   std::lock_guard<std::mutex> guard{mtx_};
   bool deduplicate = request_id != 0 && op != var_op::read;
   if (deduplicate)
-    if (auto r = replay(request_id, want_value, what()))
+    if (auto r = replay(request_id, want_value, what))
       return std::move(*r);
   if (op == var_op::read) {
     if (!initialized_)
@@ -135,7 +135,8 @@ variable_cell::apply(var_op op, const tensor& operand, bool want_value, uint64_t
 }
 
 std::optional<caf::expected<variable_cell::applied>>
-variable_cell::replay(uint64_t request_id, bool want_value, const std::string& what) const {
+variable_cell::replay(uint64_t request_id, bool want_value,
+                      const std::function<std::string()>& what) const {
   // Checked under the same lock as the update: a retry that overtakes its
   // first try (which then arrives as the duplicate) is applied once too.
   auto it = done_.find(request_id);
@@ -153,7 +154,7 @@ variable_cell::replay(uint64_t request_id, bool want_value, const std::string& w
     else
       return caf::expected<applied>{make_error(
         af_error::aborted,
-        what + " was applied already (a retry of request " + fmt::format("{:016x}", request_id)
+        what() + " was applied already (a retry of request " + fmt::format("{:016x}", request_id)
           + ", version " + std::to_string(d.version) + "); the value after it is no longer "
           "kept (the variable changed since and kept values are bounded): "
           "read the variable instead of sending the update again")};
@@ -167,7 +168,7 @@ variable_cell::apply_scatter(kernels::scatter_op op, const tensor& indices, cons
   const auto what = std::string{kernels::to_string(op)} + " to variable " + quoted(spec_);
   std::lock_guard<std::mutex> guard{mtx_};
   if (request_id != 0)
-    if (auto r = replay(request_id, want_value, what))
+    if (auto r = replay(request_id, want_value, [&what] { return what; }))
       return std::move(*r);
   if (!initialized_)
     return make_error(af_error::uninitialized,

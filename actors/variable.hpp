@@ -265,9 +265,10 @@ private:
   caf::error apply_blocks(const train::optimizer_spec& opt, Source&& source, size_t n,
                           uint64_t step, const block_updated& updated, bool spread);
   /// The first try's result if the update `request_id` was applied before
-  /// (mtx_ held), else nullopt; `what` names the update in an error.
+  /// (mtx_ held), else nullopt; `what()` names the update in an error (made
+  /// only then: a retry is rare, an update is not).
   std::optional<caf::expected<applied>> replay(uint64_t request_id, bool want_value,
-                                               const std::string& what) const;
+                                               const std::function<std::string()>& what) const;
   /// Records the result of the update `id` (mtx_ held); evicts the oldest.
   void remember(uint64_t id, const applied& result, bool want_value);
   struct remembered_update {
