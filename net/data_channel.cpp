@@ -296,7 +296,7 @@ std::string data_channel::transport() const {
   return bytes_->name();
 }
 
-void data_channel::poll_for_reply() {
+size_t data_channel::poll_for_reply(void* head, size_t n) {
   // A small op's reply comes back within tens of microseconds. Sleeping in
   // recv costs a wake-up, and on a small VM a wake-up across CPUs costs
   // ~20 us (measured: 58 us round trips instead of ~20 us): look for the
@@ -304,18 +304,26 @@ void data_channel::poll_for_reply() {
   // node's thread shares this CPU it runs at once, where a plain loop
   // would hold it off for the whole spin (measured, with the node's thread
   // spinning for the next frame too: 64 us round trips in two runs of six
-  // without the yield, 11-20 us in six of six with it).
+  // without the yield, 11-20 us in six of six with it). On a plain socket
+  // a look reads the header itself (a peek and then the read would be two
+  // system calls); over TLS it peeks at the socket for a record.
   if (poll_.count() <= 0 || bytes_->waits_itself())
-    return; // on shared memory (UCX) the ring's (worker's) read looks for the reply itself
+    return 0; // on shared memory (UCX) the ring's (worker's) read looks for the reply itself
   if (bytes_->has_pending())
-    return;
+    return 0;
+  bool plain = bytes_ == &tcp_bytes();
   auto until = std::chrono::steady_clock::now() + poll_;
   char byte;
   do {
-    if (::recv(fd_, &byte, 1, MSG_DONTWAIT | MSG_PEEK) != -1 || errno != EAGAIN)
-      return; // data, EOF or an error: read_all takes it from here
+    auto r = plain ? ::recv(fd_, head, n, MSG_DONTWAIT)
+                   : ::recv(fd_, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (r > 0)
+      return plain ? static_cast<size_t>(r) : 0;
+    if (r == 0 || errno != EAGAIN)
+      return 0; // EOF or an error: the read that follows sees it (again) and says so
     sched_yield();
   } while (std::chrono::steady_clock::now() < until);
+  return 0;
 }
 
 data_channel::~data_channel() {

@@ -165,13 +165,17 @@ caf::expected<std::pair<tensor, uint64_t>>
 data_channel::read_reply(const std::string& what, std::chrono::steady_clock::time_point until,
                          std::chrono::milliseconds wait) {
   wire::header r;
-  poll_for_reply();
-  if (cancel_ && !bytes_->waits_itself()) // on shared memory the ring's read looks at cancel_
+  size_t early = poll_for_reply(&r, sizeof(r));
+  // (Bytes of the reply in hand: it came, there is nothing to wait for.)
+  // (On shared memory the ring's read looks at cancel_ itself.)
+  if (early == 0 && cancel_ && !bytes_->waits_itself())
     if (auto err = await_readable(what, until, wait))
       return err;
   const link io = this->io(until);
   size_t got = 0;
-  if (!read_all(io, &r, sizeof(r), &got)) {
+  bool whole = read_all(io, reinterpret_cast<char*>(&r) + early, sizeof(r) - early, &got);
+  got += early;
+  if (!whole) {
     if (errno == ECANCELED) {
       drop();
       return make_error(af_error::cancelled, what + " on " + peer_

@@ -391,7 +391,10 @@ private:
   /// af_error::cancelled); past `until`: fail(what, EAGAIN, wait).
   caf::error await_readable(const std::string& what, std::chrono::steady_clock::time_point until,
                             std::chrono::milliseconds wait = {});
-  void poll_for_reply();
+  /// Looks for the reply a moment before the caller sleeps in its read; on a
+  /// plain socket the looks read the reply's first bytes into `head` (up to
+  /// `n`: its header) themselves. The bytes read so (0: none, or not a plain socket).
+  size_t poll_for_reply(void* head, size_t n);
   void reopen_if_closed_by_peer();
   /// The connection's byte stream for a request or reply bounded by `deadline`.
   data_link io(std::chrono::steady_clock::time_point deadline) const;
