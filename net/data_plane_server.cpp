@@ -457,6 +457,13 @@ bool served_connection::ended(read_end how, const char* where) const {
   else if (how == read_end::failed && !last_tls_error.empty())
     log::get()->warn("{} data plane: closed the connection of {} (reading a frame's {}): {}",
                      node_name, peer, where, std::exchange(last_tls_error, {}));
+  else if ((how == read_end::closed || how == read_end::failed) && std::strcmp(where, "header") != 0)
+    // Between frames a hang-up is how a client leaves; within one (its
+    // header read, its name or payload not), the request is dropped: said.
+    log::get()->info("{} data plane: {} hung up in the middle of a frame's {} ({}); the "
+                     "request is dropped",
+                     node_name, peer, where,
+                     how == read_end::closed ? "it closed the connection" : "a socket error");
   return how != read_end::done;
 }
 
