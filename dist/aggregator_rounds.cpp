@@ -296,9 +296,20 @@ std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::
 void release_sync(self_pointer self) {
   auto& st = self->state;
   if (st.pipelined) {
-    // A pipelined round is released by its last chunk (commit_pipelined);
-    // one whose member left cannot complete.
-    for (auto w : st.pipelined->members())
+    // A pipelined round is released by its last chunk (commit_pipelined).
+    // A member that is done having sent none of its push (a worker its
+    // client stopped before its step, as a timed window's end does) leaves
+    // the round as an abstention does: no chunk needed it yet, and the mean
+    // goes on without it, as the store-and-forward round's does. One that
+    // left part way cannot complete it.
+    auto round = st.pipelined;
+    auto members = round->members(); // a copy: abstain() takes one out
+    for (auto w : members)
+      if (st.round.is_done(w) && round->abstain(w))
+        log::get()->debug("aggregator '{}': {} is done; the pipelined round of global step {} "
+                          "goes on without it",
+                          st.spec.name, worker_name(st, w), st.global_step);
+    for (auto w : round->members())
       if (st.round.is_done(w)) {
         auto err = make_error(af_error::aborted,
                               fmt::format("aggregator '{}': {} left during the pipelined round "
@@ -309,6 +320,10 @@ void release_sync(self_pointer self) {
         fail_all(st, st.round.release(), err);
         return;
       }
+    // The chunks that waited for it only are applied now; the last one commits.
+    if (round->applied() == round->chunks() && st.pipelined == round)
+      commit_pipelined(self);
+    st.plane->answered.notify_all();
     return;
   }
   tensor flat; // the parameters the round answers with, made during the update

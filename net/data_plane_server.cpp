@@ -337,6 +337,7 @@ void data_plane_server::serve(int fd, const std::string& peer) {
                       static_cast<int>(timeouts_.frame.count())};
   c.io.stall_ms = c.frame_ms;
   c.io.spin = timeouts_.spin;
+  c.server_stopping = &stopping_;
   try {
     serve_frames(c);
   } catch (const std::bad_alloc&) {
@@ -457,6 +458,15 @@ bool served_connection::ended(read_end how, const char* where) const {
   else if (how == read_end::failed && !last_tls_error.empty())
     log::get()->warn("{} data plane: closed the connection of {} (reading a frame's {}): {}",
                      node_name, peer, where, std::exchange(last_tls_error, {}));
+  else if ((how == read_end::closed || how == read_end::failed) && std::strcmp(where, "header") != 0
+           && (server_stopping == nullptr || !server_stopping->load()))
+    // Between frames a hang-up is how a client leaves; within one (its
+    // header read, its name or payload not), the request is dropped: said,
+    // unless this node's stop shut the connection down.
+    log::get()->info("{} data plane: {} hung up in the middle of a frame's {} ({}); the "
+                     "request is dropped",
+                     node_name, peer, where,
+                     how == read_end::closed ? "it closed the connection" : "a socket error");
   return how != read_end::done;
 }
 

@@ -42,6 +42,9 @@ struct served_connection {
   int idle_ms;
   int frame_ms;
   bool tls; ///< TLS authenticated the client (its records carry the bytes until a move to UCX)
+  /// The server's stop, set before it shuts the connections down: a read
+  /// that ends then was ended by this node, not by the client.
+  const std::atomic<bool>* server_stopping = nullptr;
   std::unique_ptr<shm_channel> shm;
   std::unique_ptr<ucx_channel> ucx; ///< after a client's offer of UCX (net/ucx_link.hpp)
   /// What io.bytes points to, when not the plain socket's. It points into

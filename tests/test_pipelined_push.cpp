@@ -312,6 +312,50 @@ TEST_CASE("a worker's abstention joins a pipelined round, which goes on without 
   CHECK(b.stats(pl).pushes_on_plane == 2);
 }
 
+TEST_CASE("a member that is done before it pushed leaves a pipelined round, which goes on "
+          "without it as the store-and-forward round does",
+          "[pipeline][members]") {
+  // Catches: a pipelined round aborted ("left during the pipelined round")
+  // when a member that sent none of its push is done, e.g. the chief
+  // stopped by a timed window's end before its step while the other worker
+  // streams that step: the other worker's step failed, and with it the job
+  // (exit 1 at the window's end), where the store-and-forward round goes
+  // on with the pushes it has.
+  const size_t n = 300000;
+  bed b;
+  auto sf = b.make("sfd", n, 2, "momentum");
+  auto pl = b.make("pld", n, 2, "momentum");
+  auto g = gradient(n + 1, 77);
+  std::vector<push_result> got;
+  for (auto* t : {&sf, &pl}) {
+    bool streamed = t == &pl;
+    INFO((streamed ? "pipelined" : "store-and-forward"));
+    auto pushes = b.stats(*t).pushes;
+    push_result zero{make_error(af_error::internal, "")};
+    std::thread t0{[&] {
+      zero = streamed ? t->chans[0]->push_streamed(t->name, 0, 0, {g}, 20s, t->tokens[0], 1)
+                      : t->chans[0]->aggregate(wire::kind::push, t->name, 0, 0, {g}, 20s,
+                                               t->tokens[0], 1);
+    }};
+    // Worker 0's push is in (a pipelined round started) before worker 1 is
+    // done, stopped by its client (no error).
+    REQUIRE(eventually([&] { return b.stats(*t).pushes > pushes; }));
+    bool answered = false;
+    (*b.self)->request(t->agg, 10s, done_atom::value, uint32_t{1}, t->tokens[1], std::string{})
+      .receive([&](uint32_t) { answered = true; }, [&](caf::error& e) { FAIL(describe(e)); });
+    t0.join();
+    CHECK(answered);
+    REQUIRE(zero);
+    CHECK(zero->first == 1);
+    got.push_back(std::move(zero));
+  }
+  CHECK(std::memcmp(got[0]->second.bytes(), got[1]->second.bytes(), got[0]->second.nbytes()) == 0);
+  auto a = b.saved(sf), c = b.saved(pl);
+  CHECK(a.second == c.second);
+  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  CHECK(b.stats(pl).pushes_on_plane == 1);
+}
+
 TEST_CASE("a live switch out of sync during a pipelined round abandons it, changing no variable, "
           "and its members hear the new mode",
           "[pipeline][members]") {

@@ -10,10 +10,13 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "cells.hpp"
+#include "log_capture.hpp"
+#include "wait.hpp"
 #include "scenarios.hpp"
 #include "net/data_plane.hpp"
 #include "actors/variable_directory.hpp"
@@ -575,4 +578,90 @@ TEST_CASE("a channel that looks for its replies before it sleeps reads them whol
     CHECK(big.at(n - 1) == 1.5);
   }
   CHECK_FALSE(ch->broken());
+}
+
+// Bug it catches: a plaintext client that hangs up (or is killed) part way
+// through a frame's name or payload closed without a word in the node's log,
+// where a stall says "stopped sending in the middle of a frame's payload"
+// and a TLS client's truncated record is named: an operator saw a request
+// vanish with nothing to tell why.
+TEST_CASE("a client that hangs up in the middle of a frame's payload is named in the node's log",
+          "[wire][errors]") {
+  auto dir = std::make_shared<variable_directory>();
+  const int64_t n = 3001;
+  dir->put("big", {variable_cell_actor{}, float_cell("big", {n}, 0)});
+  // Before the server starts: its threads log into spdlog's sinks, which
+  // must not change under them.
+  af::test::log_capture logs;
+  auto srv = serve(dir, 60s, 5s);
+  auto values = tensor::filled(dtype::float32, {n}, 1);
+  auto frame = request_bytes(var_op::assign_add, "big", &values);
+  for (size_t cut : {sizeof(wire::header) + 1, sizeof(wire::header) + 3 + 100, size_t{5000}}) {
+    INFO("cut after " << cut << " bytes");
+    int fd = connect_loopback(srv->port());
+    REQUIRE(fd >= 0);
+    sockaddr_in addr{};
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    auto peer = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    REQUIRE(send(fd, frame.data(), cut, MSG_NOSIGNAL) == static_cast<ssize_t>(cut));
+    close(fd);
+    CHECK(eventually([&] { return logs.has(peer, "hung up in the middle of a frame's"); }, 10s));
+  }
+  // Nothing was applied.
+  int fd = connect_loopback(srv->port());
+  REQUIRE(fd >= 0);
+  timeval limit{20, 0}; // a bound on the test, not the behaviour's timing
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  auto r = request_bytes(var_op::read, "big", nullptr);
+  REQUIRE(send(fd, r.data(), r.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(r.size()));
+  auto back = read_reply(fd);
+  CHECK(back.first == 0);
+  REQUIRE(back.second.size() == static_cast<size_t>(n));
+  CHECK(back.second[0] == 0);
+  CHECK(back.second[n - 1] == 0);
+  close(fd);
+}
+
+namespace {
+
+/// Whether a thread of this process sleeps in poll() (a served connection
+/// inside a frame: between frames it sleeps in recv, the acceptor in accept).
+bool a_thread_polls() {
+  for (auto& task : std::filesystem::directory_iterator{"/proc/self/task"}) {
+    std::ifstream in{task.path() / "wchan"};
+    std::string wchan;
+    std::getline(in, wchan);
+    if (wchan.find("poll_schedule") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+} // namespace
+
+// Bug it catches: the node's own stop, which shuts its connections down,
+// logged as each client inside a frame "hung up in the middle of a frame".
+TEST_CASE("a node that stops while a client is in the middle of a frame does not say the client "
+          "hung up",
+          "[wire][errors]") {
+  auto dir = std::make_shared<variable_directory>();
+  const int64_t n = 3001;
+  dir->put("big", {variable_cell_actor{}, float_cell("big", {n}, 0)});
+  af::test::log_capture logs;
+  auto srv = serve(dir, 60s, 60s);
+  auto values = tensor::filled(dtype::float32, {n}, 1);
+  auto frame = request_bytes(var_op::assign_add, "big", &values);
+  int fd = connect_loopback(srv->port());
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  auto peer = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  REQUIRE(send(fd, frame.data(), 5000, MSG_NOSIGNAL) == 5000);
+  // Its thread has taken the header and waits for the rest of the payload.
+  REQUIRE(eventually([] { return a_thread_polls(); }, 10s));
+  srv->stop();
+  CHECK_FALSE(logs.has(peer, "hung up"));
+  close(fd);
 }
