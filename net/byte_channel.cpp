@@ -121,6 +121,32 @@ shm_channel::bound shm_bound(const link& io, const send_bound* b = nullptr) {
   return sb;
 }
 
+/// A plaintext read_timed's wait for bytes: `any` came already (then the
+/// stall timeout), else the first wait. done: there are bytes (or an
+/// interrupt) to read again; else how the read ended.
+read_end wait_readable(int fd, bool any, int first_wait_ms, int stall_ms, bool poll_first) {
+  pollfd pfd{fd, POLLIN, 0};
+  auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
+  if (rc == 0)
+    return any || !poll_first ? read_end::stalled : read_end::idle;
+  if (rc < 0 && errno != EINTR)
+    return read_end::failed;
+  return read_end::done;
+}
+
+/// After a non-blocking recv that moved nothing (`r` <= 0, errno its):
+/// closed, failed, or done (read again) after an interrupt or a wait.
+read_end after_empty_recv(int fd, ssize_t r, bool any, int first_wait_ms, int stall_ms,
+                          bool poll_first) {
+  if (r == 0)
+    return read_end::closed;
+  if (errno == EINTR)
+    return read_end::done;
+  if (errno != EAGAIN && errno != EWOULDBLOCK)
+    return read_end::failed;
+  return wait_readable(fd, any, first_wait_ms, stall_ms, poll_first);
+}
+
 /// read_timed of a plaintext socket.
 read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms,
                     bool poll_first) {
@@ -128,27 +154,20 @@ read_end read_timed(int fd, void* buf, size_t n, int first_wait_ms, int stall_ms
   bool any = false;
   bool ready = !poll_first;
   while (n > 0) {
+    ssize_t r = -1;
     if (ready) {
-      auto r = ::recv(fd, p, n, MSG_DONTWAIT);
+      r = ::recv(fd, p, n, MSG_DONTWAIT);
       if (r > 0) {
         p += r;
         n -= static_cast<size_t>(r);
         any = true;
         continue;
       }
-      if (r == 0)
-        return read_end::closed;
-      if (errno == EINTR)
-        continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        return read_end::failed;
     }
-    pollfd pfd{fd, POLLIN, 0};
-    auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
-    if (rc == 0)
-      return any || !poll_first ? read_end::stalled : read_end::idle;
-    if (rc < 0 && errno != EINTR)
-      return read_end::failed;
+    auto how = ready ? after_empty_recv(fd, r, any, first_wait_ms, stall_ms, poll_first)
+                     : wait_readable(fd, any, first_wait_ms, stall_ms, poll_first);
+    if (how != read_end::done)
+      return how;
     ready = true;
   }
   return read_end::done;
@@ -281,20 +300,11 @@ public:
         }
         continue;
       }
-      if (r == 0)
-        return read_end::closed;
-      if (errno == EINTR)
-        continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        return read_end::failed;
-      if (sleep_in_recv)
+      if (sleep_in_recv && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return read_end::idle; // SO_RCVTIMEO passed with nothing
-      pollfd pfd{io.fd, POLLIN, 0};
-      auto rc = ::poll(&pfd, 1, any ? stall_ms : first_wait_ms);
-      if (rc == 0)
-        return any || !poll_first ? read_end::stalled : read_end::idle;
-      if (rc < 0 && errno != EINTR)
-        return read_end::failed;
+      auto how = after_empty_recv(io.fd, r, any, first_wait_ms, stall_ms, poll_first);
+      if (how != read_end::done)
+        return how;
     }
     return read_end::done;
   }
