@@ -332,20 +332,28 @@ void data_plane_server::serve(int fd, const std::string& peer) {
     }
     return;
   }
-  served_connection c{shm_mapped_, node_name_, peer, fd, stream.get(),
-                      static_cast<int>(timeouts_.idle.count()),
-                      static_cast<int>(timeouts_.frame.count())};
-  c.io.stall_ms = c.frame_ms;
-  c.io.spin = timeouts_.spin;
-  c.server_stopping = &stopping_;
   try {
-    serve_frames(c);
+    // (Its byte channel is allocated: a read-ahead buffer, or TLS's.)
+    served_connection c{shm_mapped_, node_name_, peer, fd, stream.get(),
+                        static_cast<int>(timeouts_.idle.count()),
+                        static_cast<int>(timeouts_.frame.count())};
+    c.io.stall_ms = c.frame_ms;
+    c.io.spin = timeouts_.spin;
+    c.server_stopping = &stopping_;
+    try {
+      serve_frames(c);
+    } catch (const std::bad_alloc&) {
+      log::get()->warn("{} data plane: out of memory serving {}; closed its connection", node_name_,
+                       peer);
+      last_words(c.io, af_error::resource_exhausted, node_name_.c_str(), "out of memory");
+    } catch (const std::exception& e) {
+      log::get()->error("{} data plane: closed the connection of {}: {}", node_name_, peer,
+                        e.what());
+      last_words(c.io, af_error::internal, node_name_.c_str(), e.what());
+    }
   } catch (const std::bad_alloc&) {
-    log::get()->warn("{} data plane: out of memory serving {}; closed its connection", node_name_, peer);
-    last_words(c.io, af_error::resource_exhausted, node_name_.c_str(), "out of memory");
-  } catch (const std::exception& e) {
-    log::get()->error("{} data plane: closed the connection of {}: {}", node_name_, peer, e.what());
-    last_words(c.io, af_error::internal, node_name_.c_str(), e.what());
+    log::get()->warn("{} data plane: out of memory for the connection of {}; closed it unserved",
+                     node_name_, peer);
   }
   std::lock_guard<std::mutex> guard{mtx_};
   conns_.erase(std::remove(conns_.begin(), conns_.end(), fd), conns_.end());
