@@ -293,6 +293,24 @@ std::vector<const float*> parts_of(const aggregator_actor_state& st, const std::
   return out;
 }
 
+namespace {
+
+/// Takes every member of the pipelined sync round that is done having sent
+/// none of its push out of it, as an abstention (pipelined_round::abstain).
+void leave_done(aggregator_actor_state& st) {
+  if (!st.pipelined || st.spec.mode != "sync")
+    return;
+  auto round = st.pipelined;
+  auto members = round->members(); // a copy: abstain() takes one out
+  for (auto w : members)
+    if (st.round.is_done(w) && round->abstain(w))
+      log::get()->debug("aggregator '{}': {} is done; the pipelined round of global step {} "
+                        "goes on without it",
+                        st.spec.name, worker_name(st, w), st.global_step);
+}
+
+} // namespace
+
 void release_sync(self_pointer self) {
   auto& st = self->state;
   if (st.pipelined) {
@@ -303,12 +321,7 @@ void release_sync(self_pointer self) {
     // goes on without it, as the store-and-forward round's does. One that
     // left part way cannot complete it.
     auto round = st.pipelined;
-    auto members = round->members(); // a copy: abstain() takes one out
-    for (auto w : members)
-      if (st.round.is_done(w) && round->abstain(w))
-        log::get()->debug("aggregator '{}': {} is done; the pipelined round of global step {} "
-                          "goes on without it",
-                          st.spec.name, worker_name(st, w), st.global_step);
+    leave_done(st);
     for (auto w : round->members())
       if (st.round.is_done(w)) {
         auto err = make_error(af_error::aborted,
@@ -407,6 +420,11 @@ void reconsider(self_pointer self) {
     release_ssp(self);
     return;
   }
+  // A member of a pipelined round that is done before it pushed leaves it
+  // at once, not only when its being done completes the round: a round
+  // that a later streamed push completes is released by its last chunk,
+  // never here, and would wait for the done member's chunks for ever.
+  leave_done(st);
   if (!st.round.in_progress() || !st.round.complete(st.spec.replicas_to_aggregate))
     return;
   if (st.spec.mode == "sync")

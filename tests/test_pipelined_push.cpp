@@ -356,6 +356,54 @@ TEST_CASE("a member that is done before it pushed leaves a pipelined round, whic
   CHECK(b.stats(pl).pushes_on_plane == 1);
 }
 
+TEST_CASE("a member that is done before it pushed leaves a pipelined round of three though "
+          "another member joins only after it",
+          "[pipeline][members]") {
+  // Catches: a done member taken out of the pipelined round only when its
+  // "done" completes the round. With three workers, worker 2 done while
+  // worker 1 has not pushed yet does not complete it; worker 1's streamed
+  // push then completes it without the actor's release, the round waits
+  // for worker 2's chunks for ever, and both steps fail at the timeout.
+  const size_t n = 300000;
+  bed b;
+  auto sf = b.make("sf3", n, 3, "momentum", "sync", 8000);
+  auto pl = b.make("pl3", n, 3, "momentum", "sync", 8000);
+  auto g0 = gradient(n + 1, 91), g1 = gradient(n + 1, 92);
+  std::vector<std::vector<push_result>> got;
+  for (auto* t : {&sf, &pl}) {
+    bool streamed = t == &pl;
+    INFO((streamed ? "pipelined" : "store-and-forward"));
+    std::vector<push_result> out(2, push_result{make_error(af_error::internal, "")});
+    auto push = [&, t](uint32_t w, const tensor& g) {
+      out[w] = streamed ? t->chans[w]->push_streamed(t->name, w, 0, {g}, 10s, t->tokens[w], 1)
+                        : t->chans[w]->aggregate(wire::kind::push, t->name, w, 0, {g}, 10s,
+                                                 t->tokens[w], 1);
+    };
+    auto pushes = b.stats(*t).pushes;
+    std::thread t0{[&] { push(0, g0); }};
+    REQUIRE(eventually([&] { return b.stats(*t).pushes > pushes; }));
+    bool answered = false;
+    (*b.self)->request(t->agg, 10s, done_atom::value, uint32_t{2}, t->tokens[2], std::string{})
+      .receive([&](uint32_t) { answered = true; }, [&](caf::error& e) { FAIL(describe(e)); });
+    CHECK(answered);
+    std::thread t1{[&] { push(1, g1); }};
+    t0.join();
+    t1.join();
+    for (auto& r : out) {
+      REQUIRE(r);
+      CHECK(r->first == 1);
+    }
+    got.push_back(std::move(out));
+  }
+  for (size_t w = 0; w < 2; ++w)
+    CHECK(std::memcmp(got[0][w]->second.bytes(), got[1][w]->second.bytes(),
+                      got[0][w]->second.nbytes()) == 0);
+  auto a = b.saved(sf), c = b.saved(pl);
+  CHECK(a.second == c.second);
+  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  CHECK(b.stats(pl).pushes_on_plane == 2);
+}
+
 TEST_CASE("a live switch out of sync during a pipelined round abandons it, changing no variable, "
           "and its members hear the new mode",
           "[pipeline][members]") {
