@@ -585,25 +585,48 @@ TEST_CASE("a channel that looks for its replies before it sleeps reads them whol
 // where a stall says "stopped sending in the middle of a frame's payload"
 // and a TLS client's truncated record is named: an operator saw a request
 // vanish with nothing to tell why.
+namespace {
+
+/// A node serving "big" (float32[3001], zeros) with its log captured from
+/// before it started (its threads log into spdlog's sinks, which must not
+/// change under them), and an assign_add frame of ones for "big".
+struct big_node {
+  static constexpr int64_t n = 3001;
+  std::shared_ptr<variable_directory> dir = std::make_shared<variable_directory>();
+  af::test::log_capture logs;
+  std::unique_ptr<data_plane_server> srv;
+  std::string frame;
+
+  explicit big_node(std::chrono::milliseconds frame_timeout) {
+    dir->put("big", {variable_cell_actor{}, float_cell("big", {n}, 0)});
+    srv = serve(dir, 60s, frame_timeout);
+    auto values = tensor::filled(dtype::float32, {n}, 1);
+    frame = request_bytes(var_op::assign_add, "big", &values);
+  }
+};
+
+/// "127.0.0.1:PORT" of this end of `fd`, as the node's log names it.
+std::string local_peer(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
+} // namespace
+
 TEST_CASE("a client that hangs up in the middle of a frame's payload is named in the node's log",
           "[wire][errors]") {
-  auto dir = std::make_shared<variable_directory>();
-  const int64_t n = 3001;
-  dir->put("big", {variable_cell_actor{}, float_cell("big", {n}, 0)});
-  // Before the server starts: its threads log into spdlog's sinks, which
-  // must not change under them.
-  af::test::log_capture logs;
-  auto srv = serve(dir, 60s, 5s);
-  auto values = tensor::filled(dtype::float32, {n}, 1);
-  auto frame = request_bytes(var_op::assign_add, "big", &values);
+  big_node node{5s};
+  const auto n = big_node::n;
+  auto& logs = node.logs;
+  auto& srv = node.srv;
+  const auto& frame = node.frame;
   for (size_t cut : {sizeof(wire::header) + 1, sizeof(wire::header) + 3 + 100, size_t{5000}}) {
     INFO("cut after " << cut << " bytes");
     int fd = connect_loopback(srv->port());
     REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    socklen_t len = sizeof(addr);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    auto peer = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    auto peer = local_peer(fd);
     REQUIRE(send(fd, frame.data(), cut, MSG_NOSIGNAL) == static_cast<ssize_t>(cut));
     close(fd);
     CHECK(eventually([&] { return logs.has(peer, "hung up in the middle of a frame's"); }, 10s));
@@ -645,19 +668,13 @@ bool a_thread_polls() {
 TEST_CASE("a node that stops while a client is in the middle of a frame does not say the client "
           "hung up",
           "[wire][errors]") {
-  auto dir = std::make_shared<variable_directory>();
-  const int64_t n = 3001;
-  dir->put("big", {variable_cell_actor{}, float_cell("big", {n}, 0)});
-  af::test::log_capture logs;
-  auto srv = serve(dir, 60s, 60s);
-  auto values = tensor::filled(dtype::float32, {n}, 1);
-  auto frame = request_bytes(var_op::assign_add, "big", &values);
+  big_node node{60s};
+  auto& logs = node.logs;
+  auto& srv = node.srv;
+  const auto& frame = node.frame;
   int fd = connect_loopback(srv->port());
   REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto peer = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto peer = local_peer(fd);
   REQUIRE(send(fd, frame.data(), 5000, MSG_NOSIGNAL) == 5000);
   // Its thread has taken the header and waits for the rest of the payload.
   REQUIRE(eventually([] { return a_thread_polls(); }, 10s));
