@@ -350,9 +350,7 @@ TEST_CASE("a member that is done before it pushed leaves a pipelined round, whic
     got.push_back(std::move(zero));
   }
   CHECK(std::memcmp(got[0]->second.bytes(), got[1]->second.bytes(), got[0]->second.nbytes()) == 0);
-  auto a = b.saved(sf), c = b.saved(pl);
-  CHECK(a.second == c.second);
-  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  check_same_state(b, pl, sf);
   CHECK(b.stats(pl).pushes_on_plane == 1);
 }
 
@@ -398,9 +396,7 @@ TEST_CASE("a member that is done before it pushed leaves a pipelined round of th
   for (size_t w = 0; w < 2; ++w)
     CHECK(std::memcmp(got[0][w]->second.bytes(), got[1][w]->second.bytes(),
                       got[0][w]->second.nbytes()) == 0);
-  auto a = b.saved(sf), c = b.saved(pl);
-  CHECK(a.second == c.second);
-  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  check_same_state(b, pl, sf);
   CHECK(b.stats(pl).pushes_on_plane == 2);
 }
 
