@@ -256,6 +256,27 @@ caf::error open_data_channel(node_conn& conn, const std::string& host,
 
 } // namespace
 
+bool cluster_link::link_broke(const node_conn& conn, const caf::error& err) {
+  if (err != caf::sec::request_receiver_down)
+    return false;
+  health->mark(conn.key, "a request to it found its link broken");
+  return true;
+}
+
+namespace {
+
+/// Whether `node`'s handle went down: a remote node's proxy is killed when
+/// its CAF link breaks (the node died, or was stopped past
+/// connection_timeout_ms), a local node actor when it exits. The session's
+/// watcher hears it by a down message, which may come after a call looks:
+/// a request to a killed proxy is dropped, and would wait its whole timeout.
+bool handle_down(const node_actor& node) {
+  auto* a = caf::actor_cast<caf::abstract_actor*>(node);
+  return a != nullptr && a->getf(caf::abstract_actor::is_cleaned_up_flag);
+}
+
+} // namespace
+
 caf::expected<node_conn*> cluster_link::connect(const std::string& j, int32_t t) {
   return connect(task_name(j, t), j, t);
 }
@@ -265,6 +286,11 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& key, const st
   auto it = conns.find(key);
   std::string why;
   bool dead = health->is_dead(key, &why);
+  if (!dead && it != conns.end() && handle_down(it->second.actor)) {
+    why = "its handle went down";
+    health->mark(key, why);
+    dead = true;
+  }
   if (it != conns.end() && !dead) {
     if (it->second.channel_broken) {
       if (auto err = reopen_channel(it->second))

@@ -10,10 +10,11 @@
 /// the deadline), the TCP connection (each address of a name gets what is
 /// left), then the TLS and BASP handshakes (what is left after that).
 ///
-/// After a node died, connect() tries once to reach its successor: it fails
-/// at once with peer_down saying the node died when nothing answers, and
-/// calls `on_reconnect` (restarted: the node has a new incarnation) when
-/// something does.
+/// After a node died (the session's watcher said so, or its handle is
+/// down), connect() tries once to reach its successor: it fails at once with
+/// peer_down saying the node died when nothing answers, and calls
+/// `on_reconnect` (restarted: the node has a new incarnation) when something
+/// does.
 
 #include <chrono>
 #include <functional>
@@ -28,6 +29,7 @@
 #include "caf/scoped_actor.hpp"
 
 #include "net/data_plane.hpp"
+#include "actors/answer_if_down.hpp"
 #include "actors/session.hpp"
 #include "config/cluster_spec.hpp"
 #include "graph/placement.hpp"
@@ -113,6 +115,42 @@ public:
   /// The same, for a caller that holds the task's name (`key`: task_name(j, t))
   /// already: an op's hot path formats nothing.
   caf::expected<node_conn*> connect(const std::string& key, const std::string& j, int32_t t);
+
+  /// Asks /job:J/task:T's node actor `xs...` within `timeout`, gives the
+  /// answer to `take` and returns the connection that answered; `what`
+  /// names the request in an error. A request out while the node's CAF
+  /// link breaks (the node died, or was stopped past connection_timeout_ms)
+  /// is answered request_receiver_down (answer_if_down, or CAF itself when
+  /// it finds no route): the node is marked lost, and the request goes once
+  /// more through connect()'s reconnect. A lookup right after the break (a
+  /// worker that wakes and joins its aggregator again) would otherwise fail
+  /// although the node runs.
+  template <class Take, class... Ts>
+  caf::expected<node_conn*> ask_node(const std::string& j, int32_t t, const std::string& what,
+                                     std::chrono::milliseconds timeout, Take take,
+                                     const Ts&... xs) {
+    for (bool again = false;; again = true) {
+      auto conn = connect(j, t);
+      if (!conn)
+        return conn;
+      caf::error err;
+      auto request = self->request((*conn)->actor, timeout, xs...);
+      {
+        answer_if_down guard{caf::actor_cast<caf::strong_actor_ptr>((*conn)->actor),
+                             caf::strong_actor_ptr{self->ctrl()}, request.id()};
+        request.receive(take, [&](caf::error& e) { err = std::move(e); });
+      }
+      if (!err)
+        return conn;
+      if (again || !link_broke(**conn, err))
+        return explain(std::move(err), what, *conn, timeout);
+    }
+  }
+
+  /// Whether `err`, a request's to `conn`'s node actor, says the CAF link
+  /// to the node broke (request_receiver_down); if so, marks the node lost
+  /// (connect() then reconnects).
+  bool link_broke(const node_conn& conn, const caf::error& err);
 
   /// A fresh data channel for `conn` (none: its ops go as CAF messages); an
   /// error if the node's data port showed a wrong identity. `timeout` (0:

@@ -1,4 +1,5 @@
 #include "actors/kv_store.hpp"
+#include "actors/answer_if_down.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -134,14 +135,14 @@ caf::error kv_client::put(const std::string& key, const std::string& value) {
     return make_error(af_error::invalid_argument, "kv client: no store to put " + shown(key) + " in");
   caf::scoped_actor self{sys_, true};
   caf::error result;
-  self->request(store_, request_timeout_, kv_put_atom::value, key, value)
-    .receive([](caf::ok_atom) {
-      // nop
-    },
-             [&](caf::error& err) {
-               result = client_error(std::move(err), "the put of key " + shown(key),
-                                     request_timeout_);
-             });
+  auto request = self->request(store_, request_timeout_, kv_put_atom::value, key, value);
+  answer_if_down guard{caf::actor_cast<caf::strong_actor_ptr>(store_),
+                       caf::strong_actor_ptr{self->ctrl()}, request.id()};
+  request.receive([](caf::ok_atom) {},
+                  [&](caf::error& err) {
+                    result = client_error(std::move(err), "the put of key " + shown(key),
+                                          request_timeout_);
+                  });
   return result;
 }
 
@@ -154,11 +155,15 @@ caf::expected<std::string> kv_client::get(const std::string& key, std::chrono::m
   auto limit = std::chrono::milliseconds{ms} + request_timeout_;
   caf::scoped_actor self{sys_, true};
   caf::expected<std::string> result{std::string{}};
-  self->request(store_, limit, kv_get_atom::value, key, static_cast<uint32_t>(ms))
-    .receive([&](std::string& value) { result = std::move(value); },
-             [&](caf::error& err) {
-               result = client_error(std::move(err), "the get of key " + shown(key), limit);
-             });
+  auto request = self->request(store_, limit, kv_get_atom::value, key, static_cast<uint32_t>(ms));
+  // A store whose CAF link breaks meanwhile (its node died, or this one was
+  // stopped past connection_timeout_ms) says so at once, not at `limit`.
+  answer_if_down guard{caf::actor_cast<caf::strong_actor_ptr>(store_),
+                       caf::strong_actor_ptr{self->ctrl()}, request.id()};
+  request.receive([&](std::string& value) { result = std::move(value); },
+                  [&](caf::error& err) {
+                    result = client_error(std::move(err), "the get of key " + shown(key), limit);
+                  });
   return result;
 }
 

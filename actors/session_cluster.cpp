@@ -13,19 +13,16 @@ caf::expected<node_info> session::ping(const std::string& job, int32_t task) {
 
 caf::expected<node_info> session::ping(const std::string& job, int32_t task,
                                        std::chrono::milliseconds timeout) {
-  auto& im = *impl_;
-  auto conn = im.link.connect(job, task);
-  if (!conn)
-    return std::move(conn.error());
   // Asked now, not read from the connection: a node stopped since it was
   // connected (SIGSTOP, a hung host) must not look alive.
-  caf::error err;
-  im.self->request((*conn)->actor, timeout, caf::ping_atom::value)
-    .receive([&](node_info& info) { (*conn)->info = std::move(info); },
-             [&](caf::error& e) { err = im.link.explain(std::move(e), "ping", *conn, timeout); });
-  if (err)
-    return err;
-  return (*conn)->info;
+  node_info got;
+  auto conn = impl_->link.ask_node(
+    job, task, "ping", timeout, [&](node_info& info) { got = std::move(info); },
+    caf::ping_atom::value);
+  if (!conn)
+    return std::move(conn.error());
+  (*conn)->info = got;
+  return got;
 }
 
 caf::expected<std::string> session::data_transport(const std::string& job, int32_t task) {
@@ -68,16 +65,12 @@ caf::error session::wait_for_node(const std::string& job, int32_t task,
 caf::expected<std::vector<variable_info>> session::list_variables(const std::string& job,
                                                                   int32_t task) {
   auto& im = *impl_;
-  auto conn = im.link.connect(job, task);
+  std::vector<variable_info> out;
+  auto conn = im.link.ask_node(
+    job, task, "variable list", im.opts.timeout,
+    [&](std::vector<variable_info>& infos) { out = std::move(infos); }, list_atom::value);
   if (!conn)
     return std::move(conn.error());
-  caf::error err;
-  std::vector<variable_info> out;
-  im.self->request((*conn)->actor, im.opts.timeout, list_atom::value)
-    .receive([&](std::vector<variable_info>& infos) { out = std::move(infos); },
-             [&](caf::error& e) { err = im.link.explain(std::move(e), "variable list", *conn); });
-  if (err)
-    return err;
   std::sort(out.begin(), out.end(),
             [](const variable_info& a, const variable_info& b) { return a.spec.name < b.spec.name; });
   return out;
@@ -86,31 +79,23 @@ caf::expected<std::vector<variable_info>> session::list_variables(const std::str
 caf::expected<aggregator_actor> session::aggregator(const std::string& job, int32_t task,
                                                     const aggregator_spec& spec) {
   auto& im = *impl_;
-  auto conn = im.link.connect(job, task);
+  aggregator_actor out;
+  auto conn = im.link.ask_node(
+    job, task, "aggregator", im.opts.timeout, [&](aggregator_actor& a) { out = std::move(a); },
+    aggregator_atom::value, spec);
   if (!conn)
     return std::move(conn.error());
-  caf::error err;
-  aggregator_actor out;
-  im.self->request((*conn)->actor, im.opts.timeout, aggregator_atom::value, spec)
-    .receive([&](aggregator_actor& a) { out = std::move(a); },
-             [&](caf::error& e) { err = im.link.explain(std::move(e), "aggregator", *conn); });
-  if (err)
-    return err;
   return out;
 }
 
 caf::expected<kv_store_actor> session::kv_store(const std::string& job, int32_t task) {
   auto& im = *impl_;
-  auto conn = im.link.connect(job, task);
+  kv_store_actor out;
+  auto conn = im.link.ask_node(
+    job, task, "kv store", im.opts.timeout, [&](kv_store_actor& a) { out = std::move(a); },
+    kv_store_atom::value);
   if (!conn)
     return std::move(conn.error());
-  caf::error err;
-  kv_store_actor out;
-  im.self->request((*conn)->actor, im.opts.timeout, kv_store_atom::value)
-    .receive([&](kv_store_actor& a) { out = std::move(a); },
-             [&](caf::error& e) { err = im.link.explain(std::move(e), "kv store", *conn); });
-  if (err)
-    return err;
   return out;
 }
 

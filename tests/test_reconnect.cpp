@@ -10,11 +10,15 @@
 #include <signal.h>
 
 #include <chrono>
+#include <future>
 #include <mutex>
 #include <vector>
 
 #include "caf/all.hpp"
 
+#include "actors/answer_if_down.hpp"
+#include "actors/cluster_link.hpp"
+#include "actors/kv_store.hpp"
 #include "actors/session.hpp"
 #include "actors/system.hpp"
 #include "messages/error.hpp"
@@ -95,6 +99,152 @@ TEST_CASE("a session reconnects to a restarted ps by itself, re-registers its st
     value_of(s.run(twice));
   // Said once, not once per call.
   CHECK(notes.count("reconnected to") == 1);
+}
+
+namespace {
+
+/// The node actor's handle in `conn` is down: waited for with a monitor of
+/// this test's own (the links' watcher below never says it).
+bool wait_handle_down(caf::actor_system& sys, const node_conn& conn) {
+  caf::scoped_actor watch{sys};
+  watch->monitor(conn.actor);
+  bool down = false;
+  watch->receive([&](caf::down_msg&) { down = true; }, caf::after(20s) >> [] {});
+  return down;
+}
+
+/// A cluster_link whose watcher never marks a node lost: what a call sees
+/// before the session's watcher has heard the node's down message.
+struct unwatched_link {
+  explicit unwatched_link(caf::actor_system& sys, const cluster_spec& spec)
+    : self(sys), deaf(sys.spawn([](caf::event_based_actor* a) -> caf::behavior {
+        a->set_default_handler(caf::drop);
+        return {[](caf::ok_atom) {}};
+      })),
+      link(sys, spec, opts, self, deaf, health) {
+  }
+  ~unwatched_link() { caf::anon_send_exit(deaf, caf::exit_reason::user_shutdown); }
+
+  caf::expected<node_conn*> ping(node_info& got) {
+    return link.ask_node("ps", 0, "ping", 5s, [&](node_info& i) { got = std::move(i); },
+                         caf::ping_atom::value);
+  }
+
+  session_options opts;
+  caf::scoped_actor self;
+  caf::actor deaf;
+  std::shared_ptr<node_health> health = std::make_shared<node_health>();
+  cluster_link link;
+};
+
+} // namespace
+
+// Bug caught: a call over a connection whose node's handle went down (the
+// ps died, or its CAF link broke while it was stopped) before the session's
+// watcher marked the node lost sent its request to the dead proxy, which
+// drops it: the call waited its whole timeout, although the node ran again
+// at its address. The restarted ps must answer, and the killed one be said
+// lost, at once.
+TEST_CASE("a call over a node handle that went down unmarked reconnects at once",
+          "[reconnect][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
+  cluster_client c{opts};
+  unwatched_link u{*c.sys, pc->spec()};
+  auto first = value_of(u.link.connect("ps", 0));
+  auto before = first->info.incarnation;
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  REQUIRE(wait_handle_down(*c.sys, *first));
+  require_ok(pc->restart("ps", 0));
+  node_info got;
+  auto again = u.ping(got);
+  INFO((again ? std::string{} : describe(again.error())));
+  REQUIRE(again);
+  CHECK(got.incarnation != before);
+
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  REQUIRE(wait_handle_down(*c.sys, **again));
+  auto lost = u.ping(got);
+  REQUIRE(!lost);
+  UNSCOPED_INFO(describe(lost.error()));
+  CHECK(is(lost.error(), af_error::peer_down));
+  CHECK(describe(lost.error()).find("was lost (its handle went down") != std::string::npos);
+}
+
+// Bug caught: a lookup sent while the node's CAF link broke, refused for
+// want of a route (request_receiver_down), failed although the node ran: a
+// worker woken after its link to the ps broke could not join the ps's
+// aggregator again, and exited 1 (a flake of the timed window's SIGSTOP
+// test in CI). A node actor that refuses so stands in for the broken link.
+TEST_CASE("a node lookup refused for want of a route reconnects once", "[reconnect][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
+  cluster_client c{opts};
+  unwatched_link u{*c.sys, pc->spec()};
+  auto real = value_of(u.link.connect("ps", 0))->info.incarnation;
+  auto refusing = c.sys->spawn([]() -> caf::behavior {
+    return {[](caf::ping_atom) -> caf::result<node_info> {
+      return caf::make_error(caf::sec::request_receiver_down);
+    }};
+  });
+  u.link.conns.at("/job:ps/task:0").actor = caf::actor_cast<node_actor>(refusing);
+  node_info got;
+  auto again = u.ping(got);
+  INFO((again ? std::string{} : describe(again.error())));
+  REQUIRE(again);
+  CHECK(got.incarnation == real);
+  CHECK((*again)->actor != caf::actor_cast<node_actor>(refusing));
+  caf::anon_send_exit(refusing, caf::exit_reason::user_shutdown);
+}
+
+// Bug caught: a blocking request out when its receiver's CAF link broke
+// waited its whole timeout (CAF 0.17 fails no request in flight): the
+// lookup of a worker woken after its link to the ps broke, joining the
+// ps's aggregator again, timed out after 10 s, past the job's end (a flake
+// of the timed window's SIGSTOP test). The ps, stopped, holds the request
+// unanswered; killed, its link breaks.
+TEST_CASE("a blocking request out when its receiver's link breaks is answered at once",
+          "[reconnect][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
+  cluster_client c{opts};
+  unwatched_link u{*c.sys, pc->spec()};
+  auto conn = value_of(u.link.connect("ps", 0));
+  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  caf::scoped_actor self{*c.sys};
+  auto request = self->request(conn->actor, 20s, caf::ping_atom::value);
+  answer_if_down guard{caf::actor_cast<caf::strong_actor_ptr>(conn->actor),
+                       caf::strong_actor_ptr{self->ctrl()}, request.id()};
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  caf::error err;
+  request.receive([](node_info&) {}, [&](caf::error& e) { err = std::move(e); });
+  INFO(caf::to_string(err));
+  CHECK(err == caf::sec::request_receiver_down);
+}
+
+// Bug caught: a kv get out when the store's CAF link broke waited for its
+// whole limit: a worker woken after its link to the chief broke learnt the
+// chief's store was gone (and looked it up again) only 5 s later, while the
+// timed window ran on. Stopped, the store's node holds the get; killed,
+// its link breaks.
+TEST_CASE("a kv get out when its store's link breaks says the store is gone at once",
+          "[reconnect][processes]") {
+  node_options opts;
+  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
+  cluster_client c{opts};
+  unwatched_link u{*c.sys, pc->spec()};
+  kv_store_actor store;
+  value_of(u.link.ask_node("ps", 0, "kv store", 5s, [&](kv_store_actor& a) { store = a; },
+                           kv_store_atom::value));
+  kv_client client{*c.sys, store, 20s};
+  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  auto got = std::async(std::launch::async, [&] { return client.get("k", 20000ms); });
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  REQUIRE(got.wait_for(60s) == std::future_status::ready);
+  auto r = got.get();
+  REQUIRE_FALSE(r);
+  INFO(describe(r.error()));
+  CHECK(is(r.error(), af_error::peer_down));
 }
 
 } // namespace af::testing

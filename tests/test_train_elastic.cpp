@@ -362,7 +362,10 @@ TEST_CASE("a worker stopped past connection_timeout_ms during a timed window goe
   REQUIRE(seen);
   check_all_exit_0(*job, 40s);
   CHECK(w1.output().find("joined it again") != std::string::npos);
-  CHECK(w1.output().find("is gone") == std::string::npos);
+  // Neither of the watch's ends without the window's (the chief is gone,
+  // or it did not say the window ended): both say "this worker stops". A
+  // store that went with the link, looked up again, may be said gone.
+  CHECK(w1.output().find("this worker stops") == std::string::npos);
 }
 
 // Catches a deadline that does not close a step with the gradients that

@@ -1,0 +1,31 @@
+#pragma once
+/// A blocking request's guard against a receiver that goes down while the
+/// request is out. CAF 0.17 fails no request in flight when the CAF link to
+/// its receiver breaks (its node died, or was stopped past
+/// connection_timeout_ms): the request is lost, and its sender waits the
+/// whole timeout. While the guard lives, the receiver's going down answers
+/// the request at once with request_receiver_down, as CAF answers one sent
+/// where it has no route.
+
+#include "caf/actor_control_block.hpp"
+#include "caf/message_id.hpp"
+
+namespace af {
+
+class answer_if_down {
+public:
+  /// Watches `receiver` for the request that `requester` sent it, whose
+  /// response has the id `response` (the request's handle's id()). A
+  /// receiver already down answers at once.
+  answer_if_down(caf::strong_actor_ptr receiver, caf::strong_actor_ptr requester,
+                 caf::message_id response);
+  ~answer_if_down();
+  answer_if_down(const answer_if_down&) = delete;
+  answer_if_down& operator=(const answer_if_down&) = delete;
+
+private:
+  caf::strong_actor_ptr receiver_;
+  const void* token_ = nullptr;
+};
+
+} // namespace af
