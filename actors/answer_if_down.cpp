@@ -40,7 +40,9 @@ private:
 
 answer_if_down::answer_if_down(caf::strong_actor_ptr receiver, caf::strong_actor_ptr requester,
                                caf::message_id response) {
-  if (!receiver || !requester)
+  // A local receiver's mailbox answers what it holds when it ends (CAF
+  // bounces it): a second answer would only be left unread.
+  if (!receiver || !requester || receiver->node() == requester->node())
     return;
   auto b = std::make_unique<bouncer>(std::move(requester), response);
   token_ = b.get();

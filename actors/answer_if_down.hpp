@@ -6,6 +6,14 @@
 /// whole timeout. While the guard lives, the receiver's going down answers
 /// the request at once with request_receiver_down, as CAF answers one sent
 /// where it has no route.
+///
+/// Only a remote receiver (a proxy) is watched: a local one answers what
+/// its mailbox holds when it ends. An answer that comes as well (the real
+/// one was on its way as the link broke) stays unread in the requester's
+/// mailbox: no later request's receive takes it (response ids are never
+/// reused), so a requester that lives long keeps one such message per
+/// break. A receiver that hands the request on to another actor and then
+/// goes down would be taken as not answering; no caller here asks one.
 
 #include "caf/actor_control_block.hpp"
 #include "caf/message_id.hpp"

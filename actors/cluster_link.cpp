@@ -259,7 +259,7 @@ caf::error open_data_channel(node_conn& conn, const std::string& host,
 bool cluster_link::link_broke(const node_conn& conn, const caf::error& err) {
   if (err != caf::sec::request_receiver_down)
     return false;
-  health->mark(conn.key, "a request to it found its link broken");
+  health->mark(conn.key, "a request to it found its link broken", conn.actor.address());
   return true;
 }
 
@@ -288,7 +288,7 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& key, const st
   bool dead = health->is_dead(key, &why);
   if (!dead && it != conns.end() && handle_down(it->second.actor)) {
     why = "its handle went down";
-    health->mark(key, why);
+    health->mark(key, why, it->second.actor.address());
     dead = true;
   }
   if (it != conns.end() && !dead) {
@@ -302,6 +302,7 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& key, const st
     auto fresh = open(j, t);
     if (!fresh)
       return std::move(fresh.error());
+    health->revive(key, fresh->actor.address());
     return &conns.emplace(key, std::move(*fresh)).first->second;
   }
   // It died: try once to reach its successor.
@@ -315,7 +316,7 @@ caf::expected<node_conn*> cluster_link::connect(const std::string& key, const st
                         + describe(fresh.error())
                         + "); if it is not running, restart it: this session reconnects by "
                           "itself");
-  health->revive(key);
+  health->revive(key, fresh->actor.address());
   bool restarted = it == conns.end() || it->second.info.incarnation != fresh->info.incarnation;
   if (it != conns.end())
     conns.erase(it);

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "caf/actor.hpp"
+#include "caf/actor_addr.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/expected.hpp"
 #include "caf/scoped_actor.hpp"
@@ -37,14 +38,30 @@
 
 namespace af {
 
-/// Nodes the session actor saw die: task name -> why. Written by the session
-/// actor's down handler, read by the facade before each call.
+/// Nodes seen dead: task name -> why. Written by the session actor's down
+/// handler and by the link itself (a handle found down before that handler
+/// ran), read by the facade before each call.
+///
+/// A mark names the handle that went down. One for a handle the node's
+/// connection no longer holds is dropped: the link may reconnect (to the
+/// same process, whose new proxy has the same actor_addr) before the
+/// watcher hears the old proxy's down, which would otherwise mark the node
+/// dead again and make the next call reconnect a second time.
 struct node_health {
   std::mutex mtx;
   std::map<std::string, std::string> dead;
+  /// Each task's handle now (weak: its control block, the pointer compared,
+  /// is not reused while held).
+  std::map<std::string, caf::actor_addr> current;
 
-  void mark(const std::string& task, std::string why) {
+  /// `handle`: the one that went down (none: the node, whatever its handle).
+  void mark(const std::string& task, std::string why, const caf::actor_addr& handle = {}) {
     std::lock_guard<std::mutex> guard{mtx};
+    if (handle) {
+      auto c = current.find(task);
+      if (c != current.end() && c->second.get() != handle.get())
+        return; // a superseded handle's
+    }
     dead[task] = std::move(why);
   }
   bool is_dead(const std::string& task, std::string* why = nullptr) {
@@ -56,9 +73,11 @@ struct node_health {
       *why = it->second;
     return true;
   }
-  void revive(const std::string& task) {
+  /// The task's connection holds `handle` now, alive.
+  void revive(const std::string& task, const caf::actor_addr& handle) {
     std::lock_guard<std::mutex> guard{mtx};
     dead.erase(task);
+    current[task] = handle;
   }
 };
 
@@ -122,17 +141,24 @@ public:
   /// link breaks (the node died, or was stopped past connection_timeout_ms)
   /// is answered request_receiver_down (answer_if_down, or CAF itself when
   /// it finds no route): the node is marked lost, and the request goes once
-  /// more through connect()'s reconnect. A lookup right after the break (a
-  /// worker that wakes and joins its aggregator again) would otherwise fail
-  /// although the node runs.
+  /// more through connect()'s reconnect, to the same process only (one that
+  /// restarted meanwhile gives the first try's error). A lookup right after
+  /// the break (a worker that wakes and joins its aggregator again) would
+  /// otherwise fail although the node runs.
   template <class Take, class... Ts>
   caf::expected<node_conn*> ask_node(const std::string& j, int32_t t, const std::string& what,
                                      std::chrono::milliseconds timeout, Take take,
                                      const Ts&... xs) {
+    caf::error first; // the first try's, said of a node that restarted meanwhile
+    uint64_t incarnation = 0;
     for (bool again = false;; again = true) {
       auto conn = connect(j, t);
       if (!conn)
         return conn;
+      // Not to another process: the one asked is gone (a lookup would find
+      // nothing there yet).
+      if (again && (*conn)->info.incarnation != incarnation)
+        return first;
       caf::error err;
       auto request = self->request((*conn)->actor, timeout, xs...);
       {
@@ -144,6 +170,8 @@ public:
         return conn;
       if (again || !link_broke(**conn, err))
         return explain(std::move(err), what, *conn, timeout);
+      incarnation = (*conn)->info.incarnation;
+      first = explain(std::move(err), what, *conn, timeout);
     }
   }
 

@@ -12,9 +12,11 @@ caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
                                  std::shared_ptr<node_health> health) {
   self->state.health = std::move(health);
   self->set_down_handler([self](caf::down_msg& dm) {
+    // The entry is the handle watched last for its address: a down of an
+    // older one (a proxy of the same process before a reconnect) leaves it.
     auto it = self->state.nodes.find(dm.source);
-    if (it != self->state.nodes.end()) {
-      self->state.health->mark(it->second, caf::to_string(dm.reason));
+    if (it != self->state.nodes.end() && it->first.get() == dm.source.get()) {
+      self->state.health->mark(it->second, caf::to_string(dm.reason), dm.source);
       self->state.nodes.erase(it);
     }
     self->state.runner.on_down(self, dm);
@@ -35,7 +37,10 @@ caf::behavior session_actor_impl(caf::stateful_actor<session_actor_state>* self,
       self->state.runner.forget(self, step);
     },
     [self](watch_atom, caf::actor& node, std::string& task) {
-      self->state.nodes[node.address()] = task;
+      // Keyed by this handle itself (an equal address of an older proxy of
+      // the same process is replaced, not kept as the key).
+      self->state.nodes.erase(node.address());
+      self->state.nodes.emplace(node.address(), task);
       self->monitor(node);
     },
   };

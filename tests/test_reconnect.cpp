@@ -125,6 +125,12 @@ struct unwatched_link {
   }
   ~unwatched_link() { caf::anon_send_exit(deaf, caf::exit_reason::user_shutdown); }
 
+  /// `node` stands in for the ps's node actor in its connection.
+  void stand_in(node_actor node) {
+    health->revive("/job:ps/task:0", node.address());
+    link.conns.at("/job:ps/task:0").actor = std::move(node);
+  }
+
   caf::expected<node_conn*> ping(node_info& got) {
     return link.ask_node("ps", 0, "ping", 5s, [&](node_info& i) { got = std::move(i); },
                          caf::ping_atom::value);
@@ -156,15 +162,17 @@ TEST_CASE("a call over a node handle that went down unmarked reconnects at once"
   REQUIRE(pc->signal("ps", 0, SIGKILL));
   REQUIRE(wait_handle_down(*c.sys, *first));
   require_ok(pc->restart("ps", 0));
-  node_info got;
-  auto again = u.ping(got);
+  auto again = u.link.connect("ps", 0);
   INFO((again ? std::string{} : describe(again.error())));
   REQUIRE(again);
-  CHECK(got.incarnation != before);
+  CHECK((*again)->info.incarnation != before);
+  node_info got;
+  REQUIRE(u.ping(got));
+  CHECK(got.incarnation == (*again)->info.incarnation);
 
   REQUIRE(pc->signal("ps", 0, SIGKILL));
   REQUIRE(wait_handle_down(*c.sys, **again));
-  auto lost = u.ping(got);
+  auto lost = u.link.connect("ps", 0);
   REQUIRE(!lost);
   UNSCOPED_INFO(describe(lost.error()));
   CHECK(is(lost.error(), af_error::peer_down));
@@ -176,7 +184,10 @@ TEST_CASE("a call over a node handle that went down unmarked reconnects at once"
 // worker woken after its link to the ps broke could not join the ps's
 // aggregator again, and exited 1 (a flake of the timed window's SIGSTOP
 // test in CI). A node actor that refuses so stands in for the broken link.
-TEST_CASE("a node lookup refused for want of a route reconnects once", "[reconnect][processes]") {
+// Not to another process, though: a ps restarted meanwhile holds nothing
+// of the one asked, and the refusal stands (peer_down).
+TEST_CASE("a node lookup refused for want of a route reconnects once to the same process",
+          "[reconnect][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
   cluster_client c{opts};
@@ -187,13 +198,22 @@ TEST_CASE("a node lookup refused for want of a route reconnects once", "[reconne
       return caf::make_error(caf::sec::request_receiver_down);
     }};
   });
-  u.link.conns.at("/job:ps/task:0").actor = caf::actor_cast<node_actor>(refusing);
+  u.stand_in(caf::actor_cast<node_actor>(refusing));
   node_info got;
   auto again = u.ping(got);
   INFO((again ? std::string{} : describe(again.error())));
   REQUIRE(again);
   CHECK(got.incarnation == real);
   CHECK((*again)->actor != caf::actor_cast<node_actor>(refusing));
+
+  u.stand_in(caf::actor_cast<node_actor>(refusing));
+  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  require_ok(pc->restart("ps", 0));
+  auto restarted = u.ping(got);
+  REQUIRE_FALSE(restarted);
+  INFO(describe(restarted.error()));
+  CHECK(is(restarted.error(), af_error::peer_down));
+  CHECK(describe(restarted.error()).find("request_receiver_down") != std::string::npos);
   caf::anon_send_exit(refusing, caf::exit_reason::user_shutdown);
 }
 
@@ -227,7 +247,8 @@ TEST_CASE("a blocking request out when its receiver's link breaks is answered at
 // chief's store was gone (and looked it up again) only 5 s later, while the
 // timed window ran on. Stopped, the store's node holds the get; killed,
 // its link breaks.
-TEST_CASE("a kv get out when its store's link breaks says the store is gone at once",
+TEST_CASE("a kv get out when its store's link breaks says the store is gone at once and so "
+          "does a put after",
           "[reconnect][processes]") {
   node_options opts;
   auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
@@ -245,6 +266,40 @@ TEST_CASE("a kv get out when its store's link breaks says the store is gone at o
   REQUIRE_FALSE(r);
   INFO(describe(r.error()));
   CHECK(is(r.error(), af_error::peer_down));
+  // A put to the store, now down, too (its request would be dropped).
+  auto put = client.put("k", "v");
+  INFO(describe(put));
+  CHECK(is(put, af_error::peer_down));
+}
+
+// Bug caught: a down of a proxy the connection no longer holds (the watcher
+// heard it after the link reconnected to the same process, whose new proxy
+// has the same actor_addr) marked the node dead again: the next call
+// reconnected a second time, said so twice, and dropped its steps twice.
+TEST_CASE("a node's health ignores a mark for a handle its connection no longer holds",
+          "[reconnect]") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](caf::ok_atom) {}}; };
+  auto old_handle = sys.spawn(idle);
+  auto new_handle = sys.spawn(idle);
+  node_health health;
+  const std::string task = "/job:ps/task:0";
+  health.revive(task, old_handle.address());
+  health.mark(task, "down", old_handle.address());
+  CHECK(health.is_dead(task));
+  health.revive(task, new_handle.address());
+  health.mark(task, "the old proxy's down, heard late", old_handle.address());
+  CHECK_FALSE(health.is_dead(task));
+  health.mark(task, "down", new_handle.address());
+  std::string why;
+  CHECK(health.is_dead(task, &why));
+  CHECK(why == "down");
+  health.revive(task, new_handle.address());
+  health.mark(task, "whatever its handle"); // none named: the node
+  CHECK(health.is_dead(task));
+  caf::anon_send_exit(old_handle, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(new_handle, caf::exit_reason::user_shutdown);
 }
 
 } // namespace af::testing

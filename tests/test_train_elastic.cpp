@@ -363,9 +363,11 @@ TEST_CASE("a worker stopped past connection_timeout_ms during a timed window goe
   check_all_exit_0(*job, 40s);
   CHECK(w1.output().find("joined it again") != std::string::npos);
   // Neither of the watch's ends without the window's (the chief is gone,
-  // or it did not say the window ended): both say "this worker stops". A
-  // store that went with the link, looked up again, may be said gone.
+  // or it did not say the window ended): both say "this worker stops"; nor
+  // a wait for a ps taken as gone. A store that went with the link, looked
+  // up again, may be said gone.
   CHECK(w1.output().find("this worker stops") == std::string::npos);
+  CHECK_FALSE(std::regex_search(w1.output(), std::regex{R"(at [0-9.:]+ is gone \()"}));
 }
 
 // Catches a deadline that does not close a step with the gradients that
