@@ -138,6 +138,9 @@ public:
   caf::error start_read(const std::string& var) override;
   caf::error start_push(uint64_t step, const sparse_push_values& values) override;
   caf::expected<answer> finish() override;
+  bool await_answer(std::chrono::steady_clock::time_point until) override {
+    return out_.empty() || out_.front().unsent || inner_->await_answer(until);
+  }
   void flush() override { inner_->flush(); }
   std::pair<uint64_t, uint64_t> bytes() const override { return inner_->bytes(); }
 

@@ -4,6 +4,8 @@
 // out before any answer is read.
 #include "dist/sparse_step.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -176,6 +178,15 @@ caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
   return answer{std::move(r->value), r->version, r->dropped_late};
 }
 
+bool data_plane_ps_link::await_answer(std::chrono::steady_clock::time_point until) {
+  if (kinds_.empty() || !asks_.empty())
+    return true; // finish() fails at once, or sends first
+  if (kinds_.front() == kind::part
+      && (!ready_.empty() || (!batches_.empty() && batches_.front().unsent)))
+    return true;
+  return channel_->await_reply(until);
+}
+
 caf::error data_plane_ps_link::read_timed_out(const caf::error& err) const {
   // The channel names the read's own wait (step_timeout_ms); what a user
   // can do about it is this layer's to say.
@@ -224,6 +235,32 @@ caf::error first_error(const std::vector<caf::error>& errs, const char* what) {
 }
 
 } // namespace
+
+void finish_as_answered(const std::vector<sparse_ps_link*>& links, const std::vector<uint8_t>& want,
+                        const std::function<void(size_t)>& take) {
+  std::vector<size_t> left;
+  for (size_t p = 0; p < want.size(); ++p)
+    if (want[p])
+      left.push_back(p);
+  constexpr auto slice = std::chrono::milliseconds{20};
+  while (!left.empty()) {
+    size_t pick = 0;
+    while (left.size() > 1) {
+      auto now = std::chrono::steady_clock::now();
+      auto it = std::find_if(left.begin(), left.end(),
+                             [&](size_t p) { return links[p]->await_answer(now); });
+      if (it != left.end()) {
+        pick = static_cast<size_t>(it - left.begin());
+        break;
+      }
+      if (links[left.front()]->await_answer(now + slice))
+        break;
+    }
+    auto p = left[pick];
+    left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));
+    take(p);
+  }
+}
 
 caf::error fetch_sparse_rows(const std::vector<train::table_spec>& specs,
                              const sparse_layout& layout, const std::vector<sparse_ps_link*>& links,
@@ -458,17 +495,20 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
     else
       sent[p] = 1;
   }
-  for (size_t p = 0; p < P; ++p) {
-    if (!sent[p])
-      continue;
+  // Read as they come, not in the ps' order: a ps that died (its
+  // connection's end is in) goes through its recovery at once, while
+  // another's sync round may wait for a worker that waits for that very
+  // recovery (the chief restores the ps): read in turn, the chief sat in
+  // that round until its step_timeout_ms abandoned it, and the job failed.
+  finish_as_answered(links, sent, [&](size_t p) {
     auto pushed = links[p]->finish();
     if (!pushed) {
       errs[p] = std::move(pushed.error());
-      continue;
+      return;
     }
     out.global_steps[p] = pushed->version;
     out.dropped_late[p] = pushed->dropped_late;
-  }
+  });
   if (auto err = first_error(errs, "the push"))
     return err;
   out.unique = unique;

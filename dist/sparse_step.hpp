@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -52,6 +53,10 @@ public:
   virtual caf::error start_push(uint64_t step, const sparse_push_values& values) = 0;
   /// The answer to the oldest request started and not yet finished.
   virtual caf::expected<answer> finish() = 0;
+  /// Waits, at most until `until`, until finish() would not wait for the
+  /// ps (the oldest request's answer, or the connection's end, is in):
+  /// true if so. A link that cannot tell says true at once.
+  virtual bool await_answer(std::chrono::steady_clock::time_point) { return true; }
   /// Sends what start_*() may have held back to send together (a link that
   /// batches a phase's reads: data_plane_ps_link); finish() does it too.
   /// A phase calls it on every link before it reads any answer, so that the
@@ -86,6 +91,7 @@ public:
   caf::error start_read(const std::string& var) override;
   caf::error start_push(uint64_t step, const sparse_push_values& values) override;
   caf::expected<answer> finish() override;
+  bool await_answer(std::chrono::steady_clock::time_point until) override;
   void flush() override;
   /// The frames' bytes (header, name, payload) of every call so far, both ways.
   std::pair<uint64_t, uint64_t> bytes() const override { return {sent_, received_}; }
@@ -229,5 +235,16 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const train::sparse_batch& batch, uint64_t step,
                                                   sparse_fetch& scratch,
                                                   const std::vector<uint64_t>* ps_steps = nullptr);
+
+/// Calls `take(p)` once for each link `p` with `want[p]`, whichever has its
+/// answer in first (sparse_ps_link::await_answer): the first in order is
+/// waited on 20 ms at a time, and between those the others are looked at.
+/// Answers that are in together go in order; a lone link is finished
+/// without a look. A step's pushes are read so: a ps that died (its
+/// connection's end is in) goes through its recovery at once, while
+/// another ps's sync round may wait for a worker that waits for that very
+/// recovery.
+void finish_as_answered(const std::vector<sparse_ps_link*>& links, const std::vector<uint8_t>& want,
+                        const std::function<void(size_t)>& take);
 
 } // namespace af

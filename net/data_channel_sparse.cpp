@@ -4,6 +4,7 @@
 #include "net/data_plane.hpp"
 #include "net/data_link.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -319,6 +320,24 @@ caf::expected<data_channel::answer> data_channel::next_reply() {
   out.version = r->second;
   out.dropped_late = (reply_flags_ & wire::reply_flags::dropped_late) != 0;
   return out;
+}
+
+bool data_channel::await_reply(std::chrono::steady_clock::time_point until) {
+  if (pending_.empty() || fd_ < 0 || bytes_->has_pending())
+    return true;
+  if (bytes_->waits_itself()) {
+    if (shm_ == nullptr || bytes_ != moved_bytes_.get())
+      return true; // UCX: its worker's progress is not ours to wait on here
+    shm_channel::bound b;
+    b.deadline = until;
+    b.spin = std::chrono::microseconds{0}; // a look, then the futex (and the socket)
+    return shm_->await_bytes(fd_, b) != shm_channel::status::timeout;
+  }
+  auto left =
+    std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  pollfd pfd{fd_, POLLIN, 0};
+  // Bytes, the end, an error or an interrupt: next_reply() says which.
+  return ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) != 0;
 }
 
 caf::expected<std::pair<tensor, uint64_t>>

@@ -307,6 +307,12 @@ public:
   caf::expected<answer> next_reply();
   /// Requests sent and not yet answered.
   size_t in_flight() const { return pending_.size(); }
+  /// Waits, at most until `until`, for the oldest request's answer (its
+  /// first bytes) or the connection's end, reading nothing: true once
+  /// next_reply() would not wait for the node, or with nothing out. Over
+  /// UCX it cannot tell, and says true at once. For a thread with requests
+  /// out to several nodes that reads whichever answers first.
+  bool await_reply(std::chrono::steady_clock::time_point until);
 
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at
   /// `sent_ns` on this host's steady clock) to the executor of `device` on

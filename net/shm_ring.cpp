@@ -594,6 +594,26 @@ shm_channel::status shm_channel::write(const iovec* iov, int count, int fd, cons
   return st;
 }
 
+shm_channel::status shm_channel::await_bytes(int fd, const bound& b) {
+  uint64_t tail = in_->tail.load(std::memory_order_relaxed); // ours alone
+  auto ready = [&] { return in_->head.load(std::memory_order_acquire) != tail; };
+  if (ready())
+    return status::done;
+  // The socket carries only doorbell bytes: taken off, so that the end of
+  // a peer that died shows behind them even to a look that does not wait
+  // (wait() sees it only while it sleeps on the socket).
+  char bells[64];
+  auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+    return ready() ? status::done : status::closed;
+  if (ready())
+    return status::done;
+  if (std::chrono::steady_clock::now() >= b.deadline)
+    return status::timeout;
+  return wait(ready, in_->reader_waiting, fd, b, false, std::chrono::steady_clock::now(),
+              read_spin_);
+}
+
 shm_channel::status shm_channel::read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved) {
   using clock = std::chrono::steady_clock;
   uint64_t tail = in_->tail.load(std::memory_order_relaxed); // ours alone

@@ -83,6 +83,10 @@ public:
   /// skips them). `moved`: bytes read.
   status read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved = nullptr);
 
+  /// Waits as read() does until the incoming ring has a byte, taking none:
+  /// done, closed (the peer's socket), timeout (b's deadline) or corrupt.
+  status await_bytes(int fd, const bound& b);
+
   /// Where a payload starts in the ring for the reader to use it in place
   /// (a multiple of this many bytes from the ring's first): the writer pads
   /// before a frame to get there (wire::kind::shm_pad).

@@ -141,12 +141,12 @@ void ps_killed_and_restarted(const std::string& mode) {
   auto seen = *last_checkpoint_step(job->chief().output());
   job->process("ps", 1).signal(SIGKILL);
   const std::string gone = "/job:ps/task:1 at 127.0.0.1:";
-  // Within step_timeout_ms and a margin: the kill may find the chief
-  // reading ps 0's answer, whose round waits for worker 1's push, while
-  // worker 1, which met the dead ps 1 in its lookup, waits for the chief to
-  // restore it; the chief sees ps 1 once that round ends, at step_timeout_ms
-  // and 2 s at most (docs/sparse.md "A ps that dies"). With 10 s this failed in one
-  // full run of the twelfth session, the chief's output stopped at step 100.
+  // The kill may find the chief waiting on ps 0's answer, whose round
+  // waits for worker 1's push, while worker 1, which met the dead ps 1 in
+  // its lookup, waits for the chief to restore it: the chief reads the
+  // answers as they come, and sees ps 1's end within 20 ms (docs/sparse.md
+  // "A ps that dies"; read in order, it saw it only when step_timeout_ms
+  // abandoned that round, and the job failed). 20 s: a loaded machine.
   auto noticed = job->wait_until(
     [&] {
       const auto& out = job->chief().output();

@@ -3,6 +3,8 @@
 // the aggregators (messages/aggregator.hpp's push, sparse), in each mode.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -23,6 +25,9 @@
 #include "dist/embedded_cluster.hpp"
 #include "messages/error.hpp"
 #include "net/data_plane.hpp"
+#include "process_cluster.hpp"
+#include "scenarios.hpp"
+#include "value_of.hpp"
 
 using namespace af;
 using namespace std::chrono_literals;
@@ -539,7 +544,9 @@ struct small_plane_job {
   aggregator_actor agg;
 };
 
-small_plane_job start_small_plane_job(const std::string& name, uint32_t workers = 0) {
+small_plane_job start_small_plane_job(const std::string& name, uint32_t workers = 0,
+                                      const std::string& mode = "async",
+                                      uint32_t step_timeout_ms = 30000) {
   small_plane_job j;
   auto c = embedded_cluster::start({{"ps", 1}, {"worker", 1}});
   REQUIRE(c);
@@ -554,7 +561,8 @@ small_plane_job start_small_plane_job(const std::string& name, uint32_t workers 
   }
   REQUIRE_FALSE(j.s->initialize());
   j.spec.name = name;
-  j.spec.mode = "async";
+  j.spec.mode = mode;
+  j.spec.step_timeout_ms = step_timeout_ms;
   j.spec.variables = {"emb", "w"};
   j.spec.sparse = {"emb"};
   j.spec.optimizer.kind = "sgd";
@@ -567,7 +575,112 @@ small_plane_job start_small_plane_job(const std::string& name, uint32_t workers 
   return j;
 }
 
+/// Joins worker `index` to `agg`: its token.
+std::string join_worker(caf::actor_system& sys, const aggregator_actor& agg, uint32_t index) {
+  caf::scoped_actor self{sys};
+  std::string token;
+  self
+    ->request(agg, 10s, join_atom::value, index, "/job:worker/task:" + std::to_string(index),
+              std::string{"127.0.0.1:1"}, uint32_t{1}, caf::actor{})
+    .receive([&](uint64_t, std::string& t, uint64_t) { token = t; },
+             [&](caf::error& e) { FAIL(describe(e)); });
+  return token;
+}
+
 } // namespace
+
+// Bug caught: a worker with sparse pushes out to several ps read their
+// answers in the ps' order, so the chief sat in one ps's sync round while
+// another ps had died and the round waited for a worker that waited for
+// the chief to restore that ps (the job failed at step_timeout_ms). The
+// look it reads them by must say "not yet" while a round is open, and "in"
+// once it closed, or ended as its node stops, on TCP and on shared memory
+// (whose answer comes through the ring, not the socket).
+TEST_CASE("a channel says when its oldest answer is in without reading it: a round that closes "
+          "and one that ends as its node stops",
+          "[sparse_push][data_plane]") {
+  const bool shm = GENERATE(false, true);
+  // A round that waits in vain ends in 2 s (the node's stop waits for it).
+  auto job = start_small_plane_job("test/sparse_await", 2, "sync", 2000);
+  auto& sys = job.s->system();
+  auto t0 = join_worker(sys, job.agg, 0);
+  auto t1 = join_worker(sys, job.agg, 1);
+  auto port = testing::value_of(job.s->ping("ps", 0)).data_port;
+  auto open = [&] {
+    auto ch = testing::value_of(
+      data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 5s, {}, nullptr, nullptr, shm));
+    REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move to shm after it
+    REQUIRE(ch->gather_rows("emb", ids64({0})));
+    return ch;
+  };
+  auto c0 = open();
+  auto c1 = open();
+  INFO(c0->transport());
+  CHECK((c0->transport() == "shared memory") == shm);
+  auto push = [&](data_channel& c, uint32_t worker, uint64_t step, const std::string& token,
+                  uint64_t seq) {
+    return c.send_push_sparse(job.spec.name, worker, step, {floats_of({2}, {1, 1})},
+                              {ids64({1})}, {floats_of({1, 3}, {1, 1, 1})}, 10s, token, seq);
+  };
+  REQUIRE_FALSE(push(*c0, 0, 0, t0, 1));
+  // The round waits for worker 1: nothing to read yet.
+  CHECK_FALSE(c0->await_reply(std::chrono::steady_clock::now() + 100ms));
+  REQUIRE_FALSE(push(*c1, 1, 0, t1, 1));
+  CHECK(c1->await_reply(std::chrono::steady_clock::now() + 10s));
+  CHECK(testing::value_of(c1->next_reply()).version == 1);
+  CHECK(c0->await_reply(std::chrono::steady_clock::now() + 10s));
+  CHECK(testing::value_of(c0->next_reply()).version == 1);
+  // The next round waits for worker 1 again; the node stops meanwhile (it
+  // answers the round's end, or closes the connection).
+  REQUIRE_FALSE(push(*c0, 0, 1, t0, 2));
+  CHECK_FALSE(c0->await_reply(std::chrono::steady_clock::now() + 100ms));
+  job.s.reset();
+  REQUIRE_FALSE(job.cluster->shutdown(20s));
+  CHECK(c0->await_reply(std::chrono::steady_clock::now() + 10s));
+  CHECK_FALSE(c0->next_reply());
+}
+
+// Bug caught: on shared memory, a look that does not wait (a worker with
+// pushes out to several ps looks at each between its waits) never saw the
+// end of a ps that had died: its wait sees the socket only while it sleeps
+// on it. The chief then never read the dead ps first (the flake above).
+TEST_CASE("a look that does not wait sees a killed node's end with a push out, on TCP and on "
+          "shared memory",
+          "[sparse_push][data_plane][processes]") {
+  const bool shm = GENERATE(false, true);
+  node_options opts;
+  auto pc = testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
+  testing::cluster_client c{opts};
+  auto s = testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
+  {
+    auto scope = s.device("/job:ps/task:0");
+    REQUIRE(s.variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+    REQUIRE(s.variable("w", {2}, initializer::ones()));
+  }
+  REQUIRE_FALSE(s.initialize());
+  aggregator_spec spec;
+  spec.name = "test/sparse_killed";
+  spec.mode = "sync";
+  spec.workers = 2;
+  spec.variables = {"emb", "w"};
+  spec.sparse = {"emb"};
+  spec.optimizer.kind = "sgd";
+  auto agg = testing::value_of(s.aggregator("ps", 0, spec));
+  auto token = join_worker(s.system(), agg, 0);
+  auto port = testing::value_of(s.ping("ps", 0)).data_port;
+  auto ch = testing::value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 5s, {},
+                                                    nullptr, nullptr, shm));
+  REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move to shm after it
+  REQUIRE(ch->gather_rows("emb", ids64({0})));
+  INFO(ch->transport());
+  CHECK((ch->transport() == "shared memory") == shm);
+  REQUIRE_FALSE(ch->send_push_sparse(spec.name, 0, 0, {floats_of({2}, {1, 1})}, {ids64({1})},
+                                     {floats_of({1, 3}, {1, 1, 1})}, 10s, token, 1));
+  CHECK_FALSE(ch->await_reply(std::chrono::steady_clock::now())); // the round waits for worker 1
+  REQUIRE(pc->signal("ps", 0, SIGKILL)); // reaped: its sockets are closed
+  CHECK(ch->await_reply(std::chrono::steady_clock::now()));
+  CHECK_FALSE(ch->next_reply());
+}
 
 TEST_CASE("rows are read and sparse pushes applied over the data plane", "[sparse_push][data_plane]") {
   auto job = start_small_plane_job("test/sparse_plane");

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,7 +74,64 @@ public:
   }
 };
 
+/// A link whose one answer is in once `in()` says so; finish() notes its
+/// index in `order` and runs `then`.
+struct scripted_link final : sparse_ps_link {
+  scripted_link(size_t index, std::vector<size_t>& order, std::function<bool()> in,
+                std::function<void()> then = {})
+    : index(index), order(order), in(std::move(in)), then(std::move(then)) {}
+  caf::error start_gather_rows(const std::string&, const tensor&) override { return {}; }
+  caf::error start_read(const std::string&) override { return {}; }
+  caf::error start_push(uint64_t, const sparse_push_values&) override { return {}; }
+  bool await_answer(std::chrono::steady_clock::time_point) override {
+    ++looks;
+    return in();
+  }
+  caf::expected<answer> finish() override {
+    order.push_back(index);
+    if (then)
+      then();
+    return answer{};
+  }
+  size_t index;
+  std::vector<size_t>& order;
+  std::function<bool()> in;
+  std::function<void()> then;
+  int looks = 0;
+};
+
 } // namespace
+
+// Bug caught: the chief read its pushes' answers in the ps' order. Its push
+// to ps 0 waited in a sync round for worker 1, which waited for the chief
+// to restore ps 1; ps 1 had died, its connection's end was in, and the
+// chief read it only after ps 0's round was abandoned at step_timeout_ms:
+// the job failed (a flake of the sparse SIGKILL test). Here ps 0's answer
+// comes only once ps 1's has been finished (its recovery).
+TEST_CASE("a step's push answers are finished as they come: a dead ps before a round that waits "
+          "for its recovery",
+          "[sparse_step]") {
+  std::vector<size_t> order;
+  bool recovered = false;
+  scripted_link round{0, order, [&] { return recovered; }};
+  scripted_link dead{1, order, [] { return true; }, [&] { recovered = true; }};
+  scripted_link untouched{2, order, [] { return true; }};
+  std::vector<sparse_ps_link*> links{&round, &dead, &untouched};
+  finish_as_answered(links, {1, 1, 0}, [&](size_t p) { REQUIRE(links[p]->finish()); });
+  CHECK(order == std::vector<size_t>{1, 0});
+  CHECK(untouched.looks == 0); // not asked for: neither looked at nor finished
+
+  // Answers in together go in the ps' order; a lone one without a look.
+  order.clear();
+  recovered = true;
+  finish_as_answered(links, {1, 1, 1}, [&](size_t p) { REQUIRE(links[p]->finish()); });
+  CHECK(order == std::vector<size_t>{0, 1, 2});
+  order.clear();
+  round.looks = 0;
+  finish_as_answered(links, {1, 0, 0}, [&](size_t p) { REQUIRE(links[p]->finish()); });
+  CHECK(order == std::vector<size_t>{0});
+  CHECK(round.looks == 0);
+}
 
 TEST_CASE("a sparse step gathers the batch's rows from each shard and pushes each shard its "
           "rows' gradients",
