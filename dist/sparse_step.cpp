@@ -179,8 +179,9 @@ caf::expected<sparse_ps_link::answer> data_plane_ps_link::finish() {
 }
 
 bool data_plane_ps_link::await_answer(std::chrono::steady_clock::time_point until) {
-  if (kinds_.empty() || !asks_.empty())
-    return true; // finish() fails at once, or sends first
+  flush(); // reads held back go out now (finish() would send them first)
+  if (kinds_.empty())
+    return true; // finish() fails at once
   if (kinds_.front() == kind::part
       && (!ready_.empty() || (!batches_.empty() && batches_.front().unsent)))
     return true;
@@ -245,16 +246,18 @@ void finish_as_answered(const std::vector<sparse_ps_link*>& links, const std::ve
   constexpr auto slice = std::chrono::milliseconds{20};
   while (!left.empty()) {
     size_t pick = 0;
+    // The first waited on, then (its slice over) the others looked at: the
+    // usual step (every ps alive) costs one wait per link, no look.
     while (left.size() > 1) {
+      if (links[left.front()]->await_answer(std::chrono::steady_clock::now() + slice))
+        break;
       auto now = std::chrono::steady_clock::now();
-      auto it = std::find_if(left.begin(), left.end(),
+      auto it = std::find_if(left.begin() + 1, left.end(),
                              [&](size_t p) { return links[p]->await_answer(now); });
       if (it != left.end()) {
         pick = static_cast<size_t>(it - left.begin());
         break;
       }
-      if (links[left.front()]->await_answer(now + slice))
-        break;
     }
     auto p = left[pick];
     left.erase(left.begin() + static_cast<std::ptrdiff_t>(pick));

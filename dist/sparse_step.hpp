@@ -237,13 +237,14 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
                                                   const std::vector<uint64_t>* ps_steps = nullptr);
 
 /// Calls `take(p)` once for each link `p` with `want[p]`, whichever has its
-/// answer in first (sparse_ps_link::await_answer): the first in order is
-/// waited on 20 ms at a time, and between those the others are looked at.
-/// Answers that are in together go in order; a lone link is finished
-/// without a look. A step's pushes are read so: a ps that died (its
-/// connection's end is in) goes through its recovery at once, while
+/// answer in first (sparse_ps_link::await_answer): the first still out is
+/// waited on 20 ms at a time, and after each such wait the others are
+/// looked at. Answers that are in together go in order; a lone link is
+/// finished without a wait. A step's pushes are read so: a ps that died
+/// (its connection's end is in) goes through its recovery at once, while
 /// another ps's sync round may wait for a worker that waits for that very
-/// recovery.
+/// recovery. Over UCX a link cannot tell (await_answer says true): its
+/// answers go in order, as before.
 void finish_as_answered(const std::vector<sparse_ps_link*>& links, const std::vector<uint8_t>& want,
                         const std::function<void(size_t)>& take);
 

@@ -325,19 +325,29 @@ caf::expected<data_channel::answer> data_channel::next_reply() {
 bool data_channel::await_reply(std::chrono::steady_clock::time_point until) {
   if (pending_.empty() || fd_ < 0 || bytes_->has_pending())
     return true;
+  // Past the request's own deadline next_reply() fails at once (a ps that
+  // went silent with its connection open: stopped, or its host cut off).
+  const auto deadline = pending_.front().deadline;
+  if (std::chrono::steady_clock::now() >= deadline)
+    return true;
+  until = std::min(until, deadline);
   if (bytes_->waits_itself()) {
     if (shm_ == nullptr || bytes_ != moved_bytes_.get())
       return true; // UCX: its worker's progress is not ours to wait on here
     shm_channel::bound b;
     b.deadline = until;
     b.spin = std::chrono::microseconds{0}; // a look, then the futex (and the socket)
-    return shm_->await_bytes(fd_, b) != shm_channel::status::timeout;
+    auto st = shm_->await_bytes(fd_, b);
+    return st != shm_channel::status::timeout || std::chrono::steady_clock::now() >= deadline;
   }
   auto left =
     std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   pollfd pfd{fd_, POLLIN, 0};
-  // Bytes, the end, an error or an interrupt: next_reply() says which.
-  return ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) != 0;
+  int rc = ::poll(&pfd, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30)));
+  if (rc < 0 && errno == EINTR)
+    return false; // looked at again
+  // Bytes, the end or an error (next_reply() says which); or its deadline.
+  return rc != 0 || std::chrono::steady_clock::now() >= deadline;
 }
 
 caf::expected<std::pair<tensor, uint64_t>>

@@ -603,9 +603,13 @@ shm_channel::status shm_channel::await_bytes(int fd, const bound& b) {
   // a peer that died shows behind them even to a look that does not wait
   // (wait() sees it only while it sleeps on the socket).
   char bells[64];
-  auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
-  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-    return ready() ? status::done : status::closed;
+  for (int i = 0; i < 16; ++i) { // a peer rings once per sleep: a few at most
+    auto r = ::recv(fd, bells, sizeof(bells), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      return ready() ? status::done : status::closed;
+    if (r < static_cast<ssize_t>(sizeof(bells)))
+      break;
+  }
   if (ready())
     return status::done;
   if (std::chrono::steady_clock::now() >= b.deadline)
