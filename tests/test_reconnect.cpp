@@ -143,6 +143,17 @@ struct unwatched_link {
   cluster_link link;
 };
 
+/// A ps in a process of its own, and an unwatched link to it.
+struct one_ps {
+  one_ps()
+    : pc(value_of(process_cluster::start({{"ps", 1}}, opts))), c(opts), u(*c.sys, pc->spec()) {}
+
+  node_options opts;
+  std::unique_ptr<process_cluster> pc;
+  cluster_client c;
+  unwatched_link u;
+};
+
 } // namespace
 
 // Bug caught: a call over a connection whose node's handle went down (the
@@ -153,26 +164,23 @@ struct unwatched_link {
 // lost, at once.
 TEST_CASE("a call over a node handle that went down unmarked reconnects at once",
           "[reconnect][processes]") {
-  node_options opts;
-  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
-  cluster_client c{opts};
-  unwatched_link u{*c.sys, pc->spec()};
-  auto first = value_of(u.link.connect("ps", 0));
+  one_ps t;
+  auto first = value_of(t.u.link.connect("ps", 0));
   auto before = first->info.incarnation;
-  REQUIRE(pc->signal("ps", 0, SIGKILL));
-  REQUIRE(wait_handle_down(*c.sys, *first));
-  require_ok(pc->restart("ps", 0));
-  auto again = u.link.connect("ps", 0);
+  REQUIRE(t.pc->signal("ps", 0, SIGKILL));
+  REQUIRE(wait_handle_down(*t.c.sys, *first));
+  require_ok(t.pc->restart("ps", 0));
+  auto again = t.u.link.connect("ps", 0);
   INFO((again ? std::string{} : describe(again.error())));
   REQUIRE(again);
   CHECK((*again)->info.incarnation != before);
   node_info got;
-  REQUIRE(u.ping(got));
+  REQUIRE(t.u.ping(got));
   CHECK(got.incarnation == (*again)->info.incarnation);
 
-  REQUIRE(pc->signal("ps", 0, SIGKILL));
-  REQUIRE(wait_handle_down(*c.sys, **again));
-  auto lost = u.link.connect("ps", 0);
+  REQUIRE(t.pc->signal("ps", 0, SIGKILL));
+  REQUIRE(wait_handle_down(*t.c.sys, **again));
+  auto lost = t.u.link.connect("ps", 0);
   REQUIRE(!lost);
   UNSCOPED_INFO(describe(lost.error()));
   CHECK(is(lost.error(), af_error::peer_down));
@@ -188,28 +196,25 @@ TEST_CASE("a call over a node handle that went down unmarked reconnects at once"
 // of the one asked, and the refusal stands (peer_down).
 TEST_CASE("a node lookup refused for want of a route reconnects once to the same process",
           "[reconnect][processes]") {
-  node_options opts;
-  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
-  cluster_client c{opts};
-  unwatched_link u{*c.sys, pc->spec()};
-  auto real = value_of(u.link.connect("ps", 0))->info.incarnation;
-  auto refusing = c.sys->spawn([]() -> caf::behavior {
+  one_ps t;
+  auto real = value_of(t.u.link.connect("ps", 0))->info.incarnation;
+  auto refusing = t.c.sys->spawn([]() -> caf::behavior {
     return {[](caf::ping_atom) -> caf::result<node_info> {
       return caf::make_error(caf::sec::request_receiver_down);
     }};
   });
-  u.stand_in(caf::actor_cast<node_actor>(refusing));
+  t.u.stand_in(caf::actor_cast<node_actor>(refusing));
   node_info got;
-  auto again = u.ping(got);
+  auto again = t.u.ping(got);
   INFO((again ? std::string{} : describe(again.error())));
   REQUIRE(again);
   CHECK(got.incarnation == real);
   CHECK((*again)->actor != caf::actor_cast<node_actor>(refusing));
 
-  u.stand_in(caf::actor_cast<node_actor>(refusing));
-  REQUIRE(pc->signal("ps", 0, SIGKILL));
-  require_ok(pc->restart("ps", 0));
-  auto restarted = u.ping(got);
+  t.u.stand_in(caf::actor_cast<node_actor>(refusing));
+  REQUIRE(t.pc->signal("ps", 0, SIGKILL));
+  require_ok(t.pc->restart("ps", 0));
+  auto restarted = t.u.ping(got);
   REQUIRE_FALSE(restarted);
   INFO(describe(restarted.error()));
   CHECK(is(restarted.error(), af_error::peer_down));
@@ -225,17 +230,14 @@ TEST_CASE("a node lookup refused for want of a route reconnects once to the same
 // unanswered; killed, its link breaks.
 TEST_CASE("a blocking request out when its receiver's link breaks is answered at once",
           "[reconnect][processes]") {
-  node_options opts;
-  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
-  cluster_client c{opts};
-  unwatched_link u{*c.sys, pc->spec()};
-  auto conn = value_of(u.link.connect("ps", 0));
-  REQUIRE(pc->signal("ps", 0, SIGSTOP));
-  caf::scoped_actor self{*c.sys};
+  one_ps t;
+  auto conn = value_of(t.u.link.connect("ps", 0));
+  REQUIRE(t.pc->signal("ps", 0, SIGSTOP));
+  caf::scoped_actor self{*t.c.sys};
   auto request = self->request(conn->actor, 20s, caf::ping_atom::value);
   answer_if_down guard{caf::actor_cast<caf::strong_actor_ptr>(conn->actor),
                        caf::strong_actor_ptr{self->ctrl()}, request.id()};
-  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  REQUIRE(t.pc->signal("ps", 0, SIGKILL));
   caf::error err;
   request.receive([](node_info&) {}, [&](caf::error& e) { err = std::move(e); });
   INFO(caf::to_string(err));
@@ -250,17 +252,14 @@ TEST_CASE("a blocking request out when its receiver's link breaks is answered at
 TEST_CASE("a kv get out when its store's link breaks says the store is gone at once and so "
           "does a put after",
           "[reconnect][processes]") {
-  node_options opts;
-  auto pc = value_of(process_cluster::start({{"ps", 1}}, opts));
-  cluster_client c{opts};
-  unwatched_link u{*c.sys, pc->spec()};
+  one_ps t;
   kv_store_actor store;
-  value_of(u.link.ask_node("ps", 0, "kv store", 5s, [&](kv_store_actor& a) { store = a; },
+  value_of(t.u.link.ask_node("ps", 0, "kv store", 5s, [&](kv_store_actor& a) { store = a; },
                            kv_store_atom::value));
-  kv_client client{*c.sys, store, 20s};
-  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  kv_client client{*t.c.sys, store, 20s};
+  REQUIRE(t.pc->signal("ps", 0, SIGSTOP));
   auto got = std::async(std::launch::async, [&] { return client.get("k", 20000ms); });
-  REQUIRE(pc->signal("ps", 0, SIGKILL));
+  REQUIRE(t.pc->signal("ps", 0, SIGKILL));
   REQUIRE(got.wait_for(60s) == std::future_status::ready);
   auto r = got.get();
   REQUIRE_FALSE(r);

@@ -641,6 +641,39 @@ TEST_CASE("a channel says when its oldest answer is in without reading it: a rou
   CHECK_FALSE(c0->next_reply());
 }
 
+namespace {
+
+/// A ps in a process of its own holding the table `emb` [6, 3] and `w`
+/// [2], a session on it, and a data channel to it: on shared memory
+/// (`shm`, after its first answer) or on TCP.
+struct ps_process {
+  explicit ps_process(bool shm)
+    : pc(testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts))),
+      c(opts), s(testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"))) {
+    {
+      auto scope = s.device("/job:ps/task:0");
+      REQUIRE(s.variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
+      REQUIRE(s.variable("w", {2}, initializer::ones()));
+    }
+    REQUIRE_FALSE(s.initialize());
+    auto port = testing::value_of(s.ping("ps", 0)).data_port;
+    ch = testing::value_of(
+      data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 1s, {}, nullptr, nullptr, shm));
+    REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move to shm after it
+    REQUIRE(ch->gather_rows("emb", ids64({0})));
+    INFO(ch->transport());
+    CHECK((ch->transport() == "shared memory") == shm);
+  }
+
+  node_options opts;
+  std::unique_ptr<testing::process_cluster> pc;
+  testing::cluster_client c;
+  session s;
+  std::unique_ptr<data_channel> ch;
+};
+
+} // namespace
+
 // Bug caught: a worker waiting on answers of several ps that all went
 // silent with their connections open (stopped, or their hosts cut off)
 // looked and waited for ever: the look ignored the request's own deadline,
@@ -648,31 +681,16 @@ TEST_CASE("a channel says when its oldest answer is in without reading it: a rou
 TEST_CASE("a look at a stopped node's answer says it is in at the request's deadline, on TCP and "
           "on shared memory",
           "[sparse_push][data_plane][processes]") {
-  const bool shm = GENERATE(false, true);
-  node_options opts;
-  auto pc = testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  testing::cluster_client c{opts};
-  auto s = testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
-  {
-    auto scope = s.device("/job:ps/task:0");
-    REQUIRE(s.variable("w", {2}, initializer::ones()));
-  }
-  REQUIRE_FALSE(s.initialize());
-  auto port = testing::value_of(s.ping("ps", 0)).data_port;
-  auto ch = testing::value_of(
-    data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 1s, {}, nullptr, nullptr, shm));
-  REQUIRE(ch->call(var_op::read, "w", nullptr, false)); // the first answer: a move to shm after it
-  REQUIRE(ch->call(var_op::read, "w", nullptr, false));
-  INFO(ch->transport());
-  CHECK((ch->transport() == "shared memory") == shm);
-  REQUIRE(pc->signal("ps", 0, SIGSTOP));
+  ps_process ps{GENERATE(false, true)};
+  auto& ch = ps.ch;
+  REQUIRE(ps.pc->signal("ps", 0, SIGSTOP));
   REQUIRE_FALSE(ch->send_read("w", 1ms)); // its deadline passes while the node is stopped
   CHECK(ch->await_reply(std::chrono::steady_clock::now() + 60s));
   auto r = ch->next_reply();
   REQUIRE_FALSE(r);
   INFO(describe(r.error()));
   CHECK(is(r.error(), af_error::timeout));
-  REQUIRE(pc->signal("ps", 0, SIGCONT));
+  REQUIRE(ps.pc->signal("ps", 0, SIGCONT));
 }
 
 // Bug caught: on shared memory, a look that does not wait (a worker with
@@ -682,17 +700,8 @@ TEST_CASE("a look at a stopped node's answer says it is in at the request's dead
 TEST_CASE("a look that does not wait sees a killed node's end with a push out, on TCP and on "
           "shared memory",
           "[sparse_push][data_plane][processes]") {
-  const bool shm = GENERATE(false, true);
-  node_options opts;
-  auto pc = testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts));
-  testing::cluster_client c{opts};
-  auto s = testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"));
-  {
-    auto scope = s.device("/job:ps/task:0");
-    REQUIRE(s.variable("emb", {6, 3}, initializer::from_tensor(ramp({6, 3}))));
-    REQUIRE(s.variable("w", {2}, initializer::ones()));
-  }
-  REQUIRE_FALSE(s.initialize());
+  ps_process ps{GENERATE(false, true)};
+  auto& ch = ps.ch;
   aggregator_spec spec;
   spec.name = "test/sparse_killed";
   spec.mode = "sync";
@@ -700,19 +709,12 @@ TEST_CASE("a look that does not wait sees a killed node's end with a push out, o
   spec.variables = {"emb", "w"};
   spec.sparse = {"emb"};
   spec.optimizer.kind = "sgd";
-  auto agg = testing::value_of(s.aggregator("ps", 0, spec));
-  auto token = join_worker(s.system(), agg, 0);
-  auto port = testing::value_of(s.ping("ps", 0)).data_port;
-  auto ch = testing::value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 5s, {},
-                                                    nullptr, nullptr, shm));
-  REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move to shm after it
-  REQUIRE(ch->gather_rows("emb", ids64({0})));
-  INFO(ch->transport());
-  CHECK((ch->transport() == "shared memory") == shm);
+  auto agg = testing::value_of(ps.s.aggregator("ps", 0, spec));
+  auto token = join_worker(ps.s.system(), agg, 0);
   REQUIRE_FALSE(ch->send_push_sparse(spec.name, 0, 0, {floats_of({2}, {1, 1})}, {ids64({1})},
                                      {floats_of({1, 3}, {1, 1, 1})}, 10s, token, 1));
   CHECK_FALSE(ch->await_reply(std::chrono::steady_clock::now())); // the round waits for worker 1
-  REQUIRE(pc->signal("ps", 0, SIGKILL)); // reaped: its sockets are closed
+  REQUIRE(ps.pc->signal("ps", 0, SIGKILL)); // reaped: its sockets are closed
   // Looks that do not wait, until the end shows (loopback delivers it at
   // once, a loaded machine a moment later): bounded.
   CHECK(eventually([&] { return ch->await_reply(std::chrono::steady_clock::now()); }, 5s));
