@@ -293,6 +293,9 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
   const uint64_t data_start = g.sync ? 0 : global / n;
   std::vector<uint64_t> local(n, 0);
   bool saving = !t.c.checkpoint_dir.empty();
+  // The global step and the time of the last checkpoint taken or tried
+  // (one that failed while a ps recovers is tried again at the next due).
+  uint64_t last_save_step = global;
   auto last_save = clock_type::now();
   double loss_sum = 0;
   uint64_t loss_count = 0;
@@ -348,7 +351,7 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
     out.last_loss = loss_sum / static_cast<double>(loss_count); // the replicas' mean
     uint64_t position = g.sync ? global : data_start + *std::min_element(local.begin(), local.end());
     if (saving && global < total
-        && ((t.c.checkpoint_steps > 0 && global % t.c.checkpoint_steps == 0)
+        && (train::steps_checkpoint_due(t.c.checkpoint_steps, global, last_save_step)
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
@@ -361,6 +364,7 @@ caf::error train_replicas(in_graph_run& g, uint64_t total, const sparse_job_opti
                          "the latest one stays",
                          global, describe(err));
       }
+      last_save_step = global;
       last_save = clock_type::now();
     }
     if (t.c.log_every > 0 && steps % t.c.log_every == 0) {

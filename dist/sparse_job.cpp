@@ -516,6 +516,9 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
   // async and ssp each worker's own stream (data_cursor).
   t.cursor = data_cursor::start(t.c.mode == "sync", t.start_position, t.start_step);
   bool saving = t.chief && !t.c.checkpoint_dir.empty();
+  // The global step and the time of the last checkpoint taken or tried
+  // (one that failed while a ps recovers is tried again at the next due).
+  uint64_t last_save_step = t.start_step;
   auto last_save = clock_type::now();
   double loss_sum = 0;
   uint64_t loss_count = 0;
@@ -564,7 +567,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
       }
     ++out.local_steps;
     if (saving && global < total
-        && ((t.c.checkpoint_steps > 0 && global % t.c.checkpoint_steps == 0)
+        && (train::steps_checkpoint_due(t.c.checkpoint_steps, global, last_save_step)
             || (t.c.checkpoint_secs > 0
                 && std::chrono::duration<double>(clock_type::now() - last_save).count()
                      >= t.c.checkpoint_secs))) {
@@ -577,6 +580,7 @@ caf::error train_loop(sparse_task& t, uint64_t total, const sparse_job_options& 
                          "one stays",
                          global, describe(err));
       }
+      last_save_step = global;
       last_save = clock_type::now();
     }
     loss_sum += r->result.loss;

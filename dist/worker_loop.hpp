@@ -94,8 +94,8 @@ struct worker_loop : switch_notice {
     bool round_end = mode != "average"
                      || (local_step - avg_local0) % std::max<uint32_t>(1, c.average_every) == 0;
     p.checkpoint = chief && can_save && !p.last && round_end
-                   && ((c.checkpoint_steps > 0
-                        && global_step / c.checkpoint_steps > checkpointed_step / c.checkpoint_steps)
+                   && (train::steps_checkpoint_due(c.checkpoint_steps, global_step,
+                                                   checkpointed_step)
                        || (c.checkpoint_secs > 0 && since_checkpoint_s >= c.checkpoint_secs));
     return p;
   }

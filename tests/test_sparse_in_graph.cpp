@@ -3,6 +3,7 @@
 // ps tasks.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -266,4 +267,27 @@ TEST_CASE("an in-graph sparse job of 40 steps equals one of 20 steps, checkpoint
   REQUIRE(second.tables.size() == 2);
   CHECK(table_differences(straight.tables, second.tables) == 0);
   CHECK(second.dense == straight.dense);
+}
+
+TEST_CASE("an async in-graph sparse job whose global step moves by 2 a client step checkpoints "
+          "each time it crosses a multiple of checkpoint_steps, not only when it lands on one",
+          "[sparse_job][sparse_in_graph][sparse_checkpoint]") {
+  // Catches: a chief that checkpoints only at a global step that is a
+  // multiple of checkpoint_steps. In async every replica's push is a step,
+  // so with 2 replicas the client sees 2, 4, 6, ...: every 5 steps, it saved
+  // at 10 and at the end only (a between-graph chief pushing in turn with
+  // another worker saw only odd steps, and saved nothing until its end).
+  testing::temp_dir dir;
+  auto c = small_job("async", 20);
+  c.checkpoint_dir = dir.path;
+  c.checkpoint_steps = 5;
+  auto run = run_in_graph(c, 2, 2, false);
+  REQUIRE(run.chief);
+  CHECK(run.chief->global_step == 20);
+  // Saved at 6 (past 5), 10, 16 (past 15) and at the end, 20; the newest 3 stay.
+  for (uint64_t step : {10, 16, 20}) {
+    INFO(step);
+    CHECK(std::filesystem::exists(dir.path + "/ckpt-" + std::to_string(step) + ".afck"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path + "/ckpt-6.afck"));
 }

@@ -132,6 +132,17 @@ inline bool step_per_push(const std::string& mode) {
   return mode == "async" || mode == "ssp";
 }
 
+/// True if a checkpoint by steps is due at global step `global`, the last
+/// one having been at `last` (or the job having started there): `global`
+/// crossed a multiple of `every` since (0: never). Crossing, not landing on
+/// one: in async and ssp the global step moves by every worker's pushes, so
+/// the chief may step over every multiple (two workers pushing in turn: the
+/// chief saw only odd steps, and a job checkpointing every 50 saved nothing
+/// until its end).
+inline bool steps_checkpoint_due(uint64_t every, uint64_t global, uint64_t last) {
+  return every > 0 && global / every > last / every;
+}
+
 /// Parses the [train] table of `path` (or the whole file if it has no
 /// [train] table and no [cluster] table; a cluster file without [train] gives
 /// the defaults). Errors name the file, the line and the key: an unknown key
