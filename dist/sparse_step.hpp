@@ -243,8 +243,7 @@ caf::expected<sparse_step_report> run_sparse_step(train::sparse_model& model,
 /// finished without a wait. A step's pushes are read so: a ps that died
 /// (its connection's end is in) goes through its recovery at once, while
 /// another ps's sync round may wait for a worker that waits for that very
-/// recovery. Over UCX a link cannot tell (await_answer says true): its
-/// answers go in order, as before.
+/// recovery.
 void finish_as_answered(const std::vector<sparse_ps_link*>& links, const std::vector<uint8_t>& want,
                         const std::function<void(size_t)>& take);
 

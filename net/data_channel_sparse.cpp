@@ -332,13 +332,13 @@ bool data_channel::await_reply(std::chrono::steady_clock::time_point until) {
     return true;
   until = std::min(until, deadline);
   if (bytes_->waits_itself()) {
-    if (shm_ == nullptr || bytes_ != moved_bytes_.get())
-      return true; // UCX: its worker's progress is not ours to wait on here
-    shm_channel::bound b;
+    if (bytes_ != moved_bytes_.get() || (shm_ == nullptr && ucx_ == nullptr))
+      return true;
+    ring_bound b;
     b.deadline = until;
-    b.spin = std::chrono::microseconds{0}; // a look, then the futex (and the socket)
-    auto st = shm_->await_bytes(fd_, b);
-    return st != shm_channel::status::timeout || std::chrono::steady_clock::now() >= deadline;
+    b.spin = std::chrono::microseconds{0}; // a look, then the futex or UCX's event fd (and the socket)
+    auto st = shm_ ? shm_->await_bytes(fd_, b) : ucx_->await_bytes(fd_, b);
+    return st != ring_status::timeout || std::chrono::steady_clock::now() >= deadline;
   }
   auto left =
     std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());

@@ -309,9 +309,10 @@ public:
   size_t in_flight() const { return pending_.size(); }
   /// Waits, at most until `until`, for the oldest request's answer (its
   /// first bytes) or the connection's end, reading nothing: true once
-  /// next_reply() would not wait for the node, or with nothing out. Over
-  /// UCX it cannot tell, and says true at once. For a thread with requests
-  /// out to several nodes that reads whichever answers first.
+  /// next_reply() would not wait for the node, or with nothing out (on
+  /// every transport: the socket, the shared-memory ring, UCX's stream).
+  /// For a thread with requests out to several nodes that reads whichever
+  /// answers first.
   bool await_reply(std::chrono::steady_clock::time_point until);
 
   /// One value of step `step` of graph `graph` (produced by op `op`, sent at

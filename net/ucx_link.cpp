@@ -478,6 +478,27 @@ ucx_channel::status ucx_channel::write(const iovec* iov, int count, int fd, cons
   return st;
 }
 
+ucx_channel::status ucx_channel::await_bytes(int fd, const bound& b) {
+  auto& d = *impl_;
+  if (d.broken || d.ep == nullptr)
+    return status::closed;
+  ucp_worker_progress(d.worker);
+  if (d.next_piece())
+    return status::done;
+  if (d.failed)
+    return status::closed;
+  if (clock_type::now() >= b.deadline)
+    return status::timeout;
+  bound look = b;
+  look.stall_ms = 0;
+  look.first_ms = 0;
+  auto since = clock_type::now();
+  auto st = d.wait([&] { return d.next_piece(); }, fd, look, false, since);
+  if (st == status::closed || st == status::corrupt)
+    d.broken = true;
+  return st;
+}
+
 ucx_channel::status ucx_channel::read(void* dst, uint64_t n, int fd, const bound& b,
                                       uint64_t* moved) {
   auto& d = *impl_;

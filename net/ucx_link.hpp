@@ -134,6 +134,13 @@ public:
   /// Reads exactly `n` bytes into `dst`. `moved`: bytes read.
   status read(void* dst, uint64_t n, int fd, const bound& b, uint64_t* moved = nullptr);
 
+  /// Waits as read() does until a byte has arrived, taking none: done,
+  /// closed (the endpoint failed or the peer's socket ended) or timeout (b's
+  /// deadline; b's stall bounds are not used). A timeout leaves the stream
+  /// whole. A sparse step's look at which answer came first
+  /// (net/data_channel_sparse.cpp).
+  status await_bytes(int fd, const bound& b);
+
   /// "ucx (tcp)", "ucx (rc_mlx5, ...)": UCX's transports of the endpoint.
   const std::string& transport() const { return transport_; }
 
@@ -167,6 +174,9 @@ inline ucx_channel::status ucx_channel::write(const iovec*, int, int, const boun
   return status::closed;
 }
 inline ucx_channel::status ucx_channel::read(void*, uint64_t, int, const bound&, uint64_t*) {
+  return status::closed;
+}
+inline ucx_channel::status ucx_channel::await_bytes(int, const bound&) {
   return status::closed;
 }
 #endif

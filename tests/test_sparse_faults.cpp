@@ -144,8 +144,7 @@ void ps_killed_and_restarted(const std::string& mode) {
   // The kill may find the chief waiting on ps 0's answer, whose round
   // waits for worker 1's push, while worker 1, which met the dead ps 1 in
   // its lookup, waits for the chief to restore it: the chief reads the
-  // answers as they come, and sees ps 1's end within 20 ms (on TCP and
-  // shared memory, not over UCX; docs/sparse.md
+  // answers as they come, and sees ps 1's end within 20 ms (docs/sparse.md
   // "A ps that dies"; read in order, it saw it only when step_timeout_ms
   // abandoned that round, and the job failed). 20 s: a loaded machine.
   auto noticed = job->wait_until(

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -27,6 +28,7 @@
 #include "net/data_plane.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
+#include "scoped_settings.hpp"
 #include "value_of.hpp"
 #include "wait.hpp"
 
@@ -644,11 +646,15 @@ TEST_CASE("a channel says when its oldest answer is in without reading it: a rou
 namespace {
 
 /// A ps in a process of its own holding the table `emb` [6, 3] and `w`
-/// [2], a session on it, and a data channel to it: on shared memory
-/// (`shm`, after its first answer) or on TCP.
+/// [2], a session on it, and a data channel to it, on `transport` (after
+/// its first answer): "tcp", "shared memory" or "ucx" (forced on this host,
+/// the fabric trusted by both ends; only where the build has UCX).
 struct ps_process {
-  explicit ps_process(bool shm)
-    : pc(testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts))),
+  explicit ps_process(const std::string& transport)
+    : ucx(transport == "ucx"), force(std::make_unique<testing::scoped_env>(
+                                 "ACTORFLOW_DATA_UCX", ucx ? "force" : std::getenv("ACTORFLOW_DATA_UCX"))),
+      hook_trust(wire_test_hooks()->trusted_fabric || ucx), trust(process_trusted_fabric() || ucx),
+      pc(testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts))),
       c(opts), s(testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"))) {
     {
       auto scope = s.device("/job:ps/task:0");
@@ -657,14 +663,31 @@ struct ps_process {
     }
     REQUIRE_FALSE(s.initialize());
     auto port = testing::value_of(s.ping("ps", 0)).data_port;
-    ch = testing::value_of(
-      data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 1s, {}, nullptr, nullptr, shm));
-    REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move to shm after it
+    ch = testing::value_of(data_channel::connect("127.0.0.1", port, "/job:ps/task:0", 1s, {},
+                                                 nullptr, nullptr, transport == "shared memory",
+                                                 ucx));
+    REQUIRE(ch->gather_rows("emb", ids64({0}))); // the first answer: a move after it
     REQUIRE(ch->gather_rows("emb", ids64({0})));
     INFO(ch->transport());
-    CHECK((ch->transport() == "shared memory") == shm);
+    if (ucx)
+      CHECK(ch->transport().rfind("ucx", 0) == 0);
+    else
+      CHECK(ch->transport() == transport);
   }
 
+  /// The transports a test runs on: TCP, shared memory, and UCX where built.
+  static std::string any() {
+#ifdef ACTORFLOW_WITH_UCX
+    return GENERATE(as<std::string>{}, "tcp", "shared memory", "ucx");
+#else
+    return GENERATE(as<std::string>{}, "tcp", "shared memory");
+#endif
+  }
+
+  bool ucx;
+  std::unique_ptr<testing::scoped_env> force; ///< ACTORFLOW_DATA_UCX, kept as it was but for ucx
+  testing::scoped_hook_trust hook_trust;
+  testing::scoped_trust trust;
   node_options opts;
   std::unique_ptr<testing::process_cluster> pc;
   testing::cluster_client c;
@@ -678,10 +701,10 @@ struct ps_process {
 // silent with their connections open (stopped, or their hosts cut off)
 // looked and waited for ever: the look ignored the request's own deadline,
 // past which next_reply() fails (as a lone read did before).
-TEST_CASE("a look at a stopped node's answer says it is in at the request's deadline, on TCP and "
-          "on shared memory",
+TEST_CASE("a look at a stopped node's answer says it is in at the request's deadline, on TCP, "
+          "on shared memory and over UCX",
           "[sparse_push][data_plane][processes]") {
-  ps_process ps{GENERATE(false, true)};
+  ps_process ps{ps_process::any()};
   auto& ch = ps.ch;
   REQUIRE(ps.pc->signal("ps", 0, SIGSTOP));
   REQUIRE_FALSE(ch->send_read("w", 1ms)); // its deadline passes while the node is stopped
@@ -693,14 +716,19 @@ TEST_CASE("a look at a stopped node's answer says it is in at the request's dead
   REQUIRE(ps.pc->signal("ps", 0, SIGCONT));
 }
 
-// Bug caught: on shared memory, a look that does not wait (a worker with
+// Bugs caught: on shared memory, a look that does not wait (a worker with
 // pushes out to several ps looks at each between its waits) never saw the
 // end of a ps that had died: its wait sees the socket only while it sleeps
 // on it. The chief then never read the dead ps first (the flake above).
-TEST_CASE("a look that does not wait sees a killed node's end with a push out, on TCP and on "
-          "shared memory",
+// Over UCX every look said "in" (the chief then read its answers in the ps'
+// order, and waited in the live ps's round); a look that waits must sleep
+// until its bound while the round is open, and wake at the node's end.
+TEST_CASE("a look that does not wait, and one that waits, see a killed node's end with a push "
+          "out, on TCP, on shared memory and over UCX",
           "[sparse_push][data_plane][processes]") {
-  ps_process ps{GENERATE(false, true)};
+  ps_process ps{ps_process::any()};
+  const bool waits = GENERATE(false, true);
+  INFO((waits ? "a look that waits" : "looks that do not wait"));
   auto& ch = ps.ch;
   aggregator_spec spec;
   spec.name = "test/sparse_killed";
@@ -712,12 +740,24 @@ TEST_CASE("a look that does not wait sees a killed node's end with a push out, o
   auto agg = testing::value_of(ps.s.aggregator("ps", 0, spec));
   auto token = join_worker(ps.s.system(), agg, 0);
   REQUIRE_FALSE(ch->send_push_sparse(spec.name, 0, 0, {floats_of({2}, {1, 1})}, {ids64({1})},
-                                     {floats_of({1, 3}, {1, 1, 1})}, 10s, token, 1));
-  CHECK_FALSE(ch->await_reply(std::chrono::steady_clock::now())); // the round waits for worker 1
-  REQUIRE(ps.pc->signal("ps", 0, SIGKILL)); // reaped: its sockets are closed
-  // Looks that do not wait, until the end shows (loopback delivers it at
-  // once, a loaded machine a moment later): bounded.
-  CHECK(eventually([&] { return ch->await_reply(std::chrono::steady_clock::now()); }, 5s));
+                                     {floats_of({1, 3}, {1, 1, 1})}, 30s, token, 1));
+  // The round waits for worker 1: not in, now or by the bound.
+  CHECK_FALSE(ch->await_reply(std::chrono::steady_clock::now()));
+  CHECK_FALSE(ch->await_reply(std::chrono::steady_clock::now() + 100ms));
+  if (waits) {
+    // Killed while the look sleeps; it wakes before its bound (and the
+    // request's deadline, 30 s): false if it slept through the end.
+    blocking_call<bool> look{
+      [&] { return ch->await_reply(std::chrono::steady_clock::now() + 10s); }};
+    REQUIRE(look.asleep(10s));
+    REQUIRE(ps.pc->signal("ps", 0, SIGKILL));
+    CHECK(look.join());
+  } else {
+    REQUIRE(ps.pc->signal("ps", 0, SIGKILL)); // reaped: its sockets are closed
+    // Until the end shows (loopback delivers it at once, a loaded machine a
+    // moment later): bounded.
+    CHECK(eventually([&] { return ch->await_reply(std::chrono::steady_clock::now()); }, 5s));
+  }
   CHECK_FALSE(ch->next_reply());
 }
 

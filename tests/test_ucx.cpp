@@ -32,6 +32,7 @@
 #include "temp_dir.hpp"
 #include "process_cluster.hpp"
 #include "scenarios.hpp"
+#include "scoped_settings.hpp"
 #include "wait.hpp"
 #include "log_capture.hpp"
 #include "net/data_plane.hpp"
@@ -80,45 +81,6 @@ TEST_CASE("[security] trusted_fabric: false unless said, true or false only, nam
 #ifdef ACTORFLOW_WITH_UCX
 
 namespace {
-
-/// Sets an environment variable for its lifetime, then puts back what was.
-struct scoped_env {
-  std::string name;
-  bool had = false;
-  std::string was;
-  scoped_env(std::string n, const char* value) : name(std::move(n)) {
-    if (const char* v = std::getenv(name.c_str())) {
-      had = true;
-      was = v;
-    }
-    if (value != nullptr)
-      setenv(name.c_str(), value, 1);
-    else
-      unsetenv(name.c_str());
-  }
-  ~scoped_env() {
-    if (had)
-      setenv(name.c_str(), was.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
-
-/// The process's trust in the fabric for its lifetime (then what it was).
-struct scoped_trust {
-  bool was = process_trusted_fabric().load();
-  explicit scoped_trust(bool on) { process_trusted_fabric() = on; }
-  ~scoped_trust() { process_trusted_fabric() = was; }
-};
-
-/// The test hook's trust (net/testing_hooks.hpp) for its lifetime: nodes
-/// started in this process trust the fabric, and process_cluster writes
-/// [security] trusted_fabric = true for the node processes it starts.
-struct scoped_hook_trust {
-  bool was = wire_test_hooks()->trusted_fabric;
-  explicit scoped_hook_trust(bool on) { wire_test_hooks()->trusted_fabric = on; }
-  ~scoped_hook_trust() { wire_test_hooks()->trusted_fabric = was; }
-};
 
 /// A hook for the client's UCX connect of an offer (net/testing_hooks.hpp)
 /// for its lifetime; then none, and no UCX failure remembered.
