@@ -487,16 +487,25 @@ ucx_channel::status ucx_channel::await_bytes(int fd, const bound& b) {
     return status::done;
   if (d.failed)
     return status::closed;
+  // The socket first, even for a look that does not wait: a peer that died
+  // with nothing of ours in flight may not fail the endpoint for a long
+  // time (RDMA), while its socket's end is in at once (docs/wire.md
+  // "Liveness"). Nothing is marked: read() finds the same and names it.
+  bool corrupt = false;
+  if (fd >= 0 && impl::socket_says_gone(fd, corrupt)) {
+    while (ucp_worker_progress(d.worker) != 0) {
+    }
+    if (d.next_piece())
+      return status::done; // what came before the end is still taken
+    return corrupt ? status::corrupt : status::closed;
+  }
   if (clock_type::now() >= b.deadline)
     return status::timeout;
   bound look = b;
   look.stall_ms = 0;
   look.first_ms = 0;
   auto since = clock_type::now();
-  auto st = d.wait([&] { return d.next_piece(); }, fd, look, false, since);
-  if (st == status::closed || st == status::corrupt)
-    d.broken = true;
-  return st;
+  return d.wait([&] { return d.next_piece(); }, fd, look, false, since);
 }
 
 ucx_channel::status ucx_channel::read(void* dst, uint64_t n, int fd, const bound& b,

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -651,8 +650,8 @@ namespace {
 /// the fabric trusted by both ends; only where the build has UCX).
 struct ps_process {
   explicit ps_process(const std::string& transport)
-    : ucx(transport == "ucx"), force(std::make_unique<testing::scoped_env>(
-                                 "ACTORFLOW_DATA_UCX", ucx ? "force" : std::getenv("ACTORFLOW_DATA_UCX"))),
+    : ucx(transport == "ucx"),
+      force("ACTORFLOW_DATA_UCX", ucx ? "force" : "off"), shm_on("ACTORFLOW_DATA_SHM", nullptr),
       hook_trust(wire_test_hooks()->trusted_fabric || ucx), trust(process_trusted_fabric() || ucx),
       pc(testing::value_of(testing::process_cluster::start({{"ps", 1}, {"worker", 1}}, opts))),
       c(opts), s(testing::value_of(session::make(*c.sys, pc->spec(), "/job:worker/task:0"))) {
@@ -685,7 +684,8 @@ struct ps_process {
   }
 
   bool ucx;
-  std::unique_ptr<testing::scoped_env> force; ///< ACTORFLOW_DATA_UCX, kept as it was but for ucx
+  testing::scoped_env force;  ///< ACTORFLOW_DATA_UCX: the transport asked for, whatever the run's
+  testing::scoped_env shm_on; ///< ACTORFLOW_DATA_SHM unset
   testing::scoped_hook_trust hook_trust;
   testing::scoped_trust trust;
   node_options opts;

@@ -753,6 +753,49 @@ TEST_CASE("an offer of shared memory on a connection already on UCX is declined"
   close(fd);
 }
 
+TEST_CASE("a look at a UCX stream says whether a byte is in without taking it, and sees the "
+          "peer's socket end while its endpoint lives",
+          "[ucx][faults]") {
+  // Bugs it catches: a look (ucx_channel::await_bytes: which of a sparse
+  // step's answers came first) that says "in" with nothing there or takes
+  // what it saw, and one that does not wait that never looks at the socket:
+  // a peer that died with nothing of ours in flight may not fail the
+  // endpoint for a long time (RDMA), so the chief did not see that ps's end
+  // and sat in another ps's round (docs/sparse.md "A ps that dies").
+  auto a = value_of(ucx_channel::create());
+  auto b = value_of(ucx_channel::create());
+  REQUIRE_FALSE(a->connect(b->address()));
+  REQUIRE_FALSE(b->connect(a->address()));
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto until = [](std::chrono::steady_clock::time_point t) {
+    ucx_channel::bound bd;
+    bd.deadline = t;
+    bd.spin = std::chrono::microseconds{0};
+    return bd;
+  };
+  CHECK(a->await_bytes(fds[0], until(now())) == ucx_channel::status::timeout);
+  CHECK(a->await_bytes(fds[0], until(now() + 100ms)) == ucx_channel::status::timeout);
+  uint64_t sent = 0x5eed;
+  iovec iov{&sent, sizeof(sent)};
+  ucx_channel::status wrote = ucx_channel::status::closed;
+  std::thread writer{[&] { wrote = b->write(&iov, 1, fds[1], until(now() + 10s)); }};
+  CHECK(a->await_bytes(fds[0], until(now() + 10s)) == ucx_channel::status::done);
+  writer.join();
+  REQUIRE(wrote == ucx_channel::status::done);
+  // Looked at, not taken: a second look says the same, and the read has it.
+  CHECK(a->await_bytes(fds[0], until(now())) == ucx_channel::status::done);
+  uint64_t got = 0;
+  REQUIRE(a->read(&got, sizeof(got), fds[0], until(now() + 10s)) == ucx_channel::status::done);
+  CHECK(got == sent);
+  CHECK(a->await_bytes(fds[0], until(now())) == ucx_channel::status::timeout);
+  // The peer's socket ends; its endpoint stays: a look that does not wait says so.
+  close(fds[1]);
+  CHECK(a->await_bytes(fds[0], until(now())) == ucx_channel::status::closed);
+  close(fds[0]);
+}
+
 #else
 
 TEST_CASE("built without UCX, a trusting client stays on TCP", "[ucx]") {

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+#include <vector>
 
 #include "dist/training_report.hpp"
 #include "dist/worker_loop.hpp"
@@ -222,4 +223,26 @@ TEST_CASE("a live switch asks a worker to join again only into sync, and a spars
   auto a = data_cursor::start(false, 7, 30);
   a.stepped(33);
   CHECK(a.next == 8);
+}
+
+TEST_CASE("a checkpoint by steps is due when the global step crosses a multiple of "
+          "checkpoint_steps since the last, whatever steps the chief sees",
+          "[worker]") {
+  // Catches the rule the sparse chief had: due only on a multiple. A chief
+  // that sees only odd global steps (two workers pushing in turn) saved
+  // nothing until its job's end.
+  std::vector<uint64_t> saved;
+  uint64_t last = 0;
+  for (uint64_t global = 1; global <= 201; global += 2)
+    if (train::steps_checkpoint_due(50, global, last)) {
+      saved.push_back(global);
+      last = global;
+    }
+  CHECK(saved == std::vector<uint64_t>{51, 101, 151, 201});
+  // From where a restored job started (step 120): the next multiple, 150.
+  CHECK_FALSE(train::steps_checkpoint_due(50, 149, 120));
+  CHECK(train::steps_checkpoint_due(50, 150, 120));
+  // Two multiples crossed at once: one checkpoint.
+  CHECK(train::steps_checkpoint_due(50, 160, 40));
+  CHECK_FALSE(train::steps_checkpoint_due(0, 100, 0)); // 0: never by steps
 }
