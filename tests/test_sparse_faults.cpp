@@ -118,7 +118,10 @@ bool shard_equals_checkpoint(train_job& job, int k, const std::string& tables_di
 void ps_killed_and_restarted(const std::string& mode) {
   temp_dir dir;
   auto ck = dir.path + "/ck";
-  const uint64_t steps = 1500;
+  // async: both workers' pushes count, so its job is over twice as fast:
+  // 4000 steps, about 4 s, for the kill to land in (in 1500, 1.6 s, a test
+  // process that waited for the CPU could come after the end).
+  const uint64_t steps = mode == "async" ? 4000 : 1500;
   job_spec spec;
   spec.ps_tasks = 2;
   spec.workers = 2;
