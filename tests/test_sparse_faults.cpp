@@ -645,7 +645,7 @@ TEST_CASE("an in-graph sync sparse client goes through a ps killed and restarted
 // their memberships stayed at the aggregator that died): the job ended when
 // a ps was killed and restarted, where it should go on at its step; and
 // one that says done to the dead aggregator for a replica at the end.
-TEST_CASE("an in-graph async sparse client goes through a ps killed and restarted: every "
+TEST_CASE("an in-graph async sparse client goes through a ps killed and restarted, every "
           "replica joins the restored ps's aggregator and the job finishes its steps",
           "[sparse_job][sparse_in_graph][processes][recovery]") {
   in_graph_ps_killed_and_restarted("async");

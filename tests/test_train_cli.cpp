@@ -164,7 +164,7 @@ std::vector<std::string> job(const std::string& ckpt, uint64_t steps,
 
 } // namespace
 
-TEST_CASE("a checkpoint of NaN weights or of global step 2^64 - 1 is not restored: exit 1, the "
+TEST_CASE("a checkpoint of NaN weights or of global step 2^64 - 1 is not restored, exit 1, the "
           "file and the field named, nothing trained or written",
           "[train][cli]") {
   // Catches what a forger who recomputes the checksum did: NaN weights
