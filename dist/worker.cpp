@@ -190,6 +190,7 @@ void finish(self_pointer self) {
       r.test_loss = test_loss;
       r.refused = st.refused;
       r.skipped = st.skipped;
+      r.pulls = st.pulls;
       r.steps_here = st.here ? st.here->runs() : 0;
       r.last_refusal = st.last_refusal;
       r.checkpoint_failures = st.checkpoint_failures;
@@ -340,6 +341,7 @@ bool stop_requested(self_pointer self) {
     c.local_steps = st.local_step;
     c.global_step = st.global_step;
     c.skipped = st.skipped;
+    c.pulls = st.pulls;
   }
   fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
   return true;
@@ -416,16 +418,25 @@ void run_step_now(self_pointer self, bool delayed) {
   if (st.finished)
     return;
   st.closed.assign(st.setup.shards.size(), false);
+  st.closed_at.assign(st.setup.shards.size(), 0);
+  // On parameters of the round it computes for: pulled now if a step was
+  // skipped without them (skip_step).
+  auto go = [self] {
+    if (self->state.params_stale)
+      pull_params(self, [self] { compute(self); });
+    else
+      compute(self);
+  };
   if (delayed && asks_closed(st)) {
-    ask_closed(self, [self] {
+    ask_closed(self, [self, go] {
       if (all_closed(self->state))
         skip_step(self);
       else
-        compute(self);
+        go();
     });
     return;
   }
-  compute(self);
+  go();
 }
 
 /// The worker's ways to its ps shards: one shard, pushed to on this actor's
@@ -511,6 +522,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
   st.shard_down.assign(s.shards.size(), false);
   st.held_round.assign(s.shards.size(), false);
   st.closed.assign(s.shards.size(), false);
+  st.closed_at.assign(s.shards.size(), 0);
   // Backup workers: a round may close without this worker from the start,
   // so its first pushes ask (a worker that keeps up stops after two
   // answers in time).

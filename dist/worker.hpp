@@ -94,9 +94,12 @@ struct worker_result {
   double test_loss = -1;
   uint64_t refused = 0;         ///< its steps it abstained from (non-finite)
   /// sync with backup workers: of local_steps, those it neither computed
-  /// nor sent in full because their step had closed without it (it pulled
-  /// the parameters instead)
+  /// nor sent in full because their step had closed without it
   uint64_t skipped = 0;
+  /// sync with backup workers: the parameters pulled without a push (the
+  /// chief's after each skipped step; another worker's only before a step
+  /// it computes after skipped ones, and before the job's last step)
+  uint64_t pulls = 0;
   /// Of local_steps, those run on the worker's own thread (actors/step_here.hpp)
   /// rather than sent to its executor.
   uint64_t steps_here = 0;
@@ -118,6 +121,7 @@ struct stopped_counts {
   uint64_t local_steps = 0;
   uint64_t global_step = 0;
   uint64_t skipped = 0;         ///< worker_result::skipped
+  uint64_t pulls = 0;           ///< worker_result::pulls
 };
 
 /// A ps task that came back after it died (worker_setup::recover_ps).

@@ -531,13 +531,15 @@ void ask_closed(self_pointer self, std::function<void()> then) {
     then();
     return;
   }
-  auto settle = [self, a, then](size_t k, bool closed) {
+  auto settle = [self, a, then](size_t k, bool closed, uint64_t at) {
     if (a->settled[k])
       return;
     a->settled[k] = true;
     auto& st = self->state;
-    if (closed && k < st.closed.size())
+    if (closed && k < st.closed.size()) {
       st.closed[k] = true;
+      st.closed_at[k] = at;
+    }
     if (--a->missing == 0) {
       drop_hook(self, a->hook);
       if (!st.finished)
@@ -545,17 +547,17 @@ void ask_closed(self_pointer self, std::function<void()> then) {
     }
   };
   if (st.recovery)
-    a->hook = add_hook(self, [settle](size_t k) mutable { settle(k, false); });
+    a->hook = add_hook(self, [settle](size_t k) mutable { settle(k, false, 0); });
   for (size_t k = 0; k < st.setup.shards.size(); ++k) {
     if (a->settled[k])
       continue;
     self->request(st.setup.shards[k].actor, st.setup.timeout, closed_atom::value, st.setup.index,
                   st.shard_step[k], st.tokens[k])
-      .then([settle, k](uint64_t, bool closed) mutable { settle(k, closed); },
+      .then([settle, k](uint64_t at, bool closed) mutable { settle(k, closed, at); },
             [self, settle, k](caf::error& err) mutable {
               log::get()->debug("{}: asking {} whether its step closed: {}; pushing as before",
                                 who(self), self->state.setup.shards[k].task, describe(err));
-              settle(k, false);
+              settle(k, false, 0);
             });
   }
   if (st.recovery)
@@ -566,16 +568,46 @@ void skip_step(self_pointer self) {
   auto& st = self->state;
   st.skipped += 1;
   st.in_time = 0;
+  // The round open on each shard: the next step's (the least of them).
+  uint64_t open = std::numeric_limits<uint64_t>::max();
+  for (size_t k = 0; k < st.closed_at.size(); ++k)
+    open = std::min(open, st.closed_at[k]);
+  bool pull = st.setup.index == 0 || st.own || open == std::numeric_limits<uint64_t>::max()
+              || open >= st.setup.total_steps;
   log::get()->debug("{}: global step {} closed without it (its gradient would be dropped as "
-                    "late): not computed or not sent; pulling the parameters ({} skipped so far)",
-                    who(self), st.global_step, st.skipped);
+                    "late): not computed or not sent; {} ({} skipped so far)",
+                    who(self), st.global_step,
+                    pull ? "pulling the parameters" : "the parameters are pulled before it computes",
+                    st.skipped);
+  if (!pull) {
+    for (size_t k = 0; k < st.closed_at.size(); ++k)
+      st.shard_step[k] = std::max(st.shard_step[k], st.closed_at[k]);
+    st.global_step = std::max(st.global_step, open);
+    st.params_stale = true;
+    st.local_step += 1; // its batch goes, as a late gradient's would
+    after_step(self);
+    return;
+  }
+  st.pulls += 1;
   exchange(self, nullptr, false, [self](uint64_t step, std::vector<tensor> params) {
     auto& st = self->state;
     st.global_step = step;
     st.params = std::move(params);
+    st.params_stale = false;
     // Its batch goes, as a late gradient's would: the next step reads the next.
     st.local_step += 1;
     after_step(self);
+  });
+}
+
+void pull_params(self_pointer self, std::function<void()> then) {
+  self->state.pulls += 1;
+  exchange(self, nullptr, false, [self, then](uint64_t step, std::vector<tensor> params) {
+    auto& st = self->state;
+    st.global_step = step;
+    st.params = std::move(params);
+    st.params_stale = false;
+    then();
   });
 }
 

@@ -125,9 +125,16 @@ struct worker_state : worker_loop {
   /// cannot tell: a push of step s dropped just after s closed gets s + 1).
   bool answered_late = false;
   /// Per shard, this step: the aggregator said the step closed without this
-  /// worker, so its part is not pushed there (the parameters are pulled).
+  /// worker, so its part is not pushed there, and the global step it said
+  /// it is at (the round open there: skip_step goes on at it).
   std::vector<bool> closed;
+  std::vector<uint64_t> closed_at;
+  /// A step skipped without pulling the parameters (a worker that is not
+  /// the chief: skip_step): they are older than global_step, and pulled
+  /// before the next step computes on them.
+  bool params_stale = false;
   uint64_t skipped = 0;           ///< steps it skipped: closed on every shard
+  uint64_t pulls = 0;             ///< parameters pulled without a push (worker_result::pulls)
   uint64_t refused_in_a_row = 0;  ///< steps abstained from since the last finite one
   std::string last_refusal;
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
@@ -278,9 +285,16 @@ bool all_closed(const worker_state& st);
 
 /// The step closed on every shard without this worker (a backup worker's,
 /// TF's SyncReplicasOptimizer would drop its gradient): it is not computed
-/// or not sent; the worker pulls the parameters, counts the step as
-/// skipped and goes on with the next one.
+/// or not sent; the worker counts the step as skipped and goes on with the
+/// next one, at the round each shard said is open. The chief, and a worker
+/// whose next step would be the job's last, pull the parameters now (the
+/// chief's reports, evaluations and checkpoints use them); any other worker
+/// pulls them only before it computes (pull_then_compute): a straggler that
+/// finds its every step closed moves no parameters at all.
 void skip_step(self_pointer self);
+
+/// The parameters pulled (worker_state::params_stale), then `then`.
+void pull_params(self_pointer self, std::function<void()> then);
 
 /// After a step: report, evaluate, checkpoint as due; then the next step.
 void after_step(self_pointer self);

@@ -174,9 +174,11 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes goes on whi
 
 // Catches a backup worker that still computes and sends the gradients of
 // steps that closed without it (the ps receives them only to drop them as
-// late: 4 MiB each in the 1 M-float bench, on a CPU the others need), a
-// skipped step not counted (on the worker or at the ps), and a job whose
-// straggler never finishes, or that learns less for it.
+// late: 4 MiB each in the 1 M-float bench, on a CPU the others need), one
+// that pulls the parameters after every skipped step though it computes on
+// none of them (4 MiB each way, too), a skipped step not counted (on the
+// worker or at the ps), and a job whose straggler never finishes, or that
+// learns less for it.
 TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes: a straggler told that its "
           "step closed sends no gradient of it, counts it as skipped, and the job ends as before",
           "[train][processes][elastic]") {
@@ -205,14 +207,19 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes: a straggle
   // The straggler's own count: steps skipped, of its local steps.
   std::smatch m;
   static const std::regex done_line{R"(done after (\d+) local steps \((\d+) skipped: their step )"
-                                    R"(closed before it sent its gradient\))"};
+                                    R"(closed before it sent its gradient; (\d+) pulls of the )"
+                                    R"(parameters alone\))"};
   const auto straggler_out = job->process("worker", 2).output();
   REQUIRE(std::regex_search(straggler_out, m, done_line));
   auto local = std::stoull(m[1].str());
   auto skipped = std::stoull(m[2].str());
-  INFO("worker 2: " << local << " local steps, " << skipped << " skipped");
+  auto pulls = std::stoull(m[3].str());
+  INFO("worker 2: " << local << " local steps, " << skipped << " skipped, " << pulls << " pulls");
   CHECK(skipped >= 3);
   CHECK(skipped <= local);
+  // It pulled the parameters only before a step it computed after skipped
+  // ones, and before the job's last step; not after every skipped step.
+  CHECK(pulls <= local - skipped + 1);
   // The ps's count: none of its gradients came late (every one it sent was
   // for a step still open), and as many skipped as the worker says.
   auto last = last_row(read_worker_rows(dir.path + "/m.workers.csv"), 2);
@@ -233,8 +240,8 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes: a straggle
 // than the others skips every step and so never pushes (the chief waited for
 // every worker's first push: the job, its ps included, never ended), and a
 // timed end that reports none of the straggler's skipped steps.
-TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes and a timed window: a "
-          "straggler that skips every step does not keep the job from ending",
+TEST_CASE("sync, a timed window, replicas_to_aggregate = 2 of 3 worker processes: a straggler "
+          "that skips every step does not keep the job from ending",
           "[train][processes][elastic]") {
   temp_dir dir;
   auto t0 = clock_type::now();
@@ -255,7 +262,8 @@ TEST_CASE("sync with replicas_to_aggregate = 2 of 3 worker processes and a timed
   CHECK(out.find("window=measured") != std::string::npos);
   std::smatch m;
   static const std::regex done_line{R"(done after (\d+) local steps \((\d+) skipped: their step )"
-                                    R"(closed before it sent its gradient\))"};
+                                    R"(closed before it sent its gradient; (\d+) pulls of the )"
+                                    R"(parameters alone\))"};
   const auto straggler_out = job->process("worker", 2).output();
   REQUIRE(std::regex_search(straggler_out, m, done_line));
   auto local = std::stoull(m[1].str());
