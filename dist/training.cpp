@@ -619,6 +619,7 @@ worker_result timed_end(task_run& t, const window_result& w, const stopped_count
   r.local_steps = own.local_steps;
   r.skipped = own.skipped;
   r.pulls = own.pulls;
+  r.computed = own.computed;
   r.global_step = own.global_step;
   // The job's global step, which may have moved past the worker's.
   if (auto st = ask<aggregator_stats>(t.s, t.setup.shards[0].actor, std::chrono::milliseconds{2000},

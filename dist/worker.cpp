@@ -191,6 +191,7 @@ void finish(self_pointer self) {
       r.refused = st.refused;
       r.skipped = st.skipped;
       r.pulls = st.pulls;
+      r.computed = st.computed;
       r.steps_here = st.here ? st.here->runs() : 0;
       r.last_refusal = st.last_refusal;
       r.checkpoint_failures = st.checkpoint_failures;
@@ -238,6 +239,7 @@ void use_gradients(self_pointer self, std::vector<tensor> grads) {
         }
         st.global_step = step;
         st.params = std::move(params);
+        st.params_stale = false;
         st.local_step += 1;
         after_step(self);
       });
@@ -342,6 +344,7 @@ bool stop_requested(self_pointer self) {
     c.global_step = st.global_step;
     c.skipped = st.skipped;
     c.pulls = st.pulls;
+    c.computed = st.computed;
   }
   fail(self, make_error(af_error::cancelled, "its client stopped the job"), "before its step");
   return true;
@@ -371,6 +374,7 @@ void took_step(self_pointer self, caf::expected<step_outputs> out) {
     fail(self, std::move(out.error()), "running the step");
     return;
   }
+  st.computed += 1;
   st.loss_sum += out->values[st.setup.model.loss.id].at(0);
   st.loss_count += 1;
   std::vector<tensor> grads;
@@ -422,10 +426,26 @@ void run_step_now(self_pointer self, bool delayed) {
   // On parameters of the round it computes for: pulled now if a step was
   // skipped without them (skip_step).
   auto go = [self] {
-    if (self->state.params_stale)
-      pull_params(self, [self] { compute(self); });
-    else
+    if (!self->state.params_stale) {
       compute(self);
+      return;
+    }
+    pull_params(self, [self] {
+      auto& st = self->state;
+      // Every round just pulled is open: none is known closed. Unless the
+      // job's last one closed since it asked: then nothing is computed (its
+      // push would open a round past the job's end, which the other workers,
+      // done, would let it close alone), and the step counts as skipped.
+      st.closed.assign(st.closed.size(), false);
+      st.closed_at.assign(st.closed_at.size(), 0);
+      if (st.global_step >= st.setup.total_steps) {
+        st.skipped += 1;
+        st.local_step += 1;
+        after_step(self);
+        return;
+      }
+      compute(self);
+    });
   };
   if (delayed && asks_closed(st)) {
     ask_closed(self, [self, go] {
@@ -568,6 +588,7 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
             st.own->slots = st.setup.initial_slots;
         } else {
           st.params = std::move(params);
+          st.params_stale = false;
         }
         if (st.global_step >= st.setup.total_steps)
           finish(self);

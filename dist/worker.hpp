@@ -98,8 +98,11 @@ struct worker_result {
   uint64_t skipped = 0;
   /// sync with backup workers: the parameters pulled without a push (the
   /// chief's after each skipped step; another worker's only before a step
-  /// it computes after skipped ones, and before the job's last step)
+  /// it computes after skipped ones, and once the job's last round closed)
   uint64_t pulls = 0;
+  /// Of local_steps, those whose gradients it computed (a backup worker's
+  /// skipped steps are not, but for one that closed while it computed)
+  uint64_t computed = 0;
   /// Of local_steps, those run on the worker's own thread (actors/step_here.hpp)
   /// rather than sent to its executor.
   uint64_t steps_here = 0;
@@ -122,6 +125,7 @@ struct stopped_counts {
   uint64_t global_step = 0;
   uint64_t skipped = 0;         ///< worker_result::skipped
   uint64_t pulls = 0;           ///< worker_result::pulls
+  uint64_t computed = 0;        ///< worker_result::computed
 };
 
 /// A ps task that came back after it died (worker_setup::recover_ps).

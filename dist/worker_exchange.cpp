@@ -68,6 +68,7 @@ void abstain(self_pointer self, const std::vector<tensor>* values) {
       st.own->values = std::move(params);
     else
       st.params = std::move(params);
+    st.params_stale = false;
     // The step is over (without this worker's contribution): the next one
     // takes the next batch (average counted its local step already).
     if (st.mode != "average")
@@ -345,6 +346,7 @@ void change_mode(self_pointer self, size_t shard) {
             st.own.reset();
             st.pending.clear();
             st.params = std::move(params);
+            st.params_stale = false;
             after_step(self);
             return;
           }

@@ -135,6 +135,7 @@ struct worker_state : worker_loop {
   bool params_stale = false;
   uint64_t skipped = 0;           ///< steps it skipped: closed on every shard
   uint64_t pulls = 0;             ///< parameters pulled without a push (worker_result::pulls)
+  uint64_t computed = 0;          ///< steps whose gradients it computed (worker_result::computed)
   uint64_t refused_in_a_row = 0;  ///< steps abstained from since the last finite one
   std::string last_refusal;
   uint64_t checkpoint_failures = 0; ///< checkpoints it could not write
@@ -286,11 +287,12 @@ bool all_closed(const worker_state& st);
 /// The step closed on every shard without this worker (a backup worker's,
 /// TF's SyncReplicasOptimizer would drop its gradient): it is not computed
 /// or not sent; the worker counts the step as skipped and goes on with the
-/// next one, at the round each shard said is open. The chief, and a worker
-/// whose next step would be the job's last, pull the parameters now (the
-/// chief's reports, evaluations and checkpoints use them); any other worker
-/// pulls them only before it computes (pull_then_compute): a straggler that
-/// finds its every step closed moves no parameters at all.
+/// next one, at the round each shard said is open. The chief pulls the
+/// parameters now (its reports, evaluations and checkpoints use them), and
+/// so does a worker once the job's last round has closed (its result
+/// carries them); any other worker pulls them only before it computes
+/// (run_step_now, pull_params): a straggler that finds its every step
+/// closed moves no parameters but that last pull.
 void skip_step(self_pointer self);
 
 /// The parameters pulled (worker_state::params_stale), then `then`.

@@ -569,9 +569,11 @@ int run_worker(caf::actor_system& sys, const af::cluster_config& cluster, const 
       return finish(fail(name + ": " + why, 1));
   } else {
     std::printf("actorflow-train %s: done after %llu local steps (%llu skipped: their step "
-                "closed before it sent its gradient; %llu pulls of the parameters alone)\n",
+                "closed before it sent its gradient; %llu computed; %llu pulls of the parameters "
+                "alone)\n",
                 name.c_str(), static_cast<unsigned long long>(out->result.local_steps),
                 static_cast<unsigned long long>(out->result.skipped),
+                static_cast<unsigned long long>(out->result.computed),
                 static_cast<unsigned long long>(out->result.pulls));
   }
   return finish(0);
