@@ -579,7 +579,8 @@ void skip_step(self_pointer self) {
   log::get()->debug("{}: global step {} closed without it (its gradient would be dropped as "
                     "late): not computed or not sent; {} ({} skipped so far)",
                     who(self), st.global_step,
-                    pull ? "pulling the parameters" : "the parameters are pulled before it computes",
+                    pull ? "pulling the parameters"
+                         : "the parameters are pulled before it computes",
                     st.skipped);
   if (!pull) {
     for (size_t k = 0; k < st.closed_at.size(); ++k)

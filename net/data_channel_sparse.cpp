@@ -336,7 +336,8 @@ bool data_channel::await_reply(std::chrono::steady_clock::time_point until) {
       return true;
     ring_bound b;
     b.deadline = until;
-    b.spin = std::chrono::microseconds{0}; // a look, then the futex or UCX's event fd (and the socket)
+    // A look, then the futex or UCX's event fd (and the socket).
+    b.spin = std::chrono::microseconds{0};
     auto st = shm_ ? shm_->await_bytes(fd_, b) : ucx_->await_bytes(fd_, b);
     return st != ring_status::timeout || std::chrono::steady_clock::now() >= deadline;
   }
