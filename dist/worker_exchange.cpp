@@ -591,14 +591,9 @@ void skip_step(self_pointer self) {
     after_step(self);
     return;
   }
-  st.pulls += 1;
-  exchange(self, nullptr, false, [self](uint64_t step, std::vector<tensor> params) {
-    auto& st = self->state;
-    st.global_step = step;
-    st.params = std::move(params);
-    st.params_stale = false;
+  pull_params(self, [self] {
     // Its batch goes, as a late gradient's would: the next step reads the next.
-    st.local_step += 1;
+    self->state.local_step += 1;
     after_step(self);
   });
 }
