@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -188,6 +189,7 @@ child_process& child_process::operator=(child_process&& other) noexcept {
     out_fd_ = std::exchange(other.out_fd_, -1);
     max_output_ = other.max_output_;
     status_ = std::exchange(other.status_, std::nullopt);
+    cpu_seconds_ = std::exchange(other.cpu_seconds_, std::nullopt);
     output_ = std::move(other.output_);
     start_error_ = std::move(other.start_error_);
   }
@@ -226,7 +228,7 @@ std::optional<int> child_process::try_wait() {
   if (status_ || pid_ <= 0)
     return status_;
   int status = 0;
-  auto r = ::waitpid(pid_, &status, WNOHANG);
+  auto r = reap(WNOHANG, status);
   if (r == pid_)
     status_ = status;
   else if (r < 0 && errno == ECHILD)
@@ -268,9 +270,7 @@ int child_process::wait() {
   }
   if (!status_ && pid_ > 0) {
     int status = 0;
-    pid_t r;
-    while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
-    }
+    pid_t r = reap(0, status);
     status_ = r == pid_ ? status : SIGKILL;
   }
   return status_.value_or(SIGKILL);
@@ -281,17 +281,27 @@ bool child_process::signal(int sig) {
     return false;
   int status = 0;
   if (sig == SIGKILL) {
-    pid_t r;
-    while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
-    }
+    pid_t r = reap(0, status);
     status_ = r == pid_ ? status : SIGKILL;
   } else if (sig == SIGSTOP) {
     // kill() returns before the process has stopped: wait for the stop
     // itself (SIGSTOP cannot be caught, so it comes, or the process died).
-    if (::waitpid(pid_, &status, WUNTRACED) == pid_ && !WIFSTOPPED(status))
+    if (reap(WUNTRACED, status) == pid_ && !WIFSTOPPED(status))
       status_ = status;
   }
   return true;
+}
+
+pid_t child_process::reap(int options, int& status) {
+  rusage usage{};
+  pid_t r;
+  while ((r = ::wait4(pid_, &status, options, &usage)) < 0 && errno == EINTR) {
+  }
+  if (r == pid_ && !WIFSTOPPED(status)) {
+    auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    cpu_seconds_ = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+  }
+  return r;
 }
 
 int child_process::exit_code(int status) {

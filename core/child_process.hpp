@@ -84,6 +84,11 @@ public:
   /// Reads its output to the end and waits for it however long it takes.
   int wait();
 
+  /// The CPU time (user and system) it used, once it has been reaped here
+  /// (not that of its own children); nullopt before, or where it was
+  /// reaped elsewhere. What a benchmark divides by its steps.
+  std::optional<double> cpu_seconds() const { return cpu_seconds_; }
+
   /// Sends `sig`; false if it is not running or kill() failed. SIGKILL
   /// also reaps it; SIGSTOP returns once it has stopped (or ended).
   bool signal(int sig);
@@ -95,11 +100,15 @@ public:
 
 private:
   void close_output();
+  /// wait4 on the child with `options`, through EINTR; notes its CPU time
+  /// when it ended.
+  pid_t reap(int options, int& status);
 
   pid_t pid_ = -1;
   int out_fd_ = -1;
   size_t max_output_ = SIZE_MAX;
   std::optional<int> status_;
+  std::optional<double> cpu_seconds_;
   std::string output_;
   std::string start_error_;
 };

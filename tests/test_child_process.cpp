@@ -157,3 +157,33 @@ TEST_CASE("captured output beyond max_output is read and dropped, so the child s
   CHECK(child_process::exit_code(*status) == 0);
   CHECK(c.output().size() == 1000);
 }
+
+TEST_CASE("a reaped child's CPU time is known: a busy one's, not a sleeping one's",
+          "[process][child_process]") {
+  // Bugs it catches: the CPU time not taken where the child is reaped
+  // (try_wait, wait_for, SIGKILL), or taken from a stop, which is no end
+  // (actorflow-bench divides it by a job's steps).
+  child_process busy{shell("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")};
+  child_process idle{shell("exec sleep 0.3")};
+  REQUIRE((busy.started() && idle.started()));
+  CHECK_FALSE(busy.cpu_seconds()); // running
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(busy.wait_for(60s));
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(idle.wait_for(60s));
+  REQUIRE(busy.cpu_seconds());
+  REQUIRE(idle.cpu_seconds());
+  INFO("busy " << *busy.cpu_seconds() << " s of CPU in " << wall << " s; idle "
+               << *idle.cpu_seconds() << " s");
+  CHECK(*busy.cpu_seconds() > 0.02);
+  CHECK(*busy.cpu_seconds() < wall + 0.1); // one thread: no more CPU than its time
+  CHECK(*idle.cpu_seconds() < *busy.cpu_seconds() / 2);
+
+  child_process stopped{shell("exec sleep 60")};
+  REQUIRE(stopped.signal(SIGSTOP));
+  CHECK_FALSE(stopped.cpu_seconds()); // stopped, not ended
+  REQUIRE(stopped.signal(SIGKILL));
+  CHECK(stopped.cpu_seconds());
+  child_process moved{std::move(stopped)};
+  CHECK(moved.cpu_seconds());
+}
