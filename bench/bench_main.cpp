@@ -105,8 +105,8 @@ int main_body(int argc, char** argv) {
     all_metrics.push_back(m);
   const std::string activation_metric = "model_parallel_64mib_activation";
   all_metrics.push_back(activation_metric);
-  const std::string zerocopy_metric = "tcp_4mib_send_zerocopy";
-  all_metrics.push_back(zerocopy_metric);
+  const std::vector<std::string> send_metrics{"tcp_4mib_send_zerocopy", "tcp_4mib_send_splice"};
+  all_metrics.insert(all_metrics.end(), send_metrics.begin(), send_metrics.end());
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
   for (auto& m : af::bench::metrics_cost_metrics())
@@ -185,8 +185,8 @@ int main_body(int argc, char** argv) {
   else
     unsetenv("ACTORFLOW_DATA_SHM");
 
-  if (wanted(zerocopy_metric))
-    if (int rc = af::bench::zerocopy_bench(reps))
+  if (std::any_of(send_metrics.begin(), send_metrics.end(), wanted))
+    if (int rc = af::bench::zerocopy_bench(wanted, reps))
       return rc;
 
   // What watching a node costs: an embedded cluster, then processes (fork + exec only).

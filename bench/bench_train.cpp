@@ -38,6 +38,7 @@ using namespace train_run;
 struct raw_run {
   double steps_per_s = 0;  ///< global steps/s of the window (the ps's count)
   double loss[2] = {0, 0}; ///< each worker's last loss
+  double cpu_ms_per_step = 0; ///< the ps's and both workers' CPU over the whole run, per step
 };
 
 /// The raw-TCP ps (`store`: store-and-forward, else pipelined) with 2 raw
@@ -78,8 +79,14 @@ std::optional<raw_run> raw_training(const std::string& mode, bool store,
     return std::nullopt;
   raw_run out;
   out.steps_per_s = ps["window_steps"] / ps["window_seconds"];
-  for (int r = 0; r < 2; ++r)
-    out.loss[r] = parse_values(slurp(dir.path / ("raw-worker" + std::to_string(r) + ".log")))["loss"];
+  double steps = 0; // a sync worker's steps are the job's; async: both workers' pushes
+  for (int r = 0; r < 2; ++r) {
+    auto w = parse_values(slurp(dir.path / ("raw-worker" + std::to_string(r) + ".log")));
+    out.loss[r] = w["loss"];
+    steps = mode == "sync" ? w["steps"] : steps + w["steps"];
+  }
+  if (steps > 0)
+    out.cpu_ms_per_step = cpu_seconds_of(pids) * 1e3 / steps;
   return out;
 }
 
@@ -163,10 +170,12 @@ std::vector<std::string> linear_keys(const std::string& mode, const train_bench_
 namespace {
 
 /// The steps/s of one timed run of ours on shared memory or TCP; `loss`
-/// gets the chief's last reported training loss.
+/// gets the chief's last reported training loss, `cpu_ms` (if given) the
+/// CPU of all its processes over the whole run per global step.
 std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm,
                                   const train_bench_options& o, const scratch_dir& dir,
-                                  const std::string& tag, std::string& failure, double& loss) {
+                                  const std::string& tag, std::string& failure, double& loss,
+                                  std::vector<double>* cpu_ms = nullptr) {
   scoped_shm plane{shm};
   auto run = run_cluster(keys, o, dir, tag);
   auto x = steps_per_s(run, failure);
@@ -184,7 +193,41 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
     return std::nullopt;
   }
   loss = run.done.count("loss") ? run.done["loss"] : -1;
+  if (cpu_ms && run.done["global_step"] > 0)
+    cpu_ms->push_back(run.cpu_seconds * 1e3 / run.done["global_step"]);
   return x;
+}
+
+/// `# NAME: CPU per step ...`: each side's median CPU per step (all its
+/// processes, user and system, over the whole run), and the most steps/s
+/// this machine's CPUs allow at the raw store-and-forward ps's CPU per step
+/// (sides[2]) against that ps's figure: where the CPU, not a wait, is the
+/// limit, no design that spends as much per step goes faster.
+void print_cpu_ceiling(const std::string& name, double raw_steps_per_s,
+                       const std::vector<std::pair<std::string, std::vector<double>>>& sides) {
+  std::string line = "# " + name + ": CPU per step (the ps and both workers, user and system, "
+                     "the whole run; medians):";
+  const char* sep = " ";
+  double raw_cpu = 0;
+  for (const auto& [label, ms] : sides) {
+    if (ms.empty())
+      continue;
+    line += sep + label + " " + exact(median(ms), 3) + " ms";
+    sep = ", ";
+    if (label == "raw store-and-forward")
+      raw_cpu = median(ms);
+  }
+  int cpus = usable_cpus();
+  if (raw_cpu > 0 && raw_steps_per_s > 0) {
+    double ceiling = cpus * 1e3 / raw_cpu;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  ". This bench's %d CPUs, busy all the time, allow %.1f steps/s at the raw "
+                  "store-and-forward ps's CPU per step: %.3f x its figure",
+                  cpus, ceiling, ceiling / raw_steps_per_s);
+    line += buf;
+  }
+  std::printf("%s\n", line.c_str());
 }
 
 /// The sync 1 M lines, from one set of alternating runs: ours on TCP and on
@@ -198,6 +241,7 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
   bool need_raw = tcp_line || piped_line, need_tcp = tcp_line || shm_vs_tcp;
   bool need_shm = shm_line || shm_vs_tcp;
   std::vector<double> tcp, shm, store, piped, raw_shm, ours_piped;
+  std::vector<double> cpu_tcp, cpu_piped, cpu_store, cpu_raw_piped; // ms per step
   std::string tcp_failure, shm_failure, piped_failure;
   double tcp_loss = -1, shm_loss = -1, piped_loss = -1;
   raw_run last_raw, last_raw_shm;
@@ -205,18 +249,21 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
     if (need_raw)
       if (auto b = raw_training("sync", true, o, dir)) {
         store.push_back(b->steps_per_s);
+        cpu_store.push_back(b->cpu_ms_per_step);
         last_raw = *b;
       }
     if (need_tcp && tcp_failure.empty())
-      if (auto x = ours_linear(keys, false, o, dir, "sync-tcp", tcp_failure, tcp_loss))
+      if (auto x = ours_linear(keys, false, o, dir, "sync-tcp", tcp_failure, tcp_loss, &cpu_tcp))
         tcp.push_back(*x);
     if (piped_line && piped_failure.empty())
       if (auto x = ours_linear(piped_keys, false, o, dir, "sync-tcp-piped", piped_failure,
-                               piped_loss))
+                               piped_loss, &cpu_piped))
         ours_piped.push_back(*x);
     if (tcp_line || piped_line)
-      if (auto b = raw_training("sync", false, o, dir))
+      if (auto b = raw_training("sync", false, o, dir)) {
         piped.push_back(b->steps_per_s);
+        cpu_raw_piped.push_back(b->cpu_ms_per_step);
+      }
     if (need_shm && shm_failure.empty())
       if (auto x = ours_linear(keys, true, o, dir, "sync-shm", shm_failure, shm_loss))
         shm.push_back(*x);
@@ -242,6 +289,12 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
                   median(piped), median(piped) / median(store),
                   tcp.empty() ? 0.0 : median(tcp) / median(piped), listed(piped).c_str());
   }
+  if ((tcp_line || piped_line) && !store.empty())
+    print_cpu_ceiling(tcp_line ? "train_sync_1m_2w_tcp" : "train_sync_1m_2w_tcp_pipelined",
+                      median(store), {{"ours", cpu_tcp},
+                                      {"ours pipelined", cpu_piped},
+                                      {"raw store-and-forward", cpu_store},
+                                      {"raw pipelined", cpu_raw_piped}});
   if (piped_line) {
     std::printf("# train_sync_1m_2w_tcp_pipelined: actorflow over TCP with pipeline_sync "
                 "(ACTORFLOW_DATA_SHM=off; final loss %.3g) against the raw-TCP store-and-forward "

@@ -25,8 +25,9 @@ int tls_benches(const wanted_fn& wanted, int rounds, int reps, int poll_us);
 /// (shm_benches.cpp)
 int shm_benches(const wanted_fn& wanted, int rounds, int reps, int poll_us);
 
-/// MSG_ZEROCOPY against plain send() of 4 MiB messages over loopback TCP,
-/// alternating `reps` times (zerocopy_probe.cpp).
-int zerocopy_bench(int reps);
+/// MSG_ZEROCOPY (tcp_4mib_send_zerocopy) and vmsplice + splice
+/// (tcp_4mib_send_splice) against plain send() of 4 MiB messages over
+/// loopback TCP, alternating `reps` times (zerocopy_probe.cpp).
+int zerocopy_bench(const wanted_fn& wanted, int reps);
 
 } // namespace af::bench

@@ -2,6 +2,7 @@
 // processes, actorflow-train clusters, and the lines they report.
 #include "bench/train_run.hpp"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +71,21 @@ std::optional<group_failure> wait_all(std::vector<child_process>& kids,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+double cpu_seconds_of(const std::vector<child_process>& kids) {
+  double sum = 0;
+  for (const auto& k : kids)
+    sum += k.cpu_seconds().value_or(0.0);
+  return sum;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)
+    return 1;
+  return std::max(1, CPU_COUNT(&set));
 }
 
 std::string slurp(const std::filesystem::path& p) {
@@ -198,6 +214,7 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
   auto failure = wait_all(pids, names, clock_type::now() + o.timeout);
   watcher.stop();
   out.scrapes = watcher.answered();
+  out.cpu_seconds = cpu_seconds_of(pids);
   if (failure) {
     out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
     return out;

@@ -31,6 +31,12 @@ std::optional<group_failure> wait_all(std::vector<child_process>& kids,
                                       const std::vector<std::string>& names,
                                       clock_type::time_point deadline);
 
+/// The CPU time (user and system) of the children that were reaped, summed.
+double cpu_seconds_of(const std::vector<child_process>& kids);
+
+/// The CPUs this process may run on (its affinity mask), at least 1.
+int usable_cpus();
+
 /// The whole of a file ("" if it cannot be read).
 std::string slurp(const std::filesystem::path& p);
 
@@ -75,6 +81,7 @@ struct cluster_run {
   std::string window_why; ///< the chief's `window: not measured: ...` line, if it printed one
   double accuracy = -1; ///< the chief's `held-out accuracy:` line, if it printed one
   uint64_t scrapes = 0; ///< train_bench_options::metrics: /metrics answers while it ran
+  double cpu_seconds = 0; ///< the CPU time (user and system) of all its processes, the whole run
   std::string failure;
 };
 

@@ -1,18 +1,26 @@
-// tcp_4mib_send_zerocopy (issue 24, docs/performance.md): does MSG_ZEROCOPY
-// save the send's copy of a 4 MiB message on this host's loopback? Plain
-// send() is the baseline; the completions say whether the kernel copied
-// anyway (SO_EE_CODE_ZEROCOPY_COPIED), which on loopback it must: the bytes
-// end in the receiver's socket buffer either way.
+// tcp_4mib_send_zerocopy and tcp_4mib_send_splice (issue 24,
+// docs/performance.md): does MSG_ZEROCOPY, or vmsplice + splice, save the
+// send's copy of a 4 MiB message on this host's loopback? Plain send() is the
+// baseline of both. MSG_ZEROCOPY's completions say whether the kernel copied
+// anyway (SO_EE_CODE_ZEROCOPY_COPIED), which on loopback it must. A spliced
+// page is not copied on the way (the receiver's recv copies it out), so the
+// splice line also gives each side's CPU per MB.
 #include "bench/benches.hpp"
 
+#include <fcntl.h>
 #include <linux/errqueue.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -31,11 +39,64 @@ namespace af::bench {
 
 namespace {
 
+/// How the sender hands its bytes to the socket.
+enum class send_method { plain, zerocopy, splice };
+
 struct send_result {
   double mbps = 0;
+  double sender_cpu_us_per_mb = 0, receiver_cpu_us_per_mb = 0;
   long completions = 0;
   long copied = 0; ///< completions for which the kernel copied after all
   bool ok = false;
+};
+
+/// The calling thread's CPU time (user and system), in microseconds.
+double thread_cpu_us() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e6
+         + static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// A pipe for vmsplice + splice, as large as the system lets it be.
+struct splice_pipe {
+  int r = -1, w = -1;
+  splice_pipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+      return;
+    r = fds[0];
+    w = fds[1];
+    fcntl(w, F_SETPIPE_SZ, 1 << 20); // /proc/sys/fs/pipe-max-size's default; smaller if refused
+  }
+  ~splice_pipe() {
+    if (r >= 0)
+      close(r);
+    if (w >= 0)
+      close(w);
+  }
+  splice_pipe(const splice_pipe&) = delete;
+  splice_pipe& operator=(const splice_pipe&) = delete;
+
+  /// `n` bytes of `data` into `fd` without copying them on the way: the
+  /// pages go by reference into the pipe and from it into the socket, so
+  /// they must not change until the peer has read them (here: never).
+  bool send(int fd, const char* data, size_t n) {
+    for (size_t sent = 0; sent < n;) {
+      iovec v{const_cast<char*>(data + sent), n - sent};
+      auto queued = vmsplice(w, &v, 1, 0);
+      if (queued <= 0)
+        return false;
+      for (auto left = static_cast<size_t>(queued); left > 0;) {
+        auto k = splice(r, nullptr, fd, nullptr, left, SPLICE_F_MOVE);
+        if (k <= 0)
+          return false;
+        left -= static_cast<size_t>(k);
+      }
+      sent += static_cast<size_t>(queued);
+    }
+    return true;
+  }
 };
 
 /// Reaps MSG_ZEROCOPY completions from `fd`'s error queue, without waiting.
@@ -59,29 +120,40 @@ void reap(int fd, send_result& r) {
 }
 
 /// `rounds` messages of `bytes` over a fresh loopback connection to a thread
-/// that reads them; MB/s of the sender.
-send_result send_messages(bool zerocopy, size_t bytes, int rounds) {
+/// that reads them: MB/s of the sender, and each side's CPU per MB.
+send_result send_messages(send_method method, size_t bytes, int rounds) {
+  const bool zerocopy = method == send_method::zerocopy;
   send_result r;
   uint16_t port = 0;
   int lfd = listen_on_loopback(port, 1);
   if (lfd < 0)
     return r;
-  std::thread reader{[lfd, bytes, rounds] {
+  double reader_cpu_us = 0;
+  std::thread reader{[lfd, bytes, rounds, &reader_cpu_us] {
     int c = accept(lfd, nullptr, nullptr);
     std::vector<char> in(bytes);
+    double cpu0 = thread_cpu_us();
     for (int i = 0; c >= 0 && i < rounds; ++i)
       if (!sock::recv_all(c, in.data(), bytes))
         break;
+    reader_cpu_us = thread_cpu_us() - cpu0;
     if (c >= 0)
       close(c);
   }};
+  splice_pipe pipe;
   int fd = connect_loopback(port);
   std::vector<char> out(bytes, 1);
   int one = 1;
   bool ready = fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0
                && (!zerocopy || setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof(one)) == 0);
+  ready = ready && (method != send_method::splice || pipe.w >= 0);
   auto t0 = std::chrono::steady_clock::now();
+  double cpu0 = thread_cpu_us();
   for (int i = 0; ready && i < rounds; ++i) {
+    if (method == send_method::splice) {
+      ready = pipe.send(fd, out.data(), bytes);
+      continue;
+    }
     size_t sent = 0;
     while (ready && sent < bytes) {
       auto k = send(fd, out.data() + sent, bytes - sent, zerocopy ? MSG_ZEROCOPY : 0);
@@ -92,44 +164,87 @@ send_result send_messages(bool zerocopy, size_t bytes, int rounds) {
       reap(fd, r);
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double sender_cpu_us = thread_cpu_us() - cpu0;
   if (fd >= 0)
     close(fd);
   reader.join();
   close(lfd);
   r.ok = ready;
-  r.mbps = static_cast<double>(bytes) * rounds / 1e6 / s;
+  const double mb = static_cast<double>(bytes) * rounds / 1e6;
+  r.mbps = mb / s;
+  r.sender_cpu_us_per_mb = sender_cpu_us / mb;
+  r.receiver_cpu_us_per_mb = reader_cpu_us / mb;
   return r;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 } // namespace
 
-int zerocopy_bench(int reps) {
+int zerocopy_bench(const wanted_fn& wanted, int reps) {
   constexpr size_t bytes = size_t{4} << 20;
   constexpr int rounds = 200;
-  std::vector<double> plain, zc;
+  const bool zc_line = wanted("tcp_4mib_send_zerocopy"), splice_line = wanted("tcp_4mib_send_splice");
+  std::vector<double> plain, zc, sp, plain_send_cpu, plain_recv_cpu, sp_send_cpu, sp_recv_cpu;
   long completions = 0, copied = 0;
+  std::string zc_failure, sp_failure;
   for (int rep = 0; rep < reps; ++rep) { // alternating
-    auto p = send_messages(false, bytes, rounds);
-    auto z = send_messages(true, bytes, rounds);
-    if (!p.ok || !z.ok) {
-      std::printf("metric tcp_4mib_send_zerocopy skipped: %s\n",
-                  p.ok ? "MSG_ZEROCOPY sends failed (kernel without SO_ZEROCOPY?)"
-                       : "loopback sends failed");
+    auto p = send_messages(send_method::plain, bytes, rounds);
+    if (!p.ok) {
+      std::printf("metric tcp_4mib_send_zerocopy skipped: loopback sends failed\n"
+                  "metric tcp_4mib_send_splice skipped: loopback sends failed\n");
       return 0;
     }
     plain.push_back(p.mbps);
-    zc.push_back(z.mbps);
-    completions += z.completions;
-    copied += z.copied;
+    plain_send_cpu.push_back(p.sender_cpu_us_per_mb);
+    plain_recv_cpu.push_back(p.receiver_cpu_us_per_mb);
+    if (zc_line && zc_failure.empty()) {
+      auto z = send_messages(send_method::zerocopy, bytes, rounds);
+      if (!z.ok)
+        zc_failure = "MSG_ZEROCOPY sends failed (kernel without SO_ZEROCOPY?)";
+      zc.push_back(z.mbps);
+      completions += z.completions;
+      copied += z.copied;
+    }
+    if (splice_line && sp_failure.empty()) {
+      auto x = send_messages(send_method::splice, bytes, rounds);
+      if (!x.ok)
+        sp_failure = std::string{"vmsplice or splice into the socket failed: "} + std::strerror(errno);
+      sp.push_back(x.mbps);
+      sp_send_cpu.push_back(x.sender_cpu_us_per_mb);
+      sp_recv_cpu.push_back(x.receiver_cpu_us_per_mb);
+    }
   }
-  std::sort(plain.begin(), plain.end());
-  std::sort(zc.begin(), zc.end());
-  double o = zc[zc.size() / 2], b = plain[plain.size() / 2];
-  std::printf("# tcp_4mib_send_zerocopy: 4 MiB sends over loopback TCP with MSG_ZEROCOPY against "
-              "plain send(); %ld of %ld completions say the kernel copied anyway\n",
-              copied, completions);
-  std::printf("metric tcp_4mib_send_zerocopy ours=%.3f baseline=%.3f unit=MB/s ratio=%.3f\n", o, b,
-              o / b);
+  double b = median_of(plain);
+  if (zc_line) {
+    if (!zc_failure.empty()) {
+      std::printf("metric tcp_4mib_send_zerocopy skipped: %s\n", zc_failure.c_str());
+    } else {
+      std::printf("# tcp_4mib_send_zerocopy: 4 MiB sends over loopback TCP with MSG_ZEROCOPY "
+                  "against plain send(); %ld of %ld completions say the kernel copied anyway\n",
+                  copied, completions);
+      double o = median_of(zc);
+      std::printf("metric tcp_4mib_send_zerocopy ours=%.3f baseline=%.3f unit=MB/s ratio=%.3f\n",
+                  o, b, o / b);
+    }
+  }
+  if (splice_line) {
+    if (!sp_failure.empty()) {
+      std::printf("metric tcp_4mib_send_splice skipped: %s\n", sp_failure.c_str());
+    } else {
+      std::printf("# tcp_4mib_send_splice: 4 MiB sends over loopback TCP by vmsplice + splice "
+                  "(the pages by reference, no copy on the way) against plain send(); CPU per MB "
+                  "(us), sender / receiver: splice %.0f / %.0f, send() %.0f / %.0f\n",
+                  median_of(sp_send_cpu), median_of(sp_recv_cpu), median_of(plain_send_cpu),
+                  median_of(plain_recv_cpu));
+      double o = median_of(sp);
+      std::printf("metric tcp_4mib_send_splice ours=%.3f baseline=%.3f unit=MB/s ratio=%.3f\n", o,
+                  b, o / b);
+    }
+  }
   std::fflush(stdout);
   return 0;
 }
