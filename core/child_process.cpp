@@ -23,6 +23,20 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+/// Whether process `pid` is stopped (state T in /proc/PID/stat).
+bool stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr)
+    return false;
+  char line[512];
+  bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  const char* end = read ? std::strrchr(line, ')') : nullptr; // the name may hold ')'
+  return end != nullptr && end[1] == ' ' && end[2] == 'T';
+}
+
 /// This process's environment with `spec`'s changes, as execve wants it.
 std::vector<std::string> child_environment(const child_spec& spec) {
   std::vector<std::string> env;
@@ -277,13 +291,18 @@ int child_process::wait() {
 }
 
 bool child_process::signal(int sig) {
-  if (!running() || ::kill(pid_, sig) != 0)
+  if (!running())
+    return false;
+  // A child stopped already does not report its stop again (it did when it
+  // stopped): waiting for one would never end.
+  bool stopped_before = sig == SIGSTOP && stopped(pid_);
+  if (::kill(pid_, sig) != 0)
     return false;
   int status = 0;
   if (sig == SIGKILL) {
     pid_t r = reap(0, status);
     status_ = r == pid_ ? status : SIGKILL;
-  } else if (sig == SIGSTOP) {
+  } else if (sig == SIGSTOP && !stopped_before) {
     // kill() returns before the process has stopped: wait for the stop
     // itself (SIGSTOP cannot be caught, so it comes, or the process died).
     if (reap(WUNTRACED, status) == pid_ && !WIFSTOPPED(status))

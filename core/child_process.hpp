@@ -85,12 +85,13 @@ public:
   int wait();
 
   /// The CPU time (user and system) it used, once it has been reaped here
-  /// (not that of its own children); nullopt before, or where it was
-  /// reaped elsewhere. What a benchmark divides by its steps.
+  /// (with that of the children it waited for itself); nullopt before, or
+  /// where it was reaped elsewhere. What a benchmark divides by its steps.
   std::optional<double> cpu_seconds() const { return cpu_seconds_; }
 
   /// Sends `sig`; false if it is not running or kill() failed. SIGKILL
-  /// also reaps it; SIGSTOP returns once it has stopped (or ended).
+  /// also reaps it; SIGSTOP returns once it has stopped (or ended), also
+  /// when it was stopped already.
   bool signal(int sig);
 
   /// The wait status's exit code, or -1 if a signal ended it.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 
@@ -161,13 +162,14 @@ TEST_CASE("captured output beyond max_output is read and dropped, so the child s
 TEST_CASE("a reaped child's CPU time is known: a busy one's, not a sleeping one's",
           "[process][child_process]") {
   // Bugs it catches: the CPU time not taken where the child is reaped
-  // (try_wait, wait_for, SIGKILL), or taken from a stop, which is no end
+  // (try_wait, wait_for, wait, SIGKILL), taken from a look that found it
+  // running or from a stop (neither is an end), or without its system time
   // (actorflow-bench divides it by a job's steps).
+  auto t0 = std::chrono::steady_clock::now();
   child_process busy{shell("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")};
   child_process idle{shell("exec sleep 0.3")};
   REQUIRE((busy.started() && idle.started()));
   CHECK_FALSE(busy.cpu_seconds()); // running
-  auto t0 = std::chrono::steady_clock::now();
   REQUIRE(busy.wait_for(60s));
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(idle.wait_for(60s));
@@ -179,11 +181,37 @@ TEST_CASE("a reaped child's CPU time is known: a busy one's, not a sleeping one'
   CHECK(*busy.cpu_seconds() < wall + 0.1); // one thread: no more CPU than its time
   CHECK(*idle.cpu_seconds() < *busy.cpu_seconds() / 2);
 
+  // Nearly all system time: reading 4 GiB of /dev/zero (the kernel clears
+  // the buffer); reaped by wait().
+  child_process kernel_side{
+    shell("exec dd if=/dev/zero of=/dev/null bs=1M count=4096 2>/dev/null")};
+  REQUIRE(child_process::exit_code(kernel_side.wait()) == 0);
+  REQUIRE(kernel_side.cpu_seconds());
+  CHECK(*kernel_side.cpu_seconds() > 0.02);
+
   child_process stopped{shell("exec sleep 60")};
   REQUIRE(stopped.signal(SIGSTOP));
-  CHECK_FALSE(stopped.cpu_seconds()); // stopped, not ended
+  CHECK_FALSE(stopped.try_wait()); // stopped, not ended
+  CHECK_FALSE(stopped.cpu_seconds());
   REQUIRE(stopped.signal(SIGKILL));
   CHECK(stopped.cpu_seconds());
   child_process moved{std::move(stopped)};
   CHECK(moved.cpu_seconds());
+}
+
+TEST_CASE("SIGSTOP to a child stopped already returns at once", "[process][child_process]") {
+  // Bug it catches: the second SIGSTOP waiting for a stop that the kernel
+  // reported once, at the first, so it waited for ever.
+  child_process c{shell("exec sleep 60")};
+  REQUIRE(c.signal(SIGSTOP));
+  auto second = std::async(std::launch::async, [&c] { return c.signal(SIGSTOP); });
+  bool returned = second.wait_for(10s) == std::future_status::ready;
+  if (!returned)
+    ::kill(c.pid(), SIGKILL); // ends its wait, so that the thread can be joined
+  CHECK(returned);
+  CHECK(second.get());
+  CHECK(c.running());
+  CHECK(c.signal(SIGCONT));
+  REQUIRE(c.signal(SIGSTOP)); // stopped again after it ran on
+  CHECK(c.signal(SIGKILL));
 }
