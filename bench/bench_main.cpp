@@ -186,7 +186,7 @@ int main_body(int argc, char** argv) {
     unsetenv("ACTORFLOW_DATA_SHM");
 
   if (std::any_of(send_metrics.begin(), send_metrics.end(), wanted))
-    if (int rc = af::bench::zerocopy_bench(wanted, reps))
+    if (int rc = af::bench::send_probe_bench(wanted, reps))
       return rc;
 
   // What watching a node costs: an embedded cluster, then processes (fork + exec only).

@@ -23,6 +23,7 @@
 #include "bench/train_run.hpp"
 #include "config/loopback.hpp"
 #include "core/child_process.hpp"
+#include "core/usable_cores.hpp"
 #include "train/config.hpp"
 #include "train/local.hpp"
 
@@ -38,7 +39,9 @@ using namespace train_run;
 struct raw_run {
   double steps_per_s = 0;  ///< global steps/s of the window (the ps's count)
   double loss[2] = {0, 0}; ///< each worker's last loss
-  double cpu_ms_per_step = 0; ///< the ps's and both workers' CPU over the whole run, per step
+  /// The ps's and both workers' CPU over the whole run, per step (sync:
+  /// per round; async: per push); none if a worker printed no steps.
+  std::optional<double> cpu_ms_per_step;
 };
 
 /// The raw-TCP ps (`store`: store-and-forward, else pipelined) with 2 raw
@@ -79,11 +82,13 @@ std::optional<raw_run> raw_training(const std::string& mode, bool store,
     return std::nullopt;
   raw_run out;
   out.steps_per_s = ps["window_steps"] / ps["window_seconds"];
-  double steps = 0; // a sync worker's steps are the job's; async: both workers' pushes
+  // Sync: the rounds, which each worker joined (one may have ended a round
+  // after the other); async: both workers' pushes.
+  double steps = 0;
   for (int r = 0; r < 2; ++r) {
     auto w = parse_values(slurp(dir.path / ("raw-worker" + std::to_string(r) + ".log")));
     out.loss[r] = w["loss"];
-    steps = mode == "sync" ? w["steps"] : steps + w["steps"];
+    steps = mode == "sync" ? std::max(steps, w["steps"]) : steps + w["steps"];
   }
   if (steps > 0)
     out.cpu_ms_per_step = cpu_seconds_of(pids) * 1e3 / steps;
@@ -193,37 +198,36 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
     return std::nullopt;
   }
   loss = run.done.count("loss") ? run.done["loss"] : -1;
-  if (cpu_ms && run.done["global_step"] > 0)
+  if (x && cpu_ms && run.done["global_step"] > 0)
     cpu_ms->push_back(run.cpu_seconds * 1e3 / run.done["global_step"]);
   return x;
 }
 
 /// `# NAME: CPU per step ...`: each side's median CPU per step (all its
-/// processes, user and system, over the whole run), and the most steps/s
-/// this machine's CPUs allow at the raw store-and-forward ps's CPU per step
-/// (sides[2]) against that ps's figure: where the CPU, not a wait, is the
-/// limit, no design that spends as much per step goes faster.
-void print_cpu_ceiling(const std::string& name, double raw_steps_per_s,
+/// processes, user and system, over the whole run; kernel threads' work,
+/// such as softirqs deferred to ksoftirqd, is in none of them), and the most
+/// steps/s this machine's CPUs allow at `raw_cpu_ms` (the raw
+/// store-and-forward job's CPU per step) against its `raw_steps_per_s`:
+/// where the CPU, not a wait, is the limit, no design that spends as much
+/// per step goes faster.
+void print_cpu_ceiling(const std::string& name, double raw_steps_per_s, double raw_cpu_ms,
                        const std::vector<std::pair<std::string, std::vector<double>>>& sides) {
   std::string line = "# " + name + ": CPU per step (the ps and both workers, user and system, "
                      "the whole run; medians):";
   const char* sep = " ";
-  double raw_cpu = 0;
   for (const auto& [label, ms] : sides) {
     if (ms.empty())
       continue;
     line += sep + label + " " + exact(median(ms), 3) + " ms";
     sep = ", ";
-    if (label == "raw store-and-forward")
-      raw_cpu = median(ms);
   }
-  int cpus = usable_cpus();
-  if (raw_cpu > 0 && raw_steps_per_s > 0) {
-    double ceiling = cpus * 1e3 / raw_cpu;
+  auto cpus = usable_cores();
+  if (raw_cpu_ms > 0 && raw_steps_per_s > 0) {
+    double ceiling = static_cast<double>(cpus) * 1e3 / raw_cpu_ms;
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  ". This bench's %d CPUs, busy all the time, allow %.1f steps/s at the raw "
-                  "store-and-forward ps's CPU per step: %.3f x its figure",
+                  ". This bench's %zu CPUs, busy all the time, allow %.1f steps/s at the raw "
+                  "store-and-forward job's CPU per step: %.3f x its figure",
                   cpus, ceiling, ceiling / raw_steps_per_s);
     line += buf;
   }
@@ -249,7 +253,8 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
     if (need_raw)
       if (auto b = raw_training("sync", true, o, dir)) {
         store.push_back(b->steps_per_s);
-        cpu_store.push_back(b->cpu_ms_per_step);
+        if (b->cpu_ms_per_step)
+          cpu_store.push_back(*b->cpu_ms_per_step);
         last_raw = *b;
       }
     if (need_tcp && tcp_failure.empty())
@@ -262,7 +267,8 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
     if (tcp_line || piped_line)
       if (auto b = raw_training("sync", false, o, dir)) {
         piped.push_back(b->steps_per_s);
-        cpu_raw_piped.push_back(b->cpu_ms_per_step);
+        if (b->cpu_ms_per_step)
+          cpu_raw_piped.push_back(*b->cpu_ms_per_step);
       }
     if (need_shm && shm_failure.empty())
       if (auto x = ours_linear(keys, true, o, dir, "sync-shm", shm_failure, shm_loss))
@@ -291,7 +297,7 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
   }
   if ((tcp_line || piped_line) && !store.empty())
     print_cpu_ceiling(tcp_line ? "train_sync_1m_2w_tcp" : "train_sync_1m_2w_tcp_pipelined",
-                      median(store), {{"ours", cpu_tcp},
+                      median(store), median(cpu_store), {{"ours", cpu_tcp},
                                       {"ours pipelined", cpu_piped},
                                       {"raw store-and-forward", cpu_store},
                                       {"raw pipelined", cpu_raw_piped}});

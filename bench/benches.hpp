@@ -27,7 +27,7 @@ int shm_benches(const wanted_fn& wanted, int rounds, int reps, int poll_us);
 
 /// MSG_ZEROCOPY (tcp_4mib_send_zerocopy) and vmsplice + splice
 /// (tcp_4mib_send_splice) against plain send() of 4 MiB messages over
-/// loopback TCP, alternating `reps` times (zerocopy_probe.cpp).
-int zerocopy_bench(const wanted_fn& wanted, int reps);
+/// loopback TCP, alternating `reps` times (loopback_send_probe.cpp).
+int send_probe_bench(const wanted_fn& wanted, int reps);
 
 } // namespace af::bench

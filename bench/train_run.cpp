@@ -2,7 +2,6 @@
 // processes, actorflow-train clusters, and the lines they report.
 #include "bench/train_run.hpp"
 
-#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,14 +77,6 @@ double cpu_seconds_of(const std::vector<child_process>& kids) {
   for (const auto& k : kids)
     sum += k.cpu_seconds().value_or(0.0);
   return sum;
-}
-
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0)
-    return 1;
-  return std::max(1, CPU_COUNT(&set));
 }
 
 std::string slurp(const std::filesystem::path& p) {

@@ -34,9 +34,6 @@ std::optional<group_failure> wait_all(std::vector<child_process>& kids,
 /// The CPU time (user and system) of the children that were reaped, summed.
 double cpu_seconds_of(const std::vector<child_process>& kids);
 
-/// The CPUs this process may run on (its affinity mask), at least 1.
-int usable_cpus();
-
 /// The whole of a file ("" if it cannot be read).
 std::string slurp(const std::filesystem::path& p);
 

@@ -1,4 +1,5 @@
 #include "core/parallel_ranges.hpp"
+#include "core/usable_cores.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -19,16 +20,6 @@
 namespace af {
 
 namespace {
-
-/// The cores this process may run on (its affinity mask: taskset, a
-/// container's cpuset), else the machine's.
-size_t usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-    return static_cast<size_t>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 size_t threads_from_environment() {
   const size_t cores = usable_cores();
