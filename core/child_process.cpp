@@ -23,18 +23,20 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-/// Whether process `pid` is stopped (state T in /proc/PID/stat).
+/// Whether process `pid` is stopped: state T (a stop signal), or t (a
+/// tracer's stop), in /proc/PID/stat.
 bool stopped(pid_t pid) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
   FILE* f = std::fopen(path, "r");
   if (f == nullptr)
     return false;
-  char line[512];
-  bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  char line[1024]; // "pid (name) state ...": the name is 15 bytes at most, of any bytes
+  size_t n = std::fread(line, 1, sizeof(line) - 1, f);
   std::fclose(f);
-  const char* end = read ? std::strrchr(line, ')') : nullptr; // the name may hold ')'
-  return end != nullptr && end[1] == ' ' && end[2] == 'T';
+  line[n] = '\0';
+  const char* end = std::strrchr(line, ')'); // the name may hold ')'
+  return end != nullptr && end[1] == ' ' && (end[2] == 'T' || end[2] == 't');
 }
 
 /// This process's environment with `spec`'s changes, as execve wants it.
