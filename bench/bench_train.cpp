@@ -40,7 +40,7 @@ struct raw_run {
   double steps_per_s = 0;  ///< global steps/s of the window (the ps's count)
   double loss[2] = {0, 0}; ///< each worker's last loss
   /// The ps's and both workers' CPU over the whole run, per step (sync:
-  /// per round; async: per push); none if a worker printed no steps.
+  /// per round; async: per push); none if the workers printed no steps.
   std::optional<double> cpu_ms_per_step;
 };
 

@@ -150,20 +150,22 @@ send_result send_messages(send_method method, size_t bytes, int rounds) {
   if (lfd < 0)
     return r.failure = failed("listen on loopback"), r;
   double reader_cpu_us = 0;
-  std::thread reader{[lfd, bytes, rounds, &reader_cpu_us] {
+  std::vector<char> in(bytes), out(bytes, 1); // both before a call whose errno is read
+  std::thread reader{[lfd, bytes, rounds, &reader_cpu_us, &in] {
     int c = accept(lfd, nullptr, nullptr);
-    std::vector<char> in(bytes);
+    if (c < 0) { // the connection waiting in the queue is reset: the sender's send fails
+      shutdown(lfd, SHUT_RDWR);
+      return;
+    }
     double cpu0 = thread_cpu_us();
-    for (int i = 0; c >= 0 && i < rounds; ++i)
+    for (int i = 0; i < rounds; ++i)
       if (!sock::recv_all(c, in.data(), bytes))
         break;
     reader_cpu_us = thread_cpu_us() - cpu0;
-    if (c >= 0)
-      close(c);
+    close(c);
   }};
   splice_pipe pipe;
   int fd = connect_loopback(port);
-  std::vector<char> out(bytes, 1);
   int one = 1;
   if (fd < 0)
     r.failure = failed("connect on loopback");
@@ -185,8 +187,10 @@ send_result send_messages(send_method method, size_t bytes, int rounds) {
     for (size_t sent = 0; r.failure.empty() && sent < bytes;) {
       auto k = send(fd, out.data() + sent, bytes - sent,
                     MSG_NOSIGNAL | (method == send_method::zerocopy ? MSG_ZEROCOPY : 0));
-      if (k <= 0)
+      if (k < 0)
         r.failure = failed("send");
+      else if (k == 0)
+        r.failure = "send moved no byte";
       else
         sent += static_cast<size_t>(k);
     }
@@ -198,7 +202,7 @@ send_result send_messages(send_method method, size_t bytes, int rounds) {
   if (fd >= 0)
     close(fd);
   else
-    shutdown(lfd, SHUT_RDWR); // the reader's accept() returns
+    shutdown(lfd, SHUT_RDWR); // the reader's accept() returns (EINVAL, on Linux)
   reader.join();
   close(lfd);
   const double mb = static_cast<double>(bytes) * rounds / 1e6;
@@ -209,6 +213,23 @@ send_result send_messages(send_method method, size_t bytes, int rounds) {
   return r;
 }
 
+/// SIGPIPE ignored while it lives, then as it was (the children the bench
+/// starts later inherit the disposition).
+class sigpipe_ignored {
+public:
+  sigpipe_ignored() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, &before_);
+  }
+  ~sigpipe_ignored() { sigaction(SIGPIPE, &before_, nullptr); }
+  sigpipe_ignored(const sigpipe_ignored&) = delete;
+  sigpipe_ignored& operator=(const sigpipe_ignored&) = delete;
+
+private:
+  struct sigaction before_ {};
+};
+
 } // namespace
 
 int send_probe_bench(const wanted_fn& wanted, int reps) {
@@ -218,9 +239,7 @@ int send_probe_bench(const wanted_fn& wanted, int reps) {
   const bool splice_line = wanted("tcp_4mib_send_splice");
   // A splice into a socket whose reader left raises SIGPIPE (it has no
   // MSG_NOSIGNAL): the failure is reported, not the bench killed.
-  struct sigaction ignore {}, before{};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGPIPE, &ignore, &before);
+  sigpipe_ignored quiet;
   std::vector<double> plain, zc, sp, plain_send_cpu, plain_recv_cpu, sp_send_cpu, sp_recv_cpu;
   long completions = 0, copied = 0;
   int pipe_bytes = 0;
@@ -250,7 +269,6 @@ int send_probe_bench(const wanted_fn& wanted, int reps) {
       pipe_bytes = x.pipe_bytes;
     }
   }
-  sigaction(SIGPIPE, &before, nullptr);
   const double b = median(plain);
   if (zc_line) {
     if (const auto& why = !plain_failure.empty() ? plain_failure : zc_failure; !why.empty()) {

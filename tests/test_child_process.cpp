@@ -181,10 +181,10 @@ TEST_CASE("a reaped child's CPU time is known: a busy one's, not a sleeping one'
   CHECK(*busy.cpu_seconds() < wall + 0.1); // one thread: no more CPU than its time
   CHECK(*idle.cpu_seconds() < *busy.cpu_seconds() / 2);
 
-  // Nearly all system time: reading 4 GiB of /dev/zero (the kernel clears
+  // Nearly all system time: reading 8 GiB of /dev/zero (the kernel clears
   // the buffer); reaped by wait().
   child_process kernel_side{
-    shell("exec dd if=/dev/zero of=/dev/null bs=1M count=4096 2>/dev/null")};
+    shell("exec dd if=/dev/zero of=/dev/null bs=1M count=8192 2>/dev/null")};
   REQUIRE(child_process::exit_code(kernel_side.wait()) == 0);
   REQUIRE(kernel_side.cpu_seconds());
   CHECK(*kernel_side.cpu_seconds() > 0.02);
