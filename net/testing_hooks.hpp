@@ -33,6 +33,12 @@ struct wire_hooks {
   /// connect or sends it to a decoy address with it.
   std::function<caf::error(ucx_channel& mine, const std::string& node_address)> ucx_client_connect;
 
+  /// When set: called by a UCX channel's read each time it takes `bytes` of
+  /// the stream (from any thread at once: it must be thread-safe). A test
+  /// makes a reader slow with it, so that a reply takes longer than a bound
+  /// whatever the machine's speed.
+  std::function<void(uint64_t bytes)> ucx_bytes_taken;
+
   /// When set: asked by an all-reduce rank (dist/allreduce_rendezvous.cpp)
   /// before it sets up one end of a shared-memory link: its `group`, its
   /// `rank`, and `end`: "create" (the segment it offers its right

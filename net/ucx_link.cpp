@@ -527,6 +527,8 @@ ucx_channel::status ucx_channel::read(void* dst, uint64_t n, int fd, const bound
       d.piece_off += take;
       if (d.piece_off == d.piece_len)
         d.release_piece();
+      if (auto* hooks = wire_test_hooks(); hooks != nullptr && hooks->ucx_bytes_taken)
+        hooks->ucx_bytes_taken(take);
       last_progress = clock_type::now();
       continue;
     }
