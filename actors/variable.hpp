@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/parallel_ranges.hpp"
 #include "caf/actor_addr.hpp"
 #include "caf/error.hpp"
 #include "caf/expected.hpp"
@@ -188,7 +189,7 @@ public:
   /// range (core/parallel_ranges.hpp): 512 KiB, so a 1 M-float variable's
   /// update runs on two threads or more and a small one's never pays a
   /// wake-up.
-  static constexpr size_t split_floats = size_t{1} << 17;
+  static constexpr size_t split_floats = elementwise_split_floats;
 
   /// apply_gradient of the `n` floats `fill` produces block by block, each
   /// applied as soon as it is made: a gradient computed from others (a sync

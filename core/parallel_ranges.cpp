@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 namespace af {
 
@@ -39,68 +40,115 @@ size_t threads_from_environment() {
   return static_cast<size_t>(k);
 }
 
+/// Blocks a split is cut into per thread (core/parallel_ranges.hpp).
+constexpr size_t blocks_per_thread = 4;
+
 /// Set in a child of fork(): it has none of its parent's helpers.
 std::atomic<bool> forked_child{false};
 
 /// The helpers and the one split they work on. Never destroyed: a helper
 /// may still sleep in it while the process exits.
+///
+/// A split is a row of blocks that the caller and the helpers claim one at a
+/// time (`next`), so that a thread that runs slower (its data out of cache,
+/// another process on its core) takes fewer of them, and a helper that has
+/// not started yet when the caller has claimed every block takes none: the
+/// caller closes the split (`open`) and waits only for the helpers inside it
+/// (`inside`), each finishing the block it holds. On two vCPUs shared by a
+/// ps and its workers a helper's core is often busy; with one fixed range
+/// per thread the caller waited for it to be scheduled.
 struct pool {
-  std::mutex turn; // held by the caller of the split in progress
-  std::mutex mtx;  // what follows
-  std::condition_variable work, done;
+  std::mutex turn; // held by the caller of the split in progress; guards these:
   size_t helpers = 0;
   bool start_failed = false;
+  std::vector<pthread_t> threads; // the helpers'
+  cpu_set_t cores;                // the process's cores when the first helper started
+  int kept_off = -1;              // the core the helpers were last kept off
+
+  std::mutex mtx; // guards what follows, but next
+  std::condition_variable work, done;
   uint64_t generation = 0;
+  bool open = false;  // helpers may join the split in progress
+  size_t seats = 0;   // how many more of them may (its threads less the caller)
+  size_t inside = 0;  // helpers inside it
   range_call call = nullptr;
   void* context = nullptr;
-  std::vector<std::pair<size_t, size_t>> ranges; // [0] is the caller's
-  size_t pending = 0;
+  size_t n = 0, block = 0, blocks = 0;
+  std::atomic<size_t> next{0}; // the next block to claim (blocks or more: none left)
   std::exception_ptr error;
   std::atomic<size_t> splits{0};
 
-  void serve(size_t index) {
+  /// Claims and runs blocks of the split until none is left (or one threw:
+  /// then no one claims more). Every thread of the split runs this.
+  void run_blocks(range_call f, void* c, std::exception_ptr& err) {
+    for (;;) {
+      size_t k = next.fetch_add(1, std::memory_order_relaxed);
+      if (k >= blocks)
+        return;
+      try {
+        f(c, k * block, std::min(n, (k + 1) * block));
+      } catch (...) {
+        err = std::current_exception();
+        next.store(blocks, std::memory_order_relaxed); // the others stop at their block's end
+        return;
+      }
+    }
+  }
+
+  void serve() {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock{mtx};
     for (;;) {
       work.wait(lock, [&] { return generation != seen; });
       seen = generation;
-      if (index >= ranges.size())
-        continue; // a split of fewer ranges: not this helper's
-      auto [from, to] = ranges[index];
+      if (&parallel_hooks_of_tests != nullptr) { // a test binary's: never in a program
+        if (auto hook = parallel_hooks_of_tests.helper_woken.load()) {
+          lock.unlock();
+          hook();
+          lock.lock();
+        }
+      }
+      if (!open || seats == 0)
+        continue; // the caller took every block before this helper woke, or enough helpers did
+      --seats;
+      ++inside;
       auto f = call;
       auto c = context;
       lock.unlock();
       std::exception_ptr err;
-      try {
-        f(c, from, to);
-      } catch (...) {
-        err = std::current_exception();
-      }
+      run_blocks(f, c, err);
       lock.lock();
       if (err && !error)
         error = err;
-      if (--pending == 0)
+      if (--inside == 0)
         done.notify_one();
     }
   }
 
   /// Starts the helpers once (turn held); false if the system would not.
-  /// Allocates nothing once they run (ranges reserved here): a split cannot
-  /// fail for want of memory after its caller began writing (apply_blocks'
-  /// fresh buffer, copy on write, would be left unwritten).
+  /// Allocates nothing once they run: a split cannot fail for want of memory
+  /// after its caller began writing (apply_blocks' fresh buffer, copy on
+  /// write, would be left unwritten).
   bool started(size_t wanted) {
     if (helpers >= wanted)
       return true;
     if (start_failed)
       return false;
     try {
-      {
-        std::lock_guard<std::mutex> lock{mtx}; // a helper reads ranges meanwhile
-        ranges.reserve(wanted + 1);
+      if (helpers == 0) {
+        // The process's cores: its main thread's (taskset's), not the
+        // caller's, which may be pinned to one.
+        CPU_ZERO(&cores);
+        if (sched_getaffinity(::getpid(), sizeof(cores), &cores) != 0)
+          CPU_ZERO(&cores); // no mask: the helpers are not steered (keep_off does nothing)
+        threads.reserve(8);
       }
       while (helpers < wanted) {
-        std::thread{[this, index = helpers + 1] { serve(index); }}.detach();
+        std::thread helper{[this] { serve(); }};
+        threads.push_back(helper.native_handle()); // reserved: cannot throw
+        helper.detach();
         ++helpers;
+        kept_off = -1; // the new one is not steered yet
       }
     } catch (const std::system_error&) {
       start_failed = true; // out of threads: every split runs on its caller
@@ -108,6 +156,23 @@ struct pool {
       return false; // this split runs on its caller; a later one tries again
     }
     return helpers >= wanted;
+  }
+
+  /// Lets the helpers run anywhere but on core `cpu` (the caller's), turn
+  /// held. Woken by the caller, a helper goes to the caller's core by
+  /// default where the kernel's search for an idle core is cut short (its
+  /// SIS_UTIL skips the search while the cores are busy on average, as the
+  /// 1 M sync job keeps two vCPUs 80 % busy): there it preempts the caller,
+  /// and the split runs on one core while the other idles. A hint: a
+  /// failure (a core taken away meanwhile) leaves the helpers where they were.
+  void keep_off(int cpu) {
+    if (cpu < 0 || cpu == kept_off || CPU_COUNT(&cores) < 2 || !CPU_ISSET(cpu, &cores))
+      return;
+    cpu_set_t others = cores;
+    CPU_CLR(cpu, &others);
+    for (auto t : threads) // detached, but never ending: the handles stay valid
+      pthread_setaffinity_np(t, sizeof(others), &others);
+    kept_off = cpu;
   }
 };
 
@@ -153,30 +218,35 @@ void parallel_ranges_of(size_t n, size_t grain, size_t min_range, range_call cal
     fn(0, n); // the helpers work for another caller, or are not there
     return;
   }
-  // At most `parts` ranges: each ceil(n / parts), rounded up to the grain.
-  const size_t step = ((n + parts - 1) / parts + grain - 1) / grain * grain;
+  // Blocks of about a quarter of a thread's share, rounded up to the grain:
+  // few enough that claiming costs nothing, small enough that the threads
+  // end within a block of each other.
+  const size_t per_block = (n + parts * blocks_per_thread - 1) / (parts * blocks_per_thread);
+  const size_t block = (per_block + grain - 1) / grain * grain;
+  p.keep_off(sched_getcpu());
   {
     std::lock_guard<std::mutex> lock{p.mtx};
-    p.ranges.clear();
-    for (size_t from = 0; from < n; from += step)
-      p.ranges.emplace_back(from, std::min(n, from + step));
     p.call = call;
     p.context = context;
-    p.pending = p.ranges.size() - 1;
+    p.n = n;
+    p.block = block;
+    p.blocks = (n + block - 1) / block;
+    p.next.store(0, std::memory_order_relaxed);
     p.error = nullptr;
+    p.open = true;
+    p.seats = parts - 1;
     ++p.generation;
   }
-  p.work.notify_all();
+  p.work.notify_all(); // the helpers: this split needs at most parts - 1 of them
   std::exception_ptr own;
-  try {
-    fn(p.ranges[0].first, p.ranges[0].second);
-  } catch (...) {
-    own = std::current_exception();
-  }
-  // No timeout: each helper runs one range of `fn`, as this thread would
-  // have, and a wait given up could not stop it writing the caller's memory.
+  p.run_blocks(call, context, own);
+  // Every block is claimed: close the split and wait for the helpers inside
+  // it, each at the end of its block. No timeout: a helper runs `fn` as this
+  // thread would have, and a wait given up could not stop it writing the
+  // caller's memory. Helpers that wake after this see the split closed.
   std::unique_lock<std::mutex> lock{p.mtx};
-  p.done.wait(lock, [&] { return p.pending == 0; });
+  p.open = false;
+  p.done.wait(lock, [&] { return p.inside == 0; });
   p.call = nullptr;
   p.context = nullptr;
   auto err = own ? own : p.error;

@@ -14,11 +14,17 @@
 /// helper that is not working for it. Results cannot depend on the split when
 /// `fn`'s ranges are independent (elementwise work): the callers' own tests
 /// hold them to the one-range result bit for bit.
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <type_traits>
 
 namespace af {
+
+/// Floats from which an elementwise pass is worth splitting, per range: 512
+/// KiB, so that a 1 M-float pass runs on two threads or more and a small
+/// one never pays a wake-up (a variable's update, a kernel's pass).
+constexpr size_t elementwise_split_floats = size_t{1} << 17;
 
 /// Threads a split uses, the caller's included: ACTORFLOW_UPDATE_THREADS if
 /// set (1 turns splitting off; at most 8), else the cores this process may
@@ -28,11 +34,16 @@ size_t parallel_threads();
 
 /// Calls `fn(from, to)` on ranges that cover [0, n) once each, on up to
 /// parallel_threads() threads, at most n / min_range of them (so n below
-/// 2 x min_range is one call on the caller's thread): the ranges are of
-/// equal length, a multiple of `grain`, but the last. `fn` is called on
-/// several threads at once, each with its own range. Returns once every
-/// range is done; an exception from a range is thrown here, after every
-/// range has ended (one of them, if several threw).
+/// 2 x min_range is one call on the caller's thread). The ranges are blocks
+/// of equal length, a multiple of `grain`, but the last (about a quarter of
+/// a thread's share), which the caller and the helpers claim one at a time:
+/// `fn` is called several times on a thread, on several threads at once,
+/// each call with its own range, and a helper that wakes after the caller
+/// claimed every block runs none (the caller never waits for a helper to be
+/// scheduled, only for the blocks helpers hold). The helpers are kept off
+/// the caller's core. Returns once every range is done; an exception from
+/// a range is thrown here, after every range in progress has ended, and no
+/// range starts after it (one of them, if several threw).
 template <class Fn>
 void parallel_ranges(size_t n, size_t grain, size_t min_range, Fn&& fn);
 
@@ -42,7 +53,19 @@ using range_call = void (*)(void* context, size_t from, size_t to);
 void parallel_ranges_of(size_t n, size_t grain, size_t min_range, range_call call,
                         void* context);
 
-/// How many splits parallel_ranges ran on more than one thread, in this
+/// What a test may do inside the splits (net/testing_hooks.hpp's way): the
+/// one definition is the test binary's (tests/wire_test_hooks.cpp), weak
+/// here, so that in a program there is none and nothing can set it.
+struct parallel_hooks {
+  /// When set: called on a helper's thread each time it wakes for a split,
+  /// before it looks whether it may take part (no lock held). A test holds
+  /// a helper there, as a busy core would.
+  std::atomic<void (*)()> helper_woken{nullptr};
+};
+extern parallel_hooks parallel_hooks_of_tests __attribute__((weak));
+
+/// How many splits parallel_ranges handed to its helpers (whether or not a
+/// helper was free in time to take a block), in this
 /// process so far (tests and benches see whether a pass was split).
 size_t parallel_splits();
 
