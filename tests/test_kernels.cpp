@@ -7,6 +7,8 @@
 #include <random>
 #include <unordered_map>
 
+#include <cblas.h>
+
 #include "kernels/id_dedup.hpp"
 #include "kernels/kernels.hpp"
 
@@ -115,6 +117,44 @@ TEST_CASE("matmul matches the triple loop for every transpose combination", "[ke
   tensor out;
   CHECK(cpu->matmul(random({2, 3}, 1), random({4, 2}, 1), false, false, out).error.find("inner dimensions")
         != std::string::npos);
+}
+
+TEST_CASE("a long dot product and a long column times a scalar give the same bits however the "
+          "cores split them",
+          "[kernels]") {
+  // Catches: a split dot whose partial sums are added as the threads end
+  // (its bits would depend on the cores and the run), a block lost or run
+  // twice at a split's edges, and a column times a scalar whose split
+  // leaves elements unwritten.
+  const int64_t k = (int64_t{1} << 20) + 5; // 17 blocks of 64 Ki floats, the last of 5
+  auto x = random({1, k}, 11, -2, 2, dtype::float32);
+  auto y = random({k, 1}, 12, -2, 2, dtype::float32);
+  const float* px = x.data<float>();
+  const float* py = y.data<float>();
+  float want = 0.0f; // the partial dots of 64 Ki floats, added in order
+  double exact = 0.0;
+  for (int64_t at = 0; at < k; at += int64_t{1} << 16) {
+    auto len = std::min<int64_t>(int64_t{1} << 16, k - at);
+    want += cblas_sdot(static_cast<int>(len), px + at, 1, py + at, 1);
+  }
+  for (int64_t i = 0; i < k; ++i)
+    exact += static_cast<double>(px[i]) * py[i];
+  for (int round = 0; round < 3; ++round) {
+    auto c = run("matmul", {x, y});
+    REQUIRE(c.shape() == shape_type{1, 1});
+    CHECK(c.data<float>()[0] == want);
+  }
+  CHECK(std::abs(want - exact) <= 1e-4 * std::sqrt(static_cast<double>(k)) * 2);
+
+  const int64_t m = (int64_t{1} << 20) + 3;
+  auto col = random({m, 1}, 13, -2, 2, dtype::float32);
+  auto scalar = tensor::from_values<float>({1, 1}, {0.37f});
+  auto c = run("matmul", {col, scalar});
+  REQUIRE(c.shape() == shape_type{m, 1});
+  size_t wrong = 0;
+  for (int64_t i = 0; i < m; ++i)
+    wrong += c.data<float>()[i] != col.data<float>()[i] * 0.37f;
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("reductions over all axes or one, with and without keep_dims", "[kernels]") {

@@ -1,11 +1,13 @@
 #include "kernels/kernels.hpp"
 #include "kernels/sparse.hpp"
 #include "core/int_arith.hpp"
+#include "core/parallel_ranges.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include <cblas.h>
 
@@ -161,6 +163,38 @@ public:
     return status::success();
   }
 
+  /// Floats from which a kernel's pass is split across the cores
+  /// (core/parallel_ranges.hpp), and the split's unit. A 1 M-float linear
+  /// model's worker spends its step's compute in two such passes (the
+  /// forward dot, the gradient's column times a scalar); where its ps is
+  /// still reading the other worker's push, one core is otherwise idle.
+  static constexpr size_t split_floats = elementwise_split_floats;
+  static constexpr size_t split_grain = 4096;
+
+  /// Floats of one partial sum of a long dot product: the sum is the same
+  /// whatever the split, one core or several (the partials are added in
+  /// order), so a result never depends on the machine's cores.
+  static constexpr size_t dot_block = size_t{1} << 16;
+
+  /// x . y over `k` floats: sdot for a short one, else partial sdots of
+  /// dot_block floats each (on the cores, in parallel), added in order.
+  static float dot(const float* x, const float* y, size_t k) {
+    if (k < 2 * split_floats)
+      return cblas_sdot(static_cast<int>(k), x, 1, y, 1);
+    const size_t blocks = (k + dot_block - 1) / dot_block;
+    std::vector<float> partial(blocks);
+    parallel_ranges(blocks, 1, split_floats / dot_block, [&](size_t from, size_t to) {
+      for (size_t b = from; b < to; ++b) {
+        const size_t at = b * dot_block, len = std::min(dot_block, k - at);
+        partial[b] = cblas_sdot(static_cast<int>(len), x + at, 1, y + at, 1);
+      }
+    });
+    float sum = 0.0f;
+    for (float v : partial)
+      sum += v;
+    return sum;
+  }
+
   /// A product with a vector in it (a dot product, a matrix times a vector,
   /// an outer product): sgemm would pack its operands and scale its output
   /// first, which costs more than the product itself when one side is a
@@ -174,8 +208,10 @@ public:
     auto cols = [](const tensor& t) { return static_cast<int>(t.shape()[1]); };
     if (k == 1 && n == 1) { // a column times a scalar: one pass the compiler vectorizes
       const float b0 = pb[0];
-      for (size_t i = 0; i < m; ++i)
-        c[i] = pa[i] * b0;
+      parallel_ranges(m, split_grain, split_floats, [&](size_t from, size_t to) {
+        for (size_t i = from; i < to; ++i)
+          c[i] = pa[i] * b0;
+      });
     } else if (k == 1 && m == 1) { // a scalar times a row
       const float a0 = pa[0];
       for (size_t j = 0; j < n; ++j)
@@ -193,7 +229,7 @@ public:
       // kernels) sgemv of one row took 2.2x sdot's time (510 against 235 us
       // for 1 M floats: the 1 M linear model's forward pass). Only the single
       // dot: for several rows sgemv blocks them and threads over them.
-      c[0] = cblas_sdot(static_cast<int>(k), pa, 1, pb, 1);
+      c[0] = dot(pa, pb, k);
     } else if (n == 1) { // c = op(a) * vector b
       cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, rows(a), cols(a), 1.0f, pa,
                   cols(a), pb, 1, 0.0f, c, 1);
