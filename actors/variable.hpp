@@ -14,13 +14,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/parallel_ranges.hpp"
 #include "caf/actor_addr.hpp"
 #include "caf/error.hpp"
 #include "caf/expected.hpp"
 #include "caf/typed_response_promise.hpp"
 
 #include "actors/parked.hpp"
+#include "core/parallel_ranges.hpp"
 #include "kernels/sparse.hpp"
 #include "messages/variable.hpp"
 #include "train/optimizer.hpp"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,16 @@ namespace af {
 
 namespace {
 
+/// Blocks a split is cut into per thread (core/parallel_ranges.hpp).
+constexpr size_t blocks_per_thread = 4;
+
+/// The most threads a split uses, the caller's included.
+constexpr size_t max_threads = 8;
+
+/// How long a caller that has claimed every block waits for the helpers'
+/// last blocks (about a block's time) before it lets them off their cores.
+constexpr std::chrono::microseconds helper_patience{500};
+
 size_t threads_from_environment() {
   const size_t cores = usable_cores();
   const size_t automatic = std::min<size_t>(cores, 4);
@@ -30,7 +41,7 @@ size_t threads_from_environment() {
     return automatic;
   char* end = nullptr;
   unsigned long k = std::strtoul(v, &end, 10);
-  if (*v < '0' || *v > '9' || *end != '\0' || k < 1 || k > 8) {
+  if (*v < '0' || *v > '9' || *end != '\0' || k < 1 || k > max_threads) {
     std::fprintf(stderr,
                  "actorflow: ACTORFLOW_UPDATE_THREADS='%s' is not a count of threads from 1 to 8 "
                  "(1: no split): taken as %zu, the cores this process may run on (at most 4)\n",
@@ -39,9 +50,6 @@ size_t threads_from_environment() {
   }
   return static_cast<size_t>(k);
 }
-
-/// Blocks a split is cut into per thread (core/parallel_ranges.hpp).
-constexpr size_t blocks_per_thread = 4;
 
 /// Set in a child of fork(): it has none of its parent's helpers.
 std::atomic<bool> forked_child{false};
@@ -65,12 +73,15 @@ struct pool {
   cpu_set_t cores;                // the process's cores when the first helper started
   int kept_off = -1;              // the core the helpers were last kept off
 
-  std::mutex mtx; // guards what follows, but next
+  // Guards what follows but `next`. A thread of the split reads n, block and
+  // blocks without it: they are written only while no helper is inside a
+  // split (before `open`; the caller returns after `inside` is 0).
+  std::mutex mtx;
   std::condition_variable work, done;
   uint64_t generation = 0;
   bool open = false;  // helpers may join the split in progress
   size_t seats = 0;   // how many more of them may (its threads less the caller)
-  size_t inside = 0;  // helpers inside it
+  size_t inside = 0;  // helpers inside it: each holds a block, or claims its next
   range_call call = nullptr;
   void* context = nullptr;
   size_t n = 0, block = 0, blocks = 0;
@@ -78,11 +89,11 @@ struct pool {
   std::exception_ptr error;
   std::atomic<size_t> splits{0};
 
-  /// Claims and runs blocks of the split until none is left (or one threw:
-  /// then no one claims more). Every thread of the split runs this.
-  void run_blocks(range_call f, void* c, std::exception_ptr& err) {
-    for (;;) {
-      size_t k = next.fetch_add(1, std::memory_order_relaxed);
+  /// Runs block `k` (a claimed one, or none if it is `blocks` or more), then
+  /// claims and runs more until none is left (or one threw: then no one
+  /// claims more). Every thread of the split runs this.
+  void run_blocks(size_t k, range_call f, void* c, std::exception_ptr& err) {
+    for (;; k = next.fetch_add(1, std::memory_order_relaxed)) {
       if (k >= blocks)
         return;
       try {
@@ -110,13 +121,18 @@ struct pool {
       }
       if (!open || seats == 0)
         continue; // the caller took every block before this helper woke, or enough helpers did
+      // The first block is claimed under the lock: a helper is counted
+      // inside (and waited for) only while it holds one.
+      size_t first = next.fetch_add(1, std::memory_order_relaxed);
+      if (first >= blocks)
+        continue;
       --seats;
       ++inside;
       auto f = call;
       auto c = context;
       lock.unlock();
       std::exception_ptr err;
-      run_blocks(f, c, err);
+      run_blocks(first, f, c, err);
       lock.lock();
       if (err && !error)
         error = err;
@@ -141,7 +157,7 @@ struct pool {
         CPU_ZERO(&cores);
         if (sched_getaffinity(::getpid(), sizeof(cores), &cores) != 0)
           CPU_ZERO(&cores); // no mask: the helpers are not steered (keep_off does nothing)
-        threads.reserve(8);
+        threads.reserve(max_threads); // at most max_threads - 1 helpers
       }
       while (helpers < wanted) {
         std::thread helper{[this] { serve(); }};
@@ -170,9 +186,21 @@ struct pool {
       return;
     cpu_set_t others = cores;
     CPU_CLR(cpu, &others);
+    bool all = true;
     for (auto t : threads) // detached, but never ending: the handles stay valid
-      pthread_setaffinity_np(t, sizeof(others), &others);
-    kept_off = cpu;
+      all = pthread_setaffinity_np(t, sizeof(others), &others) == 0 && all;
+    kept_off = all ? cpu : -1; // a failure is tried again at the next split
+  }
+
+  /// The helpers on all the process's cores again (turn held): one that
+  /// another process preempted on its one allowed core in the middle of a
+  /// block may then move to the caller's, which waits for it.
+  void let_anywhere() {
+    if (kept_off < 0)
+      return;
+    for (auto t : threads)
+      pthread_setaffinity_np(t, sizeof(cores), &cores);
+    kept_off = -1;
   }
 };
 
@@ -239,14 +267,21 @@ void parallel_ranges_of(size_t n, size_t grain, size_t min_range, range_call cal
   }
   p.work.notify_all(); // the helpers: this split needs at most parts - 1 of them
   std::exception_ptr own;
-  p.run_blocks(call, context, own);
+  p.run_blocks(p.next.fetch_add(1, std::memory_order_relaxed), call, context, own);
   // Every block is claimed: close the split and wait for the helpers inside
   // it, each at the end of its block. No timeout: a helper runs `fn` as this
   // thread would have, and a wait given up could not stop it writing the
   // caller's memory. Helpers that wake after this see the split closed.
   std::unique_lock<std::mutex> lock{p.mtx};
   p.open = false;
-  p.done.wait(lock, [&] { return p.inside == 0; });
+  if (!p.done.wait_for(lock, helper_patience, [&] { return p.inside == 0; })) {
+    // A helper is slow to end its block: another process may have taken its
+    // core. Let it run on any core again (this one is about to idle).
+    lock.unlock();
+    p.let_anywhere();
+    lock.lock();
+    p.done.wait(lock, [&] { return p.inside == 0; });
+  }
   p.call = nullptr;
   p.context = nullptr;
   auto err = own ? own : p.error;

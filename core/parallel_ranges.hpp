@@ -7,13 +7,13 @@
 /// second with the pass halved
 /// (docs/performance.md, "The update split across the cores").
 ///
-/// A few helper threads, made on first use and kept for the process, each
-/// take one contiguous range; the caller takes the first. One split runs at a
-/// time: a caller that finds the helpers busy (another variable's update on
-/// another thread) runs its whole range itself, so nothing ever waits for a
-/// helper that is not working for it. Results cannot depend on the split when
-/// `fn`'s ranges are independent (elementwise work): the callers' own tests
-/// hold them to the one-range result bit for bit.
+/// A few helper threads, made on first use and kept for the process, claim
+/// blocks of the pass beside the caller (parallel_ranges below). One split
+/// runs at a time: a caller that finds the helpers busy (another variable's
+/// update on another thread) runs its whole range itself, so nothing ever
+/// waits for a helper that is not working for it. Results cannot depend on
+/// the split when `fn`'s ranges are independent (elementwise work): the
+/// callers' own tests hold them to the one-range result bit for bit.
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -41,9 +41,10 @@ size_t parallel_threads();
 /// each call with its own range, and a helper that wakes after the caller
 /// claimed every block runs none (the caller never waits for a helper to be
 /// scheduled, only for the blocks helpers hold). The helpers are kept off
-/// the caller's core. Returns once every range is done; an exception from
-/// a range is thrown here, after every range in progress has ended, and no
-/// range starts after it (one of them, if several threw).
+/// the caller's core (and let onto it again if one is slow to end its
+/// block). Returns once every range is done; an exception from a range is
+/// thrown here, after every range in progress has ended, and no block is
+/// claimed after it (one of them, if several threw).
 template <class Fn>
 void parallel_ranges(size_t n, size_t grain, size_t min_range, Fn&& fn);
 

@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 
+#include "core/parallel_ranges.hpp"
 #include "kernels/id_dedup.hpp"
 #include "kernels/kernels.hpp"
 
@@ -121,7 +122,7 @@ TEST_CASE("matmul matches the triple loop for every transpose combination", "[ke
 
 TEST_CASE("a long dot product and a long column times a scalar give the same bits however the "
           "cores split them",
-          "[kernels]") {
+          "[kernels][parallel]") {
   // Catches: a split dot whose partial sums are added as the threads end
   // (its bits would depend on the cores and the run), a block lost or run
   // twice at a split's edges, and a column times a scalar whose split
@@ -139,6 +140,7 @@ TEST_CASE("a long dot product and a long column times a scalar give the same bit
   }
   for (int64_t i = 0; i < k; ++i)
     exact += static_cast<double>(px[i]) * py[i];
+  const size_t splits_before = parallel_splits();
   for (int round = 0; round < 3; ++round) {
     auto c = run("matmul", {x, y});
     REQUIRE(c.shape() == shape_type{1, 1});
@@ -155,6 +157,8 @@ TEST_CASE("a long dot product and a long column times a scalar give the same bit
   for (int64_t i = 0; i < m; ++i)
     wrong += c.data<float>()[i] != col.data<float>()[i] * 0.37f;
   CHECK(wrong == 0);
+  if (parallel_threads() > 1)
+    CHECK(parallel_splits() == splits_before + 4); // three dots and the column were split
 }
 
 TEST_CASE("reductions over all axes or one, with and without keep_dims", "[kernels]") {

@@ -72,8 +72,10 @@ TEST_CASE("parallel_ranges covers every index once, in blocks of whole grains, a
   parallel_ranges(n, grain, min_range, [&](size_t from, size_t to) { seen.add(from, to); });
   CHECK(seen.tile(n, grain));
   const size_t parts = std::min(threads, n / min_range);
-  // At most four blocks a thread: what claiming costs stays small.
+  // At most four blocks a thread: what claiming costs stays small. No more
+  // threads than the split's (its seats), whatever the helpers.
   CHECK(seen.ranges.size() <= std::max<size_t>(4 * parts, 1));
+  CHECK(seen.threads.size() <= std::max<size_t>(parts, 1));
   if (parts > 1) {
     // Nothing else in this test binary splits meanwhile.
     CHECK(parallel_splits() == before + 1);
@@ -116,8 +118,8 @@ TEST_CASE("a split whose helpers are not scheduled in time runs on its caller, w
   // Catches: one fixed range a thread, where the caller, its own range done,
   // waited for a helper that its busy core had not run yet (on two vCPUs
   // the ps's update ran on one core while the other idled); and a helper
-  // that wakes late running the ended split's function on a caller's
-  // memory that is gone (here: indices counted twice).
+  // that wakes after the split ended and still calls into it (its function
+  // is gone: a crash) or into the next one twice (indices counted twice).
   if (parallel_threads() < 2) {
     WARN("one core: no helper, nothing to check");
     return;
@@ -200,7 +202,10 @@ TEST_CASE("a split's helpers run on the cores other than its caller's, and take 
     });
   }};
   caller_thread.join();
-  REQUIRE(pinned);
+  if (!pinned) {
+    WARN("this system refuses a thread's affinity: nothing to check");
+    return;
+  }
   CHECK(waited); // a helper took a block while the caller was busy
   CHECK_FALSE(CPU_ISSET(mine, &helper_cores));
   CHECK(CPU_COUNT(&helper_cores) == CPU_COUNT(&all) - 1);

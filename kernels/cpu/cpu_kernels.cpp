@@ -164,16 +164,19 @@ public:
   }
 
   /// Floats from which a kernel's pass is split across the cores
-  /// (core/parallel_ranges.hpp), and the split's unit. A 1 M-float linear
-  /// model's worker spends its step's compute in two such passes (the
-  /// forward dot, the gradient's column times a scalar); where its ps is
-  /// still reading the other worker's push, one core is otherwise idle.
+  /// (core/parallel_ranges.hpp), and (split_grain) the unit of its blocks.
+  /// A 1 M-float linear model's worker spends its step's compute in two such
+  /// passes (the forward dot, the gradient's column times a scalar); where
+  /// its ps is still reading the other worker's push, one core is otherwise
+  /// idle. In async too: there the workers' computes overlap each other and
+  /// the ps, and a helper that finds no idle core takes no block.
   static constexpr size_t split_floats = elementwise_split_floats;
   static constexpr size_t split_grain = 4096;
 
   /// Floats of one partial sum of a long dot product: the sum is the same
   /// whatever the split, one core or several (the partials are added in
-  /// order), so a result never depends on the machine's cores.
+  /// order), so a result does not depend on how many cores the machine has
+  /// (OpenBLAS's sdot kernel, picked for the CPU, still may).
   static constexpr size_t dot_block = size_t{1} << 16;
 
   /// x . y over `k` floats: sdot for a short one, else partial sdots of
