@@ -43,7 +43,7 @@ size_t threads_from_environment() {
   unsigned long k = std::strtoul(v, &end, 10);
   if (*v < '0' || *v > '9' || *end != '\0' || k < 1 || k > max_threads) {
     std::fprintf(stderr,
-                 "actorflow: ACTORFLOW_UPDATE_THREADS='%s' is not a count of threads from 1 to 8 "
+                 "actorflow: ACTORFLOW_UPDATE_THREADS='%.40s' is not a count of threads from 1 to 8 "
                  "(1: no split): taken as %zu, the cores this process may run on (at most 4)\n",
                  v, automatic);
     return automatic;

@@ -56,7 +56,8 @@ struct seen_ranges {
 
 } // namespace
 
-TEST_CASE("parallel_ranges covers every index once, in blocks of whole grains, and counts the split",
+TEST_CASE("parallel_ranges covers every index once, in blocks of whole grains, and counts the "
+          "split",
           "[parallel]") {
   // Catches: a range lost or run twice at a split's edges or between blocks
   // (n = 11 in blocks of 2 leaves an eleventh index for a last, short
@@ -121,7 +122,8 @@ TEST_CASE("a split whose helpers are not scheduled in time runs on its caller, w
   // that wakes after the split ended and still calls into it (its function
   // is gone: a crash) or into the next one twice (indices counted twice).
   if (parallel_threads() < 2) {
-    WARN("one core: no helper, nothing to check");
+    WARN("one thread a split (one core, or ACTORFLOW_UPDATE_THREADS=1): no helper, nothing to "
+         "check");
     return;
   }
   const size_t n = 1 << 20;
@@ -149,7 +151,8 @@ TEST_CASE("a split whose helpers are not scheduled in time runs on its caller, w
   CHECK(threads == std::set<std::thread::id>{std::this_thread::get_id()});
   // Every helper that was woken now looks at a split that has ended.
   const auto woken = static_cast<int>(parallel_threads()) - 1;
-  CHECK(wait_for(held_helpers::mtx, held_helpers::cv, [&] { return held_helpers::passed >= woken; }));
+  CHECK(wait_for(held_helpers::mtx, held_helpers::cv,
+                 [&] { return held_helpers::passed >= woken; }));
   parallel_hooks_of_tests.helper_woken.store(nullptr);
   seen_ranges seen;
   parallel_ranges(n, 4096, 1 << 17, [&](size_t from, size_t to) { seen.add(from, to); });
@@ -165,7 +168,7 @@ TEST_CASE("a split's helpers run on the cores other than its caller's, and take 
   // one): it preempts the caller and the split runs on one core; and a
   // split that never reaches a second thread.
   if (parallel_threads() < 2 || usable_cores() < 2) {
-    WARN("one core: no helper or no other core, nothing to check");
+    WARN("one thread a split or one core: no helper or no other core, nothing to check");
     return;
   }
   cpu_set_t all;
@@ -234,7 +237,8 @@ TEST_CASE("an exception in any range of a split comes out of parallel_ranges aft
   // of the thread's function), or the caller returning while a helper still
   // writes, or a helper left counting a split that already ended.
   if (parallel_threads() < 2) {
-    WARN("one core: no helper to throw on, nothing to check");
+    WARN("one thread a split (one core, or ACTORFLOW_UPDATE_THREADS=1): no helper to throw on, "
+         "nothing to check");
     return;
   }
   const size_t n = 1 << 20;
