@@ -566,7 +566,7 @@ TEST_CASE("over UCX a stopped node costs a call its own wait or a cancel, and a 
 }
 
 TEST_CASE("over UCX a reply longer than the node's frame timeout goes through while it moves",
-          "[ucx]") {
+          "[.][ucx][ucx-long-reply]") { // run alone: tests/CMakeLists.txt
   // Bug it catches: the node's send over UCX bounded by the frame timeout
   // from the start of the whole reply instead of from the last progress, so
   // a 256 MiB read failed ("it took nothing of its reply for 300 ms") once
