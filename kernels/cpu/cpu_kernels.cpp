@@ -176,7 +176,7 @@ public:
   /// Floats of one partial sum of a long dot product: the sum is the same
   /// whatever the split, one core or several (the partials are added in
   /// order), so a result does not depend on how many cores the machine has
-  /// (OpenBLAS's sdot kernel, picked for the CPU, still may).
+  /// (it may on the CPU's model: OpenBLAS picks its sdot kernel for it).
   static constexpr size_t dot_block = size_t{1} << 16;
 
   /// x . y over `k` floats: sdot for a short one, else partial sdots of
