@@ -1,6 +1,7 @@
 #include "dist/worker.hpp"
 #include "dist/worker_state.hpp"
 #include "actors/system.hpp"
+#include "actors/result_at_exit.hpp"
 
 #include <algorithm>
 
@@ -492,30 +493,19 @@ caf::behavior worker_impl(self_pointer self, worker_setup setup,
                           std::function<void(caf::expected<worker_result>)> done) {
   auto& st = self->state;
   st.setup = std::move(setup);
-  // `done` is called exactly once: by the worker, or, if the worker ends any
-  // other way (an exception, a linked link actor that failed), when it ends.
-  struct once {
-    std::mutex mtx;
-    std::function<void(caf::expected<worker_result>)> f;
-    void operator()(caf::expected<worker_result> r) {
-      std::function<void(caf::expected<worker_result>)> g;
-      {
-        std::lock_guard<std::mutex> guard{mtx};
-        g = std::move(f);
-        f = nullptr;
-      }
-      if (g)
-        g(std::move(r));
-    }
-  };
-  auto cb = std::make_shared<once>();
-  cb->f = std::move(done);
-  st.done = [cb](caf::expected<worker_result> r) { (*cb)(std::move(r)); };
+  // `done` gets the result once the actor has ended and told every actor
+  // that watches it (actors/result_at_exit.hpp: the caller may destroy the
+  // actor system next); a worker that ends any other way (an exception, a
+  // linked link actor that failed) gets the reason. First, before anything
+  // can monitor or link to this actor.
   auto index = st.setup.index;
-  self->attach_functor([cb, index](const caf::error& reason) {
-    (*cb)(make_error(af_error::internal, fmt::format("worker {} ended before it finished: {}", index,
-                                                     describe(reason))));
-  });
+  auto result = result_at_exit<caf::expected<worker_result>>::attach(
+    self, std::move(done), [index](const caf::error& reason) -> caf::expected<worker_result> {
+      return make_error(af_error::internal,
+                        fmt::format("worker {} ended before it finished: {}", index,
+                                    describe(reason)));
+    });
+  st.done = [result](caf::expected<worker_result> r) { result->set(std::move(r)); };
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t k = 0; k < st.setup.shards.size(); ++k)
