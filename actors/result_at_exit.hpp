@@ -2,17 +2,12 @@
 /// A result that an actor hands to a waiting thread only once it has ended
 /// and told every actor that watches it.
 ///
-/// Why: CAF 0.17 takes an actor off the system's count of running actors
-/// first thing in its cleanup, and only then sends its down and exit
-/// messages. A thread that is woken by a result set before the actor quit
-/// may go on to destroy the actor system while those messages are still to
-/// be sent. One sent to the BASP broker (which watches every local actor
-/// whose handle went to another node) after the middleman stopped stays in
-/// the broker's mailbox for good: a broker's cleanup never empties it. The
-/// message holds its sender; a detached sender is then never destroyed, and
-/// `~actor_system` waits for its thread forever. A worker process over
-/// shared memory hung so at its end about once in 30 runs, until the
-/// teardown deadline (programs/teardown_deadline.hpp) ended it.
+/// Why: a thread woken by a result set before the actor quit may destroy the
+/// actor system while the actor still has its down messages to send. One
+/// that reaches the BASP broker after the middleman stopped stays in its
+/// mailbox (CAF 0.17's broker cleanup never empties it), holding its sender:
+/// a detached sender is never destroyed, and `~actor_system` waits for its
+/// thread forever (docs/training.md, the teardown deadline).
 ///
 /// Attach it first, when the actor starts: CAF runs an actor's attachables
 /// newest first, so this one runs after every monitor and link attached

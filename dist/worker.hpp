@@ -228,8 +228,11 @@ caf::error add_shard_states(train::checkpoint& ckpt, const std::vector<aggregato
                             const std::vector<param_shard>& shards,
                             const std::string& optimizer_kind);
 
-/// Spawns a worker; `done` is called once, on the worker's thread, when it has
-/// run its steps (or failed: the error names the step and what failed).
+/// Spawns a worker; `done` is called once, on the worker's thread, after the
+/// actor has ended (it ran its steps, or failed: the error names the step and
+/// what failed) and told every actor that watches it, so that its caller may
+/// destroy the actor system next (actors/result_at_exit.hpp). Watch the
+/// returned handle only where being told after `done` is fine.
 caf::actor spawn_worker(caf::actor_system& sys, worker_setup setup,
                         std::function<void(caf::expected<worker_result>)> done);
 

@@ -50,6 +50,8 @@ class plane_pusher;
 /// The worker actor's state: its loop's counters (worker_loop) and the rest.
 struct worker_state : worker_loop {
   worker_setup setup;
+  /// Sets the worker's result, delivered once the actor has ended
+  /// (worker_impl; actors/result_at_exit.hpp). Quit right after.
   std::function<void(caf::expected<worker_result>)> done;
   step_runner runner;
   /// The step on this actor's thread, when it can run there (else null:

@@ -1,10 +1,7 @@
 // actors/result_at_exit.hpp: an actor's result reaches the waiting thread
 // only once the actor has ended and every watcher attached after it was
-// told. The bug it catches: the training worker handed its result over
-// before it quit; the waiting thread destroyed the actor system while the
-// worker still had its down messages to send, one stayed in the stopped
-// BASP broker's mailbox holding the worker, and the process hung at its
-// end (about one run in 30 over shared memory) until its teardown deadline.
+// told. Bug it catches: a result handed over before the actor quit (a
+// worker process then hung at its end: docs/training.md).
 #include <catch2/catch.hpp>
 
 #include <atomic>
