@@ -11,6 +11,11 @@
 #                                the same with [train] pipeline_sync (docs/wire.md "A pipelined
 #                                sync round"), against the same store-and-forward limit: its own
 #                                limit is twice that (both directions of the ps link at once)
+#   netbed_train_sync_1m_2w_fast_ps
+#                                pipelined against store-and-forward, the same run, where the
+#                                workers' links are the limit (the ps link at 3 x RATE): each
+#                                worker's link carries its gradient in and its parameters out,
+#                                at once only when pipelined
 #   netbed_train_async_1m_2w     async steps/s (every push a global step) of the same job, against
 #                                the link limit: the ps link's rate / the model's bytes (each push
 #                                moves one gradient in and one parameter set out, and two workers'
@@ -185,6 +190,29 @@ if want netbed_train_sync_1m_2w_pipelined; then
     echo "# sync1m pipelined rep $i: $STEPS_PER_S steps/s (the pipelined link limit: $(awk -v l="$limit" 'BEGIN {printf "%.2f", 2 * l}'))"
   done
   report netbed_train_sync_1m_2w_pipelined steps/s
+fi
+
+if want netbed_train_sync_1m_2w_fast_ps; then
+  # The workers' links, not the ps's, the limit: the ps link at 3 x RATE.
+  # Store-and-forward, a worker's link carries its gradient in, then its
+  # parameters out (its limit: RATE / 8 / (2 x the model)); pipelined, both
+  # directions at once (twice that). The baseline is store-and-forward's
+  # steps/s in the same run, both printed.
+  keys=(mode='"sync"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
+        synthetic_examples=16 batch_size=1 "steps=$steps_1m" learning_rate=1e-7 log_every=0 eval_every=0)
+  model_bytes=$((1048576 * 4 + 4))
+  limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.2f", r / 8 / (2 * m)}')
+  nb_shape 0 "$fast_rate"
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job sync1m-fastps 0 "${keys[@]}"
+    BASE+=("$STEPS_PER_S")
+    run_job sync1mp-fastps 0 "${keys[@]}" pipeline_sync=true
+    OURS+=("$STEPS_PER_S")
+    echo "# sync1m, the ps link at $fast_rate, rep $i: store-and-forward ${BASE[-1]}, pipelined ${OURS[-1]} steps/s (the workers' links' limits: $limit and $(awk -v l="$limit" 'BEGIN {printf "%.2f", 2 * l}'))"
+  done
+  nb_shape 0 "$rate"
+  report netbed_train_sync_1m_2w_fast_ps steps/s
 fi
 
 for piped in false true; do
