@@ -179,7 +179,8 @@ std::string progress_line(const train::train_config& c, uint64_t total, uint64_t
     uint64_t done = p.step > start ? p.step - start : 0;
     if (done > 0 && p.step < total)
       secs = p.seconds * static_cast<double>(total - p.step) / static_cast<double>(done);
-    left = fmt::format("  {:.0f} s left", secs);
+    // Tenths under 10 s: a short job's lines said "0 s left" from its first.
+    left = secs < 9.95 ? fmt::format("  {:.1f} s left", secs) : fmt::format("  {:.0f} s left", secs);
   }
   std::string acc = p.accuracy >= 0 ? fmt::format("  held-out {:.4f}", p.accuracy) : "";
   std::string what;

@@ -362,6 +362,7 @@ TEST_CASE("an event file closed leaves every event written before, readable, and
   for (int step = 1; step <= 101; ++step) {
     CAPTURE(step);
     REQUIRE(field(decode(records[static_cast<size_t>(step)]), 2));
-    CHECK(field(decode(records[static_cast<size_t>(step)]), 2)->integer == step);
+    CHECK(field(decode(records[static_cast<size_t>(step)]), 2)->integer
+          == static_cast<uint64_t>(step));
   }
 }

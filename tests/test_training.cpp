@@ -636,6 +636,17 @@ TEST_CASE("the average-mode progress counts each replica's local steps and the j
                            && Catch::Contains("staleness median 1 max 2 histogram 0:3 1:5 2:1  "));
 }
 
+TEST_CASE("a progress line's time left has tenths under 10 s", "[train]") {
+  // Catches: a job of a second or less, whose every progress line said
+  // "0 s left" (whole seconds), as if it had finished.
+  worker_progress p;
+  p.step = 50;
+  p.seconds = 0.04; // 625 steps to go at 50 in 0.04 s: 0.5 s
+  CHECK_THAT(progress_line(digits("sync"), 675, 0, p), Catch::EndsWith("  0.5 s left"));
+  p.seconds = 20; // 250 s
+  CHECK_THAT(progress_line(digits("sync"), 675, 0, p), Catch::EndsWith("  250 s left"));
+}
+
 TEST_CASE("a global batch larger than the training set is refused naming the numbers", "[train]") {
   // Catches: empty batches fed to the step, which failed with "op 'matmul'
   // (matmul): input 0 has no value" and nothing about the batch size.
