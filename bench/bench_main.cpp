@@ -107,6 +107,7 @@ int main_body(int argc, char** argv) {
   all_metrics.push_back(activation_metric);
   const std::vector<std::string> send_metrics{"tcp_4mib_send_zerocopy", "tcp_4mib_send_splice"};
   all_metrics.insert(all_metrics.end(), send_metrics.begin(), send_metrics.end());
+  all_metrics.push_back("memcpy_4mib_working_set");
   for (auto& m : af::bench::train_metrics())
     all_metrics.push_back(m);
   for (auto& m : af::bench::metrics_cost_metrics())
@@ -188,6 +189,8 @@ int main_body(int argc, char** argv) {
   if (std::any_of(send_metrics.begin(), send_metrics.end(), wanted))
     if (int rc = af::bench::send_probe_bench(wanted, reps))
       return rc;
+  if (int rc = af::bench::memory_probe_bench(wanted, reps))
+    return rc;
 
   // What watching a node costs: an embedded cluster, then processes (fork + exec only).
   if (int rc = af::bench::run_metrics_benches(wanted, rounds, reps, topts))

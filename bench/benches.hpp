@@ -30,4 +30,9 @@ int shm_benches(const wanted_fn& wanted, int rounds, int reps, int poll_us);
 /// loopback TCP, alternating `reps` times (loopback_send_probe.cpp).
 int send_probe_bench(const wanted_fn& wanted, int reps);
 
+/// 4 MiB memcpys walking a working set larger than the last-level cache
+/// against the same copies in cache (memcpy_4mib_working_set), `reps` times
+/// alternating (memory_probe.cpp).
+int memory_probe_bench(const wanted_fn& wanted, int reps);
+
 } // namespace af::bench
