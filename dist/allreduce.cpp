@@ -24,7 +24,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-constexpr uint32_t header_magic = 0x41464348; // "AFCH"
+// "AFC2": the 64-byte header (a rank of the 32-byte one, "AFCH", is told
+// that it is of another version instead of reading data as a header).
+constexpr uint32_t header_magic = 0x41464332;
 /// Bytes a shared-memory link moves per step: a rank alternates between
 /// taking (adding) and forwarding in pieces of this size, the pipeline.
 constexpr size_t shm_slice = 256 * 1024;
@@ -265,6 +267,10 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
   received_ = call_header{};
   stats_ = call_stats{};
   progress p{kind, n, root, outs, ins};
+  if (out_shm_)
+    out_shm_->begin_call();
+  if (in_shm_)
+    in_shm_->begin_call();
   for (;;) {
     while (p.oi < outs.size() && p.sent == outs[p.oi].bytes) {
       ++p.oi;

@@ -106,11 +106,31 @@ void shm_link::unlink() {
   named_ = false;
 }
 
+void shm_link::begin_call() {
+  last_end_ = pos_;
+  call_start_ = (pos_ + ring_ - 1) & ~(ring_ - 1);
+  pos_ = call_start_;
+}
+
 char* shm_link::room(uint64_t& n) {
   n = 0;
   if (corrupt_)
     return data_;
-  uint64_t used = pos_ - ctl_->tail.load(); // seq_cst: after sleeping()'s store
+  uint64_t tail = ctl_->tail.load(); // seq_cst: after sleeping()'s store
+  if (last_end_ != call_start_ && tail <= last_end_) {
+    // The reader has not read from this call yet. Once it has taken all of
+    // the last call it skips to call_start_ as this end did; until then it
+    // may still read anywhere in the ring: no room (its end of the last
+    // call rings this end's bell).
+    if (last_end_ - tail > ring_) {
+      corrupt_ = true;
+      return data_;
+    }
+    if (tail < last_end_)
+      return data_;
+    tail = call_start_;
+  }
+  uint64_t used = pos_ - tail;
   if (used > ring_) {
     corrupt_ = true;
     return data_;
@@ -129,7 +149,10 @@ const char* shm_link::data(uint64_t& n) {
   n = 0;
   if (corrupt_)
     return data_;
-  uint64_t avail = ctl_->head.load() - pos_; // seq_cst: after sleeping()'s store
+  uint64_t head = ctl_->head.load(); // seq_cst: after sleeping()'s store
+  if (head == last_end_ && pos_ == call_start_)
+    return data_; // the writer has not begun this call's bytes
+  uint64_t avail = head - pos_;
   if (avail > ring_) {
     corrupt_ = true;
     return data_;
