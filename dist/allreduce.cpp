@@ -269,8 +269,7 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
   progress p{kind, n, root, outs, ins};
   if (out_shm_)
     out_shm_->begin_call();
-  if (in_shm_)
-    in_shm_->begin_call();
+  bool read_all = false; // this call's bytes from a left in shared memory
   for (;;) {
     while (p.oi < outs.size() && p.sent == outs[p.oi].bytes) {
       ++p.oi;
@@ -279,6 +278,12 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
     while (p.ii < ins.size() && p.done == ins[p.ii].bytes) {
       ++p.ii;
       p.received = p.done = 0;
+    }
+    if (p.ii == ins.size() && in_shm_ && !read_all) {
+      // The left may begin its next call's bytes (and may wait for that).
+      in_shm_->end_call();
+      in_shm_->wake_peer(left_fd_, true);
+      read_all = true;
     }
     if (p.oi == outs.size() && p.ii == ins.size()) {
       // A neighbour asleep on what we moved last hears of it now (the bells

@@ -107,9 +107,17 @@ void shm_link::unlink() {
 }
 
 void shm_link::begin_call() {
+  last_start_ = call_start_;
+  last_end_ = pos_;
+  call_start_ = (pos_ + ring_ - 1) & ~(ring_ - 1);
+  pos_ = call_start_; // published with the call's first bytes (commit)
+}
+
+void shm_link::end_call() {
   last_end_ = pos_;
   call_start_ = (pos_ + ring_ - 1) & ~(ring_ - 1);
   pos_ = call_start_;
+  ctl_->tail.store(pos_); // seq_cst: before wake_peer's look at the flag
 }
 
 char* shm_link::room(uint64_t& n) {
@@ -117,18 +125,14 @@ char* shm_link::room(uint64_t& n) {
   if (corrupt_)
     return data_;
   uint64_t tail = ctl_->tail.load(); // seq_cst: after sleeping()'s store
-  if (last_end_ != call_start_ && tail <= last_end_) {
-    // The reader has not read from this call yet. Once it has taken all of
-    // the last call it skips to call_start_ as this end did; until then it
-    // may still read anywhere in the ring: no room (its end of the last
-    // call rings this end's bell).
-    if (last_end_ - tail > ring_) {
+  if (tail < call_start_) {
+    // The reader is still in the last call (it may read anywhere in the
+    // ring until it ends it, skips to call_start_ and rings): no room.
+    // Before the last call's start it cannot be, as this end wrote all of
+    // that call.
+    if (tail < last_start_ || tail > last_end_)
       corrupt_ = true;
-      return data_;
-    }
-    if (tail < last_end_)
-      return data_;
-    tail = call_start_;
+    return data_;
   }
   uint64_t used = pos_ - tail;
   if (used > ring_) {

@@ -75,16 +75,19 @@ public:
   /// Removes the segment's name (idempotent): the mapping stays.
   void unlink();
 
-  /// At the start of every call, at both ends: the call's bytes start at
-  /// the ring's first byte, so that calls of the same size write and read
-  /// the same pages, warm in the cache, instead of walking the whole ring
-  /// (a 4 MiB all-reduce's 4 MiB and header on an 8 MiB ring went to the
-  /// other half each call, and to another alignment). The position
-  /// skips to the next multiple of the ring's size; the skipped bytes were
-  /// never written and are never read. Neither end publishes the skip:
-  /// the peer sees it with the first bytes of the call (room() and data()
-  /// tell a peer still at the last call's end from a broken counter).
+  /// Every call's bytes start at the ring's first byte, so that calls of
+  /// the same size write and read the same pages, warm in the cache,
+  /// instead of walking the whole ring (a 4 MiB all-reduce's 4 MiB and
+  /// header on an 8 MiB ring went to the other half each call, and to
+  /// another alignment). Both ends skip to the next multiple of the ring's
+  /// size; the skipped bytes are never written and never read.
+  /// Writer: at a call's start. The skip is published with the call's first
+  /// bytes: a reader still in the last call would take it for data.
   void begin_call();
+  /// Reader: once it has read all of a call's bytes. The skip is published
+  /// at once, so that the writer, which may already be in the next call,
+  /// tells a reader done with the last call from one still in it.
+  void end_call();
 
   /// Writer: where the next bytes go, and how many fit there contiguously
   /// (`n`; 0: the ring is full).
@@ -127,8 +130,9 @@ private:
   control* ctl_ = nullptr;
   char* data_ = nullptr;
   uint64_t pos_ = 0;    ///< writer: head; reader: tail (ours alone)
-  uint64_t last_end_ = 0;   ///< pos_ at the end of the last call (begin_call)
   uint64_t call_start_ = 0; ///< where this call's bytes start: a multiple of ring_
+  uint64_t last_start_ = 0; ///< writer: where the last call's bytes started
+  uint64_t last_end_ = 0;   ///< where the last call's bytes ended
   uint64_t belled_ = 0; ///< pos_ when the peer was last rung
 };
 
