@@ -31,8 +31,8 @@ int shm_benches(const wanted_fn& wanted, int rounds, int reps, int poll_us);
 int send_probe_bench(const wanted_fn& wanted, int reps);
 
 /// 4 MiB memcpys walking a working set larger than the last-level cache
-/// against the same copies in cache (memcpy_4mib_working_set), `reps` times
-/// alternating (memory_probe.cpp).
+/// against the same copies in cache (memcpy_4mib_working_set), `reps` (at
+/// least 5) times alternating (memory_probe.cpp).
 int memory_probe_bench(const wanted_fn& wanted, int reps);
 
 } // namespace af::bench

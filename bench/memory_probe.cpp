@@ -9,13 +9,14 @@
 // The line: GB/s of 4 MiB memcpys that walk a 128 MiB working set (each
 // copy's source and destination the next buffers of 32) against the same
 // copies between two buffers (8 MiB, in cache on most CPUs), alternating
-// `reps` times, medians. A `#` line gives the sweep from 8 to 128 MiB and
-// the level 3 cache's size.
+// `reps` times (at least 5), medians. A `#` line gives the sweep from 8 to
+// 128 MiB and the level 3 cache's size.
 #include "bench/benches.hpp"
 #include "bench/stats.hpp"
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
