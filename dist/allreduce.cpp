@@ -24,9 +24,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// "AFC2": the 64-byte header (a rank of the 32-byte one, "AFCH", is told
-// that it is of another version instead of reading data as a header).
-constexpr uint32_t header_magic = 0x41464332;
+constexpr uint32_t header_magic = 0x41464348; // "AFCH"
 /// Bytes a shared-memory link moves per step: a rank alternates between
 /// taking (adding) and forwarding in pieces of this size, the pipeline.
 constexpr size_t shm_slice = 256 * 1024;
@@ -267,9 +265,6 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
   received_ = call_header{};
   stats_ = call_stats{};
   progress p{kind, n, root, outs, ins};
-  if (out_shm_)
-    out_shm_->begin_call();
-  bool read_all = false; // this call's bytes from a left in shared memory
   for (;;) {
     while (p.oi < outs.size() && p.sent == outs[p.oi].bytes) {
       ++p.oi;
@@ -278,12 +273,6 @@ caf::error allreduce_group::run(op kind, size_t n, uint32_t root, std::vector<ou
     while (p.ii < ins.size() && p.done == ins[p.ii].bytes) {
       ++p.ii;
       p.received = p.done = 0;
-    }
-    if (p.ii == ins.size() && in_shm_ && !read_all) {
-      // The left may begin its next call's bytes (and may wait for that).
-      in_shm_->end_call();
-      in_shm_->wake_peer(left_fd_, true);
-      read_all = true;
     }
     if (p.oi == outs.size() && p.ii == ins.size()) {
       // A neighbour asleep on what we moved last hears of it now (the bells

@@ -185,11 +185,6 @@ private:
   std::string broken_; ///< why the group broke; empty while healthy
   std::vector<float> scratch_;
   /// The headers of the current call: ours (sent) and the left's (received).
-  /// 64 bytes, a cache line: in a shared-memory ring, whose calls start at
-  /// its first byte (shm_link::begin_call), the data after the header then
-  /// starts on a cache line too. After a 32-byte header every copy into and
-  /// out of the ring ran 32 bytes off its buffer's alignment, and a 4 MiB
-  /// call took 15 - 25 % more CPU than the raw exchange's.
   struct call_header {
     uint32_t magic = 0;
     uint8_t kind = 0;
@@ -198,9 +193,7 @@ private:
     uint32_t ranks = 0;
     uint64_t call = 0;
     uint64_t count = 0;
-    uint8_t padding[32] = {};
   };
-  static_assert(sizeof(call_header) == 64, "a call's data starts on a cache line");
   call_header sent_;
   call_header received_;
   call_stats stats_;

@@ -106,35 +106,11 @@ void shm_link::unlink() {
   named_ = false;
 }
 
-void shm_link::begin_call() {
-  last_start_ = call_start_;
-  last_end_ = pos_;
-  call_start_ = (pos_ + ring_ - 1) & ~(ring_ - 1);
-  pos_ = call_start_; // published with the call's first bytes (commit)
-}
-
-void shm_link::end_call() {
-  last_end_ = pos_;
-  call_start_ = (pos_ + ring_ - 1) & ~(ring_ - 1);
-  pos_ = call_start_;
-  ctl_->tail.store(pos_); // seq_cst: before wake_peer's look at the flag
-}
-
 char* shm_link::room(uint64_t& n) {
   n = 0;
   if (corrupt_)
     return data_;
-  uint64_t tail = ctl_->tail.load(); // seq_cst: after sleeping()'s store
-  if (tail < call_start_) {
-    // The reader is still in the last call (it may read anywhere in the
-    // ring until it ends it, skips to call_start_ and rings): no room.
-    // Before the last call's start it cannot be, as this end wrote all of
-    // that call.
-    if (tail < last_start_ || tail > last_end_)
-      corrupt_ = true;
-    return data_;
-  }
-  uint64_t used = pos_ - tail;
+  uint64_t used = pos_ - ctl_->tail.load(); // seq_cst: after sleeping()'s store
   if (used > ring_) {
     corrupt_ = true;
     return data_;
@@ -153,10 +129,7 @@ const char* shm_link::data(uint64_t& n) {
   n = 0;
   if (corrupt_)
     return data_;
-  uint64_t head = ctl_->head.load(); // seq_cst: after sleeping()'s store
-  if (head == last_end_ && pos_ == call_start_)
-    return data_; // the writer has not begun this call's bytes
-  uint64_t avail = head - pos_;
+  uint64_t avail = ctl_->head.load() - pos_; // seq_cst: after sleeping()'s store
   if (avail > ring_) {
     corrupt_ = true;
     return data_;

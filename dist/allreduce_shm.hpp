@@ -46,8 +46,8 @@ class shm_link {
 public:
   /// Bytes of the ring (a power of two). A writer that can put all of a
   /// call's bytes in at once sleeps less: a 2-rank all-reduce of 4 MiB
-  /// writes 4 MiB and a header per call, and on the 2-vCPU test VM
-  /// a 4 MiB ring (full for the header's bytes) slept 4.3 times a call
+  /// writes 4 MiB and a 32-byte header per call, and on the 2-vCPU test VM
+  /// a 4 MiB ring (full for the last 32 bytes) slept 4.3 times a call
   /// against 0.6 with 8 MiB (0.99 of the raw exchange instead of 0.93); with
   /// 1 MiB, 4-8 ms a call instead of 1.2-1.5 under load.
   static constexpr uint64_t default_ring_bytes = uint64_t{8} << 20;
@@ -74,20 +74,6 @@ public:
 
   /// Removes the segment's name (idempotent): the mapping stays.
   void unlink();
-
-  /// Every call's bytes start at the ring's first byte, so that calls of
-  /// the same size write and read the same pages, warm in the cache,
-  /// instead of walking the whole ring (a 4 MiB all-reduce's 4 MiB and
-  /// header on an 8 MiB ring went to the other half each call, and to
-  /// another alignment). Both ends skip to the next multiple of the ring's
-  /// size; the skipped bytes are never written and never read.
-  /// Writer: at a call's start. The skip is published with the call's first
-  /// bytes: a reader still in the last call would take it for data.
-  void begin_call();
-  /// Reader: once it has read all of a call's bytes. The skip is published
-  /// at once, so that the writer, which may already be in the next call,
-  /// tells a reader done with the last call from one still in it.
-  void end_call();
 
   /// Writer: where the next bytes go, and how many fit there contiguously
   /// (`n`; 0: the ring is full).
@@ -130,9 +116,6 @@ private:
   control* ctl_ = nullptr;
   char* data_ = nullptr;
   uint64_t pos_ = 0;    ///< writer: head; reader: tail (ours alone)
-  uint64_t call_start_ = 0; ///< where this call's bytes start: a multiple of ring_
-  uint64_t last_start_ = 0; ///< writer: where the last call's bytes started
-  uint64_t last_end_ = 0;   ///< where the last call's bytes ended
   uint64_t belled_ = 0; ///< pos_ when the peer was last rung
 };
 
