@@ -44,6 +44,10 @@ public:
         return p;
       }
     }
+    if (bytes >= mapped_min) { // its own mapping: see huge_page_min
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      return p == MAP_FAILED ? nullptr : p;
+    }
     return std::malloc(bytes);
   }
 
@@ -57,8 +61,15 @@ public:
         return;
       }
     }
-    std::free(p);
+    if (bytes >= mapped_min)
+      ::munmap(p, bytes);
+    else
+      std::free(p);
   }
+
+  /// Buffers at least this big (with their alignment) are mapped, not
+  /// malloc'd: huge pages are asked for on memory that is theirs alone.
+  static constexpr size_t mapped_min = size_t{2} << 20;
 
 private:
   std::mutex mtx_;
@@ -71,8 +82,9 @@ buffer_pool& pool() {
   return *instance;
 }
 
-/// Buffers at least this big ask for transparent huge pages.
-constexpr size_t huge_page_min = size_t{32} << 20;
+/// Tensors at least this big are 2 MiB-aligned in a mapping of their own
+/// and ask for transparent huge pages.
+constexpr size_t huge_page_min = size_t{2} << 20;
 
 /// A big table (an embedding shard of hundreds of MiB) is read and updated a
 /// few hundred random rows at a time: on 4 KiB pages each row is a TLB miss
@@ -82,9 +94,13 @@ constexpr size_t huge_page_min = size_t{32} << 20;
 /// 2 MiB pages where transparent huge pages are "madvise" or "always"
 /// (/sys/kernel/mm/transparent_hugepage/enabled); elsewhere it does nothing. On the 2-vCPU Xeon, 340
 /// random rows of 64 floats out of 3.3 M: gather 40 -> 20 us, an SGD update
-/// 50 -> 23 us (both with core/prefetch.hpp). Buffers this big come from mmap
-/// (glibc's threshold is at most 32 MiB), so the advice never reaches memory
-/// malloc hands out again for small blocks.
+/// 50 -> 23 us (both with core/prefetch.hpp). Streamed through too: the 1 M
+/// sync job's 4 MB tensors (its x, gradients, pushes and answers) on huge
+/// pages ran it 17 - 25 % faster on the 2-vCPU EPYC, whose 4 MiB copies
+/// at memory speed run at 9 - 10 GB/s on 4 KiB pages against 13 - 15 on
+/// 2 MiB ones (docs/performance.md "Huge pages for every big tensor"). The
+/// buffers are mapped (buffer_pool::mapped_min), so the advice never reaches
+/// memory malloc hands out again for small blocks.
 void advise_huge_pages(void* p, size_t bytes) {
   constexpr uintptr_t huge = uintptr_t{2} << 20;
   auto begin = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
@@ -96,14 +112,21 @@ void advise_huge_pages(void* p, size_t bytes) {
 std::shared_ptr<std::byte> allocate(size_t nbytes) {
   // malloc (or the pool) and align by hand: glibc's aligned_alloc asks for
   // more than the size, so equal-sized buffers would not reuse each other.
-  size_t bytes = nbytes + buffer_alignment;
+  // A big one 2 MiB-aligned in a mapping that reaches to its last 2 MiB
+  // page's end, so that all of it can be on huge pages (its last page may
+  // hold up to 2 MiB more than it needs).
+  if (nbytes > std::numeric_limits<size_t>::max() - 2 * huge_page_min)
+    throw std::bad_alloc{}; // (the sums below must not wrap)
+  const bool huge = nbytes >= huge_page_min;
+  const size_t align = huge ? huge_page_min : buffer_alignment;
+  size_t bytes = huge ? ((nbytes + align - 1) & ~(align - 1)) + align : nbytes + align;
   void* raw = pool().take(bytes);
   if (raw == nullptr)
     throw std::bad_alloc{};
-  if (bytes >= huge_page_min)
+  if (huge)
     advise_huge_pages(raw, bytes);
   auto addr = reinterpret_cast<uintptr_t>(raw);
-  auto aligned = (addr + buffer_alignment) & ~(uintptr_t{buffer_alignment} - 1);
+  auto aligned = (addr + align - 1) & ~(uintptr_t{align} - 1);
   return std::shared_ptr<std::byte>(reinterpret_cast<std::byte*>(aligned),
                                     [raw, bytes](std::byte*) { pool().give(raw, bytes); });
 }
