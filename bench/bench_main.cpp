@@ -131,7 +131,9 @@ int main_body(int argc, char** argv) {
     ->check(CLI::IsMember({"data-plane", "basp"}));
   app.add_option("--rounds", rounds, "round trips for the latency figures")
     ->check(positive_whole("round trips", max_int));
-  app.add_option("--reps", reps, "repetitions of each 64 MiB transfer (median)")
+  app.add_option("--reps", reps,
+                 "repetitions of each 64 MiB transfer and loopback or memory probe (median; "
+                 "memcpy_4mib_working_set takes at least 5)")
     ->check(positive_whole("repetitions", max_int));
   app.add_option("--scheduler", opts.scheduler, "CAF scheduler policy of client and node")
     ->check(CLI::IsMember({"sharing", "stealing"}));
