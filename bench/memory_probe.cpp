@@ -10,10 +10,13 @@
 // copy's source and destination the next buffers of 32) against the same
 // copies between two buffers (8 MiB, in cache where the last-level cache
 // is larger and memcpy does not switch to non-temporal stores), alternating
-// `reps` times (at least 5), medians. A `#` line gives the sweep from 8 to
-// 128 MiB and the level 3 cache's size.
+// `reps` times (at least 5), medians, on 2 MiB pages as the runtime's
+// tensors of 2 MiB or more are. A `#` line gives the sweep from 8 to
+// 128 MiB, the 128 MiB walk on 4 KiB pages, and the level 3 cache's size.
 #include "bench/benches.hpp"
 #include "bench/stats.hpp"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,15 +39,18 @@ struct free_deleter {
 };
 using buffer = std::unique_ptr<char, free_deleter>;
 
-/// `count` buffers of copy_bytes, touched. No huge pages are asked for, as
-/// for the runtime's tensors of this size (core/tensor.cpp asks from
-/// 32 MiB): where transparent huge pages are "madvise", 4 KiB pages.
-std::vector<buffer> buffers(size_t count) {
+/// `count` buffers of copy_bytes, touched: on 2 MiB pages where the kernel
+/// gives them if `huge`, as the runtime's tensors of this size are
+/// (core/tensor.cpp), else on whatever malloc's memory is (4 KiB pages
+/// where transparent huge pages are "madvise").
+std::vector<buffer> buffers(size_t count, bool huge) {
   std::vector<buffer> out;
   for (size_t i = 0; i < count; ++i) {
-    auto* p = static_cast<char*>(std::aligned_alloc(64, copy_bytes));
+    auto* p = static_cast<char*>(std::aligned_alloc(huge ? size_t{2} << 20 : 64, copy_bytes));
     if (p == nullptr)
       return {};
+    if (huge)
+      madvise(p, copy_bytes, MADV_HUGEPAGE); // a hint: failure is fine
     std::memset(p, static_cast<int>(i + 1), copy_bytes);
     out.emplace_back(p);
   }
@@ -79,13 +85,21 @@ int memory_probe_bench(const wanted_fn& wanted, int reps) {
   if (!wanted("memcpy_4mib_working_set"))
     return 0;
   constexpr size_t most = 32; // 128 MiB
-  auto bufs = buffers(most);
+  constexpr int copies = 256; // 1 GiB a measurement
+  double small_pages = 0;     // the 128 MiB walk on 4 KiB pages, once
+  {
+    auto bufs = buffers(most, false);
+    if (!bufs.empty()) {
+      copy_rate(bufs, most, copies / 4);
+      small_pages = copy_rate(bufs, most, copies);
+    }
+  }
+  auto bufs = buffers(most, true);
   if (bufs.empty()) {
     std::printf("metric memcpy_4mib_working_set skipped: no memory for %zu MiB of buffers\n",
                 most * (copy_bytes >> 20));
     return 0;
   }
-  constexpr int copies = 256; // 1 GiB a measurement
   for (size_t count : {size_t{2}, most}) // warm-up: pages and frequency
     copy_rate(bufs, count, copies / 4);
   std::vector<double> large, small;
@@ -98,9 +112,10 @@ int memory_probe_bench(const wanted_fn& wanted, int reps) {
     sweep += " " + std::to_string(count * (copy_bytes >> 20)) + " MiB "
              + std::to_string(static_cast<int>(copy_rate(bufs, count, copies) + 0.5)) + ";";
   std::printf("# memcpy_4mib_working_set: 4 MiB memcpys walking a 128 MiB working set (ours) "
-              "against the same copies between two buffers (8 MiB, the baseline); GB/s by "
-              "working set, one run each:%s level 3 cache: %s\n",
-              sweep.c_str(), l3_cache().c_str());
+              "against the same copies between two buffers (8 MiB, the baseline), on 2 MiB "
+              "pages; GB/s by working set, one run each:%s on 4 KiB pages 128 MiB %.0f; level 3 "
+              "cache: %s\n",
+              sweep.c_str(), small_pages, l3_cache().c_str());
   report("memcpy_4mib_working_set", median(large), median(small), "GB/s");
   return 0;
 }
