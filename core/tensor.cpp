@@ -21,6 +21,11 @@ namespace {
 
 constexpr size_t buffer_alignment = 64;
 
+/// Tensors at least this big are 2 MiB-aligned in a mapping of their own
+/// and ask for transparent huge pages; the pool maps (not mallocs) buffers
+/// of this size, so that the advice is on memory that is theirs alone.
+constexpr size_t huge_page_min = size_t{2} << 20;
+
 /// Large buffers go back to a small cache, keyed by exact size, instead of to
 /// malloc: a node that receives a 64 MiB tensor per step then reuses the same
 /// resident memory. Through malloc alone, small allocations carve up the freed
@@ -44,7 +49,7 @@ public:
         return p;
       }
     }
-    if (bytes >= mapped_min) { // its own mapping: see huge_page_min
+    if (bytes >= huge_page_min) { // a mapping of its own: see advise_huge_pages
       void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       return p == MAP_FAILED ? nullptr : p;
     }
@@ -61,15 +66,11 @@ public:
         return;
       }
     }
-    if (bytes >= mapped_min)
+    if (bytes >= huge_page_min)
       ::munmap(p, bytes);
     else
       std::free(p);
   }
-
-  /// Buffers at least this big (with their alignment) are mapped, not
-  /// malloc'd: huge pages are asked for on memory that is theirs alone.
-  static constexpr size_t mapped_min = size_t{2} << 20;
 
 private:
   std::mutex mtx_;
@@ -81,10 +82,6 @@ buffer_pool& pool() {
   static auto* instance = new buffer_pool; // never destroyed: tensors may outlive statics
   return *instance;
 }
-
-/// Tensors at least this big are 2 MiB-aligned in a mapping of their own
-/// and ask for transparent huge pages.
-constexpr size_t huge_page_min = size_t{2} << 20;
 
 /// A big table (an embedding shard of hundreds of MiB) is read and updated a
 /// few hundred random rows at a time: on 4 KiB pages each row is a TLB miss
@@ -99,7 +96,7 @@ constexpr size_t huge_page_min = size_t{2} << 20;
 /// pages ran it 17 - 25 % faster on the 2-vCPU EPYC, whose 4 MiB copies
 /// at memory speed run at 9 - 10 GB/s on 4 KiB pages against 13 - 15 on
 /// 2 MiB ones (docs/performance.md "Huge pages for every big tensor"). The
-/// buffers are mapped (buffer_pool::mapped_min), so the advice never reaches
+/// buffers are mapped (buffer_pool::take), so the advice never reaches
 /// memory malloc hands out again for small blocks.
 void advise_huge_pages(void* p, size_t bytes) {
   constexpr uintptr_t huge = uintptr_t{2} << 20;
