@@ -42,14 +42,23 @@ void release_parts(answer_parts& parts) {
     t = none;
 }
 
-/// The reply header of a push: the global step after it, and whether a
-/// sync push was dropped as late.
-wire::header push_reply(uint64_t global_step, bool dropped_late) {
+/// The reply header of a push: the global step after it, whether a sync
+/// push was dropped as late, and the aggregator's own bits (`flags`:
+/// whole_pushes).
+wire::header push_reply(uint64_t global_step, bool dropped_late, uint16_t flags = 0) {
   wire::header reply;
   reply.version = global_step;
+  reply.reserved = flags;
   if (dropped_late)
-    reply.reserved = wire::reply_flags::dropped_late;
+    reply.reserved |= wire::reply_flags::dropped_late;
   return reply;
+}
+
+/// The bits `agg` asks its push replies to carry (plane_push_paths::reply_flags).
+uint16_t push_flags(const variable_directory::aggregator_entry& agg) {
+  return agg.paths && agg.paths->reply_flags
+           ? agg.paths->reply_flags->load(std::memory_order_relaxed)
+           : uint16_t{0};
 }
 
 /// A push's reply whose parameters are the variables' own tensors
@@ -102,8 +111,9 @@ bool reply_parts(plane_request& req, wire::header& reply, answer_parts& parts) {
 
 /// The answer to a push or pull (a streamed push's too: header and
 /// parameters, then the trailer that says it committed).
-bool answer_push(plane_request& req, variable_directory::aggregator_answer& r, bool streamed) {
-  auto reply = push_reply(r.global_step, r.dropped_late);
+bool answer_push(plane_request& req, variable_directory::aggregator_answer& r, bool streamed,
+                 uint16_t flags) {
+  auto reply = push_reply(r.global_step, r.dropped_late, flags);
   const auto& params = r.params;
   bool ok;
   if (params.empty() && r.parts) {
@@ -152,7 +162,7 @@ std::optional<bool> dense_on_plane(plane_request& req,
                                           in_parts ? sink : nullptr};
   if (!in_parts)
     release_parts(*sink);
-  return answer_push(req, a, false);
+  return answer_push(req, a, false, push_flags(agg));
 }
 
 /// Why a variable op's operand does not fit `found` under `limits` (empty:
@@ -441,7 +451,8 @@ bool variable_directory::aggregate(plane_request& req) {
   // is read whole and answered in the streamed reply's form below.
   if (streamed && h.has_tensor && agg.paths && agg.paths->streamed) {
     if (auto taken = agg.paths->streamed(h.reserved, h.version, who))
-      return *taken ? stream_push(req, ***taken, name, agg.wait) : req.refuse(taken->error());
+      return *taken ? stream_push(req, ***taken, name, agg.wait, agg.paths->reply_flags.get())
+                    : req.refuse(taken->error());
   }
   tensor values;
   bool finite = true; // every float read so far
@@ -502,7 +513,7 @@ bool variable_directory::aggregate(plane_request& req) {
                   agg.wait);
   if (!r)
     return req.reply_error(r.error());
-  return answer_push(req, *r, streamed);
+  return answer_push(req, *r, streamed, push ? push_flags(agg) : uint16_t{0});
 }
 
 bool variable_directory::push_sparse(plane_request& req, const std::string& name,

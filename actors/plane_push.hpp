@@ -6,6 +6,7 @@
 /// it with the data plane (actors/node.cpp); data-plane threads then only
 /// read it (actors/plane_handler.cpp).
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -106,6 +107,9 @@ struct plane_push_paths {
   plane_dense_push dense;
 
   plane_streamed_push streamed;
+  /// Bits every push reply carries (wire::reply_flags::whole_pushes), as
+  /// the aggregator sets them (null: none).
+  std::shared_ptr<const std::atomic<uint16_t>> reply_flags;
 };
 
 /// The answer_parts a data-plane thread lends its pushes' answers: one per

@@ -234,20 +234,22 @@ void print_cpu_ceiling(const std::string& name, double raw_steps_per_s, double r
   std::printf("%s\n", line.c_str());
 }
 
-/// The sync 1 M lines, from one set of alternating runs: ours on TCP and on
-/// shared memory, the raw-TCP ps store-and-forward and pipelined (each run
-/// only if a wanted line needs it).
+/// The sync 1 M lines, from one set of alternating runs: ours on TCP
+/// (store-and-forward, pipelined, pipeline_sync = "auto") and on shared
+/// memory, the raw-TCP ps store-and-forward and pipelined (each run only if
+/// a wanted line needs it).
 void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped_line,
-                       const train_bench_options& o, const scratch_dir& dir) {
+                       bool auto_line, const train_bench_options& o, const scratch_dir& dir) {
   auto keys = linear_keys("sync", o);
-  auto piped_keys = keys;
+  auto piped_keys = keys, auto_keys = keys;
   piped_keys.push_back("pipeline_sync=true");
-  bool need_raw = tcp_line || piped_line, need_tcp = tcp_line || shm_vs_tcp;
+  auto_keys.push_back("pipeline_sync=auto");
+  bool need_raw = tcp_line || piped_line || auto_line, need_tcp = tcp_line || shm_vs_tcp;
   bool need_shm = shm_line || shm_vs_tcp;
-  std::vector<double> tcp, shm, store, piped, raw_shm, ours_piped;
-  std::vector<double> cpu_tcp, cpu_piped, cpu_store, cpu_raw_piped; // ms per step
-  std::string tcp_failure, shm_failure, piped_failure;
-  double tcp_loss = -1, shm_loss = -1, piped_loss = -1;
+  std::vector<double> tcp, shm, store, piped, raw_shm, ours_piped, ours_auto;
+  std::vector<double> cpu_tcp, cpu_piped, cpu_auto, cpu_store, cpu_raw_piped; // ms per step
+  std::string tcp_failure, shm_failure, piped_failure, auto_failure;
+  double tcp_loss = -1, shm_loss = -1, piped_loss = -1, auto_loss = -1;
   raw_run last_raw, last_raw_shm;
   for (int rep = 0; rep < o.reps; ++rep) {
     if (need_raw)
@@ -264,6 +266,10 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
       if (auto x = ours_linear(piped_keys, false, o, dir, "sync-tcp-piped", piped_failure,
                                piped_loss, &cpu_piped))
         ours_piped.push_back(*x);
+    if (auto_line && auto_failure.empty())
+      if (auto x = ours_linear(auto_keys, false, o, dir, "sync-tcp-auto", auto_failure,
+                               auto_loss, &cpu_auto))
+        ours_auto.push_back(*x);
     if (tcp_line || piped_line)
       if (auto b = raw_training("sync", false, o, dir)) {
         piped.push_back(b->steps_per_s);
@@ -295,10 +301,13 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
                   median(piped), median(piped) / median(store),
                   tcp.empty() ? 0.0 : median(tcp) / median(piped), listed(piped).c_str());
   }
-  if ((tcp_line || piped_line) && !store.empty())
-    print_cpu_ceiling(tcp_line ? "train_sync_1m_2w_tcp" : "train_sync_1m_2w_tcp_pipelined",
+  if ((tcp_line || piped_line || auto_line) && !store.empty())
+    print_cpu_ceiling(tcp_line     ? "train_sync_1m_2w_tcp"
+                      : piped_line ? "train_sync_1m_2w_tcp_pipelined"
+                                   : "train_sync_1m_2w_tcp_auto",
                       median(store), median(cpu_store), {{"ours", cpu_tcp},
                                       {"ours pipelined", cpu_piped},
+                                      {"ours auto", cpu_auto},
                                       {"raw store-and-forward", cpu_store},
                                       {"raw pipelined", cpu_raw_piped}});
   if (piped_line) {
@@ -313,6 +322,14 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
                   median(piped), median(piped) / median(store),
                   ours_piped.empty() ? 0.0 : median(ours_piped) / median(piped),
                   listed(piped).c_str());
+  }
+  if (auto_line) {
+    std::printf("# train_sync_1m_2w_tcp_auto: actorflow over TCP with pipeline_sync = \"auto\" "
+                "(the aggregator times both kinds of round and keeps the faster; "
+                "ACTORFLOW_DATA_SHM=off; final loss %.3g) against the raw-TCP store-and-forward "
+                "ps (target >= 1.2)\n",
+                auto_loss);
+    report("train_sync_1m_2w_tcp_auto", ours_auto, store, "steps/s", auto_failure);
   }
   if (shm_line) {
     std::printf("# train_sync_1m_2w_shm: actorflow over shared memory against the raw "
@@ -587,6 +604,7 @@ void bench_partitioned(const train_bench_options& o, const scratch_dir& dir) {
 const std::vector<std::string>& train_metrics() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v{"train_sync_1m_2w_tcp", "train_sync_1m_2w_tcp_pipelined",
+                               "train_sync_1m_2w_tcp_auto",
                                "train_async_1m_2w_tcp", "train_async_1m_2w_tcp_pipelined",
                                "train_sync_1m_2w_shm",
                                "train_sync_1m_2w_shm_vs_tcp", "train_sync_1m_2w_tcp_bf16"};
@@ -619,8 +637,9 @@ void run_train_benches(const std::vector<std::string>& wanted, const train_bench
   bool sync_tcp = want("train_sync_1m_2w_tcp"), sync_shm = want("train_sync_1m_2w_shm");
   bool sync_ratio = want("train_sync_1m_2w_shm_vs_tcp");
   bool sync_piped = want("train_sync_1m_2w_tcp_pipelined");
-  if (sync_tcp || sync_shm || sync_ratio || sync_piped)
-    bench_linear_sync(sync_tcp, sync_shm, sync_ratio, sync_piped, opts, dir);
+  bool sync_auto = want("train_sync_1m_2w_tcp_auto");
+  if (sync_tcp || sync_shm || sync_ratio || sync_piped || sync_auto)
+    bench_linear_sync(sync_tcp, sync_shm, sync_ratio, sync_piped, sync_auto, opts, dir);
   if (want("train_sync_1m_2w_tcp_bf16"))
     bench_linear_bf16(opts, dir);
   bool async_tcp = want("train_async_1m_2w_tcp");

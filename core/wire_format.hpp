@@ -205,6 +205,10 @@ namespace reply_flags {
 /// sync: the push was dropped as late (its step had closed without it): the
 /// worker asks `closed` before its next pushes (dist/worker.hpp).
 constexpr uint16_t dropped_late = 1;
+/// The aggregator asks for the worker's next dense sync push whole (kind 5),
+/// not streamed: its pipeline_sync = "auto" found store-and-forward rounds
+/// faster (dist/pipeline_tuner.hpp). Without it a worker that streams goes on.
+constexpr uint16_t whole_pushes = 2;
 } // namespace reply_flags
 
 static_assert(sizeof(header) == 96, "the frame header is 96 bytes on the wire");

@@ -445,6 +445,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     paths->dense = plane_dense_path(plane);
   if (paths && spec.sparse.empty())
     paths->streamed = streamed_path(plane);
+  if (paths) // the aggregator's own bits, read as its pushes are answered
+    paths->reply_flags = std::shared_ptr<const std::atomic<uint16_t>>(plane, &plane->reply_flags);
   return caf::actor_cast<aggregator_actor>(sys.spawn([spec, vars, gate, plane](aggregator_detail::self_pointer self) {
     auto& st = self->state;
     auto lock = std::unique_lock<std::mutex>{plane->mtx};
@@ -471,6 +473,8 @@ caf::expected<aggregator_actor> spawn_aggregator(caf::actor_system& sys, aggrega
     }
     st.slot_names = train::slot_names(spec.optimizer.kind);
     st.guard = norm_guard{spec.grad_norm_guard};
+    if (spec.pipeline_auto && spec.mode == "sync")
+      st.stats.pipeline_auto = st.tuner.state();
     st.round = aggregation_round<push_ticket>{spec.workers, round_floats};
     member(st, spec.workers - 1);
     st.stats.staleness.assign(staleness_buckets, 0);

@@ -26,6 +26,7 @@
 #include "dist/pipelined_round.hpp"
 #include "net/data_plane.hpp"
 #include "dist/norm_guard.hpp"
+#include "dist/pipeline_tuner.hpp"
 #include "messages/aggregator.hpp"
 
 namespace af {
@@ -142,6 +143,8 @@ struct aggregator_actor_state {
   /// (wire::kind::push_streamed): null otherwise. Its tickets are the
   /// round's (`round`), which holds no values then.
   std::shared_ptr<pipelined_round> pipelined;
+  /// sync with spec.pipeline_auto: which kind of round the workers are asked for.
+  pipeline_tuner tuner;
   /// async: a streamed push applied chunk by chunk (a pipelined round of
   /// one member; dist/aggregator_pipelined_async.cpp), with what its commit
   /// counts as apply_now does; or a push that came whole (store and

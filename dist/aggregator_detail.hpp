@@ -6,6 +6,7 @@
 /// aggregator_handlers.cpp (stats, done, join, switch, save, restore) and
 /// aggregator.cpp (one behavior per mode). Internal to dist/.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -37,6 +38,10 @@ struct aggregator_plane {
   aggregator_impl_actor::stateful_pointer<aggregator_actor_state> self = nullptr;
   /// The actor's address, for the timer a data-plane thread arms (sweep).
   caf::actor_addr addr;
+  /// Bits every push reply of this aggregator carries (wire::reply_flags:
+  /// whole_pushes, set by the tuner of pipeline_sync = "auto"); read by
+  /// the data plane's threads as they reply (plane_push_paths::reply_flags).
+  std::atomic<uint16_t> reply_flags{0};
 };
 
 } // namespace af

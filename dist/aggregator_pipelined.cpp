@@ -216,6 +216,8 @@ plane_streamed_push streamed_path(std::shared_ptr<aggregator_plane> plane) {
     if (!st.pipelined) {
       if (st.round.in_progress())
         return std::nullopt; // pushes of this round came store-and-forward: it stays so
+      if (st.spec.pipeline_auto && !st.tuner.pipelined())
+        return std::nullopt; // pipeline_sync = "auto" wants store-and-forward rounds now
       // The round's members: every worker it waits for, in index order (the
       // order its mean sums them in).
       std::vector<uint32_t> members;

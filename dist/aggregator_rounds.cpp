@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/log.hpp"
+#include "core/wire_format.hpp"
 #include "messages/error.hpp"
 
 namespace af::aggregator_detail {
@@ -309,6 +310,19 @@ void leave_done(aggregator_actor_state& st) {
                         st.spec.name, worker_name(st, w), st.global_step);
 }
 
+/// pipeline_sync = "auto": a sync round of the kind `pipelined` committed;
+/// the tuner times it, and the replies ask for the kind it wants next.
+void tune(aggregator_actor_state& st, bool pipelined) {
+  if (!st.spec.pipeline_auto || st.spec.mode != "sync")
+    return;
+  auto line = st.tuner.round_closed(clock_type::now(), pipelined);
+  if (!line.empty())
+    log::get()->info("aggregator '{}': {}", st.spec.name, line);
+  st.plane->reply_flags.store(st.tuner.pipelined() ? 0 : wire::reply_flags::whole_pushes,
+                              std::memory_order_relaxed);
+  st.stats.pipeline_auto = st.tuner.state();
+}
+
 } // namespace
 
 void release_sync(self_pointer self) {
@@ -353,6 +367,7 @@ void release_sync(self_pointer self) {
       return;
     }
     st.stats.applied += 1;
+    tune(st, false);
   }
   st.global_step += 1;
   invalidate(self);
@@ -374,6 +389,8 @@ void commit_pipelined(self_pointer self) {
   }
   st.pipelined = nullptr;
   st.stats.applied += 1;
+  st.stats.pipelined_rounds += 1;
+  tune(st, true);
   st.global_step += 1;
   invalidate(self);
   // The streaming members' answers are the round's new values, which they

@@ -207,6 +207,11 @@ struct aggregator_spec {
   /// sparse push (push, sparse, ...), and its answer carries no parameters.
   /// average takes none (refused at the spawn).
   std::vector<std::string> sparse;
+  /// sync: [train] pipeline_sync = "auto": the aggregator times pipelined
+  /// and store-and-forward rounds and asks its workers for the faster kind
+  /// (dist/pipeline_tuner.hpp); false: a round is pipelined when its
+  /// members stream their pushes.
+  bool pipeline_auto = false;
 };
 
 /// A sparse push's gradients (push, sparse): an aggregator with tables
@@ -274,6 +279,10 @@ struct aggregator_stats {
   uint32_t active = 0;           ///< members still pushing (the chief waits for 0)
   uint64_t closed_at_deadline = 0; ///< sync: steps closed with fewer than replicas_to_aggregate
   uint64_t switches = 0;         ///< live mode switches so far
+  uint64_t pipelined_rounds = 0; ///< sync: rounds committed pipelined (streamed pushes)
+  /// sync with pipeline_sync = "auto": what its tuner does now ("timing
+  /// pipelined rounds", "store-and-forward rounds", ...; dist/pipeline_tuner.hpp).
+  std::string pipeline_auto;
   std::vector<worker_stats> workers; ///< per worker (part 6 of training's accounting)
   /// Membership and mode changes, oldest first (the last 32), and how many
   /// there have been in all: a reader prints those it has not seen.
@@ -330,7 +339,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_spec& x) {
   return f(caf::meta::type_name("aggregator_spec"), x.name, x.mode, x.variables, x.workers,
            x.optimizer, x.step_timeout_ms, x.replicas_to_aggregate, x.step_deadline_ms,
-           x.min_replicas, x.staleness, x.grad_norm_guard, x.sparse);
+           x.min_replicas, x.staleness, x.grad_norm_guard, x.sparse, x.pipeline_auto);
 }
 
 template <class Inspector>
@@ -350,7 +359,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, aggregator_stats& x) {
   return f(caf::meta::type_name("aggregator_stats"), x.mode, x.global_step, x.applied, x.pushes,
            x.dropped_stale, x.refused, x.last_refusal, x.staleness, x.workers_done, x.active,
-           x.closed_at_deadline, x.switches, x.workers, x.events, x.events_total,
+           x.closed_at_deadline, x.switches, x.pipelined_rounds, x.pipeline_auto, x.workers, x.events, x.events_total,
            x.pushes_on_plane);
 }
 

@@ -410,7 +410,18 @@ data_channel::aggregate(wire::kind kind, const std::string& name, uint32_t worke
     return std::move(r.error());
   if (dropped_late != nullptr)
     *dropped_late = push && (reply_flags_ & wire::reply_flags::dropped_late) != 0;
+  if (kind == wire::kind::push)
+    note_whole_pushes(name);
   return std::make_pair(r->second, std::move(r->first));
+}
+
+void data_channel::note_whole_pushes(const std::string& name) {
+  auto at = std::find(whole_pushes_.begin(), whole_pushes_.end(), name);
+  bool whole = (reply_flags_ & wire::reply_flags::whole_pushes) != 0;
+  if (whole && at == whole_pushes_.end())
+    whole_pushes_.push_back(name);
+  else if (!whole && at != whole_pushes_.end())
+    whole_pushes_.erase(at);
 }
 
 bool data_channel::pad_before(wire::header& pad, uint64_t before_payload) const {

@@ -153,7 +153,10 @@ data_channel::push_streamed(const std::string& name, uint32_t worker, uint64_t s
   auto deadline = std::chrono::steady_clock::now() + wait_for;
   if (auto err = upgrade_if_due(deadline))
     return err;
-  if (!plain_tcp() || values.empty())
+  // Whole where the aggregator asked for it (pipeline_sync = "auto" found
+  // store-and-forward rounds faster: wire::reply_flags::whole_pushes).
+  bool whole = std::find(whole_pushes_.begin(), whole_pushes_.end(), name) != whole_pushes_.end();
+  if (!plain_tcp() || values.empty() || whole)
     return aggregate(wire::kind::push, name, worker, step, values, wait, token, seq,
                      dropped_late);
   if (auto err = check_push_prefix(what, name.size(), worker, token))
@@ -230,6 +233,7 @@ data_channel::push_streamed(const std::string& name, uint32_t worker, uint64_t s
   if (r.trailer.status != 0)
     return node_error(r.trailer.status, std::move(r.text)); // what was read is dropped
   reply_flags_ = r.trailer.reserved;
+  note_whole_pushes(name);
   if (dropped_late != nullptr)
     *dropped_late = (reply_flags_ & wire::reply_flags::dropped_late) != 0;
   if (!r.value.empty())

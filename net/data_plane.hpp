@@ -422,6 +422,23 @@ private:
   std::chrono::microseconds poll_;
   std::chrono::steady_clock::time_point last_reply_;
   uint16_t reply_flags_ = 0; ///< the last reply's `reserved` (wire::reply_flags)
+  /// Aggregators whose last push reply asked for whole pushes
+  /// (wire::reply_flags::whole_pushes): push_streamed sends theirs whole.
+  std::vector<std::string> whole_pushes_;
+  /// Notes the last reply's whole_pushes bit for aggregator `name`.
+  void note_whole_pushes(const std::string& name);
+
+public:
+  /// Whether push_streamed sends aggregator `name`'s pushes whole: its last
+  /// push reply asked for it (wire::reply_flags::whole_pushes).
+  bool pushes_whole(const std::string& name) const {
+    for (const auto& n : whole_pushes_)
+      if (n == name)
+        return true;
+    return false;
+  }
+
+private:
   bool wire_bf16_ = false;   ///< set_wire_bf16
   std::vector<uint16_t> bf16_out_, bf16_in_; ///< a push narrowed, an answer before it is widened
   std::shared_ptr<const std::atomic<bool>> cancel_;

@@ -436,3 +436,65 @@ TEST_CASE("a live switch out of sync during a pipelined round abandons it, chang
   REQUIRE(r);
   CHECK(r->first == 1);
 }
+
+TEST_CASE("pipeline_sync = auto: the aggregator times both kinds of round, its workers follow the "
+          "faster, and the parameters stay store-and-forward's bit for bit",
+          "[pipeline][members][tuner]") {
+  // Catches: workers that do not follow the aggregator's choice (streamed
+  // pushes go on where it asked for whole ones: they reach the actor, not
+  // the plane), an aggregator that times one kind only or keeps the slower,
+  // a reply without the flag, and rounds of either kind that differ from
+  // store-and-forward. The rounds of one kind are made slower by 5 ms
+  // (their pushes start late, as over a slower link), so that which kind
+  // wins does not depend on the machine.
+  const bool slow_pipelined = GENERATE(true, false);
+  CAPTURE(slow_pipelined);
+  const size_t n = 20000;
+  bed b;
+  auto sf = b.make("sfa", n, 2, "momentum");
+  auto au = b.make("au", n, 2, "momentum", "sync", 20000, true);
+  CHECK(b.stats(au).pipeline_auto == "timing pipelined rounds");
+  CHECK(b.stats(sf).pipeline_auto.empty());
+  // Timing both kinds takes 2 + 8 rounds each (dist/pipeline_tuner.hpp's
+  // defaults); the choice then holds for 256 rounds.
+  const uint64_t decided = 24, steps = 40;
+  aggregator_stats at_decision;
+  for (uint64_t step = 0; step < steps; ++step) {
+    INFO("step " << step);
+    std::vector<tensor> grads;
+    for (uint32_t w = 0; w < 2; ++w)
+      grads.push_back(gradient(n + 1, static_cast<uint32_t>(1000 * step + 17 * w + 1)));
+    auto want = push_all(b, sf, grads, step, false);
+    if (au.chans[0]->pushes_whole(au.name) != slow_pipelined)
+      std::this_thread::sleep_for(5ms); // a round of the slow kind (not a wait for anything)
+    auto got = push_all(b, au, grads, step, true); // the channel sends whole if asked
+    for (uint32_t w = 0; w < 2; ++w) {
+      REQUIRE(want[w]);
+      REQUIRE(got[w]);
+      CHECK(got[w]->first == step + 1);
+      REQUIRE(got[w]->second.nbytes() == want[w]->second.nbytes());
+      CHECK(std::memcmp(got[w]->second.bytes(), want[w]->second.bytes(),
+                        want[w]->second.nbytes()) == 0);
+    }
+    if (step + 1 == decided)
+      at_decision = b.stats(au);
+  }
+  auto a = b.saved(sf), c = b.saved(au);
+  CHECK(a.second == c.second);
+  REQUIRE(a.first.size() == c.first.size());
+  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  auto end = b.stats(au);
+  // Both kinds were timed: at least settle + probe rounds of each.
+  CHECK(at_decision.pipelined_rounds >= 10);
+  CHECK(decided - at_decision.pipelined_rounds >= 10);
+  const bool pipelined = !slow_pipelined;
+  CHECK(end.pipeline_auto == (pipelined ? "pipelined rounds" : "store-and-forward rounds"));
+  REQUIRE(at_decision.pipeline_auto == end.pipeline_auto);
+  // The workers followed from the decision on: every round of the kind
+  // chosen, every push taken on the plane (a streamed push the aggregator
+  // reads whole goes to its actor instead).
+  CHECK(end.pipelined_rounds - at_decision.pipelined_rounds == (pipelined ? steps - decided : 0));
+  CHECK(end.pushes_on_plane - at_decision.pushes_on_plane == 2 * (steps - decided));
+  for (const auto& chan : au.chans)
+    CHECK(chan->pushes_whole(au.name) == !pipelined);
+}

@@ -425,6 +425,7 @@ void check_same(const train_config& a, const train_config& b) {
   CHECK(a.max_nonfinite_steps == b.max_nonfinite_steps);
   CHECK(a.max_data_bytes == b.max_data_bytes);
   CHECK(a.pipeline_sync == b.pipeline_sync);
+  CHECK(a.pipeline_sync_auto == b.pipeline_sync_auto);
   CHECK(a.pipeline_async == b.pipeline_async);
   CHECK(a.warmup_secs == b.warmup_secs);
   CHECK(a.window_secs == b.window_secs);
@@ -1548,6 +1549,27 @@ TEST_CASE("the --set option reads numbers with exponents, lists without brackets
   auto file = parse_train_config("[train]\npipeline_sync = true\n", "test");
   REQUIRE(file);
   CHECK(file->pipeline_sync);
+  CHECK_FALSE(file->pipeline_sync_auto);
+  // "auto" ([train] pipeline_sync = "auto" or --set pipeline_sync=auto):
+  // streamed pushes, and the aggregator chooses (dist/pipeline_tuner.hpp);
+  // a later true or false turns it off. Written back as "auto".
+  for (auto* set : {"pipeline_sync=auto", "pipeline_sync=\"auto\""}) {
+    auto chosen = apply_overrides(train_config{}, {set});
+    REQUIRE(chosen);
+    CHECK(chosen->pipeline_sync);
+    CHECK(chosen->pipeline_sync_auto);
+    CHECK_THAT(to_toml(*chosen), Catch::Contains("pipeline_sync = \"auto\""));
+    auto off = apply_overrides(*chosen, {"pipeline_sync=false"});
+    REQUIRE(off);
+    CHECK_FALSE(off->pipeline_sync);
+    CHECK_FALSE(off->pipeline_sync_auto);
+  }
+  auto auto_file = parse_train_config("[train]\npipeline_sync = \"auto\"\n", "test");
+  REQUIRE(auto_file);
+  CHECK(auto_file->pipeline_sync_auto);
+  auto fast = parse_train_config("[train]\npipeline_sync = \"fast\"\n", "test");
+  REQUIRE_FALSE(fast);
+  CHECK_THAT(fast.error().what, Catch::Contains("pipeline_sync") && Catch::Contains("\"auto\""));
   // [train] pipeline_async likewise, apart from pipeline_sync.
   CHECK_FALSE(train_config{}.pipeline_async);
   auto async_piped = apply_overrides(train_config{}, {"pipeline_async=true"});
@@ -1580,7 +1602,7 @@ TEST_CASE("every --set error names the key, the value and the type the key takes
          {"hidden=[64", "hidden", "[64", "hidden=[64,64]"},
          {"mode=fast", "mode", "fast", "a name"},
          {"holdout=2", "holdout", "2", "a number"},
-         {"pipeline_sync=yes", "pipeline_sync", "yes", "true or false"},
+         {"pipeline_sync=yes", "pipeline_sync", "yes", "true, false or auto"},
          {"pipeline_async=1", "pipeline_async", "1", "true or false"}}) {
     CAPTURE(b.set);
     auto c = apply_overrides(train_config{}, {b.set});

@@ -151,10 +151,20 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
     return std::nullopt;
   };
   auto& o = c.optimizer;
+  if (key == "pipeline_sync" && v.is_string()) {
+    if (v.as_string().str != "auto")
+      return bad("must be true, false or \"auto\"");
+    c.pipeline_sync = true; // pushes streamed until the aggregator asks for them whole
+    c.pipeline_sync_auto = true;
+    return std::nullopt;
+  }
   if (key == "pipeline_sync" || key == "pipeline_async") {
     if (!v.is_boolean())
-      return bad(fmt::format("must be true or false, not {}", type_name(v)));
+      return bad(fmt::format("must be true or false{}, not {}",
+                             key == "pipeline_sync" ? " or \"auto\"" : "", type_name(v)));
     (key == "pipeline_sync" ? c.pipeline_sync : c.pipeline_async) = v.as_boolean();
+    if (key == "pipeline_sync")
+      c.pipeline_sync_auto = false;
     return std::nullopt;
   }
   if (key == "mode") return text(c.mode);
@@ -524,6 +534,8 @@ std::string takes(const std::string& key) {
     case value_kind::whole:
       return fmt::format("a whole number, e.g. --set {}=100", key);
     case value_kind::boolean:
+      if (key == "pipeline_sync")
+        return "true, false or auto, e.g. --set pipeline_sync=auto";
       return fmt::format("true or false, e.g. --set {}=true", key);
     case value_kind::sizes:
       break;
@@ -563,6 +575,8 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
     case value_kind::boolean:
       if (value == "true" || value == "false")
         return toml::value(value == "true");
+      if (key == "pipeline_sync" && (value == "auto" || value == "\"auto\""))
+        return toml::value("auto");
       return fmt::format("'{}' is not true or false", clipped(value));
     case value_kind::sizes:
       break;
@@ -781,7 +795,7 @@ std::string to_toml(const train_config& c) {
   line("dim", std::to_string(c.dim));
   line("zipf", real(c.zipf));
   line("partition_strategy", quoted(c.partition_strategy));
-  line("pipeline_sync", c.pipeline_sync ? "true" : "false");
+  line("pipeline_sync", c.pipeline_sync_auto ? "\"auto\"" : c.pipeline_sync ? "true" : "false");
   line("pipeline_async", c.pipeline_async ? "true" : "false");
   line("wire_dtype", quoted(c.wire_dtype));
   return out;

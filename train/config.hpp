@@ -106,6 +106,11 @@ struct train_config {
   /// "A pipelined sync round"), the same bits as without. Elsewhere (shared
   /// memory, TLS, other modes) pushes go store-and-forward. Off by default.
   bool pipeline_sync = false;
+  /// pipeline_sync = "auto" (pipeline_sync is then true too): each sync
+  /// aggregator times pipelined and store-and-forward rounds and asks the
+  /// workers for the faster kind, timing the other again now and then
+  /// (dist/pipeline_tuner.hpp; docs/training.md "A pipelined sync round").
+  bool pipeline_sync_auto = false;
   /// async over a plaintext TCP data plane: each worker streams its push and
   /// the ps applies and answers it chunk by chunk as it arrives, a push
   /// waiting for the one before it to commit (docs/training.md "Pipelined
