@@ -180,7 +180,8 @@ namespace {
 std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm,
                                   const train_bench_options& o, const scratch_dir& dir,
                                   const std::string& tag, std::string& failure, double& loss,
-                                  std::vector<double>* cpu_ms = nullptr) {
+                                  std::vector<double>* cpu_ms = nullptr,
+                                  std::vector<std::string>* ps_choices = nullptr) {
   scoped_shm plane{shm};
   auto run = run_cluster(keys, o, dir, tag);
   auto x = steps_per_s(run, failure);
@@ -198,6 +199,8 @@ std::optional<double> ours_linear(const std::vector<std::string>& keys, bool shm
     return std::nullopt;
   }
   loss = run.done.count("loss") ? run.done["loss"] : -1;
+  if (x && ps_choices)
+    ps_choices->push_back(run.ps_choice.empty() ? "no choice logged" : run.ps_choice);
   if (x && cpu_ms && run.done["global_step"] > 0)
     cpu_ms->push_back(run.cpu_seconds * 1e3 / run.done["global_step"]);
   return x;
@@ -249,6 +252,7 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
   std::vector<double> tcp, shm, store, piped, raw_shm, ours_piped, ours_auto;
   std::vector<double> cpu_tcp, cpu_piped, cpu_auto, cpu_store, cpu_raw_piped; // ms per step
   std::string tcp_failure, shm_failure, piped_failure, auto_failure;
+  std::vector<std::string> auto_choices; // the kind ps 0 kept last, per rep
   double tcp_loss = -1, shm_loss = -1, piped_loss = -1, auto_loss = -1;
   raw_run last_raw, last_raw_shm;
   for (int rep = 0; rep < o.reps; ++rep) {
@@ -268,7 +272,7 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
         ours_piped.push_back(*x);
     if (auto_line && auto_failure.empty())
       if (auto x = ours_linear(auto_keys, false, o, dir, "sync-tcp-auto", auto_failure,
-                               auto_loss, &cpu_auto))
+                               auto_loss, &cpu_auto, &auto_choices))
         ours_auto.push_back(*x);
     if (tcp_line || piped_line)
       if (auto b = raw_training("sync", false, o, dir)) {
@@ -329,6 +333,9 @@ void bench_linear_sync(bool tcp_line, bool shm_line, bool shm_vs_tcp, bool piped
                 "ACTORFLOW_DATA_SHM=off; final loss %.3g) against the raw-TCP store-and-forward "
                 "ps (target >= 1.2)\n",
                 auto_loss);
+    for (size_t rep = 0; rep < auto_choices.size(); ++rep)
+      std::printf("# train_sync_1m_2w_tcp_auto rep %zu: the ps kept %s\n", rep + 1,
+                  auto_choices[rep].c_str());
     report("train_sync_1m_2w_tcp_auto", ours_auto, store, "steps/s", auto_failure);
   }
   if (shm_line) {

@@ -210,6 +210,14 @@ cluster_run run_cluster(const std::vector<std::string>& train_keys, const train_
     out.failure = failure->why + ": " + last_line(slurp(logs[failure->who]));
     return out;
   }
+  if (ps_tasks > 0) { // pipeline_sync = "auto": the kind of round ps 0 kept last, and why
+    auto ps_log = slurp(logs[0]);
+    const std::string chose = "pipeline_sync = \"auto\" chose ";
+    if (auto c = ps_log.rfind(chose); c != std::string::npos) {
+      auto from = c + chose.size();
+      out.ps_choice = ps_log.substr(from, ps_log.find(", over", from) - from);
+    }
+  }
   auto chief_log = slurp(logs[static_cast<size_t>(ps_tasks)]);
   auto at = chief_log.find("train done:");
   if (at == std::string::npos) {

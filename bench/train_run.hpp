@@ -79,6 +79,9 @@ struct cluster_run {
   double accuracy = -1; ///< the chief's `held-out accuracy:` line, if it printed one
   uint64_t scrapes = 0; ///< train_bench_options::metrics: /metrics answers while it ran
   double cpu_seconds = 0; ///< the CPU time (user and system) of all its processes, the whole run
+  /// pipeline_sync = "auto": ps 0's last choice ("store-and-forward rounds:
+  /// median period ..."), if it logged one
+  std::string ps_choice;
   std::string failure;
 };
 

@@ -11,6 +11,10 @@
 #                                the same with [train] pipeline_sync (docs/wire.md "A pipelined
 #                                sync round"), against the same store-and-forward limit: its own
 #                                limit is twice that (both directions of the ps link at once)
+#   netbed_train_sync_1m_2w_auto the same with [train] pipeline_sync = "auto" (the aggregator times
+#                                both kinds of round and keeps the faster: docs/training.md "A
+#                                pipelined sync round"), 4 x the steps so that its 20 or so timed
+#                                rounds weigh little, against the same store-and-forward limit
 #   netbed_train_sync_1m_2w_fast_ps
 #                                pipelined against store-and-forward, the same run, where the
 #                                workers' links are the limit (the ps link at 3 x RATE): each
@@ -190,6 +194,26 @@ if want netbed_train_sync_1m_2w_pipelined; then
     echo "# sync1m pipelined rep $i: $STEPS_PER_S steps/s (the pipelined link limit: $(awk -v l="$limit" 'BEGIN {printf "%.2f", 2 * l}'))"
   done
   report netbed_train_sync_1m_2w_pipelined steps/s
+fi
+
+if want netbed_train_sync_1m_2w_auto; then
+  # pipeline_sync = "auto": where the ps's link is the limit it should keep
+  # pipelined rounds (the ps logs its choice); the baseline stays the
+  # store-and-forward limit.
+  keys=(mode='"sync"' model='"linear"' data='"synthetic_linear"' synthetic_features=1048576
+        synthetic_examples=16 batch_size=1 "steps=$((4 * steps_1m))" learning_rate=1e-7 log_every=0
+        eval_every=0 pipeline_sync='"auto"')
+  model_bytes=$((1048576 * 4 + 4))
+  limit=$(awk -v r="$bits" -v m="$model_bytes" 'BEGIN {printf "%.4f", r / 8 / (4 * m)}')
+  OURS=() BASE=()
+  for ((i = 0; i < reps; ++i)); do
+    run_job sync1mauto 0 "${keys[@]}"
+    OURS+=("$STEPS_PER_S")
+    BASE+=("$limit")
+    chose=$(grep -ho 'chose [a-z-]* rounds: median period [0-9.]* ms pipelined, [0-9.]* ms store-and-forward' "$NB_DIR/sync1mauto-$run-ps0.log" 2>/dev/null | tail -n 1)
+    echo "# sync1m auto rep $i: $STEPS_PER_S steps/s; the ps ${chose:-logged no choice}"
+  done
+  report netbed_train_sync_1m_2w_auto steps/s
 fi
 
 if want netbed_train_sync_1m_2w_fast_ps; then
