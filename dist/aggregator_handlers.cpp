@@ -225,6 +225,14 @@ caf::result<uint64_t> on_switch(self_pointer self, aggregator_spec& want) {
   st.average_by_switch = want.mode == "average";
   st.average_stride = 0;
   st.spec.mode = want.mode;
+  if (st.spec.pipeline_auto) {
+    // pipeline_sync = "auto" tunes sync rounds only: back in sync it times
+    // both kinds anew (the workers stream first); out of it no push is
+    // asked to go whole (pipeline_async streams as it is set).
+    st.tuner.restart();
+    st.plane->reply_flags.store(0, std::memory_order_relaxed);
+    st.stats.pipeline_auto = want.mode == "sync" ? st.tuner.state() : "";
+  }
   st.spec.replicas_to_aggregate = want.replicas_to_aggregate;
   st.spec.step_deadline_ms = want.step_deadline_ms;
   st.spec.min_replicas = want.min_replicas;

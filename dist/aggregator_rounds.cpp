@@ -310,14 +310,42 @@ void leave_done(aggregator_actor_state& st) {
                         st.spec.name, worker_name(st, w), st.global_step);
 }
 
+/// Why the aggregator's settings allow no pipelined round (empty: they do;
+/// aggregator_pipelined.cpp's pipelinable() has the same rules).
+std::string why_store_and_forward(const aggregator_actor_state& st) {
+  if (st.tables > 0)
+    return "its tables take sparse pushes";
+  if (st.guard.enabled())
+    return "grad_norm_guard needs the whole gradient first";
+  if (st.spec.replicas_to_aggregate > 0 || st.spec.step_deadline_ms > 0)
+    return "backup workers (replicas_to_aggregate, step_deadline_ms) close a step without some "
+           "members";
+  return {};
+}
+
 /// pipeline_sync = "auto": a sync round of the kind `pipelined` committed;
 /// the tuner times it, and the replies ask for the kind it wants next.
 void tune(aggregator_actor_state& st, bool pipelined) {
   if (!st.spec.pipeline_auto || st.spec.mode != "sync")
     return;
+  if (auto why = why_store_and_forward(st); !why.empty()) {
+    // Nothing to time: every push whole, said once (and again if the
+    // settings change back and forth).
+    auto text = "store-and-forward rounds (" + why + ")";
+    if (st.stats.pipeline_auto != text) {
+      log::get()->info("aggregator '{}': pipeline_sync = \"auto\": {}", st.spec.name, text);
+      st.stats.pipeline_auto = std::move(text);
+      st.plane->reply_flags.store(wire::reply_flags::whole_pushes, std::memory_order_relaxed);
+      st.tuner.restart(); // timed afresh if the settings ever allow pipelining
+    }
+    return;
+  }
+  auto before = st.tuner.transitions();
   auto line = st.tuner.round_closed(clock_type::now(), pipelined);
   if (!line.empty())
     log::get()->info("aggregator '{}': {}", st.spec.name, line);
+  if (st.tuner.transitions() == before && st.stats.pipeline_auto == st.tuner.state())
+    return;
   st.plane->reply_flags.store(st.tuner.pipelined() ? 0 : wire::reply_flags::whole_pushes,
                               std::memory_order_relaxed);
   st.stats.pipeline_auto = st.tuner.state();

@@ -67,7 +67,7 @@ aggregator_spec aggregator_spec_of(const train::train_config& c, const std::stri
   spec.step_deadline_ms = c.step_deadline_ms;
   spec.min_replicas = c.min_replicas;
   spec.staleness = c.staleness;
-  spec.pipeline_auto = c.pipeline_sync_auto && mode == "sync";
+  spec.pipeline_auto = c.pipeline_sync_auto; // it acts in sync only (after a switch too)
   return spec;
 }
 

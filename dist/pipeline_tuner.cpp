@@ -28,6 +28,7 @@ std::string pipeline_tuner::state() const {
 }
 
 void pipeline_tuner::probe(bool pipelined) {
+  transitions_ += 1;
   phase_ = phase::probing;
   want_pipelined_ = pipelined;
   seen_ = 0;
@@ -41,6 +42,7 @@ std::string pipeline_tuner::decide() {
   hold_ = stands ? std::min(hold_ * 2, s_.max_hold) : s_.first_hold;
   decided_ = true;
   last_choice_ = pick;
+  transitions_ += 1;
   want_pipelined_ = pick;
   phase_ = phase::holding;
   held_ = 0;
@@ -48,8 +50,8 @@ std::string pipeline_tuner::decide() {
   if (stands)
     return {};
   return fmt::format("pipeline_sync = \"auto\" chose {} rounds: median period {:.2f} ms "
-                     "pipelined, {:.2f} ms store-and-forward, over {} rounds each; both are "
-                     "timed again after {} rounds",
+                     "pipelined, {:.2f} ms store-and-forward, over {} rounds each; the other "
+                     "kind is timed again after {} rounds",
                      kind_name(pick), median_ms_[1], median_ms_[0], s_.probe, hold_);
 }
 
@@ -68,8 +70,10 @@ std::string pipeline_tuner::round_closed(clock::time_point now, bool was_pipelin
         periods_.erase(periods_.begin());
     }
     if (held_ >= hold_) {
-      if (periods_.size() >= probe_rounds)
-        median_ms_[want_pipelined_ ? 1 : 0] = median_of(periods_);
+      // Its figure is that of its latest rounds; where too few of them came
+      // (members that cannot stream joined), it has none and is timed again.
+      median_ms_[want_pipelined_ ? 1 : 0] =
+        periods_.size() >= probe_rounds ? median_of(periods_) : 0;
       probe(!want_pipelined_);
     }
     return {};
@@ -81,15 +85,18 @@ std::string pipeline_tuner::round_closed(clock::time_point now, bool was_pipelin
     off_kind_ += 1;
     if (off_kind_ < 4 * (uint64_t{s_.settle} + probe_rounds))
       return {};
-    median_ms_[want_pipelined_ ? 1 : 0] = 0;
+    // Only a pipelined round can fail to come: the aggregator makes every
+    // round store-and-forward while it wants them so.
+    const bool missing = want_pipelined_;
+    median_ms_[missing ? 1 : 0] = 0;
     bool had = decided_;
     auto line = decide();
     hold_ = s_.max_hold; // nothing to compare: look again only rarely
     if (!had || !line.empty())
       return fmt::format("pipeline_sync = \"auto\": no {} round came in {} rounds (pushes "
                          "that are not streamed, or rounds that cannot be pipelined); "
-                         "store-and-forward rounds, looked at again after {} rounds",
-                         kind_name(!want_pipelined_), off_kind_, hold_);
+                         "{} rounds, looked at again after {} rounds",
+                         kind_name(missing), off_kind_, kind_name(want_pipelined_), hold_);
     return {};
   }
   seen_ += 1;

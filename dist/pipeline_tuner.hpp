@@ -12,8 +12,9 @@
 /// the workers follow), keeps the one whose median period between commits
 /// is shorter, and times the other again after a hold that doubles each
 /// time the choice stands (so a changed machine is noticed, at a cost that
-/// shrinks). The workers follow the choice one round late: each push reply
-/// says which kind the next push should be (wire::reply_flags::whole_pushes).
+/// shrinks); the held kind's figure is then that of its latest rounds. The
+/// workers follow the choice from their next push: each push reply says
+/// which kind it should be (wire::reply_flags::whole_pushes).
 /// tests/test_pipeline_tuner.cpp drives it with a fake clock.
 
 #include <chrono>
@@ -50,9 +51,16 @@ public:
   /// Whether the rounds the tuner wants now are pipelined.
   bool pipelined() const noexcept { return want_pipelined_; }
 
+  /// Starts over, timing pipelined rounds first (an aggregator that
+  /// switched back into sync: what it timed before may not hold).
+  void restart() { *this = pipeline_tuner{s_}; }
+
   /// A sync round committed at `now`, pipelined or store-and-forward.
   /// Returns a line for the log when it decided (empty otherwise).
   std::string round_closed(clock::time_point now, bool was_pipelined);
+
+  /// How many times what it does (state()) has changed.
+  uint64_t transitions() const noexcept { return transitions_; }
 
   /// What it does now: "timing pipelined rounds", "store-and-forward
   /// rounds", ... (aggregator_stats::pipeline_auto).
@@ -83,6 +91,7 @@ private:
   uint64_t hold_ = 0;              ///< 0: no decision yet
   bool decided_ = false;
   bool last_choice_ = false;
+  uint64_t transitions_ = 0;
 };
 
 } // namespace af

@@ -202,6 +202,10 @@ std::string status_report(const std::string& where, const aggregator_stats& s) {
     out += fmt::format(", {} step(s) closed at the deadline", s.closed_at_deadline);
   if (s.switches > 0)
     out += fmt::format(", {} mode switch(es)", s.switches);
+  if (s.pipelined_rounds > 0 || !s.pipeline_auto.empty())
+    out += fmt::format(", {} round(s) pipelined", s.pipelined_rounds);
+  if (!s.pipeline_auto.empty())
+    out += fmt::format(" (pipeline_sync = \"auto\": {})", s.pipeline_auto);
   out += "\n";
   out += fmt::format("  {:>6} {:<22} {:<7} {:>10} {:>7} {:>7} {:>6} {:>7} {:>6} {:>9} {:>7}\n",
                      "worker", "task", "status", "examples/s", "pushes", "applied", "late",

@@ -79,7 +79,7 @@ struct bed {
 
   twin make(const std::string& name, size_t n, int workers, const std::string& optimizer,
             const std::string& mode = "sync", uint32_t step_timeout_ms = 20000,
-            bool pipeline_auto = false) {
+            bool pipeline_auto = false, double grad_norm_guard = 0) {
     {
       auto scope = s->device("/job:ps/task:0");
       REQUIRE(s->variable("w_" + name, {static_cast<int64_t>(n)}, initializer::constant(0.25f)));
@@ -95,6 +95,7 @@ struct bed {
     spec.optimizer.lr = 0.1;
     spec.step_timeout_ms = step_timeout_ms;
     spec.pipeline_auto = pipeline_auto;
+    spec.grad_norm_guard = grad_norm_guard;
     auto agg = s->aggregator("ps", 0, spec);
     REQUIRE(agg);
     twin t{spec.name, *agg, {}, {}};

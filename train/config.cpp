@@ -160,8 +160,9 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
   }
   if (key == "pipeline_sync" || key == "pipeline_async") {
     if (!v.is_boolean())
-      return bad(fmt::format("must be true or false{}, not {}",
-                             key == "pipeline_sync" ? " or \"auto\"" : "", type_name(v)));
+      return bad(fmt::format("must be {}, not {}",
+                             key == "pipeline_sync" ? "true, false or \"auto\"" : "true or false",
+                             type_name(v)));
     (key == "pipeline_sync" ? c.pipeline_sync : c.pipeline_async) = v.as_boolean();
     if (key == "pipeline_sync")
       c.pipeline_sync_auto = false;
@@ -577,7 +578,8 @@ std::variant<toml::value, std::string> override_value(const std::string& key,
         return toml::value(value == "true");
       if (key == "pipeline_sync" && (value == "auto" || value == "\"auto\""))
         return toml::value("auto");
-      return fmt::format("'{}' is not true or false", clipped(value));
+      return fmt::format("'{}' is not true{}", clipped(value),
+                         key == "pipeline_sync" ? ", false or auto" : " or false");
     case value_kind::sizes:
       break;
   }

@@ -41,7 +41,8 @@ std::optional<std::pair<std::string, std::string>> wire_dtype_problem(const trai
   if (c.pipeline_sync || c.pipeline_async)
     return only(c.pipeline_sync ? "pipeline_sync" : "pipeline_async",
                 std::string{c.pipeline_sync ? "pipeline_sync" : "pipeline_async"}
-                  + " = true (a streamed push stays float32)");
+                  + (c.pipeline_sync_auto ? " = \"auto\"" : " = true")
+                  + " (a streamed push stays float32; or set it to false)");
   if (c.mode == "average" || c.mode == "allreduce")
     return only("mode", fmt::format("mode = \"{}\" (it sends parameters or reduces "
                                     "gradients among the workers, not through a push)",
