@@ -451,8 +451,7 @@ bool variable_directory::aggregate(plane_request& req) {
   // is read whole and answered in the streamed reply's form below.
   if (streamed && h.has_tensor && agg.paths && agg.paths->streamed) {
     if (auto taken = agg.paths->streamed(h.reserved, h.version, who))
-      return *taken ? stream_push(req, ***taken, name, agg.wait, agg.paths->reply_flags.get())
-                    : req.refuse(taken->error());
+      return *taken ? stream_push(req, ***taken, name, agg) : req.refuse(taken->error());
   }
   tensor values;
   bool finite = true; // every float read so far

@@ -107,8 +107,8 @@ struct answer_stream {
 } // namespace
 
 bool variable_directory::stream_push(plane_request& req, streamed_push& push,
-                                     const std::string& name, std::chrono::milliseconds wait,
-                                     const std::atomic<uint16_t>* flags) {
+                                     const std::string& name, const aggregator_entry& agg) {
+  const auto wait = agg.wait;
   const auto& h = req.header();
   const uint32_t worker = h.reserved;
   const size_t total = push.total();
@@ -191,8 +191,8 @@ bool variable_directory::stream_push(plane_request& req, streamed_push& push,
     return req.reply_error(end.error());
   wire::header trailer;
   trailer.version = *end;
-  if (flags != nullptr) // read after the commit, which may have changed them
-    trailer.reserved = flags->load(std::memory_order_relaxed);
+  if (agg.paths && agg.paths->reply_flags) // read after the commit, which may have changed them
+    trailer.reserved = agg.paths->reply_flags->load(std::memory_order_relaxed);
   return req.reply(trailer, nullptr);
 }
 

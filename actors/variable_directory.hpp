@@ -5,7 +5,6 @@
 /// (net/plane_handler.hpp): the data-plane server hands it each request
 /// frame (actors/plane_handler.cpp serves them).
 
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -144,10 +143,10 @@ private:
   bool push_sparse(plane_request& req, const std::string& name, push_credentials who);
   /// aggregate()'s streamed push that a pipelined round took
   /// (actors/plane_streamed.cpp): read piece by piece while the answer's
-  /// chunks go back as they are ready, then the trailer (with the
-  /// aggregator's `flags`, wire::reply_flags, if not null).
+  /// chunks go back as they are ready (each wait bounded by `agg`'s), then
+  /// the trailer with `agg`'s reply flags (plane_push_paths::reply_flags).
   bool stream_push(plane_request& req, streamed_push& push, const std::string& name,
-                   std::chrono::milliseconds wait, const std::atomic<uint16_t>* flags);
+                   const aggregator_entry& agg);
 };
 
 } // namespace af

@@ -61,6 +61,8 @@ std::string pipeline_tuner::round_closed(clock::time_point now, bool was_pipelin
     ms = std::chrono::duration<double, std::milli>(now - last_).count();
   last_ = now;
   have_last_ = true;
+  if (++rounds_ <= s_.warm_up)
+    return {};
   const size_t probe_rounds = std::max<uint32_t>(s_.probe, 1);
   if (phase_ == phase::holding) {
     held_ += 1;

@@ -456,11 +456,11 @@ TEST_CASE("pipeline_sync = auto: the aggregator times both kinds of round, its w
   auto au = b.make("au", n, 2, "momentum", "sync", 20000, true);
   CHECK(b.stats(au).pipeline_auto == "timing pipelined rounds");
   CHECK(b.stats(sf).pipeline_auto.empty());
-  // Timing both kinds takes 2 + 8 rounds each (dist/pipeline_tuner.hpp's
-  // defaults: the first round is a settling one), so the choice is made at
-  // the 20th round's commit and holds for 256 rounds; the workers follow it
-  // from the 21st.
-  const uint64_t decided = 20, steps = 36;
+  // Timing both kinds takes 2 + 16 rounds each after 10 untimed ones
+  // (dist/pipeline_tuner.hpp's defaults), so the choice is made at the 46th
+  // round's commit and holds for 256 rounds; the workers follow it from the
+  // 47th.
+  const uint64_t decided = 46, steps = 62;
   aggregator_stats at_decision;
   for (uint64_t step = 0; step < steps; ++step) {
     INFO("step " << step);
@@ -488,8 +488,8 @@ TEST_CASE("pipeline_sync = auto: the aggregator times both kinds of round, its w
   CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
   auto end = b.stats(au);
   // Both kinds were timed, each from the round after the reply that asked
-  // for it: 10 rounds of each.
-  CHECK(at_decision.pipelined_rounds == 10);
+  // for it: 28 pipelined rounds (the untimed ones too), then 18.
+  CHECK(at_decision.pipelined_rounds == 28);
   const bool pipelined = !slow_pipelined;
   CHECK(end.pipeline_auto == (pipelined ? "pipelined rounds" : "store-and-forward rounds"));
   REQUIRE(at_decision.pipeline_auto == end.pipeline_auto);

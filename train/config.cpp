@@ -151,21 +151,15 @@ std::optional<std::string> assign(train_config& c, const std::string& key, const
     return std::nullopt;
   };
   auto& o = c.optimizer;
-  if (key == "pipeline_sync" && v.is_string()) {
-    if (v.as_string().str != "auto")
-      return bad("must be true, false or \"auto\"");
-    c.pipeline_sync = true; // pushes streamed until the aggregator asks for them whole
-    c.pipeline_sync_auto = true;
-    return std::nullopt;
-  }
   if (key == "pipeline_sync" || key == "pipeline_async") {
-    if (!v.is_boolean())
-      return bad(fmt::format("must be {}, not {}",
-                             key == "pipeline_sync" ? "true, false or \"auto\"" : "true or false",
-                             type_name(v)));
-    (key == "pipeline_sync" ? c.pipeline_sync : c.pipeline_async) = v.as_boolean();
-    if (key == "pipeline_sync")
-      c.pipeline_sync_auto = false;
+    bool sync = key == "pipeline_sync"; // "auto": streamed until the aggregator asks for whole
+    bool is_auto = sync && v.is_string() && v.as_string().str == "auto";
+    if (!v.is_boolean() && !is_auto)
+      return bad(fmt::format("must be {}{}", sync ? "true, false or \"auto\"" : "true or false",
+                             v.is_string() ? std::string{} : fmt::format(", not {}", type_name(v))));
+    (sync ? c.pipeline_sync : c.pipeline_async) = is_auto || v.as_boolean();
+    if (sync)
+      c.pipeline_sync_auto = is_auto;
     return std::nullopt;
   }
   if (key == "mode") return text(c.mode);
