@@ -155,8 +155,7 @@ data_channel::push_streamed(const std::string& name, uint32_t worker, uint64_t s
     return err;
   // Whole where the aggregator asked for it (pipeline_sync = "auto" found
   // store-and-forward rounds faster: wire::reply_flags::whole_pushes).
-  bool whole = std::find(whole_pushes_.begin(), whole_pushes_.end(), name) != whole_pushes_.end();
-  if (!plain_tcp() || values.empty() || whole)
+  if (!plain_tcp() || values.empty() || pushes_whole(name))
     return aggregate(wire::kind::push, name, worker, step, values, wait, token, seq,
                      dropped_late);
   if (auto err = check_push_prefix(what, name.size(), worker, token))

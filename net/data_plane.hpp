@@ -19,6 +19,7 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -221,6 +222,11 @@ public:
 
   /// True if this connection's frames go straight over its TCP socket.
   bool plain_tcp() const;
+  /// Whether push_streamed sends aggregator `name`'s pushes whole: its last
+  /// push reply asked for it (wire::reply_flags::whole_pushes).
+  bool pushes_whole(const std::string& name) const {
+    return std::find(whole_pushes_.begin(), whole_pushes_.end(), name) != whole_pushes_.end();
+  }
 
   /// [train] wire_dtype = "bf16": aggregate()'s pushes (wire::kind::push
   /// with values) send their floats rounded to bf16 (to nearest even;
@@ -427,18 +433,6 @@ private:
   std::vector<std::string> whole_pushes_;
   /// Notes the last reply's whole_pushes bit for aggregator `name`.
   void note_whole_pushes(const std::string& name);
-
-public:
-  /// Whether push_streamed sends aggregator `name`'s pushes whole: its last
-  /// push reply asked for it (wire::reply_flags::whole_pushes).
-  bool pushes_whole(const std::string& name) const {
-    for (const auto& n : whole_pushes_)
-      if (n == name)
-        return true;
-    return false;
-  }
-
-private:
   bool wire_bf16_ = false;   ///< set_wire_bf16
   std::vector<uint16_t> bf16_out_, bf16_in_; ///< a push narrowed, an answer before it is widened
   std::shared_ptr<const std::atomic<bool>> cancel_;

@@ -13,7 +13,7 @@
 #                                limit is twice that (both directions of the ps link at once)
 #   netbed_train_sync_1m_2w_auto the same with [train] pipeline_sync = "auto" (the aggregator times
 #                                both kinds of round and keeps the faster: docs/training.md "A
-#                                pipelined sync round"), 4 x the steps so that its 20 or so timed
+#                                pipelined sync round"), 4 x the steps so that its 46 timing
 #                                rounds weigh little, against the same store-and-forward limit
 #   netbed_train_sync_1m_2w_fast_ps
 #                                pipelined against store-and-forward, the same run, where the
