@@ -41,6 +41,16 @@ struct feed {
     for (int i = 0; i < n; ++i)
       round();
   }
+
+  /// Rounds (at most 1000) until the tuner's state() is `state`.
+  int rounds_until(const std::string& state) {
+    int n = 0;
+    while (t.state() != state && n < 1000) {
+      round();
+      n += 1;
+    }
+    return n;
+  }
 };
 
 pipeline_tuner::settings small() {
@@ -127,14 +137,7 @@ TEST_CASE("the pipeline tuner times the other kind again after its hold, which d
   feed f{small()};
   f.rounds(7 + 7); // pipelined (3 ms against 4)
   REQUIRE(f.t.state() == "pipelined rounds");
-  auto rounds_until_timing = [&] {
-    int n = 0;
-    while (f.t.state() != "timing store-and-forward rounds" && n < 1000) {
-      f.round();
-      n += 1;
-    }
-    return n;
-  };
+  auto rounds_until_timing = [&] { return f.rounds_until("timing store-and-forward rounds"); };
   CHECK(rounds_until_timing() == 20); // first_hold
   f.rounds(7);                         // store-and-forward timed: still slower
   CHECK(f.t.state() == "pipelined rounds");
@@ -152,12 +155,7 @@ TEST_CASE("the pipeline tuner times the other kind again after its hold, which d
   CHECK_THAT(f.last_line, Catch::Contains("chose store-and-forward rounds"));
   // Its hold starts again at first_hold, then pipelined is timed anew, with
   // the held kind's figure from its latest rounds.
-  int n = 0;
-  while (f.t.state() != "timing pipelined rounds" && n < 1000) {
-    f.round();
-    n += 1;
-  }
-  CHECK(n == 20);
+  CHECK(f.rounds_until("timing pipelined rounds") == 20);
   CHECK(f.t.whole_ms() == Approx(2.0));
 }
 

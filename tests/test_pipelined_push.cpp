@@ -471,21 +471,12 @@ TEST_CASE("pipeline_sync = auto: the aggregator times both kinds of round, its w
     if (au.chans[0]->pushes_whole(au.name) != slow_pipelined)
       std::this_thread::sleep_for(50ms); // a round of the slow kind (not a wait for anything)
     auto got = push_all(b, au, grads, step, true); // the channel sends whole if asked
-    for (uint32_t w = 0; w < 2; ++w) {
-      REQUIRE(want[w]);
-      REQUIRE(got[w]);
-      CHECK(got[w]->first == step + 1);
-      REQUIRE(got[w]->second.nbytes() == want[w]->second.nbytes());
-      CHECK(std::memcmp(got[w]->second.bytes(), want[w]->second.bytes(),
-                        want[w]->second.nbytes()) == 0);
-    }
+    for (uint32_t w = 0; w < 2; ++w)
+      check_same(got[w], want[w]);
     if (step + 1 == decided)
       at_decision = b.stats(au);
   }
-  auto a = b.saved(sf), c = b.saved(au);
-  CHECK(a.second == c.second);
-  REQUIRE(a.first.size() == c.first.size());
-  CHECK(std::memcmp(a.first.data(), c.first.data(), a.first.size()) == 0);
+  check_same_saved(b.saved(au), b.saved(sf));
   auto end = b.stats(au);
   // Both kinds were timed, each from the round after the reply that asked
   // for it: 28 pipelined rounds (the untimed ones too), then 18.
@@ -517,13 +508,8 @@ TEST_CASE("pipeline_sync = auto: the aggregator times both kinds of round, its w
     grads.push_back(gradient(n + 1, static_cast<uint32_t>(1000 * steps + 17 * w + 1)));
   auto want = push_all(b, sf, grads, steps, false);
   auto got = push_all(b, au, grads, steps, true);
-  for (uint32_t w = 0; w < 2; ++w) {
-    REQUIRE(want[w]);
-    REQUIRE(got[w]);
-    REQUIRE(got[w]->second.nbytes() == want[w]->second.nbytes());
-    CHECK(std::memcmp(got[w]->second.bytes(), want[w]->second.bytes(),
-                      want[w]->second.nbytes()) == 0);
-  }
+  for (uint32_t w = 0; w < 2; ++w)
+    check_same(got[w], want[w]);
   CHECK(b.stats(au).pipelined_rounds == end.pipelined_rounds);
   for (const auto& chan : au.chans)
     CHECK(chan->pushes_whole(au.name));
